@@ -1,0 +1,1 @@
+"""Storage backends: the contract (:mod:`.base`) and its implementations."""

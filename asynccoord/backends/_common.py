@@ -1,0 +1,154 @@
+"""Argument preparation shared by every backend, so all of them validate alike."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ..config import RetryPolicy, StoreConfig
+from ..errors import InvalidArgumentError, InvalidTypeError
+from ..models import NewTask, Task
+from ..partition import partition_of
+from ..validation import check_bool, check_int, check_name, check_positive, encode_payload
+
+__all__ = (
+    "MAX_CLAIM_LIMIT",
+    "MAX_ERROR_CHARS",
+    "PreparedTask",
+    "check_claim_args",
+    "check_task",
+    "clean_error",
+    "decode_json",
+    "encode_result",
+    "new_token",
+    "prepare_tasks",
+)
+
+MAX_CLAIM_LIMIT = 10_000
+MAX_ERROR_CHARS = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedTask:
+    """A validated :class:`NewTask` with its payload encoded and partition computed."""
+
+    queue: str
+    partition_key: str
+    partition: int
+    idempotency_key: str | None
+    payload_json: str
+    priority: int
+    max_attempts: int
+    delay_s: float
+
+
+def prepare_tasks(tasks: Sequence[NewTask], config: StoreConfig, partitions: int) -> list[PreparedTask]:
+    """Validate and encode every task before any of them is written.
+
+    Raises:
+        InvalidTypeError: ``tasks`` is not a sequence of NewTask.
+        InvalidArgumentError, PayloadTooLargeError: a payload the store cannot keep.
+    """
+    if not isinstance(tasks, list | tuple):
+        raise InvalidTypeError(f"tasks must be a list or tuple of NewTask, got {type(tasks).__name__}")
+    prepared: list[PreparedTask] = []
+    for index, task in enumerate(tasks):
+        if not isinstance(task, NewTask):
+            raise InvalidTypeError(f"tasks[{index}] must be a NewTask, got {type(task).__name__}")
+        prepared.append(
+            PreparedTask(
+                queue=task.queue,
+                partition_key=task.partition_key,
+                partition=partition_of(task.partition_key, partitions),
+                idempotency_key=task.idempotency_key,
+                payload_json=encode_payload(
+                    task.payload, max_bytes=config.max_payload_bytes, arg=f"tasks[{index}].payload"
+                ),
+                priority=task.priority,
+                max_attempts=task.max_attempts if task.max_attempts is not None else config.retry.max_attempts,
+                delay_s=float(task.delay_s),
+            )
+        )
+    return prepared
+
+
+def check_claim_args(
+    queue: object,
+    node_id: object,
+    limit: object,
+    lease_s: object,
+    partitions: object,
+    ordered: object,
+    partition_count: int,
+) -> tuple[str, str, int, float, list[int] | None, bool]:
+    """Validate ``claim`` arguments; return them normalized.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: naming the bad argument.
+    """
+    check_name("queue", queue)
+    check_name("node_id", node_id)
+    check_int("limit", limit, minimum=1, maximum=MAX_CLAIM_LIMIT)
+    lease = check_positive("lease_s", lease_s)
+    check_bool("ordered", ordered)
+    parts: list[int] | None = None
+    if partitions is not None:
+        if isinstance(partitions, str | bytes) or not isinstance(partitions, Sequence | set | frozenset):
+            raise InvalidTypeError(f"partitions must be a sequence of ints or None, got {type(partitions).__name__}")
+        parts = [check_int("partitions[i]", p, minimum=0, maximum=partition_count - 1) for p in partitions]
+    return cast(str, queue), cast(str, node_id), cast(int, limit), lease, parts, cast(bool, ordered)
+
+
+def check_task(task: object) -> Task:
+    """Check that ``task`` is a leased :class:`Task` as returned by ``claim``.
+
+    Raises:
+        InvalidTypeError: not a Task.
+        InvalidArgumentError: the task carries no lease token (it was never claimed).
+    """
+    if not isinstance(task, Task):
+        raise InvalidTypeError(f"task must be a Task returned by claim, got {type(task).__name__}")
+    if task.lease_token is None:
+        raise InvalidArgumentError(f"task {task.id} carries no lease (status {task.status.value}): claim it first")
+    return task
+
+
+def check_retry(retry: object, config: StoreConfig) -> RetryPolicy:
+    """The policy to use for ``fail``: ``retry`` if given, else the store's."""
+    if retry is None:
+        return config.retry
+    if not isinstance(retry, RetryPolicy):
+        raise InvalidTypeError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
+    return retry
+
+
+def clean_error(error: object) -> str:
+    """An error text the store can keep: str, no NUL, no lone surrogate, bounded length.
+
+    Raises:
+        InvalidTypeError: ``error`` is not a str.
+    """
+    if not isinstance(error, str):
+        raise InvalidTypeError(f"error must be a str, got {type(error).__name__}")
+    text = error.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def encode_result(result: Any, config: StoreConfig) -> str | None:
+    """JSON text of a task result (None stays None)."""
+    if result is None:
+        return None
+    return encode_payload(result, max_bytes=config.max_payload_bytes, arg="result")
+
+
+def decode_json(text: str | None) -> Any:
+    """Inverse of :func:`encode_result` / :func:`encode_payload`."""
+    return None if text is None else json.loads(text)
+
+
+def new_token() -> str:
+    """A random token (128 bits, hex) for leases and lock ownership."""
+    return secrets.token_hex(16)

@@ -1,0 +1,55 @@
+-- asynccoord schema version 1 (SQLite). Times are REAL seconds since the Unix epoch
+-- from the store clock (julianday('now') arithmetic).
+CREATE TABLE IF NOT EXISTS coord_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE coord_tasks (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue            TEXT    NOT NULL,
+    partition_key    TEXT    NOT NULL,
+    partition        INTEGER NOT NULL,
+    idempotency_key  TEXT,
+    payload          TEXT    NOT NULL,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    status           TEXT    NOT NULL CHECK (status IN ('pending', 'running', 'done', 'dead')),
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL,
+    run_at           REAL    NOT NULL,
+    lease_owner      TEXT,
+    lease_token      TEXT,
+    lease_expires_at REAL,
+    version          INTEGER NOT NULL DEFAULT 0,
+    last_error       TEXT,
+    result           TEXT,
+    reclaimed        INTEGER NOT NULL DEFAULT 0, -- 1 when the last claim took an expired lease
+    created_at       REAL    NOT NULL,
+    updated_at       REAL    NOT NULL
+);
+
+-- Dedup at enqueue: one task per (queue, idempotency key).
+CREATE UNIQUE INDEX coord_tasks_idempotency
+    ON coord_tasks (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
+-- Claim scan: active tasks of a queue in priority-then-FIFO order.
+CREATE INDEX coord_tasks_claim
+    ON coord_tasks (queue, priority DESC, id) WHERE status IN ('pending', 'running');
+-- Per-key ordering: is there an earlier active task with the same key?
+CREATE INDEX coord_tasks_key_order
+    ON coord_tasks (queue, partition_key, id) WHERE status IN ('pending', 'running');
+-- Leases that may have expired.
+CREATE INDEX coord_tasks_leases
+    ON coord_tasks (lease_expires_at) WHERE status = 'running';
+-- Batched lease renewal by token (tokens are unique per task and claim).
+CREATE INDEX coord_tasks_lease_token
+    ON coord_tasks (lease_token) WHERE status = 'running';
+-- Status counts and purges.
+CREATE INDEX coord_tasks_status ON coord_tasks (queue, status, updated_at);
+
+CREATE TABLE coord_processed (
+    consumer     TEXT NOT NULL,
+    message_id   TEXT NOT NULL,
+    processed_at REAL NOT NULL,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX coord_processed_age ON coord_processed (processed_at);

@@ -1,0 +1,651 @@
+"""The embedded default store: SQLite through aiosqlite.
+
+One :class:`SQLiteStore` per process and database file; any number of nodes in the
+process share it, and any number of processes may open the same file. Writes are
+group-committed by one writer per store (see :mod:`._groupcommit`); each write
+transaction starts with ``BEGIN IMMEDIATE`` so a transaction never upgrades from
+read to write halfway (which fails at once with "database is locked"). The journal
+is WAL, so readers never wait for the writer.
+
+The store clock is SQLite's ``julianday('now')``, read once at the start of each
+write transaction: every lease and run_at of one transaction uses the same instant,
+and all processes on the machine share the clock. SQLite on a network filesystem is
+not supported (its locking is unreliable there): use the PostgreSQL store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+import aiosqlite
+
+from .. import events as ev
+from ..config import StoreConfig
+from ..errors import (
+    InvalidTypeError,
+    LeaseLostError,
+    NotADatabaseError,
+    SchemaVersionError,
+    StoreClosedError,
+    StoreError,
+    TaskNotFoundError,
+)
+from ..events import EventCounter
+from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from ..validation import check_int, check_name, check_non_negative, check_positive
+from ._common import (
+    check_claim_args,
+    check_retry,
+    check_task,
+    clean_error,
+    decode_json,
+    encode_result,
+    new_token,
+    prepare_tasks,
+)
+from ._groupcommit import GroupCommitter, Operation, map_sqlite_error, raw_connection, retry_busy, run_on_thread
+from .sql import load_migrations, load_queries
+
+__all__ = ("SQLiteStore",)
+
+log = logging.getLogger(__name__)
+
+Q = load_queries("sqlite")
+SCHEMA_VERSION = len(load_migrations("sqlite"))
+
+_Row = tuple[Any, ...]
+
+
+def _row_to_task(row: _Row) -> Task:
+    return Task(
+        id=row[0],
+        queue=row[1],
+        partition_key=row[2],
+        partition=row[3],
+        idempotency_key=row[4],
+        payload=json.loads(row[5]),
+        priority=row[6],
+        status=TaskStatus(row[7]),
+        attempts=row[8],
+        max_attempts=row[9],
+        run_at=row[10],
+        lease_owner=row[11],
+        lease_token=row[12],
+        lease_expires_at=row[13],
+        version=row[14],
+        last_error=row[15],
+        result=decode_json(row[16]),
+        created_at=row[17],
+        updated_at=row[18],
+    )
+
+
+def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
+    """Why a compare-and-set on ``task`` matched nothing; None if the task is gone."""
+    row = db.execute(Q["select_task"], {"id": task.id}).fetchone()
+    if row is None:
+        return None
+    status, token, expires, version = row[7], row[12], row[13], row[14]
+    if status != TaskStatus.RUNNING:
+        return f"task is {status} (version {version}, caller had version {task.version})"
+    if token != task.lease_token:
+        return f"task was reclaimed by {row[11]!r} under another lease (version {version})"
+    if version != task.version:
+        return f"version is {version}, caller had {task.version}"
+    return f"lease expired at {expires:.3f} (store clock now {now:.3f})"
+
+
+class SQLiteStore:
+    """Task queue (and, in later modules, locks and membership) on one SQLite file.
+
+    Use as ``async with SQLiteStore("bot.db") as store: ...`` or call
+    :meth:`open` / :meth:`close`. Methods are those of
+    :class:`asynccoord.backends.base.Store`.
+
+    Args:
+        path: Database file (created if missing). ``":memory:"`` works for a single
+            store object but cannot be shared between stores or processes.
+        config: Store settings; default :class:`~asynccoord.config.StoreConfig`.
+        clock: Test hook: a function returning the store clock (seconds) used instead
+            of SQLite's ``julianday('now')``. Every store on a file must then use the
+            same clock. Default None (the database clock).
+
+    Raises:
+        InvalidTypeError: ``path`` is not a str or PathLike, or ``config`` is not a StoreConfig.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        config: StoreConfig | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidTypeError(f"path must be a str or PathLike, got {type(path).__name__}")
+        if config is not None and not isinstance(config, StoreConfig):
+            raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
+        self.path = os.fspath(path)
+        self.config = config or StoreConfig()
+        self.events = EventCounter()
+        self._clock = clock
+        self._conn: aiosqlite.Connection | None = None
+        self._writer: GroupCommitter | None = None
+        self._partitions = self.config.partitions
+
+    def __repr__(self) -> str:
+        state = "open" if self._conn is not None else "closed"
+        return f"<SQLiteStore {self.path!r} {state}>"
+
+    # --- life cycle -----------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open the file, set WAL and pragmas, and apply pending migrations.
+
+        Raises:
+            NotADatabaseError: the file exists but is not an SQLite database.
+            SchemaVersionError: the database was written by a newer asynccoord.
+            StoreBusyError: another connection held the write lock past the timeout.
+        """
+        if self._conn is not None:
+            return
+        if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
+            raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
+        conn = aiosqlite.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            await conn
+        except sqlite3.Error as exc:
+            raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
+        try:
+            await run_on_thread(conn, self._setup, conn)
+        except sqlite3.DatabaseError as exc:
+            await conn.close()
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise NotADatabaseError(f"{self.path!r} is not an SQLite database ({exc})") from exc
+            raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        self._writer = GroupCommitter(
+            conn,
+            now_sql=Q["now"],
+            busy_timeout_s=self.config.busy_timeout_s,
+            max_batch_ops=self.config.max_batch_ops,
+            clock=self._clock,
+        )
+        self._writer.start()
+
+    def _setup(self, conn: aiosqlite.Connection) -> None:
+        db = raw_connection(conn)
+        deadline = time.monotonic() + self.config.busy_timeout_s
+        db.execute("PRAGMA busy_timeout = 0")
+        mode = retry_busy(lambda: db.execute("PRAGMA journal_mode = WAL").fetchone(), deadline)
+        if mode is None or str(mode[0]).lower() not in ("wal", "memory"):
+            raise StoreError(f"{self.path!r}: cannot switch to WAL journal mode (got {mode!r})")
+        db.execute(f"PRAGMA synchronous = {'FULL' if self.config.synchronous_full else 'NORMAL'}")
+        db.execute("PRAGMA temp_store = MEMORY")
+        db.execute("PRAGMA cache_size = -16000")
+        retry_busy(lambda: db.execute("BEGIN IMMEDIATE"), deadline)
+        try:
+            has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'coord_meta'").fetchone()
+            version = 0
+            if has_meta:
+                row = db.execute(Q["meta_get"], {"key": "schema_version"}).fetchone()
+                version = int(row[0]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{self.path!r} has schema version {version}, newer than {SCHEMA_VERSION} "
+                    "which this asynccoord understands: upgrade asynccoord"
+                )
+            for number, script in load_migrations("sqlite"):
+                if number > version:
+                    for statement in _split_script(script):
+                        db.execute(statement)
+                    db.execute(Q["meta_set"], {"key": "schema_version", "value": str(number)})
+            row = db.execute(Q["meta_get"], {"key": "partitions"}).fetchone()
+            if row is None:
+                db.execute(Q["meta_set"], {"key": "partitions", "value": str(self.config.partitions)})
+            else:
+                self._partitions = int(row[0])
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    async def close(self) -> None:
+        """Commit what is queued, then close the connection. Idempotent."""
+        conn, writer = self._conn, self._writer
+        self._conn = None
+        self._writer = None
+        if writer is not None:
+            await writer.stop()
+        if conn is not None:
+            await conn.close()
+
+    @property
+    def partitions(self) -> int:
+        """Number of fixed partitions (as stored in the database when it was created)."""
+        return self._partitions
+
+    @property
+    def transactions(self) -> int:
+        """Write transactions committed by this store object so far."""
+        return self._writer.transactions if self._writer is not None else 0
+
+    def _w(self) -> GroupCommitter:
+        if self._writer is None:
+            raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+        return self._writer
+
+    async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
+        return await self._w().submit(fn, undo)
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        conn = self._conn
+        if conn is None:
+            raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+        deadline = time.monotonic() + self.config.busy_timeout_s
+
+        def run() -> Any:
+            return retry_busy(lambda: fn(raw_connection(conn)), deadline)
+
+        try:
+            return await run_on_thread(conn, run)
+        except sqlite3.Error as exc:
+            raise map_sqlite_error(exc, "read") from exc
+
+    async def now(self) -> float:
+        """The store clock: seconds since the Unix epoch (SQLite's ``julianday('now')``)."""
+        writer = self._w()
+        return float(await self._read(writer.now))
+
+    # --- enqueue ----------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        partition_key: str = "",
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        delay_s: float = 0.0,
+    ) -> EnqueueResult:
+        """Add one task; see :meth:`enqueue_many`."""
+        spec = NewTask(
+            queue=queue,
+            payload=payload,
+            partition_key=partition_key,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            delay_s=delay_s,
+        )
+        return (await self.enqueue_many([spec]))[0]
+
+    async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
+        """Add tasks in one transaction; a repeated idempotency key returns the existing task.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.
+        """
+        prepared = prepare_tasks(tasks, self.config, self._partitions)
+        if not prepared:
+            return []
+
+        def op(db: sqlite3.Connection, now: float) -> list[tuple[bool, _Row]]:
+            out: list[tuple[bool, _Row]] = []
+            insert, select = Q["insert_task"], Q["select_by_idempotency_key"]
+            for p in prepared:
+                row = db.execute(
+                    insert,
+                    {
+                        "queue": p.queue,
+                        "partition_key": p.partition_key,
+                        "partition": p.partition,
+                        "idempotency_key": p.idempotency_key,
+                        "payload": p.payload_json,
+                        "priority": p.priority,
+                        "max_attempts": p.max_attempts,
+                        "run_at": now + p.delay_s,
+                        "now": now,
+                    },
+                ).fetchone()
+                if row is not None:
+                    out.append((True, row))
+                else:
+                    existing = db.execute(select, {"queue": p.queue, "idempotency_key": p.idempotency_key}).fetchone()
+                    out.append((False, existing))
+            return out
+
+        rows: list[tuple[bool, _Row]] = await self._write(op)
+        results = [EnqueueResult(task=_row_to_task(row), created=created) for created, row in rows]
+        self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
+        return results
+
+    # --- claim and settle -----------------------------------------------------------
+
+    async def claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Sequence[int] | None = None,
+        ordered: bool = False,
+    ) -> list[Task]:
+        """Lease up to ``limit`` due tasks to ``node_id`` (see :class:`~asynccoord.backends.base.Store`).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument (nothing claimed).
+            StoreBusyError: the database stayed locked past ``busy_timeout_s``.
+        """
+        queue, node_id, limit, lease, parts, ordered = check_claim_args(
+            queue, node_id, limit, lease_s, partitions, ordered, self._partitions
+        )
+        if parts is not None and not parts:
+            return []
+        params = {
+            "queue": queue,
+            "node_id": node_id,
+            "lease_s": lease,
+            "limit": limit,
+            "token": new_token(),
+            "partitions": None if parts is None else json.dumps(parts),
+        }
+        sql = Q["claim_ordered"] if ordered else Q["claim"]
+
+        def op(db: sqlite3.Connection, now: float) -> tuple[list[_Row], int, int]:
+            dead = db.execute(Q["dead_letter_expired"], {"queue": queue, "now": now}).fetchall()
+            rows = db.execute(sql, {**params, "now": now}).fetchall()
+            rows.sort(key=lambda r: (-r[6], r[0]))
+            duplicates: set[int] = set()
+            settle = Q["settle_duplicate"]
+            for row in rows:
+                if row[4] is not None and db.execute(settle, {"id": row[0], "now": now}).fetchone():
+                    duplicates.add(row[0])
+            kept = [r for r in rows if r[0] not in duplicates]
+            return kept, len(duplicates), len(dead)
+
+        def undo(result: tuple[list[_Row], int, int]) -> Operation[Any] | None:
+            rows = result[0]
+            if not rows:
+                return None
+            return self._release_rows_op(rows)
+
+        rows, duplicates, dead = await self._write(op, undo)
+        tasks = [_row_to_task(r) for r in rows]
+        self.events.add(ev.CLAIMS, len(tasks))
+        self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[19]) + dead)
+        self.events.add(ev.DEAD_LETTERED, dead)
+        self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
+        return tasks
+
+    def _release_rows_op(self, rows: Sequence[_Row]) -> Operation[None]:
+        keys = [{"id": r[0], "lease_token": r[12], "version": r[14]} for r in rows]
+
+        def op(db: sqlite3.Connection, now: float) -> None:
+            sql = Q["release"]
+            for k in keys:
+                db.execute(sql, {**k, "now": now}).fetchall()
+
+        return op
+
+    async def _settle(
+        self,
+        task: Task,
+        sql: str,
+        params: dict[str, Any],
+        extra: Callable[[sqlite3.Connection, float, Task], None] | None = None,
+    ) -> Task:
+        key = {"id": task.id, "lease_token": task.lease_token, "version": task.version}
+
+        def op(db: sqlite3.Connection, now: float) -> tuple[_Row | None, str | None]:
+            row = db.execute(sql, {**key, **params, "now": now}).fetchone()
+            if row is None:
+                return None, _lost_reason(db, task, now)
+            if extra is not None:
+                extra(db, now, task)
+            return row, None
+
+        row, reason = await self._write(op)
+        if row is None:
+            if reason is None:
+                raise TaskNotFoundError(task.id)
+            self.events.add(ev.STALE_COMMIT_REJECTED)
+            raise LeaseLostError(task.id, reason)
+        return _row_to_task(row)
+
+    async def complete(self, task: Task, result: Any = None) -> Task:
+        """Mark ``task`` done and record its message id as processed, in one transaction.
+
+        Args:
+            task: The task as returned by ``claim``.
+            result: Optional JSON result kept on the task.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists.
+            InvalidTypeError, InvalidArgumentError: bad ``task`` or ``result``.
+        """
+        check_task(task)
+        result_json = encode_result(result, self.config)
+
+        def record(db: sqlite3.Connection, now: float, t: Task) -> None:
+            if t.idempotency_key is not None:
+                db.execute(Q["record_processed"], {"consumer": t.queue, "message_id": t.idempotency_key, "now": now})
+
+        done = await self._settle(task, Q["complete"], {"result": result_json}, record)
+        self.events.add(ev.COMMITS)
+        return done
+
+    async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
+        """Record a failed attempt: pending again after the backoff, or dead after the last.
+
+        Args:
+            task: The task as returned by ``claim``.
+            error: What went wrong (kept as ``last_error``; truncated to 8192 characters).
+            retry: A :class:`~asynccoord.config.RetryPolicy` for the delay; default the store's.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            InvalidTypeError: bad ``task``, ``error`` or ``retry``.
+        """
+        check_task(task)
+        text = clean_error(error)
+        policy = check_retry(retry, self.config)
+        if task.attempts >= task.max_attempts:
+            out = await self._settle(task, Q["dead_letter"], {"error": text})
+            self.events.add(ev.DEAD_LETTERED)
+        else:
+            delay = policy.delay_s(max(task.attempts, 1))
+            out = await self._settle(task, Q["retry"], {"error": text, "delay_s": delay})
+            self.events.add(ev.RETRIES)
+        return out
+
+    async def release(self, task: Task) -> Task:
+        """Hand the task back to pending, due now, without counting the attempt.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+        """
+        check_task(task)
+        return await self._settle(task, Q["release"], {})
+
+    async def extend(self, task: Task, lease_s: float) -> float:
+        """Renew the lease to ``lease_s`` seconds from now; return the new expiry (store clock).
+
+        An expired lease is never revived, even when nobody reclaimed the task.
+
+        Raises:
+            LeaseLostError: the lease expired or was taken.
+        """
+        check_task(task)
+        lease = check_positive("lease_s", lease_s)
+        key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, "lease_s": lease}
+
+        def op(db: sqlite3.Connection, now: float) -> tuple[float | None, str | None]:
+            row = db.execute(Q["extend"], {**key, "now": now}).fetchone()
+            if row is None:
+                return None, _lost_reason(db, task, now)
+            return float(row[0]), None
+
+        expiry, reason = await self._write(op)
+        if expiry is None:
+            if reason is None:
+                raise TaskNotFoundError(task.id)
+            raise LeaseLostError(task.id, reason)
+        return float(expiry)
+
+    async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
+        """Renew many leases with one statement; True for each lease still held.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad task or ``lease_s``.
+        """
+        checked = [check_task(t) for t in tasks]
+        lease = check_positive("lease_s", lease_s)
+        if not checked:
+            return []
+        tokens = json.dumps([t.lease_token for t in checked])
+
+        def op(db: sqlite3.Connection, now: float) -> set[str]:
+            rows = db.execute(Q["extend_many"], {"lease_tokens": tokens, "lease_s": lease, "now": now}).fetchall()
+            return {r[0] for r in rows}
+
+        renewed: set[str] = await self._write(op)
+        return [t.lease_token in renewed for t in checked]
+
+    # --- inspection and maintenance ---------------------------------------------------
+
+    async def get(self, task_id: int) -> Task:
+        """The task with that id.
+
+        Raises:
+            TaskNotFoundError: no such task.
+            InvalidTypeError: ``task_id`` is not an int.
+        """
+        check_int("task_id", task_id, minimum=0)
+        row = await self._read(lambda db: db.execute(Q["select_task"], {"id": task_id}).fetchone())
+        if row is None:
+            raise TaskNotFoundError(task_id)
+        return _row_to_task(row)
+
+    async def stats(self, queue: str | None = None) -> QueueStats:
+        """Counts by status and the oldest due pending age (store clock), for ``queue`` or all."""
+        if queue is not None:
+            check_name("queue", queue)
+        writer = self._w()
+
+        def read(db: sqlite3.Connection) -> tuple[list[_Row], Any, float]:
+            now = writer.now(db)
+            counts = db.execute(Q["stats_counts"], {"queue": queue}).fetchall()
+            oldest = db.execute(Q["stats_oldest_pending"], {"queue": queue, "now": now}).fetchone()[0]
+            return counts, oldest, now
+
+        counts, oldest, now = await self._read(read)
+        by_status = {s: 0 for s in TaskStatus}
+        for status, n in counts:
+            by_status[TaskStatus(status)] = n
+        age = None if oldest is None else max(0.0, now - float(oldest))
+        return QueueStats(counts=by_status, oldest_pending_age_s=age)
+
+    async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
+        check_name("queue", queue)
+        ids: str | None = None
+        if task_ids is not None:
+            ids = json.dumps([check_int("task_ids[i]", i, minimum=0) for i in task_ids])
+
+        def op(db: sqlite3.Connection, now: float) -> int:
+            return len(db.execute(Q["requeue_dead"], {"queue": queue, "ids": ids, "now": now}).fetchall())
+
+        return int(await self._write(op))
+
+    async def is_processed(self, consumer: str, message_id: str) -> bool:
+        """Whether ``(consumer, message_id)`` has a processed-id record (consumer = queue name)."""
+        check_name("consumer", consumer)
+        check_name("message_id", message_id)
+        row = await self._read(
+            lambda db: db.execute(Q["is_processed"], {"consumer": consumer, "message_id": message_id}).fetchone()
+        )
+        return row is not None
+
+    async def purge_processed(self, *, older_than_s: float | None = None, batch: int | None = None) -> PurgeResult:
+        """Delete processed-id records older than ``older_than_s`` (default: the retention).
+
+        Each batch is its own short transaction, so a large purge never holds the
+        write lock for long.
+
+        Args:
+            older_than_s: Age cutoff, seconds (>= 0); default ``config.processed.retention_s``.
+            batch: Rows per delete statement (>= 1); default ``config.processed.purge_batch``.
+        """
+        age = (
+            self.config.processed.retention_s
+            if older_than_s is None
+            else check_non_negative("older_than_s", older_than_s)
+        )
+        size = self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1)
+        return await self._purge(Q["purge_processed_batch"], {"batch": size}, age, size)
+
+    async def purge_finished(self, queue: str, *, older_than_s: float, batch: int = 1000) -> PurgeResult:
+        """Delete ``done`` tasks of ``queue`` last updated more than ``older_than_s`` ago.
+
+        Dead tasks are kept (they wait for a person). Processed-id records are kept
+        by their own retention, so a redelivery after this purge is still recognized.
+        """
+        check_name("queue", queue)
+        age = check_non_negative("older_than_s", older_than_s)
+        size = check_int("batch", batch, minimum=1)
+        return await self._purge(Q["purge_finished_batch"], {"batch": size, "queue": queue}, age, size)
+
+    async def _purge(self, sql: str, params: dict[str, Any], age: float, size: int) -> PurgeResult:
+        deleted = batches = 0
+        while True:
+
+            def op(db: sqlite3.Connection, now: float) -> int:
+                return db.execute(sql, {**params, "cutoff": now - age}).rowcount
+
+            n = int(await self._write(op))
+            if n > 0:
+                deleted += n
+                batches += 1
+            if n < size:
+                return PurgeResult(deleted=deleted, batches=batches)
+
+
+def _split_script(script: str) -> list[str]:
+    """Split a migration script into statements (our scripts have no ';' in literals)."""
+    statements: list[str] = []
+    buffer: list[str] = []
+    for line in script.splitlines():
+        if line.strip().startswith("--"):
+            continue
+        buffer.append(line)
+        if line.rstrip().endswith(";"):
+            text = "\n".join(buffer).strip()
+            if sqlite3.complete_statement(text):
+                statements.append(text)
+                buffer = []
+    tail = "\n".join(buffer).strip()
+    if tail:
+        statements.append(tail)
+    return statements

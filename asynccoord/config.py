@@ -1,0 +1,154 @@
+"""Configuration records: frozen, keyword-only, validated at construction.
+
+Every duration is in seconds and named ``*_s``; every size is in bytes and named
+``*_bytes``. A bad value raises :class:`~asynccoord.errors.InvalidArgumentError`
+(or :class:`~asynccoord.errors.InvalidTypeError`) naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from .errors import InvalidArgumentError, InvalidTypeError
+from .validation import check_bool, check_int, check_non_negative, check_positive
+
+__all__ = ("DEFAULT_PARTITIONS", "ProcessedRetention", "RetryPolicy", "StoreConfig")
+
+DEFAULT_PARTITIONS = 1024
+"""Number of fixed partitions a partition key is hashed into (kept in the database)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """Exponential backoff with symmetric jitter for failed tasks.
+
+    The n-th failure (n = 1, 2, ...) schedules the next attempt after
+    ``min(cap_s, base_s * factor ** (n - 1)) * (1 + u)``, ``u`` drawn uniformly from
+    ``[-jitter, +jitter]``: "exponential backoff and jitter" as described by
+    M. Brooker, AWS Architecture Blog, 2015, with the jitter kept proportional so
+    the schedule stays predictable. After ``max_attempts`` attempts in all, the task
+    is dead-lettered.
+
+    Args:
+        base_s: Delay after the first failure, seconds (> 0). Default 1.0.
+        factor: Growth per further failure (>= 1). Default 2.0.
+        cap_s: Largest delay before jitter, seconds (>= base_s). Default 300.
+        jitter: Fraction of the delay drawn at random either way, in [0, 1).
+            Default 0.1 (so 1.0 s becomes 0.9..1.1 s).
+        max_attempts: Attempts before the task goes to the dead-letter state (>= 1).
+            Default 5. Used for tasks enqueued without their own ``max_attempts``.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: a field out of range.
+    """
+
+    base_s: float = 1.0
+    factor: float = 2.0
+    cap_s: float = 300.0
+    jitter: float = 0.1
+    max_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        check_positive("base_s", self.base_s)
+        factor = check_positive("factor", self.factor)
+        if factor < 1:
+            raise InvalidArgumentError(f"factor must be >= 1, got {self.factor!r}")
+        cap = check_positive("cap_s", self.cap_s)
+        if cap < self.base_s:
+            raise InvalidArgumentError(f"cap_s must be >= base_s ({self.base_s!r}), got {self.cap_s!r}")
+        jitter = check_non_negative("jitter", self.jitter)
+        if jitter >= 1:
+            raise InvalidArgumentError(f"jitter must be in [0, 1), got {self.jitter!r}")
+        check_int("max_attempts", self.max_attempts, minimum=1)
+
+    def delay_s(self, failures: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after the ``failures``-th failure (1-based), jitter included.
+
+        Args:
+            failures: How many attempts have failed so far, >= 1.
+            rng: Source of randomness for the jitter; the module's default if None.
+
+        Raises:
+            InvalidArgumentError: ``failures`` < 1.
+        """
+        check_int("failures", failures, minimum=1)
+        exponent = min(failures - 1, 1024)  # factor ** 1024 would overflow; cap_s bounds it anyway
+        try:
+            raw = self.base_s * self.factor**exponent
+        except OverflowError:
+            raw = self.cap_s
+        delay = min(self.cap_s, raw)
+        spread = (rng or random).uniform(-self.jitter, self.jitter)
+        return delay * (1.0 + spread)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessedRetention:
+    """How long processed-message records are kept to recognize redeliveries.
+
+    Args:
+        retention_s: Age after which a processed-id record may be purged, seconds.
+            Default 7 days.
+        redelivery_window_s: The longest time after processing at which your
+            upstream may deliver the same message again, seconds. Default 1 day.
+            A retention shorter than this is refused: a redelivery arriving after
+            its record was purged would be processed twice.
+        purge_batch: Rows deleted per purge statement (>= 1), so a purge never holds
+            the write lock for long. Default 1000.
+
+    Raises:
+        InvalidArgumentError: ``retention_s < redelivery_window_s``, or a field out of range.
+    """
+
+    retention_s: float = 7 * 24 * 3600.0
+    redelivery_window_s: float = 24 * 3600.0
+    purge_batch: int = 1000
+
+    def __post_init__(self) -> None:
+        check_positive("retention_s", self.retention_s)
+        check_non_negative("redelivery_window_s", self.redelivery_window_s)
+        check_int("purge_batch", self.purge_batch, minimum=1)
+        if self.retention_s < self.redelivery_window_s:
+            raise InvalidArgumentError(
+                f"retention_s ({self.retention_s!r}) is shorter than redelivery_window_s "
+                f"({self.redelivery_window_s!r}): a late redelivery would be processed twice"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """Settings of a store (those that do not apply to a backend are ignored by it).
+
+    Args:
+        max_payload_bytes: Largest encoded JSON payload accepted, bytes. Default 1 MiB.
+        retry: Backoff policy used by ``fail`` unless one is passed. Default RetryPolicy().
+        processed: Retention of processed-message records. Default ProcessedRetention().
+        busy_timeout_s: SQLite: how long a write waits for another connection's write
+            lock before :class:`~asynccoord.errors.StoreBusyError`, seconds. Default 30.
+        synchronous_full: SQLite: ``synchronous=FULL`` (durable across power loss)
+            instead of ``NORMAL`` (durable across process crashes). Default False.
+        max_batch_ops: SQLite: most operations group-committed in one transaction.
+            Default 512.
+        partitions: Number of fixed partitions keys are hashed into when the database
+            is created (kept in the database afterwards). Default 1024.
+    """
+
+    max_payload_bytes: int = 1 << 20
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    processed: ProcessedRetention = field(default_factory=ProcessedRetention)
+    busy_timeout_s: float = 30.0
+    synchronous_full: bool = False
+    max_batch_ops: int = 512
+    partitions: int = DEFAULT_PARTITIONS
+
+    def __post_init__(self) -> None:
+        check_int("max_payload_bytes", self.max_payload_bytes, minimum=2)
+        check_positive("busy_timeout_s", self.busy_timeout_s)
+        check_bool("synchronous_full", self.synchronous_full)
+        check_int("max_batch_ops", self.max_batch_ops, minimum=1)
+        check_int("partitions", self.partitions, minimum=1, maximum=1 << 16)
+        if not isinstance(self.retry, RetryPolicy):
+            raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
+        if not isinstance(self.processed, ProcessedRetention):
+            raise InvalidTypeError(f"processed must be a ProcessedRetention, got {type(self.processed).__name__}")

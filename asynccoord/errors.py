@@ -1,0 +1,140 @@
+"""The one exception hierarchy of asynccoord.
+
+Every error the package raises on purpose derives from :class:`CoordError`, so a
+caller can catch the whole family with one clause. Errors about bad arguments also
+derive from the matching built-in (``ValueError`` or ``TypeError``) so code that
+already catches those keeps working. Driver errors (``sqlite3``, ``asyncpg``,
+``redis``) are mapped to :class:`StoreError` subclasses at one boundary per backend,
+with the original exception kept as ``__cause__``.
+
+::
+
+    CoordError
+    ├── InvalidArgumentError (ValueError)      a value is out of range or malformed
+    │   └── PayloadTooLargeError               a payload over the size limit
+    ├── InvalidTypeError (TypeError)           an argument has the wrong type
+    ├── TaskNotFoundError (KeyError)           no task with that id
+    ├── LeaseLostError                         the task lease is no longer the caller's
+    ├── StaleVersionError                      a compare-and-set saw another version
+    ├── LockError
+    │   ├── LockNotHeldError                   release/renew of a lock you do not hold
+    │   ├── LockTimeoutError (TimeoutError)    acquire gave up after timeout_s
+    │   ├── LockLostError                      the watchdog lost the lock mid-work
+    │   │   └── MaxHoldExceededError           the hold-time ceiling was reached
+    │   └── FencingTokenRejectedError          a write presented an outdated token
+    └── StoreError                             the storage engine failed
+        ├── StoreBusyError                     the database stayed locked past the timeout
+        ├── StoreClosedError                   the store is not open
+        ├── NotADatabaseError                  the file is not a database of ours
+        └── SchemaVersionError                 the database was made by a newer version
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "CoordError",
+    "FencingTokenRejectedError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "LeaseLostError",
+    "LockError",
+    "LockLostError",
+    "LockNotHeldError",
+    "LockTimeoutError",
+    "MaxHoldExceededError",
+    "NotADatabaseError",
+    "PayloadTooLargeError",
+    "SchemaVersionError",
+    "StaleVersionError",
+    "StoreBusyError",
+    "StoreClosedError",
+    "StoreError",
+    "TaskNotFoundError",
+)
+
+
+class CoordError(Exception):
+    """Root of every error raised by asynccoord."""
+
+
+class InvalidArgumentError(CoordError, ValueError):
+    """An argument has an allowed type but a value that is out of range or malformed."""
+
+
+class PayloadTooLargeError(InvalidArgumentError):
+    """A task payload encodes to more bytes than the store's configured limit."""
+
+
+class InvalidTypeError(CoordError, TypeError):
+    """An argument has a type the function does not accept."""
+
+
+class TaskNotFoundError(CoordError, KeyError):
+    """No task with the given id exists in the store."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"no task with id {task_id!r}")
+        self.task_id = task_id
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return str(self.args[0])
+
+
+class LeaseLostError(CoordError):
+    """The caller's lease on a task is gone (expired, reclaimed or already settled).
+
+    Nothing was written. ``reason`` says what the store saw instead.
+    """
+
+    def __init__(self, task_id: int, reason: str) -> None:
+        super().__init__(f"lease on task {task_id} is lost: {reason}")
+        self.task_id = task_id
+        self.reason = reason
+
+
+class StaleVersionError(CoordError):
+    """A version-checked compare-and-set found a newer version than the caller's."""
+
+
+class LockError(CoordError):
+    """Base class of distributed lock and semaphore errors."""
+
+
+class LockNotHeldError(LockError):
+    """Release or renew of a lock (or permit) that the caller does not hold."""
+
+
+class LockTimeoutError(LockError, TimeoutError):
+    """``acquire`` could not get the lock within ``timeout_s``."""
+
+
+class LockLostError(LockError):
+    """A lock guarding running work was lost; the guarded work was cancelled."""
+
+
+class MaxHoldExceededError(LockLostError):
+    """The watchdog stopped renewing because the hold-time ceiling ``max_hold_s`` passed."""
+
+
+class FencingTokenRejectedError(LockError):
+    """A write presented a fencing token lower than one the resource has already seen."""
+
+
+class StoreError(CoordError):
+    """The storage engine failed; the driver's exception is kept as ``__cause__``."""
+
+
+class StoreBusyError(StoreError):
+    """The database stayed write-locked by someone else for longer than the busy timeout."""
+
+
+class StoreClosedError(StoreError):
+    """An operation was attempted on a store that is not open (or already closed)."""
+
+
+class NotADatabaseError(StoreError):
+    """The path does not hold an SQLite database (or not one asynccoord can use)."""
+
+
+class SchemaVersionError(StoreError):
+    """The database schema is newer than this version of asynccoord understands."""

@@ -1,0 +1,92 @@
+"""Stable names of coordination events, and the in-process counter stores and nodes bump.
+
+The conflict monitor reads these counters; the names are part of the public API
+(they appear in metrics and in the demo's report) and never change meaning.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Mapping
+
+__all__ = (
+    "CLAIMS",
+    "COMMITS",
+    "DEAD_LETTERED",
+    "DUPLICATE_DELIVERY_SUPPRESSED",
+    "DUPLICATE_ENQUEUE_SUPPRESSED",
+    "EVENT_NAMES",
+    "FENCING_REJECTED",
+    "LEASE_EXPIRED",
+    "LOCK_CONTENDED",
+    "LOCK_LOST",
+    "MEMBERSHIP_CHANGE",
+    "PARTITION_HANDOFF",
+    "RETRIES",
+    "STALE_COMMIT_REJECTED",
+    "EventCounter",
+)
+
+LOCK_CONTENDED = "lock_contended"
+LOCK_LOST = "lock_lost"
+LEASE_EXPIRED = "lease_expired"
+STALE_COMMIT_REJECTED = "stale_commit_rejected"
+FENCING_REJECTED = "fencing_rejected"
+DUPLICATE_ENQUEUE_SUPPRESSED = "duplicate_enqueue_suppressed"
+DUPLICATE_DELIVERY_SUPPRESSED = "duplicate_delivery_suppressed"
+RETRIES = "retries"
+DEAD_LETTERED = "dead_lettered"
+PARTITION_HANDOFF = "partition_handoff"
+MEMBERSHIP_CHANGE = "membership_change"
+CLAIMS = "claims"
+COMMITS = "commits"
+
+EVENT_NAMES: tuple[str, ...] = (
+    LOCK_CONTENDED,
+    LOCK_LOST,
+    LEASE_EXPIRED,
+    STALE_COMMIT_REJECTED,
+    FENCING_REJECTED,
+    DUPLICATE_ENQUEUE_SUPPRESSED,
+    DUPLICATE_DELIVERY_SUPPRESSED,
+    RETRIES,
+    DEAD_LETTERED,
+    PARTITION_HANDOFF,
+    MEMBERSHIP_CHANGE,
+    CLAIMS,
+    COMMITS,
+)
+
+
+class EventCounter:
+    """Thread-safe monotonic counters keyed by event name.
+
+    Stores bump it from their driver thread and nodes from the event loop, so a
+    plain ``Counter`` behind a lock is enough; reading takes a snapshot.
+    """
+
+    __slots__ = ("_counts", "_lock")
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` (>= 0) to the counter ``name``."""
+        if n:
+            with self._lock:
+                self._counts[name] += n
+
+    def get(self, name: str) -> int:
+        """Current value of ``name`` (0 if never bumped)."""
+        with self._lock:
+            return self._counts[name]
+
+    def snapshot(self) -> Mapping[str, int]:
+        """A copy of every counter that is non-zero."""
+        with self._lock:
+            return dict(self._counts)
+
+    def __repr__(self) -> str:
+        return f"<EventCounter {self.snapshot()}>"

@@ -1,0 +1,144 @@
+"""Records exchanged with a store: tasks, enqueue requests and results, statistics.
+
+All are frozen, keyword-only, slotted dataclasses. Times are seconds since the Unix
+epoch *as read from the store's clock* (never compare them with ``time.time()`` of
+another machine); ages and durations are seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .validation import check_int, check_name, check_non_negative, check_optional_name
+
+__all__ = ("EnqueueResult", "NewTask", "PurgeResult", "QueueStats", "Task", "TaskStatus")
+
+
+class TaskStatus(enum.StrEnum):
+    """Life cycle of a task: ``pending -> running -> done``, or ``-> dead`` after the last failure."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewTask:
+    """One task to enqueue.
+
+    Args:
+        queue: Queue name, 1..255 characters.
+        payload: JSON value (see :func:`asynccoord.validation.encode_payload`). Default None.
+        partition_key: What work is partitioned and ordered by, e.g. a conversation id;
+            0..255 characters. Default ``""``.
+        idempotency_key: Dedup key unique within the queue; a second enqueue with the
+            same key returns the first task. Also the message id of the processed-id
+            record written at completion. Default None (no dedup).
+        priority: Higher runs first. Default 0.
+        max_attempts: Attempts before dead-lettering; None takes the store's retry
+            policy. Default None.
+        delay_s: Not claimable before this many seconds from now (store clock). Default 0.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: on any bad field (the payload is
+        checked by the store, against its size limit).
+    """
+
+    queue: str
+    payload: Any = None
+    partition_key: str = ""
+    idempotency_key: str | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_name("queue", self.queue)
+        check_name("partition_key", self.partition_key, allow_empty=True)
+        check_optional_name("idempotency_key", self.idempotency_key)
+        check_int("priority", self.priority, minimum=-(2**31), maximum=2**31 - 1)
+        if self.max_attempts is not None:
+            check_int("max_attempts", self.max_attempts, minimum=1, maximum=2**31 - 1)
+        check_non_negative("delay_s", self.delay_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Task:
+    """A task as the store last returned it.
+
+    ``version`` rises by one on every state change (claim, complete, fail, release,
+    requeue); lease extension is a heartbeat and keeps it. ``lease_token`` is new for
+    every claim, so a task reclaimed after its lease expired cannot be settled with
+    the old lease even when the same node id claims it again.
+    """
+
+    id: int
+    queue: str
+    partition_key: str
+    partition: int
+    idempotency_key: str | None
+    payload: Any
+    priority: int
+    status: TaskStatus
+    attempts: int
+    max_attempts: int
+    run_at: float
+    lease_owner: str | None
+    lease_token: str | None
+    lease_expires_at: float | None
+    version: int
+    last_error: str | None
+    result: Any
+    created_at: float
+    updated_at: float
+
+    def __repr__(self) -> str:
+        lease = (
+            f" lease={self.lease_owner}:{self.lease_token} until={self.lease_expires_at}" if self.lease_token else ""
+        )
+        return (
+            f"<Task id={self.id} queue={self.queue!r} key={self.partition_key!r} "
+            f"status={self.status.value} v{self.version} attempts={self.attempts}/{self.max_attempts}{lease}>"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueResult:
+    """Outcome of one enqueue: the task, and whether this call created it.
+
+    ``created`` is False when the idempotency key was already present; ``task`` is
+    then the task that holds the key (a suppressed duplicate).
+    """
+
+    task: Task
+    created: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueStats:
+    """Counts by status and the age of the oldest due pending task, for one queue or all.
+
+    Args:
+        counts: Number of tasks per status (every status present, 0 when none).
+        oldest_pending_age_s: Seconds since the oldest due pending task became due,
+            by the store's clock; None when nothing is pending and due.
+    """
+
+    counts: dict[TaskStatus, int] = field(default_factory=dict)
+    oldest_pending_age_s: float | None = None
+
+    @property
+    def total(self) -> int:
+        """All tasks counted."""
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PurgeResult:
+    """Outcome of a bounded-batch purge: rows deleted and delete statements that removed any."""
+
+    deleted: int
+    batches: int

@@ -1,0 +1,96 @@
+"""Stable partitioning: keys to fixed partitions, partitions to live nodes.
+
+Two steps, both pure functions of their inputs (no I/O, no per-process state):
+
+1. ``partition_of(key, partitions)``: a key (e.g. a conversation id) is hashed with
+   BLAKE2b (RFC 7693, from :mod:`hashlib`) into one of ``partitions`` fixed buckets.
+   The result is identical in every process, on every machine and in every release;
+   Python's per-process salted ``hash()`` is never used. The store keeps each task's
+   partition number so a node can claim "only my partitions" with an index.
+2. ``owner_of(partition, nodes)``: rendezvous (highest random weight) hashing,
+   D. Thaler and C. Ravishankar, "Using name-based mappings to increase hit rates",
+   IEEE/ACM Transactions on Networking, 1998. Every node scores every partition and
+   the highest score wins, so when a node joins only the partitions it now wins move
+   (all of them to it), and when it leaves only its own partitions move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+
+from .errors import InvalidArgumentError
+from .validation import check_int, check_name
+
+__all__ = ("assign", "owner_of", "owned_partitions", "partition_of")
+
+
+def _hash64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The fixed partition of a partition key.
+
+    Args:
+        key: The partition key (``str``, may be empty).
+        partitions: Number of partitions, >= 1.
+
+    Returns:
+        An int in ``[0, partitions)``.
+
+    Raises:
+        InvalidTypeError: ``key`` is not a str.
+        InvalidArgumentError: ``partitions`` < 1.
+    """
+    check_name("key", key, allow_empty=True)
+    check_int("partitions", partitions, minimum=1)
+    return _hash64(b"k:" + key.encode("utf-8")) % partitions
+
+
+def _score(node: str, partition: int) -> int:
+    return _hash64(b"n:" + node.encode("utf-8") + b"\x00" + str(partition).encode())
+
+
+def owner_of(partition: int, nodes: Iterable[str]) -> str:
+    """The node that owns ``partition`` among ``nodes`` (rendezvous hashing).
+
+    Args:
+        partition: A partition number, >= 0.
+        nodes: Node ids of the live nodes (order does not matter, duplicates ignored).
+
+    Returns:
+        The winning node id; ties (probability ~2**-64) go to the smaller id.
+
+    Raises:
+        InvalidArgumentError: ``nodes`` is empty or ``partition`` < 0.
+    """
+    check_int("partition", partition, minimum=0)
+    best: tuple[int, str] | None = None
+    for node in nodes:
+        candidate = (_score(node, partition), node)
+        if best is None or candidate[0] > best[0] or (candidate[0] == best[0] and node < best[1]):
+            best = candidate
+    if best is None:
+        raise InvalidArgumentError("nodes must name at least one node, got none")
+    return best[1]
+
+
+def assign(partitions: int, nodes: Sequence[str]) -> Mapping[str, frozenset[int]]:
+    """Every partition in ``range(partitions)`` assigned to its owner.
+
+    Returns:
+        Node id -> the partitions it owns (every node present, possibly empty).
+    """
+    check_int("partitions", partitions, minimum=1)
+    members = sorted({check_name("node", n) for n in nodes})
+    owned: dict[str, set[int]] = {n: set() for n in members}
+    for p in range(partitions):
+        owned[owner_of(p, members)].add(p)
+    return {n: frozenset(ps) for n, ps in owned.items()}
+
+
+def owned_partitions(node: str, partitions: int, nodes: Sequence[str]) -> frozenset[int]:
+    """The partitions ``node`` owns when ``nodes`` are live (``node`` counts as live)."""
+    members = set(nodes) | {node}
+    return assign(partitions, sorted(members))[node]

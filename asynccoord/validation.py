@@ -1,0 +1,199 @@
+"""Argument checks shared by every public entry point.
+
+Each check raises :class:`~asynccoord.errors.InvalidArgumentError` (a ``ValueError``)
+or :class:`~asynccoord.errors.InvalidTypeError` (a ``TypeError``) naming the argument
+and the offending value, and is always run before anything touches a store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .errors import InvalidArgumentError, InvalidTypeError, PayloadTooLargeError
+
+__all__ = (
+    "MAX_NAME_LENGTH",
+    "check_bool",
+    "check_int",
+    "check_name",
+    "check_non_negative",
+    "check_optional_name",
+    "check_positive",
+    "encode_payload",
+)
+
+MAX_NAME_LENGTH = 255
+"""Longest queue name, partition key, idempotency key, node id or lock name (characters)."""
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_name(arg: str, value: object, *, allow_empty: bool = False) -> str:
+    """Check a text identifier: ``str``, 1..255 characters, no NUL, no lone surrogate.
+
+    Args:
+        arg: The argument's name, used in the error message.
+        value: The value to check.
+        allow_empty: Accept ``""`` (used for the default partition key).
+
+    Returns:
+        The value, unchanged.
+
+    Raises:
+        InvalidTypeError: ``value`` is not a ``str``.
+        InvalidArgumentError: empty, longer than 255 characters, or holding a NUL
+            character or a lone surrogate (neither SQLite text comparison nor
+            PostgreSQL can keep those faithfully).
+    """
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{arg} must be a str, got {type(value).__name__} {_short(value)}")
+    if not value and not allow_empty:
+        raise InvalidArgumentError(f"{arg} must not be empty, got {value!r}")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidArgumentError(
+            f"{arg} must be at most {MAX_NAME_LENGTH} characters, got {len(value)}: {_short(value)}"
+        )
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{arg} must not contain NUL characters, got {_short(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(
+            f"{arg} must be valid Unicode text (no lone surrogates), got {_short(value)}"
+        ) from None
+    return value
+
+
+def check_optional_name(arg: str, value: object) -> str | None:
+    """Like :func:`check_name`, but ``None`` is accepted and returned as is."""
+    if value is None:
+        return None
+    return check_name(arg, value)
+
+
+def _check_real(arg: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidTypeError(f"{arg} must be a number, got {type(value).__name__} {_short(value)}")
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        raise InvalidArgumentError(f"{arg} must be finite, got {value!r}")
+    return number
+
+
+def check_positive(arg: str, value: object) -> float:
+    """Check a finite number > 0 (durations such as ``lease_s``); return it as float.
+
+    Raises:
+        InvalidTypeError: not an int or float (bool is refused).
+        InvalidArgumentError: NaN, infinite, zero or negative.
+    """
+    number = _check_real(arg, value)
+    if number <= 0:
+        raise InvalidArgumentError(f"{arg} must be > 0, got {value!r}")
+    return number
+
+
+def check_non_negative(arg: str, value: object) -> float:
+    """Check a finite number >= 0 (delays such as ``delay_s``); return it as float.
+
+    Raises:
+        InvalidTypeError: not an int or float (bool is refused).
+        InvalidArgumentError: NaN, infinite or negative.
+    """
+    number = _check_real(arg, value)
+    if number < 0:
+        raise InvalidArgumentError(f"{arg} must be >= 0, got {value!r}")
+    return number
+
+
+def check_int(arg: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
+    """Check an ``int`` within ``[minimum, maximum]``; return it.
+
+    Raises:
+        InvalidTypeError: not an int (bool is refused).
+        InvalidArgumentError: out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTypeError(f"{arg} must be an int, got {type(value).__name__} {_short(value)}")
+    if value < minimum:
+        raise InvalidArgumentError(f"{arg} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InvalidArgumentError(f"{arg} must be <= {maximum}, got {value!r}")
+    return value
+
+
+def check_bool(arg: str, value: object) -> bool:
+    """Check a real ``bool``; return it.
+
+    Raises:
+        InvalidTypeError: anything but ``True`` or ``False``.
+    """
+    if not isinstance(value, bool):
+        raise InvalidTypeError(f"{arg} must be a bool, got {type(value).__name__} {_short(value)}")
+    return value
+
+
+def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str:
+    """Encode a task payload as JSON text that decodes back to an equal value.
+
+    Non-ASCII text is stored as is; a payload holding lone surrogates is written
+    with ``\\uXXXX`` escapes instead so it still round-trips exactly. NUL characters
+    are always escaped by JSON, so they round-trip too.
+
+    Args:
+        payload: Any JSON value: ``dict`` with ``str`` keys, ``list``, ``str``,
+            ``int``, finite ``float``, ``bool`` or ``None``, nested freely.
+        max_bytes: Size limit of the encoded UTF-8 text, in bytes.
+        arg: The argument's name, used in error messages.
+
+    Returns:
+        The JSON text.
+
+    Raises:
+        InvalidTypeError: a value JSON cannot encode (a set, bytes, an object...).
+        InvalidArgumentError: NaN or infinity, or a value that would not decode
+            back to an equal value (a tuple, a dict key that is not a str).
+        PayloadTooLargeError: the encoding is over ``max_bytes`` bytes.
+    """
+    try:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except TypeError as exc:
+        raise InvalidTypeError(f"{arg} is not JSON-serializable: {exc}") from None
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{arg} is not valid JSON: {exc} in {_short(payload)}") from None
+    except RecursionError:
+        raise InvalidArgumentError(f"{arg} is nested too deeply to encode") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        text = json.dumps(payload, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        size = len(text)
+    if size > max_bytes:
+        raise PayloadTooLargeError(f"{arg} encodes to {size} bytes, over the limit of {max_bytes} bytes")
+    if not _json_equal(json.loads(text), payload):
+        raise InvalidArgumentError(
+            f"{arg} would not round-trip through JSON unchanged (tuples become lists, "
+            f"non-str dict keys become str): {_short(payload)}"
+        )
+    return text
+
+
+def _json_equal(decoded: object, original: object) -> bool:
+    """Equality that also tells ``1`` from ``1.0``/``True`` and lists from tuples."""
+    if type(decoded) is not type(original):
+        # JSON has no tuple and bool is an int subclass: compare types strictly.
+        return False
+    if isinstance(original, dict):
+        assert isinstance(decoded, dict)
+        return decoded.keys() == original.keys() and all(
+            _json_equal(decoded[key], value) for key, value in original.items()
+        )
+    if isinstance(original, list):
+        assert isinstance(decoded, list)
+        return len(decoded) == len(original) and all(_json_equal(a, b) for a, b in zip(decoded, original, strict=True))
+    return decoded == original
