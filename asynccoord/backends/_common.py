@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from ..config import RetryPolicy, StoreConfig
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..models import NewTask, Task
+from ..models import NewTask, Task, TaskStatus
 from ..partition import partition_of
 from ..validation import check_bool, check_int, check_name, check_positive, encode_payload
 
@@ -19,12 +19,16 @@ __all__ = (
     "MAX_ERROR_CHARS",
     "PreparedTask",
     "check_claim_args",
+    "check_retry",
     "check_task",
+    "check_tasks",
     "clean_error",
     "decode_json",
     "encode_result",
+    "encode_results",
     "new_token",
     "prepare_tasks",
+    "settled_done",
 )
 
 MAX_CLAIM_LIMIT = 10_000
@@ -114,6 +118,39 @@ def check_task(task: object) -> Task:
     if task.lease_token is None:
         raise InvalidArgumentError(f"task {task.id} carries no lease (status {task.status.value}): claim it first")
     return task
+
+
+def check_tasks(tasks: object) -> list[Task]:
+    """Check a list or tuple of leased tasks (see :func:`check_task`)."""
+    if not isinstance(tasks, list | tuple):
+        raise InvalidTypeError(f"tasks must be a list or tuple of Task, got {type(tasks).__name__}")
+    return [check_task(t) for t in tasks]
+
+
+def encode_results(results: object, count: int, config: StoreConfig) -> list[str | None]:
+    """JSON texts of per-task results (``None`` means no result for any task)."""
+    if results is None:
+        return [None] * count
+    if not isinstance(results, list | tuple):
+        raise InvalidTypeError(f"results must be a list or tuple, got {type(results).__name__}")
+    if len(results) != count:
+        raise InvalidArgumentError(f"results has {len(results)} items for {count} tasks")
+    return [encode_result(r, config) for r in results]
+
+
+def settled_done(task: Task, *, version: int, now: float, result: Any) -> Task:
+    """The stored state of ``task`` after a successful complete."""
+    return replace(
+        task,
+        status=TaskStatus.DONE,
+        version=version,
+        updated_at=now,
+        result=result,
+        last_error=None,
+        lease_owner=None,
+        lease_token=None,
+        lease_expires_at=None,
+    )
 
 
 def check_retry(retry: object, config: StoreConfig) -> RetryPolicy:

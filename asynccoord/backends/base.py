@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, Self, runtime_checkable
 
 from ..config import RetryPolicy, StoreConfig
+from ..errors import LeaseLostError, TaskNotFoundError
 from ..events import EventCounter
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task
 
@@ -117,6 +118,17 @@ class QueueStore(Protocol):
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
             TaskNotFoundError: no such task.
+        """
+        ...
+
+    async def complete_many(
+        self, tasks: Sequence[Task], results: Sequence[Any] | None = None
+    ) -> list[Task | LeaseLostError | TaskNotFoundError]:
+        """Complete many tasks in one transaction, each with its own compare-and-set.
+
+        Returns:
+            Per task, in order: the done task, or the error saying why nothing was
+            written for it. One lost lease does not stop the others.
         """
         ...
 

@@ -28,9 +28,10 @@ from ._common import (
     check_claim_args,
     check_retry,
     check_task,
+    check_tasks,
     clean_error,
     decode_json,
-    encode_result,
+    encode_results,
     new_token,
     prepare_tasks,
 )
@@ -272,16 +273,32 @@ class MemoryStore:
 
     async def complete(self, task: Task, result: Any = None) -> Task:
         """Mark done and record the processed id (semantics as in the SQLite store)."""
-        check_task(task)
-        result_json = encode_result(result, self.config)
+        outcome = (await self.complete_many([task], [result]))[0]
+        if isinstance(outcome, Task):
+            return outcome
+        raise outcome
+
+    async def complete_many(
+        self, tasks: Sequence[Task], results: Sequence[Any] | None = None
+    ) -> list[Task | LeaseLostError | TaskNotFoundError]:
+        """Complete many tasks atomically, each with its own compare-and-set."""
+        checked = check_tasks(tasks)
+        encoded = encode_results(results, len(checked), self.config)
         self._check_open()
         now = self._clock()
-        current = self._held(task, now)
-        done = self._put(current, now, status=TaskStatus.DONE, result=decode_json(result_json), last_error=None)
-        if current.idempotency_key is not None:
-            self._processed.setdefault((current.queue, current.idempotency_key), now)
-        self.events.add(ev.COMMITS)
-        return done
+        out: list[Task | LeaseLostError | TaskNotFoundError] = []
+        for task, result_json in zip(checked, encoded, strict=True):
+            try:
+                current = self._held(task, now)
+            except (LeaseLostError, TaskNotFoundError) as exc:
+                out.append(exc)
+                continue
+            done = self._put(current, now, status=TaskStatus.DONE, result=decode_json(result_json), last_error=None)
+            if current.idempotency_key is not None:
+                self._processed.setdefault((current.queue, current.idempotency_key), now)
+            out.append(done)
+        self.events.add(ev.COMMITS, sum(1 for d in out if isinstance(d, Task)))
+        return out
 
     async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
         """Record a failed attempt (semantics as in the SQLite store)."""

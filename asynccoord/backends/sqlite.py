@@ -43,11 +43,13 @@ from ._common import (
     check_claim_args,
     check_retry,
     check_task,
+    check_tasks,
     clean_error,
     decode_json,
-    encode_result,
+    encode_results,
     new_token,
     prepare_tasks,
+    settled_done,
 )
 from ._groupcommit import GroupCommitter, Operation, map_sqlite_error, raw_connection, retry_busy, run_on_thread
 from .sql import load_migrations, load_queries
@@ -58,8 +60,10 @@ log = logging.getLogger(__name__)
 
 Q = load_queries("sqlite")
 SCHEMA_VERSION = len(load_migrations("sqlite"))
+MIN_SQLITE = (3, 35, 0)
 
 _Row = tuple[Any, ...]
+_STATUS = {s.value: s for s in TaskStatus}
 
 
 def _row_to_task(row: _Row) -> Task:
@@ -69,9 +73,9 @@ def _row_to_task(row: _Row) -> Task:
         partition_key=row[2],
         partition=row[3],
         idempotency_key=row[4],
-        payload=json.loads(row[5]),
+        payload=None if row[5] == "null" else json.loads(row[5]),
         priority=row[6],
-        status=TaskStatus(row[7]),
+        status=_STATUS[row[7]],
         attempts=row[8],
         max_attempts=row[9],
         run_at=row[10],
@@ -162,6 +166,11 @@ class SQLiteStore:
         """
         if self._conn is not None:
             return
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            raise StoreError(
+                f"SQLite {sqlite3.sqlite_version} is too old: asynccoord needs {'.'.join(map(str, MIN_SQLITE))} "
+                "or newer (RETURNING, UPDATE FROM)"
+            )
         if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
             raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
         conn = aiosqlite.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -373,16 +382,16 @@ class SQLiteStore:
         sql = Q["claim_ordered"] if ordered else Q["claim"]
 
         def op(db: sqlite3.Connection, now: float) -> tuple[list[_Row], int, int]:
-            dead = db.execute(Q["dead_letter_expired"], {"queue": queue, "now": now}).fetchall()
             rows = db.execute(sql, {**params, "now": now}).fetchall()
-            rows.sort(key=lambda r: (-r[6], r[0]))
+            live = [r for r in rows if r[7] == "running"]
+            live.sort(key=lambda r: (-r[6], r[0]))
             duplicates: set[int] = set()
             settle = Q["settle_duplicate"]
-            for row in rows:
+            for row in live:
                 if row[4] is not None and db.execute(settle, {"id": row[0], "now": now}).fetchone():
                     duplicates.add(row[0])
-            kept = [r for r in rows if r[0] not in duplicates]
-            return kept, len(duplicates), len(dead)
+            kept = [r for r in live if r[0] not in duplicates]
+            return kept, len(duplicates), len(rows) - len(live)
 
         def undo(result: tuple[list[_Row], int, int]) -> Operation[Any] | None:
             rows = result[0]
@@ -393,7 +402,7 @@ class SQLiteStore:
         rows, duplicates, dead = await self._write(op, undo)
         tasks = [_row_to_task(r) for r in rows]
         self.events.add(ev.CLAIMS, len(tasks))
-        self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[19]) + dead)
+        self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[19]) + dead)  # dead ones expired too
         self.events.add(ev.DEAD_LETTERED, dead)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return tasks
@@ -440,20 +449,69 @@ class SQLiteStore:
             task: The task as returned by ``claim``.
             result: Optional JSON result kept on the task.
 
+        Returns:
+            The task as now stored (status ``done``, version + 1).
+
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
             TaskNotFoundError: the task no longer exists.
             InvalidTypeError, InvalidArgumentError: bad ``task`` or ``result``.
         """
-        check_task(task)
-        result_json = encode_result(result, self.config)
+        outcome = (await self.complete_many([task], [result]))[0]
+        if isinstance(outcome, Task):
+            return outcome
+        raise outcome
 
-        def record(db: sqlite3.Connection, now: float, t: Task) -> None:
-            if t.idempotency_key is not None:
-                db.execute(Q["record_processed"], {"consumer": t.queue, "message_id": t.idempotency_key, "now": now})
+    async def complete_many(
+        self, tasks: Sequence[Task], results: Sequence[Any] | None = None
+    ) -> list[Task | LeaseLostError | TaskNotFoundError]:
+        """Complete many tasks in one transaction, each with its own compare-and-set.
 
-        done = await self._settle(task, Q["complete"], {"result": result_json}, record)
-        self.events.add(ev.COMMITS)
+        Args:
+            tasks: Tasks as returned by ``claim`` (any mix of queues and leases).
+            results: One JSON result per task, or None for no results.
+
+        Returns:
+            Per task, in order: the done task, or the error saying why nothing was
+            written for it (its lease was lost, or it no longer exists). One task's
+            lost lease does not stop the others.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad task or result (nothing written).
+        """
+        checked = check_tasks(tasks)
+        encoded = encode_results(results, len(checked), self.config)
+        if not checked:
+            return []
+        batch = json.dumps(
+            [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)],
+            separators=(",", ":"),
+        )
+
+        def op(db: sqlite3.Connection, now: float) -> tuple[float, list[int | str | None]]:
+            versions = dict(db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall())
+            records = [
+                [t.queue, t.idempotency_key] for t in checked if t.idempotency_key is not None and t.id in versions
+            ]
+            if records:
+                db.execute(Q["record_processed_batch"], {"records": json.dumps(records), "now": now})
+            out: list[int | str | None] = [
+                versions[t.id] if t.id in versions else _lost_reason(db, t, now) for t in checked
+            ]
+            return now, out
+
+        now, outcomes = await self._write(op)
+        done: list[Task | LeaseLostError | TaskNotFoundError] = []
+        for task, result_json, outcome in zip(checked, encoded, outcomes, strict=True):
+            if isinstance(outcome, int):
+                done.append(settled_done(task, version=outcome, now=now, result=decode_json(result_json)))
+            elif outcome is None:
+                done.append(TaskNotFoundError(task.id))
+            else:
+                done.append(LeaseLostError(task.id, outcome))
+        committed = sum(1 for d in done if isinstance(d, Task))
+        self.events.add(ev.COMMITS, committed)
+        self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for d in done if isinstance(d, LeaseLostError)))
         return done
 
     async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
@@ -524,14 +582,14 @@ class SQLiteStore:
         lease = check_positive("lease_s", lease_s)
         if not checked:
             return []
-        tokens = json.dumps([t.lease_token for t in checked])
+        leases = json.dumps([[t.id, t.lease_token] for t in checked])
 
-        def op(db: sqlite3.Connection, now: float) -> set[str]:
-            rows = db.execute(Q["extend_many"], {"lease_tokens": tokens, "lease_s": lease, "now": now}).fetchall()
+        def op(db: sqlite3.Connection, now: float) -> set[int]:
+            rows = db.execute(Q["extend_many"], {"leases": leases, "lease_s": lease, "now": now}).fetchall()
             return {r[0] for r in rows}
 
-        renewed: set[str] = await self._write(op)
-        return [t.lease_token in renewed for t in checked]
+        renewed: set[int] = await self._write(op)
+        return [t.id in renewed for t in checked]
 
     # --- inspection and maintenance ---------------------------------------------------
 

@@ -14,6 +14,9 @@ CREATE TABLE coord_tasks (
     payload          TEXT    NOT NULL,
     priority         INTEGER NOT NULL DEFAULT 0,
     status           TEXT    NOT NULL CHECK (status IN ('pending', 'running', 'done', 'dead')),
+    -- 1 while pending or running. Kept apart from status so that claiming
+    -- (pending -> running) does not rewrite the partial indexes below.
+    active           INTEGER NOT NULL DEFAULT 1 CHECK ((active = 1) = (status IN ('pending', 'running'))),
     attempts         INTEGER NOT NULL DEFAULT 0,
     max_attempts     INTEGER NOT NULL,
     run_at           REAL    NOT NULL,
@@ -32,19 +35,9 @@ CREATE TABLE coord_tasks (
 CREATE UNIQUE INDEX coord_tasks_idempotency
     ON coord_tasks (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 -- Claim scan: active tasks of a queue in priority-then-FIFO order.
-CREATE INDEX coord_tasks_claim
-    ON coord_tasks (queue, priority DESC, id) WHERE status IN ('pending', 'running');
+CREATE INDEX coord_tasks_claim ON coord_tasks (queue, priority DESC, id) WHERE active = 1;
 -- Per-key ordering: is there an earlier active task with the same key?
-CREATE INDEX coord_tasks_key_order
-    ON coord_tasks (queue, partition_key, id) WHERE status IN ('pending', 'running');
--- Leases that may have expired.
-CREATE INDEX coord_tasks_leases
-    ON coord_tasks (lease_expires_at) WHERE status = 'running';
--- Batched lease renewal by token (tokens are unique per task and claim).
-CREATE INDEX coord_tasks_lease_token
-    ON coord_tasks (lease_token) WHERE status = 'running';
--- Status counts and purges.
-CREATE INDEX coord_tasks_status ON coord_tasks (queue, status, updated_at);
+CREATE INDEX coord_tasks_key_order ON coord_tasks (queue, partition_key, id) WHERE active = 1;
 
 CREATE TABLE coord_processed (
     consumer     TEXT NOT NULL,

@@ -25,24 +25,25 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 -- name: select_task
 SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed FROM coord_tasks WHERE id = :id;
 
--- name: dead_letter_expired
--- Leases that expired on their last allowed attempt: dead, not claimable again.
-UPDATE coord_tasks
-   SET status = 'dead', last_error = 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')',
-       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-       version = version + 1, updated_at = :now
- WHERE status = 'running' AND lease_expires_at <= :now AND attempts >= max_attempts AND queue = :queue
-RETURNING id;
-
 -- name: claim
+-- Returns the claimed tasks and, with status 'dead', any dead-lettered on the way.
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
-       status = 'running', attempts = attempts + 1,
-       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
+       -- A lease that expired on the last allowed attempt is dead-lettered here,
+       -- by the same statement, so no reaper is needed. SET sees the old values.
+       status = CASE WHEN status = 'running' AND attempts >= max_attempts THEN 'dead' ELSE 'running' END,
+       active = NOT (status = 'running' AND attempts >= max_attempts),
+       last_error = CASE WHEN status = 'running' AND attempts >= max_attempts
+                         THEN 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')'
+                         ELSE last_error END,
+       attempts = attempts + (NOT (status = 'running' AND attempts >= max_attempts)),
+       lease_owner = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :node_id END,
+       lease_token = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :token || '.' || id END,
+       lease_expires_at = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :now + :lease_s END,
        version = version + 1, updated_at = :now
  WHERE id IN (
     SELECT t.id FROM coord_tasks AS t
-     WHERE t.queue = :queue AND t.status IN ('pending', 'running')
+     WHERE t.queue = :queue AND t.active = 1
        AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now
        AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
      ORDER BY t.priority DESC, t.id
@@ -53,18 +54,26 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
 -- Per-key ordering: only the earliest active task of each partition key is eligible.
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
-       status = 'running', attempts = attempts + 1,
-       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
+       -- A lease that expired on the last allowed attempt is dead-lettered here,
+       -- by the same statement, so no reaper is needed. SET sees the old values.
+       status = CASE WHEN status = 'running' AND attempts >= max_attempts THEN 'dead' ELSE 'running' END,
+       active = NOT (status = 'running' AND attempts >= max_attempts),
+       last_error = CASE WHEN status = 'running' AND attempts >= max_attempts
+                         THEN 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')'
+                         ELSE last_error END,
+       attempts = attempts + (NOT (status = 'running' AND attempts >= max_attempts)),
+       lease_owner = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :node_id END,
+       lease_token = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :token || '.' || id END,
+       lease_expires_at = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :now + :lease_s END,
        version = version + 1, updated_at = :now
  WHERE id IN (
     SELECT t.id FROM coord_tasks AS t
-     WHERE t.queue = :queue AND t.status IN ('pending', 'running')
+     WHERE t.queue = :queue AND t.active = 1
        AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now
        AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
        AND NOT EXISTS (
            SELECT 1 FROM coord_tasks AS e
-            WHERE e.queue = t.queue AND e.partition_key = t.partition_key
-              AND e.status IN ('pending', 'running') AND e.id < t.id)
+            WHERE e.queue = t.queue AND e.partition_key = t.partition_key AND e.active = 1 AND e.id < t.id)
      ORDER BY t.priority DESC, t.id
      LIMIT :limit)
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
@@ -72,7 +81,7 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
 -- name: settle_duplicate
 -- A claimed task whose message id was already processed: done without running it.
 UPDATE coord_tasks
-   SET status = 'done', result = '{"duplicate": true}', last_error = NULL,
+   SET status = 'done', active = 0, result = '{"duplicate": true}', last_error = NULL,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
  WHERE id = :id AND idempotency_key IS NOT NULL
@@ -80,17 +89,24 @@ UPDATE coord_tasks
                 WHERE p.consumer = coord_tasks.queue AND p.message_id = coord_tasks.idempotency_key)
 RETURNING id;
 
--- name: complete
+-- name: complete_batch
+-- :batch is a JSON array of [id, lease_token, version, result]; each row is its own
+-- compare-and-set. Returns the ids that were completed and their new versions.
 UPDATE coord_tasks
-   SET status = 'done', result = :result, last_error = NULL,
+   SET status = 'done', active = 0, result = b.result, last_error = NULL,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-       version = version + 1, updated_at = :now
- WHERE id = :id AND lease_token = :lease_token AND version = :version
-   AND status = 'running' AND lease_expires_at > :now
-RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+       version = coord_tasks.version + 1, updated_at = :now
+  FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+               json_extract(value, '$[2]') AS version, json_extract(value, '$[3]') AS result
+          FROM json_each(:batch)) AS b
+ WHERE coord_tasks.id = b.id AND coord_tasks.lease_token = b.token AND coord_tasks.version = b.version
+   AND coord_tasks.status = 'running' AND coord_tasks.lease_expires_at > :now
+RETURNING coord_tasks.id, coord_tasks.version;
 
--- name: record_processed
-INSERT INTO coord_processed (consumer, message_id, processed_at) VALUES (:consumer, :message_id, :now)
+-- name: record_processed_batch
+-- :records is a JSON array of [consumer, message_id].
+INSERT INTO coord_processed (consumer, message_id, processed_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), :now FROM json_each(:records) WHERE true
 ON CONFLICT (consumer, message_id) DO NOTHING;
 
 -- name: retry
@@ -104,7 +120,7 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
 
 -- name: dead_letter
 UPDATE coord_tasks
-   SET status = 'dead', last_error = :error,
+   SET status = 'dead', active = 0, last_error = :error,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
  WHERE id = :id AND lease_token = :lease_token AND version = :version
@@ -127,10 +143,13 @@ UPDATE coord_tasks SET lease_expires_at = :now + :lease_s
 RETURNING lease_expires_at;
 
 -- name: extend_many
+-- :leases is a JSON array of [id, lease_token]; returns the ids whose lease was renewed.
 UPDATE coord_tasks SET lease_expires_at = :now + :lease_s
- WHERE lease_token IN (SELECT value FROM json_each(:lease_tokens))
-   AND status = 'running' AND lease_expires_at > :now
-RETURNING lease_token;
+  FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
+          FROM json_each(:leases)) AS b
+ WHERE coord_tasks.id = b.id AND coord_tasks.lease_token = b.token
+   AND coord_tasks.status = 'running' AND coord_tasks.lease_expires_at > :now
+RETURNING coord_tasks.id;
 
 -- name: stats_counts
 SELECT status, count(*) FROM coord_tasks WHERE (:queue IS NULL OR queue = :queue) GROUP BY status;
@@ -141,7 +160,7 @@ SELECT min(run_at) FROM coord_tasks
 
 -- name: requeue_dead
 UPDATE coord_tasks
-   SET status = 'pending', attempts = 0, run_at = :now, last_error = last_error,
+   SET status = 'pending', active = 1, attempts = 0, run_at = :now,
        version = version + 1, updated_at = :now
  WHERE queue = :queue AND status = 'dead'
    AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
