@@ -23,6 +23,7 @@ from .errors import (
     MaxHoldExceededError,
     NotADatabaseError,
     PayloadTooLargeError,
+    ReadOnlyStoreError,
     SchemaVersionError,
     StaleVersionError,
     StoreBusyError,
@@ -31,34 +32,63 @@ from .errors import (
     TaskNotFoundError,
 )
 from .events import EventCounter
+from .histogram import Histogram, LatencyRecorder
+from .lock import Lock, Semaphore
+from .lockmodels import FenceRecord, Lease, LockBusy, LockInfo
+from .membermodels import Member, MemberBeat
+from .membership import Membership, MembershipStats, MembershipView
 from .models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from .monitor import AlertRule, ClusterSnapshot, Monitor, MonitorStats
+from .monitormodels import Alert, AlertScope, AlertState
 from .partition import assign, owner_of, partition_of
+from .watchdog import Watchdog, WatchdogStats
 
 __version__ = "0.1.0"
 
 __all__ = (
+    "Alert",
+    "AlertRule",
+    "AlertScope",
+    "AlertState",
+    "ClusterSnapshot",
     "CoordError",
     "EnqueueResult",
     "EventCounter",
+    "FenceRecord",
     "FencingTokenRejectedError",
+    "Histogram",
     "InvalidArgumentError",
     "InvalidTypeError",
+    "LatencyRecorder",
+    "Lease",
     "LeaseLostError",
+    "Lock",
+    "LockBusy",
     "LockError",
+    "LockInfo",
     "LockLostError",
     "LockNotHeldError",
     "LockTimeoutError",
     "MaxHoldExceededError",
+    "Member",
+    "MemberBeat",
+    "Membership",
+    "MembershipStats",
+    "MembershipView",
     "MemoryStore",
+    "Monitor",
+    "MonitorStats",
     "NewTask",
     "NotADatabaseError",
     "PayloadTooLargeError",
     "ProcessedRetention",
     "PurgeResult",
     "QueueStats",
+    "ReadOnlyStoreError",
     "RetryPolicy",
     "SQLiteStore",
     "SchemaVersionError",
+    "Semaphore",
     "StaleVersionError",
     "StoreBusyError",
     "StoreClosedError",
@@ -67,6 +97,8 @@ __all__ = (
     "Task",
     "TaskNotFoundError",
     "TaskStatus",
+    "Watchdog",
+    "WatchdogStats",
     "__version__",
     "assign",
     "owner_of",

@@ -25,6 +25,7 @@ with the original exception kept as ``__cause__``.
     └── StoreError                             the storage engine failed
         ├── StoreBusyError                     the database stayed locked past the timeout
         ├── StoreClosedError                   the store is not open
+        ├── ReadOnlyStoreError                 a write on a store opened read-only
         ├── NotADatabaseError                  the file is not a database of ours
         └── SchemaVersionError                 the database was made by a newer version
 """
@@ -44,6 +45,7 @@ __all__ = (
     "MaxHoldExceededError",
     "NotADatabaseError",
     "PayloadTooLargeError",
+    "ReadOnlyStoreError",
     "SchemaVersionError",
     "StaleVersionError",
     "StoreBusyError",
@@ -130,6 +132,10 @@ class StoreBusyError(StoreError):
 
 class StoreClosedError(StoreError):
     """An operation was attempted on a store that is not open (or already closed)."""
+
+
+class ReadOnlyStoreError(StoreError):
+    """A write was attempted on a store opened with ``read_only=True``; nothing was written."""
 
 
 class NotADatabaseError(StoreError):

@@ -19,6 +19,7 @@ __all__ = (
     "EVENT_NAMES",
     "FENCING_REJECTED",
     "LEASE_EXPIRED",
+    "LEASE_LOST",
     "LOCK_CONTENDED",
     "LOCK_LOST",
     "MEMBERSHIP_CHANGE",
@@ -30,6 +31,7 @@ __all__ = (
 
 LOCK_CONTENDED = "lock_contended"
 LOCK_LOST = "lock_lost"
+LEASE_LOST = "lease_lost"
 LEASE_EXPIRED = "lease_expired"
 STALE_COMMIT_REJECTED = "stale_commit_rejected"
 FENCING_REJECTED = "fencing_rejected"
@@ -45,6 +47,7 @@ COMMITS = "commits"
 EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,
     LOCK_LOST,
+    LEASE_LOST,
     LEASE_EXPIRED,
     STALE_COMMIT_REJECTED,
     FENCING_REJECTED,

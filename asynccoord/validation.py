@@ -177,8 +177,8 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
         raise PayloadTooLargeError(f"{arg} encodes to {size} bytes, over the limit of {max_bytes} bytes")
     if not _json_equal(json.loads(text), payload):
         raise InvalidArgumentError(
-            f"{arg} would not round-trip through JSON unchanged (tuples become lists, "
-            f"non-str dict keys become str): {_short(payload)}"
+            f"{arg} would not round-trip through JSON unchanged (tuples become lists, non-str dict keys "
+            f"become str, adjacent lone surrogates merge into one character): {_short(payload)}"
         )
     return text
 

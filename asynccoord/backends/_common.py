@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 from ..config import RetryPolicy, StoreConfig
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..models import NewTask, Task, TaskStatus
+from ..models import EnqueueResult, NewTask, Task, TaskStatus
+from ..notify import WorkNotifier
 from ..partition import partition_of
 from ..validation import check_bool, check_int, check_name, check_positive, encode_payload
 
@@ -19,14 +20,17 @@ __all__ = (
     "MAX_ERROR_CHARS",
     "PreparedTask",
     "check_claim_args",
+    "check_fences",
     "check_retry",
     "check_task",
+    "check_task_ids",
     "check_tasks",
     "clean_error",
     "decode_json",
     "encode_result",
     "encode_results",
     "new_token",
+    "notify_created",
     "prepare_tasks",
     "settled_done",
 )
@@ -140,17 +144,68 @@ def encode_results(results: object, count: int, config: StoreConfig) -> list[str
 
 def settled_done(task: Task, *, version: int, now: float, result: Any) -> Task:
     """The stored state of ``task`` after a successful complete."""
-    return replace(
-        task,
+    # Spelled out rather than dataclasses.replace: this runs once per committed task.
+    return Task(
+        id=task.id,
+        queue=task.queue,
+        partition_key=task.partition_key,
+        partition=task.partition,
+        idempotency_key=task.idempotency_key,
+        payload=task.payload,
+        priority=task.priority,
         status=TaskStatus.DONE,
-        version=version,
-        updated_at=now,
-        result=result,
-        last_error=None,
+        attempts=task.attempts,
+        max_attempts=task.max_attempts,
+        run_at=task.run_at,
         lease_owner=None,
         lease_token=None,
         lease_expires_at=None,
+        version=version,
+        last_error=None,
+        result=result,
+        created_at=task.created_at,
+        updated_at=now,
     )
+
+
+def check_fences(fences: object, count: int) -> list[tuple[str, int] | None] | None:
+    """Check per-task ``(resource, fencing_token)`` pairs (or None entries)."""
+    if fences is None:
+        return None
+    if not isinstance(fences, list | tuple):
+        raise InvalidTypeError(f"fences must be a list or tuple, got {type(fences).__name__}")
+    if len(fences) != count:
+        raise InvalidArgumentError(f"fences has {len(fences)} items for {count} tasks")
+    out: list[tuple[str, int] | None] = []
+    for i, fence in enumerate(fences):
+        if fence is None:
+            out.append(None)
+            continue
+        if not isinstance(fence, tuple) or len(fence) != 2:
+            raise InvalidTypeError(f"fences[{i}] must be a (resource, fencing_token) tuple or None, got {fence!r}")
+        resource = check_name(f"fences[{i}] resource", fence[0])
+        token = check_int(f"fences[{i}] fencing_token", fence[1], minimum=1)
+        out.append((resource, token))
+    return out
+
+
+def notify_created(notifier: WorkNotifier, results: Sequence[EnqueueResult], prepared: Sequence[PreparedTask]) -> None:
+    """Wake idle in-process nodes for newly created tasks that are due now."""
+    due: dict[str, int] = {}
+    for result, p in zip(results, prepared, strict=True):
+        if result.created and p.delay_s == 0:
+            due[p.queue] = due.get(p.queue, 0) + 1
+    for queue, n in due.items():
+        notifier.notify(queue, n)
+
+
+def check_task_ids(task_ids: object) -> list[int] | None:
+    """Check an optional list or tuple of task ids."""
+    if task_ids is None:
+        return None
+    if not isinstance(task_ids, list | tuple):
+        raise InvalidTypeError(f"task_ids must be a list or tuple of int, or None; got {type(task_ids).__name__}")
+    return [check_int("task_ids[i]", i, minimum=0) for i in task_ids]
 
 
 def check_retry(retry: object, config: StoreConfig) -> RetryPolicy:

@@ -162,7 +162,17 @@ class GroupCommitter:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(fn, future, undo))
         self._wake.set()
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The result was delivered but this caller was cancelled before it resumed:
+            # nobody receives it, so compensate as _deliver does for a cancelled future.
+            if undo is not None and future.done() and not future.cancelled() and future.exception() is None:
+                compensation = undo(future.result())
+                if compensation is not None:
+                    self._queue.append(_Pending(compensation, asyncio.get_running_loop().create_future(), None))
+                    self._wake.set()
+            raise
 
     def now(self, db: sqlite3.Connection) -> float:
         """The store clock, read on the connection thread."""

@@ -18,9 +18,13 @@ from typing import Any, Protocol, Self, runtime_checkable
 from ..config import RetryPolicy, StoreConfig
 from ..errors import LeaseLostError, TaskNotFoundError
 from ..events import EventCounter
+from ..histogram import LatencyRecorder
+from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
+from ..membermodels import Member, MemberBeat
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task
+from ..monitormodels import MetricsFlush, MetricsView, QueueDepth
 
-__all__ = ("QueueStore", "Store")
+__all__ = ("LockStore", "MembershipStore", "MonitorStore", "QueueStore", "Store")
 
 
 @runtime_checkable
@@ -183,3 +187,195 @@ class QueueStore(Protocol):
 
 Store = QueueStore
 """The full storage contract (grows with locks and membership in their modules)."""
+
+
+@runtime_checkable
+class LockStore(Protocol):
+    """Named locks and semaphores with fencing tokens, over one database.
+
+    These are the storage primitives; waiting with backoff, the watchdog and
+    ``async with`` live in :mod:`asynccoord.lock` and :mod:`asynccoord.watchdog`, the
+    same for every backend. A lock is a semaphore of one permit. Semantics:
+
+    * An acquisition succeeds when the name has fewer live leases than the
+      ``permits`` it asks for (so the limit is judged per acquisition: use one
+      permit count per name everywhere). It gets a new random owner token and the
+      name's next fencing token: the per-name counter is kept while the lock is free,
+      so tokens rise strictly across releases, expiries and processes.
+    * Expiry is judged by the store clock inside the write, never by a caller's clock.
+    * ``release_lock`` and ``renew_lock(s)`` are compare-and-set on the owner token
+      plus "not expired": a lease that lapsed is never revived, even when nobody
+      took the lock in between, and a stale holder changes nothing.
+    * A cancelled ``try_acquire_lock`` never leaves a lease held with nobody to
+      release it (the backend compensates a grant whose caller is gone).
+    * ``fence`` / ``fenced_write`` keep, per resource, the highest fencing token seen
+      and refuse lower ones: the check that stops a holder paused past its expiry
+      (M. Kleppmann, "How to do distributed locking", 2016). Equal tokens are
+      accepted: a token belongs to one acquisition, which may write many times. A
+      resource must be fenced with the tokens of one lock name only.
+
+    Every method validates its arguments before touching the database and raises
+    :class:`~asynccoord.errors.InvalidArgumentError` or
+    :class:`~asynccoord.errors.InvalidTypeError` naming the value, with nothing written.
+    """
+
+    config: StoreConfig
+    events: EventCounter
+
+    async def now(self) -> float:
+        """The store clock: seconds since the Unix epoch."""
+        ...
+
+    async def try_acquire_lock(
+        self, name: str, *, ttl_s: float, permits: int = 1, holder: str = ""
+    ) -> Lease | LockBusy:
+        """One non-blocking attempt to take ``name`` (a permit of it when ``permits`` > 1).
+
+        Args:
+            name: Lock name, 1..255 characters.
+            ttl_s: Lease length, seconds (> 0), from the store clock at the grant.
+            permits: Leases the name may have at once (>= 1). Default 1: a lock.
+            holder: Who acquires, for inspection (0..255 characters).
+
+        Returns:
+            The new :class:`~asynccoord.lockmodels.Lease`, or a
+            :class:`~asynccoord.lockmodels.LockBusy` when all permits are taken.
+        """
+        ...
+
+    async def release_lock(self, lease: Lease) -> bool:
+        """Delete the lease if it is still live; False (nothing changed) if it is not."""
+        ...
+
+    async def renew_lock(self, lease: Lease, ttl_s: float | None = None) -> Lease | None:
+        """Extend a live lease to ``ttl_s`` (default ``lease.ttl_s``) from now; None if it lapsed."""
+        ...
+
+    async def renew_locks(self, leases: Sequence[Lease]) -> list[Lease | None]:
+        """Renew many leases in one statement, each by its own ``ttl_s``; None where lapsed."""
+        ...
+
+    async def list_locks(self, name: str | None = None) -> list[LockInfo]:
+        """Live leases (of ``name``, or all), by name then fencing token."""
+        ...
+
+    async def fence(self, resource: str, fencing_token: int) -> None:
+        """Record ``fencing_token`` as seen by ``resource``; refuse a lower one.
+
+        Raises:
+            FencingTokenRejectedError: ``resource`` has seen a higher token; nothing written.
+        """
+        ...
+
+    async def fenced_write(self, resource: str, fencing_token: int, data: Any) -> FenceRecord:
+        """Like :meth:`fence`, and store ``data`` (JSON) in the same atomic step."""
+        ...
+
+    async def read_fence(self, resource: str) -> FenceRecord | None:
+        """The resource's highest token and last fenced data; None if never fenced."""
+        ...
+
+
+@runtime_checkable
+class MembershipStore(Protocol):
+    """Node membership with heartbeats, over one database.
+
+    These are the storage primitives; the heartbeat task, the view of live nodes and
+    partition ownership live in :mod:`asynccoord.membership`, the same for every
+    backend. Semantics:
+
+    * A member is one row per node id holding its current *incarnation* (random per
+      start of the node). It is live while its ``expires_at`` is after the store
+      clock; liveness is judged by the store clock inside the statement, never by a
+      caller's clock, so processes on different machines agree.
+    * ``heartbeat`` upserts every beat and lists the live members in one atomic step:
+      one call per interval covers every node of a process. ``started_at`` is kept
+      while the incarnation is unchanged and reset by a new one.
+    * ``leave`` is a compare-and-set on ``(node_id, incarnation)``: a restarted process
+      reusing a node id is never removed by the leave of its previous life.
+
+    Every method validates its arguments before touching the database and raises
+    :class:`~asynccoord.errors.InvalidArgumentError` or
+    :class:`~asynccoord.errors.InvalidTypeError` naming the value, with nothing written.
+    """
+
+    config: StoreConfig
+    events: EventCounter
+
+    async def now(self) -> float:
+        """The store clock: seconds since the Unix epoch."""
+        ...
+
+    @property
+    def partitions(self) -> int:
+        """Number of fixed partitions keys are hashed into (what membership divides up)."""
+        ...
+
+    async def heartbeat(self, beats: Sequence[MemberBeat], *, ttl_s: float) -> list[Member]:
+        """Record every beat, then return all live members by node id, in one transaction.
+
+        Args:
+            beats: One :class:`~asynccoord.membermodels.MemberBeat` per local node
+                (node ids distinct; may be empty, which only lists).
+            ttl_s: Seconds (> 0) the beaten members stay live (store clock).
+
+        Returns:
+            The live members, sorted by node id.
+        """
+        ...
+
+    async def leave(self, node_id: str, incarnation: str) -> bool:
+        """Delete the member row only if it holds ``incarnation``; True if it was live."""
+        ...
+
+    async def members(self) -> list[Member]:
+        """The live members, sorted by node id."""
+        ...
+
+
+@runtime_checkable
+class MonitorStore(Protocol):
+    """Cluster-wide counters of the conflict monitor, over one database.
+
+    These are the storage primitives; flushing on a timer, rules, alerts and their
+    delivery live in :mod:`asynccoord.monitor`, the same for every backend. Semantics:
+
+    * Each process flushes the *deltas* of its counters (``store.events``, optionally
+      per node) and latency histograms (``store.latencies``) with ``flush_metrics``:
+      one write that adds them to the current 1-second time bucket of the store clock
+      and to the process' lifetime totals. Deltas add, so any number of processes
+      flush concurrently and the cluster view is their sum.
+    * ``read_metrics`` returns, in one snapshot at the store clock, lifetime totals
+      per ``(process_id, scope, name)``, the same summed over sliding windows (time
+      buckets that start after ``now - window_s``), merged latency histograms per
+      window, the processes that flushed, and the firing alerts every live monitor
+      stored (a monitor's alerts expire ``alert_ttl_s`` after its last flush).
+    * The tables are bounded: each flush purges time buckets older than its
+      ``retention_s`` and folds the totals of processes silent for a day into the
+      process id ``"*retired*"``.
+    * Time is the store clock inside the statement, never a caller's clock.
+
+    Every method validates its arguments before touching the database and raises
+    :class:`~asynccoord.errors.InvalidArgumentError` or
+    :class:`~asynccoord.errors.InvalidTypeError` naming the value, with nothing written.
+    """
+
+    config: StoreConfig
+    events: EventCounter
+    latencies: LatencyRecorder
+
+    async def now(self) -> float:
+        """The store clock: seconds since the Unix epoch."""
+        ...
+
+    async def flush_metrics(self, flush: MetricsFlush) -> float:
+        """Add one process' deltas (and replace its stored alerts) in one write; return the store clock."""
+        ...
+
+    async def read_metrics(self, windows_s: Sequence[float] = (10.0, 60.0)) -> MetricsView:
+        """Every process' totals, windowed sums, latencies and alerts, in one snapshot."""
+        ...
+
+    async def queue_depths(self) -> list[QueueDepth]:
+        """Tasks by queue and status, with each queue's oldest due pending age (store clock)."""
+        ...

@@ -11,6 +11,7 @@ deterministic in tests; the default is ``time.time``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -20,28 +21,43 @@ from typing import Any, Self
 
 from .. import events as ev
 from ..config import StoreConfig
-from ..errors import InvalidTypeError, LeaseLostError, StoreClosedError, TaskNotFoundError
+from ..errors import (
+    CoordError,
+    FencingTokenRejectedError,
+    InvalidTypeError,
+    LeaseLostError,
+    StoreClosedError,
+    TaskNotFoundError,
+)
 from ..events import EventCounter
+from ..histogram import LatencyRecorder
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from ..notify import WorkNotifier
 from ..validation import check_int, check_name, check_non_negative, check_positive
 from ._common import (
     check_claim_args,
+    check_fences,
     check_retry,
     check_task,
+    check_task_ids,
     check_tasks,
     clean_error,
     decode_json,
     encode_results,
     new_token,
+    notify_created,
     prepare_tasks,
 )
+from .memory_locks import MemoryLockOps
+from .memory_membership import MemoryMembershipOps
+from .memory_monitor import MemoryMonitorOps
 
 __all__ = ("MemoryStore",)
 
 _ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
-class MemoryStore:
+class MemoryStore(MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
     """The storage contract in plain Python objects (see :class:`~asynccoord.backends.base.Store`).
 
     Args:
@@ -54,6 +70,8 @@ class MemoryStore:
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         self.config = config or StoreConfig()
         self.events = EventCounter()
+        self.latencies = LatencyRecorder()
+        self.notifier = WorkNotifier()
         self._clock = clock or time.time
         self._open = False
         self._ids = itertools.count(1)
@@ -156,6 +174,7 @@ class MemoryStore:
                 self._by_key[(p.queue, p.idempotency_key)] = task.id
             results.append(EnqueueResult(task=task, created=True))
         self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
+        notify_created(self.notifier, results, prepared)
         return results
 
     # --- claim and settle -----------------------------------------------------------
@@ -176,11 +195,13 @@ class MemoryStore:
         lease_s: float = 30.0,
         partitions: Sequence[int] | None = None,
         ordered: bool = False,
+        min_due_age_s: float = 0.0,
     ) -> list[Task]:
         """Lease up to ``limit`` due tasks (semantics as in the SQLite store)."""
         queue, node_id, limit, lease, parts, ordered = check_claim_args(
             queue, node_id, limit, lease_s, partitions, ordered, self.partitions
         )
+        due_age = check_non_negative("min_due_age_s", min_due_age_s)
         self._check_open()
         now = self._clock()
         dead = 0
@@ -209,7 +230,7 @@ class MemoryStore:
             for t in self._tasks.values()
             if t.queue == queue
             and t.status in _ACTIVE
-            and self._due_at(t) <= now
+            and self._due_at(t) <= now - due_age
             and (allowed is None or t.partition in allowed)
             and (not ordered or active_heads.get(t.partition_key) == t.id)
         ]
@@ -271,23 +292,35 @@ class MemoryStore:
             raise LeaseLostError(task.id, reason)
         return current
 
-    async def complete(self, task: Task, result: Any = None) -> Task:
+    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
         """Mark done and record the processed id (semantics as in the SQLite store)."""
-        outcome = (await self.complete_many([task], [result]))[0]
+        outcome = (await self.complete_many([task], [result], fences=None if fence is None else [fence]))[0]
         if isinstance(outcome, Task):
             return outcome
         raise outcome
 
     async def complete_many(
-        self, tasks: Sequence[Task], results: Sequence[Any] | None = None
-    ) -> list[Task | LeaseLostError | TaskNotFoundError]:
-        """Complete many tasks atomically, each with its own compare-and-set."""
+        self,
+        tasks: Sequence[Task],
+        results: Sequence[Any] | None = None,
+        *,
+        fences: Sequence[tuple[str, int] | None] | None = None,
+    ) -> list[Task | CoordError]:
+        """Complete many tasks atomically, each with its own compare-and-set (and fence)."""
         checked = check_tasks(tasks)
         encoded = encode_results(results, len(checked), self.config)
+        fenced = check_fences(fences, len(checked))
         self._check_open()
         now = self._clock()
-        out: list[Task | LeaseLostError | TaskNotFoundError] = []
-        for task, result_json in zip(checked, encoded, strict=True):
+        out: list[Task | CoordError] = []
+        for i, (task, result_json) in enumerate(zip(checked, encoded, strict=True)):
+            fence = None if fenced is None else fenced[i]
+            if fence is not None:
+                try:
+                    await self.fence(*fence)  # never suspends: atomic with the rest of this method
+                except FencingTokenRejectedError as exc:
+                    out.append(exc)
+                    continue
             try:
                 current = self._held(task, now)
             except (LeaseLostError, TaskNotFoundError) as exc:
@@ -315,13 +348,79 @@ class MemoryStore:
         self.events.add(ev.RETRIES)
         return self._put(current, now, status=TaskStatus.PENDING, run_at=now + delay, last_error=text)
 
-    async def release(self, task: Task) -> Task:
-        """Hand back to pending, due now, not counting the attempt."""
+    async def release(self, task: Task, *, delay_s: float = 0.0) -> Task:
+        """Hand back to pending (due after ``delay_s``), not counting the attempt."""
         check_task(task)
+        delay = check_non_negative("delay_s", delay_s)
         self._check_open()
         now = self._clock()
         current = self._held(task, now)
-        return self._put(current, now, status=TaskStatus.PENDING, run_at=now, attempts=max(current.attempts - 1, 0))
+        out = self._put(
+            current, now, status=TaskStatus.PENDING, run_at=now + delay, attempts=max(current.attempts - 1, 0)
+        )
+        if delay == 0:
+            self.notifier.notify(out.queue, 1)
+        return out
+
+    async def unchecked_claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Sequence[int] | None = None,
+    ) -> list[Task]:
+        """Naive claim: read due pending tasks, yield, then mark them running unconditionally.
+
+        Two nodes can claim the same task. For benchmarks only.
+        """
+        queue, node_id, limit, lease, parts, _ = check_claim_args(
+            queue, node_id, limit, lease_s, partitions, False, self.partitions
+        )
+        self._check_open()
+        now = self._clock()
+        allowed = None if parts is None else set(parts)
+        ids = [
+            t.id
+            for t in sorted(self._tasks.values(), key=lambda t: (-t.priority, t.id))
+            if t.queue == queue
+            and t.status is TaskStatus.PENDING
+            and t.run_at <= now
+            and (allowed is None or t.partition in allowed)
+        ][:limit]
+        await asyncio.sleep(0)  # the gap between the read and the write that a naive queue has
+        token = new_token()
+        now = self._clock()
+        out = []
+        for task_id in ids:
+            t = self._tasks[task_id]
+            out.append(
+                self._put(
+                    t,
+                    now,
+                    status=TaskStatus.RUNNING,
+                    attempts=t.attempts + 1,
+                    lease_owner=node_id,
+                    lease_token=f"{token}.{t.id}",
+                    lease_expires_at=now + lease,
+                )
+            )
+        self.events.add(ev.CLAIMS, len(out))
+        return out
+
+    async def unchecked_complete(self, tasks: Sequence[Task], results: Sequence[Any] | None = None) -> int:
+        """Mark tasks done without any compare-and-set (benchmarks only); return how many."""
+        checked = check_tasks(tasks)
+        encoded = encode_results(results, len(checked), self.config)
+        self._check_open()
+        now = self._clock()
+        for t, r in zip(checked, encoded, strict=True):
+            current = self._tasks.get(t.id)
+            if current is not None:
+                self._put(current, now, status=TaskStatus.DONE, result=decode_json(r), last_error=None)
+        self.events.add(ev.COMMITS, len(checked))
+        return len(checked)
 
     async def extend(self, task: Task, lease_s: float) -> float:
         """Renew the lease; an expired lease is never revived."""
@@ -335,7 +434,7 @@ class MemoryStore:
 
     async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
         """Renew many leases; True where the lease was still held."""
-        checked = [check_task(t) for t in tasks]
+        checked = check_tasks(tasks)
         lease = check_positive("lease_s", lease_s)
         self._check_open()
         now = self._clock()
@@ -385,7 +484,8 @@ class MemoryStore:
     async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
         """Move dead tasks back to pending with attempts reset."""
         check_name("queue", queue)
-        wanted = None if task_ids is None else {check_int("task_ids[i]", i, minimum=0) for i in task_ids}
+        ids = check_task_ids(task_ids)
+        wanted = None if ids is None else set(ids)
         self._check_open()
         now = self._clock()
         n = 0

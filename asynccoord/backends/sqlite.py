@@ -28,6 +28,7 @@ import aiosqlite
 from .. import events as ev
 from ..config import StoreConfig
 from ..errors import (
+    CoordError,
     InvalidTypeError,
     LeaseLostError,
     NotADatabaseError,
@@ -37,22 +38,32 @@ from ..errors import (
     TaskNotFoundError,
 )
 from ..events import EventCounter
+from ..histogram import LatencyRecorder
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
-from ..validation import check_int, check_name, check_non_negative, check_positive
+from ..notify import WorkNotifier
+from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._common import (
     check_claim_args,
+    check_fences,
     check_retry,
     check_task,
+    check_task_ids,
     check_tasks,
     clean_error,
     decode_json,
     encode_results,
     new_token,
+    notify_created,
     prepare_tasks,
     settled_done,
 )
 from ._groupcommit import GroupCommitter, Operation, map_sqlite_error, raw_connection, retry_busy, run_on_thread
+from ._lockcommon import fence_rejected_error
+from ._readonly import read_only_error, read_only_uri, setup_read_only
 from .sql import load_migrations, load_queries
+from .sqlite_locks import SQLiteLockOps, check_fence
+from .sqlite_membership import SQLiteMembershipOps
+from .sqlite_monitor import SQLiteMonitorOps
 
 __all__ = ("SQLiteStore",)
 
@@ -105,7 +116,7 @@ def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
     return f"lease expired at {expires:.3f} (store clock now {now:.3f})"
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
     """Task queue (and, in later modules, locks and membership) on one SQLite file.
 
     Use as ``async with SQLiteStore("bot.db") as store: ...`` or call
@@ -119,6 +130,10 @@ class SQLiteStore:
         clock: Test hook: a function returning the store clock (seconds) used instead
             of SQLite's ``julianday('now')``. Every store on a file must then use the
             same clock. Default None (the database clock).
+        read_only: Open the existing file read-only (``file:...?mode=ro``): no
+            migration, and every write raises
+            :class:`~asynccoord.errors.ReadOnlyStoreError`. For inspection of a live
+            database (it never blocks the writers). Default False.
 
     Raises:
         InvalidTypeError: ``path`` is not a str or PathLike, or ``config`` is not a StoreConfig.
@@ -130,6 +145,7 @@ class SQLiteStore:
         *,
         config: StoreConfig | None = None,
         clock: Callable[[], float] | None = None,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise InvalidTypeError(f"path must be a str or PathLike, got {type(path).__name__}")
@@ -138,6 +154,9 @@ class SQLiteStore:
         self.path = os.fspath(path)
         self.config = config or StoreConfig()
         self.events = EventCounter()
+        self.latencies = LatencyRecorder()
+        self.read_only = check_bool("read_only", read_only)
+        self.notifier = WorkNotifier()
         self._clock = clock
         self._conn: aiosqlite.Connection | None = None
         self._writer: GroupCommitter | None = None
@@ -173,13 +192,14 @@ class SQLiteStore:
             )
         if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
             raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
-        conn = aiosqlite.connect(self.path, isolation_level=None, check_same_thread=False)
+        target = read_only_uri(self.path) if self.read_only else self.path
+        conn = aiosqlite.connect(target, isolation_level=None, check_same_thread=False, uri=self.read_only)
         try:
             await conn
         except sqlite3.Error as exc:
             raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
         try:
-            await run_on_thread(conn, self._setup, conn)
+            await run_on_thread(conn, self._setup_read_only if self.read_only else self._setup, conn)
         except sqlite3.DatabaseError as exc:
             await conn.close()
             if "not a database" in str(exc) or "malformed" in str(exc):
@@ -196,7 +216,13 @@ class SQLiteStore:
             max_batch_ops=self.config.max_batch_ops,
             clock=self._clock,
         )
-        self._writer.start()
+        if not self.read_only:  # a read-only store keeps the committer only for its clock
+            self._writer.start()
+
+    def _setup_read_only(self, conn: aiosqlite.Connection) -> None:
+        self._partitions = setup_read_only(
+            raw_connection(conn), self.path, schema_version=SCHEMA_VERSION, busy_timeout_s=self.config.busy_timeout_s
+        )
 
     def _setup(self, conn: aiosqlite.Connection) -> None:
         db = raw_connection(conn)
@@ -262,6 +288,8 @@ class SQLiteStore:
         return self._writer
 
     async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
+        if self.read_only:
+            raise read_only_error(self)
         return await self._w().submit(fn, undo)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -346,6 +374,7 @@ class SQLiteStore:
         rows: list[tuple[bool, _Row]] = await self._write(op)
         results = [EnqueueResult(task=_row_to_task(row), created=created) for created, row in rows]
         self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
+        notify_created(self.notifier, results, prepared)
         return results
 
     # --- claim and settle -----------------------------------------------------------
@@ -359,8 +388,12 @@ class SQLiteStore:
         lease_s: float = 30.0,
         partitions: Sequence[int] | None = None,
         ordered: bool = False,
+        min_due_age_s: float = 0.0,
     ) -> list[Task]:
         """Lease up to ``limit`` due tasks to ``node_id`` (see :class:`~asynccoord.backends.base.Store`).
+
+        ``min_due_age_s`` > 0 takes only tasks that have been due at least that long
+        (work stealing from overloaded or dead partition owners).
 
         Raises:
             InvalidTypeError, InvalidArgumentError: a bad argument (nothing claimed).
@@ -369,9 +402,11 @@ class SQLiteStore:
         queue, node_id, limit, lease, parts, ordered = check_claim_args(
             queue, node_id, limit, lease_s, partitions, ordered, self._partitions
         )
+        due_age = check_non_negative("min_due_age_s", min_due_age_s)
         if parts is not None and not parts:
             return []
         params = {
+            "min_due_age_s": due_age,
             "queue": queue,
             "node_id": node_id,
             "lease_s": lease,
@@ -382,16 +417,16 @@ class SQLiteStore:
         sql = Q["claim_ordered"] if ordered else Q["claim"]
 
         def op(db: sqlite3.Connection, now: float) -> tuple[list[_Row], int, int]:
+            dead = len(db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall())
             rows = db.execute(sql, {**params, "now": now}).fetchall()
-            live = [r for r in rows if r[7] == "running"]
-            live.sort(key=lambda r: (-r[6], r[0]))
+            rows.sort(key=lambda r: (-r[6], r[0]))
             duplicates: set[int] = set()
             settle = Q["settle_duplicate"]
-            for row in live:
+            for row in rows:
                 if row[4] is not None and db.execute(settle, {"id": row[0], "now": now}).fetchone():
                     duplicates.add(row[0])
-            kept = [r for r in live if r[0] not in duplicates]
-            return kept, len(duplicates), len(rows) - len(live)
+            kept = [r for r in rows if r[0] not in duplicates]
+            return kept, len(duplicates), dead
 
         def undo(result: tuple[list[_Row], int, int]) -> Operation[Any] | None:
             rows = result[0]
@@ -408,7 +443,7 @@ class SQLiteStore:
         return tasks
 
     def _release_rows_op(self, rows: Sequence[_Row]) -> Operation[None]:
-        keys = [{"id": r[0], "lease_token": r[12], "version": r[14]} for r in rows]
+        keys = [{"id": r[0], "lease_token": r[12], "version": r[14], "delay_s": 0.0} for r in rows]
 
         def op(db: sqlite3.Connection, now: float) -> None:
             sql = Q["release"]
@@ -442,12 +477,15 @@ class SQLiteStore:
             raise LeaseLostError(task.id, reason)
         return _row_to_task(row)
 
-    async def complete(self, task: Task, result: Any = None) -> Task:
+    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
         """Mark ``task`` done and record its message id as processed, in one transaction.
 
         Args:
             task: The task as returned by ``claim``.
             result: Optional JSON result kept on the task.
+            fence: ``(resource, fencing_token)`` of the lock guarding the work: the
+                commit is refused (nothing written) when the resource has already
+                accepted a higher token, and the token is recorded otherwise.
 
         Returns:
             The task as now stored (status ``done``, version + 1).
@@ -455,40 +493,53 @@ class SQLiteStore:
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
             TaskNotFoundError: the task no longer exists.
-            InvalidTypeError, InvalidArgumentError: bad ``task`` or ``result``.
+            FencingTokenRejectedError: ``fence`` carries an outdated token.
+            InvalidTypeError, InvalidArgumentError: bad ``task``, ``result`` or ``fence``.
         """
-        outcome = (await self.complete_many([task], [result]))[0]
+        outcome = (await self.complete_many([task], [result], fences=None if fence is None else [fence]))[0]
         if isinstance(outcome, Task):
             return outcome
         raise outcome
 
     async def complete_many(
-        self, tasks: Sequence[Task], results: Sequence[Any] | None = None
-    ) -> list[Task | LeaseLostError | TaskNotFoundError]:
+        self,
+        tasks: Sequence[Task],
+        results: Sequence[Any] | None = None,
+        *,
+        fences: Sequence[tuple[str, int] | None] | None = None,
+    ) -> list[Task | CoordError]:
         """Complete many tasks in one transaction, each with its own compare-and-set.
 
         Args:
             tasks: Tasks as returned by ``claim`` (any mix of queues and leases).
             results: One JSON result per task, or None for no results.
+            fences: Per task, None or ``(resource, fencing_token)`` checked and recorded
+                in the same transaction (see :meth:`complete`); None for no fences.
 
         Returns:
             Per task, in order: the done task, or the error saying why nothing was
-            written for it (its lease was lost, or it no longer exists). One task's
-            lost lease does not stop the others.
+            written for it (:class:`LeaseLostError`, :class:`TaskNotFoundError`, or
+            :class:`FencingTokenRejectedError`). One task's failure does not stop the others.
 
         Raises:
             InvalidTypeError, InvalidArgumentError: a bad task or result (nothing written).
         """
         checked = check_tasks(tasks)
         encoded = encode_results(results, len(checked), self.config)
+        fenced = check_fences(fences, len(checked))
         if not checked:
             return []
-        batch = json.dumps(
-            [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)],
-            separators=(",", ":"),
-        )
+        rows = [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)]
 
-        def op(db: sqlite3.Connection, now: float) -> tuple[float, list[int | str | None]]:
+        def op(db: sqlite3.Connection, now: float) -> tuple[float, list[int | str | None], dict[int, int]]:
+            refused: dict[int, int] = {}
+            if fenced is not None:
+                for t, f in zip(checked, fenced, strict=True):
+                    if f is not None:
+                        higher = check_fence(db, now, f[0], f[1])
+                        if higher is not None:
+                            refused[t.id] = higher
+            batch = json.dumps([r for r in rows if r[0] not in refused], separators=(",", ":"))
             versions = dict(db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall())
             records = [
                 [t.queue, t.idempotency_key] for t in checked if t.idempotency_key is not None and t.id in versions
@@ -496,14 +547,19 @@ class SQLiteStore:
             if records:
                 db.execute(Q["record_processed_batch"], {"records": json.dumps(records), "now": now})
             out: list[int | str | None] = [
-                versions[t.id] if t.id in versions else _lost_reason(db, t, now) for t in checked
+                versions[t.id] if t.id in versions else (None if t.id in refused else _lost_reason(db, t, now))
+                for t in checked
             ]
-            return now, out
+            return now, out, refused
 
-        now, outcomes = await self._write(op)
-        done: list[Task | LeaseLostError | TaskNotFoundError] = []
-        for task, result_json, outcome in zip(checked, encoded, outcomes, strict=True):
-            if isinstance(outcome, int):
+        now, outcomes, refused = await self._write(op)
+        done: list[Task | CoordError] = []
+        for i, (task, result_json, outcome) in enumerate(zip(checked, encoded, outcomes, strict=True)):
+            if task.id in refused:
+                fence = None if fenced is None else fenced[i]
+                assert fence is not None
+                done.append(fence_rejected_error(fence[0], fence[1], refused[task.id]))
+            elif isinstance(outcome, int):
                 done.append(settled_done(task, version=outcome, now=now, result=decode_json(result_json)))
             elif outcome is None:
                 done.append(TaskNotFoundError(task.id))
@@ -512,6 +568,7 @@ class SQLiteStore:
         committed = sum(1 for d in done if isinstance(d, Task))
         self.events.add(ev.COMMITS, committed)
         self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for d in done if isinstance(d, LeaseLostError)))
+        self.events.add(ev.FENCING_REJECTED, len(refused))
         return done
 
     async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
@@ -538,14 +595,22 @@ class SQLiteStore:
             self.events.add(ev.RETRIES)
         return out
 
-    async def release(self, task: Task) -> Task:
-        """Hand the task back to pending, due now, without counting the attempt.
+    async def release(self, task: Task, *, delay_s: float = 0.0) -> Task:
+        """Hand the task back to pending without counting the attempt.
+
+        Args:
+            task: The task as returned by ``claim``.
+            delay_s: Seconds before it is due again (>= 0). Default 0: due now.
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
         """
         check_task(task)
-        return await self._settle(task, Q["release"], {})
+        delay = check_non_negative("delay_s", delay_s)
+        out = await self._settle(task, Q["release"], {"delay_s": delay})
+        if delay == 0:
+            self.notifier.notify(out.queue, 1)
+        return out
 
     async def extend(self, task: Task, lease_s: float) -> float:
         """Renew the lease to ``lease_s`` seconds from now; return the new expiry (store clock).
@@ -578,18 +643,72 @@ class SQLiteStore:
         Raises:
             InvalidTypeError, InvalidArgumentError: a bad task or ``lease_s``.
         """
-        checked = [check_task(t) for t in tasks]
+        checked = check_tasks(tasks)
         lease = check_positive("lease_s", lease_s)
         if not checked:
             return []
         leases = json.dumps([[t.id, t.lease_token] for t in checked])
 
-        def op(db: sqlite3.Connection, now: float) -> set[int]:
+        def op(db: sqlite3.Connection, now: float) -> set[tuple[int, str]]:
             rows = db.execute(Q["extend_many"], {"leases": leases, "lease_s": lease, "now": now}).fetchall()
-            return {r[0] for r in rows}
+            return {(r[0], r[1]) for r in rows}
 
-        renewed: set[int] = await self._write(op)
-        return [t.id in renewed for t in checked]
+        renewed: set[tuple[int, str]] = await self._write(op)
+        # By (id, token): a stale lease passed beside the live one on the same task stays False.
+        return [(t.id, t.lease_token) in renewed for t in checked]
+
+    # --- unchecked operations (benchmarks only) ------------------------------------------
+
+    async def unchecked_claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Sequence[int] | None = None,
+    ) -> list[Task]:
+        """Claim as a naive queue does: read due tasks, then mark them running, unconditionally.
+
+        The read and the write are separate transactions, so two nodes can claim the
+        same task. Exists only so benchmarks can show what the version layer buys;
+        never use it to process real work.
+        """
+        queue, node_id, limit, lease, parts, _ = check_claim_args(
+            queue, node_id, limit, lease_s, partitions, False, self._partitions
+        )
+        writer = self._w()
+        parts_json = None if parts is None else json.dumps(parts)
+
+        def read(db: sqlite3.Connection) -> list[int]:
+            now = writer.now(db)
+            params = {"queue": queue, "limit": limit, "partitions": parts_json, "now": now}
+            return [r[0] for r in db.execute(Q["unchecked_peek"], params).fetchall()]
+
+        ids = await self._read(read)
+        if not ids:
+            return []
+        params = {"ids": json.dumps(ids), "node_id": node_id, "lease_s": lease, "token": new_token()}
+
+        def op(db: sqlite3.Connection, now: float) -> list[_Row]:
+            return db.execute(Q["unchecked_claim"], {**params, "now": now}).fetchall()
+
+        rows: list[_Row] = await self._write(op)
+        self.events.add(ev.CLAIMS, len(rows))
+        return [_row_to_task(r) for r in rows]
+
+    async def unchecked_complete(self, tasks: Sequence[Task], results: Sequence[Any] | None = None) -> int:
+        """Mark tasks done without any compare-and-set (benchmarks only); return rows written."""
+        checked = check_tasks(tasks)
+        encoded = encode_results(results, len(checked), self.config)
+        items = [{"id": t.id, "result": r} for t, r in zip(checked, encoded, strict=True)]
+
+        def op(db: sqlite3.Connection, now: float) -> int:
+            return sum(db.execute(Q["unchecked_complete"], {**item, "now": now}).rowcount for item in items)
+
+        written = int(await self._write(op))
+        self.events.add(ev.COMMITS, written)
+        return written
 
     # --- inspection and maintenance ---------------------------------------------------
 
@@ -629,8 +748,9 @@ class SQLiteStore:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
         check_name("queue", queue)
         ids: str | None = None
-        if task_ids is not None:
-            ids = json.dumps([check_int("task_ids[i]", i, minimum=0) for i in task_ids])
+        checked_ids = check_task_ids(task_ids)
+        if checked_ids is not None:
+            ids = json.dumps(checked_ids)
 
         def op(db: sqlite3.Connection, now: float) -> int:
             return len(db.execute(Q["requeue_dead"], {"queue": queue, "ids": ids, "now": now}).fetchall())

@@ -20,16 +20,24 @@ _MIGRATION = re.compile(r"^migration_(\d{4})\.sql$")
 
 @functools.cache
 def load_queries(dialect: str) -> dict[str, str]:
-    """Query name -> SQL text from ``<dialect>/queries.sql``."""
-    text = resources.files(__package__).joinpath(dialect, "queries.sql").read_text("utf-8")
+    """Query name -> SQL text from every ``<dialect>/*.sql`` file except migrations.
+
+    Raises:
+        RuntimeError: a query name is defined twice (in one file or across files).
+    """
+    folder = resources.files(__package__).joinpath(dialect)
     queries: dict[str, str] = {}
-    matches = list(_NAME.finditer(text))
-    for i, match in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-        name = match.group(1)
-        if name in queries:
-            raise RuntimeError(f"duplicate query name {name!r} in {dialect}/queries.sql")
-        queries[name] = text[match.end() : end].strip()
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql") or _MIGRATION.match(entry.name):
+            continue
+        text = entry.read_text("utf-8")
+        matches = list(_NAME.finditer(text))
+        for i, match in enumerate(matches):
+            end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+            name = match.group(1)
+            if name in queries:
+                raise RuntimeError(f"duplicate query name {name!r} in {dialect}/{entry.name}")
+            queries[name] = text[match.end() : end].strip()
     return queries
 
 

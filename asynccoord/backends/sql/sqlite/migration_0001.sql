@@ -38,6 +38,8 @@ CREATE UNIQUE INDEX coord_tasks_idempotency
 CREATE INDEX coord_tasks_claim ON coord_tasks (queue, priority DESC, id) WHERE active = 1;
 -- Per-key ordering: is there an earlier active task with the same key?
 CREATE INDEX coord_tasks_key_order ON coord_tasks (queue, partition_key, id) WHERE active = 1;
+-- Leases that may have expired (dead-lettering of exhausted leases at claim time).
+CREATE INDEX coord_tasks_lease_expiry ON coord_tasks (queue, lease_expires_at) WHERE status = 'running';
 
 CREATE TABLE coord_processed (
     consumer     TEXT NOT NULL,

@@ -25,26 +25,27 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 -- name: select_task
 SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed FROM coord_tasks WHERE id = :id;
 
+-- name: dead_letter_exhausted
+-- Leases that expired on the last allowed attempt: dead, before the claim runs (same
+-- transaction), so they never take a claim slot or block their key.
+UPDATE coord_tasks
+   SET status = 'dead', active = 0,
+       last_error = 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')',
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = version + 1, updated_at = :now
+ WHERE queue = :queue AND status = 'running' AND lease_expires_at <= :now AND attempts >= max_attempts
+RETURNING id;
+
 -- name: claim
--- Returns the claimed tasks and, with status 'dead', any dead-lettered on the way.
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
-       -- A lease that expired on the last allowed attempt is dead-lettered here,
-       -- by the same statement, so no reaper is needed. SET sees the old values.
-       status = CASE WHEN status = 'running' AND attempts >= max_attempts THEN 'dead' ELSE 'running' END,
-       active = NOT (status = 'running' AND attempts >= max_attempts),
-       last_error = CASE WHEN status = 'running' AND attempts >= max_attempts
-                         THEN 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')'
-                         ELSE last_error END,
-       attempts = attempts + (NOT (status = 'running' AND attempts >= max_attempts)),
-       lease_owner = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :node_id END,
-       lease_token = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :token || '.' || id END,
-       lease_expires_at = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :now + :lease_s END,
+       status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
        version = version + 1, updated_at = :now
  WHERE id IN (
     SELECT t.id FROM coord_tasks AS t
      WHERE t.queue = :queue AND t.active = 1
-       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now
+       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now - :min_due_age_s
        AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
      ORDER BY t.priority DESC, t.id
      LIMIT :limit)
@@ -54,22 +55,13 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
 -- Per-key ordering: only the earliest active task of each partition key is eligible.
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
-       -- A lease that expired on the last allowed attempt is dead-lettered here,
-       -- by the same statement, so no reaper is needed. SET sees the old values.
-       status = CASE WHEN status = 'running' AND attempts >= max_attempts THEN 'dead' ELSE 'running' END,
-       active = NOT (status = 'running' AND attempts >= max_attempts),
-       last_error = CASE WHEN status = 'running' AND attempts >= max_attempts
-                         THEN 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')'
-                         ELSE last_error END,
-       attempts = attempts + (NOT (status = 'running' AND attempts >= max_attempts)),
-       lease_owner = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :node_id END,
-       lease_token = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :token || '.' || id END,
-       lease_expires_at = CASE WHEN status = 'running' AND attempts >= max_attempts THEN NULL ELSE :now + :lease_s END,
+       status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
        version = version + 1, updated_at = :now
  WHERE id IN (
     SELECT t.id FROM coord_tasks AS t
      WHERE t.queue = :queue AND t.active = 1
-       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now
+       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now - :min_due_age_s
        AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
        AND NOT EXISTS (
            SELECT 1 FROM coord_tasks AS e
@@ -129,7 +121,7 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
 
 -- name: release
 UPDATE coord_tasks
-   SET status = 'pending', run_at = :now, attempts = max(attempts - 1, 0),
+   SET status = 'pending', run_at = :now + :delay_s, attempts = max(attempts - 1, 0),
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
  WHERE id = :id AND lease_token = :lease_token AND version = :version
@@ -143,13 +135,13 @@ UPDATE coord_tasks SET lease_expires_at = :now + :lease_s
 RETURNING lease_expires_at;
 
 -- name: extend_many
--- :leases is a JSON array of [id, lease_token]; returns the ids whose lease was renewed.
+-- :leases is a JSON array of [id, lease_token]; returns the (id, lease_token) pairs renewed.
 UPDATE coord_tasks SET lease_expires_at = :now + :lease_s
   FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
           FROM json_each(:leases)) AS b
  WHERE coord_tasks.id = b.id AND coord_tasks.lease_token = b.token
    AND coord_tasks.status = 'running' AND coord_tasks.lease_expires_at > :now
-RETURNING coord_tasks.id;
+RETURNING coord_tasks.id, coord_tasks.lease_token;
 
 -- name: stats_counts
 SELECT status, count(*) FROM coord_tasks WHERE (:queue IS NULL OR queue = :queue) GROUP BY status;
@@ -177,3 +169,28 @@ DELETE FROM coord_processed
 DELETE FROM coord_tasks
  WHERE id IN (SELECT id FROM coord_tasks
                WHERE queue = :queue AND status = 'done' AND updated_at < :cutoff LIMIT :batch);
+
+-- Unchecked operations: what a naive queue does (read, then write without a
+-- compare-and-set). Only for measuring what the version layer buys.
+
+-- name: unchecked_peek
+SELECT id FROM coord_tasks AS t
+ WHERE t.queue = :queue AND t.status = 'pending' AND t.run_at <= :now
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+ ORDER BY t.priority DESC, t.id
+ LIMIT :limit;
+
+-- name: unchecked_claim
+UPDATE coord_tasks
+   SET status = 'running', active = 1, attempts = attempts + 1,
+       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
+       version = version + 1, updated_at = :now
+ WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+
+-- name: unchecked_complete
+UPDATE coord_tasks
+   SET status = 'done', active = 0, result = :result, last_error = NULL,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = version + 1, updated_at = :now
+ WHERE id = :id;

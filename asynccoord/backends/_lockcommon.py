@@ -1,0 +1,100 @@
+"""Argument checks and helpers shared by every lock backend, so all of them validate alike."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any, cast
+
+from ..errors import FencingTokenRejectedError, InvalidTypeError
+from ..lockmodels import Lease
+from ..validation import check_int, check_name, check_positive, encode_payload
+
+__all__ = (
+    "MAX_FENCING_TOKEN",
+    "MAX_PERMITS",
+    "check_fence_args",
+    "check_lease",
+    "check_leases",
+    "check_lock_request",
+    "default_holder",
+    "encode_fence_data",
+    "fence_rejected_error",
+)
+
+MAX_FENCING_TOKEN = 2**63 - 1
+"""Largest fencing token (SQLite and PostgreSQL ``bigint``)."""
+
+MAX_PERMITS = 2**31 - 1
+"""Largest permit count of a semaphore."""
+
+
+@functools.cache
+def _hostname() -> str:
+    return socket.gethostname()[:200]
+
+
+def default_holder() -> str:
+    """``"<host>:<pid>"``: the holder recorded when none is given (for inspection only)."""
+    return f"{_hostname()}:{os.getpid()}"
+
+
+def check_lock_request(name: object, ttl_s: object, permits: object, holder: object) -> tuple[str, float, int, str]:
+    """Validate the arguments of an acquisition; return them normalized.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: naming the bad argument and value.
+    """
+    check_name("name", name)
+    ttl = check_positive("ttl_s", ttl_s)
+    count = check_int("permits", permits, minimum=1, maximum=MAX_PERMITS)
+    check_name("holder", holder, allow_empty=True)
+    return cast(str, name), ttl, count, cast(str, holder)
+
+
+def check_lease(lease: object, arg: str = "lease") -> Lease:
+    """Check that ``lease`` is a :class:`Lease` as returned by an acquisition.
+
+    Raises:
+        InvalidTypeError: not a Lease.
+    """
+    if not isinstance(lease, Lease):
+        raise InvalidTypeError(f"{arg} must be a Lease returned by an acquisition, got {type(lease).__name__}")
+    return lease
+
+
+def check_leases(leases: object) -> list[Lease]:
+    """Check a list or tuple of leases.
+
+    Raises:
+        InvalidTypeError: not a list/tuple, or an item that is not a Lease.
+    """
+    if not isinstance(leases, list | tuple):
+        raise InvalidTypeError(f"leases must be a list or tuple of Lease, got {type(leases).__name__}")
+    return [check_lease(item, f"leases[{index}]") for index, item in enumerate(cast(Sequence[object], leases))]
+
+
+def check_fence_args(resource: object, fencing_token: object) -> tuple[str, int]:
+    """Validate a fencing call's resource name and token (an int in 1..2**63-1).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: naming the bad argument and value.
+    """
+    check_name("resource", resource)
+    token = check_int("fencing_token", fencing_token, minimum=1, maximum=MAX_FENCING_TOKEN)
+    return cast(str, resource), token
+
+
+def encode_fence_data(data: Any, max_bytes: int) -> str:
+    """JSON text of the data of a fenced write (see :func:`asynccoord.validation.encode_payload`)."""
+    return encode_payload(data, max_bytes=max_bytes, arg="data")
+
+
+def fence_rejected_error(resource: str, fencing_token: int, highest: int) -> FencingTokenRejectedError:
+    """The error for a refused fencing token, naming the resource and both tokens."""
+    return FencingTokenRejectedError(
+        f"fencing token {fencing_token} for resource {resource!r} is lower than {highest}, which the "
+        "resource has already accepted: the lock behind the token was lost and a later holder has written"
+    )

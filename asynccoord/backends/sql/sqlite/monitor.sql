@@ -1,0 +1,99 @@
+-- Named queries of the conflict monitor for the SQLite store (see
+-- backends/sqlite_monitor.py). :now is the store clock read at the start of the write
+-- transaction (or of the read); :bucket is floor(:now), the current 1-second bucket.
+-- Batches arrive as JSON arrays, one statement per table.
+
+-- name: metric_process_upsert
+INSERT INTO coord_metric_processes (process_id, info, first_flush_at, last_flush_at)
+VALUES (:process_id, :info, :now, :now)
+ON CONFLICT (process_id) DO UPDATE SET info = excluded.info, last_flush_at = excluded.last_flush_at;
+
+-- name: metric_counts_add
+-- :counts is a JSON array of [scope, name, delta].
+INSERT INTO coord_metric_counts (bucket_s, process_id, scope, name, value)
+SELECT :bucket, :process_id, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]')
+  FROM json_each(:counts)
+ WHERE true
+ON CONFLICT (bucket_s, process_id, scope, name) DO UPDATE SET value = coord_metric_counts.value + excluded.value;
+
+-- name: metric_totals_add
+INSERT INTO coord_metric_totals (process_id, scope, name, value, updated_at)
+SELECT :process_id, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), :now
+  FROM json_each(:counts)
+ WHERE true
+ON CONFLICT (process_id, scope, name) DO UPDATE
+   SET value = coord_metric_totals.value + excluded.value, updated_at = excluded.updated_at;
+
+-- name: metric_latency_add
+-- :latency is a JSON array of [name, slot, count, sum_ms].
+INSERT INTO coord_metric_latency (bucket_s, process_id, name, slot, count, sum_ms)
+SELECT :bucket, :process_id, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+       json_extract(value, '$[2]'), json_extract(value, '$[3]')
+  FROM json_each(:latency)
+ WHERE true
+ON CONFLICT (bucket_s, process_id, name, slot) DO UPDATE
+   SET count = coord_metric_latency.count + excluded.count, sum_ms = coord_metric_latency.sum_ms + excluded.sum_ms;
+
+-- name: metric_alerts_clear
+DELETE FROM coord_alerts WHERE monitor_id = :process_id;
+
+-- name: metric_alerts_insert
+-- :alerts is a JSON array of [rule, scope_key, alert_json].
+INSERT INTO coord_alerts (monitor_id, rule, scope_key, alert, seen_at, expires_at)
+SELECT :process_id, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       :now, :now + :alert_ttl_s
+  FROM json_each(:alerts)
+ WHERE true
+ON CONFLICT (monitor_id, rule, scope_key) DO UPDATE
+   SET alert = excluded.alert, seen_at = excluded.seen_at, expires_at = excluded.expires_at;
+
+-- name: metric_purge_counts
+DELETE FROM coord_metric_counts WHERE bucket_s < :cutoff;
+
+-- name: metric_purge_latency
+DELETE FROM coord_metric_latency WHERE bucket_s < :cutoff;
+
+-- name: metric_purge_alerts
+DELETE FROM coord_alerts WHERE expires_at <= :now;
+
+-- name: metric_retire_totals
+-- Folds the process totals of processes silent since :cutoff into '*retired*' (per-node
+-- breakdowns of those processes are dropped: they are only a breakdown of the totals).
+INSERT INTO coord_metric_totals (process_id, scope, name, value, updated_at)
+SELECT '*retired*', '', name, sum(value), :now
+  FROM coord_metric_totals
+ WHERE updated_at < :cutoff AND process_id <> '*retired*' AND scope = ''
+ GROUP BY name
+ON CONFLICT (process_id, scope, name) DO UPDATE
+   SET value = coord_metric_totals.value + excluded.value, updated_at = excluded.updated_at;
+
+-- name: metric_retire_delete
+DELETE FROM coord_metric_totals WHERE updated_at < :cutoff AND process_id <> '*retired*';
+
+-- name: metric_retire_processes
+DELETE FROM coord_metric_processes WHERE last_flush_at < :cutoff;
+
+-- name: metric_read_totals
+SELECT process_id, scope, name, value FROM coord_metric_totals;
+
+-- name: metric_read_window_counts
+SELECT process_id, scope, name, sum(value) FROM coord_metric_counts
+ WHERE bucket_s > :since
+ GROUP BY process_id, scope, name;
+
+-- name: metric_read_window_latency
+SELECT name, slot, sum(count), sum(sum_ms) FROM coord_metric_latency
+ WHERE bucket_s > :since
+ GROUP BY name, slot;
+
+-- name: metric_read_processes
+SELECT process_id, info, first_flush_at, last_flush_at FROM coord_metric_processes ORDER BY process_id;
+
+-- name: metric_read_alerts
+SELECT alert FROM coord_alerts WHERE expires_at > :now ORDER BY seen_at, monitor_id, rule, scope_key;
+
+-- name: queue_depths
+SELECT queue, status, count(*) FROM coord_tasks GROUP BY queue, status ORDER BY queue;
+
+-- name: queue_oldest_pending
+SELECT queue, min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now GROUP BY queue;

@@ -1,0 +1,122 @@
+"""The command line: ``python -m asynccoord COMMAND ...``.
+
+Each subcommand is one :class:`Command` in :data:`COMMANDS`: its name, a one-line help,
+a function adding its options to an ``argparse`` parser, and a function running it
+that returns the exit status. Adding a command is adding one entry.
+
+Exit status: 0 on success, 1 when the command failed (the error is printed on
+standard error, one line), 2 for bad usage (argparse's own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .errors import CoordError
+from .serve import configure_run, run_command
+
+__all__ = ("COMMANDS", "Command", "build_parser", "main")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    """One subcommand of ``python -m asynccoord``.
+
+    Attributes:
+        name: The subcommand's name.
+        help: One line shown by ``--help``.
+        configure: Adds the subcommand's options to its parser.
+        run: Runs it with the parsed arguments; returns the exit status.
+    """
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _configure_status(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", required=True, metavar="PATH", help="the SQLite database file (opened read-only)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (schema: status.schema.json)")
+    parser.add_argument(
+        "--window",
+        dest="windows_s",
+        action="append",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="a window for event rates and latencies (repeatable; default 10 and 60)",
+    )
+    parser.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="colour in the tables (default auto)"
+    )
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from .status import collect_status, render_status
+
+    windows = tuple(args.windows_s or (10.0, 60.0))
+    report = asyncio.run(collect_status(args.db, windows_s=windows))
+    if args.json:
+        sys.stdout.write(json.dumps(report, allow_nan=False, sort_keys=False) + "\n")
+    else:
+        color = {"auto": None, "always": True, "never": False}[args.color]
+        render_status(report, color=color)
+    return 0
+
+
+COMMANDS: list[Command] = [
+    Command(
+        name="status",
+        help="queue depth, live nodes, locks, conflict counters and active alerts of a database",
+        configure=_configure_status,
+        run=_run_status,
+    ),
+    Command(
+        name="run",
+        help="host N nodes draining a queue with your send function until SIGTERM/SIGINT",
+        configure=configure_run,
+        run=run_command,
+    ),
+]
+"""The subcommands, in ``--help`` order."""
+
+
+def build_parser(commands: Sequence[Command] | None = None) -> argparse.ArgumentParser:
+    """The ``python -m asynccoord`` parser with one subparser per command."""
+    parser = argparse.ArgumentParser(
+        prog="python -m asynccoord", description="asyncio-native coordination runtime: tools for a cluster"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS if commands is None else commands:
+        child = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.configure(child)
+        child.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return the exit status."""
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args._run
+    try:
+        return run(args)
+    except CoordError as exc:
+        sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,560 @@
+"""Node membership of a process: heartbeats, the view of live nodes, partition ownership.
+
+One :class:`Membership` per process and store serves every node of the process::
+
+    async with Membership(store, ttl_s=5.0) as membership:
+        incarnation = membership.join("bot-1", info={"host": "a"})
+        membership.owned_partitions("bot-1")   # what bot-1 should claim from
+        ...
+
+A background task writes one heartbeat per ``interval_s`` for *all* joined nodes
+(one ``store.heartbeat`` call, one transaction) and keeps :attr:`Membership.view`, the
+live members as the store saw them. Liveness is judged by the store's clock: a node
+whose last heartbeat is older than its ``ttl_s`` by the store clock is dead for
+everyone, whatever the local clocks read. Local timers use ``time.monotonic()`` only.
+
+Each :meth:`Membership.join` gets a new random *incarnation*: a restarted process that
+reuses a node id is a new life of it, and the leave of the old life never removes the
+new one (the store's ``leave`` is a compare-and-set on the incarnation). Leases of
+tasks and locks belong to their own tokens, never to node ids, so a restart never
+makes the dead process's leases look alive.
+
+When heartbeats fail (:class:`~asynccoord.errors.StoreError`), the task keeps retrying
+each interval and logs ``asynccoord.membership.heartbeat_failed``; once the last
+successful heartbeat was *sent* more than ``ttl_s`` ago (local monotonic clock),
+:attr:`Membership.healthy` turns False: the others may consider this process dead and
+give its partitions away, so its nodes must stop claiming until a heartbeat succeeds.
+The request was sent before the store stamped it, so the store cannot expire the
+member before the local deadline passes (both clocks running at the same rate).
+
+Partition ownership is rendezvous hashing over the live node ids
+(:func:`asynccoord.partition.owned_partitions`); local joined nodes always count as live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+import anyio
+
+from . import events as ev
+from .backends.base import MembershipStore
+from .errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
+from .membermodels import Member, MemberBeat
+from .partition import assign
+from .partition import owned_partitions as _owned_partitions
+from .validation import check_int, check_name, check_non_negative, check_positive, encode_payload
+
+__all__ = ("LEAVE_TIMEOUT_S", "Membership", "MembershipStats", "MembershipView")
+
+log = logging.getLogger(__name__)
+
+LEAVE_TIMEOUT_S = 5.0
+"""Most seconds the exit of a :class:`Membership` waits for its nodes' leave (shielded);
+a member that could not leave is dead anyway once its ``ttl_s`` passes."""
+
+_NEW, _RUNNING, _CLOSING, _CLOSED = "new", "running", "closing", "closed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipView:
+    """The live members as of one heartbeat (a snapshot; never changes).
+
+    Attributes:
+        members: The live members, sorted by node id.
+        node_ids: Their node ids, sorted.
+        version: 0 before the first heartbeat, 1 after it, then + 1 every time the set
+            of live node ids changes (a join, a leave, an expiry). Changes of
+            incarnation or info alone keep the version.
+        taken_at: ``time.monotonic()`` of this process when the members were read.
+    """
+
+    members: tuple[Member, ...]
+    node_ids: tuple[str, ...]
+    version: int
+    taken_at: float
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self.node_ids
+
+    def __repr__(self) -> str:
+        return f"<MembershipView version={self.version} node_ids={list(self.node_ids)}>"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipStats:
+    """A snapshot of a membership's counters (see :meth:`Membership.statistics`).
+
+    Attributes:
+        local_nodes: Nodes joined in this process.
+        live_nodes: Live node ids in the current view (all processes).
+        version: The view's version.
+        heartbeats: Heartbeat calls that succeeded.
+        failures: Heartbeat calls that failed.
+        consecutive_failures: Failures since the last success.
+        last_heartbeat_age_s: Seconds (local monotonic clock) since the last successful
+            heartbeat was sent; None before the first.
+        healthy: See :attr:`Membership.healthy`.
+    """
+
+    local_nodes: int
+    live_nodes: int
+    version: int
+    heartbeats: int
+    failures: int
+    consecutive_failures: int
+    last_heartbeat_age_s: float | None
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Local:
+    incarnation: str
+    info: dict[str, Any]
+
+
+class Membership:
+    """Heartbeats and the live-node view of every node of one process.
+
+    Use as ``async with Membership(store) as membership:``. The first heartbeat runs
+    inside ``__aenter__``, so :attr:`view` is ready when the block starts. On exit the
+    heartbeat task is stopped and every joined node leaves (shielded from
+    cancellation, bounded by :data:`LEAVE_TIMEOUT_S`). A Membership is entered once.
+
+    Args:
+        store: A store with the membership primitives (``SQLiteStore``, ``MemoryStore``).
+        ttl_s: Seconds (> 0) a node stays live after a heartbeat (store clock). Default 5.
+        interval_s: Seconds (> 0, < ``ttl_s``) between heartbeats. Default ``ttl_s / 3``,
+            so two heartbeats may fail before the others see the nodes die.
+
+    Raises:
+        InvalidTypeError: ``store`` lacks the membership primitives, or a duration is
+            not a number.
+        InvalidArgumentError: a duration <= 0 or not finite, or ``interval_s`` >= ``ttl_s``.
+    """
+
+    def __init__(self, store: MembershipStore, *, ttl_s: float = 5.0, interval_s: float | None = None) -> None:
+        if not isinstance(store, MembershipStore):
+            raise InvalidTypeError(
+                f"store must provide the membership primitives (heartbeat, leave, members), got {type(store).__name__}"
+            )
+        ttl = check_positive("ttl_s", ttl_s)
+        interval = ttl / 3 if interval_s is None else check_positive("interval_s", interval_s)
+        if interval >= ttl:
+            raise InvalidArgumentError(
+                f"interval_s must be < ttl_s ({ttl_s!r}) so members beat before they expire, got {interval_s!r}"
+            )
+        self.store = store
+        self.ttl_s = ttl
+        self.interval_s = interval
+        self._state = _NEW
+        self._local: dict[str, _Local] = {}
+        self._view = MembershipView(members=(), node_ids=(), version=0, taken_at=time.monotonic())
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._io_lock = asyncio.Lock()  # a heartbeat and a leave never overlap
+        self._last_ok: float | None = None
+        self._heartbeats = 0
+        self._failures = 0
+        self._consecutive_failures = 0
+        self._reported_unhealthy = False
+        self._started_at: dict[str, float] = {}  # node id -> started_at of our incarnation, as last seen
+        self._assignment: tuple[tuple[str, ...], Mapping[str, frozenset[int]]] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Membership {self._state} nodes={sorted(self._local)} live={len(self._view.node_ids)}"
+            f" version={self._view.version} healthy={self.healthy} ttl_s={self.ttl_s:g}>"
+        )
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def view(self) -> MembershipView:
+        """The live members as of the last heartbeat (version 0 before the first)."""
+        return self._view
+
+    @property
+    def healthy(self) -> bool:
+        """True while the last successful heartbeat was sent less than ``ttl_s`` ago.
+
+        Local monotonic clock. False before ``__aenter__`` and after exit. When False,
+        other processes may consider this process's nodes dead: they must not claim.
+        """
+        if self._state != _RUNNING or self._last_ok is None:
+            return False
+        return time.monotonic() - self._last_ok < self.ttl_s
+
+    @property
+    def local_nodes(self) -> Mapping[str, str]:
+        """Node id -> incarnation of every node joined in this process (a copy)."""
+        return {node_id: local.incarnation for node_id, local in self._local.items()}
+
+    def statistics(self) -> MembershipStats:
+        """A snapshot of the counters."""
+        age = None if self._last_ok is None else time.monotonic() - self._last_ok
+        return MembershipStats(
+            local_nodes=len(self._local),
+            live_nodes=len(self._view.node_ids),
+            version=self._view.version,
+            heartbeats=self._heartbeats,
+            failures=self._failures,
+            consecutive_failures=self._consecutive_failures,
+            last_heartbeat_age_s=age,
+            healthy=self.healthy,
+        )
+
+    # --- nodes ------------------------------------------------------------------------
+
+    def join(self, node_id: str, info: Mapping[str, Any] | None = None) -> str:
+        """Add a local node; it is heartbeaten from now on (the next beat is sent at once).
+
+        Args:
+            node_id: The node's id, 1..255 characters, unique among this process's nodes.
+            info: A JSON object about the node, for inspection (copied). Default ``{}``.
+
+        Returns:
+            The incarnation token of this join: random (128 bits, hex).
+
+        Raises:
+            InvalidArgumentError: ``node_id`` is malformed or already joined here, or
+                ``info`` does not round-trip through JSON.
+            InvalidTypeError: ``node_id`` is not a str, ``info`` not a mapping or not JSON.
+            PayloadTooLargeError: ``info`` encodes to more than ``config.max_payload_bytes``.
+            CoordError: the Membership has been closed.
+        """
+        check_name("node_id", node_id)
+        if info is not None and not isinstance(info, Mapping):
+            raise InvalidTypeError(f"info must be a mapping (a JSON object), got {type(info).__name__}")
+        if self._state in (_CLOSING, _CLOSED):
+            raise CoordError(f"cannot join {node_id!r}: {self!r} is closed")
+        if node_id in self._local:
+            raise InvalidArgumentError(f"node_id {node_id!r} has already joined this Membership: leave it first")
+        text = encode_payload(dict(info or {}), max_bytes=self.store.config.max_payload_bytes, arg="info")
+        incarnation = secrets.token_hex(16)
+        self._local[node_id] = _Local(incarnation=incarnation, info=json.loads(text))
+        self._wake.set()
+        return incarnation
+
+    async def leave(self, node_id: str) -> bool:
+        """Stop heartbeating a local node and remove it from the store and the view.
+
+        The node stops being heartbeaten at once; if the store call fails or is
+        cancelled, its member row simply expires after ``ttl_s``.
+
+        Args:
+            node_id: A node joined in this process.
+
+        Returns:
+            True if the store had the node live and removed it; False if the node was
+            not joined here (nothing done), or its row had already expired.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a malformed ``node_id``.
+            StoreError: the store call failed (the node has left locally anyway).
+        """
+        check_name("node_id", node_id)
+        local = self._local.pop(node_id, None)
+        if local is None:
+            return False
+        self._started_at.pop(node_id, None)
+        try:
+            if self._state == _NEW:
+                return False
+            async with self._io_lock:
+                return await self.store.leave(node_id, local.incarnation)
+        finally:
+            self._drop_from_view(node_id)
+
+    def owned_partitions(self, node_id: str) -> frozenset[int]:
+        """The partitions ``node_id`` owns among the live nodes (it counts as live itself).
+
+        Live nodes are those of the current view plus every node joined in this
+        process. Rendezvous hashing, see :mod:`asynccoord.partition`.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a malformed ``node_id``.
+        """
+        check_name("node_id", node_id)
+        live = tuple(sorted(set(self._view.node_ids).union(self._local)))
+        if node_id not in live:
+            return _owned_partitions(node_id, self.store.partitions, live)
+        cached = self._assignment
+        if cached is None or cached[0] != live:
+            cached = (live, assign(self.store.partitions, live))
+            self._assignment = cached
+        return cached[1][node_id]
+
+    async def wait_changed(self, since_version: int, timeout_s: float | None = None) -> MembershipView:
+        """Wait until the view's version is above ``since_version``, or the timeout.
+
+        Args:
+            since_version: The version the caller has seen (e.g. ``membership.view.version``).
+            timeout_s: Most seconds to wait (>= 0); None waits without limit.
+
+        Returns:
+            The current view: its ``version`` is still ``since_version`` (or lower) if
+            the timeout passed or the Membership closed first.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad argument.
+        """
+        check_int("since_version", since_version, minimum=0)
+        if timeout_s is not None:
+            check_non_negative("timeout_s", timeout_s)
+        if self._view.version > since_version or self._state == _CLOSED:
+            return self._view
+        changed = self._changed
+        try:
+            async with asyncio.timeout(timeout_s):
+                await changed.wait()
+        except TimeoutError:
+            pass
+        return self._view
+
+    # --- life cycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Send the first heartbeat (the view is ready after it), then start the task.
+
+        Raises:
+            StoreError: the first heartbeat failed; the Membership is closed (joined
+                nodes are told to leave).
+            CoordError: already started or closed.
+        """
+        if self._state != _NEW:
+            raise CoordError(f"{self!r} can be started once")
+        self._state = _RUNNING
+        try:
+            await self._beat(raise_errors=True)
+        except BaseException:
+            await self._shutdown(None)
+            raise
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="asynccoord-membership")
+
+    async def close(self) -> None:
+        """Stop the heartbeat task and let every local node leave. Idempotent.
+
+        The leave runs shielded from cancellation, bounded by :data:`LEAVE_TIMEOUT_S`;
+        a cancellation that arrives meanwhile is re-raised after it.
+        """
+        if self._state in (_CLOSING, _CLOSED):
+            return
+        if self._state == _NEW:  # never heartbeaten: nothing to remove from the store
+            self._local.clear()
+            self._state = _CLOSED
+            self._signal()
+            return
+        task, self._task = self._task, None
+        await self._shutdown(task)
+
+    async def _shutdown(self, task: asyncio.Task[None] | None) -> None:
+        self._state = _CLOSING
+        try:
+            if task is not None:
+                task.cancel()
+                await asyncio.wait([task])
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("asynccoord.membership.task_failed", exc_info=task.exception())
+        finally:
+            try:
+                await _shielded(self._leave_all(), min(self.ttl_s, LEAVE_TIMEOUT_S))
+            finally:
+                self._state = _CLOSED
+                self._signal()
+
+    async def _leave_all(self) -> None:
+        nodes = list(self._local.items())
+        self._local.clear()
+        if not nodes:
+            return
+        async with self._io_lock:
+            outcomes = await asyncio.gather(
+                *(self.store.leave(node_id, local.incarnation) for node_id, local in nodes), return_exceptions=True
+            )
+        for (node_id, _), outcome in zip(nodes, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning(
+                    "asynccoord.membership.leave_failed node=%s error=%s: %s",
+                    node_id,
+                    type(outcome).__name__,
+                    outcome,
+                    extra={"event": "asynccoord.membership.leave_failed"},
+                )
+
+    # --- heartbeats -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        next_at = time.monotonic() + self.interval_s
+        while True:
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+            next_at = time.monotonic() + self.interval_s
+            await self._beat()
+
+    async def _beat(self, *, raise_errors: bool = False) -> bool:
+        """One heartbeat of every local node; update the view. False if it failed."""
+        async with self._io_lock:
+            self._wake.clear()  # every node joined so far is in this beat
+            beats = [
+                MemberBeat(node_id=node_id, incarnation=local.incarnation, info=local.info)
+                for node_id, local in self._local.items()
+            ]
+            sent = time.monotonic()
+            try:
+                members = await self.store.heartbeat(beats, ttl_s=self.ttl_s)
+            except Exception as exc:
+                self._failures += 1
+                self._consecutive_failures += 1
+                if raise_errors:
+                    raise
+                self._report_failure(exc, len(beats))
+                return False
+        previous_ok = self._last_ok
+        self._last_ok = sent
+        self._heartbeats += 1
+        self._consecutive_failures = 0
+        if self._reported_unhealthy:
+            self._reported_unhealthy = False
+            log.info("asynccoord.membership.recovered", extra={"event": "asynccoord.membership.recovered"})
+        fresh = previous_ok is not None and sent - previous_ok < self.ttl_s
+        self._check_incarnations(beats, members, fresh)
+        self._apply(members)
+        return True
+
+    def _report_failure(self, exc: Exception, nodes: int) -> None:
+        event = "asynccoord.membership.heartbeat_failed"
+        if isinstance(exc, StoreError):
+            log.warning(
+                "%s nodes=%d consecutive=%d error=%s: %s",
+                event,
+                nodes,
+                self._consecutive_failures,
+                type(exc).__name__,
+                exc,
+                extra={"event": event},
+            )
+        else:  # a bug, not an outage: keep beating (a dead heartbeat task is worse) but say so loudly
+            log.error("%s nodes=%d", event, nodes, exc_info=exc, extra={"event": event})
+        if not self.healthy and not self._reported_unhealthy:
+            self._reported_unhealthy = True
+            log.warning(
+                "asynccoord.membership.unhealthy last_heartbeat_age_s=%s ttl_s=%g: nodes must stop claiming",
+                self.statistics().last_heartbeat_age_s,
+                self.ttl_s,
+                extra={"event": "asynccoord.membership.unhealthy"},
+            )
+
+    def _check_incarnations(self, beats: list[MemberBeat], members: list[Member], fresh: bool) -> None:
+        """Warn when another process heartbeats one of our node ids (started_at moved under us)."""
+        by_id = {m.node_id: m for m in members}
+        for beat in beats:
+            member = by_id.get(beat.node_id)
+            if member is None or member.incarnation != beat.incarnation:
+                continue
+            seen = self._started_at.get(beat.node_id)
+            self._started_at[beat.node_id] = member.started_at
+            if fresh and seen is not None and seen != member.started_at:
+                log.warning(
+                    "asynccoord.membership.node_id_conflict node=%s: another incarnation heartbeat this node id "
+                    "since our last beat; two live processes must not share a node id",
+                    beat.node_id,
+                    extra={"event": "asynccoord.membership.node_id_conflict"},
+                )
+
+    def _apply(self, members: list[Member]) -> None:
+        old = self._view
+        node_ids = tuple(m.node_id for m in members)
+        first = old.version == 0
+        changed = first or node_ids != old.node_ids
+        version = old.version + 1 if changed else old.version
+        taken_at = time.monotonic()
+        self._view = MembershipView(members=tuple(members), node_ids=node_ids, version=version, taken_at=taken_at)
+        if changed:
+            self._changed_to(old, first)
+
+    def _drop_from_view(self, node_id: str) -> None:
+        old = self._view
+        if node_id not in old.node_ids:
+            return
+        members = tuple(m for m in old.members if m.node_id != node_id)
+        self._view = MembershipView(
+            members=members,
+            node_ids=tuple(m.node_id for m in members),
+            version=old.version + 1,
+            taken_at=old.taken_at,
+        )
+        self._changed_to(old, False)
+
+    def _changed_to(self, old: MembershipView, first: bool) -> None:
+        new = self._view
+        if not first:
+            self.store.events.add(ev.MEMBERSHIP_CHANGE)
+            joined = sorted(set(new.node_ids) - set(old.node_ids))
+            left = sorted(set(old.node_ids) - set(new.node_ids))
+            log.info(
+                "asynccoord.membership.changed version=%d live=%d joined=%s left=%s",
+                new.version,
+                len(new.node_ids),
+                joined,
+                left,
+                extra={"event": "asynccoord.membership.changed"},
+            )
+        self._signal()
+
+    def _signal(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+
+async def _shielded(work: Awaitable[None], timeout_s: float) -> None:
+    """Run ``work`` to completion (or ``timeout_s``) whatever cancels the caller meanwhile.
+
+    ``work`` runs in a task of its own, so native asyncio cancellation of the caller
+    cannot interrupt it; anyio's shield keeps cancel scopes from re-delivering their
+    cancellation on every wait. A cancellation received meanwhile is re-raised after.
+    """
+
+    async def bounded() -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await work
+        except TimeoutError:
+            log.warning(
+                "asynccoord.membership.leave_timeout timeout_s=%g: members expire after their ttl_s",
+                timeout_s,
+                extra={"event": "asynccoord.membership.leave_timeout"},
+            )
+
+    task = asyncio.get_running_loop().create_task(bounded(), name="asynccoord-membership-leave")
+    cancelled: asyncio.CancelledError | None = None
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+    if not task.cancelled() and task.exception() is not None:
+        log.error("asynccoord.membership.leave_failed", exc_info=task.exception())
+    if cancelled is not None:
+        raise cancelled

@@ -1,0 +1,615 @@
+"""A node: the fetch -> lock -> send -> commit pipeline over one shared queue.
+
+A node repeatedly
+
+1. **fetches**: claims a batch of due tasks from the partitions it owns (all of them
+   when partitioning is off), up to its free ``max_in_flight`` slots;
+2. **locks**: takes the lock (or a semaphore permit) that ``lock_key(task)`` names,
+   e.g. ``"account:42"``, waiting up to ``lock_wait_s`` (a task whose lock stays busy
+   goes back to the queue after a short delay, not counted as a failure);
+3. **sends**: calls the user's ``send(task)`` under ``send_timeout_s``; the task's
+   lease and the lock are renewed by the node's keeper every ``lease_s / 3`` while it
+   runs (one batched statement for all of the node's leases, one for its locks), and
+   if either is lost the send is cancelled at once;
+4. **commits**: a compare-and-set on ``(id, lease_token, version)`` that also checks
+   the lock's fencing token against the highest one the resource has seen, in the
+   same transaction.
+
+An exception from ``send`` (or its timeout) goes to the retry policy: backoff with
+jitter, then the dead-letter state. Cancellation of the node hands its in-flight
+tasks back to ``pending`` (not counted as failures), releases its locks and
+re-raises. Each layer (partitioning, locks, version checks) can be switched off to
+measure what it buys.
+
+During ``send``, :func:`current_delivery` gives the node id, the lock lease (with its
+fencing token) and the conversation's affinity context (a dict kept in a bounded LRU
+while this node owns the conversation's partition).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import enum
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from . import events as ev
+from .config import RetryPolicy
+from .errors import CoordError, InvalidArgumentError, InvalidTypeError, LeaseLostError, StoreError
+from .histogram import CLAIM_MS, COMMIT_MS, ENQUEUE_TO_COMMIT_MS, SEND_MS
+from .lockmodels import Lease, LockBusy
+from .models import Task
+from .validation import check_bool, check_int, check_name, check_positive
+
+if TYPE_CHECKING:
+    from .membership import Membership
+
+__all__ = ("Delivery", "Node", "NodeConfig", "NodeState", "NodeStatus", "SendFn", "current_delivery")
+
+log = logging.getLogger(__name__)
+
+SendFn = Callable[[Task], Awaitable[Any]]
+"""The user's send: ``async def send(task: Task) -> Any`` (the result is stored, JSON)."""
+LockKeyFn = Callable[[Task], "str | None"]
+
+
+def _observe(store: Any, name: str, started: float) -> None:
+    """Record the latency since ``started`` (``time.perf_counter()``) in ``store.latencies``, if any."""
+    recorder = getattr(store, "latencies", None)
+    if recorder is not None:
+        recorder.observe(name, (time.perf_counter() - started) * 1000.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """How a node fetches, locks, sends and commits.
+
+    Args:
+        queue: Queue to drain. Default ``"default"``.
+        lease_s: Task lease length, seconds (renewed every ``lease_s / 3`` while a send
+            runs when ``renew_leases``). Default 30.
+        claim_batch: Most tasks per claim. Default 32.
+        max_in_flight: Most sends at once on this node. Default 32.
+        send_timeout_s: Longest a send may take before it counts as failed. Default 30.
+        ordered: Per-key (per-conversation) ordering. Default True.
+        idle_min_s / idle_max_s: Backoff between empty polls, seconds, growing from
+            min to max with full jitter; an in-process enqueue wakes the node at once.
+            Defaults 0.05 and 1.0 (an idle node costs at most ~1 query/s at rest).
+        lock_ttl_s: Lock lease length, seconds (renewed with the task lease). Default 10.
+        lock_permits: Permits per lock name: 1 for a lock, N for a semaphore. Default 1.
+        lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
+        busy_requeue_s: Delay of a task handed back because its lock stayed busy. Default 0.05.
+        partitioning / locks / version_checks: The three layers; switch one off only to
+            measure it. With ``version_checks`` off the node claims and commits without
+            compare-and-set (a read, then unconditional writes), as a naive queue does.
+        renew_leases: Keep task leases (and locks) alive while sends run. Default True.
+        work_stealing: An idle node also claims tasks of partitions it does not own that
+            have waited ``steal_after_s`` (their owner is overloaded or dead). Default False.
+        steal_after_s: See ``work_stealing``. Default 5.
+        affinity_cache_size: Conversations whose context dict a node keeps. Default 1024.
+        retry: Backoff policy for failed sends; None uses the store's. Default None.
+    """
+
+    queue: str = "default"
+    lease_s: float = 30.0
+    claim_batch: int = 32
+    max_in_flight: int = 32
+    send_timeout_s: float = 30.0
+    ordered: bool = True
+    idle_min_s: float = 0.05
+    idle_max_s: float = 1.0
+    lock_ttl_s: float = 10.0
+    lock_permits: int = 1
+    lock_wait_s: float = 5.0
+    busy_requeue_s: float = 0.05
+    partitioning: bool = True
+    locks: bool = True
+    version_checks: bool = True
+    renew_leases: bool = True
+    work_stealing: bool = False
+    steal_after_s: float = 5.0
+    affinity_cache_size: int = 1024
+    retry: RetryPolicy | None = None
+
+    def __post_init__(self) -> None:
+        check_name("queue", self.queue)
+        check_positive("lease_s", self.lease_s)
+        check_int("claim_batch", self.claim_batch, minimum=1, maximum=10_000)
+        check_int("max_in_flight", self.max_in_flight, minimum=1)
+        check_positive("send_timeout_s", self.send_timeout_s)
+        check_positive("idle_min_s", self.idle_min_s)
+        check_positive("idle_max_s", self.idle_max_s)
+        if self.idle_max_s < self.idle_min_s:
+            raise InvalidArgumentError(f"idle_max_s ({self.idle_max_s!r}) must be >= idle_min_s ({self.idle_min_s!r})")
+        check_positive("lock_ttl_s", self.lock_ttl_s)
+        check_int("lock_permits", self.lock_permits, minimum=1)
+        check_positive("lock_wait_s", self.lock_wait_s)
+        check_positive("busy_requeue_s", self.busy_requeue_s)
+        for name in ("partitioning", "locks", "version_checks", "renew_leases", "work_stealing", "ordered"):
+            check_bool(name, getattr(self, name))
+        check_positive("steal_after_s", self.steal_after_s)
+        check_int("affinity_cache_size", self.affinity_cache_size, minimum=0)
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise InvalidTypeError(f"retry must be a RetryPolicy or None, got {type(self.retry).__name__}")
+
+
+class NodeStatus(enum.StrEnum):
+    """Where a node is in its life."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class NodeState:
+    """Live counters of one node (a snapshot is taken by :meth:`Node.state`)."""
+
+    node_id: str
+    status: NodeStatus = NodeStatus.STARTING
+    claimed: int = 0
+    sent: int = 0
+    committed: int = 0
+    failed: int = 0
+    handed_back: int = 0
+    in_flight: int = 0
+    conflicts: int = 0
+    owned_partitions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a running send can know about its delivery (see :func:`current_delivery`).
+
+    Attributes:
+        node_id: The node sending.
+        task: The task being sent.
+        lock: The lock lease held for it (``lock.fencing_token`` for fenced writes), or None.
+        context: The conversation's affinity context: a dict this node keeps for the
+            task's partition key while it owns the key's partition.
+    """
+
+    node_id: str
+    task: Task
+    lock: Lease | None
+    context: dict[str, Any]
+
+
+_DELIVERY: contextvars.ContextVar[Delivery] = contextvars.ContextVar("asynccoord_delivery")
+
+
+def current_delivery() -> Delivery:
+    """The delivery of the send running in this task.
+
+    Raises:
+        LookupError: called outside a send run by a node.
+    """
+    return _DELIVERY.get()
+
+
+@dataclass(slots=True, eq=False)
+class _InFlight:
+    task: Task
+    scope: anyio.CancelScope
+    lease_deadline: float  # local monotonic: stop before the store could hand the task on
+    lock: Lease | None = None
+    lock_deadline: float = 0.0
+    lost: str | None = None
+    settling: bool = False  # the send is over: commit/fail/hand-back owns the lease now
+
+
+class Node:
+    """One worker draining a queue (see the module docstring for the pipeline).
+
+    Args:
+        store: A store implementing the queue and lock contracts (``SQLiteStore``...).
+        send: ``async def send(task) -> result``.
+        node_id: Unique among live nodes, 1..255 characters.
+        config: :class:`NodeConfig`. Default NodeConfig().
+        lock_key: Maps a task to the name of the lock it needs, or None for no lock.
+            Default None (no locks).
+        membership: Shared :class:`~asynccoord.membership.Membership` of the process;
+            needed for partitioning (without it the node claims from every partition).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: bad arguments.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        send: SendFn,
+        *,
+        node_id: str,
+        config: NodeConfig | None = None,
+        lock_key: LockKeyFn | None = None,
+        membership: Membership | None = None,
+    ) -> None:
+        if not callable(send):
+            raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
+        if lock_key is not None and not callable(lock_key):
+            raise InvalidTypeError(f"lock_key must be callable or None, got {type(lock_key).__name__}")
+        if config is not None and not isinstance(config, NodeConfig):
+            raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
+        self.store = store
+        self.send = send
+        self.node_id = check_name("node_id", node_id)
+        self.config = config or NodeConfig()
+        self.lock_key = lock_key
+        self.membership = membership
+        self._state = NodeState(node_id=self.node_id)
+        self._in_flight: dict[int, _InFlight] = {}
+        self._slots = asyncio.Semaphore(self.config.max_in_flight)
+        self._claiming = True
+        self._stopped = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._affinity: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._owned: frozenset[int] | None = None
+        self._view_version = -1
+        self._rng = random.Random()
+
+    def __repr__(self) -> str:
+        s = self._state
+        return f"<Node {self.node_id!r} {s.status.value} in_flight={len(self._in_flight)} committed={s.committed}>"
+
+    # --- public surface -----------------------------------------------------------------
+
+    def state(self) -> NodeState:
+        """A snapshot of the node's counters."""
+        s = self._state
+        return NodeState(
+            node_id=s.node_id,
+            status=s.status,
+            claimed=s.claimed,
+            sent=s.sent,
+            committed=s.committed,
+            failed=s.failed,
+            handed_back=s.handed_back,
+            in_flight=len(self._in_flight),
+            conflicts=s.conflicts,
+            owned_partitions=s.owned_partitions,
+        )
+
+    def stop_claiming(self) -> None:
+        """Stop fetching new work at once; sends in flight go on (graceful drain)."""
+        self._claiming = False
+        self._state.status = NodeStatus.DRAINING
+        self._stopped.set()
+        notifier = getattr(self.store, "notifier", None)
+        if notifier is not None:
+            notifier.wake_all()
+
+    @property
+    def claiming(self) -> bool:
+        """False once :meth:`stop_claiming` was called."""
+        return self._claiming
+
+    @property
+    def in_flight(self) -> int:
+        """Sends running now."""
+        return len(self._in_flight)
+
+    async def wait_drained(self) -> None:
+        """Wait until no send is in flight (after :meth:`stop_claiming`)."""
+        await self._drained.wait()
+
+    async def run(self) -> None:
+        """Run the pipeline until :meth:`stop_claiming` and drained, or until cancelled.
+
+        On cancellation every in-flight task is handed back to pending (not counted
+        as a failure), its lock released, and the cancellation re-raised.
+        """
+        self._state.status = NodeStatus.RUNNING
+        try:
+            async with anyio.create_task_group() as tg:
+                if self.config.renew_leases:
+                    tg.start_soon(self._keeper, name=f"{self.node_id}-keeper")
+                await self._fetch_loop(tg)
+                await self.wait_drained()
+                tg.cancel_scope.cancel()
+        finally:
+            self._state.status = NodeStatus.STOPPED
+
+    # --- fetch ------------------------------------------------------------------------
+
+    def _partitions(self) -> list[int] | None:
+        if not self.config.partitioning or self.membership is None:
+            return None
+        view = self.membership.view
+        if view.version != self._view_version:
+            owned = self.membership.owned_partitions(self.node_id)
+            if self._owned is not None:
+                moved = len(owned ^ self._owned)
+                if moved:
+                    self.store.events.add(ev.PARTITION_HANDOFF, moved)
+                    self._drop_affinity(owned)
+            self._owned = owned
+            self._view_version = view.version
+            self._state.owned_partitions = len(owned)
+        assert self._owned is not None
+        return sorted(self._owned)
+
+    def _drop_affinity(self, owned: frozenset[int]) -> None:
+        from .partition import partition_of
+
+        partitions = self.store.partitions
+        for key in [k for k in self._affinity if partition_of(k, partitions) not in owned]:
+            del self._affinity[key]
+
+    async def _fetch_loop(self, tg: anyio.abc.TaskGroup) -> None:
+        cfg = self.config
+        idle_s = cfg.idle_min_s
+        notifier = getattr(self.store, "notifier", None)
+        while self._claiming:
+            await self._slots.acquire()
+            free = 1
+            while free < cfg.claim_batch and not self._slots.locked():
+                await self._slots.acquire()
+                free += 1
+            if not self.claiming:  # stop_claiming() came while every slot was busy: claim nothing more
+                for _ in range(free):
+                    self._slots.release()
+                break
+            try:
+                claim_started = time.perf_counter()
+                tasks = await self._claim(free)
+                _observe(self.store, CLAIM_MS, claim_started)
+            except StoreError as exc:
+                log.warning("asynccoord.node.claim_failed node=%s error=%s", self.node_id, exc)
+                tasks = []
+            except BaseException:
+                for _ in range(free):
+                    self._slots.release()
+                raise
+            for _ in range(free - len(tasks)):
+                self._slots.release()
+            if tasks:
+                idle_s = cfg.idle_min_s
+                self._state.claimed += len(tasks)
+                started = time.monotonic()
+                for task in tasks:
+                    flight = _InFlight(task=task, scope=anyio.CancelScope(), lease_deadline=self._deadline(started))
+                    self._in_flight[task.id] = flight
+                    self._drained.clear()
+                    tg.start_soon(self._handle, flight, name=f"{self.node_id}-task-{task.id}")
+                continue
+            # Idle: back off with full jitter (AWS Architecture Blog, "Exponential Backoff
+            # And Jitter", 2015), waking at once on an in-process enqueue.
+            delay = self._rng.uniform(cfg.idle_min_s, idle_s)
+            idle_s = min(cfg.idle_max_s, idle_s * 2)
+            if notifier is not None:
+                await notifier.wait(cfg.queue, delay)
+            else:
+                with anyio.move_on_after(delay):
+                    await self._stopped.wait()
+
+    async def _claim(self, limit: int) -> list[Task]:
+        cfg = self.config
+        membership = self.membership
+        if membership is not None and not membership.healthy:
+            return []  # others may think we are dead: claim nothing until heartbeats resume
+        partitions = self._partitions()
+        if not cfg.version_checks:
+            tasks: list[Task] = await self.store.unchecked_claim(
+                cfg.queue, node_id=self.node_id, limit=limit, lease_s=cfg.lease_s, partitions=partitions
+            )
+            return tasks
+        tasks = await self.store.claim(
+            cfg.queue,
+            node_id=self.node_id,
+            limit=limit,
+            lease_s=cfg.lease_s,
+            partitions=partitions,
+            ordered=cfg.ordered,
+        )
+        if not tasks and cfg.work_stealing and partitions is not None:
+            tasks = await self.store.claim(
+                cfg.queue,
+                node_id=self.node_id,
+                limit=limit,
+                lease_s=cfg.lease_s,
+                ordered=cfg.ordered,
+                min_due_age_s=cfg.steal_after_s,
+            )
+        return tasks
+
+    def _deadline(self, started: float) -> float:
+        """Local monotonic deadline of a lease granted after ``started``, with a safety margin."""
+        lease = self.config.lease_s
+        return started + lease - min(lease * 0.2, 2.0)
+
+    # --- handle one task ----------------------------------------------------------------
+
+    async def _handle(self, flight: _InFlight) -> None:
+        task = flight.task
+        cfg = self.config
+        try:
+            name = self.lock_key(task) if (cfg.locks and self.lock_key is not None) else None
+            if name is not None:
+                lease = await self._acquire(name, flight)
+                if lease is None:
+                    await self._hand_back(task, delay_s=cfg.busy_requeue_s)
+                    return
+                flight.lock = lease
+            result: Any = None
+            failure: BaseException | None = None
+            delivery = Delivery(node_id=self.node_id, task=task, lock=flight.lock, context=self._context(task))
+            token = _DELIVERY.set(delivery)
+            send_started = time.perf_counter()
+            try:
+                with flight.scope:
+                    try:
+                        with anyio.fail_after(cfg.send_timeout_s):
+                            result = await self.send(task)
+                    except TimeoutError as exc:
+                        failure = exc
+                    except Exception as exc:
+                        failure = exc
+            finally:
+                _DELIVERY.reset(token)
+                flight.settling = True
+            if flight.scope.cancelled_caught or flight.lost is not None:
+                self._state.conflicts += 1
+                log.warning(
+                    "asynccoord.node.send_cancelled node=%s task=%s reason=%s", self.node_id, task.id, flight.lost
+                )
+                return  # the lease or lock is gone: someone else owns the task now; never commit
+            self._state.sent += 1
+            _observe(self.store, SEND_MS, send_started)
+            if failure is not None:
+                await self._fail(task, failure)
+            else:
+                await self._commit(flight, result)
+        except StoreError as exc:
+            # The store failed mid-task: hand the task back (if the store lets us) and go on.
+            log.warning("asynccoord.node.store_error node=%s task=%s error=%s", self.node_id, task.id, exc)
+            await self._hand_back_shielded(task)
+        except BaseException:
+            # Cancelled (shutdown): hand the task back unfinished, not counted as a failure.
+            await self._hand_back_shielded(task)
+            raise
+        finally:
+            if flight.lock is not None:
+                with anyio.CancelScope(shield=True) as shield:
+                    shield.deadline = anyio.current_time() + 5.0
+                    with contextlib.suppress(CoordError):
+                        await self.store.release_lock(flight.lock)
+            self._in_flight.pop(task.id, None)
+            if not self._in_flight:
+                self._drained.set()
+            self._slots.release()
+
+    async def _acquire(self, name: str, flight: _InFlight) -> Lease | None:
+        """Take the lock (or a permit) ``name``, waiting up to ``lock_wait_s``; None if it stays busy."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.lock_wait_s
+        delay = 0.005
+        contended = False
+        while True:
+            started = time.monotonic()
+            outcome = await self.store.try_acquire_lock(
+                name, ttl_s=cfg.lock_ttl_s, permits=cfg.lock_permits, holder=self.node_id
+            )
+            if isinstance(outcome, Lease):
+                flight.lock_deadline = started + cfg.lock_ttl_s - min(cfg.lock_ttl_s * 0.2, 2.0)
+                return outcome
+            assert isinstance(outcome, LockBusy)
+            if not contended:
+                contended = True
+                self.store.events.add(ev.LOCK_CONTENDED)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or time.monotonic() >= flight.lease_deadline:
+                return None
+            wait = min(remaining, max(delay, min(outcome.retry_after_s, 0.25)))
+            await anyio.sleep(self._rng.uniform(wait / 2, wait))
+            delay = min(delay * 2, 0.25)
+
+    def _context(self, task: Task) -> dict[str, Any]:
+        size = self.config.affinity_cache_size
+        if size == 0:
+            return {}
+        key = task.partition_key
+        context = self._affinity.get(key)
+        if context is None:
+            context = self._affinity[key] = {}
+            while len(self._affinity) > size:
+                self._affinity.popitem(last=False)
+        else:
+            self._affinity.move_to_end(key)
+        return context
+
+    async def _commit(self, flight: _InFlight, result: Any) -> None:
+        task = flight.task
+        commit_started = time.perf_counter()
+        try:
+            if not self.config.version_checks:
+                await self.store.unchecked_complete([task], [result])
+            else:
+                fence = None if flight.lock is None else (flight.lock.name, flight.lock.fencing_token)
+                done: Task = await self.store.complete(task, result, fence=fence)
+                recorder = getattr(self.store, "latencies", None)
+                if recorder is not None:  # store clock, both ends: no clock skew between processes
+                    recorder.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
+        except LeaseLostError as exc:
+            self._state.conflicts += 1
+            log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
+            return
+        except CoordError as exc:  # a fencing rejection: a newer holder of the lock wrote first
+            self._state.conflicts += 1
+            log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc)
+            return
+        _observe(self.store, COMMIT_MS, commit_started)
+        self._state.committed += 1
+
+    async def _fail(self, task: Task, failure: BaseException) -> None:
+        self._state.failed += 1
+        text = f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
+        try:
+            await self.store.fail(task, text, retry=self.config.retry)
+        except LeaseLostError:
+            self._state.conflicts += 1
+
+    async def _hand_back_shielded(self, task: Task) -> None:
+        with anyio.CancelScope(shield=True) as shield:
+            shield.deadline = anyio.current_time() + 5.0
+            with contextlib.suppress(CoordError):
+                await self._hand_back(task, delay_s=0.0)
+
+    async def _hand_back(self, task: Task, *, delay_s: float) -> None:
+        try:
+            await self.store.release(task, delay_s=delay_s)
+            self._state.handed_back += 1
+        except LeaseLostError:
+            pass  # expired meanwhile: it is claimable again anyway
+
+    # --- keeper: lease and lock renewal ---------------------------------------------------
+
+    async def _keeper(self) -> None:
+        cfg = self.config
+        interval_s = min(cfg.lease_s, cfg.lock_ttl_s) / 3
+        while True:
+            await anyio.sleep(interval_s)
+            flights = [f for f in self._in_flight.values() if f.lost is None and not f.settling]
+            if not flights:
+                continue
+            started = time.monotonic()
+            try:
+                renewed = await self.store.extend_many([f.task for f in flights], cfg.lease_s)
+                locked = [f for f in flights if f.lock is not None]
+                relocked = await self.store.renew_locks([f.lock for f in locked]) if locked else []
+            except StoreError as exc:
+                log.warning("asynccoord.node.renew_failed node=%s error=%s", self.node_id, exc)
+                now = time.monotonic()
+                for f in flights:
+                    if now >= f.lease_deadline or (f.lock is not None and now >= f.lock_deadline):
+                        self._lose(f, "store unreachable past the lease deadline", lock=f.lock is not None)
+                continue
+            for f, ok in zip(flights, renewed, strict=True):
+                if ok:
+                    f.lease_deadline = self._deadline(started)
+                else:
+                    self._lose(f, "task lease lost", lock=False)
+            for f, lease in zip(locked, relocked, strict=True):
+                if lease is None:
+                    self._lose(f, "lock lost", lock=True)
+                else:
+                    f.lock = lease
+                    f.lock_deadline = started + cfg.lock_ttl_s - min(cfg.lock_ttl_s * 0.2, 2.0)
+
+    def _lose(self, flight: _InFlight, reason: str, *, lock: bool) -> None:
+        if flight.lost is not None or flight.settling:
+            return  # settled meanwhile (committed, failed or handed back): nothing was lost
+        flight.lost = reason
+        self.store.events.add(ev.LOCK_LOST if lock else ev.LEASE_LOST)
+        flight.scope.cancel()

@@ -1,0 +1,223 @@
+"""The runtime: many nodes in one process, their membership, and graceful shutdown.
+
+::
+
+    async with Runtime(store, send=send, nodes=8, config=NodeConfig(queue="outbox"),
+                       lock_key=lambda t: f"account:{t.payload['account']}") as runtime:
+        await runtime.wait_for_signal()        # or run until you call runtime.shutdown()
+
+On shutdown (leaving the ``async with`` normally, :meth:`Runtime.shutdown`, or SIGTERM /
+SIGINT under :meth:`Runtime.wait_for_signal`) every node stops claiming at once, sends in
+flight may finish for up to ``shutdown_timeout_s``, then whatever is left is cancelled and
+handed back to ``pending`` with its lease and lock released, so another process picks it
+up immediately instead of waiting for a TTL. Nodes leave the membership last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import anyio.abc
+
+from .errors import InvalidArgumentError, InvalidTypeError
+from .membership import Membership
+from .models import TaskStatus
+from .node import LockKeyFn, Node, NodeConfig, NodeState, SendFn
+from .validation import check_int, check_name, check_positive
+
+__all__ = ("Runtime",)
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    """Hosts ``nodes`` nodes of one process over one store.
+
+    Args:
+        store: The store (queue, lock and membership contracts), already open.
+        send: ``async def send(task) -> result`` called once per delivery.
+        nodes: Number of nodes (>= 1). Default 8. Ignored when ``node_ids`` is given.
+        config: :class:`~asynccoord.node.NodeConfig` shared by the nodes.
+        lock_key: Maps a task to the lock it needs (None: no lock). Default None.
+        node_ids: Explicit node ids (reuse them across restarts to keep affinity).
+            Default ``"<host>-<pid>-<n>"``.
+        heartbeat_ttl_s: A node whose heartbeat is older than this is dead, by the
+            store clock. Default 5.
+        heartbeat_interval_s: Seconds between heartbeats. Default ``heartbeat_ttl_s / 3``.
+        shutdown_timeout_s: How long in-flight sends may finish at shutdown. Default 10.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: bad arguments.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        send: SendFn,
+        nodes: int = 8,
+        config: NodeConfig | None = None,
+        lock_key: LockKeyFn | None = None,
+        node_ids: Sequence[str] | None = None,
+        heartbeat_ttl_s: float = 5.0,
+        heartbeat_interval_s: float | None = None,
+        shutdown_timeout_s: float = 10.0,
+    ) -> None:
+        if not callable(send):
+            raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
+        if node_ids is None:
+            count = check_int("nodes", nodes, minimum=1, maximum=4096)
+            prefix = f"{socket.gethostname()}-{os.getpid()}"
+            ids = [f"{prefix}-{n}" for n in range(count)]
+        else:
+            if isinstance(node_ids, str) or not isinstance(node_ids, Sequence):
+                raise InvalidTypeError(f"node_ids must be a sequence of str, got {type(node_ids).__name__}")
+            ids = [check_name("node_ids[i]", n) for n in node_ids]
+            if not ids or len(set(ids)) != len(ids):
+                raise InvalidArgumentError(f"node_ids must be non-empty and distinct, got {list(node_ids)!r}")
+        self.store = store
+        self.config = config or NodeConfig()
+        self.heartbeat_ttl_s = check_positive("heartbeat_ttl_s", heartbeat_ttl_s)
+        self.heartbeat_interval_s = (
+            None if heartbeat_interval_s is None else check_positive("heartbeat_interval_s", heartbeat_interval_s)
+        )
+        self.shutdown_timeout_s = check_positive("shutdown_timeout_s", shutdown_timeout_s)
+        self.membership = Membership(store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s)
+        self.nodes = [
+            Node(store, send, node_id=node_id, config=self.config, lock_key=lock_key, membership=self.membership)
+            for node_id in ids
+        ]
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stopping: asyncio.Event | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Runtime nodes={len(self.nodes)} queue={self.config.queue!r}>"
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            await self.shutdown()
+        else:
+            await self._close(graceful=False)
+
+    async def start(self) -> None:
+        """Join the membership and start every node's pipeline."""
+        if self._stack is not None:
+            return
+        self._stopping = asyncio.Event()
+        stack = contextlib.AsyncExitStack()
+        try:
+            for node in self.nodes:
+                self.membership.join(node.node_id, info={"queue": self.config.queue, "pid": os.getpid()})
+            await stack.enter_async_context(self.membership)
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            for node in self.nodes:
+                self._tg.start_soon(node.run, name=f"asynccoord-node-{node.node_id}")
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+
+    def states(self) -> list[NodeState]:
+        """A snapshot of every node's counters."""
+        return [node.state() for node in self.nodes]
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop claiming, let sends finish for ``timeout_s`` (default ``shutdown_timeout_s``), hand back the rest.
+
+        Idempotent; returns when every node has stopped and left the membership.
+        """
+        if timeout_s is not None:
+            check_positive("timeout_s", timeout_s)
+        await self._close(graceful=True, timeout_s=timeout_s)
+
+    async def _close(self, *, graceful: bool, timeout_s: float | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._stopping is not None:
+            self._stopping.set()
+        for node in self.nodes:
+            node.stop_claiming()
+        stack, tg = self._stack, self._tg
+        self._stack = self._tg = None
+        if stack is None or tg is None:
+            return
+        try:
+            if graceful:
+                with anyio.move_on_after(self.shutdown_timeout_s if timeout_s is None else timeout_s):
+                    await asyncio.gather(*(node.wait_drained() for node in self.nodes))
+            left = sum(node.in_flight for node in self.nodes)
+            if left:
+                log.warning("asynccoord.runtime.shutdown_cancel in_flight=%d", left)
+            tg.cancel_scope.cancel()  # nodes hand their in-flight tasks back, shielded
+        finally:
+            await stack.aclose()
+
+    async def wait_for_signal(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
+        """Run until one of ``signals`` arrives (or :meth:`shutdown` is called), then shut down.
+
+        Returns:
+            The signal number received, or 0 when shut down otherwise.
+        """
+        loop = asyncio.get_running_loop()
+        received: list[int] = []
+        stopping = self._stopping
+        if stopping is None:
+            raise InvalidArgumentError("the runtime is not started: use 'async with Runtime(...)'")
+
+        def on_signal(signum: int) -> None:
+            received.append(signum)
+            stopping.set()
+
+        installed = []
+        for signum in signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, on_signal, signum)
+                installed.append(signum)
+        try:
+            await stopping.wait()
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+        await self.shutdown()
+        return received[0] if received else 0
+
+    async def wait_until_drained(
+        self,
+        *,
+        timeout_s: float,
+        poll_s: float = 0.05,
+        predicate: Callable[[dict[TaskStatus, int]], bool] | None = None,
+    ) -> bool:
+        """Wait until the queue has nothing pending or running (or ``predicate(counts)`` holds).
+
+        Returns:
+            True when drained, False when ``timeout_s`` passed first.
+        """
+        check_positive("timeout_s", timeout_s)
+        check_positive("poll_s", poll_s)
+        done = predicate or (lambda c: c[TaskStatus.PENDING] == 0 and c[TaskStatus.RUNNING] == 0)
+        with anyio.move_on_after(timeout_s):
+            while True:
+                stats = await self.store.stats(self.config.queue)
+                if done(stats.counts):
+                    return True
+                await anyio.sleep(poll_s)
+        return False

@@ -1,0 +1,116 @@
+"""``python -m asynccoord run``: host a Runtime of N nodes until SIGTERM or SIGINT.
+
+The send function (and optionally the lock-key function) is named as
+``package.module:attribute``, the convention of ASGI servers::
+
+    python -m asynccoord run --db bot.db --queue outbox --send mybot.send:deliver \\
+        --lock-key mybot.send:account_of --nodes 8 --shutdown-timeout-s 10
+
+On SIGTERM or SIGINT the runtime stops claiming at once, lets sends in flight finish for
+up to ``--shutdown-timeout-s``, hands back whatever is left (leases and locks released)
+and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+from typing import Any
+
+from .errors import InvalidArgumentError, InvalidTypeError
+
+__all__ = ("configure_run", "load_callable", "run_command")
+
+log = logging.getLogger(__name__)
+
+
+def load_callable(spec: str) -> Any:
+    """Import ``"package.module:attribute"`` and return the attribute.
+
+    Raises:
+        InvalidArgumentError: the spec is malformed or names nothing importable.
+        InvalidTypeError: the attribute is not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidArgumentError(f"expected 'package.module:attribute', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgumentError(f"cannot import module {module_name!r} of {spec!r}: {exc}") from exc
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise InvalidArgumentError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
+    if not callable(target):
+        raise InvalidTypeError(f"{spec!r} is not callable ({type(target).__name__})")
+    return target
+
+
+def configure_run(parser: argparse.ArgumentParser) -> None:
+    """Add the ``run`` subcommand's options to ``parser``."""
+    parser.add_argument("--db", required=True, metavar="PATH", help="the SQLite database file")
+    parser.add_argument("--queue", default="default", help="queue to drain (default 'default')")
+    parser.add_argument("--send", required=True, metavar="MODULE:ATTR", help="async send(task) function")
+    parser.add_argument("--lock-key", metavar="MODULE:ATTR", help="function task -> lock name or None")
+    parser.add_argument("--nodes", type=int, default=8, help="nodes in this process (default 8)")
+    parser.add_argument("--lease-s", type=float, default=30.0, help="task lease, seconds (default 30)")
+    parser.add_argument("--lock-ttl-s", type=float, default=10.0, help="lock lease, seconds (default 10)")
+    parser.add_argument("--lock-permits", type=int, default=1, help="permits per lock name (default 1)")
+    parser.add_argument("--max-in-flight", type=int, default=32, help="sends at once per node (default 32)")
+    parser.add_argument("--send-timeout-s", type=float, default=30.0, help="send timeout, seconds (default 30)")
+    parser.add_argument("--unordered", action="store_true", help="no per-key ordering")
+    parser.add_argument("--heartbeat-ttl-s", type=float, default=5.0, help="membership TTL, seconds (default 5)")
+    parser.add_argument(
+        "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown)."""
+    from .backends.sqlite import SQLiteStore
+    from .node import NodeConfig
+    from .runtime import Runtime
+
+    send = load_callable(args.send)
+    lock_key = load_callable(args.lock_key) if args.lock_key else None
+    config = NodeConfig(
+        queue=args.queue,
+        lease_s=args.lease_s,
+        lock_ttl_s=args.lock_ttl_s,
+        lock_permits=args.lock_permits,
+        max_in_flight=args.max_in_flight,
+        send_timeout_s=args.send_timeout_s,
+        ordered=not args.unordered,
+    )
+
+    async def main() -> int:
+        async with SQLiteStore(args.db) as store:
+            runtime = Runtime(
+                store,
+                send=send,
+                nodes=args.nodes,
+                config=config,
+                lock_key=lock_key,
+                heartbeat_ttl_s=args.heartbeat_ttl_s,
+                shutdown_timeout_s=args.shutdown_timeout_s,
+            )
+            async with runtime:
+                print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {args.db}", flush=True)
+                signum = await runtime.wait_for_signal()
+                log.info("asynccoord.serve.stopped signal=%s", signum)
+        return 0
+
+    return _run_loop(main)
+
+
+def _run_loop(main: Any) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return int(asyncio.run(main()))
+    return int(uvloop.run(main()))

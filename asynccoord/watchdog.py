@@ -1,0 +1,497 @@
+"""The lock watchdog: renews every lease it guards in one statement per interval, and
+stops the work of a lease it cannot keep.
+
+One :class:`Watchdog` serves a store (or a node): however many leases it guards,
+each renewal round is a single ``renew_locks`` call (one ``UPDATE`` on SQLite), so
+10,000 held locks cost a handful of writes per interval, not 10,000 round trips.
+
+Each guarded lease carries a *local deadline* on ``time.monotonic()``: the instant
+the renewal (or acquisition) request was sent, plus the lease's ``ttl_s``, minus a
+safety margin (default 10 % of the TTL). The store set the expiry from its own clock
+*after* the request was sent, so the store cannot hand the lock to anyone else before
+the local deadline passes, whatever the two clocks read (as long as they run at the
+same rate, within the margin). When the deadline passes without a confirmed renewal
+(the store is unreachable or slow, or the event loop was blocked), when a renewal
+finds the lease taken over or expired, or when the hold-time ceiling ``max_hold_s``
+is reached, the watchdog drops the lease, counts ``lock_lost`` and calls the guard's
+``on_lost`` callback, which cancels the guarded work (see :mod:`asynccoord.lock`).
+
+A guard ends when it is closed (the lock is released), when the watchdog loses it,
+or when the task that holds it ends; from then on its lease is never renewed again.
+The watchdog's own task runs only while it guards something (and lingers
+``IDLE_EXIT_S`` after the last guard closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import events as ev
+from .backends.base import LockStore
+from .errors import InvalidArgumentError, InvalidTypeError, LockLostError, MaxHoldExceededError
+from .lockmodels import Lease
+from .validation import check_non_negative, check_positive
+
+__all__ = ("DEFAULT_SAFETY_MARGIN_RATIO", "Guard", "IDLE_EXIT_S", "MIN_RETRY_S", "Watchdog", "WatchdogStats")
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SAFETY_MARGIN_RATIO = 0.1
+"""Fraction of a lease's TTL by which the local deadline precedes the store's expiry."""
+
+MIN_RETRY_S = 0.005
+"""Shortest pause before retrying a renewal round that failed with a store error, seconds."""
+
+IDLE_EXIT_S = 0.2
+"""How long the watchdog's task lingers with nothing to guard before it ends, seconds
+(so a lock taken and released many times a second does not start a task each time)."""
+
+_REGISTRY: weakref.WeakKeyDictionary[object, Watchdog] = weakref.WeakKeyDictionary()
+
+OnLost = Callable[[LockLostError], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchdogStats:
+    """A snapshot of a watchdog's counters (see :meth:`Watchdog.statistics`).
+
+    Attributes:
+        guarded: Leases under guard now.
+        renew_rounds: Renewal rounds that reached the store (one ``renew_locks`` call each).
+        renewed: Leases renewed, summed over the rounds.
+        lost: Leases given up (lost, expired, taken over, or past ``max_hold_s``).
+        max_hold_exceeded: Of those, leases given up at the hold-time ceiling.
+        renew_errors: Renewal rounds that failed with a store error (retried).
+    """
+
+    guarded: int
+    renew_rounds: int
+    renewed: int
+    lost: int
+    max_hold_exceeded: int
+    renew_errors: int
+
+
+class Guard:
+    """One lease in a watchdog's care, as returned by :meth:`Watchdog.guard`.
+
+    Closing the guard (:meth:`close`) stops its renewals for good. Attributes that
+    change are read through properties: :attr:`lease` is the latest renewed lease,
+    :attr:`lost` the error the watchdog gave it up with.
+    """
+
+    __slots__ = (
+        "_active",
+        "_deadline",
+        "_hold_deadline",
+        "_interval_s",
+        "_lease",
+        "_lost",
+        "_margin_ratio",
+        "_next_renew_at",
+        "_renew",
+        "_task",
+        "_watchdog",
+        "on_lost",
+    )
+
+    def __init__(
+        self,
+        watchdog: Watchdog,
+        lease: Lease,
+        *,
+        sent_at: float,
+        renew: bool,
+        interval_s: float,
+        margin_ratio: float,
+        hold_deadline: float,
+        on_lost: OnLost | None,
+        task: asyncio.Task[object] | None,
+    ) -> None:
+        self._watchdog = watchdog
+        self._lease = lease
+        self._renew = renew
+        self._interval_s = interval_s
+        self._margin_ratio = margin_ratio
+        self._deadline = sent_at + lease.ttl_s * (1.0 - margin_ratio)
+        self._next_renew_at = sent_at + interval_s
+        self._hold_deadline = hold_deadline
+        self._task = task
+        self._active = True
+        self._lost: LockLostError | None = None
+        self.on_lost = on_lost
+        """Called once, with the error, when the watchdog gives the lease up."""
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else ("lost" if self._lost is not None else "closed")
+        return (
+            f"<Guard {self._lease.name!r} fencing_token={self._lease.fencing_token} {state}"
+            f" remaining_s={self.remaining_s():.3f} renew={self._renew}>"
+        )
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last renewed."""
+        return self._lease
+
+    @property
+    def lost(self) -> LockLostError | None:
+        """Why the watchdog gave the lease up; None while it is kept (or after a plain close)."""
+        return self._lost
+
+    @property
+    def active(self) -> bool:
+        """Whether the watchdog still guards (and, if asked to, renews) the lease."""
+        return self._active
+
+    def remaining_s(self) -> float:
+        """Seconds left before the local deadline (negative once it passed)."""
+        return self._deadline - time.monotonic()
+
+    def check(self) -> LockLostError | None:
+        """Give the lease up now if its local deadline has passed; return :attr:`lost`.
+
+        The watchdog does this on its own when its task runs; call it where the
+        event loop may have been blocked past the deadline (before trusting the lease).
+        """
+        if self._active and time.monotonic() >= self._deadline:
+            self._watchdog._lose(self, self._watchdog._deadline_error(self))
+        return self._lost
+
+    def update(self, lease: Lease, *, sent_at: float) -> None:
+        """Take a lease renewed outside the watchdog (an explicit renew sent at ``sent_at``)."""
+        if self._active and lease.owner_token == self._lease.owner_token:
+            self._accept(lease, sent_at)
+
+    def close(self) -> None:
+        """Stop guarding and renewing the lease. Idempotent; never awaits."""
+        if self._active:
+            self._active = False
+            self._watchdog._forget(self)
+
+    def _accept(self, lease: Lease, sent_at: float) -> None:
+        self._lease = lease
+        self._deadline = max(self._deadline, sent_at + lease.ttl_s * (1.0 - self._margin_ratio))
+        self._next_renew_at = sent_at + self._interval_s
+
+    def _on_task_done(self, _task: object) -> None:
+        self.close()
+
+
+class Watchdog:
+    """Renews the leases it guards in batches, and gives up those it cannot keep.
+
+    Args:
+        store: The lock store whose leases it renews (``renew_locks``).
+        safety_margin_ratio: Fraction of each lease's TTL by which the local
+            deadline precedes the store's expiry, in [0, 0.5]. Default 0.1.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a bad argument.
+    """
+
+    def __init__(self, store: LockStore, *, safety_margin_ratio: float = DEFAULT_SAFETY_MARGIN_RATIO) -> None:
+        if not isinstance(store, LockStore):
+            raise InvalidTypeError(f"store must implement LockStore, got {type(store).__name__}")
+        ratio = check_non_negative("safety_margin_ratio", safety_margin_ratio)
+        if ratio > 0.5:
+            raise InvalidArgumentError(f"safety_margin_ratio must be <= 0.5, got {safety_margin_ratio!r}")
+        self._store = store
+        self._margin_ratio = ratio
+        self._guards: set[Guard] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._renewal: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._wake_at = float("inf")
+        self._idle_since = 0.0
+        self._renew_rounds = 0
+        self._renewed = 0
+        self._lost = 0
+        self._max_hold_exceeded = 0
+        self._renew_errors = 0
+
+    @classmethod
+    def for_store(cls, store: LockStore) -> Watchdog:
+        """The default watchdog of ``store`` (one per store object, created on first use)."""
+        watchdog = _REGISTRY.get(store)
+        if watchdog is None:
+            watchdog = _REGISTRY[store] = cls(store)
+        return watchdog
+
+    def __repr__(self) -> str:
+        return f"<Watchdog guarded={len(self._guards)} rounds={self._renew_rounds} lost={self._lost}>"
+
+    @property
+    def safety_margin_ratio(self) -> float:
+        """Fraction of a lease's TTL kept as a safety margin before its local deadline."""
+        return self._margin_ratio
+
+    def check_interval(self, ttl_s: float, renew_interval_s: float) -> float:
+        """Validate a renewal interval against a TTL; return it.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: not > 0, or not before the local
+                deadline (``ttl_s * (1 - safety_margin_ratio)``).
+        """
+        interval = check_positive("renew_interval_s", renew_interval_s)
+        limit = ttl_s * (1.0 - self._margin_ratio)
+        if interval >= limit:
+            raise InvalidArgumentError(
+                f"renew_interval_s must be shorter than ttl_s * (1 - safety_margin_ratio) = {limit:g} s "
+                f"(the local deadline), got {renew_interval_s!r}; the default is ttl_s / 3"
+            )
+        return interval
+
+    def statistics(self) -> WatchdogStats:
+        """A snapshot of the counters."""
+        return WatchdogStats(
+            guarded=len(self._guards),
+            renew_rounds=self._renew_rounds,
+            renewed=self._renewed,
+            lost=self._lost,
+            max_hold_exceeded=self._max_hold_exceeded,
+            renew_errors=self._renew_errors,
+        )
+
+    def guard(
+        self,
+        lease: Lease,
+        *,
+        sent_at: float,
+        renew: bool = True,
+        renew_interval_s: float | None = None,
+        max_hold_s: float | None = None,
+        on_lost: OnLost | None = None,
+        task: asyncio.Task[object] | None = None,
+    ) -> Guard:
+        """Start guarding ``lease``: track its local deadline and, if ``renew``, renew it.
+
+        Must be called from the event loop that will run the watchdog.
+
+        Args:
+            lease: A lease just acquired from this watchdog's store.
+            sent_at: ``time.monotonic()`` taken just before the acquisition request
+                was sent; the local deadline counts from it.
+            renew: Renew the lease every ``renew_interval_s``; False only tracks the deadline.
+            renew_interval_s: Seconds between renewals; default ``lease.ttl_s / 3``.
+            max_hold_s: Ceiling on the hold time from ``sent_at``, seconds; past it the
+                lease is given up with :class:`MaxHoldExceededError`. None: no ceiling.
+            on_lost: Called once with the error when the lease is given up.
+            task: The holder task: the guard closes when it ends. Default: the current task.
+
+        Returns:
+            The :class:`Guard`; close it when the lock is released.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad argument.
+        """
+        interval = self.check_interval(lease.ttl_s, lease.ttl_s / 3 if renew_interval_s is None else renew_interval_s)
+        hold = float("inf") if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        holder_task = task if task is not None else asyncio.current_task()
+        g = Guard(
+            self,
+            lease,
+            sent_at=sent_at,
+            renew=renew,
+            interval_s=interval,
+            margin_ratio=self._margin_ratio,
+            hold_deadline=sent_at + hold,
+            on_lost=on_lost,
+            task=holder_task,
+        )
+        if holder_task is not None:
+            if holder_task.done():
+                g._active = False
+                return g
+            holder_task.add_done_callback(g._on_task_done)
+        loop = asyncio.get_running_loop()
+        if self._task is not None and (self._task.done() or self._task.get_loop() is not loop):
+            # The loop that ran the watchdog is gone (a store reused across event loops):
+            # its guards died with it.
+            self._guards.clear()
+            self._task = self._renewal = self._wake = None
+            self._wake_at = float("inf")
+        self._guards.add(g)
+        if self._task is None:
+            self._task = loop.create_task(self._run(), name="asynccoord-lock-watchdog")
+        elif self._next_event(g) < self._wake_at:
+            self._poke()
+        return g
+
+    async def aclose(self) -> None:
+        """Stop guarding everything (no renewal is sent afterwards) and stop the task."""
+        for g in list(self._guards):
+            g.close()
+        for task in (self._renewal, self._task):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+        self._task = None
+        self._renewal = None
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _forget(self, g: Guard) -> None:
+        self._guards.discard(g)
+        if g._task is not None:
+            g._task.remove_done_callback(g._on_task_done)
+        if not self._guards:
+            now = time.monotonic()
+            self._idle_since = now
+            if self._wake_at > now + IDLE_EXIT_S:
+                self._poke()  # so the task ends IDLE_EXIT_S from now (at most one wake-up per IDLE_EXIT_S)
+
+    def _lose(self, g: Guard, error: LockLostError) -> None:
+        self._lose_all([(g, error)])
+
+    def _lose_all(self, losses: list[tuple[Guard, LockLostError]]) -> None:
+        """Give leases up: count, log once (not once per lease), and call each ``on_lost``."""
+        lost = [(g, error) for g, error in losses if g._active]
+        if not lost:
+            return
+        for g, error in lost:
+            g._lost = error
+            g.close()
+            if isinstance(error, MaxHoldExceededError):
+                self._max_hold_exceeded += 1
+        self._lost += len(lost)
+        self._store.events.add(ev.LOCK_LOST, len(lost))
+        first, error = lost[0]
+        log.warning(
+            "lock_lost count=%d name=%r fencing_token=%d reason=%s%s",
+            len(lost),
+            first._lease.name,
+            first._lease.fencing_token,
+            type(error).__name__,
+            "" if len(lost) == 1 else f" (and {len(lost) - 1} more)",
+        )
+        for g, error in lost:
+            if g.on_lost is not None:
+                try:
+                    g.on_lost(error)
+                except Exception:
+                    log.exception("lock_lost callback failed for %r", g._lease.name)
+
+    def _deadline_error(self, g: Guard) -> LockLostError:
+        lease = g._lease
+        return LockLostError(
+            f"lock {lease.name!r} (fencing token {lease.fencing_token}) was not renewed in time: its lease "
+            f"may lapse within {lease.ttl_s * self._margin_ratio:.3f} s (store unreachable or slow, or the "
+            "event loop was blocked), so the work it guarded was stopped"
+        )
+
+    @staticmethod
+    def _next_event(g: Guard) -> float:
+        when = min(g._deadline, g._hold_deadline)
+        return min(when, g._next_renew_at) if g._renew else when
+
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def _sleep_until(self, when: float) -> None:
+        loop = asyncio.get_running_loop()
+        wake: asyncio.Future[None] = loop.create_future()
+        self._wake, self._wake_at = wake, when
+        handle = loop.call_later(max(0.0, when - time.monotonic()), _resolve, wake)
+        try:
+            await wake
+        finally:
+            handle.cancel()
+            self._wake, self._wake_at = None, float("inf")
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                now = time.monotonic()
+                losses: list[tuple[Guard, LockLostError]] = []
+                for g in self._guards:
+                    if now >= g._deadline:
+                        losses.append((g, self._deadline_error(g)))
+                    elif now >= g._hold_deadline:
+                        lease = g._lease
+                        error = MaxHoldExceededError(
+                            f"lock {lease.name!r} (fencing token {lease.fencing_token}) reached its max_hold_s "
+                            "ceiling: the watchdog stopped renewing it and stopped the work it guarded"
+                        )
+                        losses.append((g, error))
+                self._lose_all(losses)
+                if not self._guards:
+                    if now - self._idle_since >= IDLE_EXIT_S:
+                        self._task = None
+                        return
+                    await self._sleep_until(self._idle_since + IDLE_EXIT_S)
+                    continue
+                if self._renewal is None:
+                    self._start_renewal(now)
+                wake_at = float("inf")
+                for g in self._guards:
+                    when = min(g._deadline, g._hold_deadline)
+                    if g._renew and self._renewal is None:
+                        when = min(when, g._next_renew_at)
+                    wake_at = min(wake_at, when)
+                await self._sleep_until(wake_at)
+        except asyncio.CancelledError:
+            self._task = None
+            self._lose_all(
+                [
+                    (g, LockLostError(f"the watchdog was cancelled: lock {g._lease.name!r} is no longer renewed"))
+                    for g in self._guards
+                ]
+            )
+            raise
+
+    def _start_renewal(self, now: float) -> None:
+        """Renew, in one round, every lease due now and those due within half their interval."""
+        if not any(g._renew and g._next_renew_at <= now for g in self._guards):
+            return
+        batch = [g for g in self._guards if g._renew and g._next_renew_at - g._interval_s / 2 <= now]
+        self._renewal = asyncio.get_running_loop().create_task(self._renew_round(batch), name="asynccoord-lock-renewal")
+
+    async def _renew_round(self, batch: list[Guard]) -> None:
+        sent_at = time.monotonic()
+        try:
+            results = await self._store.renew_locks([g._lease for g in batch])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._renew_errors += 1
+            log.warning("lock_renew_failed leases=%d error=%s: %s", len(batch), type(exc).__name__, exc)
+            retry_at = time.monotonic()
+            for g in batch:
+                g._next_renew_at = retry_at + max(MIN_RETRY_S, g._interval_s / 4)
+        else:
+            self._renew_rounds += 1
+            losses: list[tuple[Guard, LockLostError]] = []
+            for g, renewed in zip(batch, results, strict=True):
+                if not g._active:
+                    continue
+                if renewed is None:
+                    lease = g._lease
+                    error = LockLostError(
+                        f"lock {lease.name!r} (fencing token {lease.fencing_token}) had expired or been taken "
+                        "over when the watchdog renewed it"
+                    )
+                    losses.append((g, error))
+                else:
+                    self._renewed += 1
+                    g._accept(renewed, sent_at)
+            self._lose_all(losses)
+        finally:
+            self._renewal = None
+            self._poke()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,34 @@
+"""Helpers shared by the tests (import as ``from support import ...``)."""
+
+from __future__ import annotations
+
+__all__ = ("FAKE_EPOCH", "FakeClock")
+
+FAKE_EPOCH = 1_700_000_000.0
+"""Where every fake clock starts (2023-11-14, a plausible store clock value)."""
+
+
+class FakeClock:
+    """A store clock that moves only when a test says so.
+
+    Pass it as ``clock=`` to :class:`~asynccoord.MemoryStore` or
+    :class:`~asynccoord.SQLiteStore`; every store sharing one file must share it.
+    """
+
+    __slots__ = ("now",)
+
+    def __init__(self, start: float = FAKE_EPOCH) -> None:
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        """Move forward by ``seconds`` (>= 0); return the new time."""
+        if seconds < 0:
+            raise ValueError(f"a clock never goes back, got advance({seconds!r})")
+        self.now += seconds
+        return self.now
+
+    def __repr__(self) -> str:
+        return f"<FakeClock now={self.now:.6f} (+{self.now - FAKE_EPOCH:.6f})>"

@@ -1,0 +1,260 @@
+"""The lock primitives of the storage contract (LockStore), on every backend, on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+from support import FakeClock
+
+from asynccoord import (
+    FencingTokenRejectedError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    Lease,
+    LockBusy,
+    MemoryStore,
+    SQLiteStore,
+    StoreClosedError,
+)
+from asynccoord import events as ev
+from asynccoord.backends.base import LockStore
+
+Store = MemoryStore | SQLiteStore
+
+
+async def acquire(store: Store, name: str = "x", *, ttl_s: float = 1.0, permits: int = 1, holder: str = "") -> Lease:
+    outcome = await store.try_acquire_lock(name, ttl_s=ttl_s, permits=permits, holder=holder)
+    assert isinstance(outcome, Lease), outcome
+    return outcome
+
+
+async def test_both_stores_implement_the_lock_contract(store: Store) -> None:
+    assert isinstance(store, LockStore)
+
+
+async def test_acquire_busy_release(store: Store, clock: FakeClock) -> None:
+    lease = await acquire(store, "x", ttl_s=10.0, holder="node-a")
+    assert (lease.name, lease.fencing_token, lease.holder, lease.permits) == ("x", 1, "node-a", 1)
+    assert lease.acquired_at == clock.now
+    assert lease.expires_at == clock.now + 10.0
+    assert len(lease.owner_token) == 32
+    clock.advance(4.0)
+    busy = await store.try_acquire_lock("x", ttl_s=1.0)
+    assert busy == LockBusy(name="x", holders=1, permits=1, retry_after_s=pytest.approx(6.0))
+    assert await store.try_acquire_lock("y", ttl_s=1.0)  # another name is independent
+    assert await store.release_lock(lease) is True
+    assert await store.release_lock(lease) is False  # already released: nothing to do
+    again = await acquire(store, "x")
+    assert again.fencing_token == 2
+    assert again.owner_token != lease.owner_token
+
+
+async def test_fencing_tokens_rise_across_release_expiry_and_reopen(make_store: Any, backend: str) -> None:
+    clock = FakeClock()
+    store = await make_store(clock=clock)
+    tokens = [(await acquire(store, "x", ttl_s=1.0)).fencing_token]
+    clock.advance(1.0)  # expired, never released
+    lease = await acquire(store, "x", ttl_s=1.0)
+    tokens.append(lease.fencing_token)
+    await store.release_lock(lease)
+    tokens.append((await acquire(store, "x", ttl_s=1.0)).fencing_token)
+    await store.close()
+    await store.open()
+    clock.advance(5.0)
+    tokens.append((await acquire(store, "x", ttl_s=1.0)).fencing_token)
+    if backend == "sqlite":  # another store object on the same file, as another process would have
+        other = await make_store(clock=clock)
+        clock.advance(5.0)
+        tokens.append((await acquire(other, "x", ttl_s=1.0)).fencing_token)
+    assert tokens == list(range(1, len(tokens) + 1))
+
+
+async def test_semaphore_permits_each_with_own_tokens(store: Store, clock: FakeClock) -> None:
+    leases = [await acquire(store, "acct", permits=3, ttl_s=10.0 + i) for i in range(3)]
+    assert [lease.fencing_token for lease in leases] == [1, 2, 3]
+    assert len({lease.owner_token for lease in leases}) == 3
+    busy = await store.try_acquire_lock("acct", ttl_s=1.0, permits=3)
+    assert isinstance(busy, LockBusy)
+    assert (busy.holders, busy.permits, busy.retry_after_s) == (3, 3, pytest.approx(10.0))
+    assert await store.release_lock(leases[1]) is True
+    fourth = await acquire(store, "acct", permits=3)
+    assert fourth.fencing_token == 4
+    clock.advance(10.5)  # leases[0] (ttl 10) and fourth (ttl 1) lapse; leases[2] (ttl 12) lives
+    live = await store.list_locks("acct")
+    assert [info.fencing_token for info in live] == [3]
+    # The limit is judged per acquisition: an attempt asking for 1 permit sees 1 live lease.
+    assert isinstance(await store.try_acquire_lock("acct", ttl_s=1.0, permits=1), LockBusy)
+    assert isinstance(await store.try_acquire_lock("acct", ttl_s=1.0, permits=2), Lease)
+
+
+async def test_renew_extends_a_live_lease_only(store: Store, clock: FakeClock) -> None:
+    lease = await acquire(store, "x", ttl_s=1.0)
+    clock.advance(0.5)
+    renewed = await store.renew_lock(lease)
+    assert renewed is not None
+    assert renewed.expires_at == clock.now + 1.0
+    assert (renewed.owner_token, renewed.fencing_token) == (lease.owner_token, lease.fencing_token)
+    longer = await store.renew_lock(renewed, 5.0)
+    assert longer is not None
+    assert (longer.ttl_s, longer.expires_at) == (5.0, clock.now + 5.0)
+    clock.advance(5.0)  # exactly at expiry: lapsed
+    assert await store.renew_lock(longer) is None
+    assert await store.list_locks() == []  # not revived although nobody took it
+    assert await store.release_lock(longer) is False
+
+
+async def test_stale_holder_cannot_release_or_renew_the_new_holders_lease(store: Store, clock: FakeClock) -> None:
+    a = await acquire(store, "x", ttl_s=0.2)
+    clock.advance(0.25)
+    b = await acquire(store, "x", ttl_s=0.2)
+    clock.advance(0.15)
+    assert await store.release_lock(a) is False
+    assert await store.renew_lock(a) is None
+    [info] = await store.list_locks("x")
+    assert (info.owner_token, info.fencing_token, info.expires_at) == (b.owner_token, 2, b.expires_at)
+
+
+async def test_renew_locks_in_one_call(store: Store, clock: FakeClock) -> None:
+    short = await acquire(store, "a", ttl_s=1.0)
+    long = await acquire(store, "b", ttl_s=3.0)
+    taken = await acquire(store, "c", ttl_s=1.0)
+    await store.release_lock(taken)
+    assert await store.renew_locks([]) == []
+    clock.advance(1.5)  # short lapsed, long alive
+    results = await store.renew_locks([short, long, taken, long])
+    assert results[0] is None
+    assert results[2] is None
+    assert results[1] is not None
+    assert results[1].expires_at == clock.now + 3.0  # each lease by its own ttl_s
+    assert results[3] == results[1]
+    assert [info.name for info in await store.list_locks()] == ["b"]
+
+
+async def test_list_locks(store: Store, clock: FakeClock) -> None:
+    b = await acquire(store, "b", ttl_s=2.0, holder="h2")
+    a = await acquire(store, "a", ttl_s=5.0, holder="h1")
+    await acquire(store, "gone", ttl_s=0.5)
+    clock.advance(1.0)
+    infos = await store.list_locks()
+    assert [(i.name, i.holder, i.fencing_token, i.owner_token) for i in infos] == [
+        ("a", "h1", 1, a.owner_token),
+        ("b", "h2", 1, b.owner_token),
+    ]
+    assert infos[0].remaining_ttl_s == pytest.approx(4.0)
+    assert infos[1].remaining_ttl_s == pytest.approx(1.0)
+    assert [i.name for i in await store.list_locks("b")] == ["b"]
+    assert await store.list_locks("nothing") == []
+
+
+async def test_fence_accepts_equal_and_higher_refuses_lower(store: Store) -> None:
+    assert await store.read_fence("acct") is None
+    await store.fence("acct", 3)
+    await store.fence("acct", 3)  # the same acquisition writes again
+    record = await store.fenced_write("acct", 5, {"sent": 1})
+    assert (record.resource, record.fencing_token, record.data) == ("acct", 5, {"sent": 1})
+    with pytest.raises(FencingTokenRejectedError, match=r"fencing token 4 for resource 'acct' is lower than 5"):
+        await store.fenced_write("acct", 4, {"sent": 2})
+    with pytest.raises(FencingTokenRejectedError):
+        await store.fence("acct", 1)
+    assert store.events.get(ev.FENCING_REJECTED) == 2
+    await store.fence("acct", 6)  # a plain fence keeps the data
+    current = await store.read_fence("acct")
+    assert current is not None
+    assert (current.fencing_token, current.data) == (6, {"sent": 1})
+
+
+BAD_ACQUIRE: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"name": ""}, InvalidArgumentError, "name must not be empty"),
+    ({"name": "n" * 256}, InvalidArgumentError, "name must be at most 255"),
+    ({"name": 7}, InvalidTypeError, "name must be a str"),
+    ({"name": "a\x00b"}, InvalidArgumentError, "NUL"),
+    ({"ttl_s": 0}, InvalidArgumentError, "ttl_s must be > 0, got 0"),
+    ({"ttl_s": -1.0}, InvalidArgumentError, "ttl_s must be > 0, got -1.0"),
+    ({"ttl_s": float("nan")}, InvalidArgumentError, "ttl_s must be finite"),
+    ({"ttl_s": "1"}, InvalidTypeError, "ttl_s must be a number"),
+    ({"ttl_s": True}, InvalidTypeError, "ttl_s must be a number"),
+    ({"permits": 0}, InvalidArgumentError, "permits must be >= 1, got 0"),
+    ({"permits": 1.5}, InvalidTypeError, "permits must be an int"),
+    ({"holder": 3}, InvalidTypeError, "holder must be a str"),
+]
+
+
+@pytest.mark.parametrize(("change", "error", "message"), BAD_ACQUIRE)
+async def test_bad_acquire_arguments_write_nothing(
+    store: Store, change: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    args: dict[str, Any] = {"name": "x", "ttl_s": 1.0, "permits": 1, "holder": ""} | change
+    before = store.transactions if isinstance(store, SQLiteStore) else 0
+    with pytest.raises(error, match=message):
+        await store.try_acquire_lock(args.pop("name"), **args)
+    if isinstance(store, SQLiteStore):
+        assert store.transactions == before
+    assert await store.list_locks() == []
+    assert (await acquire(store, "x")).fencing_token == 1  # no counter was bumped
+
+
+async def test_bad_lease_fence_and_list_arguments(store: Store) -> None:
+    lease = await acquire(store, "x")
+    with pytest.raises(InvalidTypeError, match="lease must be a Lease"):
+        await store.release_lock("x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match=r"leases\[1\] must be a Lease"):
+        await store.renew_locks([lease, None])  # type: ignore[list-item]
+    with pytest.raises(InvalidTypeError, match="leases must be a list or tuple"):
+        await store.renew_locks(lease)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="ttl_s must be > 0"):
+        await store.renew_lock(lease, 0.0)
+    with pytest.raises(InvalidArgumentError, match="fencing_token must be >= 1, got 0"):
+        await store.fence("r", 0)
+    with pytest.raises(InvalidTypeError, match="fencing_token must be an int"):
+        await store.fence("r", "3")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="fencing_token must be an int"):
+        await store.fenced_write("r", True, 1)
+    with pytest.raises(InvalidArgumentError, match="resource must not be empty"):
+        await store.fenced_write("", 1, 1)
+    with pytest.raises(InvalidTypeError, match="data is not JSON-serializable"):
+        await store.fenced_write("r", 1, {1, 2})
+    with pytest.raises(InvalidArgumentError, match="name must be at most 255"):
+        await store.list_locks("n" * 256)
+    assert await store.read_fence("r") is None
+    [info] = await store.list_locks()
+    assert info.expires_at == lease.expires_at
+
+
+async def test_closed_store_refuses_lock_calls(make_store: Any) -> None:
+    store = await make_store()
+    lease = await acquire(store, "x")
+    await store.close()
+    with pytest.raises(StoreClosedError):
+        await store.try_acquire_lock("x", ttl_s=1.0)
+    with pytest.raises(StoreClosedError):
+        await store.release_lock(lease)
+    with pytest.raises(StoreClosedError):
+        await store.list_locks()
+
+
+async def test_cancelled_try_acquire_never_leaves_a_lease(store: Store) -> None:
+    """Cancel attempts at random instants (for SQLite: before, during and after the commit)."""
+    rng = random.Random(7)
+    kept: list[Lease] = []
+
+    async def attempt(name: str) -> None:
+        outcome = await store.try_acquire_lock(name, ttl_s=60.0)
+        assert isinstance(outcome, Lease)
+        kept.append(outcome)
+
+    tasks = []
+    for i in range(200):
+        task = asyncio.ensure_future(attempt(f"n{i}"))
+        tasks.append(task)
+        await asyncio.sleep(0) if rng.random() < 0.5 else None
+        if rng.random() < 0.7:
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for _ in range(5):  # compensations run in the next transaction
+        await store.now()
+        await asyncio.sleep(0.01)
+    live = {info.owner_token for info in await store.list_locks()}
+    assert live == {lease.owner_token for lease in kept}

@@ -1,0 +1,329 @@
+"""The lock watchdog (asynccoord.watchdog): renewal, loss, max hold, and its end, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from asynccoord import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    Lease,
+    Lock,
+    LockLostError,
+    LockNotHeldError,
+    MaxHoldExceededError,
+    MemoryStore,
+    SQLiteStore,
+    StoreError,
+    Watchdog,
+)
+from asynccoord import events as ev
+from asynccoord.watchdog import IDLE_EXIT_S
+
+Store = MemoryStore | SQLiteStore
+
+
+@pytest.fixture
+async def rstore(make_store: Any) -> Store:
+    """A store on the real clock (watchdog deadlines run on real time)."""
+    store: Store = await make_store(clock=None)
+    return store
+
+
+class RenewalLog:
+    """Wraps ``store.renew_locks`` to record when each owner token was sent for renewal."""
+
+    def __init__(self, store: Store) -> None:
+        self.sent: list[tuple[float, str]] = []
+        self._inner = store.renew_locks
+
+        async def renew_locks(leases: Sequence[Lease]) -> list[Lease | None]:
+            now = time.monotonic()
+            self.sent.extend((now, lease.owner_token) for lease in leases)
+            return await self._inner(leases)
+
+        store.renew_locks = renew_locks  # type: ignore[method-assign]
+
+    def after(self, instant: float, owner_token: str) -> list[float]:
+        return [t for t, token in self.sent if token == owner_token and t > instant]
+
+
+def watchdog_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == "asynccoord-lock-watchdog" and not t.done()]
+
+
+async def test_job_of_three_ttls_keeps_its_lock(rstore: Store) -> None:
+    lock = Lock(rstore, "job", ttl_s=0.3, renew_interval_s=0.1)
+    intruder = Lock(rstore, "job", ttl_s=0.3)
+    stolen = 0
+    async with lock as lease:
+        started = time.monotonic()
+        while time.monotonic() - started < 0.9:
+            if await intruder.try_acquire() is not None:
+                stolen += 1
+                await intruder.release()
+            await asyncio.sleep(0.02)
+        assert lock.held
+        [info] = await rstore.list_locks("job")
+        assert info.owner_token == lease.owner_token
+    assert stolen == 0
+    assert lock.watchdog.statistics().renewed >= 7
+    assert rstore.events.get(ev.LOCK_LOST) == 0
+    assert await intruder.try_acquire() is not None
+    await intruder.release()
+
+
+async def test_job_past_max_hold_is_cancelled_and_the_lock_freed(rstore: Store) -> None:
+    lock = Lock(rstore, "job", ttl_s=0.3, renew_interval_s=0.1, max_hold_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(MaxHoldExceededError, match="max_hold_s"):
+        async with lock:
+            await asyncio.sleep(5)
+    assert 0.5 <= time.monotonic() - started < 0.8
+    other = await Lock(rstore, "job", ttl_s=1.0).acquire(timeout_s=0.3)  # within one TTL (here: at once)
+    assert other.fencing_token == 2
+    assert rstore.events.get(ev.LOCK_LOST) == 1
+    assert lock.watchdog.statistics().max_hold_exceeded == 1
+
+
+async def test_explicit_hold_past_max_hold_lapses_within_one_ttl(rstore: Store) -> None:
+    lock = Lock(rstore, "job", ttl_s=0.3, renew_interval_s=0.1, max_hold_s=0.4)
+    lease = await lock.acquire()
+    await asyncio.sleep(0.45)
+    assert isinstance(lock.lost, MaxHoldExceededError)
+    assert not lock.held
+    other = await Lock(rstore, "job", ttl_s=1.0).acquire(timeout_s=0.5)  # renewals stopped: it lapses
+    assert other.acquired_at - lease.acquired_at < 0.4 + 0.3 + 0.1
+    with pytest.raises(LockNotHeldError, match="nothing was released") as info:
+        await lock.release()
+    assert isinstance(info.value.__cause__, MaxHoldExceededError)
+
+
+async def test_taken_over_lock_cancels_the_block_promptly(rstore: Store) -> None:
+    lock = Lock(rstore, "x", ttl_s=0.6, renew_interval_s=0.1)
+    cancelled_at = 0.0
+    thieves: list[Lease] = []
+
+    async def guarded() -> None:
+        nonlocal cancelled_at
+        async with lock as lease:
+            await rstore.release_lock(lease)  # someone deletes it...
+            thieves.append(await Lock(rstore, "x", ttl_s=5.0).acquire(timeout_s=0))  # ...and takes it
+            started = time.monotonic()
+            try:
+                await asyncio.sleep(5)
+            finally:
+                cancelled_at = time.monotonic() - started
+
+    with pytest.raises(LockLostError, match="had expired or been taken over") as info:
+        await guarded()
+    [thief] = thieves
+    assert type(info.value) is LockLostError
+    assert cancelled_at < 0.1 + 0.1  # the next renewal round noticed
+    assert rstore.events.get(ev.LOCK_LOST) == 1
+    [held] = await rstore.list_locks("x")
+    assert held.owner_token == thief.owner_token  # the loser's exit did not touch the new holder
+
+
+@pytest.mark.parametrize("failure", ["hang", "error"])
+async def test_unreachable_store_stops_the_block_before_the_lease_expires(rstore: Store, failure: str) -> None:
+    real_renew = rstore.renew_locks
+    calls = 0
+
+    async def broken_renew(leases: Sequence[Lease]) -> list[Lease | None]:
+        nonlocal calls
+        calls += 1
+        if failure == "hang":
+            await asyncio.sleep(30)
+        raise StoreError("disk unplugged")
+
+    rstore.renew_locks = broken_renew  # type: ignore[method-assign]
+    lock = Lock(rstore, "x", ttl_s=0.5, renew_interval_s=0.1)
+    stopped_at = 0.0
+    leases: list[Lease] = []
+
+    async def guarded() -> None:
+        nonlocal stopped_at
+        async with lock as lease:
+            leases.append(lease)
+            try:
+                await asyncio.sleep(5)
+            finally:
+                stopped_at = time.monotonic()  # (an await here would be cancelled too)
+
+    with pytest.raises(LockLostError, match="was not renewed in time") as info:
+        await guarded()
+    [lease] = leases
+    store_time_at_stop = await rstore.now() - (time.monotonic() - stopped_at)
+    assert store_time_at_stop < lease.expires_at  # stopped while the store still counted it ours
+    assert lease.expires_at - store_time_at_stop < 0.2
+    assert type(info.value) is LockLostError
+    if failure == "error":
+        assert calls >= 2  # retried before giving up
+        assert lock.watchdog.statistics().renew_errors == calls
+    rstore.renew_locks = real_renew  # type: ignore[method-assign]
+
+
+async def test_blocked_event_loop_past_the_ttl_is_reported_at_exit(rstore: Store) -> None:
+    with pytest.raises(LockLostError, match="not renewed in time"):
+        async with Lock(rstore, "x", ttl_s=0.2, renew_interval_s=0.05):
+            time.sleep(0.3)  # no await: the watchdog cannot run before the block ends
+    assert rstore.events.get(ev.LOCK_LOST) == 1
+    assert await rstore.list_locks() == []
+
+
+async def test_block_without_watchdog_is_cancelled_at_its_deadline(rstore: Store) -> None:
+    lock = Lock(rstore, "x", ttl_s=0.3)
+    started = time.monotonic()
+    with pytest.raises(LockLostError):
+        async with lock:
+            await asyncio.sleep(5)
+    assert 0.25 <= time.monotonic() - started < 0.3  # before the store's expiry (10 % margin)
+
+
+async def test_outside_cancellation_wins_over_a_simultaneous_loss(rstore: Store) -> None:
+    lock = Lock(rstore, "x", ttl_s=5.0)
+    entered = asyncio.Event()
+
+    async def holder() -> None:
+        async with lock:
+            entered.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.ensure_future(holder())
+    await entered.wait()
+    lock._on_lost(LockLostError("lost in the same loop iteration"))  # the watchdog's callback...
+    task.cancel()  # ...and a cancellation from outside, together
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await rstore.list_locks() == []
+
+
+async def test_no_renewal_after_release_returns(rstore: Store) -> None:
+    log = RenewalLog(rstore)
+    lock = Lock(rstore, "x", ttl_s=0.3, renew_interval_s=0.05)
+    lease = await lock.acquire()
+    await asyncio.sleep(0.2)
+    assert log.after(0.0, lease.owner_token)  # it was being renewed
+    await lock.release()
+    released_at = time.monotonic()
+    await asyncio.sleep(0.3)
+    assert log.after(released_at, lease.owner_token) == []
+    assert lock.watchdog.statistics().guarded == 0
+    assert watchdog_tasks() == []
+
+
+async def test_no_renewal_after_a_cancelled_acquire(rstore: Store) -> None:
+    log = RenewalLog(rstore)
+    holder = Lock(rstore, "x", ttl_s=5.0)
+    await holder.acquire()
+    waiter = Lock(rstore, "x", ttl_s=0.3, renew_interval_s=0.05)
+    task = asyncio.ensure_future(waiter.acquire())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await holder.release()
+    await asyncio.sleep(0.3)
+    assert log.sent == []
+    assert waiter.watchdog.statistics().guarded == 0
+    assert await rstore.list_locks() == []
+
+
+async def test_no_renewal_after_the_holder_task_ends(rstore: Store) -> None:
+    log = RenewalLog(rstore)
+    lock = Lock(rstore, "x", ttl_s=0.3, renew_interval_s=0.05)
+
+    async def forgetful_holder() -> Lease:
+        return await lock.acquire()  # and never releases
+
+    lease = await asyncio.ensure_future(forgetful_holder())
+    ended_at = time.monotonic()
+    await asyncio.sleep(0)  # the task's done-callbacks (ours first, then the guard's) have run
+    assert lock.watchdog.statistics().guarded == 0
+    await asyncio.sleep(0.35)
+    assert log.after(ended_at, lease.owner_token) == []
+    assert await rstore.list_locks() == []  # it lapsed by its TTL
+
+
+async def test_one_watchdog_per_store_and_none_running_when_idle(rstore: Store) -> None:
+    assert Watchdog.for_store(rstore) is Watchdog.for_store(rstore)
+    assert Lock(rstore, "x").watchdog is Watchdog.for_store(rstore)
+    async with Lock(rstore, "x", ttl_s=0.3, renew_interval_s=0.1), Lock(rstore, "y", ttl_s=0.3, renew_interval_s=0.1):
+        assert len(watchdog_tasks()) == 1
+        assert Watchdog.for_store(rstore).statistics().guarded == 2
+    await asyncio.sleep(IDLE_EXIT_S + 0.05)  # it lingers a moment, then ends
+    assert watchdog_tasks() == []
+    with pytest.raises(InvalidTypeError, match="store must implement LockStore"):
+        Watchdog(object())  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"safety_margin_ratio must be <= 0\.5"):
+        Watchdog(rstore, safety_margin_ratio=0.6)
+
+
+async def test_leases_of_many_ttls_are_renewed_together(rstore: Store) -> None:
+    watchdog = Watchdog(rstore)
+    guards = []
+    for i, ttl in enumerate([0.3, 0.3, 0.6, 0.9]):
+        sent_at = time.monotonic()
+        lease = await rstore.try_acquire_lock(f"n{i}", ttl_s=ttl)
+        assert isinstance(lease, Lease)
+        guards.append(watchdog.guard(lease, sent_at=sent_at))
+    await asyncio.sleep(1.0)
+    stats = watchdog.statistics()
+    assert stats.lost == 0
+    assert all(g.active and g.remaining_s() > 0 for g in guards)
+    assert stats.renew_rounds <= 14  # 1.0 s / (0.3 / 3): leases due together share a round
+    await watchdog.aclose()
+    assert not any(g.active for g in guards)
+    assert watchdog_tasks() == []
+
+
+@pytest.mark.slow
+async def test_10000_held_locks_cost_one_statement_per_interval(make_store: Any, backend: str) -> None:
+    store: Store = await make_store(clock=None)
+    rounds: list[tuple[float, int, int]] = []  # (start, leases, write transactions so far) per renew_locks call
+    round_done = asyncio.Event()
+    inner = store.renew_locks
+
+    async def renew_locks(leases: Sequence[Lease]) -> list[Lease | None]:
+        started = time.monotonic()
+        try:
+            return await inner(leases)
+        finally:
+            rounds.append((started, len(leases), store.transactions if isinstance(store, SQLiteStore) else 0))
+            round_done.set()
+
+    store.renew_locks = renew_locks  # type: ignore[method-assign]
+    watchdog = Watchdog(store)
+    interval_s, ttl_s, n, chunk = 0.5, 2.0, 10_000, 1000
+    guards = []
+    for first in range(0, n, chunk):  # guarded chunk by chunk, each from the instant it was asked for
+        sent_at = time.monotonic()
+        names = [f"acct:{i}" for i in range(first, first + chunk)]
+        for outcome in await asyncio.gather(*(store.try_acquire_lock(name, ttl_s=ttl_s) for name in names)):
+            assert isinstance(outcome, Lease)
+            guards.append(watchdog.guard(outcome, sent_at=sent_at, renew_interval_s=interval_s))
+    first = len(rounds) + 2  # the chunks, acquired at different times, share their rounds after two more
+    while len(rounds) < first + 4:
+        round_done.clear()
+        await round_done.wait()
+    steady = rounds[first : first + 4]
+    assert [size for _, size, _ in steady] == [n] * 4  # every round renews all 10,000 in one statement
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(steady)]
+    assert min(gaps) > 0.8 * interval_s  # one round per interval, not more
+    if isinstance(store, SQLiteStore):
+        assert [b[2] - a[2] for a, b in itertools.pairwise(steady)] == [1, 1, 1]  # one transaction per round
+    stats = watchdog.statistics()
+    assert stats.lost == 0
+    live = await store.list_locks()
+    assert len(live) == n
+    assert min(info.remaining_ttl_s for info in live) > 0
+    await watchdog.aclose()
+    assert watchdog.statistics().guarded == 0
+    assert not any(g.active for g in guards)

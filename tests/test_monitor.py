@@ -1,0 +1,445 @@
+"""The conflict monitor: flushed counters, sliding windows, rules, incidents and delivery.
+
+Most tests drive the monitor by hand (``background=False``: ``flush()`` then
+``evaluate()``) on a fake store clock, so windows and incidents are exact; they run on
+every backend (the ``store`` fixture). A few run the background loops in real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import MakeStore
+from support import FakeClock
+
+from asynccoord import (
+    Alert,
+    AlertRule,
+    AlertScope,
+    AlertState,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LeaseLostError,
+    MemoryStore,
+    Monitor,
+    NewTask,
+    SQLiteStore,
+    StoreBusyError,
+    Task,
+)
+from asynccoord import events as ev
+from asynccoord.backends._monitorcommon import RETIRED_PROCESS_ID
+from asynccoord.backends.base import MonitorStore
+from asynccoord.monitor import DEFAULT_RULES, cluster_snapshot
+from asynccoord.monitormodels import MetricsFlush
+
+Store = MemoryStore | SQLiteStore
+
+STALE_RULE = AlertRule(
+    name="stale_commits",
+    event=ev.STALE_COMMIT_REJECTED,
+    relative_to=ev.COMMITS,
+    threshold=0.05,
+    window_s=10.0,
+    min_events=20,
+    clear_ratio=0.5,
+)
+
+
+def manual(store: Store, rules: Sequence[AlertRule], **kwargs: Any) -> Monitor:
+    return Monitor(store, rules=rules, background=False, process_id=kwargs.pop("process_id", "proc-a"), **kwargs)
+
+
+# --- rules -------------------------------------------------------------------------------
+
+
+def test_rule_validation_names_the_field() -> None:
+    with pytest.raises(InvalidArgumentError, match="clear_ratio"):
+        AlertRule(name="r", event="e", window_s=1, threshold=1, clear_ratio=1.5)
+    with pytest.raises(InvalidArgumentError, match="window_s"):
+        AlertRule(name="r", event="e", window_s=0, threshold=1)
+    with pytest.raises(InvalidArgumentError, match="threshold"):
+        AlertRule(name="r", event="e", window_s=1, threshold=-1)
+    with pytest.raises(InvalidArgumentError, match="scope"):
+        AlertRule(name="r", event="e", window_s=1, threshold=1, scope="galaxy")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="relative_to"):
+        AlertRule(name="r", event="e", window_s=1, threshold=1, relative_to=())
+    rule = AlertRule(name="r", event="e", window_s=1, threshold=1, relative_to="commits", scope="process")  # type: ignore[arg-type]
+    assert rule.denominators == ("commits",)
+    assert rule.scope is AlertScope.PROCESS
+    assert len({r.name for r in DEFAULT_RULES}) == len(DEFAULT_RULES)
+
+
+def test_monitor_validation() -> None:
+    store = MemoryStore()
+    with pytest.raises(InvalidArgumentError, match="unique"):
+        Monitor(store, rules=[STALE_RULE, STALE_RULE])
+    with pytest.raises(InvalidArgumentError, match="retention_s"):
+        Monitor(store, rules=[dataclasses.replace(STALE_RULE, window_s=1000.0)], retention_s=900.0)
+    with pytest.raises(InvalidTypeError, match="MonitorStore"):
+        Monitor(object())
+    with pytest.raises(InvalidTypeError, match="AlertRule"):
+        Monitor(store, rules=["stale"])  # type: ignore[list-item]
+
+
+async def test_one_monitor_per_store(store: Store) -> None:
+    async with manual(store, []):
+        with pytest.raises(InvalidArgumentError, match="already has an open Monitor"):
+            await manual(store, [], process_id="proc-b").start()
+    async with manual(store, [], process_id="proc-c"):
+        pass  # free again after close
+
+
+# --- the store primitives --------------------------------------------------------------
+
+
+async def test_flush_adds_deltas_into_windows_and_totals(store: Store, clock: FakeClock) -> None:
+    assert isinstance(store, MonitorStore)
+    await store.flush_metrics(MetricsFlush(process_id="p1", counters={("", ev.COMMITS): 5, ("", ev.CLAIMS): 0}))
+    clock.advance(5.0)
+    await store.flush_metrics(MetricsFlush(process_id="p2", counters={("", ev.COMMITS): 3, ("node-1", ev.COMMITS): 3}))
+    clock.advance(1.0)
+    view = await store.read_metrics([2.0, 10.0])
+    assert view.totals == {("p1", "", ev.COMMITS): 5, ("p2", "", ev.COMMITS): 3, ("p2", "node-1", ev.COMMITS): 3}
+    assert view.windows[2.0] == {("p2", "", ev.COMMITS): 3, ("p2", "node-1", ev.COMMITS): 3}
+    assert view.windows[10.0][("p1", "", ev.COMMITS)] == 5
+    assert sorted(view.processes) == ["p1", "p2"]
+    assert view.processes["p1"].last_flush_age_s == pytest.approx(6.0)
+    snapshot = await cluster_snapshot(store, [2.0, 10.0])
+    assert snapshot.totals == {ev.COMMITS: 8}  # node rows are a breakdown, not added again
+    assert snapshot.node_totals == {"node-1": {ev.COMMITS: 3}}
+    assert snapshot.window(10.0).rates_per_s[ev.COMMITS] == pytest.approx(0.8)
+
+
+async def test_old_buckets_are_purged_and_silent_processes_retired(store: Store, clock: FakeClock) -> None:
+    await store.flush_metrics(MetricsFlush(process_id="old", counters={("", ev.COMMITS): 7, ("n", ev.COMMITS): 7}))
+    clock.advance(120.0)
+    await store.flush_metrics(MetricsFlush(process_id="new", counters={("", ev.COMMITS): 1}, retention_s=60.0))
+    view = await store.read_metrics([1000.0])
+    assert view.windows[1000.0] == {("new", "", ev.COMMITS): 1}  # the old bucket is gone
+    assert view.totals[("old", "", ev.COMMITS)] == 7  # totals outlive the buckets
+    clock.advance(24 * 3600.0 + 1)
+    await store.flush_metrics(MetricsFlush(process_id="new", counters={("", ev.COMMITS): 1}))
+    view = await store.read_metrics([10.0])
+    assert view.totals == {(RETIRED_PROCESS_ID, "", ev.COMMITS): 7, ("new", "", ev.COMMITS): 2}
+    assert sorted(view.processes) == ["new"]
+
+
+async def test_stored_alerts_are_replaced_and_expire(store: Store, clock: FakeClock) -> None:
+    alert = Alert(rule="r", event="e", value=3.0, threshold=1.0, window_s=10.0, at=clock.now, scope=AlertScope.CLUSTER)
+    await store.flush_metrics(MetricsFlush(process_id="m1", alerts=[alert], alert_ttl_s=10.0))
+    await store.flush_metrics(MetricsFlush(process_id="m2", alerts=[alert], alert_ttl_s=10.0))
+    assert len((await store.read_metrics([1.0])).alerts) == 2
+    await store.flush_metrics(MetricsFlush(process_id="m2", alerts=[]))
+    assert [a.rule for a in (await store.read_metrics([1.0])).alerts] == ["r"]
+    clock.advance(10.0)
+    assert (await store.read_metrics([1.0])).alerts == ()
+
+
+async def test_flush_validation(store: Store) -> None:
+    with pytest.raises(InvalidArgumentError, match="delta"):
+        MetricsFlush(process_id="p", counters={("", "x"): -1})
+    with pytest.raises(InvalidTypeError, match="flush"):
+        await store.flush_metrics({"process_id": "p"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="windows_s"):
+        await store.read_metrics([0.0])
+
+
+async def test_latency_histograms_merge_across_processes(store: Store) -> None:
+    store.latencies.observe("claim_ms", 2.0)
+    async with manual(store, [], process_id="p1") as monitor:
+        await monitor.flush()
+        store.latencies.observe("claim_ms", 8.0)
+        await monitor.flush()
+    other = store.latencies.snapshot()["claim_ms"]
+    await store.flush_metrics(MetricsFlush(process_id="p2", latencies={"claim_ms": other}))
+    view = await store.read_metrics([60.0])
+    merged = view.latencies[60.0]["claim_ms"]
+    assert merged.count == 4
+    assert merged.sum_ms == pytest.approx(20.0)
+
+
+# --- the scripted conflict storm --------------------------------------------------------
+
+
+async def drive_second(store: Store, *, commits: int, stale: int) -> None:
+    """One simulated second of work: ``commits`` tasks committed, ``stale`` of them first
+    presented once with a stale lease token (rejected, counted as stale_commit_rejected)."""
+    await store.enqueue_many([NewTask(queue="storm") for _ in range(commits)])
+    tasks: list[Task] = await store.claim("storm", node_id="node-1", limit=commits)
+    assert len(tasks) == commits
+    if stale:
+        rejected = await store.complete_many([dataclasses.replace(t, lease_token="stale-lease") for t in tasks[:stale]])
+        assert all(isinstance(r, LeaseLostError) for r in rejected)
+    done = await store.complete_many(tasks)
+    assert all(isinstance(d, Task) for d in done)
+
+
+async def test_conflict_storm_gives_one_alert_and_one_resolved_notice(
+    store: Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """10 quiet seconds, 20 seconds with 10 % of commits rejected as stale, 20 quiet seconds.
+
+    With 20 commits a second and a 10 s window, the window at second s holds k storm
+    seconds and the ratio is k/100: it first exceeds 5 % at k = 6 (s = 15, value 0.06),
+    and falls to 2.5 % or below at k = 2 (s = 37, value 0.02).
+    """
+    caplog.set_level(logging.WARNING, logger="asynccoord.monitor")
+    start = clock.now
+    notices: list[tuple[int, Alert]] = []
+    async with manual(store, [STALE_RULE]) as monitor:
+        stream = monitor.alerts()
+        for second in range(50):
+            await drive_second(store, commits=20, stale=2 if 10 <= second < 30 else 0)
+            await monitor.flush()
+            notices.extend((second, alert) for alert in await monitor.evaluate())
+            if second == 20:
+                assert [a.rule for a in monitor.active_alerts()] == ["stale_commits"]
+            clock.advance(1.0)
+        assert monitor.active_alerts() == []
+        stats = monitor.statistics()
+    assert [(s, a.state) for s, a in notices] == [(15, AlertState.FIRING), (37, AlertState.RESOLVED)]
+    fired, resolved = notices[0][1], notices[1][1]
+    assert fired.value == pytest.approx(0.06)
+    assert (fired.count, fired.base) == (12, 200)
+    assert fired.at == fired.fired_at == start + 15
+    assert fired.scope is AlertScope.CLUSTER
+    assert fired.relative_to == (ev.COMMITS,)
+    assert resolved.value == pytest.approx(0.02)
+    assert resolved.at == start + 37
+    assert resolved.fired_at == fired.at
+    assert (stats.alerts_fired, stats.alerts_resolved) == (1, 1)
+    assert [a async for a in stream] == [fired, resolved]  # the stream ended when the monitor closed
+    firing_logs = [r for r in caplog.records if "asynccoord.monitor.alert_firing" in r.getMessage()]
+    resolved_logs = [r for r in caplog.records if "asynccoord.monitor.alert_resolved" in r.getMessage()]
+    assert len(firing_logs) == len(resolved_logs) == 1
+    assert firing_logs[0].levelno == logging.WARNING
+    assert "value=0.06" in firing_logs[0].getMessage()
+
+
+async def test_relative_rule_needs_min_events_and_resolves_when_quiet(store: Store, clock: FakeClock) -> None:
+    rule = dataclasses.replace(STALE_RULE, min_events=50)
+    async with manual(store, [rule]) as monitor:
+        await drive_second(store, commits=10, stale=5)  # 50 % but only 10 commits: not judged
+        await monitor.flush()
+        assert await monitor.evaluate() == []
+        await drive_second(store, commits=40, stale=10)
+        await monitor.flush()
+        (fired,) = await monitor.evaluate()
+        assert fired.value == pytest.approx(15 / 50)
+        clock.advance(60.0)  # traffic stops: the window empties
+        await monitor.flush()
+        (resolved,) = await monitor.evaluate()
+        assert resolved.state is AlertState.RESOLVED
+        assert resolved.count == 0
+
+
+async def test_absolute_rule_per_process_scope(store: Store, clock: FakeClock) -> None:
+    rule = AlertRule(name="lost", event=ev.LEASE_LOST, threshold=2, window_s=30.0, scope=AlertScope.PROCESS)
+    await store.flush_metrics(MetricsFlush(process_id="proc-b", counters={("", ev.LEASE_LOST): 2}))
+    async with manual(store, [rule]) as monitor:
+        store.events.add(ev.LEASE_LOST, 3)
+        await monitor.flush()
+        (alert,) = await monitor.evaluate()
+        assert (alert.scope, alert.scope_key, alert.value, alert.count) == (AlertScope.PROCESS, "proc-a", 3.0, 3)
+        assert alert.base is None
+        assert "lost" in alert.describe()
+
+
+async def test_node_scope_uses_tracked_counters(store: Store) -> None:
+    rule = AlertRule(name="node_lost_locks", event=ev.LOCK_LOST, threshold=0, window_s=30.0, scope=AlertScope.NODE)
+    node_a, node_b = ev.EventCounter(), ev.EventCounter()
+    async with manual(store, [rule]) as monitor:
+        monitor.track("node-a", node_a)
+        monitor.track("node-b", node_b)
+        node_b.add(ev.LOCK_LOST)
+        store.events.add(ev.LOCK_LOST)
+        await monitor.flush()
+        (alert,) = await monitor.evaluate()
+        assert (alert.scope, alert.scope_key) == (AlertScope.NODE, "node-b")
+        snapshot = await monitor.snapshot()
+        assert snapshot.totals[ev.LOCK_LOST] == 1
+        assert snapshot.node_totals == {"node-b": {ev.LOCK_LOST: 1}}
+
+
+async def test_firing_alerts_are_stored_for_other_processes(store: Store, clock: FakeClock) -> None:
+    rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
+    async with manual(store, [rule]) as monitor:
+        store.events.add(ev.DEAD_LETTERED, 4)
+        await monitor.flush()
+        await monitor.evaluate()
+        (stored,) = (await cluster_snapshot(store)).alerts
+        assert (stored.rule, stored.value, stored.monitor_id) == ("dead", 4.0, "proc-a")
+        store.events.add(ev.DEAD_LETTERED, 2)
+        clock.advance(1.0)
+        await monitor.flush()
+        assert await monitor.evaluate() == []  # still the same incident
+        await monitor.flush(force=True)
+        (stored,) = (await cluster_snapshot(store)).alerts
+        assert stored.value == 6.0  # the stored copy follows the measured value
+        assert stored.fired_at == clock.now - 1.0
+    assert (await cluster_snapshot(store)).alerts == ()  # withdrawn when the monitor closed
+
+
+async def test_failed_flush_keeps_the_deltas(store: Store) -> None:
+    async with manual(store, []) as monitor:
+        store.events.add(ev.COMMITS, 5)
+        real = store.flush_metrics
+
+        async def broken(flush: MetricsFlush) -> float:
+            raise StoreBusyError("the database stayed locked")
+
+        store.flush_metrics = broken  # type: ignore[method-assign]
+        with pytest.raises(StoreBusyError):
+            await monitor.flush()
+        store.flush_metrics = real  # type: ignore[method-assign]
+        await monitor.flush()
+        assert monitor.statistics().flush_failures == 1
+    snapshot = await cluster_snapshot(store)
+    assert snapshot.totals[ev.COMMITS] == 5
+
+
+# --- delivery -----------------------------------------------------------------------------
+
+
+async def test_bad_subscribers_never_block_publishing(store: Store, clock: FakeClock) -> None:
+    """A raising callback, a callback stuck forever and an unread stream: publishing stays instant."""
+    rule = AlertRule(name="any_stale", event=ev.STALE_COMMIT_REJECTED, threshold=0, window_s=1.0, clear_ratio=0.0)
+    received: list[Alert] = []
+    stuck_calls = 0
+
+    async def healthy(alert: Alert) -> None:
+        received.append(alert)
+
+    async def raises(alert: Alert) -> None:
+        raise RuntimeError("subscriber bug")
+
+    async def stuck(alert: Alert) -> None:
+        nonlocal stuck_calls
+        stuck_calls += 1
+        await asyncio.Event().wait()
+
+    cycles = 20
+    async with manual(store, [rule], buffer_size=4) as monitor:
+        monitor.subscribe(healthy, buffer=100)
+        bad = monitor.subscribe(raises)
+        stuck_sub = monitor.subscribe(stuck, timeout_s=3600.0)
+        unread = monitor.alerts(buffer=3)
+        slowest = 0.0
+        for _ in range(cycles):  # each cycle: one incident and its resolution
+            for step in range(2):
+                if step == 0:
+                    store.events.add(ev.STALE_COMMIT_REJECTED)
+                started = time.perf_counter()
+                await monitor.flush()
+                await monitor.evaluate()
+                slowest = max(slowest, time.perf_counter() - started)
+                clock.advance(2.0)
+                await asyncio.sleep(0)  # let the subscriber tasks run
+        for _ in range(100):
+            if len(received) == 2 * cycles and bad.calls == bad.failures == 2 * cycles:
+                break
+            await asyncio.sleep(0.01)
+        stats = monitor.statistics()
+    # A stuck subscriber would have cost an hour per notice; a flush + evaluate takes milliseconds.
+    assert slowest < 1.0, f"flush + evaluate took {slowest:.3f} s with bad subscribers"
+    assert [a.state for a in received] == [AlertState.FIRING, AlertState.RESOLVED] * cycles
+    assert bad.failures == 2 * cycles
+    assert stuck_calls == 1  # still inside its first call; the rest piled up and were dropped
+    assert stuck_sub.dropped == 2 * cycles - 1 - 4
+    assert unread.dropped == 2 * cycles - 3
+    assert stats.alerts_dropped == stuck_sub.dropped + unread.dropped
+    assert stats.callback_failures == 2 * cycles
+    assert (stats.alerts_fired, stats.alerts_resolved) == (cycles, cycles)
+
+
+async def test_slow_callback_times_out_and_gets_the_next_notice(store: Store, clock: FakeClock) -> None:
+    rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
+    seen: list[str] = []
+    done = asyncio.Event()
+
+    async def slow_then_fast(alert: Alert) -> None:
+        seen.append(alert.state.value)
+        if len(seen) == 1:
+            await asyncio.sleep(3600)
+        done.set()
+
+    async with manual(store, [rule]) as monitor:
+        sub = monitor.subscribe(slow_then_fast, timeout_s=0.05)
+        store.events.add(ev.DEAD_LETTERED)
+        await monitor.flush()
+        await monitor.evaluate()
+        clock.advance(31.0)
+        await monitor.flush()
+        await monitor.evaluate()
+        await asyncio.wait_for(done.wait(), timeout=10.0)
+        assert sub.failures == 1
+        assert seen == ["firing", "resolved"]
+        sub.cancel()
+        assert monitor.statistics().subscribers == 0
+
+
+async def test_background_loops_deliver_in_real_time(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rule = AlertRule(name="fencing", event=ev.FENCING_REJECTED, threshold=0, window_s=5.0)
+    caplog.set_level(logging.WARNING, logger="asynccoord.monitor")
+    async with (
+        SQLiteStore(tmp_path / "bg.db") as store,
+        Monitor(store, rules=[rule], flush_interval_s=0.05) as monitor,
+    ):
+        stream = monitor.alerts()
+        store.events.add(ev.FENCING_REJECTED, 2)
+        alert = await asyncio.wait_for(anext(stream), timeout=10.0)
+        assert (alert.rule, alert.count, alert.state) == ("fencing", 2, AlertState.FIRING)
+        assert alert.at == pytest.approx(time.time(), abs=5.0)  # the store clock: SQLite's
+        stats = monitor.statistics()
+        assert stats.flushes >= 1
+        assert stats.evaluations >= 1
+    assert any("asynccoord.monitor.alert_firing rule=fencing" in r.getMessage() for r in caplog.records)
+
+
+async def test_alert_round_trips_through_json() -> None:
+    alert = Alert(
+        rule="r",
+        event="e",
+        value=0.5,
+        threshold=0.1,
+        window_s=30.0,
+        at=1.0,
+        scope=AlertScope.NODE,
+        scope_key="n",
+        relative_to=("commits",),
+        count=5,
+        base=10,
+        fired_at=0.5,
+        monitor_id="m",
+    )
+    assert Alert.from_dict(alert.to_dict()) == alert
+    with pytest.raises(InvalidArgumentError, match="not an alert"):
+        Alert.from_dict({"rule": "r"})
+
+
+async def test_snapshot_reports_rates_and_latencies(make_store: MakeStore, clock: FakeClock) -> None:
+    store = await make_store()
+    async with manual(store, []) as monitor:
+        for _ in range(10):
+            store.events.add(ev.CLAIMS, 6)
+            store.latencies.observe("claim_ms", 4.0)
+            await monitor.flush()
+            clock.advance(1.0)
+        snapshot = await monitor.snapshot([5.0, 60.0])
+    assert snapshot.totals == {ev.CLAIMS: 60}
+    assert snapshot.window(5.0).counts == {ev.CLAIMS: 24}  # buckets after now - 5: 4 flushes of 6
+    assert snapshot.window(60.0).rates_per_s[ev.CLAIMS] == pytest.approx(1.0)
+    latency = snapshot.latencies[60.0]["claim_ms"]
+    assert latency.count == 10
+    assert latency.p50_ms == pytest.approx(4.0, rel=0.19)
+    data = snapshot.to_dict()
+    assert data["totals"] == {ev.CLAIMS: 60}
+    assert data["processes"][0]["process_id"] == "proc-a"

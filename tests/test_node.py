@@ -1,0 +1,572 @@
+"""The node pipeline (fetch -> lock -> send -> commit) with real concurrency and the real clock.
+
+Stores come from the ``make_store`` fixture with ``clock=None`` (time.time for the
+memory store, SQLite's own clock for the SQLite store): leases and locks expire in
+real time here, because what is tested is how a running node reacts to that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asynccoord import NewTask, RetryPolicy, SQLiteStore, Task, TaskStatus, owner_of, partition_of
+from asynccoord.membership import Membership
+from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
+from asynccoord.runtime import Runtime
+
+QUEUE = "q"
+FAST_IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.05}
+
+
+def start(node: Node) -> asyncio.Task[None]:
+    return asyncio.create_task(node.run(), name=f"test-run-{node.node_id}")
+
+
+async def stop(node: Node, run: asyncio.Task[None], timeout_s: float = 5.0) -> None:
+    node.stop_claiming()
+    await asyncio.wait_for(run, timeout_s)
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def node_tasks(node_id: str) -> list[asyncio.Task[Any]]:
+    """Asyncio tasks the node started (its keeper and per-task handlers) that are still alive."""
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith(f"{node_id}-") and not t.done()]
+
+
+# --- public case: a lease lost to expiry ----------------------------------------------------
+
+
+async def test_late_commit_after_lease_expiry_is_rejected_and_writes_nothing(make_store: Any) -> None:
+    """Lease 0.3 s, A without renewal sends for 1.0 s; B takes over after expiry and completes."""
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload="m1", partition_key="conv-1")])
+    task_id = enqueued.task.id
+    a_started = asyncio.Event()
+    a_times: dict[str, float] = {}
+    b_seen: list[tuple[float, int, str | None]] = []
+
+    async def send_a(task: Task) -> str:
+        a_times["start"] = time.monotonic()
+        a_started.set()
+        await asyncio.sleep(1.0)
+        a_times["end"] = time.monotonic()
+        return "A"
+
+    async def send_b(task: Task) -> str:
+        b_seen.append((time.monotonic(), task.attempts, task.lease_owner))
+        return "B"
+
+    a = Node(
+        store,
+        send_a,
+        node_id="A",
+        config=NodeConfig(queue=QUEUE, lease_s=0.3, renew_leases=False, max_in_flight=1, **FAST_IDLE),
+    )
+    b = Node(store, send_b, node_id="B", config=NodeConfig(queue=QUEUE, lease_s=5.0, **FAST_IDLE))
+    run_a = start(a)
+    await asyncio.wait_for(a_started.wait(), 5.0)
+    run_b = start(b)
+
+    async def done() -> bool:
+        return (await store.get(task_id)).status is TaskStatus.DONE
+
+    await wait_until(done, 3.0, "B to complete the task")
+    await stop(b, run_b)
+    await stop(a, run_a)  # A's send finishes at 1.0 s and its commit is refused
+
+    [(b_at, b_attempts, b_owner)] = b_seen
+    assert 0.3 <= b_at - a_times["start"] <= 0.6  # B got it once the lease expired, not before
+    assert (b_attempts, b_owner) == (2, "B")
+    assert a_times["end"] - a_times["start"] >= 1.0  # A's send ran to its end (no watchdog)...
+    task = await store.get(task_id)
+    assert (task.status, task.result, task.attempts, task.last_error) == (TaskStatus.DONE, "B", 2, None)
+    assert task.version == 3  # claimed by A, claimed by B, completed by B: ...A's commit wrote nothing
+    assert (a.state().sent, a.state().committed, a.state().conflicts) == (1, 0, 1)
+    assert (b.state().committed, b.state().conflicts) == (1, 0)
+    events = store.events.snapshot()
+    assert events.get("lease_expired") == 1  # the lost lease is counted once
+    assert events.get("stale_commit_rejected") == 1  # A's late commit
+    assert events.get("commits") == 1
+    assert "lease_lost" not in events  # A had no watchdog to notice
+
+
+async def test_watchdog_cancels_a_send_whose_task_was_taken_over(db_path: Path) -> None:
+    """Lease 0.3 s renewed every 0.1 s; the task is taken from A at 0.2 s: A's send is cancelled by ~0.35 s."""
+    async with SQLiteStore(db_path) as store, SQLiteStore(db_path) as thief:
+        [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload={"account": 7}, partition_key="c")])
+        task_id = enqueued.task.id
+        times: dict[str, float] = {}
+        started = asyncio.Event()
+
+        async def send(task: Task) -> str:
+            times["start"] = time.monotonic()
+            started.set()
+            try:
+                await asyncio.sleep(5.0)
+            except asyncio.CancelledError:
+                times["cancelled"] = time.monotonic()
+                raise
+            return "A"
+
+        a = Node(
+            store,
+            send,
+            node_id="A",
+            config=NodeConfig(queue=QUEUE, lease_s=0.3, lock_ttl_s=10.0, max_in_flight=1, **FAST_IDLE),
+            lock_key=lambda t: f"account:{t.payload['account']}",
+        )
+        run_a = start(a)
+        await asyncio.wait_for(started.wait(), 5.0)
+        assert [info.holder for info in await store.list_locks()] == ["A"]
+        await asyncio.sleep(0.2 - (time.monotonic() - times["start"]))
+        # Take the task from A through a second connection: expire its lease, then claim it.
+        with sqlite3.connect(db_path, isolation_level=None) as db:
+            db.execute("UPDATE coord_tasks SET lease_expires_at = lease_expires_at - 60 WHERE id = ?", (task_id,))
+        [stolen] = await thief.claim(QUEUE, node_id="thief", lease_s=30.0)
+        times["taken"] = time.monotonic()
+        assert stolen.id == task_id
+
+        async def cancelled() -> bool:
+            return "cancelled" in times
+
+        await wait_until(cancelled, 2.0, "A's send to be cancelled")
+        assert await store.list_locks() == []  # A let its lock go
+        await stop(a, run_a)
+
+    assert times["taken"] - times["start"] < 0.3
+    assert times["taken"] <= times["cancelled"]
+    # the next renewal (every 0.1 s) finds the lease gone and cancels the send at once
+    assert times["cancelled"] - times["start"] <= 0.35 + 0.1, times["cancelled"] - times["start"]
+    state = a.state()
+    assert (state.sent, state.committed, state.failed, state.conflicts) == (0, 0, 0, 1)
+    assert store.events.get("lease_lost") == 1
+    assert store.events.get("commits") == 0
+    assert thief.events.get("lease_expired") == 1
+    async with SQLiteStore(db_path) as check:
+        task = await check.get(task_id)
+    assert (task.status, task.lease_owner, task.lease_token, task.result) == (
+        TaskStatus.RUNNING,
+        "thief",
+        stolen.lease_token,
+        None,
+    )
+    assert task.version == stolen.version  # A wrote nothing after the takeover
+
+
+# --- public case: hard cancellation ---------------------------------------------------------
+
+
+async def test_hard_cancelled_node_hands_back_its_task_and_lock_and_reraises(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload={"account": 1}, partition_key="conv-1")])
+    task_id = enqueued.task.id
+    started = asyncio.Event()
+
+    async def send_forever(task: Task) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    lock_key = lambda t: f"account:{t.payload['account']}"  # noqa: E731
+    a = Node(store, send_forever, node_id="A", config=NodeConfig(queue=QUEUE, lock_ttl_s=10.0), lock_key=lock_key)
+    began = time.monotonic()
+    run_a = start(a)
+    await asyncio.wait_for(started.wait(), 5.0)
+    running = await store.get(task_id)
+    assert (running.status, running.lease_owner, running.attempts) == (TaskStatus.RUNNING, "A", 1)
+    [lock] = await store.list_locks()
+    assert (lock.name, lock.holder) == ("account:1", "A")
+    assert {t.get_name() for t in node_tasks("A")} == {"A-keeper", f"A-task-{task_id}"}
+
+    await asyncio.sleep(0.2 - (time.monotonic() - began))
+    run_a.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run_a  # the cancellation reaches whoever awaits the node
+    finished = time.monotonic()
+    assert finished - began <= 0.7
+    assert a.state().status is NodeStatus.STOPPED
+    task = await store.get(task_id)
+    assert (task.status, task.attempts, task.last_error, task.lease_owner) == (TaskStatus.PENDING, 0, None, None)
+    assert await store.list_locks() == []
+    assert node_tasks("A") == []  # no keeper (watchdog), no handler left behind
+    assert a.state().handed_back == 1
+    assert a.state().failed == 0
+    assert store.events.get("retries") == 0
+
+    async def send_b(task: Task) -> str:
+        return "B"
+
+    b = Node(store, send_b, node_id="B", config=NodeConfig(queue=QUEUE, **FAST_IDLE), lock_key=lock_key)
+    run_b = start(b)
+
+    async def done() -> bool:
+        return (await store.get(task_id)).status is TaskStatus.DONE
+
+    await wait_until(done, 2.0, "B to complete the handed-back task")
+    await stop(b, run_b)
+    task = await store.get(task_id)
+    assert (task.result, task.attempts, task.last_error) == ("B", 1, None)
+    lease_b = await store.try_acquire_lock("account:1", ttl_s=1.0)
+    assert lease_b.fencing_token == 3  # A's acquisition was 1, B's was 2: B got the lock at once
+
+
+# --- failures -----------------------------------------------------------------------------
+
+
+async def test_send_exception_retries_with_backoff_then_dead_letters(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload=1, max_attempts=3)])
+    calls: list[float] = []
+
+    async def send(task: Task) -> None:
+        calls.append(time.monotonic())
+        raise ValueError("boom")
+
+    policy = RetryPolicy(base_s=0.1, factor=2.0, jitter=0.0, max_attempts=3)
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, retry=policy, **FAST_IDLE))
+    run = start(node)
+
+    async def dead() -> bool:
+        return (await store.get(enqueued.task.id)).status is TaskStatus.DEAD
+
+    await wait_until(dead, 5.0, "the task to be dead-lettered")
+    await asyncio.sleep(0.1)  # a node that kept sending would show up here
+    await stop(node, run)
+    assert len(calls) == 3
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert 0.1 <= gaps[0] <= 0.1 + 0.25  # first failure: base_s
+    assert 0.2 <= gaps[1] <= 0.2 + 0.25  # second: base_s * factor
+    task = await store.get(enqueued.task.id)
+    assert (task.attempts, task.last_error, task.result) == (3, "ValueError: boom", None)
+    assert (node.state().failed, node.state().committed, node.state().sent) == (3, 0, 3)
+    events = store.events.snapshot()
+    assert (events.get("retries"), events.get("dead_lettered"), events.get("commits", 0)) == (2, 1, 0)
+
+
+async def test_send_timeout_counts_as_a_failure(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    results = await store.enqueue_many(
+        [
+            NewTask(queue=QUEUE, payload="slow-then-fast", partition_key="a", max_attempts=3),
+            NewTask(queue=QUEUE, payload="always-slow", partition_key="b", max_attempts=1),
+        ]
+    )
+    flaky_id, slow_id = (r.task.id for r in results)
+    attempts: dict[int, list[tuple[float, float | None]]] = defaultdict(list)
+
+    async def send(task: Task) -> str:
+        began = time.monotonic()
+        if task.payload == "always-slow" or len(attempts[task.id]) == 0:
+            try:
+                await asyncio.sleep(2.0)
+            except asyncio.CancelledError:
+                attempts[task.id].append((began, time.monotonic()))
+                raise
+        attempts[task.id].append((began, None))
+        return "ok"
+
+    policy = RetryPolicy(base_s=0.05, jitter=0.0, max_attempts=3)
+    config = NodeConfig(queue=QUEUE, send_timeout_s=0.2, retry=policy, **FAST_IDLE)
+    node = Node(store, send, node_id="n1", config=config)
+    run = start(node)
+
+    async def settled() -> bool:
+        statuses = {(await store.get(i)).status for i in (flaky_id, slow_id)}
+        return statuses == {TaskStatus.DONE, TaskStatus.DEAD}
+
+    await wait_until(settled, 5.0, "both tasks to settle")
+    await stop(node, run)
+    flaky, slow = await store.get(flaky_id), await store.get(slow_id)
+    assert (flaky.status, flaky.attempts, flaky.result) == (TaskStatus.DONE, 2, "ok")
+    assert (slow.status, slow.attempts, slow.last_error) == (TaskStatus.DEAD, 1, "TimeoutError")
+    for task_id in (flaky_id, slow_id):
+        began, cancelled_at = attempts[task_id][0]
+        assert cancelled_at is not None
+        assert 0.2 <= cancelled_at - began <= 0.45  # cut at send_timeout_s
+    assert attempts[flaky_id][1][1] is None  # the retry ran to its end
+    assert (node.state().failed, node.state().committed, node.state().conflicts) == (2, 1, 0)
+    events = store.events.snapshot()
+    assert (events.get("retries"), events.get("dead_lettered"), events.get("commits")) == (1, 1, 1)
+
+
+# --- what a send can see ----------------------------------------------------------------------
+
+
+async def test_current_delivery_gives_the_lock_lease_and_a_per_conversation_context(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    plan = [("c1", 1), ("c2", 2), ("c1", 1), ("c3", 1), ("c1", 1), ("c2", 2)]
+    ids = [
+        r.task.id
+        for r in await store.enqueue_many(
+            [NewTask(queue=QUEUE, payload={"account": acct}, partition_key=conv) for conv, acct in plan]
+        )
+    ]
+    seen: list[dict[str, Any]] = []
+    contexts: dict[str, dict[str, Any]] = {}
+
+    async def send(task: Task) -> str:
+        delivery = current_delivery()
+        delivery.context["sends"] = delivery.context.get("sends", 0) + 1
+        contexts.setdefault(task.partition_key, delivery.context)
+        assert delivery.lock is not None
+        seen.append(
+            {
+                "id": task.id,
+                "node": delivery.node_id,
+                "same_task": delivery.task == task,
+                "lock": delivery.lock.name,
+                "token": delivery.lock.fencing_token,
+                "context_is_kept": contexts[task.partition_key] is delivery.context,
+                "sends": delivery.context["sends"],
+            }
+        )
+        await asyncio.sleep(0.01)
+        return "ok"
+
+    node = Node(
+        store,
+        send,
+        node_id="n1",
+        config=NodeConfig(queue=QUEUE, **FAST_IDLE),
+        lock_key=lambda t: f"account:{t.payload['account']}",
+    )
+    with pytest.raises(LookupError):
+        current_delivery()  # outside a send
+    run = start(node)
+
+    async def drained() -> bool:
+        return (await store.stats(QUEUE)).counts[TaskStatus.DONE] == len(ids)
+
+    await wait_until(drained, 5.0, "every task to be done")
+    await stop(node, run)
+    assert sorted(s["id"] for s in seen) == ids
+    assert all(s["node"] == "n1" and s["same_task"] and s["context_is_kept"] for s in seen)
+    by_conv: dict[str, list[int]] = defaultdict(list)
+    for s in sorted(seen, key=lambda s: s["id"]):
+        by_conv[plan[ids.index(s["id"])][0]].append(s["sends"])
+    assert by_conv == {"c1": [1, 2, 3], "c2": [1, 2], "c3": [1]}  # the context lives on between sends
+    assert len({id(c) for c in contexts.values()}) == 3  # one context per conversation
+    by_lock: dict[str, list[int]] = defaultdict(list)
+    for s in sorted(seen, key=lambda s: s["id"]):
+        by_lock[s["lock"]].append(s["token"])
+    # one acquisition per send (c1 and c3 share account 1 and may take it in either order)
+    assert {name: sorted(tokens) for name, tokens in by_lock.items()} == {
+        "account:1": [1, 2, 3, 4],
+        "account:2": [1, 2],
+    }
+    # the commit carried the fencing token to the lock's resource
+    for name, tokens in by_lock.items():
+        fence = await store.read_fence(name)
+        assert fence is not None
+        assert fence.fencing_token == max(tokens)
+
+
+async def test_affinity_context_is_a_bounded_lru(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    convs = ["c1", "c2", "c1", "c3", "c2", "c1"]
+    await store.enqueue_many([NewTask(queue=QUEUE, payload=i, partition_key=c) for i, c in enumerate(convs)])
+    order: list[tuple[str, int]] = []
+
+    async def send(task: Task) -> None:
+        context = current_delivery().context
+        context["n"] = context.get("n", 0) + 1
+        order.append((task.partition_key, context["n"]))
+
+    config = NodeConfig(queue=QUEUE, max_in_flight=1, claim_batch=1, affinity_cache_size=2, **FAST_IDLE)
+    node = Node(store, send, node_id="n1", config=config)
+    run = start(node)
+
+    async def drained() -> bool:
+        return (await store.stats(QUEUE)).counts[TaskStatus.DONE] == len(convs)
+
+    await wait_until(drained, 5.0, "every task to be done")
+    await stop(node, run)
+    # one at a time, in enqueue order; c1 is evicted by c3 (the cache keeps 2), then c2 by c1
+    assert order == [("c1", 1), ("c2", 1), ("c1", 2), ("c3", 1), ("c2", 1), ("c1", 1)]
+
+
+# --- strategy switches -------------------------------------------------------------------------
+
+COMMIT_LOG_SQL = """
+CREATE TABLE commit_log (task_id INTEGER NOT NULL);
+CREATE TRIGGER commit_logger AFTER UPDATE OF status ON coord_tasks WHEN NEW.status = 'done'
+BEGIN INSERT INTO commit_log (task_id) VALUES (NEW.id); END;
+"""
+
+
+async def drain_with(db_path: Path, config: NodeConfig, *, nodes: int, tasks: int) -> tuple[Counter[int], Counter[int]]:
+    """Run ``nodes`` nodes (no membership) over ``tasks`` slow sends; return sends and commits per task id."""
+    async with SQLiteStore(db_path) as store:
+        with sqlite3.connect(db_path, isolation_level=None) as db:
+            db.executescript(COMMIT_LOG_SQL)
+        sends: Counter[int] = Counter()
+
+        async def send(task: Task) -> None:
+            sends[task.id] += 1
+            await asyncio.sleep(0.3)
+
+        workers = [
+            Node(store, send, node_id=f"n{i}", config=config, lock_key=lambda t: f"conv:{t.partition_key}")
+            for i in range(nodes)
+        ]
+        runs = [start(w) for w in workers]
+        await asyncio.sleep(0.1)  # every node idle, waiting for work
+        results = await store.enqueue_many(
+            [NewTask(queue=QUEUE, payload=i, partition_key=f"conv-{i}") for i in range(tasks)]
+        )
+
+        async def drained() -> bool:
+            counts = (await store.stats(QUEUE)).counts
+            return counts[TaskStatus.PENDING] == counts[TaskStatus.RUNNING] == 0
+
+        await wait_until(drained, 20.0, "the queue to drain")
+        for w, r in zip(workers, runs, strict=True):
+            await stop(w, r)
+        assert {r.task.id for r in results} == set(sends)
+    with sqlite3.connect(db_path) as db:
+        commits = Counter(task_id for (task_id,) in db.execute("SELECT task_id FROM commit_log"))
+    return sends, commits
+
+
+async def test_with_every_layer_off_duplicates_happen_and_with_all_on_they_do_not(tmp_path: Path) -> None:
+    off = NodeConfig(
+        queue=QUEUE,
+        lease_s=0.2,  # shorter than a send, and never renewed
+        renew_leases=False,
+        locks=False,
+        version_checks=False,
+        partitioning=False,
+        **FAST_IDLE,
+    )
+    sends, commits = await drain_with(tmp_path / "off.db", off, nodes=8, tasks=100)
+    assert max(sends.values()) > 1, "no duplicate send with every layer off: the switches do nothing"
+    assert max(commits.values()) > 1  # and the same task was committed more than once
+    on = NodeConfig(queue=QUEUE, lease_s=0.5, **FAST_IDLE)  # every layer on, leases renewed
+    sends, commits = await drain_with(tmp_path / "on.db", on, nodes=8, tasks=100)
+    assert set(sends.values()) == {1}
+    assert set(commits.values()) == {1}
+    assert len(commits) == 100
+
+
+# --- ordering, restarts, partition moves ---------------------------------------------------------
+
+
+async def test_conversation_order_holds_across_a_retry(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    plan = ["c", "c", "c", "d", "d"]
+    ids = [
+        r.task.id
+        for r in await store.enqueue_many(
+            [NewTask(queue=QUEUE, payload=i, partition_key=k) for i, k in enumerate(plan)]
+        )
+    ]
+    sends: list[tuple[int, int, str]] = []
+
+    async def send(task: Task) -> None:
+        if task.id == ids[0] and task.attempts == 1:
+            sends.append((task.id, task.attempts, "failed"))
+            raise RuntimeError("first try fails")
+        sends.append((task.id, task.attempts, "ok"))
+        await asyncio.sleep(0.01)
+
+    policy = RetryPolicy(base_s=0.2, jitter=0.0, max_attempts=3)
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, retry=policy, **FAST_IDLE))
+    run = start(node)
+
+    async def drained() -> bool:
+        return (await store.stats(QUEUE)).counts[TaskStatus.DONE] == len(ids)
+
+    await wait_until(drained, 5.0, "every task to be done")
+    await stop(node, run)
+    c1, c2, c3, d1, d2 = ids
+    conv_c = [s for s in sends if s[0] in (c1, c2, c3)]
+    assert conv_c == [(c1, 1, "failed"), (c1, 2, "ok"), (c2, 1, "ok"), (c3, 1, "ok")]
+    # the other conversation did not wait for c's backoff
+    assert sends.index((d2, 1, "ok")) < sends.index((c1, 2, "ok"))
+    assert [s for s in sends if s[0] in (d1, d2)] == [(d1, 1, "ok"), (d2, 1, "ok")]
+
+
+async def test_a_restarted_node_id_does_not_keep_its_previous_lifes_leases(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload=1, partition_key="c")])
+    claimed_at = time.monotonic()
+    [old] = await store.claim(QUEUE, node_id="n1", lease_s=0.5)  # the previous life of n1, which then died
+    seen: list[tuple[float, str | None, int]] = []
+
+    async def send(task: Task) -> None:
+        seen.append((time.monotonic(), task.lease_token, task.attempts))
+
+    async with Runtime(store, send=send, node_ids=["n1"], config=NodeConfig(queue=QUEUE, **FAST_IDLE)) as runtime:
+        assert await runtime.wait_until_drained(timeout_s=5.0, poll_s=0.01)
+    [(sent_at, token, attempts)] = seen
+    assert sent_at - claimed_at >= 0.5  # the new n1 waited for the old lease to expire, never renewed it
+    assert token != old.lease_token
+    assert attempts == 2
+    assert store.events.get("lease_expired") == 1
+    assert (await store.get(enqueued.task.id)).status is TaskStatus.DONE
+
+
+async def test_affinity_context_is_dropped_when_the_conversation_moves(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    node_ids = ["node-a", "node-b"]
+    key = next(
+        k
+        for k in (f"conv-{i}" for i in range(10_000))
+        if owner_of(partition_of(k, store.partitions), node_ids) == "node-b"
+    )
+    sends: list[tuple[str, int]] = []
+
+    async def send(task: Task) -> None:
+        delivery = current_delivery()
+        delivery.context["n"] = delivery.context.get("n", 0) + 1
+        sends.append((delivery.node_id, delivery.context["n"]))
+
+    async def send_one() -> None:
+        [r] = await store.enqueue_many([NewTask(queue=QUEUE, payload=len(sends), partition_key=key)])
+
+        async def done() -> bool:
+            return (await store.get(r.task.id)).status is TaskStatus.DONE
+
+        await wait_until(done, 3.0, "the conversation's task to be done")
+
+    config = NodeConfig(queue=QUEUE, **FAST_IDLE)
+    async with Membership(store, ttl_s=0.6, interval_s=0.1) as membership:
+        membership.join("node-a")
+        await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        a = Node(store, send, node_id="node-a", config=config, membership=membership)
+        run_a = start(a)
+        await send_one()
+        await send_one()
+        assert sends == [("node-a", 1), ("node-a", 2)]  # alone, node-a owns the conversation and keeps its context
+
+        membership.join("node-b")
+        while membership.view.node_ids != tuple(node_ids):
+            await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        b = Node(store, send, node_id="node-b", config=config, membership=membership)
+        run_b = start(b)
+        await send_one()
+        assert sends[-1] == ("node-b", 1)  # the conversation moved to node-b: a fresh context there
+
+        await stop(b, run_b)
+        await membership.leave("node-b")
+        assert membership.view.node_ids == ("node-a",)
+        await send_one()
+        assert sends[-1] == ("node-a", 1)  # back on node-a, which dropped the context when it moved away
+        await stop(a, run_a)
+    assert a.state().owned_partitions == store.partitions
+    assert store.events.get("partition_handoff") > 0

@@ -1,0 +1,153 @@
+"""Graceful shutdown of ``python -m asynccoord run`` on SIGTERM (a real process, a real SQLite file).
+
+The send function lives in tests/workers/serve_send.py: it logs ``start``/``end``/
+``cancelled`` lines with ``time.time()`` to a file and sleeps a configured time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asynccoord import NewTask, SQLiteStore
+
+pytestmark = pytest.mark.multiprocess
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+QUEUE = "outbox"
+
+
+async def enqueue(db_path: Path, n: int) -> list[int]:
+    async with SQLiteStore(db_path) as store:
+        results = await store.enqueue_many(
+            [NewTask(queue=QUEUE, payload={"account": i}, partition_key=f"conv-{i}") for i in range(n)]
+        )
+    return [r.task.id for r in results]
+
+
+def read_lines(log: Path) -> list[tuple[str, int, float]]:
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().splitlines():
+        word, task_id, at = line.split()
+        out.append((word, int(task_id), float(at)))
+    return out
+
+
+def serve(python: Any, db_path: Path, log: Path, sleep_s: float, *extra: str) -> subprocess.Popen[str]:
+    argv = [
+        "-m",
+        "asynccoord",
+        "run",
+        "--db",
+        str(db_path),
+        "--queue",
+        QUEUE,
+        "--send",
+        "serve_send:send",
+        "--nodes",
+        "1",
+        "--max-in-flight",
+        "3",
+        "--shutdown-timeout-s",
+        "2",
+        *extra,
+    ]
+    env = {"PYTHONPATH": str(WORKERS), "SERVE_SEND_LOG": str(log), "SERVE_SEND_SLEEP_S": str(sleep_s)}
+    proc: subprocess.Popen[str] = python.spawn(argv, env=env)
+    return proc
+
+
+async def wait_for_starts(proc: subprocess.Popen[str], log: Path, n: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for word, _, _ in read_lines(log) if word == "start") < n:
+        if proc.poll() is not None:
+            pytest.fail(f"asynccoord run exited with {proc.returncode}:\n{proc.stderr.read() if proc.stderr else ''}")
+        assert time.monotonic() < deadline, read_lines(log)
+        await asyncio.sleep(0.005)
+
+
+def tasks(db_path: Path) -> dict[int, tuple[str, int, str | None, Any, int]]:
+    """id -> (status, attempts, last_error, result, version) as stored."""
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute("SELECT id, status, attempts, last_error, result, version FROM coord_tasks").fetchall()
+    return {r[0]: (r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows}
+
+
+async def test_sigterm_lets_sends_in_flight_finish_and_claims_nothing_new(
+    python: Any, db_path: Path, tmp_path: Path
+) -> None:
+    ids = await enqueue(db_path, 10)
+    log = tmp_path / "sends.log"
+    proc = serve(python, db_path, log, 0.5)
+    await wait_for_starts(proc, log, 3)
+    running = [i for i, t in tasks(db_path).items() if t[0] == "running"]
+    assert len(running) == 3
+    signalled = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await asyncio.to_thread(proc.wait, 10)
+    exited = time.monotonic()
+    assert code == 0, proc.stderr.read() if proc.stderr else ""
+    assert exited - signalled <= 0.8, f"exited {exited - signalled:.3f} s after SIGTERM"
+
+    lines = read_lines(log)
+    assert sorted(i for w, i, _ in lines if w == "start") == sorted(running)  # nothing new was claimed
+    assert sorted(i for w, i, _ in lines if w == "end") == sorted(running)  # the 3 finished
+    assert [w for w, _, _ in lines if w == "cancelled"] == []
+    after = tasks(db_path)
+    for i in running:
+        assert after[i] == ("done", 1, None, f"sent {i}", 2)  # claimed, then completed
+    for i in set(ids) - set(running):
+        assert after[i] == ("pending", 0, None, None, 0)  # never claimed (not even claimed and handed back)
+
+
+async def test_sigterm_hands_back_long_sends_and_their_locks_without_a_ttl_wait(
+    python: Any, db_path: Path, tmp_path: Path
+) -> None:
+    ids = await enqueue(db_path, 3)
+    log = tmp_path / "sends.log"
+    proc = serve(python, db_path, log, 5.0, "--lock-key", "serve_send:account_lock")
+    await wait_for_starts(proc, log, 3)
+    # The second process, started once the 3 sends hold all the work: it polls for claimable
+    # tasks every 10 ms and takes each task's lock as soon as it has claimed the task.
+    grabber = python.spawn([str(WORKERS / "node_worker.py"), "grab", str(db_path), "--queue", QUEUE, "--count", "3"])
+    assert grabber.stdout is not None
+    assert json.loads(await asyncio.to_thread(grabber.stdout.readline))["event"] == "ready"
+    async with SQLiteStore(db_path) as store:
+        locks = await store.list_locks()
+    assert sorted(info.name for info in locks) == ["account:0", "account:1", "account:2"]
+    assert all(info.expires_at - info.acquired_at == pytest.approx(10.0) for info in locks)
+
+    signalled_wall, signalled = time.time(), time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await asyncio.to_thread(proc.wait, 10)
+    exited = time.monotonic()
+    assert code == 0, proc.stderr.read() if proc.stderr else ""
+    assert exited - signalled <= 2.5, f"exited {exited - signalled:.3f} s after SIGTERM"
+
+    lines = read_lines(log)
+    cancelled = [(i, at - signalled_wall) for w, i, at in lines if w == "cancelled"]
+    assert sorted(i for i, _ in cancelled) == sorted(ids)
+    assert [w for w, _, _ in lines if w == "end"] == []
+    for task_id, after_s in cancelled:  # the shutdown timeout (2 s) ran out, then they were cancelled
+        assert 1.95 <= after_s <= 2.3, (task_id, after_s)
+
+    line = await asyncio.to_thread(grabber.stdout.readline)
+    claimed = json.loads(line)
+    assert claimed["event"] == "claimed", line
+    assert claimed["ids"] == sorted(ids)
+    assert claimed["t"] - signalled >= 1.95  # handed back at the shutdown timeout, not before
+    assert claimed["t"] - exited <= 0.2, f"claimed {claimed['t'] - exited:.3f} s after the exit"
+    assert claimed["locks"] == [2, 2, 2]  # each account lock: the second acquisition ever
+    assert [(t["attempts"], t["last_error"]) for t in claimed["tasks"]] == [(1, None)] * 3  # not failed
+    assert await asyncio.to_thread(grabber.wait, 10) == 0

@@ -1,0 +1,734 @@
+"""The queue contract, run unchanged on every backend (memory and SQLite).
+
+Every test uses the injectable fake clock (``clock`` fixture), so lease expiry and
+backoff are exact: nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from support import FakeClock
+
+from asynccoord import (
+    LeaseLostError,
+    NewTask,
+    ProcessedRetention,
+    RetryPolicy,
+    StoreConfig,
+    Task,
+    TaskNotFoundError,
+    TaskStatus,
+    partition_of,
+)
+from asynccoord import events as ev
+
+Q = "jobs"
+
+
+async def claim_one(store, node_id: str = "node-a", **kwargs) -> Task:
+    tasks = await store.claim(Q, node_id=node_id, limit=1, **kwargs)
+    assert len(tasks) == 1, tasks
+    return tasks[0]
+
+
+async def snapshot(store, *ids: int) -> list[Task]:
+    return [await store.get(i) for i in ids]
+
+
+def counts(stats) -> dict[str, int]:
+    return {status.value: n for status, n in stats.counts.items()}
+
+
+# --- enqueue -------------------------------------------------------------------------
+
+
+async def test_enqueue_returns_pending_task_with_all_fields(store, clock: FakeClock) -> None:
+    result = await store.enqueue(
+        Q, {"text": "hi", "n": [1, 2.5, None, True]}, partition_key="conv-1", priority=3, max_attempts=7
+    )
+    assert result.created is True
+    task = result.task
+    assert task.id > 0
+    assert task.queue == Q
+    assert task.partition_key == "conv-1"
+    assert task.partition == partition_of("conv-1", store.partitions)
+    assert task.idempotency_key is None
+    assert task.payload == {"text": "hi", "n": [1, 2.5, None, True]}
+    assert task.priority == 3
+    assert task.status is TaskStatus.PENDING
+    assert task.attempts == 0
+    assert task.max_attempts == 7
+    assert task.run_at == clock.now
+    assert task.created_at == task.updated_at == clock.now
+    assert (task.lease_owner, task.lease_token, task.lease_expires_at) == (None, None, None)
+    assert task.version == 0
+    assert task.last_error is None
+    assert task.result is None
+    assert await store.get(task.id) == task
+
+
+async def test_enqueue_default_max_attempts_comes_from_retry_policy(make_store) -> None:
+    store = await make_store(config=StoreConfig(retry=RetryPolicy(max_attempts=9)))
+    task = (await store.enqueue(Q, None)).task
+    assert task.max_attempts == 9
+
+
+async def test_enqueue_many_in_input_order_with_distinct_ids(store) -> None:
+    specs = [NewTask(queue=Q, payload=i, partition_key=f"k{i % 3}") for i in range(50)]
+    results = await store.enqueue_many(specs)
+    assert [r.task.payload for r in results] == list(range(50))
+    assert all(r.created for r in results)
+    ids = [r.task.id for r in results]
+    assert len(set(ids)) == 50
+    assert ids == sorted(ids)
+    assert counts(await store.stats(Q))["pending"] == 50
+    assert await store.enqueue_many([]) == []
+
+
+async def test_idempotency_key_returns_existing_task(store) -> None:
+    first = await store.enqueue(Q, {"v": 1}, idempotency_key="msg-1")
+    second = await store.enqueue(Q, {"v": 2}, idempotency_key="msg-1", priority=9)
+    assert first.created is True
+    assert second.created is False
+    assert second.task.id == first.task.id
+    assert second.task.payload == {"v": 1}  # the first one wins, nothing overwritten
+    assert second.task.priority == 0
+    assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 1
+    assert (await store.stats(Q)).total == 1
+
+
+async def test_idempotency_key_dedup_inside_one_batch_and_per_queue(store) -> None:
+    results = await store.enqueue_many(
+        [
+            NewTask(queue=Q, payload=1, idempotency_key="a"),
+            NewTask(queue=Q, payload=2, idempotency_key="b"),
+            NewTask(queue=Q, payload=3, idempotency_key="a"),
+            NewTask(queue="other", payload=4, idempotency_key="a"),
+            NewTask(queue=Q, payload=5),
+            NewTask(queue=Q, payload=6),
+        ]
+    )
+    assert [r.created for r in results] == [True, True, False, True, True, True]
+    assert results[2].task.id == results[0].task.id
+    assert results[2].task.payload == 1
+    assert results[3].task.id != results[0].task.id  # keys are unique per queue only
+    assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 1
+    assert (await store.stats(Q)).total == 4
+    assert (await store.stats("other")).total == 1
+    assert (await store.stats()).total == 5
+
+
+async def test_idempotency_key_dedup_holds_while_task_is_done(store) -> None:
+    first = (await store.enqueue(Q, 1, idempotency_key="k")).task
+    await store.complete(await claim_one(store))
+    again = await store.enqueue(Q, 2, idempotency_key="k")
+    assert again.created is False
+    assert again.task.id == first.id
+    assert again.task.status is TaskStatus.DONE
+
+
+# --- claim ---------------------------------------------------------------------------
+
+
+async def test_claim_order_priority_then_fifo(store) -> None:
+    priorities = [0, 5, 0, 5, -1, 2, 5]
+    ids = [(await store.enqueue(Q, i, priority=p)).task.id for i, p in enumerate(priorities)]
+    expected = [i for _, i in sorted(zip(priorities, ids, strict=True), key=lambda pi: (-pi[0], pi[1]))]
+    first = await store.claim(Q, node_id="n", limit=3)
+    rest = await store.claim(Q, node_id="n", limit=10)
+    assert [t.id for t in first] == expected[:3]
+    assert [t.id for t in rest] == expected[3:]
+    assert await store.claim(Q, node_id="n", limit=10) == []
+
+
+async def test_claim_sets_lease_and_bumps_attempts_and_version(store, clock: FakeClock) -> None:
+    enq = (await store.enqueue(Q, "x")).task
+    clock.advance(1.0)
+    tasks = await store.claim(Q, node_id="node-a", limit=5, lease_s=12.5)
+    assert len(tasks) == 1
+    task = tasks[0]
+    assert task.id == enq.id
+    assert task.status is TaskStatus.RUNNING
+    assert task.attempts == 1
+    assert task.version == 1
+    assert task.lease_owner == "node-a"
+    assert task.lease_token
+    assert task.lease_expires_at == clock.now + 12.5
+    assert task.updated_at == clock.now
+    assert await store.get(task.id) == task
+    assert store.events.get(ev.CLAIMS) == 1
+
+
+async def test_claim_only_touches_its_queue(store) -> None:
+    await store.enqueue("other", 1)
+    assert await store.claim(Q, node_id="n", limit=10) == []
+    assert counts(await store.stats("other"))["pending"] == 1
+
+
+async def test_claim_tokens_are_unique_per_task_and_per_claim(store, clock: FakeClock) -> None:
+    await store.enqueue_many([NewTask(queue=Q, payload=i) for i in range(5)])
+    first = await store.claim(Q, node_id="same", limit=5, lease_s=1)
+    clock.advance(1)
+    second = await store.claim(Q, node_id="same", limit=5, lease_s=1)
+    tokens = [t.lease_token for t in first + second]
+    assert len(set(tokens)) == 10
+
+
+async def test_delay_s_defers_claim_until_run_at(store, clock: FakeClock) -> None:
+    task = (await store.enqueue(Q, "later", delay_s=5)).task
+    assert task.run_at == clock.now + 5
+    now_task = (await store.enqueue(Q, "now")).task
+    assert [t.id for t in await store.claim(Q, node_id="n", limit=10)] == [now_task.id]
+    clock.advance(4.999)
+    assert await store.claim(Q, node_id="n", limit=10) == []
+    clock.advance(0.001)
+    claimed = await store.claim(Q, node_id="n", limit=10)
+    assert [t.id for t in claimed] == [task.id]
+
+
+async def test_expired_lease_is_reclaimed_with_new_token(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    first = await claim_one(store, "node-a", lease_s=10)
+    clock.advance(9.999)
+    assert await store.claim(Q, node_id="node-b", limit=1) == []
+    clock.advance(0.001)  # exactly at expiry: the lease is over
+    second = await claim_one(store, "node-b", lease_s=10)
+    assert second.id == first.id
+    assert second.lease_owner == "node-b"
+    assert second.lease_token != first.lease_token
+    assert second.attempts == 2
+    assert second.version == first.version + 1
+    assert second.lease_expires_at == clock.now + 10
+    assert store.events.get(ev.LEASE_EXPIRED) == 1
+    with pytest.raises(LeaseLostError, match="reclaimed"):
+        await store.complete(first)
+    assert await store.get(first.id) == second
+    done = await store.complete(second)
+    assert done.status is TaskStatus.DONE
+
+
+async def test_reclaim_by_same_node_still_rejects_old_lease(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    first = await claim_one(store, "node-a", lease_s=1)
+    clock.advance(1)
+    second = await claim_one(store, "node-a", lease_s=1)
+    with pytest.raises(LeaseLostError):
+        await store.complete(first)
+    assert (await store.get(first.id)).status is TaskStatus.RUNNING
+    await store.complete(second)
+
+
+async def test_lease_expired_on_last_attempt_dead_letters(store, clock: FakeClock) -> None:
+    task = (await store.enqueue(Q, "x", max_attempts=1)).task
+    await claim_one(store, lease_s=5)
+    clock.advance(5)
+    assert await store.claim(Q, node_id="node-b", limit=1) == []
+    dead = await store.get(task.id)
+    assert dead.status is TaskStatus.DEAD
+    assert dead.attempts == 1
+    assert dead.lease_token is None
+    assert "lease expired" in (dead.last_error or "")
+    assert store.events.get(ev.DEAD_LETTERED) == 1
+
+
+# --- complete (compare-and-set) ------------------------------------------------------
+
+
+async def test_complete_marks_done_with_result(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    clock.advance(0.5)
+    done = await store.complete(task, {"answer": 42})
+    assert done.status is TaskStatus.DONE
+    assert done.result == {"answer": 42}
+    assert done.version == task.version + 1
+    assert done.attempts == 1
+    assert (done.lease_owner, done.lease_token, done.lease_expires_at) == (None, None, None)
+    assert done.updated_at == clock.now
+    assert await store.get(task.id) == done
+    assert store.events.get(ev.COMMITS) == 1
+    with pytest.raises(LeaseLostError, match="done"):
+        await store.complete(task)  # twice: the second is stale
+    assert await store.get(task.id) == done
+
+
+@pytest.mark.parametrize("staleness", ["token", "version", "expired", "settled"])
+async def test_stale_complete_writes_nothing(store, clock: FakeClock, staleness: str) -> None:
+    await store.enqueue(Q, "x", idempotency_key="m-1")
+    task = await claim_one(store, lease_s=10)
+    if staleness == "token":
+        stale = dataclasses.replace(task, lease_token=task.lease_token + "0")
+    elif staleness == "version":
+        stale = dataclasses.replace(task, version=task.version - 1)
+    elif staleness == "expired":
+        clock.advance(10)
+        stale = task
+    else:
+        await store.release(task)
+        stale = task
+    before = await store.get(task.id)
+    stats_before = await store.stats()
+    rejected_before = store.events.get(ev.STALE_COMMIT_REJECTED)
+    with pytest.raises(LeaseLostError) as info:
+        await store.complete(stale, {"should": "not be written"})
+    assert info.value.task_id == task.id
+    assert await store.get(task.id) == before
+    assert await store.stats() == stats_before
+    assert not await store.is_processed(Q, "m-1")
+    assert store.events.get(ev.STALE_COMMIT_REJECTED) == rejected_before + 1
+    assert store.events.get(ev.COMMITS) == 0
+
+
+async def test_complete_of_deleted_task_raises_task_not_found(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    ghost = dataclasses.replace(task, id=task.id + 1000)
+    with pytest.raises(TaskNotFoundError) as info:
+        await store.complete(ghost)
+    assert info.value.task_id == task.id + 1000
+    assert isinstance(info.value, KeyError)
+    assert (await store.get(task.id)).status is TaskStatus.RUNNING
+
+
+# --- fail, retry, dead letters -------------------------------------------------------
+
+
+async def test_fail_retries_with_backoff_then_dead(make_store, clock: FakeClock) -> None:
+    policy = RetryPolicy(base_s=1.0, factor=3.0, cap_s=5.0, jitter=0.0, max_attempts=4)
+    store = await make_store(config=StoreConfig(retry=policy))
+    task = (await store.enqueue(Q, "x")).task
+    expected_delays = [1.0, 3.0, 5.0]  # 1, 3, 9 capped at 5
+    version = task.version
+    for attempt, delay in enumerate(expected_delays, start=1):
+        claimed = await claim_one(store)
+        assert claimed.attempts == attempt
+        clock.advance(0.25)
+        failed = await store.fail(claimed, f"boom {attempt}")
+        assert failed.status is TaskStatus.PENDING
+        assert failed.run_at == pytest.approx(clock.now + delay, abs=1e-9)
+        assert failed.last_error == f"boom {attempt}"
+        assert failed.attempts == attempt
+        assert failed.version == claimed.version + 1
+        assert failed.lease_token is None
+        assert await store.get(task.id) == failed
+        version = failed.version
+        clock.now = failed.run_at - 0.001
+        assert await store.claim(Q, node_id="n", limit=1) == []
+        clock.now = failed.run_at
+    last = await claim_one(store)
+    assert last.attempts == 4
+    dead = await store.fail(last, "final boom")
+    assert dead.status is TaskStatus.DEAD
+    assert dead.last_error == "final boom"
+    assert dead.version == version + 2
+    assert dead.attempts == 4
+    assert store.events.get(ev.RETRIES) == 3
+    assert store.events.get(ev.DEAD_LETTERED) == 1
+    clock.advance(1000)
+    assert await store.claim(Q, node_id="n", limit=1) == []
+    assert counts(await store.stats(Q))["dead"] == 1
+
+
+async def test_fail_with_explicit_policy_overrides_store_policy(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    failed = await store.fail(task, "e", retry=RetryPolicy(base_s=42.0, cap_s=100.0, jitter=0.0))
+    assert failed.run_at == clock.now + 42.0
+
+
+async def test_fail_keeps_error_text_safely(store) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    failed = await store.fail(task, "bad \x00 byte and lone \ud800 surrogate " + "x" * 10_000)
+    assert "\x00" not in failed.last_error
+    assert len(failed.last_error) <= 8192
+    failed.last_error.encode("utf-8")  # storable text
+    assert (await store.get(task.id)).last_error == failed.last_error
+
+
+async def test_stale_fail_writes_nothing(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store, lease_s=1)
+    clock.advance(1)
+    before = await store.get(task.id)
+    with pytest.raises(LeaseLostError):
+        await store.fail(task, "late")
+    assert await store.get(task.id) == before
+    assert store.events.get(ev.RETRIES) == 0
+
+
+async def test_requeue_dead(store) -> None:
+    a = (await store.enqueue(Q, "a", max_attempts=1)).task
+    b = (await store.enqueue(Q, "b", max_attempts=1)).task
+    c = (await store.enqueue(Q, "c", max_attempts=1)).task
+    for task in await store.claim(Q, node_id="n", limit=3):
+        await store.fail(task, f"dead {task.payload}")
+    assert counts(await store.stats(Q))["dead"] == 3
+    assert await store.requeue_dead(Q, [a.id]) == 1
+    again = await store.get(a.id)
+    assert again.status is TaskStatus.PENDING
+    assert again.attempts == 0
+    assert again.last_error == "dead a"  # kept for the record
+    assert await store.requeue_dead("other") == 0
+    assert await store.requeue_dead(Q) == 2
+    assert {(await store.get(i)).status for i in (b.id, c.id)} == {TaskStatus.PENDING}
+    assert await store.requeue_dead(Q) == 0
+    claimed = await store.claim(Q, node_id="n", limit=3)
+    assert sorted(t.id for t in claimed) == [a.id, b.id, c.id]
+    assert all(t.attempts == 1 for t in claimed)
+
+
+# --- release and extend --------------------------------------------------------------
+
+
+async def test_release_does_not_count_the_attempt(store, clock: FakeClock) -> None:
+    enq = (await store.enqueue(Q, "x", delay_s=1)).task
+    clock.advance(2)
+    task = await claim_one(store)
+    assert task.attempts == 1
+    clock.advance(0.5)
+    released = await store.release(task)
+    assert released.status is TaskStatus.PENDING
+    assert released.attempts == 0
+    assert released.run_at == clock.now  # due now
+    assert released.version == task.version + 1
+    assert released.lease_token is None
+    assert released.run_at != enq.run_at
+    again = await claim_one(store, "node-b")
+    assert again.attempts == 1
+    with pytest.raises(LeaseLostError):
+        await store.release(task)
+
+
+async def test_extend_keeps_version_and_pushes_expiry(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store, lease_s=5)
+    clock.advance(4)
+    expiry = await store.extend(task, 5)
+    assert expiry == clock.now + 5
+    stored = await store.get(task.id)
+    assert stored.lease_expires_at == expiry
+    assert stored.version == task.version  # a heartbeat is not a state change
+    clock.advance(4)  # past the original expiry, inside the extended one
+    assert await store.claim(Q, node_id="thief", limit=1) == []
+    done = await store.complete(task)  # the same Task object still settles
+    assert done.status is TaskStatus.DONE
+
+
+async def test_extend_never_revives_an_expired_lease(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store, lease_s=5)
+    clock.advance(5)
+    before = await store.get(task.id)
+    with pytest.raises(LeaseLostError, match="expired"):
+        await store.extend(task, 60)
+    assert await store.get(task.id) == before
+    assert await store.extend_many([task], 60) == [False]
+    assert await store.get(task.id) == before
+    again = await claim_one(store, "node-b")  # still claimable by others
+    assert again.attempts == 2
+
+
+async def test_extend_many_reports_each_lease(store, clock: FakeClock) -> None:
+    await store.enqueue_many([NewTask(queue=Q, payload=i) for i in range(4)])
+    short = await store.claim(Q, node_id="n", limit=2, lease_s=1)
+    long = await store.claim(Q, node_id="n", limit=2, lease_s=10)
+    done = await store.complete(long[1])
+    del done
+    clock.advance(1)
+    result = await store.extend_many([short[0], long[0], short[1], long[1]], 30)
+    assert result == [False, True, False, False]
+    assert (await store.get(long[0].id)).lease_expires_at == clock.now + 30
+    assert (await store.get(short[0].id)).lease_expires_at == short[0].lease_expires_at
+    assert await store.extend_many([], 30) == []
+
+
+# --- per-key ordering ------------------------------------------------------------------
+
+
+async def test_ordered_claim_one_active_task_per_key(store) -> None:
+    a1 = (await store.enqueue(Q, "a1", partition_key="A")).task
+    a2 = (await store.enqueue(Q, "a2", partition_key="A")).task
+    b1 = (await store.enqueue(Q, "b1", partition_key="B")).task
+    b2 = (await store.enqueue(Q, "b2", partition_key="B")).task
+    c1 = (await store.enqueue(Q, "c1", partition_key="C")).task
+    first = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    assert [t.id for t in first] == [a1.id, b1.id, c1.id]
+    assert await store.claim(Q, node_id="n", limit=10, ordered=True) == []  # heads are running
+    by_id = {t.id: t for t in first}
+    await store.complete(by_id[b1.id])
+    assert [t.id for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [b2.id]
+    await store.complete(by_id[a1.id])
+    assert [t.id for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [a2.id]
+
+
+async def test_ordered_failing_head_blocks_only_its_key(make_store, clock: FakeClock) -> None:
+    store = await make_store(config=StoreConfig(retry=RetryPolicy(base_s=10, cap_s=10, jitter=0, max_attempts=3)))
+    a1 = (await store.enqueue(Q, "a1", partition_key="A")).task
+    a2 = (await store.enqueue(Q, "a2", partition_key="A")).task
+    b1 = (await store.enqueue(Q, "b1", partition_key="B")).task
+    b2 = (await store.enqueue(Q, "b2", partition_key="B")).task
+    head = await claim_one(store, ordered=True)
+    assert head.id == a1.id
+    failed = await store.fail(head, "boom")
+    assert failed.run_at == clock.now + 10
+    # A is blocked by its failing head (pending in backoff); B flows.
+    got = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    assert [t.id for t in got] == [b1.id]
+    await store.complete(got[0])
+    got = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    assert [t.id for t in got] == [b2.id]
+    await store.complete(got[0])
+    assert await store.claim(Q, node_id="n", limit=10, ordered=True) == []
+    # The unordered view would hand out a2 at once; the ordered one never before a1.
+    clock.advance(10)
+    got = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    assert [t.id for t in got] == [a1.id]
+    await store.complete(got[0])
+    got = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    assert [t.id for t in got] == [a2.id]
+
+
+async def test_ordered_dead_head_unblocks_its_key(store) -> None:
+    a1 = (await store.enqueue(Q, "a1", partition_key="A", max_attempts=1)).task
+    a2 = (await store.enqueue(Q, "a2", partition_key="A")).task
+    head = await claim_one(store, ordered=True)
+    assert head.id == a1.id
+    await store.fail(head, "poison")
+    assert [t.id for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [a2.id]
+
+
+async def test_unordered_claim_ignores_keys(store) -> None:
+    ids = [(await store.enqueue(Q, i, partition_key="same")).task.id for i in range(3)]
+    assert [t.id for t in await store.claim(Q, node_id="n", limit=10)] == ids
+
+
+# --- partitions ------------------------------------------------------------------------
+
+
+async def test_claim_partition_filter(store) -> None:
+    keys = [f"conv-{i}" for i in range(40)]
+    tasks = [(await store.enqueue(Q, k, partition_key=k)).task for k in keys]
+    mine = sorted({tasks[0].partition, tasks[7].partition})
+    got = await store.claim(Q, node_id="n", limit=100, partitions=mine)
+    expected = [t.id for t in tasks if t.partition in mine]
+    assert [t.id for t in got] == expected
+    assert all(t.partition == partition_of(t.partition_key, store.partitions) for t in tasks)
+    assert await store.claim(Q, node_id="n", limit=100, partitions=[]) == []
+    rest = await store.claim(Q, node_id="n", limit=100)
+    assert len(rest) == 40 - len(expected)
+
+
+async def test_partitions_count_is_configurable(make_store) -> None:
+    store = await make_store(config=StoreConfig(partitions=8))
+    assert store.partitions == 8
+    task = (await store.enqueue(Q, 1, partition_key="abc")).task
+    assert task.partition == partition_of("abc", 8)
+
+
+# --- processed ids and duplicate delivery --------------------------------------------
+
+
+async def test_complete_writes_processed_record(store) -> None:
+    await store.enqueue(Q, 1, idempotency_key="msg-7")
+    await store.enqueue(Q, 2)
+    assert not await store.is_processed(Q, "msg-7")
+    for task in await store.claim(Q, node_id="n", limit=2):
+        await store.complete(task)
+    assert await store.is_processed(Q, "msg-7")
+    assert not await store.is_processed("other", "msg-7")
+
+
+async def test_redelivery_after_purge_is_suppressed_at_claim(store, clock: FakeClock) -> None:
+    first = (await store.enqueue(Q, {"m": 1}, idempotency_key="msg-1")).task
+    await store.complete(await claim_one(store))
+    clock.advance(10)
+    purged = await store.purge_finished(Q, older_than_s=5)
+    assert purged.deleted == 1
+    with pytest.raises(TaskNotFoundError):
+        await store.get(first.id)
+    # The upstream redelivers the same message: the task row is gone, so enqueue creates one...
+    again = await store.enqueue(Q, {"m": 1}, idempotency_key="msg-1")
+    assert again.created is True
+    assert again.task.id != first.id
+    other = (await store.enqueue(Q, {"m": 2}, idempotency_key="msg-2")).task
+    # ...but the processed-id record stops it at claim.
+    claimed = await store.claim(Q, node_id="n", limit=10)
+    assert [t.id for t in claimed] == [other.id]
+    suppressed = await store.get(again.task.id)
+    assert suppressed.status is TaskStatus.DONE
+    assert suppressed.lease_token is None
+    assert store.events.get(ev.DUPLICATE_DELIVERY_SUPPRESSED) == 1
+    assert await store.claim(Q, node_id="n", limit=10) == []
+
+
+async def test_purge_finished_keeps_recent_running_and_dead(store, clock: FakeClock) -> None:
+    await store.enqueue_many([NewTask(queue=Q, payload=i, max_attempts=1) for i in range(4)])
+    t0, t1, t2, _t3 = await store.claim(Q, node_id="n", limit=4)
+    await store.complete(t0)
+    await store.fail(t1, "dead")
+    clock.advance(10)
+    await store.complete(t2)
+    result = await store.purge_finished(Q, older_than_s=5, batch=1)
+    assert (result.deleted, result.batches) == (1, 1)
+    assert counts(await store.stats(Q)) == {"pending": 0, "running": 1, "done": 1, "dead": 1}
+
+
+async def test_purge_processed_by_age(make_store, clock: FakeClock) -> None:
+    store = await make_store(
+        config=StoreConfig(processed=ProcessedRetention(retention_s=60, redelivery_window_s=30, purge_batch=3))
+    )
+    await store.enqueue_many([NewTask(queue=Q, payload=i, idempotency_key=f"old-{i}") for i in range(7)])
+    for task in await store.claim(Q, node_id="n", limit=10):
+        await store.complete(task)
+    clock.advance(30)
+    await store.enqueue(Q, "new", idempotency_key="new")
+    await store.complete(await claim_one(store))
+    clock.advance(31)
+    result = await store.purge_processed()
+    assert (result.deleted, result.batches) == (7, 3)
+    assert not any([await store.is_processed(Q, f"old-{i}") for i in range(7)])
+    assert await store.is_processed(Q, "new")
+    assert await store.purge_processed() == type(result)(deleted=0, batches=0)
+    result = await store.purge_processed(older_than_s=0, batch=10)
+    assert (result.deleted, result.batches) == (1, 1)
+
+
+# --- stats and get ---------------------------------------------------------------------
+
+
+async def test_stats_counts_and_oldest_pending_age(store, clock: FakeClock) -> None:
+    empty = await store.stats()
+    assert counts(empty) == {"pending": 0, "running": 0, "done": 0, "dead": 0}
+    assert empty.oldest_pending_age_s is None
+    assert empty.total == 0
+    await store.enqueue_many([NewTask(queue=Q, payload=i, max_attempts=1) for i in range(5)])
+    await store.enqueue(Q, "future", delay_s=100)
+    await store.enqueue("other", "x")
+    clock.advance(3)
+    await store.enqueue(Q, "young")
+    a, b, c = await store.claim(Q, node_id="n", limit=3)
+    await store.complete(a)
+    await store.fail(b, "x")
+    stats = await store.stats(Q)
+    assert counts(stats) == {"pending": 4, "running": 1, "done": 1, "dead": 1}
+    assert stats.total == 7
+    assert stats.oldest_pending_age_s == pytest.approx(3.0, abs=1e-6)
+    clock.advance(2)
+    assert (await store.stats(Q)).oldest_pending_age_s == pytest.approx(5.0, abs=1e-6)
+    everything = await store.stats()
+    assert everything.total == 8
+    assert counts(everything)["pending"] == 5
+    assert (await store.stats("nothing-here")).total == 0
+    del c
+
+
+async def test_stats_ignores_pending_not_yet_due(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x", delay_s=10)
+    assert (await store.stats(Q)).oldest_pending_age_s is None
+    clock.advance(12)
+    assert (await store.stats(Q)).oldest_pending_age_s == pytest.approx(2.0, abs=1e-6)
+
+
+async def test_get_unknown_id(store) -> None:
+    with pytest.raises(TaskNotFoundError, match="12345") as info:
+        await store.get(12345)
+    assert info.value.task_id == 12345
+    assert str(info.value) == "no task with id 12345"
+
+
+async def test_now_is_the_store_clock(store, clock: FakeClock) -> None:
+    assert await store.now() == clock.now
+    clock.advance(7.5)
+    assert await store.now() == clock.now
+
+
+async def test_data_survives_reopen(make_store, backend: str, db_path) -> None:
+    store = await make_store()
+    task = (await store.enqueue(Q, {"keep": True}, idempotency_key="k")).task
+    await store.close()
+    await store.open()
+    assert await store.get(task.id) == task
+    if backend == "sqlite":
+        other = await make_store(path=db_path)
+        assert await other.get(task.id) == task
+
+
+# --- regressions found by the stateful test ---------------------------------------------
+
+
+async def test_extend_many_reports_a_stale_lease_beside_the_live_one(store, clock: FakeClock) -> None:
+    """Node A's lease expired and node B reclaimed the task; one batched heartbeat for both
+    must renew B's lease only and tell A it lost its own."""
+    await store.enqueue(Q, "x")
+    stale = await claim_one(store, "node-a", lease_s=1)
+    clock.advance(1)
+    live = await claim_one(store, "node-b", lease_s=1)
+    assert live.id == stale.id
+    assert await store.extend_many([live, stale], 5) == [True, False]
+    assert await store.extend_many([stale, live], 5) == [False, True]
+    assert (await store.get(live.id)).lease_expires_at == clock.now + 5
+
+
+async def test_exhausted_lease_does_not_take_a_claim_slot(store, clock: FakeClock) -> None:
+    """A lease that expired on the last attempt is dead-lettered by the claim; it must not
+    use up ``limit``, so a due task behind it is still handed out by the same claim."""
+    exhausted = (await store.enqueue(Q, "poison", max_attempts=1)).task
+    waiting = (await store.enqueue(Q, "fine")).task
+    first = await claim_one(store, lease_s=1)
+    assert first.id == exhausted.id
+    clock.advance(1)
+    got = await store.claim(Q, node_id="n", limit=1)
+    assert [t.id for t in got] == [waiting.id]
+    assert (await store.get(exhausted.id)).status is TaskStatus.DEAD
+
+
+async def test_ordered_exhausted_head_unblocks_its_key_in_the_same_claim(store, clock: FakeClock) -> None:
+    head = (await store.enqueue(Q, "poison", partition_key="A", max_attempts=1)).task
+    nxt = (await store.enqueue(Q, "next", partition_key="A")).task
+    assert (await claim_one(store, lease_s=1, ordered=True)).id == head.id
+    clock.advance(1)
+    got = await store.claim(Q, node_id="n", limit=5, ordered=True)
+    assert [t.id for t in got] == [nxt.id]
+
+
+# --- complete_many ----------------------------------------------------------------------
+
+
+async def test_complete_many_settles_each_task_on_its_own(store, clock: FakeClock) -> None:
+    await store.enqueue_many([NewTask(queue=Q, payload=i, idempotency_key=f"m-{i}", max_attempts=5) for i in range(4)])
+    t0, t1, t2, t3 = await store.claim(Q, node_id="n", limit=4, lease_s=10)
+    await store.release(t1)  # t1's lease is gone
+    ghost = dataclasses.replace(t3, id=t3.id + 100)
+    before_t1 = await store.get(t1.id)
+    clock.advance(1)
+    out = await store.complete_many([t0, t1, t2, ghost], [{"r": 0}, {"r": 1}, None, {"r": 3}])
+    assert isinstance(out[0], Task)
+    assert out[0].status is TaskStatus.DONE
+    assert out[0].result == {"r": 0}
+    assert out[0] == await store.get(t0.id)
+    assert isinstance(out[1], LeaseLostError)
+    assert out[1].task_id == t1.id
+    assert isinstance(out[2], Task)
+    assert out[2].result is None
+    assert out[2] == await store.get(t2.id)
+    assert isinstance(out[3], TaskNotFoundError)
+    assert await store.get(t1.id) == before_t1
+    assert [await store.is_processed(Q, f"m-{i}") for i in range(4)] == [True, False, True, False]
+    assert store.events.get(ev.COMMITS) == 2
+    assert (await store.get(t3.id)).status is TaskStatus.RUNNING
+    assert await store.complete_many([]) == []
+
+
+async def test_complete_many_bad_input_writes_nothing(store) -> None:
+    await store.enqueue_many([NewTask(queue=Q, payload=i) for i in range(2)])
+    a, b = await store.claim(Q, node_id="n", limit=2)
+    with pytest.raises(TypeError, match="results must be a list or tuple"):
+        await store.complete_many([a, b], results=iter([1, 2]))
+    with pytest.raises(ValueError, match="results has 1 items for 2 tasks"):
+        await store.complete_many([a, b], [1])
+    with pytest.raises(TypeError, match="not JSON-serializable"):
+        await store.complete_many([a, b], [1, {2}])
+    assert {(await store.get(t.id)).status for t in (a, b)} == {TaskStatus.RUNNING}

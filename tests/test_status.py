@@ -1,0 +1,224 @@
+"""The status report and ``python -m asynccoord status``: read-only, consistent, schema-valid."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from conftest import WORKERS_DIR, PythonRunner
+from support import FakeClock
+
+from asynccoord import (
+    AlertRule,
+    InvalidArgumentError,
+    MemoryStore,
+    Monitor,
+    NewTask,
+    NotADatabaseError,
+    ReadOnlyStoreError,
+    SQLiteStore,
+)
+from asynccoord import events as ev
+from asynccoord.cli import build_parser
+from asynccoord.membermodels import MemberBeat
+from asynccoord.monitormodels import MetricsFlush
+from asynccoord.status import collect_status, render_status, status_report, status_schema
+
+Store = MemoryStore | SQLiteStore
+WORKER = str(WORKERS_DIR / "monitor_worker.py")
+
+
+def validate(report: dict[str, Any]) -> None:
+    schema = status_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(report)
+    json.dumps(report, allow_nan=False)  # plain JSON: no NaN or infinity
+
+
+def check_consistent(report: dict[str, Any]) -> None:
+    statuses = ("pending", "running", "done", "dead")
+    for counts in [report["tasks"], *report["queues"]]:
+        assert sum(counts[s] for s in statuses) == counts["total"]
+    for s in (*statuses, "total"):
+        assert report["tasks"][s] == sum(q[s] for q in report["queues"])
+
+
+async def populate(store: Store, clock: FakeClock) -> None:
+    await store.enqueue_many([NewTask(queue="outbox", payload=i, partition_key=f"c{i % 5}") for i in range(30)])
+    await store.enqueue("other", 1)
+    claimed = await store.claim("outbox", node_id="n1", limit=10)
+    for task in claimed[:6]:
+        await store.complete(task)
+    await store.fail(claimed[6], "boom")
+    await store.heartbeat(
+        [MemberBeat(node_id="n1", incarnation="a", info={"pid": 1}), MemberBeat(node_id="n2", incarnation="b")],
+        ttl_s=30.0,
+    )
+    await store.try_acquire_lock("account:1", ttl_s=20.0, holder="n1")
+    store.latencies.observe("claim_ms", 3.0)
+    clock.advance(2.0)
+
+
+async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeClock) -> None:
+    await populate(store, clock)
+    rule = AlertRule(name="commits_seen", event=ev.COMMITS, threshold=1, window_s=30.0)
+    async with Monitor(store, rules=[rule], background=False, process_id="p-1") as monitor:
+        await monitor.flush()
+        await monitor.evaluate()
+        # A second process' monitor reports the same incident: status shows it once.
+        (alert,) = monitor.active_alerts()
+        await store.flush_metrics(MetricsFlush(process_id="p-2", alerts=[alert]))
+        report = await status_report(store, windows_s=[10.0, 60.0], db="x.db")
+    validate(report)
+    check_consistent(report)
+    assert report["db"] == "x.db"
+    assert report["tasks"] == {
+        "pending": 22,  # 20 never claimed + 1 retried (backoff, not yet due) + "other"
+        "running": 3,
+        "done": 6,
+        "dead": 0,
+        "total": 31,
+        "oldest_pending_age_s": pytest.approx(2.0),
+    }
+    assert [q["queue"] for q in report["queues"]] == ["other", "outbox"]
+    assert [n["node_id"] for n in report["nodes"]] == ["n1", "n2"]
+    assert sum(n["partitions"] for n in report["nodes"]) == report["partitions"] == store.partitions
+    assert report["nodes"][0]["heartbeat_age_s"] == pytest.approx(2.0)
+    (lock,) = report["locks"]
+    assert (lock["name"], lock["holder"], lock["fencing_token"]) == ("account:1", "n1", 1)
+    assert lock["ttl_left_s"] == pytest.approx(18.0)
+    assert report["events"]["totals"][ev.COMMITS] == 6
+    assert report["events"]["totals"][ev.RETRIES] == 1
+    assert report["events"]["process_totals"]["p-1"][ev.CLAIMS] == 10
+    (alert_row,) = report["alerts"]
+    assert alert_row["rule"] == "commits_seen"
+    assert sorted(alert_row["reported_by"]) == ["p-1", "p-2"]
+    assert {lat["name"] for lat in report["latencies"]} == {"claim_ms"}
+
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    text = out.getvalue()
+    for expected in ("outbox", "n1", "account:1", "commits_seen"):
+        assert expected in text
+
+
+async def test_read_only_store_refuses_writes_and_never_creates(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    with pytest.raises(NotADatabaseError, match="no database"):
+        await SQLiteStore(missing, read_only=True).open()
+    assert not missing.exists()
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE t (x)")
+    with pytest.raises(NotADatabaseError, match="not an asynccoord database"):
+        await SQLiteStore(foreign, read_only=True).open()
+
+    path = tmp_path / "coord.db"
+    async with SQLiteStore(path) as writer:
+        await writer.enqueue("q", 1)
+        async with SQLiteStore(path, read_only=True) as reader:
+            assert (await reader.stats("q")).counts["pending"] == 1
+            with pytest.raises(ReadOnlyStoreError, match="read_only=True"):
+                await reader.enqueue("q", 2)
+            with pytest.raises(ReadOnlyStoreError):
+                await reader.flush_metrics(MetricsFlush(process_id="p"))
+            with pytest.raises(ReadOnlyStoreError):
+                await reader.heartbeat([MemberBeat(node_id="n", incarnation="i")], ttl_s=1.0)
+            with pytest.raises(InvalidArgumentError, match="read-only"):
+                Monitor(reader)
+            await writer.enqueue("q", 3)  # the writer goes on while the reader is open
+            assert (await reader.stats("q")).counts["pending"] == 2
+
+
+def test_status_is_not_blocked_by_a_writer_holding_the_lock(python: PythonRunner, db_path: Path) -> None:
+    async def prepare() -> None:
+        async with SQLiteStore(db_path) as store:
+            await store.enqueue("q", 1)
+
+    asyncio.run(prepare())
+    locker = python.spawn_worker("locker", str(db_path), "--hold-s", "4", "--period-s", "5")
+    assert locker.stdout is not None
+    assert json.loads(locker.stdout.readline()) == {"event": "locked"}
+    started = time.monotonic()
+    report = asyncio.run(collect_status(db_path, busy_timeout_s=30.0))
+    elapsed = time.monotonic() - started
+    # The write lock is held for 4 s: a reader that waited for it would take that long.
+    assert elapsed < 3.0, f"status took {elapsed:.2f} s while another connection held the write lock"
+    assert report["tasks"]["pending"] == 1
+
+
+def test_cli_errors_and_parser(python: PythonRunner, tmp_path: Path) -> None:
+    proc = python.run_module("asynccoord", "status", "--db", str(tmp_path / "none.db"), check=False)
+    assert proc.returncode == 1
+    assert "no database" in proc.stderr
+    assert proc.stdout == ""
+    proc = python.run_module("asynccoord", "status", check=False)
+    assert proc.returncode == 2
+    assert "--db" in proc.stderr
+    args = build_parser().parse_args(["status", "--db", "x.db", "--json", "--window", "5", "--window", "30"])
+    assert (args.command, args.db, args.json, args.windows_s) == ("status", "x.db", True, [5.0, 30.0])
+
+
+@pytest.mark.multiprocess
+def test_status_command_on_a_live_multiprocess_run(python: PythonRunner, db_path: Path) -> None:
+    """Two processes of 4 nodes each drain 1,000 tasks while ``status --json`` is polled."""
+    total = 1000
+
+    async def prepare() -> None:
+        async with SQLiteStore(db_path) as store:
+            await store.enqueue_many(
+                [
+                    NewTask(queue="outbox", payload={"account": i % 16}, partition_key=f"conv-{i % 97}")
+                    for i in range(total)
+                ]
+            )
+
+    asyncio.run(prepare())
+    workers = [python.spawn([WORKER, "drain", str(db_path), "--nodes", "4", "--send-s", "0.025"]) for _ in range(2)]
+    for worker in workers:
+        assert worker.stdout is not None
+        assert json.loads(worker.stdout.readline()) == {"event": "ready"}
+
+    reports: list[dict[str, Any]] = []
+    live = 0
+    while any(w.poll() is None for w in workers) and len(reports) < 20:
+        proc = python.run_module("asynccoord", "status", "--db", str(db_path), "--json", timeout_s=60.0)
+        report = json.loads(proc.stdout)
+        validate(report)
+        check_consistent(report)
+        assert report["tasks"]["total"] == total
+        if report["tasks"]["pending"] + report["tasks"]["running"] > 0:
+            live += 1
+        reports.append(report)
+    done_messages = []
+    for worker in workers:
+        assert worker.stdout is not None
+        done_messages.append(json.loads(worker.stdout.readline()))
+        assert worker.wait(timeout=60) == 0
+    assert live >= 1, "no status call landed while the queue was draining"
+    done_counts = [r["tasks"]["done"] for r in reports]
+    assert done_counts == sorted(done_counts)  # progress only moves forward
+
+    proc = python.run_module("asynccoord", "status", "--db", str(db_path), "--json")
+    final = json.loads(proc.stdout)
+    validate(final)
+    assert final["tasks"]["done"] + final["tasks"]["dead"] == total
+    assert final["tasks"]["pending"] == final["tasks"]["running"] == 0
+    commits = sum(m["events"].get(ev.COMMITS, 0) for m in done_messages)
+    assert commits == final["tasks"]["done"]
+    assert final["events"]["totals"][ev.COMMITS] == commits  # every process flushed its last counts
+    assert sorted(final["events"]["process_totals"]) == sorted(m["process_id"] for m in done_messages)
+    assert final["nodes"] == []  # the runtimes left the membership
+    assert final["alerts"] == []  # the monitors withdrew their alerts when they closed
+    assert {lat["name"] for lat in final["latencies"]} >= {"claim_ms", "send_ms", "commit_ms", "enqueue_to_commit_ms"}
+
+    human = python.run_module("asynccoord", "status", "--db", str(db_path))
+    assert "outbox" in human.stdout
+    assert "No active alerts" in human.stdout

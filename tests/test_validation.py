@@ -1,0 +1,531 @@
+"""Bad input: every public entry point refuses it with a typed error naming the value,
+before anything is written; payloads that JSON can keep round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asynccoord import (
+    CoordError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    MemoryStore,
+    NewTask,
+    NotADatabaseError,
+    PayloadTooLargeError,
+    ProcessedRetention,
+    RetryPolicy,
+    SchemaVersionError,
+    SQLiteStore,
+    StoreClosedError,
+    StoreConfig,
+    StoreError,
+    Task,
+    TaskNotFoundError,
+    TaskStatus,
+)
+from asynccoord.backends.sql import load_migrations
+
+Q = "jobs"
+SCHEMA_VERSION = len(load_migrations("sqlite"))
+ARG = InvalidArgumentError
+TYPE = InvalidTypeError
+
+
+def test_error_classes_are_builtin_subclasses() -> None:
+    assert issubclass(InvalidArgumentError, ValueError)
+    assert issubclass(InvalidArgumentError, CoordError)
+    assert issubclass(PayloadTooLargeError, InvalidArgumentError)
+    assert issubclass(InvalidTypeError, TypeError)
+    assert issubclass(InvalidTypeError, CoordError)
+    assert issubclass(TaskNotFoundError, KeyError)
+    assert issubclass(NotADatabaseError, StoreError)
+    assert issubclass(SchemaVersionError, StoreError)
+
+
+# --- every store method, with a store that already holds data -------------------------
+
+
+@dataclasses.dataclass
+class Seeded:
+    store: MemoryStore | SQLiteStore
+    running: Task
+    pending: Task
+    done: Task
+
+
+@pytest.fixture
+async def seeded(make_store) -> Seeded:
+    store = await make_store(config=StoreConfig(max_payload_bytes=1000))
+    await store.enqueue(Q, {"n": 1}, idempotency_key="m-1")
+    await store.enqueue(Q, {"n": 2}, idempotency_key="m-2")
+    pending = (await store.enqueue(Q, {"n": 3})).task
+    running, finishing = await store.claim(Q, node_id="node-a", limit=2, lease_s=60)
+    done = await store.complete(finishing)
+    return Seeded(store=store, running=running, pending=pending, done=done)
+
+
+async def state_of(s: Seeded) -> tuple[Any, ...]:
+    store = s.store
+    tasks = [await store.get(t.id) for t in (s.running, s.pending, s.done)]
+    return (
+        await store.stats(),
+        dict(store.events.snapshot()),
+        tasks,
+        await store.is_processed(Q, "m-1"),
+        await store.is_processed(Q, "m-2"),
+        getattr(store, "transactions", None),
+    )
+
+
+Call = Callable[[Seeded], Coroutine[Any, Any, Any]]
+
+circular: list[Any] = []
+circular.append(circular)
+
+
+BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
+    # enqueue: names
+    ("queue-int", lambda s: s.store.enqueue(123, 1), TYPE, "queue must be a str, got int 123"),
+    ("queue-empty", lambda s: s.store.enqueue("", 1), ARG, "queue must not be empty"),
+    ("queue-nul", lambda s: s.store.enqueue("a\x00b", 1), ARG, "queue must not contain NUL characters, got 'a\\x00b'"),
+    ("queue-surrogate", lambda s: s.store.enqueue("a\ud800", 1), ARG, "queue must be valid Unicode text"),
+    ("queue-long", lambda s: s.store.enqueue("x" * 256, 1), ARG, "queue must be at most 255 characters, got 256"),
+    ("key-nul", lambda s: s.store.enqueue(Q, 1, partition_key="k\x00"), ARG, "partition_key must not contain NUL"),
+    ("key-surrogate", lambda s: s.store.enqueue(Q, 1, partition_key="\udfff"), ARG, "partition_key must be valid"),
+    ("key-bytes", lambda s: s.store.enqueue(Q, 1, partition_key=b"k"), TYPE, "partition_key must be a str, got bytes"),
+    ("idem-empty", lambda s: s.store.enqueue(Q, 1, idempotency_key=""), ARG, "idempotency_key must not be empty"),
+    ("idem-nul", lambda s: s.store.enqueue(Q, 1, idempotency_key="m\x00"), ARG, "idempotency_key must not contain NUL"),
+    ("idem-surrogate", lambda s: s.store.enqueue(Q, 1, idempotency_key="\ud83d"), ARG, "idempotency_key must be valid"),
+    ("idem-int", lambda s: s.store.enqueue(Q, 1, idempotency_key=7), TYPE, "idempotency_key must be a str, got int 7"),
+    # enqueue: numbers
+    ("priority-str", lambda s: s.store.enqueue(Q, 1, priority="1"), TYPE, "priority must be an int, got str '1'"),
+    ("priority-bool", lambda s: s.store.enqueue(Q, 1, priority=True), TYPE, "priority must be an int, got bool"),
+    ("priority-huge", lambda s: s.store.enqueue(Q, 1, priority=2**31), ARG, "priority must be <= 2147483647"),
+    ("max-attempts-0", lambda s: s.store.enqueue(Q, 1, max_attempts=0), ARG, "max_attempts must be >= 1, got 0"),
+    ("delay-negative", lambda s: s.store.enqueue(Q, 1, delay_s=-0.5), ARG, "delay_s must be >= 0, got -0.5"),
+    ("delay-nan", lambda s: s.store.enqueue(Q, 1, delay_s=math.nan), ARG, "delay_s must be finite, got nan"),
+    ("delay-inf", lambda s: s.store.enqueue(Q, 1, delay_s=math.inf), ARG, "delay_s must be finite, got inf"),
+    ("delay-str", lambda s: s.store.enqueue(Q, 1, delay_s="1"), TYPE, "delay_s must be a number, got str '1'"),
+    # enqueue: payloads
+    ("payload-set", lambda s: s.store.enqueue(Q, {1, 2}), TYPE, "payload is not JSON-serializable"),
+    ("payload-bytes", lambda s: s.store.enqueue(Q, b"raw"), TYPE, "payload is not JSON-serializable"),
+    ("payload-object", lambda s: s.store.enqueue(Q, {"o": object()}), TYPE, "payload is not JSON-serializable"),
+    ("payload-nan", lambda s: s.store.enqueue(Q, {"x": math.nan}), ARG, "payload is not valid JSON"),
+    ("payload-inf", lambda s: s.store.enqueue(Q, [1, -math.inf]), ARG, "payload is not valid JSON"),
+    ("payload-tuple", lambda s: s.store.enqueue(Q, (1, 2)), ARG, "would not round-trip through JSON unchanged"),
+    ("payload-nested-tuple", lambda s: s.store.enqueue(Q, {"a": [(1,)]}), ARG, "would not round-trip"),
+    ("payload-int-key", lambda s: s.store.enqueue(Q, {1: "a"}), ARG, "would not round-trip"),
+    ("payload-circular", lambda s: s.store.enqueue(Q, circular), ARG, "payload is not valid JSON"),
+    ("payload-large", lambda s: s.store.enqueue(Q, "x" * 999), PayloadTooLargeError, "payload encodes to 1001 bytes"),
+    # enqueue_many: the whole batch is refused when one item is bad
+    ("many-not-list", lambda s: s.store.enqueue_many(iter([])), TYPE, "tasks must be a list or tuple of NewTask"),
+    ("many-dict", lambda s: s.store.enqueue_many([{"queue": Q}]), TYPE, "tasks[0] must be a NewTask, got dict"),
+    (
+        "many-third-bad",
+        lambda s: s.store.enqueue_many(
+            [NewTask(queue=Q, payload=1), NewTask(queue=Q, payload=2), NewTask(queue=Q, payload={3})]
+        ),
+        TYPE,
+        "tasks[2].payload is not JSON-serializable",
+    ),
+    (
+        "many-third-large",
+        lambda s: s.store.enqueue_many([NewTask(queue=Q), NewTask(queue=Q), NewTask(queue=Q, payload="é" * 600)]),
+        PayloadTooLargeError,
+        "tasks[2].payload encodes to 1202 bytes, over the limit of 1000 bytes",
+    ),
+    # claim
+    ("claim-queue", lambda s: s.store.claim("", node_id="n"), ARG, "queue must not be empty"),
+    ("claim-node-none", lambda s: s.store.claim(Q, node_id=None), TYPE, "node_id must be a str, got NoneType"),
+    ("claim-node-nul", lambda s: s.store.claim(Q, node_id="n\x00"), ARG, "node_id must not contain NUL"),
+    ("claim-limit-0", lambda s: s.store.claim(Q, node_id="n", limit=0), ARG, "limit must be >= 1, got 0"),
+    ("claim-limit-neg", lambda s: s.store.claim(Q, node_id="n", limit=-3), ARG, "limit must be >= 1, got -3"),
+    ("claim-limit-big", lambda s: s.store.claim(Q, node_id="n", limit=10_001), ARG, "limit must be <= 10000"),
+    ("claim-limit-float", lambda s: s.store.claim(Q, node_id="n", limit=2.0), TYPE, "limit must be an int, got float"),
+    ("claim-lease-0", lambda s: s.store.claim(Q, node_id="n", lease_s=0), ARG, "lease_s must be > 0, got 0"),
+    ("claim-lease-neg", lambda s: s.store.claim(Q, node_id="n", lease_s=-1.5), ARG, "lease_s must be > 0, got -1.5"),
+    ("claim-lease-nan", lambda s: s.store.claim(Q, node_id="n", lease_s=math.nan), ARG, "lease_s must be finite"),
+    ("claim-lease-none", lambda s: s.store.claim(Q, node_id="n", lease_s=None), TYPE, "lease_s must be a number"),
+    (
+        "claim-parts-str",
+        lambda s: s.store.claim(Q, node_id="n", partitions="12"),
+        TYPE,
+        "partitions must be a sequence",
+    ),
+    ("claim-parts-int", lambda s: s.store.claim(Q, node_id="n", partitions=5), TYPE, "partitions must be a sequence"),
+    ("claim-parts-neg", lambda s: s.store.claim(Q, node_id="n", partitions=[-1]), ARG, "must be >= 0, got -1"),
+    (
+        "claim-parts-big",
+        lambda s: s.store.claim(Q, node_id="n", partitions=[0, 1024]),
+        ARG,
+        "must be <= 1023, got 1024",
+    ),
+    ("claim-ordered", lambda s: s.store.claim(Q, node_id="n", ordered="yes"), TYPE, "ordered must be a bool"),
+    # complete
+    ("complete-none", lambda s: s.store.complete(None), TYPE, "task must be a Task returned by claim, got NoneType"),
+    ("complete-id", lambda s: s.store.complete(s.running.id), TYPE, "task must be a Task returned by claim, got int"),
+    ("complete-unclaimed", lambda s: s.store.complete(s.pending), ARG, "carries no lease (status pending)"),
+    ("complete-result-set", lambda s: s.store.complete(s.running, {1}), TYPE, "result is not JSON-serializable"),
+    ("complete-result-nan", lambda s: s.store.complete(s.running, math.nan), ARG, "result is not valid JSON"),
+    ("complete-result-big", lambda s: s.store.complete(s.running, "x" * 2000), PayloadTooLargeError, "result encodes"),
+    # fail
+    ("fail-error-none", lambda s: s.store.fail(s.running, None), TYPE, "error must be a str, got NoneType"),
+    ("fail-error-exc", lambda s: s.store.fail(s.running, ValueError("x")), TYPE, "error must be a str, got ValueError"),
+    ("fail-retry", lambda s: s.store.fail(s.running, "e", retry={"base_s": 1}), TYPE, "retry must be a RetryPolicy"),
+    ("fail-unclaimed", lambda s: s.store.fail(s.pending, "e"), ARG, "carries no lease"),
+    # release
+    ("release-none", lambda s: s.store.release(None), TYPE, "task must be a Task"),
+    ("release-unclaimed", lambda s: s.store.release(s.done), ARG, "carries no lease (status done)"),
+    # extend / extend_many
+    ("extend-0", lambda s: s.store.extend(s.running, 0), ARG, "lease_s must be > 0, got 0"),
+    ("extend-neg", lambda s: s.store.extend(s.running, -10), ARG, "lease_s must be > 0, got -10"),
+    ("extend-inf", lambda s: s.store.extend(s.running, math.inf), ARG, "lease_s must be finite, got inf"),
+    ("extend-unclaimed", lambda s: s.store.extend(s.pending, 10), ARG, "carries no lease"),
+    ("extend-many-0", lambda s: s.store.extend_many([s.running], 0), ARG, "lease_s must be > 0, got 0"),
+    ("extend-many-item", lambda s: s.store.extend_many([s.running, "t"], 5), TYPE, "task must be a Task"),
+    ("extend-many-none", lambda s: s.store.extend_many(None, 5), TYPE, "tasks must be a list or tuple"),
+    # get
+    ("get-str", lambda s: s.store.get("1"), TYPE, "task_id must be an int, got str '1'"),
+    ("get-bool", lambda s: s.store.get(True), TYPE, "task_id must be an int, got bool"),
+    ("get-float", lambda s: s.store.get(1.0), TYPE, "task_id must be an int, got float"),
+    ("get-negative", lambda s: s.store.get(-1), ARG, "task_id must be >= 0, got -1"),
+    # stats, requeue_dead, processed ids, purges
+    ("stats-queue", lambda s: s.store.stats(""), ARG, "queue must not be empty"),
+    ("stats-queue-int", lambda s: s.store.stats(3), TYPE, "queue must be a str, got int 3"),
+    ("requeue-queue", lambda s: s.store.requeue_dead(None), TYPE, "queue must be a str, got NoneType"),
+    ("requeue-ids", lambda s: s.store.requeue_dead(Q, ["1"]), TYPE, "must be an int, got str '1'"),
+    ("requeue-ids-neg", lambda s: s.store.requeue_dead(Q, [-4]), ARG, "must be >= 0, got -4"),
+    ("requeue-ids-int", lambda s: s.store.requeue_dead(Q, 5), TYPE, "task_ids must be a list or tuple"),
+    ("processed-consumer", lambda s: s.store.is_processed("", "m"), ARG, "consumer must not be empty"),
+    ("processed-message", lambda s: s.store.is_processed(Q, "m\x00"), ARG, "message_id must not contain NUL"),
+    ("purge-age", lambda s: s.store.purge_processed(older_than_s=-1), ARG, "older_than_s must be >= 0, got -1"),
+    ("purge-batch", lambda s: s.store.purge_processed(batch=0), ARG, "batch must be >= 1, got 0"),
+    ("purge-finished-age", lambda s: s.store.purge_finished(Q, older_than_s=math.nan), ARG, "older_than_s must be"),
+    ("purge-finished-batch", lambda s: s.store.purge_finished(Q, older_than_s=0, batch=0), ARG, "batch must be >= 1"),
+    ("purge-finished-queue", lambda s: s.store.purge_finished("", older_than_s=0), ARG, "queue must not be empty"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
+async def test_bad_argument_is_refused_and_nothing_written(
+    seeded: Seeded, call: Call, error: type[Exception], message: str
+) -> None:
+    before = await state_of(seeded)
+    with pytest.raises(error, match=re.escape(message)) as info:
+        await call(seeded)
+    assert type(info.value) is error  # exactly the documented class, not a driver error
+    assert await state_of(seeded) == before
+    if seeded.store.__class__ is SQLiteStore:
+        running = await seeded.store.get(seeded.running.id)
+        assert running.status is TaskStatus.RUNNING
+
+
+async def test_bad_argument_store_is_still_usable(seeded: Seeded) -> None:
+    with pytest.raises(InvalidArgumentError):
+        await seeded.store.claim(Q, node_id="n", limit=0)
+    with pytest.raises(InvalidTypeError):
+        await seeded.store.enqueue(Q, {1})
+    done = await seeded.store.complete(seeded.running, {"ok": True})
+    assert done.status is TaskStatus.DONE
+
+
+async def test_unknown_task_id(seeded: Seeded) -> None:
+    before = await state_of(seeded)
+    with pytest.raises(TaskNotFoundError, match="no task with id 987654"):
+        await seeded.store.get(987654)
+    ghost = dataclasses.replace(seeded.running, id=987654)
+    for call in (
+        seeded.store.complete(ghost),
+        seeded.store.fail(ghost, "e"),
+        seeded.store.release(ghost),
+        seeded.store.extend(ghost, 5),
+    ):
+        with pytest.raises(TaskNotFoundError, match="987654"):
+            await call
+    assert await seeded.store.extend_many([ghost], 5) == [False]
+    assert await seeded.store.requeue_dead(Q, [987654]) == 0
+    after = await state_of(seeded)
+    assert after[:5] == before[:5]
+
+
+# --- payloads the store keeps exactly -------------------------------------------------
+
+
+AWKWARD_PAYLOADS: list[Any] = [
+    "nul \x00 inside",
+    "\x00",
+    "lone high \ud800 and lone low \udfff",
+    {"k\x00ey": "v\x00", "\ud83d": ["\ude00", "\x00\ud800"]},
+    "real emoji 😀 and RTL שלום and combining é",
+    {"deep": [[[[[[{"x": [1, 2.5, -0.0, 10**30, -(2**63), 2**64, 1e300, 5e-324]}]]]]]]},
+    ["", None, True, False, 0, 1.0, {}, []],
+    'control \x01\x1f\x7f chars and backslash \\ and quote "',
+    None,
+    0,
+    "",
+]
+
+
+@pytest.mark.parametrize("payload", AWKWARD_PAYLOADS, ids=range(len(AWKWARD_PAYLOADS)))
+async def test_payload_round_trips_exactly(store, payload: Any) -> None:
+    enq = await store.enqueue(Q, payload)
+    [claimed] = await store.claim(Q, node_id="n")
+    for got in (enq.task.payload, (await store.get(enq.task.id)).payload, claimed.payload):
+        assert got == payload
+        assert repr(got) == repr(payload)  # 1 vs 1.0 vs True, -0.0 vs 0.0 kept apart
+    done = await store.complete(claimed, result=payload)
+    stored = await store.get(claimed.id)
+    assert repr(done.result) == repr(payload)
+    assert repr(stored.result) == repr(payload)
+
+
+async def test_payload_round_trips_on_a_fresh_sqlite_connection(db_path: Path) -> None:
+    payload = {"nul": "\x00", "surrogates": "\ud800-\udfff-\udc00", "emoji": "😀"}
+    async with SQLiteStore(db_path) as store:
+        task_id = (await store.enqueue(Q, payload)).task.id
+    async with SQLiteStore(db_path) as store:
+        assert (await store.get(task_id)).payload == payload
+
+
+async def test_adjacent_lone_surrogates_are_refused_not_merged(store) -> None:
+    # "\ud800\udfff" is two lone surrogates; their JSON escapes would decode as ONE
+    # astral character, so the store must refuse the payload rather than alter it.
+    with pytest.raises(InvalidArgumentError, match="would not round-trip"):
+        await store.enqueue(Q, {"s": "\ud800\udfff"})
+    assert (await store.stats()).total == 0
+
+
+async def test_payload_size_limit_is_in_utf8_bytes(make_store) -> None:
+    store = await make_store(config=StoreConfig(max_payload_bytes=100))
+    assert (await store.enqueue(Q, "x" * 98)).created  # '"' + 98 + '"' = 100 bytes
+    assert (await store.enqueue(Q, "é" * 49)).created  # 2 bytes each: 100 bytes
+    with pytest.raises(PayloadTooLargeError, match="101 bytes, over the limit of 100 bytes"):
+        await store.enqueue(Q, "x" * 99)
+    with pytest.raises(PayloadTooLargeError, match="102 bytes"):
+        await store.enqueue(Q, "é" * 50)
+    with pytest.raises(PayloadTooLargeError):
+        await store.enqueue(Q, "\ud800" * 20)  # escaped as \\ud800: 6 bytes each
+    assert (await store.stats()).total == 2
+
+
+async def test_default_payload_limit_is_one_mib(store) -> None:
+    assert store.config.max_payload_bytes == 1 << 20
+    task = (await store.enqueue(Q, "x" * ((1 << 20) - 2))).task
+    assert len(task.payload) == (1 << 20) - 2
+    with pytest.raises(PayloadTooLargeError, match=f"{(1 << 20) + 1} bytes, over the limit of {1 << 20} bytes"):
+        await store.enqueue(Q, "x" * ((1 << 20) - 1))
+    assert (await store.stats()).total == 1
+
+
+async def test_names_keep_unicode_that_is_valid(store) -> None:
+    key = "conv-😀-שלום-" + "é" * 200
+    task = (await store.enqueue("queue-ü", 1, partition_key=key, idempotency_key="id-😀")).task
+    got = await store.get(task.id)
+    assert (got.queue, got.partition_key, got.idempotency_key) == ("queue-ü", key, "id-😀")
+    assert (await store.enqueue("queue-ü", 2, idempotency_key="id-😀")).created is False
+    assert (await store.enqueue(Q, 1, partition_key="x" * 255)).created
+
+
+# --- construction and configuration ------------------------------------------------------
+
+
+def test_store_constructor_arguments() -> None:
+    with pytest.raises(InvalidTypeError, match="path must be a str or PathLike, got int"):
+        SQLiteStore(123)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="config must be a StoreConfig, got dict"):
+        SQLiteStore("x.db", config={})  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="config must be a StoreConfig, got str"):
+        MemoryStore(config="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"retention_s": 10, "redelivery_window_s": 20},
+            ARG,
+            "retention_s (10) is shorter than redelivery_window_s (20)",
+        ),
+        ({"retention_s": 3600}, ARG, "retention_s (3600) is shorter than redelivery_window_s (86400.0)"),
+        ({"retention_s": 0, "redelivery_window_s": 0}, ARG, "retention_s must be > 0, got 0"),
+        ({"redelivery_window_s": -1}, ARG, "redelivery_window_s must be >= 0, got -1"),
+        ({"purge_batch": 0}, ARG, "purge_batch must be >= 1, got 0"),
+        ({"purge_batch": 10.0}, TYPE, "purge_batch must be an int, got float"),
+        ({"retention_s": "1d"}, TYPE, "retention_s must be a number, got str '1d'"),
+    ],
+)
+def test_processed_retention_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        ProcessedRetention(**kwargs)
+
+
+def test_processed_retention_accepts_equal_window() -> None:
+    r = ProcessedRetention(retention_s=2, redelivery_window_s=2, purge_batch=100)
+    assert (r.retention_s, r.redelivery_window_s, r.purge_batch) == (2, 2, 100)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"base_s": 0}, ARG, "base_s must be > 0, got 0"),
+        ({"base_s": -1}, ARG, "base_s must be > 0, got -1"),
+        ({"base_s": math.nan}, ARG, "base_s must be finite, got nan"),
+        ({"factor": 0.5}, ARG, "factor must be >= 1, got 0.5"),
+        ({"factor": 0}, ARG, "factor must be > 0, got 0"),
+        ({"base_s": 10, "cap_s": 5}, ARG, "cap_s must be >= base_s (10), got 5"),
+        ({"jitter": 1.0}, ARG, "jitter must be in [0, 1), got 1.0"),
+        ({"jitter": -0.1}, ARG, "jitter must be >= 0, got -0.1"),
+        ({"max_attempts": 0}, ARG, "max_attempts must be >= 1, got 0"),
+        ({"max_attempts": 2.5}, TYPE, "max_attempts must be an int, got float"),
+        ({"base_s": "1"}, TYPE, "base_s must be a number, got str"),
+    ],
+)
+def test_retry_policy_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        RetryPolicy(**kwargs)
+
+
+def test_retry_policy_delay() -> None:
+    import random
+
+    policy = RetryPolicy(base_s=0.2, factor=2, cap_s=1.0, jitter=0.0, max_attempts=10)
+    assert [policy.delay_s(n) for n in range(1, 6)] == pytest.approx([0.2, 0.4, 0.8, 1.0, 1.0])
+    assert policy.delay_s(10_000) == 1.0  # no overflow far out
+    jittered = RetryPolicy(base_s=1.0, jitter=0.25)
+    rng = random.Random(7)
+    draws = [jittered.delay_s(1, rng) for _ in range(1000)]
+    assert min(draws) >= 0.75
+    assert max(draws) <= 1.25
+    assert min(draws) < 0.8
+    assert max(draws) > 1.2
+    with pytest.raises(InvalidArgumentError, match="failures must be >= 1, got 0"):
+        policy.delay_s(0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_payload_bytes": 1}, ARG, "max_payload_bytes must be >= 2, got 1"),
+        ({"busy_timeout_s": 0}, ARG, "busy_timeout_s must be > 0, got 0"),
+        ({"synchronous_full": 1}, TYPE, "synchronous_full must be a bool, got int"),
+        ({"max_batch_ops": 0}, ARG, "max_batch_ops must be >= 1, got 0"),
+        ({"partitions": 0}, ARG, "partitions must be >= 1, got 0"),
+        ({"partitions": 70_000}, ARG, "partitions must be <= 65536, got 70000"),
+        ({"retry": {"base_s": 1}}, TYPE, "retry must be a RetryPolicy, got dict"),
+        ({"processed": 86400}, TYPE, "processed must be a ProcessedRetention, got int"),
+    ],
+)
+def test_store_config_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        StoreConfig(**kwargs)
+
+
+def test_configs_are_frozen_and_keyword_only() -> None:
+    policy = RetryPolicy()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.base_s = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        RetryPolicy(1.0)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        StoreConfig(1000)  # type: ignore[misc]
+
+
+# --- files that are not (our) databases ---------------------------------------------------
+
+
+async def test_file_that_is_not_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    content = b"These are my notes, not a database.\n" * 200
+    path.write_bytes(content)
+    store = SQLiteStore(path)
+    with pytest.raises(NotADatabaseError, match=r"notes\.db") as info:
+        await store.open()
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
+    assert path.read_bytes() == content  # untouched
+    assert sorted(os.listdir(tmp_path)) == ["notes.db"]  # no -wal or -shm files either
+    with pytest.raises(StoreClosedError):
+        await store.enqueue(Q, 1)
+    await store.close()  # closing a store that never opened is fine
+
+
+async def test_directory_is_not_a_database(tmp_path: Path) -> None:
+    with pytest.raises(NotADatabaseError, match="is a directory"):
+        await SQLiteStore(tmp_path).open()
+
+
+async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
+    threads_before = set(threading.enumerate())
+    with pytest.raises(StoreError) as info:
+        await SQLiteStore(tmp_path / "missing-dir" / "x.db").open()
+    assert type(info.value) is StoreError
+    assert "unable to open database file" in str(info.value)
+    assert isinstance(info.value.__cause__, sqlite3.Error)
+    # aiosqlite stops its worker thread after a failed connect and reports back to this
+    # loop; let it finish before the loop closes (else: "Event loop is closed" in that thread).
+    for thread in set(threading.enumerate()) - threads_before:
+        await asyncio.to_thread(thread.join, 10)
+
+
+async def test_newer_schema_version_is_refused(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        task_id = (await store.enqueue(Q, "keep me")).task.id
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE coord_meta SET value = '99' WHERE key = 'schema_version'")
+    raw.close()
+    store = SQLiteStore(db_path)
+    with pytest.raises(SchemaVersionError, match=f"schema version 99, newer than {SCHEMA_VERSION}") as info:
+        await store.open()
+    assert "upgrade asynccoord" in str(info.value)
+    with pytest.raises(StoreClosedError):
+        await store.get(task_id)
+    raw = sqlite3.connect(db_path)
+    try:
+        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_version'").fetchone() == ("99",)
+        assert raw.execute("SELECT payload FROM coord_tasks WHERE id = ?", (task_id,)).fetchone() == ('"keep me"',)
+    finally:
+        raw.close()
+
+
+async def test_schema_is_created_once_and_reopened(db_path: Path) -> None:
+    async with SQLiteStore(db_path, config=StoreConfig(partitions=64)) as store:
+        assert store.partitions == 64
+    # The partition count lives in the database; a different config cannot change it.
+    async with SQLiteStore(db_path, config=StoreConfig(partitions=16)) as store:
+        assert store.partitions == 64
+    raw = sqlite3.connect(db_path)
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        row = raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_version'").fetchone()
+        assert row == (str(SCHEMA_VERSION),)
+    finally:
+        raw.close()
+
+
+async def test_closed_store_raises_store_closed(make_store) -> None:
+    store = await make_store()
+    task = (await store.enqueue(Q, 1)).task
+    await store.close()
+    with pytest.raises(StoreClosedError, match="not open"):
+        await store.enqueue(Q, 2)
+    with pytest.raises(StoreClosedError):
+        await store.claim(Q, node_id="n")
+    with pytest.raises(StoreClosedError):
+        await store.get(task.id)
+    with pytest.raises(StoreClosedError):
+        await store.stats()
+    await store.close()  # idempotent
+    await store.open()
+    assert (await store.get(task.id)).payload == 1

@@ -1,0 +1,45 @@
+"""Send and lock-key functions for ``python -m asynccoord run`` in tests/test_node_serve.py.
+
+Import it with ``tests/workers`` on ``PYTHONPATH``: ``--send serve_send:send
+--lock-key serve_send:account_lock``. Configured by environment variables:
+
+``SERVE_SEND_LOG``
+    A file the send appends one line to (one ``os.write`` each, O_APPEND):
+    ``start <id> <time.time()>`` when it starts, ``end <id> <t>`` when its sleep is
+    over, ``cancelled <id> <t>`` when it is cancelled.
+``SERVE_SEND_SLEEP_S``
+    How long each send sleeps, seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from asynccoord import Task
+
+__all__ = ("account_lock", "send")
+
+
+def _log(word: str, task_id: int) -> None:
+    fd = os.open(os.environ["SERVE_SEND_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{word} {task_id} {time.time():.6f}\n".encode())
+    finally:
+        os.close(fd)
+
+
+async def send(task: Task) -> str:
+    _log("start", task.id)
+    try:
+        await asyncio.sleep(float(os.environ["SERVE_SEND_SLEEP_S"]))
+    except asyncio.CancelledError:
+        _log("cancelled", task.id)
+        raise
+    _log("end", task.id)
+    return f"sent {task.id}"
+
+
+def account_lock(task: Task) -> str:
+    return f"account:{task.payload['account']}"
