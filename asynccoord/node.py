@@ -44,9 +44,19 @@ import anyio
 
 from . import events as ev
 from .config import RetryPolicy
-from .errors import CoordError, InvalidArgumentError, InvalidTypeError, LeaseLostError, StoreError
+from .errors import (
+    CoordError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LeaseLostError,
+    LockLostError,
+    LockTimeoutError,
+    StoreError,
+)
 from .histogram import CLAIM_MS, COMMIT_MS, ENQUEUE_TO_COMMIT_MS, SEND_MS
-from .lockmodels import Lease, LockBusy
+from .lock import Semaphore
+from .lockmodels import Lease
+from .lockpool import LockPool
 from .models import Task
 from .validation import check_bool, check_int, check_name, check_positive
 
@@ -203,7 +213,6 @@ class _InFlight:
     scope: anyio.CancelScope
     lease_deadline: float  # local monotonic: stop before the store could hand the task on
     lock: Lease | None = None
-    lock_deadline: float = 0.0
     lost: str | None = None
     settling: bool = False  # the send is over: commit/fail/hand-back owns the lease now
 
@@ -220,6 +229,8 @@ class Node:
             Default None (no locks).
         membership: Shared :class:`~asynccoord.membership.Membership` of the process;
             needed for partitioning (without it the node claims from every partition).
+        lock_pool: Shared :class:`~asynccoord.lockpool.LockPool` of the process, so
+            local tasks needing one lock take turns on one lease. Default: the node's own.
 
     Raises:
         InvalidTypeError, InvalidArgumentError: bad arguments.
@@ -234,6 +245,7 @@ class Node:
         config: NodeConfig | None = None,
         lock_key: LockKeyFn | None = None,
         membership: Membership | None = None,
+        lock_pool: LockPool | None = None,
     ) -> None:
         if not callable(send):
             raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
@@ -247,6 +259,7 @@ class Node:
         self.config = config or NodeConfig()
         self.lock_key = lock_key
         self.membership = membership
+        self.lock_pool = lock_pool
         self._state = NodeState(node_id=self.node_id)
         self._in_flight: dict[int, _InFlight] = {}
         self._slots = asyncio.Semaphore(self.config.max_in_flight)
@@ -389,7 +402,7 @@ class Node:
             delay = self._rng.uniform(cfg.idle_min_s, idle_s)
             idle_s = min(cfg.idle_max_s, idle_s * 2)
             if notifier is not None:
-                await notifier.wait(cfg.queue, delay)
+                await notifier.wait(cfg.queue, delay, partitions=self._owned if cfg.partitioning else None)
             else:
                 with anyio.move_on_after(delay):
                     await self._stopped.wait()
@@ -436,41 +449,48 @@ class Node:
         cfg = self.config
         try:
             name = self.lock_key(task) if (cfg.locks and self.lock_key is not None) else None
-            if name is not None:
-                lease = await self._acquire(name, flight)
-                if lease is None:
+            if name is None:
+                await self._settle(flight, *await self._send(flight))
+            elif cfg.lock_permits == 1:
+                # Local tasks needing the same lock take turns on one lease (see lockpool):
+                # the send runs in the turn, the commit after it (fenced by the token).
+                def lock_lost(error: LockLostError) -> None:
+                    flight.lost = f"lock lost: {error}"
+                    flight.scope.cancel()
+
+                try:
+                    async with self._pool().turn(name, timeout_s=cfg.lock_wait_s, on_lost=lock_lost) as turn:
+                        flight.lock = turn.lease
+                        outcome = await self._send(flight)
+                        committed = turn.defer()  # the lease stays in this process until the commit is over
+                except LockTimeoutError:
                     await self._hand_back(task, delay_s=cfg.busy_requeue_s)
                     return
-                flight.lock = lease
-            result: Any = None
-            failure: BaseException | None = None
-            delivery = Delivery(node_id=self.node_id, task=task, lock=flight.lock, context=self._context(task))
-            token = _DELIVERY.set(delivery)
-            send_started = time.perf_counter()
-            try:
-                with flight.scope:
-                    try:
-                        with anyio.fail_after(cfg.send_timeout_s):
-                            result = await self.send(task)
-                    except TimeoutError as exc:
-                        failure = exc
-                    except Exception as exc:
-                        failure = exc
-            finally:
-                _DELIVERY.reset(token)
-                flight.settling = True
-            if flight.scope.cancelled_caught or flight.lost is not None:
-                self._state.conflicts += 1
-                log.warning(
-                    "asynccoord.node.send_cancelled node=%s task=%s reason=%s", self.node_id, task.id, flight.lost
-                )
-                return  # the lease or lock is gone: someone else owns the task now; never commit
-            self._state.sent += 1
-            _observe(self.store, SEND_MS, send_started)
-            if failure is not None:
-                await self._fail(task, failure)
+                try:
+                    await self._settle(flight, *outcome)
+                finally:
+                    committed()
             else:
-                await self._commit(flight, result)
+                # A semaphore permit, renewed by the store's watchdog while the send runs;
+                # if it is lost the block is cancelled and LockLostError raised.
+                handle = Semaphore(
+                    self.store,
+                    name,
+                    cfg.lock_permits,
+                    ttl_s=cfg.lock_ttl_s,
+                    renew_interval_s=cfg.lock_ttl_s / 3,
+                    timeout_s=cfg.lock_wait_s,
+                    holder=self.node_id,
+                )
+                try:
+                    async with handle as lease:
+                        flight.lock = lease
+                        await self._settle(flight, *await self._send(flight))
+                except LockTimeoutError:
+                    await self._hand_back(task, delay_s=cfg.busy_requeue_s)
+                except LockLostError as exc:
+                    self._state.conflicts += 1
+                    log.warning("asynccoord.node.lock_lost node=%s task=%s reason=%s", self.node_id, task.id, exc)
         except StoreError as exc:
             # The store failed mid-task: hand the task back (if the store lets us) and go on.
             log.warning("asynccoord.node.store_error node=%s task=%s error=%s", self.node_id, task.id, exc)
@@ -480,40 +500,58 @@ class Node:
             await self._hand_back_shielded(task)
             raise
         finally:
-            if flight.lock is not None:
-                with anyio.CancelScope(shield=True) as shield:
-                    shield.deadline = anyio.current_time() + 5.0
-                    with contextlib.suppress(CoordError):
-                        await self.store.release_lock(flight.lock)
             self._in_flight.pop(task.id, None)
             if not self._in_flight:
                 self._drained.set()
             self._slots.release()
 
-    async def _acquire(self, name: str, flight: _InFlight) -> Lease | None:
-        """Take the lock (or a permit) ``name``, waiting up to ``lock_wait_s``; None if it stays busy."""
-        cfg = self.config
-        deadline = time.monotonic() + cfg.lock_wait_s
-        delay = 0.005
-        contended = False
-        while True:
-            started = time.monotonic()
-            outcome = await self.store.try_acquire_lock(
-                name, ttl_s=cfg.lock_ttl_s, permits=cfg.lock_permits, holder=self.node_id
-            )
-            if isinstance(outcome, Lease):
-                flight.lock_deadline = started + cfg.lock_ttl_s - min(cfg.lock_ttl_s * 0.2, 2.0)
-                return outcome
-            assert isinstance(outcome, LockBusy)
-            if not contended:
-                contended = True
-                self.store.events.add(ev.LOCK_CONTENDED)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or time.monotonic() >= flight.lease_deadline:
-                return None
-            wait = min(remaining, max(delay, min(outcome.retry_after_s, 0.25)))
-            await anyio.sleep(self._rng.uniform(wait / 2, wait))
-            delay = min(delay * 2, 0.25)
+    def _pool(self) -> LockPool:
+        if self.lock_pool is None:
+            self.lock_pool = LockPool(self.store, ttl_s=self.config.lock_ttl_s, holder=self.node_id)
+        return self.lock_pool
+
+    async def _send(self, flight: _InFlight) -> tuple[bool, Any, BaseException | None]:
+        """Run the user's send under the timeout and the lease guard.
+
+        Returns:
+            ``(completed, result, failure)``: ``completed`` is False when the send was
+            cancelled because its task lease or lock was lost.
+        """
+        task = flight.task
+        result: Any = None
+        failure: BaseException | None = None
+        delivery = Delivery(node_id=self.node_id, task=task, lock=flight.lock, context=self._context(task))
+        token = _DELIVERY.set(delivery)
+        send_started = time.perf_counter()
+        try:
+            with flight.scope:
+                try:
+                    with anyio.fail_after(self.config.send_timeout_s):
+                        result = await self.send(task)
+                except TimeoutError as exc:
+                    failure = exc
+                except Exception as exc:  # the user's send failed: the retry policy decides
+                    failure = exc
+        finally:
+            _DELIVERY.reset(token)
+            flight.settling = True
+        if flight.scope.cancelled_caught or flight.lost is not None:
+            return False, None, None
+        _observe(self.store, SEND_MS, send_started)
+        return True, result, failure
+
+    async def _settle(self, flight: _InFlight, completed: bool, result: Any, failure: BaseException | None) -> None:
+        """Commit (fenced by the lock's token) or fail the task after its send."""
+        task = flight.task
+        if not completed:
+            self._state.conflicts += 1
+            log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", self.node_id, task.id, flight.lost)
+            return  # the task lease or lock is gone: never commit
+        self._state.sent += 1
+        if failure is not None:
+            await self._fail(task, failure)
+        else:
+            await self._commit(flight, result)
 
     def _context(self, task: Task) -> dict[str, Any]:
         size = self.config.affinity_cache_size
@@ -576,8 +614,14 @@ class Node:
     # --- keeper: lease and lock renewal ---------------------------------------------------
 
     async def _keeper(self) -> None:
+        """Renew the leases of every task in flight with one statement per interval.
+
+        A lease that is not renewed before its local deadline (monotonic clock, with
+        a safety margin) or that the store reports lost cancels its send. Locks are
+        renewed by the store's lock watchdog (see :mod:`asynccoord.watchdog`).
+        """
         cfg = self.config
-        interval_s = min(cfg.lease_s, cfg.lock_ttl_s) / 3
+        interval_s = cfg.lease_s / 3
         while True:
             await anyio.sleep(interval_s)
             flights = [f for f in self._in_flight.values() if f.lost is None and not f.settling]
@@ -586,30 +630,22 @@ class Node:
             started = time.monotonic()
             try:
                 renewed = await self.store.extend_many([f.task for f in flights], cfg.lease_s)
-                locked = [f for f in flights if f.lock is not None]
-                relocked = await self.store.renew_locks([f.lock for f in locked]) if locked else []
             except StoreError as exc:
                 log.warning("asynccoord.node.renew_failed node=%s error=%s", self.node_id, exc)
                 now = time.monotonic()
                 for f in flights:
-                    if now >= f.lease_deadline or (f.lock is not None and now >= f.lock_deadline):
-                        self._lose(f, "store unreachable past the lease deadline", lock=f.lock is not None)
+                    if now >= f.lease_deadline:
+                        self._lose(f, "store unreachable past the lease deadline")
                 continue
             for f, ok in zip(flights, renewed, strict=True):
-                if ok:
+                if ok:  # the store's compare-and-set is the authority: nobody took the task
                     f.lease_deadline = self._deadline(started)
                 else:
-                    self._lose(f, "task lease lost", lock=False)
-            for f, lease in zip(locked, relocked, strict=True):
-                if lease is None:
-                    self._lose(f, "lock lost", lock=True)
-                else:
-                    f.lock = lease
-                    f.lock_deadline = started + cfg.lock_ttl_s - min(cfg.lock_ttl_s * 0.2, 2.0)
+                    self._lose(f, "task lease lost")
 
-    def _lose(self, flight: _InFlight, reason: str, *, lock: bool) -> None:
+    def _lose(self, flight: _InFlight, reason: str) -> None:
         if flight.lost is not None or flight.settling:
             return  # settled meanwhile (committed, failed or handed back): nothing was lost
         flight.lost = reason
-        self.store.events.add(ev.LOCK_LOST if lock else ev.LEASE_LOST)
+        self.store.events.add(ev.LEASE_LOST)
         flight.scope.cancel()

@@ -29,6 +29,7 @@ import anyio
 import anyio.abc
 
 from .errors import InvalidArgumentError, InvalidTypeError
+from .lockpool import LockPool
 from .membership import Membership
 from .models import TaskStatus
 from .node import LockKeyFn, Node, NodeConfig, NodeState, SendFn
@@ -92,8 +93,17 @@ class Runtime:
         )
         self.shutdown_timeout_s = check_positive("shutdown_timeout_s", shutdown_timeout_s)
         self.membership = Membership(store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s)
+        self.lock_pool = LockPool(store, ttl_s=self.config.lock_ttl_s, holder=f"{socket.gethostname()}-{os.getpid()}")
         self.nodes = [
-            Node(store, send, node_id=node_id, config=self.config, lock_key=lock_key, membership=self.membership)
+            Node(
+                store,
+                send,
+                node_id=node_id,
+                config=self.config,
+                lock_key=lock_key,
+                membership=self.membership,
+                lock_pool=self.lock_pool,
+            )
             for node_id in ids
         ]
         self._stack: contextlib.AsyncExitStack | None = None
@@ -168,7 +178,10 @@ class Runtime:
                 log.warning("asynccoord.runtime.shutdown_cancel in_flight=%d", left)
             tg.cancel_scope.cancel()  # nodes hand their in-flight tasks back, shielded
         finally:
-            await stack.aclose()
+            try:
+                await stack.aclose()
+            finally:
+                await self.lock_pool.aclose()
 
     async def wait_for_signal(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
         """Run until one of ``signals`` arrives (or :meth:`shutdown` is called), then shut down.

@@ -31,6 +31,7 @@ __all__ = (
     "encode_results",
     "new_token",
     "notify_created",
+    "notify_settled",
     "prepare_tasks",
     "settled_done",
 )
@@ -190,13 +191,24 @@ def check_fences(fences: object, count: int) -> list[tuple[str, int] | None] | N
 
 
 def notify_created(notifier: WorkNotifier, results: Sequence[EnqueueResult], prepared: Sequence[PreparedTask]) -> None:
-    """Wake idle in-process nodes for newly created tasks that are due now."""
-    due: dict[str, int] = {}
+    """Wake idle in-process nodes that own the partitions of newly created tasks due now."""
+    due: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
     for result, p in zip(results, prepared, strict=True):
         if result.created and p.delay_s == 0:
-            due[p.queue] = due.get(p.queue, 0) + 1
-    for queue, n in due.items():
-        notifier.notify(queue, n)
+            due.setdefault(p.queue, set()).add(p.partition)
+            counts[p.queue] = counts.get(p.queue, 0) + 1
+    for queue, partitions in due.items():
+        notifier.notify(queue, counts[queue], partitions)
+
+
+def notify_settled(notifier: WorkNotifier, tasks: Sequence[Task]) -> None:
+    """Wake idle in-process nodes owning the partitions of settled tasks (their keys' next task may be due)."""
+    by_queue: dict[str, set[int]] = {}
+    for t in tasks:
+        by_queue.setdefault(t.queue, set()).add(t.partition)
+    for queue, partitions in by_queue.items():
+        notifier.notify(queue, len(partitions), partitions)
 
 
 def check_task_ids(task_ids: object) -> list[int] | None:

@@ -23,7 +23,6 @@ from .. import events as ev
 from ..config import StoreConfig
 from ..errors import (
     CoordError,
-    FencingTokenRejectedError,
     InvalidTypeError,
     LeaseLostError,
     StoreClosedError,
@@ -46,8 +45,10 @@ from ._common import (
     encode_results,
     new_token,
     notify_created,
+    notify_settled,
     prepare_tasks,
 )
+from ._lockcommon import fence_rejected_error
 from .memory_locks import MemoryLockOps
 from .memory_membership import MemoryMembershipOps
 from .memory_monitor import MemoryMonitorOps
@@ -316,21 +317,26 @@ class MemoryStore(MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
         for i, (task, result_json) in enumerate(zip(checked, encoded, strict=True)):
             fence = None if fenced is None else fenced[i]
             if fence is not None:
-                try:
-                    await self.fence(*fence)  # never suspends: atomic with the rest of this method
-                except FencingTokenRejectedError as exc:
-                    out.append(exc)
+                record = await self.read_fence(fence[0])  # never suspends: atomic with this method
+                if record is not None and fence[1] < record.fencing_token:
+                    self.events.add(ev.FENCING_REJECTED)
+                    out.append(fence_rejected_error(fence[0], fence[1], record.fencing_token))
                     continue
             try:
                 current = self._held(task, now)
             except (LeaseLostError, TaskNotFoundError) as exc:
                 out.append(exc)
                 continue
+            if fence is not None:
+                await self.fence(*fence)  # the commit goes through: record its token
             done = self._put(current, now, status=TaskStatus.DONE, result=decode_json(result_json), last_error=None)
             if current.idempotency_key is not None:
                 self._processed.setdefault((current.queue, current.idempotency_key), now)
             out.append(done)
-        self.events.add(ev.COMMITS, sum(1 for d in out if isinstance(d, Task)))
+        committed = sum(1 for d in out if isinstance(d, Task))
+        self.events.add(ev.COMMITS, committed)
+        if committed:  # an ordered queue's next task per key may be claimable now
+            notify_settled(self.notifier, [t for t, d in zip(checked, out, strict=True) if isinstance(d, Task)])
         return out
 
     async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
@@ -359,7 +365,7 @@ class MemoryStore(MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
             current, now, status=TaskStatus.PENDING, run_at=now + delay, attempts=max(current.attempts - 1, 0)
         )
         if delay == 0:
-            self.notifier.notify(out.queue, 1)
+            self.notifier.notify(out.queue, 1, (out.partition,))
         return out
 
     async def unchecked_claim(

@@ -54,6 +54,7 @@ from ._common import (
     encode_results,
     new_token,
     notify_created,
+    notify_settled,
     prepare_tasks,
     settled_done,
 )
@@ -417,7 +418,9 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
         sql = Q["claim_ordered"] if ordered else Q["claim"]
 
         def op(db: sqlite3.Connection, now: float) -> tuple[list[_Row], int, int]:
-            dead = len(db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall())
+            exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
+            dead = len(exhausted)
+            _promote_heads(db, [(r[1], r[2]) for r in exhausted])
             rows = db.execute(sql, {**params, "now": now}).fetchall()
             rows.sort(key=lambda r: (-r[6], r[0]))
             duplicates: set[int] = set()
@@ -425,6 +428,7 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
             for row in rows:
                 if row[4] is not None and db.execute(settle, {"id": row[0], "now": now}).fetchone():
                     duplicates.add(row[0])
+            _promote_heads(db, [(r[1], r[2]) for r in rows if r[0] in duplicates])
             kept = [r for r in rows if r[0] not in duplicates]
             return kept, len(duplicates), dead
 
@@ -533,14 +537,20 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
 
         def op(db: sqlite3.Connection, now: float) -> tuple[float, list[int | str | None], dict[int, int]]:
             refused: dict[int, int] = {}
-            if fenced is not None:
+            if fenced is not None:  # refuse outdated tokens first (read only)...
                 for t, f in zip(checked, fenced, strict=True):
                     if f is not None:
-                        higher = check_fence(db, now, f[0], f[1])
-                        if higher is not None:
-                            refused[t.id] = higher
+                        row = db.execute(Q["fence_get"], {"resource": f[0]}).fetchone()
+                        if row is not None and f[1] < row[1]:
+                            refused[t.id] = int(row[1])
             batch = json.dumps([r for r in rows if r[0] not in refused], separators=(",", ":"))
-            versions = dict(db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall())
+            done = db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall()
+            versions = {r[0]: r[1] for r in done}
+            _promote_heads(db, [(r[2], r[3]) for r in done])
+            if fenced is not None:  # ...and record the tokens of the commits that went through
+                for t, f in zip(checked, fenced, strict=True):
+                    if f is not None and t.id in versions:
+                        check_fence(db, now, f[0], f[1])
             records = [
                 [t.queue, t.idempotency_key] for t in checked if t.idempotency_key is not None and t.id in versions
             ]
@@ -567,6 +577,8 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
                 done.append(LeaseLostError(task.id, outcome))
         committed = sum(1 for d in done if isinstance(d, Task))
         self.events.add(ev.COMMITS, committed)
+        if committed:  # an ordered queue's next task per key may be claimable now
+            notify_settled(self.notifier, [t for t, d in zip(checked, done, strict=True) if isinstance(d, Task)])
         self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for d in done if isinstance(d, LeaseLostError)))
         self.events.add(ev.FENCING_REJECTED, len(refused))
         return done
@@ -587,7 +599,12 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
         text = clean_error(error)
         policy = check_retry(retry, self.config)
         if task.attempts >= task.max_attempts:
-            out = await self._settle(task, Q["dead_letter"], {"error": text})
+            out = await self._settle(
+                task,
+                Q["dead_letter"],
+                {"error": text},
+                lambda db, _now, t: _promote_heads(db, [(t.queue, t.partition_key)]),
+            )
             self.events.add(ev.DEAD_LETTERED)
         else:
             delay = policy.delay_s(max(task.attempts, 1))
@@ -609,7 +626,7 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
         delay = check_non_negative("delay_s", delay_s)
         out = await self._settle(task, Q["release"], {"delay_s": delay})
         if delay == 0:
-            self.notifier.notify(out.queue, 1)
+            self.notifier.notify(out.queue, 1, (out.partition,))
         return out
 
     async def extend(self, task: Task, lease_s: float) -> float:
@@ -704,7 +721,9 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
         items = [{"id": t.id, "result": r} for t, r in zip(checked, encoded, strict=True)]
 
         def op(db: sqlite3.Connection, now: float) -> int:
-            return sum(db.execute(Q["unchecked_complete"], {**item, "now": now}).rowcount for item in items)
+            done = [db.execute(Q["unchecked_complete"], {**item, "now": now}).fetchone() for item in items]
+            _promote_heads(db, [(r[0], r[1]) for r in done if r is not None])
+            return sum(1 for r in done if r is not None)
 
         written = int(await self._write(op))
         self.events.add(ev.COMMITS, written)
@@ -753,7 +772,11 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
             ids = json.dumps(checked_ids)
 
         def op(db: sqlite3.Connection, now: float) -> int:
-            return len(db.execute(Q["requeue_dead"], {"queue": queue, "ids": ids, "now": now}).fetchall())
+            rows = db.execute(Q["requeue_dead"], {"queue": queue, "ids": ids, "now": now}).fetchall()
+            if rows:
+                keys = sorted({(r[1], r[2]) for r in rows})
+                db.execute(Q["recompute_heads"], {"keys": json.dumps(keys)})
+            return len(rows)
 
         return int(await self._write(op))
 
@@ -808,6 +831,12 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
                 batches += 1
             if n < size:
                 return PurgeResult(deleted=deleted, batches=batches)
+
+
+def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> None:
+    """After tasks of these ``(queue, partition_key)`` left the active set: mark each key's new head."""
+    if keys:
+        db.execute(Q["promote_heads"], {"keys": json.dumps(sorted(set(keys)))})
 
 
 def _split_script(script: str) -> list[str]:

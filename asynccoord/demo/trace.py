@@ -63,7 +63,7 @@ def _open(path: Path) -> IO[str]:
         magic = probe.read(2)
     if magic == b"\x1f\x8b":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")  # noqa: SIM115 - closed by the caller's with
+    return open(path, encoding="utf-8")
 
 
 def _parse(line: str, where: str) -> TraceMessage:

@@ -17,6 +17,10 @@ CREATE TABLE coord_tasks (
     -- 1 while pending or running. Kept apart from status so that claiming
     -- (pending -> running) does not rewrite the partial indexes below.
     active           INTEGER NOT NULL DEFAULT 1 CHECK ((active = 1) = (status IN ('pending', 'running'))),
+    -- 1 for the earliest active task of its (queue, partition_key): the only one an
+    -- ordered claim may take. Kept by every transition that changes the active set, so
+    -- an ordered claim scans the heads instead of every blocked task behind them.
+    is_head          INTEGER NOT NULL DEFAULT 0,
     attempts         INTEGER NOT NULL DEFAULT 0,
     max_attempts     INTEGER NOT NULL,
     run_at           REAL    NOT NULL,
@@ -36,7 +40,9 @@ CREATE UNIQUE INDEX coord_tasks_idempotency
     ON coord_tasks (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 -- Claim scan: active tasks of a queue in priority-then-FIFO order.
 CREATE INDEX coord_tasks_claim ON coord_tasks (queue, priority DESC, id) WHERE active = 1;
--- Per-key ordering: is there an earlier active task with the same key?
+-- Ordered claim scan: the heads of the keys, in priority-then-FIFO order.
+CREATE INDEX coord_tasks_heads ON coord_tasks (queue, priority DESC, id) WHERE active = 1 AND is_head = 1;
+-- Per-key ordering: the earliest active task of a key (head upkeep).
 CREATE INDEX coord_tasks_key_order ON coord_tasks (queue, partition_key, id) WHERE active = 1;
 -- Leases that may have expired (dead-lettering of exhausted leases at claim time).
 CREATE INDEX coord_tasks_lease_expiry ON coord_tasks (queue, lease_expires_at) WHERE status = 'running';

@@ -13,9 +13,11 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
 -- name: insert_task
 INSERT INTO coord_tasks (queue, partition_key, partition, idempotency_key, payload, priority,
-                         status, attempts, max_attempts, run_at, version, created_at, updated_at)
-VALUES (:queue, :partition_key, :partition, :idempotency_key, :payload, :priority,
-        'pending', 0, :max_attempts, :run_at, 0, :now, :now)
+                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at)
+VALUES (:queue, :partition_key, :partition, :idempotency_key, :payload, :priority, 'pending',
+        NOT EXISTS (SELECT 1 FROM coord_tasks AS e
+                     WHERE e.queue = :queue AND e.partition_key = :partition_key AND e.active = 1),
+        0, :max_attempts, :run_at, 0, :now, :now)
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
@@ -25,16 +27,38 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 -- name: select_task
 SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed FROM coord_tasks WHERE id = :id;
 
+-- name: promote_heads
+-- :keys is a JSON array of [queue, partition_key] whose head may have left the active
+-- set: mark each key's earliest active task as its head.
+UPDATE coord_tasks SET is_head = 1
+ WHERE is_head = 0 AND id IN (
+    SELECT (SELECT t.id FROM coord_tasks AS t
+             WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
+               AND t.active = 1
+             ORDER BY t.id LIMIT 1)
+      FROM json_each(:keys) AS k);
+
+-- name: recompute_heads
+-- After tasks rejoin the active set out of order (requeue): heads of :keys from scratch.
+UPDATE coord_tasks
+   SET is_head = (id = (SELECT min(e.id) FROM coord_tasks AS e
+                         WHERE e.queue = coord_tasks.queue AND e.partition_key = coord_tasks.partition_key
+                           AND e.active = 1))
+ WHERE active = 1 AND id IN (
+    SELECT t.id FROM coord_tasks AS t, json_each(:keys) AS k
+     WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
+       AND t.active = 1);
+
 -- name: dead_letter_exhausted
 -- Leases that expired on the last allowed attempt: dead, before the claim runs (same
 -- transaction), so they never take a claim slot or block their key.
 UPDATE coord_tasks
-   SET status = 'dead', active = 0,
+   SET status = 'dead', active = 0, is_head = 0,
        last_error = 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')',
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
  WHERE queue = :queue AND status = 'running' AND lease_expires_at <= :now AND attempts >= max_attempts
-RETURNING id;
+RETURNING id, queue, partition_key;
 
 -- name: claim
 UPDATE coord_tasks
@@ -52,7 +76,7 @@ UPDATE coord_tasks
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
 -- name: claim_ordered
--- Per-key ordering: only the earliest active task of each partition key is eligible.
+-- Per-key ordering: only the head (earliest active task) of each partition key is eligible.
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
        status = 'running', attempts = attempts + 1,
@@ -60,12 +84,9 @@ UPDATE coord_tasks
        version = version + 1, updated_at = :now
  WHERE id IN (
     SELECT t.id FROM coord_tasks AS t
-     WHERE t.queue = :queue AND t.active = 1
+     WHERE t.queue = :queue AND t.active = 1 AND t.is_head = 1
        AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now - :min_due_age_s
        AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
-       AND NOT EXISTS (
-           SELECT 1 FROM coord_tasks AS e
-            WHERE e.queue = t.queue AND e.partition_key = t.partition_key AND e.active = 1 AND e.id < t.id)
      ORDER BY t.priority DESC, t.id
      LIMIT :limit)
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
@@ -73,7 +94,7 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
 -- name: settle_duplicate
 -- A claimed task whose message id was already processed: done without running it.
 UPDATE coord_tasks
-   SET status = 'done', active = 0, result = '{"duplicate": true}', last_error = NULL,
+   SET status = 'done', active = 0, is_head = 0, result = '{"duplicate": true}', last_error = NULL,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
  WHERE id = :id AND idempotency_key IS NOT NULL
@@ -85,7 +106,7 @@ RETURNING id;
 -- :batch is a JSON array of [id, lease_token, version, result]; each row is its own
 -- compare-and-set. Returns the ids that were completed and their new versions.
 UPDATE coord_tasks
-   SET status = 'done', active = 0, result = b.result, last_error = NULL,
+   SET status = 'done', active = 0, is_head = 0, result = b.result, last_error = NULL,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = coord_tasks.version + 1, updated_at = :now
   FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
@@ -93,7 +114,7 @@ UPDATE coord_tasks
           FROM json_each(:batch)) AS b
  WHERE coord_tasks.id = b.id AND coord_tasks.lease_token = b.token AND coord_tasks.version = b.version
    AND coord_tasks.status = 'running' AND coord_tasks.lease_expires_at > :now
-RETURNING coord_tasks.id, coord_tasks.version;
+RETURNING coord_tasks.id, coord_tasks.version, coord_tasks.queue, coord_tasks.partition_key;
 
 -- name: record_processed_batch
 -- :records is a JSON array of [consumer, message_id].
@@ -112,7 +133,7 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
 
 -- name: dead_letter
 UPDATE coord_tasks
-   SET status = 'dead', active = 0, last_error = :error,
+   SET status = 'dead', active = 0, is_head = 0, last_error = :error,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
  WHERE id = :id AND lease_token = :lease_token AND version = :version
@@ -156,7 +177,7 @@ UPDATE coord_tasks
        version = version + 1, updated_at = :now
  WHERE queue = :queue AND status = 'dead'
    AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
-RETURNING id;
+RETURNING id, queue, partition_key;
 
 -- name: is_processed
 SELECT 1 FROM coord_processed WHERE consumer = :consumer AND message_id = :message_id;
@@ -190,7 +211,8 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
 
 -- name: unchecked_complete
 UPDATE coord_tasks
-   SET status = 'done', active = 0, result = :result, last_error = NULL,
+   SET status = 'done', active = 0, is_head = 0, result = :result, last_error = NULL,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
- WHERE id = :id;
+ WHERE id = :id
+RETURNING queue, partition_key;

@@ -1,0 +1,308 @@
+"""A simulated messaging gateway that keeps its own, independent record of deliveries.
+
+It behaves like the HTTP API of a messaging provider, as far as the demo's checks need:
+
+* **latency** drawn from a log-normal distribution (median and spread configurable),
+  the usual shape of network service times;
+* **transient errors** at a configurable rate (the request fails, nothing is delivered);
+* **idempotency keys**: a request whose key was already delivered is answered from the
+  record without a second delivery (as payment and messaging APIs do with client message
+  ids), and counted as a *replay*;
+* **fencing tokens per account** (M. Kleppmann, "How to do distributed locking", 2016):
+  the gateway remembers the highest token each account presented, refuses a request with
+  a lower one when it arrives, and refuses it again when it would complete if a newer
+  holder arrived meanwhile. A sender that stalled past its lock's TTL is thus refused.
+
+A delivery takes effect when its request completes. Everything is recorded in a SQLite
+file of the gateway's own (not asynccoord's database), so duplicates, per-account
+overlaps and per-conversation order are judged independently of the runtime's
+bookkeeping. All processes of the demo share the file, on one machine, so the
+wall-clock times it records are comparable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Self, TypeVar
+
+__all__ = ("GatewayAudit", "GatewayError", "SimulatedGateway", "StaleTokenError", "TransientGatewayError", "audit")
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS accounts (account TEXT PRIMARY KEY, high_token INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    msg_id TEXT NOT NULL, idempotency_key TEXT, account TEXT NOT NULL, conversation TEXT NOT NULL,
+    seq INTEGER NOT NULL, fencing_token INTEGER NOT NULL, node TEXT NOT NULL, pid INTEGER NOT NULL,
+    started_at REAL NOT NULL, ended_at REAL,
+    outcome TEXT NOT NULL  -- in_flight | delivered | replay | stale_token | transient_error
+);
+CREATE TABLE IF NOT EXISTS deliveries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    msg_id TEXT NOT NULL, idempotency_key TEXT, account TEXT NOT NULL, conversation TEXT NOT NULL,
+    seq INTEGER NOT NULL, call_id INTEGER NOT NULL, started_at REAL NOT NULL, ended_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deliveries_key ON deliveries (idempotency_key);
+CREATE TABLE IF NOT EXISTS conversations (conversation TEXT PRIMARY KEY, high_seq INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS order_violations (
+    msg_id TEXT NOT NULL, conversation TEXT NOT NULL, seq INTEGER NOT NULL, after_seq INTEGER NOT NULL
+);
+"""
+
+
+class GatewayError(Exception):
+    """An error answered by the simulated gateway (the provider's own error, not asynccoord's)."""
+
+
+class TransientGatewayError(GatewayError):
+    """The request failed on the provider's side; nothing was delivered; retry later."""
+
+
+class StaleTokenError(GatewayError):
+    """The request carried a fencing token older than one the account has already presented."""
+
+
+class SimulatedGateway:
+    """One process's client of the shared gateway record.
+
+    Args:
+        path: The gateway's SQLite file (created if missing; shared by all processes).
+        latency_median_ms: Median request latency, milliseconds. Default 2.0.
+        latency_sigma: Log-normal shape (spread); 0.6 puts p99 near 4x the median.
+        transient_error_rate: Probability that a request fails transiently. Default 0.01.
+        seed: Seed of the latency and error draws (None: random).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        latency_median_ms: float = 2.0,
+        latency_sigma: float = 0.6,
+        transient_error_rate: float = 0.01,
+        seed: int | None = None,
+    ) -> None:
+        if latency_median_ms <= 0 or latency_sigma < 0 or not 0 <= transient_error_rate < 1:
+            raise ValueError(
+                f"bad gateway settings: latency_median_ms={latency_median_ms!r}, "
+                f"latency_sigma={latency_sigma!r}, transient_error_rate={transient_error_rate!r}"
+            )
+        self.path = os.fspath(path)
+        self.latency_median_ms = latency_median_ms
+        self.latency_sigma = latency_sigma
+        self.transient_error_rate = transient_error_rate
+        self._rng = random.Random(seed)
+        self._executor: ThreadPoolExecutor | None = None
+        self._db: sqlite3.Connection | None = None
+
+    async def __aenter__(self) -> Self:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway")
+        self._db = await self._call(self._connect)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._db is not None:
+            db, self._db = self._db, None
+            await self._call(db.close)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.executescript(SCHEMA)
+        return db
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        assert self._executor is not None, "use 'async with SimulatedGateway(...)'"
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _transaction(self, fn: Any) -> Any:
+        db = self._db
+        assert db is not None
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return result
+
+    async def deliver(
+        self,
+        *,
+        msg_id: str,
+        account: str,
+        conversation: str,
+        seq: int,
+        fencing_token: int,
+        idempotency_key: str | None,
+        node: str,
+    ) -> str:
+        """Send one message; return ``"delivered"`` or ``"replay"``.
+
+        Raises:
+            StaleTokenError: a newer holder of the account presented a higher token.
+            TransientGatewayError: the provider failed this request (nothing delivered).
+        """
+        pid = os.getpid()
+
+        def arrive(db: sqlite3.Connection) -> tuple[int, int]:
+            row = db.execute("SELECT high_token FROM accounts WHERE account = ?", (account,)).fetchone()
+            high = row[0] if row else 0
+            outcome = "stale_token" if fencing_token < high else "in_flight"
+            if outcome == "in_flight" and fencing_token > high:
+                db.execute(
+                    "INSERT INTO accounts (account, high_token) VALUES (?, ?) "
+                    "ON CONFLICT (account) DO UPDATE SET high_token = excluded.high_token",
+                    (account, fencing_token),
+                )
+            now = time.time()
+            call_id = db.execute(
+                "INSERT INTO calls (msg_id, idempotency_key, account, conversation, seq, fencing_token, node, pid,"
+                " started_at, ended_at, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (
+                    msg_id,
+                    idempotency_key,
+                    account,
+                    conversation,
+                    seq,
+                    fencing_token,
+                    node,
+                    pid,
+                    now,
+                    now if outcome != "in_flight" else None,
+                    outcome,
+                ),
+            ).fetchone()[0]
+            return call_id, high
+
+        call_id, high = await self._call(self._transaction, arrive)
+        if fencing_token < high:
+            raise StaleTokenError(f"account {account}: fencing token {fencing_token} < {high} already presented")
+        latency_s = self._rng.lognormvariate(0.0, self.latency_sigma) * self.latency_median_ms / 1000.0
+        failed = self._rng.random() < self.transient_error_rate
+        try:
+            await asyncio.sleep(latency_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._call(self._transaction, _finish(call_id, "cancelled")))
+            raise
+        if failed:
+            await self._call(self._transaction, _finish(call_id, "transient_error"))
+            raise TransientGatewayError(f"provider error on {msg_id} (simulated)")
+
+        def complete(db: sqlite3.Connection) -> str:
+            now = time.time()
+            row = db.execute("SELECT high_token FROM accounts WHERE account = ?", (account,)).fetchone()
+            if row is not None and fencing_token < row[0]:
+                _finish(call_id, "stale_token")(db)
+                return "stale_token"
+            if (
+                idempotency_key is not None
+                and db.execute("SELECT 1 FROM deliveries WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+            ):
+                _finish(call_id, "replay")(db)
+                return "replay"
+            seen = db.execute("SELECT high_seq FROM conversations WHERE conversation = ?", (conversation,)).fetchone()
+            if seen is not None and seq < seen[0]:
+                db.execute(
+                    "INSERT INTO order_violations (msg_id, conversation, seq, after_seq) VALUES (?, ?, ?, ?)",
+                    (msg_id, conversation, seq, seen[0]),
+                )
+            db.execute(
+                "INSERT INTO conversations (conversation, high_seq) VALUES (?, ?) ON CONFLICT (conversation) "
+                "DO UPDATE SET high_seq = max(high_seq, excluded.high_seq)",
+                (conversation, seq),
+            )
+            started = db.execute("SELECT started_at FROM calls WHERE id = ?", (call_id,)).fetchone()[0]
+            db.execute(
+                "INSERT INTO deliveries (msg_id, idempotency_key, account, conversation, seq, call_id,"
+                " started_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (msg_id, idempotency_key, account, conversation, seq, call_id, started, now),
+            )
+            _finish(call_id, "delivered")(db)
+            return "delivered"
+
+        outcome = await self._call(self._transaction, complete)
+        if outcome == "stale_token":
+            raise StaleTokenError(f"account {account}: fencing token {fencing_token} superseded while in flight")
+        return str(outcome)
+
+
+def _finish(call_id: int, outcome: str) -> Any:
+    def fn(db: sqlite3.Connection) -> None:
+        db.execute("UPDATE calls SET outcome = ?, ended_at = ? WHERE id = ?", (outcome, time.time(), call_id))
+
+    return fn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayAudit:
+    """What the gateway's own record says about a run.
+
+    Attributes:
+        send_calls: Requests received.
+        delivered: Distinct messages delivered.
+        duplicates: Messages delivered more than once.
+        replays: Requests answered by idempotency key (a second send of a delivered message).
+        stale_token_rejections: Requests refused for an outdated fencing token.
+        transient_errors: Requests failed by the simulated provider.
+        cut_off: Requests whose sender vanished mid-request (killed process).
+        account_overlaps: Pairs of deliveries of one account whose request times overlap.
+        order_violations: Deliveries of a conversation's message after a later one of it.
+        delivered_ids: The message ids delivered.
+    """
+
+    send_calls: int
+    delivered: int
+    duplicates: int
+    replays: int
+    stale_token_rejections: int
+    transient_errors: int
+    cut_off: int
+    account_overlaps: int
+    order_violations: int
+    delivered_ids: frozenset[str]
+
+
+def audit(path: str | os.PathLike[str]) -> GatewayAudit:
+    """Read the gateway record of a finished run (plain sqlite3, read-only)."""
+    db = sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
+    try:
+        outcomes = dict(db.execute("SELECT outcome, count(*) FROM calls GROUP BY outcome").fetchall())
+        per_msg = db.execute("SELECT msg_id, count(*) FROM deliveries GROUP BY msg_id").fetchall()
+        overlaps = 0
+        last_end: dict[str, float] = {}
+        for account, started, ended in db.execute(
+            "SELECT account, started_at, ended_at FROM deliveries ORDER BY account, started_at"
+        ):
+            if account in last_end and started < last_end[account]:
+                overlaps += 1
+            last_end[account] = max(ended, last_end.get(account, ended))
+        violations = db.execute("SELECT count(*) FROM order_violations").fetchone()[0]
+    finally:
+        db.close()
+    return GatewayAudit(
+        send_calls=sum(outcomes.values()),
+        delivered=len(per_msg),
+        duplicates=sum(1 for _, n in per_msg if n > 1),
+        replays=outcomes.get("replay", 0),
+        stale_token_rejections=outcomes.get("stale_token", 0),
+        transient_errors=outcomes.get("transient_error", 0),
+        cut_off=outcomes.get("in_flight", 0) + outcomes.get("cancelled", 0),
+        account_overlaps=overlaps,
+        order_violations=violations,
+        delivered_ids=frozenset(m for m, _ in per_msg),
+    )

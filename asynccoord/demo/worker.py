@@ -1,0 +1,154 @@
+"""One demo worker process: a Runtime of N nodes sending through the simulated gateway.
+
+Started by :mod:`asynccoord.demo.app` (``python -m asynccoord.demo.worker ...``). It
+writes its nodes' counters to a JSON status file a few times a second for the live view,
+flushes its coordination counters to the store through a :class:`~asynccoord.Monitor`,
+stalls its whole event loop once on SIGUSR1 (a simulated stop-the-world GC pause, taken
+inside a send after the lock was acquired and before the gateway is called), and shuts
+down gracefully on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from ..backends.sqlite import SQLiteStore
+from ..config import RetryPolicy
+from ..models import Task
+from ..monitor import Monitor
+from ..node import NodeConfig, current_delivery
+from ..runtime import Runtime
+from .gateway import SimulatedGateway
+
+__all__ = ("DEMO_QUEUE", "main", "lock_key")
+
+DEMO_QUEUE = "outbox"
+
+
+def lock_key(task: Task) -> str:
+    """The lock a message needs: its sending account."""
+    return f"account:{task.payload['account']}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="asynccoord demo worker (started by asynccoord.demo)")
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--gateway", required=True)
+    parser.add_argument("--status-file", required=True)
+    parser.add_argument("--prefix", required=True, help="node id prefix (reused by a replacement process)")
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lease-s", type=float, default=2.0)
+    parser.add_argument("--lock-ttl-s", type=float, default=2.0)
+    parser.add_argument("--heartbeat-ttl-s", type=float, default=3.0)
+    parser.add_argument("--stall-s", type=float, default=3.5)
+    parser.add_argument("--latency-median-ms", type=float, default=2.0)
+    parser.add_argument("--error-rate", type=float, default=0.01)
+    return parser.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> int:
+    stall_requested = False
+    stalled = False
+
+    def request_stall() -> None:
+        nonlocal stall_requested
+        stall_requested = True
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, request_stall)
+    config = NodeConfig(
+        queue=DEMO_QUEUE,
+        lease_s=args.lease_s,
+        lock_ttl_s=args.lock_ttl_s,
+        lock_wait_s=1.0,
+        claim_batch=16,
+        max_in_flight=16,
+        send_timeout_s=5.0,
+        idle_max_s=0.25,
+        retry=RetryPolicy(base_s=0.05, factor=2.0, cap_s=1.0, jitter=0.2, max_attempts=8),
+    )
+    async with (
+        SQLiteStore(args.db) as store,
+        SimulatedGateway(
+            args.gateway,
+            latency_median_ms=args.latency_median_ms,
+            transient_error_rate=args.error_rate,
+            seed=args.seed,
+        ) as gateway,
+    ):
+
+        async def send(task: Task) -> Any:
+            nonlocal stalled
+            if stall_requested and not stalled:
+                stalled = True
+                time.sleep(args.stall_s)  # noqa: ASYNC251 - on purpose: a stop-the-world pause of the whole process
+            delivery = current_delivery()
+            p = task.payload
+            return await gateway.deliver(
+                msg_id=p["msg"],
+                account=p["account"],
+                conversation=task.partition_key,
+                seq=p["seq"],
+                fencing_token=delivery.lock.fencing_token if delivery.lock is not None else 0,
+                idempotency_key=task.idempotency_key,
+                node=delivery.node_id,
+            )
+
+        runtime = Runtime(
+            store,
+            send=send,
+            config=config,
+            lock_key=lock_key,
+            node_ids=[f"{args.prefix}-n{i}" for i in range(args.nodes)],
+            heartbeat_ttl_s=args.heartbeat_ttl_s,
+            shutdown_timeout_s=3.0,
+        )
+        async with Monitor(store, flush_interval_s=0.25, info={"prefix": args.prefix}), runtime:
+            writer = asyncio.create_task(_write_status(runtime, Path(args.status_file), lambda: stalled))
+            try:
+                await runtime.wait_for_signal()
+            finally:
+                writer.cancel()
+    return 0
+
+
+async def _write_status(runtime: Runtime, path: Path, stalled: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    while True:
+        states = [
+            {
+                "node_id": s.node_id,
+                "status": s.status.value,
+                "claimed": s.claimed,
+                "sent": s.sent,
+                "committed": s.committed,
+                "failed": s.failed,
+                "in_flight": s.in_flight,
+                "conflicts": s.conflicts,
+                "owned_partitions": s.owned_partitions,
+            }
+            for s in runtime.states()
+        ]
+        tmp.write_text(json.dumps({"pid": os.getpid(), "at": time.time(), "stalled": stalled(), "nodes": states}))
+        os.replace(tmp, path)
+        await asyncio.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(run(args))
+    return int(uvloop.run(run(args)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

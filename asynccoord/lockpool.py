@@ -1,0 +1,285 @@
+"""Per-process lock sharing: local tasks that need the same lock take turns on one lease.
+
+A bot's hot account (one sender in hundreds of conversations) needs its lock for every
+message. Releasing it to the database after each send and acquiring it again for the
+next costs two write transactions on the critical path of every message of that
+account. A :class:`LockPool` keeps the lease in the process while local tasks wait for
+it and hands it from one to the next in FIFO order ("turns"); the store's watchdog
+renews it meanwhile. All turns of one lease present the same fencing token, which
+fenced resources accept (a token belongs to one acquisition, which may write many
+times).
+
+A turn covers the guarded work (the send). Work that must still be fenced by the
+token after the turn (the task's commit) is registered with :meth:`Turn.defer`: the
+lease goes back to the database only when no local task waits (or after ``max_turns``
+consecutive turns, so other processes get their share) *and* every deferred commit
+has finished. So a later holder's token is only ever seen by the resource after all
+of this lease's writes, and none of them is refused for being older.
+
+Mutual exclusion is unchanged: one turn at a time in the process, and one process at
+a time per lock name. If the watchdog loses the lease, the current turn's work is
+cancelled (the ``on_lost`` callback given to :meth:`LockPool.turn`) and the next turn
+acquires a new lease. Only locks (one permit) are pooled; semaphores with more
+permits are acquired per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import events as ev
+from .config import RetryPolicy
+from .errors import InvalidTypeError, LockLostError, LockTimeoutError
+from .lockmodels import Lease, LockBusy
+from .validation import check_int, check_name, check_positive
+from .watchdog import Guard, Watchdog
+
+__all__ = ("LockPool", "Turn")
+
+log = logging.getLogger(__name__)
+
+_BACKOFF = RetryPolicy(base_s=0.002, factor=2.0, cap_s=0.05, jitter=0.5)
+_RELEASE_TIMEOUT_S = 5.0
+
+
+@dataclass(slots=True, eq=False)
+class _Session:
+    name: str
+    lease: Lease | None = None
+    guard: Guard | None = None
+    park: asyncio.Event | None = None
+    busy: bool = False
+    turns: int = 0
+    deferred: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set when deferred == 0
+    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    on_lost: Callable[[LockLostError], None] | None = None
+    releasing: asyncio.Task[None] | None = None
+
+    def alive(self) -> bool:
+        return self.lease is not None and self.guard is not None and self.guard.active
+
+
+class Turn:
+    """One task's turn on a pooled lease (yielded by :meth:`LockPool.turn`)."""
+
+    __slots__ = ("_done", "_session", "lease")
+
+    def __init__(self, session: _Session, lease: Lease) -> None:
+        self._session = session
+        self._done = False
+        self.lease = lease
+        """The lease; ``lease.fencing_token`` identifies the acquisition."""
+
+    def defer(self) -> Callable[[], None]:
+        """Keep the lease out of other processes' hands until the returned callable is called.
+
+        Call it during the turn for work fenced by the token that ends after the turn
+        (a commit); call the returned function exactly once when that work is over.
+        """
+        session = self._session
+        session.deferred += 1
+        session.idle.clear()
+        called = False
+
+        def done() -> None:
+            nonlocal called
+            if called:
+                return
+            called = True
+            session.deferred -= 1
+            if session.deferred == 0:
+                session.idle.set()
+
+        return done
+
+
+class LockPool:
+    """Shares lock leases among the tasks of one process (see the module docstring).
+
+    Args:
+        store: A store implementing the lock contract.
+        ttl_s: Lease length, seconds (renewed every ``ttl_s / 3`` by the store's watchdog).
+        holder: Who holds the leases, for inspection (e.g. the process or node id).
+        max_turns: Consecutive turns before the lease goes back to the database. Default 64.
+        max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: bad arguments.
+    """
+
+    def __init__(
+        self, store: Any, *, ttl_s: float, holder: str, max_turns: int = 64, max_hold_s: float | None = None
+    ) -> None:
+        if not hasattr(store, "try_acquire_lock"):
+            raise InvalidTypeError(f"store must implement the lock contract, got {type(store).__name__}")
+        self.store = store
+        self.ttl_s = check_positive("ttl_s", ttl_s)
+        self.holder = check_name("holder", holder)
+        self.max_turns = check_int("max_turns", max_turns, minimum=1)
+        default_hold_s = max(300.0, 10 * self.ttl_s)
+        self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        self._sessions: dict[str, _Session] = {}
+
+    def __repr__(self) -> str:
+        held = sum(1 for s in self._sessions.values() if s.lease is not None)
+        return f"<LockPool sessions={len(self._sessions)} held={held}>"
+
+    @property
+    def held(self) -> int:
+        """Leases this pool holds now."""
+        return sum(1 for s in self._sessions.values() if s.lease is not None)
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self, name: str, *, timeout_s: float, on_lost: Callable[[LockLostError], None]
+    ) -> AsyncIterator[Turn]:
+        """Wait for this process's turn on lock ``name`` and hold it for the block.
+
+        Args:
+            name: Lock name.
+            timeout_s: Longest wait for the turn (local queue and database), seconds.
+            on_lost: Called if the lease is lost during this turn: it must stop the
+                block's work (e.g. cancel its scope). Nothing else cancels the block.
+
+        Yields:
+            The :class:`Turn` (``turn.lease.fencing_token`` for fenced writes).
+
+        Raises:
+            LockTimeoutError: no turn within ``timeout_s`` (counted as ``lock_contended``).
+        """
+        check_name("name", name)
+        deadline = time.monotonic() + check_positive("timeout_s", timeout_s)
+        session = self._sessions.get(name)
+        if session is None:
+            session = self._sessions[name] = _Session(name)
+            session.idle.set()
+        if session.busy or session.waiters or session.releasing is not None:
+            self.store.events.add(ev.LOCK_CONTENDED)
+            await self._wait_turn(session, deadline)
+        session.busy = True
+        try:
+            if not session.alive():
+                await self._retire(session)
+                await self._acquire(session, deadline)
+            assert session.guard is not None
+            session.on_lost = on_lost
+            yield Turn(session, session.guard.lease)
+        finally:
+            session.on_lost = None
+            session.turns += 1
+            self._pass_turn(session)
+
+    async def _wait_turn(self, session: _Session, deadline: float) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        session.waiters.append(future)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            if future.done() and not future.cancelled():
+                return  # our turn came just as the wait ran out: take it
+            raise LockTimeoutError(f"no turn on {session.name!r} within the wait") from None
+        except BaseException:
+            if future.done() and not future.cancelled():
+                session.busy = False  # handed the turn but leaving: pass it on
+                self._pass_turn(session, counted=False)
+            raise
+        finally:
+            if not future.done():
+                future.cancel()
+            with contextlib.suppress(ValueError):
+                session.waiters.remove(future)
+
+    async def _acquire(self, session: _Session, deadline: float) -> None:
+        failures = 0
+        while True:
+            sent_at = time.monotonic()
+            outcome = await self.store.try_acquire_lock(session.name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
+            if isinstance(outcome, Lease):
+                break
+            assert isinstance(outcome, LockBusy)
+            if failures == 0:
+                self.store.events.add(ev.LOCK_CONTENDED)
+            failures += 1
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LockTimeoutError(
+                    f"could not acquire {session.name!r}: {outcome.holders} live lease(s); "
+                    f"the earliest lapses in {outcome.retry_after_s:.3f} s unless renewed"
+                )
+            await asyncio.sleep(min(remaining, _BACKOFF.delay_s(failures), outcome.retry_after_s + 0.002))
+        session.lease = outcome
+        session.turns = 0
+        park = session.park = asyncio.Event()
+        parked = asyncio.get_running_loop().create_task(park.wait(), name=f"asynccoord-lockpool-{session.name}")
+
+        def lost(error: LockLostError) -> None:
+            callback = session.on_lost
+            if callback is not None:
+                callback(error)
+
+        session.guard = Watchdog.for_store(self.store).guard(
+            outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
+        )
+
+    def _pass_turn(self, session: _Session, *, counted: bool = True) -> None:
+        """End a turn: hand the lease to the next local waiter, or start releasing it."""
+        session.busy = False
+        if session.alive() and session.turns < self.max_turns and self._wake_next(session):
+            return
+        if session.releasing is None:
+            session.releasing = asyncio.get_running_loop().create_task(
+                self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
+            )
+
+    def _wake_next(self, session: _Session) -> bool:
+        while session.waiters:
+            future = session.waiters.popleft()
+            if not future.done():
+                session.busy = True
+                future.set_result(None)
+                return True
+        return False
+
+    async def _release_when_idle(self, session: _Session) -> None:
+        """Release the lease once every deferred commit is over, then wake a waiter (it acquires anew)."""
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.idle.wait(), self.ttl_s)
+            await self._retire(session)
+        finally:
+            session.releasing = None
+            if not self._wake_next(session) and session.lease is None and not session.busy:
+                self._sessions.pop(session.name, None)
+
+    async def _retire(self, session: _Session) -> None:
+        guard, park = session.guard, session.park
+        session.guard = session.park = None
+        session.lease = None
+        session.turns = 0
+        if park is not None:
+            park.set()
+        if guard is not None:
+            lease, still_held = guard.lease, guard.active
+            guard.close()
+            if still_held:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
+
+    async def aclose(self) -> None:
+        """Release every lease the pool holds (waiting for deferred commits up to one TTL)."""
+        for session in list(self._sessions.values()):
+            if session.releasing is not None:
+                with contextlib.suppress(Exception):
+                    await session.releasing
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.idle.wait(), self.ttl_s)
+            await self._retire(session)
+        self._sessions.clear()
