@@ -28,6 +28,7 @@ from .errors import (
     StaleVersionError,
     StoreBusyError,
     StoreClosedError,
+    StoreConnectionError,
     StoreError,
     TaskNotFoundError,
 )
@@ -92,6 +93,7 @@ __all__ = (
     "StaleVersionError",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreConnectionError",
     "StoreConfig",
     "StoreError",
     "Task",

@@ -24,6 +24,7 @@ with the original exception kept as ``__cause__``.
     │   └── FencingTokenRejectedError          a write presented an outdated token
     └── StoreError                             the storage engine failed
         ├── StoreBusyError                     the database stayed locked past the timeout
+        ├── StoreConnectionError               the connection to the database server was lost
         ├── StoreClosedError                   the store is not open
         ├── ReadOnlyStoreError                 a write on a store opened read-only
         ├── NotADatabaseError                  the file is not a database of ours
@@ -50,6 +51,7 @@ __all__ = (
     "StaleVersionError",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreConnectionError",
     "StoreError",
     "TaskNotFoundError",
 )
@@ -128,6 +130,16 @@ class StoreError(CoordError):
 
 class StoreBusyError(StoreError):
     """The database stayed write-locked by someone else for longer than the busy timeout."""
+
+
+class StoreConnectionError(StoreError):
+    """The connection to the database server was lost (or could not be made) and retries gave up.
+
+    Raised by client-server stores (PostgreSQL, Redis) after their own retries with
+    backoff. When the loss came while a write was committing, its outcome is unknown:
+    every write of the queue and lock contracts is a compare-and-set, so repeating it
+    never commits twice.
+    """
 
 
 class StoreClosedError(StoreError):

@@ -64,6 +64,9 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-in-flight", type=int, default=32, help="sends at once per node (default 32)")
     parser.add_argument("--send-timeout-s", type=float, default=30.0, help="send timeout, seconds (default 30)")
     parser.add_argument("--unordered", action="store_true", help="no per-key ordering")
+    parser.add_argument(
+        "--idle-max-s", type=float, default=1.0, help="longest pause between polls of an idle node, seconds (default 1)"
+    )
     parser.add_argument("--heartbeat-ttl-s", type=float, default=5.0, help="membership TTL, seconds (default 5)")
     parser.add_argument(
         "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
@@ -86,6 +89,8 @@ def run_command(args: argparse.Namespace) -> int:
         max_in_flight=args.max_in_flight,
         send_timeout_s=args.send_timeout_s,
         ordered=not args.unordered,
+        idle_max_s=args.idle_max_s,
+        idle_min_s=min(0.05, args.idle_max_s),
     )
 
     async def main() -> int:

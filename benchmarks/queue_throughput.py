@@ -87,9 +87,7 @@ def raw_batch_claim_tasks_per_s(path: str, tasks: int, batch: int = 100) -> floa
     db.execute("PRAGMA synchronous = NORMAL")
     db.execute("PRAGMA temp_store = MEMORY")
     db.execute("DROP TABLE IF EXISTS bench_raw_tasks")
-    db.execute(
-        "CREATE TABLE bench_raw_tasks (id INTEGER PRIMARY KEY, status TEXT NOT NULL, owner TEXT, payload TEXT)"
-    )
+    db.execute("CREATE TABLE bench_raw_tasks (id INTEGER PRIMARY KEY, status TEXT NOT NULL, owner TEXT, payload TEXT)")
     db.execute("CREATE INDEX bench_raw_tasks_status ON bench_raw_tasks (status, id)")
     db.execute("BEGIN")
     db.executemany("INSERT INTO bench_raw_tasks (status, payload) VALUES ('pending', 'null')", [()] * tasks)
@@ -148,7 +146,9 @@ async def naive_drain(path: str, tasks: int, nodes: int) -> float:
                 if row is None:
                     return done
                 await db.execute("BEGIN IMMEDIATE")
-                await db.execute("UPDATE naive_tasks SET status = 'done' WHERE id = ? AND owner = ?", (row[0], f"n{index}"))
+                await db.execute(
+                    "UPDATE naive_tasks SET status = 'done' WHERE id = ? AND owner = ?", (row[0], f"n{index}")
+                )
                 await db.execute("COMMIT")
                 done += 1
 
@@ -169,7 +169,10 @@ async def fill(path: str, tasks: int) -> float:
         for offset in range(0, tasks, 500):
             count = min(500, tasks - offset)
             await store.enqueue_many(
-                [NewTask(queue=QUEUE, payload={"n": offset + i}, partition_key=f"c{(offset + i) % 997}") for i in range(count)]
+                [
+                    NewTask(queue=QUEUE, payload={"n": offset + i}, partition_key=f"c{(offset + i) % 997}")
+                    for i in range(count)
+                ]
             )
         return tasks / (time.perf_counter() - start)
 
@@ -248,7 +251,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         run(lambda: fill(path, args.tasks))
         done, rate = drain_in_processes(path, args.processes, args.process_nodes, args.batch)
         assert done == args.tasks, (done, args.tasks)
-        results["processes"] = {"processes": args.processes, "nodes_per_process": args.process_nodes, "tasks_per_s": rate}
+        results["processes"] = {
+            "processes": args.processes,
+            "nodes_per_process": args.process_nodes,
+            "tasks_per_s": rate,
+        }
         _cleanup(path)
     naive_best = max(results["naive"].values()) if results["naive"] else None
     naive_one = results["naive"].get("1")

@@ -39,8 +39,10 @@ async def main() -> int:
             ]
             results = await store.enqueue_many(batch)
             redelivered = await store.enqueue_many(batch[::2])  # the upstream retries half of them
-            print(f"enqueued {sum(r.created for r in results)} messages, "
-                  f"{sum(not r.created for r in redelivered)} redeliveries suppressed")
+            print(
+                f"enqueued {sum(r.created for r in results)} messages, "
+                f"{sum(not r.created for r in redelivered)} redeliveries suppressed"
+            )
 
             async def node(node_id: str) -> None:
                 while True:

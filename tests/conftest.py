@@ -7,8 +7,9 @@ Fixtures
 ``db_path``
     A fresh SQLite file path under ``tmp_path`` (not created yet).
 ``backend``
-    ``"memory"`` or ``"sqlite"``: tests that use it (directly or through ``store`` /
-    ``make_store``) run once per backend.
+    ``"memory"``, ``"sqlite"`` or ``"postgres"``: tests that use it (directly or through
+    ``store`` / ``make_store``) run once per backend. PostgreSQL gets a fresh schema per
+    test; without the service it is skipped, with ``CI=true`` failed (``services.py``).
 ``make_store``
     ``await make_store(config=..., clock=..., path=...)`` opens a store of the current
     backend; every store it opened is closed at teardown. ``clock`` defaults to the
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from services import ServiceStores
 from support import FakeClock
 
 from asynccoord import MemoryStore, SQLiteStore, StoreConfig
@@ -39,7 +41,7 @@ from asynccoord import MemoryStore, SQLiteStore, StoreConfig
 TESTS_DIR = Path(__file__).resolve().parent
 WORKERS_DIR = TESTS_DIR / "workers"
 DATA_DIR = TESTS_DIR / "data"
-BACKENDS = ("memory", "sqlite")
+BACKENDS = ("memory", "sqlite", "postgres")
 
 _DEFAULT: Any = object()
 
@@ -73,6 +75,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 async def make_store(backend: str, db_path: Path, clock: FakeClock) -> AsyncIterator[MakeStore]:
     opened: list[MemoryStore | SQLiteStore] = []
     fake_clock = clock
+    services = ServiceStores()  # postgres / redis: a fresh schema or key prefix per test
 
     async def make(
         *,
@@ -84,8 +87,10 @@ async def make_store(backend: str, db_path: Path, clock: FakeClock) -> AsyncIter
         store: MemoryStore | SQLiteStore
         if backend == "memory":
             store = MemoryStore(config=config, clock=chosen)
-        else:
+        elif backend == "sqlite":
             store = SQLiteStore(path if path is not None else db_path, config=config, clock=chosen)
+        else:
+            store = await services.open(backend, config=config, clock=chosen, path=path)  # type: ignore[assignment]
         await store.open()
         opened.append(store)
         return store
@@ -93,6 +98,7 @@ async def make_store(backend: str, db_path: Path, clock: FakeClock) -> AsyncIter
     yield make
     for store in reversed(opened):
         await store.close()
+    await services.cleanup()
 
 
 @pytest.fixture

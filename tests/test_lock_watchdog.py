@@ -309,11 +309,21 @@ async def test_10000_held_locks_cost_one_statement_per_interval(make_store: Any,
         for outcome in await asyncio.gather(*(store.try_acquire_lock(name, ttl_s=ttl_s) for name in names)):
             assert isinstance(outcome, Lease)
             guards.append(watchdog.guard(outcome, sent_at=sent_at, renew_interval_s=interval_s))
-    first = len(rounds) + 2  # the chunks, acquired at different times, share their rounds after two more
-    while len(rounds) < first + 4:
-        round_done.clear()
-        await round_done.wait()
-    steady = rounds[first : first + 4]
+
+    # The chunks, acquired at different times, merge into shared rounds after a few
+    # intervals (sooner on an idle machine): wait for the first round that renews all of
+    # them, then the next three must do the same.
+    async def next_round() -> tuple[float, int, int]:
+        count = len(rounds)
+        while len(rounds) == count:
+            round_done.clear()
+            await round_done.wait()
+        return rounds[count]
+
+    async with asyncio.timeout(30):
+        while (await next_round())[1] != n:
+            pass
+        steady = [rounds[-1]] + [await next_round() for _ in range(3)]
     assert [size for _, size, _ in steady] == [n] * 4  # every round renews all 10,000 in one statement
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(steady)]
     assert min(gaps) > 0.8 * interval_s  # one round per interval, not more

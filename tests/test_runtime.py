@@ -200,11 +200,6 @@ async def test_in_process_enqueue_wakes_an_idle_node_at_once(make_store: Any, no
     assert max(latencies) <= 0.1, latencies
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: WorkNotifier wakes the oldest idle waiter of the queue, not a node owning the new task's "
-    "partition; with partitioning on, the woken node claims nothing and the owner sleeps until its next poll",
-)
 async def test_in_process_enqueue_wakes_the_idle_node_that_owns_the_partition(make_store: Any) -> None:
     store = await make_store(clock=None)
     sent: dict[int, float] = {}

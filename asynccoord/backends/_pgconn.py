@@ -1,0 +1,276 @@
+"""The asyncpg boundary of the PostgreSQL store: error mapping, retries, notifications.
+
+Every statement of :class:`~asynccoord.backends.postgres.PostgresStore` runs through
+:class:`PgRunner`, the one place where driver exceptions become the package's
+:class:`~asynccoord.errors.StoreError` subclasses (the driver's exception kept as
+``__cause__``):
+
+* connection loss (server restart, ``pg_terminate_backend``, network) ->
+  :class:`~asynccoord.errors.StoreConnectionError`;
+* serialization failures, deadlocks, lock and statement timeouts ->
+  :class:`~asynccoord.errors.StoreBusyError`;
+* anything else -> :class:`~asynccoord.errors.StoreError`.
+
+Before mapping, the runner retries with exponential backoff and jitter for up to
+``reconnect_timeout_s``: a conflict (serialization failure, deadlock, a race on a unique
+index) and a connection lost *before* the transaction's COMMIT was sent are always
+retried, since nothing was written. A connection lost *during* the COMMIT (or during a
+single autocommit statement) leaves the outcome unknown; the operation is retried only
+when it says it is safe (``ambiguous_ok``), and it is told the attempt number so it can
+recognize its own earlier success (a compare-and-set that already went through).
+
+:class:`PgListener` keeps one extra connection per store LISTENing on the store's
+channel and feeds the notifications to the store's in-process
+:class:`~asynccoord.notify.WorkNotifier`, reconnecting with backoff when the
+connection drops (nodes keep polling meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, TypeVar
+
+import asyncpg
+import asyncpg.exceptions as pgerr
+
+from ..errors import StoreBusyError, StoreClosedError, StoreConnectionError, StoreError
+from ..notify import WorkNotifier
+
+__all__ = (
+    "MAX_NOTIFY_PARTITIONS",
+    "PgListener",
+    "PgRunner",
+    "RetryTransaction",
+    "encode_notification",
+    "is_connection_error",
+    "map_pg_error",
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TxFn = Callable[[asyncpg.Connection, int], Awaitable[T]]
+"""A unit of work: ``fn(connection, attempt)``; ``attempt`` is 0 the first time."""
+
+MAX_NOTIFY_PARTITIONS = 512
+"""Most partitions named in one notification (more: the notification names none, waking any)."""
+
+_RETRYABLE_UNIQUE = frozenset({"coord_tasks_one_head", "coord_lock_holders_slot", "coord_task_keys_pkey"})
+_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
+
+
+class RetryTransaction(Exception):
+    """Raised inside a unit of work to roll it back and run it again (a detected race)."""
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is gone (or could not be made)."""
+    if isinstance(exc, pgerr.PostgresConnectionError | pgerr.ConnectionDoesNotExistError):
+        return True
+    if isinstance(exc, pgerr.PostgresError):
+        state = getattr(exc, "sqlstate", "") or ""
+        return state.startswith(_CONNECTION_STATES)
+    if isinstance(exc, pgerr.InterfaceError):
+        return "closed" in str(exc) or "connection" in str(exc).lower()
+    return isinstance(exc, OSError | ConnectionError | asyncio.TimeoutError)
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    if isinstance(exc, pgerr.SerializationError | pgerr.DeadlockDetectedError):
+        return True
+    if isinstance(exc, pgerr.UniqueViolationError):
+        return getattr(exc, "constraint_name", None) in _RETRYABLE_UNIQUE
+    return False
+
+
+def map_pg_error(exc: BaseException, what: str) -> StoreError:
+    """The package's error for a driver error (raise it ``from exc`` to keep the cause)."""
+    text = f"{what}: {type(exc).__name__}: {exc}"
+    if is_connection_error(exc):
+        return StoreConnectionError(f"{text} (the connection to PostgreSQL was lost or refused)")
+    if _is_conflict(exc) or isinstance(exc, pgerr.LockNotAvailableError | pgerr.QueryCanceledError):
+        return StoreBusyError(text)
+    return StoreError(text)
+
+
+_DRIVER_ERRORS = (pgerr.PostgresError, pgerr.InterfaceError, OSError, ConnectionError, asyncio.TimeoutError)
+
+
+class PgRunner:
+    """Runs units of work on a pool with the retry rules of the module docstring.
+
+    Args:
+        reconnect_timeout_s: How long retries go on before the error is raised, seconds.
+        on_retry: Called with the exception before each retry (for counters and logs).
+    """
+
+    def __init__(self, *, reconnect_timeout_s: float, on_retry: Callable[[BaseException], None]) -> None:
+        self.pool: asyncpg.Pool | None = None
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self._on_retry = on_retry
+        self.transactions = 0
+
+    def _pool(self) -> asyncpg.Pool:
+        if self.pool is None:
+            raise StoreClosedError("the PostgreSQL store is not open: use 'async with' or await open()")
+        return self.pool
+
+    async def run(self, fn: TxFn[T], *, what: str, tx: bool = True, ambiguous_ok: bool = False) -> T:
+        """Run ``fn`` in a transaction (or, with ``tx=False``, as autocommit statements).
+
+        Args:
+            fn: The unit of work.
+            what: What it does, for error messages.
+            tx: Wrap it in BEGIN ... COMMIT. Without, it must be one statement.
+            ambiguous_ok: Retry even when the connection was lost while committing.
+
+        Raises:
+            StoreConnectionError, StoreBusyError, StoreError: retries gave up (or the
+                error is not one to retry); the driver's exception is ``__cause__``.
+            StoreClosedError: the store is not open.
+        """
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        delay_s = 0.02
+        attempt = 0
+        while True:
+            committing = False
+            try:
+                async with self._pool().acquire() as conn:
+                    if not tx:
+                        committing = True
+                        return await fn(conn, attempt)
+                    transaction = conn.transaction()
+                    await transaction.start()
+                    try:
+                        result = await fn(conn, attempt)
+                    except BaseException:
+                        if not conn.is_closed():
+                            with contextlib.suppress(*_DRIVER_ERRORS):
+                                await transaction.rollback()
+                        raise
+                    committing = True
+                    await transaction.commit()
+                    self.transactions += 1
+                    return result
+            except RetryTransaction as exc:
+                error: BaseException = exc
+                if time.monotonic() + delay_s > deadline:
+                    raise StoreBusyError(f"{what}: gave up after {attempt + 1} attempts ({exc})") from exc
+            except _DRIVER_ERRORS as exc:
+                error = exc
+                retry = _is_conflict(exc) or (is_connection_error(exc) and (not committing or ambiguous_ok))
+                if not retry or time.monotonic() + delay_s > deadline:
+                    raise map_pg_error(exc, what) from exc
+            self._on_retry(error)
+            log.info("asynccoord.postgres.retry what=%s attempt=%d error=%s", what, attempt + 1, error)
+            await asyncio.sleep(delay_s * random.uniform(0.5, 1.5))
+            delay_s = min(delay_s * 2, 1.0)
+            attempt += 1
+
+
+def encode_notification(sender: str, queue: str, count: int, partitions: Collection[int] | None) -> str:
+    """The payload of a work notification (JSON, well under PostgreSQL's 8000-byte limit)."""
+    parts = None if partitions is None or len(partitions) > MAX_NOTIFY_PARTITIONS else sorted(partitions)
+    return json.dumps({"s": sender, "q": queue, "n": count, "p": parts}, separators=(",", ":"))
+
+
+class PgListener:
+    """One LISTEN connection feeding a :class:`WorkNotifier`, reconnecting when it drops.
+
+    Args:
+        connect: Opens a new connection (same settings as the pool's).
+        channel: The channel to LISTEN on.
+        sender: This store's id: its own notifications are ignored (it woke its own
+            nodes in process already).
+        notifier: Where wake-ups go.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[asyncpg.Connection]],
+        *,
+        channel: str,
+        sender: str,
+        notifier: WorkNotifier,
+    ) -> None:
+        self._connect = connect
+        self.channel = channel
+        self.sender = sender
+        self.notifier = notifier
+        self.connected = asyncio.Event()
+        self.received = 0
+        self.reconnects = 0
+        self._task: asyncio.Task[None] | None = None
+        self._conn: asyncpg.Connection | None = None
+
+    async def start(self, *, timeout_s: float = 5.0) -> None:
+        """Start listening in the background; wait up to ``timeout_s`` for the first connection."""
+        self._task = asyncio.create_task(self._run(), name=f"asynccoord-listen-{self.channel}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.connected.wait(), timeout_s)
+
+    async def stop(self) -> None:
+        """Stop listening and close the connection."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._close()
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        self.connected.clear()
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                await asyncio.wait_for(conn.close(), 2.0)
+
+    async def _run(self) -> None:
+        delay_s = 0.1
+        first = True
+        while True:
+            lost = asyncio.Event()
+            try:
+                conn = await self._connect()
+                self._conn = conn
+                conn.add_termination_listener(lambda _conn: lost.set())
+                await conn.add_listener(self.channel, self._on_notify)
+            except _DRIVER_ERRORS as exc:
+                log.warning("asynccoord.postgres.listen_failed channel=%s error=%s", self.channel, exc)
+                await self._close()
+                await asyncio.sleep(delay_s * random.uniform(0.5, 1.5))
+                delay_s = min(delay_s * 2, 5.0)
+                continue
+            delay_s = 0.1
+            self.connected.set()
+            if not first:
+                self.reconnects += 1
+                self.notifier.wake_all()  # notifications may have been missed meanwhile
+            first = False
+            while not lost.is_set() and not conn.is_closed():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lost.wait(), 1.0)
+            log.warning("asynccoord.postgres.listen_lost channel=%s", self.channel)
+            await self._close()
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            message: Mapping[str, Any] = json.loads(payload)
+            if message.get("s") == self.sender:
+                return
+            queue = str(message["q"])
+            count = int(message["n"])
+            parts = message.get("p")
+            partitions = None if parts is None else [int(p) for p in parts]
+        except (ValueError, KeyError, TypeError):
+            log.warning("asynccoord.postgres.bad_notification payload=%r", payload[:200])
+            return
+        self.received += 1
+        self.notifier.notify(queue, count, partitions)

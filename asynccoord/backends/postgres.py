@@ -1,0 +1,1218 @@
+"""The multi-machine store: PostgreSQL through asyncpg (extra ``postgres``).
+
+One :class:`PostgresStore` per process and database; any number of nodes in the
+process share it (and its connection pool), and any number of processes on any number
+of machines open the same database. Semantics are those of the storage contract
+(:mod:`asynccoord.backends.base`), the same as the SQLite and in-memory stores; the
+contract test suite runs unchanged on all of them.
+
+How the contract is kept under concurrent transactions (READ COMMITTED):
+
+* **Claims** are one statement, ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
+  LOCKED LIMIT n) RETURNING ...``: claimers never wait for each other and never take
+  the same task.
+* **Per-key ordering** is kept by the ``is_head`` column (the earliest active task of a
+  ``(queue, partition_key)``; ordered claims scan only heads). The database enforces at
+  most one head per key (unique partial index ``coord_tasks_one_head``), and every
+  transition that changes a key's active set (enqueue, complete, dead-letter, requeue)
+  first takes the key's row lock in ``coord_task_keys`` (sorted, so never a deadlock),
+  so head upkeep always sees the committed state of the key, never a racy snapshot.
+* **Commits** are compare-and-set on ``(id, lease_token, version)`` plus a live lease,
+  fenced (``fences=``) in the same transaction: the fence rows are locked first.
+  Concurrent ``complete`` calls of a process are group-committed: one transaction per
+  batch of whatever is waiting.
+* **Time** is the server's clock (``coord_now()``, i.e. ``statement_timestamp()``), for
+  every lease, run_at and heartbeat; machines never compare their own clocks.
+* **Connection loss** is retried with backoff at one boundary (:mod:`._pgconn`); a
+  commit whose outcome is unknown is repeated safely (compare-and-set, and a retried
+  commit recognizes its own earlier success), so nothing is lost or committed twice.
+  When retries give up, :class:`~asynccoord.errors.StoreConnectionError` is raised.
+* **Wake-ups** cross processes with LISTEN/NOTIFY: an enqueue of due tasks, or a commit
+  that unblocks a key, notifies the store's channel with the queue, the count and the
+  partitions; each process' listener wakes at most that many of its idle nodes that own
+  one of the partitions (polling with backoff stays as the fallback).
+
+Payloads and results are JSON kept as ``text`` (``jsonb`` cannot hold ``\\u0000`` and
+reorders keys). Migrations (``sql/postgres/migration_NNNN.sql``) are applied at open
+under an advisory lock; a database of a newer schema is refused with
+:class:`~asynccoord.errors.SchemaVersionError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Self, TypeVar
+
+import asyncpg
+
+from .. import events as ev
+from ..config import StoreConfig
+from ..errors import (
+    CoordError,
+    FencingTokenRejectedError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LeaseLostError,
+    ReadOnlyStoreError,
+    SchemaVersionError,
+    StoreClosedError,
+    TaskNotFoundError,
+)
+from ..events import EventCounter
+from ..histogram import LatencyRecorder
+from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from ..notify import WorkNotifier
+from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
+from ._common import (
+    check_claim_args,
+    check_fences,
+    check_retry,
+    check_task,
+    check_task_ids,
+    check_tasks,
+    clean_error,
+    decode_json,
+    encode_results,
+    new_token,
+    notify_created,
+    notify_settled,
+    prepare_tasks,
+    settled_done,
+)
+from ._lockcommon import fence_rejected_error
+from ._pgconn import (
+    PgListener,
+    PgRunner,
+    RetryTransaction,
+    encode_notification,
+    map_pg_error,
+)
+from ._pgquery import load_pg_queries
+from .postgres_locks import PostgresLockOps
+from .postgres_membership import PostgresMembershipOps
+from .postgres_monitor import PostgresMonitorOps
+from .sql import load_migrations
+
+__all__ = ("SCHEMA_VERSION", "PostgresStore")
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Q = load_pg_queries()
+SCHEMA_VERSION = len(load_migrations("postgres"))
+MIGRATION_LOCK_KEY = 0x6173_796E_6363_6F6F
+"""Advisory lock id held while migrating (``b"asynccoo"``): one migrator at a time."""
+
+STORE_RETRIES = "store_retries"
+"""Event: a statement was retried after a lost connection or a conflict."""
+
+_STATUS = {s.value: s for s in TaskStatus}
+_Row = asyncpg.Record
+
+
+def _row_to_task(row: _Row) -> Task:
+    return Task(
+        id=row[0],
+        queue=row[1],
+        partition_key=row[2],
+        partition=row[3],
+        idempotency_key=row[4],
+        payload=decode_json(row[5]),
+        priority=row[6],
+        status=_STATUS[row[7]],
+        attempts=row[8],
+        max_attempts=row[9],
+        run_at=row[10],
+        lease_owner=row[11],
+        lease_token=row[12],
+        lease_expires_at=row[13],
+        version=row[14],
+        last_error=row[15],
+        result=decode_json(row[16]),
+        created_at=row[17],
+        updated_at=row[18],
+    )
+
+
+def _lost_reason(row: _Row | None, task: Task) -> str | None:
+    """Why a compare-and-set on ``task`` matched nothing (``row`` is the stored task); None if gone."""
+    if row is None:
+        return None
+    status, token, expires, version = row[7], row[12], row[13], row[14]
+    if status != TaskStatus.RUNNING:
+        return f"task is {status} (version {version}, caller had version {task.version})"
+    if token != task.lease_token:
+        return f"task was reclaimed by {row[11]!r} under another lease (version {version})"
+    if version != task.version:
+        return f"version is {version}, caller had {task.version}"
+    return f"lease expired at {expires:.3f} (store clock)"
+
+
+def _settled_by_us(row: _Row | None, task: Task, status: TaskStatus) -> bool:
+    """After a retry: whether ``row`` is the state our earlier, unacknowledged write left.
+
+    Only the lease holder moves a task from ``(running, version v)`` to ``status`` at
+    version ``v + 1``: any other transition first bumps the version.
+    """
+    return row is not None and row[7] == status and row[14] == task.version + 1
+
+
+def _keys(pairs: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """Sorted distinct ``(queue, partition_key)`` pairs as the two arrays lock_keys takes."""
+    ordered = sorted(set(pairs))
+    return {"queues": [q for q, _ in ordered], "keys": [k for _, k in ordered]}
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _channel(schema: str | None) -> str:
+    base = "asynccoord" if schema is None else f"asynccoord.{schema}"
+    if len(base.encode()) <= 63:
+        return base
+    return "asynccoord." + hashlib.sha1(base.encode()).hexdigest()[:40]
+
+
+class PostgresStore(PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
+    """The whole storage contract on one PostgreSQL database (queue, locks, membership, monitor).
+
+    Use as ``async with PostgresStore("postgresql://user@host/db") as store: ...`` or
+    call :meth:`open` / :meth:`close`. Methods are those of
+    :class:`asynccoord.backends.base.Store` (plus ``LockStore``, ``MembershipStore`` and
+    ``MonitorStore``), with the same semantics as :class:`~asynccoord.SQLiteStore`.
+
+    Args:
+        dsn: A libpq connection URI, ``postgresql://user:password@host:port/database``.
+        config: Store settings; default :class:`~asynccoord.config.StoreConfig`
+            (``max_batch_ops`` bounds a group-committed batch; the SQLite-only fields
+            are ignored).
+        clock: Test hook: a function returning the store clock (seconds) used instead
+            of the server's clock. Every store on the database must then use the same
+            clock. Default None (the server clock).
+        schema: Keep the tables in this schema (created if missing) instead of the
+            connection's default ``search_path``: several independent stores in one
+            database (the tests use one schema per test). Default None.
+        pool_min_size: Connections kept open by the pool (>= 0). Default 1.
+        pool_max_size: Most connections of the pool (>= 1, >= pool_min_size). Default 10.
+        listen: Keep one more connection LISTENing for work notifications of other
+            processes (wakes idle nodes at once). Default True.
+        reconnect_timeout_s: How long an operation retries a lost connection (or a
+            conflict) with backoff before raising, seconds (> 0). Default 10.
+        read_only: Apply no migration and refuse every write with
+            :class:`~asynccoord.errors.ReadOnlyStoreError` (for inspection). Default False.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a bad argument.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        config: StoreConfig | None = None,
+        clock: Callable[[], float] | None = None,
+        schema: str | None = None,
+        pool_min_size: int = 1,
+        pool_max_size: int = 10,
+        listen: bool = True,
+        reconnect_timeout_s: float = 10.0,
+        read_only: bool = False,
+    ) -> None:
+        if not isinstance(dsn, str):
+            raise InvalidTypeError(f"dsn must be a str (postgresql://...), got {type(dsn).__name__}")
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise InvalidArgumentError(f"dsn must start with postgresql:// or postgres://, got {dsn[:40]!r}")
+        if config is not None and not isinstance(config, StoreConfig):
+            raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
+        if clock is not None and not callable(clock):
+            raise InvalidTypeError(f"clock must be callable or None, got {type(clock).__name__}")
+        if schema is not None:
+            check_name("schema", schema)
+            if len(schema.encode()) > 63:
+                raise InvalidArgumentError(f"schema must be at most 63 bytes (a PostgreSQL identifier), got {schema!r}")
+        self.dsn = dsn
+        self.config = config or StoreConfig()
+        self.events = EventCounter()
+        self.latencies = LatencyRecorder()
+        self.notifier = WorkNotifier()
+        self.schema = schema
+        self.read_only = check_bool("read_only", read_only)
+        self.listen = check_bool("listen", listen)
+        self.pool_min_size = check_int("pool_min_size", pool_min_size, minimum=0)
+        self.pool_max_size = check_int("pool_max_size", pool_max_size, minimum=max(1, self.pool_min_size))
+        self.channel = _channel(schema)
+        self._clock = clock
+        self._sender = new_token()[:16]
+        self._partitions = self.config.partitions
+        self._runner = PgRunner(
+            reconnect_timeout_s=check_positive("reconnect_timeout_s", reconnect_timeout_s),
+            on_retry=lambda _exc: self.events.add(STORE_RETRIES),
+        )
+        self._listener: PgListener | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._batcher = _CompleteBatcher(self._complete_batch, self.config.max_batch_ops)
+
+    def __repr__(self) -> str:
+        state = "open" if self._runner.pool is not None else "closed"
+        where = self.dsn.split("@")[-1]
+        schema = "" if self.schema is None else f" schema={self.schema!r}"
+        return f"<PostgresStore {where!r}{schema} {state}>"
+
+    # --- life cycle -----------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _server_settings(self) -> dict[str, str]:
+        settings = {"application_name": "asynccoord"}
+        if self.schema is not None:
+            settings["search_path"] = _quote_ident(self.schema)
+        return settings
+
+    async def _connect(self) -> asyncpg.Connection:
+        return await asyncpg.connect(self.dsn, server_settings=self._server_settings(), timeout=10.0)
+
+    async def open(self) -> None:
+        """Create the pool, apply pending migrations, and start the listener. Idempotent.
+
+        Raises:
+            StoreConnectionError: the server cannot be reached.
+            SchemaVersionError: the database was written by a newer asynccoord.
+            StoreError: another failure of the server (the driver's error as ``__cause__``).
+        """
+        if self._runner.pool is not None:
+            return
+        try:
+            pool = await asyncpg.create_pool(
+                self.dsn,
+                min_size=self.pool_min_size,
+                max_size=self.pool_max_size,
+                server_settings=self._server_settings(),
+                timeout=10.0,
+            )
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            raise map_pg_error(exc, f"cannot connect to {self!r}") from exc
+        self._runner.pool = pool
+        try:
+            await self._runner.run(self._migrate, what="open", ambiguous_ok=True)
+            if self.listen and not self.read_only:
+                self._listener = PgListener(
+                    self._connect, channel=self.channel, sender=self._sender, notifier=self.notifier
+                )
+                await self._listener.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _migrate(self, conn: asyncpg.Connection, _attempt: int) -> None:
+        if not self.read_only:
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+            if self.schema is not None:
+                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(self.schema)}")
+        has_meta = await conn.fetchval("SELECT to_regclass('coord_meta') IS NOT NULL")
+        version = 0
+        if has_meta:
+            value = await self._val(conn, "meta_get", key="schema_version")
+            version = int(value) if value is not None else 0
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self!r} has schema version {version}, newer than {SCHEMA_VERSION} "
+                "which this asynccoord understands: upgrade asynccoord"
+            )
+        if self.read_only:
+            if version < SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{self!r} has schema version {version}, older than {SCHEMA_VERSION}: "
+                    "open it once read-write to migrate"
+                )
+        else:
+            for number, script in load_migrations("postgres"):
+                if number > version:
+                    await conn.execute(script)
+                    await self._x(conn, "meta_set", key="schema_version", value=str(number))
+        value = await self._val(conn, "meta_get", key="partitions")
+        if value is None:
+            if not self.read_only:
+                await self._x(conn, "meta_set", key="partitions", value=str(self.config.partitions))
+        else:
+            self._partitions = int(value)
+
+    async def close(self) -> None:
+        """Finish queued commits, stop the listener and close the pool. Idempotent."""
+        await self._batcher.flush()
+        if self._background:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(set(self._background), timeout=5.0)
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
+        pool, self._runner.pool = self._runner.pool, None
+        if pool is not None:
+            try:
+                await asyncio.wait_for(pool.close(), 10.0)
+            except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                pool.terminate()
+
+    @property
+    def partitions(self) -> int:
+        """Number of fixed partitions (as stored in the database when it was created)."""
+        return self._partitions
+
+    @property
+    def transactions(self) -> int:
+        """Write transactions committed by this store object so far."""
+        return self._runner.transactions
+
+    @property
+    def listening(self) -> bool:
+        """Whether the LISTEN connection is up now (notifications from other processes arrive)."""
+        return self._listener is not None and self._listener.connected.is_set()
+
+    # --- statement helpers ------------------------------------------------------------
+
+    def _now(self) -> float | None:
+        """The ``:now`` parameter: the test clock's time, or None for the server clock."""
+        return None if self._clock is None else float(self._clock())
+
+    async def _fetch(self, conn: asyncpg.Connection, query_name: str, /, **params: Any) -> list[_Row]:
+        query = Q[query_name]
+        return list(await conn.fetch(query.text, *query.args(params)))
+
+    async def _row(self, conn: asyncpg.Connection, query_name: str, /, **params: Any) -> _Row | None:
+        query = Q[query_name]
+        row: _Row | None = await conn.fetchrow(query.text, *query.args(params))
+        return row
+
+    async def _val(self, conn: asyncpg.Connection, query_name: str, /, **params: Any) -> Any:
+        query = Q[query_name]
+        return await conn.fetchval(query.text, *query.args(params))
+
+    async def _x(self, conn: asyncpg.Connection, query_name: str, /, **params: Any) -> None:
+        query = Q[query_name]
+        await conn.execute(query.text, *query.args(params))
+
+    async def _run(self, fn: Callable[[asyncpg.Connection, int], Awaitable[T]], *, what: str, **kw: Any) -> T:
+        return await self._runner.run(fn, what=what, **kw)
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(f"{self!r} was opened read-only: writes are refused")
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background (compensations of cancelled callers); close() waits for it."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _shielded(self, aw: Awaitable[T], undo: Callable[[T], Coroutine[Any, Any, Any] | None]) -> T:
+        """Await ``aw`` shielded; if the caller is cancelled meanwhile, compensate its result."""
+        inner = asyncio.ensure_future(aw)
+        try:
+            return await asyncio.shield(inner)
+        except asyncio.CancelledError:
+
+            def compensate(done: asyncio.Future[T]) -> None:
+                if done.cancelled() or done.exception() is not None:
+                    return
+                coro = undo(done.result())
+                if coro is not None:
+                    self._spawn(coro)
+
+            inner.add_done_callback(compensate)
+            raise
+
+    async def _notify(self, conn: asyncpg.Connection, queue: str, count: int, partitions: set[int] | None) -> None:
+        """Queue a work notification for other processes (delivered at commit)."""
+        payload = encode_notification(self._sender, queue, count, partitions)
+        await self._x(conn, "notify", channel=self.channel, payload=payload)
+
+    async def _promote(self, conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]) -> None:
+        """Mark the new heads of these keys (under their row locks) and notify other processes of them."""
+        if not pairs:
+            return
+        promoted = await self._fetch(conn, "promote_heads", **_keys(pairs))
+        by_queue: dict[str, set[int]] = {}
+        for queue, partition, _run_at in promoted:
+            by_queue.setdefault(queue, set()).add(partition)
+        for queue, partitions in by_queue.items():
+            await self._notify(conn, queue, len(partitions), partitions)
+
+    async def now(self) -> float:
+        """The store clock: seconds since the Unix epoch (the server's ``statement_timestamp()``)."""
+        now = self._now()
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> float:
+            return float(await self._val(conn, "now", now=now))
+
+        return await self._run(op, what="now", tx=False, ambiguous_ok=True)
+
+    # --- enqueue ----------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        partition_key: str = "",
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        delay_s: float = 0.0,
+    ) -> EnqueueResult:
+        """Add one task; see :meth:`enqueue_many`."""
+        spec = NewTask(
+            queue=queue,
+            payload=payload,
+            partition_key=partition_key,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            delay_s=delay_s,
+        )
+        return (await self.enqueue_many([spec]))[0]
+
+    async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
+        """Add tasks in one transaction; a repeated idempotency key returns the existing task.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.
+            StoreConnectionError: the server stayed unreachable (when every task has an
+                idempotency key the enqueue is retried even after an unknown outcome).
+        """
+        prepared = prepare_tasks(tasks, self.config, self._partitions)
+        if not prepared:
+            return []
+        self._writable()
+        columns = {
+            "queues": [p.queue for p in prepared],
+            "partition_keys": [p.partition_key for p in prepared],
+            "partitions": [p.partition for p in prepared],
+            "idempotency_keys": [p.idempotency_key for p in prepared],
+            "payloads": [p.payload_json for p in prepared],
+            "priorities": [p.priority for p in prepared],
+            "max_attempts": [p.max_attempts for p in prepared],
+            "delays": [p.delay_s for p in prepared],
+        }
+        keys = _keys([(p.queue, p.partition_key) for p in prepared])
+        due: dict[str, set[int]] = {}
+        for p in prepared:
+            if p.delay_s == 0:
+                due.setdefault(p.queue, set()).add(p.partition)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[tuple[bool, _Row]]:
+            now = self._now()
+            ids = [int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared))]
+            await self._x(conn, "lock_keys", **keys)
+            created = {int(r[0]): r for r in await self._fetch(conn, "insert_task", ids=ids, now=now, **columns)}
+            out: list[tuple[bool, _Row]] = []
+            for task_id, p in zip(ids, prepared, strict=True):
+                row = created.get(task_id)
+                if row is None:
+                    existing = await self._row(
+                        conn, "select_by_idempotency_key", queue=p.queue, idempotency_key=p.idempotency_key
+                    )
+                    assert existing is not None
+                    out.append((False, existing))
+                else:
+                    out.append((True, row))
+            await self._promote_quietly(conn, [(p.queue, p.partition_key) for p in prepared])
+            fresh = sum(1 for c, _ in out if c)
+            if fresh:
+                for queue, partitions in due.items():
+                    await self._notify(conn, queue, fresh, partitions)
+            return out
+
+        all_keyed = all(p.idempotency_key is not None for p in prepared)
+        rows = await self._run(op, what="enqueue", ambiguous_ok=all_keyed)
+        results = [EnqueueResult(task=_row_to_task(row), created=created) for created, row in rows]
+        self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
+        notify_created(self.notifier, results, prepared)
+        return results
+
+    async def _promote_quietly(self, conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]) -> None:
+        """Mark new heads without notifying (the caller notifies for the tasks it created)."""
+        if pairs:
+            await self._x(conn, "promote_heads", **_keys(pairs))
+
+    # --- claim ------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Sequence[int] | None = None,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> list[Task]:
+        """Lease up to ``limit`` due tasks to ``node_id`` (see :class:`~asynccoord.backends.base.Store`).
+
+        One statement (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT
+        n) RETURNING``). When it returns fewer than ``limit`` tasks, leases that expired on
+        their last attempt are dead-lettered and the claim is topped up. A cancelled
+        caller's tasks are handed back in the background.
+
+        ``min_due_age_s`` > 0 takes only tasks that have been due at least that long
+        (work stealing from overloaded or dead partition owners).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument (nothing claimed).
+            StoreConnectionError: the server stayed unreachable.
+        """
+        queue, node_id, limit, lease, parts, ordered = check_claim_args(
+            queue, node_id, limit, lease_s, partitions, ordered, self._partitions
+        )
+        due_age = check_non_negative("min_due_age_s", min_due_age_s)
+        if parts is not None and not parts:
+            return []
+        self._writable()
+        return await self._shielded(
+            self._claim(queue, node_id, limit, lease, parts, ordered, due_age), self._undo_claim
+        )
+
+    def _undo_claim(self, tasks: list[Task]) -> Coroutine[Any, Any, Any] | None:
+        if not tasks:
+            return None
+        ids = [t.id for t in tasks]
+        tokens = [t.lease_token for t in tasks]
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> None:
+            await self._x(conn, "release_many", ids=ids, tokens=tokens, now=self._now())
+
+        async def run() -> None:
+            try:
+                await self._run(op, what="hand back a cancelled claim", tx=False, ambiguous_ok=True)
+            except CoordError as exc:  # the leases will expire instead
+                log.warning("asynccoord.postgres.undo_claim_failed error=%s", exc)
+            else:
+                notify_settled(self.notifier, tasks)
+
+        return run()
+
+    async def _claim(
+        self,
+        queue: str,
+        node_id: str,
+        limit: int,
+        lease: float,
+        parts: list[int] | None,
+        ordered: bool,
+        due_age: float,
+    ) -> list[Task]:
+        params = {
+            "queue": queue,
+            "node_id": node_id,
+            "lease_s": lease,
+            "token": new_token(),
+            "partitions": parts,
+            "min_due_age_s": due_age,
+        }
+        name = "claim_ordered" if ordered else "claim"
+
+        async def op_for(n: int) -> list[_Row]:
+            async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+                return await self._fetch(conn, name, limit=n, now=self._now(), **params)
+
+            return await self._run(op, what="claim", tx=False, ambiguous_ok=True)
+
+        rows = await op_for(limit)
+        dead = 0
+        if len(rows) < limit or rows[0][21]:  # leases expired on their last attempt may exist
+            dead = await self._dead_letter_exhausted(queue)
+            if dead and len(rows) < limit:
+                rows += await op_for(limit - len(rows))
+        duplicates = [r for r in rows if r[20]]
+        settled: set[int] = set()
+        if duplicates:
+            settled = await self._settle_duplicates(duplicates)
+        kept = sorted((r for r in rows if not r[20]), key=lambda r: (-r[6], r[0]))
+        tasks = [_row_to_task(r) for r in kept]
+        self.events.add(ev.CLAIMS, len(tasks))
+        self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[19]) + dead)
+        self.events.add(ev.DEAD_LETTERED, dead)
+        self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, len(settled))
+        return tasks
+
+    async def _dead_letter_exhausted(self, queue: str) -> int:
+        """Dead-letter leases of ``queue`` that expired on their last attempt; return how many."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> int:
+            now = self._now()
+            pairs = [(r[0], r[1]) for r in await self._fetch(conn, "exhausted_keys", queue=queue, now=now)]
+            if not pairs:
+                return 0
+            await self._x(conn, "lock_keys", **_keys(pairs))
+            dead = await self._fetch(conn, "dead_letter_exhausted", queue=queue, now=now)
+            await self._promote(conn, [(r[1], r[2]) for r in dead])
+            return len(dead)
+
+        return await self._run(op, what="dead-letter exhausted leases", ambiguous_ok=True)
+
+    async def _settle_duplicates(self, rows: Sequence[_Row]) -> set[int]:
+        """Mark claimed tasks whose message id was already processed as done (a second transaction).
+
+        If this fails, the tasks stay leased to nobody and are settled when reclaimed.
+        """
+        ids = [r[0] for r in rows]
+        tokens = [r[12] for r in rows]
+        pairs = [(r[1], r[2]) for r in rows]
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> set[int]:
+            await self._x(conn, "lock_keys", **_keys(pairs))
+            done = {
+                int(r[0]) for r in await self._fetch(conn, "settle_duplicate", ids=ids, tokens=tokens, now=self._now())
+            }
+            await self._promote(conn, [p for r, p in zip(rows, pairs, strict=True) if r[0] in done])
+            return done
+
+        try:
+            return await self._run(op, what="settle duplicate deliveries", ambiguous_ok=True)
+        except CoordError as exc:
+            log.warning("asynccoord.postgres.settle_duplicates_failed error=%s", exc)
+            return set()
+
+    # --- complete ---------------------------------------------------------------------
+
+    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
+        """Mark ``task`` done and record its message id as processed, in one transaction.
+
+        Concurrent calls of the process are group-committed (one transaction per batch).
+
+        Args:
+            task: The task as returned by ``claim``.
+            result: Optional JSON result kept on the task.
+            fence: ``(resource, fencing_token)`` of the lock guarding the work: the
+                commit is refused (nothing written) when the resource has already
+                accepted a higher token, and the token is recorded otherwise.
+
+        Returns:
+            The task as now stored (status ``done``, version + 1).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists.
+            FencingTokenRejectedError: ``fence`` carries an outdated token.
+            InvalidTypeError, InvalidArgumentError: bad ``task``, ``result`` or ``fence``.
+            StoreConnectionError: the server stayed unreachable.
+        """
+        checked = check_task(task)
+        encoded = encode_results([result], 1, self.config)
+        fenced = check_fences(None if fence is None else [fence], 1)
+        self._writable()
+        outcome = await self._batcher.submit(_Item(checked, encoded[0], None if fenced is None else fenced[0]))
+        self._count_settled([checked], [outcome])
+        if isinstance(outcome, Task):
+            return outcome
+        raise outcome
+
+    async def complete_many(
+        self,
+        tasks: Sequence[Task],
+        results: Sequence[Any] | None = None,
+        *,
+        fences: Sequence[tuple[str, int] | None] | None = None,
+    ) -> list[Task | CoordError]:
+        """Complete many tasks in one transaction, each with its own compare-and-set.
+
+        Args:
+            tasks: Tasks as returned by ``claim`` (any mix of queues and leases).
+            results: One JSON result per task, or None for no results.
+            fences: Per task, None or ``(resource, fencing_token)`` checked and recorded
+                in the same transaction (see :meth:`complete`); None for no fences.
+
+        Returns:
+            Per task, in order: the done task, or the error saying why nothing was
+            written for it (:class:`LeaseLostError`, :class:`TaskNotFoundError`, or
+            :class:`FencingTokenRejectedError`).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad task or result (nothing written).
+            StoreConnectionError: the server stayed unreachable.
+        """
+        checked = check_tasks(tasks)
+        encoded = encode_results(results, len(checked), self.config)
+        fenced = check_fences(fences, len(checked))
+        if not checked:
+            return []
+        self._writable()
+        items = [
+            _Item(t, r, None if fenced is None else fenced[i])
+            for i, (t, r) in enumerate(zip(checked, encoded, strict=True))
+        ]
+        outcomes = await self._complete_batch(items)
+        self._count_settled(checked, outcomes)
+        return outcomes
+
+    def _count_settled(self, tasks: Sequence[Task], outcomes: Sequence[Task | CoordError]) -> None:
+        done = [t for t, o in zip(tasks, outcomes, strict=True) if isinstance(o, Task)]
+        self.events.add(ev.COMMITS, len(done))
+        self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for o in outcomes if isinstance(o, LeaseLostError)))
+        self.events.add(ev.FENCING_REJECTED, sum(1 for o in outcomes if _is_fence_error(o)))
+        if done:  # an ordered queue's next task per key may be claimable now
+            notify_settled(self.notifier, done)
+
+    async def _complete_batch(self, items: Sequence[_Item]) -> list[Task | CoordError]:
+        """One transaction completing ``items`` (see the module docstring for the lock order)."""
+        pairs = [(i.task.queue, i.task.partition_key) for i in items]
+        fenced = [i for i in items if i.fence is not None]
+        resources = sorted({i.fence[0] for i in fenced if i.fence is not None})
+
+        async def op(conn: asyncpg.Connection, attempt: int) -> list[Task | CoordError]:
+            now = self._now()
+            await self._x(conn, "lock_keys", **_keys(pairs))
+            refused: dict[int, int] = {}
+            if resources:
+                highest = {r[0]: int(r[1]) for r in await self._fetch(conn, "fence_lock", resources=resources)}
+                for i in fenced:
+                    assert i.fence is not None
+                    top = highest.get(i.fence[0])
+                    if top is not None and i.fence[1] < top:
+                        refused[i.task.id] = top
+            eligible = [i for i in items if i.task.id not in refused]
+            done: dict[int, tuple[int, float]] = {}
+            if eligible:
+                rows = await self._fetch(
+                    conn,
+                    "complete_batch",
+                    ids=[i.task.id for i in eligible],
+                    tokens=[i.task.lease_token for i in eligible],
+                    versions=[i.task.version for i in eligible],
+                    results=[i.result_json for i in eligible],
+                    now=now,
+                )
+                done = {int(r[0]): (int(r[1]), float(r[4])) for r in rows}
+            committed_fences = [i.fence for i in fenced if i.task.id in done and i.fence is not None]
+            if committed_fences:
+                accepted = {
+                    r[0]
+                    for r in await self._fetch(
+                        conn,
+                        "fence_many",
+                        resources=[f[0] for f in committed_fences],
+                        tokens=[f[1] for f in committed_fences],
+                        now=now,
+                    )
+                }
+                if any(f[0] not in accepted for f in committed_fences):
+                    raise RetryTransaction("a higher fencing token was recorded concurrently")
+            records = [
+                (i.task.queue, i.task.idempotency_key)
+                for i in items
+                if i.task.idempotency_key is not None and i.task.id in done
+            ]
+            if records:
+                await self._x(
+                    conn,
+                    "record_processed_batch",
+                    consumers=[c for c, _ in records],
+                    message_ids=[m for _, m in records],
+                    now=now,
+                )
+            await self._promote(conn, [(i.task.queue, i.task.partition_key) for i in items if i.task.id in done])
+            missing = [i.task.id for i in items if i.task.id not in done and i.task.id not in refused]
+            current: dict[int, _Row] = {}
+            if missing:
+                current = {int(r[0]): r for r in await self._fetch(conn, "select_tasks", ids=missing)}
+            out: list[Task | CoordError] = []
+            for i in items:
+                t = i.task
+                if t.id in refused:
+                    assert i.fence is not None
+                    out.append(fence_rejected_error(i.fence[0], i.fence[1], refused[t.id]))
+                elif t.id in done:
+                    version, at = done[t.id]
+                    out.append(settled_done(t, version=version, now=at, result=decode_json(i.result_json)))
+                else:
+                    row = current.get(t.id)
+                    if attempt > 0 and row is not None and _settled_by_us(row, t, TaskStatus.DONE):
+                        out.append(_row_to_task(row))  # our earlier attempt committed it
+                        continue
+                    reason = _lost_reason(row, t)
+                    out.append(TaskNotFoundError(t.id) if reason is None else LeaseLostError(t.id, reason))
+            return out
+
+        return await self._run(op, what="complete", ambiguous_ok=True)
+
+    # --- fail, release, extend ------------------------------------------------------------
+
+    async def _settle(
+        self, task: Task, name: str, params: dict[str, Any], *, expect: TaskStatus, head_change: bool
+    ) -> Task:
+        key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, **params}
+
+        async def op(conn: asyncpg.Connection, attempt: int) -> tuple[_Row | None, str | None]:
+            if head_change:
+                await self._x(conn, "lock_keys", **_keys([(task.queue, task.partition_key)]))
+            row = await self._row(conn, name, now=self._now(), **key)
+            if row is None:
+                current = await self._row(conn, "select_task", id=task.id)
+                if attempt > 0 and _settled_by_us(current, task, expect):
+                    return current, None
+                return None, _lost_reason(current, task)
+            if head_change:
+                await self._promote(conn, [(task.queue, task.partition_key)])
+            return row, None
+
+        row, reason = await self._run(op, what=name, tx=head_change, ambiguous_ok=True)
+        if row is None:
+            if reason is None:
+                raise TaskNotFoundError(task.id)
+            self.events.add(ev.STALE_COMMIT_REJECTED)
+            raise LeaseLostError(task.id, reason)
+        return _row_to_task(row)
+
+    async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
+        """Record a failed attempt: pending again after the backoff, or dead after the last.
+
+        Args:
+            task: The task as returned by ``claim``.
+            error: What went wrong (kept as ``last_error``; truncated to 8192 characters).
+            retry: A :class:`~asynccoord.config.RetryPolicy` for the delay; default the store's.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            InvalidTypeError: bad ``task``, ``error`` or ``retry``.
+        """
+        check_task(task)
+        text = clean_error(error)
+        policy = check_retry(retry, self.config)
+        self._writable()
+        if task.attempts >= task.max_attempts:
+            out = await self._settle(task, "dead_letter", {"error": text}, expect=TaskStatus.DEAD, head_change=True)
+            self.events.add(ev.DEAD_LETTERED)
+        else:
+            delay = policy.delay_s(max(task.attempts, 1))
+            out = await self._settle(
+                task, "retry", {"error": text, "delay_s": delay}, expect=TaskStatus.PENDING, head_change=False
+            )
+            self.events.add(ev.RETRIES)
+        return out
+
+    async def release(self, task: Task, *, delay_s: float = 0.0) -> Task:
+        """Hand the task back to pending without counting the attempt.
+
+        Args:
+            task: The task as returned by ``claim``.
+            delay_s: Seconds before it is due again (>= 0). Default 0: due now.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+        """
+        check_task(task)
+        delay = check_non_negative("delay_s", delay_s)
+        self._writable()
+        out = await self._settle(task, "release", {"delay_s": delay}, expect=TaskStatus.PENDING, head_change=False)
+        if delay == 0:
+            self.notifier.notify(out.queue, 1, (out.partition,))
+        return out
+
+    async def extend(self, task: Task, lease_s: float) -> float:
+        """Renew the lease to ``lease_s`` seconds from now; return the new expiry (store clock).
+
+        An expired lease is never revived, even when nobody reclaimed the task.
+
+        Raises:
+            LeaseLostError: the lease expired or was taken.
+        """
+        check_task(task)
+        lease = check_positive("lease_s", lease_s)
+        self._writable()
+        key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, "lease_s": lease}
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> tuple[float | None, str | None]:
+            expiry = await self._val(conn, "extend", now=self._now(), **key)
+            if expiry is None:
+                return None, _lost_reason(await self._row(conn, "select_task", id=task.id), task)
+            return float(expiry), None
+
+        expiry, reason = await self._run(op, what="extend", tx=False, ambiguous_ok=True)
+        if expiry is None:
+            if reason is None:
+                raise TaskNotFoundError(task.id)
+            raise LeaseLostError(task.id, reason)
+        return expiry
+
+    async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
+        """Renew many leases with one statement; True for each lease still held.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad task or ``lease_s``.
+        """
+        checked = check_tasks(tasks)
+        lease = check_positive("lease_s", lease_s)
+        if not checked:
+            return []
+        self._writable()
+        ids = [t.id for t in checked]
+        tokens = [t.lease_token for t in checked]
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> set[tuple[int, str]]:
+            rows = await self._fetch(conn, "extend_many", ids=ids, tokens=tokens, lease_s=lease, now=self._now())
+            return {(int(r[0]), str(r[1])) for r in rows}
+
+        renewed = await self._run(op, what="extend_many", tx=False, ambiguous_ok=True)
+        return [(t.id, t.lease_token) in renewed for t in checked]
+
+    # --- unchecked operations (benchmarks only) ------------------------------------------
+
+    async def unchecked_claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Sequence[int] | None = None,
+    ) -> list[Task]:
+        """Claim as a naive queue does: read due tasks, then mark them running, unconditionally.
+
+        The read and the write are separate statements, so two nodes can claim the
+        same task. Exists only so benchmarks can show what the version layer buys;
+        never use it to process real work.
+        """
+        queue, node_id, limit, lease, parts, _ = check_claim_args(
+            queue, node_id, limit, lease_s, partitions, False, self._partitions
+        )
+        self._writable()
+
+        async def peek(conn: asyncpg.Connection, _attempt: int) -> list[int]:
+            rows = await self._fetch(
+                conn, "unchecked_peek", queue=queue, limit=limit, partitions=parts, now=self._now()
+            )
+            return [int(r[0]) for r in rows]
+
+        ids = await self._run(peek, what="unchecked_peek", tx=False, ambiguous_ok=True)
+        if not ids:
+            return []
+        token = new_token()
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+            return await self._fetch(
+                conn, "unchecked_claim", ids=ids, node_id=node_id, lease_s=lease, token=token, now=self._now()
+            )
+
+        rows = await self._run(op, what="unchecked_claim", tx=False)
+        self.events.add(ev.CLAIMS, len(rows))
+        return [_row_to_task(r) for r in rows]
+
+    async def unchecked_complete(self, tasks: Sequence[Task], results: Sequence[Any] | None = None) -> int:
+        """Mark tasks done without any compare-and-set (benchmarks only); return rows written."""
+        checked = check_tasks(tasks)
+        encoded = encode_results(results, len(checked), self.config)
+        if not checked:
+            return 0
+        self._writable()
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> int:
+            await self._x(conn, "lock_keys", **_keys([(t.queue, t.partition_key) for t in checked]))
+            rows = await self._fetch(
+                conn, "unchecked_complete", ids=[t.id for t in checked], results=encoded, now=self._now()
+            )
+            await self._promote(conn, [(r[0], r[1]) for r in rows])
+            return len(rows)
+
+        written = await self._run(op, what="unchecked_complete")
+        self.events.add(ev.COMMITS, written)
+        return written
+
+    # --- inspection and maintenance ---------------------------------------------------
+
+    async def get(self, task_id: int) -> Task:
+        """The task with that id.
+
+        Raises:
+            TaskNotFoundError: no such task.
+            InvalidTypeError: ``task_id`` is not an int.
+        """
+        check_int("task_id", task_id, minimum=0)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> _Row | None:
+            return await self._row(conn, "select_task", id=task_id)
+
+        row = await self._run(op, what="get", tx=False, ambiguous_ok=True)
+        if row is None:
+            raise TaskNotFoundError(task_id)
+        return _row_to_task(row)
+
+    async def stats(self, queue: str | None = None) -> QueueStats:
+        """Counts by status and the oldest due pending age (store clock), for ``queue`` or all."""
+        if queue is not None:
+            check_name("queue", queue)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> tuple[list[_Row], _Row | None]:
+            counts = await self._fetch(conn, "stats_counts", queue=queue)
+            oldest = await self._row(conn, "stats_oldest_pending", queue=queue, now=self._now())
+            return counts, oldest
+
+        counts, oldest = await self._run(op, what="stats", ambiguous_ok=True)
+        by_status = {s: 0 for s in TaskStatus}
+        for status, n in counts:
+            by_status[TaskStatus(status)] = int(n)
+        age = None
+        if oldest is not None and oldest[0] is not None:
+            age = max(0.0, float(oldest[1]) - float(oldest[0]))
+        return QueueStats(counts=by_status, oldest_pending_age_s=age)
+
+    async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
+        check_name("queue", queue)
+        ids = check_task_ids(task_ids)
+        self._writable()
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+            now = self._now()
+            pairs = [(r[0], r[1]) for r in await self._fetch(conn, "dead_keys", queue=queue, ids=ids)]
+            if not pairs:
+                return []
+            await self._x(conn, "lock_keys", **_keys(pairs))
+            rows = await self._fetch(conn, "requeue_dead", queue=queue, ids=ids, now=now)
+            touched = [(r[1], r[2]) for r in rows]
+            if touched:
+                await self._x(conn, "recompute_heads", **_keys(touched))
+                await self._promote(conn, touched)
+            return rows
+
+        rows = await self._run(op, what="requeue_dead")
+        if rows:
+            self.notifier.notify(queue, len(rows), {int(r[3]) for r in rows})
+        return len(rows)
+
+    async def is_processed(self, consumer: str, message_id: str) -> bool:
+        """Whether ``(consumer, message_id)`` has a processed-id record (consumer = queue name)."""
+        check_name("consumer", consumer)
+        check_name("message_id", message_id)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
+            return await self._row(conn, "is_processed", consumer=consumer, message_id=message_id) is not None
+
+        return await self._run(op, what="is_processed", tx=False, ambiguous_ok=True)
+
+    async def purge_processed(self, *, older_than_s: float | None = None, batch: int | None = None) -> PurgeResult:
+        """Delete processed-id records older than ``older_than_s`` (default: the retention).
+
+        Each batch is its own short statement, so a large purge never holds locks for long.
+
+        Args:
+            older_than_s: Age cutoff, seconds (>= 0); default ``config.processed.retention_s``.
+            batch: Rows per delete statement (>= 1); default ``config.processed.purge_batch``.
+        """
+        age = (
+            self.config.processed.retention_s
+            if older_than_s is None
+            else check_non_negative("older_than_s", older_than_s)
+        )
+        size = self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1)
+        self._writable()
+        return await self._purge("purge_processed_batch", {"batch": size, "age_s": age}, size)
+
+    async def purge_finished(self, queue: str, *, older_than_s: float, batch: int = 1000) -> PurgeResult:
+        """Delete ``done`` tasks of ``queue`` last updated more than ``older_than_s`` ago.
+
+        Dead tasks are kept (they wait for a person). Processed-id records are kept
+        by their own retention, so a redelivery after this purge is still recognized.
+        """
+        check_name("queue", queue)
+        age = check_non_negative("older_than_s", older_than_s)
+        size = check_int("batch", batch, minimum=1)
+        self._writable()
+        return await self._purge("purge_finished_batch", {"batch": size, "queue": queue, "age_s": age}, size)
+
+    async def _purge(self, name: str, params: dict[str, Any], size: int) -> PurgeResult:
+        deleted = batches = 0
+        while True:
+
+            async def op(conn: asyncpg.Connection, _attempt: int) -> int:
+                status = await conn.execute(Q[name].text, *Q[name].args({**params, "now": self._now()}))
+                return int(str(status).rsplit(" ", 1)[-1])
+
+            n = await self._run(op, what=name, tx=False, ambiguous_ok=True)
+            if n > 0:
+                deleted += n
+                batches += 1
+            if n < size:
+                return PurgeResult(deleted=deleted, batches=batches)
+
+
+def _is_fence_error(outcome: object) -> bool:
+    return isinstance(outcome, FencingTokenRejectedError)
+
+
+class _Item:
+    """One task of a commit batch."""
+
+    __slots__ = ("fence", "result_json", "task")
+
+    def __init__(self, task: Task, result_json: str | None, fence: tuple[str, int] | None) -> None:
+        self.task = task
+        self.result_json = result_json
+        self.fence = fence
+
+
+class _CompleteBatcher:
+    """Group commit of concurrent ``complete`` calls: one transaction per batch of waiting calls.
+
+    The first caller starts a drain task; while its transaction runs, later callers
+    queue up and go together in the next one (at most ``max_batch`` items each). A
+    caller cancelled while its batch commits does not stop the batch (a commit cannot
+    be taken back; the task is done either way).
+    """
+
+    def __init__(self, run: Callable[[Sequence[_Item]], Awaitable[list[Task | CoordError]]], max_batch: int) -> None:
+        self._run = run
+        self._max_batch = max_batch
+        self._waiting: list[tuple[_Item, asyncio.Future[Task | CoordError]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+
+    async def submit(self, item: _Item) -> Task | CoordError:
+        future: asyncio.Future[Task | CoordError] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain(), name="asynccoord-postgres-commit")
+        return await asyncio.shield(future)
+
+    async def flush(self) -> None:
+        """Wait until everything submitted so far is committed (or failed)."""
+        drainer = self._drainer
+        if drainer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(drainer)
+
+    async def _drain(self) -> None:
+        while self._waiting:
+            batch = self._waiting[: self._max_batch]
+            del self._waiting[: self._max_batch]
+            # One task twice in a batch (a caller repeating itself) goes in the next batch.
+            seen: set[int] = set()
+            now_batch: list[tuple[_Item, asyncio.Future[Task | CoordError]]] = []
+            for entry in batch:
+                if entry[0].task.id in seen:
+                    self._waiting.insert(0, entry)
+                else:
+                    seen.add(entry[0].task.id)
+                    now_batch.append(entry)
+            try:
+                outcomes = await self._run([item for item, _ in now_batch])
+            except BaseException as exc:
+                for _, future in now_batch:
+                    if not future.done():
+                        if isinstance(exc, asyncio.CancelledError):
+                            future.set_exception(StoreClosedError("the store closed while the commit was queued"))
+                        else:
+                            future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (_, future), outcome in zip(now_batch, outcomes, strict=True):
+                if not future.done():
+                    future.set_result(outcome)

@@ -1,0 +1,299 @@
+-- Named queries of the task queue for the PostgreSQL store (see backends/postgres.py).
+-- Parameters are written :name and bound positionally by the loader (never formatted
+-- into the text). :now is NULL except under a test clock: coord_now(:now) is the server
+-- clock (statement_timestamp()). Every task-returning query lists the columns in the
+-- same order as the SQLite dialect (see _row_to_task in backends/postgres.py).
+-- Batches arrive as parallel arrays (unnest), one statement per table.
+
+-- name: now
+SELECT coord_now(:now::float8);
+
+-- name: meta_get
+SELECT value FROM coord_meta WHERE key = :key::text;
+
+-- name: meta_set
+INSERT INTO coord_meta (key, value) VALUES (:key::text, :value::text)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
+-- name: next_task_ids
+-- Ids for a batch of new tasks, ascending in input order (PostgreSQL only: lets an
+-- INSERT ... ON CONFLICT DO NOTHING report which inputs were created).
+SELECT nextval(pg_get_serial_sequence('coord_tasks', 'id')) FROM generate_series(1, :count::int) ORDER BY 1;
+
+-- name: lock_keys
+-- PostgreSQL only. Takes the row lock of each (queue, partition_key), in sorted order
+-- (so two transactions never deadlock on them), before a transition that changes the
+-- keys' active sets: head upkeep then sees every committed transition of those keys.
+INSERT INTO coord_task_keys (queue, partition_key)
+SELECT q, k FROM unnest(:queues::text[], :keys::text[]) AS u (q, k) ORDER BY q, k
+ON CONFLICT (queue, partition_key) DO UPDATE SET touches = coord_task_keys.touches + 1;
+
+-- name: insert_task
+-- :ids are from next_task_ids; every column array has one item per task. Heads are set
+-- afterwards by promote_heads (an INSERT ... SELECT cannot see its own rows).
+INSERT INTO coord_tasks (id, queue, partition_key, partition, idempotency_key, payload, priority,
+                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at)
+SELECT u.id, u.queue, u.partition_key, u.partition, u.idempotency_key, u.payload, u.priority,
+       'pending', false, 0, u.max_attempts, coord_now(:now::float8) + u.delay_s, 0,
+       coord_now(:now::float8), coord_now(:now::float8)
+  FROM unnest(:ids::bigint[], :queues::text[], :partition_keys::text[], :partitions::int[], :idempotency_keys::text[],
+              :payloads::text[], :priorities::int[], :max_attempts::int[], :delays::float8[])
+       AS u (id, queue, partition_key, partition, idempotency_key, payload, priority, max_attempts, delay_s)
+ ORDER BY u.id
+ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+
+-- name: select_by_idempotency_key
+SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed
+  FROM coord_tasks WHERE queue = :queue::text AND idempotency_key = :idempotency_key::text;
+
+-- name: select_tasks
+-- PostgreSQL only: many tasks by id (the SQLite dialect selects one at a time).
+SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed
+  FROM coord_tasks WHERE id = ANY(:ids::bigint[]);
+
+-- name: select_task
+SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed
+  FROM coord_tasks WHERE id = :id::bigint;
+
+-- name: promote_heads
+-- Under lock_keys of the same keys: mark each key's earliest active task as its head
+-- (a no-op where it already is). Returns the newly promoted heads.
+UPDATE coord_tasks SET is_head = true
+ WHERE NOT is_head AND id IN (
+    SELECT (SELECT t.id FROM coord_tasks AS t
+             WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active
+             ORDER BY t.id LIMIT 1)
+      FROM unnest(:queues::text[], :keys::text[]) AS k (q, pk))
+RETURNING queue, partition, run_at;
+
+-- name: recompute_heads
+-- After tasks rejoin the active set out of order (requeue): heads of the keys from
+-- scratch (under lock_keys). Clearing first keeps coord_tasks_one_head satisfied.
+WITH cleared AS (
+    UPDATE coord_tasks AS t SET is_head = false
+      FROM unnest(:queues::text[], :keys::text[]) AS k (q, pk)
+     WHERE t.queue = k.q AND t.partition_key = k.pk AND t.is_head
+    RETURNING t.id)
+SELECT count(*) FROM cleared;
+
+-- name: exhausted_keys
+-- PostgreSQL only: keys with a lease that expired on its last attempt (dead_letter_exhausted's
+-- keys, locked before it runs).
+SELECT DISTINCT queue, partition_key FROM coord_tasks
+ WHERE queue = :queue::text AND status = 'running' AND lease_expires_at <= coord_now(:now::float8)
+   AND attempts >= max_attempts;
+
+-- name: dead_letter_exhausted
+-- Leases that expired on the last allowed attempt: dead, so they never take a claim
+-- slot or block their key.
+UPDATE coord_tasks
+   SET status = 'dead', active = false, is_head = false,
+       last_error = 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')',
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = version + 1, updated_at = coord_now(:now::float8)
+ WHERE queue = :queue::text AND status = 'running' AND lease_expires_at <= coord_now(:now::float8)
+   AND attempts >= max_attempts
+RETURNING id, queue, partition_key;
+
+-- name: claim
+-- One statement: rows locked by another claim are skipped, never waited for. Tasks on
+-- their last attempt with an expired lease are left to dead_letter_exhausted; the last
+-- two columns say whether the task's message id was already processed and whether such
+-- exhausted leases exist in the queue.
+WITH exhausted AS (
+    SELECT EXISTS (SELECT 1 FROM coord_tasks AS x
+                    WHERE x.queue = :queue::text AND x.status = 'running'
+                      AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts) AS found)
+UPDATE coord_tasks
+   SET reclaimed = (status = 'running'),
+       status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id::text, lease_token = :token::text || '.' || id,
+       lease_expires_at = coord_now(:now::float8) + :lease_s::float8,
+       version = version + 1, updated_at = coord_now(:now::float8)
+ WHERE id IN (
+    SELECT t.id FROM coord_tasks AS t
+     WHERE t.queue = :queue::text AND t.active
+       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END)
+           <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND (t.status = 'pending' OR t.attempts < t.max_attempts)
+       AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit::int
+     FOR UPDATE SKIP LOCKED)
+RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed,
+          idempotency_key IS NOT NULL AND EXISTS (SELECT 1 FROM coord_processed AS p
+                                                    WHERE p.consumer = queue AND p.message_id = idempotency_key),
+          (SELECT found FROM exhausted);
+
+-- name: claim_ordered
+-- Per-key ordering: only the head (earliest active task) of each partition key is eligible.
+WITH exhausted AS (
+    SELECT EXISTS (SELECT 1 FROM coord_tasks AS x
+                    WHERE x.queue = :queue::text AND x.status = 'running'
+                      AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts) AS found)
+UPDATE coord_tasks
+   SET reclaimed = (status = 'running'),
+       status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id::text, lease_token = :token::text || '.' || id,
+       lease_expires_at = coord_now(:now::float8) + :lease_s::float8,
+       version = version + 1, updated_at = coord_now(:now::float8)
+ WHERE id IN (
+    SELECT t.id FROM coord_tasks AS t
+     WHERE t.queue = :queue::text AND t.is_head
+       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END)
+           <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND (t.status = 'pending' OR t.attempts < t.max_attempts)
+       AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit::int
+     FOR UPDATE SKIP LOCKED)
+RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed,
+          idempotency_key IS NOT NULL AND EXISTS (SELECT 1 FROM coord_processed AS p
+                                                    WHERE p.consumer = queue AND p.message_id = idempotency_key),
+          (SELECT found FROM exhausted);
+
+-- name: settle_duplicate
+-- Claimed tasks whose message id was already processed: done without running them
+-- (a compare-and-set on the claim's lease, under lock_keys).
+UPDATE coord_tasks AS t
+   SET status = 'done', active = false, is_head = false, result = '{"duplicate": true}', last_error = NULL,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = t.version + 1, updated_at = coord_now(:now::float8)
+  FROM unnest(:ids::bigint[], :tokens::text[]) AS b (id, token)
+ WHERE t.id = b.id AND t.lease_token = b.token AND t.status = 'running' AND t.idempotency_key IS NOT NULL
+   AND EXISTS (SELECT 1 FROM coord_processed AS p WHERE p.consumer = t.queue AND p.message_id = t.idempotency_key)
+RETURNING t.id;
+
+-- name: complete_batch
+-- Each item is its own compare-and-set on (id, lease_token, version) plus a live lease.
+UPDATE coord_tasks AS t
+   SET status = 'done', active = false, is_head = false, result = b.result, last_error = NULL,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = t.version + 1, updated_at = coord_now(:now::float8)
+  FROM unnest(:ids::bigint[], :tokens::text[], :versions::bigint[], :results::text[]) AS b (id, token, version, result)
+ WHERE t.id = b.id AND t.lease_token = b.token AND t.version = b.version
+   AND t.status = 'running' AND t.lease_expires_at > coord_now(:now::float8)
+RETURNING t.id, t.version, t.queue, t.partition_key, t.updated_at;
+
+-- name: record_processed_batch
+INSERT INTO coord_processed (consumer, message_id, processed_at)
+SELECT c, m, coord_now(:now::float8) FROM unnest(:consumers::text[], :message_ids::text[]) AS u (c, m)
+ON CONFLICT (consumer, message_id) DO NOTHING;
+
+-- name: retry
+UPDATE coord_tasks
+   SET status = 'pending', run_at = coord_now(:now::float8) + :delay_s::float8, last_error = :error::text,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = version + 1, updated_at = coord_now(:now::float8)
+ WHERE id = :id::bigint AND lease_token = :lease_token::text AND version = :version::bigint
+   AND status = 'running' AND lease_expires_at > coord_now(:now::float8)
+RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+
+-- name: dead_letter
+UPDATE coord_tasks
+   SET status = 'dead', active = false, is_head = false, last_error = :error::text,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = version + 1, updated_at = coord_now(:now::float8)
+ WHERE id = :id::bigint AND lease_token = :lease_token::text AND version = :version::bigint
+   AND status = 'running' AND lease_expires_at > coord_now(:now::float8)
+RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+
+-- name: release
+UPDATE coord_tasks
+   SET status = 'pending', run_at = coord_now(:now::float8) + :delay_s::float8, attempts = greatest(attempts - 1, 0),
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = version + 1, updated_at = coord_now(:now::float8)
+ WHERE id = :id::bigint AND lease_token = :lease_token::text AND version = :version::bigint
+   AND status = 'running' AND lease_expires_at > coord_now(:now::float8)
+RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+
+-- name: release_many
+-- PostgreSQL only: hand back the tasks of a claim whose caller was cancelled (by lease token).
+UPDATE coord_tasks AS t
+   SET status = 'pending', run_at = coord_now(:now::float8), attempts = greatest(t.attempts - 1, 0),
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = t.version + 1, updated_at = coord_now(:now::float8)
+  FROM unnest(:ids::bigint[], :tokens::text[]) AS b (id, token)
+ WHERE t.id = b.id AND t.lease_token = b.token AND t.status = 'running'
+RETURNING t.id;
+
+-- name: extend
+UPDATE coord_tasks SET lease_expires_at = coord_now(:now::float8) + :lease_s::float8
+ WHERE id = :id::bigint AND lease_token = :lease_token::text AND version = :version::bigint
+   AND status = 'running' AND lease_expires_at > coord_now(:now::float8)
+RETURNING lease_expires_at;
+
+-- name: extend_many
+UPDATE coord_tasks AS t SET lease_expires_at = coord_now(:now::float8) + :lease_s::float8
+  FROM unnest(:ids::bigint[], :tokens::text[]) AS b (id, token)
+ WHERE t.id = b.id AND t.lease_token = b.token
+   AND t.status = 'running' AND t.lease_expires_at > coord_now(:now::float8)
+RETURNING t.id, t.lease_token;
+
+-- name: stats_counts
+SELECT status, count(*) FROM coord_tasks WHERE (:queue::text IS NULL OR queue = :queue::text) GROUP BY status;
+
+-- name: stats_oldest_pending
+SELECT min(run_at), coord_now(:now::float8) FROM coord_tasks
+ WHERE status = 'pending' AND run_at <= coord_now(:now::float8) AND (:queue::text IS NULL OR queue = :queue::text);
+
+-- name: requeue_dead
+UPDATE coord_tasks
+   SET status = 'pending', active = true, attempts = 0, run_at = coord_now(:now::float8),
+       version = version + 1, updated_at = coord_now(:now::float8)
+ WHERE queue = :queue::text AND status = 'dead'
+   AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]))
+RETURNING id, queue, partition_key, partition;
+
+-- name: dead_keys
+-- PostgreSQL only: the keys requeue_dead will touch (locked before it runs).
+SELECT DISTINCT queue, partition_key FROM coord_tasks
+ WHERE queue = :queue::text AND status = 'dead' AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]));
+
+-- name: is_processed
+SELECT 1 FROM coord_processed WHERE consumer = :consumer::text AND message_id = :message_id::text;
+
+-- name: purge_processed_batch
+DELETE FROM coord_processed
+ WHERE ctid = ANY(ARRAY(SELECT ctid FROM coord_processed
+                         WHERE processed_at < coord_now(:now::float8) - :age_s::float8 LIMIT :batch::int));
+
+-- name: purge_finished_batch
+DELETE FROM coord_tasks
+ WHERE id IN (SELECT id FROM coord_tasks
+               WHERE queue = :queue::text AND status = 'done'
+                 AND updated_at < coord_now(:now::float8) - :age_s::float8
+               LIMIT :batch::int);
+
+-- name: notify
+-- PostgreSQL only: wake idle nodes of other processes (delivered at commit).
+SELECT pg_notify(:channel::text, :payload::text);
+
+-- Unchecked operations: what a naive queue does (read, then write without a
+-- compare-and-set). Only for measuring what the version layer buys.
+
+-- name: unchecked_peek
+SELECT id FROM coord_tasks AS t
+ WHERE t.queue = :queue::text AND t.status = 'pending' AND t.run_at <= coord_now(:now::float8)
+   AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+ ORDER BY t.priority DESC, t.id
+ LIMIT :limit::int;
+
+-- name: unchecked_claim
+UPDATE coord_tasks
+   SET status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id::text, lease_token = :token::text || '.' || id,
+       lease_expires_at = coord_now(:now::float8) + :lease_s::float8,
+       version = version + 1, updated_at = coord_now(:now::float8)
+ WHERE id = ANY(:ids::bigint[]) AND active
+RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+
+-- name: unchecked_complete
+UPDATE coord_tasks AS t
+   SET status = 'done', active = false, is_head = false, result = b.result, last_error = NULL,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+       version = t.version + 1, updated_at = coord_now(:now::float8)
+  FROM unnest(:ids::bigint[], :results::text[]) AS b (id, result)
+ WHERE t.id = b.id
+RETURNING t.queue, t.partition_key;
