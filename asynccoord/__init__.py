@@ -36,12 +36,16 @@ from .events import EventCounter
 from .histogram import Histogram, LatencyRecorder
 from .lock import Lock, Semaphore
 from .lockmodels import FenceRecord, Lease, LockBusy, LockInfo
+from .lockpool import LockPool
 from .membermodels import Member, MemberBeat
 from .membership import Membership, MembershipStats, MembershipView
 from .models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from .monitor import AlertRule, ClusterSnapshot, Monitor, MonitorStats
 from .monitormodels import Alert, AlertScope, AlertState
+from .node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
+from .notify import WorkNotifier
 from .partition import assign, owner_of, partition_of
+from .runtime import Runtime
 from .watchdog import Watchdog, WatchdogStats
 
 __version__ = "0.1.0"
@@ -53,6 +57,7 @@ __all__ = (
     "AlertState",
     "ClusterSnapshot",
     "CoordError",
+    "Delivery",
     "EnqueueResult",
     "EventCounter",
     "FenceRecord",
@@ -69,6 +74,7 @@ __all__ = (
     "LockInfo",
     "LockLostError",
     "LockNotHeldError",
+    "LockPool",
     "LockTimeoutError",
     "MaxHoldExceededError",
     "Member",
@@ -80,6 +86,10 @@ __all__ = (
     "Monitor",
     "MonitorStats",
     "NewTask",
+    "Node",
+    "NodeConfig",
+    "NodeState",
+    "NodeStatus",
     "NotADatabaseError",
     "PayloadTooLargeError",
     "ProcessedRetention",
@@ -87,22 +97,25 @@ __all__ = (
     "QueueStats",
     "ReadOnlyStoreError",
     "RetryPolicy",
+    "Runtime",
     "SQLiteStore",
     "SchemaVersionError",
     "Semaphore",
     "StaleVersionError",
     "StoreBusyError",
     "StoreClosedError",
-    "StoreConnectionError",
     "StoreConfig",
+    "StoreConnectionError",
     "StoreError",
     "Task",
     "TaskNotFoundError",
     "TaskStatus",
     "Watchdog",
     "WatchdogStats",
+    "WorkNotifier",
     "__version__",
     "assign",
+    "current_delivery",
     "owner_of",
     "partition_of",
 )
