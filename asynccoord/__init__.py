@@ -40,7 +40,7 @@ from .lockpool import LockPool
 from .membermodels import Member, MemberBeat
 from .membership import Membership, MembershipStats, MembershipView
 from .models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
-from .monitor import AlertRule, ClusterSnapshot, Monitor, MonitorStats
+from .monitor import DEFAULT_RULES, AlertRule, AlertStream, ClusterSnapshot, Monitor, MonitorStats
 from .monitormodels import Alert, AlertScope, AlertState
 from .node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
 from .notify import WorkNotifier
@@ -55,8 +55,10 @@ __all__ = (
     "AlertRule",
     "AlertScope",
     "AlertState",
+    "AlertStream",
     "ClusterSnapshot",
     "CoordError",
+    "DEFAULT_RULES",
     "Delivery",
     "EnqueueResult",
     "EventCounter",

@@ -51,7 +51,14 @@ def _positive_float(text: str) -> float:
 
 
 def _configure_status(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, metavar="PATH", help="the SQLite database file (opened read-only)")
+    parser.add_argument(
+        "--db",
+        "--store",
+        dest="db",
+        required=True,
+        metavar="TARGET",
+        help="the SQLite database file, or a postgresql:// DSN (opened read-only)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (schema: status.schema.json)")
     parser.add_argument(
         "--window",

@@ -223,7 +223,12 @@ async def _release_quietly(store: LockStore, lease: Lease) -> None:
     try:
         await _release_and_signal(store, lease)
     except Exception as exc:
-        log.warning("lock_release_failed name=%r fencing_token=%d error=%s", lease.name, lease.fencing_token, exc)
+        log.warning(
+            "asynccoord.lock.lock_release_failed name=%r fencing_token=%d error=%s",
+            lease.name,
+            lease.fencing_token,
+            exc,
+        )
 
 
 def _release_orphan(store: LockStore, call: asyncio.Future[Lease | LockBusy]) -> None:
@@ -232,13 +237,17 @@ def _release_orphan(store: LockStore, call: asyncio.Future[Lease | LockBusy]) ->
         return
     outcome = call.result()
     if isinstance(outcome, Lease):
-        log.info("lock_acquire_cancelled name=%r fencing_token=%d: releasing", outcome.name, outcome.fencing_token)
+        log.info(
+            "asynccoord.lock.lock_acquire_cancelled name=%r fencing_token=%d: releasing",
+            outcome.name,
+            outcome.fencing_token,
+        )
         _keep(asyncio.ensure_future(_release_quietly(store, outcome)))
 
 
 def _log_outcome(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.warning("lock_release_failed error=%s", task.exception())
+        log.warning("asynccoord.lock.lock_release_failed error=%s", task.exception())
 
 
 async def _shielded(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
@@ -669,7 +678,11 @@ class _LeaseHandle:
         try:
             held = await self._release_current(lease)
         except Exception as error:
-            log.warning("lock_release_failed name=%r error=%s: the lease will lapse by its TTL", lease.name, error)
+            log.warning(
+                "asynccoord.lock.lock_release_failed name=%r error=%s: the lease will lapse by its TTL",
+                lease.name,
+                error,
+            )
             self._forget()
             return True, error
         if not held and lost is None:

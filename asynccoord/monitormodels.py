@@ -123,9 +123,13 @@ class Alert:
             limit = f"{self.threshold:.1%}"
         else:
             measure, limit = f"{self.count}", f"{self.threshold:g}"
-        op = ">" if self.firing else "<="
+        if self.firing:
+            return (
+                f"[{self.state.value}] {self.rule}: {self.event} {measure} > {limit} over {self.window_s:g}s ({where})"
+            )
         return (
-            f"[{self.state.value}] {self.rule}: {self.event} {measure} {op} {limit} over {self.window_s:g}s ({where})"
+            f"[{self.state.value}] {self.rule}: {self.event} {measure} over {self.window_s:g}s, back under the "
+            f"rule's clear level (it fires above {limit}) ({where})"
         )
 
     def to_dict(self) -> dict[str, Any]:

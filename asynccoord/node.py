@@ -231,6 +231,10 @@ class Node:
             needed for partitioning (without it the node claims from every partition).
         lock_pool: Shared :class:`~asynccoord.lockpool.LockPool` of the process, so
             local tasks needing one lock take turns on one lease. Default: the node's own.
+        lock_store: Where the locks live, if not in ``store``: any lock store (e.g. a
+            :class:`~asynccoord.backends.redis_locks.RedisLockStore` beside a
+            PostgreSQL queue). Commits are still fenced by ``store``. Default None
+            (``store``).
 
     Raises:
         InvalidTypeError, InvalidArgumentError: bad arguments.
@@ -246,6 +250,7 @@ class Node:
         lock_key: LockKeyFn | None = None,
         membership: Membership | None = None,
         lock_pool: LockPool | None = None,
+        lock_store: Any = None,
     ) -> None:
         if not callable(send):
             raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
@@ -254,6 +259,7 @@ class Node:
         if config is not None and not isinstance(config, NodeConfig):
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         self.store = store
+        self.lock_store = store if lock_store is None else lock_store
         self.send = send
         self.node_id = check_name("node_id", node_id)
         self.config = config or NodeConfig()
@@ -474,7 +480,7 @@ class Node:
                 # A semaphore permit, renewed by the store's watchdog while the send runs;
                 # if it is lost the block is cancelled and LockLostError raised.
                 handle = Semaphore(
-                    self.store,
+                    self.lock_store,
                     name,
                     cfg.lock_permits,
                     ttl_s=cfg.lock_ttl_s,
@@ -507,7 +513,7 @@ class Node:
 
     def _pool(self) -> LockPool:
         if self.lock_pool is None:
-            self.lock_pool = LockPool(self.store, ttl_s=self.config.lock_ttl_s, holder=self.node_id)
+            self.lock_pool = LockPool(self.lock_store, ttl_s=self.config.lock_ttl_s, holder=self.node_id)
         return self.lock_pool
 
     async def _send(self, flight: _InFlight) -> tuple[bool, Any, BaseException | None]:

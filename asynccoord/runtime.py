@@ -55,6 +55,9 @@ class Runtime:
             store clock. Default 5.
         heartbeat_interval_s: Seconds between heartbeats. Default ``heartbeat_ttl_s / 3``.
         shutdown_timeout_s: How long in-flight sends may finish at shutdown. Default 10.
+        lock_store: Where the nodes' locks live, if not in ``store`` (e.g. a
+            :class:`~asynccoord.backends.redis_locks.RedisLockStore` beside a PostgreSQL
+            queue); commits are still fenced by ``store``. Default None (``store``).
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad arguments.
@@ -72,6 +75,7 @@ class Runtime:
         heartbeat_ttl_s: float = 5.0,
         heartbeat_interval_s: float | None = None,
         shutdown_timeout_s: float = 10.0,
+        lock_store: Any = None,
     ) -> None:
         if not callable(send):
             raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
@@ -93,7 +97,10 @@ class Runtime:
         )
         self.shutdown_timeout_s = check_positive("shutdown_timeout_s", shutdown_timeout_s)
         self.membership = Membership(store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s)
-        self.lock_pool = LockPool(store, ttl_s=self.config.lock_ttl_s, holder=f"{socket.gethostname()}-{os.getpid()}")
+        self.lock_store = store if lock_store is None else lock_store
+        self.lock_pool = LockPool(
+            self.lock_store, ttl_s=self.config.lock_ttl_s, holder=f"{socket.gethostname()}-{os.getpid()}"
+        )
         self.nodes = [
             Node(
                 store,
@@ -103,6 +110,7 @@ class Runtime:
                 lock_key=lock_key,
                 membership=self.membership,
                 lock_pool=self.lock_pool,
+                lock_store=self.lock_store,
             )
             for node_id in ids
         ]

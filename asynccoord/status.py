@@ -159,7 +159,8 @@ async def collect_status(
     """Open ``path`` read-only and return :func:`status_report` of it.
 
     Args:
-        path: The SQLite database file of the cluster.
+        path: The SQLite database file of the cluster, or a PostgreSQL DSN
+            (``postgresql://...``, see :func:`asynccoord.stores.open_store`).
         windows_s: Windows for rates and latencies, seconds. Default (10, 60).
         busy_timeout_s: How long a read may wait for a busy database (WAL recovery), seconds.
 
@@ -169,6 +170,11 @@ async def collect_status(
         StoreError: a read failed.
     """
     config = StoreConfig(busy_timeout_s=check_positive("busy_timeout_s", busy_timeout_s))
+    if isinstance(path, str) and path.startswith(("postgresql://", "postgres://")):  # a PostgreSQL DSN
+        from .stores import open_store, redact_target
+
+        async with open_store(path, config=config, read_only=True, listen=False) as pg_store:
+            return await status_report(pg_store, windows_s=windows_s, db=redact_target(path))
     async with SQLiteStore(path, config=config, read_only=True) as store:
         return await status_report(store, windows_s=windows_s, db=os.fspath(path))
 

@@ -368,7 +368,7 @@ class Watchdog:
         self._store.events.add(ev.LOCK_LOST, len(lost))
         first, error = lost[0]
         log.warning(
-            "lock_lost count=%d name=%r fencing_token=%d reason=%s%s",
+            "asynccoord.watchdog.lock_lost count=%d name=%r fencing_token=%d reason=%s%s",
             len(lost),
             first._lease.name,
             first._lease.fencing_token,
@@ -380,7 +380,7 @@ class Watchdog:
                 try:
                     g.on_lost(error)
                 except Exception:
-                    log.exception("lock_lost callback failed for %r", g._lease.name)
+                    log.exception("asynccoord.watchdog.lock_lost callback failed for %r", g._lease.name)
 
     def _deadline_error(self, g: Guard) -> LockLostError:
         lease = g._lease
@@ -466,7 +466,9 @@ class Watchdog:
             raise
         except Exception as exc:
             self._renew_errors += 1
-            log.warning("lock_renew_failed leases=%d error=%s: %s", len(batch), type(exc).__name__, exc)
+            log.warning(
+                "asynccoord.watchdog.lock_renew_failed leases=%d error=%s: %s", len(batch), type(exc).__name__, exc
+            )
             retry_at = time.monotonic()
             for g in batch:
                 g._next_renew_at = retry_at + max(MIN_RETRY_S, g._interval_s / 4)

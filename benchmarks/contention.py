@@ -90,8 +90,8 @@ def config_for(strategy: str) -> NodeConfig:
         claim_batch=16,
         max_in_flight=16,
         ordered=versions,
-        idle_min_s=0.005,
-        idle_max_s=0.05,
+        idle_min_s=0.01,
+        idle_max_s=0.5,
         partitioning=partitioning,
         locks=locks,
         version_checks=versions,
@@ -196,13 +196,15 @@ def drain_processes(
         "--tasks",
         str(total),
     ]
-    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    outputs = [f"{path}.worker-{i}.json" for i in range(processes)]
+    procs = [subprocess.Popen([*command, "--result", out]) for out in outputs]
     results = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=900)
+    for proc, out in zip(procs, outputs, strict=True):
+        proc.wait(timeout=900)
         if proc.returncode != 0:
             raise RuntimeError(f"worker exited {proc.returncode}")
-        results.append(json.loads(out))
+        results.append(json.loads(Path(out).read_text()))
+        os.remove(out)
     return results
 
 
@@ -279,6 +281,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--report", metavar="DIR", help="write contention.json, contention.md and contention.png")
     parser.add_argument("--worker", metavar="DB", help=argparse.SUPPRESS)
+    parser.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         strategy = args.strategies[0]
@@ -286,7 +289,7 @@ def main() -> None:
             result = run(lambda: drain_lock_table(args.worker, args.nodes[0], args.send_ms))
         else:
             result = run(lambda: drain_runtime(args.worker, strategy, args.nodes[0], args.send_ms, args.tasks))
-        print(json.dumps(result))
+        Path(args.result).write_text(json.dumps(result))
         return
     folder = tempfile.mkdtemp(prefix="asynccoord-contention-")
     rows = [

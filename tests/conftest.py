@@ -8,8 +8,8 @@ Fixtures
     A fresh SQLite file path under ``tmp_path`` (not created yet).
 ``backend``
     ``"memory"``, ``"sqlite"`` or ``"postgres"``: tests that use it (directly or through
-    ``store`` / ``make_store``) run once per backend. PostgreSQL gets a fresh schema per
-    test; without the service it is skipped, with ``CI=true`` failed (``services.py``).
+    ``store`` / ``make_store``) run once per backend. PostgreSQL gets a schema of its own per
+    test, empty; without the service it is skipped, with ``CI=true`` failed (``services.py``).
 ``make_store``
     ``await make_store(config=..., clock=..., path=...)`` opens a store of the current
     backend; every store it opened is closed at teardown. ``clock`` defaults to the

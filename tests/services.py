@@ -12,18 +12,34 @@ Environment:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
 import functools
 import os
 import secrets
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
-__all__ = ("PG_DSN", "REDIS_URL", "in_ci", "new_schema", "postgres_problem", "redis_problem", "unavailable")
+__all__ = (
+    "LOCK_BACKENDS",
+    "PG_DSN",
+    "REDIS_URL",
+    "ServiceStores",
+    "in_ci",
+    "new_schema",
+    "postgres_problem",
+    "redis_problem",
+    "unavailable",
+)
 
 PG_DSN = os.environ.get("ASYNCCOORD_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ASYNCCOORD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+LOCK_BACKENDS = ("memory", "sqlite", "postgres", "redis")
+"""Backends of the lock contract: the queue stores and the Redis lock store (a test module
+of lock behaviour overrides the ``backend`` fixture with these)."""
 
 
 def in_ci() -> bool:
@@ -88,9 +104,13 @@ def new_schema(prefix: str = "t") -> str:
 class ServiceStores:
     """Opens stores of the service backends for one test, each test on a clean slate.
 
-    PostgreSQL: one fresh schema per distinct ``path`` a test asks for (so two stores
-    opened without ``path`` share one database, as two SQLite stores on one file do),
-    dropped at teardown. Redis: one fresh key prefix per ``path``, deleted at teardown.
+    PostgreSQL: one schema per distinct ``path`` a test asks for (so two stores opened
+    without ``path`` share one database, as two SQLite stores on one file do), emptied at
+    teardown: every table's rows deleted, the task ids restarted, only the schema version
+    kept (creating and dropping a migrated schema per test costs ~10x more). An emptied
+    schema goes back to a free list for the next test; a schema that cannot be emptied is
+    dropped; the free ones are dropped when the test process exits. Redis: one fresh key
+    prefix per ``path``, deleted at teardown.
     """
 
     def __init__(self) -> None:
@@ -106,7 +126,9 @@ class ServiceStores:
                 unavailable("PostgreSQL", problem)
             from asynccoord.backends.postgres import PostgresStore
 
-            schema = self._schemas.setdefault(where, new_schema())
+            if where not in self._schemas:
+                self._schemas[where] = _FREE_SCHEMAS.pop() if _FREE_SCHEMAS else _track(new_schema())
+            schema = self._schemas[where]
             return PostgresStore(PG_DSN, schema=schema, config=config, clock=clock)  # type: ignore[arg-type]
         if backend == "redis":
             problem = redis_problem()
@@ -126,7 +148,13 @@ class ServiceStores:
             conn = await asyncpg.connect(PG_DSN)
             try:
                 for schema in self._schemas.values():
-                    await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                    try:
+                        await _empty_schema(conn, schema)
+                    except Exception:
+                        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                        _ALL_SCHEMAS.discard(schema)
+                    else:
+                        _FREE_SCHEMAS.append(schema)
             finally:
                 await conn.close()
         if self._prefixes:
@@ -140,3 +168,43 @@ class ServiceStores:
                         await client.delete(*keys)
             finally:
                 await client.aclose()
+
+
+_FREE_SCHEMAS: list[str] = []
+_ALL_SCHEMAS: set[str] = set()
+
+
+def _track(schema: str) -> str:
+    if not _ALL_SCHEMAS:
+        atexit.register(_drop_all_schemas)
+    _ALL_SCHEMAS.add(schema)
+    return schema
+
+
+async def _empty_schema(conn: Any, schema: str) -> None:
+    """Delete every row of the schema's tables (schema version kept) and restart the task ids."""
+    tables = [r[0] for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = $1", schema)]
+    if not tables:
+        return  # nothing was created (the test never opened its store)
+    async with conn.transaction():
+        for table in tables:
+            if table == "coord_meta":
+                await conn.execute(f'DELETE FROM "{schema}".coord_meta WHERE key <> $1', "schema_version")
+            else:
+                await conn.execute(f'DELETE FROM "{schema}"."{table}"')
+        await conn.execute(f'ALTER TABLE "{schema}".coord_tasks ALTER COLUMN id RESTART')
+
+
+def _drop_all_schemas() -> None:
+    async def drop() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            for schema in _ALL_SCHEMAS:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    with contextlib.suppress(Exception):
+        asyncio.run(drop())

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from services import LOCK_BACKENDS
 
 from asynccoord import (
     InvalidArgumentError,
@@ -27,6 +28,12 @@ from asynccoord import (
 from asynccoord import events as ev
 
 Store = MemoryStore | SQLiteStore
+
+
+@pytest.fixture(params=LOCK_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The lock contract also runs on the Redis lock store."""
+    return str(request.param)
 
 
 @pytest.fixture

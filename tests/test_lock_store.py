@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+from services import LOCK_BACKENDS
 from support import FakeClock
 
 from asynccoord import (
@@ -23,6 +24,12 @@ from asynccoord import events as ev
 from asynccoord.backends.base import LockStore
 
 Store = MemoryStore | SQLiteStore
+
+
+@pytest.fixture(params=LOCK_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The lock contract also runs on the Redis lock store."""
+    return str(request.param)
 
 
 async def acquire(store: Store, name: str = "x", *, ttl_s: float = 1.0, permits: int = 1, holder: str = "") -> Lease:

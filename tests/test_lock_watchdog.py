@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from services import LOCK_BACKENDS
 
 from asynccoord import (
     InvalidArgumentError,
@@ -27,6 +28,12 @@ from asynccoord import events as ev
 from asynccoord.watchdog import IDLE_EXIT_S
 
 Store = MemoryStore | SQLiteStore
+
+
+@pytest.fixture(params=LOCK_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The lock contract also runs on the Redis lock store."""
+    return str(request.param)
 
 
 @pytest.fixture

@@ -77,6 +77,8 @@ def is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, pgerr.PostgresError):
         state = getattr(exc, "sqlstate", "") or ""
         return state.startswith(_CONNECTION_STATES)
+    if isinstance(exc, pgerr.InternalClientError):  # the protocol state broke with the connection
+        return True
     if isinstance(exc, pgerr.InterfaceError):
         return "closed" in str(exc) or "connection" in str(exc).lower()
     return isinstance(exc, OSError | ConnectionError | asyncio.TimeoutError)
@@ -100,7 +102,14 @@ def map_pg_error(exc: BaseException, what: str) -> StoreError:
     return StoreError(text)
 
 
-_DRIVER_ERRORS = (pgerr.PostgresError, pgerr.InterfaceError, OSError, ConnectionError, asyncio.TimeoutError)
+_DRIVER_ERRORS = (
+    pgerr.PostgresError,
+    pgerr.InterfaceError,
+    pgerr.InternalClientError,
+    OSError,
+    ConnectionError,
+    asyncio.TimeoutError,
+)
 
 
 class PgRunner:
@@ -143,22 +152,27 @@ class PgRunner:
             committing = False
             try:
                 async with self._pool().acquire() as conn:
-                    if not tx:
-                        committing = True
-                        return await fn(conn, attempt)
-                    transaction = conn.transaction()
-                    await transaction.start()
                     try:
-                        result = await fn(conn, attempt)
-                    except BaseException:
-                        if not conn.is_closed():
-                            with contextlib.suppress(*_DRIVER_ERRORS):
-                                await transaction.rollback()
+                        if not tx:
+                            committing = True
+                            return await fn(conn, attempt)
+                        transaction = conn.transaction()
+                        await transaction.start()
+                        try:
+                            result = await fn(conn, attempt)
+                        except BaseException:
+                            if not conn.is_closed():
+                                with contextlib.suppress(*_DRIVER_ERRORS):
+                                    await transaction.rollback()
+                            raise
+                        committing = True
+                        await transaction.commit()
+                        self.transactions += 1
+                        return result
+                    except _DRIVER_ERRORS as exc:
+                        if is_connection_error(exc):
+                            conn.terminate()  # never hand a broken connection back to the pool
                         raise
-                    committing = True
-                    await transaction.commit()
-                    self.transactions += 1
-                    return result
             except RetryTransaction as exc:
                 error: BaseException = exc
                 if time.monotonic() + delay_s > deadline:
@@ -240,7 +254,7 @@ class PgListener:
             try:
                 conn = await self._connect()
                 self._conn = conn
-                conn.add_termination_listener(lambda _conn: lost.set())
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(self.channel, self._on_notify)
             except _DRIVER_ERRORS as exc:
                 log.warning("asynccoord.postgres.listen_failed channel=%s error=%s", self.channel, exc)

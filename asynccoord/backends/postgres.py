@@ -45,7 +45,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeAlias, TypeVar
 
 import asyncpg
 
@@ -59,7 +59,6 @@ from ..errors import (
     LeaseLostError,
     ReadOnlyStoreError,
     SchemaVersionError,
-    StoreClosedError,
     TaskNotFoundError,
 )
 from ..events import EventCounter
@@ -67,6 +66,7 @@ from ..histogram import LatencyRecorder
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
+from ._batch import Batcher
 from ._common import (
     check_claim_args,
     check_fences,
@@ -111,7 +111,7 @@ STORE_RETRIES = "store_retries"
 """Event: a statement was retried after a lost connection or a conflict."""
 
 _STATUS = {s.value: s for s in TaskStatus}
-_Row = asyncpg.Record
+_Row: TypeAlias = Any  # an asyncpg.Record: indexable by column position
 
 
 def _row_to_task(row: _Row) -> Task:
@@ -255,7 +255,10 @@ class PostgresStore(PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
         )
         self._listener: PgListener | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self._batcher = _CompleteBatcher(self._complete_batch, self.config.max_batch_ops)
+        self._committer: Batcher[_Item, Task | CoordError] = Batcher(
+            self._complete_batch, self.config.max_batch_ops, key=lambda i: i.task.id, name="asynccoord-pg-commit"
+        )
+        self._acquirer = self._new_acquirer()
 
     def __repr__(self) -> str:
         state = "open" if self._runner.pool is not None else "closed"
@@ -348,7 +351,8 @@ class PostgresStore(PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
 
     async def close(self) -> None:
         """Finish queued commits, stop the listener and close the pool. Idempotent."""
-        await self._batcher.flush()
+        await self._committer.flush()
+        await self._acquirer.flush()
         if self._background:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._background), timeout=5.0)
@@ -710,7 +714,9 @@ class PostgresStore(PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
         encoded = encode_results([result], 1, self.config)
         fenced = check_fences(None if fence is None else [fence], 1)
         self._writable()
-        outcome = await self._batcher.submit(_Item(checked, encoded[0], None if fenced is None else fenced[0]))
+        outcome = await asyncio.shield(
+            self._committer.submit(_Item(checked, encoded[0], None if fenced is None else fenced[0]))
+        )
         self._count_settled([checked], [outcome])
         if isinstance(outcome, Task):
             return outcome
@@ -1051,11 +1057,12 @@ class PostgresStore(PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
             check_name("queue", queue)
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> tuple[list[_Row], _Row | None]:
-            counts = await self._fetch(conn, "stats_counts", queue=queue)
-            oldest = await self._row(conn, "stats_oldest_pending", queue=queue, now=self._now())
+            async with conn.transaction(isolation="repeatable_read", readonly=True):  # one snapshot
+                counts = await self._fetch(conn, "stats_counts", queue=queue)
+                oldest = await self._row(conn, "stats_oldest_pending", queue=queue, now=self._now())
             return counts, oldest
 
-        counts, oldest = await self._run(op, what="stats", ambiguous_ok=True)
+        counts, oldest = await self._run(op, what="stats", tx=False, ambiguous_ok=True)
         by_status = {s: 0 for s in TaskStatus}
         for status, n in counts:
             by_status[TaskStatus(status)] = int(n)
@@ -1157,62 +1164,3 @@ class _Item:
         self.task = task
         self.result_json = result_json
         self.fence = fence
-
-
-class _CompleteBatcher:
-    """Group commit of concurrent ``complete`` calls: one transaction per batch of waiting calls.
-
-    The first caller starts a drain task; while its transaction runs, later callers
-    queue up and go together in the next one (at most ``max_batch`` items each). A
-    caller cancelled while its batch commits does not stop the batch (a commit cannot
-    be taken back; the task is done either way).
-    """
-
-    def __init__(self, run: Callable[[Sequence[_Item]], Awaitable[list[Task | CoordError]]], max_batch: int) -> None:
-        self._run = run
-        self._max_batch = max_batch
-        self._waiting: list[tuple[_Item, asyncio.Future[Task | CoordError]]] = []
-        self._drainer: asyncio.Task[None] | None = None
-
-    async def submit(self, item: _Item) -> Task | CoordError:
-        future: asyncio.Future[Task | CoordError] = asyncio.get_running_loop().create_future()
-        self._waiting.append((item, future))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.create_task(self._drain(), name="asynccoord-postgres-commit")
-        return await asyncio.shield(future)
-
-    async def flush(self) -> None:
-        """Wait until everything submitted so far is committed (or failed)."""
-        drainer = self._drainer
-        if drainer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(drainer)
-
-    async def _drain(self) -> None:
-        while self._waiting:
-            batch = self._waiting[: self._max_batch]
-            del self._waiting[: self._max_batch]
-            # One task twice in a batch (a caller repeating itself) goes in the next batch.
-            seen: set[int] = set()
-            now_batch: list[tuple[_Item, asyncio.Future[Task | CoordError]]] = []
-            for entry in batch:
-                if entry[0].task.id in seen:
-                    self._waiting.insert(0, entry)
-                else:
-                    seen.add(entry[0].task.id)
-                    now_batch.append(entry)
-            try:
-                outcomes = await self._run([item for item, _ in now_batch])
-            except BaseException as exc:
-                for _, future in now_batch:
-                    if not future.done():
-                        if isinstance(exc, asyncio.CancelledError):
-                            future.set_exception(StoreClosedError("the store closed while the commit was queued"))
-                        else:
-                            future.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            for (_, future), outcome in zip(now_batch, outcomes, strict=True):
-                if not future.done():
-                    future.set_result(outcome)

@@ -1,21 +1,27 @@
 """Locks, semaphores and fencing on PostgreSQL: the lock primitives of :class:`PostgresStore`.
 
 :class:`PostgresLockOps` is a mixin of :class:`~asynccoord.backends.postgres.PostgresStore`.
-An acquisition is one short transaction of two statements: the first takes the row
-lock of the name in ``coord_lock_names`` (so acquisitions of one name are serialized)
-and deletes its lapsed leases; the second, with a fresh snapshot, grants a permit in
-the lowest free slot when fewer than ``permits`` leases are live and bumps the name's
-fencing counter. The unique index on ``(name, slot)`` (slots ``0..permits-1``) makes
-the database itself refuse more holders than permits. Renewals, releases and fencing
-are single statements. Expiry is judged by the server clock inside each statement.
+Concurrent acquisitions of a process are batched (:mod:`._batch`) into one round trip
+(``lock_live``, calling the PL/pgSQL function ``coord_lock_acquire_many`` of
+``migration_0002.sql``): for each request, under the name's row lock, it counts the
+live leases with a fresh snapshot and, when fewer than ``permits`` are live, grants a
+permit in the lowest slot no live lease holds, with the name's next fencing token.
+The unique index on ``(name, slot)`` (slots ``0..permits-1``) makes the database itself
+refuse more holders than permits. Renewals,
+releases and fencing are single statements too; lapsed lease rows are taken over by
+the next grant of their slot and garbage-collected now and then. Expiry is judged by
+the server clock inside each statement.
 Semantics are those of :class:`~asynccoord.backends.base.LockStore`; the schema is
 ``migration_0002.sql`` and the queries are in ``sql/postgres/locks.sql``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import events as ev
@@ -24,6 +30,7 @@ from ..errors import CoordError
 from ..events import EventCounter
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
 from ..validation import check_name, check_positive
+from ._batch import Batcher
 from ._common import decode_json, new_token
 from ._lockcommon import (
     check_fence_args,
@@ -37,9 +44,17 @@ from ._lockcommon import (
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ("PostgresLockOps",)
+__all__ = ("LEASE_GC_GRACE_S", "LEASE_GC_INTERVAL_S", "PostgresLockOps")
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+LEASE_GC_INTERVAL_S = 60.0
+"""Least time between two deletions of lapsed lease rows by one store, seconds."""
+
+LEASE_GC_GRACE_S = 60.0
+"""A lapsed lease row is deleted once it has been lapsed this long, seconds (store clock)."""
 
 
 class PostgresLockOps:
@@ -47,11 +62,13 @@ class PostgresLockOps:
 
     A mixin: it relies on the store's ``_run`` (retrying runner), statement helpers
     (``_fetch``, ``_row``, ``_val``), ``_now`` (the ``:now`` parameter), ``_writable``,
-    ``_shielded`` (cancellation compensation), ``config`` and ``events``.
+    ``_spawn`` (background compensations), ``_acquirer`` (made by :meth:`_new_acquirer`),
+    ``config`` and ``events``.
     """
 
     config: StoreConfig
     events: EventCounter
+    _lease_gc_at: float = 0.0
 
     if TYPE_CHECKING:
 
@@ -69,7 +86,9 @@ class PostgresLockOps:
 
         def _writable(self) -> None: ...
 
-        async def _shielded(self, aw: Awaitable[T], undo: Callable[[T], Coroutine[Any, Any, Any] | None]) -> T: ...
+        def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+        _acquirer: Batcher[_Request, Lease | LockBusy]
 
     async def try_acquire_lock(
         self, name: str, *, ttl_s: float, permits: int = 1, holder: str = ""
@@ -94,47 +113,79 @@ class PostgresLockOps:
         """
         name, ttl, count, who = check_lock_request(name, ttl_s, permits, holder)
         self._writable()
-        owner_token = new_token()
+        request = _Request(name=name, ttl_s=ttl, permits=count, holder=who, owner_token=new_token())
+        future = self._acquirer.submit(request)
+        try:
+            outcome = await asyncio.shield(future)
+        except asyncio.CancelledError:
 
-        async def op(conn: asyncpg.Connection, attempt: int) -> Lease | LockBusy:
+            def compensate(done: asyncio.Future[Lease | LockBusy]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    result = done.result()
+                    if isinstance(result, Lease):
+                        self._spawn(self._release_quietly(result))
+
+            future.add_done_callback(compensate)
+            raise
+        await self._collect_lapsed_leases()
+        return outcome
+
+    def _new_acquirer(self) -> Batcher[_Request, Lease | LockBusy]:
+        return Batcher(self._acquire_batch, self.config.max_batch_ops, name="asynccoord-pg-acquire")
+
+    async def _acquire_batch(self, requests: Sequence[_Request]) -> list[Lease | LockBusy]:
+        """Run a batch of acquisitions in one round trip (``lock_live``)."""
+
+        async def op(conn: asyncpg.Connection, attempt: int) -> list[Lease | LockBusy]:
             now = self._now()
-            if attempt > 0:  # an earlier attempt may have committed its grant: look for it
-                rows = [r for r in await self._fetch(conn, "lock_list", name=name, now=now) if r[1] == owner_token]
-                if rows:
-                    r = rows[0]
-                    return Lease(
-                        name=name,
-                        owner_token=owner_token,
-                        fencing_token=int(r[3]),
-                        holder=who,
-                        permits=count,
-                        ttl_s=ttl,
-                        acquired_at=float(r[5]),
-                        expires_at=float(r[6]),
-                    )
-            await self._x(conn, "lock_purge_expired", name=name, now=now)
-            row = await self._row(
-                conn, "lock_live", name=name, permits=count, owner_token=owner_token, holder=who, ttl_s=ttl, now=now
-            )
-            live, earliest, at, fencing_token, acquired_at, expires_at = row
-            if fencing_token is None:
-                wait = 0.0 if earliest is None else max(0.0, float(earliest) - float(at))
-                return LockBusy(name=name, holders=int(live), permits=count, retry_after_s=wait)
-            return Lease(
-                name=name,
-                owner_token=owner_token,
-                fencing_token=int(fencing_token),
-                holder=who,
-                permits=count,
-                ttl_s=ttl,
-                acquired_at=float(acquired_at),
-                expires_at=float(expires_at),
-            )
+            out: dict[int, Lease | LockBusy] = {}
+            todo = list(range(len(requests)))
+            if attempt > 0:  # an earlier attempt may have committed: keep its grants
+                tokens = [r.owner_token for r in requests]
+                owned = {row[0]: row for row in await self._fetch(conn, "lock_find_owned", owner_tokens=tokens)}
+                for i, r in enumerate(requests):
+                    row = owned.get(r.owner_token)
+                    if row is not None:
+                        out[i] = r.lease(int(row[1]), float(row[2]), float(row[3]))
+                todo = [i for i in todo if i not in out]
+            if todo:
+                batch = [requests[i] for i in todo]
+                rows = await self._fetch(
+                    conn,
+                    "lock_live",
+                    names=[r.name for r in batch],
+                    permits=[r.permits for r in batch],
+                    owner_tokens=[r.owner_token for r in batch],
+                    holders=[r.holder for r in batch],
+                    ttls=[r.ttl_s for r in batch],
+                    now=now,
+                )
+                for ordinal, live, earliest, at, fencing_token, acquired_at, expires_at in rows:
+                    i = todo[ordinal - 1]
+                    r = requests[i]
+                    if fencing_token is None:
+                        wait = 0.0 if earliest is None else max(0.0, float(earliest) - float(at))
+                        out[i] = LockBusy(name=r.name, holders=int(live), permits=r.permits, retry_after_s=wait)
+                    else:
+                        out[i] = r.lease(int(fencing_token), float(acquired_at), float(expires_at))
+            return [out[i] for i in range(len(requests))]
 
-        def undo(result: Lease | LockBusy) -> Coroutine[Any, Any, Any] | None:
-            return self._release_quietly(result) if isinstance(result, Lease) else None
+        return await self._run(op, what="try_acquire_lock", tx=False, ambiguous_ok=True)
 
-        return await self._shielded(self._run(op, what="try_acquire_lock", ambiguous_ok=True), undo)
+    async def _collect_lapsed_leases(self) -> None:
+        """Delete long-lapsed lease rows now and then (at most once per ``LEASE_GC_INTERVAL_S``)."""
+        now = time.monotonic()
+        if now - self._lease_gc_at < LEASE_GC_INTERVAL_S:
+            return
+        self._lease_gc_at = now
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> None:
+            await self._x(conn, "lock_purge_expired", grace_s=LEASE_GC_GRACE_S, now=self._now())
+
+        try:
+            await self._run(op, what="collect lapsed leases", tx=False, ambiguous_ok=True)
+        except CoordError as exc:  # garbage collection: the next one will do
+            log.warning("asynccoord.postgres.lease_gc_failed error=%s", exc)
 
     async def _release_quietly(self, lease: Lease) -> None:
         try:
@@ -316,6 +367,29 @@ class PostgresLockOps:
 
         row = await self._run(op, what="read_fence", tx=False, ambiguous_ok=True)
         return None if row is None else _fence_record(row)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One queued acquisition."""
+
+    name: str
+    ttl_s: float
+    permits: int
+    holder: str
+    owner_token: str
+
+    def lease(self, fencing_token: int, acquired_at: float, expires_at: float) -> Lease:
+        return Lease(
+            name=self.name,
+            owner_token=self.owner_token,
+            fencing_token=fencing_token,
+            holder=self.holder,
+            permits=self.permits,
+            ttl_s=self.ttl_s,
+            acquired_at=acquired_at,
+            expires_at=expires_at,
+        )
 
 
 def _fence_record(row: Any) -> FenceRecord:

@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lock-ttl-s", type=float, default=2.0)
     parser.add_argument("--heartbeat-ttl-s", type=float, default=3.0)
     parser.add_argument("--stall-s", type=float, default=3.5)
-    parser.add_argument("--latency-median-ms", type=float, default=2.0)
+    parser.add_argument("--latency-median-ms", type=float, default=1.0)
     parser.add_argument("--error-rate", type=float, default=0.01)
     return parser.parse_args(argv)
 

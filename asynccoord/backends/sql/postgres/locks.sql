@@ -3,42 +3,28 @@
 -- a lease is live while expires_at > coord_now(:now).
 
 -- name: lock_purge_expired
--- First statement of an acquisition: takes the name's row lock (creating the name with
--- fencing counter 0 if new), which serializes acquisitions of one name, then deletes
--- the name's lapsed leases.
-WITH name_row AS (
-    INSERT INTO coord_lock_names (name, last_fencing_token) VALUES (:name::text, 0)
-    ON CONFLICT (name) DO UPDATE SET last_fencing_token = coord_lock_names.last_fencing_token
-    RETURNING name)
-DELETE FROM coord_lock_holders
- WHERE name = (SELECT name FROM name_row) AND expires_at <= coord_now(:now::float8);
+-- Garbage collection (every name, now and then): a lapsed lease is dead already (every
+-- query compares expires_at with the clock) and its slot is taken over by the next grant.
+DELETE FROM coord_lock_holders WHERE expires_at <= coord_now(:now::float8) - :grace_s::float8;
 
 -- name: lock_live
--- Second statement (a new snapshot, after the row lock): grant a permit in the lowest
--- free slot if fewer than :permits leases are live, bumping the fencing counter.
--- Returns the live count and earliest expiry seen, and the grant (NULLs when busy).
-WITH live AS (
-    SELECT count(*) AS n, min(expires_at) AS earliest, coalesce(array_agg(slot), '{}') AS slots
-      FROM coord_lock_holders WHERE name = :name::text AND expires_at > coord_now(:now::float8)),
-free AS (
-    SELECT min(s) AS slot FROM live, generate_series(0, :permits::int - 1) AS s
-     WHERE live.n < :permits::int AND NOT (s = ANY(live.slots))),
-token AS (
-    UPDATE coord_lock_names SET last_fencing_token = last_fencing_token + 1
-     WHERE name = :name::text AND (SELECT slot FROM free) IS NOT NULL
-    RETURNING last_fencing_token),
-granted AS (
-    INSERT INTO coord_lock_holders (owner_token, name, slot, holder, fencing_token, permits, acquired_at, expires_at)
-    SELECT :owner_token::text, :name::text, free.slot, :holder::text, token.last_fencing_token, :permits::int,
-           coord_now(:now::float8), coord_now(:now::float8) + :ttl_s::float8
-      FROM free, token
-    RETURNING fencing_token, acquired_at, expires_at)
-SELECT live.n, live.earliest, coord_now(:now::float8), granted.fencing_token, granted.acquired_at, granted.expires_at
-  FROM live LEFT JOIN granted ON true;
+-- Acquisitions, a batch in one round trip (coord_lock_acquire_many, migration_0002.sql):
+-- under each name's row lock, count its live leases and, when fewer than the request's
+-- permits, grant one with the name's next fencing token. Per request (r_ord is its
+-- 1-based position): the live count, the earliest expiry, the clock, and the grant
+-- (NULLs when busy).
+SELECT r_ord, r_live, r_earliest, r_now, r_fencing_token, r_acquired_at, r_expires_at
+  FROM coord_lock_acquire_many(:names::text[], :permits::int[], :owner_tokens::text[], :holders::text[],
+                               :ttls::float8[], :now::float8);
+
+-- name: lock_find_owned
+-- PostgreSQL only: after a lost connection, the grants an earlier attempt of a batch committed.
+SELECT owner_token, fencing_token, acquired_at, expires_at FROM coord_lock_holders
+ WHERE owner_token = ANY(:owner_tokens::text[]);
 
 -- name: lock_next_fencing_token
--- Bump a name's fencing counter outside an acquisition (kept for dialect parity;
--- acquisitions bump it inside lock_live).
+-- Bump a name's fencing counter outside an acquisition (kept for dialect parity: an
+-- acquisition bumps it inside lock_live, which also does the SQLite dialect's lock_insert).
 INSERT INTO coord_lock_names (name, last_fencing_token) VALUES (:name::text, 1)
 ON CONFLICT (name) DO UPDATE SET last_fencing_token = coord_lock_names.last_fencing_token + 1
 RETURNING last_fencing_token;

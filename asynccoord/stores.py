@@ -1,0 +1,98 @@
+"""Open a store from a target string: a file path, an ``sqlite:///`` URL or a PostgreSQL DSN.
+
+The demo, the benchmarks and ``python -m asynccoord status --store`` take one string
+and call :func:`open_store`; a program can do the same::
+
+    async with open_store("postgresql://bot@db.internal/coord") as store: ...
+    async with open_store("bot.db") as store: ...
+
+PostgreSQL needs the ``postgres`` extra (``pip install 'asynccoord[postgres]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+from .backends.sqlite import SQLiteStore
+from .config import StoreConfig
+from .errors import InvalidArgumentError, InvalidTypeError, StoreError
+
+if TYPE_CHECKING:
+    from .backends.postgres import PostgresStore
+
+__all__ = ("is_postgres_target", "open_store", "redact_target", "store_kind")
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres_target(target: str) -> bool:
+    """Whether ``target`` is a PostgreSQL DSN (``postgresql://`` or ``postgres://``)."""
+    return target.startswith(_PG_SCHEMES)
+
+
+def store_kind(target: str | os.PathLike[str]) -> str:
+    """``"postgres"`` or ``"sqlite"``: which store :func:`open_store` makes for ``target``."""
+    text = os.fspath(target)
+    return "postgres" if is_postgres_target(text) else "sqlite"
+
+
+def redact_target(target: str) -> str:
+    """``target`` fit to print: a DSN's password replaced by ``***``."""
+    if not is_postgres_target(target):
+        return target
+    parts = urllib.parse.urlsplit(target)
+    if parts.password is None:
+        return target
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _sqlite_path(target: str) -> str:
+    if target.startswith("sqlite:///"):
+        return urllib.parse.unquote(target[len("sqlite:///") :]) or ":memory:"
+    if target.startswith("sqlite://"):
+        raise InvalidArgumentError(f"an SQLite URL is sqlite:///PATH (three slashes), got {target!r}")
+    if "://" in target:
+        raise InvalidArgumentError(
+            f"unknown store target {target!r}: use a file path, sqlite:///PATH or postgresql://user@host/db"
+        )
+    return target
+
+
+def open_store(
+    target: str | os.PathLike[str],
+    *,
+    config: StoreConfig | None = None,
+    read_only: bool = False,
+    **options: Any,
+) -> SQLiteStore | PostgresStore:
+    """A store (not yet opened) for ``target``; use it as ``async with open_store(...) as store``.
+
+    Args:
+        target: A file path or ``sqlite:///PATH`` (:class:`~asynccoord.SQLiteStore`), or a
+            PostgreSQL DSN ``postgresql://user:password@host:port/db``
+            (:class:`~asynccoord.backends.postgres.PostgresStore`).
+        config: Store settings; default :class:`~asynccoord.config.StoreConfig`.
+        read_only: Open for inspection only (no migration; writes refused).
+        **options: More keyword arguments of the store class (``schema=``,
+            ``pool_max_size=``... for PostgreSQL; ``clock=`` for either).
+
+    Raises:
+        InvalidTypeError: ``target`` is not a str or PathLike.
+        InvalidArgumentError: an unknown URL scheme.
+        StoreError: a PostgreSQL DSN but asyncpg is not installed.
+    """
+    if not isinstance(target, str | os.PathLike):
+        raise InvalidTypeError(f"target must be a str or PathLike, got {type(target).__name__}")
+    text = os.fspath(target)
+    if is_postgres_target(text):
+        try:
+            from .backends.postgres import PostgresStore
+        except ImportError as exc:
+            raise StoreError(
+                "a PostgreSQL store needs asyncpg: pip install 'asynccoord[postgres]'"
+            ) from exc
+        return PostgresStore(text, config=config, read_only=read_only, **options)
+    return SQLiteStore(_sqlite_path(text), config=config, read_only=read_only, **options)

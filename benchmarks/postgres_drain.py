@@ -1,0 +1,304 @@
+"""Drain rate of asynccoord on PostgreSQL, beside procrastinate on the same server, in one run.
+
+Both drain the same number of no-op jobs from one PostgreSQL database, each in a schema
+of its own created fresh for every run, with the same process layouts:
+
+* 1 process x 1 worker (asynccoord: 1 node; procrastinate: ``concurrency=1``);
+* 2 processes x 8 workers (asynccoord: 8 nodes per process; procrastinate: 2 worker
+  processes with ``concurrency=8``).
+
+The clock starts when every worker process is up and told to go, and stops when the
+database shows no job left to do (polled every 20 ms), so process start-up and
+shutdown are not counted. asynccoord runs its full pipeline (partitioned claims with
+per-key ordering, leases with renewal, compare-and-set commits with processed-id
+records); procrastinate its default worker (LISTEN/NOTIFY on, one job fetched per
+worker slot). Jobs are 1,000 conversations' worth of keys, no locks (``--locks`` adds
+an account lock per job to asynccoord: procrastinate has no equivalent).
+
+Usage::
+
+    python benchmarks/postgres_drain.py --dsn postgresql://postgres@127.0.0.1:5432/test \\
+        [--tasks 20000] [--repeat 1] [--no-procrastinate] [--locks]
+
+procrastinate comes with the ``bench`` extra (``pip install -e '.[bench]'``); without it
+only asynccoord is measured. Prints one line per run and a table with the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+QUEUE = "bench"
+LAYOUTS = ((1, 1), (2, 8))  # (processes, workers per process)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    system: str
+    processes: int
+    workers: int
+    tasks: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.seconds
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+async def admin(dsn: str, *statements: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        for sql in statements:
+            await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def count_left(dsn: str, sql: str) -> int:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(sql))
+    finally:
+        await conn.close()
+
+
+async def wait_drained(dsn: str, sql: str, timeout_s: float) -> float:
+    """Poll until ``sql`` counts 0; return the monotonic time it did."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if int(await conn.fetchval(sql)) == 0:
+                return time.monotonic()
+            await asyncio.sleep(0.02)
+    finally:
+        await conn.close()
+    raise TimeoutError(f"not drained after {timeout_s} s")
+
+
+def spawn_workers(argv: list[str], processes: int) -> list[subprocess.Popen[str]]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        for _ in range(processes)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if json.loads(line or "{}").get("event") != "ready":
+            raise RuntimeError(f"a worker failed to start: {line!r}")
+    return procs
+
+
+def go(procs: list[subprocess.Popen[str]]) -> float:
+    started = time.monotonic()
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    return started
+
+
+def stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --- asynccoord ---------------------------------------------------------------------
+
+
+async def asynccoord_fill(dsn: str, schema: str, tasks: int) -> None:
+    from asynccoord import NewTask
+    from asynccoord.backends.postgres import PostgresStore
+
+    await admin(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    async with PostgresStore(dsn, schema=schema, listen=False) as store:
+        for first in range(0, tasks, 5000):
+            await store.enqueue_many(
+                [
+                    NewTask(queue=QUEUE, payload={"n": i, "account": i % 200}, partition_key=f"conv-{i % 1000}")
+                    for i in range(first, min(tasks, first + 5000))
+                ]
+            )
+
+
+async def asynccoord_worker(dsn: str, schema: str, nodes: int, locks: bool) -> None:
+    from asynccoord import NodeConfig, Runtime, Task
+    from asynccoord.backends.postgres import PostgresStore
+
+    async def send(task: Task) -> None:
+        return None
+
+    def lock_key(task: Task) -> str | None:
+        return f"account:{task.payload['account']}" if locks else None
+
+    config = NodeConfig(queue=QUEUE, claim_batch=64, max_in_flight=64, idle_max_s=0.2)
+    async with PostgresStore(dsn, schema=schema, pool_max_size=4) as store:
+        runtime = Runtime(store, send=send, nodes=nodes, config=config, lock_key=lock_key)
+        print(json.dumps({"event": "ready"}), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        async with runtime:
+            await runtime.wait_until_drained(timeout_s=600.0, poll_s=0.05)
+
+
+async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks: bool) -> Result:
+    schema = "bench_asynccoord"
+    await asynccoord_fill(dsn, schema, tasks)
+    argv = ["--role", "asynccoord-worker", "--dsn", dsn, "--schema", schema, "--workers", str(nodes)]
+    if locks:
+        argv.append("--locks")
+    procs = spawn_workers(argv, processes)
+    started = go(procs)
+    left = f"SELECT count(*) FROM \"{schema}\".coord_tasks WHERE status IN ('pending', 'running')"
+    ended = await wait_drained(dsn, left, 600.0)
+    stop(procs)
+    done = await count_left(dsn, f"SELECT count(*) FROM \"{schema}\".coord_tasks WHERE status = 'done'")
+    assert done == tasks, f"asynccoord: {done} of {tasks} done"
+    return Result("asynccoord", processes, nodes, tasks, ended - started)
+
+
+# --- procrastinate ------------------------------------------------------------------
+
+
+def procrastinate_app(dsn: str, schema: str) -> Any:
+    import procrastinate
+
+    connector = procrastinate.PsycopgConnector(conninfo=dsn, kwargs={"options": f"-c search_path={schema}"})
+    app = procrastinate.App(connector=connector)
+
+    @app.task(name="noop", queue=QUEUE)
+    async def noop(n: int, account: int) -> None:
+        return None
+
+    return app
+
+
+async def procrastinate_fill(dsn: str, schema: str, tasks: int) -> None:
+    await admin(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', f'CREATE SCHEMA "{schema}"')
+    app = procrastinate_app(dsn, schema)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        task = app.tasks["noop"]
+        for first in range(0, tasks, 5000):
+            await task.batch_defer_async(
+                *({"n": i, "account": i % 200} for i in range(first, min(tasks, first + 5000)))
+            )
+
+
+async def procrastinate_worker(dsn: str, schema: str, concurrency: int) -> None:
+    app = procrastinate_app(dsn, schema)
+    async with app.open_async():
+        print(json.dumps({"event": "ready"}), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        await app.run_worker_async(concurrency=concurrency, wait=False, install_signal_handlers=False)
+
+
+async def procrastinate_run(dsn: str, tasks: int, processes: int, concurrency: int) -> Result:
+    schema = "bench_procrastinate"
+    await procrastinate_fill(dsn, schema, tasks)
+    argv = ["--role", "procrastinate-worker", "--dsn", dsn, "--schema", schema, "--workers", str(concurrency)]
+    procs = spawn_workers(argv, processes)
+    started = go(procs)
+    left = f"SELECT count(*) FROM \"{schema}\".procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    ended = await wait_drained(dsn, left, 900.0)
+    stop(procs)
+    done = await count_left(dsn, f"SELECT count(*) FROM \"{schema}\".procrastinate_jobs WHERE status = 'succeeded'")
+    assert done == tasks, f"procrastinate: {done} of {tasks} succeeded"
+    return Result("procrastinate", processes, concurrency, tasks, ended - started)
+
+
+# --- main ---------------------------------------------------------------------------
+
+
+def have_procrastinate() -> bool:
+    try:
+        import procrastinate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+async def bench(args: argparse.Namespace) -> None:
+    results: list[Result] = []
+    with_procrastinate = not args.no_procrastinate and have_procrastinate()
+    if not args.no_procrastinate and not with_procrastinate:
+        print("procrastinate is not installed (pip install -e '.[bench]'): measuring asynccoord only")
+    for processes, workers in LAYOUTS:
+        for _ in range(args.repeat):
+            runs = [await asynccoord_run(args.dsn, args.tasks, processes, workers, args.locks)]
+            if with_procrastinate:
+                jobs = args.procrastinate_tasks or args.tasks
+                runs.append(await procrastinate_run(args.dsn, jobs, processes, workers))
+            for r in runs:
+                print(f"{r.system:14} {processes} x {workers:2d}: {r.tasks} in {r.seconds:6.2f} s = {r.rate:8.0f}/s")
+            results.extend(runs)
+    version = await server_version(args.dsn)
+    print()
+    print(f"| layout | asynccoord tasks/s | procrastinate jobs/s | ratio |  (PostgreSQL {version})")
+    print("|---|---:|---:|---:|")
+    for layout in LAYOUTS:
+        processes, workers = layout
+        ours = [r.rate for r in results if r.system == "asynccoord" and (r.processes, r.workers) == layout]
+        theirs = [r.rate for r in results if r.system == "procrastinate" and (r.processes, r.workers) == layout]
+        a = statistics.median(ours)
+        p = statistics.median(theirs) if theirs else None
+        ratio = f"{a / p:.1f}x" if p else "-"
+        print(f"| {processes} process x {workers} | {a:,.0f} | {'-' if p is None else f'{p:,.0f}'} | {ratio} |")
+
+
+async def server_version(dsn: str) -> str:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_dsn = os.environ.get("ASYNCCOORD_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1/test")
+    parser.add_argument("--dsn", default=default_dsn)
+    parser.add_argument("--tasks", type=int, default=20_000, help="tasks per run (default 20000)")
+    parser.add_argument("--procrastinate-tasks", type=int, default=0, help="jobs per procrastinate run")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per layout; the median is reported")
+    parser.add_argument("--no-procrastinate", action="store_true", help="measure asynccoord only")
+    parser.add_argument("--locks", action="store_true", help="asynccoord takes an account lock per task")
+    parser.add_argument("--role", default="bench", help=argparse.SUPPRESS)
+    parser.add_argument("--schema", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "asynccoord-worker":
+        asyncio.run(asynccoord_worker(args.dsn, args.schema, args.workers, args.locks))
+    elif args.role == "procrastinate-worker":
+        asyncio.run(procrastinate_worker(args.dsn, args.schema, args.workers))
+    else:
+        asyncio.run(bench(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""What only the PostgreSQL store has: dialect parity, migrations, connection loss, LISTEN/NOTIFY,
+concurrency between stores, and opening stores from a target string.
+
+The behavioural contract itself runs on PostgreSQL through the ``backend`` fixture of
+``conftest.py`` (every contract test has a ``[postgres]`` variant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from services import PG_DSN, new_schema, postgres_problem, unavailable
+
+from asynccoord import NewTask, SQLiteStore, StoreConfig
+from asynccoord.backends.sql import load_queries
+from asynccoord.errors import LeaseLostError, SchemaVersionError, StoreConnectionError
+from asynccoord.stores import open_store, redact_target, store_kind
+
+# Query names that exist in one dialect only, and why (everything else must match).
+SQLITE_ONLY = {
+    "lock_insert": "PostgreSQL grants inside lock_live (coord_lock_acquire_many), one round trip per batch",
+}
+POSTGRES_ONLY = {
+    "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",
+    "next_task_ids": "ids for a batch insert, so ON CONFLICT DO NOTHING reports which inputs were created",
+    "select_tasks": "many tasks by id in one statement",
+    "exhausted_keys": "keys locked before dead_letter_exhausted runs",
+    "dead_keys": "keys locked before requeue_dead runs",
+    "release_many": "hands back the tasks of a claim whose caller was cancelled",
+    "notify": "pg_notify: wakes idle nodes of other processes",
+    "fence_many": "records the fencing tokens of a commit batch in one statement",
+    "fence_lock": "locks the fence rows of a commit batch before the check",
+    "lock_find_owned": "after a lost connection, the grants an earlier attempt committed",
+}
+
+
+def test_dialects_define_the_same_query_names() -> None:
+    sqlite, postgres = set(load_queries("sqlite")), set(load_queries("postgres"))
+    assert sqlite - postgres == set(SQLITE_ONLY)
+    assert postgres - sqlite == set(POSTGRES_ONLY)
+
+
+def test_open_store_picks_the_backend(tmp_path: Path) -> None:
+    assert isinstance(open_store(tmp_path / "a.db"), SQLiteStore)
+    assert isinstance(open_store(f"sqlite:///{tmp_path}/b.db"), SQLiteStore)
+    assert store_kind("postgresql://u@h/db") == "postgres"
+    assert store_kind("bot.db") == "sqlite"
+    assert redact_target("postgresql://bot:secret@db:5432/coord") == "postgresql://bot:***@db:5432/coord"
+    with pytest.raises(ValueError, match="unknown store target"):
+        open_store("mysql://h/db")
+
+
+# --- with a server ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg() -> str:
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    return PG_DSN
+
+
+@pytest.fixture
+async def schema(pg: str) -> AsyncIterator[str]:
+    import asyncpg
+
+    name = new_schema("pgt")
+    yield name
+    conn = await asyncpg.connect(pg)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def admin(pg: str, sql: str, *args: Any) -> Any:
+    import asyncpg
+
+    conn = await asyncpg.connect(pg)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def test_open_store_opens_postgres(pg: str, schema: str) -> None:
+    async with open_store(pg, schema=schema) as store:
+        assert type(store).__name__ == "PostgresStore"
+        assert (await store.enqueue("q", 1)).created
+
+
+async def test_a_newer_schema_is_refused(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import SCHEMA_VERSION, PostgresStore
+
+    async with PostgresStore(pg, schema=schema):
+        pass
+    newer = str(SCHEMA_VERSION + 1)
+    await admin(pg, f"UPDATE \"{schema}\".coord_meta SET value = $1 WHERE key = 'schema_version'", newer)
+    with pytest.raises(SchemaVersionError, match="upgrade asynccoord"):
+        async with PostgresStore(pg, schema=schema):
+            pass
+
+
+async def test_an_unreachable_server_raises_a_typed_error() -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    store = PostgresStore("postgresql://postgres@127.0.0.1:1/test", reconnect_timeout_s=0.5)
+    with pytest.raises(StoreConnectionError) as info:
+        await store.open()
+    assert info.value.__cause__ is not None
+
+
+async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str) -> None:
+    """pg_terminate_backend on every connection of the store, between and during operations."""
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, pool_min_size=4, pool_max_size=4) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 7}") for i in range(200)])
+        done = 0
+        kills = 0
+        for round_ in range(10):
+            claimed = await store.claim("q", node_id="n", limit=20, lease_s=30)
+            if round_ % 2 == 0:  # kill while idle in the pool...
+                rows = await admin(
+                    pg, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'asynccoord'"
+                    " AND datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                kills += len(rows)
+            # ...and while the commit runs
+            commit = asyncio.ensure_future(store.complete_many(claimed))
+            await asyncio.sleep(0)
+            outcomes = await commit
+            done += sum(1 for o in outcomes if not isinstance(o, Exception))
+            assert not [o for o in outcomes if isinstance(o, LeaseLostError)]
+        assert done == 200
+        stats = await store.stats("q")
+        assert {s.value: n for s, n in stats.counts.items()} == {"pending": 0, "running": 0, "done": 200, "dead": 0}
+        assert kills > 0
+        # the listener reconnects too
+        deadline = time.monotonic() + 5
+        while not store.listening and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert store.listening
+
+
+async def test_a_statement_cut_off_mid_flight_is_retried_or_raises_a_typed_error(pg: str, schema: str) -> None:
+    """Before COMMIT nothing was written: retried. An autocommit write cut off is ambiguous: raised."""
+    from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
+
+    async def kill_sleeper(marker: str) -> None:
+        for _ in range(100):
+            found = await admin(
+                pg,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE query LIKE $1 AND pid <> pg_backend_pid()",
+                f"%{marker}%",
+            )
+            if found:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the sleeping statement never showed up")
+
+    async with PostgresStore(pg, schema=schema) as store:
+
+        async def in_transaction(conn: Any, attempt: int) -> int:
+            if attempt == 0:
+                await conn.execute("SELECT pg_sleep(5) -- marker-tx")
+            return attempt
+
+        running = asyncio.ensure_future(store._run(in_transaction, what="test", tx=True))
+        await kill_sleeper("marker-tx")
+        assert await running == 1  # the second attempt, on a fresh connection
+        assert store.events.get(STORE_RETRIES) == 1
+
+        async def autocommit(conn: Any, attempt: int) -> int:
+            await conn.execute("SELECT pg_sleep(5) -- marker-ac")
+            return attempt
+
+        running = asyncio.ensure_future(store._run(autocommit, what="test write", tx=False))
+        await kill_sleeper("marker-ac")
+        with pytest.raises(StoreConnectionError, match="test write") as info:
+            await running
+        assert info.value.__cause__ is not None
+        assert (await store.enqueue("q", 1)).created  # the store goes on
+
+
+async def test_notify_wakes_at_most_the_needed_idle_nodes_of_another_process(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema) as producer, PostgresStore(pg, schema=schema) as consumer:
+        assert consumer.listening
+        waiters = [asyncio.ensure_future(consumer.notifier.wait("q", 5.0)) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        await producer.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(2)])
+        while sum(w.done() for w in waiters) < 2 and time.monotonic() - started < 2.0:
+            await asyncio.sleep(0.01)
+        assert time.monotonic() - started < 1.0  # woken at once, not by the 5 s timeout
+        await asyncio.sleep(0.2)
+        assert sum(w.done() for w in waiters) == 2  # two tasks: two nodes woken, not four
+        for waiter in waiters:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+
+
+async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    keys, per_key = 20, 15
+    stores = [PostgresStore(pg, schema=schema, listen=False) for _ in range(4)]
+    for store in stores:
+        await store.open()
+    try:
+        await stores[0].enqueue_many(
+            [NewTask(queue="q", payload=[k, i], partition_key=f"k{k}") for i in range(per_key) for k in range(keys)]
+        )
+        running: dict[str, int] = {}
+        seen: dict[str, list[int]] = {}
+        violations: list[str] = []
+
+        async def node(store: PostgresStore, name: str) -> None:
+            idle = 0
+            while idle < 20:
+                tasks = await store.claim("q", node_id=name, limit=5, ordered=True, lease_s=30)
+                if not tasks:
+                    idle += 1
+                    await asyncio.sleep(0.005)
+                    continue
+                idle = 0
+                for t in tasks:
+                    if running.get(t.partition_key):
+                        violations.append(t.partition_key)
+                    running[t.partition_key] = 1
+                    seen.setdefault(t.partition_key, []).append(t.payload[1])
+                await asyncio.sleep(0.001)
+                for t in tasks:
+                    running[t.partition_key] = 0
+                    await store.complete(t)
+
+        await asyncio.gather(*(node(stores[i % 4], f"n{i}") for i in range(8)))
+        assert violations == []
+        assert all(order == list(range(per_key)) for order in seen.values()), seen
+        assert sum(len(v) for v in seen.values()) == keys * per_key
+        heads = await admin(
+            pg, f'SELECT queue, partition_key, count(*) FROM "{schema}".coord_tasks WHERE is_head GROUP BY 1, 2'
+        )
+        assert heads == []  # every key drained: no head left
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_semaphore_permits_hold_across_stores(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    stores = [PostgresStore(pg, schema=schema, listen=False) for _ in range(3)]
+    for store in stores:
+        await store.open()
+    try:
+        outcomes = await asyncio.gather(
+            *(stores[i % 3].try_acquire_lock("acct", ttl_s=30, permits=3) for i in range(30))
+        )
+        leases = [o for o in outcomes if type(o).__name__ == "Lease"]
+        assert len(leases) == 3
+        assert sorted(lease.fencing_token for lease in leases) == [1, 2, 3]
+        assert len(await stores[0].list_locks("acct")) == 3
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_store_clock_is_the_server_clock(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, config=StoreConfig()) as store:
+        (row,) = await admin(pg, "SELECT extract(epoch FROM clock_timestamp())::float8")
+        assert abs(await store.now() - row[0]) < 5.0
+        task = (await store.enqueue("q", 1)).task
+        assert abs(task.created_at - row[0]) < 5.0
+
+
+async def test_status_reads_a_postgres_store_from_its_dsn(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.status import collect_status
+
+    async with PostgresStore(pg, schema=schema) as store:
+        await store.enqueue_many([NewTask(queue="outbox", payload=i) for i in range(3)])
+    report = await collect_status(f"{pg}?search_path={schema}")  # asyncpg passes search_path to the server
+    assert report["tasks"]["pending"] == 3
+    assert [q["queue"] for q in report["queues"]] == ["outbox"]
