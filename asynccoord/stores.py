@@ -91,8 +91,6 @@ def open_store(
         try:
             from .backends.postgres import PostgresStore
         except ImportError as exc:
-            raise StoreError(
-                "a PostgreSQL store needs asyncpg: pip install 'asynccoord[postgres]'"
-            ) from exc
+            raise StoreError("a PostgreSQL store needs asyncpg: pip install 'asynccoord[postgres]'") from exc
         return PostgresStore(text, config=config, read_only=read_only, **options)
     return SQLiteStore(_sqlite_path(text), config=config, read_only=read_only, **options)

@@ -129,8 +129,9 @@ async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str
             claimed = await store.claim("q", node_id="n", limit=20, lease_s=30)
             if round_ % 2 == 0:  # kill while idle in the pool...
                 rows = await admin(
-                    pg, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'asynccoord'"
-                    " AND datname = current_database() AND pid <> pg_backend_pid()"
+                    pg,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'asynccoord'"
+                    " AND datname = current_database() AND pid <> pg_backend_pid()",
                 )
                 kills += len(rows)
             # ...and while the commit runs
