@@ -20,6 +20,7 @@ __all__ = (
     "FENCING_REJECTED",
     "LEASE_EXPIRED",
     "LEASE_LOST",
+    "SEND_INTERRUPTED",
     "LOCK_CONTENDED",
     "LOCK_LOST",
     "MEMBERSHIP_CHANGE",
@@ -32,6 +33,7 @@ __all__ = (
 LOCK_CONTENDED = "lock_contended"
 LOCK_LOST = "lock_lost"
 LEASE_LOST = "lease_lost"
+SEND_INTERRUPTED = "send_interrupted"
 LEASE_EXPIRED = "lease_expired"
 STALE_COMMIT_REJECTED = "stale_commit_rejected"
 FENCING_REJECTED = "fencing_rejected"
@@ -48,6 +50,7 @@ EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,
     LOCK_LOST,
     LEASE_LOST,
+    SEND_INTERRUPTED,
     LEASE_EXPIRED,
     STALE_COMMIT_REJECTED,
     FENCING_REJECTED,

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import contextvars
 import enum
+import inspect
 import logging
 import random
 import time
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import events as ev
+from .backends._common import encode_result
 from .config import RetryPolicy
 from .errors import (
     CoordError,
@@ -214,6 +216,7 @@ class _InFlight:
     lease_deadline: float  # local monotonic: stop before the store could hand the task on
     lock: Lease | None = None
     lost: str | None = None
+    started: bool = False  # the user's send was called
     settling: bool = False  # the send is over: commit/fail/hand-back owns the lease now
 
 
@@ -454,7 +457,12 @@ class Node:
         task = flight.task
         cfg = self.config
         try:
-            name = self.lock_key(task) if (cfg.locks and self.lock_key is not None) else None
+            try:
+                name = self._lock_name(task)
+            except Exception as exc:  # a bad lock_key (or task): fail the task, never the node
+                log.warning("asynccoord.node.lock_key_failed node=%s task=%s error=%r", self.node_id, task.id, exc)
+                await self._fail(task, exc)
+                return
             if name is None:
                 await self._settle(flight, *await self._send(flight))
             elif cfg.lock_permits == 1:
@@ -500,16 +508,23 @@ class Node:
         except StoreError as exc:
             # The store failed mid-task: hand the task back (if the store lets us) and go on.
             log.warning("asynccoord.node.store_error node=%s task=%s error=%s", self.node_id, task.id, exc)
-            await self._hand_back_shielded(task)
+            await self._hand_back_shielded(flight)
         except BaseException:
             # Cancelled (shutdown): hand the task back unfinished, not counted as a failure.
-            await self._hand_back_shielded(task)
+            await self._hand_back_shielded(flight)
             raise
         finally:
             self._in_flight.pop(task.id, None)
             if not self._in_flight:
                 self._drained.set()
             self._slots.release()
+
+    def _lock_name(self, task: Task) -> str | None:
+        """The lock ``lock_key`` names for ``task`` (None: no lock), checked like any lock name."""
+        if not self.config.locks or self.lock_key is None:
+            return None
+        name = self.lock_key(task)
+        return None if name is None else check_name("lock_key(task)", name)
 
     def _pool(self) -> LockPool:
         if self.lock_pool is None:
@@ -533,7 +548,11 @@ class Node:
             with flight.scope:
                 try:
                     with anyio.fail_after(self.config.send_timeout_s):
-                        result = await self.send(task)
+                        flight.started = True
+                        outcome = self.send(task)
+                        # A plain (sync) function has already sent when it returns: use its
+                        # value; awaiting it would fail and send again on retry.
+                        result = await outcome if inspect.isawaitable(outcome) else outcome
                 except TimeoutError as exc:
                     failure = exc
                 except Exception as exc:  # the user's send failed: the retry policy decides
@@ -575,6 +594,12 @@ class Node:
 
     async def _commit(self, flight: _InFlight, result: Any) -> None:
         task = flight.task
+        try:
+            encode_result(result, self.store.config)
+        except (InvalidArgumentError, InvalidTypeError) as exc:
+            # The message went out: commit it anyway (never re-send), without the result.
+            log.warning("asynccoord.node.result_not_stored node=%s task=%s reason=%s", self.node_id, task.id, exc)
+            result = None
         commit_started = time.perf_counter()
         try:
             if not self.config.version_checks:
@@ -604,11 +629,15 @@ class Node:
         except LeaseLostError:
             self._state.conflicts += 1
 
-    async def _hand_back_shielded(self, task: Task) -> None:
+    async def _hand_back_shielded(self, flight: _InFlight) -> None:
+        if flight.started and not flight.settling:
+            # The send may have reached its receiver before it was cancelled: the next
+            # holder's send of this task is a possible duplicate. Count it like a lost lease.
+            self.store.events.add(ev.SEND_INTERRUPTED)
         with anyio.CancelScope(shield=True) as shield:
             shield.deadline = anyio.current_time() + 5.0
             with contextlib.suppress(CoordError):
-                await self._hand_back(task, delay_s=0.0)
+                await self._hand_back(flight.task, delay_s=0.0)
 
     async def _hand_back(self, task: Task, *, delay_s: float) -> None:
         try:

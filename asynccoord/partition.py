@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, InvalidTypeError
 from .validation import check_int, check_name
 
 __all__ = ("assign", "owner_of", "owned_partitions", "partition_of")
@@ -66,8 +66,11 @@ def owner_of(partition: int, nodes: Iterable[str]) -> str:
         InvalidArgumentError: ``nodes`` is empty or ``partition`` < 0.
     """
     check_int("partition", partition, minimum=0)
+    if isinstance(nodes, str) or not isinstance(nodes, Iterable):
+        raise InvalidTypeError(f"nodes must be an iterable of node ids (str), got {type(nodes).__name__}")
     best: tuple[int, str] | None = None
     for node in nodes:
+        check_name("node", node)
         candidate = (_score(node, partition), node)
         if best is None or candidate[0] > best[0] or (candidate[0] == best[0] and node < best[1]):
             best = candidate

@@ -79,6 +79,8 @@ class Runtime:
     ) -> None:
         if not callable(send):
             raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
+        if config is not None and not isinstance(config, NodeConfig):
+            raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         if node_ids is None:
             count = check_int("nodes", nodes, minimum=1, maximum=4096)
             prefix = f"{socket.gethostname()}-{os.getpid()}"
@@ -114,9 +116,11 @@ class Runtime:
             )
             for node_id in ids
         ]
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._runner: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event | None = None
+        self._stop_request: asyncio.Event | None = None
+        self._graceful = True
+        self._drain_s = self.shutdown_timeout_s
         self._closed = False
 
     def __repr__(self) -> str:
@@ -135,22 +139,53 @@ class Runtime:
             await self._close(graceful=False)
 
     async def start(self) -> None:
-        """Join the membership and start every node's pipeline."""
-        if self._stack is not None:
+        """Join the membership and start every node's pipeline.
+
+        The nodes run in a task of their own, so :meth:`shutdown` may be called from any
+        task (a signal handler's, a ``wait_for`` wrapper's...).
+
+        Raises:
+            StoreError: the first heartbeat failed (nothing is left running).
+        """
+        if self._runner is not None:
             return
+        loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        stack = contextlib.AsyncExitStack()
+        self._stop_request = asyncio.Event()
+        started: asyncio.Future[None] = loop.create_future()
+        self._runner = loop.create_task(self._run(started), name="asynccoord-runtime")
+        self._runner.add_done_callback(lambda _t: self._stopping.set() if self._stopping else None)
+        await asyncio.shield(started)
+
+    async def _run(self, started: asyncio.Future[None]) -> None:
+        """The runtime's own task: membership, the nodes' task group, and the shutdown sequence."""
         try:
             for node in self.nodes:
                 self.membership.join(node.node_id, info={"queue": self.config.queue, "pid": os.getpid()})
-            await stack.enter_async_context(self.membership)
-            self._tg = await stack.enter_async_context(anyio.create_task_group())
-            for node in self.nodes:
-                self._tg.start_soon(node.run, name=f"asynccoord-node-{node.node_id}")
-        except BaseException:
-            await stack.aclose()
+            async with self.membership, anyio.create_task_group() as tg:
+                for node in self.nodes:
+                    tg.start_soon(node.run, name=f"asynccoord-node-{node.node_id}")
+                started.set_result(None)
+                assert self._stop_request is not None
+                await self._stop_request.wait()
+                for node in self.nodes:
+                    node.stop_claiming()
+                if self._graceful:
+                    with anyio.move_on_after(self._drain_s):
+                        await asyncio.gather(*(node.wait_drained() for node in self.nodes))
+                left = sum(node.in_flight for node in self.nodes)
+                if left:
+                    log.warning("asynccoord.runtime.shutdown_cancel in_flight=%d", left)
+                tg.cancel_scope.cancel()  # nodes hand their in-flight tasks back, shielded
+        except BaseException as exc:
+            if not started.done():
+                started.set_exception(exc)
+                if isinstance(exc, Exception):
+                    return  # reported to start()'s caller
             raise
-        self._stack = stack
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.lock_pool.aclose()
 
     def states(self) -> list[NodeState]:
         """A snapshot of every node's counters."""
@@ -159,37 +194,30 @@ class Runtime:
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """Stop claiming, let sends finish for ``timeout_s`` (default ``shutdown_timeout_s``), hand back the rest.
 
-        Idempotent; returns when every node has stopped and left the membership.
+        Idempotent and callable from any task; returns when every node has stopped and
+        left the membership.
+
+        Raises:
+            Exception: whatever made a node fail, if one did.
         """
         if timeout_s is not None:
             check_positive("timeout_s", timeout_s)
         await self._close(graceful=True, timeout_s=timeout_s)
 
     async def _close(self, *, graceful: bool, timeout_s: float | None = None) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._stopping is not None:
-            self._stopping.set()
-        for node in self.nodes:
-            node.stop_claiming()
-        stack, tg = self._stack, self._tg
-        self._stack = self._tg = None
-        if stack is None or tg is None:
-            return
-        try:
-            if graceful:
-                with anyio.move_on_after(self.shutdown_timeout_s if timeout_s is None else timeout_s):
-                    await asyncio.gather(*(node.wait_drained() for node in self.nodes))
-            left = sum(node.in_flight for node in self.nodes)
-            if left:
-                log.warning("asynccoord.runtime.shutdown_cancel in_flight=%d", left)
-            tg.cancel_scope.cancel()  # nodes hand their in-flight tasks back, shielded
-        finally:
-            try:
-                await stack.aclose()
-            finally:
-                await self.lock_pool.aclose()
+        runner = self._runner
+        if not self._closed:
+            self._closed = True
+            self._graceful = graceful
+            self._drain_s = self.shutdown_timeout_s if timeout_s is None else timeout_s
+            if self._stopping is not None:
+                self._stopping.set()
+            for node in self.nodes:
+                node.stop_claiming()
+            if self._stop_request is not None:
+                self._stop_request.set()
+        if runner is not None:
+            await asyncio.shield(runner)
 
     async def wait_for_signal(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
         """Run until one of ``signals`` arrives (or :meth:`shutdown` is called), then shut down.

@@ -14,11 +14,11 @@ and exits with status 0.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 from typing import Any
 
+from ._loop import run as run_loop
 from .errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ("configure_run", "load_callable", "run_command")
@@ -114,8 +114,4 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _run_loop(main: Any) -> int:
-    try:
-        import uvloop
-    except ImportError:
-        return int(asyncio.run(main()))
-    return int(uvloop.run(main()))
+    return int(run_loop(main()))

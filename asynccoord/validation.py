@@ -175,7 +175,11 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
         size = len(text)
     if size > max_bytes:
         raise PayloadTooLargeError(f"{arg} encodes to {size} bytes, over the limit of {max_bytes} bytes")
-    if not _json_equal(json.loads(text), payload):
+    try:
+        same = _json_equal(json.loads(text), payload)
+    except RecursionError:
+        raise InvalidArgumentError(f"{arg} is nested too deeply to check") from None
+    if not same:
         raise InvalidArgumentError(
             f"{arg} would not round-trip through JSON unchanged (tuples become lists, non-str dict keys "
             f"become str, adjacent lone surrogates merge into one character): {_short(payload)}"

@@ -567,6 +567,7 @@ async def test_memberships_of_two_stores_on_one_file_see_each_other(db_path: Pat
         Membership(store_a, ttl_s=1.0, interval_s=0.05) as a,
     ):
         a.join("a")
+        await wait_for_view(a, lambda v: v.node_ids == ("a",))  # +a seen before b exists
         async with Membership(store_b, ttl_s=1.0, interval_s=0.05) as b:
             b.join("b")
             await wait_for_view(a, lambda v: v.node_ids == ("a", "b"))

@@ -18,6 +18,7 @@ from ..validation import check_bool, check_int, check_name, check_positive, enco
 __all__ = (
     "MAX_CLAIM_LIMIT",
     "MAX_ERROR_CHARS",
+    "MAX_ID",
     "PreparedTask",
     "check_claim_args",
     "check_fences",
@@ -37,6 +38,8 @@ __all__ = (
 )
 
 MAX_CLAIM_LIMIT = 10_000
+MAX_ID = 2**63 - 1
+"""Largest task id (and row count) an SQL INTEGER holds."""
 MAX_ERROR_CHARS = 8192
 
 
@@ -217,7 +220,7 @@ def check_task_ids(task_ids: object) -> list[int] | None:
         return None
     if not isinstance(task_ids, list | tuple):
         raise InvalidTypeError(f"task_ids must be a list or tuple of int, or None; got {type(task_ids).__name__}")
-    return [check_int("task_ids[i]", i, minimum=0) for i in task_ids]
+    return [check_int("task_ids[i]", i, minimum=0, maximum=MAX_ID) for i in task_ids]
 
 
 def check_retry(retry: object, config: StoreConfig) -> RetryPolicy:

@@ -34,6 +34,7 @@ from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, Task
 from ..notify import WorkNotifier
 from ..validation import check_int, check_name, check_non_negative, check_positive
 from ._common import (
+    MAX_ID,
     check_claim_args,
     check_fences,
     check_retry,
@@ -464,7 +465,7 @@ class MemoryStore(MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
 
     async def get(self, task_id: int) -> Task:
         """The task with that id. Raises TaskNotFoundError."""
-        check_int("task_id", task_id, minimum=0)
+        check_int("task_id", task_id, minimum=0, maximum=MAX_ID)
         self._check_open()
         task = self._tasks.get(task_id)
         if task is None:
@@ -515,7 +516,9 @@ class MemoryStore(MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
             if older_than_s is None
             else check_non_negative("older_than_s", older_than_s)
         )
-        size = self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1)
+        size = (
+            self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1, maximum=MAX_ID)
+        )
         self._check_open()
         cutoff = self._clock() - age
         old = [k for k, at in self._processed.items() if at < cutoff]
@@ -527,7 +530,7 @@ class MemoryStore(MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
         """Delete done tasks of ``queue`` older than ``older_than_s``."""
         check_name("queue", queue)
         age = check_non_negative("older_than_s", older_than_s)
-        size = check_int("batch", batch, minimum=1)
+        size = check_int("batch", batch, minimum=1, maximum=MAX_ID)
         self._check_open()
         cutoff = self._clock() - age
         old = [

@@ -43,6 +43,7 @@ from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, Task
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._common import (
+    MAX_ID,
     check_claim_args,
     check_fences,
     check_retry,
@@ -738,7 +739,7 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
             TaskNotFoundError: no such task.
             InvalidTypeError: ``task_id`` is not an int.
         """
-        check_int("task_id", task_id, minimum=0)
+        check_int("task_id", task_id, minimum=0, maximum=MAX_ID)
         row = await self._read(lambda db: db.execute(Q["select_task"], {"id": task_id}).fetchone())
         if row is None:
             raise TaskNotFoundError(task_id)
@@ -804,7 +805,9 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
             if older_than_s is None
             else check_non_negative("older_than_s", older_than_s)
         )
-        size = self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1)
+        size = (
+            self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1, maximum=MAX_ID)
+        )
         return await self._purge(Q["purge_processed_batch"], {"batch": size}, age, size)
 
     async def purge_finished(self, queue: str, *, older_than_s: float, batch: int = 1000) -> PurgeResult:
@@ -815,7 +818,7 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
         """
         check_name("queue", queue)
         age = check_non_negative("older_than_s", older_than_s)
-        size = check_int("batch", batch, minimum=1)
+        size = check_int("batch", batch, minimum=1, maximum=MAX_ID)
         return await self._purge(Q["purge_finished_batch"], {"batch": size, "queue": queue}, age, size)
 
     async def _purge(self, sql: str, params: dict[str, Any], age: float, size: int) -> PurgeResult:

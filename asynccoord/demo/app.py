@@ -35,7 +35,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .. import events as ev
+from .._loop import run as run_loop
 from ..backends.sqlite import SQLiteStore
+from ..errors import CoordError
 from ..models import NewTask, TaskStatus
 from ..monitor import Monitor, cluster_snapshot
 from ..monitormodels import Alert
@@ -86,6 +88,7 @@ class _Run:
     faults: list[dict[str, Any]] = field(default_factory=list)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     enqueued: int = 0
+    total: int = 0
     started: float = 0.0
 
 
@@ -148,7 +151,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         default=None,
         help="time compression of the trace, e.g. 1000 (default: fit the replay into about 8 s)",
     )
-    p.add_argument("--accounts", type=_positive_int, default=24, help="bot accounts (default 24)")
+    p.add_argument(
+        "--accounts", type=_positive_int, default=24, help="bot accounts senders are hashed onto (default 24)"
+    )
     p.add_argument("--db", type=Path, help="SQLite database file (default: a fresh one in a temporary folder)")
     p.add_argument("--trace", type=Path, help="trace file, JSON Lines, optionally gzipped (default: bundled sample)")
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
@@ -265,6 +270,10 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     messages = list(read_trace(trace_path, limit=opts.messages))
     if not messages:
         raise ValueError(f"the trace {str(trace_path)!r} has no messages")
+    if len({m.msg_id for m in messages}) != len(messages):
+        raise ValueError(f"the trace {str(trace_path)!r} repeats a msg_id: message ids must be unique")
+    if opts.db is not None and opts.db.exists() and opts.db.stat().st_size > 0:
+        raise ValueError(f"--db {str(opts.db)!r} already exists: the demo needs a fresh database file")
     tasks = build_tasks(messages, opts.accounts)
     offsets = schedule(messages, speed=opts.speed, replay_s=opts.replay_s, max_gap_s=opts.max_gap_s)
     rng = random.Random(opts.seed)
@@ -275,7 +284,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
         workers = [
             _Worker(index=i, prefix=f"p{i}", status_file=folder / f"worker-{i}.json") for i in range(opts.processes)
         ]
-        run = _Run()
+        run = _Run(total=len(tasks))
         async with SQLiteStore(db) as store:
             for w in workers:
                 _spawn(w, opts, db, gateway_path)
@@ -351,7 +360,7 @@ async def _inject_faults(
 ) -> None:
     if not opts.faults:
         return
-    total = len(workers) and opts.messages
+    total = run.total
     victim = workers[-1]
     staller = workers[0]
     killed = stalled = False
@@ -465,7 +474,7 @@ def _report(
     totals = dict(snapshot.totals)
     conflicts = {name: int(totals.get(name, 0)) for name in ev.EVENT_NAMES if name not in (ev.CLAIMS, ev.COMMITS)}
     latency = snapshot.latencies.get(REPORT_WINDOW_S, {}).get("enqueue_to_commit_ms")
-    lease_losses = conflicts[ev.LEASE_EXPIRED] + conflicts[ev.LEASE_LOST]
+    lease_losses = conflicts[ev.LEASE_EXPIRED] + conflicts[ev.LEASE_LOST] + conflicts[ev.SEND_INTERRUPTED]
     report: dict[str, Any] = {
         "messages": len(keys),
         "sent": len(done_keys & seen.delivered_ids),
@@ -508,7 +517,8 @@ def _report(
         "finished": finished,
         "problems": problems,
     }
-    # A second send of one message can only follow a lost lease (and each is counted).
+    # A second send of one message can only follow a lost lease or an interrupted send
+    # (and each of those is counted).
     report["duplicate_sends_explained"] = seen.replays <= lease_losses
     report["ok"] = bool(
         finished
@@ -560,6 +570,8 @@ def render(report: dict[str, Any], console: Console) -> None:
         console.print(f"fault: {fault}")
     for alert in report["alerts"]:
         console.print(f"alert: {alert['state']} {alert['rule']} value={alert['value']:.3g} > {alert['threshold']}")
+    if not report["finished"]:
+        console.print("[red]the run timed out before every message was done or dead")
     for problem in report["problems"]:
         console.print(f"[red]problem: {problem}")
     console.print(
@@ -577,6 +589,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # bad trace or options
         print(f"asynccoord.demo: {exc}", file=sys.stderr)
         return 2
+    except CoordError as exc:  # e.g. --db is not a database
+        print(f"asynccoord.demo: {exc}", file=sys.stderr)
+        return 2
     if opts.as_json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -586,11 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_loop(coro: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+    return run_loop(coro)
 
 
 if __name__ == "__main__":

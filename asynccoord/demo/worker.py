@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._loop import run as run_loop
 from ..backends.sqlite import SQLiteStore
 from ..config import RetryPolicy
 from ..models import Task
@@ -143,11 +144,7 @@ async def _write_status(runtime: Runtime, path: Path, stalled: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(run(args))
-    return int(uvloop.run(run(args)))
+    return int(run_loop(run(args)))
 
 
 if __name__ == "__main__":
