@@ -217,6 +217,7 @@ class _InFlight:
     lock: Lease | None = None
     lost: str | None = None
     started: bool = False  # the user's send was called
+    returned: bool = False  # ...and returned, raised, timed out or was cut by a lost lease
     settling: bool = False  # the send is over: commit/fail/hand-back owns the lease now
 
 
@@ -557,6 +558,7 @@ class Node:
                     failure = exc
                 except Exception as exc:  # the user's send failed: the retry policy decides
                     failure = exc
+            flight.returned = True
         finally:
             _DELIVERY.reset(token)
             flight.settling = True
@@ -630,7 +632,7 @@ class Node:
             self._state.conflicts += 1
 
     async def _hand_back_shielded(self, flight: _InFlight) -> None:
-        if flight.started and not flight.settling:
+        if flight.started and not flight.returned:
             # The send may have reached its receiver before it was cancelled: the next
             # holder's send of this task is a possible duplicate. Count it like a lost lease.
             self.store.events.add(ev.SEND_INTERRUPTED)

@@ -76,6 +76,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown)."""
     from .backends.sqlite import SQLiteStore
+    from .monitor import Monitor
     from .node import NodeConfig
     from .runtime import Runtime
 
@@ -104,7 +105,8 @@ def run_command(args: argparse.Namespace) -> int:
                 heartbeat_ttl_s=args.heartbeat_ttl_s,
                 shutdown_timeout_s=args.shutdown_timeout_s,
             )
-            async with runtime:
+            # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
+            async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:
                 print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {args.db}", flush=True)
                 signum = await runtime.wait_for_signal()
                 log.info("asynccoord.serve.stopped signal=%s", signum)

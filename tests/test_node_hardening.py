@@ -1,0 +1,132 @@
+"""A node survives the mistakes a bot author makes, without sending a message twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from asynccoord import MemoryStore, NodeConfig, RetryPolicy, Runtime, Task, TaskStatus
+from asynccoord import events as ev
+
+FAST = NodeConfig(
+    queue="q",
+    lease_s=5.0,
+    idle_min_s=0.01,
+    idle_max_s=0.05,
+    retry=RetryPolicy(base_s=0.01, factor=1.0, cap_s=0.01, jitter=0.0, max_attempts=2),
+)
+
+
+async def drain(store: MemoryStore, runtime: Runtime, timeout_s: float = 10.0) -> dict[TaskStatus, int]:
+    async with runtime:
+        assert await runtime.wait_until_drained(timeout_s=timeout_s, poll_s=0.01)
+    return dict((await store.stats("q")).counts)
+
+
+async def test_a_lock_key_that_raises_fails_only_its_task() -> None:
+    async with MemoryStore() as store:
+        for i in range(20):
+            await store.enqueue("q", {"account": i % 3, "n": i}, partition_key=f"c{i}")
+        await store.enqueue("q", {"n": "no account"}, partition_key="bad")
+        sent: Counter[Any] = Counter()
+
+        async def send(task: Task) -> None:
+            sent[task.payload["n"]] += 1
+
+        runtime = Runtime(store, send=send, nodes=2, config=FAST, lock_key=lambda t: f"account:{t.payload['account']}")
+        counts = await drain(store, runtime)
+        assert counts[TaskStatus.DONE] == 20
+        assert counts[TaskStatus.DEAD] == 1  # retried, then dead-lettered: never a crash
+        assert sent == Counter(range(20))  # the bad task was never sent
+        dead = [t for t in store._tasks.values() if t.status is TaskStatus.DEAD]
+        assert "KeyError" in (dead[0].last_error or "")
+
+
+async def test_a_lock_key_returning_a_non_str_fails_its_task() -> None:
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+        runtime = Runtime(store, send=lambda t: asyncio.sleep(0), nodes=1, config=FAST, lock_key=lambda t: 42)  # type: ignore[arg-type,return-value]
+        counts = await drain(store, runtime)
+        assert counts[TaskStatus.DEAD] == 1
+        (task,) = store._tasks.values()
+        assert "lock_key(task) must be a str" in (task.last_error or "")
+
+
+async def test_a_sync_send_sends_each_message_once() -> None:
+    async with MemoryStore() as store:
+        for i in range(10):
+            await store.enqueue("q", {"n": i}, partition_key=f"c{i}")
+        sent: Counter[int] = Counter()
+
+        def send(task: Task) -> str:  # a plain function: it has sent when it returns
+            sent[task.payload["n"]] += 1
+            return "ok"
+
+        runtime = Runtime(store, send=send, nodes=2, config=FAST)  # type: ignore[arg-type]
+        counts = await drain(store, runtime)
+        assert counts[TaskStatus.DONE] == 10
+        assert sent == Counter(range(10))
+        assert all(t.result == "ok" for t in store._tasks.values())
+
+
+@pytest.mark.parametrize("kind", ["object", "oversize"])
+async def test_a_result_the_store_cannot_keep_is_committed_without_it(kind: str) -> None:
+    class Message:  # what an SDK returns
+        pass
+
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+        calls = 0
+
+        async def send(task: Task) -> Any:
+            nonlocal calls
+            calls += 1
+            return Message() if kind == "object" else "x" * (2 << 20)
+
+        counts = await drain(store, Runtime(store, send=send, nodes=1, config=FAST))
+        assert counts[TaskStatus.DONE] == 1
+        assert calls == 1  # committed at once, never re-sent
+        (task,) = store._tasks.values()
+        assert task.result is None
+
+
+async def test_shutdown_from_another_task_drains_and_leaves_the_membership() -> None:
+    async with MemoryStore() as store:
+        for i in range(5):
+            await store.enqueue("q", {"n": i}, partition_key=f"c{i}")
+        started = asyncio.Event()
+
+        async def send(task: Task) -> None:
+            started.set()
+            await asyncio.sleep(0.05)
+
+        runtime = Runtime(store, send=send, nodes=2, config=FAST, shutdown_timeout_s=2.0)
+        await runtime.start()
+        await started.wait()
+        await asyncio.wait_for(runtime.shutdown(), 10)  # wait_for runs it in a task of its own
+        assert await store.members() == []
+        stats = await store.stats("q")
+        assert stats.counts[TaskStatus.RUNNING] == 0
+        assert stats.counts[TaskStatus.DONE] + stats.counts[TaskStatus.PENDING] == 5
+        await runtime.shutdown()  # idempotent
+
+
+async def test_a_send_cut_off_by_shutdown_is_counted_as_interrupted() -> None:
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+        started = asyncio.Event()
+
+        async def send(task: Task) -> None:
+            started.set()
+            await asyncio.sleep(30)
+
+        runtime = Runtime(store, send=send, nodes=1, config=FAST, shutdown_timeout_s=0.1)
+        async with runtime:
+            await started.wait()
+        (task,) = store._tasks.values()
+        assert task.status is TaskStatus.PENDING  # handed back...
+        assert task.attempts == 0
+        assert store.events.get(ev.SEND_INTERRUPTED) == 1  # ...and the possible duplicate is counted
