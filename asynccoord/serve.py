@@ -20,6 +20,7 @@ from typing import Any
 
 from ._loop import run as run_loop
 from .errors import InvalidArgumentError, InvalidTypeError
+from .validation import check_int, check_positive
 
 __all__ = ("configure_run", "load_callable", "run_command")
 
@@ -80,6 +81,10 @@ def run_command(args: argparse.Namespace) -> int:
     from .node import NodeConfig
     from .runtime import Runtime
 
+    check_int("--nodes", args.nodes, minimum=1, maximum=4096)  # before the database is touched
+    check_positive("--heartbeat-ttl-s", args.heartbeat_ttl_s)
+    check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
+    check_positive("--idle-max-s", args.idle_max_s)
     send = load_callable(args.send)
     lock_key = load_callable(args.lock_key) if args.lock_key else None
     config = NodeConfig(

@@ -196,6 +196,11 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
             raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
         target = read_only_uri(self.path) if self.read_only else self.path
         conn = aiosqlite.connect(target, isolation_level=None, check_same_thread=False, uri=self.read_only)
+        worker = getattr(conn, "_thread", None)
+        if worker is not None and not worker.is_alive():
+            # A store the program forgot to close must not keep the interpreter from
+            # exiting: committed work is durable in the WAL either way.
+            worker.daemon = True
         try:
             await conn
         except sqlite3.Error as exc:
