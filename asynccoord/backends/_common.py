@@ -6,7 +6,7 @@ import json
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config import RetryPolicy, StoreConfig
 from ..errors import InvalidArgumentError, InvalidTypeError
@@ -16,6 +16,7 @@ from ..partition import partition_of
 from ..validation import check_bool, check_int, check_name, check_positive, encode_payload
 
 __all__ = (
+    "QueueConveniences",
     "MAX_CLAIM_LIMIT",
     "MAX_ERROR_CHARS",
     "MAX_ID",
@@ -85,6 +86,41 @@ def prepare_tasks(tasks: Sequence[NewTask], config: StoreConfig, partitions: int
             )
         )
     return prepared
+
+
+class QueueConveniences:
+    """The single-task forms of the batch operations, the same for every store."""
+
+    if TYPE_CHECKING:
+
+        async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]: ...
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        partition_key: str = "",
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        delay_s: float = 0.0,
+    ) -> EnqueueResult:
+        """Add one task (fields as in :class:`~asynccoord.models.NewTask`); see ``enqueue_many``.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.
+        """
+        spec = NewTask(
+            queue=queue,
+            payload=payload,
+            partition_key=partition_key,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            delay_s=delay_s,
+        )
+        return (await self.enqueue_many([spec]))[0]
 
 
 def check_claim_args(

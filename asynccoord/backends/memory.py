@@ -35,6 +35,7 @@ from ..notify import WorkNotifier
 from ..validation import check_int, check_name, check_non_negative, check_positive
 from ._common import (
     MAX_ID,
+    QueueConveniences,
     check_claim_args,
     check_fences,
     check_retry,
@@ -59,7 +60,7 @@ __all__ = ("MemoryStore",)
 _ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
-class MemoryStore(MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
+class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
     """The storage contract in plain Python objects (see :class:`~asynccoord.backends.base.Store`).
 
     Args:
@@ -114,29 +115,6 @@ class MemoryStore(MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
         return self._clock()
 
     # --- enqueue ----------------------------------------------------------------------
-
-    async def enqueue(
-        self,
-        queue: str,
-        payload: Any = None,
-        *,
-        partition_key: str = "",
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        delay_s: float = 0.0,
-    ) -> EnqueueResult:
-        """Add one task; see :meth:`enqueue_many`."""
-        spec = NewTask(
-            queue=queue,
-            payload=payload,
-            partition_key=partition_key,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            max_attempts=max_attempts,
-            delay_s=delay_s,
-        )
-        return (await self.enqueue_many([spec]))[0]
 
     async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
         """Add tasks atomically; a repeated idempotency key returns the existing task."""

@@ -68,6 +68,7 @@ from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._batch import Batcher
 from ._common import (
+    QueueConveniences,
     check_claim_args,
     check_fences,
     check_retry,
@@ -178,7 +179,7 @@ def _channel(schema: str | None) -> str:
     return "asynccoord." + hashlib.sha1(base.encode()).hexdigest()[:40]
 
 
-class PostgresStore(PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
+class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
     """The whole storage contract on one PostgreSQL database (queue, locks, membership, monitor).
 
     Use as ``async with PostgresStore("postgresql://user@host/db") as store: ...`` or
@@ -460,29 +461,6 @@ class PostgresStore(PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
         return await self._run(op, what="now", tx=False, ambiguous_ok=True)
 
     # --- enqueue ----------------------------------------------------------------------
-
-    async def enqueue(
-        self,
-        queue: str,
-        payload: Any = None,
-        *,
-        partition_key: str = "",
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        delay_s: float = 0.0,
-    ) -> EnqueueResult:
-        """Add one task; see :meth:`enqueue_many`."""
-        spec = NewTask(
-            queue=queue,
-            payload=payload,
-            partition_key=partition_key,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            max_attempts=max_attempts,
-            delay_s=delay_s,
-        )
-        return (await self.enqueue_many([spec]))[0]
 
     async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
         """Add tasks in one transaction; a repeated idempotency key returns the existing task.

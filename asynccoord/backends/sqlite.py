@@ -44,6 +44,7 @@ from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._common import (
     MAX_ID,
+    QueueConveniences,
     check_claim_args,
     check_fences,
     check_retry,
@@ -118,7 +119,7 @@ def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
     return f"lease expired at {expires:.3f} (store clock now {now:.3f})"
 
 
-class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
+class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
     """Task queue (and, in later modules, locks and membership) on one SQLite file.
 
     Use as ``async with SQLiteStore("bot.db") as store: ...`` or call
@@ -319,29 +320,6 @@ class SQLiteStore(SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
         return float(await self._read(writer.now))
 
     # --- enqueue ----------------------------------------------------------------------
-
-    async def enqueue(
-        self,
-        queue: str,
-        payload: Any = None,
-        *,
-        partition_key: str = "",
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        delay_s: float = 0.0,
-    ) -> EnqueueResult:
-        """Add one task; see :meth:`enqueue_many`."""
-        spec = NewTask(
-            queue=queue,
-            payload=payload,
-            partition_key=partition_key,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            max_attempts=max_attempts,
-            delay_s=delay_s,
-        )
-        return (await self.enqueue_many([spec]))[0]
 
     async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
         """Add tasks in one transaction; a repeated idempotency key returns the existing task.
