@@ -97,6 +97,8 @@ AlertCallback = Callable[[Alert], Awaitable[Any]]
 """An async subscriber: ``async def on_alert(alert: Alert) -> None``."""
 
 _KEEPALIVE_S = 10.0
+_CANCELLED_WRITE_WAIT_S = 5.0
+"""How long a cancelled flush waits for its write's outcome, seconds."""
 """A monitor writes at least this often (seconds) even when nothing changed, so the
 status command sees the process as live."""
 
@@ -753,17 +755,33 @@ class Monitor:
                 info=self.info,
             )
             self._alerts_dirty = False
+            # The write runs as a task of its own: a flush cancelled mid-write (e.g. by
+            # close()) must still learn whether the write committed, or its deltas would
+            # be sent twice (committed, yet kept for the next flush) or lost.
+            write = asyncio.ensure_future(self.store.flush_metrics(batch))
             try:
-                at = float(await self.store.flush_metrics(batch))
+                at = float(await asyncio.shield(write))
+            except asyncio.CancelledError:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCELLED_WRITE_WAIT_S):
+                    await asyncio.wait({write})
+                if write.done() and not write.cancelled() and write.exception() is None:
+                    self._mark_sent(seen, histograms, loop.time())
+                else:
+                    self._alerts_dirty = self._alerts_dirty or dirty
+                    self._flush_failures += 1
+                raise
             except BaseException:
                 self._alerts_dirty = self._alerts_dirty or dirty
                 self._flush_failures += 1
                 raise
-            self._sent_events.update(seen)
-            self._sent_latency.update(histograms)
-            self._last_write_monotonic = loop.time()
-            self._flushes += 1
+            self._mark_sent(seen, histograms, loop.time())
             return at
+
+    def _mark_sent(self, seen: dict[tuple[str, str], int], histograms: dict[str, Histogram], now: float) -> None:
+        self._sent_events.update(seen)
+        self._sent_latency.update(histograms)
+        self._last_write_monotonic = now
+        self._flushes += 1
 
     # --- rules --------------------------------------------------------------------------
 
