@@ -273,6 +273,16 @@ class LockPool:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
 
+    async def released(self, name: str, *, timeout_s: float = _RELEASE_TIMEOUT_S) -> None:
+        """Wait (up to ``timeout_s``) until a release of ``name``'s lease already under way is done.
+
+        Used before handing a task back, so whoever claims it next finds its lock free.
+        """
+        session = self._sessions.get(name)
+        task = None if session is None else session.releasing
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=timeout_s)
+
     async def aclose(self) -> None:
         """Release every lease the pool holds (waiting for deferred commits up to one TTL)."""
         for session in list(self._sessions.values()):

@@ -511,7 +511,11 @@ class Node:
             log.warning("asynccoord.node.store_error node=%s task=%s error=%s", self.node_id, task.id, exc)
             await self._hand_back_shielded(flight)
         except BaseException:
-            # Cancelled (shutdown): hand the task back unfinished, not counted as a failure.
+            # Cancelled (shutdown): hand the task back unfinished, not counted as a failure,
+            # once its lock is released, so the next claimer finds the lock free.
+            if flight.lock is not None and self.lock_pool is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.lock_pool.released(flight.lock.name)
             await self._hand_back_shielded(flight)
             raise
         finally:
