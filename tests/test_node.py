@@ -308,7 +308,9 @@ async def test_send_timeout_counts_as_a_failure(make_store: Any) -> None:
     for task_id in (flaky_id, slow_id):
         began, cancelled_at = attempts[task_id][0]
         assert cancelled_at is not None
-        assert 0.2 <= cancelled_at - began <= 0.45  # cut at send_timeout_s
+        # Cut at send_timeout_s: the timeout's clock starts just before the send records
+        # `began`, so the measured time may fall short of 0.2 s by that instant (< 10 ms).
+        assert 0.19 <= cancelled_at - began <= 0.45
     assert attempts[flaky_id][1][1] is None  # the retry ran to its end
     assert (node.state().failed, node.state().committed, node.state().conflicts) == (2, 1, 0)
     events = store.events.snapshot()
