@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = ("run",)
@@ -17,4 +17,5 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         import uvloop
     except ImportError:
         return asyncio.run(main)
-    return uvloop.run(main)
+    runner: Callable[[Coroutine[Any, Any, T]], T] = uvloop.run  # typed even where uvloop's stubs are absent
+    return runner(main)
