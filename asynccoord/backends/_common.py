@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ..config import RetryPolicy, StoreConfig
-from ..errors import InvalidArgumentError, InvalidTypeError
+from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from ..models import EnqueueResult, NewTask, Task, TaskStatus
 from ..notify import WorkNotifier
 from ..partition import partition_of
@@ -95,6 +95,14 @@ class QueueConveniences:
 
         async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]: ...
 
+        async def complete_many(
+            self,
+            tasks: Sequence[Task],
+            results: Sequence[Any] | None = None,
+            *,
+            fences: Sequence[tuple[str, int] | None] | None = None,
+        ) -> list[Task | CoordError]: ...
+
     async def enqueue(
         self,
         queue: str,
@@ -121,6 +129,30 @@ class QueueConveniences:
             delay_s=delay_s,
         )
         return (await self.enqueue_many([spec]))[0]
+
+    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
+        """Mark ``task`` done and record its message id as processed, in one transaction.
+
+        Args:
+            task: The task as returned by ``claim``.
+            result: Optional JSON result kept on the task.
+            fence: ``(resource, fencing_token)`` of the lock guarding the work: the commit
+                is refused (nothing written) when the resource has already accepted a
+                higher token, and the token is recorded otherwise.
+
+        Returns:
+            The task as now stored (status ``done``, version + 1).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists.
+            FencingTokenRejectedError: ``fence`` carries an outdated token.
+            InvalidTypeError, InvalidArgumentError: bad ``task``, ``result`` or ``fence``.
+        """
+        outcome = (await self.complete_many([task], [result], fences=None if fence is None else [fence]))[0]
+        if isinstance(outcome, Task):
+            return outcome
+        raise outcome
 
 
 def check_claim_args(

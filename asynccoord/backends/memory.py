@@ -272,13 +272,6 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
             raise LeaseLostError(task.id, reason)
         return current
 
-    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
-        """Mark done and record the processed id (semantics as in the SQLite store)."""
-        outcome = (await self.complete_many([task], [result], fences=None if fence is None else [fence]))[0]
-        if isinstance(outcome, Task):
-            return outcome
-        raise outcome
-
     async def complete_many(
         self,
         tasks: Sequence[Task],

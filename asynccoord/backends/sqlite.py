@@ -465,30 +465,6 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             raise LeaseLostError(task.id, reason)
         return _row_to_task(row)
 
-    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
-        """Mark ``task`` done and record its message id as processed, in one transaction.
-
-        Args:
-            task: The task as returned by ``claim``.
-            result: Optional JSON result kept on the task.
-            fence: ``(resource, fencing_token)`` of the lock guarding the work: the
-                commit is refused (nothing written) when the resource has already
-                accepted a higher token, and the token is recorded otherwise.
-
-        Returns:
-            The task as now stored (status ``done``, version + 1).
-
-        Raises:
-            LeaseLostError: the lease is no longer the caller's; nothing written.
-            TaskNotFoundError: the task no longer exists.
-            FencingTokenRejectedError: ``fence`` carries an outdated token.
-            InvalidTypeError, InvalidArgumentError: bad ``task``, ``result`` or ``fence``.
-        """
-        outcome = (await self.complete_many([task], [result], fences=None if fence is None else [fence]))[0]
-        if isinstance(outcome, Task):
-            return outcome
-        raise outcome
-
     async def complete_many(
         self,
         tasks: Sequence[Task],
