@@ -92,6 +92,12 @@ async def state_of(s: Seeded) -> tuple[Any, ...]:
 
 Call = Callable[[Seeded], Coroutine[Any, Any, Any]]
 
+
+def tampered(s: Seeded, **changes: Any) -> Task:
+    """The running task with some fields replaced, as a buggy (or hostile) caller might pass it."""
+    return dataclasses.replace(s.running, **changes)
+
+
 circular: list[Any] = []
 circular.append(circular)
 
@@ -197,6 +203,55 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
     ("extend-many-0", lambda s: s.store.extend_many([s.running], 0), ARG, "lease_s must be > 0, got 0"),
     ("extend-many-item", lambda s: s.store.extend_many([s.running, "t"], 5), TYPE, "task must be a Task"),
     ("extend-many-none", lambda s: s.store.extend_many(None, 5), TYPE, "tasks must be a list or tuple"),
+    # tampered tasks: identity fields are checked before the store is touched
+    (
+        "tamper-id-huge",
+        lambda s: s.store.complete(tampered(s, id=2**70)),
+        ARG,
+        "task.id must be <= 9223372036854775807",
+    ),
+    ("tamper-id-neg", lambda s: s.store.fail(tampered(s, id=-1), "e"), ARG, "task.id must be >= 0, got -1"),
+    ("tamper-id-float", lambda s: s.store.release(tampered(s, id=1.0)), TYPE, "task.id must be an int, got float"),
+    ("tamper-id-bool", lambda s: s.store.extend(tampered(s, id=True), 5), TYPE, "task.id must be an int, got bool"),
+    (
+        "tamper-token-int",
+        lambda s: s.store.extend(tampered(s, lease_token=123), 5),
+        TYPE,
+        "task.lease_token must be a str, got int 123",
+    ),
+    (
+        "tamper-token-bytes",
+        lambda s: s.store.complete_many([tampered(s, lease_token=b"x")]),
+        TYPE,
+        "task.lease_token must be a str, got bytes",
+    ),
+    ("tamper-token-empty", lambda s: s.store.release(tampered(s, lease_token="")), ARG, "task.lease_token must not be"),
+    (
+        "tamper-version-bool",
+        lambda s: s.store.complete(tampered(s, version=True)),
+        TYPE,
+        "task.version must be an int, got bool True",
+    ),
+    (
+        "tamper-version-huge",
+        lambda s: s.store.extend_many([s.running, tampered(s, version=2**70)], 5),
+        ARG,
+        "task.version must be <= 9223372036854775807",
+    ),
+    ("tamper-version-neg", lambda s: s.store.fail(tampered(s, version=-1), "e"), ARG, "task.version must be >= 0"),
+    ("tamper-version-str", lambda s: s.store.release(tampered(s, version="1")), TYPE, "task.version must be an int"),
+    ("tamper-queue-int", lambda s: s.store.complete(tampered(s, queue=5)), TYPE, "task.queue must be a str, got int"),
+    ("tamper-key-none", lambda s: s.store.complete(tampered(s, partition_key=None)), TYPE, "task.partition_key must"),
+    ("tamper-idem-int", lambda s: s.store.complete(tampered(s, idempotency_key=3)), TYPE, "task.idempotency_key must"),
+    ("tamper-partition", lambda s: s.store.complete(tampered(s, partition=-5)), ARG, "task.partition must be >= 0"),
+    ("tamper-attempts", lambda s: s.store.fail(tampered(s, attempts="1"), "e"), TYPE, "task.attempts must be an int"),
+    ("tamper-max-attempts", lambda s: s.store.fail(tampered(s, max_attempts=0), "e"), ARG, "task.max_attempts must be"),
+    (
+        "tamper-status-str",
+        lambda s: s.store.complete(tampered(s, status="running")),
+        TYPE,
+        "task.status must be a TaskStatus, got str 'running'",
+    ),
     # get
     ("get-str", lambda s: s.store.get("1"), TYPE, "task_id must be an int, got str '1'"),
     ("get-bool", lambda s: s.store.get(True), TYPE, "task_id must be an int, got bool"),

@@ -13,13 +13,15 @@ from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from ..models import EnqueueResult, NewTask, Task, TaskStatus
 from ..notify import WorkNotifier
 from ..partition import partition_of
-from ..validation import check_bool, check_int, check_name, check_positive, encode_payload
+from ..validation import check_bool, check_int, check_name, check_optional_name, check_positive, encode_payload
 
 __all__ = (
     "QueueConveniences",
+    "MAX_ATTEMPTS",
     "MAX_CLAIM_LIMIT",
     "MAX_ERROR_CHARS",
     "MAX_ID",
+    "MAX_PARTITION",
     "PreparedTask",
     "check_claim_args",
     "check_fences",
@@ -42,6 +44,10 @@ MAX_CLAIM_LIMIT = 10_000
 MAX_ID = 2**63 - 1
 """Largest task id (and row count) an SQL INTEGER holds."""
 MAX_ERROR_CHARS = 8192
+MAX_ATTEMPTS = 2**31 - 1
+"""Largest ``max_attempts`` (and attempt count) a task may carry."""
+MAX_PARTITION = (1 << 16) - 1
+"""Largest partition index (``StoreConfig.partitions`` is at most 65536)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,14 +191,32 @@ def check_claim_args(
 def check_task(task: object) -> Task:
     """Check that ``task`` is a leased :class:`Task` as returned by ``claim``.
 
+    Every field a store reads from the caller's copy (the compare-and-set key
+    ``id``/``lease_token``/``version``, and ``queue``, ``partition_key``,
+    ``partition``, ``idempotency_key``, ``status``, ``attempts``, ``max_attempts``)
+    is checked for type and range, so a tampered or hand-made Task is refused with
+    a typed error instead of reaching the database driver.
+
     Raises:
-        InvalidTypeError: not a Task.
-        InvalidArgumentError: the task carries no lease token (it was never claimed).
+        InvalidTypeError: not a Task, or a field of the wrong type (``bool`` is not an int).
+        InvalidArgumentError: the task carries no lease token (it was never claimed),
+            or a field out of range (an id or version outside ``0..2**63-1``...).
     """
     if not isinstance(task, Task):
         raise InvalidTypeError(f"task must be a Task returned by claim, got {type(task).__name__}")
+    check_int("task.id", task.id, minimum=0, maximum=MAX_ID)
     if task.lease_token is None:
-        raise InvalidArgumentError(f"task {task.id} carries no lease (status {task.status.value}): claim it first")
+        raise InvalidArgumentError(f"task {task.id} carries no lease (status {task.status}): claim it first")
+    check_name("task.lease_token", task.lease_token)
+    check_int("task.version", task.version, minimum=0, maximum=MAX_ID)
+    check_name("task.queue", task.queue)
+    check_name("task.partition_key", task.partition_key, allow_empty=True)
+    check_int("task.partition", task.partition, minimum=0, maximum=MAX_PARTITION)
+    check_optional_name("task.idempotency_key", task.idempotency_key)
+    if not isinstance(task.status, TaskStatus):
+        raise InvalidTypeError(f"task.status must be a TaskStatus, got {type(task.status).__name__} {task.status!r}")
+    check_int("task.attempts", task.attempts, minimum=0, maximum=MAX_ATTEMPTS)
+    check_int("task.max_attempts", task.max_attempts, minimum=1, maximum=MAX_ATTEMPTS)
     return task
 
 
