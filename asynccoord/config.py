@@ -51,13 +51,13 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         check_positive("base_s", self.base_s)
-        factor = check_positive("factor", self.factor)
+        factor = check_positive("factor", self.factor, maximum=None)
         if factor < 1:
             raise InvalidArgumentError(f"factor must be >= 1, got {self.factor!r}")
         cap = check_positive("cap_s", self.cap_s)
         if cap < self.base_s:
             raise InvalidArgumentError(f"cap_s must be >= base_s ({self.base_s!r}), got {self.cap_s!r}")
-        jitter = check_non_negative("jitter", self.jitter)
+        jitter = check_non_negative("jitter", self.jitter, maximum=None)
         if jitter >= 1:
             raise InvalidArgumentError(f"jitter must be in [0, 1), got {self.jitter!r}")
         check_int("max_attempts", self.max_attempts, minimum=1)

@@ -144,9 +144,9 @@ class AlertRule:
         check_name("name", self.name)
         check_name("event", self.event)
         object.__setattr__(self, "window_s", check_positive("window_s", self.window_s))
-        object.__setattr__(self, "threshold", check_non_negative("threshold", self.threshold))
+        object.__setattr__(self, "threshold", check_non_negative("threshold", self.threshold, maximum=None))
         check_int("min_events", self.min_events, minimum=0)
-        ratio = check_non_negative("clear_ratio", self.clear_ratio)
+        ratio = check_non_negative("clear_ratio", self.clear_ratio, maximum=None)
         if ratio > 1:
             raise InvalidArgumentError(f"clear_ratio must be in [0, 1], got {self.clear_ratio!r}")
         object.__setattr__(self, "clear_ratio", ratio)

@@ -14,6 +14,7 @@ from typing import Any
 from .errors import InvalidArgumentError, InvalidTypeError, PayloadTooLargeError
 
 __all__ = (
+    "MAX_DURATION_S",
     "MAX_NAME_LENGTH",
     "check_bool",
     "check_int",
@@ -26,6 +27,17 @@ __all__ = (
 
 MAX_NAME_LENGTH = 255
 """Longest queue name, partition key, idempotency key, node id or lock name (characters)."""
+
+MAX_DURATION_S = 365 * 24 * 3600.0
+"""Longest duration any argument may give (lease, TTL, delay, timeout, interval, retention,
+window...): one year (365 days, 31,536,000 s), in seconds.
+
+Far beyond any sane lease or retry delay, and small enough that ``now + duration`` stays
+an exact, representable time on every backend (no float overflow, no PostgreSQL
+timestamp out of range, no Redis expiry overflow). A longer value is refused with
+:class:`~asynccoord.errors.InvalidArgumentError` naming the value and this bound; work
+due further out belongs in a scheduler that enqueues it later.
+"""
 
 
 def _short(value: object) -> str:
@@ -79,36 +91,59 @@ def check_optional_name(arg: str, value: object) -> str | None:
 def _check_real(arg: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidTypeError(f"{arg} must be a number, got {type(value).__name__} {_short(value)}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise InvalidArgumentError(f"{arg} must be finite, got {_short(value)} (too large for a float)") from None
     if math.isnan(number) or math.isinf(number):
         raise InvalidArgumentError(f"{arg} must be finite, got {value!r}")
     return number
 
 
-def check_positive(arg: str, value: object) -> float:
+def _check_maximum(arg: str, value: object, number: float, maximum: float | None) -> float:
+    if maximum is not None and number > maximum:
+        bound = f"{maximum:.0f} seconds (one year, MAX_DURATION_S)" if maximum == MAX_DURATION_S else f"{maximum:g}"
+        raise InvalidArgumentError(f"{arg} must be <= {bound}, got {_short(value)}")
+    return number
+
+
+def check_positive(arg: str, value: object, *, maximum: float | None = MAX_DURATION_S) -> float:
     """Check a finite number > 0 (durations such as ``lease_s``); return it as float.
+
+    Args:
+        arg: The argument's name, used in the error message.
+        value: The value to check.
+        maximum: Largest value accepted; default :data:`MAX_DURATION_S` (one year),
+            which every duration shares. None for numbers that are not durations
+            (a growth factor, a threshold).
 
     Raises:
         InvalidTypeError: not an int or float (bool is refused).
-        InvalidArgumentError: NaN, infinite, zero or negative.
+        InvalidArgumentError: NaN, infinite, zero, negative or above ``maximum``.
     """
     number = _check_real(arg, value)
     if number <= 0:
         raise InvalidArgumentError(f"{arg} must be > 0, got {value!r}")
-    return number
+    return _check_maximum(arg, value, number, maximum)
 
 
-def check_non_negative(arg: str, value: object) -> float:
+def check_non_negative(arg: str, value: object, *, maximum: float | None = MAX_DURATION_S) -> float:
     """Check a finite number >= 0 (delays such as ``delay_s``); return it as float.
+
+    Args:
+        arg: The argument's name, used in the error message.
+        value: The value to check.
+        maximum: Largest value accepted; default :data:`MAX_DURATION_S` (one year).
+            None for numbers that are not durations (a ratio, a threshold).
 
     Raises:
         InvalidTypeError: not an int or float (bool is refused).
-        InvalidArgumentError: NaN, infinite or negative.
+        InvalidArgumentError: NaN, infinite, negative or above ``maximum``.
     """
     number = _check_real(arg, value)
     if number < 0:
         raise InvalidArgumentError(f"{arg} must be >= 0, got {value!r}")
-    return number
+    return _check_maximum(arg, value, number, maximum)
 
 
 def check_int(arg: str, value: object, *, minimum: int, maximum: int | None = None) -> int:

@@ -198,7 +198,7 @@ class Watchdog:
     def __init__(self, store: LockStore, *, safety_margin_ratio: float = DEFAULT_SAFETY_MARGIN_RATIO) -> None:
         if not isinstance(store, LockStore):
             raise InvalidTypeError(f"store must implement LockStore, got {type(store).__name__}")
-        ratio = check_non_negative("safety_margin_ratio", safety_margin_ratio)
+        ratio = check_non_negative("safety_margin_ratio", safety_margin_ratio, maximum=None)
         if ratio > 0.5:
             raise InvalidArgumentError(f"safety_margin_ratio must be <= 0.5, got {safety_margin_ratio!r}")
         self._store = store

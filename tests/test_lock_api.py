@@ -281,6 +281,13 @@ BAD_HANDLES: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"backoff": 0.1}, InvalidTypeError, "backoff must be a RetryPolicy"),
     ({"watchdog": object()}, InvalidTypeError, "watchdog must be a Watchdog"),
     ({"release_timeout_s": 0}, InvalidArgumentError, "release_timeout_s must be > 0"),
+    ({"ttl_s": 1e308}, InvalidArgumentError, r"ttl_s must be <= 31536000 seconds \(one year"),
+    ({"timeout_s": 1e12}, InvalidArgumentError, r"timeout_s must be <= 31536000 seconds \(one year"),
+    ({"timeout_s": float("nan")}, InvalidArgumentError, "timeout_s must be finite, got nan"),
+    ({"max_hold_s": float("inf")}, InvalidArgumentError, "max_hold_s must be finite, got inf"),
+    ({"max_hold_s": 4e7}, InvalidArgumentError, r"max_hold_s must be <= 31536000 seconds"),
+    ({"renew_interval_s": 1e308}, InvalidArgumentError, r"renew_interval_s must be <= 31536000 seconds"),
+    ({"release_timeout_s": 10**400}, InvalidArgumentError, "release_timeout_s must be finite"),
 ]
 
 
@@ -304,9 +311,13 @@ async def test_bad_semaphore_permits_and_call_arguments(rstore: Store) -> None:
     lock = Lock(rstore, "x", ttl_s=1.0)
     with pytest.raises(InvalidArgumentError, match=r"timeout_s must be >= 0, got -0\.5"):
         await lock.acquire(timeout_s=-0.5)
+    with pytest.raises(InvalidArgumentError, match=r"timeout_s must be <= 31536000 seconds"):
+        await lock.acquire(timeout_s=1e308)
     await lock.acquire()
     with pytest.raises(InvalidArgumentError, match="ttl_s must be > 0, got 0"):
         await lock.renew(0)
+    with pytest.raises(InvalidArgumentError, match=r"ttl_s must be <= 31536000 seconds"):
+        await lock.renew(1e308)
     [info] = await rstore.list_locks()
     assert info.fencing_token == 1
     await lock.release()

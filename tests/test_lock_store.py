@@ -181,6 +181,12 @@ BAD_ACQUIRE: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"ttl_s": 0}, InvalidArgumentError, "ttl_s must be > 0, got 0"),
     ({"ttl_s": -1.0}, InvalidArgumentError, "ttl_s must be > 0, got -1.0"),
     ({"ttl_s": float("nan")}, InvalidArgumentError, "ttl_s must be finite"),
+    (
+        {"ttl_s": 1e308},
+        InvalidArgumentError,
+        r"ttl_s must be <= 31536000 seconds \(one year, MAX_DURATION_S\), got 1e\+308",
+    ),
+    ({"ttl_s": float("inf")}, InvalidArgumentError, "ttl_s must be finite, got inf"),
     ({"ttl_s": "1"}, InvalidTypeError, "ttl_s must be a number"),
     ({"ttl_s": True}, InvalidTypeError, "ttl_s must be a number"),
     ({"permits": 0}, InvalidArgumentError, "permits must be >= 1, got 0"),

@@ -445,6 +445,8 @@ async def test_membership_rejects_bad_arguments(flaky: FlakyStore) -> None:
         Membership({})  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="ttl_s must be > 0, got 0"):
         Membership(flaky, ttl_s=0)
+    with pytest.raises(InvalidArgumentError, match=r"ttl_s must be <= 31536000 seconds \(one year.*got 1e\+308"):
+        Membership(flaky, ttl_s=1e308)
     with pytest.raises(InvalidArgumentError, match=r"interval_s must be < ttl_s \(1.0\).*got 1.0"):
         Membership(flaky, ttl_s=1.0, interval_s=1.0)
     with pytest.raises(InvalidTypeError, match="interval_s must be a number"):

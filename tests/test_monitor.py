@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,6 +88,13 @@ def test_monitor_validation() -> None:
         Monitor(object())
     with pytest.raises(InvalidTypeError, match="AlertRule"):
         Monitor(store, rules=["stale"])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgumentError, match=r"flush_interval_s must be <= 31536000 seconds"):
+        Monitor(store, rules=[], flush_interval_s=1e308)
+    with pytest.raises(InvalidArgumentError, match=r"retention_s must be finite"):
+        Monitor(store, rules=[], retention_s=math.inf)
+    with pytest.raises(InvalidArgumentError, match=r"window_s must be <= 31536000 seconds"):
+        AlertRule(name="r", event=ev.CLAIMS, window_s=1e10, threshold=1)
+    assert AlertRule(name="r", event=ev.CLAIMS, window_s=1, threshold=1e12).threshold == 1e12  # not a duration
 
 
 async def test_one_monitor_per_store(store: Store) -> None:

@@ -18,13 +18,40 @@ from typing import Any
 
 import pytest
 
-from asynccoord import NewTask, RetryPolicy, SQLiteStore, Task, TaskStatus, owner_of, partition_of
+from asynccoord import InvalidArgumentError, NewTask, RetryPolicy, SQLiteStore, Task, TaskStatus, owner_of, partition_of
 from asynccoord.membership import Membership
 from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.runtime import Runtime
 
 QUEUE = "q"
 FAST_IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.05}
+
+
+NODE_DURATIONS = (
+    "lease_s",
+    "send_timeout_s",
+    "idle_min_s",
+    "idle_max_s",
+    "lock_ttl_s",
+    "lock_wait_s",
+    "busy_requeue_s",
+    "steal_after_s",
+)
+
+
+@pytest.mark.parametrize("field", NODE_DURATIONS)
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (1e308, r"must be <= 31536000 seconds \(one year, MAX_DURATION_S\), got 1e\+308"),
+        (float("inf"), "must be finite, got inf"),
+        (float("nan"), "must be finite, got nan"),
+        (0, "must be > 0, got 0"),
+    ],
+)
+def test_node_config_durations_are_bounded(field: str, value: float, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"{field} {message}"):
+        NodeConfig(**{field: value})
 
 
 def start(node: Node) -> asyncio.Task[None]:

@@ -37,11 +37,14 @@ from asynccoord import (
     TaskStatus,
 )
 from asynccoord.backends.sql import load_migrations
+from asynccoord.validation import MAX_DURATION_S
 
 Q = "jobs"
 SCHEMA_VERSION = len(load_migrations("sqlite"))
 ARG = InvalidArgumentError
 TYPE = InvalidTypeError
+MAX_S = MAX_DURATION_S
+YEAR = "31536000 seconds (one year, MAX_DURATION_S)"
 
 
 def test_error_classes_are_builtin_subclasses() -> None:
@@ -203,6 +206,29 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
     ("extend-many-0", lambda s: s.store.extend_many([s.running], 0), ARG, "lease_s must be > 0, got 0"),
     ("extend-many-item", lambda s: s.store.extend_many([s.running, "t"], 5), TYPE, "task must be a Task"),
     ("extend-many-none", lambda s: s.store.extend_many(None, 5), TYPE, "tasks must be a list or tuple"),
+    # durations: finite, and at most MAX_DURATION_S (one year)
+    ("claim-lease-huge", lambda s: s.store.claim(Q, node_id="n", lease_s=1e308), ARG, f"lease_s must be <= {YEAR}"),
+    ("claim-lease-bigint", lambda s: s.store.claim(Q, node_id="n", lease_s=10**400), ARG, "lease_s must be finite"),
+    ("claim-lease-year+", lambda s: s.store.claim(Q, node_id="n", lease_s=MAX_S + 1), ARG, f"got {MAX_S + 1!r}"),
+    (
+        "claim-due-age-huge",
+        lambda s: s.store.claim(Q, node_id="n", min_due_age_s=1e12),
+        ARG,
+        f"min_due_age_s must be <= {YEAR}, got 1000000000000.0",
+    ),
+    ("claim-due-age-nan", lambda s: s.store.claim(Q, node_id="n", min_due_age_s=math.nan), ARG, "min_due_age_s must"),
+    ("delay-huge", lambda s: s.store.enqueue(Q, 1, delay_s=1e308), ARG, f"delay_s must be <= {YEAR}, got 1e+308"),
+    ("delay-year+", lambda s: s.store.enqueue(Q, 1, delay_s=MAX_S * 2), ARG, f"delay_s must be <= {YEAR}"),
+    ("release-delay-huge", lambda s: s.store.release(s.running, delay_s=1e10), ARG, f"delay_s must be <= {YEAR}"),
+    ("extend-huge", lambda s: s.store.extend(s.running, 1e308), ARG, f"lease_s must be <= {YEAR}, got 1e+308"),
+    ("extend-many-huge", lambda s: s.store.extend_many([s.running], 1e20), ARG, f"lease_s must be <= {YEAR}"),
+    ("purge-age-huge", lambda s: s.store.purge_processed(older_than_s=1e300), ARG, f"older_than_s must be <= {YEAR}"),
+    (
+        "purge-finished-huge",
+        lambda s: s.store.purge_finished(Q, older_than_s=MAX_S * 10),
+        ARG,
+        f"older_than_s must be <= {YEAR}",
+    ),
     # tampered tasks: identity fields are checked before the store is touched
     (
         "tamper-id-huge",
@@ -420,6 +446,8 @@ def test_store_constructor_arguments() -> None:
         ({"purge_batch": 0}, ARG, "purge_batch must be >= 1, got 0"),
         ({"purge_batch": 10.0}, TYPE, "purge_batch must be an int, got float"),
         ({"retention_s": "1d"}, TYPE, "retention_s must be a number, got str '1d'"),
+        ({"retention_s": 2 * 365 * 86400}, ARG, f"retention_s must be <= {YEAR}, got 63072000"),
+        ({"redelivery_window_s": math.inf}, ARG, "redelivery_window_s must be finite, got inf"),
     ],
 )
 def test_processed_retention_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
@@ -446,6 +474,10 @@ def test_processed_retention_accepts_equal_window() -> None:
         ({"max_attempts": 0}, ARG, "max_attempts must be >= 1, got 0"),
         ({"max_attempts": 2.5}, TYPE, "max_attempts must be an int, got float"),
         ({"base_s": "1"}, TYPE, "base_s must be a number, got str"),
+        ({"base_s": 1e308, "cap_s": 1e308}, ARG, f"base_s must be <= {YEAR}, got 1e+308"),
+        ({"cap_s": MAX_DURATION_S + 0.5}, ARG, f"cap_s must be <= {YEAR}, got 31536000.5"),
+        ({"cap_s": math.nan}, ARG, "cap_s must be finite, got nan"),
+        ({"factor": 10**400}, ARG, "factor must be finite"),
     ],
 )
 def test_retry_policy_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
@@ -481,11 +513,33 @@ def test_retry_policy_delay() -> None:
         ({"partitions": 70_000}, ARG, "partitions must be <= 65536, got 70000"),
         ({"retry": {"base_s": 1}}, TYPE, "retry must be a RetryPolicy, got dict"),
         ({"processed": 86400}, TYPE, "processed must be a ProcessedRetention, got int"),
+        ({"busy_timeout_s": 1e308}, ARG, f"busy_timeout_s must be <= {YEAR}, got 1e+308"),
+        ({"busy_timeout_s": math.nan}, ARG, "busy_timeout_s must be finite"),
     ],
 )
 def test_store_config_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=re.escape(message)):
         StoreConfig(**kwargs)
+
+
+def test_durations_up_to_one_year_are_accepted() -> None:
+    assert MAX_DURATION_S == 365 * 24 * 3600
+    policy = RetryPolicy(base_s=MAX_DURATION_S, cap_s=MAX_DURATION_S, factor=1e9)  # a factor is not a duration
+    assert policy.delay_s(3) <= MAX_DURATION_S * 1.1
+    assert NewTask(queue=Q, delay_s=MAX_DURATION_S).delay_s == MAX_DURATION_S
+    assert ProcessedRetention(retention_s=MAX_DURATION_S, redelivery_window_s=MAX_DURATION_S).retention_s > 0
+    with pytest.raises(InvalidArgumentError, match=re.escape(f"delay_s must be <= {YEAR}, got 1e+100")):
+        NewTask(queue=Q, delay_s=1e100)
+
+
+async def test_a_task_due_in_one_year_is_stored_and_not_claimable(store) -> None:
+    task = (await store.enqueue(Q, 1, delay_s=MAX_DURATION_S)).task
+    assert task.run_at == pytest.approx(await store.now() + MAX_DURATION_S, abs=5)
+    assert await store.claim(Q, node_id="n", lease_s=MAX_DURATION_S) == []
+    late = (await store.enqueue(Q, 2)).task
+    [claimed] = await store.claim(Q, node_id="n", lease_s=MAX_DURATION_S)
+    assert claimed.id == late.id
+    assert await store.extend(claimed, MAX_DURATION_S) == pytest.approx(await store.now() + MAX_DURATION_S, abs=5)
 
 
 def test_configs_are_frozen_and_keyword_only() -> None:
