@@ -103,6 +103,15 @@ _CANCELLED_WRITE_WAIT_S = 5.0
 status command sees the process as live."""
 
 
+def _check_event_name(arg: str, value: object) -> str:
+    """Check that ``value`` is one of :data:`asynccoord.events.EVENT_NAMES` (a rule on any
+    other name would never fire)."""
+    name = check_name(arg, value)
+    if name not in ev.EVENT_NAMES:
+        raise InvalidArgumentError(f"{arg} must be one of the event names {list(ev.EVENT_NAMES)!r}, got {name!r}")
+    return name
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlertRule:
     """A threshold on one event kind over a sliding window.
@@ -114,11 +123,11 @@ class AlertRule:
 
     Args:
         name: Unique rule name (1..255 characters), e.g. ``"stale_commits"``.
-        event: The event counted (a name from :mod:`asynccoord.events`).
+        event: The event counted: one of :data:`asynccoord.events.EVENT_NAMES`.
         window_s: Sliding window, seconds (> 0; at most the monitor's ``retention_s``).
         threshold: Fires when the value is *above* it (count, or ratio), >= 0.
-        relative_to: Denominator event name, or a tuple of names summed; None for
-            an absolute rule. Default None.
+        relative_to: Denominator event name, or a tuple of names summed (each one of
+            :data:`~asynccoord.events.EVENT_NAMES`); None for an absolute rule. Default None.
         min_events: Relative rules: least denominator events in the window for the
             rule to be judged (>= 0). Default 20. Ignored by absolute rules.
         scope: ``"cluster"`` (all processes summed), ``"process"`` (each process) or
@@ -142,7 +151,7 @@ class AlertRule:
 
     def __post_init__(self) -> None:
         check_name("name", self.name)
-        check_name("event", self.event)
+        _check_event_name("event", self.event)
         object.__setattr__(self, "window_s", check_positive("window_s", self.window_s))
         object.__setattr__(self, "threshold", check_non_negative("threshold", self.threshold, maximum=None))
         check_int("min_events", self.min_events, minimum=0)
@@ -152,14 +161,14 @@ class AlertRule:
         object.__setattr__(self, "clear_ratio", ratio)
         relative: object = self.relative_to
         if isinstance(relative, str):
-            object.__setattr__(self, "relative_to", (check_name("relative_to", relative),))
+            object.__setattr__(self, "relative_to", (_check_event_name("relative_to", relative),))
         elif relative is not None:
             if not isinstance(relative, tuple) or not relative:
                 raise InvalidTypeError(
                     f"relative_to must be an event name, a non-empty tuple of names, or None, got {relative!r}"
                 )
             for item in relative:
-                check_name("relative_to[i]", item)
+                _check_event_name("relative_to[i]", item)
         scope: object = self.scope
         try:
             object.__setattr__(self, "scope", AlertScope(str(scope)))

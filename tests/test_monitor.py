@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,19 +64,42 @@ def manual(store: Store, rules: Sequence[AlertRule], **kwargs: Any) -> Monitor:
 
 def test_rule_validation_names_the_field() -> None:
     with pytest.raises(InvalidArgumentError, match="clear_ratio"):
-        AlertRule(name="r", event="e", window_s=1, threshold=1, clear_ratio=1.5)
+        AlertRule(name="r", event=ev.CLAIMS, window_s=1, threshold=1, clear_ratio=1.5)
     with pytest.raises(InvalidArgumentError, match="window_s"):
-        AlertRule(name="r", event="e", window_s=0, threshold=1)
+        AlertRule(name="r", event=ev.CLAIMS, window_s=0, threshold=1)
     with pytest.raises(InvalidArgumentError, match="threshold"):
-        AlertRule(name="r", event="e", window_s=1, threshold=-1)
+        AlertRule(name="r", event=ev.CLAIMS, window_s=1, threshold=-1)
     with pytest.raises(InvalidArgumentError, match="scope"):
-        AlertRule(name="r", event="e", window_s=1, threshold=1, scope="galaxy")  # type: ignore[arg-type]
+        AlertRule(name="r", event=ev.CLAIMS, window_s=1, threshold=1, scope="galaxy")  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="relative_to"):
-        AlertRule(name="r", event="e", window_s=1, threshold=1, relative_to=())
-    rule = AlertRule(name="r", event="e", window_s=1, threshold=1, relative_to="commits", scope="process")  # type: ignore[arg-type]
+        AlertRule(name="r", event=ev.CLAIMS, window_s=1, threshold=1, relative_to=())
+    rule = AlertRule(name="r", event=ev.CLAIMS, window_s=1, threshold=1, relative_to="commits", scope="process")  # type: ignore[arg-type]
     assert rule.denominators == ("commits",)
     assert rule.scope is AlertScope.PROCESS
     assert len({r.name for r in DEFAULT_RULES}) == len(DEFAULT_RULES)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"event": "stale_commits"}, "event must be one of the event names"),
+        ({"event": "Claims"}, "got 'Claims'"),
+        ({"relative_to": "commit"}, "relative_to must be one of the event names"),
+        ({"relative_to": ("claims", "comits")}, "relative_to[i] must be one of the event names"),
+    ],
+)
+def test_rule_with_an_unknown_event_name_is_refused(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"name": "r", "event": ev.CLAIMS, "window_s": 1, "threshold": 1} | kwargs
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)) as info:
+        AlertRule(**args)
+    for name in ev.EVENT_NAMES:  # the message lists every valid name
+        assert repr(name) in str(info.value)
+
+
+def test_every_event_name_makes_a_rule() -> None:
+    for name in ev.EVENT_NAMES:
+        rule = AlertRule(name=f"r_{name}", event=name, relative_to=tuple(ev.EVENT_NAMES), window_s=1, threshold=0)
+        assert rule.event == name
 
 
 def test_monitor_validation() -> None:
