@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 from collections.abc import Callable, Sequence
@@ -49,8 +50,10 @@ class Runtime:
         nodes: Number of nodes (>= 1). Default 8. Ignored when ``node_ids`` is given.
         config: :class:`~asynccoord.node.NodeConfig` shared by the nodes.
         lock_key: Maps a task to the lock it needs (None: no lock). Default None.
-        node_ids: Explicit node ids (reuse them across restarts to keep affinity).
-            Default ``"<host>-<pid>-<n>"``.
+        node_ids: Explicit node ids (reuse them across restarts to keep affinity), used
+            as given. Default ``"<host>-<pid>-<random>-<n>"`` (:attr:`instance_id` then
+            ``0..nodes-1``): the 6 random hex digits are new for every Runtime, so two
+            runtimes of one process never share a node id.
         heartbeat_ttl_s: A node whose heartbeat is older than this is dead, by the
             store clock. Default 5.
         heartbeat_interval_s: Seconds between heartbeats. Default ``heartbeat_ttl_s / 3``.
@@ -58,6 +61,10 @@ class Runtime:
         lock_store: Where the nodes' locks live, if not in ``store`` (e.g. a
             :class:`~asynccoord.backends.redis_locks.RedisLockStore` beside a PostgreSQL
             queue); commits are still fenced by ``store``. Default None (``store``).
+
+    Attributes:
+        instance_id: ``"<host>-<pid>-<6 random hex digits>"``, new for every Runtime: the
+            prefix of default node ids and the holder recorded on the runtime's locks.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad arguments.
@@ -81,10 +88,11 @@ class Runtime:
             raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
         if config is not None and not isinstance(config, NodeConfig):
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
+        # Unique per Runtime instance: two runtimes of one process never share node ids.
+        self.instance_id = f"{socket.gethostname()[:200]}-{os.getpid()}-{secrets.token_hex(3)}"
         if node_ids is None:
             count = check_int("nodes", nodes, minimum=1, maximum=4096)
-            prefix = f"{socket.gethostname()}-{os.getpid()}"
-            ids = [f"{prefix}-{n}" for n in range(count)]
+            ids = [f"{self.instance_id}-{n}" for n in range(count)]
         else:
             if isinstance(node_ids, str) or not isinstance(node_ids, Sequence):
                 raise InvalidTypeError(f"node_ids must be a sequence of str, got {type(node_ids).__name__}")
@@ -100,9 +108,7 @@ class Runtime:
         self.shutdown_timeout_s = check_positive("shutdown_timeout_s", shutdown_timeout_s)
         self.membership = Membership(store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s)
         self.lock_store = store if lock_store is None else lock_store
-        self.lock_pool = LockPool(
-            self.lock_store, ttl_s=self.config.lock_ttl_s, holder=f"{socket.gethostname()}-{os.getpid()}"
-        )
+        self.lock_pool = LockPool(self.lock_store, ttl_s=self.config.lock_ttl_s, holder=self.instance_id)
         self.nodes = [
             Node(
                 store,

@@ -7,7 +7,9 @@ heartbeats, leases and backoff run as they do in production.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -257,3 +259,28 @@ async def test_with_partitioning_each_task_is_claimed_by_the_owner_of_its_partit
         assert lease_owner == node_id == owner_of(partition, node_ids), task_id
     assert set(Counter(node for _, _, _, node in seen)) == set(node_ids)  # every node had work
     assert sum(owned.values()) == store.partitions
+
+
+async def test_two_runtimes_in_one_process_get_distinct_default_node_ids(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    sent: Counter[int] = Counter()
+
+    async def send(task: Task) -> None:
+        sent[task.id] += 1
+
+    config = NodeConfig(queue=QUEUE, idle_min_s=0.01, idle_max_s=0.05)
+    first = Runtime(store, send=send, nodes=3, config=config)
+    second = Runtime(store, send=send, nodes=3, config=config)
+    ids = [n.node_id for n in (*first.nodes, *second.nodes)]
+    assert len(set(ids)) == 6, ids
+    prefix = f"{socket.gethostname()[:200]}-{os.getpid()}-"
+    assert all(i.startswith(prefix) for i in ids), ids
+    async with first, second:
+        assert sorted(m.node_id for m in await store.members()) == sorted(ids)
+        results = await store.enqueue_many([NewTask(queue=QUEUE, payload=i, partition_key=f"c{i}") for i in range(60)])
+        assert await first.wait_until_drained(timeout_s=20.0, poll_s=0.02)
+    assert sent == Counter({r.task.id: 1 for r in results})
+    assert await store.members() == []
+    # explicit ids are kept as given, even when another runtime uses the same ones
+    explicit = [Runtime(store, send=send, node_ids=["bot-a", "bot-b"]) for _ in range(2)]
+    assert [[n.node_id for n in r.nodes] for r in explicit] == [["bot-a", "bot-b"]] * 2
