@@ -165,6 +165,7 @@ class Membership:
         self._heartbeats = 0
         self._failures = 0
         self._consecutive_failures = 0
+        self._last_error: Exception | None = None
         self._reported_unhealthy = False
         self._started_at: dict[str, float] = {}  # node id -> started_at of our incarnation, as last seen
         self._assignment: tuple[tuple[str, ...], Mapping[str, frozenset[int]]] | None = None
@@ -192,6 +193,16 @@ class Membership:
         if self._state != _RUNNING or self._last_ok is None:
             return False
         return time.monotonic() - self._last_ok < self.ttl_s
+
+    @property
+    def last_error(self) -> Exception | None:
+        """The error of the last heartbeat if it failed; None once one succeeds.
+
+        Nodes read it while the membership is unhealthy: a
+        :class:`~asynccoord.errors.StoreClosedError` there means the store will not
+        come back by itself, so they fail instead of waiting for heartbeats to resume.
+        """
+        return self._last_error
 
     @property
     def local_nodes(self) -> Mapping[str, str]:
@@ -426,6 +437,7 @@ class Membership:
             except Exception as exc:
                 self._failures += 1
                 self._consecutive_failures += 1
+                self._last_error = exc
                 if raise_errors:
                     raise
                 self._report_failure(exc, len(beats))
@@ -434,6 +446,7 @@ class Membership:
         self._last_ok = sent
         self._heartbeats += 1
         self._consecutive_failures = 0
+        self._last_error = None
         if self._reported_unhealthy:
             self._reported_unhealthy = False
             log.info("asynccoord.membership.recovered", extra={"event": "asynccoord.membership.recovered"})

@@ -53,6 +53,7 @@ from .errors import (
     LeaseLostError,
     LockLostError,
     LockTimeoutError,
+    StoreClosedError,
     StoreError,
 )
 from .histogram import CLAIM_MS, COMMIT_MS, ENQUEUE_TO_COMMIT_MS, SEND_MS
@@ -72,6 +73,34 @@ log = logging.getLogger(__name__)
 SendFn = Callable[[Task], Awaitable[Any]]
 """The user's send: ``async def send(task: Task) -> Any`` (the result is stored, JSON)."""
 LockKeyFn = Callable[[Task], "str | None"]
+
+
+def failure_of(exc: BaseException) -> BaseException | None:
+    """The error a task group that ended with ``exc`` failed with, or None if it was only cancelled.
+
+    An ``ExceptionGroup`` whose errors are all asynccoord errors stands for its first one
+    (e.g. the :class:`~asynccoord.errors.StoreClosedError` every node hit at once), so
+    callers see one typed error; any other group stands for itself. Cancellations,
+    ``KeyboardInterrupt`` and ``SystemExit`` are not failures.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = _leaves(exc)
+        errors = [e for e in leaves if isinstance(e, Exception)]
+        if not errors:
+            return None
+        cancelled = anyio.get_cancelled_exc_class()
+        others = [e for e in leaves if not isinstance(e, Exception | cancelled)]
+        if not others and all(isinstance(e, CoordError) for e in errors):
+            return errors[0]
+        return exc
+    return exc if isinstance(exc, Exception) else None
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 def _observe(store: Any, name: str, started: float) -> None:
@@ -161,6 +190,8 @@ class NodeStatus(enum.StrEnum):
     RUNNING = "running"
     DRAINING = "draining"
     STOPPED = "stopped"
+    FAILED = "failed"
+    """:meth:`Node.run` ended with an error (e.g. the store was closed under it)."""
 
 
 @dataclass(slots=True)
@@ -307,7 +338,8 @@ class Node:
     def stop_claiming(self) -> None:
         """Stop fetching new work at once; sends in flight go on (graceful drain)."""
         self._claiming = False
-        self._state.status = NodeStatus.DRAINING
+        if self._state.status in (NodeStatus.STARTING, NodeStatus.RUNNING):  # a stopped node stays so
+            self._state.status = NodeStatus.DRAINING
         self._stopped.set()
         notifier = getattr(self.store, "notifier", None)
         if notifier is not None:
@@ -332,8 +364,15 @@ class Node:
 
         On cancellation every in-flight task is handed back to pending (not counted
         as a failure), its lock released, and the cancellation re-raised.
+
+        Raises:
+            StoreClosedError: the store (or the lock store) was closed under the node:
+                its in-flight tasks are handed back if the store still allows it, the
+                status becomes ``failed``, and the error is raised (never retried).
+            Exception: any other error that ended the pipeline (status ``failed``).
         """
         self._state.status = NodeStatus.RUNNING
+        failure: BaseException | None = None
         try:
             async with anyio.create_task_group() as tg:
                 if self.config.renew_leases:
@@ -341,8 +380,16 @@ class Node:
                 await self._fetch_loop(tg)
                 await self.wait_drained()
                 tg.cancel_scope.cancel()
+        except BaseException as exc:
+            failure = failure_of(exc)
+            if failure is not None:
+                log.error("asynccoord.node.failed node=%s error=%s: %s", self.node_id, type(failure).__name__, failure)
+            if failure is None or failure is exc:
+                raise
         finally:
-            self._state.status = NodeStatus.STOPPED
+            self._state.status = NodeStatus.STOPPED if failure is None else NodeStatus.FAILED
+        if failure is not None:
+            raise failure  # the one error inside the task group's ExceptionGroup
 
     # --- fetch ------------------------------------------------------------------------
 
@@ -388,6 +435,10 @@ class Node:
                 claim_started = time.perf_counter()
                 tasks = await self._claim(free)
                 _observe(self.store, CLAIM_MS, claim_started)
+            except StoreClosedError:
+                for _ in range(free):
+                    self._slots.release()
+                raise  # closed stores do not reopen by themselves: fail the node
             except StoreError as exc:
                 log.warning("asynccoord.node.claim_failed node=%s error=%s", self.node_id, exc)
                 tasks = []
@@ -421,6 +472,9 @@ class Node:
         cfg = self.config
         membership = self.membership
         if membership is not None and not membership.healthy:
+            error = membership.last_error
+            if isinstance(error, StoreClosedError):  # heartbeats will never resume
+                raise StoreClosedError(f"node {self.node_id!r} cannot claim: {error}") from error
             return []  # others may think we are dead: claim nothing until heartbeats resume
         partitions = self._partitions()
         if not cfg.version_checks:
@@ -506,6 +560,10 @@ class Node:
                 except LockLostError as exc:
                     self._state.conflicts += 1
                     log.warning("asynccoord.node.lock_lost node=%s task=%s reason=%s", self.node_id, task.id, exc)
+        except StoreClosedError:
+            # Closed under us: hand the task back if the store still allows it, then fail the node.
+            await self._hand_back_shielded(flight)
+            raise
         except StoreError as exc:
             # The store failed mid-task: hand the task back (if the store lets us) and go on.
             log.warning("asynccoord.node.store_error node=%s task=%s error=%s", self.node_id, task.id, exc)
@@ -671,6 +729,8 @@ class Node:
             started = time.monotonic()
             try:
                 renewed = await self.store.extend_many([f.task for f in flights], cfg.lease_s)
+            except StoreClosedError:
+                raise  # fails the node (see run)
             except StoreError as exc:
                 log.warning("asynccoord.node.renew_failed node=%s error=%s", self.node_id, exc)
                 now = time.monotonic()

@@ -33,7 +33,7 @@ from .errors import InvalidArgumentError, InvalidTypeError
 from .lockpool import LockPool
 from .membership import Membership
 from .models import TaskStatus
-from .node import LockKeyFn, Node, NodeConfig, NodeState, SendFn
+from .node import LockKeyFn, Node, NodeConfig, NodeState, SendFn, failure_of
 from .validation import check_int, check_name, check_positive
 
 __all__ = ("Runtime",)
@@ -164,7 +164,15 @@ class Runtime:
         await asyncio.shield(started)
 
     async def _run(self, started: asyncio.Future[None]) -> None:
-        """The runtime's own task: membership, the nodes' task group, and the shutdown sequence."""
+        """The runtime's own task: membership, the nodes' task group, and the shutdown sequence.
+
+        A node that fails (e.g. the store was closed under it) ends this task: the other
+        nodes are cancelled (their tasks handed back if the store allows), the membership
+        is left, and the node's error, unwrapped from the task group's ExceptionGroup when
+        it is an asynccoord error, is raised to whoever awaits the runtime (``shutdown``,
+        ``wait_for_signal``, leaving ``async with``).
+        """
+        failure: BaseException | None = None
         try:
             for node in self.nodes:
                 self.membership.join(node.node_id, info={"queue": self.config.queue, "pid": os.getpid()})
@@ -184,14 +192,21 @@ class Runtime:
                     log.warning("asynccoord.runtime.shutdown_cancel in_flight=%d", left)
                 tg.cancel_scope.cancel()  # nodes hand their in-flight tasks back, shielded
         except BaseException as exc:
+            failure = failure_of(exc)
+            error = exc if failure is None else failure
             if not started.done():
-                started.set_exception(exc)
-                if isinstance(exc, Exception):
+                started.set_exception(error)
+                if isinstance(error, Exception):
                     return  # reported to start()'s caller
-            raise
+            if failure is not None:
+                log.error("asynccoord.runtime.failed error=%s: %s", type(failure).__name__, failure)
+            if failure is None or failure is exc:
+                raise
         finally:
             with anyio.CancelScope(shield=True):
                 await self.lock_pool.aclose()
+        if failure is not None:
+            raise failure
 
     def states(self) -> list[NodeState]:
         """A snapshot of every node's counters."""
@@ -204,7 +219,9 @@ class Runtime:
         left the membership.
 
         Raises:
-            Exception: whatever made a node fail, if one did.
+            StoreClosedError: the store was closed while the nodes ran (each failed node
+                says ``failed`` in :meth:`states`).
+            Exception: whatever else made a node fail, if one did.
         """
         if timeout_s is not None:
             check_positive("timeout_s", timeout_s)

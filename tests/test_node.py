@@ -18,7 +18,17 @@ from typing import Any
 
 import pytest
 
-from asynccoord import InvalidArgumentError, NewTask, RetryPolicy, SQLiteStore, Task, TaskStatus, owner_of, partition_of
+from asynccoord import (
+    InvalidArgumentError,
+    NewTask,
+    RetryPolicy,
+    SQLiteStore,
+    StoreClosedError,
+    Task,
+    TaskStatus,
+    owner_of,
+    partition_of,
+)
 from asynccoord.membership import Membership
 from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.runtime import Runtime
@@ -261,6 +271,31 @@ async def test_hard_cancelled_node_hands_back_its_task_and_lock_and_reraises(mak
     assert (task.result, task.attempts, task.last_error) == ("B", 1, None)
     lease_b = await store.try_acquire_lock("account:1", ttl_s=1.0)
     assert lease_b.fencing_token == 3  # A's acquisition was 1, B's was 2: B got the lock at once
+
+
+async def test_a_store_closed_under_a_running_send_fails_the_node_with_a_typed_error(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    await store.enqueue_many([NewTask(queue=QUEUE, payload=1, partition_key="conv-1")])
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def send(task: Task) -> str:
+        started.set()
+        await release.wait()
+        return "sent"
+
+    node = Node(store, send, node_id="A", config=NodeConfig(queue=QUEUE, **FAST_IDLE), lock_key=lambda t: "acct")
+    before = asyncio.all_tasks()
+    run = start(node)
+    await asyncio.wait_for(started.wait(), 5.0)
+    await store.close()
+    release.set()  # the commit finds the store closed
+    with pytest.raises(StoreClosedError):  # the error itself, not an ExceptionGroup
+        await asyncio.wait_for(run, 5.0)
+    assert node.state().status is NodeStatus.FAILED
+    node.stop_claiming()
+    assert node.state().status is NodeStatus.FAILED  # stays failed
+    await asyncio.sleep(0.5)  # the store's lock watchdog ends 0.2 s after its last guard
+    assert alive_since(before) == []
 
 
 # --- failures -----------------------------------------------------------------------------

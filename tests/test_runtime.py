@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from asynccoord import NewTask, SQLiteStore, Task, TaskStatus, owner_of, partition_of
+from asynccoord import NewTask, SQLiteStore, StoreClosedError, Task, TaskStatus, owner_of, partition_of
 from asynccoord.membership import Membership
 from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.runtime import Runtime
@@ -284,3 +284,48 @@ async def test_two_runtimes_in_one_process_get_distinct_default_node_ids(make_st
     # explicit ids are kept as given, even when another runtime uses the same ones
     explicit = [Runtime(store, send=send, node_ids=["bot-a", "bot-b"]) for _ in range(2)]
     assert [[n.node_id for n in r.nodes] for r in explicit] == [["bot-a", "bot-b"]] * 2
+
+
+@pytest.mark.parametrize(
+    ("idle_min_s", "idle_max_s", "heartbeat_ttl_s"),
+    [(0.05, 1.0, 5.0), (2.0, 2.0, 0.3)],
+    ids=["claim-finds-it-closed", "heartbeat-finds-it-closed-first"],
+)
+async def test_a_store_closed_under_a_running_runtime_fails_it_loudly(
+    db_path: Path, idle_min_s: float, idle_max_s: float, heartbeat_ttl_s: float
+) -> None:
+    sent: list[int] = []
+
+    async def send(task: Task) -> None:
+        sent.append(task.id)
+
+    store = SQLiteStore(db_path)
+    await store.open()
+    # In the second case the heartbeat fails (and the membership turns unhealthy) before
+    # any node polls again: a node must not just skip its claims then, forever.
+    config = NodeConfig(queue=QUEUE, idle_min_s=idle_min_s, idle_max_s=idle_max_s)
+    runtime = Runtime(store, send=send, nodes=2, config=config, heartbeat_ttl_s=heartbeat_ttl_s)
+    closed = 0.0
+    enqueued: list[int] = []
+
+    async def host() -> None:
+        nonlocal closed
+        async with runtime:
+            [result] = await store.enqueue_many([NewTask(queue=QUEUE, payload=1)])
+            enqueued.append(result.task.id)
+            assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.01)
+            await asyncio.sleep(0.2)  # the nodes idle now
+            closed = time.monotonic()
+            await store.close()
+            # the runtime stops by itself: no signal, no shutdown call
+            await asyncio.wait_for(runtime.wait_for_signal(), 5.0)
+
+    with pytest.raises(StoreClosedError):
+        await host()
+    assert time.monotonic() - closed <= idle_max_s + 1.5
+    assert sent == enqueued
+    statuses = [s.status for s in runtime.states()]
+    assert NodeStatus.FAILED in statuses, statuses
+    assert set(statuses) <= {NodeStatus.FAILED, NodeStatus.STOPPED}, statuses
+    with pytest.raises(StoreClosedError):  # and says so again to whoever asks
+        await runtime.shutdown()
