@@ -647,3 +647,116 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves(make_stor
         await stop(a, run_a)
     assert a.state().owned_partitions == store.partitions
     assert store.events.get("partition_handoff") > 0
+
+
+# --- work stealing (issue #4) -------------------------------------------------------------
+
+
+def keys_of(owner: str, node_ids: list[str], partitions: int, n: int, prefix: str) -> list[str]:
+    """The first ``n`` keys ``<prefix><i>`` whose partition ``owner`` owns among ``node_ids``."""
+    keys = (f"{prefix}{i}" for i in range(10_000))
+    return [k for k in keys if owner_of(partition_of(k, partitions), node_ids) == owner][:n]
+
+
+async def run_stalled_owner(store: Any, *, work_stealing: bool, steal_after_s: float) -> dict[str, Any]:
+    """node-a owns 6 tasks but its only slot is stuck in a send; node-b (idle, 2 tasks of its own) may steal.
+
+    Returns what was sent by whom (and the claimed tasks), observed just before the
+    stall ends (``early``, after half the threshold; ``stalled``, after three times it),
+    and at the end, once node-a is unblocked and everything is done.
+    """
+    node_ids = ["node-a", "node-b"]
+    a_keys = keys_of("node-a", node_ids, store.partitions, 6, "a-conv-")
+    b_keys = keys_of("node-b", node_ids, store.partitions, 2, "b-conv-")
+    unblock = asyncio.Event()
+    sends: list[tuple[str, Task]] = []
+
+    async def send(task: Task) -> str:
+        node_id = current_delivery().node_id
+        sends.append((node_id, task))
+        if node_id == "node-a":
+            await unblock.wait()  # stalled: e.g. a provider that stopped answering
+        return node_id
+
+    async with Membership(store, ttl_s=5.0) as membership:
+        for node_id in node_ids:
+            membership.join(node_id)
+        await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        assert membership.view.node_ids == tuple(node_ids)
+        config_a = NodeConfig(queue=QUEUE, max_in_flight=1, claim_batch=1, **FAST_IDLE)
+        config_b = NodeConfig(queue=QUEUE, work_stealing=work_stealing, steal_after_s=steal_after_s, **FAST_IDLE)
+        a = Node(store, send, node_id="node-a", config=config_a, membership=membership)
+        b = Node(store, send, node_id="node-b", config=config_b, membership=membership)
+        runs = [start(a), start(b)]
+        # node-a takes its first task and stalls in it; the other 5 wait, due, in its partitions
+        [head] = await store.enqueue_many([NewTask(queue=QUEUE, payload="a0", partition_key=a_keys[0])])
+        while not sends:
+            await asyncio.sleep(0.005)
+        assert sends[0][0] == "node-a"
+        results = await store.enqueue_many(
+            [NewTask(queue=QUEUE, payload=f"a{i}", partition_key=k) for i, k in enumerate(a_keys[1:], 1)]
+            + [NewTask(queue=QUEUE, payload=f"b{i}", partition_key=k) for i, k in enumerate(b_keys)]
+        )
+        await asyncio.sleep(steal_after_s / 2)
+        early = list(sends)
+        await asyncio.sleep(steal_after_s * 2.5)
+        stalled = list(sends)
+        unblock.set()
+
+        async def drained() -> bool:
+            stats = await store.stats(QUEUE)
+            return stats.counts[TaskStatus.PENDING] == stats.counts[TaskStatus.RUNNING] == 0
+
+        await wait_until(drained, 10.0, "every task to be done")
+        await stop(a, run := runs[0])
+        await stop(b, runs[1])
+        assert run.done()
+    ids = [head.task.id, *(r.task.id for r in results)]
+    return {
+        "a_ids": ids[:6],
+        "b_ids": ids[6:],
+        "early": early,
+        "stalled": stalled,
+        "sends": sends,
+        "final": [await store.get(i) for i in ids],
+        "states": (a.state(), b.state()),
+    }
+
+
+async def test_work_stealing_takes_a_stalled_owners_waiting_tasks_after_the_threshold(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    steal_after_s = 0.6
+    out = await run_stalled_owner(store, work_stealing=True, steal_after_s=steal_after_s)
+    a_ids, b_ids = out["a_ids"], out["b_ids"]
+    # before the threshold: node-b did its own work only
+    assert sorted(t.id for n, t in out["early"] if n == "node-b") == b_ids
+    # past it: node-b stole node-a's five waiting tasks (not the one node-a is stuck in)
+    stolen = [t for n, t in out["stalled"] if n == "node-b" and t.id in a_ids]
+    assert sorted(t.id for t in stolen) == a_ids[1:]
+    for t in stolen:  # each had waited at least steal_after_s when it was claimed (store clock)
+        assert t.updated_at - t.run_at >= steal_after_s - 0.01, (t, t.updated_at - t.run_at)
+        assert t.lease_owner == "node-b"
+    # every task was sent once and committed once, by the node that claimed it
+    assert Counter(t.id for _, t in out["sends"]) == Counter(a_ids + b_ids)
+    for task in out["final"]:
+        assert task.status is TaskStatus.DONE, task
+        assert task.attempts == 1
+    results = {t.id: t.result for t in out["final"]}
+    assert results == {i: "node-a" for i in a_ids[:1]} | {i: "node-b" for i in a_ids[1:] + b_ids}
+    state_a, state_b = out["states"]
+    assert (state_a.committed, state_b.committed) == (1, 7)
+    assert state_a.conflicts == state_b.conflicts == 0
+
+
+async def test_without_work_stealing_an_idle_node_never_touches_anothers_partitions(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    out = await run_stalled_owner(store, work_stealing=False, steal_after_s=0.2)
+    a_ids, b_ids = out["a_ids"], out["b_ids"]
+    assert [t.id for n, t in out["stalled"] if n == "node-a"] == a_ids[:1]  # node-a is stuck in its first task
+    assert sorted(t.id for n, t in out["sends"] if n == "node-b") == b_ids  # node-b never took one of a's
+    assert sorted(t.id for n, t in out["sends"] if n == "node-a") == a_ids  # node-a did them all once unblocked
+    assert Counter(t.id for _, t in out["sends"]) == Counter(a_ids + b_ids)
+    for task in out["final"]:
+        assert (task.status, task.attempts) == (TaskStatus.DONE, 1), task
+    state_a, state_b = out["states"]
+    assert (state_a.committed, state_b.committed) == (6, 2)

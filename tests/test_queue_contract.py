@@ -732,3 +732,60 @@ async def test_complete_many_bad_input_writes_nothing(store) -> None:
     with pytest.raises(TypeError, match="not JSON-serializable"):
         await store.complete_many([a, b], [1, {2}])
     assert {(await store.get(t.id)).status for t in (a, b)} == {TaskStatus.RUNNING}
+
+
+# --- min_due_age_s (work stealing) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_claim_min_due_age_takes_only_tasks_due_at_least_that_long(
+    store, clock: FakeClock, ordered: bool
+) -> None:
+    early = (await store.enqueue(Q, "early", partition_key="a")).task  # due at +0
+    clock.advance(3)
+    late = (await store.enqueue(Q, "late", partition_key="b")).task  # due at +3
+    delayed = (await store.enqueue(Q, "delayed", partition_key="c", delay_s=1)).task  # due at +4
+    steal = {"node_id": "thief", "limit": 10, "lease_s": 30, "ordered": ordered, "min_due_age_s": 5}
+    assert await store.claim(Q, **steal) == []  # now +3: early has waited 3 s
+    clock.advance(1.9)  # +4.9
+    assert await store.claim(Q, **steal) == []
+    clock.advance(0.2)  # +5.1: early has waited 5.1 s, the others 2.1 and 1.1 s
+    assert [t.id for t in await store.claim(Q, **steal)] == [early.id]
+    clock.advance(3)  # +8.1: late 5.1 s, delayed 4.1 s
+    [stolen] = await store.claim(Q, **steal)
+    assert (stolen.id, stolen.lease_owner, stolen.attempts) == (late.id, "thief", 1)
+    assert await store.claim(Q, **steal) == []
+    # min_due_age_s=0 (the default) is a plain claim
+    assert [t.id for t in await store.claim(Q, node_id="owner", limit=10, ordered=ordered)] == [delayed.id]
+
+
+async def test_claim_min_due_age_counts_an_expired_lease_from_its_expiry(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    first = await claim_one(store, "owner", lease_s=10)
+    clock.advance(10.5)  # the lease expired 0.5 s ago: claimable, but not stealable after 2 s
+    steal = {"node_id": "thief", "limit": 10, "lease_s": 30, "min_due_age_s": 2}
+    assert await store.claim(Q, **steal) == []
+    clock.advance(1.4)  # 1.9 s
+    assert await store.claim(Q, **steal) == []
+    clock.advance(0.2)  # 2.1 s
+    [stolen] = await store.claim(Q, **steal)
+    assert (stolen.id, stolen.attempts, stolen.lease_owner) == (first.id, 2, "thief")
+    assert stolen.lease_token != first.lease_token
+    with pytest.raises(LeaseLostError):
+        await store.complete(first)
+    assert (await store.complete(stolen)).status is TaskStatus.DONE
+
+
+async def test_claim_min_due_age_respects_partitions_and_keys(store, clock: FakeClock) -> None:
+    first = (await store.enqueue(Q, 1, partition_key="conv-1")).task
+    second = (await store.enqueue(Q, 2, partition_key="conv-1")).task
+    other = (await store.enqueue(Q, 3, partition_key="conv-2")).task
+    clock.advance(10)
+    steal = {"node_id": "thief", "limit": 10, "lease_s": 30, "min_due_age_s": 5}
+    assert await store.claim(Q, partitions=[other.partition], **steal) == [await store.get(other.id)]
+    [head] = await store.claim(Q, ordered=True, **steal)  # per-key order holds while stealing
+    assert head.id == first.id
+    await store.complete(head)
+    clock.advance(0.5)
+    [nxt] = await store.claim(Q, ordered=True, **steal)  # due 10.5 s ago: its wait counts from run_at
+    assert nxt.id == second.id

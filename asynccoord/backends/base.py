@@ -97,6 +97,7 @@ class QueueStore(Protocol):
         lease_s: float = 30.0,
         partitions: Sequence[int] | None = None,
         ordered: bool = False,
+        min_due_age_s: float = 0.0,
     ) -> list[Task]:
         """Lease up to ``limit`` due tasks to ``node_id`` in one atomic statement.
 
@@ -108,6 +109,10 @@ class QueueStore(Protocol):
             partitions: Only tasks in these partitions; None for all.
             ordered: Per-key ordering: a task is claimable only when no earlier task
                 with the same partition key is pending or running.
+            min_due_age_s: Only tasks that have been due for at least this many seconds
+                (store clock; a pending task is due from its ``run_at``, an expired lease
+                from its expiry), 0..one year. Work stealing uses it to take over tasks
+                their partition's owner has left waiting. Default 0 (every due task).
 
         Returns:
             The claimed tasks, status ``running``, highest priority first then FIFO.
