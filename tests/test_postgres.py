@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from services import PG_DSN, new_schema, postgres_problem, unavailable
 
-from asynccoord import NewTask, SQLiteStore, StoreConfig
+from asynccoord import NewTask, SQLiteStore, StoreConfig, TaskStatus
 from asynccoord.backends.sql import load_queries
 from asynccoord.errors import LeaseLostError, SchemaVersionError, StoreConnectionError
 from asynccoord.stores import open_store, redact_target, store_kind
@@ -25,6 +25,8 @@ from asynccoord.stores import open_store, redact_target, store_kind
 # Query names that exist in one dialect only, and why (everything else must match).
 SQLITE_ONLY = {
     "lock_insert": "PostgreSQL grants inside lock_live (coord_lock_acquire_many), one round trip per batch",
+    "mark_ordered": "SQLite keeps per-key heads only for queues claimed in order (PostgreSQL for every queue)",
+    "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives",
 }
 POSTGRES_ONLY = {
     "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",
@@ -210,6 +212,22 @@ async def test_notify_wakes_at_most_the_needed_idle_nodes_of_another_process(pg:
             waiter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await waiter
+
+
+async def test_concurrent_completes_of_a_process_are_group_committed(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 8}") for i in range(64)])
+        tasks = await store.claim("q", node_id="n", limit=64, lease_s=30)
+        assert len(tasks) == 64
+        before = store.transactions
+        done = await asyncio.gather(*(store.complete(t, {"i": t.payload}) for t in tasks))
+        assert [d.result for d in done] == [{"i": t.payload} for t in tasks]
+        assert store.transactions - before <= 4  # one transaction per batch, not one per task
+        stale = await asyncio.gather(*(store.complete(t) for t in tasks[:2]), return_exceptions=True)
+        assert all(isinstance(e, LeaseLostError) for e in stale)
+        assert (await store.stats("q")).counts[TaskStatus.DONE] == 64
 
 
 async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg: str, schema: str) -> None:

@@ -209,6 +209,39 @@ async def test_expired_lease_is_reclaimed_with_new_token(store, clock: FakeClock
     assert done.status is TaskStatus.DONE
 
 
+async def test_claim_merges_expired_leases_and_pending_in_priority_fifo_order(store, clock: FakeClock) -> None:
+    # Expired leases and due pending tasks compete for the same claim slots, in one
+    # priority-then-FIFO order; a live lease and a task not yet due take no slot.
+    priorities = [0, 3, 0, 3, 1, 0, 3, 1]
+    ids = [(await store.enqueue(Q, i, priority=p, partition_key=f"k{i}")).task.id for i, p in enumerate(priorities)]
+    leased = await store.claim(Q, node_id="a", limit=4, lease_s=5)  # ids[1], ids[3], ids[6], ids[4]
+    assert [t.id for t in leased] == [ids[1], ids[3], ids[6], ids[4]]
+    await store.extend(leased[1], 50)  # ids[3] stays leased
+    late = (await store.enqueue(Q, "late", priority=3, delay_s=100)).task
+    clock.advance(5)
+    expected = [ids[1], ids[6], ids[4], ids[7], ids[0], ids[2], ids[5]]
+    first = await store.claim(Q, node_id="b", limit=3, lease_s=60)
+    assert [t.id for t in first] == expected[:3]
+    assert all(t.attempts == 2 for t in first)
+    rest = await store.claim(Q, node_id="b", limit=10, lease_s=60)
+    assert [t.id for t in rest] == expected[3:]
+    assert all(t.attempts == 1 for t in rest)
+    assert store.events.get(ev.LEASE_EXPIRED) == 3
+    assert (await store.get(late.id)).status is TaskStatus.PENDING
+
+
+async def test_claim_with_partitions_takes_expired_leases_of_those_partitions_only(store, clock: FakeClock) -> None:
+    tasks = [(await store.enqueue(Q, i, partition_key=f"conv-{i}")).task for i in range(30)]
+    leased = await store.claim(Q, node_id="a", limit=30, lease_s=5)
+    assert len(leased) == 30
+    clock.advance(5)
+    mine = sorted({tasks[3].partition, tasks[11].partition})
+    got = await store.claim(Q, node_id="b", limit=30, lease_s=60, partitions=mine)
+    assert [t.id for t in got] == [t.id for t in tasks if t.partition in mine]
+    again = await store.claim(Q, node_id="b", limit=30, lease_s=60, ordered=True)
+    assert sorted(t.id for t in again) == sorted(t.id for t in tasks if t.partition not in mine)
+
+
 async def test_reclaim_by_same_node_still_rejects_old_lease(store, clock: FakeClock) -> None:
     await store.enqueue(Q, "x")
     first = await claim_one(store, "node-a", lease_s=1)
@@ -462,6 +495,31 @@ async def test_ordered_claim_one_active_task_per_key(store) -> None:
     assert [t.id for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [b2.id]
     await store.complete(by_id[a1.id])
     assert [t.id for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [a2.id]
+
+
+async def test_first_ordered_claim_after_unordered_use_sees_the_true_heads(store, clock: FakeClock) -> None:
+    # A queue used without ordering, then claimed in order: the order holds from the first
+    # ordered claim on, whatever happened to the queue before it (settled, leased, dead tasks).
+    tasks = [
+        (await store.enqueue(Q, i, partition_key=k, max_attempts=1 if i == 2 else 3)).task
+        for i, k in enumerate("AABBBCCD")
+    ]
+    a1, a2, b1, b2, b3, c1, c2, d1 = tasks
+    leased = {t.id: t for t in await store.claim(Q, node_id="n", limit=3, lease_s=5)}  # a1, a2, b1
+    assert sorted(leased) == sorted([a1.id, a2.id, b1.id])
+    await store.complete(leased[a1.id])
+    await store.fail(leased[b1.id], "boom")  # its only attempt: dead, so b2 is B's head
+    first = await store.claim(Q, node_id="o", limit=10, ordered=True)
+    # a2 is leased (A's head, running); b2, c1 and d1 head their keys.
+    assert [t.id for t in first] == [b2.id, c1.id, d1.id]
+    assert await store.claim(Q, node_id="o", limit=10, ordered=True) == []
+    clock.advance(5)  # a2's lease expires: A's head is claimable again, still before nothing else of A
+    by_id = {t.id: t for t in first}
+    await store.complete(by_id[c1.id])
+    again = await store.claim(Q, node_id="o", limit=10, ordered=True)
+    assert sorted(t.id for t in again) == sorted([a2.id, c2.id])
+    assert (await store.get(a2.id)).attempts == 2
+    assert (await store.get(b3.id)).status is TaskStatus.PENDING
 
 
 async def test_ordered_failing_head_blocks_only_its_key(make_store, clock: FakeClock) -> None:

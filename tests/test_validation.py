@@ -608,6 +608,41 @@ async def test_newer_schema_version_is_refused(db_path: Path) -> None:
         raw.close()
 
 
+async def test_version_4_database_upgrades_and_keeps_its_order(db_path: Path) -> None:
+    # A database written by schema version 4 (heads kept for every queue) with tasks in
+    # flight: version 5 takes over its queues as ordered and claims in the same order.
+    from asynccoord.backends.sqlite import _split_script
+
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        for number, script in load_migrations("sqlite"):
+            if number <= 4:
+                for statement in _split_script(script):
+                    raw.execute(statement)
+        raw.execute("INSERT INTO coord_meta (key, value) VALUES ('schema_version', '4'), ('partitions', '1024')")
+        for i, key in enumerate("AAB"):
+            raw.execute(
+                "INSERT INTO coord_tasks (queue, partition_key, partition, payload, status, is_head, max_attempts,"
+                " run_at, created_at, updated_at) VALUES (?, ?, 0, ?, 'pending', ?, 3, 0, 0, 0)",
+                (Q, key, str(i), int(i != 1)),
+            )
+    finally:
+        raw.close()
+    async with SQLiteStore(db_path) as store:
+        first = await store.claim(Q, node_id="n", limit=10, ordered=True)
+        assert [(t.partition_key, t.payload) for t in first] == [("A", 0), ("B", 2)]
+        await store.complete(first[0])
+        assert [t.payload for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [1]
+    raw = sqlite3.connect(db_path)
+    try:
+        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),
+        )
+        assert raw.execute("SELECT queue FROM coord_ordered_queues").fetchall() == [(Q,)]
+    finally:
+        raw.close()
+
+
 async def test_schema_is_created_once_and_reopened(db_path: Path) -> None:
     async with SQLiteStore(db_path, config=StoreConfig(partitions=64)) as store:
         assert store.partitions == 64

@@ -4,8 +4,10 @@ SQLite admits one writer at a time and a commit costs far more than the statemen
 it, so each process keeps one connection and one writer task. Callers submit an
 *operation* (a plain function run inside the transaction on the connection's thread)
 and await its future; the writer takes everything queued, runs it as one
-``BEGIN IMMEDIATE ... COMMIT`` in a single call on aiosqlite's thread (one thread hop
-per batch, not per statement), and resolves the futures. The idea is the group commit
+``BEGIN IMMEDIATE ... COMMIT`` on aiosqlite's thread, and resolves the futures. The
+thread takes the next batch itself as soon as one commits (several batches per thread
+hop, not one hop per statement), so the event loop handles one batch's results while
+the database commits the next. The idea is the group commit
 of DeWitt et al., "Implementation techniques for main memory database systems",
 SIGMOD 1984, as used by every write-ahead-logging database since.
 
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection, float], T]
 """A write run inside the batch transaction: ``fn(db, now_s) -> result``."""
+
+_HOP_BATCHES = 8
+"""Most transactions one trip to the connection thread commits before reads get a turn."""
 
 _BUSY_MESSAGES = ("database is locked", "database table is locked", "database is busy")
 
@@ -189,30 +194,23 @@ class GroupCommitter:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch: list[_Pending[Any]] = []
-            while self._queue and len(batch) < self._max_batch_ops:
-                item = self._queue.popleft()
-                if not item.future.cancelled():
-                    batch.append(item)
-            if not batch:
-                continue
             try:
-                outcomes = await run_on_thread(self._conn, self._transaction, batch)
+                await run_on_thread(self._conn, self._drain, asyncio.get_running_loop())
             except BaseException as exc:  # the thread call itself failed or we were cancelled
-                error: BaseException = exc
-                if isinstance(exc, sqlite3.Error):
-                    error = map_sqlite_error(exc, "write transaction")
-                    error.__cause__ = exc
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(error)
                 if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     self._fail_queued(StoreClosedError("the store was closed while writing"))
                     raise
-                continue
-            self.transactions += 1
-            for item, (ok, value) in zip(batch, outcomes, strict=True):
-                self._deliver(item, ok, value)
+                self._fail_queued(exc if isinstance(exc, Exception) else StoreError(repr(exc)))
+
+    def _deliver_batch(self, batch: list[_Pending[Any]], outcomes: list[tuple[bool, Any]] | BaseException) -> None:
+        """On the loop: hand one transaction's outcomes (or its failure) to the callers."""
+        if isinstance(outcomes, BaseException):
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(outcomes)
+            return
+        for item, (ok, value) in zip(batch, outcomes, strict=True):
+            self._deliver(item, ok, value)
 
     def _deliver(self, item: _Pending[Any], ok: bool, value: Any) -> None:
         if item.future.cancelled():
@@ -236,6 +234,38 @@ class GroupCommitter:
                 item.future.set_exception(error)
 
     # --- on the connection thread -------------------------------------------------
+
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Commit what is queued, batch after batch, handing each batch's outcomes to the loop.
+
+        Runs on the connection's thread and takes the next batch itself as soon as the
+        previous one committed, so the event loop works on the results of one batch (and
+        its callers queue their next operations) while the thread commits the next: the
+        loop and the database overlap instead of taking turns. Returns after
+        ``_HOP_BATCHES`` batches at most, so reads queued on the same thread are not held
+        up behind a long stream of writes.
+        """
+        for _ in range(_HOP_BATCHES):
+            batch: list[_Pending[Any]] = []
+            while self._queue and len(batch) < self._max_batch_ops:
+                item = self._queue.popleft()
+                if not item.future.cancelled():
+                    batch.append(item)
+            if not batch:
+                return
+            outcomes: list[tuple[bool, Any]] | BaseException
+            try:
+                outcomes = self._transaction(batch)
+                self.transactions += 1
+            except sqlite3.Error as exc:
+                outcomes = map_sqlite_error(exc, "write transaction")
+                outcomes.__cause__ = exc
+            except Exception as exc:
+                outcomes = exc
+            try:
+                loop.call_soon_threadsafe(self._deliver_batch, batch, outcomes)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
 
     def _transaction(self, batch: list[_Pending[Any]]) -> list[tuple[bool, Any]]:
         db = raw_connection(self._conn)

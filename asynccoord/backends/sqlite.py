@@ -402,19 +402,22 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         sql = Q["claim_ordered"] if ordered else Q["claim"]
 
         def op(db: sqlite3.Connection, now: float) -> tuple[list[_Row], int, int]:
+            if ordered and db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
+                db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
             exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
             dead = len(exhausted)
             _promote_heads(db, [(r[1], r[2]) for r in exhausted])
             rows = db.execute(sql, {**params, "now": now}).fetchall()
             rows.sort(key=lambda r: (-r[6], r[0]))
-            duplicates: set[int] = set()
-            settle = Q["settle_duplicate"]
-            for row in rows:
-                if row[4] is not None and db.execute(settle, {"id": row[0], "now": now}).fetchone():
-                    duplicates.add(row[0])
-            _promote_heads(db, [(r[1], r[2]) for r in rows if r[0] in duplicates])
-            kept = [r for r in rows if r[0] not in duplicates]
-            return kept, len(duplicates), dead
+            keyed = [r[0] for r in rows if r[4] is not None]
+            if not keyed:
+                return rows, 0, dead
+            settled = db.execute(Q["settle_duplicate"], {"ids": json.dumps(keyed), "now": now}).fetchall()
+            if not settled:
+                return rows, 0, dead
+            _promote_heads(db, [(r[1], r[2]) for r in settled])
+            duplicates = {r[0] for r in settled}
+            return [r for r in rows if r[0] not in duplicates], len(duplicates), dead
 
         def undo(result: tuple[list[_Row], int, int]) -> Operation[Any] | None:
             rows = result[0]

@@ -15,8 +15,9 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 INSERT INTO coord_tasks (queue, partition_key, partition, idempotency_key, payload, priority,
                          status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at)
 VALUES (:queue, :partition_key, :partition, :idempotency_key, :payload, :priority, 'pending',
-        NOT EXISTS (SELECT 1 FROM coord_tasks AS e
-                     WHERE e.queue = :queue AND e.partition_key = :partition_key AND e.active = 1),
+        EXISTS (SELECT 1 FROM coord_ordered_queues WHERE queue = :queue)
+        AND NOT EXISTS (SELECT 1 FROM coord_tasks AS e
+                         WHERE e.queue = :queue AND e.partition_key = :partition_key AND e.active = 1),
         0, :max_attempts, :run_at, 0, :now, :now)
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
@@ -29,17 +30,19 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 
 -- name: promote_heads
 -- :keys is a JSON array of [queue, partition_key] whose head may have left the active
--- set: mark each key's earliest active task as its head.
+-- set: mark each key's earliest active task as its head (ordered queues only).
 UPDATE coord_tasks SET is_head = 1
  WHERE is_head = 0 AND id IN (
     SELECT (SELECT t.id FROM coord_tasks AS t
              WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
                AND t.active = 1
              ORDER BY t.id LIMIT 1)
-      FROM json_each(:keys) AS k);
+      FROM json_each(:keys) AS k
+     WHERE json_extract(k.value, '$[0]') IN (SELECT queue FROM coord_ordered_queues));
 
 -- name: recompute_heads
--- After tasks rejoin the active set out of order (requeue): heads of :keys from scratch.
+-- After tasks rejoin the active set out of order (requeue): heads of :keys from scratch
+-- (ordered queues only).
 UPDATE coord_tasks
    SET is_head = (id = (SELECT min(e.id) FROM coord_tasks AS e
                          WHERE e.queue = coord_tasks.queue AND e.partition_key = coord_tasks.partition_key
@@ -47,7 +50,19 @@ UPDATE coord_tasks
  WHERE active = 1 AND id IN (
     SELECT t.id FROM coord_tasks AS t, json_each(:keys) AS k
      WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
-       AND t.active = 1);
+       AND t.active = 1 AND t.queue IN (SELECT queue FROM coord_ordered_queues));
+
+-- name: mark_ordered
+-- First ordered claim of :queue: from now on its heads are kept (see recompute_queue_heads).
+INSERT INTO coord_ordered_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING;
+
+-- name: recompute_queue_heads
+-- Heads of every key of :queue from scratch, when the queue becomes ordered.
+UPDATE coord_tasks
+   SET is_head = (id = (SELECT min(e.id) FROM coord_tasks AS e
+                         WHERE e.queue = coord_tasks.queue AND e.partition_key = coord_tasks.partition_key
+                           AND e.active = 1))
+ WHERE queue = :queue AND active = 1;
 
 -- name: dead_letter_exhausted
 -- Leases that expired on the last allowed attempt: dead, before the claim runs (same
@@ -61,46 +76,70 @@ UPDATE coord_tasks
 RETURNING id, queue, partition_key;
 
 -- name: claim
+-- Due pending tasks (coord_tasks_pending) and expired leases (coord_tasks_lease_expiry), merged
+-- in priority-then-FIFO order: the best :limit of each side hold the best :limit overall.
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
        status = 'running', attempts = attempts + 1,
        lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
        version = version + 1, updated_at = :now
  WHERE id IN (
-    SELECT t.id FROM coord_tasks AS t
-     WHERE t.queue = :queue AND t.active = 1
-       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now - :min_due_age_s
-       AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
-     ORDER BY t.priority DESC, t.id
+    SELECT id FROM (
+        SELECT * FROM (
+            SELECT t.id, t.priority FROM coord_tasks AS t
+             WHERE t.queue = :queue AND t.status = 'pending' AND t.run_at <= :now - :min_due_age_s
+               AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+             ORDER BY t.priority DESC, t.id
+             LIMIT :limit)
+        UNION ALL
+        SELECT * FROM (
+            SELECT t.id, t.priority FROM coord_tasks AS t
+             WHERE t.queue = :queue AND t.status = 'running' AND t.lease_expires_at <= :now - :min_due_age_s
+               AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+             ORDER BY t.priority DESC, t.id
+             LIMIT :limit))
+     ORDER BY priority DESC, id
      LIMIT :limit)
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
 -- name: claim_ordered
--- Per-key ordering: only the head (earliest active task) of each partition key is eligible.
+-- Per-key ordering: only the head (earliest active task) of each partition key is eligible;
+-- a running head whose lease expired is the key's head still, and is reclaimed first.
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
        status = 'running', attempts = attempts + 1,
        lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
        version = version + 1, updated_at = :now
  WHERE id IN (
-    SELECT t.id FROM coord_tasks AS t
-     WHERE t.queue = :queue AND t.active = 1 AND t.is_head = 1
-       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END) <= :now - :min_due_age_s
-       AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
-     ORDER BY t.priority DESC, t.id
+    SELECT id FROM (
+        SELECT * FROM (
+            SELECT t.id, t.priority FROM coord_tasks AS t
+             WHERE t.queue = :queue AND t.status = 'pending' AND t.is_head = 1 AND t.run_at <= :now - :min_due_age_s
+               AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+             ORDER BY t.priority DESC, t.id
+             LIMIT :limit)
+        UNION ALL
+        SELECT * FROM (
+            SELECT t.id, t.priority FROM coord_tasks AS t
+             WHERE t.queue = :queue AND t.status = 'running' AND t.is_head = 1 AND t.lease_expires_at <= :now - :min_due_age_s
+               AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+             ORDER BY t.priority DESC, t.id
+             LIMIT :limit))
+     ORDER BY priority DESC, id
      LIMIT :limit)
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
 -- name: settle_duplicate
--- A claimed task whose message id was already processed: done without running it.
+-- Claimed tasks (:ids, a JSON array) whose message id was already processed: done
+-- without running them. Same transaction as the claim, so no lease check is needed.
 UPDATE coord_tasks
    SET status = 'done', active = 0, is_head = 0, result = '{"duplicate": true}', last_error = NULL,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
- WHERE id = :id AND idempotency_key IS NOT NULL
+ WHERE id IN (SELECT value FROM json_each(:ids)) AND idempotency_key IS NOT NULL
    AND EXISTS (SELECT 1 FROM coord_processed AS p
                 WHERE p.consumer = coord_tasks.queue AND p.message_id = coord_tasks.idempotency_key)
-RETURNING id;
+RETURNING id, queue, partition_key;
 
 -- name: complete_batch
 -- :batch is a JSON array of [id, lease_token, version, result]; each row is its own
