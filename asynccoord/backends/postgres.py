@@ -666,6 +666,32 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
     # --- complete ---------------------------------------------------------------------
 
+    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
+        """Mark ``task`` done and record its message id as processed, in one transaction.
+
+        Same contract as the shared convenience (see ``QueueConveniences.complete``), but
+        concurrent calls of the process are group-committed: one transaction per batch
+        of whatever is waiting, not one (of five round trips and a WAL flush) per task.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists.
+            FencingTokenRejectedError: ``fence`` carries an outdated token.
+            InvalidTypeError, InvalidArgumentError: bad ``task``, ``result`` or ``fence``.
+            StoreConnectionError: the server stayed unreachable.
+        """
+        checked = check_task(task)
+        encoded = encode_results([result], 1, self.config)
+        fenced = check_fences(None if fence is None else [fence], 1)
+        self._writable()
+        outcome = await asyncio.shield(
+            self._committer.submit(_Item(checked, encoded[0], None if fenced is None else fenced[0]))
+        )
+        self._count_settled([checked], [outcome])
+        if isinstance(outcome, Task):
+            return outcome
+        raise outcome
+
     async def complete_many(
         self,
         tasks: Sequence[Task],
