@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
+import re
 from typing import Any
 
 import pytest
@@ -234,6 +236,38 @@ async def test_bad_lease_fence_and_list_arguments(store: Store) -> None:
     assert await store.read_fence("r") is None
     [info] = await store.list_locks()
     assert info.expires_at == lease.expires_at
+
+
+TAMPERED_LEASES: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"ttl_s": float("nan")}, InvalidArgumentError, "ttl_s must be finite, got nan"),
+    ({"ttl_s": 1e308}, InvalidArgumentError, "ttl_s must be <= 31536000 seconds"),
+    ({"ttl_s": 0.0}, InvalidArgumentError, "ttl_s must be > 0"),
+    ({"owner_token": 5}, InvalidTypeError, "owner_token must be a str, got int 5"),
+    ({"owner_token": ""}, InvalidArgumentError, "owner_token must not be empty"),
+    ({"name": None}, InvalidTypeError, "name must be a str, got NoneType"),
+    ({"fencing_token": 2**70}, InvalidArgumentError, "fencing_token must be <= 9223372036854775807"),
+    ({"fencing_token": True}, InvalidTypeError, "fencing_token must be an int, got bool"),
+    ({"permits": 0}, InvalidArgumentError, "permits must be >= 1, got 0"),
+    ({"holder": b"h"}, InvalidTypeError, "holder must be a str, got bytes"),
+]
+
+
+@pytest.mark.parametrize(("change", "error", "message"), TAMPERED_LEASES)
+async def test_tampered_lease_is_refused_with_a_typed_error(
+    store: Store, clock: FakeClock, change: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    lease = await acquire(store, "x", ttl_s=10.0)
+    bad = dataclasses.replace(lease, **change)
+    for call in (
+        lambda: store.release_lock(bad),
+        lambda: store.renew_lock(bad),
+        lambda: store.renew_locks([lease, bad]),
+    ):
+        with pytest.raises(error, match=r"^leases?(\[1\])?\." + re.escape(message)):  # lease.x or leases[1].x
+            await call()
+    [info] = await store.list_locks()  # nothing was written
+    assert (info.fencing_token, info.expires_at) == (1, lease.expires_at)
+    assert await store.release_lock(lease) is True
 
 
 async def test_closed_store_refuses_lock_calls(make_store: Any) -> None:

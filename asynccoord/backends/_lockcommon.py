@@ -57,11 +57,24 @@ def check_lock_request(name: object, ttl_s: object, permits: object, holder: obj
 def check_lease(lease: object, arg: str = "lease") -> Lease:
     """Check that ``lease`` is a :class:`Lease` as returned by an acquisition.
 
+    The fields a store reads from the caller's copy (``name``, ``owner_token``,
+    ``fencing_token``, ``holder``, ``permits`` and ``ttl_s``, the default length of a
+    renewal) are checked too, so a tampered or hand-made Lease is refused with a typed
+    error before it reaches the database or Redis.
+
     Raises:
-        InvalidTypeError: not a Lease.
+        InvalidTypeError: not a Lease, or a field of the wrong type.
+        InvalidArgumentError: a field out of range (``ttl_s`` not in (0, one year], a
+            fencing token outside ``1..2**63-1``, an empty owner token...).
     """
     if not isinstance(lease, Lease):
         raise InvalidTypeError(f"{arg} must be a Lease returned by an acquisition, got {type(lease).__name__}")
+    check_name(f"{arg}.name", lease.name)
+    check_name(f"{arg}.owner_token", lease.owner_token)
+    check_int(f"{arg}.fencing_token", lease.fencing_token, minimum=1, maximum=MAX_FENCING_TOKEN)
+    check_name(f"{arg}.holder", lease.holder, allow_empty=True)
+    check_int(f"{arg}.permits", lease.permits, minimum=1, maximum=MAX_PERMITS)
+    check_positive(f"{arg}.ttl_s", lease.ttl_s)
     return lease
 
 
