@@ -121,6 +121,8 @@ def check_positive(arg: str, value: object, *, maximum: float | None = MAX_DURAT
         InvalidTypeError: not an int or float (bool is refused).
         InvalidArgumentError: NaN, infinite, zero, negative or above ``maximum``.
     """
+    if type(value) is float and value > 0.0 and (value < math.inf if maximum is None else value <= maximum):
+        return value  # the common case, checked once per lease or task on hot paths
     number = _check_real(arg, value)
     if number <= 0:
         raise InvalidArgumentError(f"{arg} must be > 0, got {value!r}")
@@ -153,6 +155,8 @@ def check_int(arg: str, value: object, *, minimum: int, maximum: int | None = No
         InvalidTypeError: not an int (bool is refused).
         InvalidArgumentError: out of range.
     """
+    if type(value) is int and minimum <= value and (maximum is None or value <= maximum):
+        return value  # the common case, checked for every field of a task or lease on hot paths
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTypeError(f"{arg} must be an int, got {type(value).__name__} {_short(value)}")
     if value < minimum:
