@@ -27,6 +27,7 @@ __all__ = (
     "PARTITION_HANDOFF",
     "RETRIES",
     "STALE_COMMIT_REJECTED",
+    "STORE_RETRIES",
     "EventCounter",
 )
 
@@ -45,6 +46,8 @@ PARTITION_HANDOFF = "partition_handoff"
 MEMBERSHIP_CHANGE = "membership_change"
 CLAIMS = "claims"
 COMMITS = "commits"
+STORE_RETRIES = "store_retries"
+"""A store operation retried after a transient failure (a lost PostgreSQL connection)."""
 
 EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,
@@ -62,6 +65,7 @@ EVENT_NAMES: tuple[str, ...] = (
     MEMBERSHIP_CHANGE,
     CLAIMS,
     COMMITS,
+    STORE_RETRIES,
 )
 
 

@@ -108,7 +108,7 @@ SCHEMA_VERSION = len(load_migrations("postgres"))
 MIGRATION_LOCK_KEY = 0x6173_796E_6363_6F6F
 """Advisory lock id held while migrating (``b"asynccoo"``): one migrator at a time."""
 
-STORE_RETRIES = "store_retries"
+STORE_RETRIES = ev.STORE_RETRIES
 """Event: a statement was retried after a lost connection or a conflict."""
 
 _STATUS = {s.value: s for s in TaskStatus}
