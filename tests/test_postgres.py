@@ -27,6 +27,7 @@ SQLITE_ONLY = {
     "lock_insert": "PostgreSQL grants inside lock_live (coord_lock_acquire_many), one round trip per batch",
     "mark_ordered": "SQLite keeps per-key heads only for queues claimed in order (PostgreSQL for every queue)",
     "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives",
+    "stats_oldest_pending_all": "stats() over every queue (PostgreSQL's one statement serves both)",
 }
 POSTGRES_ONLY = {
     "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",

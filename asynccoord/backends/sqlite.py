@@ -716,7 +716,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         def read(db: sqlite3.Connection) -> tuple[list[_Row], Any, float]:
             now = writer.now(db)
             counts = db.execute(Q["stats_counts"], {"queue": queue}).fetchall()
-            oldest = db.execute(Q["stats_oldest_pending"], {"queue": queue, "now": now}).fetchone()[0]
+            oldest_sql = Q["stats_oldest_pending"] if queue is not None else Q["stats_oldest_pending_all"]
+            oldest = db.execute(oldest_sql, {"queue": queue, "now": now}).fetchone()[0]
             return counts, oldest, now
 
         counts, oldest, now = await self._read(read)

@@ -57,12 +57,11 @@ UPDATE coord_tasks
 INSERT INTO coord_ordered_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING;
 
 -- name: recompute_queue_heads
--- Heads of every key of :queue from scratch, when the queue becomes ordered.
-UPDATE coord_tasks
-   SET is_head = (id = (SELECT min(e.id) FROM coord_tasks AS e
-                         WHERE e.queue = coord_tasks.queue AND e.partition_key = coord_tasks.partition_key
-                           AND e.active = 1))
- WHERE queue = :queue AND active = 1;
+-- Heads of every key of :queue, when the queue becomes ordered. A queue that was never
+-- ordered has no is_head = 1 rows (inserts set it only for ordered queues, every exit
+-- from the active set clears it), so marking each key's earliest active task suffices.
+UPDATE coord_tasks SET is_head = 1
+ WHERE id IN (SELECT min(id) FROM coord_tasks WHERE queue = :queue AND active = 1 GROUP BY partition_key);
 
 -- name: dead_letter_exhausted
 -- Leases that expired on the last allowed attempt: dead, before the claim runs (same
@@ -207,8 +206,12 @@ RETURNING coord_tasks.id, coord_tasks.lease_token;
 SELECT status, count(*) FROM coord_tasks WHERE (:queue IS NULL OR queue = :queue) GROUP BY status;
 
 -- name: stats_oldest_pending
-SELECT min(run_at) FROM coord_tasks
- WHERE status = 'pending' AND run_at <= :now AND (:queue IS NULL OR queue = :queue);
+-- One queue: a seek in coord_tasks_pending_due.
+SELECT min(run_at) FROM coord_tasks WHERE queue = :queue AND status = 'pending' AND run_at <= :now;
+
+-- name: stats_oldest_pending_all
+-- Every queue: a walk of the pending tasks (stats() without a queue is for operators).
+SELECT min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now;
 
 -- name: requeue_dead
 UPDATE coord_tasks
