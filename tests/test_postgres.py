@@ -231,6 +231,24 @@ async def test_concurrent_completes_of_a_process_are_group_committed(pg: str, sc
         assert (await store.stats("q")).counts[TaskStatus.DONE] == 64
 
 
+async def test_a_short_claim_with_nothing_to_dead_letter_opens_no_transaction(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, max_attempts=1) for i in range(3)])
+        before = store.transactions
+        first = await store.claim("q", node_id="n", limit=2, lease_s=0.2)
+        assert len(first) == 2
+        assert await store.claim("q", node_id="n", limit=10, lease_s=30) != []  # short, but nothing exhausted
+        assert await store.claim("q", node_id="n", limit=10, lease_s=30) == []
+        assert store.transactions == before  # the claims' own rows said so: no dead-letter transaction
+        await asyncio.sleep(0.3)  # the first two leases expire on their last attempt
+        await store.enqueue("q", "late")
+        late = await store.claim("q", node_id="n", limit=10, lease_s=30)  # finds them, dead-letters them
+        assert [t.payload for t in late] == ["late"]
+        assert (await store.stats("q")).counts[TaskStatus.DEAD] == 2
+
+
 async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg: str, schema: str) -> None:
     from asynccoord.backends.postgres import PostgresStore
 

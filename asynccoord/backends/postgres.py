@@ -541,9 +541,10 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         """Lease up to ``limit`` due tasks to ``node_id`` (see :class:`~asynccoord.backends.base.Store`).
 
         One statement (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT
-        n) RETURNING``). When it returns fewer than ``limit`` tasks, leases that expired on
-        their last attempt are dead-lettered and the claim is topped up. A cancelled
-        caller's tasks are handed back in the background.
+        n) RETURNING``). Leases that expired on their last attempt are dead-lettered and
+        the claim is topped up; the claim's rows say whether any exist (an empty claim asks
+        with one more statement), so a claim costs one round trip when there are none. A
+        cancelled caller's tasks are handed back in the background.
 
         ``min_due_age_s`` > 0 takes only tasks that have been due at least that long
         (work stealing from overloaded or dead partition owners).
@@ -610,7 +611,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
         rows = await op_for(limit)
         dead = 0
-        if len(rows) < limit or rows[0][21]:  # leases expired on their last attempt may exist
+        # Column 21 says whether leases that expired on their last attempt exist (the claim's
+        # own snapshot); only an empty claim does not know, and asks.
+        if rows[0][21] if rows else await self._any_exhausted(queue):
             dead = await self._dead_letter_exhausted(queue)
             if dead and len(rows) < limit:
                 rows += await op_for(limit - len(rows))
@@ -625,6 +628,14 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self.events.add(ev.DEAD_LETTERED, dead)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, len(settled))
         return tasks
+
+    async def _any_exhausted(self, queue: str) -> bool:
+        """Whether ``queue`` has leases that expired on their last attempt (one statement, no transaction)."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
+            return await self._row(conn, "exhausted_keys", queue=queue, now=self._now()) is not None
+
+        return await self._run(op, what="look for exhausted leases", tx=False, ambiguous_ok=True)
 
     async def _dead_letter_exhausted(self, queue: str) -> int:
         """Dead-letter leases of ``queue`` that expired on their last attempt; return how many."""
