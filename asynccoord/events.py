@@ -10,6 +10,8 @@ import threading
 from collections import Counter
 from collections.abc import Mapping
 
+from .validation import check_int, check_name
+
 __all__ = (
     "CLAIMS",
     "COMMITS",
@@ -69,6 +71,9 @@ EVENT_NAMES: tuple[str, ...] = (
 )
 
 
+_KNOWN = frozenset(EVENT_NAMES)
+
+
 class EventCounter:
     """Thread-safe monotonic counters keyed by event name.
 
@@ -83,7 +88,20 @@ class EventCounter:
         self._lock = threading.Lock()
 
     def add(self, name: str, n: int = 1) -> None:
-        """Add ``n`` (>= 0) to the counter ``name``."""
+        """Add ``n`` to the counter ``name``.
+
+        Args:
+            name: An event name: one of :data:`EVENT_NAMES`, or another text identifier
+                (1..255 characters, no NUL) for a counter of the caller's own.
+            n: How much to add: an int in ``0..2**31 - 1`` (default 1).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad name or ``n`` (nothing added).
+        """
+        if type(n) is not int or not 0 <= n < 2**31:
+            check_int("n", n, minimum=0, maximum=2**31 - 1)
+        if name not in _KNOWN:
+            check_name("name", name)
         if n:
             with self._lock:
                 self._counts[name] += n

@@ -10,7 +10,9 @@ A node repeatedly
 3. **sends**: calls the user's ``send(task)`` under ``send_timeout_s``; the task's
    lease and the lock are renewed by the node's keeper every ``lease_s / 3`` while it
    runs (one batched statement for all of the node's leases, one for its locks), and
-   if either is lost the send is cancelled at once;
+   if either is lost the send is cancelled at once (one ``CancelledError``, as
+   ``asyncio.Task.cancel`` delivers it: the send's ``except``/``finally`` blocks may
+   still await, e.g. to close a connection, for up to ``SEND_CLEANUP_S``);
 4. **commits**: a compare-and-set on ``(id, lease_token, version)`` that also checks
    the lock's fencing token against the highest one the resource has seen, in the
    same transaction.
@@ -37,9 +39,9 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -69,6 +71,12 @@ if TYPE_CHECKING:
 __all__ = ("Delivery", "Node", "NodeConfig", "NodeState", "NodeStatus", "SendFn", "current_delivery")
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SEND_CLEANUP_S = 0.25
+"""Seconds a cancelled send's own cleanup (its ``except``/``finally`` awaits) may take
+before it is cancelled again; shutdown and lease-loss bounds include it."""
 
 SendFn = Callable[[Task], Awaitable[Any]]
 """The user's send: ``async def send(task: Task) -> Any`` (the result is stored, JSON)."""
@@ -612,10 +620,7 @@ class Node:
                 try:
                     with anyio.fail_after(self.config.send_timeout_s):
                         flight.started = True
-                        outcome = self.send(task)
-                        # A plain (sync) function has already sent when it returns: use its
-                        # value; awaiting it would fail and send again on retry.
-                        result = await outcome if inspect.isawaitable(outcome) else outcome
+                        result = await _edge_cancelled(self._call_send(task))
                 except TimeoutError as exc:
                     failure = exc
                 except Exception as exc:  # the user's send failed: the retry policy decides
@@ -628,6 +633,12 @@ class Node:
             return False, None, None
         _observe(self.store, SEND_MS, send_started)
         return True, result, failure
+
+    async def _call_send(self, task: Task) -> Any:
+        outcome = self.send(task)
+        # A plain (sync) function has already sent when it returns: use its value;
+        # awaiting it would fail and send again on retry.
+        return await outcome if inspect.isawaitable(outcome) else outcome
 
     async def _settle(self, flight: _InFlight, completed: bool, result: Any, failure: BaseException | None) -> None:
         """Commit (fenced by the lock's token) or fail the task after its send."""
@@ -750,3 +761,32 @@ class Node:
         flight.lost = reason
         self.store.events.add(ev.LEASE_LOST)
         flight.scope.cancel()
+
+
+async def _edge_cancelled(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` in its own task, cancelled once (edge-triggered) when the caller is.
+
+    The node's cancel scopes (anyio) are level-triggered: every ``await`` inside a
+    cancelled scope is cancelled again, so a user's send could not await anything in
+    its ``finally`` (closing a connection, say). Here the send runs as a separate
+    asyncio task that receives one ``CancelledError``, as ``Task.cancel`` delivers it,
+    and gets up to :data:`SEND_CLEANUP_S` to finish its cleanup before a second
+    cancellation; then the caller's cancellation proceeds.
+    """
+    child = asyncio.ensure_future(coro)
+    try:
+        return await asyncio.shield(child)
+    except asyncio.CancelledError:
+        child.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_CLEANUP_S):
+            await asyncio.wait({child})
+        if not child.done():
+            child.cancel()
+        child.add_done_callback(_retrieve)
+        raise
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a cancelled send's outcome as seen (no 'exception was never retrieved' warning)."""
+    if not task.cancelled():
+        task.exception()

@@ -24,7 +24,6 @@ from importlib import resources
 from typing import IO, Any
 
 from . import events as ev
-from .backends.sqlite import SQLiteStore
 from .config import StoreConfig
 from .monitor import cluster_snapshot
 from .partition import assign
@@ -170,12 +169,12 @@ async def collect_status(
         StoreError: a read failed.
     """
     config = StoreConfig(busy_timeout_s=check_positive("busy_timeout_s", busy_timeout_s))
-    if isinstance(path, str) and path.startswith(("postgresql://", "postgres://")):  # a PostgreSQL DSN
-        from .stores import open_store, redact_target
+    from .stores import is_postgres_target, open_store, redact_target
 
+    if isinstance(path, str) and is_postgres_target(path):  # a PostgreSQL DSN
         async with open_store(path, config=config, read_only=True, listen=False) as pg_store:
             return await status_report(pg_store, windows_s=windows_s, db=redact_target(path))
-    async with SQLiteStore(path, config=config, read_only=True) as store:
+    async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
         return await status_report(store, windows_s=windows_s, db=os.fspath(path))
 
 

@@ -41,7 +41,14 @@ due further out belongs in a scheduler that enqueues it later.
 
 
 def _short(value: object) -> str:
-    text = repr(value)
+    """``repr(value)`` cut to 80 characters; a huge int is described, not converted."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        # repr() of an int over 4,300 digits raises ValueError (CPython's conversion limit).
+        return f"{'-' if value < 0 else ''}<int of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # a huge int nested in a container, a cycle...
+        return f"<{type(value).__name__} that cannot be shown>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -65,7 +72,7 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str):
         raise InvalidTypeError(f"{arg} must be a str, got {type(value).__name__} {_short(value)}")
     if not value and not allow_empty:
-        raise InvalidArgumentError(f"{arg} must not be empty, got {value!r}")
+        raise InvalidArgumentError(f"{arg} must not be empty, got {_short(value)}")
     if len(value) > MAX_NAME_LENGTH:
         raise InvalidArgumentError(
             f"{arg} must be at most {MAX_NAME_LENGTH} characters, got {len(value)}: {_short(value)}"
@@ -96,7 +103,7 @@ def _check_real(arg: str, value: object) -> float:
     except OverflowError:  # an int beyond the float range
         raise InvalidArgumentError(f"{arg} must be finite, got {_short(value)} (too large for a float)") from None
     if math.isnan(number) or math.isinf(number):
-        raise InvalidArgumentError(f"{arg} must be finite, got {value!r}")
+        raise InvalidArgumentError(f"{arg} must be finite, got {_short(value)}")
     return number
 
 
@@ -125,7 +132,7 @@ def check_positive(arg: str, value: object, *, maximum: float | None = MAX_DURAT
         return value  # the common case, checked once per lease or task on hot paths
     number = _check_real(arg, value)
     if number <= 0:
-        raise InvalidArgumentError(f"{arg} must be > 0, got {value!r}")
+        raise InvalidArgumentError(f"{arg} must be > 0, got {_short(value)}")
     return _check_maximum(arg, value, number, maximum)
 
 
@@ -144,7 +151,7 @@ def check_non_negative(arg: str, value: object, *, maximum: float | None = MAX_D
     """
     number = _check_real(arg, value)
     if number < 0:
-        raise InvalidArgumentError(f"{arg} must be >= 0, got {value!r}")
+        raise InvalidArgumentError(f"{arg} must be >= 0, got {_short(value)}")
     return _check_maximum(arg, value, number, maximum)
 
 
@@ -160,9 +167,9 @@ def check_int(arg: str, value: object, *, minimum: int, maximum: int | None = No
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTypeError(f"{arg} must be an int, got {type(value).__name__} {_short(value)}")
     if value < minimum:
-        raise InvalidArgumentError(f"{arg} must be >= {minimum}, got {value!r}")
+        raise InvalidArgumentError(f"{arg} must be >= {minimum}, got {_short(value)}")
     if maximum is not None and value > maximum:
-        raise InvalidArgumentError(f"{arg} must be <= {maximum}, got {value!r}")
+        raise InvalidArgumentError(f"{arg} must be <= {maximum}, got {_short(value)}")
     return value
 
 

@@ -461,6 +461,11 @@ class Watchdog:
     async def _renew_round(self, batch: list[Guard]) -> None:
         sent_at = time.monotonic()
         try:
+            # Guards closed between the round's creation and its first step (the holder's
+            # block ended) are left out: their leases must not outlive their holders.
+            batch = [g for g in batch if g._active]
+            if not batch:
+                return
             results = await self._store.renew_locks([g._lease for g in batch])
         except asyncio.CancelledError:
             raise

@@ -114,6 +114,39 @@ async def test_leaving_async_with_lets_short_sends_finish_and_hands_back_the_res
     assert store.events.get("retries") == 0
 
 
+async def test_a_cancelled_send_may_await_in_its_cleanup(make_store: Any) -> None:
+    # Shutdown cancels a long send once, as asyncio.Task.cancel does: its finally block
+    # can still await (close a connection, say) before the task is handed back.
+    store = await make_store(clock=None)
+    task_id = (await store.enqueue(QUEUE, "slow")).task.id
+    log: list[str] = []
+
+    async def send(task: Task) -> str:
+        log.append("start")
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            log.append("cancelled")
+            raise
+        finally:
+            try:
+                await asyncio.sleep(0.02)
+                log.append("cleanup done")
+            except asyncio.CancelledError:
+                log.append("cleanup interrupted")
+                raise
+        return "sent"
+
+    async with Runtime(store, send=send, nodes=1, config=NodeConfig(queue=QUEUE), shutdown_timeout_s=0.2):
+        while "start" not in log:
+            await asyncio.sleep(0.005)
+        leaving = time.monotonic()
+    assert time.monotonic() - leaving < 0.2 + 0.25 + 0.3  # shutdown timeout + cleanup grace + slack
+    assert log == ["start", "cancelled", "cleanup done"]
+    task = await store.get(task_id)
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)
+
+
 async def test_cancelling_the_task_that_hosts_a_runtime_hands_back_and_reraises(make_store: Any) -> None:
     store = await make_store(clock=None)
     [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload={"account": 1}, partition_key="c")])

@@ -154,6 +154,13 @@ def test_status_is_not_blocked_by_a_writer_holding_the_lock(python: PythonRunner
     assert report["tasks"]["pending"] == 1
 
 
+async def test_status_accepts_a_sqlite_url(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        await store.enqueue("q", 1)
+    report = await collect_status(f"sqlite:///{db_path}")
+    assert report["tasks"]["pending"] == 1
+
+
 def test_cli_errors_and_parser(python: PythonRunner, tmp_path: Path) -> None:
     proc = python.run_module("asynccoord", "status", "--db", str(tmp_path / "none.db"), check=False)
     assert proc.returncode == 1

@@ -673,3 +673,48 @@ async def test_closed_store_raises_store_closed(make_store) -> None:
     await store.close()  # idempotent
     await store.open()
     assert (await store.get(task.id)).payload == 1
+
+
+# --- values that cannot even be printed -----------------------------------------------
+
+
+async def test_ints_over_the_repr_limit_are_refused_with_typed_errors(store: Any) -> None:
+    huge = 10**5000  # repr() of it raises ValueError in CPython (4,300-digit limit)
+    for call in (
+        lambda: store.enqueue(Q, huge),
+        lambda: store.enqueue(Q, {"n": [huge]}),
+        lambda: store.enqueue(Q, 1, priority=huge),
+        lambda: store.enqueue(Q, 1, delay_s=huge),
+        lambda: store.get(huge),
+        lambda: store.get(-huge),
+    ):
+        with pytest.raises((InvalidArgumentError, InvalidTypeError)) as info:
+            await call()
+        assert "bits>" in str(info.value) or "cannot be shown" in str(info.value) or "too large" in str(info.value)
+    assert (await store.stats(Q)).total == 0
+
+
+@pytest.mark.parametrize("path", ["", "bot\x00.db"])
+def test_sqlite_store_path_must_be_a_usable_file_name(path: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="path must not"):
+        SQLiteStore(path)
+
+
+def test_event_counter_add_checks_its_arguments() -> None:
+    from asynccoord.events import EventCounter
+
+    counter = EventCounter()
+    for name, n, error in (
+        ("lock_lost", 2**80, InvalidArgumentError),
+        ("lock_lost", -1, InvalidArgumentError),
+        ("lock_lost", True, InvalidTypeError),
+        ("bad\x00name", 1, InvalidArgumentError),
+        ("", 1, InvalidArgumentError),
+        (7, 1, InvalidTypeError),
+    ):
+        with pytest.raises(error):
+            counter.add(name, n)  # type: ignore[arg-type]
+    assert counter.snapshot() == {}
+    counter.add("lock_lost", 2)
+    counter.add("my_counter")
+    assert counter.snapshot() == {"lock_lost": 2, "my_counter": 1}

@@ -68,6 +68,7 @@ from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._batch import Batcher
 from ._common import (
+    MAX_ID,
     QueueConveniences,
     check_claim_args,
     check_fences,
@@ -1022,7 +1023,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             TaskNotFoundError: no such task.
             InvalidTypeError: ``task_id`` is not an int.
         """
-        check_int("task_id", task_id, minimum=0)
+        check_int("task_id", task_id, minimum=0, maximum=MAX_ID)
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> _Row | None:
             return await self._row(conn, "select_task", id=task_id)

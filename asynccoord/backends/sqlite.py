@@ -29,6 +29,7 @@ from .. import events as ev
 from ..config import StoreConfig
 from ..errors import (
     CoordError,
+    InvalidArgumentError,
     InvalidTypeError,
     LeaseLostError,
     NotADatabaseError,
@@ -155,6 +156,10 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         self.path = os.fspath(path)
+        if not self.path:
+            raise InvalidArgumentError("path must not be empty: give a file name, or ':memory:'")
+        if "\x00" in self.path:
+            raise InvalidArgumentError(f"path must not contain NUL characters, got {self.path!r}")
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
