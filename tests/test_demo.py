@@ -1,21 +1,27 @@
-"""The demo: a small run with faults proves its invariants; bad traces fail clearly."""
+"""The demo: a small run with faults proves its invariants (on SQLite and on PostgreSQL);
+bad traces and options fail clearly; the demo never drops a PostgreSQL schema it did not create."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import itertools
 import json
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from services import PG_DSN, new_schema, postgres_problem, unavailable
 
-from asynccoord.demo.app import account_of, build_tasks, schedule
+from asynccoord.demo.app import DEMO_SCHEMA_COMMENT, account_of, build_tasks, schedule
 from asynccoord.demo.trace import TraceFormatError, bundled_sample, read_trace
 
 
-def run_demo(*args: str, timeout_s: float = 150.0) -> tuple[int, dict[str, object], str]:
+def run_demo(*args: str, timeout_s: float = 150.0) -> tuple[int, dict[str, Any], str]:
     proc = subprocess.run(
         [sys.executable, "-m", "asynccoord.demo", "--json", *args],
         capture_output=True,
@@ -27,35 +33,47 @@ def run_demo(*args: str, timeout_s: float = 150.0) -> tuple[int, dict[str, objec
     return proc.returncode, report, proc.stderr
 
 
+def check_invariants(code: int, report: dict[str, Any], stderr: str, messages: int) -> None:
+    """What every demo run with faults must show: the invariants as the gateway (not the
+    runtime) saw them, the faults, and the recovery visible in the counters."""
+    assert report, f"no JSON report; stderr: {stderr[-2000:]}"
+    assert report["problems"] == [], report["problems"]
+    assert report["finished"] is True
+    assert report["messages"] == messages
+    assert report["duplicates"] == 0
+    assert report["lost"] == 0
+    assert report["account_overlaps"] == 0
+    assert report["order_violations"] == 0
+    assert report["sent"] + report["dead"] == messages
+    assert report["send_calls"] >= report["sent"]
+    # Every second send of a message followed a lost lease, and was counted.
+    conflicts = report["conflicts"]
+    assert report["duplicate_sends"] <= conflicts["lease_expired"] + conflicts["lease_lost"]
+    kinds = [f["kind"] for f in report["faults"]]
+    assert kinds.count("sigkill") == 1
+    assert kinds.count("stall") == 1
+    assert conflicts["lease_expired"] + conflicts["lease_lost"] >= 1
+    assert conflicts["duplicate_enqueue_suppressed"] >= 1
+    assert conflicts["membership_change"] >= 2  # the stall outlives the heartbeat TTL: leave, rejoin
+    # The hottest account sends one message at a time: its requests' summed duration (the
+    # drain's lower bound) fits in the run.
+    tasks = build_tasks(list(read_trace(bundled_sample(), limit=messages)), accounts=24)
+    per_account = Counter(t.payload["account"] for t in tasks)
+    hottest = report["hottest_account"]
+    assert hottest["messages"] == max(per_account.values())
+    assert per_account[hottest["account"]] == hottest["messages"]
+    assert 0 < hottest["busy_s"] <= report["elapsed_s"]
+    assert report["ok"] is True
+    assert code == 0
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_small_demo_with_faults_keeps_every_invariant(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     code, report, stderr = run_demo("--messages", "3000", "--db", str(db), "--seed", "3")
-    assert report, f"no JSON report; stderr: {stderr[-2000:]}"
-    assert report["problems"] == [], report["problems"]
-    assert report["finished"] is True
-    assert report["messages"] == 3000
-    # The invariants, as the gateway (not the runtime) saw them.
-    assert report["duplicates"] == 0
-    assert report["lost"] == 0
-    assert report["account_overlaps"] == 0
-    assert report["order_violations"] == 0
-    assert report["sent"] + report["dead"] == 3000
-    assert report["send_calls"] >= report["sent"]
-    # Every second send of a message followed a lost lease, and was counted.
-    conflicts = report["conflicts"]
-    assert isinstance(conflicts, dict)
-    assert report["duplicate_sends"] <= conflicts["lease_expired"] + conflicts["lease_lost"]
-    # The faults really happened and recovery is visible in the counters.
-    kinds = [f["kind"] for f in report["faults"]]  # type: ignore[union-attr]
-    assert kinds.count("sigkill") == 1
-    assert kinds.count("stall") == 1
-    assert conflicts["membership_change"] >= 2
-    assert conflicts["lease_expired"] + conflicts["lease_lost"] >= 1
-    assert conflicts["duplicate_enqueue_suppressed"] >= 1
-    assert report["ok"] is True
-    assert code == 0
+    check_invariants(code, report, stderr, 3000)
+    assert report["config"]["store"] == "sqlite"
     # The database the demo used is a real asynccoord store with every task settled.
     import sqlite3
 
@@ -66,6 +84,74 @@ def test_small_demo_with_faults_keeps_every_invariant(tmp_path: Path) -> None:
         con.close()
     assert counts.get("done", 0) + counts.get("dead", 0) == 3000
     assert counts.get("pending", 0) == counts.get("running", 0) == 0
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A schema name for one demo run on PostgreSQL (not created yet), dropped afterwards."""
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    schema = new_schema("demo")
+    yield schema
+    pg(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def pg(sql: str, *args: object) -> list[Any]:
+    """Run one statement on the test database (its own connection and event loop)."""
+    import asyncpg
+
+    async def go() -> list[Any]:
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_demo_on_postgres_keeps_every_invariant_and_clears_its_schema_on_the_next_run(pg_schema: str) -> None:
+    code, report, stderr = run_demo(
+        "--messages", "1500", "--store", PG_DSN, "--schema", pg_schema, "--seed", "3", timeout_s=300
+    )
+    check_invariants(code, report, stderr, 1500)
+    assert report["config"]["store"] == "postgres"
+    assert report["config"]["schema"] == pg_schema
+    # The queue, locks, membership and monitor lived in the demo's own, marked schema.
+    ((mark,),) = pg("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1", pg_schema)
+    assert mark == DEMO_SCHEMA_COMMENT
+    counts = dict(pg(f'SELECT status, count(*) FROM "{pg_schema}".coord_tasks GROUP BY status'))
+    assert counts.get("done", 0) + counts.get("dead", 0) == 1500
+    assert counts.get("pending", 0) == counts.get("running", 0) == 0
+    assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_lock_names')[0][0] > 0  # the accounts' locks
+    assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_metric_totals')[0][0] > 0  # the monitor's counters
+    # A second run on the same schema starts from an empty one (the demo dropped its own schema).
+    again = ("--messages", "100", "--store", PG_DSN, "--schema", pg_schema, "--no-faults", "--processes", "1")
+    code, report, stderr = run_demo(*again, "--nodes", "2", timeout_s=120)
+    assert report.get("ok") is True, stderr[-2000:]
+    assert code == 0
+    assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_tasks')[0][0] == 100
+
+
+@pytest.mark.multiprocess
+def test_demo_refuses_a_postgres_schema_it_did_not_create(pg_schema: str) -> None:
+    pg(f'CREATE SCHEMA "{pg_schema}"')
+    pg(f'CREATE TABLE "{pg_schema}".keep_me (id int)')
+    code, report, stderr = run_demo("--messages", "10", "--store", PG_DSN, "--schema", pg_schema, timeout_s=60)
+    assert code == 2
+    assert report == {}
+    assert f"schema {pg_schema!r} already exists and was not created by the demo" in stderr
+    assert pg("SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'keep_me'", pg_schema)[0][0] == 1
+
+
+def test_demo_cli_rejects_a_schema_without_a_postgres_store() -> None:
+    code, _, stderr = run_demo("--schema", "demo", timeout_s=60)
+    assert code == 2
+    assert "--schema applies to a PostgreSQL store only" in stderr
 
 
 def test_bundled_sample_is_real_structure_only_trace() -> None:

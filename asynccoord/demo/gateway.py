@@ -18,6 +18,18 @@ file of the gateway's own (not asynccoord's database), so duplicates, per-accoun
 overlaps and per-conversation order are judged independently of the runtime's
 bookkeeping. All processes of the demo share the file, on one machine, so the
 wall-clock times it records are comparable.
+
+The record is the measuring instrument, not the simulated provider, so it is kept off
+the critical path as far as exactness allows. A record update (a request's arrival or
+its completion) is one ``BEGIN IMMEDIATE`` transaction run at once on the event loop's
+thread when the file's write lock is free (a fraction of a millisecond, and no thread
+hop); when another process holds the lock, the update is queued for the process's
+record thread, which waits for the lock and group-commits everything queued meanwhile
+(each update under its own savepoint). Either way each update reads the clock while it
+holds the write lock, so a request's recorded window (arrival update to completion
+update) contains its whole simulated latency, and the record is one serial history
+across processes. The file is written with ``synchronous = OFF``: it must survive a
+killed process (it does, in WAL mode), not a power loss.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import os
 import random
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
@@ -101,14 +114,25 @@ class SimulatedGateway:
         self.transient_error_rate = transient_error_rate
         self._rng = random.Random(seed)
         self._executor: ThreadPoolExecutor | None = None
-        self._db: sqlite3.Connection | None = None
+        self._db: sqlite3.Connection | None = None  # the record thread's connection: waits for the lock
+        self._now: sqlite3.Connection | None = None  # the event loop's: never waits
+        self._waiting: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._committer: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Self:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway")
         self._db = await self._call(self._connect)
+        self._now = sqlite3.connect(self.path, timeout=0.0, isolation_level=None)
+        self._now.execute("PRAGMA synchronous = OFF")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        if self._committer is not None:
+            with contextlib.suppress(BaseException):
+                await self._committer
+        if self._now is not None:
+            self._now.close()
+            self._now = None
         if self._db is not None:
             db, self._db = self._db, None
             await self._call(db.close)
@@ -119,7 +143,7 @@ class SimulatedGateway:
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA synchronous = OFF")
         db.executescript(SCHEMA)
         return db
 
@@ -127,17 +151,63 @@ class SimulatedGateway:
         assert self._executor is not None, "use 'async with SimulatedGateway(...)'"
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _transaction(self, fn: Any) -> Any:
+    async def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in a write transaction of the record: at once if the file is free, else queued."""
+        if self._committer is None and self._now is not None:
+            try:
+                return _run_now(self._now, fn)
+            except _Busy:
+                pass  # another process writes: queue it for the record thread, which waits
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._waiting.append((fn, future))
+        if self._committer is None:
+            self._committer = asyncio.get_running_loop().create_task(self._commit_waiting())
+        return await future
+
+    async def _commit_waiting(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    outcomes = await asyncio.shield(self._call(self._run_batch, [fn for fn, _ in batch]))
+                except Exception as exc:  # the transaction failed as a whole: so did every update in it
+                    outcomes = [(False, exc)] * len(batch)
+                except BaseException:
+                    self._waiting[:0] = batch
+                    raise
+                for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                    if future.done():  # its caller was cancelled: the update happened all the same
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+        finally:
+            self._committer = None
+            waiting, self._waiting = self._waiting, []
+            for _, future in waiting:  # only when this task itself was cancelled (loop shutdown)
+                future.cancel()
+
+    def _run_batch(self, fns: list[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+        """One transaction; each update under its own savepoint, so one failing update undoes only itself."""
         db = self._db
         assert db is not None
+        outcomes: list[tuple[bool, Any]] = []
         db.execute("BEGIN IMMEDIATE")
         try:
-            result = fn(db)
+            for fn in fns:
+                db.execute("SAVEPOINT op")
+                try:
+                    outcomes.append((True, fn(db)))
+                except Exception as exc:
+                    db.execute("ROLLBACK TO op")
+                    outcomes.append((False, exc))
+                db.execute("RELEASE op")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
-        return result
+        return outcomes
 
     async def deliver(
         self,
@@ -158,7 +228,7 @@ class SimulatedGateway:
         """
         pid = os.getpid()
 
-        def arrive(db: sqlite3.Connection) -> tuple[int, int]:
+        def arrive(db: sqlite3.Connection) -> tuple[int, int, float]:
             row = db.execute("SELECT high_token FROM accounts WHERE account = ?", (account,)).fetchone()
             high = row[0] if row else 0
             outcome = "stale_token" if fencing_token < high else "in_flight"
@@ -186,9 +256,9 @@ class SimulatedGateway:
                     outcome,
                 ),
             ).fetchone()[0]
-            return call_id, high
+            return call_id, high, now
 
-        call_id, high = await self._call(self._transaction, arrive)
+        call_id, high, started = await self._transaction(arrive)
         if fencing_token < high:
             raise StaleTokenError(f"account {account}: fencing token {fencing_token} < {high} already presented")
         latency_s = self._rng.lognormvariate(0.0, self.latency_sigma) * self.latency_median_ms / 1000.0
@@ -197,10 +267,10 @@ class SimulatedGateway:
             await asyncio.sleep(latency_s)
         except BaseException:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._call(self._transaction, _finish(call_id, "cancelled")))
+                await asyncio.shield(self._transaction(_finish(call_id, "cancelled")))
             raise
         if failed:
-            await self._call(self._transaction, _finish(call_id, "transient_error"))
+            await self._transaction(_finish(call_id, "transient_error"))
             raise TransientGatewayError(f"provider error on {msg_id} (simulated)")
 
         def complete(db: sqlite3.Connection) -> str:
@@ -226,7 +296,6 @@ class SimulatedGateway:
                 "DO UPDATE SET high_seq = max(high_seq, excluded.high_seq)",
                 (conversation, seq),
             )
-            started = db.execute("SELECT started_at FROM calls WHERE id = ?", (call_id,)).fetchone()[0]
             db.execute(
                 "INSERT INTO deliveries (msg_id, idempotency_key, account, conversation, seq, call_id,"
                 " started_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -235,10 +304,31 @@ class SimulatedGateway:
             _finish(call_id, "delivered")(db)
             return "delivered"
 
-        outcome = await self._call(self._transaction, complete)
+        outcome = await self._transaction(complete)
         if outcome == "stale_token":
             raise StaleTokenError(f"account {account}: fencing token {fencing_token} superseded while in flight")
         return str(outcome)
+
+
+class _Busy(Exception):
+    """The record's write lock is held by another process."""
+
+
+def _run_now(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """``fn`` in one write transaction on ``db`` (busy timeout 0); :class:`_Busy` if the file is locked."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            raise _Busy from exc
+        raise
+    try:
+        result = fn(db)
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return result
 
 
 def _finish(call_id: int, outcome: str) -> Any:
@@ -263,6 +353,9 @@ class GatewayAudit:
         account_overlaps: Pairs of deliveries of one account whose request times overlap.
         order_violations: Deliveries of a conversation's message after a later one of it.
         delivered_ids: The message ids delivered.
+        account_calls: Account -> requests that ended (delivered, replayed, refused or failed).
+        account_busy_s: Account -> summed duration of those requests, seconds: the time the
+            account spent sending, one request at a time.
     """
 
     send_calls: int
@@ -275,6 +368,8 @@ class GatewayAudit:
     account_overlaps: int
     order_violations: int
     delivered_ids: frozenset[str]
+    account_calls: dict[str, int]
+    account_busy_s: dict[str, float]
 
 
 def audit(path: str | os.PathLike[str]) -> GatewayAudit:
@@ -292,6 +387,10 @@ def audit(path: str | os.PathLike[str]) -> GatewayAudit:
                 overlaps += 1
             last_end[account] = max(ended, last_end.get(account, ended))
         violations = db.execute("SELECT count(*) FROM order_violations").fetchone()[0]
+        busy = db.execute(
+            "SELECT account, count(*), total(ended_at - started_at) FROM calls"
+            " WHERE ended_at IS NOT NULL GROUP BY account"
+        ).fetchall()
     finally:
         db.close()
     return GatewayAudit(
@@ -305,4 +404,6 @@ def audit(path: str | os.PathLike[str]) -> GatewayAudit:
         account_overlaps=overlaps,
         order_violations=violations,
         delivered_ids=frozenset(m for m, _ in per_msg),
+        account_calls={a: n for a, n, _ in busy},
+        account_busy_s={a: t for a, _, t in busy},
     )

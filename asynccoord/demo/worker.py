@@ -1,7 +1,8 @@
 """One demo worker process: a Runtime of N nodes sending through the simulated gateway.
 
-Started by :mod:`asynccoord.demo.app` (``python -m asynccoord.demo.worker ...``). It
-writes its nodes' counters to a JSON status file a few times a second for the live view,
+Started by :mod:`asynccoord.demo.app` (``python -m asynccoord.demo.worker ...``) on the
+demo's store (an SQLite file or a PostgreSQL DSN and schema). It writes its nodes'
+counters to a JSON status file a few times a second for the live view (not with ``--json``),
 flushes its coordination counters to the store through a :class:`~asynccoord.Monitor`,
 stalls its whole event loop once on SIGUSR1 (a simulated stop-the-world GC pause, taken
 inside a send after the lock was acquired and before the gateway is called), and shuts
@@ -20,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from .._loop import run as run_loop
-from ..backends.sqlite import SQLiteStore
 from ..config import RetryPolicy
 from ..models import Task
 from ..monitor import Monitor
 from ..node import NodeConfig, current_delivery
 from ..runtime import Runtime
+from ..stores import open_store
 from .gateway import SimulatedGateway
 
 __all__ = ("DEMO_QUEUE", "main", "lock_key")
@@ -40,17 +41,25 @@ def lock_key(task: Task) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="asynccoord demo worker (started by asynccoord.demo)")
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--store", required=True, help="SQLite file or postgresql:// DSN")
+    parser.add_argument("--schema", default=None, help="PostgreSQL schema of the demo's tables")
     parser.add_argument("--gateway", required=True)
     parser.add_argument("--status-file", required=True)
+    parser.add_argument("--status-interval-s", type=float, default=0.25, help="0: write no status file")
     parser.add_argument("--prefix", required=True, help="node id prefix (reused by a replacement process)")
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lease-s", type=float, default=2.0)
     parser.add_argument("--lock-ttl-s", type=float, default=2.0)
+    parser.add_argument("--lock-wait-s", type=float, default=5.0)
+    parser.add_argument("--max-in-flight", type=int, default=16)
+    parser.add_argument("--claim-batch", type=int, default=16)
+    parser.add_argument("--idle-max-s", type=float, default=1.0)
+    parser.add_argument("--monitor-flush-s", type=float, default=1.0)
     parser.add_argument("--heartbeat-ttl-s", type=float, default=3.0)
-    parser.add_argument("--stall-s", type=float, default=3.5)
+    parser.add_argument("--stall-s", type=float, default=5.0)
     parser.add_argument("--latency-median-ms", type=float, default=1.0)
+    parser.add_argument("--latency-sigma", type=float, default=0.6)
     parser.add_argument("--error-rate", type=float, default=0.01)
     return parser.parse_args(argv)
 
@@ -68,18 +77,20 @@ async def run(args: argparse.Namespace) -> int:
         queue=DEMO_QUEUE,
         lease_s=args.lease_s,
         lock_ttl_s=args.lock_ttl_s,
-        lock_wait_s=1.0,
-        claim_batch=16,
-        max_in_flight=16,
+        lock_wait_s=args.lock_wait_s,
+        claim_batch=args.claim_batch,
+        max_in_flight=args.max_in_flight,
         send_timeout_s=5.0,
-        idle_max_s=0.25,
+        idle_max_s=args.idle_max_s,
         retry=RetryPolicy(base_s=0.05, factor=2.0, cap_s=1.0, jitter=0.2, max_attempts=8),
     )
+    options = {} if args.schema is None else {"schema": args.schema}
     async with (
-        SQLiteStore(args.db) as store,
+        open_store(args.store, **options) as store,
         SimulatedGateway(
             args.gateway,
             latency_median_ms=args.latency_median_ms,
+            latency_sigma=args.latency_sigma,
             transient_error_rate=args.error_rate,
             seed=args.seed,
         ) as gateway,
@@ -111,8 +122,10 @@ async def run(args: argparse.Namespace) -> int:
             heartbeat_ttl_s=args.heartbeat_ttl_s,
             shutdown_timeout_s=3.0,
         )
-        async with Monitor(store, flush_interval_s=0.25, info={"prefix": args.prefix}), runtime:
-            writer = asyncio.create_task(_write_status(runtime, Path(args.status_file), lambda: stalled))
+        async with Monitor(store, flush_interval_s=args.monitor_flush_s, info={"prefix": args.prefix}), runtime:
+            writer = asyncio.create_task(
+                _write_status(runtime, Path(args.status_file), args.status_interval_s, lambda: stalled)
+            )
             try:
                 await runtime.wait_for_signal()
             finally:
@@ -120,7 +133,9 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _write_status(runtime: Runtime, path: Path, stalled: Any) -> None:
+async def _write_status(runtime: Runtime, path: Path, interval_s: float, stalled: Any) -> None:
+    if interval_s <= 0:
+        return
     tmp = path.with_suffix(".tmp")
     while True:
         states = [
@@ -139,7 +154,7 @@ async def _write_status(runtime: Runtime, path: Path, stalled: Any) -> None:
         ]
         tmp.write_text(json.dumps({"pid": os.getpid(), "at": time.time(), "stalled": stalled(), "nodes": states}))
         os.replace(tmp, path)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(interval_s)
 
 
 def main(argv: list[str] | None = None) -> int:
