@@ -7,8 +7,10 @@ import asyncio
 import gzip
 import itertools
 import json
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -220,3 +222,42 @@ def test_demo_cli_rejects_bad_options() -> None:
     code, _, stderr = run_demo("--nodes", "0", timeout_s=60)
     assert code == 2
     assert "--nodes" in stderr
+
+
+def _workers_on(db: Path) -> list[int]:
+    """Pids of live demo worker processes whose command line names ``db``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().split(") ")[-1][:1]
+        except OSError:
+            continue
+        if b"asynccoord.demo.worker" in cmdline and str(db).encode() in cmdline and state != "Z":
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_demo_leaves_no_worker_running(tmp_path: Path, signum: int) -> None:
+    db = tmp_path / "demo.db"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "asynccoord.demo", "--json", "--messages", "20000", "--db", str(db)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while len(_workers_on(db)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_workers_on(db)) == 2, "the demo did not start its workers"
+    time.sleep(1.0)
+    demo.send_signal(signum)
+    _, stderr = demo.communicate(timeout=30)
+    # SIGTERM: the demo stops its workers itself; SIGKILL: the orphaned workers notice.
+    assert demo.returncode == (130 if signum == signal.SIGTERM else -signal.SIGKILL), stderr.decode()[-2000:]
+    deadline = time.monotonic() + 15
+    while _workers_on(db) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _workers_on(db) == []

@@ -853,20 +853,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run the demo; exit 0 only when the report is ok."""
     opts = parse_args(argv)
     console = None if opts.as_json else Console(stderr=False)
+    # SIGTERM stops the demo as Ctrl-C does: the run is cancelled and its cleanup stops
+    # the worker processes (rather than leaving them running without a parent).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         report = _run_loop(run_demo(opts, console))
+    except KeyboardInterrupt:
+        print("asynccoord.demo: interrupted; worker processes stopped", file=sys.stderr)
+        return 130
     except ValueError as exc:  # bad trace or options
         print(f"asynccoord.demo: {exc}", file=sys.stderr)
         return 2
     except CoordError as exc:  # e.g. --db is not a database
         print(f"asynccoord.demo: {exc}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if opts.as_json:
         print(json.dumps(report, indent=2, default=str))
     else:
         assert console is not None
         render(report, console)
     return 0 if report["ok"] else 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _run_loop(coro: Any) -> Any:

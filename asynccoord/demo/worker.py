@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import time
@@ -32,6 +33,9 @@ from .gateway import SimulatedGateway
 __all__ = ("DEMO_QUEUE", "main", "lock_key")
 
 DEMO_QUEUE = "outbox"
+
+
+log = logging.getLogger(__name__)
 
 
 def lock_key(task: Task) -> str:
@@ -126,11 +130,29 @@ async def run(args: argparse.Namespace) -> int:
             writer = asyncio.create_task(
                 _write_status(runtime, Path(args.status_file), args.status_interval_s, lambda: stalled)
             )
+            orphan = asyncio.create_task(_exit_when_orphaned(runtime))
             try:
                 await runtime.wait_for_signal()
             finally:
                 writer.cancel()
+                orphan.cancel()
     return 0
+
+
+async def _exit_when_orphaned(runtime: Runtime, poll_s: float = 0.5) -> None:
+    """Shut down (as on SIGTERM) once the demo process that started this worker is gone.
+
+    A demo killed before it could stop its workers (SIGKILL, a timeout) leaves them
+    re-parented: they notice within ``poll_s`` and hand their work back instead of
+    running on forever.
+    """
+    parent = os.getppid()
+    while True:
+        await asyncio.sleep(poll_s)
+        if os.getppid() != parent:
+            break
+    log.warning("asynccoord.demo.worker.orphaned parent=%d: shutting down", parent)
+    await runtime.shutdown()
 
 
 async def _write_status(runtime: Runtime, path: Path, interval_s: float, stalled: Any) -> None:
