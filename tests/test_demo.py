@@ -198,6 +198,23 @@ def test_tasks_are_keyed_by_conversation_with_stable_accounts() -> None:
             '{"msg_id": "m", "conversation_id": "c", "sender_id": "u", "ts_unix": "1", "seq": 0, "text_len": 1}',
             "field 'ts_unix' must be int",
         ),
+        (
+            '{"msg_id": "m", "conversation_id": "c", "sender_id": "u", "ts_unix": 1' + "0" * 400 + ', "seq": 0, '
+            '"text_len": 1}',
+            "'ts_unix' must be a time between 1970 and 9999",
+        ),
+        (
+            '{"msg_id": "m\\u0000", "conversation_id": "c", "sender_id": "u", "ts_unix": 1, "seq": 0, "text_len": 1}',
+            "msg_id must not contain NUL",
+        ),
+        (
+            '{"msg_id": "m", "conversation_id": "c\\ud800", "sender_id": "u", "ts_unix": 1, "seq": 0, "text_len": 1}',
+            r"conversation_id must be valid Unicode text \(no lone surrogates\)",
+        ),
+        (
+            '{"msg_id": "m0", "conversation_id": "c", "sender_id": "u", "ts_unix": 2, "seq": 1, "text_len": 1}',
+            "msg_id 'm0' repeats line 1",
+        ),
     ],
 )
 def test_bad_trace_line_is_reported_with_its_line_number(tmp_path: Path, line: str, message: str) -> None:
@@ -206,6 +223,14 @@ def test_bad_trace_line_is_reported_with_its_line_number(tmp_path: Path, line: s
     with gzip.open(path, "wt") as f:
         f.write(good + "\n" + line + "\n")
     with pytest.raises(TraceFormatError, match=f"{path}:2: {message}"):
+        list(read_trace(path))
+
+
+def test_trace_line_that_is_not_utf8_is_reported_with_its_line_number(tmp_path: Path) -> None:
+    good = b'{"msg_id": "m0", "conversation_id": "c", "sender_id": "u", "ts_unix": 1, "seq": 0, "text_len": 3}'
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(good + b"\n" + good.replace(b"m0", b"m\xff") + b"\n")
+    with pytest.raises(TraceFormatError, match=f"{path}:2: not UTF-8"):
         list(read_trace(path))
 
 
@@ -222,6 +247,9 @@ def test_demo_cli_rejects_bad_options() -> None:
     code, _, stderr = run_demo("--nodes", "0", timeout_s=60)
     assert code == 2
     assert "--nodes" in stderr
+    code, _, stderr = run_demo("--nodes", "5000", timeout_s=60)
+    assert code == 2
+    assert "expected a number <= 256, got '5000'" in stderr
 
 
 def _workers_on(db: Path) -> list[int]:

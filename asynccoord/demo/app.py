@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,8 +189,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         prog="python -m asynccoord.demo",
         description="Replay real chat traffic through several nodes in several processes, with faults.",
     )
-    p.add_argument("--nodes", type=_positive_int, default=8, help="nodes per process (default 8)")
-    p.add_argument("--processes", type=_positive_int, default=2, help="worker processes (default 2)")
+    p.add_argument("--nodes", type=_bounded_int(256), default=8, help="nodes per process, 1..256 (default 8)")
+    p.add_argument("--processes", type=_bounded_int(16), default=2, help="worker processes, 1..16 (default 2)")
     p.add_argument("--messages", type=_positive_int, default=20_000, help="messages to replay (default 20000)")
     p.add_argument(
         "--speed",
@@ -245,6 +245,18 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}")
     return value
+
+
+def _bounded_int(maximum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``1..maximum`` (a demo on 2 cores, not a stress test)."""
+
+    def parse(text: str) -> int:
+        value = _positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected a number <= {maximum}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _schema_name(text: str) -> str:

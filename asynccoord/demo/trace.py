@@ -19,7 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import InvalidArgumentError
+from ..errors import CoordError, InvalidArgumentError
+from ..validation import _short, check_name
 
 __all__ = ("SAMPLE_NAME", "TraceFormatError", "TraceMessage", "bundled_sample", "read_trace")
 
@@ -58,12 +59,15 @@ def bundled_sample() -> Path:
     return Path(str(resources.files(__package__).joinpath("data", SAMPLE_NAME)))
 
 
-def _open(path: Path) -> IO[str]:
+def _open(path: Path) -> IO[bytes]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.BufferedReader(gzip.open(path, "rb"))
+    return open(path, "rb")
+
+
+_MAX_TS_UNIX = 253_402_300_799  # 9999-12-31T23:59:59Z
 
 
 def _parse(line: str, where: str) -> TraceMessage:
@@ -81,6 +85,13 @@ def _parse(line: str, where: str) -> TraceMessage:
             raise TraceFormatError(f"{where}: field {field!r} must be {kind.__name__}, got {value!r}")
         if kind is str and not value:
             raise TraceFormatError(f"{where}: field {field!r} must not be empty")
+    for field in ("msg_id", "conversation_id", "sender_id"):
+        try:
+            check_name(field, row[field])
+        except CoordError as exc:
+            raise TraceFormatError(f"{where}: {exc}") from None
+    if not 0 <= row["ts_unix"] <= _MAX_TS_UNIX:
+        raise TraceFormatError(f"{where}: 'ts_unix' must be a time between 1970 and 9999, got {_short(row['ts_unix'])}")
     flood = row.get("flood", False)
     if not isinstance(flood, bool):
         raise TraceFormatError(f"{where}: field 'flood' must be a bool, got {flood!r}")
@@ -114,18 +125,26 @@ def read_trace(path: str | os.PathLike[str], *, limit: int | None = None) -> Ite
         raise InvalidArgumentError(f"trace file {str(file)!r} does not exist")
     last_ts: int | None = None
     count = 0
+    first_seen: dict[str, int] = {}  # msg_id -> line number
     try:
         with _open(file) as handle:
-            for number, line in enumerate(handle, start=1):
+            for number, raw in enumerate(handle, start=1):
                 if limit is not None and count >= limit:
                     return
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise TraceFormatError(f"{file}:{number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
                 if not line.strip():
                     continue
                 message = _parse(line, f"{file}:{number}")
                 if last_ts is not None and message.ts_unix < last_ts:
                     raise TraceFormatError(f"{file}:{number}: ts_unix {message.ts_unix} goes back in time")
+                seen_at = first_seen.setdefault(message.msg_id, number)
+                if seen_at != number:
+                    raise TraceFormatError(f"{file}:{number}: msg_id {message.msg_id!r} repeats line {seen_at}")
                 last_ts = message.ts_unix
                 count += 1
                 yield message
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError) as exc:
         raise TraceFormatError(f"{file}: cannot read the trace ({exc})") from exc
