@@ -1,28 +1,42 @@
 """The contention benchmark: what each layer buys, for nodes x processes x strategies.
 
 Every cell drains the same workload (``--tasks`` tasks over Zipf-skewed conversations and
-sending accounts, a ``--send-ms`` send) from a fresh SQLite file and reports committed
-tasks/s, p50/p99 enqueue-to-commit latency (store clock), duplicate sends and conflict
-counts. Strategies:
+sending accounts, a ``--send-ms`` send) from a clean slate (a fresh SQLite file, or a fresh
+PostgreSQL schema with ``--store postgresql://...``) and reports committed tasks/s, p50/p99
+enqueue-to-commit latency (store clock), duplicate sends and conflict counts. Strategies:
 
-* ``all``: partitioning + per-account locks + version checks (the default runtime);
+* ``all``: partitioning + per-account locks + version checks (the default runtime; work
+  stealing off);
 * ``partitioning``, ``locks``, ``versions``: one layer alone;
 * ``none``: no layer: claims read and then write without a compare-and-set, as a naive
   queue does, so concurrent nodes send the same task twice;
 * ``lock-table``: the naive lock-table design: read pending tasks, claim one by inserting
-  a lock row, then re-read it under ``BEGIN IMMEDIATE``; one transaction per step.
+  a lock row, then re-read it in a write transaction; one transaction per step (on
+  PostgreSQL the nodes of a process share a pool of at most 16 connections);
+* ``all+slow``: ``all`` with one slow node per process (node 0, as on a constrained host:
+  one send at a time, each taking ``--slow-send-ms``): its partitions wait for it;
+* ``all+stealing``: ``all+slow`` with work stealing on (``NodeConfig.work_stealing``): a
+  node whose own partitions have nothing claimable takes tasks of any partition that have
+  been due for ``--steal-after-s``; the ``stolen`` column counts sends of tasks whose
+  partition the sending node did not own.
 
-Each row carries the in-run baseline: the raw sqlite3 single-row commit rate on the same
-file. ``--report DIR`` writes ``contention.json``, ``contention.md`` and, when matplotlib
-is installed (``pip install 'asynccoord[bench]'``), ``contention.png`` (throughput
-against node count per strategy).
+Each row carries the in-run baseline: the raw single-row commit rate on the same database
+(plain ``sqlite3``, or one asyncpg connection in autocommit). With ``--store
+postgresql://...`` the same run also drains the same tasks (same count, same send time) with
+procrastinate on the same server, per layout (processes x workers, ``concurrency`` = nodes
+per process), through ``postgres_drain.procrastinate_run``, and prints each row's ratio to
+it. ``--report DIR`` writes ``contention.json``, ``contention.md`` and, when matplotlib is
+installed (``pip install 'asynccoord[bench]'``), ``contention.png`` (throughput against
+node count per strategy).
 
 Usage::
 
-    python benchmarks/contention.py                       # the full matrix, a table
+    python benchmarks/contention.py                       # the full matrix on SQLite, a table
     python benchmarks/contention.py --json                # one JSON object
     python benchmarks/contention.py --report benchmarks/results
     python benchmarks/contention.py --nodes 16 64 --processes 1 --strategies all none
+    python benchmarks/contention.py --store postgresql://postgres@127.0.0.1:5432/test
+    python benchmarks/contention.py --nodes 16 --processes 1 --strategies all+slow all+stealing
 """
 
 from __future__ import annotations
@@ -30,9 +44,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -49,11 +65,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queue_throughput import raw_commits_per_s, run
 
 from asynccoord import NewTask, SQLiteStore
-from asynccoord.node import NodeConfig
+from asynccoord.node import Node, NodeConfig, current_delivery
 from asynccoord.runtime import Runtime
+from asynccoord.stores import is_postgres_target, redact_target
 
 QUEUE = "bench"
-STRATEGIES = ("all", "partitioning", "locks", "versions", "none", "lock-table")
+STRATEGIES = ("all", "partitioning", "locks", "versions", "none", "lock-table", "all+slow", "all+stealing")
+SLOW_NODE = ("all+slow", "all+stealing")
+PG_SCHEMA = "bench_contention"
+PG_LOCK_TABLE_CONNECTIONS = 16
 
 
 def zipf_choices(rng: random.Random, n: int, k: int, s: float = 1.1) -> list[int]:
@@ -74,13 +94,15 @@ def workload(tasks: int, conversations: int, accounts: int, seed: int) -> list[N
     ]
 
 
-def config_for(strategy: str) -> NodeConfig:
+def config_for(strategy: str, steal_after_s: float) -> NodeConfig:
     layers = {
         "all": (True, True, True),
         "partitioning": (True, False, True),
         "locks": (False, True, True),
         "versions": (False, False, True),
         "none": (False, False, False),
+        "all+slow": (True, True, True),
+        "all+stealing": (True, True, True),
     }[strategy]
     partitioning, locks, versions = layers
     return NodeConfig(
@@ -95,42 +117,215 @@ def config_for(strategy: str) -> NodeConfig:
         partitioning=partitioning,
         locks=locks,
         version_checks=versions,
+        work_stealing=strategy == "all+stealing",
+        steal_after_s=steal_after_s,
     )
 
 
-async def fill(path: str, specs: list[NewTask]) -> None:
-    async with SQLiteStore(path) as store:
+# --- the two databases ----------------------------------------------------------------
+
+
+class SQLiteDb:
+    """Cells on fresh SQLite files in one temporary folder."""
+
+    kind = "sqlite"
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def target(self, cell: str) -> str:
+        return os.path.join(self.folder, f"{cell}.db")
+
+    def open(self, target: str) -> Any:
+        return SQLiteStore(target)
+
+    async def reset(self, target: str) -> None:
+        self.remove(target)
+
+    def remove(self, target: str) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(target + suffix)
+
+    async def raw_commits_per_s(self, target: str, seconds: float) -> float:
+        return raw_commits_per_s(target, seconds)
+
+    async def created_updated(self, target: str) -> list[tuple[float, float]]:
+        db = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
+        try:
+            return list(db.execute("SELECT created_at, updated_at FROM coord_tasks WHERE status = 'done'"))
+        finally:
+            db.close()
+
+    async def lock_table(self, target: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
+        return await drain_lock_table_sqlite(target, nodes, send_ms, max_s)
+
+    def describe(self) -> dict[str, Any]:
+        return {"store": "sqlite", "sqlite": sqlite3.sqlite_version}
+
+
+class PostgresDb:
+    """Cells on one PostgreSQL database, each in the schema ``bench_contention`` dropped and made anew."""
+
+    kind = "postgres"
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def target(self, cell: str) -> str:
+        return self.dsn
+
+    def open(self, target: str) -> Any:
+        from asynccoord.backends.postgres import PostgresStore
+
+        return PostgresStore(target, schema=PG_SCHEMA)
+
+    async def _connect(self) -> Any:
+        import asyncpg
+
+        return await asyncpg.connect(self.dsn)
+
+    async def reset(self, target: str) -> None:
+        conn = await self._connect()
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{PG_SCHEMA}" CASCADE')
+        finally:
+            await conn.close()
+
+    def remove(self, target: str) -> None:
+        run(lambda: self.reset(target))
+
+    async def raw_commits_per_s(self, target: str, seconds: float) -> float:
+        """Single-row UPDATE commits per second, one asyncpg connection in autocommit."""
+        conn = await self._connect()
+        try:
+            await conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{PG_SCHEMA}".bench_raw (id int PRIMARY KEY, v int NOT NULL)'
+            )
+            await conn.execute(f'INSERT INTO "{PG_SCHEMA}".bench_raw VALUES (1, 0) ON CONFLICT DO NOTHING')
+            statement = await conn.prepare(f'UPDATE "{PG_SCHEMA}".bench_raw SET v = v + 1 WHERE id = 1')
+            n = 0
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                await statement.fetch()
+                n += 1
+            return n / (time.perf_counter() - start)
+        finally:
+            await conn.close()
+
+    async def created_updated(self, target: str) -> list[tuple[float, float]]:
+        conn = await self._connect()
+        try:
+            rows = await conn.fetch(
+                f"SELECT created_at, updated_at FROM \"{PG_SCHEMA}\".coord_tasks WHERE status = 'done'"
+            )
+            return [(float(r[0]), float(r[1])) for r in rows]
+        finally:
+            await conn.close()
+
+    async def lock_table(self, target: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
+        return await drain_lock_table_pg(target, nodes, send_ms, max_s)
+
+    def describe(self) -> dict[str, Any]:
+        async def version() -> str:
+            conn = await self._connect()
+            try:
+                return str(await conn.fetchval("SHOW server_version"))
+            finally:
+                await conn.close()
+
+        return {"store": "postgres", "dsn": redact_target(self.dsn), "postgres": run(version)}
+
+
+def database_for(store: str | None, folder: str) -> SQLiteDb | PostgresDb:
+    if store is None:
+        return SQLiteDb(folder)
+    if not is_postgres_target(store):
+        raise SystemExit(f"--store takes a PostgreSQL DSN (postgresql://...), got {store!r}; omit it for SQLite")
+    return PostgresDb(store)
+
+
+# --- drains ---------------------------------------------------------------------------
+
+
+async def fill(db: SQLiteDb | PostgresDb, target: str, specs: list[NewTask]) -> None:
+    async with db.open(target) as store:
         for i in range(0, len(specs), 1000):
             await store.enqueue_many(specs[i : i + 1000])
 
 
-async def drain_runtime(path: str, strategy: str, nodes: int, send_ms: float, total: int) -> dict[str, Any]:
-    """Drain with a Runtime of ``nodes`` nodes; return the sends made and the timing."""
+async def drain_runtime(
+    db: SQLiteDb | PostgresDb, target: str, strategy: str, nodes: int, args: argparse.Namespace, process: int
+) -> dict[str, Any]:
+    """Drain with a Runtime of ``nodes`` nodes; return the sends made, steals and the timing.
+
+    Node ids are fixed (``p<process>-n<i>``), so the partition assignment, and which
+    conversations the slow node owns, is the same in every run.
+    """
     sent: list[int] = []
+    stolen = 0
+    node_ids = [f"p{process}-n{i}" for i in range(nodes)]
+    slow_id = node_ids[0] if strategy in SLOW_NODE else None
+    send_s, slow_s = args.send_ms / 1000.0, args.slow_send_ms / 1000.0
+    runtime: Runtime | None = None
 
     async def send(task: Any) -> None:
+        nonlocal stolen
         sent.append(task.payload["n"])
-        await asyncio.sleep(send_ms / 1000.0)
+        node_id = current_delivery().node_id
+        if runtime is not None and task.partition not in runtime.membership.owned_partitions(node_id):
+            stolen += 1
+        await asyncio.sleep(slow_s if node_id == slow_id else send_s)
 
-    async with SQLiteStore(path) as store:
+    def lock_key(task: Any) -> str:
+        return f"account:{task.payload['account']}"
+
+    async with db.open(target) as store:
         runtime = Runtime(
             store,
             send=send,
-            nodes=nodes,
-            config=config_for(strategy),
-            lock_key=lambda t: f"account:{t.payload['account']}",
+            node_ids=node_ids,
+            config=config_for(strategy, args.steal_after_s),
+            lock_key=lock_key,
             heartbeat_ttl_s=3.0,
             shutdown_timeout_s=5.0,
         )
-        start = time.time()
+        if slow_id is not None:  # a node on a constrained host: one send at a time, each slow
+            runtime.nodes[0] = Node(
+                store,
+                send,
+                node_id=slow_id,
+                config=dataclasses.replace(runtime.config, max_in_flight=1, claim_batch=1),
+                lock_key=lock_key,
+                membership=runtime.membership,
+                lock_pool=runtime.lock_pool,
+            )
         async with runtime:
-            drained = await runtime.wait_until_drained(timeout_s=600, poll_s=0.02)
-        end = time.time()
+            start = time.time()
+            drained = await runtime.wait_until_drained(timeout_s=args.max_cell_s, poll_s=0.02)
+            end = time.time()
         events = dict(store.events.snapshot())
-    return {"sent": sent, "start": start, "end": end, "drained": drained, "events": events}
+    partitioned = strategy not in ("locks", "versions", "none")
+    return {
+        "sent": sent,
+        "stolen": stolen if partitioned else None,
+        "start": start,
+        "end": end,
+        "drained": drained,
+        "events": events,
+    }
 
 
-async def drain_lock_table(path: str, nodes: int, send_ms: float) -> dict[str, Any]:
+async def until(work: asyncio.Future[Any], max_s: float) -> bool:
+    """Await ``work`` for up to ``max_s`` seconds; cancel it then. True when it finished."""
+    try:
+        await asyncio.wait_for(work, max_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def drain_lock_table_sqlite(path: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
     """The naive lock-table design, one aiosqlite connection per node."""
     setup = sqlite3.connect(path, isolation_level=None)
     setup.execute("CREATE TABLE IF NOT EXISTS naive_locks (task_id INTEGER PRIMARY KEY, owner TEXT NOT NULL)")
@@ -175,29 +370,83 @@ async def drain_lock_table(path: str, nodes: int, send_ms: float) -> dict[str, A
                     await db.execute("COMMIT")
 
     start = time.time()
-    await asyncio.gather(*(node(i) for i in range(nodes)))
-    return {"sent": sent, "start": start, "end": time.time(), "drained": True, "events": {}}
+    drained = await until(asyncio.gather(*(node(i) for i in range(nodes))), max_s)
+    return {"sent": sent, "stolen": None, "start": start, "end": time.time(), "drained": drained, "events": {}}
+
+
+class _Taken(Exception):
+    """Rolls back a lock-table claim that found the task no longer pending."""
+
+
+async def drain_lock_table_pg(dsn: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
+    """The naive lock-table design on PostgreSQL: the nodes share a pool of up to 16 connections."""
+    import asyncpg
+
+    settings = {"search_path": f'"{PG_SCHEMA}"'}
+    pool = await asyncpg.create_pool(
+        dsn, min_size=1, max_size=min(nodes, PG_LOCK_TABLE_CONNECTIONS), server_settings=settings
+    )
+    assert pool is not None
+    async with pool.acquire() as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS naive_locks (task_id bigint PRIMARY KEY, owner text NOT NULL)")
+    sent: list[int] = []
+
+    async def node(index: int) -> None:
+        owner = f"n{os.getpid()}-{index}"
+        while True:
+            async with pool.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT id, payload FROM coord_tasks WHERE queue = $1 AND status = 'pending' ORDER BY id LIMIT 16",
+                    QUEUE,
+                )
+            if not rows:
+                return
+            for task_id, payload in rows:
+                try:
+                    async with pool.acquire() as conn, conn.transaction():
+                        await conn.execute("INSERT INTO naive_locks (task_id, owner) VALUES ($1, $2)", task_id, owner)
+                        status = await conn.fetchval("SELECT status FROM coord_tasks WHERE id = $1", task_id)
+                        if status != "pending":
+                            raise _Taken
+                        await conn.execute(
+                            "UPDATE coord_tasks SET status = 'running', active = true WHERE id = $1", task_id
+                        )
+                except (asyncpg.UniqueViolationError, _Taken):
+                    continue
+                sent.append(json.loads(payload)["n"])
+                await asyncio.sleep(send_ms / 1000.0)
+                async with pool.acquire() as conn, conn.transaction():
+                    await conn.execute(
+                        "UPDATE coord_tasks SET status = 'done', active = false, is_head = false, "
+                        "updated_at = extract(epoch FROM clock_timestamp()) WHERE id = $1",
+                        task_id,
+                    )
+                    await conn.execute("DELETE FROM naive_locks WHERE task_id = $1", task_id)
+
+    start = time.time()
+    try:
+        drained = await until(asyncio.gather(*(node(i) for i in range(nodes))), max_s)
+        end = time.time()
+    finally:
+        pool.terminate()
+    return {"sent": sent, "stolen": None, "start": start, "end": end, "drained": drained, "events": {}}
+
+
+def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int) -> list[str]:
+    argv = [sys.executable, __file__, "--worker", target, "--strategies", strategy, "--nodes", str(nodes)]
+    for name in ("send_ms", "slow_send_ms", "steal_after_s", "tasks", "max_cell_s"):
+        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.store is not None:
+        argv += ["--store", args.store]
+    return argv
 
 
 def drain_processes(
-    path: str, strategy: str, processes: int, nodes: int, send_ms: float, total: int
+    args: argparse.Namespace, target: str, strategy: str, processes: int, nodes: int
 ) -> list[dict[str, Any]]:
-    command = [
-        sys.executable,
-        __file__,
-        "--worker",
-        path,
-        "--strategies",
-        strategy,
-        "--nodes",
-        str(nodes),
-        "--send-ms",
-        str(send_ms),
-        "--tasks",
-        str(total),
-    ]
-    outputs = [f"{path}.worker-{i}.json" for i in range(processes)]
-    procs = [subprocess.Popen([*command, "--result", out]) for out in outputs]
+    outputs = [os.path.join(args.folder, f"worker-{i}.json") for i in range(processes)]
+    command = worker_argv(args, target, strategy, nodes)
+    procs = [subprocess.Popen([*command, "--process-index", str(i), "--result", out]) for i, out in enumerate(outputs)]
     results = []
     for proc, out in zip(procs, outputs, strict=True):
         proc.wait(timeout=900)
@@ -208,34 +457,35 @@ def drain_processes(
     return results
 
 
-def latencies_ms(path: str) -> tuple[float | None, float | None]:
+def drain_one(
+    db: SQLiteDb | PostgresDb, target: str, strategy: str, nodes: int, args: argparse.Namespace, process: int
+) -> dict[str, Any]:
+    if strategy == "lock-table":
+        return run(lambda: db.lock_table(target, nodes, args.send_ms, args.max_cell_s))
+    return run(lambda: drain_runtime(db, target, strategy, nodes, args, process))
+
+
+def percentiles_ms(pairs: list[tuple[float, float]]) -> tuple[float | None, float | None]:
     """p50/p99 enqueue-to-commit of the done tasks, from the store clock (ms)."""
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        values = [
-            (u - c) * 1000.0
-            for c, u in db.execute("SELECT created_at, updated_at FROM coord_tasks WHERE status = 'done'")
-        ]
-    finally:
-        db.close()
+    values = [(u - c) * 1000.0 for c, u in pairs]
     if len(values) < 2:
         return None, None
     q = statistics.quantiles(values, n=100)
     return q[49], q[98]
 
 
-def cell(args: argparse.Namespace, folder: str, strategy: str, nodes: int, processes: int) -> dict[str, Any]:
-    path = os.path.join(folder, f"{strategy}-{nodes}-{processes}.db")
+def cell(
+    args: argparse.Namespace, db: SQLiteDb | PostgresDb, strategy: str, nodes: int, processes: int
+) -> dict[str, Any]:
+    target = db.target(f"{strategy}-{nodes}-{processes}")
     specs = workload(args.tasks, args.conversations, args.accounts, args.seed)
-    run(lambda: fill(path, specs))
-    raw = raw_commits_per_s(path, args.raw_seconds)
+    run(lambda: db.reset(target))
+    run(lambda: fill(db, target, specs))
+    raw = run(lambda: db.raw_commits_per_s(target, args.raw_seconds))
     if processes == 1:
-        if strategy == "lock-table":
-            parts = [run(lambda: drain_lock_table(path, nodes, args.send_ms))]
-        else:
-            parts = [run(lambda: drain_runtime(path, strategy, nodes, args.send_ms, args.tasks))]
+        parts = [drain_one(db, target, strategy, nodes, args, 0)]
     else:
-        parts = drain_processes(path, strategy, processes, nodes, args.send_ms, args.tasks)
+        parts = drain_processes(args, target, strategy, processes, nodes)
     sends: Counter[int] = Counter()
     events: Counter[str] = Counter()
     for p in parts:
@@ -243,71 +493,128 @@ def cell(args: argparse.Namespace, folder: str, strategy: str, nodes: int, proce
         events.update(p["events"])
     start = min(p["start"] for p in parts)
     end = max(p["end"] for p in parts)
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    done = db.execute("SELECT count(*) FROM coord_tasks WHERE status = 'done'").fetchone()[0]
-    db.close()
-    p50, p99 = latencies_ms(path)
-    for suffix in ("", "-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path + suffix)
+    pairs = run(lambda: db.created_updated(target))
+    done = len(pairs)
+    p50, p99 = percentiles_ms(pairs)
+    db.remove(target)
     rate = done / (end - start) if end > start else 0.0
-    return {
+    stolen = [p["stolen"] for p in parts if p.get("stolen") is not None]
+    row = {
         "strategy": strategy,
         "nodes": nodes,
         "processes": processes,
         "committed": done,
+        "complete": all(p["drained"] for p in parts),
         "tasks_per_s": round(rate, 1),
         "latency_p50_ms": None if p50 is None else round(p50, 1),
         "latency_p99_ms": None if p99 is None else round(p99, 1),
         "send_calls": sum(sends.values()),
         "duplicate_sends": sum(n - 1 for n in sends.values() if n > 1),
+        "stolen": sum(stolen) if stolen else None,
         "conflicts": {k: v for k, v in sorted(events.items()) if k not in ("claims", "commits")},
         "raw_commits_per_s": round(raw, 1),
         "vs_raw_commits": round(rate / raw, 3) if raw else None,
+    }
+    print(f"  {strategy} x {nodes} nodes x {processes} process(es): {rate:,.0f} tasks/s", file=sys.stderr, flush=True)
+    return row
+
+
+def procrastinate_cell(args: argparse.Namespace, processes: int, concurrency: int) -> dict[str, Any]:
+    """The same drain (tasks, send time) with procrastinate: ``processes`` workers of ``concurrency``."""
+    from postgres_drain import procrastinate_run
+
+    result = run(lambda: procrastinate_run(args.store, args.tasks, processes, concurrency, args.send_ms))
+    print(f"  procrastinate x {concurrency} x {processes} process(es): {result.rate:,.0f} jobs/s", file=sys.stderr)
+    return {
+        "processes": processes,
+        "concurrency": concurrency,
+        "jobs": result.tasks,
+        "jobs_per_s": round(result.rate, 1),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", metavar="DSN", help="postgresql://... to run on PostgreSQL (default: SQLite files)")
     parser.add_argument("--tasks", type=int, default=3000, help="tasks per cell (default 3000)")
     parser.add_argument("--conversations", type=int, default=500, help="Zipf-skewed conversations (default 500)")
     parser.add_argument("--accounts", type=int, default=32, help="Zipf-skewed sending accounts (default 32)")
     parser.add_argument("--send-ms", type=float, default=1.0, help="simulated send time, ms (default 1)")
+    parser.add_argument("--slow-send-ms", type=float, default=20.0, help="send time of the slow node, ms (default 20)")
+    parser.add_argument("--steal-after-s", type=float, default=0.25, help="all+stealing's steal_after_s (default 0.25)")
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    parser.add_argument(
+        "--max-cell-s", type=float, default=120.0, help="stop a drain after this long; its rate is over what it drained"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each cell (rows are listed per run)")
+    parser.add_argument("--no-procrastinate", action="store_true", help="with --store: skip the procrastinate drains")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--raw-seconds", type=float, default=0.3, help="duration of the raw commit baseline per cell")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--report", metavar="DIR", help="write contention.json, contention.md and contention.png")
-    parser.add_argument("--worker", metavar="DB", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", metavar="TARGET", help=argparse.SUPPRESS)
+    parser.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        strategy = args.strategies[0]
-        if strategy == "lock-table":
-            result = run(lambda: drain_lock_table(args.worker, args.nodes[0], args.send_ms))
-        else:
-            result = run(lambda: drain_runtime(args.worker, strategy, args.nodes[0], args.send_ms, args.tasks))
+        db = database_for(args.store, os.path.dirname(args.worker))
+        result = drain_one(db, args.worker, args.strategies[0], args.nodes[0], args, args.process_index)
         Path(args.result).write_text(json.dumps(result))
         return
-    folder = tempfile.mkdtemp(prefix="asynccoord-contention-")
-    rows = [
-        cell(args, folder, strategy, nodes, processes)
-        for processes in args.processes
-        for strategy in args.strategies
-        for nodes in args.nodes
-    ]
+    args.folder = tempfile.mkdtemp(prefix="asynccoord-contention-")
+    try:
+        bench(args, database_for(args.store, args.folder))
+    finally:
+        shutil.rmtree(args.folder, ignore_errors=True)
+
+
+def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
+    load_before = os.getloadavg()
+    with_procrastinate = db.kind == "postgres" and not args.no_procrastinate
+    if with_procrastinate:
+        from postgres_drain import have_procrastinate
+
+        with_procrastinate = have_procrastinate()
+        if not with_procrastinate:
+            print("procrastinate is not installed (pip install -e '.[bench]'): no ratios", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    baseline: list[dict[str, Any]] = []
+    # Each layout's procrastinate drain runs just before asynccoord's cells of that layout, and
+    # repeats interleave the node counts, so load drift on a shared machine hits them alike.
+    for processes in args.processes:
+        for _ in range(args.repeat):
+            for nodes in args.nodes:
+                theirs = procrastinate_cell(args, processes, nodes) if with_procrastinate else None
+                if theirs is not None:
+                    baseline.append(theirs)
+                for strategy in args.strategies:
+                    row = cell(args, db, strategy, nodes, processes)
+                    if theirs is not None:
+                        row["vs_procrastinate"] = round(row["tasks_per_s"] / theirs["jobs_per_s"], 2)
+                    rows.append(row)
+    rows.sort(key=lambda r: (r["processes"], STRATEGIES.index(r["strategy"]), r["nodes"]))
     results = {
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "load_average_start": [round(x, 2) for x in load_before],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            **db.describe(),
+        },
         "workload": {
             "tasks": args.tasks,
             "conversations": args.conversations,
             "accounts": args.accounts,
             "send_ms": args.send_ms,
+            "slow_send_ms": args.slow_send_ms,
+            "steal_after_s": args.steal_after_s,
+            "max_cell_s": args.max_cell_s,
             "zipf_s": 1.1,
         },
         "rows": rows,
+        "procrastinate": baseline,
     }
     if args.report:
         write_report(results, Path(args.report))
@@ -318,19 +625,44 @@ def main() -> None:
 
 
 def markdown(results: dict[str, Any]) -> str:
+    with_ratio = bool(results.get("procrastinate"))
+    head = "| processes | strategy | nodes | tasks/s | x raw commit |"
+    rule = "|---:|---|---:|---:|---:|"
+    if with_ratio:
+        head += " x procrastinate |"
+        rule += "---:|"
     lines = [
-        "| processes | strategy | nodes | tasks/s | x raw commit | p50 ms | p99 ms | duplicate sends | conflicts |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        head + " p50 ms | p99 ms | duplicate sends | stolen | conflicts |",
+        rule + "---:|---:|---:|---:|---|",
     ]
     for r in results["rows"]:
         conflicts = ", ".join(f"{k}={v}" for k, v in r["conflicts"].items() if v) or "-"
+        ratio = f" {r.get('vs_procrastinate')}x |" if with_ratio else ""
+        stolen = "-" if r["stolen"] is None else r["stolen"]
+        rate = f"{r['tasks_per_s']:,.0f}" + ("" if r["complete"] else " *")
         lines.append(
-            f"| {r['processes']} | {r['strategy']} | {r['nodes']} | {r['tasks_per_s']:,.0f} | {r['vs_raw_commits']} "
-            f"| {r['latency_p50_ms']} | {r['latency_p99_ms']} | {r['duplicate_sends']} | {conflicts} |"
+            f"| {r['processes']} | {r['strategy']} | {r['nodes']} | {rate} | {r['vs_raw_commits']} |"
+            f"{ratio} {r['latency_p50_ms']} | {r['latency_p99_ms']} | {r['duplicate_sends']} | {stolen} | {conflicts} |"
         )
+    machine = results["machine"]
     raw = [r["raw_commits_per_s"] for r in results["rows"]]
+    stopped = [r for r in results["rows"] if not r["complete"]]
+    if stopped:
+        lines.append("")
+        limit = results["workload"]["max_cell_s"]
+        lines.append(f"\\* stopped after {limit:g} s, not drained: the rate is over the tasks committed by then.")
+    store = f"PostgreSQL {machine['postgres']}" if machine["store"] == "postgres" else f"sqlite3 {machine['sqlite']}"
     lines.append("")
-    lines.append(f"Raw sqlite3 single-row commits/s on the same files: median {statistics.median(raw):,.0f}.")
+    lines.append(f"Raw single-row commits/s on the same databases ({store}): median {statistics.median(raw):,.0f}.")
+    if with_ratio:
+        lines.append("")
+        lines.append("| procrastinate: processes x concurrency | jobs/s |")
+        lines.append("|---|---:|")
+        for b in results["procrastinate"]:
+            lines.append(f"| {b['processes']} x {b['concurrency']} | {b['jobs_per_s']:,.0f} |")
+    start, end = machine["load_average_start"], machine["load_average_end"]
+    lines.append("")
+    lines.append(f"Load average (1, 5, 15 min) at the start {start}, at the end {end}; {machine['cpus']} CPUs.")
     return "\n".join(lines)
 
 
@@ -353,6 +685,15 @@ def write_report(results: dict[str, Any], folder: Path) -> None:
             rows = [r for r in results["rows"] if r["processes"] == p and r["strategy"] == strategy]
             if rows:
                 ax.plot([r["nodes"] for r in rows], [r["tasks_per_s"] for r in rows], marker="o", label=strategy)
+        theirs = [b for b in results.get("procrastinate", []) if b["processes"] == p]
+        if theirs:
+            ax.plot(
+                [b["concurrency"] for b in theirs],
+                [b["jobs_per_s"] for b in theirs],
+                marker="x",
+                linestyle="--",
+                label="procrastinate",
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("nodes per process")
         ax.set_ylabel("committed tasks/s")

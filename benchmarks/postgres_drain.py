@@ -183,15 +183,18 @@ async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks
 # --- procrastinate ------------------------------------------------------------------
 
 
-def procrastinate_app(dsn: str, schema: str) -> Any:
+def procrastinate_app(dsn: str, schema: str, send_ms: float = 0.0) -> Any:
+    """A procrastinate app on ``schema`` with one task, ``noop``, that sleeps ``send_ms`` (0: returns at once)."""
     import procrastinate
 
     connector = procrastinate.PsycopgConnector(conninfo=dsn, kwargs={"options": f"-c search_path={schema}"})
     app = procrastinate.App(connector=connector)
+    send_s = send_ms / 1000.0
 
     @app.task(name="noop", queue=QUEUE)
     async def noop(n: int, account: int) -> None:
-        return None
+        if send_s > 0:
+            await asyncio.sleep(send_s)
 
     return app
 
@@ -208,18 +211,23 @@ async def procrastinate_fill(dsn: str, schema: str, tasks: int) -> None:
             )
 
 
-async def procrastinate_worker(dsn: str, schema: str, concurrency: int) -> None:
-    app = procrastinate_app(dsn, schema)
+async def procrastinate_worker(dsn: str, schema: str, concurrency: int, send_ms: float = 0.0) -> None:
+    app = procrastinate_app(dsn, schema, send_ms)
     async with app.open_async():
         print(json.dumps({"event": "ready"}), flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         await app.run_worker_async(concurrency=concurrency, wait=False, install_signal_handlers=False)
 
 
-async def procrastinate_run(dsn: str, tasks: int, processes: int, concurrency: int) -> Result:
+async def procrastinate_run(dsn: str, tasks: int, processes: int, concurrency: int, send_ms: float = 0.0) -> Result:
+    """Drain ``tasks`` jobs with ``processes`` procrastinate workers of ``concurrency`` each, on a fresh schema.
+
+    Each job sleeps ``send_ms`` (0: a no-op). Also used by ``contention.py --store postgresql://...``.
+    """
     schema = "bench_procrastinate"
     await procrastinate_fill(dsn, schema, tasks)
     argv = ["--role", "procrastinate-worker", "--dsn", dsn, "--schema", schema, "--workers", str(concurrency)]
+    argv += ["--send-ms", str(send_ms)]
     procs = spawn_workers(argv, processes)
     started = go(procs)
     left = f"SELECT count(*) FROM \"{schema}\".procrastinate_jobs WHERE status IN ('todo', 'doing')"
@@ -291,11 +299,12 @@ def main() -> None:
     parser.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--schema", default="", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--send-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "asynccoord-worker":
         asyncio.run(asynccoord_worker(args.dsn, args.schema, args.workers, args.locks))
     elif args.role == "procrastinate-worker":
-        asyncio.run(procrastinate_worker(args.dsn, args.schema, args.workers))
+        asyncio.run(procrastinate_worker(args.dsn, args.schema, args.workers, args.send_ms))
     else:
         asyncio.run(bench(args))
 
