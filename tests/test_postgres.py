@@ -249,6 +249,19 @@ async def test_a_short_claim_with_nothing_to_dead_letter_opens_no_transaction(pg
         assert (await store.stats("q")).counts[TaskStatus.DEAD] == 2
 
 
+async def test_a_claim_naming_every_partition_runs_without_a_partition_filter(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(20)])
+        every = list(range(store.partitions))
+        assert store._partition_filter(every) is None  # a sole node's claims scan without the array match
+        assert store._partition_filter(every[:-1]) == every[:-1]
+        assert store._partition_filter([*every[:-1], 0]) is not None  # a repeat is not every partition
+        got = await store.claim("q", node_id="n", limit=50, partitions=every, ordered=True)
+        assert sorted(t.payload for t in got) == list(range(20))
+
+
 async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg: str, schema: str) -> None:
     from asynccoord.backends.postgres import PostgresStore
 

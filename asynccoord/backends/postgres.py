@@ -562,8 +562,18 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             return []
         self._writable()
         return await self._shielded(
-            self._claim(queue, node_id, limit, lease, parts, ordered, due_age), self._undo_claim
+            self._claim(queue, node_id, limit, lease, self._partition_filter(parts), ordered, due_age), self._undo_claim
         )
+
+    def _partition_filter(self, parts: list[int] | None) -> list[int] | None:
+        """The claim's partition filter: None (no filter) when ``parts`` names every partition.
+
+        A sole node owns all of them; matching every scanned row against a 1,024-item array
+        made its claims about 4 times as costly for the server as no filter.
+        """
+        if parts is not None and len(parts) >= self._partitions and len(set(parts)) == self._partitions:
+            return None
+        return parts
 
     def _undo_claim(self, tasks: list[Task]) -> Coroutine[Any, Any, Any] | None:
         if not tasks:
@@ -976,7 +986,12 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
         async def peek(conn: asyncpg.Connection, _attempt: int) -> list[int]:
             rows = await self._fetch(
-                conn, "unchecked_peek", queue=queue, limit=limit, partitions=parts, now=self._now()
+                conn,
+                "unchecked_peek",
+                queue=queue,
+                limit=limit,
+                partitions=self._partition_filter(parts),
+                now=self._now(),
             )
             return [int(r[0]) for r in rows]
 
