@@ -147,6 +147,13 @@ class SQLiteDb:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(target + suffix)
 
+    async def prepare_lock_table(self, target: str) -> None:
+        db = sqlite3.connect(target, isolation_level=None)
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS naive_locks (task_id INTEGER PRIMARY KEY, owner TEXT NOT NULL)")
+        finally:
+            db.close()
+
     async def raw_commits_per_s(self, target: str, seconds: float) -> float:
         return raw_commits_per_s(target, seconds)
 
@@ -194,6 +201,15 @@ class PostgresDb:
 
     def remove(self, target: str) -> None:
         run(lambda: self.reset(target))
+
+    async def prepare_lock_table(self, target: str) -> None:
+        conn = await self._connect()
+        try:
+            await conn.execute(
+                f'CREATE TABLE "{PG_SCHEMA}".naive_locks (task_id bigint PRIMARY KEY, owner text NOT NULL)'
+            )
+        finally:
+            await conn.close()
 
     async def raw_commits_per_s(self, target: str, seconds: float) -> float:
         """Single-row UPDATE commits per second, one asyncpg connection in autocommit."""
@@ -326,10 +342,7 @@ async def until(work: asyncio.Future[Any], max_s: float) -> bool:
 
 
 async def drain_lock_table_sqlite(path: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
-    """The naive lock-table design, one aiosqlite connection per node."""
-    setup = sqlite3.connect(path, isolation_level=None)
-    setup.execute("CREATE TABLE IF NOT EXISTS naive_locks (task_id INTEGER PRIMARY KEY, owner TEXT NOT NULL)")
-    setup.close()
+    """The naive lock-table design, one aiosqlite connection per node (``naive_locks`` made by ``prepare``)."""
     sent: list[int] = []
 
     async def node(index: int) -> None:
@@ -379,7 +392,11 @@ class _Taken(Exception):
 
 
 async def drain_lock_table_pg(dsn: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
-    """The naive lock-table design on PostgreSQL: the nodes share a pool of up to 16 connections."""
+    """The naive lock-table design on PostgreSQL: the nodes share a pool of up to 16 connections.
+
+    ``naive_locks`` is made by ``prepare`` (a ``CREATE TABLE IF NOT EXISTS`` run by two
+    processes at once can fail on PostgreSQL).
+    """
     import asyncpg
 
     settings = {"search_path": f'"{PG_SCHEMA}"'}
@@ -387,8 +404,6 @@ async def drain_lock_table_pg(dsn: str, nodes: int, send_ms: float, max_s: float
         dsn, min_size=1, max_size=min(nodes, PG_LOCK_TABLE_CONNECTIONS), server_settings=settings
     )
     assert pool is not None
-    async with pool.acquire() as conn:
-        await conn.execute("CREATE TABLE IF NOT EXISTS naive_locks (task_id bigint PRIMARY KEY, owner text NOT NULL)")
     sent: list[int] = []
 
     async def node(index: int) -> None:
@@ -482,6 +497,8 @@ def cell(
     run(lambda: db.reset(target))
     run(lambda: fill(db, target, specs))
     raw = run(lambda: db.raw_commits_per_s(target, args.raw_seconds))
+    if strategy == "lock-table":
+        run(lambda: db.prepare_lock_table(target))
     if processes == 1:
         parts = [drain_one(db, target, strategy, nodes, args, 0)]
     else:
@@ -594,6 +611,12 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
                     if theirs is not None:
                         row["vs_procrastinate"] = round(row["tasks_per_s"] / theirs["jobs_per_s"], 2)
                     rows.append(row)
+                    if args.report:  # a long run on a shared machine keeps what it measured so far
+                        folder = Path(args.report)
+                        folder.mkdir(parents=True, exist_ok=True)
+                        (folder / "contention.partial.json").write_text(
+                            json.dumps({"rows": rows, "procrastinate": baseline})
+                        )
     rows.sort(key=lambda r: (r["processes"], STRATEGIES.index(r["strategy"]), r["nodes"]))
     results = {
         "machine": {
