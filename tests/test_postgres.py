@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -260,6 +261,65 @@ async def test_a_claim_naming_every_partition_runs_without_a_partition_filter(pg
         assert store._partition_filter([*every[:-1], 0]) is not None  # a repeat is not every partition
         got = await store.claim("q", node_id="n", limit=50, partitions=every, ordered=True)
         assert sorted(t.payload for t in got) == list(range(20))
+
+
+def _visited(plan: dict[str, Any]) -> int:
+    """Rows a plan read from coord_tasks: returned by its scans plus dropped by their filters."""
+    own = 0
+    if plan.get("Relation Name") == "coord_tasks" and "Scan" in plan["Node Type"]:
+        own = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)) * plan["Actual Loops"]
+    return own + sum(_visited(child) for child in plan.get("Plans", []))
+
+
+async def test_claims_visit_about_what_they_return_with_many_heads_in_flight(pg: str, schema: str) -> None:
+    import asyncpg
+
+    from asynccoord.backends.postgres import PostgresStore, Q
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 400}") for i in range(4000)])
+        in_flight = await store.claim("q", node_id="busy", limit=350, ordered=True, lease_s=600)
+        assert len(in_flight) == 350  # 350 heads running, 50 pending, 3,600 tasks behind them
+        owned = list(range(0, store.partitions, 2))
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            await conn.execute("ANALYZE coord_tasks")
+
+            async def visited(name: str, partitions: list[int] | None, limit: int) -> tuple[int, int]:
+                query = Q[name]
+                values = {
+                    "queue": "q",
+                    "node_id": "n",
+                    "lease_s": 30.0,
+                    "token": "t",
+                    "partitions": partitions,
+                    "min_due_age_s": 0.0,
+                    "limit": limit,
+                    "now": None,
+                }
+                for _ in range(2):  # the first run also marks the index entries of claimed rows dead
+                    tx = conn.transaction()
+                    await tx.start()
+                    try:
+                        text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + query.text, *query.args(values))
+                    finally:
+                        await tx.rollback()
+                plan = json.loads(text)[0]["Plan"]
+                return plan["Actual Rows"], _visited(plan)
+
+            # Pending heads (50 at most), then the rows it updates; never the 350 running heads
+            # (the claims of schema 4 visited more than 400 rows each here).
+            returned, seen = await visited("claim_ordered", owned, 64)
+            assert 10 <= returned <= 40  # about half of the 50 pending heads
+            assert seen <= 50 + returned + 4
+            returned, seen = await visited("claim_ordered", None, 64)
+            assert returned == 50
+            assert seen <= 50 + returned + 4
+            returned, seen = await visited("claim", owned, 10)
+            assert returned == 10
+            assert seen < 100  # pending tasks only (about 20 here), never the running ones
+        finally:
+            await conn.close()
 
 
 async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg: str, schema: str) -> None:

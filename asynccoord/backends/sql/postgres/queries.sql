@@ -97,57 +97,92 @@ UPDATE coord_tasks
 RETURNING id, queue, partition_key;
 
 -- name: claim
--- One statement: rows locked by another claim are skipped, never waited for. Tasks on
--- their last attempt with an expired lease are left to dead_letter_exhausted; the last
--- two columns say whether the task's message id was already processed and whether such
--- exhausted leases exist in the queue.
+-- One statement: rows locked by another claim are skipped, never waited for. Due pending
+-- tasks (coord_tasks_pending) and expired leases (coord_tasks_lease_expiry) are scanned
+-- apart and merged in priority-then-FIFO order: the best :limit of each side hold the best
+-- :limit overall (rows a side locked but the merge dropped are unlocked at the statement's
+-- end). The chosen ids are updated through the primary key (= ANY(ARRAY(...)): never a
+-- hash join over the table). Tasks on their last attempt with an expired lease are left to
+-- dead_letter_exhausted; the last two columns say whether the task's message id was
+-- already processed and whether such exhausted leases exist in the queue.
 WITH exhausted AS (
     SELECT EXISTS (SELECT 1 FROM coord_tasks AS x
                     WHERE x.queue = :queue::text AND x.status = 'running'
-                      AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts) AS found)
+                      AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts) AS found),
+pending AS (
+    SELECT t.id, t.priority FROM coord_tasks AS t
+     WHERE t.queue = :queue::text AND t.status = 'pending'
+       AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit::int
+     FOR UPDATE SKIP LOCKED),
+expired AS (
+    SELECT t.id, t.priority FROM coord_tasks AS t
+     WHERE t.queue = :queue::text AND t.status = 'running'
+       AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND t.attempts < t.max_attempts
+       AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit::int
+     FOR UPDATE SKIP LOCKED)
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
        status = 'running', attempts = attempts + 1,
        lease_owner = :node_id::text, lease_token = :token::text || '.' || id,
        lease_expires_at = coord_now(:now::float8) + :lease_s::float8,
        version = version + 1, updated_at = coord_now(:now::float8)
- WHERE id IN (
-    SELECT t.id FROM coord_tasks AS t
-     WHERE t.queue = :queue::text AND t.active
-       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END)
-           <= coord_now(:now::float8) - :min_due_age_s::float8
-       AND (t.status = 'pending' OR t.attempts < t.max_attempts)
-       AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
-     ORDER BY t.priority DESC, t.id
-     LIMIT :limit::int
-     FOR UPDATE SKIP LOCKED)
+ WHERE id = ANY(ARRAY(SELECT c.id FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) AS c
+                       ORDER BY c.priority DESC, c.id LIMIT :limit::int))
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed,
           idempotency_key IS NOT NULL AND EXISTS (SELECT 1 FROM coord_processed AS p
                                                     WHERE p.consumer = queue AND p.message_id = idempotency_key),
           (SELECT found FROM exhausted);
 
 -- name: claim_ordered
--- Per-key ordering: only the head (earliest active task) of each partition key is eligible.
+-- Per-key ordering: only the head (earliest active task) of each partition key is
+-- eligible; a running head whose lease expired is its key's head still. Pending heads come
+-- from coord_tasks_pending_heads without a partition filter, from
+-- coord_tasks_pending_heads_partition with one (the claimer's own heads only, each
+-- partition's one index range; the one-time filters on :partitions pick the side at run
+-- time, so a generic plan serves both); expired leases as in claim.
 WITH exhausted AS (
     SELECT EXISTS (SELECT 1 FROM coord_tasks AS x
                     WHERE x.queue = :queue::text AND x.status = 'running'
-                      AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts) AS found)
+                      AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts) AS found),
+everywhere AS (
+    SELECT t.id, t.priority FROM coord_tasks AS t
+     WHERE :partitions::int[] IS NULL AND t.queue = :queue::text AND t.is_head AND t.status = 'pending'
+       AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit::int
+     FOR UPDATE SKIP LOCKED),
+owned AS (
+    SELECT t.id, t.priority FROM coord_tasks AS t
+     WHERE :partitions::int[] IS NOT NULL AND t.queue = :queue::text AND t.partition = ANY(:partitions::int[])
+       AND t.is_head AND t.status = 'pending'
+       AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit::int
+     FOR UPDATE SKIP LOCKED),
+expired AS (
+    SELECT t.id, t.priority FROM coord_tasks AS t
+     WHERE t.queue = :queue::text AND t.status = 'running'
+       AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND t.is_head
+       AND t.attempts < t.max_attempts
+       AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit::int
+     FOR UPDATE SKIP LOCKED)
 UPDATE coord_tasks
    SET reclaimed = (status = 'running'),
        status = 'running', attempts = attempts + 1,
        lease_owner = :node_id::text, lease_token = :token::text || '.' || id,
        lease_expires_at = coord_now(:now::float8) + :lease_s::float8,
        version = version + 1, updated_at = coord_now(:now::float8)
- WHERE id IN (
-    SELECT t.id FROM coord_tasks AS t
-     WHERE t.queue = :queue::text AND t.is_head
-       AND (CASE t.status WHEN 'pending' THEN t.run_at ELSE t.lease_expires_at END)
-           <= coord_now(:now::float8) - :min_due_age_s::float8
-       AND (t.status = 'pending' OR t.attempts < t.max_attempts)
-       AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
-     ORDER BY t.priority DESC, t.id
-     LIMIT :limit::int
-     FOR UPDATE SKIP LOCKED)
+ WHERE id = ANY(ARRAY(SELECT c.id FROM (SELECT * FROM everywhere UNION ALL SELECT * FROM owned UNION ALL SELECT * FROM expired) AS c
+                       ORDER BY c.priority DESC, c.id LIMIT :limit::int))
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed,
           idempotency_key IS NOT NULL AND EXISTS (SELECT 1 FROM coord_processed AS p
                                                     WHERE p.consumer = queue AND p.message_id = idempotency_key),
