@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from services import PG_DSN, new_schema, postgres_problem, unavailable
 
-from asynccoord import NewTask, SQLiteStore, StoreConfig, TaskStatus
+from asynccoord import NewTask, SQLiteStore, StoreConfig, Task, TaskStatus
 from asynccoord.backends.sql import load_queries
 from asynccoord.errors import LeaseLostError, SchemaVersionError, StoreConnectionError
 from asynccoord.stores import open_store, redact_target, store_kind
@@ -29,6 +30,7 @@ SQLITE_ONLY = {
     "mark_ordered": "SQLite keeps per-key heads only for queues claimed in order (PostgreSQL for every queue)",
     "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives",
     "stats_oldest_pending_all": "stats() over every queue (PostgreSQL's one statement serves both)",
+    "record_processed_batch": "PostgreSQL records processed ids inside complete_batch (coord_complete_batch)",
 }
 POSTGRES_ONLY = {
     "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",
@@ -38,8 +40,6 @@ POSTGRES_ONLY = {
     "dead_keys": "keys locked before requeue_dead runs",
     "release_many": "hands back the tasks of a claim whose caller was cancelled",
     "notify": "pg_notify: wakes idle nodes of other processes",
-    "fence_many": "records the fencing tokens of a commit batch in one statement",
-    "fence_lock": "locks the fence rows of a commit batch before the check",
     "lock_find_owned": "after a lost connection, the grants an earlier attempt committed",
 }
 
@@ -320,6 +320,70 @@ async def test_claims_visit_about_what_they_return_with_many_heads_in_flight(pg:
             assert seen < 100  # pending tasks only (about 20 here), never the running ones
         finally:
             await conn.close()
+
+
+async def test_a_commit_batch_is_one_statement_and_keeps_every_check(pg: str, schema: str) -> None:
+    import asyncpg
+
+    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.errors import FencingTokenRejectedError
+
+    async with (
+        PostgresStore(pg, schema=schema, listen=False, pool_max_size=1) as store,
+        PostgresStore(pg, schema=schema) as other,
+    ):
+        await store.enqueue_many(
+            [NewTask(queue="q", payload=i, partition_key=f"k{i % 4}", idempotency_key=f"m{i}") for i in range(8)]
+        )
+        first = await store.claim("q", node_id="n", limit=8, ordered=True, lease_s=30)
+        assert [t.payload for t in first] == [0, 1, 2, 3]  # one head per key
+        await store.fence("acct", 7)
+        woken = asyncio.ensure_future(other.notifier.wait("q", 5.0))
+        statements: list[str] = []
+        pool = store._runner.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            conn.add_query_logger(lambda record: statements.append(record.query))
+        stale = dataclasses.replace(first[3], version=first[3].version + 5)
+        out = await store.complete_many(
+            [*first[:3], stale], [{"r": 0}, {"r": 1}, {"r": 2}, None], fences=[("acct", 8), ("acct", 6), None, None]
+        )
+        assert isinstance(out[0], Task)
+        assert out[0].result == {"r": 0}
+        assert isinstance(out[1], FencingTokenRejectedError)  # 6 < 7: refused, nothing written for it
+        assert isinstance(out[2], Task)
+        assert out[2].status == TaskStatus.DONE
+        assert isinstance(out[3], LeaseLostError)  # the compare-and-set on the version failed
+        assert len([s for s in statements if "coord_complete_batch" in s]) == 1
+        ours = [s for s in statements if "pg_advisory_unlock_all" not in s]  # not the pool's reset
+        assert len(ours) <= 2  # the batch, and the read of the tasks nothing was written for
+        assert (await store.read_fence("acct")).fencing_token == 8  # type: ignore[union-attr]
+        assert await store.is_processed("q", "m0")
+        assert await store.is_processed("q", "m2")
+        assert not await store.is_processed("q", "m1")
+        assert (await store.get(first[1].id)).status == TaskStatus.RUNNING
+        await asyncio.wait_for(woken, 5.0)  # the other process was told of the new heads
+        nxt = await store.claim("q", node_id="n", limit=8, ordered=True, lease_s=30)
+        assert sorted(t.payload for t in nxt) == [4, 6]  # the next tasks of the keys that were completed
+
+        # A fence row made concurrently with a higher token: the batch runs again and is refused.
+        admin_conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            tx = admin_conn.transaction()
+            await tx.start()
+            await admin_conn.execute(
+                "INSERT INTO coord_fences (resource, fencing_token, data, updated_at) VALUES ('late', 10, NULL, 0)"
+            )
+            pending = asyncio.ensure_future(store.complete(nxt[0], fence=("late", 9)))
+            await asyncio.sleep(0.3)  # it waits on the uncommitted fence row
+            assert not pending.done()
+            await tx.commit()
+            with pytest.raises(FencingTokenRejectedError):
+                await pending
+        finally:
+            await admin_conn.close()
+        assert (await store.get(nxt[0].id)).status == TaskStatus.RUNNING
+        assert (await store.read_fence("late")).fencing_token == 10  # type: ignore[union-attr]
 
 
 async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg: str, schema: str) -> None:

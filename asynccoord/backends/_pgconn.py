@@ -131,7 +131,9 @@ class PgRunner:
             raise StoreClosedError("the PostgreSQL store is not open: use 'async with' or await open()")
         return self.pool
 
-    async def run(self, fn: TxFn[T], *, what: str, tx: bool = True, ambiguous_ok: bool = False) -> T:
+    async def run(
+        self, fn: TxFn[T], *, what: str, tx: bool = True, ambiguous_ok: bool = False, counted: bool = False
+    ) -> T:
         """Run ``fn`` in a transaction (or, with ``tx=False``, as autocommit statements).
 
         Args:
@@ -139,6 +141,8 @@ class PgRunner:
             what: What it does, for error messages.
             tx: Wrap it in BEGIN ... COMMIT. Without, it must be one statement.
             ambiguous_ok: Retry even when the connection was lost while committing.
+            counted: With ``tx=False``: ``fn`` is a write transaction of its own (one
+                statement calling a function that writes), counted in ``transactions``.
 
         Raises:
             StoreConnectionError, StoreBusyError, StoreError: retries gave up (or the
@@ -155,7 +159,10 @@ class PgRunner:
                     try:
                         if not tx:
                             committing = True
-                            return await fn(conn, attempt)
+                            outcome = await fn(conn, attempt)
+                            if counted:
+                                self.transactions += 1
+                            return outcome
                         transaction = conn.transaction()
                         await transaction.start()
                         try:

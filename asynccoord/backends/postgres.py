@@ -89,7 +89,6 @@ from ._lockcommon import fence_rejected_error
 from ._pgconn import (
     PgListener,
     PgRunner,
-    RetryTransaction,
     encode_notification,
     map_pg_error,
 )
@@ -761,63 +760,37 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             notify_settled(self.notifier, done)
 
     async def _complete_batch(self, items: Sequence[_Item]) -> list[Task | CoordError]:
-        """One transaction completing ``items`` (see the module docstring for the lock order)."""
-        pairs = [(i.task.queue, i.task.partition_key) for i in items]
-        fenced = [i for i in items if i.fence is not None]
-        resources = sorted({i.fence[0] for i in fenced if i.fence is not None})
+        """Complete ``items`` in one statement, ``coord_complete_batch`` (its own transaction).
+
+        The function takes the keys' row locks (sorted), then the fence rows (sorted),
+        refuses outdated fencing tokens, compare-and-sets each remaining task, records the
+        fencing tokens and processed ids, promotes the keys' next heads and notifies other
+        processes (see ``sql/postgres/migration_0006.sql``): one round trip per batch.
+        """
+        params: dict[str, Any] = {
+            "ids": [i.task.id for i in items],
+            "tokens": [i.task.lease_token for i in items],
+            "versions": [i.task.version for i in items],
+            "results": [i.result_json for i in items],
+            "queues": [i.task.queue for i in items],
+            "keys": [i.task.partition_key for i in items],
+            "fence_resources": None,
+            "fence_tokens": None,
+            "channel": self.channel,
+            "sender": self._sender,
+        }
+        if any(i.fence is not None for i in items):
+            params["fence_resources"] = [None if i.fence is None else i.fence[0] for i in items]
+            params["fence_tokens"] = [None if i.fence is None else i.fence[1] for i in items]
 
         async def op(conn: asyncpg.Connection, attempt: int) -> list[Task | CoordError]:
-            now = self._now()
-            await self._x(conn, "lock_keys", **_keys(pairs))
-            refused: dict[int, int] = {}
-            if resources:
-                highest = {r[0]: int(r[1]) for r in await self._fetch(conn, "fence_lock", resources=resources)}
-                for i in fenced:
-                    assert i.fence is not None
-                    top = highest.get(i.fence[0])
-                    if top is not None and i.fence[1] < top:
-                        refused[i.task.id] = top
-            eligible = [i for i in items if i.task.id not in refused]
             done: dict[int, tuple[int, float]] = {}
-            if eligible:
-                rows = await self._fetch(
-                    conn,
-                    "complete_batch",
-                    ids=[i.task.id for i in eligible],
-                    tokens=[i.task.lease_token for i in eligible],
-                    versions=[i.task.version for i in eligible],
-                    results=[i.result_json for i in eligible],
-                    now=now,
-                )
-                done = {int(r[0]): (int(r[1]), float(r[4])) for r in rows}
-            committed_fences = [i.fence for i in fenced if i.task.id in done and i.fence is not None]
-            if committed_fences:
-                accepted = {
-                    r[0]
-                    for r in await self._fetch(
-                        conn,
-                        "fence_many",
-                        resources=[f[0] for f in committed_fences],
-                        tokens=[f[1] for f in committed_fences],
-                        now=now,
-                    )
-                }
-                if any(f[0] not in accepted for f in committed_fences):
-                    raise RetryTransaction("a higher fencing token was recorded concurrently")
-            records = [
-                (i.task.queue, i.task.idempotency_key)
-                for i in items
-                if i.task.idempotency_key is not None and i.task.id in done
-            ]
-            if records:
-                await self._x(
-                    conn,
-                    "record_processed_batch",
-                    consumers=[c for c, _ in records],
-                    message_ids=[m for _, m in records],
-                    now=now,
-                )
-            await self._promote(conn, [(i.task.queue, i.task.partition_key) for i in items if i.task.id in done])
+            refused: dict[int, int] = {}
+            for r in await self._fetch(conn, "complete_batch", now=self._now(), **params):
+                if r[1] == "d":
+                    done[r[0]] = (r[2], r[3])
+                else:
+                    refused[r[0]] = r[4]
             missing = [i.task.id for i in items if i.task.id not in done and i.task.id not in refused]
             current: dict[int, _Row] = {}
             if missing:
@@ -840,7 +813,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     out.append(TaskNotFoundError(t.id) if reason is None else LeaseLostError(t.id, reason))
             return out
 
-        return await self._run(op, what="complete", ambiguous_ok=True)
+        return await self._run(op, what="complete", tx=False, ambiguous_ok=True, counted=True)
 
     # --- fail, release, extend ------------------------------------------------------------
 

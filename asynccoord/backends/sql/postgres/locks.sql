@@ -59,20 +59,6 @@ ON CONFLICT (resource) DO UPDATE SET fencing_token = excluded.fencing_token, upd
  WHERE excluded.fencing_token >= coord_fences.fencing_token
 RETURNING fencing_token;
 
--- name: fence_many
--- PostgreSQL only: record the tokens of fenced task commits (one statement per commit batch).
-INSERT INTO coord_fences (resource, fencing_token, data, updated_at)
-SELECT r, max(tok), NULL, coord_now(:now::float8)
-  FROM unnest(:resources::text[], :tokens::bigint[]) AS u (r, tok) GROUP BY r ORDER BY r
-ON CONFLICT (resource) DO UPDATE SET fencing_token = excluded.fencing_token, updated_at = excluded.updated_at
- WHERE excluded.fencing_token >= coord_fences.fencing_token
-RETURNING resource;
-
--- name: fence_lock
--- PostgreSQL only: lock the fence rows of a commit batch (sorted) and read their tokens.
-SELECT resource, fencing_token FROM coord_fences WHERE resource = ANY(:resources::text[])
- ORDER BY resource FOR UPDATE;
-
 -- name: fenced_write
 INSERT INTO coord_fences (resource, fencing_token, data, updated_at)
 VALUES (:resource::text, :fencing_token::bigint, :data::text, coord_now(:now::float8))

@@ -201,20 +201,13 @@ UPDATE coord_tasks AS t
 RETURNING t.id;
 
 -- name: complete_batch
--- Each item is its own compare-and-set on (id, lease_token, version) plus a live lease.
-UPDATE coord_tasks AS t
-   SET status = 'done', active = false, is_head = false, result = b.result, last_error = NULL,
-       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-       version = t.version + 1, updated_at = coord_now(:now::float8)
-  FROM unnest(:ids::bigint[], :tokens::text[], :versions::bigint[], :results::text[]) AS b (id, token, version, result)
- WHERE t.id = b.id AND t.lease_token = b.token AND t.version = b.version
-   AND t.status = 'running' AND t.lease_expires_at > coord_now(:now::float8)
-RETURNING t.id, t.version, t.queue, t.partition_key, t.updated_at;
-
--- name: record_processed_batch
-INSERT INTO coord_processed (consumer, message_id, processed_at)
-SELECT c, m, coord_now(:now::float8) FROM unnest(:consumers::text[], :message_ids::text[]) AS u (c, m)
-ON CONFLICT (consumer, message_id) DO NOTHING;
+-- A whole commit batch in one statement (coord_complete_batch, schema version 6): key
+-- locks, fence check, a compare-and-set per task on (id, lease_token, version) plus a
+-- live lease, fence records, processed-id records, head promotion and the notification.
+SELECT r_id, r_kind, r_version, r_at, r_top
+  FROM coord_complete_batch(:ids::bigint[], :tokens::text[], :versions::bigint[], :results::text[],
+                            :queues::text[], :keys::text[], :fence_resources::text[], :fence_tokens::bigint[],
+                            :channel::text, :sender::text, :now::float8);
 
 -- name: retry
 UPDATE coord_tasks
