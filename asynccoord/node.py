@@ -3,7 +3,11 @@
 A node repeatedly
 
 1. **fetches**: claims a batch of due tasks from the partitions it owns (all of them
-   when partitioning is off), up to its free ``max_in_flight`` slots;
+   when partitioning is off), up to its free ``max_in_flight`` slots; after a full batch
+   it claims again as soon as a slot is free, after a short or empty one it waits for a
+   wake-up (an in-process enqueue, a commit that unblocks one of its keys, a task it
+   put back becoming due) or its idle backoff, so idle polling does not grow with the
+   work in flight (every claim, even an empty one, is a write);
 2. **locks**: takes the lock (or a semaphore permit) that ``lock_key(task)`` names,
    e.g. ``"account:42"``, waiting up to ``lock_wait_s`` (a task whose lock stays busy
    goes back to the queue after a short delay, not counted as a failure);
@@ -36,6 +40,7 @@ import contextvars
 import enum
 import inspect
 import logging
+import math
 import random
 import time
 from collections import OrderedDict
@@ -62,7 +67,8 @@ from .histogram import CLAIM_MS, COMMIT_MS, ENQUEUE_TO_COMMIT_MS, SEND_MS
 from .lock import Semaphore
 from .lockmodels import Lease
 from .lockpool import LockPool
-from .models import Task
+from .models import Task, TaskStatus
+from .notify import WakeUp, WorkNotifier
 from .validation import check_bool, check_int, check_name, check_positive
 
 if TYPE_CHECKING:
@@ -130,8 +136,10 @@ class NodeConfig:
         max_in_flight: Most sends at once on this node. Default 32.
         send_timeout_s: Longest a send may take before it counts as failed. Default 30.
         ordered: Per-key (per-conversation) ordering. Default True.
-        idle_min_s / idle_max_s: Backoff between empty polls, seconds, growing from
-            min to max with full jitter; an in-process enqueue wakes the node at once.
+        idle_min_s / idle_max_s: Backoff after a claim that came back short, seconds,
+            growing from min to max with full jitter with every empty claim and reset
+            by a full one; an in-process enqueue or a commit that unblocks one of the
+            node's keys wakes it at once (also one that arrives while it claims).
             Defaults 0.05 and 1.0 (an idle node costs about 2 claims/s at rest).
         lock_ttl_s: Lock lease length, seconds (renewed with the task lease). Default 10.
         lock_permits: Permits per lock name: 1 for a lock, N for a semaphore. Default 1.
@@ -313,12 +321,15 @@ class Node:
         self._in_flight: dict[int, _InFlight] = {}
         self._slots = asyncio.Semaphore(self.config.max_in_flight)
         self._claiming = True
-        self._stopped = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
         self._affinity: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._owned: frozenset[int] | None = None
+        self._owned_sorted: list[int] = []
         self._view_version = -1
+        self._wake: WakeUp | None = None
+        self._due_timer: asyncio.TimerHandle | None = None  # wakes the node when a task it delayed is due
+        self._due_when = math.inf  # the loop time it fires at
         self._rng = random.Random()
 
     def __repr__(self) -> str:
@@ -348,10 +359,8 @@ class Node:
         self._claiming = False
         if self._state.status in (NodeStatus.STARTING, NodeStatus.RUNNING):  # a stopped node stays so
             self._state.status = NodeStatus.DRAINING
-        self._stopped.set()
-        notifier = getattr(self.store, "notifier", None)
-        if notifier is not None:
-            notifier.wake_all()
+        if self._wake is not None:
+            self._wake.close()  # ends its idle wait
 
     @property
     def claiming(self) -> bool:
@@ -413,10 +422,10 @@ class Node:
                     self.store.events.add(ev.PARTITION_HANDOFF, moved)
                     self._drop_affinity(owned)
             self._owned = owned
+            self._owned_sorted = sorted(owned)
             self._view_version = view.version
             self._state.owned_partitions = len(owned)
-        assert self._owned is not None
-        return sorted(self._owned)
+        return self._owned_sorted
 
     def _drop_affinity(self, owned: frozenset[int]) -> None:
         from .partition import partition_of
@@ -426,9 +435,28 @@ class Node:
             del self._affinity[key]
 
     async def _fetch_loop(self, tg: anyio.abc.TaskGroup) -> None:
+        if not self._claiming:
+            return
+        # The store's notifier wakes the node on new work; a store without one gets a
+        # private notifier that only the node's own timers (and stop_claiming) use.
+        notifier = getattr(self.store, "notifier", None) or WorkNotifier()
+        wake = self._wake = notifier.subscribe(self.config.queue)
+        try:
+            await self._fetch(tg, wake)
+        finally:
+            wake.close()
+            if self._due_timer is not None:
+                self._due_timer.cancel()
+
+    async def _fetch(self, tg: anyio.abc.TaskGroup, wake: WakeUp) -> None:
+        """Claim while slots are free: again at once after a full batch, else after a wake-up or the backoff.
+
+        ``wake`` is armed just before each claim, so a notification that arrives while
+        the claim runs is kept and the wait after a short claim returns at once: a
+        claim that came back short never waits on work announced meanwhile.
+        """
         cfg = self.config
         idle_s = cfg.idle_min_s
-        notifier = getattr(self.store, "notifier", None)
         while self._claiming:
             await self._slots.acquire()
             free = 1
@@ -440,8 +468,10 @@ class Node:
                     self._slots.release()
                 break
             try:
+                partitions = self._partitions()
+                wake.arm(self._owned if partitions is not None else None)
                 claim_started = time.perf_counter()
-                tasks = await self._claim(free)
+                tasks = await self._claim(free, partitions)
                 _observe(self.store, CLAIM_MS, claim_started)
             except StoreClosedError:
                 for _ in range(free):
@@ -457,7 +487,6 @@ class Node:
             for _ in range(free - len(tasks)):
                 self._slots.release()
             if tasks:
-                idle_s = cfg.idle_min_s
                 self._state.claimed += len(tasks)
                 started = time.monotonic()
                 for task in tasks:
@@ -465,18 +494,19 @@ class Node:
                     self._in_flight[task.id] = flight
                     self._drained.clear()
                     tg.start_soon(self._handle, flight, name=f"{self.node_id}-task-{task.id}")
-                continue
-            # Idle: back off with full jitter (AWS Architecture Blog, "Exponential Backoff
-            # And Jitter", 2015), waking at once on an in-process enqueue.
+                if len(tasks) == free:  # a full batch: there may be more, claim again at once
+                    idle_s = cfg.idle_min_s
+                    wake.disarm()  # the next claim starts as soon as a slot frees anyway
+                    continue
+            # Short or empty: wait for a wake-up (or one that came during the claim) or
+            # the backoff, with full jitter (AWS Architecture Blog, "Exponential Backoff
+            # And Jitter", 2015); only empty claims lengthen it.
             delay = self._rng.uniform(cfg.idle_min_s, idle_s)
-            idle_s = min(cfg.idle_max_s, idle_s * 2)
-            if notifier is not None:
-                await notifier.wait(cfg.queue, delay, partitions=self._owned if cfg.partitioning else None)
-            else:
-                with anyio.move_on_after(delay):
-                    await self._stopped.wait()
+            if not tasks:
+                idle_s = min(cfg.idle_max_s, idle_s * 2)
+            await wake.wait(delay)
 
-    async def _claim(self, limit: int) -> list[Task]:
+    async def _claim(self, limit: int, partitions: list[int] | None) -> list[Task]:
         cfg = self.config
         membership = self.membership
         if membership is not None and not membership.healthy:
@@ -484,7 +514,6 @@ class Node:
             if isinstance(error, StoreClosedError):  # heartbeats will never resume
                 raise StoreClosedError(f"node {self.node_id!r} cannot claim: {error}") from error
             return []  # others may think we are dead: claim nothing until heartbeats resume
-        partitions = self._partitions()
         if not cfg.version_checks:
             tasks: list[Task] = await self.store.unchecked_claim(
                 cfg.queue, node_id=self.node_id, limit=limit, lease_s=cfg.lease_s, partitions=partitions
@@ -700,9 +729,12 @@ class Node:
         self._state.failed += 1
         text = f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
         try:
-            await self.store.fail(task, text, retry=self.config.retry)
+            out: Task = await self.store.fail(task, text, retry=self.config.retry)
         except LeaseLostError:
             self._state.conflicts += 1
+            return
+        if out.status is TaskStatus.PENDING:  # retried later: claim again when it is due
+            self._due_soon(out.run_at - out.updated_at)
 
     async def _hand_back_shielded(self, flight: _InFlight) -> None:
         if flight.started and not flight.returned:
@@ -719,7 +751,29 @@ class Node:
             await self.store.release(task, delay_s=delay_s)
             self._state.handed_back += 1
         except LeaseLostError:
-            pass  # expired meanwhile: it is claimable again anyway
+            return  # expired meanwhile: it is claimable again anyway
+        if delay_s > 0:  # nobody is notified when it becomes due
+            self._due_soon(delay_s)
+
+    def _due_soon(self, delay_s: float) -> None:
+        """Wake the node in ``delay_s`` seconds (+1 ms): a task it put back is due then, and nobody notifies that."""
+        wake = self._wake
+        if wake is None:
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(delay_s, 0.0) + 0.001
+        if when >= self._due_when:
+            return  # an earlier timer wakes it first; the claim then sees this task too if due
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+        self._due_when = when
+        self._due_timer = loop.call_at(when, self._due_now)
+
+    def _due_now(self) -> None:
+        self._due_timer = None
+        self._due_when = math.inf
+        if self._wake is not None:
+            self._wake.set()
 
     # --- keeper: lease and lock renewal ---------------------------------------------------
 

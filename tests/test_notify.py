@@ -1,0 +1,147 @@
+"""The in-process notifier: standing wake-ups that keep a notification sent during a claim, no thundering herd."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from asynccoord import InvalidArgumentError, WorkNotifier
+
+QUEUE = "q"
+
+
+async def started_waiting(notifier: WorkNotifier, count: int) -> None:
+    deadline = time.monotonic() + 2.0
+    while notifier.waiting(QUEUE) < count:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0)
+
+
+async def settle() -> None:
+    """Let woken waits return (a wake-up takes a few loop turns)."""
+    await asyncio.sleep(0.01)
+
+
+async def test_a_notification_during_a_claim_is_kept_and_the_next_wait_returns_at_once() -> None:
+    notifier = WorkNotifier()
+    wake = notifier.subscribe(QUEUE)
+    wake.arm()  # a claim starts...
+    assert notifier.notify(QUEUE, 1) == 1  # ...work arrives while it runs (the claim may miss it)
+    assert wake.is_set
+    started = time.monotonic()
+    assert await wake.wait(5.0)  # not lost: no waiting for the backoff
+    assert time.monotonic() - started < 0.5
+    assert not wake.is_set
+    wake.close()
+
+
+async def test_arming_forgets_older_notifications() -> None:
+    notifier = WorkNotifier()
+    wake = notifier.subscribe(QUEUE)
+    wake.arm()
+    notifier.notify(QUEUE, 1)
+    wake.arm()  # the next claim sees that work
+    assert not wake.is_set
+    assert not await wake.wait(0.01)
+    wake.close()
+
+
+async def test_a_busy_node_is_neither_woken_nor_flagged() -> None:
+    notifier = WorkNotifier()
+    busy = notifier.subscribe(QUEUE)  # never armed (or disarmed): it claims when a slot frees anyway
+    busy.arm()
+    busy.disarm()
+    assert notifier.notify(QUEUE, 1) == 0
+    assert not busy.is_set
+    busy.close()
+
+
+async def test_notify_wakes_waiters_first_then_flags_armed_nodes_and_at_most_n() -> None:
+    notifier = WorkNotifier()
+    waiting = [notifier.subscribe(QUEUE) for _ in range(3)]
+    armed = [notifier.subscribe(QUEUE) for _ in range(3)]
+    waits = [asyncio.ensure_future(w.wait(5.0)) for w in waiting]
+    await started_waiting(notifier, 3)
+    for w in armed:
+        w.arm()
+    assert notifier.notify(QUEUE, 2) == 2  # two waiters, nobody armed
+    await settle()
+    assert [w.done() for w in waits] == [True, True, False]  # the longest waiting first
+    assert not any(w.is_set for w in armed)
+    assert notifier.notify(QUEUE, 3) == 3  # the last waiter, then two armed nodes
+    await settle()
+    assert all(w.done() for w in waits)
+    assert [w.is_set for w in armed] == [True, True, False]
+    assert notifier.notify(QUEUE, 1) == 1  # a flagged node is not counted twice
+    assert all(w.is_set for w in armed)
+    assert notifier.notify(QUEUE, 1) == 0
+    for w in waiting + armed:
+        w.close()
+
+
+async def test_only_nodes_owning_a_notified_partition_are_woken_or_flagged() -> None:
+    notifier = WorkNotifier()
+    a, b, everything = notifier.subscribe(QUEUE), notifier.subscribe(QUEUE), notifier.subscribe(QUEUE)
+    a.arm({1, 2})
+    b.arm({3})
+    assert notifier.notify(QUEUE, 5, {3}) == 1
+    assert (a.is_set, b.is_set) == (False, True)
+    wait_all = asyncio.ensure_future(everything.wait(5.0))
+    await started_waiting(notifier, 1)
+    assert notifier.notify(QUEUE, 5, {2}) == 2  # the waiter on every partition, and a
+    assert await wait_all
+    assert a.is_set
+    assert notifier.notify("other", 5) == 0  # another queue: nobody
+    for w in (a, b, everything):
+        w.close()
+
+
+async def test_one_shot_wait_still_wakes_at_most_n_oldest_first() -> None:
+    notifier = WorkNotifier()
+    waits = [asyncio.ensure_future(notifier.wait(QUEUE, 5.0)) for _ in range(4)]
+    await started_waiting(notifier, 4)
+    assert notifier.notify(QUEUE, 2) == 2
+    await settle()
+    assert [w.done() for w in waits] == [True, True, False, False]
+    assert notifier.waiting(QUEUE) == 2
+    assert not await notifier.wait(QUEUE, 0.01)  # times out
+    notifier.wake_all()
+    assert all(await asyncio.gather(*waits))
+    assert notifier.waiting(QUEUE) == 0
+
+
+async def test_closing_a_wake_up_ends_its_wait_and_unsubscribes() -> None:
+    notifier = WorkNotifier()
+    wake = notifier.subscribe(QUEUE)
+    waiting = asyncio.ensure_future(wake.wait(5.0))
+    await started_waiting(notifier, 1)
+    wake.close()
+    assert await waiting
+    assert notifier.waiting(QUEUE) == 0
+    assert notifier.notify(QUEUE, 1) == 0
+    assert not await wake.wait(5.0)  # closed: returns at once
+    wake.arm()  # harmless after close
+    wake.close()
+
+
+async def test_a_cancelled_wait_leaves_no_waiter_behind() -> None:
+    notifier = WorkNotifier()
+    wake = notifier.subscribe(QUEUE)
+    waiting = asyncio.ensure_future(wake.wait(5.0))
+    await started_waiting(notifier, 1)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert notifier.waiting(QUEUE) == 0
+    assert notifier.notify(QUEUE, 1) == 0
+    wake.close()
+
+
+def test_bad_arguments_are_refused() -> None:
+    notifier = WorkNotifier()
+    with pytest.raises(InvalidArgumentError):
+        notifier.subscribe("")
+    with pytest.raises(InvalidArgumentError):
+        asyncio.run(notifier.subscribe(QUEUE).wait(-1.0))
