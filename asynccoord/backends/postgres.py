@@ -8,9 +8,11 @@ contract test suite runs unchanged on all of them.
 
 How the contract is kept under concurrent transactions (READ COMMITTED):
 
-* **Claims** are one statement, ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
-  LOCKED LIMIT n) RETURNING ...``: claimers never wait for each other and never take
-  the same task.
+* **Claims** are one statement, ``UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE
+  SKIP LOCKED LIMIT n)) RETURNING ...``: claimers never wait for each other and never take
+  the same task. They scan partial indexes of pending tasks (of pending heads, per
+  partition, for ordered claims) and of running tasks for expired leases, so a claim
+  visits about what it returns however many tasks are in flight (schema version 5).
 * **Per-key ordering** is kept by the ``is_head`` column (the earliest active task of a
   ``(queue, partition_key)``; ordered claims scan only heads). The database enforces at
   most one head per key (unique partial index ``coord_tasks_one_head``), and every
@@ -18,9 +20,10 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   first takes the key's row lock in ``coord_task_keys`` (sorted, so never a deadlock),
   so head upkeep always sees the committed state of the key, never a racy snapshot.
 * **Commits** are compare-and-set on ``(id, lease_token, version)`` plus a live lease,
-  fenced (``fences=``) in the same transaction: the fence rows are locked first.
-  Concurrent ``complete`` calls of a process are group-committed: one transaction per
-  batch of whatever is waiting.
+  fenced (``fences=``) in the same transaction: the keys' row locks are taken first, then
+  the fence rows. Concurrent ``complete`` calls of a process are group-committed: one
+  transaction per batch of whatever is waiting, and one statement, the server-side
+  function ``coord_complete_batch`` (schema version 6), so a batch costs one round trip.
 * **Time** is the server's clock (``coord_now()``, i.e. ``statement_timestamp()``), for
   every lease, run_at and heartbeat; machines never compare their own clocks.
 * **Connection loss** is retried with backoff at one boundary (:mod:`._pgconn`); a
@@ -179,6 +182,18 @@ def _channel(schema: str | None) -> str:
     return "asynccoord." + hashlib.sha1(base.encode()).hexdigest()[:40]
 
 
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """The pool's release hook: keep the session as it is.
+
+    By default asyncpg resets every connection handed back to the pool with four statements
+    (``pg_advisory_unlock_all()``, ``CLOSE ALL``, ``UNLISTEN *``, ``RESET ALL``), one more
+    round trip per operation. The store's pool connections hold no session state (no
+    ``SET``, ``LISTEN``, cursors or session advisory locks: the listener has a connection of
+    its own, the migration lock is transaction-scoped), and asyncpg still rolls back a
+    transaction left open before calling this hook.
+    """
+
+
 class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
     """The whole storage contract on one PostgreSQL database (queue, locks, membership, monitor).
 
@@ -302,6 +317,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 max_size=self.pool_max_size,
                 server_settings=self._server_settings(),
                 timeout=10.0,
+                reset=_keep_session,
             )
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             raise map_pg_error(exc, f"cannot connect to {self!r}") from exc
