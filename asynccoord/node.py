@@ -644,22 +644,25 @@ class Node:
         delivery = Delivery(node_id=self.node_id, task=task, lock=flight.lock, context=self._context(task))
         token = _DELIVERY.set(delivery)
         send_started = time.perf_counter()
+        # One scope for both ends of a send: its deadline is the send timeout, and a lost
+        # lease or lock cancels it after setting flight.lost (so a cancellation caught
+        # with flight.lost unset is the timeout).
+        flight.scope.deadline = anyio.current_time() + self.config.send_timeout_s
         try:
             with flight.scope:
                 try:
-                    with anyio.fail_after(self.config.send_timeout_s):
-                        flight.started = True
-                        result = await _edge_cancelled(self._call_send(task))
-                except TimeoutError as exc:
-                    failure = exc
+                    flight.started = True
+                    result = await _edge_cancelled(self._call_send(task))
                 except Exception as exc:  # the user's send failed: the retry policy decides
                     failure = exc
             flight.returned = True
         finally:
             _DELIVERY.reset(token)
             flight.settling = True
-        if flight.scope.cancelled_caught or flight.lost is not None:
+        if flight.lost is not None:
             return False, None, None
+        if flight.scope.cancelled_caught:
+            result, failure = None, TimeoutError()
         _observe(self.store, SEND_MS, send_started)
         return True, result, failure
 
