@@ -3,7 +3,9 @@
 Every cell drains the same workload (``--tasks`` tasks over Zipf-skewed conversations and
 sending accounts, a ``--send-ms`` send) from a clean slate (a fresh SQLite file, or a fresh
 PostgreSQL schema with ``--store postgresql://...``) and reports committed tasks/s, p50/p99
-enqueue-to-commit latency (store clock), duplicate sends and conflict counts. Strategies:
+enqueue-to-commit latency (store clock), duplicate sends, conflict counts, and the nodes'
+``store.claim`` calls (``claim_calls``) and those that came back empty (``empty_claims``,
+every claim being a write). Strategies:
 
 * ``all``: partitioning + per-account locks + version checks (the default runtime; work
   stealing off);
@@ -297,6 +299,7 @@ async def drain_runtime(
         return f"account:{task.payload['account']}"
 
     async with db.open(target) as store:
+        claims = count_claims(store)
         runtime = Runtime(
             store,
             send=send,
@@ -329,7 +332,23 @@ async def drain_runtime(
         "end": end,
         "drained": drained,
         "events": events,
+        "claims": claims,
     }
+
+
+def count_claims(store: Any) -> Counter[str]:
+    """Count the store's claim calls (``calls``) and those that returned nothing (``empty``)."""
+    counts: Counter[str] = Counter()
+    claim = store.claim
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        tasks = await claim(*args, **kwargs)
+        counts["calls"] += 1
+        counts["empty"] += not tasks
+        return tasks
+
+    store.claim = counting
+    return counts
 
 
 async def until(work: asyncio.Future[Any], max_s: float) -> bool:
@@ -505,9 +524,11 @@ def cell(
         parts = drain_processes(args, target, strategy, processes, nodes)
     sends: Counter[int] = Counter()
     events: Counter[str] = Counter()
+    claims: Counter[str] = Counter()
     for p in parts:
         sends.update(p["sent"])
         events.update(p["events"])
+        claims.update(p.get("claims", {}))
     start = min(p["start"] for p in parts)
     end = max(p["end"] for p in parts)
     pairs = run(lambda: db.created_updated(target))
@@ -528,11 +549,18 @@ def cell(
         "send_calls": sum(sends.values()),
         "duplicate_sends": sum(n - 1 for n in sends.values() if n > 1),
         "stolen": sum(stolen) if stolen else None,
+        "claim_calls": claims["calls"],
+        "empty_claims": claims["empty"],
         "conflicts": {k: v for k, v in sorted(events.items()) if k not in ("claims", "commits")},
         "raw_commits_per_s": round(raw, 1),
         "vs_raw_commits": round(rate / raw, 3) if raw else None,
     }
-    print(f"  {strategy} x {nodes} nodes x {processes} process(es): {rate:,.0f} tasks/s", file=sys.stderr, flush=True)
+    print(
+        f"  {strategy} x {nodes} nodes x {processes} process(es): {rate:,.0f} tasks/s,"
+        f" {claims['calls']:,} claims ({claims['empty']:,} empty)",
+        file=sys.stderr,
+        flush=True,
+    )
     return row
 
 
