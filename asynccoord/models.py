@@ -105,6 +105,64 @@ class Task:
         )
 
 
+# The stores build two Task records per task they drain (the claimed one and the done one).
+# A frozen dataclass's __init__ sets each of its 19 fields through object.__setattr__, which
+# costs about as much as the claim's own SQL; stores therefore fill the slots directly. The
+# result is an ordinary Task: equal to, and indistinguishable from, one made by Task(...).
+_NEW = object.__new__
+_SET = tuple(Task.__dict__[f].__set__ for f in Task.__dataclass_fields__)
+
+
+def make_task(
+    id: int,
+    queue: str,
+    partition_key: str,
+    partition: int,
+    idempotency_key: str | None,
+    payload: Any,
+    priority: int,
+    status: TaskStatus,
+    attempts: int,
+    max_attempts: int,
+    run_at: float,
+    lease_owner: str | None,
+    lease_token: str | None,
+    lease_expires_at: float | None,
+    version: int,
+    last_error: str | None,
+    result: Any,
+    created_at: float,
+    updated_at: float,
+) -> Task:
+    """A :class:`Task` from its 19 field values in declaration order (no validation).
+
+    For stores only, on values they read back from their own database: it skips the
+    dataclass ``__init__`` (about 6x faster) and checks nothing.
+    """
+    task: Task = _NEW(Task)
+    (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15, s16, s17, s18) = _SET
+    s0(task, id)
+    s1(task, queue)
+    s2(task, partition_key)
+    s3(task, partition)
+    s4(task, idempotency_key)
+    s5(task, payload)
+    s6(task, priority)
+    s7(task, status)
+    s8(task, attempts)
+    s9(task, max_attempts)
+    s10(task, run_at)
+    s11(task, lease_owner)
+    s12(task, lease_token)
+    s13(task, lease_expires_at)
+    s14(task, version)
+    s15(task, last_error)
+    s16(task, result)
+    s17(task, created_at)
+    s18(task, updated_at)
+    return task
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EnqueueResult:
     """Outcome of one enqueue: the task, and whether this call created it.

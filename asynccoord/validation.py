@@ -69,6 +69,8 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False) -> str:
             character or a lone surrogate (neither SQLite text comparison nor
             PostgreSQL can keep those faithfully).
     """
+    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_LENGTH and "\x00" not in value:
+        return value  # the common case (ASCII has no lone surrogates), on every task of a hot path
     if not isinstance(value, str):
         raise InvalidTypeError(f"{arg} must be a str, got {type(value).__name__} {_short(value)}")
     if not value and not allow_empty:

@@ -31,6 +31,10 @@ SQLITE_ONLY = {
     "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives",
     "stats_oldest_pending_all": "stats() over every queue (PostgreSQL's one statement serves both)",
     "record_processed_batch": "PostgreSQL records processed ids inside complete_batch (coord_complete_batch)",
+    "any_expired_lease": "SQLite picks a pending-only claim when no lease of the queue has expired",
+    "claim_pending": "the pending-only form of claim (no merge with expired leases)",
+    "claim_pending_ordered": "the pending-only form of claim_ordered",
+    "ordered_queues": "SQLite promotes heads only in queues claimed in order (PostgreSQL keeps them for every queue)",
 }
 POSTGRES_ONLY = {
     "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",

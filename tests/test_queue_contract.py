@@ -325,6 +325,29 @@ async def test_complete_of_deleted_task_raises_task_not_found(store, clock: Fake
     assert (await store.get(task.id)).status is TaskStatus.RUNNING
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("with_expired", [False, True])
+async def test_claimed_task_is_what_the_store_holds(store, clock: FakeClock, ordered: bool, with_expired: bool) -> None:
+    """Every field of a claimed task equals the stored row, with or without expired leases about."""
+    await store.enqueue_many(
+        [NewTask(queue=Q, payload={"n": i}, partition_key=f"k{i}", priority=i % 2) for i in range(6)]
+    )
+    if with_expired:
+        taken = await store.claim(Q, node_id="node-old", limit=2, lease_s=1, ordered=ordered)
+        assert len(taken) == 2
+        clock.advance(2)
+    claimed = await store.claim(Q, node_id="node-b", limit=10, lease_s=7.5, ordered=ordered)
+    assert len(claimed) == 6
+    assert [t.priority for t in claimed] == sorted((t.priority for t in claimed), reverse=True)
+    for task in claimed:
+        assert await store.get(task.id) == task
+        assert (task.queue, task.status, task.lease_owner) == (Q, TaskStatus.RUNNING, "node-b")
+        assert task.lease_expires_at == clock.now + 7.5
+        assert task.updated_at == clock.now
+    assert sum(t.attempts == 2 for t in claimed) == (2 if with_expired else 0)
+    assert store.events.get(ev.LEASE_EXPIRED) == (2 if with_expired else 0)
+
+
 # --- fail, retry, dead letters -------------------------------------------------------
 
 

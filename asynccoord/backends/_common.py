@@ -10,10 +10,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..config import RetryPolicy, StoreConfig
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
-from ..models import EnqueueResult, NewTask, Task, TaskStatus
+from ..models import EnqueueResult, NewTask, Task, TaskStatus, make_task
 from ..notify import WorkNotifier
 from ..partition import partition_of
-from ..validation import check_bool, check_int, check_name, check_optional_name, check_positive, encode_payload
+from ..validation import (
+    MAX_NAME_LENGTH,
+    check_bool,
+    check_int,
+    check_name,
+    check_optional_name,
+    check_positive,
+    encode_payload,
+)
 
 __all__ = (
     "QueueConveniences",
@@ -188,6 +196,41 @@ def check_claim_args(
     return cast(str, queue), cast(str, node_id), cast(int, limit), lease, parts, cast(bool, ordered)
 
 
+def _fine_name(value: object, allow_empty: bool = False) -> bool:
+    """True if :func:`check_name` surely accepts ``value`` (ASCII text: no lone surrogates)."""
+    return (
+        type(value) is str
+        and value.isascii()
+        and (allow_empty or value != "")
+        and len(value) <= MAX_NAME_LENGTH
+        and "\x00" not in value
+    )
+
+
+def _looks_leased(task: Task) -> bool:
+    """True if :func:`check_task` surely accepts ``task`` (one expression, no error text built)."""
+    i, v, p, a, m = task.id, task.version, task.partition, task.attempts, task.max_attempts
+    key = task.idempotency_key
+    return (
+        type(i) is int
+        and 0 <= i <= MAX_ID
+        and type(v) is int
+        and 0 <= v <= MAX_ID
+        and type(p) is int
+        and 0 <= p <= MAX_PARTITION
+        and type(a) is int
+        and 0 <= a <= MAX_ATTEMPTS
+        and type(m) is int
+        and 1 <= m <= MAX_ATTEMPTS
+        and type(task.status) is TaskStatus
+        and task.lease_token is not None
+        and _fine_name(task.lease_token)
+        and _fine_name(task.queue)
+        and _fine_name(task.partition_key, True)
+        and (key is None or _fine_name(key))
+    )
+
+
 def check_task(task: object) -> Task:
     """Check that ``task`` is a leased :class:`Task` as returned by ``claim``.
 
@@ -202,6 +245,8 @@ def check_task(task: object) -> Task:
         InvalidArgumentError: the task carries no lease token (it was never claimed),
             or a field out of range (an id or version outside ``0..2**63-1``...).
     """
+    if type(task) is Task and _looks_leased(task):
+        return task  # the common case, on every task of a hot path; the checks below name the fault
     if not isinstance(task, Task):
         raise InvalidTypeError(f"task must be a Task returned by claim, got {type(task).__name__}")
     check_int("task.id", task.id, minimum=0, maximum=MAX_ID)
@@ -240,27 +285,27 @@ def encode_results(results: object, count: int, config: StoreConfig) -> list[str
 
 def settled_done(task: Task, *, version: int, now: float, result: Any) -> Task:
     """The stored state of ``task`` after a successful complete."""
-    # Spelled out rather than dataclasses.replace: this runs once per committed task.
-    return Task(
-        id=task.id,
-        queue=task.queue,
-        partition_key=task.partition_key,
-        partition=task.partition,
-        idempotency_key=task.idempotency_key,
-        payload=task.payload,
-        priority=task.priority,
-        status=TaskStatus.DONE,
-        attempts=task.attempts,
-        max_attempts=task.max_attempts,
-        run_at=task.run_at,
-        lease_owner=None,
-        lease_token=None,
-        lease_expires_at=None,
-        version=version,
-        last_error=None,
-        result=result,
-        created_at=task.created_at,
-        updated_at=now,
+    # make_task rather than dataclasses.replace or Task(...): this runs once per committed task.
+    return make_task(
+        task.id,
+        task.queue,
+        task.partition_key,
+        task.partition,
+        task.idempotency_key,
+        task.payload,
+        task.priority,
+        TaskStatus.DONE,
+        task.attempts,
+        task.max_attempts,
+        task.run_at,
+        None,
+        None,
+        None,
+        version,
+        None,
+        result,
+        task.created_at,
+        now,
     )
 
 

@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
-from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus, make_task
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._common import (
@@ -82,26 +82,51 @@ _STATUS = {s.value: s for s in TaskStatus}
 
 
 def _row_to_task(row: _Row) -> Task:
-    return Task(
-        id=row[0],
-        queue=row[1],
-        partition_key=row[2],
-        partition=row[3],
-        idempotency_key=row[4],
-        payload=None if row[5] == "null" else json.loads(row[5]),
-        priority=row[6],
-        status=_STATUS[row[7]],
-        attempts=row[8],
-        max_attempts=row[9],
-        run_at=row[10],
-        lease_owner=row[11],
-        lease_token=row[12],
-        lease_expires_at=row[13],
-        version=row[14],
-        last_error=row[15],
-        result=decode_json(row[16]),
-        created_at=row[17],
-        updated_at=row[18],
+    return make_task(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        None if row[5] == "null" else json.loads(row[5]),
+        row[6],
+        _STATUS[row[7]],
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
+        row[14],
+        row[15],
+        decode_json(row[16]),
+        row[17],
+        row[18],
+    )
+
+
+def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task:
+    """A Task from a claim's row (see the claim queries for its columns) and what the claim set."""
+    return make_task(
+        row[0],
+        queue,
+        row[1],
+        row[2],
+        row[3],
+        None if row[4] == "null" else json.loads(row[4]),
+        row[5],
+        TaskStatus.RUNNING,
+        row[6],
+        row[7],
+        row[8],
+        node_id,
+        row[9],
+        expires,
+        row[10],
+        row[11],
+        decode_json(row[12]),
+        row[13],
+        now,
     )
 
 
@@ -404,42 +429,50 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             "token": new_token(),
             "partitions": None if parts is None else json.dumps(parts),
         }
-        sql = Q["claim_ordered"] if ordered else Q["claim"]
+        merged, pending_only = (
+            (Q["claim_ordered"], Q["claim_pending_ordered"]) if ordered else (Q["claim"], Q["claim_pending"])
+        )
 
-        def op(db: sqlite3.Connection, now: float) -> tuple[list[_Row], int, int]:
+        def op(db: sqlite3.Connection, now: float) -> tuple[list[_Row], int, int, float]:
             if ordered and db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
                 db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
-            exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
-            dead = len(exhausted)
-            _promote_heads(db, [(r[1], r[2]) for r in exhausted])
+            dead = 0
+            if db.execute(Q["any_expired_lease"], {"queue": queue, "now": now}).fetchone() is None:
+                sql = pending_only
+            else:
+                sql = merged
+                exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
+                dead = len(exhausted)
+                _promote_heads(db, [(r[1], r[2]) for r in exhausted])
             rows = db.execute(sql, {**params, "now": now}).fetchall()
-            rows.sort(key=lambda r: (-r[6], r[0]))
-            keyed = [r[0] for r in rows if r[4] is not None]
+            rows.sort(key=lambda r: (-r[5], r[0]))
+            keyed = [r[0] for r in rows if r[3] is not None]
             if not keyed:
-                return rows, 0, dead
+                return rows, 0, dead, now
             settled = db.execute(Q["settle_duplicate"], {"ids": json.dumps(keyed), "now": now}).fetchall()
             if not settled:
-                return rows, 0, dead
+                return rows, 0, dead, now
             _promote_heads(db, [(r[1], r[2]) for r in settled])
             duplicates = {r[0] for r in settled}
-            return [r for r in rows if r[0] not in duplicates], len(duplicates), dead
+            return [r for r in rows if r[0] not in duplicates], len(duplicates), dead, now
 
-        def undo(result: tuple[list[_Row], int, int]) -> Operation[Any] | None:
+        def undo(result: tuple[list[_Row], int, int, float]) -> Operation[Any] | None:
             rows = result[0]
             if not rows:
                 return None
             return self._release_rows_op(rows)
 
-        rows, duplicates, dead = await self._write(op, undo)
-        tasks = [_row_to_task(r) for r in rows]
+        rows, duplicates, dead, now = await self._write(op, undo)
+        expires = now + lease
+        tasks = [_claimed_task(r, queue, node_id, expires, now) for r in rows]
         self.events.add(ev.CLAIMS, len(tasks))
-        self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[19]) + dead)  # dead ones expired too
+        self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[14]) + dead)  # dead ones expired too
         self.events.add(ev.DEAD_LETTERED, dead)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return tasks
 
     def _release_rows_op(self, rows: Sequence[_Row]) -> Operation[None]:
-        keys = [{"id": r[0], "lease_token": r[12], "version": r[14], "delay_s": 0.0} for r in rows]
+        keys = [{"id": r[0], "lease_token": r[9], "version": r[10], "delay_s": 0.0} for r in rows]
 
         def op(db: sqlite3.Connection, now: float) -> None:
             sql = Q["release"]
@@ -512,21 +545,23 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                         if row is not None and f[1] < row[1]:
                             refused[t.id] = int(row[1])
             batch = json.dumps([r for r in rows if r[0] not in refused], separators=(",", ":"))
-            done = db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall()
-            versions = {r[0]: r[1] for r in done}
-            _promote_heads(db, [(r[2], r[3]) for r in done])
+            done = set(db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall())
+            won = [(t.id, t.version + 1) in done for t in checked]  # this copy's compare-and-set matched
+            _promote_heads(db, [(t.queue, t.partition_key) for t, w in zip(checked, won, strict=True) if w])
             if fenced is not None:  # ...and record the tokens of the commits that went through
-                for t, f in zip(checked, fenced, strict=True):
-                    if f is not None and t.id in versions:
+                for f, w in zip(fenced, won, strict=True):
+                    if f is not None and w:
                         check_fence(db, now, f[0], f[1])
             records = [
-                [t.queue, t.idempotency_key] for t in checked if t.idempotency_key is not None and t.id in versions
+                [t.queue, t.idempotency_key]
+                for t, w in zip(checked, won, strict=True)
+                if w and t.idempotency_key is not None
             ]
             if records:
                 db.execute(Q["record_processed_batch"], {"records": json.dumps(records), "now": now})
             out: list[int | str | None] = [
-                versions[t.id] if t.id in versions else (None if t.id in refused else _lost_reason(db, t, now))
-                for t in checked
+                t.version + 1 if w else (None if t.id in refused else _lost_reason(db, t, now))
+                for t, w in zip(checked, won, strict=True)
             ]
             return now, out, refused
 
@@ -805,8 +840,17 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
 
 
 def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> None:
-    """After tasks of these ``(queue, partition_key)`` left the active set: mark each key's new head."""
-    if keys:
+    """After tasks of these ``(queue, partition_key)`` left the active set: mark each key's new head.
+
+    Only queues claimed in order keep heads (``coord_ordered_queues``, read in the same
+    write transaction, so a queue another process has just marked is seen).
+    """
+    if not keys:
+        return
+    queues = sorted({k[0] for k in keys})
+    ordered = {r[0] for r in db.execute(Q["ordered_queues"], {"queues": json.dumps(queues)})}
+    if ordered:
+        keys = [k for k in keys if k[0] in ordered]
         db.execute(Q["promote_heads"], {"keys": json.dumps(sorted(set(keys)))})
 
 

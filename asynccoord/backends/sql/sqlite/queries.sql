@@ -52,6 +52,10 @@ UPDATE coord_tasks
      WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
        AND t.active = 1 AND t.queue IN (SELECT queue FROM coord_ordered_queues));
 
+-- name: ordered_queues
+-- Which of :queues (a JSON array) are claimed in order, i.e. keep per-key heads.
+SELECT queue FROM coord_ordered_queues WHERE queue IN (SELECT value FROM json_each(:queues));
+
 -- name: mark_ordered
 -- First ordered claim of :queue: from now on its heads are kept (see recompute_queue_heads).
 INSERT INTO coord_ordered_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING;
@@ -73,6 +77,16 @@ UPDATE coord_tasks
        version = version + 1, updated_at = :now
  WHERE queue = :queue AND status = 'running' AND lease_expires_at <= :now AND attempts >= max_attempts
 RETURNING id, queue, partition_key;
+
+-- name: any_expired_lease
+-- Is any lease of :queue expired (coord_tasks_lease_expiry, one seek)? Almost never: a claim
+-- then takes the pending-only form below, which skips merging with expired leases.
+SELECT 1 FROM coord_tasks WHERE queue = :queue AND status = 'running' AND lease_expires_at <= :now LIMIT 1;
+
+-- Claims. Every form returns the same columns (the claiming node knows the rest: queue,
+-- status 'running', lease owner, lease expiry :now + :lease_s, updated_at :now): id,
+-- partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at,
+-- lease_token, version, last_error, result, created_at, reclaimed.
 
 -- name: claim
 -- Due pending tasks (coord_tasks_pending) and expired leases (coord_tasks_lease_expiry), merged
@@ -99,7 +113,22 @@ UPDATE coord_tasks
              LIMIT :limit))
      ORDER BY priority DESC, id
      LIMIT :limit)
-RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
+
+-- name: claim_pending
+-- claim when no lease of the queue has expired: due pending tasks only.
+UPDATE coord_tasks
+   SET reclaimed = 0,
+       status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
+       version = version + 1, updated_at = :now
+ WHERE id IN (
+    SELECT t.id FROM coord_tasks AS t
+     WHERE t.queue = :queue AND t.status = 'pending' AND t.run_at <= :now - :min_due_age_s
+       AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit)
+RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
 -- name: claim_ordered
 -- Per-key ordering: only the head (earliest active task) of each partition key is eligible;
@@ -126,7 +155,22 @@ UPDATE coord_tasks
              LIMIT :limit))
      ORDER BY priority DESC, id
      LIMIT :limit)
-RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
+
+-- name: claim_pending_ordered
+-- claim_ordered when no lease of the queue has expired: due pending heads only.
+UPDATE coord_tasks
+   SET reclaimed = 0,
+       status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
+       version = version + 1, updated_at = :now
+ WHERE id IN (
+    SELECT t.id FROM coord_tasks AS t
+     WHERE t.queue = :queue AND t.status = 'pending' AND t.is_head = 1 AND t.run_at <= :now - :min_due_age_s
+       AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+     ORDER BY t.priority DESC, t.id
+     LIMIT :limit)
+RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
 -- name: settle_duplicate
 -- Claimed tasks (:ids, a JSON array) whose message id was already processed: done
@@ -152,7 +196,7 @@ UPDATE coord_tasks
           FROM json_each(:batch)) AS b
  WHERE coord_tasks.id = b.id AND coord_tasks.lease_token = b.token AND coord_tasks.version = b.version
    AND coord_tasks.status = 'running' AND coord_tasks.lease_expires_at > :now
-RETURNING coord_tasks.id, coord_tasks.version, coord_tasks.queue, coord_tasks.partition_key;
+RETURNING coord_tasks.id, coord_tasks.version;
 
 -- name: record_processed_batch
 -- :records is a JSON array of [consumer, message_id].
