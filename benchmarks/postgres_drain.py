@@ -8,8 +8,12 @@ of its own created fresh for every run, with the same process layouts:
   processes with ``concurrency=8``).
 
 The clock starts when every worker process is up and told to go, and stops when the
-database shows no job left to do (polled every 20 ms), so process start-up and
-shutdown are not counted. asynccoord runs its full pipeline (partitioned claims with
+database shows no job left to do (polled every 20 ms by the parent, through each
+system's partial index of unfinished jobs; the tables are ANALYZEd after the fill), so
+process start-up and shutdown are not counted. Workers poll nothing else: procrastinate's
+stop by themselves on an empty queue (``wait=False``), asynccoord's when the parent says
+so (they used to poll ``stats()``, a count over the whole table, 20 times a second each:
+a harness cost procrastinate did not pay, see POSTGRES.md). asynccoord runs its full pipeline (partitioned claims with
 per-key ordering, leases with renewal, compare-and-set commits with processed-id
 records); procrastinate its default worker (LISTEN/NOTIFY on, one job fetched per
 worker slot). Jobs are 1,000 conversations' worth of keys, no locks (``--locks`` adds
@@ -119,6 +123,14 @@ def go(procs: list[subprocess.Popen[str]]) -> float:
 
 
 def stop(procs: list[subprocess.Popen[str]]) -> None:
+    """Tell the workers the queue is drained (asynccoord's wait for it), and wait for them to exit."""
+    for proc in procs:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write("stop\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):  # a procrastinate worker that stopped by itself
+            pass
     for proc in procs:
         try:
             proc.wait(timeout=30)
@@ -143,6 +155,7 @@ async def asynccoord_fill(dsn: str, schema: str, tasks: int) -> None:
                     for i in range(first, min(tasks, first + 5000))
                 ]
             )
+    await admin(dsn, f'ANALYZE "{schema}".coord_tasks')
 
 
 async def asynccoord_worker(dsn: str, schema: str, nodes: int, locks: bool) -> None:
@@ -161,7 +174,7 @@ async def asynccoord_worker(dsn: str, schema: str, nodes: int, locks: bool) -> N
         print(json.dumps({"event": "ready"}), flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         async with runtime:
-            await runtime.wait_until_drained(timeout_s=600.0, poll_s=0.05)
+            await asyncio.to_thread(sys.stdin.readline)  # "stop": the parent saw the queue drained
 
 
 async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks: bool) -> Result:
@@ -172,7 +185,13 @@ async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks
         argv.append("--locks")
     procs = spawn_workers(argv, processes)
     started = go(procs)
-    left = f"SELECT count(*) FROM \"{schema}\".coord_tasks WHERE status IN ('pending', 'running')"
+    table = f'"{schema}".coord_tasks'
+    left = (  # the first entry of coord_tasks_pending and of coord_tasks_lease_expiry (partial indexes)
+        f"SELECT count(*) FROM ((SELECT 1 FROM {table} WHERE queue = '{QUEUE}' AND status = 'pending'"
+        " ORDER BY priority DESC, id LIMIT 1) UNION ALL"
+        f" (SELECT 1 FROM {table} WHERE queue = '{QUEUE}' AND status = 'running'"
+        " ORDER BY lease_expires_at LIMIT 1)) AS unfinished"
+    )
     ended = await wait_drained(dsn, left, 600.0)
     stop(procs)
     done = await count_left(dsn, f"SELECT count(*) FROM \"{schema}\".coord_tasks WHERE status = 'done'")
@@ -209,6 +228,7 @@ async def procrastinate_fill(dsn: str, schema: str, tasks: int) -> None:
             await task.batch_defer_async(
                 *({"n": i, "account": i % 200} for i in range(first, min(tasks, first + 5000)))
             )
+    await admin(dsn, f'ANALYZE "{schema}".procrastinate_jobs')
 
 
 async def procrastinate_worker(dsn: str, schema: str, concurrency: int, send_ms: float = 0.0) -> None:
@@ -230,7 +250,11 @@ async def procrastinate_run(dsn: str, tasks: int, processes: int, concurrency: i
     argv += ["--send-ms", str(send_ms)]
     procs = spawn_workers(argv, processes)
     started = go(procs)
-    left = f"SELECT count(*) FROM \"{schema}\".procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    table = f'"{schema}".procrastinate_jobs'
+    left = (  # the first entry of procrastinate_jobs_priority_idx_v1 and _lock_idx_v1 (partial indexes)
+        f"SELECT count(*) FROM ((SELECT 1 FROM {table} WHERE status = 'todo' ORDER BY priority DESC, id LIMIT 1)"
+        f" UNION ALL (SELECT 1 FROM {table} WHERE status = 'doing' ORDER BY lock LIMIT 1)) AS unfinished"
+    )
     ended = await wait_drained(dsn, left, 900.0)
     stop(procs)
     done = await count_left(dsn, f"SELECT count(*) FROM \"{schema}\".procrastinate_jobs WHERE status = 'succeeded'")

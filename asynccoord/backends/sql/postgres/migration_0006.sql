@@ -72,7 +72,12 @@ BEGIN
     END IF;
 
     -- 3. The compare-and-set of each remaining task on (id, lease_token, version), with a
-    --    live lease.
+    --    live lease. The state is checked as "not pending, done or dead" rather than
+    --    "= 'running'" (the same under the CHECK constraint; a lease token is only ever set
+    --    while running): "= 'running'" lets the planner read the batch through
+    --    coord_tasks_lease_expiry, every running task, whose statistics (taken when none
+    --    ran, and never covering leases granted since) promise one row; this way the only
+    --    path to the rows is the primary key.
     WITH done AS (
         UPDATE coord_tasks AS t
            SET status = 'done', active = false, is_head = false, result = b.result, last_error = NULL,
@@ -81,7 +86,7 @@ BEGIN
           FROM unnest(p_ids, p_tokens, p_versions, p_results) AS b (id, token, version, result)
          WHERE t.id = b.id AND NOT (b.id = ANY(v_refused))
            AND t.lease_token = b.token AND t.version = b.version
-           AND t.status = 'running' AND t.lease_expires_at > coord_now(p_now)
+           AND t.status <> ALL ('{pending,done,dead}') AND t.lease_expires_at > coord_now(p_now)
         RETURNING t.id, t.version, t.updated_at, t.queue, t.partition_key, t.idempotency_key)
     SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.version), '{}'), coalesce(array_agg(d.updated_at), '{}'),
            coalesce(array_agg(d.queue), '{}'), coalesce(array_agg(d.partition_key), '{}'),

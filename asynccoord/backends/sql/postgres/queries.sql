@@ -3,7 +3,12 @@
 -- into the text). :now is NULL except under a test clock: coord_now(:now) is the server
 -- clock (statement_timestamp()). Every task-returning query lists the columns in the
 -- same order as the SQLite dialect (see _row_to_task in backends/postgres.py).
--- Batches arrive as parallel arrays (unnest), one statement per table.
+-- Batches arrive as parallel arrays (unnest), one statement per table; a batch's rows are
+-- found through the primary key. Where a batch checks that its tasks still run, it says
+-- "status <> ALL ('{pending,done,dead}')" (the same under the CHECK constraint) and not
+-- "status = 'running'": the latter lets the planner read the batch through
+-- coord_tasks_lease_expiry, every running task, whose statistics (never covering leases
+-- granted since the last ANALYZE) promise one row.
 
 -- name: now
 SELECT coord_now(:now::float8);
@@ -196,7 +201,7 @@ UPDATE coord_tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = t.version + 1, updated_at = coord_now(:now::float8)
   FROM unnest(:ids::bigint[], :tokens::text[]) AS b (id, token)
- WHERE t.id = b.id AND t.lease_token = b.token AND t.status = 'running' AND t.idempotency_key IS NOT NULL
+ WHERE t.id = b.id AND t.lease_token = b.token AND t.status <> ALL ('{pending,done,dead}') AND t.idempotency_key IS NOT NULL
    AND EXISTS (SELECT 1 FROM coord_processed AS p WHERE p.consumer = t.queue AND p.message_id = t.idempotency_key)
 RETURNING t.id;
 
@@ -243,7 +248,7 @@ UPDATE coord_tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = t.version + 1, updated_at = coord_now(:now::float8)
   FROM unnest(:ids::bigint[], :tokens::text[]) AS b (id, token)
- WHERE t.id = b.id AND t.lease_token = b.token AND t.status = 'running'
+ WHERE t.id = b.id AND t.lease_token = b.token AND t.status <> ALL ('{pending,done,dead}')
 RETURNING t.id;
 
 -- name: extend
@@ -256,7 +261,7 @@ RETURNING lease_expires_at;
 UPDATE coord_tasks AS t SET lease_expires_at = coord_now(:now::float8) + :lease_s::float8
   FROM unnest(:ids::bigint[], :tokens::text[]) AS b (id, token)
  WHERE t.id = b.id AND t.lease_token = b.token
-   AND t.status = 'running' AND t.lease_expires_at > coord_now(:now::float8)
+   AND t.status <> ALL ('{pending,done,dead}') AND t.lease_expires_at > coord_now(:now::float8)
 RETURNING t.id, t.lease_token;
 
 -- name: stats_counts
