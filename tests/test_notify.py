@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from asynccoord import InvalidArgumentError, WorkNotifier
+from asynccoord import InvalidArgumentError, NewTask, SQLiteStore, WorkNotifier, partition_of
 
 QUEUE = "q"
 
@@ -145,3 +145,37 @@ def test_bad_arguments_are_refused() -> None:
         notifier.subscribe("")
     with pytest.raises(InvalidArgumentError):
         asyncio.run(notifier.subscribe(QUEUE).wait(-1.0))
+
+
+async def test_sqlite_commit_wakes_only_the_owner_of_a_newly_claimable_head(tmp_path) -> None:
+    """A commit wakes a node only when it made work claimable: the key's next task in an ordered queue.
+
+    In an unordered queue every pending task was claimable already, so a commit wakes nobody
+    (a wake-up there would only cost the node an empty claim).
+    """
+    async with SQLiteStore(tmp_path / "wake.db") as store:
+        await store.enqueue_many([NewTask(queue="plain", payload=i, partition_key="k1") for i in range(2)])
+        await store.enqueue_many([NewTask(queue="chat", payload=i, partition_key="k1") for i in range(2)])
+        await store.enqueue("chat", "last", partition_key="k2")
+        owner, other = partition_of("k1", store.partitions), partition_of("k2", store.partitions)
+        assert owner != other
+
+        plain_node = store.notifier.subscribe("plain")
+        [task] = await store.claim("plain", node_id="n1", limit=1)
+        plain_node.arm()
+        await store.complete(task)
+        assert not plain_node.is_set
+
+        k1_node, k2_node = store.notifier.subscribe("chat", [owner]), store.notifier.subscribe("chat", [other])
+        first = await store.claim("chat", node_id="n1", limit=2, ordered=True)
+        assert [t.partition_key for t in first] == ["k1", "k2"]  # one head per key
+        k1_node.arm([owner])
+        k2_node.arm([other])
+        await store.complete(first[1])  # k2 has nothing behind it
+        assert not k1_node.is_set
+        assert not k2_node.is_set
+        await store.complete(first[0])  # k1's second task becomes its head
+        assert k1_node.is_set
+        assert not k2_node.is_set
+        [second] = await store.claim("chat", node_id="n1", limit=2, ordered=True)
+        assert (second.partition_key, second.payload) == ("k1", 1)

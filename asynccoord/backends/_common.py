@@ -43,6 +43,7 @@ __all__ = (
     "encode_results",
     "new_token",
     "notify_created",
+    "notify_partitions",
     "notify_settled",
     "prepare_tasks",
     "settled_done",
@@ -347,6 +348,15 @@ def notify_settled(notifier: WorkNotifier, tasks: Sequence[Task]) -> None:
     by_queue: dict[str, set[int]] = {}
     for t in tasks:
         by_queue.setdefault(t.queue, set()).add(t.partition)
+    for queue, partitions in by_queue.items():
+        notifier.notify(queue, len(partitions), partitions)
+
+
+def notify_partitions(notifier: WorkNotifier, promoted: Sequence[tuple[str, int]]) -> None:
+    """Wake idle in-process nodes owning these ``(queue, partition)``: work became claimable there."""
+    by_queue: dict[str, set[int]] = {}
+    for queue, partition in promoted:
+        by_queue.setdefault(queue, set()).add(partition)
     for queue, partitions in by_queue.items():
         notifier.notify(queue, len(partitions), partitions)
 

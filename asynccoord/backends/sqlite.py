@@ -57,7 +57,7 @@ from ._common import (
     encode_results,
     new_token,
     notify_created,
-    notify_settled,
+    notify_partitions,
     prepare_tasks,
     settled_done,
 )
@@ -536,7 +536,9 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             return []
         rows = [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)]
 
-        def op(db: sqlite3.Connection, now: float) -> tuple[float, list[int | str | None], dict[int, int]]:
+        def op(
+            db: sqlite3.Connection, now: float
+        ) -> tuple[float, list[int | str | None], dict[int, int], list[tuple[str, int]]]:
             refused: dict[int, int] = {}
             if fenced is not None:  # refuse outdated tokens first (read only)...
                 for t, f in zip(checked, fenced, strict=True):
@@ -547,7 +549,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             batch = json.dumps([r for r in rows if r[0] not in refused], separators=(",", ":"))
             done = set(db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall())
             won = [(t.id, t.version + 1) in done for t in checked]  # this copy's compare-and-set matched
-            _promote_heads(db, [(t.queue, t.partition_key) for t, w in zip(checked, won, strict=True) if w])
+            promoted = _promote_heads(db, [(t.queue, t.partition_key) for t, w in zip(checked, won, strict=True) if w])
             if fenced is not None:  # ...and record the tokens of the commits that went through
                 for f, w in zip(fenced, won, strict=True):
                     if f is not None and w:
@@ -563,9 +565,9 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 t.version + 1 if w else (None if t.id in refused else _lost_reason(db, t, now))
                 for t, w in zip(checked, won, strict=True)
             ]
-            return now, out, refused
+            return now, out, refused, promoted
 
-        now, outcomes, refused = await self._write(op)
+        now, outcomes, refused, promoted = await self._write(op)
         done: list[Task | CoordError] = []
         for i, (task, result_json, outcome) in enumerate(zip(checked, encoded, outcomes, strict=True)):
             if task.id in refused:
@@ -580,8 +582,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 done.append(LeaseLostError(task.id, outcome))
         committed = sum(1 for d in done if isinstance(d, Task))
         self.events.add(ev.COMMITS, committed)
-        if committed:  # an ordered queue's next task per key may be claimable now
-            notify_settled(self.notifier, [t for t, d in zip(checked, done, strict=True) if isinstance(d, Task)])
+        notify_partitions(self.notifier, promoted)  # the keys' next tasks, claimable now
         self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for d in done if isinstance(d, LeaseLostError)))
         self.events.add(ev.FENCING_REJECTED, len(refused))
         return done
@@ -602,12 +603,14 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         text = clean_error(error)
         policy = check_retry(retry, self.config)
         if task.attempts >= task.max_attempts:
+            promoted: list[tuple[str, int]] = []
             out = await self._settle(
                 task,
                 Q["dead_letter"],
                 {"error": text},
-                lambda db, _now, t: _promote_heads(db, [(t.queue, t.partition_key)]),
+                lambda db, _now, t: promoted.extend(_promote_heads(db, [(t.queue, t.partition_key)])),
             )
+            notify_partitions(self.notifier, promoted)
             self.events.add(ev.DEAD_LETTERED)
         else:
             delay = policy.delay_s(max(task.attempts, 1))
@@ -839,19 +842,21 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 return PurgeResult(deleted=deleted, batches=batches)
 
 
-def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> None:
+def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> list[tuple[str, int]]:
     """After tasks of these ``(queue, partition_key)`` left the active set: mark each key's new head.
 
     Only queues claimed in order keep heads (``coord_ordered_queues``, read in the same
-    write transaction, so a queue another process has just marked is seen).
+    write transaction, so a queue another process has just marked is seen). Returns the
+    ``(queue, partition)`` of every new head: the work this change made claimable.
     """
     if not keys:
-        return
+        return []
     queues = sorted({k[0] for k in keys})
     ordered = {r[0] for r in db.execute(Q["ordered_queues"], {"queues": json.dumps(queues)})}
-    if ordered:
-        keys = [k for k in keys if k[0] in ordered]
-        db.execute(Q["promote_heads"], {"keys": json.dumps(sorted(set(keys)))})
+    if not ordered:
+        return []
+    keys = [k for k in keys if k[0] in ordered]
+    return db.execute(Q["promote_heads"], {"keys": json.dumps(sorted(set(keys)))}).fetchall()
 
 
 def _split_script(script: str) -> list[str]:

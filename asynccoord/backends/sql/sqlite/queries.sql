@@ -30,7 +30,8 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 
 -- name: promote_heads
 -- :keys is a JSON array of [queue, partition_key] whose head may have left the active
--- set: mark each key's earliest active task as its head (ordered queues only).
+-- set: mark each key's earliest active task as its head (ordered queues only). Returns the
+-- queue and partition of every new head (claimable now, if due).
 UPDATE coord_tasks SET is_head = 1
  WHERE is_head = 0 AND id IN (
     SELECT (SELECT t.id FROM coord_tasks AS t
@@ -38,7 +39,8 @@ UPDATE coord_tasks SET is_head = 1
                AND t.active = 1
              ORDER BY t.id LIMIT 1)
       FROM json_each(:keys) AS k
-     WHERE json_extract(k.value, '$[0]') IN (SELECT queue FROM coord_ordered_queues));
+     WHERE json_extract(k.value, '$[0]') IN (SELECT queue FROM coord_ordered_queues))
+RETURNING queue, partition;
 
 -- name: recompute_heads
 -- After tasks rejoin the active set out of order (requeue): heads of :keys from scratch
