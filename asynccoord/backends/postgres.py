@@ -66,7 +66,7 @@ from ..errors import (
 )
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
-from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus, make_task
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._batch import Batcher
@@ -119,26 +119,27 @@ _Row: TypeAlias = Any  # an asyncpg.Record: indexable by column position
 
 
 def _row_to_task(row: _Row) -> Task:
-    return Task(
-        id=row[0],
-        queue=row[1],
-        partition_key=row[2],
-        partition=row[3],
-        idempotency_key=row[4],
-        payload=decode_json(row[5]),
-        priority=row[6],
-        status=_STATUS[row[7]],
-        attempts=row[8],
-        max_attempts=row[9],
-        run_at=row[10],
-        lease_owner=row[11],
-        lease_token=row[12],
-        lease_expires_at=row[13],
-        version=row[14],
-        last_error=row[15],
-        result=decode_json(row[16]),
-        created_at=row[17],
-        updated_at=row[18],
+    """The task of a row read back from the store's own table (no validation: see make_task)."""
+    return make_task(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        decode_json(row[5]),
+        row[6],
+        _STATUS[row[7]],
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
+        row[14],
+        row[15],
+        decode_json(row[16]),
+        row[17],
+        row[18],
     )
 
 
