@@ -4,9 +4,11 @@ bad traces and options fail clearly; the demo never drops a PostgreSQL schema it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -279,13 +281,46 @@ def test_a_stopped_demo_leaves_no_worker_running(tmp_path: Path, signum: int) ->
     deadline = time.monotonic() + 60
     while len(_workers_on(db)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(_workers_on(db)) == 2, "the demo did not start its workers"
-    time.sleep(1.0)
-    demo.send_signal(signum)
-    _, stderr = demo.communicate(timeout=30)
-    # SIGTERM: the demo stops its workers itself; SIGKILL: the orphaned workers notice.
-    assert demo.returncode == (130 if signum == signal.SIGTERM else -signal.SIGKILL), stderr.decode()[-2000:]
-    deadline = time.monotonic() + 15
-    while _workers_on(db) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _workers_on(db) == []
+    try:
+        assert len(_workers_on(db)) == 2, "the demo did not start its workers"
+        time.sleep(1.0)
+        demo.send_signal(signum)
+        _, stderr = demo.communicate(timeout=30)
+        # SIGTERM: the demo stops its workers itself; SIGKILL: the orphaned workers notice.
+        assert demo.returncode == (130 if signum == signal.SIGTERM else -signal.SIGKILL), stderr.decode()[-2000:]
+        deadline = time.monotonic() + 15
+        while _workers_on(db) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _workers_on(db) == []
+    finally:  # a failed check must not leave workers running on the machine
+        demo.kill()
+        for pid in _workers_on(db):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_whose_demo_died_while_it_started_exits(tmp_path: Path) -> None:
+    """The demo's pid comes on the command line: a worker whose demo is already gone exits at once."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    worker = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asynccoord.demo.worker",
+            "--store",
+            str(tmp_path / "demo.db"),
+            "--gateway",
+            str(tmp_path / "gateway.db"),
+            "--status-file",
+            str(tmp_path / "status.json"),
+            "--prefix",
+            "w0",
+            "--parent-pid",
+            gone.stdout.strip(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert worker.returncode == 0, worker.stderr[-2000:]
+    assert f"orphaned parent={gone.stdout.strip()}" in worker.stderr

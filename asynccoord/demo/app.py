@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import random
 import re
 import signal
@@ -296,6 +297,8 @@ def _spawn(worker: _Worker, opts: DemoOptions, store: str, gateway: Path) -> Non
         "0" if opts.as_json else "0.25",  # only the live view reads the status files
         "--prefix",
         worker.prefix,
+        "--parent-pid",
+        str(os.getpid()),
         "--nodes",
         str(opts.nodes),
         "--seed",

@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--status-file", required=True)
     parser.add_argument("--status-interval-s", type=float, default=0.25, help="0: write no status file")
     parser.add_argument("--prefix", required=True, help="node id prefix (reused by a replacement process)")
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="the demo's pid: exit once it is gone (default: parent at start)"
+    )
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lease-s", type=float, default=2.0)
@@ -130,7 +133,7 @@ async def run(args: argparse.Namespace) -> int:
             writer = asyncio.create_task(
                 _write_status(runtime, Path(args.status_file), args.status_interval_s, lambda: stalled)
             )
-            orphan = asyncio.create_task(_exit_when_orphaned(runtime))
+            orphan = asyncio.create_task(_exit_when_orphaned(runtime, args.parent_pid))
             try:
                 await runtime.wait_for_signal()
             finally:
@@ -139,18 +142,21 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _exit_when_orphaned(runtime: Runtime, poll_s: float = 0.5) -> None:
+async def _exit_when_orphaned(runtime: Runtime, parent: int | None, poll_s: float = 0.5) -> None:
     """Shut down (as on SIGTERM) once the demo process that started this worker is gone.
 
     A demo killed before it could stop its workers (SIGKILL, a timeout) leaves them
     re-parented: they notice within ``poll_s`` and hand their work back instead of
-    running on forever.
+    running on forever. ``parent`` is the demo's pid as the demo gave it, so a demo
+    killed while this worker was still starting is noticed too (the parent pid read at
+    start would already be the new parent's).
     """
-    parent = os.getppid()
-    while True:
-        await asyncio.sleep(poll_s)
+    if parent is None:
+        parent = os.getppid()
+    while True:  # no event to wait on: a parent's death is only seen by polling getppid()
         if os.getppid() != parent:
             break
+        await asyncio.sleep(poll_s)
     log.warning("asynccoord.demo.worker.orphaned parent=%d: shutting down", parent)
     await runtime.shutdown()
 
