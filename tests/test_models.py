@@ -1,13 +1,15 @@
-"""The records of asynccoord.models: the stores' fast Task constructor matches Task(...)."""
+"""The records of asynccoord.models: the stores' fast Task constructor and JSON decoding match the slow ones."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 
 import pytest
 
 from asynccoord import Task, TaskStatus
+from asynccoord.backends._common import decode_json
 from asynccoord.models import make_task
 
 VALUES = {
@@ -57,3 +59,31 @@ def test_a_task_from_make_task_is_still_frozen() -> None:
     task = make_task(*VALUES.values())
     with pytest.raises(dataclasses.FrozenInstanceError):
         task.version = 9  # type: ignore[misc]
+
+
+JSON_TEXTS = [
+    "null",
+    '{"n":1}',
+    '[1,2,{"a":"\\u00e9"}]',
+    '"x"',
+    "123456789012345678901234567890",
+    "1.5e300",
+    "-0.0",
+    "true",
+    ' {"a":1} ',
+    '{"a":1}\n',
+    '{"a":1,"a":2}',
+    "-Infinity",
+]
+
+
+@pytest.mark.parametrize("text", JSON_TEXTS)
+def test_decode_json_reads_what_json_loads_reads(text: str) -> None:
+    assert decode_json(text) == json.loads(text)
+    assert type(decode_json(text)) is type(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a":1} x', "nul", "1 2"])
+def test_decode_json_refuses_what_json_loads_refuses(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        decode_json(text)

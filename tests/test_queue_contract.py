@@ -348,6 +348,20 @@ async def test_claimed_task_is_what_the_store_holds(store, clock: FakeClock, ord
     assert store.events.get(ev.LEASE_EXPIRED) == (2 if with_expired else 0)
 
 
+async def test_complete_many_with_a_stale_copy_beside_the_live_one(store, clock: FakeClock) -> None:
+    """Two copies of one task in one batch: the live copy commits, the stale copy is rejected."""
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    stale = dataclasses.replace(task, version=task.version - 1)
+    outcomes = await store.complete_many([stale, task])
+    assert isinstance(outcomes[0], LeaseLostError)
+    assert isinstance(outcomes[1], Task)
+    assert outcomes[1].status is TaskStatus.DONE
+    assert outcomes[1].version == task.version + 1
+    assert await store.get(task.id) == outcomes[1]
+    assert store.events.get(ev.COMMITS) == 1
+
+
 # --- fail, retry, dead letters -------------------------------------------------------
 
 

@@ -808,17 +808,20 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     done[r[0]] = (r[2], r[3])
                 else:
                     refused[r[0]] = r[4]
-            missing = [i.task.id for i in items if i.task.id not in done and i.task.id not in refused]
+            # A copy committed if the version written is its own + 1 (a stale copy beside the
+            # live one in the same batch matched nothing).
+            won = [i.task.id in done and done[i.task.id][0] == i.task.version + 1 for i in items]
+            missing = sorted({i.task.id for i, w in zip(items, won, strict=True) if not w and i.task.id not in refused})
             current: dict[int, _Row] = {}
             if missing:
                 current = {int(r[0]): r for r in await self._fetch(conn, "select_tasks", ids=missing)}
             out: list[Task | CoordError] = []
-            for i in items:
+            for i, w in zip(items, won, strict=True):
                 t = i.task
                 if t.id in refused:
                     assert i.fence is not None
                     out.append(fence_rejected_error(i.fence[0], i.fence[1], refused[t.id]))
-                elif t.id in done:
+                elif w:
                     version, at = done[t.id]
                     out.append(settled_done(t, version=version, now=at, result=decode_json(i.result_json)))
                 else:
