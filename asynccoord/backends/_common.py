@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -401,7 +401,7 @@ def encode_result(result: Any, config: StoreConfig) -> str | None:
 # The standard library's own C scanner, which json.loads runs after two regex matches for
 # surrounding whitespace: the texts a store reads back are the compact JSON it wrote, so
 # the scanner alone decodes them in a fifth of the time (anything else goes to json.loads).
-_SCAN_JSON = json.JSONDecoder().scan_once
+_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def decode_json(text: str | None) -> Any:
