@@ -276,8 +276,10 @@ def have_procrastinate() -> bool:
 async def bench(args: argparse.Namespace) -> None:
     results: list[Result] = []
     with_procrastinate = not args.no_procrastinate and have_procrastinate()
+    log = sys.stderr if args.json else sys.stdout  # --json: stdout carries the JSON object only
+    load_start = os.getloadavg()
     if not args.no_procrastinate and not with_procrastinate:
-        print("procrastinate is not installed (pip install -e '.[bench]'): measuring asynccoord only")
+        print("procrastinate is not installed (pip install -e '.[bench]'): measuring asynccoord only", file=log)
     for processes, workers in LAYOUTS:
         for _ in range(args.repeat):
             runs = [await asynccoord_run(args.dsn, args.tasks, processes, workers, args.locks)]
@@ -285,20 +287,49 @@ async def bench(args: argparse.Namespace) -> None:
                 jobs = args.procrastinate_tasks or args.tasks
                 runs.append(await procrastinate_run(args.dsn, jobs, processes, workers))
             for r in runs:
-                print(f"{r.system:14} {processes} x {workers:2d}: {r.tasks} in {r.seconds:6.2f} s = {r.rate:8.0f}/s")
+                line = f"{r.system:14} {processes} x {workers:2d}: {r.tasks} in {r.seconds:6.2f} s = {r.rate:8.0f}/s"
+                print(line, file=log, flush=True)
             results.extend(runs)
     version = await server_version(args.dsn)
-    print()
-    print(f"| layout | asynccoord tasks/s | procrastinate jobs/s | ratio |  (PostgreSQL {version})")
-    print("|---|---:|---:|---:|")
+    layouts: list[dict[str, Any]] = []
     for layout in LAYOUTS:
         processes, workers = layout
         ours = [r.rate for r in results if r.system == "asynccoord" and (r.processes, r.workers) == layout]
         theirs = [r.rate for r in results if r.system == "procrastinate" and (r.processes, r.workers) == layout]
         a = statistics.median(ours)
         p = statistics.median(theirs) if theirs else None
-        ratio = f"{a / p:.1f}x" if p else "-"
-        print(f"| {processes} process x {workers} | {a:,.0f} | {'-' if p is None else f'{p:,.0f}'} | {ratio} |")
+        layouts.append(
+            {
+                "processes": processes,
+                "workers": workers,
+                "asynccoord_tasks_per_s": a,
+                "procrastinate_jobs_per_s": p,
+                "ratio": a / p if p else None,
+                "asynccoord_runs": ours,
+                "procrastinate_runs": theirs,
+                "ratio_per_run": [x / y for x, y in zip(ours, theirs, strict=False)],
+            }
+        )
+    if args.json:
+        report = {
+            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "postgres": version},
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+            "tasks": args.tasks,
+            "repeat": args.repeat,
+            "locks": args.locks,
+            "layouts": layouts,
+        }
+        print(json.dumps(report))
+        return
+    print()
+    print(f"| layout | asynccoord tasks/s | procrastinate jobs/s | ratio |  (PostgreSQL {version})")
+    print("|---|---:|---:|---:|")
+    for row in layouts:
+        rate, theirs, ratio = row["asynccoord_tasks_per_s"], row["procrastinate_jobs_per_s"], row["ratio"]
+        shown = "-" if theirs is None else f"{theirs:,.0f}"
+        times = "-" if ratio is None else f"{ratio:.1f}x"
+        print(f"| {row['processes']} process x {row['workers']} | {rate:,.0f} | {shown} | {times} |")
 
 
 async def server_version(dsn: str) -> str:
@@ -320,6 +351,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs per layout; the median is reported")
     parser.add_argument("--no-procrastinate", action="store_true", help="measure asynccoord only")
     parser.add_argument("--locks", action="store_true", help="asynccoord takes an account lock per task")
+    parser.add_argument("--json", action="store_true", help="print one JSON object of the figures (progress to stderr)")
     parser.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--schema", default="", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
