@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import contextvars
 import enum
+import heapq
 import inspect
 import logging
 import math
@@ -330,6 +331,7 @@ class Node:
         self._wake: WakeUp | None = None
         self._due_timer: asyncio.TimerHandle | None = None  # wakes the node when a task it delayed is due
         self._due_when = math.inf  # the loop time it fires at
+        self._due_times: list[float] = []  # heap: loop times at which tasks this node put back fall due
         self._rng = random.Random()
 
     def __repr__(self) -> str:
@@ -759,24 +761,36 @@ class Node:
             self._due_soon(delay_s)
 
     def _due_soon(self, delay_s: float) -> None:
-        """Wake the node in ``delay_s`` seconds (+1 ms): a task it put back is due then, and nobody notifies that."""
-        wake = self._wake
-        if wake is None:
+        """Wake the node in ``delay_s`` seconds (+1 ms): a task it put back is due then, and nobody notifies that.
+
+        Every such time is kept (a heap), and one timer runs at a time, for the earliest.
+        """
+        if self._wake is None:
             return
         loop = asyncio.get_running_loop()
         when = loop.time() + max(delay_s, 0.0) + 0.001
-        if when >= self._due_when:
-            return  # an earlier timer wakes it first; the claim then sees this task too if due
+        heapq.heappush(self._due_times, when)
+        self._arm_due(loop)
+
+    def _arm_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the timer for the earliest kept due time (if it is not running for it already)."""
+        if not self._due_times or self._due_times[0] >= self._due_when:
+            return
         if self._due_timer is not None:
             self._due_timer.cancel()
-        self._due_when = when
-        self._due_timer = loop.call_at(when, self._due_now)
+        self._due_when = self._due_times[0]
+        self._due_timer = loop.call_at(self._due_when, self._due_now)
 
     def _due_now(self) -> None:
         self._due_timer = None
         self._due_when = math.inf
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._due_times and self._due_times[0] <= now + 0.001:  # due now (or within the timer's slack)
+            heapq.heappop(self._due_times)
         if self._wake is not None:
             self._wake.set()
+            self._arm_due(loop)
 
     # --- keeper: lease and lock renewal ---------------------------------------------------
 

@@ -164,3 +164,57 @@ async def test_the_owner_of_a_hot_conversation_claims_about_once_per_step(make_s
     # every other node: its idle polls only
     others = [n for n in node_ids if n != owner]
     assert max(empty[n] for n in others) <= 10 + drain_s / 0.25, (empty, drain_s)
+
+
+async def test_every_task_put_back_with_a_delay_wakes_its_node_when_due(make_store: Any) -> None:
+    """Two retries due at different times: each is re-sent when due, not only the earliest."""
+    store = await make_store(clock=None)
+    start = time.monotonic()
+    sends: dict[str, list[float]] = {}
+
+    async def send(task: Task) -> None:
+        sends.setdefault(task.payload, []).append(time.monotonic() - start)
+        if len(sends[task.payload]) == 1:
+            if task.payload == "y":
+                await asyncio.sleep(0.2)
+            raise RuntimeError("fails once")
+
+    await store.enqueue_many([NewTask(queue=QUEUE, payload=p, partition_key=p) for p in ("x", "y")])
+    retry = RetryPolicy(base_s=0.3, jitter=0.0)  # x due at ~0.3 s, y (failing at ~0.2 s) at ~0.5 s
+    config = NodeConfig(queue=QUEUE, idle_min_s=3.0, idle_max_s=3.0, retry=retry)
+    node = Node(store, send, node_id="n", config=config)
+    run = asyncio.create_task(node.run())
+    await wait_for(lambda: all(len(sends.get(p, [])) == 2 for p in ("x", "y")), 2.5, "both second attempts")
+    assert sends["x"][1] < 1.0
+    assert sends["y"][1] < 1.2  # not the 3 s backoff
+    node.stop_claiming()
+    await asyncio.wait_for(run, 5)
+
+
+async def test_the_next_task_behind_a_settled_duplicate_is_claimed_at_once(make_store: Any) -> None:
+    """A claim that settles a redelivered (already processed) message wakes the owner of the key's next task."""
+    store = await make_store(clock=None)
+    await store.enqueue(QUEUE, "first", partition_key="k", idempotency_key="m1")
+    [first] = await store.claim(QUEUE, node_id="x", ordered=True)
+    await store.complete(first)
+    await store.purge_finished(QUEUE, older_than_s=0.0)  # the task is gone, its processed id is kept
+    await store.enqueue_many(
+        [
+            NewTask(queue=QUEUE, payload="redelivered", partition_key="k", idempotency_key="m1"),
+            NewTask(queue=QUEUE, payload="next", partition_key="k"),
+        ]
+    )
+    start = time.monotonic()
+    sent: dict[str, float] = {}
+
+    async def send(task: Task) -> None:
+        sent[task.payload] = time.monotonic() - start
+
+    config = NodeConfig(queue=QUEUE, idle_min_s=3.0, idle_max_s=3.0)
+    node = Node(store, send, node_id="n", config=config)
+    run = asyncio.create_task(node.run())
+    await wait_for(lambda: "next" in sent, 2.5, "the task behind the duplicate")
+    assert "redelivered" not in sent
+    assert sent["next"] < 1.0  # not the 3 s backoff
+    node.stop_claiming()
+    await asyncio.wait_for(run, 5)

@@ -362,6 +362,27 @@ async def test_complete_many_with_a_stale_copy_beside_the_live_one(store, clock:
     assert store.events.get(ev.COMMITS) == 1
 
 
+async def test_complete_many_with_the_same_copy_twice_commits_it_once(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    outcomes = await store.complete_many([task, task])
+    assert isinstance(outcomes[0], Task)
+    assert isinstance(outcomes[1], LeaseLostError)
+    assert store.events.get(ev.COMMITS) == 1
+
+
+async def test_a_commit_promotes_the_stored_key_not_the_callers_copy(store, clock: FakeClock) -> None:
+    """A copy whose partition key was altered still commits (the compare-and-set is on id, lease and
+    version), and the key's next task becomes claimable: heads follow the stored key."""
+    await store.enqueue_many([NewTask(queue=Q, payload=i, partition_key="k") for i in range(2)])
+    first = await claim_one(store, ordered=True)
+    altered = dataclasses.replace(first, partition_key="zz")
+    [done] = await store.complete_many([altered])
+    assert isinstance(done, Task)
+    [second] = await store.claim(Q, node_id="node-b", limit=5, ordered=True)
+    assert (second.partition_key, second.payload) == ("k", 1)
+
+
 # --- fail, retry, dead letters -------------------------------------------------------
 
 

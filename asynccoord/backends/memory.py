@@ -47,6 +47,7 @@ from ._common import (
     encode_results,
     new_token,
     notify_created,
+    notify_partitions,
     notify_settled,
     prepare_tasks,
 )
@@ -217,6 +218,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         candidates.sort(key=lambda t: (-t.priority, t.id))
         token = new_token()
         claimed: list[Task] = []
+        freed: list[tuple[str, int]] = []
         duplicates = reclaimed = 0
         for task in candidates[:limit]:
             if task.status is TaskStatus.RUNNING:
@@ -233,12 +235,14 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
             if task.idempotency_key is not None and (queue, task.idempotency_key) in self._processed:
                 self._put(updated, now, status=TaskStatus.DONE, result={"duplicate": True}, last_error=None)
                 duplicates += 1
+                freed.append((queue, task.partition))  # the key's next task is its head now
                 continue
             claimed.append(updated)
         self.events.add(ev.CLAIMS, len(claimed))
         self.events.add(ev.LEASE_EXPIRED, reclaimed + dead)
         self.events.add(ev.DEAD_LETTERED, dead)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
+        notify_partitions(self.notifier, freed)
         return claimed
 
     def _put(self, task: Task, now: float, **changes: Any) -> Task:

@@ -84,6 +84,7 @@ from ._common import (
     encode_results,
     new_token,
     notify_created,
+    notify_partitions,
     notify_settled,
     prepare_tasks,
     settled_done,
@@ -648,6 +649,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         settled: set[int] = set()
         if duplicates:
             settled = await self._settle_duplicates(duplicates)
+            # Their keys' next tasks became heads: wake this process's owners too (other
+            # processes hear of them through NOTIFY).
+            notify_partitions(self.notifier, [(queue, int(r[3])) for r in duplicates if r[0] in settled])
         kept = sorted((r for r in rows if not r[20]), key=lambda r: (-r[6], r[0]))
         tasks = [_row_to_task(r) for r in kept]
         self.events.add(ev.CLAIMS, len(tasks))
@@ -809,8 +813,14 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 else:
                     refused[r[0]] = r[4]
             # A copy committed if the version written is its own + 1 (a stale copy beside the
-            # live one in the same batch matched nothing).
-            won = [i.task.id in done and done[i.task.id][0] == i.task.version + 1 for i in items]
+            # live one in the same batch matched nothing), and only the first such copy.
+            claimed: set[int] = set()
+            won = []  # one copy per committed row: a repeated copy of a committed task lost
+            for i in items:
+                hit = i.task.id in done and done[i.task.id][0] == i.task.version + 1 and i.task.id not in claimed
+                if hit:
+                    claimed.add(i.task.id)
+                won.append(hit)
             missing = sorted({i.task.id for i, w in zip(items, won, strict=True) if not w and i.task.id not in refused})
             current: dict[int, _Row] = {}
             if missing:

@@ -78,6 +78,7 @@ SCHEMA_VERSION = len(load_migrations("sqlite"))
 MIN_SQLITE = (3, 35, 0)
 
 _Row = tuple[Any, ...]
+_Claimed = tuple[list[_Row], int, int, float, list[tuple[str, int]]]  # rows, duplicates, dead, now, promoted
 _STATUS = {s.value: s for s in TaskStatus}
 
 
@@ -433,36 +434,38 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             (Q["claim_ordered"], Q["claim_pending_ordered"]) if ordered else (Q["claim"], Q["claim_pending"])
         )
 
-        def op(db: sqlite3.Connection, now: float) -> tuple[list[_Row], int, int, float]:
+        def op(db: sqlite3.Connection, now: float) -> _Claimed:
             if ordered and db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
                 db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
             dead = 0
+            promoted: list[tuple[str, int]] = []  # heads that dead letters and duplicates made claimable
             if db.execute(Q["any_expired_lease"], {"queue": queue, "now": now}).fetchone() is None:
                 sql = pending_only
             else:
                 sql = merged
                 exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
                 dead = len(exhausted)
-                _promote_heads(db, [(r[1], r[2]) for r in exhausted])
+                promoted += _promote_heads(db, [(r[1], r[2]) for r in exhausted])
             rows = db.execute(sql, {**params, "now": now}).fetchall()
             rows.sort(key=lambda r: (-r[5], r[0]))
             keyed = [r[0] for r in rows if r[3] is not None]
             if not keyed:
-                return rows, 0, dead, now
+                return rows, 0, dead, now, promoted
             settled = db.execute(Q["settle_duplicate"], {"ids": json.dumps(keyed), "now": now}).fetchall()
             if not settled:
-                return rows, 0, dead, now
-            _promote_heads(db, [(r[1], r[2]) for r in settled])
+                return rows, 0, dead, now, promoted
+            promoted += _promote_heads(db, [(r[1], r[2]) for r in settled])
             duplicates = {r[0] for r in settled}
-            return [r for r in rows if r[0] not in duplicates], len(duplicates), dead, now
+            return [r for r in rows if r[0] not in duplicates], len(duplicates), dead, now, promoted
 
-        def undo(result: tuple[list[_Row], int, int, float]) -> Operation[Any] | None:
+        def undo(result: _Claimed) -> Operation[Any] | None:
             rows = result[0]
             if not rows:
                 return None
             return self._release_rows_op(rows)
 
-        rows, duplicates, dead, now = await self._write(op, undo)
+        rows, duplicates, dead, now, promoted = await self._write(op, undo)
+        notify_partitions(self.notifier, promoted)  # e.g. the next task of a key whose head was a duplicate
         expires = now + lease
         tasks = [_claimed_task(r, queue, node_id, expires, now) for r in rows]
         self.events.add(ev.CLAIMS, len(tasks))
@@ -547,9 +550,14 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                         if row is not None and f[1] < row[1]:
                             refused[t.id] = int(row[1])
             batch = json.dumps([r for r in rows if r[0] not in refused], separators=(",", ":"))
-            done = set(db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall())
-            won = [(t.id, t.version + 1) in done for t in checked]  # this copy's compare-and-set matched
-            promoted = _promote_heads(db, [(t.queue, t.partition_key) for t, w in zip(checked, won, strict=True) if w])
+            done = db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall()
+            matched = {(r[0], r[1]) for r in done}
+            won = []  # per copy: its compare-and-set matched (one copy per match: a repeated copy lost)
+            for t in checked:
+                hit = (t.id, t.version + 1) in matched
+                matched.discard((t.id, t.version + 1))
+                won.append(hit)
+            promoted = _promote_heads(db, [(r[2], r[3]) for r in done])  # the stored key, not the caller's
             if fenced is not None:  # ...and record the tokens of the commits that went through
                 for f, w in zip(fenced, won, strict=True):
                     if f is not None and w:

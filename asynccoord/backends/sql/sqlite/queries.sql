@@ -198,7 +198,7 @@ UPDATE coord_tasks
           FROM json_each(:batch)) AS b
  WHERE coord_tasks.id = b.id AND coord_tasks.lease_token = b.token AND coord_tasks.version = b.version
    AND coord_tasks.status = 'running' AND coord_tasks.lease_expires_at > :now
-RETURNING coord_tasks.id, coord_tasks.version;
+RETURNING coord_tasks.id, coord_tasks.version, coord_tasks.queue, coord_tasks.partition_key;
 
 -- name: record_processed_batch
 -- :records is a JSON array of [consumer, message_id].
