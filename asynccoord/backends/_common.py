@@ -47,6 +47,7 @@ __all__ = (
     "notify_settled",
     "prepare_tasks",
     "settled_done",
+    "task_from_row",
 )
 
 MAX_CLAIM_LIMIT = 10_000
@@ -419,6 +420,39 @@ def decode_json(text: str | None) -> Any:
     if end != len(text):  # trailing whitespace or garbage: json.loads accepts or names it
         return json.loads(text)
     return value
+
+
+_STATUS = {s.value: s for s in TaskStatus}
+
+
+def task_from_row(row: Sequence[Any]) -> Task:
+    """The task of a full row read back from a store's own ``coord_tasks`` table.
+
+    ``row`` holds the 19 Task fields in declaration order, ``payload`` and ``result`` as
+    JSON text and ``status`` as its name (the stores' ``RETURNING``/``SELECT`` column
+    order). No validation: the store wrote these values (see ``make_task``).
+    """
+    return make_task(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        decode_json(row[5]),
+        row[6],
+        _STATUS[row[7]],
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
+        row[14],
+        row[15],
+        decode_json(row[16]),
+        row[17],
+        row[18],
+    )
 
 
 def new_token() -> str:

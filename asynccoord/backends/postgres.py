@@ -66,7 +66,7 @@ from ..errors import (
 )
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
-from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus, make_task
+from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._batch import Batcher
@@ -88,6 +88,7 @@ from ._common import (
     notify_settled,
     prepare_tasks,
     settled_done,
+    task_from_row,
 )
 from ._lockcommon import fence_rejected_error
 from ._pgconn import (
@@ -115,33 +116,7 @@ MIGRATION_LOCK_KEY = 0x6173_796E_6363_6F6F
 STORE_RETRIES = ev.STORE_RETRIES
 """Event: a statement was retried after a lost connection or a conflict."""
 
-_STATUS = {s.value: s for s in TaskStatus}
 _Row: TypeAlias = Any  # an asyncpg.Record: indexable by column position
-
-
-def _row_to_task(row: _Row) -> Task:
-    """The task of a row read back from the store's own table (no validation: see make_task)."""
-    return make_task(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        decode_json(row[5]),
-        row[6],
-        _STATUS[row[7]],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
-        row[13],
-        row[14],
-        row[15],
-        decode_json(row[16]),
-        row[17],
-        row[18],
-    )
 
 
 def _lost_reason(row: _Row | None, task: Task) -> str | None:
@@ -533,7 +508,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
         all_keyed = all(p.idempotency_key is not None for p in prepared)
         rows = await self._run(op, what="enqueue", ambiguous_ok=all_keyed)
-        results = [EnqueueResult(task=_row_to_task(row), created=created) for created, row in rows]
+        results = [EnqueueResult(task=task_from_row(row), created=created) for created, row in rows]
         self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
         notify_created(self.notifier, results, prepared)
         return results
@@ -653,7 +628,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             # processes hear of them through NOTIFY).
             notify_partitions(self.notifier, [(queue, int(r[3])) for r in duplicates if r[0] in settled])
         kept = sorted((r for r in rows if not r[20]), key=lambda r: (-r[6], r[0]))
-        tasks = [_row_to_task(r) for r in kept]
+        tasks = [task_from_row(r) for r in kept]
         self.events.add(ev.CLAIMS, len(tasks))
         self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[19]) + dead)
         self.events.add(ev.DEAD_LETTERED, dead)
@@ -837,7 +812,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 else:
                     row = current.get(t.id)
                     if attempt > 0 and row is not None and _settled_by_us(row, t, TaskStatus.DONE):
-                        out.append(_row_to_task(row))  # our earlier attempt committed it
+                        out.append(task_from_row(row))  # our earlier attempt committed it
                         continue
                     reason = _lost_reason(row, t)
                     out.append(TaskNotFoundError(t.id) if reason is None else LeaseLostError(t.id, reason))
@@ -871,7 +846,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 raise TaskNotFoundError(task.id)
             self.events.add(ev.STALE_COMMIT_REJECTED)
             raise LeaseLostError(task.id, reason)
-        return _row_to_task(row)
+        return task_from_row(row)
 
     async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
         """Record a failed attempt: pending again after the backoff, or dead after the last.
@@ -1010,7 +985,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
         rows = await self._run(op, what="unchecked_claim", tx=False)
         self.events.add(ev.CLAIMS, len(rows))
-        return [_row_to_task(r) for r in rows]
+        return [task_from_row(r) for r in rows]
 
     async def unchecked_complete(self, tasks: Sequence[Task], results: Sequence[Any] | None = None) -> int:
         """Mark tasks done without any compare-and-set (benchmarks only); return rows written."""
@@ -1049,7 +1024,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         row = await self._run(op, what="get", tx=False, ambiguous_ok=True)
         if row is None:
             raise TaskNotFoundError(task_id)
-        return _row_to_task(row)
+        return task_from_row(row)
 
     async def stats(self, queue: str | None = None) -> QueueStats:
         """Counts by status and the oldest due pending age (store clock), for ``queue`` or all."""

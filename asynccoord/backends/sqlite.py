@@ -60,6 +60,7 @@ from ._common import (
     notify_partitions,
     prepare_tasks,
     settled_done,
+    task_from_row,
 )
 from ._groupcommit import GroupCommitter, Operation, map_sqlite_error, raw_connection, retry_busy, run_on_thread
 from ._lockcommon import fence_rejected_error
@@ -79,31 +80,6 @@ MIN_SQLITE = (3, 35, 0)
 
 _Row = tuple[Any, ...]
 _Claimed = tuple[list[_Row], int, int, float, list[tuple[str, int]]]  # rows, duplicates, dead, now, promoted
-_STATUS = {s.value: s for s in TaskStatus}
-
-
-def _row_to_task(row: _Row) -> Task:
-    return make_task(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        decode_json(row[5]),
-        row[6],
-        _STATUS[row[7]],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
-        row[13],
-        row[14],
-        row[15],
-        decode_json(row[16]),
-        row[17],
-        row[18],
-    )
 
 
 def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task:
@@ -388,7 +364,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             return out
 
         rows: list[tuple[bool, _Row]] = await self._write(op)
-        results = [EnqueueResult(task=_row_to_task(row), created=created) for created, row in rows]
+        results = [EnqueueResult(task=task_from_row(row), created=created) for created, row in rows]
         self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
         notify_created(self.notifier, results, prepared)
         return results
@@ -507,7 +483,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 raise TaskNotFoundError(task.id)
             self.events.add(ev.STALE_COMMIT_REJECTED)
             raise LeaseLostError(task.id, reason)
-        return _row_to_task(row)
+        return task_from_row(row)
 
     async def complete_many(
         self,
@@ -726,7 +702,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
 
         rows: list[_Row] = await self._write(op)
         self.events.add(ev.CLAIMS, len(rows))
-        return [_row_to_task(r) for r in rows]
+        return [task_from_row(r) for r in rows]
 
     async def unchecked_complete(self, tasks: Sequence[Task], results: Sequence[Any] | None = None) -> int:
         """Mark tasks done without any compare-and-set (benchmarks only); return rows written."""
@@ -756,7 +732,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         row = await self._read(lambda db: db.execute(Q["select_task"], {"id": task_id}).fetchone())
         if row is None:
             raise TaskNotFoundError(task_id)
-        return _row_to_task(row)
+        return task_from_row(row)
 
     async def stats(self, queue: str | None = None) -> QueueStats:
         """Counts by status and the oldest due pending age (store clock), for ``queue`` or all."""

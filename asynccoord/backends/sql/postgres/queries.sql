@@ -2,7 +2,7 @@
 -- Parameters are written :name and bound positionally by the loader (never formatted
 -- into the text). :now is NULL except under a test clock: coord_now(:now) is the server
 -- clock (statement_timestamp()). Every task-returning query lists the columns in the
--- same order as the SQLite dialect (see _row_to_task in backends/postgres.py).
+-- same order as the SQLite dialect (see task_from_row in backends/_common.py).
 -- Batches arrive as parallel arrays (unnest), one statement per table; a batch's rows are
 -- found through the primary key. Where a batch checks that its tasks still run, it says
 -- "status <> ALL ('{pending,done,dead}')" (the same under the CHECK constraint) and not

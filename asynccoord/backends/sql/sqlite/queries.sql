@@ -1,5 +1,5 @@
 -- Named queries for the SQLite store. Every task-returning query lists the columns
--- in the same order (see _row_to_task in backends/sqlite.py). Parameters are named.
+-- in the same order (see task_from_row in backends/_common.py). Parameters are named.
 
 -- name: now
 SELECT (julianday('now') - 2440587.5) * 86400.0;
