@@ -6,8 +6,12 @@ A node repeatedly
    when partitioning is off), up to its free ``max_in_flight`` slots; after a full batch
    it claims again as soon as a slot is free, after a short or empty one it waits for a
    wake-up (an in-process enqueue, a commit that unblocks one of its keys, a task it
-   put back becoming due) or its idle backoff, so idle polling does not grow with the
-   work in flight (every claim, even an empty one, is a write);
+   put back becoming due, the runtime's idle poll finding work in its partitions) or,
+   when it polls by itself (a standalone node), its idle backoff, so idle polling does
+   not grow with the work in flight (every claim, even an empty one, is a write); in a
+   :class:`~asynccoord.runtime.Runtime` one read per process finds work for all its
+   idle nodes (:mod:`asynccoord.idlepoll`), so it does not grow with the node count
+   either;
 2. **locks**: takes the lock (or a semaphore permit) that ``lock_key(task)`` names,
    e.g. ``"account:42"``, waiting up to ``lock_wait_s`` (a task whose lock stays busy
    goes back to the queue after a short delay, not counted as a failure);
@@ -141,7 +145,13 @@ class NodeConfig:
             growing from min to max with full jitter with every empty claim and reset
             by a full one; an in-process enqueue or a commit that unblocks one of the
             node's keys wakes it at once (also one that arrives while it claims).
-            Defaults 0.05 and 1.0 (an idle node costs about 2 claims/s at rest).
+            Defaults 0.05 and 1.0 (a standalone idle node costs about 2 claims/s at
+            rest). In a Runtime the nodes do not back off by themselves: the runtime's
+            one idle poll runs on this backoff for all of them (see
+            :mod:`asynccoord.idlepoll`), about 2 reads/s per process at rest.
+        idle_fallback_s: A node that does not poll by itself (``Node(idle_poll=False)``,
+            as a Runtime makes them) still claims after waiting 0.5 to 1 times this long
+            without a wake-up: a safety net, should the idle poll fail. Default 30.
         lock_ttl_s: Lock lease length, seconds (renewed with the task lease). Default 10.
         lock_permits: Permits per lock name: 1 for a lock, N for a semaphore. Default 1.
         lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
@@ -165,6 +175,7 @@ class NodeConfig:
     ordered: bool = True
     idle_min_s: float = 0.05
     idle_max_s: float = 1.0
+    idle_fallback_s: float = 30.0
     lock_ttl_s: float = 10.0
     lock_permits: int = 1
     lock_wait_s: float = 5.0
@@ -188,6 +199,7 @@ class NodeConfig:
         check_positive("idle_max_s", self.idle_max_s)
         if self.idle_max_s < self.idle_min_s:
             raise InvalidArgumentError(f"idle_max_s ({self.idle_max_s!r}) must be >= idle_min_s ({self.idle_min_s!r})")
+        check_positive("idle_fallback_s", self.idle_fallback_s)
         check_positive("lock_ttl_s", self.lock_ttl_s)
         check_int("lock_permits", self.lock_permits, minimum=1)
         check_positive("lock_wait_s", self.lock_wait_s)
@@ -287,6 +299,11 @@ class Node:
             :class:`~asynccoord.backends.redis_locks.RedisLockStore` beside a
             PostgreSQL queue). Commits are still fenced by ``store``. Default None
             (``store``).
+        idle_poll: Whether the idle node polls by itself (claims on its backoff,
+            ``idle_min_s`` .. ``idle_max_s``). A :class:`~asynccoord.runtime.Runtime`
+            passes False and wakes its idle nodes with one process-wide poll
+            (:class:`~asynccoord.idlepoll.IdlePoller`); such a node claims by itself
+            only every ``idle_fallback_s``. Default True.
 
     Raises:
         InvalidTypeError, InvalidArgumentError: bad arguments.
@@ -303,6 +320,7 @@ class Node:
         membership: Membership | None = None,
         lock_pool: LockPool | None = None,
         lock_store: Any = None,
+        idle_poll: bool = True,
     ) -> None:
         if not callable(send):
             raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
@@ -318,6 +336,7 @@ class Node:
         self.lock_key = lock_key
         self.membership = membership
         self.lock_pool = lock_pool
+        self.idle_poll = check_bool("idle_poll", idle_poll)
         self._state = NodeState(node_id=self.node_id)
         self._in_flight: dict[int, _InFlight] = {}
         self._slots = asyncio.Semaphore(self.config.max_in_flight)
@@ -373,6 +392,24 @@ class Node:
     def in_flight(self) -> int:
         """Sends running now."""
         return len(self._in_flight)
+
+    @property
+    def idle(self) -> bool:
+        """Waiting for a wake-up after a claim that came back short or empty (what the idle poll looks for)."""
+        return self._wake is not None and self._wake.waiting
+
+    def claim_partitions(self) -> list[int] | None:
+        """The partitions the node's next claim looks at (sorted; None: all), by the membership view now."""
+        partitions = self._partitions()
+        wake = self._wake
+        if wake is not None and wake.waiting and partitions is not None:
+            wake.partitions = self._owned  # a view change while it waits: match notifications to the new set
+        return partitions
+
+    def wake(self) -> bool:
+        """End the node's idle wait now, so it claims; True if it was waiting (else nothing happens)."""
+        wake = self._wake
+        return wake is not None and wake.waiting and wake.set()
 
     async def wait_drained(self) -> None:
         """Wait until no send is in flight (after :meth:`stop_claiming`)."""
@@ -502,10 +539,14 @@ class Node:
                     continue
             # Short or empty: wait for a wake-up (or one that came during the claim) or
             # the backoff, with full jitter (AWS Architecture Blog, "Exponential Backoff
-            # And Jitter", 2015); only empty claims lengthen it.
-            delay = self._rng.uniform(cfg.idle_min_s, idle_s)
-            if not tasks:
-                idle_s = min(cfg.idle_max_s, idle_s * 2)
+            # And Jitter", 2015); only empty claims lengthen it. Without a poll of its
+            # own, the runtime's idle poll wakes the node, and the wait is a safety net.
+            if self.idle_poll:
+                delay = self._rng.uniform(cfg.idle_min_s, idle_s)
+                if not tasks:
+                    idle_s = min(cfg.idle_max_s, idle_s * 2)
+            else:
+                delay = self._rng.uniform(0.5, 1.0) * cfg.idle_fallback_s
             await wake.wait(delay)
 
     async def _claim(self, limit: int, partitions: list[int] | None) -> list[Task]:

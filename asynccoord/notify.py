@@ -119,9 +119,13 @@ class WakeUp:
                     waiters.remove(self)
             self._flag = False
 
-    def set(self) -> None:
-        """Wake the node as a notification for its partitions would (kept if it is claiming now)."""
-        self._wake()
+    def set(self) -> bool:
+        """Wake the node as a notification for its partitions would (kept if it is claiming now).
+
+        Returns:
+            True if it was waiting (now woken) or armed (now flagged); False otherwise.
+        """
+        return self._wake()
 
     def _wake(self) -> bool:
         """Wake this waiter (True), or flag it when armed (True); False if neither applies."""

@@ -11,6 +11,12 @@ SIGINT under :meth:`Runtime.wait_for_signal`) every node stops claiming at once,
 flight may finish for up to ``shutdown_timeout_s``, then whatever is left is cancelled and
 handed back to ``pending`` with its lease and lock released, so another process picks it
 up immediately instead of waiting for a TTL. Nodes leave the membership last.
+
+Idle nodes do not poll one by one: the runtime runs one
+:class:`~asynccoord.idlepoll.IdlePoller` that reads which of its idle nodes' partitions
+hold claimable work (work from other processes, expired leases, tasks falling due) and
+wakes only their owners, so a process's idle cost does not grow with its node count.
+A store without ``claimable_partitions`` leaves every node polling by itself.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import anyio
 import anyio.abc
 
 from .errors import InvalidArgumentError, InvalidTypeError
+from .idlepoll import IdlePoller
 from .lockpool import LockPool
 from .membership import Membership
 from .models import TaskStatus
@@ -65,6 +72,9 @@ class Runtime:
     Attributes:
         instance_id: ``"<host>-<pid>-<6 random hex digits>"``, new for every Runtime: the
             prefix of default node ids and the holder recorded on the runtime's locks.
+        idle_poller: The :class:`~asynccoord.idlepoll.IdlePoller` that wakes the idle
+            nodes (its ``polls`` and ``woken`` count its work), or None when the store has
+            no ``claimable_partitions`` (each node then polls by itself).
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad arguments.
@@ -109,6 +119,7 @@ class Runtime:
         self.membership = Membership(store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s)
         self.lock_store = store if lock_store is None else lock_store
         self.lock_pool = LockPool(self.lock_store, ttl_s=self.config.lock_ttl_s, holder=self.instance_id)
+        pollable = callable(getattr(store, "claimable_partitions", None))
         self.nodes = [
             Node(
                 store,
@@ -119,9 +130,11 @@ class Runtime:
                 membership=self.membership,
                 lock_pool=self.lock_pool,
                 lock_store=self.lock_store,
+                idle_poll=not pollable,
             )
             for node_id in ids
         ]
+        self.idle_poller = IdlePoller(store, self.nodes, self.config, membership=self.membership) if pollable else None
         self._runner: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_request: asyncio.Event | None = None
@@ -179,6 +192,8 @@ class Runtime:
             async with self.membership, anyio.create_task_group() as tg:
                 for node in self.nodes:
                     tg.start_soon(node.run, name=f"asynccoord-node-{node.node_id}")
+                if self.idle_poller is not None:
+                    tg.start_soon(self.idle_poller.run, name="asynccoord-idle-poll")
                 started.set_result(None)
                 assert self._stop_request is not None
                 await self._stop_request.wait()

@@ -5,7 +5,8 @@ sending accounts, a ``--send-ms`` send) from a clean slate (a fresh SQLite file,
 PostgreSQL schema with ``--store postgresql://...``) and reports committed tasks/s, p50/p99
 enqueue-to-commit latency (store clock), duplicate sends, conflict counts, and the nodes'
 ``store.claim`` calls (``claim_calls``) and those that came back empty (``empty_claims``,
-every claim being a write). Strategies:
+every claim being a write), and the runtime's idle-poll reads (``idle_polls``,
+``store.claimable_partitions`` calls). Strategies:
 
 * ``all``: partitioning + per-account locks + version checks (the default runtime; work
   stealing off);
@@ -318,6 +319,7 @@ async def drain_runtime(
                 lock_key=lock_key,
                 membership=runtime.membership,
                 lock_pool=runtime.lock_pool,
+                idle_poll=runtime.idle_poller is None,  # woken by the runtime's idle poll like the others
             )
         async with runtime:
             start = time.time()
@@ -337,9 +339,10 @@ async def drain_runtime(
 
 
 def count_claims(store: Any) -> Counter[str]:
-    """Count the store's claim calls (``calls``) and those that returned nothing (``empty``)."""
+    """Count the store's claims (``calls``), empty claims (``empty``) and idle-poll reads (``polls``)."""
     counts: Counter[str] = Counter()
     claim = store.claim
+    claimable = store.claimable_partitions
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
         tasks = await claim(*args, **kwargs)
@@ -347,7 +350,12 @@ def count_claims(store: Any) -> Counter[str]:
         counts["empty"] += not tasks
         return tasks
 
+    async def counting_polls(*args: Any, **kwargs: Any) -> Any:
+        counts["polls"] += 1
+        return await claimable(*args, **kwargs)
+
     store.claim = counting
+    store.claimable_partitions = counting_polls
     return counts
 
 
@@ -551,13 +559,14 @@ def cell(
         "stolen": sum(stolen) if stolen else None,
         "claim_calls": claims["calls"],
         "empty_claims": claims["empty"],
+        "idle_polls": claims["polls"],
         "conflicts": {k: v for k, v in sorted(events.items()) if k not in ("claims", "commits")},
         "raw_commits_per_s": round(raw, 1),
         "vs_raw_commits": round(rate / raw, 3) if raw else None,
     }
     print(
         f"  {strategy} x {nodes} nodes x {processes} process(es): {rate:,.0f} tasks/s,"
-        f" {claims['calls']:,} claims ({claims['empty']:,} empty)",
+        f" {claims['calls']:,} claims ({claims['empty']:,} empty), {claims['polls']:,} idle polls",
         file=sys.stderr,
         flush=True,
     )

@@ -33,6 +33,7 @@ __all__ = (
     "PreparedTask",
     "check_claim_args",
     "check_fences",
+    "check_partition_list",
     "check_retry",
     "check_task",
     "check_task_ids",
@@ -190,12 +191,21 @@ def check_claim_args(
     check_int("limit", limit, minimum=1, maximum=MAX_CLAIM_LIMIT)
     lease = check_positive("lease_s", lease_s)
     check_bool("ordered", ordered)
-    parts: list[int] | None = None
-    if partitions is not None:
-        if isinstance(partitions, str | bytes) or not isinstance(partitions, Sequence | set | frozenset):
-            raise InvalidTypeError(f"partitions must be a sequence of ints or None, got {type(partitions).__name__}")
-        parts = [check_int("partitions[i]", p, minimum=0, maximum=partition_count - 1) for p in partitions]
+    parts = check_partition_list(partitions, partition_count)
     return cast(str, queue), cast(str, node_id), cast(int, limit), lease, parts, cast(bool, ordered)
+
+
+def check_partition_list(partitions: object, partition_count: int) -> list[int] | None:
+    """Check an optional collection of partition numbers (each in ``0..partition_count - 1``).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: naming the bad argument.
+    """
+    if partitions is None:
+        return None
+    if isinstance(partitions, str | bytes) or not isinstance(partitions, Sequence | set | frozenset):
+        raise InvalidTypeError(f"partitions must be a sequence of ints or None, got {type(partitions).__name__}")
+    return [check_int("partitions[i]", p, minimum=0, maximum=partition_count - 1) for p in partitions]
 
 
 def _fine_name(value: object, allow_empty: bool = False) -> bool:

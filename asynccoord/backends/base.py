@@ -121,6 +121,36 @@ class QueueStore(Protocol):
         """
         ...
 
+    async def claimable_partitions(
+        self,
+        queue: str,
+        partitions: Sequence[int] | None = None,
+        *,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> set[int]:
+        """Which of ``partitions`` have work a :meth:`claim` with the same arguments would take now.
+
+        A read: nothing is leased, written or locked (on SQLite it does not go through the
+        single writer). The runtime's idle poll asks it once for all of a process's idle
+        nodes and wakes only the owners of the partitions it names (see
+        :mod:`asynccoord.idlepoll`), so idle nodes do not claim to find out.
+
+        Args:
+            queue: Queue name.
+            partitions: The partitions to look at; None for all.
+            ordered: Count only keys' heads, as an ordered claim does.
+            min_due_age_s: Only work due for at least this many seconds (store clock), as
+                in :meth:`claim`. Default 0.
+
+        Returns:
+            The partition numbers (a subset of ``partitions``) holding a due pending task
+            (a key's head when ``ordered``) or an expired lease (also one on its last
+            attempt: the claim dead-letters it and frees its key). It may name a partition
+            whose work another node claims meanwhile.
+        """
+        ...
+
     async def complete(self, task: Task, result: Any = None) -> Task:
         """Mark ``task`` done and write its processed-id record, in one transaction.
 

@@ -32,12 +32,13 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
-from ..validation import check_int, check_name, check_non_negative, check_positive
+from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._common import (
     MAX_ID,
     QueueConveniences,
     check_claim_args,
     check_fences,
+    check_partition_list,
     check_retry,
     check_task,
     check_task_ids,
@@ -244,6 +245,37 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         notify_partitions(self.notifier, freed)
         return claimed
+
+    async def claimable_partitions(
+        self,
+        queue: str,
+        partitions: Sequence[int] | None = None,
+        *,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> set[int]:
+        """The partitions where a claim with these arguments would find work now (semantics as in the SQLite store)."""
+        check_name("queue", queue)
+        parts = check_partition_list(partitions, self.partitions)
+        check_bool("ordered", ordered)
+        due_age = check_non_negative("min_due_age_s", min_due_age_s)
+        self._check_open()
+        now = self._clock()
+        allowed = None if parts is None else set(parts)
+        heads: dict[str, int] = {}
+        if ordered:
+            for task in sorted(self._tasks.values(), key=lambda t: t.id):
+                if task.queue == queue and task.status in _ACTIVE:
+                    heads.setdefault(task.partition_key, task.id)
+        return {
+            t.partition
+            for t in self._tasks.values()
+            if t.queue == queue
+            and t.status in _ACTIVE
+            and self._due_at(t) <= now - due_age
+            and (allowed is None or t.partition in allowed)
+            and (not ordered or heads.get(t.partition_key) == t.id)
+        }
 
     def _put(self, task: Task, now: float, **changes: Any) -> Task:
         """Store a new state of ``task``: version + 1, lease cleared unless running."""

@@ -75,6 +75,7 @@ from ._common import (
     QueueConveniences,
     check_claim_args,
     check_fences,
+    check_partition_list,
     check_retry,
     check_task,
     check_task_ids,
@@ -556,6 +557,40 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         return await self._shielded(
             self._claim(queue, node_id, limit, lease, self._partition_filter(parts), ordered, due_age), self._undo_claim
         )
+
+    async def claimable_partitions(
+        self,
+        queue: str,
+        partitions: Sequence[int] | None = None,
+        *,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> set[int]:
+        """The partitions where a claim with these arguments would find work now (a read).
+
+        See :meth:`~asynccoord.backends.base.QueueStore.claimable_partitions`. One
+        statement in autocommit, no row locked; allowed on a read-only store.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument.
+            StoreConnectionError: the server stayed unreachable.
+        """
+        check_name("queue", queue)
+        parts = check_partition_list(partitions, self._partitions)
+        check_bool("ordered", ordered)
+        due_age = check_non_negative("min_due_age_s", min_due_age_s)
+        if parts is not None and not parts:
+            return set()
+        name = "claimable_partitions_ordered" if ordered else "claimable_partitions"
+        filtered = self._partition_filter(parts)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+            return await self._fetch(
+                conn, name, queue=queue, partitions=filtered, min_due_age_s=due_age, now=self._now()
+            )
+
+        rows = await self._run(op, what="look for claimable partitions", tx=False, ambiguous_ok=True)
+        return {int(r[0]) for r in rows}
 
     def _partition_filter(self, parts: list[int] | None) -> list[int] | None:
         """The claim's partition filter: None (no filter) when ``parts`` names every partition.

@@ -48,6 +48,7 @@ from ._common import (
     QueueConveniences,
     check_claim_args,
     check_fences,
+    check_partition_list,
     check_retry,
     check_task,
     check_task_ids,
@@ -449,6 +450,43 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         self.events.add(ev.DEAD_LETTERED, dead)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return tasks
+
+    async def claimable_partitions(
+        self,
+        queue: str,
+        partitions: Sequence[int] | None = None,
+        *,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> set[int]:
+        """The partitions where a claim with these arguments would find work now (a read).
+
+        See :meth:`~asynccoord.backends.base.QueueStore.claimable_partitions`. One
+        statement on the connection's thread between the writer's batches, outside any
+        write transaction: it takes no write lock and no place in a group commit.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument.
+            StoreClosedError: the store is not open.
+        """
+        check_name("queue", queue)
+        parts = check_partition_list(partitions, self._partitions)
+        check_bool("ordered", ordered)
+        due_age = check_non_negative("min_due_age_s", min_due_age_s)
+        if parts is not None and not parts:
+            return set()
+        writer = self._w()
+        params = {"queue": queue, "min_due_age_s": due_age, "partitions": None if parts is None else json.dumps(parts)}
+
+        def read(db: sqlite3.Connection) -> list[_Row]:
+            sql = Q["claimable_partitions"]
+            # Heads are kept only for queues claimed in order at least once; before the
+            # first ordered claim every due task counts (the claim computes the heads).
+            if ordered and db.execute(Q["ordered_queues"], {"queues": json.dumps([queue])}).fetchone() is not None:
+                sql = Q["claimable_partitions_ordered"]
+            return db.execute(sql, {**params, "now": writer.now(db)}).fetchall()
+
+        return {int(r[0]) for r in await self._read(read)}
 
     def _release_rows_op(self, rows: Sequence[_Row]) -> Operation[None]:
         keys = [{"id": r[0], "lease_token": r[9], "version": r[10], "delay_s": 0.0} for r in rows]

@@ -193,6 +193,34 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
                                                     WHERE p.consumer = queue AND p.message_id = idempotency_key),
           (SELECT found FROM exhausted);
 
+-- name: claimable_partitions
+-- A read for the runtime's idle poll: the partitions (of :partitions, or all) where an
+-- unordered claim would find something now: a due pending task (coord_tasks_pending), or a
+-- lease expired :min_due_age_s ago (coord_tasks_lease_expiry; also one on its last attempt:
+-- the claim dead-letters it). Nothing is locked or written.
+SELECT t.partition FROM coord_tasks AS t
+ WHERE t.queue = :queue::text AND t.status = 'pending'
+   AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+   AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+UNION
+SELECT t.partition FROM coord_tasks AS t
+ WHERE t.queue = :queue::text AND t.status = 'running'
+   AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+   AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]));
+
+-- name: claimable_partitions_ordered
+-- claimable_partitions for an ordered claim: only keys' heads count
+-- (coord_tasks_pending_heads / coord_tasks_pending_heads_partition).
+SELECT t.partition FROM coord_tasks AS t
+ WHERE t.queue = :queue::text AND t.is_head AND t.status = 'pending'
+   AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+   AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+UNION
+SELECT t.partition FROM coord_tasks AS t
+ WHERE t.queue = :queue::text AND t.status = 'running' AND t.is_head
+   AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+   AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]));
+
 -- name: settle_duplicate
 -- Claimed tasks whose message id was already processed: done without running them
 -- (a compare-and-set on the claim's lease, under lock_keys).

@@ -174,6 +174,30 @@ UPDATE coord_tasks
      LIMIT :limit)
 RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
+-- name: claimable_partitions
+-- A read for the runtime's idle poll: the partitions (of :partitions, a JSON array, or all)
+-- where a claim would find something now: a due pending task, or a lease expired :min_due_age_s
+-- ago (also one on its last attempt: the claim dead-letters it and frees its key).
+-- coord_tasks_pending and coord_tasks_lease_expiry cover it; nothing is written.
+SELECT t.partition FROM coord_tasks AS t
+ WHERE t.queue = :queue AND t.status = 'pending' AND t.run_at <= :now - :min_due_age_s
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+UNION
+SELECT t.partition FROM coord_tasks AS t
+ WHERE t.queue = :queue AND t.status = 'running' AND t.lease_expires_at <= :now - :min_due_age_s
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)));
+
+-- name: claimable_partitions_ordered
+-- claimable_partitions for an ordered claim of a queue that keeps heads (coord_ordered_queues):
+-- only keys' heads count (coord_tasks_pending_heads covers it).
+SELECT t.partition FROM coord_tasks AS t
+ WHERE t.queue = :queue AND t.status = 'pending' AND t.is_head = 1 AND t.run_at <= :now - :min_due_age_s
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+UNION
+SELECT t.partition FROM coord_tasks AS t
+ WHERE t.queue = :queue AND t.status = 'running' AND t.is_head = 1 AND t.lease_expires_at <= :now - :min_due_age_s
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)));
+
 -- name: settle_duplicate
 -- Claimed tasks (:ids, a JSON array) whose message id was already processed: done
 -- without running them. Same transaction as the claim, so no lease check is needed.
