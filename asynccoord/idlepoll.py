@@ -20,12 +20,15 @@ idle are also woken, one per partition named, when a second read finds work due 
 ``steal_after_s`` anywhere (their claim then steals, as before).
 
 Cadence: the backoff a standalone node has, once for the process: a poll every
-``idle_min_s`` .. ``idle_s`` seconds (full jitter), ``idle_s`` doubling up to
-``idle_max_s`` with every poll that wakes nobody and back to ``idle_min_s`` after one
-that wakes a node or while no node is idle. No idle node, no read. So work from
-elsewhere is found within about ``idle_max_s``, as before, and the process's idle cost
-is at most one read (two with work stealing) per poll whatever its node count. The nodes
-still claim by themselves every ``NodeConfig.idle_fallback_s`` (a safety net).
+``idle_min_s`` .. ``idle_s`` seconds (full jitter); ``idle_s`` goes back to
+``idle_min_s`` while no node is idle or once nodes a poll woke have claimed something,
+stays as it is after a poll that woke nodes, and doubles up to ``idle_max_s`` otherwise
+(a poll that woke nobody, or after one whose woken nodes all came back empty-handed, so a
+read that names work a claim cannot take never makes a busy loop). No idle node, no
+read. So work from elsewhere is found within about ``idle_max_s``, as before, and the
+process's idle cost is at most one read (two with work stealing) per poll whatever its
+node count. The nodes still claim by themselves every ``NodeConfig.idle_fallback_s`` (a
+safety net).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class IdlePoller:
         self.polls = 0
         self.woken = 0
         self._rng = random.Random()
+        self._last_woken: list[tuple[Node, int]] = []  # nodes the last poll woke, and their claimed count then
 
     def __repr__(self) -> str:
         return f"<IdlePoller {self.config.queue!r} nodes={len(self.nodes)} polls={self.polls} woken={self.woken}>"
@@ -87,6 +91,9 @@ class IdlePoller:
         idle_s = cfg.idle_min_s
         while True:
             await anyio.sleep(self._rng.uniform(cfg.idle_min_s, idle_s))
+            earlier = self._last_woken
+            productive = any(node.state().claimed > claimed for node, claimed in earlier)
+            idle = any(node.idle for node in self.nodes)
             try:
                 woken = await self.poll()
             except StoreClosedError:
@@ -96,9 +103,9 @@ class IdlePoller:
             except StoreError as exc:
                 log.warning("asynccoord.idlepoll.failed queue=%s error=%s", cfg.queue, exc)
                 woken = 0
-            if woken or not any(node.idle for node in self.nodes):
+            if productive or not idle:
                 idle_s = cfg.idle_min_s
-            else:
+            elif not woken or earlier:  # woke nobody, or the last wake-ups found nothing: back off
                 idle_s = min(cfg.idle_max_s, idle_s * 2)
 
     async def poll(self) -> int:
@@ -108,12 +115,18 @@ class IdlePoller:
             How many nodes were woken.
 
         Raises:
+            StoreClosedError: the store was closed (the read or the membership's heartbeat
+                found out).
             StoreError: the read failed.
         """
         cfg = self.config
         membership = self.membership
         if membership is not None and not membership.healthy:
-            return 0
+            error = membership.last_error
+            if isinstance(error, StoreClosedError):  # heartbeats will never resume: let the nodes find out
+                raise StoreClosedError(f"the idle poll of queue {cfg.queue!r} stops: {error}") from error
+            return 0  # the nodes claim nothing until heartbeats resume
+        self._last_woken = []
         scopes = [(node, node.claim_partitions()) for node in self.nodes if node.idle]
         if not scopes:
             return 0
@@ -140,7 +153,7 @@ class IdlePoller:
             else:
                 hit = not found.isdisjoint(parts)
             if hit:
-                woken += node.wake()
+                woken += self._wake(node)
             elif parts is not None:
                 left.append(node)
         if cfg.work_stealing and left:
@@ -149,6 +162,13 @@ class IdlePoller:
                 cfg.queue, None, ordered=cfg.ordered, min_due_age_s=cfg.steal_after_s
             )
             for node in left[: len(stale - found)]:  # partitions found above have their owners woken
-                woken += node.wake()
+                woken += self._wake(node)
         self.woken += woken
         return woken
+
+    def _wake(self, node: Node) -> bool:
+        claimed = node.state().claimed
+        if not node.wake():
+            return False
+        self._last_woken.append((node, claimed))
+        return True

@@ -254,3 +254,30 @@ async def test_work_stealing_in_a_runtime_takes_a_stalled_owners_waiting_tasks(m
     for t in by_b:  # each had waited at least steal_after_s when it was claimed (store clock)
         assert t.updated_at - t.run_at >= steal_after_s - 0.01
     assert Counter(t.id for _, t in sends) == Counter([head.id, *(t.id for t in rest)])
+
+
+async def test_a_poll_that_names_work_no_claim_takes_backs_off_instead_of_spinning(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    claims = count_calls(store, "claim")
+    polls: list[float] = []
+
+    async def lying(queue: str, partitions: Any = None, **kwargs: Any) -> set[int]:
+        polls.append(time.monotonic())
+        return set(range(store.partitions)) if partitions is None else set(partitions)
+
+    store.claimable_partitions = lying  # every idle node's partitions "have work"; its claims find none
+
+    async def send(task: Task) -> None:
+        raise AssertionError("nothing to send")
+
+    config = NodeConfig(queue=QUEUE, **IDLE)
+    async with Runtime(store, send=send, nodes=4, config=config) as runtime:
+        await asyncio.sleep(0.5)
+        since = time.monotonic()
+        await asyncio.sleep(1.0)
+    assert runtime.idle_poller is not None
+    assert runtime.idle_poller.woken > 0
+    in_window = sum(1 for t in polls if t >= since)
+    # backed off to idle_max_s = 0.1 s (full jitter: ~18/s) instead of one poll and 4 claims every 0.01 s
+    assert in_window <= 30, in_window
+    assert sum(1 for t in claims if t >= since) <= 4 * 30
