@@ -1,8 +1,10 @@
 """In-process wake-ups: an enqueue (or a commit that unblocks a key) wakes idle nodes at once.
 
-Nodes of other processes still find new work by polling (with backoff and jitter);
-a store that can push notifications across processes (PostgreSQL LISTEN/NOTIFY) feeds
-the same notifier. ``notify(queue, n, partitions)`` wakes at most ``n`` nodes, and only
+Work nobody in the process announces (tasks of other processes, expired leases, tasks
+falling due) is found by the runtime's one idle poll (:mod:`asynccoord.idlepoll`), which
+wakes the owners through their :class:`WakeUp`, or by a standalone node's own polling
+(with backoff and jitter); a store that can push notifications across processes
+(PostgreSQL LISTEN/NOTIFY) feeds the same notifier. ``notify(queue, n, partitions)`` wakes at most ``n`` nodes, and only
 those that own one of the given partitions (a node that claims from every partition
 matches all), so a single new task does not stampede every idle node (no thundering
 herd) and does not wake a node that could not claim it.
