@@ -139,10 +139,11 @@ class IdlePoller:
             union.update(parts)
         if wanted is not None:
             wanted = sorted(union)
+        ordered = cfg.ordered and cfg.version_checks  # an unchecked claim takes any pending task, heads or not
         found: set[int] = set()
         if wanted is None or wanted:
             self.polls += 1
-            found = await self.store.claimable_partitions(cfg.queue, wanted, ordered=cfg.ordered)
+            found = await self.store.claimable_partitions(cfg.queue, wanted, ordered=ordered)
         woken = 0
         for_any = len(found)  # nodes claiming from every partition: one per partition named
         left: list[Node] = []
@@ -159,7 +160,7 @@ class IdlePoller:
         if cfg.work_stealing and left:
             self.polls += 1
             stale = await self.store.claimable_partitions(
-                cfg.queue, None, ordered=cfg.ordered, min_due_age_s=cfg.steal_after_s
+                cfg.queue, None, ordered=ordered, min_due_age_s=cfg.steal_after_s
             )
             for node in left[: len(stale - found)]:  # partitions found above have their owners woken
                 woken += self._wake(node)

@@ -19,7 +19,7 @@ from support import FakeClock
 
 from asynccoord import NewTask, Task, TaskStatus, owner_of, partition_of
 from asynccoord.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
-from asynccoord.node import NodeConfig, current_delivery
+from asynccoord.node import Node, NodeConfig, current_delivery
 from asynccoord.runtime import Runtime
 
 QUEUE = "q"
@@ -281,3 +281,25 @@ async def test_a_poll_that_names_work_no_claim_takes_backs_off_instead_of_spinni
     # backed off to idle_max_s = 0.1 s (full jitter: ~18/s) instead of one poll and 4 claims every 0.01 s
     assert in_window <= 30, in_window
     assert sum(1 for t in claims if t >= since) <= 4 * 30
+
+
+async def test_a_standalone_node_still_polls_by_itself(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    claims = count_calls(store, "claim")
+    sent: list[float] = []
+
+    async def send(task: Task) -> None:
+        sent.append(time.monotonic())
+
+    node = Node(store, send, node_id="alone", config=NodeConfig(queue=QUEUE, **IDLE))  # no runtime, no poller
+    assert node.idle_poll
+    run = asyncio.create_task(node.run())
+    await asyncio.sleep(0.3)
+    assert len(claims) >= 3  # its own backoff: claims every 0.01 .. 0.1 s
+    started = time.monotonic()
+    task = (await store.enqueue(QUEUE, {"n": 1}, partition_key="conv-1", delay_s=0.2)).task  # nobody is told
+    await wait_until(done(store, task.id), 5.0, "the delayed task to be done")
+    node.stop_claiming()
+    await asyncio.wait_for(run, 5.0)
+    [at] = sent
+    assert 0.2 <= at - started < 1.0
