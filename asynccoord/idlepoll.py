@@ -120,13 +120,13 @@ class IdlePoller:
             StoreError: the read failed.
         """
         cfg = self.config
+        self._last_woken = []
         membership = self.membership
         if membership is not None and not membership.healthy:
             error = membership.last_error
             if isinstance(error, StoreClosedError):  # heartbeats will never resume: let the nodes find out
                 raise StoreClosedError(f"the idle poll of queue {cfg.queue!r} stops: {error}") from error
             return 0  # the nodes claim nothing until heartbeats resume
-        self._last_woken = []
         scopes = [(node, node.claim_partitions()) for node in self.nodes if node.idle]
         if not scopes:
             return 0
