@@ -132,6 +132,11 @@ class StoreConfig:
             Default 512.
         partitions: Number of fixed partitions keys are hashed into when the database
             is created (kept in the database afterwards). Default 1024.
+        checkpoint_interval_s: SQLite: seconds between WAL checkpoints run in the
+            background on a connection of their own (only after new commits), so no
+            commit waits for one; None leaves them to SQLite, inside the commit that
+            takes the log past 1,000 pages. Default 0.1. See
+            ``asynccoord.backends._checkpoint``.
     """
 
     max_payload_bytes: int = 1 << 20
@@ -141,6 +146,7 @@ class StoreConfig:
     synchronous_full: bool = False
     max_batch_ops: int = 512
     partitions: int = DEFAULT_PARTITIONS
+    checkpoint_interval_s: float | None = 0.1
 
     def __post_init__(self) -> None:
         check_int("max_payload_bytes", self.max_payload_bytes, minimum=2)
@@ -148,6 +154,8 @@ class StoreConfig:
         check_bool("synchronous_full", self.synchronous_full)
         check_int("max_batch_ops", self.max_batch_ops, minimum=1)
         check_int("partitions", self.partitions, minimum=1, maximum=1 << 16)
+        if self.checkpoint_interval_s is not None:
+            check_positive("checkpoint_interval_s", self.checkpoint_interval_s)
         if not isinstance(self.retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
         if not isinstance(self.processed, ProcessedRetention):

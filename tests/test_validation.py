@@ -515,6 +515,8 @@ def test_retry_policy_delay() -> None:
         ({"processed": 86400}, TYPE, "processed must be a ProcessedRetention, got int"),
         ({"busy_timeout_s": 1e308}, ARG, f"busy_timeout_s must be <= {YEAR}, got 1e+308"),
         ({"busy_timeout_s": math.nan}, ARG, "busy_timeout_s must be finite"),
+        ({"checkpoint_interval_s": 0}, ARG, "checkpoint_interval_s must be > 0, got 0"),
+        ({"checkpoint_interval_s": "1"}, TYPE, "checkpoint_interval_s must be a number, got str"),
     ],
 )
 def test_store_config_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:

@@ -21,7 +21,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import aiosqlite
 
@@ -43,6 +43,7 @@ from ..histogram import LatencyRecorder
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus, make_task
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
+from ._checkpoint import SAFETY_NET_PAGES, WalCheckpointer
 from ._common import (
     MAX_ID,
     QueueConveniences,
@@ -171,6 +172,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         self._clock = clock
         self._conn: aiosqlite.Connection | None = None
         self._writer: GroupCommitter | None = None
+        self._checkpointer: WalCheckpointer | None = None
         self._partitions = self.config.partitions
 
     def __repr__(self) -> str:
@@ -234,6 +236,19 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         )
         if not self.read_only:  # a read-only store keeps the committer only for its clock
             self._writer.start()
+        if self._background_checkpoints():
+            writer = self._writer
+            interval_s = cast(float, self.config.checkpoint_interval_s)
+            checkpointer = WalCheckpointer(self.path, interval_s=interval_s, committed=lambda: writer.transactions)
+            try:
+                await checkpointer.start()
+            except sqlite3.Error as exc:
+                await self.close()
+                raise map_sqlite_error(exc, f"cannot open {self.path!r} for checkpoints") from exc
+            self._checkpointer = checkpointer
+
+    def _background_checkpoints(self) -> bool:
+        return not self.read_only and self.path != ":memory:" and self.config.checkpoint_interval_s is not None
 
     def _setup_read_only(self, conn: aiosqlite.Connection) -> None:
         self._partitions = setup_read_only(
@@ -250,6 +265,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         db.execute(f"PRAGMA synchronous = {'FULL' if self.config.synchronous_full else 'NORMAL'}")
         db.execute("PRAGMA temp_store = MEMORY")
         db.execute("PRAGMA cache_size = -16000")
+        if self._background_checkpoints():  # checkpoints run on their own connection; this is a safety net
+            db.execute(f"PRAGMA wal_autocheckpoint = {SAFETY_NET_PAGES}")
         retry_busy(lambda: db.execute("BEGIN IMMEDIATE"), deadline)
         try:
             has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'coord_meta'").fetchone()
@@ -280,9 +297,12 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
 
     async def close(self) -> None:
         """Commit what is queued, then close the connection. Idempotent."""
-        conn, writer = self._conn, self._writer
+        conn, writer, checkpointer = self._conn, self._writer, self._checkpointer
         self._conn = None
         self._writer = None
+        self._checkpointer = None
+        if checkpointer is not None:
+            await checkpointer.stop()
         if writer is not None:
             await writer.stop()
         if conn is not None:
