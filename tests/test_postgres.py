@@ -386,6 +386,39 @@ async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexe
         assert sum(len(v) for v in seen.values()) == 4000 - 100
 
 
+async def test_schema_7_upgrades_a_version_6_table_with_tasks_in_flight(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import SCHEMA_VERSION, PostgresStore
+
+    assert SCHEMA_VERSION >= 7
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 5}") for i in range(30)])
+        first = await store.claim("q", node_id="n", limit=3, ordered=True, lease_s=60)
+        assert [t.payload for t in first] == [0, 1, 2]
+    # Back to version 6's index (every active task, heads included), as a version 6 store left it.
+    await admin(pg, f'DROP INDEX "{schema}".coord_tasks_key_order')
+    await admin(
+        pg, f'CREATE INDEX coord_tasks_key_order ON "{schema}".coord_tasks (queue, partition_key, id) WHERE active'
+    )
+    await admin(pg, f"UPDATE \"{schema}\".coord_meta SET value = '6' WHERE key = 'schema_version'")
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        rows = await admin(pg, f"SELECT value FROM \"{schema}\".coord_meta WHERE key = 'schema_version'")
+        assert rows[0]["value"] == str(SCHEMA_VERSION)
+        rows = await admin(
+            pg, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'coord_tasks_key_order'", schema
+        )
+        assert rows[0]["indexdef"].endswith("WHERE (active AND (NOT is_head))")
+        seen: dict[str, list[int]] = {}
+        for t in first:
+            seen.setdefault(t.partition_key, []).append(t.payload)
+        assert all(isinstance(d, Task) for d in await store.complete_many(first))  # leases of before the upgrade
+        while tasks := await store.claim("q", node_id="n", limit=10, ordered=True, lease_s=60):
+            assert len({t.partition_key for t in tasks}) == len(tasks)  # one task per key at a time
+            for t in tasks:
+                seen.setdefault(t.partition_key, []).append(t.payload)
+            await store.complete_many(tasks)
+        assert seen == {f"k{k}": list(range(k, 30, 5)) for k in range(5)}
+
+
 async def test_a_commit_batch_is_one_statement_and_keeps_every_check(pg: str, schema: str) -> None:
     import asyncpg
 
