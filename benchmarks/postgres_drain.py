@@ -19,10 +19,17 @@ records); procrastinate its default worker (LISTEN/NOTIFY on, one job fetched pe
 worker slot). Jobs are 1,000 conversations' worth of keys, no locks (``--locks`` adds
 an account lock per job to asynccoord: procrastinate has no equivalent).
 
+procrastinate's jobs (no queueing lock) keep no order between them; asynccoord's default
+nodes keep each conversation in order. Each run therefore also drains the same tasks with
+asynccoord nodes that claim without per-key ordering (``NodeConfig(ordered=False)``: the
+same semantics as procrastinate's jobs, everything else unchanged), just before
+procrastinate, on the same server and with the same clock; both figures are reported, each
+with its ratio (``--no-unordered`` measures the ordered nodes only).
+
 Usage::
 
     python benchmarks/postgres_drain.py --dsn postgresql://postgres@127.0.0.1:5432/test \\
-        [--tasks 20000] [--repeat 1] [--no-procrastinate] [--locks]
+        [--tasks 20000] [--repeat 1] [--no-procrastinate] [--no-unordered] [--locks]
 
 procrastinate comes with the ``bench`` extra (``pip install -e '.[bench]'``); without it
 only asynccoord is measured. Prints one line per run and a table with the ratios.
@@ -158,7 +165,7 @@ async def asynccoord_fill(dsn: str, schema: str, tasks: int) -> None:
     await admin(dsn, f'ANALYZE "{schema}".coord_tasks')
 
 
-async def asynccoord_worker(dsn: str, schema: str, nodes: int, locks: bool) -> None:
+async def asynccoord_worker(dsn: str, schema: str, nodes: int, locks: bool, ordered: bool = True) -> None:
     from asynccoord import NodeConfig, Runtime, Task
     from asynccoord.backends.postgres import PostgresStore
 
@@ -168,7 +175,7 @@ async def asynccoord_worker(dsn: str, schema: str, nodes: int, locks: bool) -> N
     def lock_key(task: Task) -> str | None:
         return f"account:{task.payload['account']}" if locks else None
 
-    config = NodeConfig(queue=QUEUE, claim_batch=64, max_in_flight=64, idle_max_s=0.2)
+    config = NodeConfig(queue=QUEUE, claim_batch=64, max_in_flight=64, idle_max_s=0.2, ordered=ordered)
     async with PostgresStore(dsn, schema=schema, pool_max_size=4) as store:
         runtime = Runtime(store, send=send, nodes=nodes, config=config, lock_key=lock_key)
         print(json.dumps({"event": "ready"}), flush=True)
@@ -177,12 +184,18 @@ async def asynccoord_worker(dsn: str, schema: str, nodes: int, locks: bool) -> N
             await asyncio.to_thread(sys.stdin.readline)  # "stop": the parent saw the queue drained
 
 
-async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks: bool) -> Result:
+async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks: bool, ordered: bool = True) -> Result:
+    """Drain ``tasks`` tasks with ``processes`` processes of ``nodes`` nodes each, on a fresh schema.
+
+    ``ordered`` False: the nodes claim without per-key ordering (procrastinate's semantics).
+    """
     schema = "bench_asynccoord"
     await asynccoord_fill(dsn, schema, tasks)
     argv = ["--role", "asynccoord-worker", "--dsn", dsn, "--schema", schema, "--workers", str(nodes)]
     if locks:
         argv.append("--locks")
+    if not ordered:
+        argv.append("--unordered")
     procs = spawn_workers(argv, processes)
     started = go(procs)
     table = f'"{schema}".coord_tasks'
@@ -196,7 +209,7 @@ async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks
     stop(procs)
     done = await count_left(dsn, f"SELECT count(*) FROM \"{schema}\".coord_tasks WHERE status = 'done'")
     assert done == tasks, f"asynccoord: {done} of {tasks} done"
-    return Result("asynccoord", processes, nodes, tasks, ended - started)
+    return Result("asynccoord" if ordered else "asynccoord-unordered", processes, nodes, tasks, ended - started)
 
 
 # --- procrastinate ------------------------------------------------------------------
@@ -283,11 +296,13 @@ async def bench(args: argparse.Namespace) -> None:
     for processes, workers in LAYOUTS:
         for _ in range(args.repeat):
             runs = [await asynccoord_run(args.dsn, args.tasks, processes, workers, args.locks)]
+            if not args.no_unordered:
+                runs.append(await asynccoord_run(args.dsn, args.tasks, processes, workers, args.locks, ordered=False))
             if with_procrastinate:
                 jobs = args.procrastinate_tasks or args.tasks
                 runs.append(await procrastinate_run(args.dsn, jobs, processes, workers))
             for r in runs:
-                line = f"{r.system:14} {processes} x {workers:2d}: {r.tasks} in {r.seconds:6.2f} s = {r.rate:8.0f}/s"
+                line = f"{r.system:20} {processes} x {workers:2d}: {r.tasks} in {r.seconds:6.2f} s = {r.rate:8.0f}/s"
                 print(line, file=log, flush=True)
             results.extend(runs)
     version = await server_version(args.dsn)
@@ -295,8 +310,12 @@ async def bench(args: argparse.Namespace) -> None:
     for layout in LAYOUTS:
         processes, workers = layout
         ours = [r.rate for r in results if r.system == "asynccoord" and (r.processes, r.workers) == layout]
+        unordered = [
+            r.rate for r in results if r.system == "asynccoord-unordered" and (r.processes, r.workers) == layout
+        ]
         theirs = [r.rate for r in results if r.system == "procrastinate" and (r.processes, r.workers) == layout]
         a = statistics.median(ours)
+        u = statistics.median(unordered) if unordered else None
         p = statistics.median(theirs) if theirs else None
         layouts.append(
             {
@@ -308,6 +327,10 @@ async def bench(args: argparse.Namespace) -> None:
                 "asynccoord_runs": ours,
                 "procrastinate_runs": theirs,
                 "ratio_per_run": [x / y for x, y in zip(ours, theirs, strict=False)],
+                "asynccoord_unordered_tasks_per_s": u,
+                "ratio_unordered": u / p if u and p else None,
+                "asynccoord_unordered_runs": unordered,
+                "ratio_unordered_per_run": [x / y for x, y in zip(unordered, theirs, strict=False)],
             }
         )
     if args.json:
@@ -326,10 +349,17 @@ async def bench(args: argparse.Namespace) -> None:
     print(f"| layout | asynccoord tasks/s | procrastinate jobs/s | ratio |  (PostgreSQL {version})")
     print("|---|---:|---:|---:|")
     for row in layouts:
-        rate, theirs, ratio = row["asynccoord_tasks_per_s"], row["procrastinate_jobs_per_s"], row["ratio"]
+        theirs = row["procrastinate_jobs_per_s"]
         shown = "-" if theirs is None else f"{theirs:,.0f}"
-        times = "-" if ratio is None else f"{ratio:.1f}x"
-        print(f"| {row['processes']} process x {row['workers']} | {rate:,.0f} | {shown} | {times} |")
+        name = f"{row['processes']} process x {row['workers']}"
+        for label, rate, ratio in (
+            ("ordered", row["asynccoord_tasks_per_s"], row["ratio"]),
+            ("unordered", row["asynccoord_unordered_tasks_per_s"], row["ratio_unordered"]),
+        ):
+            if rate is None:
+                continue
+            times = "-" if ratio is None else f"{ratio:.1f}x"
+            print(f"| {name}, {label} | {rate:,.0f} | {shown} | {times} |")
 
 
 async def server_version(dsn: str) -> str:
@@ -351,6 +381,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs per layout; the median is reported")
     parser.add_argument("--no-procrastinate", action="store_true", help="measure asynccoord only")
     parser.add_argument("--locks", action="store_true", help="asynccoord takes an account lock per task")
+    parser.add_argument(
+        "--no-unordered", action="store_true", help="skip the asynccoord nodes that claim without per-key ordering"
+    )
+    parser.add_argument("--unordered", action="store_true", help=argparse.SUPPRESS)  # worker role: ordered=False
     parser.add_argument("--json", action="store_true", help="print one JSON object of the figures (progress to stderr)")
     parser.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--schema", default="", help=argparse.SUPPRESS)
@@ -358,7 +392,7 @@ def main() -> None:
     parser.add_argument("--send-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "asynccoord-worker":
-        asyncio.run(asynccoord_worker(args.dsn, args.schema, args.workers, args.locks))
+        asyncio.run(asynccoord_worker(args.dsn, args.schema, args.workers, args.locks, ordered=not args.unordered))
     elif args.role == "procrastinate-worker":
         asyncio.run(procrastinate_worker(args.dsn, args.schema, args.workers, args.send_ms))
     else:

@@ -326,6 +326,99 @@ async def test_claims_visit_about_what_they_return_with_many_heads_in_flight(pg:
             await conn.close()
 
 
+async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexes(pg: str, schema: str) -> None:
+    """Schema 7: coord_tasks_key_order holds active tasks that are not heads; promotion is unchanged."""
+    import asyncpg
+
+    from asynccoord.backends.postgres import PostgresStore, Q
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 400}") for i in range(4000)])
+        running = await store.claim("q", node_id="n", limit=300, ordered=True, lease_s=600)
+        assert len(running) == 300
+        done = await store.complete_many(running[:100])
+        assert all(isinstance(d, Task) for d in done)
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            await conn.execute("ANALYZE coord_tasks")
+            # What the index holds: active tasks but no head, running or pending.
+            definition = await conn.fetchval(
+                "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'coord_tasks_key_order'", schema
+            )
+            assert definition.endswith("WHERE (active AND (NOT is_head))")
+            in_index = await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE active AND NOT is_head")
+            assert in_index == 4000 - 100 - 400  # every active task but the one head of each of the 400 keys
+            # Every key has its head (the earliest active task, 100 of them new), and no key two.
+            heads = await conn.fetch(
+                "SELECT partition_key, id, (SELECT min(t.id) FROM coord_tasks AS t"
+                " WHERE t.queue = h.queue AND t.partition_key = h.partition_key AND t.active) AS earliest"
+                " FROM coord_tasks AS h WHERE h.is_head"
+            )
+            assert len(heads) == len({r["partition_key"] for r in heads}) == 400
+            assert all(r["id"] == r["earliest"] for r in heads)
+            # Promotion over every key changes nothing (each key has its head) and reads three rows
+            # per key: its head (coord_tasks_one_head), its earliest task behind it
+            # (coord_tasks_key_order), and the lower of the two through the primary key.
+            query = Q["promote_heads"]
+            values = {"queues": ["q"] * 400, "keys": [f"k{i}" for i in range(400)]}
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + query.text, *query.args(values))
+            finally:
+                await tx.rollback()
+            plan = json.loads(text)[0]["Plan"]
+            assert plan["Actual Rows"] == 0
+            assert _visited(plan) <= 3 * 400 + 4
+            assert "Seq Scan" not in text
+        finally:
+            await conn.close()
+        # The chains still run in order to the end.
+        seen: dict[str, list[int]] = {}
+        for t in running[100:]:
+            seen.setdefault(t.partition_key, []).append(t.payload)
+        await store.complete_many(running[100:])
+        while tasks := await store.claim("q", node_id="n", limit=500, ordered=True, lease_s=600):
+            for t in tasks:
+                seen.setdefault(t.partition_key, []).append(t.payload)
+            await store.complete_many(tasks)
+        assert all(v == sorted(v) for v in seen.values())
+        assert sum(len(v) for v in seen.values()) == 4000 - 100
+
+
+async def test_schema_7_upgrades_a_version_6_table_with_tasks_in_flight(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import SCHEMA_VERSION, PostgresStore
+
+    assert SCHEMA_VERSION >= 7
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 5}") for i in range(30)])
+        first = await store.claim("q", node_id="n", limit=3, ordered=True, lease_s=60)
+        assert [t.payload for t in first] == [0, 1, 2]
+    # Back to version 6's index (every active task, heads included), as a version 6 store left it.
+    await admin(pg, f'DROP INDEX "{schema}".coord_tasks_key_order')
+    await admin(
+        pg, f'CREATE INDEX coord_tasks_key_order ON "{schema}".coord_tasks (queue, partition_key, id) WHERE active'
+    )
+    await admin(pg, f"UPDATE \"{schema}\".coord_meta SET value = '6' WHERE key = 'schema_version'")
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        rows = await admin(pg, f"SELECT value FROM \"{schema}\".coord_meta WHERE key = 'schema_version'")
+        assert rows[0]["value"] == str(SCHEMA_VERSION)
+        rows = await admin(
+            pg, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'coord_tasks_key_order'", schema
+        )
+        assert rows[0]["indexdef"].endswith("WHERE (active AND (NOT is_head))")
+        seen: dict[str, list[int]] = {}
+        for t in first:
+            seen.setdefault(t.partition_key, []).append(t.payload)
+        assert all(isinstance(d, Task) for d in await store.complete_many(first))  # leases of before the upgrade
+        while tasks := await store.claim("q", node_id="n", limit=10, ordered=True, lease_s=60):
+            assert len({t.partition_key for t in tasks}) == len(tasks)  # one task per key at a time
+            for t in tasks:
+                seen.setdefault(t.partition_key, []).append(t.payload)
+            await store.complete_many(tasks)
+        assert seen == {f"k{k}": list(range(k, 30, 5)) for k in range(5)}
+
+
 async def test_a_commit_batch_is_one_statement_and_keeps_every_check(pg: str, schema: str) -> None:
     import asyncpg
 

@@ -19,6 +19,9 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   transition that changes a key's active set (enqueue, complete, dead-letter, requeue)
   first takes the key's row lock in ``coord_task_keys`` (sorted, so never a deadlock),
   so head upkeep always sees the committed state of the key, never a racy snapshot.
+  Promotion finds a key's earliest active task as the lower of its head and its earliest
+  active task that is not one (``coord_tasks_key_order`` holds only those since schema
+  version 7, so a promotion or a head's claim writes no entry there).
 * **Commits** are compare-and-set on ``(id, lease_token, version)`` plus a live lease,
   fenced (``fences=``) in the same transaction: the keys' row locks are taken first, then
   the fence rows. Concurrent ``complete`` calls of a process are group-committed: one
@@ -796,7 +799,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         The function takes the keys' row locks (sorted), then the fence rows (sorted),
         refuses outdated fencing tokens, compare-and-sets each remaining task, records the
         fencing tokens and processed ids, promotes the keys' next heads and notifies other
-        processes (see ``sql/postgres/migration_0006.sql``): one round trip per batch.
+        processes (see ``sql/postgres/migration_0006.sql``; its promotion as of
+        ``migration_0007.sql``): one round trip per batch.
         """
         params: dict[str, Any] = {
             "ids": [i.task.id for i in items],

@@ -63,13 +63,17 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 
 -- name: promote_heads
 -- Under lock_keys of the same keys: mark each key's earliest active task as its head
--- (a no-op where it already is). Returns the newly promoted heads.
+-- (a no-op where it already is). Returns the newly promoted heads. The earliest active
+-- task is the lower of the key's head (coord_tasks_one_head) and its earliest active
+-- task that is not a head (coord_tasks_key_order, schema version 7).
 UPDATE coord_tasks SET is_head = true
- WHERE NOT is_head AND id IN (
-    SELECT (SELECT t.id FROM coord_tasks AS t
-             WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active
-             ORDER BY t.id LIMIT 1)
-      FROM unnest(:queues::text[], :keys::text[]) AS k (q, pk))
+ WHERE NOT is_head AND id = ANY(ARRAY(
+    SELECT least((SELECT h.id FROM coord_tasks AS h
+                   WHERE h.queue = k.q AND h.partition_key = k.pk AND h.is_head),
+                 (SELECT t.id FROM coord_tasks AS t
+                   WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active AND NOT t.is_head
+                   ORDER BY t.id LIMIT 1))
+      FROM unnest(:queues::text[], :keys::text[]) AS k (q, pk)))
 RETURNING queue, partition, run_at;
 
 -- name: recompute_heads
