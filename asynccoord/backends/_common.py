@@ -18,6 +18,7 @@ from ..validation import (
     check_bool,
     check_int,
     check_name,
+    check_non_negative,
     check_optional_name,
     check_positive,
     encode_payload,
@@ -32,6 +33,7 @@ __all__ = (
     "MAX_PARTITION",
     "PreparedTask",
     "check_claim_args",
+    "check_claimable_args",
     "check_fences",
     "check_partition_list",
     "check_retry",
@@ -193,6 +195,20 @@ def check_claim_args(
     check_bool("ordered", ordered)
     parts = check_partition_list(partitions, partition_count)
     return cast(str, queue), cast(str, node_id), cast(int, limit), lease, parts, cast(bool, ordered)
+
+
+def check_claimable_args(
+    queue: object, partitions: object, ordered: object, min_due_age_s: object, partition_count: int
+) -> tuple[list[int] | None, float]:
+    """Check ``claimable_partitions``' arguments; return (partitions or None, min_due_age_s).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: naming the bad argument.
+    """
+    check_name("queue", queue)
+    parts = check_partition_list(partitions, partition_count)
+    check_bool("ordered", ordered)
+    return parts, check_non_negative("min_due_age_s", min_due_age_s)
 
 
 def check_partition_list(partitions: object, partition_count: int) -> list[int] | None:

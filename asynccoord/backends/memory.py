@@ -32,13 +32,13 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
-from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
+from ..validation import check_int, check_name, check_non_negative, check_positive
 from ._common import (
     MAX_ID,
     QueueConveniences,
     check_claim_args,
+    check_claimable_args,
     check_fences,
-    check_partition_list,
     check_retry,
     check_task,
     check_task_ids,
@@ -255,10 +255,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         min_due_age_s: float = 0.0,
     ) -> set[int]:
         """The partitions where a claim with these arguments would find work now (semantics as in the SQLite store)."""
-        check_name("queue", queue)
-        parts = check_partition_list(partitions, self.partitions)
-        check_bool("ordered", ordered)
-        due_age = check_non_negative("min_due_age_s", min_due_age_s)
+        parts, due_age = check_claimable_args(queue, partitions, ordered, min_due_age_s, self.partitions)
         self._check_open()
         now = self._clock()
         allowed = None if parts is None else set(parts)

@@ -77,8 +77,8 @@ from ._common import (
     MAX_ID,
     QueueConveniences,
     check_claim_args,
+    check_claimable_args,
     check_fences,
-    check_partition_list,
     check_retry,
     check_task,
     check_task_ids,
@@ -578,10 +578,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             InvalidTypeError, InvalidArgumentError: a bad argument.
             StoreConnectionError: the server stayed unreachable.
         """
-        check_name("queue", queue)
-        parts = check_partition_list(partitions, self._partitions)
-        check_bool("ordered", ordered)
-        due_age = check_non_negative("min_due_age_s", min_due_age_s)
+        parts, due_age = check_claimable_args(queue, partitions, ordered, min_due_age_s, self._partitions)
         if parts is not None and not parts:
             return set()
         name = "claimable_partitions_ordered" if ordered else "claimable_partitions"

@@ -48,8 +48,8 @@ from ._common import (
     MAX_ID,
     QueueConveniences,
     check_claim_args,
+    check_claimable_args,
     check_fences,
-    check_partition_list,
     check_retry,
     check_task,
     check_task_ids,
@@ -489,10 +489,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             InvalidTypeError, InvalidArgumentError: a bad argument.
             StoreClosedError: the store is not open.
         """
-        check_name("queue", queue)
-        parts = check_partition_list(partitions, self._partitions)
-        check_bool("ordered", ordered)
-        due_age = check_non_negative("min_due_age_s", min_due_age_s)
+        parts, due_age = check_claimable_args(queue, partitions, ordered, min_due_age_s, self._partitions)
         if parts is not None and not parts:
             return set()
         writer = self._w()
