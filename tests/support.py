@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ("FAKE_EPOCH", "FakeClock")
+import time
+from typing import Any
+
+__all__ = ("FAKE_EPOCH", "FakeClock", "count_calls")
 
 FAKE_EPOCH = 1_700_000_000.0
 """Where every fake clock starts (2023-11-14, a plausible store clock value)."""
@@ -32,3 +35,16 @@ class FakeClock:
 
     def __repr__(self) -> str:
         return f"<FakeClock now={self.now:.6f} (+{self.now - FAKE_EPOCH:.6f})>"
+
+
+def count_calls(store: Any, name: str) -> list[float]:
+    """Record the ``time.monotonic()`` of every call of ``store.<name>`` (callers go through the instance)."""
+    calls: list[float] = []
+    original = getattr(store, name)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(time.monotonic())
+        return await original(*args, **kwargs)
+
+    setattr(store, name, counted)
+    return calls

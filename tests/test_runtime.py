@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import count_calls
 
 from asynccoord import NewTask, SQLiteStore, StoreClosedError, Task, TaskStatus, owner_of, partition_of
 from asynccoord.membership import Membership
@@ -23,19 +24,6 @@ from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.runtime import Runtime
 
 QUEUE = "q"
-
-
-def count_calls(store: Any, name: str) -> list[float]:
-    """Record ``time.monotonic()`` of every call of ``store.<name>`` (the nodes call it through the instance)."""
-    calls: list[float] = []
-    original = getattr(store, name)
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(time.monotonic())
-        return await original(*args, **kwargs)
-
-    setattr(store, name, counted)
-    return calls
 
 
 def keys_owned_by(node_id: str, node_ids: list[str], partitions: int, n: int, prefix: str) -> list[str]:

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from support import FakeClock
+from support import FakeClock, count_calls
 
 from asynccoord import NewTask, Task, TaskStatus, owner_of, partition_of
 from asynccoord.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
@@ -29,19 +29,6 @@ IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.1}
 def key_in(partition: int, partitions: int, prefix: str = "k") -> str:
     """The first key ``<prefix><i>`` that hashes to ``partition``."""
     return next(f"{prefix}{i}" for i in range(100_000) if partition_of(f"{prefix}{i}", partitions) == partition)
-
-
-def count_calls(store: Any, name: str) -> list[float]:
-    """Record the ``time.monotonic()`` of every call of ``store.<name>`` (callers go through the instance)."""
-    calls: list[float] = []
-    original = getattr(store, name)
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(time.monotonic())
-        return await original(*args, **kwargs)
-
-    setattr(store, name, counted)
-    return calls
 
 
 async def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
