@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from .errors import InvalidArgumentError, InvalidTypeError
 from .validation import check_bool, check_int, check_non_negative, check_positive
 
-__all__ = ("DEFAULT_PARTITIONS", "ProcessedRetention", "RetryPolicy", "StoreConfig")
+__all__ = ("DEFAULT_PARTITIONS", "MIN_CHECKPOINT_INTERVAL_S", "ProcessedRetention", "RetryPolicy", "StoreConfig")
+
+MIN_CHECKPOINT_INTERVAL_S = 0.01
+"""Shortest ``StoreConfig.checkpoint_interval_s`` accepted, seconds."""
 
 DEFAULT_PARTITIONS = 1024
 """Number of fixed partitions a partition key is hashed into (kept in the database)."""
@@ -133,10 +136,10 @@ class StoreConfig:
         partitions: Number of fixed partitions keys are hashed into when the database
             is created (kept in the database afterwards). Default 1024.
         checkpoint_interval_s: SQLite: seconds between WAL checkpoints run in the
-            background on a connection of their own (only after new commits), so no
-            commit waits for one; None leaves them to SQLite, inside the commit that
-            takes the log past 1,000 pages. Default 0.1. See
-            ``asynccoord.backends._checkpoint``.
+            background on a connection of their own (only after new commits, at least
+            0.01), ahead of SQLite's own in the commit that takes the log past 1,000
+            pages, which then finds little left to copy; None leaves them all to
+            SQLite. Default 0.1. See ``asynccoord.backends._checkpoint``.
     """
 
     max_payload_bytes: int = 1 << 20
@@ -155,7 +158,11 @@ class StoreConfig:
         check_int("max_batch_ops", self.max_batch_ops, minimum=1)
         check_int("partitions", self.partitions, minimum=1, maximum=1 << 16)
         if self.checkpoint_interval_s is not None:
-            check_positive("checkpoint_interval_s", self.checkpoint_interval_s)
+            interval_s = check_positive("checkpoint_interval_s", self.checkpoint_interval_s)
+            if interval_s < MIN_CHECKPOINT_INTERVAL_S:
+                raise InvalidArgumentError(
+                    f"checkpoint_interval_s must be >= {MIN_CHECKPOINT_INTERVAL_S} (or None), got {interval_s!r}"
+                )
         if not isinstance(self.retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
         if not isinstance(self.processed, ProcessedRetention):

@@ -1,14 +1,17 @@
-"""SQLite WAL checkpoints run in the background, on their own connection, not inside commits."""
+"""SQLite WAL checkpoints run in the background, on their own connection, ahead of the writer's."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
-from asynccoord import NewTask, SQLiteStore, StoreConfig, TaskStatus
-from asynccoord.backends._checkpoint import SAFETY_NET_PAGES
+import pytest
+
+from asynccoord import NewTask, SQLiteStore, StoreClosedError, StoreConfig, TaskStatus
 
 Q = "outbox"
 PAGE = 4096
@@ -27,36 +30,46 @@ async def fill(store: SQLiteStore, batches: int, per_batch: int = 50) -> None:
         )
 
 
-async def writer_autocheckpoint(store: SQLiteStore) -> int:
-    return int(await store._read(lambda db: db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]))
+async def pending(store: SQLiteStore) -> int:
+    return (await store.stats(Q)).counts[TaskStatus.PENDING]
 
 
-async def test_commits_do_not_checkpoint_and_the_background_one_does(db_path: Path) -> None:
-    # An interval far beyond the test: only checkpoints called here run.
-    config = StoreConfig(checkpoint_interval_s=3600)
-    async with SQLiteStore(db_path, config=config) as store:
+def other_connection_checkpoint(path: Path) -> tuple[int, int, int]:
+    """(busy, log frames, frames checkpointed) of a passive checkpoint from another connection."""
+    with contextlib.closing(sqlite3.connect(path)) as other:
+        busy, log_frames, done = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return int(busy), int(log_frames), int(done)
+
+
+async def test_the_background_checkpoint_copies_the_log_without_the_writer(db_path: Path) -> None:
+    # An interval far beyond the test: only the checkpoint called here runs.
+    async with SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=3600)) as store:
         checkpointer = store._checkpointer
         assert checkpointer is not None
-        assert await writer_autocheckpoint(store) == SAFETY_NET_PAGES
-        await fill(store, batches=60)  # ~3,000 pages: three times SQLite's automatic threshold
-        assert wal_pages(db_path) > 2000  # no commit checkpointed (the log would have restarted)
+        await fill(store, batches=8)  # ~400 pages: below SQLite's automatic threshold
+        assert wal_pages(db_path) > 350
         assert checkpointer.checkpoints == 0
         await checkpointer.checkpoint()
         assert checkpointer.checkpoints == 1
-        assert checkpointer.pages_checkpointed > 2000
-        # The log starts over from its beginning at the next write: it does not grow further.
-        size = wal_pages(db_path)
-        await fill(store, batches=10)
-        assert wal_pages(db_path) == size
-        assert (await store.stats(Q)).counts[TaskStatus.PENDING] == 3500
+        assert checkpointer.pages_checkpointed > 350
+        busy, log_frames, done = other_connection_checkpoint(db_path)
+        assert busy == 0
+        assert log_frames == done  # every frame was copied back already
+        assert await pending(store) == 400
 
 
-async def test_without_background_checkpoints_sqlite_checkpoints_in_the_commit(db_path: Path) -> None:
-    async with SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=None)) as store:
-        assert store._checkpointer is None
-        assert await writer_autocheckpoint(store) == 1000
-        await fill(store, batches=60)
-        assert wal_pages(db_path) < 1300  # restarted after each automatic checkpoint
+@pytest.mark.parametrize("interval_s", [None, 0.05])
+async def test_the_log_stays_bounded_under_sustained_writes(db_path: Path, interval_s: float | None) -> None:
+    async with SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=interval_s)) as store:
+        assert (store._checkpointer is None) == (interval_s is None)
+        autocheckpoint = await store._read(lambda db: db.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+        assert autocheckpoint == 1000  # SQLite's own, kept: only between transactions can the log restart
+        high = 0
+        for _ in range(12):
+            await fill(store, batches=5)  # ~3,000 pages in all
+            high = max(high, wal_pages(db_path))
+        assert high < 1300
+        assert await pending(store) == 3000
 
 
 async def test_checkpoints_follow_commits_on_the_interval(db_path: Path) -> None:
@@ -72,9 +85,7 @@ async def test_checkpoints_follow_commits_on_the_interval(db_path: Path) -> None
             await asyncio.sleep(0.02)
         assert checkpointer.checkpoints >= 1
         assert checkpointer.pages_checkpointed > 0
-        # Every committed frame was copied back: another connection finds nothing left to do.
-        with sqlite3.connect(db_path) as other:
-            busy, log_frames, done = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        busy, log_frames, done = other_connection_checkpoint(db_path)
         assert (busy, log_frames) == (0, done)
         quiet = checkpointer.checkpoints
         await asyncio.sleep(0.3)
@@ -95,14 +106,77 @@ async def test_close_stops_the_checkpointer_and_keeps_the_data(db_path: Path) ->
     assert store._checkpointer is None
     await store.close()  # idempotent
     async with SQLiteStore(db_path) as again:
-        assert (await again.stats(Q)).counts[TaskStatus.PENDING] == 150
+        assert await pending(again) == 150
 
 
-async def test_read_only_and_memory_stores_run_no_checkpointer(db_path: Path) -> None:
+async def wait_threads(count: int) -> int:
+    for _ in range(200):
+        if threading.active_count() <= count:
+            break
+        await asyncio.sleep(0.01)
+    return threading.active_count()
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 5, 8])
+async def test_a_cancelled_close_still_shuts_everything_down(db_path: Path, steps: int) -> None:
+    baseline = threading.active_count()
+    store = SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=0.01))
+    await store.open()
+    await fill(store, batches=1)
+    late = asyncio.ensure_future(store.enqueue(Q, {"late": True}))
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(store.close())
+    while store._conn is not None:  # close has begun (a task cancelled before its first step never runs)
+        await asyncio.sleep(0)
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    closing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    assert await wait_threads(baseline) == baseline  # the connections' threads ended
+    assert not any(t.get_name() == "asynccoord-sqlite-writer" and not t.done() for t in asyncio.all_tasks())
+    with pytest.raises(StoreClosedError):
+        await store.enqueue(Q, {"after": True})
+    await store.close()  # idempotent
+    results = await asyncio.gather(late, return_exceptions=True)
+    async with SQLiteStore(db_path) as again:
+        stored = await pending(again)
+    # The enqueue queued before close either committed (close commits what is queued) or was refused.
+    assert stored == (51 if not isinstance(results[0], BaseException) else 50)
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 5, 8, 13])
+async def test_a_cancelled_open_leaves_the_store_open_with_its_checkpointer_or_closed(
+    db_path: Path, steps: int
+) -> None:
+    baseline = threading.active_count()
+    store = SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=0.01))
+    opening = asyncio.ensure_future(store.open())
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    opening.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await opening
+    if store._conn is not None:  # open finished before the cancellation
+        assert store._checkpointer is not None
+    else:
+        assert store._writer is None
+        assert store._checkpointer is None
+    await store.close()
+    assert await wait_threads(baseline) == baseline
+    async with SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=0.01)) as again:
+        assert again._checkpointer is not None
+        await fill(again, batches=1)
+        assert await pending(again) == 50
+
+
+async def test_read_only_memory_and_uri_stores_run_no_checkpointer(db_path: Path) -> None:
     async with SQLiteStore(db_path) as store:
         await fill(store, batches=1)
     async with SQLiteStore(db_path, read_only=True) as reader:
         assert reader._checkpointer is None
-        assert (await reader.stats(Q)).counts[TaskStatus.PENDING] == 50
+        assert await pending(reader) == 50
     async with SQLiteStore(":memory:") as memory:
         assert memory._checkpointer is None
+    async with SQLiteStore("file:asynccoord-test?mode=memory&cache=shared") as uri:
+        assert uri._checkpointer is None

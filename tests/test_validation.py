@@ -516,6 +516,7 @@ def test_retry_policy_delay() -> None:
         ({"busy_timeout_s": 1e308}, ARG, f"busy_timeout_s must be <= {YEAR}, got 1e+308"),
         ({"busy_timeout_s": math.nan}, ARG, "busy_timeout_s must be finite"),
         ({"checkpoint_interval_s": 0}, ARG, "checkpoint_interval_s must be > 0, got 0"),
+        ({"checkpoint_interval_s": 1e-12}, ARG, "checkpoint_interval_s must be >= 0.01 (or None), got 1e-12"),
         ({"checkpoint_interval_s": "1"}, TYPE, "checkpoint_interval_s must be a number, got str"),
     ],
 )

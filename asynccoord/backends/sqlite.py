@@ -15,6 +15,7 @@ not supported (its locking is unreliable there): use the PostgreSQL store.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ from ..histogram import LatencyRecorder
 from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus, make_task
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
-from ._checkpoint import SAFETY_NET_PAGES, WalCheckpointer
+from ._checkpoint import WalCheckpointer
 from ._common import (
     MAX_ID,
     QueueConveniences,
@@ -242,13 +243,22 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             checkpointer = WalCheckpointer(self.path, interval_s=interval_s, committed=lambda: writer.transactions)
             try:
                 await checkpointer.start()
-            except sqlite3.Error as exc:
+            except BaseException as exc:  # cancelled or failed: closed again, never half open
                 await self.close()
-                raise map_sqlite_error(exc, f"cannot open {self.path!r} for checkpoints") from exc
+                if isinstance(exc, sqlite3.Error):
+                    raise map_sqlite_error(exc, f"cannot open {self.path!r} for checkpoints") from exc
+                raise
             self._checkpointer = checkpointer
 
     def _background_checkpoints(self) -> bool:
-        return not self.read_only and self.path != ":memory:" and self.config.checkpoint_interval_s is not None
+        # A "file:" name may be a URI (this SQLite may interpret them), possibly of an
+        # in-memory database a second connection would not share: left to SQLite.
+        return (
+            not self.read_only
+            and self.path != ":memory:"
+            and not self.path.startswith("file:")
+            and self.config.checkpoint_interval_s is not None
+        )
 
     def _setup_read_only(self, conn: aiosqlite.Connection) -> None:
         self._partitions = setup_read_only(
@@ -265,8 +275,6 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         db.execute(f"PRAGMA synchronous = {'FULL' if self.config.synchronous_full else 'NORMAL'}")
         db.execute("PRAGMA temp_store = MEMORY")
         db.execute("PRAGMA cache_size = -16000")
-        if self._background_checkpoints():  # checkpoints run on their own connection; this is a safety net
-            db.execute(f"PRAGMA wal_autocheckpoint = {SAFETY_NET_PAGES}")
         retry_busy(lambda: db.execute("BEGIN IMMEDIATE"), deadline)
         try:
             has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'coord_meta'").fetchone()
@@ -296,17 +304,19 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             raise
 
     async def close(self) -> None:
-        """Commit what is queued, then close the connection. Idempotent."""
+        """Commit what is queued, then close the connection. Idempotent.
+
+        The store is closed for callers at once; the shutdown itself (checkpointer,
+        writer, connection and its thread) runs to its end even if the caller is
+        cancelled meanwhile, so a cancelled close leaks nothing.
+        """
         conn, writer, checkpointer = self._conn, self._writer, self._checkpointer
         self._conn = None
         self._writer = None
         self._checkpointer = None
-        if checkpointer is not None:
-            await checkpointer.stop()
-        if writer is not None:
-            await writer.stop()
-        if conn is not None:
-            await conn.close()
+        if conn is None and writer is None and checkpointer is None:
+            return
+        await asyncio.shield(asyncio.ensure_future(_shut_down(conn, writer, checkpointer)))
 
     @property
     def partitions(self) -> int:
@@ -879,6 +889,22 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 batches += 1
             if n < size:
                 return PurgeResult(deleted=deleted, batches=batches)
+
+
+async def _shut_down(
+    conn: aiosqlite.Connection | None, writer: GroupCommitter | None, checkpointer: WalCheckpointer | None
+) -> None:
+    """Stop the checkpointer, let the writer commit what is queued, close the connection."""
+    try:
+        if checkpointer is not None:
+            await checkpointer.stop()
+    finally:
+        try:
+            if writer is not None:
+                await writer.stop()
+        finally:
+            if conn is not None:
+                await conn.close()
 
 
 def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> list[tuple[str, int]]:
