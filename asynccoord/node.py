@@ -527,12 +527,12 @@ class Node:
                 self._slots.release()
             if tasks:
                 self._state.claimed += len(tasks)
-                started = time.monotonic()
-                for task in tasks:
-                    flight = _InFlight(task=task, lease_deadline=self._deadline(started))
-                    self._in_flight[task.id] = flight
-                    self._drained.clear()
-                    tg.start_soon(self._handle, flight, name=f"{self.node_id}-task-{task.id}")
+                deadline = self._deadline(time.monotonic())
+                flights = [_InFlight(task=task, lease_deadline=deadline) for task in tasks]
+                for flight in flights:
+                    self._in_flight[flight.task.id] = flight
+                self._drained.clear()
+                tg.start_soon(self._handle_batch, flights, name=f"{self.node_id}-batch-{tasks[0].id}")
                 if len(tasks) == free:  # a full batch: there may be more, claim again at once
                     idle_s = cfg.idle_min_s
                     wake.disarm()  # the next claim starts as soon as a slot frees anyway
@@ -587,6 +587,43 @@ class Node:
         return started + lease - min(lease * 0.2, 2.0)
 
     # --- handle one task ----------------------------------------------------------------
+
+    async def _handle_batch(self, flights: list[_InFlight]) -> None:
+        """Handle one claim's tasks, each in an asyncio task of its own, under the node's task group.
+
+        One task-group child per claim, not per task: this supervises its tasks as the
+        task group would. An error of one (e.g. :class:`StoreClosedError`) cancels the
+        others and is raised once they are over (several: as an ``ExceptionGroup``),
+        so the node fails; a cancellation of the node cancels each of them once (a send
+        gets its cleanup time, see :func:`_cut_short`), waits for them to hand their
+        tasks back (shielded) and re-raises.
+
+        Raises:
+            Exception: what a task's handling raised.
+            CancelledError: the node was cancelled, or a send raised it.
+        """
+        loop = asyncio.get_running_loop()
+        node_id = self.node_id
+        handles = [loop.create_task(self._handle(f), name=f"{node_id}-task-{f.task.id}") for f in flights]
+        pending: set[asyncio.Task[None]] = set(handles)
+        try:
+            while pending:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                if any(not h.cancelled() and h.exception() is not None for h in handles if h.done()):
+                    break
+        finally:
+            if pending:  # an error or the node's cancellation: end the others, and wait for their hand-backs
+                for handle in pending:
+                    handle.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(pending)
+        errors = [e for h in handles if not h.cancelled() and (e := h.exception()) is not None]
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise BaseExceptionGroup("errors handling a claim's tasks", errors)
+        if any(h.cancelled() for h in handles):  # a send raised CancelledError: cancel the node, as before
+            raise asyncio.CancelledError
 
     async def _handle(self, flight: _InFlight) -> None:
         task = flight.task
