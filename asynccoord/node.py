@@ -49,9 +49,9 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -82,8 +82,6 @@ if TYPE_CHECKING:
 __all__ = ("Delivery", "Node", "NodeConfig", "NodeState", "NodeStatus", "SendFn", "current_delivery")
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 SEND_CLEANUP_S = 0.25
 """Seconds a cancelled send's own cleanup (its ``except``/``finally`` awaits) may take
@@ -272,13 +270,15 @@ def current_delivery() -> Delivery:
 @dataclass(slots=True, eq=False)
 class _InFlight:
     task: Task
-    scope: anyio.CancelScope
     lease_deadline: float  # local monotonic: stop before the store could hand the task on
     lock: Lease | None = None
     lost: str | None = None
     started: bool = False  # the user's send was called
     returned: bool = False  # ...and returned, raised, timed out or was cut by a lost lease
     settling: bool = False  # the send is over: commit/fail/hand-back owns the lease now
+    timed_out: bool = False  # the send was cut at send_timeout_s
+    send: asyncio.Task[Any] | None = None  # the user's send, in a task of its own, while it runs
+    over: asyncio.Future[None] | None = None  # done when the send is, or when its cleanup time ran out
 
 
 class Node:
@@ -527,12 +527,12 @@ class Node:
                 self._slots.release()
             if tasks:
                 self._state.claimed += len(tasks)
-                started = time.monotonic()
-                for task in tasks:
-                    flight = _InFlight(task=task, scope=anyio.CancelScope(), lease_deadline=self._deadline(started))
-                    self._in_flight[task.id] = flight
-                    self._drained.clear()
-                    tg.start_soon(self._handle, flight, name=f"{self.node_id}-task-{task.id}")
+                deadline = self._deadline(time.monotonic())
+                flights = [_InFlight(task=task, lease_deadline=deadline) for task in tasks]
+                for flight in flights:
+                    self._in_flight[flight.task.id] = flight
+                self._drained.clear()
+                tg.start_soon(self._handle_batch, flights, name=f"{self.node_id}-batch-{tasks[0].id}")
                 if len(tasks) == free:  # a full batch: there may be more, claim again at once
                     idle_s = cfg.idle_min_s
                     wake.disarm()  # the next claim starts as soon as a slot frees anyway
@@ -588,6 +588,43 @@ class Node:
 
     # --- handle one task ----------------------------------------------------------------
 
+    async def _handle_batch(self, flights: list[_InFlight]) -> None:
+        """Handle one claim's tasks, each in an asyncio task of its own, under the node's task group.
+
+        One task-group child per claim, not per task: this supervises its tasks as the
+        task group would. An error of one (e.g. :class:`StoreClosedError`) cancels the
+        others and is raised once they are over (several: as an ``ExceptionGroup``),
+        so the node fails; a cancellation of the node cancels each of them once (a send
+        gets its cleanup time, see :func:`_cut_short`), waits for them to hand their
+        tasks back (shielded) and re-raises.
+
+        Raises:
+            Exception: what a task's handling raised.
+            CancelledError: the node was cancelled, or a send raised it.
+        """
+        loop = asyncio.get_running_loop()
+        node_id = self.node_id
+        handles = [loop.create_task(self._handle(f), name=f"{node_id}-task-{f.task.id}") for f in flights]
+        pending: set[asyncio.Task[None]] = set(handles)
+        try:
+            while pending:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                if any(not h.cancelled() and h.exception() is not None for h in handles if h.done()):
+                    break
+        finally:
+            if pending:  # an error or the node's cancellation: end the others, and wait for their hand-backs
+                for handle in pending:
+                    handle.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(pending)
+        errors = [e for h in handles if not h.cancelled() and (e := h.exception()) is not None]
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise BaseExceptionGroup("errors handling a claim's tasks", errors)
+        if any(h.cancelled() for h in handles):  # a send raised CancelledError: cancel the node, as before
+            raise asyncio.CancelledError
+
     async def _handle(self, flight: _InFlight) -> None:
         task = flight.task
         cfg = self.config
@@ -605,7 +642,7 @@ class Node:
                 # the send runs in the turn, the commit after it (fenced by the token).
                 def lock_lost(error: LockLostError) -> None:
                     flight.lost = f"lock lost: {error}"
-                    flight.scope.cancel()
+                    _cut(flight)
 
                 try:
                     async with self._pool().turn(name, timeout_s=cfg.lock_wait_s, on_lost=lock_lost) as turn:
@@ -677,35 +714,64 @@ class Node:
     async def _send(self, flight: _InFlight) -> tuple[bool, Any, BaseException | None]:
         """Run the user's send under the timeout and the lease guard.
 
+        The send runs in an asyncio task of its own (so every cancellation reaches it as
+        one ``CancelledError``, see :func:`_cut`); a lost lease or lock, or the send
+        timeout, cancels that task directly, and a cancellation of the node reaches it
+        through :func:`_cut_short`.
+
         Returns:
             ``(completed, result, failure)``: ``completed`` is False when the send was
             cancelled because its task lease or lock was lost.
+
+        Raises:
+            CancelledError: the node was cancelled (the send got its cleanup time first),
+                or the send itself raised it.
         """
+        flight.started = True
+        if flight.lost is not None:  # the lock was lost before the send could begin
+            flight.returned = flight.settling = True
+            return False, None, None
+        return await self._run_send(flight)
+
+    async def _run_send(self, flight: _InFlight) -> tuple[bool, Any, BaseException | None]:
         task = flight.task
-        result: Any = None
-        failure: BaseException | None = None
-        delivery = Delivery(node_id=self.node_id, task=task, lock=flight.lock, context=self._context(task))
-        token = _DELIVERY.set(delivery)
-        send_started = time.perf_counter()
-        # One scope for both ends of a send: its deadline is the send timeout, and a lost
-        # lease or lock cancels it after setting flight.lost (so a cancellation caught
-        # with flight.lost unset is the timeout).
-        flight.scope.deadline = anyio.current_time() + self.config.send_timeout_s
+        loop = asyncio.get_running_loop()
+        token = _DELIVERY.set(Delivery(node_id=self.node_id, task=task, lock=flight.lock, context=self._context(task)))
         try:
-            with flight.scope:
-                try:
-                    flight.started = True
-                    result = await _edge_cancelled(self._call_send(task))
-                except Exception as exc:  # the user's send failed: the retry policy decides
-                    failure = exc
-            flight.returned = True
+            child = flight.send = loop.create_task(self._call_send(task))  # copies the context: the delivery
         finally:
             _DELIVERY.reset(token)
+        send_started = time.perf_counter()
+        over = flight.over = loop.create_future()
+        child.add_done_callback(lambda _: _resolve(over))
+        timer = loop.call_at(loop.time() + self.config.send_timeout_s, _time_out, flight)
+        try:
+            await over
+        except asyncio.CancelledError:  # the node is cancelled: the send gets its cleanup time, then it goes on
+            await _cut_short(child)
+            raise
+        finally:
+            timer.cancel()
             flight.settling = True
+            flight.send = flight.over = None
         if flight.lost is not None:
+            flight.returned = True
+            _retrieve_later(child)
             return False, None, None
-        if flight.scope.cancelled_caught:
-            result, failure = None, TimeoutError()
+        result: Any = None
+        failure: BaseException | None = None
+        if flight.timed_out:
+            _retrieve_later(child)
+            failure = TimeoutError()
+        elif child.cancelled():  # the send raised CancelledError itself: never swallowed
+            raise asyncio.CancelledError
+        else:
+            failure = child.exception()  # the user's send failed: the retry policy decides
+            if failure is None:
+                result = child.result()
+            elif not isinstance(failure, Exception):  # KeyboardInterrupt, SystemExit...
+                raise failure
+        flight.returned = True
         _observe(self.store, SEND_MS, send_started)
         return True, result, failure
 
@@ -872,30 +938,66 @@ class Node:
             return  # settled meanwhile (committed, failed or handed back): nothing was lost
         flight.lost = reason
         self.store.events.add(ev.LEASE_LOST)
-        flight.scope.cancel()
+        _cut(flight)
 
 
-async def _edge_cancelled(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` in its own task, cancelled once (edge-triggered) when the caller is.
+def _time_out(flight: _InFlight) -> None:
+    """The send timeout of ``flight`` (a loop timer): cut its send."""
+    if flight.lost is None and flight.send is not None and not flight.send.done():
+        flight.timed_out = True
+        _cut(flight)
 
-    The node's cancel scopes (anyio) are level-triggered: every ``await`` inside a
-    cancelled scope is cancelled again, so a user's send could not await anything in
-    its ``finally`` (closing a connection, say). Here the send runs as a separate
-    asyncio task that receives one ``CancelledError``, as ``Task.cancel`` delivers it,
-    and gets up to :data:`SEND_CLEANUP_S` to finish its cleanup before a second
-    cancellation; then the caller's cancellation proceeds.
+
+def _cut(flight: _InFlight) -> None:
+    """Cancel the send of ``flight`` (if it runs) once, edge-triggered, as ``Task.cancel`` does.
+
+    The send may still await in its ``except``/``finally`` blocks (closing a connection,
+    say) for up to :data:`SEND_CLEANUP_S`; then it is cancelled again and the node goes
+    on without waiting for it.
     """
-    child = asyncio.ensure_future(coro)
-    try:
-        return await asyncio.shield(child)
-    except asyncio.CancelledError:
-        child.cancel()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_CLEANUP_S):
-            await asyncio.wait({child})
+    child, over = flight.send, flight.over
+    if child is None or over is None or child.done():
+        return
+    child.cancel()
+
+    def cut_again() -> None:
         if not child.done():
             child.cancel()
+            child.add_done_callback(_retrieve)
+        _resolve(over)
+
+    timer = asyncio.get_running_loop().call_later(SEND_CLEANUP_S, cut_again)
+    child.add_done_callback(lambda _: timer.cancel())
+
+
+async def _cut_short(child: asyncio.Task[Any]) -> None:
+    """Cancel ``child`` once and give it up to :data:`SEND_CLEANUP_S` to finish (shielded), then once more.
+
+    The node's cancel scopes (anyio) are level-triggered: every ``await`` inside a
+    cancelled scope is cancelled again, so a send run in the node's own task could not
+    await anything in its ``finally``. The send runs as a separate asyncio task that
+    receives one ``CancelledError`` and gets its cleanup time before a second one; then
+    the caller's cancellation proceeds.
+    """
+    child.cancel()
+    with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_CLEANUP_S):
+        await asyncio.wait({child})
+    if not child.done():
+        child.cancel()
+    child.add_done_callback(_retrieve)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _retrieve_later(child: asyncio.Task[Any]) -> None:
+    """Ignore the outcome of a send that was cut (see :func:`_retrieve`), now or when it ends."""
+    if child.done():
+        _retrieve(child)
+    else:
         child.add_done_callback(_retrieve)
-        raise
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,7 @@ class Result:
     workers: int
     tasks: int
     seconds: float
+    cpu_s: float = 0.0  # CPU time (user + system) of the worker processes, start-up and shutdown included
 
     @property
     def rate(self) -> float:
@@ -196,6 +198,7 @@ async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks
         argv.append("--locks")
     if not ordered:
         argv.append("--unordered")
+    cpu_before = _children_cpu_s()
     procs = spawn_workers(argv, processes)
     started = go(procs)
     table = f'"{schema}".coord_tasks'
@@ -207,9 +210,17 @@ async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks
     )
     ended = await wait_drained(dsn, left, 600.0)
     stop(procs)
+    cpu_s = _children_cpu_s() - cpu_before
     done = await count_left(dsn, f"SELECT count(*) FROM \"{schema}\".coord_tasks WHERE status = 'done'")
     assert done == tasks, f"asynccoord: {done} of {tasks} done"
-    return Result("asynccoord" if ordered else "asynccoord-unordered", processes, nodes, tasks, ended - started)
+    system = "asynccoord" if ordered else "asynccoord-unordered"
+    return Result(system, processes, nodes, tasks, ended - started, cpu_s)
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of the waited-for child processes so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 # --- procrastinate ------------------------------------------------------------------
@@ -303,6 +314,8 @@ async def bench(args: argparse.Namespace) -> None:
                 runs.append(await procrastinate_run(args.dsn, jobs, processes, workers))
             for r in runs:
                 line = f"{r.system:20} {processes} x {workers:2d}: {r.tasks} in {r.seconds:6.2f} s = {r.rate:8.0f}/s"
+                if r.cpu_s:
+                    line += f", workers' CPU {r.cpu_s / r.tasks * 1e6:.0f} us/task"
                 print(line, file=log, flush=True)
             results.extend(runs)
     version = await server_version(args.dsn)
@@ -325,6 +338,11 @@ async def bench(args: argparse.Namespace) -> None:
                 "procrastinate_jobs_per_s": p,
                 "ratio": a / p if p else None,
                 "asynccoord_runs": ours,
+                "asynccoord_cpu_us_per_task_runs": [
+                    r.cpu_s / r.tasks * 1e6
+                    for r in results
+                    if r.system == "asynccoord" and (r.processes, r.workers) == layout
+                ],
                 "procrastinate_runs": theirs,
                 "ratio_per_run": [x / y for x, y in zip(ours, theirs, strict=False)],
                 "asynccoord_unordered_tasks_per_s": u,
