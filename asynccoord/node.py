@@ -756,12 +756,12 @@ class Node:
             flight.send = flight.over = None
         if flight.lost is not None:
             flight.returned = True
-            _retrieve_later(child)
+            child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
             return False, None, None
         result: Any = None
         failure: BaseException | None = None
         if flight.timed_out:
-            _retrieve_later(child)
+            child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
             failure = TimeoutError()
         elif child.cancelled():  # the send raised CancelledError itself: never swallowed
             raise asyncio.CancelledError
@@ -990,14 +990,6 @@ async def _cut_short(child: asyncio.Task[Any]) -> None:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _retrieve_later(child: asyncio.Task[Any]) -> None:
-    """Ignore the outcome of a send that was cut (see :func:`_retrieve`), now or when it ends."""
-    if child.done():
-        _retrieve(child)
-    else:
-        child.add_done_callback(_retrieve)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -31,6 +31,8 @@ from collections.abc import Callable
 
 import aiosqlite
 
+from ._groupcommit import daemon_connection
+
 __all__ = ("WalCheckpointer",)
 
 log = logging.getLogger(__name__)
@@ -67,10 +69,7 @@ class WalCheckpointer:
         Raises:
             sqlite3.Error: the connection could not be opened.
         """
-        conn = aiosqlite.connect(self.path, isolation_level=None, check_same_thread=False)
-        worker = getattr(conn, "_thread", None)
-        if worker is not None and not worker.is_alive():
-            worker.daemon = True  # as the store's own connection: never keeps the interpreter alive
+        conn = daemon_connection(self.path)
         try:
             await conn
             await conn.execute("PRAGMA busy_timeout = 0")  # a passive checkpoint never waits anyway

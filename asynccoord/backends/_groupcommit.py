@@ -40,7 +40,15 @@ import aiosqlite
 
 from ..errors import StoreBusyError, StoreClosedError, StoreError
 
-__all__ = ("GroupCommitter", "Operation", "map_sqlite_error", "raw_connection", "retry_busy", "run_on_thread")
+__all__ = (
+    "GroupCommitter",
+    "Operation",
+    "daemon_connection",
+    "map_sqlite_error",
+    "raw_connection",
+    "retry_busy",
+    "run_on_thread",
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +71,19 @@ async def run_on_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args:
     """
     execute = cast(Callable[..., Awaitable[T]], conn._execute)
     return await execute(fn, *args)
+
+
+def daemon_connection(target: str, *, uri: bool = False) -> aiosqlite.Connection:
+    """An unopened aiosqlite connection (autocommit) whose worker thread is a daemon.
+
+    A store the program forgot to close must not keep the interpreter from exiting:
+    committed work is durable in the WAL either way.
+    """
+    conn = aiosqlite.connect(target, isolation_level=None, check_same_thread=False, uri=uri)
+    worker = getattr(conn, "_thread", None)
+    if worker is not None and not worker.is_alive():
+        worker.daemon = True
+    return conn
 
 
 def raw_connection(conn: aiosqlite.Connection) -> sqlite3.Connection:

@@ -65,7 +65,15 @@ from ._common import (
     settled_done,
     task_from_row,
 )
-from ._groupcommit import GroupCommitter, Operation, map_sqlite_error, raw_connection, retry_busy, run_on_thread
+from ._groupcommit import (
+    GroupCommitter,
+    Operation,
+    daemon_connection,
+    map_sqlite_error,
+    raw_connection,
+    retry_busy,
+    run_on_thread,
+)
 from ._lockcommon import fence_rejected_error
 from ._readonly import read_only_error, read_only_uri, setup_read_only
 from .sql import load_migrations, load_queries
@@ -207,12 +215,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
             raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
         target = read_only_uri(self.path) if self.read_only else self.path
-        conn = aiosqlite.connect(target, isolation_level=None, check_same_thread=False, uri=self.read_only)
-        worker = getattr(conn, "_thread", None)
-        if worker is not None and not worker.is_alive():
-            # A store the program forgot to close must not keep the interpreter from
-            # exiting: committed work is durable in the WAL either way.
-            worker.daemon = True
+        conn = daemon_connection(target, uri=self.read_only)
         try:
             await conn
         except sqlite3.Error as exc:
