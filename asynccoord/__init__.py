@@ -39,7 +39,7 @@ from .lockmodels import FenceRecord, Lease, LockBusy, LockInfo
 from .lockpool import LockPool
 from .membermodels import Member, MemberBeat
 from .membership import Membership, MembershipStats, MembershipView
-from .models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from .models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from .monitor import DEFAULT_RULES, AlertRule, AlertStream, ClusterSnapshot, Monitor, MonitorStats
 from .monitormodels import Alert, AlertScope, AlertState
 from .node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
@@ -57,6 +57,7 @@ __all__ = (
     "AlertState",
     "AlertStream",
     "ClusterSnapshot",
+    "Continuation",
     "CoordError",
     "DEFAULT_RULES",
     "Delivery",

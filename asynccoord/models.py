@@ -13,7 +13,7 @@ from typing import Any
 
 from .validation import check_int, check_name, check_non_negative, check_optional_name
 
-__all__ = ("EnqueueResult", "NewTask", "PurgeResult", "QueueStats", "Task", "TaskStatus")
+__all__ = ("Continuation", "EnqueueResult", "NewTask", "PurgeResult", "QueueStats", "Task", "TaskStatus")
 
 
 class TaskStatus(enum.StrEnum):
@@ -173,6 +173,21 @@ class EnqueueResult:
 
     task: Task
     created: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Continuation:
+    """Outcome of ``complete_and_claim_next``: the committed task and its key's next task.
+
+    Args:
+        done: The committed task as now stored (status ``done``, version + 1).
+        next_task: The next task of the same queue and partition key, leased to the same
+            owner in the commit's transaction (status ``running``, a fresh lease token);
+            None when the key had no pending task due at that moment.
+    """
+
+    done: Task
+    next_task: Task | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

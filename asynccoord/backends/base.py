@@ -21,7 +21,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
 from ..membermodels import Member, MemberBeat
-from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task
+from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task
 from ..monitormodels import MetricsFlush, MetricsView, QueueDepth
 
 __all__ = ("LockStore", "MembershipStore", "MonitorStore", "QueueStore", "Store")
@@ -157,6 +157,45 @@ class QueueStore(Protocol):
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
             TaskNotFoundError: no such task.
+        """
+        ...
+
+    async def complete_and_claim_next(
+        self,
+        task: Task,
+        result: Any = None,
+        *,
+        fence: tuple[str, int] | None = None,
+        lease_s: float = 30.0,
+    ) -> Continuation:
+        """Commit-and-continue: complete ``task`` and lease its key's next task, in one transaction.
+
+        The commit is exactly :meth:`complete` (compare-and-set, processed-id record,
+        fence). When it goes through, the same transaction makes the queue keep per-key
+        order (as an ordered :meth:`claim` does) and leases the next task of ``task``'s
+        queue and partition key to ``task.lease_owner`` if that task is now the key's
+        head (its earliest unfinished task), pending and due, as an ordered claim of
+        that one key would: fresh lease token, attempts + 1, version + 1. A node working
+        through one conversation in order thus needs no wake-up and no claim between
+        two of its tasks. A next task whose idempotency key is already processed is
+        settled as a duplicate instead (``duplicate_delivery_suppressed``) and none is
+        returned. Partitions and ``min_due_age_s`` play no part: the key is the task's.
+
+        Args:
+            task: The task as returned by ``claim`` (or a previous continuation).
+            result: Optional JSON result kept on the task.
+            fence: ``(resource, fencing_token)`` checked and recorded as in :meth:`complete`.
+            lease_s: Lease length of the next task, seconds (> 0). Default 30.
+
+        Returns:
+            A :class:`~asynccoord.models.Continuation`: the done task and the next task
+            (None when the key had no pending task due).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written or leased.
+            TaskNotFoundError: no such task.
+            FencingTokenRejectedError: ``fence`` carries an outdated token.
+            InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
         """
         ...
 

@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
-from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
 from ..validation import check_int, check_name, check_non_negative, check_positive
 from ._common import (
@@ -317,6 +317,71 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         encoded = encode_results(results, len(checked), self.config)
         fenced = check_fences(fences, len(checked))
         self._check_open()
+        return await self._complete(checked, encoded, fenced, announce=True)
+
+    async def complete_and_claim_next(
+        self,
+        task: Task,
+        result: Any = None,
+        *,
+        fence: tuple[str, int] | None = None,
+        lease_s: float = 30.0,
+    ) -> Continuation:
+        """Complete ``task`` and lease its key's next task atomically (semantics as in the SQLite store)."""
+        checked = check_tasks([task])
+        encoded = encode_results([result], 1, self.config)
+        fenced = check_fences(None if fence is None else [fence], 1)
+        lease = check_positive("lease_s", lease_s)
+        self._check_open()
+        outcome = (await self._complete(checked, encoded, fenced, announce=False))[0]
+        if not isinstance(outcome, Task):
+            raise outcome
+        next_task = self._lease_key_head(outcome, task.lease_owner or "", lease)
+        if next_task is None:  # nothing leased: whoever claims the key's next task may be woken
+            notify_settled(self.notifier, [outcome])
+        return Continuation(done=outcome, next_task=next_task)
+
+    def _lease_key_head(self, done: Task, node_id: str, lease: float) -> Task | None:
+        """Lease the head (earliest unfinished task) of ``done``'s key to ``node_id`` if it is pending and due."""
+        now = done.updated_at
+        while True:
+            head = min(
+                (
+                    t
+                    for t in self._tasks.values()
+                    if t.queue == done.queue and t.partition_key == done.partition_key and t.status in _ACTIVE
+                ),
+                key=lambda t: t.id,
+                default=None,
+            )
+            if head is None or head.status is not TaskStatus.PENDING or head.run_at > now:
+                return None
+            leased = self._put(
+                head,
+                now,
+                status=TaskStatus.RUNNING,
+                attempts=head.attempts + 1,
+                lease_owner=node_id,
+                lease_token=f"{new_token()}.{head.id}",
+                lease_expires_at=now + lease,
+            )
+            if head.idempotency_key is None or (head.queue, head.idempotency_key) not in self._processed:
+                self.events.add(ev.CLAIMS)
+                return leased
+            # Already processed: settled as a duplicate, as a claim would; the key's next
+            # task is then announced, not leased.
+            self._put(leased, now, status=TaskStatus.DONE, result={"duplicate": True}, last_error=None)
+            self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED)
+            return None
+
+    async def _complete(
+        self,
+        checked: list[Task],
+        encoded: list[str | None],
+        fenced: list[tuple[str, int] | None] | None,
+        *,
+        announce: bool,
+    ) -> list[Task | CoordError]:
         now = self._clock()
         out: list[Task | CoordError] = []
         for i, (task, result_json) in enumerate(zip(checked, encoded, strict=True)):
@@ -340,7 +405,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
             out.append(done)
         committed = sum(1 for d in out if isinstance(d, Task))
         self.events.add(ev.COMMITS, committed)
-        if committed:  # an ordered queue's next task per key may be claimable now
+        if committed and announce:  # an ordered queue's next task per key may be claimable now
             notify_settled(self.notifier, [t for t, d in zip(checked, out, strict=True) if isinstance(d, Task)])
         return out
 

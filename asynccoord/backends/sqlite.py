@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
-from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus, make_task
+from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus, make_task
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._checkpoint import WalCheckpointer
@@ -91,6 +91,8 @@ MIN_SQLITE = (3, 35, 0)
 
 _Row = tuple[Any, ...]
 _Claimed = tuple[list[_Row], int, int, float, list[tuple[str, int]]]  # rows, duplicates, dead, now, promoted
+# now, per-task outcome, refused fences, promoted heads, the next task's row, duplicates settled
+_Completed = tuple[float, list[int | str | None], dict[int, int], list[tuple[str, int]], "_Row | None", int]
 
 
 def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task:
@@ -581,11 +583,57 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         fenced = check_fences(fences, len(checked))
         if not checked:
             return []
-        rows = [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)]
+        done, _ = await self._complete(checked, encoded, fenced, None)
+        return done
 
-        def op(
-            db: sqlite3.Connection, now: float
-        ) -> tuple[float, list[int | str | None], dict[int, int], list[tuple[str, int]]]:
+    async def complete_and_claim_next(
+        self,
+        task: Task,
+        result: Any = None,
+        *,
+        fence: tuple[str, int] | None = None,
+        lease_s: float = 30.0,
+    ) -> Continuation:
+        """Complete ``task`` and lease its key's next task in the same transaction.
+
+        See :meth:`~asynccoord.backends.base.QueueStore.complete_and_claim_next`. The
+        commit and the lease of the next task are one operation of the group commit.
+
+        Raises:
+            LeaseLostError, TaskNotFoundError, FencingTokenRejectedError: as :meth:`complete`;
+                nothing written or leased.
+            InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
+        """
+        checked = check_tasks([task])
+        encoded = encode_results([result], 1, self.config)
+        fenced = check_fences(None if fence is None else [fence], 1)
+        lease = check_positive("lease_s", lease_s)
+        done, next_task = await self._complete(checked, encoded, fenced, lease)
+        outcome = done[0]
+        if not isinstance(outcome, Task):
+            raise outcome
+        return Continuation(done=outcome, next_task=next_task)
+
+    async def _complete(
+        self,
+        checked: list[Task],
+        encoded: list[str | None],
+        fenced: list[tuple[str, int] | None] | None,
+        next_lease_s: float | None,
+    ) -> tuple[list[Task | CoordError], Task | None]:
+        """complete_many's transaction; with ``next_lease_s``, also lease the first task's key's next head."""
+        rows = [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)]
+        head = checked[0]
+        node_id = head.lease_owner or ""
+        head_params = {
+            "queue": head.queue,
+            "partition_key": head.partition_key,
+            "node_id": node_id,
+            "lease_s": next_lease_s,
+            "token": new_token(),
+        }
+
+        def op(db: sqlite3.Connection, now: float) -> _Completed:
             refused: dict[int, int] = {}
             if fenced is not None:  # refuse outdated tokens first (read only)...
                 for t, f in zip(checked, fenced, strict=True):
@@ -617,9 +665,17 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 t.version + 1 if w else (None if t.id in refused else _lost_reason(db, t, now))
                 for t, w in zip(checked, won, strict=True)
             ]
-            return now, out, refused, promoted
+            following: _Row | None = None
+            duplicates = 0
+            if next_lease_s is not None and won[0]:
+                following, duplicates, promoted = _claim_key_head(db, now, head_params, promoted)
+            return now, out, refused, promoted, following, duplicates
 
-        now, outcomes, refused, promoted = await self._write(op)
+        def undo(result: _Completed) -> Operation[Any] | None:
+            following = result[4]
+            return None if following is None else self._release_rows_op([following])
+
+        now, outcomes, refused, promoted, following, duplicates = await self._write(op, undo)
         done: list[Task | CoordError] = []
         for i, (task, result_json, outcome) in enumerate(zip(checked, encoded, outcomes, strict=True)):
             if task.id in refused:
@@ -637,7 +693,13 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         notify_partitions(self.notifier, promoted)  # the keys' next tasks, claimable now
         self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for d in done if isinstance(d, LeaseLostError)))
         self.events.add(ev.FENCING_REJECTED, len(refused))
-        return done
+        next_task = None
+        if following is not None:
+            assert next_lease_s is not None
+            next_task = _claimed_task(following, head.queue, node_id, now + next_lease_s, now)
+            self.events.add(ev.CLAIMS)
+        self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
+        return done, next_task
 
     async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
         """Record a failed attempt: pending again after the backoff, or dead after the last.
@@ -925,6 +987,31 @@ def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> l
         return []
     keys = [k for k in keys if k[0] in ordered]
     return db.execute(Q["promote_heads"], {"keys": json.dumps(sorted(set(keys)))}).fetchall()
+
+
+def _claim_key_head(
+    db: sqlite3.Connection, now: float, params: dict[str, Any], promoted: list[tuple[str, int]]
+) -> tuple[_Row | None, int, list[tuple[str, int]]]:
+    """Lease the head of one key (commit-and-continue); return its row, duplicates settled, promotions.
+
+    The queue keeps heads from now on (as after an ordered claim). A head whose message id
+    is already processed is settled as a duplicate, and the key's following head is not
+    leased (it is announced instead, as a claim does).
+    """
+    queue = params["queue"]
+    if db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
+        db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
+    row: _Row | None = db.execute(Q["claim_key_head"], {**params, "now": now}).fetchone()
+    if row is None:
+        return None, 0, promoted
+    # The leased head is this caller's now: nobody else need wake for it.
+    promoted = [p for p in promoted if p != (queue, row[2])]
+    if row[3] is None:
+        return row, 0, promoted
+    settled = db.execute(Q["settle_duplicate"], {"ids": json.dumps([row[0]]), "now": now}).fetchall()
+    if not settled:
+        return row, 0, promoted
+    return None, 1, promoted + _promote_heads(db, [(r[1], r[2]) for r in settled])
 
 
 def _split_script(script: str) -> list[str]:

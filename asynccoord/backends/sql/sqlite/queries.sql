@@ -174,6 +174,21 @@ UPDATE coord_tasks
      LIMIT :limit)
 RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
+-- name: claim_key_head
+-- Commit-and-continue (complete_and_claim_next): the head of one key (its earliest active
+-- task, coord_tasks_key_order), leased like claim_pending_ordered leases it, if it is pending
+-- and due. Same columns as the claims.
+UPDATE coord_tasks
+   SET reclaimed = 0,
+       status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
+       version = version + 1, updated_at = :now
+ WHERE id = (SELECT t.id FROM coord_tasks AS t
+              WHERE t.queue = :queue AND t.partition_key = :partition_key AND t.active = 1
+              ORDER BY t.id LIMIT 1)
+   AND status = 'pending' AND run_at <= :now
+RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
+
 -- name: claimable_partitions
 -- A read for the runtime's idle poll: the partitions (of :partitions, a JSON array, or all)
 -- where a claim would find something now: a due pending task, or a lease expired :min_due_age_s
