@@ -108,7 +108,11 @@ class LockPool:
         store: A store implementing the lock contract.
         ttl_s: Lease length, seconds (renewed every ``ttl_s / 3`` by the store's watchdog).
         holder: Who holds the leases, for inspection (e.g. the process or node id).
-        max_turns: Consecutive turns before the lease goes back to the database. Default 256.
+        max_turns: Consecutive turns before the lease goes back to the database, so other
+            processes waiting for the lock get their share (they find it free only after
+            that). Default 32: with 256, a process on a hot account held it through
+            hundreds of local sends while the other process's tasks for it (and their
+            conversations' later tasks) waited; see benchmarks/README.md.
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
 
     Raises:
@@ -116,7 +120,7 @@ class LockPool:
     """
 
     def __init__(
-        self, store: Any, *, ttl_s: float, holder: str, max_turns: int = 256, max_hold_s: float | None = None
+        self, store: Any, *, ttl_s: float, holder: str, max_turns: int = 32, max_hold_s: float | None = None
     ) -> None:
         if not hasattr(store, "try_acquire_lock"):
             raise InvalidTypeError(f"store must implement the lock contract, got {type(store).__name__}")

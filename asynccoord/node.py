@@ -161,6 +161,14 @@ class NodeConfig:
         work_stealing: An idle node also claims tasks of partitions it does not own that
             have waited ``steal_after_s`` (their owner is overloaded or dead). Default False.
         steal_after_s: See ``work_stealing``. Default 5.
+        claim_next: Commit-and-continue, for ordered queues with version checks: each
+            commit also leases the key's next task to this node in the same transaction
+            (``store.complete_and_claim_next``), and the node sends it next in the same
+            slot, with no wake-up and no claim between two tasks of a conversation. Only
+            while the node is claiming and still owns the key's partition. Default True.
+        claim_next_max: Most tasks one slot takes in a row by ``claim_next`` before its
+            next commit is a plain one and the slot goes back to claiming, so a busy
+            conversation cannot keep a slot from the others for ever. Default 64.
         affinity_cache_size: Conversations whose context dict a node keeps. Default 1024.
         retry: Backoff policy for failed sends; None uses the store's. Default None.
     """
@@ -184,6 +192,8 @@ class NodeConfig:
     renew_leases: bool = True
     work_stealing: bool = False
     steal_after_s: float = 5.0
+    claim_next: bool = True
+    claim_next_max: int = 64
     affinity_cache_size: int = 1024
     retry: RetryPolicy | None = None
 
@@ -202,10 +212,19 @@ class NodeConfig:
         check_int("lock_permits", self.lock_permits, minimum=1)
         check_positive("lock_wait_s", self.lock_wait_s)
         check_positive("busy_requeue_s", self.busy_requeue_s)
-        for name in ("partitioning", "locks", "version_checks", "renew_leases", "work_stealing", "ordered"):
+        for name in (
+            "partitioning",
+            "locks",
+            "version_checks",
+            "renew_leases",
+            "work_stealing",
+            "ordered",
+            "claim_next",
+        ):
             check_bool(name, getattr(self, name))
         check_positive("steal_after_s", self.steal_after_s)
         check_int("affinity_cache_size", self.affinity_cache_size, minimum=0)
+        check_int("claim_next_max", self.claim_next_max, minimum=1)
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy or None, got {type(self.retry).__name__}")
 
@@ -228,6 +247,9 @@ class NodeState:
     node_id: str
     status: NodeStatus = NodeStatus.STARTING
     claimed: int = 0
+    """Tasks leased to the node: by its claims, and by its commits (see ``continued``)."""
+    continued: int = 0
+    """Of ``claimed``: tasks leased by the node's commits (``NodeConfig.claim_next``)."""
     sent: int = 0
     committed: int = 0
     failed: int = 0
@@ -279,6 +301,8 @@ class _InFlight:
     timed_out: bool = False  # the send was cut at send_timeout_s
     send: asyncio.Task[Any] | None = None  # the user's send, in a task of its own, while it runs
     over: asyncio.Future[None] | None = None  # done when the send is, or when its cleanup time ran out
+    next: _InFlight | None = None  # the key's next task, leased by this task's commit (claim_next)
+    chain: int = 0  # tasks this slot took by claim_next before this one
 
 
 class Node:
@@ -366,6 +390,7 @@ class Node:
             node_id=s.node_id,
             status=s.status,
             claimed=s.claimed,
+            continued=s.continued,
             sent=s.sent,
             committed=s.committed,
             failed=s.failed,
@@ -626,6 +651,27 @@ class Node:
             raise asyncio.CancelledError
 
     async def _handle(self, flight: _InFlight) -> None:
+        """Handle ``flight``, then the tasks its commits leased (commit-and-continue), in one slot."""
+        current: _InFlight | None = flight
+        try:
+            while current is not None:
+                try:
+                    await self._handle_task(current)
+                except BaseException:
+                    follower = current.next
+                    if follower is not None:  # leased by the commit, never started: hand it back
+                        self._in_flight.pop(follower.task.id, None)
+                        await self._hand_back_shielded(follower)
+                    raise
+                finally:
+                    self._in_flight.pop(current.task.id, None)
+                current = current.next
+        finally:
+            if not self._in_flight:
+                self._drained.set()
+            self._slots.release()
+
+    async def _handle_task(self, flight: _InFlight) -> None:
         task = flight.task
         cfg = self.config
         try:
@@ -693,11 +739,6 @@ class Node:
                     await self.lock_pool.released(flight.lock.name)
             await self._hand_back_shielded(flight)
             raise
-        finally:
-            self._in_flight.pop(task.id, None)
-            if not self._in_flight:
-                self._drained.set()
-            self._slots.release()
 
     def _lock_name(self, task: Task) -> str | None:
         """The lock ``lock_key`` names for ``task`` (None: no lock), checked like any lock name."""
@@ -822,7 +863,16 @@ class Node:
                 await self.store.unchecked_complete([task], [result])
             else:
                 fence = None if flight.lock is None else (flight.lock.name, flight.lock.fencing_token)
-                done: Task = await self.store.complete(task, result, fence=fence)
+                if self._continues(flight):
+                    started = time.monotonic()
+                    step = await self.store.complete_and_claim_next(
+                        task, result, fence=fence, lease_s=self.config.lease_s
+                    )
+                    done: Task = step.done
+                    if step.next_task is not None:
+                        flight.next = self._adopt(step.next_task, started, chain=flight.chain + 1)
+                else:
+                    done = await self.store.complete(task, result, fence=fence)
                 recorder = getattr(self.store, "latencies", None)
                 if recorder is not None:  # store clock, both ends: no clock skew between processes
                     recorder.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
@@ -836,6 +886,26 @@ class Node:
             return
         _observe(self.store, COMMIT_MS, commit_started)
         self._state.committed += 1
+
+    def _continues(self, flight: _InFlight) -> bool:
+        """Whether this commit should also lease the key's next task (``NodeConfig.claim_next``)."""
+        cfg = self.config
+        if not (cfg.claim_next and cfg.ordered and self._claiming and flight.chain < cfg.claim_next_max):
+            return False
+        membership = self.membership
+        if membership is not None and not membership.healthy:
+            return False  # others may think we are dead: take nothing more
+        owned = self._partitions()
+        return owned is None or (self._owned is not None and flight.task.partition in self._owned)
+
+    def _adopt(self, task: Task, started: float, *, chain: int) -> _InFlight:
+        """Take ``task`` (leased by a commit at or after ``started``) in flight, in its predecessor's slot."""
+        flight = _InFlight(task=task, lease_deadline=self._deadline(started), chain=chain)
+        self._in_flight[task.id] = flight
+        self._drained.clear()
+        self._state.claimed += 1
+        self._state.continued += 1
+        return flight
 
     async def _fail(self, task: Task, failure: BaseException) -> None:
         self._state.failed += 1

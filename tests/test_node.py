@@ -464,7 +464,10 @@ async def test_affinity_context_is_a_bounded_lru(make_store: Any) -> None:
         context["n"] = context.get("n", 0) + 1
         order.append((task.partition_key, context["n"]))
 
-    config = NodeConfig(queue=QUEUE, max_in_flight=1, claim_batch=1, affinity_cache_size=2, **FAST_IDLE)
+    # claim_next off: one task per claim, in enqueue order across conversations
+    config = NodeConfig(
+        queue=QUEUE, max_in_flight=1, claim_batch=1, affinity_cache_size=2, claim_next=False, **FAST_IDLE
+    )
     node = Node(store, send, node_id="n1", config=config)
     run = start(node)
 

@@ -1,0 +1,186 @@
+"""Commit-and-continue in the node (``NodeConfig.claim_next``): a commit leases the key's next task.
+
+Real nodes on every backend of the ``make_store`` fixture, with the real clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from asynccoord import InvalidArgumentError, InvalidTypeError, NewTask, Task, TaskStatus
+from asynccoord.node import Node, NodeConfig, NodeStatus
+
+QUEUE = "q"
+FAST_IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.05}
+
+
+def start(node: Node) -> asyncio.Task[None]:
+    return asyncio.create_task(node.run(), name=f"test-run-{node.node_id}")
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+async def enqueue(store: Any, convs: list[str]) -> list[int]:
+    results = await store.enqueue_many(
+        [NewTask(queue=QUEUE, payload=i, partition_key=c, idempotency_key=f"m{i}") for i, c in enumerate(convs)]
+    )
+    return [r.task.id for r in results]
+
+
+async def drain(store: Any, config: NodeConfig, convs: list[str]) -> tuple[list[str], Node]:
+    """Run one node over ``convs`` (one task each, in this order) until all are done; return the send order."""
+    await enqueue(store, convs)
+    order: list[str] = []
+
+    async def send(task: Task) -> None:
+        order.append(task.partition_key)
+
+    node = Node(store, send, node_id="n1", config=config)
+    run = start(node)
+
+    async def drained() -> bool:
+        return (await store.stats(QUEUE)).counts[TaskStatus.DONE] == len(convs)
+
+    await wait_until(drained, 10.0, "every task to be done")
+    node.stop_claiming()
+    await asyncio.wait_for(run, 5.0)
+    return order, node
+
+
+@pytest.mark.parametrize(
+    ("claim_next", "claim_next_max", "expected"),
+    [
+        # one slot, one task per claim: claims take the queue's heads in FIFO order...
+        (False, 64, ["c1", "c2", "c1", "c1", "c1"]),
+        # ...a commit leases the key's next task, sent next in the same slot...
+        (True, 64, ["c1", "c1", "c1", "c1", "c2"]),
+        # ...at most claim_next_max in a row, then the slot claims again (FIFO: c2 first).
+        (True, 1, ["c1", "c1", "c2", "c1", "c1"]),
+    ],
+)
+async def test_a_commit_leases_the_keys_next_task_up_to_claim_next_max(
+    make_store: Any, claim_next: bool, claim_next_max: int, expected: list[str]
+) -> None:
+    store = await make_store(clock=None)
+    config = NodeConfig(
+        queue=QUEUE,
+        max_in_flight=1,
+        claim_batch=1,
+        claim_next=claim_next,
+        claim_next_max=claim_next_max,
+        **FAST_IDLE,
+    )
+    claims_before = store.events.get("claims")
+    order, node = await drain(store, config, ["c1", "c2", "c1", "c1", "c1"])
+    assert order == expected
+    state = node.state()
+    continued = {(False, 64): 0, (True, 64): 3, (True, 1): 2}[(claim_next, claim_next_max)]
+    assert (state.claimed, state.continued, state.committed, state.sent) == (5, continued, 5, 5)
+    assert store.events.get("claims") - claims_before == 5  # leases by claims and by commits alike
+
+
+async def test_many_nodes_keep_per_key_order_and_commit_each_task_once(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    convs = [f"c{i % 7 if i % 3 else 0}" for i in range(120)]  # c0 is hot
+    ids = await enqueue(store, convs)
+    sent: dict[str, list[int]] = defaultdict(list)
+    sends: list[int] = []
+
+    async def send(task: Task) -> None:
+        sends.append(task.id)
+        sent[task.partition_key].append(task.id)
+        await asyncio.sleep(0.001)
+
+    nodes = [
+        Node(store, send, node_id=f"n{i}", config=NodeConfig(queue=QUEUE, claim_batch=4, max_in_flight=4, **FAST_IDLE))
+        for i in range(4)
+    ]
+    runs = [start(n) for n in nodes]
+
+    async def drained() -> bool:
+        return (await store.stats(QUEUE)).counts[TaskStatus.DONE] == len(ids)
+
+    await wait_until(drained, 20.0, "every task to be done")
+    for n in nodes:
+        n.stop_claiming()
+    await asyncio.wait_for(asyncio.gather(*runs), 5.0)
+    assert sorted(sends) == ids  # each task sent exactly once
+    for key, got in sent.items():
+        assert got == sorted(got), key  # per-key order
+    assert sum(n.state().continued for n in nodes) > 0
+    for task_id in ids:
+        task = await store.get(task_id)
+        assert (task.status, task.attempts, task.version) == (TaskStatus.DONE, 1, 2)
+
+
+async def test_after_stop_claiming_a_commit_leases_nothing(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    first, second = await enqueue(store, ["c1", "c1"])
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        started.set()
+        await release.wait()
+
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, **FAST_IDLE))
+    run = start(node)
+    await asyncio.wait_for(started.wait(), 5.0)
+    node.stop_claiming()  # shutdown: the send in flight finishes, nothing new is taken
+    release.set()
+    await asyncio.wait_for(run, 5.0)
+    assert (await store.get(first)).status is TaskStatus.DONE
+    after = await store.get(second)
+    assert (after.status, after.attempts, after.lease_owner) == (TaskStatus.PENDING, 0, None)
+    assert node.state().continued == 0
+
+
+async def test_a_cancelled_node_hands_back_a_continued_task_unfailed(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    first, second = await enqueue(store, ["c1", "c1"])
+    second_started = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        if task.id == second:
+            second_started.set()
+            await asyncio.Event().wait()
+
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, lock_ttl_s=10.0, **FAST_IDLE))
+    run = start(node)
+    await asyncio.wait_for(second_started.wait(), 5.0)
+    assert node.state().continued == 1  # the second task came with the first one's commit
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert node.state().status is NodeStatus.STOPPED
+    assert (await store.get(first)).status is TaskStatus.DONE
+    after = await store.get(second)
+    # handed back at once, not failed: attempts back where they were, no error, no lease
+    assert (after.status, after.attempts, after.last_error, after.lease_owner) == (TaskStatus.PENDING, 0, None, None)
+    assert store.events.get("retries") == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("claim_next", "yes", InvalidTypeError),
+        ("claim_next", 1, InvalidTypeError),
+        ("claim_next_max", 0, InvalidArgumentError),
+        ("claim_next_max", -3, InvalidArgumentError),
+        ("claim_next_max", 2.5, InvalidTypeError),
+    ],
+)
+def test_claim_next_settings_are_checked(field: str, value: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=field):
+        NodeConfig(**{field: value})
