@@ -16,6 +16,9 @@ consecutive turns, so other processes get their share) *and* every deferred comm
 has finished. So a later holder's token is only ever seen by the resource after all
 of this lease's writes, and none of them is refused for being older.
 
+Turns go in FIFO order, except that a waiter may pass a ``priority``: it then waits ahead
+of the waiters with a lower one (see :meth:`LockPool.turn`).
+
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
 cancelled (the ``on_lost`` callback given to :meth:`LockPool.turn`) and the next turn
@@ -60,6 +63,7 @@ class _Session:
     deferred: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set when deferred == 0
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    priorities: dict[asyncio.Future[None], int] = field(default_factory=dict)
     on_lost: Callable[[LockLostError], None] | None = None
     releasing: asyncio.Task[None] | None = None
 
@@ -143,7 +147,7 @@ class LockPool:
 
     @contextlib.asynccontextmanager
     async def turn(
-        self, name: str, *, timeout_s: float, on_lost: Callable[[LockLostError], None]
+        self, name: str, *, timeout_s: float, on_lost: Callable[[LockLostError], None], priority: int = 0
     ) -> AsyncIterator[Turn]:
         """Wait for this process's turn on lock ``name`` and hold it for the block.
 
@@ -152,6 +156,12 @@ class LockPool:
             timeout_s: Longest wait for the turn (local queue and database), seconds.
             on_lost: Called if the lease is lost during this turn: it must stop the
                 block's work (e.g. cancel its scope). Nothing else cancels the block.
+            priority: Place among this process's waiters: ahead of every waiter with a
+                lower priority, behind those with the same or a higher one (FIFO among
+                equals). Default 0. A node passes how many tasks of the conversation its
+                slot has taken in a row by commit-and-continue (``NodeConfig.claim_next``),
+                so a conversation with a backlog (the chain that bounds a drain) does not
+                wait behind every one-off task of a hot account; ``claim_next_max`` bounds it.
 
         Yields:
             The :class:`Turn` (``turn.lease.fencing_token`` for fenced writes).
@@ -161,13 +171,14 @@ class LockPool:
         """
         check_name("name", name)
         deadline = time.monotonic() + check_positive("timeout_s", timeout_s)
+        check_int("priority", priority, minimum=-(2**31), maximum=2**31)
         session = self._sessions.get(name)
         if session is None:
             session = self._sessions[name] = _Session(name)
             session.idle.set()
         if session.busy or session.waiters or session.releasing is not None:
             self.store.events.add(ev.LOCK_CONTENDED)
-            await self._wait_turn(session, deadline)
+            await self._wait_turn(session, deadline, priority)
         session.busy = True
         try:
             if not session.alive():
@@ -181,9 +192,15 @@ class LockPool:
             session.turns += 1
             self._pass_turn(session)
 
-    async def _wait_turn(self, session: _Session, deadline: float) -> None:
+    async def _wait_turn(self, session: _Session, deadline: float, priority: int) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        session.waiters.append(future)
+        waiters, priorities = session.waiters, session.priorities
+        at = len(waiters)  # behind every waiter of the same or a higher priority (FIFO among equals)
+        while at > 0 and priorities.get(waiters[at - 1], 0) < priority:
+            at -= 1
+        waiters.insert(at, future)
+        if priority:
+            priorities[future] = priority
         try:
             await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
@@ -200,6 +217,7 @@ class LockPool:
                 future.cancel()
             with contextlib.suppress(ValueError):
                 session.waiters.remove(future)
+            session.priorities.pop(future, None)
 
     async def _acquire(self, session: _Session, deadline: float) -> None:
         failures = 0

@@ -691,7 +691,9 @@ class Node:
                     _cut(flight)
 
                 try:
-                    async with self._pool().turn(name, timeout_s=cfg.lock_wait_s, on_lost=lock_lost) as turn:
+                    async with self._pool().turn(
+                        name, timeout_s=cfg.lock_wait_s, on_lost=lock_lost, priority=flight.chain
+                    ) as turn:
                         flight.lock = turn.lease
                         outcome = await self._send(flight)
                         committed = turn.defer()  # the lease stays in this process until the commit is over
