@@ -368,6 +368,9 @@ class Node:
         self._drained = asyncio.Event()
         self._drained.set()
         self._affinity: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # Per conversation with a backlog: tasks taken in a row by commit-and-continue (across
+        # claim_next_max breaks), its priority for lock turns (see LockPool.turn).
+        self._runs: dict[str, int] = {}
         self._owned: frozenset[int] | None = None
         self._owned_sorted: list[int] = []
         self._view_version = -1
@@ -692,7 +695,10 @@ class Node:
 
                 try:
                     async with self._pool().turn(
-                        name, timeout_s=cfg.lock_wait_s, on_lost=lock_lost, priority=flight.chain
+                        name,
+                        timeout_s=cfg.lock_wait_s,
+                        on_lost=lock_lost,
+                        priority=self._runs.get(task.partition_key, 0),
                     ) as turn:
                         flight.lock = turn.lease
                         outcome = await self._send(flight)
@@ -871,8 +877,14 @@ class Node:
                         task, result, fence=fence, lease_s=self.config.lease_s
                     )
                     done: Task = step.done
+                    key = task.partition_key
                     if step.next_task is not None:
                         flight.next = self._adopt(step.next_task, started, chain=flight.chain + 1)
+                        self._runs[key] = self._runs.pop(key, 0) + 1
+                        while len(self._runs) > 4 * self.config.max_in_flight:
+                            del self._runs[next(iter(self._runs))]  # the oldest entry
+                    else:
+                        self._runs.pop(key, None)  # the key's backlog is over
                 else:
                     done = await self.store.complete(task, result, fence=fence)
                 recorder = getattr(self.store, "latencies", None)
