@@ -35,6 +35,7 @@ SQLITE_ONLY = {
     "claim_pending": "the pending-only form of claim (no merge with expired leases)",
     "claim_pending_ordered": "the pending-only form of claim_ordered",
     "ordered_queues": "SQLite promotes heads only in queues claimed in order (PostgreSQL keeps them for every queue)",
+    "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",
 }
 POSTGRES_ONLY = {
     "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",
@@ -45,6 +46,7 @@ POSTGRES_ONLY = {
     "release_many": "hands back the tasks of a claim whose caller was cancelled",
     "notify": "pg_notify: wakes idle nodes of other processes",
     "lock_find_owned": "after a lost connection, the grants an earlier attempt committed",
+    "select_key_head": "after a lost connection, the next head a continuing commit's earlier attempt leased",
 }
 
 
@@ -480,6 +482,79 @@ async def test_a_commit_batch_is_one_statement_and_keeps_every_check(pg: str, sc
             await admin_conn.close()
         assert (await store.get(nxt[0].id)).status == TaskStatus.RUNNING
         assert (await store.read_fence("late")).fencing_token == 10  # type: ignore[union-attr]
+
+
+async def test_a_continuation_rides_the_commit_statement_and_wakes_nobody(pg: str, schema: str) -> None:
+    """complete_and_claim_next: one statement (the batch's), no NOTIFY nor local wake-up for a leased head."""
+    from asynccoord import events as ev
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with (
+        PostgresStore(pg, schema=schema, listen=False, pool_max_size=1) as store,
+        PostgresStore(pg, schema=schema) as other,
+    ):
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key="k") for i in range(2)])
+        await store.enqueue("q", 2, partition_key="k", delay_s=3600)
+        [first] = await store.claim("q", node_id="n", limit=1, ordered=True, lease_s=30)
+        statements: list[str] = []
+        pool = store._runner.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            conn.add_query_logger(lambda record: statements.append(record.query))
+        here = asyncio.ensure_future(store.notifier.wait("q", 0.5))
+        there = asyncio.ensure_future(other.notifier.wait("q", 0.5))
+        await asyncio.sleep(0.05)
+        out = await store.complete_and_claim_next(first, lease_s=30)
+        assert out.next_task is not None
+        assert out.next_task.payload == 1
+        assert len(statements) == 1
+        assert "coord_complete_batch" in statements[0]
+        assert (await here, await there) == (False, False)  # the head went to its owner: nobody woken
+        assert store.transactions >= 1
+        assert store.events.get(ev.CLAIMS) == 2
+        # The next head is not due: nothing leased, the key's promotion announced as after complete().
+        here = asyncio.ensure_future(store.notifier.wait("q", 5.0))
+        there = asyncio.ensure_future(other.notifier.wait("q", 5.0))
+        await asyncio.sleep(0.05)
+        out = await store.complete_and_claim_next(out.next_task, lease_s=30)
+        assert out.next_task is None
+        assert (await here, await there) == (True, True)
+
+
+async def test_a_continuation_whose_acknowledgement_was_lost_is_recognized(
+    pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch committed but its answer was lost: the retry finds the commit and the lease it made."""
+    import asyncpg
+
+    from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key="k") for i in range(3)])
+        [first] = await store.claim("q", node_id="n", limit=1, ordered=True, lease_s=30)
+        fetch = store._fetch
+        cut = []
+
+        async def lossy_fetch(conn: Any, query_name: str, /, **params: Any) -> Any:
+            rows = await fetch(conn, query_name, **params)
+            if query_name == "complete_batch" and not cut:
+                cut.append(rows)
+                raise asyncpg.ConnectionDoesNotExistError("connection lost after the commit (test)")
+            return rows
+
+        monkeypatch.setattr(store, "_fetch", lossy_fetch)
+        out = await store.complete_and_claim_next(first, {"r": 1}, lease_s=30)
+        assert cut
+        assert store.events.get(STORE_RETRIES) == 1
+        assert out.done == await store.get(first.id)
+        assert out.done.result == {"r": 1}
+        assert out.next_task is not None
+        assert out.next_task == await store.get(out.next_task.id)
+        assert out.next_task.payload == 1
+        assert out.next_task.version == 1  # leased once, by the first attempt
+        out = await store.complete_and_claim_next(out.next_task)  # and it is ours to go on with
+        assert out.next_task is not None
+        assert out.next_task.payload == 2
 
 
 async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg: str, schema: str) -> None:

@@ -27,6 +27,9 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   the fence rows. Concurrent ``complete`` calls of a process are group-committed: one
   transaction per batch of whatever is waiting, and one statement, the server-side
   function ``coord_complete_batch`` (schema version 6), so a batch costs one round trip.
+* **Commit-and-continue** (``complete_and_claim_next``) rides the same batch: since schema
+  version 8 the function also leases, for each continuing task, its key's next head to the
+  task's owner, in the commit's statement and transaction, and notifies nobody of it.
 * **Time** is the server's clock (``coord_now()``, i.e. ``statement_timestamp()``), for
   every lease, run_at and heartbeat; machines never compare their own clocks.
 * **Connection loss** is retried with backoff at one boundary (:mod:`._pgconn`); a
@@ -69,7 +72,7 @@ from ..errors import (
 )
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
-from ..models import EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._batch import Batcher
@@ -744,6 +747,54 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             return outcome
         raise outcome
 
+    async def complete_and_claim_next(
+        self,
+        task: Task,
+        result: Any = None,
+        *,
+        fence: tuple[str, int] | None = None,
+        lease_s: float = 30.0,
+    ) -> Continuation:
+        """Complete ``task`` and lease its key's next task, in the same statement and transaction.
+
+        See :meth:`~asynccoord.backends.base.QueueStore.complete_and_claim_next`. The call
+        joins the group commit of :meth:`complete`: the batch's one statement,
+        ``coord_complete_batch`` (schema version 8), commits the task exactly as
+        :meth:`complete` does and then leases the key's head (the earliest unfinished task
+        of ``task``'s queue and partition key) to ``task.lease_owner`` if it is pending and
+        due by the server clock, as ``claim(ordered=True)`` would lease it. No round trip
+        of its own, and no NOTIFY nor local wake-up for that key when its head is leased
+        (there is one, as after :meth:`complete`, when it is not). A head whose row another
+        transaction holds at that moment is not waited for: the commit goes through without
+        a continuation. Should the caller be cancelled once the batch is at the server, the
+        leased task is handed back in the background (pending again, the attempt not
+        counted), as a cancelled claim's tasks are.
+
+        Raises:
+            LeaseLostError, TaskNotFoundError, FencingTokenRejectedError: as :meth:`complete`;
+                nothing written or leased.
+            InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
+            StoreConnectionError: the server stayed unreachable.
+        """
+        checked = check_task(task)
+        encoded = encode_results([result], 1, self.config)
+        fenced = check_fences(None if fence is None else [fence], 1)
+        lease = check_positive("lease_s", lease_s)
+        self._writable()
+        item = _Item(checked, encoded[0], None if fenced is None else fenced[0], lease)
+
+        def undo(_outcome: Task | CoordError) -> Coroutine[Any, Any, Any] | None:
+            return None if item.next_task is None else self._undo_claim([item.next_task])
+
+        outcome = await self._shielded(self._committer.submit(item), undo)
+        if not isinstance(outcome, Task):
+            self._count_settled([checked], [outcome])
+            raise outcome
+        self.events.add(ev.COMMITS)
+        if item.next_task is None:  # whoever claims the key's next task may be woken
+            notify_settled(self.notifier, [outcome])
+        return Continuation(done=outcome, next_task=item.next_task)
+
     async def complete_many(
         self,
         tasks: Sequence[Task],
@@ -797,8 +848,12 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         refuses outdated fencing tokens, compare-and-sets each remaining task, records the
         fencing tokens and processed ids, promotes the keys' next heads and notifies other
         processes (see ``sql/postgres/migration_0006.sql``; its promotion as of
-        ``migration_0007.sql``): one round trip per batch.
+        ``migration_0007.sql``): one round trip per batch. Items with ``next_lease_s``
+        (``complete_and_claim_next``) also get their key's next task leased by the same
+        statement (``migration_0008.sql``; the first such item of a key in the batch only),
+        set as their ``next_task``.
         """
+        continuing = any(i.next_lease_s is not None for i in items)
         params: dict[str, Any] = {
             "ids": [i.task.id for i in items],
             "tokens": [i.task.lease_token for i in items],
@@ -808,6 +863,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             "keys": [i.task.partition_key for i in items],
             "fence_resources": None,
             "fence_tokens": None,
+            "next_owners": [i.task.lease_owner or "" for i in items] if continuing else None,
+            "next_lease_s": [i.next_lease_s for i in items] if continuing else None,
+            "next_token": new_token() if continuing else None,
             "channel": self.channel,
             "sender": self._sender,
         }
@@ -815,14 +873,21 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             params["fence_resources"] = [None if i.fence is None else i.fence[0] for i in items]
             params["fence_tokens"] = [None if i.fence is None else i.fence[1] for i in items]
 
-        async def op(conn: asyncpg.Connection, attempt: int) -> list[Task | CoordError]:
+        async def op(conn: asyncpg.Connection, attempt: int) -> tuple[list[Task | CoordError], dict[int, _Row], int]:
             done: dict[int, tuple[int, float]] = {}
             refused: dict[int, int] = {}
+            following: dict[int, _Row] = {}  # completed task id -> the row of its key's next task, leased
+            duplicates = 0
             for r in await self._fetch(conn, "complete_batch", now=self._now(), **params):
-                if r[1] == "d":
+                kind = r[1]
+                if kind == "d":
                     done[r[0]] = (r[2], r[3])
-                else:
+                elif kind == "f":
                     refused[r[0]] = r[4]
+                elif kind == "n":
+                    following[r[0]] = r[5:]
+                else:  # "x": the next task was settled as a duplicate
+                    duplicates += 1
             # A copy committed if the version written is its own + 1 (a stale copy beside the
             # live one in the same batch matched nothing), and only the first such copy.
             claimed: set[int] = set()
@@ -849,12 +914,30 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     row = current.get(t.id)
                     if attempt > 0 and row is not None and _settled_by_us(row, t, TaskStatus.DONE):
                         out.append(task_from_row(row))  # our earlier attempt committed it
+                        if i.next_lease_s is not None:
+                            head = await self._earlier_continuation(conn, t, params["next_token"])
+                            if head is not None:
+                                following[t.id] = head
                         continue
                     reason = _lost_reason(row, t)
                     out.append(TaskNotFoundError(t.id) if reason is None else LeaseLostError(t.id, reason))
-            return out
+            return out, following, duplicates
 
-        return await self._run(op, what="complete", tx=False, ambiguous_ok=True, counted=True)
+        out, following, duplicates = await self._run(op, what="complete", tx=False, ambiguous_ok=True, counted=True)
+        if continuing:
+            for i, o in zip(items, out, strict=True):
+                row = following.get(i.task.id) if isinstance(o, Task) else None
+                i.next_task = None if row is None else task_from_row(row)
+            self.events.add(ev.CLAIMS, len(following))
+            self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
+        return out
+
+    async def _earlier_continuation(self, conn: asyncpg.Connection, task: Task, token: str) -> _Row | None:
+        """After a lost connection: the head of ``task``'s key if our earlier attempt leased it (by its token)."""
+        row = await self._row(conn, "select_key_head", queue=task.queue, partition_key=task.partition_key)
+        if row is None or row[7] != TaskStatus.RUNNING or row[12] != f"{token}.{row[0]}":
+            return None
+        return row
 
     # --- fail, release, extend ------------------------------------------------------------
 
@@ -1167,11 +1250,23 @@ def _is_fence_error(outcome: object) -> bool:
 
 
 class _Item:
-    """One task of a commit batch."""
+    """One task of a commit batch.
 
-    __slots__ = ("fence", "result_json", "task")
+    ``next_lease_s`` (seconds) asks for a continuation (``complete_and_claim_next``): the
+    batch then sets ``next_task`` to the key's next task it leased, if any.
+    """
 
-    def __init__(self, task: Task, result_json: str | None, fence: tuple[str, int] | None) -> None:
+    __slots__ = ("fence", "next_lease_s", "next_task", "result_json", "task")
+
+    def __init__(
+        self,
+        task: Task,
+        result_json: str | None,
+        fence: tuple[str, int] | None,
+        next_lease_s: float | None = None,
+    ) -> None:
         self.task = task
         self.result_json = result_json
         self.fence = fence
+        self.next_lease_s = next_lease_s
+        self.next_task: Task | None = None

@@ -240,11 +240,25 @@ RETURNING t.id;
 -- name: complete_batch
 -- A whole commit batch in one statement (coord_complete_batch, schema version 6): key
 -- locks, fence check, a compare-and-set per task on (id, lease_token, version) plus a
--- live lease, fence records, processed-id records, head promotion and the notification.
-SELECT r_id, r_kind, r_version, r_at, r_top
+-- live lease, fence records, processed-id records, head promotion and the notification;
+-- since schema version 8 also the continuations of complete_and_claim_next (:next_owners,
+-- :next_lease_s: the next task of a completed task's key leased to its owner; rows of kind
+-- 'n' carry the leased task in the claims' column order from column 5, 'x' a next task
+-- settled as a duplicate).
+SELECT r_id, r_kind, r_version, r_at, r_top,
+       n_id, n_queue, n_partition_key, n_partition, n_idempotency_key, n_payload, n_priority, n_status,
+       n_attempts, n_max_attempts, n_run_at, n_lease_owner, n_lease_token, n_lease_expires_at, n_version,
+       n_last_error, n_result, n_created_at, n_updated_at, n_reclaimed
   FROM coord_complete_batch(:ids::bigint[], :tokens::text[], :versions::bigint[], :results::text[],
                             :queues::text[], :keys::text[], :fence_resources::text[], :fence_tokens::bigint[],
+                            :next_owners::text[], :next_lease_s::float8[], :next_token::text,
                             :channel::text, :sender::text, :now::float8);
+
+-- name: select_key_head
+-- PostgreSQL only: the head of one key, read after a lost connection to learn whether a
+-- continuing commit's earlier attempt leased it (complete_and_claim_next).
+SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed
+  FROM coord_tasks WHERE queue = :queue::text AND partition_key = :partition_key::text AND is_head;
 
 -- name: retry
 UPDATE coord_tasks
