@@ -152,7 +152,8 @@ def make_task(
     """A :class:`Task` from its 19 field values in declaration order (no validation).
 
     For stores only, on values they read back from their own database: it skips the
-    dataclass ``__init__`` (about 8x faster) and checks nothing.
+    dataclass ``__init__`` (about 6x faster than ``Task(...)``, 3x faster than setting each
+    slot through its descriptor) and checks nothing.
     """
     task: Any = _NEW(TaskSlots)
     task.id = id
