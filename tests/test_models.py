@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import json
+import pickle
 
 import pytest
 
 from asynccoord import Task, TaskStatus
-from asynccoord.backends._common import decode_json
-from asynccoord.models import make_task
+from asynccoord.backends._common import decode_json, settled_done
+from asynccoord.backends.sqlite import _claimed_task
+from asynccoord.models import TaskSlots, make_task
 
 VALUES = {
     "id": 7,
@@ -59,6 +62,50 @@ def test_a_task_from_make_task_is_still_frozen() -> None:
     task = make_task(*VALUES.values())
     with pytest.raises(dataclasses.FrozenInstanceError):
         task.version = 9  # type: ignore[misc]
+
+
+def test_task_slots_has_the_layout_of_task() -> None:
+    # make_task fills a TaskSlots and assigns __class__ = Task: same slot names, same layout.
+    assert TaskSlots.__slots__ == tuple(f.name for f in dataclasses.fields(Task))
+    assert Task.__basicsize__ == TaskSlots.__basicsize__
+    assert not hasattr(make_task(*VALUES.values()), "__dict__")
+
+
+def test_a_task_from_make_task_copies_and_pickles_like_the_constructor() -> None:
+    fast = make_task(*VALUES.values())
+    assert copy.copy(fast) == fast == copy.deepcopy(fast)
+    assert pickle.loads(pickle.dumps(fast)) == Task(**VALUES)
+    assert type(pickle.loads(pickle.dumps(fast))) is Task
+
+
+def test_settled_done_is_the_task_with_the_done_fields_replaced() -> None:
+    task = Task(**VALUES)
+    done = settled_done(task, version=5, now=200.0, result={"ok": True})
+    assert type(done) is Task
+    assert done == dataclasses.replace(
+        task,
+        status=TaskStatus.DONE,
+        lease_owner=None,
+        lease_token=None,
+        lease_expires_at=None,
+        version=5,
+        last_error=None,
+        result={"ok": True},
+        updated_at=200.0,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        done.version = 6  # type: ignore[misc]
+
+
+def test_claimed_task_maps_a_claim_row_to_the_fields() -> None:
+    # Columns of the claim queries: id, partition_key, partition, idempotency_key, payload,
+    # priority, attempts, max_attempts, run_at, lease_token, version, last_error, result,
+    # created_at, reclaimed.
+    row = (7, "conv-1", 12, "m-1", '{"text":"hi"}', -3, 2, 5, 100.5, "tok.7", 4, "boom", '{"r":1}', 99.0, 0)
+    task = _claimed_task(row, "jobs", "node-a", 130.5, 100.5)
+    assert type(task) is Task
+    assert task == Task(**{**VALUES, "result": {"r": 1}})
+    assert _claimed_task((*row[:12], None, *row[13:]), "jobs", "node-a", 130.5, 100.5) == Task(**VALUES)
 
 
 JSON_TEXTS = [

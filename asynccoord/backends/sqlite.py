@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import operator
 import os
 import sqlite3
 import time
@@ -41,7 +42,7 @@ from ..errors import (
 )
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
-from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus, make_task
+from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
 from ..notify import WorkNotifier
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._checkpoint import WalCheckpointer
@@ -91,33 +92,42 @@ MIN_SQLITE = (3, 35, 0)
 
 _Row = tuple[Any, ...]
 _Claimed = tuple[list[_Row], int, int, float, list[tuple[str, int]]]  # rows, duplicates, dead, now, promoted
-# now, per-task outcome, refused fences, promoted heads, the next task's row, duplicates settled
-_Completed = tuple[float, list[int | str | None], dict[int, int], list[tuple[str, int]], "_Row | None", int]
+# now, per-task outcome, refused fences, promoted heads, the next task's row, duplicates settled, its queue
+_Completed = tuple[float, list[int | str | None], dict[int, int], list[tuple[str, int]], "_Row | None", int, str]
+_ID, _PRIORITY, _RECLAIMED = operator.itemgetter(0), operator.itemgetter(5), operator.itemgetter(14)  # of a claim's row
+_NEW = object.__new__
+_RUNNING = TaskStatus.RUNNING
 
 
 def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task:
-    """A Task from a claim's row (see the claim queries for its columns) and what the claim set."""
-    return make_task(
-        row[0],
-        queue,
-        row[1],
-        row[2],
-        row[3],
-        decode_json(row[4]),
-        row[5],
-        TaskStatus.RUNNING,
-        row[6],
-        row[7],
-        row[8],
-        node_id,
-        row[9],
-        expires,
-        row[10],
-        row[11],
-        decode_json(row[12]),
-        row[13],
-        now,
-    )
+    """A Task from a claim's row (see the claim queries for its columns) and what the claim set.
+
+    Filled slot by slot as :func:`~asynccoord.models.make_task` does (this runs once per
+    claimed task; inlined, it saves the 19-argument call), with no validation: the store
+    wrote these values.
+    """
+    task: Any = _NEW(TaskSlots)
+    task.id = row[0]
+    task.queue = queue
+    task.partition_key = row[1]
+    task.partition = row[2]
+    task.idempotency_key = row[3]
+    task.payload = decode_json(row[4])
+    task.priority = row[5]
+    task.status = _RUNNING
+    task.attempts = row[6]
+    task.max_attempts = row[7]
+    task.run_at = row[8]
+    task.lease_owner = node_id
+    task.lease_token = row[9]
+    task.lease_expires_at = expires
+    task.version = row[10]
+    task.last_error = row[11]
+    task.result = None if row[12] is None else decode_json(row[12])
+    task.created_at = row[13]
+    task.updated_at = now
+    task.__class__ = Task
+    return task  # type: ignore[no-any-return]
 
 
 def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
@@ -459,7 +469,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 dead = len(exhausted)
                 promoted += _promote_heads(db, [(r[1], r[2]) for r in exhausted])
             rows = db.execute(sql, {**params, "now": now}).fetchall()
-            rows.sort(key=lambda r: (-r[5], r[0]))
+            rows.sort(key=_ID)  # priority DESC, id (two stable sorts on C keys: no tuple per row)
+            rows.sort(key=_PRIORITY, reverse=True)
             keyed = [r[0] for r in rows if r[3] is not None]
             if not keyed:
                 return rows, 0, dead, now, promoted
@@ -481,7 +492,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         expires = now + lease
         tasks = [_claimed_task(r, queue, node_id, expires, now) for r in rows]
         self.events.add(ev.CLAIMS, len(tasks))
-        self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[14]) + dead)  # dead ones expired too
+        self.events.add(ev.LEASE_EXPIRED, sum(map(_RECLAIMED, rows)) + dead)  # reclaimed: 0 or 1; dead expired too
         self.events.add(ev.DEAD_LETTERED, dead)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return tasks
@@ -625,13 +636,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         rows = [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)]
         head = checked[0]
         node_id = head.lease_owner or ""
-        head_params = {
-            "queue": head.queue,
-            "partition_key": head.partition_key,
-            "node_id": node_id,
-            "lease_s": next_lease_s,
-            "token": new_token(),
-        }
+        head_params: dict[str, Any] = {"node_id": node_id, "lease_s": next_lease_s, "token": new_token()}
 
         def op(db: sqlite3.Connection, now: float) -> _Completed:
             refused: dict[int, int] = {}
@@ -667,15 +672,19 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             ]
             following: _Row | None = None
             duplicates = 0
+            queue = head.queue
             if next_lease_s is not None and won[0]:
-                following, duplicates, promoted = _claim_key_head(db, now, head_params, promoted)
-            return now, out, refused, promoted, following, duplicates
+                # the stored key (as the promotion uses), never the caller's copy of the task
+                queue, key = next((r[2], r[3]) for r in done if r[0] == head.id)
+                params = {**head_params, "queue": queue, "partition_key": key}
+                following, duplicates, promoted = _claim_key_head(db, now, params, promoted)
+            return now, out, refused, promoted, following, duplicates, queue
 
         def undo(result: _Completed) -> Operation[Any] | None:
             following = result[4]
             return None if following is None else self._release_rows_op([following])
 
-        now, outcomes, refused, promoted, following, duplicates = await self._write(op, undo)
+        now, outcomes, refused, promoted, following, duplicates, next_queue = await self._write(op, undo)
         done: list[Task | CoordError] = []
         for i, (task, result_json, outcome) in enumerate(zip(checked, encoded, outcomes, strict=True)):
             if task.id in refused:
@@ -696,7 +705,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         next_task = None
         if following is not None:
             assert next_lease_s is not None
-            next_task = _claimed_task(following, head.queue, node_id, now + next_lease_s, now)
+            next_task = _claimed_task(following, next_queue, node_id, now + next_lease_s, now)
             self.events.add(ev.CLAIMS)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return done, next_task
