@@ -224,15 +224,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         for task in candidates[:limit]:
             if task.status is TaskStatus.RUNNING:
                 reclaimed += 1
-            updated = self._put(
-                task,
-                now,
-                status=TaskStatus.RUNNING,
-                attempts=task.attempts + 1,
-                lease_owner=node_id,
-                lease_token=f"{token}.{task.id}",
-                lease_expires_at=now + lease,
-            )
+            updated = self._lease(task, now, node_id, token, lease)
             if task.idempotency_key is not None and (queue, task.idempotency_key) in self._processed:
                 self._put(updated, now, status=TaskStatus.DONE, result={"duplicate": True}, last_error=None)
                 duplicates += 1
@@ -273,6 +265,18 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
             and (allowed is None or t.partition in allowed)
             and (not ordered or heads.get(t.partition_key) == t.id)
         }
+
+    def _lease(self, task: Task, now: float, node_id: str, token: str, lease_s: float) -> Task:
+        """Store ``task`` leased to ``node_id`` (as a claim leases it): a new attempt, lease token ``<token>.<id>``."""
+        return self._put(
+            task,
+            now,
+            status=TaskStatus.RUNNING,
+            attempts=task.attempts + 1,
+            lease_owner=node_id,
+            lease_token=f"{token}.{task.id}",
+            lease_expires_at=now + lease_s,
+        )
 
     def _put(self, task: Task, now: float, **changes: Any) -> Task:
         """Store a new state of ``task``: version + 1, lease cleared unless running."""
@@ -356,15 +360,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
             )
             if head is None or head.status is not TaskStatus.PENDING or head.run_at > now:
                 return None
-            leased = self._put(
-                head,
-                now,
-                status=TaskStatus.RUNNING,
-                attempts=head.attempts + 1,
-                lease_owner=node_id,
-                lease_token=f"{new_token()}.{head.id}",
-                lease_expires_at=now + lease,
-            )
+            leased = self._lease(head, now, node_id, new_token(), lease)
             if head.idempotency_key is None or (head.queue, head.idempotency_key) not in self._processed:
                 self.events.add(ev.CLAIMS)
                 return leased
