@@ -17,7 +17,8 @@ has finished. So a later holder's token is only ever seen by the resource after 
 of this lease's writes, and none of them is refused for being older.
 
 Turns go in FIFO order, except that a waiter may pass a ``priority``: it then waits ahead
-of the waiters with a lower one (see :meth:`LockPool.turn`).
+of the waiters with a lower one, each of which it may overtake at most ``max_overtakes``
+times (see :meth:`LockPool.turn`).
 
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -63,7 +65,7 @@ class _Session:
     deferred: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set when deferred == 0
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
-    priorities: dict[asyncio.Future[None], int] = field(default_factory=dict)
+    ranks: dict[asyncio.Future[None], list[int]] = field(default_factory=dict)  # waiter -> [priority, overtaken]
     on_lost: Callable[[LockLostError], None] | None = None
     releasing: asyncio.Task[None] | None = None
 
@@ -112,19 +114,29 @@ class LockPool:
         store: A store implementing the lock contract.
         ttl_s: Lease length, seconds (renewed every ``ttl_s / 3`` by the store's watchdog).
         holder: Who holds the leases, for inspection (e.g. the process or node id).
-        max_turns: Consecutive turns before the lease goes back to the database, so other
-            processes waiting for the lock get their share (they find it free only after
-            that). Default 32: with 256, a process on a hot account held it through
-            hundreds of local sends while the other process's tasks for it (and their
-            conversations' later tasks) waited; see benchmarks/README.md.
+        max_turns: Consecutive turns before the lease goes back to the database, giving
+            other processes waiting for the lock a chance at it. Default 32. Only a chance:
+            they poll with a backoff, while this process's next waiter acquires anew at
+            once, so under steady local demand a hot lock mostly stays in one process
+            (measured in benchmarks/README.md; a fair, queued acquisition in the lock
+            store would be the fix).
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
+        max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
+            (see :meth:`turn`). Default 8; 0 makes turns strictly FIFO.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad arguments.
     """
 
     def __init__(
-        self, store: Any, *, ttl_s: float, holder: str, max_turns: int = 32, max_hold_s: float | None = None
+        self,
+        store: Any,
+        *,
+        ttl_s: float,
+        holder: str,
+        max_turns: int = 32,
+        max_hold_s: float | None = None,
+        max_overtakes: int = 8,
     ) -> None:
         if not hasattr(store, "try_acquire_lock"):
             raise InvalidTypeError(f"store must implement the lock contract, got {type(store).__name__}")
@@ -132,6 +144,7 @@ class LockPool:
         self.ttl_s = check_positive("ttl_s", ttl_s)
         self.holder = check_name("holder", holder)
         self.max_turns = check_int("max_turns", max_turns, minimum=1)
+        self.max_overtakes = check_int("max_overtakes", max_overtakes, minimum=0)
         default_hold_s = max(300.0, 10 * self.ttl_s)
         self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
         self._sessions: dict[str, _Session] = {}
@@ -158,10 +171,11 @@ class LockPool:
                 block's work (e.g. cancel its scope). Nothing else cancels the block.
             priority: Place among this process's waiters: ahead of every waiter with a
                 lower priority, behind those with the same or a higher one (FIFO among
-                equals). Default 0. A node passes how many tasks of the conversation its
-                slot has taken in a row by commit-and-continue (``NodeConfig.claim_next``),
-                so a conversation with a backlog (the chain that bounds a drain) does not
-                wait behind every one-off task of a hot account; ``claim_next_max`` bounds it.
+                equals), -2**31..2**31-1. Default 0. A waiter is overtaken at most
+                ``max_overtakes`` times, so none starves. A node passes how many tasks of
+                the conversation it has taken in a row by commit-and-continue
+                (``NodeConfig.claim_next``), so a conversation with a backlog (the chain that
+                bounds a drain) does not wait behind every one-off task of a hot account.
 
         Yields:
             The :class:`Turn` (``turn.lease.fencing_token`` for fenced writes).
@@ -171,7 +185,7 @@ class LockPool:
         """
         check_name("name", name)
         deadline = time.monotonic() + check_positive("timeout_s", timeout_s)
-        check_int("priority", priority, minimum=-(2**31), maximum=2**31)
+        check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1)
         session = self._sessions.get(name)
         if session is None:
             session = self._sessions[name] = _Session(name)
@@ -194,13 +208,19 @@ class LockPool:
 
     async def _wait_turn(self, session: _Session, deadline: float, priority: int) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters, priorities = session.waiters, session.priorities
-        at = len(waiters)  # behind every waiter of the same or a higher priority (FIFO among equals)
-        while at > 0 and priorities.get(waiters[at - 1], 0) < priority:
+        waiters, ranks = session.waiters, session.ranks
+        # Behind every waiter of the same or a higher priority (FIFO among equals), and behind
+        # any that has been overtaken max_overtakes times already (no waiter starves).
+        at = len(waiters)
+        while at > 0:
+            ahead = ranks[waiters[at - 1]]
+            if ahead[0] >= priority or ahead[1] >= self.max_overtakes:
+                break
             at -= 1
+        for passed in itertools.islice(waiters, at, None):
+            ranks[passed][1] += 1
         waiters.insert(at, future)
-        if priority:
-            priorities[future] = priority
+        ranks[future] = [priority, 0]
         try:
             await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
@@ -217,7 +237,7 @@ class LockPool:
                 future.cancel()
             with contextlib.suppress(ValueError):
                 session.waiters.remove(future)
-            session.priorities.pop(future, None)
+            session.ranks.pop(future, None)
 
     async def _acquire(self, session: _Session, deadline: float) -> None:
         failures = 0

@@ -668,7 +668,14 @@ class Node:
                     raise
                 finally:
                     self._in_flight.pop(current.task.id, None)
-                current = current.next
+                follower = current.next
+                if follower is not None and not self._claiming:
+                    # stop_claiming() came while the commit that leased it was at the store:
+                    # hand it back unsent, as the claims not yet made are never made.
+                    self._in_flight.pop(follower.task.id, None)
+                    await self._hand_back_shielded(follower)
+                    follower = None
+                current = follower
         finally:
             if not self._in_flight:
                 self._drained.set()

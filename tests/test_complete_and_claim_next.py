@@ -294,6 +294,51 @@ async def test_the_stored_key_is_continued_not_the_callers_copy(store) -> None:
     assert await states(store, others) == [(TaskStatus.PENDING, 0, None)]
 
 
+@pytest.mark.parametrize(
+    ("owner", "error"),
+    [
+        (12, InvalidTypeError),
+        ("x" * 256, InvalidArgumentError),
+        ("\ud800", InvalidArgumentError),
+        (None, InvalidTypeError),
+        ("", InvalidArgumentError),
+        ("a\x00b", InvalidArgumentError),
+    ],
+)
+async def test_a_bad_lease_owner_raises_and_writes_nothing(store, owner: object, error: type) -> None:
+    ks = await fill(store, "k", 2)
+    first = await claim_head(store, "n1")
+    with pytest.raises(error, match="lease_owner"):
+        await store.complete_and_claim_next(dataclasses.replace(first, lease_owner=owner))
+    assert await states(store, ks) == [(TaskStatus.RUNNING, 1, "n1"), (TaskStatus.PENDING, 0, None)]
+
+
+async def test_a_fencing_token_past_int64_raises_and_writes_nothing(store) -> None:
+    ks = await fill(store, "k", 2)
+    first = await claim_head(store, "n1")
+    for call in (
+        store.complete_and_claim_next(first, fence=("r", 2**63)),
+        store.complete(first, fence=("r", 2**63)),
+    ):
+        with pytest.raises(InvalidArgumentError, match="fencing_token"):
+            await call
+    assert await states(store, ks) == [(TaskStatus.RUNNING, 1, "n1"), (TaskStatus.PENDING, 0, None)]
+
+
+async def test_the_processed_record_is_the_stored_idempotency_key(store) -> None:
+    results = await store.enqueue_many(
+        [NewTask(queue=Q, payload=i, partition_key="k", idempotency_key=f"m{i}") for i in range(2)]
+    )
+    ks = [r.task for r in results]
+    first = await claim_head(store, "n1")
+    # a copy carrying the next task's key must not mark the next task processed
+    out = await store.complete_and_claim_next(dataclasses.replace(first, idempotency_key="m1"))
+    assert out.next_task is not None
+    assert out.next_task.id == ks[1].id
+    assert await store.is_processed(Q, "m0")
+    assert not await store.is_processed(Q, "m1")
+
+
 async def test_an_unordered_queue_continues_with_the_key_head(store) -> None:
     """A queue never claimed in order: the continuation still takes only the key's head."""
     a, b, c, d = await fill(store, "k", 4)

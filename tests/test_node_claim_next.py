@@ -171,6 +171,62 @@ async def test_a_cancelled_node_hands_back_a_continued_task_unfailed(make_store:
     assert store.events.get("retries") == 0
 
 
+async def test_a_stop_during_the_commit_hands_the_leased_task_back_unsent(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    ids = await enqueue(store, ["k"] * 5)
+    sent: list[int] = []
+    node: Node | None = None
+    commit = store.complete_and_claim_next
+
+    async def stop_then_commit(*args: Any, **kwargs: Any) -> Any:
+        if len(sent) == 2:
+            assert node is not None
+            node.stop_claiming()  # arrives while this commit (which leases task 3) is at the store
+        return await commit(*args, **kwargs)
+
+    store.complete_and_claim_next = stop_then_commit
+
+    async def send(task: Task) -> None:
+        sent.append(task.id)
+
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, **FAST_IDLE))
+    await asyncio.wait_for(node.run(), 5.0)
+    assert sent == ids[:2]
+    third = await store.get(ids[2])
+    assert (third.status, third.attempts, third.lease_owner, third.last_error) == (TaskStatus.PENDING, 0, None, None)
+    assert (node.state().continued, node.state().handed_back) == (2, 1)
+
+
+async def test_one_off_tasks_of_a_hot_lock_are_not_starved_by_conversations_with_a_backlog(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    specs = [NewTask(queue=QUEUE, payload=f"C{c}", partition_key=f"C{c}") for _ in range(40) for c in range(4)]
+    specs[8:8] = [NewTask(queue=QUEUE, payload=f"one{i}", partition_key=f"one{i}") for i in range(10)]
+    await store.enqueue_many(specs)
+    order: list[str] = []
+
+    async def send(task: Task) -> None:
+        order.append(task.payload)
+        await asyncio.sleep(0.002)
+
+    config = NodeConfig(queue=QUEUE, max_in_flight=8, claim_batch=8, lock_wait_s=1.0, **FAST_IDLE)
+    node = Node(store, send, node_id="n1", config=config, lock_key=lambda t: "account:hot")
+    run = start(node)
+
+    async def drained() -> bool:
+        return (await store.stats(QUEUE)).counts[TaskStatus.DONE] == len(specs)
+
+    await wait_until(drained, 20.0, "every task to be done")
+    node.stop_claiming()
+    await asyncio.wait_for(run, 5.0)
+    one_offs = [i for i, p in enumerate(order) if p.startswith("one")]
+    assert len(one_offs) == 10
+    # Each waits behind at most LockPool.max_overtakes (8) backlog turns: all of them are sent
+    # in the first third of the drain, none timed out on the lock and was handed back.
+    assert max(one_offs) < len(specs) // 3, one_offs
+    assert node.state().handed_back == 0
+    assert node.state().continued > 100
+
+
 @pytest.mark.parametrize(
     ("field", "value", "error"),
     [

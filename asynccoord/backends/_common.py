@@ -366,9 +366,29 @@ def check_fences(fences: object, count: int) -> list[tuple[str, int] | None] | N
         if not isinstance(fence, tuple) or len(fence) != 2:
             raise InvalidTypeError(f"fences[{i}] must be a (resource, fencing_token) tuple or None, got {fence!r}")
         resource = check_name(f"fences[{i}] resource", fence[0])
-        token = check_int(f"fences[{i}] fencing_token", fence[1], minimum=1)
+        token = check_int(f"fences[{i}] fencing_token", fence[1], minimum=1, maximum=MAX_ID)
         out.append((resource, token))
     return out
+
+
+def check_continuation(
+    task: object, result: Any, fence: object, lease_s: object, config: StoreConfig
+) -> tuple[list[Task], list[str | None], list[tuple[str, int] | None] | None, float, str]:
+    """Check ``complete_and_claim_next``'s arguments; return them as ``complete_many`` takes them.
+
+    Returns:
+        ``(tasks, encoded results, fences, lease_s, owner)``: ``owner`` is the task's
+        ``lease_owner``, who the next task is leased to (a lease belongs to its token; the
+        owner is its label, checked as a name here like a claim's ``node_id``).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: naming the bad argument.
+    """
+    checked = check_tasks([task])
+    owner = check_name("task.lease_owner", checked[0].lease_owner)
+    encoded = encode_results([result], 1, config)
+    fenced = check_fences(None if fence is None else [fence], 1)
+    return checked, encoded, fenced, check_positive("lease_s", lease_s), owner
 
 
 def notify_created(notifier: WorkNotifier, results: Sequence[EnqueueResult], prepared: Sequence[PreparedTask]) -> None:

@@ -38,6 +38,7 @@ from ._common import (
     QueueConveniences,
     check_claim_args,
     check_claimable_args,
+    check_continuation,
     check_fences,
     check_retry,
     check_task,
@@ -332,15 +333,12 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         lease_s: float = 30.0,
     ) -> Continuation:
         """Complete ``task`` and lease its key's next task atomically (semantics as in the SQLite store)."""
-        checked = check_tasks([task])
-        encoded = encode_results([result], 1, self.config)
-        fenced = check_fences(None if fence is None else [fence], 1)
-        lease = check_positive("lease_s", lease_s)
+        checked, encoded, fenced, lease, owner = check_continuation(task, result, fence, lease_s, self.config)
         self._check_open()
         outcome = (await self._complete(checked, encoded, fenced, announce=False))[0]
         if not isinstance(outcome, Task):
             raise outcome
-        next_task = self._lease_key_head(outcome, task.lease_owner or "", lease)
+        next_task = self._lease_key_head(outcome, owner, lease)
         if next_task is None:  # nothing leased: whoever claims the key's next task may be woken
             notify_settled(self.notifier, [outcome])
         return Continuation(done=outcome, next_task=next_task)

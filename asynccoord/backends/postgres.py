@@ -81,6 +81,7 @@ from ._common import (
     QueueConveniences,
     check_claim_args,
     check_claimable_args,
+    check_continuation,
     check_fences,
     check_retry,
     check_task,
@@ -776,10 +777,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
             StoreConnectionError: the server stayed unreachable.
         """
-        checked = check_task(task)
-        encoded = encode_results([result], 1, self.config)
-        fenced = check_fences(None if fence is None else [fence], 1)
-        lease = check_positive("lease_s", lease_s)
+        [checked], encoded, fenced, lease, _ = check_continuation(task, result, fence, lease_s, self.config)
         self._writable()
         item = _Item(checked, encoded[0], None if fenced is None else fenced[0], lease)
 

@@ -51,6 +51,7 @@ from ._common import (
     QueueConveniences,
     check_claim_args,
     check_claimable_args,
+    check_continuation,
     check_fences,
     check_retry,
     check_task,
@@ -615,10 +616,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 nothing written or leased.
             InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
         """
-        checked = check_tasks([task])
-        encoded = encode_results([result], 1, self.config)
-        fenced = check_fences(None if fence is None else [fence], 1)
-        lease = check_positive("lease_s", lease_s)
+        checked, encoded, fenced, lease, _ = check_continuation(task, result, fence, lease_s, self.config)
         done, next_task = await self._complete(checked, encoded, fenced, lease)
         outcome = done[0]
         if not isinstance(outcome, Task):
@@ -659,11 +657,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 for f, w in zip(fenced, won, strict=True):
                     if f is not None and w:
                         check_fence(db, now, f[0], f[1])
-            records = [
-                [t.queue, t.idempotency_key]
-                for t, w in zip(checked, won, strict=True)
-                if w and t.idempotency_key is not None
-            ]
+            records = [[r[2], r[4]] for r in done if r[4] is not None]  # the stored keys, not the caller's
             if records:
                 db.execute(Q["record_processed_batch"], {"records": json.dumps(records), "now": now})
             out: list[int | str | None] = [

@@ -227,7 +227,8 @@ RETURNING id, queue, partition_key;
 
 -- name: complete_batch
 -- :batch is a JSON array of [id, lease_token, version, result]; each row is its own
--- compare-and-set. Returns the ids that were completed and their new versions.
+-- compare-and-set. Returns the ids that were completed, their new versions and their stored
+-- queue, partition key and idempotency key (the processed-id record is the stored one).
 UPDATE coord_tasks
    SET status = 'done', active = 0, is_head = 0, result = b.result, last_error = NULL,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
@@ -237,7 +238,7 @@ UPDATE coord_tasks
           FROM json_each(:batch)) AS b
  WHERE coord_tasks.id = b.id AND coord_tasks.lease_token = b.token AND coord_tasks.version = b.version
    AND coord_tasks.status = 'running' AND coord_tasks.lease_expires_at > :now
-RETURNING coord_tasks.id, coord_tasks.version, coord_tasks.queue, coord_tasks.partition_key;
+RETURNING coord_tasks.id, coord_tasks.version, coord_tasks.queue, coord_tasks.partition_key, coord_tasks.idempotency_key;
 
 -- name: record_processed_batch
 -- :records is a JSON array of [consumer, message_id].
