@@ -661,25 +661,26 @@ class Node:
                 try:
                     await self._handle_task(current)
                 except BaseException:
-                    follower = current.next
-                    if follower is not None:  # leased by the commit, never started: hand it back
-                        self._in_flight.pop(follower.task.id, None)
-                        await self._hand_back_shielded(follower)
+                    await self._hand_back_unsent(current.next)
                     raise
                 finally:
                     self._in_flight.pop(current.task.id, None)
-                follower = current.next
-                if follower is not None and not self._claiming:
-                    # stop_claiming() came while the commit that leased it was at the store:
-                    # hand it back unsent, as the claims not yet made are never made.
-                    self._in_flight.pop(follower.task.id, None)
-                    await self._hand_back_shielded(follower)
-                    follower = None
-                current = follower
+                if not self._claiming:
+                    # stop_claiming() came while the commit that leased the next task was at
+                    # the store: hand it back unsent, as the claims not yet made are never made.
+                    await self._hand_back_unsent(current.next)
+                    break
+                current = current.next
         finally:
             if not self._in_flight:
                 self._drained.set()
             self._slots.release()
+
+    async def _hand_back_unsent(self, flight: _InFlight | None) -> None:
+        """Hand back a task a commit leased (commit-and-continue) that this slot will not send."""
+        if flight is not None:
+            self._in_flight.pop(flight.task.id, None)
+            await self._hand_back_shielded(flight)
 
     async def _handle_task(self, flight: _InFlight) -> None:
         task = flight.task
@@ -884,14 +885,9 @@ class Node:
                         task, result, fence=fence, lease_s=self.config.lease_s
                     )
                     done: Task = step.done
-                    key = task.partition_key
                     if step.next_task is not None:
                         flight.next = self._adopt(step.next_task, started, chain=flight.chain + 1)
-                        self._runs[key] = self._runs.pop(key, 0) + 1
-                        while len(self._runs) > 4 * self.config.max_in_flight:
-                            del self._runs[next(iter(self._runs))]  # the oldest entry
-                    else:
-                        self._runs.pop(key, None)  # the key's backlog is over
+                    self._count_run(task.partition_key, continued=step.next_task is not None)
                 else:
                     done = await self.store.complete(task, result, fence=fence)
                 recorder = getattr(self.store, "latencies", None)
@@ -918,6 +914,15 @@ class Node:
             return False  # others may think we are dead: take nothing more
         owned = self._partitions()
         return owned is None or (self._owned is not None and flight.task.partition in self._owned)
+
+    def _count_run(self, key: str, *, continued: bool) -> None:
+        """Keep ``key``'s commit-and-continue run length (its lock-turn priority), in a bounded map."""
+        if not continued:
+            self._runs.pop(key, None)  # the key's backlog is over
+            return
+        self._runs[key] = self._runs.pop(key, 0) + 1
+        while len(self._runs) > 4 * self.config.max_in_flight:
+            del self._runs[next(iter(self._runs))]  # the oldest entry
 
     def _adopt(self, task: Task, started: float, *, chain: int) -> _InFlight:
         """Take ``task`` (leased by a commit at or after ``started``) in flight, in its predecessor's slot."""

@@ -202,21 +202,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
                     last_error=f"lease expired on the last attempt (owner {task.lease_owner})",
                 )
                 dead += 1
-        allowed = None if parts is None else set(parts)
-        active_heads: dict[str, int] = {}
-        if ordered:
-            for task in sorted(self._tasks.values(), key=lambda t: t.id):
-                if task.queue == queue and task.status in _ACTIVE:
-                    active_heads.setdefault(task.partition_key, task.id)
-        candidates = [
-            t
-            for t in self._tasks.values()
-            if t.queue == queue
-            and t.status in _ACTIVE
-            and self._due_at(t) <= now - due_age
-            and (allowed is None or t.partition in allowed)
-            and (not ordered or active_heads.get(t.partition_key) == t.id)
-        ]
+        candidates = self._claimable(queue, parts, ordered, now - due_age)
         candidates.sort(key=lambda t: (-t.priority, t.id))
         token = new_token()
         claimed: list[Task] = []
@@ -250,22 +236,25 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         """The partitions where a claim with these arguments would find work now (semantics as in the SQLite store)."""
         parts, due_age = check_claimable_args(queue, partitions, ordered, min_due_age_s, self.partitions)
         self._check_open()
-        now = self._clock()
+        return {t.partition for t in self._claimable(queue, parts, ordered, self._clock() - due_age)}
+
+    def _claimable(self, queue: str, parts: list[int] | None, ordered: bool, due_by: float) -> list[Task]:
+        """Tasks of ``queue`` a claim may take: due by ``due_by``, in ``parts`` (None: all), heads if ``ordered``."""
         allowed = None if parts is None else set(parts)
         heads: dict[str, int] = {}
         if ordered:
             for task in sorted(self._tasks.values(), key=lambda t: t.id):
                 if task.queue == queue and task.status in _ACTIVE:
                     heads.setdefault(task.partition_key, task.id)
-        return {
-            t.partition
+        return [
+            t
             for t in self._tasks.values()
             if t.queue == queue
             and t.status in _ACTIVE
-            and self._due_at(t) <= now - due_age
+            and self._due_at(t) <= due_by
             and (allowed is None or t.partition in allowed)
             and (not ordered or heads.get(t.partition_key) == t.id)
-        }
+        ]
 
     def _lease(self, task: Task, now: float, node_id: str, token: str, lease_s: float) -> Task:
         """Store ``task`` leased to ``node_id`` (as a claim leases it): a new attempt, lease token ``<token>.<id>``."""
@@ -346,27 +335,26 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
     def _lease_key_head(self, done: Task, node_id: str, lease: float) -> Task | None:
         """Lease the head (earliest unfinished task) of ``done``'s key to ``node_id`` if it is pending and due."""
         now = done.updated_at
-        while True:
-            head = min(
-                (
-                    t
-                    for t in self._tasks.values()
-                    if t.queue == done.queue and t.partition_key == done.partition_key and t.status in _ACTIVE
-                ),
-                key=lambda t: t.id,
-                default=None,
-            )
-            if head is None or head.status is not TaskStatus.PENDING or head.run_at > now:
-                return None
-            leased = self._lease(head, now, node_id, new_token(), lease)
-            if head.idempotency_key is None or (head.queue, head.idempotency_key) not in self._processed:
-                self.events.add(ev.CLAIMS)
-                return leased
-            # Already processed: settled as a duplicate, as a claim would; the key's next
-            # task is then announced, not leased.
-            self._put(leased, now, status=TaskStatus.DONE, result={"duplicate": True}, last_error=None)
-            self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED)
+        head = min(
+            (
+                t
+                for t in self._tasks.values()
+                if t.queue == done.queue and t.partition_key == done.partition_key and t.status in _ACTIVE
+            ),
+            key=lambda t: t.id,
+            default=None,
+        )
+        if head is None or head.status is not TaskStatus.PENDING or head.run_at > now:
             return None
+        leased = self._lease(head, now, node_id, new_token(), lease)
+        if head.idempotency_key is None or (head.queue, head.idempotency_key) not in self._processed:
+            self.events.add(ev.CLAIMS)
+            return leased
+        # Already processed: settled as a duplicate, as a claim would; the key's next
+        # task is then announced, not leased.
+        self._put(leased, now, status=TaskStatus.DONE, result={"duplicate": True}, last_error=None)
+        self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED)
+        return None
 
     async def _complete(
         self,

@@ -458,8 +458,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         )
 
         def op(db: sqlite3.Connection, now: float) -> _Claimed:
-            if ordered and db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
-                db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
+            if ordered:
+                _keep_heads(db, queue)
             dead = 0
             promoted: list[tuple[str, int]] = []  # heads that dead letters and duplicates made claimable
             if db.execute(Q["any_expired_lease"], {"queue": queue, "now": now}).fetchone() is None:
@@ -595,7 +595,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         fenced = check_fences(fences, len(checked))
         if not checked:
             return []
-        done, _ = await self._complete(checked, encoded, fenced, None)
+        done, _ = await self._complete(checked, encoded, fenced)
         return done
 
     async def complete_and_claim_next(
@@ -616,8 +616,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 nothing written or leased.
             InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
         """
-        checked, encoded, fenced, lease, _ = check_continuation(task, result, fence, lease_s, self.config)
-        done, next_task = await self._complete(checked, encoded, fenced, lease)
+        checked, encoded, fenced, lease, owner = check_continuation(task, result, fence, lease_s, self.config)
+        done, next_task = await self._complete(checked, encoded, fenced, (owner, lease))
         outcome = done[0]
         if not isinstance(outcome, Task):
             raise outcome
@@ -628,13 +628,12 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         checked: list[Task],
         encoded: list[str | None],
         fenced: list[tuple[str, int] | None] | None,
-        next_lease_s: float | None,
+        continuation: tuple[str, float] | None = None,
     ) -> tuple[list[Task | CoordError], Task | None]:
-        """complete_many's transaction; with ``next_lease_s``, also lease the first task's key's next head."""
+        """complete_many's transaction; with ``continuation`` ``(owner, lease_s)``, also lease
+        the first task's key's next head to ``owner``."""
         rows = [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)]
         head = checked[0]
-        node_id = head.lease_owner or ""
-        head_params: dict[str, Any] = {"node_id": node_id, "lease_s": next_lease_s, "token": new_token()}
 
         def op(db: sqlite3.Connection, now: float) -> _Completed:
             refused: dict[int, int] = {}
@@ -667,10 +666,16 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             following: _Row | None = None
             duplicates = 0
             queue = head.queue
-            if next_lease_s is not None and won[0]:
+            if continuation is not None and won[0]:
                 # the stored key (as the promotion uses), never the caller's copy of the task
                 queue, key = next((r[2], r[3]) for r in done if r[0] == head.id)
-                params = {**head_params, "queue": queue, "partition_key": key}
+                params = {
+                    "queue": queue,
+                    "partition_key": key,
+                    "node_id": continuation[0],
+                    "lease_s": continuation[1],
+                    "token": new_token(),
+                }
                 following, duplicates, promoted = _claim_key_head(db, now, params, promoted)
             return now, out, refused, promoted, following, duplicates, queue
 
@@ -698,8 +703,9 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         self.events.add(ev.FENCING_REJECTED, len(refused))
         next_task = None
         if following is not None:
-            assert next_lease_s is not None
-            next_task = _claimed_task(following, next_queue, node_id, now + next_lease_s, now)
+            assert continuation is not None
+            owner, lease_s = continuation
+            next_task = _claimed_task(following, next_queue, owner, now + lease_s, now)
             self.events.add(ev.CLAIMS)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return done, next_task
@@ -992,6 +998,12 @@ def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> l
     return db.execute(Q["promote_heads"], {"keys": json.dumps(sorted(set(keys)))}).fetchall()
 
 
+def _keep_heads(db: sqlite3.Connection, queue: str) -> None:
+    """Make ``queue`` keep per-key heads from now on (first ordered use: computed from scratch)."""
+    if db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
+        db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
+
+
 def _claim_key_head(
     db: sqlite3.Connection, now: float, params: dict[str, Any], promoted: list[tuple[str, int]]
 ) -> tuple[_Row | None, int, list[tuple[str, int]]]:
@@ -1002,8 +1014,7 @@ def _claim_key_head(
     leased (it is announced instead, as a claim does).
     """
     queue = params["queue"]
-    if db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
-        db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
+    _keep_heads(db, queue)
     row: _Row | None = db.execute(Q["claim_key_head"], {**params, "now": now}).fetchone()
     if row is None:
         return None, 0, promoted
