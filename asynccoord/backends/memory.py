@@ -452,18 +452,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         now = self._clock()
         out = []
         for task_id in ids:
-            t = self._tasks[task_id]
-            out.append(
-                self._put(
-                    t,
-                    now,
-                    status=TaskStatus.RUNNING,
-                    attempts=t.attempts + 1,
-                    lease_owner=node_id,
-                    lease_token=f"{token}.{t.id}",
-                    lease_expires_at=now + lease,
-                )
-            )
+            out.append(self._lease(self._tasks[task_id], now, node_id, token, lease))
         self.events.add(ev.CLAIMS, len(out))
         return out
 
