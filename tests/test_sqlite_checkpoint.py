@@ -109,17 +109,23 @@ async def test_close_stops_the_checkpointer_and_keeps_the_data(db_path: Path) ->
         assert await pending(again) == 150
 
 
-async def wait_threads(count: int) -> int:
+async def threads_left(before: set[threading.Thread]) -> list[str]:
+    """Names of the threads started since ``before`` that are still alive after up to 2 s.
+
+    Compares thread identities, not counts: a thread left over from an earlier test that ends during
+    this one must neither hide a thread this test leaked nor make the count drop below a baseline.
+    """
     for _ in range(200):
-        if threading.active_count() <= count:
+        new = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not new:
             break
         await asyncio.sleep(0.01)
-    return threading.active_count()
+    return new
 
 
 @pytest.mark.parametrize("steps", [0, 1, 2, 3, 5, 8])
 async def test_a_cancelled_close_still_shuts_everything_down(db_path: Path, steps: int) -> None:
-    baseline = threading.active_count()
+    before = set(threading.enumerate())
     store = SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=0.01))
     await store.open()
     await fill(store, batches=1)
@@ -133,7 +139,7 @@ async def test_a_cancelled_close_still_shuts_everything_down(db_path: Path, step
     closing.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await closing
-    assert await wait_threads(baseline) == baseline  # the connections' threads ended
+    assert await threads_left(before) == []  # the connections' threads ended
     assert not any(t.get_name() == "asynccoord-sqlite-writer" and not t.done() for t in asyncio.all_tasks())
     with pytest.raises(StoreClosedError):
         await store.enqueue(Q, {"after": True})
@@ -149,7 +155,7 @@ async def test_a_cancelled_close_still_shuts_everything_down(db_path: Path, step
 async def test_a_cancelled_open_leaves_the_store_open_with_its_checkpointer_or_closed(
     db_path: Path, steps: int
 ) -> None:
-    baseline = threading.active_count()
+    before = set(threading.enumerate())
     store = SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=0.01))
     opening = asyncio.ensure_future(store.open())
     for _ in range(steps):
@@ -163,7 +169,7 @@ async def test_a_cancelled_open_leaves_the_store_open_with_its_checkpointer_or_c
         assert store._writer is None
         assert store._checkpointer is None
     await store.close()
-    assert await wait_threads(baseline) == baseline
+    assert await threads_left(before) == []
     async with SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=0.01)) as again:
         assert again._checkpointer is not None
         await fill(again, batches=1)
