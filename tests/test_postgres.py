@@ -328,6 +328,65 @@ async def test_claims_visit_about_what_they_return_with_many_heads_in_flight(pg:
             await conn.close()
 
 
+def _read_from(plan: dict[str, Any], relation: str) -> list[tuple[str, int]]:
+    """(node type, rows read: returned plus filtered, times loops) of each scan of ``relation``."""
+    own = []
+    if plan.get("Relation Name") == relation and "Scan" in plan["Node Type"]:
+        rows = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)) * plan["Actual Loops"]
+        own.append((plan["Node Type"], rows))
+    return own + [scan for child in plan.get("Plans", []) for scan in _read_from(child, relation)]
+
+
+@pytest.mark.parametrize("name", ["claim", "claim_ordered"])
+async def test_claims_probe_processed_ids_by_key_whatever_the_statistics_say(pg: str, schema: str, name: str) -> None:
+    """A claim looks up each claimed task's message id, never reading all of coord_processed.
+
+    The statistics here are those of an empty table (ANALYZEd before 5,000 ids were recorded),
+    as on a young queue: an EXISTS in the claim's target list was planned as a hashed subplan
+    over the whole table then, read again at every claim.
+    """
+    import asyncpg
+
+    from asynccoord.backends.postgres import PostgresStore, Q
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            await conn.execute("ANALYZE coord_processed")  # empty
+            await conn.execute(
+                "INSERT INTO coord_processed (consumer, message_id, processed_at)"
+                " SELECT 'q', 'old-' || i, 0 FROM generate_series(1, 5000) AS i"
+            )
+            await store.enqueue_many(
+                [NewTask(queue="q", payload=i, partition_key=f"k{i}", idempotency_key=f"m{i}") for i in range(100)]
+            )
+            values = {
+                "queue": "q",
+                "node_id": "n",
+                "lease_s": 30.0,
+                "token": "t",
+                "partitions": None,
+                "min_due_age_s": 0.0,
+                "limit": 16,
+                "now": None,
+            }
+            query = Q[name]
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + query.text, *query.args(values))
+            finally:
+                await tx.rollback()
+        finally:
+            await conn.close()
+    plan = json.loads(text)[0]["Plan"]
+    assert plan["Actual Rows"] == 16
+    scans = _read_from(plan, "coord_processed")
+    assert scans, "the claim no longer looks up processed ids"
+    assert all(kind != "Seq Scan" for kind, _ in scans), scans
+    assert sum(rows for _, rows in scans) <= 16, scans  # at most one row per claimed task
+
+
 async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexes(pg: str, schema: str) -> None:
     """Schema 7: coord_tasks_key_order holds active tasks that are not heads; promotion is unchanged."""
     import asyncpg
