@@ -30,6 +30,7 @@ from .errors import (
     StoreClosedError,
     StoreConnectionError,
     StoreError,
+    StoreLoopError,
     TaskNotFoundError,
 )
 from .events import EventCounter
@@ -107,6 +108,7 @@ __all__ = (
     "StaleVersionError",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreLoopError",
     "StoreConfig",
     "StoreConnectionError",
     "StoreError",

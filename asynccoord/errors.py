@@ -26,6 +26,7 @@ with the original exception kept as ``__cause__``.
         ├── StoreBusyError                     the database stayed locked past the timeout
         ├── StoreConnectionError               the connection to the database server was lost
         ├── StoreClosedError                   the store is not open
+        ├── StoreLoopError                     the store is used from another event loop than open()'s
         ├── ReadOnlyStoreError                 a write on a store opened read-only
         ├── NotADatabaseError                  the file is not a database of ours
         └── SchemaVersionError                 the database was made by a newer version
@@ -51,6 +52,7 @@ __all__ = (
     "StaleVersionError",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreLoopError",
     "StoreConnectionError",
     "StoreError",
     "TaskNotFoundError",
@@ -144,6 +146,15 @@ class StoreConnectionError(StoreError):
 
 class StoreClosedError(StoreError):
     """An operation was attempted on a store that is not open (or already closed)."""
+
+
+class StoreLoopError(StoreError):
+    """The store was used from another event loop than the one that opened it.
+
+    A store's connections, writer task and pool belong to the event loop of its
+    ``open()`` (one ``asyncio.run(...)``, one test's loop). Open a store in each loop
+    that uses it; ``close()`` from another loop only releases the connections.
+    """
 
 
 class ReadOnlyStoreError(StoreError):

@@ -103,6 +103,16 @@ class WalCheckpointer:
         if row is not None:
             self.pages_checkpointed = int(row[2])
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The checkpoint task (None before ``start`` and after ``stop``)."""
+        return self._task
+
+    @property
+    def connection(self) -> aiosqlite.Connection | None:
+        """The checkpoint connection (None before ``start`` and after ``stop``)."""
+        return self._conn
+
     async def stop(self) -> None:
         """Stop checkpointing and close the connection. Idempotent."""
         task, conn = self._task, self._conn

@@ -166,6 +166,11 @@ class GroupCommitter:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="asynccoord-sqlite-writer")
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The writer task (None before ``start`` and after ``stop``)."""
+        return self._task
+
     async def stop(self) -> None:
         """Run what is queued, then stop the writer."""
         self._closing = True

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import asyncpg
 import asyncpg.exceptions as pgerr
 
-from ..errors import StoreBusyError, StoreClosedError, StoreConnectionError, StoreError
+from ..errors import StoreBusyError, StoreClosedError, StoreConnectionError, StoreError, StoreLoopError
 from ..notify import WorkNotifier
 
 __all__ = (
@@ -122,6 +122,7 @@ class PgRunner:
 
     def __init__(self, *, reconnect_timeout_s: float, on_retry: Callable[[BaseException], None]) -> None:
         self.pool: asyncpg.Pool | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop the pool was made in
         self.reconnect_timeout_s = reconnect_timeout_s
         self._on_retry = on_retry
         self.transactions = 0
@@ -129,6 +130,11 @@ class PgRunner:
     def _pool(self) -> asyncpg.Pool:
         if self.pool is None:
             raise StoreClosedError("the PostgreSQL store is not open: use 'async with' or await open()")
+        if self.loop is not asyncio.get_running_loop():
+            raise StoreLoopError(
+                "the PostgreSQL store was opened in another event loop (another asyncio.run or test loop),"
+                " whose pool cannot serve this one: open a store in the loop that uses it"
+            )
         return self.pool
 
     async def run(
@@ -245,6 +251,16 @@ class PgListener:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._close()
+
+    def abandon(self) -> None:
+        """Drop the connection at once (the loop that ran the listener is gone, or not ours)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done() and not task.get_loop().is_closed():
+            task.get_loop().call_soon_threadsafe(task.cancel)
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the socket goes with it
+                conn.terminate()
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -307,6 +307,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             raise map_pg_error(exc, f"cannot connect to {self!r}") from exc
         self._runner.pool = pool
+        self._runner.loop = asyncio.get_running_loop()
         try:
             await self._runner.run(self._migrate, what="open", ambiguous_ok=True)
             if self.listen and not self.read_only:
@@ -352,7 +353,20 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             self._partitions = int(value)
 
     async def close(self) -> None:
-        """Finish queued commits, stop the listener and close the pool. Idempotent."""
+        """Finish queued commits, stop the listener and close the pool. Idempotent.
+
+        Called from another event loop than ``open()``'s, it only drops the connections
+        (the pool and the listener belong to that loop; nothing queued there can still be
+        waited for).
+        """
+        if self._runner.pool is not None and self._runner.loop is not asyncio.get_running_loop():
+            listener, self._listener = self._listener, None
+            if listener is not None:
+                listener.abandon()
+            pool, self._runner.pool = self._runner.pool, None
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the sockets go with it
+                pool.terminate()
+            return
         await self._committer.flush()
         await self._acquirer.flush()
         if self._background:

@@ -55,7 +55,14 @@ import redis.exceptions as rerr
 
 from .. import events as ev
 from ..config import StoreConfig
-from ..errors import InvalidTypeError, StoreBusyError, StoreClosedError, StoreConnectionError, StoreError
+from ..errors import (
+    InvalidTypeError,
+    StoreBusyError,
+    StoreClosedError,
+    StoreConnectionError,
+    StoreError,
+    StoreLoopError,
+)
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
@@ -286,6 +293,7 @@ class RedisLockStore:
         self.max_connections = check_int("max_connections", max_connections, minimum=1)
         self._clock = clock
         self._client: aioredis.Redis | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of open()
         self._scripts: dict[str, Any] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._acquirer: Batcher[_Request, Lease | LockBusy] = Batcher(
@@ -333,9 +341,18 @@ class RedisLockStore:
             )
         }
         self._client = client
+        self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
-        """Wait for queued acquisitions and background releases (bounded), then close. Idempotent."""
+        """Wait for queued acquisitions and background releases (bounded), then close. Idempotent.
+
+        Called from another event loop than ``open()``'s, it only drops the client: its
+        connections belong to that loop (they close with it).
+        """
+        if self._client is not None and self._loop is not asyncio.get_running_loop():
+            self._client = None
+            self._scripts = {}
+            return
         await self._acquirer.flush()
         if self._background:
             with contextlib.suppress(Exception):
@@ -360,6 +377,11 @@ class RedisLockStore:
             client = self._client
             if client is None:
                 raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+            if self._loop is not asyncio.get_running_loop():
+                raise StoreLoopError(
+                    f"{self!r} was opened in another event loop (another asyncio.run or test loop), whose"
+                    " connections cannot serve this one: open a lock store in the loop that uses it"
+                )
             try:
                 return await fn(client)
             except _CONNECTION_ERRORS as exc:

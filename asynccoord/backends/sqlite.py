@@ -16,6 +16,7 @@ not supported (its locking is unreliable there): use the PostgreSQL store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import operator
@@ -38,6 +39,7 @@ from ..errors import (
     SchemaVersionError,
     StoreClosedError,
     StoreError,
+    StoreLoopError,
     TaskNotFoundError,
 )
 from ..events import EventCounter
@@ -194,6 +196,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         self._clock = clock
         self._conn: aiosqlite.Connection | None = None
         self._writer: GroupCommitter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of open(): see _w
         self._checkpointer: WalCheckpointer | None = None
         self._partitions = self.config.partitions
 
@@ -244,6 +247,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             await conn.close()
             raise
         self._conn = conn
+        self._loop = asyncio.get_running_loop()
         self._writer = GroupCommitter(
             conn,
             now_sql=Q["now"],
@@ -324,13 +328,18 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
 
         The store is closed for callers at once; the shutdown itself (checkpointer,
         writer, connection and its thread) runs to its end even if the caller is
-        cancelled meanwhile, so a cancelled close leaks nothing.
+        cancelled meanwhile, so a cancelled close leaks nothing. Called from another
+        event loop than ``open()``'s (whose writer task ended with that loop), it only
+        closes the connections: nothing queued in the old loop can still be waited for.
         """
         conn, writer, checkpointer = self._conn, self._writer, self._checkpointer
         self._conn = None
         self._writer = None
         self._checkpointer = None
         if conn is None and writer is None and checkpointer is None:
+            return
+        if self._loop is not asyncio.get_running_loop():  # the loop of open() is gone, or not ours
+            await asyncio.shield(asyncio.ensure_future(_release_abandoned(conn, writer, checkpointer)))
             return
         await asyncio.shield(asyncio.ensure_future(_shut_down(conn, writer, checkpointer)))
 
@@ -347,7 +356,15 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
     def _w(self) -> GroupCommitter:
         if self._writer is None:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+        if self._loop is not asyncio.get_running_loop():
+            raise self._loop_error()
         return self._writer
+
+    def _loop_error(self) -> StoreLoopError:
+        return StoreLoopError(
+            f"{self!r} was opened in another event loop (another asyncio.run or test loop), whose writer task"
+            " is gone: open a store in the loop that uses it"
+        )
 
     async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
         if self.read_only:
@@ -358,6 +375,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         conn = self._conn
         if conn is None:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+        if self._loop is not asyncio.get_running_loop():
+            raise self._loop_error()
         deadline = time.monotonic() + self.config.busy_timeout_s
 
         def run() -> Any:
@@ -979,6 +998,24 @@ async def _shut_down(
         finally:
             if conn is not None:
                 await conn.close()
+
+
+async def _release_abandoned(
+    conn: aiosqlite.Connection | None, writer: GroupCommitter | None, checkpointer: WalCheckpointer | None
+) -> None:
+    """Close the connections of a store whose event loop (that of ``open()``) is not the running one.
+
+    The writer and checkpointer tasks ran on that loop: they are cancelled there if it
+    still runs (they ended with it otherwise) and never awaited from here. The
+    connections' threads take calls from any loop, so they are closed as usual.
+    """
+    for task in (writer.task if writer is not None else None, checkpointer.task if checkpointer is not None else None):
+        if task is not None and not task.done() and not task.get_loop().is_closed():
+            task.get_loop().call_soon_threadsafe(task.cancel)
+    for c in (checkpointer.connection if checkpointer is not None else None, conn):
+        if c is not None:
+            with contextlib.suppress(sqlite3.Error):
+                await c.close()
 
 
 def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> list[tuple[str, int]]:
