@@ -535,6 +535,11 @@ class Monitor:
         background: Run the flush and evaluation loops while open. False to drive
             them with :meth:`flush` and :meth:`evaluate` (tests, fake clocks). Default True.
         info: JSON object stored with the process' flushes (host and pid are added).
+        lock_store: The lock store of this process' nodes when it is not ``store``
+            (``Runtime(lock_store=...)``, e.g. a
+            :class:`~asynccoord.backends.redis_locks.RedisLockStore`): its events (lock
+            contention, lost locks, refused fencing tokens) count in the process totals
+            with ``store``'s. None (default) when ``store`` holds the locks as well.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store).
@@ -554,6 +559,7 @@ class Monitor:
         log_alerts: bool = True,
         background: bool = True,
         info: Mapping[str, Any] | None = None,
+        lock_store: Any = None,
     ) -> None:
         for method in ("flush_metrics", "read_metrics"):
             if not callable(getattr(store, method, None)):
@@ -569,7 +575,12 @@ class Monitor:
         names = [r.name for r in chosen]
         if len(set(names)) != len(names):
             raise InvalidArgumentError(f"rule names must be unique, got {names!r}")
+        if lock_store is not None and not isinstance(getattr(lock_store, "events", None), EventCounter):
+            raise InvalidTypeError(
+                f"lock_store must be a lock store with an EventCounter 'events', got {type(lock_store).__name__}"
+            )
         self.store = store
+        self.lock_store = None if lock_store is store else lock_store
         self.rules = chosen
         self.flush_interval_s = check_positive("flush_interval_s", flush_interval_s)
         self.evaluate_interval_s = (
@@ -733,9 +744,13 @@ class Monitor:
         async with self._flush_lock:
             counters: dict[tuple[str, str], int] = {}
             seen: dict[tuple[str, str], int] = {}
-            sources: list[tuple[str, EventCounter]] = [(PROCESS_SCOPE, self.store.events), *self._tracked.items()]
-            for scope, counter in sources:
-                for name, value in counter.snapshot().items():
+            totals = dict(self.store.events.snapshot())
+            if self.lock_store is not None:  # one process total: both only ever count up
+                for name, value in self.lock_store.events.snapshot().items():
+                    totals[name] = totals.get(name, 0) + value
+            sources = [(PROCESS_SCOPE, totals), *((k, c.snapshot()) for k, c in self._tracked.items())]
+            for scope, snapshot in sources:
+                for name, value in snapshot.items():
                     key = (scope, name)
                     seen[key] = value
                     delta = value - self._sent_events.get(key, 0)

@@ -301,6 +301,37 @@ async def test_node_scope_uses_tracked_counters(store: Store) -> None:
         assert snapshot.node_totals == {"node-b": {ev.LOCK_LOST: 1}}
 
 
+async def test_a_separate_lock_store_counts_in_the_process_totals(store: Store) -> None:
+    """Runtime(lock_store=...) puts lock events on the lock store's counter: the monitor adds them."""
+    from asynccoord import LockPool, LockTimeoutError
+
+    rule = AlertRule(name="contention", event=ev.LOCK_CONTENDED, threshold=0, window_s=30.0)
+    async with MemoryStore() as locks:
+        first = LockPool(locks, ttl_s=5.0, holder="a")
+        second = LockPool(locks, ttl_s=5.0, holder="b")
+        async with first.turn("account:1", timeout_s=1.0, on_lost=lambda _exc: None):
+            with pytest.raises(LockTimeoutError):
+                async with second.turn("account:1", timeout_s=0.2, on_lost=lambda _exc: None):
+                    pass
+        contended = locks.events.snapshot()[ev.LOCK_CONTENDED]
+        assert contended >= 1
+        assert ev.LOCK_CONTENDED not in store.events.snapshot()  # not the queue store's
+        store.events.add(ev.COMMITS, 2)
+        async with manual(store, [rule], lock_store=locks) as monitor:
+            await monitor.flush()
+            snapshot = await monitor.snapshot()
+            assert snapshot.totals[ev.LOCK_CONTENDED] == contended
+            assert snapshot.totals[ev.COMMITS] == 2
+            (alert,) = await monitor.evaluate()
+            assert alert.rule == "contention"
+            locks.events.add(ev.LOCK_LOST)  # later events go out as deltas, summed again
+            await monitor.flush(force=True)
+            assert (await monitor.snapshot()).totals[ev.LOCK_LOST] == 1
+            assert (await monitor.snapshot()).totals[ev.LOCK_CONTENDED] == contended
+    with pytest.raises(InvalidTypeError, match="lock_store"):
+        manual(store, [rule], lock_store=object())
+
+
 async def test_firing_alerts_are_stored_for_other_processes(store: Store, clock: FakeClock) -> None:
     rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
     async with manual(store, [rule]) as monitor:
