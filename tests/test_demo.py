@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import PG_DSN, new_schema, postgres_problem, unavailable
+from services import PG_DSN, REDIS_URL, new_schema, postgres_problem, redis_problem, unavailable
 
 from asynccoord.demo.app import DEMO_SCHEMA_COMMENT, account_of, build_tasks, schedule
 from asynccoord.demo.trace import TraceFormatError, bundled_sample, read_trace
@@ -88,6 +88,41 @@ def test_small_demo_with_faults_keeps_every_invariant(tmp_path: Path) -> None:
         con.close()
     assert counts.get("done", 0) + counts.get("dead", 0) == 3000
     assert counts.get("pending", 0) == counts.get("running", 0) == 0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_demo_with_account_locks_in_redis_keeps_every_invariant_and_deletes_its_keys(tmp_path: Path) -> None:
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    db = tmp_path / "demo.db"
+    code, report, stderr = run_demo("--messages", "1500", "--db", str(db), "--lock-store", REDIS_URL, "--seed", "3")
+    check_invariants(code, report, stderr, 1500)
+    config = report["config"]
+    assert config["lock_store"] == REDIS_URL
+    assert config["lock_prefix"].startswith("asynccoord-demo:")
+    assert 1 <= config["lock_store_keys"] <= 3 * 24  # per account: the fencing counter (and a live lock's two keys)
+    # The locks were Redis's: the SQLite store never held one, yet the monitor counted them.
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("SELECT count(*) FROM coord_lock_names").fetchone() == (0,)
+    finally:
+        con.close()
+    assert report["conflicts"]["lock_contended"] > 0
+
+    async def left() -> int:
+        from redis import asyncio as aioredis
+
+        client = aioredis.Redis.from_url(REDIS_URL)
+        try:
+            return len([k async for k in client.scan_iter(match=config["lock_prefix"] + "*")])
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(left()) == 0
 
 
 @pytest.fixture
@@ -252,6 +287,10 @@ def test_demo_cli_rejects_bad_options() -> None:
     code, _, stderr = run_demo("--nodes", "5000", timeout_s=60)
     assert code == 2
     assert "expected a number <= 256, got '5000'" in stderr
+    code, _, stderr = run_demo("--lock-store", "http://cache:6379", timeout_s=60)
+    assert code == 2
+    assert "--lock-store takes a Redis URL" in stderr
+    assert "'http://cache:6379'" in stderr
 
 
 def _workers_on(db: Path) -> list[int]:

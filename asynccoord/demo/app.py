@@ -18,18 +18,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import random
 import re
+import secrets
 import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,9 @@ REPORT_WINDOW_S = 3600.0
 
 DEMO_SCHEMA = "asynccoord_demo"
 """Default PostgreSQL schema of the demo's tables (``--schema``)."""
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+"""URL schemes ``--lock-store`` accepts (redis-py's)."""
 
 DEMO_SCHEMA_COMMENT = "created by python -m asynccoord.demo; dropped and recreated by its next run"
 """The comment that marks a schema as the demo's own: the only kind of schema the demo ever drops."""
@@ -85,6 +90,8 @@ class DemoOptions:
     db: Path | None = None
     store: str | None = None
     schema: str = DEMO_SCHEMA
+    lock_store: str | None = None  # a redis:// URL: the account locks in Redis
+    lock_prefix: str | None = None  # the run's Redis key prefix (set by run_demo)
     trace: Path | None = None
     seed: int = 7
     faults: bool = True
@@ -138,6 +145,7 @@ class _Run:
     polls: int = 0
     poll_s: float = 0.0  # time spent counting
     gave_up: str | None = None  # why the run stopped before every message was done or dead
+    lock_store_keys: int | None = None  # with --lock-store: the run's Redis keys found at the end
 
 
 def account_of(sender_id: str, accounts: int) -> str:
@@ -215,6 +223,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         help=f"with a postgresql:// --store: the schema the demo creates for its tables, and drops and "
         f"recreates on its next run; a schema it did not create is refused (default {DEMO_SCHEMA})",
     )
+    p.add_argument(
+        "--lock-store",
+        metavar="URL",
+        help="take the account locks in Redis (redis://, rediss:// or unix:// URL; extra 'redis') instead of "
+        "the queue store; the demo's keys (under a prefix of its own) are deleted at the end",
+    )
     p.add_argument("--trace", type=Path, help="trace file, JSON Lines, optionally gzipped (default: bundled sample)")
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     p.add_argument("--no-faults", action="store_true", help="do not kill or stall a process")
@@ -222,6 +236,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     a = p.parse_args(argv)
     if a.schema is not None and not (a.store is not None and is_postgres_target(a.store)):
         p.error("--schema applies to a PostgreSQL store only: add --store postgresql://...")
+    if a.lock_store is not None and not a.lock_store.startswith(REDIS_SCHEMES):
+        p.error(f"--lock-store takes a Redis URL ({', '.join(REDIS_SCHEMES)}...), got {a.lock_store!r}")
     return DemoOptions(
         nodes=a.nodes,
         processes=a.processes,
@@ -231,6 +247,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         db=a.db,
         store=a.store,
         schema=a.schema or DEMO_SCHEMA,
+        lock_store=a.lock_store,
         trace=a.trace,
         seed=a.seed,
         faults=not a.no_faults,
@@ -328,6 +345,8 @@ def _spawn(worker: _Worker, opts: DemoOptions, store: str, gateway: Path) -> Non
     ]
     if opts.postgres:
         command += ["--schema", opts.schema]
+    if opts.lock_store is not None and opts.lock_prefix is not None:
+        command += ["--lock-store", opts.lock_store, "--lock-prefix", opts.lock_prefix]
     # stderr goes to a file (never a pipe nobody drains while the worker runs: a full pipe
     # would block the worker's event loop on its next log line).
     with open(worker.log_file, "ab") as log_file:
@@ -388,6 +407,8 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
         raise ValueError(f"the trace {str(trace_path)!r} repeats a msg_id: message ids must be unique")
     target = opts.target
     _refuse_used_file(opts)
+    if opts.lock_store is not None:
+        opts = dataclasses.replace(opts, lock_prefix=f"asynccoord-demo:{secrets.token_hex(4)}:")
     tasks = build_tasks(messages, opts.accounts)
     offsets = schedule(messages, speed=opts.speed, replay_s=opts.replay_s, max_gap_s=opts.max_gap_s)
     rng = random.Random(opts.seed)
@@ -410,6 +431,9 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                 await astack.enter_async_context(_demo_schema(store_target, opts.schema))
                 options["schema"] = opts.schema
             store = await astack.enter_async_context(open_store(store_target, **options))
+            sweep_lock_keys = None
+            if opts.lock_store is not None:
+                sweep_lock_keys = await astack.enter_async_context(_demo_lock_keys(opts, run))
             for w in workers:
                 _spawn(w, opts, store_target, gateway_path)
             try:
@@ -456,6 +480,8 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                     statuses = await _task_statuses(store_target, opts)
             finally:
                 await asyncio.to_thread(_stop, workers, 5.0)
+            if sweep_lock_keys is not None:
+                await sweep_lock_keys()
             report = _report(gateway_path, tasks, statuses, snapshot, run, elapsed, finished, problems, opts)
             timing["verify"] = time.monotonic() - stopped
             timing["total"] = time.monotonic() - began
@@ -475,6 +501,47 @@ def _refuse_used_file(opts: DemoOptions) -> None:
 
 def _sqlite_file(target: str) -> str:
     return target[len("sqlite:///") :] if target.startswith("sqlite:///") else target
+
+
+@contextlib.asynccontextmanager
+async def _demo_lock_keys(opts: DemoOptions, run: _Run) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Check the Redis lock store is reachable; yield ``sweep``, which counts and deletes the run's keys.
+
+    The workers take their account locks in Redis under ``opts.lock_prefix`` (one per
+    run). ``sweep()``, called once the workers stopped, counts the keys left
+    (fencing-token counters are never deleted by the lock store) into
+    ``run.lock_store_keys`` and deletes them; it runs on exit as well if it was not called.
+    """
+    assert opts.lock_store is not None
+    assert opts.lock_prefix is not None
+    try:
+        from redis import asyncio as aioredis
+        from redis import exceptions as rerr
+    except ImportError as exc:
+        raise ValueError("--lock-store redis://... needs redis-py: pip install 'asynccoord[redis]'") from exc
+    client = aioredis.Redis.from_url(opts.lock_store, socket_connect_timeout=5.0)
+    try:
+        try:
+            await client.ping()
+        except (OSError, rerr.RedisError) as exc:
+            raise ValueError(f"cannot connect to {redact_target(opts.lock_store)}: {exc}") from exc
+        swept = False
+
+        async def sweep() -> None:
+            nonlocal swept
+            keys = [key async for key in client.scan_iter(match=f"{opts.lock_prefix}*", count=1000)]
+            if not swept:
+                run.lock_store_keys = len(keys)
+            swept = True
+            for first in range(0, len(keys), 500):
+                await client.delete(*keys[first : first + 500])
+
+        try:
+            yield sweep
+        finally:
+            await sweep()  # keys made after the first sweep (a worker still stopping) go too
+    finally:
+        await client.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -773,6 +840,9 @@ def _report(
             "gateway_latency_ms": {"median": opts.latency_median_ms, "sigma": opts.latency_sigma},
             "store": "sqlite" if not opts.postgres else "postgres",
             "schema": opts.schema if opts.postgres else None,
+            "lock_store": None if opts.lock_store is None else redact_target(opts.lock_store),
+            "lock_store_keys": run.lock_store_keys,
+            "lock_prefix": opts.lock_prefix,
             "trace": str(opts.trace or "bundled sample"),
             "seed": opts.seed,
         },

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="asynccoord demo worker (started by asynccoord.demo)")
     parser.add_argument("--store", required=True, help="SQLite file or postgresql:// DSN")
     parser.add_argument("--schema", default=None, help="PostgreSQL schema of the demo's tables")
+    parser.add_argument("--lock-store", default=None, help="redis:// URL: the account locks in Redis")
+    parser.add_argument("--lock-prefix", default="asynccoord-demo:", help="key prefix of the locks in Redis")
     parser.add_argument("--gateway", required=True)
     parser.add_argument("--status-file", required=True)
     parser.add_argument("--status-interval-s", type=float, default=0.25, help="0: write no status file")
@@ -94,6 +98,7 @@ async def run(args: argparse.Namespace) -> int:
     options = {} if args.schema is None else {"schema": args.schema}
     async with (
         open_store(args.store, **options) as store,
+        _lock_store(args) as locks,
         SimulatedGateway(
             args.gateway,
             latency_median_ms=args.latency_median_ms,
@@ -126,10 +131,12 @@ async def run(args: argparse.Namespace) -> int:
             config=config,
             lock_key=lock_key,
             node_ids=[f"{args.prefix}-n{i}" for i in range(args.nodes)],
+            lock_store=locks,
             heartbeat_ttl_s=args.heartbeat_ttl_s,
             shutdown_timeout_s=3.0,
         )
-        async with Monitor(store, flush_interval_s=args.monitor_flush_s, info={"prefix": args.prefix}), runtime:
+        monitor = Monitor(store, flush_interval_s=args.monitor_flush_s, info={"prefix": args.prefix}, lock_store=locks)
+        async with monitor, runtime:
             writer = asyncio.create_task(
                 _write_status(runtime, Path(args.status_file), args.status_interval_s, lambda: stalled)
             )
@@ -140,6 +147,18 @@ async def run(args: argparse.Namespace) -> int:
                 writer.cancel()
                 orphan.cancel()
     return 0
+
+
+@contextlib.asynccontextmanager
+async def _lock_store(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """The Redis lock store of ``--lock-store`` (None without: the queue store holds the locks)."""
+    if args.lock_store is None:
+        yield None
+        return
+    from ..backends.redis_locks import RedisLockStore
+
+    async with RedisLockStore(args.lock_store, prefix=args.lock_prefix) as locks:
+        yield locks
 
 
 async def _exit_when_orphaned(runtime: Runtime, parent: int | None, poll_s: float = 0.5) -> None:
