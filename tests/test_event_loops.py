@@ -78,6 +78,41 @@ def test_a_sqlite_store_used_from_another_loop_raises_and_writes_nothing(db_path
     assert counts[TaskStatus.PENDING] == 1  # the second loop's enqueue wrote nothing
 
 
+# aiosqlite's thread dies when it hands a result to the closed first loop; the thread
+# exception is the scenario, reported by pytest as a warning.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_close_from_another_loop_returns_when_the_first_loop_ended_mid_write(db_path: Path) -> None:
+    """Loop 1 ends while a write waits for another connection's lock: its thread dies, close() still returns."""
+    import sqlite3
+
+    before = set(threading.enumerate())
+    store = SQLiteStore(db_path)
+    other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+
+    async def first() -> None:
+        await store.open()
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock for a moment
+        threading.Timer(0.3, lambda: other.execute("COMMIT")).start()
+        asyncio.get_running_loop().create_task(store.enqueue(Q, {"n": 1}))  # a node's write, in flight
+        await asyncio.sleep(0.05)  # and the program's main coroutine returns
+
+    try:
+        in_new_loop(first)
+        time.sleep(0.6)  # the write ran on the thread, whose result had no loop to go to
+        start = time.monotonic()
+        in_new_loop(store.close, timeout_s=10.0)
+        assert time.monotonic() - start < 6.0
+        assert new_threads(before) == []
+
+        async def reopened() -> int:
+            async with SQLiteStore(db_path) as again:
+                return (await again.stats(Q)).counts[TaskStatus.PENDING]
+
+        assert in_new_loop(reopened) in (0, 1)  # the write committed or was rolled back, whole
+    finally:
+        other.close()
+
+
 def test_a_sqlite_store_keeps_working_in_its_own_loop_after_another_loop_was_refused(db_path: Path) -> None:
     """The check is per call: the owning loop is unaffected by another loop's refused calls."""
     store = SQLiteStore(db_path)

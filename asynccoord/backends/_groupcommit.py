@@ -86,6 +86,26 @@ def daemon_connection(target: str, *, uri: bool = False) -> aiosqlite.Connection
     return conn
 
 
+async def close_abandoned(conn: aiosqlite.Connection, *, timeout_s: float = 5.0) -> None:
+    """Close ``conn`` from another event loop than the one that used it, never hanging.
+
+    aiosqlite's thread hands each result to the loop that asked for it; when that loop
+    is closed first, the thread dies with ``RuntimeError: Event loop is closed`` and a
+    close queued to it would wait forever. A live thread closes the connection as usual
+    (up to ``timeout_s``); otherwise the SQLite connection is closed here (opened with
+    ``check_same_thread=False``), which rolls back a transaction the dead thread left open.
+    """
+    worker = getattr(conn, "_thread", None)
+    if worker is not None and worker.is_alive():
+        with contextlib.suppress(sqlite3.Error, TimeoutError):
+            await asyncio.wait_for(conn.close(), timeout_s)
+    raw: sqlite3.Connection | None = getattr(conn, "_connection", None)
+    if raw is not None:  # its thread is gone (or stuck): close the connection from here
+        conn._connection = None
+        with contextlib.suppress(sqlite3.Error):
+            raw.close()
+
+
 def raw_connection(conn: aiosqlite.Connection) -> sqlite3.Connection:
     """The ``sqlite3.Connection`` behind ``conn`` (use only on its worker thread)."""
     return conn._conn

@@ -16,7 +16,6 @@ not supported (its locking is unreliable there): use the PostgreSQL store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import operator
@@ -72,6 +71,7 @@ from ._common import (
 from ._groupcommit import (
     GroupCommitter,
     Operation,
+    close_abandoned,
     daemon_connection,
     map_sqlite_error,
     raw_connection,
@@ -1007,15 +1007,15 @@ async def _release_abandoned(
 
     The writer and checkpointer tasks ran on that loop: they are cancelled there if it
     still runs (they ended with it otherwise) and never awaited from here. The
-    connections' threads take calls from any loop, so they are closed as usual.
+    connections are closed by :func:`close_abandoned` (their threads may have died with
+    that loop).
     """
     for task in (writer.task if writer is not None else None, checkpointer.task if checkpointer is not None else None):
         if task is not None and not task.done() and not task.get_loop().is_closed():
             task.get_loop().call_soon_threadsafe(task.cancel)
     for c in (checkpointer.connection if checkpointer is not None else None, conn):
         if c is not None:
-            with contextlib.suppress(sqlite3.Error):
-                await c.close()
+            await close_abandoned(c)
 
 
 def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> list[tuple[str, int]]:
