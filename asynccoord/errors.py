@@ -53,6 +53,7 @@ __all__ = (
     "StoreBusyError",
     "StoreClosedError",
     "StoreLoopError",
+    "UNRECOVERABLE_STORE_ERRORS",
     "StoreConnectionError",
     "StoreError",
     "TaskNotFoundError",
@@ -167,3 +168,10 @@ class NotADatabaseError(StoreError):
 
 class SchemaVersionError(StoreError):
     """The database schema is newer than this version of asynccoord understands."""
+
+
+UNRECOVERABLE_STORE_ERRORS: tuple[type[StoreError], ...] = (StoreClosedError, StoreLoopError)
+"""Store errors no retry cures: the store is closed, or serves another event loop.
+
+Nodes, the idle poll and membership stop on these (and fail) instead of retrying.
+"""

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .errors import StoreClosedError, StoreError
+from .errors import UNRECOVERABLE_STORE_ERRORS, StoreError
 
 if TYPE_CHECKING:
     from .membership import Membership
@@ -96,7 +96,7 @@ class IdlePoller:
             idle = any(node.idle for node in self.nodes)
             try:
                 woken = await self.poll()
-            except StoreClosedError:
+            except UNRECOVERABLE_STORE_ERRORS:
                 for node in self.nodes:  # they fail on their next claim, as they would have
                     node.wake()
                 return
@@ -124,8 +124,8 @@ class IdlePoller:
         membership = self.membership
         if membership is not None and not membership.healthy:
             error = membership.last_error
-            if isinstance(error, StoreClosedError):  # heartbeats will never resume: let the nodes find out
-                raise StoreClosedError(f"the idle poll of queue {cfg.queue!r} stops: {error}") from error
+            if isinstance(error, UNRECOVERABLE_STORE_ERRORS):  # heartbeats will never resume: let the nodes find out
+                raise type(error)(f"the idle poll of queue {cfg.queue!r} stops: {error}") from error
             return 0  # the nodes claim nothing until heartbeats resume
         scopes = [(node, node.claim_partitions()) for node in self.nodes if node.idle]
         if not scopes:

@@ -199,7 +199,8 @@ class Membership:
         """The error of the last heartbeat if it failed; None once one succeeds.
 
         Nodes read it while the membership is unhealthy: a
-        :class:`~asynccoord.errors.StoreClosedError` there means the store will not
+        :class:`~asynccoord.errors.StoreClosedError` or
+        :class:`~asynccoord.errors.StoreLoopError` there means the store will not
         come back by itself, so they fail instead of waiting for heartbeats to resume.
         """
         return self._last_error

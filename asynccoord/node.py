@@ -59,13 +59,13 @@ from . import events as ev
 from .backends._common import encode_result
 from .config import RetryPolicy
 from .errors import (
+    UNRECOVERABLE_STORE_ERRORS,
     CoordError,
     InvalidArgumentError,
     InvalidTypeError,
     LeaseLostError,
     LockLostError,
     LockTimeoutError,
-    StoreClosedError,
     StoreError,
 )
 from .histogram import CLAIM_MS, COMMIT_MS, ENQUEUE_TO_COMMIT_MS, SEND_MS
@@ -450,7 +450,8 @@ class Node:
         as a failure), its lock released, and the cancellation re-raised.
 
         Raises:
-            StoreClosedError: the store (or the lock store) was closed under the node:
+            StoreClosedError, StoreLoopError: the store (or the lock store) was closed under
+                the node, or serves another event loop:
                 its in-flight tasks are handed back if the store still allows it, the
                 status becomes ``failed``, and the error is raised (never retried).
             Exception: any other error that ended the pipeline (status ``failed``).
@@ -540,10 +541,10 @@ class Node:
                 claim_started = time.perf_counter()
                 tasks = await self._claim(free, partitions)
                 _observe(self.store, CLAIM_MS, claim_started)
-            except StoreClosedError:
+            except UNRECOVERABLE_STORE_ERRORS:
                 for _ in range(free):
                     self._slots.release()
-                raise  # closed stores do not reopen by themselves: fail the node
+                raise  # closed stores do not reopen by themselves (nor change loops): fail the node
             except StoreError as exc:
                 log.warning("asynccoord.node.claim_failed node=%s error=%s", self.node_id, exc)
                 tasks = []
@@ -582,8 +583,8 @@ class Node:
         membership = self.membership
         if membership is not None and not membership.healthy:
             error = membership.last_error
-            if isinstance(error, StoreClosedError):  # heartbeats will never resume
-                raise StoreClosedError(f"node {self.node_id!r} cannot claim: {error}") from error
+            if isinstance(error, UNRECOVERABLE_STORE_ERRORS):  # heartbeats will never resume
+                raise type(error)(f"node {self.node_id!r} cannot claim: {error}") from error
             return []  # others may think we are dead: claim nothing until heartbeats resume
         if not cfg.version_checks:
             tasks: list[Task] = await self.store.unchecked_claim(
@@ -739,7 +740,7 @@ class Node:
                 except LockLostError as exc:
                     self._state.conflicts += 1
                     log.warning("asynccoord.node.lock_lost node=%s task=%s reason=%s", self.node_id, task.id, exc)
-        except StoreClosedError:
+        except UNRECOVERABLE_STORE_ERRORS:
             # Closed under us: hand the task back if the store still allows it, then fail the node.
             await self._hand_back_shielded(flight)
             raise
@@ -1014,7 +1015,7 @@ class Node:
             started = time.monotonic()
             try:
                 renewed = await self.store.extend_many([f.task for f in flights], cfg.lease_s)
-            except StoreClosedError:
+            except UNRECOVERABLE_STORE_ERRORS:
                 raise  # fails the node (see run)
             except StoreError as exc:
                 log.warning("asynccoord.node.renew_failed node=%s error=%s", self.node_id, exc)

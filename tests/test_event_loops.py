@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from services import PG_DSN, REDIS_URL, new_schema, postgres_problem, redis_problem, unavailable
 
-from asynccoord import CoordError, SQLiteStore, StoreLoopError, TaskStatus
+from asynccoord import CoordError, LockBusy, SQLiteStore, StoreLoopError, TaskStatus
 
 T = TypeVar("T")
 Q = "outbox"
@@ -211,3 +211,81 @@ def test_a_redis_lock_store_used_from_another_loop_raises_and_takes_no_lock() ->
 
     in_new_loop(fresh)
     gc.collect()  # the first loop's connections are collected here, under this test's filter
+
+
+def _lock_store(backend: str, db_path: Path) -> Any:
+    """A store of ``backend`` ("sqlite", "postgres" or "redis") that holds locks, not yet open."""
+    if backend == "sqlite":
+        return SQLiteStore(db_path)
+    if backend == "postgres":
+        problem = postgres_problem()
+        if problem is not None:
+            unavailable("PostgreSQL", problem)
+        from asynccoord.backends.postgres import PostgresStore
+
+        return PostgresStore(PG_DSN, schema=new_schema("loop"))
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    import secrets
+
+    from asynccoord.backends.redis_locks import RedisLockStore
+
+    return RedisLockStore(REDIS_URL, prefix=f"test:{secrets.token_hex(6)}:")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres", "redis"])
+def test_a_call_from_another_threads_loop_is_refused_before_it_is_queued(db_path: Path, backend: str) -> None:
+    """The owner's loop is alive and busy taking locks: another thread's loop gets StoreLoopError at once.
+
+    Lock acquisitions of one process go out in batches; a request queued from another loop
+    used to ride in the owner's batch: granted in the store, its caller never woken.
+    """
+    store = _lock_store(backend, db_path)
+    opened = threading.Event()
+    stop = threading.Event()
+    held: list[str] = []
+
+    async def owner() -> None:
+        async with store:
+            opened.set()
+            n = 0
+            while not stop.is_set():
+                lease = await store.try_acquire_lock(f"A-{n % 5}", ttl_s=5.0)
+                if not isinstance(lease, LockBusy):
+                    await store.release_lock(lease)
+                n += 1
+                await asyncio.sleep(0)
+            held.extend(info.name for info in await store.list_locks())
+            if backend == "postgres":
+                await store._run(lambda conn, _a: conn.execute(f'DROP SCHEMA "{store.schema}" CASCADE'), what="t")
+
+    worker = threading.Thread(target=lambda: asyncio.run(owner()))
+    worker.start()
+    try:
+        assert opened.wait(10.0)
+        for i in range(20):
+            refused_in_new_loop(lambda i=i: store.try_acquire_lock(f"B-{i}", ttl_s=5.0))
+    finally:
+        stop.set()
+        worker.join(30.0)
+    assert not worker.is_alive()
+    assert [name for name in held if name.startswith("B-")] == []  # none was granted
+
+
+def test_a_node_on_a_store_of_another_loop_fails_at_once(db_path: Path) -> None:
+    """Node.run stops with StoreLoopError (as on a closed store) instead of retrying forever."""
+    from asynccoord import Node, NodeConfig
+
+    store = SQLiteStore(db_path)
+    in_new_loop(store.open)
+
+    async def send(_task: Any) -> None:
+        return None
+
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=Q))
+    refused_in_new_loop(node.run)
+    refused_in_new_loop(store.open)  # open() again from another loop: the same answer, not a no-op
+    in_new_loop(store.close)
+    in_new_loop(store.open)  # closed, it opens in any loop
+    in_new_loop(store.close)

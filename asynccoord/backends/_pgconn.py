@@ -130,12 +130,20 @@ class PgRunner:
     def _pool(self) -> asyncpg.Pool:
         if self.pool is None:
             raise StoreClosedError("the PostgreSQL store is not open: use 'async with' or await open()")
-        if self.loop is not asyncio.get_running_loop():
-            raise StoreLoopError(
-                "the PostgreSQL store was opened in another event loop (another asyncio.run or test loop),"
-                " whose pool cannot serve this one: open a store in the loop that uses it"
-            )
+        self.check_loop()
         return self.pool
+
+    def check_loop(self) -> None:
+        """Raise :class:`StoreLoopError` if the pool was made in another event loop than the running one.
+
+        Calls that queue work for a batch (commits, lock acquisitions) check before
+        queueing: a batch running in the owning loop must never take another loop's item.
+        """
+        if self.pool is not None and self.loop is not asyncio.get_running_loop():
+            raise StoreLoopError(
+                "the PostgreSQL store was opened in another event loop (another asyncio.run, thread or test"
+                " loop) and serves that loop only: open a store in the loop that uses it"
+            )
 
     async def run(
         self, fn: TxFn[T], *, what: str, tx: bool = True, ambiguous_ok: bool = False, counted: bool = False

@@ -294,6 +294,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             StoreError: another failure of the server (the driver's error as ``__cause__``).
         """
         if self._runner.pool is not None:
+            self._runner.check_loop()  # open, but for another loop: StoreLoopError
             return
         try:
             pool = await asyncpg.create_pool(
@@ -426,6 +427,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
     def _writable(self) -> None:
         if self.read_only:
             raise ReadOnlyStoreError(f"{self!r} was opened read-only: writes are refused")
+        self._runner.check_loop()  # before a write is queued for a batch of the owning loop
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background (compensations of cancelled callers); close() waits for it."""

@@ -320,6 +320,7 @@ class RedisLockStore:
             StoreConnectionError: the server cannot be reached.
         """
         if self._client is not None:
+            self._check_loop()  # open, but for another loop: StoreLoopError
             return
         pool = aioredis.BlockingConnectionPool.from_url(
             self.url, max_connections=self.max_connections, timeout=self.reconnect_timeout_s, socket_connect_timeout=5.0
@@ -346,12 +347,18 @@ class RedisLockStore:
     async def close(self) -> None:
         """Wait for queued acquisitions and background releases (bounded), then close. Idempotent.
 
-        Called from another event loop than ``open()``'s, it only drops the client: its
-        connections belong to that loop (they close with it).
+        Called from another event loop than ``open()``'s, it closes the client in that
+        loop if it still runs (up to 5 s), and otherwise only drops it: its connections
+        belong to that loop, and their sockets go when its transports are collected.
         """
         if self._client is not None and self._loop is not asyncio.get_running_loop():
+            abandoned, owner = self._client, self._loop
             self._client = None
             self._scripts = {}
+            if owner is not None and owner.is_running() and not owner.is_closed():
+                with contextlib.suppress(Exception):
+                    done = asyncio.run_coroutine_threadsafe(abandoned.aclose(), owner)
+                    await asyncio.wait_for(asyncio.wrap_future(done), 5.0)
             return
         await self._acquirer.flush()
         if self._background:
@@ -369,6 +376,13 @@ class RedisLockStore:
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}{kind}:{name}"
 
+    def _check_loop(self) -> None:
+        if self._loop is not asyncio.get_running_loop():
+            raise StoreLoopError(
+                f"{self!r} was opened in another event loop (another asyncio.run, thread or test loop) and"
+                " serves that loop only: open a lock store in the loop that uses it"
+            )
+
     async def _call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
         """Run ``fn(client)``, retrying a lost connection with backoff; map errors at this one boundary."""
         deadline = time.monotonic() + self.reconnect_timeout_s
@@ -377,11 +391,7 @@ class RedisLockStore:
             client = self._client
             if client is None:
                 raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
-            if self._loop is not asyncio.get_running_loop():
-                raise StoreLoopError(
-                    f"{self!r} was opened in another event loop (another asyncio.run or test loop), whose"
-                    " connections cannot serve this one: open a lock store in the loop that uses it"
-                )
+            self._check_loop()
             try:
                 return await fn(client)
             except _CONNECTION_ERRORS as exc:
@@ -444,6 +454,7 @@ class RedisLockStore:
         name, ttl, count, who = check_lock_request(name, ttl_s, permits, holder)
         if self._client is None:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+        self._check_loop()  # before the request is queued for a batch of the owning loop
         request = _Request(name=name, ttl_s=ttl, permits=count, holder=who, owner_token=new_token())
         future = self._acquirer.submit(request)
         try:

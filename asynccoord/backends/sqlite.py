@@ -222,6 +222,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             StoreBusyError: another connection held the write lock past the timeout.
         """
         if self._conn is not None:
+            if self._loop is not asyncio.get_running_loop():  # open, but for another loop
+                raise self._loop_error()
             return
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise StoreError(
@@ -362,8 +364,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
 
     def _loop_error(self) -> StoreLoopError:
         return StoreLoopError(
-            f"{self!r} was opened in another event loop (another asyncio.run or test loop), whose writer task"
-            " is gone: open a store in the loop that uses it"
+            f"{self!r} was opened in another event loop (another asyncio.run, thread or test loop) and serves"
+            " that loop only: open a store in the loop that uses it"
         )
 
     async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
