@@ -269,6 +269,33 @@ async def test_a_claim_naming_every_partition_runs_without_a_partition_filter(pg
         assert sorted(t.payload for t in got) == list(range(20))
 
 
+async def _explain_analyze(conn: Any, query: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The executed plan (EXPLAIN ANALYZE, JSON) of a named query, run in a transaction rolled back."""
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + query.text, *query.args(values))
+    finally:
+        await tx.rollback()
+    plan: dict[str, Any] = json.loads(text)[0]["Plan"]
+    return plan
+
+
+def _claim_values(**changes: Any) -> dict[str, Any]:
+    """Parameters of the claim queries: queue "q", node "n", no partition filter, limit 16."""
+    values = {
+        "queue": "q",
+        "node_id": "n",
+        "lease_s": 30.0,
+        "token": "t",
+        "partitions": None,
+        "min_due_age_s": 0.0,
+        "limit": 16,
+        "now": None,
+    }
+    return {**values, **changes}
+
+
 def _visited(plan: dict[str, Any]) -> int:
     """Rows a plan read from coord_tasks: returned by its scans plus dropped by their filters."""
     own = 0
@@ -292,25 +319,9 @@ async def test_claims_visit_about_what_they_return_with_many_heads_in_flight(pg:
             await conn.execute("ANALYZE coord_tasks")
 
             async def visited(name: str, partitions: list[int] | None, limit: int) -> tuple[int, int]:
-                query = Q[name]
-                values = {
-                    "queue": "q",
-                    "node_id": "n",
-                    "lease_s": 30.0,
-                    "token": "t",
-                    "partitions": partitions,
-                    "min_due_age_s": 0.0,
-                    "limit": limit,
-                    "now": None,
-                }
-                for _ in range(2):  # the first run also marks the index entries of claimed rows dead
-                    tx = conn.transaction()
-                    await tx.start()
-                    try:
-                        text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + query.text, *query.args(values))
-                    finally:
-                        await tx.rollback()
-                plan = json.loads(text)[0]["Plan"]
+                values = _claim_values(partitions=partitions, limit=limit)
+                await _explain_analyze(conn, Q[name], values)  # also marks the index entries of claimed rows dead
+                plan = await _explain_analyze(conn, Q[name], values)
                 return plan["Actual Rows"], _visited(plan)
 
             # Pending heads (50 at most), then the rows it updates; never the 350 running heads
@@ -360,26 +371,9 @@ async def test_claims_probe_processed_ids_by_key_whatever_the_statistics_say(pg:
             await store.enqueue_many(
                 [NewTask(queue="q", payload=i, partition_key=f"k{i}", idempotency_key=f"m{i}") for i in range(100)]
             )
-            values = {
-                "queue": "q",
-                "node_id": "n",
-                "lease_s": 30.0,
-                "token": "t",
-                "partitions": None,
-                "min_due_age_s": 0.0,
-                "limit": 16,
-                "now": None,
-            }
-            query = Q[name]
-            tx = conn.transaction()
-            await tx.start()
-            try:
-                text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + query.text, *query.args(values))
-            finally:
-                await tx.rollback()
+            plan = await _explain_analyze(conn, Q[name], _claim_values())
         finally:
             await conn.close()
-    plan = json.loads(text)[0]["Plan"]
     assert plan["Actual Rows"] == 16
     scans = _read_from(plan, "coord_processed")
     assert scans, "the claim no longer looks up processed ids"
@@ -420,18 +414,11 @@ async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexe
             # Promotion over every key changes nothing (each key has its head) and reads three rows
             # per key: its head (coord_tasks_one_head), its earliest task behind it
             # (coord_tasks_key_order), and the lower of the two through the primary key.
-            query = Q["promote_heads"]
             values = {"queues": ["q"] * 400, "keys": [f"k{i}" for i in range(400)]}
-            tx = conn.transaction()
-            await tx.start()
-            try:
-                text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + query.text, *query.args(values))
-            finally:
-                await tx.rollback()
-            plan = json.loads(text)[0]["Plan"]
+            plan = await _explain_analyze(conn, Q["promote_heads"], values)
             assert plan["Actual Rows"] == 0
             assert _visited(plan) <= 3 * 400 + 4
-            assert "Seq Scan" not in text
+            assert "Seq Scan" not in json.dumps(plan)
         finally:
             await conn.close()
         # The chains still run in order to the end.
