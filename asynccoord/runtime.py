@@ -295,16 +295,21 @@ class Runtime:
     ) -> bool:
         """Wait until the queue has nothing pending or running (or ``predicate(counts)`` holds).
 
+        Without ``predicate`` each poll is ``store.is_drained`` (an index probe); with one,
+        ``store.stats`` (counts over the queue's tasks).
+
         Returns:
             True when drained, False when ``timeout_s`` passed first.
         """
         check_positive("timeout_s", timeout_s)
         check_positive("poll_s", poll_s)
-        done = predicate or (lambda c: c[TaskStatus.PENDING] == 0 and c[TaskStatus.RUNNING] == 0)
+        queue = self.config.queue
         with anyio.move_on_after(timeout_s):
             while True:
-                stats = await self.store.stats(self.config.queue)
-                if done(stats.counts):
+                if predicate is None:
+                    if await self.store.is_drained(queue):
+                        return True
+                elif predicate((await self.store.stats(queue)).counts):
                     return True
                 await anyio.sleep(poll_s)
         return False

@@ -381,6 +381,30 @@ async def test_claims_probe_processed_ids_by_key_whatever_the_statistics_say(pg:
     assert sum(rows for _, rows in scans) <= 16, scans  # at most one row per claimed task
 
 
+async def test_is_drained_reads_a_few_index_entries_not_the_table(pg: str, schema: str) -> None:
+    import asyncpg
+
+    from asynccoord.backends.postgres import PostgresStore, Q
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i) for i in range(3000)])
+        while tasks := await store.claim("q", node_id="n", limit=500):
+            await store.complete_many(tasks)
+        await store.enqueue("q", "last")
+        assert await store.is_drained("q") is False
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            await conn.execute("VACUUM ANALYZE coord_tasks")
+            plan = await _explain_analyze(conn, Q["queue_unfinished"], {"queue": "q"})
+        finally:
+            await conn.close()
+        assert "Seq Scan" not in json.dumps(plan)
+        assert _visited(plan) <= 4  # the pending task, not the 3,000 done ones
+        (last,) = await store.claim("q", node_id="n", limit=5)
+        await store.complete(last)
+        assert await store.is_drained("q") is True
+
+
 async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexes(pg: str, schema: str) -> None:
     """Schema 7: coord_tasks_key_order holds active tasks that are not heads; promotion is unchanged."""
     import asyncpg

@@ -12,6 +12,8 @@ import pytest
 from support import FakeClock
 
 from asynccoord import (
+    InvalidArgumentError,
+    InvalidTypeError,
     LeaseLostError,
     NewTask,
     ProcessedRetention,
@@ -746,6 +748,41 @@ async def test_stats_ignores_pending_not_yet_due(store, clock: FakeClock) -> Non
     assert (await store.stats(Q)).oldest_pending_age_s is None
     clock.advance(12)
     assert (await store.stats(Q)).oldest_pending_age_s == pytest.approx(2.0, abs=1e-6)
+
+
+async def test_is_drained_until_nothing_is_pending_or_running(store, clock: FakeClock) -> None:
+    assert await store.is_drained(Q) is True  # nothing ever enqueued
+    await store.enqueue("other", "x")  # another queue's work does not count
+    assert await store.is_drained(Q) is True
+    await store.enqueue(Q, "later", delay_s=100)  # pending, not yet due: still unfinished
+    assert await store.is_drained(Q) is False
+    await store.enqueue_many([NewTask(queue=Q, payload=i, max_attempts=1) for i in range(2)])
+    a, b = await store.claim(Q, node_id="n", limit=5)
+    await store.complete(a)
+    await store.fail(b, "x")  # dead: finished
+    assert await store.is_drained(Q) is False  # "later" is pending
+    clock.advance(101)
+    (later,) = await store.claim(Q, node_id="n", limit=5)
+    assert await store.is_drained(Q) is False  # running
+    clock.advance(40)  # its lease (30 s) expired: still running until reclaimed or settled
+    assert await store.is_drained(Q) is False
+    (reclaimed,) = await store.claim(Q, node_id="m", limit=5)
+    assert reclaimed.id == later.id
+    await store.complete(reclaimed)
+    assert await store.is_drained(Q) is True
+    await store.requeue_dead(Q)  # the dead task is pending again
+    assert await store.is_drained(Q) is False
+    (again,) = await store.claim(Q, node_id="n", limit=5)
+    await store.complete_many([again])
+    assert await store.is_drained(Q) is True
+    assert (await store.stats(Q)).counts[TaskStatus.PENDING] == 0
+    assert await store.is_drained("other") is False
+
+
+@pytest.mark.parametrize("queue", ["", 7, None, "x" * 256])
+async def test_is_drained_refuses_a_bad_queue(store, queue) -> None:
+    with pytest.raises((InvalidArgumentError, InvalidTypeError), match="queue"):
+        await store.is_drained(queue)
 
 
 async def test_get_unknown_id(store) -> None:

@@ -246,6 +246,15 @@ class QueueStore(Protocol):
         """Counts by status and the oldest due pending age, for a queue or all."""
         ...
 
+    async def is_drained(self, queue: str) -> bool:
+        """True when ``queue`` has no pending and no running task (done and dead ones are finished).
+
+        A probe of the unfinished tasks' indexes, not a count over the table as
+        :meth:`stats` makes: cheap to poll. Raises InvalidArgumentError/InvalidTypeError
+        for a bad ``queue``.
+        """
+        ...
+
     async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
         """Move dead tasks back to pending with attempts reset; return how many."""
         ...

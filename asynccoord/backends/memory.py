@@ -528,6 +528,13 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
                 oldest = t.run_at if oldest is None else min(oldest, t.run_at)
         return QueueStats(counts=counts, oldest_pending_age_s=None if oldest is None else max(0.0, now - oldest))
 
+    async def is_drained(self, queue: str) -> bool:
+        """True when ``queue`` has no pending and no running task."""
+        check_name("queue", queue)
+        self._check_open()
+        unfinished = (TaskStatus.PENDING, TaskStatus.RUNNING)
+        return not any(t.queue == queue and t.status in unfinished for t in self._tasks.values())
+
     async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
         """Move dead tasks back to pending with attempts reset."""
         check_name("queue", queue)

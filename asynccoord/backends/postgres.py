@@ -1179,6 +1179,15 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             age = max(0.0, float(oldest[1]) - float(oldest[0]))
         return QueueStats(counts=by_status, oldest_pending_age_s=age)
 
+    async def is_drained(self, queue: str) -> bool:
+        """True when ``queue`` has no pending and no running task: two partial-index probes."""
+        check_name("queue", queue)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
+            return not await self._val(conn, "queue_unfinished", queue=queue)
+
+        return await self._run(op, what="is_drained")
+
     async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
         check_name("queue", queue)

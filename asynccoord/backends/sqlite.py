@@ -914,6 +914,16 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         age = None if oldest is None else max(0.0, now - float(oldest))
         return QueueStats(counts=by_status, oldest_pending_age_s=age)
 
+    async def is_drained(self, queue: str) -> bool:
+        """True when ``queue`` has no pending and no running task: one probe of ``coord_tasks_claim``."""
+        check_name("queue", queue)
+        self._w()  # open, and in its own loop
+
+        def read(db: sqlite3.Connection) -> bool:
+            return db.execute(Q["queue_unfinished"], {"queue": queue}).fetchone() is None
+
+        return bool(await self._read(read))
+
     async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
         check_name("queue", queue)

@@ -321,6 +321,12 @@ SELECT status, count(*) FROM coord_tasks WHERE (:queue::text IS NULL OR queue = 
 SELECT min(run_at), coord_now(:now::float8) FROM coord_tasks
  WHERE status = 'pending' AND run_at <= coord_now(:now::float8) AND (:queue::text IS NULL OR queue = :queue::text);
 
+-- name: queue_unfinished
+-- One pending or running task of the queue, if any: the first entry of coord_tasks_pending,
+-- then of coord_tasks_lease_expiry (partial indexes), never a count over the table.
+SELECT EXISTS (SELECT 1 FROM coord_tasks WHERE queue = :queue::text AND status = 'pending')
+    OR EXISTS (SELECT 1 FROM coord_tasks WHERE queue = :queue::text AND status = 'running');
+
 -- name: requeue_dead
 UPDATE coord_tasks
    SET status = 'pending', active = true, attempts = 0, run_at = coord_now(:now::float8),

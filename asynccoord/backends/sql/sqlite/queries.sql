@@ -299,6 +299,10 @@ SELECT min(run_at) FROM coord_tasks WHERE queue = :queue AND status = 'pending' 
 -- Every queue: a walk of the pending tasks (stats() without a queue is for operators).
 SELECT min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now;
 
+-- name: queue_unfinished
+-- One pending or running task of the queue, if any: a probe of coord_tasks_claim (active = 1).
+SELECT 1 FROM coord_tasks WHERE queue = :queue AND active = 1 LIMIT 1;
+
 -- name: requeue_dead
 UPDATE coord_tasks
    SET status = 'pending', active = 1, attempts = 0, run_at = :now,
