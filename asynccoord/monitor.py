@@ -644,11 +644,14 @@ class Monitor:
         """
         if self._open:
             return
-        if self.store in _ACTIVE_STORES:
-            raise InvalidArgumentError(
-                f"{self.store!r} already has an open Monitor: use one monitor per store (counts would double)"
-            )
-        _ACTIVE_STORES.add(self.store)
+        counted = [self.store] if self.lock_store is None else [self.store, self.lock_store]
+        for source in counted:  # a store's events are flushed by one monitor only
+            if source in _ACTIVE_STORES:
+                raise InvalidArgumentError(
+                    f"{source!r} already has an open Monitor counting its events: use one monitor per store"
+                    " (counts would double)"
+                )
+        _ACTIVE_STORES.update(counted)
         self._open = True
         for sub in self._subscriptions:
             self._start_worker(sub)
@@ -666,6 +669,8 @@ class Monitor:
         self._open = False
         self._closed_once = True
         _ACTIVE_STORES.discard(self.store)
+        if self.lock_store is not None:
+            _ACTIVE_STORES.discard(self.lock_store)
         task, self._loop_task = self._loop_task, None
         if task is not None:
             task.cancel()

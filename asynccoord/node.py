@@ -411,6 +411,10 @@ class Node:
         if self._wake is not None:
             self._wake.close()  # ends its idle wait
 
+    def _stop_requested(self) -> bool:
+        # A call, not the attribute: a type checker narrows an attribute across awaits.
+        return not self._claiming
+
     @property
     def claiming(self) -> bool:
         """False once :meth:`stop_claiming` was called."""
@@ -554,6 +558,14 @@ class Node:
                 raise
             for _ in range(free - len(tasks)):
                 self._slots.release()
+            if tasks and self._stop_requested():  # stop_claiming() came while the claim was at the store
+                self._state.claimed += len(tasks)
+                with anyio.CancelScope(shield=True):  # hand them back unsent, not failed
+                    for task in tasks:
+                        await self._hand_back(task, delay_s=0.0)
+                for _ in range(len(tasks)):
+                    self._slots.release()
+                break
             if tasks:
                 self._state.claimed += len(tasks)
                 deadline = self._deadline(time.monotonic())

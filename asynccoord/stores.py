@@ -39,14 +39,23 @@ def store_kind(target: str | os.PathLike[str]) -> str:
 
 
 def redact_target(target: str) -> str:
-    """``target`` fit to print: a DSN's password replaced by ``***``."""
-    if not is_postgres_target(target):
+    """``target`` fit to print: the password of a URL (``postgresql://``, ``redis://``, ...) replaced by ``***``.
+
+    Both places a URL may carry one are redacted: the user-info part
+    (``scheme://user:password@host``) and a ``password`` query parameter (libpq's).
+    A file path is returned unchanged.
+    """
+    if "://" not in target:
         return target
-    parts = urllib.parse.urlsplit(target)
-    if parts.password is None:
-        return target
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    original = parts = urllib.parse.urlsplit(target)
+    if parts.password is not None:
+        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
+    if parts.query:
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if any(key == "password" for key, _ in query):
+            hidden = [(key, "***" if key == "password" else value) for key, value in query]
+            parts = parts._replace(query=urllib.parse.urlencode(hidden, safe="*"))
+    return target if parts == original else urllib.parse.urlunsplit(parts)
 
 
 def _sqlite_path(target: str) -> str:

@@ -332,6 +332,24 @@ async def test_a_separate_lock_store_counts_in_the_process_totals(store: Store) 
         manual(store, [rule], lock_store=object())
 
 
+async def test_a_lock_store_counted_by_one_monitor_cannot_be_counted_by_another(store: Store) -> None:
+    async with MemoryStore() as locks, manual(store, [], lock_store=locks):
+        with pytest.raises(InvalidArgumentError, match="already has an open Monitor"):
+            async with manual(locks, []):
+                pass
+        async with MemoryStore() as other:
+            with pytest.raises(InvalidArgumentError, match="already has an open Monitor"):
+                async with manual(other, [], lock_store=locks, process_id="proc-b"):
+                    pass
+            async with manual(other, [], process_id="proc-b"):  # its own events only: fine
+                pass
+    async with MemoryStore() as locks:  # closed monitors give their stores back
+        async with manual(store, [], lock_store=locks):
+            pass
+        async with manual(locks, []):
+            pass
+
+
 async def test_firing_alerts_are_stored_for_other_processes(store: Store, clock: FakeClock) -> None:
     rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
     async with manual(store, [rule]) as monitor:

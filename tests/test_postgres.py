@@ -62,6 +62,14 @@ def test_open_store_picks_the_backend(tmp_path: Path) -> None:
     assert store_kind("postgresql://u@h/db") == "postgres"
     assert store_kind("bot.db") == "sqlite"
     assert redact_target("postgresql://bot:secret@db:5432/coord") == "postgresql://bot:***@db:5432/coord"
+    assert redact_target("postgresql://bot@db/coord?password=secret&sslmode=require") == (
+        "postgresql://bot@db/coord?password=***&sslmode=require"
+    )
+    assert redact_target("redis://bot:s3cret@cache:6379/0") == "redis://bot:***@cache:6379/0"
+    assert redact_target("redis://:s3cret@cache:6379/0") == "redis://:***@cache:6379/0"
+    assert redact_target("redis://cache:6379/0") == "redis://cache:6379/0"
+    assert redact_target("sqlite:///bot.db") == "sqlite:///bot.db"
+    assert redact_target("bot.db") == "bot.db"
     with pytest.raises(ValueError, match="unknown store target"):
         open_store("mysql://h/db")
 
@@ -402,7 +410,9 @@ async def test_is_drained_reads_a_few_index_entries_not_the_table(pg: str, schem
         assert _visited(plan) <= 4  # the pending task, not the 3,000 done ones
         (last,) = await store.claim("q", node_id="n", limit=5)
         await store.complete(last)
+        written = store.transactions
         assert await store.is_drained("q") is True
+        assert store.transactions == written  # a read, not a write transaction
 
 
 async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexes(pg: str, schema: str) -> None:

@@ -1186,7 +1186,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
             return not await self._val(conn, "queue_unfinished", queue=queue)
 
-        return await self._run(op, what="is_drained")
+        return await self._run(op, what="is_drained", tx=False, ambiguous_ok=True)  # a read: no transaction
 
     async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""

@@ -20,7 +20,10 @@ Data layout, per lock name (``prefix`` default ``"asynccoord:"``):
   A member is live while its score is after the clock; acquisitions drop lapsed ones.
 * ``{prefix}lockmeta:{name}`` - hash: owner token -> ``fencing_token|permits|acquired_at|holder``.
 * ``{prefix}fencing:{name}`` - the name's fencing counter (``INCR``), kept forever, so
-  tokens rise strictly across releases, expiries and restarts.
+  tokens rise strictly across releases, expiries and restarts of a Redis that keeps its
+  data (AOF or RDB persistence). A Redis restarted empty starts the counters over: a
+  fenced resource then refuses the new, lower tokens (safe: nothing stale is written,
+  but fenced writes fail until the counter passes the resource's highest token).
 * ``{prefix}fence:{resource}`` - hash: the highest fencing token a resource accepted,
   its last fenced data and when.
 

@@ -915,7 +915,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         return QueueStats(counts=by_status, oldest_pending_age_s=age)
 
     async def is_drained(self, queue: str) -> bool:
-        """True when ``queue`` has no pending and no running task: one probe of ``coord_tasks_claim``."""
+        """True when ``queue`` has no pending and no running task: one probe of ``coord_tasks_key_order``."""
         check_name("queue", queue)
         self._w()  # open, and in its own loop
 

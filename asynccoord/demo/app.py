@@ -146,6 +146,7 @@ class _Run:
     poll_s: float = 0.0  # time spent counting
     gave_up: str | None = None  # why the run stopped before every message was done or dead
     lock_store_keys: int | None = None  # with --lock-store: the run's Redis keys found at the end
+    lock_sweep_error: str | None = None  # with --lock-store: why they could not be deleted
 
 
 def account_of(sender_id: str, accounts: int) -> str:
@@ -462,7 +463,13 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                         asyncio.create_task(_poll_progress(store, run)),
                         asyncio.create_task(_inject_faults(workers, opts, store_target, gateway_path, run)),
                     ]
-                    finished = await _watch(store, workers, len(tasks), opts, run, console)
+                    try:
+                        finished = await _watch(store, workers, len(tasks), opts, run, console)
+                    except BaseException:  # interrupted: stop the producer before the store closes under it
+                        for t in background:
+                            t.cancel()
+                        await asyncio.gather(*background, return_exceptions=True)
+                        raise
                     elapsed = time.monotonic() - run.started
                     for t in background:
                         t.cancel()
@@ -482,6 +489,10 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                 await asyncio.to_thread(_stop, workers, 5.0)
             if sweep_lock_keys is not None:
                 await sweep_lock_keys()
+                if run.lock_sweep_error is not None:
+                    problems.append(
+                        f"the run's Redis keys ({opts.lock_prefix}*) could not be deleted: {run.lock_sweep_error}"
+                    )
             report = _report(gateway_path, tasks, statuses, snapshot, run, elapsed, finished, problems, opts)
             timing["verify"] = time.monotonic() - stopped
             timing["total"] = time.monotonic() - began
@@ -511,15 +522,24 @@ async def _demo_lock_keys(opts: DemoOptions, run: _Run) -> AsyncIterator[Callabl
     run). ``sweep()``, called once the workers stopped, counts the keys left
     (fencing-token counters are never deleted by the lock store) into
     ``run.lock_store_keys`` and deletes them; it runs on exit as well if it was not called.
+    Commands are retried on a lost connection (redis-py's ``Retry``, exponential backoff,
+    3 times); a sweep that still fails is kept in ``run.lock_sweep_error``, never raised.
     """
     assert opts.lock_store is not None
     assert opts.lock_prefix is not None
     try:
         from redis import asyncio as aioredis
         from redis import exceptions as rerr
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
     except ImportError as exc:
         raise ValueError("--lock-store redis://... needs redis-py: pip install 'asynccoord[redis]'") from exc
-    client = aioredis.Redis.from_url(opts.lock_store, socket_connect_timeout=5.0)
+    client = aioredis.Redis.from_url(
+        opts.lock_store,
+        socket_connect_timeout=5.0,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), 3),
+        retry_on_error=[rerr.ConnectionError, rerr.TimeoutError],
+    )
     try:
         try:
             await client.ping()
@@ -529,12 +549,15 @@ async def _demo_lock_keys(opts: DemoOptions, run: _Run) -> AsyncIterator[Callabl
 
         async def sweep() -> None:
             nonlocal swept
-            keys = [key async for key in client.scan_iter(match=f"{opts.lock_prefix}*", count=1000)]
-            if not swept:
-                run.lock_store_keys = len(keys)
+            try:
+                keys = [key async for key in client.scan_iter(match=f"{opts.lock_prefix}*", count=1000)]
+                if not swept:
+                    run.lock_store_keys = len(keys)
+                for first in range(0, len(keys), 500):
+                    await client.delete(*keys[first : first + 500])
+            except (OSError, rerr.RedisError) as exc:
+                run.lock_sweep_error = f"{type(exc).__name__}: {exc}"
             swept = True
-            for first in range(0, len(keys), 500):
-                await client.delete(*keys[first : first + 500])
 
         try:
             yield sweep

@@ -300,7 +300,7 @@ SELECT min(run_at) FROM coord_tasks WHERE queue = :queue AND status = 'pending' 
 SELECT min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now;
 
 -- name: queue_unfinished
--- One pending or running task of the queue, if any: a probe of coord_tasks_claim (active = 1).
+-- One pending or running task of the queue, if any: a probe of coord_tasks_key_order (active = 1).
 SELECT 1 FROM coord_tasks WHERE queue = :queue AND active = 1 LIMIT 1;
 
 -- name: requeue_dead
