@@ -91,22 +91,6 @@ async def count_left(dsn: str, sql: str) -> int:
         await conn.close()
 
 
-def unfinished_sql(schema: str, queue: str = QUEUE) -> str:
-    """A query counting 0 when ``queue`` has no pending or running task, 1 or 2 otherwise.
-
-    It reads the first entry of ``coord_tasks_pending`` and of ``coord_tasks_lease_expiry``
-    (partial indexes), not the whole table as ``stats()`` does: a poll costs the server
-    two index probes.
-    """
-    table = f'"{schema}".coord_tasks'
-    return (
-        f"SELECT count(*) FROM ((SELECT 1 FROM {table} WHERE queue = '{queue}' AND status = 'pending'"
-        " ORDER BY priority DESC, id LIMIT 1) UNION ALL"
-        f" (SELECT 1 FROM {table} WHERE queue = '{queue}' AND status = 'running'"
-        " ORDER BY lease_expires_at LIMIT 1)) AS unfinished"
-    )
-
-
 async def wait_drained(dsn: str, sql: str, timeout_s: float) -> float:
     """Poll until ``sql`` counts 0; return the monotonic time it did."""
     import asyncpg
@@ -217,7 +201,14 @@ async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks
     cpu_before = _children_cpu_s()
     procs = spawn_workers(argv, processes)
     started = go(procs)
-    ended = await wait_drained(dsn, unfinished_sql(schema), 600.0)
+    table = f'"{schema}".coord_tasks'
+    left = (  # the first entry of coord_tasks_pending and of coord_tasks_lease_expiry (partial indexes)
+        f"SELECT count(*) FROM ((SELECT 1 FROM {table} WHERE queue = '{QUEUE}' AND status = 'pending'"
+        " ORDER BY priority DESC, id LIMIT 1) UNION ALL"
+        f" (SELECT 1 FROM {table} WHERE queue = '{QUEUE}' AND status = 'running'"
+        " ORDER BY lease_expires_at LIMIT 1)) AS unfinished"
+    )
+    ended = await wait_drained(dsn, left, 600.0)
     stop(procs)
     cpu_s = _children_cpu_s() - cpu_before
     done = await count_left(dsn, f"SELECT count(*) FROM \"{schema}\".coord_tasks WHERE status = 'done'")
