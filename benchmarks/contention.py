@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queue_throughput import raw_commits_per_s, run
@@ -264,19 +265,20 @@ class PostgresDb:
         return await drain_lock_table_pg(target, nodes, send_ms, max_s)
 
     async def wait_drained(self, runtime: Runtime, target: str, max_s: float) -> bool:
-        """Poll every 20 ms, on a connection of its own, until nothing is pending or running.
+        """Poll ``is_drained`` every 20 ms on a one-connection store of its own (not the nodes' pool).
 
-        Two partial-index probes a poll (``postgres_drain.unfinished_sql``), not ``stats()``:
-        its counts read the whole table, and 16 to 64 nodes' worth of drain spent a fifth
-        of the server's CPU on them (procrastinate's drain pays no such cost).
+        Two partial-index probes a poll, not ``stats()``'s counts over the whole table
+        (procrastinate's drain pays no such cost).
         """
-        from postgres_drain import unfinished_sql, wait_drained
+        from asynccoord.backends.postgres import PostgresStore
 
-        try:
-            await wait_drained(target, unfinished_sql(PG_SCHEMA, QUEUE), max_s)
-        except TimeoutError:
-            return False
-        return True
+        async with PostgresStore(target, schema=PG_SCHEMA, listen=False, pool_min_size=1, pool_max_size=1) as probe:
+            with anyio.move_on_after(max_s):
+                while True:
+                    if await probe.is_drained(QUEUE):
+                        return True
+                    await asyncio.sleep(0.02)
+        return False
 
     def describe(self) -> dict[str, Any]:
         async def version() -> str:

@@ -171,26 +171,36 @@ async def test_a_cancelled_node_hands_back_a_continued_task_unfailed(make_store:
     assert store.events.get("retries") == 0
 
 
-async def test_a_stop_during_the_commit_hands_the_leased_task_back_unsent(make_store: Any) -> None:
-    store = await make_store(clock=None)
-    ids = await enqueue(store, ["k"] * 5)
+async def run_stopped_during(store: Any, method: str, stop_when: Callable[[list[int]], bool]) -> tuple[Node, list[int]]:
+    """Run a node until it stops; ``stop_claiming()`` comes while ``store.<method>`` is at the store.
+
+    The stop is requested from inside the call (before the real one runs) the first time
+    ``stop_when(sent ids so far)`` holds. Returns the node and the ids it sent.
+    """
     sent: list[int] = []
     node: Node | None = None
-    commit = store.complete_and_claim_next
+    real = getattr(store, method)
 
-    async def stop_then_commit(*args: Any, **kwargs: Any) -> Any:
-        if len(sent) == 2:
-            assert node is not None
-            node.stop_claiming()  # arrives while this commit (which leases task 3) is at the store
-        return await commit(*args, **kwargs)
+    async def stop_then_call(*args: Any, **kwargs: Any) -> Any:
+        if node is not None and node.claiming and stop_when(sent):
+            node.stop_claiming()
+        return await real(*args, **kwargs)
 
-    store.complete_and_claim_next = stop_then_commit
+    setattr(store, method, stop_then_call)
 
     async def send(task: Task) -> None:
         sent.append(task.id)
 
     node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, **FAST_IDLE))
     await asyncio.wait_for(node.run(), 5.0)
+    return node, sent
+
+
+async def test_a_stop_during_the_commit_hands_the_leased_task_back_unsent(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    ids = await enqueue(store, ["k"] * 5)
+    # the stop arrives while the commit of task 2 (which leases task 3) is at the store
+    node, sent = await run_stopped_during(store, "complete_and_claim_next", lambda sent: len(sent) == 2)
     assert sent == ids[:2]
     third = await store.get(ids[2])
     assert (third.status, third.attempts, third.lease_owner, third.last_error) == (TaskStatus.PENDING, 0, None, None)
@@ -203,22 +213,7 @@ async def test_a_stop_during_the_commit_hands_the_leased_task_back_unsent(make_s
 async def test_tasks_of_a_claim_that_returns_after_stop_claiming_are_handed_back_unsent(make_store: Any) -> None:
     store = await make_store(clock=None)
     ids = await enqueue(store, ["a", "b", "c"])
-    sent: list[int] = []
-    node: Node | None = None
-    claim = store.claim
-
-    async def stop_then_claim(*args: Any, **kwargs: Any) -> Any:
-        assert node is not None
-        node.stop_claiming()  # arrives while the claim is at the store
-        return await claim(*args, **kwargs)
-
-    store.claim = stop_then_claim
-
-    async def send(task: Task) -> None:
-        sent.append(task.id)
-
-    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, **FAST_IDLE))
-    await asyncio.wait_for(node.run(), 5.0)
+    node, sent = await run_stopped_during(store, "claim", lambda sent: True)  # during the first claim
     assert sent == []
     for task_id in ids:
         task = await store.get(task_id)

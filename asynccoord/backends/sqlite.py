@@ -222,8 +222,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             StoreBusyError: another connection held the write lock past the timeout.
         """
         if self._conn is not None:
-            if self._loop is not asyncio.get_running_loop():  # open, but for another loop
-                raise self._loop_error()
+            self._check_loop()  # open, but for another loop: StoreLoopError
             return
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise StoreError(
@@ -358,15 +357,15 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
     def _w(self) -> GroupCommitter:
         if self._writer is None:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
-        if self._loop is not asyncio.get_running_loop():
-            raise self._loop_error()
+        self._check_loop()
         return self._writer
 
-    def _loop_error(self) -> StoreLoopError:
-        return StoreLoopError(
-            f"{self!r} was opened in another event loop (another asyncio.run, thread or test loop) and serves"
-            " that loop only: open a store in the loop that uses it"
-        )
+    def _check_loop(self) -> None:
+        if self._loop is not asyncio.get_running_loop():
+            raise StoreLoopError(
+                f"{self!r} was opened in another event loop (another asyncio.run, thread or test loop) and"
+                " serves that loop only: open a store in the loop that uses it"
+            )
 
     async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
         if self.read_only:
@@ -377,8 +376,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         conn = self._conn
         if conn is None:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
-        if self._loop is not asyncio.get_running_loop():
-            raise self._loop_error()
+        self._check_loop()
         deadline = time.monotonic() + self.config.busy_timeout_s
 
         def run() -> Any:
@@ -917,7 +915,6 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
     async def is_drained(self, queue: str) -> bool:
         """True when ``queue`` has no pending and no running task: one probe of ``coord_tasks_key_order``."""
         check_name("queue", queue)
-        self._w()  # open, and in its own loop
 
         def read(db: sqlite3.Connection) -> bool:
             return db.execute(Q["queue_unfinished"], {"queue": queue}).fetchone() is None

@@ -465,16 +465,14 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                     ]
                     try:
                         finished = await _watch(store, workers, len(tasks), opts, run, console)
-                    except BaseException:  # interrupted: stop the producer before the store closes under it
+                    finally:  # also when interrupted: the producer stops before the store closes under it
                         for t in background:
                             t.cancel()
-                        await asyncio.gather(*background, return_exceptions=True)
-                        raise
+                        ended = await asyncio.gather(*background, return_exceptions=True)
                     elapsed = time.monotonic() - run.started
-                    for t in background:
-                        t.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await t
+                    for outcome in ended:  # a background task's own failure still ends the run
+                        if isinstance(outcome, Exception):  # (CancelledError is not an Exception)
+                            raise outcome
                     problems = await asyncio.to_thread(_stop, workers, 10.0)
                     if run.gave_up is not None:
                         problems.insert(0, f"gave up: {run.gave_up}")
