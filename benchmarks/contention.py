@@ -62,6 +62,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,24 @@ STRATEGIES = (
 SLOW_NODE = ("all+slow", "all+stealing")
 PG_SCHEMA = "bench_contention"
 PG_LOCK_TABLE_CONNECTIONS = 16
+READY = "asynccoord-contention-ready"
+
+
+async def no_barrier() -> None:
+    """The start of a one-process cell: nothing to wait for."""
+
+
+async def stdin_barrier() -> None:
+    """A worker process's start line: say it is ready, then wait for the parent's ``go``.
+
+    Every process of a cell is set up (store open, runtime built) before any starts
+    draining, as ``postgres_drain.py`` starts procrastinate's and asynccoord's workers:
+    without it the first process to finish importing drains alone for a while.
+    """
+    print(READY, flush=True)
+    line = await asyncio.to_thread(sys.stdin.readline)
+    if line.strip() != "go":
+        raise SystemExit(f"worker: expected 'go' on stdin, got {line!r}")
 
 
 def zipf_choices(rng: random.Random, n: int, k: int, s: float = 1.1) -> list[int]:
@@ -182,12 +201,19 @@ class SQLiteDb:
         finally:
             db.close()
 
-    async def lock_table(self, target: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
-        return await drain_lock_table_sqlite(target, nodes, send_ms, max_s)
+    async def lock_table(
+        self, target: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+    ) -> dict[str, Any]:
+        return await drain_lock_table_sqlite(target, nodes, send_ms, max_s, barrier)
 
-    async def wait_drained(self, runtime: Runtime, target: str, max_s: float) -> bool:
-        """Poll the runtime's store (``stats()``) every 20 ms until nothing is pending or running."""
-        return await runtime.wait_until_drained(timeout_s=max_s, poll_s=0.02)
+    @contextlib.asynccontextmanager
+    async def drain_probe(self, runtime: Runtime, target: str) -> AsyncIterator[Callable[[float], Awaitable[bool]]]:
+        """``wait(max_s)``: poll the runtime's store (``is_drained``) every 20 ms until the queue is drained."""
+
+        async def wait(max_s: float) -> bool:
+            return await runtime.wait_until_drained(timeout_s=max_s, poll_s=0.02)
+
+        yield wait
 
     def describe(self) -> dict[str, Any]:
         return {"store": "sqlite", "sqlite": sqlite3.sqlite_version}
@@ -261,24 +287,32 @@ class PostgresDb:
         finally:
             await conn.close()
 
-    async def lock_table(self, target: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
-        return await drain_lock_table_pg(target, nodes, send_ms, max_s)
+    async def lock_table(
+        self, target: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+    ) -> dict[str, Any]:
+        return await drain_lock_table_pg(target, nodes, send_ms, max_s, barrier)
 
-    async def wait_drained(self, runtime: Runtime, target: str, max_s: float) -> bool:
-        """Poll ``is_drained`` every 20 ms on a one-connection store of its own (not the nodes' pool).
+    @contextlib.asynccontextmanager
+    async def drain_probe(self, runtime: Runtime, target: str) -> AsyncIterator[Callable[[float], Awaitable[bool]]]:
+        """``wait(max_s)``: poll ``is_drained`` every 20 ms on a one-connection store of its own.
 
-        Two partial-index probes a poll, not ``stats()``'s counts over the whole table
-        (procrastinate's drain pays no such cost).
+        Not the nodes' pool, and opened before the drain starts. Two partial-index probes a
+        poll, not ``stats()``'s counts over the whole table (procrastinate's drain pays no
+        such cost).
         """
         from asynccoord.backends.postgres import PostgresStore
 
         async with PostgresStore(target, schema=PG_SCHEMA, listen=False, pool_min_size=1, pool_max_size=1) as probe:
-            with anyio.move_on_after(max_s):
-                while True:
-                    if await probe.is_drained(QUEUE):
-                        return True
-                    await asyncio.sleep(0.02)
-        return False
+
+            async def wait(max_s: float) -> bool:
+                with anyio.move_on_after(max_s):
+                    while True:
+                        if await probe.is_drained(QUEUE):
+                            return True
+                        await asyncio.sleep(0.02)
+                return False
+
+            yield wait
 
     def describe(self) -> dict[str, Any]:
         async def version() -> str:
@@ -309,7 +343,13 @@ async def fill(db: SQLiteDb | PostgresDb, target: str, specs: list[NewTask]) -> 
 
 
 async def drain_runtime(
-    db: SQLiteDb | PostgresDb, target: str, strategy: str, nodes: int, args: argparse.Namespace, process: int
+    db: SQLiteDb | PostgresDb,
+    target: str,
+    strategy: str,
+    nodes: int,
+    args: argparse.Namespace,
+    process: int,
+    barrier: Callable[[], Awaitable[None]],
 ) -> dict[str, Any]:
     """Drain with a Runtime of ``nodes`` nodes; return the sends made, steals and the timing.
 
@@ -356,10 +396,12 @@ async def drain_runtime(
                 lock_pool=runtime.lock_pool,
                 idle_poll=runtime.idle_poller is None,  # woken by the runtime's idle poll like the others
             )
-        async with runtime:
-            start = time.time()
-            drained = await db.wait_drained(runtime, target, args.max_cell_s)
-            end = time.time()
+        async with db.drain_probe(runtime, target) as wait_drained:
+            await barrier()
+            async with runtime:
+                start = time.time()
+                drained = await wait_drained(args.max_cell_s)
+                end = time.time()
         events = dict(store.events.snapshot())
     partitioned = strategy not in ("locks", "versions", "unordered", "none")
     return {
@@ -403,7 +445,9 @@ async def until(work: asyncio.Future[Any], max_s: float) -> bool:
     return True
 
 
-async def drain_lock_table_sqlite(path: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
+async def drain_lock_table_sqlite(
+    path: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+) -> dict[str, Any]:
     """The naive lock-table design, one aiosqlite connection per node (``naive_locks`` made by ``prepare``)."""
     sent: list[int] = []
 
@@ -444,6 +488,7 @@ async def drain_lock_table_sqlite(path: str, nodes: int, send_ms: float, max_s: 
                     await db.execute("DELETE FROM naive_locks WHERE task_id = ?", (task_id,))
                     await db.execute("COMMIT")
 
+    await barrier()
     start = time.time()
     drained = await until(asyncio.gather(*(node(i) for i in range(nodes))), max_s)
     return {"sent": sent, "stolen": None, "start": start, "end": time.time(), "drained": drained, "events": {}}
@@ -453,7 +498,9 @@ class _Taken(Exception):
     """Rolls back a lock-table claim that found the task no longer pending."""
 
 
-async def drain_lock_table_pg(dsn: str, nodes: int, send_ms: float, max_s: float) -> dict[str, Any]:
+async def drain_lock_table_pg(
+    dsn: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+) -> dict[str, Any]:
     """The naive lock-table design on PostgreSQL: the nodes share a pool of up to 16 connections.
 
     ``naive_locks`` is made by ``prepare`` (a ``CREATE TABLE IF NOT EXISTS`` run by two
@@ -500,8 +547,9 @@ async def drain_lock_table_pg(dsn: str, nodes: int, send_ms: float, max_s: float
                     )
                     await conn.execute("DELETE FROM naive_locks WHERE task_id = $1", task_id)
 
-    start = time.time()
     try:
+        await barrier()
+        start = time.time()
         drained = await until(asyncio.gather(*(node(i) for i in range(nodes))), max_s)
         end = time.time()
     finally:
@@ -521,11 +569,35 @@ def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int
 def drain_processes(
     args: argparse.Namespace, target: str, strategy: str, processes: int, nodes: int
 ) -> list[dict[str, Any]]:
+    """Drain with ``processes`` worker processes, started together once all are set up."""
     outputs = [os.path.join(args.folder, f"worker-{i}.json") for i in range(processes)]
     command = worker_argv(args, target, strategy, nodes)
-    procs = [subprocess.Popen([*command, "--process-index", str(i), "--result", out]) for i, out in enumerate(outputs)]
+    procs = [
+        subprocess.Popen(
+            [*command, "--process-index", str(i), "--result", out],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        for i, out in enumerate(outputs)
+    ]
+    for proc in procs:  # each worker's store is open and its runtime built: start them all at once
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == READY:
+                break
+            sys.stdout.write(line)
+        else:
+            raise RuntimeError(f"a worker exited before it was ready (exit code {proc.wait()})")
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     results = []
     for proc, out in zip(procs, outputs, strict=True):
+        assert proc.stdout is not None
+        sys.stdout.write(proc.stdout.read())
         proc.wait(timeout=900)
         if proc.returncode != 0:
             raise RuntimeError(f"worker exited {proc.returncode}")
@@ -535,11 +607,17 @@ def drain_processes(
 
 
 def drain_one(
-    db: SQLiteDb | PostgresDb, target: str, strategy: str, nodes: int, args: argparse.Namespace, process: int
+    db: SQLiteDb | PostgresDb,
+    target: str,
+    strategy: str,
+    nodes: int,
+    args: argparse.Namespace,
+    process: int,
+    barrier: Callable[[], Awaitable[None]] = no_barrier,
 ) -> dict[str, Any]:
     if strategy == "lock-table":
-        return run(lambda: db.lock_table(target, nodes, args.send_ms, args.max_cell_s))
-    return run(lambda: drain_runtime(db, target, strategy, nodes, args, process))
+        return run(lambda: db.lock_table(target, nodes, args.send_ms, args.max_cell_s, barrier))
+    return run(lambda: drain_runtime(db, target, strategy, nodes, args, process, barrier))
 
 
 def percentiles_ms(pairs: list[tuple[float, float]]) -> tuple[float | None, float | None]:
@@ -649,7 +727,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         db = database_for(args.store, os.path.dirname(args.worker))
-        result = drain_one(db, args.worker, args.strategies[0], args.nodes[0], args, args.process_index)
+        result = drain_one(db, args.worker, args.strategies[0], args.nodes[0], args, args.process_index, stdin_barrier)
         Path(args.result).write_text(json.dumps(result))
         return
     args.folder = tempfile.mkdtemp(prefix="asynccoord-contention-")
