@@ -90,7 +90,7 @@ STRATEGIES = (
     "all+stealing",
 )
 SLOW_NODE = ("all+slow", "all+stealing")
-PG_SCHEMA = "bench_contention"
+PG_SCHEMA = "bench_contention"  # the default of --pg-schema
 PG_LOCK_TABLE_CONNECTIONS = 16
 READY = "asynccoord-contention-ready"
 
@@ -224,8 +224,9 @@ class PostgresDb:
 
     kind = "postgres"
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, schema: str = PG_SCHEMA) -> None:
         self.dsn = dsn
+        self.schema = schema
 
     def target(self, cell: str) -> str:
         return self.dsn
@@ -233,7 +234,7 @@ class PostgresDb:
     def open(self, target: str) -> Any:
         from asynccoord.backends.postgres import PostgresStore
 
-        return PostgresStore(target, schema=PG_SCHEMA)
+        return PostgresStore(target, schema=self.schema)
 
     async def _connect(self) -> Any:
         import asyncpg
@@ -243,7 +244,7 @@ class PostgresDb:
     async def reset(self, target: str) -> None:
         conn = await self._connect()
         try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{PG_SCHEMA}" CASCADE')
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
         finally:
             await conn.close()
 
@@ -254,7 +255,7 @@ class PostgresDb:
         conn = await self._connect()
         try:
             await conn.execute(
-                f'CREATE TABLE "{PG_SCHEMA}".naive_locks (task_id bigint PRIMARY KEY, owner text NOT NULL)'
+                f'CREATE TABLE "{self.schema}".naive_locks (task_id bigint PRIMARY KEY, owner text NOT NULL)'
             )
         finally:
             await conn.close()
@@ -264,10 +265,10 @@ class PostgresDb:
         conn = await self._connect()
         try:
             await conn.execute(
-                f'CREATE TABLE IF NOT EXISTS "{PG_SCHEMA}".bench_raw (id int PRIMARY KEY, v int NOT NULL)'
+                f'CREATE TABLE IF NOT EXISTS "{self.schema}".bench_raw (id int PRIMARY KEY, v int NOT NULL)'
             )
-            await conn.execute(f'INSERT INTO "{PG_SCHEMA}".bench_raw VALUES (1, 0) ON CONFLICT DO NOTHING')
-            statement = await conn.prepare(f'UPDATE "{PG_SCHEMA}".bench_raw SET v = v + 1 WHERE id = 1')
+            await conn.execute(f'INSERT INTO "{self.schema}".bench_raw VALUES (1, 0) ON CONFLICT DO NOTHING')
+            statement = await conn.prepare(f'UPDATE "{self.schema}".bench_raw SET v = v + 1 WHERE id = 1')
             n = 0
             start = time.perf_counter()
             while time.perf_counter() - start < seconds:
@@ -281,7 +282,7 @@ class PostgresDb:
         conn = await self._connect()
         try:
             rows = await conn.fetch(
-                f"SELECT created_at, updated_at FROM \"{PG_SCHEMA}\".coord_tasks WHERE status = 'done'"
+                f"SELECT created_at, updated_at FROM \"{self.schema}\".coord_tasks WHERE status = 'done'"
             )
             return [(float(r[0]), float(r[1])) for r in rows]
         finally:
@@ -290,7 +291,7 @@ class PostgresDb:
     async def lock_table(
         self, target: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
     ) -> dict[str, Any]:
-        return await drain_lock_table_pg(target, nodes, send_ms, max_s, barrier)
+        return await drain_lock_table_pg(target, self.schema, nodes, send_ms, max_s, barrier)
 
     @contextlib.asynccontextmanager
     async def drain_probe(self, runtime: Runtime, target: str) -> AsyncIterator[Callable[[float], Awaitable[bool]]]:
@@ -302,7 +303,7 @@ class PostgresDb:
         """
         from asynccoord.backends.postgres import PostgresStore
 
-        async with PostgresStore(target, schema=PG_SCHEMA, listen=False, pool_min_size=1, pool_max_size=1) as probe:
+        async with PostgresStore(target, schema=self.schema, listen=False, pool_min_size=1, pool_max_size=1) as probe:
 
             async def wait(max_s: float) -> bool:
                 with anyio.move_on_after(max_s):
@@ -325,12 +326,12 @@ class PostgresDb:
         return {"store": "postgres", "dsn": redact_target(self.dsn), "postgres": run(version)}
 
 
-def database_for(store: str | None, folder: str) -> SQLiteDb | PostgresDb:
+def database_for(store: str | None, folder: str, pg_schema: str = PG_SCHEMA) -> SQLiteDb | PostgresDb:
     if store is None:
         return SQLiteDb(folder)
     if not is_postgres_target(store):
         raise SystemExit(f"--store takes a PostgreSQL DSN (postgresql://...), got {store!r}; omit it for SQLite")
-    return PostgresDb(store)
+    return PostgresDb(store, pg_schema)
 
 
 # --- drains ---------------------------------------------------------------------------
@@ -499,7 +500,7 @@ class _Taken(Exception):
 
 
 async def drain_lock_table_pg(
-    dsn: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+    dsn: str, schema: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
 ) -> dict[str, Any]:
     """The naive lock-table design on PostgreSQL: the nodes share a pool of up to 16 connections.
 
@@ -508,7 +509,7 @@ async def drain_lock_table_pg(
     """
     import asyncpg
 
-    settings = {"search_path": f'"{PG_SCHEMA}"'}
+    settings = {"search_path": f'"{schema}"'}
     pool = await asyncpg.create_pool(
         dsn, min_size=1, max_size=min(nodes, PG_LOCK_TABLE_CONNECTIONS), server_settings=settings
     )
@@ -562,7 +563,7 @@ def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int
     for name in ("send_ms", "slow_send_ms", "steal_after_s", "tasks", "max_cell_s"):
         argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.store is not None:
-        argv += ["--store", args.store]
+        argv += ["--store", args.store, "--pg-schema", args.pg_schema]
     return argv
 
 
@@ -703,6 +704,11 @@ def procrastinate_cell(args: argparse.Namespace, processes: int, concurrency: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", metavar="DSN", help="postgresql://... to run on PostgreSQL (default: SQLite files)")
+    parser.add_argument(
+        "--pg-schema",
+        default=PG_SCHEMA,
+        help=f"with --store: the schema each cell drops and makes anew (default {PG_SCHEMA})",
+    )
     parser.add_argument("--tasks", type=int, default=3000, help="tasks per cell (default 3000)")
     parser.add_argument("--conversations", type=int, default=500, help="Zipf-skewed conversations (default 500)")
     parser.add_argument("--accounts", type=int, default=32, help="Zipf-skewed sending accounts (default 32)")
@@ -726,13 +732,13 @@ def main() -> None:
     parser.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        db = database_for(args.store, os.path.dirname(args.worker))
+        db = database_for(args.store, os.path.dirname(args.worker), args.pg_schema)
         result = drain_one(db, args.worker, args.strategies[0], args.nodes[0], args, args.process_index, stdin_barrier)
         Path(args.result).write_text(json.dumps(result))
         return
     args.folder = tempfile.mkdtemp(prefix="asynccoord-contention-")
     try:
-        bench(args, database_for(args.store, args.folder))
+        bench(args, database_for(args.store, args.folder, args.pg_schema))
     finally:
         shutil.rmtree(args.folder, ignore_errors=True)
 

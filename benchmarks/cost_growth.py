@@ -824,6 +824,13 @@ def main() -> None:
         parser.error(
             f"--keys ({args.keys}) must be at least --batch ({args.batch}): ordered claims take one task per key"
         )
+    owned = assign(StoreConfig().partitions, [NODE, "node-1"])[NODE]
+    owned_keys = sum(1 for k in range(args.keys) if partition_of(f"conv-{k}", StoreConfig().partitions) in owned)
+    if owned_keys < args.batch:  # checked again on the store (measure), before anything is filled here
+        parser.error(
+            f"--keys ({args.keys}): the measured node owns {owned_keys} of them (one node of two),"
+            f" fewer than --batch ({args.batch}); raise --keys"
+        )
     results = bench(args)
     if args.json:
         print(json.dumps(results, indent=2))

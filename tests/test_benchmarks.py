@@ -1,0 +1,188 @@
+"""The benchmark scripts run as documented and report what they measured.
+
+Speed is never asserted here (benchmarks/README.md holds the figures): each script runs
+as a real process on a tiny workload with ``--json``, and the test checks the keys
+benchmarks/README.md documents and the outcomes that must hold whatever the machine:
+every task committed, none sent twice where a layer forbids it, rates that are positive
+numbers. A script that crashes, hangs or drops a documented key fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from services import PG_DSN, new_schema, postgres_problem, unavailable
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+TIMEOUT_S = 180.0
+
+pytestmark = pytest.mark.multiprocess
+
+
+def run_json(script: str, *args: str, cwd: Path) -> dict[str, Any]:
+    """Run ``benchmarks/<script> --json *args``; return its JSON object (stdout is only that)."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args, "--json"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    report = f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, report
+    assert "Traceback" not in proc.stderr, report
+    result = json.loads(proc.stdout)
+    assert isinstance(result, dict), report
+    return result
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_queue_throughput_reports_every_documented_figure(tmp_path: Path) -> None:
+    r = run_json(
+        "queue_throughput.py",
+        *("--tasks", "300", "--nodes", "1", "4", "--ordered-nodes", "2", "--naive-nodes", "1", "2"),
+        *("--naive-tasks", "100", "--raw-seconds", "0.1", "--processes", "2", "--process-nodes", "2"),
+        *("--db-dir", str(tmp_path)),
+        cwd=tmp_path,
+    )
+    assert r["tasks"] == 300
+    assert r["repeat"] == 1
+    for key in ("raw_commits_per_s", "raw_batch_claim_tasks_per_s", "enqueue_per_s"):
+        assert positive(r[key]), (key, r[key])
+    assert set(r["naive"]) == {"1", "2"}
+    assert all(positive(v) for v in r["naive"].values())
+    assert set(r["asynccoord"]) == {"1", "4"}
+    assert all(positive(v) for v in r["asynccoord"].values())
+    assert set(r["asynccoord_ordered"]) == {"2"}
+    assert positive(r["asynccoord_ordered"]["2"])
+    assert r["processes"]["processes"] == 2
+    assert r["processes"]["nodes_per_process"] == 2
+    assert positive(r["processes"]["tasks_per_s"])
+    for nodes in ("1", "4"):
+        ratios = r["ratios"][f"nodes_{nodes}"]
+        assert ratios["vs_naive_1"] == pytest.approx(r["asynccoord"][nodes] / r["naive"]["1"])
+        assert ratios["vs_raw_commits"] == pytest.approx(r["asynccoord"][nodes] / r["raw_commits_per_s"])
+    assert list(tmp_path.glob("*.db")) == [], "the benchmark left database files behind"
+
+
+def check_contention_rows(rows: list[dict[str, Any]], tasks: int, cells: set[tuple[str, int, int]]) -> None:
+    assert {(row["strategy"], row["nodes"], row["processes"]) for row in rows} == cells
+    for row in rows:
+        cell = (row["strategy"], row["nodes"], row["processes"])
+        assert row["complete"] is True, cell
+        assert row["committed"] == tasks, cell
+        assert positive(row["tasks_per_s"]), cell
+        assert positive(row["raw_commits_per_s"]), cell
+        assert row["latency_p50_ms"] <= row["latency_p99_ms"], cell
+        if row["strategy"] == "none":
+            assert row["send_calls"] >= tasks, cell  # no compare-and-set: duplicates may happen
+        else:
+            assert row["send_calls"] == tasks, cell
+            assert row["duplicate_sends"] == 0, cell
+        if row["strategy"] == "all":
+            assert row["claim_calls"] >= 1, cell
+            assert row["stolen"] is not None, cell
+
+
+def test_contention_on_sqlite_commits_every_task_once_in_one_and_two_processes(tmp_path: Path) -> None:
+    r = run_json(
+        "contention.py",
+        *("--tasks", "200", "--nodes", "2", "--processes", "1", "2", "--raw-seconds", "0.05"),
+        *("--strategies", "all", "unordered", "none", "lock-table"),
+        cwd=tmp_path,
+    )
+    assert r["workload"]["tasks"] == 200
+    cells = {(s, 2, p) for s in ("all", "unordered", "none", "lock-table") for p in (1, 2)}
+    check_contention_rows(r["rows"], 200, cells)
+
+
+def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    schema = new_schema("bench")
+    try:
+        r = run_json(
+            "contention.py",
+            *("--store", PG_DSN, "--pg-schema", schema, "--no-procrastinate"),
+            *("--tasks", "150", "--nodes", "3", "--processes", "1", "2", "--raw-seconds", "0.05"),
+            *("--strategies", "all", "lock-table"),
+            cwd=tmp_path,
+        )
+    finally:
+        drop_schema(schema)
+    assert r["machine"]["store"] == "postgres"
+    check_contention_rows(r["rows"], 150, {(s, 3, p) for s in ("all", "lock-table") for p in (1, 2)})
+
+
+def drop_schema(schema: str) -> None:
+    async def drop() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
+def test_lock_contention_reports_each_case(tmp_path: Path) -> None:
+    r = run_json(
+        "lock_contention.py",
+        *("--seconds", "0.2", "--nodes", "2", "4", "--names", "1", "2", "--locks", "200", "--dir", str(tmp_path)),
+        cwd=tmp_path,
+    )
+    assert positive(r["raw_commits_per_s"])
+    assert positive(r["uncontended"]["pairs_per_s"])
+    cases = {(c["nodes"], c["names"]) for c in r["contended"]}
+    assert cases == {(2, 1), (2, 2), (4, 1), (4, 2)}
+    for case in r["contended"]:
+        assert case["pairs"] > 0, case
+        assert positive(case["pairs_per_s"]), case
+    renewal = r["renewal"]
+    assert renewal["locks"] == 200
+    assert renewal["lost"] == 0
+    assert renewal["still_held"] == 200
+    assert renewal["leases_per_statement"] == 200  # one statement renews every held lease
+
+
+def test_cost_growth_reports_every_case_against_its_baseline(tmp_path: Path) -> None:
+    r = run_json(
+        "cost_growth.py",
+        *("--sizes", "100", "1000", "--processed", "500", "--done", "500", "--delayed", "200"),
+        *("--claims", "5", "--vm-claims", "2", "--tasks", "200", "--keys", "100", "--batch", "8"),
+        *("--db-dir", str(tmp_path)),
+        cwd=tmp_path,
+    )
+    assert r["fill_checked"] is True
+    assert r["baseline"] == "pending_100"
+    assert set(r["cases"]) == {"pending_100", "pending_1000", "processed_500", "done_500", "delayed_200"}
+    assert set(r["ratios"]) == set(r["cases"])
+    assert all(value == 1.0 for value in r["ratios"]["pending_100"].values())
+
+
+def test_cost_growth_refuses_too_few_keys_for_the_batch_before_filling_anything(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "cost_growth.py"), "--keys", "40", "--batch", "32", "--db-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--keys (40): the measured node owns" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
