@@ -175,8 +175,9 @@ def test_cost_growth_reports_every_case_against_its_baseline(tmp_path: Path) -> 
 
 
 def test_cost_growth_refuses_too_few_keys_for_the_batch_before_filling_anything(tmp_path: Path) -> None:
+    argv = ["--keys", "40", "--batch", "32", "--db-dir", str(tmp_path)]
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "cost_growth.py"), "--keys", "40", "--batch", "32", "--db-dir", str(tmp_path)],
+        [sys.executable, str(BENCHMARKS / "cost_growth.py"), *argv],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
