@@ -363,12 +363,13 @@ async def drain_runtime(
     slow_id = node_ids[0] if strategy in SLOW_NODE else None
     send_s, slow_s = args.send_ms / 1000.0, args.slow_send_ms / 1000.0
     runtime: Runtime | None = None
+    partitioned = strategy not in ("locks", "versions", "unordered", "none")
 
     async def send(task: Any) -> None:
         nonlocal stolen
         sent.append(task.payload["n"])
         node_id = current_delivery().node_id
-        if runtime is not None and task.partition not in runtime.membership.owned_partitions(node_id):
+        if partitioned and runtime is not None and task.partition not in runtime.membership.owned_partitions(node_id):
             stolen += 1
         await asyncio.sleep(slow_s if node_id == slow_id else send_s)
 
@@ -404,7 +405,6 @@ async def drain_runtime(
                 drained = await wait_drained(args.max_cell_s)
                 end = time.time()
         events = dict(store.events.snapshot())
-    partitioned = strategy not in ("locks", "versions", "unordered", "none")
     return {
         "sent": sent,
         "stolen": stolen if partitioned else None,
