@@ -12,7 +12,8 @@ times).
 A turn covers the guarded work (the send). Work that must still be fenced by the
 token after the turn (the task's commit) is registered with :meth:`Turn.defer`: the
 lease goes back to the database only when no local task waits (or after ``max_turns``
-consecutive turns, so other processes get their share) *and* every deferred commit
+consecutive turns, so another process waiting in line gets its share, see
+:meth:`LockPool._acquire`) *and* every deferred commit
 has finished. So a later holder's token is only ever seen by the resource after all
 of this lease's writes, and none of them is refused for being older.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import time
@@ -50,8 +52,24 @@ __all__ = ("LockPool", "Turn")
 
 log = logging.getLogger(__name__)
 
-_BACKOFF = RetryPolicy(base_s=0.002, factor=2.0, cap_s=0.05, jitter=0.5)
+_NEXT_POLL = RetryPolicy(base_s=0.001, factor=1.5, cap_s=0.01, jitter=0.5)
+"""Polls of a lock by the pool that holds its place in line: the lock sits free until it looks."""
+_LINE_POLL = RetryPolicy(base_s=0.002, factor=1.5, cap_s=0.02, jitter=0.5)
+"""Polls for the place in line by the pools behind it: one must take it before the pool
+that goes first gives the lock back after its ``max_turns``, or that pool takes the place
+(and the lock) again."""
+_PLACE_TTL_S = 1.0
+"""Longest lease on a place in line (renewed while the pool waits): a crashed pool's place lapses in it."""
 _RELEASE_TIMEOUT_S = 5.0
+
+
+def next_in_line(name: str) -> str:
+    """The name of the lock that marks who is next in line for lock ``name``.
+
+    A fixed-length name (BLAKE2b of ``name``), so any lock name has one, in a prefix of
+    its own.
+    """
+    return "asynccoord.next:" + hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +86,7 @@ class _Session:
     ranks: dict[asyncio.Future[None], list[int]] = field(default_factory=dict)  # waiter -> [priority, overtaken]
     on_lost: Callable[[LockLostError], None] | None = None
     releasing: asyncio.Task[None] | None = None
+    queue_next: bool = False  # gave the lease back with local waiters: the next acquisition waits in line
 
     def alive(self) -> bool:
         return self.lease is not None and self.guard is not None and self.guard.active
@@ -114,12 +133,14 @@ class LockPool:
         store: A store implementing the lock contract.
         ttl_s: Lease length, seconds (renewed every ``ttl_s / 3`` by the store's watchdog).
         holder: Who holds the leases, for inspection (e.g. the process or node id).
-        max_turns: Consecutive turns before the lease goes back to the database, giving
-            other processes waiting for the lock a chance at it. Default 32. Only a chance:
-            they poll with a backoff, while this process's next waiter acquires anew at
-            once, so under steady local demand a hot lock mostly stays in one process
-            (measured in benchmarks/README.md; a fair, queued acquisition in the lock
-            store would be the fix).
+        max_turns: Consecutive turns before the lease goes back to the database so that
+            another process waiting for the lock gets it. Default 32. A pool that finds
+            the lock taken takes the *place in line* (a lease on :func:`next_in_line` of
+            the name, on the same store); a pool that gives the lease back after
+            ``max_turns`` with local waiters queued waits in line behind it instead of
+            taking the lock again at once. So two processes with steady demand for a hot
+            lock alternate in runs of up to ``max_turns`` turns (the idea of a fair lock's
+            queue, e.g. Redisson's on Redis, with a line of one place).
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
         max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
             (see :meth:`turn`). Default 8; 0 makes turns strictly FIFO.
@@ -148,6 +169,7 @@ class LockPool:
         default_hold_s = max(300.0, 10 * self.ttl_s)
         self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
         self._sessions: dict[str, _Session] = {}
+        self._leaving: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         held = sum(1 for s in self._sessions.values() if s.lease is not None)
@@ -240,23 +262,59 @@ class LockPool:
             session.ranks.pop(future, None)
 
     async def _acquire(self, session: _Session, deadline: float) -> None:
-        failures = 0
-        while True:
-            sent_at = time.monotonic()
-            outcome = await self.store.try_acquire_lock(session.name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
-            if isinstance(outcome, Lease):
-                break
-            assert isinstance(outcome, LockBusy)
-            if failures == 0:
-                self.store.events.add(ev.LOCK_CONTENDED)
-            failures += 1
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise LockTimeoutError(
-                    f"could not acquire {session.name!r}: {outcome.holders} live lease(s); "
-                    f"the earliest lapses in {outcome.retry_after_s:.3f} s unless renewed"
-                )
-            await asyncio.sleep(min(remaining, _BACKOFF.delay_s(failures), outcome.retry_after_s + 0.002))
+        """Acquire ``session``'s lock for this pool, waiting in line behind other pools.
+
+        A pool that finds the lock taken takes its place in line: a lease on
+        :func:`next_in_line` of the name (renewed by the watchdog while it waits). The
+        pool holding that place polls the lock often (every 1 to 10 ms); the others poll
+        for the place (every 2 to 20 ms). A pool that gave the lease back with local
+        waiters still queued (``max_turns``) does not take the lock again at once: it
+        waits in line too, so a waiting pool (another process) goes first. The line has
+        one place, not a queue: with three or more pools the order among those behind
+        the first is whoever takes the place first, as with a plain lock.
+        """
+        in_line = session.queue_next
+        session.queue_next = False
+        place: Guard | None = None
+        lock_busy: LockBusy | None = None
+        failures = polls = 0
+        try:
+            while True:
+                if place is not None and not place.active:
+                    place = None  # the place lapsed (its renewal failed): queue again
+                if place is not None or not in_line:
+                    sent_at = time.monotonic()
+                    outcome = await self.store.try_acquire_lock(
+                        session.name, ttl_s=self.ttl_s, permits=1, holder=self.holder
+                    )
+                    if isinstance(outcome, Lease):
+                        break
+                    assert isinstance(outcome, LockBusy)
+                    busy = lock_busy = outcome
+                    if not in_line:  # take a place in line at once
+                        in_line = True
+                        failures += 1
+                        if failures == 1:
+                            self.store.events.add(ev.LOCK_CONTENDED)
+                        continue
+                else:
+                    taken = await self._take_place(session.name)
+                    if isinstance(taken, Guard):
+                        place = taken
+                        continue  # first in line: try the lock at once
+                    busy = taken
+                failures += 1
+                if failures == 1:
+                    self.store.events.add(ev.LOCK_CONTENDED)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise LockTimeoutError(self._timeout_message(session.name, lock_busy))
+                polls += 1
+                delay = (_NEXT_POLL if place is not None else _LINE_POLL).delay_s(polls)
+                await asyncio.sleep(min(remaining, delay, busy.retry_after_s + 0.002))
+        finally:
+            if place is not None:
+                self._leave_line(place)
         session.lease = outcome
         session.turns = 0
         park = session.park = asyncio.Event()
@@ -271,11 +329,46 @@ class LockPool:
             outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
         )
 
+    async def _take_place(self, name: str) -> Guard | LockBusy:
+        """Try to become first in line for lock ``name``: a guarded lease on its :func:`next_in_line`."""
+        sent_at = time.monotonic()
+        ttl_s = min(self.ttl_s, _PLACE_TTL_S)
+        outcome = await self.store.try_acquire_lock(next_in_line(name), ttl_s=ttl_s, permits=1, holder=self.holder)
+        if isinstance(outcome, LockBusy):
+            return outcome
+        return Watchdog.for_store(self.store).guard(outcome, sent_at=sent_at, renew=True)
+
+    def _leave_line(self, place: Guard) -> None:
+        """Give up a place in line (in the background: the turn need not wait for it)."""
+        lease, held = place.lease, place.active
+        place.close()
+        if held:
+            task = asyncio.get_running_loop().create_task(
+                self._release_quietly(lease), name=f"asynccoord-lockpool-leave-{lease.name}"
+            )
+            self._leaving.add(task)
+            task.add_done_callback(self._leaving.discard)
+
+    async def _release_quietly(self, lease: Lease) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.store.release_lock(lease), _RELEASE_TIMEOUT_S)
+
+    @staticmethod
+    def _timeout_message(name: str, busy: LockBusy | None) -> str:
+        if busy is None:
+            return f"could not acquire {name!r}: still waiting in line behind another holder"
+        return (
+            f"could not acquire {name!r}: {busy.holders} live lease(s); "
+            f"the earliest lapses in {busy.retry_after_s:.3f} s unless renewed"
+        )
+
     def _pass_turn(self, session: _Session, *, counted: bool = True) -> None:
         """End a turn: hand the lease to the next local waiter, or start releasing it."""
         session.busy = False
         if session.alive() and session.turns < self.max_turns and self._wake_next(session):
             return
+        if session.alive() and session.waiters:  # max_turns with local demand: others go first
+            session.queue_next = True
         if session.releasing is None:
             session.releasing = asyncio.get_running_loop().create_task(
                 self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
@@ -335,3 +428,5 @@ class LockPool:
                 await asyncio.wait_for(session.idle.wait(), self.ttl_s)
             await self._retire(session)
         self._sessions.clear()
+        if self._leaving:
+            await asyncio.wait(set(self._leaving), timeout=_RELEASE_TIMEOUT_S)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
+from services import LOCK_BACKENDS
 
-from asynccoord import InvalidArgumentError, InvalidTypeError, LockLostError
-from asynccoord.lockpool import LockPool
+from asynccoord import InvalidArgumentError, InvalidTypeError, LockLostError, LockTimeoutError
+from asynccoord.lockpool import LockPool, next_in_line
+
+
+@pytest.fixture(params=LOCK_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Pools work on every lock store, the Redis one included."""
+    return str(request.param)
 
 
 def _ignore(error: LockLostError) -> None:
@@ -110,3 +118,119 @@ async def test_a_bad_max_overtakes_is_refused(make_store: Any, value: Any, error
     store = await make_store(clock=None)
     with pytest.raises(error, match="max_overtakes"):
         LockPool(store, ttl_s=5.0, holder="p1", max_overtakes=value)
+
+
+async def test_a_pool_with_a_backlog_lets_a_waiting_pool_go_first_after_max_turns(make_store: Any) -> None:
+    """Two pools (two processes) on one lock: the busy one does not keep it for its whole backlog."""
+    store = await make_store(clock=None)
+    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=4)
+    other = LockPool(store, ttl_s=5.0, holder="process-b", max_turns=4)
+    order: list[str] = []
+    a_started = asyncio.Event()
+
+    async def turn(pool: LockPool, label: str) -> None:
+        async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore):
+            order.append(label)
+            a_started.set()
+            await asyncio.sleep(0.002)
+
+    backlog = [asyncio.create_task(turn(busy, f"a{i}")) for i in range(60)]
+    await a_started.wait()
+    waited_from = len(order)
+    late = asyncio.create_task(turn(other, "b"))
+    await asyncio.wait_for(asyncio.gather(late, *backlog), 30.0)
+    assert sorted(order) == sorted([*(f"a{i}" for i in range(60)), "b"])
+    a_turns_before_b = order.index("b") - waited_from
+    # Without a line, process-a took the lock back at once after each max_turns and b waited
+    # for all 60 turns. Now b takes its place in line when it finds the lock taken, and
+    # process-a, giving the lease back after max_turns with waiters queued, waits behind it.
+    assert a_turns_before_b <= 2 * busy.max_turns, order
+    await busy.aclose()
+    await other.aclose()
+    assert await store.list_locks() == []  # the lock and the places in line are all released
+
+
+async def test_two_pools_with_backlogs_alternate_in_runs_of_at_most_max_turns(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    pools = {label: LockPool(store, ttl_s=5.0, holder=f"process-{label}", max_turns=4) for label in "ab"}
+    order: list[str] = []
+    inside = 0
+
+    async def turn(label: str) -> None:
+        nonlocal inside
+        async with pools[label].turn("account:hot", timeout_s=20.0, on_lost=_ignore):
+            inside += 1
+            assert inside == 1  # mutual exclusion across the pools
+            order.append(label)
+            await asyncio.sleep(0.008)  # a run of max_turns turns outlasts the pools' polls for the line
+            inside -= 1
+
+    tasks = [asyncio.create_task(turn(label)) for _ in range(24) for label in "ab"]
+    await asyncio.wait_for(asyncio.gather(*tasks), 30.0)
+    runs = [len(list(group)) for _, group in itertools.groupby(order)]
+    assert sum(runs) == 48
+    # Without a line the pool holding the lock took it back at once after each max_turns, so
+    # it kept it for most of its backlog. Now the pools alternate: a run of a pool is at
+    # most max_turns, or twice that where the other pool was slow to take its place in line.
+    assert max(runs) <= 2 * 4, (runs, order)
+    assert len(runs) >= 48 // 8, (runs, order)
+    for pool in pools.values():
+        await pool.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_a_waiter_that_times_out_in_line_gives_up_its_place(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    holder = LockPool(store, ttl_s=5.0, holder="process-a")
+    waiter = LockPool(store, ttl_s=5.0, holder="process-b")
+    holding = asyncio.Event()
+    let_go = asyncio.Event()
+
+    async def hold() -> None:
+        async with holder.turn("account:1", timeout_s=5.0, on_lost=_ignore):
+            holding.set()
+            await let_go.wait()
+
+    held = asyncio.create_task(hold())
+    await holding.wait()
+    with pytest.raises(LockTimeoutError, match="account:1"):
+        async with waiter.turn("account:1", timeout_s=0.2, on_lost=_ignore):
+            raise AssertionError("the lock is held by the other pool")
+    await waiter.aclose()  # waits for the place in line to be released
+    names = [info.name for info in await store.list_locks()]
+    assert names == ["account:1"]  # the holder's lease only: no place in line left behind
+    let_go.set()
+    await held
+    await holder.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_a_place_in_line_left_by_a_crashed_process_lapses(make_store: Any) -> None:
+    """A process that died while first in line blocks the pools that queue behind it for its place's TTL only."""
+    store = await make_store(clock=None)
+    dead = await store.try_acquire_lock(next_in_line("account:1"), ttl_s=0.3, holder="crashed")  # never renewed
+    assert not isinstance(dead, type(None))
+    pool = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=1)
+    entered: list[float] = []
+
+    async def turn() -> None:
+        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore):
+            entered.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(0.01)  # the other turn queues meanwhile
+
+    start = asyncio.get_running_loop().time()
+    # The first turn barges (nobody holds the lock); the second comes after max_turns with a
+    # local waiter queued, so it waits in line behind the crashed process's place.
+    await asyncio.wait_for(asyncio.gather(turn(), turn()), 5.0)
+    assert len(entered) == 2
+    assert entered[0] - start < 0.25  # the lock was free: no line to wait in
+    assert 0.25 < entered[1] - start < 2.0  # behind the dead place until it lapsed (0.3 s)
+    await pool.aclose()
+    assert await store.list_locks() == []
+
+
+def test_next_in_line_is_a_valid_lock_name_for_any_lock_name() -> None:
+    names = {next_in_line("a"), next_in_line("b"), next_in_line("x" * 255)}
+    assert len(names) == 3
+    assert all(name.startswith("asynccoord.next:") and len(name) == 48 for name in names)
+    assert next_in_line("a") == next_in_line("a")
