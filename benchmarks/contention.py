@@ -337,6 +337,12 @@ def database_for(store: str | None, folder: str, pg_schema: str = PG_SCHEMA) -> 
 # --- drains ---------------------------------------------------------------------------
 
 
+async def create(db: SQLiteDb | PostgresDb, target: str) -> None:
+    """Make the store's tables (an empty queue)."""
+    async with db.open(target):
+        pass
+
+
 async def fill(db: SQLiteDb | PostgresDb, target: str, specs: list[NewTask]) -> None:
     async with db.open(target) as store:
         for i in range(0, len(specs), 1000):
@@ -568,9 +574,9 @@ def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int
 
 
 def drain_processes(
-    args: argparse.Namespace, target: str, strategy: str, processes: int, nodes: int
+    args: argparse.Namespace, target: str, strategy: str, processes: int, nodes: int, before_go: Callable[[], None]
 ) -> list[dict[str, Any]]:
-    """Drain with ``processes`` worker processes, started together once all are set up."""
+    """Drain with ``processes`` worker processes, started together once all are set up (then ``before_go()``)."""
     outputs = [os.path.join(args.folder, f"worker-{i}.json") for i in range(processes)]
     command = worker_argv(args, target, strategy, nodes)
     procs = [
@@ -591,6 +597,7 @@ def drain_processes(
             sys.stdout.write(line)
         else:
             raise RuntimeError(f"a worker exited before it was ready (exit code {proc.wait()})")
+    before_go()
     for proc in procs:
         assert proc.stdin is not None
         proc.stdin.write("go\n")
@@ -636,14 +643,20 @@ def cell(
     target = db.target(f"{strategy}-{nodes}-{processes}")
     specs = workload(args.tasks, args.conversations, args.accounts, args.seed)
     run(lambda: db.reset(target))
-    run(lambda: fill(db, target, specs))
+    run(lambda: create(db, target))
     raw = run(lambda: db.raw_commits_per_s(target, args.raw_seconds))
     if strategy == "lock-table":
         run(lambda: db.prepare_lock_table(target))
+    # The tasks are enqueued once the nodes are set up, just before they start: the
+    # enqueue-to-commit latencies count the drain, not the baseline or the start-up.
     if processes == 1:
-        parts = [drain_one(db, target, strategy, nodes, args, 0)]
+
+        async def fill_then_go() -> None:
+            await fill(db, target, specs)
+
+        parts = [drain_one(db, target, strategy, nodes, args, 0, fill_then_go)]
     else:
-        parts = drain_processes(args, target, strategy, processes, nodes)
+        parts = drain_processes(args, target, strategy, processes, nodes, lambda: run(lambda: fill(db, target, specs)))
     sends: Counter[int] = Counter()
     events: Counter[str] = Counter()
     claims: Counter[str] = Counter()

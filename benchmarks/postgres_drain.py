@@ -192,6 +192,15 @@ async def asynccoord_run(dsn: str, tasks: int, processes: int, nodes: int, locks
     ``ordered`` False: the nodes claim without per-key ordering (procrastinate's semantics).
     """
     schema = "bench_asynccoord"
+    try:
+        return await _asynccoord_drain(dsn, schema, tasks, processes, nodes, locks, ordered)
+    finally:
+        await admin(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def _asynccoord_drain(
+    dsn: str, schema: str, tasks: int, processes: int, nodes: int, locks: bool, ordered: bool
+) -> Result:
     await asynccoord_fill(dsn, schema, tasks)
     argv = ["--role", "asynccoord-worker", "--dsn", dsn, "--schema", schema, "--workers", str(nodes)]
     if locks:
@@ -269,6 +278,15 @@ async def procrastinate_run(dsn: str, tasks: int, processes: int, concurrency: i
     Each job sleeps ``send_ms`` (0: a no-op). Also used by ``contention.py --store postgresql://...``.
     """
     schema = "bench_procrastinate"
+    try:
+        return await _procrastinate_drain(dsn, schema, tasks, processes, concurrency, send_ms)
+    finally:
+        await admin(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def _procrastinate_drain(
+    dsn: str, schema: str, tasks: int, processes: int, concurrency: int, send_ms: float
+) -> Result:
     await procrastinate_fill(dsn, schema, tasks)
     argv = ["--role", "procrastinate-worker", "--dsn", dsn, "--schema", schema, "--workers", str(concurrency)]
     argv += ["--send-ms", str(send_ms)]

@@ -223,8 +223,15 @@ def fresh_db(folder: str) -> str:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    folder = args.db_dir or tempfile.mkdtemp(prefix="asynccoord-bench-")
-    Path(folder).mkdir(parents=True, exist_ok=True)
+    """Every figure of one run, on fresh files in ``--db-dir`` (or a temporary folder, removed after)."""
+    if args.db_dir:
+        Path(args.db_dir).mkdir(parents=True, exist_ok=True)
+        return _bench(args, args.db_dir)
+    with tempfile.TemporaryDirectory(prefix="asynccoord-bench-") as folder:
+        return _bench(args, folder)
+
+
+def _bench(args: argparse.Namespace, folder: str) -> dict[str, Any]:
     base = fresh_db(folder)
     results: dict[str, Any] = {
         "machine": {

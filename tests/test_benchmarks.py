@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +28,16 @@ pytestmark = pytest.mark.multiprocess
 
 
 def run_json(script: str, *args: str, cwd: Path) -> dict[str, Any]:
-    """Run ``benchmarks/<script> --json *args``; return its JSON object (stdout is only that)."""
+    """Run ``benchmarks/<script> --json *args``; return its JSON object (stdout is only that).
+
+    Temporary files go to ``cwd/tmp``, which must be empty again when the script exits.
+    """
+    scratch = cwd / "tmp"
+    scratch.mkdir()
     proc = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *args, "--json"],
         cwd=cwd,
+        env={**os.environ, "TMPDIR": str(scratch)},
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -41,6 +48,8 @@ def run_json(script: str, *args: str, cwd: Path) -> dict[str, Any]:
     assert "Traceback" not in proc.stderr, report
     result = json.loads(proc.stdout)
     assert isinstance(result, dict), report
+    assert list(scratch.iterdir()) == [], f"{script} left temporary files behind"
+    scratch.rmdir()
     return result
 
 
@@ -53,7 +62,6 @@ def test_queue_throughput_reports_every_documented_figure(tmp_path: Path) -> Non
         "queue_throughput.py",
         *("--tasks", "300", "--nodes", "1", "4", "--ordered-nodes", "2", "--naive-nodes", "1", "2"),
         *("--naive-tasks", "100", "--raw-seconds", "0.1", "--processes", "2", "--process-nodes", "2"),
-        *("--db-dir", str(tmp_path)),
         cwd=tmp_path,
     )
     assert r["tasks"] == 300
@@ -73,7 +81,6 @@ def test_queue_throughput_reports_every_documented_figure(tmp_path: Path) -> Non
         ratios = r["ratios"][f"nodes_{nodes}"]
         assert ratios["vs_naive_1"] == pytest.approx(r["asynccoord"][nodes] / r["naive"]["1"])
         assert ratios["vs_raw_commits"] == pytest.approx(r["asynccoord"][nodes] / r["raw_commits_per_s"])
-    assert list(tmp_path.glob("*.db")) == [], "the benchmark left database files behind"
 
 
 def check_contention_rows(rows: list[dict[str, Any]], tasks: int, cells: set[tuple[str, int, int]]) -> None:
