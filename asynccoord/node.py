@@ -305,6 +305,11 @@ class _InFlight:
     chain: int = 0  # tasks this slot took by claim_next before this one
 
 
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` makes a coroutine: an ``async def`` (or a partial of one), or an async ``__call__``."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
 class Node:
     """One worker draining a queue (see the module docstring for the pipeline).
 
@@ -313,8 +318,8 @@ class Node:
         send: ``async def send(task) -> result``.
         node_id: Unique among live nodes, 1..255 characters.
         config: :class:`NodeConfig`. Default NodeConfig().
-        lock_key: Maps a task to the name of the lock it needs, or None for no lock.
-            Default None (no locks).
+        lock_key: Maps a task to the name of the lock it needs, or None for no lock
+            (a plain function: an ``async def`` one is refused). Default None (no locks).
         membership: Shared :class:`~asynccoord.membership.Membership` of the process;
             needed for partitioning (without it the node claims from every partition).
         lock_pool: Shared :class:`~asynccoord.lockpool.LockPool` of the process, so
@@ -350,6 +355,10 @@ class Node:
             raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
         if lock_key is not None and not callable(lock_key):
             raise InvalidTypeError(f"lock_key must be callable or None, got {type(lock_key).__name__}")
+        if lock_key is not None and _is_async(lock_key):
+            raise InvalidTypeError(
+                f"lock_key must be a plain function returning a lock name (str) or None, got the async {lock_key!r}"
+            )
         if config is not None and not isinstance(config, NodeConfig):
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         self.store = store

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from asynccoord import MemoryStore, NodeConfig, RetryPolicy, Runtime, Task, TaskStatus
+from asynccoord import InvalidTypeError, MemoryStore, NodeConfig, RetryPolicy, Runtime, Task, TaskStatus
 from asynccoord import events as ev
 
 FAST = NodeConfig(
@@ -53,6 +54,27 @@ async def test_a_lock_key_returning_a_non_str_fails_its_task() -> None:
         assert counts[TaskStatus.DEAD] == 1
         (task,) = store._tasks.values()
         assert "lock_key(task) must be a str" in (task.last_error or "")
+
+
+class _AsyncKey:
+    async def __call__(self, task: Task) -> str:
+        return "account:1"
+
+
+async def _async_key(task: Task) -> str:
+    return "account:1"
+
+
+@pytest.mark.parametrize(
+    "lock_key", [_async_key, _AsyncKey(), functools.partial(_async_key)], ids=["def", "call", "partial"]
+)
+async def test_an_async_lock_key_is_refused_when_the_runtime_is_built(lock_key: Any) -> None:
+    """An ``async def`` lock_key returns a coroutine, not a name: every task would fail (and warn) at run time."""
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+        with pytest.raises(InvalidTypeError, match="lock_key must be a plain function"):
+            Runtime(store, send=lambda t: asyncio.sleep(0), nodes=2, config=FAST, lock_key=lock_key)
+        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1  # nothing claimed
 
 
 async def test_a_sync_send_sends_each_message_once() -> None:
