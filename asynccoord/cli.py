@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .errors import CoordError
 from .serve import configure_run, run_command
+from .validation import MAX_DURATION_S
 
 __all__ = ("COMMANDS", "Command", "build_parser", "main")
 
@@ -45,8 +46,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    if not 0 < value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and <= {MAX_DURATION_S:.0f}, got {text!r}")
     return value
 
 

@@ -59,6 +59,7 @@ from typing import Any, Self
 import anyio
 
 from . import events as ev
+from .backends._monitorcommon import check_windows
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError
 from .events import EventCounter
 from .histogram import Histogram
@@ -373,7 +374,7 @@ async def cluster_snapshot(store: Any, windows_s: Sequence[float] = (10.0, 60.0)
     """
     if not callable(getattr(store, "read_metrics", None)):
         raise InvalidTypeError(f"store must implement MonitorStore (read_metrics), got {type(store).__name__}")
-    windows = tuple(dict.fromkeys(check_positive("windows_s[i]", w) for w in windows_s))
+    windows = check_windows(windows_s)
     view: MetricsView = await store.read_metrics(windows)
     return build_snapshot(view, windows)
 

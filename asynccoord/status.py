@@ -24,6 +24,7 @@ from importlib import resources
 from typing import IO, Any
 
 from . import events as ev
+from .backends._monitorcommon import check_windows
 from .config import StoreConfig
 from .monitor import cluster_snapshot
 from .partition import assign
@@ -83,7 +84,7 @@ async def status_report(
     Raises:
         StoreError: a read failed.
     """
-    windows = tuple(dict.fromkeys(check_positive("windows_s[i]", w) for w in windows_s))
+    windows = check_windows(windows_s)
     depths = await store.queue_depths()
     members = await store.members()
     locks = await store.list_locks()

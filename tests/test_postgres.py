@@ -722,3 +722,11 @@ async def test_status_reads_a_postgres_store_from_its_dsn(pg: str, schema: str) 
     report = await collect_status(f"{pg}?search_path={schema}")  # asyncpg passes search_path to the server
     assert report["tasks"]["pending"] == 3
     assert [q["queue"] for q in report["queues"]] == ["outbox"]
+
+
+async def test_status_of_a_schema_without_asynccoord_tables_says_so(pg: str, schema: str) -> None:
+    """Read-only: an empty schema is "no tables here", not an old schema version to migrate."""
+    from asynccoord.status import collect_status
+
+    with pytest.raises(SchemaVersionError, match="no asynccoord tables in the search path: nothing to read"):
+        await collect_status(f"{pg}?search_path={schema}_missing")

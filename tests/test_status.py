@@ -171,6 +171,13 @@ def test_cli_errors_and_parser(python: PythonRunner, tmp_path: Path) -> None:
     assert "--db" in proc.stderr
     args = build_parser().parse_args(["status", "--db", "x.db", "--json", "--window", "5", "--window", "30"])
     assert (args.command, args.db, args.json, args.windows_s) == ("status", "x.db", True, [5.0, 30.0])
+    for bad in ("0", "-1", "nan", "inf", "1e9", "soon"):  # each a usage error (exit 2) naming the value
+        proc = python.run_module(
+            "asynccoord", "status", "--db", str(tmp_path / "none.db"), "--window", bad, check=False
+        )
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "argument --window: expected a number of seconds" in proc.stderr
+        assert repr(bad) in proc.stderr
 
 
 @pytest.mark.multiprocess

@@ -57,7 +57,7 @@ def check_windows(windows_s: Sequence[float]) -> tuple[float, ...]:
     """
     if isinstance(windows_s, str | bytes) or not isinstance(windows_s, Sequence):
         raise InvalidTypeError(f"windows_s must be a sequence of seconds, got {type(windows_s).__name__}")
-    out = tuple(dict.fromkeys(check_positive("windows_s[i]", w) for w in windows_s))
+    out = tuple(dict.fromkeys(check_positive(f"windows_s[{i}]", w) for i, w in enumerate(windows_s)))
     if len(out) > MAX_WINDOWS:
         raise InvalidArgumentError(f"windows_s may hold at most {MAX_WINDOWS} windows, got {len(out)}")
     return out

@@ -336,6 +336,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 "which this asynccoord understands: upgrade asynccoord"
             )
         if self.read_only:
+            if not has_meta:
+                where = "the search path" if self.schema is None else f"schema {self.schema!r}"
+                raise SchemaVersionError(
+                    f"{self!r}: no asynccoord tables in {where}: nothing to read (is it the database the nodes use?)"
+                )
             if version < SCHEMA_VERSION:
                 raise SchemaVersionError(
                     f"{self!r} has schema version {version}, older than {SCHEMA_VERSION}: "
