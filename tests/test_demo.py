@@ -316,6 +316,7 @@ def test_a_stopped_demo_leaves_no_worker_running(tmp_path: Path, signum: int) ->
         [sys.executable, "-m", "asynccoord.demo", "--json", "--messages", "20000", "--db", str(db)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # a killed demo cannot remove its temporary folder
     )
     deadline = time.monotonic() + 60
     while len(_workers_on(db)) < 2 and time.monotonic() < deadline:
@@ -363,3 +364,27 @@ def test_a_worker_whose_demo_died_while_it_started_exits(tmp_path: Path) -> None
     )
     assert worker.returncode == 0, worker.stderr[-2000:]
     assert f"orphaned parent={gone.stdout.strip()}" in worker.stderr
+
+
+@pytest.mark.multiprocess
+def test_more_messages_than_the_trace_holds_replays_all_of_them_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    lines = [
+        {"msg_id": f"m{i}", "conversation_id": f"c{i % 5}", "sender_id": f"u{i % 3}", "ts_unix": i, "seq": i // 5}
+        for i in range(40)
+    ]
+    path.write_text("".join(json.dumps({**line, "text_len": 10}) + "\n" for line in lines))
+    code, report, stderr = run_demo("--trace", str(path), "--messages", "100", "--no-faults", timeout_s=120)
+    assert code == 0, stderr[-2000:]
+    assert report["messages"] == 40
+    assert report["config"]["messages_requested"] == 100
+    assert report["ok"] is True
+    proc = subprocess.run(
+        [sys.executable, "-m", "asynccoord.demo", "--trace", str(path), "--messages", "100", "--no-faults"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "note: --messages 100 asked for more than the trace holds: replayed all 40" in proc.stdout

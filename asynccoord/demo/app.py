@@ -851,6 +851,7 @@ def _report(
         "progress_polls": {"count": run.polls, "busy_s": round(run.poll_s, 2)},
         "faults": run.faults,
         "config": {
+            "messages_requested": opts.messages,
             "nodes": opts.nodes,
             "processes": opts.processes,
             "accounts": opts.accounts,
@@ -941,6 +942,11 @@ def render(report: dict[str, Any], console: Console) -> None:
     for name, n in report["conflicts"].items():
         conflicts.add_row(name, str(n))
     console.print(conflicts)
+    requested = report["config"]["messages_requested"]
+    if requested > report["messages"]:
+        console.print(
+            f"note: --messages {requested} asked for more than the trace holds: replayed all {report['messages']}"
+        )
     for fault in report["faults"]:
         console.print(f"fault: {fault}")
     for alert in report["alerts"]:
