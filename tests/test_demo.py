@@ -263,6 +263,22 @@ def test_bad_trace_line_is_reported_with_its_line_number(tmp_path: Path, line: s
         list(read_trace(path))
 
 
+def test_a_conversation_whose_seq_falls_is_a_bad_trace(tmp_path: Path) -> None:
+    """The demo checks deliveries' order against seq: a trace whose seq falls would blame the library."""
+    rows = [("m0", "c", 5, 1), ("m1", "d", 0, 2), ("m2", "c", 5, 3), ("m3", "c", 3, 4)]
+    path = tmp_path / "trace.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"msg_id": m, "conversation_id": c, "sender_id": "u", "ts_unix": ts, "seq": seq, "text_len": 1})
+            + "\n"
+            for m, c, seq, ts in rows
+        )
+    )
+    assert [m.msg_id for m in read_trace(path, limit=3)] == ["m0", "m1", "m2"]  # other keys and equal seqs are fine
+    with pytest.raises(TraceFormatError, match=f"{path}:4: seq 3 of conversation 'c' comes after its seq 5"):
+        list(read_trace(path))
+
+
 def test_trace_line_that_is_not_utf8_is_reported_with_its_line_number(tmp_path: Path) -> None:
     good = b'{"msg_id": "m0", "conversation_id": "c", "sender_id": "u", "ts_unix": 1, "seq": 0, "text_len": 3}'
     path = tmp_path / "trace.jsonl"

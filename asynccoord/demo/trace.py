@@ -4,7 +4,9 @@ The format is that of ``chitchat_trace.jsonl.gz`` (see the bundled ``data/NOTICE
 each line is a JSON object with at least ``msg_id`` (str), ``conversation_id`` (str),
 ``sender_id`` (str), ``ts_unix`` (int, seconds), ``seq`` (int, position in the
 conversation) and ``text_len`` (int); ``flood`` (bool) is optional and other fields
-(``text``, ``ts``, ``turn``) are ignored. Lines must be in time order.
+(``text``, ``ts``, ``turn``) are ignored. Lines must be in time order, and a conversation's
+``seq`` must not fall from one of its lines to the next (the demo checks its deliveries' order
+against it).
 """
 
 from __future__ import annotations
@@ -117,8 +119,9 @@ def read_trace(path: str | os.PathLike[str], *, limit: int | None = None) -> Ite
 
     Raises:
         InvalidArgumentError: the file does not exist or is not readable.
-        TraceFormatError: a line is not a valid message, or time goes backwards;
-            the message names the file and the 1-based line number.
+        TraceFormatError: a line is not a valid message, time goes backwards, or a
+            conversation's ``seq`` falls; the message names the file and the 1-based line
+            number.
     """
     file = Path(path)
     if not file.is_file():
@@ -126,6 +129,7 @@ def read_trace(path: str | os.PathLike[str], *, limit: int | None = None) -> Ite
     last_ts: int | None = None
     count = 0
     first_seen: dict[str, int] = {}  # msg_id -> line number
+    last_seq: dict[str, int] = {}  # conversation_id -> its latest seq
     try:
         with _open(file) as handle:
             for number, raw in enumerate(handle, start=1):
@@ -140,6 +144,13 @@ def read_trace(path: str | os.PathLike[str], *, limit: int | None = None) -> Ite
                 message = _parse(line, f"{file}:{number}")
                 if last_ts is not None and message.ts_unix < last_ts:
                     raise TraceFormatError(f"{file}:{number}: ts_unix {message.ts_unix} goes back in time")
+                before = last_seq.get(message.conversation_id)
+                if before is not None and message.seq < before:
+                    raise TraceFormatError(
+                        f"{file}:{number}: seq {message.seq} of conversation {message.conversation_id!r}"
+                        f" comes after its seq {before}: a conversation's seq must not fall"
+                    )
+                last_seq[message.conversation_id] = message.seq
                 seen_at = first_seen.setdefault(message.msg_id, number)
                 if seen_at != number:
                     raise TraceFormatError(f"{file}:{number}: msg_id {message.msg_id!r} repeats line {seen_at}")
