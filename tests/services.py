@@ -24,6 +24,7 @@ import pytest
 
 __all__ = (
     "LOCK_BACKENDS",
+    "drop_schemas",
     "PG_DSN",
     "REDIS_URL",
     "ServiceStores",
@@ -195,16 +196,23 @@ async def _empty_schema(conn: Any, schema: str) -> None:
         await conn.execute(f'ALTER TABLE "{schema}".coord_tasks ALTER COLUMN id RESTART')
 
 
-def _drop_all_schemas() -> None:
+def drop_schemas(*schemas: str) -> None:
+    """Drop these PostgreSQL schemas now (``CASCADE``), from any thread, inside a running loop or not."""
+
     async def drop() -> None:
         import asyncpg
 
         conn = await asyncpg.connect(PG_DSN)
         try:
-            for schema in _ALL_SCHEMAS:
+            for schema in schemas:
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
 
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own, even inside a running one
+        pool.submit(lambda: asyncio.run(drop())).result()
+
+
+def _drop_all_schemas() -> None:
     with contextlib.suppress(Exception):
-        asyncio.run(drop())
+        drop_schemas(*_ALL_SCHEMAS)

@@ -9,7 +9,6 @@ numbers. A script that crashes, hangs or drops a documented key fails here.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import PG_DSN, new_schema, postgres_problem, unavailable
+from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 TIMEOUT_S = 180.0
@@ -128,22 +127,9 @@ def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:
             cwd=tmp_path,
         )
     finally:
-        drop_schema(schema)
+        drop_schemas(schema)
     assert r["machine"]["store"] == "postgres"
     check_contention_rows(r["rows"], 150, {(s, 3, p) for s in ("all", "lock-table") for p in (1, 2)})
-
-
-def drop_schema(schema: str) -> None:
-    async def drop() -> None:
-        import asyncpg
-
-        conn = await asyncpg.connect(PG_DSN)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
 
 
 def test_lock_contention_reports_each_case(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from services import PG_DSN, REDIS_URL, new_schema, postgres_problem, redis_problem, unavailable
+from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
 
 from asynccoord import CoordError, LockBusy, SQLiteStore, StoreLoopError, TaskStatus
 
@@ -166,17 +166,7 @@ def test_a_postgres_store_used_from_another_loop_raises_and_writes_nothing() -> 
 
         assert in_new_loop(reopened)[TaskStatus.PENDING] == 1
     finally:
-
-        async def drop() -> None:
-            import asyncpg
-
-            conn = await asyncpg.connect(PG_DSN)
-            try:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            finally:
-                await conn.close()
-
-        in_new_loop(drop)
+        drop_schemas(schema)
 
 
 # The first loop ended with the store open (the mistake this guards against): the drivers
