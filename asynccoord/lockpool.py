@@ -60,7 +60,20 @@ that goes first gives the lock back after its ``max_turns``, or that pool takes 
 (and the lock) again."""
 _PLACE_TTL_S = 1.0
 """Longest lease on a place in line (renewed while the pool waits): a crashed pool's place lapses in it."""
+_CONTENDED_WINDOW_S = 1.0
+"""How long after finding a lock (or its place in line) taken a pool queues for it instead of trying it first."""
+_CONTENDED_NAMES = 1024
+"""Names remembered as contended before the ones older than the window are forgotten."""
 _RELEASE_TIMEOUT_S = 5.0
+
+
+def _remember(seen: dict[str, float], name: str) -> None:
+    """Record ``name`` at the current monotonic time; forget stale names past ``_CONTENDED_NAMES``."""
+    now = time.monotonic()
+    seen[name] = now
+    if len(seen) > _CONTENDED_NAMES:
+        for stale in [n for n, at in seen.items() if now - at > _CONTENDED_WINDOW_S]:
+            del seen[stale]
 
 
 def next_in_line(name: str) -> str:
@@ -138,9 +151,10 @@ class LockPool:
             the lock taken takes the *place in line* (a lease on :func:`next_in_line` of
             the name, on the same store); a pool that gives the lease back after
             ``max_turns`` with local waiters queued waits in line behind it instead of
-            taking the lock again at once. So two processes with steady demand for a hot
-            lock alternate in runs of up to ``max_turns`` turns (the idea of a fair lock's
-            queue, e.g. Redisson's on Redis, with a line of one place).
+            taking the lock again at once (see :meth:`_acquire` for the other cases). So
+            two processes with steady demand for a hot lock take turns, in runs of about
+            ``max_turns`` turns at most (the idea of a fair lock's queue, e.g. Redisson's
+            on Redis, with a line of one place).
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
         max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
             (see :meth:`turn`). Default 8; 0 makes turns strictly FIFO.
@@ -170,6 +184,8 @@ class LockPool:
         self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
         self._sessions: dict[str, _Session] = {}
         self._leaving: set[asyncio.Task[None]] = set()
+        self._contended: dict[str, float] = {}  # lock name -> when it (or its place) was last found taken
+        self._released: dict[str, float] = {}  # lock name -> when this pool last gave a lease of it back
 
     def __repr__(self) -> str:
         held = sum(1 for s in self._sessions.values() if s.lease is not None)
@@ -265,60 +281,76 @@ class LockPool:
         """Acquire ``session``'s lock for this pool, waiting in line behind other pools.
 
         A pool that finds the lock taken takes its place in line: a lease on
-        :func:`next_in_line` of the name (renewed by the watchdog while it waits). The
-        pool holding that place polls the lock often (every 1 to 10 ms); the others poll
-        for the place (every 2 to 20 ms). A pool that gave the lease back with local
-        waiters still queued (``max_turns``) does not take the lock again at once: it
-        waits in line too, so a waiting pool (another process) goes first. The line has
-        one place, not a queue: with three or more pools the order among those behind
-        the first is whoever takes the place first, as with a plain lock.
+        :func:`next_in_line` of the name (TTL at most 1 s, renewed by this loop while it
+        waits, not by the watchdog: losing a place is not losing a lock). The pool
+        holding the place polls the lock often (every 1 to 10 ms); the others poll for
+        the place (every 2 to 20 ms). A pool that gave the lease back with local waiters
+        still queued (``max_turns``), or that found the lock or its place taken in the
+        last second, does not take the lock at once: it waits in line too, so a waiting
+        pool (another process) goes first. The line has one place, not a queue: with
+        three or more pools the order among those behind the first is whoever takes the
+        place first, as with a plain lock.
         """
-        in_line = session.queue_next
+        name = session.name
+        in_line = session.queue_next or self._contended_lately(name)
         session.queue_next = False
-        place: Guard | None = None
+        if not in_line and self._released_lately(name):
+            # A lock this pool gave back a moment ago is a hot one: another pool may hold its
+            # place in line (one read), and then it goes first.
+            place_name = next_in_line(name)
+            in_line = any(info.holder != self.holder for info in await self.store.list_locks(place_name))
+        place: Lease | None = None
+        renewed_at = 0.0
         lock_busy: LockBusy | None = None
         failures = polls = 0
         try:
             while True:
-                if place is not None and not place.active:
-                    place = None  # the place lapsed (its renewal failed): queue again
+                if place is not None and time.monotonic() - renewed_at > place.ttl_s / 3:
+                    renewed_at = time.monotonic()
+                    place = await self.store.renew_lock(place)  # None: it lapsed, queue again
                 if place is not None or not in_line:
                     sent_at = time.monotonic()
-                    outcome = await self.store.try_acquire_lock(
-                        session.name, ttl_s=self.ttl_s, permits=1, holder=self.holder
-                    )
+                    outcome = await self.store.try_acquire_lock(name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
                     if isinstance(outcome, Lease):
                         break
                     assert isinstance(outcome, LockBusy)
                     busy = lock_busy = outcome
                     if not in_line:  # take a place in line at once
                         in_line = True
+                        self._note_contended(name)
                         failures += 1
                         if failures == 1:
                             self.store.events.add(ev.LOCK_CONTENDED)
                         continue
                 else:
-                    taken = await self._take_place(session.name)
-                    if isinstance(taken, Guard):
+                    renewed_at = time.monotonic()
+                    taken = await self.store.try_acquire_lock(
+                        next_in_line(name), ttl_s=min(self.ttl_s, _PLACE_TTL_S), permits=1, holder=self.holder
+                    )
+                    if isinstance(taken, Lease):
                         place = taken
                         continue  # first in line: try the lock at once
                     busy = taken
+                self._note_contended(name)
                 failures += 1
                 if failures == 1:
                     self.store.events.add(ev.LOCK_CONTENDED)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise LockTimeoutError(self._timeout_message(session.name, lock_busy))
+                    raise LockTimeoutError(self._timeout_message(name, lock_busy))
                 polls += 1
                 delay = (_NEXT_POLL if place is not None else _LINE_POLL).delay_s(polls)
                 await asyncio.sleep(min(remaining, delay, busy.retry_after_s + 0.002))
-        finally:
-            if place is not None:
-                self._leave_line(place)
+        except BaseException:
+            if place is not None:  # leaving without the lock (timeout, cancellation): give the place up now
+                await self._leave_line(place, wait=True)
+            raise
+        if place is not None:
+            await self._leave_line(place, wait=False)  # the turn need not wait for it
         session.lease = outcome
         session.turns = 0
         park = session.park = asyncio.Event()
-        parked = asyncio.get_running_loop().create_task(park.wait(), name=f"asynccoord-lockpool-{session.name}")
+        parked = asyncio.get_running_loop().create_task(park.wait(), name=f"asynccoord-lockpool-{name}")
 
         def lost(error: LockLostError) -> None:
             callback = session.on_lost
@@ -329,25 +361,31 @@ class LockPool:
             outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
         )
 
-    async def _take_place(self, name: str) -> Guard | LockBusy:
-        """Try to become first in line for lock ``name``: a guarded lease on its :func:`next_in_line`."""
-        sent_at = time.monotonic()
-        ttl_s = min(self.ttl_s, _PLACE_TTL_S)
-        outcome = await self.store.try_acquire_lock(next_in_line(name), ttl_s=ttl_s, permits=1, holder=self.holder)
-        if isinstance(outcome, LockBusy):
-            return outcome
-        return Watchdog.for_store(self.store).guard(outcome, sent_at=sent_at, renew=True)
+    def _note_contended(self, name: str) -> None:
+        """Remember that lock ``name`` (or its place in line) was found taken just now."""
+        _remember(self._contended, name)
 
-    def _leave_line(self, place: Guard) -> None:
-        """Give up a place in line (in the background: the turn need not wait for it)."""
-        lease, held = place.lease, place.active
-        place.close()
-        if held:
-            task = asyncio.get_running_loop().create_task(
-                self._release_quietly(lease), name=f"asynccoord-lockpool-leave-{lease.name}"
-            )
-            self._leaving.add(task)
-            task.add_done_callback(self._leaving.discard)
+    def _contended_lately(self, name: str) -> bool:
+        at = self._contended.get(name)
+        return at is not None and time.monotonic() - at <= _CONTENDED_WINDOW_S
+
+    def _released_lately(self, name: str) -> bool:
+        at = self._released.get(name)
+        return at is not None and time.monotonic() - at <= _CONTENDED_WINDOW_S
+
+    async def _leave_line(self, place: Lease, *, wait: bool) -> None:
+        """Give up a place in line: release it in a task the pool tracks (``aclose`` waits for it).
+
+        ``wait``: also wait for it (bounded); a cancellation of the caller stops the wait,
+        not the release.
+        """
+        task = asyncio.get_running_loop().create_task(
+            self._release_quietly(place), name=f"asynccoord-lockpool-leave-{place.name}"
+        )
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+        if wait:
+            await asyncio.wait({task}, timeout=_RELEASE_TIMEOUT_S)
 
     async def _release_quietly(self, lease: Lease) -> None:
         with contextlib.suppress(Exception):
@@ -405,6 +443,7 @@ class LockPool:
             lease, still_held = guard.lease, guard.active
             guard.close()
             if still_held:
+                _remember(self._released, lease.name)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -234,3 +235,69 @@ def test_next_in_line_is_a_valid_lock_name_for_any_lock_name() -> None:
     assert len(names) == 3
     assert all(name.startswith("asynccoord.next:") and len(name) == 48 for name in names)
     assert next_in_line("a") == next_in_line("a")
+
+
+async def test_pools_of_one_worker_each_with_deferred_commits_take_turns(make_store: Any) -> None:
+    """A node's pattern: one task at a time per account, its commit deferred past the turn.
+
+    No local waiter is queued when a turn ends, so the lease goes back each time; a pool
+    that found the lock taken lately still waits in line instead of taking it back at once.
+    """
+    store = await make_store(clock=None)
+    pools = {label: LockPool(store, ttl_s=5.0, holder=f"process-{label}", max_turns=4) for label in "ab"}
+    order: list[str] = []
+    stop = asyncio.Event()
+
+    async def worker(label: str) -> None:
+        while not stop.is_set():
+            async with pools[label].turn("account:hot", timeout_s=20.0, on_lost=_ignore) as turn:
+                order.append(label)
+                committed = turn.defer()
+                await asyncio.sleep(0.002)  # the send
+            await asyncio.sleep(0.002)  # the commit, fenced by the turn's token
+            committed()
+
+    workers = [asyncio.create_task(worker(label)) for label in "ab"]
+    await asyncio.sleep(1.5)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*workers), 30.0)
+    runs = [len(list(group)) for _, group in itertools.groupby(order)]
+    assert min(order.count("a"), order.count("b")) >= len(order) // 4, (runs, order)
+    assert max(runs[1:], default=0) <= 2 * 4, (runs, order)
+    for pool in pools.values():
+        await pool.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_losing_a_place_in_line_is_not_losing_a_lock(make_store: Any) -> None:
+    """A stall past the place's TTL (1 s) costs the place, not a lock_lost event or alert."""
+    store = await make_store(clock=None)
+    holder = LockPool(store, ttl_s=5.0, holder="process-a")
+    waiter = LockPool(store, ttl_s=5.0, holder="process-b")
+    holding = asyncio.Event()
+    let_go = asyncio.Event()
+
+    async def hold() -> None:
+        async with holder.turn("account:1", timeout_s=5.0, on_lost=_ignore):
+            holding.set()
+            await let_go.wait()
+
+    async def wait_turn() -> None:
+        async with waiter.turn("account:1", timeout_s=10.0, on_lost=_ignore):
+            pass
+
+    held = asyncio.create_task(hold())
+    await holding.wait()
+    waiting = asyncio.create_task(wait_turn())
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while not any(i.name == next_in_line("account:1") for i in await store.list_locks()):
+        assert asyncio.get_running_loop().time() < deadline, "the waiter never took its place in line"
+        await asyncio.sleep(0.01)
+    time.sleep(1.2)  # a stall of the whole process (GC, a blocking call): the place lapses
+    await asyncio.sleep(0.1)
+    let_go.set()
+    await asyncio.wait_for(asyncio.gather(held, waiting), 10.0)
+    assert store.events.snapshot().get("lock_lost", 0) == 0
+    for pool in (holder, waiter):
+        await pool.aclose()
+    assert await store.list_locks() == []
