@@ -93,6 +93,7 @@ SLOW_NODE = ("all+slow", "all+stealing")
 PG_SCHEMA = "bench_contention"  # the default of --pg-schema
 PG_LOCK_TABLE_CONNECTIONS = 16
 READY = "asynccoord-contention-ready"
+HEARTBEAT_TTL_S = 3.0  # the runtimes' heartbeat TTL (a heartbeat every second)
 
 
 async def no_barrier() -> None:
@@ -390,7 +391,7 @@ async def drain_runtime(
             node_ids=node_ids,
             config=config_for(strategy, args.steal_after_s),
             lock_key=lock_key,
-            heartbeat_ttl_s=3.0,
+            heartbeat_ttl_s=HEARTBEAT_TTL_S,
             shutdown_timeout_s=5.0,
         )
         if slow_id is not None:  # a node on a constrained host: one send at a time, each slow
@@ -404,12 +405,19 @@ async def drain_runtime(
                 lock_pool=runtime.lock_pool,
                 idle_poll=runtime.idle_poller is None,  # woken by the runtime's idle poll like the others
             )
-        async with db.drain_probe(runtime, target) as wait_drained:
-            await barrier()
-            async with runtime:
-                start = time.time()
-                drained = await wait_drained(args.max_cell_s)
-                end = time.time()
+        async with db.drain_probe(runtime, target) as wait_drained, runtime:
+            # The cell measures a formed cluster: the drain starts once this process's view
+            # holds every node of the cell (the other process's show up at a heartbeat).
+            cluster = nodes * args.process_count
+            view = runtime.membership.view
+            with anyio.fail_after(3 * HEARTBEAT_TTL_S):
+                while len(view.node_ids) < cluster:
+                    view = await runtime.membership.wait_changed(view.version)
+            await barrier()  # the tasks are enqueued (by the parent, or here with one process)
+            store.notifier.notify(QUEUE, len(runtime.nodes))  # they came from another store object
+            start = time.time()
+            drained = await wait_drained(args.max_cell_s)
+            end = time.time()
         events = dict(store.events.snapshot())
     return {
         "sent": sent,
@@ -564,8 +572,9 @@ async def drain_lock_table_pg(
     return {"sent": sent, "stolen": None, "start": start, "end": end, "drained": drained, "events": {}}
 
 
-def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int) -> list[str]:
+def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int, processes: int) -> list[str]:
     argv = [sys.executable, __file__, "--worker", target, "--strategies", strategy, "--nodes", str(nodes)]
+    argv += ["--process-count", str(processes)]
     for name in ("send_ms", "slow_send_ms", "steal_after_s", "tasks", "max_cell_s"):
         argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.store is not None:
@@ -578,7 +587,7 @@ def drain_processes(
 ) -> list[dict[str, Any]]:
     """Drain with ``processes`` worker processes, started together once all are set up (then ``before_go()``)."""
     outputs = [os.path.join(args.folder, f"worker-{i}.json") for i in range(processes)]
-    command = worker_argv(args, target, strategy, nodes)
+    command = worker_argv(args, target, strategy, nodes, processes)
     procs = [
         subprocess.Popen(
             [*command, "--process-index", str(i), "--result", out],
@@ -742,6 +751,7 @@ def main() -> None:
     parser.add_argument("--report", metavar="DIR", help="write contention.json, contention.md and contention.png")
     parser.add_argument("--worker", metavar="TARGET", help=argparse.SUPPRESS)
     parser.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--process-count", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
