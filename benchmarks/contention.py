@@ -96,21 +96,30 @@ READY = "asynccoord-contention-ready"
 HEARTBEAT_TTL_S = 3.0  # the runtimes' heartbeat TTL (a heartbeat every second)
 
 
-async def no_barrier() -> None:
+Barrier = Callable[[], Awaitable[float | None]]
+"""Awaited by a drain once set up: returns when the tasks are enqueued, with the time (``time.time()``)
+the enqueue committed when another process did it (None: now)."""
+
+
+async def no_barrier() -> float | None:
     """The start of a one-process cell: nothing to wait for."""
+    return None
 
 
-async def stdin_barrier() -> None:
-    """A worker process's start line: say it is ready, then wait for the parent's ``go``.
+async def stdin_barrier() -> float | None:
+    """A worker process's start line: say it is ready, then wait for the parent's ``go <time>``.
 
-    Every process of a cell is set up (store open, runtime built) before any starts
-    draining, as ``postgres_drain.py`` starts procrastinate's and asynccoord's workers:
-    without it the first process to finish importing drains alone for a while.
+    Every process of a cell is set up (store open, runtime started, every node of the cell
+    in its membership view) before the parent enqueues the tasks, as ``postgres_drain.py``
+    starts procrastinate's and asynccoord's workers: without it the first process to finish
+    importing drains alone for a while. The clock starts at the parent's enqueue commit.
     """
     print(READY, flush=True)
     line = await asyncio.to_thread(sys.stdin.readline)
-    if line.strip() != "go":
-        raise SystemExit(f"worker: expected 'go' on stdin, got {line!r}")
+    word, _, when = line.strip().partition(" ")
+    if word != "go":
+        raise SystemExit(f"worker: expected 'go <time>' on stdin, got {line!r}")
+    return float(when)
 
 
 def zipf_choices(rng: random.Random, n: int, k: int, s: float = 1.1) -> list[int]:
@@ -203,7 +212,7 @@ class SQLiteDb:
             db.close()
 
     async def lock_table(
-        self, target: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+        self, target: str, nodes: int, send_ms: float, max_s: float, barrier: Barrier
     ) -> dict[str, Any]:
         return await drain_lock_table_sqlite(target, nodes, send_ms, max_s, barrier)
 
@@ -290,7 +299,7 @@ class PostgresDb:
             await conn.close()
 
     async def lock_table(
-        self, target: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+        self, target: str, nodes: int, send_ms: float, max_s: float, barrier: Barrier
     ) -> dict[str, Any]:
         return await drain_lock_table_pg(target, self.schema, nodes, send_ms, max_s, barrier)
 
@@ -344,10 +353,14 @@ async def create(db: SQLiteDb | PostgresDb, target: str) -> None:
         pass
 
 
-async def fill(db: SQLiteDb | PostgresDb, target: str, specs: list[NewTask]) -> None:
+async def fill(db: SQLiteDb | PostgresDb, target: str, specs: list[NewTask]) -> float:
+    """Enqueue every task in one transaction; return when it committed (``time.time()``).
+
+    The tasks become claimable at one instant: the drain's start.
+    """
     async with db.open(target) as store:
-        for i in range(0, len(specs), 1000):
-            await store.enqueue_many(specs[i : i + 1000])
+        await store.enqueue_many(specs)
+        return time.time()
 
 
 async def drain_runtime(
@@ -357,7 +370,7 @@ async def drain_runtime(
     nodes: int,
     args: argparse.Namespace,
     process: int,
-    barrier: Callable[[], Awaitable[None]],
+    barrier: Barrier,
 ) -> dict[str, Any]:
     """Drain with a Runtime of ``nodes`` nodes; return the sends made, steals and the timing.
 
@@ -413,9 +426,9 @@ async def drain_runtime(
             with anyio.fail_after(3 * HEARTBEAT_TTL_S):
                 while len(view.node_ids) < cluster:
                     view = await runtime.membership.wait_changed(view.version)
-            await barrier()  # the tasks are enqueued (by the parent, or here with one process)
+            enqueued_at = await barrier()  # the tasks are enqueued (by the parent, or here with one process)
+            start = time.time() if enqueued_at is None else enqueued_at
             store.notifier.notify(QUEUE, len(runtime.nodes))  # they came from another store object
-            start = time.time()
             drained = await wait_drained(args.max_cell_s)
             end = time.time()
         events = dict(store.events.snapshot())
@@ -461,7 +474,7 @@ async def until(work: asyncio.Future[Any], max_s: float) -> bool:
 
 
 async def drain_lock_table_sqlite(
-    path: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+    path: str, nodes: int, send_ms: float, max_s: float, barrier: Barrier
 ) -> dict[str, Any]:
     """The naive lock-table design, one aiosqlite connection per node (``naive_locks`` made by ``prepare``)."""
     sent: list[int] = []
@@ -503,8 +516,8 @@ async def drain_lock_table_sqlite(
                     await db.execute("DELETE FROM naive_locks WHERE task_id = ?", (task_id,))
                     await db.execute("COMMIT")
 
-    await barrier()
-    start = time.time()
+    enqueued_at = await barrier()
+    start = time.time() if enqueued_at is None else enqueued_at
     drained = await until(asyncio.gather(*(node(i) for i in range(nodes))), max_s)
     return {"sent": sent, "stolen": None, "start": start, "end": time.time(), "drained": drained, "events": {}}
 
@@ -514,7 +527,7 @@ class _Taken(Exception):
 
 
 async def drain_lock_table_pg(
-    dsn: str, schema: str, nodes: int, send_ms: float, max_s: float, barrier: Callable[[], Awaitable[None]]
+    dsn: str, schema: str, nodes: int, send_ms: float, max_s: float, barrier: Barrier
 ) -> dict[str, Any]:
     """The naive lock-table design on PostgreSQL: the nodes share a pool of up to 16 connections.
 
@@ -563,8 +576,8 @@ async def drain_lock_table_pg(
                     await conn.execute("DELETE FROM naive_locks WHERE task_id = $1", task_id)
 
     try:
-        await barrier()
-        start = time.time()
+        enqueued_at = await barrier()
+        start = time.time() if enqueued_at is None else enqueued_at
         drained = await until(asyncio.gather(*(node(i) for i in range(nodes))), max_s)
         end = time.time()
     finally:
@@ -583,9 +596,9 @@ def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int
 
 
 def drain_processes(
-    args: argparse.Namespace, target: str, strategy: str, processes: int, nodes: int, before_go: Callable[[], None]
+    args: argparse.Namespace, target: str, strategy: str, processes: int, nodes: int, enqueue: Callable[[], float]
 ) -> list[dict[str, Any]]:
-    """Drain with ``processes`` worker processes, started together once all are set up (then ``before_go()``)."""
+    """Drain with ``processes`` worker processes: once all are set up, ``enqueue()`` the tasks and start them."""
     outputs = [os.path.join(args.folder, f"worker-{i}.json") for i in range(processes)]
     command = worker_argv(args, target, strategy, nodes, processes)
     procs = [
@@ -606,10 +619,10 @@ def drain_processes(
             sys.stdout.write(line)
         else:
             raise RuntimeError(f"a worker exited before it was ready (exit code {proc.wait()})")
-    before_go()
+    enqueued_at = enqueue()  # the tasks became claimable at once (one transaction)
     for proc in procs:
         assert proc.stdin is not None
-        proc.stdin.write("go\n")
+        proc.stdin.write(f"go {enqueued_at!r}\n")
         proc.stdin.flush()
     results = []
     for proc, out in zip(procs, outputs, strict=True):
@@ -630,7 +643,7 @@ def drain_one(
     nodes: int,
     args: argparse.Namespace,
     process: int,
-    barrier: Callable[[], Awaitable[None]] = no_barrier,
+    barrier: Barrier = no_barrier,
 ) -> dict[str, Any]:
     if strategy == "lock-table":
         return run(lambda: db.lock_table(target, nodes, args.send_ms, args.max_cell_s, barrier))
@@ -660,8 +673,8 @@ def cell(
     # enqueue-to-commit latencies count the drain, not the baseline or the start-up.
     if processes == 1:
 
-        async def fill_then_go() -> None:
-            await fill(db, target, specs)
+        async def fill_then_go() -> float | None:
+            return await fill(db, target, specs)  # the clock starts as the enqueue commits
 
         parts = [drain_one(db, target, strategy, nodes, args, 0, fill_then_go)]
     else:
