@@ -43,7 +43,7 @@ from typing import Any
 
 from . import events as ev
 from .config import RetryPolicy
-from .errors import InvalidTypeError, LockLostError, LockTimeoutError
+from .errors import UNRECOVERABLE_STORE_ERRORS, InvalidTypeError, LockLostError, LockTimeoutError
 from .lockmodels import Lease, LockBusy
 from .validation import check_int, check_name, check_positive
 from .watchdog import Guard, Watchdog
@@ -285,9 +285,10 @@ class LockPool:
         waits, not by the watchdog: losing a place is not losing a lock). The pool
         holding the place polls the lock often (every 1 to 10 ms); the others poll for
         the place (every 2 to 20 ms). A pool that gave the lease back with local waiters
-        still queued (``max_turns``), or that found the lock or its place taken in the
-        last second, does not take the lock at once: it waits in line too, so a waiting
-        pool (another process) goes first. The line has one place, not a queue: with
+        still queued (``max_turns``), that found the lock or its place taken in the last
+        second, or that gave a lease of it back in the last second while another pool
+        holds the place (one ``list_locks`` read), does not take the lock at once: it waits
+        in line too, so a waiting pool (another process) goes first. The line has one place, not a queue: with
         three or more pools the order among those behind the first is whoever takes the
         place first, as with a plain lock.
         """
@@ -295,10 +296,7 @@ class LockPool:
         in_line = session.queue_next or self._contended_lately(name)
         session.queue_next = False
         if not in_line and self._released_lately(name):
-            # A lock this pool gave back a moment ago is a hot one: another pool may hold its
-            # place in line (one read), and then it goes first.
-            place_name = next_in_line(name)
-            in_line = any(info.holder != self.holder for info in await self.store.list_locks(place_name))
+            in_line = await self._someone_in_line(name)
         place: Lease | None = None
         renewed_at = 0.0
         lock_busy: LockBusy | None = None
@@ -307,7 +305,7 @@ class LockPool:
             while True:
                 if place is not None and time.monotonic() - renewed_at > place.ttl_s / 3:
                     renewed_at = time.monotonic()
-                    place = await self.store.renew_lock(place)  # None: it lapsed, queue again
+                    place = await self._renew_place(place)  # None: it lapsed, queue again
                 if place is not None or not in_line:
                     sent_at = time.monotonic()
                     outcome = await self.store.try_acquire_lock(name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
@@ -360,6 +358,30 @@ class LockPool:
         session.guard = Watchdog.for_store(self.store).guard(
             outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
         )
+
+    async def _someone_in_line(self, name: str) -> bool:
+        """Whether another pool holds the place in line for ``name`` (one read).
+
+        Asked when this pool gave a lease of ``name`` back a moment ago (a hot lock): then
+        the waiting pool goes first. A failed read answers no (the lock is tried at once).
+        """
+        try:
+            places = await self.store.list_locks(next_in_line(name))
+        except UNRECOVERABLE_STORE_ERRORS:
+            raise
+        except Exception:
+            return False
+        return any(info.holder != self.holder for info in places)
+
+    async def _renew_place(self, place: Lease) -> Lease | None:
+        """Renew a place in line; None when it lapsed or the renewal failed (the pool queues again)."""
+        try:
+            renewed: Lease | None = await self.store.renew_lock(place)
+        except UNRECOVERABLE_STORE_ERRORS:
+            raise
+        except Exception:
+            return None
+        return renewed
 
     def _note_contended(self, name: str) -> None:
         """Remember that lock ``name`` (or its place in line) was found taken just now."""
