@@ -24,6 +24,20 @@ def _ignore(error: LockLostError) -> None:
     raise AssertionError(f"no lease should be lost here: {error}")
 
 
+async def _hold(pool: LockPool, name: str) -> tuple[asyncio.Task[None], asyncio.Event]:
+    """Hold lock ``name`` in ``pool`` until the returned event is set; return once it is held."""
+    holding, let_go = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with pool.turn(name, timeout_s=5.0, on_lost=_ignore):
+            holding.set()
+            await let_go.wait()
+
+    task = asyncio.create_task(hold())
+    await holding.wait()
+    return task, let_go
+
+
 async def test_waiters_take_turns_by_priority_then_arrival(make_store: Any) -> None:
     store = await make_store(clock=None)
     pool = LockPool(store, ttl_s=5.0, holder="p1")
@@ -184,16 +198,8 @@ async def test_a_waiter_that_times_out_in_line_gives_up_its_place(make_store: An
     store = await make_store(clock=None)
     holder = LockPool(store, ttl_s=5.0, holder="process-a")
     waiter = LockPool(store, ttl_s=5.0, holder="process-b")
-    holding = asyncio.Event()
-    let_go = asyncio.Event()
 
-    async def hold() -> None:
-        async with holder.turn("account:1", timeout_s=5.0, on_lost=_ignore):
-            holding.set()
-            await let_go.wait()
-
-    held = asyncio.create_task(hold())
-    await holding.wait()
+    held, let_go = await _hold(holder, "account:1")
     with pytest.raises(LockTimeoutError, match="account:1"):
         async with waiter.turn("account:1", timeout_s=0.2, on_lost=_ignore):
             raise AssertionError("the lock is held by the other pool")
@@ -274,20 +280,12 @@ async def test_losing_a_place_in_line_is_not_losing_a_lock(make_store: Any) -> N
     store = await make_store(clock=None)
     holder = LockPool(store, ttl_s=5.0, holder="process-a")
     waiter = LockPool(store, ttl_s=5.0, holder="process-b")
-    holding = asyncio.Event()
-    let_go = asyncio.Event()
-
-    async def hold() -> None:
-        async with holder.turn("account:1", timeout_s=5.0, on_lost=_ignore):
-            holding.set()
-            await let_go.wait()
 
     async def wait_turn() -> None:
         async with waiter.turn("account:1", timeout_s=10.0, on_lost=_ignore):
             pass
 
-    held = asyncio.create_task(hold())
-    await holding.wait()
+    held, let_go = await _hold(holder, "account:1")
     waiting = asyncio.create_task(wait_turn())
     deadline = asyncio.get_running_loop().time() + 5.0
     while not any(i.name == next_in_line("account:1") for i in await store.list_locks()):
