@@ -48,7 +48,7 @@ from .lockmodels import Lease, LockBusy
 from .validation import check_int, check_name, check_positive
 from .watchdog import Guard, Watchdog
 
-__all__ = ("LockPool", "Turn")
+__all__ = ("PLACE_PREFIX", "LockPool", "Turn", "next_in_line")
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +76,17 @@ def _remember(seen: dict[str, float], name: str) -> None:
             del seen[stale]
 
 
+PLACE_PREFIX = "asynccoord.next:"
+"""The prefix of the names of places in line (see :func:`next_in_line`)."""
+
+
 def next_in_line(name: str) -> str:
     """The name of the lock that marks who is next in line for lock ``name``.
 
     A fixed-length name (BLAKE2b of ``name``), so any lock name has one, in a prefix of
-    its own.
+    its own, :data:`PLACE_PREFIX`.
     """
-    return "asynccoord.next:" + hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
+    return PLACE_PREFIX + hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(slots=True, eq=False)

@@ -26,6 +26,7 @@ from typing import IO, Any
 from . import events as ev
 from .backends._monitorcommon import check_windows
 from .config import StoreConfig
+from .lockpool import PLACE_PREFIX
 from .monitor import cluster_snapshot
 from .partition import assign
 from .validation import check_positive
@@ -242,12 +243,16 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
         table.add_row(n["node_id"], _fmt_s(n["heartbeat_age_s"]), str(n["partitions"]), info)
     console.print(table)
 
-    table = Table(title=f"Locks held ({len(report['locks'])})", box=box.SIMPLE_HEAVY)
+    places = sum(1 for lock in report["locks"] if lock["name"].startswith(PLACE_PREFIX))
+    title = f"Locks held ({len(report['locks']) - places})"
+    if places:  # leases that mark a process waiting for a taken lock (asynccoord.lockpool.next_in_line)
+        title += f" and places in line ({places})"
+    table = Table(title=title, box=box.SIMPLE_HEAVY)
     for col in ("lock", "holder", "fencing token", "permits", "TTL left"):
         table.add_column(col, justify="left" if col in ("lock", "holder") else "right")
     for lock in report["locks"]:
         table.add_row(
-            lock["name"],
+            "(place in line) " + lock["name"] if lock["name"].startswith(PLACE_PREFIX) else lock["name"],
             lock["holder"] or "-",
             str(lock["fencing_token"]),
             str(lock["permits"]),

@@ -27,6 +27,7 @@ from asynccoord import (
 )
 from asynccoord import events as ev
 from asynccoord.cli import build_parser
+from asynccoord.lockpool import next_in_line
 from asynccoord.membermodels import MemberBeat
 from asynccoord.monitormodels import MetricsFlush
 from asynccoord.status import collect_status, render_status, status_report, status_schema
@@ -105,8 +106,22 @@ async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeCl
     out = io.StringIO()
     render_status(report, out, color=False)
     text = out.getvalue()
-    for expected in ("outbox", "n1", "account:1", "commits_seen"):
+    for expected in ("outbox", "n1", "account:1", "commits_seen", "Locks held (1)"):
         assert expected in text
+    assert "places in line" not in text
+
+
+async def test_status_tells_places_in_line_from_held_locks(store: Store, clock: FakeClock) -> None:
+    await store.try_acquire_lock("account:1", ttl_s=20.0, holder="p1")
+    await store.try_acquire_lock(next_in_line("account:1"), ttl_s=1.0, holder="p2")  # p2 waits for it
+    report = await status_report(store, windows_s=[10.0], db="x.db")
+    validate(report)
+    assert sorted(lock["name"] for lock in report["locks"]) == sorted(["account:1", next_in_line("account:1")])
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    text = out.getvalue()
+    assert "Locks held (1) and places in line (1)" in text
+    assert f"(place in line) {next_in_line('account:1')}" in text
 
 
 async def test_read_only_store_refuses_writes_and_never_creates(tmp_path: Path) -> None:
