@@ -21,6 +21,14 @@ Turns go in FIFO order, except that a waiter may pass a ``priority``: it then wa
 of the waiters with a lower one, each of which it may overtake at most ``max_overtakes``
 times (see :meth:`LockPool.turn`).
 
+Between processes, a taken lock has a line of one place: the pool that finds it taken
+takes a lease on :func:`next_in_line` of its name, and a pool that would take the lock
+back at once (it just used it for ``max_turns`` turns with more local waiters, or saw it
+contended a moment ago) waits behind that place instead, so two processes with steady
+demand take turns rather than one keeping the lock. The idea of a fair lock's queue of
+waiters (as in Redisson's ``RFairLock`` on Redis), reduced to one place, built only on the
+lock contract (any lock store).
+
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
 cancelled (the ``on_lost`` callback given to :meth:`LockPool.turn`) and the next turn
