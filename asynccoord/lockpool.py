@@ -163,8 +163,9 @@ class LockPool:
             another process waiting for the lock gets it. Default 32. A pool that finds
             the lock taken takes the *place in line* (a lease on :func:`next_in_line` of
             the name, on the same store); a pool that gives the lease back after
-            ``max_turns`` with local waiters queued waits in line behind it instead of
-            taking the lock again at once (see :meth:`_acquire` for the other cases). So
+            ``max_turns`` with local waiters queued, while another pool holds that place,
+            waits in line behind it instead of taking the lock again at once (see
+            :meth:`_acquire` for the other cases). So
             two processes with steady demand for a hot lock take turns, in runs of about
             ``max_turns`` turns at most (the idea of a fair lock's queue, e.g. Redisson's
             on Redis, with a line of one place).
