@@ -76,6 +76,12 @@ _CONTENDED_NAMES = 1024
 _RELEASE_TIMEOUT_S = 5.0
 
 
+def _lately(seen: dict[str, float], name: str) -> bool:
+    """Whether ``_remember`` recorded ``name`` within the last ``_CONTENDED_WINDOW_S``."""
+    at = seen.get(name)
+    return at is not None and time.monotonic() - at <= _CONTENDED_WINDOW_S
+
+
 def _remember(seen: dict[str, float], name: str) -> None:
     """Record ``name`` at the current monotonic time; forget stale names past ``_CONTENDED_NAMES``."""
     now = time.monotonic()
@@ -112,7 +118,6 @@ class _Session:
     ranks: dict[asyncio.Future[None], list[int]] = field(default_factory=dict)  # waiter -> [priority, overtaken]
     on_lost: Callable[[LockLostError], None] | None = None
     releasing: asyncio.Task[None] | None = None
-    queue_next: bool = False  # gave the lease back with local waiters: the next acquisition waits in line
 
     def alive(self) -> bool:
         return self.lease is not None and self.guard is not None and self.guard.active
@@ -307,17 +312,24 @@ class LockPool:
         place first, as with a plain lock.
         """
         name = session.name
-        if self._contended_lately(name):
+        if _lately(self._contended, name):
             in_line = True  # another pool wants it too: go through the line
-        elif session.queue_next or self._released_lately(name):
-            in_line = await self._someone_in_line(name)  # a hot lock: does anybody wait for it?
+        elif _lately(self._released, name):  # a hot lock (e.g. given back after max_turns): does anybody wait?
+            in_line = await self._someone_in_line(name)
         else:
             in_line = False
-        session.queue_next = False
         place: Lease | None = None
         renewed_at = 0.0
         lock_busy: LockBusy | None = None
         failures = polls = 0
+
+        def contended() -> None:
+            nonlocal failures
+            _remember(self._contended, name)
+            failures += 1
+            if failures == 1:
+                self.store.events.add(ev.LOCK_CONTENDED)
+
         try:
             while True:
                 if place is not None and time.monotonic() - renewed_at > place.ttl_s / 3:
@@ -332,10 +344,7 @@ class LockPool:
                     busy = lock_busy = outcome
                     if not in_line:  # take a place in line at once
                         in_line = True
-                        self._note_contended(name)
-                        failures += 1
-                        if failures == 1:
-                            self.store.events.add(ev.LOCK_CONTENDED)
+                        contended()
                         continue
                 else:
                     renewed_at = time.monotonic()
@@ -347,10 +356,7 @@ class LockPool:
                         polls = 0  # first in line: try the lock at once, then poll it from 1 ms
                         continue
                     busy = taken
-                self._note_contended(name)
-                failures += 1
-                if failures == 1:
-                    self.store.events.add(ev.LOCK_CONTENDED)
+                contended()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise LockTimeoutError(self._timeout_message(name, lock_busy))
@@ -401,18 +407,6 @@ class LockPool:
             return None
         return renewed
 
-    def _note_contended(self, name: str) -> None:
-        """Remember that lock ``name`` (or its place in line) was found taken just now."""
-        _remember(self._contended, name)
-
-    def _contended_lately(self, name: str) -> bool:
-        at = self._contended.get(name)
-        return at is not None and time.monotonic() - at <= _CONTENDED_WINDOW_S
-
-    def _released_lately(self, name: str) -> bool:
-        at = self._released.get(name)
-        return at is not None and time.monotonic() - at <= _CONTENDED_WINDOW_S
-
     async def _leave_line(self, place: Lease, *, wait: bool) -> None:
         """Give up a place in line: release it in a task the pool tracks (``aclose`` waits for it).
 
@@ -445,8 +439,6 @@ class LockPool:
         session.busy = False
         if session.alive() and session.turns < self.max_turns and self._wake_next(session):
             return
-        if session.alive() and session.waiters:  # max_turns with local demand: others go first
-            session.queue_next = True
         if session.releasing is None:
             session.releasing = asyncio.get_running_loop().create_task(
                 self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
