@@ -369,6 +369,7 @@ class Node:
         self.lock_key = lock_key
         self.membership = membership
         self.lock_pool = lock_pool
+        self._own_pool = False  # the pool was made by this node (no runtime's): the node closes it
         self.idle_poll = check_bool("idle_poll", idle_poll)
         self._state = NodeState(node_id=self.node_id)
         self._in_flight: dict[int, _InFlight] = {}
@@ -460,7 +461,8 @@ class Node:
         """Run the pipeline until :meth:`stop_claiming` and drained, or until cancelled.
 
         On cancellation every in-flight task is handed back to pending (not counted
-        as a failure), its lock released, and the cancellation re-raised.
+        as a failure), its lock released, and the cancellation re-raised. A node without
+        a shared ``lock_pool`` releases the leases of its own pool before returning.
 
         Raises:
             StoreClosedError, StoreLoopError: the store (or the lock store) was closed under
@@ -485,6 +487,9 @@ class Node:
             if failure is None or failure is exc:
                 raise
         finally:
+            if self._own_pool and self.lock_pool is not None:  # its leases go back before run() returns
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.lock_ttl_s):
+                    await self.lock_pool.aclose()
             self._state.status = NodeStatus.STOPPED if failure is None else NodeStatus.FAILED
         if failure is not None:
             raise failure  # the one error inside the task group's ExceptionGroup
@@ -788,6 +793,7 @@ class Node:
     def _pool(self) -> LockPool:
         if self.lock_pool is None:
             self.lock_pool = LockPool(self.lock_store, ttl_s=self.config.lock_ttl_s, holder=self.node_id)
+            self._own_pool = True
         return self.lock_pool
 
     async def _send(self, flight: _InFlight) -> tuple[bool, Any, BaseException | None]:
