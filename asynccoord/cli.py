@@ -5,7 +5,9 @@ a function adding its options to an ``argparse`` parser, and a function running 
 that returns the exit status. Adding a command is adding one entry.
 
 Exit status: 0 on success, 1 when the command failed (the error is printed on
-standard error, one line), 2 for bad usage (argparse's own).
+standard error, one line), 2 for bad usage: argparse's own errors, and a value the
+command's ``check`` refuses (``InvalidArgumentError`` / ``InvalidTypeError``) before
+anything touches a database.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .errors import CoordError
-from .serve import configure_run, run_command
+from .errors import CoordError, InvalidArgumentError, InvalidTypeError
+from .serve import check_run, configure_run, run_command
 from .validation import MAX_DURATION_S
 
 __all__ = ("COMMANDS", "Command", "build_parser", "main")
@@ -33,12 +35,16 @@ class Command:
         help: One line shown by ``--help``.
         configure: Adds the subcommand's options to its parser.
         run: Runs it with the parsed arguments; returns the exit status.
+        check: Validates the parsed arguments before ``run``, touching nothing; the
+            ``InvalidArgumentError`` or ``InvalidTypeError`` it raises is a usage error
+            (exit status 2). None: argparse's checks only.
     """
 
     name: str
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    check: Callable[[argparse.Namespace], object] | None = None
 
 
 def _positive_float(text: str) -> float:
@@ -99,6 +105,7 @@ COMMANDS: list[Command] = [
         help="host N nodes draining a queue with your send function until SIGTERM/SIGINT",
         configure=configure_run,
         run=run_command,
+        check=check_run,
     ),
 ]
 """The subcommands, in ``--help`` order."""
@@ -113,7 +120,7 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
     for command in COMMANDS if commands is None else commands:
         child = sub.add_parser(command.name, help=command.help, description=command.help)
         command.configure(child)
-        child.set_defaults(_run=command.run)
+        child.set_defaults(_run=command.run, _check=command.check, _parser=child)
     return parser
 
 
@@ -121,6 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return the exit status."""
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args._run
+    check: Callable[[argparse.Namespace], object] | None = args._check
+    if check is not None:
+        try:
+            check(args)
+        except (InvalidArgumentError, InvalidTypeError) as exc:
+            parser: argparse.ArgumentParser = args._parser
+            parser.error(str(exc))  # usage line, the message, exit status 2
     try:
         return run(args)
     except CoordError as exc:

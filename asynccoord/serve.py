@@ -22,7 +22,7 @@ from ._loop import run as run_loop
 from .errors import InvalidArgumentError, InvalidTypeError
 from .validation import check_int, check_positive
 
-__all__ = ("configure_run", "load_callable", "run_command")
+__all__ = ("check_run", "configure_run", "load_callable", "run_command")
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +74,21 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown)."""
-    from .backends.sqlite import SQLiteStore
-    from .monitor import Monitor
-    from .node import NodeConfig
-    from .runtime import Runtime
+def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """Validate the ``run`` subcommand's arguments before anything touches the database.
 
-    check_int("--nodes", args.nodes, minimum=1, maximum=4096)  # before the database is touched
+    Returns:
+        ``(send, lock_key, config)``: the loaded callables (``lock_key`` None when not
+        given) and the :class:`~asynccoord.node.NodeConfig` they make.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: an option is out of range, or a
+            ``MODULE:ATTR`` cannot be imported or is not callable (the command line
+            reports it as a usage error, exit status 2).
+    """
+    from .node import NodeConfig
+
+    check_int("--nodes", args.nodes, minimum=1, maximum=4096)
     check_positive("--heartbeat-ttl-s", args.heartbeat_ttl_s)
     check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
     check_positive("--idle-max-s", args.idle_max_s)
@@ -98,6 +105,16 @@ def run_command(args: argparse.Namespace) -> int:
         idle_max_s=args.idle_max_s,
         idle_min_s=min(0.05, args.idle_max_s),
     )
+    return send, lock_key, config
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown)."""
+    from .backends.sqlite import SQLiteStore
+    from .monitor import Monitor
+    from .runtime import Runtime
+
+    send, lock_key, config = check_run(args)  # before the database is touched
 
     async def main() -> int:
         async with SQLiteStore(args.db) as store:

@@ -74,6 +74,7 @@ from queue_throughput import raw_commits_per_s, run
 
 from asynccoord import NewTask, SQLiteStore
 from asynccoord.node import Node, NodeConfig, current_delivery
+from asynccoord.partition import partition_of
 from asynccoord.runtime import Runtime
 from asynccoord.stores import is_postgres_target, redact_target
 
@@ -428,7 +429,11 @@ async def drain_runtime(
                     view = await runtime.membership.wait_changed(view.version)
             enqueued_at = await barrier()  # the tasks are enqueued (by the parent, or here with one process)
             start = time.time() if enqueued_at is None else enqueued_at
-            store.notifier.notify(QUEUE, len(runtime.nodes))  # they came from another store object
+            # They came from another store object: wake the owners of their keys' partitions,
+            # as an in-process enqueue does (a wake-up of every node would make the nodes
+            # owning none of them claim for nothing).
+            keys = {spec.partition_key for spec in workload(args.tasks, args.conversations, args.accounts, args.seed)}
+            store.notifier.notify(QUEUE, len(runtime.nodes), {partition_of(k, store.partitions) for k in keys})
             drained = await wait_drained(args.max_cell_s)
             end = time.time()
         events = dict(store.events.snapshot())
@@ -588,7 +593,8 @@ async def drain_lock_table_pg(
 def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int, processes: int) -> list[str]:
     argv = [sys.executable, __file__, "--worker", target, "--strategies", strategy, "--nodes", str(nodes)]
     argv += ["--process-count", str(processes)]
-    for name in ("send_ms", "slow_send_ms", "steal_after_s", "tasks", "max_cell_s"):
+    names = ("send_ms", "slow_send_ms", "steal_after_s", "tasks", "max_cell_s", "conversations", "accounts", "seed")
+    for name in names:
         argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.store is not None:
         argv += ["--store", args.store, "--pg-schema", args.pg_schema]
@@ -713,9 +719,13 @@ def cell(
         "raw_commits_per_s": round(raw, 1),
         "vs_raw_commits": round(rate / raw, 3) if raw else None,
     }
+    counted = (  # lock-table and none claim without store.claim: nothing to count
+        f", {claims['calls']:,} claims ({claims['empty']:,} empty), {claims['polls']:,} idle polls"
+        if strategy not in ("lock-table", "none")
+        else ""
+    )
     print(
-        f"  {strategy} x {nodes} nodes x {processes} process(es): {rate:,.0f} tasks/s,"
-        f" {claims['calls']:,} claims ({claims['empty']:,} empty), {claims['polls']:,} idle polls",
+        f"  {strategy} x {nodes} nodes x {processes} process(es): {rate:,.0f} tasks/s{counted}",
         file=sys.stderr,
         flush=True,
     )
