@@ -62,7 +62,7 @@ from typing import Any, TypeVar
 import anyio
 
 from . import events as ev
-from .backends._lockcommon import MAX_PERMITS, check_lock_request, default_holder
+from .backends._lockcommon import MAX_PERMITS, check_lock_request, check_user_lock_name, default_holder
 from .backends.base import LockStore
 from .config import RetryPolicy
 from .errors import InvalidTypeError, LockError, LockLostError, LockNotHeldError, LockTimeoutError
@@ -304,6 +304,7 @@ class _LeaseHandle:
         ttl = DEFAULT_TTL_S if ttl_s is None else ttl_s
         who = default_holder() if holder is None else holder
         self._name, self._ttl_s, self._permits, self._holder = check_lock_request(name, ttl, permits, who)
+        check_user_lock_name("name", name)
         if auto_renew is None:
             auto_renew = ttl_s is None or renew_interval_s is not None
         self._auto_renew = check_bool("auto_renew", auto_renew)

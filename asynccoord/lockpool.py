@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
+from .backends._lockcommon import PLACE_PREFIX as _PLACE_PREFIX
+from .backends._lockcommon import check_user_lock_name
 from .config import RetryPolicy
 from .errors import UNRECOVERABLE_STORE_ERRORS, InvalidTypeError, LockLostError, LockTimeoutError
 from .lockmodels import Lease, LockBusy
@@ -91,8 +93,8 @@ def _remember(seen: dict[str, float], name: str) -> None:
             del seen[stale]
 
 
-PLACE_PREFIX = "asynccoord.next:"
-"""The prefix of the names of places in line (see :func:`next_in_line`)."""
+PLACE_PREFIX = _PLACE_PREFIX
+"""The prefix of the names of places in line (see :func:`next_in_line`); refused in user lock names."""
 
 
 def next_in_line(name: str) -> str:
@@ -240,7 +242,7 @@ class LockPool:
         Raises:
             LockTimeoutError: no turn within ``timeout_s`` (counted as ``lock_contended``).
         """
-        check_name("name", name)
+        check_user_lock_name("name", name)
         deadline = time.monotonic() + check_positive("timeout_s", timeout_s)
         check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1)
         session = self._sessions.get(name)

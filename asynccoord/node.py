@@ -57,6 +57,7 @@ import anyio
 
 from . import events as ev
 from .backends._common import encode_result
+from .backends._lockcommon import check_user_lock_name
 from .config import RetryPolicy
 from .errors import (
     UNRECOVERABLE_STORE_ERRORS,
@@ -788,7 +789,7 @@ class Node:
         if not self.config.locks or self.lock_key is None:
             return None
         name = self.lock_key(task)
-        return None if name is None else check_name("lock_key(task)", name)
+        return None if name is None else check_user_lock_name("lock_key(task)", name)
 
     def _pool(self) -> LockPool:
         if self.lock_pool is None:

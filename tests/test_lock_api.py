@@ -288,6 +288,11 @@ BAD_HANDLES: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"max_hold_s": 4e7}, InvalidArgumentError, r"max_hold_s must be <= 31536000 seconds"),
     ({"renew_interval_s": 1e308}, InvalidArgumentError, r"renew_interval_s must be <= 31536000 seconds"),
     ({"release_timeout_s": 10**400}, InvalidArgumentError, "release_timeout_s must be finite"),
+    (
+        {"name": "asynccoord.next:abc"},
+        InvalidArgumentError,
+        "'asynccoord.next:abc' is in the prefix 'asynccoord.next:'",
+    ),
 ]
 
 
@@ -306,6 +311,8 @@ async def test_bad_semaphore_permits_and_call_arguments(rstore: Store) -> None:
         Semaphore(rstore, "s", 0)
     with pytest.raises(InvalidTypeError, match=r"permits must be an int, got float 2\.0"):
         Semaphore(rstore, "s", 2.0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="reserved for LockPool's places in line"):
+        Semaphore(rstore, "asynccoord.next:" + "0" * 32, 2)
     with pytest.raises(InvalidTypeError, match="store must implement LockStore"):
         Lock("bot.db", "x")  # type: ignore[arg-type]
     lock = Lock(rstore, "x", ttl_s=1.0)

@@ -78,6 +78,17 @@ async def test_waiters_take_turns_by_priority_then_arrival(make_store: Any) -> N
     assert await store.list_locks() == []
 
 
+async def test_a_name_in_the_places_prefix_is_refused(make_store: Any) -> None:
+    """A user lock there could hold a pool's place in line and keep the pool waiting for it."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="p1")
+    with pytest.raises(InvalidArgumentError, match="reserved for LockPool's places in line"):
+        async with pool.turn(next_in_line("account:a"), timeout_s=1.0, on_lost=_ignore):
+            pass
+    assert await store.list_locks() == []
+    await pool.aclose()
+
+
 @pytest.mark.parametrize(
     ("priority", "error"),
     [

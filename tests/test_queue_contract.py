@@ -452,6 +452,24 @@ async def test_stale_fail_writes_nothing(store, clock: FakeClock) -> None:
     assert store.events.get(ev.RETRIES) == 0
 
 
+async def test_fail_acts_on_the_stored_task_not_a_modified_copy(store) -> None:
+    """A copy with another key, queue or attempt count neither strands the real key nor dead-letters early."""
+    await store.enqueue(Q, {"n": 1}, partition_key="k", max_attempts=1)
+    second = (await store.enqueue(Q, {"n": 2}, partition_key="k")).task
+    [head] = await store.claim(Q, node_id="n", ordered=True)
+    dead = await store.fail(dataclasses.replace(head, partition_key="other", queue="elsewhere"), "boom")
+    assert (dead.status, dead.queue, dead.partition_key) == (TaskStatus.DEAD, Q, "k")
+    [after] = await store.claim(Q, node_id="n", ordered=True)  # the key's next task is its head now
+    assert after.id == second.id
+    await store.complete(after)
+    await store.enqueue(Q, "r", partition_key="z", max_attempts=5)
+    [task] = await store.claim(Q, node_id="n")
+    retried = await store.fail(dataclasses.replace(task, attempts=5), "boom")
+    assert (retried.status, retried.attempts, retried.max_attempts) == (TaskStatus.PENDING, 1, 5)
+    assert store.events.get(ev.DEAD_LETTERED) == 1
+    assert store.events.get(ev.RETRIES) == 1
+
+
 async def test_requeue_dead(store) -> None:
     a = (await store.enqueue(Q, "a", max_attempts=1)).task
     b = (await store.enqueue(Q, "b", max_attempts=1)).task

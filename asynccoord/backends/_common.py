@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from collections.abc import Callable, Sequence
@@ -51,6 +52,7 @@ __all__ = (
     "prepare_tasks",
     "settled_done",
     "task_from_row",
+    "with_stored_fields",
 )
 
 MAX_CLAIM_LIMIT = 10_000
@@ -428,6 +430,27 @@ def check_task_ids(task_ids: object) -> list[int] | None:
     if not isinstance(task_ids, list | tuple):
         raise InvalidTypeError(f"task_ids must be a list or tuple of int, or None; got {type(task_ids).__name__}")
     return [check_int("task_ids[i]", i, minimum=0, maximum=MAX_ID) for i in task_ids]
+
+
+def with_stored_fields(task: Task, stored: Task) -> Task:
+    """``task`` with the queue, key, partition and attempt counts of ``stored``, its row now.
+
+    ``fail`` decides between retry and dead letter from the attempt counts and promotes
+    the next task of the queue and key: it must act on the store's values, never on a
+    caller's copy that may have been modified. When ``stored`` no longer carries the
+    caller's lease (token and version), ``task`` is returned as it is: the
+    compare-and-set that follows refuses it.
+    """
+    if stored.lease_token != task.lease_token or stored.version != task.version:
+        return task
+    return dataclasses.replace(
+        task,
+        queue=stored.queue,
+        partition_key=stored.partition_key,
+        partition=stored.partition,
+        attempts=stored.attempts,
+        max_attempts=stored.max_attempts,
+    )
 
 
 def check_retry(retry: object, config: StoreConfig) -> RetryPolicy:

@@ -8,17 +8,19 @@ import socket
 from collections.abc import Sequence
 from typing import Any, cast
 
-from ..errors import FencingTokenRejectedError, InvalidTypeError
+from ..errors import FencingTokenRejectedError, InvalidArgumentError, InvalidTypeError
 from ..lockmodels import Lease
 from ..validation import check_int, check_name, check_positive, encode_payload
 
 __all__ = (
     "MAX_FENCING_TOKEN",
     "MAX_PERMITS",
+    "PLACE_PREFIX",
     "check_fence_args",
     "check_lease",
     "check_leases",
     "check_lock_request",
+    "check_user_lock_name",
     "default_holder",
     "encode_fence_data",
     "fence_rejected_error",
@@ -39,6 +41,26 @@ def _hostname() -> str:
 def default_holder() -> str:
     """``"<host>:<pid>"``: the holder recorded when none is given (for inspection only)."""
     return f"{_hostname()}:{os.getpid()}"
+
+
+PLACE_PREFIX = "asynccoord.next:"
+"""The prefix of the lock names :class:`~asynccoord.lockpool.LockPool` keeps its places in line under."""
+
+
+def check_user_lock_name(arg: str, name: object) -> str:
+    """Check a lock name given to :class:`~asynccoord.lock.Lock`, ``Semaphore`` or ``LockPool``.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: not a valid name, or one in the reserved
+            prefix :data:`PLACE_PREFIX` (a user lock there would stand in a pool's line).
+    """
+    check_name(arg, name)
+    text = cast(str, name)
+    if text.startswith(PLACE_PREFIX):
+        raise InvalidArgumentError(
+            f"{arg} {text!r} is in the prefix {PLACE_PREFIX!r}, reserved for LockPool's places in line"
+        )
+    return text
 
 
 def check_lock_request(name: object, ttl_s: object, permits: object, holder: object) -> tuple[str, float, int, str]:

@@ -97,6 +97,7 @@ from ._common import (
     prepare_tasks,
     settled_done,
     task_from_row,
+    with_stored_fields,
 )
 from ._lockcommon import fence_rejected_error
 from ._pgconn import (
@@ -1002,6 +1003,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         text = clean_error(error)
         policy = check_retry(retry, self.config)
         self._writable()
+        task = with_stored_fields(task, await self.get(task.id))  # never the caller's counts or key
         if task.attempts >= task.max_attempts:
             out = await self._settle(task, "dead_letter", {"error": text}, expect=TaskStatus.DEAD, head_change=True)
             self.events.add(ev.DEAD_LETTERED)

@@ -67,6 +67,7 @@ from ._common import (
     prepare_tasks,
     settled_done,
     task_from_row,
+    with_stored_fields,
 )
 from ._groupcommit import (
     GroupCommitter,
@@ -744,6 +745,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         check_task(task)
         text = clean_error(error)
         policy = check_retry(retry, self.config)
+        task = with_stored_fields(task, await self.get(task.id))  # never the caller's counts or key
         if task.attempts >= task.max_attempts:
             promoted: list[tuple[str, int]] = []
             out = await self._settle(
