@@ -38,7 +38,9 @@ Guarantees (the storage side is :class:`~asynccoord.backends.base.LockStore`):
 * Cancellation: a cancelled ``acquire`` leaves nothing held (a lease granted as the
   caller was cancelled is released in the background); a cancelled ``release`` still
   waits, shielded, up to ``release_timeout_s`` for the release to finish before it
-  re-raises, and the handle forgets the lease either way.
+  re-raises, and the handle forgets the lease either way (a ``release`` cancelled before
+  its first step, e.g. by ``asyncio.wait_for(lock.release(), 0)``, never ran: the lease
+  stays held until its TTL and the handle still holds it).
 * Inside ``async with`` the block is guarded by the watchdog
   (:mod:`asynccoord.watchdog`): when the lease is lost (taken over, expired, store
   unreachable past the local deadline, or ``max_hold_s`` reached) the block is
@@ -576,7 +578,8 @@ class _LeaseHandle:
 
         Cancellation-safe: if the caller is cancelled, the release still runs,
         shielded, for up to ``release_timeout_s`` before the cancellation is re-raised,
-        and the handle forgets the lease either way.
+        and the handle forgets the lease either way. A call cancelled before its first
+        step (``asyncio.wait_for(lock.release(), 0)``) never ran: nothing is released.
 
         Raises:
             LockNotHeldError: the handle holds no lease (e.g. a failed non-blocking

@@ -187,7 +187,7 @@ async def test_blocked_event_loop_past_the_ttl_is_reported_at_exit(rstore: Store
 async def test_block_without_watchdog_is_cancelled_at_its_deadline(rstore: Store) -> None:
     lock = Lock(rstore, "x", ttl_s=0.3)
     started = time.monotonic()
-    with pytest.raises(LockLostError):
+    with pytest.raises(LockLostError, match=r"is not renewed \(auto_renew off\) and the block outlived its TTL"):
         async with lock:
             await asyncio.sleep(5)
     assert 0.25 <= time.monotonic() - started < 0.3  # before the store's expiry (10 % margin)

@@ -256,7 +256,18 @@ class QueueStore(Protocol):
         ...
 
     async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
-        """Move dead tasks back to pending with attempts reset; return how many."""
+        """Move dead tasks back to pending with attempts reset; return how many.
+
+        Args:
+            queue: Queue name.
+            task_ids: Only these dead tasks (ids of tasks that are not dead are skipped);
+                None for every dead task of the queue.
+
+        A requeued task keeps its place (its id) in its key's order: in an ordered queue
+        it is the key's head again at once, ahead of the tasks that went on while it was
+        dead, so if a later task of the key is running at that moment, both may run at
+        the same time. Requeue while the key is idle when that matters.
+        """
         ...
 
     async def is_processed(self, consumer: str, message_id: str) -> bool:
