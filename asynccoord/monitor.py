@@ -526,7 +526,7 @@ class Monitor:
         evaluate_interval_s: Seconds between rule evaluations (> 0). Default
             ``flush_interval_s``.
         retention_s: Time buckets kept in the store, seconds; must cover every rule's
-            window. Default 900.
+            window and be at least ``flush_interval_s``. Default 900.
         process_id: This process' id in the cluster view. Default
             ``"<host>-<pid>-<random>"``.
         buffer_size: Notices buffered per subscriber before the oldest is dropped (>= 1).
@@ -590,6 +590,11 @@ class Monitor:
             else check_positive("evaluate_interval_s", evaluate_interval_s)
         )
         self.retention_s = check_positive("retention_s", retention_s)
+        if self.flush_interval_s > self.retention_s:
+            raise InvalidArgumentError(
+                f"flush_interval_s={self.flush_interval_s!r} > retention_s={self.retention_s!r}: the store "
+                "would drop each flush's buckets before the next; lower flush_interval_s"
+            )
         for rule in chosen:
             if rule.window_s > self.retention_s:
                 raise InvalidArgumentError(

@@ -114,6 +114,8 @@ def test_monitor_validation() -> None:
         Monitor(store, rules=["stale"])  # type: ignore[list-item]
     with pytest.raises(InvalidArgumentError, match=r"flush_interval_s must be <= 31536000 seconds"):
         Monitor(store, rules=[], flush_interval_s=1e308)
+    with pytest.raises(InvalidArgumentError, match=r"flush_interval_s=31536000.0 > retention_s=900.0"):
+        Monitor(store, rules=[], flush_interval_s=31536000.0)
     with pytest.raises(InvalidArgumentError, match=r"retention_s must be finite"):
         Monitor(store, rules=[], retention_s=math.inf)
     with pytest.raises(InvalidArgumentError, match=r"window_s must be <= 31536000 seconds"):
