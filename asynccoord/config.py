@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from .errors import InvalidArgumentError, InvalidTypeError
-from .validation import check_bool, check_int, check_non_negative, check_positive
+from .validation import MAX_ATTEMPTS, check_bool, check_int, check_non_negative, check_positive
 
 __all__ = ("DEFAULT_PARTITIONS", "MIN_CHECKPOINT_INTERVAL_S", "ProcessedRetention", "RetryPolicy", "StoreConfig")
 
@@ -39,8 +39,9 @@ class RetryPolicy:
         cap_s: Largest delay before jitter, seconds (>= base_s). Default 300.
         jitter: Fraction of the delay drawn at random either way, in [0, 1).
             Default 0.1 (so 1.0 s becomes 0.9..1.1 s).
-        max_attempts: Attempts before the task goes to the dead-letter state (>= 1).
-            Default 5. Used for tasks enqueued without their own ``max_attempts``.
+        max_attempts: Attempts before the task goes to the dead-letter state,
+            1..2**31 - 1 (``validation.MAX_ATTEMPTS``, the bound a task's own
+            ``max_attempts`` has). Default 5. Used for tasks enqueued without their own ``max_attempts``.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a field out of range.
@@ -63,7 +64,7 @@ class RetryPolicy:
         jitter = check_non_negative("jitter", self.jitter, maximum=None)
         if jitter >= 1:
             raise InvalidArgumentError(f"jitter must be in [0, 1), got {self.jitter!r}")
-        check_int("max_attempts", self.max_attempts, minimum=1)
+        check_int("max_attempts", self.max_attempts, minimum=1, maximum=MAX_ATTEMPTS)
 
     def delay_s(self, failures: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after the ``failures``-th failure (1-based), jitter included.

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .validation import check_int, check_name, check_non_negative, check_optional_name
+from .validation import MAX_ATTEMPTS, check_int, check_name, check_non_negative, check_optional_name
 
 __all__ = ("Continuation", "EnqueueResult", "NewTask", "PurgeResult", "QueueStats", "Task", "TaskStatus")
 
@@ -38,8 +38,8 @@ class NewTask:
             same key returns the first task. Also the message id of the processed-id
             record written at completion. Default None (no dedup).
         priority: Higher runs first. Default 0.
-        max_attempts: Attempts before dead-lettering; None takes the store's retry
-            policy. Default None.
+        max_attempts: Attempts before dead-lettering, 1..2**31 - 1; None takes the
+            store's retry policy. Default None.
         delay_s: Not claimable before this many seconds from now (store clock). Default 0.
 
     Raises:
@@ -61,7 +61,7 @@ class NewTask:
         check_optional_name("idempotency_key", self.idempotency_key)
         check_int("priority", self.priority, minimum=-(2**31), maximum=2**31 - 1)
         if self.max_attempts is not None:
-            check_int("max_attempts", self.max_attempts, minimum=1, maximum=2**31 - 1)
+            check_int("max_attempts", self.max_attempts, minimum=1, maximum=MAX_ATTEMPTS)
         check_non_negative("delay_s", self.delay_s)
 
 

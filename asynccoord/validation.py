@@ -14,6 +14,7 @@ from typing import Any
 from .errors import InvalidArgumentError, InvalidTypeError, PayloadTooLargeError
 
 __all__ = (
+    "MAX_ATTEMPTS",
     "MAX_DURATION_S",
     "MAX_NAME_LENGTH",
     "check_bool",
@@ -27,6 +28,10 @@ __all__ = (
 
 MAX_NAME_LENGTH = 255
 """Longest queue name, partition key, idempotency key, node id or lock name (characters)."""
+
+MAX_ATTEMPTS = 2**31 - 1
+"""Largest ``max_attempts`` (and attempt count) a task or a retry policy may carry:
+what a PostgreSQL ``integer`` column holds."""
 
 MAX_DURATION_S = 365 * 24 * 3600.0
 """Longest duration any argument may give (lease, TTL, delay, timeout, interval, retention,

@@ -77,6 +77,15 @@ async def test_enqueue_default_max_attempts_comes_from_retry_policy(make_store) 
     assert task.max_attempts == 9
 
 
+async def test_retry_policy_at_the_max_attempts_bound_is_settled(make_store) -> None:
+    # The largest policy RetryPolicy accepts is one every store can enqueue, fail and complete.
+    store = await make_store(config=StoreConfig(retry=RetryPolicy(max_attempts=2**31 - 1)))
+    task = (await store.enqueue(Q, None)).task
+    assert task.max_attempts == 2**31 - 1
+    failed = await store.fail(await claim_one(store), "boom", retry=RetryPolicy(base_s=0.001, jitter=0.0))
+    assert (failed.status, failed.attempts, failed.max_attempts) == (TaskStatus.PENDING, 1, 2**31 - 1)
+
+
 async def test_enqueue_many_in_input_order_with_distinct_ids(store) -> None:
     specs = [NewTask(queue=Q, payload=i, partition_key=f"k{i % 3}") for i in range(50)]
     results = await store.enqueue_many(specs)

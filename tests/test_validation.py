@@ -473,6 +473,8 @@ def test_processed_retention_accepts_equal_window() -> None:
         ({"jitter": -0.1}, ARG, "jitter must be >= 0, got -0.1"),
         ({"max_attempts": 0}, ARG, "max_attempts must be >= 1, got 0"),
         ({"max_attempts": 2.5}, TYPE, "max_attempts must be an int, got float"),
+        ({"max_attempts": 2**31}, ARG, "max_attempts must be <= 2147483647, got 2147483648"),
+        ({"max_attempts": 2**40}, ARG, "max_attempts must be <= 2147483647, got 1099511627776"),
         ({"base_s": "1"}, TYPE, "base_s must be a number, got str"),
         ({"base_s": 1e308, "cap_s": 1e308}, ARG, f"base_s must be <= {YEAR}, got 1e+308"),
         ({"cap_s": MAX_DURATION_S + 0.5}, ARG, f"cap_s must be <= {YEAR}, got 31536000.5"),

@@ -15,6 +15,7 @@ from ..models import EnqueueResult, NewTask, Task, TaskSlots, TaskStatus, make_t
 from ..notify import WorkNotifier
 from ..partition import partition_of
 from ..validation import (
+    MAX_ATTEMPTS,
     MAX_NAME_LENGTH,
     check_bool,
     check_int,
@@ -59,8 +60,6 @@ MAX_CLAIM_LIMIT = 10_000
 MAX_ID = 2**63 - 1
 """Largest task id (and row count) an SQL INTEGER holds."""
 MAX_ERROR_CHARS = 8192
-MAX_ATTEMPTS = 2**31 - 1
-"""Largest ``max_attempts`` (and attempt count) a task may carry."""
 MAX_PARTITION = (1 << 16) - 1
 """Largest partition index (``StoreConfig.partitions`` is at most 65536)."""
 
