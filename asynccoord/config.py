@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from .errors import InvalidArgumentError, InvalidTypeError
-from .validation import MAX_ATTEMPTS, check_bool, check_int, check_non_negative, check_positive
+from .validation import MAX_ATTEMPTS, MAX_PURGE_BATCH, check_bool, check_int, check_non_negative, check_positive
 
 __all__ = ("DEFAULT_PARTITIONS", "MIN_CHECKPOINT_INTERVAL_S", "ProcessedRetention", "RetryPolicy", "StoreConfig")
 
@@ -98,8 +98,9 @@ class ProcessedRetention:
             upstream may deliver the same message again, seconds. Default 1 day.
             A retention shorter than this is refused: a redelivery arriving after
             its record was purged would be processed twice.
-        purge_batch: Rows deleted per purge statement (>= 1), so a purge never holds
-            the write lock for long. Default 1000.
+        purge_batch: Rows deleted per purge statement, 1..2**31 - 1
+            (``validation.MAX_PURGE_BATCH``), so a purge never holds the write lock for
+            long. Default 1000.
 
     Raises:
         InvalidArgumentError: ``retention_s < redelivery_window_s``, or a field out of range.
@@ -112,7 +113,7 @@ class ProcessedRetention:
     def __post_init__(self) -> None:
         check_positive("retention_s", self.retention_s)
         check_non_negative("redelivery_window_s", self.redelivery_window_s)
-        check_int("purge_batch", self.purge_batch, minimum=1)
+        check_int("purge_batch", self.purge_batch, minimum=1, maximum=MAX_PURGE_BATCH)
         if self.retention_s < self.redelivery_window_s:
             raise InvalidArgumentError(
                 f"retention_s ({self.retention_s!r}) is shorter than redelivery_window_s "

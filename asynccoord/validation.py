@@ -17,6 +17,7 @@ __all__ = (
     "MAX_ATTEMPTS",
     "MAX_DURATION_S",
     "MAX_NAME_LENGTH",
+    "MAX_PURGE_BATCH",
     "check_bool",
     "check_int",
     "check_name",
@@ -32,6 +33,10 @@ MAX_NAME_LENGTH = 255
 MAX_ATTEMPTS = 2**31 - 1
 """Largest ``max_attempts`` (and attempt count) a task or a retry policy may carry:
 what a PostgreSQL ``integer`` column holds."""
+
+MAX_PURGE_BATCH = 2**31 - 1
+"""Largest ``batch`` of a purge (and ``ProcessedRetention.purge_batch``), rows: one bound on
+every backend, the largest ``LIMIT`` PostgreSQL takes as an ``integer`` parameter."""
 
 MAX_DURATION_S = 365 * 24 * 3600.0
 """Longest duration any argument may give (lease, TTL, delay, timeout, interval, retention,

@@ -741,6 +741,25 @@ async def test_purge_processed_by_age(make_store, clock: FakeClock) -> None:
     assert (result.deleted, result.batches) == (1, 1)
 
 
+@pytest.mark.parametrize("batch", [0, 2**31, 2**63, 2**70])
+async def test_purge_batch_out_of_range_is_refused_and_deletes_nothing(store, clock: FakeClock, batch: int) -> None:
+    # One bound on every backend: PostgreSQL takes the LIMIT as an int32, SQLite as an int64.
+    done = (await store.enqueue(Q, 1, idempotency_key="msg-1")).task
+    await store.complete(await claim_one(store))
+    clock.advance(10)
+    message = rf"^batch must be (>= 1|<= 2147483647), got {batch}$"
+    with pytest.raises(InvalidArgumentError, match=message):
+        await store.purge_processed(older_than_s=0, batch=batch)
+    with pytest.raises(InvalidArgumentError, match=message):
+        await store.purge_finished(Q, older_than_s=0, batch=batch)
+    assert await store.is_processed(Q, "msg-1")
+    assert (await store.get(done.id)).status is TaskStatus.DONE
+    # The bound itself is accepted, and purges.
+    assert (await store.purge_finished(Q, older_than_s=0, batch=2**31 - 1)).deleted == 1
+    assert (await store.purge_processed(older_than_s=0, batch=2**31 - 1)).deleted == 1
+    assert not await store.is_processed(Q, "msg-1")
+
+
 # --- stats and get ---------------------------------------------------------------------
 
 

@@ -445,6 +445,8 @@ def test_store_constructor_arguments() -> None:
         ({"redelivery_window_s": -1}, ARG, "redelivery_window_s must be >= 0, got -1"),
         ({"purge_batch": 0}, ARG, "purge_batch must be >= 1, got 0"),
         ({"purge_batch": 10.0}, TYPE, "purge_batch must be an int, got float"),
+        ({"purge_batch": 2**31}, ARG, "purge_batch must be <= 2147483647, got 2147483648"),
+        ({"purge_batch": 2**70}, ARG, "purge_batch must be <= 2147483647, got 1180591620717411303424"),
         ({"retention_s": "1d"}, TYPE, "retention_s must be a number, got str '1d'"),
         ({"retention_s": 2 * 365 * 86400}, ARG, f"retention_s must be <= {YEAR}, got 63072000"),
         ({"redelivery_window_s": math.inf}, ARG, "redelivery_window_s must be finite, got inf"),
@@ -458,6 +460,7 @@ def test_processed_retention_validation(kwargs: dict[str, Any], error: type[Exce
 def test_processed_retention_accepts_equal_window() -> None:
     r = ProcessedRetention(retention_s=2, redelivery_window_s=2, purge_batch=100)
     assert (r.retention_s, r.redelivery_window_s, r.purge_batch) == (2, 2, 100)
+    assert ProcessedRetention(purge_batch=2**31 - 1).purge_batch == 2**31 - 1
 
 
 @pytest.mark.parametrize(

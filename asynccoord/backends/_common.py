@@ -17,6 +17,7 @@ from ..partition import partition_of
 from ..validation import (
     MAX_ATTEMPTS,
     MAX_NAME_LENGTH,
+    MAX_PURGE_BATCH,
     check_bool,
     check_int,
     check_name,
@@ -38,6 +39,7 @@ __all__ = (
     "check_claimable_args",
     "check_fences",
     "check_partition_list",
+    "check_purge_batch",
     "check_retry",
     "check_task",
     "check_task_ids",
@@ -173,6 +175,14 @@ class QueueConveniences:
         if isinstance(outcome, Task):
             return outcome
         raise outcome
+
+
+def check_purge_batch(batch: object) -> int:
+    """Check a purge's ``batch`` (rows per delete statement): an int in 1..``MAX_PURGE_BATCH``.
+
+    One bound for every backend (PostgreSQL takes the ``LIMIT`` as an ``integer``).
+    """
+    return check_int("batch", batch, minimum=1, maximum=MAX_PURGE_BATCH)
 
 
 def check_claim_args(

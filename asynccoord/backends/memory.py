@@ -40,6 +40,7 @@ from ._common import (
     check_claimable_args,
     check_continuation,
     check_fences,
+    check_purge_batch,
     check_retry,
     check_task,
     check_task_ids,
@@ -563,9 +564,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
             if older_than_s is None
             else check_non_negative("older_than_s", older_than_s)
         )
-        size = (
-            self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1, maximum=MAX_ID)
-        )
+        size = self.config.processed.purge_batch if batch is None else check_purge_batch(batch)
         self._check_open()
         cutoff = self._clock() - age
         old = [k for k, at in self._processed.items() if at < cutoff]
@@ -577,7 +576,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         """Delete done tasks of ``queue`` older than ``older_than_s``."""
         check_name("queue", queue)
         age = check_non_negative("older_than_s", older_than_s)
-        size = check_int("batch", batch, minimum=1, maximum=MAX_ID)
+        size = check_purge_batch(batch)
         self._check_open()
         cutoff = self._clock() - age
         old = [

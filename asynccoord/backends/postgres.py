@@ -83,6 +83,7 @@ from ._common import (
     check_claimable_args,
     check_continuation,
     check_fences,
+    check_purge_batch,
     check_retry,
     check_task,
     check_task_ids,
@@ -1236,14 +1237,15 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
         Args:
             older_than_s: Age cutoff, seconds (>= 0); default ``config.processed.retention_s``.
-            batch: Rows per delete statement (>= 1); default ``config.processed.purge_batch``.
+            batch: Rows per delete statement, 1..2**31 - 1 (``validation.MAX_PURGE_BATCH``);
+                default ``config.processed.purge_batch``.
         """
         age = (
             self.config.processed.retention_s
             if older_than_s is None
             else check_non_negative("older_than_s", older_than_s)
         )
-        size = self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1)
+        size = self.config.processed.purge_batch if batch is None else check_purge_batch(batch)
         self._writable()
         return await self._purge("purge_processed_batch", {"batch": size, "age_s": age}, size)
 
@@ -1255,7 +1257,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         """
         check_name("queue", queue)
         age = check_non_negative("older_than_s", older_than_s)
-        size = check_int("batch", batch, minimum=1)
+        size = check_purge_batch(batch)
         self._writable()
         return await self._purge("purge_finished_batch", {"batch": size, "queue": queue, "age_s": age}, size)
 

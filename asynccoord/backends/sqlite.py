@@ -54,6 +54,7 @@ from ._common import (
     check_claimable_args,
     check_continuation,
     check_fences,
+    check_purge_batch,
     check_retry,
     check_task,
     check_task_ids,
@@ -957,16 +958,15 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
 
         Args:
             older_than_s: Age cutoff, seconds (>= 0); default ``config.processed.retention_s``.
-            batch: Rows per delete statement (>= 1); default ``config.processed.purge_batch``.
+            batch: Rows per delete statement, 1..2**31 - 1 (``validation.MAX_PURGE_BATCH``);
+                default ``config.processed.purge_batch``.
         """
         age = (
             self.config.processed.retention_s
             if older_than_s is None
             else check_non_negative("older_than_s", older_than_s)
         )
-        size = (
-            self.config.processed.purge_batch if batch is None else check_int("batch", batch, minimum=1, maximum=MAX_ID)
-        )
+        size = self.config.processed.purge_batch if batch is None else check_purge_batch(batch)
         return await self._purge(Q["purge_processed_batch"], {"batch": size}, age, size)
 
     async def purge_finished(self, queue: str, *, older_than_s: float, batch: int = 1000) -> PurgeResult:
@@ -977,7 +977,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         """
         check_name("queue", queue)
         age = check_non_negative("older_than_s", older_than_s)
-        size = check_int("batch", batch, minimum=1, maximum=MAX_ID)
+        size = check_purge_batch(batch)
         return await self._purge(Q["purge_finished_batch"], {"batch": size, "queue": queue}, age, size)
 
     async def _purge(self, sql: str, params: dict[str, Any], age: float, size: int) -> PurgeResult:
