@@ -770,7 +770,7 @@ class Semaphore(_LeaseHandle):
     Args:
         store: A lock store.
         name: Semaphore name, 1..255 characters.
-        permits: How many holders may hold it at once (>= 1).
+        permits: How many holders may hold it at once, 1..2**31 - 1 (``MAX_PERMITS``).
         ttl_s, timeout_s, auto_renew, renew_interval_s, max_hold_s, holder,
         watchdog, backoff, release_timeout_s: As for :class:`Lock`.
 

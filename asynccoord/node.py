@@ -57,7 +57,7 @@ import anyio
 
 from . import events as ev
 from .backends._common import encode_result
-from .backends._lockcommon import check_user_lock_name
+from .backends._lockcommon import MAX_PERMITS, check_user_lock_name
 from .config import RetryPolicy
 from .errors import (
     UNRECOVERABLE_STORE_ERRORS,
@@ -152,7 +152,8 @@ class NodeConfig:
             as a Runtime makes them) still claims after waiting 0.5 to 1 times this long
             without a wake-up: a safety net, should the idle poll fail. Default 30.
         lock_ttl_s: Lock lease length, seconds (renewed with the task lease). Default 10.
-        lock_permits: Permits per lock name: 1 for a lock, N for a semaphore. Default 1.
+        lock_permits: Permits per lock name: 1 for a lock, N (at most 2**31 - 1, the
+            semaphore's bound ``MAX_PERMITS``) for a semaphore. Default 1.
         lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
         busy_requeue_s: Delay of a task handed back because its lock stayed busy. Default 0.05.
         partitioning / locks / version_checks: The three layers; switch one off only to
@@ -210,7 +211,7 @@ class NodeConfig:
             raise InvalidArgumentError(f"idle_max_s ({self.idle_max_s!r}) must be >= idle_min_s ({self.idle_min_s!r})")
         check_positive("idle_fallback_s", self.idle_fallback_s)
         check_positive("lock_ttl_s", self.lock_ttl_s)
-        check_int("lock_permits", self.lock_permits, minimum=1)
+        check_int("lock_permits", self.lock_permits, minimum=1, maximum=MAX_PERMITS)
         check_positive("lock_wait_s", self.lock_wait_s)
         check_positive("busy_requeue_s", self.busy_requeue_s)
         for name in (

@@ -20,8 +20,10 @@ import pytest
 
 from asynccoord import (
     InvalidArgumentError,
+    MemoryStore,
     NewTask,
     RetryPolicy,
+    Semaphore,
     SQLiteStore,
     StoreClosedError,
     Task,
@@ -62,6 +64,17 @@ NODE_DURATIONS = (
 def test_node_config_durations_are_bounded(field: str, value: float, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=f"{field} {message}"):
         NodeConfig(**{field: value})
+
+
+def test_node_config_lock_permits_has_the_semaphore_bound() -> None:
+    # The node builds a Semaphore from lock_permits: a count it would refuse is refused here,
+    # before any task is claimed.
+    with pytest.raises(InvalidArgumentError, match=r"^lock_permits must be <= 2147483647, got 2147483648$"):
+        NodeConfig(lock_permits=2**31)
+    assert NodeConfig(lock_permits=2**31 - 1).lock_permits == 2**31 - 1
+    assert Semaphore(MemoryStore(), "acct", permits=2**31 - 1).permits == 2**31 - 1
+    with pytest.raises(InvalidArgumentError, match=r"^permits must be <= 2147483647, got 2147483648$"):
+        Semaphore(MemoryStore(), "acct", permits=2**31)
 
 
 def start(node: Node) -> asyncio.Task[None]:
