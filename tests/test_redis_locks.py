@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from services import REDIS_URL, redis_problem, unavailable
 
-from asynccoord import Lease, LockBusy, StoreConnectionError
+from asynccoord import InvalidArgumentError, Lease, LockBusy, StoreConnectionError
 from asynccoord.backends.base import LockStore
+from asynccoord.validation import MAX_DURATION_S
 
 
 @pytest.fixture
@@ -106,3 +107,78 @@ async def test_semaphore_permits_from_many_concurrent_callers(locks: Any) -> Non
     assert len(granted) == 4
     assert sorted(g.fencing_token for g in granted) == [1, 2, 3, 4]
     assert all(isinstance(o, LockBusy) for o in outcomes if not isinstance(o, Lease))
+
+
+def redis_py_or_skip() -> None:
+    problem = redis_problem()
+    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
+        unavailable("Redis", problem)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem", "shown"),
+    [
+        ("http://x", "must specify one of the following schemes (redis://, rediss://, unix://)", "'http://x'"),
+        ("", "must specify one of the following schemes", "''"),
+        ("127.0.0.1:6379", "must specify one of the following schemes", "'127.0.0.1:6379'"),
+        ("http://user:s3cret@x/0", "must specify one of the following schemes", "'http://user:***@x/0'"),
+        ("redis://:s3cret@x:port/0", "Port could not be cast to integer value as 'port'", "'redis://:***@x:port/0'"),
+        ("redis://x/0?socket_timeout=soon", "Invalid value for 'socket_timeout'", "'redis://x/0?socket_timeout=soon'"),
+    ],
+)
+def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem: str, shown: str) -> None:
+    redis_py_or_skip()
+    from asynccoord.backends.redis_locks import RedisLockStore
+
+    with pytest.raises(InvalidArgumentError) as info:
+        RedisLockStore(url)
+    message = str(info.value)
+    assert message.startswith("url must be a Redis URL (redis://host:port/db): ")
+    assert problem in message
+    assert message.endswith(f", got {shown}")
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://h", "unix:///tmp/redis.sock", "REDIS://h"])
+def test_every_scheme_redis_py_connects_with_is_accepted(url: str) -> None:
+    redis_py_or_skip()
+    from asynccoord.backends.redis_locks import RedisLockStore
+
+    assert RedisLockStore(url).url == url
+
+
+@pytest.mark.parametrize("slack_ms", [2**70, 365 * 86_400_000 + 1, -1])
+def test_key_slack_ms_out_of_range_is_refused(slack_ms: int) -> None:
+    redis_py_or_skip()
+    from asynccoord.backends.redis_locks import MAX_KEY_SLACK_MS, RedisLockStore
+
+    assert MAX_KEY_SLACK_MS == 365 * 86_400_000  # one year, as MAX_DURATION_S
+    bound = "<= 31536000000" if slack_ms > 0 else ">= 0"
+    with pytest.raises(InvalidArgumentError, match=rf"^key_slack_ms must be {bound}, got {slack_ms}$"):
+        RedisLockStore(REDIS_URL, key_slack_ms=slack_ms)
+
+
+async def test_the_longest_slack_and_lease_set_an_exact_expiry() -> None:
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    from asynccoord.backends.redis_locks import MAX_KEY_SLACK_MS, RedisLockStore
+
+    prefix = f"test:{secrets.token_hex(6)}:"
+    store = RedisLockStore(REDIS_URL, prefix=prefix, key_slack_ms=MAX_KEY_SLACK_MS)
+    await store.open()
+    try:
+        lease = await store.try_acquire_lock("acct", ttl_s=MAX_DURATION_S)
+        assert isinstance(lease, Lease)
+        year_ms = int(MAX_DURATION_S * 1000)
+        for key in (f"{prefix}lock:acct", f"{prefix}lockmeta:acct"):
+            ttl_ms = await redis_call(lambda c, key=key: c.pttl(key))
+            assert 2 * year_ms - 60_000 < ttl_ms <= 2 * year_ms, key  # the lease plus the slack
+        renewed = await store.renew_lock(lease, ttl_s=MAX_DURATION_S)
+        assert renewed is not None
+        assert await store.release_lock(renewed) is True
+    finally:
+        await store.close()
+        keys = await redis_call(lambda c: c.keys(f"{prefix}*"))
+        if keys:
+            await redis_call(lambda c: c.delete(*keys))

@@ -55,10 +55,12 @@ from typing import Any, Self, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions as rerr
+from redis.asyncio.connection import parse_url
 
 from .. import events as ev
 from ..config import StoreConfig
 from ..errors import (
+    InvalidArgumentError,
     InvalidTypeError,
     StoreBusyError,
     StoreClosedError,
@@ -69,7 +71,8 @@ from ..errors import (
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
-from ..validation import check_int, check_name, check_positive
+from ..stores import redact_target
+from ..validation import MAX_DURATION_S, check_int, check_name, check_positive
 from ._batch import Batcher
 from ._common import decode_json, new_token
 from ._lockcommon import (
@@ -81,7 +84,7 @@ from ._lockcommon import (
     fence_rejected_error,
 )
 
-__all__ = ("RedisLockStore",)
+__all__ = ("MAX_KEY_SLACK_MS", "RedisLockStore")
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +234,28 @@ class _Request:
     owner_token: str
 
 
+MAX_KEY_SLACK_MS = int(MAX_DURATION_S * 1000)
+"""Largest ``key_slack_ms``: one year (:data:`~asynccoord.validation.MAX_DURATION_S`) in
+milliseconds, 31,536,000,000. With the longest lease (also a year) a key's ``PEXPIRE`` stays
+below 2**36 ms: an exact integer in the scripts' Lua numbers, far inside Redis' limit."""
+
+
+def _check_url(url: str) -> None:
+    """Refuse a URL redis-py cannot connect with, naming it (its password hidden)."""
+    try:
+        parse_url(url)  # redis-py's own parser, the one open() uses: scheme, port, query values
+        return
+    except ValueError as exc:  # its messages never quote the password
+        problem = str(exc).rstrip(".")
+    try:
+        shown = repr(redact_target(url))
+    except ValueError:  # not even splittable: show no part of it that could be a password
+        shown = f"<a URL of {len(url)} characters that cannot be parsed>"
+    if len(shown) > 200:
+        shown = shown[:197] + "..."
+    raise InvalidArgumentError(f"url must be a Redis URL (redis://host:port/db): {problem}, got {shown}")
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -251,7 +276,9 @@ class RedisLockStore:
     Use as ``async with RedisLockStore("redis://host:6379/0") as locks: ...``.
 
     Args:
-        url: A redis-py URL (``redis://[:password@]host:port/db``, ``rediss://`` for TLS).
+        url: A redis-py URL (``redis://[:password@]host:port/db``, ``rediss://`` for TLS,
+            ``unix://path``); another scheme, or a port or query value redis-py cannot
+            read, is refused here (the message hides the password).
         config: Store settings (``max_payload_bytes`` bounds fenced data); default
             :class:`~asynccoord.config.StoreConfig`.
         clock: Test hook: a function returning the store clock (seconds) used instead
@@ -259,7 +286,8 @@ class RedisLockStore:
         prefix: Prefix of every key (several independent lock spaces in one Redis).
             Default ``"asynccoord:"``.
         key_slack_ms: How long past its longest lease a lock's keys stay before the
-            server deletes them, milliseconds (>= 0). Default 60000.
+            server deletes them, milliseconds, 0..31,536,000,000 (one year,
+            ``MAX_KEY_SLACK_MS``). Default 60000.
         reconnect_timeout_s: How long a call retries a lost connection with backoff
             before raising, seconds (> 0). Default 10.
         max_connections: Most connections of the pool (>= 1); callers beyond wait for one.
@@ -282,6 +310,7 @@ class RedisLockStore:
     ) -> None:
         if not isinstance(url, str):
             raise InvalidTypeError(f"url must be a str (redis://...), got {type(url).__name__}")
+        _check_url(url)
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         if clock is not None and not callable(clock):
@@ -291,7 +320,7 @@ class RedisLockStore:
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
         self.prefix = check_name("prefix", prefix)
-        self.key_slack_ms = check_int("key_slack_ms", key_slack_ms, minimum=0)
+        self.key_slack_ms = check_int("key_slack_ms", key_slack_ms, minimum=0, maximum=MAX_KEY_SLACK_MS)
         self.reconnect_timeout_s = check_positive("reconnect_timeout_s", reconnect_timeout_s)
         self.max_connections = check_int("max_connections", max_connections, minimum=1)
         self._clock = clock
