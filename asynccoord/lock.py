@@ -67,7 +67,7 @@ from . import events as ev
 from .backends._lockcommon import MAX_PERMITS, check_lock_request, check_user_lock_name, default_holder
 from .backends.base import LockStore
 from .config import RetryPolicy
-from .errors import InvalidTypeError, LockError, LockLostError, LockNotHeldError, LockTimeoutError
+from .errors import InvalidArgumentError, InvalidTypeError, LockError, LockLostError, LockNotHeldError, LockTimeoutError
 from .lockmodels import Lease, LockBusy
 from .validation import check_bool, check_int, check_non_negative, check_positive
 from .watchdog import Guard, Watchdog
@@ -314,6 +314,11 @@ class _LeaseHandle:
             watchdog = Watchdog.for_store(store)
         elif not isinstance(watchdog, Watchdog):
             raise InvalidTypeError(f"watchdog must be a Watchdog or None, got {type(watchdog).__name__}")
+        elif watchdog.store is not store:  # it would renew (and report lost) leases the lock's store never saw
+            raise InvalidArgumentError(
+                f"watchdog {watchdog!r} renews the leases of another store ({watchdog.store!r}), not of "
+                f"this lock's store ({store!r}): pass Watchdog(store) or None (the store's own)"
+            )
         self._watchdog = watchdog
         interval = self._ttl_s / 3 if renew_interval_s is None else renew_interval_s
         self._renew_interval_s = watchdog.check_interval(self._ttl_s, interval)
@@ -718,7 +723,9 @@ class Lock(_LeaseHandle):
             :class:`~asynccoord.errors.MaxHoldExceededError`. Default
             ``max(300, 10 * ttl_s)``.
         holder: Who holds, shown by ``list_locks``; default ``"<host>:<pid>"``.
-        watchdog: The watchdog to use; default the store's (``Watchdog.for_store``).
+        watchdog: The watchdog to use, one of ``store`` itself (``watchdog.store is store``;
+            one of another store object is refused); default the store's
+            (``Watchdog.for_store``).
         backoff: Delay schedule between attempts; default :data:`DEFAULT_BACKOFF`.
         release_timeout_s: How long a cancelled release keeps waiting for the store,
             seconds (> 0). Default 5.

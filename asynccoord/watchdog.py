@@ -227,6 +227,11 @@ class Watchdog:
         return f"<Watchdog guarded={len(self._guards)} rounds={self._renew_rounds} lost={self._lost}>"
 
     @property
+    def store(self) -> LockStore:
+        """The lock store whose leases it renews (a :class:`~asynccoord.Lock` takes it only for that store)."""
+        return self._store
+
+    @property
     def safety_margin_ratio(self) -> float:
         """Fraction of a lease's TTL kept as a safety margin before its local deadline."""
         return self._margin_ratio

@@ -19,6 +19,7 @@ from asynccoord import (
     LockNotHeldError,
     MaxHoldExceededError,
     MemoryStore,
+    Semaphore,
     SQLiteStore,
     StoreError,
     Watchdog,
@@ -270,6 +271,31 @@ async def test_one_watchdog_per_store_and_none_running_when_idle(rstore: Store) 
         Watchdog(object())  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match=r"safety_margin_ratio must be <= 0\.5"):
         Watchdog(rstore, safety_margin_ratio=0.6)
+
+
+async def test_a_watchdog_of_another_store_is_refused(rstore: Store) -> None:
+    other = Watchdog(MemoryStore())
+    assert other.store is not rstore
+    for make in (
+        lambda: Lock(rstore, "x", ttl_s=0.6, auto_renew=True, watchdog=other),
+        lambda: Semaphore(rstore, "x", 2, ttl_s=0.6, auto_renew=True, watchdog=other),
+    ):
+        with pytest.raises(InvalidArgumentError, match=r"^watchdog <Watchdog .*> renews the leases of another store"):
+            make()
+    assert await rstore.list_locks() == []  # nothing was written
+    assert other.statistics().guarded == 0
+    # A watchdog of the lock's own store (not the default one) renews it past its TTL.
+    own = Watchdog(rstore)
+    assert own.store is rstore
+    lock = Lock(rstore, "x", ttl_s=0.3, auto_renew=True, watchdog=own)
+    async with lock as lease:
+        await asyncio.sleep(0.5)
+        assert lock.held
+        assert own.statistics().renewed >= 1
+        assert [i.name for i in await rstore.list_locks()] == ["x"]
+    assert lease.name == "x"
+    assert await rstore.list_locks() == []
+    await own.aclose()
 
 
 async def test_leases_of_many_ttls_are_renewed_together(rstore: Store) -> None:
