@@ -12,6 +12,7 @@ PostgreSQL needs the ``postgres`` extra (``pip install 'asynccoord[postgres]'``)
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from .errors import InvalidArgumentError, InvalidTypeError, StoreError
 if TYPE_CHECKING:
     from .backends.postgres import PostgresStore
 
-__all__ = ("is_postgres_target", "open_store", "redact_target", "store_kind")
+__all__ = ("is_postgres_target", "open_store", "redact_location", "redact_target", "store_kind")
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
@@ -43,11 +44,15 @@ def redact_target(target: str) -> str:
 
     Both places a URL may carry one are redacted: the user-info part
     (``scheme://user:password@host``) and a ``password`` query parameter (libpq's).
-    A file path is returned unchanged.
+    A file path is returned unchanged. A URL too malformed to parse (``[::1`` without
+    its ``]``) loses its whole user-info part and every ``password`` parameter's value.
     """
     if "://" not in target:
         return target
-    original = parts = urllib.parse.urlsplit(target)
+    try:
+        original = parts = urllib.parse.urlsplit(target)
+    except ValueError:  # e.g. "Invalid IPv6 URL": redact by hand, erring on the side of hiding
+        return _redact_unparsed(target)
     if parts.password is not None:
         parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
     if parts.query:
@@ -55,7 +60,37 @@ def redact_target(target: str) -> str:
         if any(key == "password" for key, _ in query):
             hidden = [(key, "***" if key == "password" else value) for key, value in query]
             parts = parts._replace(query=urllib.parse.urlencode(hidden, safe="*"))
-    return target if parts == original else urllib.parse.urlunsplit(parts)
+    if parts == original:
+        return target
+    # Not urlunsplit(): it drops the "//" of an empty host ("postgresql:///db?host=...").
+    suffix = f"?{parts.query}" if parts.query else ""
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{parts.netloc}{parts.path}{suffix}{fragment}"
+
+
+def redact_location(target: str) -> str:
+    """Where ``target`` points, for a ``repr``: :func:`redact_target` without the scheme and user.
+
+    ``"postgresql://bot:pw@db:5432/coord?password=pw"`` gives ``"db:5432/coord?password=***"``;
+    a file path is returned unchanged.
+    """
+    if "://" not in target:
+        return target
+    rest = redact_target(target).partition("://")[2]
+    end = _netloc_end(rest)
+    return rest[:end].rpartition("@")[2] + rest[end:]
+
+
+def _netloc_end(rest: str) -> int:
+    return min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+
+
+def _redact_unparsed(target: str) -> str:
+    scheme, _, rest = target.partition("://")
+    end = _netloc_end(rest)
+    _userinfo, at, host = rest[:end].rpartition("@")
+    rest = ("***@" if at else "") + host + rest[end:]
+    return f"{scheme}://" + re.sub(r"(?i)([?&;]password=)[^&#;]*", r"\1***", rest)
 
 
 def _sqlite_path(target: str) -> str:
@@ -65,7 +100,7 @@ def _sqlite_path(target: str) -> str:
         raise InvalidArgumentError(f"an SQLite URL is sqlite:///PATH (three slashes), got {target!r}")
     if "://" in target:
         raise InvalidArgumentError(
-            f"unknown store target {target!r}: use a file path, sqlite:///PATH or postgresql://user@host/db"
+            f"unknown store target {redact_target(target)!r}: use a file path, sqlite:///PATH or postgresql://user@host/db"
         )
     return target
 

@@ -20,9 +20,12 @@ import pytest
 from services import PG_DSN, new_schema, postgres_problem, unavailable
 
 from asynccoord import NewTask, SQLiteStore, StoreConfig, Task, TaskStatus
+from asynccoord.backends.postgres import PostgresStore
+from asynccoord.backends.redis_locks import RedisLockStore
 from asynccoord.backends.sql import load_queries
-from asynccoord.errors import LeaseLostError, SchemaVersionError, StoreConnectionError
-from asynccoord.stores import open_store, redact_target, store_kind
+from asynccoord.cli import main
+from asynccoord.errors import InvalidArgumentError, LeaseLostError, SchemaVersionError, StoreConnectionError
+from asynccoord.stores import open_store, redact_location, redact_target, store_kind
 
 # Query names that exist in one dialect only, and why (everything else must match).
 SQLITE_ONLY = {
@@ -72,6 +75,71 @@ def test_open_store_picks_the_backend(tmp_path: Path) -> None:
     assert redact_target("bot.db") == "bot.db"
     with pytest.raises(ValueError, match="unknown store target"):
         open_store("mysql://h/db")
+    assert redact_target("postgresql:///coord?host=db&password=secret") == "postgresql:///coord?host=db&password=***"
+    assert redact_target("postgresql://bot:secret@[::1/coord?password=secret") == (
+        "postgresql://***@[::1/coord?password=***"
+    )
+    assert redact_location("postgresql://bot:secret@db:5432/coord?password=secret&x=1") == (
+        "db:5432/coord?password=***&x=1"
+    )
+    assert redact_location("bot.db") == "bot.db"
+    with pytest.raises(InvalidArgumentError) as info:
+        open_store("mysql://bot:secret@h/db")
+    assert "secret" not in str(info.value)
+    assert "'mysql://bot:***@h/db'" in str(info.value)
+
+
+def test_repr_and_connection_error_hide_the_password() -> None:
+    store = PostgresStore("postgresql://postgres@127.0.0.1/test?password=s3cret&search_path=nosuch")
+    assert repr(store) == "<PostgresStore '127.0.0.1/test?password=***&search_path=nosuch' closed>"
+    store = PostgresStore("postgresql://postgres:s3cret@127.0.0.1/test", schema="s")
+    assert repr(store) == "<PostgresStore '127.0.0.1/test' schema='s' closed>"
+    assert "s3cret" not in repr(RedisLockStore("redis://:s3cret@127.0.0.1:6379/0?password=s3cret"))
+
+    async def unreachable(dsn: str) -> str:
+        store = PostgresStore(dsn, reconnect_timeout_s=0.5)
+        with pytest.raises(StoreConnectionError) as info:
+            await store.open()
+        return str(info.value)
+
+    for dsn in ("postgresql://u@127.0.0.1:1/test?password=hunter2", "postgresql://u:hunter2@127.0.0.1:1/test"):
+        text = asyncio.run(unreachable(dsn))
+        assert text.startswith("cannot connect to <PostgresStore '127.0.0.1:1/test"), text
+        assert "hunter2" not in text
+
+
+@pytest.mark.parametrize(
+    ("dsn", "named"),
+    [
+        ("postgresql://postgres:s3cret@[::1/test", "'postgresql://***@[::1/test': Invalid IPv6 URL"),
+        ("postgresql://postgres:s3cret@127.0.0.1:x/test", "got '127.0.0.1:x'"),
+        ("postgresql://postgres:s3cret@h1:5432,h2:port/test", "got 'h2:port'"),
+        ("postgresq://postgres:s3cret@127.0.0.1/test", "'postgresq://postgres:***@127.0.0.1/test'"),
+    ],
+)
+def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: str, named: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        PostgresStore(dsn)
+    assert named in str(info.value)
+    assert "s3cret" not in str(info.value)
+    for fine in ("postgresql://u@[::1]:5432,127.0.0.1/db", "postgresql:///db?host=/tmp", "postgres://h:5432"):
+        assert isinstance(PostgresStore(fine), PostgresStore)
+
+
+def test_a_dsn_asyncpg_refuses_on_open_is_an_invalid_argument() -> None:
+    store = PostgresStore("postgresql://u:s3cret@127.0.0.1:1/test?sslmode=bogus&password=s3cret")
+    with pytest.raises(InvalidArgumentError) as info:
+        asyncio.run(store.open())
+    assert "sslmode" in str(info.value)
+    assert "s3cret" not in str(info.value)
+    assert repr(store).endswith(" closed>")
+
+
+def test_status_of_a_malformed_dsn_is_one_line_without_the_password(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--db", "postgresql://postgres:s3cret@[::1/test"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "asynccoord status: error: malformed PostgreSQL DSN 'postgresql://***@[::1/test': Invalid IPv6 URL\n"
 
 
 # --- with a server ----------------------------------------------------------------------

@@ -53,6 +53,8 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
+import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Self, TypeAlias, TypeVar
 
@@ -74,6 +76,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
+from ..stores import redact_location, redact_target
 from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
 from ._batch import Batcher
 from ._common import (
@@ -169,6 +172,29 @@ def _channel(schema: str | None) -> str:
     return "asynccoord." + hashlib.sha1(base.encode()).hexdigest()[:40]
 
 
+def _check_dsn(dsn: str) -> None:
+    """Refuse a DSN that asyncpg could not parse, naming it with its password hidden.
+
+    Checks what can be checked without I/O: the URL syntax (a bracketed IPv6 host) and
+    that each port of the host list (``host:port,host:port``) is a number.
+
+    Raises:
+        InvalidArgumentError: the DSN is malformed.
+    """
+    try:
+        netloc = urllib.parse.urlsplit(dsn).netloc
+    except ValueError as exc:  # "Invalid IPv6 URL"
+        raise InvalidArgumentError(f"malformed PostgreSQL DSN {redact_target(dsn)!r}: {exc}") from None
+    hostlist = netloc.rpartition("@")[2]
+    for spec in hostlist.split(",") if hostlist else ():
+        match = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]*)(?::(.*))?", spec)
+        if match is None or not (match.group(2) is None or match.group(2).isdigit()):
+            raise InvalidArgumentError(
+                f"malformed PostgreSQL DSN {redact_target(dsn)!r}: "
+                f"expected host, host:PORT or [IPv6]:PORT, got {spec!r}"
+            )
+
+
 async def _keep_session(_conn: asyncpg.Connection) -> None:
     """The pool's release hook: keep the session as it is.
 
@@ -210,7 +236,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             :class:`~asynccoord.errors.ReadOnlyStoreError` (for inspection). Default False.
 
     Raises:
-        InvalidTypeError, InvalidArgumentError: a bad argument.
+        InvalidTypeError, InvalidArgumentError: a bad argument (a DSN that is no
+            ``postgresql://`` URL, or one with a bracket left open or a port that is no number).
     """
 
     def __init__(
@@ -229,7 +256,10 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         if not isinstance(dsn, str):
             raise InvalidTypeError(f"dsn must be a str (postgresql://...), got {type(dsn).__name__}")
         if not dsn.startswith(("postgresql://", "postgres://")):
-            raise InvalidArgumentError(f"dsn must start with postgresql:// or postgres://, got {dsn[:40]!r}")
+            raise InvalidArgumentError(
+                f"dsn must start with postgresql:// or postgres://, got {redact_target(dsn)[:40]!r}"
+            )
+        _check_dsn(dsn)
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         if clock is not None and not callable(clock):
@@ -265,7 +295,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
     def __repr__(self) -> str:
         state = "open" if self._runner.pool is not None else "closed"
-        where = self.dsn.split("@")[-1]
+        where = redact_location(self.dsn)
         schema = "" if self.schema is None else f" schema={self.schema!r}"
         return f"<PostgresStore {where!r}{schema} {state}>"
 
@@ -291,6 +321,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         """Create the pool, apply pending migrations, and start the listener. Idempotent.
 
         Raises:
+            InvalidArgumentError: asyncpg cannot parse the DSN (a bad parameter value).
             StoreConnectionError: the server cannot be reached.
             SchemaVersionError: the database was written by a newer asynccoord.
             StoreError: another failure of the server (the driver's error as ``__cause__``).
@@ -307,6 +338,12 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 timeout=10.0,
                 reset=_keep_session,
             )
+        except (asyncpg.ClientConfigurationError, ValueError) as exc:  # a DSN _check_dsn() let through
+            if isinstance(exc, asyncpg.PostgresError | OSError):
+                raise map_pg_error(exc, f"cannot connect to {self!r}") from exc
+            raise InvalidArgumentError(
+                f"malformed PostgreSQL DSN {redact_target(self.dsn)!r}: {type(exc).__name__}: {exc}"
+            ) from exc
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             raise map_pg_error(exc, f"cannot connect to {self!r}") from exc
         self._runner.pool = pool

@@ -71,7 +71,7 @@ from ..errors import (
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
-from ..stores import redact_target
+from ..stores import redact_location, redact_target
 from ..validation import MAX_DURATION_S, check_int, check_name, check_positive
 from ._batch import Batcher
 from ._common import decode_json, new_token
@@ -333,7 +333,7 @@ class RedisLockStore:
         )
 
     def __repr__(self) -> str:
-        where = self.url.split("@")[-1]
+        where = redact_location(self.url)
         return f"<RedisLockStore {where!r} prefix={self.prefix!r} {'open' if self._client else 'closed'}>"
 
     # --- life cycle ---------------------------------------------------------------------
