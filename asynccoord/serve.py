@@ -9,6 +9,9 @@ The send function (and optionally the lock-key function) is named as
 On SIGTERM or SIGINT the runtime stops claiming at once, lets sends in flight finish for
 up to ``--shutdown-timeout-s``, hands back whatever is left (leases and locks released)
 and exits with status 0.
+
+``--db`` takes what :func:`asynccoord.stores.open_store` takes: an SQLite file path, an
+``sqlite:///PATH`` URL or a ``postgresql://`` DSN (nodes on many machines).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 from typing import Any
 
 from ._loop import run as run_loop
-from .errors import InvalidArgumentError, InvalidTypeError
+from .errors import InvalidArgumentError, InvalidTypeError, StoreError
 from .validation import check_int, check_positive
 
 __all__ = ("check_run", "configure_run", "load_callable", "run_command")
@@ -54,7 +57,12 @@ def load_callable(spec: str) -> Any:
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
     """Add the ``run`` subcommand's options to ``parser``."""
-    parser.add_argument("--db", required=True, metavar="PATH", help="the SQLite database file")
+    parser.add_argument(
+        "--db",
+        required=True,
+        metavar="TARGET",
+        help="the SQLite database file (or sqlite:///PATH), or a postgresql:// DSN",
+    )
     parser.add_argument("--queue", default="default", help="queue to drain (default 'default')")
     parser.add_argument("--send", required=True, metavar="MODULE:ATTR", help="async send(task) function")
     parser.add_argument("--lock-key", metavar="MODULE:ATTR", help="function task -> lock name or None")
@@ -82,16 +90,22 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         given) and the :class:`~asynccoord.node.NodeConfig` they make.
 
     Raises:
-        InvalidArgumentError, InvalidTypeError: an option is out of range, or a
-            ``MODULE:ATTR`` cannot be imported or is not callable (the command line
-            reports it as a usage error, exit status 2).
+        InvalidArgumentError, InvalidTypeError: an option is out of range, ``--db`` is no
+            target :func:`~asynccoord.stores.open_store` takes (or a PostgreSQL DSN without
+            asyncpg installed), or a ``MODULE:ATTR`` cannot be imported or is not callable
+            (the command line reports it as a usage error, exit status 2).
     """
     from .node import NodeConfig
+    from .stores import open_store, redact_target
 
     check_int("--nodes", args.nodes, minimum=1, maximum=4096)
     check_positive("--heartbeat-ttl-s", args.heartbeat_ttl_s)
     check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
     check_positive("--idle-max-s", args.idle_max_s)
+    try:
+        open_store(args.db)  # parses the target; opens nothing
+    except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
+        raise InvalidArgumentError(f"--db {redact_target(args.db)!r}: {exc}") from exc
     send = load_callable(args.send)
     lock_key = load_callable(args.lock_key) if args.lock_key else None
     config = NodeConfig(
@@ -110,14 +124,14 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown)."""
-    from .backends.sqlite import SQLiteStore
     from .monitor import Monitor
     from .runtime import Runtime
+    from .stores import open_store, redact_target
 
     send, lock_key, config = check_run(args)  # before the database is touched
 
     async def main() -> int:
-        async with SQLiteStore(args.db) as store:
+        async with open_store(args.db) as store:
             runtime = Runtime(
                 store,
                 send=send,
@@ -129,7 +143,7 @@ def run_command(args: argparse.Namespace) -> int:
             )
             # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
             async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:
-                print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {args.db}", flush=True)
+                print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {redact_target(args.db)}", flush=True)
                 signum = await runtime.wait_for_signal()
                 log.info("asynccoord.serve.stopped signal=%s", signum)
         return 0

@@ -1,12 +1,20 @@
-"""``python -m asynccoord``: usage errors exit 2 and touch no database."""
+"""``python -m asynccoord``: usage errors exit 2 and touch no database; ``run --db`` takes any store target."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
 
-from asynccoord.cli import main
+from asynccoord import NewTask, SQLiteStore, TaskStatus
+from asynccoord.backends.postgres import PostgresStore
+from asynccoord.cli import build_parser, main
+from asynccoord.runtime import Runtime
+from asynccoord.serve import check_run
 
 
 @pytest.mark.parametrize(
@@ -41,3 +49,102 @@ def test_run_missing_required_options_exit_2(tmp_path: Path, capsys: pytest.Capt
     assert exited.value.code == 2
     assert "--send" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("db", "named"),
+    [
+        ("mysql://bot:s3cret@h/db", "unknown store target 'mysql://bot:***@h/db'"),
+        ("sqlite://x.db", "an SQLite URL is sqlite:///PATH (three slashes), got 'sqlite://x.db'"),
+        ("postgresql://bot:s3cret@[::1/db", "malformed PostgreSQL DSN 'postgresql://***@[::1/db': Invalid IPv6 URL"),
+        ("postgresql://bot:s3cret@db:port/db", "expected host, host:PORT or [IPv6]:PORT, got 'db:port'"),
+    ],
+)
+def test_run_refuses_a_bad_db_target_as_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, db: str, named: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--db", db, "--send", "json:dumps"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m asynccoord run"), err
+    assert named in err
+    assert "s3cret" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_accepts_what_status_accepts() -> None:
+    for db in ("bot.db", "sqlite:///bot.db", "postgresql://bot:s3cret@db.internal/coord?sslmode=require"):
+        args = build_parser().parse_args(["run", "--db", db, "--send", "json:dumps"])
+        send, lock_key, config = check_run(args)
+        assert (send, lock_key, config.queue) == (json.dumps, None, "default")
+
+
+def drain_then_stop(drained: list[bool]) -> Callable[..., Awaitable[int]]:
+    """A stand-in for Runtime.wait_for_signal: wait until the queue is drained, then shut down."""
+
+    async def wait(self: Runtime, signals: object = ()) -> int:
+        drained.append(await self.wait_until_drained(timeout_s=20.0))
+        await self.shutdown()
+        return 0
+
+    return wait
+
+
+async def enqueue_three(store: SQLiteStore | PostgresStore) -> None:
+    async with store:
+        await store.enqueue_many([NewTask(queue="outbox", payload={"account": i}) for i in range(3)])
+
+
+async def done_results(store: SQLiteStore | PostgresStore) -> list[object]:
+    async with store:
+        stats = await store.stats("outbox")
+        assert stats.counts[TaskStatus.DONE] == 3, stats
+        return sorted([str((await store.get(i)).result) for i in range(1, 4)])
+
+
+def serve_three(
+    db: str, make_store: Callable[[], SQLiteStore | PostgresStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Run ``python -m asynccoord run --db DB`` in this process until it has sent three tasks."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "workers"))
+    monkeypatch.setenv("SERVE_SEND_LOG", str(tmp_path / "send.log"))
+    monkeypatch.setenv("SERVE_SEND_SLEEP_S", "0")
+    drained: list[bool] = []
+    monkeypatch.setattr(Runtime, "wait_for_signal", drain_then_stop(drained))
+    asyncio.run(enqueue_three(make_store()))
+    argv = ["run", "--db", db, "--queue", "outbox", "--send", "serve_send:send", "--nodes", "2"]
+    assert main([*argv, "--idle-max-s", "0.1"]) == 0
+    assert drained == [True]
+    assert asyncio.run(done_results(make_store())) == ["sent 1", "sent 2", "sent 3"]
+    return (tmp_path / "send.log").read_text()
+
+
+def test_run_drains_an_sqlite_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bot.db"
+    log = serve_three(f"sqlite:///{path}", lambda: SQLiteStore(path), tmp_path, monkeypatch)
+    assert sorted(line.split()[:2] for line in log.splitlines() if line.startswith("end")) == [
+        ["end", "1"],
+        ["end", "2"],
+        ["end", "3"],
+    ]
+    assert capsys.readouterr().out == f"asynccoord: 2 nodes draining 'outbox' of sqlite:///{path}\n"
+
+
+def test_run_drains_a_postgresql_dsn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    schema = new_schema("cli")
+    try:
+        # The enqueueing store creates the schema; the command's store finds it on its search path.
+        dsn = f"{PG_DSN}{'&' if '?' in PG_DSN else '?'}search_path={schema}"
+        serve_three(dsn, lambda: PostgresStore(PG_DSN, schema=schema), tmp_path, monkeypatch)
+    finally:
+        drop_schemas(schema)
+    assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
