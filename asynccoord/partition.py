@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import InvalidArgumentError, InvalidTypeError
-from .validation import check_int, check_name
+from .validation import _short, check_int, check_name
 
 __all__ = ("assign", "owner_of", "owned_partitions", "partition_of")
 
@@ -52,6 +52,14 @@ def _score(node: str, partition: int) -> int:
     return _hash64(b"n:" + node.encode("utf-8") + b"\x00" + str(partition).encode())
 
 
+def _check_nodes(nodes: object) -> None:
+    # A str is an iterable of str too: each character would be taken for a node id.
+    if isinstance(nodes, str | bytes) or not isinstance(nodes, Iterable):
+        raise InvalidTypeError(
+            f"nodes must be an iterable of node ids (e.g. a list of str), got {type(nodes).__name__} {_short(nodes)}"
+        )
+
+
 def owner_of(partition: int, nodes: Iterable[str]) -> str:
     """The node that owns ``partition`` among ``nodes`` (rendezvous hashing).
 
@@ -63,11 +71,12 @@ def owner_of(partition: int, nodes: Iterable[str]) -> str:
         The winning node id; ties (probability ~2**-64) go to the smaller id.
 
     Raises:
+        InvalidTypeError: ``nodes`` is a str (not a list of them) or not iterable, or a
+            node id is not a str.
         InvalidArgumentError: ``nodes`` is empty or ``partition`` < 0.
     """
     check_int("partition", partition, minimum=0)
-    if isinstance(nodes, str) or not isinstance(nodes, Iterable):
-        raise InvalidTypeError(f"nodes must be an iterable of node ids (str), got {type(nodes).__name__}")
+    _check_nodes(nodes)
     best: tuple[int, str] | None = None
     for node in nodes:
         check_name("node", node)
@@ -82,10 +91,20 @@ def owner_of(partition: int, nodes: Iterable[str]) -> str:
 def assign(partitions: int, nodes: Sequence[str]) -> Mapping[str, frozenset[int]]:
     """Every partition in ``range(partitions)`` assigned to its owner.
 
+    Args:
+        partitions: Number of partitions, >= 1.
+        nodes: Node ids of the live nodes (order does not matter, duplicates ignored).
+
     Returns:
         Node id -> the partitions it owns (every node present, possibly empty).
+
+    Raises:
+        InvalidTypeError: ``nodes`` is a str (not a list of them) or not iterable, or a
+            node id is not a str.
+        InvalidArgumentError: ``partitions`` < 1 or ``nodes`` is empty.
     """
     check_int("partitions", partitions, minimum=1)
+    _check_nodes(nodes)
     members = sorted({check_name("node", n) for n in nodes})
     owned: dict[str, set[int]] = {n: set() for n in members}
     for p in range(partitions):
@@ -94,6 +113,15 @@ def assign(partitions: int, nodes: Sequence[str]) -> Mapping[str, frozenset[int]
 
 
 def owned_partitions(node: str, partitions: int, nodes: Sequence[str]) -> frozenset[int]:
-    """The partitions ``node`` owns when ``nodes`` are live (``node`` counts as live)."""
-    members = set(nodes) | {node}
+    """The partitions ``node`` owns when ``nodes`` are live (``node`` counts as live).
+
+    Raises:
+        InvalidTypeError: ``node`` is not a str, ``nodes`` is a str (not a list of them)
+            or not iterable, or a node id in it is not a str.
+        InvalidArgumentError: ``partitions`` < 1.
+    """
+    check_name("node", node)
+    check_int("partitions", partitions, minimum=1)
+    _check_nodes(nodes)
+    members = {check_name("node", n) for n in nodes} | {node}
     return assign(partitions, sorted(members))[node]

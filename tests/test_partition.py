@@ -103,6 +103,26 @@ def test_assign_covers_every_partition_once() -> None:
     assert owned_partitions("node-z", 8, []) == frozenset(range(8))  # alone, a node owns everything
 
 
+def test_a_str_is_not_a_list_of_nodes() -> None:
+    """A str is an iterable of str: each character must not be taken for a node id."""
+    named = r"nodes must be an iterable of node ids \(e\.g\. a list of str\), got str 'node-a'"
+    with pytest.raises(InvalidTypeError, match=named):
+        assign(PARTITIONS, "node-a")  # a Sequence[str] to mypy: only the runtime check catches it
+    with pytest.raises(InvalidTypeError, match=named):
+        owned_partitions("node-a", PARTITIONS, "node-a")
+    with pytest.raises(InvalidTypeError, match=named):
+        owner_of(3, "node-a")
+    with pytest.raises(InvalidTypeError, match="got int 7"):
+        assign(PARTITIONS, 7)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="node must be a str, got int 7"):
+        owned_partitions(7, PARTITIONS, NODES)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="node must be a str, got int 7"):
+        owned_partitions("node-a", PARTITIONS, ["node-b", 7])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgumentError, match="partitions must be >= 1, got 0"):
+        owned_partitions("node-a", 0, NODES)
+    assert owned_partitions("node-a", PARTITIONS, tuple(NODES)) == assign(PARTITIONS, NODES)["node-a"]
+
+
 def test_partition_of_edge_cases() -> None:
     assert partition_of("anything", 1) == 0
     assert partition_of("", PARTITIONS) == partition_of("", PARTITIONS)
