@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .errors import InvalidArgumentError, InvalidTypeError, PayloadTooLargeError
@@ -19,6 +20,7 @@ __all__ = (
     "MAX_NAME_LENGTH",
     "MAX_PURGE_BATCH",
     "check_bool",
+    "check_clock",
     "check_int",
     "check_name",
     "check_non_negative",
@@ -60,6 +62,20 @@ def _short(value: object) -> str:
     except (ValueError, RecursionError):  # a huge int nested in a container, a cycle...
         return f"<{type(value).__name__} that cannot be shown>"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_clock(clock: Callable[[], float] | None) -> Callable[[], float] | None:
+    """Check a store's ``clock`` test hook: a callable, or None for the default clock.
+
+    Returns:
+        The value, unchanged.
+
+    Raises:
+        InvalidTypeError: ``clock`` is neither callable nor None.
+    """
+    if clock is not None and not callable(clock):
+        raise InvalidTypeError(f"clock must be callable or None, got {type(clock).__name__} {_short(clock)}")
+    return clock
 
 
 def check_name(arg: str, value: object, *, allow_empty: bool = False) -> str:

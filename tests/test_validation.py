@@ -432,6 +432,26 @@ def test_store_constructor_arguments() -> None:
         MemoryStore(config="fast")  # type: ignore[arg-type]
 
 
+def test_every_store_refuses_a_clock_that_is_not_callable(tmp_path: Path) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.redis_locks import RedisLockStore
+
+    makers: list[Callable[[Any], object]] = [
+        lambda clock: SQLiteStore(tmp_path / "never.db", clock=clock),
+        lambda clock: MemoryStore(clock=clock),
+        lambda clock: PostgresStore("postgresql://u@127.0.0.1:1/db", clock=clock),
+        lambda clock: RedisLockStore("redis://127.0.0.1:1/0", clock=clock),
+    ]
+    for make in makers:
+        with pytest.raises(InvalidTypeError, match="clock must be callable or None, got str 'x'"):
+            make("x")
+        with pytest.raises(InvalidTypeError, match=r"clock must be callable or None, got float 1\.5"):
+            make(1.5)
+        assert make(lambda: 1.0) is not None
+        assert make(None) is not None
+    assert list(tmp_path.iterdir()) == []  # refused before any file was made
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [

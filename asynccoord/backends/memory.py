@@ -32,7 +32,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
-from ..validation import check_int, check_name, check_non_negative, check_positive
+from ..validation import check_clock, check_int, check_name, check_non_negative, check_positive
 from ._common import (
     MAX_ID,
     QueueConveniences,
@@ -70,16 +70,20 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
     Args:
         config: Store settings; default :class:`~asynccoord.config.StoreConfig`.
         clock: Store clock, seconds since the epoch; default ``time.time``.
+
+    Raises:
+        InvalidTypeError: ``config`` is not a StoreConfig, or ``clock`` is neither
+            callable nor None.
     """
 
     def __init__(self, *, config: StoreConfig | None = None, clock: Callable[[], float] | None = None) -> None:
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
+        self._clock = check_clock(clock) or time.time
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
         self.notifier = WorkNotifier()
-        self._clock = clock or time.time
         self._open = False
         self._ids = itertools.count(1)
         self._tasks: dict[int, Task] = {}

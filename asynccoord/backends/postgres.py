@@ -77,7 +77,7 @@ from ..histogram import LatencyRecorder
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
 from ..stores import redact_location, redact_target
-from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
+from ..validation import check_bool, check_clock, check_int, check_name, check_non_negative, check_positive
 from ._batch import Batcher
 from ._common import (
     MAX_ID,
@@ -262,8 +262,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         _check_dsn(dsn)
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
-        if clock is not None and not callable(clock):
-            raise InvalidTypeError(f"clock must be callable or None, got {type(clock).__name__}")
+        check_clock(clock)
         if schema is not None:
             check_name("schema", schema)
             if len(schema.encode()) > 63:

@@ -72,7 +72,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
 from ..stores import redact_location, redact_target
-from ..validation import MAX_DURATION_S, check_int, check_name, check_positive
+from ..validation import MAX_DURATION_S, check_clock, check_int, check_name, check_positive
 from ._batch import Batcher
 from ._common import decode_json, new_token
 from ._lockcommon import (
@@ -313,8 +313,7 @@ class RedisLockStore:
         _check_url(url)
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
-        if clock is not None and not callable(clock):
-            raise InvalidTypeError(f"clock must be callable or None, got {type(clock).__name__}")
+        check_clock(clock)
         self.url = url
         self.config = config or StoreConfig()
         self.events = EventCounter()

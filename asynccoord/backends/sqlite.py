@@ -45,7 +45,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
 from ..notify import WorkNotifier
-from ..validation import check_bool, check_int, check_name, check_non_negative, check_positive
+from ..validation import check_bool, check_clock, check_int, check_name, check_non_negative, check_positive
 from ._checkpoint import WalCheckpointer
 from ._common import (
     MAX_ID,
@@ -170,7 +170,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             database (it never blocks the writers). Default False.
 
     Raises:
-        InvalidTypeError: ``path`` is not a str or PathLike, or ``config`` is not a StoreConfig.
+        InvalidTypeError: ``path`` is not a str or PathLike, ``config`` is not a StoreConfig,
+            or ``clock`` is neither callable nor None.
     """
 
     def __init__(
@@ -185,6 +186,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             raise InvalidTypeError(f"path must be a str or PathLike, got {type(path).__name__}")
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
+        check_clock(clock)
         self.path = os.fspath(path)
         if not self.path:
             raise InvalidArgumentError("path must not be empty: give a file name, or ':memory:'")
