@@ -341,7 +341,9 @@ def database_for(store: str | None, folder: str, pg_schema: str = PG_SCHEMA) -> 
     if store is None:
         return SQLiteDb(folder)
     if not is_postgres_target(store):
-        raise SystemExit(f"--store takes a PostgreSQL DSN (postgresql://...), got {store!r}; omit it for SQLite")
+        raise SystemExit(
+            f"--store takes a PostgreSQL DSN (postgresql://...), got {redact_target(store)!r}; omit it for SQLite"
+        )
     return PostgresDb(store, pg_schema)
 
 
