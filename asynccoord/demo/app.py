@@ -238,7 +238,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     if a.schema is not None and not (a.store is not None and is_postgres_target(a.store)):
         p.error("--schema applies to a PostgreSQL store only: add --store postgresql://...")
     if a.lock_store is not None and not a.lock_store.startswith(REDIS_SCHEMES):
-        p.error(f"--lock-store takes a Redis URL ({', '.join(REDIS_SCHEMES)}...), got {a.lock_store!r}")
+        p.error(f"--lock-store takes a Redis URL ({', '.join(REDIS_SCHEMES)}...), got {redact_target(a.lock_store)!r}")
     return DemoOptions(
         nodes=a.nodes,
         processes=a.processes,
