@@ -23,7 +23,8 @@ A node repeatedly
    still await, e.g. to close a connection, for up to ``SEND_CLEANUP_S``);
 4. **commits**: a compare-and-set on ``(id, lease_token, version)`` that also checks
    the lock's fencing token against the highest one the resource has seen, in the
-   same transaction.
+   same transaction (a lock only: a semaphore's permits, ``lock_permits`` > 1, finish
+   in any order, so their tokens do not fence the commit).
 
 An exception from ``send`` (or its timeout) goes to the retry policy: backoff with
 jitter, then the dead-letter state. Cancellation of the node hands its in-flight
@@ -908,7 +909,10 @@ class Node:
             if not self.config.version_checks:
                 await self.store.unchecked_complete([task], [result])
             else:
-                fence = None if flight.lock is None else (flight.lock.name, flight.lock.fencing_token)
+                # A lock's token fences the commit; a semaphore's does not: its holders finish in
+                # any order, and an older permit's commit is no stale write.
+                lock = flight.lock
+                fence = None if lock is None or self.config.lock_permits > 1 else (lock.name, lock.fencing_token)
                 if self._continues(flight):
                     started = time.monotonic()
                     step = await self.store.complete_and_claim_next(

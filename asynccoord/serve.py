@@ -92,8 +92,9 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     Raises:
         InvalidArgumentError, InvalidTypeError: an option is out of range, ``--db`` is no
             target :func:`~asynccoord.stores.open_store` takes (or a PostgreSQL DSN without
-            asyncpg installed), or a ``MODULE:ATTR`` cannot be imported or is not callable
-            (the command line reports it as a usage error, exit status 2).
+            asyncpg installed, or an in-memory SQLite database), or a ``MODULE:ATTR``
+            cannot be imported or is not callable (the command line reports it as a usage
+            error, exit status 2).
     """
     from .node import NodeConfig
     from .stores import open_store, redact_target
@@ -103,9 +104,13 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
     check_positive("--idle-max-s", args.idle_max_s)
     try:
-        open_store(args.db)  # parses the target; opens nothing
+        store = open_store(args.db)  # parses the target; opens nothing
     except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
         raise InvalidArgumentError(f"--db {redact_target(args.db)!r}: {exc}") from exc
+    if str(getattr(store, "path", "")) == ":memory:":
+        raise InvalidArgumentError(
+            f"--db {args.db!r} is an in-memory SQLite database, which no other process can reach: give a file"
+        )
     send = load_callable(args.send)
     lock_key = load_callable(args.lock_key) if args.lock_key else None
     config = NodeConfig(

@@ -53,6 +53,10 @@ def redact_target(target: str) -> str:
         original = parts = urllib.parse.urlsplit(target)
     except ValueError:  # e.g. "Invalid IPv6 URL": redact by hand, erring on the side of hiding
         return _redact_unparsed(target)
+    if "@" not in parts.netloc and "@" in target.partition("://")[2]:
+        # A "/", "?" or "#" inside the user-info (an unencoded password such as "Ab/cd==")
+        # ends the parsed host before the "@": hide everything up to the last "@".
+        return _redact_unparsed(target, userinfo_end=target.rfind("@"))
     if parts.password is not None:
         parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
     if parts.query:
@@ -85,11 +89,14 @@ def _netloc_end(rest: str) -> int:
     return min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
 
 
-def _redact_unparsed(target: str) -> str:
+def _redact_unparsed(target: str, userinfo_end: int | None = None) -> str:
     scheme, _, rest = target.partition("://")
-    end = _netloc_end(rest)
-    _userinfo, at, host = rest[:end].rpartition("@")
-    rest = ("***@" if at else "") + host + rest[end:]
+    if userinfo_end is not None:  # the last "@" of the target: everything before it may be secret
+        rest = "***@" + target[userinfo_end + 1 :]
+    else:
+        end = _netloc_end(rest)
+        _userinfo, at, host = rest[:end].rpartition("@")
+        rest = ("***@" if at else "") + host + rest[end:]
     return f"{scheme}://" + re.sub(r"(?i)([?&;]password=)[^&#;]*", r"\1***", rest)
 
 

@@ -57,7 +57,13 @@ def test_run_missing_required_options_exit_2(tmp_path: Path, capsys: pytest.Capt
         ("mysql://bot:s3cret@h/db", "unknown store target 'mysql://bot:***@h/db'"),
         ("sqlite://x.db", "an SQLite URL is sqlite:///PATH (three slashes), got 'sqlite://x.db'"),
         ("postgresql://bot:s3cret@[::1/db", "malformed PostgreSQL DSN 'postgresql://***@[::1/db': Invalid IPv6 URL"),
-        ("postgresql://bot:s3cret@db:port/db", "expected host, host:PORT or [IPv6]:PORT, got 'db:port'"),
+        (
+            "postgresql://bot:s3cret@db:port/db",
+            "expected host, host:PORT or [IPv6]:PORT (PORT 1..65535), got 'db:port'",
+        ),
+        ("postgresql://bot:s3cret@db:99999/db", "got 'db:99999'"),
+        ("sqlite:///", "is an in-memory SQLite database, which no other process can reach"),
+        (":memory:", "is an in-memory SQLite database, which no other process can reach"),
     ],
 )
 def test_run_refuses_a_bad_db_target_as_a_usage_error(

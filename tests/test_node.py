@@ -344,6 +344,38 @@ async def test_send_exception_retries_with_backoff_then_dead_letters(make_store:
     assert (events.get("retries"), events.get("dead_lettered"), events.get("commits", 0)) == (2, 1, 0)
 
 
+async def test_semaphore_permits_finishing_out_of_order_all_commit(make_store: Any) -> None:
+    """Holders of a semaphore finish in any order: an older permit's commit is not a stale write."""
+    store = await make_store(clock=None)
+    await store.enqueue_many([NewTask(queue=QUEUE, payload=i, partition_key=f"k{i}") for i in range(20)])
+    inside = 0
+    most_inside = 0
+    sent: list[int] = []
+
+    async def send(task: Task) -> None:
+        nonlocal inside, most_inside
+        inside += 1
+        most_inside = max(most_inside, inside)
+        await asyncio.sleep(0.05 if task.payload % 2 == 0 else 0.005)  # the first permit often finishes last
+        sent.append(task.payload)
+        inside -= 1
+
+    config = NodeConfig(queue=QUEUE, lock_permits=2, **FAST_IDLE)
+    nodes = [Node(store, send, node_id=f"n{i}", config=config, lock_key=lambda _t: "account:a") for i in range(2)]
+    runs = [start(node) for node in nodes]
+
+    async def drained() -> bool:
+        return (await store.stats(QUEUE)).counts.get("done", 0) == 20
+
+    await wait_until(drained, 10.0, "every task done")
+    for node, run in zip(nodes, runs, strict=True):
+        await stop(node, run)
+    assert sorted(sent) == list(range(20))  # each sent once: no commit was refused and re-sent
+    assert most_inside == 2  # the two permits were used at once
+    assert sum(node.state().conflicts for node in nodes) == 0
+    assert sum(node.state().committed for node in nodes) == 20
+
+
 async def test_send_timeout_counts_as_a_failure(make_store: Any) -> None:
     store = await make_store(clock=None)
     results = await store.enqueue_many(

@@ -115,6 +115,11 @@ def test_repr_and_connection_error_hide_the_password() -> None:
         ("postgresql://postgres:s3cret@127.0.0.1:x/test", "got '127.0.0.1:x'"),
         ("postgresql://postgres:s3cret@h1:5432,h2:port/test", "got 'h2:port'"),
         ("postgresq://postgres:s3cret@127.0.0.1/test", "'postgresq://postgres:***@127.0.0.1/test'"),
+        ("postgresql://postgres:s3cret@127.0.0.1:99999/test", "got '127.0.0.1:99999'"),
+        ("postgresql://postgres:s3cret@127.0.0.1:0/test", "got '127.0.0.1:0'"),
+        ("postgresql://app:Ab/cds3cret==@db:5432/test", "'postgresql://***@db:5432/test': a '/' before the '@'"),
+        ("postgresql://app:A#bs3cret@db/test", "'postgresql://***@db/test'"),
+        ("postgresql://app:A?bs3cret@db/test", "a host part that may hold a password (not shown)"),
     ],
 )
 def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: str, named: str) -> None:
@@ -122,7 +127,15 @@ def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: st
         PostgresStore(dsn)
     assert named in str(info.value)
     assert "s3cret" not in str(info.value)
-    for fine in ("postgresql://u@[::1]:5432,127.0.0.1/db", "postgresql:///db?host=/tmp", "postgres://h:5432"):
+    for start in ("app:A", "Ab/"):  # no piece of a password either
+        assert start not in str(info.value)
+    fine_dsns = (
+        "postgresql://u@[::1]:5432,127.0.0.1/db",
+        "postgresql:///db?host=/tmp",
+        "postgres://h:5432",
+        "postgresql://h:/db",
+    )
+    for fine in fine_dsns:
         assert isinstance(PostgresStore(fine), PostgresStore)
 
 

@@ -124,6 +124,7 @@ def redis_py_or_skip() -> None:
         ("http://user:s3cret@x/0", "must specify one of the following schemes", "'http://user:***@x/0'"),
         ("redis://:s3cret@x:port/0", "Port could not be cast to integer value as 'port'", "'redis://:***@x:port/0'"),
         ("redis://x/0?socket_timeout=soon", "Invalid value for 'socket_timeout'", "'redis://x/0?socket_timeout=soon'"),
+        ("redis://:Ab/cds3cret@127.0.0.1:6379/0", "a '/', '?' or '#' before the '@'", "'redis://***@127.0.0.1:6379/0'"),
     ],
 )
 def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem: str, shown: str) -> None:
@@ -137,6 +138,7 @@ def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem:
     assert problem in message
     assert message.endswith(f", got {shown}")
     assert "s3cret" not in message
+    assert "'Ab'" not in message  # no piece of a password (redis-py quotes the "port" it read)
 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://h", "unix:///tmp/redis.sock", "REDIS://h"])

@@ -176,22 +176,31 @@ def _check_dsn(dsn: str) -> None:
     """Refuse a DSN that asyncpg could not parse, naming it with its password hidden.
 
     Checks what can be checked without I/O: the URL syntax (a bracketed IPv6 host) and
-    that each port of the host list (``host:port,host:port``) is a number.
+    that each port of the host list (``host:port,host:port``) is empty or 1..65535.
 
     Raises:
         InvalidArgumentError: the DSN is malformed.
     """
     try:
-        netloc = urllib.parse.urlsplit(dsn).netloc
+        parts = urllib.parse.urlsplit(dsn)
     except ValueError as exc:  # "Invalid IPv6 URL"
         raise InvalidArgumentError(f"malformed PostgreSQL DSN {redact_target(dsn)!r}: {exc}") from None
+    netloc = parts.netloc
+    if "@" not in netloc and "@" in parts.path:  # "user:Ab/cd@host": the "/" ended the host part
+        raise InvalidArgumentError(
+            f"malformed PostgreSQL DSN {redact_target(dsn)!r}: a '/' before the '@' "
+            "(percent-encode it in the user name and password)"
+        )
     hostlist = netloc.rpartition("@")[2]
+    # An "@" past the host part ("user:x#y@host"): the host part may hold the password's start.
+    shown = "a host part that may hold a password (not shown)" if "@" not in netloc and "@" in dsn else ""
     for spec in hostlist.split(",") if hostlist else ():
         match = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]*)(?::(.*))?", spec)
-        if match is None or not (match.group(2) is None or match.group(2).isdigit()):
+        port = None if match is None else match.group(2)
+        if match is None or not (not port or (port.isdigit() and 0 < int(port) <= 65535)):
             raise InvalidArgumentError(
                 f"malformed PostgreSQL DSN {redact_target(dsn)!r}: "
-                f"expected host, host:PORT or [IPv6]:PORT, got {spec!r}"
+                f"expected host, host:PORT or [IPv6]:PORT (PORT 1..65535), got {shown if shown else spec!r}"
             )
 
 

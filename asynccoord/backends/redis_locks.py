@@ -245,8 +245,11 @@ def _check_url(url: str) -> None:
     try:
         parse_url(url)  # redis-py's own parser, the one open() uses: scheme, port, query values
         return
-    except ValueError as exc:  # its messages never quote the password
+    except ValueError as exc:  # its messages quote a port, which may be a password's start ("user:Ab/cd@host")
         problem = str(exc).rstrip(".")
+    rest = url.partition("://")[2]
+    if "@" in rest and "@" not in rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]:
+        problem = "a '/', '?' or '#' before the '@' (percent-encode it in the password)"
     try:
         shown = repr(redact_target(url))
     except ValueError:  # not even splittable: show no part of it that could be a password
