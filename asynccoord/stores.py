@@ -23,7 +23,7 @@ from .errors import InvalidArgumentError, InvalidTypeError, StoreError
 if TYPE_CHECKING:
     from .backends.postgres import PostgresStore
 
-__all__ = ("is_postgres_target", "open_store", "redact_location", "redact_target", "store_kind")
+__all__ = ("is_postgres_target", "open_store", "redact_location", "redact_target", "store_kind", "userinfo_spills")
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
@@ -53,9 +53,7 @@ def redact_target(target: str) -> str:
         original = parts = urllib.parse.urlsplit(target)
     except ValueError:  # e.g. "Invalid IPv6 URL": redact by hand, erring on the side of hiding
         return _redact_unparsed(target)
-    if "@" not in parts.netloc and "@" in target.partition("://")[2]:
-        # A "/", "?" or "#" inside the user-info (an unencoded password such as "Ab/cd==")
-        # ends the parsed host before the "@": hide everything up to the last "@".
+    if userinfo_spills(target):  # hide everything up to the last "@"
         return _redact_unparsed(target, userinfo_end=target.rfind("@"))
     if parts.password is not None:
         parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
@@ -70,6 +68,22 @@ def redact_target(target: str) -> str:
     suffix = f"?{parts.query}" if parts.query else ""
     fragment = f"#{parts.fragment}" if parts.fragment else ""
     return f"{parts.scheme}://{parts.netloc}{parts.path}{suffix}{fragment}"
+
+
+def userinfo_spills(target: str) -> bool:
+    """Whether ``target`` has an ``@`` past its parsed host part.
+
+    A ``/``, ``?`` or ``#`` in the user-info (an unencoded password such as ``Ab/cd==``)
+    ends the host part before the ``@``, so what the parser calls the host may hold the
+    start of a password. False for a file path and for a URL the parser refuses.
+    """
+    _scheme, sep, rest = target.partition("://")
+    if not sep or "@" not in rest:
+        return False
+    try:
+        return "@" not in urllib.parse.urlsplit(target).netloc
+    except ValueError:
+        return False
 
 
 def redact_location(target: str) -> str:

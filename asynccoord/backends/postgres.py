@@ -76,7 +76,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
-from ..stores import redact_location, redact_target
+from ..stores import redact_location, redact_target, userinfo_spills
 from ..validation import check_bool, check_clock, check_int, check_name, check_non_negative, check_positive
 from ._batch import Batcher
 from ._common import (
@@ -192,8 +192,7 @@ def _check_dsn(dsn: str) -> None:
             "(percent-encode it in the user name and password)"
         )
     hostlist = netloc.rpartition("@")[2]
-    # An "@" past the host part ("user:x#y@host"): the host part may hold the password's start.
-    shown = "a host part that may hold a password (not shown)" if "@" not in netloc and "@" in dsn else ""
+    shown = "a host part that may hold a password (not shown)" if userinfo_spills(dsn) else ""
     for spec in hostlist.split(",") if hostlist else ():
         match = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]*)(?::(.*))?", spec)
         port = None if match is None else match.group(2)

@@ -71,7 +71,7 @@ from ..errors import (
 from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
-from ..stores import redact_location, redact_target
+from ..stores import redact_location, redact_target, userinfo_spills
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_name, check_positive
 from ._batch import Batcher
 from ._common import decode_json, new_token
@@ -247,13 +247,9 @@ def _check_url(url: str) -> None:
         return
     except ValueError as exc:  # its messages quote a port, which may be a password's start ("user:Ab/cd@host")
         problem = str(exc).rstrip(".")
-    rest = url.partition("://")[2]
-    if "@" in rest and "@" not in rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]:
+    if userinfo_spills(url):
         problem = "a '/', '?' or '#' before the '@' (percent-encode it in the password)"
-    try:
-        shown = repr(redact_target(url))
-    except ValueError:  # not even splittable: show no part of it that could be a password
-        shown = f"<a URL of {len(url)} characters that cannot be parsed>"
+    shown = repr(redact_target(url))  # redact_target never raises: an unparsable URL loses its user-info
     if len(shown) > 200:
         shown = shown[:197] + "..."
     raise InvalidArgumentError(f"url must be a Redis URL (redis://host:port/db): {problem}, got {shown}")
