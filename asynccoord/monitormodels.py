@@ -290,11 +290,14 @@ class QueueDepth:
         queue: The queue name.
         counts: ``status -> tasks`` for ``pending``, ``running``, ``done`` and ``dead``.
         oldest_pending_age_s: Age of the oldest due pending task (store clock), or None.
+        expired_leases: Of the ``running`` tasks, those whose lease has expired by the store
+            clock (their holder stopped renewing: the next claim takes them back). Default 0.
     """
 
     queue: str
     counts: Mapping[str, int]
     oldest_pending_age_s: float | None
+    expired_leases: int = 0
 
     @property
     def total(self) -> int:

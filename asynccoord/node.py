@@ -318,7 +318,10 @@ class Node:
 
     Args:
         store: A store implementing the queue and lock contracts (``SQLiteStore``...).
-        send: ``async def send(task) -> result``.
+        send: ``async def send(task) -> result`` (or any callable returning an awaitable).
+            A plain function is accepted and its return value used, but it runs on the
+            event loop's thread: it stalls every node of the process while it runs, and
+            neither ``send_timeout_s`` nor a lost lease or lock can cut it short.
         node_id: Unique among live nodes, 1..255 characters.
         config: :class:`NodeConfig`. Default NodeConfig().
         lock_key: Maps a task to the name of the lock it needs, or None for no lock

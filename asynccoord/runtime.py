@@ -53,7 +53,8 @@ class Runtime:
 
     Args:
         store: The store (queue, lock and membership contracts), already open.
-        send: ``async def send(task) -> result`` called once per delivery.
+        send: ``async def send(task) -> result`` called once per delivery (a plain
+            function is accepted, with the caveats given in :class:`~asynccoord.node.Node`).
         nodes: Number of nodes (>= 1). Default 8. Ignored when ``node_ids`` is given.
         config: :class:`~asynccoord.node.NodeConfig` shared by the nodes.
         lock_key: Maps a task to the lock it needs (None: no lock). Default None.

@@ -96,6 +96,7 @@ async def status_report(
     queues = []
     totals = dict.fromkeys(_STATUSES, 0)
     oldest: float | None = None
+    expired = 0
     for depth in depths:
         counts = {s: int(depth.counts.get(s, 0)) for s in _STATUSES}
         for s in _STATUSES:
@@ -103,7 +104,16 @@ async def status_report(
         age = depth.oldest_pending_age_s
         if age is not None:
             oldest = age if oldest is None else max(oldest, age)
-        queues.append({"queue": depth.queue, **counts, "total": sum(counts.values()), "oldest_pending_age_s": age})
+        expired += depth.expired_leases
+        queues.append(
+            {
+                "queue": depth.queue,
+                **counts,
+                "total": sum(counts.values()),
+                "expired_leases": depth.expired_leases,
+                "oldest_pending_age_s": age,
+            }
+        )
 
     alerts: dict[tuple[str, str], dict[str, Any]] = {}
     for alert in snapshot.alerts:  # one row per monitor reporting it: merge by incident
@@ -121,7 +131,7 @@ async def status_report(
         "schema": STATUS_SCHEMA_ID,
         "db": db,
         "now_s": snapshot.now_s,
-        "tasks": {**totals, "total": sum(totals.values()), "oldest_pending_age_s": oldest},
+        "tasks": {**totals, "total": sum(totals.values()), "expired_leases": expired, "oldest_pending_age_s": oldest},
         "queues": queues,
         "partitions": partitions,
         "nodes": [
@@ -180,6 +190,12 @@ async def collect_status(
         return await status_report(store, windows_s=windows_s, db=os.fspath(path))
 
 
+def _lapsed(counts: dict[str, Any]) -> str:
+    """`` of which N lease expired`` when some running tasks' leases expired, else ``""``."""
+    n = counts["expired_leases"]
+    return f" of which {n} lease expired" if n else ""
+
+
 def _fmt_s(value: float | None) -> str:
     if value is None:
         return "-"
@@ -220,17 +236,20 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     tasks = report["tasks"]
     console.print(
         f"[bold]asynccoord status[/bold]  db={report['db'] or '-'}  partitions={report['partitions']}  "
-        f"tasks={tasks['total']} (pending {tasks['pending']}, running {tasks['running']}, done {tasks['done']}, "
-        f"dead {tasks['dead']})  oldest pending={_fmt_s(tasks['oldest_pending_age_s'])}"
+        f"tasks={tasks['total']} (pending {tasks['pending']}, running {tasks['running']}{_lapsed(tasks)}, "
+        f"done {tasks['done']}, dead {tasks['dead']})  oldest pending={_fmt_s(tasks['oldest_pending_age_s'])}"
     )
 
     table = Table(title="Queues", box=box.SIMPLE_HEAVY)
-    for col in ("queue", "pending", "running", "done", "dead", "total", "oldest pending"):
+    for col in ("queue", "pending", "running", "lease expired", "done", "dead", "total", "oldest pending"):
         table.add_column(col, justify="left" if col == "queue" else "right")
     for q in report["queues"]:
         table.add_row(
             q["queue"],
-            *(str(q[s]) for s in (*_STATUSES, "total")),
+            str(q["pending"]),
+            str(q["running"]),
+            str(q["expired_leases"]),
+            *(str(q[s]) for s in ("done", "dead", "total")),
             _fmt_s(q["oldest_pending_age_s"]),
         )
     console.print(table)

@@ -43,9 +43,11 @@ def redact_target(target: str) -> str:
     """``target`` fit to print: the password of a URL (``postgresql://``, ``redis://``, ...) replaced by ``***``.
 
     Both places a URL may carry one are redacted: the user-info part
-    (``scheme://user:password@host``) and a ``password`` query parameter (libpq's).
-    A file path is returned unchanged. A URL too malformed to parse (``[::1`` without
-    its ``]``) loses its whole user-info part and every ``password`` parameter's value.
+    (``scheme://user:password@host``) and the value of every query parameter whose name
+    holds ``password`` in any case (libpq's ``password``, but also ``PASSWORD`` or
+    ``sslpassword``), with ``&`` or ``;`` between parameters. A file path is returned
+    unchanged. A URL too malformed to parse (``[::1`` without its ``]``) loses its whole
+    user-info part and those parameters' values.
     """
     if "://" not in target:
         return target
@@ -58,10 +60,7 @@ def redact_target(target: str) -> str:
     if parts.password is not None:
         parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
     if parts.query:
-        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        if any(key == "password" for key, _ in query):
-            hidden = [(key, "***" if key == "password" else value) for key, value in query]
-            parts = parts._replace(query=urllib.parse.urlencode(hidden, safe="*"))
+        parts = parts._replace(query=_redact_query(parts.query))
     if parts == original:
         return target
     # Not urlunsplit(): it drops the "//" of an empty host ("postgresql:///db?host=...").
@@ -99,6 +98,18 @@ def redact_location(target: str) -> str:
     return rest[:end].rpartition("@")[2] + rest[end:]
 
 
+def _redact_query(query: str) -> str:
+    """``query`` with the value of every parameter whose (decoded) name holds ``password``,
+    in any case, replaced by ``***``; ``&`` and ``;`` both separate parameters, and the rest
+    is left byte for byte as it was."""
+    pieces = re.split(r"([&;])", query)
+    for i in range(0, len(pieces), 2):
+        key, eq, _value = pieces[i].partition("=")
+        if eq and "password" in urllib.parse.unquote_plus(key).lower():
+            pieces[i] = f"{key}=***"
+    return "".join(pieces)
+
+
 def _netloc_end(rest: str) -> int:
     return min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
 
@@ -111,7 +122,9 @@ def _redact_unparsed(target: str, userinfo_end: int | None = None) -> str:
         end = _netloc_end(rest)
         _userinfo, at, host = rest[:end].rpartition("@")
         rest = ("***@" if at else "") + host + rest[end:]
-    return f"{scheme}://" + re.sub(r"(?i)([?&;]password=)[^&#;]*", r"\1***", rest)
+    path, question, query = rest.partition("?")
+    query, hash_, fragment = query.partition("#")
+    return f"{scheme}://{path}{question}{_redact_query(query)}{hash_}{fragment}"
 
 
 def _sqlite_path(target: str) -> str:

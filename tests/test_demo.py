@@ -170,6 +170,7 @@ def test_demo_on_postgres_keeps_every_invariant_and_clears_its_schema_on_the_nex
     assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_metric_totals')[0][0] > 0  # the monitor's counters
     # A second run on the same schema starts from an empty one (the demo dropped its own schema).
     again = ("--messages", "100", "--store", PG_DSN, "--schema", pg_schema, "--no-faults", "--processes", "1")
+    again += ("--speed", "1000000")  # no pacing: this run checks the fresh schema, not the replay
     code, report, stderr = run_demo(*again, "--nodes", "2", timeout_s=120)
     assert report.get("ok") is True, stderr[-2000:]
     assert code == 0
@@ -390,13 +391,15 @@ def test_more_messages_than_the_trace_holds_replays_all_of_them_and_says_so(tmp_
         for i in range(40)
     ]
     path.write_text("".join(json.dumps({**line, "text_len": 10}) + "\n" for line in lines))
-    code, report, stderr = run_demo("--trace", str(path), "--messages", "100", "--no-faults", timeout_s=120)
+    # --speed 1000000: no pacing (the trace's 40 s would otherwise be stretched to about 8 s).
+    fast = ("--speed", "1000000")
+    code, report, stderr = run_demo("--trace", str(path), "--messages", "100", "--no-faults", *fast, timeout_s=120)
     assert code == 0, stderr[-2000:]
     assert report["messages"] == 40
     assert report["config"]["messages_requested"] == 100
     assert report["ok"] is True
     proc = subprocess.run(
-        [sys.executable, "-m", "asynccoord.demo", "--trace", str(path), "--messages", "100", "--no-faults"],
+        [sys.executable, "-m", "asynccoord.demo", "--trace", str(path), "--messages", "100", "--no-faults", *fast],
         capture_output=True,
         text=True,
         timeout=120,

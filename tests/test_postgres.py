@@ -83,6 +83,15 @@ def test_open_store_picks_the_backend(tmp_path: Path) -> None:
         "db:5432/coord?password=***&x=1"
     )
     assert redact_location("bot.db") == "bot.db"
+    # Any case, any name holding "password", ";" as a separator; the rest unchanged.
+    assert redact_target("postgresql://db/c?PASSWORD=s1&sslpassword=s2&sslmode=require") == (
+        "postgresql://db/c?PASSWORD=***&sslpassword=***&sslmode=require"
+    )
+    assert redact_target("postgresql://db/c?sslmode=require;password=s3#x") == (
+        "postgresql://db/c?sslmode=require;password=***#x"
+    )
+    assert redact_target("postgresql://db/c?pass%77ord=s4&a=%2F") == "postgresql://db/c?pass%77ord=***&a=%2F"
+    assert redact_target("postgresql://u:s5@[::1/c?Password=s6;x=1") == "postgresql://***@[::1/c?Password=***;x=1"
     with pytest.raises(InvalidArgumentError) as info:
         open_store("mysql://bot:secret@h/db")
     assert "secret" not in str(info.value)

@@ -47,8 +47,10 @@ def check_consistent(report: dict[str, Any]) -> None:
     statuses = ("pending", "running", "done", "dead")
     for counts in [report["tasks"], *report["queues"]]:
         assert sum(counts[s] for s in statuses) == counts["total"]
-    for s in (*statuses, "total"):
+    for s in (*statuses, "total", "expired_leases"):
         assert report["tasks"][s] == sum(q[s] for q in report["queues"])
+    for counts in [report["tasks"], *report["queues"]]:
+        assert 0 <= counts["expired_leases"] <= counts["running"]
 
 
 async def populate(store: Store, clock: FakeClock) -> None:
@@ -86,6 +88,7 @@ async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeCl
         "done": 6,
         "dead": 0,
         "total": 31,
+        "expired_leases": 0,
         "oldest_pending_age_s": pytest.approx(2.0),
     }
     assert [q["queue"] for q in report["queues"]] == ["other", "outbox"]
@@ -109,6 +112,32 @@ async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeCl
     for expected in ("outbox", "n1", "account:1", "commits_seen", "Locks held (1)"):
         assert expected in text
     assert "places in line" not in text
+
+
+async def test_status_tells_running_tasks_whose_lease_expired(store: Store, clock: FakeClock) -> None:
+    await store.enqueue_many([NewTask(queue="outbox", payload=i) for i in range(5)])
+    await store.enqueue("other", 1)
+    short = await store.claim("outbox", node_id="n1", limit=2, lease_s=5.0)
+    await store.claim("outbox", node_id="n2", limit=1, lease_s=60.0)
+    await store.claim("other", node_id="n2", limit=1, lease_s=5.0)
+    report = await status_report(store, windows_s=[10.0], db=None)
+    assert [q["expired_leases"] for q in report["queues"]] == [0, 0]
+    clock.advance(5.0)  # the 5 s leases end now, the 60 s one runs on
+    report = await status_report(store, windows_s=[10.0], db=None)
+    validate(report)
+    check_consistent(report)
+    by_queue = {q["queue"]: (q["running"], q["expired_leases"]) for q in report["queues"]}
+    assert by_queue == {"outbox": (3, 2), "other": (1, 1)}
+    assert (report["tasks"]["running"], report["tasks"]["expired_leases"]) == (4, 3)
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    assert "running 4 of which 3 lease expired" in out.getvalue()
+    # A claim takes the expired leases back: running again, under live leases.
+    retaken = await store.claim("outbox", node_id="n3", limit=5, lease_s=30.0)
+    assert {t.id for t in short} <= {t.id for t in retaken}
+    report = await status_report(store, windows_s=[10.0], db=None)
+    by_queue = {q["queue"]: (q["running"], q["expired_leases"]) for q in report["queues"]}
+    assert by_queue == {"outbox": (5, 0), "other": (1, 1)}
 
 
 async def test_status_tells_places_in_line_from_held_locks(store: Store, clock: FakeClock) -> None:

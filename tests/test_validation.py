@@ -37,6 +37,7 @@ from asynccoord import (
     TaskStatus,
 )
 from asynccoord.backends.sql import load_migrations
+from asynccoord.stores import open_store
 from asynccoord.validation import MAX_DURATION_S
 
 Q = "jobs"
@@ -722,10 +723,29 @@ async def test_ints_over_the_repr_limit_are_refused_with_typed_errors(store: Any
     assert (await store.stats(Q)).total == 0
 
 
-@pytest.mark.parametrize("path", ["", "bot\x00.db"])
-def test_sqlite_store_path_must_be_a_usable_file_name(path: str) -> None:
-    with pytest.raises(InvalidArgumentError, match="path must not"):
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("", "path must name a file, got ''"),
+        (" ", "path must name a file, got ' '"),
+        ("\t\n", "path must name a file, got '\\t\\n'"),
+        ("bot\x00.db", "path must not contain NUL characters"),
+    ],
+)
+def test_sqlite_store_path_must_be_a_usable_file_name(path: str, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
         SQLiteStore(path)
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        open_store(path)
+
+
+def test_sqlite_store_refuses_a_bytes_path() -> None:
+    class BytesPath:
+        def __fspath__(self) -> bytes:
+            return b"bot.db"
+
+    with pytest.raises(InvalidTypeError, match=re.escape("path must be a str path, got bytes b'bot.db'")):
+        SQLiteStore(BytesPath())  # type: ignore[arg-type]
 
 
 def test_event_counter_add_checks_its_arguments() -> None:

@@ -471,5 +471,5 @@ class MonitorStore(Protocol):
         ...
 
     async def queue_depths(self) -> list[QueueDepth]:
-        """Tasks by queue and status, with each queue's oldest due pending age (store clock)."""
+        """Tasks by queue and status, with each queue's oldest due pending age and expired leases (store clock)."""
         ...

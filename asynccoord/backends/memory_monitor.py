@@ -156,16 +156,21 @@ class MemoryMonitorOps:
         now = self._clock()
         counts: dict[str, dict[str, int]] = {}
         oldest: dict[str, float] = {}
+        lapsed: dict[str, int] = {}
         for task in self._tasks.values():
             per = counts.setdefault(task.queue, {s.value: 0 for s in TaskStatus})
             per[task.status.value] += 1
             if task.status is TaskStatus.PENDING and task.run_at <= now:
                 oldest[task.queue] = min(oldest.get(task.queue, task.run_at), task.run_at)
+            expiry = task.lease_expires_at
+            if task.status is TaskStatus.RUNNING and expiry is not None and expiry <= now:
+                lapsed[task.queue] = lapsed.get(task.queue, 0) + 1
         return [
             QueueDepth(
                 queue=queue,
                 counts=counts[queue],
                 oldest_pending_age_s=None if queue not in oldest else max(0.0, now - oldest[queue]),
+                expired_leases=lapsed.get(queue, 0),
             )
             for queue in sorted(counts)
         ]

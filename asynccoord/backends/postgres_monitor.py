@@ -179,7 +179,7 @@ class PostgresMonitorOps:
         return await self._snapshot(read, "read_metrics")
 
     async def queue_depths(self) -> list[QueueDepth]:
-        """Tasks by queue and status, with each queue's oldest due pending age, in one snapshot.
+        """Tasks by queue and status, each queue's oldest due pending age and expired leases, in one snapshot.
 
         Counts every task row (a full scan: meant for the status command, not a hot path).
 
@@ -187,18 +187,25 @@ class PostgresMonitorOps:
             One :class:`~asynccoord.monitormodels.QueueDepth` per queue, by queue name.
         """
 
-        async def read(conn: asyncpg.Connection) -> tuple[float, list[Any], list[Any]]:
+        async def read(conn: asyncpg.Connection) -> tuple[float, list[Any], list[Any], list[Any]]:
             now = float(await self._val(conn, "now", now=self._now()))
             counts = await self._fetch(conn, "queue_depths")
             oldest = await self._fetch(conn, "queue_oldest_pending", now_s=now)
-            return now, counts, oldest
+            expired = await self._fetch(conn, "queue_expired_leases", now_s=now)
+            return now, counts, oldest, expired
 
-        now, counts, oldest = await self._snapshot(read, "queue_depths")
+        now, counts, oldest, expired = await self._snapshot(read, "queue_depths")
         by_queue: dict[str, dict[str, int]] = {}
         for queue, status, n in counts:
             by_queue.setdefault(queue, dict.fromkeys(_STATUSES, 0))[status] = int(n)
         ages = {queue: max(0.0, now - float(at)) for queue, at in oldest if at is not None}
+        lapsed = {queue: int(n) for queue, n in expired}
         return [
-            QueueDepth(queue=queue, counts=by_queue[queue], oldest_pending_age_s=ages.get(queue))
+            QueueDepth(
+                queue=queue,
+                counts=by_queue[queue],
+                oldest_pending_age_s=ages.get(queue),
+                expired_leases=lapsed.get(queue, 0),
+            )
             for queue in sorted(by_queue)
         ]

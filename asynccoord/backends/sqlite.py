@@ -187,9 +187,12 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         check_clock(clock)
-        self.path = os.fspath(path)
-        if not self.path:
-            raise InvalidArgumentError("path must not be empty: give a file name, or ':memory:'")
+        fspath = os.fspath(path)
+        if not isinstance(fspath, str):
+            raise InvalidTypeError(f"path must be a str path, got {type(fspath).__name__} {fspath!r}")
+        self.path = fspath
+        if not self.path.strip():
+            raise InvalidArgumentError(f"path must name a file, got {self.path!r}: give a file name, or ':memory:'")
         if "\x00" in self.path:
             raise InvalidArgumentError(f"path must not contain NUL characters, got {self.path!r}")
         self.config = config or StoreConfig()

@@ -174,7 +174,7 @@ class SQLiteMonitorOps:
         return view
 
     async def queue_depths(self) -> list[QueueDepth]:
-        """Tasks by queue and status, with each queue's oldest due pending age, in one snapshot.
+        """Tasks by queue and status, each queue's oldest due pending age and expired leases, in one snapshot.
 
         Counts every task row (a full scan: meant for the status command, not a hot path).
 
@@ -186,22 +186,31 @@ class SQLiteMonitorOps:
         """
         writer = self._w()
 
-        def read(db: sqlite3.Connection) -> tuple[float, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-            def run() -> tuple[float, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        Rows = list[tuple[Any, ...]]
+
+        def read(db: sqlite3.Connection) -> tuple[float, Rows, Rows, Rows]:
+            def run() -> tuple[float, Rows, Rows, Rows]:
                 now = writer.now(db)
                 counts = db.execute(Q["queue_depths"]).fetchall()
                 oldest = db.execute(Q["queue_oldest_pending"], {"now": now}).fetchall()
-                return now, counts, oldest
+                expired = db.execute(Q["queue_expired_leases"], {"now": now}).fetchall()
+                return now, counts, oldest, expired
 
-            result: tuple[float, list[tuple[Any, ...]], list[tuple[Any, ...]]] = _in_read_transaction(db, run)
+            result: tuple[float, Rows, Rows, Rows] = _in_read_transaction(db, run)
             return result
 
-        now, counts, oldest = await self._read(read)
+        now, counts, oldest, expired = await self._read(read)
         by_queue: dict[str, dict[str, int]] = {}
         for queue, status, n in counts:
             by_queue.setdefault(queue, dict.fromkeys(_STATUSES, 0))[status] = int(n)
         ages = {queue: max(0.0, now - float(at)) for queue, at in oldest if at is not None}
+        lapsed = {queue: int(n) for queue, n in expired}
         return [
-            QueueDepth(queue=queue, counts=by_queue[queue], oldest_pending_age_s=ages.get(queue))
+            QueueDepth(
+                queue=queue,
+                counts=by_queue[queue],
+                oldest_pending_age_s=ages.get(queue),
+                expired_leases=lapsed.get(queue, 0),
+            )
             for queue in sorted(by_queue)
         ]
