@@ -247,11 +247,14 @@ def _bench(args: argparse.Namespace, folder: str) -> dict[str, Any]:
     results["raw_batch_claim_tasks_per_s"] = raw_batch_claim_tasks_per_s(base, args.tasks)
     results["repeat"] = args.repeat
     results["naive"] = {}
+    runs: dict[str, Any] = {"naive": {}, "asynccoord": {}, "asynccoord_ordered": {}, "processes": []}
+    results["runs"] = runs  # every run's figure, in run order; the figures above are their medians
     for nodes in args.naive_nodes:
-        results["naive"][str(nodes)] = statistics.median(
+        runs["naive"][str(nodes)] = [
             run(lambda n=nodes: naive_drain(base, args.naive_tasks, n))  # type: ignore[misc]
             for _ in range(args.repeat)
-        )
+        ]
+        results["naive"][str(nodes)] = statistics.median(runs["naive"][str(nodes)])
     enqueue_rates: list[float] = []
 
     def drain_rate(nodes: int, ordered: bool) -> float:
@@ -262,25 +265,25 @@ def _bench(args: argparse.Namespace, folder: str) -> dict[str, Any]:
         _cleanup(path)
         return done / (end - start)
 
-    results["asynccoord"] = {
-        str(n): statistics.median(drain_rate(n, False) for _ in range(args.repeat)) for n in args.nodes
-    }
-    results["asynccoord_ordered"] = {
-        str(n): statistics.median(drain_rate(n, True) for _ in range(args.repeat)) for n in args.ordered_nodes
-    }
+    for kind, counts, ordered in (("asynccoord", args.nodes, False), ("asynccoord_ordered", args.ordered_nodes, True)):
+        for n in counts:
+            runs[kind][str(n)] = [drain_rate(n, ordered) for _ in range(args.repeat)]
+        results[kind] = {n: statistics.median(rates) for n, rates in runs[kind].items()}
     results["enqueue_per_s"] = statistics.median(enqueue_rates)
     results["processes"] = {}
     if args.processes > 1:
-        path = fresh_db(folder)
-        run(lambda: fill(path, args.tasks))
-        done, rate = drain_in_processes(path, args.processes, args.process_nodes, args.batch)
-        assert done == args.tasks, (done, args.tasks)
+        for _ in range(args.repeat):
+            path = fresh_db(folder)
+            run(lambda: fill(path, args.tasks))
+            done, rate = drain_in_processes(path, args.processes, args.process_nodes, args.batch)
+            assert done == args.tasks, (done, args.tasks)
+            runs["processes"].append(rate)
+            _cleanup(path)
         results["processes"] = {
             "processes": args.processes,
             "nodes_per_process": args.process_nodes,
-            "tasks_per_s": rate,
+            "tasks_per_s": statistics.median(runs["processes"]),
         }
-        _cleanup(path)
     naive_best = max(results["naive"].values()) if results["naive"] else None
     naive_one = results["naive"].get("1")
     results["ratios"] = {

@@ -76,6 +76,11 @@ def test_queue_throughput_reports_every_documented_figure(tmp_path: Path) -> Non
     assert r["processes"]["processes"] == 2
     assert r["processes"]["nodes_per_process"] == 2
     assert positive(r["processes"]["tasks_per_s"])
+    # Every run's figure, whose median is the figure reported.
+    assert r["runs"]["processes"] == [r["processes"]["tasks_per_s"]]
+    for kind in ("naive", "asynccoord", "asynccoord_ordered"):
+        assert set(r["runs"][kind]) == set(r[kind])
+        assert all(rates == [r[kind][n]] for n, rates in r["runs"][kind].items()), kind
     for nodes in ("1", "4"):
         ratios = r["ratios"][f"nodes_{nodes}"]
         assert ratios["vs_naive_1"] == pytest.approx(r["asynccoord"][nodes] / r["naive"]["1"])
