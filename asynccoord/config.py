@@ -31,7 +31,10 @@ class RetryPolicy:
     ``[-jitter, +jitter]``: "exponential backoff and jitter" as described by
     M. Brooker, AWS Architecture Blog, 2015, with the jitter kept proportional so
     the schedule stays predictable. After ``max_attempts`` attempts in all, the task
-    is dead-lettered.
+    is dead-lettered. ``max_attempts`` is read once, at enqueue, from the store's
+    policy (``StoreConfig.retry``) for a task enqueued without its own: a policy given
+    to ``fail(retry=...)`` or ``NodeConfig.retry`` sets the delays only, and the task
+    keeps the ``max_attempts`` it was enqueued with.
 
     Args:
         base_s: Delay after the first failure, seconds (> 0). Default 1.0.

@@ -308,8 +308,13 @@ class _LeaseHandle:
         self._name, self._ttl_s, self._permits, self._holder = check_lock_request(name, ttl, permits, who)
         check_user_lock_name("name", name)
         if auto_renew is None:
-            auto_renew = ttl_s is None or renew_interval_s is not None
+            auto_renew = ttl_s is None or renew_interval_s is not None or max_hold_s is not None
         self._auto_renew = check_bool("auto_renew", auto_renew)
+        if not self._auto_renew and max_hold_s is not None:
+            raise InvalidArgumentError(
+                f"max_hold_s={max_hold_s!r} bounds a renewed lease, but auto_renew is False: the lease "
+                f"simply ends after ttl_s={self._ttl_s!r}; drop max_hold_s or let the watchdog renew"
+            )
         if watchdog is None:
             watchdog = Watchdog.for_store(store)
         elif not isinstance(watchdog, Watchdog):
@@ -713,7 +718,8 @@ class Lock(_LeaseHandle):
             :data:`DEFAULT_TTL_S` (30 s) and the watchdog renews it (``auto_renew``).
         timeout_s: Longest wait of ``async with``, seconds (>= 0). Default None: no limit.
         auto_renew: Have the watchdog renew the lease every ``renew_interval_s``.
-            Default: True if ``ttl_s`` is omitted or ``renew_interval_s`` is given,
+            Default: True if ``ttl_s`` is omitted or ``renew_interval_s`` or
+            ``max_hold_s`` is given (``max_hold_s`` with ``auto_renew=False`` is refused),
             else False (the lease simply lapses after ``ttl_s``; inside ``async with``
             the block is still cancelled at the local deadline).
         renew_interval_s: Seconds between renewals; default ``ttl_s / 3``. Must end

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 import math
 import os
@@ -94,8 +95,8 @@ __all__ = (
 
 log = logging.getLogger(__name__)
 
-AlertCallback = Callable[[Alert], Awaitable[Any]]
-"""An async subscriber: ``async def on_alert(alert: Alert) -> None``."""
+AlertCallback = Callable[[Alert], Awaitable[Any] | None]
+"""A subscriber: ``async def on_alert(alert: Alert) -> None`` (a plain function is accepted too)."""
 
 _KEEPALIVE_S = 10.0
 _CANCELLED_WRITE_WAIT_S = 5.0
@@ -955,12 +956,16 @@ class Monitor:
     ) -> Subscription:
         """Call ``await callback(alert)`` for every notice, in a task of its own.
 
+        A plain (sync) function is called as it is: it runs on the event loop's thread, so
+        ``timeout_s`` cannot cut it short; keep it quick.
+
         A callback that raises or exceeds ``timeout_s`` is logged
         (``asynccoord.monitor.subscriber_failed``) and counted, and gets the next notice;
         one that falls behind loses its oldest buffered notices (counted as dropped).
 
         Args:
-            callback: ``async def callback(alert: Alert) -> None``.
+            callback: ``async def callback(alert: Alert) -> None``, or any callable
+                returning an awaitable, or a plain function.
             buffer: Notices buffered for it (>= 1). Default ``buffer_size``.
             timeout_s: Longest one call may take (> 0). Default ``callback_timeout_s``.
 
@@ -971,7 +976,7 @@ class Monitor:
             InvalidTypeError: ``callback`` is not callable.
         """
         if not callable(callback):
-            raise InvalidTypeError(f"callback must be an async callable, got {type(callback).__name__}")
+            raise InvalidTypeError(f"callback must be callable, got {type(callback).__name__}")
         size = self.buffer_size if buffer is None else check_int("buffer", buffer, minimum=1)
         timeout = self.callback_timeout_s if timeout_s is None else check_positive("timeout_s", timeout_s)
         mailbox = _Mailbox(size)
@@ -994,7 +999,9 @@ class Monitor:
             sub.calls += 1
             try:
                 async with asyncio.timeout(sub.timeout_s):
-                    await sub.callback(alert)
+                    outcome = sub.callback(alert)
+                    if inspect.isawaitable(outcome):  # a plain function has already run
+                        await outcome
             except TimeoutError:
                 sub.failures += 1
                 log.warning(

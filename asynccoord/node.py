@@ -174,6 +174,8 @@ class NodeConfig:
             conversation cannot keep a slot from the others for ever. Default 64.
         affinity_cache_size: Conversations whose context dict a node keeps. Default 1024.
         retry: Backoff policy for failed sends; None uses the store's. Default None.
+            Its delays only: a task's number of attempts is fixed at enqueue
+            (``NewTask.max_attempts``, else the store's ``StoreConfig.retry``).
     """
 
     queue: str = "default"

@@ -274,7 +274,7 @@ def _bench(args: argparse.Namespace, folder: str) -> dict[str, Any]:
     if args.processes > 1:
         for _ in range(args.repeat):
             path = fresh_db(folder)
-            run(lambda: fill(path, args.tasks))
+            run(lambda p=path: fill(p, args.tasks))  # type: ignore[misc]
             done, rate = drain_in_processes(path, args.processes, args.process_nodes, args.batch)
             assert done == args.tasks, (done, args.tasks)
             runs["processes"].append(rate)

@@ -188,6 +188,33 @@ def test_demo_refuses_a_postgres_schema_it_did_not_create(pg_schema: str) -> Non
     assert pg("SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'keep_me'", pg_schema)[0][0] == 1
 
 
+@pytest.mark.multiprocess
+def test_demo_refuses_an_empty_postgres_schema_it_did_not_create(pg_schema: str) -> None:
+    # Empty, but someone's: its grants and comment would go with a DROP ... CASCADE, and so
+    # would objects outside pg_class/pg_proc/pg_type (a collation here).
+    pg(f'CREATE SCHEMA "{pg_schema}"')
+    pg(f'COMMENT ON SCHEMA "{pg_schema}" IS \'my app\'')
+    pg(f'CREATE COLLATION "{pg_schema}".keep_me (provider = icu, locale = \'und\')')
+    oid = pg("SELECT oid FROM pg_namespace WHERE nspname = $1", pg_schema)[0][0]
+    code, report, stderr = run_demo("--messages", "10", "--store", PG_DSN, "--schema", pg_schema, timeout_s=60)
+    assert code == 2
+    assert report == {}
+    assert f"schema {pg_schema!r} already exists and was not created by the demo" in stderr
+    assert pg("SELECT oid, obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1", pg_schema) == [
+        (oid, "my app")
+    ]
+    assert pg("SELECT count(*) FROM pg_collation WHERE collname = 'keep_me'")[0][0] == 1
+
+
+@pytest.mark.parametrize("schema", ["public", "information_schema", "pg_catalog", "pg_temp_1"])
+def test_demo_refuses_system_schemas_before_connecting(schema: str) -> None:
+    # A DSN nothing listens on: the refusal comes before any connection.
+    code, report, stderr = run_demo("--store", "postgresql://u@127.0.0.1:1/db", "--schema", schema, timeout_s=60)
+    assert code == 2
+    assert report == {}
+    assert f"{schema!r} is not the demo's to drop" in stderr
+
+
 def test_demo_cli_rejects_a_schema_without_a_postgres_store() -> None:
     code, _, stderr = run_demo("--schema", "demo", timeout_s=60)
     assert code == 2

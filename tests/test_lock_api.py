@@ -276,6 +276,11 @@ BAD_HANDLES: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"renew_interval_s": 0}, InvalidArgumentError, "renew_interval_s must be > 0"),
     ({"ttl_s": 1.0, "renew_interval_s": 0.95}, InvalidArgumentError, "renew_interval_s must be shorter than"),
     ({"max_hold_s": 0}, InvalidArgumentError, "max_hold_s must be > 0, got 0"),
+    (
+        {"ttl_s": 1.0, "auto_renew": False, "max_hold_s": 5.0},
+        InvalidArgumentError,
+        r"max_hold_s=5.0 bounds a renewed lease, but auto_renew is False",
+    ),
     ({"auto_renew": 1}, InvalidTypeError, "auto_renew must be a bool"),
     ({"holder": 5}, InvalidTypeError, "holder must be a str"),
     ({"backoff": 0.1}, InvalidTypeError, "backoff must be a RetryPolicy"),
@@ -294,6 +299,13 @@ BAD_HANDLES: list[tuple[dict[str, Any], type[Exception], str]] = [
         "'asynccoord.next:abc' is in the prefix 'asynccoord.next:'",
     ),
 ]
+
+
+async def test_max_hold_s_with_a_ttl_turns_renewal_on(rstore: Any) -> None:
+    # A ceiling on a lease that is never renewed would mean nothing: asking for one asks for renewal.
+    assert Lock(rstore, "job", ttl_s=0.3, max_hold_s=1.0).auto_renew is True
+    assert Lock(rstore, "job", ttl_s=0.3).auto_renew is False
+    assert Semaphore(rstore, "pool", 2, ttl_s=0.3, max_hold_s=1.0).auto_renew is True
 
 
 @pytest.mark.parametrize(("change", "error", "message"), BAD_HANDLES)

@@ -443,6 +443,30 @@ async def test_bad_subscribers_never_block_publishing(store: Store, clock: FakeC
     assert (stats.alerts_fired, stats.alerts_resolved) == (cycles, cycles)
 
 
+async def test_a_plain_function_subscriber_gets_every_notice(store: Store, clock: FakeClock) -> None:
+    rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
+    seen: list[str] = []
+
+    def plain(alert: Alert) -> None:  # not async: called as it is, never awaited
+        seen.append(alert.state.value)
+
+    async with manual(store, [rule]) as monitor:
+        sub = monitor.subscribe(plain)
+        store.events.add(ev.DEAD_LETTERED)
+        await monitor.flush()
+        await monitor.evaluate()
+        clock.advance(31.0)
+        await monitor.flush()
+        await monitor.evaluate()
+        for _ in range(100):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == ["firing", "resolved"]
+        assert (sub.calls, sub.failures) == (2, 0)
+        assert monitor.statistics().callback_failures == 0
+
+
 async def test_slow_callback_times_out_and_gets_the_next_notice(store: Store, clock: FakeClock) -> None:
     rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
     seen: list[str] = []

@@ -438,6 +438,12 @@ async def test_fail_with_explicit_policy_overrides_store_policy(store, clock: Fa
     task = await claim_one(store)
     failed = await store.fail(task, "e", retry=RetryPolicy(base_s=42.0, cap_s=100.0, jitter=0.0))
     assert failed.run_at == clock.now + 42.0
+    # The policy gives the delay only: the task keeps the max_attempts it was enqueued with.
+    assert failed.status is TaskStatus.PENDING
+    assert failed.max_attempts == 5
+    clock.advance(42.0)
+    again = await store.fail(await claim_one(store), "e", retry=RetryPolicy(base_s=1.0, jitter=0.0, max_attempts=1))
+    assert (again.status, again.attempts, again.max_attempts) == (TaskStatus.PENDING, 2, 5)
 
 
 async def test_fail_keeps_error_text_safely(store) -> None:

@@ -743,6 +743,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             task: The task as returned by ``claim``.
             error: What went wrong (kept as ``last_error``; truncated to 8192 characters).
             retry: A :class:`~asynccoord.config.RetryPolicy` for the delay; default the store's.
+                Its ``max_attempts`` is not used: the task's own, fixed at enqueue, is.
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.

@@ -67,13 +67,8 @@ DEMO_SCHEMA_COMMENT = "created by python -m asynccoord.demo; dropped and recreat
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-_SCHEMA_OBJECTS = """
-SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = n.oid)
-     + (SELECT count(*) FROM pg_proc WHERE pronamespace = n.oid)
-     + (SELECT count(*) FROM pg_type WHERE typnamespace = n.oid)
-  FROM pg_namespace n WHERE n.nspname = $1
-"""
-"""Relations, functions and types in a schema: an unmarked schema with any is never touched."""
+_SYSTEM_SCHEMAS = re.compile(r"public|information_schema|pg_.*")
+"""Schema names the demo refuses outright, even before it looks at the database."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -283,6 +278,8 @@ def _schema_name(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected a lower-case PostgreSQL identifier (a-z, 0-9, _; at most 63), got {text!r}"
         )
+    if _SYSTEM_SCHEMAS.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not the demo's to drop: choose a schema of its own")
     return text
 
 
@@ -571,11 +568,15 @@ async def _demo_schema(dsn: str, schema: str) -> AsyncIterator[None]:
 
     The schema is created and marked with :data:`DEMO_SCHEMA_COMMENT`; a schema left by
     an earlier run (it has the mark) is dropped and created anew; a schema that exists
-    without the mark is refused (unless it is empty), so the demo never drops anything
-    it did not create. A session advisory lock on the schema's name, held for the whole
+    without the mark is refused, even an empty one (its grants, comment and any object
+    the demo does not know of are someone's), and so are ``public``, ``information_schema``
+    and ``pg_*`` whether they exist or not, so the demo never drops anything it did not
+    create. A session advisory lock on the schema's name, held for the whole
     run, refuses a second demo on the same schema at the same time. The schema is left
     in place after the run, for ``python -m asynccoord status``.
     """
+    if _SYSTEM_SCHEMAS.fullmatch(schema):
+        raise ValueError(f"schema {schema!r} is not the demo's to drop: choose a schema of its own")
     try:
         import asyncpg
     except ImportError as exc:
@@ -593,7 +594,7 @@ async def _demo_schema(dsn: str, schema: str) -> AsyncIterator[None]:
             "SELECT obj_description(oid, 'pg_namespace') AS mark FROM pg_namespace WHERE nspname = $1", schema
         )
         ours = row is not None and row["mark"] == DEMO_SCHEMA_COMMENT
-        if row is not None and not ours and await conn.fetchval(_SCHEMA_OBJECTS, schema):
+        if row is not None and not ours:
             raise ValueError(
                 f"schema {schema!r} already exists and was not created by the demo: "
                 "the demo drops only its own schemas; choose another --schema"
