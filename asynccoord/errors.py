@@ -16,6 +16,7 @@ with the original exception kept as ``__cause__``.
     ├── TaskNotFoundError (KeyError)           no task with that id
     ├── LeaseLostError                         the task lease is no longer the caller's
     ├── StaleVersionError                      a compare-and-set saw another version
+    ├── RuntimeStateError (RuntimeError)       a Runtime started again, or waited on before it started
     ├── LockError
     │   ├── LockNotHeldError                   release/renew of a lock you do not hold
     │   ├── LockTimeoutError (TimeoutError)    acquire gave up after timeout_s
@@ -48,6 +49,7 @@ __all__ = (
     "NotADatabaseError",
     "PayloadTooLargeError",
     "ReadOnlyStoreError",
+    "RuntimeStateError",
     "SchemaVersionError",
     "StaleVersionError",
     "StoreBusyError",
@@ -101,6 +103,16 @@ class LeaseLostError(CoordError):
 
 class StaleVersionError(CoordError):
     """A version-checked compare-and-set found a newer version than the caller's."""
+
+
+class RuntimeStateError(CoordError, RuntimeError):
+    """A :class:`~asynccoord.runtime.Runtime` was asked for something its life stage does not allow.
+
+    A Runtime runs once, as a ``threading.Thread`` does: ``start()`` (or ``async with``)
+    after it was shut down, after it ran, or after its start failed raises this, as does
+    ``wait_for_signal()`` before it started. Create a new Runtime to run again (pass the
+    same ``node_ids`` to keep the nodes' partition affinity).
+    """
 
 
 class LockError(CoordError):

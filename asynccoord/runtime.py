@@ -12,6 +12,10 @@ flight may finish for up to ``shutdown_timeout_s``, then whatever is left is can
 handed back to ``pending`` with its lease and lock released, so another process picks it
 up immediately instead of waiting for a TTL. Nodes leave the membership last.
 
+A Runtime runs once, as a ``threading.Thread`` does: starting it again after it was shut
+down (or after :meth:`Runtime.shutdown` was called before it ever started) raises
+:class:`~asynccoord.errors.RuntimeStateError`; create a new one to run again.
+
 Idle nodes do not poll one by one: the runtime runs one
 :class:`~asynccoord.idlepoll.IdlePoller` that reads which of its idle nodes' partitions
 hold claimable work (work from other processes, expired leases, tasks falling due) and
@@ -28,6 +32,7 @@ import os
 import secrets
 import signal
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -35,7 +40,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
-from .errors import InvalidArgumentError, InvalidTypeError
+from .errors import InvalidArgumentError, InvalidTypeError, RuntimeStateError
 from .idlepoll import IdlePoller
 from .lockpool import LockPool
 from .membership import Membership
@@ -137,6 +142,7 @@ class Runtime:
         ]
         self.idle_poller = IdlePoller(store, self.nodes, self.config, membership=self.membership) if pollable else None
         self._runner: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_request: asyncio.Event | None = None
         self._graceful = True
@@ -144,7 +150,39 @@ class Runtime:
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<Runtime nodes={len(self.nodes)} queue={self.config.queue!r}>"
+        return f"<Runtime {self._stage()} nodes={len(self.nodes)} queue={self.config.queue!r}>"
+
+    def _stage(self) -> str:
+        """``new``, ``starting``, ``running``, ``stopping`` or ``stopped``."""
+        runner, started = self._runner, self._started
+        if runner is None:
+            return "stopped" if self._closed else "new"
+        if runner.done():
+            return "stopped"
+        if self._closed:
+            return "stopping"
+        return "running" if started is not None and started.done() else "starting"
+
+    def _spent(self) -> RuntimeStateError:
+        """The error of a start after this runtime's one run (or after a shutdown before it)."""
+        started = self._started
+        failed = None
+        if started is not None and started.done() and not started.cancelled():
+            failed = started.exception()
+        if self._runner is None:
+            why = "shutdown() was called before it ever started"
+        elif failed is not None:
+            why = f"its start failed ({type(failed).__name__}: {failed})"
+        elif self._closed:
+            why = "it already ran and was shut down"
+        else:
+            why = "it already ran and stopped by itself (a node failed: see states())"
+        error = RuntimeStateError(
+            f"{self!r} cannot start: {why}. A Runtime runs once: create a new Runtime"
+            " (the same node_ids keep the nodes' partitions)"
+        )
+        error.__cause__ = failed
+        return error
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -164,15 +202,27 @@ class Runtime:
         The nodes run in a task of their own, so :meth:`shutdown` may be called from any
         task (a signal handler's, a ``wait_for`` wrapper's...).
 
+        A Runtime runs once. A ``start()`` while it is starting or running (``await
+        runtime.start()`` inside ``async with runtime``, two tasks starting it at once)
+        starts nothing more: it returns once the first start has (raising what that start
+        raised). Any later start raises :class:`~asynccoord.errors.RuntimeStateError`.
+
         Raises:
+            RuntimeStateError: the runtime cannot run again, nothing was started: it was shut
+                down (:meth:`shutdown` was called, even before any start), it ran and stopped
+                by itself (a node failed), or its start failed (the error is the cause).
             StoreError: the first heartbeat failed (nothing is left running).
         """
-        if self._runner is not None:
+        if self._closed or (self._runner is not None and self._runner.done()):
+            raise self._spent()
+        if self._started is not None:
+            await asyncio.shield(self._started)  # started or starting: one runner only
             return
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._stop_request = asyncio.Event()
         started: asyncio.Future[None] = loop.create_future()
+        self._started = started
         self._runner = loop.create_task(self._run(started), name="asynccoord-runtime")
         self._runner.add_done_callback(lambda _t: self._stopping.set() if self._stopping else None)
         await asyncio.shield(started)
@@ -232,7 +282,10 @@ class Runtime:
         """Stop claiming, let sends finish for ``timeout_s`` (default ``shutdown_timeout_s``), hand back the rest.
 
         Idempotent and callable from any task; returns when every node has stopped and
-        left the membership.
+        left the membership. Called before :meth:`start` (a signal handler that ran
+        early, say), it returns at once and the runtime will not start: a later
+        :meth:`start` or ``async with`` raises
+        :class:`~asynccoord.errors.RuntimeStateError` instead of running.
 
         Raises:
             StoreClosedError: the store was closed while the nodes ran (each failed node
@@ -261,29 +314,69 @@ class Runtime:
     async def wait_for_signal(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
         """Run until one of ``signals`` arrives (or :meth:`shutdown` is called), then shut down.
 
+        Also returns when the runtime stops by itself (a node failed), raising as
+        :meth:`shutdown` does; called after the runtime stopped, it returns 0 at once.
+
+        For the wait, each signal gets a handler of the running event loop
+        (``loop.add_signal_handler``), and when the wait ends (a signal, a shutdown, or the
+        waiting task cancelled) the handler the signal had before is put back:
+
+        * a handler installed with ``signal.signal`` (a function, ``SIG_IGN``, ``SIG_DFL``,
+          ``asyncio.run``'s SIGINT handler that cancels the main task) is reinstalled;
+        * a signal the event loop already handles (the application called
+          ``loop.add_signal_handler`` for it, e.g. for a graceful shutdown of its own) is
+          not taken at all: asyncio has no way to read such a handler back (uvloop's is
+          not even visible), so that handler keeps the signal during the wait and after,
+          and the wait does not end on it (logged as
+          ``asynccoord.runtime.signal_left``); let that handler call :meth:`shutdown`;
+        * a handler installed by C code (``signal.getsignal`` gives None) cannot be
+          reinstalled: the signal gets its default back.
+
+        No handler is installed outside the main thread or where the loop cannot handle
+        signals (Windows): the wait then ends only with :meth:`shutdown`.
+
+        Args:
+            signals: The signal numbers to wait for. Default ``(SIGTERM, SIGINT)``.
+
         Returns:
             The signal number received, or 0 when shut down otherwise.
+
+        Raises:
+            RuntimeStateError: the runtime was never started.
+            StoreClosedError, Exception: as :meth:`shutdown`, when a node failed.
         """
         loop = asyncio.get_running_loop()
         received: list[int] = []
         stopping = self._stopping
         if stopping is None:
-            raise InvalidArgumentError("the runtime is not started: use 'async with Runtime(...)'")
+            why = "shutdown() was called before it started" if self._closed else "it is not started"
+            raise RuntimeStateError(f"{self!r} cannot wait for a signal: {why}; use 'async with Runtime(...)'")
 
         def on_signal(signum: int) -> None:
             received.append(signum)
             stopping.set()
 
-        installed = []
-        for signum in signals:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, on_signal, signum)
-                installed.append(signum)
+        taken: list[tuple[int, Any]] = []  # (signal, its handler before)
+        if threading.current_thread() is threading.main_thread():
+            for signum in dict.fromkeys(signals):
+                before = signal.getsignal(signum)
+                if _installed_by_an_event_loop(before):
+                    log.warning(
+                        "asynccoord.runtime.signal_left signal=%s: the event loop already has a handler for it,"
+                        " which keeps it (call runtime.shutdown() from that handler)",
+                        _signal_name(signum),
+                    )
+                    continue
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(signum, on_signal, signum)
+                    taken.append((signum, before))
         try:
             await stopping.wait()
         finally:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
+            for signum, before in reversed(taken):
+                loop.remove_signal_handler(signum)  # leaves SIG_DFL (SIGINT: default_int_handler)
+                if before is not None:
+                    signal.signal(signum, before)
         await self.shutdown()
         return received[0] if received else 0
 
@@ -314,3 +407,22 @@ class Runtime:
                     return True
                 await anyio.sleep(poll_s)
         return False
+
+
+def _installed_by_an_event_loop(handler: Any) -> bool:
+    """Whether ``handler`` (from ``signal.getsignal``) is an event loop's ``add_signal_handler`` stub.
+
+    asyncio's loops install the module function ``asyncio.unix_events._sighandler_noop``,
+    uvloop's a method of the loop; the application's callback sits in the loop's own
+    table, out of reach of any public API.
+    """
+    if isinstance(getattr(handler, "__self__", None), asyncio.AbstractEventLoop):
+        return True
+    return getattr(handler, "__module__", None) == "asyncio.unix_events"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
