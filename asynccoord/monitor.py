@@ -60,6 +60,7 @@ from typing import Any, Self
 import anyio
 
 from . import events as ev
+from ._errtext import error_text
 from .backends._monitorcommon import check_windows
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError
 from .events import EventCounter
@@ -1014,12 +1015,11 @@ class Monitor:
             except Exception as exc:
                 sub.failures += 1
                 log.warning(
-                    "asynccoord.monitor.subscriber_failed process=%s callback=%r rule=%s error=%s: %s",
+                    "asynccoord.monitor.subscriber_failed process=%s callback=%r rule=%s error=%s",
                     self.process_id,
                     sub.callback,
                     alert.rule,
-                    type(exc).__name__,
-                    exc,
+                    error_text(exc),  # the user's exception: its __str__ may raise
                 )
 
     # --- inspection ---------------------------------------------------------------------

@@ -20,14 +20,19 @@ A node repeatedly
    runs (one batched statement for all of the node's leases, one for its locks), and
    if either is lost the send is cancelled at once (one ``CancelledError``, as
    ``asyncio.Task.cancel`` delivers it: the send's ``except``/``finally`` blocks may
-   still await, e.g. to close a connection, for up to ``SEND_CLEANUP_S``);
+   still await, e.g. to close a connection, for up to ``SEND_CLEANUP_S``; nothing
+   cancels it again before that time is up, whatever else happens meanwhile: a
+   timeout, a lost lease or lock, the node's cancellation);
 4. **commits**: a compare-and-set on ``(id, lease_token, version)`` that also checks
    the lock's fencing token against the highest one the resource has seen, in the
    same transaction (a lock only: a semaphore's permits, ``lock_permits`` > 1, finish
    in any order, so their tokens do not fence the commit).
 
 An exception from ``send`` (or its timeout) goes to the retry policy: backoff with
-jitter, then the dead-letter state. Cancellation of the node hands its in-flight
+jitter, then the dead-letter state. So does a ``CancelledError`` that the send raises
+although the node did not cancel it (a library it awaits was cancelled by something
+else, say): the task's ``last_error`` says "send raised CancelledError without being
+cancelled", and the node goes on. Cancellation of the node hands its in-flight
 tasks back to ``pending`` (not counted as failures), releases its locks and
 re-raises. Each layer (partitioning, locks, version checks) can be switched off to
 measure what it buys.
@@ -57,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import events as ev
+from ._errtext import error_text
 from .backends._common import encode_result
 from .backends._lockcommon import MAX_PERMITS, check_user_lock_name
 from .config import RetryPolicy
@@ -87,7 +93,12 @@ log = logging.getLogger(__name__)
 
 SEND_CLEANUP_S = 0.25
 """Seconds a cancelled send's own cleanup (its ``except``/``finally`` awaits) may take
-before it is cancelled again; shutdown and lease-loss bounds include it."""
+before it is cancelled again; shutdown and lease-loss bounds include it.
+
+The node cancels a send once, for whichever reason comes first (its timeout, a lost
+lease or lock, the node's cancellation); the others that come during this time do not
+cancel it again. A send still running when the time is up (one that swallows the
+``CancelledError``) is cancelled once more, and the node goes on without it."""
 
 SendFn = Callable[[Task], Awaitable[Any]]
 """The user's send: ``async def send(task: Task) -> Any`` (the result is stored, JSON)."""
@@ -304,6 +315,7 @@ class _InFlight:
     returned: bool = False  # ...and returned, raised, timed out or was cut by a lost lease
     settling: bool = False  # the send is over: commit/fail/hand-back owns the lease now
     timed_out: bool = False  # the send was cut at send_timeout_s
+    cut_until: float | None = None  # loop time: the node cancelled the send (once, see _cut), its cleanup ends then
     send: asyncio.Task[Any] | None = None  # the user's send, in a task of its own, while it runs
     over: asyncio.Future[None] | None = None  # done when the send is, or when its cleanup time ran out
     next: _InFlight | None = None  # the key's next task, leased by this task's commit (claim_next)
@@ -323,7 +335,9 @@ class Node:
         send: ``async def send(task) -> result`` (or any callable returning an awaitable).
             A plain function is accepted and its return value used, but it runs on the
             event loop's thread: it stalls every node of the process while it runs, and
-            neither ``send_timeout_s`` nor a lost lease or lock can cut it short.
+            neither ``send_timeout_s`` nor a lost lease or lock can cut it short. An
+            exception it raises is a failed attempt (the retry policy decides), and so is a
+            ``CancelledError`` it raises although the node did not cancel it.
         node_id: Unique among live nodes, 1..255 characters.
         config: :class:`NodeConfig`. Default NodeConfig().
         lock_key: Maps a task to the name of the lock it needs, or None for no lock
@@ -491,7 +505,7 @@ class Node:
         except BaseException as exc:
             failure = failure_of(exc)
             if failure is not None:
-                log.error("asynccoord.node.failed node=%s error=%s: %s", self.node_id, type(failure).__name__, failure)
+                log.error("asynccoord.node.failed node=%s error=%s", self.node_id, error_text(failure))
             if failure is None or failure is exc:
                 raise
         finally:
@@ -659,11 +673,15 @@ class Node:
         others and is raised once they are over (several: as an ``ExceptionGroup``),
         so the node fails; a cancellation of the node cancels each of them once (a send
         gets its cleanup time, see :func:`_cut_short`), waits for them to hand their
-        tasks back (shielded) and re-raises.
+        tasks back (shielded) and re-raises. A send that raises ``CancelledError`` by
+        itself is a failed send (see :meth:`_run_send`), never a cancellation of the node.
 
         Raises:
             Exception: what a task's handling raised.
-            CancelledError: the node was cancelled, or a send raised it.
+            CancelledError: the node was cancelled.
+            RuntimeError: a task's handling ended cancelled although the node was not
+                cancelled (a bug: re-raising that ``CancelledError`` would end the node
+                silently, with its partitions and tasks never handed over).
         """
         loop = asyncio.get_running_loop()
         node_id = self.node_id
@@ -685,8 +703,15 @@ class Node:
             raise errors[0]
         if errors:
             raise BaseExceptionGroup("errors handling a claim's tasks", errors)
-        if any(h.cancelled() for h in handles):  # a send raised CancelledError: cancel the node, as before
-            raise asyncio.CancelledError
+        cancelled = [f.task.id for f, h in zip(flights, handles, strict=True) if h.cancelled()]
+        if cancelled:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise asyncio.CancelledError  # the node is being cancelled: never swallowed
+            raise RuntimeError(
+                f"node {node_id!r}: the handling of tasks {cancelled} ended cancelled "
+                "although the node was not cancelled"
+            )
 
     async def _handle(self, flight: _InFlight) -> None:
         """Handle ``flight``, then the tasks its commits leased (commit-and-continue), in one slot."""
@@ -723,9 +748,12 @@ class Node:
         try:
             try:
                 name = self._lock_name(task)
-            except Exception as exc:  # a bad lock_key (or task): fail the task, never the node
-                log.warning("asynccoord.node.lock_key_failed node=%s task=%s error=%r", self.node_id, task.id, exc)
-                await self._fail(task, exc)
+            except (Exception, asyncio.CancelledError) as exc:  # a bad lock_key (or task): fail the task, not the node
+                # lock_key is a plain function: a CancelledError from it is its own, never a cancellation.
+                log.warning(
+                    "asynccoord.node.lock_key_failed node=%s task=%s error=%s", self.node_id, task.id, error_text(exc)
+                )
+                await self._fail(task, exc, source="lock_key")
                 return
             if name is None:
                 await self._settle(flight, *await self._send(flight))
@@ -810,15 +838,20 @@ class Node:
         The send runs in an asyncio task of its own (so every cancellation reaches it as
         one ``CancelledError``, see :func:`_cut`); a lost lease or lock, or the send
         timeout, cancels that task directly, and a cancellation of the node reaches it
-        through :func:`_cut_short`.
+        through :func:`_cut_short`. Whichever comes first cancels it; the others find it
+        cut already and leave its cleanup time alone.
 
         Returns:
             ``(completed, result, failure)``: ``completed`` is False when the send was
-            cancelled because its task lease or lock was lost.
+            cancelled because its task lease or lock was lost. ``failure`` is what the
+            send raised (an ``Exception``), ``TimeoutError()`` when it was cut at
+            ``send_timeout_s``, or the ``CancelledError`` it raised although nothing of
+            the node's cancelled it (a failed send, see :meth:`_fail`).
 
         Raises:
-            CancelledError: the node was cancelled (the send got its cleanup time first),
-                or the send itself raised it.
+            CancelledError: the node was cancelled (the send got its cleanup time first).
+            BaseException: what the send raised if it is no ``Exception`` nor a
+                ``CancelledError`` (``KeyboardInterrupt``, ``SystemExit``...).
         """
         flight.started = True
         if flight.lost is not None:  # the lock was lost before the send could begin
@@ -841,7 +874,8 @@ class Node:
         try:
             await over
         except asyncio.CancelledError:  # the node is cancelled: the send gets its cleanup time, then it goes on
-            await _cut_short(child)
+            timer.cancel()  # no timeout may cut that time short
+            await _cut_short(flight, child)
             raise
         finally:
             timer.cancel()
@@ -856,8 +890,21 @@ class Node:
         if flight.timed_out:
             child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
             failure = TimeoutError()
-        elif child.cancelled():  # the send raised CancelledError itself: never swallowed
-            raise asyncio.CancelledError
+        elif child.cancelled():
+            # Nothing of the node's cancelled the send: a timeout or a lost lease or lock says
+            # so above, and the node's own cancellation raises at `await over`. The send raised
+            # CancelledError by itself (a library it awaits was cancelled by something else,
+            # say): a failed send, for the retry policy. The node goes on.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise asyncio.CancelledError  # the node is being cancelled meanwhile: never swallowed
+            failure = _cancelled_error_of(child)
+            log.warning(
+                "asynccoord.node.send_cancelled_itself node=%s task=%s: the send raised CancelledError "
+                "without being cancelled; counted as a failed send",
+                self.node_id,
+                task.id,
+            )
         else:
             failure = child.exception()  # the user's send failed: the retry policy decides
             if failure is None:
@@ -972,9 +1019,23 @@ class Node:
         self._state.continued += 1
         return flight
 
-    async def _fail(self, task: Task, failure: BaseException) -> None:
+    async def _fail(self, task: Task, failure: BaseException, *, source: str = "send") -> None:
+        """Record a failed attempt of ``task`` (the store's retry policy decides: again later, or dead).
+
+        ``failure`` becomes the task's ``last_error`` (``"Type: message"``, safe for an
+        exception whose ``__str__`` raises, see :func:`~asynccoord._errtext.error_text`); a
+        ``CancelledError`` that ``source`` (``"send"`` or ``"lock_key"``) raised by itself
+        reads ``"<source> raised CancelledError without being cancelled"``.
+
+        Raises:
+            StoreError: the store failed (the caller hands the task back, or fails the node).
+        """
         self._state.failed += 1
-        text = f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
+        if isinstance(failure, asyncio.CancelledError):
+            detail = error_text(failure).partition(": ")[2]  # its message ("" without one), safely
+            text = f"{source} raised CancelledError without being cancelled" + (f": {detail}" if detail else "")
+        else:
+            text = error_text(failure)
         try:
             out: Task = await self.store.fail(task, text, retry=self.config.retry)
         except LeaseLostError:
@@ -1077,8 +1138,8 @@ class Node:
 
 
 def _time_out(flight: _InFlight) -> None:
-    """The send timeout of ``flight`` (a loop timer): cut its send."""
-    if flight.lost is None and flight.send is not None and not flight.send.done():
+    """The send timeout of ``flight`` (a loop timer): cut its send, unless something cut it already."""
+    if flight.lost is None and flight.cut_until is None and flight.send is not None and not flight.send.done():
         flight.timed_out = True
         _cut(flight)
 
@@ -1088,11 +1149,16 @@ def _cut(flight: _InFlight) -> None:
 
     The send may still await in its ``except``/``finally`` blocks (closing a connection,
     say) for up to :data:`SEND_CLEANUP_S`; then it is cancelled again and the node goes
-    on without waiting for it.
+    on without waiting for it (``flight.over`` is resolved). Only the first call per send
+    does this: a later one (the timeout, a lost lease or lock, the node's cancellation,
+    whichever did not come first) finds ``flight.cut_until`` set and leaves the send's
+    cleanup time alone, so a send is cancelled at most twice, :data:`SEND_CLEANUP_S` apart.
     """
     child, over = flight.send, flight.over
-    if child is None or over is None or child.done():
+    if child is None or over is None or child.done() or flight.cut_until is not None:
         return
+    loop = asyncio.get_running_loop()
+    flight.cut_until = loop.time() + SEND_CLEANUP_S
     child.cancel()
 
     def cut_again() -> None:
@@ -1101,25 +1167,38 @@ def _cut(flight: _InFlight) -> None:
             child.add_done_callback(_retrieve)
         _resolve(over)
 
-    timer = asyncio.get_running_loop().call_later(SEND_CLEANUP_S, cut_again)
+    timer = loop.call_at(flight.cut_until, cut_again)
     child.add_done_callback(lambda _: timer.cancel())
 
 
-async def _cut_short(child: asyncio.Task[Any]) -> None:
-    """Cancel ``child`` once and give it up to :data:`SEND_CLEANUP_S` to finish (shielded), then once more.
+async def _cut_short(flight: _InFlight, child: asyncio.Task[Any]) -> None:
+    """Cut the send ``child`` of ``flight`` (see :func:`_cut`); wait (shielded) until it ends or its cleanup time is up.
 
     The node's cancel scopes (anyio) are level-triggered: every ``await`` inside a
     cancelled scope is cancelled again, so a send run in the node's own task could not
     await anything in its ``finally``. The send runs as a separate asyncio task that
     receives one ``CancelledError`` and gets its cleanup time before a second one; then
-    the caller's cancellation proceeds.
+    the caller's cancellation proceeds. A send that its timeout or a lost lease or lock
+    cut already is not cancelled again: it keeps the rest of the cleanup time it got
+    then (its second cancellation, when that time is up, is :func:`_cut`'s). The caller
+    cancels the send timeout first. ``flight.over`` is not waited for: the caller's
+    cancellation may have cancelled it.
     """
-    child.cancel()
-    with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_CLEANUP_S):
-        await asyncio.wait({child})
-    if not child.done():
-        child.cancel()
+    _cut(flight)
+    until = flight.cut_until  # None: the send had ended already
+    if until is not None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(until - asyncio.get_running_loop().time()):
+            await asyncio.wait({child})
     child.add_done_callback(_retrieve)
+
+
+def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
+    """The ``CancelledError`` that the (cancelled) task ``child`` ended with."""
+    try:
+        child.result()
+    except asyncio.CancelledError as exc:
+        return exc
+    return asyncio.CancelledError()  # not reached: child is cancelled
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

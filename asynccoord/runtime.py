@@ -40,6 +40,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
+from ._errtext import error_text
 from .errors import InvalidArgumentError, InvalidTypeError, RuntimeStateError
 from .idlepoll import IdlePoller
 from .lockpool import LockPool
@@ -265,7 +266,7 @@ class Runtime:
                 if isinstance(error, Exception):
                     return  # reported to start()'s caller
             if failure is not None:
-                log.error("asynccoord.runtime.failed error=%s: %s", type(failure).__name__, failure)
+                log.error("asynccoord.runtime.failed error=%s", error_text(failure))
             if failure is None or failure is exc:
                 raise
         finally:

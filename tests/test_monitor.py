@@ -467,6 +467,39 @@ async def test_a_plain_function_subscriber_gets_every_notice(store: Store, clock
         assert monitor.statistics().callback_failures == 0
 
 
+async def test_a_callback_exception_whose_str_and_repr_raise_is_logged_and_counted(
+    store: Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr either")
+
+    rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
+
+    async def raises(alert: Alert) -> None:
+        raise Unprintable
+
+    caplog.set_level(logging.WARNING, logger="asynccoord.monitor")
+    async with manual(store, [rule]) as monitor:
+        sub = monitor.subscribe(raises)
+        store.events.add(ev.DEAD_LETTERED)
+        await monitor.flush()
+        await monitor.evaluate()  # firing
+        clock.advance(31.0)
+        await monitor.flush()
+        await monitor.evaluate()  # resolved
+        for _ in range(100):
+            if sub.failures == 2:
+                break
+            await asyncio.sleep(0.01)
+    assert (sub.calls, sub.failures) == (2, 2)  # the subscriber got both notices
+    assert caplog.text.count("asynccoord.monitor.subscriber_failed") == 2
+    assert caplog.text.count("error=Unprintable") == 2
+
+
 async def test_slow_callback_times_out_and_gets_the_next_notice(store: Store, clock: FakeClock) -> None:
     rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
     seen: list[str] = []

@@ -424,6 +424,145 @@ async def test_send_timeout_counts_as_a_failure(make_store: Any) -> None:
     assert (events.get("retries"), events.get("dead_lettered"), events.get("commits")) == (1, 1, 1)
 
 
+@pytest.mark.parametrize("source", ["send", "lock_key"])
+async def test_a_cancelled_error_raised_by_the_send_itself_is_a_failed_send(make_store: Any, source: str) -> None:
+    """A ``CancelledError`` nothing of the node's asked for (a library the send awaits was cancelled
+    by something else) is a failed send: retried, then dead-lettered; the node goes on serving its
+    partitions. (It used to stop the node silently: its partitions were never handed over.)"""
+    store = await make_store(clock=None)
+    node_ids = ["node-a", "node-b"]
+    keys = [
+        k
+        for k in (f"conv-{i}" for i in range(1000))
+        if owner_of(partition_of(k, store.partitions), node_ids) == "node-a"
+    ]
+    dead, flaky = (
+        r.task.id
+        for r in await store.enqueue_many(
+            [
+                NewTask(queue=QUEUE, payload="always", partition_key=keys[0], max_attempts=1),
+                NewTask(queue=QUEUE, payload="once", partition_key=keys[1], max_attempts=3),
+            ]
+        )
+    )
+    raised: Counter[str] = Counter()
+
+    def cancelled_by_itself(task: Task) -> None:
+        if task.payload == "always" or (task.payload == "once" and not raised["once"]):
+            raised[task.payload] += 1
+            raise asyncio.CancelledError("upstream gone") if task.payload == "always" else asyncio.CancelledError()
+
+    async def send(task: Task) -> str:
+        await asyncio.sleep(0)
+        if source == "send":
+            cancelled_by_itself(task)
+        return "sent"
+
+    def lock_key(task: Task) -> str:
+        if source == "lock_key":
+            cancelled_by_itself(task)
+        return f"account:{task.payload}"
+
+    config = NodeConfig(queue=QUEUE, retry=RetryPolicy(base_s=0.01, factor=1.0, jitter=0.0), **FAST_IDLE)
+    async with Runtime(store, send=send, node_ids=node_ids, config=config, lock_key=lock_key) as runtime:
+        assert await runtime.wait_until_drained(timeout_s=3.0, poll_s=0.01)
+        # node-a still serves its partitions: later tasks in them are sent too
+        await store.enqueue_many([NewTask(queue=QUEUE, payload=i, partition_key=k) for i, k in enumerate(keys[2:12])])
+        assert await runtime.wait_until_drained(timeout_s=3.0, poll_s=0.01)
+        assert [s.status for s in runtime.states()] == [NodeStatus.RUNNING] * 2
+    a, b = runtime.states()
+    assert (a.status, b.status) == (NodeStatus.STOPPED, NodeStatus.STOPPED)
+    assert (a.failed, a.handed_back, b.claimed) == (2, 0, 0)  # every task was node-a's
+    assert a.committed == 11
+    assert raised == Counter({"always": 1, "once": 1})  # never sent again after the dead letter
+    task = await store.get(dead)
+    assert (task.status, task.attempts) == (TaskStatus.DEAD, 1)
+    assert task.last_error == f"{source} raised CancelledError without being cancelled: upstream gone"
+    task = await store.get(flaky)
+    assert (task.status, task.attempts, task.result) == (TaskStatus.DONE, 2, "sent")
+    events = store.events.snapshot()
+    assert (events.get("retries"), events.get("dead_lettered"), events.get("send_interrupted", 0)) == (1, 1, 0)
+
+
+async def test_a_task_handling_cancelled_without_the_node_being_cancelled_fails_the_node(make_store: Any) -> None:
+    """Should anything but the node's cancellation cancel a task's handling (a bug), the node fails
+    loudly instead of stopping as if it had been cancelled."""
+    store = await make_store(clock=None)
+    await store.enqueue(QUEUE, 1)
+    node = Node(store, lambda t: asyncio.sleep(0), node_id="n1", config=NodeConfig(queue=QUEUE, **FAST_IDLE))
+
+    async def handle_task(flight: Any) -> None:
+        raise asyncio.CancelledError
+
+    node._handle_task = handle_task  # type: ignore[method-assign]
+    with pytest.raises(ExceptionGroup) as raised:  # a RuntimeError (a bug), in the task group's group
+        await asyncio.wait_for(node.run(), 5.0)
+    assert raised.group_contains(
+        RuntimeError, match=r"^node 'n1': the handling of tasks \[1\] ended cancelled although"
+    )
+    assert node.state().status is NodeStatus.FAILED
+
+
+class _StrRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+class _Unprintable(_StrRaises):
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr either")
+
+
+@pytest.mark.parametrize("source", ["send", "lock_key"])
+async def test_an_exception_whose_str_raises_goes_to_the_retry_policy(make_store: Any, source: str) -> None:
+    """The error text falls back to repr(), then to the type name; the node goes on."""
+    store = await make_store(clock=None)
+    results = await store.enqueue_many(
+        [
+            NewTask(queue=QUEUE, payload="str", partition_key="a", max_attempts=2),
+            NewTask(queue=QUEUE, payload="unprintable", partition_key="b", max_attempts=1),
+            NewTask(queue=QUEUE, payload="ok", partition_key="c"),
+        ]
+    )
+    bad_str, unprintable, ok = (r.task.id for r in results)
+
+    def raise_for(task: Task) -> None:
+        if task.payload == "str":
+            raise _StrRaises("x")
+        if task.payload == "unprintable":
+            raise _Unprintable()
+
+    async def send(task: Task) -> str:
+        if source == "send":
+            raise_for(task)
+        return "sent"
+
+    def lock_key(task: Task) -> str:
+        if source == "lock_key":
+            raise_for(task)
+        return "account:1"
+
+    config = NodeConfig(queue=QUEUE, retry=RetryPolicy(base_s=0.01, factor=1.0, jitter=0.0), **FAST_IDLE)
+    node = Node(store, send, node_id="n1", config=config, lock_key=lock_key)
+    run = start(node)
+
+    async def settled() -> bool:
+        counts = (await store.stats(QUEUE)).counts
+        return counts[TaskStatus.PENDING] + counts[TaskStatus.RUNNING] == 0
+
+    await wait_until(settled, 3.0, "every task to settle")
+    assert node.state().status is NodeStatus.RUNNING
+    await stop(node, run)
+    assert [(t.status, t.attempts, t.last_error) for t in [await store.get(i) for i in (bad_str, unprintable)]] == [
+        (TaskStatus.DEAD, 2, "_StrRaises('x')"),
+        (TaskStatus.DEAD, 1, "_Unprintable"),
+    ]
+    assert (await store.get(ok)).status is TaskStatus.DONE
+    assert (node.state().failed, node.state().committed) == (3, 1)
+    events = store.events.snapshot()
+    assert (events.get("retries"), events.get("dead_lettered")) == (1, 2)
+
+
 # --- what a send can see ----------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from support import count_calls
 
 from asynccoord import NewTask, SQLiteStore, StoreClosedError, Task, TaskStatus, owner_of, partition_of
 from asynccoord.membership import Membership
-from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
+from asynccoord.node import SEND_CLEANUP_S, Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.runtime import Runtime
 
 QUEUE = "q"
@@ -133,6 +133,81 @@ async def test_a_cancelled_send_may_await_in_its_cleanup(make_store: Any) -> Non
     assert log == ["start", "cancelled", "cleanup done"]
     task = await store.get(task_id)
     assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("shutdown_timeout_s", "send_timeout_s"),
+    [(0.3, 0.38), (0.38, 0.3)],
+    ids=["shutdown-then-timeout", "timeout-then-shutdown"],
+)
+async def test_a_cancelled_sends_cleanup_time_is_not_cut_short_by_another_cancellation(
+    make_store: Any, shutdown_timeout_s: float, send_timeout_s: float
+) -> None:
+    # The send is cancelled by whichever comes first, shutdown or its timeout; the other comes
+    # 0.08 s into its cleanup time and must not cancel it again (it cut the cleanup at 0.08 s).
+    store = await make_store(clock=None)
+    task_id = (await store.enqueue(QUEUE, "slow")).task.id
+    started = asyncio.Event()
+    log: list[str] = []
+
+    async def send(task: Task) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            log.append("cancelled")
+            try:
+                await asyncio.sleep(0.15)  # close a connection: well within SEND_CLEANUP_S
+                log.append("cleanup done")
+            except asyncio.CancelledError:
+                log.append("cleanup cut")
+            raise
+        return "sent"
+
+    config = NodeConfig(queue=QUEUE, send_timeout_s=send_timeout_s)
+    async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=shutdown_timeout_s) as runtime:
+        await started.wait()
+    assert log == ["cancelled", "cleanup done"]
+    # Either way the node was cancelled while the send still ran: handed back, not a failure.
+    task = await store.get(task_id)
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)
+    assert (runtime.states()[0].failed, runtime.states()[0].handed_back) == (0, 1)
+    assert store.events.get("send_interrupted") == 1
+
+
+async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_its_cleanup_time(
+    make_store: Any,
+) -> None:
+    # Shutdown cancels it, its timeout comes 0.08 s later: neither that nor anything else cancels
+    # it again before SEND_CLEANUP_S is up; then it is cancelled once more and left behind.
+    store = await make_store(clock=None)
+    task_id = (await store.enqueue(QUEUE, "stubborn")).task.id
+    started, ended = asyncio.Event(), asyncio.Event()
+    cancelled_at: list[float] = []
+
+    async def send(task: Task) -> str:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 1.0
+        started.set()
+        while loop.time() < until:
+            try:
+                await asyncio.sleep(until - loop.time())
+            except asyncio.CancelledError:
+                cancelled_at.append(time.monotonic())
+        ended.set()
+        return "sent"
+
+    config = NodeConfig(queue=QUEUE, send_timeout_s=0.38)
+    async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=0.3):
+        await started.wait()
+        leaving = time.monotonic()
+    left = time.monotonic()
+    assert left - leaving < 0.3 + SEND_CLEANUP_S + 0.3  # shutdown timeout + cleanup time + slack
+    await asyncio.wait_for(ended.wait(), 2.0)  # the send, left behind, runs to its end
+    assert len(cancelled_at) == 2, cancelled_at  # it was cancelled 4 times (0.3, 0.38, 0.55, 0.63 s)
+    assert SEND_CLEANUP_S - 0.01 <= cancelled_at[1] - cancelled_at[0] <= SEND_CLEANUP_S + 0.15
+    task = await store.get(task_id)
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)  # handed back
 
 
 async def test_cancelling_the_task_that_hosts_a_runtime_hands_back_and_reraises(make_store: Any) -> None:
