@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -966,11 +966,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run the demo; exit 0 only when the report is ok."""
     opts = parse_args(argv)
     console = None if opts.as_json else Console(stderr=False)
-    # SIGTERM stops the demo as Ctrl-C does: the run is cancelled and its cleanup stops
-    # the worker processes (rather than leaving them running without a parent).
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        report = _run_loop(run_demo(opts, console))
+        report = _run_loop(_sigterm_cancels(run_demo(opts, console)))
     except KeyboardInterrupt:
         print("asynccoord.demo: interrupted; worker processes stopped", file=sys.stderr)
         return 130
@@ -980,8 +977,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CoordError as exc:  # e.g. --db is not a database
         print(f"asynccoord.demo: {exc}", file=sys.stderr)
         return 2
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if opts.as_json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -990,8 +985,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if report["ok"] else 1
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+async def _sigterm_cancels(run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Await ``run``; SIGTERM stops it as Ctrl-C does (``asyncio.run``'s way with SIGINT).
+
+    The signal cancels the task running ``run``, so the run's cleanup stops the worker
+    processes (rather than leaving them running without a parent) at its own await
+    points, then :class:`KeyboardInterrupt` is raised. (A ``KeyboardInterrupt`` raised
+    by a plain signal handler lands anywhere, even inside the event loop's machinery,
+    which then leaves the cleanup to the loop's shutdown: about 10 s.)
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    signalled = False
+
+    def on_sigterm() -> None:
+        nonlocal signalled
+        signalled = True
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    except (NotImplementedError, RuntimeError):  # no signals here (Windows, or not the main thread)
+        return await run
+    try:
+        return await run
+    except asyncio.CancelledError:
+        if signalled and task.uncancel() == 0:
+            raise KeyboardInterrupt("signal SIGTERM") from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _run_loop(coro: Any) -> Any:
