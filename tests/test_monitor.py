@@ -443,6 +443,16 @@ async def test_bad_subscribers_never_block_publishing(store: Store, clock: FakeC
     assert (stats.alerts_fired, stats.alerts_resolved) == (cycles, cycles)
 
 
+async def fire_and_resolve(store: Store, monitor: Monitor, clock: FakeClock) -> None:
+    """One dead letter: the "dead" rule (threshold 0, window 30 s) fires, and resolves 31 s later."""
+    store.events.add(ev.DEAD_LETTERED)
+    await monitor.flush()
+    await monitor.evaluate()
+    clock.advance(31.0)
+    await monitor.flush()
+    await monitor.evaluate()
+
+
 async def test_a_plain_function_subscriber_gets_every_notice(store: Store, clock: FakeClock) -> None:
     rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
     seen: list[str] = []
@@ -452,12 +462,7 @@ async def test_a_plain_function_subscriber_gets_every_notice(store: Store, clock
 
     async with manual(store, [rule]) as monitor:
         sub = monitor.subscribe(plain)
-        store.events.add(ev.DEAD_LETTERED)
-        await monitor.flush()
-        await monitor.evaluate()
-        clock.advance(31.0)
-        await monitor.flush()
-        await monitor.evaluate()
+        await fire_and_resolve(store, monitor, clock)
         for _ in range(100):
             if len(seen) == 2:
                 break
@@ -485,12 +490,7 @@ async def test_a_callback_exception_whose_str_and_repr_raise_is_logged_and_count
     caplog.set_level(logging.WARNING, logger="asynccoord.monitor")
     async with manual(store, [rule]) as monitor:
         sub = monitor.subscribe(raises)
-        store.events.add(ev.DEAD_LETTERED)
-        await monitor.flush()
-        await monitor.evaluate()  # firing
-        clock.advance(31.0)
-        await monitor.flush()
-        await monitor.evaluate()  # resolved
+        await fire_and_resolve(store, monitor, clock)
         for _ in range(100):
             if sub.failures == 2:
                 break
@@ -513,12 +513,7 @@ async def test_slow_callback_times_out_and_gets_the_next_notice(store: Store, cl
 
     async with manual(store, [rule]) as monitor:
         sub = monitor.subscribe(slow_then_fast, timeout_s=0.05)
-        store.events.add(ev.DEAD_LETTERED)
-        await monitor.flush()
-        await monitor.evaluate()
-        clock.advance(31.0)
-        await monitor.flush()
-        await monitor.evaluate()
+        await fire_and_resolve(store, monitor, clock)
         await asyncio.wait_for(done.wait(), timeout=10.0)
         assert sub.failures == 1
         assert seen == ["firing", "resolved"]
