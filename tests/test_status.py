@@ -112,6 +112,12 @@ async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeCl
     for expected in ("outbox", "n1", "account:1", "commits_seen", "Locks held (1)"):
         assert expected in text
     assert "places in line" not in text
+    # expired_leases belongs to the task counts only: anywhere else it is an unknown key.
+    for section in ("latencies", "alerts"):
+        stray = json.loads(json.dumps(report))
+        stray[section][0]["expired_leases"] = 0
+        with pytest.raises(jsonschema.ValidationError, match="expired_leases"):
+            validate(stray)
 
 
 async def test_status_tells_running_tasks_whose_lease_expired(store: Store, clock: FakeClock) -> None:
