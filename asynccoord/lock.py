@@ -310,6 +310,8 @@ class _LeaseHandle:
         if auto_renew is None:
             auto_renew = ttl_s is None or renew_interval_s is not None or max_hold_s is not None
         self._auto_renew = check_bool("auto_renew", auto_renew)
+        if max_hold_s is not None:
+            check_positive("max_hold_s", max_hold_s)  # its type and range first
         if not self._auto_renew and max_hold_s is not None:
             raise InvalidArgumentError(
                 f"max_hold_s={max_hold_s!r} bounds a renewed lease, but auto_renew is False: the lease "

@@ -983,7 +983,9 @@ class Node:
             self._state.conflicts += 1
             log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
             return
-        except CoordError as exc:  # a fencing rejection: a newer holder of the lock wrote first
+        except UNRECOVERABLE_STORE_ERRORS:
+            raise  # the store is closed (or serves another loop): the node fails, as documented
+        except CoordError as exc:  # a fencing rejection (a newer holder of the lock wrote first), or the store failed
             self._state.conflicts += 1
             log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc)
             return

@@ -148,6 +148,7 @@ class Runtime:
         self._stop_request: asyncio.Event | None = None
         self._graceful = True
         self._drain_s = self.shutdown_timeout_s
+        self._drain_scope: anyio.CancelScope | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -208,11 +209,17 @@ class Runtime:
         starts nothing more: it returns once the first start has (raising what that start
         raised). Any later start raises :class:`~asynccoord.errors.RuntimeStateError`.
 
+        A cancellation of the task in ``start()`` stops what started (the nodes hand back
+        what they claimed, without a drain) and the runtime counts as shut down.
+
         Raises:
             RuntimeStateError: the runtime cannot run again, nothing was started: it was shut
                 down (:meth:`shutdown` was called, even before any start), it ran and stopped
                 by itself (a node failed), or its start failed (the error is the cause).
             StoreError: the first heartbeat failed (nothing is left running).
+            CancelledError: the task was cancelled while starting (nothing is left running
+                once the runtime's own task has handed back, which this waits for unless
+                cancelled again).
         """
         if self._closed or (self._runner is not None and self._runner.done()):
             raise self._spent()
@@ -226,7 +233,15 @@ class Runtime:
         self._started = started
         self._runner = loop.create_task(self._run(started), name="asynccoord-runtime")
         self._runner.add_done_callback(lambda _t: self._stopping.set() if self._stopping else None)
-        await asyncio.shield(started)
+        try:
+            await asyncio.shield(started)
+        except asyncio.CancelledError:
+            # The caller gave up on the start (a timeout around it, Ctrl-C): stop what started,
+            # without a drain, so no runtime goes on without an owner; then the cancellation goes on.
+            self._hurry()
+            with contextlib.suppress(Exception):  # the start's own error, if any, is not the news here
+                await self._close(graceful=False)
+            raise
 
     async def _run(self, started: asyncio.Future[None]) -> None:
         """The runtime's own task: membership, the nodes' task group, and the shutdown sequence.
@@ -252,8 +267,10 @@ class Runtime:
                 for node in self.nodes:
                     node.stop_claiming()
                 if self._graceful:
-                    with anyio.move_on_after(self._drain_s):
+                    with anyio.move_on_after(self._drain_s) as drain:
+                        self._drain_scope = drain  # _hurry() ends the drain early
                         await asyncio.gather(*(node.wait_drained() for node in self.nodes))
+                    self._drain_scope = None
                 left = sum(node.in_flight for node in self.nodes)
                 if left:
                     log.warning("asynccoord.runtime.shutdown_cancel in_flight=%d", left)
@@ -288,10 +305,16 @@ class Runtime:
         :meth:`start` or ``async with`` raises
         :class:`~asynccoord.errors.RuntimeStateError` instead of running.
 
+        Cancelled while the nodes drain (the task leaving ``async with`` is cancelled,
+        say), it ends the drain at once: the nodes hand back what they hold, which it waits
+        for (unless cancelled again) before the cancellation goes on, so a store closed
+        next is closed after the hand-back.
+
         Raises:
             StoreClosedError: the store was closed while the nodes ran (each failed node
                 says ``failed`` in :meth:`states`).
             Exception: whatever else made a node fail, if one did.
+            CancelledError: the calling task was cancelled (see above).
         """
         if timeout_s is not None:
             check_positive("timeout_s", timeout_s)
@@ -309,8 +332,28 @@ class Runtime:
                 node.stop_claiming()
             if self._stop_request is not None:
                 self._stop_request.set()
-        if runner is not None:
+        if runner is None:
+            return
+        try:
             await asyncio.shield(runner)
+        except asyncio.CancelledError:
+            if runner.done():
+                raise
+            # Cancelled while the nodes drain (the task leaving `async with` was cancelled,
+            # say): no more drain time. The nodes hand back what is in flight now, and this
+            # waits for that, so that what the caller closes next (the store) is closed after
+            # it; a second cancellation ends the wait, not the hand-back.
+            self._hurry()
+            with contextlib.suppress(Exception):  # a node's failure is not the news here
+                await asyncio.shield(runner)
+            raise
+
+    def _hurry(self) -> None:
+        """End the graceful drain now (or skip it): the nodes hand back what they hold."""
+        self._graceful = False
+        drain = self._drain_scope
+        if drain is not None:
+            drain.cancel()
 
     async def wait_for_signal(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
         """Run until one of ``signals`` arrives (or :meth:`shutdown` is called), then shut down.
@@ -333,6 +376,11 @@ class Runtime:
         * a handler installed by C code (``signal.getsignal`` gives None) cannot be
           reinstalled: the signal gets its default back.
 
+        The handlers stay in place until the shutdown is over: a second signal during the
+        drain ends the drain at once (the nodes hand back what they hold; logged as
+        ``asynccoord.runtime.signal_again``) instead of killing the process. Several runtimes
+        waiting in one process share one handler per signal: a signal stops them all.
+
         No handler is installed outside the main thread or where the loop cannot handle
         signals (Windows): the wait then ends only with :meth:`shutdown`.
 
@@ -343,42 +391,40 @@ class Runtime:
             The signal number received, or 0 when shut down otherwise.
 
         Raises:
-            RuntimeStateError: the runtime was never started.
+            InvalidTypeError, InvalidArgumentError: ``signals`` is not a sequence of signal
+                numbers of this platform that can be handled (not SIGKILL or SIGSTOP);
+                nothing is installed.
+            RuntimeStateError: the runtime was never started, or its start failed.
             StoreClosedError, Exception: as :meth:`shutdown`, when a node failed.
         """
+        signums = _check_signals(signals)
         loop = asyncio.get_running_loop()
         received: list[int] = []
         stopping = self._stopping
         if stopping is None:
             why = "shutdown() was called before it started" if self._closed else "it is not started"
             raise RuntimeStateError(f"{self!r} cannot wait for a signal: {why}; use 'async with Runtime(...)'")
+        started = self._started
+        if started is not None and started.done() and not started.cancelled() and started.exception() is not None:
+            raise self._spent()  # its start failed: there is nothing to wait for
 
         def on_signal(signum: int) -> None:
+            if received:  # a second signal during the drain: no more drain time
+                log.warning("asynccoord.runtime.signal_again signal=%s: handing back now", _signal_name(signum))
+                self._hurry()
+                return
             received.append(signum)
             stopping.set()
 
-        taken: list[tuple[int, Any]] = []  # (signal, its handler before)
-        if threading.current_thread() is threading.main_thread():
-            for signum in dict.fromkeys(signals):
-                before = signal.getsignal(signum)
-                if _installed_by_an_event_loop(before):
-                    log.warning(
-                        "asynccoord.runtime.signal_left signal=%s: the event loop already has a handler for it,"
-                        " which keeps it (call runtime.shutdown() from that handler)",
-                        _signal_name(signum),
-                    )
-                    continue
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.add_signal_handler(signum, on_signal, signum)
-                    taken.append((signum, before))
+        taken: list[int] = []
         try:
+            if threading.current_thread() is threading.main_thread():
+                taken = [signum for signum in signums if _take_signal(loop, signum, on_signal)]
             await stopping.wait()
+            await self.shutdown()  # the handlers stay: a second signal hurries the drain, never kills
         finally:
-            for signum, before in reversed(taken):
-                loop.remove_signal_handler(signum)  # leaves SIG_DFL (SIGINT: default_int_handler)
-                if before is not None:
-                    signal.signal(signum, before)
-        await self.shutdown()
+            for signum in reversed(taken):
+                _give_back_signal(loop, signum, on_signal)
         return received[0] if received else 0
 
     async def wait_until_drained(
@@ -410,16 +456,98 @@ class Runtime:
         return False
 
 
-def _installed_by_an_event_loop(handler: Any) -> bool:
-    """Whether ``handler`` (from ``signal.getsignal``) is an event loop's ``add_signal_handler`` stub.
+_SignalEntry = tuple[asyncio.AbstractEventLoop, Any, list[Callable[[int], None]]]
+_SIGNAL_WAITERS: dict[int, _SignalEntry] = {}
+"""Signal -> (the loop handling it, its handler before, the waiting runtimes' callbacks): one
+loop handler per signal for every :meth:`Runtime.wait_for_signal` waiting in the process."""
 
-    asyncio's loops install the module function ``asyncio.unix_events._sighandler_noop``,
-    uvloop's a method of the loop; the application's callback sits in the loop's own
-    table, out of reach of any public API.
+
+def _check_signals(signals: Sequence[int]) -> list[int]:
+    """``signals`` as distinct signal numbers, checked before any handler is touched."""
+    if isinstance(signals, str | bytes) or not isinstance(signals, Sequence):
+        raise InvalidTypeError(f"signals must be a sequence of signal numbers, got {type(signals).__name__}")
+    checked: list[int] = []
+    for signum in signals:
+        if isinstance(signum, bool) or not isinstance(signum, int):
+            raise InvalidTypeError(f"signals must hold signal numbers (int), got {signum!r}")
+        if signum not in signal.valid_signals():
+            raise InvalidArgumentError(f"signals holds {signum!r}, not a signal number of this platform")
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            raise InvalidArgumentError(f"signals holds {_signal_name(signum)}, which cannot be handled")
+        if signum not in checked:
+            checked.append(signum)
+    return checked
+
+
+def _take_signal(loop: asyncio.AbstractEventLoop, signum: int, callback: Callable[[int], None]) -> bool:
+    """Have ``callback(signum)`` called on ``signum`` (sharing the handler of a runtime waiting already).
+
+    False (and nothing changed) when the loop cannot handle signals, or when the signal
+    already has a handler of the running loop that is not a waiting runtime's (the
+    application's own ``loop.add_signal_handler``), which is left alone.
     """
-    if isinstance(getattr(handler, "__self__", None), asyncio.AbstractEventLoop):
+    entry = _SIGNAL_WAITERS.get(signum)
+    if entry is not None and entry[0] is loop and not loop.is_closed():
+        entry[2].append(callback)  # another runtime waits for it already: one handler calls both
         return True
-    return getattr(handler, "__module__", None) == "asyncio.unix_events"
+    before = signal.getsignal(signum)
+    owner = getattr(before, "__self__", None)
+    if isinstance(owner, asyncio.AbstractEventLoop) and owner.is_closed():
+        before = signal.SIG_DFL  # a closed loop's stub (uvloop leaves it): nothing would run behind it
+    if _handled_by(loop, signum, before):
+        log.warning(
+            "asynccoord.runtime.signal_left signal=%s: the event loop already has a handler for it, which keeps it"
+            " (call runtime.shutdown() from that handler)",
+            _signal_name(signum),
+        )
+        return False
+    callbacks = [callback]
+
+    def dispatch() -> None:
+        for waiting in list(callbacks):
+            waiting(signum)
+
+    try:
+        loop.add_signal_handler(signum, dispatch)
+    except (NotImplementedError, RuntimeError):  # Windows, or a loop without signal support
+        return False
+    _SIGNAL_WAITERS[signum] = (loop, before, callbacks)
+    return True
+
+
+def _give_back_signal(loop: asyncio.AbstractEventLoop, signum: int, callback: Callable[[int], None]) -> None:
+    """Undo :func:`_take_signal`: the last runtime to stop waiting puts back the handler from before."""
+    entry = _SIGNAL_WAITERS.get(signum)
+    if entry is None or entry[0] is not loop:
+        return
+    _loop, before, callbacks = entry
+    with contextlib.suppress(ValueError):
+        callbacks.remove(callback)
+    if callbacks:
+        return
+    del _SIGNAL_WAITERS[signum]
+    with contextlib.suppress(RuntimeError):  # the loop is closing
+        loop.remove_signal_handler(signum)  # leaves SIG_DFL (SIGINT: default_int_handler)
+    if before is not None:
+        signal.signal(signum, before)
+
+
+def _handled_by(loop: asyncio.AbstractEventLoop, signum: int, handler: Any) -> bool:
+    """Whether ``handler`` (from ``signal.getsignal``) is the running ``loop``'s ``add_signal_handler`` stub.
+
+    uvloop's stub is a method of the loop (a closed loop's stub, which uvloop leaves in
+    place, does not count: nothing would ever run the callback behind it); asyncio's is
+    the module function ``asyncio.unix_events._sighandler_noop``, which counts while the
+    loop's own table holds the signal (asyncio removes its stubs when a loop closes). The
+    application's callback sits in the loop's table, out of reach of any public API.
+    """
+    owner = getattr(handler, "__self__", None)
+    if isinstance(owner, asyncio.AbstractEventLoop):
+        return owner is loop and not loop.is_closed()
+    if getattr(handler, "__module__", None) != "asyncio.unix_events":
+        return False
+    table = getattr(loop, "_signal_handlers", None)  # asyncio's own loops only; uvloop has none
+    return table is not None and signum in table  # else a stub no running loop will ever act on
 
 
 def _signal_name(signum: int) -> str:

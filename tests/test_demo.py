@@ -353,8 +353,10 @@ def _workers_on(db: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
-def test_a_stopped_demo_leaves_no_worker_running(tmp_path: Path, signum: int) -> None:
+@pytest.mark.parametrize(
+    ("signum", "twice"), [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGKILL, False)]
+)
+def test_a_stopped_demo_leaves_no_worker_running(tmp_path: Path, signum: int, twice: bool) -> None:
     db = tmp_path / "demo.db"
     demo = subprocess.Popen(
         [sys.executable, "-m", "asynccoord.demo", "--json", "--messages", "20000", "--db", str(db)],
@@ -369,6 +371,9 @@ def test_a_stopped_demo_leaves_no_worker_running(tmp_path: Path, signum: int) ->
         assert len(_workers_on(db)) == 2, "the demo did not start its workers"
         time.sleep(1.0)
         demo.send_signal(signum)
+        if twice:  # a second SIGTERM must not cut the stop the first began (it exited 1, with a traceback)
+            time.sleep(0.05)
+            demo.send_signal(signum)
         _, stderr = demo.communicate(timeout=30)
         # SIGTERM: the demo stops its workers itself; SIGKILL: the orphaned workers notice.
         assert demo.returncode == (130 if signum == signal.SIGTERM else -signal.SIGKILL), stderr.decode()[-2000:]

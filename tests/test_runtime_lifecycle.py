@@ -16,6 +16,8 @@ import pytest
 
 from asynccoord import (
     CoordError,
+    InvalidArgumentError,
+    InvalidTypeError,
     NodeConfig,
     Runtime,
     RuntimeStateError,
@@ -148,8 +150,6 @@ async def test_wait_for_signal_before_start_raises_a_state_error(db_path: Path) 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_wait_for_signal_puts_back_the_applications_signal_handlers(python: Any, db_path: Path, loop: str) -> None:
-    if loop == "uvloop":
-        pytest.importorskip("uvloop")
     proc = python.run([str(WORKERS / "signal_worker.py"), str(db_path), loop], timeout_s=30.0, check=False)
     # it used to die of the SIGTERM sent after the wait (the app's handler was gone)
     assert proc.returncode == 0, proc.stderr
@@ -161,3 +161,117 @@ def test_wait_for_signal_puts_back_the_applications_signal_handlers(python: Any,
     assert result["during"] == {"SIGTERM": 1}
     assert result["restored"] == {"SIGUSR1": True, "SIGINT": True}  # SIGINT: asyncio.run's handler
     assert result["after"] == {"SIGTERM": 2, "SIGUSR1": 1}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_second_signal_ends_the_drain_and_hands_back_without_killing_the_process(
+    python: Any, db_path: Path, loop: str
+) -> None:
+    proc = python.run([str(WORKERS / "signal_twice_worker.py"), str(db_path), loop], timeout_s=60.0, check=False)
+    # The second SIGTERM used to find SIGTERM's default back (killed mid-drain, tasks left
+    # running); with uvloop, an earlier loop's dead stub made the wait ignore SIGTERM at all.
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["returned"] == signal.SIGTERM
+    assert "signal_again signal=SIGTERM" in proc.stderr
+    assert "signal_left" not in proc.stderr
+    # The 30 s sends were cut and handed back at once, not drained for the 30 s shutdown_timeout_s.
+    assert result["after_second_s"] < 5.0
+    assert result["statuses"] == {"pending": 2}
+    assert (result["members"], result["locks"]) == (0, 0)
+    assert result["sigterm_default"] is True
+
+
+async def test_a_start_cancelled_midway_leaves_nothing_running(db_path: Path) -> None:
+    sent, send = recorder()
+    async with SQLiteStore(db_path) as store:
+        for i in range(3):
+            await store.enqueue(QUEUE, i, partition_key=f"k{i}")
+        runtime = Runtime(store, send=send, nodes=2, config=CONFIG)
+
+        async def host() -> None:
+            async with runtime:
+                await asyncio.sleep(3600)
+
+        hosting = asyncio.create_task(host())
+        await asyncio.sleep(0)  # the host is inside start(), awaiting the first heartbeat
+        hosting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hosting
+        # It used to go on running with no owner (sending, and claiming later work).
+        assert repr(runtime).startswith("<Runtime stopped "), repr(runtime)
+        assert await store.members() == []
+        late = (await store.enqueue(QUEUE, "late")).task.id
+        await asyncio.sleep(0.3)
+        assert late not in sent
+        assert (await store.get(late)).status is TaskStatus.PENDING
+        assert (await store.stats(QUEUE)).counts[TaskStatus.RUNNING] == 0
+        with pytest.raises(RuntimeStateError, match="already ran and was shut down"):
+            await runtime.start()
+
+
+async def test_a_shutdown_cancelled_midway_hands_back_before_the_store_closes(db_path: Path) -> None:
+    started = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        started.set()
+        await asyncio.sleep(30.0)
+
+    async def host() -> None:
+        async with SQLiteStore(db_path) as store:
+            for i in range(4):
+                await store.enqueue(QUEUE, i, partition_key=f"k{i}")
+            async with Runtime(store, send=send, nodes=2, config=CONFIG, shutdown_timeout_s=30.0) as runtime:
+                while sum(state.in_flight for state in runtime.states()) < 4:
+                    await asyncio.sleep(0.01)
+            # leaving: a graceful drain of up to 30 s, cancelled below
+
+    hosting = asyncio.create_task(host())
+    await started.wait()
+    await asyncio.sleep(0.3)  # inside the drain
+    hosting.cancel()
+    async with asyncio.timeout(5.0):
+        with pytest.raises(asyncio.CancelledError):
+            await hosting
+    # It used to return at once and close the store under the draining nodes: the tasks
+    # stayed running (sent, never committed) until their leases ran out.
+    async with SQLiteStore(db_path) as store:
+        counts = (await store.stats(QUEUE)).counts
+        assert counts[TaskStatus.PENDING] == 4
+        assert counts[TaskStatus.RUNNING] == 0
+        assert await store.members() == []
+        assert await store.list_locks() == []
+
+
+async def test_wait_for_signal_after_a_failed_start_raises_a_state_error(db_path: Path) -> None:
+    _sent, send = recorder()
+    store = SQLiteStore(db_path)
+    await store.open()
+    await store.close()
+    runtime = Runtime(store, send=send, nodes=1, config=CONFIG)
+    with pytest.raises(StoreClosedError):
+        await runtime.start()
+    with pytest.raises(RuntimeStateError, match=r"its start failed"):
+        await runtime.wait_for_signal()  # it returned 0, as if it had run and stopped
+
+
+@pytest.mark.parametrize(
+    ("signals", "error", "message"),
+    [
+        ((signal.SIGTERM, 12345), InvalidArgumentError, "signals holds 12345, not a signal number"),
+        ((signal.SIGTERM, signal.SIGKILL), InvalidArgumentError, "signals holds SIGKILL, which cannot be handled"),
+        ((signal.SIGTERM, True), InvalidTypeError, "signals must hold signal numbers"),
+        ("SIGTERM", InvalidTypeError, "signals must be a sequence of signal numbers, got str"),
+    ],
+)
+async def test_wait_for_signal_refuses_bad_signals_and_touches_no_handler(
+    db_path: Path, signals: Any, error: type[Exception], message: str
+) -> None:
+    _sent, send = recorder()
+    before = signal.getsignal(signal.SIGTERM)
+    async with SQLiteStore(db_path) as store, Runtime(store, send=send, nodes=1, config=CONFIG) as runtime:
+        with pytest.raises(error, match=message):
+            await runtime.wait_for_signal(signals)
+        assert signal.getsignal(signal.SIGTERM) is before  # SIGTERM was not taken and left behind
+        assert repr(runtime).startswith("<Runtime running ")

@@ -1001,8 +1001,9 @@ async def _sigterm_cancels(run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str
 
     def on_sigterm() -> None:
         nonlocal signalled
-        signalled = True
-        task.cancel()
+        if not signalled:  # once: a second SIGTERM must not cut the cleanup it started
+            signalled = True
+            task.cancel()
 
     try:
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
