@@ -275,3 +275,15 @@ async def test_wait_for_signal_refuses_bad_signals_and_touches_no_handler(
             await runtime.wait_for_signal(signals)
         assert signal.getsignal(signal.SIGTERM) is before  # SIGTERM was not taken and left behind
         assert repr(runtime).startswith("<Runtime running ")
+
+
+@pytest.mark.multiprocess
+def test_one_signal_stops_every_runtime_waiting_in_the_process(python: Any, db_path: Path) -> None:
+    proc = python.run([str(WORKERS / "two_runtimes_signal_worker.py"), str(db_path)], timeout_s=30.0, check=False)
+    # The second runtime used to leave SIGTERM to the first one's handler and wait on.
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["returned"] == [signal.SIGTERM, signal.SIGTERM]
+    assert result["stages"] == ["stopped", "stopped"]
+    assert result["sigterm_default"] is True
+    assert "signal_left" not in proc.stderr
