@@ -136,6 +136,8 @@ async def test_a_failed_start_is_final_and_says_why(db_path: Path) -> None:
     with pytest.raises(RuntimeStateError, match=r"its start failed \(StoreClosedError") as caught:
         await runtime.start()  # it used to return at once, with no node running
     assert isinstance(caught.value.__cause__, StoreClosedError)
+    with pytest.raises(RuntimeStateError, match=r"its start failed"):
+        await runtime.wait_for_signal()  # it returned 0, as if it had run and stopped
     await runtime.shutdown()  # returns: nothing runs
 
 
@@ -242,18 +244,6 @@ async def test_a_shutdown_cancelled_midway_hands_back_before_the_store_closes(db
         assert counts[TaskStatus.RUNNING] == 0
         assert await store.members() == []
         assert await store.list_locks() == []
-
-
-async def test_wait_for_signal_after_a_failed_start_raises_a_state_error(db_path: Path) -> None:
-    _sent, send = recorder()
-    store = SQLiteStore(db_path)
-    await store.open()
-    await store.close()
-    runtime = Runtime(store, send=send, nodes=1, config=CONFIG)
-    with pytest.raises(StoreClosedError):
-        await runtime.start()
-    with pytest.raises(RuntimeStateError, match=r"its start failed"):
-        await runtime.wait_for_signal()  # it returned 0, as if it had run and stopped
 
 
 @pytest.mark.parametrize(
