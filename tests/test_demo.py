@@ -9,6 +9,7 @@ import gzip
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,14 @@ def run_demo(*args: str, timeout_s: float = 150.0) -> tuple[int, dict[str, Any],
     )
     report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     return proc.returncode, report, proc.stderr
+
+
+def readme_report_keys() -> set[str]:
+    """The top-level keys README.md says ``--json`` prints (what it says in parentheses left out)."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = text.index("`--json` prints one object with")
+    paragraph = " ".join(text[start : text.index("\n\n", start)].split())
+    return set(re.findall(r"`([a-z_0-9]+)`", re.sub(r"\([^()]*(\([^()]*\)[^()]*)*\)", "", paragraph)))
 
 
 def check_invariants(code: int, report: dict[str, Any], stderr: str, messages: int) -> None:
@@ -429,6 +438,7 @@ def test_more_messages_than_the_trace_holds_replays_all_of_them_and_says_so(tmp_
     assert code == 0, stderr[-2000:]
     assert report["messages"] == 40
     assert report["config"]["messages_requested"] == 100
+    assert set(report) == readme_report_keys()  # the README lists every key of the report, and no other
     assert report["ok"] is True
     proc = subprocess.run(
         [sys.executable, "-m", "asynccoord.demo", "--trace", str(path), "--messages", "100", "--no-faults", *fast],

@@ -936,6 +936,7 @@ def render(report: dict[str, Any], console: Console) -> None:
     table.add_row("hottest account", f"{hot['account']}: {hot['messages']} messages, sending {hot['busy_s']} s")
     for key, value in report["gateway"].items():
         table.add_row(f"gateway {key}", str(value))
+    console.line()  # off a terminal the live view's last frame ends without a line break
     console.print(table)
     conflicts = Table(title="coordination events (all processes)")
     conflicts.add_column("event")
