@@ -100,6 +100,10 @@ lease or lock, the node's cancellation); the others that come during this time d
 cancel it again. A send still running when the time is up (one that swallows the
 ``CancelledError``) is cancelled once more, and the node goes on without it."""
 
+SETTLE_WAIT_S = 5.0
+"""Seconds a cancelled node still waits for the commit (or failure) of a send that had
+returned: the message went out, and a task handed back instead would be sent again."""
+
 SendFn = Callable[[Task], Awaitable[Any]]
 """The user's send: ``async def send(task: Task) -> Any`` (the result is stored, JSON)."""
 LockKeyFn = Callable[[Task], "str | None"]
@@ -316,6 +320,8 @@ class _InFlight:
     settling: bool = False  # the send is over: commit/fail/hand-back owns the lease now
     timed_out: bool = False  # the send was cut at send_timeout_s
     cut_until: float | None = None  # loop time: the node cancelled the send (once, see _cut), its cleanup ends then
+    cancel_pending: bool = False  # the node was cancelled after the send returned: settle it, then go on cancelling
+    settled: bool = False  # committed or failed: nothing to hand back
     send: asyncio.Task[Any] | None = None  # the user's send, in a task of its own, while it runs
     over: asyncio.Future[None] | None = None  # done when the send is, or when its cleanup time ran out
     next: _InFlight | None = None  # the key's next task, leased by this task's commit (claim_next)
@@ -756,7 +762,7 @@ class Node:
                 await self._fail(task, exc, source="lock_key")
                 return
             if name is None:
-                await self._settle(flight, *await self._send(flight))
+                await self._finish(flight, await self._send(flight))
             elif cfg.lock_permits == 1:
                 # Local tasks needing the same lock take turns on one lease (see lockpool):
                 # the send runs in the turn, the commit after it (fenced by the token).
@@ -778,7 +784,7 @@ class Node:
                     await self._hand_back(task, delay_s=cfg.busy_requeue_s)
                     return
                 try:
-                    await self._settle(flight, *outcome)
+                    await self._finish(flight, outcome)
                 finally:
                     committed()
             else:
@@ -796,7 +802,7 @@ class Node:
                 try:
                     async with handle as lease:
                         flight.lock = lease
-                        await self._settle(flight, *await self._send(flight))
+                        await self._finish(flight, await self._send(flight))
                 except LockTimeoutError:
                     await self._hand_back(task, delay_s=cfg.busy_requeue_s)
                 except LockLostError as exc:
@@ -873,10 +879,15 @@ class Node:
         timer = loop.call_at(loop.time() + self.config.send_timeout_s, _time_out, flight)
         try:
             await over
-        except asyncio.CancelledError:  # the node is cancelled: the send gets its cleanup time, then it goes on
-            timer.cancel()  # no timeout may cut that time short
-            await _cut_short(flight, child)
-            raise
+        except asyncio.CancelledError:
+            if child.done() and not child.cancelled() and flight.cut_until is None:
+                # The send had returned (its message went out) when the node was cancelled:
+                # settle it first (_finish), then go on cancelling; handing it back would send it again.
+                flight.cancel_pending = True
+            else:  # the node is cancelled: the send gets its cleanup time, then it goes on
+                timer.cancel()  # no timeout may cut that time short
+                await _cut_short(flight, child)
+                raise
         finally:
             timer.cancel()
             flight.settling = True
@@ -921,6 +932,31 @@ class Node:
         # awaiting it would fail and send again on retry.
         return await outcome if inspect.isawaitable(outcome) else outcome
 
+    async def _finish(self, flight: _InFlight, outcome: tuple[bool, Any, BaseException | None]) -> None:
+        """Settle a send that returned, even if the node is cancelled meanwhile, then let the cancellation go on.
+
+        The send's message went out: if its commit (or failure) were cancelled, the task
+        would go back to pending and be sent again, and nothing would count it. So the
+        settle runs in a task of its own that a cancellation of the node does not cut;
+        the node waits for it (shielded, up to :data:`SETTLE_WAIT_S`) and then re-raises.
+
+        Raises:
+            CancelledError: the node was cancelled (after the settle, or after the wait).
+            Exception: what the settle raised (e.g. :class:`~asynccoord.errors.StoreClosedError`).
+        """
+        settling = asyncio.get_running_loop().create_task(
+            self._settle(flight, *outcome), name=f"{self.node_id}-settle-{flight.task.id}"
+        )
+        try:
+            await asyncio.shield(settling)
+        except asyncio.CancelledError:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_WAIT_S):
+                await asyncio.wait({settling})
+            settling.add_done_callback(_retrieve)
+            raise
+        if flight.cancel_pending:
+            raise asyncio.CancelledError
+
     async def _settle(self, flight: _InFlight, completed: bool, result: Any, failure: BaseException | None) -> None:
         """Commit (fenced by the lock's token) or fail the task after its send."""
         task = flight.task
@@ -933,6 +969,7 @@ class Node:
             await self._fail(task, failure)
         else:
             await self._commit(flight, result)
+        flight.settled = True
 
     def _context(self, task: Task) -> dict[str, Any]:
         size = self.config.affinity_cache_size
@@ -1047,6 +1084,8 @@ class Node:
             self._due_soon(out.run_at - out.updated_at)
 
     async def _hand_back_shielded(self, flight: _InFlight) -> None:
+        if flight.settled:
+            return  # committed or failed already: its lease is gone, there is nothing to hand back
         if flight.started and not flight.returned:
             # The send may have reached its receiver before it was cancelled: the next
             # holder's send of this task is a possible duplicate. Count it like a lost lease.

@@ -149,6 +149,7 @@ class Runtime:
         self._graceful = True
         self._drain_s = self.shutdown_timeout_s
         self._drain_scope: anyio.CancelScope | None = None
+        self._hurried = False
         self._closed = False
 
     def __repr__(self) -> str:
@@ -164,6 +165,10 @@ class Runtime:
         if self._closed:
             return "stopping"
         return "running" if started is not None and started.done() else "starting"
+
+    def _start_failed(self) -> bool:
+        started = self._started
+        return started is not None and started.done() and not started.cancelled() and started.exception() is not None
 
     def _spent(self) -> RuntimeStateError:
         """The error of a start after this runtime's one run (or after a shutdown before it)."""
@@ -225,6 +230,8 @@ class Runtime:
             raise self._spent()
         if self._started is not None:
             await asyncio.shield(self._started)  # started or starting: one runner only
+            if self._closed:  # the start it joined was cancelled (or a shutdown came meanwhile)
+                raise self._spent()
             return
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
@@ -237,10 +244,12 @@ class Runtime:
             await asyncio.shield(started)
         except asyncio.CancelledError:
             # The caller gave up on the start (a timeout around it, Ctrl-C): stop what started,
-            # without a drain, so no runtime goes on without an owner; then the cancellation goes on.
+            # without a drain, so no runtime goes on without an owner, and wait for that (a
+            # second cancellation ends the wait, not the stop); then the cancellation goes on.
             self._hurry()
+            self._request_close(graceful=False)
             with contextlib.suppress(Exception):  # the start's own error, if any, is not the news here
-                await self._close(graceful=False)
+                await asyncio.shield(self._runner)
             raise
 
     async def _run(self, started: asyncio.Future[None]) -> None:
@@ -320,18 +329,23 @@ class Runtime:
             check_positive("timeout_s", timeout_s)
         await self._close(graceful=True, timeout_s=timeout_s)
 
+    def _request_close(self, *, graceful: bool, timeout_s: float | None = None) -> None:
+        """Tell the runner to stop (once): stop claiming, then drain (``graceful``) or hand back at once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._graceful = graceful and not self._hurried  # a second signal may have come first
+        self._drain_s = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        if self._stopping is not None:
+            self._stopping.set()
+        for node in self.nodes:
+            node.stop_claiming()
+        if self._stop_request is not None:
+            self._stop_request.set()
+
     async def _close(self, *, graceful: bool, timeout_s: float | None = None) -> None:
         runner = self._runner
-        if not self._closed:
-            self._closed = True
-            self._graceful = graceful
-            self._drain_s = self.shutdown_timeout_s if timeout_s is None else timeout_s
-            if self._stopping is not None:
-                self._stopping.set()
-            for node in self.nodes:
-                node.stop_claiming()
-            if self._stop_request is not None:
-                self._stop_request.set()
+        self._request_close(graceful=graceful, timeout_s=timeout_s)
         if runner is None:
             return
         try:
@@ -350,6 +364,7 @@ class Runtime:
 
     def _hurry(self) -> None:
         """End the graceful drain now (or skip it): the nodes hand back what they hold."""
+        self._hurried = True
         self._graceful = False
         drain = self._drain_scope
         if drain is not None:
@@ -404,8 +419,7 @@ class Runtime:
         if stopping is None:
             why = "shutdown() was called before it started" if self._closed else "it is not started"
             raise RuntimeStateError(f"{self!r} cannot wait for a signal: {why}; use 'async with Runtime(...)'")
-        started = self._started
-        if started is not None and started.done() and not started.cancelled() and started.exception() is not None:
+        if self._start_failed():
             raise self._spent()  # its start failed: there is nothing to wait for
 
         def on_signal(signum: int) -> None:
@@ -421,6 +435,8 @@ class Runtime:
             if threading.current_thread() is threading.main_thread():
                 taken = [signum for signum in signums if _take_signal(loop, signum, on_signal)]
             await stopping.wait()
+            if self._start_failed():  # it failed while starting: nothing ran, nothing to shut down
+                raise self._spent()
             await self.shutdown()  # the handlers stay: a second signal hurries the drain, never kills
         finally:
             for signum in reversed(taken):
@@ -493,7 +509,8 @@ def _take_signal(loop: asyncio.AbstractEventLoop, signum: int, callback: Callabl
     before = signal.getsignal(signum)
     owner = getattr(before, "__self__", None)
     if isinstance(owner, asyncio.AbstractEventLoop) and owner.is_closed():
-        before = signal.SIG_DFL  # a closed loop's stub (uvloop leaves it): nothing would run behind it
+        # A closed loop's stub (uvloop leaves it): nothing would run behind it. Python's default instead.
+        before = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
     if _handled_by(loop, signum, before):
         log.warning(
             "asynccoord.runtime.signal_left signal=%s: the event loop already has a handler for it, which keeps it"

@@ -7,6 +7,7 @@ heartbeats, leases and backoff run as they do in production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import socket
@@ -173,6 +174,52 @@ async def test_a_cancelled_sends_cleanup_time_is_not_cut_short_by_another_cancel
     assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)
     assert (runtime.states()[0].failed, runtime.states()[0].handed_back) == (0, 1)
     assert store.events.get("send_interrupted") == 1
+
+
+@pytest.mark.parametrize("locks", [False, True], ids=["no-lock", "lock"])
+@pytest.mark.parametrize("hurry", ["cancel-the-shutdown", "drain-timeout"])
+async def test_sends_that_returned_are_committed_even_when_the_drain_is_cut_at_that_instant(
+    make_store: Any, locks: bool, hurry: str
+) -> None:
+    # Every send returns at one instant T; the drain is cut right then (the task running the
+    # shutdown cancelled, or the shutdown's own timeout running out). The commits used to be
+    # cancelled with the node: the tasks went back to pending and were sent again, and no
+    # counter said so.
+    store = await make_store(clock=None)
+    n = 20
+    for i in range(n):
+        await store.enqueue(QUEUE, i, partition_key=f"k{i}")
+    loop = asyncio.get_running_loop()
+    at: list[float] = []
+    sends: Counter[int] = Counter()
+
+    async def send(task: Task) -> None:
+        sends[task.id] += 1
+        while not at:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(max(0.0, at[0] - loop.time()))
+
+    config = NodeConfig(queue=QUEUE, max_in_flight=64, idle_min_s=0.01, idle_max_s=0.05)
+    lock_key = (lambda task: f"account:{task.payload}") if locks else None
+    drain_s = 0.3 if hurry == "drain-timeout" else 30.0
+    runtime = Runtime(store, send=send, nodes=2, config=config, lock_key=lock_key, shutdown_timeout_s=drain_s)
+    await runtime.start()
+    while sum(state.in_flight for state in runtime.states()) < n:
+        await asyncio.sleep(0.01)
+    at.append(loop.time() + 0.3)
+    stopping = asyncio.create_task(runtime.shutdown())
+    if hurry == "cancel-the-shutdown":
+        await asyncio.sleep(0.3)
+        stopping.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stopping
+    counts = (await store.stats(QUEUE)).counts
+    assert counts[TaskStatus.DONE] == n, counts
+    assert sum(state.committed for state in runtime.states()) == n
+    assert len(sends) == n
+    assert set(sends.values()) == {1}  # each sent once
+    assert store.events.get("send_interrupted") == 0
+    assert store.events.get("stale_commit_rejected") == 0
 
 
 async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_its_cleanup_time(

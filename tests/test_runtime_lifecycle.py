@@ -166,23 +166,26 @@ def test_wait_for_signal_puts_back_the_applications_signal_handlers(python: Any,
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("mode", ["later", "same-turn"])
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_second_signal_ends_the_drain_and_hands_back_without_killing_the_process(
-    python: Any, db_path: Path, loop: str
+    python: Any, db_path: Path, loop: str, mode: str
 ) -> None:
-    proc = python.run([str(WORKERS / "signal_twice_worker.py"), str(db_path), loop], timeout_s=60.0, check=False)
+    worker = [str(WORKERS / "signal_twice_worker.py"), str(db_path), loop, mode]
+    proc = python.run(worker, timeout_s=60.0, check=False)
     # The second SIGTERM used to find SIGTERM's default back (killed mid-drain, tasks left
     # running); with uvloop, an earlier loop's dead stub made the wait ignore SIGTERM at all.
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["returned"] == signal.SIGTERM
-    assert "signal_again signal=SIGTERM" in proc.stderr
+    assert "signal_again signal=" in proc.stderr
     assert "signal_left" not in proc.stderr
     # The 30 s sends were cut and handed back at once, not drained for the 30 s shutdown_timeout_s.
     assert result["after_second_s"] < 5.0
     assert result["statuses"] == {"pending": 2}
     assert (result["members"], result["locks"]) == (0, 0)
     assert result["sigterm_default"] is True
+    assert result["sigint_handled"] is True  # a dead stub of SIGINT left SIG_DFL: Ctrl-C killed, no cleanup
 
 
 async def test_a_start_cancelled_midway_leaves_nothing_running(db_path: Path) -> None:
@@ -277,3 +280,35 @@ def test_one_signal_stops_every_runtime_waiting_in_the_process(python: Any, db_p
     assert result["stages"] == ["stopped", "stopped"]
     assert result["sigterm_default"] is True
     assert "signal_left" not in proc.stderr
+
+
+async def test_a_start_joined_by_a_second_caller_and_then_cancelled_fails_both(db_path: Path) -> None:
+    _sent, send = recorder()
+    async with SQLiteStore(db_path) as store:
+        runtime = Runtime(store, send=send, nodes=1, config=CONFIG)
+        first = asyncio.create_task(runtime.start())
+        await asyncio.sleep(0)
+        second = asyncio.create_task(runtime.start())  # joins the first start
+        await asyncio.sleep(0)
+        first.cancel()
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert isinstance(results[0], asyncio.CancelledError)
+        # It used to return as if started, on a runtime that was stopping.
+        assert isinstance(results[1], RuntimeStateError), results[1]
+        assert repr(runtime).startswith("<Runtime stopped ")
+        assert await store.members() == []
+
+
+async def test_wait_for_signal_called_while_the_start_fails_raises_a_state_error(db_path: Path) -> None:
+    _sent, send = recorder()
+    store = SQLiteStore(db_path)
+    await store.open()
+    await store.close()
+    runtime = Runtime(store, send=send, nodes=1, config=CONFIG)
+    starting = asyncio.create_task(runtime.start())
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(runtime.wait_for_signal())
+    with pytest.raises(StoreClosedError):
+        await starting
+    with pytest.raises(RuntimeStateError, match="its start failed"):  # it returned 0: shut down cleanly
+        await waiting
