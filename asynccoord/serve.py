@@ -17,8 +17,11 @@ and exits with status 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib
 import logging
+import signal
 from typing import Any
 
 from ._loop import run as run_loop
@@ -128,7 +131,14 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown)."""
+    """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown).
+
+    SIGTERM and SIGINT never end the process midway: while the store opens and the nodes
+    start they are held (the runtime then stops at once), during the run the runtime's
+    :meth:`~asynccoord.runtime.Runtime.wait_for_signal` takes them (a second one hands back
+    at once), and while the nodes, the monitor and the store close down they are held
+    again. On return SIGTERM is ignored: the process is on its way out.
+    """
     from .monitor import Monitor
     from .runtime import Runtime
     from .stores import open_store, redact_target
@@ -136,24 +146,61 @@ def run_command(args: argparse.Namespace) -> int:
     send, lock_key, config = check_run(args)  # before the database is touched
 
     async def main() -> int:
-        async with open_store(args.db) as store:
-            runtime = Runtime(
-                store,
-                send=send,
-                nodes=args.nodes,
-                config=config,
-                lock_key=lock_key,
-                heartbeat_ttl_s=args.heartbeat_ttl_s,
-                shutdown_timeout_s=args.shutdown_timeout_s,
-            )
-            # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
-            async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:
-                print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {redact_target(args.db)}", flush=True)
-                signum = await runtime.wait_for_signal()
-                log.info("asynccoord.serve.stopped signal=%s", signum)
+        # While the store opens and the nodes start, and again while they close down, SIGTERM
+        # and SIGINT are held here (noted, not fatal); the runtime takes them for its wait.
+        loop = asyncio.get_running_loop()
+        held: list[int] = []
+        holding = _hold_signals(loop, held)
+        try:
+            async with open_store(args.db) as store:
+                runtime = Runtime(
+                    store,
+                    send=send,
+                    nodes=args.nodes,
+                    config=config,
+                    lock_key=lock_key,
+                    heartbeat_ttl_s=args.heartbeat_ttl_s,
+                    shutdown_timeout_s=args.shutdown_timeout_s,
+                )
+                # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
+                async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:
+                    target = redact_target(args.db)
+                    print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {target}", flush=True)
+                    if held:  # a signal came while starting: stop at once
+                        signum = held[0]
+                        await runtime.shutdown()
+                    else:
+                        _release_signals(loop, holding)
+                        try:
+                            signum = await runtime.wait_for_signal()
+                        finally:
+                            holding = _hold_signals(loop, held)
+                    log.info("asynccoord.serve.stopped signal=%s", signum)
+        finally:
+            _release_signals(loop, holding)
+            # On the way out: a late SIGTERM must not turn a clean exit into death by signal.
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return 0
 
     return _run_loop(main)
+
+
+def _hold_signals(loop: asyncio.AbstractEventLoop, held: list[int]) -> list[int]:
+    """Note SIGTERM and SIGINT in ``held`` instead of letting them end the process; return those taken."""
+    taken: list[int] = []
+    for signum in (int(signal.SIGTERM), int(signal.SIGINT)):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # no signals here
+            loop.add_signal_handler(signum, held.append, signum)
+            taken.append(signum)
+    return taken
+
+
+def _release_signals(loop: asyncio.AbstractEventLoop, taken: list[int]) -> None:
+    for signum in taken:
+        with contextlib.suppress(RuntimeError):
+            loop.remove_signal_handler(signum)
+    taken.clear()
 
 
 def _run_loop(main: Any) -> int:

@@ -151,3 +151,24 @@ async def test_sigterm_hands_back_long_sends_and_their_locks_without_a_ttl_wait(
     assert claimed["locks"] == [2, 2, 2]  # each account lock: the second acquisition ever
     assert [(t["attempts"], t["last_error"]) for t in claimed["tasks"]] == [(1, None)] * 3  # not failed
     assert await asyncio.to_thread(grabber.wait, 10) == 0
+
+
+async def test_a_burst_of_sigterms_never_kills_the_process_midway(python: Any, db_path: Path, tmp_path: Path) -> None:
+    # A supervisor that sends SIGTERM again and again: the first starts the shutdown, the
+    # rest must neither kill the drain nor the teardown after it (once the runtime's wait had
+    # given the signal back, the next SIGTERM killed the process: exit -15, members left
+    # registered, the monitor's last flush lost).
+    await enqueue(db_path, 2)
+    log = tmp_path / "sends.log"
+    proc = serve(python, db_path, log, 0.3)
+    await wait_for_starts(proc, log, 2)
+    deadline = time.monotonic() + 10.0
+    while proc.poll() is None and time.monotonic() < deadline:
+        os.kill(proc.pid, signal.SIGTERM)
+        await asyncio.sleep(0.002)
+    code = await asyncio.to_thread(proc.wait, 10)
+    assert code == 0, proc.stderr.read() if proc.stderr else ""
+    with sqlite3.connect(db_path) as db:
+        assert db.execute("SELECT count(*) FROM coord_members").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM coord_lock_holders").fetchone() == (0,)
+    assert {t[0] for t in tasks(db_path).values()} <= {"done", "pending"}
