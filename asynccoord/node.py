@@ -401,6 +401,10 @@ class Node:
         self.idle_poll = check_bool("idle_poll", idle_poll)
         self._state = NodeState(node_id=self.node_id)
         self._in_flight: dict[int, _InFlight] = {}
+        # Slots (handle tasks) settling a send that returned: a cancellation of the node waits
+        # for them instead of cancelling them (see _finish), then they stop (_stop_after).
+        self._settling: set[asyncio.Task[Any]] = set()
+        self._stop_after: set[asyncio.Task[Any]] = set()
         self._slots = asyncio.Semaphore(self.config.max_in_flight)
         self._claiming = True
         self._drained = asyncio.Event()
@@ -700,10 +704,20 @@ class Node:
                     break
         finally:
             if pending:  # an error or the node's cancellation: end the others, and wait for their hand-backs
-                for handle in pending:
+                # A slot settling a send that returned is not cancelled: its commit must land (or
+                # the task would be sent again); it stops once settled, or is cancelled after
+                # SETTLE_WAIT_S.
+                settling = pending & self._settling
+                for handle in pending - settling:
                     handle.cancel()
+                self._stop_after.update(settling)
                 with anyio.CancelScope(shield=True):
+                    if settling:
+                        _, late = await asyncio.wait(settling, timeout=SETTLE_WAIT_S)
+                        for handle in late:
+                            handle.cancel()
                     await asyncio.wait(pending)
+                self._stop_after.difference_update(settling)
         errors = [e for h in handles if not h.cancelled() and (e := h.exception()) is not None]
         if len(errors) == 1:
             raise errors[0]
@@ -731,9 +745,10 @@ class Node:
                     raise
                 finally:
                     self._in_flight.pop(current.task.id, None)
-                if not self._claiming:
-                    # stop_claiming() came while the commit that leased the next task was at
-                    # the store: hand it back unsent, as the claims not yet made are never made.
+                if not self._claiming or asyncio.current_task() in self._stop_after:
+                    # stop_claiming() (or the node's cancellation) came while the commit that leased
+                    # the next task was at the store: hand it back unsent, as the claims not yet
+                    # made are never made.
                     await self._hand_back_unsent(current.next)
                     break
                 current = current.next
@@ -936,24 +951,24 @@ class Node:
         """Settle a send that returned, even if the node is cancelled meanwhile, then let the cancellation go on.
 
         The send's message went out: if its commit (or failure) were cancelled, the task
-        would go back to pending and be sent again, and nothing would count it. So the
-        settle runs in a task of its own that a cancellation of the node does not cut;
-        the node waits for it (shielded, up to :data:`SETTLE_WAIT_S`) and then re-raises.
+        would go back to pending and be sent again, and nothing would count it. So while
+        this slot settles, a cancellation of the node does not cancel it but waits for it
+        (up to :data:`SETTLE_WAIT_S`, see :meth:`_handle_batch`); and a cancellation that
+        reached the slot just as its send returned (``cancel_pending``) is raised after the
+        settle.
 
         Raises:
-            CancelledError: the node was cancelled (after the settle, or after the wait).
+            CancelledError: the node was cancelled (after the settle).
             Exception: what the settle raised (e.g. :class:`~asynccoord.errors.StoreClosedError`).
         """
-        settling = asyncio.get_running_loop().create_task(
-            self._settle(flight, *outcome), name=f"{self.node_id}-settle-{flight.task.id}"
-        )
+        slot = asyncio.current_task()
+        if slot is not None:
+            self._settling.add(slot)
         try:
-            await asyncio.shield(settling)
-        except asyncio.CancelledError:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(SETTLE_WAIT_S):
-                await asyncio.wait({settling})
-            settling.add_done_callback(_retrieve)
-            raise
+            await self._settle(flight, *outcome)
+        finally:
+            if slot is not None:
+                self._settling.discard(slot)
         if flight.cancel_pending:
             raise asyncio.CancelledError
 
