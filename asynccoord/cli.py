@@ -124,9 +124,15 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return the exit status."""
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return the exit status.
+
+    ``exiting``: the process ends when this returns (``python -m asynccoord``): ``run``
+    then leaves SIGTERM ignored on its way out instead of putting back the handler it had,
+    so a late SIGTERM cannot turn a clean exit into death by signal. Default False.
+    """
     args = build_parser().parse_args(argv)
+    args._exiting = exiting
     run: Callable[[argparse.Namespace], int] = args._run
     check: Callable[[argparse.Namespace], object] | None = args._check
     if check is not None:

@@ -137,7 +137,9 @@ def run_command(args: argparse.Namespace) -> int:
     start they are held (the runtime then stops at once), during the run the runtime's
     :meth:`~asynccoord.runtime.Runtime.wait_for_signal` takes them (a second one hands back
     at once), and while the nodes, the monitor and the store close down they are held
-    again. On return SIGTERM is ignored: the process is on its way out.
+    again. From the end of the teardown SIGTERM is ignored; on return its handler from
+    before is put back, unless ``args._exiting`` (set by ``python -m asynccoord``: the
+    process is on its way out).
     """
     from .monitor import Monitor
     from .runtime import Runtime
@@ -183,7 +185,13 @@ def run_command(args: argparse.Namespace) -> int:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return 0
 
-    return _run_loop(main)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return _run_loop(main)
+    finally:
+        if not getattr(args, "_exiting", False) and previous is not None:
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(signal.SIGTERM, previous)
 
 
 def _hold_signals(loop: asyncio.AbstractEventLoop, held: list[int]) -> list[int]:

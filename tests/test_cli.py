@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -121,7 +122,11 @@ def serve_three(
     monkeypatch.setattr(Runtime, "wait_for_signal", drain_then_stop(drained))
     asyncio.run(enqueue_three(make_store()))
     argv = ["run", "--db", db, "--queue", "outbox", "--send", "serve_send:send", "--nodes", "2"]
+    sigterm_before = signal.getsignal(signal.SIGTERM)
     assert main([*argv, "--idle-max-s", "0.1"]) == 0
+    # In a process that goes on (this one), run puts SIGTERM's handler back: an ignored SIGTERM
+    # would be inherited by every later child process.
+    assert signal.getsignal(signal.SIGTERM) == sigterm_before
     assert drained == [True]
     assert asyncio.run(done_results(make_store())) == ["sent 1", "sent 2", "sent 3"]
     return (tmp_path / "send.log").read_text()
