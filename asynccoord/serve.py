@@ -22,6 +22,7 @@ import contextlib
 import importlib
 import logging
 import signal
+import threading
 from typing import Any
 
 from ._loop import run as run_loop
@@ -171,15 +172,11 @@ def run_command(args: argparse.Namespace) -> int:
                     if held:  # a signal came while starting: stop at once
                         signum = held[0]
                         await runtime.shutdown()
-                    else:
-                        _release_signals(loop, holding)
-                        try:
-                            signum = await runtime.wait_for_signal()
-                        finally:
-                            holding = _hold_signals(loop, held)
+                    else:  # the wait shares the handlers held here: no moment without one
+                        signum = await runtime.wait_for_signal()
                     log.info("asynccoord.serve.stopped signal=%s", signum)
         finally:
-            _release_signals(loop, holding)
+            _release_signals(loop, holding, held)
             # On the way out: a late SIGTERM must not turn a clean exit into death by signal.
             with contextlib.suppress(ValueError):  # not the main thread
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -195,19 +192,23 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _hold_signals(loop: asyncio.AbstractEventLoop, held: list[int]) -> list[int]:
-    """Note SIGTERM and SIGINT in ``held`` instead of letting them end the process; return those taken."""
-    taken: list[int] = []
-    for signum in (int(signal.SIGTERM), int(signal.SIGINT)):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # no signals here
-            loop.add_signal_handler(signum, held.append, signum)
-            taken.append(signum)
-    return taken
+    """Note SIGTERM and SIGINT in ``held`` instead of letting them end the process; return those taken.
+
+    Taken the way :meth:`~asynccoord.runtime.Runtime.wait_for_signal` takes them, so the
+    runtime's wait shares these handlers (both are called) rather than replacing them.
+    """
+    from .runtime import _take_signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if _take_signal(loop, signum, held.append)]
 
 
-def _release_signals(loop: asyncio.AbstractEventLoop, taken: list[int]) -> None:
+def _release_signals(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[int]) -> None:
+    from .runtime import _give_back_signal
+
     for signum in taken:
-        with contextlib.suppress(RuntimeError):
-            loop.remove_signal_handler(signum)
+        _give_back_signal(loop, signum, held.append)
     taken.clear()
 
 
