@@ -97,8 +97,17 @@ async def close_abandoned(conn: aiosqlite.Connection, *, timeout_s: float = 5.0)
     """
     worker = getattr(conn, "_thread", None)
     if worker is not None and worker.is_alive():
-        with contextlib.suppress(sqlite3.Error, TimeoutError):
-            await asyncio.wait_for(conn.close(), timeout_s)
+        # The thread may be alive only until it hands its last result to the closed loop (it
+        # dies then, and the close queued behind it is never run): watch it while waiting.
+        loop = asyncio.get_running_loop()
+        closing = asyncio.ensure_future(conn.close())
+        deadline = loop.time() + timeout_s
+        while not closing.done() and worker.is_alive() and loop.time() < deadline:
+            await asyncio.wait({closing}, timeout=0.05)
+        if not closing.done():
+            closing.cancel()
+        with contextlib.suppress(sqlite3.Error, asyncio.CancelledError):
+            await closing
     raw: sqlite3.Connection | None = getattr(conn, "_connection", None)
     if raw is not None:  # its thread is gone (or stuck): close the connection from here
         conn._connection = None
