@@ -104,10 +104,16 @@ async def close_abandoned(conn: aiosqlite.Connection, *, timeout_s: float = 5.0)
         deadline = loop.time() + timeout_s
         while not closing.done() and worker.is_alive() and loop.time() < deadline:
             await asyncio.wait({closing}, timeout=0.05)
-        if not closing.done():
+        # aiosqlite's close() awaits the thread's stop in a ``finally``: a dead thread never
+        # answers, so one cancellation only moves it there; cancel until it ends (a few at most).
+        for _ in range(10):
+            if closing.done():
+                break
             closing.cancel()
-        with contextlib.suppress(sqlite3.Error, asyncio.CancelledError):
-            await closing
+            await asyncio.wait({closing}, timeout=0.05)
+        if closing.done() and not closing.cancelled():
+            with contextlib.suppress(sqlite3.Error, ValueError):
+                closing.result()
     raw: sqlite3.Connection | None = getattr(conn, "_connection", None)
     if raw is not None:  # its thread is gone (or stuck): close the connection from here
         conn._connection = None
