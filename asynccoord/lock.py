@@ -310,8 +310,9 @@ class _LeaseHandle:
         if auto_renew is None:
             auto_renew = ttl_s is None or renew_interval_s is not None or max_hold_s is not None
         self._auto_renew = check_bool("auto_renew", auto_renew)
-        if max_hold_s is not None:
-            check_positive("max_hold_s", max_hold_s)  # its type and range first
+        self._max_hold_s = (  # its type and range first
+            default_max_hold_s(self._ttl_s) if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        )
         if not self._auto_renew and max_hold_s is not None:
             raise InvalidArgumentError(
                 f"max_hold_s={max_hold_s!r} bounds a renewed lease, but auto_renew is False: the lease "
@@ -329,9 +330,6 @@ class _LeaseHandle:
         self._watchdog = watchdog
         interval = self._ttl_s / 3 if renew_interval_s is None else renew_interval_s
         self._renew_interval_s = watchdog.check_interval(self._ttl_s, interval)
-        self._max_hold_s = (
-            default_max_hold_s(self._ttl_s) if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
-        )
         self._timeout_s = None if timeout_s is None else check_non_negative("timeout_s", timeout_s)
         if backoff is not None and not isinstance(backoff, RetryPolicy):
             raise InvalidTypeError(f"backoff must be a RetryPolicy or None, got {type(backoff).__name__}")

@@ -32,7 +32,6 @@ import os
 import secrets
 import signal
 import socket
-import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -41,6 +40,7 @@ import anyio
 import anyio.abc
 
 from ._errtext import error_text
+from ._signals import check_signals, give_back_signal, signal_name, take_signal
 from .errors import InvalidArgumentError, InvalidTypeError, RuntimeStateError
 from .idlepoll import IdlePoller
 from .lockpool import LockPool
@@ -172,10 +172,7 @@ class Runtime:
 
     def _spent(self) -> RuntimeStateError:
         """The error of a start after this runtime's one run (or after a shutdown before it)."""
-        started = self._started
-        failed = None
-        if started is not None and started.done() and not started.cancelled():
-            failed = started.exception()
+        failed = self._started.exception() if self._started is not None and self._start_failed() else None
         if self._runner is None:
             why = "shutdown() was called before it ever started"
         elif failed is not None:
@@ -412,7 +409,7 @@ class Runtime:
             RuntimeStateError: the runtime was never started, or its start failed.
             StoreClosedError, Exception: as :meth:`shutdown`, when a node failed.
         """
-        signums = _check_signals(signals)
+        signums = check_signals(signals)
         loop = asyncio.get_running_loop()
         received: list[int] = []
         stopping = self._stopping
@@ -424,7 +421,7 @@ class Runtime:
 
         def on_signal(signum: int) -> None:
             if received:  # a second signal during the drain: no more drain time
-                log.warning("asynccoord.runtime.signal_again signal=%s: handing back now", _signal_name(signum))
+                log.warning("asynccoord.runtime.signal_again signal=%s: handing back now", signal_name(signum))
                 self._hurry()
                 return
             received.append(signum)
@@ -432,15 +429,14 @@ class Runtime:
 
         taken: list[int] = []
         try:
-            if threading.current_thread() is threading.main_thread():
-                taken = [signum for signum in signums if _take_signal(loop, signum, on_signal)]
+            taken = [signum for signum in signums if take_signal(loop, signum, on_signal)]
             await stopping.wait()
             if self._start_failed():  # it failed while starting: nothing ran, nothing to shut down
                 raise self._spent()
             await self.shutdown()  # the handlers stay: a second signal hurries the drain, never kills
         finally:
             for signum in reversed(taken):
-                _give_back_signal(loop, signum, on_signal)
+                give_back_signal(loop, signum, on_signal)
         return received[0] if received else 0
 
     async def wait_until_drained(
@@ -470,105 +466,3 @@ class Runtime:
                     return True
                 await anyio.sleep(poll_s)
         return False
-
-
-_SignalEntry = tuple[asyncio.AbstractEventLoop, Any, list[Callable[[int], None]]]
-_SIGNAL_WAITERS: dict[int, _SignalEntry] = {}
-"""Signal -> (the loop handling it, its handler before, the waiting runtimes' callbacks): one
-loop handler per signal for every :meth:`Runtime.wait_for_signal` waiting in the process."""
-
-
-def _check_signals(signals: Sequence[int]) -> list[int]:
-    """``signals`` as distinct signal numbers, checked before any handler is touched."""
-    if isinstance(signals, str | bytes) or not isinstance(signals, Sequence):
-        raise InvalidTypeError(f"signals must be a sequence of signal numbers, got {type(signals).__name__}")
-    checked: list[int] = []
-    for signum in signals:
-        if isinstance(signum, bool) or not isinstance(signum, int):
-            raise InvalidTypeError(f"signals must hold signal numbers (int), got {signum!r}")
-        if signum not in signal.valid_signals():
-            raise InvalidArgumentError(f"signals holds {signum!r}, not a signal number of this platform")
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            raise InvalidArgumentError(f"signals holds {_signal_name(signum)}, which cannot be handled")
-        if signum not in checked:
-            checked.append(signum)
-    return checked
-
-
-def _take_signal(loop: asyncio.AbstractEventLoop, signum: int, callback: Callable[[int], None]) -> bool:
-    """Have ``callback(signum)`` called on ``signum`` (sharing the handler of a runtime waiting already).
-
-    False (and nothing changed) when the loop cannot handle signals, or when the signal
-    already has a handler of the running loop that is not a waiting runtime's (the
-    application's own ``loop.add_signal_handler``), which is left alone.
-    """
-    entry = _SIGNAL_WAITERS.get(signum)
-    if entry is not None and entry[0] is loop and not loop.is_closed():
-        entry[2].append(callback)  # another runtime waits for it already: one handler calls both
-        return True
-    before = signal.getsignal(signum)
-    owner = getattr(before, "__self__", None)
-    if isinstance(owner, asyncio.AbstractEventLoop) and owner.is_closed():
-        # A closed loop's stub (uvloop leaves it): nothing would run behind it. Python's default instead.
-        before = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-    if _handled_by(loop, signum, before):
-        log.warning(
-            "asynccoord.runtime.signal_left signal=%s: the event loop already has a handler for it, which keeps it"
-            " (call runtime.shutdown() from that handler)",
-            _signal_name(signum),
-        )
-        return False
-    callbacks = [callback]
-
-    def dispatch() -> None:
-        for waiting in list(callbacks):
-            waiting(signum)
-
-    try:
-        loop.add_signal_handler(signum, dispatch)
-    except (NotImplementedError, RuntimeError):  # Windows, or a loop without signal support
-        return False
-    _SIGNAL_WAITERS[signum] = (loop, before, callbacks)
-    return True
-
-
-def _give_back_signal(loop: asyncio.AbstractEventLoop, signum: int, callback: Callable[[int], None]) -> None:
-    """Undo :func:`_take_signal`: the last runtime to stop waiting puts back the handler from before."""
-    entry = _SIGNAL_WAITERS.get(signum)
-    if entry is None or entry[0] is not loop:
-        return
-    _loop, before, callbacks = entry
-    with contextlib.suppress(ValueError):
-        callbacks.remove(callback)
-    if callbacks:
-        return
-    del _SIGNAL_WAITERS[signum]
-    with contextlib.suppress(RuntimeError):  # the loop is closing
-        loop.remove_signal_handler(signum)  # leaves SIG_DFL (SIGINT: default_int_handler)
-    if before is not None:
-        signal.signal(signum, before)
-
-
-def _handled_by(loop: asyncio.AbstractEventLoop, signum: int, handler: Any) -> bool:
-    """Whether ``handler`` (from ``signal.getsignal``) is the running ``loop``'s ``add_signal_handler`` stub.
-
-    uvloop's stub is a method of the loop (a closed loop's stub, which uvloop leaves in
-    place, does not count: nothing would ever run the callback behind it); asyncio's is
-    the module function ``asyncio.unix_events._sighandler_noop``, which counts while the
-    loop's own table holds the signal (asyncio removes its stubs when a loop closes). The
-    application's callback sits in the loop's table, out of reach of any public API.
-    """
-    owner = getattr(handler, "__self__", None)
-    if isinstance(owner, asyncio.AbstractEventLoop):
-        return owner is loop and not loop.is_closed()
-    if getattr(handler, "__module__", None) != "asyncio.unix_events":
-        return False
-    table = getattr(loop, "_signal_handlers", None)  # asyncio's own loops only; uvloop has none
-    return table is not None and signum in table  # else a stub no running loop will ever act on
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)

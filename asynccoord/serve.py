@@ -22,10 +22,10 @@ import contextlib
 import importlib
 import logging
 import signal
-import threading
 from typing import Any
 
 from ._loop import run as run_loop
+from ._signals import give_back_signal, take_signal
 from .errors import InvalidArgumentError, InvalidTypeError, StoreError
 from .validation import check_int, check_positive
 
@@ -194,21 +194,15 @@ def run_command(args: argparse.Namespace) -> int:
 def _hold_signals(loop: asyncio.AbstractEventLoop, held: list[int]) -> list[int]:
     """Note SIGTERM and SIGINT in ``held`` instead of letting them end the process; return those taken.
 
-    Taken the way :meth:`~asynccoord.runtime.Runtime.wait_for_signal` takes them, so the
-    runtime's wait shares these handlers (both are called) rather than replacing them.
+    Taken through :func:`~asynccoord._signals.take_signal`, as the runtime's wait takes
+    them, so the wait shares these handlers (both are called) rather than replacing them.
     """
-    from .runtime import _take_signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return []
-    return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if _take_signal(loop, signum, held.append)]
+    return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if take_signal(loop, signum, held.append)]
 
 
 def _release_signals(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[int]) -> None:
-    from .runtime import _give_back_signal
-
     for signum in taken:
-        _give_back_signal(loop, signum, held.append)
+        give_back_signal(loop, signum, held.append)
     taken.clear()
 
 

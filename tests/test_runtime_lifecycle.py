@@ -41,6 +41,15 @@ def recorder() -> tuple[list[int], Any]:
     return sent, send
 
 
+async def runtime_on_a_closed_store(db_path: Path) -> Runtime:
+    """A runtime whose start fails: its store was opened and closed again."""
+    _sent, send = recorder()
+    store = SQLiteStore(db_path)
+    await store.open()
+    await store.close()
+    return Runtime(store, send=send, nodes=1, config=CONFIG)
+
+
 async def test_a_shutdown_before_start_makes_the_start_raise_instead_of_hanging(db_path: Path) -> None:
     sent, send = recorder()
     async with SQLiteStore(db_path) as store:
@@ -126,11 +135,7 @@ async def test_two_starts_at_once_start_one_runner_and_both_return_once_it_runs(
 
 
 async def test_a_failed_start_is_final_and_says_why(db_path: Path) -> None:
-    _sent, send = recorder()
-    store = SQLiteStore(db_path)
-    await store.open()
-    await store.close()
-    runtime = Runtime(store, send=send, nodes=1, config=CONFIG)
+    runtime = await runtime_on_a_closed_store(db_path)
     with pytest.raises(StoreClosedError):
         await runtime.start()
     with pytest.raises(RuntimeStateError, match=r"its start failed \(StoreClosedError") as caught:
@@ -300,11 +305,7 @@ async def test_a_start_joined_by_a_second_caller_and_then_cancelled_fails_both(d
 
 
 async def test_wait_for_signal_called_while_the_start_fails_raises_a_state_error(db_path: Path) -> None:
-    _sent, send = recorder()
-    store = SQLiteStore(db_path)
-    await store.open()
-    await store.close()
-    runtime = Runtime(store, send=send, nodes=1, config=CONFIG)
+    runtime = await runtime_on_a_closed_store(db_path)
     starting = asyncio.create_task(runtime.start())
     await asyncio.sleep(0)
     waiting = asyncio.create_task(runtime.wait_for_signal())

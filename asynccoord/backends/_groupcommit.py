@@ -99,19 +99,16 @@ async def close_abandoned(conn: aiosqlite.Connection, *, timeout_s: float = 5.0)
     if worker is not None and worker.is_alive():
         # The thread may be alive only until it hands its last result to the closed loop (it
         # dies then, and the close queued behind it is never run): watch it while waiting.
+        # Once it is dead (or the time is up) the close is cancelled, again each round: aiosqlite's
+        # close() awaits the thread's stop in a ``finally``, so one cancellation only moves it there.
         loop = asyncio.get_running_loop()
         closing = asyncio.ensure_future(conn.close())
         deadline = loop.time() + timeout_s
-        while not closing.done() and worker.is_alive() and loop.time() < deadline:
+        while not closing.done():
+            if not worker.is_alive() or loop.time() >= deadline:
+                closing.cancel()
             await asyncio.wait({closing}, timeout=0.05)
-        # aiosqlite's close() awaits the thread's stop in a ``finally``: a dead thread never
-        # answers, so one cancellation only moves it there; cancel until it ends (a few at most).
-        for _ in range(10):
-            if closing.done():
-                break
-            closing.cancel()
-            await asyncio.wait({closing}, timeout=0.05)
-        if closing.done() and not closing.cancelled():
+        if not closing.cancelled():
             with contextlib.suppress(sqlite3.Error, ValueError):
                 closing.result()
     raw: sqlite3.Connection | None = getattr(conn, "_connection", None)
