@@ -52,18 +52,20 @@ Guarantees (the storage side is :class:`~asynccoord.backends.base.LockStore`):
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
 
 from . import events as ev
+from ._errtext import error_text
 from .backends._lockcommon import MAX_PERMITS, check_lock_request, check_user_lock_name, default_holder
 from .backends.base import LockStore
 from .config import RetryPolicy
@@ -298,6 +300,7 @@ class _LeaseHandle:
         watchdog: Watchdog | None,
         backoff: RetryPolicy | None,
         release_timeout_s: float,
+        on_lost: Callable[[LockLostError], None] | None = None,
     ) -> None:
         if type(store) not in _LOCK_STORE_TYPES:  # a Protocol isinstance check is slow: once per type
             if not isinstance(store, LockStore):
@@ -335,6 +338,9 @@ class _LeaseHandle:
             raise InvalidTypeError(f"backoff must be a RetryPolicy or None, got {type(backoff).__name__}")
         self._backoff = backoff or DEFAULT_BACKOFF
         self._release_timeout_s = check_positive("release_timeout_s", release_timeout_s)
+        if on_lost is not None and (not callable(on_lost) or inspect.iscoroutinefunction(on_lost)):
+            raise InvalidTypeError(f"on_lost must be a plain function or None, got {on_lost!r}")
+        self._on_lost_callback = on_lost
         self._store = store
         self._lease: Lease | None = None
         self._guard: Guard | None = None
@@ -540,6 +546,12 @@ class _LeaseHandle:
         self._lost = error
         if self._scope is not None:
             self._scope.cancel()
+        callback = self._on_lost_callback
+        if callback is not None:
+            try:
+                callback(error)
+            except Exception as exc:  # the watchdog goes on; the lease is lost either way
+                log.exception("asynccoord.lock.on_lost_failed name=%r error=%s", self._name, error_text(exc))
 
     # --- renew and release ------------------------------------------------------------------
 
@@ -735,6 +747,14 @@ class Lock(_LeaseHandle):
         backoff: Delay schedule between attempts; default :data:`DEFAULT_BACKOFF`.
         release_timeout_s: How long a cancelled release keeps waiting for the store,
             seconds (> 0). Default 5.
+        on_lost: Called with the :class:`~asynccoord.errors.LockLostError` (in the event
+            loop, once per lease) when the watchdog gives a lease up: it lapsed, was taken
+            over, or reached ``max_hold_s``. A plain function (an ``async def`` one is
+            refused); what it raises is logged. Inside ``async with`` the block is
+            cancelled as well; after :meth:`acquire` nothing else is, so this is how work
+            guarded without a block learns of the loss (e.g. to cancel it); a lease that
+            :meth:`acquire` took without ``auto_renew`` is not watched, and never reported.
+            Default None.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (nothing is written).
@@ -754,6 +774,7 @@ class Lock(_LeaseHandle):
         watchdog: Watchdog | None = None,
         backoff: RetryPolicy | None = None,
         release_timeout_s: float = DEFAULT_RELEASE_TIMEOUT_S,
+        on_lost: Callable[[LockLostError], None] | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -768,6 +789,7 @@ class Lock(_LeaseHandle):
             watchdog=watchdog,
             backoff=backoff,
             release_timeout_s=release_timeout_s,
+            on_lost=on_lost,
         )
 
 
@@ -785,7 +807,7 @@ class Semaphore(_LeaseHandle):
         name: Semaphore name, 1..255 characters.
         permits: How many holders may hold it at once, 1..2**31 - 1 (``MAX_PERMITS``).
         ttl_s, timeout_s, auto_renew, renew_interval_s, max_hold_s, holder,
-        watchdog, backoff, release_timeout_s: As for :class:`Lock`.
+        watchdog, backoff, release_timeout_s, on_lost: As for :class:`Lock`.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (nothing is written).
@@ -806,6 +828,7 @@ class Semaphore(_LeaseHandle):
         watchdog: Watchdog | None = None,
         backoff: RetryPolicy | None = None,
         release_timeout_s: float = DEFAULT_RELEASE_TIMEOUT_S,
+        on_lost: Callable[[LockLostError], None] | None = None,
     ) -> None:
         check_int("permits", permits, minimum=1, maximum=MAX_PERMITS)
         super().__init__(
@@ -821,6 +844,7 @@ class Semaphore(_LeaseHandle):
             watchdog=watchdog,
             backoff=backoff,
             release_timeout_s=release_timeout_s,
+            on_lost=on_lost,
         )
 
     @property

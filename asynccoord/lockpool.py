@@ -456,10 +456,16 @@ class LockPool:
         return False
 
     async def _release_when_idle(self, session: _Session) -> None:
-        """Release the lease once every deferred commit is over, then wake a waiter (it acquires anew)."""
+        """Release the lease once every deferred commit is over, then wake a waiter (it acquires anew).
+
+        The wait lasts while the lease does (the watchdog renews it, up to ``max_hold_s``):
+        releasing it under a deferred commit would let the next holder's token reach the
+        resource first, and the commit be refused as stale although its lease never lapsed.
+        """
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.idle.wait(), self.ttl_s)
+            while not session.idle.is_set() and session.alive():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(session.idle.wait(), self.ttl_s / 3)
             await self._retire(session)
         finally:
             session.releasing = None

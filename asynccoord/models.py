@@ -196,7 +196,8 @@ class Continuation:
     """Outcome of ``complete_and_claim_next``: the committed task and its key's next task.
 
     Args:
-        done: The committed task as now stored (status ``done``, version + 1).
+        done: The committed task: its state as now stored (status ``done``, version + 1),
+            its other fields those of the task passed in (see ``complete``).
         next_task: The next task of the same queue and partition key, leased to the same
             owner in the commit's transaction (status ``running``, a fresh lease token);
             None when nothing was leased: the key had no further unfinished task, its head

@@ -52,7 +52,7 @@ import secrets
 import socket
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -571,6 +571,9 @@ class Monitor:
             raise InvalidArgumentError(
                 f"{store!r} is read-only: a Monitor flushes counters; read a read-only store with cluster_snapshot()"
             )
+        given: object = rules
+        if given is not None and (isinstance(given, str | bytes) or not isinstance(given, Iterable)):
+            raise InvalidTypeError(f"rules must be a sequence of AlertRule records or None, got {rules!r}")
         chosen = DEFAULT_RULES if rules is None else tuple(rules)
         for rule in chosen:
             if not isinstance(rule, AlertRule):

@@ -26,10 +26,15 @@ A node repeatedly
 4. **commits**: a compare-and-set on ``(id, lease_token, version)`` that also checks
    the lock's fencing token against the highest one the resource has seen, in the
    same transaction (a lock only: a semaphore's permits, ``lock_permits`` > 1, finish
-   in any order, so their tokens do not fence the commit).
+   in any order, so their tokens do not fence the commit). A store that is busy or
+   unreachable at that moment is tried again, with backoff, while the lease lasts
+   (:data:`SETTLE_RETRY`): a message that went out is never sent again for want of a
+   commit that could still land.
 
 An exception from ``send`` (or its timeout) goes to the retry policy: backoff with
-jitter, then the dead-letter state. So does a ``CancelledError`` that the send raises
+jitter, then the dead-letter state; a ``BaseException`` that is no ``Exception`` (some
+libraries' timeouts) too, except ``KeyboardInterrupt`` and ``SystemExit``, which stop the
+node as the process ends. So does a ``CancelledError`` that the send raises
 although the node did not cancel it (a library it awaits was cancelled by something
 else, say): the task's ``last_error`` says "send raised CancelledError without being
 cancelled", and the node goes on. Cancellation of the node hands its in-flight
@@ -57,7 +62,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -72,20 +77,21 @@ from .errors import (
     InvalidArgumentError,
     InvalidTypeError,
     LeaseLostError,
+    LockError,
     LockLostError,
     LockTimeoutError,
+    StoreBusyError,
+    StoreConnectionError,
     StoreError,
 )
 from .histogram import CLAIM_MS, COMMIT_MS, ENQUEUE_TO_COMMIT_MS, SEND_MS
 from .lock import Semaphore
 from .lockmodels import Lease
 from .lockpool import LockPool
+from .membership import Membership
 from .models import Task, TaskStatus
 from .notify import WakeUp, WorkNotifier
 from .validation import check_bool, check_int, check_name, check_positive
-
-if TYPE_CHECKING:
-    from .membership import Membership
 
 __all__ = ("Delivery", "Node", "NodeConfig", "NodeState", "NodeStatus", "SendFn", "current_delivery")
 
@@ -103,6 +109,22 @@ cancel it again. A send still running when the time is up (one that swallows the
 SETTLE_WAIT_S = 5.0
 """Seconds a cancelled node still waits for the commit (or failure) of a send that had
 returned: the message went out, and a task handed back instead would be sent again."""
+
+SETTLE_RETRY = RetryPolicy(base_s=0.01, factor=2.0, cap_s=0.5, jitter=0.5)
+"""Backoff (from 10 ms, doubling, at most 0.5 s, +-50 % jitter) between tries of a commit
+(or a failure record) that the store could not take (busy, connection lost): it is tried
+again while the task's lease lasts, since a task whose commit is dropped would be sent
+again once its lease lapsed."""
+
+_PROCESS_EXITS = (KeyboardInterrupt, SystemExit)
+"""What a send (or ``lock_key``) may raise that stops the node instead of failing the task:
+the process is ending. Any other exception, ``BaseException`` subclasses included (some
+libraries' timeouts), is a failed attempt: re-raising it would stop every node of the
+runtime on one poison task, and hand that task back with its attempt uncounted, so it
+could never reach its dead letter."""
+
+_TRANSIENT_STORE_ERRORS = (StoreBusyError, StoreConnectionError)
+"""Store errors after which nothing was written and a later try may succeed."""
 
 SendFn = Callable[[Task], Awaitable[Any]]
 """The user's send: ``async def send(task: Task) -> Any`` (the result is stored, JSON)."""
@@ -389,6 +411,10 @@ class Node:
             )
         if config is not None and not isinstance(config, NodeConfig):
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
+        if membership is not None and not isinstance(membership, Membership):
+            raise InvalidTypeError(f"membership must be a Membership or None, got {membership!r}")
+        if lock_pool is not None and not isinstance(lock_pool, LockPool):
+            raise InvalidTypeError(f"lock_pool must be a LockPool or None, got {lock_pool!r}")
         self.store = store
         self.lock_store = store if lock_store is None else lock_store
         self.send = send
@@ -769,12 +795,14 @@ class Node:
         try:
             try:
                 name = self._lock_name(task)
-            except (Exception, asyncio.CancelledError) as exc:  # a bad lock_key (or task): fail the task, not the node
+            except BaseException as exc:  # a bad lock_key (or task): fail the task, not the node
                 # lock_key is a plain function: a CancelledError from it is its own, never a cancellation.
+                if isinstance(exc, _PROCESS_EXITS):
+                    raise
                 log.warning(
                     "asynccoord.node.lock_key_failed node=%s task=%s error=%s", self.node_id, task.id, error_text(exc)
                 )
-                await self._fail(task, exc, source="lock_key")
+                await self._fail(flight, exc, source="lock_key")
                 return
             if name is None:
                 await self._finish(flight, await self._send(flight))
@@ -803,26 +831,33 @@ class Node:
                 finally:
                     committed()
             else:
-                # A semaphore permit, renewed by the store's watchdog while the send runs;
-                # if it is lost the block is cancelled and LockLostError raised.
+                # A semaphore permit, renewed by the store's watchdog while the send runs; if it
+                # is lost the send is cut (as for a lock). Once the send has returned, a loss
+                # cuts nothing: a permit bounds concurrent sends and fences no commit, so the
+                # commit of a message that went out goes on. The permit is given back after it.
+                def permit_lost(error: LockLostError) -> None:
+                    if not flight.returned:
+                        flight.lost = f"lock lost: {error}"
+                        _cut(flight)
+
                 handle = Semaphore(
                     self.lock_store,
                     name,
                     cfg.lock_permits,
                     ttl_s=cfg.lock_ttl_s,
                     renew_interval_s=cfg.lock_ttl_s / 3,
-                    timeout_s=cfg.lock_wait_s,
                     holder=self.node_id,
+                    on_lost=permit_lost,
                 )
                 try:
-                    async with handle as lease:
-                        flight.lock = lease
-                        await self._finish(flight, await self._send(flight))
+                    flight.lock = await handle.acquire(timeout_s=cfg.lock_wait_s)
                 except LockTimeoutError:
                     await self._hand_back(task, delay_s=cfg.busy_requeue_s)
-                except LockLostError as exc:
-                    self._state.conflicts += 1
-                    log.warning("asynccoord.node.lock_lost node=%s task=%s reason=%s", self.node_id, task.id, exc)
+                    return
+                try:
+                    await self._finish(flight, await self._send(flight))
+                finally:
+                    await self._give_permit_back(handle, flight)
         except UNRECOVERABLE_STORE_ERRORS:
             # Closed under us: hand the task back if the store still allows it, then fail the node.
             await self._hand_back_shielded(flight)
@@ -839,6 +874,15 @@ class Node:
                     await self.lock_pool.released(flight.lock.name)
             await self._hand_back_shielded(flight)
             raise
+
+    async def _give_permit_back(self, handle: Semaphore, flight: _InFlight) -> None:
+        """Release a semaphore permit after the send (shielded, bounded by the handle); a failed release is logged."""
+        try:
+            await handle.release()
+        except (LockError, StoreError) as exc:  # lapsed or lost (counted by the lock), or the store failed
+            log.warning(
+                "asynccoord.node.permit_release_failed node=%s task=%s error=%s", self.node_id, flight.task.id, exc
+            )
 
     def _lock_name(self, task: Task) -> str | None:
         """The lock ``lock_key`` names for ``task`` (None: no lock), checked like any lock name."""
@@ -865,14 +909,16 @@ class Node:
         Returns:
             ``(completed, result, failure)``: ``completed`` is False when the send was
             cancelled because its task lease or lock was lost. ``failure`` is what the
-            send raised (an ``Exception``), ``TimeoutError()`` when it was cut at
+            send raised (an ``Exception``, or a ``BaseException`` other than
+            ``KeyboardInterrupt`` and ``SystemExit``), ``TimeoutError()`` when it was cut at
             ``send_timeout_s``, or the ``CancelledError`` it raised although nothing of
             the node's cancelled it (a failed send, see :meth:`_fail`).
 
         Raises:
             CancelledError: the node was cancelled (the send got its cleanup time first).
-            BaseException: what the send raised if it is no ``Exception`` nor a
-                ``CancelledError`` (``KeyboardInterrupt``, ``SystemExit``...).
+            KeyboardInterrupt, SystemExit: the send raised it (the process is ending: the
+                task is handed back, not failed). Any other ``BaseException`` it raised
+                is a failed send, as an ``Exception`` is.
         """
         flight.started = True
         if flight.lost is not None:  # the lock was lost before the send could begin
@@ -935,7 +981,7 @@ class Node:
             failure = child.exception()  # the user's send failed: the retry policy decides
             if failure is None:
                 result = child.result()
-            elif not isinstance(failure, Exception):  # KeyboardInterrupt, SystemExit...
+            elif isinstance(failure, _PROCESS_EXITS):  # the process is ending: no failed send
                 raise failure
         flight.returned = True
         _observe(self.store, SEND_MS, send_started)
@@ -981,7 +1027,7 @@ class Node:
             return  # the task lease or lock is gone: never commit
         self._state.sent += 1
         if failure is not None:
-            await self._fail(task, failure)
+            await self._fail(flight, failure)
         else:
             await self._commit(flight, result)
         flight.settled = True
@@ -1010,27 +1056,7 @@ class Node:
             result = None
         commit_started = time.perf_counter()
         try:
-            if not self.config.version_checks:
-                await self.store.unchecked_complete([task], [result])
-            else:
-                # A lock's token fences the commit; a semaphore's does not: its holders finish in
-                # any order, and an older permit's commit is no stale write.
-                lock = flight.lock
-                fence = None if lock is None or self.config.lock_permits > 1 else (lock.name, lock.fencing_token)
-                if self._continues(flight):
-                    started = time.monotonic()
-                    step = await self.store.complete_and_claim_next(
-                        task, result, fence=fence, lease_s=self.config.lease_s
-                    )
-                    done: Task = step.done
-                    if step.next_task is not None:
-                        flight.next = self._adopt(step.next_task, started, chain=flight.chain + 1)
-                    self._count_run(task.partition_key, continued=step.next_task is not None)
-                else:
-                    done = await self.store.complete(task, result, fence=fence)
-                recorder = getattr(self.store, "latencies", None)
-                if recorder is not None:  # store clock, both ends: no clock skew between processes
-                    recorder.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
+            await self._retrying(flight, "commit", lambda: self._commit_once(flight, result))
         except LeaseLostError as exc:
             self._state.conflicts += 1
             log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
@@ -1043,6 +1069,72 @@ class Node:
             return
         _observe(self.store, COMMIT_MS, commit_started)
         self._state.committed += 1
+
+    async def _commit_once(self, flight: _InFlight, result: Any) -> None:
+        """One try of the commit of ``flight``'s task (fenced by a lock's token; with commit-and-continue)."""
+        task = flight.task
+        if not self.config.version_checks:
+            await self.store.unchecked_complete([task], [result])
+            return
+        # A lock's token fences the commit; a semaphore's does not: its holders finish in
+        # any order, and an older permit's commit is no stale write.
+        lock = flight.lock
+        fence = None if lock is None or self.config.lock_permits > 1 else (lock.name, lock.fencing_token)
+        if self._continues(flight):
+            started = time.monotonic()
+            step = await self.store.complete_and_claim_next(task, result, fence=fence, lease_s=self.config.lease_s)
+            done: Task = step.done
+            if step.next_task is not None:
+                flight.next = self._adopt(step.next_task, started, chain=flight.chain + 1)
+            self._count_run(task.partition_key, continued=step.next_task is not None)
+        else:
+            done = await self.store.complete(task, result, fence=fence)
+        recorder = getattr(self.store, "latencies", None)
+        if recorder is not None:  # store clock, both ends: no clock skew between processes
+            recorder.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
+
+    async def _retrying(self, flight: _InFlight, what: str, attempt: Callable[[], Awaitable[None]]) -> None:
+        """Run ``attempt`` (a commit or a failure record), again after a transient store error while the lease lasts.
+
+        A store that is busy (SQLite's write lock held past ``busy_timeout_s``) or
+        unreachable (past the PostgreSQL store's ``reconnect_timeout_s``) has written
+        nothing: the task's lease still holds, and dropping the commit would leave the task
+        to be sent again once the lease lapsed. So it is tried again with
+        :data:`SETTLE_RETRY`'s backoff until the lease's local deadline; each try is the
+        same compare-and-set, so a try that did land makes the next one fail as a lost
+        lease, never a second commit. Other errors (a lost lease, a fencing rejection, a
+        closed store, any other store error) are raised at once, and so is the last transient
+        error at the deadline.
+        """
+        tries = 0
+        while True:
+            try:
+                await attempt()
+                return
+            except _TRANSIENT_STORE_ERRORS as exc:
+                tries += 1
+                delay_s = SETTLE_RETRY.delay_s(tries)
+                if time.monotonic() + delay_s >= flight.lease_deadline:
+                    log.error(
+                        "asynccoord.node.%s_failed node=%s task=%s tries=%d error=%s: the lease ends before "
+                        "another try; the task will be claimed again when it lapses",
+                        what,
+                        self.node_id,
+                        flight.task.id,
+                        tries,
+                        exc,
+                    )
+                    raise
+                log.warning(
+                    "asynccoord.node.%s_retry node=%s task=%s try=%d delay_s=%.3f error=%s",
+                    what,
+                    self.node_id,
+                    flight.task.id,
+                    tries,
+                    delay_s,
+                    exc,
+                )
+                await asyncio.sleep(delay_s)
 
     def _continues(self, flight: _InFlight) -> bool:
         """Whether this commit should also lease the key's next task (``NodeConfig.claim_next``)."""
@@ -1073,28 +1165,37 @@ class Node:
         self._state.continued += 1
         return flight
 
-    async def _fail(self, task: Task, failure: BaseException, *, source: str = "send") -> None:
-        """Record a failed attempt of ``task`` (the store's retry policy decides: again later, or dead).
+    async def _fail(self, flight: _InFlight, failure: BaseException, *, source: str = "send") -> None:
+        """Record a failed attempt of ``flight``'s task (the store's retry policy decides: again later, or dead).
 
         ``failure`` becomes the task's ``last_error`` (``"Type: message"``, safe for an
         exception whose ``__str__`` raises, see :func:`~asynccoord._errtext.error_text`); a
         ``CancelledError`` that ``source`` (``"send"`` or ``"lock_key"``) raised by itself
         reads ``"<source> raised CancelledError without being cancelled"``.
 
+        A busy or unreachable store is tried again while the lease lasts (see :meth:`_retrying`).
+
         Raises:
             StoreError: the store failed (the caller hands the task back, or fails the node).
         """
+        task = flight.task
         self._state.failed += 1
         if isinstance(failure, asyncio.CancelledError):
             detail = error_text(failure).partition(": ")[2]  # its message ("" without one), safely
             text = f"{source} raised CancelledError without being cancelled" + (f": {detail}" if detail else "")
         else:
             text = error_text(failure)
+        recorded: list[Task] = []
+
+        async def record() -> None:
+            recorded.append(await self.store.fail(task, text, retry=self.config.retry))
+
         try:
-            out: Task = await self.store.fail(task, text, retry=self.config.retry)
+            await self._retrying(flight, "fail", record)
         except LeaseLostError:
             self._state.conflicts += 1
             return
+        out = recorded[0]
         if out.status is TaskStatus.PENDING:  # retried later: claim again when it is due
             self._due_soon(out.run_at - out.updated_at)
 

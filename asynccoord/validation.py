@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ._errtext import error_text
 from .errors import InvalidArgumentError, InvalidTypeError, PayloadTooLargeError
 
 __all__ = (
@@ -229,7 +230,8 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
         The JSON text.
 
     Raises:
-        InvalidTypeError: a value JSON cannot encode (a set, bytes, an object...).
+        InvalidTypeError: a value JSON cannot encode (a set, bytes, an object...), or
+            one whose own methods raise while it is encoded.
         InvalidArgumentError: NaN or infinity, or a value that would not decode
             back to an equal value (a tuple, a dict key that is not a str).
         PayloadTooLargeError: the encoding is over ``max_bytes`` bytes.
@@ -242,6 +244,8 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
         raise InvalidArgumentError(f"{arg} is not valid JSON: {exc} in {_short(payload)}") from None
     except RecursionError:
         raise InvalidArgumentError(f"{arg} is nested too deeply to encode") from None
+    except Exception as exc:  # a container whose own methods fail (a dict subclass's items(), say)
+        raise InvalidTypeError(f"{arg} could not be encoded as JSON: {error_text(exc)}") from None
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from services import PG_DSN, REDIS_URL, new_schema, postgres_problem, redis_problem, unavailable
 
+from asynccoord import InvalidArgumentError
 from asynccoord.demo.app import DEMO_SCHEMA_COMMENT, account_of, build_tasks, schedule
 from asynccoord.demo.trace import TraceFormatError, bundled_sample, read_trace
 
@@ -202,8 +203,8 @@ def test_demo_refuses_an_empty_postgres_schema_it_did_not_create(pg_schema: str)
     # Empty, but someone's: its grants and comment would go with a DROP ... CASCADE, and so
     # would objects outside pg_class/pg_proc/pg_type (a collation here).
     pg(f'CREATE SCHEMA "{pg_schema}"')
-    pg(f'COMMENT ON SCHEMA "{pg_schema}" IS \'my app\'')
-    pg(f'CREATE COLLATION "{pg_schema}".keep_me (provider = icu, locale = \'und\')')
+    pg(f"COMMENT ON SCHEMA \"{pg_schema}\" IS 'my app'")
+    pg(f"CREATE COLLATION \"{pg_schema}\".keep_me (provider = icu, locale = 'und')")
     oid = pg("SELECT oid FROM pg_namespace WHERE nspname = $1", pg_schema)[0][0]
     code, report, stderr = run_demo("--messages", "10", "--store", PG_DSN, "--schema", pg_schema, timeout_s=60)
     assert code == 2
@@ -298,6 +299,13 @@ def test_bad_trace_line_is_reported_with_its_line_number(tmp_path: Path, line: s
         f.write(good + "\n" + line + "\n")
     with pytest.raises(TraceFormatError, match=f"{path}:2: {message}"):
         list(read_trace(path))
+
+
+def test_a_trace_path_that_is_missing_or_a_directory_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="is a directory"):
+        list(read_trace(tmp_path))
+    with pytest.raises(InvalidArgumentError, match="does not exist"):
+        list(read_trace(tmp_path / "none.jsonl"))
 
 
 def test_a_conversation_whose_seq_falls_is_a_bad_trace(tmp_path: Path) -> None:

@@ -310,3 +310,40 @@ async def test_losing_a_place_in_line_is_not_losing_a_lock(make_store: Any) -> N
     for pool in (holder, waiter):
         await pool.aclose()
     assert await store.list_locks() == []
+
+
+async def test_a_deferred_commit_slower_than_the_ttl_keeps_the_lease_until_it_lands(make_store: Any) -> None:
+    """A commit deferred past the turn that outlasts ``ttl_s`` (a slow store) is not fenced out.
+
+    The lease stays in the pool (renewed by the watchdog) until the commit is over: the
+    other pool's turn, and its higher token, only come after it.
+    """
+    store = await make_store(clock=None)
+    a = LockPool(store, ttl_s=0.5, holder="process-a")
+    b = LockPool(store, ttl_s=0.5, holder="process-b")
+    log: list[str] = []
+
+    async def commit_slowly() -> None:
+        async with a.turn("account:slow", timeout_s=5.0, on_lost=_ignore) as turn:
+            token = turn.lease.fencing_token
+            committed = turn.defer()
+        try:
+            await asyncio.sleep(1.2)  # over two TTLs
+            await store.fence("account:slow", token)  # raises if a newer token was seen
+            log.append(f"a committed with {token}")
+        finally:
+            committed()
+
+    async def take_it_next() -> None:
+        await asyncio.sleep(0.05)
+        async with b.turn("account:slow", timeout_s=5.0, on_lost=_ignore) as turn:
+            log.append(f"b holds {turn.lease.fencing_token}")
+            await store.fence("account:slow", turn.lease.fencing_token)
+
+    await asyncio.wait_for(asyncio.gather(commit_slowly(), take_it_next()), 20.0)
+    assert log[0].startswith("a committed with ")
+    assert log[1].startswith("b holds ")
+    assert int(log[1].split()[-1]) > int(log[0].split()[-1])
+    for pool in (a, b):
+        await pool.aclose()
+    assert await store.list_locks() == []

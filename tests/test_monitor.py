@@ -102,6 +102,12 @@ def test_every_event_name_makes_a_rule() -> None:
         assert rule.event == name
 
 
+@pytest.mark.parametrize("rules", [5, True, 1.5, "stale", b"x"])
+def test_monitor_refuses_rules_that_are_no_sequence(rules: Any) -> None:
+    with pytest.raises(InvalidTypeError, match="rules must be a sequence of AlertRule"):
+        Monitor(MemoryStore(), rules=rules)
+
+
 def test_monitor_validation() -> None:
     store = MemoryStore()
     with pytest.raises(InvalidArgumentError, match="unique"):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from asynccoord import InvalidTypeError, MemoryStore, NodeConfig, RetryPolicy, Runtime, Task, TaskStatus
+from asynccoord import InvalidTypeError, MemoryStore, Node, NodeConfig, RetryPolicy, Runtime, Task, TaskStatus
 from asynccoord import events as ev
 
 FAST = NodeConfig(
@@ -152,3 +152,14 @@ async def test_a_send_cut_off_by_shutdown_is_counted_as_interrupted() -> None:
         assert task.status is TaskStatus.PENDING  # handed back...
         assert task.attempts == 0
         assert store.events.get(ev.SEND_INTERRUPTED) == 1  # ...and the possible duplicate is counted
+
+
+@pytest.mark.parametrize("argument", ["membership", "lock_pool"])
+@pytest.mark.parametrize("value", ["x", 42, object()])
+async def test_a_node_refuses_a_membership_or_lock_pool_of_the_wrong_type(argument: str, value: Any) -> None:
+    async def send(task: Task) -> None:
+        return None
+
+    async with MemoryStore() as store:
+        with pytest.raises(InvalidTypeError, match=argument):
+            Node(store, send, node_id="n1", **{argument: value})

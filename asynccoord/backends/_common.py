@@ -163,7 +163,11 @@ class QueueConveniences:
                 higher token, and the token is recorded otherwise.
 
         Returns:
-            The task as now stored (status ``done``, version + 1).
+            The committed task: its state as now stored (status ``done``, version + 1,
+            ``result``, lease cleared, ``updated_at``); its other fields (queue, key,
+            payload...), which a commit never changes, are those of ``task`` as passed,
+            not read back (on SQLite and PostgreSQL: a payload the caller changed in place
+            comes back changed; the stored row keeps the enqueued one).
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.

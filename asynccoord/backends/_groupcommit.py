@@ -43,6 +43,7 @@ from ..errors import StoreBusyError, StoreClosedError, StoreError
 __all__ = (
     "GroupCommitter",
     "Operation",
+    "connection_thread_ended",
     "daemon_connection",
     "map_sqlite_error",
     "raw_connection",
@@ -84,6 +85,19 @@ def daemon_connection(target: str, *, uri: bool = False) -> aiosqlite.Connection
     if worker is not None and not worker.is_alive():
         worker.daemon = True
     return conn
+
+
+async def connection_thread_ended(conn: aiosqlite.Connection, *, timeout_s: float = 2.0) -> None:
+    """Wait (up to ``timeout_s``) until the worker thread of a connection that failed to open has ended.
+
+    aiosqlite stops the thread of a failed connect by queueing a stop whose result the
+    thread hands to the running loop: a caller that let its loop close at once (a CLI
+    exiting on the error) would make the thread die with ``RuntimeError: Event loop is
+    closed``, printed as a thread traceback over the one-line error.
+    """
+    worker = getattr(conn, "_thread", None)
+    if worker is not None and worker.is_alive():
+        await asyncio.to_thread(worker.join, timeout_s)
 
 
 async def close_abandoned(conn: aiosqlite.Connection, *, timeout_s: float = 5.0) -> None:

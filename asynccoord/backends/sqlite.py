@@ -74,6 +74,7 @@ from ._groupcommit import (
     GroupCommitter,
     Operation,
     close_abandoned,
+    connection_thread_ended,
     daemon_connection,
     map_sqlite_error,
     raw_connection,
@@ -243,6 +244,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         try:
             await conn
         except sqlite3.Error as exc:
+            await connection_thread_ended(conn)
             raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
         try:
             await run_on_thread(conn, self._setup_read_only if self.read_only else self._setup, conn)

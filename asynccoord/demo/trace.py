@@ -118,12 +118,14 @@ def read_trace(path: str | os.PathLike[str], *, limit: int | None = None) -> Ite
         limit: Stop after this many messages; None for all.
 
     Raises:
-        InvalidArgumentError: the file does not exist or is not readable.
+        InvalidArgumentError: the file does not exist, is a directory, or is not readable.
         TraceFormatError: a line is not a valid message, time goes backwards, or a
             conversation's ``seq`` falls; the message names the file and the 1-based line
             number.
     """
     file = Path(path)
+    if file.is_dir():
+        raise InvalidArgumentError(f"trace file {str(file)!r} is a directory, not a trace file")
     if not file.is_file():
         raise InvalidArgumentError(f"trace file {str(file)!r} does not exist")
     last_ts: int | None = None

@@ -58,8 +58,7 @@ async def main(path: str, mode: str) -> dict[str, Any]:
         for key in ("a", "b"):
             await store.enqueue("q", key, partition_key=key)
         config = NodeConfig(queue="q", idle_min_s=0.01, idle_max_s=0.05)
-        runtime = Runtime(
-            store, send=send, nodes=1, config=config, heartbeat_ttl_s=1.0, shutdown_timeout_s=30.0)
+        runtime = Runtime(store, send=send, nodes=1, config=config, heartbeat_ttl_s=1.0, shutdown_timeout_s=30.0)
         async with runtime:
             while runtime.states()[0].in_flight < 2:
                 await asyncio.sleep(0.01)

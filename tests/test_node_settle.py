@@ -1,0 +1,302 @@
+"""A send that returned is settled once: commits retried past a busy store, permits that cannot
+cancel a commit, and what a send may raise or return without stopping the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asynccoord import (
+    LockLostError,
+    MemoryStore,
+    Node,
+    NodeConfig,
+    RetryPolicy,
+    Runtime,
+    Semaphore,
+    SQLiteStore,
+    StoreConfig,
+    Task,
+    TaskStatus,
+    current_delivery,
+)
+from asynccoord import events as ev
+
+FAST = NodeConfig(
+    queue="q",
+    lease_s=5.0,
+    idle_min_s=0.01,
+    idle_max_s=0.05,
+    retry=RetryPolicy(base_s=0.01, factor=1.0, cap_s=0.01, jitter=0.0, max_attempts=3),
+)
+
+
+def _hold_write_lock(path: Path, seconds: float, held: threading.Event) -> None:
+    """Another connection (another process, as far as SQLite can tell) keeps the write lock."""
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        held.set()
+        time.sleep(seconds)
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+async def _run_until_settled(store: SQLiteStore, node: Node, task_id: int, timeout_s: float = 15.0) -> Task:
+    runner = asyncio.create_task(node.run())
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            task = await store.get(task_id)
+            if task.status in (TaskStatus.DONE, TaskStatus.DEAD) or (
+                task.status is TaskStatus.PENDING and task.last_error is not None
+            ):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        node.stop_claiming()
+        await asyncio.wait_for(runner, 15.0)
+    return await store.get(task_id)
+
+
+@pytest.mark.parametrize(("permits", "fails"), [(0, False), (1, False), (2, False), (1, True)])
+async def test_a_store_busy_past_its_timeout_delays_the_commit_but_never_drops_it(
+    tmp_path: Path, permits: int, fails: bool
+) -> None:
+    """The write lock is held (1.5 s) past ``busy_timeout_s`` (0.3 s) just as the send returns.
+
+    The commit (or the failure record of a send that raised) is tried again while the
+    lease (5 s) lasts: sent once, settled once, no conflict, nothing handed back.
+    """
+    path = tmp_path / "q.db"
+    async with SQLiteStore(path, config=StoreConfig(busy_timeout_s=0.3)) as store:
+        task = (await store.enqueue("q", {"n": 1}, partition_key="c", idempotency_key="m1", max_attempts=1)).task
+        held = threading.Event()
+        sends: list[int] = []
+
+        async def send(task: Task) -> str:
+            sends.append(task.attempts)
+            threading.Thread(target=_hold_write_lock, args=(path, 1.5, held), daemon=True).start()
+            await asyncio.to_thread(held.wait, 5.0)
+            if fails:
+                raise ConnectionError("the chat API said no")
+            return "sent"
+
+        config = NodeConfig(
+            queue="q", lease_s=5.0, lock_ttl_s=10.0, lock_permits=max(permits, 1), idle_min_s=0.05, idle_max_s=0.1
+        )
+        lock_key = None if permits == 0 else (lambda task: "account:1")
+        node = Node(store, send, node_id="n1", config=config, lock_key=lock_key)
+        started = time.monotonic()
+        out = await _run_until_settled(store, node, task.id)
+        assert sends == [1]
+        assert time.monotonic() - started >= 1.0  # it did wait behind the other connection
+        state = node.state()
+        assert (state.conflicts, state.handed_back) == (0, 0)
+        if fails:
+            assert out.status is TaskStatus.DEAD  # max_attempts 1: the failure was recorded, not dropped
+            assert out.last_error == "ConnectionError: the chat API said no"
+            assert (state.failed, state.committed) == (1, 0)
+        else:
+            assert out.status is TaskStatus.DONE
+            assert out.result == "sent"
+            assert out.attempts == 1
+            assert state.committed == 1
+        assert await store.list_locks() == []
+
+
+async def test_a_commit_still_failing_at_the_lease_deadline_gives_up_and_the_task_is_claimed_again(
+    tmp_path: Path,
+) -> None:
+    """Past the lease there is nothing left to commit under: the try stops; the task's next claim settles it."""
+    path = tmp_path / "q.db"
+    async with SQLiteStore(path, config=StoreConfig(busy_timeout_s=0.2)) as store:
+        task = (await store.enqueue("q", {"n": 1}, partition_key="c", idempotency_key="m1")).task
+        held = threading.Event()
+        sends: list[int] = []
+
+        async def send(task: Task) -> None:
+            sends.append(task.attempts)
+            if len(sends) == 1:
+                threading.Thread(target=_hold_write_lock, args=(path, 2.5, held), daemon=True).start()
+                await asyncio.to_thread(held.wait, 5.0)
+
+        config = NodeConfig(queue="q", lease_s=1.5, idle_min_s=0.05, idle_max_s=0.1)
+        node = Node(store, send, node_id="n1", config=config)
+        started = time.monotonic()
+        out = await _run_until_settled(store, node, task.id, timeout_s=20.0)
+        assert out.status is TaskStatus.DONE
+        assert sends == [1, 2]  # the second claim, after the lease lapsed, sent it again
+        assert time.monotonic() - started >= 1.5
+        assert node.state().conflicts == 1  # the dropped commit is counted
+
+
+async def test_a_permit_lost_after_the_send_returned_cannot_cancel_the_commit(tmp_path: Path) -> None:
+    """``lock_permits`` > 1: the permit is given back before the commit, so its loss (the store
+    too busy to renew it) can no longer cancel a commit whose message went out."""
+    path = tmp_path / "q.db"
+    async with SQLiteStore(path) as store:
+        task = (await store.enqueue("q", {"n": 1}, partition_key="c", idempotency_key="m1")).task
+        held = threading.Event()
+        sends: list[int] = []
+
+        async def send(task: Task) -> str:
+            sends.append(task.attempts)
+            threading.Thread(target=_hold_write_lock, args=(path, 1.2, held), daemon=True).start()
+            await asyncio.to_thread(held.wait, 5.0)
+            return "sent"
+
+        config = NodeConfig(queue="q", lease_s=5.0, lock_ttl_s=0.3, lock_permits=2, idle_min_s=0.05, idle_max_s=0.1)
+        node = Node(store, send, node_id="n1", config=config, lock_key=lambda task: "account:1")
+        out = await _run_until_settled(store, node, task.id)
+        assert out.status is TaskStatus.DONE
+        assert sends == [1]
+        assert node.state().committed == 1
+        assert node.state().conflicts == 0
+
+
+async def test_a_permit_lost_during_the_send_cuts_it_and_nothing_is_committed() -> None:
+    """The semaphore path's loss still cancels the send (as a lock's does) and never commits."""
+    async with MemoryStore() as store:
+        task = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=5)).task
+        cut = asyncio.Event()
+        sends = 0
+
+        async def send(task: Task) -> None:
+            nonlocal sends
+            sends += 1
+            if sends == 1:
+                lease = current_delivery().lock
+                assert lease is not None
+                await store.release_lock(lease)  # as if it had lapsed: the next renewal fails
+                try:
+                    await asyncio.sleep(10.0)
+                except asyncio.CancelledError:
+                    cut.set()
+                    raise
+
+        config = NodeConfig(queue="q", lease_s=5.0, lock_ttl_s=0.3, lock_permits=3, idle_min_s=0.01, idle_max_s=0.05)
+        runtime = Runtime(store, send=send, nodes=1, config=config, lock_key=lambda task: "account:1")
+        async with runtime:
+            await asyncio.wait_for(cut.wait(), 5.0)
+            assert await runtime.wait_until_drained(timeout_s=15.0, poll_s=0.02)
+        out = await store.get(task.id)
+        assert out.status is TaskStatus.DONE
+        assert sends == 2  # cut once, then claimed again after its lease lapsed
+        assert store.events.snapshot()[ev.LOCK_LOST] >= 1
+
+
+class Poison(BaseException):
+    """What some libraries raise for their own timeouts: not an ``Exception``."""
+
+
+async def test_a_send_raising_a_base_exception_fails_its_task_and_the_runtime_goes_on() -> None:
+    async with MemoryStore() as store:
+        for n in range(6):
+            await store.enqueue("q", {"n": n}, partition_key=f"c{n}", max_attempts=3)
+        attempts: Counter[int] = Counter()
+
+        async def send(task: Task) -> None:
+            attempts[task.payload["n"]] += 1
+            if task.payload["n"] == 0:
+                raise Poison("boom")
+
+        runtime = Runtime(store, send=send, nodes=3, config=FAST)
+        async with runtime:
+            assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.01)
+            assert all(s.status.value == "running" for s in runtime.states())
+        counts = (await store.stats("q")).counts
+        assert counts[TaskStatus.DONE] == 5
+        assert counts[TaskStatus.DEAD] == 1
+        assert attempts == Counter({0: 3, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1})
+        (dead,) = [t for t in store._tasks.values() if t.status is TaskStatus.DEAD]
+        assert (dead.attempts, dead.last_error) == (3, "Poison: boom")
+
+
+async def test_a_lock_key_raising_a_base_exception_fails_its_task_only() -> None:
+    async with MemoryStore() as store:
+        for n in range(4):
+            await store.enqueue("q", {"n": n}, partition_key=f"c{n}", max_attempts=2)
+
+        def lock_key(task: Task) -> str:
+            if task.payload["n"] == 0:
+                raise Poison("no key")
+            return f"account:{task.payload['n']}"
+
+        sent: list[int] = []
+
+        async def send(task: Task) -> None:
+            sent.append(task.payload["n"])
+
+        runtime = Runtime(store, send=send, nodes=2, config=FAST, lock_key=lock_key)
+        async with runtime:
+            assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.01)
+        counts = (await store.stats("q")).counts
+        assert (counts[TaskStatus.DONE], counts[TaskStatus.DEAD]) == (3, 1)
+        assert sorted(sent) == [1, 2, 3]
+
+
+async def test_a_result_whose_encoding_raises_is_committed_without_it() -> None:
+    class Odd(dict[str, Any]):
+        def items(self) -> Any:
+            raise RuntimeError("items() failed")
+
+    async with MemoryStore() as store:
+        task = (await store.enqueue("q", {"n": 1}, partition_key="c")).task
+        calls = 0
+
+        async def send(task: Task) -> Any:
+            nonlocal calls
+            calls += 1
+            return Odd(a=1)
+
+        runtime = Runtime(store, send=send, nodes=1, config=FAST)
+        async with runtime:
+            assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.01)
+        out = await store.get(task.id)
+        assert (out.status, out.result, calls) == (TaskStatus.DONE, None, 1)
+
+
+async def test_semaphore_on_lost_reports_a_lease_lost_outside_a_block() -> None:
+    async with MemoryStore() as store:
+        lost: list[LockLostError] = []
+        handle = Semaphore(store, "account:1", 2, ttl_s=0.3, renew_interval_s=0.1, on_lost=lost.append)
+        lease = await handle.acquire(timeout_s=1.0)
+        await store.release_lock(lease)  # taken from it: the next renewal finds it gone
+        for _ in range(100):
+            if lost:
+                break
+            await asyncio.sleep(0.01)
+        assert len(lost) == 1
+        assert isinstance(lost[0], LockLostError)
+        await asyncio.sleep(0.3)
+        assert len(lost) == 1  # once per lease
+
+
+@pytest.mark.parametrize("on_lost", [42, "print"])
+def test_a_bad_on_lost_is_refused(on_lost: Any) -> None:
+    from asynccoord import InvalidTypeError, Lock
+
+    store = MemoryStore()
+    with pytest.raises(InvalidTypeError, match="on_lost"):
+        Lock(store, "a", on_lost=on_lost)
+
+
+def test_an_async_on_lost_is_refused() -> None:
+    from asynccoord import InvalidTypeError, Lock
+
+    async def on_lost(error: LockLostError) -> None:
+        return None
+
+    with pytest.raises(InvalidTypeError, match="on_lost"):
+        Semaphore(MemoryStore(), "a", 2, on_lost=on_lost)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="on_lost"):
+        Lock(MemoryStore(), "a", on_lost=on_lost)  # type: ignore[arg-type]
