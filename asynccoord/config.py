@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from .errors import InvalidArgumentError, InvalidTypeError
+from .partition import MAX_PARTITIONS
 from .validation import MAX_ATTEMPTS, MAX_PURGE_BATCH, check_bool, check_int, check_non_negative, check_positive
 
 __all__ = ("DEFAULT_PARTITIONS", "MIN_CHECKPOINT_INTERVAL_S", "ProcessedRetention", "RetryPolicy", "StoreConfig")
@@ -161,7 +162,7 @@ class StoreConfig:
         check_positive("busy_timeout_s", self.busy_timeout_s)
         check_bool("synchronous_full", self.synchronous_full)
         check_int("max_batch_ops", self.max_batch_ops, minimum=1)
-        check_int("partitions", self.partitions, minimum=1, maximum=1 << 16)
+        check_int("partitions", self.partitions, minimum=1, maximum=MAX_PARTITIONS)
         if self.checkpoint_interval_s is not None:
             interval_s = check_positive("checkpoint_interval_s", self.checkpoint_interval_s)
             if interval_s < MIN_CHECKPOINT_INTERVAL_S:

@@ -402,7 +402,7 @@ class Node:
         idle_poll: bool = True,
     ) -> None:
         if not callable(send):
-            raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
+            raise InvalidTypeError(f"send must be callable (an async function, or a plain one), got {send!r}")
         if lock_key is not None and not callable(lock_key):
             raise InvalidTypeError(f"lock_key must be callable or None, got {type(lock_key).__name__}")
         if lock_key is not None and _is_async(lock_key):

@@ -22,7 +22,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from .errors import InvalidArgumentError, InvalidTypeError
 from .validation import _short, check_int, check_name
 
-__all__ = ("assign", "owner_of", "owned_partitions", "partition_of")
+__all__ = ("MAX_PARTITIONS", "assign", "owner_of", "owned_partitions", "partition_of")
+
+MAX_PARTITIONS = 1 << 16
+"""Most fixed partitions a store keeps (``StoreConfig.partitions``), and so these functions take."""
 
 
 def _hash64(data: bytes) -> int:
@@ -41,10 +44,10 @@ def partition_of(key: str, partitions: int) -> int:
 
     Raises:
         InvalidTypeError: ``key`` is not a str.
-        InvalidArgumentError: ``partitions`` < 1.
+        InvalidArgumentError: ``partitions`` outside 1..:data:`MAX_PARTITIONS`.
     """
     check_name("key", key, allow_empty=True)
-    check_int("partitions", partitions, minimum=1)
+    check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
     return _hash64(b"k:" + key.encode("utf-8")) % partitions
 
 
@@ -101,9 +104,9 @@ def assign(partitions: int, nodes: Sequence[str]) -> Mapping[str, frozenset[int]
     Raises:
         InvalidTypeError: ``nodes`` is a str (not a list of them) or not iterable, or a
             node id is not a str.
-        InvalidArgumentError: ``partitions`` < 1 or ``nodes`` is empty.
+        InvalidArgumentError: ``partitions`` outside 1..:data:`MAX_PARTITIONS`, or ``nodes`` is empty.
     """
-    check_int("partitions", partitions, minimum=1)
+    check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
     _check_nodes(nodes)
     members = sorted({check_name("node", n) for n in nodes})
     owned: dict[str, set[int]] = {n: set() for n in members}
@@ -118,10 +121,10 @@ def owned_partitions(node: str, partitions: int, nodes: Sequence[str]) -> frozen
     Raises:
         InvalidTypeError: ``node`` is not a str, ``nodes`` is a str (not a list of them)
             or not iterable, or a node id in it is not a str.
-        InvalidArgumentError: ``partitions`` < 1.
+        InvalidArgumentError: ``partitions`` outside 1..:data:`MAX_PARTITIONS`.
     """
     check_name("node", node)
-    check_int("partitions", partitions, minimum=1)
+    check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
     _check_nodes(nodes)
     members = {check_name("node", n) for n in nodes} | {node}
     return assign(partitions, sorted(members))[node]

@@ -102,7 +102,7 @@ class Runtime:
         lock_store: Any = None,
     ) -> None:
         if not callable(send):
-            raise InvalidTypeError(f"send must be an async callable, got {type(send).__name__}")
+            raise InvalidTypeError(f"send must be callable (an async function, or a plain one), got {send!r}")
         if config is not None and not isinstance(config, NodeConfig):
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         # Unique per Runtime instance: two runtimes of one process never share node ids.

@@ -163,3 +163,12 @@ async def test_a_node_refuses_a_membership_or_lock_pool_of_the_wrong_type(argume
     async with MemoryStore() as store:
         with pytest.raises(InvalidTypeError, match=argument):
             Node(store, send, node_id="n1", **{argument: value})
+
+
+@pytest.mark.parametrize("send", [42, "send", None])
+async def test_a_send_that_is_not_callable_is_refused(send: Any) -> None:
+    async with MemoryStore() as store:
+        with pytest.raises(InvalidTypeError, match="send must be callable"):
+            Runtime(store, send=send, nodes=1, config=FAST)
+        with pytest.raises(InvalidTypeError, match="send must be callable"):
+            Node(store, send, node_id="n1")

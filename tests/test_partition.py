@@ -149,3 +149,16 @@ def test_partition_of_is_in_range_and_deterministic(key: str, partitions: int) -
     p = partition_of(key, partitions)
     assert 0 <= p < partitions
     assert partition_of(key, partitions) == p
+
+
+@pytest.mark.parametrize("partitions", [(1 << 16) + 1, 10**20])
+def test_a_partition_count_past_the_stores_limit_is_refused_at_once(partitions: int) -> None:
+    """As many partitions as a store may keep (``StoreConfig.partitions``, 2**16) at most: never a long loop."""
+    for call in (
+        lambda: assign(partitions, ["a"]),
+        lambda: owned_partitions("a", partitions, ["a"]),
+        lambda: partition_of("k", partitions),
+    ):
+        with pytest.raises(InvalidArgumentError, match=f"partitions must be <= 65536, got {partitions}"):
+            call()
+    assert len(assign(1 << 16, ["a"])["a"]) == 1 << 16

@@ -125,6 +125,13 @@ def redis_py_or_skip() -> None:
         ("redis://:s3cret@x:port/0", "Port could not be cast to integer value as 'port'", "'redis://:***@x:port/0'"),
         ("redis://x/0?socket_timeout=soon", "Invalid value for 'socket_timeout'", "'redis://x/0?socket_timeout=soon'"),
         ("redis://:Ab/cds3cret@127.0.0.1:6379/0", "a '/', '?' or '#' before the '@'", "'redis://***@127.0.0.1:6379/0'"),
+        # redis-py itself would connect to database 0: a typo must not reach another database
+        (
+            "redis://:s3cret@x/abc",
+            "the database number must be an integer (redis://host:port/0), not 'abc'",
+            "'redis://:***@x/abc'",
+        ),
+        ("rediss://x:6380/1x", "the database number must be an integer", "'rediss://x:6380/1x'"),
     ],
 )
 def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem: str, shown: str) -> None:
@@ -141,7 +148,10 @@ def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem:
     assert "'Ab'" not in message  # no piece of a password (redis-py quotes the "port" it read)
 
 
-@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://h", "unix:///tmp/redis.sock", "REDIS://h"])
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/0", "rediss://h", "unix:///tmp/redis.sock", "REDIS://h", "redis://h/", "redis://h:1/15"],
+)
 def test_every_scheme_redis_py_connects_with_is_accepted(url: str) -> None:
     redis_py_or_skip()
     from asynccoord.backends.redis_locks import RedisLockStore

@@ -52,6 +52,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions as rerr
@@ -244,7 +245,9 @@ def _check_url(url: str) -> None:
     """Refuse a URL redis-py cannot connect with, naming it (its password hidden)."""
     try:
         parse_url(url)  # redis-py's own parser, the one open() uses: scheme, port, query values
-        return
+        problem = _db_problem(url)
+        if problem is None:
+            return
     except ValueError as exc:  # its messages quote a port, which may be a password's start ("user:Ab/cd@host")
         problem = str(exc).rstrip(".")
     if userinfo_spills(url):
@@ -253,6 +256,21 @@ def _check_url(url: str) -> None:
     if len(shown) > 200:
         shown = shown[:197] + "..."
     raise InvalidArgumentError(f"url must be a Redis URL (redis://host:port/db): {problem}, got {shown}")
+
+
+def _db_problem(url: str) -> str | None:
+    """What is wrong with the database number in a ``redis://``/``rediss://`` URL's path, if anything.
+
+    redis-py ignores a path that is not a number (``redis://host/abc`` connects to
+    database 0), so a typo would go to another database unnoticed.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return None  # unix://: the path is the socket's
+    db = parts.path.strip("/")
+    if db and not (db.isascii() and db.isdigit()):
+        return f"the database number must be an integer (redis://host:port/0), not {db[:40]!r}"
+    return None
 
 
 def _text(value: Any) -> str:
