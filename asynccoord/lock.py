@@ -52,7 +52,6 @@ Guarantees (the storage side is :class:`~asynccoord.backends.base.LockStore`):
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import time
@@ -71,7 +70,7 @@ from .backends.base import LockStore
 from .config import RetryPolicy
 from .errors import InvalidArgumentError, InvalidTypeError, LockError, LockLostError, LockNotHeldError, LockTimeoutError
 from .lockmodels import Lease, LockBusy
-from .validation import check_bool, check_int, check_non_negative, check_positive
+from .validation import check_bool, check_int, check_non_negative, check_positive, is_async_callable
 from .watchdog import Guard, Watchdog
 
 __all__ = (
@@ -338,7 +337,7 @@ class _LeaseHandle:
             raise InvalidTypeError(f"backoff must be a RetryPolicy or None, got {type(backoff).__name__}")
         self._backoff = backoff or DEFAULT_BACKOFF
         self._release_timeout_s = check_positive("release_timeout_s", release_timeout_s)
-        if on_lost is not None and (not callable(on_lost) or inspect.iscoroutinefunction(on_lost)):
+        if on_lost is not None and (not callable(on_lost) or is_async_callable(on_lost)):
             raise InvalidTypeError(f"on_lost must be a plain function or None, got {on_lost!r}")
         self._on_lost_callback = on_lost
         self._store = store

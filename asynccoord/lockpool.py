@@ -498,13 +498,17 @@ class LockPool:
             await asyncio.wait({task}, timeout=timeout_s)
 
     async def aclose(self) -> None:
-        """Release every lease the pool holds (waiting for deferred commits up to one TTL)."""
+        """Release every lease the pool holds (waiting for deferred commits up to one TTL per lock)."""
         for session in list(self._sessions.values()):
-            if session.releasing is not None:
-                with contextlib.suppress(Exception):
-                    await session.releasing
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(session.idle.wait(), self.ttl_s)
+            releasing = session.releasing
+            if releasing is not None:  # it waits for the same commits while the lease lives: no longer
+                if not session.idle.is_set():
+                    releasing.cancel()
+                await asyncio.wait({releasing})
+                if not releasing.cancelled():
+                    releasing.exception()  # seen (it logs nothing of its own)
             await self._retire(session)
         self._sessions.clear()
         if self._leaving:

@@ -91,7 +91,7 @@ from .lockpool import LockPool
 from .membership import Membership
 from .models import Task, TaskStatus
 from .notify import WakeUp, WorkNotifier
-from .validation import check_bool, check_int, check_name, check_positive
+from .validation import check_bool, check_int, check_name, check_positive, is_async_callable
 
 __all__ = ("Delivery", "Node", "NodeConfig", "NodeState", "NodeStatus", "SendFn", "current_delivery")
 
@@ -150,6 +150,13 @@ def failure_of(exc: BaseException) -> BaseException | None:
             return errors[0]
         return exc
     return exc if isinstance(exc, Exception) else None
+
+
+def _process_exit(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or a group holding it has) a ``KeyboardInterrupt`` or ``SystemExit``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(isinstance(leaf, _PROCESS_EXITS) for leaf in _leaves(exc))
+    return isinstance(exc, _PROCESS_EXITS)
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
@@ -350,11 +357,6 @@ class _InFlight:
     chain: int = 0  # tasks this slot took by claim_next before this one
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
-    """Whether calling ``fn`` makes a coroutine: an ``async def`` (or a partial of one), or an async ``__call__``."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
 class Node:
     """One worker draining a queue (see the module docstring for the pipeline).
 
@@ -405,7 +407,7 @@ class Node:
             raise InvalidTypeError(f"send must be callable (an async function, or a plain one), got {send!r}")
         if lock_key is not None and not callable(lock_key):
             raise InvalidTypeError(f"lock_key must be callable or None, got {type(lock_key).__name__}")
-        if lock_key is not None and _is_async(lock_key):
+        if lock_key is not None and is_async_callable(lock_key):
             raise InvalidTypeError(
                 f"lock_key must be a plain function returning a lock name (str) or None, got the async {lock_key!r}"
             )
@@ -797,7 +799,7 @@ class Node:
                 name = self._lock_name(task)
             except BaseException as exc:  # a bad lock_key (or task): fail the task, not the node
                 # lock_key is a plain function: a CancelledError from it is its own, never a cancellation.
-                if isinstance(exc, _PROCESS_EXITS):
+                if _process_exit(exc):
                     raise
                 log.warning(
                     "asynccoord.node.lock_key_failed node=%s task=%s error=%s", self.node_id, task.id, error_text(exc)
@@ -810,8 +812,9 @@ class Node:
                 # Local tasks needing the same lock take turns on one lease (see lockpool):
                 # the send runs in the turn, the commit after it (fenced by the token).
                 def lock_lost(error: LockLostError) -> None:
-                    flight.lost = f"lock lost: {error}"
-                    _cut(flight)
+                    if not _send_over(flight):  # a send that has returned is settled: the fence decides
+                        flight.lost = f"lock lost: {error}"
+                        _cut(flight)
 
                 try:
                     async with self._pool().turn(
@@ -836,7 +839,7 @@ class Node:
                 # cuts nothing: a permit bounds concurrent sends and fences no commit, so the
                 # commit of a message that went out goes on. The permit is given back after it.
                 def permit_lost(error: LockLostError) -> None:
-                    if not flight.returned:
+                    if not _send_over(flight):
                         flight.lost = f"lock lost: {error}"
                         _cut(flight)
 
@@ -981,7 +984,7 @@ class Node:
             failure = child.exception()  # the user's send failed: the retry policy decides
             if failure is None:
                 result = child.result()
-            elif isinstance(failure, _PROCESS_EXITS):  # the process is ending: no failed send
+            elif _process_exit(failure):  # the process is ending: no failed send
                 raise failure
         flight.returned = True
         _observe(self.store, SEND_MS, send_started)
@@ -1096,15 +1099,17 @@ class Node:
     async def _retrying(self, flight: _InFlight, what: str, attempt: Callable[[], Awaitable[None]]) -> None:
         """Run ``attempt`` (a commit or a failure record), again after a transient store error while the lease lasts.
 
-        A store that is busy (SQLite's write lock held past ``busy_timeout_s``) or
-        unreachable (past the PostgreSQL store's ``reconnect_timeout_s``) has written
-        nothing: the task's lease still holds, and dropping the commit would leave the task
-        to be sent again once the lease lapsed. So it is tried again with
-        :data:`SETTLE_RETRY`'s backoff until the lease's local deadline; each try is the
-        same compare-and-set, so a try that did land makes the next one fail as a lost
-        lease, never a second commit. Other errors (a lost lease, a fencing rejection, a
-        closed store, any other store error) are raised at once, and so is the last transient
-        error at the deadline.
+        A store that is busy (SQLite's write lock held past ``busy_timeout_s``: nothing was
+        written) or unreachable (past the PostgreSQL store's ``reconnect_timeout_s``: a
+        commit whose reply was lost may have landed) leaves the task leased to this node, and
+        dropping the commit would leave the task to be sent again once the lease lapsed. So
+        it is tried again with :data:`SETTLE_RETRY`'s backoff until the lease's local
+        deadline. Each try is the same compare-and-set, so after a try that did land the
+        next one fails as a lost lease (a conflict), never a second commit; a next task that
+        such a landed try leased by commit-and-continue is not known to the node and waits
+        for its lease to lapse (it is not sent twice). Other errors (a lost lease, a
+        fencing rejection, a closed store, any other store error) are raised at once, and
+        so is the last transient error at the deadline.
         """
         tries = 0
         while True:
@@ -1206,6 +1211,16 @@ class Node:
             # The send may have reached its receiver before it was cancelled: the next
             # holder's send of this task is a possible duplicate. Count it like a lost lease.
             self.store.events.add(ev.SEND_INTERRUPTED)
+        elif flight.returned and flight.lost is None:
+            # The send was over, but its commit (or failure record) was cut: shutdown past
+            # SETTLE_WAIT_S, say. The task goes back and will be sent again: count it too.
+            self.store.events.add(ev.SEND_INTERRUPTED)
+            log.warning(
+                "asynccoord.node.settle_cut node=%s task=%s: the send was over but its commit was cut; "
+                "handed back, it will be sent again",
+                self.node_id,
+                flight.task.id,
+            )
         with anyio.CancelScope(shield=True) as shield:
             shield.deadline = anyio.current_time() + 5.0
             with contextlib.suppress(CoordError):
@@ -1292,6 +1307,17 @@ class Node:
         flight.lost = reason
         self.store.events.add(ev.LEASE_LOST)
         _cut(flight)
+
+
+def _send_over(flight: _InFlight) -> bool:
+    """Whether ``flight``'s send has ended by itself (returned or raised), though the node may not have seen it yet.
+
+    Its task finishes a loop turn or two before ``_run_send`` resumes and sets
+    ``flight.returned``: a lost lock reported in that gap must not discard a message that
+    went out (a send the node cut is not over by itself).
+    """
+    child = flight.send
+    return flight.returned or (child is not None and child.done() and flight.cut_until is None)
 
 
 def _time_out(flight: _InFlight) -> None:

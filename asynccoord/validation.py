@@ -7,6 +7,7 @@ and the offending value, and is always run before anything touches a store.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Callable
@@ -211,6 +212,11 @@ def check_bool(arg: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidTypeError(f"{arg} must be a bool, got {type(value).__name__} {_short(value)}")
     return value
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` makes a coroutine: an ``async def`` (or a partial of one), or an async ``__call__``."""
+    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
 
 
 def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str:

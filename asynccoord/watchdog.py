@@ -380,12 +380,17 @@ class Watchdog:
             type(error).__name__,
             "" if len(lost) == 1 else f" (and {len(lost) - 1} more)",
         )
+        exiting: BaseException | None = None
         for g, error in lost:
             if g.on_lost is not None:
                 try:
                     g.on_lost(error)
-                except Exception:
+                except (KeyboardInterrupt, SystemExit) as exc:  # the process is ending: after the others
+                    exiting = exiting or exc
+                except BaseException:  # never the watchdog's end: every other lease depends on it
                     log.exception("asynccoord.watchdog.lock_lost callback failed for %r", g._lease.name)
+        if exiting is not None:
+            raise exiting
 
     def _deadline_error(self, g: Guard) -> LockLostError:
         lease = g._lease

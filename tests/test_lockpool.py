@@ -347,3 +347,15 @@ async def test_a_deferred_commit_slower_than_the_ttl_keeps_the_lease_until_it_la
     for pool in (a, b):
         await pool.aclose()
     assert await store.list_locks() == []
+
+
+async def test_aclose_waits_at_most_one_ttl_for_a_deferred_commit_that_never_ends(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=1.0, holder="process-a", max_hold_s=60.0)
+    async with pool.turn("account:stuck", timeout_s=5.0, on_lost=_ignore) as turn:
+        turn.defer()  # its done() is never called (a bug of the caller's)
+    await asyncio.sleep(0.1)
+    started = time.monotonic()
+    await asyncio.wait_for(pool.aclose(), 10.0)
+    assert time.monotonic() - started < 2.5
+    assert await store.list_locks() == []

@@ -300,3 +300,87 @@ def test_an_async_on_lost_is_refused() -> None:
         Semaphore(MemoryStore(), "a", 2, on_lost=on_lost)  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="on_lost"):
         Lock(MemoryStore(), "a", on_lost=on_lost)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("permits", [1, 2])
+async def test_a_lock_lost_just_after_the_send_returned_does_not_discard_it(permits: int) -> None:
+    """The loop was blocked past the lock's deadline (a sync call, a loaded machine); the send
+    then yields once and returns: the message went out. The loss the watchdog reports in the
+    loop turns before the node sees the return cuts nothing: the task is committed (for a lock,
+    its fence decides: nobody wrote with a newer token), never sent again."""
+    async with MemoryStore() as store:
+        task = (await store.enqueue("q", {"n": 1}, partition_key="c")).task
+        sends = 0
+
+        async def send(task: Task) -> str:
+            nonlocal sends
+            sends += 1
+            if sends == 1:
+                time.sleep(0.8)  # past the lease's local deadline (TTL 0.6 s)
+                await asyncio.sleep(0)
+            return "sent"
+
+        config = NodeConfig(
+            queue="q", lease_s=3.0, lock_ttl_s=0.6, lock_permits=permits, idle_min_s=0.01, idle_max_s=0.05
+        )
+        runtime = Runtime(store, send=send, nodes=1, config=config, lock_key=lambda task: "account:1")
+        async with runtime:
+            assert await runtime.wait_until_drained(timeout_s=20.0, poll_s=0.02)
+            state = runtime.states()[0]
+        out = await store.get(task.id)
+        assert (out.status, out.result) == (TaskStatus.DONE, "sent")
+        assert sends == 1
+        assert (state.committed, state.conflicts) == (1, 0)
+        assert store.events.snapshot()[ev.LOCK_LOST] == 1  # the loss itself is still counted
+
+
+class _Exit(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["system_exit", "keyboard_interrupt"])
+async def test_a_group_holding_a_process_exit_stops_the_node_instead_of_failing_the_task(kind: str) -> None:
+    async with MemoryStore() as store:
+        task = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=2)).task
+        leaf: BaseException = SystemExit(3) if kind == "system_exit" else KeyboardInterrupt()
+
+        async def send(task: Task) -> None:
+            raise BaseExceptionGroup("send's task group", [ValueError("x"), leaf])
+
+        node = Node(store, send, node_id="n1", config=FAST)
+        with pytest.raises(BaseExceptionGroup) as info:
+            await asyncio.wait_for(node.run(), 10.0)
+        assert info.group_contains(type(leaf))
+        out = await store.get(task.id)
+        assert out.status is TaskStatus.PENDING  # handed back, not failed
+        assert (out.attempts, out.last_error) == (0, None)
+
+
+async def test_an_on_lost_raising_a_base_exception_does_not_stop_the_watchdog() -> None:
+    """A's callback raises (A reached its max_hold_s); B, held meanwhile, is still renewed: nobody else gets it."""
+    from asynccoord import Lock, LockTimeoutError
+
+    async with MemoryStore() as store:
+
+        def bad(error: LockLostError) -> None:
+            raise _Exit("callback")
+
+        a = Lock(store, "a", ttl_s=0.6, renew_interval_s=0.2, max_hold_s=0.5, on_lost=bad)
+        await a.acquire(timeout_s=1.0)
+        async with Lock(store, "b", ttl_s=0.6, renew_interval_s=0.2):
+            await asyncio.sleep(1.5)  # A was given up at 0.5 s; B's lease (0.6 s) needs renewals since
+            intruder = Lock(store, "b", ttl_s=5.0, holder="intruder")
+            with pytest.raises(LockTimeoutError):
+                await intruder.acquire(timeout_s=0.8)
+        assert store.events.snapshot()[ev.LOCK_LOST] == 1  # A only
+
+
+def test_an_object_with_an_async_call_is_refused_as_on_lost() -> None:
+    from asynccoord import InvalidTypeError, Lock
+
+    class Notifier:
+        async def __call__(self, error: LockLostError) -> None:
+            return None
+
+    with pytest.raises(InvalidTypeError, match="on_lost"):
+        Lock(MemoryStore(), "a", on_lost=Notifier())  # type: ignore[arg-type]
