@@ -22,6 +22,8 @@ import contextlib
 import importlib
 import logging
 import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ._loop import run as run_loop
@@ -176,10 +178,8 @@ def run_command(args: argparse.Namespace) -> int:
                         signum = await runtime.wait_for_signal()
                     log.info("asynccoord.serve.stopped signal=%s", signum)
         finally:
-            _release_signals(loop, holding, held)
             # On the way out: a late SIGTERM must not turn a clean exit into death by signal.
-            with contextlib.suppress(ValueError):  # not the main thread
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            await _stop_holding(loop, holding, held)
         return 0
 
     previous = signal.getsignal(signal.SIGTERM)
@@ -200,10 +200,48 @@ def _hold_signals(loop: asyncio.AbstractEventLoop, held: list[int]) -> list[int]
     return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if take_signal(loop, signum, held.append)]
 
 
-def _release_signals(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[int]) -> None:
-    for signum in taken:
-        give_back_signal(loop, signum, held.append)
+async def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[int]) -> None:
+    """Give the held signals back and leave SIGTERM ignored, with no moment of SIGTERM's default action.
+
+    Giving a loop's handler back resets the signal to its default action before the
+    handler from before (and then ``SIG_IGN``) can be set: a supervisor's repeated SIGTERM
+    landing in that moment killed the process at the very end of a clean shutdown. So
+    SIGINT goes back first, and SIGTERM last, straight followed by ``SIG_IGN``, while
+    SIGTERM is blocked when the main thread is the process's only thread (the default
+    executor's idle workers are stopped first to make it so): a SIGTERM that comes
+    meanwhile stays pending and is discarded by ``SIG_IGN``. With other threads alive the
+    block would only send the signal to one of them, so it is not used, and the moment
+    is a few microseconds.
+    """
+    with contextlib.suppress(Exception):  # nothing of the command needs the executor any more
+        await loop.shutdown_default_executor()
+    for signum in sorted(taken, key=lambda s: s == signal.SIGTERM):  # SIGTERM last
+        if signum == signal.SIGTERM:
+            with _blocked_if_alone(signum):
+                give_back_signal(loop, signum, held.append)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            give_back_signal(loop, signum, held.append)
     taken.clear()
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _blocked_if_alone(signum: int) -> Iterator[None]:
+    """Block ``signum`` in this thread for the block, if this is the main thread and the only thread."""
+    block = (
+        hasattr(signal, "pthread_sigmask")
+        and threading.current_thread() is threading.main_thread()
+        and threading.active_count() == 1
+    )
+    if block:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        yield
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
 
 
 def _run_loop(main: Any) -> int:
