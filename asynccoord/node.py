@@ -34,7 +34,8 @@ A node repeatedly
 An exception from ``send`` (or its timeout) goes to the retry policy: backoff with
 jitter, then the dead-letter state; a ``BaseException`` that is no ``Exception`` (some
 libraries' timeouts) too, except ``KeyboardInterrupt`` and ``SystemExit``, which stop the
-node as the process ends. So does a ``CancelledError`` that the send raises
+node as the process ends; and a send cut because its lock (or permit) was lost, while the
+task's own lease still holds. So does a ``CancelledError`` that the send raises
 although the node did not cancel it (a library it awaits was cancelled by something
 else, say): the task's ``last_error`` says "send raised CancelledError without being
 cancelled", and the node goes on. Cancellation of the node hands its in-flight
@@ -351,6 +352,7 @@ class _InFlight:
     cut_until: float | None = None  # loop time: the node cancelled the send (once, see _cut), its cleanup ends then
     cancel_pending: bool = False  # the node was cancelled after the send returned: settle it, then go on cancelling
     settled: bool = False  # committed or failed: nothing to hand back
+    lock_lost: bool = False  # ``lost`` is the lock's (or permit's), the task's own lease still held
     send: asyncio.Task[Any] | None = None  # the user's send, in a task of its own, while it runs
     over: asyncio.Future[None] | None = None  # done when the send is, or when its cleanup time ran out
     next: _InFlight | None = None  # the key's next task, leased by this task's commit (claim_next)
@@ -814,6 +816,7 @@ class Node:
                 def lock_lost(error: LockLostError) -> None:
                     if not _send_over(flight):  # a send that has returned is settled: the fence decides
                         flight.lost = f"lock lost: {error}"
+                        flight.lock_lost = True
                         _cut(flight)
 
                 try:
@@ -841,6 +844,7 @@ class Node:
                 def permit_lost(error: LockLostError) -> None:
                     if not _send_over(flight):
                         flight.lost = f"lock lost: {error}"
+                        flight.lock_lost = True
                         _cut(flight)
 
                 handle = Semaphore(
@@ -1027,12 +1031,34 @@ class Node:
         if not completed:
             self._state.conflicts += 1
             log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", self.node_id, task.id, flight.lost)
+            if flight.lock_lost:  # never commit; but the task's lease is still ours: no need to wait for it to lapse
+                await self._fail_lock_lost(flight)
             return  # the task lease or lock is gone: never commit
         self._state.sent += 1
         if failure is not None:
             await self._fail(flight, failure)
         else:
             await self._commit(flight, result)
+        flight.settled = True
+
+    async def _fail_lock_lost(self, flight: _InFlight) -> None:
+        """Record the attempt whose lock (or permit) was lost as failed, so the retry policy takes it now.
+
+        The task's own lease still holds: left alone, the task would wait ``lease_s`` for it
+        to lapse. As a failed attempt (``last_error`` "LockLostError: lock lost: ...") it is
+        claimable again after the retry policy's backoff, and an attempt that keeps losing
+        its lock reaches its dead letter like any failing one. A task lease lost meanwhile
+        leaves nothing to do (the conflict is counted already).
+        """
+        text = f"LockLostError: {flight.lost}"
+
+        async def record() -> None:
+            out = await self.store.fail(flight.task, text, retry=self.config.retry)
+            if out.status is TaskStatus.PENDING:
+                self._due_soon(out.run_at - out.updated_at)
+
+        with contextlib.suppress(LeaseLostError):
+            await self._retrying(flight, "fail", record)
         flight.settled = True
 
     def _context(self, task: Task) -> dict[str, Any]:

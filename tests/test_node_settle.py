@@ -384,3 +384,45 @@ def test_an_object_with_an_async_call_is_refused_as_on_lost() -> None:
 
     with pytest.raises(InvalidTypeError, match="on_lost"):
         Lock(MemoryStore(), "a", on_lost=Notifier())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("permits", [1, 2])
+async def test_a_send_cut_by_a_lost_lock_is_a_failed_attempt_retried_without_waiting_for_its_lease(
+    permits: int,
+) -> None:
+    """The task's lease (30 s) still holds when its lock is lost: the attempt is recorded as failed
+    at once, and the retry policy (not the lease's lapse) brings the task back."""
+    async with MemoryStore() as store:
+        task = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=3)).task
+        sends = 0
+
+        async def send(task: Task) -> str:
+            nonlocal sends
+            sends += 1
+            if sends == 1:
+                lease = current_delivery().lock
+                assert lease is not None
+                await store.release_lock(lease)  # as if it had lapsed: the next renewal fails
+                await asyncio.sleep(10.0)
+            return "sent"
+
+        config = NodeConfig(
+            queue="q",
+            lease_s=30.0,
+            lock_ttl_s=0.3,
+            lock_permits=permits,
+            idle_min_s=0.01,
+            idle_max_s=0.05,
+            retry=RetryPolicy(base_s=0.05, factor=1.0, cap_s=0.05, jitter=0.0, max_attempts=3),
+        )
+        runtime = Runtime(store, send=send, nodes=1, config=config, lock_key=lambda task: "account:1")
+        started = time.monotonic()
+        async with runtime:
+            assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.02)
+            state = runtime.states()[0]
+        assert time.monotonic() - started < 5.0  # far from the 30 s lease
+        out = await store.get(task.id)
+        assert (out.status, out.result, out.attempts) == (TaskStatus.DONE, "sent", 2)
+        assert sends == 2
+        assert (state.committed, state.conflicts) == (1, 1)
+        assert store.events.snapshot()[ev.RETRIES] == 1
