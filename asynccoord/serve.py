@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -179,7 +180,7 @@ def run_command(args: argparse.Namespace) -> int:
                     log.info("asynccoord.serve.stopped signal=%s", signum)
         finally:
             # On the way out: a late SIGTERM must not turn a clean exit into death by signal.
-            await _stop_holding(loop, holding, held)
+            _stop_holding(loop, holding, held)
         return 0
 
     previous = signal.getsignal(signal.SIGTERM)
@@ -200,21 +201,20 @@ def _hold_signals(loop: asyncio.AbstractEventLoop, held: list[int]) -> list[int]
     return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if take_signal(loop, signum, held.append)]
 
 
-async def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[int]) -> None:
-    """Give the held signals back and leave SIGTERM ignored, with no moment of SIGTERM's default action.
+def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[int]) -> None:
+    """Give the held signals back and leave SIGTERM ignored, with no moment of SIGTERM's default action if possible.
 
     Giving a loop's handler back resets the signal to its default action before the
     handler from before (and then ``SIG_IGN``) can be set: a supervisor's repeated SIGTERM
     landing in that moment killed the process at the very end of a clean shutdown. So
     SIGINT goes back first, and SIGTERM last, straight followed by ``SIG_IGN``, while
-    SIGTERM is blocked when the main thread is the process's only thread (the default
-    executor's idle workers are stopped first to make it so): a SIGTERM that comes
-    meanwhile stays pending and is discarded by ``SIG_IGN``. With other threads alive the
-    block would only send the signal to one of them, so it is not used, and the moment
-    is a few microseconds.
+    SIGTERM is blocked if the main thread is the process's only OS thread (as it is when
+    nothing started threads): a SIGTERM that comes meanwhile stays pending and is
+    discarded by ``SIG_IGN``, and the thread's signal mask is then put back as it was.
+    With other threads alive (a send's ``asyncio.to_thread``, uvloop's resolver threads)
+    the block would only send the signal to one of them, so it is not used, and the moment
+    lasts a few microseconds.
     """
-    with contextlib.suppress(Exception):  # nothing of the command needs the executor any more
-        await loop.shutdown_default_executor()
     for signum in sorted(taken, key=lambda s: s == signal.SIGTERM):  # SIGTERM last
         if signum == signal.SIGTERM:
             with _blocked_if_alone(signum):
@@ -227,21 +227,28 @@ async def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], held:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def _os_threads() -> int:
+    """Threads of this process as the OS counts them (uvloop's libuv workers included), where it says."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
 @contextlib.contextmanager
 def _blocked_if_alone(signum: int) -> Iterator[None]:
-    """Block ``signum`` in this thread for the block, if this is the main thread and the only thread."""
+    """Block ``signum`` in this thread for the block if it is the main and only thread; then restore the mask."""
     block = (
         hasattr(signal, "pthread_sigmask")
         and threading.current_thread() is threading.main_thread()
-        and threading.active_count() == 1
+        and _os_threads() == 1
     )
-    if block:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signum}) if block else None
     try:
         yield
     finally:
-        if block:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _run_loop(main: Any) -> int:

@@ -123,7 +123,13 @@ def serve_three(
     asyncio.run(enqueue_three(make_store()))
     argv = ["run", "--db", db, "--queue", "outbox", "--send", "serve_send:send", "--nodes", "2"]
     sigterm_before = signal.getsignal(signal.SIGTERM)
-    assert main([*argv, "--idle-max-s", "0.1"]) == 0
+    # The caller's signal mask is its own: a SIGTERM it blocks (to sigwait for it) stays blocked.
+    mask_before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        assert main([*argv, "--idle-max-s", "0.1"]) == 0
+        assert signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask_before)
     # In a process that goes on (this one), run puts SIGTERM's handler back: an ignored SIGTERM
     # would be inherited by every later child process.
     assert signal.getsignal(signal.SIGTERM) == sigterm_before
