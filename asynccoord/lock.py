@@ -64,7 +64,6 @@ from typing import Any, TypeVar
 import anyio
 
 from . import events as ev
-from ._errtext import error_text
 from .backends._lockcommon import MAX_PERMITS, check_lock_request, check_user_lock_name, default_holder
 from .backends.base import LockStore
 from .config import RetryPolicy
@@ -545,12 +544,8 @@ class _LeaseHandle:
         self._lost = error
         if self._scope is not None:
             self._scope.cancel()
-        callback = self._on_lost_callback
-        if callback is not None:
-            try:
-                callback(error)
-            except Exception as exc:  # the watchdog goes on; the lease is lost either way
-                log.exception("asynccoord.lock.on_lost_failed name=%r error=%s", self._name, error_text(exc))
+        if self._on_lost_callback is not None:  # what it raises, the watchdog logs (see Watchdog._lose_all)
+            self._on_lost_callback(error)
 
     # --- renew and release ------------------------------------------------------------------
 

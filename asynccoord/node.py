@@ -54,6 +54,7 @@ import asyncio
 import contextlib
 import contextvars
 import enum
+import functools
 import heapq
 import inspect
 import logging
@@ -813,17 +814,11 @@ class Node:
             elif cfg.lock_permits == 1:
                 # Local tasks needing the same lock take turns on one lease (see lockpool):
                 # the send runs in the turn, the commit after it (fenced by the token).
-                def lock_lost(error: LockLostError) -> None:
-                    if not _send_over(flight):  # a send that has returned is settled: the fence decides
-                        flight.lost = f"lock lost: {error}"
-                        flight.lock_lost = True
-                        _cut(flight)
-
                 try:
                     async with self._pool().turn(
                         name,
                         timeout_s=cfg.lock_wait_s,
-                        on_lost=lock_lost,
+                        on_lost=functools.partial(_lock_lost, flight),
                         priority=self._runs.get(task.partition_key, 0),
                     ) as turn:
                         flight.lock = turn.lease
@@ -841,12 +836,6 @@ class Node:
                 # is lost the send is cut (as for a lock). Once the send has returned, a loss
                 # cuts nothing: a permit bounds concurrent sends and fences no commit, so the
                 # commit of a message that went out goes on. The permit is given back after it.
-                def permit_lost(error: LockLostError) -> None:
-                    if not _send_over(flight):
-                        flight.lost = f"lock lost: {error}"
-                        flight.lock_lost = True
-                        _cut(flight)
-
                 handle = Semaphore(
                     self.lock_store,
                     name,
@@ -854,7 +843,7 @@ class Node:
                     ttl_s=cfg.lock_ttl_s,
                     renew_interval_s=cfg.lock_ttl_s / 3,
                     holder=self.node_id,
-                    on_lost=permit_lost,
+                    on_lost=functools.partial(_lock_lost, flight),
                 )
                 try:
                     flight.lock = await handle.acquire(timeout_s=cfg.lock_wait_s)
@@ -1050,16 +1039,24 @@ class Node:
         its lock reaches its dead letter like any failing one. A task lease lost meanwhile
         leaves nothing to do (the conflict is counted already).
         """
-        text = f"LockLostError: {flight.lost}"
+        with contextlib.suppress(LeaseLostError):
+            await self._record_failure(flight, f"LockLostError: {flight.lost}")
+        flight.settled = True
+
+    async def _record_failure(self, flight: _InFlight, text: str) -> None:
+        """Record a failed attempt (``last_error`` ``text``); wake the node when its retry falls due.
+
+        Raises:
+            LeaseLostError: the lease is no longer the node's (nothing written).
+            StoreError: as :meth:`_retrying`.
+        """
 
         async def record() -> None:
             out = await self.store.fail(flight.task, text, retry=self.config.retry)
-            if out.status is TaskStatus.PENDING:
+            if out.status is TaskStatus.PENDING:  # retried later: claim again when it is due
                 self._due_soon(out.run_at - out.updated_at)
 
-        with contextlib.suppress(LeaseLostError):
-            await self._retrying(flight, "fail", record)
-        flight.settled = True
+        await self._retrying(flight, "fail", record)
 
     def _context(self, task: Task) -> dict[str, Any]:
         size = self.config.affinity_cache_size
@@ -1209,26 +1206,16 @@ class Node:
         Raises:
             StoreError: the store failed (the caller hands the task back, or fails the node).
         """
-        task = flight.task
         self._state.failed += 1
         if isinstance(failure, asyncio.CancelledError):
             detail = error_text(failure).partition(": ")[2]  # its message ("" without one), safely
             text = f"{source} raised CancelledError without being cancelled" + (f": {detail}" if detail else "")
         else:
             text = error_text(failure)
-        recorded: list[Task] = []
-
-        async def record() -> None:
-            recorded.append(await self.store.fail(task, text, retry=self.config.retry))
-
         try:
-            await self._retrying(flight, "fail", record)
+            await self._record_failure(flight, text)
         except LeaseLostError:
             self._state.conflicts += 1
-            return
-        out = recorded[0]
-        if out.status is TaskStatus.PENDING:  # retried later: claim again when it is due
-            self._due_soon(out.run_at - out.updated_at)
 
     async def _hand_back_shielded(self, flight: _InFlight) -> None:
         if flight.settled:
@@ -1332,6 +1319,17 @@ class Node:
             return  # settled meanwhile (committed, failed or handed back): nothing was lost
         flight.lost = reason
         self.store.events.add(ev.LEASE_LOST)
+        _cut(flight)
+
+
+def _lock_lost(flight: _InFlight, error: LockLostError) -> None:
+    """The lock (or permit) of ``flight`` was lost: cut its send, unless it has ended by itself.
+
+    A send that has returned is settled as usual (a lock's fence decides its commit).
+    """
+    if not _send_over(flight):
+        flight.lost = f"lock lost: {error}"
+        flight.lock_lost = True
         _cut(flight)
 
 

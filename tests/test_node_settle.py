@@ -163,6 +163,13 @@ async def test_a_permit_lost_after_the_send_returned_cannot_cancel_the_commit(tm
         assert node.state().conflicts == 0
 
 
+async def _lose_own_lock(store: MemoryStore) -> None:
+    """Release the lock of the delivery under way, as if it had lapsed: its next renewal fails."""
+    lease = current_delivery().lock
+    assert lease is not None
+    await store.release_lock(lease)
+
+
 async def test_a_permit_lost_during_the_send_cuts_it_and_nothing_is_committed() -> None:
     """The semaphore path's loss still cancels the send (as a lock's does) and never commits."""
     async with MemoryStore() as store:
@@ -174,9 +181,7 @@ async def test_a_permit_lost_during_the_send_cuts_it_and_nothing_is_committed() 
             nonlocal sends
             sends += 1
             if sends == 1:
-                lease = current_delivery().lock
-                assert lease is not None
-                await store.release_lock(lease)  # as if it had lapsed: the next renewal fails
+                await _lose_own_lock(store)
                 try:
                     await asyncio.sleep(10.0)
                 except asyncio.CancelledError:
@@ -190,7 +195,7 @@ async def test_a_permit_lost_during_the_send_cuts_it_and_nothing_is_committed() 
             assert await runtime.wait_until_drained(timeout_s=15.0, poll_s=0.02)
         out = await store.get(task.id)
         assert out.status is TaskStatus.DONE
-        assert sends == 2  # cut once, then claimed again after its lease lapsed
+        assert sends == 2  # cut once, then claimed again (a failed attempt, retried)
         assert store.events.snapshot()[ev.LOCK_LOST] >= 1
 
 
@@ -400,9 +405,7 @@ async def test_a_send_cut_by_a_lost_lock_is_a_failed_attempt_retried_without_wai
             nonlocal sends
             sends += 1
             if sends == 1:
-                lease = current_delivery().lock
-                assert lease is not None
-                await store.release_lock(lease)  # as if it had lapsed: the next renewal fails
+                await _lose_own_lock(store)
                 await asyncio.sleep(10.0)
             return "sent"
 
