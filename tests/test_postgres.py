@@ -30,14 +30,14 @@ from asynccoord.stores import open_store, redact_location, redact_target, store_
 # Query names that exist in one dialect only, and why (everything else must match).
 SQLITE_ONLY = {
     "lock_insert": "PostgreSQL grants inside lock_live (coord_lock_acquire_many), one round trip per batch",
-    "mark_ordered": "SQLite keeps per-key heads only for queues claimed in order (PostgreSQL for every queue)",
-    "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives",
+    "mark_ordered": "SQLite records a queue claimed in order by itself (PostgreSQL in keep_heads, coord_keep_heads)",
+    "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives (PostgreSQL: keep_heads)",
     "stats_oldest_pending_all": "stats() over every queue (PostgreSQL's one statement serves both)",
     "record_processed_batch": "PostgreSQL records processed ids inside complete_batch (coord_complete_batch)",
     "any_expired_lease": "SQLite picks a pending-only claim when no lease of the queue has expired",
     "claim_pending": "the pending-only form of claim (no merge with expired leases)",
     "claim_pending_ordered": "the pending-only form of claim_ordered",
-    "ordered_queues": "SQLite promotes heads only in queues claimed in order (PostgreSQL keeps them for every queue)",
+    "ordered_queues": "SQLite reads which queues keep heads with no lock (one writer; PostgreSQL: kept_queues)",
     "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",
 }
 POSTGRES_ONLY = {
@@ -50,6 +50,9 @@ POSTGRES_ONLY = {
     "notify": "pg_notify: wakes idle nodes of other processes",
     "lock_find_owned": "after a lost connection, the grants an earlier attempt committed",
     "select_key_head": "after a lost connection, the next head a continuing commit's earlier attempt leased",
+    "share_queues": "shared advisory locks of queues, so a queue cannot start keeping heads mid-transition",
+    "kept_queues": "which queues keep per-key heads, read after share_queues (SQLite: ordered_queues)",
+    "keep_heads": "a queue starts keeping heads: recorded and computed under its exclusive lock (SQLite: two)",
 }
 
 
@@ -469,6 +472,8 @@ async def test_claims_probe_processed_ids_by_key_whatever_the_statistics_say(pg:
             await store.enqueue_many(
                 [NewTask(queue="q", payload=i, partition_key=f"k{i}", idempotency_key=f"m{i}") for i in range(100)]
             )
+            if name == "claim_ordered":
+                await store._keep_heads("q")  # what the first ordered claim of the queue does
             plan = await _explain_analyze(conn, Q[name], _claim_values())
         finally:
             await conn.close()
@@ -820,3 +825,197 @@ async def test_status_of_a_schema_without_asynccoord_tables_says_so(pg: str, sch
 
     with pytest.raises(SchemaVersionError, match="no asynccoord tables in the search path: nothing to read"):
         await collect_status(f"{pg}?search_path={schema}_missing")
+
+
+# --- schema 9: per-key heads only for queues claimed in order ------------------------------
+
+
+async def _head_problems(conn: Any, queue: str) -> list[str]:
+    """Keys of ``queue`` whose heads are not exactly their earliest active task."""
+    rows = await conn.fetch(
+        "SELECT partition_key, min(id) FILTER (WHERE active) AS earliest,"
+        " array_agg(id ORDER BY id) FILTER (WHERE is_head) AS heads"
+        " FROM coord_tasks WHERE queue = $1 GROUP BY partition_key",
+        queue,
+    )
+    problems = []
+    for r in rows:
+        expected = [] if r["earliest"] is None else [r["earliest"]]
+        if (r["heads"] or []) != expected:
+            problems.append(f"{r['partition_key']}: heads {r['heads']}, earliest active {r['earliest']}")
+    return problems
+
+
+async def test_a_queue_claimed_without_order_keeps_no_heads_until_its_first_ordered_claim(pg: str, schema: str) -> None:
+    import asyncpg
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="u", payload=i, partition_key=f"k{i % 10}") for i in range(100)])
+        first = await store.claim("u", node_id="n", limit=30, lease_s=600)  # payloads 0..29, no order
+        assert [t.payload for t in first] == list(range(30))
+        assert all(isinstance(d, Task) for d in await store.complete_many(first[:25]))
+        await store.fail(first[25], "boom")  # back to pending (retry), still its key's earliest
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            # No upkeep was paid: no head, no key row, the queue not recorded.
+            assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE is_head") == 0
+            assert await conn.fetchval("SELECT count(*) FROM coord_task_keys") == 0
+            assert await conn.fetchval("SELECT count(*) FROM coord_ordered_queues") == 0
+            # The first ordered claim computes the heads: per key the earliest active task,
+            # running (payloads 26..29, keys k6..k9) or pending (k0..k5: 30..35, 26 retried).
+            running = {t.payload for t in first[26:]}
+            ordered = await store.claim("u", node_id="m", limit=100, ordered=True, lease_s=600)
+            assert await conn.fetchval("SELECT array_agg(queue) FROM coord_ordered_queues") == ["u"]
+            assert await _head_problems(conn, "u") == []
+            # k5's earliest active task is the retried 25 (due after its backoff: not claimed now).
+            assert sorted(t.payload for t in ordered) == [30, 31, 32, 33, 34]
+            seen: dict[str, list[int]] = {}
+            for t in ordered:
+                seen.setdefault(t.partition_key, []).append(t.payload)
+            for t in first[26:]:
+                seen.setdefault(t.partition_key, []).append(t.payload)
+            await store.complete_many([*ordered, *first[26:]])
+            assert await _head_problems(conn, "u") == []
+            left = await store.get(first[25].id)
+            assert left.status == TaskStatus.PENDING
+            await conn.execute("UPDATE coord_tasks SET run_at = 0 WHERE id = $1", left.id)  # its backoff over
+            while tasks := await store.claim("u", node_id="m", limit=100, ordered=True, lease_s=600):
+                assert len({t.partition_key for t in tasks}) == len(tasks)  # one task per key at a time
+                for t in tasks:
+                    seen.setdefault(t.partition_key, []).append(t.payload)
+                await store.complete_many(tasks)
+            assert all(v == sorted(v) for v in seen.values()), seen
+            assert sorted(p for v in seen.values() for p in v) == sorted({*range(25, 100)})
+            assert running == {26, 27, 28, 29}
+        finally:
+            await conn.close()
+
+
+async def test_a_queue_starting_to_keep_heads_mid_traffic_leaves_no_key_without_its_head(pg: str, schema: str) -> None:
+    """Enqueues (new keys) and commits run in other stores while one store's first ordered claim
+    makes the queue keep heads: every key still has exactly its earliest active task as head.
+    Without the queue lock, a transition that had decided not to keep heads commits after the
+    heads were computed (an enqueue of a new key: its task never becomes a head)."""
+    import asyncpg
+
+    queues = [f"r{i}" for i in range(6)]
+    async with PostgresStore(pg, schema=schema, listen=False) as setup:
+        await setup.enqueue_many([NewTask(queue=q, payload=0, partition_key="seed") for q in queues])
+    stores = [PostgresStore(pg, schema=schema, listen=False, pool_max_size=2) for _ in range(4)]
+    for s in stores:
+        await s.open()
+    try:
+        stop = asyncio.Event()
+
+        async def enqueuer(store: PostgresStore, who: int) -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                await store.enqueue_many(
+                    [NewTask(queue=q, payload=n, partition_key=f"e{who}-{n}-{j}") for q in queues for j in range(3)]
+                )
+
+        async def committer(store: PostgresStore) -> None:
+            while not stop.is_set():
+                for q in queues:
+                    tasks = await store.claim(q, node_id="c", limit=5, lease_s=60)
+                    if tasks:
+                        await store.complete_many(tasks)
+
+        async def flipper(store: PostgresStore) -> None:
+            for q in queues:
+                await asyncio.sleep(0.05)
+                await store.claim(q, node_id="f", limit=1, ordered=True, lease_s=60, partitions=[0])
+
+        workers = [
+            asyncio.ensure_future(enqueuer(stores[0], 0)),
+            asyncio.ensure_future(enqueuer(stores[1], 1)),
+            asyncio.ensure_future(committer(stores[2])),
+        ]
+        await flipper(stores[3])
+        await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.gather(*workers)
+    finally:
+        for s in stores:
+            await s.close()
+    conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM coord_ordered_queues") == len(queues)
+        for q in queues:
+            assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE queue = $1 AND active", q) > 0
+            assert await _head_problems(conn, q) == [], q
+    finally:
+        await conn.close()
+
+
+async def test_schema_9_keeps_the_heads_of_every_queue_a_version_8_store_kept(pg: str, schema: str) -> None:
+    import asyncpg
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="a", payload=i, partition_key=f"k{i % 3}") for i in range(9)])
+        await store.enqueue_many([NewTask(queue="b", payload=i, partition_key=f"k{i % 3}") for i in range(9)])
+        await store.enqueue_many([NewTask(queue="gone", payload=0, partition_key="k")])
+        [only] = await store.claim("gone", node_id="n", limit=1, lease_s=60)
+        await store.complete(only)
+    # As version 8 left them: every queue kept heads and key rows; no coord_ordered_queues.
+    conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+    try:
+        await conn.execute("DROP TABLE coord_ordered_queues")
+        await conn.execute(
+            "UPDATE coord_tasks AS t SET is_head = t.active AND t.id = (SELECT min(e.id) FROM coord_tasks AS e"
+            " WHERE e.queue = t.queue AND e.partition_key = t.partition_key AND e.active)"
+        )
+        await conn.execute(
+            "INSERT INTO coord_task_keys (queue, partition_key) SELECT DISTINCT queue, partition_key FROM coord_tasks"
+            " ON CONFLICT DO NOTHING"
+        )
+        await conn.execute("UPDATE coord_meta SET value = '8' WHERE key = 'schema_version'")
+        async with PostgresStore(pg, schema=schema, listen=False) as store:
+            assert await conn.fetchval("SELECT value FROM coord_meta WHERE key = 'schema_version'") == "9"
+            kept = await conn.fetchval("SELECT array_agg(queue ORDER BY queue) FROM coord_ordered_queues")
+            assert kept == ["a", "b", "gone"]  # a key row was enough for "gone"
+            # Version 8's heads serve ordered claims at once, and commits keep them up.
+            assert [t.payload for t in await store.claim("b", node_id="n", limit=9, ordered=True)] == [0, 1, 2]
+            assert [t.payload for t in await store.claim("a", node_id="n", limit=9)] == list(range(9))
+            for q in ("a", "b"):
+                assert await _head_problems(conn, q) == []
+            # A queue new since the upgrade keeps none until claimed in order.
+            await store.enqueue_many([NewTask(queue="c", payload=i, partition_key="k") for i in range(3)])
+            assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE queue = 'c' AND is_head") == 0
+    finally:
+        await conn.close()
+
+
+async def test_a_requeue_in_a_queue_without_heads_wakes_other_processes(pg: str, schema: str) -> None:
+    async with (
+        PostgresStore(pg, schema=schema, listen=False) as store,
+        PostgresStore(pg, schema=schema) as other,
+    ):
+        await store.enqueue("u", "x", partition_key="k", max_attempts=1)
+        [task] = await store.claim("u", node_id="n", limit=1, lease_s=60)
+        assert (await store.fail(task, "boom")).status == TaskStatus.DEAD
+        woken = asyncio.ensure_future(other.notifier.wait("u", 5.0))
+        await asyncio.sleep(0.05)
+        assert await store.requeue_dead("u") == 1
+        assert await asyncio.wait_for(woken, 5.0) is True
+        [again] = await other.claim("u", node_id="m", limit=1, lease_s=60)
+        assert again.id == task.id
+
+
+async def test_a_commit_named_with_another_queue_keeps_the_heads_of_its_own(pg: str, schema: str) -> None:
+    """A caller's altered copy names a queue that keeps no heads: the task's own queue does,
+    and its key's next task still becomes the head (coord_complete_batch, step 3b)."""
+    import asyncpg
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="a", payload=i, partition_key="k") for i in range(3)])
+        [first] = await store.claim("a", node_id="n", limit=5, ordered=True, lease_s=60)
+        [done] = await store.complete_many([dataclasses.replace(first, queue="zz")])
+        assert isinstance(done, Task)
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            assert await _head_problems(conn, "a") == []
+        finally:
+            await conn.close()
+        assert [t.payload for t in await store.claim("a", node_id="n", limit=5, ordered=True)] == [1]

@@ -21,7 +21,11 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   so head upkeep always sees the committed state of the key, never a racy snapshot.
   Promotion finds a key's earliest active task as the lower of its head and its earliest
   active task that is not one (``coord_tasks_key_order`` holds only those since schema
-  version 7, so a promotion or a head's claim writes no entry there).
+  version 7, so a promotion or a head's claim writes no entry there). Since schema version
+  9 only queues claimed in order keep heads (``coord_ordered_queues``; the first ordered
+  claim or continuation of a queue computes its heads): a queue that nodes claim without
+  order pays no key lock and no promotion. Whether a transition keeps heads is read under
+  a shared advisory lock on its queue, which that first ordered claim takes exclusively.
 * **Commits** are compare-and-set on ``(id, lease_token, version)`` plus a live lease,
   fenced (``fences=``) in the same transaction: the keys' row locks are taken first, then
   the fence rows. Concurrent ``complete`` calls of a process are group-committed: one
@@ -289,6 +293,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._clock = clock
         self._sender = new_token()[:16]
         self._partitions = self.config.partitions
+        # Queues seen keeping per-key heads (coord_ordered_queues, schema version 9); a queue
+        # never stops keeping them, so once seen it needs no shared queue lock again.
+        self._kept_queues: set[str] = set()
         self._runner = PgRunner(
             reconnect_timeout_s=check_positive("reconnect_timeout_s", reconnect_timeout_s),
             on_retry=lambda _exc: self.events.add(STORE_RETRIES),
@@ -508,6 +515,45 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         payload = encode_notification(self._sender, queue, count, partitions)
         await self._x(conn, "notify", channel=self.channel, payload=payload)
 
+    async def _lock_keys(self, conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Take the row locks of the keys whose queues keep per-key heads; return those keys.
+
+        Call it in a transaction, before the transition writes anything. Only queues that
+        nodes have claimed in order keep heads (``coord_ordered_queues``, schema version 9).
+        A queue not yet seen keeping them is share-locked first (``coord_share_queues``,
+        held to the commit) and its flag read in the next statement, so a queue starting to
+        keep heads meanwhile (:meth:`_keep_heads`) waits for this transaction. The keys of
+        the other queues need neither a lock nor a promotion.
+        """
+        unknown = sorted({q for q, _ in pairs} - self._kept_queues)
+        if unknown:
+            await self._x(conn, "share_queues", queues=unknown)
+            self._kept_queues.update(r[0] for r in await self._fetch(conn, "kept_queues", queues=unknown))
+        kept = [p for p in pairs if p[0] in self._kept_queues]
+        if kept:
+            await self._x(conn, "lock_keys", **_keys(kept))
+        return kept
+
+    async def _keep_heads(self, queue: str) -> None:
+        """Make ``queue`` keep per-key heads from now on (before its first ordered claim or continuation).
+
+        ``coord_keep_heads`` (schema version 9): under the queue's exclusive advisory lock
+        (it waits for the transitions in flight that decided not to keep heads), records
+        the queue and marks each key's earliest active task as its head. Nobody is woken:
+        the tasks were announced at enqueue, and every ordered claim comes after this. Once
+        per queue and store.
+        """
+        if queue in self._kept_queues:
+            return
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> int:
+            return int(await self._val(conn, "keep_heads", queue=queue))
+
+        heads = await self._run(op, what="keep per-key heads", ambiguous_ok=True)
+        self._kept_queues.add(queue)
+        if heads:
+            log.debug("asynccoord.postgres.keep_heads queue=%s heads=%d", queue, heads)
+
     async def _promote(self, conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]) -> None:
         """Mark the new heads of these keys (under their row locks) and notify other processes of them."""
         if not pairs:
@@ -552,7 +598,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             "max_attempts": [p.max_attempts for p in prepared],
             "delays": [p.delay_s for p in prepared],
         }
-        keys = _keys([(p.queue, p.partition_key) for p in prepared])
+        pairs = sorted({(p.queue, p.partition_key) for p in prepared})
         due: dict[str, set[int]] = {}
         for p in prepared:
             if p.delay_s == 0:
@@ -561,7 +607,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         async def op(conn: asyncpg.Connection, _attempt: int) -> list[tuple[bool, _Row]]:
             now = self._now()
             ids = [int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared))]
-            await self._x(conn, "lock_keys", **keys)
+            kept = await self._lock_keys(conn, pairs)
             created = {int(r[0]): r for r in await self._fetch(conn, "insert_task", ids=ids, now=now, **columns)}
             out: list[tuple[bool, _Row]] = []
             for task_id, p in zip(ids, prepared, strict=True):
@@ -574,7 +620,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     out.append((False, existing))
                 else:
                     out.append((True, row))
-            await self._promote_quietly(conn, [(p.queue, p.partition_key) for p in prepared])
+            await self._promote_quietly(conn, kept)
             fresh = sum(1 for c, _ in out if c)
             if fresh:
                 for queue, partitions in due.items():
@@ -628,6 +674,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         if parts is not None and not parts:
             return []
         self._writable()
+        if ordered:
+            await self._keep_heads(queue)
         return await self._shielded(
             self._claim(queue, node_id, limit, lease, self._partition_filter(parts), ordered, due_age), self._undo_claim
         )
@@ -652,10 +700,18 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         parts, due_age = check_claimable_args(queue, partitions, ordered, min_due_age_s, self._partitions)
         if parts is not None and not parts:
             return set()
-        name = "claimable_partitions_ordered" if ordered else "claimable_partitions"
         filtered = self._partition_filter(parts)
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+            name = "claimable_partitions"
+            if ordered:
+                if queue not in self._kept_queues and await self._fetch(conn, "kept_queues", queues=[queue]):
+                    self._kept_queues.add(queue)
+                # Heads are kept only for queues claimed in order at least once (schema version
+                # 9); before the first ordered claim every due task counts (as on SQLite: the
+                # claim it wakes computes the heads).
+                if queue in self._kept_queues:
+                    name = "claimable_partitions_ordered"
             return await self._fetch(
                 conn, name, queue=queue, partitions=filtered, min_due_age_s=due_age, now=self._now()
             )
@@ -757,9 +813,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             pairs = [(r[0], r[1]) for r in await self._fetch(conn, "exhausted_keys", queue=queue, now=now)]
             if not pairs:
                 return 0
-            await self._x(conn, "lock_keys", **_keys(pairs))
+            kept = set(await self._lock_keys(conn, pairs))
             dead = await self._fetch(conn, "dead_letter_exhausted", queue=queue, now=now)
-            await self._promote(conn, [(r[1], r[2]) for r in dead])
+            await self._promote(conn, [(r[1], r[2]) for r in dead if (r[1], r[2]) in kept])
             return len(dead)
 
         return await self._run(op, what="dead-letter exhausted leases", ambiguous_ok=True)
@@ -774,11 +830,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         pairs = [(r[1], r[2]) for r in rows]
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> set[int]:
-            await self._x(conn, "lock_keys", **_keys(pairs))
+            kept = set(await self._lock_keys(conn, pairs))
             done = {
                 int(r[0]) for r in await self._fetch(conn, "settle_duplicate", ids=ids, tokens=tokens, now=self._now())
             }
-            await self._promote(conn, [p for r, p in zip(rows, pairs, strict=True) if r[0] in done])
+            await self._promote(conn, [p for r, p in zip(rows, pairs, strict=True) if r[0] in done and p in kept])
             return done
 
         try:
@@ -846,6 +902,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         """
         [checked], encoded, fenced, lease, _ = check_continuation(task, result, fence, lease_s, self.config)
         self._writable()
+        await self._keep_heads(checked.queue)
         item = _Item(checked, encoded[0], None if fenced is None else fenced[0], lease)
 
         def undo(_outcome: Task | CoordError) -> Coroutine[Any, Any, Any] | None:
@@ -909,11 +966,13 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
     async def _complete_batch(self, items: Sequence[_Item]) -> list[Task | CoordError]:
         """Complete ``items`` in one statement, ``coord_complete_batch`` (its own transaction).
 
-        The function takes the keys' row locks (sorted), then the fence rows (sorted),
+        The function share-locks the batch's queues and takes the row locks of the keys of
+        those that keep heads (sorted, schema version 9), then the fence rows (sorted),
         refuses outdated fencing tokens, compare-and-sets each remaining task, records the
         fencing tokens and processed ids, promotes the keys' next heads and notifies other
         processes (see ``sql/postgres/migration_0006.sql``; its promotion as of
-        ``migration_0007.sql``): one round trip per batch. Items with ``next_lease_s``
+        ``migration_0007.sql``, its queue locks as of ``migration_0009.sql``): one round
+        trip per batch. Items with ``next_lease_s``
         (``complete_and_claim_next``) also get their key's next task leased by the same
         statement (``migration_0008.sql``; the first such item of a key in the batch only),
         set as their ``next_task``.
@@ -1012,16 +1071,14 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, **params}
 
         async def op(conn: asyncpg.Connection, attempt: int) -> tuple[_Row | None, str | None]:
-            if head_change:
-                await self._x(conn, "lock_keys", **_keys([(task.queue, task.partition_key)]))
+            kept = await self._lock_keys(conn, [(task.queue, task.partition_key)]) if head_change else []
             row = await self._row(conn, name, now=self._now(), **key)
             if row is None:
                 current = await self._row(conn, "select_task", id=task.id)
                 if attempt > 0 and _settled_by_us(current, task, expect):
                     return current, None
                 return None, _lost_reason(current, task)
-            if head_change:
-                await self._promote(conn, [(task.queue, task.partition_key)])
+            await self._promote(conn, kept)
             return row, None
 
         row, reason = await self._run(op, what=name, tx=head_change, ambiguous_ok=True)
@@ -1182,11 +1239,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._writable()
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> int:
-            await self._x(conn, "lock_keys", **_keys([(t.queue, t.partition_key) for t in checked]))
+            kept = set(await self._lock_keys(conn, [(t.queue, t.partition_key) for t in checked]))
             rows = await self._fetch(
                 conn, "unchecked_complete", ids=[t.id for t in checked], results=encoded, now=self._now()
             )
-            await self._promote(conn, [(r[0], r[1]) for r in rows])
+            await self._promote(conn, [(r[0], r[1]) for r in rows if (r[0], r[1]) in kept])
             return len(rows)
 
         written = await self._run(op, what="unchecked_complete")
@@ -1252,12 +1309,15 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             pairs = [(r[0], r[1]) for r in await self._fetch(conn, "dead_keys", queue=queue, ids=ids)]
             if not pairs:
                 return []
-            await self._x(conn, "lock_keys", **_keys(pairs))
+            kept = set(await self._lock_keys(conn, pairs))
             rows = await self._fetch(conn, "requeue_dead", queue=queue, ids=ids, now=now)
-            touched = [(r[1], r[2]) for r in rows]
+            touched = [(r[1], r[2]) for r in rows if (r[1], r[2]) in kept]
             if touched:
                 await self._x(conn, "recompute_heads", **_keys(touched))
                 await self._promote(conn, touched)
+            elif rows:  # a queue without heads: every requeued task is claimable now
+                parts = {int(r[3]) for r in rows}
+                await self._notify(conn, queue, len(rows), parts)
             return rows
 
         rows = await self._run(op, what="requeue_dead")

@@ -33,6 +33,21 @@ INSERT INTO coord_task_keys (queue, partition_key)
 SELECT q, k FROM unnest(:queues::text[], :keys::text[]) AS u (q, k) ORDER BY q, k
 ON CONFLICT (queue, partition_key) DO UPDATE SET touches = coord_task_keys.touches + 1;
 
+-- name: share_queues
+-- PostgreSQL only (schema version 9): the shared advisory lock of each queue, to the end of
+-- the transaction, before a transition decides whether its queues keep per-key heads
+-- (kept_queues, read in the next statement).
+SELECT coord_share_queues(:queues::text[]);
+
+-- name: kept_queues
+-- PostgreSQL only (schema version 9): which of these queues keep per-key heads.
+SELECT queue FROM coord_ordered_queues WHERE queue = ANY(:queues::text[]);
+
+-- name: keep_heads
+-- PostgreSQL only (schema version 9): make a queue keep per-key heads (coord_keep_heads);
+-- how many heads it marked, 0 if the queue kept them already.
+SELECT coord_keep_heads(:queue::text);
+
 -- name: insert_task
 -- :ids are from next_task_ids; every column array has one item per task. Heads are set
 -- afterwards by promote_heads (an INSERT ... SELECT cannot see its own rows).

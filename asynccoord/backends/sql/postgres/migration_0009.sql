@@ -1,0 +1,310 @@
+-- asynccoord schema version 9 (PostgreSQL): per-key head upkeep only for the queues that
+-- are claimed in order (the SQLite store has done so since its version 5).
+--
+-- Until now every transition that changes a key's active set (enqueue, commit,
+-- dead-letter, requeue) took the key's row lock in coord_task_keys and promoted the key's
+-- next head, also in queues that nodes only ever claim without order (NodeConfig(ordered=
+-- False)), where nothing reads heads: per task a key-row update at enqueue, a key-row lock
+-- and a promotion (a tuple version and five index entries) at commit. A queue now keeps
+-- heads once it is in coord_ordered_queues. The first ordered claim, ordered continuation
+-- or ordered idle read of a queue by a client puts it there (coord_keep_heads) and computes
+-- its heads from scratch in the same transaction.
+--
+-- Races. Whether a transition keeps heads is decided under a shared advisory lock on its
+-- queue (coord_share_queues), taken before the transition writes anything and held to
+-- its commit, and read in a later statement (a newer snapshot) than the lock;
+-- coord_keep_heads takes the same lock exclusively, so it waits for every transition in
+-- flight that decided not to keep heads, and sees their rows when it computes the heads; a
+-- transition that starts later sees the queue keeping heads. A queue never stops keeping
+-- them, so a client that has seen a queue keep heads takes no lock for it again. Claims,
+-- retries and releases change no key's active set and take no lock.
+--
+-- Queues that had heads under version 8 (every queue with an active task, and every queue
+-- that ever had a key row) keep them. Processes of version 8 must not run beside version 9
+-- ones (as with every earlier upgrade of coord_complete_batch).
+--
+-- coord_complete_batch (same arguments and rows as version 8): step 0 (and 3b, for a task
+-- named with another queue than its own) decides which of the batch's queues keep heads;
+-- steps 1, 6 and 7 run for those only.
+
+CREATE TABLE IF NOT EXISTS coord_ordered_queues (
+    queue text PRIMARY KEY
+);
+INSERT INTO coord_ordered_queues (queue)
+SELECT queue FROM coord_tasks WHERE active
+UNION
+SELECT queue FROM coord_task_keys
+ON CONFLICT (queue) DO NOTHING;
+
+-- The shared advisory lock of each queue (sorted), held to the end of the transaction. The
+-- lock's key is (classid 0x61637175, hash of schema and queue): schemas of one database do
+-- not share locks but for a hash collision, which only makes a transaction wait.
+CREATE OR REPLACE FUNCTION coord_share_queues(p_queues text[]) RETURNS void
+    LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1633907061, hashtext(current_schema() || '.' || s.q))
+       FROM (SELECT DISTINCT u.q FROM unnest(p_queues) AS u (q) ORDER BY 1) AS s;
+END
+$fn$;
+
+-- Make p_queue keep heads: under the exclusive advisory lock of the queue, record it and,
+-- if it was not recorded, mark the earliest active task of each of its keys as the key's
+-- head. Returns how many heads it marked (0 when the queue kept heads already). Nobody is
+-- notified: the tasks were announced when enqueued, and every ordered claim of the queue
+-- comes after this function.
+CREATE OR REPLACE FUNCTION coord_keep_heads(p_queue text) RETURNS integer
+    LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_new   integer;
+    v_heads integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(1633907061, hashtext(current_schema() || '.' || p_queue));
+    INSERT INTO coord_ordered_queues (queue) VALUES (p_queue) ON CONFLICT (queue) DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    IF v_new = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE coord_tasks SET is_head = false WHERE queue = p_queue AND is_head;
+    UPDATE coord_tasks AS t SET is_head = true
+      FROM (SELECT min(a.id) AS id FROM coord_tasks AS a
+             WHERE a.queue = p_queue AND a.active GROUP BY a.partition_key) AS h
+     WHERE t.id = h.id;
+    GET DIAGNOSTICS v_heads = ROW_COUNT;
+    RETURN v_heads;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION coord_complete_batch(p_ids bigint[], p_tokens text[], p_versions bigint[], p_results text[],
+                                     p_queues text[], p_keys text[],
+                                     p_fence_resources text[], p_fence_tokens bigint[],
+                                     p_next_owners text[], p_next_lease_s double precision[], p_next_token text,
+                                     p_channel text, p_sender text, p_now double precision)
+    RETURNS TABLE (r_id bigint, r_kind text, r_version bigint, r_at double precision, r_top bigint,
+                   n_id bigint, n_queue text, n_partition_key text, n_partition integer, n_idempotency_key text,
+                   n_payload text, n_priority integer, n_status text, n_attempts integer, n_max_attempts integer,
+                   n_run_at double precision, n_lease_owner text, n_lease_token text,
+                   n_lease_expires_at double precision, n_version bigint, n_last_error text, n_result text,
+                   n_created_at double precision, n_updated_at double precision, n_reclaimed boolean)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_keys      integer;
+    v_locked    integer;
+    v_refused   bigint[] := '{}';
+    v_tops      bigint[] := '{}';
+    v_ids       bigint[];
+    v_versions  bigint[];
+    v_at        double precision[];
+    v_queues    text[];
+    v_pkeys     text[];
+    v_messages  text[];
+    v_expected  integer;
+    v_recorded  integer;
+    v_notified  integer;
+    v_new_ids   bigint[] := '{}';
+    v_new_q     text[] := '{}';
+    v_new_parts integer[] := '{}';
+    v_next_for  bigint[] := '{}';
+    v_next_ids  bigint[] := '{}';
+    v_dup_for   bigint[] := '{}';
+    v_dup_ids   bigint[] := '{}';
+    v_dup_q     text[] := '{}';
+    v_dup_pk    text[] := '{}';
+    v_kept      text[];
+BEGIN
+    -- 0. The queues of the batch that keep per-key heads (coord_ordered_queues): those
+    --    known to keep them need no lock; for the others a shared lock on the queue
+    --    (coord_share_queues) is taken first and the flag read after it, in a statement of
+    --    its own (a new snapshot), so a queue that starts keeping heads concurrently
+    --    (coord_keep_heads, under the exclusive lock) either waits for this transaction or
+    --    is seen keeping them.
+    PERFORM coord_share_queues(p_queues);
+    SELECT coalesce(array_agg(o.queue), '{}') INTO v_kept
+      FROM coord_ordered_queues AS o WHERE o.queue = ANY(p_queues);
+
+    -- 1. The row locks of the keys of the queues that keep heads, in sorted order (the
+    --    order of lock_keys: two transactions never deadlock on them). A key row is made at
+    --    enqueue, so it exists; should one be missing, lock_keys' insert makes and locks it.
+    IF cardinality(v_kept) > 0 THEN
+        SELECT count(*) INTO v_locked FROM (
+            SELECT 1 FROM coord_task_keys AS k
+             WHERE (k.queue, k.partition_key) IN (SELECT u.q, u.pk FROM unnest(p_queues, p_keys) AS u (q, pk)
+                                                   WHERE u.q = ANY(v_kept))
+             ORDER BY k.queue, k.partition_key
+               FOR UPDATE) AS l;
+        SELECT count(*) INTO v_keys FROM (SELECT DISTINCT u.q, u.pk FROM unnest(p_queues, p_keys) AS u (q, pk)
+                                           WHERE u.q = ANY(v_kept)) AS d;
+        IF v_locked < v_keys THEN
+            INSERT INTO coord_task_keys (queue, partition_key)
+            SELECT DISTINCT u.q, u.pk FROM unnest(p_queues, p_keys) AS u (q, pk) WHERE u.q = ANY(v_kept) ORDER BY 1, 2
+            ON CONFLICT (queue, partition_key) DO UPDATE SET touches = coord_task_keys.touches + 1;
+        END IF;
+    END IF;
+
+    -- 2. Fences: lock their rows (sorted) and refuse the tasks whose token is below the
+    --    highest recorded.
+    IF p_fence_resources IS NOT NULL THEN
+        WITH top AS (
+            SELECT f.resource, f.fencing_token FROM coord_fences AS f
+             WHERE f.resource = ANY(p_fence_resources)
+             ORDER BY f.resource
+               FOR UPDATE)
+        SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(top.fencing_token), '{}')
+          INTO v_refused, v_tops
+          FROM unnest(p_ids, p_fence_resources, p_fence_tokens) AS u (id, r, tok)
+          JOIN top ON top.resource = u.r
+         WHERE u.tok < top.fencing_token;
+    END IF;
+
+    -- 3. The compare-and-set of each remaining task on (id, lease_token, version), with a
+    --    live lease. The state is checked as "not pending, done or dead" rather than
+    --    "= 'running'" (the same under the CHECK constraint; a lease token is only ever set
+    --    while running): "= 'running'" lets the planner read the batch through
+    --    coord_tasks_lease_expiry, every running task, whose statistics (taken when none
+    --    ran, and never covering leases granted since) promise one row; this way the only
+    --    path to the rows is the primary key.
+    WITH done AS (
+        UPDATE coord_tasks AS t
+           SET status = 'done', active = false, is_head = false, result = b.result, last_error = NULL,
+               lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+               version = t.version + 1, updated_at = coord_now(p_now)
+          FROM unnest(p_ids, p_tokens, p_versions, p_results) AS b (id, token, version, result)
+         WHERE t.id = b.id AND NOT (b.id = ANY(v_refused))
+           AND t.lease_token = b.token AND t.version = b.version
+           AND t.status <> ALL ('{pending,done,dead}') AND t.lease_expires_at > coord_now(p_now)
+        RETURNING t.id, t.version, t.updated_at, t.queue, t.partition_key, t.idempotency_key)
+    SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.version), '{}'), coalesce(array_agg(d.updated_at), '{}'),
+           coalesce(array_agg(d.queue), '{}'), coalesce(array_agg(d.partition_key), '{}'),
+           coalesce(array_agg(d.idempotency_key), '{}')
+      INTO v_ids, v_versions, v_at, v_queues, v_pkeys, v_messages
+      FROM done AS d;
+
+    -- 3b. A task named by the caller with another queue than its own (an altered copy: the
+    --     stored queue and key are the ones committed and promoted): its own queue is
+    --     share-locked now and the flags read again (the batch's other queues cannot have
+    --     changed, their locks are held).
+    IF EXISTS (SELECT 1 FROM unnest(v_queues) AS u (q) WHERE u.q <> ALL (p_queues)) THEN
+        PERFORM coord_share_queues(ARRAY(SELECT u.q FROM unnest(v_queues) AS u (q) WHERE u.q <> ALL (p_queues)));
+        SELECT coalesce(array_agg(o.queue), '{}') INTO v_kept
+          FROM coord_ordered_queues AS o WHERE o.queue = ANY(p_queues || v_queues);
+    END IF;
+
+    -- 4. The fencing tokens of the committed fenced tasks (under the rows locked in 2).
+    IF p_fence_resources IS NOT NULL THEN
+        SELECT count(DISTINCT u.r) INTO v_expected
+          FROM unnest(p_ids, p_fence_resources) AS u (id, r)
+         WHERE u.r IS NOT NULL AND u.id = ANY(v_ids);
+        IF v_expected > 0 THEN
+            WITH recorded AS (
+                INSERT INTO coord_fences AS f (resource, fencing_token, data, updated_at)
+                SELECT u.r, max(u.tok), NULL, coord_now(p_now)
+                  FROM unnest(p_ids, p_fence_resources, p_fence_tokens) AS u (id, r, tok)
+                 WHERE u.r IS NOT NULL AND u.id = ANY(v_ids)
+                 GROUP BY u.r ORDER BY u.r
+                ON CONFLICT (resource) DO UPDATE SET fencing_token = excluded.fencing_token, updated_at = excluded.updated_at
+                 WHERE excluded.fencing_token >= f.fencing_token
+                RETURNING 1)
+            SELECT count(*) INTO v_recorded FROM recorded;
+            IF v_recorded < v_expected THEN
+                RAISE EXCEPTION 'asynccoord: a higher fencing token was recorded concurrently'
+                      USING ERRCODE = 'serialization_failure';
+            END IF;
+        END IF;
+    END IF;
+
+    -- 5. The processed-id records of the committed tasks that carry a message id.
+    INSERT INTO coord_processed (consumer, message_id, processed_at)
+    SELECT u.q, u.m, coord_now(p_now) FROM unnest(v_queues, v_messages) AS u (q, m) WHERE u.m IS NOT NULL
+    ON CONFLICT (consumer, message_id) DO NOTHING;
+
+    -- 6. The new heads of the committed tasks' keys in queues that keep heads (promote_heads,
+    --    schema version 7), kept for the continuations (7) and the notification (9).
+    IF cardinality(v_ids) > 0 AND cardinality(v_kept) > 0 THEN
+        WITH promoted AS (
+            UPDATE coord_tasks SET is_head = true
+             WHERE NOT is_head AND id = ANY(ARRAY(
+                SELECT least((SELECT h.id FROM coord_tasks AS h
+                               WHERE h.queue = k.q AND h.partition_key = k.pk AND h.is_head),
+                             (SELECT t.id FROM coord_tasks AS t
+                               WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active AND NOT t.is_head
+                               ORDER BY t.id LIMIT 1))
+                  FROM (SELECT DISTINCT u.q, u.pk FROM unnest(v_queues, v_pkeys) AS u (q, pk)
+                         WHERE u.q = ANY(v_kept)) AS k))
+            RETURNING id, queue, partition)
+        SELECT coalesce(array_agg(p.id), '{}'), coalesce(array_agg(p.queue), '{}'), coalesce(array_agg(p.partition), '{}')
+          INTO v_new_ids, v_new_q, v_new_parts
+          FROM promoted AS p;
+    END IF;
+
+    -- 7. Continuations (coord_lease_key_heads): per key, the first committed task of the batch
+    --    that continues leases the key's head (under the key's row lock taken in 1; every head
+    --    is marked by 6) if it is pending and due, or settles it as a duplicate. Only queues
+    --    that keep heads have any (the client makes a queue keep them before it continues).
+    IF p_next_owners IS NOT NULL AND cardinality(v_ids) > 0 AND cardinality(v_kept) > 0 THEN
+        SELECT coalesce(array_agg(c.r_done) FILTER (WHERE NOT c.r_dup), '{}'),
+               coalesce(array_agg(c.r_id) FILTER (WHERE NOT c.r_dup), '{}'),
+               coalesce(array_agg(c.r_done) FILTER (WHERE c.r_dup), '{}'),
+               coalesce(array_agg(c.r_id) FILTER (WHERE c.r_dup), '{}'),
+               coalesce(array_agg(c.r_queue) FILTER (WHERE c.r_dup), '{}'),
+               coalesce(array_agg(c.r_key) FILTER (WHERE c.r_dup), '{}')
+          INTO v_next_for, v_next_ids, v_dup_for, v_dup_ids, v_dup_q, v_dup_pk
+          FROM coord_lease_key_heads(v_ids, v_queues, v_pkeys, p_ids, p_next_owners, p_next_lease_s,
+                                     p_next_token, p_now) AS c;
+
+        -- 8. A duplicate settled in 7 left its key: promote the key's following task (as 6).
+        IF cardinality(v_dup_ids) > 0 THEN
+            WITH promoted AS (
+                UPDATE coord_tasks SET is_head = true
+                 WHERE NOT is_head AND id = ANY(ARRAY(
+                    SELECT least((SELECT h.id FROM coord_tasks AS h
+                                   WHERE h.queue = k.q AND h.partition_key = k.pk AND h.is_head),
+                                 (SELECT t.id FROM coord_tasks AS t
+                                   WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active AND NOT t.is_head
+                                   ORDER BY t.id LIMIT 1))
+                      FROM (SELECT DISTINCT u.q, u.pk FROM unnest(v_dup_q, v_dup_pk) AS u (q, pk)) AS k))
+                RETURNING id, queue, partition)
+            SELECT v_new_ids || coalesce(array_agg(p.id), '{}'), v_new_q || coalesce(array_agg(p.queue), '{}'),
+                   v_new_parts || coalesce(array_agg(p.partition), '{}')
+              INTO v_new_ids, v_new_q, v_new_parts
+              FROM promoted AS p;
+        END IF;
+    END IF;
+
+    -- 9. A work notification per queue naming the partitions of the promoted heads that
+    --    were neither leased nor settled in 7 (delivered at commit).
+    IF cardinality(v_new_ids) > 0 THEN
+        SELECT count(*) INTO v_notified FROM (
+            SELECT pg_notify(p_channel, json_build_object(
+                       's', p_sender, 'q', g.queue, 'n', g.n, 'p', CASE WHEN g.n > 512 THEN NULL ELSE g.parts END)::text)
+              FROM (SELECT u.q AS queue, count(DISTINCT u.p) AS n, array_agg(DISTINCT u.p ORDER BY u.p) AS parts
+                      FROM unnest(v_new_ids, v_new_q, v_new_parts) AS u (id, q, p)
+                     WHERE NOT (u.id = ANY(v_next_ids)) AND NOT (u.id = ANY(v_dup_ids))
+                     GROUP BY u.q) AS g) AS sent;
+    END IF;
+
+    RETURN QUERY
+        SELECT d.id, 'd'::text, d.v, d.at, NULL::bigint,
+               NULL::bigint, NULL::text, NULL::text, NULL::integer, NULL::text, NULL::text, NULL::integer, NULL::text,
+               NULL::integer, NULL::integer, NULL::double precision, NULL::text, NULL::text, NULL::double precision,
+               NULL::bigint, NULL::text, NULL::text, NULL::double precision, NULL::double precision, NULL::boolean
+          FROM unnest(v_ids, v_versions, v_at) AS d (id, v, at)
+        UNION ALL
+        SELECT f.id, 'f'::text, NULL::bigint, NULL::double precision, f.top,
+               NULL::bigint, NULL::text, NULL::text, NULL::integer, NULL::text, NULL::text, NULL::integer, NULL::text,
+               NULL::integer, NULL::integer, NULL::double precision, NULL::text, NULL::text, NULL::double precision,
+               NULL::bigint, NULL::text, NULL::text, NULL::double precision, NULL::double precision, NULL::boolean
+          FROM unnest(v_refused, v_tops) AS f (id, top)
+        UNION ALL
+        SELECT n.done_id, 'n'::text, NULL::bigint, NULL::double precision, NULL::bigint,
+               t.id, t.queue, t.partition_key, t.partition, t.idempotency_key, t.payload, t.priority, t.status,
+               t.attempts, t.max_attempts, t.run_at, t.lease_owner, t.lease_token, t.lease_expires_at,
+               t.version, t.last_error, t.result, t.created_at, t.updated_at, t.reclaimed
+          FROM unnest(v_next_for, v_next_ids) AS n (done_id, id)
+          JOIN coord_tasks AS t ON t.id = n.id
+        UNION ALL
+        SELECT x.done_id, 'x'::text, NULL::bigint, NULL::double precision, NULL::bigint,
+               x.id, NULL::text, NULL::text, NULL::integer, NULL::text, NULL::text, NULL::integer, NULL::text,
+               NULL::integer, NULL::integer, NULL::double precision, NULL::text, NULL::text, NULL::double precision,
+               NULL::bigint, NULL::text, NULL::text, NULL::double precision, NULL::double precision, NULL::boolean
+          FROM unnest(v_dup_for, v_dup_ids) AS x (done_id, id);
+END
+$fn$;
