@@ -481,12 +481,7 @@ async def writes_held(backend: str, store, db_path: Path) -> AsyncIterator[None]
     conn = await asyncpg.connect(PG_DSN, server_settings={"search_path": f'"{store.schema}"'})
     try:
         async with conn.transaction():  # the key's row lock: the commit batch waits for it
-            # (made if missing: a queue's key rows exist once the queue keeps heads, schema 9)
-            await conn.execute(
-                "INSERT INTO coord_task_keys (queue, partition_key) VALUES ($1, 'k')"
-                " ON CONFLICT (queue, partition_key) DO UPDATE SET touches = coord_task_keys.touches + 1",
-                Q,
-            )
+            await conn.execute("SELECT 1 FROM coord_task_keys WHERE queue = $1 AND partition_key = 'k' FOR UPDATE", Q)
             yield
     finally:
         await conn.close()

@@ -1019,3 +1019,157 @@ async def test_a_commit_named_with_another_queue_keeps_the_heads_of_its_own(pg: 
         finally:
             await conn.close()
         assert [t.payload for t in await store.claim("a", node_id="n", limit=5, ordered=True)] == [1]
+
+
+async def _hold_key_row(pg: str, schema: str, key: str) -> Any:
+    """Another transaction holding ``key``'s row in coord_task_keys (queue "q"); commit it to let go."""
+    import asyncpg
+
+    conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+    tx = conn.transaction()
+    await tx.start()
+    await conn.execute(
+        "INSERT INTO coord_task_keys (queue, partition_key) VALUES ('q', $1)"
+        " ON CONFLICT (queue, partition_key) DO UPDATE SET touches = coord_task_keys.touches + 1",
+        key,
+    )
+    return conn, tx
+
+
+async def test_a_lease_exhausted_while_dead_lettering_waits_leaves_its_key_a_head(pg: str, schema: str) -> None:
+    """dead_letter_exhausted kills only the leases of the keys it locked: B1's lease runs out
+    while the call waits for A's key, and B2 still becomes B's head once B1 is dead."""
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many(
+            [NewTask(queue="q", payload=p, partition_key=p[0], max_attempts=1) for p in ("A1", "B1", "B2")]
+        )
+        [a1] = await store.claim("q", node_id="n", limit=1, ordered=True, lease_s=0.2)
+        [b1] = await store.claim("q", node_id="n", limit=1, ordered=True, lease_s=0.6)
+        assert (a1.payload, b1.payload) == ("A1", "B1")
+        await asyncio.sleep(0.3)  # A1's lease ran out on its last attempt; B1's not yet
+        conn, tx = await _hold_key_row(pg, schema, "A")
+        job = asyncio.ensure_future(store._dead_letter_exhausted("q"))  # finds A, waits for A's row
+        await asyncio.sleep(0.8)  # B1's lease runs out meanwhile
+        await tx.commit()
+        await conn.close()
+        assert await job == 1  # A1 only: B's key was not locked
+        check = await _connect(pg, schema)
+        try:
+            assert await _head_problems(check, "q") == []
+            # The next claim dead-letters B1 under B's lock and takes B2, B's new head.
+            assert [t.payload for t in await store.claim("q", node_id="n", limit=5, ordered=True)] == ["B2"]
+            assert (await store.get(b1.id)).status == TaskStatus.DEAD
+            assert await _head_problems(check, "q") == []
+        finally:
+            await check.close()
+
+
+async def test_a_task_dying_while_a_requeue_waits_keeps_its_key_in_order(pg: str, schema: str) -> None:
+    """requeue_dead revives only tasks of the keys it locked: B1 dies (B2 becomes B's head)
+    while the requeue waits for A's key, and stays dead; B2 is not overtaken."""
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many(
+            [NewTask(queue="q", payload=p, partition_key=p[0], max_attempts=1) for p in ("A1", "B1", "B2")]
+        )
+        a1, b1 = await store.claim("q", node_id="n", limit=5, ordered=True, lease_s=60)
+        await store.fail(a1, "x")
+        conn, tx = await _hold_key_row(pg, schema, "A")
+        job = asyncio.ensure_future(store.requeue_dead("q"))  # finds A's dead task, waits for A's row
+        await asyncio.sleep(0.3)
+        await store.fail(b1, "y")  # B1 dead: B2 is B's head
+        await tx.commit()
+        await conn.close()
+        assert await job == 1
+        check = await _connect(pg, schema)
+        try:
+            assert await _head_problems(check, "q") == []
+        finally:
+            await check.close()
+        assert sorted(t.payload for t in await store.claim("q", node_id="n", limit=5, ordered=True)) == ["A1", "B2"]
+        assert await store.requeue_dead("q") == 1  # B1, when asked again
+        check = await _connect(pg, schema)
+        try:
+            assert await _head_problems(check, "q") == []  # B1 is B's head again, before B2
+        finally:
+            await check.close()
+
+
+async def _connect(pg: str, schema: str) -> Any:
+    import asyncpg
+
+    return await asyncpg.connect(pg, server_settings={"search_path": schema})
+
+
+async def test_a_queue_that_starts_keeping_heads_has_a_key_row_for_each_key(pg: str, schema: str) -> None:
+    """Key rows are made for the active keys when a queue starts keeping heads, so a commit
+    batch locks rows that exist (one sorted pass) and never deadlocks with an enqueue."""
+    from asynccoord.backends.postgres import STORE_RETRIES
+
+    async with (
+        PostgresStore(pg, schema=schema, listen=False) as store,
+        PostgresStore(pg, schema=schema, listen=False) as other,
+    ):
+        await store.enqueue_many([NewTask(queue="q", payload=p, partition_key=p[0]) for p in ("a1", "b1")])
+        check = await _connect(pg, schema)
+        try:
+            assert await check.fetchval("SELECT count(*) FROM coord_task_keys") == 0
+            a1, b1 = await store.claim("q", node_id="n", limit=5, ordered=True, lease_s=60)
+            keys = await check.fetch("SELECT partition_key FROM coord_task_keys WHERE queue = 'q' ORDER BY 1")
+            assert [r[0] for r in keys] == ["a", "b"]
+            # The batch waits for b's row while an enqueue of (a, b) runs: no deadlock, no retry.
+            count_deadlocks = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+            deadlocks = await check.fetchval(count_deadlocks)
+            conn, tx = await _hold_key_row(pg, schema, "b")
+            batch = asyncio.ensure_future(store.complete_many([a1, b1]))
+            await asyncio.sleep(0.2)
+            enqueue = asyncio.ensure_future(
+                other.enqueue_many([NewTask(queue="q", payload=p, partition_key=p[0]) for p in ("a3", "b3")])
+            )
+            await asyncio.sleep(0.2)
+            await tx.commit()
+            await conn.close()
+            done, created = await asyncio.gather(batch, enqueue)
+            assert all(isinstance(d, Task) for d in done)
+            assert all(c.created for c in created)
+            assert store.events.get(STORE_RETRIES) == other.events.get(STORE_RETRIES) == 0
+            assert await check.fetchval(count_deadlocks) == deadlocks
+            assert await _head_problems(check, "q") == []
+        finally:
+            await check.close()
+
+
+async def test_a_first_ordered_claim_of_a_kept_queue_waits_for_nothing(pg: str, schema: str) -> None:
+    """A store's first ordered claim of a queue that keeps heads already takes no exclusive
+    lock: it does not wait for the queue's transitions in flight, nor make new ones wait."""
+    async with (
+        PostgresStore(pg, schema=schema, listen=False) as store,
+        PostgresStore(pg, schema=schema, listen=False) as other,
+    ):
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(3)])
+        t1, _t2 = await store.claim("q", node_id="n", limit=2, ordered=True, lease_s=60)
+        holder = await _connect(pg, schema)
+        tx = holder.transaction()
+        await tx.start()
+        try:
+            await holder.execute("SELECT coord_share_queues('{q}')")  # a transition of q in flight
+            [t3] = await asyncio.wait_for(other.claim("q", node_id="m", limit=1, ordered=True), 5.0)
+            assert t3.payload == 2
+            assert (await asyncio.wait_for(store.complete(t1), 5.0)).status == TaskStatus.DONE
+        finally:
+            await tx.commit()
+            await holder.close()
+
+
+async def test_migration_9_run_again_computes_the_heads_of_the_queues_it_records(pg: str, schema: str) -> None:
+    from asynccoord.backends.sql import load_migrations
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="u", payload=i, partition_key="k") for i in range(3)])
+        conn = await _connect(pg, schema)
+        try:
+            await conn.execute(dict(load_migrations("postgres"))[9])  # again, over version 9
+            assert await conn.fetchval("SELECT array_agg(queue) FROM coord_ordered_queues") == ["u"]
+            assert await _head_problems(conn, "u") == []
+        finally:
+            await conn.close()
+        assert [t.payload for t in await store.claim("u", node_id="n", limit=3, ordered=True)] == [0]

@@ -14,23 +14,24 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   partition, for ordered claims) and of running tasks for expired leases, so a claim
   visits about what it returns however many tasks are in flight (schema version 5).
 * **Per-key ordering** is kept by the ``is_head`` column (the earliest active task of a
-  ``(queue, partition_key)``; ordered claims scan only heads). The database enforces at
-  most one head per key (unique partial index ``coord_tasks_one_head``), and every
-  transition that changes a key's active set (enqueue, complete, dead-letter, requeue)
-  first takes the key's row lock in ``coord_task_keys`` (sorted, so never a deadlock),
-  so head upkeep always sees the committed state of the key, never a racy snapshot.
-  Promotion finds a key's earliest active task as the lower of its head and its earliest
-  active task that is not one (``coord_tasks_key_order`` holds only those since schema
-  version 7, so a promotion or a head's claim writes no entry there). Since schema version
-  9 only queues claimed in order keep heads (``coord_ordered_queues``; the first ordered
-  claim or continuation of a queue computes its heads): a queue that nodes claim without
-  order pays no key lock and no promotion. Whether a transition keeps heads is read under
-  a shared advisory lock on its queue, which that first ordered claim takes exclusively.
+  ``(queue, partition_key)``; ordered claims scan only heads), in the queues that keep
+  heads: since schema version 9 only queues claimed in order (``coord_ordered_queues``; the
+  first ordered claim or continuation of a queue computes its heads, ``coord_keep_heads``),
+  so a queue that nodes claim without order pays no key lock and no promotion. The database
+  enforces at most one head per key (unique partial index ``coord_tasks_one_head``), and
+  every transition that changes a key's active set (enqueue, complete, dead-letter,
+  requeue) first takes a shared advisory lock on its queue (which that first ordered claim
+  takes exclusively) and, if the queue keeps heads, the key's row lock in
+  ``coord_task_keys`` (sorted), so head upkeep always sees the committed state of the key,
+  never a racy snapshot. Promotion finds a key's earliest active task as the lower of its
+  head and its earliest active task that is not one (``coord_tasks_key_order`` holds only
+  those since schema version 7, so a promotion or a head's claim writes no entry there).
 * **Commits** are compare-and-set on ``(id, lease_token, version)`` plus a live lease,
-  fenced (``fences=``) in the same transaction: the keys' row locks are taken first, then
-  the fence rows. Concurrent ``complete`` calls of a process are group-committed: one
-  transaction per batch of whatever is waiting, and one statement, the server-side
-  function ``coord_complete_batch`` (schema version 6), so a batch costs one round trip.
+  fenced (``fences=``) in the same transaction: the queues' shared locks are taken first,
+  then the row locks of the keys of queues that keep heads, then the fence rows.
+  Concurrent ``complete`` calls of a process are group-committed: one transaction per
+  batch of whatever is waiting, and one statement, the server-side function
+  ``coord_complete_batch`` (schema version 6), so a batch costs one round trip.
 * **Commit-and-continue** (``complete_and_claim_next``) rides the same batch: since schema
   version 8 the function also leases, for each continuing task, its key's next head to the
   task's owner, in the commit's statement and transaction, and notifies nobody of it.
@@ -343,6 +344,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         if self._runner.pool is not None:
             self._runner.check_loop()  # open, but for another loop: StoreLoopError
             return
+        self._kept_queues.clear()  # seen in a database that may since have been replaced
         try:
             pool = await asyncpg.create_pool(
                 self.dsn,
@@ -814,7 +816,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             if not pairs:
                 return 0
             kept = set(await self._lock_keys(conn, pairs))
-            dead = await self._fetch(conn, "dead_letter_exhausted", queue=queue, now=now)
+            keys = sorted({k for _, k in pairs})
+            dead = await self._fetch(conn, "dead_letter_exhausted", queue=queue, keys=keys, now=now)
             await self._promote(conn, [(r[1], r[2]) for r in dead if (r[1], r[2]) in kept])
             return len(dead)
 
@@ -1310,7 +1313,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             if not pairs:
                 return []
             kept = set(await self._lock_keys(conn, pairs))
-            rows = await self._fetch(conn, "requeue_dead", queue=queue, ids=ids, now=now)
+            keys = sorted({k for _, k in pairs})
+            rows = await self._fetch(conn, "requeue_dead", queue=queue, ids=ids, keys=keys, now=now)
             touched = [(r[1], r[2]) for r in rows if (r[1], r[2]) in kept]
             if touched:
                 await self._x(conn, "recompute_heads", **_keys(touched))

@@ -6,9 +6,9 @@
 -- next head, also in queues that nodes only ever claim without order (NodeConfig(ordered=
 -- False)), where nothing reads heads: per task a key-row update at enqueue, a key-row lock
 -- and a promotion (a tuple version and five index entries) at commit. A queue now keeps
--- heads once it is in coord_ordered_queues. The first ordered claim, ordered continuation
--- or ordered idle read of a queue by a client puts it there (coord_keep_heads) and computes
--- its heads from scratch in the same transaction.
+-- heads once it is in coord_ordered_queues. The first ordered claim or ordered continuation
+-- of a queue by a client puts it there (coord_keep_heads) and computes its heads (and makes
+-- its keys' rows) in the same transaction.
 --
 -- Races. Whether a transition keeps heads is decided under a shared advisory lock on its
 -- queue (coord_share_queues), taken before the transition writes anything and held to
@@ -20,8 +20,10 @@
 -- retries and releases change no key's active set and take no lock.
 --
 -- Queues that had heads under version 8 (every queue with an active task, and every queue
--- that ever had a key row) keep them. Processes of version 8 must not run beside version 9
--- ones (as with every earlier upgrade of coord_complete_batch).
+-- that ever had a key row) keep them; their heads are checked (coord_compute_heads writes
+-- only where a head is missing or wrong: nothing, on a database version 8 left), so the
+-- script can also run again over a version 9 schema. Processes of version 8 must not run
+-- beside version 9 ones (as with every earlier upgrade of coord_complete_batch).
 --
 -- coord_complete_batch (same arguments and rows as version 8): step 0 (and 3b, for a task
 -- named with another queue than its own) decides which of the batch's queues keep heads;
@@ -30,11 +32,6 @@
 CREATE TABLE IF NOT EXISTS coord_ordered_queues (
     queue text PRIMARY KEY
 );
-INSERT INTO coord_ordered_queues (queue)
-SELECT queue FROM coord_tasks WHERE active
-UNION
-SELECT queue FROM coord_task_keys
-ON CONFLICT (queue) DO NOTHING;
 
 -- The shared advisory lock of each queue (sorted), held to the end of the transaction. The
 -- lock's key is (classid 0x61637175, hash of schema and queue): schemas of one database do
@@ -47,32 +44,66 @@ BEGIN
 END
 $fn$;
 
--- Make p_queue keep heads: under the exclusive advisory lock of the queue, record it and,
--- if it was not recorded, mark the earliest active task of each of its keys as the key's
--- head. Returns how many heads it marked (0 when the queue kept heads already). Nobody is
--- notified: the tasks were announced when enqueued, and every ordered claim of the queue
--- comes after this function.
+-- The heads of p_queue from scratch, written only where they differ (each key's earliest
+-- active task is its head, no other task is one), and a row in coord_task_keys for each key
+-- with an active task (so the key locks of later transitions find a row to lock instead of
+-- inserting it). Returns how many heads it marked. Under coord_keep_heads' exclusive lock.
+CREATE OR REPLACE FUNCTION coord_compute_heads(p_queue text) RETURNS integer
+    LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_heads integer;
+BEGIN
+    INSERT INTO coord_task_keys (queue, partition_key)
+    SELECT DISTINCT a.queue, a.partition_key FROM coord_tasks AS a WHERE a.queue = p_queue AND a.active
+    ORDER BY 1, 2
+    ON CONFLICT (queue, partition_key) DO NOTHING;
+    UPDATE coord_tasks AS t SET is_head = false
+     WHERE t.queue = p_queue AND t.is_head
+       AND (NOT t.active OR t.id <> (SELECT min(a.id) FROM coord_tasks AS a
+                                      WHERE a.queue = t.queue AND a.partition_key = t.partition_key AND a.active));
+    UPDATE coord_tasks AS t SET is_head = true
+      FROM (SELECT min(a.id) AS id FROM coord_tasks AS a
+             WHERE a.queue = p_queue AND a.active GROUP BY a.partition_key) AS h
+     WHERE t.id = h.id AND NOT t.is_head;
+    GET DIAGNOSTICS v_heads = ROW_COUNT;
+    RETURN v_heads;
+END
+$fn$;
+
+-- Make p_queue keep heads: if it is not recorded, take the exclusive advisory lock of the
+-- queue (it waits for every transition in flight that share-locked the queue), record it
+-- and compute its heads (coord_compute_heads). Returns how many heads it marked (0 when the
+-- queue kept heads already: then no lock is taken, and nothing waits). Nobody is notified:
+-- the tasks were announced when enqueued, and every ordered claim of the queue comes after
+-- this function.
 CREATE OR REPLACE FUNCTION coord_keep_heads(p_queue text) RETURNS integer
     LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-    v_new   integer;
-    v_heads integer;
+    v_new integer;
 BEGIN
+    IF EXISTS (SELECT 1 FROM coord_ordered_queues WHERE queue = p_queue) THEN
+        RETURN 0;
+    END IF;
     PERFORM pg_advisory_xact_lock(1633907061, hashtext(current_schema() || '.' || p_queue));
     INSERT INTO coord_ordered_queues (queue) VALUES (p_queue) ON CONFLICT (queue) DO NOTHING;
     GET DIAGNOSTICS v_new = ROW_COUNT;
     IF v_new = 0 THEN
         RETURN 0;
     END IF;
-    UPDATE coord_tasks SET is_head = false WHERE queue = p_queue AND is_head;
-    UPDATE coord_tasks AS t SET is_head = true
-      FROM (SELECT min(a.id) AS id FROM coord_tasks AS a
-             WHERE a.queue = p_queue AND a.active GROUP BY a.partition_key) AS h
-     WHERE t.id = h.id;
-    GET DIAGNOSTICS v_heads = ROW_COUNT;
-    RETURN v_heads;
+    RETURN coord_compute_heads(p_queue);
 END
 $fn$;
+
+-- The queues that kept heads under version 8 (run again over version 9: also the queues
+-- that have active tasks now), heads checked.
+WITH recorded AS (
+    INSERT INTO coord_ordered_queues (queue)
+    SELECT queue FROM coord_tasks WHERE active
+    UNION
+    SELECT queue FROM coord_task_keys
+    ON CONFLICT (queue) DO NOTHING
+    RETURNING queue)
+SELECT count(coord_compute_heads(r.queue)) FROM recorded AS r;
 
 CREATE OR REPLACE FUNCTION coord_complete_batch(p_ids bigint[], p_tokens text[], p_versions bigint[], p_results text[],
                                      p_queues text[], p_keys text[],
@@ -111,12 +142,12 @@ DECLARE
     v_dup_pk    text[] := '{}';
     v_kept      text[];
 BEGIN
-    -- 0. The queues of the batch that keep per-key heads (coord_ordered_queues): those
-    --    known to keep them need no lock; for the others a shared lock on the queue
-    --    (coord_share_queues) is taken first and the flag read after it, in a statement of
-    --    its own (a new snapshot), so a queue that starts keeping heads concurrently
-    --    (coord_keep_heads, under the exclusive lock) either waits for this transaction or
-    --    is seen keeping them.
+    -- 0. The queues of the batch that keep per-key heads (coord_ordered_queues): a shared
+    --    lock on each queue of the batch (coord_share_queues; cheap, and only a queue's
+    --    first ordered claim takes it exclusively) is taken first and the flags read after
+    --    it, in a statement of its own (a new snapshot), so a queue that starts keeping heads
+    --    concurrently (coord_keep_heads, under the exclusive lock) either waits for this
+    --    transaction or is seen keeping them.
     PERFORM coord_share_queues(p_queues);
     SELECT coalesce(array_agg(o.queue), '{}') INTO v_kept
       FROM coord_ordered_queues AS o WHERE o.queue = ANY(p_queues);
@@ -181,9 +212,15 @@ BEGIN
     -- 3b. A task named by the caller with another queue than its own (an altered copy: the
     --     stored queue and key are the ones committed and promoted): its own queue is
     --     share-locked now and the flags read again (the batch's other queues cannot have
-    --     changed, their locks are held).
+    --     changed, their locks are held). The task's row is locked by 3 already, so the lock
+    --     is not waited for (coord_keep_heads, holding it, may be waiting for that row): the
+    --     batch fails as a serialization failure instead, and the client runs it again.
     IF EXISTS (SELECT 1 FROM unnest(v_queues) AS u (q) WHERE u.q <> ALL (p_queues)) THEN
-        PERFORM coord_share_queues(ARRAY(SELECT u.q FROM unnest(v_queues) AS u (q) WHERE u.q <> ALL (p_queues)));
+        IF NOT (SELECT bool_and(pg_try_advisory_xact_lock_shared(1633907061, hashtext(current_schema() || '.' || o.q)))
+                  FROM (SELECT DISTINCT u.q FROM unnest(v_queues) AS u (q) WHERE u.q <> ALL (p_queues)) AS o) THEN
+            RAISE EXCEPTION 'asynccoord: a queue of the batch is starting to keep heads'
+                  USING ERRCODE = 'serialization_failure';
+        END IF;
         SELECT coalesce(array_agg(o.queue), '{}') INTO v_kept
           FROM coord_ordered_queues AS o WHERE o.queue = ANY(p_queues || v_queues);
     END IF;

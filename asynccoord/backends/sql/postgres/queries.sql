@@ -110,14 +110,16 @@ SELECT DISTINCT queue, partition_key FROM coord_tasks
 
 -- name: dead_letter_exhausted
 -- Leases that expired on the last allowed attempt: dead, so they never take a claim
--- slot or block their key.
+-- slot or block their key. PostgreSQL: only those of :keys, the keys exhausted_keys found
+-- and lock_keys locked (a lease of another key that expired meanwhile waits for the next
+-- call: its key's head upkeep needs the key's lock).
 UPDATE coord_tasks
    SET status = 'dead', active = false, is_head = false,
        last_error = 'lease expired on the last attempt (owner ' || coalesce(lease_owner, '?') || ')',
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = coord_now(:now::float8)
  WHERE queue = :queue::text AND status = 'running' AND lease_expires_at <= coord_now(:now::float8)
-   AND attempts >= max_attempts
+   AND attempts >= max_attempts AND partition_key = ANY(:keys::text[])
 RETURNING id, queue, partition_key;
 
 -- name: claim
@@ -343,11 +345,13 @@ SELECT EXISTS (SELECT 1 FROM coord_tasks WHERE queue = :queue::text AND status =
     OR EXISTS (SELECT 1 FROM coord_tasks WHERE queue = :queue::text AND status = 'running');
 
 -- name: requeue_dead
+-- PostgreSQL: only tasks of :keys, the keys dead_keys found and lock_keys locked (a task
+-- that died meanwhile under another key stays dead: its key's heads need the key's lock).
 UPDATE coord_tasks
    SET status = 'pending', active = true, attempts = 0, run_at = coord_now(:now::float8),
        version = version + 1, updated_at = coord_now(:now::float8)
  WHERE queue = :queue::text AND status = 'dead'
-   AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]))
+   AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[])) AND partition_key = ANY(:keys::text[])
 RETURNING id, queue, partition_key, partition;
 
 -- name: dead_keys
