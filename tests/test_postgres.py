@@ -1173,3 +1173,33 @@ async def test_migration_9_run_again_computes_the_heads_of_the_queues_it_records
         finally:
             await conn.close()
         assert [t.payload for t in await store.claim("u", node_id="n", limit=3, ordered=True)] == [0]
+
+
+async def test_read_committed_whatever_the_dsn_asks(pg: str, schema: str) -> None:
+    """An enqueue that waits behind a queue's first ordered claim still gets its head when the
+    DSN (or the role, or the database) makes REPEATABLE READ the default: the store's sessions
+    run READ COMMITTED, so the flag is read after the queue lock, not in an older snapshot."""
+    dsn = pg + ("&" if "?" in pg else "?") + "default_transaction_isolation=repeatable%20read"
+    async with PostgresStore(dsn, schema=schema, listen=False) as setup:
+        await setup.enqueue("q", 0, partition_key="old")
+    holder = await _connect(pg, schema)
+    tx = holder.transaction()
+    await tx.start()
+    await holder.execute("SELECT coord_share_queues(ARRAY['q'])")  # a transition of q in flight
+    async with (
+        PostgresStore(dsn, schema=schema, listen=False) as keeper,
+        PostgresStore(dsn, schema=schema, listen=False) as enqueuer,
+    ):
+        pool = keeper._runner.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW default_transaction_isolation") == "read committed"
+        first = asyncio.ensure_future(keeper.claim("q", node_id="o", limit=10, ordered=True, lease_s=60))
+        await asyncio.sleep(0.3)  # the first ordered claim waits for the queue's exclusive lock
+        late = asyncio.ensure_future(enqueuer.enqueue("q", 1, partition_key="new"))
+        await asyncio.sleep(0.3)  # the enqueue waits behind it
+        await tx.commit()
+        await holder.close()
+        assert [t.payload for t in await first] == [0]
+        await late
+        assert [t.payload for t in await keeper.claim("q", node_id="o", limit=10, ordered=True)] == [1]

@@ -324,7 +324,10 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         await self.close()
 
     def _server_settings(self) -> dict[str, str]:
-        settings = {"application_name": "asynccoord"}
+        # READ COMMITTED whatever the DSN, role or database default: each statement must see
+        # what committed before it began (a flag read after a lock, a key's state after its
+        # row lock); under REPEATABLE READ it would see the transaction's first snapshot.
+        settings = {"application_name": "asynccoord", "default_transaction_isolation": "read committed"}
         if self.schema is not None:
             settings["search_path"] = _quote_ident(self.schema)
         return settings
