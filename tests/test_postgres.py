@@ -861,12 +861,16 @@ async def test_a_queue_claimed_without_order_keeps_no_heads_until_its_first_orde
             assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE is_head") == 0
             assert await conn.fetchval("SELECT count(*) FROM coord_task_keys") == 0
             assert await conn.fetchval("SELECT count(*) FROM coord_ordered_queues") == 0
+            # Nor an entry in coord_tasks_key_order (active AND NOT is_head): is_head is NULL.
+            assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE active AND NOT is_head") == 0
+            assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE active AND is_head IS NULL") == 75
             # The first ordered claim computes the heads: per key the earliest active task,
             # running (payloads 26..29, keys k6..k9) or pending (k0..k5: 30..35, 26 retried).
             running = {t.payload for t in first[26:]}
             ordered = await store.claim("u", node_id="m", limit=100, ordered=True, lease_s=600)
             assert await conn.fetchval("SELECT array_agg(queue) FROM coord_ordered_queues") == ["u"]
             assert await _head_problems(conn, "u") == []
+            assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE is_head IS NULL") == 0
             # k5's earliest active task is the retried 25 (due after its backoff: not claimed now).
             assert sorted(t.payload for t in ordered) == [30, 31, 32, 33, 34]
             seen: dict[str, list[int]] = {}

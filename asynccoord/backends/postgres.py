@@ -613,7 +613,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             now = self._now()
             ids = [int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared))]
             kept = await self._lock_keys(conn, pairs)
-            created = {int(r[0]): r for r in await self._fetch(conn, "insert_task", ids=ids, now=now, **columns)}
+            kept_queues = sorted({q for q, _ in kept})
+            created = {
+                int(r[0]): r
+                for r in await self._fetch(conn, "insert_task", ids=ids, now=now, kept_queues=kept_queues, **columns)
+            }
             out: list[tuple[bool, _Row]] = []
             for task_id, p in zip(ids, prepared, strict=True):
                 row = created.get(task_id)

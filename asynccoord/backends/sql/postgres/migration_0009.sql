@@ -33,6 +33,13 @@ CREATE TABLE IF NOT EXISTS coord_ordered_queues (
     queue text PRIMARY KEY
 );
 
+-- is_head is NULL for the active tasks of queues that keep no heads (false in the others, as
+-- before): they stay out of coord_tasks_key_order (WHERE active AND NOT is_head), which only
+-- head upkeep reads, so a task of such a queue writes two index entries fewer (at enqueue and
+-- at its claim). coord_compute_heads turns them to false when their queue starts keeping heads.
+-- Done and dead tasks have false. Only the catalog changes (no table rewrite).
+ALTER TABLE coord_tasks ALTER COLUMN is_head DROP NOT NULL;
+
 -- The shared advisory lock of each queue (sorted), held to the end of the transaction. The
 -- lock's key is (classid 0x61637175, hash of schema and queue): schemas of one database do
 -- not share locks but for a hash collision, which only makes a transaction wait.
@@ -45,7 +52,8 @@ END
 $fn$;
 
 -- The heads of p_queue from scratch, written only where they differ (each key's earliest
--- active task is its head, no other task is one), and a row in coord_task_keys for each key
+-- active task is its head, no other task is one; no task's is_head is NULL), and a row in
+-- coord_task_keys for each key
 -- with an active task (so the key locks of later transitions find a row to lock instead of
 -- inserting it). Returns how many heads it marked. Under coord_keep_heads' exclusive lock.
 CREATE OR REPLACE FUNCTION coord_compute_heads(p_queue text) RETURNS integer
@@ -57,6 +65,7 @@ BEGIN
     SELECT DISTINCT a.queue, a.partition_key FROM coord_tasks AS a WHERE a.queue = p_queue AND a.active
     ORDER BY 1, 2
     ON CONFLICT (queue, partition_key) DO NOTHING;
+    UPDATE coord_tasks SET is_head = false WHERE queue = p_queue AND is_head IS NULL;
     UPDATE coord_tasks AS t SET is_head = false
      WHERE t.queue = p_queue AND t.is_head
        AND (NOT t.active OR t.id <> (SELECT min(a.id) FROM coord_tasks AS a

@@ -50,11 +50,14 @@ SELECT coord_keep_heads(:queue::text);
 
 -- name: insert_task
 -- :ids are from next_task_ids; every column array has one item per task. Heads are set
--- afterwards by promote_heads (an INSERT ... SELECT cannot see its own rows).
+-- afterwards by promote_heads (an INSERT ... SELECT cannot see its own rows). is_head is
+-- false in the queues that keep heads (:kept_queues), NULL in the others (schema version 9:
+-- outside coord_tasks_key_order, which only head upkeep reads).
 INSERT INTO coord_tasks (id, queue, partition_key, partition, idempotency_key, payload, priority,
                          status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at)
 SELECT u.id, u.queue, u.partition_key, u.partition, u.idempotency_key, u.payload, u.priority,
-       'pending', false, 0, u.max_attempts, coord_now(:now::float8) + u.delay_s, 0,
+       'pending', CASE WHEN u.queue = ANY(:kept_queues::text[]) THEN false END, 0, u.max_attempts,
+       coord_now(:now::float8) + u.delay_s, 0,
        coord_now(:now::float8), coord_now(:now::float8)
   FROM unnest(:ids::bigint[], :queues::text[], :partition_keys::text[], :partitions::int[], :idempotency_keys::text[],
               :payloads::text[], :priorities::int[], :max_attempts::int[], :delays::float8[])
