@@ -17,7 +17,8 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   ``(queue, partition_key)``; ordered claims scan only heads), in the queues that keep
   heads: since schema version 9 only queues claimed in order (``coord_ordered_queues``; the
   first ordered claim or continuation of a queue computes its heads, ``coord_keep_heads``),
-  so a queue that nodes claim without order pays no key lock and no promotion. The database
+  so a queue that nodes claim without order pays no key lock and no promotion (its active
+  tasks' ``is_head`` is NULL, outside the index that only head upkeep reads). The database
   enforces at most one head per key (unique partial index ``coord_tasks_one_head``), and
   every transition that changes a key's active set (enqueue, complete, dead-letter,
   requeue) first takes a shared advisory lock on its queue (which that first ordered claim
