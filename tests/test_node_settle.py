@@ -50,6 +50,13 @@ def _hold_write_lock(path: Path, seconds: float, held: threading.Event) -> None:
         conn.close()
 
 
+async def _write_lock_taken(path: Path, seconds: float) -> None:
+    """Return once another connection holds the write lock, which it keeps for ``seconds``."""
+    held = threading.Event()
+    threading.Thread(target=_hold_write_lock, args=(path, seconds, held), daemon=True).start()
+    await asyncio.to_thread(held.wait, 5.0)
+
+
 async def _run_until_settled(store: SQLiteStore, node: Node, task_id: int, timeout_s: float = 15.0) -> Task:
     runner = asyncio.create_task(node.run())
     deadline = time.monotonic() + timeout_s
@@ -79,13 +86,11 @@ async def test_a_store_busy_past_its_timeout_delays_the_commit_but_never_drops_i
     path = tmp_path / "q.db"
     async with SQLiteStore(path, config=StoreConfig(busy_timeout_s=0.3)) as store:
         task = (await store.enqueue("q", {"n": 1}, partition_key="c", idempotency_key="m1", max_attempts=1)).task
-        held = threading.Event()
         sends: list[int] = []
 
         async def send(task: Task) -> str:
             sends.append(task.attempts)
-            threading.Thread(target=_hold_write_lock, args=(path, 1.5, held), daemon=True).start()
-            await asyncio.to_thread(held.wait, 5.0)
+            await _write_lock_taken(path, 1.5)
             if fails:
                 raise ConnectionError("the chat API said no")
             return "sent"
@@ -120,14 +125,12 @@ async def test_a_commit_still_failing_at_the_lease_deadline_gives_up_and_the_tas
     path = tmp_path / "q.db"
     async with SQLiteStore(path, config=StoreConfig(busy_timeout_s=0.2)) as store:
         task = (await store.enqueue("q", {"n": 1}, partition_key="c", idempotency_key="m1")).task
-        held = threading.Event()
         sends: list[int] = []
 
         async def send(task: Task) -> None:
             sends.append(task.attempts)
             if len(sends) == 1:
-                threading.Thread(target=_hold_write_lock, args=(path, 2.5, held), daemon=True).start()
-                await asyncio.to_thread(held.wait, 5.0)
+                await _write_lock_taken(path, 2.5)
 
         config = NodeConfig(queue="q", lease_s=1.5, idle_min_s=0.05, idle_max_s=0.1)
         node = Node(store, send, node_id="n1", config=config)
@@ -145,13 +148,11 @@ async def test_a_permit_lost_after_the_send_returned_cannot_cancel_the_commit(tm
     path = tmp_path / "q.db"
     async with SQLiteStore(path) as store:
         task = (await store.enqueue("q", {"n": 1}, partition_key="c", idempotency_key="m1")).task
-        held = threading.Event()
         sends: list[int] = []
 
         async def send(task: Task) -> str:
             sends.append(task.attempts)
-            threading.Thread(target=_hold_write_lock, args=(path, 1.2, held), daemon=True).start()
-            await asyncio.to_thread(held.wait, 5.0)
+            await _write_lock_taken(path, 1.2)
             return "sent"
 
         config = NodeConfig(queue="q", lease_s=5.0, lock_ttl_s=0.3, lock_permits=2, idle_min_s=0.05, idle_max_s=0.1)

@@ -61,7 +61,7 @@ import hashlib
 import logging
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import Any, Self, TypeAlias, TypeVar
 
 import asyncpg
@@ -161,7 +161,7 @@ def _settled_by_us(row: _Row | None, task: Task, status: TaskStatus) -> bool:
     return row is not None and row[7] == status and row[14] == task.version + 1
 
 
-def _keys(pairs: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+def _keys(pairs: Collection[tuple[str, str]]) -> dict[str, list[str]]:
     """Sorted distinct ``(queue, partition_key)`` pairs as the two arrays lock_keys takes."""
     ordered = sorted(set(pairs))
     return {"queues": [q for q, _ in ordered], "keys": [k for _, k in ordered]}
@@ -521,7 +521,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         payload = encode_notification(self._sender, queue, count, partitions)
         await self._x(conn, "notify", channel=self.channel, payload=payload)
 
-    async def _lock_keys(self, conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    async def _lock_keys(self, conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
         """Take the row locks of the keys whose queues keep per-key heads; return those keys.
 
         Call it in a transaction, before the transition writes anything. Only queues that
@@ -535,7 +535,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         if unknown:
             await self._x(conn, "share_queues", queues=unknown)
             self._kept_queues.update(r[0] for r in await self._fetch(conn, "kept_queues", queues=unknown))
-        kept = [p for p in pairs if p[0] in self._kept_queues]
+        kept = {p for p in pairs if p[0] in self._kept_queues}
         if kept:
             await self._x(conn, "lock_keys", **_keys(kept))
         return kept
@@ -560,7 +560,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         if heads:
             log.debug("asynccoord.postgres.keep_heads queue=%s heads=%d", queue, heads)
 
-    async def _promote(self, conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]) -> None:
+    async def _promote(self, conn: asyncpg.Connection, pairs: Collection[tuple[str, str]]) -> None:
         """Mark the new heads of these keys (under their row locks) and notify other processes of them."""
         if not pairs:
             return
@@ -644,7 +644,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         notify_created(self.notifier, results, prepared)
         return results
 
-    async def _promote_quietly(self, conn: asyncpg.Connection, pairs: Sequence[tuple[str, str]]) -> None:
+    async def _promote_quietly(self, conn: asyncpg.Connection, pairs: Collection[tuple[str, str]]) -> None:
         """Mark new heads without notifying (the caller notifies for the tasks it created)."""
         if pairs:
             await self._x(conn, "promote_heads", **_keys(pairs))
@@ -823,7 +823,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             pairs = [(r[0], r[1]) for r in await self._fetch(conn, "exhausted_keys", queue=queue, now=now)]
             if not pairs:
                 return 0
-            kept = set(await self._lock_keys(conn, pairs))
+            kept = await self._lock_keys(conn, pairs)
             keys = sorted({k for _, k in pairs})
             dead = await self._fetch(conn, "dead_letter_exhausted", queue=queue, keys=keys, now=now)
             await self._promote(conn, [(r[1], r[2]) for r in dead if (r[1], r[2]) in kept])
@@ -841,7 +841,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         pairs = [(r[1], r[2]) for r in rows]
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> set[int]:
-            kept = set(await self._lock_keys(conn, pairs))
+            kept = await self._lock_keys(conn, pairs)
             done = {
                 int(r[0]) for r in await self._fetch(conn, "settle_duplicate", ids=ids, tokens=tokens, now=self._now())
             }
@@ -1082,7 +1082,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, **params}
 
         async def op(conn: asyncpg.Connection, attempt: int) -> tuple[_Row | None, str | None]:
-            kept = await self._lock_keys(conn, [(task.queue, task.partition_key)]) if head_change else []
+            kept = await self._lock_keys(conn, [(task.queue, task.partition_key)]) if head_change else set()
             row = await self._row(conn, name, now=self._now(), **key)
             if row is None:
                 current = await self._row(conn, "select_task", id=task.id)
@@ -1250,7 +1250,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._writable()
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> int:
-            kept = set(await self._lock_keys(conn, [(t.queue, t.partition_key) for t in checked]))
+            kept = await self._lock_keys(conn, [(t.queue, t.partition_key) for t in checked])
             rows = await self._fetch(
                 conn, "unchecked_complete", ids=[t.id for t in checked], results=encoded, now=self._now()
             )
@@ -1320,7 +1320,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             pairs = [(r[0], r[1]) for r in await self._fetch(conn, "dead_keys", queue=queue, ids=ids)]
             if not pairs:
                 return []
-            kept = set(await self._lock_keys(conn, pairs))
+            kept = await self._lock_keys(conn, pairs)
             keys = sorted({k for _, k in pairs})
             rows = await self._fetch(conn, "requeue_dead", queue=queue, ids=ids, keys=keys, now=now)
             touched = [(r[1], r[2]) for r in rows if (r[1], r[2]) in kept]
