@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ import pytest
 from services import PG_DSN, REDIS_URL, new_schema, postgres_problem, redis_problem, unavailable
 
 from asynccoord import InvalidArgumentError
-from asynccoord.demo.app import DEMO_SCHEMA_COMMENT, account_of, build_tasks, schedule
+from asynccoord.demo.app import DEMO_SCHEMA_COMMENT, _stop, _Worker, account_of, build_tasks, schedule
 from asynccoord.demo.trace import TraceFormatError, bundled_sample, read_trace
 
 
@@ -433,6 +434,80 @@ def test_a_worker_whose_demo_died_while_it_started_exits(tmp_path: Path) -> None
 
 
 @pytest.mark.multiprocess
+def test_a_worker_sent_sigterm_while_it_starts_stops_cleanly_once_up(tmp_path: Path) -> None:
+    """The demo stops its workers with SIGTERM as soon as the last message is done, which
+    can be before a late worker is up: its store is opened, its runtime not yet waiting for
+    the signal. The worker keeps the signal and shuts down once its runtime runs (exit 0),
+    instead of dying of SIGTERM's default action (exit -15, a failed demo)."""
+    db = tmp_path / "demo.db"
+    sqlite3.connect(db).close()
+    ready = tmp_path / "w0.ready"
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("PRAGMA journal_mode = WAL")
+    blocker.execute("BEGIN EXCLUSIVE")  # the worker's store waits for the file's write lock
+    with open(tmp_path / "w0.log", "wb") as log_file:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "asynccoord.demo.worker",
+                "--store",
+                str(db),
+                "--gateway",
+                str(tmp_path / "gateway.db"),
+                "--status-file",
+                str(tmp_path / "w0.json"),
+                "--ready-file",
+                str(ready),
+                "--prefix",
+                "w0",
+                "--nodes",
+                "2",
+            ],
+            stderr=log_file,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), (tmp_path / "w0.log").read_text()[-2000:]
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert worker.poll() is None  # still starting: the signal was kept, not acted on
+        blocker.execute("ROLLBACK")
+        assert worker.wait(timeout=30) == 0, (tmp_path / "w0.log").read_text()[-2000:]
+    finally:
+        blocker.close()
+        if worker.poll() is None:
+            worker.kill()
+    log = (tmp_path / "w0.log").read_text()
+    assert "asynccoord.demo.worker.early_sigterm" in log
+    nodes = sqlite3.connect(db).execute("SELECT count(*) FROM coord_members").fetchone()[0]
+    assert nodes == 0  # the runtime started, then shut down: its nodes left the membership
+
+
+def test_stopping_workers_waits_for_one_still_starting(tmp_path: Path) -> None:
+    """``_stop`` signals a worker only once it is ready (its ready file exists): a worker
+    still starting would be killed by SIGTERM. Here a stand-in worker takes 0.5 s to put
+    its handler in place; signalled at once, it would exit -15."""
+    ready = tmp_path / "w0.ready"
+    script = (
+        "import signal, sys, time, pathlib; time.sleep(0.5); "
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(30)"
+    )
+    w = _Worker(index=0, prefix="p0", status_file=tmp_path / "w0.json", log_file=tmp_path / "w0.log")
+    assert w.ready_file == ready
+    w.process = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert _stop([w], 20.0) == []
+        assert w.process.returncode == 0
+    finally:
+        if w.process.poll() is None:
+            w.process.kill()
+
+
+@pytest.mark.multiprocess
 def test_more_messages_than_the_trace_holds_replays_all_of_them_and_says_so(tmp_path: Path) -> None:
     path = tmp_path / "trace.jsonl"
     lines = [
@@ -443,7 +518,7 @@ def test_more_messages_than_the_trace_holds_replays_all_of_them_and_says_so(tmp_
     # --speed 1000000: no pacing (the trace's 40 s would otherwise be stretched to about 8 s).
     fast = ("--speed", "1000000")
     code, report, stderr = run_demo("--trace", str(path), "--messages", "100", "--no-faults", *fast, timeout_s=120)
-    assert code == 0, stderr[-2000:]
+    assert code == 0, f"problems: {report.get('problems')}\nstderr: {stderr[-2000:]}"
     assert report["messages"] == 40
     assert report["config"]["messages_requested"] == 100
     assert set(report) == readme_report_keys()  # the README lists every key of the report, and no other
@@ -455,5 +530,5 @@ def test_more_messages_than_the_trace_holds_replays_all_of_them_and_says_so(tmp_
         timeout=120,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, f"stdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-2000:]}"
     assert "note: --messages 100 asked for more than the trace holds: replayed all 40" in proc.stdout

@@ -128,6 +128,14 @@ class _Worker:
     process: subprocess.Popen[bytes] | None = None
     incarnations: int = 0
 
+    @property
+    def ready_file(self) -> Path:
+        """Created by the worker once SIGTERM and SIGUSR1 no longer kill it (removed at each spawn)."""
+        return self.status_file.with_suffix(".ready")
+
+    def ready(self) -> bool:
+        return self.ready_file.exists()
+
 
 @dataclass(slots=True)
 class _Run:
@@ -310,6 +318,8 @@ def _spawn(worker: _Worker, opts: DemoOptions, store: str, gateway: Path) -> Non
         str(worker.status_file),
         "--status-interval-s",
         "0" if opts.as_json else "0.25",  # only the live view reads the status files
+        "--ready-file",
+        str(worker.ready_file),
         "--prefix",
         worker.prefix,
         "--parent-pid",
@@ -347,17 +357,27 @@ def _spawn(worker: _Worker, opts: DemoOptions, store: str, gateway: Path) -> Non
         command += ["--lock-store", opts.lock_store, "--lock-prefix", opts.lock_prefix]
     # stderr goes to a file (never a pipe nobody drains while the worker runs: a full pipe
     # would block the worker's event loop on its next log line).
+    worker.ready_file.unlink(missing_ok=True)
     with open(worker.log_file, "ab") as log_file:
         worker.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log_file)
 
 
 def _stop(workers: Sequence[_Worker], timeout_s: float) -> list[str]:
-    """SIGTERM every worker, wait, SIGKILL stragglers; return their stderr tails on failure."""
+    """SIGTERM every worker, wait, SIGKILL stragglers; return their stderr tails on failure.
+
+    A worker still starting (no ready file yet: a replacement spawned late, say) is
+    signalled once it is ready, within the deadline: before that, SIGTERM would kill it.
+    """
     problems: list[str] = []
-    for w in workers:
-        if w.process is not None and w.process.poll() is None:
-            w.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
+    starting = [(w, w.process) for w in workers if w.process is not None and w.process.poll() is None]
+    while starting and time.monotonic() < deadline:
+        for w, process in [(w, p) for w, p in starting if w.ready() or p.poll() is not None]:
+            starting.remove((w, process))
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        if starting:
+            time.sleep(0.02)
     for w in workers:
         if w.process is None:
             continue
@@ -694,7 +714,13 @@ async def _inject_faults(workers: list[_Worker], opts: DemoOptions, store: str, 
             run.faults.append(
                 {"kind": "restart", "process": victim.index, "at_s": round(time.monotonic() - run.started, 2)}
             )
-        if not stalled and progress >= 0.55 and staller.process is not None and staller.process.poll() is None:
+        if (
+            not stalled
+            and progress >= 0.55
+            and staller.process is not None
+            and staller.process.poll() is None
+            and staller.ready()  # before, SIGUSR1 would kill it
+        ):
             staller.process.send_signal(signal.SIGUSR1)
             run.faults.append(
                 {

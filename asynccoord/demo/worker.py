@@ -32,7 +32,7 @@ from ..runtime import Runtime
 from ..stores import open_store
 from .gateway import SimulatedGateway
 
-__all__ = ("DEMO_QUEUE", "main", "lock_key")
+__all__ = ("DEMO_QUEUE", "EarlyStop", "main", "lock_key")
 
 DEMO_QUEUE = "outbox"
 
@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gateway", required=True)
     parser.add_argument("--status-file", required=True)
     parser.add_argument("--status-interval-s", type=float, default=0.25, help="0: write no status file")
+    parser.add_argument(
+        "--ready-file", default=None, help="created once SIGTERM and SIGUSR1 are handled (before that they kill)"
+    )
     parser.add_argument("--prefix", required=True, help="node id prefix (reused by a replacement process)")
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="the demo's pid: exit once it is gone (default: parent at start)"
@@ -75,7 +78,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def run(args: argparse.Namespace) -> int:
+class EarlyStop:
+    """Keeps a SIGTERM that arrives while the worker is still starting, and stops the worker once it is up.
+
+    Until :meth:`~asynccoord.Runtime.wait_for_signal` takes SIGTERM over, the signal's
+    default action would kill the process (exit status -15) with its store and gateway
+    half open; the demo stops its workers with SIGTERM as soon as the last message is
+    done, which can be before a late worker (a replacement, or one slow to open the
+    store) got that far. :meth:`install` (first thing in :func:`main`) puts a handler in
+    place that only records the signal; :meth:`watch` (once the runtime runs) shuts the
+    runtime down if the signal came already, or when it comes before the wait takes it
+    (``wait_for_signal`` then returns as soon as the shutdown starts). ``wait_for_signal``
+    puts this handler back when its wait ends, so a late signal is still harmless.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runtime: Runtime | None = None
+        self._shutdown: asyncio.Task[None] | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.received = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop)
+
+    def watch(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._loop = asyncio.get_running_loop()
+        if self.received:
+            self._loop.call_soon(self._stop)
+
+    def _stop(self) -> None:
+        if self._shutdown is None and self._runtime is not None and self._loop is not None:
+            log.warning("asynccoord.demo.worker.early_sigterm: SIGTERM came while starting: shutting down")
+            self._shutdown = self._loop.create_task(self._runtime.shutdown())
+
+
+async def run(args: argparse.Namespace, early_stop: EarlyStop | None = None) -> int:
     stall_requested = False
     stalled = False
 
@@ -84,6 +127,8 @@ async def run(args: argparse.Namespace) -> int:
         stall_requested = True
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, request_stall)
+    if args.ready_file is not None:
+        await asyncio.to_thread(Path(args.ready_file).touch)  # SIGTERM (see EarlyStop) and SIGUSR1 handled
     config = NodeConfig(
         queue=DEMO_QUEUE,
         lease_s=args.lease_s,
@@ -137,6 +182,8 @@ async def run(args: argparse.Namespace) -> int:
         )
         monitor = Monitor(store, flush_interval_s=args.monitor_flush_s, info={"prefix": args.prefix}, lock_store=locks)
         async with monitor, runtime:
+            if early_stop is not None:
+                early_stop.watch(runtime)
             writer = asyncio.create_task(
                 _write_status(runtime, Path(args.status_file), args.status_interval_s, lambda: stalled)
             )
@@ -205,8 +252,10 @@ async def _write_status(runtime: Runtime, path: Path, interval_s: float, stalled
 
 
 def main(argv: list[str] | None = None) -> int:
+    early_stop = EarlyStop()
+    early_stop.install()
     args = parse_args(argv)
-    return int(run_loop(run(args)))
+    return int(run_loop(run(args, early_stop)))
 
 
 if __name__ == "__main__":
