@@ -993,6 +993,10 @@ async def test_schema_9_keeps_the_heads_of_every_queue_a_version_8_store_kept(pg
 
 
 async def test_a_requeue_in_a_queue_without_heads_wakes_other_processes(pg: str, schema: str) -> None:
+    """... and leaves the revived task's is_head NULL, as an enqueue in such a queue does
+    (it was false: an entry in coord_tasks_key_order that nothing reads)."""
+    import asyncpg
+
     async with (
         PostgresStore(pg, schema=schema, listen=False) as store,
         PostgresStore(pg, schema=schema) as other,
@@ -1004,6 +1008,12 @@ async def test_a_requeue_in_a_queue_without_heads_wakes_other_processes(pg: str,
         await asyncio.sleep(0.05)
         assert await store.requeue_dead("u") == 1
         assert await asyncio.wait_for(woken, 5.0) is True
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            row = await conn.fetchrow("SELECT status, is_head FROM coord_tasks WHERE id = $1", task.id)
+        finally:
+            await conn.close()
+        assert (row["status"], row["is_head"]) == ("pending", None)
         [again] = await other.claim("u", node_id="m", limit=1, lease_s=60)
         assert again.id == task.id
 
@@ -1024,6 +1034,80 @@ async def test_a_commit_named_with_another_queue_keeps_the_heads_of_its_own(pg: 
         finally:
             await conn.close()
         assert [t.payload for t in await store.claim("a", node_id="n", limit=5, ordered=True)] == [1]
+
+
+@pytest.mark.parametrize("altered", ["queue", "partition_key"])
+async def test_a_commit_of_an_altered_copy_promotes_its_own_key_under_that_keys_row_lock(
+    pg: str, schema: str, altered: str
+) -> None:
+    """The commit batch promotes and continues the stored task's key, so it must hold that
+    key's row lock, not only the one of the key the caller's copy names: while another
+    transaction holds the row (an enqueue of the key, say), the commit waits. Without the
+    lock, an enqueue running meanwhile saw the committed task as the head still and promoted
+    nothing, while the commit missed the new task: the key was left without a head and never
+    claimed in order again (20 of 20 runs of a loop like the one below, within 2 to 19 rounds)."""
+    import asyncpg
+
+    change = {"queue": "zz"} if altered == "queue" else {"partition_key": "other"}
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key="k") for i in range(2)])
+        [first] = await store.claim("q", node_id="n", limit=5, ordered=True, lease_s=60)
+        conn, tx = await _hold_key_row(pg, schema, "k")
+        try:
+            commit = asyncio.ensure_future(store.complete_many([dataclasses.replace(first, **change)]))
+            await asyncio.sleep(0.5)
+            assert not commit.done()  # waits for the key's row
+        finally:
+            await tx.commit()
+            await conn.close()
+        [done] = await asyncio.wait_for(commit, 10)
+        assert isinstance(done, Task)
+        assert [t.payload for t in await store.claim("q", node_id="n", limit=5, ordered=True, lease_s=60)] == [1]
+
+        # The race itself: commits of altered copies beside enqueues of the same key.
+        async with PostgresStore(pg, schema=schema, listen=False) as other:
+            check = await asyncpg.connect(pg, server_settings={"search_path": schema})
+            try:
+                for i in range(40):
+                    claimed = await store.claim("q", node_id="n", limit=1, ordered=True, lease_s=60)
+                    if not claimed:
+                        assert await _head_problems(check, "q") == [], f"round {i}"
+                        await other.enqueue("q", i, partition_key="k")
+                        continue
+                    copy = dataclasses.replace(claimed[0], **change)
+                    enqueued = other.enqueue("q", i, partition_key="k")
+                    [done], _ = await asyncio.gather(store.complete_many([copy]), enqueued)
+                    assert isinstance(done, Task)
+                    assert await _head_problems(check, "q") == [], f"round {i}"
+            finally:
+                await check.close()
+
+
+async def test_an_enqueue_whose_existing_task_is_purged_meanwhile_creates_it(pg: str, schema: str) -> None:
+    """An enqueue whose idempotency key is held by a finished task skips the insert, then reads
+    that task; a purge committing in between left nothing to read (an AssertionError, 4 of
+    1,600 rounds of a race). The enqueue now runs again and creates the task."""
+    async with (
+        PostgresStore(pg, schema=schema, listen=False) as store,
+        PostgresStore(pg, schema=schema, listen=False) as other,
+    ):
+        first = await store.enqueue("q", 1, idempotency_key="m1")
+        [claimed] = await store.claim("q", node_id="n", limit=1, lease_s=60)
+        assert isinstance(await store.complete(claimed), Task)
+        read = store._row
+        purged = []
+
+        async def purge_first(conn: Any, name: str, /, **params: Any) -> Any:
+            if name == "select_by_idempotency_key" and not purged:  # the purge lands between insert and read
+                purged.append(await other.purge_finished("q", older_than_s=0))
+            return await read(conn, name, **params)
+
+        store._row = purge_first  # type: ignore[method-assign]
+        again = await store.enqueue("q", 2, idempotency_key="m1")
+        assert [p.deleted for p in purged] == [1]
+        assert again.created is True
+        assert again.task.id != first.task.id
+        assert again.task.payload == 2
 
 
 async def _hold_key_row(pg: str, schema: str, key: str) -> Any:

@@ -113,6 +113,7 @@ from ._lockcommon import fence_rejected_error
 from ._pgconn import (
     PgListener,
     PgRunner,
+    RetryTransaction,
     encode_notification,
     map_pg_error,
 )
@@ -626,7 +627,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     existing = await self._row(
                         conn, "select_by_idempotency_key", queue=p.queue, idempotency_key=p.idempotency_key
                     )
-                    assert existing is not None
+                    if existing is None:  # the task that held the key was purged since the insert skipped it
+                        raise RetryTransaction(f"the task of idempotency key {p.idempotency_key!r} went away")
                     out.append((False, existing))
                 else:
                     out.append((True, row))
@@ -979,7 +981,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
         The function share-locks the batch's queues and takes the row locks of the keys of
         those that keep heads (sorted, schema version 9), then the fence rows (sorted),
-        refuses outdated fencing tokens, compare-and-sets each remaining task, records the
+        refuses outdated fencing tokens, compare-and-sets each remaining task (a task whose
+        stored queue or key differs from the item's, an altered copy, has its own key's row
+        locked then), records the
         fencing tokens and processed ids, promotes the keys' next heads and notifies other
         processes (see ``sql/postgres/migration_0006.sql``; its promotion as of
         ``migration_0007.sql``, its queue locks as of ``migration_0009.sql``): one round
@@ -1322,7 +1326,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 return []
             kept = await self._lock_keys(conn, pairs)
             keys = sorted({k for _, k in pairs})
-            rows = await self._fetch(conn, "requeue_dead", queue=queue, ids=ids, keys=keys, now=now)
+            rows = await self._fetch(
+                conn, "requeue_dead", queue=queue, ids=ids, keys=keys, keeps_heads=bool(kept), now=now
+            )
             touched = [(r[1], r[2]) for r in rows if (r[1], r[2]) in kept]
             if touched:
                 await self._x(conn, "recompute_heads", **_keys(touched))

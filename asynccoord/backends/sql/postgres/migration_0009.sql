@@ -27,7 +27,8 @@
 --
 -- coord_complete_batch (same arguments and rows as version 8): step 0 (and 3b, for a task
 -- named with another queue than its own) decides which of the batch's queues keep heads;
--- steps 1, 6 and 7 run for those only.
+-- steps 1, 6 and 7 run for those only; 3c locks the own key of a task named with another
+-- queue or key (which version 8 promoted without its lock).
 
 CREATE TABLE IF NOT EXISTS coord_ordered_queues (
     queue text PRIMARY KEY
@@ -53,26 +54,32 @@ $fn$;
 
 -- The heads of p_queue from scratch, written only where they differ (each key's earliest
 -- active task is its head, no other task is one; no task's is_head is NULL), and a row in
--- coord_task_keys for each key
--- with an active task (so the key locks of later transitions find a row to lock instead of
--- inserting it). Returns how many heads it marked. Under coord_keep_heads' exclusive lock.
+-- coord_task_keys for each key with an active task (so the key locks of later transitions
+-- find a row to lock instead of inserting it). Returns how many heads it marked. Under
+-- coord_keep_heads' exclusive lock. The queue's active tasks are read as "pending or
+-- running" (what active means, by its CHECK), through the indexes of those states: the
+-- time is the queue's active tasks', whatever the number of finished ones in the table.
 CREATE OR REPLACE FUNCTION coord_compute_heads(p_queue text) RETURNS integer
     LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     v_heads integer;
 BEGIN
     INSERT INTO coord_task_keys (queue, partition_key)
-    SELECT DISTINCT a.queue, a.partition_key FROM coord_tasks AS a WHERE a.queue = p_queue AND a.active
+    SELECT DISTINCT a.queue, a.partition_key FROM coord_tasks AS a
+     WHERE a.queue = p_queue AND (a.status = 'pending' OR a.status = 'running')
     ORDER BY 1, 2
     ON CONFLICT (queue, partition_key) DO NOTHING;
-    UPDATE coord_tasks SET is_head = false WHERE queue = p_queue AND is_head IS NULL;
-    UPDATE coord_tasks AS t SET is_head = false
+    UPDATE coord_tasks SET is_head = false
+     WHERE queue = p_queue AND (status = 'pending' OR status = 'running') AND is_head IS NULL;
+    UPDATE coord_tasks AS t SET is_head = false  -- a head is active (CHECK): wrong if not its key's first
      WHERE t.queue = p_queue AND t.is_head
-       AND (NOT t.active OR t.id <> (SELECT min(a.id) FROM coord_tasks AS a
-                                      WHERE a.queue = t.queue AND a.partition_key = t.partition_key AND a.active));
+       AND t.id NOT IN (SELECT min(a.id) FROM coord_tasks AS a
+                         WHERE a.queue = p_queue AND (a.status = 'pending' OR a.status = 'running')
+                         GROUP BY a.partition_key);
     UPDATE coord_tasks AS t SET is_head = true
       FROM (SELECT min(a.id) AS id FROM coord_tasks AS a
-             WHERE a.queue = p_queue AND a.active GROUP BY a.partition_key) AS h
+             WHERE a.queue = p_queue AND (a.status = 'pending' OR a.status = 'running')
+             GROUP BY a.partition_key) AS h
      WHERE t.id = h.id AND NOT t.is_head;
     GET DIAGNOSTICS v_heads = ROW_COUNT;
     RETURN v_heads;
@@ -150,6 +157,8 @@ DECLARE
     v_dup_q     text[] := '{}';
     v_dup_pk    text[] := '{}';
     v_kept      text[];
+    v_alt_q     text[];
+    v_alt_pk    text[];
 BEGIN
     -- 0. The queues of the batch that keep per-key heads (coord_ordered_queues): a shared
     --    lock on each queue of the batch (coord_share_queues; cheap, and only a queue's
@@ -207,15 +216,17 @@ BEGIN
            SET status = 'done', active = false, is_head = false, result = b.result, last_error = NULL,
                lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
                version = t.version + 1, updated_at = coord_now(p_now)
-          FROM unnest(p_ids, p_tokens, p_versions, p_results) AS b (id, token, version, result)
+          FROM unnest(p_ids, p_tokens, p_versions, p_results, p_queues, p_keys) AS b (id, token, version, result, q, pk)
          WHERE t.id = b.id AND NOT (b.id = ANY(v_refused))
            AND t.lease_token = b.token AND t.version = b.version
            AND t.status <> ALL ('{pending,done,dead}') AND t.lease_expires_at > coord_now(p_now)
-        RETURNING t.id, t.version, t.updated_at, t.queue, t.partition_key, t.idempotency_key)
+        RETURNING t.id, t.version, t.updated_at, t.queue, t.partition_key, t.idempotency_key,
+                  (t.queue, t.partition_key) IS DISTINCT FROM (b.q, b.pk) AS altered)
     SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.version), '{}'), coalesce(array_agg(d.updated_at), '{}'),
            coalesce(array_agg(d.queue), '{}'), coalesce(array_agg(d.partition_key), '{}'),
-           coalesce(array_agg(d.idempotency_key), '{}')
-      INTO v_ids, v_versions, v_at, v_queues, v_pkeys, v_messages
+           coalesce(array_agg(d.idempotency_key), '{}'), coalesce(array_agg(d.queue) FILTER (WHERE d.altered), '{}'),
+           coalesce(array_agg(d.partition_key) FILTER (WHERE d.altered), '{}')
+      INTO v_ids, v_versions, v_at, v_queues, v_pkeys, v_messages, v_alt_q, v_alt_pk
       FROM done AS d;
 
     -- 3b. A task named by the caller with another queue than its own (an altered copy: the
@@ -232,6 +243,19 @@ BEGIN
         END IF;
         SELECT coalesce(array_agg(o.queue), '{}') INTO v_kept
           FROM coord_ordered_queues AS o WHERE o.queue = ANY(p_queues || v_queues);
+    END IF;
+
+    -- 3c. A committed task named with another key (or queue) than its own, in a queue that
+    --     keeps heads: 1 locked the caller's key row, not the task's own, which 6 and 7
+    --     promote and continue. Its row is locked now (made if missing, as in 1), or an
+    --     enqueue of that key running meanwhile could see the committed task as the head
+    --     still, and promote nothing while 6 misses the enqueued task: a key left without a
+    --     head, never claimed in order again. Waiting here with the batch's other locks held
+    --     can deadlock; the server detects it and the client runs the batch again.
+    IF cardinality(v_alt_q) > 0 AND cardinality(v_kept) > 0 THEN
+        INSERT INTO coord_task_keys AS k (queue, partition_key)
+        SELECT DISTINCT a.q, a.pk FROM unnest(v_alt_q, v_alt_pk) AS a (q, pk) WHERE a.q = ANY(v_kept) ORDER BY 1, 2
+        ON CONFLICT (queue, partition_key) DO UPDATE SET touches = k.touches + 1;
     END IF;
 
     -- 4. The fencing tokens of the committed fenced tasks (under the rows locked in 2).

@@ -350,8 +350,10 @@ SELECT EXISTS (SELECT 1 FROM coord_tasks WHERE queue = :queue::text AND status =
 -- name: requeue_dead
 -- PostgreSQL: only tasks of :keys, the keys dead_keys found and lock_keys locked (a task
 -- that died meanwhile under another key stays dead: its key's heads need the key's lock).
+-- is_head: false where the queue keeps heads (recompute_heads follows), else NULL (as at insert).
 UPDATE coord_tasks
    SET status = 'pending', active = true, attempts = 0, run_at = coord_now(:now::float8),
+       is_head = CASE WHEN :keeps_heads::boolean THEN false END,
        version = version + 1, updated_at = coord_now(:now::float8)
  WHERE queue = :queue::text AND status = 'dead'
    AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[])) AND partition_key = ANY(:keys::text[])
