@@ -1110,6 +1110,36 @@ async def test_an_enqueue_whose_existing_task_is_purged_meanwhile_creates_it(pg:
         assert again.task.payload == 2
 
 
+async def test_a_transaction_of_a_frozen_client_holds_up_a_queues_switch_only_until_the_server_ends_it(
+    pg: str, schema: str
+) -> None:
+    """A client frozen inside a transition (here: a session of the store's settings that took
+    the queue's shared lock and then went silent) would hold up the queue's first ordered
+    claim, and every transition of the queue queued behind it, until TCP gave up. The server
+    ends a session idle in a transaction after ``idle_in_transaction_timeout_s``."""
+    async with (
+        PostgresStore(pg, schema=schema, listen=False, idle_in_transaction_timeout_s=1.0) as store,
+        PostgresStore(pg, schema=schema, listen=False, idle_in_transaction_timeout_s=1.0) as frozen,
+    ):
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key="k") for i in range(2)])
+        conn = await frozen._connect()
+        try:
+            await conn.execute("BEGIN")
+            await conn.execute("SELECT coord_share_queues('{q}')")  # ... and nothing more
+            started = time.monotonic()
+            claimed = await asyncio.wait_for(store.claim("q", node_id="n", limit=5, ordered=True, lease_s=60), 20)
+            waited_s = time.monotonic() - started
+            assert [t.payload for t in claimed] == [0]
+            assert 0.5 < waited_s < 10  # it did wait, for the session to be ended
+            assert conn.is_closed()  # the server ended the frozen session
+        finally:
+            conn.terminate()
+    with pytest.raises(InvalidArgumentError, match="idle_in_transaction_timeout_s"):
+        PostgresStore(pg, idle_in_transaction_timeout_s=0)
+    with pytest.raises(InvalidArgumentError, match="idle_in_transaction_timeout_s"):
+        PostgresStore(pg, idle_in_transaction_timeout_s=3e6)
+
+
 async def _hold_key_row(pg: str, schema: str, key: str) -> Any:
     """Another transaction holding ``key``'s row in coord_task_keys (queue "q"); commit it to let go."""
     import asyncpg

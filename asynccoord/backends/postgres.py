@@ -249,6 +249,16 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             conflict) with backoff before raising, seconds (> 0). Default 10.
         read_only: Apply no migration and refuse every write with
             :class:`~asynccoord.errors.ReadOnlyStoreError` (for inspection). Default False.
+        idle_in_transaction_timeout_s: The server ends a session of this store left idle
+            inside a transaction this long (PostgreSQL's
+            ``idle_in_transaction_session_timeout``), seconds (> 0, at most 2,147,483:
+            24.8 days). Default 30. The
+            store's transactions never wait between statements for anything but the
+            client; a client frozen (SIGSTOP, a stalled host) or cut off mid-transaction
+            would otherwise hold its row locks, and the shared lock of its queue, until TCP
+            gives up (hours): a queue's first ordered claim waits for those shared locks,
+            and every transition of the queue behind it. Its next statement, if it comes
+            back, meets a lost connection and is retried.
 
     Raises:
         InvalidTypeError, InvalidArgumentError: a bad argument (a DSN that is no
@@ -267,6 +277,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         listen: bool = True,
         reconnect_timeout_s: float = 10.0,
         read_only: bool = False,
+        idle_in_transaction_timeout_s: float = 30.0,
     ) -> None:
         if not isinstance(dsn, str):
             raise InvalidTypeError(f"dsn must be a str (postgresql://...), got {type(dsn).__name__}")
@@ -292,6 +303,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self.listen = check_bool("listen", listen)
         self.pool_min_size = check_int("pool_min_size", pool_min_size, minimum=0)
         self.pool_max_size = check_int("pool_max_size", pool_max_size, minimum=max(1, self.pool_min_size))
+        self.idle_in_transaction_timeout_s = check_positive(  # at most 2**31 - 1 ms, the setting's limit
+            "idle_in_transaction_timeout_s", idle_in_transaction_timeout_s, maximum=2_147_483.0
+        )
         self.channel = _channel(schema)
         self._clock = clock
         self._sender = new_token()[:16]
@@ -329,7 +343,12 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         # READ COMMITTED whatever the DSN, role or database default: each statement must see
         # what committed before it began (a flag read after a lock, a key's state after its
         # row lock); under REPEATABLE READ it would see the transaction's first snapshot.
-        settings = {"application_name": "asynccoord", "default_transaction_isolation": "read committed"}
+        settings = {
+            "application_name": "asynccoord",
+            "default_transaction_isolation": "read committed",
+            # milliseconds, at least 1 (0 would turn the timeout off)
+            "idle_in_transaction_session_timeout": str(max(1, round(self.idle_in_transaction_timeout_s * 1000))),
+        }
         if self.schema is not None:
             settings["search_path"] = _quote_ident(self.schema)
         return settings
