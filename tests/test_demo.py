@@ -25,6 +25,7 @@ from services import PG_DSN, REDIS_URL, new_schema, postgres_problem, redis_prob
 
 from asynccoord import InvalidArgumentError
 from asynccoord.demo.app import DEMO_SCHEMA_COMMENT, _stop, _Worker, account_of, build_tasks, schedule
+from asynccoord.demo.gateway import _use_wal
 from asynccoord.demo.trace import TraceFormatError, bundled_sample, read_trace
 
 
@@ -431,6 +432,35 @@ def test_a_worker_whose_demo_died_while_it_started_exits(tmp_path: Path) -> None
     )
     assert worker.returncode == 0, worker.stderr[-2000:]
     assert f"orphaned parent={gone.stdout.strip()}" in worker.stderr
+
+
+def test_the_gateway_record_switches_to_wal_again_while_another_process_holds_the_fresh_file() -> None:
+    """When the demo's workers open a fresh record together, SQLite answers all but one
+    switch to WAL with SQLITE_BUSY at once, without its busy handler: a worker died at start
+    with "database is locked" (1 run in about 60 with 4 processes). The switch is tried again
+    until the timeout; other errors, and a busy file past the timeout, still raise."""
+
+    class Busy:
+        def __init__(self, failures: int, code: int = sqlite3.SQLITE_BUSY) -> None:
+            self.failures, self.code, self.calls = failures, code, 0
+
+        def execute(self, sql: str) -> None:
+            assert sql == "PRAGMA journal_mode = WAL"
+            self.calls += 1
+            if self.calls <= self.failures:
+                exc = sqlite3.OperationalError("database is locked")
+                exc.sqlite_errorcode = self.code
+                raise exc
+
+    db = Busy(failures=3)
+    _use_wal(db, timeout_s=5.0)  # type: ignore[arg-type]
+    assert db.calls == 4
+    with pytest.raises(sqlite3.OperationalError):
+        _use_wal(Busy(failures=10**6), timeout_s=0.1)  # type: ignore[arg-type]
+    other = Busy(failures=1, code=sqlite3.SQLITE_IOERR)
+    with pytest.raises(sqlite3.OperationalError):
+        _use_wal(other, timeout_s=5.0)  # type: ignore[arg-type]
+    assert other.calls == 1
 
 
 @pytest.mark.multiprocess

@@ -1140,6 +1140,44 @@ async def test_a_transaction_of_a_frozen_client_holds_up_a_queues_switch_only_un
         PostgresStore(pg, idle_in_transaction_timeout_s=3e6)
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+async def test_a_client_frozen_past_the_idle_timeout_before_its_commit_gets_the_lost_connection(
+    pg: str, schema: str, keyed: bool
+) -> None:
+    """The server ended the session while the client was frozen just before COMMIT (nothing
+    written). An enqueue with idempotency keys is safe to repeat: it is retried and creates its
+    task. One without cannot know it was not committed: StoreConnectionError, naming the lost
+    connection (it named a failed ``Connection.terminate()`` of a connection the driver had let
+    go of already)."""
+    import asyncpg
+
+    async with PostgresStore(pg, schema=schema, listen=False, idle_in_transaction_timeout_s=0.3) as store:
+        notify = store._notify
+        frozen = []
+
+        async def freeze_once(conn: Any, *args: Any, **kwargs: Any) -> None:
+            await notify(conn, *args, **kwargs)  # the transaction's last statement
+            if not frozen:
+                frozen.append(True)
+                time.sleep(1.0)  # the whole process stalls, past the server's timeout
+
+        store._notify = freeze_once  # type: ignore[method-assign]
+        task = NewTask(queue="q", payload=1, partition_key="k", idempotency_key="m1" if keyed else None)
+        if keyed:
+            [result] = await store.enqueue_many([task])
+            assert result.created is True
+        else:
+            with pytest.raises(StoreConnectionError, match="ConnectionDoesNotExistError") as caught:
+                await store.enqueue_many([task])
+            assert "terminate" not in str(caught.value)
+        assert frozen == [True]
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM coord_tasks") == (1 if keyed else 0)
+        finally:
+            await conn.close()
+
+
 async def _hold_key_row(pg: str, schema: str, key: str) -> Any:
     """Another transaction holding ``key``'s row in coord_task_keys (queue "q"); commit it to let go."""
     import asyncpg

@@ -192,7 +192,11 @@ class PgRunner:
                         return result
                     except _DRIVER_ERRORS as exc:
                         if is_connection_error(exc):
-                            conn.terminate()  # never hand a broken connection back to the pool
+                            # Never hand a broken connection back to the pool. The driver may have
+                            # let go of it already (the server ended the session): the error to
+                            # report is still the one that broke it, not this call's.
+                            with contextlib.suppress(*_DRIVER_ERRORS):
+                                conn.terminate()
                         raise
             except RetryTransaction as exc:
                 error: BaseException = exc

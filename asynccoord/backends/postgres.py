@@ -257,8 +257,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             client; a client frozen (SIGSTOP, a stalled host) or cut off mid-transaction
             would otherwise hold its row locks, and the shared lock of its queue, until TCP
             gives up (hours): a queue's first ordered claim waits for those shared locks,
-            and every transition of the queue behind it. Its next statement, if it comes
-            back, meets a lost connection and is retried.
+            and every transition of the queue behind it. If the client comes back, it meets
+            a lost connection: retried where no doubt about the outcome can arise; at the
+            commit of a call that is not safe to repeat (an enqueue of tasks without
+            idempotency keys), :class:`~asynccoord.errors.StoreConnectionError` naming the
+            lost connection (nothing was written, the session having been ended first).
 
     Raises:
         InvalidTypeError, InvalidArgumentError: a bad argument (a DSN that is no

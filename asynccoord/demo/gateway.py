@@ -142,7 +142,7 @@ class SimulatedGateway:
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode = WAL")
+        _use_wal(db, timeout_s=60.0)
         db.execute("PRAGMA synchronous = OFF")
         db.executescript(SCHEMA)
         return db
@@ -308,6 +308,25 @@ class SimulatedGateway:
         if outcome == "stale_token":
             raise StaleTokenError(f"account {account}: fencing token {fencing_token} superseded while in flight")
         return str(outcome)
+
+
+def _use_wal(db: sqlite3.Connection, *, timeout_s: float) -> None:
+    """``PRAGMA journal_mode = WAL``, tried again while another connection holds the file.
+
+    When the processes of a demo open a fresh record at the same moment, SQLite answers the
+    journal-mode switch of all but one with SQLITE_BUSY at once, without its busy handler
+    (a worker died at start with "database is locked", 1 run in about 60 with 4 processes).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            if not busy or time.monotonic() > deadline:
+                raise
+        time.sleep(random.uniform(0.002, 0.01))
 
 
 class _Busy(Exception):
