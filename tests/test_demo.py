@@ -516,6 +516,52 @@ def test_a_worker_sent_sigterm_while_it_starts_stops_cleanly_once_up(tmp_path: P
     assert nodes == 0  # the runtime started, then shut down: its nodes left the membership
 
 
+@pytest.mark.multiprocess
+def test_a_worker_sent_sigterm_again_and_again_from_its_start_still_exits_0(tmp_path: Path) -> None:
+    """SIGTERM every 20 ms from the moment the worker is ready until it exits (a demo stopping
+    its workers twice, say): the first stops it, the others must not kill it, also while the
+    interpreter shuts down, where Python puts SIG_DFL back for its handlers (8 of 8 runs exited
+    -15 before)."""
+    ready = tmp_path / "w0.ready"
+    with open(tmp_path / "w0.log", "wb") as log_file:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "asynccoord.demo.worker",
+                "--store",
+                str(tmp_path / "demo.db"),
+                "--gateway",
+                str(tmp_path / "gateway.db"),
+                "--status-file",
+                str(tmp_path / "w0.json"),
+                "--ready-file",
+                str(ready),
+                "--prefix",
+                "w0",
+                "--nodes",
+                "2",
+            ],
+            stderr=log_file,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert ready.exists(), (tmp_path / "w0.log").read_text()[-2000:]
+        signals = 0
+        while worker.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                worker.send_signal(signal.SIGTERM)
+                signals += 1
+            time.sleep(0.02)
+        assert worker.wait(timeout=30) == 0, (tmp_path / "w0.log").read_text()[-2000:]
+        assert signals >= 2  # it was still up for a second signal
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
 def test_stopping_workers_waits_for_one_still_starting(tmp_path: Path) -> None:
     """``_stop`` signals a worker only once it is ready (its ready file exists): a worker
     still starting would be killed by SIGTERM. Here a stand-in worker takes 0.5 s to put

@@ -104,7 +104,9 @@ class EarlyStop:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.received = True
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stop)
+            # After the run the loop is closed: the worker is exiting, there is nothing to stop.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop)
 
     def watch(self, runtime: Runtime) -> None:
         self._runtime = runtime
@@ -255,7 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     early_stop = EarlyStop()
     early_stop.install()
     args = parse_args(argv)
-    return int(run_loop(run(args, early_stop)))
+    try:
+        return int(run_loop(run(args, early_stop)))
+    finally:
+        # The work is over. Python puts SIG_DFL back for its handlers while the interpreter
+        # shuts down, so a SIGTERM then (a demo stopping its workers twice) would end the
+        # process with -15 after a clean stop; an ignored signal stays ignored.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
