@@ -463,6 +463,23 @@ def test_the_gateway_record_switches_to_wal_again_while_another_process_holds_th
     assert other.calls == 1
 
 
+def _start_ready_worker(tmp_path: Path, store: Path) -> subprocess.Popen[bytes]:
+    """A demo worker of 2 nodes on ``store`` (stderr in ``tmp_path/w0.log``), once its ready file exists."""
+    ready = tmp_path / "w0.ready"
+    command = [sys.executable, "-m", "asynccoord.demo.worker", "--store", str(store)]
+    command += ["--gateway", str(tmp_path / "gateway.db"), "--status-file", str(tmp_path / "w0.json")]
+    command += ["--ready-file", str(ready), "--prefix", "w0", "--nodes", "2"]
+    with open(tmp_path / "w0.log", "wb") as log_file:
+        worker = subprocess.Popen(command, stderr=log_file)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and worker.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    if not ready.exists():
+        worker.kill()
+        raise AssertionError(f"the worker did not get ready: {(tmp_path / 'w0.log').read_text()[-2000:]}")
+    return worker
+
+
 @pytest.mark.multiprocess
 def test_a_worker_sent_sigterm_while_it_starts_stops_cleanly_once_up(tmp_path: Path) -> None:
     """The demo stops its workers with SIGTERM as soon as the last message is done, which
@@ -471,36 +488,11 @@ def test_a_worker_sent_sigterm_while_it_starts_stops_cleanly_once_up(tmp_path: P
     instead of dying of SIGTERM's default action (exit -15, a failed demo)."""
     db = tmp_path / "demo.db"
     sqlite3.connect(db).close()
-    ready = tmp_path / "w0.ready"
     blocker = sqlite3.connect(db, isolation_level=None)
     blocker.execute("PRAGMA journal_mode = WAL")
     blocker.execute("BEGIN EXCLUSIVE")  # the worker's store waits for the file's write lock
-    with open(tmp_path / "w0.log", "wb") as log_file:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "asynccoord.demo.worker",
-                "--store",
-                str(db),
-                "--gateway",
-                str(tmp_path / "gateway.db"),
-                "--status-file",
-                str(tmp_path / "w0.json"),
-                "--ready-file",
-                str(ready),
-                "--prefix",
-                "w0",
-                "--nodes",
-                "2",
-            ],
-            stderr=log_file,
-        )
+    worker = _start_ready_worker(tmp_path, db)
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() and worker.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert ready.exists(), (tmp_path / "w0.log").read_text()[-2000:]
         worker.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         assert worker.poll() is None  # still starting: the signal was kept, not acted on
@@ -522,33 +514,9 @@ def test_a_worker_sent_sigterm_again_and_again_from_its_start_still_exits_0(tmp_
     its workers twice, say): the first stops it, the others must not kill it, also while the
     interpreter shuts down, where Python puts SIG_DFL back for its handlers (8 of 8 runs exited
     -15 before)."""
-    ready = tmp_path / "w0.ready"
-    with open(tmp_path / "w0.log", "wb") as log_file:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "asynccoord.demo.worker",
-                "--store",
-                str(tmp_path / "demo.db"),
-                "--gateway",
-                str(tmp_path / "gateway.db"),
-                "--status-file",
-                str(tmp_path / "w0.json"),
-                "--ready-file",
-                str(ready),
-                "--prefix",
-                "w0",
-                "--nodes",
-                "2",
-            ],
-            stderr=log_file,
-        )
+    worker = _start_ready_worker(tmp_path, tmp_path / "demo.db")
+    deadline = time.monotonic() + 60
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() and worker.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.002)
-        assert ready.exists(), (tmp_path / "w0.log").read_text()[-2000:]
         signals = 0
         while worker.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(ProcessLookupError):
