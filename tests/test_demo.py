@@ -448,7 +448,8 @@ def test_the_gateway_record_switches_to_wal_again_while_another_process_holds_th
             assert sql == "PRAGMA journal_mode = WAL"
             self.calls += 1
             if self.calls <= self.failures:
-                exc = sqlite3.OperationalError("database is locked")
+                message = "database is locked" if self.code == sqlite3.SQLITE_BUSY else "disk I/O error"
+                exc = sqlite3.OperationalError(message)
                 exc.sqlite_errorcode = self.code
                 raise exc
 

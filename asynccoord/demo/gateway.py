@@ -45,6 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
+from ..backends._groupcommit import retry_busy
+
 __all__ = ("GatewayAudit", "GatewayError", "SimulatedGateway", "StaleTokenError", "TransientGatewayError", "audit")
 
 T = TypeVar("T")
@@ -316,17 +318,9 @@ def _use_wal(db: sqlite3.Connection, *, timeout_s: float) -> None:
     When the processes of a demo open a fresh record at the same moment, SQLite answers the
     journal-mode switch of all but one with SQLITE_BUSY at once, without its busy handler
     (a worker died at start with "database is locked", 1 run in about 60 with 4 processes).
+    The store's own retry (:func:`~asynccoord.backends._groupcommit.retry_busy`) waits.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            busy = exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-            if not busy or time.monotonic() > deadline:
-                raise
-        time.sleep(random.uniform(0.002, 0.01))
+    retry_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), time.monotonic() + timeout_s)
 
 
 class _Busy(Exception):
