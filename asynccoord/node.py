@@ -62,7 +62,7 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,6 +359,10 @@ class _InFlight:
     next: _InFlight | None = None  # the key's next task, leased by this task's commit (claim_next)
     chain: int = 0  # tasks this slot took by claim_next before this one
 
+    def lost_already(self) -> bool:
+        """Whether the lease or lock is lost (a method: a check the type checker does not narrow across awaits)."""
+        return self.lost is not None
+
 
 class Node:
     """One worker draining a queue (see the module docstring for the pipeline).
@@ -452,6 +456,8 @@ class Node:
         self._due_when = math.inf  # the loop time it fires at
         self._due_times: list[float] = []  # heap: loop times at which tasks this node put back fall due
         self._rng = random.Random()
+        self._checked_send: Any = None  # the send _send_is_async describes (see _send_coroutine)
+        self._send_is_async = False
 
     def __repr__(self) -> str:
         s = self._state
@@ -715,7 +721,7 @@ class Node:
         so the node fails; a cancellation of the node cancels each of them once (a send
         gets its cleanup time, see :func:`_cut_short`), waits for them to hand their
         tasks back (shielded) and re-raises. A send that raises ``CancelledError`` by
-        itself is a failed send (see :meth:`_run_send`), never a cancellation of the node.
+        itself is a failed send (see :meth:`_send`), never a cancellation of the node.
 
         Raises:
             Exception: what a task's handling raised.
@@ -917,17 +923,14 @@ class Node:
                 is a failed send, as an ``Exception`` is.
         """
         flight.started = True
-        if flight.lost is not None:  # the lock was lost before the send could begin
+        if flight.lost_already():  # the lock was lost before the send could begin
             flight.returned = flight.settling = True
             return False, None, None
-        return await self._run_send(flight)
-
-    async def _run_send(self, flight: _InFlight) -> tuple[bool, Any, BaseException | None]:
         task = flight.task
         loop = asyncio.get_running_loop()
         token = _DELIVERY.set(Delivery(node_id=self.node_id, task=task, lock=flight.lock, context=self._context(task)))
         try:
-            child = flight.send = loop.create_task(self._call_send(task))  # copies the context: the delivery
+            child = flight.send = loop.create_task(self._send_coroutine(task))  # copies the context: the delivery
         finally:
             _DELIVERY.reset(token)
         send_started = time.perf_counter()
@@ -983,6 +986,31 @@ class Node:
         _observe(self.store, SEND_MS, send_started)
         return True, result, failure
 
+    def _send_coroutine(self, task: Task) -> Coroutine[Any, Any, Any]:
+        """The coroutine the send task runs: the user's own one for an ``async def`` send.
+
+        An ``async def`` send is called here (it only makes its coroutine; its body runs in
+        the send task): one coroutine less per task than :meth:`_call_send`. A call that
+        raises (a send whose signature does not take the task, say) is a failed send, raised
+        in the send task as any error of the send is. Any other callable goes through
+        :meth:`_call_send`.
+        """
+        send = self.send
+        if send is not self._checked_send:  # self.send is a public attribute: check it again if replaced
+            self._checked_send = send
+            self._send_is_async = inspect.iscoroutinefunction(send)
+        if not self._send_is_async:
+            return self._call_send(task)
+        try:
+            coro = send(task)
+        except BaseException as exc:
+            return _raising(exc)
+        return coro if asyncio.iscoroutine(coro) else self._awaiting(coro)
+
+    @staticmethod
+    async def _awaiting(outcome: Any) -> Any:
+        return await outcome if inspect.isawaitable(outcome) else outcome
+
     async def _call_send(self, task: Task) -> Any:
         outcome = self.send(task)
         # A plain (sync) function has already sent when it returns: use its value;
@@ -1007,28 +1035,27 @@ class Node:
         if slot is not None:
             self._settling.add(slot)
         try:
-            await self._settle(flight, *outcome)
+            # The settle: commit (fenced by the lock's token) or fail the task after its send.
+            completed, result, failure = outcome
+            if not completed:
+                self._state.conflicts += 1
+                node_id, task_id = self.node_id, flight.task.id
+                log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, flight.lost)
+                if flight.lock_lost:  # never commit; the task's lease is still ours: no need to wait for it to lapse
+                    await self._fail_lock_lost(flight)
+                # else the task lease or lock is gone: never commit
+            else:
+                self._state.sent += 1
+                if failure is not None:
+                    await self._fail(flight, failure)
+                else:
+                    await self._commit(flight, result)
+                flight.settled = True
         finally:
             if slot is not None:
                 self._settling.discard(slot)
         if flight.cancel_pending:
             raise asyncio.CancelledError
-
-    async def _settle(self, flight: _InFlight, completed: bool, result: Any, failure: BaseException | None) -> None:
-        """Commit (fenced by the lock's token) or fail the task after its send."""
-        task = flight.task
-        if not completed:
-            self._state.conflicts += 1
-            log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", self.node_id, task.id, flight.lost)
-            if flight.lock_lost:  # never commit; but the task's lease is still ours: no need to wait for it to lapse
-                await self._fail_lock_lost(flight)
-            return  # the task lease or lock is gone: never commit
-        self._state.sent += 1
-        if failure is not None:
-            await self._fail(flight, failure)
-        else:
-            await self._commit(flight, result)
-        flight.settled = True
 
     async def _fail_lock_lost(self, flight: _InFlight) -> None:
         """Record the attempt whose lock (or permit) was lost as failed, so the retry policy takes it now.
@@ -1082,7 +1109,10 @@ class Node:
             result = None
         commit_started = time.perf_counter()
         try:
-            await self._retrying(flight, "commit", lambda: self._commit_once(flight, result))
+            try:
+                await self._commit_once(flight, result)
+            except _TRANSIENT_STORE_ERRORS as exc:  # tried again (the first try needs no retry loop)
+                await self._retrying(flight, "commit", functools.partial(self._commit_once, flight, result), failed=exc)
         except LeaseLostError as exc:
             self._state.conflicts += 1
             log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
@@ -1119,7 +1149,14 @@ class Node:
         if recorder is not None:  # store clock, both ends: no clock skew between processes
             recorder.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
 
-    async def _retrying(self, flight: _InFlight, what: str, attempt: Callable[[], Awaitable[None]]) -> None:
+    async def _retrying(
+        self,
+        flight: _InFlight,
+        what: str,
+        attempt: Callable[[], Awaitable[None]],
+        *,
+        failed: Exception | None = None,
+    ) -> None:
         """Run ``attempt`` (a commit or a failure record), again after a transient store error while the lease lasts.
 
         A store that is busy (SQLite's write lock held past ``busy_timeout_s``: nothing was
@@ -1132,14 +1169,18 @@ class Node:
         such a landed try leased by commit-and-continue is not known to the node and waits
         for its lease to lapse (it is not sent twice). Other errors (a lost lease, a
         fencing rejection, a closed store, any other store error) are raised at once, and
-        so is the last transient error at the deadline.
+        so is the last transient error at the deadline. ``failed``: the transient error of a
+        first try the caller made itself (this then starts with its retry).
         """
         tries = 0
         while True:
             try:
+                if failed is not None:
+                    raise failed
                 await attempt()
                 return
             except _TRANSIENT_STORE_ERRORS as exc:
+                failed = None
                 tries += 1
                 delay_s = SETTLE_RETRY.delay_s(tries)
                 if time.monotonic() + delay_s >= flight.lease_deadline:
@@ -1336,7 +1377,7 @@ def _lock_lost(flight: _InFlight, error: LockLostError) -> None:
 def _send_over(flight: _InFlight) -> bool:
     """Whether ``flight``'s send has ended by itself (returned or raised), though the node may not have seen it yet.
 
-    Its task finishes a loop turn or two before ``_run_send`` resumes and sets
+    Its task finishes a loop turn or two before ``_send`` resumes and sets
     ``flight.returned``: a lost lock reported in that gap must not discard a message that
     went out (a send the node cut is not over by itself).
     """
@@ -1406,6 +1447,11 @@ def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
     except asyncio.CancelledError as exc:
         return exc
     return asyncio.CancelledError()  # not reached: child is cancelled
+
+
+async def _raising(exc: BaseException) -> Any:
+    """Raise ``exc`` in the send task (a send whose call raised: see ``Node._send_coroutine``)."""
+    raise exc
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

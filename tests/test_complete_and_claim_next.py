@@ -509,3 +509,33 @@ async def test_a_cancelled_caller_hands_the_next_task_back(backend: str, store, 
     assert (nxt.status, nxt.version, nxt.attempts, nxt.lease_token) == (TaskStatus.PENDING, 2, 0, None)
     again = await claim_head(store, "n2")
     assert again.id == b.id
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+async def test_a_caller_cancelled_as_its_outcome_arrives_hands_the_next_task_back(backend: str, store) -> None:
+    """The batch's outcome reaches the caller's future just as the caller is cancelled (the
+    cancellation is already queued when the result is set): the commit stands and the next
+    task it leased is handed back, as when the caller is cancelled while waiting."""
+    a, b = await fill(store, "k", 2)
+    first = await claim_head(store)
+    loop = asyncio.get_running_loop()
+    call: asyncio.Task[Continuation] | None = None
+    run = store._committer._run
+
+    async def run_then_cancel(items):  # the cancel is queued before the results are set
+        outcomes = await run(items)
+        assert call is not None
+        loop.call_soon(call.cancel)
+        return outcomes
+
+    store._committer._run = run_then_cancel
+    call = asyncio.create_task(store.complete_and_claim_next(first))
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    for _ in range(500):  # the lease of b is handed back in the background
+        if (await store.get(b.id)).version == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert (await store.get(a.id)).status is TaskStatus.DONE
+    nxt = await store.get(b.id)
+    assert (nxt.status, nxt.version, nxt.attempts, nxt.lease_token) == (TaskStatus.PENDING, 2, 0, None)

@@ -94,6 +94,59 @@ async def test_a_sync_send_sends_each_message_once() -> None:
         assert all(t.result == "ok" for t in store._tasks.values())
 
 
+async def _send_without_the_task() -> None:  # a mistake: the node calls send(task)
+    return None
+
+
+@pytest.mark.parametrize(
+    "send",
+    [_send_without_the_task, functools.partial(_send_without_the_task)],
+    ids=["def", "partial"],
+)
+async def test_an_async_send_whose_call_raises_fails_its_task_not_the_node(send: Any) -> None:
+    """Calling the send raises (TypeError: it takes no task): each task is a failed send,
+    retried and dead-lettered with the error, and the node keeps running."""
+    async with MemoryStore() as store:
+        for i in range(3):
+            await store.enqueue("q", {"n": i}, partition_key=f"c{i}")
+        runtime = Runtime(store, send=send, nodes=1, config=FAST)
+        counts = await drain(store, runtime)
+        assert (counts.get(TaskStatus.DEAD), counts.get(TaskStatus.DONE, 0)) == (3, 0)
+        assert all("TypeError" in (t.last_error or "") for t in store._tasks.values())
+        limit = store.config.retry.max_attempts  # fixed at enqueue by the store's policy
+        assert [t.attempts for t in store._tasks.values()] == [limit] * 3
+        assert [n.status.value for n in runtime.states()] == ["stopped"]
+
+
+async def test_a_send_replaced_on_the_node_is_the_one_called() -> None:
+    """``Node.send`` is a public attribute: a send swapped in (async for sync) is the one used."""
+    async with MemoryStore() as store:
+        first = await store.enqueue("q", {"n": 1}, partition_key="a")
+        calls: list[tuple[str, int]] = []
+
+        def plain(task: Task) -> str:
+            calls.append(("plain", task.payload["n"]))
+            return "plain"
+
+        async def coro(task: Task) -> str:
+            calls.append(("async", task.payload["n"]))
+            return "async"
+
+        node = Node(store, plain, node_id="n1", config=FAST)  # type: ignore[arg-type]
+        async with asyncio.timeout(10):
+            runner = asyncio.create_task(node.run())
+            while (await store.get(first.task.id)).status is not TaskStatus.DONE:
+                await asyncio.sleep(0.01)
+            node.send = coro
+            await store.enqueue("q", {"n": 2}, partition_key="b")
+            while (await store.stats("q")).counts.get(TaskStatus.DONE, 0) < 2:
+                await asyncio.sleep(0.01)
+            node.stop_claiming()
+            await runner
+        assert sorted(t.result for t in store._tasks.values()) == ["async", "plain"]
+        assert calls == [("plain", 1), ("async", 2)]
+
+
 @pytest.mark.parametrize("kind", ["object", "oversize"])
 async def test_a_result_the_store_cannot_keep_is_committed_without_it(kind: str) -> None:
     class Message:  # what an SDK returns

@@ -7,20 +7,25 @@ batch is at the server, later calls queue up and go together in the next batch (
 most ``max_batch`` each). The idea is the group commit of DeWitt et al.,
 "Implementation techniques for main memory database systems", SIGMOD 1984.
 
-A caller gets a future. If the caller is cancelled, the batch goes on (a commit cannot
-be taken back); the caller may attach a compensation to the future's result.
+A caller gets a future and awaits it. If the caller is cancelled, its future is cancelled
+but its item stays queued and its batch goes on (a commit cannot be taken back); the
+outcome of an item whose future was cancelled goes to the batcher's ``orphaned`` hook,
+which may compensate it (hand back a task the call leased, say).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from ..errors import StoreClosedError
 
 __all__ = ("Batcher",)
+
+log = logging.getLogger(__name__)
 
 I = TypeVar("I")  # noqa: E741 - item
 O = TypeVar("O")  # noqa: E741 - outcome
@@ -35,6 +40,9 @@ class Batcher(Generic[I, O]):
         key: Items with equal keys never share a batch (the later one waits for the next);
             None to allow anything together.
         name: Name of the drain task.
+        orphaned: Called with ``(item, outcome)`` for each item run whose future was
+            cancelled meanwhile (its caller is gone), to compensate the outcome; an
+            exception it raises is logged. None: such outcomes are dropped.
     """
 
     def __init__(
@@ -44,8 +52,10 @@ class Batcher(Generic[I, O]):
         *,
         key: Callable[[I], Hashable] | None = None,
         name: str = "asynccoord-batch",
+        orphaned: Callable[[I, O], None] | None = None,
     ) -> None:
         self._run = run
+        self._orphaned = orphaned
         self._max_batch = max(1, max_batch)
         self._key = key
         self._name = name
@@ -54,7 +64,11 @@ class Batcher(Generic[I, O]):
         self.batches = 0
 
     def submit(self, item: I) -> asyncio.Future[O]:
-        """Queue ``item``; the future resolves to its outcome (or the batch's exception)."""
+        """Queue ``item``; the future resolves to its outcome (or the batch's exception).
+
+        Cancelling the future does not take the item back: it runs, and its outcome goes
+        to the ``orphaned`` hook.
+        """
         future: asyncio.Future[O] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
         if self._drainer is None or self._drainer.done():
@@ -100,6 +114,11 @@ class Batcher(Generic[I, O]):
                         future.set_exception(exc)
                 continue
             self.batches += 1
-            for (_, future), outcome in zip(batch, outcomes, strict=True):
+            for (item, future), outcome in zip(batch, outcomes, strict=True):
                 if not future.done():
                     future.set_result(outcome)
+                elif future.cancelled() and self._orphaned is not None:
+                    try:
+                        self._orphaned(item, outcome)
+                    except Exception:
+                        log.exception("asynccoord.batch.orphaned_failed batcher=%s", self._name)

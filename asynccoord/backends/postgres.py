@@ -323,7 +323,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._listener: PgListener | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._committer: Batcher[_Item, Task | CoordError] = Batcher(
-            self._complete_batch, self.config.max_batch_ops, key=lambda i: i.task.id, name="asynccoord-pg-commit"
+            self._complete_batch,
+            self.config.max_batch_ops,
+            key=lambda i: i.task.id,
+            name="asynccoord-pg-commit",
+            orphaned=self._orphaned_commit,
         )
         self._acquirer = self._new_acquirer()
 
@@ -763,6 +767,13 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             return None
         return parts
 
+    def _orphaned_commit(self, item: _Item, _outcome: Task | CoordError) -> None:
+        """Hand back the task a commit leased for a caller cancelled meanwhile (commit-and-continue)."""
+        if item.next_task is not None:
+            coro = self._undo_claim([item.next_task])
+            if coro is not None:
+                self._spawn(coro)
+
     def _undo_claim(self, tasks: list[Task]) -> Coroutine[Any, Any, Any] | None:
         if not tasks:
             return None
@@ -898,9 +909,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         encoded = encode_results([result], 1, self.config)
         fenced = check_fences(None if fence is None else [fence], 1)
         self._writable()
-        outcome = await asyncio.shield(
-            self._committer.submit(_Item(checked, encoded[0], None if fenced is None else fenced[0]))
-        )
+        # A cancellation of the caller cancels the future, not the commit (see Batcher).
+        outcome = await self._committer.submit(_Item(checked, encoded[0], None if fenced is None else fenced[0]))
         self._count_settled([checked], [outcome])
         if isinstance(outcome, Task):
             return outcome
@@ -939,11 +949,15 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._writable()
         await self._keep_heads(checked.queue)
         item = _Item(checked, encoded[0], None if fenced is None else fenced[0], lease)
-
-        def undo(_outcome: Task | CoordError) -> Coroutine[Any, Any, Any] | None:
-            return None if item.next_task is None else self._undo_claim([item.next_task])
-
-        outcome = await self._shielded(self._committer.submit(item), undo)
+        # Not asyncio.shield (a future, two closures and three cells per call): a cancellation
+        # cancels the future, and the batcher hands the item's outcome to _orphaned_commit.
+        future = self._committer.submit(item)
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._orphaned_commit(item, future.result())  # the outcome came just as the caller was cancelled
+            raise
         if not isinstance(outcome, Task):
             self._count_settled([checked], [outcome])
             raise outcome
