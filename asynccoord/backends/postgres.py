@@ -712,7 +712,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         if parts is not None and not parts:
             return []
         self._writable()
-        if ordered:
+        if ordered and queue not in self._kept_queues:
             await self._keep_heads(queue)
         return await self._shielded(
             self._claim(queue, node_id, limit, lease, self._partition_filter(parts), ordered, due_age), self._undo_claim
@@ -947,7 +947,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         """
         [checked], encoded, fenced, lease, _ = check_continuation(task, result, fence, lease_s, self.config)
         self._writable()
-        await self._keep_heads(checked.queue)
+        if checked.queue not in self._kept_queues:  # once per queue (no coroutine per call after that)
+            await self._keep_heads(checked.queue)
         item = _Item(checked, encoded[0], None if fenced is None else fenced[0], lease)
         # Not asyncio.shield (a future, two closures and three cells per call): a cancellation
         # cancels the future, and the batcher hands the item's outcome to _orphaned_commit.
