@@ -539,3 +539,27 @@ async def test_a_caller_cancelled_as_its_outcome_arrives_hands_the_next_task_bac
     assert (await store.get(a.id)).status is TaskStatus.DONE
     nxt = await store.get(b.id)
     assert (nxt.status, nxt.version, nxt.attempts, nxt.lease_token) == (TaskStatus.PENDING, 2, 0, None)
+
+
+# Not on the memory store: it wakes on every commit (it keeps no record of the queues claimed in order).
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+async def test_a_commit_wakes_idle_nodes_only_when_it_unblocks_a_key(backend: str, store) -> None:
+    """A commit in a queue claimed in order makes the key's next task claimable: armed nodes
+    are flagged. In a queue claimed only without order a commit makes nothing claimable:
+    nobody is woken (a woken node would claim for nothing)."""
+    wake = store.notifier.subscribe(Q)
+    await fill(store, "k", 2)
+    first = await claim_head(store)
+    wake.arm()
+    await store.complete(first)
+    assert wake.is_set  # the key's next task is its head now
+
+    other = "plain"
+    wake_other = store.notifier.subscribe(other)
+    await store.enqueue_many([NewTask(queue=other, payload=i, partition_key="k") for i in range(2)])
+    (task,) = await store.claim(other, node_id="n1", limit=1, ordered=False)
+    wake_other.arm()
+    await store.complete(task)
+    assert not wake_other.is_set
+    wake.close()
+    wake_other.close()

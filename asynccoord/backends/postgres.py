@@ -1010,8 +1010,13 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self.events.add(ev.COMMITS, len(done))
         self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for o in outcomes if isinstance(o, LeaseLostError)))
         self.events.add(ev.FENCING_REJECTED, sum(1 for o in outcomes if _is_fence_error(o)))
-        if done:  # an ordered queue's next task per key may be claimable now
-            notify_settled(self.notifier, done)
+        # A queue that keeps heads (claimed in order here) may have its keys' next tasks claimable
+        # now; in any other queue a commit makes nothing claimable: no wake-up (an idle node
+        # woken for it would claim for nothing).
+        kept = self._kept_queues
+        heads = [t for t in done if t.queue in kept]
+        if heads:
+            notify_settled(self.notifier, heads)
 
     async def _complete_batch(self, items: Sequence[_Item]) -> list[Task | CoordError]:
         """Complete ``items`` in one statement, ``coord_complete_batch`` (its own transaction).
