@@ -487,6 +487,17 @@ async def writes_held(backend: str, store, db_path: Path) -> AsyncIterator[None]
         await conn.close()
 
 
+async def assert_committed_and_handed_back(store, done: Task, leased: Task) -> None:
+    """``done`` is committed, and ``leased`` (leased by that commit) is pending again, its attempt not counted."""
+    for _ in range(500):  # the hand-back runs in the background
+        if (await store.get(leased.id)).version == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert (await store.get(done.id)).status is TaskStatus.DONE
+    nxt = await store.get(leased.id)
+    assert (nxt.status, nxt.version, nxt.attempts, nxt.lease_token) == (TaskStatus.PENDING, 2, 0, None)
+
+
 # Not on the memory store: it commits and leases without yielding, nothing is ever in flight.
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 async def test_a_cancelled_caller_hands_the_next_task_back(backend: str, store, db_path: Path) -> None:
@@ -500,13 +511,7 @@ async def test_a_cancelled_caller_hands_the_next_task_back(backend: str, store, 
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-    for _ in range(500):  # the commit goes on; the lease of b is handed back in the background
-        if (await store.get(b.id)).version == 2:
-            break
-        await asyncio.sleep(0.01)
-    assert (await store.get(a.id)).status is TaskStatus.DONE
-    nxt = await store.get(b.id)
-    assert (nxt.status, nxt.version, nxt.attempts, nxt.lease_token) == (TaskStatus.PENDING, 2, 0, None)
+    await assert_committed_and_handed_back(store, a, b)
     again = await claim_head(store, "n2")
     assert again.id == b.id
 
@@ -532,13 +537,7 @@ async def test_a_caller_cancelled_as_its_outcome_arrives_hands_the_next_task_bac
     call = asyncio.create_task(store.complete_and_claim_next(first))
     with pytest.raises(asyncio.CancelledError):
         await call
-    for _ in range(500):  # the lease of b is handed back in the background
-        if (await store.get(b.id)).version == 2:
-            break
-        await asyncio.sleep(0.01)
-    assert (await store.get(a.id)).status is TaskStatus.DONE
-    nxt = await store.get(b.id)
-    assert (nxt.status, nxt.version, nxt.attempts, nxt.lease_token) == (TaskStatus.PENDING, 2, 0, None)
+    await assert_committed_and_handed_back(store, a, b)
 
 
 # Not on the memory store: it wakes on every commit (it keeps no record of the queues claimed in order).
