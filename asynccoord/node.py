@@ -93,7 +93,7 @@ from .lockpool import LockPool
 from .membership import Membership
 from .models import Task, TaskStatus
 from .notify import WakeUp, WorkNotifier
-from .validation import check_bool, check_int, check_name, check_positive, is_async_callable
+from .validation import check_bool, check_int, check_name, check_positive, check_send, is_async_callable
 
 __all__ = ("Delivery", "Node", "NodeConfig", "NodeState", "NodeStatus", "SendFn", "current_delivery")
 
@@ -111,6 +111,10 @@ cancel it again. A send still running when the time is up (one that swallows the
 SETTLE_WAIT_S = 5.0
 """Seconds a cancelled node still waits for the commit (or failure) of a send that had
 returned: the message went out, and a task handed back instead would be sent again."""
+
+HAND_BACK_WAIT_S = 5.0
+"""Seconds a node waits for the hand-back of a task it will not send (also when cancelled
+meanwhile), so that whoever claims next finds it pending instead of leased to a stopped node."""
 
 SETTLE_RETRY = RetryPolicy(base_s=0.01, factor=2.0, cap_s=0.5, jitter=0.5)
 """Backoff (from 10 ms, doubling, at most 0.5 s, +-50 % jitter) between tries of a commit
@@ -374,7 +378,9 @@ class Node:
             event loop's thread: it stalls every node of the process while it runs, and
             neither ``send_timeout_s`` nor a lost lease or lock can cut it short. An
             exception it raises is a failed attempt (the retry policy decides), and so is a
-            ``CancelledError`` it raises although the node did not cancel it.
+            ``CancelledError`` it raises although the node did not cancel it. An async
+            generator function (an ``async def`` with ``yield``: calling it sends nothing)
+            is refused.
         node_id: Unique among live nodes, 1..255 characters.
         config: :class:`NodeConfig`. Default NodeConfig().
         lock_key: Maps a task to the name of the lock it needs, or None for no lock
@@ -410,8 +416,7 @@ class Node:
         lock_store: Any = None,
         idle_poll: bool = True,
     ) -> None:
-        if not callable(send):
-            raise InvalidTypeError(f"send must be callable (an async function, or a plain one), got {send!r}")
+        check_send(send)
         if lock_key is not None and not callable(lock_key):
             raise InvalidTypeError(f"lock_key must be callable or None, got {type(lock_key).__name__}")
         if lock_key is not None and is_async_callable(lock_key):
@@ -456,6 +461,7 @@ class Node:
         self._due_when = math.inf  # the loop time it fires at
         self._due_times: list[float] = []  # heap: loop times at which tasks this node put back fall due
         self._rng = random.Random()
+        self._releases: set[asyncio.Task[None]] = set()  # hand-backs running (see _hand_back_shielded)
         self._checked_send: Any = None  # the send _send_is_async describes (see _send_coroutine)
         self._send_is_async = False
 
@@ -1012,7 +1018,9 @@ class Node:
         return await outcome if inspect.isawaitable(outcome) else outcome
 
     async def _call_send(self, task: Task) -> Any:
-        outcome = self.send(task)
+        outcome: Any = self.send(task)
+        if inspect.isasyncgen(outcome):  # a send replaced after the check (Node.send is public): nothing was sent
+            raise InvalidTypeError(f"send returned an async generator, not a result or an awaitable: {outcome!r}")
         # A plain (sync) function has already sent when it returns: use its value;
         # awaiting it would fail and send again on retry.
         return await outcome if inspect.isawaitable(outcome) else outcome
@@ -1275,10 +1283,18 @@ class Node:
                 self.node_id,
                 flight.task.id,
             )
-        with anyio.CancelScope(shield=True) as shield:
-            shield.deadline = anyio.current_time() + 5.0
-            with contextlib.suppress(CoordError):
-                await self._hand_back(flight.task, delay_s=0.0)
+        # The release runs in a task of its own: the slot's own cancellation (``_handle_batch``
+        # cancels its slots with Task.cancel(), which an anyio shield does not stop) must not
+        # cut it, or the task would stay leased to a stopped node until its lease lapsed.
+        release = asyncio.get_running_loop().create_task(self._hand_back_quietly(flight.task))
+        self._releases.add(release)
+        release.add_done_callback(self._releases.discard)
+        with anyio.CancelScope(shield=True):
+            await _wait_through_cancellation(release, HAND_BACK_WAIT_S)
+
+    async def _hand_back_quietly(self, task: Task) -> None:
+        with contextlib.suppress(CoordError):
+            await self._hand_back(task, delay_s=0.0)
 
     async def _hand_back(self, task: Task, *, delay_s: float) -> None:
         try:
@@ -1452,6 +1468,32 @@ def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
 async def _raising(exc: BaseException) -> Any:
     """Raise ``exc`` in the send task (a send whose call raised: see ``Node._send_coroutine``)."""
     raise exc
+
+
+async def _wait_through_cancellation(task: asyncio.Task[None], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` seconds for ``task``, also when cancelled meanwhile; then re-raise.
+
+    A cancellation that arrives while waiting does not stop the wait: it is raised once
+    ``task`` is over (or the time is up, ``task`` going on in the background). An error
+    of ``task`` is raised as well.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    cancelled = False
+    while not task.done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        try:
+            await asyncio.wait({task}, timeout=remaining)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if task.done() and not task.cancelled():
+            task.exception()  # seen: the cancellation is what the caller gets
+        raise asyncio.CancelledError
+    if task.done() and not task.cancelled():
+        task.result()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -47,7 +47,7 @@ from .lockpool import LockPool
 from .membership import Membership
 from .models import TaskStatus
 from .node import LockKeyFn, Node, NodeConfig, NodeState, SendFn, failure_of
-from .validation import check_int, check_name, check_positive
+from .validation import check_int, check_name, check_positive, check_send
 
 __all__ = ("Runtime",)
 
@@ -60,7 +60,8 @@ class Runtime:
     Args:
         store: The store (queue, lock and membership contracts), already open.
         send: ``async def send(task) -> result`` called once per delivery (a plain
-            function is accepted, with the caveats given in :class:`~asynccoord.node.Node`).
+            function is accepted, with the caveats given in :class:`~asynccoord.node.Node`;
+            an async generator function is refused with ``InvalidTypeError``).
         nodes: Number of nodes (>= 1). Default 8. Ignored when ``node_ids`` is given.
         config: :class:`~asynccoord.node.NodeConfig` shared by the nodes.
         lock_key: Maps a task to the lock it needs (None: no lock). Default None.
@@ -101,8 +102,7 @@ class Runtime:
         shutdown_timeout_s: float = 10.0,
         lock_store: Any = None,
     ) -> None:
-        if not callable(send):
-            raise InvalidTypeError(f"send must be callable (an async function, or a plain one), got {send!r}")
+        check_send(send)
         if config is not None and not isinstance(config, NodeConfig):
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         # Unique per Runtime instance: two runtimes of one process never share node ids.

@@ -28,6 +28,7 @@ __all__ = (
     "check_non_negative",
     "check_optional_name",
     "check_positive",
+    "check_send",
     "encode_payload",
 )
 
@@ -212,6 +213,22 @@ def check_bool(arg: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidTypeError(f"{arg} must be a bool, got {type(value).__name__} {_short(value)}")
     return value
+
+
+def check_send(send: object) -> None:
+    """Check a node's ``send``: a callable, not an async generator function.
+
+    Raises:
+        InvalidTypeError: ``send`` is not callable, or is an ``async def`` with ``yield``
+            (calling it runs nothing: every task would be committed unsent).
+    """
+    if not callable(send):
+        raise InvalidTypeError(f"send must be callable (an async function, or a plain one), got {send!r}")
+    if inspect.isasyncgenfunction(send) or inspect.isasyncgenfunction(type(send).__call__):
+        raise InvalidTypeError(
+            f"send must be an async function or a plain one, got the async generator function {send!r} "
+            "(calling it sends nothing)"
+        )
 
 
 def is_async_callable(fn: object) -> bool:

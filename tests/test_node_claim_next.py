@@ -210,6 +210,46 @@ async def test_a_stop_during_the_commit_hands_the_leased_task_back_unsent(make_s
     assert node.state().handed_back in (1, 2)
 
 
+async def test_a_cancellation_during_the_hand_back_of_a_leased_task_does_not_cut_it(make_store: Any) -> None:
+    """A stop comes while a commit leases the key's next task, so the slot hands it back
+    unsent; the node is cancelled while that release is at the store (slowed to 0.3 s, a
+    busy store). The release still lands: the task is pending at once, not leased to a
+    stopped node until its lease (30 s) lapses."""
+    store = await make_store(clock=None)
+    first, second = await enqueue(store, ["k", "k"])
+    node: Node | None = None
+    real_continue, real_release = store.complete_and_claim_next, store.release
+    releasing = asyncio.Event()
+
+    async def continue_then_stop(*args: Any, **kwargs: Any) -> Any:
+        step = await real_continue(*args, **kwargs)
+        assert node is not None
+        node.stop_claiming()  # shutdown begins while the commit is at the store
+        return step
+
+    async def slow_release(task: Task, **kwargs: Any) -> Task:
+        releasing.set()
+        await asyncio.sleep(0.3)
+        released: Task = await real_release(task, **kwargs)
+        return released
+
+    store.complete_and_claim_next, store.release = continue_then_stop, slow_release
+
+    async def send(task: Task) -> None:
+        return None
+
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, lease_s=30.0, **FAST_IDLE))
+    run = start(node)
+    await asyncio.wait_for(releasing.wait(), 5.0)
+    run.cancel()  # the drain time is over
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(run, 5.0)
+    assert (await store.get(first)).status is TaskStatus.DONE
+    after = await store.get(second)
+    assert (after.status, after.attempts, after.lease_owner) == (TaskStatus.PENDING, 0, None)
+    assert node.state().handed_back == 1
+
+
 async def test_tasks_of_a_claim_that_returns_after_stop_claiming_are_handed_back_unsent(make_store: Any) -> None:
     store = await make_store(clock=None)
     ids = await enqueue(store, ["a", "b", "c"])

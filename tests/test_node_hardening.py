@@ -225,3 +225,50 @@ async def test_a_send_that_is_not_callable_is_refused(send: Any) -> None:
             Runtime(store, send=send, nodes=1, config=FAST)
         with pytest.raises(InvalidTypeError, match="send must be callable"):
             Node(store, send, node_id="n1")
+
+
+async def _send_generator(task: Task) -> Any:  # a mistake: `yield` makes it an async generator
+    yield task.payload
+
+
+class _GeneratorSend:
+    async def __call__(self, task: Task) -> Any:
+        yield task.payload
+
+
+@pytest.mark.parametrize(
+    "send",
+    [_send_generator, functools.partial(_send_generator), _GeneratorSend()],
+    ids=["def", "partial", "call"],
+)
+async def test_an_async_generator_send_is_refused(send: Any) -> None:
+    """Calling an async generator function runs none of its body: every task would be committed unsent."""
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+        with pytest.raises(InvalidTypeError, match="async generator"):
+            Runtime(store, send=send, nodes=1, config=FAST)
+        with pytest.raises(InvalidTypeError, match="async generator"):
+            Node(store, send, node_id="n1")
+        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1  # nothing claimed
+
+
+async def test_an_async_generator_send_swapped_in_fails_its_task_unsent() -> None:
+    """``Node.send`` replaced by an async generator function after the check: its tasks fail
+    (retried, then dead-lettered), none is committed as sent."""
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+
+        async def send(task: Task) -> None:
+            return None
+
+        node = Node(store, send, node_id="n1", config=FAST)
+        node.send = _send_generator
+        runner = asyncio.create_task(node.run())
+        async with asyncio.timeout(10):
+            while (await store.stats("q")).counts.get(TaskStatus.DEAD, 0) < 1:
+                await asyncio.sleep(0.01)
+        node.stop_claiming()
+        await runner
+        (task,) = store._tasks.values()
+        assert (task.status, task.result) == (TaskStatus.DEAD, None)
+        assert "async generator" in (task.last_error or "")
