@@ -986,6 +986,9 @@ class Node:
             failure = child.exception()  # the user's send failed: the retry policy decides
             if failure is None:
                 result = child.result()
+                failure = _unsent(result)
+                if failure is not None:
+                    result = None
             elif _process_exit(failure):  # the process is ending: no failed send
                 raise failure
         flight.returned = True
@@ -1470,12 +1473,27 @@ async def _raising(exc: BaseException) -> Any:
     raise exc
 
 
+def _unsent(result: Any) -> InvalidTypeError | None:
+    """The error of a send that returned an unawaited coroutine or an async generator (nothing of it ran).
+
+    ``async def send(task): return client.send(task)`` (a missing ``await``): committing it
+    would mark a message sent that never was. It is a failed send instead; the coroutine is
+    closed (Python would warn that it was never awaited).
+    """
+    if inspect.iscoroutine(result):
+        result.close()
+        return InvalidTypeError(f"send returned an unawaited coroutine (a missing await?): {result!r}")
+    if inspect.isasyncgen(result):
+        return InvalidTypeError(f"send returned an async generator, not a result: {result!r}")
+    return None
+
+
 async def _wait_through_cancellation(task: asyncio.Task[None], timeout_s: float) -> None:
     """Wait up to ``timeout_s`` seconds for ``task``, also when cancelled meanwhile; then re-raise.
 
     A cancellation that arrives while waiting does not stop the wait: it is raised once
     ``task`` is over (or the time is up, ``task`` going on in the background). An error
-    of ``task`` is raised as well.
+    of ``task`` is raised, unless the caller is being cancelled (then it is logged).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -1488,12 +1506,16 @@ async def _wait_through_cancellation(task: asyncio.Task[None], timeout_s: float)
             await asyncio.wait({task}, timeout=remaining)
         except asyncio.CancelledError:
             cancelled = True
+    error = task.exception() if task.done() and not task.cancelled() else None
+    current = asyncio.current_task()
+    if error is not None and (cancelled or (current is not None and current.cancelling())):
+        # The caller is being cancelled: the cancellation is what it raises (an error raised
+        # instead would end the slot with it, where nobody reads it); the error is logged.
+        log.error("asynccoord.node.hand_back_failed error=%s", error_text(error), exc_info=error)
+    elif error is not None:
+        raise error
     if cancelled:
-        if task.done() and not task.cancelled():
-            task.exception()  # seen: the cancellation is what the caller gets
         raise asyncio.CancelledError
-    if task.done() and not task.cancelled():
-        task.result()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 from collections import Counter
 from typing import Any
 
@@ -272,3 +273,66 @@ async def test_an_async_generator_send_swapped_in_fails_its_task_unsent() -> Non
         (task,) = store._tasks.values()
         assert (task.status, task.result) == (TaskStatus.DEAD, None)
         assert "async generator" in (task.last_error or "")
+
+
+async def test_a_send_returning_an_unawaited_coroutine_fails_its_task_unsent(recwarn: pytest.WarningsRecorder) -> None:
+    """``async def send(task): return client_send(task)`` (a missing ``await``): nothing was
+    sent, so the task fails (retried, then dead-lettered), never committed as sent."""
+    sent: list[int] = []
+
+    async def client_send(task: Task) -> None:
+        sent.append(task.payload["n"])
+
+    async def send(task: Task) -> Any:
+        return client_send(task)  # the bug under test: no await
+
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+        counts = await drain(store, Runtime(store, send=send, nodes=1, config=FAST))
+        assert (counts.get(TaskStatus.DEAD), counts.get(TaskStatus.DONE, 0)) == (1, 0)
+        (task,) = store._tasks.values()
+        assert "unawaited coroutine" in (task.last_error or "")
+        assert sent == []
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]  # closed by the node
+
+
+async def test_a_release_error_during_a_cancellation_is_logged_not_left_unread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The node is cancelled while its sends run and the store's release raises an error that
+    is no CoordError: the node's run() raises CancelledError, and the release error is
+    logged (before, it ended each slot task unread: "Task exception was never retrieved")."""
+    unread: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unread.append(context))
+    try:
+        async with MemoryStore() as store:
+            for i in range(2):
+                await store.enqueue("q", {"n": i}, partition_key=f"k{i}")
+
+            async def bad_release(task: Task, **kwargs: Any) -> Task:
+                raise RuntimeError("boom in release")
+
+            store.release = bad_release  # type: ignore[method-assign]
+            started = asyncio.Event()
+
+            async def send(task: Task) -> None:
+                started.set()
+                await asyncio.sleep(3600)
+
+            node = Node(store, send, node_id="n1", config=FAST)
+            run = asyncio.create_task(node.run())
+            await asyncio.wait_for(started.wait(), 5)
+            await asyncio.sleep(0.05)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(run, 10)
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert unread == []
+    logged = [r for r in caplog.records if "hand_back_failed" in r.getMessage()]
+    assert len(logged) == 2
+    assert all("boom in release" in r.getMessage() for r in logged)
