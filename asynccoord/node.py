@@ -1021,9 +1021,7 @@ class Node:
         return await outcome if inspect.isawaitable(outcome) else outcome
 
     async def _call_send(self, task: Task) -> Any:
-        outcome: Any = self.send(task)
-        if inspect.isasyncgen(outcome):  # a send replaced after the check (Node.send is public): nothing was sent
-            raise InvalidTypeError(f"send returned an async generator, not a result or an awaitable: {outcome!r}")
+        outcome = self.send(task)  # an async generator returned is no result: see _unsent
         # A plain (sync) function has already sent when it returns: use its value;
         # awaiting it would fail and send again on retry.
         return await outcome if inspect.isawaitable(outcome) else outcome
