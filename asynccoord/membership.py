@@ -48,8 +48,7 @@ from . import events as ev
 from .backends.base import MembershipStore
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from .membermodels import Member, MemberBeat
-from .partition import assign
-from .partition import owned_partitions as _owned_partitions
+from .partition import RendezvousTable
 from .validation import check_int, check_name, check_non_negative, check_positive, encode_payload
 
 __all__ = ("LEAVE_TIMEOUT_S", "Membership", "MembershipStats", "MembershipView")
@@ -169,6 +168,7 @@ class Membership:
         self._reported_unhealthy = False
         self._started_at: dict[str, float] = {}  # node id -> started_at of our incarnation, as last seen
         self._assignment: tuple[tuple[str, ...], Mapping[str, frozenset[int]]] | None = None
+        self._table: RendezvousTable | None = None  # the nodes' rendezvous scores, kept between changes
 
     def __repr__(self) -> str:
         return (
@@ -296,14 +296,27 @@ class Membership:
             InvalidArgumentError, InvalidTypeError: a malformed ``node_id``.
         """
         check_name("node_id", node_id)
-        live = tuple(sorted(set(self._view.node_ids).union(self._local)))
+        live = self._live()
         if node_id not in live:
-            return _owned_partitions(node_id, self.store.partitions, live)
+            return self._rendezvous().assign((*live, node_id))[node_id]
+        return self._assigned(live)[node_id]
+
+    def _live(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self._view.node_ids).union(self._local)))
+
+    def _rendezvous(self) -> RendezvousTable:
+        table = self._table
+        if table is None:
+            table = self._table = RendezvousTable(self.store.partitions)
+        return table
+
+    def _assigned(self, live: tuple[str, ...]) -> Mapping[str, frozenset[int]]:
+        """The assignment of the partitions to ``live`` (kept until the live nodes change)."""
         cached = self._assignment
         if cached is None or cached[0] != live:
-            cached = (live, assign(self.store.partitions, live))
+            cached = (live, self._rendezvous().assign(live))
             self._assignment = cached
-        return cached[1][node_id]
+        return cached[1]
 
     async def wait_changed(self, since_version: int, timeout_s: float | None = None) -> MembershipView:
         """Wait until the view's version is above ``since_version``, or the timeout.
@@ -534,6 +547,10 @@ class Membership:
                 left,
                 extra={"event": "asynccoord.membership.changed"},
             )
+        if self._local:  # the new assignment now, not in the nodes' next claim
+            live = self._live()
+            if live:
+                self._assigned(live)
         self._signal()
 
     def _signal(self) -> None:

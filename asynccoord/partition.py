@@ -17,12 +17,13 @@ Two steps, both pure functions of their inputs (no I/O, no per-process state):
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import InvalidArgumentError, InvalidTypeError
 from .validation import _short, check_int, check_name
 
-__all__ = ("MAX_PARTITIONS", "assign", "owner_of", "owned_partitions", "partition_of")
+__all__ = ("MAX_PARTITIONS", "RendezvousTable", "assign", "owner_of", "owned_partitions", "partition_of")
 
 MAX_PARTITIONS = 1 << 16
 """Most fixed partitions a store keeps (``StoreConfig.partitions``), and so these functions take."""
@@ -91,8 +92,74 @@ def owner_of(partition: int, nodes: Iterable[str]) -> str:
     return best[1]
 
 
+class RendezvousTable:
+    """Repeated assignments of ``partitions`` partitions to changing sets of nodes.
+
+    The same mapping as :func:`owner_of` for every partition, computed faster: each
+    node's scores for all partitions are computed once and kept (``partitions`` 64-bit
+    integers per node), so a membership change costs one pass of comparisons plus the
+    hashes of the nodes not seen before, instead of hashing every (node, partition)
+    pair again (about 0.2 s for 128 nodes x 1,024 partitions). Scores of nodes absent
+    from the last assignment are dropped once they outnumber its nodes.
+
+    Args:
+        partitions: Number of partitions, 1..:data:`MAX_PARTITIONS`.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: a bad ``partitions``.
+    """
+
+    __slots__ = ("_scores", "_suffixes", "partitions")
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
+        self._suffixes = [b"\x00" + str(p).encode() for p in range(partitions)]
+        self._scores: dict[str, array[int]] = {}
+
+    def __repr__(self) -> str:
+        return f"<RendezvousTable partitions={self.partitions} nodes_kept={len(self._scores)}>"
+
+    def _node_scores(self, node: str) -> array[int]:
+        scores = self._scores.get(node)
+        if scores is None:
+            prefix, blake2b = b"n:" + node.encode("utf-8"), hashlib.blake2b
+            scores = array(
+                "Q", [int.from_bytes(blake2b(prefix + s, digest_size=8).digest(), "big") for s in self._suffixes]
+            )
+            self._scores[node] = scores
+        return scores
+
+    def assign(self, nodes: Iterable[str]) -> Mapping[str, frozenset[int]]:
+        """Every partition assigned to its owner among ``nodes`` (as :func:`assign`).
+
+        Raises:
+            InvalidTypeError: ``nodes`` is a str (not a list of them) or not iterable, or
+                a node id is not a str.
+            InvalidArgumentError: ``nodes`` is empty.
+        """
+        _check_nodes(nodes)
+        members = sorted({check_name("node", n) for n in nodes})
+        if not members:
+            raise InvalidArgumentError("nodes must name at least one node, got none")
+        vectors = [self._node_scores(n) for n in members]
+        owned: list[list[int]] = [[] for _ in members]
+        index = range(len(members))
+        # max() keeps the first of equal scores: members are sorted, so a tie goes to the
+        # smaller id, as in owner_of.
+        for p, column in enumerate(zip(*vectors, strict=True)):
+            owned[max(index, key=column.__getitem__)].append(p)
+        if len(self._scores) > 2 * len(members):
+            keep = set(members)
+            for node in [n for n in self._scores if n not in keep]:
+                del self._scores[node]
+        return {n: frozenset(ps) for n, ps in zip(members, owned, strict=True)}
+
+
 def assign(partitions: int, nodes: Sequence[str]) -> Mapping[str, frozenset[int]]:
-    """Every partition in ``range(partitions)`` assigned to its owner.
+    """Every partition in ``range(partitions)`` assigned to its owner (:func:`owner_of`).
+
+    For repeated assignments as membership changes, :class:`RendezvousTable` keeps each
+    node's scores between calls.
 
     Args:
         partitions: Number of partitions, >= 1.
@@ -106,13 +173,7 @@ def assign(partitions: int, nodes: Sequence[str]) -> Mapping[str, frozenset[int]
             node id is not a str.
         InvalidArgumentError: ``partitions`` outside 1..:data:`MAX_PARTITIONS`, or ``nodes`` is empty.
     """
-    check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
-    _check_nodes(nodes)
-    members = sorted({check_name("node", n) for n in nodes})
-    owned: dict[str, set[int]] = {n: set() for n in members}
-    for p in range(partitions):
-        owned[owner_of(p, members)].add(p)
-    return {n: frozenset(ps) for n, ps in owned.items()}
+    return RendezvousTable(partitions).assign(nodes)
 
 
 def owned_partitions(node: str, partitions: int, nodes: Sequence[str]) -> frozenset[int]:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asynccoord import InvalidArgumentError, InvalidTypeError, assign, owner_of, partition_of
-from asynccoord.partition import owned_partitions
+from asynccoord.partition import RendezvousTable, owned_partitions
 
 GOLDEN_PATH = Path(__file__).parent / "data" / "partition_golden.json"
 GOLDEN = json.loads(GOLDEN_PATH.read_text("utf-8"))
@@ -101,6 +101,36 @@ def test_assign_covers_every_partition_once() -> None:
         assert all(owner_of(p, NODES) == node for p in parts)
         assert owned_partitions(node, PARTITIONS, NODES) == parts
     assert owned_partitions("node-z", 8, []) == frozenset(range(8))  # alone, a node owns everything
+
+
+@given(
+    st.integers(min_value=1, max_value=64),
+    st.lists(st.sets(st.sampled_from([f"n{i}" for i in range(12)]), min_size=1), min_size=1, max_size=6),
+)
+def test_a_rendezvous_table_gives_owner_of_through_membership_changes(partitions: int, views: list[set[str]]) -> None:
+    """The kept scores (one table, nodes joining, leaving, coming back) never change an owner."""
+    table = RendezvousTable(partitions)
+    for view in views:
+        owned = table.assign(view)
+        assert sorted(owned) == sorted(view)
+        for p in range(partitions):
+            assert p in owned[owner_of(p, view)], (p, view)
+        assert sum(len(parts) for parts in owned.values()) == partitions
+
+
+def test_a_rendezvous_table_refuses_bad_input() -> None:
+    with pytest.raises(InvalidArgumentError, match="partitions must be >= 1, got 0"):
+        RendezvousTable(0)
+    with pytest.raises(InvalidTypeError, match="partitions must be an int"):
+        RendezvousTable(1.5)  # type: ignore[arg-type]
+    table = RendezvousTable(8)
+    with pytest.raises(InvalidArgumentError, match="nodes must name at least one node, got none"):
+        table.assign([])
+    with pytest.raises(InvalidTypeError, match="got str 'node-a'"):
+        table.assign("node-a")
+    with pytest.raises(InvalidTypeError, match="node must be a str, got int 7"):
+        table.assign(["node-a", 7])  # type: ignore[list-item]
+    assert table.assign(["node-a"]) == {"node-a": frozenset(range(8))}
 
 
 def test_a_str_is_not_a_list_of_nodes() -> None:
