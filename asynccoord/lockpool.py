@@ -25,9 +25,11 @@ Between processes, a taken lock has a line of one place: the pool that finds it 
 takes a lease on :func:`next_in_line` of its name, and a pool that would take the lock
 back at once (it just used it for ``max_turns`` turns with more local waiters, or saw it
 contended a moment ago) waits behind that place instead, so two processes with steady
-demand take turns rather than one keeping the lock. The idea of a fair lock's queue of
-waiters (as in Redisson's ``RFairLock`` on Redis), reduced to one place, built only on the
-lock contract (any lock store).
+demand take turns rather than one keeping the lock. A pool holding a lease with local
+waiters reads the place every few turns (``_FAIR_TURNS``, 4) and gives the lease back as
+soon as another pool is there, so a waiting process waits a few turns, not ``max_turns``.
+The idea of a fair lock's queue of waiters (as in Redisson's ``RFairLock`` on Redis),
+reduced to one place, built only on the lock contract (any lock store).
 
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
@@ -76,6 +78,10 @@ _CONTENDED_WINDOW_S = 1.0
 _CONTENDED_NAMES = 1024
 """Names remembered as contended before the ones older than the window are forgotten."""
 _RELEASE_TIMEOUT_S = 5.0
+_FAIR_TURNS = 4
+"""While local tasks wait, a pool holding a lease reads its place in line every this many
+turns (one ``list_locks``); once another pool is seen in line, the lease goes back at the
+end of the turn, so a waiting process waits a few turns, not ``max_turns``."""
 
 
 def _lately(seen: dict[str, float], name: str) -> bool:
@@ -120,6 +126,8 @@ class _Session:
     ranks: dict[asyncio.Future[None], list[int]] = field(default_factory=dict)  # waiter -> [priority, overtaken]
     on_lost: Callable[[LockLostError], None] | None = None
     releasing: asyncio.Task[None] | None = None
+    line_seen: bool = False  # another pool was in line at this lease's last check (see _FAIR_TURNS)
+    line_check: asyncio.Task[None] | None = None
 
     def alive(self) -> bool:
         return self.lease is not None and self.guard is not None and self.guard.active
@@ -166,16 +174,18 @@ class LockPool:
         store: A store implementing the lock contract.
         ttl_s: Lease length, seconds (renewed every ``ttl_s / 3`` by the store's watchdog).
         holder: Who holds the leases, for inspection (e.g. the process or node id).
-        max_turns: Consecutive turns before the lease goes back to the database so that
-            another process waiting for the lock gets it. Default 32. A pool that finds
-            the lock taken takes the *place in line* (a lease on :func:`next_in_line` of
-            the name, on the same store); a pool that gives the lease back after
-            ``max_turns`` with local waiters queued, while another pool holds that place,
-            waits in line behind it instead of taking the lock again at once (see
-            :meth:`_acquire` for the other cases). So
-            two processes with steady demand for a hot lock take turns, in runs of about
-            ``max_turns`` turns at most (the idea of a fair lock's queue, e.g. Redisson's
-            on Redis, with a line of one place).
+        max_turns: Most consecutive turns before the lease goes back to the database so
+            that another process waiting for the lock gets it. Default 32. A pool that
+            finds the lock taken takes the *place in line* (a lease on
+            :func:`next_in_line` of the name, on the same store). While local tasks wait,
+            the pool holding the lease reads that place every 4 turns, and once another
+            pool is seen in it, gives the lease back at the end of the turn (after 4
+            turns at least) instead of after ``max_turns``. A pool that gives the lease
+            back with local waiters queued, while another pool holds the place, waits in
+            line behind it instead of taking the lock again at once (see :meth:`_acquire`
+            for the other cases). So two processes with steady demand for a hot lock
+            take turns, in runs of a few turns each (the idea of a fair lock's queue,
+            e.g. Redisson's on Redis, with a line of one place).
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
         max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
             (see :meth:`turn`). Default 8; 0 makes turns strictly FIFO.
@@ -306,17 +316,19 @@ class LockPool:
         waits, not by the watchdog: losing a place is not losing a lock). The pool
         holding the place polls the lock often (every 1 to 10 ms); the others poll for
         the place (every 2 to 20 ms). A pool that found the lock or its place taken in the
-        last second, or that gave a lease of it back in the last second (after
-        ``max_turns`` turns with local waiters, say) while another pool holds the place
-        (one ``list_locks`` read), does not take the lock at once: it waits in line too,
-        so a waiting pool (another process) goes first. The line has one place, not a queue: with
+        last second, or that gave a lease of it back in the last second (for a pool in
+        line, say), first reads the place (one ``list_locks``): if another pool holds it,
+        this one does not take the lock at once but waits in line too, so the waiting
+        pool (another process) goes first; if nobody does, it tries the lock (without
+        taking and leaving a free place: two writes). The line has one place, not a queue: with
         three or more pools the order among those behind the first is whoever takes the
         place first, as with a plain lock.
         """
         name = session.name
-        if _lately(self._contended, name):
-            in_line = True  # another pool wants it too: go through the line
-        elif _lately(self._released, name):  # a hot lock (e.g. given back after max_turns): does anybody wait?
+        if _lately(self._contended, name) or _lately(self._released, name):
+            # Another pool wanted it a moment ago, or this one gave it back (after max_turns,
+            # say): is a pool in line now? If so, wait behind it; if not, try the lock (a
+            # read instead of taking and leaving a free place, two writes).
             in_line = await self._someone_in_line(name)
         else:
             in_line = False
@@ -373,6 +385,7 @@ class LockPool:
             await self._leave_line(place, wait=False)  # the turn need not wait for it
         session.lease = outcome
         session.turns = 0
+        session.line_seen = False
         park = session.park = asyncio.Event()
         parked = asyncio.get_running_loop().create_task(park.wait(), name=f"asynccoord-lockpool-{name}")
 
@@ -439,12 +452,37 @@ class LockPool:
     def _pass_turn(self, session: _Session, *, counted: bool = True) -> None:
         """End a turn: hand the lease to the next local waiter, or start releasing it."""
         session.busy = False
-        if session.alive() and session.turns < self.max_turns and self._wake_next(session):
+        alive = session.alive() and session.turns < self.max_turns
+        if alive and not self._gives_way(session) and self._wake_next(session):
             return
         if session.releasing is None:
             session.releasing = asyncio.get_running_loop().create_task(
                 self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
             )
+
+    def _gives_way(self, session: _Session) -> bool:
+        """Whether the lease should go back now for another pool in line (checked every ``_FAIR_TURNS`` turns)."""
+        if session.turns < _FAIR_TURNS:
+            return False
+        if session.line_seen:
+            return True
+        if session.waiters and session.line_check is None and session.turns % _FAIR_TURNS == 0:
+            lease = session.lease
+            session.line_check = asyncio.get_running_loop().create_task(
+                self._check_line(session, lease), name=f"asynccoord-lockpool-line-{session.name}"
+            )
+        return False
+
+    async def _check_line(self, session: _Session, lease: Lease | None) -> None:
+        """Record in ``session`` whether another pool is in line for its lock (while it still holds ``lease``)."""
+        try:
+            seen = await self._someone_in_line(session.name)
+        except Exception:  # a closed store, say: the next acquisition will tell
+            seen = False
+        finally:
+            session.line_check = None
+        if session.lease is lease:
+            session.line_seen = seen
 
     def _wake_next(self, session: _Session) -> bool:
         while session.waiters:
@@ -477,6 +515,7 @@ class LockPool:
         session.guard = session.park = None
         session.lease = None
         session.turns = 0
+        session.line_seen = False
         if park is not None:
             park.set()
         if guard is not None:
@@ -500,6 +539,10 @@ class LockPool:
     async def aclose(self) -> None:
         """Release every lease the pool holds (waiting for deferred commits up to one TTL per lock)."""
         for session in list(self._sessions.values()):
+            check = session.line_check
+            if check is not None:
+                check.cancel()
+                await asyncio.wait({check})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(session.idle.wait(), self.ttl_s)
             releasing = session.releasing

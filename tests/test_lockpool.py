@@ -176,6 +176,55 @@ async def test_a_pool_with_a_backlog_lets_a_waiting_pool_go_first_after_max_turn
     assert await store.list_locks() == []  # the lock and the places in line are all released
 
 
+async def test_a_pool_seeing_another_in_line_gives_the_lease_back_within_a_few_turns(make_store: Any) -> None:
+    """With the default max_turns (32), a waiting process waits a few turns, not a whole run.
+
+    The pool holding the lease reads its place in line every few turns while local tasks
+    wait; once the other pool is seen there, the lease goes back at the end of the turn.
+    """
+    store = await make_store(clock=None)
+    busy = LockPool(store, ttl_s=5.0, holder="process-a")
+    other = LockPool(store, ttl_s=5.0, holder="process-b")
+    order: list[str] = []
+    a_started = asyncio.Event()
+
+    async def turn(pool: LockPool, label: str) -> None:
+        async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore):
+            order.append(label)
+            a_started.set()
+            await asyncio.sleep(0.005)
+
+    backlog = [asyncio.create_task(turn(busy, f"a{i}")) for i in range(60)]
+    await a_started.wait()
+    waited_from = len(order)
+    late = asyncio.create_task(turn(other, "b"))
+    await asyncio.wait_for(asyncio.gather(late, *backlog), 30.0)
+    assert sorted(order) == sorted([*(f"a{i}" for i in range(60)), "b"])
+    # Before, the busy pool kept the lease for max_turns (32) turns: b waited about 30 of them.
+    assert order.index("b") - waited_from <= 16, order
+    await busy.aclose()
+    await other.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_a_pool_nobody_waits_behind_keeps_the_lease_for_max_turns(make_store: Any) -> None:
+    """The reads of the place in line find nobody: the lease is kept for max_turns turns each time."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=32)
+    tokens: list[int] = []
+
+    async def turn() -> None:
+        async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore) as held:
+            tokens.append(held.lease.fencing_token)
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(asyncio.gather(*(turn() for _ in range(64))), 30.0)
+    runs = [len(list(group)) for _, group in itertools.groupby(tokens)]
+    assert runs == [32, 32], runs
+    await pool.aclose()
+    assert await store.list_locks() == []
+
+
 async def test_two_pools_with_backlogs_alternate_in_runs_of_at_most_max_turns(make_store: Any) -> None:
     store = await make_store(clock=None)
     pools = {label: LockPool(store, ttl_s=5.0, holder=f"process-{label}", max_turns=4) for label in "ab"}
