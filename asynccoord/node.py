@@ -219,9 +219,11 @@ class NodeConfig:
             (``store.complete_and_claim_next``), and the node sends it next in the same
             slot, with no wake-up and no claim between two tasks of a conversation. Only
             while the node is claiming and still owns the key's partition. Default True.
-        claim_next_max: Most tasks one slot takes in a row by ``claim_next`` before its
-            next commit is a plain one and the slot goes back to claiming, so a busy
-            conversation cannot keep a slot from the others for ever. Default 64.
+        claim_next_max: Most tasks one slot takes in a row by ``claim_next`` while every
+            other slot of the node is busy: past it, a commit made with no slot free is a
+            plain one and the slot goes back to claiming, so a busy conversation cannot
+            keep a slot from the others' work for ever. While a slot is free, the others'
+            work has one, and the conversation goes on. Default 64.
         affinity_cache_size: Conversations whose context dict a node keeps. Default 1024.
         retry: Backoff policy for failed sends; None uses the store's. Default None.
             Its delays only: a task's number of attempts is fixed at enqueue
@@ -1217,8 +1219,10 @@ class Node:
     def _continues(self, flight: _InFlight) -> bool:
         """Whether this commit should also lease the key's next task (``NodeConfig.claim_next``)."""
         cfg = self.config
-        if not (cfg.claim_next and cfg.ordered and self._claiming and flight.chain < cfg.claim_next_max):
+        if not (cfg.claim_next and cfg.ordered and self._claiming):
             return False
+        if flight.chain >= cfg.claim_next_max and self._slots.locked():
+            return False  # every slot is busy: this one goes back to claiming, for the others' work
         membership = self.membership
         if membership is not None and not membership.healthy:
             return False  # others may think we are dead: take nothing more

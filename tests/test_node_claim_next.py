@@ -90,6 +90,29 @@ async def test_a_commit_leases_the_keys_next_task_up_to_claim_next_max(
     assert store.events.get("claims") - claims_before == 5  # leases by claims and by commits alike
 
 
+async def test_a_conversation_goes_on_past_claim_next_max_while_a_slot_is_free(make_store: Any) -> None:
+    """claim_next_max frees a slot for the others' work: with one slot free, nobody waits for it.
+
+    Two slots, one conversation: the chain keeps one slot, the other stays free, so every
+    commit leases the next task (a break would cost a plain commit and a claim per task
+    past the bound). The fetch loop idles 5 s between claims, so no claim of its own
+    holds the free slot while a commit decides.
+    """
+    store = await make_store(clock=None)
+    config = NodeConfig(
+        queue=QUEUE,
+        max_in_flight=2,
+        claim_batch=2,
+        claim_next_max=1,
+        idle_min_s=5.0,
+        idle_max_s=5.0,
+    )
+    order, node = await drain(store, config, ["c1"] * 6)
+    assert order == ["c1"] * 6
+    state = node.state()
+    assert (state.claimed, state.continued, state.committed) == (6, 5, 6)
+
+
 async def test_many_nodes_keep_per_key_order_and_commit_each_task_once(make_store: Any) -> None:
     store = await make_store(clock=None)
     convs = [f"c{i % 7 if i % 3 else 0}" for i in range(120)]  # c0 is hot
