@@ -173,7 +173,11 @@ class LockPool:
     Args:
         store: A store implementing the lock contract.
         ttl_s: Lease length, seconds (renewed every ``ttl_s / 3`` by the store's watchdog).
-        holder: Who holds the leases, for inspection (e.g. the process or node id).
+        holder: Who holds the leases (e.g. the process or node id): shown by
+            ``list_locks``, and how the line tells pools apart, so pools sharing locks
+            (other processes) must use different ones; a place held under this pool's own
+            holder counts as its own, and the pool never waits behind it. A
+            :class:`~asynccoord.runtime.Runtime` uses its ``instance_id``, new for each one.
         max_turns: Most consecutive turns before the lease goes back to the database so
             that another process waiting for the lock gets it. Default 32. A pool that
             finds the lock taken takes the *place in line* (a lease on
@@ -215,6 +219,7 @@ class LockPool:
         self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
         self._sessions: dict[str, _Session] = {}
         self._leaving: set[asyncio.Task[None]] = set()
+        self._checks: set[asyncio.Task[None]] = set()  # reads of places in line (_check_line) under way
         self._contended: dict[str, float] = {}  # lock name -> when it (or its place) was last found taken
         self._released: dict[str, float] = {}  # lock name -> when this pool last gave a lease of it back
 
@@ -467,10 +472,11 @@ class LockPool:
         if session.line_seen:
             return True
         if session.waiters and session.line_check is None and session.turns % _FAIR_TURNS == 0:
-            lease = session.lease
-            session.line_check = asyncio.get_running_loop().create_task(
-                self._check_line(session, lease), name=f"asynccoord-lockpool-line-{session.name}"
+            check = session.line_check = asyncio.get_running_loop().create_task(
+                self._check_line(session, session.lease), name=f"asynccoord-lockpool-line-{session.name}"
             )
+            self._checks.add(check)  # aclose() ends it, even once its session is gone
+            check.add_done_callback(self._checks.discard)
         return False
 
     async def _check_line(self, session: _Session, lease: Lease | None) -> None:
@@ -539,10 +545,6 @@ class LockPool:
     async def aclose(self) -> None:
         """Release every lease the pool holds (waiting for deferred commits up to one TTL per lock)."""
         for session in list(self._sessions.values()):
-            check = session.line_check
-            if check is not None:
-                check.cancel()
-                await asyncio.wait({check})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(session.idle.wait(), self.ttl_s)
             releasing = session.releasing
@@ -554,5 +556,10 @@ class LockPool:
                     releasing.exception()  # seen (it logs nothing of its own)
             await self._retire(session)
         self._sessions.clear()
+        checks = set(self._checks)
+        for check in checks:
+            check.cancel()
+        if checks:
+            await asyncio.wait(checks)
         if self._leaving:
             await asyncio.wait(set(self._leaving), timeout=_RELEASE_TIMEOUT_S)

@@ -34,6 +34,7 @@ Partition ownership is rendezvous hashing over the live node ids
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -547,10 +548,9 @@ class Membership:
                 left,
                 extra={"event": "asynccoord.membership.changed"},
             )
-        if self._local:  # the new assignment now, not in the nodes' next claim
-            live = self._live()
-            if live:
-                self._assigned(live)
+        if self._local:  # the new assignment now, not in the nodes' next claim (which would raise what this does)
+            with contextlib.suppress(CoordError):
+                self._assigned(self._live())
         self._signal()
 
     def _signal(self) -> None:

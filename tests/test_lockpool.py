@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from services import LOCK_BACKENDS
 
-from asynccoord import InvalidArgumentError, InvalidTypeError, LockLostError, LockTimeoutError
+from asynccoord import InvalidArgumentError, InvalidTypeError, LockInfo, LockLostError, LockTimeoutError, MemoryStore
 from asynccoord.lockpool import LockPool, next_in_line
 
 
@@ -408,3 +408,28 @@ async def test_aclose_waits_at_most_one_ttl_for_a_deferred_commit_that_never_end
     await asyncio.wait_for(pool.aclose(), 10.0)
     assert time.monotonic() - started < 2.5
     assert await store.list_locks() == []
+
+
+async def test_aclose_ends_a_read_of_the_line_that_outlived_its_lease() -> None:
+    """A read of the place in line slower than the rest of the run (a slow store) is over when
+    aclose() returns, although its session (and lease) were gone before (a breaker's case)."""
+
+    class SlowReads(MemoryStore):
+        async def list_locks(self, name: str | None = None) -> list[LockInfo]:
+            await asyncio.sleep(0.05)
+            return await super().list_locks(name)
+
+    async with SlowReads() as store:
+        pool = LockPool(store, ttl_s=5.0, holder="p1")
+
+        async def turn() -> None:
+            async with pool.turn("account:hot", timeout_s=5.0, on_lost=_ignore):
+                await asyncio.sleep(0)
+
+        await asyncio.gather(*(turn() for _ in range(5)))  # the 4th turn starts a read of the line
+        await asyncio.sleep(0.01)  # the lease is back in the store, the read still under way
+        line_reads = [t for t in asyncio.all_tasks() if t.get_name().startswith("asynccoord-lockpool-line-")]
+        assert line_reads, "the run should have started a read of the place in line"
+        await pool.aclose()
+        assert all(t.done() for t in line_reads)
+        assert await store.list_locks() == []

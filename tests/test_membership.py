@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -649,3 +650,23 @@ async def test_processes_see_each_other_and_a_killed_one_drops_out(db_path: Path
         assert ids(await store.members()) == ["p1"]
     await asyncio.to_thread(restarted.wait)
     assert restarted.returncode == 0
+
+
+async def test_a_malformed_member_row_does_not_stop_the_heartbeats(db_path: Path) -> None:
+    """A member row no client of ours could write (a 300-character node id, by raw SQL): the
+    assignment made when the view changes refuses it, as owned_partitions() does, but the
+    heartbeat task goes on, so this process's own nodes stay live past their TTL."""
+    async with SQLiteStore(db_path) as store:
+        membership = Membership(store, ttl_s=1.0, interval_s=0.1)
+        membership.join("good-node")
+        async with membership:
+            await store.heartbeat([MemberBeat(node_id="placeholder", incarnation="i1", info={})], ttl_s=60.0)
+            with sqlite3.connect(db_path) as raw:
+                raw.execute("UPDATE coord_members SET node_id = ? WHERE node_id = 'placeholder'", ("x" * 300,))
+            beats = membership.statistics().heartbeats
+            await asyncio.sleep(1.5)  # past the TTL: only heartbeats keep good-node live
+            assert membership.statistics().heartbeats >= beats + 5
+            assert membership.healthy
+            assert "good-node" in {m.node_id for m in await store.members()}
+            with pytest.raises(InvalidArgumentError, match="node must be at most 255 characters"):
+                membership.owned_partitions("good-node")
