@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -93,6 +94,9 @@ T = TypeVar("T")
 
 # Shared by every script: the clock, exact float text, and token comparison as decimal
 # strings (Lua numbers are doubles: exact only up to 2**53, tokens go to 2**63 - 1).
+_LIST_CHUNK = 1000
+"""Lock names whose list scripts ``list_locks`` sends in one pipeline (one round trip)."""
+
 _PRELUDE = """
 local function clock(arg)
   if arg ~= '' then return tonumber(arg) end
@@ -622,10 +626,20 @@ class RedisLockStore:
 
             start = len(self._key("lock", ""))
             names = sorted({key[start:] for key in await self._call(scan, "list_locks")})
+        script, now_arg = self._scripts["list"], self._now_arg()
+
+        async def read(client: aioredis.Redis, chunk: Sequence[str]) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:  # one round trip per chunk
+                for n in chunk:
+                    await script(keys=[self._key("lock", n), self._key("lockmeta", n)], args=[now_arg], client=pipe)
+                return list(await pipe.execute())
+
+        replies: list[Any] = []
+        for first in range(0, len(names), _LIST_CHUNK):
+            chunk = names[first : first + _LIST_CHUNK]
+            replies += await self._call(functools.partial(read, chunk=chunk), "list_locks")
         found: list[LockInfo] = []
-        for n in names:
-            keys = (self._key("lock", n), self._key("lockmeta", n))
-            reply = await self._script("list", keys, (self._now_arg(),), "list_locks")
+        for n, reply in zip(names, replies, strict=True):
             now = float(_text(reply[0]))
             for i in range(1, len(reply), 3):
                 owner, expires, meta = _text(reply[i]), float(_text(reply[i + 1])), _text(reply[i + 2])
