@@ -146,11 +146,12 @@ async def test_a_bad_max_overtakes_is_refused(make_store: Any, value: Any, error
         LockPool(store, ttl_s=5.0, holder="p1", max_overtakes=value)
 
 
-async def test_a_pool_with_a_backlog_lets_a_waiting_pool_go_first_after_max_turns(make_store: Any) -> None:
-    """Two pools (two processes) on one lock: the busy one does not keep it for its whole backlog."""
-    store = await make_store(clock=None)
-    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=4)
-    other = LockPool(store, ttl_s=5.0, holder="process-b", max_turns=4)
+async def _turns_before_a_late_pool(store: Any, *, max_turns: int, turn_s: float) -> int:
+    """Two pools (two processes) on one lock: process-a with a backlog of 60 turns of ``turn_s``
+    each, process-b asking for one turn once a holds the lock. Returns how many of a's turns
+    came first (both pools closed after, nothing left held)."""
+    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=max_turns)
+    other = LockPool(store, ttl_s=5.0, holder="process-b", max_turns=max_turns)
     order: list[str] = []
     a_started = asyncio.Event()
 
@@ -158,7 +159,7 @@ async def test_a_pool_with_a_backlog_lets_a_waiting_pool_go_first_after_max_turn
         async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore):
             order.append(label)
             a_started.set()
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(turn_s)
 
     backlog = [asyncio.create_task(turn(busy, f"a{i}")) for i in range(60)]
     await a_started.wait()
@@ -166,14 +167,20 @@ async def test_a_pool_with_a_backlog_lets_a_waiting_pool_go_first_after_max_turn
     late = asyncio.create_task(turn(other, "b"))
     await asyncio.wait_for(asyncio.gather(late, *backlog), 30.0)
     assert sorted(order) == sorted([*(f"a{i}" for i in range(60)), "b"])
-    a_turns_before_b = order.index("b") - waited_from
-    # Without a line, process-a took the lock back at once after each max_turns and b waited
-    # for all 60 turns. Now b takes its place in line when it finds the lock taken, and
-    # process-a, giving the lease back after max_turns with waiters queued, waits behind it.
-    assert a_turns_before_b <= 2 * busy.max_turns, order
     await busy.aclose()
     await other.aclose()
     assert await store.list_locks() == []  # the lock and the places in line are all released
+    return order.index("b") - waited_from
+
+
+async def test_a_pool_with_a_backlog_lets_a_waiting_pool_go_first_after_max_turns(make_store: Any) -> None:
+    """The busy pool does not keep the lock for its whole backlog."""
+    store = await make_store(clock=None)
+    a_turns_before_b = await _turns_before_a_late_pool(store, max_turns=4, turn_s=0.002)
+    # Without a line, process-a took the lock back at once after each max_turns and b waited
+    # for all 60 turns. Now b takes its place in line when it finds the lock taken, and
+    # process-a, giving the lease back after max_turns with waiters queued, waits behind it.
+    assert a_turns_before_b <= 2 * 4
 
 
 async def test_a_pool_seeing_another_in_line_gives_the_lease_back_within_a_few_turns(make_store: Any) -> None:
@@ -183,28 +190,9 @@ async def test_a_pool_seeing_another_in_line_gives_the_lease_back_within_a_few_t
     wait; once the other pool is seen there, the lease goes back at the end of the turn.
     """
     store = await make_store(clock=None)
-    busy = LockPool(store, ttl_s=5.0, holder="process-a")
-    other = LockPool(store, ttl_s=5.0, holder="process-b")
-    order: list[str] = []
-    a_started = asyncio.Event()
-
-    async def turn(pool: LockPool, label: str) -> None:
-        async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore):
-            order.append(label)
-            a_started.set()
-            await asyncio.sleep(0.005)
-
-    backlog = [asyncio.create_task(turn(busy, f"a{i}")) for i in range(60)]
-    await a_started.wait()
-    waited_from = len(order)
-    late = asyncio.create_task(turn(other, "b"))
-    await asyncio.wait_for(asyncio.gather(late, *backlog), 30.0)
-    assert sorted(order) == sorted([*(f"a{i}" for i in range(60)), "b"])
+    a_turns_before_b = await _turns_before_a_late_pool(store, max_turns=32, turn_s=0.005)
     # Before, the busy pool kept the lease for max_turns (32) turns: b waited about 30 of them.
-    assert order.index("b") - waited_from <= 16, order
-    await busy.aclose()
-    await other.aclose()
-    assert await store.list_locks() == []
+    assert a_turns_before_b <= 16
 
 
 async def test_a_pool_nobody_waits_behind_keeps_the_lease_for_max_turns(make_store: Any) -> None:
