@@ -457,8 +457,8 @@ class LockPool:
     def _pass_turn(self, session: _Session, *, counted: bool = True) -> None:
         """End a turn: hand the lease to the next local waiter, or start releasing it."""
         session.busy = False
-        alive = session.alive() and session.turns < self.max_turns
-        if alive and not self._gives_way(session) and self._wake_next(session):
+        may_go_on = session.alive() and session.turns < self.max_turns
+        if may_go_on and not self._gives_way(session) and self._wake_next(session):
             return
         if session.releasing is None:
             session.releasing = asyncio.get_running_loop().create_task(

@@ -52,8 +52,13 @@ def partition_of(key: str, partitions: int) -> int:
     return _hash64(b"k:" + key.encode("utf-8")) % partitions
 
 
+def _score_prefix(node: str) -> bytes:
+    return b"n:" + node.encode("utf-8") + b"\x00"
+
+
 def _score(node: str, partition: int) -> int:
-    return _hash64(b"n:" + node.encode("utf-8") + b"\x00" + str(partition).encode())
+    """Rendezvous score of ``node`` for ``partition`` (also :class:`RendezvousTable`'s, per node)."""
+    return _hash64(_score_prefix(node) + str(partition).encode())
 
 
 def _check_nodes(nodes: object) -> None:
@@ -113,7 +118,7 @@ class RendezvousTable:
 
     def __init__(self, partitions: int) -> None:
         self.partitions = check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
-        self._suffixes = [b"\x00" + str(p).encode() for p in range(partitions)]
+        self._suffixes = [str(p).encode() for p in range(partitions)]
         self._scores: dict[str, array[int]] = {}
 
     def __repr__(self) -> str:
@@ -121,12 +126,9 @@ class RendezvousTable:
 
     def _node_scores(self, node: str) -> array[int]:
         scores = self._scores.get(node)
-        if scores is None:
-            prefix, blake2b = b"n:" + node.encode("utf-8"), hashlib.blake2b
-            scores = array(
-                "Q", [int.from_bytes(blake2b(prefix + s, digest_size=8).digest(), "big") for s in self._suffixes]
-            )
-            self._scores[node] = scores
+        if scores is None:  # _score of every partition, the node's prefix encoded once
+            prefix = _score_prefix(node)
+            scores = self._scores[node] = array("Q", [_hash64(prefix + s) for s in self._suffixes])
         return scores
 
     def assign(self, nodes: Iterable[str]) -> Mapping[str, frozenset[int]]:
