@@ -19,7 +19,8 @@ of this lease's writes, and none of them is refused for being older.
 
 Turns go in FIFO order, except that a waiter may pass a ``priority``: it then waits ahead
 of the waiters with a lower one, each of which it may overtake at most ``max_overtakes``
-times (see :meth:`LockPool.turn`).
+times; and an ``order`` (a task id, say): among waiters of one priority, the lower goes
+first (see :meth:`LockPool.turn`).
 
 Between processes, a taken lock has a line of one place: the pool that finds it taken
 takes a lease on :func:`next_in_line` of its name, and a pool that would take the lock
@@ -123,7 +124,7 @@ class _Session:
     deferred: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set when deferred == 0
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
-    ranks: dict[asyncio.Future[None], list[int]] = field(default_factory=dict)  # waiter -> [priority, overtaken]
+    ranks: dict[asyncio.Future[None], list[Any]] = field(default_factory=dict)  # waiter -> [priority, overtaken, order]
     on_lost: Callable[[LockLostError], None] | None = None
     releasing: asyncio.Task[None] | None = None
     line_seen: bool = False  # another pool was in line at this lease's last check (see _FAIR_TURNS)
@@ -234,7 +235,13 @@ class LockPool:
 
     @contextlib.asynccontextmanager
     async def turn(
-        self, name: str, *, timeout_s: float, on_lost: Callable[[LockLostError], None], priority: int = 0
+        self,
+        name: str,
+        *,
+        timeout_s: float,
+        on_lost: Callable[[LockLostError], None],
+        priority: int = 0,
+        order: int | None = None,
     ) -> AsyncIterator[Turn]:
         """Wait for this process's turn on lock ``name`` and hold it for the block.
 
@@ -246,10 +253,16 @@ class LockPool:
             priority: Place among this process's waiters: ahead of every waiter with a
                 lower priority, behind those with the same or a higher one (FIFO among
                 equals), -2**31..2**31-1. Default 0. A waiter is overtaken at most
-                ``max_overtakes`` times, so none starves. A node passes how many tasks of
-                the conversation it has taken in a row by commit-and-continue
-                (``NodeConfig.claim_next``), so a conversation with a backlog (the chain that
-                bounds a drain) does not wait behind every one-off task of a hot account.
+                ``max_overtakes`` times, so none starves. A node passes the task's priority.
+            order: Place among this process's waiters of the same priority: ahead of those
+                with a higher ``order`` (not counted as overtaking them), behind those with
+                the same or a lower one, -2**63..2**63-1. Default None: behind every waiter
+                of the same priority (arrival order). A node passes the task id, so of the
+                tasks waiting for a lock the oldest goes first: on an ordered queue, the head
+                of the conversation that lags most, whose chain of tasks bounds a drain (a
+                hot account's lock otherwise makes it wait behind every one-off task that
+                reached the lock first). Pass values of one kind for a lock, from a source
+                that only grows (ids), so no waiter is passed for ever.
 
         Yields:
             The :class:`Turn` (``turn.lease.fencing_token`` for fenced writes).
@@ -260,13 +273,15 @@ class LockPool:
         check_user_lock_name("name", name)
         deadline = time.monotonic() + check_positive("timeout_s", timeout_s)
         check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1)
+        if order is not None:
+            check_int("order", order, minimum=-(2**63), maximum=2**63 - 1)
         session = self._sessions.get(name)
         if session is None:
             session = self._sessions[name] = _Session(name)
             session.idle.set()
         if session.busy or session.waiters or session.releasing is not None:
             self.store.events.add(ev.LOCK_CONTENDED)
-            await self._wait_turn(session, deadline, priority)
+            await self._wait_turn(session, deadline, priority, order)
         session.busy = True
         try:
             if not session.alive():
@@ -280,21 +295,28 @@ class LockPool:
             session.turns += 1
             self._pass_turn(session)
 
-    async def _wait_turn(self, session: _Session, deadline: float, priority: int) -> None:
+    async def _wait_turn(self, session: _Session, deadline: float, priority: int, order: int | None) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiters, ranks = session.waiters, session.ranks
-        # Behind every waiter of the same or a higher priority (FIFO among equals), and behind
-        # any that has been overtaken max_overtakes times already (no waiter starves).
+        # Behind every waiter of a higher priority, and of the same one unless this waiter's
+        # order is lower (FIFO among equals without one), and behind any that a higher
+        # priority has overtaken max_overtakes times already (no waiter starves).
         at = len(waiters)
         while at > 0:
             ahead = ranks[waiters[at - 1]]
-            if ahead[0] >= priority or ahead[1] >= self.max_overtakes:
+            if ahead[0] > priority:
+                break
+            if ahead[0] == priority:
+                if order is None or (ahead[2] is not None and ahead[2] <= order):
+                    break
+            elif ahead[1] >= self.max_overtakes:
                 break
             at -= 1
         for passed in itertools.islice(waiters, at, None):
-            ranks[passed][1] += 1
+            if ranks[passed][0] < priority:
+                ranks[passed][1] += 1
         waiters.insert(at, future)
-        ranks[future] = [priority, 0]
+        ranks[future] = [priority, 0, order]
         try:
             await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
         except TimeoutError:

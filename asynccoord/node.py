@@ -452,9 +452,6 @@ class Node:
         self._drained = asyncio.Event()
         self._drained.set()
         self._affinity: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        # Per conversation with a backlog: tasks taken in a row by commit-and-continue (across
-        # claim_next_max breaks), its priority for lock turns (see LockPool.turn).
-        self._runs: dict[str, int] = {}
         self._owned: frozenset[int] | None = None
         self._owned_sorted: list[int] = []
         self._view_version = -1
@@ -833,7 +830,8 @@ class Node:
                         name,
                         timeout_s=cfg.lock_wait_s,
                         on_lost=functools.partial(_lock_lost, flight),
-                        priority=self._runs.get(task.partition_key, 0),
+                        priority=task.priority,
+                        order=task.id,  # the oldest waiting task first: the lagging conversation's head
                     ) as turn:
                         flight.lock = turn.lease
                         outcome = await self._send(flight)
@@ -1153,7 +1151,6 @@ class Node:
             done: Task = step.done
             if step.next_task is not None:
                 flight.next = self._adopt(step.next_task, started, chain=flight.chain + 1)
-            self._count_run(task.partition_key, continued=step.next_task is not None)
         else:
             done = await self.store.complete(task, result, fence=fence)
         recorder = getattr(self.store, "latencies", None)
@@ -1228,15 +1225,6 @@ class Node:
             return False  # others may think we are dead: take nothing more
         owned = self._partitions()
         return owned is None or (self._owned is not None and flight.task.partition in self._owned)
-
-    def _count_run(self, key: str, *, continued: bool) -> None:
-        """Keep ``key``'s commit-and-continue run length (its lock-turn priority), in a bounded map."""
-        if not continued:
-            self._runs.pop(key, None)  # the key's backlog is over
-            return
-        self._runs[key] = self._runs.pop(key, 0) + 1
-        while len(self._runs) > 4 * self.config.max_in_flight:
-            del self._runs[next(iter(self._runs))]  # the oldest entry
 
     def _adopt(self, task: Task, started: float, *, chain: int) -> _InFlight:
         """Take ``task`` (leased by a commit at or after ``started``) in flight, in its predecessor's slot."""

@@ -453,6 +453,11 @@ class Runtime:
 
         Returns:
             True when drained, False when ``timeout_s`` passed first.
+
+        Raises:
+            StoreClosedError, Exception: the runtime stopped by itself (a node failed) during
+                the wait: its failure, as :meth:`shutdown` raises it, at the next poll
+                instead of after ``timeout_s`` (nothing drains the queue any more).
         """
         check_positive("timeout_s", timeout_s)
         check_positive("poll_s", poll_s)
@@ -464,5 +469,10 @@ class Runtime:
                         return True
                 elif predicate((await self.store.stats(queue)).counts):
                     return True
+                runner = self._runner
+                if runner is not None and runner.done() and not runner.cancelled():
+                    failure = runner.exception()
+                    if failure is not None:
+                        raise failure
                 await anyio.sleep(poll_s)
         return False

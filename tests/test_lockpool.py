@@ -78,6 +78,50 @@ async def test_waiters_take_turns_by_priority_then_arrival(make_store: Any) -> N
     assert await store.list_locks() == []
 
 
+async def test_waiters_of_one_priority_go_by_order_without_counting_as_overtakes(make_store: Any) -> None:
+    """Lower ``order`` first among equal priorities (a node passes task ids: oldest first).
+
+    Passing by order is not overtaking: with ``max_overtakes=1`` the oldest of many later
+    arrivals still goes ahead of every younger waiter of its priority. Waiters without an
+    order keep arrival order among themselves.
+    """
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="p1", max_overtakes=1)
+    order: list[str] = []
+    holder, let_go = await _hold(pool, "account:1")
+
+    async def waiter(label: str, priority: int, position: int | None) -> None:
+        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore, priority=priority, order=position):
+            order.append(label)
+
+    arrivals = [("t50", 0, 50), ("t40", 0, 40), ("t30", 0, 30), ("t45", 0, 45), ("p1", 1, 90), ("t10", 0, 10)]
+    tasks = []
+    for label, priority, position in arrivals:
+        tasks.append(asyncio.create_task(waiter(label, priority, position)))
+        await asyncio.sleep(0)
+    let_go.set()
+    await asyncio.wait_for(asyncio.gather(holder, *tasks), 5.0)
+    assert order == ["p1", "t10", "t30", "t40", "t45", "t50"]
+    await pool.aclose()
+    assert await store.list_locks() == []
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [("7", InvalidTypeError), (7.0, InvalidTypeError), (False, InvalidTypeError), (2**63, InvalidArgumentError)],
+)
+async def test_a_bad_order_is_refused_before_anything_is_acquired(
+    make_store: Any, value: Any, error: type[Exception]
+) -> None:
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="p1")
+    with pytest.raises(error, match="order"):
+        async with pool.turn("account:1", timeout_s=1.0, on_lost=_ignore, order=value):
+            pass
+    assert await store.list_locks() == []
+    await pool.aclose()
+
+
 async def test_a_name_in_the_places_prefix_is_refused(make_store: Any) -> None:
     """A user lock there could hold a pool's place in line and keep the pool waiting for it."""
     store = await make_store(clock=None)

@@ -765,6 +765,46 @@ async def test_conversation_order_holds_across_a_retry(make_store: Any) -> None:
     assert [s for s in sends if s[0] in (d1, d2)] == [(d1, 1, "ok"), (d2, 1, "ok")]
 
 
+async def test_tasks_waiting_for_a_lock_take_their_turns_oldest_first(make_store: Any) -> None:
+    """Of the tasks a node has queued for one lock, the oldest (lowest id) takes the next turn.
+
+    The oldest task here becomes due after the younger ones are already queued for the lock
+    (held elsewhere); it still goes ahead of them, not last as in arrival order.
+    """
+    store = await make_store(clock=None)
+    specs = [NewTask(queue=QUEUE, payload={"account": "x"}, partition_key="k0", delay_s=0.3)]
+    specs += [NewTask(queue=QUEUE, payload={"account": "x"}, partition_key=f"k{i}") for i in range(1, 5)]
+    ids = [r.task.id for r in await store.enqueue_many(specs)]
+    elsewhere = await store.try_acquire_lock("account:x", ttl_s=10.0, permits=1, holder="another-process")
+    assert elsewhere.__class__.__name__ == "Lease"
+    sent: list[int] = []
+
+    async def send(task: Task) -> None:
+        sent.append(task.id)
+
+    config = NodeConfig(queue=QUEUE, lock_wait_s=10.0, **FAST_IDLE)
+    node = Node(store, send, node_id="n1", config=config, lock_key=lambda task: f"account:{task.payload['account']}")
+    run = start(node)
+
+    async def all_claimed() -> bool:
+        return (await store.stats(QUEUE)).counts[TaskStatus.RUNNING] == len(ids)
+
+    await wait_until(all_claimed, 5.0, "every task to be claimed (the delayed one last)")
+    await asyncio.sleep(0.05)  # the last one joins the lock's queue
+    assert sent == []
+    await store.release_lock(elsewhere)
+
+    async def drained() -> bool:
+        return (await store.stats(QUEUE)).counts[TaskStatus.DONE] == len(ids)
+
+    await wait_until(drained, 5.0, "every task to be done")
+    await stop(node, run)
+    # The first task to want the lock holds the turn that acquires it (it polls the store);
+    # the others queue in the process, where the oldest, due last, goes first. In arrival
+    # order it would have been last: ids[1:] + ids[:1].
+    assert sent == [ids[1], ids[0], *ids[2:]]
+
+
 async def test_a_restarted_node_id_does_not_keep_its_previous_lifes_leases(make_store: Any) -> None:
     store = await make_store(clock=None)
     [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload=1, partition_key="c")])

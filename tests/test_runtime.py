@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from support import count_calls
 
-from asynccoord import NewTask, SQLiteStore, StoreClosedError, Task, TaskStatus, owner_of, partition_of
+from asynccoord import MemoryStore, NewTask, SQLiteStore, StoreClosedError, Task, TaskStatus, owner_of, partition_of
 from asynccoord.membership import Membership
 from asynccoord.node import SEND_CLEANUP_S, Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.runtime import Runtime
@@ -427,6 +427,32 @@ async def test_two_runtimes_in_one_process_get_distinct_default_node_ids(make_st
     # explicit ids are kept as given, even when another runtime uses the same ones
     explicit = [Runtime(store, send=send, node_ids=["bot-a", "bot-b"]) for _ in range(2)]
     assert [[n.node_id for n in r.nodes] for r in explicit] == [["bot-a", "bot-b"]] * 2
+
+
+async def test_wait_until_drained_raises_a_node_failure_instead_of_waiting_out_its_timeout() -> None:
+    """A node that fails stops the runtime; nothing will drain the queue, so the wait says so."""
+    store = MemoryStore()
+    await store.open()
+    await store.enqueue_many([NewTask(queue=QUEUE, payload=i, partition_key=f"k{i}") for i in range(3)])
+
+    async def broken_claim(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in claim")
+
+    store.claim = broken_claim  # type: ignore[method-assign]
+
+    async def send(task: Task) -> None:
+        raise AssertionError("nothing can be claimed")
+
+    runtime = Runtime(store, send=send, nodes=2, config=NodeConfig(queue=QUEUE))
+    began = time.monotonic()
+    with pytest.raises(ExceptionGroup) as caught:  # not an asynccoord error: the nodes' group as it is
+        async with runtime:
+            await runtime.wait_until_drained(timeout_s=30.0, poll_s=0.01)
+    assert caught.group_contains(RuntimeError, match="a bug in claim")
+    assert time.monotonic() - began < 5.0  # it used to wait out the 30 s and return False
+    assert repr(runtime).startswith("<Runtime stopped ")
+    assert (await store.stats(QUEUE)).counts[TaskStatus.PENDING] == 3
+    await store.close()
 
 
 @pytest.mark.parametrize(
