@@ -193,7 +193,8 @@ class LockPool:
             e.g. Redisson's on Redis, with a line of one place).
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
         max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
-            (see :meth:`turn`). Default 8; 0 makes turns strictly FIFO.
+            (see :meth:`turn`). Default 8; 0 makes turns strictly FIFO (``priority`` and
+            ``order`` are then ignored).
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad arguments.
@@ -256,7 +257,8 @@ class LockPool:
                 ``max_overtakes`` times, so none starves. A node passes the task's priority.
             order: Place among this process's waiters of the same priority: ahead of those
                 with a higher ``order`` (not counted as overtaking them), behind those with
-                the same or a lower one, -2**63..2**63-1. Default None: behind every waiter
+                the same or a lower one and those without one (a waiter without an order is
+                never passed by order), -2**63..2**63-1. Default None: behind every waiter
                 of the same priority (arrival order). A node passes the task id, so of the
                 tasks waiting for a lock the oldest goes first: on an ordered queue, the head
                 of the conversation that lags most, whose chain of tasks bounds a drain (a
@@ -298,16 +300,17 @@ class LockPool:
     async def _wait_turn(self, session: _Session, deadline: float, priority: int, order: int | None) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiters, ranks = session.waiters, session.ranks
-        # Behind every waiter of a higher priority, and of the same one unless this waiter's
-        # order is lower (FIFO among equals without one), and behind any that a higher
-        # priority has overtaken max_overtakes times already (no waiter starves).
+        # Behind every waiter of a higher priority; of the same one, behind those without an
+        # order or with one no higher than this waiter's (FIFO among equals without one); and
+        # behind any that a higher priority has overtaken max_overtakes times already (no
+        # waiter starves). max_overtakes=0: strictly FIFO, priority and order aside.
         at = len(waiters)
-        while at > 0:
+        while at > 0 and self.max_overtakes > 0:
             ahead = ranks[waiters[at - 1]]
             if ahead[0] > priority:
                 break
             if ahead[0] == priority:
-                if order is None or (ahead[2] is not None and ahead[2] <= order):
+                if order is None or ahead[2] is None or ahead[2] <= order:
                     break
             elif ahead[1] >= self.max_overtakes:
                 break

@@ -470,9 +470,7 @@ class Runtime:
                 elif predicate((await self.store.stats(queue)).counts):
                     return True
                 runner = self._runner
-                if runner is not None and runner.done() and not runner.cancelled():
-                    failure = runner.exception()
-                    if failure is not None:
-                        raise failure
+                if runner is not None and runner.done() and not runner.cancelled() and runner.exception() is not None:
+                    runner.result()  # the failure, with the runner's traceback (a `raise` would add ours each time)
                 await anyio.sleep(poll_s)
         return False

@@ -106,6 +106,35 @@ async def test_waiters_of_one_priority_go_by_order_without_counting_as_overtakes
     assert await store.list_locks() == []
 
 
+@pytest.mark.parametrize("max_overtakes", [0, 2])
+async def test_ordered_waiters_never_pass_one_without_an_order_and_max_overtakes_0_is_fifo(
+    make_store: Any, max_overtakes: int
+) -> None:
+    """A waiter without an order is not passed by order (it would be, for ever, by a stream of
+    ordered ones); with ``max_overtakes=0`` turns go strictly by arrival, orders and priorities aside."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="p1", max_overtakes=max_overtakes)
+    order: list[str] = []
+    holder, let_go = await _hold(pool, "account:1")
+
+    async def waiter(label: str, priority: int, position: int | None) -> None:
+        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore, priority=priority, order=position):
+            order.append(label)
+
+    arrivals = [("o30", 0, 30), ("none", 0, None), ("o20", 0, 20), ("o10", 0, 10), ("p1", 1, 5)]
+    tasks = []
+    for label, priority, position in arrivals:
+        tasks.append(asyncio.create_task(waiter(label, priority, position)))
+        await asyncio.sleep(0)
+    let_go.set()
+    await asyncio.wait_for(asyncio.gather(holder, *tasks), 5.0)
+    if max_overtakes == 0:
+        assert order == ["o30", "none", "o20", "o10", "p1"]
+    else:
+        assert order == ["p1", "o30", "none", "o10", "o20"]
+    await pool.aclose()
+
+
 @pytest.mark.parametrize(
     ("value", "error"),
     [("7", InvalidTypeError), (7.0, InvalidTypeError), (False, InvalidTypeError), (2**63, InvalidArgumentError)],
