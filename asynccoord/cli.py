@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError
-from .serve import check_run, configure_run, run_command
+from .serve import check_run, configure_run, run_command, store_options
 from .validation import MAX_DURATION_S
 
 __all__ = ("COMMANDS", "Command", "build_parser", "main")
@@ -66,6 +66,11 @@ def _configure_status(parser: argparse.ArgumentParser) -> None:
         metavar="TARGET",
         help="the SQLite database file, or a postgresql:// DSN (opened read-only)",
     )
+    parser.add_argument(
+        "--schema",
+        metavar="NAME",
+        help="with a postgresql:// --db: the schema of asynccoord's tables (default: the connection's search_path)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (schema: status.schema.json)")
     parser.add_argument(
         "--window",
@@ -80,11 +85,20 @@ def _configure_status(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_status(args: argparse.Namespace) -> None:
+    """Refuse a ``--schema`` that is no valid name, or that comes with an SQLite ``--db``, before anything opens."""
+    from .stores import open_store
+
+    options = store_options(args)
+    if options:
+        open_store(args.db, read_only=True, **options)  # validates the name; opens nothing
+
+
 def _run_status(args: argparse.Namespace) -> int:
     from .status import collect_status, render_status
 
     windows = tuple(args.windows_s or (10.0, 60.0))
-    report = asyncio.run(collect_status(args.db, windows_s=windows))
+    report = asyncio.run(collect_status(args.db, windows_s=windows, schema=args.schema))
     if args.json:
         sys.stdout.write(json.dumps(report, allow_nan=False, sort_keys=False) + "\n")
     else:
@@ -99,6 +113,7 @@ COMMANDS: list[Command] = [
         help="queue depth, live nodes, locks, conflict counters and active alerts of a database",
         configure=_configure_status,
         run=_run_status,
+        check=_check_status,
     ),
     Command(
         name="run",

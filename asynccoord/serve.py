@@ -70,6 +70,12 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         metavar="TARGET",
         help="the SQLite database file (or sqlite:///PATH), or a postgresql:// DSN",
     )
+    parser.add_argument(
+        "--schema",
+        metavar="NAME",
+        help="with a postgresql:// --db: the schema of asynccoord's tables, created if missing "
+        "(default: the connection's search_path)",
+    )
     parser.add_argument("--queue", default="default", help="queue to drain (default 'default')")
     parser.add_argument("--send", required=True, metavar="MODULE:ATTR", help="async send(task) function")
     parser.add_argument("--lock-key", metavar="MODULE:ATTR", help="function task -> lock name or None")
@@ -89,6 +95,28 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def store_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`~asynccoord.stores.open_store` that ``--schema`` gives.
+
+    Raises:
+        InvalidTypeError: ``--schema`` is not a str.
+        InvalidArgumentError: ``--schema`` given with a ``--db`` that is no PostgreSQL DSN
+            (an SQLite file has no schemas).
+    """
+    from .stores import is_postgres_target, redact_target
+
+    schema = getattr(args, "schema", None)
+    if schema is None:
+        return {}
+    if not isinstance(schema, str):
+        raise InvalidTypeError(f"--schema must be a str, got {type(schema).__name__}")
+    if not is_postgres_target(os.fspath(args.db)):
+        raise InvalidArgumentError(
+            f"--schema {schema!r} applies to a postgresql:// --db only, got --db {redact_target(args.db)!r}"
+        )
+    return {"schema": schema}
+
+
 def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """Validate the ``run`` subcommand's arguments before anything touches the database.
 
@@ -99,7 +127,8 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     Raises:
         InvalidArgumentError, InvalidTypeError: an option is out of range, ``--db`` is no
             target :func:`~asynccoord.stores.open_store` takes (or a PostgreSQL DSN without
-            asyncpg installed, or an in-memory SQLite database), or a ``MODULE:ATTR``
+            asyncpg installed, or an in-memory SQLite database), ``--schema`` is no valid
+            schema name or comes with an SQLite ``--db``, or a ``MODULE:ATTR``
             cannot be imported or is not callable (the command line reports it as a usage
             error, exit status 2).
     """
@@ -111,7 +140,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
     check_positive("--idle-max-s", args.idle_max_s)
     try:
-        store = open_store(args.db)  # parses the target; opens nothing
+        store = open_store(args.db, **store_options(args))  # parses the target; opens nothing
     except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
         raise InvalidArgumentError(f"--db {redact_target(args.db)!r}: {exc}") from exc
     if str(getattr(store, "path", "")) == ":memory:":
@@ -158,7 +187,7 @@ def run_command(args: argparse.Namespace) -> int:
         held: list[int] = []
         holding = _hold_signals(loop, held)
         try:
-            async with open_store(args.db) as store:
+            async with open_store(args.db, **store_options(args)) as store:
                 runtime = Runtime(
                     store,
                     send=send,

@@ -26,6 +26,7 @@ from typing import IO, Any
 from . import events as ev
 from .backends._monitorcommon import check_windows
 from .config import StoreConfig
+from .errors import InvalidArgumentError
 from .lockpool import PLACE_PREFIX
 from .monitor import cluster_snapshot
 from .partition import assign
@@ -165,7 +166,11 @@ async def status_report(
 
 
 async def collect_status(
-    path: str | os.PathLike[str], *, windows_s: Sequence[float] = (10.0, 60.0), busy_timeout_s: float = 5.0
+    path: str | os.PathLike[str],
+    *,
+    windows_s: Sequence[float] = (10.0, 60.0),
+    busy_timeout_s: float = 5.0,
+    schema: str | None = None,
 ) -> dict[str, Any]:
     """Open ``path`` read-only and return :func:`status_report` of it.
 
@@ -174,9 +179,12 @@ async def collect_status(
             (``postgresql://...``, see :func:`asynccoord.stores.open_store`).
         windows_s: Windows for rates and latencies, seconds. Default (10, 60).
         busy_timeout_s: How long a read may wait for a busy database (WAL recovery), seconds.
+        schema: With a PostgreSQL DSN, the schema of the tables (``PostgresStore(schema=)``);
+            None: the connection's search path. Default None.
 
     Raises:
-        NotADatabaseError: no database at ``path``, or not one of asynccoord.
+        InvalidArgumentError: ``schema`` with an SQLite ``path``, or no valid schema name.
+        NotADatabaseError: no database at ``path`` (or in ``schema``), or not one of asynccoord.
         SchemaVersionError: the schema is another version than this asynccoord's.
         StoreError: a read failed.
     """
@@ -184,8 +192,12 @@ async def collect_status(
     from .stores import is_postgres_target, open_store, redact_target
 
     if isinstance(path, str) and is_postgres_target(path):  # a PostgreSQL DSN
-        async with open_store(path, config=config, read_only=True, listen=False) as pg_store:
-            return await status_report(pg_store, windows_s=windows_s, db=redact_target(path))
+        options: dict[str, Any] = {} if schema is None else {"schema": schema}
+        db = redact_target(path) if schema is None else f"{redact_target(path)} (schema {schema})"
+        async with open_store(path, config=config, read_only=True, listen=False, **options) as pg_store:
+            return await status_report(pg_store, windows_s=windows_s, db=db)
+    if schema is not None:
+        raise InvalidArgumentError(f"schema {schema!r} applies to a PostgreSQL DSN only, got {os.fspath(path)!r}")
     async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
         return await status_report(store, windows_s=windows_s, db=os.fspath(path))
 

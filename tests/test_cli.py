@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -81,6 +81,36 @@ def test_run_refuses_a_bad_db_target_as_a_usage_error(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("command", "db", "schema", "named"),
+    [
+        ("run", "bot.db", "bots", "--schema 'bots' applies to a postgresql:// --db only, got --db 'bot.db'"),
+        ("status", "sqlite:///bot.db", "bots", "--schema 'bots' applies to a postgresql:// --db only"),
+        ("run", "postgresql://bot:s3cret@h/db", "", "schema must not be empty"),
+        ("status", "postgresql://bot:s3cret@h/db", "x" * 64, "schema must be at most 63 bytes"),
+    ],
+)
+def test_a_bad_schema_option_is_a_usage_error_and_touches_nothing(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    db: str,
+    schema: str,
+    named: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    extra = ["--send", "json:dumps"] if command == "run" else []
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--db", db, "--schema", schema, *extra])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: python -m asynccoord {command}"), err
+    assert named in err
+    assert "s3cret" not in err
+    assert list(tmp_path.iterdir()) == []  # no SQLite file created (and no server reached: host h does not resolve)
+
+
 def test_run_accepts_what_status_accepts() -> None:
     for db in ("bot.db", "sqlite:///bot.db", "postgresql://bot:s3cret@db.internal/coord?sslmode=require"):
         args = build_parser().parse_args(["run", "--db", db, "--send", "json:dumps"])
@@ -112,7 +142,11 @@ async def done_results(store: SQLiteStore | PostgresStore) -> list[object]:
 
 
 def serve_three(
-    db: str, make_store: Callable[[], SQLiteStore | PostgresStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db: str,
+    make_store: Callable[[], SQLiteStore | PostgresStore],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    extra: Sequence[str] = (),
 ) -> str:
     """Run ``python -m asynccoord run --db DB`` in this process until it has sent three tasks."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "workers"))
@@ -121,7 +155,7 @@ def serve_three(
     drained: list[bool] = []
     monkeypatch.setattr(Runtime, "wait_for_signal", drain_then_stop(drained))
     asyncio.run(enqueue_three(make_store()))
-    argv = ["run", "--db", db, "--queue", "outbox", "--send", "serve_send:send", "--nodes", "2"]
+    argv = ["run", "--db", db, "--queue", "outbox", "--send", "serve_send:send", "--nodes", "2", *extra]
     sigterm_before = signal.getsignal(signal.SIGTERM)
     # The caller's signal mask is its own: a SIGTERM it blocks (to sigwait for it) stays blocked.
     mask_before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -151,17 +185,22 @@ def test_run_drains_an_sqlite_url(
     assert capsys.readouterr().out == f"asynccoord: 2 nodes draining 'outbox' of sqlite:///{path}\n"
 
 
+@pytest.mark.parametrize("how", ["search_path in the DSN", "--schema"])
 def test_run_drains_a_postgresql_dsn(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str
 ) -> None:
     problem = postgres_problem()
     if problem is not None:
         unavailable("PostgreSQL", problem)
     schema = new_schema("cli")
     try:
-        # The enqueueing store creates the schema; the command's store finds it on its search path.
-        dsn = f"{PG_DSN}{'&' if '?' in PG_DSN else '?'}search_path={schema}"
-        serve_three(dsn, lambda: PostgresStore(PG_DSN, schema=schema), tmp_path, monkeypatch)
+        # The enqueueing store creates the schema; the command's store finds it on its search
+        # path, or is given it with --schema.
+        if how == "--schema":
+            dsn, extra = PG_DSN, ["--schema", schema]
+        else:
+            dsn, extra = f"{PG_DSN}{'&' if '?' in PG_DSN else '?'}search_path={schema}", []
+        serve_three(dsn, lambda: PostgresStore(PG_DSN, schema=schema), tmp_path, monkeypatch, extra)
     finally:
         drop_schemas(schema)
     assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")

@@ -820,6 +820,34 @@ async def test_status_reads_a_postgres_store_from_its_dsn(pg: str, schema: str) 
     assert [q["queue"] for q in report["queues"]] == ["outbox"]
 
 
+async def test_status_reads_a_postgres_store_in_the_schema_it_is_given(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.status import collect_status
+
+    async with PostgresStore(pg, schema=schema) as store:
+        await store.enqueue_many([NewTask(queue="outbox", payload=i) for i in range(2)])
+    report = await collect_status(pg, schema=schema)
+    assert report["tasks"]["pending"] == 2
+    assert report["db"].endswith(f" (schema {schema})")
+    with pytest.raises(SchemaVersionError, match=f"no asynccoord tables in schema '{schema}_missing'"):
+        await collect_status(pg, schema=f"{schema}_missing")  # read-only: nothing created
+    (row,) = await admin(pg, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", f"{schema}_missing")
+    assert row[0] == 0
+
+
+def test_status_command_takes_a_schema(pg: str, schema: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    async def fill() -> None:
+        async with PostgresStore(pg, schema=schema) as store:
+            await store.enqueue("outbox", 1)
+
+    asyncio.run(fill())
+    assert main(["status", "--db", pg, "--schema", schema, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tasks"]["pending"] == 1
+
+
 async def test_status_of_a_schema_without_asynccoord_tables_says_so(pg: str, schema: str) -> None:
     """Read-only: an empty schema is "no tables here", not an old schema version to migrate."""
     from asynccoord.status import collect_status
