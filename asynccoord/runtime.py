@@ -458,6 +458,7 @@ class Runtime:
             StoreClosedError, Exception: the runtime stopped by itself (a node failed) during
                 the wait: its failure, as :meth:`shutdown` raises it, at the next poll
                 instead of after ``timeout_s`` (nothing drains the queue any more).
+            RuntimeStateError: the runtime's start failed (the error is the cause).
         """
         check_positive("timeout_s", timeout_s)
         check_positive("poll_s", poll_s)
@@ -469,6 +470,8 @@ class Runtime:
                         return True
                 elif predicate((await self.store.stats(queue)).counts):
                     return True
+                if self._start_failed():
+                    raise self._spent()  # nothing ran, nothing will drain
                 runner = self._runner
                 if runner is not None and runner.done() and not runner.cancelled() and runner.exception() is not None:
                     runner.result()  # the failure, with the runner's traceback (a `raise` would add ours each time)

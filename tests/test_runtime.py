@@ -20,7 +20,18 @@ from typing import Any
 import pytest
 from support import count_calls
 
-from asynccoord import MemoryStore, NewTask, SQLiteStore, StoreClosedError, Task, TaskStatus, owner_of, partition_of
+from asynccoord import (
+    MemoryStore,
+    NewTask,
+    RuntimeStateError,
+    SQLiteStore,
+    StoreClosedError,
+    StoreError,
+    Task,
+    TaskStatus,
+    owner_of,
+    partition_of,
+)
 from asynccoord.membership import Membership
 from asynccoord.node import SEND_CLEANUP_S, Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.runtime import Runtime
@@ -459,6 +470,30 @@ async def test_wait_until_drained_raises_a_node_failure_instead_of_waiting_out_i
     assert time.monotonic() - began < 5.0  # it used to wait out the 30 s and return False
     assert repr(runtime).startswith("<Runtime stopped ")
     assert (await store.stats(QUEUE)).counts[TaskStatus.PENDING] == 3
+    await store.close()
+
+
+async def test_wait_until_drained_after_a_failed_start_says_so_instead_of_waiting() -> None:
+    store = MemoryStore()
+    await store.open()
+    await store.enqueue("q", 1)
+
+    async def refused_heartbeat(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("the first heartbeat is refused")
+
+    store.heartbeat = refused_heartbeat  # type: ignore[method-assign]
+
+    async def send(task: Task) -> None:
+        raise AssertionError("nothing runs")
+
+    runtime = Runtime(store, send=send, nodes=1, config=NodeConfig(queue=QUEUE))
+    with pytest.raises(StoreError, match="first heartbeat"):
+        await runtime.start()
+    began = time.monotonic()
+    with pytest.raises(RuntimeStateError, match="its start failed") as caught:
+        await runtime.wait_until_drained(timeout_s=30.0, poll_s=0.01)
+    assert isinstance(caught.value.__cause__, StoreError)
+    assert time.monotonic() - began < 5.0  # it used to wait out the 30 s and return False
     await store.close()
 
 
