@@ -200,6 +200,8 @@ def run_command(args: argparse.Namespace) -> int:
                 # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
                 async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:
                     target = redact_target(args.db)
+                    if args.schema is not None:
+                        target += f" (schema {args.schema})"
                     print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {target}", flush=True)
                     if held:  # a signal came while starting: stop at once
                         signum = held[0]

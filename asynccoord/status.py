@@ -241,15 +241,21 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console(file=file, no_color=color is False, force_terminal=color)
+    # markup=False: names come from the database (queues, nodes, locks, a schema), and one like
+    # "[/x]" must print as it is, not be read as a console markup tag (or crash the rendering).
+    console = Console(file=file, no_color=color is False, force_terminal=color, markup=False)
     if not console.is_terminal:  # a pipe or a file: no width to detect, use one that fits every table
-        console = Console(file=file, no_color=color is False, force_terminal=color, width=120)
+        console = Console(file=file, no_color=color is False, force_terminal=color, width=120, markup=False)
     tasks = report["tasks"]
     console.print(
-        f"[bold]asynccoord status[/bold]  db={report['db'] or '-'}  partitions={report['partitions']}  "
-        f"tasks={tasks['total']} (pending {tasks['pending']}, running {tasks['running']}{_lapsed(tasks)}, "
-        f"done {tasks['done']}, dead {tasks['dead']})  oldest pending={_fmt_s(tasks['oldest_pending_age_s'])}"
+        Text.assemble(
+            ("asynccoord status", "bold"),
+            f"  db={report['db'] or '-'}  partitions={report['partitions']}  "
+            f"tasks={tasks['total']} (pending {tasks['pending']}, running {tasks['running']}{_lapsed(tasks)}, "
+            f"done {tasks['done']}, dead {tasks['dead']})  oldest pending={_fmt_s(tasks['oldest_pending_age_s'])}",
+        )
     )
 
     table = Table(title="Queues", box=box.SIMPLE_HEAVY)
@@ -349,4 +355,4 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
             )
         console.print(table)
     else:
-        console.print("[green]No active alerts.[/green]")
+        console.print("No active alerts.", style="green")

@@ -88,6 +88,8 @@ def test_run_refuses_a_bad_db_target_as_a_usage_error(
         ("status", "sqlite:///bot.db", "bots", "--schema 'bots' applies to a postgresql:// --db only"),
         ("run", "postgresql://bot:s3cret@h/db", "", "schema must not be empty"),
         ("status", "postgresql://bot:s3cret@h/db", "x" * 64, "schema must be at most 63 bytes"),
+        ("run", "postgresql://bot:s3cret@h/db", "information_schema", "is PostgreSQL's own"),
+        ("status", "postgresql://bot:s3cret@h/db", "pg_bots", "is PostgreSQL's own"),
     ],
 )
 def test_a_bad_schema_option_is_a_usage_error_and_touches_nothing(
@@ -203,4 +205,6 @@ def test_run_drains_a_postgresql_dsn(
         serve_three(dsn, lambda: PostgresStore(PG_DSN, schema=schema), tmp_path, monkeypatch, extra)
     finally:
         drop_schemas(schema)
-    assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
+    out = capsys.readouterr().out
+    assert out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
+    assert out.endswith(f" (schema {schema})\n" if how == "--schema" else f"search_path={schema}\n")

@@ -835,6 +835,37 @@ async def test_status_reads_a_postgres_store_in_the_schema_it_is_given(pg: str, 
     assert row[0] == 0
 
 
+@pytest.mark.parametrize("name", ["pg_mine", "information_schema"])
+def test_a_system_schema_is_refused_before_anything_opens(name: str) -> None:
+    from asynccoord.backends.postgres import PostgresStore
+
+    with pytest.raises(InvalidArgumentError, match=f"schema '{name}' is PostgreSQL's own"):
+        PostgresStore("postgresql://postgres@127.0.0.1:5432/test", schema=name)
+
+
+async def test_stores_reaching_one_schema_by_search_path_and_by_name_share_wake_ups(pg: str, schema: str) -> None:
+    """The channel is the tables' schema's, however the store was pointed at it."""
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with (
+        PostgresStore(pg, schema=schema) as named,
+        PostgresStore(f"{pg}?search_path={schema}") as by_path,
+        PostgresStore(pg) as default,
+    ):
+        assert by_path.channel == named.channel == f"asynccoord.{schema}"
+        assert default.channel == "asynccoord.public"
+        waiting = asyncio.create_task(named.notifier.wait("q", 5.0))
+        while not named.notifier.waiting("q"):
+            await asyncio.sleep(0.01)
+        began = time.monotonic()
+        await by_path.enqueue("q", 1)
+        assert await waiting  # the named store's listener heard it: woken, not timed out
+        assert time.monotonic() - began < 4.0
+        waiting = asyncio.create_task(default.notifier.wait("q", 0.5))
+        await named.enqueue("q", 2)
+        assert not await waiting  # another schema's channel: not woken
+
+
 def test_status_command_takes_a_schema(pg: str, schema: str, capsys: pytest.CaptureFixture[str]) -> None:
     from asynccoord.backends.postgres import PostgresStore
 

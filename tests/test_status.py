@@ -159,6 +159,18 @@ async def test_status_tells_places_in_line_from_held_locks(store: Store, clock: 
     assert f"(place in line) {next_in_line('account:1')}" in text
 
 
+async def test_names_that_look_like_console_markup_print_as_they_are(store: Store, clock: FakeClock) -> None:
+    """Queue, lock and holder names (and the db label) are data: "[/x]" is not a closing tag."""
+    await store.enqueue("out[/x]box", 1)
+    await store.try_acquire_lock("account:[bold]1", ttl_s=20.0, holder="p[/]1")
+    report = await status_report(store, windows_s=[10.0], db="schema [/x]")
+    out = io.StringIO()
+    render_status(report, out, color=False)  # it raised rich's MarkupError for the db label
+    text = out.getvalue()
+    for name in ("db=schema [/x]", "out[/x]box", "account:[bold]1", "p[/]1", "No active alerts."):
+        assert name in text, name
+
+
 async def test_read_only_store_refuses_writes_and_never_creates(tmp_path: Path) -> None:
     missing = tmp_path / "missing.db"
     with pytest.raises(NotADatabaseError, match="no database"):

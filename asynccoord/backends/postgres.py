@@ -240,7 +240,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             clock. Default None (the server clock).
         schema: Keep the tables in this schema (created if missing) instead of the
             connection's default ``search_path``: several independent stores in one
-            database (the tests use one schema per test). Default None.
+            database (the tests use one schema per test). ``pg_*`` and
+            ``information_schema`` are refused. Default None. Wake-ups go on a channel of
+            the schema the tables are in (``asynccoord.<schema>``), however it was chosen:
+            stores reaching the same tables through ``schema=`` and through a DSN's
+            ``search_path`` wake each other.
         pool_min_size: Connections kept open by the pool (>= 0). Default 1.
         pool_max_size: Most connections of the pool (>= 1, >= pool_min_size). Default 10.
         listen: Keep one more connection LISTENing for work notifications of other
@@ -296,6 +300,10 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             check_name("schema", schema)
             if len(schema.encode()) > 63:
                 raise InvalidArgumentError(f"schema must be at most 63 bytes (a PostgreSQL identifier), got {schema!r}")
+            if schema.startswith("pg_") or schema == "information_schema":
+                raise InvalidArgumentError(
+                    f"schema {schema!r} is PostgreSQL's own (pg_* and information_schema are the system's)"
+                )
         self.dsn = dsn
         self.config = config or StoreConfig()
         self.events = EventCounter()
@@ -437,6 +445,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 if number > version:
                     await conn.execute(script)
                     await self._x(conn, "meta_set", key="schema_version", value=str(number))
+        if self.schema is None:  # the tables' schema, however the search path chose it: one channel per schema
+            self.channel = _channel(await conn.fetchval("SELECT current_schema()"))
         value = await self._val(conn, "meta_get", key="partitions")
         if value is None:
             if not self.read_only:
