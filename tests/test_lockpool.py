@@ -38,6 +38,24 @@ async def _hold(pool: LockPool, name: str) -> tuple[asyncio.Task[None], asyncio.
     return task, let_go
 
 
+async def _turns_of(pool: LockPool, arrivals: list[tuple[str, int, int | None]]) -> list[str]:
+    """Queue ``(label, priority, order)`` waiters in this order behind a held lock; the labels in turn order."""
+    order: list[str] = []
+    holder, let_go = await _hold(pool, "account:1")
+
+    async def waiter(label: str, priority: int, position: int | None) -> None:
+        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore, priority=priority, order=position):
+            order.append(label)
+
+    tasks = []
+    for label, priority, position in arrivals:
+        tasks.append(asyncio.create_task(waiter(label, priority, position)))
+        await asyncio.sleep(0)
+    let_go.set()
+    await asyncio.wait_for(asyncio.gather(holder, *tasks), 5.0)
+    return order
+
+
 async def test_waiters_take_turns_by_priority_then_arrival(make_store: Any) -> None:
     store = await make_store(clock=None)
     pool = LockPool(store, ttl_s=5.0, holder="p1")
@@ -87,20 +105,8 @@ async def test_waiters_of_one_priority_go_by_order_without_counting_as_overtakes
     """
     store = await make_store(clock=None)
     pool = LockPool(store, ttl_s=5.0, holder="p1", max_overtakes=1)
-    order: list[str] = []
-    holder, let_go = await _hold(pool, "account:1")
-
-    async def waiter(label: str, priority: int, position: int | None) -> None:
-        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore, priority=priority, order=position):
-            order.append(label)
-
     arrivals = [("t50", 0, 50), ("t40", 0, 40), ("t30", 0, 30), ("t45", 0, 45), ("p1", 1, 90), ("t10", 0, 10)]
-    tasks = []
-    for label, priority, position in arrivals:
-        tasks.append(asyncio.create_task(waiter(label, priority, position)))
-        await asyncio.sleep(0)
-    let_go.set()
-    await asyncio.wait_for(asyncio.gather(holder, *tasks), 5.0)
+    order = await _turns_of(pool, arrivals)
     assert order == ["p1", "t10", "t30", "t40", "t45", "t50"]
     await pool.aclose()
     assert await store.list_locks() == []
@@ -114,40 +120,11 @@ async def test_ordered_waiters_never_pass_one_without_an_order_and_max_overtakes
     ordered ones); with ``max_overtakes=0`` turns go strictly by arrival, orders and priorities aside."""
     store = await make_store(clock=None)
     pool = LockPool(store, ttl_s=5.0, holder="p1", max_overtakes=max_overtakes)
-    order: list[str] = []
-    holder, let_go = await _hold(pool, "account:1")
-
-    async def waiter(label: str, priority: int, position: int | None) -> None:
-        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore, priority=priority, order=position):
-            order.append(label)
-
-    arrivals = [("o30", 0, 30), ("none", 0, None), ("o20", 0, 20), ("o10", 0, 10), ("p1", 1, 5)]
-    tasks = []
-    for label, priority, position in arrivals:
-        tasks.append(asyncio.create_task(waiter(label, priority, position)))
-        await asyncio.sleep(0)
-    let_go.set()
-    await asyncio.wait_for(asyncio.gather(holder, *tasks), 5.0)
+    order = await _turns_of(pool, [("o30", 0, 30), ("none", 0, None), ("o20", 0, 20), ("o10", 0, 10), ("p1", 1, 5)])
     if max_overtakes == 0:
         assert order == ["o30", "none", "o20", "o10", "p1"]
     else:
         assert order == ["p1", "o30", "none", "o10", "o20"]
-    await pool.aclose()
-
-
-@pytest.mark.parametrize(
-    ("value", "error"),
-    [("7", InvalidTypeError), (7.0, InvalidTypeError), (False, InvalidTypeError), (2**63, InvalidArgumentError)],
-)
-async def test_a_bad_order_is_refused_before_anything_is_acquired(
-    make_store: Any, value: Any, error: type[Exception]
-) -> None:
-    store = await make_store(clock=None)
-    pool = LockPool(store, ttl_s=5.0, holder="p1")
-    with pytest.raises(error, match="order"):
-        async with pool.turn("account:1", timeout_s=1.0, on_lost=_ignore, order=value):
-            pass
-    assert await store.list_locks() == []
     await pool.aclose()
 
 
@@ -163,24 +140,29 @@ async def test_a_name_in_the_places_prefix_is_refused(make_store: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("priority", "error"),
+    ("arg", "value", "error"),
     [
-        ("1", InvalidTypeError),
-        (1.5, InvalidTypeError),
-        (True, InvalidTypeError),
-        (2**31, InvalidArgumentError),
-        (-(2**31) - 1, InvalidArgumentError),
+        ("priority", "1", InvalidTypeError),
+        ("priority", 1.5, InvalidTypeError),
+        ("priority", True, InvalidTypeError),
+        ("priority", 2**31, InvalidArgumentError),
+        ("priority", -(2**31) - 1, InvalidArgumentError),
+        ("order", "7", InvalidTypeError),
+        ("order", 7.0, InvalidTypeError),
+        ("order", False, InvalidTypeError),
+        ("order", 2**63, InvalidArgumentError),
     ],
 )
-async def test_a_bad_priority_is_refused_before_anything_is_acquired(
-    make_store: Any, priority: Any, error: type[Exception]
+async def test_a_bad_priority_or_order_is_refused_before_anything_is_acquired(
+    make_store: Any, arg: str, value: Any, error: type[Exception]
 ) -> None:
     store = await make_store(clock=None)
     pool = LockPool(store, ttl_s=5.0, holder="p1")
-    with pytest.raises(error, match="priority"):
-        async with pool.turn("account:1", timeout_s=1.0, on_lost=_ignore, priority=priority):
+    with pytest.raises(error, match=arg):
+        async with pool.turn("account:1", timeout_s=1.0, on_lost=_ignore, **{arg: value}):
             pass
     assert await store.list_locks() == []
+    await pool.aclose()
 
 
 async def test_a_waiter_is_overtaken_at_most_max_overtakes_times(make_store: Any) -> None:

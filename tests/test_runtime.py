@@ -441,21 +441,26 @@ async def test_two_runtimes_in_one_process_get_distinct_default_node_ids(make_st
     assert [[n.node_id for n in r.nodes] for r in explicit] == [["bot-a", "bot-b"]] * 2
 
 
-async def test_wait_until_drained_raises_a_node_failure_instead_of_waiting_out_its_timeout() -> None:
-    """A node that fails stops the runtime; nothing will drain the queue, so the wait says so."""
+async def runtime_with_a_broken(method: str, error: Exception, *, tasks: int) -> tuple[MemoryStore, Runtime]:
+    """A runtime of 2 nodes on a memory store holding ``tasks`` tasks, whose ``method`` raises ``error``."""
     store = MemoryStore()
     await store.open()
-    await store.enqueue_many([NewTask(queue=QUEUE, payload=i, partition_key=f"k{i}") for i in range(3)])
+    await store.enqueue_many([NewTask(queue=QUEUE, payload=i, partition_key=f"k{i}") for i in range(tasks)])
 
-    async def broken_claim(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a bug in claim")
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise error
 
-    store.claim = broken_claim  # type: ignore[method-assign]
+    setattr(store, method, broken)
 
     async def send(task: Task) -> None:
-        raise AssertionError("nothing can be claimed")
+        raise AssertionError("nothing is sent")
 
-    runtime = Runtime(store, send=send, nodes=2, config=NodeConfig(queue=QUEUE))
+    return store, Runtime(store, send=send, nodes=2, config=NodeConfig(queue=QUEUE))
+
+
+async def test_wait_until_drained_raises_a_node_failure_instead_of_waiting_out_its_timeout() -> None:
+    """A node that fails stops the runtime; nothing will drain the queue, so the wait says so."""
+    store, runtime = await runtime_with_a_broken("claim", RuntimeError("a bug in claim"), tasks=3)
     began = time.monotonic()
     with pytest.raises(ExceptionGroup) as caught:  # not an asynccoord error: the nodes' group as it is
         async with runtime:
@@ -474,19 +479,7 @@ async def test_wait_until_drained_raises_a_node_failure_instead_of_waiting_out_i
 
 
 async def test_wait_until_drained_after_a_failed_start_says_so_instead_of_waiting() -> None:
-    store = MemoryStore()
-    await store.open()
-    await store.enqueue("q", 1)
-
-    async def refused_heartbeat(*args: Any, **kwargs: Any) -> Any:
-        raise StoreError("the first heartbeat is refused")
-
-    store.heartbeat = refused_heartbeat  # type: ignore[method-assign]
-
-    async def send(task: Task) -> None:
-        raise AssertionError("nothing runs")
-
-    runtime = Runtime(store, send=send, nodes=1, config=NodeConfig(queue=QUEUE))
+    store, runtime = await runtime_with_a_broken("heartbeat", StoreError("the first heartbeat is refused"), tasks=1)
     with pytest.raises(StoreError, match="first heartbeat"):
         await runtime.start()
     began = time.monotonic()
