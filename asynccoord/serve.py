@@ -103,18 +103,14 @@ def store_options(args: argparse.Namespace) -> dict[str, Any]:
         InvalidArgumentError: ``--schema`` given with a ``--db`` that is no PostgreSQL DSN
             (an SQLite file has no schemas).
     """
-    from .stores import is_postgres_target, redact_target
+    from .stores import is_postgres_target, redact_target, schema_options
 
     schema = getattr(args, "schema", None)
-    if schema is None:
-        return {}
-    if not isinstance(schema, str):
-        raise InvalidTypeError(f"--schema must be a str, got {type(schema).__name__}")
-    if not is_postgres_target(os.fspath(args.db)):
+    if isinstance(schema, str) and not is_postgres_target(os.fspath(args.db)):  # in the command line's words
         raise InvalidArgumentError(
             f"--schema {schema!r} applies to a postgresql:// --db only, got --db {redact_target(args.db)!r}"
         )
-    return {"schema": schema}
+    return schema_options(args.db, schema)
 
 
 def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -176,7 +172,7 @@ def run_command(args: argparse.Namespace) -> int:
     """
     from .monitor import Monitor
     from .runtime import Runtime
-    from .stores import open_store, redact_target
+    from .stores import describe_target, open_store
 
     send, lock_key, config = check_run(args)  # before the database is touched
 
@@ -199,9 +195,7 @@ def run_command(args: argparse.Namespace) -> int:
                 )
                 # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
                 async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:
-                    target = redact_target(args.db)
-                    if args.schema is not None:
-                        target += f" (schema {args.schema})"
+                    target = describe_target(args.db, args.schema)
                     print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {target}", flush=True)
                     if held:  # a signal came while starting: stop at once
                         signum = held[0]

@@ -26,7 +26,6 @@ from typing import IO, Any
 from . import events as ev
 from .backends._monitorcommon import check_windows
 from .config import StoreConfig
-from .errors import InvalidArgumentError
 from .lockpool import PLACE_PREFIX
 from .monitor import cluster_snapshot
 from .partition import assign
@@ -189,15 +188,12 @@ async def collect_status(
         StoreError: a read failed.
     """
     config = StoreConfig(busy_timeout_s=check_positive("busy_timeout_s", busy_timeout_s))
-    from .stores import is_postgres_target, open_store, redact_target
+    from .stores import describe_target, is_postgres_target, open_store, schema_options
 
+    options = schema_options(path, schema)
     if isinstance(path, str) and is_postgres_target(path):  # a PostgreSQL DSN
-        options: dict[str, Any] = {} if schema is None else {"schema": schema}
-        db = redact_target(path) if schema is None else f"{redact_target(path)} (schema {schema})"
         async with open_store(path, config=config, read_only=True, listen=False, **options) as pg_store:
-            return await status_report(pg_store, windows_s=windows_s, db=db)
-    if schema is not None:
-        raise InvalidArgumentError(f"schema {schema!r} applies to a PostgreSQL DSN only, got {os.fspath(path)!r}")
+            return await status_report(pg_store, windows_s=windows_s, db=describe_target(path, schema))
     async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
         return await status_report(store, windows_s=windows_s, db=os.fspath(path))
 

@@ -23,7 +23,16 @@ from .errors import InvalidArgumentError, InvalidTypeError, StoreError
 if TYPE_CHECKING:
     from .backends.postgres import PostgresStore
 
-__all__ = ("is_postgres_target", "open_store", "redact_location", "redact_target", "store_kind", "userinfo_spills")
+__all__ = (
+    "describe_target",
+    "is_postgres_target",
+    "open_store",
+    "redact_location",
+    "redact_target",
+    "schema_options",
+    "store_kind",
+    "userinfo_spills",
+)
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
@@ -67,6 +76,35 @@ def redact_target(target: str) -> str:
     suffix = f"?{parts.query}" if parts.query else ""
     fragment = f"#{parts.fragment}" if parts.fragment else ""
     return f"{parts.scheme}://{parts.netloc}{parts.path}{suffix}{fragment}"
+
+
+def schema_options(target: str | os.PathLike[str], schema: str | None) -> dict[str, Any]:
+    """The :func:`open_store` keyword arguments for tables in PostgreSQL schema ``schema``.
+
+    Returns ``{}`` for None and ``{"schema": schema}`` for a PostgreSQL ``target`` (the
+    store checks the name).
+
+    Raises:
+        InvalidTypeError: ``schema`` is not a str.
+        InvalidArgumentError: a ``schema`` for a target that is no PostgreSQL DSN (an SQLite
+            file has no schemas).
+    """
+    if schema is None:
+        return {}
+    if not isinstance(schema, str):
+        raise InvalidTypeError(f"schema must be a str, got {type(schema).__name__}")
+    text = os.fspath(target)
+    if not is_postgres_target(text):
+        raise InvalidArgumentError(
+            f"schema {schema!r} applies to a postgresql:// target only, got {redact_target(text)!r}"
+        )
+    return {"schema": schema}
+
+
+def describe_target(target: str | os.PathLike[str], schema: str | None = None) -> str:
+    """``target`` fit to print (:func:`redact_target`), with ``" (schema NAME)"`` when ``schema`` is given."""
+    text = redact_target(os.fspath(target))
+    return text if schema is None else f"{text} (schema {schema})"
 
 
 def userinfo_spills(target: str) -> bool:

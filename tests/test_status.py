@@ -223,6 +223,12 @@ async def test_status_accepts_a_sqlite_url(db_path: Path) -> None:
     assert report["tasks"]["pending"] == 1
 
 
+def test_a_schema_for_an_sqlite_target_is_refused_before_anything_opens(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="schema 'bots' applies to a postgresql:// target only"):
+        asyncio.run(collect_status(tmp_path / "bot.db", schema="bots"))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_errors_and_parser(python: PythonRunner, tmp_path: Path) -> None:
     proc = python.run_module("asynccoord", "status", "--db", str(tmp_path / "none.db"), check=False)
     assert proc.returncode == 1
