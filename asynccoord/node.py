@@ -33,8 +33,9 @@ A node repeatedly
 
 An exception from ``send`` (or its timeout) goes to the retry policy: backoff with
 jitter, then the dead-letter state; a ``BaseException`` that is no ``Exception`` (some
-libraries' timeouts) too, except ``KeyboardInterrupt`` and ``SystemExit``, which stop the
-node as the process ends; and a send cut because its lock (or permit) was lost, while the
+libraries' timeouts) too, except ``KeyboardInterrupt`` and ``SystemExit``: the process is
+ending, so the node stops as if cancelled and raises it once everything is handed back (see
+:mod:`asynccoord._exits`); and a send cut because its lock (or permit) was lost, while the
 task's own lease still holds. So does a ``CancelledError`` that the send raises
 although the node did not cancel it (a library it awaits was cancelled by something
 else, say): the task's ``last_error`` says "send raised CancelledError without being
@@ -70,6 +71,7 @@ import anyio
 
 from . import events as ev
 from ._errtext import error_text
+from ._exits import PROCESS_EXITS, ProcessExiting, carried_exit, is_process_exit
 from .backends._common import encode_result
 from .backends._lockcommon import MAX_PERMITS, check_user_lock_name
 from .config import RetryPolicy
@@ -122,13 +124,6 @@ SETTLE_RETRY = RetryPolicy(base_s=0.01, factor=2.0, cap_s=0.5, jitter=0.5)
 again while the task's lease lasts, since a task whose commit is dropped would be sent
 again once its lease lapsed."""
 
-_PROCESS_EXITS = (KeyboardInterrupt, SystemExit)
-"""What a send (or ``lock_key``) may raise that stops the node instead of failing the task:
-the process is ending. Any other exception, ``BaseException`` subclasses included (some
-libraries' timeouts), is a failed attempt: re-raising it would stop every node of the
-runtime on one poison task, and hand that task back with its attempt uncounted, so it
-could never reach its dead letter."""
-
 _TRANSIENT_STORE_ERRORS = (StoreBusyError, StoreConnectionError)
 """Store errors after which nothing was written and a later try may succeed."""
 
@@ -156,13 +151,6 @@ def failure_of(exc: BaseException) -> BaseException | None:
             return errors[0]
         return exc
     return exc if isinstance(exc, Exception) else None
-
-
-def _process_exit(exc: BaseException) -> bool:
-    """Whether ``exc`` is (or a group holding it has) a ``KeyboardInterrupt`` or ``SystemExit``."""
-    if isinstance(exc, BaseExceptionGroup):
-        return any(isinstance(leaf, _PROCESS_EXITS) for leaf in _leaves(exc))
-    return isinstance(exc, _PROCESS_EXITS)
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
@@ -544,6 +532,22 @@ class Node:
                 its in-flight tasks are handed back if the store still allows it, the
                 status becomes ``failed``, and the error is raised (never retried).
             Exception: any other error that ended the pipeline (status ``failed``).
+            KeyboardInterrupt, SystemExit: ``send`` (or ``lock_key``) raised it: the process
+                is ending. The node stops as if cancelled (every in-flight task handed back,
+                that send's task too, not counted as a failure; status ``stopped``), then
+                raises it.
+        """
+        try:
+            await self._run_carrying_exits()
+        except ProcessExiting as carried:
+            carried.reraise()
+
+    async def _run_carrying_exits(self) -> None:
+        """:meth:`run`, for a caller that runs the node in an asyncio task of its own (a Runtime).
+
+        Raises:
+            ProcessExiting: where :meth:`run` raises a ``KeyboardInterrupt`` or
+                ``SystemExit`` (see :mod:`asynccoord._exits`); anything else as :meth:`run`.
         """
         self._state.status = NodeStatus.RUNNING
         failure: BaseException | None = None
@@ -555,6 +559,9 @@ class Node:
                 await self.wait_drained()
                 tg.cancel_scope.cancel()
         except BaseException as exc:
+            carried = carried_exit(exc)
+            if carried is not None:  # the process is ending: handed back as on cancellation, no failure
+                raise carried from None
             failure = failure_of(exc)
             if failure is not None:
                 log.error("asynccoord.node.failed node=%s error=%s", self.node_id, error_text(failure))
@@ -813,7 +820,9 @@ class Node:
                 name = self._lock_name(task)
             except BaseException as exc:  # a bad lock_key (or task): fail the task, not the node
                 # lock_key is a plain function: a CancelledError from it is its own, never a cancellation.
-                if _process_exit(exc):
+                if isinstance(exc, PROCESS_EXITS):
+                    raise ProcessExiting(exc) from None  # the process is ending: see asynccoord._exits
+                if is_process_exit(exc):
                     raise
                 log.warning(
                     "asynccoord.node.lock_key_failed node=%s task=%s error=%s", self.node_id, task.id, error_text(exc)
@@ -989,7 +998,7 @@ class Node:
                 failure = _unsent(result)
                 if failure is not None:
                     result = None
-            elif _process_exit(failure):  # the process is ending: no failed send
+            elif is_process_exit(failure):  # the process is ending (see asynccoord._exits): no failed send
                 raise failure
         flight.returned = True
         _observe(self.store, SEND_MS, send_started)
@@ -999,10 +1008,12 @@ class Node:
         """The coroutine the send task runs: the user's own one for an ``async def`` send.
 
         An ``async def`` send is called here (it only makes its coroutine; its body runs in
-        the send task): one coroutine less per task than :meth:`_call_send`. A call that
-        raises (a send whose signature does not take the task, say) is a failed send, raised
-        in the send task as any error of the send is. Any other callable goes through
-        :meth:`_call_send`.
+        the send task, inside :func:`_carrying_exits`). A call that raises (a send whose
+        signature does not take the task, say) is a failed send, raised in the send task as
+        any error of the send is. Any other callable goes through :meth:`_call_send`. A
+        ``KeyboardInterrupt`` or ``SystemExit`` leaves the send task as a
+        :class:`~asynccoord._exits.ProcessExiting`, never as itself (which asyncio would let
+        out of the event loop at once, before anything is handed back).
         """
         send = self.send
         if send is not self._checked_send:  # self.send is a public attribute: check it again if replaced
@@ -1014,17 +1025,23 @@ class Node:
             coro = send(task)
         except BaseException as exc:
             return _raising(exc)
-        return coro if asyncio.iscoroutine(coro) else self._awaiting(coro)
+        return _carrying_exits(coro) if asyncio.iscoroutine(coro) else self._awaiting(coro)
 
     @staticmethod
     async def _awaiting(outcome: Any) -> Any:
-        return await outcome if inspect.isawaitable(outcome) else outcome
+        try:
+            return await outcome if inspect.isawaitable(outcome) else outcome
+        except PROCESS_EXITS as exc:
+            raise ProcessExiting(exc) from None
 
     async def _call_send(self, task: Task) -> Any:
-        outcome = self.send(task)  # an async generator returned is no result: see _unsent
-        # A plain (sync) function has already sent when it returns: use its value;
-        # awaiting it would fail and send again on retry.
-        return await outcome if inspect.isawaitable(outcome) else outcome
+        try:
+            outcome = self.send(task)  # an async generator returned is no result: see _unsent
+            # A plain (sync) function has already sent when it returns: use its value;
+            # awaiting it would fail and send again on retry.
+            return await outcome if inspect.isawaitable(outcome) else outcome
+        except PROCESS_EXITS as exc:
+            raise ProcessExiting(exc) from None
 
     async def _finish(self, flight: _InFlight, outcome: tuple[bool, Any, BaseException | None]) -> None:
         """Settle a send that returned, even if the node is cancelled meanwhile, then let the cancellation go on.
@@ -1460,7 +1477,18 @@ def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
 
 async def _raising(exc: BaseException) -> Any:
     """Raise ``exc`` in the send task (a send whose call raised: see ``Node._send_coroutine``)."""
+    if isinstance(exc, PROCESS_EXITS):
+        raise ProcessExiting(exc) from None
     raise exc
+
+
+async def _carrying_exits(send: Coroutine[Any, Any, Any]) -> Any:
+    """Run an ``async def`` send's coroutine; a ``KeyboardInterrupt`` or ``SystemExit`` from it leaves as a
+    :class:`~asynccoord._exits.ProcessExiting` (see :mod:`asynccoord._exits`)."""
+    try:
+        return await send
+    except PROCESS_EXITS as exc:
+        raise ProcessExiting(exc) from None
 
 
 def _unsent(result: Any) -> InvalidTypeError | None:

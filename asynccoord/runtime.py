@@ -40,6 +40,7 @@ import anyio
 import anyio.abc
 
 from ._errtext import error_text
+from ._exits import ProcessExiting, carried_exit
 from ._signals import check_signals, give_back_signal, signal_name, take_signal
 from .errors import InvalidArgumentError, InvalidTypeError, RuntimeStateError
 from .idlepoll import IdlePoller
@@ -245,8 +246,11 @@ class Runtime:
             # second cancellation ends the wait, not the stop); then the cancellation goes on.
             self._hurry()
             self._request_close(graceful=False)
-            with contextlib.suppress(Exception):  # the start's own error, if any, is not the news here
-                await asyncio.shield(self._runner)
+            try:
+                with contextlib.suppress(Exception):  # the start's own error, if any, is not the news here
+                    await asyncio.shield(self._runner)
+            except ProcessExiting as carried:
+                carried.reraise()
             raise
 
     async def _run(self, started: asyncio.Future[None]) -> None:
@@ -264,7 +268,9 @@ class Runtime:
                 self.membership.join(node.node_id, info={"queue": self.config.queue, "pid": os.getpid()})
             async with self.membership, anyio.create_task_group() as tg:
                 for node in self.nodes:
-                    tg.start_soon(node.run, name=f"asynccoord-node-{node.node_id}")
+                    # A send's KeyboardInterrupt or SystemExit comes out as ProcessExiting (see _exits):
+                    # raised in this task it would end the event loop before the other nodes hand back.
+                    tg.start_soon(node._run_carrying_exits, name=f"asynccoord-node-{node.node_id}")
                 if self.idle_poller is not None:
                     tg.start_soon(self.idle_poller.run, name="asynccoord-idle-poll")
                 started.set_result(None)
@@ -282,6 +288,10 @@ class Runtime:
                     log.warning("asynccoord.runtime.shutdown_cancel in_flight=%d", left)
                 tg.cancel_scope.cancel()  # nodes hand their in-flight tasks back, shielded
         except BaseException as exc:
+            carried = carried_exit(exc)
+            if carried is not None:  # the others were cancelled: all handed back; the waiters raise the original
+                log.warning("asynccoord.runtime.process_exit error=%s", error_text(carried.exit))
+                raise carried from None
             failure = failure_of(exc)
             error = exc if failure is None else failure
             if not started.done():
@@ -320,6 +330,9 @@ class Runtime:
             StoreClosedError: the store was closed while the nodes ran (each failed node
                 says ``failed`` in :meth:`states`).
             Exception: whatever else made a node fail, if one did.
+            KeyboardInterrupt, SystemExit: a send (or ``lock_key``) raised it: the runtime
+                stopped by itself, every node as if cancelled (what they held handed back,
+                nothing counted as a failure), and raises it to whoever awaits it.
             CancelledError: the calling task was cancelled (see above).
         """
         if timeout_s is not None:
@@ -347,6 +360,8 @@ class Runtime:
             return
         try:
             await asyncio.shield(runner)
+        except ProcessExiting as carried:
+            carried.reraise()
         except asyncio.CancelledError:
             if runner.done():
                 raise
@@ -355,8 +370,11 @@ class Runtime:
             # waits for that, so that what the caller closes next (the store) is closed after
             # it; a second cancellation ends the wait, not the hand-back.
             self._hurry()
-            with contextlib.suppress(Exception):  # a node's failure is not the news here
-                await asyncio.shield(runner)
+            try:
+                with contextlib.suppress(Exception):  # a node's failure is not the news here
+                    await asyncio.shield(runner)
+            except ProcessExiting as carried:  # a send's KeyboardInterrupt or SystemExit is
+                carried.reraise()
             raise
 
     def _hurry(self) -> None:
@@ -408,6 +426,7 @@ class Runtime:
                 nothing is installed.
             RuntimeStateError: the runtime was never started, or its start failed.
             StoreClosedError, Exception: as :meth:`shutdown`, when a node failed.
+            KeyboardInterrupt, SystemExit: as :meth:`shutdown`, when a send raised it.
         """
         signums = check_signals(signals)
         loop = asyncio.get_running_loop()
@@ -459,6 +478,8 @@ class Runtime:
                 the wait: its failure, as :meth:`shutdown` raises it, at the next poll
                 instead of after ``timeout_s`` (nothing drains the queue any more).
             RuntimeStateError: the runtime's start failed (the error is the cause).
+            KeyboardInterrupt, SystemExit: a send raised it (as :meth:`shutdown`), at the
+                next poll.
         """
         check_positive("timeout_s", timeout_s)
         check_positive("poll_s", poll_s)
@@ -474,6 +495,9 @@ class Runtime:
                     raise self._spent()  # nothing ran, nothing will drain
                 runner = self._runner
                 if runner is not None and runner.done() and not runner.cancelled() and runner.exception() is not None:
-                    runner.result()  # the failure, with the runner's traceback (a `raise` would add ours each time)
+                    try:
+                        runner.result()  # the failure, with the runner's traceback (a `raise` would add ours each time)
+                    except ProcessExiting as carried:
+                        carried.reraise()
                 await anyio.sleep(poll_s)
         return False

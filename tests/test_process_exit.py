@@ -1,0 +1,139 @@
+"""A ``KeyboardInterrupt`` or ``SystemExit`` raised by a send or by ``lock_key``: the process is ending.
+
+asyncio lets either out of the event loop the moment a task raises it, and ``asyncio.run``
+then cancels whatever is left in no order, the store's own tasks among them. Before, the
+nodes' hand-backs were cut off that way: the tasks stayed claimed until their leases
+lapsed, the locks and the membership stayed held, and the process took 6 s to end. Now the
+node stops as if cancelled, every task handed back and every lock released, and only then
+is the original exception raised, to whoever awaits the node or the runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from asynccoord import Node, NodeConfig, NodeStatus, Runtime, SQLiteStore, Task, TaskStatus
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+CONFIG = NodeConfig(queue="q", lease_s=30.0, lock_ttl_s=10.0, idle_min_s=0.01, idle_max_s=0.05)
+EXITS: dict[str, Callable[[], BaseException]] = {
+    "keyboard_interrupt": KeyboardInterrupt,
+    "system_exit": lambda: SystemExit(3),
+}
+EXIT_TYPES = {"keyboard_interrupt": KeyboardInterrupt, "system_exit": SystemExit}
+
+
+def user_code(kind: str, source: str) -> tuple[Any, Any, asyncio.Event]:
+    """A send and a lock_key: task 0's send runs for 30 s; task 1's send (or lock_key) raises ``kind``."""
+    in_flight = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        if source == "send" and task.payload == 1:
+            raise EXITS[kind]()
+        in_flight.set()
+        await asyncio.sleep(30.0)
+
+    def lock_key(task: Task) -> str:
+        if source == "lock_key" and task.payload == 1:
+            raise EXITS[kind]()
+        return f"account:{task.payload}"
+
+    return send, lock_key, in_flight
+
+
+async def enqueue_after(store: Any, in_flight: asyncio.Event) -> None:
+    await in_flight.wait()
+    await store.enqueue("q", 1, partition_key="c1")
+
+
+async def assert_all_handed_back(store: Any, expected: int) -> None:
+    """Every task pending, no attempt counted, no lock held (a claim cut at the store is handed back
+    in the background by the PostgreSQL store: allowed 5 s)."""
+    handed_back = [(TaskStatus.PENDING, 0, None)] * expected
+    with anyio.move_on_after(5.0):
+        while True:
+            tasks = [await store.get(task_id) for task_id in range(1, expected + 1)]
+            if [(t.status, t.attempts, t.last_error) for t in tasks] == handed_back:
+                break
+            await asyncio.sleep(0.02)
+    assert [(t.status, t.attempts, t.last_error) for t in tasks] == handed_back
+    assert await store.list_locks() == []
+
+
+@pytest.mark.parametrize("source", ["send", "lock_key"])
+@pytest.mark.parametrize("kind", ["keyboard_interrupt", "system_exit"])
+async def test_a_node_hands_every_task_back_then_raises_the_exit(store: Any, kind: str, source: str) -> None:
+    send, lock_key, in_flight = user_code(kind, source)
+    await store.enqueue("q", 0, partition_key="c0")
+    node = Node(store, send, node_id="n1", config=CONFIG, lock_key=lock_key)
+    enqueuer = asyncio.create_task(enqueue_after(store, in_flight))
+    # Awaited in this task: the exit must come out of run() itself, not out of the event loop.
+    with anyio.fail_after(10.0), pytest.raises(EXIT_TYPES[kind]):
+        await node.run()
+    await enqueuer
+    assert node.state().status is NodeStatus.STOPPED  # not failed: nothing was wrong with the node
+    await assert_all_handed_back(store, 2)  # the 30 s send too, and nothing counted as an attempt
+
+
+@pytest.mark.parametrize("kind", ["keyboard_interrupt", "system_exit"])
+async def test_a_runtime_stops_every_node_and_its_waiters_raise_the_exit(db_path: Path, kind: str) -> None:
+    send, lock_key, in_flight = user_code(kind, "send")
+    async with SQLiteStore(db_path) as store:
+        await store.enqueue("q", 0, partition_key="c0")
+        runtime = Runtime(store, send=send, nodes=3, config=CONFIG, lock_key=lock_key, shutdown_timeout_s=30.0)
+        before = {t.get_name() for t in asyncio.all_tasks()}  # the store's own (writer, checkpoints)
+        await runtime.start()
+        enqueuer = asyncio.create_task(enqueue_after(store, in_flight))
+        started = time.monotonic()
+        with pytest.raises(EXIT_TYPES[kind]) as first:
+            await runtime.wait_until_drained(timeout_s=30.0, poll_s=0.02)
+        # at its next poll, not after timeout_s: every node stopped, no drain of the 30 s send
+        assert time.monotonic() - started < 10.0
+        await enqueuer
+        with pytest.raises(EXIT_TYPES[kind]) as again:
+            await runtime.wait_until_drained(timeout_s=30.0, poll_s=0.02)
+        assert again.value is first.value
+        assert len(again.traceback) == len(first.traceback)  # raised again, not one frame longer each time
+        with pytest.raises(EXIT_TYPES[kind]):
+            await runtime.shutdown()
+        assert {state.status for state in runtime.states()} == {NodeStatus.STOPPED}
+        await assert_all_handed_back(store, 2)
+        assert await store.members() == []
+        # nothing of the nodes' left running: the store's own tasks, its idle lock watchdogs (they end by themselves)
+        left = {t.get_name() for t in asyncio.all_tasks() if not t.done()}
+        assert left <= before | {"asynccoord-lock-watchdog"}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("source", ["send", "lock_key"])
+@pytest.mark.parametrize("kind", ["keyboard_interrupt", "system_exit"])
+def test_a_bot_process_ends_with_the_exit_and_leaves_nothing_claimed_or_held(
+    python: Any, db_path: Path, kind: str, source: str, loop: str
+) -> None:
+    """tests/workers/exit_worker.py: 2 nodes under ``wait_for_signal`` in ``asyncio.run``, as a bot runs."""
+    started = time.monotonic()
+    proc = python.run([str(WORKERS / "exit_worker.py"), str(db_path), loop, kind, source], timeout_s=60.0, check=False)
+    elapsed_s = time.monotonic() - started
+    if kind == "system_exit":
+        assert proc.returncode == 3, proc.stderr
+    else:  # Python ends an uncaught KeyboardInterrupt by SIGINT
+        assert proc.returncode == -2, proc.stderr
+        assert proc.stderr.rstrip().endswith("KeyboardInterrupt"), proc.stderr
+    assert "Task was destroyed" not in proc.stderr
+    assert "never retrieved" not in proc.stderr
+    assert elapsed_s < 20.0  # the 30 s sends were cut, not waited for (it took 6 s of timeouts before)
+    with sqlite3.connect(db_path) as conn:
+        statuses = conn.execute("SELECT status, count(*), sum(attempts) FROM coord_tasks GROUP BY status").fetchall()
+        holders = conn.execute("SELECT count(*) FROM coord_lock_holders").fetchone()[0]
+        members = conn.execute("SELECT count(*) FROM coord_members").fetchone()[0]
+    assert statuses == [("pending", 5, 0)]  # before: ('running', 5, 5) until the leases lapsed
+    assert (holders, members) == (0, 0)
