@@ -73,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queue_throughput import raw_commits_per_s, run
 
 from asynccoord import NewTask, SQLiteStore
-from asynccoord.node import Node, NodeConfig, current_delivery
+from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.partition import partition_of
 from asynccoord.runtime import Runtime
 from asynccoord.stores import is_postgres_target, redact_target
@@ -310,7 +310,9 @@ class PostgresDb:
 
         Not the nodes' pool, and opened before the drain starts. Two partial-index probes a
         poll, not ``stats()``'s counts over the whole table (procrastinate's drain pays no
-        such cost).
+        such cost). A node that failed ends the wait at the next poll with the runtime's
+        failure (``shutdown()`` raises it), as ``wait_until_drained`` does, instead of after
+        ``max_s``.
         """
         from asynccoord.backends.postgres import PostgresStore
 
@@ -321,6 +323,9 @@ class PostgresDb:
                     while True:
                         if await probe.is_drained(QUEUE):
                             return True
+                        if any(state.status is NodeStatus.FAILED for state in runtime.states()):
+                            await runtime.shutdown()  # raises the failure: nothing drains the queue any more
+                            return False
                         await asyncio.sleep(0.02)
                 return False
 

@@ -185,3 +185,38 @@ def test_cost_growth_refuses_too_few_keys_for_the_batch_before_filling_anything(
     assert "--keys (40): the measured node owns" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_the_postgres_drain_probe_ends_with_a_failed_runtimes_error_not_at_max_s() -> None:
+    """contention.py on PostgreSQL waited out --max-cell-s (120 s) on a cell whose nodes had failed."""
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    import anyio
+
+    from asynccoord import NodeConfig, Runtime, StoreClosedError, Task
+    from asynccoord.backends.postgres import PostgresStore
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import contention
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    async def send(task: Task) -> None:
+        return None
+
+    schema = new_schema("probe")
+    try:
+        store = PostgresStore(PG_DSN, schema=schema)
+        await store.open()
+        await store.enqueue(contention.QUEUE, 1, partition_key="k", delay_s=600.0)  # not drained, nothing to send
+        config = NodeConfig(queue=contention.QUEUE, idle_min_s=0.01, idle_max_s=0.05)
+        runtime = Runtime(store, send=send, nodes=2, config=config)
+        async with contention.PostgresDb(PG_DSN, schema).drain_probe(runtime, PG_DSN) as wait_drained:
+            await runtime.start()
+            await store.close()  # under the running nodes: they fail with StoreClosedError
+            with anyio.fail_after(20.0), pytest.raises(StoreClosedError):
+                await wait_drained(600.0)
+    finally:
+        drop_schemas(schema)
