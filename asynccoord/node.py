@@ -451,6 +451,8 @@ class Node:
         self._releases: set[asyncio.Task[None]] = set()  # hand-backs running (see _hand_back_shielded)
         self._checked_send: Any = None  # the send _send_is_async describes (see _send_coroutine)
         self._send_is_async = False
+        self._exit: ProcessExiting | None = None  # a cut send's cleanup raised KeyboardInterrupt or SystemExit
+        self._scope: anyio.CancelScope | None = None  # the pipeline's, while it runs
 
     def __repr__(self) -> str:
         s = self._state
@@ -553,13 +555,16 @@ class Node:
         failure: BaseException | None = None
         try:
             async with anyio.create_task_group() as tg:
+                self._scope = tg.cancel_scope
                 if self.config.renew_leases:
                     tg.start_soon(self._keeper, name=f"{self.node_id}-keeper")
                 await self._fetch_loop(tg)
                 await self.wait_drained()
                 tg.cancel_scope.cancel()
+            if self._exit is not None:  # a cut send's cleanup raised it: the pipeline was cancelled for it
+                raise self._exit
         except BaseException as exc:
-            carried = carried_exit(exc)
+            carried = carried_exit(exc) or self._exit
             if carried is not None:  # the process is ending: handed back as on cancellation, no failure
                 raise carried from None
             failure = failure_of(exc)
@@ -951,6 +956,7 @@ class Node:
         send_started = time.perf_counter()
         over = flight.over = loop.create_future()
         child.add_done_callback(lambda _: _resolve(over))
+        child.add_done_callback(functools.partial(self._cut_send_ended, flight))
         timer = loop.call_at(loop.time() + self.config.send_timeout_s, _time_out, flight)
         try:
             await over
@@ -1003,6 +1009,19 @@ class Node:
         flight.returned = True
         _observe(self.store, SEND_MS, send_started)
         return True, result, failure
+
+    def _cut_send_ended(self, flight: _InFlight, child: asyncio.Task[Any]) -> None:
+        """A send task ended: if it had been cut (timeout, lost lease or lock, the node's
+        cancellation) and its cleanup raised ``KeyboardInterrupt`` or ``SystemExit``, stop
+        the node for it as if the send had raised it (:meth:`_send` no longer reads a cut
+        send's outcome)."""
+        if flight.cut_until is None or child.cancelled():
+            return
+        carried = carried_exit(exc) if (exc := child.exception()) is not None else None
+        if carried is not None and self._exit is None:
+            self._exit = carried
+            if self._scope is not None:
+                self._scope.cancel()
 
     def _send_coroutine(self, task: Task) -> Coroutine[Any, Any, Any]:
         """The coroutine the send task runs: the user's own one for an ``async def`` send.

@@ -11,6 +11,7 @@ is the original exception raised, to whoever awaits the node or the runtime.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable
@@ -81,6 +82,27 @@ async def test_a_node_hands_every_task_back_then_raises_the_exit(store: Any, kin
     await enqueuer
     assert node.state().status is NodeStatus.STOPPED  # not failed: nothing was wrong with the node
     await assert_all_handed_back(store, 2)  # the 30 s send too, and nothing counted as an attempt
+
+
+async def test_an_exit_from_the_cleanup_of_a_timed_out_send_stops_the_node_too(store: Any) -> None:
+    """The node no longer reads a cut send's outcome: the exit used to be dropped (or, before, to end the loop)."""
+    await store.enqueue("q", 0, partition_key="c0")
+
+    async def send(task: Task) -> None:
+        try:
+            await asyncio.sleep(30.0)
+        finally:
+            raise SystemExit(4)  # cut at send_timeout_s; its cleanup ends the process
+
+    config = dataclasses.replace(CONFIG, send_timeout_s=0.2)
+    node = Node(store, send, node_id="n1", config=config)
+    with anyio.fail_after(10.0), pytest.raises(SystemExit) as info:
+        await node.run()
+    assert info.value.code == 4
+    assert node.state().status is NodeStatus.STOPPED
+    task = await store.get(1)  # the timeout is a failed attempt (recorded before the cleanup ended)
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, "TimeoutError")
+    assert await store.list_locks() == []
 
 
 @pytest.mark.parametrize("kind", ["keyboard_interrupt", "system_exit"])
