@@ -156,7 +156,9 @@ class Membership:
         self.interval_s = interval
         self._state = _NEW
         self._local: dict[str, _Local] = {}
+        self._local_changes = 0  # bumped with every change of _local: the key of _live()'s cache
         self._view = MembershipView(members=(), node_ids=(), version=0, taken_at=time.monotonic())
+        self._live_cache: tuple[MembershipView, int, tuple[str, ...], frozenset[str]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
@@ -254,6 +256,7 @@ class Membership:
         text = encode_payload(dict(info or {}), max_bytes=self.store.config.max_payload_bytes, arg="info")
         incarnation = secrets.token_hex(16)
         self._local[node_id] = _Local(incarnation=incarnation, info=json.loads(text))
+        self._local_changes += 1
         self._wake.set()
         return incarnation
 
@@ -278,6 +281,7 @@ class Membership:
         local = self._local.pop(node_id, None)
         if local is None:
             return False
+        self._local_changes += 1
         self._started_at.pop(node_id, None)
         try:
             if self._state == _NEW:
@@ -297,13 +301,28 @@ class Membership:
             InvalidArgumentError, InvalidTypeError: a malformed ``node_id``.
         """
         check_name("node_id", node_id)
-        live = self._live()
-        if node_id not in live:
+        live, members = self._live_with_set()
+        if node_id not in members:
             return self._rendezvous().assign((*live, node_id))[node_id]
         return self._assigned(live)[node_id]
 
     def _live(self) -> tuple[str, ...]:
-        return tuple(sorted(set(self._view.node_ids).union(self._local)))
+        return self._live_with_set()[0]
+
+    def _live_with_set(self) -> tuple[tuple[str, ...], frozenset[str]]:
+        """The live node ids, sorted, and as a set; kept until the view or the local nodes change.
+
+        A node's claims and the senders that check ownership ask for it per task: built
+        anew each time it cost O(n log n) in the cluster's node count (about 40 us with 128
+        nodes), in the event loop every node of the process shares.
+        """
+        view, changes, cache = self._view, self._local_changes, self._live_cache
+        if cache is not None and cache[0] is view and cache[1] == changes:
+            return cache[2], cache[3]
+        members = frozenset(view.node_ids).union(self._local)
+        live = tuple(sorted(members))
+        self._live_cache = (view, changes, live, members)
+        return live, members
 
     def _rendezvous(self) -> RendezvousTable:
         table = self._table
@@ -314,7 +333,7 @@ class Membership:
     def _assigned(self, live: tuple[str, ...]) -> Mapping[str, frozenset[int]]:
         """The assignment of the partitions to ``live`` (kept until the live nodes change)."""
         cached = self._assignment
-        if cached is None or cached[0] != live:
+        if cached is None or (cached[0] is not live and cached[0] != live):
             cached = (live, self._rendezvous().assign(live))
             self._assignment = cached
         return cached[1]
@@ -383,6 +402,7 @@ class Membership:
             return
         if self._state == _NEW:  # never heartbeaten: nothing to remove from the store
             self._local.clear()
+            self._local_changes += 1
             self._state = _CLOSED
             self._signal()
             return
@@ -407,6 +427,7 @@ class Membership:
     async def _leave_all(self) -> None:
         nodes = list(self._local.items())
         self._local.clear()
+        self._local_changes += 1
         if not nodes:
             return
         async with self._io_lock:

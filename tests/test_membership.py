@@ -368,6 +368,10 @@ async def test_owned_partitions_over_live_and_local_nodes(flaky: FlakyStore) -> 
         # A node joined here counts as live before its first heartbeat lands.
         membership.join("n4")
         assert membership.owned_partitions("n1") == assign(partitions, [*live, "n4"])["n1"]
+        # Asked again and again (the live nodes are kept between changes), then after a leave: at once.
+        assert membership.owned_partitions("n1") == assign(partitions, [*live, "n4"])["n1"]
+        await membership.leave("n4")
+        assert membership.owned_partitions("n1") == expected["n1"]
         with pytest.raises(InvalidTypeError, match="node_id must be a str"):
             membership.owned_partitions(1)
 
