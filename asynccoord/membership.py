@@ -333,10 +333,13 @@ class Membership:
     def _assigned(self, live: tuple[str, ...]) -> Mapping[str, frozenset[int]]:
         """The assignment of the partitions to ``live`` (kept until the live nodes change)."""
         cached = self._assignment
-        if cached is None or (cached[0] is not live and cached[0] != live):
-            cached = (live, self._rendezvous().assign(live))
-            self._assignment = cached
-        return cached[1]
+        if cached is not None and cached[0] is live:  # _live() keeps its tuple between changes
+            return cached[1]
+        # The same nodes in a new view keep their assignment, under the new tuple (compared by identity next).
+        same = cached is not None and cached[0] == live
+        assignment = cached[1] if cached is not None and same else self._rendezvous().assign(live)
+        self._assignment = (live, assignment)
+        return assignment
 
     async def wait_changed(self, since_version: int, timeout_s: float | None = None) -> MembershipView:
         """Wait until the view's version is above ``since_version``, or the timeout.
