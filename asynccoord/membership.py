@@ -133,6 +133,11 @@ class Membership:
         ttl_s: Seconds (> 0) a node stays live after a heartbeat (store clock). Default 5.
         interval_s: Seconds (> 0, < ``ttl_s``) between heartbeats. Default ``ttl_s / 3``,
             so two heartbeats may fail before the others see the nodes die.
+        queue: Only members whose heartbeat ``info`` names this ``"queue"`` (as a
+            :class:`~asynccoord.runtime.Runtime`'s nodes do), and the nodes joined here, are
+            in :attr:`view` and share the partitions: nodes draining another queue of the
+            same store are not counted, or they would own partitions of this queue that
+            they never claim. Default None: every live member.
 
     Raises:
         InvalidTypeError: ``store`` lacks the membership primitives, or a duration is
@@ -140,7 +145,9 @@ class Membership:
         InvalidArgumentError: a duration <= 0 or not finite, or ``interval_s`` >= ``ttl_s``.
     """
 
-    def __init__(self, store: MembershipStore, *, ttl_s: float = 5.0, interval_s: float | None = None) -> None:
+    def __init__(
+        self, store: MembershipStore, *, ttl_s: float = 5.0, interval_s: float | None = None, queue: str | None = None
+    ) -> None:
         if not isinstance(store, MembershipStore):
             raise InvalidTypeError(
                 f"store must provide the membership primitives (heartbeat, leave, members), got {type(store).__name__}"
@@ -154,6 +161,7 @@ class Membership:
         self.store = store
         self.ttl_s = ttl
         self.interval_s = interval
+        self.queue = None if queue is None else check_name("queue", queue)
         self._state = _NEW
         self._local: dict[str, _Local] = {}
         self._local_changes = 0  # bumped with every change of _local: the key of _live()'s cache
@@ -535,6 +543,9 @@ class Membership:
                 )
 
     def _apply(self, members: list[Member]) -> None:
+        if self.queue is not None:  # the members draining this queue, and ours
+            queue, local = self.queue, self._local
+            members = [m for m in members if m.node_id in local or m.info.get("queue") == queue]
         old = self._view
         node_ids = tuple(m.node_id for m in members)
         first = old.version == 0

@@ -124,7 +124,9 @@ class Runtime:
             None if heartbeat_interval_s is None else check_positive("heartbeat_interval_s", heartbeat_interval_s)
         )
         self.shutdown_timeout_s = check_positive("shutdown_timeout_s", shutdown_timeout_s)
-        self.membership = Membership(store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s)
+        self.membership = Membership(
+            store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s, queue=self.config.queue
+        )
         self.lock_store = store if lock_store is None else lock_store
         self.lock_pool = LockPool(self.lock_store, ttl_s=self.config.lock_ttl_s, holder=self.instance_id)
         pollable = callable(getattr(store, "claimable_partitions", None))

@@ -376,6 +376,21 @@ async def test_owned_partitions_over_live_and_local_nodes(flaky: FlakyStore) -> 
             membership.owned_partitions(1)
 
 
+async def test_a_membership_of_one_queue_sees_only_that_queues_members_and_its_own(flaky: FlakyStore) -> None:
+    async with Membership(flaky, ttl_s=1.0, interval_s=0.05, queue="outbox") as membership:
+        membership.join("mine", info={"queue": "inbox"})  # joined here: counted whatever its info says
+        membership.join("n1", info={"queue": "outbox"})
+        await flaky.heartbeat(
+            [beat("peer", queue="outbox"), beat("other-queue", queue="inbox"), beat("no-queue")], ttl_s=1.0
+        )
+        view = await wait_for_view(membership, lambda v: "peer" in v.node_ids)
+        assert sorted(view.node_ids) == ["mine", "n1", "peer"]
+        expected = assign(flaky.partitions, ["mine", "n1", "peer"])
+        assert membership.owned_partitions("n1") == expected["n1"]
+    with pytest.raises(InvalidTypeError, match="queue must be a str"):
+        Membership(flaky, queue=3)  # type: ignore[arg-type]
+
+
 async def test_failed_heartbeats_turn_unhealthy_then_recover(
     flaky: FlakyStore, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -441,6 +441,36 @@ async def test_two_runtimes_in_one_process_get_distinct_default_node_ids(make_st
     assert [[n.node_id for n in r.nodes] for r in explicit] == [["bot-a", "bot-b"]] * 2
 
 
+async def test_runtimes_draining_two_queues_of_one_store_share_partitions_only_with_their_own_queue(
+    make_store: Any,
+) -> None:
+    """Each queue's partitions go to the nodes draining it: a node of the other queue owned some and
+    never claimed their tasks, which stayed pending for ever (a breaker's find)."""
+    store = await make_store(clock=None)
+    sent: Counter[int] = Counter()
+
+    async def send(task: Task) -> None:
+        sent[task.id] += 1
+
+    runtimes = [
+        Runtime(store, send=send, nodes=2, config=NodeConfig(queue=queue, idle_min_s=0.01, idle_max_s=0.05))
+        for queue in ("q-a", "q-b")
+    ]
+    async with runtimes[0], runtimes[1]:
+        for runtime, other in ((runtimes[0], runtimes[1]), (runtimes[1], runtimes[0])):
+            view = runtime.membership.view
+            assert set(view.node_ids) == {n.node_id for n in runtime.nodes}, view  # never the other queue's
+            owned = [runtime.membership.owned_partitions(n.node_id) for n in runtime.nodes]
+            assert frozenset().union(*owned) == frozenset(range(store.partitions))
+            assert {m.node_id for m in await store.members()} >= {n.node_id for n in other.nodes}
+        results = await store.enqueue_many(
+            [NewTask(queue=queue, payload=i, partition_key=f"c{i}") for queue in ("q-a", "q-b") for i in range(40)]
+        )
+        for runtime in runtimes:
+            assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.02)
+    assert sent == Counter({r.task.id: 1 for r in results})
+
+
 async def runtime_with_a_broken(method: str, error: Exception, *, tasks: int) -> tuple[MemoryStore, Runtime]:
     """A runtime of 2 nodes on a memory store holding ``tasks`` tasks, whose ``method`` raises ``error``."""
     store = MemoryStore()
