@@ -1458,3 +1458,23 @@ async def test_a_commit_of_a_copy_naming_another_queue_never_deadlocks_with_a_qu
         finally:
             await holder.close()
             await check.close()
+
+
+async def test_a_claim_cancelled_just_before_close_is_handed_back_before_the_pool_closes(pg: str, schema: str) -> None:
+    """The compensation used to start when the claim's statement returned, after close() had
+    looked for background work: it ran on a closed pool and the task stayed leased (a breaker's find)."""
+    async with PostgresStore(pg, schema=schema) as store:
+        await store.enqueue("q", {"n": 1}, partition_key="k1")
+    for _ in range(5):
+        store = PostgresStore(pg, schema=schema)
+        await store.open()
+        claim = asyncio.create_task(store.claim("q", node_id="n1", limit=1, lease_s=600.0))
+        await asyncio.sleep(0)  # the claim is on its way to the server
+        await asyncio.sleep(0)
+        claim.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await claim
+        await store.close()
+        async with PostgresStore(pg, schema=schema) as reader:
+            task = await reader.get(1)
+        assert (task.status, task.attempts) == (TaskStatus.PENDING, 0)

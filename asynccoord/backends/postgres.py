@@ -537,20 +537,28 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         task.add_done_callback(self._background.discard)
 
     async def _shielded(self, aw: Awaitable[T], undo: Callable[[T], Coroutine[Any, Any, Any] | None]) -> T:
-        """Await ``aw`` shielded; if the caller is cancelled meanwhile, compensate its result."""
+        """Await ``aw`` shielded; if the caller is cancelled meanwhile, compensate its result.
+
+        The compensation is a background task from the moment of the cancellation (not from
+        when ``aw`` ends), so a :meth:`close` right after it waits for both: before, a
+        claim cancelled just before the store was closed was compensated on a closed pool,
+        and its tasks stayed leased until the lease lapsed.
+        """
         inner = asyncio.ensure_future(aw)
         try:
             return await asyncio.shield(inner)
         except asyncio.CancelledError:
 
-            def compensate(done: asyncio.Future[T]) -> None:
-                if done.cancelled() or done.exception() is not None:
+            async def compensate() -> None:
+                try:
+                    result = await inner
+                except BaseException:  # nothing was done (or the error is the caller's, already raised)
                     return
-                coro = undo(done.result())
+                coro = undo(result)
                 if coro is not None:
-                    self._spawn(coro)
+                    await coro
 
-            inner.add_done_callback(compensate)
+            self._spawn(compensate())
             raise
 
     async def _notify(self, conn: asyncpg.Connection, queue: str, count: int, partitions: set[int] | None) -> None:
