@@ -14,7 +14,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import NoReturn
 
-__all__ = ("PROCESS_EXITS", "ProcessExiting", "carried_exit", "is_process_exit")
+__all__ = ("PROCESS_EXITS", "ProcessExiting", "carried_exit", "carry", "is_process_exit")
 
 PROCESS_EXITS = (KeyboardInterrupt, SystemExit)
 """What a send (or ``lock_key``) may raise that stops the node instead of failing the task:
@@ -58,3 +58,24 @@ def carried_exit(exc: BaseException) -> ProcessExiting | None:
             if found is not None:
                 return found
     return None
+
+
+def carry(exc: BaseException) -> ProcessExiting:
+    """``exc`` (a process exit, carried or not, or a group holding one) as a :class:`ProcessExiting`.
+
+    A group (a send's own task group, say) stands for its first exit, as ``asyncio.TaskGroup``
+    raises a child's ``KeyboardInterrupt`` or ``SystemExit`` itself: the process ends with that
+    exit's status, not with a group's traceback and status 1.
+
+    Raises:
+        ValueError: ``exc`` holds no process exit.
+    """
+    if isinstance(exc, ProcessExiting):
+        return exc
+    if isinstance(exc, PROCESS_EXITS):
+        return ProcessExiting(exc)
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if is_process_exit(inner):
+                return carry(inner)
+    raise ValueError(f"{exc!r} holds no KeyboardInterrupt or SystemExit")

@@ -71,7 +71,7 @@ import anyio
 
 from . import events as ev
 from ._errtext import error_text
-from ._exits import PROCESS_EXITS, ProcessExiting, carried_exit, is_process_exit
+from ._exits import PROCESS_EXITS, ProcessExiting, carried_exit, carry, is_process_exit
 from .backends._common import encode_result
 from .backends._lockcommon import MAX_PERMITS, check_user_lock_name
 from .config import RetryPolicy
@@ -825,10 +825,8 @@ class Node:
                 name = self._lock_name(task)
             except BaseException as exc:  # a bad lock_key (or task): fail the task, not the node
                 # lock_key is a plain function: a CancelledError from it is its own, never a cancellation.
-                if isinstance(exc, PROCESS_EXITS):
-                    raise ProcessExiting(exc) from None  # the process is ending: see asynccoord._exits
-                if is_process_exit(exc):
-                    raise
+                if is_process_exit(exc):  # the process is ending: see asynccoord._exits
+                    raise carry(exc) from None
                 log.warning(
                     "asynccoord.node.lock_key_failed node=%s task=%s error=%s", self.node_id, task.id, error_text(exc)
                 )
@@ -938,8 +936,9 @@ class Node:
 
         Raises:
             CancelledError: the node was cancelled (the send got its cleanup time first).
-            KeyboardInterrupt, SystemExit: the send raised it (the process is ending: the
-                task is handed back, not failed). Any other ``BaseException`` it raised
+            ProcessExiting: the send raised ``KeyboardInterrupt`` or ``SystemExit``, or a
+                group holding one (the process is ending: the task is handed back, not
+                failed; see :mod:`asynccoord._exits`). Any other ``BaseException`` it raised
                 is a failed send, as an ``Exception`` is.
         """
         flight.started = True
@@ -1005,7 +1004,7 @@ class Node:
                 if failure is not None:
                     result = None
             elif is_process_exit(failure):  # the process is ending (see asynccoord._exits): no failed send
-                raise failure
+                raise carry(failure) from None  # a group's first exit, as asyncio.TaskGroup raises it
         flight.returned = True
         _observe(self.store, SEND_MS, send_started)
         return True, result, failure
@@ -1017,9 +1016,9 @@ class Node:
         send's outcome)."""
         if flight.cut_until is None or child.cancelled():
             return
-        carried = carried_exit(exc) if (exc := child.exception()) is not None else None
-        if carried is not None and self._exit is None:
-            self._exit = carried
+        exc = child.exception()
+        if exc is not None and is_process_exit(exc) and self._exit is None:
+            self._exit = carry(exc)
             if self._scope is not None:
                 self._scope.cancel()
 
