@@ -32,6 +32,7 @@ import os
 import secrets
 import signal
 import socket
+import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -53,6 +54,13 @@ from .validation import check_int, check_name, check_positive, check_send
 __all__ = ("Runtime",)
 
 log = logging.getLogger(__name__)
+
+_RUNNING: weakref.WeakSet[Runtime] = weakref.WeakSet()
+"""The runtimes of this process whose nodes run now: a process exit stops all of them (see ``Runtime._run``)."""
+
+STOP_OTHERS_S = 15.0
+"""Seconds a runtime whose send raised ``KeyboardInterrupt`` or ``SystemExit`` waits for the other
+runtimes of its event loop to hand back what they hold before it raises the exit."""
 
 
 class Runtime:
@@ -154,6 +162,7 @@ class Runtime:
         self._drain_scope: anyio.CancelScope | None = None
         self._hurried = False
         self._closed = False
+        self._exit: ProcessExiting | None = None  # a send's KeyboardInterrupt or SystemExit, in this runtime or another
 
     def __repr__(self) -> str:
         return f"<Runtime {self._stage()} nodes={len(self.nodes)} queue={self.config.queue!r}>"
@@ -268,6 +277,7 @@ class Runtime:
         try:
             for node in self.nodes:
                 self.membership.join(node.node_id, info={"queue": self.config.queue, "pid": os.getpid()})
+            _RUNNING.add(self)
             async with self.membership, anyio.create_task_group() as tg:
                 for node in self.nodes:
                     # A send's KeyboardInterrupt or SystemExit comes out as ProcessExiting (see _exits):
@@ -293,6 +303,8 @@ class Runtime:
             carried = carried_exit(exc)
             if carried is not None:  # the others were cancelled: all handed back; the waiters raise the original
                 log.warning("asynccoord.runtime.process_exit error=%s", error_text(carried.exit))
+                self._exit = carried
+                await self._stop_the_others(carried)
                 raise carried from None
             failure = failure_of(exc)
             error = exc if failure is None else failure
@@ -305,10 +317,32 @@ class Runtime:
             if failure is None or failure is exc:
                 raise
         finally:
+            _RUNNING.discard(self)
             with anyio.CancelScope(shield=True):
                 await self.lock_pool.aclose()
         if failure is not None:
             raise failure
+        if self._exit is not None:  # another runtime's send raised it: stopped for it, raised to our waiters too
+            raise self._exit
+
+    async def _stop_the_others(self, carried: ProcessExiting) -> None:
+        """The process is ending: stop every other runtime of this event loop (no drain) and wait
+        (up to :data:`STOP_OTHERS_S`) for their hand-backs, so that the exit, once raised, finds
+        nothing of theirs claimed or held; their waiters raise the same exit."""
+        loop = asyncio.get_running_loop()
+        others = [
+            r
+            for r in list(_RUNNING)
+            if r is not self and r._exit is None and r._runner is not None and r._runner.get_loop() is loop
+        ]
+        for other in others:
+            other._exit = carried
+            other._hurry()
+            other._request_close(graceful=False)
+        runners = [r._runner for r in others if r._runner is not None and not r._runner.done()]
+        if runners:
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait(runners, timeout=STOP_OTHERS_S)
 
     def states(self) -> list[NodeState]:
         """A snapshot of every node's counters."""
@@ -332,9 +366,10 @@ class Runtime:
             StoreClosedError: the store was closed while the nodes ran (each failed node
                 says ``failed`` in :meth:`states`).
             Exception: whatever else made a node fail, if one did.
-            KeyboardInterrupt, SystemExit: a send (or ``lock_key``) raised it: the runtime
-                stopped by itself, every node as if cancelled (what they held handed back,
-                nothing counted as a failure), and raises it to whoever awaits it.
+            KeyboardInterrupt, SystemExit: a send (or ``lock_key``) raised it, here or in
+                another runtime of this process's event loop: every runtime of the loop
+                stopped, every node as if cancelled (what they held handed back, nothing
+                counted as a failure), and each raises it to whoever awaits it.
             CancelledError: the calling task was cancelled (see above).
         """
         if timeout_s is not None:

@@ -134,6 +134,55 @@ async def test_a_runtime_stops_every_node_and_its_waiters_raise_the_exit(db_path
         assert left <= before | {"asynccoord-lock-watchdog"}
 
 
+async def test_an_exit_in_one_runtime_stops_every_runtime_of_the_process_before_it_is_raised(db_path: Path) -> None:
+    """Two runtimes waited on together (``asyncio.gather`` of their waits): the first waiter to raise the
+    exit ends the event loop, so the other runtime must have handed back by then (a breaker's find)."""
+    in_flight = 0
+    all_in_flight = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        nonlocal in_flight
+        if task.payload == "exit":
+            raise SystemExit(3)
+        in_flight += 1
+        if in_flight == 4:
+            all_in_flight.set()
+        await asyncio.sleep(30.0)
+
+    async with SQLiteStore(db_path) as store:
+        for queue in ("a", "b"):
+            for n in range(2):
+                await store.enqueue(queue, n, partition_key=f"{queue}{n}")
+        runtimes = [
+            Runtime(
+                store,
+                send=send,
+                nodes=2,
+                config=dataclasses.replace(CONFIG, queue=queue),
+                lock_key=lambda task, queue=queue: f"account:{queue}{task.payload}",
+                shutdown_timeout_s=30.0,
+            )
+            for queue in ("a", "b")
+        ]
+        for runtime in runtimes:
+            await runtime.start()
+        with anyio.fail_after(10.0):
+            await all_in_flight.wait()
+            await store.enqueue("a", "exit", partition_key="x")
+            with pytest.raises(SystemExit) as raised:
+                await runtimes[0].wait_until_drained(timeout_s=30.0, poll_s=0.02)
+        assert raised.value.code == 3
+        # the other runtime stopped (and handed back) before the exit was raised to anyone
+        assert {state.status for state in runtimes[1].states()} == {NodeStatus.STOPPED}
+        for runtime in runtimes:  # its waiters raise the exit too
+            with pytest.raises(SystemExit):
+                await runtime.shutdown()
+        tasks = [await store.get(task_id) for task_id in range(1, 6)]
+        assert [(t.status, t.attempts) for t in tasks] == [(TaskStatus.PENDING, 0)] * 5
+        assert await store.list_locks() == []
+        assert await store.members() == []
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("source", ["send", "lock_key"])
