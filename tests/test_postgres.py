@@ -1478,3 +1478,25 @@ async def test_a_claim_cancelled_just_before_close_is_handed_back_before_the_poo
         async with PostgresStore(pg, schema=schema) as reader:
             task = await reader.get(1)
         assert (task.status, task.attempts) == (TaskStatus.PENDING, 0)
+
+
+async def test_a_lock_grant_never_waits_for_the_lease_garbage_collection(pg: str, schema: str) -> None:
+    """The collection of lapsed lease rows ran inside the acquisition, after the grant: a caller cancelled
+    then (a timeout around it) left the granted lease without a holder until its TTL (a breaker's find)."""
+    async with PostgresStore(pg, schema=schema) as store:
+        real_run = store._run
+        collected = asyncio.Event()
+
+        async def slow_run(fn: Any, *, what: str, **kwargs: Any) -> Any:
+            if what == "collect lapsed leases":
+                await asyncio.sleep(0.5)  # a slow round trip
+                collected.set()
+            return await real_run(fn, what=what, **kwargs)
+
+        store._run = slow_run  # type: ignore[method-assign]
+        lease = await asyncio.wait_for(store.try_acquire_lock("account:1", ttl_s=60.0, holder="me"), 0.3)
+        assert [(info.name, info.holder) for info in await store.list_locks()] == [("account:1", "me")]
+        assert await store.release_lock(lease)  # type: ignore[arg-type]
+        await asyncio.wait_for(collected.wait(), 5.0)  # it still runs, in the background
+    async with PostgresStore(pg, schema=schema) as reader:
+        assert await reader.list_locks() == []

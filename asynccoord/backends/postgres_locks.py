@@ -127,7 +127,7 @@ class PostgresLockOps:
 
             future.add_done_callback(compensate)
             raise
-        await self._collect_lapsed_leases()
+        self._collect_lapsed_leases_soon()  # in the background: a cancellation past the grant would leak it
         return outcome
 
     def _new_acquirer(self) -> Batcher[_Request, Lease | LockBusy]:
@@ -172,13 +172,17 @@ class PostgresLockOps:
 
         return await self._run(op, what="try_acquire_lock", tx=False, ambiguous_ok=True)
 
-    async def _collect_lapsed_leases(self) -> None:
-        """Delete long-lapsed lease rows now and then (at most once per ``LEASE_GC_INTERVAL_S``)."""
+    def _collect_lapsed_leases_soon(self) -> None:
+        """Delete long-lapsed lease rows now and then (at most once per ``LEASE_GC_INTERVAL_S``), in a
+        background task: the acquisition that asks has its lease already, and a cancellation of
+        its caller while this ran would leave that lease without a holder until its TTL."""
         now = time.monotonic()
         if now - self._lease_gc_at < LEASE_GC_INTERVAL_S:
             return
         self._lease_gc_at = now
+        self._spawn(self._collect_lapsed_leases())
 
+    async def _collect_lapsed_leases(self) -> None:
         async def op(conn: asyncpg.Connection, _attempt: int) -> None:
             await self._x(conn, "lock_purge_expired", grace_s=LEASE_GC_GRACE_S, now=self._now())
 
