@@ -536,12 +536,16 @@ class Node:
             Exception: any other error that ended the pipeline (status ``failed``).
             KeyboardInterrupt, SystemExit: ``send`` (or ``lock_key``) raised it: the process
                 is ending. The node stops as if cancelled (every in-flight task handed back,
-                that send's task too, not counted as a failure; status ``stopped``), then
-                raises it.
+                that send's task too, not counted as a failure; status ``stopped``), as does
+                every :class:`~asynccoord.runtime.Runtime` of the event loop, then it raises it.
+                (A runtime's exit does not reach standalone nodes: cancel those yourself.)
         """
         try:
             await self._run_carrying_exits()
         except ProcessExiting as carried:
+            from .runtime import stop_runtimes  # the runtime module imports this one
+
+            await stop_runtimes(carried)  # the process is ending: the runtimes beside this node too
             carried.reraise()
 
     async def _run_carrying_exits(self) -> None:

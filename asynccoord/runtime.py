@@ -248,7 +248,7 @@ class Runtime:
         started: asyncio.Future[None] = loop.create_future()
         self._started = started
         self._runner = loop.create_task(self._run(started), name="asynccoord-runtime")
-        self._runner.add_done_callback(lambda _t: self._stopping.set() if self._stopping else None)
+        self._runner.add_done_callback(self._runner_done)
         try:
             await asyncio.shield(started)
         except asyncio.CancelledError:
@@ -263,6 +263,15 @@ class Runtime:
             except ProcessExiting as carried:
                 carried.reraise()
             raise
+
+    def _runner_done(self, runner: asyncio.Task[None]) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+        if not runner.cancelled():
+            # Seen here: _run has logged it (asynccoord.runtime.failed or process_exit), and the
+            # waiters raise it. A runtime stopped by another's exit whose waiter was cancelled by the
+            # event loop's end would log "Task exception was never retrieved" with our internal type.
+            runner.exception()
 
     async def _run(self, started: asyncio.Future[None]) -> None:
         """The runtime's own task: membership, the nodes' task group, and the shutdown sequence.
@@ -326,23 +335,7 @@ class Runtime:
             raise self._exit
 
     async def _stop_the_others(self, carried: ProcessExiting) -> None:
-        """The process is ending: stop every other runtime of this event loop (no drain) and wait
-        (up to :data:`STOP_OTHERS_S`) for their hand-backs, so that the exit, once raised, finds
-        nothing of theirs claimed or held; their waiters raise the same exit."""
-        loop = asyncio.get_running_loop()
-        others = [
-            r
-            for r in list(_RUNNING)
-            if r is not self and r._exit is None and r._runner is not None and r._runner.get_loop() is loop
-        ]
-        for other in others:
-            other._exit = carried
-            other._hurry()
-            other._request_close(graceful=False)
-        runners = [r._runner for r in others if r._runner is not None and not r._runner.done()]
-        if runners:
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait(runners, timeout=STOP_OTHERS_S)
+        await stop_runtimes(carried, besides=self)
 
     def states(self) -> list[NodeState]:
         """A snapshot of every node's counters."""
@@ -538,3 +531,27 @@ class Runtime:
                         carried.reraise()
                 await anyio.sleep(poll_s)
         return False
+
+
+async def stop_runtimes(carried: ProcessExiting, *, besides: Runtime | None = None) -> None:
+    """The process is ending: stop every runtime of this event loop (but ``besides``), without a drain.
+
+    Waits (up to :data:`STOP_OTHERS_S`) for their hand-backs, so that the exit, once raised,
+    finds nothing of theirs claimed or held; their waiters raise the same exit. Called by a
+    runtime whose send raised ``KeyboardInterrupt`` or ``SystemExit``, and by a standalone
+    :meth:`Node.run() <asynccoord.node.Node.run>` before it raises one.
+    """
+    loop = asyncio.get_running_loop()
+    others = [
+        r
+        for r in list(_RUNNING)
+        if r is not besides and r._exit is None and r._runner is not None and r._runner.get_loop() is loop
+    ]
+    for other in others:
+        other._exit = carried
+        other._hurry()
+        other._request_close(graceful=False)
+    runners = [r._runner for r in others if r._runner is not None and not r._runner.done()]
+    if runners:
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait(runners, timeout=STOP_OTHERS_S)

@@ -91,7 +91,15 @@ async def status_report(
     locks = await store.list_locks()
     snapshot = await cluster_snapshot(store, windows)
     partitions = int(store.partitions)
-    owned = assign(partitions, [m.node_id for m in members]) if members else {}
+    # As the nodes compute it: over the live members draining the same queue (their heartbeat's
+    # "queue"; members that name none share among themselves), see Membership(queue=...).
+    by_queue: dict[Any, list[str]] = {}
+    for m in members:
+        queue = m.info.get("queue")
+        by_queue.setdefault(queue if isinstance(queue, str) else None, []).append(m.node_id)
+    owned: dict[str, frozenset[int]] = {}
+    for node_ids in by_queue.values():
+        owned.update(assign(partitions, node_ids))
 
     queues = []
     totals = dict.fromkeys(_STATUSES, 0)

@@ -183,6 +183,26 @@ async def test_an_exit_in_one_runtime_stops_every_runtime_of_the_process_before_
         assert await store.members() == []
 
 
+async def test_a_standalone_nodes_exit_stops_the_runtimes_beside_it_before_it_is_raised(db_path: Path) -> None:
+    send, lock_key, in_flight = user_code("keyboard_interrupt", "send")
+    async with SQLiteStore(db_path) as store:
+        await store.enqueue("a", 0, partition_key="c0")
+        runtime = Runtime(store, send=send, nodes=2, config=dataclasses.replace(CONFIG, queue="a"), lock_key=lock_key)
+        node = Node(store, send, node_id="solo", config=dataclasses.replace(CONFIG, queue="b"))
+        await runtime.start()
+        with anyio.fail_after(10.0):
+            await in_flight.wait()
+            await store.enqueue("b", 1, partition_key="x")  # the standalone node's send raises
+            with pytest.raises(KeyboardInterrupt):
+                await node.run()
+        # the runtime stopped, and handed back, before node.run() raised
+        assert {state.status for state in runtime.states()} == {NodeStatus.STOPPED}
+        with pytest.raises(KeyboardInterrupt):  # its waiters raise the exit too
+            await runtime.shutdown()
+        await assert_all_handed_back(store, 2)
+        assert await store.members() == []
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("source", ["send", "lock_key"])

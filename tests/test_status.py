@@ -69,6 +69,21 @@ async def populate(store: Store, clock: FakeClock) -> None:
     clock.advance(2.0)
 
 
+async def test_status_shares_partitions_among_the_nodes_of_each_queue(store: Store) -> None:
+    """As the nodes compute it (Membership(queue=...)): before, over every member whatever its queue."""
+    from asynccoord.partition import assign
+
+    beats = [MemberBeat(node_id=f"{q}{i}", incarnation="x", info={"queue": q}) for q in ("a", "b") for i in range(2)]
+    await store.heartbeat([*beats, MemberBeat(node_id="plain", incarnation="x")], ttl_s=30.0)
+    report = await status_report(store)
+    validate(report)
+    owned = {n["node_id"]: n["partitions"] for n in report["nodes"]}
+    for q in ("a", "b"):
+        expected = assign(store.partitions, [f"{q}0", f"{q}1"])
+        assert {n: owned[n] for n in expected} == {n: len(p) for n, p in expected.items()}
+    assert owned["plain"] == store.partitions  # the only member naming no queue
+
+
 async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeClock) -> None:
     await populate(store, clock)
     rule = AlertRule(name="commits_seen", event=ev.COMMITS, threshold=1, window_s=30.0)
