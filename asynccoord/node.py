@@ -377,6 +377,10 @@ class Node:
             (a plain function: an ``async def`` one is refused). Default None (no locks).
         membership: Shared :class:`~asynccoord.membership.Membership` of the process;
             needed for partitioning (without it the node claims from every partition).
+            Give it the node's queue (``Membership(store, queue=...)``) when other queues
+            are drained from the same store: without one it counts their nodes too, and
+            they own partitions of this queue that they never claim. One made for another
+            queue is refused.
         lock_pool: Shared :class:`~asynccoord.lockpool.LockPool` of the process, so
             local tasks needing one lock take turns on one lease. Default: the node's own.
         lock_store: Where the locks live, if not in ``store``: any lock store (e.g. a
@@ -419,6 +423,12 @@ class Node:
             raise InvalidTypeError(f"membership must be a Membership or None, got {membership!r}")
         if lock_pool is not None and not isinstance(lock_pool, LockPool):
             raise InvalidTypeError(f"lock_pool must be a LockPool or None, got {lock_pool!r}")
+        queue = (config or NodeConfig()).queue
+        if membership is not None and membership.queue is not None and membership.queue != queue:
+            raise InvalidArgumentError(
+                f"membership shares the partitions of queue {membership.queue!r}, but this node drains {queue!r}: "
+                "its partitions would be counted among the other queue's nodes"
+            )
         self.store = store
         self.lock_store = store if lock_store is None else lock_store
         self.send = send

@@ -33,6 +33,8 @@ from asynccoord import (
     Membership,
     MembershipView,
     MemoryStore,
+    Node,
+    NodeConfig,
     PayloadTooLargeError,
     SQLiteStore,
     StoreBusyError,
@@ -389,6 +391,9 @@ async def test_a_membership_of_one_queue_sees_only_that_queues_members_and_its_o
         assert membership.owned_partitions("n1") == expected["n1"]
     with pytest.raises(InvalidTypeError, match="queue must be a str"):
         Membership(flaky, queue=3)  # type: ignore[arg-type]
+    other_queue = Membership(flaky, queue="inbox")
+    with pytest.raises(InvalidArgumentError, match="'inbox', but this node drains 'outbox'"):
+        Node(flaky, lambda task: None, node_id="n", config=NodeConfig(queue="outbox"), membership=other_queue)
 
 
 async def test_failed_heartbeats_turn_unhealthy_then_recover(
