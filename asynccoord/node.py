@@ -786,6 +786,10 @@ class Node:
                             handle.cancel()
                     await asyncio.wait(pending)
                 self._stop_after.difference_update(settling)
+                if self._exit is not None:  # the process is ending: the exit is kept in self._exit
+                    for handle in handles:  # (no "exception was never retrieved" for the slots that raised it)
+                        if handle.done() and not handle.cancelled():
+                            handle.exception()
         errors = [e for h in handles if not h.cancelled() and (e := h.exception()) is not None]
         if len(errors) == 1:
             raise errors[0]
@@ -840,7 +844,7 @@ class Node:
             except BaseException as exc:  # a bad lock_key (or task): fail the task, not the node
                 # lock_key is a plain function: a CancelledError from it is its own, never a cancellation.
                 if is_process_exit(exc):  # the process is ending: see asynccoord._exits
-                    raise carry(exc) from None
+                    raise self._exiting(carry(exc)) from None
                 log.warning(
                     "asynccoord.node.lock_key_failed node=%s task=%s error=%s", self.node_id, task.id, error_text(exc)
                 )
@@ -1018,7 +1022,7 @@ class Node:
                 if failure is not None:
                     result = None
             elif is_process_exit(failure):  # the process is ending (see asynccoord._exits): no failed send
-                raise carry(failure) from None  # a group's first exit, as asyncio.TaskGroup raises it
+                raise self._exiting(carry(failure)) from None  # a group's first exit, as asyncio.TaskGroup raises it
         flight.returned = True
         _observe(self.store, SEND_MS, send_started)
         return True, result, failure
@@ -1031,10 +1035,21 @@ class Node:
         if flight.cut_until is None or child.cancelled():
             return
         exc = child.exception()
-        if exc is not None and is_process_exit(exc) and self._exit is None:
-            self._exit = carry(exc)
-            if self._scope is not None:
+        if exc is not None and is_process_exit(exc):
+            self._exiting(carry(exc), stop=True)  # nothing raises it: stop the pipeline for it
+
+    def _exiting(self, carried: ProcessExiting, *, stop: bool = False) -> ProcessExiting:
+        """Record the process exit (the first one), and with ``stop`` stop the pipeline for it; return ``carried``.
+
+        Recorded, not only raised: during a drain (a signal, ``shutdown()``, ``stop_claiming()``)
+        the node's last hand-back sets it drained and the pipeline ends before the exception
+        has come up through the claim's task; :meth:`_run_carrying_exits` raises it then.
+        """
+        if self._exit is None:
+            self._exit = carried
+            if stop and self._scope is not None:
                 self._scope.cancel()
+        return carried
 
     def _send_coroutine(self, task: Task) -> Coroutine[Any, Any, Any]:
         """The coroutine the send task runs: the user's own one for an ``async def`` send.

@@ -203,6 +203,34 @@ async def test_a_standalone_nodes_exit_stops_the_runtimes_beside_it_before_it_is
         assert await store.members() == []
 
 
+@pytest.mark.parametrize("how", ["runtime_shutdown", "node_stop_claiming"])
+async def test_an_exit_raised_once_a_drain_has_begun_is_still_raised(store: Any, how: str) -> None:
+    """The node's last hand-back set it drained, and its pipeline ended before the exit came up
+    through the claim's task: the exit was dropped and everything returned normally (a breaker's find)."""
+    started = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        started.set()
+        await asyncio.sleep(0.3)  # the drain begins meanwhile
+        raise SystemExit(5)
+
+    async def drain_a_runtime() -> None:
+        async with Runtime(store, send=send, nodes=1, config=CONFIG, shutdown_timeout_s=5.0) as runtime:
+            await started.wait()
+            await runtime.shutdown()  # a graceful drain: the send goes on, then raises
+
+    async def drain_a_node() -> None:
+        node = Node(store, send, node_id="n1", config=CONFIG)
+        asyncio.get_running_loop().call_later(0.1, node.stop_claiming)
+        await node.run()
+
+    await store.enqueue("q", 0, partition_key="c0")
+    with anyio.fail_after(10.0), pytest.raises(SystemExit) as raised:
+        await (drain_a_runtime() if how == "runtime_shutdown" else drain_a_node())
+    assert raised.value.code == 5
+    await assert_all_handed_back(store, 1)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("source", ["send", "lock_key"])
