@@ -341,11 +341,11 @@ class Membership:
     def _assigned(self, live: tuple[str, ...]) -> Mapping[str, frozenset[int]]:
         """The assignment of the partitions to ``live`` (kept until the live nodes change)."""
         cached = self._assignment
-        if cached is not None and cached[0] is live:  # _live() keeps its tuple between changes
+        if cached is not None and (cached[0] is live or cached[0] == live):  # _live() keeps its tuple
+            if cached[0] is not live:  # the same nodes in a new view: compared by identity from now on
+                self._assignment = (live, cached[1])
             return cached[1]
-        # The same nodes in a new view keep their assignment, under the new tuple (compared by identity next).
-        same = cached is not None and cached[0] == live
-        assignment = cached[1] if cached is not None and same else self._rendezvous().assign(live)
+        assignment = self._rendezvous().assign(live)
         self._assignment = (live, assignment)
         return assignment
 

@@ -313,7 +313,7 @@ class Runtime:
             if carried is not None:  # the others were cancelled: all handed back; the waiters raise the original
                 log.warning("asynccoord.runtime.process_exit error=%s", error_text(carried.exit))
                 self._exit = carried
-                await self._stop_the_others(carried)
+                await stop_runtimes(carried, besides=self)
                 raise carried from None
             failure = failure_of(exc)
             error = exc if failure is None else failure
@@ -333,9 +333,6 @@ class Runtime:
             raise failure
         if self._exit is not None:  # another runtime's send raised it: stopped for it, raised to our waiters too
             raise self._exit
-
-    async def _stop_the_others(self, carried: ProcessExiting) -> None:
-        await stop_runtimes(carried, besides=self)
 
     def states(self) -> list[NodeState]:
         """A snapshot of every node's counters."""
