@@ -551,7 +551,9 @@ async def test_a_commit_wakes_idle_nodes_only_when_it_unblocks_a_key(backend: st
     first = await claim_head(store)
     wake.arm()
     await store.complete(first)
-    assert wake.is_set  # the key's next task is its head now
+    # The key's next task is its head now. PostgreSQL's listener delivers the commit's own
+    # notification, a moment after the commit: waited for.
+    assert await wake.wait(5.0)
 
     other = "plain"
     wake_other = store.notifier.subscribe(other)
@@ -559,6 +561,6 @@ async def test_a_commit_wakes_idle_nodes_only_when_it_unblocks_a_key(backend: st
     (task,) = await store.claim(other, node_id="n1", limit=1, ordered=False)
     wake_other.arm()
     await store.complete(task)
-    assert not wake_other.is_set
+    assert not await wake_other.wait(0.3)  # neither kept since arm() nor delivered after
     wake.close()
     wake_other.close()

@@ -697,6 +697,41 @@ async def test_a_continuation_rides_the_commit_statement_and_wakes_nobody(pg: st
         assert (await here, await there) == (True, True)
 
 
+async def test_a_commit_wakes_the_owners_of_promoted_heads_only_in_its_own_process_too(pg: str, schema: str) -> None:
+    """A listening store takes its own nodes' wake-ups from its commit's notification: a key's
+    promoted head that no continuation leased wakes its owner here and elsewhere; a key that
+    has no next task wakes nobody (before, every commit in a queue claimed in order woke
+    the key's owner in process, which then claimed for nothing)."""
+    from asynccoord import partition_of
+
+    async with PostgresStore(pg, schema=schema) as store, PostgresStore(pg, schema=schema) as other:
+        assert store.listening
+        assert other.listening
+        keys = ["a", "b"]
+        parts = [partition_of(k, store.partitions) for k in keys]
+        assert parts[0] != parts[1]
+        await store.enqueue("q", "a0", partition_key="a")  # a conversation of one task
+        await store.enqueue_many([NewTask(queue="q", payload=f"b{i}", partition_key="b") for i in range(2)])
+        heads = {t.partition_key: t for t in await store.claim("q", node_id="n", limit=2, ordered=True)}
+        assert sorted(heads) == keys
+        here = [store.notifier.subscribe("q", [p]) for p in parts]
+        there = [other.notifier.subscribe("q", [p]) for p in parts]
+        for w in here + there:
+            w.arm()
+
+        out = await store.complete_and_claim_next(heads["a"], lease_s=30)  # "a" has ended
+        assert out.next_task is None
+        assert [await w.wait(0.3) for w in (here[0], there[0])] == [False, False]
+
+        for w in here + there:
+            w.arm()
+        await store.complete(heads["b"])  # b1 is b's head now, and nobody leased it
+        assert [await w.wait(5.0) for w in (here[1], there[1])] == [True, True]
+        assert [await w.wait(0.0) for w in (here[0], there[0])] == [False, False]  # only b's owner
+        [b1] = await store.claim("q", node_id="n", limit=2, ordered=True)
+        assert b1.payload == "b1"
+
+
 async def test_a_continuation_whose_acknowledgement_was_lost_is_recognized(
     pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

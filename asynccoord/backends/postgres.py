@@ -45,7 +45,11 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
 * **Wake-ups** cross processes with LISTEN/NOTIFY: an enqueue of due tasks, or a commit
   that unblocks a key, notifies the store's channel with the queue, the count and the
   partitions; each process' listener wakes at most that many of its idle nodes that own
-  one of the partitions (polling with backoff stays as the fallback).
+  one of the partitions (polling with backoff stays as the fallback). A commit's
+  notification names exactly the keys' heads it promoted and did not lease to a
+  continuation, and wakes the committing process's own nodes too (a conversation that
+  ended, or one continued by its node, wakes nobody); an enqueue wakes its own process's
+  nodes at once and the listener ignores its echo.
 
 Payloads and results are JSON kept as ``text`` (``jsonb`` cannot hold ``\\u0000`` and
 reorders keys). Migrations (``sql/postgres/migration_NNNN.sql``) are applied at open
@@ -950,8 +954,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         :meth:`complete` does and then leases the key's head (the earliest unfinished task
         of ``task``'s queue and partition key) to ``task.lease_owner`` if it is pending and
         due by the server clock, as ``claim(ordered=True)`` would lease it. No round trip
-        of its own, and no NOTIFY nor local wake-up for that key when its head is leased
-        (there is one, as after :meth:`complete`, when it is not). A head whose row another
+        of its own, and no NOTIFY nor wake-up for that key when its head is leased or when
+        the key has no next task (there is one, as after :meth:`complete`, when a next head
+        was promoted and not leased). A head whose row another
         transaction holds at that moment is not waited for: the commit goes through without
         a continuation. Should the caller be cancelled once the batch is at the server, the
         leased task is handed back in the background (pending again, the attempt not
@@ -981,7 +986,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             self._count_settled([checked], [outcome])
             raise outcome
         self.events.add(ev.COMMITS)
-        if item.next_task is None:  # whoever claims the key's next task may be woken
+        if item.next_task is None and self._listener is None:  # whoever claims the key's next task may be woken
             notify_settled(self.notifier, [outcome])
         return Continuation(done=outcome, next_task=item.next_task)
 
@@ -1030,7 +1035,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self.events.add(ev.FENCING_REJECTED, sum(1 for o in outcomes if _is_fence_error(o)))
         # A queue that keeps heads (claimed in order here) may have its keys' next tasks claimable
         # now; in any other queue a commit makes nothing claimable: no wake-up (an idle node
-        # woken for it would claim for nothing).
+        # woken for it would claim for nothing). With a listener, the batch's own notification
+        # wakes this process's nodes too, for exactly the heads it promoted and did not lease
+        # (see _complete_batch): nothing to guess here.
+        if self._listener is not None:
+            return
         kept = self._kept_queues
         heads = [t for t in done if t.queue in kept]
         if heads:
@@ -1066,7 +1075,10 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             "next_lease_s": [i.next_lease_s for i in items] if continuing else None,
             "next_token": new_token() if continuing else None,
             "channel": self.channel,
-            "sender": self._sender,
+            # No sender when listening: the notification (the keys' promoted heads that no
+            # continuation leased) is then also this process's wake-up, which the listener
+            # delivers; a sender's own notifications are ignored as woken already.
+            "sender": None if self._listener is not None else self._sender,
         }
         if any(i.fence is not None for i in items):
             params["fence_resources"] = [None if i.fence is None else i.fence[0] for i in items]
