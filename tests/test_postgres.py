@@ -1423,6 +1423,22 @@ async def test_migration_9_run_again_computes_the_heads_of_the_queues_it_records
         assert [t.payload for t in await store.claim("u", node_id="n", limit=3, ordered=True)] == [0]
 
 
+async def _advisory_waiters(conn: Any, modes: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until the advisory locks asked for and not granted yet are of ``modes`` (sorted).
+
+    Sleeping a fixed time instead lets a loaded machine run the steps in another order."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        waiting = await conn.fetch(
+            "SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY mode"
+        )
+        if sorted(r["mode"] for r in waiting) == sorted(modes):
+            return
+        assert time.monotonic() < deadline, f"advisory lock waiters {waiting}, expected {modes}"
+        await asyncio.sleep(0.01)
+
+
 async def test_read_committed_whatever_the_dsn_asks(pg: str, schema: str) -> None:
     """An enqueue that waits behind a queue's first ordered claim still gets its head when the
     DSN (or the role, or the database) makes REPEATABLE READ the default: the store's sessions
@@ -1443,14 +1459,20 @@ async def test_read_committed_whatever_the_dsn_asks(pg: str, schema: str) -> Non
         async with pool.acquire() as conn:
             assert await conn.fetchval("SHOW default_transaction_isolation") == "read committed"
         first = asyncio.ensure_future(keeper.claim("q", node_id="o", limit=10, ordered=True, lease_s=60))
-        await asyncio.sleep(0.3)  # the first ordered claim waits for the queue's exclusive lock
+        await _advisory_waiters(holder, ["ExclusiveLock"])  # the first ordered claim waits for the queue's lock
         late = asyncio.ensure_future(enqueuer.enqueue("q", 1, partition_key="new"))
-        await asyncio.sleep(0.3)  # the enqueue waits behind it
+        await _advisory_waiters(holder, ["ExclusiveLock", "ShareLock"])  # the enqueue waits behind it
         await tx.commit()
         await holder.close()
-        assert [t.payload for t in await first] == [0]
+        claimed = [t.payload for t in await first]
         await late
-        assert [t.payload for t in await keeper.claim("q", node_id="o", limit=10, ordered=True)] == [1]
+        # The claim's statement comes after coord_keep_heads' (which let the enqueue go on): it
+        # may see the enqueued task's head already. Either way that task got its head; read in
+        # an older snapshot, the enqueue would have seen no heads kept and marked none, and the
+        # task would never be claimed in order.
+        claimed += [t.payload for t in await keeper.claim("q", node_id="o", limit=10, ordered=True)]
+        assert sorted(claimed) == [0, 1]
+        assert claimed[0] == 0
 
 
 async def test_a_commit_of_a_copy_naming_another_queue_never_deadlocks_with_a_queue_switch(
