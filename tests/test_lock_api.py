@@ -359,7 +359,10 @@ async def test_cancelled_waiting_acquire_holds_nothing(rstore: Store) -> None:
     await holder.release()
     await asyncio.sleep(0.05)
     assert await rstore.list_locks() == []
-    assert (await waiter.acquire(timeout_s=0)).fencing_token == held.fencing_token + 1
+    # An attempt already sent when the waiter was cancelled goes on; on a loaded machine it may
+    # reach the server after the release and be granted (then handed back at once, its token
+    # spent): the next grant's token is higher, not necessarily the next one.
+    assert (await waiter.acquire(timeout_s=0)).fencing_token > held.fencing_token
     await waiter.release()
 
 

@@ -133,6 +133,10 @@ def test_repr_and_connection_error_hide_the_password() -> None:
         ("postgresql://app:Ab/cds3cret==@db:5432/test", "'postgresql://***@db:5432/test': a '/' before the '@'"),
         ("postgresql://app:A#bs3cret@db/test", "'postgresql://***@db/test'"),
         ("postgresql://app:A?bs3cret@db/test", "a host part that may hold a password (not shown)"),
+        ("postgresql://postgres:s3cret@127.0.0.1/test\x00", "'postgresql://postgres:***@127.0.0.1/test%00': a NUL"),
+        ("postgresql://postgres:s3cret@127.0.0.1/te%00st", "a NUL character"),
+        ("postgresql://postgres:s3cret@127.0.0.1/test?port=abc", "port='abc' (each port 1..65535)"),
+        ("postgresql://postgres:s3cret@h1,h2/test?port=5432,0", "port='5432,0'"),
     ],
 )
 def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: str, named: str) -> None:
@@ -147,6 +151,7 @@ def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: st
         "postgresql:///db?host=/tmp",
         "postgres://h:5432",
         "postgresql://h:/db",
+        "postgresql://h1,h2/db?port=5432,5433",
     )
     for fine in fine_dsns:
         assert isinstance(PostgresStore(fine), PostgresStore)
@@ -227,6 +232,28 @@ async def test_an_unreachable_server_raises_a_typed_error() -> None:
     with pytest.raises(StoreConnectionError) as info:
         await store.open()
     assert info.value.__cause__ is not None
+
+
+async def test_a_transaction_whose_session_the_server_ends_is_retried_for_the_error_that_ended_it(
+    pg: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rollback attempt after a lost session must not replace the error: asyncpg's pool
+    detaches the connection's proxy when the server ends the session, and even ``is_closed()``
+    on it raised ("connection has been released back to the pool"), which was retried and
+    logged in place of the lost connection."""
+    caplog.set_level(logging.INFO, logger="asynccoord.backends._pgconn")
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+
+        async def ends_its_own_session_once(conn: Any, attempt: int) -> int:
+            if attempt == 0:
+                await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            return int(await conn.fetchval("SELECT 7"))
+
+        assert await store._runner.run(ends_its_own_session_once, what="probe") == 7
+    retried = [r.getMessage() for r in caplog.records if "asynccoord.postgres.retry what=probe" in r.getMessage()]
+    assert len(retried) == 1
+    assert "terminating connection due to administrator command" in retried[0]
+    assert "released back to the pool" not in retried[0]
 
 
 async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str) -> None:

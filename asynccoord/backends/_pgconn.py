@@ -182,8 +182,10 @@ class PgRunner:
                         try:
                             result = await fn(conn, attempt)
                         except BaseException:
-                            if not conn.is_closed():
-                                with contextlib.suppress(*_DRIVER_ERRORS):
+                            # The error to report is fn's: once the server ended the session,
+                            # the pool may have detached this proxy, and even is_closed() raises.
+                            with contextlib.suppress(*_DRIVER_ERRORS):
+                                if not conn.is_closed():
                                     await transaction.rollback()
                             raise
                         committing = True

@@ -186,12 +186,18 @@ def _channel(schema: str | None) -> str:
 def _check_dsn(dsn: str) -> None:
     """Refuse a DSN that asyncpg could not parse, naming it with its password hidden.
 
-    Checks what can be checked without I/O: the URL syntax (a bracketed IPv6 host) and
-    that each port of the host list (``host:port,host:port``) is empty or 1..65535.
+    Checks what can be checked without I/O: no NUL character (raw or ``%00``: libpq's
+    strings cannot hold one), the URL syntax (a bracketed IPv6 host), and that each port of
+    the host list (``host:port,host:port``) and of a ``port=`` query parameter is empty or
+    1..65535.
 
     Raises:
         InvalidArgumentError: the DSN is malformed.
     """
+    if "\x00" in dsn or "%00" in dsn:
+        raise InvalidArgumentError(
+            f"malformed PostgreSQL DSN {redact_target(dsn.replace(chr(0), '%00'))!r}: a NUL character"
+        )
     try:
         parts = urllib.parse.urlsplit(dsn)
     except ValueError as exc:  # "Invalid IPv6 URL"
@@ -207,11 +213,21 @@ def _check_dsn(dsn: str) -> None:
     for spec in hostlist.split(",") if hostlist else ():
         match = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]*)(?::(.*))?", spec)
         port = None if match is None else match.group(2)
-        if match is None or not (not port or (port.isdigit() and 0 < int(port) <= 65535)):
+        if match is None or not _valid_port(port):
             raise InvalidArgumentError(
                 f"malformed PostgreSQL DSN {redact_target(dsn)!r}: "
                 f"expected host, host:PORT or [IPv6]:PORT (PORT 1..65535), got {shown if shown else spec!r}"
             )
+    for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if name == "port" and not all(_valid_port(p) for p in value.split(",")):
+            raise InvalidArgumentError(
+                f"malformed PostgreSQL DSN {redact_target(dsn)!r}: port={value!r} (each port 1..65535)"
+            )
+
+
+def _valid_port(port: str | None) -> bool:
+    """Whether a DSN's port is absent, empty or 1..65535 (ASCII digits)."""
+    return not port or (port.isascii() and port.isdigit() and 0 < int(port) <= 65535)
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:
