@@ -15,7 +15,11 @@ lease goes back to the database only when no local task waits (or after ``max_tu
 consecutive turns, so another process waiting in line gets its share, see
 :meth:`LockPool._acquire`) *and* every deferred commit
 has finished. So a later holder's token is only ever seen by the resource after all
-of this lease's writes, and none of them is refused for being older.
+of this lease's writes, and none of them is refused for being older. A local task that
+asks for a turn while the lease waits only for those commits takes its turn at once, on
+the same lease (unless the lease is going back for fairness: ``max_turns`` reached, or
+another pool seen in line): on a hot account's lock the next task otherwise waited for
+the last one's commit, the release and an acquisition anew.
 
 Turns go in FIFO order, except that a waiter may pass a ``priority``: it then waits ahead
 of the waiters with a lower one, each of which it may overtake at most ``max_overtakes``
@@ -281,6 +285,12 @@ class LockPool:
         if session is None:
             session = self._sessions[name] = _Session(name)
             session.idle.set()
+        if session.releasing is not None and self._may_keep(session):
+            # The last turn ended with nobody waiting, and its release only waits for that
+            # turn's commit: keep the lease for this turn instead of waiting for the commit,
+            # the release and an acquisition anew (three round trips on the critical path).
+            releasing, session.releasing = session.releasing, None
+            releasing.cancel()
         if session.busy or session.waiters or session.releasing is not None:
             self.store.events.add(ev.LOCK_CONTENDED)
             await self._wait_turn(session, deadline, priority, order)
@@ -490,13 +500,32 @@ class LockPool:
                 self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
             )
 
-    def _gives_way(self, session: _Session) -> bool:
-        """Whether the lease should go back now for another pool in line (checked every ``_FAIR_TURNS`` turns)."""
+    def _may_keep(self, session: _Session) -> bool:
+        """Whether a release under way may be called off for a new local turn.
+
+        Only while the lease is still held (the release waits for deferred commits: it has
+        given nothing back yet), nobody waits or holds a turn, and the release is not one
+        that fairness asked for (``max_turns`` reached, another pool seen in line).
+        """
+        return (
+            session.alive()
+            and not session.busy
+            and not session.waiters
+            and session.turns < self.max_turns
+            and not self._gives_way(session, wanted=True)
+        )
+
+    def _gives_way(self, session: _Session, *, wanted: bool = False) -> bool:
+        """Whether the lease should go back now for another pool in line (checked every ``_FAIR_TURNS`` turns).
+
+        ``wanted``: a local task wants a turn now (one that takes the lease from its release
+        under way, see :meth:`_may_keep`), as a waiter would.
+        """
         if session.turns < _FAIR_TURNS:
             return False
         if session.line_seen:
             return True
-        if session.waiters and session.line_check is None and session.turns % _FAIR_TURNS == 0:
+        if (wanted or session.waiters) and session.line_check is None and session.turns % _FAIR_TURNS == 0:
             check = session.line_check = asyncio.get_running_loop().create_task(
                 self._check_line(session, session.lease), name=f"asynccoord-lockpool-line-{session.name}"
             )
@@ -531,15 +560,22 @@ class LockPool:
         releasing it under a deferred commit would let the next holder's token reach the
         resource first, and the commit be refused as stale although its lease never lapsed.
         """
+        me = asyncio.current_task()
         try:
             while not session.idle.is_set() and session.alive():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(session.idle.wait(), self.ttl_s / 3)
+            # Called off by a new turn (see turn()) while this waited: the cancellation may not
+            # have reached it (wait_for can return its result instead when both come at once),
+            # so ownership decides. From here to the lease's release nothing yields.
+            if session.releasing is not me:
+                return
             await self._retire(session)
         finally:
-            session.releasing = None
-            if not self._wake_next(session) and session.lease is None and not session.busy:
-                self._sessions.pop(session.name, None)
+            if session.releasing is me:  # not called off by a new turn (see turn())
+                session.releasing = None
+                if not self._wake_next(session) and session.lease is None and not session.busy:
+                    self._sessions.pop(session.name, None)
 
     async def _retire(self, session: _Session) -> None:
         guard, park = session.guard, session.park

@@ -441,6 +441,127 @@ async def test_a_deferred_commit_slower_than_the_ttl_keeps_the_lease_until_it_la
     assert await store.list_locks() == []
 
 
+async def test_a_turn_that_comes_while_the_last_commit_is_deferred_keeps_the_lease(make_store: Any) -> None:
+    """Nobody waited when a turn ended, so its lease started going back once its commit is over;
+    a turn that comes meanwhile takes the lease still held (same token, no acquisition) instead
+    of waiting for the commit, the release and a new acquisition."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="process-a")
+    acquired: list[str] = []
+    try_acquire = store.try_acquire_lock
+
+    async def counting(name: str, **kwargs: Any) -> Any:
+        acquired.append(name)
+        return await try_acquire(name, **kwargs)
+
+    store.try_acquire_lock = counting
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as first:
+        committed_first = first.defer()
+    await asyncio.sleep(0.05)  # the first commit is still under way
+    async with asyncio.timeout(1.0):  # before: it waited for that commit, for ever here
+        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as second:
+            committed_second = second.defer()
+    assert second.lease.fencing_token == first.lease.fencing_token
+    assert acquired == ["account:1"]
+    committed_first()
+    [held] = await store.list_locks()
+    assert held.fencing_token == first.lease.fencing_token  # the second commit is under way still
+    committed_second()
+    async with asyncio.timeout(5.0):
+        await pool.released("account:1")
+        while await store.list_locks():
+            await asyncio.sleep(0.01)
+    await pool.aclose()
+
+
+async def test_a_release_called_off_as_the_last_commit_ends_leaves_the_lease_with_the_new_turn(
+    make_store: Any,
+) -> None:
+    """The commit ends (the release may go on) and a new turn takes the lease in the same step
+    of the event loop: the release, whose wait had its result already, must not give the lease
+    back under the new turn (asyncio.wait_for of Python 3.11 then returns the result and drops
+    the cancellation; a benchmark's commits were refused as fenced out)."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="process-a")
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as first:
+        committed_first = first.defer()
+    await asyncio.sleep(0.05)  # the release waits for the commit
+    committed_first()
+    # One step of the loop: the wait inside the release ends, and the release is due to
+    # resume with that result, when the new turn calls it off.
+    await asyncio.sleep(0)
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as second:
+        await asyncio.sleep(0.1)  # the send; the called-off release runs meanwhile, nothing deferred
+        [held] = await store.list_locks()
+        assert held.fencing_token == second.lease.fencing_token == first.lease.fencing_token
+        assert pool.held == 1
+        committed_second = second.defer()
+    committed_second()
+    await pool.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_turns_that_keep_the_lease_from_its_release_still_let_a_pool_in_line_go_first(make_store: Any) -> None:
+    """One task at a time in process-a, each asking for its turn while the last one's commit
+    is under way (nobody waits, so every turn ends by starting a release that the next turn
+    calls off): the pool still reads the place in line every few turns and gives the lease
+    back to process-b within a few turns, not after ``max_turns``."""
+    store = await make_store(clock=None)
+    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=32)
+    other = LockPool(store, ttl_s=5.0, holder="process-b", max_turns=32)
+    order: list[str] = []
+    commits: list[asyncio.Task[None]] = []
+
+    async def commit(done: Any) -> None:
+        await asyncio.sleep(0.005)
+        done()
+
+    async def one_at_a_time() -> None:
+        for i in range(60):
+            async with busy.turn("account:hot", timeout_s=20.0, on_lost=_ignore) as turn:
+                order.append(f"a{i}")
+                await asyncio.sleep(0.002)
+                commits.append(asyncio.create_task(commit(turn.defer())))
+
+    async def late() -> None:
+        while len(order) < 2:
+            await asyncio.sleep(0.001)
+        async with other.turn("account:hot", timeout_s=20.0, on_lost=_ignore):
+            order.append("b")
+
+    started = len(order)
+    await asyncio.wait_for(asyncio.gather(one_at_a_time(), late()), 30.0)
+    await asyncio.gather(*commits)
+    assert sorted(order) == sorted([*(f"a{i}" for i in range(60)), "b"])
+    assert order.index("b") - started <= 16, order
+    await busy.aclose()
+    await other.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_a_turn_after_max_turns_waits_for_the_release_even_with_the_commit_deferred(make_store: Any) -> None:
+    """Keeping the lease for a new turn is only for a release nobody asked for: after
+    ``max_turns`` the lease goes back (for another process in line) and the turn acquires anew."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=1)
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as first:
+        committed_first = first.defer()
+    second_token: list[int] = []
+
+    async def second_turn() -> None:
+        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as second:
+            second_token.append(second.lease.fencing_token)
+
+    waiting = asyncio.create_task(second_turn())
+    await asyncio.sleep(0.1)
+    assert second_token == []  # it waits for the commit and the release
+    committed_first()
+    await asyncio.wait_for(waiting, 5.0)
+    assert second_token[0] > first.lease.fencing_token
+    await pool.aclose()
+    assert await store.list_locks() == []
+
+
 async def test_aclose_waits_at_most_one_ttl_for_a_deferred_commit_that_never_ends(make_store: Any) -> None:
     store = await make_store(clock=None)
     pool = LockPool(store, ttl_s=1.0, holder="process-a", max_hold_s=60.0)
