@@ -127,6 +127,7 @@ class _Session:
     turns: int = 0
     deferred: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set when deferred == 0
+    turn_ended: asyncio.Event = field(default_factory=asyncio.Event)  # set as each turn ends (for aclose)
     waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
     ranks: dict[asyncio.Future[None], list[Any]] = field(default_factory=dict)  # waiter -> [priority, overtaken, order]
     on_lost: Callable[[LockLostError], None] | None = None
@@ -492,6 +493,7 @@ class LockPool:
     def _pass_turn(self, session: _Session, *, counted: bool = True) -> None:
         """End a turn: hand the lease to the next local waiter, or start releasing it."""
         session.busy = False
+        session.turn_ended.set()
         may_go_on = session.alive() and session.turns < self.max_turns
         if may_go_on and not self._gives_way(session) and self._wake_next(session):
             return
@@ -604,8 +606,14 @@ class LockPool:
             await asyncio.wait({task}, timeout=timeout_s)
 
     async def aclose(self) -> None:
-        """Release every lease the pool holds (waiting for deferred commits up to one TTL per lock)."""
+        """Release every lease the pool holds, waiting for a turn in progress and then for the
+        deferred commits, up to one TTL per lock each (past that the lease goes back anyway)."""
         for session in list(self._sessions.values()):
+            turn_deadline = time.monotonic() + self.ttl_s
+            while session.busy and time.monotonic() < turn_deadline:
+                session.turn_ended.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(session.turn_ended.wait(), turn_deadline - time.monotonic())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(session.idle.wait(), self.ttl_s)
             releasing = session.releasing

@@ -562,6 +562,36 @@ async def test_a_turn_after_max_turns_waits_for_the_release_even_with_the_commit
     assert await store.list_locks() == []
 
 
+async def test_aclose_waits_for_a_turn_in_progress_before_giving_the_lease_back(make_store: Any) -> None:
+    """Closing the pool during a turn gave the lease back under it: another pool took the lock
+    while the turn ran, and the turn's commit was refused as fenced out (a breaker's find)."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="process-a")
+    other = LockPool(store, ttl_s=5.0, holder="process-b")
+    entered, go = asyncio.Event(), asyncio.Event()
+
+    async def turn() -> None:
+        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as held:
+            entered.set()
+            await go.wait()
+            committed = held.defer()
+        await store.fence("account:1", held.lease.fencing_token)  # refused if a later holder wrote first
+        committed()
+
+    running = asyncio.create_task(turn())
+    await entered.wait()
+    closing = asyncio.create_task(pool.aclose())
+    await asyncio.sleep(0.1)
+    assert not closing.done()
+    assert [info.holder for info in await store.list_locks()] == ["process-a"]
+    go.set()
+    await asyncio.wait_for(asyncio.gather(running, closing), 5.0)
+    assert await store.list_locks() == []
+    async with other.turn("account:1", timeout_s=5.0, on_lost=_ignore) as later:
+        await store.fence("account:1", later.lease.fencing_token)
+    await other.aclose()
+
+
 async def test_aclose_waits_at_most_one_ttl_for_a_deferred_commit_that_never_ends(make_store: Any) -> None:
     store = await make_store(clock=None)
     pool = LockPool(store, ttl_s=1.0, holder="process-a", max_hold_s=60.0)
