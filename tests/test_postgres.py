@@ -137,6 +137,9 @@ def test_repr_and_connection_error_hide_the_password() -> None:
         ("postgresql://postgres:s3cret@127.0.0.1/te%00st", "a NUL character"),
         ("postgresql://postgres:s3cret@127.0.0.1/test?port=abc", "port='abc' (each port 1..65535)"),
         ("postgresql://postgres:s3cret@h1,h2/test?port=5432,0", "port='5432,0'"),
+        ("postgresql://postgres:s3cret@127.0.0.1/test?connect_timeout=2.5", "connect_timeout='2.5' (whole seconds"),
+        ("postgresql://postgres:s3cret@127.0.0.1/test?connect_timeout=", "connect_timeout='' (whole seconds"),
+        ("postgresql://postgres:s3cret@127.0.0.1/test?connect_timeout=5&connect_timeout=6", "given 2 times"),
     ],
 )
 def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: str, named: str) -> None:
@@ -155,6 +158,52 @@ def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: st
     )
     for fine in fine_dsns:
         assert isinstance(PostgresStore(fine), PostgresStore)
+
+
+@pytest.mark.parametrize(
+    ("query", "timeout_s", "passed_on"),
+    [
+        ("", 10.0, ""),
+        ("?sslmode=disable", 10.0, "?sslmode=disable"),
+        ("?connect_timeout=5", 5.0, ""),
+        ("?sslmode=disable&connect_timeout=7&application_name=x", 7.0, "?sslmode=disable&application_name=x"),
+        ("?connect%5Ftimeout=3", 3.0, ""),
+        ("?connect_timeout=1", 2.0, ""),  # libpq's least is 2 s
+        ("?connect_timeout=0", None, ""),  # zero or less: no limit, as in libpq
+        ("?connect_timeout=-4", None, ""),
+        ("?connect_timeout=+12", 12.0, ""),
+    ],
+)
+def test_libpqs_connect_timeout_is_the_connect_timeout_and_not_a_server_setting(
+    query: str, timeout_s: float | None, passed_on: str
+) -> None:
+    store = PostgresStore("postgresql://u@127.0.0.1:5432/test" + query)
+    assert store.connect_timeout_s == timeout_s
+    assert store._connect_dsn == "postgresql://u@127.0.0.1:5432/test" + passed_on
+    assert store.dsn == "postgresql://u@127.0.0.1:5432/test" + query
+
+
+async def test_connect_timeout_bounds_a_connection_to_a_server_that_never_answers() -> None:
+    """A listener that accepts and stays silent: the DSN's 2 s, not the default 10 s, ends the wait."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = PostgresStore(f"postgresql://u@127.0.0.1:{port}/test?connect_timeout=2", reconnect_timeout_s=0.1)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreConnectionError):
+            await store.open()
+    finally:
+        server.close()
+        for writer in accepted:
+            writer.close()
+    waited_s = time.monotonic() - started
+    assert accepted, "the store never reached the listener"
+    assert 1.5 <= waited_s < 8.0, waited_s
 
 
 def test_a_dsn_asyncpg_refuses_on_open_is_an_invalid_argument() -> None:
@@ -211,6 +260,14 @@ async def test_open_store_opens_postgres(pg: str, schema: str) -> None:
     async with open_store(pg, schema=schema) as store:
         assert type(store).__name__ == "PostgresStore"
         assert (await store.enqueue("q", 1)).created
+
+
+async def test_a_dsn_with_connect_timeout_opens(pg: str, schema: str) -> None:
+    """asyncpg would send ``connect_timeout`` to the server as a setting, which refuses it."""
+    sep = "&" if "?" in pg else "?"
+    async with open_store(f"{pg}{sep}connect_timeout=5", schema=schema) as store:
+        assert (await store.enqueue("q", 1)).created
+        assert [t.payload for t in await store.claim("q", node_id="n", lease_s=5)] == [1]
 
 
 async def test_a_newer_schema_is_refused(pg: str, schema: str) -> None:

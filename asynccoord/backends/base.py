@@ -106,7 +106,7 @@ class QueueStore(Protocol):
             node_id: Who claims (recorded as ``lease_owner``; ownership is by token).
             limit: Most tasks to claim, 1..10000.
             lease_s: Lease length, seconds (> 0).
-            partitions: Only tasks in these partitions; None for all.
+            partitions: Only tasks in these partitions (a sequence or a set); None for all.
             ordered: Per-key ordering: a task is claimable only when no earlier task
                 with the same partition key is pending or running.
             min_due_age_s: Only tasks that have been due for at least this many seconds
@@ -138,7 +138,7 @@ class QueueStore(Protocol):
 
         Args:
             queue: Queue name.
-            partitions: The partitions to look at; None for all.
+            partitions: The partitions to look at (a sequence or a set); None for all.
             ordered: Count only keys' heads, as an ordered claim does.
             min_due_age_s: Only work due for at least this many seconds (store clock), as
                 in :meth:`claim`. Default 0.

@@ -225,6 +225,50 @@ def _check_dsn(dsn: str) -> None:
             )
 
 
+_CONNECT_TIMEOUT_S = 10.0
+"""How long opening a connection may take, seconds, unless the DSN's ``connect_timeout`` says otherwise."""
+
+
+def _split_connect_timeout(dsn: str) -> tuple[str, float | None]:
+    """Take libpq's ``connect_timeout`` query parameter out of ``dsn``, which asyncpg does not know.
+
+    asyncpg would send it to the server as a setting, and the connection would fail. It is
+    read as libpq reads it (PostgreSQL's documentation, "Parameter Key Words"): whole seconds,
+    zero or less waits for ever, and 1 means 2 (libpq's least).
+
+    Returns:
+        The DSN without the parameter (unchanged if it had none), and the connect timeout in
+        seconds: the parameter's (None: no limit), or 10.0 without one.
+
+    Raises:
+        InvalidArgumentError: the parameter is not a whole number, or is given twice.
+    """
+    base, sep, query = dsn.partition("?")
+    if not sep:
+        return dsn, _CONNECT_TIMEOUT_S
+    kept: list[str] = []
+    values: list[str] = []
+    for field in query.split("&"):
+        name, _, value = field.partition("=")
+        if urllib.parse.unquote_plus(name) == "connect_timeout":
+            values.append(urllib.parse.unquote_plus(value))
+        else:
+            kept.append(field)
+    if not values:
+        return dsn, _CONNECT_TIMEOUT_S
+    shown = redact_target(dsn)
+    if len(values) > 1:
+        raise InvalidArgumentError(f"malformed PostgreSQL DSN {shown!r}: connect_timeout given {len(values)} times")
+    text = values[0].strip()
+    if not re.fullmatch(r"[+-]?[0-9]{1,9}", text):
+        raise InvalidArgumentError(
+            f"malformed PostgreSQL DSN {shown!r}: connect_timeout={values[0]!r} (whole seconds, as libpq reads it)"
+        )
+    seconds = int(text)
+    stripped = base + ("?" + "&".join(kept) if kept else "")
+    return stripped, None if seconds <= 0 else float(max(2, seconds))
+
+
 def _valid_port(port: str | None) -> bool:
     """Whether a DSN's port is absent, empty or 1..65535 (ASCII digits)."""
     return not port or (port.isascii() and port.isdigit() and 0 < int(port) <= 65535)
@@ -252,6 +296,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
     Args:
         dsn: A libpq connection URI, ``postgresql://user:password@host:port/database``.
+            Its query parameters are asyncpg's (``sslmode``, ...; others are sent to the
+            server as settings), and libpq's ``connect_timeout`` (whole seconds, <= 0 for
+            no limit; default 10 s): how long opening one connection may take.
         config: Store settings; default :class:`~asynccoord.config.StoreConfig`
             (``max_batch_ops`` bounds a group-committed batch; the SQLite-only fields
             are ignored).
@@ -325,6 +372,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     f"schema {schema!r} is PostgreSQL's own (pg_* and information_schema are the system's)"
                 )
         self.dsn = dsn
+        self._connect_dsn, self.connect_timeout_s = _split_connect_timeout(dsn)
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
@@ -389,7 +437,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         return settings
 
     async def _connect(self) -> asyncpg.Connection:
-        return await asyncpg.connect(self.dsn, server_settings=self._server_settings(), timeout=10.0)
+        return await asyncpg.connect(
+            self._connect_dsn, server_settings=self._server_settings(), timeout=self.connect_timeout_s
+        )
 
     async def open(self) -> None:
         """Create the pool, apply pending migrations, and start the listener. Idempotent.
@@ -406,11 +456,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._kept_queues.clear()  # seen in a database that may since have been replaced
         try:
             pool = await asyncpg.create_pool(
-                self.dsn,
+                self._connect_dsn,
                 min_size=self.pool_min_size,
                 max_size=self.pool_max_size,
                 server_settings=self._server_settings(),
-                timeout=10.0,
+                timeout=self.connect_timeout_s,
                 reset=_keep_session,
             )
         except (asyncpg.ClientConfigurationError, ValueError) as exc:  # a DSN _check_dsn() let through
