@@ -436,11 +436,14 @@ async def drain_runtime(
                     view = await runtime.membership.wait_changed(view.version)
             enqueued_at = await barrier()  # the tasks are enqueued (by the parent, or here with one process)
             start = time.time() if enqueued_at is None else enqueued_at
-            # They came from another store object: wake the owners of their keys' partitions,
-            # as an in-process enqueue does (a wake-up of every node would make the nodes
-            # owning none of them claim for nothing).
-            keys = {spec.partition_key for spec in workload(args.tasks, args.conversations, args.accounts, args.seed)}
-            store.notifier.notify(QUEUE, len(runtime.nodes), {partition_of(k, store.partitions) for k in keys})
+            # They came from another store object: on SQLite, wake the owners of their keys'
+            # partitions, as an in-process enqueue does (a wake-up of every node would make the
+            # nodes owning none of them claim for nothing). A PostgreSQL store's listener was
+            # woken by the enqueue's NOTIFY already: a second wake-up would make every node
+            # that claimed its heads then claim again for nothing (one empty claim per node).
+            if not getattr(store, "listen", False):
+                keys = {s.partition_key for s in workload(args.tasks, args.conversations, args.accounts, args.seed)}
+                store.notifier.notify(QUEUE, len(runtime.nodes), {partition_of(k, store.partitions) for k in keys})
             drained = await wait_drained(args.max_cell_s)
             end = time.time()
         events = dict(store.events.snapshot())
