@@ -250,7 +250,10 @@ class PostgresDb:
     async def _connect(self) -> Any:
         import asyncpg
 
-        return await asyncpg.connect(self.dsn)
+        from asynccoord.backends.postgres import split_connect_timeout
+
+        dsn, timeout_s = split_connect_timeout(self.dsn)
+        return await asyncpg.connect(dsn, timeout=timeout_s)
 
     async def reset(self, target: str) -> None:
         conn = await self._connect()
@@ -551,9 +554,16 @@ async def drain_lock_table_pg(
     """
     import asyncpg
 
+    from asynccoord.backends.postgres import split_connect_timeout
+
     settings = {"search_path": f'"{schema}"'}
+    plain, timeout_s = split_connect_timeout(dsn)
     pool = await asyncpg.create_pool(
-        dsn, min_size=1, max_size=min(nodes, PG_LOCK_TABLE_CONNECTIONS), server_settings=settings
+        plain,
+        min_size=1,
+        max_size=min(nodes, PG_LOCK_TABLE_CONNECTIONS),
+        server_settings=settings,
+        timeout=timeout_s,
     )
     assert pool is not None
     sent: list[int] = []

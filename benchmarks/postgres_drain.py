@@ -70,10 +70,18 @@ class Result:
 # --- helpers ---------------------------------------------------------------------------
 
 
-async def admin(dsn: str, *statements: str) -> None:
+async def connect(dsn: str) -> Any:
+    """One asyncpg connection to ``dsn`` (its libpq ``connect_timeout``, if any, as the store reads it)."""
     import asyncpg
 
-    conn = await asyncpg.connect(dsn)
+    from asynccoord.backends.postgres import split_connect_timeout
+
+    plain, timeout_s = split_connect_timeout(dsn)
+    return await asyncpg.connect(plain, timeout=timeout_s)
+
+
+async def admin(dsn: str, *statements: str) -> None:
+    conn = await connect(dsn)
     try:
         for sql in statements:
             await conn.execute(sql)
@@ -82,9 +90,7 @@ async def admin(dsn: str, *statements: str) -> None:
 
 
 async def count_left(dsn: str, sql: str) -> int:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
+    conn = await connect(dsn)
     try:
         return int(await conn.fetchval(sql))
     finally:
@@ -93,9 +99,7 @@ async def count_left(dsn: str, sql: str) -> int:
 
 async def wait_drained(dsn: str, sql: str, timeout_s: float) -> float:
     """Poll until ``sql`` counts 0; return the monotonic time it did."""
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
+    conn = await connect(dsn)
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -399,9 +403,7 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 async def server_version(dsn: str) -> str:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
+    conn = await connect(dsn)
     try:
         return str(await conn.fetchval("SHOW server_version"))
     finally:

@@ -126,7 +126,9 @@ def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:
     try:
         r = run_json(
             "contention.py",
-            *("--store", PG_DSN, "--pg-schema", schema, "--no-procrastinate"),
+            # libpq's connect_timeout: taken by the store and by the harness's own connections
+            *("--store", PG_DSN + ("&" if "?" in PG_DSN else "?") + "connect_timeout=5"),
+            *("--pg-schema", schema, "--no-procrastinate"),
             *("--tasks", "150", "--nodes", "3", "--processes", "1", "2", "--raw-seconds", "0.05"),
             *("--strategies", "all", "lock-table"),
             cwd=tmp_path,

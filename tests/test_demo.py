@@ -180,8 +180,10 @@ def test_demo_on_postgres_keeps_every_invariant_and_clears_its_schema_on_the_nex
     assert counts.get("pending", 0) == counts.get("running", 0) == 0
     assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_lock_names')[0][0] > 0  # the accounts' locks
     assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_metric_totals')[0][0] > 0  # the monitor's counters
-    # A second run on the same schema starts from an empty one (the demo dropped its own schema).
-    again = ("--messages", "100", "--store", PG_DSN, "--schema", pg_schema, "--no-faults", "--processes", "1")
+    # A second run on the same schema starts from an empty one (the demo dropped its own schema);
+    # its DSN carries libpq's connect_timeout, which the demo's own connections must accept too.
+    timed_dsn = PG_DSN + ("&" if "?" in PG_DSN else "?") + "connect_timeout=5"
+    again = ("--messages", "100", "--store", timed_dsn, "--schema", pg_schema, "--no-faults", "--processes", "1")
     again += ("--speed", "1000000")  # no pacing: this run checks the fresh schema, not the replay
     code, report, stderr = run_demo(*again, "--nodes", "2", timeout_s=120)
     assert report.get("ok") is True, stderr[-2000:]

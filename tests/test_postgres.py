@@ -137,9 +137,13 @@ def test_repr_and_connection_error_hide_the_password() -> None:
         ("postgresql://postgres:s3cret@127.0.0.1/te%00st", "a NUL character"),
         ("postgresql://postgres:s3cret@127.0.0.1/test?port=abc", "port='abc' (each port 1..65535)"),
         ("postgresql://postgres:s3cret@h1,h2/test?port=5432,0", "port='5432,0'"),
-        ("postgresql://postgres:s3cret@127.0.0.1/test?connect_timeout=2.5", "connect_timeout='2.5' (whole seconds"),
-        ("postgresql://postgres:s3cret@127.0.0.1/test?connect_timeout=", "connect_timeout='' (whole seconds"),
+        ("postgresql://postgres:s3cret@127.0.0.1/test?connect_timeout=2.5", "connect_timeout='2.5' must be whole"),
+        ("postgresql://postgres:s3cret@127.0.0.1/test?connect_timeout=", "connect_timeout='' must be whole"),
         ("postgresql://postgres:s3cret@127.0.0.1/test?connect_timeout=5&connect_timeout=6", "given 2 times"),
+        # a value that swallowed other parameters is not echoed (asyncpg separates them by "&" only)
+        ("postgresql://postgres@127.0.0.1/test?connect_timeout=x;password=s3cret", "connect_timeout=(not shown)"),
+        ("postgresql://postgres@127.0.0.1/test?connect_timeout=x%26password%3Ds3cret", "connect_timeout=(not shown)"),
+        ("postgresql://postgres@127.0.0.1/test?connect_timeout=3%C2%A0", "connect_timeout=(not shown)"),
     ],
 )
 def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: str, named: str) -> None:
@@ -311,6 +315,57 @@ async def test_a_transaction_whose_session_the_server_ends_is_retried_for_the_er
     assert len(retried) == 1
     assert "terminating connection due to administrator command" in retried[0]
     assert "released back to the pool" not in retried[0]
+
+
+@pytest.mark.parametrize("where", ["commit", "managed"])
+async def test_a_call_cancelled_inside_its_transaction_closes_the_session_quietly(
+    pg: str, schema: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while the session is still inside a transaction (its COMMIT at the server, say),
+    a call must not hand the connection back to asyncpg's pool, which rolls it back and reports
+    "Resetting connection with an active transaction" through the loop's exception handler."""
+    import asyncpg.transaction
+
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(str(context.get("message"))))
+    try:
+        async with PostgresStore(pg, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+            if where == "commit":  # the runner's own transaction, cut short in its COMMIT
+                commit = asyncpg.transaction.Transaction.commit
+
+                async def slow_commit(self: Any) -> None:
+                    await self._connection.execute("SELECT pg_sleep(2)")
+                    await commit(self)
+
+                monkeypatch.setattr(asyncpg.transaction.Transaction, "commit", slow_commit)
+
+                async def op(conn: Any, _attempt: int) -> int:
+                    return int(await conn.fetchval("SELECT 1"))
+
+                call = asyncio.ensure_future(store._runner.run(op, what="probe"))
+            else:  # a transaction of the operation's own (as stats() has), cut short in its exit
+
+                async def op(conn: Any, _attempt: int) -> int:
+                    transaction = conn.transaction()
+                    await transaction.start()
+                    await conn.execute("SELECT pg_sleep(2)")
+                    return 1
+
+                call = asyncio.ensure_future(store._runner.run(op, what="probe", tx=False))
+            await asyncio.sleep(0.5)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            monkeypatch.undo()
+            # The pool's one connection was replaced: the store goes on.
+            assert (await store.enqueue("q", 1)).created
+            assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1
+            await asyncio.sleep(0.1)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not [m for m in reported if "active transaction" in m], reported
 
 
 async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str) -> None:

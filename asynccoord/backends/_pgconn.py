@@ -200,6 +200,15 @@ class PgRunner:
                             with contextlib.suppress(*_DRIVER_ERRORS):
                                 conn.terminate()
                         raise
+                    except BaseException:
+                        # Cancelled with the session still inside a transaction (a COMMIT cut
+                        # short, say): this call cannot know its outcome, and the pool would roll
+                        # it back with an error logged through the loop. Close the session
+                        # instead: the server rolls back whatever did not commit.
+                        with contextlib.suppress(*_DRIVER_ERRORS):
+                            if not conn.is_closed() and conn.is_in_transaction():
+                                conn.terminate()
+                        raise
             except RetryTransaction as exc:
                 error: BaseException = exc
                 if time.monotonic() + delay_s > deadline:

@@ -127,7 +127,7 @@ from .postgres_membership import PostgresMembershipOps
 from .postgres_monitor import PostgresMonitorOps
 from .sql import load_migrations
 
-__all__ = ("SCHEMA_VERSION", "PostgresStore")
+__all__ = ("SCHEMA_VERSION", "PostgresStore", "split_connect_timeout")
 
 log = logging.getLogger(__name__)
 
@@ -229,19 +229,27 @@ _CONNECT_TIMEOUT_S = 10.0
 """How long opening a connection may take, seconds, unless the DSN's ``connect_timeout`` says otherwise."""
 
 
-def _split_connect_timeout(dsn: str) -> tuple[str, float | None]:
+def split_connect_timeout(dsn: str) -> tuple[str, float | None]:
     """Take libpq's ``connect_timeout`` query parameter out of ``dsn``, which asyncpg does not know.
 
     asyncpg would send it to the server as a setting, and the connection would fail. It is
     read as libpq reads it (PostgreSQL's documentation, "Parameter Key Words"): whole seconds,
-    zero or less waits for ever, and 1 means 2 (libpq's least).
+    zero or less waits for ever, and 1 means 2 (libpq's least). For code that opens asyncpg
+    connections of its own from a DSN the store accepts (the demo, the benchmarks):
+    ``asyncpg.connect(dsn, timeout=timeout_s)`` with what this returns.
+
+    Args:
+        dsn: A ``postgresql://`` DSN (query parameters separated by ``&``, as asyncpg reads them).
 
     Returns:
-        The DSN without the parameter (unchanged if it had none), and the connect timeout in
-        seconds: the parameter's (None: no limit), or 10.0 without one.
+        ``(dsn, timeout_s)``: the DSN without the parameter (unchanged if it had none), and the
+        connect timeout in seconds: the parameter's (None: no limit), or 10.0 without one.
 
     Raises:
-        InvalidArgumentError: the parameter is not a whole number, or is given twice.
+        InvalidArgumentError: the parameter is not a whole number, or is given twice. The
+            message shows the value only when it is a short run of digits, signs, dots and
+            letters: a value that swallowed other parameters (``connect_timeout=x;password=...``)
+            is not echoed.
     """
     base, sep, query = dsn.partition("?")
     if not sep:
@@ -256,13 +264,14 @@ def _split_connect_timeout(dsn: str) -> tuple[str, float | None]:
             kept.append(field)
     if not values:
         return dsn, _CONNECT_TIMEOUT_S
-    shown = redact_target(dsn)
+    shown = redact_target(base) + "?..."  # the query holds the bad value: not shown (see below)
     if len(values) > 1:
         raise InvalidArgumentError(f"malformed PostgreSQL DSN {shown!r}: connect_timeout given {len(values)} times")
-    text = values[0].strip()
+    text = values[0].strip(" \t\n\r\f\v")  # C's isspace(), as libpq's strtol() skips
     if not re.fullmatch(r"[+-]?[0-9]{1,9}", text):
+        value = repr(values[0]) if re.fullmatch(r"[0-9A-Za-z.+\- ]{0,16}", values[0]) else "(not shown)"
         raise InvalidArgumentError(
-            f"malformed PostgreSQL DSN {shown!r}: connect_timeout={values[0]!r} (whole seconds, as libpq reads it)"
+            f"malformed PostgreSQL DSN {shown!r}: connect_timeout={value} must be whole seconds, as libpq reads it"
         )
     seconds = int(text)
     stripped = base + ("?" + "&".join(kept) if kept else "")
@@ -372,7 +381,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     f"schema {schema!r} is PostgreSQL's own (pg_* and information_schema are the system's)"
                 )
         self.dsn = dsn
-        self._connect_dsn, self.connect_timeout_s = _split_connect_timeout(dsn)
+        self._connect_dsn, self.connect_timeout_s = split_connect_timeout(dsn)
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()

@@ -601,8 +601,11 @@ async def _demo_schema(dsn: str, schema: str) -> AsyncIterator[None]:
         import asyncpg
     except ImportError as exc:
         raise ValueError("--store postgresql://... needs asyncpg: pip install 'asynccoord[postgres]'") from exc
+    from ..backends.postgres import split_connect_timeout
+
+    connect_dsn, timeout_s = split_connect_timeout(dsn)  # InvalidArgumentError is a ValueError
     try:
-        conn = await asyncpg.connect(dsn, timeout=10.0)
+        conn = await asyncpg.connect(connect_dsn, timeout=timeout_s)
     except (OSError, asyncpg.PostgresError) as exc:
         raise ValueError(f"cannot connect to {redact_target(dsn)}: {exc}") from exc
     try:
@@ -807,7 +810,10 @@ async def _task_statuses(target: str, opts: DemoOptions) -> dict[str, str]:
     if opts.postgres:
         import asyncpg
 
-        conn = await asyncpg.connect(target, server_settings={"search_path": f'"{opts.schema}"'})
+        from ..backends.postgres import split_connect_timeout
+
+        dsn, timeout_s = split_connect_timeout(target)
+        conn = await asyncpg.connect(dsn, timeout=timeout_s, server_settings={"search_path": f'"{opts.schema}"'})
         try:
             rows = await conn.fetch("SELECT idempotency_key, status FROM coord_tasks WHERE queue = $1", DEMO_QUEUE)
         finally:
