@@ -1,22 +1,26 @@
-"""Lock throughput under contention, beside the raw SQLite commit rate, and watchdog renewal cost.
+"""Lock throughput under contention, beside the raw commit rate of the same store, and watchdog renewal cost.
 
-Every figure is measured in the same run on the same database file, so the ratios
-hold even on a noisy machine:
+Every figure is measured in the same run on the same database file (or server), so the
+ratios hold even on a noisy machine:
 
-* ``raw_commits_per_s``: plain ``sqlite3``, one single-row UPDATE per committed
-  transaction (``BEGIN IMMEDIATE; UPDATE; COMMIT``) on the benchmark's file: the
-  commit limit of the file.
+* ``raw_commits_per_s``: the store's own limit, measured beside it (``baseline`` says
+  which). SQLite: plain ``sqlite3``, one single-row UPDATE per committed transaction
+  (``BEGIN IMMEDIATE; UPDATE; COMMIT``) on the benchmark's file. PostgreSQL (``--store
+  postgresql://...``): one asyncpg connection's single-row UPDATE commits (autocommit).
+  Redis (``--store redis://...``): one connection's ``INCR`` round trips.
 * ``uncontended``: one asyncio task taking and releasing one lock
   (``async with Lock(store, name, ttl_s=30)``) as fast as it can.
-* ``contended``: N nodes (asyncio tasks sharing one ``SQLiteStore``) each taking a
+* ``contended``: N nodes (asyncio tasks sharing one store) each taking a
   random one of M names, releasing at once, for N in {16, 64} and M in {1, 8, 64}.
 * ``renewal``: 10,000 held locks guarded by one watchdog (TTL 3 s, renewed every
-  1 s): renewal rounds (one ``UPDATE`` statement each), write transactions and the
-  duration of one round, per interval.
+  1 s; ``--renew-interval-s`` sets the interval, the TTL is three of them): renewal
+  rounds (one ``UPDATE`` statement, or one Redis script call, each), write transactions
+  and the duration of one round, per interval.
 
 ``pairs_per_s`` counts acquire+release pairs; ``vs_raw_commit`` is that rate over
 ``raw_commits_per_s``; ``tx_per_pair`` is write transactions per pair (the group
-committer shares transactions between concurrent callers); ``acquire_p50_ms`` and
+committer shares transactions between concurrent callers; SQLite only, None with
+``--store``); ``acquire_p50_ms`` and
 ``acquire_p99_ms`` are the waits for the lock.
 
 Usage::
@@ -24,28 +28,37 @@ Usage::
     python benchmarks/lock_contention.py            # a table (about 30 s)
     python benchmarks/lock_contention.py --json     # one JSON object
     python benchmarks/lock_contention.py --seconds 1 --locks 2000
+    python benchmarks/lock_contention.py --store postgresql://postgres@127.0.0.1:5432/test
+    python benchmarks/lock_contention.py --store redis://127.0.0.1:6379/0
+
+With ``--store`` the locks live in a schema of their own (``--pg-schema``, dropped before
+and after) or under a key prefix of their own (new for each run, its keys deleted after).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.metadata
 import json
 import os
 import platform
 import random
+import secrets
 import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from asynccoord import Lease, Lock, SQLiteStore, Watchdog
+
+PG_SCHEMA = "bench_locks"
 
 T = TypeVar("T")
 
@@ -94,12 +107,125 @@ def percentile_ms(samples: Sequence[float], q: float) -> float:
     return 1000.0 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def pairs(store: SQLiteStore, *, nodes: int, names: int, seconds: float, prefix: str) -> dict[str, Any]:
+async def pg_raw_commits_per_s(dsn: str, schema: str, seconds: float) -> float:
+    """Single-row UPDATE commits per second, one asyncpg connection in autocommit, in ``schema``."""
+    import asyncpg
+
+    from asynccoord.backends.postgres import split_connect_timeout
+
+    plain, timeout_s = split_connect_timeout(dsn)
+    conn = await asyncpg.connect(plain, timeout=timeout_s)
+    try:
+        await conn.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".bench_raw (id int PRIMARY KEY, v int NOT NULL)')
+        await conn.execute(f'INSERT INTO "{schema}".bench_raw VALUES (1, 0) ON CONFLICT DO NOTHING')
+        statement = await conn.prepare(f'UPDATE "{schema}".bench_raw SET v = v + 1 WHERE id = 1')
+        n = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            await statement.fetch()
+            n += 1
+        return n / (time.perf_counter() - start)
+    finally:
+        await conn.close()
+
+
+async def pg_admin(dsn: str, sql: str) -> str:
+    """Run ``sql`` on one connection of its own; return the server's version."""
+    import asyncpg
+
+    from asynccoord.backends.postgres import split_connect_timeout
+
+    plain, timeout_s = split_connect_timeout(dsn)
+    conn = await asyncpg.connect(plain, timeout=timeout_s)
+    try:
+        await conn.execute(sql)
+        return str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()
+
+
+async def redis_raw_commits_per_s(client: Any, key: str, seconds: float) -> float:
+    """``INCR`` round trips per second on one connection (each a write the server applies)."""
+    n = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        await client.incr(key)
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+@contextlib.asynccontextmanager
+async def open_target(args: argparse.Namespace, path: str) -> AsyncIterator[tuple[Any, dict[str, Any], Any]]:
+    """The store to measure, what it is (for ``machine``), and its baseline's coroutine factory.
+
+    Yields ``(store, about, baseline)``; ``baseline(seconds)`` returns the raw rate. The
+    PostgreSQL schema is dropped before and after, the Redis key prefix deleted after.
+    """
+    target: str | None = args.store
+    if target is None:
+        async with SQLiteStore(path) as store:
+
+            async def sqlite_baseline(seconds: float) -> float:
+                return raw_commits_per_s(path, seconds)
+
+            yield (
+                store,
+                {"store": "sqlite", "sqlite": sqlite3.sqlite_version, "baseline": "sqlite3 commits"},
+                (sqlite_baseline),
+            )
+        return
+    if target.startswith(("postgresql://", "postgres://")):
+        from asynccoord.backends.postgres import PostgresStore
+
+        schema = args.pg_schema
+        version = await pg_admin(target, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        try:
+            async with PostgresStore(target, schema=schema) as pg_store:
+
+                def pg_baseline(seconds: float) -> Awaitable[float]:
+                    return pg_raw_commits_per_s(target, schema, seconds)
+
+                about = {"store": "postgres", "postgres": version, "baseline": "asyncpg single-row UPDATE commits"}
+                yield pg_store, about, pg_baseline
+        finally:
+            await pg_admin(target, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        return
+    if target.startswith(("redis://", "rediss://", "unix://")):
+        import redis.asyncio as aioredis
+
+        from asynccoord.backends.redis_locks import RedisLockStore
+
+        prefix = f"asynccoord-bench:{secrets.token_hex(6)}:"
+        client = aioredis.Redis.from_url(target)
+        try:
+            version = str((await client.info("server"))["redis_version"])
+            async with RedisLockStore(target, prefix=prefix) as redis_store:
+
+                def redis_baseline(seconds: float) -> Awaitable[float]:
+                    return redis_raw_commits_per_s(client, prefix + "raw", seconds)
+
+                about = {"store": "redis", "redis": version, "baseline": "INCR round trips", "key_prefix": prefix}
+                yield redis_store, about, redis_baseline
+        finally:
+            async for key in client.scan_iter(match=prefix + "*", count=1000):
+                await client.unlink(key)
+            await client.aclose()
+        return
+    raise SystemExit(f"--store must be postgresql://... or redis://..., got {target.split('://')[0]!r}://...")
+
+
+def transactions(store: Any) -> int | None:
+    """The store's write transactions so far; None but on SQLite, whose writer counts every one
+    (PostgreSQL's lock operations are single statements its count leaves out; Redis has none)."""
+    return store.transactions if isinstance(store, SQLiteStore) else None
+
+
+async def pairs(store: Any, *, nodes: int, names: int, seconds: float, prefix: str) -> dict[str, Any]:
     """``nodes`` tasks each taking a random one of ``names`` locks and releasing it, for ``seconds``."""
     lock_names = [f"{prefix}:{i}" for i in range(names)]
     waits: list[float] = []
     done = 0
-    tx_before = store.transactions
+    tx_before = transactions(store)
     stop_at = time.monotonic() + seconds
 
     async def node(index: int) -> None:
@@ -114,20 +240,21 @@ async def pairs(store: SQLiteStore, *, nodes: int, names: int, seconds: float, p
     started = time.monotonic()
     await asyncio.gather(*(node(i) for i in range(nodes)))
     elapsed = time.monotonic() - started
+    tx_after = transactions(store)
     return {
         "nodes": nodes,
         "names": names,
         "pairs": done,
         "pairs_per_s": done / elapsed,
-        "tx_per_pair": (store.transactions - tx_before) / max(done, 1),
+        "tx_per_pair": None if tx_after is None or tx_before is None else (tx_after - tx_before) / max(done, 1),
         "acquire_p50_ms": percentile_ms(waits, 0.50),
         "acquire_p99_ms": percentile_ms(waits, 0.99),
     }
 
 
-async def renewal(store: SQLiteStore, *, locks: int, ttl_s: float, interval_s: float, rounds: int) -> dict[str, Any]:
+async def renewal(store: Any, *, locks: int, ttl_s: float, interval_s: float, rounds: int) -> dict[str, Any]:
     """Hold ``locks`` leases under one watchdog; measure ``rounds`` renewal rounds once they are steady."""
-    log: list[tuple[float, int, int, float]] = []  # (start, leases, transactions after, duration) per round
+    log: list[tuple[float, int, int | None, float]] = []  # (start, leases, transactions after, duration) per round
     round_done = asyncio.Event()
     inner = store.renew_locks
 
@@ -136,7 +263,7 @@ async def renewal(store: SQLiteStore, *, locks: int, ttl_s: float, interval_s: f
         try:
             return await inner(leases)
         finally:
-            log.append((started, len(leases), store.transactions, time.monotonic() - started))
+            log.append((started, len(leases), transactions(store), time.monotonic() - started))
             round_done.set()
 
     store.renew_locks = logged_renew  # type: ignore[method-assign]
@@ -161,6 +288,7 @@ async def renewal(store: SQLiteStore, *, locks: int, ttl_s: float, interval_s: f
         await watchdog.aclose()
         store.renew_locks = inner  # type: ignore[method-assign]
     seconds = steady[-1][0] - steady[0][0]
+    tx_first, tx_last = steady[0][2], steady[-1][2]
     return {
         "locks": locks,
         "ttl_s": ttl_s,
@@ -168,7 +296,9 @@ async def renewal(store: SQLiteStore, *, locks: int, ttl_s: float, interval_s: f
         "acquire_all_s": acquire_s,
         "leases_per_statement": statistics.mean(size for _, size, _, _ in steady[1:]),
         "statements_per_interval": rounds / (seconds / interval_s),
-        "transactions_per_interval": (steady[-1][2] - steady[0][2]) / (seconds / interval_s),
+        "transactions_per_interval": None
+        if tx_first is None or tx_last is None
+        else (tx_last - tx_first) / (seconds / interval_s),
         "round_ms_median": 1000.0 * statistics.median(duration for _, _, _, duration in steady),
         "lost": stats.lost,
         "still_held": live,
@@ -180,14 +310,14 @@ async def bench(args: argparse.Namespace, path: str) -> dict[str, Any]:
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version,
             "uvloop": uvloop_version(),
             "platform": platform.platform(),
         },
         "seconds_per_case": args.seconds,
     }
-    async with SQLiteStore(path) as store:
-        results["raw_commits_per_s"] = raw = raw_commits_per_s(path, args.seconds)
+    async with open_target(args, path) as (store, about, baseline):
+        results["machine"].update(about)
+        results["raw_commits_per_s"] = raw = await baseline(args.seconds)
         uncontended = await pairs(store, nodes=1, names=1, seconds=args.seconds, prefix="u")
         uncontended["vs_raw_commit"] = uncontended["pairs_per_s"] / raw
         results["uncontended"] = uncontended
@@ -198,28 +328,32 @@ async def bench(args: argparse.Namespace, path: str) -> dict[str, Any]:
                 case["vs_raw_commit"] = case["pairs_per_s"] / raw
                 contended.append(case)
         results["contended"] = contended
-        results["renewal"] = await renewal(store, locks=args.locks, ttl_s=3.0, interval_s=1.0, rounds=3)
+        every_s = args.renew_interval_s
+        results["renewal"] = await renewal(store, locks=args.locks, ttl_s=3 * every_s, interval_s=every_s, rounds=3)
         results["lock_events"] = dict(store.events.snapshot())
     return results
 
 
 def print_table(r: dict[str, Any]) -> None:
     m = r["machine"]
-    print(f"machine: {m['cpus']} cpus, Python {m['python']}, SQLite {m['sqlite']}, uvloop {m['uvloop']}")
-    print(f"raw sqlite3 single-row UPDATE commits/s: {r['raw_commits_per_s']:,.0f}")
+    engine = {"sqlite": "SQLite", "postgres": "PostgreSQL", "redis": "Redis"}[m["store"]]
+    print(f"machine: {m['cpus']} cpus, Python {m['python']}, {engine} {m[m['store']]}, uvloop {m['uvloop']}")
+    print(f"raw {m['baseline']}/s: {r['raw_commits_per_s']:,.0f}")
     print()
     print(f"{'nodes':>5} {'names':>5} {'pairs/s':>9} {'vs raw':>7} {'tx/pair':>8} {'p50 ms':>8} {'p99 ms':>8}")
     for case in [r["uncontended"], *r["contended"]]:
         print(
             f"{case['nodes']:>5} {case['names']:>5} {case['pairs_per_s']:>9,.0f} {case['vs_raw_commit']:>7.2f}"
-            f" {case['tx_per_pair']:>8.2f} {case['acquire_p50_ms']:>8.2f} {case['acquire_p99_ms']:>8.2f}"
+            f" {'-' if case['tx_per_pair'] is None else format(case['tx_per_pair'], '.2f'):>8}"
+            f" {case['acquire_p50_ms']:>8.2f} {case['acquire_p99_ms']:>8.2f}"
         )
     w = r["renewal"]
     print()
     print(
         f"renewal of {w['locks']:,} held locks (ttl {w['ttl_s']:g} s, every {w['interval_s']:g} s): "
         f"{w['statements_per_interval']:.2f} statements ({w['leases_per_statement']:,.0f} leases each) and "
-        f"{w['transactions_per_interval']:.2f} transactions per interval, {w['round_ms_median']:.1f} ms per round; "
+        f"{'-' if w['transactions_per_interval'] is None else format(w['transactions_per_interval'], '.2f')}"
+        f" transactions per interval, {w['round_ms_median']:.1f} ms per round; "
         f"acquiring all took {w['acquire_all_s']:.2f} s; "
         f"lost {w['lost']}, still held {w['still_held']:,}"
     )
@@ -232,8 +366,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--names", type=int, nargs="+", default=[1, 8, 64], help="lock names (default 1 8 64)")
     parser.add_argument("--locks", type=int, default=10_000, help="held locks in the renewal case (default 10000)")
     parser.add_argument("--dir", help="folder for the database file (default: a temporary folder, removed)")
+    parser.add_argument(
+        "--store",
+        metavar="TARGET",
+        help="postgresql://... or redis://... to measure that store's locks (default: an SQLite file)",
+    )
+    parser.add_argument(
+        "--pg-schema",
+        default=PG_SCHEMA,
+        help=f"with a postgresql:// --store: the schema, dropped (default {PG_SCHEMA})",
+    )
+    parser.add_argument(
+        "--renew-interval-s",
+        type=float,
+        default=1.0,
+        help="renewal case: the watchdog's interval, seconds; the TTL is 3 of them (default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
+    if not args.renew_interval_s > 0:
+        parser.error(f"--renew-interval-s must be > 0, got {args.renew_interval_s}")
     folder = Path(args.dir or tempfile.mkdtemp(prefix="asynccoord-locks-"))
     try:
         results = run(lambda: bench(args, str(folder / "locks.db")))

@@ -9,6 +9,7 @@ numbers. A script that crashes, hangs or drops a documented key fails here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
+from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 TIMEOUT_S = 180.0
@@ -50,6 +51,31 @@ def run_json(script: str, *args: str, cwd: Path) -> dict[str, Any]:
     assert list(scratch.iterdir()) == [], f"{script} left temporary files behind"
     scratch.rmdir()
     return result
+
+
+def pg_rows(sql: str, *args: Any) -> list[Any]:
+    """Rows of ``sql`` on a connection of its own."""
+    import asyncpg
+
+    async def query() -> list[Any]:
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+
+    return asyncio.run(query())
+
+
+def redis_keys(pattern: str) -> list[bytes]:
+    """The Redis keys matching ``pattern``."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return list(client.scan_iter(match=pattern, count=1000))
+    finally:
+        client.close()
 
 
 def positive(value: Any) -> bool:
@@ -139,12 +165,36 @@ def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:
     check_contention_rows(r["rows"], 150, {(s, 3, p) for s in ("all", "lock-table") for p in (1, 2)})
 
 
-def test_lock_contention_reports_each_case(tmp_path: Path) -> None:
-    r = run_json(
-        "lock_contention.py",
-        *("--seconds", "0.2", "--nodes", "2", "4", "--names", "1", "2", "--locks", "200", "--dir", str(tmp_path)),
-        cwd=tmp_path,
-    )
+@pytest.mark.parametrize("store", ["sqlite", "postgres", "redis"])
+def test_lock_contention_reports_each_case(tmp_path: Path, store: str) -> None:
+    target: tuple[str, ...] = ()
+    schema = new_schema("bench")
+    if store == "postgres":
+        problem = postgres_problem()
+        if problem is not None:
+            unavailable("PostgreSQL", problem)
+        target = ("--store", PG_DSN, "--pg-schema", schema)
+    elif store == "redis":
+        problem = redis_problem()
+        if problem is not None:
+            unavailable("Redis", problem)
+        target = ("--store", REDIS_URL)
+    try:
+        r = run_json(
+            "lock_contention.py",
+            *("--seconds", "0.2", "--nodes", "2", "4", "--names", "1", "2", "--locks", "200", "--dir", str(tmp_path)),
+            *("--renew-interval-s", "0.3", *target),
+            cwd=tmp_path,
+        )
+    finally:
+        if store == "postgres":
+            drop_schemas(schema)
+    assert r["machine"]["store"] == store
+    if store == "postgres":  # the benchmark dropped its schema after the run
+        assert not pg_rows("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema)
+    if store == "redis":  # and deleted its keys
+        assert r["machine"]["key_prefix"].startswith("asynccoord-bench:")
+        assert redis_keys(r["machine"]["key_prefix"] + "*") == []
     assert positive(r["raw_commits_per_s"])
     assert positive(r["uncontended"]["pairs_per_s"])
     cases = {(c["nodes"], c["names"]) for c in r["contended"]}
@@ -157,6 +207,10 @@ def test_lock_contention_reports_each_case(tmp_path: Path) -> None:
     assert renewal["lost"] == 0
     assert renewal["still_held"] == 200
     assert renewal["leases_per_statement"] == 200  # one statement renews every held lease
+    if store == "sqlite":
+        assert all(positive(c["tx_per_pair"]) for c in [r["uncontended"], *r["contended"]])
+    else:  # the store's count would leave its single-statement lock operations out: not reported
+        assert all(c["tx_per_pair"] is None for c in [r["uncontended"], *r["contended"]])
 
 
 def test_cost_growth_reports_every_case_against_its_baseline(tmp_path: Path) -> None:

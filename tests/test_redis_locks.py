@@ -7,6 +7,7 @@ modules (``test_lock_store.py``, ``test_lock_api.py``, ``test_lock_watchdog.py``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -99,6 +100,43 @@ async def test_renewal_of_many_names_is_one_script_call(locks: Any) -> None:
     assert all(r is not None and r.expires_at >= lease.expires_at for r, lease in zip(renewed, leases, strict=True))
     infos = await locks.list_locks()
     assert [i.name for i in infos] == sorted(f"acct:{i}" for i in range(50))
+
+
+async def test_renewal_of_many_leases_goes_in_short_scripts_in_one_round_trip(locks: Any) -> None:
+    """A script holds the Redis server while it runs: 600 leases go in 3 script calls (at most 256
+    each), pipelined in one round trip, and each lease's outcome comes back in its place."""
+    leases = list(await asyncio.gather(*(locks.try_acquire_lock(f"held:{i}", ttl_s=5.0) for i in range(600))))
+    assert all(isinstance(lease, Lease) for lease in leases)
+    released = set(range(0, 600, 7))  # lapsed by the time of the renewal, in every chunk
+    for i in sorted(released):
+        await locks.release_lock(leases[i])
+    script, call = locks._scripts["renew_many"], locks._call
+    sizes: list[int] = []
+    round_trips = 0
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(kwargs["keys"]) // 2)
+        return await script(*args, **kwargs)
+
+    async def counting_calls(*args: Any, **kwargs: Any) -> Any:
+        nonlocal round_trips
+        round_trips += 1
+        return await call(*args, **kwargs)
+
+    locks._scripts["renew_many"] = counting
+    locks._call = counting_calls
+    renewed = await locks.renew_locks([dataclasses.replace(lease, ttl_s=9.0) for lease in leases])
+    assert sizes == [256, 256, 88]
+    assert round_trips == 1
+    for i, (lease, outcome) in enumerate(zip(leases, renewed, strict=True)):
+        if i in released:
+            assert outcome is None, i
+        else:
+            assert outcome is not None, i
+            assert (outcome.name, outcome.ttl_s) == (lease.name, 9.0), i
+            assert outcome.expires_at > lease.expires_at + 3.0, i  # now about 9 s out, not 5
+    infos = await locks.list_locks()
+    assert sorted(i.name for i in infos) == sorted(f"held:{i}" for i in range(600) if i not in released)
 
 
 async def test_semaphore_permits_from_many_concurrent_callers(locks: Any) -> None:

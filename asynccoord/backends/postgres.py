@@ -570,7 +570,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
     @property
     def transactions(self) -> int:
-        """Write transactions committed by this store object so far."""
+        """Transactions this store object has committed so far: those run as ``BEGIN ... COMMIT``
+        and its commit batches (one statement each). Single-statement operations (claims, lock
+        and fence operations, reads) are not counted."""
         return self._runner.transactions
 
     @property

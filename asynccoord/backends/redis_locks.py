@@ -96,6 +96,12 @@ T = TypeVar("T")
 # strings (Lua numbers are doubles: exact only up to 2**53, tokens go to 2**63 - 1).
 _LIST_CHUNK = 1000
 """Lock names whose list scripts ``list_locks`` sends in one pipeline (one round trip)."""
+_RENEW_CHUNK = 256
+"""Most leases one renewal script call renews. A script holds the Redis server while it runs
+(20 to 40 us per lease on a 2-core machine): one call for 10,000 leases held it for 190 to
+280 ms every renewal interval, and every other client waited. Chunks of this many (at most
+about 11 ms each in the same run) go in one pipeline, still one round trip, and other
+clients' commands run between them."""
 
 _PRELUDE = """
 local function clock(arg)
@@ -586,7 +592,10 @@ class RedisLockStore:
         return renewed
 
     async def renew_locks(self, leases: Sequence[Lease]) -> list[Lease | None]:
-        """Renew many leases in one script call, each by its own ``ttl_s``; None where lapsed.
+        """Renew many leases in one round trip, each by its own ``ttl_s``; None where lapsed.
+
+        The leases go in script calls of at most 256 each (a script holds the Redis server
+        while it runs), sent together in one pipeline.
 
         Raises:
             InvalidTypeError: not a list or tuple of Lease.
@@ -597,12 +606,26 @@ class RedisLockStore:
         return await self._renew([(lease, lease.ttl_s) for lease in checked])
 
     async def _renew(self, items: Sequence[tuple[Lease, float]]) -> list[Lease | None]:
-        keys: list[str] = []
-        args: list[str | int | float] = [self._now_arg(), self.key_slack_ms]
-        for lease, ttl in items:
-            keys += [self._key("lock", lease.name), self._key("lockmeta", lease.name)]
-            args += [lease.owner_token, repr(ttl)]
-        reply = await self._script("renew_many", keys, args, "renew_locks")
+        """Renew ``(lease, ttl_s)`` pairs: script calls of at most ``_RENEW_CHUNK`` leases, in one pipeline."""
+        script, now_arg = self._scripts["renew_many"], self._now_arg()
+        calls: list[tuple[list[str], list[str | int | float]]] = []
+        for first in range(0, len(items), _RENEW_CHUNK):
+            keys: list[str] = []
+            args: list[str | int | float] = [now_arg, self.key_slack_ms]
+            for lease, ttl in items[first : first + _RENEW_CHUNK]:
+                keys += [self._key("lock", lease.name), self._key("lockmeta", lease.name)]
+                args += [lease.owner_token, repr(ttl)]
+            calls.append((keys, args))
+
+        async def run(client: aioredis.Redis) -> list[Any]:
+            if len(calls) == 1:
+                return list(await script(keys=calls[0][0], args=calls[0][1], client=client))
+            async with client.pipeline(transaction=False) as pipe:  # one round trip; renewals are idempotent
+                for keys, args in calls:
+                    await script(keys=keys, args=args, client=pipe)
+                return [expires for reply in await pipe.execute() for expires in reply]
+
+        reply = await self._call(run, "renew_locks")
         out: list[Lease | None] = []
         for (lease, ttl), expires in zip(items, reply, strict=True):
             text = _text(expires)
