@@ -14,7 +14,7 @@ ratios hold even on a noisy machine:
   random one of M names, releasing at once, for N in {16, 64} and M in {1, 8, 64}.
 * ``renewal``: 10,000 held locks guarded by one watchdog (TTL 3 s, renewed every
   1 s; ``--renew-interval-s`` sets the interval, the TTL is three of them): renewal
-  rounds (one ``UPDATE`` statement, or one Redis script call, each), write transactions
+  rounds (one ``UPDATE`` statement, or one Redis round trip, each), write transactions
   and the duration of one round, per interval.
 
 ``pairs_per_s`` counts acquire+release pairs; ``vs_raw_commit`` is that rate over

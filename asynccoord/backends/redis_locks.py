@@ -30,7 +30,7 @@ Data layout, per lock name (``prefix`` default ``"asynccoord:"``):
 Every operation is one Lua script run atomically by the server: acquire (drop lapsed
 leases, count, grant with the next token; the concurrent acquisitions of a process go
 as one pipeline, one round trip), owner-checked renew and release, a batched
-renewal of any number of leases for the watchdog (one script call), and fencing. Time
+renewal of any number of leases for the watchdog (one round trip), and fencing. Time
 is the Redis server's ``TIME`` (or a test clock passed in), never a caller's clock.
 The lock keys carry a ``PEXPIRE`` of their longest lease plus ``key_slack_ms``, so the
 server deletes the locks of crashed holders by itself.
