@@ -248,12 +248,9 @@ class PostgresDb:
         return PostgresStore(target, schema=self.schema)
 
     async def _connect(self) -> Any:
-        import asyncpg
+        from postgres_drain import connect
 
-        from asynccoord.backends.postgres import split_connect_timeout
-
-        dsn, timeout_s = split_connect_timeout(self.dsn)
-        return await asyncpg.connect(dsn, timeout=timeout_s)
+        return await connect(self.dsn)
 
     async def reset(self, target: str) -> None:
         conn = await self._connect()
@@ -276,21 +273,9 @@ class PostgresDb:
 
     async def raw_commits_per_s(self, target: str, seconds: float) -> float:
         """Single-row UPDATE commits per second, one asyncpg connection in autocommit."""
-        conn = await self._connect()
-        try:
-            await conn.execute(
-                f'CREATE TABLE IF NOT EXISTS "{self.schema}".bench_raw (id int PRIMARY KEY, v int NOT NULL)'
-            )
-            await conn.execute(f'INSERT INTO "{self.schema}".bench_raw VALUES (1, 0) ON CONFLICT DO NOTHING')
-            statement = await conn.prepare(f'UPDATE "{self.schema}".bench_raw SET v = v + 1 WHERE id = 1')
-            n = 0
-            start = time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                await statement.fetch()
-                n += 1
-            return n / (time.perf_counter() - start)
-        finally:
-            await conn.close()
+        from postgres_drain import pg_raw_commits_per_s
+
+        return await pg_raw_commits_per_s(self.dsn, self.schema, seconds)
 
     async def created_updated(self, target: str) -> list[tuple[float, float]]:
         conn = await self._connect()

@@ -107,43 +107,6 @@ def percentile_ms(samples: Sequence[float], q: float) -> float:
     return 1000.0 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def pg_raw_commits_per_s(dsn: str, schema: str, seconds: float) -> float:
-    """Single-row UPDATE commits per second, one asyncpg connection in autocommit, in ``schema``."""
-    import asyncpg
-
-    from asynccoord.backends.postgres import split_connect_timeout
-
-    plain, timeout_s = split_connect_timeout(dsn)
-    conn = await asyncpg.connect(plain, timeout=timeout_s)
-    try:
-        await conn.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".bench_raw (id int PRIMARY KEY, v int NOT NULL)')
-        await conn.execute(f'INSERT INTO "{schema}".bench_raw VALUES (1, 0) ON CONFLICT DO NOTHING')
-        statement = await conn.prepare(f'UPDATE "{schema}".bench_raw SET v = v + 1 WHERE id = 1')
-        n = 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            await statement.fetch()
-            n += 1
-        return n / (time.perf_counter() - start)
-    finally:
-        await conn.close()
-
-
-async def pg_admin(dsn: str, sql: str) -> str:
-    """Run ``sql`` on one connection of its own; return the server's version."""
-    import asyncpg
-
-    from asynccoord.backends.postgres import split_connect_timeout
-
-    plain, timeout_s = split_connect_timeout(dsn)
-    conn = await asyncpg.connect(plain, timeout=timeout_s)
-    try:
-        await conn.execute(sql)
-        return str(await conn.fetchval("SHOW server_version"))
-    finally:
-        await conn.close()
-
-
 async def redis_raw_commits_per_s(client: Any, key: str, seconds: float) -> float:
     """``INCR`` round trips per second on one connection (each a write the server applies)."""
     n = 0
@@ -175,10 +138,13 @@ async def open_target(args: argparse.Namespace, path: str) -> AsyncIterator[tupl
             )
         return
     if target.startswith(("postgresql://", "postgres://")):
+        from postgres_drain import admin, pg_raw_commits_per_s, server_version
+
         from asynccoord.backends.postgres import PostgresStore
 
         schema = args.pg_schema
-        version = await pg_admin(target, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin(target, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        version = await server_version(target)
         try:
             async with PostgresStore(target, schema=schema) as pg_store:
 
@@ -188,7 +154,7 @@ async def open_target(args: argparse.Namespace, path: str) -> AsyncIterator[tupl
                 about = {"store": "postgres", "postgres": version, "baseline": "asyncpg single-row UPDATE commits"}
                 yield pg_store, about, pg_baseline
         finally:
-            await pg_admin(target, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            await admin(target, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         return
     if target.startswith(("redis://", "rediss://", "unix://")):
         import redis.asyncio as aioredis

@@ -89,6 +89,24 @@ async def admin(dsn: str, *statements: str) -> None:
         await conn.close()
 
 
+async def pg_raw_commits_per_s(dsn: str, schema: str, seconds: float) -> float:
+    """Single-row UPDATE commits per second, one asyncpg connection in autocommit, in ``schema``
+    (the commit limit of the server as one client sees it: the benchmarks' baseline)."""
+    conn = await connect(dsn)
+    try:
+        await conn.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".bench_raw (id int PRIMARY KEY, v int NOT NULL)')
+        await conn.execute(f'INSERT INTO "{schema}".bench_raw VALUES (1, 0) ON CONFLICT DO NOTHING')
+        statement = await conn.prepare(f'UPDATE "{schema}".bench_raw SET v = v + 1 WHERE id = 1')
+        n = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            await statement.fetch()
+            n += 1
+        return n / (time.perf_counter() - start)
+    finally:
+        await conn.close()
+
+
 async def count_left(dsn: str, sql: str) -> int:
     conn = await connect(dsn)
     try:

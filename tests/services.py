@@ -32,6 +32,7 @@ __all__ = (
     "ServiceStores",
     "in_ci",
     "new_schema",
+    "pg_rows",
     "postgres_problem",
     "redis_problem",
     "unavailable",
@@ -264,6 +265,22 @@ def drop_schemas(*schemas: str) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own, even inside a running one
         pool.submit(lambda: asyncio.run(drop())).result()
+
+
+def pg_rows(sql: str, *args: object) -> list[Any]:
+    """The rows of one statement on the test database (a connection and event loop of its own)."""
+
+    async def fetch() -> list[Any]:
+        import asyncpg
+
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own, even inside a running one
+        return pool.submit(lambda: asyncio.run(fetch())).result()
 
 
 def _drop_all_schemas() -> None:

@@ -9,7 +9,6 @@ numbers. A script that crashes, hangs or drops a documented key fails here.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -19,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
+from services import (
+    PG_DSN,
+    REDIS_URL,
+    drop_schemas,
+    new_schema,
+    pg_rows,
+    postgres_problem,
+    redis_problem,
+    unavailable,
+)
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 TIMEOUT_S = 180.0
@@ -51,20 +59,6 @@ def run_json(script: str, *args: str, cwd: Path) -> dict[str, Any]:
     assert list(scratch.iterdir()) == [], f"{script} left temporary files behind"
     scratch.rmdir()
     return result
-
-
-def pg_rows(sql: str, *args: Any) -> list[Any]:
-    """Rows of ``sql`` on a connection of its own."""
-    import asyncpg
-
-    async def query() -> list[Any]:
-        conn = await asyncpg.connect(PG_DSN)
-        try:
-            return list(await conn.fetch(sql, *args))
-        finally:
-            await conn.close()
-
-    return asyncio.run(query())
 
 
 def redis_keys(pattern: str) -> list[bytes]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import PG_DSN, REDIS_URL, new_schema, postgres_problem, redis_problem, unavailable
+from services import PG_DSN, REDIS_URL, new_schema, pg_rows, postgres_problem, redis_problem, unavailable
 
 from asynccoord import InvalidArgumentError
 from asynccoord.demo.app import DEMO_SCHEMA_COMMENT, _stop, _Worker, account_of, build_tasks, schedule
@@ -145,21 +145,7 @@ def pg_schema() -> Iterator[str]:
         unavailable("PostgreSQL", problem)
     schema = new_schema("demo")
     yield schema
-    pg(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-def pg(sql: str, *args: object) -> list[Any]:
-    """Run one statement on the test database (its own connection and event loop)."""
-    import asyncpg
-
-    async def go() -> list[Any]:
-        conn = await asyncpg.connect(PG_DSN)
-        try:
-            return list(await conn.fetch(sql, *args))
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
+    pg_rows(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @pytest.mark.multiprocess
@@ -173,13 +159,13 @@ def test_demo_on_postgres_keeps_every_invariant_and_clears_its_schema_on_the_nex
     assert report["config"]["store"] == "postgres"
     assert report["config"]["schema"] == pg_schema
     # The queue, locks, membership and monitor lived in the demo's own, marked schema.
-    ((mark,),) = pg("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1", pg_schema)
+    ((mark,),) = pg_rows("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1", pg_schema)
     assert mark == DEMO_SCHEMA_COMMENT
-    counts = dict(pg(f'SELECT status, count(*) FROM "{pg_schema}".coord_tasks GROUP BY status'))
+    counts = dict(pg_rows(f'SELECT status, count(*) FROM "{pg_schema}".coord_tasks GROUP BY status'))
     assert counts.get("done", 0) + counts.get("dead", 0) == 1500
     assert counts.get("pending", 0) == counts.get("running", 0) == 0
-    assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_lock_names')[0][0] > 0  # the accounts' locks
-    assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_metric_totals')[0][0] > 0  # the monitor's counters
+    assert pg_rows(f'SELECT count(*) FROM "{pg_schema}".coord_lock_names')[0][0] > 0  # the accounts' locks
+    assert pg_rows(f'SELECT count(*) FROM "{pg_schema}".coord_metric_totals')[0][0] > 0  # the monitor's counters
     # A second run on the same schema starts from an empty one (the demo dropped its own schema);
     # its DSN carries libpq's connect_timeout, which the demo's own connections must accept too.
     timed_dsn = PG_DSN + ("&" if "?" in PG_DSN else "?") + "connect_timeout=5"
@@ -188,36 +174,38 @@ def test_demo_on_postgres_keeps_every_invariant_and_clears_its_schema_on_the_nex
     code, report, stderr = run_demo(*again, "--nodes", "2", timeout_s=120)
     assert report.get("ok") is True, stderr[-2000:]
     assert code == 0
-    assert pg(f'SELECT count(*) FROM "{pg_schema}".coord_tasks')[0][0] == 100
+    assert pg_rows(f'SELECT count(*) FROM "{pg_schema}".coord_tasks')[0][0] == 100
 
 
 @pytest.mark.multiprocess
 def test_demo_refuses_a_postgres_schema_it_did_not_create(pg_schema: str) -> None:
-    pg(f'CREATE SCHEMA "{pg_schema}"')
-    pg(f'CREATE TABLE "{pg_schema}".keep_me (id int)')
+    pg_rows(f'CREATE SCHEMA "{pg_schema}"')
+    pg_rows(f'CREATE TABLE "{pg_schema}".keep_me (id int)')
     code, report, stderr = run_demo("--messages", "10", "--store", PG_DSN, "--schema", pg_schema, timeout_s=60)
     assert code == 2
     assert report == {}
     assert f"schema {pg_schema!r} already exists and was not created by the demo" in stderr
-    assert pg("SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'keep_me'", pg_schema)[0][0] == 1
+    kept = pg_rows("SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'keep_me'", pg_schema)
+    assert kept[0][0] == 1
 
 
 @pytest.mark.multiprocess
 def test_demo_refuses_an_empty_postgres_schema_it_did_not_create(pg_schema: str) -> None:
     # Empty, but someone's: its grants and comment would go with a DROP ... CASCADE, and so
     # would objects outside pg_class/pg_proc/pg_type (a collation here).
-    pg(f'CREATE SCHEMA "{pg_schema}"')
-    pg(f"COMMENT ON SCHEMA \"{pg_schema}\" IS 'my app'")
-    pg(f"CREATE COLLATION \"{pg_schema}\".keep_me (provider = icu, locale = 'und')")
-    oid = pg("SELECT oid FROM pg_namespace WHERE nspname = $1", pg_schema)[0][0]
+    pg_rows(f'CREATE SCHEMA "{pg_schema}"')
+    pg_rows(f"COMMENT ON SCHEMA \"{pg_schema}\" IS 'my app'")
+    pg_rows(f"CREATE COLLATION \"{pg_schema}\".keep_me (provider = icu, locale = 'und')")
+    oid = pg_rows("SELECT oid FROM pg_namespace WHERE nspname = $1", pg_schema)[0][0]
     code, report, stderr = run_demo("--messages", "10", "--store", PG_DSN, "--schema", pg_schema, timeout_s=60)
     assert code == 2
     assert report == {}
     assert f"schema {pg_schema!r} already exists and was not created by the demo" in stderr
-    assert pg("SELECT oid, obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1", pg_schema) == [
-        (oid, "my app")
-    ]
-    assert pg("SELECT count(*) FROM pg_collation WHERE collname = 'keep_me'")[0][0] == 1
+    described = pg_rows(
+        "SELECT oid, obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1", pg_schema
+    )
+    assert described == [(oid, "my app")]
+    assert pg_rows("SELECT count(*) FROM pg_collation WHERE collname = 'keep_me'")[0][0] == 1
 
 
 @pytest.mark.parametrize("schema", ["public", "information_schema", "pg_catalog", "pg_temp_1"])
