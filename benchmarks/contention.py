@@ -51,6 +51,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -807,14 +808,17 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
     baseline: list[dict[str, Any]] = []
     # Each layout's procrastinate drain runs just before asynccoord's cells of that layout, and
     # repeats interleave the node counts, so load drift on a shared machine hits them alike.
+    # Odd repeats take the node counts in reverse order, so a drift within a repeat does not
+    # always favour the same size.
     for processes in args.processes:
-        for _ in range(args.repeat):
-            for nodes in args.nodes:
+        for run_index in range(args.repeat):
+            for nodes in args.nodes if run_index % 2 == 0 else list(reversed(args.nodes)):
                 theirs = procrastinate_cell(args, processes, nodes) if with_procrastinate else None
                 if theirs is not None:
                     baseline.append(theirs)
                 for strategy in args.strategies:
                     row = cell(args, db, strategy, nodes, processes)
+                    row["run"] = run_index
                     if theirs is not None:
                         row["vs_procrastinate"] = round(row["tasks_per_s"] / theirs["jobs_per_s"], 2)
                     rows.append(row)
@@ -844,6 +848,7 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
             "zipf_s": 1.1,
         },
         "rows": rows,
+        "scaling": scaling(rows),
         "procrastinate": baseline,
     }
     if args.report:
@@ -852,6 +857,39 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
         print(json.dumps(results, indent=2))
     else:
         print(markdown(results))
+
+
+def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What adding nodes did: per layout and strategy, for each node count and the next larger
+    one, the ratio of their rates in each run (repeat) that measured both, and its median.
+
+    The issue's bar for the node counts reads straight off it (64 nodes against 16: ``ratios``
+    of ``nodes`` 16 -> 64). Runs, not cells, are paired: the two sizes of one run were measured
+    minutes apart at most, under the same load.
+    """
+    rate = {(r["processes"], r["strategy"], r["nodes"], r.get("run", 0)): r["tasks_per_s"] for r in rows}
+    out: list[dict[str, Any]] = []
+    for processes, strategy in sorted({(p, s) for p, s, _, _ in rate}, key=lambda k: (k[0], STRATEGIES.index(k[1]))):
+        sizes = sorted({n for p, s, n, _ in rate if (p, s) == (processes, strategy)})
+        runs = sorted({i for p, s, _, i in rate if (p, s) == (processes, strategy)})
+        for smaller, larger in itertools.pairwise(sizes):
+            ratios = [
+                round(rate[(processes, strategy, larger, i)] / rate[(processes, strategy, smaller, i)], 3)
+                for i in runs
+                if (processes, strategy, larger, i) in rate and (processes, strategy, smaller, i) in rate
+            ]
+            if ratios:
+                out.append(
+                    {
+                        "processes": processes,
+                        "strategy": strategy,
+                        "nodes": [smaller, larger],
+                        "ratios": ratios,
+                        "median": round(statistics.median(ratios), 3),
+                        "larger_faster": sum(1 for x in ratios if x > 1.0),
+                    }
+                )
+    return out
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -874,6 +912,17 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {r['processes']} | {r['strategy']} | {r['nodes']} | {rate} | {r['vs_raw_commits']} |"
             f"{ratio} {r['latency_p50_ms']} | {r['latency_p99_ms']} | {r['duplicate_sends']} | {stolen} | {conflicts} |"
         )
+    if results.get("scaling"):
+        lines.append("")
+        lines.append("| processes | strategy | nodes | rate ratio per run | median | larger faster |")
+        lines.append("|---:|---|---|---|---:|---:|")
+        for g in results["scaling"]:
+            runs = " ".join(f"{x:.2f}" for x in g["ratios"])
+            smaller, larger = g["nodes"]
+            lines.append(
+                f"| {g['processes']} | {g['strategy']} | {smaller} -> {larger} | {runs} | {g['median']:.2f} |"
+                f" {g['larger_faster']} of {len(g['ratios'])} |"
+            )
     machine = results["machine"]
     raw = [r["raw_commits_per_s"] for r in results["rows"]]
     stopped = [r for r in results["rows"] if not r["complete"]]

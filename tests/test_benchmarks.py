@@ -138,6 +138,24 @@ def test_contention_on_sqlite_commits_every_task_once_in_one_and_two_processes(t
     check_contention_rows(r["rows"], 200, cells)
 
 
+def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> None:
+    r = run_json(
+        "contention.py",
+        *("--tasks", "60", "--nodes", "1", "2", "--processes", "1", "--raw-seconds", "0.02"),
+        *("--strategies", "all", "--repeat", "2"),
+        cwd=tmp_path,
+    )
+    check_contention_rows(r["rows"], 60, {("all", n, 1) for n in (1, 2)})
+    rate = {(row["nodes"], row["run"]): row["tasks_per_s"] for row in r["rows"]}
+    assert sorted(rate) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    ((group,),) = [r["scaling"]]
+    assert (group["processes"], group["strategy"], group["nodes"]) == (1, "all", [1, 2])
+    expected = [round(rate[(2, run)] / rate[(1, run)], 3) for run in (0, 1)]
+    assert group["ratios"] == expected
+    assert group["median"] == round((expected[0] + expected[1]) / 2, 3)
+    assert group["larger_faster"] == sum(1 for x in expected if x > 1.0)
+
+
 def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:
     problem = postgres_problem()
     if problem is not None:
