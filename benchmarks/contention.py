@@ -71,6 +71,7 @@ import aiosqlite
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from postgres_drain import bench_schema
 from queue_throughput import raw_commits_per_s, run
 
 from asynccoord import NewTask, SQLiteStore
@@ -758,6 +759,7 @@ def main() -> None:
     parser.add_argument(
         "--pg-schema",
         default=PG_SCHEMA,
+        type=bench_schema,
         help=f"with --store: the schema each cell drops and makes anew (default {PG_SCHEMA})",
     )
     parser.add_argument("--tasks", type=int, default=3000, help="tasks per cell (default 3000)")

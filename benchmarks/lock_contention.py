@@ -56,6 +56,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from pathlib import Path
 from typing import Any, TypeVar
 
+from postgres_drain import bench_schema
+
 from asynccoord import Lease, Lock, SQLiteStore, Watchdog
 
 PG_SCHEMA = "bench_locks"
@@ -317,7 +319,8 @@ def print_table(r: dict[str, Any]) -> None:
     print()
     print(
         f"renewal of {w['locks']:,} held locks (ttl {w['ttl_s']:g} s, every {w['interval_s']:g} s): "
-        f"{w['statements_per_interval']:.2f} statements ({w['leases_per_statement']:,.0f} leases each) and "
+        f"{w['statements_per_interval']:.2f} {'round trips' if m['store'] == 'redis' else 'statements'}"
+        f" ({w['leases_per_statement']:,.0f} leases each) and "
         f"{'-' if w['transactions_per_interval'] is None else format(w['transactions_per_interval'], '.2f')}"
         f" transactions per interval, {w['round_ms_median']:.1f} ms per round; "
         f"acquiring all took {w['acquire_all_s']:.2f} s; "
@@ -340,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--pg-schema",
         default=PG_SCHEMA,
+        type=bench_schema,
         help=f"with a postgresql:// --store: the schema, dropped (default {PG_SCHEMA})",
     )
     parser.add_argument(

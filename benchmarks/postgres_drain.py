@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -68,6 +69,22 @@ class Result:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def bench_schema(name: str) -> str:
+    """An ``argparse`` type for a schema the benchmark drops and makes anew: a plain lower-case
+    identifier (letters, digits, ``_``; 1..63 bytes), not PostgreSQL's own (``pg_*``), since it
+    goes into ``DROP SCHEMA ... CASCADE`` as it is.
+
+    Raises:
+        argparse.ArgumentTypeError: any other name.
+    """
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", name) or name.startswith("pg_") or name == "public":
+        raise argparse.ArgumentTypeError(
+            f"{name!r}: a lower-case identifier of letters, digits and _ (not pg_*, not public), "
+            "which the benchmark drops"
+        )
+    return name
 
 
 async def connect(dsn: str) -> Any:

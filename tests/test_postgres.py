@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import pytest
 from services import PG_DSN, new_schema, postgres_problem, unavailable
 
 from asynccoord import NewTask, SQLiteStore, StoreConfig, Task, TaskStatus
-from asynccoord.backends.postgres import PostgresStore
+from asynccoord.backends.postgres import PostgresStore, split_connect_timeout
 from asynccoord.backends.redis_locks import RedisLockStore
 from asynccoord.backends.sql import load_queries
 from asynccoord.cli import main
@@ -144,6 +145,8 @@ def test_repr_and_connection_error_hide_the_password() -> None:
         ("postgresql://postgres@127.0.0.1/test?connect_timeout=x;password=s3cret", "connect_timeout=(not shown)"),
         ("postgresql://postgres@127.0.0.1/test?connect_timeout=x%26password%3Ds3cret", "connect_timeout=(not shown)"),
         ("postgresql://postgres@127.0.0.1/test?connect_timeout=3%C2%A0", "connect_timeout=(not shown)"),
+        ("postgresql://postgres@127.0.0.1/test?connect_timeout=s3cret", "connect_timeout=(not shown)"),
+        ("postgresql://postgres@127.0.0.1/test?connect_timeout=2147483648", "at most 2147483647"),
     ],
 )
 def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: str, named: str) -> None:
@@ -176,6 +179,8 @@ def test_a_malformed_dsn_is_refused_at_construction_without_its_password(dsn: st
         ("?connect_timeout=0", None, ""),  # zero or less: no limit, as in libpq
         ("?connect_timeout=-4", None, ""),
         ("?connect_timeout=+12", 12.0, ""),
+        ("?connect_timeout=00000000005", 5.0, ""),  # libpq's strtol() reads leading zeros
+        ("?connect_timeout=2147483647", 2147483647.0, ""),
     ],
 )
 def test_libpqs_connect_timeout_is_the_connect_timeout_and_not_a_server_setting(
@@ -208,6 +213,15 @@ async def test_connect_timeout_bounds_a_connection_to_a_server_that_never_answer
     waited_s = time.monotonic() - started
     assert accepted, "the store never reached the listener"
     assert 1.5 <= waited_s < 8.0, waited_s
+
+
+def test_split_connect_timeout_checks_the_dsn_before_showing_any_of_it() -> None:
+    """The demo and the benchmarks call it on a DSN no store has checked: a password holding an
+    unencoded "?" must not show in its message (the part before the "?" ends inside it)."""
+    with pytest.raises(InvalidArgumentError) as info:
+        split_connect_timeout("postgresql://u:pa?ss3cret@h/db?sslmode=disable&connect_timeout=abc")
+    assert "u:pa" not in str(info.value)
+    assert "s3cret" not in str(info.value)
 
 
 def test_a_dsn_asyncpg_refuses_on_open_is_an_invalid_argument() -> None:
@@ -315,6 +329,53 @@ async def test_a_transaction_whose_session_the_server_ends_is_retried_for_the_er
     assert len(retried) == 1
     assert "terminating connection due to administrator command" in retried[0]
     assert "released back to the pool" not in retried[0]
+
+
+async def test_a_call_cancelled_while_its_begin_is_answered_closes_the_session_quietly(pg: str, schema: str) -> None:
+    """asyncpg counts a transaction open once its BEGIN is sent, but the session reports one only
+    when the answer arrives: a call cancelled in between must close the session too (a breaker's
+    find: a proxy delaying the server's answers, and ``enqueue_many`` cancelled during its BEGIN)."""
+    delay_s = 0.0
+    target = urllib.parse.urlsplit(pg)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delayed: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                if delayed and delay_s:
+                    await asyncio.sleep(delay_s)
+                writer.write(data)
+        writer.close()
+
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(target.hostname or "127.0.0.1", target.port or 5432)
+        await asyncio.gather(pipe(client_r, server_w, False), pipe(server_r, client_w, True))
+
+    proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(str(context.get("message"))))
+    try:
+        user, at, _ = target.netloc.rpartition("@")
+        dsn = urllib.parse.urlunsplit(target._replace(netloc=f"{user}{at}127.0.0.1:{port}"))
+        async with PostgresStore(dsn, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+            delay_s = 0.1  # every answer of the server now comes 0.1 s late
+            for _ in range(3):
+                call = asyncio.ensure_future(store.enqueue_many([NewTask(queue="q", payload=1)]))
+                await asyncio.sleep(0.03)  # the BEGIN is at the server, its answer on the way
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+            delay_s = 0.0
+            await asyncio.sleep(0.3)  # the late answers are in
+            assert (await store.enqueue("q", 2)).created
+            counts = (await store.stats("q")).counts
+            assert counts[TaskStatus.PENDING] == 1  # the cancelled enqueues rolled back with their sessions
+    finally:
+        loop.set_exception_handler(previous)
+        proxy.close()
+    assert not [m for m in reported if "active transaction" in m], reported
 
 
 @pytest.mark.parametrize("where", ["commit", "managed"])

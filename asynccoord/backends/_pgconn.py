@@ -168,6 +168,7 @@ class PgRunner:
         attempt = 0
         while True:
             committing = False
+            open_tx = False  # this call's BEGIN was sent and neither COMMIT nor ROLLBACK has finished
             try:
                 async with self._pool().acquire() as conn:
                     try:
@@ -178,6 +179,7 @@ class PgRunner:
                                 self.transactions += 1
                             return outcome
                         transaction = conn.transaction()
+                        open_tx = True  # asyncpg counts the transaction open before BEGIN is answered
                         await transaction.start()
                         try:
                             result = await fn(conn, attempt)
@@ -187,9 +189,11 @@ class PgRunner:
                             with contextlib.suppress(*_DRIVER_ERRORS):
                                 if not conn.is_closed():
                                     await transaction.rollback()
+                                    open_tx = False
                             raise
                         committing = True
                         await transaction.commit()
+                        open_tx = False
                         self.transactions += 1
                         return result
                     except _DRIVER_ERRORS as exc:
@@ -201,12 +205,12 @@ class PgRunner:
                                 conn.terminate()
                         raise
                     except BaseException:
-                        # Cancelled with the session still inside a transaction (a COMMIT cut
-                        # short, say): this call cannot know its outcome, and the pool would roll
-                        # it back with an error logged through the loop. Close the session
-                        # instead: the server rolls back whatever did not commit.
+                        # Cancelled with the session still inside a transaction (its BEGIN or
+                        # COMMIT cut short, say): this call cannot know its outcome, and the pool
+                        # would roll it back with an error logged through the loop. Close the
+                        # session instead: the server rolls back whatever did not commit.
                         with contextlib.suppress(*_DRIVER_ERRORS):
-                            if not conn.is_closed() and conn.is_in_transaction():
+                            if not conn.is_closed() and (open_tx or conn.is_in_transaction()):
                                 conn.terminate()
                         raise
             except RetryTransaction as exc:

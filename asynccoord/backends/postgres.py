@@ -246,11 +246,13 @@ def split_connect_timeout(dsn: str) -> tuple[str, float | None]:
         connect timeout in seconds: the parameter's (None: no limit), or 10.0 without one.
 
     Raises:
-        InvalidArgumentError: the parameter is not a whole number, or is given twice. The
-            message shows the value only when it is a short run of digits, signs, dots and
-            letters: a value that swallowed other parameters (``connect_timeout=x;password=...``)
-            is not echoed.
+        InvalidArgumentError: the DSN is malformed (as :class:`PostgresStore` checks it), or the
+            parameter is not a whole number of at most 2**31 - 1, or is given twice. The message
+            shows the value only when it is a short run of digits, signs, dots and spaces: a
+            value that swallowed other parameters (``connect_timeout=x;password=...``) is not
+            echoed.
     """
+    _check_dsn(dsn)  # a password holding a "?" is refused here, before anything below shows a piece of it
     base, sep, query = dsn.partition("?")
     if not sep:
         return dsn, _CONNECT_TIMEOUT_S
@@ -268,10 +270,11 @@ def split_connect_timeout(dsn: str) -> tuple[str, float | None]:
     if len(values) > 1:
         raise InvalidArgumentError(f"malformed PostgreSQL DSN {shown!r}: connect_timeout given {len(values)} times")
     text = values[0].strip(" \t\n\r\f\v")  # C's isspace(), as libpq's strtol() skips
-    if not re.fullmatch(r"[+-]?[0-9]{1,9}", text):
-        value = repr(values[0]) if re.fullmatch(r"[0-9A-Za-z.+\- ]{0,16}", values[0]) else "(not shown)"
+    if not re.fullmatch(r"[+-]?[0-9]{1,20}", text) or abs(int(text)) > 2**31 - 1:  # libpq's int
+        value = repr(values[0]) if re.fullmatch(r"[0-9.+\- ]{0,16}", values[0]) else "(not shown)"
         raise InvalidArgumentError(
-            f"malformed PostgreSQL DSN {shown!r}: connect_timeout={value} must be whole seconds, as libpq reads it"
+            f"malformed PostgreSQL DSN {shown!r}: connect_timeout={value} must be whole seconds "
+            "(at most 2147483647), as libpq reads it"
         )
     seconds = int(text)
     stripped = base + ("?" + "&".join(kept) if kept else "")
