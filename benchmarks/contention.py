@@ -869,17 +869,16 @@ def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     of ``nodes`` 16 -> 64). Runs, not cells, are paired: the two sizes of one run were measured
     minutes apart at most, under the same load.
     """
-    rate = {(r["processes"], r["strategy"], r["nodes"], r.get("run", 0)): r["tasks_per_s"] for r in rows}
+    by_layout: dict[tuple[int, str], dict[int, dict[int, float]]] = {}  # (processes, strategy) -> nodes -> run -> rate
+    for r in rows:
+        by_nodes = by_layout.setdefault((r["processes"], r["strategy"]), {})
+        by_nodes.setdefault(r["nodes"], {})[r["run"]] = r["tasks_per_s"]
     out: list[dict[str, Any]] = []
-    for processes, strategy in sorted({(p, s) for p, s, _, _ in rate}, key=lambda k: (k[0], STRATEGIES.index(k[1]))):
-        sizes = sorted({n for p, s, n, _ in rate if (p, s) == (processes, strategy)})
-        runs = sorted({i for p, s, _, i in rate if (p, s) == (processes, strategy)})
-        for smaller, larger in itertools.pairwise(sizes):
-            ratios = [
-                round(rate[(processes, strategy, larger, i)] / rate[(processes, strategy, smaller, i)], 3)
-                for i in runs
-                if (processes, strategy, larger, i) in rate and (processes, strategy, smaller, i) in rate
-            ]
+    layouts = sorted(by_layout.items(), key=lambda kv: (kv[0][0], STRATEGIES.index(kv[0][1])))
+    for (processes, strategy), by_nodes in layouts:
+        for smaller, larger in itertools.pairwise(sorted(by_nodes)):
+            low, high = by_nodes[smaller], by_nodes[larger]
+            ratios = [round(high[i] / low[i], 3) for i in sorted(low.keys() & high.keys())]
             if ratios:
                 out.append(
                     {

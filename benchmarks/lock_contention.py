@@ -133,11 +133,8 @@ async def open_target(args: argparse.Namespace, path: str) -> AsyncIterator[tupl
             async def sqlite_baseline(seconds: float) -> float:
                 return raw_commits_per_s(path, seconds)
 
-            yield (
-                store,
-                {"store": "sqlite", "sqlite": sqlite3.sqlite_version, "baseline": "sqlite3 commits"},
-                (sqlite_baseline),
-            )
+            about = {"store": "sqlite", "sqlite": sqlite3.sqlite_version, "baseline": "sqlite3 commits"}
+            yield store, about, sqlite_baseline
         return
     if target.startswith(("postgresql://", "postgres://")):
         from postgres_drain import admin, pg_raw_commits_per_s, server_version
@@ -175,8 +172,9 @@ async def open_target(args: argparse.Namespace, path: str) -> AsyncIterator[tupl
                 about = {"store": "redis", "redis": version, "baseline": "INCR round trips", "key_prefix": prefix}
                 yield redis_store, about, redis_baseline
         finally:
-            async for key in client.scan_iter(match=prefix + "*", count=1000):
-                await client.unlink(key)
+            keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
+            for first in range(0, len(keys), 1000):  # one UNLINK per 1,000 keys, not one per key
+                await client.unlink(*keys[first : first + 1000])
             await client.aclose()
         return
     raise SystemExit(f"--store must be postgresql://... or redis://..., got {target.split('://')[0]!r}://...")

@@ -371,7 +371,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             raise InvalidArgumentError(
                 f"dsn must start with postgresql:// or postgres://, got {redact_target(dsn)[:40]!r}"
             )
-        _check_dsn(dsn)
+        connect_dsn, connect_timeout_s = split_connect_timeout(dsn)  # checks the whole DSN first
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         check_clock(clock)
@@ -384,7 +384,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     f"schema {schema!r} is PostgreSQL's own (pg_* and information_schema are the system's)"
                 )
         self.dsn = dsn
-        self._connect_dsn, self.connect_timeout_s = split_connect_timeout(dsn)
+        self._connect_dsn, self.connect_timeout_s = connect_dsn, connect_timeout_s
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
