@@ -26,7 +26,13 @@ from asynccoord.backends.postgres import PostgresStore, split_connect_timeout
 from asynccoord.backends.redis_locks import RedisLockStore
 from asynccoord.backends.sql import load_queries
 from asynccoord.cli import main
-from asynccoord.errors import InvalidArgumentError, LeaseLostError, SchemaVersionError, StoreConnectionError
+from asynccoord.errors import (
+    InvalidArgumentError,
+    LeaseLostError,
+    SchemaVersionError,
+    StoreConnectionError,
+    StoreError,
+)
 from asynccoord.stores import open_store, redact_location, redact_target, store_kind
 
 # Query names that exist in one dialect only, and why (everything else must match).
@@ -427,6 +433,43 @@ async def test_a_call_cancelled_inside_its_transaction_closes_the_session_quietl
     finally:
         loop.set_exception_handler(previous)
     assert not [m for m in reported if "active transaction" in m], reported
+
+
+@pytest.mark.parametrize("how", ["cancelled", "unencodable"])
+async def test_an_autocommit_call_cut_short_after_its_parse_leaves_no_transaction_open(
+    pg: str, schema: str, how: str
+) -> None:
+    """asyncpg prepares a statement with Parse and Describe but no Sync, which opens an implicit
+    transaction on the server; a call cut short before its Bind ("cancelled" right after the
+    prepare, or an argument asyncpg cannot encode) left the pooled session in it, holding a
+    snapshot and table locks, and the next ``stats()`` on that connection failed with "SET
+    TRANSACTION ISOLATION LEVEL must be called before any query" (a cancellation storm's find)."""
+    import asyncpg
+
+    async with PostgresStore(pg, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+        await store.enqueue("q", 1)
+        pids: list[int] = []
+
+        async def op(conn: Any, _attempt: int) -> int:
+            pids.append(conn.get_server_pid())
+            if how == "cancelled":
+                await conn.prepare(f'SELECT count(*) FROM "{schema}".coord_tasks')
+                asyncio.current_task().cancel()  # type: ignore[union-attr]
+                await asyncio.sleep(0)
+                return 0
+            return int(await conn.fetchval("SELECT $1::int + 1", "not a number"))
+
+        if how == "cancelled":
+            with pytest.raises(asyncio.CancelledError):
+                await store._runner.run(op, what="probe", tx=False)
+        else:
+            with pytest.raises(StoreError) as info:
+                await store._runner.run(op, what="probe", tx=False)
+            assert isinstance(info.value.__cause__, asyncpg.DataError)
+        state = await admin(pg, "SELECT state, backend_xmin FROM pg_stat_activity WHERE pid = $1", pids[0])
+        assert [tuple(row) for row in state] == [("idle", None)]
+        # The same (only) connection serves a call that opens its own snapshot.
+        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1
 
 
 async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str) -> None:

@@ -126,6 +126,7 @@ class PgRunner:
         self.reconnect_timeout_s = reconnect_timeout_s
         self._on_retry = on_retry
         self.transactions = 0
+        self._interrupted: set[int] = set()  # server pids of pooled sessions whose operation was cut short
 
     def _pool(self) -> asyncpg.Pool:
         if self.pool is None:
@@ -144,6 +145,49 @@ class PgRunner:
                 "the PostgreSQL store was opened in another event loop (another asyncio.run, thread or test"
                 " loop) and serves that loop only: open a store in the loop that uses it"
             )
+
+    async def reset_session(self, conn: asyncpg.Connection) -> None:
+        """The pool's release hook: end what an interrupted operation left open, else nothing.
+
+        By default asyncpg resets every connection handed back to the pool with four
+        statements (``pg_advisory_unlock_all()``, ``CLOSE ALL``, ``UNLISTEN *``,
+        ``RESET ALL``), one more round trip per operation. The store's pool connections hold
+        no session state (no ``SET``, ``LISTEN``, cursors or session advisory locks: the
+        listener has a connection of its own, the migration lock is transaction-scoped), and
+        asyncpg rolls back a transaction it knows to be open before calling this hook.
+
+        One state asyncpg does not know of: asyncpg prepares a statement with Parse and
+        Describe but no Sync, so an operation cancelled after its statement was prepared and
+        before it was executed leaves the server session inside the implicit transaction
+        that Parse opened (PostgreSQL protocol, "Extended Query"), holding a snapshot and
+        the statement's table locks. The next ``BEGIN ISOLATION LEVEL ...`` on that session
+        fails, and the snapshot holds back vacuum while the connection idles in the pool.
+        For a session whose operation :meth:`run` saw interrupted, this hook sends one
+        simple-protocol statement, which ends that implicit transaction.
+        """
+        pid = conn.get_server_pid()
+        if pid in self._interrupted:
+            self._interrupted.discard(pid)
+            await conn.execute("SELECT 1")
+
+    def _interrupted_in(self, conn: asyncpg.Connection, *, tx: bool, open_tx: bool) -> None:
+        """Leave no session state behind an operation that ended in an exception.
+
+        Cancelled with the session still inside a transaction (its BEGIN or COMMIT cut
+        short, say), the call cannot know the outcome, and the pool would roll it back with
+        an error logged through the loop: the session is closed instead, and the server
+        rolls back whatever did not commit. An autocommit operation (``tx=False``) may have
+        been cut between its statement's Parse and its Sync: the session is marked for
+        :meth:`reset_session`. (A ``tx=True`` one already ended with a simple-protocol
+        COMMIT or ROLLBACK, which ends that implicit transaction too.)
+        """
+        with contextlib.suppress(*_DRIVER_ERRORS):
+            if conn.is_closed():
+                return
+            if open_tx or conn.is_in_transaction():
+                conn.terminate()
+            elif not tx:
+                self._interrupted.add(conn.get_server_pid())
 
     async def run(
         self, fn: TxFn[T], *, what: str, tx: bool = True, ambiguous_ok: bool = False, counted: bool = False
@@ -203,15 +247,11 @@ class PgRunner:
                             # report is still the one that broke it, not this call's.
                             with contextlib.suppress(*_DRIVER_ERRORS):
                                 conn.terminate()
+                        else:
+                            self._interrupted_in(conn, tx=tx, open_tx=open_tx)
                         raise
                     except BaseException:
-                        # Cancelled with the session still inside a transaction (its BEGIN or
-                        # COMMIT cut short, say): this call cannot know its outcome, and the pool
-                        # would roll it back with an error logged through the loop. Close the
-                        # session instead: the server rolls back whatever did not commit.
-                        with contextlib.suppress(*_DRIVER_ERRORS):
-                            if not conn.is_closed() and (open_tx or conn.is_in_transaction()):
-                                conn.terminate()
+                        self._interrupted_in(conn, tx=tx, open_tx=open_tx)
                         raise
             except RetryTransaction as exc:
                 error: BaseException = exc

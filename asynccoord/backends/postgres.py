@@ -286,18 +286,6 @@ def _valid_port(port: str | None) -> bool:
     return not port or (port.isascii() and port.isdigit() and 0 < int(port) <= 65535)
 
 
-async def _keep_session(_conn: asyncpg.Connection) -> None:
-    """The pool's release hook: keep the session as it is.
-
-    By default asyncpg resets every connection handed back to the pool with four statements
-    (``pg_advisory_unlock_all()``, ``CLOSE ALL``, ``UNLISTEN *``, ``RESET ALL``), one more
-    round trip per operation. The store's pool connections hold no session state (no
-    ``SET``, ``LISTEN``, cursors or session advisory locks: the listener has a connection of
-    its own, the migration lock is transaction-scoped), and asyncpg still rolls back a
-    transaction left open before calling this hook.
-    """
-
-
 class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
     """The whole storage contract on one PostgreSQL database (queue, locks, membership, monitor).
 
@@ -473,7 +461,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 max_size=self.pool_max_size,
                 server_settings=self._server_settings(),
                 timeout=self.connect_timeout_s,
-                reset=_keep_session,
+                reset=self._runner.reset_session,
             )
         except (asyncpg.ClientConfigurationError, ValueError) as exc:  # a DSN _check_dsn() let through
             if isinstance(exc, asyncpg.PostgresError | OSError):
