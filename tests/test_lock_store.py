@@ -142,6 +142,18 @@ async def test_renew_locks_in_one_call(store: Store, clock: FakeClock) -> None:
     assert [info.name for info in await store.list_locks()] == ["b"]
 
 
+async def test_renew_locks_refuses_one_lease_twice_with_two_ttls_and_renews_nothing(
+    store: Store, clock: FakeClock
+) -> None:
+    """Both answers said "renewed", each by its own ttl_s, while only one ttl_s could stick."""
+    lease = await acquire(store, "a", ttl_s=1.0)
+    other = await acquire(store, "b", ttl_s=1.0)
+    clock.advance(0.5)
+    with pytest.raises(InvalidArgumentError, match=r"leases\[2\] is the lease of leases\[0\] \(lock 'a'\)"):
+        await store.renew_locks([lease, other, dataclasses.replace(lease, ttl_s=9.0)])
+    assert [info.expires_at for info in await store.list_locks()] == [lease.expires_at, other.expires_at]
+
+
 async def test_list_locks(store: Store, clock: FakeClock) -> None:
     b = await acquire(store, "b", ttl_s=2.0, holder="h2")
     a = await acquire(store, "a", ttl_s=5.0, holder="h1")

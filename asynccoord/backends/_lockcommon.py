@@ -101,14 +101,26 @@ def check_lease(lease: object, arg: str = "lease") -> Lease:
 
 
 def check_leases(leases: object) -> list[Lease]:
-    """Check a list or tuple of leases.
+    """Check a list or tuple of leases (for a renewal: one lease may appear more than once).
 
     Raises:
         InvalidTypeError: not a list/tuple, or an item that is not a Lease.
+        InvalidArgumentError: an item as :func:`check_lease` refuses it, or one lease (one
+            owner token) given twice with different ``ttl_s``: a renewal cannot extend it
+            by both, and each answer would say it had.
     """
     if not isinstance(leases, list | tuple):
         raise InvalidTypeError(f"leases must be a list or tuple of Lease, got {type(leases).__name__}")
-    return [check_lease(item, f"leases[{index}]") for index, item in enumerate(cast(Sequence[object], leases))]
+    checked = [check_lease(item, f"leases[{index}]") for index, item in enumerate(cast(Sequence[object], leases))]
+    first: dict[str, int] = {}
+    for index, lease in enumerate(checked):
+        seen = first.setdefault(lease.owner_token, index)
+        if checked[seen].ttl_s != lease.ttl_s:
+            raise InvalidArgumentError(
+                f"leases[{index}] is the lease of leases[{seen}] (lock {lease.name!r}) with another ttl_s"
+                f" ({lease.ttl_s!r} against {checked[seen].ttl_s!r}): give each lease once per renewal"
+            )
+    return checked
 
 
 def check_fence_args(resource: object, fencing_token: object) -> tuple[str, int]:
