@@ -44,6 +44,7 @@ from ..notify import WorkNotifier
 
 __all__ = (
     "MAX_NOTIFY_PARTITIONS",
+    "Connector",
     "PgListener",
     "PgRunner",
     "RetryTransaction",
@@ -110,6 +111,46 @@ _DRIVER_ERRORS = (
     ConnectionError,
     asyncio.TimeoutError,
 )
+
+
+class Connector:
+    """Opens the store's connections; an attempt runs to its end even when its caller is cancelled.
+
+    asyncpg (0.32) leaves an exception nobody retrieves, logged through the loop as "Future
+    exception was never retrieved ... ConnectionError('unexpected connection_lost() call')",
+    when a connection attempt is cancelled while it negotiates SSL (``sslmode=prefer``, its
+    default): MagicStack/asyncpg#1211 and #1310. A store call cancelled while the pool opens
+    it a connection, or a listener stopped while it reconnects, did that. Here the attempt runs
+    in a task of its own, bounded by the connect timeout: the cancelled caller gets its
+    ``CancelledError`` at once, and the connection, if the attempt makes one, is closed.
+    :meth:`settle` (at the store's close) waits for such attempts.
+    """
+
+    def __init__(self) -> None:
+        self._abandoned: set[asyncio.Task[asyncpg.Connection]] = set()
+
+    async def connect(self, *args: Any, **kwargs: Any) -> asyncpg.Connection:
+        """``asyncpg.connect(*args, **kwargs)``, not cut short by the caller's cancellation."""
+        attempt = asyncio.ensure_future(asyncpg.connect(*args, **kwargs))
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            self._abandoned.add(attempt)
+            attempt.add_done_callback(self._close_abandoned)
+            raise
+
+    def _close_abandoned(self, attempt: asyncio.Task[asyncpg.Connection]) -> None:
+        self._abandoned.discard(attempt)
+        if not attempt.cancelled() and attempt.exception() is None:
+            attempt.result().terminate()
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` seconds for abandoned attempts to end, then cancel the rest."""
+        if not self._abandoned:
+            return
+        _done, pending = await asyncio.wait(set(self._abandoned), timeout=timeout_s)
+        for attempt in pending:
+            attempt.cancel()
 
 
 class PgRunner:

@@ -115,6 +115,7 @@ from ._common import (
 )
 from ._lockcommon import fence_rejected_error
 from ._pgconn import (
+    Connector,
     PgListener,
     PgRunner,
     RetryTransaction,
@@ -397,6 +398,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             on_retry=lambda _exc: self.events.add(STORE_RETRIES),
         )
         self._listener: PgListener | None = None
+        self._connector = Connector()
         self._background: set[asyncio.Task[Any]] = set()
         self._committer: Batcher[_Item, Task | CoordError] = Batcher(
             self._complete_batch,
@@ -437,7 +439,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         return settings
 
     async def _connect(self) -> asyncpg.Connection:
-        return await asyncpg.connect(
+        return await self._connector.connect(
             self._connect_dsn, server_settings=self._server_settings(), timeout=self.connect_timeout_s
         )
 
@@ -462,6 +464,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 server_settings=self._server_settings(),
                 timeout=self.connect_timeout_s,
                 reset=self._runner.reset_session,
+                connect=self._connector.connect,
             )
         except (asyncpg.ClientConfigurationError, ValueError) as exc:  # a DSN _check_dsn() let through
             if isinstance(exc, asyncpg.PostgresError | OSError):
@@ -553,6 +556,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 await asyncio.wait_for(pool.close(), 10.0)
             except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                 pool.terminate()
+        await self._connector.settle(self.connect_timeout_s or 10.0)
 
     @property
     def partitions(self) -> int:
