@@ -23,6 +23,7 @@ __all__ = (
     "MAX_PURGE_BATCH",
     "check_bool",
     "check_clock",
+    "check_finite",
     "check_int",
     "check_name",
     "check_non_negative",
@@ -136,6 +137,16 @@ def _check_real(arg: str, value: object) -> float:
     if math.isnan(number) or math.isinf(number):
         raise InvalidArgumentError(f"{arg} must be finite, got {_short(value)}")
     return number
+
+
+def check_finite(arg: str, value: object) -> float:
+    """Check a finite number (a ``time.monotonic()`` reading, say); return it as float.
+
+    Raises:
+        InvalidTypeError: not an int or float (bool is refused).
+        InvalidArgumentError: NaN or infinite.
+    """
+    return _check_real(arg, value)
 
 
 def _check_maximum(arg: str, value: object, number: float, maximum: float | None) -> float:

@@ -32,10 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import events as ev
+from .backends._lockcommon import check_lease
 from .backends.base import LockStore
 from .errors import InvalidArgumentError, InvalidTypeError, LockLostError, MaxHoldExceededError
 from .lockmodels import Lease
-from .validation import check_non_negative, check_positive
+from .validation import check_bool, check_finite, check_non_negative, check_positive, is_async_callable
 
 __all__ = ("DEFAULT_SAFETY_MARGIN_RATIO", "Guard", "IDLE_EXIT_S", "MIN_RETRY_S", "Watchdog", "WatchdogStats")
 
@@ -179,6 +180,16 @@ class Guard:
         self._deadline = max(self._deadline, sent_at + lease.ttl_s * (1.0 - self._margin_ratio))
         self._next_renew_at = sent_at + self._interval_s
 
+    def _overtaken(self, renewed: Lease, sent_at: float) -> None:
+        """A round's renewal landed after the lease was renewed outside the watchdog (:meth:`update`).
+
+        The store kept whichever of the two came last, perhaps the round's shorter ``ttl_s``:
+        the local deadline must not outlast it. The lease as updated (its ``ttl_s``) stays,
+        and the watchdog renews it again at once, which settles the store's expiry.
+        """
+        self._deadline = min(self._deadline, sent_at + renewed.ttl_s * (1.0 - self._margin_ratio))
+        self._next_renew_at = time.monotonic()
+
     def _on_task_done(self, _task: object) -> None:
         self.close()
 
@@ -293,8 +304,18 @@ class Watchdog:
             The :class:`Guard`; close it when the lock is released.
 
         Raises:
-            InvalidArgumentError, InvalidTypeError: a bad argument.
+            InvalidArgumentError, InvalidTypeError: a bad argument (a lease that is not a
+                :class:`Lease` with valid fields, a ``sent_at`` that is not a finite number,
+                an ``on_lost`` that is not a plain function, a ``task`` that is not an
+                :class:`asyncio.Task`...); nothing is guarded then.
         """
+        check_lease(lease)
+        sent_at = check_finite("sent_at", sent_at)
+        check_bool("renew", renew)
+        if on_lost is not None and (not callable(on_lost) or is_async_callable(on_lost)):
+            raise InvalidTypeError(f"on_lost must be a plain function or None, got {on_lost!r}")
+        if task is not None and not isinstance(task, asyncio.Task):
+            raise InvalidTypeError(f"task must be an asyncio.Task or None, got {type(task).__name__} {task!r}")
         interval = self.check_interval(lease.ttl_s, lease.ttl_s / 3 if renew_interval_s is None else renew_interval_s)
         hold = float("inf") if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
         holder_task = task if task is not None else asyncio.current_task()
@@ -479,10 +500,17 @@ class Watchdog:
         try:
             # Guards closed between the round's creation and its first step (the holder's
             # block ended) are left out: their leases must not outlive their holders.
-            batch = [g for g in batch if g._active]
-            if not batch:
+            sent = [(g, g._lease) for g in batch if g._active]
+            if not sent:
                 return
-            results = await self._store.renew_locks([g._lease for g in batch])
+            # One lease per owner token: guards of one lease (guarded twice through the public
+            # API, perhaps with another ttl_s) share one renewal, by the longest ttl_s.
+            by_token: dict[str, Lease] = {}
+            for _g, lease in sent:
+                kept = by_token.get(lease.owner_token)
+                if kept is None or lease.ttl_s > kept.ttl_s:
+                    by_token[lease.owner_token] = lease
+            renewed_by_token = dict(zip(by_token, await self._store.renew_locks(list(by_token.values())), strict=True))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -496,19 +524,22 @@ class Watchdog:
         else:
             self._renew_rounds += 1
             losses: list[tuple[Guard, LockLostError]] = []
-            for g, renewed in zip(batch, results, strict=True):
+            for g, lease in sent:
                 if not g._active:
                     continue
+                renewed = renewed_by_token[lease.owner_token]
                 if renewed is None:
-                    lease = g._lease
                     error = LockLostError(
                         f"lock {lease.name!r} (fencing token {lease.fencing_token}) had expired or been taken "
                         "over when the watchdog renewed it"
                     )
                     losses.append((g, error))
-                else:
-                    self._renewed += 1
+                    continue
+                self._renewed += 1
+                if g._lease is lease:
                     g._accept(renewed, sent_at)
+                else:
+                    g._overtaken(renewed, sent_at)
             self._lose_all(losses)
         finally:
             self._renewal = None

@@ -367,3 +367,95 @@ async def test_10000_held_locks_cost_one_statement_per_interval(make_store: Any,
     await watchdog.aclose()
     assert watchdog.statistics().guarded == 0
     assert not any(g.active for g in guards)
+
+
+async def test_one_lease_guarded_twice_with_two_ttls_is_renewed_once_by_the_longer(rstore: Store) -> None:
+    """Guarding a lease and its renewed copy (same owner token, another ttl_s) through the public
+    API put both in every round; once ``renew_locks`` refused such a pair, each round failed as a
+    whole and every other lock of the store lapsed (a breaker's find)."""
+    sent_tokens = RenewalLog(rstore)
+    bystander = Lock(rstore, "bystander", ttl_s=0.3, renew_interval_s=0.1)
+    async with bystander:
+        watchdog = Watchdog.for_store(rstore)
+        sent_at = time.monotonic()
+        lease = await rstore.try_acquire_lock("job", ttl_s=0.3)
+        assert isinstance(lease, Lease)
+        first = watchdog.guard(lease, sent_at=sent_at, renew_interval_s=0.1)
+        sent_at = time.monotonic()
+        longer = await rstore.renew_lock(lease, 0.9)
+        assert longer is not None
+        second = watchdog.guard(longer, sent_at=sent_at, renew_interval_s=0.1)
+        await asyncio.sleep(0.7)
+        assert bystander.held
+        assert first.active
+        assert second.active
+        assert watchdog.statistics().renew_errors == 0
+        rounds = [t for t, token in sent_tokens.sent if token == lease.owner_token]
+        assert rounds
+        assert len(rounds) == len(set(rounds))
+        [info] = await rstore.list_locks("job")
+        assert info.remaining_ttl_s > 0.6  # renewed by the longer ttl_s
+        first.close()
+        second.close()
+        await rstore.release_lock(longer)
+    assert rstore.events.get(ev.LOCK_LOST) == 0
+
+
+async def test_a_round_in_flight_does_not_undo_an_explicit_renew_to_a_longer_ttl(rstore: Store) -> None:
+    """A round sent before ``lock.renew(ttl_s=30)`` and applied after it left the store at the
+    round's 0.6 s; the round's result then replaced the guard's lease, so every later round
+    renewed by 0.6 s too, while the guard's local deadline kept the 30 s (a breaker's find)."""
+    inner = rstore.renew_locks
+    in_flight, proceed = asyncio.Event(), asyncio.Event()
+
+    async def held_back(leases: Sequence[Lease]) -> list[Lease | None]:
+        if not in_flight.is_set():
+            in_flight.set()
+            await proceed.wait()
+        return await inner(leases)
+
+    rstore.renew_locks = held_back  # type: ignore[method-assign]
+    lock = Lock(rstore, "job", ttl_s=0.6, renew_interval_s=0.2)
+    async with lock:
+        await asyncio.wait_for(in_flight.wait(), 2.0)  # the first round is on its way
+        renewed = await lock.renew(ttl_s=30.0)
+        proceed.set()  # ...and lands after the explicit renew
+        await asyncio.sleep(0.5)
+        [info] = await rstore.list_locks("job")
+        assert info.remaining_ttl_s > 25.0
+        assert lock.lease is not None
+        assert lock.lease.ttl_s == renewed.ttl_s == 30.0
+        guard = lock._guard
+        assert guard is not None
+        assert guard.remaining_s() > 25.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "named"),
+    [
+        ({"lease": None}, InvalidTypeError, "lease"),
+        ({"sent_at": float("nan")}, InvalidArgumentError, "sent_at"),
+        ({"sent_at": float("inf")}, InvalidArgumentError, "sent_at"),
+        ({"sent_at": "now"}, InvalidTypeError, "sent_at"),
+        ({"sent_at": None}, InvalidTypeError, "sent_at"),
+        ({"renew": "yes"}, InvalidTypeError, "renew"),
+        ({"on_lost": 5}, InvalidTypeError, "on_lost"),
+        ({"task": 5}, InvalidTypeError, "task"),
+    ],
+)
+async def test_guard_refuses_a_bad_argument_and_guards_nothing(
+    rstore: Store, changes: dict[str, Any], error: type[Exception], named: str
+) -> None:
+    """``sent_at=nan`` was accepted, and the guard never renewed nor reported the lease's loss."""
+    lease = await rstore.try_acquire_lock("job", ttl_s=1.0)
+    watchdog = Watchdog.for_store(rstore)
+
+    async def async_on_lost(_error: LockLostError) -> None:
+        pass
+
+    arguments: dict[str, Any] = {"lease": lease, "sent_at": time.monotonic(), **changes}
+    with pytest.raises(error, match=named):
+        watchdog.guard(**arguments)
+    with pytest.raises(InvalidTypeError, match="on_lost"):
+        watchdog.guard(lease, sent_at=time.monotonic(), on_lost=async_on_lost)  # type: ignore[arg-type]
+    assert watchdog.statistics().guarded == 0

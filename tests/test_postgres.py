@@ -472,6 +472,52 @@ async def test_an_autocommit_call_cut_short_after_its_parse_leaves_no_transactio
         assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1
 
 
+async def test_a_cancelled_call_whose_session_dies_before_its_cleanup_stays_cancelled(pg: str, schema: str) -> None:
+    """The release hook's statement failing (the session ended by the server meanwhile) raised out
+    of the pool's release in place of the caller's cancellation: the runner took it for a lost
+    connection and ran the cancelled operation again (a breaker's find)."""
+    async with PostgresStore(pg, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+        attempts: list[int] = []
+
+        async def op(conn: Any, attempt: int) -> int:
+            attempts.append(attempt)
+            await conn.prepare(f'SELECT count(*) FROM "{schema}".coord_tasks')
+            await admin(pg, "SELECT pg_terminate_backend($1)", conn.get_server_pid())
+            asyncio.current_task().cancel()  # type: ignore[union-attr]
+            await asyncio.sleep(0)
+            return 0
+
+        with pytest.raises(asyncio.CancelledError):
+            await store._runner.run(op, what="probe", tx=False, ambiguous_ok=True)
+        assert attempts == [0]
+        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 0  # a new session serves the next call
+
+
+async def test_a_commit_refused_by_the_server_keeps_its_session(pg: str, schema: str) -> None:
+    """A server error at COMMIT (a deferred unique constraint) ends the transaction cleanly: the
+    session goes back to the pool instead of being closed and opened anew."""
+    async with PostgresStore(pg, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+        table = f'"{schema}".deferred_probe'
+        await store._runner.run(
+            lambda conn, _a: conn.execute(f"CREATE TABLE {table} (x int UNIQUE DEFERRABLE INITIALLY DEFERRED)"),
+            what="probe",
+        )
+        pids: list[int] = []
+
+        async def twice(conn: Any, _attempt: int) -> None:
+            pids.append(conn.get_server_pid())
+            await conn.execute(f"INSERT INTO {table} VALUES (1), (1)")  # refused only at COMMIT
+
+        with pytest.raises(StoreError, match="UniqueViolation"):
+            await store._runner.run(twice, what="probe")
+        # An autocommit statement the server refuses: its session is not marked for cleanup either.
+        with pytest.raises(StoreError, match="DivisionByZero"):
+            await store._runner.run(lambda conn, _a: conn.fetchval("SELECT 1 / 0"), what="probe", tx=False)
+        assert not store._runner._interrupted
+        after = await store._runner.run(lambda conn, _a: conn.fetchval("SELECT pg_backend_pid()"), what="pid", tx=False)
+        assert after == pids[0]
+
+
 async def test_calls_cancelled_while_the_pool_connects_leave_no_unretrieved_exception_and_no_session(
     pg: str, schema: str
 ) -> None:

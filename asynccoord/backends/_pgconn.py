@@ -93,6 +93,13 @@ def _is_conflict(exc: BaseException) -> bool:
     return False
 
 
+def _from_server(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error the server reported (asyncpg raises some of its own client-side
+    errors, such as an argument it cannot encode, as :class:`asyncpg.DataError` too; only the
+    server's carry a ``severity``)."""
+    return isinstance(exc, pgerr.PostgresError) and bool(getattr(exc, "severity", None))
+
+
 def map_pg_error(exc: BaseException, what: str) -> StoreError:
     """The package's error for a driver error (raise it ``from exc`` to keep the cause)."""
     text = f"{what}: {type(exc).__name__}: {exc}"
@@ -203,13 +210,21 @@ class PgRunner:
         that Parse opened (PostgreSQL protocol, "Extended Query"), holding a snapshot and
         the statement's table locks. The next ``BEGIN ISOLATION LEVEL ...`` on that session
         fails, and the snapshot holds back vacuum while the connection idles in the pool.
-        For a session whose operation :meth:`run` saw interrupted, this hook sends one
-        simple-protocol statement, which ends that implicit transaction.
+        For a session whose operation :meth:`run` saw interrupted (by a cancellation, or a
+        client-side driver error; sessions are known by their server process id), this hook
+        sends one simple-protocol statement, which ends that implicit transaction. Should that
+        statement fail, the session is closed instead: the hook never raises into the caller,
+        whose own error or cancellation it would replace.
         """
         pid = conn.get_server_pid()
         if pid in self._interrupted:
             self._interrupted.discard(pid)
-            await conn.execute("SELECT 1")
+            try:
+                await conn.execute("SELECT 1")
+            except _DRIVER_ERRORS:
+                # Never raised into the caller: it would replace the error (or the
+                # cancellation) that ended its operation. The session is of no further use.
+                conn.terminate()
 
     def _interrupted_in(self, conn: asyncpg.Connection, *, tx: bool, open_tx: bool) -> None:
         """Leave no session state behind an operation that ended in an exception.
@@ -288,7 +303,10 @@ class PgRunner:
                             # report is still the one that broke it, not this call's.
                             with contextlib.suppress(*_DRIVER_ERRORS):
                                 conn.terminate()
-                        else:
+                        elif not _from_server(exc):
+                            # A server error came with the server's ReadyForQuery: the session's
+                            # state is known. A client-side one (an argument asyncpg cannot
+                            # encode, after the statement's Parse) may have left it mid-protocol.
                             self._interrupted_in(conn, tx=tx, open_tx=open_tx)
                         raise
                     except BaseException:
