@@ -294,6 +294,19 @@ async def test_a_dsn_with_connect_timeout_opens(pg: str, schema: str) -> None:
         assert [t.payload for t in await store.claim("q", node_id="n", lease_s=5)] == [1]
 
 
+@pytest.mark.parametrize(("query", "named"), [("", "asynccoord"), ("application_name=mybot", "mybot")])
+async def test_sessions_carry_the_dsns_application_name_else_asynccoord(
+    pg: str, schema: str, query: str, named: str
+) -> None:
+    """The store set ``application_name`` to "asynccoord" over the DSN's own."""
+    dsn = pg + (("&" if "?" in pg else "?") + query if query else "")
+    async with PostgresStore(dsn, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+        pid = await store._runner.run(lambda conn, _a: conn.fetchval("SELECT pg_backend_pid()"), what="pid", tx=False)
+        assert [
+            tuple(r) for r in await admin(pg, "SELECT application_name FROM pg_stat_activity WHERE pid = $1", pid)
+        ] == [(named,)]
+
+
 async def test_a_newer_schema_is_refused(pg: str, schema: str) -> None:
     from asynccoord.backends.postgres import SCHEMA_VERSION, PostgresStore
 

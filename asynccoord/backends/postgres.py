@@ -429,13 +429,15 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         # what committed before it began (a flag read after a lock, a key's state after its
         # row lock); under REPEATABLE READ it would see the transaction's first snapshot.
         settings = {
-            "application_name": "asynccoord",
             "default_transaction_isolation": "read committed",
             # milliseconds, at least 1 (0 would turn the timeout off)
             "idle_in_transaction_session_timeout": str(max(1, round(self.idle_in_transaction_timeout_s * 1000))),
         }
         if self.schema is not None:
             settings["search_path"] = _quote_ident(self.schema)
+        query = self._connect_dsn.partition("?")[2]
+        if not any(field.partition("=")[0] == "application_name" for field in query.split("&")):
+            settings["application_name"] = "asynccoord"  # unless the DSN names the application
         return settings
 
     async def _connect(self) -> asyncpg.Connection:
