@@ -165,9 +165,13 @@ class Guard:
         return self._lost
 
     def update(self, lease: Lease, *, sent_at: float) -> None:
-        """Take a lease renewed outside the watchdog (an explicit renew sent at ``sent_at``)."""
+        """Take a lease renewed outside the watchdog (an explicit renew sent at ``sent_at``).
+
+        That renewal is now the store's latest: the local deadline follows it, shorter
+        ``ttl_s`` or longer, on every guard of the lease (one lease guarded twice).
+        """
         if self._active and lease.owner_token == self._lease.owner_token:
-            self._accept(lease, sent_at)
+            self._watchdog._renewed_outside(self, lease, sent_at)
 
     def close(self) -> None:
         """Stop guarding and renewing the lease. Idempotent; never awaits."""
@@ -176,8 +180,13 @@ class Guard:
             self._watchdog._forget(self)
 
     def _accept(self, lease: Lease, sent_at: float) -> None:
+        """Take a renewal sent at ``sent_at`` that is the store's latest write of the lease.
+
+        The deadline is replaced, not extended: a renewal to a shorter ``ttl_s`` brings the
+        store's expiry closer, and the local deadline must never outlast it.
+        """
         self._lease = lease
-        self._deadline = max(self._deadline, sent_at + lease.ttl_s * (1.0 - self._margin_ratio))
+        self._deadline = sent_at + lease.ttl_s * (1.0 - self._margin_ratio)
         self._next_renew_at = sent_at + self._interval_s
 
     def _overtaken(self, renewed: Lease, sent_at: float) -> None:
@@ -305,12 +314,18 @@ class Watchdog:
 
         Raises:
             InvalidArgumentError, InvalidTypeError: a bad argument (a lease that is not a
-                :class:`Lease` with valid fields, a ``sent_at`` that is not a finite number,
+                :class:`Lease` with valid fields, a ``sent_at`` that is not a finite number
+                or lies in the future,
                 an ``on_lost`` that is not a plain function, a ``task`` that is not an
                 :class:`asyncio.Task`...); nothing is guarded then.
         """
         check_lease(lease)
         sent_at = check_finite("sent_at", sent_at)
+        if sent_at > time.monotonic():
+            raise InvalidArgumentError(
+                f"sent_at must be a time.monotonic() reading taken before the acquisition was sent, got {sent_at!r},"
+                f" which is in the future (time.monotonic() is now {time.monotonic()!r})"
+            )
         check_bool("renew", renew)
         if on_lost is not None and (not callable(on_lost) or is_async_callable(on_lost)):
             raise InvalidTypeError(f"on_lost must be a plain function or None, got {on_lost!r}")
@@ -366,6 +381,17 @@ class Watchdog:
         self._renewal = None
 
     # --- internals ------------------------------------------------------------------------
+
+    def _renewed_outside(self, guard: Guard, lease: Lease, sent_at: float) -> None:
+        """An explicit renewal of ``lease``: every active guard of its owner token takes it."""
+        guard._accept(lease, sent_at)
+        earliest = self._next_event(guard)
+        for g in self._guards:
+            if g is not guard and g._active and g._lease.owner_token == lease.owner_token:
+                g._accept(lease, sent_at)
+                earliest = min(earliest, self._next_event(g))
+        if earliest < self._wake_at:  # a shorter ttl_s brought a deadline in: wake up for it
+            self._poke()
 
     def _forget(self, g: Guard) -> None:
         self._guards.discard(g)
@@ -503,6 +529,16 @@ class Watchdog:
             sent = [(g, g._lease) for g in batch if g._active]
             if not sent:
                 return
+            # A lease guarded twice (through the public API) is renewed for all its guards at
+            # once: a round must not move the store's expiry under a guard it leaves out.
+            tokens = {lease.owner_token for _g, lease in sent}
+            if len(self._guards) > len(sent):
+                in_round = {g for g, _lease in sent}
+                sent += [
+                    (g, g._lease)
+                    for g in self._guards
+                    if g._active and g not in in_round and g._lease.owner_token in tokens
+                ]
             # One lease per owner token: guards of one lease (guarded twice through the public
             # API, perhaps with another ttl_s) share one renewal, by the longest ttl_s.
             by_token: dict[str, Lease] = {}

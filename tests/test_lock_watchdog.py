@@ -438,6 +438,7 @@ async def test_a_round_in_flight_does_not_undo_an_explicit_renew_to_a_longer_ttl
         ({"sent_at": float("inf")}, InvalidArgumentError, "sent_at"),
         ({"sent_at": "now"}, InvalidTypeError, "sent_at"),
         ({"sent_at": None}, InvalidTypeError, "sent_at"),
+        ({"sent_at": 1e12}, InvalidArgumentError, "in the future"),
         ({"renew": "yes"}, InvalidTypeError, "renew"),
         ({"on_lost": 5}, InvalidTypeError, "on_lost"),
         ({"task": 5}, InvalidTypeError, "task"),
@@ -459,3 +460,48 @@ async def test_guard_refuses_a_bad_argument_and_guards_nothing(
     with pytest.raises(InvalidTypeError, match="on_lost"):
         watchdog.guard(lease, sent_at=time.monotonic(), on_lost=async_on_lost)  # type: ignore[arg-type]
     assert watchdog.statistics().guarded == 0
+
+
+async def test_an_explicit_renew_to_a_shorter_ttl_brings_the_local_deadline_in(rstore: Store) -> None:
+    """The guard kept the longer deadline (``max``) after ``lock.renew(ttl_s=1.0)`` on a 6 s lease:
+    the store's lease lapsed at 1 s while the block ran on, and another holder could take the lock
+    meanwhile (a breaker's find)."""
+    lock = Lock(rstore, "job", ttl_s=6.0, auto_renew=False)
+    stopped_after = 0.0
+
+    async def guarded() -> None:
+        nonlocal stopped_after
+        async with lock:
+            started = time.monotonic()
+            await lock.renew(ttl_s=1.0)
+            try:
+                await asyncio.sleep(3.0)
+            finally:
+                stopped_after = time.monotonic() - started
+
+    with pytest.raises(LockLostError):
+        await guarded()
+    assert 0.8 < stopped_after < 1.0  # at the local deadline (0.9 of the TTL), before the store's expiry
+
+
+async def test_a_round_renews_a_lease_for_every_guard_of_it(rstore: Store) -> None:
+    """A lease guarded twice (30 s renewed every 10 s, and a 3 s copy renewed every second): the
+    short guard's rounds renewed the lease by 3 s alone, under the long guard's 27 s deadline."""
+    watchdog = Watchdog.for_store(rstore)
+    sent_at = time.monotonic()
+    lease = await rstore.try_acquire_lock("job", ttl_s=30.0)
+    assert isinstance(lease, Lease)
+    long = watchdog.guard(lease, sent_at=sent_at, renew_interval_s=10.0)
+    sent_at = time.monotonic()
+    short_lease = await rstore.renew_lock(lease, 3.0)
+    assert short_lease is not None
+    short = watchdog.guard(short_lease, sent_at=sent_at, renew_interval_s=1.0)
+    await asyncio.sleep(1.3)  # the short guard's first round
+    assert watchdog.statistics().renew_rounds >= 1
+    [info] = await rstore.list_locks("job")
+    for guard in (long, short):
+        assert guard.active
+        assert guard.remaining_s() <= info.remaining_ttl_s  # no guard outlasts the store's lease
+    long.close()
+    short.close()
+    await rstore.release_lock(lease)

@@ -294,7 +294,10 @@ async def test_a_dsn_with_connect_timeout_opens(pg: str, schema: str) -> None:
         assert [t.payload for t in await store.claim("q", node_id="n", lease_s=5)] == [1]
 
 
-@pytest.mark.parametrize(("query", "named"), [("", "asynccoord"), ("application_name=mybot", "mybot")])
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [("", "asynccoord"), ("application_name=mybot", "mybot"), ("application%5Fname=encoded", "encoded")],
+)
 async def test_sessions_carry_the_dsns_application_name_else_asynccoord(
     pg: str, schema: str, query: str, named: str
 ) -> None:

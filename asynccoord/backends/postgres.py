@@ -282,6 +282,10 @@ def split_connect_timeout(dsn: str) -> tuple[str, float | None]:
     return stripped, None if seconds <= 0 else float(max(2, seconds))
 
 
+_SETTLE_S = 2.0
+"""Longest ``close()`` waits for connection attempts that cancelled calls left running, seconds."""
+
+
 def _valid_port(port: str | None) -> bool:
     """Whether a DSN's port is absent, empty or 1..65535 (ASCII digits)."""
     return not port or (port.isascii() and port.isdigit() and 0 < int(port) <= 65535)
@@ -436,7 +440,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         if self.schema is not None:
             settings["search_path"] = _quote_ident(self.schema)
         query = self._connect_dsn.partition("?")[2]
-        if not any(field.partition("=")[0] == "application_name" for field in query.split("&")):
+        names = {urllib.parse.unquote_plus(field.partition("=")[0]).lower() for field in query.split("&")}
+        if "application_name" not in names:
             settings["application_name"] = "asynccoord"  # unless the DSN names the application
         return settings
 
@@ -558,7 +563,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 await asyncio.wait_for(pool.close(), 10.0)
             except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                 pool.terminate()
-        await self._connector.settle(self.connect_timeout_s or 10.0)
+        await self._connector.settle(min(self.connect_timeout_s or _SETTLE_S, _SETTLE_S))
 
     @property
     def partitions(self) -> int:
