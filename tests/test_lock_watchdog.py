@@ -25,7 +25,7 @@ from asynccoord import (
     Watchdog,
 )
 from asynccoord import events as ev
-from asynccoord.watchdog import IDLE_EXIT_S
+from asynccoord.watchdog import IDLE_EXIT_S, Guard
 
 Store = MemoryStore | SQLiteStore
 
@@ -369,6 +369,21 @@ async def test_10000_held_locks_cost_one_statement_per_interval(make_store: Any,
     assert not any(g.active for g in guards)
 
 
+async def guard_twice(
+    store: Store, watchdog: Watchdog, *, ttls_s: tuple[float, float], intervals_s: tuple[float, float]
+) -> tuple[Guard, Guard]:
+    """Guard one lease twice through the public API: as acquired (``ttls_s[0]``), and as renewed
+    to ``ttls_s[1]`` (same owner token), each renewed every ``intervals_s[i]``."""
+    sent_at = time.monotonic()
+    lease = await store.try_acquire_lock("job", ttl_s=ttls_s[0])
+    assert isinstance(lease, Lease)
+    first = watchdog.guard(lease, sent_at=sent_at, renew_interval_s=intervals_s[0])
+    sent_at = time.monotonic()
+    renewed = await store.renew_lock(lease, ttls_s[1])
+    assert renewed is not None
+    return first, watchdog.guard(renewed, sent_at=sent_at, renew_interval_s=intervals_s[1])
+
+
 async def test_one_lease_guarded_twice_with_two_ttls_is_renewed_once_by_the_longer(rstore: Store) -> None:
     """Guarding a lease and its renewed copy (same owner token, another ttl_s) through the public
     API put both in every round; once ``renew_locks`` refused such a pair, each round failed as a
@@ -377,27 +392,20 @@ async def test_one_lease_guarded_twice_with_two_ttls_is_renewed_once_by_the_long
     bystander = Lock(rstore, "bystander", ttl_s=0.3, renew_interval_s=0.1)
     async with bystander:
         watchdog = Watchdog.for_store(rstore)
-        sent_at = time.monotonic()
-        lease = await rstore.try_acquire_lock("job", ttl_s=0.3)
-        assert isinstance(lease, Lease)
-        first = watchdog.guard(lease, sent_at=sent_at, renew_interval_s=0.1)
-        sent_at = time.monotonic()
-        longer = await rstore.renew_lock(lease, 0.9)
-        assert longer is not None
-        second = watchdog.guard(longer, sent_at=sent_at, renew_interval_s=0.1)
+        first, second = await guard_twice(rstore, watchdog, ttls_s=(0.3, 0.9), intervals_s=(0.1, 0.1))
         await asyncio.sleep(0.7)
         assert bystander.held
         assert first.active
         assert second.active
         assert watchdog.statistics().renew_errors == 0
-        rounds = [t for t, token in sent_tokens.sent if token == lease.owner_token]
+        rounds = [t for t, token in sent_tokens.sent if token == first.lease.owner_token]
         assert rounds
         assert len(rounds) == len(set(rounds))
         [info] = await rstore.list_locks("job")
         assert info.remaining_ttl_s > 0.6  # renewed by the longer ttl_s
         first.close()
         second.close()
-        await rstore.release_lock(longer)
+        await rstore.release_lock(second.lease)
     assert rstore.events.get(ev.LOCK_LOST) == 0
 
 
@@ -488,14 +496,7 @@ async def test_a_round_renews_a_lease_for_every_guard_of_it(rstore: Store) -> No
     """A lease guarded twice (30 s renewed every 10 s, and a 3 s copy renewed every second): the
     short guard's rounds renewed the lease by 3 s alone, under the long guard's 27 s deadline."""
     watchdog = Watchdog.for_store(rstore)
-    sent_at = time.monotonic()
-    lease = await rstore.try_acquire_lock("job", ttl_s=30.0)
-    assert isinstance(lease, Lease)
-    long = watchdog.guard(lease, sent_at=sent_at, renew_interval_s=10.0)
-    sent_at = time.monotonic()
-    short_lease = await rstore.renew_lock(lease, 3.0)
-    assert short_lease is not None
-    short = watchdog.guard(short_lease, sent_at=sent_at, renew_interval_s=1.0)
+    long, short = await guard_twice(rstore, watchdog, ttls_s=(30.0, 3.0), intervals_s=(10.0, 1.0))
     await asyncio.sleep(1.3)  # the short guard's first round
     assert watchdog.statistics().renew_rounds >= 1
     [info] = await rstore.list_locks("job")
@@ -504,4 +505,4 @@ async def test_a_round_renews_a_lease_for_every_guard_of_it(rstore: Store) -> No
         assert guard.remaining_s() <= info.remaining_ttl_s  # no guard outlasts the store's lease
     long.close()
     short.close()
-    await rstore.release_lock(lease)
+    await rstore.release_lock(short.lease)
