@@ -314,10 +314,9 @@ class Watchdog:
 
         Raises:
             InvalidArgumentError, InvalidTypeError: a bad argument (a lease that is not a
-                :class:`Lease` with valid fields, a ``sent_at`` that is not a finite number
-                or lies in the future,
-                an ``on_lost`` that is not a plain function, a ``task`` that is not an
-                :class:`asyncio.Task`...); nothing is guarded then.
+                :class:`Lease` with valid fields, a ``sent_at`` that is not a finite number or
+                lies in the future, an ``on_lost`` that is not a plain function, a ``task``
+                that is not an :class:`asyncio.Task`...); nothing is guarded then.
         """
         check_lease(lease)
         sent_at = check_finite("sent_at", sent_at)
