@@ -574,7 +574,13 @@ class _LeaseHandle:
         if self._auto_renew:
             self._watchdog.check_interval(ttl, self._renew_interval_s)
         sent_at = time.monotonic()
-        renewed = await self._store.renew_lock(lease, ttl)
+        guard = self._guard
+        if guard is None:
+            renewed = await self._store.renew_lock(lease, ttl)
+        else:  # the guard's deadline covers the renewal while it flies, whatever becomes of it
+            with guard.renewing(ttl, sent_at=sent_at) as landed:
+                renewed = await self._store.renew_lock(lease, ttl)
+                landed(renewed)
         if renewed is None:
             if self._holds(lease):
                 self._forget()
@@ -585,8 +591,6 @@ class _LeaseHandle:
             )
         if self._holds(lease):
             self._lease = renewed
-            if self._guard is not None:
-                self._guard.update(renewed, sent_at=sent_at)
         return renewed
 
     async def release(self) -> None:

@@ -25,10 +25,13 @@ The watchdog's own task runs only while it guards something (and lingers
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
+import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import events as ev
@@ -95,8 +98,11 @@ class Guard:
         "_lost",
         "_margin_ratio",
         "_next_renew_at",
+        "_pending",
+        "_recent",
         "_renew",
         "_task",
+        "_unresolved_ttl_s",
         "_watchdog",
         "on_lost",
     )
@@ -122,6 +128,12 @@ class Guard:
         self._deadline = sent_at + lease.ttl_s * (1.0 - margin_ratio)
         self._next_renew_at = sent_at + interval_s
         self._hold_deadline = hold_deadline
+        # Renewals of this lease in flight (write id -> (sent_at, ttl_s)); those that landed
+        # while one of them flew ((reply time, ttl_s)); and the shortest ttl_s of those whose
+        # fate is unknown (failed or cancelled: they may still land, at any time).
+        self._pending: dict[int, tuple[float, float]] = {}
+        self._recent: list[tuple[float, float]] = []
+        self._unresolved_ttl_s = math.inf
         self._task = task
         self._active = True
         self._lost: LockLostError | None = None
@@ -167,11 +179,37 @@ class Guard:
     def update(self, lease: Lease, *, sent_at: float) -> None:
         """Take a lease renewed outside the watchdog (an explicit renew sent at ``sent_at``).
 
-        That renewal is now the store's latest: the local deadline follows it, shorter
-        ``ttl_s`` or longer, on every guard of the lease (one lease guarded twice).
+        Prefer :meth:`renewing`, which also covers the renewal while it is in flight. A
+        lease renewed behind the guard's back (``store.renew_lock`` called directly, not
+        through :meth:`asynccoord.Lock.renew`) is not known to the guard: its local deadline
+        may then outlast the store's expiry.
         """
         if self._active and lease.owner_token == self._lease.owner_token:
-            self._watchdog._renewed_outside(self, lease, sent_at)
+            write = self._watchdog._renewal_sent(self._lease.owner_token, lease.ttl_s, sent_at)
+            self._watchdog._renewal_done(self._lease.owner_token, write, lease, sent_at)
+
+    @contextlib.contextmanager
+    def renewing(self, ttl_s: float, *, sent_at: float) -> Iterator[Callable[[Lease | None], None]]:
+        """Cover an explicit renewal of the lease to ``ttl_s`` sent at ``sent_at``, while it flies.
+
+        Use as ``with guard.renewing(ttl, sent_at=t0) as landed: landed(await
+        store.renew_lock(lease, ttl))``. On entry the local deadline of every guard of the
+        lease comes down to ``sent_at + ttl_s * (1 - margin)`` if that is earlier (the write
+        may land at any time from now on); ``landed(renewed)`` with the renewed lease takes
+        it (``None``: it had lapsed, nothing landed). Leaving without ``landed`` (an error,
+        a cancellation, a timeout) leaves the renewal's fate unknown: from then on no
+        deadline of the lease counts on more than ``ttl_s``.
+        """
+        token = self._lease.owner_token
+        write = self._watchdog._renewal_sent(token, ttl_s, sent_at)
+        outcome: list[Lease | None] = []
+        try:
+            yield outcome.append
+        finally:
+            if outcome:
+                self._watchdog._renewal_done(token, write, outcome[0], sent_at)
+            else:
+                self._watchdog._renewal_unknown(token, write)
 
     def close(self) -> None:
         """Stop guarding and renewing the lease. Idempotent; never awaits."""
@@ -179,25 +217,43 @@ class Guard:
             self._active = False
             self._watchdog._forget(self)
 
-    def _accept(self, lease: Lease, sent_at: float) -> None:
-        """Take a renewal sent at ``sent_at`` that is the store's latest write of the lease.
+    def _sent(self, write: int, ttl_s: float, sent_at: float) -> None:
+        """A renewal to ``ttl_s`` was sent: it may land at any moment from ``sent_at`` on."""
+        self._pending[write] = (sent_at, ttl_s)
+        self._deadline = min(self._deadline, sent_at + ttl_s * (1.0 - self._margin_ratio))
 
-        The deadline is replaced, not extended: a renewal to a shorter ``ttl_s`` brings the
-        store's expiry closer, and the local deadline must never outlast it.
+    def _landed(self, write: int, ttl_s: float, sent_at: float) -> None:
+        """A renewal to ``ttl_s`` sent at ``sent_at`` landed: the store's expiry is what it set
+        or what a write landing after it sets. Such a write lands after ``sent_at``: it is one
+        still in flight, one of unknown fate, or one whose answer came after ``sent_at``. So
+        the expiry is at least ``sent_at`` plus the shortest ``ttl_s`` among this renewal and
+        those. The deadline is replaced by that bound (not extended: a renewal to a shorter
+        ``ttl_s`` brings the store's expiry closer).
+
+        Source: the local deadline counts from the time the request was sent, as in
+        Kleppmann's "How to do distributed locking" (2016) and Redlock's validity time.
         """
-        self._lease = lease
-        self._deadline = sent_at + lease.ttl_s * (1.0 - self._margin_ratio)
+        now = time.monotonic()
+        self._pending.pop(write, None)
+        shortest = min(
+            ttl_s,
+            self._unresolved_ttl_s,
+            *(ttl for _sent, ttl in self._pending.values()),
+            *(ttl for answered, ttl in self._recent if answered > sent_at),
+        )
+        self._deadline = sent_at + shortest * (1.0 - self._margin_ratio)
         self._next_renew_at = sent_at + self._interval_s
+        # Kept only while a renewal sent before its answer still flies.
+        oldest = min((sent for sent, _ttl in self._pending.values()), default=now)
+        self._recent = [(answered, ttl) for answered, ttl in self._recent if answered > oldest]
+        if self._pending:
+            self._recent.append((now, ttl_s))
 
-    def _overtaken(self, renewed: Lease, sent_at: float) -> None:
-        """A round's renewal landed after the lease was renewed outside the watchdog (:meth:`update`).
-
-        The store kept whichever of the two came last, perhaps the round's shorter ``ttl_s``:
-        the local deadline must not outlast it. The lease as updated (its ``ttl_s``) stays,
-        and the watchdog renews it again at once, which settles the store's expiry.
-        """
-        self._deadline = min(self._deadline, sent_at + renewed.ttl_s * (1.0 - self._margin_ratio))
-        self._next_renew_at = time.monotonic()
+    def _unknown(self, write: int) -> None:
+        """A renewal failed or was cancelled: it may still land, at any time."""
+        flight = self._pending.pop(write, None)
+        if flight is not None:
+            self._unresolved_ttl_s = min(self._unresolved_ttl_s, flight[1])
 
     def _on_task_done(self, _task: object) -> None:
         self.close()
@@ -224,6 +280,7 @@ class Watchdog:
         self._store = store
         self._margin_ratio = ratio
         self._guards: set[Guard] = set()
+        self._writes = itertools.count()  # renewal write ids
         self._task: asyncio.Task[None] | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
@@ -381,16 +438,37 @@ class Watchdog:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _renewed_outside(self, guard: Guard, lease: Lease, sent_at: float) -> None:
-        """An explicit renewal of ``lease``: every active guard of its owner token takes it."""
-        guard._accept(lease, sent_at)
-        earliest = self._next_event(guard)
-        for g in self._guards:
-            if g is not guard and g._active and g._lease.owner_token == lease.owner_token:
-                g._accept(lease, sent_at)
-                earliest = min(earliest, self._next_event(g))
-        if earliest < self._wake_at:  # a shorter ttl_s brought a deadline in: wake up for it
-            self._poke()
+    def _of(self, owner_token: str) -> list[Guard]:
+        """The active guards of one lease (more than one: the lease guarded twice)."""
+        return [g for g in self._guards if g._active and g._lease.owner_token == owner_token]
+
+    def _renewal_sent(self, owner_token: str, ttl_s: float, sent_at: float) -> int:
+        """An explicit renewal of a lease is on its way: bring its guards' deadlines in."""
+        write = next(self._writes)
+        guards = self._of(owner_token)
+        for g in guards:
+            g._sent(write, ttl_s, sent_at)
+        self._wake_for(guards)
+        return write
+
+    def _renewal_done(self, owner_token: str, write: int, renewed: Lease | None, sent_at: float) -> None:
+        """An explicit renewal came back: ``renewed``, or None (nothing landed: it had lapsed)."""
+        guards = self._of(owner_token)
+        for g in guards:
+            if renewed is None:
+                g._pending.pop(write, None)
+            else:
+                g._lease = renewed
+                g._landed(write, renewed.ttl_s, sent_at)
+        self._wake_for(guards)
+
+    def _renewal_unknown(self, owner_token: str, write: int) -> None:
+        for g in self._of(owner_token):
+            g._unknown(write)
+
+    def _wake_for(self, guards: list[Guard]) -> None:
+        if guards and min(self._next_event(g) for g in guards) < self._wake_at:
+            self._poke()  # a deadline came in: wake up for it
 
     def _forget(self, g: Guard) -> None:
         self._guards.discard(g)
@@ -545,7 +623,17 @@ class Watchdog:
                 kept = by_token.get(lease.owner_token)
                 if kept is None or lease.ttl_s > kept.ttl_s:
                     by_token[lease.owner_token] = lease
-            renewed_by_token = dict(zip(by_token, await self._store.renew_locks(list(by_token.values())), strict=True))
+            write = next(self._writes)
+            for g, _lease in sent:
+                g._sent(write, by_token[g._lease.owner_token].ttl_s, sent_at)
+            try:
+                renewed_by_token = dict(
+                    zip(by_token, await self._store.renew_locks(list(by_token.values())), strict=True)
+                )
+            except BaseException:
+                for g, _lease in sent:
+                    g._unknown(write)
+                raise
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -564,6 +652,7 @@ class Watchdog:
                     continue
                 renewed = renewed_by_token[lease.owner_token]
                 if renewed is None:
+                    g._pending.pop(write, None)
                     error = LockLostError(
                         f"lock {lease.name!r} (fencing token {lease.fencing_token}) had expired or been taken "
                         "over when the watchdog renewed it"
@@ -571,10 +660,9 @@ class Watchdog:
                     losses.append((g, error))
                     continue
                 self._renewed += 1
-                if g._lease is lease:
-                    g._accept(renewed, sent_at)
-                else:
-                    g._overtaken(renewed, sent_at)
+                if g._lease is lease:  # else an explicit renew replaced it meanwhile: keep that one
+                    g._lease = renewed
+                g._landed(write, renewed.ttl_s, sent_at)
             self._lose_all(losses)
         finally:
             self._renewal = None

@@ -506,3 +506,56 @@ async def test_a_round_renews_a_lease_for_every_guard_of_it(rstore: Store) -> No
     long.close()
     short.close()
     await rstore.release_lock(short.lease)
+
+
+async def _store_remaining_s(store: Store, lease: Lease) -> float:
+    infos = [i for i in await store.list_locks(lease.name) if i.owner_token == lease.owner_token]
+    return infos[0].remaining_ttl_s if infos else 0.0
+
+
+async def test_a_renew_to_a_shorter_ttl_that_never_answers_still_brings_the_deadline_in(rstore: Store) -> None:
+    """``lock.renew(ttl_s=1.0)`` timed out after its write landed: the guard kept the 10 s
+    deadline while the store's lease lapsed at 1 s (a breaker's find). The deadline now comes
+    in when the renewal is sent, whatever becomes of it."""
+    inner = rstore.renew_lock
+
+    async def slow_answer(lease: Lease, ttl_s: float | None = None) -> Lease | None:
+        renewed = await inner(lease, ttl_s)  # the write lands...
+        await asyncio.sleep(0.5)  # ...and its answer is late
+        return renewed
+
+    rstore.renew_lock = slow_answer  # type: ignore[method-assign]
+    lock = Lock(rstore, "job", ttl_s=10.0, auto_renew=False)
+    async with lock as lease:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(lock.renew(ttl_s=1.0), 0.1)
+        guard = lock._guard
+        assert guard is not None
+        assert guard.remaining_s() <= await _store_remaining_s(rstore, lease)
+        assert guard.remaining_s() < 1.0
+
+
+async def test_a_rounds_late_answer_counts_a_shorter_renew_that_may_have_landed_after_it(rstore: Store) -> None:
+    """A round (4 s) lands, its answer is held back; an explicit renew to 0.7 s lands after it
+    and answers at once. When the round's answer comes, the store holds 0.7 s: the deadline must
+    not go back to the round's 4 s (a breaker's stress run: guard 3.3 s against store 0.5 s)."""
+    inner = rstore.renew_locks
+    landed, answer = asyncio.Event(), asyncio.Event()
+
+    async def late_answer(leases: Sequence[Lease]) -> list[Lease | None]:
+        renewed = await inner(leases)
+        if not landed.is_set():
+            landed.set()
+            await answer.wait()
+        return renewed
+
+    rstore.renew_locks = late_answer  # type: ignore[method-assign]
+    lock = Lock(rstore, "job", ttl_s=4.0, renew_interval_s=0.5)
+    async with lock as lease:
+        await asyncio.wait_for(landed.wait(), 2.0)  # the round's 4 s write is in the store
+        await lock.renew(ttl_s=0.7)  # lands after it
+        answer.set()
+        await asyncio.sleep(0.05)  # the round's answer is taken
+        guard = lock._guard
+        assert guard is not None
+        assert guard.remaining_s() <= await _store_remaining_s(rstore, lease)
