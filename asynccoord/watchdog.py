@@ -521,13 +521,13 @@ class Watchdog:
         if not g._renew:  # a guard that never renews: the block simply outlived the lease's TTL
             return LockLostError(
                 f"lock {lease.name!r} (fencing token {lease.fencing_token}) is not renewed (auto_renew off) and "
-                f"the block outlived its TTL of {lease.ttl_s:.3f} s, less a safety margin of "
-                f"{lease.ttl_s * self._margin_ratio:.3f} s, so the work it guarded was stopped"
+                f"the block outlived its TTL (counted from the last acquisition or renewal sent, less a safety "
+                f"margin of {self._margin_ratio:.0%}), so the work it guarded was stopped"
             )
         return LockLostError(
-            f"lock {lease.name!r} (fencing token {lease.fencing_token}) was not renewed in time: its lease "
-            f"may lapse within {lease.ttl_s * self._margin_ratio:.3f} s (store unreachable or slow, or the "
-            "event loop was blocked), so the work it guarded was stopped"
+            f"lock {lease.name!r} (fencing token {lease.fencing_token}) was not renewed in time: its lease may "
+            f"lapse within {self._margin_ratio:.0%} of its TTL (store unreachable or slow, or the event loop was "
+            "blocked), so the work it guarded was stopped"
         )
 
     @staticmethod
