@@ -353,7 +353,11 @@ class Watchdog:
     ) -> Guard:
         """Start guarding ``lease``: track its local deadline and, if ``renew``, renew it.
 
-        Must be called from the event loop that will run the watchdog.
+        Must be called from the event loop that will run the watchdog. Guard a lease in one
+        watchdog only (the one :meth:`for_store` gives for the store that acquired it, as
+        :class:`~asynccoord.Lock` does): guards of one lease in two watchdogs do not see each
+        other's renewals, and a local deadline may then outlast the store's expiry. Renew it
+        only through :class:`~asynccoord.Lock` or :meth:`Guard.renewing`, for the same reason.
 
         Args:
             lease: A lease just acquired from this watchdog's store.
