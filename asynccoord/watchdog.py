@@ -56,6 +56,8 @@ IDLE_EXIT_S = 0.2
 (so a lock taken and released many times a second does not start a task each time)."""
 
 _REGISTRY: weakref.WeakKeyDictionary[object, Watchdog] = weakref.WeakKeyDictionary()
+_GUARDED_IN: weakref.WeakValueDictionary[str, Watchdog] = weakref.WeakValueDictionary()
+"""Owner token -> the watchdog guarding that lease (one per lease: see Watchdog.guard)."""
 
 OnLost = Callable[[LockLostError], None]
 
@@ -353,11 +355,12 @@ class Watchdog:
     ) -> Guard:
         """Start guarding ``lease``: track its local deadline and, if ``renew``, renew it.
 
-        Must be called from the event loop that will run the watchdog. Guard a lease in one
-        watchdog only (the one :meth:`for_store` gives for the store that acquired it, as
-        :class:`~asynccoord.Lock` does): guards of one lease in two watchdogs do not see each
-        other's renewals, and a local deadline may then outlast the store's expiry. Renew it
-        only through :class:`~asynccoord.Lock` or :meth:`Guard.renewing`, for the same reason.
+        Must be called from the event loop that will run the watchdog. A lease is guarded in
+        one watchdog only (the one :meth:`for_store` gives for the store that acquired it, as
+        :class:`~asynccoord.Lock` does): guards of one lease in two watchdogs would not see each
+        other's renewals, so a second watchdog is refused while the first guards the lease.
+        Renew a guarded lease only through :class:`~asynccoord.Lock` or
+        :meth:`Guard.renewing`: a renewal behind the guard's back is unknown to it.
 
         Args:
             lease: A lease just acquired from this watchdog's store.
@@ -377,7 +380,8 @@ class Watchdog:
             InvalidArgumentError, InvalidTypeError: a bad argument (a lease that is not a
                 :class:`Lease` with valid fields, a ``sent_at`` that is not a finite number or
                 lies in the future, an ``on_lost`` that is not a plain function, a ``task``
-                that is not an :class:`asyncio.Task`...); nothing is guarded then.
+                that is not an :class:`asyncio.Task`, a lease another watchdog guards...);
+                nothing is guarded then.
         """
         check_lease(lease)
         sent_at = check_finite("sent_at", sent_at)
@@ -387,6 +391,12 @@ class Watchdog:
                 f" which is in the future (time.monotonic() is now {time.monotonic()!r})"
             )
         check_bool("renew", renew)
+        other = _GUARDED_IN.get(lease.owner_token)
+        if other is not None and other is not self and other._of(lease.owner_token):
+            raise InvalidArgumentError(
+                f"lease of {lease.name!r} (fencing token {lease.fencing_token}) is guarded by another watchdog"
+                f" ({other!r}): guard a lease in one watchdog (they do not see each other's renewals)"
+            )
         if on_lost is not None and (not callable(on_lost) or is_async_callable(on_lost)):
             raise InvalidTypeError(f"on_lost must be a plain function or None, got {on_lost!r}")
         if task is not None and not isinstance(task, asyncio.Task):
@@ -418,6 +428,7 @@ class Watchdog:
             self._task = self._renewal = self._wake = None
             self._wake_at = float("inf")
         self._guards.add(g)
+        _GUARDED_IN[lease.owner_token] = self
         if self._task is None:
             self._task = loop.create_task(self._run(), name="asynccoord-lock-watchdog")
         elif self._next_event(g) < self._wake_at:
@@ -476,6 +487,8 @@ class Watchdog:
 
     def _forget(self, g: Guard) -> None:
         self._guards.discard(g)
+        if _GUARDED_IN.get(g._lease.owner_token) is self:
+            del _GUARDED_IN[g._lease.owner_token]
         if g._task is not None:
             g._task.remove_done_callback(g._on_task_done)
         if not self._guards:

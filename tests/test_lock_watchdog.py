@@ -559,3 +559,20 @@ async def test_a_rounds_late_answer_counts_a_shorter_renew_that_may_have_landed_
         guard = lock._guard
         assert guard is not None
         assert guard.remaining_s() <= await _store_remaining_s(rstore, lease)
+
+
+async def test_a_lease_guarded_in_one_watchdog_is_refused_by_another(rstore: Store) -> None:
+    """Two watchdogs guarding one lease do not see each other's renewals (a breaker's run: 732 to
+    1,089 samples of a guard past the store's expiry, and another holder took the lock)."""
+    first, second = Watchdog(rstore), Watchdog(rstore)
+    sent_at = time.monotonic()
+    lease = await rstore.try_acquire_lock("job", ttl_s=2.0)
+    assert isinstance(lease, Lease)
+    guard = first.guard(lease, sent_at=sent_at)
+    with pytest.raises(InvalidArgumentError, match="guarded by another watchdog"):
+        second.guard(lease, sent_at=sent_at)
+    assert second.statistics().guarded == 0
+    guard.close()
+    second.guard(lease, sent_at=sent_at).close()  # once the first let go, the other may
+    await first.aclose()
+    await second.aclose()
