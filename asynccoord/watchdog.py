@@ -282,6 +282,7 @@ class Watchdog:
         self._store = store
         self._margin_ratio = ratio
         self._guards: set[Guard] = set()
+        self._by_token: dict[str, set[Guard]] = {}  # the same guards, by their lease's owner token
         self._writes = itertools.count()  # renewal write ids
         self._task: asyncio.Task[None] | None = None
         self._renewal: asyncio.Task[None] | None = None
@@ -425,9 +426,11 @@ class Watchdog:
             # The loop that ran the watchdog is gone (a store reused across event loops):
             # its guards died with it.
             self._guards.clear()
+            self._by_token.clear()
             self._task = self._renewal = self._wake = None
             self._wake_at = float("inf")
         self._guards.add(g)
+        self._by_token.setdefault(lease.owner_token, set()).add(g)
         _GUARDED_IN[lease.owner_token] = self
         if self._task is None:
             self._task = loop.create_task(self._run(), name="asynccoord-lock-watchdog")
@@ -455,7 +458,7 @@ class Watchdog:
 
     def _of(self, owner_token: str) -> list[Guard]:
         """The active guards of one lease (more than one: the lease guarded twice)."""
-        return [g for g in self._guards if g._active and g._lease.owner_token == owner_token]
+        return [g for g in self._by_token.get(owner_token, ()) if g._active]
 
     def _renewal_sent(self, owner_token: str, ttl_s: float, sent_at: float) -> int:
         """An explicit renewal of a lease is on its way: bring its guards' deadlines in."""
@@ -487,6 +490,11 @@ class Watchdog:
 
     def _forget(self, g: Guard) -> None:
         self._guards.discard(g)
+        same = self._by_token.get(g._lease.owner_token)
+        if same is not None:
+            same.discard(g)
+            if not same:
+                del self._by_token[g._lease.owner_token]
         if _GUARDED_IN.get(g._lease.owner_token) is self:
             del _GUARDED_IN[g._lease.owner_token]
         if g._task is not None:
@@ -625,14 +633,9 @@ class Watchdog:
                 return
             # A lease guarded twice (through the public API) is renewed for all its guards at
             # once: a round must not move the store's expiry under a guard it leaves out.
-            tokens = {lease.owner_token for _g, lease in sent}
-            if len(self._guards) > len(sent):
-                in_round = {g for g, _lease in sent}
-                sent += [
-                    (g, g._lease)
-                    for g in self._guards
-                    if g._active and g not in in_round and g._lease.owner_token in tokens
-                ]
+            in_round = {g for g, _lease in sent}
+            for token in {lease.owner_token for _g, lease in sent}:
+                sent += [(g, g._lease) for g in self._of(token) if g not in in_round]
             # One lease per owner token: guards of one lease (guarded twice through the public
             # API, perhaps with another ttl_s) share one renewal, by the longest ttl_s.
             by_token: dict[str, Lease] = {}
