@@ -423,6 +423,11 @@ class Node:
             raise InvalidTypeError(f"membership must be a Membership or None, got {membership!r}")
         if lock_pool is not None and not isinstance(lock_pool, LockPool):
             raise InvalidTypeError(f"lock_pool must be a LockPool or None, got {lock_pool!r}")
+        if lock_store is not None and not hasattr(lock_store, "try_acquire_lock"):
+            raise InvalidTypeError(
+                "lock_store must implement the lock contract (a lock store) or be None, "
+                f"got {type(lock_store).__name__}"
+            )
         queue = (config or NodeConfig()).queue
         if membership is not None and membership.queue is not None and membership.queue != queue:
             raise InvalidArgumentError(
@@ -1539,7 +1544,7 @@ async def _carrying_exits(send: Coroutine[Any, Any, Any]) -> Any:
 
 
 def _unsent(result: Any) -> InvalidTypeError | None:
-    """The error of a send that returned an unawaited coroutine or an async generator (nothing of it ran).
+    """The error of a send that returned an unawaited coroutine or a generator, async or plain (nothing of it ran).
 
     ``async def send(task): return client.send(task)`` (a missing ``await``): committing it
     would mark a message sent that never was. It is a failed send instead; the coroutine is
@@ -1550,6 +1555,9 @@ def _unsent(result: Any) -> InvalidTypeError | None:
         return InvalidTypeError(f"send returned an unawaited coroutine (a missing await?): {result!r}")
     if inspect.isasyncgen(result):
         return InvalidTypeError(f"send returned an async generator, not a result: {result!r}")
+    if inspect.isgenerator(result):
+        result.close()
+        return InvalidTypeError(f"send returned a generator, not a result: {result!r}")
     return None
 
 

@@ -227,19 +227,21 @@ def check_bool(arg: str, value: object) -> bool:
 
 
 def check_send(send: object) -> None:
-    """Check a node's ``send``: a callable, not an async generator function.
+    """Check a node's ``send``: a callable, not a generator function (async or plain).
 
     Raises:
-        InvalidTypeError: ``send`` is not callable, or is an ``async def`` with ``yield``
-            (calling it runs nothing: every task would be committed unsent).
+        InvalidTypeError: ``send`` is not callable, or is a function with ``yield`` (an
+            ``async def`` or a plain ``def``): calling it runs nothing of its body, so every
+            task would be committed unsent.
     """
     if not callable(send):
         raise InvalidTypeError(f"send must be callable (an async function, or a plain one), got {send!r}")
-    if inspect.isasyncgenfunction(send) or inspect.isasyncgenfunction(type(send).__call__):
-        raise InvalidTypeError(
-            f"send must be an async function or a plain one, got the async generator function {send!r} "
-            "(calling it sends nothing)"
-        )
+    for kind, test in (("async generator", inspect.isasyncgenfunction), ("generator", inspect.isgeneratorfunction)):
+        if test(send) or test(type(send).__call__):
+            raise InvalidTypeError(
+                f"send must be an async function or a plain one, got the {kind} function {send!r} "
+                "(calling it sends nothing)"
+            )
 
 
 def is_async_callable(fn: object) -> bool:

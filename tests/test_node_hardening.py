@@ -228,6 +228,10 @@ async def test_a_send_that_is_not_callable_is_refused(send: Any) -> None:
             Node(store, send, node_id="n1")
 
 
+async def _plain_send(task: Task) -> None:
+    return None
+
+
 async def _send_generator(task: Task) -> Any:  # a mistake: `yield` makes it an async generator
     yield task.payload
 
@@ -237,20 +241,68 @@ class _GeneratorSend:
         yield task.payload
 
 
+def _sync_send_generator(task: Task) -> Any:  # a mistake: `yield` makes it a generator function
+    yield task.payload
+
+
+class _SyncGeneratorSend:
+    def __call__(self, task: Task) -> Any:
+        yield task.payload
+
+
 @pytest.mark.parametrize(
-    "send",
-    [_send_generator, functools.partial(_send_generator), _GeneratorSend()],
-    ids=["def", "partial", "call"],
+    ("send", "kind"),
+    [
+        (_send_generator, "async generator"),
+        (functools.partial(_send_generator), "async generator"),
+        (_GeneratorSend(), "async generator"),
+        (_sync_send_generator, "the generator function"),
+        (_SyncGeneratorSend(), "the generator function"),
+    ],
+    ids=["def", "partial", "call", "sync-def", "sync-call"],
 )
-async def test_an_async_generator_send_is_refused(send: Any) -> None:
-    """Calling an async generator function runs none of its body: every task would be committed unsent."""
+async def test_a_generator_send_is_refused(send: Any, kind: str) -> None:
+    """Calling a generator function (async or plain) runs none of its body: every task would be committed unsent."""
     async with MemoryStore() as store:
         await store.enqueue("q", {"n": 1}, partition_key="c")
-        with pytest.raises(InvalidTypeError, match="async generator"):
+        with pytest.raises(InvalidTypeError, match=kind):
             Runtime(store, send=send, nodes=1, config=FAST)
-        with pytest.raises(InvalidTypeError, match="async generator"):
+        with pytest.raises(InvalidTypeError, match=kind):
             Node(store, send, node_id="n1")
         assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1  # nothing claimed
+
+
+async def test_a_plain_send_returning_a_generator_fails_its_task_unsent() -> None:
+    """A plain function that returns a generator object has run none of the generator's body:
+    the task fails (retried, then dead-lettered), never committed as sent."""
+    started: list[int] = []
+
+    def lazy(task: Task) -> Any:
+        started.append(task.id)
+        yield None
+
+    def send(task: Task) -> Any:
+        return lazy(task)  # the bug under test: a generator returned, never iterated
+
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+        counts = await drain(store, Runtime(store, send=send, nodes=1, config=FAST))
+        assert (counts.get(TaskStatus.DEAD), counts.get(TaskStatus.DONE, 0)) == (1, 0)
+        (task,) = store._tasks.values()
+        assert "returned a generator" in (task.last_error or "")
+        assert started == []
+
+
+async def test_a_node_refuses_a_lock_store_without_the_lock_contract() -> None:
+    """As ``Runtime`` does: refused at construction, before the node has claimed anything."""
+    async with MemoryStore() as store:
+        await store.enqueue("q", {"n": 1}, partition_key="c")
+        with pytest.raises(InvalidTypeError, match=r"lock_store must implement the lock contract .*, got int"):
+            Node(store, _plain_send, node_id="n1", config=FAST, lock_key=lambda t: "x", lock_store=5)
+        with pytest.raises(InvalidTypeError, match="lock contract"):
+            Runtime(store, send=_plain_send, nodes=1, config=FAST, lock_key=lambda t: "x", lock_store=5)
+        (task,) = store._tasks.values()
+        assert (task.status, task.version) == (TaskStatus.PENDING, 0)  # nothing claimed
 
 
 async def test_an_async_generator_send_swapped_in_fails_its_task_unsent() -> None:

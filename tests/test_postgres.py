@@ -32,6 +32,7 @@ from asynccoord.errors import (
     SchemaVersionError,
     StoreConnectionError,
     StoreError,
+    TaskNotFoundError,
 )
 from asynccoord.stores import open_store, redact_location, redact_target, store_kind
 
@@ -1902,3 +1903,30 @@ async def test_a_lock_grant_never_waits_for_the_lease_garbage_collection(pg: str
         await asyncio.wait_for(collected.wait(), 5.0)  # it still runs, in the background
     async with PostgresStore(pg, schema=schema) as reader:
         assert await reader.list_locks() == []
+
+
+async def test_a_continuation_of_an_unknown_task_writes_nothing(pg: str, schema: str) -> None:
+    """complete_and_claim_next with a task the store never had raises TaskNotFoundError before
+    the queue's first continuation makes it keep per-key heads (no row of coord_ordered_queues
+    or coord_task_keys, no head marked); a real task then does, under the stored queue."""
+    import asyncpg
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue("q", 1, partition_key="k")
+        await store.enqueue("q", 2, partition_key="k")
+        [task] = await store.claim("q", node_id="n", lease_s=60)
+        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            before = await conn.fetch("SELECT id, version, is_head FROM coord_tasks ORDER BY id")
+            with pytest.raises(TaskNotFoundError):
+                await store.complete_and_claim_next(dataclasses.replace(task, id=task.id + 1000))
+            assert await conn.fetchval("SELECT count(*) FROM coord_ordered_queues") == 0
+            assert await conn.fetchval("SELECT count(*) FROM coord_task_keys") == 0
+            assert await conn.fetch("SELECT id, version, is_head FROM coord_tasks ORDER BY id") == before
+            # A forged queue in the caller's copy: heads are kept for the stored queue.
+            outcome = await store.complete_and_claim_next(dataclasses.replace(task, queue="forged"))
+            assert outcome.next_task is not None
+            assert outcome.next_task.payload == 2
+            assert await conn.fetchval("SELECT array_agg(queue) FROM coord_ordered_queues") == ["q"]
+        finally:
+            await conn.close()

@@ -154,6 +154,16 @@ class QueueStore(Protocol):
     async def complete(self, task: Task, result: Any = None) -> Task:
         """Mark ``task`` done and write its processed-id record, in one transaction.
 
+        Returns:
+            The done task: ``task`` with what the commit wrote (status, version, result,
+            lease fields cleared, ``updated_at``). The compare-and-set on id, lease token
+            and version means its other fields are the stored row's as claimed. The SQLite
+            and PostgreSQL stores do not read them back (one commit is a hot path): a
+            field the caller changed in its own copy shows in the returned task, never in
+            the store, which writes and records from its own row. ``get(task.id)`` reads
+            the stored row. The same holds for :meth:`complete_many` and
+            :meth:`complete_and_claim_next`.
+
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
             TaskNotFoundError: no such task.

@@ -1050,7 +1050,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         [checked], encoded, fenced, lease, _ = check_continuation(task, result, fence, lease_s, self.config)
         self._writable()
         if checked.queue not in self._kept_queues:  # once per queue (no coroutine per call after that)
-            await self._keep_heads(checked.queue)
+            # The stored task's queue, and only once the task is known to exist: a call with a
+            # task id the store never had raises TaskNotFoundError before anything is written.
+            await self._keep_heads((await self.get(checked.id)).queue)
         item = _Item(checked, encoded[0], None if fenced is None else fenced[0], lease)
         # Not asyncio.shield (a future, two closures and three cells per call): a cancellation
         # cancels the future, and the batcher hands the item's outcome to _orphaned_commit.
