@@ -426,6 +426,7 @@ async def drain_runtime(
                     view = await runtime.membership.wait_changed(view.version)
             enqueued_at = await barrier()  # the tasks are enqueued (by the parent, or here with one process)
             start = time.time() if enqueued_at is None else enqueued_at
+            cpu_start = time.process_time()
             # They came from another store object: on SQLite, wake the owners of their keys'
             # partitions, as an in-process enqueue does (a wake-up of every node would make the
             # nodes owning none of them claim for nothing). A PostgreSQL store's listener was
@@ -436,6 +437,7 @@ async def drain_runtime(
                 store.notifier.notify(QUEUE, len(runtime.nodes), {partition_of(k, store.partitions) for k in keys})
             drained = await wait_drained(args.max_cell_s)
             end = time.time()
+            cpu_s = time.process_time() - cpu_start
         events = dict(store.events.snapshot())
     return {
         "sent": sent,
@@ -445,6 +447,7 @@ async def drain_runtime(
         "drained": drained,
         "events": events,
         "claims": claims,
+        "cpu_s": cpu_s,
     }
 
 
@@ -722,12 +725,14 @@ def cell(
         "claim_calls": claims["calls"],
         "empty_claims": claims["empty"],
         "idle_polls": claims["polls"],
+        "cpu_s": round(sum(p["cpu_s"] for p in parts), 3) if all("cpu_s" in p for p in parts) else None,
         "conflicts": {k: v for k, v in sorted(events.items()) if k not in ("claims", "commits")},
         "raw_commits_per_s": round(raw, 1),
         "vs_raw_commits": round(rate / raw, 3) if raw else None,
     }
     counted = (  # lock-table and none claim without store.claim: nothing to count
-        f", {claims['calls']:,} claims ({claims['empty']:,} empty), {claims['polls']:,} idle polls"
+        f", {claims['calls']:,} claims ({claims['empty']:,} empty), {claims['polls']:,} idle polls, "
+        f"{row['cpu_s']} s CPU"
         if strategy not in ("lock-table", "none")
         else ""
     )

@@ -124,6 +124,10 @@ def check_contention_rows(rows: list[dict[str, Any]], tasks: int, cells: set[tup
         if row["strategy"] == "all":
             assert row["claim_calls"] >= 1, cell
             assert row["stolen"] is not None, cell
+        if row["strategy"] == "lock-table":
+            assert row["cpu_s"] is None, cell  # not a runtime's drain: not measured
+        else:
+            assert positive(row["cpu_s"]), cell  # the drain's processes, from the clock to the end
 
 
 def test_contention_on_sqlite_commits_every_task_once_in_one_and_two_processes(tmp_path: Path) -> None:
