@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .errors import InvalidArgumentError, InvalidTypeError
 from .partition import MAX_PARTITIONS
-from .validation import MAX_ATTEMPTS, MAX_PURGE_BATCH, check_bool, check_int, check_non_negative, check_positive
+from .validation import MAX_ATTEMPTS, MAX_PURGE_BATCH, _short, check_bool, check_int, check_non_negative, check_positive
 
 __all__ = ("DEFAULT_PARTITIONS", "MIN_CHECKPOINT_INTERVAL_S", "ProcessedRetention", "RetryPolicy", "StoreConfig")
 
@@ -75,12 +75,21 @@ class RetryPolicy:
 
         Args:
             failures: How many attempts have failed so far, >= 1.
-            rng: Source of randomness for the jitter; the module's default if None.
+            rng: Source of randomness for the jitter (a ``random.Random``, or any object
+                with its ``uniform(a, b)`` method); the module's default if None.
 
         Raises:
+            InvalidTypeError: ``failures`` is not an int (bool is refused), or ``rng``
+                is neither None nor has a ``uniform`` method.
             InvalidArgumentError: ``failures`` < 1.
         """
         check_int("failures", failures, minimum=1)
+        given: object = rng
+        if given is not None and not isinstance(given, random.Random) and not callable(getattr(given, "uniform", None)):
+            raise InvalidTypeError(
+                "rng must be a random.Random (or have a uniform method) or None, "
+                f"got {type(given).__name__} {_short(given)}"
+            )
         exponent = min(failures - 1, 1024)  # factor ** 1024 would overflow; cap_s bounds it anyway
         try:
             raw = self.base_s * self.factor**exponent

@@ -100,14 +100,21 @@ class EventCounter:
         """
         if type(n) is not int or not 0 <= n < 2**31:
             check_int("n", n, minimum=0, maximum=2**31 - 1)
-        if name not in _KNOWN:
+        if type(name) is not str or name not in _KNOWN:  # the type first: a list is not even hashable
             check_name("name", name)
         if n:
             with self._lock:
                 self._counts[name] += n
 
     def get(self, name: str) -> int:
-        """Current value of ``name`` (0 if never bumped)."""
+        """Current value of ``name`` (0 if never bumped).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: ``name`` is not a text identifier
+                (a str of 1..255 characters, no NUL).
+        """
+        if type(name) is not str or name not in _KNOWN:
+            check_name("name", name)
         with self._lock:
             return self._counts[name]
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from .errors import InvalidArgumentError, InvalidTypeError
-from .validation import check_name
+from .validation import _short, check_finite, check_int, check_name, check_non_negative
 
 __all__ = (
     "BUCKET_BOUNDS_MS",
@@ -72,6 +72,13 @@ SLOTS = len(BUCKET_BOUNDS_MS) + 1
 """Number of count slots: one per finite bound plus the overflow slot (``+Inf``)."""
 
 
+def _check_sum(arg: str, value: object) -> float:
+    """Check a histogram's sum of values: a number >= 0, not NaN (+inf: a sum that overflowed)."""
+    if type(value) is float and value >= 0.0:  # NaN fails the comparison; +inf passes
+        return value
+    return check_non_negative(arg, value, maximum=None)
+
+
 def slot_of(value_ms: float) -> int:
     """The slot index counting ``value_ms`` (>= 0): the first bound >= the value, or overflow."""
     return bisect.bisect_left(BUCKET_BOUNDS_MS, value_ms)
@@ -82,21 +89,38 @@ class Histogram:
     """An immutable latency histogram over :data:`BUCKET_BOUNDS_MS`.
 
     Attributes:
-        counts: Observations per slot, ``SLOTS`` non-negative ints (last = overflow).
-        sum_ms: Sum of the observed values, milliseconds.
+        counts: Observations per slot, a tuple of ``SLOTS`` ints >= 0 (last = overflow);
+            a list is accepted and kept as a tuple.
+        sum_ms: Sum of the observed values, milliseconds: a number >= 0 (not NaN), kept
+            as a float.
 
     Raises:
-        InvalidArgumentError: ``counts`` has the wrong length or a negative count.
+        InvalidTypeError: ``counts`` is not a tuple (or list), a count is not an int
+            (bool and float are refused), or ``sum_ms`` is not a number.
+        InvalidArgumentError: ``counts`` has the wrong length or a negative count, or
+            ``sum_ms`` is negative, NaN or an int too large for a float.
     """
 
     counts: tuple[int, ...]
     sum_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if len(self.counts) != SLOTS:
-            raise InvalidArgumentError(f"counts must have {SLOTS} slots, got {len(self.counts)}")
-        if any(c < 0 for c in self.counts):
-            raise InvalidArgumentError(f"counts must be >= 0, got {min(self.counts)}")
+        counts: object = self.counts
+        if type(counts) is not tuple:
+            if not isinstance(counts, tuple | list):
+                raise InvalidTypeError(
+                    f"counts must be a tuple of {SLOTS} ints, got {type(counts).__name__} {_short(counts)}"
+                )
+            counts = tuple(counts)
+            object.__setattr__(self, "counts", counts)
+        if len(counts) != SLOTS:
+            raise InvalidArgumentError(f"counts must have {SLOTS} slots, got {len(counts)}")
+        if not all(type(c) is int and c >= 0 for c in counts):  # a type test first: "a" < 0 would raise
+            for i, c in enumerate(counts):
+                check_int(f"counts[{i}]", c, minimum=0)
+        sum_ms = self.sum_ms
+        if type(sum_ms) is not float or not sum_ms >= 0.0:
+            object.__setattr__(self, "sum_ms", _check_sum("sum_ms", sum_ms))
 
     @classmethod
     def empty(cls) -> Histogram:
@@ -107,15 +131,29 @@ class Histogram:
     def from_slots(cls, slots: Mapping[int, int], sum_ms: float) -> Histogram:
         """Build from a sparse ``slot index -> count`` mapping (indexes in ``[0, SLOTS)``).
 
+        Args:
+            slots: Slot index (an int in ``[0, SLOTS)``) to count (an int >= 0).
+            sum_ms: Sum of the observed values, milliseconds (a number >= 0, not NaN).
+
         Raises:
-            InvalidArgumentError: a slot index out of range.
+            InvalidTypeError: ``slots`` is not a mapping, an index or count is not an
+                int, or ``sum_ms`` is not a number.
+            InvalidArgumentError: a slot index out of range, a negative count, or a
+                negative or NaN ``sum_ms``.
         """
+        if not isinstance(slots, Mapping):
+            raise InvalidTypeError(
+                f"slots must be a mapping of slot index to count, got {type(slots).__name__} {_short(slots)}"
+            )
+        total = _check_sum("sum_ms", sum_ms)
         counts = [0] * SLOTS
         for slot, n in slots.items():
-            if not 0 <= slot < SLOTS:
-                raise InvalidArgumentError(f"slot must be in [0, {SLOTS}), got {slot!r}")
-            counts[slot] += n
-        return cls(tuple(counts), float(sum_ms))
+            if type(slot) is not int or not 0 <= slot < SLOTS:
+                if isinstance(slot, bool) or not isinstance(slot, int):
+                    raise InvalidTypeError(f"slot must be an int, got {type(slot).__name__} {_short(slot)}")
+                raise InvalidArgumentError(f"slot must be in [0, {SLOTS}), got {_short(slot)}")
+            counts[slot] += check_int(f"slots[{slot}]", n, minimum=0)
+        return cls(tuple(counts), total)
 
     @property
     def count(self) -> int:
@@ -232,13 +270,15 @@ class LatencyRecorder:
             value_ms: The latency, milliseconds (finite).
 
         Raises:
-            InvalidTypeError: ``name`` is not a str or ``value_ms`` not a number.
-            InvalidArgumentError: ``value_ms`` is NaN or infinite, or ``name`` empty.
+            InvalidTypeError: ``name`` is not a str or ``value_ms`` not a number (bool is
+                refused).
+            InvalidArgumentError: ``value_ms`` is NaN, infinite or an int too large for a
+                float, or ``name`` is empty, too long or holds a NUL (nothing is counted).
         """
-        if isinstance(value_ms, bool) or not isinstance(value_ms, int | float):
-            raise InvalidTypeError(f"value_ms must be a number, got {type(value_ms).__name__}")
-        if not math.isfinite(value_ms):
-            raise InvalidArgumentError(f"value_ms must be finite, got {value_ms!r}")
+        if type(value_ms) is not float or not math.isfinite(value_ms):  # the common case: one finite float
+            value_ms = check_finite("value_ms", value_ms)
+        if type(name) is not str:  # a name already seen is valid; a new one is checked below
+            check_name("name", name)
         value = max(0.0, float(value_ms))
         slot = slot_of(value)
         with self._lock:

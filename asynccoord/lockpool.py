@@ -62,7 +62,7 @@ from .backends._lockcommon import check_user_lock_name
 from .config import RetryPolicy
 from .errors import UNRECOVERABLE_STORE_ERRORS, InvalidTypeError, LockLostError, LockTimeoutError
 from .lockmodels import Lease, LockBusy
-from .validation import check_int, check_name, check_positive
+from .validation import check_callback, check_int, check_name, check_non_negative, check_positive
 from .watchdog import Guard, Watchdog
 
 __all__ = ("PLACE_PREFIX", "LockPool", "Turn", "next_in_line")
@@ -256,6 +256,7 @@ class LockPool:
             timeout_s: Longest wait for the turn (local queue and database), seconds.
             on_lost: Called if the lease is lost during this turn: it must stop the
                 block's work (e.g. cancel its scope). Nothing else cancels the block.
+                Required: a plain function (called synchronously, not an ``async def``).
             priority: Place among this process's waiters: ahead of every waiter with a
                 lower priority, behind those with the same or a higher one (FIFO among
                 equals), -2**31..2**31-1. Default 0. A waiter is overtaken at most
@@ -276,9 +277,12 @@ class LockPool:
 
         Raises:
             LockTimeoutError: no turn within ``timeout_s`` (counted as ``lock_contended``).
+            InvalidTypeError, InvalidArgumentError: a bad argument (raised on entering the
+                block, before any wait).
         """
         check_user_lock_name("name", name)
         deadline = time.monotonic() + check_positive("timeout_s", timeout_s)
+        check_callback("on_lost", on_lost)
         check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1)
         if order is not None:
             check_int("order", order, minimum=-(2**63), maximum=2**63 - 1)
@@ -599,7 +603,16 @@ class LockPool:
         """Wait (up to ``timeout_s``) until a release of ``name``'s lease already under way is done.
 
         Used before handing a task back, so whoever claims it next finds its lock free.
+
+        Args:
+            name: Lock name (as given to :meth:`turn`).
+            timeout_s: Longest wait, seconds (>= 0). Default 5.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad ``name`` or ``timeout_s``.
         """
+        check_user_lock_name("name", name)
+        check_non_negative("timeout_s", timeout_s)
         session = self._sessions.get(name)
         task = None if session is None else session.releasing
         if task is not None and not task.done():

@@ -751,12 +751,17 @@ class Monitor:
         Skips the write when nothing changed and the last write is recent (under 10 s),
         unless ``force``. Deltas that fail to write are kept for the next flush.
 
+        Args:
+            force: Write even when nothing changed (a bool). Default False.
+
         Returns:
             The store clock of the write, or None when skipped.
 
         Raises:
+            InvalidTypeError: ``force`` is not a bool.
             StoreError: the write failed (the monitor's loop logs it and goes on).
         """
+        check_bool("force", force)
         async with self._flush_lock:
             counters: dict[tuple[str, str], int] = {}
             seen: dict[tuple[str, str], int] = {}

@@ -25,7 +25,7 @@ import contextlib
 from collections import deque
 from collections.abc import Collection
 
-from .validation import check_name, check_non_negative
+from .validation import check_int, check_name, check_non_negative, check_partitions
 
 __all__ = ("WakeUp", "WorkNotifier")
 
@@ -70,12 +70,23 @@ class WakeUp:
         """Call just before a claim: forget older notifications, keep any from now on.
 
         Args:
-            partitions: The partitions the claim looks at (None: all); later
-                notifications for other partitions are not kept.
+            partitions: The partitions the claim looks at (a collection of ints >= 0;
+                None: all); later notifications for other partitions are not kept.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: bad ``partitions`` (nothing changes).
         """
+        owned: frozenset[int] | None
+        if partitions is None:
+            owned = None
+        elif partitions is self.partitions:  # a node re-arms with the set it owns: checked already
+            owned = self.partitions
+        else:
+            check_partitions("partitions", partitions)
+            owned = frozenset(partitions)
         if self._closed:
             return
-        self.partitions = None if partitions is None else frozenset(partitions)
+        self.partitions = owned
         self._flag = False
         self._armed = True
         self._notifier._armed.setdefault(self.queue, {})[self] = None
@@ -169,11 +180,15 @@ class WorkNotifier:
 
         Args:
             queue: Queue name.
-            partitions: The partitions the node claims from; None for all. Updated by
-                each :meth:`WakeUp.arm`.
+            partitions: The partitions the node claims from (a collection of ints >= 0);
+                None for all. Updated by each :meth:`WakeUp.arm`.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad ``queue`` or ``partitions``.
         """
         check_name("queue", queue)
-        return WakeUp(self, queue, None if partitions is None else frozenset(partitions))
+        owned = check_partitions("partitions", partitions)
+        return WakeUp(self, queue, None if owned is None else frozenset(owned))
 
     def notify(self, queue: str, n: int = 1, partitions: Collection[int] | None = None) -> int:
         """Wake up to ``n`` (>= 0) nodes of ``queue``; return how many were woken (or flagged).
@@ -183,10 +198,20 @@ class WorkNotifier:
 
         Args:
             queue: Queue name.
-            n: Most nodes to wake.
-            partitions: Partitions with new claimable work; only nodes owning one of
-                them (or claiming from all partitions) are woken. None wakes any node.
+            n: Most nodes to wake, an int >= 0.
+            partitions: Partitions with new claimable work (a set, tuple or list... of
+                ints >= 0); only nodes owning one of them (or claiming from all
+                partitions) are woken. None wakes any node.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad ``queue``, ``n`` or ``partitions``
+                (nobody is woken).
         """
+        check_name("queue", queue)
+        if type(n) is not int or n < 0:
+            check_int("n", n, minimum=0)
+        if partitions is not None:
+            check_partitions("partitions", partitions)
         woken = 0
         waiters = self._waiters.get(queue)
         if waiters:
@@ -217,10 +242,15 @@ class WorkNotifier:
         Args:
             queue: Queue name.
             timeout_s: Longest wait, seconds (>= 0).
-            partitions: The partitions the waiter claims from (a set); None for all.
+            partitions: The partitions the waiter claims from (a collection of ints
+                >= 0, a set, say); None for all.
 
         Returns:
             True when woken by :meth:`notify`, False on timeout.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad ``queue``, ``timeout_s`` or
+                ``partitions`` (checked before any wait).
         """
         check_non_negative("timeout_s", timeout_s)
         wake = self.subscribe(queue, partitions)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, cast
 
 from ._errtext import error_text
 from .errors import InvalidArgumentError, InvalidTypeError, PayloadTooLargeError
@@ -22,12 +22,14 @@ __all__ = (
     "MAX_NAME_LENGTH",
     "MAX_PURGE_BATCH",
     "check_bool",
+    "check_callback",
     "check_clock",
     "check_finite",
     "check_int",
     "check_name",
     "check_non_negative",
     "check_optional_name",
+    "check_partitions",
     "check_positive",
     "check_send",
     "encode_payload",
@@ -224,6 +226,47 @@ def check_bool(arg: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidTypeError(f"{arg} must be a bool, got {type(value).__name__} {_short(value)}")
     return value
+
+
+def check_callback(arg: str, value: object) -> None:
+    """Check a callback that is called synchronously: a plain callable, not an ``async def``.
+
+    Raises:
+        InvalidTypeError: ``value`` is not callable (None included), or calling it makes a
+            coroutine (which nobody would await: the callback would never run).
+    """
+    if not callable(value) or is_async_callable(value):
+        raise InvalidTypeError(f"{arg} must be a plain function, got {type(value).__name__} {_short(value)}")
+
+
+_PLAIN_COLLECTIONS = frozenset({frozenset, set, tuple, list})
+
+
+def check_partitions(arg: str, value: object) -> Collection[int] | None:
+    """Check an optional collection of partition numbers (ints >= 0); return it unchanged.
+
+    Args:
+        arg: The argument's name, used in the error message.
+        value: None (every partition), or a set, frozenset, tuple, list... of ints.
+
+    Raises:
+        InvalidTypeError: neither None nor a collection (a str, a number...), or an item
+            that is not an int (bool is refused).
+        InvalidArgumentError: a negative item.
+    """
+    if value is None:
+        return None
+    if type(value) not in _PLAIN_COLLECTIONS and (
+        isinstance(value, str | bytes | bytearray) or not isinstance(value, Collection)  # an ABC check: slower
+    ):
+        raise InvalidTypeError(
+            f"{arg} must be a collection of ints (a set, say) or None, got {type(value).__name__} {_short(value)}"
+        )
+    items = cast("Collection[object]", value)
+    for item in items:
+        if type(item) is not int or item < 0:  # the common case costs one test per item, on hot paths
+            check_int(f"{arg} item", item, minimum=0)
+    return cast("Collection[int]", items)
 
 
 def check_send(send: object) -> None:

@@ -319,12 +319,19 @@ class Watchdog:
     def check_interval(self, ttl_s: float, renew_interval_s: float) -> float:
         """Validate a renewal interval against a TTL; return it.
 
+        Args:
+            ttl_s: The lease's TTL, seconds (> 0, at most one year).
+            renew_interval_s: Seconds between renewals (> 0).
+
         Raises:
-            InvalidArgumentError, InvalidTypeError: not > 0, or not before the local
-                deadline (``ttl_s * (1 - safety_margin_ratio)``).
+            InvalidTypeError: ``ttl_s`` or ``renew_interval_s`` is not a number (bool is refused).
+            InvalidArgumentError: ``ttl_s`` or ``renew_interval_s`` is not a finite number
+                > 0 (at most one year), or the interval is not before the local deadline
+                (``ttl_s * (1 - safety_margin_ratio)``).
         """
+        ttl = check_positive("ttl_s", ttl_s)
         interval = check_positive("renew_interval_s", renew_interval_s)
-        limit = ttl_s * (1.0 - self._margin_ratio)
+        limit = ttl * (1.0 - self._margin_ratio)
         if interval >= limit:
             raise InvalidArgumentError(
                 f"renew_interval_s must be shorter than ttl_s * (1 - safety_margin_ratio) = {limit:g} s "

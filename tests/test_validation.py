@@ -766,3 +766,265 @@ def test_event_counter_add_checks_its_arguments() -> None:
     counter.add("lock_lost", 2)
     counter.add("my_counter")
     assert counter.snapshot() == {"lock_lost": 2, "my_counter": 1}
+
+
+# --- helpers outside the stores: counters, histograms, notifier, watchdog, pool, monitor ----
+
+HUGE = "<int of 1329 bits> (too large for a float)"  # how 10**400 is named
+
+
+def _notifier_with_a_waiter() -> Any:
+    from asynccoord.notify import WorkNotifier
+
+    notifier = WorkNotifier()
+    notifier.subscribe(Q).arm()  # an armed node: a notify that went through would flag it
+    return notifier
+
+
+def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], str]]:
+    from asynccoord.events import EventCounter
+    from asynccoord.histogram import SLOTS, Histogram, LatencyRecorder
+    from asynccoord.notify import WorkNotifier
+    from asynccoord.watchdog import Watchdog
+
+    wd = Watchdog(MemoryStore())
+    zeros = (0,) * SLOTS
+    return [
+        # Watchdog.check_interval: ttl_s was never checked
+        ("interval-ttl-none", lambda: wd.check_interval(None, 1.0), TYPE, "ttl_s must be a number, got NoneType None"),
+        ("interval-ttl-huge", lambda: wd.check_interval(10**400, 1.0), ARG, f"ttl_s must be finite, got {HUGE}"),
+        ("interval-ttl-nan", lambda: wd.check_interval(math.nan, 1.0), ARG, "ttl_s must be finite, got nan"),
+        ("interval-ttl-bool", lambda: wd.check_interval(True, 0.5), TYPE, "ttl_s must be a number, got bool True"),
+        ("interval-ttl-zero", lambda: wd.check_interval(0, 0.5), ARG, "ttl_s must be > 0, got 0"),
+        ("interval-ttl-str", lambda: wd.check_interval("9", 1.0), TYPE, "ttl_s must be a number, got str '9'"),
+        ("interval-renew-bool", lambda: wd.check_interval(9.0, True), TYPE, "renew_interval_s must be a number"),
+        ("interval-too-long", lambda: wd.check_interval(3.0, 3.0), ARG, "renew_interval_s must be shorter than"),
+        # EventCounter
+        ("counter-add-list", lambda: EventCounter().add([]), TYPE, "name must be a str, got list []"),
+        ("counter-add-int", lambda: EventCounter().add(7), TYPE, "name must be a str, got int 7"),
+        ("counter-get-list", lambda: EventCounter().get([]), TYPE, "name must be a str, got list []"),
+        ("counter-get-none", lambda: EventCounter().get(None), TYPE, "name must be a str, got NoneType None"),
+        ("counter-get-empty", lambda: EventCounter().get(""), ARG, "name must not be empty"),
+        # LatencyRecorder.observe
+        ("observe-name-list", lambda: LatencyRecorder().observe([], 1.0), TYPE, "name must be a str, got list []"),
+        ("observe-name-int", lambda: LatencyRecorder().observe(3, 1.0), TYPE, "name must be a str, got int 3"),
+        ("observe-huge", lambda: LatencyRecorder().observe("x", 10**400), ARG, f"value_ms must be finite, got {HUGE}"),
+        ("observe-inf", lambda: LatencyRecorder().observe("x", math.inf), ARG, "value_ms must be finite, got inf"),
+        ("observe-bool", lambda: LatencyRecorder().observe("x", True), TYPE, "value_ms must be a number, got bool"),
+        ("observe-none", lambda: LatencyRecorder().observe("x", None), TYPE, "value_ms must be a number, got NoneType"),
+        # Histogram
+        ("hist-none", lambda: Histogram(None), TYPE, f"counts must be a tuple of {SLOTS} ints, got NoneType None"),
+        ("hist-str", lambda: Histogram("0" * SLOTS), TYPE, f"counts must be a tuple of {SLOTS} ints, got str"),
+        ("hist-strs", lambda: Histogram(("a",) * SLOTS), TYPE, "counts[0] must be an int, got str 'a'"),
+        ("hist-floats", lambda: Histogram((1.5,) * SLOTS), TYPE, "counts[0] must be an int, got float 1.5"),
+        ("hist-bools", lambda: Histogram((True,) * SLOTS), TYPE, "counts[0] must be an int, got bool True"),
+        ("hist-negative", lambda: Histogram((*zeros[1:], -1)), ARG, f"counts[{SLOTS - 1}] must be >= 0, got -1"),
+        ("hist-length", lambda: Histogram((1, 2, 3)), ARG, f"counts must have {SLOTS} slots, got 3"),
+        ("hist-sum-nan", lambda: Histogram(zeros, math.nan), ARG, "sum_ms must be finite, got nan"),
+        ("hist-sum-negative", lambda: Histogram(zeros, -1.0), ARG, "sum_ms must be >= 0, got -1.0"),
+        ("hist-sum-str", lambda: Histogram(zeros, "1"), TYPE, "sum_ms must be a number, got str '1'"),
+        ("hist-sum-huge", lambda: Histogram(zeros, 10**400), ARG, f"sum_ms must be finite, got {HUGE}"),
+        ("slots-none", lambda: Histogram.from_slots(None, 0.0), TYPE, "slots must be a mapping"),
+        ("slots-float", lambda: Histogram.from_slots({1.5: 1}, 0.0), TYPE, "slot must be an int, got float 1.5"),
+        ("slots-range", lambda: Histogram.from_slots({SLOTS: 1}, 0.0), ARG, f"slot must be in [0, {SLOTS}), got"),
+        ("slots-count", lambda: Histogram.from_slots({1: -1}, 0.0), ARG, "slots[1] must be >= 0, got -1"),
+        ("slots-count-float", lambda: Histogram.from_slots({1: 0.5}, 0.0), TYPE, "slots[1] must be an int"),
+        ("slots-sum", lambda: Histogram.from_slots({1: 1}, "2"), TYPE, "sum_ms must be a number, got str '2'"),
+        # RetryPolicy.delay_s
+        (
+            "delay-rng-int",
+            lambda: RetryPolicy().delay_s(1, rng=5),
+            TYPE,
+            "rng must be a random.Random (or have a uniform method) or None, got int 5",
+        ),
+        ("delay-failures-bool", lambda: RetryPolicy().delay_s(True), TYPE, "failures must be an int, got bool"),
+        # WorkNotifier
+        ("notify-n-none", lambda: WorkNotifier().notify(Q, None), TYPE, "n must be an int, got NoneType None"),
+        ("notify-queue-list", lambda: WorkNotifier().notify([]), TYPE, "queue must be a str, got list []"),
+        ("notify-queue-int", lambda: WorkNotifier().notify(5), TYPE, "queue must be a str, got int 5"),
+        ("notify-queue-empty", lambda: WorkNotifier().notify(""), ARG, "queue must not be empty"),
+        ("notify-n-negative", lambda: WorkNotifier().notify(Q, -5), ARG, "n must be >= 0, got -5"),
+        ("notify-n-bool", lambda: WorkNotifier().notify(Q, True), TYPE, "n must be an int, got bool True"),
+        ("notify-n-float", lambda: WorkNotifier().notify(Q, 1.0), TYPE, "n must be an int, got float 1.0"),
+        (
+            "notify-partitions-int",
+            lambda: WorkNotifier().notify(Q, 1, 5),
+            TYPE,
+            "partitions must be a collection of ints (a set, say) or None, got int 5",
+        ),
+        ("notify-partitions-str", lambda: WorkNotifier().notify(Q, 1, "12"), TYPE, "partitions must be a collection"),
+        ("notify-partition-str", lambda: WorkNotifier().notify(Q, 1, {"a"}), TYPE, "partitions item must be an int"),
+        (
+            "notify-partition-neg",
+            lambda: WorkNotifier().notify(Q, 1, [-1]),
+            ARG,
+            "partitions item must be >= 0, got -1",
+        ),
+        (
+            "subscribe-partitions-int",
+            lambda: WorkNotifier().subscribe(Q, partitions=5),
+            TYPE,
+            "partitions must be a collection of ints (a set, say) or None, got int 5",
+        ),
+        (
+            "subscribe-partition-bool",
+            lambda: WorkNotifier().subscribe(Q, [True]),
+            TYPE,
+            "partitions item must be an int",
+        ),
+        ("subscribe-queue-int", lambda: WorkNotifier().subscribe(5), TYPE, "queue must be a str, got int 5"),
+        ("arm-partitions-int", lambda: WorkNotifier().subscribe(Q).arm(5), TYPE, "partitions must be a collection"),
+    ]
+
+
+SYNC_BAD_CALLS = _sync_bad_calls()
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in SYNC_BAD_CALLS], ids=[c[0] for c in SYNC_BAD_CALLS]
+)
+def test_helper_refuses_a_bad_argument_with_a_typed_error(
+    call: Callable[[], object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=re.escape(message)) as info:
+        call()
+    assert type(info.value) is error  # the documented class, not a builtin error leaking through
+
+
+def test_bad_counts_observations_and_notifications_change_nothing() -> None:
+    from asynccoord.events import EventCounter
+    from asynccoord.histogram import LatencyRecorder
+
+    counter = EventCounter()
+    for name, n in (([], 1), ({}, 1), ("lock_lost", None), ("lock_lost", 1.0)):
+        with pytest.raises((InvalidTypeError, InvalidArgumentError)):
+            counter.add(name, n)  # type: ignore[arg-type]
+    assert counter.snapshot() == {}
+    recorder = LatencyRecorder()
+    for name, value in (([], 1.0), ("x_ms", 10**400), ("x_ms", "1"), ("", 1.0)):
+        with pytest.raises((InvalidTypeError, InvalidArgumentError)):
+            recorder.observe(name, value)  # type: ignore[arg-type]
+    assert recorder.snapshot() == {}
+    notifier = _notifier_with_a_waiter()
+    (wake,) = notifier._armed[Q]
+    for args in ((Q, None), (Q, -5), (Q, True), (Q, 1, 5), (Q, 1, {"a"}), (Q, 1, [0, -1])):
+        with pytest.raises((InvalidTypeError, InvalidArgumentError)):
+            notifier.notify(*args)
+    assert not wake.is_set  # nobody was flagged
+    with pytest.raises(InvalidTypeError):
+        wake.arm(5)  # type: ignore[arg-type]
+    assert wake.partitions is None  # unchanged
+    assert notifier.notify(Q, 1, [0]) == 1  # still usable
+
+
+def test_helpers_still_accept_valid_arguments() -> None:
+    import random
+
+    from asynccoord.events import EventCounter
+    from asynccoord.histogram import SLOTS, Histogram, LatencyRecorder
+    from asynccoord.notify import WorkNotifier
+    from asynccoord.watchdog import Watchdog
+
+    wd = Watchdog(MemoryStore())
+    assert wd.check_interval(9.0, 3.0) == 3.0
+    assert wd.check_interval(9, 3) == 3.0  # ints are numbers
+    assert wd.check_interval(MAX_S, 1.0) == 1.0
+    counter = EventCounter()
+    counter.add("lock_lost")
+    counter.add("mine", 0)
+    assert (counter.get("lock_lost"), counter.get("mine"), counter.get("claims")) == (1, 0, 0)
+    recorder = LatencyRecorder()
+    recorder.observe("claim_ms", 2)  # an int
+    recorder.observe("claim_ms", 2.5)
+    recorder.observe("claim_ms", -1.0)  # a clock step: counts as 0
+    assert recorder.snapshot()["claim_ms"].count == 3
+    assert recorder.snapshot()["claim_ms"].sum_ms == 4.5
+    listed = Histogram([0] * SLOTS, 0)  # a list and an int sum: kept as a tuple and a float
+    assert listed.counts == (0,) * SLOTS
+    assert type(listed.sum_ms) is float
+    assert listed == Histogram.empty()
+    assert hash(listed) == hash(Histogram.empty())
+    assert Histogram((0,) * SLOTS, math.inf).sum_ms == math.inf  # a sum that overflowed stays readable
+    assert Histogram.from_slots({0: 2, SLOTS - 1: 1}, 3).count == 3
+
+    class Fixed:  # any object with random.Random's uniform()
+        def uniform(self, a: float, b: float) -> float:
+            return b
+
+    policy = RetryPolicy(base_s=1.0, jitter=0.5)
+    assert policy.delay_s(1, rng=Fixed()) == 1.5  # type: ignore[arg-type]
+    assert 0.5 <= policy.delay_s(1, rng=random.Random(3)) <= 1.5
+    assert 0.5 <= policy.delay_s(1) <= 1.5
+    notifier = WorkNotifier()
+    assert notifier.notify(Q) == 0
+    for partitions in (None, {1}, frozenset({1}), (1, 2), [3], range(4), {1: "a"}.keys()):
+        wake = notifier.subscribe(Q, partitions)
+        wake.arm(partitions)
+        assert wake.partitions == (None if partitions is None else frozenset(partitions))
+        assert notifier.notify(Q, 1, partitions) == 1
+        wake.close()
+    assert notifier.notify(Q, 0, set()) == 0
+
+
+async def test_work_notifier_wait_checks_before_waiting() -> None:
+    from asynccoord.notify import WorkNotifier
+
+    notifier = WorkNotifier()
+    with pytest.raises(
+        InvalidTypeError, match=re.escape("partitions must be a collection of ints (a set, say) or None")
+    ):
+        await notifier.wait(Q, 0.01, partitions=5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match=re.escape("partitions item must be an int, got str 'x'")):
+        await notifier.wait(Q, 0.01, partitions=["x"])  # type: ignore[list-item]
+    with pytest.raises(InvalidTypeError, match=re.escape("queue must be a str, got list []")):
+        await notifier.wait([], 0.01)  # type: ignore[arg-type]
+    assert notifier.waiting(Q) == 0
+    assert await notifier.wait(Q, 0.01, partitions={1, 2}) is False
+
+
+async def test_monitor_flush_force_must_be_a_bool() -> None:
+    from asynccoord.monitor import Monitor
+
+    async with MemoryStore() as store:
+        monitor = Monitor(store, background=False)
+        for force, shown in (("yes", "str 'yes'"), (1, "int 1"), (None, "NoneType None")):
+            with pytest.raises(InvalidTypeError, match=re.escape(f"force must be a bool, got {shown}")):
+                await monitor.flush(force=force)  # type: ignore[arg-type]
+        assert await monitor.flush(force=True) is not None
+
+
+async def test_lock_pool_released_and_turn_check_their_arguments() -> None:
+    from asynccoord.errors import LockLostError
+    from asynccoord.lockpool import LockPool
+
+    async def async_on_lost(_error: LockLostError) -> None:
+        pass
+
+    async with MemoryStore() as store:
+        pool = LockPool(store, ttl_s=5.0, holder="proc-a")
+        for name, timeout_s, error, message in (
+            (5, 1.0, TYPE, "name must be a str, got int 5"),
+            (None, 1.0, TYPE, "name must be a str, got NoneType None"),
+            ("", 1.0, ARG, "name must not be empty"),
+            ("account:1", -1, ARG, "timeout_s must be >= 0, got -1"),
+            ("account:1", "1", TYPE, "timeout_s must be a number, got str '1'"),
+        ):
+            with pytest.raises(error, match=re.escape(message)):
+                await pool.released(name, timeout_s=timeout_s)
+        for on_lost, message in (
+            (None, "on_lost must be a plain function, got NoneType None"),
+            (5, "on_lost must be a plain function, got int 5"),
+            (async_on_lost, "on_lost must be a plain function, got function"),
+        ):
+            with pytest.raises(InvalidTypeError, match=re.escape(message)):
+                async with pool.turn("account:1", timeout_s=1, on_lost=on_lost):  # type: ignore[arg-type]
+                    pytest.fail("a turn with a bad on_lost ran")
+        assert pool.held == 0
+        assert await store.list_locks() == []  # nothing acquired
+        lost: list[LockLostError] = []
+        async with pool.turn("account:1", timeout_s=1, on_lost=lost.append) as turn:
+            assert turn.lease.name == "account:1"
+        await pool.released("account:1")
+        await pool.released("never-used", timeout_s=0)
+        await pool.aclose()
+        assert lost == []

@@ -41,6 +41,7 @@ import asyncpg.exceptions as pgerr
 
 from ..errors import StoreBusyError, StoreClosedError, StoreConnectionError, StoreError, StoreLoopError
 from ..notify import WorkNotifier
+from ..validation import check_int, check_name, check_partitions
 
 __all__ = (
     "MAX_NOTIFY_PARTITIONS",
@@ -432,7 +433,10 @@ class PgListener:
             count = int(message["n"])
             parts = message.get("p")
             partitions = None if parts is None else [int(p) for p in parts]
-        except (ValueError, KeyError, TypeError):
+            check_name("queue", queue)
+            check_int("n", count, minimum=0)
+            check_partitions("partitions", partitions)
+        except (ValueError, KeyError, TypeError):  # InvalidArgumentError and InvalidTypeError included
             log.warning("asynccoord.postgres.bad_notification payload=%r", payload[:200])
             return
         self.received += 1
