@@ -59,6 +59,7 @@ POSTGRES_ONLY = {
     "notify": "pg_notify: wakes idle nodes of other processes",
     "lock_find_owned": "after a lost connection, the grants an earlier attempt committed",
     "select_key_head": "after a lost connection, the next head a continuing commit's earlier attempt leased",
+    "claimed_by_token": "after a lost connection, the tasks a claim's earlier attempt leased",
     "share_queues": "shared advisory locks of queues, so a queue cannot start keeping heads mid-transition",
     "kept_queues": "which queues keep per-key heads, read after share_queues (SQLite: ordered_queues)",
     "keep_heads": "a queue starts keeping heads: recorded and computed under its exclusive lock (SQLite: two)",
@@ -1930,3 +1931,100 @@ async def test_a_continuation_of_an_unknown_task_writes_nothing(pg: str, schema:
             assert await conn.fetchval("SELECT array_agg(queue) FROM coord_ordered_queues") == ["q"]
         finally:
             await conn.close()
+
+
+async def test_close_ends_a_listener_whose_cancellation_was_swallowed(pg: str, schema: str) -> None:
+    """On Python 3.11 ``asyncio.wait_for`` may return the result of a wait that ended as it was
+    cancelled, swallowing the cancellation. A listener reconnecting at that moment went on
+    listening, and ``close()`` waited for it for ever. Here its reconnection swallows the
+    cancellation outright: ``close()`` still ends, and leaves no listening session."""
+    import asyncpg
+
+    store = PostgresStore(pg, schema=schema)
+    await store.open()
+    listener = store._listener
+    assert listener is not None
+    real_connect = listener._connect
+    reconnecting = asyncio.Event()
+    swallowed: list[bool] = []
+
+    async def connect_swallowing_a_cancellation() -> Any:
+        reconnecting.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            swallowed.append(True)  # as wait_for may: the cancellation is lost
+        return await real_connect()
+
+    listener._connect = connect_swallowing_a_cancellation  # type: ignore[method-assign]
+    assert listener._conn is not None
+    listener._conn.terminate()  # the server ended the session: the listener reconnects
+    await asyncio.wait_for(reconnecting.wait(), 5.0)
+    started = time.monotonic()
+    async with asyncio.timeout(10):
+        await store.close()
+    assert time.monotonic() - started < 3.0  # not ended by the timeout's cancellation
+    assert swallowed == [True]
+    conn = await asyncpg.connect(pg)
+    try:
+        listening = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND query LIKE $1", f"%{schema}%"
+        )
+    finally:
+        await conn.close()
+    assert listening == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"pool_max_size": 262_144}, "pool_max_size"),
+        ({"pool_max_size": 10**9}, "pool_max_size"),
+        ({"pool_min_size": 262_144, "pool_max_size": 262_144}, "pool_min_size"),
+        ({"pool_min_size": 5, "pool_max_size": 4}, "pool_max_size"),
+    ],
+)
+def test_a_pool_larger_than_postgres_allows_is_refused_before_any_io(kwargs: dict[str, int], named: str) -> None:
+    """A pool that could never fill (PostgreSQL's max_connections is at most 262,143): refused
+    at construction, not an out-of-memory error at open."""
+    with pytest.raises(InvalidArgumentError, match=named):
+        PostgresStore(PG_DSN, **kwargs)
+    assert PostgresStore(PG_DSN, pool_max_size=262_143).pool_max_size == 262_143  # not opened
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_a_claim_whose_answer_was_lost_returns_what_it_leased(
+    pg: str, schema: str, monkeypatch: pytest.MonkeyPatch, ordered: bool
+) -> None:
+    """The claim ran at the server but its answer was lost: the retry returns the tasks the
+    first attempt leased (once each), instead of claiming others and leaving those leased
+    to nobody until their lease expires (on a last attempt: dead-lettered, never sent)."""
+    import asyncpg
+
+    from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many(
+            [NewTask(queue="q", payload=i, partition_key=f"k{i}", max_attempts=1) for i in range(4)]
+        )
+        fetch = store._fetch
+        cut: list[list[Any]] = []
+
+        async def lossy_fetch(conn: Any, query_name: str, /, **params: Any) -> Any:
+            rows = await fetch(conn, query_name, **params)
+            if query_name.startswith("claim") and query_name != "claimed_by_token" and not cut:
+                cut.append(rows)
+                raise asyncpg.ConnectionDoesNotExistError("connection lost after the claim (test)")
+            return rows
+
+        monkeypatch.setattr(store, "_fetch", lossy_fetch)
+        claimed = await store.claim("q", node_id="n1", limit=2, lease_s=30, ordered=ordered)
+        assert [r[0] for r in cut[0]] == [1, 2]  # what the lost attempt leased
+        assert store.events.get(STORE_RETRIES) == 1
+        assert [t.id for t in claimed] == [1, 2]
+        assert claimed == [await store.get(t.id) for t in claimed]
+        assert [t.attempts for t in claimed] == [1, 1]  # leased once, by the first attempt
+        assert (await store.get(3)).status is TaskStatus.PENDING
+        assert all(isinstance(d, Task) for d in await store.complete_many(claimed))
+        rest = await store.claim("q", node_id="n1", limit=4, lease_s=30, ordered=ordered)
+        assert [t.id for t in rest] == [3, 4]

@@ -363,6 +363,7 @@ class PgListener:
         self.reconnects = 0
         self._task: asyncio.Task[None] | None = None
         self._conn: asyncpg.Connection | None = None
+        self._stopping = False
 
     async def start(self, *, timeout_s: float = 5.0) -> None:
         """Start listening in the background; wait up to ``timeout_s`` for the first connection."""
@@ -371,12 +372,23 @@ class PgListener:
             await asyncio.wait_for(self.connected.wait(), timeout_s)
 
     async def stop(self) -> None:
-        """Stop listening and close the connection."""
+        """Stop listening and close the connection.
+
+        The listening task is told by a flag as well as cancelled, and cancelled again
+        every second until it ends: on Python 3.11 ``asyncio.wait_for`` returns the result
+        of a wait that ended just as it was cancelled, which swallows the cancellation (a
+        listener whose connection the server ended at that moment reconnected and went on
+        listening, and ``stop`` waited for it for ever).
+        """
+        self._stopping = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            while not (await asyncio.wait({task}, timeout=1.0))[0]:
+                task.cancel()
+            if not task.cancelled():
+                with contextlib.suppress(Exception):
+                    task.result()  # seen: it logs its own errors
         await self._close()
 
     def abandon(self) -> None:
@@ -396,14 +408,20 @@ class PgListener:
             with contextlib.suppress(*_DRIVER_ERRORS):
                 await asyncio.wait_for(conn.close(), 2.0)
 
+    def _stop_requested(self) -> bool:
+        """Whether :meth:`stop` was called (read by the loop, whose cancellation may be lost)."""
+        return self._stopping
+
     async def _run(self) -> None:
         delay_s = 0.1
         first = True
-        while True:
+        while not self._stop_requested():
             lost = asyncio.Event()
             try:
                 conn = await self._connect()
                 self._conn = conn
+                if self._stop_requested():  # stop() came while connecting (its cancellation may have been lost)
+                    break
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(self.channel, self._on_notify)
             except _DRIVER_ERRORS as exc:
@@ -418,9 +436,11 @@ class PgListener:
                 self.reconnects += 1
                 self.notifier.wake_all()  # notifications may have been missed meanwhile
             first = False
-            while not lost.is_set() and not conn.is_closed():
+            while not lost.is_set() and not conn.is_closed() and not self._stop_requested():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(lost.wait(), 1.0)
+            if self._stop_requested():
+                break
             log.warning("asynccoord.postgres.listen_lost channel=%s", self.channel)
             await self._close()
 

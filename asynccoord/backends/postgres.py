@@ -128,7 +128,7 @@ from .postgres_membership import PostgresMembershipOps
 from .postgres_monitor import PostgresMonitorOps
 from .sql import load_migrations
 
-__all__ = ("SCHEMA_VERSION", "PostgresStore", "split_connect_timeout")
+__all__ = ("MAX_POOL_SIZE", "SCHEMA_VERSION", "PostgresStore", "split_connect_timeout")
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,9 @@ T = TypeVar("T")
 Q = load_pg_queries()
 SCHEMA_VERSION = len(load_migrations("postgres"))
 MIGRATION_LOCK_KEY = 0x6173_796E_6363_6F6F
+MAX_POOL_SIZE = 262_143
+"""Largest ``pool_min_size``/``pool_max_size``: PostgreSQL's own ceiling on ``max_connections``
+(a larger pool could never fill, and asyncpg sets aside memory for every place in it)."""
 """Advisory lock id held while migrating (``b"asynccoo"``): one migrator at a time."""
 
 STORE_RETRIES = ev.STORE_RETRIES
@@ -317,8 +320,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             the schema the tables are in (``asynccoord.<schema>``), however it was chosen:
             stores reaching the same tables through ``schema=`` and through a DSN's
             ``search_path`` wake each other.
-        pool_min_size: Connections kept open by the pool (>= 0). Default 1.
-        pool_max_size: Most connections of the pool (>= 1, >= pool_min_size). Default 10.
+        pool_min_size: Connections kept open by the pool (0..:data:`MAX_POOL_SIZE`). Default 1.
+        pool_max_size: Most connections of the pool (1..:data:`MAX_POOL_SIZE`, >= pool_min_size).
+            Default 10.
         listen: Keep one more connection LISTENing for work notifications of other
             processes (wakes idle nodes at once). Default True.
         reconnect_timeout_s: How long an operation retries a lost connection (or a
@@ -385,8 +389,10 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self.schema = schema
         self.read_only = check_bool("read_only", read_only)
         self.listen = check_bool("listen", listen)
-        self.pool_min_size = check_int("pool_min_size", pool_min_size, minimum=0)
-        self.pool_max_size = check_int("pool_max_size", pool_max_size, minimum=max(1, self.pool_min_size))
+        self.pool_min_size = check_int("pool_min_size", pool_min_size, minimum=0, maximum=MAX_POOL_SIZE)
+        self.pool_max_size = check_int(
+            "pool_max_size", pool_max_size, minimum=max(1, self.pool_min_size), maximum=MAX_POOL_SIZE
+        )
         self.idle_in_transaction_timeout_s = check_positive(  # at most 2**31 - 1 ms, the setting's limit
             "idle_in_transaction_timeout_s", idle_in_transaction_timeout_s, maximum=2_147_483.0
         )
@@ -908,15 +914,20 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             "queue": queue,
             "node_id": node_id,
             "lease_s": lease,
-            "token": new_token(),
             "partitions": parts,
             "min_due_age_s": due_age,
         }
         name = "claim_ordered" if ordered else "claim"
 
         async def op_for(n: int) -> list[_Row]:
-            async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
-                return await self._fetch(conn, name, limit=n, now=self._now(), **params)
+            token = new_token()  # one per claim statement: a retry finds what its first attempt leased
+
+            async def op(conn: asyncpg.Connection, attempt: int) -> list[_Row]:
+                if attempt > 0:  # the connection was lost while the server may have run the claim
+                    leased = await self._fetch(conn, "claimed_by_token", token=token, now=self._now(), **params)
+                    if leased:
+                        return leased
+                return await self._fetch(conn, name, limit=n, now=self._now(), token=token, **params)
 
             return await self._run(op, what="claim", tx=False, ambiguous_ok=True)
 
