@@ -2028,3 +2028,37 @@ async def test_a_claim_whose_answer_was_lost_returns_what_it_leased(
         assert all(isinstance(d, Task) for d in await store.complete_many(claimed))
         rest = await store.claim("q", node_id="n1", limit=4, lease_s=30, ordered=ordered)
         assert [t.id for t in rest] == [3, 4]
+
+
+async def test_a_lock_release_whose_answer_was_lost_reports_the_lease_released(
+    pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETE ran but its answer was lost: the retry finds no row, and since the lease was
+    live by the server clock, it says released (True), not lapsed; ``async with Lock`` ends
+    without a LockLostError. A second release of the same lease still says False."""
+    import asyncpg
+
+    from asynccoord import Lease, Lock
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        val = store._val
+        cut: list[Any] = []
+
+        async def lossy_val(conn: Any, query_name: str, /, **params: Any) -> Any:
+            value = await val(conn, query_name, **params)
+            if query_name == "lock_release" and not cut:
+                cut.append(value)
+                raise asyncpg.ConnectionDoesNotExistError("connection lost after the release (test)")
+            return value
+
+        lease = await store.try_acquire_lock("job", ttl_s=30)
+        assert isinstance(lease, Lease)
+        monkeypatch.setattr(store, "_val", lossy_val)
+        assert await store.release_lock(lease) is True
+        assert cut == [True]  # the lost attempt deleted the live lease
+        assert await store.list_locks("job") == []
+        assert await store.release_lock(lease) is False
+        cut.clear()
+        async with Lock(store, "job", ttl_s=30):
+            pass
+        assert cut == [True]

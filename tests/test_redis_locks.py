@@ -232,3 +232,37 @@ async def test_the_longest_slack_and_lease_set_an_exact_expiry() -> None:
         keys = await redis_call(lambda c: c.keys(f"{prefix}*"))
         if keys:
             await redis_call(lambda c: c.delete(*keys))
+
+
+async def test_a_release_whose_answer_was_lost_reports_the_lease_released(locks: Any) -> None:
+    """The release script ran but its answer was lost: the retry finds no lease, and since the
+    lease was live by the server clock, it says released (True), not lapsed; the lock is free.
+    A second release of the same lease still says False (released already)."""
+    import redis.exceptions
+
+    from asynccoord import Lock
+
+    script = locks._scripts["release"]
+    cut: list[Any] = []
+
+    async def lossy(*, keys: Any, args: Any, client: Any) -> Any:
+        reply = await script(keys=keys, args=args, client=client)
+        if not cut:
+            cut.append(reply)
+            raise redis.exceptions.ConnectionError("connection lost after the release (test)")
+        return reply
+
+    lease = await locks.try_acquire_lock("job", ttl_s=30)
+    assert isinstance(lease, Lease)
+    locks._scripts["release"] = lossy
+    try:
+        assert await locks.release_lock(lease) is True
+        assert cut == [1]  # the lost attempt released it
+        assert await locks.list_locks("job") == []
+        assert await locks.release_lock(lease) is False
+        cut.clear()
+        async with Lock(locks, "job", ttl_s=30):  # no LockLostError at the end of the block
+            pass
+        assert cut == [1]
+    finally:
+        locks._scripts["release"] = script

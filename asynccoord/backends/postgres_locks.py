@@ -210,10 +210,15 @@ class PostgresLockOps:
         check_lease(lease)
         self._writable()
 
-        async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
+        async def op(conn: asyncpg.Connection, attempt: int) -> bool:
             live = await self._val(
                 conn, "lock_release", owner_token=lease.owner_token, name=lease.name, now=self._now()
             )
+            if live is None and attempt > 0:
+                # Not there. After a lost connection, an earlier attempt of this call deleted it
+                # if it was still live then (nobody else deletes a live lease): it was, if it is
+                # still live by the server clock now.
+                return bool(await self._val(conn, "now", now=self._now()) < lease.expires_at)
             return bool(live)
 
         return await self._run(op, what="release_lock", tx=False, ambiguous_ok=True)

@@ -165,7 +165,7 @@ _RELEASE = (
     + """
 local now = clock(ARGV[2])
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score then return 0 end
+if not score then return fmt(now) end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if redis.call('ZCARD', KEYS[1]) == 0 then redis.call('DEL', KEYS[1], KEYS[2]) end
@@ -576,9 +576,22 @@ class RedisLockStore:
             InvalidTypeError: ``lease`` is not a Lease.
         """
         check_lease(lease)
-        keys = (self._key("lock", lease.name), self._key("lockmeta", lease.name))
-        reply = await self._script("release", keys, (lease.owner_token, self._now_arg()), "release_lock")
-        return int(reply) == 1
+        keys = [self._key("lock", lease.name), self._key("lockmeta", lease.name)]
+        script = self._scripts["release"]
+        attempts = 0
+
+        async def run(client: aioredis.Redis) -> bool:
+            nonlocal attempts
+            attempts += 1
+            reply = await script(keys=keys, args=[lease.owner_token, self._now_arg()], client=client)
+            if isinstance(reply, int):
+                return reply == 1  # 1: it was live and is released; 0: it had lapsed
+            # Not there (the reply is the server time). After a lost connection, an earlier
+            # attempt of this call released it if it was still live then (nobody else removes
+            # a live lease): it was, if it is still live by the server clock now.
+            return attempts > 1 and float(reply) < lease.expires_at
+
+        return await self._call(run, "release_lock")
 
     async def renew_lock(self, lease: Lease, ttl_s: float | None = None) -> Lease | None:
         """Extend a live lease to ``ttl_s`` (default ``lease.ttl_s``) from now; None if it lapsed.
