@@ -2062,3 +2062,37 @@ async def test_a_lock_release_whose_answer_was_lost_reports_the_lease_released(
         async with Lock(store, "job", ttl_s=30):
             pass
         assert cut == [True]
+
+
+async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(
+    pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT went through but its answer was lost: the retry finds the task by its key
+    with an id the first attempt drew, so it reports the task as created by this call (not a
+    suppressed duplicate). A later enqueue of the same key is the duplicate."""
+    import asyncpg
+    import asyncpg.transaction
+
+    from asynccoord import events as ev
+    from asynccoord.backends.postgres import STORE_RETRIES
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        commit = asyncpg.transaction.Transaction.commit
+        cut: list[bool] = []
+
+        async def lossy_commit(self: Any) -> None:
+            await commit(self)
+            if not cut:
+                cut.append(True)
+                raise asyncpg.ConnectionDoesNotExistError("connection lost after the COMMIT (test)")
+
+        monkeypatch.setattr(asyncpg.transaction.Transaction, "commit", lossy_commit)
+        [first] = await store.enqueue_many([NewTask(queue="q", payload=1, idempotency_key="m1")])
+        assert cut == [True]
+        assert store.events.get(STORE_RETRIES) == 1
+        assert first.created is True
+        assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 0
+        again = await store.enqueue("q", 2, idempotency_key="m1")
+        assert (again.created, again.task.id, again.task.payload) == (False, first.task.id, 1)
+        assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 1
+        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1

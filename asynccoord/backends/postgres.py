@@ -744,9 +744,13 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             if p.delay_s == 0:
                 due.setdefault(p.queue, set()).add(p.partition)
 
+        earlier_ids: set[int] = set()  # ids drawn by this call's earlier attempts (a sequence's: never reused)
+
         async def op(conn: asyncpg.Connection, _attempt: int) -> list[tuple[bool, _Row]]:
             now = self._now()
             ids = [int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared))]
+            earlier = set(earlier_ids)
+            earlier_ids.update(ids)
             kept = await self._lock_keys(conn, pairs)
             kept_queues = sorted({q for q, _ in kept})
             created = {
@@ -762,11 +766,13 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     )
                     if existing is None:  # the task that held the key was purged since the insert skipped it
                         raise RetryTransaction(f"the task of idempotency key {p.idempotency_key!r} went away")
-                    out.append((False, existing))
+                    # An id an earlier attempt drew: that attempt's COMMIT went through although
+                    # its answer was lost, so this call created the task (not a duplicate).
+                    out.append((int(existing[0]) in earlier, existing))
                 else:
                     out.append((True, row))
             await self._promote_quietly(conn, kept)
-            fresh = sum(1 for c, _ in out if c)
+            fresh = len(created)
             if fresh:
                 for queue, partitions in due.items():
                     await self._notify(conn, queue, fresh, partitions)
