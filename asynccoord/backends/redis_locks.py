@@ -311,7 +311,11 @@ class RedisLockStore:
         clock: Test hook: a function returning the store clock (seconds) used instead
             of the server's ``TIME``. Default None (the server clock).
         prefix: Prefix of every key (several independent lock spaces in one Redis).
-            Default ``"asynccoord:"``.
+            Default ``"asynccoord:"``. Spaces are independent only when no prefix is
+            the start of another's: keys are ``{prefix}{kind}:{name}`` and names may hold
+            ``:``, so ``"app:"`` and ``"app:lock:"`` share keys (``"app:"``'s lock
+            ``"lock:x"`` is ``"app:lock:"``'s lock ``"x"``, with two fencing counters).
+            Use prefixes such as ``"app1:"`` and ``"app2:"``.
         key_slack_ms: How long past its longest lease a lock's keys stay before the
             server deletes them, milliseconds, 0..31,536,000,000 (one year,
             ``MAX_KEY_SLACK_MS``). Default 60000.
