@@ -187,8 +187,9 @@ def open_store(
     """A store (not yet opened) for ``target``; use it as ``async with open_store(...) as store``.
 
     Args:
-        target: A file path or ``sqlite:///PATH`` (:class:`~asynccoord.SQLiteStore`), or a
-            PostgreSQL DSN ``postgresql://user:password@host:port/db``
+        target: A file path or ``sqlite:///PATH`` (:class:`~asynccoord.SQLiteStore`;
+            ``sqlite:///`` with no path is an in-memory database, one process only, as
+            SQLAlchemy reads it), or a PostgreSQL DSN ``postgresql://user:password@host:port/db``
             (:class:`~asynccoord.backends.postgres.PostgresStore`).
         config: Store settings; default :class:`~asynccoord.config.StoreConfig`.
         read_only: Open for inspection only (no migration; writes refused).
