@@ -60,6 +60,7 @@ POSTGRES_ONLY = {
     "lock_find_owned": "after a lost connection, the grants an earlier attempt committed",
     "select_key_head": "after a lost connection, the next head a continuing commit's earlier attempt leased",
     "claimed_by_token": "after a lost connection, the tasks a claim's earlier attempt leased",
+    "lock_release_recheck": "after a lost connection, whether a release's earlier attempt deleted the lease",
     "share_queues": "shared advisory locks of queues, so a queue cannot start keeping heads mid-transition",
     "kept_queues": "which queues keep per-key heads, read after share_queues (SQLite: ordered_queues)",
     "keep_heads": "a queue starts keeping heads: recorded and computed under its exclusive lock (SQLite: two)",
@@ -2062,6 +2063,22 @@ async def test_a_lock_release_whose_answer_was_lost_reports_the_lease_released(
         async with Lock(store, "job", ttl_s=30):
             pass
         assert cut == [True]
+        # A release retried after a connection lost before the server saw it, of a lease the
+        # caller released already and another holder has taken since: False, not released.
+        taken = await store.try_acquire_lock("job", ttl_s=30)
+        assert isinstance(taken, Lease)
+        dropped: list[str] = []
+
+        async def dropping_val(conn: Any, query_name: str, /, **params: Any) -> Any:
+            if query_name == "lock_release" and not dropped:
+                dropped.append(query_name)
+                raise asyncpg.ConnectionDoesNotExistError("connection lost before the release (test)")
+            return await val(conn, query_name, **params)
+
+        monkeypatch.setattr(store, "_val", dropping_val)
+        assert await store.release_lock(lease) is False
+        assert dropped == ["lock_release"]
+        assert [i.owner_token for i in await store.list_locks("job")] == [taken.owner_token]
 
 
 async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(
@@ -2087,12 +2104,18 @@ async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(
                 raise asyncpg.ConnectionDoesNotExistError("connection lost after the COMMIT (test)")
 
         monkeypatch.setattr(asyncpg.transaction.Transaction, "commit", lossy_commit)
-        [first] = await store.enqueue_many([NewTask(queue="q", payload=1, idempotency_key="m1")])
+        results = await store.enqueue_many(
+            [
+                NewTask(queue="q", payload=1, idempotency_key="m1"),
+                NewTask(queue="q", payload=2, idempotency_key="m1"),  # a repeat in the call: a duplicate
+                NewTask(queue="q", payload=3, idempotency_key="m2"),
+            ]
+        )
         assert cut == [True]
         assert store.events.get(STORE_RETRIES) == 1
-        assert first.created is True
-        assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 0
-        again = await store.enqueue("q", 2, idempotency_key="m1")
-        assert (again.created, again.task.id, again.task.payload) == (False, first.task.id, 1)
+        assert [(r.created, r.task.payload) for r in results] == [(True, 1), (False, 1), (True, 3)]
         assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 1
-        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1
+        again = await store.enqueue("q", 4, idempotency_key="m1")
+        assert (again.created, again.task.id, again.task.payload) == (False, results[0].task.id, 1)
+        assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 2
+        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 2

@@ -264,5 +264,21 @@ async def test_a_release_whose_answer_was_lost_reports_the_lease_released(locks:
         async with Lock(locks, "job", ttl_s=30):  # no LockLostError at the end of the block
             pass
         assert cut == [1]
+        # A release retried after a connection lost before the server saw it, of a lease the
+        # caller released already and another holder has taken since: False, not released.
+        taken = await locks.try_acquire_lock("job", ttl_s=30)
+        assert isinstance(taken, Lease)
+        dropped: list[bool] = []
+
+        async def dropping(*, keys: Any, args: Any, client: Any) -> Any:
+            if not dropped:
+                dropped.append(True)
+                raise redis.exceptions.ConnectionError("connection lost before the release (test)")
+            return await script(keys=keys, args=args, client=client)
+
+        locks._scripts["release"] = dropping
+        assert await locks.release_lock(lease) is False
+        assert dropped == [True]
+        assert [i.owner_token for i in await locks.list_locks("job")] == [taken.owner_token]
     finally:
         locks._scripts["release"] = script

@@ -758,6 +758,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                 for r in await self._fetch(conn, "insert_task", ids=ids, now=now, kept_queues=kept_queues, **columns)
             }
             out: list[tuple[bool, _Row]] = []
+            recovered: set[int] = set()  # tasks an earlier attempt created, reported once each
             for task_id, p in zip(ids, prepared, strict=True):
                 row = created.get(task_id)
                 if row is None:
@@ -767,8 +768,12 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
                     if existing is None:  # the task that held the key was purged since the insert skipped it
                         raise RetryTransaction(f"the task of idempotency key {p.idempotency_key!r} went away")
                     # An id an earlier attempt drew: that attempt's COMMIT went through although
-                    # its answer was lost, so this call created the task (not a duplicate).
-                    out.append((int(existing[0]) in earlier, existing))
+                    # its answer was lost, so this call created the task (not a duplicate), for
+                    # the key's first item in the call (a repeat of the key is a duplicate).
+                    mine = int(existing[0]) in earlier and int(existing[0]) not in recovered
+                    if mine:
+                        recovered.add(int(existing[0]))
+                    out.append((mine, existing))
                 else:
                     out.append((True, row))
             await self._promote_quietly(conn, kept)

@@ -216,9 +216,19 @@ class PostgresLockOps:
             )
             if live is None and attempt > 0:
                 # Not there. After a lost connection, an earlier attempt of this call deleted it
-                # if it was still live then (nobody else deletes a live lease): it was, if it is
-                # still live by the server clock now.
-                return bool(await self._val(conn, "now", now=self._now()) < lease.expires_at)
+                # if it was live then and nobody has acquired the name since: it is still live by
+                # the server clock, and the name's fencing counter is still the lease's token.
+                # (Any doubt says False: the caller then reports the lock as lost.)
+                return bool(
+                    await self._val(
+                        conn,
+                        "lock_release_recheck",
+                        name=lease.name,
+                        expires_at=lease.expires_at,
+                        fencing_token=lease.fencing_token,
+                        now=self._now(),
+                    )
+                )
             return bool(live)
 
         return await self._run(op, what="release_lock", tx=False, ambiguous_ok=True)

@@ -159,13 +159,14 @@ return {1, token_text, fmt(now), fmt(expires)}
 """
 )
 
-# KEYS: zset, meta. ARGV: owner, now. Returns 1 if the lease was live (deleted either way).
+# KEYS: zset, meta, counter. ARGV: owner, now. Returns 1 if the lease was live, 0 if it had
+# lapsed (deleted either way), or "<now> <fencing counter>" if it is not there.
 _RELEASE = (
     _PRELUDE
     + """
 local now = clock(ARGV[2])
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score then return fmt(now) end
+if not score then return fmt(now) .. ' ' .. (redis.call('GET', KEYS[3]) or '0') end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if redis.call('ZCARD', KEYS[1]) == 0 then redis.call('DEL', KEYS[1], KEYS[2]) end
@@ -580,7 +581,7 @@ class RedisLockStore:
             InvalidTypeError: ``lease`` is not a Lease.
         """
         check_lease(lease)
-        keys = [self._key("lock", lease.name), self._key("lockmeta", lease.name)]
+        keys = [self._key("lock", lease.name), self._key("lockmeta", lease.name), self._key("fencing", lease.name)]
         script = self._scripts["release"]
         attempts = 0
 
@@ -590,10 +591,13 @@ class RedisLockStore:
             reply = await script(keys=keys, args=[lease.owner_token, self._now_arg()], client=client)
             if isinstance(reply, int):
                 return reply == 1  # 1: it was live and is released; 0: it had lapsed
-            # Not there (the reply is the server time). After a lost connection, an earlier
-            # attempt of this call released it if it was still live then (nobody else removes
-            # a live lease): it was, if it is still live by the server clock now.
-            return attempts > 1 and float(reply) < lease.expires_at
+            # Not there (the reply is the server time and the name's fencing counter). After a
+            # lost connection, an earlier attempt of this call released it if it was live then
+            # and nobody has acquired the name since: it is still live by the server clock, and
+            # the counter is still the lease's token. Any doubt says False (the lock reads as
+            # lost): keys a restart, a flush or an eviction removed may look the same.
+            now, counter = (reply.decode() if isinstance(reply, bytes) else str(reply)).split()
+            return attempts > 1 and float(now) < lease.expires_at and int(counter) == lease.fencing_token
 
         return await self._call(run, "release_lock")
 

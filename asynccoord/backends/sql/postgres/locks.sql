@@ -34,6 +34,14 @@ RETURNING last_fencing_token;
 DELETE FROM coord_lock_holders WHERE owner_token = :owner_token::text AND name = :name::text
 RETURNING expires_at > coord_now(:now::float8);
 
+-- name: lock_release_recheck
+-- A release retried after a lost connection found no row: did the earlier attempt delete it?
+-- Yes if the lease is live by the server clock still (nobody else deletes a live lease) and
+-- the name's fencing counter is the lease's own (nobody acquired the name since).
+SELECT coord_now(:now::float8) < :expires_at::float8
+       AND COALESCE((SELECT last_fencing_token FROM coord_lock_names WHERE name = :name::text), 0)
+           = :fencing_token::bigint;
+
 -- name: lock_renew
 UPDATE coord_lock_holders SET expires_at = coord_now(:now::float8) + :ttl_s::float8
  WHERE owner_token = :owner_token::text AND name = :name::text AND expires_at > coord_now(:now::float8)
