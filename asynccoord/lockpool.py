@@ -60,9 +60,9 @@ from . import events as ev
 from .backends._lockcommon import PLACE_PREFIX as _PLACE_PREFIX
 from .backends._lockcommon import check_user_lock_name
 from .config import RetryPolicy
-from .errors import UNRECOVERABLE_STORE_ERRORS, InvalidTypeError, LockLostError, LockTimeoutError
+from .errors import UNRECOVERABLE_STORE_ERRORS, LockLostError, LockTimeoutError
 from .lockmodels import Lease, LockBusy
-from .validation import check_callback, check_int, check_name, check_non_negative, check_positive
+from .validation import check_callback, check_int, check_lock_store, check_name, check_non_negative, check_positive
 from .watchdog import Guard, Watchdog
 
 __all__ = ("PLACE_PREFIX", "LockPool", "Turn", "next_in_line")
@@ -215,8 +215,7 @@ class LockPool:
         max_hold_s: float | None = None,
         max_overtakes: int = 8,
     ) -> None:
-        if not hasattr(store, "try_acquire_lock"):
-            raise InvalidTypeError(f"store must implement the lock contract, got {type(store).__name__}")
+        check_lock_store("store", store)
         self.store = store
         self.ttl_s = check_positive("ttl_s", ttl_s)
         self.holder = check_name("holder", holder)

@@ -95,7 +95,15 @@ from .lockpool import LockPool
 from .membership import Membership
 from .models import Task, TaskStatus
 from .notify import WakeUp, WorkNotifier
-from .validation import check_bool, check_int, check_name, check_positive, check_send, is_async_callable
+from .validation import (
+    check_bool,
+    check_int,
+    check_lock_store,
+    check_name,
+    check_positive,
+    check_send,
+    is_async_callable,
+)
 
 __all__ = ("Delivery", "Node", "NodeConfig", "NodeState", "NodeStatus", "SendFn", "current_delivery")
 
@@ -423,11 +431,8 @@ class Node:
             raise InvalidTypeError(f"membership must be a Membership or None, got {membership!r}")
         if lock_pool is not None and not isinstance(lock_pool, LockPool):
             raise InvalidTypeError(f"lock_pool must be a LockPool or None, got {lock_pool!r}")
-        if lock_store is not None and not hasattr(lock_store, "try_acquire_lock"):
-            raise InvalidTypeError(
-                "lock_store must implement the lock contract (a lock store) or be None, "
-                f"got {type(lock_store).__name__}"
-            )
+        if lock_store is not None:
+            check_lock_store("lock_store", lock_store)
         queue = (config or NodeConfig()).queue
         if membership is not None and membership.queue is not None and membership.queue != queue:
             raise InvalidArgumentError(

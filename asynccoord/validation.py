@@ -26,6 +26,7 @@ __all__ = (
     "check_clock",
     "check_finite",
     "check_int",
+    "check_lock_store",
     "check_name",
     "check_non_negative",
     "check_optional_name",
@@ -240,6 +241,16 @@ def check_callback(arg: str, value: object) -> None:
 
 
 _PLAIN_COLLECTIONS = frozenset({frozenset, set, tuple, list})
+
+
+def check_lock_store(arg: str, value: object) -> None:
+    """Check an object meant to serve the lock contract (``try_acquire_lock`` and the rest).
+
+    Raises:
+        InvalidTypeError: ``value`` has no ``try_acquire_lock`` (not a lock store).
+    """
+    if not hasattr(value, "try_acquire_lock"):
+        raise InvalidTypeError(f"{arg} must implement the lock contract (a lock store), got {type(value).__name__}")
 
 
 def check_partitions(arg: str, value: object) -> Collection[int] | None:

@@ -363,7 +363,7 @@ class PgListener:
         self.reconnects = 0
         self._task: asyncio.Task[None] | None = None
         self._conn: asyncpg.Connection | None = None
-        self._stopping = False
+        self._stopping = asyncio.Event()  # set by stop(); the loop reads it (its cancellation may be lost)
 
     async def start(self, *, timeout_s: float = 5.0) -> None:
         """Start listening in the background; wait up to ``timeout_s`` for the first connection."""
@@ -380,7 +380,7 @@ class PgListener:
         listener whose connection the server ended at that moment reconnected and went on
         listening, and ``stop`` waited for it for ever).
         """
-        self._stopping = True
+        self._stopping.set()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -408,19 +408,15 @@ class PgListener:
             with contextlib.suppress(*_DRIVER_ERRORS):
                 await asyncio.wait_for(conn.close(), 2.0)
 
-    def _stop_requested(self) -> bool:
-        """Whether :meth:`stop` was called (read by the loop, whose cancellation may be lost)."""
-        return self._stopping
-
     async def _run(self) -> None:
         delay_s = 0.1
         first = True
-        while not self._stop_requested():
+        while not self._stopping.is_set():
             lost = asyncio.Event()
             try:
                 conn = await self._connect()
                 self._conn = conn
-                if self._stop_requested():  # stop() came while connecting (its cancellation may have been lost)
+                if self._stopping.is_set():  # stop() came while connecting (its cancellation may have been lost)
                     break
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(self.channel, self._on_notify)
@@ -436,10 +432,10 @@ class PgListener:
                 self.reconnects += 1
                 self.notifier.wake_all()  # notifications may have been missed meanwhile
             first = False
-            while not lost.is_set() and not conn.is_closed() and not self._stop_requested():
+            while not lost.is_set() and not conn.is_closed() and not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(lost.wait(), 1.0)
-            if self._stop_requested():
+            if self._stopping.is_set():
                 break
             log.warning("asynccoord.postgres.listen_lost channel=%s", self.channel)
             await self._close()

@@ -136,10 +136,10 @@ T = TypeVar("T")
 Q = load_pg_queries()
 SCHEMA_VERSION = len(load_migrations("postgres"))
 MIGRATION_LOCK_KEY = 0x6173_796E_6363_6F6F
+"""Advisory lock id held while migrating (``b"asynccoo"``): one migrator at a time."""
 MAX_POOL_SIZE = 262_143
 """Largest ``pool_min_size``/``pool_max_size``: PostgreSQL's own ceiling on ``max_connections``
 (a larger pool could never fill, and asyncpg sets aside memory for every place in it)."""
-"""Advisory lock id held while migrating (``b"asynccoo"``): one migrator at a time."""
 
 STORE_RETRIES = ev.STORE_RETRIES
 """Event: a statement was retried after a lost connection or a conflict."""
