@@ -36,6 +36,16 @@ soon as another pool is there, so a waiting process waits a few turns, not ``max
 The idea of a fair lock's queue of waiters (as in Redisson's ``RFairLock`` on Redis),
 reduced to one place, built only on the lock contract (any lock store).
 
+The place carries the rank of the waiter it is taken for (its ``priority`` and ``order``,
+written after the pool's holder in the place's holder), so the order of waiters holds
+across processes too: the pool holding the lease keeps it while its next waiter ranks
+ahead of the one in line (on an ordered queue, the head of the conversation that lags
+most, whose chain bounds a drain), and a pool whose lease went back idle lets a new waiter
+ranked ahead try the lock at once rather than queue behind the place. ``max_turns`` still
+bounds a run: a lease that went back for fairness is queued for behind the place whatever
+the rank. A place without a rank (no ``order``, or written by an older version) is given
+way to as before.
+
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
 cancelled (the ``on_lost`` callback given to :meth:`LockPool.turn`) and the next turn
@@ -62,7 +72,15 @@ from .backends._lockcommon import check_user_lock_name
 from .config import RetryPolicy
 from .errors import UNRECOVERABLE_STORE_ERRORS, LockLostError, LockTimeoutError
 from .lockmodels import Lease, LockBusy
-from .validation import check_callback, check_int, check_lock_store, check_name, check_non_negative, check_positive
+from .validation import (
+    MAX_NAME_LENGTH,
+    check_callback,
+    check_int,
+    check_lock_store,
+    check_name,
+    check_non_negative,
+    check_positive,
+)
 from .watchdog import Guard, Watchdog
 
 __all__ = ("PLACE_PREFIX", "LockPool", "Turn", "next_in_line")
@@ -117,6 +135,22 @@ def next_in_line(name: str) -> str:
     return PLACE_PREFIX + hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
 
 
+_Rank = tuple[int, int]
+"""A waiter's place among all pools' waiters: (-priority, order); the lower goes first."""
+_RANK_MARK = " rank="
+"""Separates a pool's holder from the rank of the waiter it queues for, in the holder of its place
+in line (``"<holder> rank=<priority>:<order>"``, as ``status`` shows it)."""
+
+
+def _rank_of(priority: int, order: int | None) -> _Rank | None:
+    return None if order is None else (-priority, order)
+
+
+def _ahead(mine: _Rank | None, theirs: _Rank | None) -> bool:
+    """Whether a waiter ranked ``mine`` goes before one ranked ``theirs`` (both must carry a rank)."""
+    return mine is not None and theirs is not None and mine < theirs
+
+
 @dataclass(slots=True, eq=False)
 class _Session:
     name: str
@@ -133,6 +167,8 @@ class _Session:
     on_lost: Callable[[LockLostError], None] | None = None
     releasing: asyncio.Task[None] | None = None
     line_seen: bool = False  # another pool was in line at this lease's last check (see _FAIR_TURNS)
+    line_rank: _Rank | None = None  # that pool's first waiter's rank, if its place carries one
+    yielded: bool = False  # the last lease went back for fairness (see _pass_turn), not for want of turns
     line_check: asyncio.Task[None] | None = None
 
     def alive(self) -> bool:
@@ -190,7 +226,8 @@ class LockPool:
             :func:`next_in_line` of the name, on the same store). While local tasks wait,
             the pool holding the lease reads that place every 4 turns, and once another
             pool is seen in it, gives the lease back at the end of the turn (after 4
-            turns at least) instead of after ``max_turns``. A pool that gives the lease
+            turns at least) instead of after ``max_turns``, unless its next waiter ranks
+            ahead of the one that pool queues for (see :meth:`turn`). A pool that gives the lease
             back with local waiters queued, while another pool holds the place, waits in
             line behind it instead of taking the lock again at once (see :meth:`_acquire`
             for the other cases). So two processes with steady demand for a hot lock
@@ -269,7 +306,10 @@ class LockPool:
                 of the conversation that lags most, whose chain of tasks bounds a drain (a
                 hot account's lock otherwise makes it wait behind every one-off task that
                 reached the lock first). Pass values of one kind for a lock, from a source
-                that only grows (ids), so no waiter is passed for ever.
+                that only grows (ids), so no waiter is passed for ever. ``priority`` and
+                ``order`` also rank this waiter against another process's, through the
+                place in line (see the module docstring): a lease is not given back to a
+                pool in line for a waiter ranked behind this one before ``max_turns``.
 
         Yields:
             The :class:`Turn` (``turn.lease.fencing_token`` for fenced writes).
@@ -289,11 +329,13 @@ class LockPool:
         if session is None:
             session = self._sessions[name] = _Session(name)
             session.idle.set()
-        if session.releasing is not None and self._may_keep(session):
+        rank = _rank_of(priority, order) if self.max_overtakes > 0 else None
+        if session.releasing is not None and self._may_keep(session, rank):
             # The last turn ended with nobody waiting, and its release only waits for that
             # turn's commit: keep the lease for this turn instead of waiting for the commit,
             # the release and an acquisition anew (three round trips on the critical path).
             releasing, session.releasing = session.releasing, None
+            session.yielded = False
             releasing.cancel()
         if session.busy or session.waiters or session.releasing is not None:
             self.store.events.add(ev.LOCK_CONTENDED)
@@ -302,7 +344,7 @@ class LockPool:
         try:
             if not session.alive():
                 await self._retire(session)
-                await self._acquire(session, deadline)
+                await self._acquire(session, deadline, rank)
             assert session.guard is not None
             session.on_lost = on_lost
             yield Turn(session, session.guard.lease)
@@ -352,7 +394,7 @@ class LockPool:
                 session.waiters.remove(future)
             session.ranks.pop(future, None)
 
-    async def _acquire(self, session: _Session, deadline: float) -> None:
+    async def _acquire(self, session: _Session, deadline: float, rank: _Rank | None) -> None:
         """Acquire ``session``'s lock for this pool, waiting in line behind other pools.
 
         A pool that finds the lock taken takes its place in line: a lease on
@@ -373,7 +415,11 @@ class LockPool:
             # Another pool wanted it a moment ago, or this one gave it back (after max_turns,
             # say): is a pool in line now? If so, wait behind it; if not, try the lock (a
             # read instead of taking and leaving a free place, two writes).
-            in_line = await self._someone_in_line(name)
+            seen, theirs = await self._someone_in_line(name)
+            # A waiter ranked ahead of the one the other pool queues for (an older task) tries
+            # the lock at once, unless the lease just went back for fairness (max_turns
+            # reached, or given way to that pool): then it waits behind it whatever its rank.
+            in_line = seen and (session.yielded or not _ahead(rank, theirs))
         else:
             in_line = False
         place: Lease | None = None
@@ -407,7 +453,10 @@ class LockPool:
                 else:
                     renewed_at = time.monotonic()
                     taken = await self.store.try_acquire_lock(
-                        next_in_line(name), ttl_s=min(self.ttl_s, _PLACE_TTL_S), permits=1, holder=self.holder
+                        next_in_line(name),
+                        ttl_s=min(self.ttl_s, _PLACE_TTL_S),
+                        permits=1,
+                        holder=self._place_holder(rank),
                     )
                     if isinstance(taken, Lease):
                         place = taken
@@ -430,6 +479,8 @@ class LockPool:
         session.lease = outcome
         session.turns = 0
         session.line_seen = False
+        session.line_rank = None
+        session.yielded = False
         park = session.park = asyncio.Event()
         parked = asyncio.get_running_loop().create_task(park.wait(), name=f"asynccoord-lockpool-{name}")
 
@@ -442,19 +493,40 @@ class LockPool:
             outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
         )
 
-    async def _someone_in_line(self, name: str) -> bool:
-        """Whether another pool holds the place in line for ``name`` (one read).
+    def _place_holder(self, rank: _Rank | None) -> str:
+        """The holder recorded on this pool's place in line: its own, and the rank of the waiter it queues for."""
+        if rank is None:
+            return self.holder
+        held = f"{self.holder}{_RANK_MARK}{-rank[0]}:{rank[1]}"
+        return held if len(held) <= MAX_NAME_LENGTH else self.holder
+
+    async def _someone_in_line(self, name: str) -> tuple[bool, _Rank | None]:
+        """Whether another pool holds the place in line for ``name`` (one read), and the rank it carries.
 
         Asked when this pool gave a lease of ``name`` back a moment ago (a hot lock): then
-        the waiting pool goes first. A failed read answers no (the lock is tried at once).
+        the waiting pool goes first, unless this pool's waiter ranks ahead of the one it
+        queues for. A failed read answers no (the lock is tried at once).
         """
         try:
             places = await self.store.list_locks(next_in_line(name))
         except UNRECOVERABLE_STORE_ERRORS:
             raise
         except Exception:
-            return False
-        return any(info.holder != self.holder for info in places)
+            return False, None
+        for info in places:
+            if info.holder == self.holder:  # its own place, unranked (its holder may hold the mark)
+                continue
+            holder, mark, rank_text = info.holder.rpartition(_RANK_MARK)
+            if not mark:
+                holder, rank_text = info.holder, ""
+            if holder == self.holder:
+                continue
+            priority, colon, order = rank_text.partition(":")
+            try:
+                return True, ((-int(priority), int(order)) if colon else None)
+            except ValueError:
+                return True, None
+        return False, None
 
     async def _renew_place(self, place: Lease) -> Lease | None:
         """Renew a place in line; None when it lapsed or the renewal failed (the pool queues again)."""
@@ -497,15 +569,19 @@ class LockPool:
         """End a turn: hand the lease to the next local waiter, or start releasing it."""
         session.busy = False
         session.turn_ended.set()
-        may_go_on = session.alive() and session.turns < self.max_turns
-        if may_go_on and not self._gives_way(session) and self._wake_next(session):
-            return
+        alive = session.alive()
+        if alive and session.turns < self.max_turns and not self._gives_way(session):
+            if self._wake_next(session):
+                return
+            session.yielded = False  # nobody waits: an idle release
+        else:
+            session.yielded = alive  # max_turns reached, or another pool in line: going back for fairness
         if session.releasing is None:
             session.releasing = asyncio.get_running_loop().create_task(
                 self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
             )
 
-    def _may_keep(self, session: _Session) -> bool:
+    def _may_keep(self, session: _Session, rank: _Rank | None) -> bool:
         """Whether a release under way may be called off for a new local turn.
 
         Only while the lease is still held (the release waits for deferred commits: it has
@@ -517,18 +593,22 @@ class LockPool:
             and not session.busy
             and not session.waiters
             and session.turns < self.max_turns
-            and not self._gives_way(session, wanted=True)
+            and not self._gives_way(session, wanted=True, rank=rank)
         )
 
-    def _gives_way(self, session: _Session, *, wanted: bool = False) -> bool:
+    def _gives_way(self, session: _Session, *, wanted: bool = False, rank: _Rank | None = None) -> bool:
         """Whether the lease should go back now for another pool in line (checked every ``_FAIR_TURNS`` turns).
 
-        ``wanted``: a local task wants a turn now (one that takes the lease from its release
-        under way, see :meth:`_may_keep`), as a waiter would.
+        ``wanted``: a local task ranked ``rank`` wants a turn now (one that takes the lease
+        from its release under way, see :meth:`_may_keep`), as a waiter would. The lease
+        stays while the next local turn ranks ahead of the other pool's waiter.
         """
         if session.turns < _FAIR_TURNS:
             return False
-        if session.line_seen:
+        if not wanted and session.waiters:
+            first = session.ranks.get(session.waiters[0])
+            rank = None if first is None else _rank_of(first[0], first[2])
+        if session.line_seen and not _ahead(rank, session.line_rank):
             return True
         if (wanted or session.waiters) and session.line_check is None and session.turns % _FAIR_TURNS == 0:
             check = session.line_check = asyncio.get_running_loop().create_task(
@@ -541,13 +621,13 @@ class LockPool:
     async def _check_line(self, session: _Session, lease: Lease | None) -> None:
         """Record in ``session`` whether another pool is in line for its lock (while it still holds ``lease``)."""
         try:
-            seen = await self._someone_in_line(session.name)
+            seen, theirs = await self._someone_in_line(session.name)
         except Exception:  # a closed store, say: the next acquisition will tell
-            seen = False
+            seen, theirs = False, None
         finally:
             session.line_check = None
         if session.lease is lease:
-            session.line_seen = seen
+            session.line_seen, session.line_rank = seen, theirs
 
     def _wake_next(self, session: _Session) -> bool:
         while session.waiters:
@@ -588,6 +668,7 @@ class LockPool:
         session.lease = None
         session.turns = 0
         session.line_seen = False
+        session.line_rank = None
         if park is not None:
             park.set()
         if guard is not None:

@@ -131,13 +131,23 @@ def zipf_choices(rng: random.Random, n: int, k: int, s: float = 1.1) -> list[int
     return rng.choices(range(n), weights=weights, k=k)
 
 
-def workload(tasks: int, conversations: int, accounts: int, seed: int) -> list[NewTask]:
+def workload(tasks: int, conversations: int, accounts: int, seed: int, layout: int = 0) -> list[NewTask]:
+    """The cell's tasks: Zipf-skewed conversations (partition keys) and accounts, drawn from ``seed``.
+
+    ``layout`` renames the conversations (``c<i>`` for 0, ``l<layout>-c<i>`` otherwise): the
+    same load, its conversations hashed to other partitions, so another split of the hot
+    ones between the processes (see ``--same-layout``).
+    """
     rng = random.Random(seed)
+    prefix = "c" if layout == 0 else f"l{layout}-c"
     convs = zipf_choices(rng, conversations, tasks)
     accts = zipf_choices(rng, accounts, tasks)
     return [
         NewTask(
-            queue=QUEUE, payload={"n": i, "account": accts[i]}, partition_key=f"c{convs[i]}", idempotency_key=f"m{i}"
+            queue=QUEUE,
+            payload={"n": i, "account": accts[i]},
+            partition_key=f"{prefix}{convs[i]}",
+            idempotency_key=f"m{i}",
         )
         for i in range(tasks)
     ]
@@ -433,7 +443,10 @@ async def drain_runtime(
             # woken by the enqueue's NOTIFY already: a second wake-up would make every node
             # that claimed its heads then claim again for nothing (one empty claim per node).
             if not getattr(store, "listen", False):
-                keys = {s.partition_key for s in workload(args.tasks, args.conversations, args.accounts, args.seed)}
+                keys = {
+                    s.partition_key
+                    for s in workload(args.tasks, args.conversations, args.accounts, args.seed, args.layout)
+                }
                 store.notifier.notify(QUEUE, len(runtime.nodes), {partition_of(k, store.partitions) for k in keys})
             drained = await wait_drained(args.max_cell_s)
             end = time.time()
@@ -603,7 +616,17 @@ async def drain_lock_table_pg(
 def worker_argv(args: argparse.Namespace, target: str, strategy: str, nodes: int, processes: int) -> list[str]:
     argv = [sys.executable, __file__, "--worker", target, "--strategies", strategy, "--nodes", str(nodes)]
     argv += ["--process-count", str(processes)]
-    names = ("send_ms", "slow_send_ms", "steal_after_s", "tasks", "max_cell_s", "conversations", "accounts", "seed")
+    names = (
+        "send_ms",
+        "slow_send_ms",
+        "steal_after_s",
+        "tasks",
+        "max_cell_s",
+        "conversations",
+        "accounts",
+        "seed",
+        "layout",
+    )
     for name in names:
         argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.store is not None:
@@ -679,7 +702,7 @@ def cell(
     args: argparse.Namespace, db: SQLiteDb | PostgresDb, strategy: str, nodes: int, processes: int
 ) -> dict[str, Any]:
     target = db.target(f"{strategy}-{nodes}-{processes}")
-    specs = workload(args.tasks, args.conversations, args.accounts, args.seed)
+    specs = workload(args.tasks, args.conversations, args.accounts, args.seed, args.layout)
     run(lambda: db.reset(target))
     run(lambda: create(db, target))
     raw = run(lambda: db.raw_commits_per_s(target, args.raw_seconds))
@@ -729,6 +752,8 @@ def cell(
         "conflicts": {k: v for k, v in sorted(events.items()) if k not in ("claims", "commits")},
         "raw_commits_per_s": round(raw, 1),
         "vs_raw_commits": round(rate / raw, 3) if raw else None,
+        # each process's share of the sends: how the layout split the load between them
+        "process_shares": [round(len(p["sent"]) / max(1, sum(sends.values())), 3) for p in parts],
     }
     counted = (  # lock-table and none claim without store.claim: nothing to count
         f", {claims['calls']:,} claims ({claims['empty']:,} empty), {claims['polls']:,} idle polls, "
@@ -782,6 +807,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each cell (rows are listed per run)")
     parser.add_argument("--no-procrastinate", action="store_true", help="with --store: skip the procrastinate drains")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--same-layout",
+        action="store_true",
+        help="every repeat on the same conversation names (default: repeat r renames them, another hash layout)",
+    )
+    parser.add_argument("--layout", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--raw-seconds", type=float, default=0.3, help="duration of the raw commit baseline per cell")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--report", metavar="DIR", help="write contention.json, contention.md and contention.png")
@@ -819,6 +850,10 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
     # always favour the same size.
     for processes in args.processes:
         for run_index in range(args.repeat):
+            # Repeat r hashes the conversations to other partitions (unless --same-layout): which
+            # process owns the hot ones then changes from repeat to repeat, and with it how much
+            # the processes contend for the hot accounts. The node counts of one repeat share it.
+            args.layout = 0 if args.same_layout else run_index
             for nodes in args.nodes if run_index % 2 == 0 else list(reversed(args.nodes)):
                 theirs = procrastinate_cell(args, processes, nodes) if with_procrastinate else None
                 if theirs is not None:
@@ -826,6 +861,7 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
                 for strategy in args.strategies:
                     row = cell(args, db, strategy, nodes, processes)
                     row["run"] = run_index
+                    row["layout"] = args.layout
                     if theirs is not None:
                         row["vs_procrastinate"] = round(row["tasks_per_s"] / theirs["jobs_per_s"], 2)
                     rows.append(row)

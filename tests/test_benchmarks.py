@@ -124,6 +124,8 @@ def check_contention_rows(rows: list[dict[str, Any]], tasks: int, cells: set[tup
         if row["strategy"] == "all":
             assert row["claim_calls"] >= 1, cell
             assert row["stolen"] is not None, cell
+        assert len(row["process_shares"]) == row["processes"], cell
+        assert sum(row["process_shares"]) == pytest.approx(1.0, abs=0.002), cell
         if row["strategy"] == "lock-table":
             assert row["cpu_s"] is None, cell  # not a runtime's drain: not measured
         else:
@@ -152,12 +154,32 @@ def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> Non
     check_contention_rows(r["rows"], 60, {("all", n, 1) for n in (1, 2)})
     rate = {(row["nodes"], row["run"]): row["tasks_per_s"] for row in r["rows"]}
     assert sorted(rate) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    # each repeat on its own layout (its conversations renamed), the node counts of one alike
+    assert sorted({(row["run"], row["layout"]) for row in r["rows"]}) == [(0, 0), (1, 1)]
     ((group,),) = [r["scaling"]]
     assert (group["processes"], group["strategy"], group["nodes"]) == (1, "all", [1, 2])
     expected = [round(rate[(2, run)] / rate[(1, run)], 3) for run in (0, 1)]
     assert group["ratios"] == expected
     assert group["median"] == round((expected[0] + expected[1]) / 2, 3)
     assert group["larger_faster"] == sum(1 for x in expected if x > 1.0)
+
+
+def test_a_contention_layout_renames_the_conversations_and_keeps_the_load() -> None:
+    """Layout r hashes the same load to other partitions: only the conversation names change."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import contention
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from asynccoord.partition import partition_of
+
+    first = contention.workload(300, 20, 4, seed=1)
+    other = contention.workload(300, 20, 4, seed=1, layout=3)
+    assert {task.partition_key for task in first} == {f"c{i}" for i in range(20)}
+    assert [task.partition_key for task in other] == [f"l3-{task.partition_key}" for task in first]
+    assert [(t.payload, t.idempotency_key) for t in other] == [(t.payload, t.idempotency_key) for t in first]
+    partitions = {partition_of(t.partition_key, 1024) for t in first}
+    assert partitions != {partition_of(t.partition_key, 1024) for t in other}
 
 
 def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:

@@ -250,6 +250,116 @@ async def test_a_pool_seeing_another_in_line_gives_the_lease_back_within_a_few_t
     assert a_turns_before_b <= 16
 
 
+async def _ranked_turns_before_a_late_pool(store: Any, *, late_order: int) -> int:
+    """As ``_turns_before_a_late_pool`` (max_turns 32, turns of 5 ms), the waiters ranked: process-a's
+    60 turns carry orders 0..59, process-b's one turn ``late_order``."""
+    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=32)
+    other = LockPool(store, ttl_s=5.0, holder="process-b", max_turns=32)
+    order: list[str] = []
+    a_started = asyncio.Event()
+
+    async def turn(pool: LockPool, label: str, position: int) -> None:
+        async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore, order=position):
+            order.append(label)
+            a_started.set()
+            await asyncio.sleep(0.005)
+
+    backlog = [asyncio.create_task(turn(busy, f"a{i}", i)) for i in range(60)]
+    await a_started.wait()
+    waited_from = len(order)
+    late = asyncio.create_task(turn(other, "b", late_order))
+    await asyncio.wait_for(asyncio.gather(late, *backlog), 30.0)
+    assert sorted(order) == sorted([*(f"a{i}" for i in range(60)), "b"])
+    await busy.aclose()
+    await other.aclose()
+    assert await store.list_locks() == []
+    return order.index("b") - waited_from
+
+
+async def test_a_waiter_of_another_pool_ranked_ahead_gets_the_lease_within_a_few_turns(make_store: Any) -> None:
+    """Its place in line carries its rank (priority, order): older than every local waiter, it goes first."""
+    store = await make_store(clock=None)
+    assert await _ranked_turns_before_a_late_pool(store, late_order=-1) <= 16
+
+
+async def test_a_waiter_of_another_pool_ranked_behind_the_local_ones_waits_for_max_turns(make_store: Any) -> None:
+    """The holding pool keeps the lease while its next waiter ranks ahead of the one in line
+    (an older task: on an ordered queue, the lagging conversation's head), but no longer than
+    max_turns: then it waits behind the other pool, whatever its rank."""
+    store = await make_store(clock=None)
+    a_turns_before_b = await _ranked_turns_before_a_late_pool(store, late_order=1000)
+    # Without ranks in the line it went within a few turns (at most 16, the test above); the
+    # lease it waited for was acquired before it came, so fewer than max_turns (32) remain.
+    assert 20 <= a_turns_before_b <= 32, a_turns_before_b
+
+
+async def test_a_place_in_line_shows_the_rank_of_the_waiter_it_is_taken_for(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    holder = LockPool(store, ttl_s=5.0, holder="process-a")
+    waiter = LockPool(store, ttl_s=5.0, holder="process-b")
+    held, let_go = await _hold(holder, "account:1")
+    entered = asyncio.Event()
+
+    async def wait_for_it() -> None:
+        async with waiter.turn("account:1", timeout_s=5.0, on_lost=_ignore, priority=3, order=7):
+            entered.set()
+
+    waiting = asyncio.create_task(wait_for_it())
+    async with asyncio.timeout(5.0):
+        while not (places := await store.list_locks(next_in_line("account:1"))):
+            await asyncio.sleep(0.005)
+    assert [place.holder for place in places] == ["process-b rank=3:7"]  # as `status` lists it
+    assert not entered.is_set()
+    let_go.set()
+    await asyncio.wait_for(asyncio.gather(held, waiting), 5.0)
+    await holder.aclose()
+    await waiter.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_a_waiter_ranked_ahead_of_the_line_tries_a_lock_given_back_idle_at_once(make_store: Any) -> None:
+    """The pool gave its lease back with nobody waiting; a new local turn, older than the other
+    pool's waiter in line, tries the lock at once instead of taking a place behind it. One
+    that comes after a release for fairness (max_turns reached) waits in line whatever its rank."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=2)
+    tried: list[str] = []
+    try_acquire = store.try_acquire_lock
+
+    async def recording(name: str, **kwargs: Any) -> Any:
+        tried.append("lock" if name == "account:1" else "place")
+        return await try_acquire(name, **kwargs)
+
+    store.try_acquire_lock = recording
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore, order=5):
+        pass
+    await pool.released("account:1")
+    # Process-b is in line for the lock, for a waiter of order 100.
+    place = await try_acquire(next_in_line("account:1"), ttl_s=5.0, holder="process-b rank=0:100")
+    tried.clear()
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore, order=6):
+        pass
+    assert tried == ["lock"]  # read the line, ranked ahead: straight to the lock
+    await pool.released("account:1")
+    # Two turns (max_turns) with a third waiting: the lease goes back for fairness, and the
+    # third, though ranked ahead of process-b's waiter, queues for the place.
+    tried.clear()
+    entered: list[int] = []
+
+    async def turn(position: int) -> None:
+        async with pool.turn("account:1", timeout_s=0.3, on_lost=_ignore, order=position):
+            entered.append(position)
+            await asyncio.sleep(0.01)
+
+    results = await asyncio.gather(turn(7), turn(8), turn(9), return_exceptions=True)
+    assert entered == [7, 8]
+    assert isinstance(results[2], LockTimeoutError)  # behind process-b's place, never released here
+    assert tried[:2] == ["lock", "place"], tried
+    await store.release_lock(place)
+    await pool.aclose()
+    assert await store.list_locks() == []
+
+
 async def test_a_pool_nobody_waits_behind_keeps_the_lease_for_max_turns(make_store: Any) -> None:
     """The reads of the place in line find nobody: the lease is kept for max_turns turns each time."""
     store = await make_store(clock=None)
