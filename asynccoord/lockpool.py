@@ -36,15 +36,16 @@ soon as another pool is there, so a waiting process waits a few turns, not ``max
 The idea of a fair lock's queue of waiters (as in Redisson's ``RFairLock`` on Redis),
 reduced to one place, built only on the lock contract (any lock store).
 
-The place carries the rank of the waiter it is taken for (its ``priority`` and ``order``,
-written after the pool's holder in the place's holder), so the order of waiters holds
-across processes too: the pool holding the lease keeps it while its next waiter ranks
-ahead of the one in line (on an ordered queue, the head of the conversation that lags
-most, whose chain bounds a drain), and a pool whose lease went back idle lets a new waiter
-ranked ahead try the lock at once rather than queue behind the place. ``max_turns`` still
-bounds a run: a lease that went back for fairness is queued for behind the place whatever
-the rank. A place without a rank (no ``order``, or written by an older version) is given
-way to as before.
+The place carries the rank of the pool's first waiter (its ``priority`` and ``order``,
+written after the pool's holder in the place's holder; the place is taken anew when an
+older task comes while the pool waits), so the order of waiters holds across processes
+too: the pool holding the lease keeps it while its next waiter ranks ahead of the one in
+line (on an ordered queue, the head of the conversation that lags most, whose chain bounds
+a drain), and a pool whose lease went back idle lets a new waiter ranked ahead try the
+lock at once rather than queue behind the place. A lease acquired for one task while an
+older one came is that older task's first. ``max_turns`` still bounds a run: a lease that
+went back for fairness is queued for behind the place whatever the rank. A place without a
+rank (no ``order``, or written by an older version) is given way to as before.
 
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
@@ -341,17 +342,30 @@ class LockPool:
             self.store.events.add(ev.LOCK_CONTENDED)
             await self._wait_turn(session, deadline, priority, order)
         session.busy = True
+        holding = True  # this task holds the process's turn (not while it hands a fresh lease on)
         try:
-            if not session.alive():
+            while not session.alive():
                 await self._retire(session)
                 await self._acquire(session, deadline, rank)
+                if not self._outranked(session, rank):
+                    break
+                # A local task ranked ahead of this one came while it acquired (the lagging
+                # conversation's head behind a younger task): the fresh lease's first turn is
+                # that task's; this one queues again.
+                holding = False
+                if not self._wake_next(session):
+                    holding = True
+                    break
+                await self._wait_turn(session, deadline, priority, order)
+                holding = True
             assert session.guard is not None
             session.on_lost = on_lost
             yield Turn(session, session.guard.lease)
         finally:
-            session.on_lost = None
-            session.turns += 1
-            self._pass_turn(session)
+            if holding:
+                session.on_lost = None
+                session.turns += 1
+                self._pass_turn(session)
 
     async def _wait_turn(self, session: _Session, deadline: float, priority: int, order: int | None) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -419,10 +433,11 @@ class LockPool:
             # A waiter ranked ahead of the one the other pool queues for (an older task) tries
             # the lock at once, unless the lease just went back for fairness (max_turns
             # reached, or given way to that pool): then it waits behind it whatever its rank.
-            in_line = seen and (session.yielded or not _ahead(rank, theirs))
+            in_line = seen and (session.yielded or not _ahead(self._best_rank(session, rank), theirs))
         else:
             in_line = False
         place: Lease | None = None
+        place_rank: _Rank | None = None  # the rank the place shows (see _place_holder)
         renewed_at = 0.0
         lock_busy: LockBusy | None = None
         failures = polls = 0
@@ -436,6 +451,14 @@ class LockPool:
 
         try:
             while True:
+                if place is not None and _ahead(self._best_rank(session, rank), place_rank):
+                    # A local task ranked ahead of the one the place shows came meanwhile (on
+                    # an ordered queue, the lagging conversation's head behind a younger task):
+                    # show it, or the pool holding the lease keeps it for its own older ones.
+                    await self._release_quietly(place)
+                    place = None
+                    in_line = True
+                    continue
                 if place is not None and time.monotonic() - renewed_at > place.ttl_s / 3:
                     renewed_at = time.monotonic()
                     place = await self._renew_place(place)  # None: it lapsed, queue again
@@ -452,14 +475,15 @@ class LockPool:
                         continue
                 else:
                     renewed_at = time.monotonic()
+                    shown = self._best_rank(session, rank)
                     taken = await self.store.try_acquire_lock(
                         next_in_line(name),
                         ttl_s=min(self.ttl_s, _PLACE_TTL_S),
                         permits=1,
-                        holder=self._place_holder(rank),
+                        holder=self._place_holder(shown),
                     )
                     if isinstance(taken, Lease):
-                        place = taken
+                        place, place_rank = taken, shown
                         polls = 0  # first in line: try the lock at once, then poll it from 1 ms
                         continue
                     busy = taken
@@ -492,6 +516,27 @@ class LockPool:
         session.guard = Watchdog.for_store(self.store).guard(
             outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
         )
+
+    @staticmethod
+    def _outranked(session: _Session, rank: _Rank | None) -> bool:
+        """Whether ``session``'s first waiter ranks ahead of a turn ranked ``rank`` (both ranked)."""
+        if rank is None or not session.waiters:
+            return False
+        first = session.ranks.get(session.waiters[0])
+        return first is not None and _ahead(_rank_of(first[0], first[2]), rank)
+
+    @staticmethod
+    def _best_rank(session: _Session, rank: _Rank | None) -> _Rank | None:
+        """The rank to show in line: the acquiring turn's, or its first local waiter's if ranked ahead.
+
+        None (an unranked place) when the acquiring turn has no rank: a waiter without an
+        order is never passed by order, so none behind it is first.
+        """
+        if rank is None or not session.waiters:
+            return rank
+        first = session.ranks.get(session.waiters[0])
+        waiting = None if first is None else _rank_of(first[0], first[2])
+        return waiting if _ahead(waiting, rank) else rank
 
     def _place_holder(self, rank: _Rank | None) -> str:
         """The holder recorded on this pool's place in line: its own, and the rank of the waiter it queues for."""

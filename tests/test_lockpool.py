@@ -310,8 +310,50 @@ async def test_a_place_in_line_shows_the_rank_of_the_waiter_it_is_taken_for(make
             await asyncio.sleep(0.005)
     assert [place.holder for place in places] == ["process-b rank=3:7"]  # as `status` lists it
     assert not entered.is_set()
+
+    # An older task of process-b comes while its pool waits in line for the younger one: the
+    # place shows the older one's rank (or process-a would keep the lease for its own older ones).
+    async def older() -> None:
+        async with waiter.turn("account:1", timeout_s=5.0, on_lost=_ignore, priority=3, order=2):
+            pass
+
+    second = asyncio.create_task(older())
+    async with asyncio.timeout(5.0):
+        while [p.holder for p in await store.list_locks(next_in_line("account:1"))] != ["process-b rank=3:2"]:
+            await asyncio.sleep(0.005)
     let_go.set()
-    await asyncio.wait_for(asyncio.gather(held, waiting), 5.0)
+    await asyncio.wait_for(asyncio.gather(held, waiting, second), 5.0)
+    await holder.aclose()
+    await waiter.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_a_fresh_lease_goes_first_to_an_older_task_that_came_during_the_acquisition(make_store: Any) -> None:
+    """The turn that acquires waits in line for another process; an older local task comes
+    meanwhile (on an ordered queue, the lagging conversation's head): the lease, once
+    acquired, is that task's first."""
+    store = await make_store(clock=None)
+    holder = LockPool(store, ttl_s=5.0, holder="process-a")
+    waiter = LockPool(store, ttl_s=5.0, holder="process-b")
+    held, let_go = await _hold(holder, "account:1")
+    entered: list[int] = []
+
+    async def turn(position: int) -> None:
+        async with waiter.turn("account:1", timeout_s=5.0, on_lost=_ignore, order=position) as got:
+            entered.append(position)
+            tokens.add(got.lease.fencing_token)
+
+    tokens: set[int] = set()
+    younger = asyncio.create_task(turn(100))
+    async with asyncio.timeout(5.0):
+        while not await store.list_locks(next_in_line("account:1")):
+            await asyncio.sleep(0.005)  # process-b is in line, for the younger task
+    older = asyncio.create_task(turn(1))
+    await asyncio.sleep(0.05)
+    let_go.set()
+    await asyncio.wait_for(asyncio.gather(held, younger, older), 5.0)
+    assert entered == [1, 100]
+    assert len(tokens) == 1  # both on the one lease acquired
     await holder.aclose()
     await waiter.aclose()
     assert await store.list_locks() == []
