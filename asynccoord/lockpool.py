@@ -36,16 +36,18 @@ soon as another pool is there, so a waiting process waits a few turns, not ``max
 The idea of a fair lock's queue of waiters (as in Redisson's ``RFairLock`` on Redis),
 reduced to one place, built only on the lock contract (any lock store).
 
-The place carries the rank of the pool's first waiter (its ``priority`` and ``order``,
-written after the pool's holder in the place's holder; the place is taken anew when an
-older task comes while the pool waits), so the order of waiters holds across processes
-too: the pool holding the lease keeps it while its next waiter ranks ahead of the one in
+The place carries the rank of the pool's first waiter (its ``priority`` and ``order``: the
+place's holder is ``"<holder> rank=<priority>:<order>"``, ``rank=-`` without one; the place
+is taken anew when an older task comes while the pool waits), so the order of waiters holds
+across processes too: the pool holding the lease keeps it while its next waiter ranks ahead of the one in
 line (on an ordered queue, the head of the conversation that lags most, whose chain bounds
 a drain), and a pool whose lease went back idle lets a new waiter ranked ahead try the
-lock at once rather than queue behind the place. A lease acquired for one task while an
-older one came is that older task's first. ``max_turns`` still bounds a run: a lease that
-went back for fairness is queued for behind the place whatever the rank. A place without a
-rank (no ``order``, or written by an older version) is given way to as before.
+lock at once rather than queue behind the place, at most ``max_overtakes`` times per place
+(as a waiter is overtaken within a pool). A lease acquired for one task while an older one
+came is that older task's first. ``max_turns`` still bounds a run: a lease that went back
+for fairness is queued for behind the place whatever the rank. A place without a rank (no
+``order``, a pool whose ``max_overtakes`` is 0, or one written by a version without ranks)
+is given way to as before.
 
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
@@ -61,6 +63,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -143,8 +146,20 @@ _RANK_MARK = " rank="
 in line (``"<holder> rank=<priority>:<order>"``, as ``status`` shows it)."""
 
 
+_UNRANKED = "-"
+"""What a place shows after the mark for a waiter without a rank."""
+_LONGEST_RANK = len(f"{-(2**31)}:{-(2**63)}")
+_RANK_TEXT = re.compile(r"(-?[0-9]{1,11}):(-?[0-9]{1,20})")
+
+
 def _rank_of(priority: int, order: int | None) -> _Rank | None:
     return None if order is None else (-priority, order)
+
+
+def _parse_rank(text: str) -> _Rank | None:
+    """The rank a place shows after the mark; None for an unranked or malformed one."""
+    match = _RANK_TEXT.fullmatch(text)
+    return None if match is None else (-int(match[1]), int(match[2]))
 
 
 def _ahead(mine: _Rank | None, theirs: _Rank | None) -> bool:
@@ -169,7 +184,6 @@ class _Session:
     releasing: asyncio.Task[None] | None = None
     line_seen: bool = False  # another pool was in line at this lease's last check (see _FAIR_TURNS)
     line_rank: _Rank | None = None  # that pool's first waiter's rank, if its place carries one
-    yielded: bool = False  # the last lease went back for fairness (see _pass_turn), not for want of turns
     line_check: asyncio.Task[None] | None = None
 
     def alive(self) -> bool:
@@ -236,8 +250,9 @@ class LockPool:
             e.g. Redisson's on Redis, with a line of one place).
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
         max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
-            (see :meth:`turn`). Default 8; 0 makes turns strictly FIFO (``priority`` and
-            ``order`` are then ignored).
+            (see :meth:`turn`), and most times this pool's waiters pass another pool's place
+            in line by rank. Default 8; 0 makes turns strictly FIFO (``priority`` and
+            ``order`` are then ignored, across pools too).
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad arguments.
@@ -266,6 +281,10 @@ class LockPool:
         self._checks: set[asyncio.Task[None]] = set()  # reads of places in line (_check_line) under way
         self._contended: dict[str, float] = {}  # lock name -> when it (or its place) was last found taken
         self._released: dict[str, float] = {}  # lock name -> when this pool last gave a lease of it back
+        self._gave_way: dict[str, float] = {}  # lock name -> when a lease of it last went back for fairness
+        self._passes: dict[str, tuple[int, int]] = {}  # lock name -> (place's fencing token, times passed)
+        # a holder too long to carry the longest rank writes plain places (unranked)
+        self._plain_places = len(self.holder) + len(_RANK_MARK) + _LONGEST_RANK > MAX_NAME_LENGTH
 
     def __repr__(self) -> str:
         held = sum(1 for s in self._sessions.values() if s.lease is not None)
@@ -330,13 +349,13 @@ class LockPool:
         if session is None:
             session = self._sessions[name] = _Session(name)
             session.idle.set()
-        rank = _rank_of(priority, order) if self.max_overtakes > 0 else None
+        rank = self._rank_of(priority, order)
         if session.releasing is not None and self._may_keep(session, rank):
             # The last turn ended with nobody waiting, and its release only waits for that
             # turn's commit: keep the lease for this turn instead of waiting for the commit,
             # the release and an acquisition anew (three round trips on the critical path).
             releasing, session.releasing = session.releasing, None
-            session.yielded = False
+            self._gave_way.pop(name, None)
             releasing.cancel()
         if session.busy or session.waiters or session.releasing is not None:
             self.store.events.add(ev.LOCK_CONTENDED)
@@ -429,11 +448,16 @@ class LockPool:
             # Another pool wanted it a moment ago, or this one gave it back (after max_turns,
             # say): is a pool in line now? If so, wait behind it; if not, try the lock (a
             # read instead of taking and leaving a free place, two writes).
-            seen, theirs = await self._someone_in_line(name)
+            seen, theirs, place_token = await self._someone_in_line(name)
             # A waiter ranked ahead of the one the other pool queues for (an older task) tries
             # the lock at once, unless the lease just went back for fairness (max_turns
-            # reached, or given way to that pool): then it waits behind it whatever its rank.
-            in_line = seen and (session.yielded or not _ahead(self._best_rank(session, rank), theirs))
+            # reached, or given way to that pool), or this pool passed that place
+            # max_overtakes times already: then it waits behind it whatever its rank.
+            in_line = seen and (
+                _lately(self._gave_way, name)
+                or not _ahead(self._best_rank(session, rank), theirs)
+                or not self._may_pass(name, place_token)
+            )
         else:
             in_line = False
         place: Lease | None = None
@@ -504,7 +528,7 @@ class LockPool:
         session.turns = 0
         session.line_seen = False
         session.line_rank = None
-        session.yielded = False
+        self._gave_way.pop(name, None)
         park = session.park = asyncio.Event()
         parked = asyncio.get_running_loop().create_task(park.wait(), name=f"asynccoord-lockpool-{name}")
 
@@ -517,16 +541,31 @@ class LockPool:
             outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
         )
 
-    @staticmethod
-    def _outranked(session: _Session, rank: _Rank | None) -> bool:
+    def _rank_of(self, priority: int, order: int | None) -> _Rank | None:
+        """A waiter's rank; None without an order, or in a pool whose ``max_overtakes`` is 0 (FIFO)."""
+        return None if self.max_overtakes == 0 else _rank_of(priority, order)
+
+    def _may_pass(self, name: str, place_token: int) -> bool:
+        """Whether a waiter ranked ahead may pass the place in line for ``name`` (fencing token
+        ``place_token``) once more: at most ``max_overtakes`` times, as within a pool."""
+        token, passes = self._passes.get(name, (place_token, 0))
+        if token != place_token:
+            passes = 0  # another place (the pool in line got the lock meanwhile, or queued anew)
+        if passes >= self.max_overtakes:
+            return False
+        if len(self._passes) >= _CONTENDED_NAMES and name not in self._passes:
+            self._passes.clear()
+        self._passes[name] = (place_token, passes + 1)
+        return True
+
+    def _outranked(self, session: _Session, rank: _Rank | None) -> bool:
         """Whether ``session``'s first waiter ranks ahead of a turn ranked ``rank`` (both ranked)."""
         if rank is None or not session.waiters:
             return False
         first = session.ranks.get(session.waiters[0])
-        return first is not None and _ahead(_rank_of(first[0], first[2]), rank)
+        return first is not None and _ahead(self._rank_of(first[0], first[2]), rank)
 
-    @staticmethod
-    def _best_rank(session: _Session, rank: _Rank | None) -> _Rank | None:
+    def _best_rank(self, session: _Session, rank: _Rank | None) -> _Rank | None:
         """The rank to show in line: the acquiring turn's, or its first local waiter's if ranked ahead.
 
         None (an unranked place) when the acquiring turn has no rank: a waiter without an
@@ -535,18 +574,25 @@ class LockPool:
         if rank is None or not session.waiters:
             return rank
         first = session.ranks.get(session.waiters[0])
-        waiting = None if first is None else _rank_of(first[0], first[2])
+        waiting = None if first is None else self._rank_of(first[0], first[2])
         return waiting if _ahead(waiting, rank) else rank
 
     def _place_holder(self, rank: _Rank | None) -> str:
         """The holder recorded on this pool's place in line: its own, and the rank of the waiter it queues for."""
-        if rank is None:
+        if self._plain_places:
             return self.holder
-        held = f"{self.holder}{_RANK_MARK}{-rank[0]}:{rank[1]}"
-        return held if len(held) <= MAX_NAME_LENGTH else self.holder
+        return f"{self.holder}{_RANK_MARK}{_UNRANKED if rank is None else f'{-rank[0]}:{rank[1]}'}"
 
-    async def _someone_in_line(self, name: str) -> tuple[bool, _Rank | None]:
-        """Whether another pool holds the place in line for ``name`` (one read), and the rank it carries.
+    def _own_place(self, holder: str) -> bool:
+        """Whether a place's holder is one this pool writes (see :meth:`_place_holder`)."""
+        if self._plain_places:
+            return holder == self.holder
+        prefix = self.holder + _RANK_MARK
+        return holder.startswith(prefix) and _RANK_MARK not in holder[len(prefix) :]
+
+    async def _someone_in_line(self, name: str) -> tuple[bool, _Rank | None, int]:
+        """Whether another pool holds the place in line for ``name`` (one read), the rank it
+        shows (None: unranked, or written by a version without ranks) and its fencing token.
 
         Asked when this pool gave a lease of ``name`` back a moment ago (a hot lock): then
         the waiting pool goes first, unless this pool's waiter ranks ahead of the one it
@@ -557,21 +603,13 @@ class LockPool:
         except UNRECOVERABLE_STORE_ERRORS:
             raise
         except Exception:
-            return False, None
+            return False, None, 0
         for info in places:
-            if info.holder == self.holder:  # its own place, unranked (its holder may hold the mark)
+            if self._own_place(info.holder):
                 continue
-            holder, mark, rank_text = info.holder.rpartition(_RANK_MARK)
-            if not mark:
-                holder, rank_text = info.holder, ""
-            if holder == self.holder:
-                continue
-            priority, colon, order = rank_text.partition(":")
-            try:
-                return True, ((-int(priority), int(order)) if colon else None)
-            except ValueError:
-                return True, None
-        return False, None
+            _, mark, rank_text = info.holder.rpartition(_RANK_MARK)
+            return True, (_parse_rank(rank_text) if mark else None), info.fencing_token
+        return False, None, 0
 
     async def _renew_place(self, place: Lease) -> Lease | None:
         """Renew a place in line; None when it lapsed or the renewal failed (the pool queues again)."""
@@ -618,9 +656,9 @@ class LockPool:
         if alive and session.turns < self.max_turns and not self._gives_way(session):
             if self._wake_next(session):
                 return
-            session.yielded = False  # nobody waits: an idle release
-        else:
-            session.yielded = alive  # max_turns reached, or another pool in line: going back for fairness
+            self._gave_way.pop(session.name, None)  # nobody waits: an idle release
+        elif alive:  # max_turns reached, or another pool in line: going back for fairness
+            _remember(self._gave_way, session.name)
         if session.releasing is None:
             session.releasing = asyncio.get_running_loop().create_task(
                 self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
@@ -652,7 +690,7 @@ class LockPool:
             return False
         if not wanted and session.waiters:
             first = session.ranks.get(session.waiters[0])
-            rank = None if first is None else _rank_of(first[0], first[2])
+            rank = None if first is None else self._rank_of(first[0], first[2])
         if session.line_seen and not _ahead(rank, session.line_rank):
             return True
         if (wanted or session.waiters) and session.line_check is None and session.turns % _FAIR_TURNS == 0:
@@ -666,7 +704,7 @@ class LockPool:
     async def _check_line(self, session: _Session, lease: Lease | None) -> None:
         """Record in ``session`` whether another pool is in line for its lock (while it still holds ``lease``)."""
         try:
-            seen, theirs = await self._someone_in_line(session.name)
+            seen, theirs, _ = await self._someone_in_line(session.name)
         except Exception:  # a closed store, say: the next acquisition will tell
             seen, theirs = False, None
         finally:

@@ -276,6 +276,131 @@ async def _ranked_turns_before_a_late_pool(store: Any, *, late_order: int) -> in
     return order.index("b") - waited_from
 
 
+async def _late_turns(
+    store: Any,
+    *,
+    busy_holder: str = "process-a",
+    late_holder: str = "process-b",
+    late_order: int | None = None,
+    max_overtakes: int = 8,
+) -> int:
+    """A pool with a backlog of 60 ranked turns (orders 0..59, 5 ms each, max_turns 32) and a
+    late pool's one turn: how many of the busy pool's turns came first once the late one waited."""
+    busy = LockPool(store, ttl_s=5.0, holder=busy_holder, max_turns=32, max_overtakes=max_overtakes)
+    other = LockPool(store, ttl_s=5.0, holder=late_holder, max_turns=32)
+    order: list[str] = []
+    started = asyncio.Event()
+
+    async def turn(pool: LockPool, label: str, position: int | None) -> None:
+        async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore, order=position):
+            order.append(label)
+            started.set()
+            await asyncio.sleep(0.005)
+
+    backlog = [asyncio.create_task(turn(busy, f"a{i}", i)) for i in range(60)]
+    await started.wait()
+    waited_from = len(order)
+    late = asyncio.create_task(turn(other, "b", late_order))
+    await asyncio.wait_for(asyncio.gather(late, *backlog), 30.0)
+    await busy.aclose()
+    await other.aclose()
+    assert await store.list_locks() == []
+    return order.index("b") - waited_from
+
+
+@pytest.mark.parametrize("late_holder", ["process-a rank=1:2", "process-a rank=", "process-a rank=x"])
+async def test_a_holder_that_looks_like_a_ranked_place_is_another_pool(make_store: Any, late_holder: str) -> None:
+    """A place's holder is the pool's holder, the mark and the rank ('-' for none): a pool whose
+    own holder holds the mark is not taken for the pool whose holder precedes it (which then
+    kept the lease for its whole backlog), nor given a rank it did not ask for."""
+    store = await make_store(clock=None)
+    assert await _late_turns(store, late_holder=late_holder) <= 16
+
+
+async def test_a_pool_whose_holder_holds_the_mark_still_sees_the_other_pools_rank(make_store: Any) -> None:
+    store = await make_store(clock=None)
+    assert await _late_turns(store, busy_holder="process-a rank=0:5", late_holder="process-a", late_order=5) <= 16
+
+
+async def test_a_fifo_pool_ignores_ranks_across_pools_too(make_store: Any) -> None:
+    """max_overtakes=0: the busy pool's orders do not keep the lease from a ranked waiter in line."""
+    store = await make_store(clock=None)
+    assert await _late_turns(store, late_order=5000, max_overtakes=0) <= 16
+
+
+async def test_a_lease_given_back_after_max_turns_with_nobody_left_is_still_queued_for_behind_the_line(
+    make_store: Any,
+) -> None:
+    """Batches of exactly max_turns turns: each run ends with no local waiter (its session
+    dropped); the next batch, ranked ahead of the other pool's waiter, still queues behind it
+    (before, it took the lock back at once, batch after batch)."""
+    store = await make_store(clock=None)
+    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=4)
+    other = LockPool(store, ttl_s=5.0, holder="process-b", max_turns=4)
+    order: list[str] = []
+    positions = itertools.count()
+
+    async def turn(pool: LockPool, label: str, position: int) -> None:
+        async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore, order=position):
+            order.append(label)
+            await asyncio.sleep(0.003)
+
+    late: asyncio.Task[None] | None = None
+    for _ in range(40):
+        batch = [asyncio.create_task(turn(busy, "a", next(positions))) for _ in range(4)]
+        if late is None:
+            await asyncio.sleep(0.001)
+            late = asyncio.create_task(turn(other, "b", 10**6))  # ranked behind every task of process-a
+        await asyncio.gather(*batch)
+        if late.done():
+            break
+        await busy.released("account:hot")
+    assert late is not None
+    await asyncio.wait_for(late, 20.0)
+    assert order.index("b") <= 12, order
+    await busy.aclose()
+    await other.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_waiters_ranked_ahead_pass_another_pools_place_at_most_max_overtakes_times(make_store: Any) -> None:
+    """A stream of higher-priority turns, one at a time (each lease going back idle, each new one
+    ranked ahead and trying the lock at once), does not starve the other pool's waiter."""
+    store = await make_store(clock=None)
+
+    async def trial(label: str) -> int:
+        busy = LockPool(store, ttl_s=5.0, holder=f"process-a-{label}", max_turns=4)
+        other = LockPool(store, ttl_s=5.0, holder=f"process-b-{label}", max_turns=4)
+        order: list[str] = []
+
+        async def turn(pool: LockPool, who: str, priority: int, position: int) -> None:
+            async with pool.turn(
+                f"account:{label}", timeout_s=20.0, on_lost=_ignore, priority=priority, order=position
+            ):
+                order.append(who)
+                await asyncio.sleep(0.002)
+
+        async def stream() -> None:
+            for i in range(2000):
+                if "b" in order:
+                    return
+                await turn(busy, "a", 1, 10**6 + i)
+                await asyncio.sleep(0)  # the idle release runs: the next turn acquires anew
+
+        streaming = asyncio.create_task(stream())
+        await asyncio.sleep(0.01)
+        await asyncio.wait_for(asyncio.gather(turn(other, "b", 0, 0), streaming), 30.0)
+        await busy.aclose()
+        await other.aclose()
+        return order.index("b")
+
+    # Each acquisition of process-a passes the place once (up to max_overtakes, 8) and keeps the
+    # lease for at most max_turns (4) turns. Before, process-b waited 21 to 318 turns (memory store).
+    waited = [await trial(str(i)) for i in range(5)]
+    assert max(waited) <= 40, waited
+    assert await store.list_locks() == []
+
+
 async def test_a_waiter_of_another_pool_ranked_ahead_gets_the_lease_within_a_few_turns(make_store: Any) -> None:
     """Its place in line carries its rank (priority, order): older than every local waiter, it goes first."""
     store = await make_store(clock=None)
@@ -686,7 +811,7 @@ async def test_turns_that_keep_the_lease_from_its_release_still_let_a_pool_in_li
     async def watch_the_line() -> None:
         while "b" not in order:
             if not in_line_at and any(
-                i.holder == "process-b" for i in await store.list_locks(next_in_line("account:hot"))
+                i.holder.startswith("process-b ") for i in await store.list_locks(next_in_line("account:hot"))
             ):
                 in_line_at.append(len(order))
             await asyncio.sleep(0.002)
