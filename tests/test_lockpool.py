@@ -250,32 +250,6 @@ async def test_a_pool_seeing_another_in_line_gives_the_lease_back_within_a_few_t
     assert a_turns_before_b <= 16
 
 
-async def _ranked_turns_before_a_late_pool(store: Any, *, late_order: int) -> int:
-    """As ``_turns_before_a_late_pool`` (max_turns 32, turns of 5 ms), the waiters ranked: process-a's
-    60 turns carry orders 0..59, process-b's one turn ``late_order``."""
-    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=32)
-    other = LockPool(store, ttl_s=5.0, holder="process-b", max_turns=32)
-    order: list[str] = []
-    a_started = asyncio.Event()
-
-    async def turn(pool: LockPool, label: str, position: int) -> None:
-        async with pool.turn("account:hot", timeout_s=20.0, on_lost=_ignore, order=position):
-            order.append(label)
-            a_started.set()
-            await asyncio.sleep(0.005)
-
-    backlog = [asyncio.create_task(turn(busy, f"a{i}", i)) for i in range(60)]
-    await a_started.wait()
-    waited_from = len(order)
-    late = asyncio.create_task(turn(other, "b", late_order))
-    await asyncio.wait_for(asyncio.gather(late, *backlog), 30.0)
-    assert sorted(order) == sorted([*(f"a{i}" for i in range(60)), "b"])
-    await busy.aclose()
-    await other.aclose()
-    assert await store.list_locks() == []
-    return order.index("b") - waited_from
-
-
 async def _late_turns(
     store: Any,
     *,
@@ -404,7 +378,7 @@ async def test_waiters_ranked_ahead_pass_another_pools_place_at_most_max_overtak
 async def test_a_waiter_of_another_pool_ranked_ahead_gets_the_lease_within_a_few_turns(make_store: Any) -> None:
     """Its place in line carries its rank (priority, order): older than every local waiter, it goes first."""
     store = await make_store(clock=None)
-    assert await _ranked_turns_before_a_late_pool(store, late_order=-1) <= 16
+    assert await _late_turns(store, late_order=-1) <= 16
 
 
 async def test_a_waiter_of_another_pool_ranked_behind_the_local_ones_waits_for_max_turns(make_store: Any) -> None:
@@ -412,7 +386,7 @@ async def test_a_waiter_of_another_pool_ranked_behind_the_local_ones_waits_for_m
     (an older task: on an ordered queue, the lagging conversation's head), but no longer than
     max_turns: then it waits behind the other pool, whatever its rank."""
     store = await make_store(clock=None)
-    a_turns_before_b = await _ranked_turns_before_a_late_pool(store, late_order=1000)
+    a_turns_before_b = await _late_turns(store, late_order=1000)
     # Without ranks in the line it went within a few turns (at most 16, the test above); the
     # lease it waited for was acquired before it came, so fewer than max_turns (32) remain.
     assert 20 <= a_turns_before_b <= 32, a_turns_before_b
