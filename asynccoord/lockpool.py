@@ -37,8 +37,8 @@ The idea of a fair lock's queue of waiters (as in Redisson's ``RFairLock`` on Re
 reduced to one place, built only on the lock contract (any lock store).
 
 The place carries the rank of the pool's first waiter (its ``priority`` and ``order``: the
-place's holder is ``"<holder> rank=<priority>:<order>"``, ``rank=-`` without one; the place
-is taken anew when an older task comes while the pool waits), so the order of waiters holds
+place's holder is ``"<holder> rank=<priority>:<order>"``, ``rank=-`` without one, with
+``asynccoord.holder:<digest>`` for a holder too long to carry it; the place is taken anew when an older task comes while the pool waits), so the order of waiters holds
 across processes too: the pool holding the lease keeps it while its next waiter ranks ahead of the one in
 line (on an ordered queue, the head of the conversation that lags most, whose chain bounds
 a drain), and a pool whose lease went back idle lets a new waiter ranked ahead try the
@@ -147,6 +147,8 @@ in line (``"<holder> rank=<priority>:<order>"``, as ``status`` shows it)."""
 
 
 _UNRANKED = "-"
+_LONG_HOLDER = "asynccoord.holder:"
+"""Places of a pool whose holder is too long to carry a rank show this and a digest of it."""
 """What a place shows after the mark for a waiter without a rank."""
 _LONGEST_RANK = len(f"{-(2**31)}:{-(2**63)}")
 _RANK_TEXT = re.compile(r"(-?[0-9]{1,11}):(-?[0-9]{1,20})")
@@ -283,8 +285,10 @@ class LockPool:
         self._released: dict[str, float] = {}  # lock name -> when this pool last gave a lease of it back
         self._gave_way: dict[str, float] = {}  # lock name -> when a lease of it last went back for fairness
         self._passes: dict[str, tuple[int, int]] = {}  # lock name -> (place's fencing token, times passed)
-        # a holder too long to carry the longest rank writes plain places (unranked)
-        self._plain_places = len(self.holder) + len(_RANK_MARK) + _LONGEST_RANK > MAX_NAME_LENGTH
+        # who this pool is in its places' holders: its holder, or a digest of one too long to
+        # carry the mark and the longest rank within a name's 255 characters
+        fits = len(self.holder) + len(_RANK_MARK) + _LONGEST_RANK <= MAX_NAME_LENGTH
+        self._place_id = self.holder if fits else _LONG_HOLDER + hashlib.blake2b(self.holder.encode()).hexdigest()[:32]
 
     def __repr__(self) -> str:
         held = sum(1 for s in self._sessions.values() if s.lease is not None)
@@ -410,7 +414,11 @@ class LockPool:
         waiters.insert(at, future)
         ranks[future] = [priority, 0, order]
         try:
-            await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - time.monotonic()))
+            # Not wait_for: on Python 3.11 it returns the result and drops a cancellation that
+            # comes in the step the turn is handed over; under timeout() it is raised, and the
+            # turn passed on below.
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await asyncio.shield(future)
         except TimeoutError:
             if future.done() and not future.cancelled():
                 return  # our turn came just as the wait ran out: take it
@@ -578,16 +586,12 @@ class LockPool:
         return waiting if _ahead(waiting, rank) else rank
 
     def _place_holder(self, rank: _Rank | None) -> str:
-        """The holder recorded on this pool's place in line: its own, and the rank of the waiter it queues for."""
-        if self._plain_places:
-            return self.holder
-        return f"{self.holder}{_RANK_MARK}{_UNRANKED if rank is None else f'{-rank[0]}:{rank[1]}'}"
+        """The holder recorded on this pool's place in line: who it is, and the rank of its first waiter."""
+        return f"{self._place_id}{_RANK_MARK}{_UNRANKED if rank is None else f'{-rank[0]}:{rank[1]}'}"
 
     def _own_place(self, holder: str) -> bool:
         """Whether a place's holder is one this pool writes (see :meth:`_place_holder`)."""
-        if self._plain_places:
-            return holder == self.holder
-        prefix = self.holder + _RANK_MARK
+        prefix = self._place_id + _RANK_MARK
         return holder.startswith(prefix) and _RANK_MARK not in holder[len(prefix) :]
 
     async def _someone_in_line(self, name: str) -> tuple[bool, _Rank | None, int]:

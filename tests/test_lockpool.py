@@ -291,6 +291,22 @@ async def test_a_holder_that_looks_like_a_ranked_place_is_another_pool(make_stor
     assert await _late_turns(store, late_holder=late_holder) <= 16
 
 
+@pytest.mark.parametrize(
+    ("busy_holder", "late_holder", "late_order"),
+    [
+        ("q" * 210 + " rank=0:5", "q" * 210, 5),  # the long one's holder is the other's ranked place
+        ("q" * 210, "q" * 210 + " rank=0:5", None),
+        ("a", "x" * 215 + f" rank={-(2**31)}:{2**63 - 1}", None),  # a long holder that looks ranked last
+    ],
+)
+async def test_a_holder_too_long_to_carry_a_rank_shows_a_digest_in_its_place(
+    make_store: Any, busy_holder: str, late_holder: str, late_order: int | None
+) -> None:
+    """Its place is never taken for another pool's (nor another's for its own), nor read as ranked."""
+    store = await make_store(clock=None)
+    assert await _late_turns(store, busy_holder=busy_holder, late_holder=late_holder, late_order=late_order) <= 16
+
+
 async def test_a_pool_whose_holder_holds_the_mark_still_sees_the_other_pools_rank(make_store: Any) -> None:
     store = await make_store(clock=None)
     assert await _late_turns(store, busy_holder="process-a rank=0:5", late_holder="process-a", late_order=5) <= 16
@@ -545,6 +561,33 @@ async def test_two_pools_with_backlogs_alternate_in_runs_of_at_most_max_turns(ma
     assert len(runs) >= 48 // 8, (runs, order)
     for pool in pools.values():
         await pool.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_a_waiter_cancelled_as_its_turn_is_handed_to_it_raises_and_passes_the_turn_on(
+    make_store: Any,
+) -> None:
+    """The cancellation comes in the same step of the loop as the hand-over (Python 3.11's
+    wait_for returned the turn and dropped the cancellation: the block ran anyway)."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="process-a")
+    ran: list[str] = []
+
+    async def waiter(label: str) -> None:
+        async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore):
+            ran.append(label)
+
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore):
+        cancelled = asyncio.create_task(waiter("cancelled"))
+        await asyncio.sleep(0.01)  # it waits for the turn
+        after = asyncio.create_task(waiter("after"))
+        await asyncio.sleep(0.01)
+    cancelled.cancel()  # the turn was handed to it as the block ended; it has not run since
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await asyncio.wait_for(after, 5.0)  # the turn went on to the next waiter
+    assert ran == ["after"]
+    await pool.aclose()
     assert await store.list_locks() == []
 
 
