@@ -38,16 +38,17 @@ reduced to one place, built only on the lock contract (any lock store).
 
 The place carries the rank of the pool's first waiter (its ``priority`` and ``order``: the
 place's holder is ``"<holder> rank=<priority>:<order>"``, ``rank=-`` without one, with
-``asynccoord.holder:<digest>`` for a holder too long to carry it; the place is taken anew when an older task comes while the pool waits), so the order of waiters holds
-across processes too: the pool holding the lease keeps it while its next waiter ranks ahead of the one in
-line (on an ordered queue, the head of the conversation that lags most, whose chain bounds
-a drain), and a pool whose lease went back idle lets a new waiter ranked ahead try the
-lock at once rather than queue behind the place, at most ``max_overtakes`` times per place
-(as a waiter is overtaken within a pool). A lease acquired for one task while an older one
-came is that older task's first. ``max_turns`` still bounds a run: a lease that went back
-for fairness is queued for behind the place whatever the rank. A place without a rank (no
-``order``, a pool whose ``max_overtakes`` is 0, or one written by a version without ranks)
-is given way to as before.
+``asynccoord.holder:<digest>`` for a holder too long to carry it; the place is taken anew
+when an older task comes while the pool waits), so the order of waiters holds across
+processes too: the pool holding the lease keeps it while its next waiter ranks ahead of the
+one in line (on an ordered queue, the head of the conversation that lags most, whose chain
+bounds a drain), and a pool whose lease went back idle lets a new waiter ranked ahead try
+the lock at once rather than queue behind the place, at most ``max_overtakes`` times per
+place (as a waiter is overtaken within a pool). A lease acquired for one task while an older
+one came is that older task's first. ``max_turns`` still bounds a run: a lease that went
+back for fairness is queued for behind the place whatever the rank. A place without a rank
+(no ``order``, a pool whose ``max_overtakes`` is 0, or one written by a version without
+ranks) is given way to as before.
 
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
