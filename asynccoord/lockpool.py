@@ -145,18 +145,12 @@ _Rank = tuple[int, int]
 _RANK_MARK = " rank="
 """Separates a pool's holder from the rank of the waiter it queues for, in the holder of its place
 in line (``"<holder> rank=<priority>:<order>"``, as ``status`` shows it)."""
-
-
 _UNRANKED = "-"
+"""What a place shows after the mark for a waiter without a rank."""
 _LONG_HOLDER = "asynccoord.holder:"
 """Places of a pool whose holder is too long to carry a rank show this and a digest of it."""
-"""What a place shows after the mark for a waiter without a rank."""
 _LONGEST_RANK = len(f"{-(2**31)}:{-(2**63)}")
 _RANK_TEXT = re.compile(r"(-?[0-9]{1,11}):(-?[0-9]{1,20})")
-
-
-def _rank_of(priority: int, order: int | None) -> _Rank | None:
-    return None if order is None else (-priority, order)
 
 
 def _parse_rank(text: str) -> _Rank | None:
@@ -552,7 +546,14 @@ class LockPool:
 
     def _rank_of(self, priority: int, order: int | None) -> _Rank | None:
         """A waiter's rank; None without an order, or in a pool whose ``max_overtakes`` is 0 (FIFO)."""
-        return None if self.max_overtakes == 0 else _rank_of(priority, order)
+        return None if order is None or self.max_overtakes == 0 else (-priority, order)
+
+    def _first_rank(self, session: _Session) -> _Rank | None:
+        """The rank of ``session``'s first local waiter (None: nobody waits, or it has no rank)."""
+        if not session.waiters:
+            return None
+        first = session.ranks.get(session.waiters[0])
+        return None if first is None else self._rank_of(first[0], first[2])
 
     def _may_pass(self, name: str, place_token: int) -> bool:
         """Whether a waiter ranked ahead may pass the place in line for ``name`` (fencing token
@@ -569,10 +570,7 @@ class LockPool:
 
     def _outranked(self, session: _Session, rank: _Rank | None) -> bool:
         """Whether ``session``'s first waiter ranks ahead of a turn ranked ``rank`` (both ranked)."""
-        if rank is None or not session.waiters:
-            return False
-        first = session.ranks.get(session.waiters[0])
-        return first is not None and _ahead(self._rank_of(first[0], first[2]), rank)
+        return _ahead(self._first_rank(session), rank)
 
     def _best_rank(self, session: _Session, rank: _Rank | None) -> _Rank | None:
         """The rank to show in line: the acquiring turn's, or its first local waiter's if ranked ahead.
@@ -580,10 +578,7 @@ class LockPool:
         None (an unranked place) when the acquiring turn has no rank: a waiter without an
         order is never passed by order, so none behind it is first.
         """
-        if rank is None or not session.waiters:
-            return rank
-        first = session.ranks.get(session.waiters[0])
-        waiting = None if first is None else self._rank_of(first[0], first[2])
+        waiting = self._first_rank(session)
         return waiting if _ahead(waiting, rank) else rank
 
     def _place_holder(self, rank: _Rank | None) -> str:
@@ -694,8 +689,7 @@ class LockPool:
         if session.turns < _FAIR_TURNS:
             return False
         if not wanted and session.waiters:
-            first = session.ranks.get(session.waiters[0])
-            rank = None if first is None else self._rank_of(first[0], first[2])
+            rank = self._first_rank(session)
         if session.line_seen and not _ahead(rank, session.line_rank):
             return True
         if (wanted or session.waiters) and session.line_check is None and session.turns % _FAIR_TURNS == 0:
