@@ -93,6 +93,7 @@ STRATEGIES = (
     "all+stealing",
 )
 SLOW_NODE = ("all+slow", "all+stealing")
+LOCKED = ("all", "locks", "all+slow", "all+stealing")  # the strategies whose sends take an account lock
 PG_SCHEMA = "bench_contention"  # the default of --pg-schema
 PG_LOCK_TABLE_CONNECTIONS = 16
 READY = "asynccoord-contention-ready"
@@ -359,6 +360,18 @@ async def create(db: SQLiteDb | PostgresDb, target: str) -> None:
     """Make the store's tables (an empty queue)."""
     async with db.open(target):
         pass
+
+
+async def lock_leases(db: SQLiteDb | PostgresDb, target: str, accounts: int) -> list[int]:
+    """Per account (``account:<i>``, i from 0), the highest fencing token its lock's commits presented.
+
+    A lock's fencing token grows by one per lease, so this counts the leases its commits
+    ran under: hand-overs between processes, and leases taken anew after one went back
+    idle. 0 for an account whose lock no commit presented.
+    """
+    async with db.open(target) as store:
+        records = [await store.read_fence(f"account:{i}") for i in range(accounts)]
+    return [0 if r is None else r.fencing_token for r in records]
 
 
 async def fill(db: SQLiteDb | PostgresDb, target: str, specs: list[NewTask]) -> float:
@@ -730,6 +743,7 @@ def cell(
     pairs = run(lambda: db.created_updated(target))
     done = len(pairs)
     p50, p99 = percentiles_ms(pairs)
+    leases = run(lambda: lock_leases(db, target, args.accounts)) if strategy in LOCKED else None
     db.remove(target)
     rate = done / (end - start) if end > start else 0.0
     stolen = [p["stolen"] for p in parts if p.get("stolen") is not None]
@@ -754,10 +768,13 @@ def cell(
         "vs_raw_commits": round(rate / raw, 3) if raw else None,
         # each process's share of the sends: how the layout split the load between them
         "process_shares": [round(len(p["sent"]) / max(1, sum(sends.values())), 3) for p in parts],
+        # leases of the account locks (None: the strategy takes none); account 0 is the hottest
+        "lock_leases": None if leases is None else sum(leases),
+        "hot_lock_leases": None if leases is None else leases[0],
     }
     counted = (  # lock-table and none claim without store.claim: nothing to count
         f", {claims['calls']:,} claims ({claims['empty']:,} empty), {claims['polls']:,} idle polls, "
-        f"{row['cpu_s']} s CPU"
+        f"{row['cpu_s']} s CPU" + ("" if leases is None else f", account:0's lock leased {leases[0]:,} times")
         if strategy not in ("lock-table", "none")
         else ""
     )

@@ -126,6 +126,12 @@ def check_contention_rows(rows: list[dict[str, Any]], tasks: int, cells: set[tup
             assert row["stolen"] is not None, cell
         assert len(row["process_shares"]) == row["processes"], cell
         assert sum(row["process_shares"]) == pytest.approx(1.0, abs=0.002), cell
+        if row["strategy"] in ("all", "locks", "all+slow", "all+stealing"):
+            # every commit presents its account lock's fencing token, one more per lease taken
+            assert 1 <= row["hot_lock_leases"] <= row["lock_leases"] <= tasks, cell
+        else:
+            assert row["lock_leases"] is None, cell
+            assert row["hot_lock_leases"] is None, cell
         if row["strategy"] == "lock-table":
             assert row["cpu_s"] is None, cell  # not a runtime's drain: not measured
         else:
@@ -142,6 +148,17 @@ def test_contention_on_sqlite_commits_every_task_once_in_one_and_two_processes(t
     assert r["workload"]["tasks"] == 200
     cells = {(s, 2, p) for s in ("all", "unordered", "none", "lock-table") for p in (1, 2)}
     check_contention_rows(r["rows"], 200, cells)
+    # every account that sent took at least one lease of its lock: the sum is at least their number
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import contention
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    w = r["workload"]
+    used = {t.payload["account"] for t in contention.workload(200, w["conversations"], w["accounts"], seed=1)}
+    for row in r["rows"]:
+        if row["strategy"] == "all":
+            assert row["lock_leases"] >= len(used) > 1, row
 
 
 def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> None:
