@@ -62,6 +62,7 @@ import anyio
 from . import events as ev
 from ._errtext import error_text
 from .backends._monitorcommon import check_windows
+from .config import StoreConfig
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError
 from .events import EventCounter
 from .histogram import Histogram
@@ -75,7 +76,7 @@ from .monitormodels import (
     MetricsView,
     ProcessReport,
 )
-from .validation import check_bool, check_int, check_name, check_non_negative, check_positive
+from .validation import check_bool, check_int, check_name, check_non_negative, check_positive, encode_payload
 
 __all__ = (
     "DEFAULT_RULES",
@@ -537,7 +538,9 @@ class Monitor:
         log_alerts: Log each notice at WARNING. Default True.
         background: Run the flush and evaluation loops while open. False to drive
             them with :meth:`flush` and :meth:`evaluate` (tests, fake clocks). Default True.
-        info: JSON object stored with the process' flushes (host and pid are added).
+        info: JSON object stored with the process' flushes (host and pid are added),
+            checked here: a dict with str keys and JSON values, finite numbers, at most the
+            store's ``config.max_payload_bytes`` encoded (1 MiB by default).
         lock_store: The lock store of this process' nodes when it is not ``store``
             (``Runtime(lock_store=...)``, e.g. a
             :class:`~asynccoord.backends.redis_locks.RedisLockStore`): its events (lock
@@ -546,6 +549,7 @@ class Monitor:
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store).
+        PayloadTooLargeError: ``info`` encodes to more than the size limit.
     """
 
     def __init__(
@@ -614,6 +618,11 @@ class Monitor:
         if info is not None and not isinstance(info, Mapping):
             raise InvalidTypeError(f"info must be a mapping or None, got {type(info).__name__}")
         self.info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), **(info or {})}
+        # Checked now, as Membership.join checks its info: a value no flush could write would
+        # otherwise fail every flush (logged, never raised) and keep this process out of the totals.
+        limit = getattr(getattr(store, "config", None), "max_payload_bytes", None)
+        max_bytes = limit if isinstance(limit, int) else StoreConfig().max_payload_bytes
+        encode_payload(self.info, max_bytes=max_bytes, arg="info")
         self.alert_ttl_s = max(10.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s))
         self._tracked: dict[str, EventCounter] = {}
         self._sent_events: dict[tuple[str, str], int] = {}

@@ -101,6 +101,7 @@ from .validation import (
     check_lock_store,
     check_name,
     check_positive,
+    check_queue_store,
     check_send,
     is_async_callable,
 )
@@ -418,6 +419,7 @@ class Node:
         lock_store: Any = None,
         idle_poll: bool = True,
     ) -> None:
+        check_queue_store("store", store)
         check_send(send)
         if lock_key is not None and not callable(lock_key):
             raise InvalidTypeError(f"lock_key must be callable or None, got {type(lock_key).__name__}")

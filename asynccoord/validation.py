@@ -32,6 +32,7 @@ __all__ = (
     "check_optional_name",
     "check_partitions",
     "check_positive",
+    "check_queue_store",
     "check_send",
     "encode_payload",
 )
@@ -251,6 +252,20 @@ def check_lock_store(arg: str, value: object) -> None:
     """
     if not hasattr(value, "try_acquire_lock"):
         raise InvalidTypeError(f"{arg} must implement the lock contract (a lock store), got {type(value).__name__}")
+
+
+def check_queue_store(arg: str, value: object) -> None:
+    """Check an object meant to serve the queue contract (``claim``, ``complete`` and the rest).
+
+    Raises:
+        InvalidTypeError: ``value`` has no callable ``claim`` or ``complete`` (not a queue store).
+    """
+    for method in ("claim", "complete"):
+        if not callable(getattr(value, method, None)):
+            raise InvalidTypeError(
+                f"{arg} must implement the queue contract (a queue store: {method}), got {type(value).__name__} "
+                f"{_short(value)}"
+            )
 
 
 def check_partitions(arg: str, value: object) -> Collection[int] | None:

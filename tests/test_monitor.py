@@ -32,8 +32,10 @@ from asynccoord import (
     MemoryStore,
     Monitor,
     NewTask,
+    PayloadTooLargeError,
     SQLiteStore,
     StoreBusyError,
+    StoreConfig,
     Task,
 )
 from asynccoord import events as ev
@@ -127,6 +129,23 @@ def test_monitor_validation() -> None:
     with pytest.raises(InvalidArgumentError, match=r"window_s must be <= 31536000 seconds"):
         AlertRule(name="r", event=ev.CLAIMS, window_s=1e10, threshold=1)
     assert AlertRule(name="r", event=ev.CLAIMS, window_s=1, threshold=1e12).threshold == 1e12  # not a duration
+
+
+async def test_monitor_refuses_an_info_no_flush_could_write(tmp_path: Path) -> None:
+    """Checked at construction: before, each flush failed (logged, never raised) and the
+    process never showed in the cluster's totals."""
+    async with SQLiteStore(str(tmp_path / "m.db"), config=StoreConfig(max_payload_bytes=1000)) as store:
+        for info, error, message in (
+            ({"x": object()}, InvalidTypeError, "info is not JSON-serializable"),
+            ({"x": math.nan}, InvalidArgumentError, "info is not valid JSON"),
+            ({"x": "y" * 1000}, PayloadTooLargeError, "info encodes to .* over the limit of 1000 bytes"),
+        ):
+            with pytest.raises(error, match=message):
+                Monitor(store, info=info)
+        async with manual(store, [], info={"team": "bots"}) as monitor:
+            await monitor.flush()
+        (report,) = (await cluster_snapshot(store)).processes
+        assert (report.process_id, report.info["team"]) == ("proc-a", "bots")
 
 
 async def test_one_monitor_per_store(store: Store) -> None:

@@ -293,6 +293,13 @@ async def test_a_plain_send_returning_a_generator_fails_its_task_unsent() -> Non
         assert started == []
 
 
+@pytest.mark.parametrize("store", ["bot.db", None, object()])
+def test_a_node_refuses_a_store_without_the_queue_contract(store: Any) -> None:
+    """At construction, as ``Runtime`` refuses it, not as an AttributeError once the node runs."""
+    with pytest.raises(InvalidTypeError, match=r"store must implement the queue contract \(a queue store: claim\)"):
+        Node(store, _plain_send, node_id="n1", config=FAST)
+
+
 async def test_a_node_refuses_a_lock_store_without_the_lock_contract() -> None:
     """As ``Runtime`` does: refused at construction, before the node has claimed anything."""
     async with MemoryStore() as store:

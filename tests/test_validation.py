@@ -730,6 +730,7 @@ async def test_ints_over_the_repr_limit_are_refused_with_typed_errors(store: Any
         (" ", "path must name a file, got ' '"),
         ("\t\n", "path must name a file, got '\\t\\n'"),
         ("bot\x00.db", "path must not contain NUL characters"),
+        ("bot\ud800.db", "path must be UTF-8 text (no lone surrogates), got 'bot\\ud800.db'"),
     ],
 )
 def test_sqlite_store_path_must_be_a_usable_file_name(path: str, message: str) -> None:

@@ -173,6 +173,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
     Raises:
         InvalidTypeError: ``path`` is not a str or PathLike, ``config`` is not a StoreConfig,
             or ``clock`` is neither callable nor None.
+        InvalidArgumentError: ``path`` is blank, holds a NUL character, or is not UTF-8 text
+            (a lone surrogate).
     """
 
     def __init__(
@@ -194,6 +196,10 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         self.path = fspath
         if not self.path.strip():
             raise InvalidArgumentError(f"path must name a file, got {self.path!r}: give a file name, or ':memory:'")
+        try:
+            self.path.encode("utf-8")
+        except UnicodeEncodeError:  # SQLite takes file names as UTF-8 text
+            raise InvalidArgumentError(f"path must be UTF-8 text (no lone surrogates), got {self.path!r}") from None
         if "\x00" in self.path:
             raise InvalidArgumentError(f"path must not contain NUL characters, got {self.path!r}")
         self.config = config or StoreConfig()
