@@ -66,6 +66,8 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     """Add the ``run`` subcommand's options to ``parser``."""
     parser.add_argument(
         "--db",
+        "--store",
+        dest="db",
         required=True,
         metavar="TARGET",
         help="the SQLite database file (or sqlite:///PATH), or a postgresql:// DSN",

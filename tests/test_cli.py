@@ -115,9 +115,11 @@ def test_a_bad_schema_option_is_a_usage_error_and_touches_nothing(
 
 def test_run_accepts_what_status_accepts() -> None:
     for db in ("bot.db", "sqlite:///bot.db", "postgresql://bot:s3cret@db.internal/coord?sslmode=require"):
-        args = build_parser().parse_args(["run", "--db", db, "--send", "json:dumps"])
-        send, lock_key, config = check_run(args)
-        assert (send, lock_key, config.queue) == (json.dumps, None, "default")
+        for option in ("--db", "--store"):  # status takes both spellings: so does run
+            args = build_parser().parse_args(["run", option, db, "--send", "json:dumps"])
+            assert args.db == db
+            send, lock_key, config = check_run(args)
+            assert (send, lock_key, config.queue) == (json.dumps, None, "default")
 
 
 def drain_then_stop(drained: list[bool]) -> Callable[..., Awaitable[int]]:
