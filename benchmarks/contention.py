@@ -98,6 +98,7 @@ PG_SCHEMA = "bench_contention"  # the default of --pg-schema
 PG_LOCK_TABLE_CONNECTIONS = 16
 READY = "asynccoord-contention-ready"
 HEARTBEAT_TTL_S = 3.0  # the runtimes' heartbeat TTL (a heartbeat every second)
+FAILED_CHECK_POLLS = 10  # the PostgreSQL drain probe looks for failed nodes every 10th poll (0.2 s)
 
 
 Barrier = Callable[[], Awaitable[float | None]]
@@ -311,9 +312,11 @@ class PostgresDb:
 
         Not the nodes' pool, and opened before the drain starts. Two partial-index probes a
         poll, not ``stats()``'s counts over the whole table (procrastinate's drain pays no
-        such cost). A node that failed ends the wait at the next poll with the runtime's
+        such cost). A node that failed ends the wait within 0.2 s with the runtime's
         failure (``shutdown()`` raises it), as ``wait_until_drained`` does, instead of after
-        ``max_s``.
+        ``max_s``: the nodes are looked at every ``FAILED_CHECK_POLLS``-th poll, since
+        ``runtime.states()`` builds a record per node (at every poll, 0.7 % of a 64-node
+        drain's CPU in a py-spy profile, a cost the 16-node cells paid a quarter of).
         """
         from asynccoord.backends.postgres import PostgresStore
 
@@ -321,10 +324,12 @@ class PostgresDb:
 
             async def wait(max_s: float) -> bool:
                 with anyio.move_on_after(max_s):
-                    while True:
+                    for polls in itertools.count(1):
                         if await probe.is_drained(QUEUE):
                             return True
-                        if any(state.status is NodeStatus.FAILED for state in runtime.states()):
+                        if polls % FAILED_CHECK_POLLS == 0 and any(
+                            state.status is NodeStatus.FAILED for state in runtime.states()
+                        ):
                             await runtime.shutdown()  # raises the failure: nothing drains the queue any more
                             return False
                         await asyncio.sleep(0.02)
