@@ -93,7 +93,6 @@ STRATEGIES = (
     "all+stealing",
 )
 SLOW_NODE = ("all+slow", "all+stealing")
-LOCKED = ("all", "locks", "all+slow", "all+stealing")  # the strategies whose sends take an account lock
 PG_SCHEMA = "bench_contention"  # the default of --pg-schema
 PG_LOCK_TABLE_CONNECTIONS = 16
 READY = "asynccoord-contention-ready"
@@ -155,18 +154,21 @@ def workload(tasks: int, conversations: int, accounts: int, seed: int, layout: i
     ]
 
 
+LAYERS = {  # the runtime strategies: partitioning, locks, version checks, per-conversation order
+    "all": (True, True, True, True),
+    "partitioning": (True, False, True, True),
+    "locks": (False, True, True, True),
+    "versions": (False, False, True, True),
+    "unordered": (False, False, True, False),
+    "none": (False, False, False, False),
+    "all+slow": (True, True, True, True),
+    "all+stealing": (True, True, True, True),
+}
+LOCKED = frozenset(s for s, (_, locks, _, _) in LAYERS.items() if locks)  # whose sends take an account lock
+
+
 def config_for(strategy: str, steal_after_s: float) -> NodeConfig:
-    layers = {  # partitioning, locks, version checks, per-conversation order
-        "all": (True, True, True, True),
-        "partitioning": (True, False, True, True),
-        "locks": (False, True, True, True),
-        "versions": (False, False, True, True),
-        "unordered": (False, False, True, False),
-        "none": (False, False, False, False),
-        "all+slow": (True, True, True, True),
-        "all+stealing": (True, True, True, True),
-    }[strategy]
-    partitioning, locks, versions, ordered = layers
+    partitioning, locks, versions, ordered = LAYERS[strategy]
     return NodeConfig(
         queue=QUEUE,
         lease_s=5.0,
@@ -777,9 +779,10 @@ def cell(
         "lock_leases": None if leases is None else sum(leases),
         "hot_lock_leases": None if leases is None else leases[0],
     }
+    leased = "" if leases is None else f", account:0's lock leased {leases[0]:,} times"
     counted = (  # lock-table and none claim without store.claim: nothing to count
         f", {claims['calls']:,} claims ({claims['empty']:,} empty), {claims['polls']:,} idle polls, "
-        f"{row['cpu_s']} s CPU" + ("" if leases is None else f", account:0's lock leased {leases[0]:,} times")
+        f"{row['cpu_s']} s CPU{leased}"
         if strategy not in ("lock-table", "none")
         else ""
     )
