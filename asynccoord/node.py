@@ -1409,7 +1409,11 @@ class Node:
     # --- keeper: lease and lock renewal ---------------------------------------------------
 
     async def _keeper(self) -> None:
-        """Renew the leases of every task in flight with one statement per interval.
+        """Renew the leases of every task in flight with one ``extend_many`` per interval.
+
+        The nodes of a process renew at the same moments, and the client-server stores
+        run their concurrent calls as one statement (PostgreSQL) or one transaction
+        (SQLite's group commit), so renewals cost about the same with 16 or 64 nodes.
 
         A lease that is not renewed before its local deadline (monotonic clock, with
         a safety margin) or that the store reports lost cancels its send. Locks are

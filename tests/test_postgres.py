@@ -688,6 +688,49 @@ async def test_concurrent_completes_of_a_process_are_group_committed(pg: str, sc
         assert (await store.stats("q")).counts[TaskStatus.DONE] == 64
 
 
+async def test_concurrent_lease_renewals_of_a_process_share_one_statement(pg: str, schema: str) -> None:
+    """A process's nodes renew their leases at the same moments: their extend_many calls go to
+    the server as one statement, each answered for its own leases, each with its own TTL."""
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False, pool_max_size=1) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i) for i in range(12)])
+        held = [await store.claim("q", node_id=f"n{i}", limit=3, lease_s=30) for i in range(4)]
+        await store.complete(held[3][1])  # no longer leased: its renewal reports False
+        statements: list[str] = []
+        pool = store._runner.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            conn.add_query_logger(lambda record: statements.append(record.query))
+        before = await store.now()
+        ttls = (60.0, 120.0, 90.0, 45.0)
+        out = await asyncio.gather(*(store.extend_many(tasks, ttl) for tasks, ttl in zip(held, ttls, strict=True)))
+        after = await store.now()
+        assert out == [[True] * 3, [True] * 3, [True] * 3, [True, False, True]]
+        assert len([s for s in statements if "lease_expires_at" in s and "unnest" in s]) == 1
+        for tasks, ttl in zip(held, ttls, strict=True):
+            for task in tasks:
+                stored = await store.get(task.id)
+                if stored.status is TaskStatus.RUNNING:
+                    assert stored.lease_expires_at is not None
+                    assert before + ttl <= stored.lease_expires_at <= after + ttl
+        assert (await store.get(held[3][1].id)).status is TaskStatus.DONE
+
+        # A caller cancelled while its renewal is queued: the renewal still runs with the batch.
+        before = await store.now()
+        first = asyncio.ensure_future(store.extend_many(held[0], 300))
+        second = asyncio.ensure_future(store.extend_many(held[1], 600))
+        await asyncio.sleep(0)  # both are queued for one statement
+        second.cancel()
+        assert await first == [True] * 3
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        for task in held[1]:
+            renewed = await store.get(task.id)
+            assert renewed.lease_expires_at is not None
+            assert renewed.lease_expires_at >= before + 600
+
+
 async def test_a_short_claim_with_nothing_to_dead_letter_opens_no_transaction(pg: str, schema: str) -> None:
     from asynccoord.backends.postgres import PostgresStore
 

@@ -6,6 +6,7 @@ backoff are exact: nothing here sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -569,6 +570,24 @@ async def test_extend_many_reports_each_lease(store, clock: FakeClock) -> None:
     assert (await store.get(long[0].id)).lease_expires_at == clock.now + 30
     assert (await store.get(short[0].id)).lease_expires_at == short[0].lease_expires_at
     assert await store.extend_many([], 30) == []
+
+
+async def test_concurrent_extend_many_calls_each_get_their_own_leases_and_ttl(store, clock: FakeClock) -> None:
+    """Several nodes' keepers renew at once (a store may run the calls as one statement):
+    each call is answered for its own leases, each renewed by its own TTL."""
+    await store.enqueue_many([NewTask(queue=Q, payload=i) for i in range(9)])
+    held = [await store.claim(Q, node_id=f"node-{i}", limit=3, lease_s=10) for i in range(3)]
+    await store.complete(held[2][1])
+    out = await asyncio.gather(
+        store.extend_many(held[0], 20), store.extend_many(held[1], 40), store.extend_many(held[2], 60)
+    )
+    assert out == [[True, True, True], [True, True, True], [True, False, True]]
+    for tasks, ttl_s in zip(held, (20, 40, 60), strict=True):
+        for task in tasks:
+            stored = await store.get(task.id)
+            if stored.status is TaskStatus.RUNNING:
+                assert stored.lease_expires_at == clock.now + ttl_s
+    assert (await store.get(held[2][1].id)).status is TaskStatus.DONE
 
 
 # --- per-key ordering ------------------------------------------------------------------

@@ -418,6 +418,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             orphaned=self._orphaned_commit,
         )
         self._acquirer = self._new_acquirer()
+        self._extender: Batcher[_Renewal, set[tuple[int, str]]] = Batcher(
+            self._extend_batch, self.config.max_batch_ops, name="asynccoord-pg-extend"
+        )
 
     def __repr__(self) -> str:
         state = "open" if self._runner.pool is not None else "closed"
@@ -557,6 +560,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             return
         await self._committer.flush()
         await self._acquirer.flush()
+        await self._extender.flush()
         if self._background:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._background), timeout=5.0)
@@ -1355,23 +1359,37 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
     async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
         """Renew many leases with one statement; True for each lease still held.
 
+        Concurrent calls in one process share that statement (group commit, see
+        :mod:`asynccoord.backends._batch`): a process's nodes renew their leases at the
+        same moments, and one write per node each time made the server's work grow with
+        the node count. A cancelled caller's renewal still runs (it only extends leases
+        the caller held).
+
         Raises:
             InvalidTypeError, InvalidArgumentError: a bad task or ``lease_s``.
+            StoreConnectionError: the server stayed unreachable.
         """
         checked = check_tasks(tasks)
         lease = check_positive("lease_s", lease_s)
         if not checked:
             return []
         self._writable()
-        ids = [t.id for t in checked]
-        tokens = [t.lease_token for t in checked]
+        renewal = _Renewal([t.id for t in checked], [t.lease_token for t in checked], lease)
+        renewed = await self._extender.submit(renewal)
+        return [(t.id, t.lease_token) in renewed for t in checked]
+
+    async def _extend_batch(self, renewals: Sequence[_Renewal]) -> list[set[tuple[int, str]]]:
+        """Renew the leases of ``renewals`` in one statement; each gets the renewed (id, token) pairs of its own."""
+        ids = [i for r in renewals for i in r.ids]
+        tokens = [t for r in renewals for t in r.tokens]
+        leases = [r.lease_s for r in renewals for _ in r.ids]
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> set[tuple[int, str]]:
-            rows = await self._fetch(conn, "extend_many", ids=ids, tokens=tokens, lease_s=lease, now=self._now())
+            rows = await self._fetch(conn, "extend_many", ids=ids, tokens=tokens, lease_s=leases, now=self._now())
             return {(int(r[0]), str(r[1])) for r in rows}
 
         renewed = await self._run(op, what="extend_many", tx=False, ambiguous_ok=True)
-        return [(t.id, t.lease_token) in renewed for t in checked]
+        return [renewed.intersection(zip(r.ids, r.tokens, strict=True)) for r in renewals]
 
     # --- unchecked operations (benchmarks only) ------------------------------------------
 
@@ -1577,6 +1595,17 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
 def _is_fence_error(outcome: object) -> bool:
     return isinstance(outcome, FencingTokenRejectedError)
+
+
+class _Renewal:
+    """One :meth:`PostgresStore.extend_many` call of a renewal batch: lease ids, tokens and the TTL (s)."""
+
+    __slots__ = ("ids", "lease_s", "tokens")
+
+    def __init__(self, ids: list[int], tokens: list[str | None], lease_s: float) -> None:
+        self.ids = ids
+        self.tokens = tokens
+        self.lease_s = lease_s
 
 
 class _Item:

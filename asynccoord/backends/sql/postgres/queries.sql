@@ -345,8 +345,10 @@ UPDATE coord_tasks SET lease_expires_at = coord_now(:now::float8) + :lease_s::fl
 RETURNING lease_expires_at;
 
 -- name: extend_many
-UPDATE coord_tasks AS t SET lease_expires_at = coord_now(:now::float8) + :lease_s::float8
-  FROM unnest(:ids::bigint[], :tokens::text[]) AS b (id, token)
+-- Each lease with its own TTL (:lease_s, seconds, one per id): one statement renews the
+-- leases of several extend_many calls.
+UPDATE coord_tasks AS t SET lease_expires_at = coord_now(:now::float8) + b.lease_s
+  FROM unnest(:ids::bigint[], :tokens::text[], :lease_s::float8[]) AS b (id, token, lease_s)
  WHERE t.id = b.id AND t.lease_token = b.token
    AND t.status <> ALL ('{pending,done,dead}') AND t.lease_expires_at > coord_now(:now::float8)
 RETURNING t.id, t.lease_token;
