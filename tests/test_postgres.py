@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from services import PG_DSN, new_schema, postgres_problem, unavailable
 
@@ -729,6 +730,55 @@ async def test_concurrent_lease_renewals_of_a_process_share_one_statement(pg: st
             renewed = await store.get(task.id)
             assert renewed.lease_expires_at is not None
             assert renewed.lease_expires_at >= before + 600
+
+
+async def test_renewals_and_commit_batches_lock_task_rows_in_id_order(pg: str, schema: str) -> None:
+    """extend_many locks its tasks' rows in ascending id order, whatever the caller's order or
+    the rows' places in the table, and a commit batch passes its tasks in that order: in
+    different orders a renewal and a commit could each hold a row the other waits for, a
+    deadlock the server breaks only after deadlock_timeout (1 s), while every commit waiting on
+    those rows stalls."""
+    import asyncpg
+
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        await store.enqueue_many([NewTask(queue="q", payload=i) for i in range(2)])
+        low, high = sorted(await store.claim("q", node_id="n", limit=2, lease_s=30), key=lambda t: t.id)
+        assert await store.extend_many([low], 30) == [True]  # low's row version now lies after high's
+        holder = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        probe = await asyncpg.connect(pg, server_settings={"search_path": schema})
+        try:
+            # The higher row is held elsewhere: the renewal waits for it holding the lower one
+            # already (it went first), so the lower one cannot be locked at once.
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("SELECT 1 FROM coord_tasks WHERE id = $1 FOR UPDATE", high.id)
+            pending = asyncio.ensure_future(store.extend_many([high, low], 60))
+            with anyio.fail_after(10):
+                while not await probe.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                    holder.get_server_pid(),
+                ):
+                    await asyncio.sleep(0.01)
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                await probe.execute("SELECT 1 FROM coord_tasks WHERE id = $1 FOR UPDATE NOWAIT", low.id)
+            await tx.rollback()
+            assert await pending == [True, True]
+        finally:
+            await holder.close()
+            await probe.close()
+
+        statements: list[tuple[str, Any]] = []
+        pool = store._runner.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            conn.add_query_logger(lambda record: statements.append((record.query, record.args)))
+        done = await store.complete_many([high, low])
+        assert [t.id for t in done if isinstance(t, Task)] == [high.id, low.id]  # in the caller's order
+        batches = [args for query, args in statements if "coord_complete_batch" in query]
+        assert len(batches) == 1
+        assert list(batches[0][0]) == [low.id, high.id]  # the statement's ids: ascending
 
 
 async def test_a_short_claim_with_nothing_to_dead_letter_opens_no_transaction(pg: str, schema: str) -> None:

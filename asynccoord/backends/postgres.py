@@ -899,8 +899,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
     def _undo_claim(self, tasks: list[Task]) -> Coroutine[Any, Any, Any] | None:
         if not tasks:
             return None
-        ids = [t.id for t in tasks]
-        tokens = [t.lease_token for t in tasks]
+        ordered = sorted(tasks, key=lambda t: t.id)  # rows locked in id order, as commits lock them
+        ids = [t.id for t in ordered]
+        tokens = [t.lease_token for t in ordered]
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> None:
             await self._x(conn, "release_many", ids=ids, tokens=tokens, now=self._now())
@@ -1169,17 +1170,20 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         set as their ``next_task``.
         """
         continuing = any(i.next_lease_s is not None for i in items)
+        # The statement locks the tasks' rows in the order of its arrays: ascending ids, as
+        # extend_many takes them, so the two never deadlock (see _extend_batch).
+        ordered = sorted(items, key=lambda i: i.task.id)
         params: dict[str, Any] = {
-            "ids": [i.task.id for i in items],
-            "tokens": [i.task.lease_token for i in items],
-            "versions": [i.task.version for i in items],
-            "results": [i.result_json for i in items],
-            "queues": [i.task.queue for i in items],
-            "keys": [i.task.partition_key for i in items],
+            "ids": [i.task.id for i in ordered],
+            "tokens": [i.task.lease_token for i in ordered],
+            "versions": [i.task.version for i in ordered],
+            "results": [i.result_json for i in ordered],
+            "queues": [i.task.queue for i in ordered],
+            "keys": [i.task.partition_key for i in ordered],
             "fence_resources": None,
             "fence_tokens": None,
-            "next_owners": [i.task.lease_owner or "" for i in items] if continuing else None,
-            "next_lease_s": [i.next_lease_s for i in items] if continuing else None,
+            "next_owners": [i.task.lease_owner or "" for i in ordered] if continuing else None,
+            "next_lease_s": [i.next_lease_s for i in ordered] if continuing else None,
             "next_token": new_token() if continuing else None,
             "channel": self.channel,
             # No sender when listening: the notification (the keys' promoted heads that no
@@ -1188,8 +1192,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             "sender": None if self._listener is not None else self._sender,
         }
         if any(i.fence is not None for i in items):
-            params["fence_resources"] = [None if i.fence is None else i.fence[0] for i in items]
-            params["fence_tokens"] = [None if i.fence is None else i.fence[1] for i in items]
+            params["fence_resources"] = [None if i.fence is None else i.fence[0] for i in ordered]
+            params["fence_tokens"] = [None if i.fence is None else i.fence[1] for i in ordered]
 
         async def op(conn: asyncpg.Connection, attempt: int) -> tuple[list[Task | CoordError], dict[int, _Row], int]:
             done: dict[int, tuple[int, float]] = {}
@@ -1379,13 +1383,21 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         return [(t.id, t.lease_token) in renewed for t in checked]
 
     async def _extend_batch(self, renewals: Sequence[_Renewal]) -> list[set[tuple[int, str]]]:
-        """Renew the leases of ``renewals`` in one statement; each gets the renewed (id, token) pairs of its own."""
-        ids = [i for r in renewals for i in r.ids]
-        tokens = [t for r in renewals for t in r.tokens]
-        leases = [r.lease_s for r in renewals for _ in r.ids]
+        """Renew the leases of ``renewals`` in one statement; each gets the renewed (id, token) pairs of its own.
+
+        The rows are locked in ascending id order, as a commit batch locks them: in any
+        other order a renewal and a commit of two of the same tasks could each hold one row
+        the other waits for, a deadlock PostgreSQL breaks only after ``deadlock_timeout``
+        (1 s by default), stalling every commit waiting on those rows meanwhile.
+        """
+        leases = [(i, t, r.lease_s) for r in renewals for i, t in zip(r.ids, r.tokens, strict=True)]
+        leases.sort(key=lambda lease: lease[0])
+        ids = [i for i, _, _ in leases]
+        tokens = [t for _, t, _ in leases]
+        ttls = [ttl for _, _, ttl in leases]
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> set[tuple[int, str]]:
-            rows = await self._fetch(conn, "extend_many", ids=ids, tokens=tokens, lease_s=leases, now=self._now())
+            rows = await self._fetch(conn, "extend_many", ids=ids, tokens=tokens, lease_s=ttls, now=self._now())
             return {(int(r[0]), str(r[1])) for r in rows}
 
         renewed = await self._run(op, what="extend_many", tx=False, ambiguous_ok=True)

@@ -346,10 +346,14 @@ RETURNING lease_expires_at;
 
 -- name: extend_many
 -- Each lease with its own TTL (:lease_s, seconds, one per id): one statement renews the
--- leases of several extend_many calls.
+-- leases of several extend_many calls. The rows are locked first, in id order (the
+-- ARRAY(...) runs to its end before the update), as a commit batch locks them: in another
+-- order (the join's, say) a renewal and a commit could each hold a row the other waits for.
 UPDATE coord_tasks AS t SET lease_expires_at = coord_now(:now::float8) + b.lease_s
   FROM unnest(:ids::bigint[], :tokens::text[], :lease_s::float8[]) AS b (id, token, lease_s)
  WHERE t.id = b.id AND t.lease_token = b.token
+   AND t.id = ANY(ARRAY(SELECT l.id FROM coord_tasks AS l WHERE l.id = ANY(:ids::bigint[])
+                         ORDER BY l.id FOR NO KEY UPDATE))
    AND t.status <> ALL ('{pending,done,dead}') AND t.lease_expires_at > coord_now(:now::float8)
 RETURNING t.id, t.lease_token;
 
