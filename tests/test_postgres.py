@@ -61,6 +61,9 @@ POSTGRES_ONLY = {
     "lock_find_owned": "after a lost connection, the grants an earlier attempt committed",
     "select_key_head": "after a lost connection, the next head a continuing commit's earlier attempt leased",
     "claimed_by_token": "after a lost connection, the tasks a claim's earlier attempt leased",
+    "claim_batch": "the concurrent claims of a process's nodes in one statement (SQLite has one writer)",
+    "claim_ordered_batch": "claim_batch for queues claimed in order",
+    "claimed_by_token_batch": "after a lost connection, the tasks a claim_batch's earlier attempt leased",
     "lock_release_recheck": "after a lost connection, whether a release's earlier attempt deleted the lease",
     "share_queues": "shared advisory locks of queues, so a queue cannot start keeping heads mid-transition",
     "kept_queues": "which queues keep per-key heads, read after share_queues (SQLite: ordered_queues)",
@@ -732,6 +735,100 @@ async def test_concurrent_lease_renewals_of_a_process_share_one_statement(pg: st
             assert renewed.lease_expires_at >= before + 600
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_concurrent_claims_of_a_process_share_one_statement(pg: str, schema: str, ordered: bool) -> None:
+    """When a process's nodes wake to new work at once, their claims (each naming its own
+    partitions) go to the server as one statement, each answered with its own tasks; a
+    caller cancelled meanwhile gets nothing and its tasks are handed back."""
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False, pool_max_size=1) as store:
+        created = await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(24)])
+        parts = sorted({r.task.partition for r in created})
+        groups = [parts[i::4] for i in range(4)]
+        statements: list[str] = []
+        pool = store._runner.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            conn.add_query_logger(lambda record: statements.append(record.query))
+        if ordered:  # the queue's heads are kept from its first ordered claim on (one-time set-up)
+            assert await store.claim("q", node_id="warm-up", partitions=[0], ordered=True) == []
+            statements.clear()
+        out = await asyncio.gather(
+            *(
+                store.claim("q", node_id=f"n{i}", limit=100, lease_s=30, partitions=groups[i], ordered=ordered)
+                for i in range(4)
+            )
+        )
+        assert len([q for q in statements if "WITH ORDINALITY" in q]) == 1
+        assert len([q for q in statements if "UPDATE coord_tasks" in q]) == 1
+        for i, claimed in enumerate(out):
+            assert sorted(t.id for t in claimed) == sorted(r.task.id for r in created if r.task.partition in groups[i])
+            assert {t.lease_owner for t in claimed} == {f"n{i}"}
+        assert store.events.get("claims") == 24
+
+        # A caller cancelled while its claim is in a batch: it gets nothing, and what the
+        # batch leased for it goes back to pending.
+        await store.complete_many([t for claimed in out for t in claimed])
+        more = await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"m{i}") for i in range(8)])
+        more_parts = sorted({r.task.partition for r in more})
+        first = asyncio.ensure_future(
+            store.claim("q", node_id="a", limit=100, partitions=more_parts[:1], ordered=ordered)
+        )
+        second = asyncio.ensure_future(
+            store.claim("q", node_id="b", limit=100, partitions=more_parts[1:], ordered=ordered)
+        )
+        await asyncio.sleep(0)
+        second.cancel()
+        kept = await first
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        for _ in range(100):
+            waiting = [await store.get(r.task.id) for r in more if r.task.partition in more_parts[1:]]
+            if all(t.status is TaskStatus.PENDING for t in waiting):
+                break
+            await asyncio.sleep(0.02)
+        assert [t.status for t in waiting] == [TaskStatus.PENDING] * len(waiting)
+        assert {t.partition for t in kept} == set(more_parts[:1])
+
+
+async def test_a_claim_batch_whose_answer_was_lost_returns_what_it_leased(
+    pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim batch ran at the server but its answer was lost: the retry returns each claim
+    the tasks the first attempt leased to it, and leases nothing more."""
+    import asyncpg
+
+    from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        created = await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(12)])
+        parts = sorted({r.task.partition for r in created})
+        fetch = store._fetch
+        cut: list[list[Any]] = []
+
+        async def lossy_fetch(conn: Any, query_name: str, /, **params: Any) -> Any:
+            rows = await fetch(conn, query_name, **params)
+            if query_name == "claim_batch" and not cut:
+                cut.append(rows)
+                raise asyncpg.ConnectionDoesNotExistError("connection lost after the claim (test)")
+            return rows
+
+        monkeypatch.setattr(store, "_fetch", lossy_fetch)
+        out = await asyncio.gather(
+            store.claim("q", node_id="n1", limit=2, lease_s=30, partitions=parts[0::2]),
+            store.claim("q", node_id="n2", limit=2, lease_s=30, partitions=parts[1::2]),
+        )
+        assert store.events.get(STORE_RETRIES) == 1
+        leased = {(r[0], r[11]) for r in cut[0]}
+        assert {(t.id, t.lease_owner) for claimed in out for t in claimed} == leased
+        assert [len(c) for c in out] == [2, 2]
+        for claimed in out:
+            assert claimed == [await store.get(t.id) for t in claimed]
+            assert [t.attempts for t in claimed] == [1] * len(claimed)
+        assert (await store.stats("q")).counts[TaskStatus.RUNNING] == 4
+
+
 async def test_renewals_and_commit_batches_lock_task_rows_in_id_order(pg: str, schema: str) -> None:
     """extend_many locks its tasks' rows in ascending id order, whatever the caller's order or
     the rows' places in the table, and a commit batch passes its tasks in that order: in
@@ -839,6 +936,17 @@ def _claim_values(**changes: Any) -> dict[str, Any]:
     return {**values, **changes}
 
 
+def _claim_batch_values(groups: list[list[int]], limit: int) -> dict[str, Any]:
+    """Parameters of the claim batch queries: one claim of ``limit`` per partition group."""
+    return _claim_values(
+        node_ids=[f"n{i}" for i in range(len(groups))],
+        limits=[limit] * len(groups),
+        lease_s=[30.0] * len(groups),
+        partitions=[p for group in groups for p in group],
+        partition_slots=[slot for slot, group in enumerate(groups, 1) for _ in group],
+    )
+
+
 def _visited(plan: dict[str, Any]) -> int:
     """Rows a plan read from coord_tasks: returned by its scans plus dropped by their filters."""
     own = 0
@@ -861,8 +969,10 @@ async def test_claims_visit_about_what_they_return_with_many_heads_in_flight(pg:
         try:
             await conn.execute("ANALYZE coord_tasks")
 
-            async def visited(name: str, partitions: list[int] | None, limit: int) -> tuple[int, int]:
-                values = _claim_values(partitions=partitions, limit=limit)
+            async def visited(
+                name: str, partitions: list[int] | None, limit: int, values: dict[str, Any] | None = None
+            ) -> tuple[int, int]:
+                values = values or _claim_values(partitions=partitions, limit=limit)
                 await _explain_analyze(conn, Q[name], values)  # also marks the index entries of claimed rows dead
                 plan = await _explain_analyze(conn, Q[name], values)
                 return plan["Actual Rows"], _visited(plan)
@@ -878,6 +988,16 @@ async def test_claims_visit_about_what_they_return_with_many_heads_in_flight(pg:
             returned, seen = await visited("claim", owned, 10)
             assert returned == 10
             assert seen < 100  # pending tasks only (about 20 here), never the running ones
+            # A batch of claims: each reads its own partitions' pending heads, never the 350
+            # running heads nor the other claims' heads (all 50 pending heads read 8 times
+            # would be 400).
+            groups = [owned[i::8] for i in range(8)]
+            returned, seen = await visited("claim_ordered_batch", None, 0, _claim_batch_values(groups, 64))
+            assert 10 <= returned <= 40
+            assert seen <= 50 + returned + 4
+            returned, seen = await visited("claim_batch", None, 0, _claim_batch_values(groups, 2))
+            assert returned == 16
+            assert seen < 8 * 100
         finally:
             await conn.close()
 
@@ -891,7 +1011,7 @@ def _read_from(plan: dict[str, Any], relation: str) -> list[tuple[str, int]]:
     return own + [scan for child in plan.get("Plans", []) for scan in _read_from(child, relation)]
 
 
-@pytest.mark.parametrize("name", ["claim", "claim_ordered"])
+@pytest.mark.parametrize("name", ["claim", "claim_ordered", "claim_batch", "claim_ordered_batch"])
 async def test_claims_probe_processed_ids_by_key_whatever_the_statistics_say(pg: str, schema: str, name: str) -> None:
     """A claim looks up each claimed task's message id, never reading all of coord_processed.
 
@@ -914,9 +1034,13 @@ async def test_claims_probe_processed_ids_by_key_whatever_the_statistics_say(pg:
             await store.enqueue_many(
                 [NewTask(queue="q", payload=i, partition_key=f"k{i}", idempotency_key=f"m{i}") for i in range(100)]
             )
-            if name == "claim_ordered":
+            if "ordered" in name:
                 await store._keep_heads("q")  # what the first ordered claim of the queue does
-            plan = await _explain_analyze(conn, Q[name], _claim_values())
+            values = _claim_values()
+            if "batch" in name:  # two claims of 8, over every partition between them
+                partitions = list(range(store.partitions))
+                values = _claim_batch_values([partitions[0::2], partitions[1::2]], 8)
+            plan = await _explain_analyze(conn, Q[name], values)
         finally:
             await conn.close()
     assert plan["Actual Rows"] == 16

@@ -590,6 +590,63 @@ async def test_concurrent_extend_many_calls_each_get_their_own_leases_and_ttl(st
     assert (await store.get(held[2][1].id)).status is TaskStatus.DONE
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_concurrent_claims_each_get_their_own_partitions_limit_and_ttl(
+    store, clock: FakeClock, ordered: bool
+) -> None:
+    """A process's nodes claim at the same moment (a store may run the claims as one
+    statement): each claim leases only tasks of its own partitions, at most its limit, the
+    best first (priority, then FIFO), to its own node id with its own TTL; in order, only
+    heads of keys."""
+    created = await store.enqueue_many(
+        [NewTask(queue=Q, payload=i, partition_key=f"k{i % 30}", priority=i % 3) for i in range(60)]
+    )
+    tasks = [r.task for r in created]
+    parts = sorted({t.partition for t in tasks})
+    groups = [parts[0::3], parts[1::3], parts[2::3]]
+    limits, ttls = (2, 100, 100), (10.0, 20.0, 30.0)
+
+    def eligible(group: list[int]) -> list[Task]:
+        mine = [t for t in tasks if t.partition in group]
+        if ordered:  # a key's first task is its head; the others wait behind it
+            firsts: dict[str, Task] = {}
+            for t in mine:
+                firsts.setdefault(t.partition_key, t)
+            mine = list(firsts.values())
+        return sorted(mine, key=lambda t: (-t.priority, t.id))
+
+    out = await asyncio.gather(
+        *(
+            store.claim(Q, node_id=f"node-{i}", limit=limits[i], lease_s=ttls[i], partitions=groups[i], ordered=ordered)
+            for i in range(3)
+        )
+    )
+    for i, claimed in enumerate(out):
+        assert [t.id for t in claimed] == [t.id for t in eligible(groups[i])[: limits[i]]]
+        for task in claimed:
+            stored = await store.get(task.id)
+            assert stored == task
+            assert stored.status is TaskStatus.RUNNING
+            assert stored.lease_owner == f"node-{i}"
+            assert stored.lease_expires_at == clock.now + ttls[i]
+    assert sum(len(c) for c in out) == 2 + len(eligible(groups[1])) + len(eligible(groups[2]))
+
+
+async def test_concurrent_claims_of_the_same_partitions_never_lease_a_task_twice(store) -> None:
+    """Two nodes claim the same partitions at once (a membership change overlaps their
+    views): every task is leased once, to the node whose claim returned it."""
+    created = await store.enqueue_many([NewTask(queue=Q, payload=i, partition_key=f"k{i}") for i in range(40)])
+    parts = sorted({r.task.partition for r in created})
+    out = await asyncio.gather(
+        *(store.claim(Q, node_id=f"node-{i}", limit=100, lease_s=30, partitions=parts) for i in range(4))
+    )
+    ids = [t.id for claimed in out for t in claimed]
+    assert sorted(ids) == sorted(r.task.id for r in created)  # all of them, none twice
+    for i, claimed in enumerate(out):
+        for task in claimed:
+            assert (await store.get(task.id)).lease_owner == f"node-{i}"
+
+
 # --- per-key ordering ------------------------------------------------------------------
 
 

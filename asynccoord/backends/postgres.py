@@ -421,6 +421,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._extender: Batcher[_Renewal, set[tuple[int, str]]] = Batcher(
             self._extend_batch, self.config.max_batch_ops, name="asynccoord-pg-extend"
         )
+        # One claim batcher per (queue, ordered, min_due_age_s): the claims one statement serves.
+        self._claimers: dict[tuple[str, bool, float], Batcher[_ClaimRequest, _Claimed]] = {}
 
     def __repr__(self) -> str:
         state = "open" if self._runner.pool is not None else "closed"
@@ -561,6 +563,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         await self._committer.flush()
         await self._acquirer.flush()
         await self._extender.flush()
+        for claimer in list(self._claimers.values()):
+            await claimer.flush()
         if self._background:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._background), timeout=5.0)
@@ -815,10 +819,14 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         """Lease up to ``limit`` due tasks to ``node_id`` (see :class:`~asynccoord.backends.base.Store`).
 
         One statement (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT
-        n) RETURNING``). Leases that expired on their last attempt are dead-lettered and
-        the claim is topped up; the claim's rows say whether any exist (an empty claim asks
-        with one more statement), so a claim costs one round trip when there are none. A
-        cancelled caller's tasks are handed back in the background.
+        n) RETURNING``). Concurrent claims of the process's nodes that name their
+        partitions share one statement (group commit, as commits and renewals do; each
+        claim keeps its own partitions, limit, lease owner and TTL): when every node of
+        a process wakes to new work at once, they make one or two round trips, not one
+        each. Leases that expired on their last attempt are dead-lettered and the claim
+        is topped up; the claim's rows say whether any exist (a statement that leased
+        nothing asks with one more), so a claim costs one round trip when there are
+        none. A cancelled caller's tasks are handed back in the background.
 
         ``min_due_age_s`` > 0 takes only tasks that have been due at least that long
         (work stealing from overloaded or dead partition owners).
@@ -947,11 +955,17 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
             return await self._run(op, what="claim", tx=False, ambiguous_ok=True)
 
-        rows = await op_for(limit)
+        if parts is None:
+            rows = await op_for(limit)
+            # Column 21 says whether leases that expired on their last attempt exist (the
+            # claim's own snapshot); only an empty claim does not know, and asks.
+            exhausted = bool(rows[0][21]) if rows else await self._any_exhausted(queue)
+        else:
+            rows, exhausted = await self._claimer(queue, ordered, due_age).submit(
+                _ClaimRequest(node_id, limit, lease, parts)
+            )
         dead = 0
-        # Column 21 says whether leases that expired on their last attempt exist (the claim's
-        # own snapshot); only an empty claim does not know, and asks.
-        if rows[0][21] if rows else await self._any_exhausted(queue):
+        if exhausted:
             dead = await self._dead_letter_exhausted(queue)
             if dead and len(rows) < limit:
                 rows += await op_for(limit - len(rows))
@@ -969,6 +983,72 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self.events.add(ev.DEAD_LETTERED, dead)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, len(settled))
         return tasks
+
+    def _claimer(self, queue: str, ordered: bool, due_age: float) -> Batcher[_ClaimRequest, _Claimed]:
+        """The batcher of claims on ``queue`` with this order and minimum due age."""
+        shape = (queue, ordered, due_age)
+        claimer = self._claimers.get(shape)
+        if claimer is None:
+            claimer = self._claimers[shape] = Batcher(
+                lambda requests: self._claim_batch(queue, ordered, due_age, requests),
+                self.config.max_batch_ops,
+                key=lambda r: r.node_id,  # a batch's rows are told apart by their lease owner
+                name="asynccoord-pg-claim",
+                orphaned=self._orphaned_claim,
+            )
+        return claimer
+
+    async def _claim_batch(
+        self, queue: str, ordered: bool, due_age: float, requests: Sequence[_ClaimRequest]
+    ) -> list[_Claimed]:
+        """Run ``requests`` (distinct node ids) in one claim statement; each gets its own rows.
+
+        A lone request runs the one-claim statement. Each result carries whether leases
+        that expired on their last attempt exist in the queue: from the statement's rows,
+        or, when it leased nothing, from one more statement for the whole batch.
+        """
+        token = new_token()  # one per claim statement: a retry finds what its first attempt leased
+        shared = {"queue": queue, "min_due_age_s": due_age, "token": token}
+        if len(requests) == 1:
+            only = requests[0]
+            name = "claim_ordered" if ordered else "claim"
+            recheck = "claimed_by_token"
+            params: dict[str, Any] = {
+                "node_id": only.node_id,
+                "limit": only.limit,
+                "lease_s": only.lease_s,
+                "partitions": only.partitions,
+            }
+        else:
+            name = "claim_ordered_batch" if ordered else "claim_batch"
+            recheck = "claimed_by_token_batch"
+            params = {
+                "node_ids": [r.node_id for r in requests],
+                "limits": [r.limit for r in requests],
+                "lease_s": [r.lease_s for r in requests],
+                "partitions": [p for r in requests for p in r.partitions],
+                "partition_slots": [slot for slot, r in enumerate(requests, 1) for _ in r.partitions],
+            }
+
+        async def op(conn: asyncpg.Connection, attempt: int) -> list[_Row]:
+            if attempt > 0:  # the connection was lost while the server may have run the claim
+                leased = await self._fetch(conn, recheck, now=self._now(), **shared, **params)
+                if leased:
+                    return leased
+            return await self._fetch(conn, name, now=self._now(), **shared, **params)
+
+        rows = await self._run(op, what="claim", tx=False, ambiguous_ok=True)
+        exhausted = bool(rows[0][21]) if rows else await self._any_exhausted(queue)
+        mine: dict[str, list[_Row]] = {r.node_id: [] for r in requests}
+        for row in rows:
+            mine[row[11]].append(row)
+        return [(mine[r.node_id], exhausted) for r in requests]
+
+    def _orphaned_claim(self, _request: _ClaimRequest, outcome: _Claimed) -> None:
+        """Hand back the tasks a batch leased for a claim whose caller is gone."""
+        coro = self._undo_claim([task_from_row(r) for r in outcome[0]])
+        if coro is not None:
+            self._spawn(coro)
 
     async def _any_exhausted(self, queue: str) -> bool:
         """Whether ``queue`` has leases that expired on their last attempt (one statement, no transaction)."""
@@ -1607,6 +1687,22 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
 def _is_fence_error(outcome: object) -> bool:
     return isinstance(outcome, FencingTokenRejectedError)
+
+
+_Claimed = tuple[list[_Row], bool]
+"""One claim's answer in a claim batch: its leased rows, and whether the queue has exhausted leases."""
+
+
+class _ClaimRequest:
+    """One :meth:`PostgresStore.claim` call of a claim batch (its partitions are named)."""
+
+    __slots__ = ("lease_s", "limit", "node_id", "partitions")
+
+    def __init__(self, node_id: str, limit: int, lease_s: float, partitions: list[int]) -> None:
+        self.node_id = node_id
+        self.limit = limit
+        self.lease_s = lease_s
+        self.partitions = partitions
 
 
 class _Renewal:

@@ -221,6 +221,115 @@ RETURNING id, queue, partition_key, partition, idempotency_key, payload, priorit
                                             WHERE p.consumer = queue AND p.message_id = idempotency_key) IS NOT NULL,
           (SELECT found FROM exhausted);
 
+-- name: claim_batch
+-- The concurrent claims of a process's nodes in one statement: claim :node_ids[i] takes up
+-- to :limits[i] tasks of its own partitions (the :partitions whose :partition_slots entry is
+-- i, 1-based) with a lease of :lease_s[i] seconds, each claim scanned as in claim (pending
+-- and expired apart, merged in priority-then-FIFO order). Rows locked by another statement
+-- are skipped; a row two claims of the batch both chose (their partitions overlap) is leased
+-- once, to one of them: each returned row names its claimer in lease_owner.
+WITH exhausted AS (
+    SELECT EXISTS (SELECT 1 FROM coord_tasks AS x
+                    WHERE x.queue = :queue::text AND x.status = 'running'
+                      AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts) AS found),
+claimer AS MATERIALIZED (
+    SELECT r.node_id, r.lim, r.lease_s, g.parts
+      FROM unnest(:node_ids::text[], :limits::int[], :lease_s::float8[]) WITH ORDINALITY AS r (node_id, lim, lease_s, slot)
+      JOIN (SELECT p.slot, array_agg(p.partition) AS parts
+              FROM unnest(:partitions::int[], :partition_slots::int[]) AS p (partition, slot)
+             GROUP BY p.slot) AS g ON g.slot = r.slot),
+picked AS (
+    SELECT r.node_id, r.lease_s, c.id
+      FROM claimer AS r
+     CROSS JOIN LATERAL (
+        SELECT u.id FROM (
+            SELECT * FROM (SELECT t.id, t.priority FROM coord_tasks AS t
+                            WHERE t.queue = :queue::text AND t.status = 'pending'
+                              AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+                              AND t.partition = ANY(r.parts)
+                            ORDER BY t.priority DESC, t.id
+                            LIMIT r.lim
+                              FOR UPDATE SKIP LOCKED) AS pending
+            UNION ALL
+            SELECT * FROM (SELECT t.id, t.priority FROM coord_tasks AS t
+                            WHERE t.queue = :queue::text AND t.status = 'running'
+                              AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+                              AND t.attempts < t.max_attempts
+                              AND t.partition = ANY(r.parts)
+                            ORDER BY t.priority DESC, t.id
+                            LIMIT r.lim
+                              FOR UPDATE SKIP LOCKED) AS expired) AS u
+         ORDER BY u.priority DESC, u.id
+         LIMIT r.lim) AS c)
+UPDATE coord_tasks AS t
+   SET reclaimed = (t.status = 'running'),
+       status = 'running', attempts = t.attempts + 1,
+       lease_owner = b.node_id, lease_token = :token::text || '.' || t.id,
+       lease_expires_at = coord_now(:now::float8) + b.lease_s,
+       version = t.version + 1, updated_at = coord_now(:now::float8)
+  FROM picked AS b
+ WHERE t.id = b.id
+RETURNING t.id, t.queue, t.partition_key, t.partition, t.idempotency_key, t.payload, t.priority, t.status, t.attempts, t.max_attempts, t.run_at, t.lease_owner, t.lease_token, t.lease_expires_at, t.version, t.last_error, t.result, t.created_at, t.updated_at, t.reclaimed,
+          t.idempotency_key IS NOT NULL AND (SELECT true FROM coord_processed AS p
+                                              WHERE p.consumer = t.queue AND p.message_id = t.idempotency_key) IS NOT NULL,
+          (SELECT found FROM exhausted);
+
+-- name: claim_ordered_batch
+-- claim_batch for queues claimed in order: each claim takes only heads of its own
+-- partitions' keys, and expired leases of heads, as claim_ordered with a partition filter
+-- does. Pending heads are read partition by partition, the best :limits[i] of each (one range
+-- of coord_tasks_pending_heads_partition each; a filter on a claim's whole partition list
+-- would be planned as a scan of every pending head of the queue, each claim reading them all),
+-- then merged per claim in priority-then-FIFO order.
+WITH exhausted AS (
+    SELECT EXISTS (SELECT 1 FROM coord_tasks AS x
+                    WHERE x.queue = :queue::text AND x.status = 'running'
+                      AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts) AS found),
+claimer AS MATERIALIZED (
+    SELECT r.node_id, r.lim, r.lease_s, g.parts
+      FROM unnest(:node_ids::text[], :limits::int[], :lease_s::float8[]) WITH ORDINALITY AS r (node_id, lim, lease_s, slot)
+      JOIN (SELECT p.slot, array_agg(p.partition) AS parts
+              FROM unnest(:partitions::int[], :partition_slots::int[]) AS p (partition, slot)
+             GROUP BY p.slot) AS g ON g.slot = r.slot),
+picked AS (
+    SELECT r.node_id, r.lease_s, c.id
+      FROM claimer AS r
+     CROSS JOIN LATERAL (
+        SELECT u.id FROM (
+            SELECT h.id, h.priority
+              FROM unnest(r.parts) AS q (partition)
+             CROSS JOIN LATERAL (SELECT t.id, t.priority FROM coord_tasks AS t
+                                  WHERE t.queue = :queue::text AND t.partition = q.partition
+                                    AND t.is_head AND t.status = 'pending'
+                                    AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+                                  ORDER BY t.priority DESC, t.id
+                                  LIMIT r.lim
+                                    FOR UPDATE SKIP LOCKED) AS h
+            UNION ALL
+            SELECT * FROM (SELECT t.id, t.priority FROM coord_tasks AS t
+                            WHERE t.queue = :queue::text AND t.status = 'running'
+                              AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+                              AND t.is_head
+                              AND t.attempts < t.max_attempts
+                              AND t.partition = ANY(r.parts)
+                            ORDER BY t.priority DESC, t.id
+                            LIMIT r.lim
+                              FOR UPDATE SKIP LOCKED) AS expired) AS u
+         ORDER BY u.priority DESC, u.id
+         LIMIT r.lim) AS c)
+UPDATE coord_tasks AS t
+   SET reclaimed = (t.status = 'running'),
+       status = 'running', attempts = t.attempts + 1,
+       lease_owner = b.node_id, lease_token = :token::text || '.' || t.id,
+       lease_expires_at = coord_now(:now::float8) + b.lease_s,
+       version = t.version + 1, updated_at = coord_now(:now::float8)
+  FROM picked AS b
+ WHERE t.id = b.id
+RETURNING t.id, t.queue, t.partition_key, t.partition, t.idempotency_key, t.payload, t.priority, t.status, t.attempts, t.max_attempts, t.run_at, t.lease_owner, t.lease_token, t.lease_expires_at, t.version, t.last_error, t.result, t.created_at, t.updated_at, t.reclaimed,
+          t.idempotency_key IS NOT NULL AND (SELECT true FROM coord_processed AS p
+                                              WHERE p.consumer = t.queue AND p.message_id = t.idempotency_key) IS NOT NULL,
+          (SELECT found FROM exhausted);
+
 -- name: claimed_by_token
 -- A claim retried after its connection was lost while the server ran it: the tasks its
 -- first attempt leased, if that attempt went through (each leased task's token is the
@@ -235,6 +344,19 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
                   AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts)
   FROM coord_tasks
  WHERE queue = :queue::text AND status = 'running' AND lease_owner = :node_id::text
+   AND left(lease_token, length(:token::text) + 1) = :token::text || '.'
+ ORDER BY priority DESC, id;
+
+-- name: claimed_by_token_batch
+-- claimed_by_token for a claim_batch statement: the tasks it leased to any of :node_ids.
+SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed,
+       idempotency_key IS NOT NULL AND (SELECT true FROM coord_processed AS p
+                                         WHERE p.consumer = queue AND p.message_id = idempotency_key) IS NOT NULL,
+       EXISTS (SELECT 1 FROM coord_tasks AS x
+                WHERE x.queue = :queue::text AND x.status = 'running'
+                  AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts)
+  FROM coord_tasks
+ WHERE queue = :queue::text AND status = 'running' AND lease_owner = ANY(:node_ids::text[])
    AND left(lease_token, length(:token::text) + 1) = :token::text || '.'
  ORDER BY priority DESC, id;
 
