@@ -615,6 +615,9 @@ async def test_concurrent_claims_each_get_their_own_partitions_limit_and_ttl(
             mine = list(firsts.values())
         return sorted(mine, key=lambda t: (-t.priority, t.id))
 
+    empty = next(p for p in range(store.partitions) if p not in parts)
+    # A first ordered claim sets the queue up; the three below then reach the store together.
+    assert await store.claim(Q, node_id="w", partitions=[empty], ordered=ordered) == []
     out = await asyncio.gather(
         *(
             store.claim(Q, node_id=f"node-{i}", limit=limits[i], lease_s=ttls[i], partitions=groups[i], ordered=ordered)
@@ -630,6 +633,27 @@ async def test_concurrent_claims_each_get_their_own_partitions_limit_and_ttl(
             assert stored.lease_owner == f"node-{i}"
             assert stored.lease_expires_at == clock.now + ttls[i]
     assert sum(len(c) for c in out) == 2 + len(eligible(groups[1])) + len(eligible(groups[2]))
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_a_partition_named_twice_in_concurrent_claims_still_fills_the_limit(store, ordered: bool) -> None:
+    """A claim naming a partition more than once gets what a claim naming it once gets."""
+    created = await store.enqueue_many([NewTask(queue=Q, payload=i, partition_key=f"k{i}") for i in range(64)])
+    by_partition: dict[int, list[Task]] = {}
+    for r in created:
+        by_partition.setdefault(r.task.partition, []).append(r.task)
+    part, tasks = max(by_partition.items(), key=lambda kv: len(kv[1]))
+    assert len(tasks) >= 2
+    other = next(p for p in by_partition if p != part)
+    empty = next(p for p in range(store.partitions) if p not in by_partition)
+    # A first ordered claim sets the queue up; the two below then reach the store together.
+    assert await store.claim(Q, node_id="w", partitions=[empty], ordered=ordered) == []
+    out = await asyncio.gather(
+        store.claim(Q, node_id="a", limit=2, partitions=[part, part, part], ordered=ordered),
+        store.claim(Q, node_id="b", limit=2, partitions=[other], ordered=ordered),
+    )
+    assert [t.id for t in out[0]] == [t.id for t in tasks[:2]]
+    assert [t.id for t in out[1]] == [t.id for t in by_partition[other][:2]]
 
 
 async def test_concurrent_claims_of_the_same_partitions_never_lease_a_task_twice(store) -> None:

@@ -75,6 +75,11 @@ class Batcher(Generic[I, O]):
             self._drainer = asyncio.create_task(self._drain(), name=self._name)
         return future
 
+    @property
+    def idle(self) -> bool:
+        """Whether nothing is queued or running (the batcher can be dropped)."""
+        return not self._waiting and (self._drainer is None or self._drainer.done())
+
     async def flush(self) -> None:
         """Wait until everything submitted so far has run."""
         drainer = self._drainer

@@ -421,7 +421,8 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._extender: Batcher[_Renewal, set[tuple[int, str]]] = Batcher(
             self._extend_batch, self.config.max_batch_ops, name="asynccoord-pg-extend"
         )
-        # One claim batcher per (queue, ordered, min_due_age_s): the claims one statement serves.
+        # One claim batcher per (queue, ordered, min_due_age_s): the claims one statement
+        # serves. Idle ones are dropped when there are many (queues named on the fly).
         self._claimers: dict[tuple[str, bool, float], Batcher[_ClaimRequest, _Claimed]] = {}
 
     def __repr__(self) -> str:
@@ -565,6 +566,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         await self._extender.flush()
         for claimer in list(self._claimers.values()):
             await claimer.flush()
+        self._claimers.clear()
         if self._background:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._background), timeout=5.0)
@@ -820,13 +822,16 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 
         One statement (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT
         n) RETURNING``). Concurrent claims of the process's nodes that name their
-        partitions share one statement (group commit, as commits and renewals do; each
-        claim keeps its own partitions, limit, lease owner and TTL): when every node of
-        a process wakes to new work at once, they make one or two round trips, not one
-        each. Leases that expired on their last attempt are dead-lettered and the claim
-        is topped up; the claim's rows say whether any exist (a statement that leased
-        nothing asks with one more), so a claim costs one round trip when there are
-        none. A cancelled caller's tasks are handed back in the background.
+        partitions and share ``queue``, ``ordered`` and ``min_due_age_s`` share one
+        statement (group commit, as commits and renewals do: ``UPDATE ... FROM`` the rows
+        each claim picked, each claim with its own partitions, limit, lease owner and
+        TTL): when every node of a process wakes to new work at once, they make one or
+        two round trips, not one each. Like any group commit, a batch that fails (the
+        server stayed unreachable) fails each of its claims. Leases that expired on their
+        last attempt are dead-lettered and the claim is topped up; the claim's rows say
+        whether any exist (a statement that leased nothing asks with one more), so a claim
+        costs one round trip when there are none. A cancelled caller's tasks are handed
+        back in the background.
 
         ``min_due_age_s`` > 0 takes only tasks that have been due at least that long
         (work stealing from overloaded or dead partition owners).
@@ -989,6 +994,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         shape = (queue, ordered, due_age)
         claimer = self._claimers.get(shape)
         if claimer is None:
+            if len(self._claimers) >= _MAX_IDLE_CLAIMERS:
+                for old in [k for k, b in self._claimers.items() if b.idle]:
+                    del self._claimers[old]
             claimer = self._claimers[shape] = Batcher(
                 lambda requests: self._claim_batch(queue, ordered, due_age, requests),
                 self.config.max_batch_ops,
@@ -1022,12 +1030,15 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         else:
             name = "claim_ordered_batch" if ordered else "claim_batch"
             recheck = "claimed_by_token_batch"
+            # A partition named twice in one claim would be read twice by the ordered form,
+            # its heads filling the claim's limit twice over.
+            unique = [list(dict.fromkeys(r.partitions)) for r in requests]
             params = {
                 "node_ids": [r.node_id for r in requests],
                 "limits": [r.limit for r in requests],
                 "lease_s": [r.lease_s for r in requests],
-                "partitions": [p for r in requests for p in r.partitions],
-                "partition_slots": [slot for slot, r in enumerate(requests, 1) for _ in r.partitions],
+                "partitions": [p for parts in unique for p in parts],
+                "partition_slots": [slot for slot, parts in enumerate(unique, 1) for _ in parts],
             }
 
         async def op(conn: asyncpg.Connection, attempt: int) -> list[_Row]:
@@ -1688,6 +1699,9 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
 def _is_fence_error(outcome: object) -> bool:
     return isinstance(outcome, FencingTokenRejectedError)
 
+
+_MAX_IDLE_CLAIMERS = 64
+"""Claim batchers (one per queue, order and minimum due age) kept before idle ones are dropped."""
 
 _Claimed = tuple[list[_Row], bool]
 """One claim's answer in a claim batch: its leased rows, and whether the queue has exhausted leases."""
