@@ -63,7 +63,6 @@ POSTGRES_ONLY = {
     "claimed_by_token": "after a lost connection, the tasks a claim's earlier attempt leased",
     "claim_batch": "the concurrent claims of a process's nodes in one statement (SQLite has one writer)",
     "claim_ordered_batch": "claim_batch for queues claimed in order",
-    "claimed_by_token_batch": "after a lost connection, the tasks a claim_batch's earlier attempt leased",
     "lock_release_recheck": "after a lost connection, whether a release's earlier attempt deleted the lease",
     "share_queues": "shared advisory locks of queues, so a queue cannot start keeping heads mid-transition",
     "kept_queues": "which queues keep per-key heads, read after share_queues (SQLite: ordered_queues)",

@@ -942,23 +942,15 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         params = {
             "queue": queue,
             "node_id": node_id,
+            "node_ids": [node_id],
             "lease_s": lease,
             "partitions": parts,
             "min_due_age_s": due_age,
         }
         name = "claim_ordered" if ordered else "claim"
 
-        async def op_for(n: int) -> list[_Row]:
-            token = new_token()  # one per claim statement: a retry finds what its first attempt leased
-
-            async def op(conn: asyncpg.Connection, attempt: int) -> list[_Row]:
-                if attempt > 0:  # the connection was lost while the server may have run the claim
-                    leased = await self._fetch(conn, "claimed_by_token", token=token, now=self._now(), **params)
-                    if leased:
-                        return leased
-                return await self._fetch(conn, name, limit=n, now=self._now(), token=token, **params)
-
-            return await self._run(op, what="claim", tx=False, ambiguous_ok=True)
+        def op_for(n: int) -> Coroutine[Any, Any, list[_Row]]:
+            return self._claim_statement(name, {**params, "limit": n})
 
         if parts is None:
             rows = await op_for(limit)
@@ -1006,6 +998,24 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             )
         return claimer
 
+    async def _claim_statement(self, name: str, params: dict[str, Any]) -> list[_Row]:
+        """Run claim statement ``name``; a retry after a lost connection returns what it leased.
+
+        ``params`` are the statement's, but for ``token`` (one per statement, which every
+        lease it grants carries) and ``now``; they include ``node_ids``, the lease owners
+        ``claimed_by_token`` looks for.
+        """
+        token = new_token()
+
+        async def op(conn: asyncpg.Connection, attempt: int) -> list[_Row]:
+            if attempt > 0:  # the connection was lost while the server may have run the claim
+                leased = await self._fetch(conn, "claimed_by_token", token=token, now=self._now(), **params)
+                if leased:
+                    return leased
+            return await self._fetch(conn, name, token=token, now=self._now(), **params)
+
+        return await self._run(op, what="claim", tx=False, ambiguous_ok=True)
+
     async def _claim_batch(
         self, queue: str, ordered: bool, due_age: float, requests: Sequence[_ClaimRequest]
     ) -> list[_Claimed]:
@@ -1015,13 +1025,11 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         that expired on their last attempt exist in the queue: from the statement's rows,
         or, when it leased nothing, from one more statement for the whole batch.
         """
-        token = new_token()  # one per claim statement: a retry finds what its first attempt leased
-        shared = {"queue": queue, "min_due_age_s": due_age, "token": token}
+        params: dict[str, Any] = {"queue": queue, "min_due_age_s": due_age, "node_ids": [r.node_id for r in requests]}
         if len(requests) == 1:
             only = requests[0]
             name = "claim_ordered" if ordered else "claim"
-            recheck = "claimed_by_token"
-            params: dict[str, Any] = {
+            params |= {
                 "node_id": only.node_id,
                 "limit": only.limit,
                 "lease_s": only.lease_s,
@@ -1029,26 +1037,16 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             }
         else:
             name = "claim_ordered_batch" if ordered else "claim_batch"
-            recheck = "claimed_by_token_batch"
             # A partition named twice in one claim would be read twice by the ordered form,
             # its heads filling the claim's limit twice over.
             unique = [list(dict.fromkeys(r.partitions)) for r in requests]
-            params = {
-                "node_ids": [r.node_id for r in requests],
+            params |= {
                 "limits": [r.limit for r in requests],
                 "lease_s": [r.lease_s for r in requests],
                 "partitions": [p for parts in unique for p in parts],
                 "partition_slots": [slot for slot, parts in enumerate(unique, 1) for _ in parts],
             }
-
-        async def op(conn: asyncpg.Connection, attempt: int) -> list[_Row]:
-            if attempt > 0:  # the connection was lost while the server may have run the claim
-                leased = await self._fetch(conn, recheck, now=self._now(), **shared, **params)
-                if leased:
-                    return leased
-            return await self._fetch(conn, name, now=self._now(), **shared, **params)
-
-        rows = await self._run(op, what="claim", tx=False, ambiguous_ok=True)
+        rows = await self._claim_statement(name, params)
         exhausted = bool(rows[0][21]) if rows else await self._any_exhausted(queue)
         mine: dict[str, list[_Row]] = {r.node_id: [] for r in requests}
         for row in rows:

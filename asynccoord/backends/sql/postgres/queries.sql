@@ -339,22 +339,10 @@ RETURNING t.id, t.queue, t.partition_key, t.partition, t.idempotency_key, t.payl
 -- name: claimed_by_token
 -- A claim retried after its connection was lost while the server ran it: the tasks its
 -- first attempt leased, if that attempt went through (each leased task's token is the
--- claim's :token, a dot and its id), in the claim's columns, so the retry returns them
+-- claim's :token, a dot and its id; the claim's owner, or for claim_batch each of its claims'
+-- owners, among :node_ids), in the claim's columns, so the retry returns them
 -- instead of leaving them leased to nobody until their lease expires. Read through
 -- coord_tasks_lease_expiry (the queue's running tasks).
-SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed,
-       idempotency_key IS NOT NULL AND (SELECT true FROM coord_processed AS p
-                                         WHERE p.consumer = queue AND p.message_id = idempotency_key) IS NOT NULL,
-       EXISTS (SELECT 1 FROM coord_tasks AS x
-                WHERE x.queue = :queue::text AND x.status = 'running'
-                  AND x.lease_expires_at <= coord_now(:now::float8) AND x.attempts >= x.max_attempts)
-  FROM coord_tasks
- WHERE queue = :queue::text AND status = 'running' AND lease_owner = :node_id::text
-   AND left(lease_token, length(:token::text) + 1) = :token::text || '.'
- ORDER BY priority DESC, id;
-
--- name: claimed_by_token_batch
--- claimed_by_token for a claim_batch statement: the tasks it leased to any of :node_ids.
 SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed,
        idempotency_key IS NOT NULL AND (SELECT true FROM coord_processed AS p
                                          WHERE p.consumer = queue AND p.message_id = idempotency_key) IS NOT NULL,
