@@ -6,7 +6,7 @@ PostgreSQL schema with ``--store postgresql://...``) and reports committed tasks
 enqueue-to-commit latency (store clock), duplicate sends, conflict counts, and the nodes'
 ``store.claim`` calls (``claim_calls``) and those that came back empty (``empty_claims``,
 every claim being a write), and the runtime's idle-poll reads (``idle_polls``,
-``store.claimable_partitions`` calls). Strategies:
+``store.claimable_partitions`` calls), each from the clock's start to the drain's end. Strategies:
 
 * ``all``: partitioning + per-account locks + version checks (the default runtime; work
   stealing off);
@@ -53,6 +53,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import math
 import os
 import random
 import shutil
@@ -457,6 +458,9 @@ async def drain_runtime(
             enqueued_at = await barrier()  # the tasks are enqueued (by the parent, or here with one process)
             start = time.time() if enqueued_at is None else enqueued_at
             cpu_start = time.process_time()
+            # Count the claims of the drain only: each node claimed once as the runtime
+            # started on the empty queue, before the clock (one empty claim per node).
+            claims.clear()
             # They came from another store object: on SQLite, wake the owners of their keys'
             # partitions, as an in-process enqueue does (a wake-up of every node would make the
             # nodes owning none of them claim for nothing). A PostgreSQL store's listener was
@@ -933,30 +937,67 @@ def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     The issue's bar for the node counts reads straight off it (64 nodes against 16: ``ratios``
     of ``nodes`` 16 -> 64). Runs, not cells, are paired: the two sizes of one run were measured
-    minutes apart at most, under the same load.
+    minutes apart at most, under the same load. Beside the median: the geometric mean of the
+    ratios and the standard error of its logarithm (``log_se``; the mean is within a factor
+    ``exp(2 * log_se)`` of the true ratio at about 95 %, on these runs' spread), and, for the
+    strategies with account locks, ``at_equal_hot_leases``: the ratio at an equal number of
+    leases of ``account:0``'s lock (see :func:`at_equal_hot_leases`).
     """
-    by_layout: dict[tuple[int, str], dict[int, dict[int, float]]] = {}  # (processes, strategy) -> nodes -> run -> rate
+    # (processes, strategy) -> nodes -> run -> row
+    by_layout: dict[tuple[int, str], dict[int, dict[int, dict[str, Any]]]] = {}
     for r in rows:
         by_nodes = by_layout.setdefault((r["processes"], r["strategy"]), {})
-        by_nodes.setdefault(r["nodes"], {})[r["run"]] = r["tasks_per_s"]
+        by_nodes.setdefault(r["nodes"], {})[r["run"]] = r
     out: list[dict[str, Any]] = []
     layouts = sorted(by_layout.items(), key=lambda kv: (kv[0][0], STRATEGIES.index(kv[0][1])))
     for (processes, strategy), by_nodes in layouts:
         for smaller, larger in itertools.pairwise(sorted(by_nodes)):
             low, high = by_nodes[smaller], by_nodes[larger]
-            ratios = [round(high[i] / low[i], 3) for i in sorted(low.keys() & high.keys())]
-            if ratios:
-                out.append(
-                    {
-                        "processes": processes,
-                        "strategy": strategy,
-                        "nodes": [smaller, larger],
-                        "ratios": ratios,
-                        "median": round(statistics.median(ratios), 3),
-                        "larger_faster": sum(1 for x in ratios if x > 1.0),
-                    }
+            runs = [(low[i], high[i]) for i in sorted(low.keys() & high.keys())]
+            pairs = [(a, b) for a, b in runs if a["tasks_per_s"] > 0 and b["tasks_per_s"] > 0]
+            if not runs:
+                continue
+            logs = [math.log(b["tasks_per_s"] / a["tasks_per_s"]) for a, b in pairs]
+            ratios = [round(b["tasks_per_s"] / a["tasks_per_s"], 3) if a["tasks_per_s"] > 0 else None for a, b in runs]
+            group: dict[str, Any] = {
+                "processes": processes,
+                "strategy": strategy,
+                "nodes": [smaller, larger],
+                "ratios": ratios,
+                "median": round(statistics.median(x for x in ratios if x is not None), 3) if logs else None,
+                "larger_faster": sum(1 for x in ratios if x is not None and x > 1.0),
+                "geometric_mean": round(math.exp(statistics.fmean(logs)), 4) if logs else None,
+                "log_se": round(statistics.stdev(logs) / math.sqrt(len(logs)), 4) if len(logs) > 1 else None,
+            }
+            if strategy in LOCKED:
+                group["at_equal_hot_leases"] = at_equal_hot_leases(
+                    logs, [b["hot_lock_leases"] - a["hot_lock_leases"] for a, b in pairs]
                 )
+            out.append(group)
     return out
+
+
+def at_equal_hot_leases(logs: list[float], extra_leases: list[int]) -> dict[str, float] | None:
+    """The larger node count's rate ratio at an equal number of leases of ``account:0``'s lock.
+
+    A layout's hash decides how the hottest account's tasks split between the processes, and
+    so how often its lock moves between them; with two processes it splits differently at 16
+    and at 64 nodes, and each extra lease costs the drain a hand-over. The least-squares line
+    of each pair's log rate ratio (``logs``) on the larger count's extra leases
+    (``extra_leases``, may be negative) has, at 0 extra leases, the ratio with that bias taken
+    out. Returns ``ratio`` (exp of the intercept), ``log_se`` (the intercept's standard error)
+    and ``slope_per_lease`` (the log ratio per extra lease), or None with fewer than 3 pairs or
+    leases that never differ.
+    """
+    n = len(logs)
+    if n < 3 or len(set(extra_leases)) < 2:
+        return None
+    fit = statistics.linear_regression(extra_leases, logs)
+    mean_x = statistics.fmean(extra_leases)
+    sxx = sum((x - mean_x) ** 2 for x in extra_leases)
+    residual = sum((y - fit.intercept - fit.slope * x) ** 2 for x, y in zip(extra_leases, logs, strict=True))
+    se = math.sqrt(residual / (n - 2) * (1 / n + mean_x**2 / sxx))
+    return {"ratio": round(math.exp(fit.intercept), 4), "log_se": round(se, 4), "slope_per_lease": round(fit.slope, 5)}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -981,14 +1022,23 @@ def markdown(results: dict[str, Any]) -> str:
         )
     if results.get("scaling"):
         lines.append("")
-        lines.append("| processes | strategy | nodes | rate ratio per run | median | larger faster |")
-        lines.append("|---:|---|---|---|---:|---:|")
+        lines.append(
+            "| processes | strategy | nodes | rate ratio per run | median | larger faster"
+            " | geometric mean (se) | at equal account:0 leases (se) |"
+        )
+        lines.append("|---:|---|---|---|---:|---:|---:|---:|")
         for g in results["scaling"]:
-            runs = " ".join(f"{x:.2f}" for x in g["ratios"])
+            runs = " ".join("-" if x is None else f"{x:.2f}" for x in g["ratios"])
             smaller, larger = g["nodes"]
+            median = "-" if g["median"] is None else f"{g['median']:.2f}"
+            mean = "-" if g["geometric_mean"] is None else f"{g['geometric_mean']:.3f}"
+            if g["log_se"] is not None:
+                mean += f" ({g['log_se']:.3f})"
+            equal = g.get("at_equal_hot_leases")
+            corrected = "-" if equal is None else f"{equal['ratio']:.3f} ({equal['log_se']:.3f})"
             lines.append(
-                f"| {g['processes']} | {g['strategy']} | {smaller} -> {larger} | {runs} | {g['median']:.2f} |"
-                f" {g['larger_faster']} of {len(g['ratios'])} |"
+                f"| {g['processes']} | {g['strategy']} | {smaller} -> {larger} | {runs} | {median} |"
+                f" {g['larger_faster']} of {len(g['ratios'])} | {mean} | {corrected} |"
             )
     machine = results["machine"]
     raw = [r["raw_commits_per_s"] for r in results["rows"]]

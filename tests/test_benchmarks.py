@@ -179,6 +179,35 @@ def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> Non
     assert group["ratios"] == expected
     assert group["median"] == round((expected[0] + expected[1]) / 2, 3)
     assert group["larger_faster"] == sum(1 for x in expected if x > 1.0)
+    logs = [math.log(rate[(2, run)] / rate[(1, run)]) for run in (0, 1)]
+    assert group["geometric_mean"] == round(math.exp((logs[0] + logs[1]) / 2), 4)
+    assert group["log_se"] == round(abs(logs[0] - logs[1]) / 2, 4)  # stdev of two / sqrt(2)
+    assert group["at_equal_hot_leases"] is None  # fewer than 3 pairs: no line to fit
+
+
+def test_the_ratio_at_equal_hot_leases_is_the_intercept_of_a_least_squares_line() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import contention
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    extra = [-10, -5, 0, 5, 10, 20]
+    noise = [0.01, -0.01, 0.0, 0.01, -0.01, 0.0]  # sums to 0 and is uncorrelated with extra
+    logs = [0.02 - 0.003 * x + e for x, e in zip(extra, noise, strict=True)]
+    fit = contention.at_equal_hot_leases(logs, extra)
+    assert fit is not None
+    mean_x = sum(extra) / len(extra)
+    sxx = sum((x - mean_x) ** 2 for x in extra)
+    slope = sum((x - mean_x) * e for x, e in zip(extra, noise, strict=True)) / sxx - 0.003
+    intercept = sum(logs) / len(logs) - slope * mean_x
+    assert fit["slope_per_lease"] == round(slope, 5)
+    assert fit["ratio"] == round(math.exp(intercept), 4)
+    residuals = [y - intercept - slope * x for x, y in zip(extra, logs, strict=True)]
+    se = math.sqrt(sum(r * r for r in residuals) / 4 * (1 / 6 + mean_x**2 / sxx))
+    assert fit["log_se"] == round(se, 4) > 0
+    # the same leases at both sizes in every pair: nothing to correct by
+    assert contention.at_equal_hot_leases(logs, [3] * 6) is None
+    assert contention.at_equal_hot_leases(logs[:2], extra[:2]) is None
 
 
 def test_a_contention_layout_renames_the_conversations_and_keeps_the_load() -> None:
