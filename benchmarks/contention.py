@@ -455,12 +455,13 @@ async def drain_runtime(
             with anyio.fail_after(3 * HEARTBEAT_TTL_S):
                 while len(view.node_ids) < cluster:
                     view = await runtime.membership.wait_changed(view.version)
+            # Count the claims of the drain only: each node claimed once as the runtime
+            # started on the empty queue (one empty claim per node). Cleared before the
+            # barrier: the enqueue's NOTIFY may wake the nodes before the go does.
+            claims.clear()
             enqueued_at = await barrier()  # the tasks are enqueued (by the parent, or here with one process)
             start = time.time() if enqueued_at is None else enqueued_at
             cpu_start = time.process_time()
-            # Count the claims of the drain only: each node claimed once as the runtime
-            # started on the empty queue, before the clock (one empty claim per node).
-            claims.clear()
             # They came from another store object: on SQLite, wake the owners of their keys'
             # partitions, as an in-process enqueue does (a wake-up of every node would make the
             # nodes owning none of them claim for nothing). A PostgreSQL store's listener was

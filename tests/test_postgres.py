@@ -791,6 +791,44 @@ async def test_concurrent_claims_of_a_process_share_one_statement(pg: str, schem
         assert {t.partition for t in kept} == set(more_parts[:1])
 
 
+async def test_concurrent_first_ordered_claims_make_the_queue_keep_heads_once(pg: str, schema: str) -> None:
+    """Every node of a process wakes to a queue's first tasks at once: their first ordered
+    claims share one ``coord_keep_heads`` call (each used to hold a connection while it
+    waited for the first one's advisory lock), and a caller cancelled meanwhile does not
+    stop it for the others."""
+    from asynccoord.backends.postgres import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False, pool_max_size=4) as store:
+        created = await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(40)])
+        parts = sorted({r.task.partition for r in created})
+        statements: list[str] = []
+        pool = store._runner.pool
+        assert pool is not None
+        conns = [await pool.acquire() for _ in range(4)]  # a logger on every connection of the pool
+        for conn in conns:
+            conn.add_query_logger(lambda record: statements.append(record.query))
+        for conn in conns:
+            await pool.release(conn)
+        first = asyncio.ensure_future(store.claim("q", node_id="n0", limit=100, partitions=parts[:1], ordered=True))
+        await asyncio.sleep(0)
+        first.cancel()  # the call it started goes on for the others
+        out = await asyncio.gather(
+            *(
+                store.claim("q", node_id=f"n{i}", limit=100, lease_s=30, partitions=parts[i::16], ordered=True)
+                for i in range(16)
+            )
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert len([q for q in statements if "coord_keep_heads" in q]) == 1
+        assert sorted(t.id for claimed in out for t in claimed) == sorted(r.task.id for r in created)
+        assert store._keeping == {}
+        # once kept, no call at all
+        statements.clear()
+        assert await store.claim("q", node_id="n1", partitions=parts, ordered=True) == []
+        assert not [q for q in statements if "coord_keep_heads" in q]
+
+
 async def test_a_claim_batch_whose_answer_was_lost_returns_what_it_leased(
     pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import re
@@ -403,6 +404,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         # Queues seen keeping per-key heads (coord_ordered_queues, schema version 9); a queue
         # never stops keeping them, so once seen it needs no shared queue lock again.
         self._kept_queues: set[str] = set()
+        self._keeping: dict[str, asyncio.Future[None]] = {}  # coord_keep_heads in flight, per queue
         self._runner = PgRunner(
             reconnect_timeout_s=check_positive("reconnect_timeout_s", reconnect_timeout_s),
             on_retry=lambda _exc: self.events.add(STORE_RETRIES),
@@ -691,11 +693,23 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         (it waits for the transitions in flight that decided not to keep heads), records
         the queue and marks each key's earliest active task as its head. Nobody is woken:
         the tasks were announced at enqueue, and every ordered claim comes after this. Once
-        per queue and store.
+        per queue and store: concurrent first claims (every node of a process waking to the
+        queue's first tasks) share one call, rather than each holding a connection of the
+        pool while it waits for the first one's advisory lock. A caller cancelled meanwhile
+        leaves the call running for the others (:meth:`close` waits for it); an error
+        reaches every caller, and the next call tries again.
         """
         if queue in self._kept_queues:
             return
+        running = self._keeping.get(queue)
+        if running is None:
+            running = asyncio.ensure_future(self._keep_heads_once(queue))
+            self._keeping[queue] = running
+            self._background.add(running)
+            running.add_done_callback(functools.partial(self._kept_heads, queue))
+        await asyncio.shield(running)
 
+    async def _keep_heads_once(self, queue: str) -> None:
         async def op(conn: asyncpg.Connection, _attempt: int) -> int:
             return int(await self._val(conn, "keep_heads", queue=queue))
 
@@ -703,6 +717,14 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         self._kept_queues.add(queue)
         if heads:
             log.debug("asynccoord.postgres.keep_heads queue=%s heads=%d", queue, heads)
+
+    def _kept_heads(self, queue: str, done: asyncio.Future[None]) -> None:
+        """Forget a finished :meth:`_keep_heads_once` (its error, if any, reached its callers)."""
+        self._background.discard(done)
+        if self._keeping.get(queue) is done:
+            del self._keeping[queue]
+        if not done.cancelled():
+            done.exception()  # retrieved: every caller cancelled meanwhile leaves no warning
 
     async def _promote(self, conn: asyncpg.Connection, pairs: Collection[tuple[str, str]]) -> None:
         """Mark the new heads of these keys (under their row locks) and notify other processes of them."""
