@@ -456,9 +456,10 @@ async def drain_runtime(
                 while len(view.node_ids) < cluster:
                     view = await runtime.membership.wait_changed(view.version)
             # Count the claims of the drain only: each node claimed once as the runtime
-            # started on the empty queue (one empty claim per node). Cleared before the
-            # barrier: the enqueue's NOTIFY may wake the nodes before the go does.
-            claims.clear()
+            # started on the empty queue (one empty claim per node; those still at the store
+            # are not counted when they return). Reset before the barrier: the enqueue's
+            # NOTIFY may wake the nodes before the go does.
+            claims.reset()
             enqueued_at = await barrier()  # the tasks are enqueued (by the parent, or here with one process)
             start = time.time() if enqueued_at is None else enqueued_at
             cpu_start = time.process_time()
@@ -484,21 +485,38 @@ async def drain_runtime(
         "end": end,
         "drained": drained,
         "events": events,
-        "claims": claims,
+        "claims": dict(claims),
         "cpu_s": cpu_s,
     }
 
 
-def count_claims(store: Any) -> Counter[str]:
+class ClaimCounts(Counter[str]):
+    """``calls``, ``empty`` and ``polls`` of one drain; :meth:`reset` starts them anew.
+
+    A claim is counted when it returns, and only if it started after the last reset: a
+    node's claim on the empty queue as its runtime started may still be at the store when
+    the counts are reset for the drain.
+    """
+
+    generation = 0
+
+    def reset(self) -> None:
+        self.clear()
+        self.generation += 1
+
+
+def count_claims(store: Any) -> ClaimCounts:
     """Count the store's claims (``calls``), empty claims (``empty``) and idle-poll reads (``polls``)."""
-    counts: Counter[str] = Counter()
+    counts = ClaimCounts()
     claim = store.claim
     claimable = store.claimable_partitions
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
+        generation = counts.generation
         tasks = await claim(*args, **kwargs)
-        counts["calls"] += 1
-        counts["empty"] += not tasks
+        if generation == counts.generation:
+            counts["calls"] += 1
+            counts["empty"] += not tasks
         return tasks
 
     async def counting_polls(*args: Any, **kwargs: Any) -> Any:
@@ -939,10 +957,13 @@ def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The issue's bar for the node counts reads straight off it (64 nodes against 16: ``ratios``
     of ``nodes`` 16 -> 64). Runs, not cells, are paired: the two sizes of one run were measured
     minutes apart at most, under the same load. Beside the median: the geometric mean of the
-    ratios and the standard error of its logarithm (``log_se``; the mean is within a factor
-    ``exp(2 * log_se)`` of the true ratio at about 95 %, on these runs' spread), and, for the
-    strategies with account locks, ``at_equal_hot_leases``: the ratio at an equal number of
-    leases of ``account:0``'s lock (see :func:`at_equal_hot_leases`).
+    ratios and the standard error of its logarithm (``log_se``; with many runs the mean is
+    within a factor ``exp(2 * log_se)`` of the true ratio at about 95 %, with a handful the
+    band of a t distribution is wider), and, for the strategies with account locks,
+    ``at_equal_hot_leases``: the ratio at an equal number of leases of ``account:0``'s lock
+    (see :func:`at_equal_hot_leases`). A run in which either size committed nothing (0
+    tasks/s) has no ratio (``None`` in ``ratios``) and is left out of every figure;
+    ``runs`` counts the runs that have one.
     """
     # (processes, strategy) -> nodes -> run -> row
     by_layout: dict[tuple[int, str], dict[int, dict[int, dict[str, Any]]]] = {}
@@ -955,18 +976,23 @@ def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for smaller, larger in itertools.pairwise(sorted(by_nodes)):
             low, high = by_nodes[smaller], by_nodes[larger]
             runs = [(low[i], high[i]) for i in sorted(low.keys() & high.keys())]
-            pairs = [(a, b) for a, b in runs if a["tasks_per_s"] > 0 and b["tasks_per_s"] > 0]
             if not runs:
                 continue
+            pairs = [(a, b) for a, b in runs if a["tasks_per_s"] > 0 and b["tasks_per_s"] > 0]
             logs = [math.log(b["tasks_per_s"] / a["tasks_per_s"]) for a, b in pairs]
-            ratios = [round(b["tasks_per_s"] / a["tasks_per_s"], 3) if a["tasks_per_s"] > 0 else None for a, b in runs]
+            ratios = [
+                round(b["tasks_per_s"] / a["tasks_per_s"], 3) if a["tasks_per_s"] > 0 and b["tasks_per_s"] > 0 else None
+                for a, b in runs
+            ]
+            valid = [x for x in ratios if x is not None]
             group: dict[str, Any] = {
                 "processes": processes,
                 "strategy": strategy,
                 "nodes": [smaller, larger],
                 "ratios": ratios,
-                "median": round(statistics.median(x for x in ratios if x is not None), 3) if logs else None,
-                "larger_faster": sum(1 for x in ratios if x is not None and x > 1.0),
+                "runs": len(valid),
+                "median": round(statistics.median(valid), 3) if valid else None,
+                "larger_faster": sum(1 for x in valid if x > 1.0),
                 "geometric_mean": round(math.exp(statistics.fmean(logs)), 4) if logs else None,
                 "log_se": round(statistics.stdev(logs) / math.sqrt(len(logs)), 4) if len(logs) > 1 else None,
             }
@@ -1039,7 +1065,7 @@ def markdown(results: dict[str, Any]) -> str:
             corrected = "-" if equal is None else f"{equal['ratio']:.3f} ({equal['log_se']:.3f})"
             lines.append(
                 f"| {g['processes']} | {g['strategy']} | {smaller} -> {larger} | {runs} | {median} |"
-                f" {g['larger_faster']} of {len(g['ratios'])} | {mean} | {corrected} |"
+                f" {g['larger_faster']} of {g['runs']} | {mean} | {corrected} |"
             )
     machine = results["machine"]
     raw = [r["raw_commits_per_s"] for r in results["rows"]]

@@ -183,6 +183,56 @@ def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> Non
     assert group["geometric_mean"] == round(math.exp((logs[0] + logs[1]) / 2), 4)
     assert group["log_se"] == round(abs(logs[0] - logs[1]) / 2, 4)  # stdev of two / sqrt(2)
     assert group["at_equal_hot_leases"] is None  # fewer than 3 pairs: no line to fit
+    assert group["runs"] == 2
+
+
+def test_contention_scaling_leaves_out_runs_that_committed_nothing() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import contention
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    rates = [(100.0, 0.0), (100.0, 110.0), (0.0, 100.0), (100.0, 90.0)]
+    rows = [
+        {"processes": 1, "strategy": "all", "nodes": n, "run": run, "tasks_per_s": rate, "hot_lock_leases": 0}
+        for run, pair in enumerate(rates)
+        for n, rate in zip((1, 2), pair, strict=True)
+    ]
+    ((group,),) = [contention.scaling(rows)]
+    assert group["ratios"] == [None, 1.1, None, 0.9]
+    assert (group["runs"], group["larger_faster"], group["median"]) == (2, 1, 1.0)
+    assert group["geometric_mean"] == round(math.sqrt(1.1 * 0.9), 4)
+
+
+async def test_contention_claim_counts_skip_claims_that_started_before_a_reset() -> None:
+    """A node's start-up claim may still be at the store when the counts are reset for the drain."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import contention
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    import asyncio
+
+    release = asyncio.Event()
+
+    class Store:
+        async def claim(self, *args: Any, **kwargs: Any) -> list[int]:
+            await release.wait()
+            return []
+
+        async def claimable_partitions(self, *args: Any, **kwargs: Any) -> set[int]:
+            return set()
+
+    store = Store()
+    counts = contention.count_claims(store)
+    early = asyncio.ensure_future(store.claim("q"))
+    await asyncio.sleep(0)
+    counts.reset()
+    release.set()
+    assert await early == []
+    assert await store.claim("q") == []
+    await store.claimable_partitions("q")
+    assert dict(counts) == {"calls": 1, "empty": 1, "polls": 1}
 
 
 def test_the_ratio_at_equal_hot_leases_is_the_intercept_of_a_least_squares_line() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import time
@@ -827,6 +828,55 @@ async def test_concurrent_first_ordered_claims_make_the_queue_keep_heads_once(pg
         statements.clear()
         assert await store.claim("q", node_id="n1", partitions=parts, ordered=True) == []
         assert not [q for q in statements if "coord_keep_heads" in q]
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_keep_heads_call_left_by_a_closed_loop_does_not_outlive_a_reopen(pg: str, schema: str) -> None:
+    """A loop closed without cancelling its tasks while the queue's first ordered claim was at
+    the server: after close() and open() from another loop, ordered claims work (they waited on
+    the dead loop's shared call, for good) and close() does not wait for it."""
+    from asynccoord.backends.postgres import PostgresStore
+
+    store = PostgresStore(pg, schema=schema, listen=False)
+
+    pending: list[asyncio.Future[Any]] = []
+
+    def first_loop() -> None:
+        loop = asyncio.new_event_loop()
+
+        async def claim_stuck_at_the_server() -> None:
+            await store.open()
+            await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(5)])
+            run = store._run
+
+            async def slow(fn: Any, *, what: str, **kw: Any) -> Any:
+                if what == "keep per-key heads":
+                    await asyncio.sleep(30)
+                return await run(fn, what=what, **kw)
+
+            store._run = slow  # type: ignore[method-assign]
+            pending.append(asyncio.ensure_future(store.claim("q", node_id="n", ordered=True)))
+            await asyncio.sleep(0.1)
+            store._run = run  # type: ignore[method-assign]
+
+        loop.run_until_complete(claim_stuck_at_the_server())
+        loop.close()  # the claim and its keep-heads call are left pending, never cancelled
+
+    await asyncio.to_thread(first_loop)
+    assert "q" in store._keeping
+    await store.close()  # from another loop: drops the connections
+    await store.open()
+    try:
+        claimed = await asyncio.wait_for(store.claim("q", node_id="n2", limit=10, ordered=True), 10.0)
+        assert sorted(t.payload for t in claimed) == [0, 1, 2, 3, 4]
+        assert store._keeping == {}
+    finally:
+        started = time.monotonic()
+        await store.close()
+    assert time.monotonic() - started < 2.0
+    # The dead loop's socket and tasks go now, under this test's filters, not in the next test.
+    pending.clear()
+    gc.collect()
 
 
 async def test_a_claim_batch_whose_answer_was_lost_returns_what_it_leased(

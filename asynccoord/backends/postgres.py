@@ -477,6 +477,12 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             self._runner.check_loop()  # open, but for another loop: StoreLoopError
             return
         self._kept_queues.clear()  # seen in a database that may since have been replaced
+        # A call left in flight by a loop that was closed without cancelling its tasks can
+        # never finish: forget it (and any other work of that loop), or every later ordered
+        # claim would wait on a future of a dead loop, and close() on it for 5 s.
+        loop = asyncio.get_running_loop()
+        self._keeping.clear()
+        self._background = {t for t in self._background if t.get_loop() is loop}
         try:
             pool = await asyncpg.create_pool(
                 self._connect_dsn,
