@@ -61,6 +61,16 @@ def run_json(script: str, *args: str, cwd: Path) -> dict[str, Any]:
     return result
 
 
+def import_contention() -> Any:
+    """``benchmarks/contention.py`` as a module."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import contention
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return contention
+
+
 def redis_keys(pattern: str) -> list[bytes]:
     """The Redis keys matching ``pattern``."""
     import redis
@@ -126,6 +136,10 @@ def check_contention_rows(rows: list[dict[str, Any]], tasks: int, cells: set[tup
             assert row["stolen"] is not None, cell
         assert len(row["process_shares"]) == row["processes"], cell
         assert sum(row["process_shares"]) == pytest.approx(1.0, abs=0.002), cell
+        assert len(row["split"]) == row["processes"], cell
+        assert sum(row["split"]) == pytest.approx(1.0, abs=0.002), cell
+        if row["strategy"] in ("all", "all+slow"):  # partitioned, nothing stolen: each process sends its share
+            assert row["process_shares"] == pytest.approx(row["split"], abs=0.0015), cell
         if row["strategy"] in ("all", "locks", "all+slow", "all+stealing"):
             # every commit presents its account lock's fencing token, one more per lease taken
             assert 1 <= row["hot_lock_leases"] <= row["lock_leases"] <= tasks, cell
@@ -149,11 +163,7 @@ def test_contention_on_sqlite_commits_every_task_once_in_one_and_two_processes(t
     cells = {(s, 2, p) for s in ("all", "unordered", "none", "lock-table") for p in (1, 2)}
     check_contention_rows(r["rows"], 200, cells)
     # every account that sent took at least one lease of its lock: the sum is at least their number
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import contention
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    contention = import_contention()
     w = r["workload"]
     used = {t.payload["account"] for t in contention.workload(200, w["conversations"], w["accounts"], seed=1)}
     for row in r["rows"]:
@@ -172,7 +182,10 @@ def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> Non
     rate = {(row["nodes"], row["run"]): row["tasks_per_s"] for row in r["rows"]}
     assert sorted(rate) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     # each repeat on its own layout (its conversations renamed), the node counts of one alike
-    assert sorted({(row["run"], row["layout"]) for row in r["rows"]}) == [(0, 0), (1, 1)]
+    layouts = {(row["run"], row["layout"]) for row in r["rows"]}
+    assert sorted(run for run, _ in layouts) == [0, 1]
+    assert len({layout for _, layout in layouts}) == 2
+    assert min(layout for _, layout in layouts) >= 1
     ((group,),) = [r["scaling"]]
     assert (group["processes"], group["strategy"], group["nodes"]) == (1, "all", [1, 2])
     expected = [round(rate[(2, run)] / rate[(1, run)], 3) for run in (0, 1)]
@@ -187,11 +200,7 @@ def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> Non
 
 
 def test_contention_scaling_leaves_out_runs_that_committed_nothing() -> None:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import contention
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    contention = import_contention()
     rates = [(100.0, 0.0), (100.0, 110.0), (0.0, 100.0), (100.0, 90.0)]
     rows = [
         {"processes": 1, "strategy": "all", "nodes": n, "run": run, "tasks_per_s": rate, "hot_lock_leases": 0}
@@ -206,11 +215,7 @@ def test_contention_scaling_leaves_out_runs_that_committed_nothing() -> None:
 
 async def test_contention_claim_counts_skip_claims_that_started_before_a_reset() -> None:
     """A node's start-up claim may still be at the store when the counts are reset for the drain."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import contention
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    contention = import_contention()
     import asyncio
 
     release = asyncio.Event()
@@ -236,11 +241,7 @@ async def test_contention_claim_counts_skip_claims_that_started_before_a_reset()
 
 
 def test_the_ratio_at_equal_hot_leases_is_the_intercept_of_a_least_squares_line() -> None:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import contention
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    contention = import_contention()
     extra = [-10, -5, 0, 5, 10, 20]
     noise = [0.01, -0.01, 0.0, 0.01, -0.01, 0.0]  # sums to 0 and is uncorrelated with extra
     logs = [0.02 - 0.003 * x + e for x, e in zip(extra, noise, strict=True)]
@@ -262,11 +263,7 @@ def test_the_ratio_at_equal_hot_leases_is_the_intercept_of_a_least_squares_line(
 
 def test_a_contention_layout_renames_the_conversations_and_keeps_the_load() -> None:
     """Layout r hashes the same load to other partitions: only the conversation names change."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import contention
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    contention = import_contention()
     from asynccoord.partition import partition_of
 
     first = contention.workload(300, 20, 4, seed=1)
@@ -276,6 +273,46 @@ def test_a_contention_layout_renames_the_conversations_and_keeps_the_load() -> N
     assert [(t.payload, t.idempotency_key) for t in other] == [(t.payload, t.idempotency_key) for t in first]
     partitions = {partition_of(t.partition_key, 1024) for t in first}
     assert partitions != {partition_of(t.partition_key, 1024) for t in other}
+
+
+def test_the_split_of_a_layout_counts_each_task_at_the_process_of_its_partitions_owner() -> None:
+    contention = import_contention()
+    from collections import Counter
+
+    from asynccoord.partition import owner_of, partition_of
+
+    tasks = contention.workload(400, 40, 4, seed=5, layout=17)
+    for processes, nodes in ((1, 3), (2, 1), (2, 5), (3, 4)):
+        ids = [f"p{p}-n{i}" for p in range(processes) for i in range(nodes)]
+        sent = Counter(int(owner_of(partition_of(t.partition_key, 1024), ids)[1:].split("-")[0]) for t in tasks)
+        expected = [round(sent[p] / len(tasks), 4) for p in range(processes)]
+        keys = Counter(t.partition_key for t in tasks)
+        assert contention.process_split(keys, processes, nodes) == expected
+    assert contention.process_split(Counter({"a": 3}), 1, 2) == [1.0]
+
+
+def test_matched_layouts_split_the_load_alike_at_every_node_count() -> None:
+    """A ratio between node counts compares like with like: one layout, one split of the load."""
+    import argparse
+    from collections import Counter
+
+    contention = import_contention()
+    args = argparse.Namespace(seed=3, tasks=300, conversations=30, accounts=4, nodes=[2, 8])
+
+    def spread(splits: dict[int, list[float]]) -> float:
+        return max(abs(a - b) for a, b in zip(splits[2], splits[8], strict=True))
+
+    matched = [contention.choose_layout(args, run, 2, matched=True) for run in range(8)]
+    unmatched = [contention.choose_layout(args, run, 2, matched=False) for run in range(8)]
+    assert len({layout for layout, _ in matched}) == 8  # each repeat its own
+    for layout, splits in matched + unmatched:
+        keys = Counter(t.partition_key for t in contention.workload(300, 30, 4, seed=3, layout=layout))
+        assert splits == {n: contention.process_split(keys, 2, n) for n in (2, 8)}
+    assert all(spread(s) <= contention.SPLIT_TOLERANCE for _, s in matched)
+    assert max(spread(s) for _, s in unmatched) > 0.1  # drawn blind, the two sizes split it apart
+    assert matched == [contention.choose_layout(args, run, 2, matched=True) for run in range(8)]  # deterministic
+    other_seed = argparse.Namespace(**{**vars(args), "seed": 4})
+    assert contention.choose_layout(other_seed, 0, 2, matched=True)[0] != matched[0][0]
 
 
 def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:
@@ -387,11 +424,7 @@ async def test_the_postgres_drain_probe_ends_with_a_failed_runtimes_error_not_at
     from asynccoord import NodeConfig, Runtime, StoreClosedError, Task
     from asynccoord.backends.postgres import PostgresStore
 
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import contention
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    contention = import_contention()
 
     async def send(task: Task) -> None:
         return None
