@@ -26,7 +26,10 @@ every claim being a write), and the runtime's idle-poll reads (``idle_polls``,
   been due for ``--steal-after-s``; the ``stolen`` column counts sends of tasks whose
   partition the sending node did not own.
 
-Each row carries the in-run baseline: the raw single-row commit rate on the same database
+Repeat r runs every node count on one layout of the conversations (their names, and so
+how the hash splits the load between the processes), drawn from ``--seed`` and r so that it
+splits the load alike at every node count (see :func:`choose_layout`; ``--unmatched-layouts``,
+``--same-layout``). Each row carries the in-run baseline: the raw single-row commit rate on the same database
 (plain ``sqlite3``, or one asyncpg connection in autocommit). With ``--store
 postgresql://...`` the same run also drains the same tasks (same count, same send time) with
 procrastinate on the same server, per layout (processes x workers, ``concurrency`` = nodes
