@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,10 @@ def test_queue_throughput_reports_every_documented_figure(tmp_path: Path) -> Non
         assert ratios["vs_raw_commits"] == pytest.approx(r["asynccoord"][nodes] / r["raw_commits_per_s"])
 
 
-def check_contention_rows(rows: list[dict[str, Any]], tasks: int, cells: set[tuple[str, int, int]]) -> None:
+def check_contention_rows(result: dict[str, Any], tasks: int, cells: set[tuple[str, int, int]]) -> None:
+    rows, w = result["rows"], result["workload"]
     assert {(row["strategy"], row["nodes"], row["processes"]) for row in rows} == cells
+    contention = import_contention()
     for row in rows:
         cell = (row["strategy"], row["nodes"], row["processes"])
         assert row["complete"] is True, cell
@@ -136,8 +139,14 @@ def check_contention_rows(rows: list[dict[str, Any]], tasks: int, cells: set[tup
             assert row["stolen"] is not None, cell
         assert len(row["process_shares"]) == row["processes"], cell
         assert sum(row["process_shares"]) == pytest.approx(1.0, abs=0.002), cell
-        assert len(row["split"]) == row["processes"], cell
-        assert sum(row["split"]) == pytest.approx(1.0, abs=0.002), cell
+        if row["strategy"] in ("locks", "versions", "unordered", "none", "lock-table"):
+            assert row["split"] is None, cell  # no partitioning: no split by the hash
+        else:  # the split the row's layout gives at its node count, from the hash
+            keys = Counter(
+                t.partition_key
+                for t in contention.workload(tasks, w["conversations"], w["accounts"], w["seed"], row["layout"])
+            )
+            assert row["split"] == contention.process_split(keys, row["processes"], row["nodes"]), cell
         if row["strategy"] in ("all", "all+slow"):  # partitioned, nothing stolen: each process sends its share
             assert row["process_shares"] == pytest.approx(row["split"], abs=0.0015), cell
         if row["strategy"] in ("all", "locks", "all+slow", "all+stealing"):
@@ -161,7 +170,7 @@ def test_contention_on_sqlite_commits_every_task_once_in_one_and_two_processes(t
     )
     assert r["workload"]["tasks"] == 200
     cells = {(s, 2, p) for s in ("all", "unordered", "none", "lock-table") for p in (1, 2)}
-    check_contention_rows(r["rows"], 200, cells)
+    check_contention_rows(r, 200, cells)
     # every account that sent took at least one lease of its lock: the sum is at least their number
     contention = import_contention()
     w = r["workload"]
@@ -174,11 +183,11 @@ def test_contention_on_sqlite_commits_every_task_once_in_one_and_two_processes(t
 def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> None:
     r = run_json(
         "contention.py",
-        *("--tasks", "60", "--nodes", "1", "2", "--processes", "1", "--raw-seconds", "0.02"),
+        *("--tasks", "60", "--nodes", "1", "2", "--processes", "2", "--raw-seconds", "0.02"),
         *("--strategies", "all", "--repeat", "2"),
         cwd=tmp_path,
     )
-    check_contention_rows(r["rows"], 60, {("all", n, 1) for n in (1, 2)})
+    check_contention_rows(r, 60, {("all", n, 2) for n in (1, 2)})
     rate = {(row["nodes"], row["run"]): row["tasks_per_s"] for row in r["rows"]}
     assert sorted(rate) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     # each repeat on its own layout (its conversations renamed), the node counts of one alike
@@ -186,8 +195,12 @@ def test_contention_reports_what_adding_nodes_did_per_run(tmp_path: Path) -> Non
     assert sorted(run for run, _ in layouts) == [0, 1]
     assert len({layout for _, layout in layouts}) == 2
     assert min(layout for _, layout in layouts) >= 1
+    for run in (0, 1):  # matched: both node counts split the load between the processes alike
+        (one,) = [row["split"] for row in r["rows"] if (row["run"], row["nodes"]) == (run, 1)]
+        (two,) = [row["split"] for row in r["rows"] if (row["run"], row["nodes"]) == (run, 2)]
+        assert max(abs(a - b) for a, b in zip(one, two, strict=True)) <= 0.01
     ((group,),) = [r["scaling"]]
-    assert (group["processes"], group["strategy"], group["nodes"]) == (1, "all", [1, 2])
+    assert (group["processes"], group["strategy"], group["nodes"]) == (2, "all", [1, 2])
     expected = [round(rate[(2, run)] / rate[(1, run)], 3) for run in (0, 1)]
     assert group["ratios"] == expected
     assert group["median"] == round((expected[0] + expected[1]) / 2, 3)
@@ -277,7 +290,6 @@ def test_a_contention_layout_renames_the_conversations_and_keeps_the_load() -> N
 
 def test_the_split_of_a_layout_counts_each_task_at_the_process_of_its_partitions_owner() -> None:
     contention = import_contention()
-    from collections import Counter
 
     from asynccoord.partition import owner_of, partition_of
 
@@ -291,28 +303,35 @@ def test_the_split_of_a_layout_counts_each_task_at_the_process_of_its_partitions
     assert contention.process_split(Counter({"a": 3}), 1, 2) == [1.0]
 
 
-def test_matched_layouts_split_the_load_alike_at_every_node_count() -> None:
+def test_matched_layouts_split_the_load_alike_at_every_node_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """A ratio between node counts compares like with like: one layout, one split of the load."""
     import argparse
-    from collections import Counter
+    import random
 
     contention = import_contention()
-    args = argparse.Namespace(seed=3, tasks=300, conversations=30, accounts=4, nodes=[2, 8])
+    args = argparse.Namespace(seed=3, tasks=300, conversations=30, accounts=4, nodes=[2, 8, 5], processes=[1, 2])
 
-    def spread(splits: dict[int, list[float]]) -> float:
-        return max(abs(a - b) for a, b in zip(splits[2], splits[8], strict=True))
+    def spread(layout: int) -> float:
+        splits = contention.layout_splits(args, layout, 2)
+        return max(max(shares) - min(shares) for shares in zip(*splits.values(), strict=True))
 
-    matched = [contention.choose_layout(args, run, 2, matched=True) for run in range(8)]
-    unmatched = [contention.choose_layout(args, run, 2, matched=False) for run in range(8)]
-    assert len({layout for layout, _ in matched}) == 8  # each repeat its own
-    for layout, splits in matched + unmatched:
-        keys = Counter(t.partition_key for t in contention.workload(300, 30, 4, seed=3, layout=layout))
-        assert splits == {n: contention.process_split(keys, 2, n) for n in (2, 8)}
-    assert all(spread(s) <= contention.SPLIT_TOLERANCE for _, s in matched)
-    assert max(spread(s) for _, s in unmatched) > 0.1  # drawn blind, the two sizes split it apart
-    assert matched == [contention.choose_layout(args, run, 2, matched=True) for run in range(8)]  # deterministic
+    matched = [contention.choose_layout(args, run, matched=True) for run in range(6)]
+    unmatched = [contention.choose_layout(args, run, matched=False) for run in range(6)]
+    assert len({layout for layout, _ in matched}) == 6  # each repeat its own
+    for layout, reported in matched + unmatched:
+        assert reported == round(spread(layout), 4)
+    assert all(spread(layout) <= 0.01 for layout, _ in matched)
+    assert max(spread(layout) for layout, _ in unmatched) > 0.1  # drawn blind, node counts split it apart
+    assert matched == [contention.choose_layout(args, run, matched=True) for run in range(6)]  # deterministic
     other_seed = argparse.Namespace(**{**vars(args), "seed": 4})
-    assert contention.choose_layout(other_seed, 0, 2, matched=True)[0] != matched[0][0]
+    assert [contention.choose_layout(other_seed, run, matched=False) for run in range(6)] != unmatched
+    # no draw within the tolerance: the closest of LAYOUT_DRAWS is taken, and says how far off it is
+    monkeypatch.setattr(contention, "SPLIT_TOLERANCE", -1.0)
+    monkeypatch.setattr(contention, "LAYOUT_DRAWS", 4)
+    rng = random.Random(f"layout:{args.seed}:0")
+    drawn = [rng.randrange(1, 2**31) for _ in range(4)]
+    closest = min(drawn, key=spread)
+    assert contention.choose_layout(args, 0, matched=True) == (closest, round(spread(closest), 4))
 
 
 def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:
@@ -333,7 +352,7 @@ def test_contention_on_postgres_commits_every_task_once(tmp_path: Path) -> None:
     finally:
         drop_schemas(schema)
     assert r["machine"]["store"] == "postgres"
-    check_contention_rows(r["rows"], 150, {(s, 3, p) for s in ("all", "lock-table") for p in (1, 2)})
+    check_contention_rows(r, 150, {(s, 3, p) for s in ("all", "lock-table") for p in (1, 2)})
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres", "redis"])
