@@ -187,7 +187,7 @@ def choose_layout(args: argparse.Namespace, run_index: int, *, matched: bool) ->
     repeat's cells share its layout, for every node count and process count. A layout hashes
     the hot conversations to some processes, and the more of the load one process owns, the
     less often the hot account's lock moves between them: fewer hand-overs, a faster drain (a
-    10-point larger share drained 3 to 4 % faster in session 28). One layout splits the load
+    10-point larger share drained about 3 % faster in session 28). One layout splits the load
     differently at each node count (other node ids), so a ratio between node counts on one
     layout also compares two splits. Over many layouts the splits are alike at every node
     count (each partition's process is a fair draw), so this is noise, not bias, as long as the
