@@ -199,11 +199,11 @@ def choose_layout(args: argparse.Namespace, run_index: int, *, matched: bool) ->
     """
     rng = random.Random(f"layout:{args.seed}:{run_index}")
     processes = max(args.processes)
-    per_key = Counter(t.partition_key for t in workload(args.tasks, args.conversations, args.accounts, args.seed))
+    per_rank = Counter(workload_draws(args.tasks, args.conversations, args.accounts, args.seed)[0])
     best: tuple[float, int] | None = None
     for _ in range(LAYOUT_DRAWS if matched else 1):
         layout = rng.randrange(1, 2**31)
-        renamed = Counter({f"l{layout}-{key}": n for key, n in per_key.items()})
+        renamed = Counter({conversation_key(rank, layout): n for rank, n in per_rank.items()})
         low, high = [1.0] * processes, [0.0] * processes
         for nodes in args.nodes:  # stop at the first node count off by more than the best so far
             shares = process_split(renamed, processes, nodes)
@@ -220,6 +220,17 @@ def choose_layout(args: argparse.Namespace, run_index: int, *, matched: bool) ->
     return best[1], round(best[0], 4)
 
 
+def workload_draws(tasks: int, conversations: int, accounts: int, seed: int) -> tuple[list[int], list[int]]:
+    """Each task's conversation rank and account rank (Zipf), drawn from ``seed`` (see :func:`workload`)."""
+    rng = random.Random(seed)
+    return zipf_choices(rng, conversations, tasks), zipf_choices(rng, accounts, tasks)
+
+
+def conversation_key(rank: int, layout: int) -> str:
+    """The partition key of the conversation of Zipf rank ``rank`` in layout ``layout`` (see :func:`workload`)."""
+    return f"c{rank}" if layout == 0 else f"l{layout}-c{rank}"
+
+
 def workload(tasks: int, conversations: int, accounts: int, seed: int, layout: int = 0) -> list[NewTask]:
     """The cell's tasks: Zipf-skewed conversations (partition keys) and accounts, drawn from ``seed``.
 
@@ -227,15 +238,12 @@ def workload(tasks: int, conversations: int, accounts: int, seed: int, layout: i
     same load, its conversations hashed to other partitions, so another split of the hot
     ones between the processes (see ``--same-layout``).
     """
-    rng = random.Random(seed)
-    prefix = "c" if layout == 0 else f"l{layout}-c"
-    convs = zipf_choices(rng, conversations, tasks)
-    accts = zipf_choices(rng, accounts, tasks)
+    convs, accts = workload_draws(tasks, conversations, accounts, seed)
     return [
         NewTask(
             queue=QUEUE,
             payload={"n": i, "account": accts[i]},
-            partition_key=f"{prefix}{convs[i]}",
+            partition_key=conversation_key(convs[i], layout),
             idempotency_key=f"m{i}",
         )
         for i in range(tasks)
@@ -1002,15 +1010,16 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
             if args.same_layout:
                 args.layout = 0
             else:
-                args.layout, spread = layouts.setdefault(
-                    run_index, choose_layout(args, run_index, matched=not args.unmatched_layouts)
-                )
-                if spread > SPLIT_TOLERANCE and not args.unmatched_layouts:
-                    print(
-                        f"repeat {run_index}: no layout of {LAYOUT_DRAWS} drawn splits the load alike at every node "
-                        f"count; the closest differs by {spread:.3f}",
-                        file=sys.stderr,
-                    )
+                if run_index not in layouts:  # drawn once, for every process count
+                    layouts[run_index] = choose_layout(args, run_index, matched=not args.unmatched_layouts)
+                    spread = layouts[run_index][1]
+                    if spread > SPLIT_TOLERANCE and not args.unmatched_layouts:
+                        print(
+                            f"repeat {run_index}: no layout of {LAYOUT_DRAWS} drawn splits the load alike at every "
+                            f"node count; the closest differs by {spread:.3f}",
+                            file=sys.stderr,
+                        )
+                args.layout = layouts[run_index][0]
             splits = layout_splits(args, args.layout, processes)
             for nodes in args.nodes if run_index % 2 == 0 else list(reversed(args.nodes)):
                 theirs = procrastinate_cell(args, processes, nodes) if with_procrastinate else None
