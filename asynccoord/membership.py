@@ -39,7 +39,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -50,7 +50,7 @@ from .backends.base import MembershipStore
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from .membermodels import Member, MemberBeat
 from .partition import RendezvousTable
-from .validation import check_int, check_name, check_non_negative, check_positive, encode_payload
+from .validation import check_callback, check_int, check_name, check_non_negative, check_positive, encode_payload
 
 __all__ = ("LEAVE_TIMEOUT_S", "Membership", "MembershipStats", "MembershipView")
 
@@ -170,6 +170,7 @@ class Membership:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
+        self._listeners: list[Callable[[MembershipView], None]] = []  # see add_listener
         self._io_lock = asyncio.Lock()  # a heartbeat and a leave never overlap
         self._last_ok: float | None = None
         self._heartbeats = 0
@@ -348,6 +349,32 @@ class Membership:
         assignment = self._rendezvous().assign(live)
         self._assignment = (live, assignment)
         return assignment
+
+    def add_listener(self, listener: Callable[[MembershipView], None]) -> Callable[[], None]:
+        """Call ``listener(view)`` at every change of the view, as it happens (synchronously, in the
+        event loop, before :meth:`wait_changed` returns), so a change undone a moment later is
+        still seen, as :meth:`wait_changed` (which returns the latest view) may not.
+
+        A node uses it to drop the affinity context of conversations whose partition it stops
+        owning, even for a moment. An exception from ``listener`` is logged, never raised.
+
+        Args:
+            listener: A plain function of the new :class:`MembershipView`.
+
+        Returns:
+            A function that removes the listener (calling it again does nothing).
+
+        Raises:
+            InvalidTypeError: ``listener`` is not a plain callable.
+        """
+        check_callback("listener", listener)
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return remove
 
     async def wait_changed(self, since_version: int, timeout_s: float | None = None) -> MembershipView:
         """Wait until the view's version is above ``since_version``, or the timeout.
@@ -591,6 +618,14 @@ class Membership:
     def _signal(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+        view = self._view
+        for listener in list(self._listeners):
+            try:
+                listener(view)
+            except Exception:
+                log.exception(
+                    "asynccoord.membership.listener_failed", extra={"event": "asynccoord.membership.listener_failed"}
+                )
 
 
 async def _shielded(work: Awaitable[None], timeout_s: float) -> None:

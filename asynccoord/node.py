@@ -579,6 +579,11 @@ class Node:
         """
         self._state.status = NodeStatus.RUNNING
         failure: BaseException | None = None
+        # Every change of the view, as it happens: a conversation whose partition moves away and
+        # back between two claims still loses its affinity context here (see _partitions).
+        unlisten = None
+        if self.config.partitioning and self.membership is not None:
+            unlisten = self.membership.add_listener(self._view_changed)
         try:
             async with anyio.create_task_group() as tg:
                 self._scope = tg.cancel_scope
@@ -599,6 +604,8 @@ class Node:
             if failure is None or failure is exc:
                 raise
         finally:
+            if unlisten is not None:
+                unlisten()
             if self._own_pool and self.lock_pool is not None:  # its leases go back before run() returns
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.lock_ttl_s):
                     await self.lock_pool.aclose()
@@ -624,6 +631,10 @@ class Node:
             self._view_version = view.version
             self._state.owned_partitions = len(owned)
         return self._owned_sorted
+
+    def _view_changed(self, view: object) -> None:
+        """Membership listener: take the new view's ownership now, not at the next claim."""
+        self._partitions()
 
     def _drop_affinity(self, owned: frozenset[int]) -> None:
         from .partition import partition_of

@@ -212,12 +212,13 @@ def choose_layout(args: argparse.Namespace, run_index: int, *, matched: bool) ->
             spread = max(h - lo for lo, h in zip(low, high, strict=True))
             if best is not None and spread >= best[0]:
                 break
+        spread = round(spread, 4)  # shares are rounded to 4 places: 0.465 - 0.455 is 0.01, not 0.010000000000000009
         if best is None or spread < best[0]:
             best = (spread, layout)
         if best[0] <= SPLIT_TOLERANCE:
             break
     assert best is not None  # the loop draws at least once
-    return best[1], round(best[0], 4)
+    return best[1], best[0]
 
 
 def workload_draws(tasks: int, conversations: int, accounts: int, seed: int) -> tuple[list[int], list[int]]:

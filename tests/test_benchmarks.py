@@ -320,7 +320,7 @@ def test_matched_layouts_split_the_load_alike_at_every_node_count(monkeypatch: p
     assert len({layout for layout, _ in matched}) == 6  # each repeat its own
     for layout, reported in matched + unmatched:
         assert reported == round(spread(layout), 4)
-    assert all(spread(layout) <= 0.01 for layout, _ in matched)
+    assert all(round(spread(layout), 4) <= 0.01 for layout, _ in matched)  # shares have 4 places
     assert max(spread(layout) for layout, _ in unmatched) > 0.1  # drawn blind, node counts split it apart
     assert matched == [contention.choose_layout(args, run, matched=True) for run in range(6)]  # deterministic
     other_seed = argparse.Namespace(**{**vars(args), "seed": 4})

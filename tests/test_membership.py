@@ -694,3 +694,34 @@ async def test_a_malformed_member_row_does_not_stop_the_heartbeats(db_path: Path
             assert "good-node" in {m.node_id for m in await store.members()}
             with pytest.raises(InvalidArgumentError, match="node must be at most 255 characters"):
                 membership.owned_partitions("good-node")
+
+
+async def test_a_listener_sees_every_change_of_the_view_even_one_undone_at_once(
+    store, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[tuple[int, tuple[str, ...]]] = []
+
+    def broken(view: Any) -> None:
+        raise RuntimeError("listener bug")
+
+    async with Membership(store, ttl_s=0.6, interval_s=0.1) as membership:
+        with pytest.raises(InvalidTypeError, match="listener"):
+            membership.add_listener("not callable")  # type: ignore[arg-type]
+        remove_broken = membership.add_listener(broken)
+        remove = membership.add_listener(lambda view: seen.append((view.version, view.node_ids)))
+        membership.join("a")
+        while membership.view.node_ids != ("a",):
+            await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        membership.join("b")
+        while membership.view.node_ids != ("a", "b"):
+            await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        await membership.leave("b")  # undone before anyone waits for the view again
+        remove()
+        remove()  # a second call does nothing
+        remove_broken()
+        membership.join("c")
+        while "c" not in membership.view.node_ids:
+            await membership.wait_changed(membership.view.version, timeout_s=2.0)
+    assert [ids for _, ids in seen] == [("a",), ("a", "b"), ("a",)]
+    assert [v for v, _ in seen] == sorted({v for v, _ in seen})  # each version once, in order
+    assert "asynccoord.membership.listener_failed" in caplog.text  # logged, not raised

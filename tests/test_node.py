@@ -877,6 +877,52 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves(make_stor
     assert store.events.get("partition_handoff") > 0
 
 
+async def test_affinity_context_is_dropped_when_the_conversation_moves_away_and_back_between_claims(
+    make_store: Any,
+) -> None:
+    """The owner claims nothing while its partition is elsewhere: the context goes all the same."""
+    store = await make_store(clock=None)
+    node_ids = ["node-a", "node-b"]
+    key = next(
+        k
+        for k in (f"conv-{i}" for i in range(10_000))
+        if owner_of(partition_of(k, store.partitions), node_ids) == "node-b"
+    )
+    sends: list[int] = []
+
+    async def send(task: Task) -> None:
+        context = current_delivery().context
+        context["n"] = context.get("n", 0) + 1
+        sends.append(context["n"])
+
+    async def send_one() -> None:
+        [r] = await store.enqueue_many([NewTask(queue=QUEUE, payload=0, partition_key=key)])
+
+        async def done() -> bool:
+            return (await store.get(r.task.id)).status is TaskStatus.DONE
+
+        await wait_until(done, 3.0, "the conversation's task to be done")
+
+    # Idle polls far apart: node-a claims only when an enqueue wakes it, never in between.
+    config = NodeConfig(queue=QUEUE, idle_min_s=30.0, idle_max_s=60.0)
+    async with Membership(store, ttl_s=0.6, interval_s=0.1) as membership:
+        membership.join("node-a")
+        await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        a = Node(store, send, node_id="node-a", config=config, membership=membership)
+        run_a = start(a)
+        await send_one()
+        await send_one()
+        assert sends == [1, 2]
+        membership.join("node-b")  # no node runs as node-b: the partition is away, nothing is claimed
+        while membership.view.node_ids != tuple(node_ids):
+            await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        await membership.leave("node-b")
+        assert membership.view.node_ids == ("node-a",)
+        await send_one()
+        assert sends == [1, 2, 1]  # back on node-a: a fresh context
+        await stop(a, run_a)
+
+
 # --- work stealing (issue #4) -------------------------------------------------------------
 
 
