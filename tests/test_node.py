@@ -826,6 +826,16 @@ async def test_a_restarted_node_id_does_not_keep_its_previous_lifes_leases(make_
     assert (await store.get(enqueued.task.id)).status is TaskStatus.DONE
 
 
+async def enqueue_and_wait_done(store: Any, key: str, *, payload: Any) -> None:
+    """Enqueue one task of conversation ``key`` and wait (up to 3 s) until it is done."""
+    [r] = await store.enqueue_many([NewTask(queue=QUEUE, payload=payload, partition_key=key)])
+
+    async def done() -> bool:
+        return (await store.get(r.task.id)).status is TaskStatus.DONE
+
+    await wait_until(done, 3.0, "the conversation's task to be done")
+
+
 async def test_affinity_context_is_dropped_when_the_conversation_moves(make_store: Any) -> None:
     store = await make_store(clock=None)
     node_ids = ["node-a", "node-b"]
@@ -842,12 +852,7 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves(make_stor
         sends.append((delivery.node_id, delivery.context["n"]))
 
     async def send_one() -> None:
-        [r] = await store.enqueue_many([NewTask(queue=QUEUE, payload=len(sends), partition_key=key)])
-
-        async def done() -> bool:
-            return (await store.get(r.task.id)).status is TaskStatus.DONE
-
-        await wait_until(done, 3.0, "the conversation's task to be done")
+        await enqueue_and_wait_done(store, key, payload=len(sends))
 
     config = NodeConfig(queue=QUEUE, **FAST_IDLE)
     async with Membership(store, ttl_s=0.6, interval_s=0.1) as membership:
@@ -883,11 +888,7 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves_away_and_
     """The owner claims nothing while its partition is elsewhere: the context goes all the same."""
     store = await make_store(clock=None)
     node_ids = ["node-a", "node-b"]
-    key = next(
-        k
-        for k in (f"conv-{i}" for i in range(10_000))
-        if owner_of(partition_of(k, store.partitions), node_ids) == "node-b"
-    )
+    [key] = keys_of("node-b", node_ids, store.partitions, 1, "conv-")
     sends: list[int] = []
 
     async def send(task: Task) -> None:
@@ -896,12 +897,7 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves_away_and_
         sends.append(context["n"])
 
     async def send_one() -> None:
-        [r] = await store.enqueue_many([NewTask(queue=QUEUE, payload=0, partition_key=key)])
-
-        async def done() -> bool:
-            return (await store.get(r.task.id)).status is TaskStatus.DONE
-
-        await wait_until(done, 3.0, "the conversation's task to be done")
+        await enqueue_and_wait_done(store, key, payload=0)
 
     # Idle polls far apart: node-a claims only when an enqueue wakes it, never in between.
     config = NodeConfig(queue=QUEUE, idle_min_s=30.0, idle_max_s=60.0)
