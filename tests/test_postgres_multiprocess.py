@@ -79,9 +79,11 @@ def finish(proc: subprocess.Popen[str], timeout_s: float = 240.0) -> dict[str, A
 
 
 def sends(log: Path) -> list[dict[str, Any]]:
+    """The sends the workers logged so far: complete lines only (a worker may be mid-line)."""
     if not log.exists():
         return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    complete, _, _ = log.read_text().rpartition("\n")
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 async def rows(schema: str, sql: str) -> list[Any]:
