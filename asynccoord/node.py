@@ -1422,9 +1422,12 @@ class Node:
     async def _keeper(self) -> None:
         """Renew the leases of every task in flight with one ``extend_many`` per interval.
 
-        The nodes of a process renew at the same moments, and the client-server stores
-        run their concurrent calls as one statement (PostgreSQL) or one transaction
-        (SQLite's group commit), so renewals cost about the same with 16 or 64 nodes.
+        The renewals fall on a grid of the monotonic clock (multiples of ``lease_s / 3``),
+        so the nodes of a process with the same ``lease_s`` renew at the same moments
+        whenever each of them started, and the stores run their concurrent calls as one
+        statement (PostgreSQL) or one transaction (SQLite's group commit): renewals cost
+        about the same with 16 or 64 nodes. Each renewal still comes at most
+        ``lease_s / 3`` after the one before.
 
         A lease that is not renewed before its local deadline (monotonic clock, with
         a safety margin) or that the store reports lost cancels its send. Locks are
@@ -1433,7 +1436,7 @@ class Node:
         cfg = self.config
         interval_s = cfg.lease_s / 3
         while True:
-            await anyio.sleep(interval_s)
+            await anyio.sleep(interval_s - time.monotonic() % interval_s)  # the next point of the grid
             flights = [f for f in self._in_flight.values() if f.lost is None and not f.settling]
             if not flights:
                 continue

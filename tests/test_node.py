@@ -1030,3 +1030,65 @@ async def test_without_work_stealing_an_idle_node_never_touches_anothers_partiti
         assert (task.status, task.attempts) == (TaskStatus.DONE, 1), task
     state_a, state_b = out["states"]
     assert (state_a.committed, state_b.committed) == (6, 2)
+
+
+# --- lease renewal ------------------------------------------------------------------------
+
+
+async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(make_store: Any) -> None:
+    """Two nodes started half a renewal interval apart renew together, every lease_s / 3 at most.
+
+    Each node's keeper renews on a grid of the monotonic clock, so a process's nodes hand
+    their extend_many calls to the store at the same moment (one statement or one group
+    commit) instead of one after the other.
+    """
+    store = await make_store(clock=None)
+    lease_s = 0.3
+    interval_s = lease_s / 3
+    await store.enqueue_many([NewTask(queue=QUEUE, payload=name, partition_key=name) for name in ("a", "b")])
+    renewals: dict[str, list[float]] = defaultdict(list)
+    extend_many = store.extend_many
+
+    async def recording(tasks: list[Task], lease_s: float) -> list[bool]:
+        for owner in {t.lease_owner for t in tasks}:
+            renewals[str(owner)].append(time.monotonic())
+        return await extend_many(tasks, lease_s)
+
+    store.extend_many = recording
+    sending: dict[str, tuple[float, float]] = {}
+
+    async def send(task: Task) -> None:
+        started = time.monotonic()
+        await asyncio.sleep(0.55)
+        sending[current_delivery().node_id] = (started, time.monotonic())
+
+    config = NodeConfig(queue=QUEUE, lease_s=lease_s, max_in_flight=1, claim_batch=1, **FAST_IDLE)
+    a = Node(store, send, node_id="A", config=config)
+    b = Node(store, send, node_id="B", config=config)
+    started = {"A": time.monotonic()}
+    run_a = start(a)
+    await asyncio.sleep(interval_s / 2)
+    started["B"] = time.monotonic()
+    run_b = start(b)
+
+    async def both_sent() -> bool:
+        return len(sending) == 2
+
+    await wait_until(both_sent, 5.0, "both sends to end")
+    await stop(a, run_a)
+    await stop(b, run_b)
+
+    assert sorted(renewals) == ["A", "B"]
+    for node_id, moments in renewals.items():
+        send_ended = sending[node_id][1]
+        # while its send ran, the node renewed at least every interval (with slack for a busy loop)
+        points = [started[node_id], *moments, send_ended]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(points)]
+        assert max(gaps) <= interval_s + 0.05, (node_id, gaps)
+        assert len(moments) >= 3, (node_id, moments)
+    # while both sends ran, each renewal of one node came with one of the other's
+    overlap = (max(s for s, _ in sending.values()), min(e for _, e in sending.values()))
+    both = {n: [m for m in renewals[n] if overlap[0] + 0.01 < m < overlap[1] - 0.01] for n in ("A", "B")}
+    assert len(both["B"]) >= 2, (overlap, dict(renewals))
+    for moment in both["B"]:
+        assert min(abs(moment - other) for other in both["A"]) < 0.01, (moment, both)
