@@ -69,7 +69,7 @@ from .backends.base import LockStore
 from .config import RetryPolicy
 from .errors import InvalidArgumentError, InvalidTypeError, LockError, LockLostError, LockNotHeldError, LockTimeoutError
 from .lockmodels import Lease, LockBusy
-from .validation import check_bool, check_int, check_non_negative, check_positive, is_async_callable
+from .validation import check_bool, check_int, check_lease_s, check_non_negative, check_positive, is_async_callable
 from .watchdog import Guard, Watchdog
 
 __all__ = (
@@ -553,7 +553,8 @@ class _LeaseHandle:
         """Extend the lease to ``ttl_s`` from now (store clock); compare-and-set on the owner token.
 
         Args:
-            ttl_s: New lease length, seconds (> 0); default the handle's ``ttl_s``.
+            ttl_s: New lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one
+                year); default the handle's ``ttl_s``.
 
         Returns:
             The renewed lease.
@@ -570,7 +571,7 @@ class _LeaseHandle:
             raise LockNotHeldError(f"{self!r} holds no lease: nothing to renew")
         if self._lost is not None:
             raise LockNotHeldError(f"the lease of {lease.name!r} was given up by the watchdog") from self._lost
-        ttl = self._ttl_s if ttl_s is None else check_positive("ttl_s", ttl_s)
+        ttl = self._ttl_s if ttl_s is None else check_lease_s("ttl_s", ttl_s)
         if self._auto_renew:
             self._watchdog.check_interval(ttl, self._renew_interval_s)
         sent_at = time.monotonic()
@@ -723,9 +724,10 @@ class Lock(_LeaseHandle):
 
     Args:
         store: A lock store (:class:`~asynccoord.SQLiteStore`, :class:`~asynccoord.MemoryStore`...).
-        name: Lock name, 1..255 characters.
-        ttl_s: Lease length, seconds (> 0). If omitted, the lease is
-            :data:`DEFAULT_TTL_S` (30 s) and the watchdog renews it (``auto_renew``).
+        name: Lock name, 1..255 characters, not only whitespace.
+        ttl_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year). If
+            omitted, the lease is :data:`DEFAULT_TTL_S` (30 s) and the watchdog renews it
+            (``auto_renew``).
         timeout_s: Longest wait of ``async with``, seconds (>= 0). Default None: no limit.
         auto_renew: Have the watchdog renew the lease every ``renew_interval_s``.
             Default: True if ``ttl_s`` is omitted or ``renew_interval_s`` or

@@ -81,6 +81,7 @@ from .validation import (
     MAX_NAME_LENGTH,
     check_callback,
     check_int,
+    check_lease_s,
     check_lock_store,
     check_name,
     check_non_negative,
@@ -226,7 +227,8 @@ class LockPool:
 
     Args:
         store: A store implementing the lock contract.
-        ttl_s: Lease length, seconds (renewed every ``ttl_s / 3`` by the store's watchdog).
+        ttl_s: Lease length, seconds, 0.01 (``validation.MIN_LEASE_S``) to one year (renewed
+            every ``ttl_s / 3`` by the store's watchdog).
         holder: Who holds the leases (e.g. the process or node id): shown by
             ``list_locks``, and how the line tells pools apart, so pools sharing locks
             (other processes) must use different ones; a place held under this pool's own
@@ -267,7 +269,7 @@ class LockPool:
     ) -> None:
         check_lock_store("store", store)
         self.store = store
-        self.ttl_s = check_positive("ttl_s", ttl_s)
+        self.ttl_s = check_lease_s("ttl_s", ttl_s)
         self.holder = check_name("holder", holder)
         self.max_turns = check_int("max_turns", max_turns, minimum=1)
         self.max_overtakes = check_int("max_overtakes", max_overtakes, minimum=0)

@@ -50,7 +50,15 @@ from .backends.base import MembershipStore
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from .membermodels import Member, MemberBeat
 from .partition import RendezvousTable
-from .validation import check_callback, check_int, check_name, check_non_negative, check_positive, encode_payload
+from .validation import (
+    check_callback,
+    check_int,
+    check_lease_s,
+    check_name,
+    check_non_negative,
+    check_positive,
+    encode_payload,
+)
 
 __all__ = ("LEAVE_TIMEOUT_S", "Membership", "MembershipStats", "MembershipView")
 
@@ -130,7 +138,8 @@ class Membership:
 
     Args:
         store: A store with the membership primitives (``SQLiteStore``, ``MemoryStore``).
-        ttl_s: Seconds (> 0) a node stays live after a heartbeat (store clock). Default 5.
+        ttl_s: Seconds (0.01, ``validation.MIN_LEASE_S``, to one year) a node stays live after a
+            heartbeat (store clock). Default 5.
         interval_s: Seconds (> 0, < ``ttl_s``) between heartbeats. Default ``ttl_s / 3``,
             so two heartbeats may fail before the others see the nodes die.
         queue: Only members whose heartbeat ``info`` names this ``"queue"`` (as a
@@ -142,7 +151,8 @@ class Membership:
     Raises:
         InvalidTypeError: ``store`` lacks the membership primitives, or a duration is
             not a number.
-        InvalidArgumentError: a duration <= 0 or not finite, or ``interval_s`` >= ``ttl_s``.
+        InvalidArgumentError: a duration <= 0 or not finite, ``ttl_s`` below 0.01
+            (``validation.MIN_LEASE_S``), or ``interval_s`` >= ``ttl_s``.
     """
 
     def __init__(
@@ -152,7 +162,7 @@ class Membership:
             raise InvalidTypeError(
                 f"store must provide the membership primitives (heartbeat, leave, members), got {type(store).__name__}"
             )
-        ttl = check_positive("ttl_s", ttl_s)
+        ttl = check_lease_s("ttl_s", ttl_s)
         interval = ttl / 3 if interval_s is None else check_positive("interval_s", interval_s)
         if interval >= ttl:
             raise InvalidArgumentError(

@@ -30,7 +30,7 @@ class NewTask:
     """One task to enqueue.
 
     Args:
-        queue: Queue name, 1..255 characters.
+        queue: Queue name, 1..255 characters, not only whitespace.
         payload: JSON value (see :func:`asynccoord.validation.encode_payload`). Default None.
         partition_key: What work is partitioned and ordered by, e.g. a conversation id;
             0..255 characters. Default ``""``.
@@ -58,7 +58,7 @@ class NewTask:
     def __post_init__(self) -> None:
         check_name("queue", self.queue)
         check_name("partition_key", self.partition_key, allow_empty=True)
-        check_optional_name("idempotency_key", self.idempotency_key)
+        check_optional_name("idempotency_key", self.idempotency_key, allow_blank=True)
         check_int("priority", self.priority, minimum=-(2**31), maximum=2**31 - 1)
         if self.max_attempts is not None:
             check_int("max_attempts", self.max_attempts, minimum=1, maximum=MAX_ATTEMPTS)

@@ -98,6 +98,7 @@ from .notify import WakeUp, WorkNotifier
 from .validation import (
     check_bool,
     check_int,
+    check_lease_s,
     check_lock_store,
     check_name,
     check_positive,
@@ -182,8 +183,8 @@ class NodeConfig:
 
     Args:
         queue: Queue to drain. Default ``"default"``.
-        lease_s: Task lease length, seconds (renewed every ``lease_s / 3`` while a send
-            runs when ``renew_leases``). Default 30.
+        lease_s: Task lease length, seconds, 0.01 (``validation.MIN_LEASE_S``) to one year
+            (renewed every ``lease_s / 3`` while a send runs when ``renew_leases``). Default 30.
         claim_batch: Most tasks per claim. Default 32.
         max_in_flight: Most sends at once on this node. Default 32.
         send_timeout_s: Longest a send may take before it counts as failed. Default 30.
@@ -199,7 +200,8 @@ class NodeConfig:
         idle_fallback_s: A node that does not poll by itself (``Node(idle_poll=False)``,
             as a Runtime makes them) still claims after waiting 0.5 to 1 times this long
             without a wake-up: a safety net, should the idle poll fail. Default 30.
-        lock_ttl_s: Lock lease length, seconds (renewed with the task lease). Default 10.
+        lock_ttl_s: Lock lease length, seconds, 0.01 (``validation.MIN_LEASE_S``) to one
+            year (renewed with the task lease). Default 10.
         lock_permits: Permits per lock name: 1 for a lock, N (at most 2**31 - 1, the
             semaphore's bound ``MAX_PERMITS``) for a semaphore. Default 1.
         lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
@@ -253,7 +255,7 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         check_name("queue", self.queue)
-        check_positive("lease_s", self.lease_s)
+        check_lease_s("lease_s", self.lease_s)
         check_int("claim_batch", self.claim_batch, minimum=1, maximum=10_000)
         check_int("max_in_flight", self.max_in_flight, minimum=1)
         check_positive("send_timeout_s", self.send_timeout_s)
@@ -262,7 +264,7 @@ class NodeConfig:
         if self.idle_max_s < self.idle_min_s:
             raise InvalidArgumentError(f"idle_max_s ({self.idle_max_s!r}) must be >= idle_min_s ({self.idle_min_s!r})")
         check_positive("idle_fallback_s", self.idle_fallback_s)
-        check_positive("lock_ttl_s", self.lock_ttl_s)
+        check_lease_s("lock_ttl_s", self.lock_ttl_s)
         check_int("lock_permits", self.lock_permits, minimum=1, maximum=MAX_PERMITS)
         check_positive("lock_wait_s", self.lock_wait_s)
         check_positive("busy_requeue_s", self.busy_requeue_s)

@@ -49,7 +49,7 @@ from .lockpool import LockPool
 from .membership import Membership
 from .models import TaskStatus
 from .node import LockKeyFn, Node, NodeConfig, NodeState, SendFn, failure_of
-from .validation import check_int, check_name, check_positive, check_send
+from .validation import check_int, check_lease_s, check_name, check_positive, check_send
 
 __all__ = ("Runtime",)
 
@@ -79,8 +79,9 @@ class Runtime:
             ``0..nodes-1``): the 6 random hex digits are new for every Runtime, so two
             runtimes of one process never share a node id.
         heartbeat_ttl_s: A node whose heartbeat is older than this is dead, by the
-            store clock. Default 5.
-        heartbeat_interval_s: Seconds between heartbeats. Default ``heartbeat_ttl_s / 3``.
+            store clock, seconds (0.01, ``validation.MIN_LEASE_S``, to one year). Default 5.
+        heartbeat_interval_s: Seconds between heartbeats (> 0, < ``heartbeat_ttl_s``).
+            Default ``heartbeat_ttl_s / 3``.
         shutdown_timeout_s: How long in-flight sends may finish at shutdown. Default 10.
         lock_store: Where the nodes' locks live, if not in ``store`` (e.g. a
             :class:`~asynccoord.backends.redis_locks.RedisLockStore` beside a PostgreSQL
@@ -127,10 +128,16 @@ class Runtime:
                 raise InvalidArgumentError(f"node_ids must be non-empty and distinct, got {list(node_ids)!r}")
         self.store = store
         self.config = config or NodeConfig()
-        self.heartbeat_ttl_s = check_positive("heartbeat_ttl_s", heartbeat_ttl_s)
+        self.heartbeat_ttl_s = check_lease_s("heartbeat_ttl_s", heartbeat_ttl_s)
         self.heartbeat_interval_s = (
             None if heartbeat_interval_s is None else check_positive("heartbeat_interval_s", heartbeat_interval_s)
         )
+        if self.heartbeat_interval_s is not None and self.heartbeat_interval_s >= self.heartbeat_ttl_s:
+            # Checked here, not only by Membership, so the error names the arguments given here.
+            raise InvalidArgumentError(
+                f"heartbeat_interval_s must be < heartbeat_ttl_s ({heartbeat_ttl_s!r}) so nodes beat before "
+                f"they expire, got {heartbeat_interval_s!r}"
+            )
         self.shutdown_timeout_s = check_positive("shutdown_timeout_s", shutdown_timeout_s)
         self.membership = Membership(
             store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s, queue=self.config.queue

@@ -30,7 +30,7 @@ from typing import Any
 from ._loop import run as run_loop
 from ._signals import give_back_signal, take_signal
 from .errors import InvalidArgumentError, InvalidTypeError, StoreError
-from .validation import check_int, check_positive
+from .validation import check_int, check_lease_s, check_positive
 
 __all__ = ("check_run", "configure_run", "load_callable", "run_command")
 
@@ -134,7 +134,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from .stores import open_store, redact_target
 
     check_int("--nodes", args.nodes, minimum=1, maximum=4096)
-    check_positive("--heartbeat-ttl-s", args.heartbeat_ttl_s)
+    check_lease_s("--heartbeat-ttl-s", args.heartbeat_ttl_s)
     check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
     check_positive("--idle-max-s", args.idle_max_s)
     try:

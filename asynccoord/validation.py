@@ -21,11 +21,13 @@ __all__ = (
     "MAX_DURATION_S",
     "MAX_NAME_LENGTH",
     "MAX_PURGE_BATCH",
+    "MIN_LEASE_S",
     "check_bool",
     "check_callback",
     "check_clock",
     "check_finite",
     "check_int",
+    "check_lease_s",
     "check_lock_store",
     "check_name",
     "check_non_negative",
@@ -39,6 +41,19 @@ __all__ = (
 
 MAX_NAME_LENGTH = 255
 """Longest queue name, partition key, idempotency key, node id or lock name (characters)."""
+
+MIN_LEASE_S = 0.01
+"""Shortest lease or TTL any argument may give (a task's ``lease_s``, a lock's ``ttl_s``, a
+membership ``ttl_s``...): 10 ms, in seconds.
+
+A lease is held across store round trips and a send: one shorter than a round trip lapses
+before its holder can use it, and a task claimed under it is reclaimed, its attempts spent,
+and dead-lettered without ``send`` ever running. A value below this bound is almost surely a
+unit mistake (30 s converted to seconds twice: ``lease_s=30 / 1000 / 1000``) and is refused
+with :class:`~asynccoord.errors.InvalidArgumentError` naming the argument, the value and this
+bound. It stops only the absurd values: a lease of 0.03 s is taken. The shortest leases the
+test suite uses are 0.2 s.
+"""
 
 MAX_ATTEMPTS = 2**31 - 1
 """Largest ``max_attempts`` (and attempt count) a task or a retry policy may carry:
@@ -86,29 +101,42 @@ def check_clock(clock: Callable[[], float] | None) -> Callable[[], float] | None
     return clock
 
 
-def check_name(arg: str, value: object, *, allow_empty: bool = False) -> str:
-    """Check a text identifier: ``str``, 1..255 characters, no NUL, no lone surrogate.
+def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blank: bool = False) -> str:
+    """Check a text identifier: ``str``, 1..255 characters, not only whitespace, no NUL, no lone surrogate.
 
     Args:
         arg: The argument's name, used in the error message.
         value: The value to check.
-        allow_empty: Accept ``""`` (used for the default partition key).
+        allow_empty: Accept ``""`` and text that is only whitespace (used for the default
+            partition key, and for a lock's optional ``holder`` label).
+        allow_blank: Accept text that is only whitespace (``" "``, ``"\\t"``), but not ``""``:
+            for opaque keys taken from the caller's data (an idempotency key, a message id),
+            which are compared, never shown as names.
 
     Returns:
         The value, unchanged.
 
     Raises:
         InvalidTypeError: ``value`` is not a ``str``.
-        InvalidArgumentError: empty, longer than 255 characters, or holding a NUL
-            character or a lone surrogate (neither SQLite text comparison nor
-            PostgreSQL can keep those faithfully).
+        InvalidArgumentError: empty, only whitespace (a name such as ``" "`` is a mistake
+            no one can see in a log line), longer than 255 characters, or holding a NUL
+            character or a lone surrogate (neither SQLite text comparison nor PostgreSQL
+            can keep those faithfully).
     """
-    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_LENGTH and "\x00" not in value:
+    if (
+        type(value) is str
+        and value.isascii()
+        and 0 < len(value) <= MAX_NAME_LENGTH
+        and "\x00" not in value
+        and not value.isspace()  # stops at the first other character: one test on a real name
+    ):
         return value  # the common case (ASCII has no lone surrogates), on every task of a hot path
     if not isinstance(value, str):
         raise InvalidTypeError(f"{arg} must be a str, got {type(value).__name__} {_short(value)}")
     if not value and not allow_empty:
         raise InvalidArgumentError(f"{arg} must not be empty, got {_short(value)}")
+    if value.isspace() and not (allow_empty or allow_blank):
+        raise InvalidArgumentError(f"{arg} must not be only whitespace, got {_short(value)}")
     if len(value) > MAX_NAME_LENGTH:
         raise InvalidArgumentError(
             f"{arg} must be at most {MAX_NAME_LENGTH} characters, got {len(value)}: {_short(value)}"
@@ -124,11 +152,11 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False) -> str:
     return value
 
 
-def check_optional_name(arg: str, value: object) -> str | None:
+def check_optional_name(arg: str, value: object, *, allow_blank: bool = False) -> str | None:
     """Like :func:`check_name`, but ``None`` is accepted and returned as is."""
     if value is None:
         return None
-    return check_name(arg, value)
+    return check_name(arg, value, allow_blank=allow_blank)
 
 
 def _check_real(arg: str, value: object) -> float:
@@ -180,6 +208,35 @@ def check_positive(arg: str, value: object, *, maximum: float | None = MAX_DURAT
     if number <= 0:
         raise InvalidArgumentError(f"{arg} must be > 0, got {_short(value)}")
     return _check_maximum(arg, value, number, maximum)
+
+
+def check_lease_s(arg: str, value: object) -> float:
+    """Check a lease length or TTL, seconds: a finite number in [``MIN_LEASE_S``, ``MAX_DURATION_S``].
+
+    Every lease and TTL argument shares it (a task's ``lease_s``, a lock's ``ttl_s``, a
+    membership ``ttl_s``), so a unit mistake is refused the same way on every backend.
+
+    Args:
+        arg: The argument's name, used in the error message.
+        value: The value to check.
+
+    Returns:
+        The value as a float.
+
+    Raises:
+        InvalidTypeError: not an int or float (bool is refused).
+        InvalidArgumentError: NaN, infinite, zero or negative, below :data:`MIN_LEASE_S`
+            (0.01 s) or above :data:`MAX_DURATION_S` (one year).
+    """
+    if type(value) is float and MIN_LEASE_S <= value <= MAX_DURATION_S:
+        return value  # the common case, checked once per claim, renewal or lock on hot paths
+    number = check_positive(arg, value)
+    if number < MIN_LEASE_S:
+        raise InvalidArgumentError(
+            f"{arg} must be >= {MIN_LEASE_S} seconds (MIN_LEASE_S: a shorter lease lapses before it is used), "
+            f"got {_short(value)}"
+        )
+    return number
 
 
 def check_non_negative(arg: str, value: object, *, maximum: float | None = MAX_DURATION_S) -> float:

@@ -270,6 +270,8 @@ BAD_HANDLES: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"name": "x" * 256}, InvalidArgumentError, "name must be at most 255 characters, got 256"),
     ({"name": None}, InvalidTypeError, "name must be a str, got NoneType"),
     ({"ttl_s": 0}, InvalidArgumentError, "ttl_s must be > 0, got 0"),
+    ({"ttl_s": 0.005}, InvalidArgumentError, r"ttl_s must be >= 0\.01 seconds \(MIN_LEASE_S.*got 0\.005"),
+    ({"name": "  "}, InvalidArgumentError, "name must not be only whitespace, got '  '"),
     ({"ttl_s": -2}, InvalidArgumentError, "ttl_s must be > 0, got -2"),
     ({"ttl_s": "3"}, InvalidTypeError, "ttl_s must be a number"),
     ({"timeout_s": -1}, InvalidArgumentError, "timeout_s must be >= 0, got -1"),

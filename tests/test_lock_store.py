@@ -192,7 +192,11 @@ BAD_ACQUIRE: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"name": "n" * 256}, InvalidArgumentError, "name must be at most 255"),
     ({"name": 7}, InvalidTypeError, "name must be a str"),
     ({"name": "a\x00b"}, InvalidArgumentError, "NUL"),
+    ({"name": " "}, InvalidArgumentError, "name must not be only whitespace, got ' '"),
+    ({"name": "\t\r\n"}, InvalidArgumentError, "name must not be only whitespace"),
     ({"ttl_s": 0}, InvalidArgumentError, "ttl_s must be > 0, got 0"),
+    ({"ttl_s": 1e-6}, InvalidArgumentError, re.escape("ttl_s must be >= 0.01 seconds (MIN_LEASE_S") + ".*got 1e-06"),
+    ({"ttl_s": 0.009}, InvalidArgumentError, "ttl_s must be >= 0.01 seconds"),
     ({"ttl_s": -1.0}, InvalidArgumentError, "ttl_s must be > 0, got -1.0"),
     ({"ttl_s": float("nan")}, InvalidArgumentError, "ttl_s must be finite"),
     (
@@ -233,6 +237,10 @@ async def test_bad_lease_fence_and_list_arguments(store: Store) -> None:
         await store.renew_locks(lease)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="ttl_s must be > 0"):
         await store.renew_lock(lease, 0.0)
+    with pytest.raises(InvalidArgumentError, match=r"ttl_s must be >= 0\.01 seconds \(MIN_LEASE_S.*got 0\.001"):
+        await store.renew_lock(lease, 0.001)  # a renewal to 1 ms: refused, the lease keeps its expiry
+    with pytest.raises(InvalidArgumentError, match="resource must not be only whitespace"):
+        await store.fence(" ", 1)
     with pytest.raises(InvalidArgumentError, match="fencing_token must be >= 1, got 0"):
         await store.fence("r", 0)
     with pytest.raises(InvalidTypeError, match="fencing_token must be an int"):
@@ -254,6 +262,8 @@ TAMPERED_LEASES: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"ttl_s": float("nan")}, InvalidArgumentError, "ttl_s must be finite, got nan"),
     ({"ttl_s": 1e308}, InvalidArgumentError, "ttl_s must be <= 31536000 seconds"),
     ({"ttl_s": 0.0}, InvalidArgumentError, "ttl_s must be > 0"),
+    ({"ttl_s": 0.001}, InvalidArgumentError, "ttl_s must be >= 0.01 seconds (MIN_LEASE_S"),
+    ({"name": " "}, InvalidArgumentError, "name must not be only whitespace"),
     ({"owner_token": 5}, InvalidTypeError, "owner_token must be a str, got int 5"),
     ({"owner_token": ""}, InvalidArgumentError, "owner_token must not be empty"),
     ({"name": None}, InvalidTypeError, "name must be a str, got NoneType"),

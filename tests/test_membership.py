@@ -163,6 +163,7 @@ async def test_empty_heartbeat_only_lists(store, clock: FakeClock) -> None:
         ([("a", "i")], 1.0, InvalidTypeError, r"beats\[0\] must be a MemberBeat, got tuple"),
         ([beat("a"), beat("a", "other")], 1.0, InvalidArgumentError, r"beats\[1\].node_id 'a' appears twice"),
         ([beat("a")], 0, InvalidArgumentError, "ttl_s must be > 0, got 0"),
+        ([beat("a")], 0.001, InvalidArgumentError, r"ttl_s must be >= 0\.01 seconds \(MIN_LEASE_S.*got 0\.001"),
         ([beat("a")], -1.0, InvalidArgumentError, "ttl_s must be > 0"),
         ([beat("a")], math.nan, InvalidArgumentError, "ttl_s must be finite"),
         ([beat("a")], True, InvalidTypeError, "ttl_s must be a number, got bool"),
@@ -192,6 +193,7 @@ async def test_heartbeat_info_size_limit(make_store) -> None:
         ({"node_id": 3, "incarnation": "i"}, InvalidTypeError, "node_id must be a str, got int 3"),
         ({"node_id": "a" * 256, "incarnation": "i"}, InvalidArgumentError, "node_id must be at most 255"),
         ({"node_id": "a\x00", "incarnation": "i"}, InvalidArgumentError, "node_id must not contain NUL"),
+        ({"node_id": " ", "incarnation": "i"}, InvalidArgumentError, "node_id must not be only whitespace"),
         ({"node_id": "a", "incarnation": ""}, InvalidArgumentError, "incarnation must not be empty"),
         ({"node_id": "a", "incarnation": None}, InvalidTypeError, "incarnation must be a str, got NoneType"),
         ({"node_id": "a", "incarnation": "i", "info": [1]}, InvalidTypeError, "info must be a dict"),
@@ -470,6 +472,8 @@ async def test_membership_rejects_bad_arguments(flaky: FlakyStore) -> None:
         Membership({})  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="ttl_s must be > 0, got 0"):
         Membership(flaky, ttl_s=0)
+    with pytest.raises(InvalidArgumentError, match=r"ttl_s must be >= 0\.01 seconds \(MIN_LEASE_S.*got 0\.005"):
+        Membership(flaky, ttl_s=0.005)
     with pytest.raises(InvalidArgumentError, match=r"ttl_s must be <= 31536000 seconds \(one year.*got 1e\+308"):
         Membership(flaky, ttl_s=1e308)
     with pytest.raises(InvalidArgumentError, match=r"interval_s must be < ttl_s \(1.0\).*got 1.0"):
@@ -482,6 +486,8 @@ async def test_membership_rejects_bad_arguments(flaky: FlakyStore) -> None:
         membership.join("a")
     with pytest.raises(InvalidArgumentError, match="node_id must not be empty"):
         membership.join("")
+    with pytest.raises(InvalidArgumentError, match="node_id must not be only whitespace"):
+        membership.join(" \t")
     with pytest.raises(InvalidTypeError, match="info must be a mapping"):
         membership.join("b", info=["x"])  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="info is not JSON-serializable"):

@@ -34,6 +34,7 @@ from asynccoord import (
 from asynccoord.membership import Membership
 from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
 from asynccoord.runtime import Runtime
+from asynccoord.validation import MIN_LEASE_S
 
 QUEUE = "q"
 FAST_IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.05}
@@ -64,6 +65,16 @@ NODE_DURATIONS = (
 def test_node_config_durations_are_bounded(field: str, value: float, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=f"{field} {message}"):
         NodeConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["lease_s", "lock_ttl_s"])
+def test_node_config_leases_are_at_least_min_lease_s(field: str) -> None:
+    # A lease in the wrong unit (1e-6 "seconds") would lapse before the send, spend every
+    # attempt and dead-letter the task without a send: refused at construction.
+    for value in (1e-6, 0.001, MIN_LEASE_S / 2):
+        with pytest.raises(InvalidArgumentError, match=rf"^{field} must be >= 0\.01 seconds \(MIN_LEASE_S"):
+            NodeConfig(**{field: value})
+    assert getattr(NodeConfig(**{field: MIN_LEASE_S}), field) == MIN_LEASE_S
 
 
 def test_node_config_lock_permits_has_the_semaphore_bound() -> None:

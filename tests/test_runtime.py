@@ -21,6 +21,7 @@ import pytest
 from support import count_calls
 
 from asynccoord import (
+    InvalidArgumentError,
     MemoryStore,
     NewTask,
     RuntimeStateError,
@@ -439,6 +440,30 @@ async def test_two_runtimes_in_one_process_get_distinct_default_node_ids(make_st
     # explicit ids are kept as given, even when another runtime uses the same ones
     explicit = [Runtime(store, send=send, node_ids=["bot-a", "bot-b"]) for _ in range(2)]
     assert [[n.node_id for n in r.nodes] for r in explicit] == [["bot-a", "bot-b"]] * 2
+
+
+async def test_bad_heartbeat_arguments_are_named_as_the_runtime_was_given_them() -> None:
+    """The runtime passes its heartbeat settings on to a Membership, whose own words are
+    ``ttl_s`` and ``interval_s``: an error names the runtime's arguments instead."""
+
+    async def send(task: Task) -> None:
+        pass
+
+    async with MemoryStore() as store:
+        for kwargs, message in (
+            (
+                {"heartbeat_ttl_s": 3.0, "heartbeat_interval_s": 3.0},
+                r"^heartbeat_interval_s must be < heartbeat_ttl_s \(3\.0\) so nodes beat before they expire, got 3\.0$",
+            ),
+            ({"heartbeat_interval_s": 7}, r"^heartbeat_interval_s must be < heartbeat_ttl_s \(5\.0\) .* got 7$"),
+            ({"heartbeat_ttl_s": 0.001}, r"^heartbeat_ttl_s must be >= 0\.01 seconds \(MIN_LEASE_S.*got 0\.001$"),
+            ({"heartbeat_interval_s": -1.0}, r"^heartbeat_interval_s must be > 0, got -1\.0$"),
+        ):
+            with pytest.raises(InvalidArgumentError, match=message):
+                Runtime(store, send=send, nodes=1, **kwargs)
+        assert await store.members() == []  # nothing was joined or written
+        runtime = Runtime(store, send=send, nodes=1, heartbeat_ttl_s=0.3, heartbeat_interval_s=0.1)
+        assert (runtime.membership.ttl_s, runtime.membership.interval_s) == (0.3, 0.1)
 
 
 async def test_runtimes_draining_two_queues_of_one_store_share_partitions_only_with_their_own_queue(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import FakeClock
 
 from asynccoord import (
     CoordError,
@@ -37,7 +38,7 @@ from asynccoord import (
 )
 from asynccoord.backends.sql import load_migrations
 from asynccoord.stores import open_store
-from asynccoord.validation import MAX_DURATION_S
+from asynccoord.validation import MAX_DURATION_S, MIN_LEASE_S
 
 Q = "jobs"
 SCHEMA_VERSION = len(load_migrations("sqlite"))
@@ -45,6 +46,8 @@ ARG = InvalidArgumentError
 TYPE = InvalidTypeError
 MAX_S = MAX_DURATION_S
 YEAR = "31536000 seconds (one year, MAX_DURATION_S)"
+FLOOR = "must be >= 0.01 seconds (MIN_LEASE_S"  # how a lease below MIN_LEASE_S is refused
+SEQ = "partitions must be a sequence of ints (a list or tuple; sorted(s) for a set s) or None, got"
 
 
 def test_error_classes_are_builtin_subclasses() -> None:
@@ -297,6 +300,68 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
     ("purge-finished-age", lambda s: s.store.purge_finished(Q, older_than_s=math.nan), ARG, "older_than_s must be"),
     ("purge-finished-batch", lambda s: s.store.purge_finished(Q, older_than_s=0, batch=0), ARG, "batch must be >= 1"),
     ("purge-finished-queue", lambda s: s.store.purge_finished("", older_than_s=0), ARG, "queue must not be empty"),
+    # leases below MIN_LEASE_S (a unit mistake): refused before any task is leased or renewed
+    ("claim-lease-tiny", lambda s: s.store.claim(Q, node_id="n", lease_s=1e-9), ARG, f"lease_s {FLOOR}"),
+    (
+        "claim-lease-under",
+        lambda s: s.store.claim(Q, node_id="n", lease_s=0.0099),
+        ARG,
+        "before it is used), got 0.0099",
+    ),
+    ("claim-lease-tiny-got", lambda s: s.store.claim(Q, node_id="n", lease_s=1e-6), ARG, "got 1e-06"),
+    (
+        "unchecked-claim-lease-tiny",
+        lambda s: s.store.unchecked_claim(Q, node_id="n", lease_s=1e-9),
+        ARG,
+        f"lease_s {FLOOR}",
+    ),
+    ("extend-tiny", lambda s: s.store.extend(s.running, 1e-9), ARG, f"lease_s {FLOOR}"),
+    ("extend-many-tiny", lambda s: s.store.extend_many([s.running], 0.001), ARG, f"lease_s {FLOOR}"),
+    (
+        "claim-next-lease-tiny",
+        lambda s: s.store.complete_and_claim_next(s.running, lease_s=1e-6),
+        ARG,
+        f"lease_s {FLOOR}",
+    ),
+    # names that are only whitespace
+    ("queue-blank", lambda s: s.store.enqueue(" ", 1), ARG, "queue must not be only whitespace, got ' '"),
+    ("queue-blank-tabs", lambda s: s.store.enqueue("\t\n", 1), ARG, "queue must not be only whitespace"),
+    ("queue-blank-unicode", lambda s: s.store.enqueue("\u3000\xa0", 1), ARG, "queue must not be only whitespace"),
+    ("many-queue-blank", lambda s: s.store.enqueue_many([NewTask(queue="  ")]), ARG, "queue must not be only"),
+    ("claim-queue-blank", lambda s: s.store.claim("  ", node_id="n"), ARG, "queue must not be only whitespace"),
+    ("claim-node-blank", lambda s: s.store.claim(Q, node_id=" "), ARG, "node_id must not be only whitespace"),
+    ("claimable-queue-blank", lambda s: s.store.claimable_partitions(" "), ARG, "queue must not be only whitespace"),
+    ("stats-queue-blank", lambda s: s.store.stats(" "), ARG, "queue must not be only whitespace"),
+    ("drained-queue-blank", lambda s: s.store.is_drained(" "), ARG, "queue must not be only whitespace"),
+    ("requeue-queue-blank", lambda s: s.store.requeue_dead("\t"), ARG, "queue must not be only whitespace"),
+    ("processed-consumer-blank", lambda s: s.store.is_processed(" ", "m-1"), ARG, "consumer must not be only"),
+    (
+        "purge-finished-queue-blank",
+        lambda s: s.store.purge_finished(" ", older_than_s=0),
+        ARG,
+        "queue must not be only whitespace",
+    ),
+    # partitions: a sequence, as the argument's type says; a set has no order and is refused
+    ("claim-parts-set", lambda s: s.store.claim(Q, node_id="n", partitions={0, 1}), TYPE, f"{SEQ} set {{0, 1}}"),
+    (
+        "claim-parts-frozenset",
+        lambda s: s.store.claim(Q, node_id="n", partitions=frozenset({2})),
+        TYPE,
+        f"{SEQ} frozenset frozenset({{2}})",
+    ),
+    ("claim-parts-dict", lambda s: s.store.claim(Q, node_id="n", partitions={0: 1}), TYPE, f"{SEQ} dict {{0: 1}}"),
+    ("claim-parts-keys", lambda s: s.store.claim(Q, node_id="n", partitions={0: 1}.keys()), TYPE, f"{SEQ} dict_keys"),
+    ("claim-parts-bytes", lambda s: s.store.claim(Q, node_id="n", partitions=b"\x00"), TYPE, f"{SEQ} bytes"),
+    ("claim-parts-set-empty", lambda s: s.store.claim(Q, node_id="n", partitions=set()), TYPE, f"{SEQ} set set()"),
+    ("claimable-parts-set", lambda s: s.store.claimable_partitions(Q, {0, 1}), TYPE, f"{SEQ} set {{0, 1}}"),
+    ("claimable-parts-frozenset", lambda s: s.store.claimable_partitions(Q, frozenset()), TYPE, f"{SEQ} frozenset"),
+    ("claimable-parts-str", lambda s: s.store.claimable_partitions(Q, "01"), TYPE, f"{SEQ} str '01'"),
+    (
+        "unchecked-claim-parts-set",
+        lambda s: s.store.unchecked_claim(Q, node_id="n", partitions={0}),
+        TYPE,
+        f"{SEQ} set {{0}}",
+    ),
 ]
 
 
@@ -570,6 +635,23 @@ async def test_a_task_due_in_one_year_is_stored_and_not_claimable(store) -> None
     assert await store.extend(claimed, MAX_DURATION_S) == pytest.approx(await store.now() + MAX_DURATION_S, abs=5)
 
 
+async def test_the_bounds_refuse_only_what_is_outside_them(store, clock: FakeClock) -> None:
+    """A lease of exactly MIN_LEASE_S, names with spaces inside, blank keys (data, not names)
+    and partitions as any sequence are all accepted on every backend."""
+    assert MIN_LEASE_S == 0.01  # below the shortest lease the tests use (0.2 s)
+    task = (await store.enqueue("my queue", 1, partition_key=" ", idempotency_key=" \t")).task
+    assert (task.queue, task.partition_key, task.idempotency_key) == ("my queue", " ", " \t")
+    for parts in ((task.partition,), [task.partition], range(store.partitions)):
+        assert await store.claimable_partitions("my queue", parts) == {task.partition}
+    [claimed] = await store.claim("my queue", node_id="node a", lease_s=MIN_LEASE_S, partitions=(task.partition,))
+    assert claimed.lease_expires_at == pytest.approx(clock.now + MIN_LEASE_S, abs=1e-3)
+    assert await store.extend(claimed, MIN_LEASE_S) == pytest.approx(clock.now + MIN_LEASE_S, abs=1e-3)
+    assert await store.extend_many([claimed], 1) == [True]  # an int is a number of seconds too
+    await store.complete(claimed)
+    assert await store.is_processed("my queue", " \t")
+    assert (await store.enqueue("my queue", 2, idempotency_key=" \t")).created is False
+
+
 def test_configs_are_frozen_and_keyword_only() -> None:
     policy = RetryPolicy()
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -782,10 +864,18 @@ def _notifier_with_a_waiter() -> Any:
     return notifier
 
 
+def _send(_task: Task) -> None:
+    pass
+
+
 def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], str]]:
     from asynccoord.events import EventCounter
     from asynccoord.histogram import SLOTS, Histogram, LatencyRecorder
+    from asynccoord.lockpool import LockPool
+    from asynccoord.membership import Membership
+    from asynccoord.node import NodeConfig
     from asynccoord.notify import WorkNotifier
+    from asynccoord.runtime import Runtime
     from asynccoord.watchdog import Watchdog
 
     wd = Watchdog(MemoryStore())
@@ -875,6 +965,40 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
         ),
         ("subscribe-queue-int", lambda: WorkNotifier().subscribe(5), TYPE, "queue must be a str, got int 5"),
         ("arm-partitions-int", lambda: WorkNotifier().subscribe(Q).arm(5), TYPE, "partitions must be a collection"),
+        ("notify-queue-blank", lambda: WorkNotifier().notify(" "), ARG, "queue must not be only whitespace, got ' '"),
+        # leases and TTLs below MIN_LEASE_S, wherever they are configured
+        ("node-lease-tiny", lambda: NodeConfig(lease_s=1e-6), ARG, f"lease_s {FLOOR}: a shorter lease"),
+        ("node-lock-ttl-tiny", lambda: NodeConfig(lock_ttl_s=0.001), ARG, f"lock_ttl_s {FLOOR}"),
+        ("node-queue-blank", lambda: NodeConfig(queue="  "), ARG, "queue must not be only whitespace"),
+        ("interval-ttl-tiny", lambda: wd.check_interval(0.003, 0.001), ARG, f"ttl_s {FLOOR}"),
+        ("pool-ttl-tiny", lambda: LockPool(MemoryStore(), ttl_s=1e-3, holder="p"), ARG, f"ttl_s {FLOOR}"),
+        ("pool-holder-blank", lambda: LockPool(MemoryStore(), ttl_s=5, holder=" "), ARG, "holder must not be only"),
+        ("membership-ttl-tiny", lambda: Membership(MemoryStore(), ttl_s=0.005), ARG, f"ttl_s {FLOOR}"),
+        ("membership-queue-blank", lambda: Membership(MemoryStore(), queue=" "), ARG, "queue must not be only"),
+        (
+            "runtime-heartbeat-ttl-tiny",
+            lambda: Runtime(MemoryStore(), send=_send, heartbeat_ttl_s=0.005),
+            ARG,
+            f"heartbeat_ttl_s {FLOOR}",
+        ),
+        (
+            "runtime-heartbeat-interval-long",
+            lambda: Runtime(MemoryStore(), send=_send, heartbeat_ttl_s=1.0, heartbeat_interval_s=2.0),
+            ARG,
+            "heartbeat_interval_s must be < heartbeat_ttl_s (1.0) so nodes beat before they expire, got 2.0",
+        ),
+        (
+            "runtime-heartbeat-interval-default-ttl",
+            lambda: Runtime(MemoryStore(), send=_send, heartbeat_interval_s=5),
+            ARG,
+            "heartbeat_interval_s must be < heartbeat_ttl_s (5.0)",
+        ),
+        (
+            "runtime-node-id-blank",
+            lambda: Runtime(MemoryStore(), send=_send, node_ids=["a", "\t"]),
+            ARG,
+            "node_ids[i] must not be only whitespace, got '\\t'",
+        ),
     ]
 
 

@@ -18,12 +18,13 @@ from ..validation import (
     MAX_ATTEMPTS,
     MAX_NAME_LENGTH,
     MAX_PURGE_BATCH,
+    _short,
     check_bool,
     check_int,
+    check_lease_s,
     check_name,
     check_non_negative,
     check_optional_name,
-    check_positive,
     encode_payload,
 )
 
@@ -206,7 +207,7 @@ def check_claim_args(
     check_name("queue", queue)
     check_name("node_id", node_id)
     check_int("limit", limit, minimum=1, maximum=MAX_CLAIM_LIMIT)
-    lease = check_positive("lease_s", lease_s)
+    lease = check_lease_s("lease_s", lease_s)
     check_bool("ordered", ordered)
     parts = check_partition_list(partitions, partition_count)
     return cast(str, queue), cast(str, node_id), cast(int, limit), lease, parts, cast(bool, ordered)
@@ -227,15 +228,24 @@ def check_claimable_args(
 
 
 def check_partition_list(partitions: object, partition_count: int) -> list[int] | None:
-    """Check an optional collection of partition numbers (each in ``0..partition_count - 1``).
+    """Check an optional sequence of partition numbers (each in ``0..partition_count - 1``).
 
     Raises:
-        InvalidTypeError, InvalidArgumentError: naming the bad argument.
+        InvalidTypeError: ``partitions`` is neither None nor a sequence (a list, tuple or
+            range): a set, frozenset, dict, str or bytes is refused, as the argument's type
+            (``Sequence[int]``) says; pass ``sorted(s)`` for a set ``s``. Or an item that is
+            not an int.
+        InvalidArgumentError: an item outside ``0..partition_count - 1``.
     """
     if partitions is None:
         return None
-    if isinstance(partitions, str | bytes) or not isinstance(partitions, Sequence | set | frozenset):
-        raise InvalidTypeError(f"partitions must be a sequence of ints or None, got {type(partitions).__name__}")
+    if type(partitions) is not list and (
+        isinstance(partitions, str | bytes | bytearray) or not isinstance(partitions, Sequence)
+    ):
+        raise InvalidTypeError(
+            "partitions must be a sequence of ints (a list or tuple; sorted(s) for a set s) or None, "
+            f"got {type(partitions).__name__} {_short(partitions)}"
+        )
     return [check_int("partitions[i]", p, minimum=0, maximum=partition_count - 1) for p in partitions]
 
 
@@ -304,7 +314,7 @@ def check_task(task: object) -> Task:
     check_name("task.queue", task.queue)
     check_name("task.partition_key", task.partition_key, allow_empty=True)
     check_int("task.partition", task.partition, minimum=0, maximum=MAX_PARTITION)
-    check_optional_name("task.idempotency_key", task.idempotency_key)
+    check_optional_name("task.idempotency_key", task.idempotency_key, allow_blank=True)
     if not isinstance(task.status, TaskStatus):
         raise InvalidTypeError(f"task.status must be a TaskStatus, got {type(task.status).__name__} {task.status!r}")
     check_int("task.attempts", task.attempts, minimum=0, maximum=MAX_ATTEMPTS)
@@ -403,7 +413,7 @@ def check_continuation(
     owner = check_name("task.lease_owner", checked[0].lease_owner)
     encoded = encode_results([result], 1, config)
     fenced = check_fences(None if fence is None else [fence], 1)
-    return checked, encoded, fenced, check_positive("lease_s", lease_s), owner
+    return checked, encoded, fenced, check_lease_s("lease_s", lease_s), owner
 
 
 def notify_created(notifier: WorkNotifier, results: Sequence[EnqueueResult], prepared: Sequence[PreparedTask]) -> None:

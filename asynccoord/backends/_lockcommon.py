@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from ..errors import FencingTokenRejectedError, InvalidArgumentError, InvalidTypeError
 from ..lockmodels import Lease
-from ..validation import check_int, check_name, check_positive, encode_payload
+from ..validation import check_int, check_lease_s, check_name, encode_payload
 
 __all__ = (
     "MAX_FENCING_TOKEN",
@@ -70,7 +70,7 @@ def check_lock_request(name: object, ttl_s: object, permits: object, holder: obj
         InvalidTypeError, InvalidArgumentError: naming the bad argument and value.
     """
     check_name("name", name)
-    ttl = check_positive("ttl_s", ttl_s)
+    ttl = check_lease_s("ttl_s", ttl_s)
     count = check_int("permits", permits, minimum=1, maximum=MAX_PERMITS)
     check_name("holder", holder, allow_empty=True)
     return cast(str, name), ttl, count, cast(str, holder)
@@ -96,7 +96,7 @@ def check_lease(lease: object, arg: str = "lease") -> Lease:
     check_int(f"{arg}.fencing_token", lease.fencing_token, minimum=1, maximum=MAX_FENCING_TOKEN)
     check_name(f"{arg}.holder", lease.holder, allow_empty=True)
     check_int(f"{arg}.permits", lease.permits, minimum=1, maximum=MAX_PERMITS)
-    check_positive(f"{arg}.ttl_s", lease.ttl_s)
+    check_lease_s(f"{arg}.ttl_s", lease.ttl_s)
     return lease
 
 

@@ -7,7 +7,7 @@ from typing import cast
 
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..membermodels import MemberBeat
-from ..validation import check_name, check_positive, encode_payload
+from ..validation import check_lease_s, check_name, encode_payload
 
 __all__ = ("DEAD_MEMBER_RETENTION_S", "PreparedBeat", "check_leave_args", "prepare_beats")
 
@@ -25,7 +25,8 @@ def prepare_beats(beats: object, ttl_s: object, max_info_bytes: int) -> tuple[li
 
     Args:
         beats: A list or tuple of :class:`MemberBeat`, at most one per node id.
-        ttl_s: Seconds (> 0) each member stays live after this beat (store clock).
+        ttl_s: Seconds (0.01, ``validation.MIN_LEASE_S``, to one year) each member stays live after
+            this beat (store clock).
         max_info_bytes: Size limit of each encoded ``info``, bytes.
 
     Raises:
@@ -37,7 +38,7 @@ def prepare_beats(beats: object, ttl_s: object, max_info_bytes: int) -> tuple[li
     """
     if not isinstance(beats, list | tuple):
         raise InvalidTypeError(f"beats must be a list or tuple of MemberBeat, got {type(beats).__name__}")
-    ttl = check_positive("ttl_s", ttl_s)
+    ttl = check_lease_s("ttl_s", ttl_s)
     prepared: list[PreparedBeat] = []
     seen: set[str] = set()
     for index, beat in enumerate(cast(Sequence[object], beats)):

@@ -102,11 +102,13 @@ class QueueStore(Protocol):
         """Lease up to ``limit`` due tasks to ``node_id`` in one atomic statement.
 
         Args:
-            queue: Queue name.
-            node_id: Who claims (recorded as ``lease_owner``; ownership is by token).
+            queue: Queue name (1..255 characters, not only whitespace).
+            node_id: Who claims (recorded as ``lease_owner``; ownership is by token), a name
+                as ``queue``.
             limit: Most tasks to claim, 1..10000.
-            lease_s: Lease length, seconds (> 0).
-            partitions: Only tasks in these partitions (a sequence or a set); None for all.
+            lease_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year).
+            partitions: Only tasks in these partitions: a sequence (a list, tuple or range;
+                a set is refused, pass ``sorted(s)``); None for all.
             ordered: Per-key ordering: a task is claimable only when no earlier task
                 with the same partition key is pending or running.
             min_due_age_s: Only tasks that have been due for at least this many seconds
@@ -118,6 +120,11 @@ class QueueStore(Protocol):
             The claimed tasks, status ``running``, highest priority first then FIFO.
             Tasks whose idempotency key already has a processed-id record are
             marked done instead and counted as ``duplicate_delivery_suppressed``.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument, naming it (nothing is
+                claimed): an empty or blank ``queue`` or ``node_id``, ``lease_s`` below 0.01,
+                ``partitions`` that is no sequence (a set) or names a partition out of range...
         """
         ...
 
@@ -138,7 +145,8 @@ class QueueStore(Protocol):
 
         Args:
             queue: Queue name.
-            partitions: The partitions to look at (a sequence or a set); None for all.
+            partitions: The partitions to look at: a sequence (a list, tuple or range; a
+                set is refused, pass ``sorted(s)``); None for all.
             ordered: Count only keys' heads, as an ordered claim does.
             min_due_age_s: Only work due for at least this many seconds (store clock), as
                 in :meth:`claim`. Default 0.
@@ -148,6 +156,10 @@ class QueueStore(Protocol):
             (a key's head when ``ordered``) or an expired lease (also one on its last
             attempt: the claim dead-letters it and frees its key). It may name a partition
             whose work another node claims meanwhile.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument, naming it, as in
+                :meth:`claim` (``partitions`` a set, say).
         """
         ...
 
@@ -195,7 +207,8 @@ class QueueStore(Protocol):
             task: The task as returned by ``claim`` (or a previous continuation).
             result: Optional JSON result kept on the task.
             fence: ``(resource, fencing_token)`` checked and recorded as in :meth:`complete`.
-            lease_s: Lease length of the next task, seconds (> 0). Default 30.
+            lease_s: Lease length of the next task, seconds (0.01, ``validation.MIN_LEASE_S``, to
+                one year). Default 30.
 
         Returns:
             A :class:`~asynccoord.models.Continuation`: the done task and the next task
@@ -241,11 +254,18 @@ class QueueStore(Protocol):
 
         Raises:
             LeaseLostError: the lease expired or was taken; it is not revived.
+            InvalidTypeError, InvalidArgumentError: a bad task, or ``lease_s`` not a number
+                in 0.01 (``validation.MIN_LEASE_S``) .. one year (nothing written).
         """
         ...
 
     async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
-        """Renew many leases in one statement; True where the lease was still held."""
+        """Renew many leases in one statement; True where the lease was still held.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad task, or ``lease_s`` not a number
+                in 0.01 (``validation.MIN_LEASE_S``) .. one year (nothing written).
+        """
         ...
 
     async def get(self, task_id: int) -> Task:
@@ -336,8 +356,9 @@ class LockStore(Protocol):
         """One non-blocking attempt to take ``name`` (a permit of it when ``permits`` > 1).
 
         Args:
-            name: Lock name, 1..255 characters.
-            ttl_s: Lease length, seconds (> 0), from the store clock at the grant.
+            name: Lock name, 1..255 characters, not only whitespace.
+            ttl_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year), from the
+                store clock at the grant.
             permits: Leases the name may have at once (>= 1). Default 1: a lock.
             holder: Who acquires, for inspection (0..255 characters).
 
@@ -421,7 +442,8 @@ class MembershipStore(Protocol):
         Args:
             beats: One :class:`~asynccoord.membermodels.MemberBeat` per local node
                 (node ids distinct; may be empty, which only lists).
-            ttl_s: Seconds (> 0) the beaten members stay live (store clock).
+            ttl_s: Seconds (0.01, ``validation.MIN_LEASE_S``, to one year) the beaten members stay
+                live (store clock).
 
         Returns:
             The live members, sorted by node id.

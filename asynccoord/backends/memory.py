@@ -32,7 +32,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
-from ..validation import check_clock, check_int, check_name, check_non_negative, check_positive
+from ..validation import check_clock, check_int, check_lease_s, check_name, check_non_negative
 from ._common import (
     MAX_ID,
     QueueConveniences,
@@ -477,7 +477,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
     async def extend(self, task: Task, lease_s: float) -> float:
         """Renew the lease; an expired lease is never revived."""
         check_task(task)
-        lease = check_positive("lease_s", lease_s)
+        lease = check_lease_s("lease_s", lease_s)
         self._check_open()
         now = self._clock()
         current = self._held(task, now, count=False)  # a failed heartbeat is not a stale commit
@@ -487,7 +487,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
     async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
         """Renew many leases; True where the lease was still held."""
         checked = check_tasks(tasks)
-        lease = check_positive("lease_s", lease_s)
+        lease = check_lease_s("lease_s", lease_s)
         self._check_open()
         now = self._clock()
         out: list[bool] = []
@@ -557,7 +557,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
     async def is_processed(self, consumer: str, message_id: str) -> bool:
         """Whether a processed-id record exists."""
         check_name("consumer", consumer)
-        check_name("message_id", message_id)
+        check_name("message_id", message_id, allow_blank=True)
         self._check_open()
         return (consumer, message_id) in self._processed
 

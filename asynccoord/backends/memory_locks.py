@@ -20,7 +20,7 @@ from .. import events as ev
 from ..config import StoreConfig
 from ..events import EventCounter
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
-from ..validation import check_name, check_positive
+from ..validation import check_lease_s, check_name
 from ._common import new_token
 from ._lockcommon import (
     check_fence_args,
@@ -111,7 +111,7 @@ class MemoryLockOps:
     async def renew_lock(self, lease: Lease, ttl_s: float | None = None) -> Lease | None:
         """Extend a live lease to ``ttl_s`` (default ``lease.ttl_s``) from now; None if it lapsed."""
         check_lease(lease)
-        ttl = lease.ttl_s if ttl_s is None else check_positive("ttl_s", ttl_s)
+        ttl = lease.ttl_s if ttl_s is None else check_lease_s("ttl_s", ttl_s)
         self._check_open()
         return self._renew(lease, ttl, self._clock())
 

@@ -88,7 +88,15 @@ from ..histogram import LatencyRecorder
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..notify import WorkNotifier
 from ..stores import redact_location, redact_target, userinfo_spills
-from ..validation import check_bool, check_clock, check_int, check_name, check_non_negative, check_positive
+from ..validation import (
+    check_bool,
+    check_clock,
+    check_int,
+    check_lease_s,
+    check_name,
+    check_non_negative,
+    check_positive,
+)
 from ._batch import Batcher
 from ._common import (
     MAX_ID,
@@ -1460,7 +1468,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             LeaseLostError: the lease expired or was taken.
         """
         check_task(task)
-        lease = check_positive("lease_s", lease_s)
+        lease = check_lease_s("lease_s", lease_s)
         self._writable()
         key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, "lease_s": lease}
 
@@ -1491,7 +1499,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
             StoreConnectionError: the server stayed unreachable.
         """
         checked = check_tasks(tasks)
-        lease = check_positive("lease_s", lease_s)
+        lease = check_lease_s("lease_s", lease_s)
         if not checked:
             return []
         self._writable()
@@ -1668,7 +1676,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
     async def is_processed(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (consumer = queue name)."""
         check_name("consumer", consumer)
-        check_name("message_id", message_id)
+        check_name("message_id", message_id, allow_blank=True)
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
             return await self._row(conn, "is_processed", consumer=consumer, message_id=message_id) is not None

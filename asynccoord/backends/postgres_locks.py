@@ -29,7 +29,7 @@ from ..config import StoreConfig
 from ..errors import CoordError
 from ..events import EventCounter
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
-from ..validation import check_name, check_positive
+from ..validation import check_lease_s, check_name
 from ._batch import Batcher
 from ._common import decode_json, new_token
 from ._lockcommon import (
@@ -99,8 +99,9 @@ class PostgresLockOps:
         the background, so no lease is left without a holder.
 
         Args:
-            name: Lock name, 1..255 characters.
-            ttl_s: Lease length, seconds (> 0), counted from the server clock at the grant.
+            name: Lock name, 1..255 characters, not only whitespace.
+            ttl_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year), counted
+                from the server clock at the grant.
             permits: Leases the name may have at once (>= 1). Default 1: a lock.
             holder: Who acquires, for inspection (0..255 characters). Default ``""``.
 
@@ -238,7 +239,8 @@ class PostgresLockOps:
 
         Args:
             lease: The lease to renew.
-            ttl_s: New lease length, seconds (> 0); default ``lease.ttl_s``.
+            ttl_s: New lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year);
+                default ``lease.ttl_s``.
 
         Returns:
             The lease with its new ``expires_at`` (and ``ttl_s``), or None if it had
@@ -248,7 +250,7 @@ class PostgresLockOps:
             InvalidArgumentError, InvalidTypeError: a bad argument.
         """
         check_lease(lease)
-        ttl = lease.ttl_s if ttl_s is None else check_positive("ttl_s", ttl_s)
+        ttl = lease.ttl_s if ttl_s is None else check_lease_s("ttl_s", ttl_s)
         self._writable()
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> float | None:

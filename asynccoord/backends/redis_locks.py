@@ -74,7 +74,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
 from ..stores import redact_location, redact_target, userinfo_spills
-from ..validation import MAX_DURATION_S, check_clock, check_int, check_name, check_positive
+from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from ._batch import Batcher
 from ._common import decode_json, new_token
 from ._lockcommon import (
@@ -502,8 +502,9 @@ class RedisLockStore:
         If the caller is cancelled meanwhile, a granted lease is released in the background.
 
         Args:
-            name: Lock name, 1..255 characters.
-            ttl_s: Lease length, seconds (> 0), from the server clock at the grant.
+            name: Lock name, 1..255 characters, not only whitespace.
+            ttl_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year), from the
+                server clock at the grant.
             permits: Leases the name may have at once (>= 1). Default 1: a lock.
             holder: Who acquires, for inspection (0..255 characters).
 
@@ -608,7 +609,7 @@ class RedisLockStore:
             InvalidArgumentError, InvalidTypeError: a bad argument.
         """
         check_lease(lease)
-        ttl = lease.ttl_s if ttl_s is None else check_positive("ttl_s", ttl_s)
+        ttl = lease.ttl_s if ttl_s is None else check_lease_s("ttl_s", ttl_s)
         (renewed,) = await self._renew([(lease, ttl)])
         return renewed
 

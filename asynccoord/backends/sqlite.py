@@ -45,7 +45,7 @@ from ..events import EventCounter
 from ..histogram import LatencyRecorder
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
 from ..notify import WorkNotifier
-from ..validation import check_bool, check_clock, check_int, check_name, check_non_negative, check_positive
+from ..validation import check_bool, check_clock, check_int, check_lease_s, check_name, check_non_negative
 from ._checkpoint import WalCheckpointer
 from ._common import (
     MAX_ID,
@@ -803,7 +803,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             LeaseLostError: the lease expired or was taken.
         """
         check_task(task)
-        lease = check_positive("lease_s", lease_s)
+        lease = check_lease_s("lease_s", lease_s)
         key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, "lease_s": lease}
 
         def op(db: sqlite3.Connection, now: float) -> tuple[float | None, str | None]:
@@ -826,7 +826,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             InvalidTypeError, InvalidArgumentError: a bad task or ``lease_s``.
         """
         checked = check_tasks(tasks)
-        lease = check_positive("lease_s", lease_s)
+        lease = check_lease_s("lease_s", lease_s)
         if not checked:
             return []
         leases = json.dumps([[t.id, t.lease_token] for t in checked])
@@ -958,7 +958,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
     async def is_processed(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (consumer = queue name)."""
         check_name("consumer", consumer)
-        check_name("message_id", message_id)
+        check_name("message_id", message_id, allow_blank=True)
         row = await self._read(
             lambda db: db.execute(Q["is_processed"], {"consumer": consumer, "message_id": message_id}).fetchone()
         )

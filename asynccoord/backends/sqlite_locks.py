@@ -26,7 +26,7 @@ from .. import events as ev
 from ..config import StoreConfig
 from ..events import EventCounter
 from ..lockmodels import FenceRecord, Lease, LockBusy, LockInfo
-from ..validation import check_name, check_positive
+from ..validation import check_lease_s, check_name
 from ._common import decode_json, new_token
 from ._lockcommon import (
     check_fence_args,
@@ -137,8 +137,9 @@ class SQLiteLockOps:
         is queued, so no lease is left without a holder.
 
         Args:
-            name: Lock name, 1..255 characters.
-            ttl_s: Lease length, seconds (> 0), counted from the store clock at the grant.
+            name: Lock name, 1..255 characters, not only whitespace.
+            ttl_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year), counted
+                from the store clock at the grant.
             permits: Leases the name may have at once (>= 1). Default 1: a lock.
             holder: Who acquires, for inspection (0..255 characters). Default ``""``.
 
@@ -179,7 +180,8 @@ class SQLiteLockOps:
 
         Args:
             lease: The lease to renew.
-            ttl_s: New lease length, seconds (> 0); default ``lease.ttl_s``.
+            ttl_s: New lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year);
+                default ``lease.ttl_s``.
 
         Returns:
             The lease with its new ``expires_at`` (and ``ttl_s``), or None if it had
@@ -189,7 +191,7 @@ class SQLiteLockOps:
             InvalidArgumentError, InvalidTypeError: a bad argument.
         """
         check_lease(lease)
-        ttl = lease.ttl_s if ttl_s is None else check_positive("ttl_s", ttl_s)
+        ttl = lease.ttl_s if ttl_s is None else check_lease_s("ttl_s", ttl_s)
         key = {"owner_token": lease.owner_token, "name": lease.name, "ttl_s": ttl}
 
         def op(db: sqlite3.Connection, now: float) -> float | None:

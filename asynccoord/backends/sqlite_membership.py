@@ -79,7 +79,8 @@ class SQLiteMembershipOps:
 
         Args:
             beats: One :class:`MemberBeat` per local node (node ids distinct).
-            ttl_s: Seconds (> 0) the beaten members stay live without another beat.
+            ttl_s: Seconds (0.01, ``validation.MIN_LEASE_S``, to one year) the beaten members stay
+                live without another beat.
 
         Returns:
             Every live member (``expires_at`` after the store clock now), by node id.

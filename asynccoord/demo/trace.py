@@ -89,7 +89,7 @@ def _parse(line: str, where: str) -> TraceMessage:
             raise TraceFormatError(f"{where}: field {field!r} must not be empty")
     for field in ("msg_id", "conversation_id", "sender_id"):
         try:
-            check_name(field, row[field])
+            check_name(field, row[field], allow_blank=True)  # keys from the data, as the store takes them
         except CoordError as exc:
             raise TraceFormatError(f"{where}: {exc}") from None
     if not 0 <= row["ts_unix"] <= _MAX_TS_UNIX:
