@@ -6,6 +6,7 @@ import dataclasses
 import json
 import secrets
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -228,25 +229,34 @@ def check_claimable_args(
 
 
 def check_partition_list(partitions: object, partition_count: int) -> list[int] | None:
-    """Check an optional sequence of partition numbers (each in ``0..partition_count - 1``).
+    """Check an optional collection of partition numbers (each in ``0..partition_count - 1``).
+
+    A list, tuple or range is taken in its order; a set (``set``, ``frozenset``, a dict's
+    keys: what :meth:`~asynccoord.membership.Membership.owned_partitions` returns) is taken
+    sorted, so the same set gives the same list in every process.
 
     Raises:
-        InvalidTypeError: ``partitions`` is neither None nor a sequence (a list, tuple or
-            range): a set, frozenset, dict, str or bytes is refused, as the argument's type
-            (``Sequence[int]``) says; pass ``sorted(s)`` for a set ``s``. Or an item that is
-            not an int.
+        InvalidTypeError: ``partitions`` is neither None, a sequence nor a set (a dict, a
+            str or bytes are refused), or an item is not an int.
         InvalidArgumentError: an item outside ``0..partition_count - 1``.
     """
     if partitions is None:
         return None
-    if type(partitions) is not list and (
-        isinstance(partitions, str | bytes | bytearray) or not isinstance(partitions, Sequence)
-    ):
-        raise InvalidTypeError(
-            "partitions must be a sequence of ints (a list or tuple; sorted(s) for a set s) or None, "
-            f"got {type(partitions).__name__} {_short(partitions)}"
-        )
+    if type(partitions) is not list:
+        if isinstance(partitions, AbstractSet):
+            partitions = sorted(partitions, key=_sort_key)
+        elif isinstance(partitions, str | bytes | bytearray) or not isinstance(partitions, Sequence):
+            raise InvalidTypeError(
+                "partitions must be a collection of ints (a list, tuple, range or set) or None, "
+                f"got {type(partitions).__name__} {_short(partitions)}"
+            )
     return [check_int("partitions[i]", p, minimum=0, maximum=partition_count - 1) for p in partitions]
+
+
+def _sort_key(item: object) -> tuple[int, str]:
+    """Order a set's items for :func:`check_partition_list`: ints by value, anything else after
+    them by repr, so a set holding a wrong type sorts, and the wrong item is then named."""
+    return (item, "") if type(item) is int else (2**63, repr(item))
 
 
 def _looks_leased(task: Task) -> bool:

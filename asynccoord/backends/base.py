@@ -12,7 +12,7 @@ semantics; the contract test suite runs unchanged against every backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol, Self, runtime_checkable
 
 from ..config import RetryPolicy, StoreConfig
@@ -95,7 +95,7 @@ class QueueStore(Protocol):
         node_id: str,
         limit: int = 1,
         lease_s: float = 30.0,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         ordered: bool = False,
         min_due_age_s: float = 0.0,
     ) -> list[Task]:
@@ -107,8 +107,8 @@ class QueueStore(Protocol):
                 as ``queue``.
             limit: Most tasks to claim, 1..10000.
             lease_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year).
-            partitions: Only tasks in these partitions: a sequence (a list, tuple or range;
-                a set is refused, pass ``sorted(s)``); None for all.
+            partitions: Only tasks in these partitions: a list, tuple, range or set of
+                partition numbers (``0..partitions - 1``); None for all.
             ordered: Per-key ordering: a task is claimable only when no earlier task
                 with the same partition key is pending or running.
             min_due_age_s: Only tasks that have been due for at least this many seconds
@@ -131,7 +131,7 @@ class QueueStore(Protocol):
     async def claimable_partitions(
         self,
         queue: str,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         *,
         ordered: bool = False,
         min_due_age_s: float = 0.0,
@@ -145,8 +145,8 @@ class QueueStore(Protocol):
 
         Args:
             queue: Queue name.
-            partitions: The partitions to look at: a sequence (a list, tuple or range; a
-                set is refused, pass ``sorted(s)``); None for all.
+            partitions: The partitions to look at: a list, tuple, range or set of partition
+                numbers; None for all.
             ordered: Count only keys' heads, as an ordered claim does.
             min_due_age_s: Only work due for at least this many seconds (store clock), as
                 in :meth:`claim`. Default 0.

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any, Self
 
@@ -181,7 +181,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         node_id: str,
         limit: int = 1,
         lease_s: float = 30.0,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         ordered: bool = False,
         min_due_age_s: float = 0.0,
     ) -> list[Task]:
@@ -233,7 +233,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
     async def claimable_partitions(
         self,
         queue: str,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         *,
         ordered: bool = False,
         min_due_age_s: float = 0.0,
@@ -432,7 +432,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         node_id: str,
         limit: int = 1,
         lease_s: float = 30.0,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
     ) -> list[Task]:
         """Naive claim: read due pending tasks, yield, then mark them running unconditionally.
 

@@ -850,7 +850,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         node_id: str,
         limit: int = 1,
         lease_s: float = 30.0,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         ordered: bool = False,
         min_due_age_s: float = 0.0,
     ) -> list[Task]:
@@ -892,7 +892,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
     async def claimable_partitions(
         self,
         queue: str,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         *,
         ordered: bool = False,
         min_due_age_s: float = 0.0,
@@ -1537,7 +1537,7 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         node_id: str,
         limit: int = 1,
         lease_s: float = 30.0,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
     ) -> list[Task]:
         """Claim as a naive queue does: read due tasks, then mark them running, unconditionally.
 

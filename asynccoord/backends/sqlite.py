@@ -22,7 +22,7 @@ import operator
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self, cast
 
 import aiosqlite
@@ -459,7 +459,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         node_id: str,
         limit: int = 1,
         lease_s: float = 30.0,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         ordered: bool = False,
         min_due_age_s: float = 0.0,
     ) -> list[Task]:
@@ -535,7 +535,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
     async def claimable_partitions(
         self,
         queue: str,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         *,
         ordered: bool = False,
         min_due_age_s: float = 0.0,
@@ -848,7 +848,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         node_id: str,
         limit: int = 1,
         lease_s: float = 30.0,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
     ) -> list[Task]:
         """Claim as a naive queue does: read due tasks, then mark them running, unconditionally.
 
