@@ -1424,12 +1424,13 @@ class Node:
     async def _keeper(self) -> None:
         """Renew the leases of every task in flight with one ``extend_many`` per interval.
 
-        The renewals fall on a grid of the monotonic clock (multiples of ``lease_s / 3``),
-        so the nodes of a process with the same ``lease_s`` renew at the same moments
-        whenever each of them started, and the stores run their concurrent calls as one
-        statement (PostgreSQL) or one transaction (SQLite's group commit): renewals cost
-        about the same with 16 or 64 nodes. Each renewal still comes at most
-        ``lease_s / 3`` after the one before.
+        The renewals fall on a grid of the monotonic clock (every ``lease_s / 3``, shifted
+        by this process's :data:`_RENEWAL_PHASE`), so the nodes of a process with the same
+        ``lease_s`` renew at the same moments whenever each of them started, and the stores
+        run their concurrent calls as one statement (PostgreSQL) or one transaction
+        (SQLite's group commit): renewals cost about the same with 16 or 64 nodes. A
+        renewal comes about ``lease_s / 3`` after the one before (later only if the loop
+        or the store is late), never twice for one point of the grid.
 
         A lease that is not renewed before its local deadline (monotonic clock, with
         a safety margin) or that the store reports lost cancels its send. Locks are
@@ -1437,8 +1438,13 @@ class Node:
         """
         cfg = self.config
         interval_s = cfg.lease_s / 3
+        offset_s = _RENEWAL_PHASE * interval_s
+        point = (time.monotonic() - offset_s) // interval_s + 1  # the next point of the grid, in intervals
         while True:
-            await anyio.sleep(interval_s - time.monotonic() % interval_s)  # the next point of the grid
+            # Sleep to the point itself, not for what remains of an interval: timers that fire a
+            # little early (uvloop rounds them to whole milliseconds) would then renew again at once.
+            await anyio.sleep(max(0.0, offset_s + point * interval_s - time.monotonic()))
+            point = max(point + 1, (time.monotonic() - offset_s) // interval_s + 1)  # skip points missed
             flights = [f for f in self._in_flight.values() if f.lost is None and not f.settling]
             if not flights:
                 continue
@@ -1466,6 +1472,15 @@ class Node:
         flight.lost = reason
         self.store.events.add(ev.LEASE_LOST)
         _cut(flight)
+
+
+_RENEWAL_PHASE = random.random()
+"""Where this process's renewal grid starts, as a fraction of the interval (see ``Node._keeper``).
+
+The nodes of one process share it and renew together; the processes of one host (one
+monotonic clock) each draw their own, so they do not all renew, and contend for one SQLite
+file's write lock, at the same moment.
+"""
 
 
 def _lock_lost(flight: _InFlight, error: LockLostError) -> None:

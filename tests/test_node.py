@@ -1076,10 +1076,8 @@ async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(mak
     config = NodeConfig(queue=QUEUE, lease_s=lease_s, max_in_flight=1, claim_batch=1, **FAST_IDLE)
     a = Node(store, send, node_id="A", config=config)
     b = Node(store, send, node_id="B", config=config)
-    started = {"A": time.monotonic()}
     run_a = start(a)
     await asyncio.sleep(interval_s / 2)
-    started["B"] = time.monotonic()
     run_b = start(b)
 
     async def both_sent() -> bool:
@@ -1091,9 +1089,9 @@ async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(mak
 
     assert sorted(renewals) == ["A", "B"]
     for node_id, moments in renewals.items():
-        send_ended = sending[node_id][1]
+        send_started, send_ended = sending[node_id]
         # while its send ran, the node renewed at least every interval (with slack for a busy loop)
-        points = [started[node_id], *moments, send_ended]
+        points = [send_started, *moments, send_ended]
         gaps = [later - earlier for earlier, later in itertools.pairwise(points)]
         assert max(gaps) <= interval_s + 0.05, (node_id, gaps)
         assert len(moments) >= 3, (node_id, moments)
@@ -1103,3 +1101,43 @@ async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(mak
     assert len(both["B"]) >= 2, (overlap, dict(renewals))
     for moment in both["B"]:
         assert min(abs(moment - other) for other in both["A"]) < 0.01, (moment, both)
+
+
+async def test_a_timer_that_fires_early_does_not_make_the_keeper_renew_twice(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvloop's timers are whole milliseconds and may fire up to 1 ms early: one renewal per point."""
+    import anyio
+
+    store = await make_store(clock=None)
+    lease_s, send_s = 0.3, 0.65
+    await store.enqueue_many([NewTask(queue=QUEUE, payload="m", partition_key="k")])
+    renewals: list[float] = []
+    extend_many = store.extend_many
+
+    async def recording(tasks: list[Task], lease_s: float) -> list[bool]:
+        renewals.append(time.monotonic())
+        return await extend_many(tasks, lease_s)
+
+    store.extend_many = recording
+    real_sleep = anyio.sleep
+
+    async def early(delay: float) -> None:
+        await real_sleep(max(0.0, delay - 0.001))
+
+    monkeypatch.setattr(anyio, "sleep", early)
+    sent = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        await asyncio.sleep(send_s)
+        sent.set()
+
+    node = Node(store, send, node_id="A", config=NodeConfig(queue=QUEUE, lease_s=lease_s, **FAST_IDLE))
+    run = start(node)
+    await asyncio.wait_for(sent.wait(), 5.0)
+    await stop(node, run)
+
+    points = send_s / (lease_s / 3)  # 6.5 points of the grid while the send ran
+    assert int(points) - 1 <= len(renewals) <= int(points) + 1, renewals
+    gaps = [later - earlier for earlier, later in itertools.pairwise(renewals)]
+    assert min(gaps) > lease_s / 3 / 2, gaps  # none right after another

@@ -270,6 +270,9 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
     ("tamper-version-neg", lambda s: s.store.fail(tampered(s, version=-1), "e"), ARG, "task.version must be >= 0"),
     ("tamper-version-str", lambda s: s.store.release(tampered(s, version="1")), TYPE, "task.version must be an int"),
     ("tamper-queue-int", lambda s: s.store.complete(tampered(s, queue=5)), TYPE, "task.queue must be a str, got int"),
+    # blank names in a handed-back task: refused on the fast path of task checks too
+    ("tamper-queue-blank", lambda s: s.store.extend(tampered(s, queue=" "), 5), ARG, "task.queue must not be only"),
+    ("tamper-token-blank", lambda s: s.store.complete(tampered(s, lease_token="\t")), ARG, "task.lease_token must not"),
     ("tamper-key-none", lambda s: s.store.complete(tampered(s, partition_key=None)), TYPE, "task.partition_key must"),
     ("tamper-idem-int", lambda s: s.store.complete(tampered(s, idempotency_key=3)), TYPE, "task.idempotency_key must"),
     ("tamper-partition", lambda s: s.store.complete(tampered(s, partition=-5)), ARG, "task.partition must be >= 0"),

@@ -124,7 +124,8 @@ class QueueStore(Protocol):
         Raises:
             InvalidTypeError, InvalidArgumentError: a bad argument, naming it (nothing is
                 claimed): an empty or blank ``queue`` or ``node_id``, ``lease_s`` below 0.01,
-                ``partitions`` that is no sequence (a set) or names a partition out of range...
+                ``partitions`` that is no collection of ints (a dict, str or bytes) or names a
+                partition out of range...
         """
         ...
 
@@ -159,7 +160,7 @@ class QueueStore(Protocol):
 
         Raises:
             InvalidTypeError, InvalidArgumentError: a bad argument, naming it, as in
-                :meth:`claim` (``partitions`` a set, say).
+                :meth:`claim` (``partitions`` a dict, say).
         """
         ...
 
