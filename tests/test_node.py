@@ -847,6 +847,13 @@ async def enqueue_and_wait_done(store: Any, key: str, *, payload: Any) -> None:
     await wait_until(done, 3.0, "the conversation's task to be done")
 
 
+async def join_and_wait(membership: Membership, node_id: str) -> None:
+    """Join ``node_id`` and wait (up to 2 s per change of the view) until the view holds it."""
+    membership.join(node_id)
+    while node_id not in membership.view.node_ids:
+        await membership.wait_changed(membership.view.version, timeout_s=2.0)
+
+
 async def test_affinity_context_is_dropped_when_the_conversation_moves(make_store: Any) -> None:
     store = await make_store(clock=None)
     node_ids = ["node-a", "node-b"]
@@ -867,17 +874,14 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves(make_stor
 
     config = NodeConfig(queue=QUEUE, **FAST_IDLE)
     async with Membership(store, ttl_s=0.6, interval_s=0.1) as membership:
-        membership.join("node-a")
-        await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        await join_and_wait(membership, "node-a")
         a = Node(store, send, node_id="node-a", config=config, membership=membership)
         run_a = start(a)
         await send_one()
         await send_one()
         assert sends == [("node-a", 1), ("node-a", 2)]  # alone, node-a owns the conversation and keeps its context
 
-        membership.join("node-b")
-        while membership.view.node_ids != tuple(node_ids):
-            await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        await join_and_wait(membership, "node-b")
         b = Node(store, send, node_id="node-b", config=config, membership=membership)
         run_b = start(b)
         await send_one()
@@ -913,16 +917,13 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves_away_and_
     # Idle polls far apart: node-a claims only when an enqueue wakes it, never in between.
     config = NodeConfig(queue=QUEUE, idle_min_s=30.0, idle_max_s=60.0)
     async with Membership(store, ttl_s=0.6, interval_s=0.1) as membership:
-        membership.join("node-a")
-        await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        await join_and_wait(membership, "node-a")
         a = Node(store, send, node_id="node-a", config=config, membership=membership)
         run_a = start(a)
         await send_one()
         await send_one()
         assert sends == [1, 2]
-        membership.join("node-b")  # no node runs as node-b: the partition is away, nothing is claimed
-        while membership.view.node_ids != tuple(node_ids):
-            await membership.wait_changed(membership.view.version, timeout_s=2.0)
+        await join_and_wait(membership, "node-b")  # no node runs as node-b: the partition is away, nothing is claimed
         await membership.leave("node-b")
         assert membership.view.node_ids == ("node-a",)
         await send_one()
