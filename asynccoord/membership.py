@@ -53,10 +53,10 @@ from .partition import RendezvousTable
 from .validation import (
     check_callback,
     check_int,
+    check_interval_s,
     check_lease_s,
     check_name,
     check_non_negative,
-    check_positive,
     encode_payload,
 )
 
@@ -140,8 +140,8 @@ class Membership:
         store: A store with the membership primitives (``SQLiteStore``, ``MemoryStore``).
         ttl_s: Seconds (0.01, ``validation.MIN_LEASE_S``, to one year) a node stays live after a
             heartbeat (store clock). Default 5.
-        interval_s: Seconds (> 0, < ``ttl_s``) between heartbeats. Default ``ttl_s / 3``,
-            so two heartbeats may fail before the others see the nodes die.
+        interval_s: Seconds (>= 0.001, ``validation.MIN_INTERVAL_S``, and < ``ttl_s``) between
+            heartbeats. Default ``ttl_s / 3``, so two heartbeats may fail before the others see the nodes die.
         queue: Only members whose heartbeat ``info`` names this ``"queue"`` (as a
             :class:`~asynccoord.runtime.Runtime`'s nodes do), and the nodes joined here, are
             in :attr:`view` and share the partitions: nodes draining another queue of the
@@ -152,7 +152,8 @@ class Membership:
         InvalidTypeError: ``store`` lacks the membership primitives, or a duration is
             not a number.
         InvalidArgumentError: a duration <= 0 or not finite, ``ttl_s`` below 0.01
-            (``validation.MIN_LEASE_S``), or ``interval_s`` >= ``ttl_s``.
+            (``validation.MIN_LEASE_S``), ``interval_s`` below 0.001 (``validation.MIN_INTERVAL_S``)
+            or >= ``ttl_s``.
     """
 
     def __init__(
@@ -163,7 +164,7 @@ class Membership:
                 f"store must provide the membership primitives (heartbeat, leave, members), got {type(store).__name__}"
             )
         ttl = check_lease_s("ttl_s", ttl_s)
-        interval = ttl / 3 if interval_s is None else check_positive("interval_s", interval_s)
+        interval = ttl / 3 if interval_s is None else check_interval_s("interval_s", interval_s)
         if interval >= ttl:
             raise InvalidArgumentError(
                 f"interval_s must be < ttl_s ({ttl_s!r}) so members beat before they expire, got {interval_s!r}"

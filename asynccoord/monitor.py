@@ -76,7 +76,15 @@ from .monitormodels import (
     MetricsView,
     ProcessReport,
 )
-from .validation import check_bool, check_int, check_name, check_non_negative, check_positive, encode_payload
+from .validation import (
+    check_bool,
+    check_int,
+    check_interval_s,
+    check_name,
+    check_non_negative,
+    check_positive,
+    encode_payload,
+)
 
 __all__ = (
     "DEFAULT_RULES",
@@ -525,8 +533,9 @@ class Monitor:
     Args:
         store: An open store implementing :class:`~asynccoord.backends.base.MonitorStore`.
         rules: The alert rules (names unique). Default :data:`DEFAULT_RULES`.
-        flush_interval_s: Seconds between flushes of the counters (> 0). Default 1.
-        evaluate_interval_s: Seconds between rule evaluations (> 0). Default
+        flush_interval_s: Seconds between flushes of the counters (>= 0.001,
+            ``validation.MIN_INTERVAL_S``). Default 1.
+        evaluate_interval_s: Seconds between rule evaluations (>= 0.001). Default
             ``flush_interval_s``.
         retention_s: Time buckets kept in the store, seconds; must cover every rule's
             window and be at least ``flush_interval_s``. Default 900.
@@ -592,11 +601,11 @@ class Monitor:
         self.store = store
         self.lock_store = None if lock_store is store else lock_store
         self.rules = chosen
-        self.flush_interval_s = check_positive("flush_interval_s", flush_interval_s)
+        self.flush_interval_s = check_interval_s("flush_interval_s", flush_interval_s)
         self.evaluate_interval_s = (
             self.flush_interval_s
             if evaluate_interval_s is None
-            else check_positive("evaluate_interval_s", evaluate_interval_s)
+            else check_interval_s("evaluate_interval_s", evaluate_interval_s)
         )
         self.retention_s = check_positive("retention_s", retention_s)
         if self.flush_interval_s > self.retention_s:

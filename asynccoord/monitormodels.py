@@ -19,7 +19,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError, InvalidTypeError
 from .histogram import Histogram
-from .validation import check_name, check_positive
+from .validation import check_lease_s, check_name, check_positive
 
 __all__ = (
     "PROCESS_SCOPE",
@@ -192,7 +192,7 @@ class MetricsFlush:
         alerts: The monitor's firing alerts, replacing those it stored before; None
             leaves them as they are.
         alert_ttl_s: Stored alerts not refreshed for this long are dropped (the
-            monitor died), seconds (> 0). Default 30.
+            monitor died), seconds (>= 0.01, ``validation.MIN_LEASE_S``). Default 30.
         retention_s: Time buckets older than this are purged, seconds (> 0). Default 900.
         info: Free JSON object about the process (host, pid), for inspection.
 
@@ -234,7 +234,7 @@ class MetricsFlush:
             for alert in alerts:
                 if not isinstance(alert, Alert):
                     raise InvalidTypeError(f"alerts must hold Alert records, got {type(alert).__name__}")
-        check_positive("alert_ttl_s", self.alert_ttl_s)
+        check_lease_s("alert_ttl_s", self.alert_ttl_s)
         check_positive("retention_s", self.retention_s)
         if not isinstance(self.info, Mapping):
             raise InvalidTypeError(f"info must be a mapping, got {type(self.info).__name__}")

@@ -98,6 +98,7 @@ from .notify import WakeUp, WorkNotifier
 from .validation import (
     check_bool,
     check_int,
+    check_interval_s,
     check_lease_s,
     check_lock_store,
     check_name,
@@ -193,13 +194,15 @@ class NodeConfig:
             growing from min to max with full jitter with every empty claim and reset
             by a full one; an in-process enqueue or a commit that unblocks one of the
             node's keys wakes it at once (also one that arrives while it claims).
+            Each at least 0.001 (``validation.MIN_INTERVAL_S``), and max >= min.
             Defaults 0.05 and 1.0 (a standalone idle node costs about 2 claims/s at
             rest). In a Runtime the nodes do not back off by themselves: the runtime's
             one idle poll runs on this backoff for all of them (see
             :mod:`asynccoord.idlepoll`), about 2 reads/s per process at rest.
         idle_fallback_s: A node that does not poll by itself (``Node(idle_poll=False)``,
             as a Runtime makes them) still claims after waiting 0.5 to 1 times this long
-            without a wake-up: a safety net, should the idle poll fail. Default 30.
+            without a wake-up: a safety net, should the idle poll fail. At least 0.001.
+            Default 30.
         lock_ttl_s: Lock lease length, seconds, 0.01 (``validation.MIN_LEASE_S``) to one
             year (renewed with the task lease). Default 10.
         lock_permits: Permits per lock name: 1 for a lock, N (at most 2**31 - 1, the
@@ -259,11 +262,11 @@ class NodeConfig:
         check_int("claim_batch", self.claim_batch, minimum=1, maximum=10_000)
         check_int("max_in_flight", self.max_in_flight, minimum=1)
         check_positive("send_timeout_s", self.send_timeout_s)
-        check_positive("idle_min_s", self.idle_min_s)
-        check_positive("idle_max_s", self.idle_max_s)
+        check_interval_s("idle_min_s", self.idle_min_s)
+        check_interval_s("idle_max_s", self.idle_max_s)
         if self.idle_max_s < self.idle_min_s:
             raise InvalidArgumentError(f"idle_max_s ({self.idle_max_s!r}) must be >= idle_min_s ({self.idle_min_s!r})")
-        check_positive("idle_fallback_s", self.idle_fallback_s)
+        check_interval_s("idle_fallback_s", self.idle_fallback_s)
         check_lease_s("lock_ttl_s", self.lock_ttl_s)
         check_int("lock_permits", self.lock_permits, minimum=1, maximum=MAX_PERMITS)
         check_positive("lock_wait_s", self.lock_wait_s)

@@ -49,7 +49,7 @@ from .lockpool import LockPool
 from .membership import Membership
 from .models import TaskStatus
 from .node import LockKeyFn, Node, NodeConfig, NodeState, SendFn, failure_of
-from .validation import check_int, check_lease_s, check_name, check_positive, check_send
+from .validation import check_int, check_interval_s, check_lease_s, check_name, check_positive, check_send
 
 __all__ = ("Runtime",)
 
@@ -80,7 +80,8 @@ class Runtime:
             runtimes of one process never share a node id.
         heartbeat_ttl_s: A node whose heartbeat is older than this is dead, by the
             store clock, seconds (0.01, ``validation.MIN_LEASE_S``, to one year). Default 5.
-        heartbeat_interval_s: Seconds between heartbeats (> 0, < ``heartbeat_ttl_s``).
+        heartbeat_interval_s: Seconds between heartbeats (>= 0.001, ``validation.MIN_INTERVAL_S``,
+            and < ``heartbeat_ttl_s``).
             Default ``heartbeat_ttl_s / 3``.
         shutdown_timeout_s: How long in-flight sends may finish at shutdown. Default 10.
         lock_store: Where the nodes' locks live, if not in ``store`` (e.g. a
@@ -130,7 +131,7 @@ class Runtime:
         self.config = config or NodeConfig()
         self.heartbeat_ttl_s = check_lease_s("heartbeat_ttl_s", heartbeat_ttl_s)
         self.heartbeat_interval_s = (
-            None if heartbeat_interval_s is None else check_positive("heartbeat_interval_s", heartbeat_interval_s)
+            None if heartbeat_interval_s is None else check_interval_s("heartbeat_interval_s", heartbeat_interval_s)
         )
         if self.heartbeat_interval_s is not None and self.heartbeat_interval_s >= self.heartbeat_ttl_s:
             # Checked here, not only by Membership, so the error names the arguments given here.
@@ -504,10 +505,18 @@ class Runtime:
         Without ``predicate`` each poll is ``store.is_drained`` (an index probe); with one,
         ``store.stats`` (counts over the queue's tasks).
 
+        Args:
+            timeout_s: Longest wait, seconds (> 0).
+            poll_s: Seconds between polls (>= 0.001, ``validation.MIN_INTERVAL_S``).
+                Default 0.05.
+            predicate: Called with the queue's counts per status; the wait ends when it
+                returns True. Default None (nothing pending or running).
+
         Returns:
             True when drained, False when ``timeout_s`` passed first.
 
         Raises:
+            InvalidArgumentError, InvalidTypeError: a bad ``timeout_s`` or ``poll_s``.
             StoreClosedError, Exception: the runtime stopped by itself (a node failed) during
                 the wait: its failure, as :meth:`shutdown` raises it, at the next poll
                 instead of after ``timeout_s`` (nothing drains the queue any more).
@@ -516,7 +525,7 @@ class Runtime:
                 next poll.
         """
         check_positive("timeout_s", timeout_s)
-        check_positive("poll_s", poll_s)
+        check_interval_s("poll_s", poll_s)
         queue = self.config.queue
         with anyio.move_on_after(timeout_s):
             while True:

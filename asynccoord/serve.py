@@ -29,8 +29,9 @@ from typing import Any
 
 from ._loop import run as run_loop
 from ._signals import give_back_signal, take_signal
+from .backends._lockcommon import MAX_PERMITS
 from .errors import InvalidArgumentError, InvalidTypeError, StoreError
-from .validation import check_int, check_lease_s, check_positive
+from .validation import check_int, check_interval_s, check_lease_s, check_name, check_positive
 
 __all__ = ("check_run", "configure_run", "load_callable", "run_command")
 
@@ -133,10 +134,17 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from .node import NodeConfig
     from .stores import open_store, redact_target
 
+    # Each option is checked here under its own spelling; NodeConfig would name its field.
     check_int("--nodes", args.nodes, minimum=1, maximum=4096)
+    check_name("--queue", args.queue)
+    check_lease_s("--lease-s", args.lease_s)
+    check_lease_s("--lock-ttl-s", args.lock_ttl_s)
+    check_int("--lock-permits", args.lock_permits, minimum=1, maximum=MAX_PERMITS)
+    check_int("--max-in-flight", args.max_in_flight, minimum=1)
+    check_positive("--send-timeout-s", args.send_timeout_s)
     check_lease_s("--heartbeat-ttl-s", args.heartbeat_ttl_s)
     check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
-    check_positive("--idle-max-s", args.idle_max_s)
+    check_interval_s("--idle-max-s", args.idle_max_s)
     try:
         store = open_store(args.db, **store_options(args))  # parses the target; opens nothing
     except StoreError as exc:  # a PostgreSQL DSN but no asyncpg

@@ -10,8 +10,10 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Callable, Collection
-from typing import Any, cast
+import unicodedata
+from collections.abc import Callable, Collection, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any, TypeGuard, cast
 
 from ._errtext import error_text
 from .errors import InvalidArgumentError, InvalidTypeError, PayloadTooLargeError
@@ -21,12 +23,14 @@ __all__ = (
     "MAX_DURATION_S",
     "MAX_NAME_LENGTH",
     "MAX_PURGE_BATCH",
+    "MIN_INTERVAL_S",
     "MIN_LEASE_S",
     "check_bool",
     "check_callback",
     "check_clock",
     "check_finite",
     "check_int",
+    "check_interval_s",
     "check_lease_s",
     "check_lock_store",
     "check_name",
@@ -37,6 +41,8 @@ __all__ = (
     "check_queue_store",
     "check_send",
     "encode_payload",
+    "is_partition_collection",
+    "partitions_type_error",
 )
 
 MAX_NAME_LENGTH = 255
@@ -53,6 +59,16 @@ unit mistake (30 s converted to seconds twice: ``lease_s=30 / 1000 / 1000``) and
 with :class:`~asynccoord.errors.InvalidArgumentError` naming the argument, the value and this
 bound. It stops only the absurd values: a lease of 0.03 s is taken. The shortest leases the
 test suite uses are 0.2 s.
+"""
+
+MIN_INTERVAL_S = 0.001
+"""Shortest interval any loop may be given (a heartbeat's or a watchdog's renewal interval,
+a node's idle backoff, a poll, a monitor's flush): 1 ms, in seconds.
+
+An interval below it turns the loop into a busy loop that keeps a core and the store busy
+(``interval_s=1e-9``); such a value is refused with
+:class:`~asynccoord.errors.InvalidArgumentError` naming the argument, the value and this
+bound. The shortest intervals the test suite uses are 10 ms.
 """
 
 MAX_ATTEMPTS = 2**31 - 1
@@ -102,14 +118,14 @@ def check_clock(clock: Callable[[], float] | None) -> Callable[[], float] | None
 
 
 def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blank: bool = False) -> str:
-    """Check a text identifier: ``str``, 1..255 characters, not only whitespace, no NUL, no lone surrogate.
+    """Check a text identifier: ``str``, 1..255 characters, something visible, no NUL, no lone surrogate.
 
     Args:
         arg: The argument's name, used in the error message.
         value: The value to check.
-        allow_empty: Accept ``""`` and text that is only whitespace (used for the default
+        allow_empty: Accept ``""`` and text with nothing visible (used for the default
             partition key, and for a lock's optional ``holder`` label).
-        allow_blank: Accept text that is only whitespace (``" "``, ``"\\t"``), but not ``""``:
+        allow_blank: Accept text with nothing visible (``" "``, ``"\\t"``), but not ``""``:
             for opaque keys taken from the caller's data (an idempotency key, a message id),
             which are compared, never shown as names.
 
@@ -118,8 +134,9 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
 
     Raises:
         InvalidTypeError: ``value`` is not a ``str``.
-        InvalidArgumentError: empty, only whitespace (a name such as ``" "`` is a mistake
-            no one can see in a log line), longer than 255 characters, or holding a NUL
+        InvalidArgumentError: empty, only whitespace, control or format characters (a
+            name such as ``" "`` or ``"\\u200b"`` is a mistake no one can see in a log
+            line), longer than 255 characters, or holding a NUL
             character or a lone surrogate (neither SQLite text comparison nor PostgreSQL
             can keep those faithfully).
     """
@@ -128,7 +145,7 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
         and value.isascii()
         and 0 < len(value) <= MAX_NAME_LENGTH
         and "\x00" not in value
-        and not value.isspace()  # stops at the first other character: one test on a real name
+        and "!" <= value[0] <= "~"  # a visible first character: the name is not blank
     ):
         return value  # the common case (ASCII has no lone surrogates), on every task of a hot path
     if not isinstance(value, str):
@@ -143,6 +160,11 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
         )
     if "\x00" in value:
         raise InvalidArgumentError(f"{arg} must not contain NUL characters, got {_short(value)}")
+    if not (allow_empty or allow_blank) and all(_is_invisible(c) for c in value):
+        raise InvalidArgumentError(
+            f"{arg} must hold a visible character (not only whitespace, control or format characters "
+            f"such as a zero-width space), got {_short(value)}"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -150,6 +172,15 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
             f"{arg} must be valid Unicode text (no lone surrogates), got {_short(value)}"
         ) from None
     return value
+
+
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+
+
+def _is_invisible(char: str) -> bool:
+    """True for a character that shows nothing in a log line: whitespace, a control
+    character (``"\\x01"``) or a format character (``"\\u200b"``, a zero-width space)."""
+    return char.isspace() or unicodedata.category(char) in _INVISIBLE_CATEGORIES
 
 
 def check_optional_name(arg: str, value: object, *, allow_blank: bool = False) -> str | None:
@@ -239,6 +270,30 @@ def check_lease_s(arg: str, value: object) -> float:
     return number
 
 
+def check_interval_s(arg: str, value: object) -> float:
+    """Check a loop's interval, seconds: a finite number in [``MIN_INTERVAL_S``, ``MAX_DURATION_S``].
+
+    Args:
+        arg: The argument's name, used in the error message.
+        value: The value to check.
+
+    Returns:
+        The value as a float.
+
+    Raises:
+        InvalidTypeError: not an int or float (bool is refused).
+        InvalidArgumentError: NaN, infinite, zero or negative, below :data:`MIN_INTERVAL_S`
+            (0.001 s) or above :data:`MAX_DURATION_S` (one year).
+    """
+    number = check_positive(arg, value)
+    if number < MIN_INTERVAL_S:
+        raise InvalidArgumentError(
+            f"{arg} must be >= {MIN_INTERVAL_S} seconds (MIN_INTERVAL_S: a shorter interval is a busy loop), "
+            f"got {_short(value)}"
+        )
+    return number
+
+
 def check_non_negative(arg: str, value: object, *, maximum: float | None = MAX_DURATION_S) -> float:
     """Check a finite number >= 0 (delays such as ``delay_s``); return it as float.
 
@@ -298,7 +353,29 @@ def check_callback(arg: str, value: object) -> None:
         raise InvalidTypeError(f"{arg} must be a plain function, got {type(value).__name__} {_short(value)}")
 
 
-_PLAIN_COLLECTIONS = frozenset({frozenset, set, tuple, list})
+_PLAIN_COLLECTIONS = frozenset({frozenset, set, tuple, list, range})
+
+
+def is_partition_collection(value: object) -> TypeGuard[Collection[object]]:
+    """True if ``value`` has a kind a ``partitions`` argument may take: a sequence (list,
+    tuple, range...) or a set (``set``, ``frozenset``, a dict's keys), but not a str, bytes,
+    a mapping or a one-pass view such as ``dict.values()``.
+
+    One rule for every ``partitions`` argument: a claim's, a notifier's and a wake-up's.
+    """
+    if type(value) in _PLAIN_COLLECTIONS:
+        return True  # the common case, on hot paths; the ABC checks below are slower
+    if isinstance(value, str | bytes | bytearray):
+        return False
+    return isinstance(value, Sequence | AbstractSet)
+
+
+def partitions_type_error(arg: str, value: object) -> InvalidTypeError:
+    """The error for a ``partitions`` argument of the wrong kind (see :func:`is_partition_collection`)."""
+    return InvalidTypeError(
+        f"{arg} must be a collection of ints (a list, tuple, range or set) or None, "
+        f"got {type(value).__name__} {_short(value)}"
+    )
 
 
 def check_lock_store(arg: str, value: object) -> None:
@@ -330,22 +407,20 @@ def check_partitions(arg: str, value: object) -> Collection[int] | None:
 
     Args:
         arg: The argument's name, used in the error message.
-        value: None (every partition), or a set, frozenset, tuple, list... of ints.
+        value: None (every partition), or a list, tuple, range, set or frozenset of ints
+            (the kinds :func:`is_partition_collection` takes).
 
     Raises:
-        InvalidTypeError: neither None nor a collection (a str, a number...), or an item
-            that is not an int (bool is refused).
+        InvalidTypeError: neither None nor such a collection (a str, bytes, a dict, a
+            ``dict.values()`` view, a number...), or an item that is not an int (bool is
+            refused).
         InvalidArgumentError: a negative item.
     """
     if value is None:
         return None
-    if type(value) not in _PLAIN_COLLECTIONS and (
-        isinstance(value, str | bytes | bytearray) or not isinstance(value, Collection)  # an ABC check: slower
-    ):
-        raise InvalidTypeError(
-            f"{arg} must be a collection of ints (a set, say) or None, got {type(value).__name__} {_short(value)}"
-        )
-    items = cast("Collection[object]", value)
+    if not is_partition_collection(value):
+        raise partitions_type_error(arg, value)
+    items = value
     for item in items:
         if type(item) is not int or item < 0:  # the common case costs one test per item, on hot paths
             check_int(f"{arg} item", item, minimum=0)

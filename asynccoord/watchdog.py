@@ -39,7 +39,15 @@ from .backends._lockcommon import check_lease
 from .backends.base import LockStore
 from .errors import InvalidArgumentError, InvalidTypeError, LockLostError, MaxHoldExceededError
 from .lockmodels import Lease
-from .validation import check_bool, check_finite, check_lease_s, check_non_negative, check_positive, is_async_callable
+from .validation import (
+    check_bool,
+    check_finite,
+    check_interval_s,
+    check_lease_s,
+    check_non_negative,
+    check_positive,
+    is_async_callable,
+)
 
 __all__ = ("DEFAULT_SAFETY_MARGIN_RATIO", "Guard", "IDLE_EXIT_S", "MIN_RETRY_S", "Watchdog", "WatchdogStats")
 
@@ -321,16 +329,16 @@ class Watchdog:
 
         Args:
             ttl_s: The lease's TTL, seconds (0.01, ``validation.MIN_LEASE_S``, to one year).
-            renew_interval_s: Seconds between renewals (> 0).
+            renew_interval_s: Seconds between renewals (>= 0.001, ``validation.MIN_INTERVAL_S``).
 
         Raises:
             InvalidTypeError: ``ttl_s`` or ``renew_interval_s`` is not a number (bool is refused).
             InvalidArgumentError: ``ttl_s`` is not a finite number in 0.01..one year, or
-                ``renew_interval_s`` not one > 0 (at most one year), or the interval is not
+                ``renew_interval_s`` not one in 0.001..one year, or the interval is not
                 before the local deadline (``ttl_s * (1 - safety_margin_ratio)``).
         """
         ttl = check_lease_s("ttl_s", ttl_s)
-        interval = check_positive("renew_interval_s", renew_interval_s)
+        interval = check_interval_s("renew_interval_s", renew_interval_s)
         limit = ttl * (1.0 - self._margin_ratio)
         if interval >= limit:
             raise InvalidArgumentError(

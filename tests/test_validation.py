@@ -47,6 +47,10 @@ TYPE = InvalidTypeError
 MAX_S = MAX_DURATION_S
 YEAR = "31536000 seconds (one year, MAX_DURATION_S)"
 FLOOR = "must be >= 0.01 seconds (MIN_LEASE_S"  # how a lease below MIN_LEASE_S is refused
+VISIBLE = (
+    "must hold a visible character (not only whitespace, control or format characters such as a zero-width space),"
+)
+EVERY = "must be >= 0.001 seconds (MIN_INTERVAL_S: a shorter interval is a busy loop), got"  # a loop's floor
 SEQ = "partitions must be a collection of ints (a list, tuple, range or set) or None, got"
 
 
@@ -344,6 +348,12 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
         ARG,
         "queue must not be only whitespace",
     ),
+    # names with nothing visible: format (zero-width) and control characters too
+    ("queue-zero-width", lambda s: s.store.enqueue("\u200b", 1), ARG, f"queue {VISIBLE} got '\\u200b'"),
+    ("queue-control", lambda s: s.store.enqueue("\x01\x7f", 1), ARG, f"queue {VISIBLE} got '\\x01\\x7f'"),
+    ("queue-bom-space", lambda s: s.store.enqueue(" \ufeff\u2028", 1), ARG, f"queue {VISIBLE}"),
+    ("claim-node-invisible", lambda s: s.store.claim(Q, node_id="\u200d\u2060"), ARG, f"node_id {VISIBLE}"),
+    ("processed-consumer-invisible", lambda s: s.store.is_processed("\u200e", "m-1"), ARG, f"consumer {VISIBLE}"),
     # partitions: a collection of ints (a list, tuple, range or set), never a mapping or text
     ("claim-parts-dict", lambda s: s.store.claim(Q, node_id="n", partitions={0: 1}), TYPE, f"{SEQ} dict {{0: 1}}"),
     ("claim-parts-bytes", lambda s: s.store.claim(Q, node_id="n", partitions=b"\x00"), TYPE, f"{SEQ} bytes"),
@@ -631,11 +641,14 @@ async def test_a_task_due_in_one_year_is_stored_and_not_claimable(store) -> None
 
 
 async def test_the_bounds_refuse_only_what_is_outside_them(store, clock: FakeClock) -> None:
-    """A lease of exactly MIN_LEASE_S, names with spaces inside, blank keys (data, not names)
+    """A lease of exactly MIN_LEASE_S, names with spaces or invisible characters beside a visible
+    one, blank or invisible keys (data, not names)
     and partitions as any sequence or set are all accepted on every backend."""
     assert MIN_LEASE_S == 0.01  # below the shortest lease the tests use (0.2 s)
     task = (await store.enqueue("my queue", 1, partition_key=" ", idempotency_key=" \t")).task
     assert (task.queue, task.partition_key, task.idempotency_key) == ("my queue", " ", " \t")
+    hidden = (await store.enqueue("\u200b q", 1, partition_key="\u200b", idempotency_key="\u200b\x01")).task
+    assert (hidden.queue, hidden.partition_key, hidden.idempotency_key) == ("\u200b q", "\u200b", "\u200b\x01")
     owned = frozenset({task.partition, (task.partition + 1) % store.partitions})  # as owned_partitions gives it
     for parts in ((task.partition,), [task.partition], range(store.partitions), {task.partition}, owned, {}.keys()):
         expected = {task.partition} if parts else set()
@@ -867,6 +880,18 @@ def _send(_task: Task) -> None:
     pass
 
 
+def _monitor(**intervals_s: float) -> object:
+    from asynccoord.monitor import Monitor
+
+    return Monitor(MemoryStore(), rules=[], **intervals_s)
+
+
+def _metrics_flush(alert_ttl_s: float) -> object:
+    from asynccoord.monitormodels import MetricsFlush
+
+    return MetricsFlush(process_id="p", alert_ttl_s=alert_ttl_s)
+
+
 def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], str]]:
     from asynccoord.events import EventCounter
     from asynccoord.histogram import SLOTS, Histogram, LatencyRecorder
@@ -940,9 +965,19 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
             "notify-partitions-int",
             lambda: WorkNotifier().notify(Q, 1, 5),
             TYPE,
-            "partitions must be a collection of ints (a set, say) or None, got int 5",
+            f"{SEQ} int 5",
         ),
-        ("notify-partitions-str", lambda: WorkNotifier().notify(Q, 1, "12"), TYPE, "partitions must be a collection"),
+        ("notify-partitions-str", lambda: WorkNotifier().notify(Q, 1, "12"), TYPE, f"{SEQ} str '12'"),
+        # one rule for every partitions argument: a dict or a one-pass view is refused as claim refuses it
+        ("notify-partitions-dict", lambda: WorkNotifier().notify(Q, 1, {0: 1}), TYPE, f"{SEQ} dict {{0: 1}}"),
+        (
+            "notify-partitions-values",
+            lambda: WorkNotifier().notify(Q, 1, {"a": 0}.values()),
+            TYPE,
+            f"{SEQ} dict_values",
+        ),
+        ("subscribe-partitions-dict", lambda: WorkNotifier().subscribe(Q, {1: 0}), TYPE, f"{SEQ} dict {{1: 0}}"),
+        ("arm-partitions-bytes", lambda: WorkNotifier().subscribe(Q).arm(b"\x01"), TYPE, f"{SEQ} bytes"),
         ("notify-partition-str", lambda: WorkNotifier().notify(Q, 1, {"a"}), TYPE, "partitions item must be an int"),
         (
             "notify-partition-neg",
@@ -954,7 +989,7 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
             "subscribe-partitions-int",
             lambda: WorkNotifier().subscribe(Q, partitions=5),
             TYPE,
-            "partitions must be a collection of ints (a set, say) or None, got int 5",
+            f"{SEQ} int 5",
         ),
         (
             "subscribe-partition-bool",
@@ -998,6 +1033,21 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
             ARG,
             "node_ids[i] must not be only whitespace, got '\\t'",
         ),
+        # intervals below MIN_INTERVAL_S (a busy loop), wherever a loop is configured
+        (
+            "runtime-heartbeat-interval-tiny",
+            lambda: Runtime(MemoryStore(), send=_send, heartbeat_interval_s=1e-9),
+            ARG,
+            f"heartbeat_interval_s {EVERY} 1e-09",
+        ),
+        ("membership-interval-tiny", lambda: Membership(MemoryStore(), interval_s=1e-4), ARG, f"interval_s {EVERY}"),
+        ("node-idle-min-tiny", lambda: NodeConfig(idle_min_s=1e-6), ARG, f"idle_min_s {EVERY} 1e-06"),
+        ("node-idle-max-tiny", lambda: NodeConfig(idle_min_s=1e-3, idle_max_s=5e-4), ARG, f"idle_max_s {EVERY}"),
+        ("node-idle-fallback-tiny", lambda: NodeConfig(idle_fallback_s=1e-5), ARG, f"idle_fallback_s {EVERY}"),
+        ("watchdog-interval-tiny", lambda: wd.check_interval(1.0, 1e-7), ARG, f"renew_interval_s {EVERY}"),
+        ("monitor-flush-tiny", lambda: _monitor(flush_interval_s=1e-4), ARG, f"flush_interval_s {EVERY}"),
+        ("monitor-evaluate-tiny", lambda: _monitor(evaluate_interval_s=1e-4), ARG, f"evaluate_interval_s {EVERY}"),
+        ("flush-alert-ttl-tiny", lambda: _metrics_flush(1e-3), ARG, f"alert_ttl_s {FLOOR}"),
     ]
 
 
@@ -1094,9 +1144,7 @@ async def test_work_notifier_wait_checks_before_waiting() -> None:
     from asynccoord.notify import WorkNotifier
 
     notifier = WorkNotifier()
-    with pytest.raises(
-        InvalidTypeError, match=re.escape("partitions must be a collection of ints (a set, say) or None")
-    ):
+    with pytest.raises(InvalidTypeError, match=re.escape(SEQ)):
         await notifier.wait(Q, 0.01, partitions=5)  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match=re.escape("partitions item must be an int, got str 'x'")):
         await notifier.wait(Q, 0.01, partitions=["x"])  # type: ignore[list-item]

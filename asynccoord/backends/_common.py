@@ -19,7 +19,6 @@ from ..validation import (
     MAX_ATTEMPTS,
     MAX_NAME_LENGTH,
     MAX_PURGE_BATCH,
-    _short,
     check_bool,
     check_int,
     check_lease_s,
@@ -27,6 +26,8 @@ from ..validation import (
     check_non_negative,
     check_optional_name,
     encode_payload,
+    is_partition_collection,
+    partitions_type_error,
 )
 
 __all__ = (
@@ -245,11 +246,8 @@ def check_partition_list(partitions: object, partition_count: int) -> list[int] 
     if type(partitions) is not list:
         if isinstance(partitions, AbstractSet):
             partitions = sorted(partitions, key=_sort_key)
-        elif isinstance(partitions, str | bytes | bytearray) or not isinstance(partitions, Sequence):
-            raise InvalidTypeError(
-                "partitions must be a collection of ints (a list, tuple, range or set) or None, "
-                f"got {type(partitions).__name__} {_short(partitions)}"
-            )
+        elif not is_partition_collection(partitions):
+            raise partitions_type_error("partitions", partitions)
     return [check_int("partitions[i]", p, minimum=0, maximum=partition_count - 1) for p in partitions]
 
 
@@ -283,12 +281,12 @@ def _looks_leased(task: Task) -> bool:
         and token.isascii()
         and 0 < len(token) <= MAX_NAME_LENGTH
         and "\x00" not in token
-        and not token.isspace()
+        and "!" <= token[0] <= "~"
         and type(queue) is str
         and queue.isascii()
         and 0 < len(queue) <= MAX_NAME_LENGTH
         and "\x00" not in queue
-        and not queue.isspace()
+        and "!" <= queue[0] <= "~"
         and type(key) is str
         and key.isascii()
         and len(key) <= MAX_NAME_LENGTH
