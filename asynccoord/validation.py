@@ -261,36 +261,20 @@ def check_lease_s(arg: str, value: object) -> float:
     """
     if type(value) is float and MIN_LEASE_S <= value <= MAX_DURATION_S:
         return value  # the common case, checked once per claim, renewal or lock on hot paths
-    number = check_positive(arg, value)
-    if number < MIN_LEASE_S:
-        raise InvalidArgumentError(
-            f"{arg} must be >= {MIN_LEASE_S} seconds (MIN_LEASE_S: a shorter lease lapses before it is used), "
-            f"got {_short(value)}"
-        )
-    return number
+    return _check_at_least(arg, value, MIN_LEASE_S, "MIN_LEASE_S: a shorter lease lapses before it is used")
 
 
 def check_interval_s(arg: str, value: object) -> float:
-    """Check a loop's interval, seconds: a finite number in [``MIN_INTERVAL_S``, ``MAX_DURATION_S``].
+    """Check a loop's interval, seconds: as :func:`check_lease_s`, with the floor
+    :data:`MIN_INTERVAL_S` (0.001 s) instead of ``MIN_LEASE_S``; return it as a float."""
+    return _check_at_least(arg, value, MIN_INTERVAL_S, "MIN_INTERVAL_S: a shorter interval is a busy loop")
 
-    Args:
-        arg: The argument's name, used in the error message.
-        value: The value to check.
 
-    Returns:
-        The value as a float.
-
-    Raises:
-        InvalidTypeError: not an int or float (bool is refused).
-        InvalidArgumentError: NaN, infinite, zero or negative, below :data:`MIN_INTERVAL_S`
-            (0.001 s) or above :data:`MAX_DURATION_S` (one year).
-    """
+def _check_at_least(arg: str, value: object, floor: float, why: str) -> float:
+    """:func:`check_positive`, then refuse a number below ``floor`` seconds, saying ``why``."""
     number = check_positive(arg, value)
-    if number < MIN_INTERVAL_S:
-        raise InvalidArgumentError(
-            f"{arg} must be >= {MIN_INTERVAL_S} seconds (MIN_INTERVAL_S: a shorter interval is a busy loop), "
-            f"got {_short(value)}"
-        )
+    if number < floor:
+        raise InvalidArgumentError(f"{arg} must be >= {floor} seconds ({why}), got {_short(value)}")
     return number
 
 
