@@ -77,6 +77,7 @@ from .monitormodels import (
     ProcessReport,
 )
 from .validation import (
+    MAX_DURATION_S,
     check_bool,
     check_int,
     check_interval_s,
@@ -632,7 +633,8 @@ class Monitor:
         limit = getattr(getattr(store, "config", None), "max_payload_bytes", None)
         max_bytes = limit if isinstance(limit, int) else StoreConfig().max_payload_bytes
         encode_payload(self.info, max_bytes=max_bytes, arg="info")
-        self.alert_ttl_s = max(10.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s))
+        # Three intervals, at most the longest duration a store takes (intervals near a year).
+        self.alert_ttl_s = min(MAX_DURATION_S, max(10.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s)))
         self._tracked: dict[str, EventCounter] = {}
         self._sent_events: dict[tuple[str, str], int] = {}
         self._sent_latency: dict[str, Histogram] = {}

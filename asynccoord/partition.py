@@ -12,6 +12,10 @@ Two steps, both pure functions of their inputs (no I/O, no per-process state):
    IEEE/ACM Transactions on Networking, 1998. Every node scores every partition and
    the highest score wins, so when a node joins only the partitions it now wins move
    (all of them to it), and when it leaves only its own partitions move.
+
+Node ids are taken as the store holds them: one of only whitespace, which
+:meth:`~asynccoord.membership.Membership.join` refuses but code from before that rule
+wrote, scores like any other, so such a member never stops the assignment.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def owner_of(partition: int, nodes: Iterable[str]) -> str:
     _check_nodes(nodes)
     best: tuple[int, str] | None = None
     for node in nodes:
-        check_name("node", node)
+        check_name("node", node, allow_blank=True)
         candidate = (_score(node, partition), node)
         if best is None or candidate[0] > best[0] or (candidate[0] == best[0] and node < best[1]):
             best = candidate
@@ -140,7 +144,7 @@ class RendezvousTable:
             InvalidArgumentError: ``nodes`` is empty.
         """
         _check_nodes(nodes)
-        members = sorted({check_name("node", n) for n in nodes})
+        members = sorted({check_name("node", n, allow_blank=True) for n in nodes})
         if not members:
             raise InvalidArgumentError("nodes must name at least one node, got none")
         vectors = [self._node_scores(n) for n in members]
@@ -186,8 +190,8 @@ def owned_partitions(node: str, partitions: int, nodes: Sequence[str]) -> frozen
             or not iterable, or a node id in it is not a str.
         InvalidArgumentError: ``partitions`` outside 1..:data:`MAX_PARTITIONS`.
     """
-    check_name("node", node)
+    check_name("node", node, allow_blank=True)
     check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
     _check_nodes(nodes)
-    members = {check_name("node", n) for n in nodes} | {node}
+    members = {check_name("node", n, allow_blank=True) for n in nodes} | {node}
     return assign(partitions, sorted(members))[node]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import unicodedata
 from collections.abc import Callable, Collection, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeGuard, cast
@@ -118,14 +117,14 @@ def check_clock(clock: Callable[[], float] | None) -> Callable[[], float] | None
 
 
 def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blank: bool = False) -> str:
-    """Check a text identifier: ``str``, 1..255 characters, something visible, no NUL, no lone surrogate.
+    """Check a text identifier: ``str``, 1..255 characters, not only whitespace, no NUL, no lone surrogate.
 
     Args:
         arg: The argument's name, used in the error message.
         value: The value to check.
-        allow_empty: Accept ``""`` and text with nothing visible (used for the default
+        allow_empty: Accept ``""`` and text that is only whitespace (used for the default
             partition key, and for a lock's optional ``holder`` label).
-        allow_blank: Accept text with nothing visible (``" "``, ``"\\t"``), but not ``""``:
+        allow_blank: Accept text that is only whitespace (``" "``, ``"\\t"``), but not ``""``:
             for opaque keys taken from the caller's data (an idempotency key, a message id),
             which are compared, never shown as names.
 
@@ -134,9 +133,8 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
 
     Raises:
         InvalidTypeError: ``value`` is not a ``str``.
-        InvalidArgumentError: empty, only whitespace, control or format characters (a
-            name such as ``" "`` or ``"\\u200b"`` is a mistake no one can see in a log
-            line), longer than 255 characters, or holding a NUL
+        InvalidArgumentError: empty, only whitespace (a name such as ``" "`` is a mistake
+            no one can see in a log line), longer than 255 characters, or holding a NUL
             character or a lone surrogate (neither SQLite text comparison nor PostgreSQL
             can keep those faithfully).
     """
@@ -145,7 +143,7 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
         and value.isascii()
         and 0 < len(value) <= MAX_NAME_LENGTH
         and "\x00" not in value
-        and "!" <= value[0] <= "~"  # a visible first character: the name is not blank
+        and not value.isspace()  # stops at the first other character: one test on a real name
     ):
         return value  # the common case (ASCII has no lone surrogates), on every task of a hot path
     if not isinstance(value, str):
@@ -160,11 +158,6 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
         )
     if "\x00" in value:
         raise InvalidArgumentError(f"{arg} must not contain NUL characters, got {_short(value)}")
-    if not (allow_empty or allow_blank) and all(_is_invisible(c) for c in value):
-        raise InvalidArgumentError(
-            f"{arg} must hold a visible character (not only whitespace, control or format characters "
-            f"such as a zero-width space), got {_short(value)}"
-        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -172,15 +165,6 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
             f"{arg} must be valid Unicode text (no lone surrogates), got {_short(value)}"
         ) from None
     return value
-
-
-_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
-
-
-def _is_invisible(char: str) -> bool:
-    """True for a character that shows nothing in a log line: whitespace, a control
-    character (``"\\x01"``) or a format character (``"\\u200b"``, a zero-width space)."""
-    return char.isspace() or unicodedata.category(char) in _INVISIBLE_CATEGORIES
 
 
 def check_optional_name(arg: str, value: object, *, allow_blank: bool = False) -> str | None:
@@ -343,13 +327,13 @@ _PLAIN_COLLECTIONS = frozenset({frozenset, set, tuple, list, range})
 def is_partition_collection(value: object) -> TypeGuard[Collection[object]]:
     """True if ``value`` has a kind a ``partitions`` argument may take: a sequence (list,
     tuple, range...) or a set (``set``, ``frozenset``, a dict's keys), but not a str, bytes,
-    a mapping or a one-pass view such as ``dict.values()``.
+    a bytearray, a memoryview, a mapping or a one-pass view such as ``dict.values()``.
 
     One rule for every ``partitions`` argument: a claim's, a notifier's and a wake-up's.
     """
     if type(value) in _PLAIN_COLLECTIONS:
         return True  # the common case, on hot paths; the ABC checks below are slower
-    if isinstance(value, str | bytes | bytearray):
+    if isinstance(value, str | bytes | bytearray | memoryview):
         return False
     return isinstance(value, Sequence | AbstractSet)
 

@@ -702,6 +702,25 @@ async def test_a_malformed_member_row_does_not_stop_the_heartbeats(db_path: Path
                 membership.owned_partitions("good-node")
 
 
+async def test_a_blank_member_id_from_an_older_version_does_not_break_the_assignment(db_path: Path) -> None:
+    """Code from before the blank-name rule took a node id of only whitespace; one such member
+    still heartbeating (an older process in a rolling upgrade) is a member like any other here: the assignment takes
+    the id as the store holds it, and this process's nodes keep their partitions."""
+    async with SQLiteStore(db_path) as store:
+        membership = Membership(store, ttl_s=5.0, interval_s=0.1)
+        membership.join("good-node")
+        async with membership:
+            await store.heartbeat([MemberBeat(node_id="placeholder", incarnation="i1", info={})], ttl_s=60.0)
+            with sqlite3.connect(db_path) as raw:
+                raw.execute("UPDATE coord_members SET node_id = ? WHERE node_id = 'placeholder'", (" ",))
+            view = membership.view
+            while set(view.node_ids) != {" ", "good-node"}:
+                view = await membership.wait_changed(view.version, timeout_s=2.0)
+            mine = membership.owned_partitions("good-node")
+            assert mine == assign(store.partitions, [" ", "good-node"])["good-node"]
+            assert 0 < len(mine) < store.partitions  # the blank member owns the rest
+
+
 async def test_a_listener_sees_every_change_of_the_view_even_one_undone_at_once(
     store, caplog: pytest.LogCaptureFixture
 ) -> None:

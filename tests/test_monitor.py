@@ -43,6 +43,7 @@ from asynccoord.backends._monitorcommon import RETIRED_PROCESS_ID
 from asynccoord.backends.base import MonitorStore
 from asynccoord.monitor import DEFAULT_RULES, cluster_snapshot
 from asynccoord.monitormodels import MetricsFlush
+from asynccoord.validation import MAX_DURATION_S
 
 Store = MemoryStore | SQLiteStore
 
@@ -108,6 +109,15 @@ def test_every_event_name_makes_a_rule() -> None:
 def test_monitor_refuses_rules_that_are_no_sequence(rules: Any) -> None:
     with pytest.raises(InvalidTypeError, match="rules must be a sequence of AlertRule"):
         Monitor(MemoryStore(), rules=rules)
+
+
+async def test_a_monitor_with_intervals_near_a_year_still_flushes() -> None:
+    """Its alerts' TTL (three intervals) is capped at the longest duration a store takes, so a
+    long evaluate interval that the constructor accepts does not make every flush fail."""
+    async with MemoryStore() as store:
+        monitor = Monitor(store, rules=[], evaluate_interval_s=2e7, retention_s=3e7, background=False)
+        assert monitor.alert_ttl_s == MAX_DURATION_S
+        assert await monitor.flush(force=True) is not None
 
 
 def test_monitor_validation() -> None:

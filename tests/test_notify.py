@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,68 @@ async def test_sqlite_commit_wakes_only_the_owner_of_a_newly_claimable_head(tmp_
         assert not k2_node.is_set
         [second] = await store.claim("chat", node_id="n1", limit=2, ordered=True)
         assert (second.partition_key, second.payload) == ("k1", 1)
+
+
+class RecordingNotifier(WorkNotifier):
+    """Records what it is asked to notify."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int, object]] = []
+
+    def notify(self, queue: str, n: int = 1, partitions: Any = None) -> int:
+        self.calls.append((queue, n, partitions))
+        return super().notify(queue, n, partitions)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "{",  # not JSON
+        '"12"',  # JSON, not an object
+        "[1, 2]",
+        '{"s": "other", "n": 1}',  # no queue
+        '{"s": "other", "q": 5, "n": 1}',  # a queue that is no str
+        '{"s": "other", "q": " ", "n": 1}',
+        '{"s": "other", "q": "q", "n": "1"}',  # a count that is no int
+        '{"s": "other", "q": "q", "n": true}',
+        '{"s": "other", "q": "q", "n": 1.5}',
+        '{"s": "other", "q": "q", "n": -1}',
+        '{"s": "other", "q": "q", "n": 1, "p": "12"}',  # partitions that are no array of ints >= 0
+        '{"s": "other", "q": "q", "n": 1, "p": {"3": 1}}',
+        '{"s": "other", "q": "q", "n": 1, "p": [true]}',
+        '{"s": "other", "q": "q", "n": 1, "p": [1.9]}',
+        '{"s": "other", "q": "q", "n": 1, "p": ["7"]}',
+        '{"s": "other", "q": "q", "n": 1, "p": [-1]}',
+    ],
+)
+def test_a_postgres_listener_drops_a_notification_it_would_have_to_convert(
+    payload: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A notification is taken only as encode_notification writes it (a str queue, an int count,
+    an array of ints or null), never converted: "12" is not partitions [1, 2], nor 1.9 partition 1."""
+    from asynccoord.backends._pgconn import PgListener
+
+    notifier = RecordingNotifier()
+    listener = PgListener(_never_connects, channel="c", sender="me", notifier=notifier)
+    with caplog.at_level("WARNING", logger="asynccoord"):
+        listener._on_notify(None, 0, "c", payload)
+    assert notifier.calls == []
+    assert listener.received == 0
+    assert "asynccoord.postgres.bad_notification" in caplog.text
+
+
+def test_a_postgres_listener_passes_on_what_other_stores_notify() -> None:
+    from asynccoord.backends._pgconn import PgListener, encode_notification
+
+    notifier = RecordingNotifier()
+    listener = PgListener(_never_connects, channel="c", sender="me", notifier=notifier)
+    listener._on_notify(None, 0, "c", encode_notification("other", "q", 3, {7, 2}))
+    listener._on_notify(None, 0, "c", encode_notification("other", "q", 1, None))
+    listener._on_notify(None, 0, "c", encode_notification("me", "q", 1, None))  # its own: ignored
+    assert notifier.calls == [("q", 3, [2, 7]), ("q", 1, None)]
+    assert listener.received == 2
+
+
+async def _never_connects() -> Any:
+    raise AssertionError("the listener was not started: it must not connect")

@@ -281,12 +281,12 @@ def _looks_leased(task: Task) -> bool:
         and token.isascii()
         and 0 < len(token) <= MAX_NAME_LENGTH
         and "\x00" not in token
-        and "!" <= token[0] <= "~"
+        and not token.isspace()
         and type(queue) is str
         and queue.isascii()
         and 0 < len(queue) <= MAX_NAME_LENGTH
         and "\x00" not in queue
-        and "!" <= queue[0] <= "~"
+        and not queue.isspace()
         and type(key) is str
         and key.isascii()
         and len(key) <= MAX_NAME_LENGTH

@@ -33,7 +33,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import asyncpg
@@ -442,16 +442,19 @@ class PgListener:
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
-            message: Mapping[str, Any] = json.loads(payload)
+            message: object = json.loads(payload)
+            if not isinstance(message, dict):
+                raise TypeError("not a JSON object")
             if message.get("s") == self.sender:
                 return
-            queue = str(message["q"])
-            count = int(message["n"])
+            # The values are checked as they came, not converted: a str, an int and a list of
+            # ints (or null), as encode_notification writes them.
             parts = message.get("p")
-            partitions = None if parts is None else [int(p) for p in parts]
-            check_name("queue", queue)
-            check_int("n", count, minimum=0)
-            check_partitions("partitions", partitions)
+            if parts is not None and type(parts) is not list:
+                raise TypeError(f"partitions must be a JSON array, got {parts!r}")
+            queue = check_name("queue", message["q"])
+            count = check_int("n", message["n"], minimum=0)
+            partitions = check_partitions("partitions", parts)
         except (ValueError, KeyError, TypeError):  # InvalidArgumentError and InvalidTypeError included
             log.warning("asynccoord.postgres.bad_notification payload=%r", payload[:200])
             return
