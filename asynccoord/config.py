@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 
 from .errors import InvalidArgumentError, InvalidTypeError
 from .partition import MAX_PARTITIONS
-from .validation import MAX_ATTEMPTS, MAX_PURGE_BATCH, _short, check_bool, check_int, check_non_negative, check_positive
+from .validation import (
+    MAX_ATTEMPTS,
+    MAX_PURGE_BATCH,
+    _short,
+    check_bool,
+    check_int,
+    check_interval_s,
+    check_non_negative,
+    check_positive,
+)
 
 __all__ = ("DEFAULT_PARTITIONS", "MIN_CHECKPOINT_INTERVAL_S", "ProcessedRetention", "RetryPolicy", "StoreConfig")
 
@@ -38,7 +47,8 @@ class RetryPolicy:
     keeps the ``max_attempts`` it was enqueued with.
 
     Args:
-        base_s: Delay after the first failure, seconds (> 0). Default 1.0.
+        base_s: Delay after the first failure, seconds (>= 0.001,
+            ``validation.MIN_INTERVAL_S``: a lock's retries would otherwise spin). Default 1.0.
         factor: Growth per further failure (>= 1). Default 2.0.
         cap_s: Largest delay before jitter, seconds (>= base_s). Default 300.
         jitter: Fraction of the delay drawn at random either way, in [0, 1).
@@ -58,11 +68,11 @@ class RetryPolicy:
     max_attempts: int = 5
 
     def __post_init__(self) -> None:
-        check_positive("base_s", self.base_s)
+        check_interval_s("base_s", self.base_s)
         factor = check_positive("factor", self.factor, maximum=None)
         if factor < 1:
             raise InvalidArgumentError(f"factor must be >= 1, got {self.factor!r}")
-        cap = check_positive("cap_s", self.cap_s)
+        cap = check_interval_s("cap_s", self.cap_s)
         if cap < self.base_s:
             raise InvalidArgumentError(f"cap_s must be >= base_s ({self.base_s!r}), got {self.cap_s!r}")
         jitter = check_non_negative("jitter", self.jitter, maximum=None)

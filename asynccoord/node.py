@@ -208,7 +208,8 @@ class NodeConfig:
         lock_permits: Permits per lock name: 1 for a lock, N (at most 2**31 - 1, the
             semaphore's bound ``MAX_PERMITS``) for a semaphore. Default 1.
         lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
-        busy_requeue_s: Delay of a task handed back because its lock stayed busy. Default 0.05.
+        busy_requeue_s: Delay of a task handed back because its lock stayed busy, at least
+            0.001 (``validation.MIN_INTERVAL_S``: the task would come straight back). Default 0.05.
         partitioning / locks / version_checks: The three layers; switch one off only to
             measure it. With ``version_checks`` off the node claims and commits without
             compare-and-set (a read, then unconditional writes), as a naive queue does.
@@ -270,7 +271,7 @@ class NodeConfig:
         check_lease_s("lock_ttl_s", self.lock_ttl_s)
         check_int("lock_permits", self.lock_permits, minimum=1, maximum=MAX_PERMITS)
         check_positive("lock_wait_s", self.lock_wait_s)
-        check_positive("busy_requeue_s", self.busy_requeue_s)
+        check_interval_s("busy_requeue_s", self.busy_requeue_s)
         for name in (
             "partitioning",
             "locks",

@@ -1035,6 +1035,9 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
         ("watchdog-interval-tiny", lambda: wd.check_interval(1.0, 1e-7), ARG, f"renew_interval_s {EVERY}"),
         ("monitor-flush-tiny", lambda: _monitor(flush_interval_s=1e-4), ARG, f"flush_interval_s {EVERY}"),
         ("monitor-evaluate-tiny", lambda: _monitor(evaluate_interval_s=1e-4), ARG, f"evaluate_interval_s {EVERY}"),
+        ("node-busy-requeue-tiny", lambda: NodeConfig(busy_requeue_s=1e-7), ARG, f"busy_requeue_s {EVERY}"),
+        ("retry-base-tiny", lambda: RetryPolicy(base_s=1e-9, cap_s=1e-9), ARG, f"base_s {EVERY} 1e-09"),
+        ("retry-cap-tiny", lambda: RetryPolicy(base_s=1e-3, cap_s=5e-4), ARG, f"cap_s {EVERY}"),
         ("flush-alert-ttl-tiny", lambda: _metrics_flush(1e-3), ARG, f"alert_ttl_s {FLOOR}"),
     ]
 
