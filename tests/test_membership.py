@@ -9,6 +9,7 @@ store; the fake clock still decides who is live.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -17,6 +18,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -682,43 +684,46 @@ async def test_processes_see_each_other_and_a_killed_one_drops_out(db_path: Path
     assert restarted.returncode == 0
 
 
+@contextlib.asynccontextmanager
+async def beside_a_raw_member(db_path: Path, node_id: str, *, ttl_s: float) -> AsyncIterator[tuple[Any, Membership]]:
+    """A running membership of "good-node" on a SQLite file, beside a member row whose id is
+    ``node_id``, written by raw SQL as no client of this version could write it."""
+    async with SQLiteStore(db_path) as store:
+        membership = Membership(store, ttl_s=ttl_s, interval_s=0.1)
+        membership.join("good-node")
+        async with membership:
+            await store.heartbeat([MemberBeat(node_id="placeholder", incarnation="i1", info={})], ttl_s=60.0)
+            with sqlite3.connect(db_path) as raw:
+                raw.execute("UPDATE coord_members SET node_id = ? WHERE node_id = 'placeholder'", (node_id,))
+            yield store, membership
+
+
 async def test_a_malformed_member_row_does_not_stop_the_heartbeats(db_path: Path) -> None:
     """A member row no client of ours could write (a 300-character node id, by raw SQL): the
     assignment made when the view changes refuses it, as owned_partitions() does, but the
     heartbeat task goes on, so this process's own nodes stay live past their TTL."""
-    async with SQLiteStore(db_path) as store:
-        membership = Membership(store, ttl_s=1.0, interval_s=0.1)
-        membership.join("good-node")
-        async with membership:
-            await store.heartbeat([MemberBeat(node_id="placeholder", incarnation="i1", info={})], ttl_s=60.0)
-            with sqlite3.connect(db_path) as raw:
-                raw.execute("UPDATE coord_members SET node_id = ? WHERE node_id = 'placeholder'", ("x" * 300,))
-            beats = membership.statistics().heartbeats
-            await asyncio.sleep(1.5)  # past the TTL: only heartbeats keep good-node live
-            assert membership.statistics().heartbeats >= beats + 5
-            assert membership.healthy
-            assert "good-node" in {m.node_id for m in await store.members()}
-            with pytest.raises(InvalidArgumentError, match="node must be at most 255 characters"):
-                membership.owned_partitions("good-node")
+    async with beside_a_raw_member(db_path, "x" * 300, ttl_s=1.0) as (store, membership):
+        beats = membership.statistics().heartbeats
+        await asyncio.sleep(1.5)  # past the TTL: only heartbeats keep good-node live
+        assert membership.statistics().heartbeats >= beats + 5
+        assert membership.healthy
+        assert "good-node" in {m.node_id for m in await store.members()}
+        with pytest.raises(InvalidArgumentError, match="node must be at most 255 characters"):
+            membership.owned_partitions("good-node")
 
 
 async def test_a_blank_member_id_from_an_older_version_does_not_break_the_assignment(db_path: Path) -> None:
     """Code from before the blank-name rule took a node id of only whitespace; one such member
-    still heartbeating (an older process in a rolling upgrade) is a member like any other here: the assignment takes
-    the id as the store holds it, and this process's nodes keep their partitions."""
-    async with SQLiteStore(db_path) as store:
-        membership = Membership(store, ttl_s=5.0, interval_s=0.1)
-        membership.join("good-node")
-        async with membership:
-            await store.heartbeat([MemberBeat(node_id="placeholder", incarnation="i1", info={})], ttl_s=60.0)
-            with sqlite3.connect(db_path) as raw:
-                raw.execute("UPDATE coord_members SET node_id = ? WHERE node_id = 'placeholder'", (" ",))
-            view = membership.view
-            while set(view.node_ids) != {" ", "good-node"}:
-                view = await membership.wait_changed(view.version, timeout_s=2.0)
-            mine = membership.owned_partitions("good-node")
-            assert mine == assign(store.partitions, [" ", "good-node"])["good-node"]
-            assert 0 < len(mine) < store.partitions  # the blank member owns the rest
+    still heartbeating (an older process in a rolling upgrade) is a member like any other here:
+    the assignment takes the id as the store holds it, and this process's nodes keep their
+    partitions."""
+    async with beside_a_raw_member(db_path, " ", ttl_s=5.0) as (store, membership):
+        view = membership.view
+        while set(view.node_ids) != {" ", "good-node"}:
+            view = await membership.wait_changed(view.version, timeout_s=2.0)
+        mine = membership.owned_partitions("good-node")
+        assert mine == assign(store.partitions, [" ", "good-node"])["good-node"]
+        assert 0 < len(mine) < store.partitions  # the blank member owns the rest
 
 
 async def test_a_listener_sees_every_change_of_the_view_even_one_undone_at_once(
