@@ -81,8 +81,7 @@ class Runtime:
         heartbeat_ttl_s: A node whose heartbeat is older than this is dead, by the
             store clock, seconds (0.01, ``validation.MIN_LEASE_S``, to one year). Default 5.
         heartbeat_interval_s: Seconds between heartbeats (>= 0.001, ``validation.MIN_INTERVAL_S``,
-            and < ``heartbeat_ttl_s``).
-            Default ``heartbeat_ttl_s / 3``.
+            and < ``heartbeat_ttl_s``). Default ``heartbeat_ttl_s / 3``.
         shutdown_timeout_s: How long in-flight sends may finish at shutdown. Default 10.
         lock_store: Where the nodes' locks live, if not in ``store`` (e.g. a
             :class:`~asynccoord.backends.redis_locks.RedisLockStore` beside a PostgreSQL

@@ -388,11 +388,10 @@ def check_partitions(arg: str, value: object) -> Collection[int] | None:
         return None
     if not is_partition_collection(value):
         raise partitions_type_error(arg, value)
-    items = value
-    for item in items:
+    for item in value:
         if type(item) is not int or item < 0:  # the common case costs one test per item, on hot paths
             check_int(f"{arg} item", item, minimum=0)
-    return cast("Collection[int]", items)
+    return cast("Collection[int]", value)
 
 
 def check_send(send: object) -> None:
