@@ -7,9 +7,12 @@ on every state change. See README.md for the tour.
 
 from __future__ import annotations
 
-from .backends.memory import MemoryStore
-from .backends.sqlite import SQLiteStore
+from .backends.memory.store import MemoryStore
+from .backends.sqlite.store import SQLiteStore
 from .config import ProcessedRetention, RetryPolicy, StoreConfig
+from .contract.locks import FenceRecord, Lease, LockBusy, LockInfo
+from .contract.membership import Member, MemberBeat
+from .contract.monitor import Alert, AlertScope, AlertState
 from .errors import (
     CoordError,
     FencingTokenRejectedError,
@@ -35,20 +38,17 @@ from .errors import (
     TaskNotFoundError,
 )
 from .events import EventCounter
-from .histogram import Histogram, LatencyRecorder
-from .lock import Lock, Semaphore
-from .lockmodels import FenceRecord, Lease, LockBusy, LockInfo
-from .lockpool import LockPool
-from .membermodels import Member, MemberBeat
+from .locks.lock import Lock, Semaphore
+from .locks.pool import LockPool
+from .locks.watchdog import Watchdog, WatchdogStats
 from .membership import Membership, MembershipStats, MembershipView
 from .models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
-from .monitor import DEFAULT_RULES, AlertRule, AlertStream, ClusterSnapshot, Monitor, MonitorStats
-from .monitormodels import Alert, AlertScope, AlertState
-from .node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
+from .monitor.histogram import Histogram, LatencyRecorder
+from .monitor.monitor import DEFAULT_RULES, AlertRule, AlertStream, ClusterSnapshot, Monitor, MonitorStats
+from .node.node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
+from .node.runtime import Runtime
 from .notify import WorkNotifier
 from .partition import assign, owner_of, partition_of
-from .runtime import Runtime
-from .watchdog import Watchdog, WatchdogStats
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,6 @@
 """Signal handlers shared by everything in the process that waits for a signal on the running loop.
 
-:meth:`asynccoord.runtime.Runtime.wait_for_signal` and ``python -m asynccoord run`` take
+:meth:`asynccoord.node.runtime.Runtime.wait_for_signal` and ``python -m asynccoord run`` take
 SIGTERM and SIGINT through :func:`take_signal`: one loop handler per signal calls every
 waiter, and the last waiter to leave (:func:`give_back_signal`) puts back the handler the
 signal had before, so handlers handed from one waiter to the next never leave a moment
@@ -21,7 +21,7 @@ from .errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ("check_signals", "give_back_signal", "signal_name", "take_signal")
 
-log = logging.getLogger("asynccoord.runtime")  # the log lines keep the runtime's logger name
+log = logging.getLogger("asynccoord.node.runtime")  # the log lines keep the runtime's logger name
 
 
 _SignalEntry = tuple[asyncio.AbstractEventLoop, Any, list[Callable[[int], None]]]

@@ -164,7 +164,7 @@ class StoreConfig:
             background on a connection of their own (only after new commits, at least
             0.01), ahead of SQLite's own in the commit that takes the log past 1,000
             pages, which then finds little left to copy; None leaves them all to
-            SQLite. Default 0.1. See ``asynccoord.backends._checkpoint``.
+            SQLite. Default 0.1. See ``asynccoord.backends.sqlite.checkpoint``.
     """
 
     max_payload_bytes: int = 1 << 20

@@ -106,7 +106,7 @@ class StaleVersionError(CoordError):
 
 
 class RuntimeStateError(CoordError, RuntimeError):
-    """A :class:`~asynccoord.runtime.Runtime` was asked for something its life stage does not allow.
+    """A :class:`~asynccoord.node.runtime.Runtime` was asked for something its life stage does not allow.
 
     A Runtime runs once, as a ``threading.Thread`` does: ``start()`` (or ``async with``)
     after it was shut down, after it ran, or after its start failed raises this, as does

@@ -46,9 +46,9 @@ from typing import Any, Self
 import anyio
 
 from . import events as ev
-from .backends.base import MembershipStore
+from .contract.membership import Member, MemberBeat
+from .contract.protocols import MembershipStore
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
-from .membermodels import Member, MemberBeat
 from .partition import RendezvousTable
 from .validation import (
     check_callback,
@@ -143,7 +143,7 @@ class Membership:
         interval_s: Seconds (>= 0.001, ``validation.MIN_INTERVAL_S``, and < ``ttl_s``) between
             heartbeats. Default ``ttl_s / 3``, so two heartbeats may fail before the others see the nodes die.
         queue: Only members whose heartbeat ``info`` names this ``"queue"`` (as a
-            :class:`~asynccoord.runtime.Runtime`'s nodes do), and the nodes joined here, are
+            :class:`~asynccoord.node.runtime.Runtime`'s nodes do), and the nodes joined here, are
             in :attr:`view` and share the partitions: nodes draining another queue of the
             same store are not counted, or they would own partitions of this queue that
             they never claim. Default None: every live member.

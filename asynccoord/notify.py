@@ -1,7 +1,7 @@
 """In-process wake-ups: an enqueue (or a commit that unblocks a key) wakes idle nodes at once.
 
 Work nobody in the process announces (tasks of other processes, expired leases, tasks
-falling due) is found by the runtime's one idle poll (:mod:`asynccoord.idlepoll`), which
+falling due) is found by the runtime's one idle poll (:mod:`asynccoord.node.idlepoll`), which
 wakes the owners through their :class:`WakeUp`, or by a standalone node's own polling
 (with backoff and jitter); a store that can push notifications across processes
 (PostgreSQL LISTEN/NOTIFY) feeds the same notifier. ``notify(queue, n, partitions)`` wakes at most ``n`` nodes, and only

@@ -80,11 +80,11 @@ from postgres_drain import bench_schema
 from queue_throughput import raw_commits_per_s, run
 
 from asynccoord import NewTask, SQLiteStore
+from asynccoord.backends.open import is_postgres_target, redact_target
 from asynccoord.config import DEFAULT_PARTITIONS
-from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
+from asynccoord.node.node import Node, NodeConfig, NodeStatus, current_delivery
+from asynccoord.node.runtime import Runtime
 from asynccoord.partition import assign, partition_of
-from asynccoord.runtime import Runtime
-from asynccoord.stores import is_postgres_target, redact_target
 
 QUEUE = "bench"
 STRATEGIES = (
@@ -356,7 +356,7 @@ class PostgresDb:
         return self.dsn
 
     def open(self, target: str) -> Any:
-        from asynccoord.backends.postgres import PostgresStore
+        from asynccoord.backends.postgres.store import PostgresStore
 
         return PostgresStore(target, schema=self.schema)
 
@@ -417,7 +417,7 @@ class PostgresDb:
         ``runtime.states()`` builds a record per node (at every poll, 0.7 % of a 64-node
         drain's CPU in a py-spy profile, a cost the 16-node cells paid a quarter of).
         """
-        from asynccoord.backends.postgres import PostgresStore
+        from asynccoord.backends.postgres.store import PostgresStore
 
         async with PostgresStore(target, schema=self.schema, listen=False, pool_min_size=1, pool_max_size=1) as probe:
 
@@ -698,7 +698,7 @@ async def drain_lock_table_pg(
     """
     import asyncpg
 
-    from asynccoord.backends.postgres import split_connect_timeout
+    from asynccoord.backends.postgres.store import split_connect_timeout
 
     settings = {"search_path": f'"{schema}"'}
     plain, timeout_s = split_connect_timeout(dsn)

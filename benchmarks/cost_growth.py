@@ -65,7 +65,7 @@ from typing import Any, TypeVar
 
 from asynccoord import NewTask, PurgeResult, SQLiteStore, StoreConfig, Task, assign, partition_of
 from asynccoord._loop import run
-from asynccoord.backends._groupcommit import raw_connection, run_on_thread
+from asynccoord.backends.sqlite.writer import raw_connection, run_on_thread
 
 T = TypeVar("T")
 QUEUE = "bench"

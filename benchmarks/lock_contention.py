@@ -139,7 +139,7 @@ async def open_target(args: argparse.Namespace, path: str) -> AsyncIterator[tupl
     if target.startswith(("postgresql://", "postgres://")):
         from postgres_drain import admin, pg_raw_commits_per_s, server_version
 
-        from asynccoord.backends.postgres import PostgresStore
+        from asynccoord.backends.postgres.store import PostgresStore
 
         schema = args.pg_schema
         await admin(target, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -158,7 +158,7 @@ async def open_target(args: argparse.Namespace, path: str) -> AsyncIterator[tupl
     if target.startswith(("redis://", "rediss://", "unix://")):
         import redis.asyncio as aioredis
 
-        from asynccoord.backends.redis_locks import RedisLockStore
+        from asynccoord.backends.redis import RedisLockStore
 
         prefix = f"asynccoord-bench:{secrets.token_hex(6)}:"
         client = aioredis.Redis.from_url(target)

@@ -91,7 +91,7 @@ async def connect(dsn: str) -> Any:
     """One asyncpg connection to ``dsn`` (its libpq ``connect_timeout``, if any, as the store reads it)."""
     import asyncpg
 
-    from asynccoord.backends.postgres import split_connect_timeout
+    from asynccoord.backends.postgres.store import split_connect_timeout
 
     plain, timeout_s = split_connect_timeout(dsn)
     return await asyncpg.connect(plain, timeout=timeout_s)
@@ -192,7 +192,7 @@ def stop(procs: list[subprocess.Popen[str]]) -> None:
 
 async def asynccoord_fill(dsn: str, schema: str, tasks: int) -> None:
     from asynccoord import NewTask
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     await admin(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     async with PostgresStore(dsn, schema=schema, listen=False) as store:
@@ -208,7 +208,7 @@ async def asynccoord_fill(dsn: str, schema: str, tasks: int) -> None:
 
 async def asynccoord_worker(dsn: str, schema: str, nodes: int, locks: bool, ordered: bool = True) -> None:
     from asynccoord import NodeConfig, Runtime, Task
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async def send(task: Task) -> None:
         return None

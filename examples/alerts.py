@@ -18,7 +18,7 @@ import os
 import tempfile
 
 from asynccoord import Alert, AlertRule, LeaseLostError, Monitor, NewTask, SQLiteStore, Task
-from asynccoord.monitor import AlertStream
+from asynccoord.monitor.monitor import AlertStream
 
 
 async def read_stream(stream: AlertStream, got: list[Alert]) -> None:

@@ -129,7 +129,7 @@ class ServiceStores:
             problem = postgres_problem()
             if problem is not None:
                 unavailable("PostgreSQL", problem)
-            from asynccoord.backends.postgres import PostgresStore
+            from asynccoord.backends.postgres.store import PostgresStore
 
             if where not in self._schemas:
                 self._schemas[where] = _FREE_SCHEMAS.pop() if _FREE_SCHEMAS else _track(new_schema())
@@ -139,7 +139,7 @@ class ServiceStores:
             problem = redis_problem()
             if problem is not None:
                 unavailable("Redis", problem)
-            from asynccoord.backends.redis_locks import RedisLockStore
+            from asynccoord.backends.redis import RedisLockStore
 
             prefix = self._prefixes.setdefault(where, f"test:{secrets.token_hex(6)}:")
             return RedisLockStore(REDIS_URL, prefix=prefix, config=config, clock=clock)  # type: ignore[arg-type]

@@ -441,7 +441,7 @@ async def test_the_postgres_drain_probe_ends_with_a_failed_runtimes_error_not_at
     import anyio
 
     from asynccoord import NodeConfig, Runtime, StoreClosedError, Task
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     contention = import_contention()
 

@@ -12,10 +12,10 @@ import pytest
 from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
 
 from asynccoord import NewTask, SQLiteStore, TaskStatus
-from asynccoord.backends.postgres import PostgresStore
-from asynccoord.cli import build_parser, main
-from asynccoord.runtime import Runtime
-from asynccoord.serve import check_run
+from asynccoord.backends.postgres.store import PostgresStore
+from asynccoord.cli.main import build_parser, main
+from asynccoord.cli.run import check_run
+from asynccoord.node.runtime import Runtime
 
 
 @pytest.mark.parametrize(

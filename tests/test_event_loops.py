@@ -148,7 +148,7 @@ def test_a_postgres_store_used_from_another_loop_raises_and_writes_nothing() -> 
     problem = postgres_problem()
     if problem is not None:
         unavailable("PostgreSQL", problem)
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     schema = new_schema("loop")
     store = PostgresStore(PG_DSN, schema=schema)
@@ -185,7 +185,7 @@ def test_a_redis_lock_store_used_from_another_loop_raises_and_takes_no_lock() ->
     import secrets
 
     from asynccoord import Lease
-    from asynccoord.backends.redis_locks import RedisLockStore
+    from asynccoord.backends.redis import RedisLockStore
 
     prefix = f"test:{secrets.token_hex(6)}:"
     store = RedisLockStore(REDIS_URL, prefix=prefix)
@@ -216,7 +216,7 @@ def _lock_store(backend: str, db_path: Path) -> Any:
         problem = postgres_problem()
         if problem is not None:
             unavailable("PostgreSQL", problem)
-        from asynccoord.backends.postgres import PostgresStore
+        from asynccoord.backends.postgres.store import PostgresStore
 
         return PostgresStore(PG_DSN, schema=new_schema("loop"))
     problem = redis_problem()
@@ -224,7 +224,7 @@ def _lock_store(backend: str, db_path: Path) -> Any:
         unavailable("Redis", problem)
     import secrets
 
-    from asynccoord.backends.redis_locks import RedisLockStore
+    from asynccoord.backends.redis import RedisLockStore
 
     return RedisLockStore(REDIS_URL, prefix=f"test:{secrets.token_hex(6)}:")
 

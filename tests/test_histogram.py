@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynccoord import Histogram, InvalidArgumentError, InvalidTypeError, LatencyRecorder
-from asynccoord.histogram import BUCKET_BOUNDS_MS, SLOTS, slot_of
+from asynccoord.monitor.histogram import BUCKET_BOUNDS_MS, SLOTS, slot_of
 
 values_ms = st.floats(min_value=0.0, max_value=2_000_000.0, allow_nan=False, allow_infinity=False)
 

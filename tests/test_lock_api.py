@@ -1,4 +1,4 @@
-"""Lock and Semaphore handles (asynccoord.lock) on every backend, on the real clock."""
+"""Lock and Semaphore handles (asynccoord.locks.lock) on every backend, on the real clock."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from asynccoord import (
     StoreClosedError,
 )
 from asynccoord import events as ev
-from asynccoord.backends.base import LockStore
+from asynccoord.contract.protocols import LockStore
 
 Store = MemoryStore | SQLiteStore
 

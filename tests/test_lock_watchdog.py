@@ -1,4 +1,4 @@
-"""The lock watchdog (asynccoord.watchdog): renewal, loss, max hold, and its end, on every backend."""
+"""The lock watchdog (asynccoord.locks.watchdog): renewal, loss, max hold, and its end, on every backend."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from asynccoord import (
     Watchdog,
 )
 from asynccoord import events as ev
-from asynccoord.watchdog import IDLE_EXIT_S, Guard
+from asynccoord.locks.watchdog import IDLE_EXIT_S, Guard
 
 Store = MemoryStore | SQLiteStore
 

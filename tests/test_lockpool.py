@@ -11,7 +11,7 @@ import pytest
 from services import LOCK_BACKENDS
 
 from asynccoord import InvalidArgumentError, InvalidTypeError, LockInfo, LockLostError, LockTimeoutError, MemoryStore
-from asynccoord.lockpool import LockPool, next_in_line
+from asynccoord.locks.pool import LockPool, next_in_line
 
 
 @pytest.fixture(params=LOCK_BACKENDS)

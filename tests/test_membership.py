@@ -44,8 +44,8 @@ from asynccoord import (
     StoreConfig,
 )
 from asynccoord import events as ev
-from asynccoord.backends._membercommon import DEAD_MEMBER_RETENTION_S
-from asynccoord.backends.base import MembershipStore
+from asynccoord.contract.memberchecks import DEAD_MEMBER_RETENTION_S
+from asynccoord.contract.protocols import MembershipStore
 from asynccoord.partition import assign, owned_partitions
 
 

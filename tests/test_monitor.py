@@ -39,10 +39,10 @@ from asynccoord import (
     Task,
 )
 from asynccoord import events as ev
-from asynccoord.backends._monitorcommon import RETIRED_PROCESS_ID
-from asynccoord.backends.base import MonitorStore
-from asynccoord.monitor import DEFAULT_RULES, cluster_snapshot
-from asynccoord.monitormodels import MetricsFlush
+from asynccoord.contract.monitor import MetricsFlush
+from asynccoord.contract.monitorchecks import RETIRED_PROCESS_ID
+from asynccoord.contract.protocols import MonitorStore
+from asynccoord.monitor.monitor import DEFAULT_RULES, cluster_snapshot
 from asynccoord.validation import MAX_DURATION_S
 
 Store = MemoryStore | SQLiteStore
@@ -260,7 +260,7 @@ async def test_conflict_storm_gives_one_alert_and_one_resolved_notice(
     seconds and the ratio is k/100: it first exceeds 5 % at k = 6 (s = 15, value 0.06),
     and falls to 2.5 % or below at k = 2 (s = 37, value 0.02).
     """
-    caplog.set_level(logging.WARNING, logger="asynccoord.monitor")
+    caplog.set_level(logging.WARNING, logger="asynccoord.monitor.monitor")
     start = clock.now
     notices: list[tuple[int, Alert]] = []
     async with manual(store, [STALE_RULE]) as monitor:
@@ -522,7 +522,7 @@ async def test_a_callback_exception_whose_str_and_repr_raise_is_logged_and_count
     async def raises(alert: Alert) -> None:
         raise Unprintable
 
-    caplog.set_level(logging.WARNING, logger="asynccoord.monitor")
+    caplog.set_level(logging.WARNING, logger="asynccoord.monitor.monitor")
     async with manual(store, [rule]) as monitor:
         sub = monitor.subscribe(raises)
         await fire_and_resolve(store, monitor, clock)
@@ -558,7 +558,7 @@ async def test_slow_callback_times_out_and_gets_the_next_notice(store: Store, cl
 
 async def test_background_loops_deliver_in_real_time(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rule = AlertRule(name="fencing", event=ev.FENCING_REJECTED, threshold=0, window_s=5.0)
-    caplog.set_level(logging.WARNING, logger="asynccoord.monitor")
+    caplog.set_level(logging.WARNING, logger="asynccoord.monitor.monitor")
     async with (
         SQLiteStore(tmp_path / "bg.db") as store,
         Monitor(store, rules=[rule], flush_interval_s=0.05) as monitor,

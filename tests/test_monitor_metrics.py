@@ -12,7 +12,7 @@ from support import FakeClock
 
 from asynccoord import AlertRule, MemoryStore, Monitor
 from asynccoord import events as ev
-from asynccoord.metrics import latency_metric_name, register_collector, render_prometheus
+from asynccoord.monitor.metrics import latency_metric_name, register_collector, render_prometheus
 
 NAME = re.compile(r"^asynccoord_[a-z0-9_]+$")
 

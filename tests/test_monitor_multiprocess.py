@@ -14,8 +14,8 @@ from conftest import WORKERS_DIR, PythonRunner
 
 from asynccoord import SQLiteStore
 from asynccoord import events as ev
-from asynccoord.monitor import ClusterSnapshot, cluster_snapshot
-from asynccoord.monitormodels import MetricsView
+from asynccoord.contract.monitor import MetricsView
+from asynccoord.monitor.monitor import ClusterSnapshot, cluster_snapshot
 
 pytestmark = pytest.mark.multiprocess
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from asynccoord import Alert, AlertRule, Monitor, NewTask, SQLiteStore, Task
 from asynccoord import events as ev
-from asynccoord.node import NodeConfig
-from asynccoord.runtime import Runtime
+from asynccoord.node.node import NodeConfig
+from asynccoord.node.runtime import Runtime
 
 TASKS = 300
 

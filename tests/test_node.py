@@ -32,8 +32,8 @@ from asynccoord import (
     partition_of,
 )
 from asynccoord.membership import Membership
-from asynccoord.node import Node, NodeConfig, NodeStatus, current_delivery
-from asynccoord.runtime import Runtime
+from asynccoord.node.node import Node, NodeConfig, NodeStatus, current_delivery
+from asynccoord.node.runtime import Runtime
 from asynccoord.validation import MIN_LEASE_S
 
 QUEUE = "q"

@@ -220,7 +220,7 @@ def test_a_postgres_listener_drops_a_notification_it_would_have_to_convert(
 ) -> None:
     """A notification is taken only as encode_notification writes it (a str queue, an int count,
     an array of ints or null), never converted: "12" is not partitions [1, 2], nor 1.9 partition 1."""
-    from asynccoord.backends._pgconn import PgListener
+    from asynccoord.backends.postgres.conn import PgListener
 
     notifier = RecordingNotifier()
     listener = PgListener(_never_connects, channel="c", sender="me", notifier=notifier)
@@ -232,7 +232,7 @@ def test_a_postgres_listener_drops_a_notification_it_would_have_to_convert(
 
 
 def test_a_postgres_listener_passes_on_what_other_stores_notify() -> None:
-    from asynccoord.backends._pgconn import PgListener, encode_notification
+    from asynccoord.backends.postgres.conn import PgListener, encode_notification
 
     notifier = RecordingNotifier()
     listener = PgListener(_never_connects, channel="c", sender="me", notifier=notifier)

@@ -24,10 +24,11 @@ import pytest
 from services import PG_DSN, new_schema, postgres_problem, unavailable
 
 from asynccoord import NewTask, SQLiteStore, StoreConfig, Task, TaskStatus
-from asynccoord.backends.postgres import PostgresStore, split_connect_timeout
-from asynccoord.backends.redis_locks import RedisLockStore
-from asynccoord.backends.sql import load_queries
-from asynccoord.cli import main
+from asynccoord.backends.open import open_store, redact_location, redact_target, store_kind
+from asynccoord.backends.postgres.store import PostgresStore, split_connect_timeout
+from asynccoord.backends.redis import RedisLockStore
+from asynccoord.backends.sqlfiles import load_queries
+from asynccoord.cli.main import main
 from asynccoord.errors import (
     InvalidArgumentError,
     LeaseLostError,
@@ -36,7 +37,6 @@ from asynccoord.errors import (
     StoreError,
     TaskNotFoundError,
 )
-from asynccoord.stores import open_store, redact_location, redact_target, store_kind
 
 # Query names that exist in one dialect only, and why (everything else must match).
 SQLITE_ONLY = {
@@ -318,7 +318,7 @@ async def test_sessions_carry_the_dsns_application_name_else_asynccoord(
 
 
 async def test_a_newer_schema_is_refused(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import SCHEMA_VERSION, PostgresStore
+    from asynccoord.backends.postgres.store import SCHEMA_VERSION, PostgresStore
 
     async with PostgresStore(pg, schema=schema):
         pass
@@ -330,7 +330,7 @@ async def test_a_newer_schema_is_refused(pg: str, schema: str) -> None:
 
 
 async def test_an_unreachable_server_raises_a_typed_error() -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     store = PostgresStore("postgresql://postgres@127.0.0.1:1/test", reconnect_timeout_s=0.5)
     with pytest.raises(StoreConnectionError) as info:
@@ -345,7 +345,7 @@ async def test_a_transaction_whose_session_the_server_ends_is_retried_for_the_er
     detaches the connection's proxy when the server ends the session, and even ``is_closed()``
     on it raised ("connection has been released back to the pool"), which was retried and
     logged in place of the lost connection."""
-    caplog.set_level(logging.INFO, logger="asynccoord.backends._pgconn")
+    caplog.set_level(logging.INFO, logger="asynccoord.backends.postgres.conn")
     async with PostgresStore(pg, schema=schema, listen=False) as store:
 
         async def ends_its_own_session_once(conn: Any, attempt: int) -> int:
@@ -583,7 +583,7 @@ async def test_calls_cancelled_while_the_pool_connects_leave_no_unretrieved_exce
 
 async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str) -> None:
     """pg_terminate_backend on every connection of the store, between and during operations."""
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, pool_min_size=4, pool_max_size=4) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 7}") for i in range(200)])
@@ -617,7 +617,7 @@ async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str
 
 async def test_a_statement_cut_off_mid_flight_is_retried_or_raises_a_typed_error(pg: str, schema: str) -> None:
     """Before COMMIT nothing was written: retried. An autocommit write cut off is ambiguous: raised."""
-    from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
+    from asynccoord.backends.postgres.store import STORE_RETRIES, PostgresStore
 
     async def kill_sleeper(marker: str) -> None:
         for _ in range(100):
@@ -657,7 +657,7 @@ async def test_a_statement_cut_off_mid_flight_is_retried_or_raises_a_typed_error
 
 
 async def test_notify_wakes_at_most_the_needed_idle_nodes_of_another_process(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema) as producer, PostgresStore(pg, schema=schema) as consumer:
         assert consumer.listening
@@ -677,7 +677,7 @@ async def test_notify_wakes_at_most_the_needed_idle_nodes_of_another_process(pg:
 
 
 async def test_concurrent_completes_of_a_process_are_group_committed(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 8}") for i in range(64)])
@@ -695,7 +695,7 @@ async def test_concurrent_completes_of_a_process_are_group_committed(pg: str, sc
 async def test_concurrent_lease_renewals_of_a_process_share_one_statement(pg: str, schema: str) -> None:
     """A process's nodes renew their leases at the same moments: their extend_many calls go to
     the server as one statement, each answered for its own leases, each with its own TTL."""
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False, pool_max_size=1) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i) for i in range(12)])
@@ -740,7 +740,7 @@ async def test_concurrent_claims_of_a_process_share_one_statement(pg: str, schem
     """When a process's nodes wake to new work at once, their claims (each naming its own
     partitions) go to the server as one statement, each answered with its own tasks; a
     caller cancelled meanwhile gets nothing and its tasks are handed back."""
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False, pool_max_size=1) as store:
         created = await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(24)])
@@ -797,7 +797,7 @@ async def test_concurrent_first_ordered_claims_make_the_queue_keep_heads_once(pg
     claims share one ``coord_keep_heads`` call (each used to hold a connection while it
     waited for the first one's advisory lock), and a caller cancelled meanwhile does not
     stop it for the others."""
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False, pool_max_size=4) as store:
         created = await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(40)])
@@ -835,7 +835,7 @@ async def test_a_keep_heads_call_left_by_a_closed_loop_does_not_outlive_a_reopen
     """A loop closed without cancelling its tasks while the queue's first ordered claim was at
     the server: after close() and open() from another loop, ordered claims work (they waited on
     the dead loop's shared call, for good) and close() does not wait for it."""
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     store = PostgresStore(pg, schema=schema, listen=False)
 
@@ -886,7 +886,7 @@ async def test_a_claim_batch_whose_answer_was_lost_returns_what_it_leased(
     the tasks the first attempt leased to it, and leases nothing more."""
     import asyncpg
 
-    from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
+    from asynccoord.backends.postgres.store import STORE_RETRIES, PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         created = await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(12)])
@@ -924,7 +924,7 @@ async def test_renewals_and_commit_batches_lock_task_rows_in_id_order(pg: str, s
     those rows stalls."""
     import asyncpg
 
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i) for i in range(2)])
@@ -966,7 +966,7 @@ async def test_renewals_and_commit_batches_lock_task_rows_in_id_order(pg: str, s
 
 
 async def test_a_short_claim_with_nothing_to_dead_letter_opens_no_transaction(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i, max_attempts=1) for i in range(3)])
@@ -984,7 +984,7 @@ async def test_a_short_claim_with_nothing_to_dead_letter_opens_no_transaction(pg
 
 
 async def test_a_claim_naming_every_partition_runs_without_a_partition_filter(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(20)])
@@ -1045,7 +1045,7 @@ def _visited(plan: dict[str, Any]) -> int:
 async def test_claims_visit_about_what_they_return_with_many_heads_in_flight(pg: str, schema: str) -> None:
     import asyncpg
 
-    from asynccoord.backends.postgres import PostgresStore, Q
+    from asynccoord.backends.postgres.store import PostgresStore, Q
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 400}") for i in range(4000)])
@@ -1099,7 +1099,7 @@ async def test_an_ordered_claim_batch_reads_its_partitions_not_the_queue_with_st
     than the lone claims)."""
     import asyncpg
 
-    from asynccoord.backends.postgres import PostgresStore, Q
+    from asynccoord.backends.postgres.store import PostgresStore, Q
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
@@ -1121,7 +1121,7 @@ async def test_an_ordered_claim_batch_reads_its_partitions_not_the_queue_with_st
 async def test_claim_batchers_of_idle_queues_are_dropped(pg: str, schema: str) -> None:
     """A store claiming from queues named on the fly keeps a bounded number of claim
     batchers (one per queue, order and minimum due age), not one per queue ever seen."""
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         for i in range(150):
@@ -1151,7 +1151,7 @@ async def test_claims_probe_processed_ids_by_key_whatever_the_statistics_say(pg:
     """
     import asyncpg
 
-    from asynccoord.backends.postgres import PostgresStore, Q
+    from asynccoord.backends.postgres.store import PostgresStore, Q
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
@@ -1183,7 +1183,7 @@ async def test_claims_probe_processed_ids_by_key_whatever_the_statistics_say(pg:
 async def test_is_drained_reads_a_few_index_entries_not_the_table(pg: str, schema: str) -> None:
     import asyncpg
 
-    from asynccoord.backends.postgres import PostgresStore, Q
+    from asynccoord.backends.postgres.store import PostgresStore, Q
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i) for i in range(3000)])
@@ -1210,7 +1210,7 @@ async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexe
     """Schema 7: coord_tasks_key_order holds active tasks that are not heads; promotion is unchanged."""
     import asyncpg
 
-    from asynccoord.backends.postgres import PostgresStore, Q
+    from asynccoord.backends.postgres.store import PostgresStore, Q
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 400}") for i in range(4000)])
@@ -1260,7 +1260,7 @@ async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexe
 
 
 async def test_schema_7_upgrades_a_version_6_table_with_tasks_in_flight(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import SCHEMA_VERSION, PostgresStore
+    from asynccoord.backends.postgres.store import SCHEMA_VERSION, PostgresStore
 
     assert SCHEMA_VERSION >= 7
     async with PostgresStore(pg, schema=schema, listen=False) as store:
@@ -1295,7 +1295,7 @@ async def test_schema_7_upgrades_a_version_6_table_with_tasks_in_flight(pg: str,
 async def test_a_commit_batch_is_one_statement_and_keeps_every_check(pg: str, schema: str) -> None:
     import asyncpg
 
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
     from asynccoord.errors import FencingTokenRejectedError
 
     async with (
@@ -1358,7 +1358,7 @@ async def test_a_commit_batch_is_one_statement_and_keeps_every_check(pg: str, sc
 async def test_a_continuation_rides_the_commit_statement_and_wakes_nobody(pg: str, schema: str) -> None:
     """complete_and_claim_next: one statement (the batch's), no NOTIFY nor local wake-up for a leased head."""
     from asynccoord import events as ev
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with (
         PostgresStore(pg, schema=schema, listen=False, pool_max_size=1) as store,
@@ -1433,7 +1433,7 @@ async def test_a_continuation_whose_acknowledgement_was_lost_is_recognized(
     """The batch committed but its answer was lost: the retry finds the commit and the lease it made."""
     import asyncpg
 
-    from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
+    from asynccoord.backends.postgres.store import STORE_RETRIES, PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i, partition_key="k") for i in range(3)])
@@ -1464,7 +1464,7 @@ async def test_a_continuation_whose_acknowledgement_was_lost_is_recognized(
 
 
 async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     keys, per_key = 20, 15
     stores = [PostgresStore(pg, schema=schema, listen=False) for _ in range(4)]
@@ -1511,7 +1511,7 @@ async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg:
 
 
 async def test_semaphore_permits_hold_across_stores(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     stores = [PostgresStore(pg, schema=schema, listen=False) for _ in range(3)]
     for store in stores:
@@ -1530,7 +1530,7 @@ async def test_semaphore_permits_hold_across_stores(pg: str, schema: str) -> Non
 
 
 async def test_store_clock_is_the_server_clock(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(pg, schema=schema, config=StoreConfig()) as store:
         (row,) = await admin(pg, "SELECT extract(epoch FROM clock_timestamp())::float8")
@@ -1540,8 +1540,8 @@ async def test_store_clock_is_the_server_clock(pg: str, schema: str) -> None:
 
 
 async def test_status_reads_a_postgres_store_from_its_dsn(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
-    from asynccoord.status import collect_status
+    from asynccoord.backends.postgres.store import PostgresStore
+    from asynccoord.cli.status import collect_status
 
     async with PostgresStore(pg, schema=schema) as store:
         await store.enqueue_many([NewTask(queue="outbox", payload=i) for i in range(3)])
@@ -1551,8 +1551,8 @@ async def test_status_reads_a_postgres_store_from_its_dsn(pg: str, schema: str) 
 
 
 async def test_status_reads_a_postgres_store_in_the_schema_it_is_given(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
-    from asynccoord.status import collect_status
+    from asynccoord.backends.postgres.store import PostgresStore
+    from asynccoord.cli.status import collect_status
 
     async with PostgresStore(pg, schema=schema) as store:
         await store.enqueue_many([NewTask(queue="outbox", payload=i) for i in range(2)])
@@ -1567,7 +1567,7 @@ async def test_status_reads_a_postgres_store_in_the_schema_it_is_given(pg: str, 
 
 @pytest.mark.parametrize("name", ["pg_mine", "information_schema"])
 def test_a_system_schema_is_refused_before_anything_opens(name: str) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     with pytest.raises(InvalidArgumentError, match=f"schema '{name}' is PostgreSQL's own"):
         PostgresStore("postgresql://postgres@127.0.0.1:5432/test", schema=name)
@@ -1575,7 +1575,7 @@ def test_a_system_schema_is_refused_before_anything_opens(name: str) -> None:
 
 async def test_stores_reaching_one_schema_by_search_path_and_by_name_share_wake_ups(pg: str, schema: str) -> None:
     """The channel is the tables' schema's, however the store was pointed at it."""
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with (
         PostgresStore(pg, schema=schema) as named,
@@ -1597,7 +1597,7 @@ async def test_stores_reaching_one_schema_by_search_path_and_by_name_share_wake_
 
 
 def test_status_command_takes_a_schema(pg: str, schema: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async def fill() -> None:
         async with PostgresStore(pg, schema=schema) as store:
@@ -1611,7 +1611,7 @@ def test_status_command_takes_a_schema(pg: str, schema: str, capsys: pytest.Capt
 
 async def test_status_of_a_schema_without_asynccoord_tables_says_so(pg: str, schema: str) -> None:
     """Read-only: an empty schema is "no tables here", not an old schema version to migrate."""
-    from asynccoord.status import collect_status
+    from asynccoord.cli.status import collect_status
 
     with pytest.raises(SchemaVersionError, match="no asynccoord tables in the search path: nothing to read"):
         await collect_status(f"{pg}?search_path={schema}_missing")
@@ -2049,7 +2049,7 @@ async def _connect(pg: str, schema: str) -> Any:
 async def test_a_queue_that_starts_keeping_heads_has_a_key_row_for_each_key(pg: str, schema: str) -> None:
     """Key rows are made for the active keys when a queue starts keeping heads, so a commit
     batch locks rows that exist (one sorted pass) and never deadlocks with an enqueue."""
-    from asynccoord.backends.postgres import STORE_RETRIES
+    from asynccoord.backends.postgres.store import STORE_RETRIES
 
     async with (
         PostgresStore(pg, schema=schema, listen=False) as store,
@@ -2104,7 +2104,7 @@ async def test_a_first_ordered_claim_of_a_kept_queue_waits_for_nothing(pg: str, 
 
 
 async def test_migration_9_run_again_computes_the_heads_of_the_queues_it_records(pg: str, schema: str) -> None:
-    from asynccoord.backends.sql import load_migrations
+    from asynccoord.backends.sqlfiles import load_migrations
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="u", payload=i, partition_key="k") for i in range(3)])
@@ -2183,7 +2183,7 @@ async def test_a_commit_of_a_copy_naming_another_queue_never_deadlocks_with_a_qu
     ):
         await store.enqueue_many([NewTask(queue="a", payload=i, partition_key="k") for i in range(2)])
         [task] = await store.claim("a", node_id="n", limit=1, lease_s=60)  # unordered: "a" keeps no heads
-        caplog.set_level(logging.INFO, logger="asynccoord.backends._pgconn")
+        caplog.set_level(logging.INFO, logger="asynccoord.backends.postgres.conn")
         check = await _connect(pg, schema)
         holder = await _connect(pg, schema)
         try:
@@ -2349,7 +2349,7 @@ async def test_a_claim_whose_answer_was_lost_returns_what_it_leased(
     to nobody until their lease expires (on a last attempt: dead-lettered, never sent)."""
     import asyncpg
 
-    from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
+    from asynccoord.backends.postgres.store import STORE_RETRIES, PostgresStore
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many(
@@ -2438,7 +2438,7 @@ async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(
     import asyncpg.transaction
 
     from asynccoord import events as ev
-    from asynccoord.backends.postgres import STORE_RETRIES
+    from asynccoord.backends.postgres.store import STORE_RETRIES
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         commit = asyncpg.transaction.Transaction.commit

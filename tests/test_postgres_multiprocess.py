@@ -50,7 +50,7 @@ async def schema() -> Any:
 
 
 async def fill(schema: str, tasks: int, *, conversations: int, accounts: int) -> set[int]:
-    from asynccoord.backends.postgres import PostgresStore
+    from asynccoord.backends.postgres.store import PostgresStore
 
     async with PostgresStore(PG_DSN, schema=schema, listen=False) as store:
         ids: set[int] = set()

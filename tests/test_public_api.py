@@ -10,7 +10,7 @@ import types
 import aiosqlite
 
 import asynccoord
-from asynccoord.backends._groupcommit import raw_connection, run_on_thread
+from asynccoord.backends.sqlite.writer import raw_connection, run_on_thread
 
 
 def public_attributes(module: types.ModuleType) -> set[str]:

@@ -16,7 +16,7 @@ import pytest
 from services import REDIS_URL, redis_problem, unavailable
 
 from asynccoord import InvalidArgumentError, Lease, LockBusy, StoreConnectionError
-from asynccoord.backends.base import LockStore
+from asynccoord.contract.protocols import LockStore
 from asynccoord.validation import MAX_DURATION_S
 
 
@@ -25,7 +25,7 @@ async def locks() -> AsyncIterator[Any]:
     problem = redis_problem()
     if problem is not None:
         unavailable("Redis", problem)
-    from asynccoord.backends.redis_locks import RedisLockStore
+    from asynccoord.backends.redis import RedisLockStore
 
     prefix = f"test:{secrets.token_hex(6)}:"
     store = RedisLockStore(REDIS_URL, prefix=prefix, key_slack_ms=200)
@@ -61,7 +61,7 @@ async def test_an_unreachable_server_raises_a_typed_error() -> None:
     problem = redis_problem()
     if problem is not None and "not installed" in problem:  # no server needed, only redis-py
         unavailable("Redis", problem)
-    from asynccoord.backends.redis_locks import RedisLockStore
+    from asynccoord.backends.redis import RedisLockStore
 
     store = RedisLockStore("redis://127.0.0.1:1/0", reconnect_timeout_s=0.3)
     with pytest.raises(StoreConnectionError) as info:
@@ -176,7 +176,7 @@ def redis_py_or_skip() -> None:
 )
 def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem: str, shown: str) -> None:
     redis_py_or_skip()
-    from asynccoord.backends.redis_locks import RedisLockStore
+    from asynccoord.backends.redis import RedisLockStore
 
     with pytest.raises(InvalidArgumentError) as info:
         RedisLockStore(url)
@@ -194,7 +194,7 @@ def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem:
 )
 def test_every_scheme_redis_py_connects_with_is_accepted(url: str) -> None:
     redis_py_or_skip()
-    from asynccoord.backends.redis_locks import RedisLockStore
+    from asynccoord.backends.redis import RedisLockStore
 
     assert RedisLockStore(url).url == url
 
@@ -202,7 +202,7 @@ def test_every_scheme_redis_py_connects_with_is_accepted(url: str) -> None:
 @pytest.mark.parametrize("slack_ms", [2**70, 365 * 86_400_000 + 1, -1])
 def test_key_slack_ms_out_of_range_is_refused(slack_ms: int) -> None:
     redis_py_or_skip()
-    from asynccoord.backends.redis_locks import MAX_KEY_SLACK_MS, RedisLockStore
+    from asynccoord.backends.redis import MAX_KEY_SLACK_MS, RedisLockStore
 
     assert MAX_KEY_SLACK_MS == 365 * 86_400_000  # one year, as MAX_DURATION_S
     bound = "<= 31536000000" if slack_ms > 0 else ">= 0"
@@ -214,7 +214,7 @@ async def test_the_longest_slack_and_lease_set_an_exact_expiry() -> None:
     problem = redis_problem()
     if problem is not None:
         unavailable("Redis", problem)
-    from asynccoord.backends.redis_locks import MAX_KEY_SLACK_MS, RedisLockStore
+    from asynccoord.backends.redis import MAX_KEY_SLACK_MS, RedisLockStore
 
     prefix = f"test:{secrets.token_hex(6)}:"
     store = RedisLockStore(REDIS_URL, prefix=prefix, key_slack_ms=MAX_KEY_SLACK_MS)

@@ -34,8 +34,8 @@ from asynccoord import (
     partition_of,
 )
 from asynccoord.membership import Membership
-from asynccoord.node import SEND_CLEANUP_S, Node, NodeConfig, NodeStatus, current_delivery
-from asynccoord.runtime import Runtime
+from asynccoord.node.node import SEND_CLEANUP_S, Node, NodeConfig, NodeStatus, current_delivery
+from asynccoord.node.runtime import Runtime
 
 QUEUE = "q"
 

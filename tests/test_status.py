@@ -26,11 +26,11 @@ from asynccoord import (
     SQLiteStore,
 )
 from asynccoord import events as ev
-from asynccoord.cli import build_parser
-from asynccoord.lockpool import next_in_line
-from asynccoord.membermodels import MemberBeat
-from asynccoord.monitormodels import MetricsFlush
-from asynccoord.status import collect_status, render_status, status_report, status_schema
+from asynccoord.cli.main import build_parser
+from asynccoord.cli.status import collect_status, render_status, status_report, status_schema
+from asynccoord.contract.membership import MemberBeat
+from asynccoord.contract.monitor import MetricsFlush
+from asynccoord.locks.pool import next_in_line
 
 Store = MemoryStore | SQLiteStore
 WORKER = str(WORKERS_DIR / "monitor_worker.py")

@@ -36,8 +36,8 @@ from asynccoord import (
     TaskNotFoundError,
     TaskStatus,
 )
-from asynccoord.backends.sql import load_migrations
-from asynccoord.stores import open_store
+from asynccoord.backends.open import open_store
+from asynccoord.backends.sqlfiles import load_migrations
 from asynccoord.validation import MAX_DURATION_S, MIN_LEASE_S
 
 Q = "jobs"
@@ -494,8 +494,8 @@ def test_store_constructor_arguments() -> None:
 
 
 def test_every_store_refuses_a_clock_that_is_not_callable(tmp_path: Path) -> None:
-    from asynccoord.backends.postgres import PostgresStore
-    from asynccoord.backends.redis_locks import RedisLockStore
+    from asynccoord.backends.postgres.store import PostgresStore
+    from asynccoord.backends.redis import RedisLockStore
 
     makers: list[Callable[[Any], object]] = [
         lambda clock: SQLiteStore(tmp_path / "never.db", clock=clock),
@@ -722,7 +722,7 @@ async def test_newer_schema_version_is_refused(db_path: Path) -> None:
 async def test_version_4_database_upgrades_and_keeps_its_order(db_path: Path) -> None:
     # A database written by schema version 4 (heads kept for every queue) with tasks in
     # flight: version 5 takes over its queues as ordered and claims in the same order.
-    from asynccoord.backends.sqlite import _split_script
+    from asynccoord.backends.sqlite.store import _split_script
 
     raw = sqlite3.connect(db_path, isolation_level=None)
     try:
@@ -869,26 +869,26 @@ def _send(_task: Task) -> None:
 
 
 def _monitor(**intervals_s: float) -> object:
-    from asynccoord.monitor import Monitor
+    from asynccoord.monitor.monitor import Monitor
 
     return Monitor(MemoryStore(), rules=[], **intervals_s)
 
 
 def _metrics_flush(alert_ttl_s: float) -> object:
-    from asynccoord.monitormodels import MetricsFlush
+    from asynccoord.contract.monitor import MetricsFlush
 
     return MetricsFlush(process_id="p", alert_ttl_s=alert_ttl_s)
 
 
 def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], str]]:
     from asynccoord.events import EventCounter
-    from asynccoord.histogram import SLOTS, Histogram, LatencyRecorder
-    from asynccoord.lockpool import LockPool
+    from asynccoord.locks.pool import LockPool
+    from asynccoord.locks.watchdog import Watchdog
     from asynccoord.membership import Membership
-    from asynccoord.node import NodeConfig
+    from asynccoord.monitor.histogram import SLOTS, Histogram, LatencyRecorder
+    from asynccoord.node.node import NodeConfig
+    from asynccoord.node.runtime import Runtime
     from asynccoord.notify import WorkNotifier
-    from asynccoord.runtime import Runtime
-    from asynccoord.watchdog import Watchdog
 
     wd = Watchdog(MemoryStore())
     zeros = (0,) * SLOTS
@@ -1058,7 +1058,7 @@ def test_helper_refuses_a_bad_argument_with_a_typed_error(
 
 def test_bad_counts_observations_and_notifications_change_nothing() -> None:
     from asynccoord.events import EventCounter
-    from asynccoord.histogram import LatencyRecorder
+    from asynccoord.monitor.histogram import LatencyRecorder
 
     counter = EventCounter()
     for name, n in (([], 1), ({}, 1), ("lock_lost", None), ("lock_lost", 1.0)):
@@ -1086,9 +1086,9 @@ def test_helpers_still_accept_valid_arguments() -> None:
     import random
 
     from asynccoord.events import EventCounter
-    from asynccoord.histogram import SLOTS, Histogram, LatencyRecorder
+    from asynccoord.locks.watchdog import Watchdog
+    from asynccoord.monitor.histogram import SLOTS, Histogram, LatencyRecorder
     from asynccoord.notify import WorkNotifier
-    from asynccoord.watchdog import Watchdog
 
     wd = Watchdog(MemoryStore())
     assert wd.check_interval(9.0, 3.0) == 3.0
@@ -1146,7 +1146,7 @@ async def test_work_notifier_wait_checks_before_waiting() -> None:
 
 
 async def test_monitor_flush_force_must_be_a_bool() -> None:
-    from asynccoord.monitor import Monitor
+    from asynccoord.monitor.monitor import Monitor
 
     async with MemoryStore() as store:
         monitor = Monitor(store, background=False)
@@ -1158,7 +1158,7 @@ async def test_monitor_flush_force_must_be_a_bool() -> None:
 
 async def test_lock_pool_released_and_turn_check_their_arguments() -> None:
     from asynccoord.errors import LockLostError
-    from asynccoord.lockpool import LockPool
+    from asynccoord.locks.pool import LockPool
 
     async def async_on_lost(_error: LockLostError) -> None:
         pass

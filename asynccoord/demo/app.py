@@ -43,11 +43,11 @@ from rich.table import Table
 
 from .. import events as ev
 from .._loop import run as run_loop
+from ..backends.open import is_postgres_target, open_store, redact_target
+from ..contract.monitor import Alert
 from ..errors import CoordError
 from ..models import NewTask, TaskStatus
-from ..monitor import Monitor, cluster_snapshot
-from ..monitormodels import Alert
-from ..stores import is_postgres_target, open_store, redact_target
+from ..monitor.monitor import Monitor, cluster_snapshot
 from .gateway import GatewayAudit, audit
 from .trace import TraceMessage, bundled_sample, read_trace
 from .worker import DEMO_QUEUE
@@ -601,7 +601,7 @@ async def _demo_schema(dsn: str, schema: str) -> AsyncIterator[None]:
         import asyncpg
     except ImportError as exc:
         raise ValueError("--store postgresql://... needs asyncpg: pip install 'asynccoord[postgres]'") from exc
-    from ..backends.postgres import split_connect_timeout
+    from ..backends.postgres.store import split_connect_timeout
 
     connect_dsn, timeout_s = split_connect_timeout(dsn)  # InvalidArgumentError is a ValueError
     try:
@@ -810,7 +810,7 @@ async def _task_statuses(target: str, opts: DemoOptions) -> dict[str, str]:
     if opts.postgres:
         import asyncpg
 
-        from ..backends.postgres import split_connect_timeout
+        from ..backends.postgres.store import split_connect_timeout
 
         dsn, timeout_s = split_connect_timeout(target)
         conn = await asyncpg.connect(dsn, timeout=timeout_s, server_settings={"search_path": f'"{opts.schema}"'})

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from .._loop import run as run_loop
+from ..backends.open import open_store
 from ..config import RetryPolicy
 from ..models import Task
-from ..monitor import Monitor
-from ..node import NodeConfig, current_delivery
-from ..runtime import Runtime
-from ..stores import open_store
+from ..monitor.monitor import Monitor
+from ..node.node import NodeConfig, current_delivery
+from ..node.runtime import Runtime
 from .gateway import SimulatedGateway
 
 __all__ = ("DEMO_QUEUE", "EarlyStop", "main", "lock_key")
@@ -204,7 +204,7 @@ async def _lock_store(args: argparse.Namespace) -> AsyncIterator[Any]:
     if args.lock_store is None:
         yield None
         return
-    from ..backends.redis_locks import RedisLockStore
+    from ..backends.redis import RedisLockStore
 
     async with RedisLockStore(args.lock_store, prefix=args.lock_prefix) as locks:
         yield locks

@@ -48,8 +48,8 @@ import time
 from typing import Any
 
 from asynccoord import Lease, SQLiteStore, Task
-from asynccoord.node import NodeConfig, current_delivery
-from asynccoord.runtime import Runtime
+from asynccoord.node.node import NodeConfig, current_delivery
+from asynccoord.node.runtime import Runtime
 
 
 def emit(obj: dict[str, Any]) -> None:

@@ -28,9 +28,9 @@ import sys
 from typing import Any
 
 from asynccoord import Task
-from asynccoord.backends.postgres import STORE_RETRIES, PostgresStore
-from asynccoord.node import NodeConfig, current_delivery
-from asynccoord.runtime import Runtime
+from asynccoord.backends.postgres.store import STORE_RETRIES, PostgresStore
+from asynccoord.node.node import NodeConfig, current_delivery
+from asynccoord.node.runtime import Runtime
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -65,7 +65,7 @@ async def main(args: argparse.Namespace) -> None:
     async with PostgresStore(args.dsn, schema=args.schema, pool_max_size=args.pool) as store:
         lock_store: Any = None
         if args.redis:
-            from asynccoord.backends.redis_locks import RedisLockStore
+            from asynccoord.backends.redis import RedisLockStore
 
             lock_store = RedisLockStore(args.redis, prefix=args.redis_prefix)
             await lock_store.open()

@@ -1,0 +1,758 @@
+"""Locks and semaphores with fencing tokens on Redis (extra ``redis``, redis-py asyncio).
+
+:class:`RedisLockStore` implements :class:`~asynccoord.contract.protocols.LockStore` only: the
+named locks, semaphores and fencing of asynccoord, with the same semantics as the
+SQLite, PostgreSQL and in-memory stores (the lock contract tests run on it). It is used
+*beside* a queue store, e.g. the queue in PostgreSQL and the account locks in Redis::
+
+    queue = PostgresStore("postgresql://bot@db/coord")
+    locks = RedisLockStore("redis://cache:6379/0")
+    async with queue, locks:
+        runtime = Runtime(queue, send, lock_key=..., lock_store=locks)
+
+(or ``Lock(locks, "account:42")`` directly). A task commit fenced by a Redis lock's
+token is checked and recorded by the *queue* store (``complete(fence=...)``), in the
+same transaction as the commit: fence each resource with the tokens of one lock store.
+
+Data layout, per lock name (``prefix`` default ``"asynccoord:"``):
+
+* ``{prefix}lock:{name}`` - sorted set: owner token -> expiry (store clock, seconds).
+  A member is live while its score is after the clock; acquisitions drop lapsed ones.
+* ``{prefix}lockmeta:{name}`` - hash: owner token -> ``fencing_token|permits|acquired_at|holder``.
+* ``{prefix}fencing:{name}`` - the name's fencing counter (``INCR``), kept forever, so
+  tokens rise strictly across releases, expiries and restarts of a Redis that keeps its
+  data (AOF or RDB persistence). A Redis restarted empty starts the counters over: a
+  fenced resource then refuses the new, lower tokens (safe: nothing stale is written,
+  but fenced writes fail until the counter passes the resource's highest token).
+* ``{prefix}fence:{resource}`` - hash: the highest fencing token a resource accepted,
+  its last fenced data and when.
+
+Every operation is one Lua script run atomically by the server: acquire (drop lapsed
+leases, count, grant with the next token; the concurrent acquisitions of a process go
+as one pipeline, one round trip), owner-checked renew and release, a batched
+renewal of any number of leases for the watchdog (one round trip), and fencing. Time
+is the Redis server's ``TIME`` (or a test clock passed in), never a caller's clock.
+The lock keys carry a ``PEXPIRE`` of their longest lease plus ``key_slack_ms``, so the
+server deletes the locks of crashed holders by itself.
+
+A script touches several keys of different names in one call (the batched renewal), so
+use a single Redis server (or a primary with replicas), not Redis Cluster. Connection
+loss is retried with backoff and then raised as
+:class:`~asynccoord.errors.StoreConnectionError`; a retried acquisition recognizes its
+own earlier grant (by owner token), so a lost reply never leaks a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+import redis.exceptions as rerr
+from redis.asyncio.connection import parse_url
+
+from .. import events as ev
+from ..config import StoreConfig
+from ..contract.lockchecks import (
+    check_fence_args,
+    check_lease,
+    check_leases,
+    check_lock_request,
+    encode_fence_data,
+    fence_rejected_error,
+)
+from ..contract.locks import FenceRecord, Lease, LockBusy, LockInfo
+from ..contract.queue import decode_json, new_token
+from ..errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    StoreBusyError,
+    StoreClosedError,
+    StoreConnectionError,
+    StoreError,
+    StoreLoopError,
+)
+from ..events import EventCounter
+from ..monitor.histogram import LatencyRecorder
+from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
+from .batch import Batcher
+from .open import redact_location, redact_target, userinfo_spills
+
+__all__ = ("MAX_KEY_SLACK_MS", "RedisLockStore")
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Shared by every script: the clock, exact float text, and token comparison as decimal
+# strings (Lua numbers are doubles: exact only up to 2**53, tokens go to 2**63 - 1).
+_LIST_CHUNK = 1000
+"""Lock names whose list scripts ``list_locks`` sends in one pipeline (one round trip)."""
+_RENEW_CHUNK = 256
+"""Most leases one renewal script call renews. A script holds the Redis server while it runs
+(20 to 40 us per lease on a 2-core machine): one call for 10,000 leases held it for 190 to
+280 ms every renewal interval, and every other client waited. Chunks of this many (at most
+about 11 ms each in the same run) go in one pipeline, still one round trip, and other
+clients' commands run between them."""
+
+_PRELUDE = """
+local function clock(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function fmt(x) return string.format('%.17g', x) end
+local function token_lt(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local function keep(zset, meta, now, slack_ms)
+  local top = redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')
+  if #top == 0 then
+    redis.call('DEL', zset, meta)
+    return
+  end
+  local ms = math.ceil((tonumber(top[2]) - now) * 1000) + slack_ms
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', zset, ms)
+  redis.call('PEXPIRE', meta, ms)
+end
+"""
+
+# KEYS: zset, meta, counter. ARGV: owner, holder, permits, ttl_s, now ('' = server), slack_ms.
+# Returns {1, fencing_token, acquired_at, expires_at} or {0, live, earliest_expiry, now}.
+_ACQUIRE = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[5])
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if mine and tonumber(mine) > now then  -- a retried call whose first attempt was granted
+  local meta = redis.call('HGET', KEYS[2], ARGV[1])
+  local token, _, acquired = string.match(meta, '^(%d+)|(%d+)|([^|]+)|')
+  return {1, token, acquired, mine}
+end
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
+if #lapsed > 0 then
+  redis.call('ZREM', KEYS[1], unpack(lapsed))
+  redis.call('HDEL', KEYS[2], unpack(lapsed))
+end
+local live = redis.call('ZCARD', KEYS[1])
+if live >= tonumber(ARGV[3]) then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, live, first[2], fmt(now)}
+end
+local token = redis.call('INCR', KEYS[3])
+local expires = now + tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], fmt(expires), ARGV[1])
+local token_text = string.format('%d', token)
+redis.call('HSET', KEYS[2], ARGV[1], token_text .. '|' .. ARGV[3] .. '|' .. fmt(now) .. '|' .. ARGV[2])
+keep(KEYS[1], KEYS[2], now, tonumber(ARGV[6]))
+return {1, token_text, fmt(now), fmt(expires)}
+"""
+)
+
+# KEYS: zset, meta, counter. ARGV: owner, now. Returns 1 if the lease was live, 0 if it had
+# lapsed (deleted either way), or "<now> <fencing counter>" if it is not there.
+_RELEASE = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[2])
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then return fmt(now) .. ' ' .. (redis.call('GET', KEYS[3]) or '0') end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if redis.call('ZCARD', KEYS[1]) == 0 then redis.call('DEL', KEYS[1], KEYS[2]) end
+if tonumber(score) > now then return 1 end
+return 0
+"""
+)
+
+# KEYS: zset1, meta1, zset2, meta2, ... ARGV: now, slack_ms, owner1, ttl1, owner2, ttl2, ...
+# Returns per lease the new expiry, or '' if it had lapsed (never revived).
+_RENEW_MANY = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[1])
+local slack = tonumber(ARGV[2])
+local out = {}
+local touched = {}
+for i = 1, #KEYS / 2 do
+  local zset, meta = KEYS[2 * i - 1], KEYS[2 * i]
+  local owner, ttl = ARGV[2 * i + 1], tonumber(ARGV[2 * i + 2])
+  local score = redis.call('ZSCORE', zset, owner)
+  if score and tonumber(score) > now then
+    local expires = now + ttl
+    redis.call('ZADD', zset, 'XX', fmt(expires), owner)
+    out[i] = fmt(expires)
+    touched[zset] = meta
+  else
+    out[i] = ''
+  end
+end
+for zset, meta in pairs(touched) do keep(zset, meta, now, slack) end
+return out
+"""
+)
+
+# KEYS: zset, meta. ARGV: now. Returns {now, owner1, expiry1, meta1, ...} of the live leases.
+_LIST = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[1])
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. fmt(now), '+inf', 'WITHSCORES')
+local out = {fmt(now)}
+for i = 1, #live, 2 do
+  out[#out + 1] = live[i]
+  out[#out + 1] = live[i + 1]
+  out[#out + 1] = redis.call('HGET', KEYS[2], live[i]) or ''
+end
+return out
+"""
+)
+
+# KEYS: fence. ARGV: token, now, with_data ('1'/'0'), data.
+# Returns {1, token, updated_at} or {0, highest}.
+_FENCE = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[2])
+local current = redis.call('HGET', KEYS[1], 'token')
+if current and token_lt(ARGV[1], current) then return {0, current} end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'updated_at', fmt(now))
+if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'data', ARGV[4]) end
+return {1, ARGV[1], fmt(now)}
+"""
+)
+
+_CONNECTION_ERRORS = (rerr.ConnectionError, rerr.TimeoutError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One queued acquisition."""
+
+    name: str
+    ttl_s: float
+    permits: int
+    holder: str
+    owner_token: str
+
+
+MAX_KEY_SLACK_MS = int(MAX_DURATION_S * 1000)
+"""Largest ``key_slack_ms``: one year (:data:`~asynccoord.validation.MAX_DURATION_S`) in
+milliseconds, 31,536,000,000. With the longest lease (also a year) a key's ``PEXPIRE`` stays
+below 2**36 ms: an exact integer in the scripts' Lua numbers, far inside Redis' limit."""
+
+
+def _check_url(url: str) -> None:
+    """Refuse a URL redis-py cannot connect with, naming it (its password hidden)."""
+    try:
+        parse_url(url)  # redis-py's own parser, the one open() uses: scheme, port, query values
+        problem = _db_problem(url)
+        if problem is None:
+            return
+    except ValueError as exc:  # its messages quote a port, which may be a password's start ("user:Ab/cd@host")
+        problem = str(exc).rstrip(".")
+    if userinfo_spills(url):
+        problem = "a '/', '?' or '#' before the '@' (percent-encode it in the password)"
+    shown = repr(redact_target(url))  # redact_target never raises: an unparsable URL loses its user-info
+    if len(shown) > 200:
+        shown = shown[:197] + "..."
+    raise InvalidArgumentError(f"url must be a Redis URL (redis://host:port/db): {problem}, got {shown}")
+
+
+def _db_problem(url: str) -> str | None:
+    """What is wrong with the database number in a ``redis://``/``rediss://`` URL's path, if anything.
+
+    redis-py ignores a path that is not a number (``redis://host/abc`` connects to
+    database 0), so a typo would go to another database unnoticed.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return None  # unix://: the path is the socket's
+    db = parts.path.strip("/")
+    if db and not (db.isascii() and db.isdigit()):
+        return f"the database number must be an integer (redis://host:port/0), not {db[:40]!r}"
+    return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _map_error(exc: BaseException, what: str) -> StoreError:
+    """The package's error for a redis-py error (raise it ``from exc``)."""
+    text = f"{what}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return StoreConnectionError(f"{text} (the connection to Redis was lost or refused)")
+    if isinstance(exc, rerr.BusyLoadingError):
+        return StoreBusyError(text)
+    return StoreError(text)
+
+
+class RedisLockStore:
+    """The lock contract (:class:`~asynccoord.contract.protocols.LockStore`) on one Redis server.
+
+    Use as ``async with RedisLockStore("redis://host:6379/0") as locks: ...``.
+
+    Args:
+        url: A redis-py URL (``redis://[:password@]host:port/db``, ``rediss://`` for TLS,
+            ``unix://path``); another scheme, or a port or query value redis-py cannot
+            read, is refused here (the message hides the password).
+        config: Store settings (``max_payload_bytes`` bounds fenced data); default
+            :class:`~asynccoord.config.StoreConfig`.
+        clock: Test hook: a function returning the store clock (seconds) used instead
+            of the server's ``TIME``. Default None (the server clock).
+        prefix: Prefix of every key (several independent lock spaces in one Redis).
+            Default ``"asynccoord:"``. Spaces are independent only when no prefix is
+            the start of another's: keys are ``{prefix}{kind}:{name}`` and names may hold
+            ``:``, so ``"app:"`` and ``"app:lock:"`` share keys (``"app:"``'s lock
+            ``"lock:x"`` is ``"app:lock:"``'s lock ``"x"``, with two fencing counters).
+            Use prefixes such as ``"app1:"`` and ``"app2:"``.
+        key_slack_ms: How long past its longest lease a lock's keys stay before the
+            server deletes them, milliseconds, 0..31,536,000,000 (one year,
+            ``MAX_KEY_SLACK_MS``). Default 60000.
+        reconnect_timeout_s: How long a call retries a lost connection with backoff
+            before raising, seconds (> 0). Default 10.
+        max_connections: Most connections of the pool (>= 1); callers beyond wait for one.
+            Default 16 (concurrent acquisitions share one pipelined round trip anyway).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a bad argument.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        config: StoreConfig | None = None,
+        clock: Callable[[], float] | None = None,
+        prefix: str = "asynccoord:",
+        key_slack_ms: int = 60_000,
+        reconnect_timeout_s: float = 10.0,
+        max_connections: int = 16,
+    ) -> None:
+        if not isinstance(url, str):
+            raise InvalidTypeError(f"url must be a str (redis://...), got {type(url).__name__}")
+        _check_url(url)
+        if config is not None and not isinstance(config, StoreConfig):
+            raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
+        check_clock(clock)
+        self.url = url
+        self.config = config or StoreConfig()
+        self.events = EventCounter()
+        self.latencies = LatencyRecorder()
+        self.prefix = check_name("prefix", prefix)
+        self.key_slack_ms = check_int("key_slack_ms", key_slack_ms, minimum=0, maximum=MAX_KEY_SLACK_MS)
+        self.reconnect_timeout_s = check_positive("reconnect_timeout_s", reconnect_timeout_s)
+        self.max_connections = check_int("max_connections", max_connections, minimum=1)
+        self._clock = clock
+        self._client: aioredis.Redis | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of open()
+        self._scripts: dict[str, Any] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._acquirer: Batcher[_Request, Lease | LockBusy] = Batcher(
+            self._acquire_batch, self.config.max_batch_ops, name="asynccoord-redis-acquire"
+        )
+
+    def __repr__(self) -> str:
+        where = redact_location(self.url)
+        return f"<RedisLockStore {where!r} prefix={self.prefix!r} {'open' if self._client else 'closed'}>"
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Connect and load the scripts. Idempotent.
+
+        Raises:
+            StoreConnectionError: the server cannot be reached.
+        """
+        if self._client is not None:
+            self._check_loop()  # open, but for another loop: StoreLoopError
+            return
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url, max_connections=self.max_connections, timeout=self.reconnect_timeout_s, socket_connect_timeout=5.0
+        )
+        client = aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes both
+        try:
+            await client.ping()
+        except (rerr.RedisError, OSError) as exc:
+            await client.aclose()
+            raise _map_error(exc, f"cannot connect to {self!r}") from exc
+        self._scripts = {
+            name: client.register_script(source)
+            for name, source in (
+                ("acquire", _ACQUIRE),
+                ("release", _RELEASE),
+                ("renew_many", _RENEW_MANY),
+                ("list", _LIST),
+                ("fence", _FENCE),
+            )
+        }
+        self._client = client
+        self._loop = asyncio.get_running_loop()
+
+    async def close(self) -> None:
+        """Wait for queued acquisitions and background releases (bounded), then close. Idempotent.
+
+        Called from another event loop than ``open()``'s, it closes the client in that
+        loop if it still runs (up to 5 s), and otherwise only drops it: its connections
+        belong to that loop, and their sockets go when its transports are collected.
+        """
+        if self._client is not None and self._loop is not asyncio.get_running_loop():
+            abandoned, owner = self._client, self._loop
+            self._client = None
+            self._scripts = {}
+            if owner is not None and owner.is_running() and not owner.is_closed():
+                with contextlib.suppress(Exception):
+                    done = asyncio.run_coroutine_threadsafe(abandoned.aclose(), owner)
+                    await asyncio.wait_for(asyncio.wrap_future(done), 5.0)
+            return
+        await self._acquirer.flush()
+        if self._background:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(set(self._background), timeout=5.0)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _now_arg(self) -> str:
+        return "" if self._clock is None else repr(float(self._clock()))
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}{kind}:{name}"
+
+    def _check_loop(self) -> None:
+        if self._loop is not asyncio.get_running_loop():
+            raise StoreLoopError(
+                f"{self!r} was opened in another event loop (another asyncio.run, thread or test loop) and"
+                " serves that loop only: open a lock store in the loop that uses it"
+            )
+
+    async def _call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
+        """Run ``fn(client)``, retrying a lost connection with backoff; map errors at this one boundary."""
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        delay_s = 0.02
+        while True:
+            client = self._client
+            if client is None:
+                raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+            self._check_loop()
+            try:
+                return await fn(client)
+            except _CONNECTION_ERRORS as exc:
+                if time.monotonic() + delay_s > deadline:
+                    raise _map_error(exc, what) from exc
+                log.info("asynccoord.redis.retry what=%s error=%s", what, exc)
+            except rerr.RedisError as exc:
+                raise _map_error(exc, what) from exc
+            await asyncio.sleep(delay_s * random.uniform(0.5, 1.5))
+            delay_s = min(delay_s * 2, 1.0)
+
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[str | int | float], what: str) -> Any:
+        script = self._scripts[name]
+
+        async def run(client: aioredis.Redis) -> Any:
+            return await script(keys=list(keys), args=list(args), client=client)
+
+        return await self._call(run, what)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def now(self) -> float:
+        """The store clock: seconds since the Unix epoch (the Redis server's ``TIME``)."""
+        if self._clock is not None:
+            if self._client is None:
+                raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+            return float(self._clock())
+
+        async def run(client: aioredis.Redis) -> float:
+            seconds, micros = await client.time()
+            return float(seconds) + float(micros) / 1_000_000
+
+        return await self._call(run, "now")
+
+    # --- the lock contract --------------------------------------------------------------
+
+    async def try_acquire_lock(
+        self, name: str, *, ttl_s: float, permits: int = 1, holder: str = ""
+    ) -> Lease | LockBusy:
+        """One non-blocking attempt to take ``name`` (or one of its ``permits``), in one script.
+
+        If the caller is cancelled meanwhile, a granted lease is released in the background.
+
+        Args:
+            name: Lock name, 1..255 characters, not only whitespace.
+            ttl_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year), from the
+                server clock at the grant.
+            permits: Leases the name may have at once (>= 1). Default 1: a lock.
+            holder: Who acquires, for inspection (0..255 characters).
+
+        Returns:
+            The new :class:`Lease`, or :class:`LockBusy` when every permit is taken.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad argument; nothing written.
+            StoreConnectionError: the server stayed unreachable.
+        """
+        name, ttl, count, who = check_lock_request(name, ttl_s, permits, holder)
+        if self._client is None:
+            raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+        self._check_loop()  # before the request is queued for a batch of the owning loop
+        request = _Request(name=name, ttl_s=ttl, permits=count, holder=who, owner_token=new_token())
+        future = self._acquirer.submit(request)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+
+            def compensate(done: asyncio.Future[Lease | LockBusy]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    outcome = done.result()
+                    if isinstance(outcome, Lease):
+                        self._spawn(self._release_quietly(outcome))
+
+            future.add_done_callback(compensate)
+            raise
+
+    async def _acquire_batch(self, requests: Sequence[_Request]) -> list[Lease | LockBusy]:
+        """Run the acquisitions waiting now as one pipeline of scripts (one round trip)."""
+        script = self._scripts["acquire"]
+        now_arg = self._now_arg()
+
+        async def run(client: aioredis.Redis) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                for r in requests:
+                    keys = [self._key("lock", r.name), self._key("lockmeta", r.name), self._key("fencing", r.name)]
+                    args = [r.owner_token, r.holder, r.permits, repr(r.ttl_s), now_arg, self.key_slack_ms]
+                    await script(keys=keys, args=args, client=pipe)
+                return list(await pipe.execute())
+
+        replies = await self._call(run, "try_acquire_lock")
+        out: list[Lease | LockBusy] = []
+        for r, reply in zip(requests, replies, strict=True):
+            if int(reply[0]) == 1:
+                out.append(self._lease_from(r.name, r.owner_token, r.holder, r.permits, r.ttl_s, reply))
+            else:
+                live, earliest, now = int(reply[1]), float(_text(reply[2])), float(_text(reply[3]))
+                wait = max(0.0, earliest - now)
+                out.append(LockBusy(name=r.name, holders=live, permits=r.permits, retry_after_s=wait))
+        return out
+
+    @staticmethod
+    def _lease_from(name: str, owner: str, holder: str, permits: int, ttl: float, reply: Any) -> Lease:
+        return Lease(
+            name=name,
+            owner_token=owner,
+            fencing_token=int(_text(reply[1])),
+            holder=holder,
+            permits=permits,
+            ttl_s=ttl,
+            acquired_at=float(_text(reply[2])),
+            expires_at=float(_text(reply[3])),
+        )
+
+    async def _release_quietly(self, lease: Lease) -> None:
+        with contextlib.suppress(StoreError):
+            await self.release_lock(lease)
+
+    async def release_lock(self, lease: Lease) -> bool:
+        """Delete ``lease`` if it is still live (owner-checked); False if it had lapsed or was released.
+
+        Raises:
+            InvalidTypeError: ``lease`` is not a Lease.
+        """
+        check_lease(lease)
+        keys = [self._key("lock", lease.name), self._key("lockmeta", lease.name), self._key("fencing", lease.name)]
+        script = self._scripts["release"]
+        attempts = 0
+
+        async def run(client: aioredis.Redis) -> bool:
+            nonlocal attempts
+            attempts += 1
+            reply = await script(keys=keys, args=[lease.owner_token, self._now_arg()], client=client)
+            if isinstance(reply, int):
+                return reply == 1  # 1: it was live and is released; 0: it had lapsed
+            # Not there (the reply is the server time and the name's fencing counter). After a
+            # lost connection, an earlier attempt of this call released it if it was live then
+            # and nobody has acquired the name since: it is still live by the server clock, and
+            # the counter is still the lease's token. Any doubt says False (the lock reads as
+            # lost): keys a restart, a flush or an eviction removed may look the same.
+            now, counter = (reply.decode() if isinstance(reply, bytes) else str(reply)).split()
+            return attempts > 1 and float(now) < lease.expires_at and int(counter) == lease.fencing_token
+
+        return await self._call(run, "release_lock")
+
+    async def renew_lock(self, lease: Lease, ttl_s: float | None = None) -> Lease | None:
+        """Extend a live lease to ``ttl_s`` (default ``lease.ttl_s``) from now; None if it lapsed.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad argument.
+        """
+        check_lease(lease)
+        ttl = lease.ttl_s if ttl_s is None else check_lease_s("ttl_s", ttl_s)
+        (renewed,) = await self._renew([(lease, ttl)])
+        return renewed
+
+    async def renew_locks(self, leases: Sequence[Lease]) -> list[Lease | None]:
+        """Renew many leases in one round trip, each by its own ``ttl_s``; None where lapsed.
+
+        The leases go in script calls of at most 256 each (a script holds the Redis server
+        while it runs), sent together in one pipeline.
+
+        Raises:
+            InvalidTypeError: not a list or tuple of Lease.
+        """
+        checked = check_leases(leases)
+        if not checked:
+            return []
+        return await self._renew([(lease, lease.ttl_s) for lease in checked])
+
+    async def _renew(self, items: Sequence[tuple[Lease, float]]) -> list[Lease | None]:
+        """Renew ``(lease, ttl_s)`` pairs: script calls of at most ``_RENEW_CHUNK`` leases, in one pipeline."""
+        script, now_arg = self._scripts["renew_many"], self._now_arg()
+        calls: list[tuple[list[str], list[str | int | float]]] = []
+        for first in range(0, len(items), _RENEW_CHUNK):
+            keys: list[str] = []
+            args: list[str | int | float] = [now_arg, self.key_slack_ms]
+            for lease, ttl in items[first : first + _RENEW_CHUNK]:
+                keys += [self._key("lock", lease.name), self._key("lockmeta", lease.name)]
+                args += [lease.owner_token, repr(ttl)]
+            calls.append((keys, args))
+
+        async def run(client: aioredis.Redis) -> list[Any]:
+            if len(calls) == 1:
+                return list(await script(keys=calls[0][0], args=calls[0][1], client=client))
+            async with client.pipeline(transaction=False) as pipe:  # one round trip; renewals are idempotent
+                for keys, args in calls:
+                    await script(keys=keys, args=args, client=pipe)
+                return [expires for reply in await pipe.execute() for expires in reply]
+
+        reply = await self._call(run, "renew_locks")
+        out: list[Lease | None] = []
+        for (lease, ttl), expires in zip(items, reply, strict=True):
+            text = _text(expires)
+            out.append(None if text == "" else replace(lease, ttl_s=ttl, expires_at=float(text)))
+        return out
+
+    async def list_locks(self, name: str | None = None) -> list[LockInfo]:
+        """Live leases of ``name`` (or of every name under the prefix), by name then fencing token.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad ``name``.
+        """
+        if name is not None:
+            check_name("name", name)
+            names = [name]
+        else:
+            pattern = self._key("lock", "*")
+
+            async def scan(client: aioredis.Redis) -> list[str]:
+                return [_text(k) async for k in client.scan_iter(match=pattern, count=1000)]
+
+            start = len(self._key("lock", ""))
+            names = sorted({key[start:] for key in await self._call(scan, "list_locks")})
+        script, now_arg = self._scripts["list"], self._now_arg()
+
+        async def read(client: aioredis.Redis, chunk: Sequence[str]) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:  # one round trip per chunk
+                for n in chunk:
+                    await script(keys=[self._key("lock", n), self._key("lockmeta", n)], args=[now_arg], client=pipe)
+                return list(await pipe.execute())
+
+        replies: list[Any] = []
+        for first in range(0, len(names), _LIST_CHUNK):
+            chunk = names[first : first + _LIST_CHUNK]
+            replies += await self._call(functools.partial(read, chunk=chunk), "list_locks")
+        found: list[LockInfo] = []
+        for n, reply in zip(names, replies, strict=True):
+            now = float(_text(reply[0]))
+            for i in range(1, len(reply), 3):
+                owner, expires, meta = _text(reply[i]), float(_text(reply[i + 1])), _text(reply[i + 2])
+                token, permits, acquired, holder = meta.split("|", 3) if meta else ("0", "1", "0", "")
+                found.append(
+                    LockInfo(
+                        name=n,
+                        owner_token=owner,
+                        holder=holder,
+                        fencing_token=int(token),
+                        permits=int(permits),
+                        acquired_at=float(acquired),
+                        expires_at=expires,
+                        remaining_ttl_s=expires - now,
+                    )
+                )
+        found.sort(key=lambda info: (info.name, info.fencing_token))
+        return found
+
+    async def fence(self, resource: str, fencing_token: int) -> None:
+        """Record ``fencing_token`` as seen by ``resource``, refusing a lower one (equal accepted).
+
+        Raises:
+            FencingTokenRejectedError: the resource accepted a higher token; nothing written.
+            InvalidArgumentError, InvalidTypeError: a bad argument.
+        """
+        resource, token = check_fence_args(resource, fencing_token)
+        await self._fence(resource, token, None)
+
+    async def fenced_write(self, resource: str, fencing_token: int, data: Any) -> FenceRecord:
+        """Check the token as :meth:`fence` does and store ``data`` (JSON) with it, atomically.
+
+        Raises:
+            FencingTokenRejectedError: the resource accepted a higher token; nothing written.
+            InvalidArgumentError, InvalidTypeError, PayloadTooLargeError: a bad argument.
+        """
+        resource, token = check_fence_args(resource, fencing_token)
+        text = encode_fence_data(data, self.config.max_payload_bytes)
+        updated_at = await self._fence(resource, token, text)
+        return FenceRecord(resource=resource, fencing_token=token, data=decode_json(text), updated_at=updated_at)
+
+    async def _fence(self, resource: str, token: int, data: str | None) -> float:
+        args = (str(token), self._now_arg(), "0" if data is None else "1", data or "")
+        reply = await self._script("fence", (self._key("fence", resource),), args, "fence")
+        if int(reply[0]) != 1:
+            self.events.add(ev.FENCING_REJECTED)
+            raise fence_rejected_error(resource, token, int(_text(reply[1])))
+        return float(_text(reply[2]))
+
+    async def read_fence(self, resource: str) -> FenceRecord | None:
+        """The resource's highest accepted token and last fenced data; None if never fenced.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad ``resource``.
+        """
+        check_name("resource", resource)
+        key = self._key("fence", resource)
+
+        async def run(client: aioredis.Redis) -> Any:
+            return await client.hgetall(key)
+
+        fields = {_text(k): _text(v) for k, v in (await self._call(run, "read_fence")).items()}
+        if not fields:
+            return None
+        data = fields.get("data")
+        return FenceRecord(
+            resource=resource,
+            fencing_token=int(fields["token"]),
+            data=None if data is None else decode_json(data),
+            updated_at=float(fields["updated_at"]),
+        )

@@ -1,0 +1,290 @@
+"""``python -m asynccoord run``: host a Runtime of N nodes until SIGTERM or SIGINT.
+
+The send function (and optionally the lock-key function) is named as
+``package.module:attribute``, the convention of ASGI servers::
+
+    python -m asynccoord run --db bot.db --queue outbox --send mybot.send:deliver \\
+        --lock-key mybot.send:account_of --nodes 8 --shutdown-timeout-s 10
+
+On SIGTERM or SIGINT the runtime stops claiming at once, lets sends in flight finish for
+up to ``--shutdown-timeout-s``, hands back whatever is left (leases and locks released)
+and exits with status 0.
+
+``--db`` takes what :func:`asynccoord.backends.open.open_store` takes: an SQLite file path, an
+``sqlite:///PATH`` URL or a ``postgresql://`` DSN (nodes on many machines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .._loop import run as run_loop
+from .._signals import give_back_signal, take_signal
+from ..contract.lockchecks import MAX_PERMITS
+from ..errors import InvalidArgumentError, InvalidTypeError, StoreError
+from ..validation import check_int, check_interval_s, check_lease_s, check_name, check_positive
+
+__all__ = ("check_run", "configure_run", "load_callable", "run_command")
+
+log = logging.getLogger(__name__)
+
+
+def load_callable(spec: str) -> Any:
+    """Import ``"package.module:attribute"`` and return the attribute.
+
+    Raises:
+        InvalidArgumentError: the spec is malformed or names nothing importable.
+        InvalidTypeError: the attribute is not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidArgumentError(f"expected 'package.module:attribute', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgumentError(f"cannot import module {module_name!r} of {spec!r}: {exc}") from exc
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise InvalidArgumentError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
+    if not callable(target):
+        raise InvalidTypeError(f"{spec!r} is not callable ({type(target).__name__})")
+    return target
+
+
+def configure_run(parser: argparse.ArgumentParser) -> None:
+    """Add the ``run`` subcommand's options to ``parser``."""
+    parser.add_argument(
+        "--db",
+        "--store",
+        dest="db",
+        required=True,
+        metavar="TARGET",
+        help="the SQLite database file (or sqlite:///PATH), or a postgresql:// DSN",
+    )
+    parser.add_argument(
+        "--schema",
+        metavar="NAME",
+        help="with a postgresql:// --db: the schema of asynccoord's tables, created if missing "
+        "(default: the connection's search_path)",
+    )
+    parser.add_argument("--queue", default="default", help="queue to drain (default 'default')")
+    parser.add_argument("--send", required=True, metavar="MODULE:ATTR", help="async send(task) function")
+    parser.add_argument("--lock-key", metavar="MODULE:ATTR", help="function task -> lock name or None")
+    parser.add_argument("--nodes", type=int, default=8, help="nodes in this process (default 8)")
+    parser.add_argument("--lease-s", type=float, default=30.0, help="task lease, seconds (default 30)")
+    parser.add_argument("--lock-ttl-s", type=float, default=10.0, help="lock lease, seconds (default 10)")
+    parser.add_argument("--lock-permits", type=int, default=1, help="permits per lock name (default 1)")
+    parser.add_argument("--max-in-flight", type=int, default=32, help="sends at once per node (default 32)")
+    parser.add_argument("--send-timeout-s", type=float, default=30.0, help="send timeout, seconds (default 30)")
+    parser.add_argument("--unordered", action="store_true", help="no per-key ordering")
+    parser.add_argument(
+        "--idle-max-s", type=float, default=1.0, help="longest pause between polls of an idle node, seconds (default 1)"
+    )
+    parser.add_argument("--heartbeat-ttl-s", type=float, default=5.0, help="membership TTL, seconds (default 5)")
+    parser.add_argument(
+        "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
+    )
+
+
+def store_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`~asynccoord.backends.open.open_store` that ``--schema`` gives.
+
+    Raises:
+        InvalidTypeError: ``--schema`` is not a str.
+        InvalidArgumentError: ``--schema`` given with a ``--db`` that is no PostgreSQL DSN
+            (an SQLite file has no schemas).
+    """
+    from ..backends.open import is_postgres_target, redact_target, schema_options
+
+    schema = getattr(args, "schema", None)
+    if isinstance(schema, str) and not is_postgres_target(os.fspath(args.db)):  # in the command line's words
+        raise InvalidArgumentError(
+            f"--schema {schema!r} applies to a postgresql:// --db only, got --db {redact_target(args.db)!r}"
+        )
+    return schema_options(args.db, schema)
+
+
+def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """Validate the ``run`` subcommand's arguments before anything touches the database.
+
+    Returns:
+        ``(send, lock_key, config)``: the loaded callables (``lock_key`` None when not
+        given) and the :class:`~asynccoord.node.node.NodeConfig` they make.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: an option is out of range, ``--db`` is no
+            target :func:`~asynccoord.backends.open.open_store` takes (or a PostgreSQL DSN without
+            asyncpg installed, or an in-memory SQLite database), ``--schema`` is no valid
+            schema name or comes with an SQLite ``--db``, or a ``MODULE:ATTR``
+            cannot be imported or is not callable (the command line reports it as a usage
+            error, exit status 2).
+    """
+    from ..backends.open import open_store, redact_target
+    from ..node.node import NodeConfig
+
+    # Each option is checked here under its own spelling; NodeConfig would name its field.
+    check_int("--nodes", args.nodes, minimum=1, maximum=4096)
+    check_name("--queue", args.queue)
+    check_lease_s("--lease-s", args.lease_s)
+    check_lease_s("--lock-ttl-s", args.lock_ttl_s)
+    check_int("--lock-permits", args.lock_permits, minimum=1, maximum=MAX_PERMITS)
+    check_int("--max-in-flight", args.max_in_flight, minimum=1)
+    check_positive("--send-timeout-s", args.send_timeout_s)
+    check_lease_s("--heartbeat-ttl-s", args.heartbeat_ttl_s)
+    check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
+    check_interval_s("--idle-max-s", args.idle_max_s)
+    try:
+        store = open_store(args.db, **store_options(args))  # parses the target; opens nothing
+    except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
+        raise InvalidArgumentError(f"--db {redact_target(args.db)!r}: {exc}") from exc
+    if str(getattr(store, "path", "")) == ":memory:":
+        raise InvalidArgumentError(
+            f"--db {args.db!r} is an in-memory SQLite database, which no other process can reach: give a file"
+        )
+    send = load_callable(args.send)
+    lock_key = load_callable(args.lock_key) if args.lock_key else None
+    config = NodeConfig(
+        queue=args.queue,
+        lease_s=args.lease_s,
+        lock_ttl_s=args.lock_ttl_s,
+        lock_permits=args.lock_permits,
+        max_in_flight=args.max_in_flight,
+        send_timeout_s=args.send_timeout_s,
+        ordered=not args.unordered,
+        idle_max_s=args.idle_max_s,
+        idle_min_s=min(0.05, args.idle_max_s),
+    )
+    return send, lock_key, config
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown).
+
+    SIGTERM and SIGINT never end the process midway: while the store opens and the nodes
+    start they are held (the runtime then stops at once), during the run the runtime's
+    :meth:`~asynccoord.node.runtime.Runtime.wait_for_signal` takes them (a second one hands back
+    at once), and while the nodes, the monitor and the store close down they are held
+    again. From the end of the teardown SIGTERM is ignored; on return its handler from
+    before is put back, unless ``args._exiting`` (set by ``python -m asynccoord``: the
+    process is on its way out).
+    """
+    from ..backends.open import describe_target, open_store
+    from ..monitor.monitor import Monitor
+    from ..node.runtime import Runtime
+
+    send, lock_key, config = check_run(args)  # before the database is touched
+
+    async def main() -> int:
+        # While the store opens and the nodes start, and again while they close down, SIGTERM
+        # and SIGINT are held here (noted, not fatal); the runtime takes them for its wait.
+        loop = asyncio.get_running_loop()
+        held: list[int] = []
+        holding = _hold_signals(loop, held)
+        try:
+            async with open_store(args.db, **store_options(args)) as store:
+                runtime = Runtime(
+                    store,
+                    send=send,
+                    nodes=args.nodes,
+                    config=config,
+                    lock_key=lock_key,
+                    heartbeat_ttl_s=args.heartbeat_ttl_s,
+                    shutdown_timeout_s=args.shutdown_timeout_s,
+                )
+                # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
+                async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:
+                    target = describe_target(args.db, args.schema)
+                    print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {target}", flush=True)
+                    if held:  # a signal came while starting: stop at once
+                        signum = held[0]
+                        await runtime.shutdown()
+                    else:  # the wait shares the handlers held here: no moment without one
+                        signum = await runtime.wait_for_signal()
+                    log.info("asynccoord.serve.stopped signal=%s", signum)
+        finally:
+            # On the way out: a late SIGTERM must not turn a clean exit into death by signal.
+            _stop_holding(loop, holding, held)
+        return 0
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return _run_loop(main)
+    finally:
+        if not getattr(args, "_exiting", False) and previous is not None:
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _hold_signals(loop: asyncio.AbstractEventLoop, held: list[int]) -> list[int]:
+    """Note SIGTERM and SIGINT in ``held`` instead of letting them end the process; return those taken.
+
+    Taken through :func:`~asynccoord._signals.take_signal`, as the runtime's wait takes
+    them, so the wait shares these handlers (both are called) rather than replacing them.
+    """
+    return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if take_signal(loop, signum, held.append)]
+
+
+def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[int]) -> None:
+    """Give the held signals back and leave SIGTERM ignored, with no moment of SIGTERM's default action if possible.
+
+    Giving a loop's handler back resets the signal to its default action before the
+    handler from before (and then ``SIG_IGN``) can be set: a supervisor's repeated SIGTERM
+    landing in that moment killed the process at the very end of a clean shutdown. So
+    SIGINT goes back first, and SIGTERM last, straight followed by ``SIG_IGN``, while
+    SIGTERM is blocked if the main thread is the process's only OS thread (as it is when
+    nothing started threads): a SIGTERM that comes meanwhile stays pending and is
+    discarded by ``SIG_IGN``, and the thread's signal mask is then put back as it was.
+    With other threads alive (a send's ``asyncio.to_thread``, uvloop's resolver threads)
+    the block would only send the signal to one of them, so it is not used, and the moment
+    lasts a few microseconds.
+    """
+    for signum in sorted(taken, key=lambda s: s == signal.SIGTERM):  # SIGTERM last
+        if signum == signal.SIGTERM:
+            with _blocked_if_alone(signum):
+                give_back_signal(loop, signum, held.append)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            give_back_signal(loop, signum, held.append)
+    taken.clear()
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _os_threads() -> int:
+    """Threads of this process as the OS counts them (uvloop's libuv workers included), where it says."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+@contextlib.contextmanager
+def _blocked_if_alone(signum: int) -> Iterator[None]:
+    """Block ``signum`` in this thread for the block if it is the main and only thread; then restore the mask."""
+    block = (
+        hasattr(signal, "pthread_sigmask")
+        and threading.current_thread() is threading.main_thread()
+        and _os_threads() == 1
+    )
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signum}) if block else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _run_loop(main: Any) -> int:
+    return int(run_loop(main()))

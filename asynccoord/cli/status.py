@@ -1,0 +1,362 @@
+"""The status report: one read-only look at a live cluster (``python -m asynccoord status``).
+
+:func:`status_report` gathers, from any open store, the queue depth by queue and status
+with the oldest due pending age, the live nodes with their heartbeat age and the
+partitions each owns (rendezvous assignment over the live node ids, as the nodes
+compute it), the locks held with holder and TTL left, the cluster-wide event counters
+with their rates over sliding windows, latency quantiles, the processes reporting
+metrics, and the firing alerts every live monitor stored.
+
+:func:`collect_status` opens an SQLite file *read-only* (``file:...?mode=ro``): it
+applies no migration, writes nothing, and under WAL its reads never block the nodes.
+
+The report is a JSON-ready dict whose shape is the documented JSON Schema shipped as
+``asynccoord/schemas/status.schema.json`` (:func:`status_schema`); :func:`render_status`
+prints it as tables with rich.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from importlib import resources
+from typing import IO, Any
+
+from .. import events as ev
+from ..config import StoreConfig
+from ..contract.monitorchecks import check_windows
+from ..locks.pool import PLACE_PREFIX
+from ..monitor.monitor import cluster_snapshot
+from ..partition import assign
+from ..validation import check_positive
+
+__all__ = (
+    "CONFLICT_EVENTS",
+    "STATUS_SCHEMA_ID",
+    "collect_status",
+    "render_status",
+    "status_report",
+    "status_schema",
+)
+
+STATUS_SCHEMA_ID = "urn:asynccoord:schema:status:1"
+"""The ``$id`` of the status JSON Schema; the report's ``schema`` field names it."""
+
+CONFLICT_EVENTS: tuple[str, ...] = (
+    ev.STALE_COMMIT_REJECTED,
+    ev.FENCING_REJECTED,
+    ev.LEASE_EXPIRED,
+    ev.LEASE_LOST,
+    ev.LOCK_LOST,
+    ev.LOCK_CONTENDED,
+    ev.DUPLICATE_DELIVERY_SUPPRESSED,
+    ev.DUPLICATE_ENQUEUE_SUPPRESSED,
+    ev.RETRIES,
+    ev.DEAD_LETTERED,
+    ev.PARTITION_HANDOFF,
+    ev.MEMBERSHIP_CHANGE,
+)
+"""Events shown as conflicts in the human output (throughput events come after them)."""
+
+_STATUSES = ("pending", "running", "done", "dead")
+
+
+def status_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of :func:`status_report`'s result."""
+    text = resources.files("asynccoord").joinpath("schemas/status.schema.json").read_text("utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+async def status_report(
+    store: Any, *, windows_s: Sequence[float] = (10.0, 60.0), db: str | None = None
+) -> dict[str, Any]:
+    """Gather the status of the cluster behind an open ``store``.
+
+    Args:
+        store: An open store implementing the queue, lock, membership and monitor contracts.
+        windows_s: Windows for event rates and latency quantiles, seconds. Default (10, 60).
+        db: The database path, echoed in the report. Default None.
+
+    Returns:
+        A JSON-ready dict valid under :func:`status_schema`.
+
+    Raises:
+        StoreError: a read failed.
+    """
+    windows = check_windows(windows_s)
+    depths = await store.queue_depths()
+    members = await store.members()
+    locks = await store.list_locks()
+    snapshot = await cluster_snapshot(store, windows)
+    partitions = int(store.partitions)
+    # As the nodes compute it: over the live members draining the same queue (their heartbeat's
+    # "queue"; members that name none share among themselves), see Membership(queue=...).
+    by_queue: dict[Any, list[str]] = {}
+    for m in members:
+        queue = m.info.get("queue")
+        by_queue.setdefault(queue if isinstance(queue, str) else None, []).append(m.node_id)
+    owned: dict[str, frozenset[int]] = {}
+    for node_ids in by_queue.values():
+        owned.update(assign(partitions, node_ids))
+
+    queues = []
+    totals = dict.fromkeys(_STATUSES, 0)
+    oldest: float | None = None
+    expired = 0
+    for depth in depths:
+        counts = {s: int(depth.counts.get(s, 0)) for s in _STATUSES}
+        for s in _STATUSES:
+            totals[s] += counts[s]
+        age = depth.oldest_pending_age_s
+        if age is not None:
+            oldest = age if oldest is None else max(oldest, age)
+        expired += depth.expired_leases
+        queues.append(
+            {
+                "queue": depth.queue,
+                **counts,
+                "total": sum(counts.values()),
+                "expired_leases": depth.expired_leases,
+                "oldest_pending_age_s": age,
+            }
+        )
+
+    alerts: dict[tuple[str, str], dict[str, Any]] = {}
+    for alert in snapshot.alerts:  # one row per monitor reporting it: merge by incident
+        key = (alert.rule, alert.scope_key)
+        entry = alerts.get(key)
+        if entry is None:
+            alerts[key] = {**alert.to_dict(), "reported_by": [alert.monitor_id]}
+        else:
+            entry["reported_by"].append(alert.monitor_id)
+            entry["fired_at"] = min(entry["fired_at"], alert.fired_at)
+            if alert.at >= entry["at"]:
+                entry.update({k: v for k, v in alert.to_dict().items() if k not in ("fired_at", "monitor_id")})
+    snap = snapshot.to_dict()
+    return {
+        "schema": STATUS_SCHEMA_ID,
+        "db": db,
+        "now_s": snapshot.now_s,
+        "tasks": {**totals, "total": sum(totals.values()), "expired_leases": expired, "oldest_pending_age_s": oldest},
+        "queues": queues,
+        "partitions": partitions,
+        "nodes": [
+            {
+                "node_id": m.node_id,
+                "incarnation": m.incarnation,
+                "heartbeat_age_s": m.heartbeat_age_s,
+                "started_at": m.started_at,
+                "expires_at": m.expires_at,
+                "partitions": len(owned.get(m.node_id, ())),
+                "info": m.info,
+            }
+            for m in members
+        ],
+        "locks": [
+            {
+                "name": lock.name,
+                "holder": lock.holder,
+                "fencing_token": lock.fencing_token,
+                "permits": lock.permits,
+                "acquired_at": lock.acquired_at,
+                "ttl_left_s": max(0.0, lock.remaining_ttl_s),
+            }
+            for lock in locks
+        ],
+        "events": {"totals": snap["totals"], "process_totals": snap["process_totals"], "windows": snap["windows"]},
+        "latencies": snap["latencies"],
+        "processes": snap["processes"],
+        "alerts": sorted(alerts.values(), key=lambda a: (a["fired_at"], a["rule"], a["scope_key"])),
+    }
+
+
+async def collect_status(
+    path: str | os.PathLike[str],
+    *,
+    windows_s: Sequence[float] = (10.0, 60.0),
+    busy_timeout_s: float = 5.0,
+    schema: str | None = None,
+) -> dict[str, Any]:
+    """Open ``path`` read-only and return :func:`status_report` of it.
+
+    Args:
+        path: The SQLite database file of the cluster, or a PostgreSQL DSN
+            (``postgresql://...``, see :func:`asynccoord.backends.open.open_store`).
+        windows_s: Windows for rates and latencies, seconds. Default (10, 60).
+        busy_timeout_s: How long a read may wait for a busy database (WAL recovery), seconds.
+        schema: With a PostgreSQL DSN, the schema of the tables (``PostgresStore(schema=)``);
+            None: the connection's search path. Default None.
+
+    Raises:
+        InvalidArgumentError: ``schema`` with an SQLite ``path``, or no valid schema name.
+        NotADatabaseError: no database at ``path`` (or in ``schema``), or not one of asynccoord.
+        SchemaVersionError: the schema is another version than this asynccoord's.
+        StoreError: a read failed.
+    """
+    config = StoreConfig(busy_timeout_s=check_positive("busy_timeout_s", busy_timeout_s))
+    from ..backends.open import describe_target, is_postgres_target, open_store, schema_options
+
+    options = schema_options(path, schema)
+    if isinstance(path, str) and is_postgres_target(path):  # a PostgreSQL DSN
+        async with open_store(path, config=config, read_only=True, listen=False, **options) as pg_store:
+            return await status_report(pg_store, windows_s=windows_s, db=describe_target(path, schema))
+    async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
+        return await status_report(store, windows_s=windows_s, db=os.fspath(path))
+
+
+def _lapsed(counts: dict[str, Any]) -> str:
+    """`` of which N lease expired`` when some running tasks' leases expired, else ``""``."""
+    n = counts["expired_leases"]
+    return f" of which {n} lease expired" if n else ""
+
+
+def _fmt_s(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.1f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def _fmt_ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 10:
+        return f"{value:.2f}"
+    if value < 1000:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color: bool | None = None) -> None:
+    """Print a status report as tables (rich).
+
+    Args:
+        report: What :func:`status_report` returned.
+        file: Where to print. Default standard output.
+        color: Force colour on or off. Default: colour on a terminal only.
+    """
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    # markup=False: names come from the database (queues, nodes, locks, a schema), and one like
+    # "[/x]" must print as it is, not be read as a console markup tag (or crash the rendering).
+    console = Console(file=file, no_color=color is False, force_terminal=color, markup=False)
+    if not console.is_terminal:  # a pipe or a file: no width to detect, use one that fits every table
+        console = Console(file=file, no_color=color is False, force_terminal=color, width=120, markup=False)
+    tasks = report["tasks"]
+    console.print(
+        Text.assemble(
+            ("asynccoord status", "bold"),
+            f"  db={report['db'] or '-'}  partitions={report['partitions']}  "
+            f"tasks={tasks['total']} (pending {tasks['pending']}, running {tasks['running']}{_lapsed(tasks)}, "
+            f"done {tasks['done']}, dead {tasks['dead']})  oldest pending={_fmt_s(tasks['oldest_pending_age_s'])}",
+        )
+    )
+
+    table = Table(title="Queues", box=box.SIMPLE_HEAVY)
+    for col in ("queue", "pending", "running", "lease expired", "done", "dead", "total", "oldest pending"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for q in report["queues"]:
+        table.add_row(
+            q["queue"],
+            str(q["pending"]),
+            str(q["running"]),
+            str(q["expired_leases"]),
+            *(str(q[s]) for s in ("done", "dead", "total")),
+            _fmt_s(q["oldest_pending_age_s"]),
+        )
+    console.print(table)
+
+    table = Table(title=f"Live nodes ({len(report['nodes'])})", box=box.SIMPLE_HEAVY)
+    for col in ("node", "heartbeat age", "partitions", "info"):
+        table.add_column(col, justify="right" if col in ("heartbeat age", "partitions") else "left")
+    for n in report["nodes"]:
+        info = ", ".join(f"{k}={v}" for k, v in sorted(n["info"].items()))
+        table.add_row(n["node_id"], _fmt_s(n["heartbeat_age_s"]), str(n["partitions"]), info)
+    console.print(table)
+
+    places = sum(1 for lock in report["locks"] if lock["name"].startswith(PLACE_PREFIX))
+    title = f"Locks held ({len(report['locks']) - places})"
+    if places:  # leases that mark a process waiting for a taken lock (asynccoord.locks.pool.next_in_line)
+        title += f" and places in line ({places})"
+    table = Table(title=title, box=box.SIMPLE_HEAVY)
+    for col in ("lock", "holder", "fencing token", "permits", "TTL left"):
+        table.add_column(col, justify="left" if col in ("lock", "holder") else "right")
+    for lock in report["locks"]:
+        table.add_row(
+            "(place in line) " + lock["name"] if lock["name"].startswith(PLACE_PREFIX) else lock["name"],
+            lock["holder"] or "-",
+            str(lock["fencing_token"]),
+            str(lock["permits"]),
+            _fmt_s(lock["ttl_left_s"]),
+        )
+    console.print(table)
+
+    events = report["events"]
+    windows = events["windows"]
+    table = Table(title="Events (all processes)", box=box.SIMPLE_HEAVY)
+    table.add_column("event")
+    table.add_column("total", justify="right")
+    for w in windows:
+        table.add_column(f"/s last {w['window_s']:g}s", justify="right")
+    names = [n for n in CONFLICT_EVENTS if n in events["totals"]]
+    names += [n for n in (ev.CLAIMS, ev.COMMITS) if n in events["totals"]]
+    names += sorted(n for n in events["totals"] if n not in names)
+    for name in names:
+        style = "red" if name in CONFLICT_EVENTS[:5] and events["totals"][name] else None
+        table.add_row(
+            name,
+            str(events["totals"][name]),
+            *(f"{w['rates_per_s'].get(name, 0.0):.2f}" for w in windows),
+            style=style,
+        )
+    console.print(table)
+
+    if report["latencies"]:
+        table = Table(title="Latencies (ms, all processes)", box=box.SIMPLE_HEAVY)
+        for col in ("window", "name", "count", "p50", "p90", "p99", "mean"):
+            table.add_column(col, justify="left" if col == "name" else "right")
+        for lat in report["latencies"]:
+            table.add_row(
+                f"{lat['window_s']:g}s",
+                lat["name"],
+                str(lat["count"]),
+                *(_fmt_ms(lat[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")),
+            )
+        console.print(table)
+
+    table = Table(title=f"Processes reporting ({len(report['processes'])})", box=box.SIMPLE_HEAVY)
+    table.add_column("process")
+    table.add_column("last flush", justify="right")
+    for p in report["processes"]:
+        table.add_row(p["process_id"], f"{_fmt_s(p['last_flush_age_s'])} ago")
+    console.print(table)
+
+    if report["alerts"]:
+        table = Table(title=f"Active alerts ({len(report['alerts'])})", box=box.SIMPLE_HEAVY, style="red")
+        for col in ("rule", "event", "value", "threshold", "window", "scope", "firing for"):
+            table.add_column(col)
+        for a in report["alerts"]:
+            relative = a["relative_to"] is not None
+            table.add_row(
+                a["rule"],
+                a["event"],
+                f"{a['value']:.1%}" if relative else f"{a['value']:g}",
+                f"{a['threshold']:.1%}" if relative else f"{a['threshold']:g}",
+                f"{a['window_s']:g}s",
+                a["scope"] + (f" {a['scope_key']}" if a["scope_key"] else ""),
+                _fmt_s(max(0.0, report["now_s"] - a["fired_at"])),
+                style="bold red",
+            )
+        console.print(table)
+    else:
+        console.print("No active alerts.", style="green")

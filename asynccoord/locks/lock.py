@@ -1,0 +1,860 @@
+"""Named distributed locks and semaphores with fencing tokens, on any lock store.
+
+::
+
+    async with Lock(store, "account:42") as lease:     # waits; renewed by the watchdog
+        await send(message)
+        await store.fenced_write("account:42", lease.fencing_token, {"sent": message.id})
+
+    report = Lock(store, "report", ttl_s=60.0)          # explicit TTL: no renewal
+    lease = await report.acquire(timeout_s=5.0)         # LockTimeoutError after 5 s
+    try:
+        ...
+    finally:
+        await report.release()                          # LockNotHeldError if it lapsed
+
+    async with Semaphore(store, "account:42:sends", permits=3):
+        ...
+
+A :class:`Lock` (or :class:`Semaphore`) object is a *handle*: it holds at most one
+lease at a time, for one holder task. Create one per holder (they are cheap); the
+store arbitrates between handles, tasks, processes and machines.
+
+Guarantees (the storage side is :class:`~asynccoord.contract.protocols.LockStore`):
+
+* Every acquisition gets a random owner token and the name's next fencing token,
+  strictly increasing across releases, expiries and processes. Fence the resource
+  you write with it (``store.fence`` / ``store.fenced_write``), so that a holder
+  paused past its expiry (GC, swapping, a blocked event loop) is refused when it
+  wakes: M. Kleppmann, "How to do distributed locking", 2016.
+* ``release`` and ``renew`` are compare-and-set on the owner token; expiry is judged
+  by the store clock; an expired lease is never revived.
+* ``acquire`` waits with exponential backoff and jitter (M. Brooker, "Exponential
+  backoff and jitter", AWS Architecture Blog, 2015; the schedule is a
+  :class:`~asynccoord.config.RetryPolicy`), never sleeping past the current holder's
+  expiry. Handles of one store waiting for one name in one process queue up first
+  come, first served: only the first ``permits`` of them ask the store, and a release
+  in the process wakes them at once (``try_acquire`` does not queue).
+* Cancellation: a cancelled ``acquire`` leaves nothing held (a lease granted as the
+  caller was cancelled is released in the background); a cancelled ``release`` still
+  waits, shielded, up to ``release_timeout_s`` for the release to finish before it
+  re-raises, and the handle forgets the lease either way (a ``release`` cancelled before
+  its first step, e.g. by ``asyncio.wait_for(lock.release(), 0)``, never ran: the lease
+  stays held until its TTL and the handle still holds it).
+* Inside ``async with`` the block is guarded by the watchdog
+  (:mod:`asynccoord.locks.watchdog`): when the lease is lost (taken over, expired, store
+  unreachable past the local deadline, or ``max_hold_s`` reached) the block is
+  cancelled and ``async with`` raises :class:`~asynccoord.errors.LockLostError`
+  (:class:`~asynccoord.errors.MaxHoldExceededError` at the ceiling). A cancellation
+  from outside is never turned into that error, nor swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+
+from .. import events as ev
+from ..config import RetryPolicy
+from ..contract.lockchecks import MAX_PERMITS, check_lock_request, check_user_lock_name, default_holder
+from ..contract.locks import Lease, LockBusy
+from ..contract.protocols import LockStore
+from ..errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    LockError,
+    LockLostError,
+    LockNotHeldError,
+    LockTimeoutError,
+)
+from ..validation import check_bool, check_int, check_lease_s, check_non_negative, check_positive, is_async_callable
+from .watchdog import Guard, Watchdog
+
+__all__ = (
+    "DEFAULT_BACKOFF",
+    "DEFAULT_RELEASE_TIMEOUT_S",
+    "DEFAULT_TTL_S",
+    "Lock",
+    "Semaphore",
+    "default_max_hold_s",
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_TTL_S = 30.0
+"""Lease length of a lock taken without ``ttl_s`` (then renewed by the watchdog), seconds."""
+
+DEFAULT_RELEASE_TIMEOUT_S = 5.0
+"""How long a cancelled release keeps waiting, shielded, for the store, seconds."""
+
+DEFAULT_BACKOFF = RetryPolicy(base_s=0.004, factor=2.0, cap_s=0.1, jitter=0.5)
+"""Waits between acquisition attempts: 4 ms doubling to 100 ms, +-50 % jitter.
+
+Only the delay schedule is used (``max_attempts`` is not: ``timeout_s`` bounds the wait).
+"""
+
+EXPIRY_SLACK_S = 0.002
+"""Added to a holder's remaining TTL before retrying, so the retry lands after the expiry, seconds."""
+
+
+def default_max_hold_s(ttl_s: float) -> float:
+    """The default hold-time ceiling of a watchdog-renewed lease: ``max(300, 10 * ttl_s)`` seconds."""
+    return max(300.0, 10.0 * ttl_s)
+
+
+# --- same-process queueing -------------------------------------------------------------------
+
+
+class _Ticket:
+    """One acquiring handle's place in its name's local queue."""
+
+    __slots__ = ("future", "permits")
+
+    def __init__(self, permits: int) -> None:
+        self.permits = permits
+        self.future: asyncio.Future[bool] | None = None
+
+    def wake(self) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_result(True)
+
+    async def wait(self, timeout_s: float | None) -> None:
+        """Sleep until woken, or for ``timeout_s`` seconds (None: no limit)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self.future = future
+        handle = None if timeout_s is None else loop.call_later(timeout_s, _settle, future, False)
+        try:
+            await future
+        finally:
+            if handle is not None:
+                handle.cancel()
+            self.future = None
+
+
+class _NameQueue:
+    """The handles of one store acquiring one name in this process, first come first served.
+
+    Only the first ``permits`` of them (the heads) ask the store; the others wait for
+    their turn, so the holders of a name in one process take turns in arrival order
+    and a busy name costs the database one polling waiter per process, not one per
+    task. A release in this process wakes the heads at once; a lease held elsewhere
+    is polled for with backoff.
+    """
+
+    __slots__ = ("generation", "tickets")
+
+    def __init__(self) -> None:
+        self.generation = 0  # bumped by every release of the name here, so a head sees one it missed
+        self.tickets: deque[_Ticket] = deque()
+
+    def is_head(self, ticket: _Ticket) -> bool:
+        return any(t is ticket for t in itertools.islice(self.tickets, ticket.permits))
+
+    def wake_heads(self) -> None:
+        for index, ticket in enumerate(self.tickets):
+            if index >= ticket.permits:
+                break
+            ticket.wake()
+
+
+class _LocalQueues:
+    __slots__ = ("_names",)
+
+    def __init__(self) -> None:
+        self._names: dict[str, _NameQueue] = {}
+
+    def join(self, name: str, permits: int) -> tuple[_NameQueue, _Ticket]:
+        queue = self._names.get(name)
+        if queue is None:
+            queue = self._names[name] = _NameQueue()
+        ticket = _Ticket(permits)
+        queue.tickets.append(ticket)
+        return queue, ticket
+
+    def leave(self, name: str, queue: _NameQueue, ticket: _Ticket) -> None:
+        queue.tickets.remove(ticket)
+        if not queue.tickets:
+            if self._names.get(name) is queue:
+                del self._names[name]
+        else:
+            queue.wake_heads()
+
+    def released(self, name: str) -> None:
+        queue = self._names.get(name)
+        if queue is not None:
+            queue.generation += 1
+            queue.wake_heads()
+
+
+_LOCK_STORE_TYPES: set[type] = set()
+_QUEUES: weakref.WeakKeyDictionary[object, _LocalQueues] = weakref.WeakKeyDictionary()
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+def _queues(store: LockStore) -> _LocalQueues:
+    queues = _QUEUES.get(store)
+    if queues is None:
+        queues = _QUEUES[store] = _LocalQueues()
+    return queues
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _keep(task: asyncio.Task[Any]) -> None:
+    """Keep a background task referenced until it ends."""
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+async def _release_and_signal(store: LockStore, lease: Lease) -> bool:
+    held = await store.release_lock(lease)
+    if held:
+        _queues(store).released(lease.name)
+    return held
+
+
+async def _release_quietly(store: LockStore, lease: Lease) -> None:
+    try:
+        await _release_and_signal(store, lease)
+    except Exception as exc:
+        log.warning(
+            "asynccoord.lock.lock_release_failed name=%r fencing_token=%d error=%s",
+            lease.name,
+            lease.fencing_token,
+            exc,
+        )
+
+
+def _release_orphan(store: LockStore, call: asyncio.Future[Lease | LockBusy]) -> None:
+    """Done-callback of an attempt whose caller was cancelled: release a lease it got anyway."""
+    if call.cancelled() or call.exception() is not None:
+        return
+    outcome = call.result()
+    if isinstance(outcome, Lease):
+        log.info(
+            "asynccoord.lock.lock_acquire_cancelled name=%r fencing_token=%d: releasing",
+            outcome.name,
+            outcome.fencing_token,
+        )
+        _keep(asyncio.ensure_future(_release_quietly(store, outcome)))
+
+
+def _log_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("asynccoord.lock.lock_release_failed error=%s", task.exception())
+
+
+async def _shielded(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """Await ``coro`` in its own task, shielded from the caller's cancellation.
+
+    If the caller is cancelled, keep waiting (cancellations included) up to
+    ``timeout_s`` for the task to finish, then re-raise the cancellation; a task
+    still running then finishes in the background.
+    """
+    task = asyncio.ensure_future(coro)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        deadline = time.monotonic() + timeout_s
+        while not task.done() and (remaining := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait({task}, timeout=remaining)
+            except asyncio.CancelledError:
+                continue  # cancelled again: the wait stays bounded, the cancellation is re-raised below
+        if task.done():
+            _log_outcome(task)
+        else:
+            _keep(task)
+            task.add_done_callback(_log_outcome)
+        raise
+
+
+# --- handles --------------------------------------------------------------------------------
+
+
+class _LeaseHandle:
+    """What :class:`Lock` and :class:`Semaphore` share: one lease at a time, for one holder."""
+
+    def __init__(
+        self,
+        store: LockStore,
+        name: str,
+        *,
+        permits: int,
+        ttl_s: float | None,
+        timeout_s: float | None,
+        auto_renew: bool | None,
+        renew_interval_s: float | None,
+        max_hold_s: float | None,
+        holder: str | None,
+        watchdog: Watchdog | None,
+        backoff: RetryPolicy | None,
+        release_timeout_s: float,
+        on_lost: Callable[[LockLostError], None] | None = None,
+    ) -> None:
+        if type(store) not in _LOCK_STORE_TYPES:  # a Protocol isinstance check is slow: once per type
+            if not isinstance(store, LockStore):
+                raise InvalidTypeError(f"store must implement LockStore (e.g. SQLiteStore), got {type(store).__name__}")
+            _LOCK_STORE_TYPES.add(type(store))
+        ttl = DEFAULT_TTL_S if ttl_s is None else ttl_s
+        who = default_holder() if holder is None else holder
+        self._name, self._ttl_s, self._permits, self._holder = check_lock_request(name, ttl, permits, who)
+        check_user_lock_name("name", name)
+        if auto_renew is None:
+            auto_renew = ttl_s is None or renew_interval_s is not None or max_hold_s is not None
+        self._auto_renew = check_bool("auto_renew", auto_renew)
+        self._max_hold_s = (  # its type and range first
+            default_max_hold_s(self._ttl_s) if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        )
+        if not self._auto_renew and max_hold_s is not None:
+            raise InvalidArgumentError(
+                f"max_hold_s={max_hold_s!r} bounds a renewed lease, but auto_renew is False: the lease "
+                f"simply ends after ttl_s={self._ttl_s!r}; drop max_hold_s or let the watchdog renew"
+            )
+        if watchdog is None:
+            watchdog = Watchdog.for_store(store)
+        elif not isinstance(watchdog, Watchdog):
+            raise InvalidTypeError(f"watchdog must be a Watchdog or None, got {type(watchdog).__name__}")
+        elif watchdog.store is not store:  # it would renew (and report lost) leases the lock's store never saw
+            raise InvalidArgumentError(
+                f"watchdog {watchdog!r} renews the leases of another store ({watchdog.store!r}), not of "
+                f"this lock's store ({store!r}): pass Watchdog(store) or None (the store's own)"
+            )
+        self._watchdog = watchdog
+        interval = self._ttl_s / 3 if renew_interval_s is None else renew_interval_s
+        self._renew_interval_s = watchdog.check_interval(self._ttl_s, interval)
+        self._timeout_s = None if timeout_s is None else check_non_negative("timeout_s", timeout_s)
+        if backoff is not None and not isinstance(backoff, RetryPolicy):
+            raise InvalidTypeError(f"backoff must be a RetryPolicy or None, got {type(backoff).__name__}")
+        self._backoff = backoff or DEFAULT_BACKOFF
+        self._release_timeout_s = check_positive("release_timeout_s", release_timeout_s)
+        if on_lost is not None and (not callable(on_lost) or is_async_callable(on_lost)):
+            raise InvalidTypeError(f"on_lost must be a plain function or None, got {on_lost!r}")
+        self._on_lost_callback = on_lost
+        self._store = store
+        self._lease: Lease | None = None
+        self._guard: Guard | None = None
+        self._lost: LockLostError | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._busy = False
+
+    def __repr__(self) -> str:
+        permits = f" permits={self._permits}" if isinstance(self, Semaphore) else ""
+        lease = self._current()
+        if lease is None:
+            state = "acquiring" if self._busy else "free"
+        else:
+            state = f"{'lost' if self._lost is not None else 'held'} fencing_token={lease.fencing_token}"
+            if self._guard is not None:
+                state += f" remaining_s={self._guard.remaining_s():.3f}"
+            state += f" expires_at={lease.expires_at:.3f}"
+        renew = f" renew_interval_s={self._renew_interval_s:g}" if self._auto_renew else ""
+        return f"<{type(self).__name__} {self._name!r}{permits} {state} ttl_s={self._ttl_s:g}{renew}>"
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The lock (or semaphore) name."""
+        return self._name
+
+    @property
+    def ttl_s(self) -> float:
+        """Lease length asked for at each acquisition, seconds."""
+        return self._ttl_s
+
+    @property
+    def auto_renew(self) -> bool:
+        """Whether the watchdog renews the lease every :attr:`renew_interval_s`."""
+        return self._auto_renew
+
+    @property
+    def renew_interval_s(self) -> float:
+        """Seconds between the watchdog's renewals (when :attr:`auto_renew`)."""
+        return self._renew_interval_s
+
+    @property
+    def max_hold_s(self) -> float:
+        """Hold-time ceiling of a watchdog-renewed lease, seconds."""
+        return self._max_hold_s
+
+    @property
+    def watchdog(self) -> Watchdog:
+        """The watchdog that renews and guards this handle's leases."""
+        return self._watchdog
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease this handle holds (as last renewed), or None. It may have been lost: see :attr:`lost`."""
+        return self._current()
+
+    def _current(self) -> Lease | None:
+        if self._lease is not None and self._guard is not None:
+            return self._guard.lease  # renewed by the watchdog
+        return self._lease
+
+    @property
+    def lost(self) -> LockLostError | None:
+        """Why the watchdog gave the current lease up, or None."""
+        return self._lost
+
+    @property
+    def held(self) -> bool:
+        """Whether this handle holds a lease the watchdog has not given up.
+
+        This is the handle's belief, not a store query: an unrenewed lease may have
+        lapsed since (the store decides; fence your writes).
+        """
+        return self._lease is not None and self._lost is None
+
+    # --- acquire ----------------------------------------------------------------------------
+
+    async def acquire(self, *, timeout_s: float | None = None) -> Lease:
+        """Take the lock (a permit), waiting with backoff and jitter while it is held.
+
+        Args:
+            timeout_s: Longest wait, seconds (>= 0; 0 makes one attempt). None (the
+                default) waits as long as it takes.
+
+        Returns:
+            The new :class:`~asynccoord.contract.locks.Lease`. With :attr:`auto_renew`
+            the watchdog renews it until :meth:`release`, until :attr:`max_hold_s`,
+            or until the calling task ends, whichever comes first.
+
+        Raises:
+            LockTimeoutError: not acquired within ``timeout_s``; counted as ``lock_contended``.
+            LockError: this handle already holds a lease or is acquiring in another task.
+            InvalidArgumentError, InvalidTypeError: a bad ``timeout_s``.
+            StoreError: the store failed.
+        """
+        timeout = None if timeout_s is None else check_non_negative("timeout_s", timeout_s)
+        return await self._acquire(timeout, in_block=False)
+
+    async def try_acquire(self) -> Lease | None:
+        """One attempt, no waiting: the new lease, or None (counted as ``lock_contended``).
+
+        Raises:
+            LockError: this handle already holds a lease or is acquiring in another task.
+            StoreError: the store failed.
+        """
+        self._begin()
+        try:
+            sent_at = time.monotonic()
+            outcome = await self._attempt()
+            if isinstance(outcome, LockBusy):
+                self._store.events.add(ev.LOCK_CONTENDED)
+                return None
+            self._take(outcome, sent_at, in_block=False)
+            return outcome
+        finally:
+            self._busy = False
+
+    def _begin(self) -> None:
+        if self._busy:
+            raise LockError(f"{self!r} is already acquiring in another task: use one handle per holder")
+        if self._lease is not None:
+            if self._lost is None:
+                raise LockError(
+                    f"{self!r} already holds a lease: release it first (handles are not reentrant; "
+                    "use one handle per holder)"
+                )
+            # A lease the watchdog gave up: forget it (release it, in case it is still live).
+            _keep(asyncio.ensure_future(_release_quietly(self._store, self._lease)))
+            self._lease = None
+            self._lost = None
+        self._busy = True
+
+    async def _acquire(self, timeout_s: float | None, *, in_block: bool) -> Lease:
+        self._begin()
+        queues = _queues(self._store)
+        queue, ticket = queues.join(self._name, self._permits)
+        try:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            contended = False
+            failures = 0
+            while True:
+                now = time.monotonic()
+                if not queue.is_head(ticket) and (deadline is None or now < deadline):
+                    if not contended:
+                        self._store.events.add(ev.LOCK_CONTENDED)
+                        contended = True
+                    await ticket.wait(None if deadline is None else deadline - now)  # for our turn
+                    continue
+                generation = queue.generation
+                sent_at = time.monotonic()
+                outcome = await self._attempt()
+                if isinstance(outcome, Lease):
+                    self._take(outcome, sent_at, in_block=in_block)
+                    return outcome
+                if not contended:
+                    self._store.events.add(ev.LOCK_CONTENDED)
+                    contended = True
+                failures += 1
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise LockTimeoutError(
+                        f"could not acquire {self._name!r} within timeout_s={timeout_s:g}: {outcome.holders} live "
+                        f"lease(s) for {outcome.permits} permit(s); the earliest lapses in "
+                        f"{outcome.retry_after_s:.3f} s unless renewed"
+                    )
+                if queue.generation != generation:
+                    continue  # released in this process meanwhile: try again at once
+                delay = min(self._backoff.delay_s(failures), outcome.retry_after_s + EXPIRY_SLACK_S)
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                await ticket.wait(delay)
+        finally:
+            self._busy = False
+            queues.leave(self._name, queue, ticket)
+
+    async def _attempt(self) -> Lease | LockBusy:
+        """One store attempt that cannot leak a lease when the caller is cancelled."""
+        call = asyncio.ensure_future(
+            self._store.try_acquire_lock(self._name, ttl_s=self._ttl_s, permits=self._permits, holder=self._holder)
+        )
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(lambda done: _release_orphan(self._store, done))
+            raise
+
+    def _take(self, lease: Lease, sent_at: float, *, in_block: bool) -> None:
+        """Record a new lease; synchronous, so no cancellation can fall between grant and record."""
+        self._lease = lease
+        self._lost = None
+        if self._auto_renew or in_block:
+            self._guard = self._watchdog.guard(
+                lease,
+                sent_at=sent_at,
+                renew=self._auto_renew,
+                renew_interval_s=self._renew_interval_s,
+                max_hold_s=self._max_hold_s if self._auto_renew else None,
+                on_lost=self._on_lost,
+            )
+
+    def _on_lost(self, error: LockLostError) -> None:
+        self._lost = error
+        if self._scope is not None:
+            self._scope.cancel()
+        if self._on_lost_callback is not None:  # what it raises, the watchdog logs (see Watchdog._lose_all)
+            self._on_lost_callback(error)
+
+    # --- renew and release ------------------------------------------------------------------
+
+    async def renew(self, ttl_s: float | None = None) -> Lease:
+        """Extend the lease to ``ttl_s`` from now (store clock); compare-and-set on the owner token.
+
+        Args:
+            ttl_s: New lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one
+                year); default the handle's ``ttl_s``.
+
+        Returns:
+            The renewed lease.
+
+        Raises:
+            LockNotHeldError: the handle holds no lease, or it lapsed or was taken
+                over: it is not revived, the handle forgets it, and ``lock_lost`` is
+                counted. Also when the watchdog already gave it up (``__cause__``
+                then says why).
+            InvalidArgumentError, InvalidTypeError: a bad ``ttl_s``.
+        """
+        lease = self._current()
+        if lease is None:
+            raise LockNotHeldError(f"{self!r} holds no lease: nothing to renew")
+        if self._lost is not None:
+            raise LockNotHeldError(f"the lease of {lease.name!r} was given up by the watchdog") from self._lost
+        ttl = self._ttl_s if ttl_s is None else check_lease_s("ttl_s", ttl_s)
+        if self._auto_renew:
+            self._watchdog.check_interval(ttl, self._renew_interval_s)
+        sent_at = time.monotonic()
+        guard = self._guard
+        if guard is None:
+            renewed = await self._store.renew_lock(lease, ttl)
+        else:  # the guard's deadline covers the renewal while it flies, whatever becomes of it
+            with guard.renewing(ttl, sent_at=sent_at) as landed:
+                renewed = await self._store.renew_lock(lease, ttl)
+                landed(renewed)
+        if renewed is None:
+            if self._holds(lease):
+                self._forget()
+            self._store.events.add(ev.LOCK_LOST)
+            raise LockNotHeldError(
+                f"the lease of {lease.name!r} (fencing token {lease.fencing_token}) had expired or been taken "
+                "over: it was not renewed (an expired lease is never revived)"
+            )
+        if self._holds(lease):
+            self._lease = renewed
+        return renewed
+
+    async def release(self) -> None:
+        """Release the lease; compare-and-set on the owner token.
+
+        Cancellation-safe: if the caller is cancelled, the release still runs,
+        shielded, for up to ``release_timeout_s`` before the cancellation is re-raised,
+        and the handle forgets the lease either way. A call cancelled before its first
+        step (``asyncio.wait_for(lock.release(), 0)``) never ran: nothing is released.
+
+        Raises:
+            LockNotHeldError: the handle holds no lease (e.g. a failed non-blocking
+                acquire), or it had lapsed or been taken over: nothing was released
+                and nobody else's lease was touched; ``lock_lost`` is counted for a
+                lapse the watchdog had not reported.
+            LockLostError: the lease was released, but the watchdog had given it up
+                before (:class:`~asynccoord.errors.MaxHoldExceededError` at the ceiling).
+            StoreError: the store failed; the handle keeps the lease (retry, or let it lapse).
+        """
+        lease = self._current()
+        if lease is None:
+            raise LockNotHeldError(
+                f"{self!r} holds no lease: nothing to release (a failed or cancelled acquire holds nothing)"
+            )
+        lost = self._lost
+        held = await self._release_current(lease)
+        if not held:
+            if lost is None:
+                self._store.events.add(ev.LOCK_LOST)
+            raise LockNotHeldError(
+                f"the lease of {lease.name!r} (fencing token {lease.fencing_token}) had expired or been taken "
+                "over: nothing was released"
+            ) from lost
+        if lost is not None:
+            raise lost
+
+    async def _release_current(self, lease: Lease) -> bool:
+        """Stop guarding, release (shielded, bounded) and forget ``lease``; True if it was live."""
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
+        try:
+            held = await _shielded(_release_and_signal(self._store, lease), self._release_timeout_s)
+        except asyncio.CancelledError:
+            if self._holds(lease):
+                self._forget()
+            raise
+        if self._holds(lease):
+            self._forget()
+        return held
+
+    def _holds(self, lease: Lease) -> bool:
+        return self._lease is not None and self._lease.owner_token == lease.owner_token
+
+    def _forget(self) -> None:
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
+        self._lease = None
+        self._lost = None
+
+    # --- async with -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Lease:
+        """Acquire (waiting up to the handle's ``timeout_s``) and start guarding the block."""
+        lease = await self._acquire(self._timeout_s, in_block=True)
+        scope = anyio.CancelScope()
+        scope.__enter__()
+        self._scope = scope
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """Stop guarding, release, and report a lost lease as :class:`LockLostError`."""
+        scope, self._scope = self._scope, None
+        if self._guard is not None:
+            self._guard.check()  # the event loop may have been blocked past the deadline
+        try:
+            suppressed = bool(scope.__exit__(exc_type, exc, tb)) if scope is not None else False
+        except BaseException:
+            await self._release_on_exit()
+            raise
+        lost = self._lost
+        held, release_error = await self._release_on_exit()
+        if suppressed:  # the block was cancelled by the watchdog
+            raise (lost or LockLostError(f"the lease of {self._name!r} was lost")) from exc
+        if exc_type is not None:
+            return False
+        if release_error is not None:
+            raise release_error
+        if lost is not None:
+            raise lost
+        if not held:
+            raise LockLostError(
+                f"the lease of {self._name!r} had expired or been taken over before the end of the block: "
+                "the work it guarded may have overlapped another holder's"
+            )
+        return False
+
+    async def _release_on_exit(self) -> tuple[bool, Exception | None]:
+        lease = self._current()
+        if lease is None:  # released inside the block
+            return True, None
+        lost = self._lost
+        try:
+            held = await self._release_current(lease)
+        except Exception as error:
+            log.warning(
+                "asynccoord.lock.lock_release_failed name=%r error=%s: the lease will lapse by its TTL",
+                lease.name,
+                error,
+            )
+            self._forget()
+            return True, error
+        if not held and lost is None:
+            self._store.events.add(ev.LOCK_LOST)
+        return held, None
+
+
+class Lock(_LeaseHandle):
+    """A named distributed lock: one holder at a time across tasks, processes and machines.
+
+    A handle for one holder (create one per holder task; they are cheap). Use it as
+    ``async with Lock(store, name) as lease:``, or call :meth:`acquire` /
+    :meth:`try_acquire`, then :meth:`release`.
+
+    Args:
+        store: A lock store (:class:`~asynccoord.SQLiteStore`, :class:`~asynccoord.MemoryStore`...).
+        name: Lock name, 1..255 characters, not only whitespace.
+        ttl_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year). If
+            omitted, the lease is :data:`DEFAULT_TTL_S` (30 s) and the watchdog renews it
+            (``auto_renew``).
+        timeout_s: Longest wait of ``async with``, seconds (>= 0). Default None: no limit.
+        auto_renew: Have the watchdog renew the lease every ``renew_interval_s``.
+            Default: True if ``ttl_s`` is omitted or ``renew_interval_s`` or
+            ``max_hold_s`` is given (``max_hold_s`` with ``auto_renew=False`` is refused),
+            else False (the lease simply lapses after ``ttl_s``; inside ``async with``
+            the block is still cancelled at the local deadline).
+        renew_interval_s: Seconds between renewals; default ``ttl_s / 3``. Must end
+            before the local deadline, ``ttl_s * (1 - safety_margin_ratio)``.
+        max_hold_s: Hold-time ceiling of a renewed lease, seconds; past it the
+            watchdog stops renewing and the guarded block is cancelled with
+            :class:`~asynccoord.errors.MaxHoldExceededError`. Default
+            ``max(300, 10 * ttl_s)``.
+        holder: Who holds, shown by ``list_locks``; default ``"<host>:<pid>"``.
+        watchdog: The watchdog to use, one of ``store`` itself (``watchdog.store is store``;
+            one of another store object is refused); default the store's
+            (``Watchdog.for_store``).
+        backoff: Delay schedule between attempts; default :data:`DEFAULT_BACKOFF`.
+        release_timeout_s: How long a cancelled release keeps waiting for the store,
+            seconds (> 0). Default 5.
+        on_lost: Called with the :class:`~asynccoord.errors.LockLostError` (in the event
+            loop, once per lease) when the watchdog gives a lease up: it lapsed, was taken
+            over, or reached ``max_hold_s``. A plain function (an ``async def`` one is
+            refused); what it raises is logged. Inside ``async with`` the block is
+            cancelled as well; after :meth:`acquire` nothing else is, so this is how work
+            guarded without a block learns of the loss (e.g. to cancel it); a lease that
+            :meth:`acquire` took without ``auto_renew`` is not watched, and never reported.
+            Default None.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: a bad argument (nothing is written).
+    """
+
+    def __init__(
+        self,
+        store: LockStore,
+        name: str,
+        *,
+        ttl_s: float | None = None,
+        timeout_s: float | None = None,
+        auto_renew: bool | None = None,
+        renew_interval_s: float | None = None,
+        max_hold_s: float | None = None,
+        holder: str | None = None,
+        watchdog: Watchdog | None = None,
+        backoff: RetryPolicy | None = None,
+        release_timeout_s: float = DEFAULT_RELEASE_TIMEOUT_S,
+        on_lost: Callable[[LockLostError], None] | None = None,
+    ) -> None:
+        super().__init__(
+            store,
+            name,
+            permits=1,
+            ttl_s=ttl_s,
+            timeout_s=timeout_s,
+            auto_renew=auto_renew,
+            renew_interval_s=renew_interval_s,
+            max_hold_s=max_hold_s,
+            holder=holder,
+            watchdog=watchdog,
+            backoff=backoff,
+            release_timeout_s=release_timeout_s,
+            on_lost=on_lost,
+        )
+
+
+class Semaphore(_LeaseHandle):
+    """A named distributed semaphore: at most ``permits`` holders of ``name`` at once.
+
+    Each acquisition takes one permit with its own owner token and fencing token
+    (fencing tokens count acquisitions of the name, whichever permit). The limit is
+    judged per acquisition (an attempt succeeds while fewer than its ``permits``
+    leases are live), so give every holder of a name the same ``permits``.
+    Everything else is as for :class:`Lock`.
+
+    Args:
+        store: A lock store.
+        name: Semaphore name, 1..255 characters.
+        permits: How many holders may hold it at once, 1..2**31 - 1 (``MAX_PERMITS``).
+        ttl_s, timeout_s, auto_renew, renew_interval_s, max_hold_s, holder,
+        watchdog, backoff, release_timeout_s, on_lost: As for :class:`Lock`.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: a bad argument (nothing is written).
+    """
+
+    def __init__(
+        self,
+        store: LockStore,
+        name: str,
+        permits: int,
+        *,
+        ttl_s: float | None = None,
+        timeout_s: float | None = None,
+        auto_renew: bool | None = None,
+        renew_interval_s: float | None = None,
+        max_hold_s: float | None = None,
+        holder: str | None = None,
+        watchdog: Watchdog | None = None,
+        backoff: RetryPolicy | None = None,
+        release_timeout_s: float = DEFAULT_RELEASE_TIMEOUT_S,
+        on_lost: Callable[[LockLostError], None] | None = None,
+    ) -> None:
+        check_int("permits", permits, minimum=1, maximum=MAX_PERMITS)
+        super().__init__(
+            store,
+            name,
+            permits=permits,
+            ttl_s=ttl_s,
+            timeout_s=timeout_s,
+            auto_renew=auto_renew,
+            renew_interval_s=renew_interval_s,
+            max_hold_s=max_hold_s,
+            holder=holder,
+            watchdog=watchdog,
+            backoff=backoff,
+            release_timeout_s=release_timeout_s,
+            on_lost=on_lost,
+        )
+
+    @property
+    def permits(self) -> int:
+        """How many holders may hold the name at once."""
+        return self._permits

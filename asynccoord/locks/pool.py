@@ -1,0 +1,811 @@
+"""Per-process lock sharing: local tasks that need the same lock take turns on one lease.
+
+A bot's hot account (one sender in hundreds of conversations) needs its lock for every
+message. Releasing it to the database after each send and acquiring it again for the
+next costs two write transactions on the critical path of every message of that
+account. A :class:`LockPool` keeps the lease in the process while local tasks wait for
+it and hands it from one to the next in FIFO order ("turns"); the store's watchdog
+renews it meanwhile. All turns of one lease present the same fencing token, which
+fenced resources accept (a token belongs to one acquisition, which may write many
+times).
+
+A turn covers the guarded work (the send). Work that must still be fenced by the
+token after the turn (the task's commit) is registered with :meth:`Turn.defer`: the
+lease goes back to the database only when no local task waits (or after ``max_turns``
+consecutive turns, so another process waiting in line gets its share, see
+:meth:`LockPool._acquire`) *and* every deferred commit
+has finished. So a later holder's token is only ever seen by the resource after all
+of this lease's writes, and none of them is refused for being older. A local task that
+asks for a turn while the lease waits only for those commits takes its turn at once, on
+the same lease (unless the lease is going back for fairness: ``max_turns`` reached, or
+another pool seen in line): on a hot account's lock the next task otherwise waited for
+the last one's commit, the release and an acquisition anew.
+
+Turns go in FIFO order, except that a waiter may pass a ``priority``: it then waits ahead
+of the waiters with a lower one, each of which it may overtake at most ``max_overtakes``
+times; and an ``order`` (a task id, say): among waiters of one priority, the lower goes
+first (see :meth:`LockPool.turn`).
+
+Between processes, a taken lock has a line of one place: the pool that finds it taken
+takes a lease on :func:`next_in_line` of its name, and a pool that would take the lock
+back at once (it just used it for ``max_turns`` turns with more local waiters, or saw it
+contended a moment ago) waits behind that place instead, so two processes with steady
+demand take turns rather than one keeping the lock. A pool holding a lease with local
+waiters reads the place every few turns (``_FAIR_TURNS``, 4) and gives the lease back as
+soon as another pool is there, so a waiting process waits a few turns, not ``max_turns``.
+The idea of a fair lock's queue of waiters (as in Redisson's ``RFairLock`` on Redis),
+reduced to one place, built only on the lock contract (any lock store).
+
+The place carries the rank of the pool's first waiter (its ``priority`` and ``order``: the
+place's holder is ``"<holder> rank=<priority>:<order>"``, ``rank=-`` without one, with
+``asynccoord.holder:<digest>`` for a holder too long to carry it; the place is taken anew
+when an older task comes while the pool waits), so the order of waiters holds across
+processes too: the pool holding the lease keeps it while its next waiter ranks ahead of the
+one in line (on an ordered queue, the head of the conversation that lags most, whose chain
+bounds a drain), and a pool whose lease went back idle lets a new waiter ranked ahead try
+the lock at once rather than queue behind the place, at most ``max_overtakes`` times per
+place (as a waiter is overtaken within a pool). A lease acquired for one task while an older
+one came is that older task's first. ``max_turns`` still bounds a run: a lease that went
+back for fairness is queued for behind the place whatever the rank. A place without a rank
+(no ``order``, a pool whose ``max_overtakes`` is 0, or one written by a version without
+ranks) is given way to as before.
+
+Mutual exclusion is unchanged: one turn at a time in the process, and one process at
+a time per lock name. If the watchdog loses the lease, the current turn's work is
+cancelled (the ``on_lost`` callback given to :meth:`LockPool.turn`) and the next turn
+acquires a new lease. Only locks (one permit) are pooled; semaphores with more
+permits are acquired per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import events as ev
+from ..config import RetryPolicy
+from ..contract.lockchecks import PLACE_PREFIX as _PLACE_PREFIX
+from ..contract.lockchecks import check_user_lock_name
+from ..contract.locks import Lease, LockBusy
+from ..errors import UNRECOVERABLE_STORE_ERRORS, LockLostError, LockTimeoutError
+from ..validation import (
+    MAX_NAME_LENGTH,
+    check_callback,
+    check_int,
+    check_lease_s,
+    check_lock_store,
+    check_name,
+    check_non_negative,
+    check_positive,
+)
+from .watchdog import Guard, Watchdog
+
+__all__ = ("PLACE_PREFIX", "LockPool", "Turn", "next_in_line")
+
+log = logging.getLogger(__name__)
+
+_NEXT_POLL = RetryPolicy(base_s=0.001, factor=1.15, cap_s=0.01, jitter=0.3)
+"""Polls of a lock by the pool that holds its place in line (from 1 ms, 15 % longer each time,
+up to 10 ms): the lock sits free until it looks, and turns last a few milliseconds."""
+_LINE_POLL = RetryPolicy(base_s=0.002, factor=1.5, cap_s=0.02, jitter=0.5)
+"""Polls for the place in line by the pools behind it: one must take it before the pool
+that goes first gives the lock back after its ``max_turns``, or that pool takes the place
+(and the lock) again."""
+_PLACE_TTL_S = 1.0
+"""Longest lease on a place in line (renewed while the pool waits): a crashed pool's place lapses in it."""
+_CONTENDED_WINDOW_S = 1.0
+"""How long after finding a lock (or its place in line) taken a pool queues for it instead of trying it first."""
+_CONTENDED_NAMES = 1024
+"""Names remembered as contended before the ones older than the window are forgotten."""
+_RELEASE_TIMEOUT_S = 5.0
+_FAIR_TURNS = 4
+"""While local tasks wait, a pool holding a lease reads its place in line every this many
+turns (one ``list_locks``); once another pool is seen in line, the lease goes back at the
+end of the turn, so a waiting process waits a few turns, not ``max_turns``."""
+
+
+def _lately(seen: dict[str, float], name: str) -> bool:
+    """Whether ``_remember`` recorded ``name`` within the last ``_CONTENDED_WINDOW_S``."""
+    at = seen.get(name)
+    return at is not None and time.monotonic() - at <= _CONTENDED_WINDOW_S
+
+
+def _remember(seen: dict[str, float], name: str) -> None:
+    """Record ``name`` at the current monotonic time; forget stale names past ``_CONTENDED_NAMES``."""
+    now = time.monotonic()
+    seen[name] = now
+    if len(seen) > _CONTENDED_NAMES:
+        for stale in [n for n, at in seen.items() if now - at > _CONTENDED_WINDOW_S]:
+            del seen[stale]
+
+
+PLACE_PREFIX = _PLACE_PREFIX
+"""The prefix of the names of places in line (see :func:`next_in_line`); refused in user lock names."""
+
+
+def next_in_line(name: str) -> str:
+    """The name of the lock that marks who is next in line for lock ``name``.
+
+    A fixed-length name (BLAKE2b of ``name``), so any lock name has one, in a prefix of
+    its own, :data:`PLACE_PREFIX`.
+    """
+    return PLACE_PREFIX + hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
+
+
+_Rank = tuple[int, int]
+"""A waiter's place among all pools' waiters: (-priority, order); the lower goes first."""
+_RANK_MARK = " rank="
+"""Separates a pool's holder from the rank of the waiter it queues for, in the holder of its place
+in line (``"<holder> rank=<priority>:<order>"``, as ``status`` shows it)."""
+_UNRANKED = "-"
+"""What a place shows after the mark for a waiter without a rank."""
+_LONG_HOLDER = "asynccoord.holder:"
+"""Places of a pool whose holder is too long to carry a rank show this and a digest of it."""
+_LONGEST_RANK = len(f"{-(2**31)}:{-(2**63)}")
+_RANK_TEXT = re.compile(r"(-?[0-9]{1,11}):(-?[0-9]{1,20})")
+
+
+def _parse_rank(text: str) -> _Rank | None:
+    """The rank a place shows after the mark; None for an unranked or malformed one."""
+    match = _RANK_TEXT.fullmatch(text)
+    return None if match is None else (-int(match[1]), int(match[2]))
+
+
+def _ahead(mine: _Rank | None, theirs: _Rank | None) -> bool:
+    """Whether a waiter ranked ``mine`` goes before one ranked ``theirs`` (both must carry a rank)."""
+    return mine is not None and theirs is not None and mine < theirs
+
+
+@dataclass(slots=True, eq=False)
+class _Session:
+    name: str
+    lease: Lease | None = None
+    guard: Guard | None = None
+    park: asyncio.Event | None = None
+    busy: bool = False
+    turns: int = 0
+    deferred: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set when deferred == 0
+    turn_ended: asyncio.Event = field(default_factory=asyncio.Event)  # set as each turn ends (for aclose)
+    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    ranks: dict[asyncio.Future[None], list[Any]] = field(default_factory=dict)  # waiter -> [priority, overtaken, order]
+    on_lost: Callable[[LockLostError], None] | None = None
+    releasing: asyncio.Task[None] | None = None
+    line_seen: bool = False  # another pool was in line at this lease's last check (see _FAIR_TURNS)
+    line_rank: _Rank | None = None  # that pool's first waiter's rank, if its place carries one
+    line_check: asyncio.Task[None] | None = None
+
+    def alive(self) -> bool:
+        return self.lease is not None and self.guard is not None and self.guard.active
+
+
+class Turn:
+    """One task's turn on a pooled lease (yielded by :meth:`LockPool.turn`)."""
+
+    __slots__ = ("_done", "_session", "lease")
+
+    def __init__(self, session: _Session, lease: Lease) -> None:
+        self._session = session
+        self._done = False
+        self.lease = lease
+        """The lease; ``lease.fencing_token`` identifies the acquisition."""
+
+    def defer(self) -> Callable[[], None]:
+        """Keep the lease out of other processes' hands until the returned callable is called.
+
+        Call it during the turn for work fenced by the token that ends after the turn
+        (a commit); call the returned function exactly once when that work is over.
+        """
+        session = self._session
+        session.deferred += 1
+        session.idle.clear()
+        called = False
+
+        def done() -> None:
+            nonlocal called
+            if called:
+                return
+            called = True
+            session.deferred -= 1
+            if session.deferred == 0:
+                session.idle.set()
+
+        return done
+
+
+class LockPool:
+    """Shares lock leases among the tasks of one process (see the module docstring).
+
+    Args:
+        store: A store implementing the lock contract.
+        ttl_s: Lease length, seconds, 0.01 (``validation.MIN_LEASE_S``) to one year (renewed
+            every ``ttl_s / 3`` by the store's watchdog).
+        holder: Who holds the leases (e.g. the process or node id): shown by
+            ``list_locks``, and how the line tells pools apart, so pools sharing locks
+            (other processes) must use different ones; a place held under this pool's own
+            holder counts as its own, and the pool never waits behind it. A
+            :class:`~asynccoord.node.runtime.Runtime` uses its ``instance_id``, new for each one.
+        max_turns: Most consecutive turns before the lease goes back to the database so
+            that another process waiting for the lock gets it. Default 32. A pool that
+            finds the lock taken takes the *place in line* (a lease on
+            :func:`next_in_line` of the name, on the same store). While local tasks wait,
+            the pool holding the lease reads that place every 4 turns, and once another
+            pool is seen in it, gives the lease back at the end of the turn (after 4
+            turns at least) instead of after ``max_turns``, unless its next waiter ranks
+            ahead of the one that pool queues for (see :meth:`turn`). A pool that gives the lease
+            back with local waiters queued, while another pool holds the place, waits in
+            line behind it instead of taking the lock again at once (see :meth:`_acquire`
+            for the other cases). So two processes with steady demand for a hot lock
+            take turns, in runs of a few turns each (the idea of a fair lock's queue,
+            e.g. Redisson's on Redis, with a line of one place).
+        max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
+        max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
+            (see :meth:`turn`), and most times this pool's waiters pass another pool's place
+            in line by rank. Default 8; 0 makes turns strictly FIFO (``priority`` and
+            ``order`` are then ignored, across pools too).
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: bad arguments.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        ttl_s: float,
+        holder: str,
+        max_turns: int = 32,
+        max_hold_s: float | None = None,
+        max_overtakes: int = 8,
+    ) -> None:
+        check_lock_store("store", store)
+        self.store = store
+        self.ttl_s = check_lease_s("ttl_s", ttl_s)
+        self.holder = check_name("holder", holder)
+        self.max_turns = check_int("max_turns", max_turns, minimum=1)
+        self.max_overtakes = check_int("max_overtakes", max_overtakes, minimum=0)
+        default_hold_s = max(300.0, 10 * self.ttl_s)
+        self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        self._sessions: dict[str, _Session] = {}
+        self._leaving: set[asyncio.Task[None]] = set()
+        self._checks: set[asyncio.Task[None]] = set()  # reads of places in line (_check_line) under way
+        self._contended: dict[str, float] = {}  # lock name -> when it (or its place) was last found taken
+        self._released: dict[str, float] = {}  # lock name -> when this pool last gave a lease of it back
+        self._gave_way: dict[str, float] = {}  # lock name -> when a lease of it last went back for fairness
+        self._passes: dict[str, tuple[int, int]] = {}  # lock name -> (place's fencing token, times passed)
+        # who this pool is in its places' holders: its holder, or a digest of one too long to
+        # carry the mark and the longest rank within a name's 255 characters
+        fits = len(self.holder) + len(_RANK_MARK) + _LONGEST_RANK <= MAX_NAME_LENGTH
+        self._place_id = self.holder if fits else _LONG_HOLDER + hashlib.blake2b(self.holder.encode()).hexdigest()[:32]
+
+    def __repr__(self) -> str:
+        held = sum(1 for s in self._sessions.values() if s.lease is not None)
+        return f"<LockPool sessions={len(self._sessions)} held={held}>"
+
+    @property
+    def held(self) -> int:
+        """Leases this pool holds now."""
+        return sum(1 for s in self._sessions.values() if s.lease is not None)
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self,
+        name: str,
+        *,
+        timeout_s: float,
+        on_lost: Callable[[LockLostError], None],
+        priority: int = 0,
+        order: int | None = None,
+    ) -> AsyncIterator[Turn]:
+        """Wait for this process's turn on lock ``name`` and hold it for the block.
+
+        Args:
+            name: Lock name.
+            timeout_s: Longest wait for the turn (local queue and database), seconds.
+            on_lost: Called if the lease is lost during this turn: it must stop the
+                block's work (e.g. cancel its scope). Nothing else cancels the block.
+                Required: a plain function (called synchronously, not an ``async def``).
+            priority: Place among this process's waiters: ahead of every waiter with a
+                lower priority, behind those with the same or a higher one (FIFO among
+                equals), -2**31..2**31-1. Default 0. A waiter is overtaken at most
+                ``max_overtakes`` times, so none starves. A node passes the task's priority.
+            order: Place among this process's waiters of the same priority: ahead of those
+                with a higher ``order`` (not counted as overtaking them), behind those with
+                the same or a lower one and those without one (a waiter without an order is
+                never passed by order), -2**63..2**63-1. Default None: behind every waiter
+                of the same priority (arrival order). A node passes the task id, so of the
+                tasks waiting for a lock the oldest goes first: on an ordered queue, the head
+                of the conversation that lags most, whose chain of tasks bounds a drain (a
+                hot account's lock otherwise makes it wait behind every one-off task that
+                reached the lock first). Pass values of one kind for a lock, from a source
+                that only grows (ids), so no waiter is passed for ever. ``priority`` and
+                ``order`` also rank this waiter against another process's, through the
+                place in line (see the module docstring): a lease is not given back to a
+                pool in line for a waiter ranked behind this one before ``max_turns``.
+
+        Yields:
+            The :class:`Turn` (``turn.lease.fencing_token`` for fenced writes).
+
+        Raises:
+            LockTimeoutError: no turn within ``timeout_s`` (counted as ``lock_contended``).
+            InvalidTypeError, InvalidArgumentError: a bad argument (raised on entering the
+                block, before any wait).
+        """
+        check_user_lock_name("name", name)
+        deadline = time.monotonic() + check_positive("timeout_s", timeout_s)
+        check_callback("on_lost", on_lost)
+        check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1)
+        if order is not None:
+            check_int("order", order, minimum=-(2**63), maximum=2**63 - 1)
+        session = self._sessions.get(name)
+        if session is None:
+            session = self._sessions[name] = _Session(name)
+            session.idle.set()
+        rank = self._rank_of(priority, order)
+        if session.releasing is not None and self._may_keep(session, rank):
+            # The last turn ended with nobody waiting, and its release only waits for that
+            # turn's commit: keep the lease for this turn instead of waiting for the commit,
+            # the release and an acquisition anew (three round trips on the critical path).
+            releasing, session.releasing = session.releasing, None
+            self._gave_way.pop(name, None)
+            releasing.cancel()
+        if session.busy or session.waiters or session.releasing is not None:
+            self.store.events.add(ev.LOCK_CONTENDED)
+            await self._wait_turn(session, deadline, priority, order)
+        session.busy = True
+        holding = True  # this task holds the process's turn (not while it hands a fresh lease on)
+        try:
+            while not session.alive():
+                await self._retire(session)
+                await self._acquire(session, deadline, rank)
+                if not self._outranked(session, rank):
+                    break
+                # A local task ranked ahead of this one came while it acquired (the lagging
+                # conversation's head behind a younger task): the fresh lease's first turn is
+                # that task's; this one queues again.
+                holding = False
+                if not self._wake_next(session):
+                    holding = True
+                    break
+                await self._wait_turn(session, deadline, priority, order)
+                holding = True
+            assert session.guard is not None
+            session.on_lost = on_lost
+            yield Turn(session, session.guard.lease)
+        finally:
+            if holding:
+                session.on_lost = None
+                session.turns += 1
+                self._pass_turn(session)
+
+    async def _wait_turn(self, session: _Session, deadline: float, priority: int, order: int | None) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters, ranks = session.waiters, session.ranks
+        # Behind every waiter of a higher priority; of the same one, behind those without an
+        # order or with one no higher than this waiter's (FIFO among equals without one); and
+        # behind any that a higher priority has overtaken max_overtakes times already (no
+        # waiter starves). max_overtakes=0: strictly FIFO, priority and order aside.
+        at = len(waiters)
+        while at > 0 and self.max_overtakes > 0:
+            ahead = ranks[waiters[at - 1]]
+            if ahead[0] > priority:
+                break
+            if ahead[0] == priority:
+                if order is None or ahead[2] is None or ahead[2] <= order:
+                    break
+            elif ahead[1] >= self.max_overtakes:
+                break
+            at -= 1
+        for passed in itertools.islice(waiters, at, None):
+            if ranks[passed][0] < priority:
+                ranks[passed][1] += 1
+        waiters.insert(at, future)
+        ranks[future] = [priority, 0, order]
+        try:
+            # Not wait_for: on Python 3.11 it returns the result and drops a cancellation that
+            # comes in the step the turn is handed over; under timeout() it is raised, and the
+            # turn passed on below.
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await asyncio.shield(future)
+        except TimeoutError:
+            if future.done() and not future.cancelled():
+                return  # our turn came just as the wait ran out: take it
+            raise LockTimeoutError(f"no turn on {session.name!r} within the wait") from None
+        except BaseException:
+            if future.done() and not future.cancelled():
+                session.busy = False  # handed the turn but leaving: pass it on
+                self._pass_turn(session, counted=False)
+            raise
+        finally:
+            if not future.done():
+                future.cancel()
+            with contextlib.suppress(ValueError):
+                session.waiters.remove(future)
+            session.ranks.pop(future, None)
+
+    async def _acquire(self, session: _Session, deadline: float, rank: _Rank | None) -> None:
+        """Acquire ``session``'s lock for this pool, waiting in line behind other pools.
+
+        A pool that finds the lock taken takes its place in line: a lease on
+        :func:`next_in_line` of the name (TTL at most 1 s, renewed by this loop while it
+        waits, not by the watchdog: losing a place is not losing a lock). The pool
+        holding the place polls the lock often (every 1 to 10 ms); the others poll for
+        the place (every 2 to 20 ms). A pool that found the lock or its place taken in the
+        last second, or that gave a lease of it back in the last second (for a pool in
+        line, say), first reads the place (one ``list_locks``): if another pool holds it,
+        this one does not take the lock at once but waits in line too, so the waiting
+        pool (another process) goes first; if nobody does, it tries the lock (without
+        taking and leaving a free place: two writes). The line has one place, not a queue: with
+        three or more pools the order among those behind the first is whoever takes the
+        place first, as with a plain lock.
+        """
+        name = session.name
+        if _lately(self._contended, name) or _lately(self._released, name):
+            # Another pool wanted it a moment ago, or this one gave it back (after max_turns,
+            # say): is a pool in line now? If so, wait behind it; if not, try the lock (a
+            # read instead of taking and leaving a free place, two writes).
+            seen, theirs, place_token = await self._someone_in_line(name)
+            # A waiter ranked ahead of the one the other pool queues for (an older task) tries
+            # the lock at once, unless the lease just went back for fairness (max_turns
+            # reached, or given way to that pool), or this pool passed that place
+            # max_overtakes times already: then it waits behind it whatever its rank.
+            in_line = seen and (
+                _lately(self._gave_way, name)
+                or not _ahead(self._best_rank(session, rank), theirs)
+                or not self._may_pass(name, place_token)
+            )
+        else:
+            in_line = False
+        place: Lease | None = None
+        place_rank: _Rank | None = None  # the rank the place shows (see _place_holder)
+        renewed_at = 0.0
+        lock_busy: LockBusy | None = None
+        failures = polls = 0
+
+        def contended() -> None:
+            nonlocal failures
+            _remember(self._contended, name)
+            failures += 1
+            if failures == 1:
+                self.store.events.add(ev.LOCK_CONTENDED)
+
+        try:
+            while True:
+                if place is not None and _ahead(self._best_rank(session, rank), place_rank):
+                    # A local task ranked ahead of the one the place shows came meanwhile (on
+                    # an ordered queue, the lagging conversation's head behind a younger task):
+                    # show it, or the pool holding the lease keeps it for its own older ones.
+                    await self._release_quietly(place)
+                    place = None
+                    in_line = True
+                    continue
+                if place is not None and time.monotonic() - renewed_at > place.ttl_s / 3:
+                    renewed_at = time.monotonic()
+                    place = await self._renew_place(place)  # None: it lapsed, queue again
+                if place is not None or not in_line:
+                    sent_at = time.monotonic()
+                    outcome = await self.store.try_acquire_lock(name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
+                    if isinstance(outcome, Lease):
+                        break
+                    assert isinstance(outcome, LockBusy)
+                    busy = lock_busy = outcome
+                    if not in_line:  # take a place in line at once
+                        in_line = True
+                        contended()
+                        continue
+                else:
+                    renewed_at = time.monotonic()
+                    shown = self._best_rank(session, rank)
+                    taken = await self.store.try_acquire_lock(
+                        next_in_line(name),
+                        ttl_s=min(self.ttl_s, _PLACE_TTL_S),
+                        permits=1,
+                        holder=self._place_holder(shown),
+                    )
+                    if isinstance(taken, Lease):
+                        place, place_rank = taken, shown
+                        polls = 0  # first in line: try the lock at once, then poll it from 1 ms
+                        continue
+                    busy = taken
+                contended()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise LockTimeoutError(self._timeout_message(name, lock_busy))
+                polls += 1
+                delay = (_NEXT_POLL if place is not None else _LINE_POLL).delay_s(polls)
+                await asyncio.sleep(min(remaining, delay, busy.retry_after_s + 0.002))
+        except BaseException:
+            if place is not None:  # leaving without the lock (timeout, cancellation): give the place up now
+                await self._leave_line(place, wait=True)
+            raise
+        if place is not None:
+            await self._leave_line(place, wait=False)  # the turn need not wait for it
+        session.lease = outcome
+        session.turns = 0
+        session.line_seen = False
+        session.line_rank = None
+        self._gave_way.pop(name, None)
+        park = session.park = asyncio.Event()
+        parked = asyncio.get_running_loop().create_task(park.wait(), name=f"asynccoord-lockpool-{name}")
+
+        def lost(error: LockLostError) -> None:
+            callback = session.on_lost
+            if callback is not None:
+                callback(error)
+
+        session.guard = Watchdog.for_store(self.store).guard(
+            outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
+        )
+
+    def _rank_of(self, priority: int, order: int | None) -> _Rank | None:
+        """A waiter's rank; None without an order, or in a pool whose ``max_overtakes`` is 0 (FIFO)."""
+        return None if order is None or self.max_overtakes == 0 else (-priority, order)
+
+    def _first_rank(self, session: _Session) -> _Rank | None:
+        """The rank of ``session``'s first local waiter (None: nobody waits, or it has no rank)."""
+        if not session.waiters:
+            return None
+        first = session.ranks.get(session.waiters[0])
+        return None if first is None else self._rank_of(first[0], first[2])
+
+    def _may_pass(self, name: str, place_token: int) -> bool:
+        """Whether a waiter ranked ahead may pass the place in line for ``name`` (fencing token
+        ``place_token``) once more: at most ``max_overtakes`` times, as within a pool."""
+        token, passes = self._passes.get(name, (place_token, 0))
+        if token != place_token:
+            passes = 0  # another place (the pool in line got the lock meanwhile, or queued anew)
+        if passes >= self.max_overtakes:
+            return False
+        if len(self._passes) >= _CONTENDED_NAMES and name not in self._passes:
+            self._passes.clear()
+        self._passes[name] = (place_token, passes + 1)
+        return True
+
+    def _outranked(self, session: _Session, rank: _Rank | None) -> bool:
+        """Whether ``session``'s first waiter ranks ahead of a turn ranked ``rank`` (both ranked)."""
+        return _ahead(self._first_rank(session), rank)
+
+    def _best_rank(self, session: _Session, rank: _Rank | None) -> _Rank | None:
+        """The rank to show in line: the acquiring turn's, or its first local waiter's if ranked ahead.
+
+        None (an unranked place) when the acquiring turn has no rank: a waiter without an
+        order is never passed by order, so none behind it is first.
+        """
+        waiting = self._first_rank(session)
+        return waiting if _ahead(waiting, rank) else rank
+
+    def _place_holder(self, rank: _Rank | None) -> str:
+        """The holder recorded on this pool's place in line: who it is, and the rank of its first waiter."""
+        return f"{self._place_id}{_RANK_MARK}{_UNRANKED if rank is None else f'{-rank[0]}:{rank[1]}'}"
+
+    def _own_place(self, holder: str) -> bool:
+        """Whether a place's holder is one this pool writes (see :meth:`_place_holder`)."""
+        prefix = self._place_id + _RANK_MARK
+        return holder.startswith(prefix) and _RANK_MARK not in holder[len(prefix) :]
+
+    async def _someone_in_line(self, name: str) -> tuple[bool, _Rank | None, int]:
+        """Whether another pool holds the place in line for ``name`` (one read), the rank it
+        shows (None: unranked, or written by a version without ranks) and its fencing token.
+
+        Asked when this pool gave a lease of ``name`` back a moment ago (a hot lock): then
+        the waiting pool goes first, unless this pool's waiter ranks ahead of the one it
+        queues for. A failed read answers no (the lock is tried at once).
+        """
+        try:
+            places = await self.store.list_locks(next_in_line(name))
+        except UNRECOVERABLE_STORE_ERRORS:
+            raise
+        except Exception:
+            return False, None, 0
+        for info in places:
+            if self._own_place(info.holder):
+                continue
+            _, mark, rank_text = info.holder.rpartition(_RANK_MARK)
+            return True, (_parse_rank(rank_text) if mark else None), info.fencing_token
+        return False, None, 0
+
+    async def _renew_place(self, place: Lease) -> Lease | None:
+        """Renew a place in line; None when it lapsed or the renewal failed (the pool queues again)."""
+        try:
+            renewed: Lease | None = await self.store.renew_lock(place)
+        except UNRECOVERABLE_STORE_ERRORS:
+            raise
+        except Exception:
+            return None
+        return renewed
+
+    async def _leave_line(self, place: Lease, *, wait: bool) -> None:
+        """Give up a place in line: release it in a task the pool tracks (``aclose`` waits for it).
+
+        ``wait``: also wait for it (bounded); a cancellation of the caller stops the wait,
+        not the release.
+        """
+        task = asyncio.get_running_loop().create_task(
+            self._release_quietly(place), name=f"asynccoord-lockpool-leave-{place.name}"
+        )
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+        if wait:
+            await asyncio.wait({task}, timeout=_RELEASE_TIMEOUT_S)
+
+    async def _release_quietly(self, lease: Lease) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.store.release_lock(lease), _RELEASE_TIMEOUT_S)
+
+    @staticmethod
+    def _timeout_message(name: str, busy: LockBusy | None) -> str:
+        if busy is None:
+            return f"could not acquire {name!r}: still waiting in line behind another holder"
+        return (
+            f"could not acquire {name!r}: {busy.holders} live lease(s); "
+            f"the earliest lapses in {busy.retry_after_s:.3f} s unless renewed"
+        )
+
+    def _pass_turn(self, session: _Session, *, counted: bool = True) -> None:
+        """End a turn: hand the lease to the next local waiter, or start releasing it."""
+        session.busy = False
+        session.turn_ended.set()
+        alive = session.alive()
+        if alive and session.turns < self.max_turns and not self._gives_way(session):
+            if self._wake_next(session):
+                return
+            self._gave_way.pop(session.name, None)  # nobody waits: an idle release
+        elif alive:  # max_turns reached, or another pool in line: going back for fairness
+            _remember(self._gave_way, session.name)
+        if session.releasing is None:
+            session.releasing = asyncio.get_running_loop().create_task(
+                self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
+            )
+
+    def _may_keep(self, session: _Session, rank: _Rank | None) -> bool:
+        """Whether a release under way may be called off for a new local turn.
+
+        Only while the lease is still held (the release waits for deferred commits: it has
+        given nothing back yet), nobody waits or holds a turn, and the release is not one
+        that fairness asked for (``max_turns`` reached, another pool seen in line).
+        """
+        return (
+            session.alive()
+            and not session.busy
+            and not session.waiters
+            and session.turns < self.max_turns
+            and not self._gives_way(session, wanted=True, rank=rank)
+        )
+
+    def _gives_way(self, session: _Session, *, wanted: bool = False, rank: _Rank | None = None) -> bool:
+        """Whether the lease should go back now for another pool in line (checked every ``_FAIR_TURNS`` turns).
+
+        ``wanted``: a local task ranked ``rank`` wants a turn now (one that takes the lease
+        from its release under way, see :meth:`_may_keep`), as a waiter would. The lease
+        stays while the next local turn ranks ahead of the other pool's waiter.
+        """
+        if session.turns < _FAIR_TURNS:
+            return False
+        if not wanted and session.waiters:
+            rank = self._first_rank(session)
+        if session.line_seen and not _ahead(rank, session.line_rank):
+            return True
+        if (wanted or session.waiters) and session.line_check is None and session.turns % _FAIR_TURNS == 0:
+            check = session.line_check = asyncio.get_running_loop().create_task(
+                self._check_line(session, session.lease), name=f"asynccoord-lockpool-line-{session.name}"
+            )
+            self._checks.add(check)  # aclose() ends it, even once its session is gone
+            check.add_done_callback(self._checks.discard)
+        return False
+
+    async def _check_line(self, session: _Session, lease: Lease | None) -> None:
+        """Record in ``session`` whether another pool is in line for its lock (while it still holds ``lease``)."""
+        try:
+            seen, theirs, _ = await self._someone_in_line(session.name)
+        except Exception:  # a closed store, say: the next acquisition will tell
+            seen, theirs = False, None
+        finally:
+            session.line_check = None
+        if session.lease is lease:
+            session.line_seen, session.line_rank = seen, theirs
+
+    def _wake_next(self, session: _Session) -> bool:
+        while session.waiters:
+            future = session.waiters.popleft()
+            if not future.done():
+                session.busy = True
+                future.set_result(None)
+                return True
+        return False
+
+    async def _release_when_idle(self, session: _Session) -> None:
+        """Release the lease once every deferred commit is over, then wake a waiter (it acquires anew).
+
+        The wait lasts while the lease does (the watchdog renews it, up to ``max_hold_s``):
+        releasing it under a deferred commit would let the next holder's token reach the
+        resource first, and the commit be refused as stale although its lease never lapsed.
+        """
+        me = asyncio.current_task()
+        try:
+            while not session.idle.is_set() and session.alive():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(session.idle.wait(), self.ttl_s / 3)
+            # Called off by a new turn (see turn()) while this waited: the cancellation may not
+            # have reached it (wait_for can return its result instead when both come at once),
+            # so ownership decides. From here to the lease's release nothing yields.
+            if session.releasing is not me:
+                return
+            await self._retire(session)
+        finally:
+            if session.releasing is me:  # not called off by a new turn (see turn())
+                session.releasing = None
+                if not self._wake_next(session) and session.lease is None and not session.busy:
+                    self._sessions.pop(session.name, None)
+
+    async def _retire(self, session: _Session) -> None:
+        guard, park = session.guard, session.park
+        session.guard = session.park = None
+        session.lease = None
+        session.turns = 0
+        session.line_seen = False
+        session.line_rank = None
+        if park is not None:
+            park.set()
+        if guard is not None:
+            lease, still_held = guard.lease, guard.active
+            guard.close()
+            if still_held:
+                _remember(self._released, lease.name)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
+
+    async def released(self, name: str, *, timeout_s: float = _RELEASE_TIMEOUT_S) -> None:
+        """Wait (up to ``timeout_s``) until a release of ``name``'s lease already under way is done.
+
+        Used before handing a task back, so whoever claims it next finds its lock free.
+
+        Args:
+            name: Lock name (as given to :meth:`turn`).
+            timeout_s: Longest wait, seconds (>= 0). Default 5.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad ``name`` or ``timeout_s``.
+        """
+        check_user_lock_name("name", name)
+        check_non_negative("timeout_s", timeout_s)
+        session = self._sessions.get(name)
+        task = None if session is None else session.releasing
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        """Release every lease the pool holds, waiting for a turn in progress and then for the
+        deferred commits, up to one TTL per lock each (past that the lease goes back anyway)."""
+        for session in list(self._sessions.values()):
+            turn_deadline = time.monotonic() + self.ttl_s
+            while session.busy and time.monotonic() < turn_deadline:
+                session.turn_ended.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(session.turn_ended.wait(), turn_deadline - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.idle.wait(), self.ttl_s)
+            releasing = session.releasing
+            if releasing is not None:  # it waits for the same commits while the lease lives: no longer
+                if not session.idle.is_set():
+                    releasing.cancel()
+                await asyncio.wait({releasing})
+                if not releasing.cancelled():
+                    releasing.exception()  # seen (it logs nothing of its own)
+            await self._retire(session)
+        self._sessions.clear()
+        checks = set(self._checks)
+        for check in checks:
+            check.cancel()
+        if checks:
+            await asyncio.wait(checks)
+        if self._leaving:
+            await asyncio.wait(set(self._leaving), timeout=_RELEASE_TIMEOUT_S)

@@ -1,0 +1,709 @@
+"""The lock watchdog: renews every lease it guards in one statement per interval, and
+stops the work of a lease it cannot keep.
+
+One :class:`Watchdog` serves a store (or a node): however many leases it guards,
+each renewal round is a single ``renew_locks`` call (one ``UPDATE`` on SQLite), so
+10,000 held locks cost a handful of writes per interval, not 10,000 round trips.
+
+Each guarded lease carries a *local deadline* on ``time.monotonic()``: the instant
+the renewal (or acquisition) request was sent, plus the lease's ``ttl_s``, minus a
+safety margin (default 10 % of the TTL). The store set the expiry from its own clock
+*after* the request was sent, so the store cannot hand the lock to anyone else before
+the local deadline passes, whatever the two clocks read (as long as they run at the
+same rate, within the margin). When the deadline passes without a confirmed renewal
+(the store is unreachable or slow, or the event loop was blocked), when a renewal
+finds the lease taken over or expired, or when the hold-time ceiling ``max_hold_s``
+is reached, the watchdog drops the lease, counts ``lock_lost`` and calls the guard's
+``on_lost`` callback, which cancels the guarded work (see :mod:`asynccoord.locks.lock`).
+
+A guard ends when it is closed (the lock is released), when the watchdog loses it,
+or when the task that holds it ends; from then on its lease is never renewed again.
+The watchdog's own task runs only while it guards something (and lingers
+``IDLE_EXIT_S`` after the last guard closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .. import events as ev
+from ..contract.lockchecks import check_lease
+from ..contract.locks import Lease
+from ..contract.protocols import LockStore
+from ..errors import InvalidArgumentError, InvalidTypeError, LockLostError, MaxHoldExceededError
+from ..validation import (
+    check_bool,
+    check_finite,
+    check_interval_s,
+    check_lease_s,
+    check_non_negative,
+    check_positive,
+    is_async_callable,
+)
+
+__all__ = ("DEFAULT_SAFETY_MARGIN_RATIO", "Guard", "IDLE_EXIT_S", "MIN_RETRY_S", "Watchdog", "WatchdogStats")
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SAFETY_MARGIN_RATIO = 0.1
+"""Fraction of a lease's TTL by which the local deadline precedes the store's expiry."""
+
+MIN_RETRY_S = 0.005
+"""Shortest pause before retrying a renewal round that failed with a store error, seconds."""
+
+IDLE_EXIT_S = 0.2
+"""How long the watchdog's task lingers with nothing to guard before it ends, seconds
+(so a lock taken and released many times a second does not start a task each time)."""
+
+_REGISTRY: weakref.WeakKeyDictionary[object, Watchdog] = weakref.WeakKeyDictionary()
+_GUARDED_IN: weakref.WeakValueDictionary[str, Watchdog] = weakref.WeakValueDictionary()
+"""Owner token -> the watchdog guarding that lease (one per lease: see Watchdog.guard)."""
+
+OnLost = Callable[[LockLostError], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchdogStats:
+    """A snapshot of a watchdog's counters (see :meth:`Watchdog.statistics`).
+
+    Attributes:
+        guarded: Leases under guard now.
+        renew_rounds: Renewal rounds that reached the store (one ``renew_locks`` call each).
+        renewed: Leases renewed, summed over the rounds.
+        lost: Leases given up (lost, expired, taken over, or past ``max_hold_s``).
+        max_hold_exceeded: Of those, leases given up at the hold-time ceiling.
+        renew_errors: Renewal rounds that failed with a store error (retried).
+    """
+
+    guarded: int
+    renew_rounds: int
+    renewed: int
+    lost: int
+    max_hold_exceeded: int
+    renew_errors: int
+
+
+class Guard:
+    """One lease in a watchdog's care, as returned by :meth:`Watchdog.guard`.
+
+    Closing the guard (:meth:`close`) stops its renewals for good. Attributes that
+    change are read through properties: :attr:`lease` is the latest renewed lease,
+    :attr:`lost` the error the watchdog gave it up with.
+    """
+
+    __slots__ = (
+        "_active",
+        "_deadline",
+        "_hold_deadline",
+        "_interval_s",
+        "_lease",
+        "_lost",
+        "_margin_ratio",
+        "_next_renew_at",
+        "_pending",
+        "_recent",
+        "_renew",
+        "_task",
+        "_unresolved_ttl_s",
+        "_watchdog",
+        "on_lost",
+    )
+
+    def __init__(
+        self,
+        watchdog: Watchdog,
+        lease: Lease,
+        *,
+        sent_at: float,
+        renew: bool,
+        interval_s: float,
+        margin_ratio: float,
+        hold_deadline: float,
+        on_lost: OnLost | None,
+        task: asyncio.Task[object] | None,
+    ) -> None:
+        self._watchdog = watchdog
+        self._lease = lease
+        self._renew = renew
+        self._interval_s = interval_s
+        self._margin_ratio = margin_ratio
+        self._deadline = sent_at + lease.ttl_s * (1.0 - margin_ratio)
+        self._next_renew_at = sent_at + interval_s
+        self._hold_deadline = hold_deadline
+        # Renewals of this lease in flight (write id -> (sent_at, ttl_s)); those that landed
+        # while one of them flew ((reply time, ttl_s)); and the shortest ttl_s of those whose
+        # fate is unknown (failed or cancelled: they may still land, at any time).
+        self._pending: dict[int, tuple[float, float]] = {}
+        self._recent: list[tuple[float, float]] = []
+        self._unresolved_ttl_s = math.inf
+        self._task = task
+        self._active = True
+        self._lost: LockLostError | None = None
+        self.on_lost = on_lost
+        """Called once, with the error, when the watchdog gives the lease up."""
+
+    def __repr__(self) -> str:
+        state = "active" if self._active else ("lost" if self._lost is not None else "closed")
+        return (
+            f"<Guard {self._lease.name!r} fencing_token={self._lease.fencing_token} {state}"
+            f" remaining_s={self.remaining_s():.3f} renew={self._renew}>"
+        )
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last renewed."""
+        return self._lease
+
+    @property
+    def lost(self) -> LockLostError | None:
+        """Why the watchdog gave the lease up; None while it is kept (or after a plain close)."""
+        return self._lost
+
+    @property
+    def active(self) -> bool:
+        """Whether the watchdog still guards (and, if asked to, renews) the lease."""
+        return self._active
+
+    def remaining_s(self) -> float:
+        """Seconds left before the local deadline (negative once it passed)."""
+        return self._deadline - time.monotonic()
+
+    def check(self) -> LockLostError | None:
+        """Give the lease up now if its local deadline has passed; return :attr:`lost`.
+
+        The watchdog does this on its own when its task runs; call it where the
+        event loop may have been blocked past the deadline (before trusting the lease).
+        """
+        if self._active and time.monotonic() >= self._deadline:
+            self._watchdog._lose(self, self._watchdog._deadline_error(self))
+        return self._lost
+
+    def update(self, lease: Lease, *, sent_at: float) -> None:
+        """Take a lease renewed outside the watchdog (an explicit renew sent at ``sent_at``).
+
+        Prefer :meth:`renewing`, which also covers the renewal while it is in flight. A
+        lease renewed behind the guard's back (``store.renew_lock`` called directly, not
+        through :meth:`asynccoord.Lock.renew`) is not known to the guard: its local deadline
+        may then outlast the store's expiry.
+        """
+        if self._active and lease.owner_token == self._lease.owner_token:
+            write = self._watchdog._renewal_sent(self._lease.owner_token, lease.ttl_s, sent_at)
+            self._watchdog._renewal_done(self._lease.owner_token, write, lease, sent_at)
+
+    @contextlib.contextmanager
+    def renewing(self, ttl_s: float, *, sent_at: float) -> Iterator[Callable[[Lease | None], None]]:
+        """Cover an explicit renewal of the lease to ``ttl_s`` sent at ``sent_at``, while it flies.
+
+        Use as ``with guard.renewing(ttl, sent_at=t0) as landed: landed(await
+        store.renew_lock(lease, ttl))``. On entry the local deadline of every guard of the
+        lease comes down to ``sent_at + ttl_s * (1 - margin)`` if that is earlier (the write
+        may land at any time from now on); ``landed(renewed)`` with the renewed lease takes
+        it (``None``: it had lapsed, nothing landed). Leaving without ``landed`` (an error,
+        a cancellation, a timeout) leaves the renewal's fate unknown: from then on no
+        deadline of the lease counts on more than ``ttl_s``.
+        """
+        token = self._lease.owner_token
+        write = self._watchdog._renewal_sent(token, ttl_s, sent_at)
+        outcome: list[Lease | None] = []
+        try:
+            yield outcome.append
+        finally:
+            if outcome:
+                self._watchdog._renewal_done(token, write, outcome[0], sent_at)
+            else:
+                self._watchdog._renewal_unknown(token, write)
+
+    def close(self) -> None:
+        """Stop guarding and renewing the lease. Idempotent; never awaits."""
+        if self._active:
+            self._active = False
+            self._watchdog._forget(self)
+
+    def _sent(self, write: int, ttl_s: float, sent_at: float) -> None:
+        """A renewal to ``ttl_s`` was sent: it may land at any moment from ``sent_at`` on."""
+        self._pending[write] = (sent_at, ttl_s)
+        self._deadline = min(self._deadline, sent_at + ttl_s * (1.0 - self._margin_ratio))
+
+    def _landed(self, write: int, ttl_s: float, sent_at: float) -> None:
+        """A renewal to ``ttl_s`` sent at ``sent_at`` landed: the store's expiry is what it set
+        or what a write landing after it sets. Such a write lands after ``sent_at``: it is one
+        still in flight, one of unknown fate, or one whose answer came after ``sent_at``. So
+        the expiry is at least ``sent_at`` plus the shortest ``ttl_s`` among this renewal and
+        those. The deadline is replaced by that bound (not extended: a renewal to a shorter
+        ``ttl_s`` brings the store's expiry closer).
+
+        Source: the local deadline counts from the time the request was sent, as in
+        Kleppmann's "How to do distributed locking" (2016) and Redlock's validity time.
+        """
+        now = time.monotonic()
+        self._pending.pop(write, None)
+        shortest = min(
+            ttl_s,
+            self._unresolved_ttl_s,
+            *(ttl for _sent, ttl in self._pending.values()),
+            *(ttl for answered, ttl in self._recent if answered > sent_at),
+        )
+        self._deadline = sent_at + shortest * (1.0 - self._margin_ratio)
+        self._next_renew_at = sent_at + self._interval_s
+        # Kept only while a renewal sent before its answer still flies.
+        oldest = min((sent for sent, _ttl in self._pending.values()), default=now)
+        self._recent = [(answered, ttl) for answered, ttl in self._recent if answered > oldest]
+        if self._pending:
+            self._recent.append((now, ttl_s))
+
+    def _unknown(self, write: int) -> None:
+        """A renewal failed or was cancelled: it may still land, at any time."""
+        flight = self._pending.pop(write, None)
+        if flight is not None:
+            self._unresolved_ttl_s = min(self._unresolved_ttl_s, flight[1])
+
+    def _on_task_done(self, _task: object) -> None:
+        self.close()
+
+
+class Watchdog:
+    """Renews the leases it guards in batches, and gives up those it cannot keep.
+
+    Args:
+        store: The lock store whose leases it renews (``renew_locks``).
+        safety_margin_ratio: Fraction of each lease's TTL by which the local
+            deadline precedes the store's expiry, in [0, 0.5]. Default 0.1.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a bad argument.
+    """
+
+    def __init__(self, store: LockStore, *, safety_margin_ratio: float = DEFAULT_SAFETY_MARGIN_RATIO) -> None:
+        if not isinstance(store, LockStore):
+            raise InvalidTypeError(f"store must implement LockStore, got {type(store).__name__}")
+        ratio = check_non_negative("safety_margin_ratio", safety_margin_ratio, maximum=None)
+        if ratio > 0.5:
+            raise InvalidArgumentError(f"safety_margin_ratio must be <= 0.5, got {safety_margin_ratio!r}")
+        self._store = store
+        self._margin_ratio = ratio
+        self._guards: set[Guard] = set()
+        self._by_token: dict[str, set[Guard]] = {}  # the same guards, by their lease's owner token
+        self._writes = itertools.count()  # renewal write ids
+        self._task: asyncio.Task[None] | None = None
+        self._renewal: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._wake_at = float("inf")
+        self._idle_since = 0.0
+        self._renew_rounds = 0
+        self._renewed = 0
+        self._lost = 0
+        self._max_hold_exceeded = 0
+        self._renew_errors = 0
+
+    @classmethod
+    def for_store(cls, store: LockStore) -> Watchdog:
+        """The default watchdog of ``store`` (one per store object, created on first use)."""
+        watchdog = _REGISTRY.get(store)
+        if watchdog is None:
+            watchdog = _REGISTRY[store] = cls(store)
+        return watchdog
+
+    def __repr__(self) -> str:
+        return f"<Watchdog guarded={len(self._guards)} rounds={self._renew_rounds} lost={self._lost}>"
+
+    @property
+    def store(self) -> LockStore:
+        """The lock store whose leases it renews (a :class:`~asynccoord.Lock` takes it only for that store)."""
+        return self._store
+
+    @property
+    def safety_margin_ratio(self) -> float:
+        """Fraction of a lease's TTL kept as a safety margin before its local deadline."""
+        return self._margin_ratio
+
+    def check_interval(self, ttl_s: float, renew_interval_s: float) -> float:
+        """Validate a renewal interval against a TTL; return it.
+
+        Args:
+            ttl_s: The lease's TTL, seconds (0.01, ``validation.MIN_LEASE_S``, to one year).
+            renew_interval_s: Seconds between renewals (>= 0.001, ``validation.MIN_INTERVAL_S``).
+
+        Raises:
+            InvalidTypeError: ``ttl_s`` or ``renew_interval_s`` is not a number (bool is refused).
+            InvalidArgumentError: ``ttl_s`` is not a finite number in 0.01..one year, or
+                ``renew_interval_s`` not one in 0.001..one year, or the interval is not
+                before the local deadline (``ttl_s * (1 - safety_margin_ratio)``).
+        """
+        ttl = check_lease_s("ttl_s", ttl_s)
+        interval = check_interval_s("renew_interval_s", renew_interval_s)
+        limit = ttl * (1.0 - self._margin_ratio)
+        if interval >= limit:
+            raise InvalidArgumentError(
+                f"renew_interval_s must be shorter than ttl_s * (1 - safety_margin_ratio) = {limit:g} s "
+                f"(the local deadline), got {renew_interval_s!r}; the default is ttl_s / 3"
+            )
+        return interval
+
+    def statistics(self) -> WatchdogStats:
+        """A snapshot of the counters."""
+        return WatchdogStats(
+            guarded=len(self._guards),
+            renew_rounds=self._renew_rounds,
+            renewed=self._renewed,
+            lost=self._lost,
+            max_hold_exceeded=self._max_hold_exceeded,
+            renew_errors=self._renew_errors,
+        )
+
+    def guard(
+        self,
+        lease: Lease,
+        *,
+        sent_at: float,
+        renew: bool = True,
+        renew_interval_s: float | None = None,
+        max_hold_s: float | None = None,
+        on_lost: OnLost | None = None,
+        task: asyncio.Task[object] | None = None,
+    ) -> Guard:
+        """Start guarding ``lease``: track its local deadline and, if ``renew``, renew it.
+
+        Must be called from the event loop that will run the watchdog. A lease is guarded in
+        one watchdog only (the one :meth:`for_store` gives for the store that acquired it, as
+        :class:`~asynccoord.Lock` does): guards of one lease in two watchdogs would not see each
+        other's renewals, so a second watchdog is refused while the first guards the lease.
+        Renew a guarded lease only through :class:`~asynccoord.Lock` or
+        :meth:`Guard.renewing`: a renewal behind the guard's back is unknown to it.
+
+        Args:
+            lease: A lease just acquired from this watchdog's store.
+            sent_at: ``time.monotonic()`` taken just before the acquisition request
+                was sent; the local deadline counts from it.
+            renew: Renew the lease every ``renew_interval_s``; False only tracks the deadline.
+            renew_interval_s: Seconds between renewals; default ``lease.ttl_s / 3``.
+            max_hold_s: Ceiling on the hold time from ``sent_at``, seconds; past it the
+                lease is given up with :class:`MaxHoldExceededError`. None: no ceiling.
+            on_lost: Called once with the error when the lease is given up.
+            task: The holder task: the guard closes when it ends. Default: the current task.
+
+        Returns:
+            The :class:`Guard`; close it when the lock is released.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad argument (a lease that is not a
+                :class:`Lease` with valid fields, a ``sent_at`` that is not a finite number or
+                lies in the future, an ``on_lost`` that is not a plain function, a ``task``
+                that is not an :class:`asyncio.Task`, a lease another watchdog guards...);
+                nothing is guarded then.
+        """
+        check_lease(lease)
+        sent_at = check_finite("sent_at", sent_at)
+        if sent_at > time.monotonic():
+            raise InvalidArgumentError(
+                f"sent_at must be a time.monotonic() reading taken before the acquisition was sent, got {sent_at!r},"
+                f" which is in the future (time.monotonic() is now {time.monotonic()!r})"
+            )
+        check_bool("renew", renew)
+        other = _GUARDED_IN.get(lease.owner_token)
+        if other is not None and other is not self and other._of(lease.owner_token):
+            raise InvalidArgumentError(
+                f"lease of {lease.name!r} (fencing token {lease.fencing_token}) is guarded by another watchdog"
+                f" ({other!r}): guard a lease in one watchdog (they do not see each other's renewals)"
+            )
+        if on_lost is not None and (not callable(on_lost) or is_async_callable(on_lost)):
+            raise InvalidTypeError(f"on_lost must be a plain function or None, got {on_lost!r}")
+        if task is not None and not isinstance(task, asyncio.Task):
+            raise InvalidTypeError(f"task must be an asyncio.Task or None, got {type(task).__name__} {task!r}")
+        interval = self.check_interval(lease.ttl_s, lease.ttl_s / 3 if renew_interval_s is None else renew_interval_s)
+        hold = float("inf") if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        holder_task = task if task is not None else asyncio.current_task()
+        g = Guard(
+            self,
+            lease,
+            sent_at=sent_at,
+            renew=renew,
+            interval_s=interval,
+            margin_ratio=self._margin_ratio,
+            hold_deadline=sent_at + hold,
+            on_lost=on_lost,
+            task=holder_task,
+        )
+        if holder_task is not None:
+            if holder_task.done():
+                g._active = False
+                return g
+            holder_task.add_done_callback(g._on_task_done)
+        loop = asyncio.get_running_loop()
+        if self._task is not None and (self._task.done() or self._task.get_loop() is not loop):
+            # The loop that ran the watchdog is gone (a store reused across event loops):
+            # its guards died with it.
+            self._guards.clear()
+            self._by_token.clear()
+            self._task = self._renewal = self._wake = None
+            self._wake_at = float("inf")
+        self._guards.add(g)
+        self._by_token.setdefault(lease.owner_token, set()).add(g)
+        _GUARDED_IN[lease.owner_token] = self
+        if self._task is None:
+            self._task = loop.create_task(self._run(), name="asynccoord-lock-watchdog")
+        elif self._next_event(g) < self._wake_at:
+            self._poke()
+        return g
+
+    async def aclose(self) -> None:
+        """Stop guarding everything (no renewal is sent afterwards) and stop the task."""
+        for g in list(self._guards):
+            g.close()
+        for task in (self._renewal, self._task):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+        self._task = None
+        self._renewal = None
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _of(self, owner_token: str) -> list[Guard]:
+        """The active guards of one lease (more than one: the lease guarded twice)."""
+        return [g for g in self._by_token.get(owner_token, ()) if g._active]
+
+    def _renewal_sent(self, owner_token: str, ttl_s: float, sent_at: float) -> int:
+        """An explicit renewal of a lease is on its way: bring its guards' deadlines in."""
+        write = next(self._writes)
+        guards = self._of(owner_token)
+        for g in guards:
+            g._sent(write, ttl_s, sent_at)
+        self._wake_for(guards)
+        return write
+
+    def _renewal_done(self, owner_token: str, write: int, renewed: Lease | None, sent_at: float) -> None:
+        """An explicit renewal came back: ``renewed``, or None (nothing landed: it had lapsed)."""
+        guards = self._of(owner_token)
+        for g in guards:
+            if renewed is None:
+                g._pending.pop(write, None)
+            else:
+                g._lease = renewed
+                g._landed(write, renewed.ttl_s, sent_at)
+        self._wake_for(guards)
+
+    def _renewal_unknown(self, owner_token: str, write: int) -> None:
+        for g in self._of(owner_token):
+            g._unknown(write)
+
+    def _wake_for(self, guards: list[Guard]) -> None:
+        if guards and min(self._next_event(g) for g in guards) < self._wake_at:
+            self._poke()  # a deadline came in: wake up for it
+
+    def _forget(self, g: Guard) -> None:
+        self._guards.discard(g)
+        same = self._by_token.get(g._lease.owner_token)
+        if same is not None:
+            same.discard(g)
+            if not same:
+                del self._by_token[g._lease.owner_token]
+        if _GUARDED_IN.get(g._lease.owner_token) is self:
+            del _GUARDED_IN[g._lease.owner_token]
+        if g._task is not None:
+            g._task.remove_done_callback(g._on_task_done)
+        if not self._guards:
+            now = time.monotonic()
+            self._idle_since = now
+            if self._wake_at > now + IDLE_EXIT_S:
+                self._poke()  # so the task ends IDLE_EXIT_S from now (at most one wake-up per IDLE_EXIT_S)
+
+    def _lose(self, g: Guard, error: LockLostError) -> None:
+        self._lose_all([(g, error)])
+
+    def _lose_all(self, losses: list[tuple[Guard, LockLostError]]) -> None:
+        """Give leases up: count, log once (not once per lease), and call each ``on_lost``."""
+        lost = [(g, error) for g, error in losses if g._active]
+        if not lost:
+            return
+        for g, error in lost:
+            g._lost = error
+            g.close()
+            if isinstance(error, MaxHoldExceededError):
+                self._max_hold_exceeded += 1
+        self._lost += len(lost)
+        self._store.events.add(ev.LOCK_LOST, len(lost))
+        first, error = lost[0]
+        log.warning(
+            "asynccoord.watchdog.lock_lost count=%d name=%r fencing_token=%d reason=%s%s",
+            len(lost),
+            first._lease.name,
+            first._lease.fencing_token,
+            type(error).__name__,
+            "" if len(lost) == 1 else f" (and {len(lost) - 1} more)",
+        )
+        exiting: BaseException | None = None
+        for g, error in lost:
+            if g.on_lost is not None:
+                try:
+                    g.on_lost(error)
+                except (KeyboardInterrupt, SystemExit) as exc:  # the process is ending: after the others
+                    exiting = exiting or exc
+                except BaseException:  # never the watchdog's end: every other lease depends on it
+                    log.exception("asynccoord.watchdog.lock_lost callback failed for %r", g._lease.name)
+        if exiting is not None:
+            raise exiting
+
+    def _deadline_error(self, g: Guard) -> LockLostError:
+        lease = g._lease
+        if not g._renew:  # a guard that never renews: the block simply outlived the lease's TTL
+            return LockLostError(
+                f"lock {lease.name!r} (fencing token {lease.fencing_token}) is not renewed (auto_renew off) and "
+                f"the block outlived its TTL (counted from the last acquisition or renewal sent, less a safety "
+                f"margin of {self._margin_ratio:.0%}), so the work it guarded was stopped"
+            )
+        return LockLostError(
+            f"lock {lease.name!r} (fencing token {lease.fencing_token}) was not renewed in time: its lease may "
+            f"lapse within {self._margin_ratio:.0%} of its TTL (store unreachable or slow, or the event loop was "
+            "blocked), so the work it guarded was stopped"
+        )
+
+    @staticmethod
+    def _next_event(g: Guard) -> float:
+        when = min(g._deadline, g._hold_deadline)
+        return min(when, g._next_renew_at) if g._renew else when
+
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def _sleep_until(self, when: float) -> None:
+        loop = asyncio.get_running_loop()
+        wake: asyncio.Future[None] = loop.create_future()
+        self._wake, self._wake_at = wake, when
+        handle = loop.call_later(max(0.0, when - time.monotonic()), _resolve, wake)
+        try:
+            await wake
+        finally:
+            handle.cancel()
+            self._wake, self._wake_at = None, float("inf")
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                now = time.monotonic()
+                losses: list[tuple[Guard, LockLostError]] = []
+                for g in self._guards:
+                    if now >= g._deadline:
+                        losses.append((g, self._deadline_error(g)))
+                    elif now >= g._hold_deadline:
+                        lease = g._lease
+                        error = MaxHoldExceededError(
+                            f"lock {lease.name!r} (fencing token {lease.fencing_token}) reached its max_hold_s "
+                            "ceiling: the watchdog stopped renewing it and stopped the work it guarded"
+                        )
+                        losses.append((g, error))
+                self._lose_all(losses)
+                if not self._guards:
+                    if now - self._idle_since >= IDLE_EXIT_S:
+                        self._task = None
+                        return
+                    await self._sleep_until(self._idle_since + IDLE_EXIT_S)
+                    continue
+                if self._renewal is None:
+                    self._start_renewal(now)
+                wake_at = float("inf")
+                for g in self._guards:
+                    when = min(g._deadline, g._hold_deadline)
+                    if g._renew and self._renewal is None:
+                        when = min(when, g._next_renew_at)
+                    wake_at = min(wake_at, when)
+                await self._sleep_until(wake_at)
+        except asyncio.CancelledError:
+            self._task = None
+            self._lose_all(
+                [
+                    (g, LockLostError(f"the watchdog was cancelled: lock {g._lease.name!r} is no longer renewed"))
+                    for g in self._guards
+                ]
+            )
+            raise
+
+    def _start_renewal(self, now: float) -> None:
+        """Renew, in one round, every lease due now and those due within half their interval."""
+        if not any(g._renew and g._next_renew_at <= now for g in self._guards):
+            return
+        batch = [g for g in self._guards if g._renew and g._next_renew_at - g._interval_s / 2 <= now]
+        self._renewal = asyncio.get_running_loop().create_task(self._renew_round(batch), name="asynccoord-lock-renewal")
+
+    async def _renew_round(self, batch: list[Guard]) -> None:
+        sent_at = time.monotonic()
+        try:
+            # Guards closed between the round's creation and its first step (the holder's
+            # block ended) are left out: their leases must not outlive their holders.
+            sent = [(g, g._lease) for g in batch if g._active]
+            if not sent:
+                return
+            # A lease guarded twice (through the public API) is renewed for all its guards at
+            # once: a round must not move the store's expiry under a guard it leaves out.
+            in_round = {g for g, _lease in sent}
+            for token in {lease.owner_token for _g, lease in sent}:
+                sent += [(g, g._lease) for g in self._of(token) if g not in in_round]
+            # One lease per owner token: guards of one lease (guarded twice through the public
+            # API, perhaps with another ttl_s) share one renewal, by the longest ttl_s.
+            by_token: dict[str, Lease] = {}
+            for _g, lease in sent:
+                kept = by_token.get(lease.owner_token)
+                if kept is None or lease.ttl_s > kept.ttl_s:
+                    by_token[lease.owner_token] = lease
+            write = next(self._writes)
+            for g, _lease in sent:
+                g._sent(write, by_token[g._lease.owner_token].ttl_s, sent_at)
+            try:
+                renewed_by_token = dict(
+                    zip(by_token, await self._store.renew_locks(list(by_token.values())), strict=True)
+                )
+            except BaseException:
+                for g, _lease in sent:
+                    g._unknown(write)
+                raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._renew_errors += 1
+            log.warning(
+                "asynccoord.watchdog.lock_renew_failed leases=%d error=%s: %s", len(batch), type(exc).__name__, exc
+            )
+            retry_at = time.monotonic()
+            for g in batch:
+                g._next_renew_at = retry_at + max(MIN_RETRY_S, g._interval_s / 4)
+        else:
+            self._renew_rounds += 1
+            losses: list[tuple[Guard, LockLostError]] = []
+            for g, lease in sent:
+                if not g._active:
+                    continue
+                renewed = renewed_by_token[lease.owner_token]
+                if renewed is None:
+                    g._pending.pop(write, None)
+                    error = LockLostError(
+                        f"lock {lease.name!r} (fencing token {lease.fencing_token}) had expired or been taken "
+                        "over when the watchdog renewed it"
+                    )
+                    losses.append((g, error))
+                    continue
+                self._renewed += 1
+                if g._lease is lease:  # else an explicit renew replaced it meanwhile: keep that one
+                    g._lease = renewed
+                g._landed(write, renewed.ttl_s, sent_at)
+            self._lose_all(losses)
+        finally:
+            self._renewal = None
+            self._poke()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

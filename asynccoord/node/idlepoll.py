@@ -1,0 +1,175 @@
+"""The runtime's idle poll: one read per process, whatever its node count, instead of a claim per idle node.
+
+A node whose claim came back short or empty waits for a wake-up: an in-process enqueue
+or a commit that frees one of its keys (the store's
+:class:`~asynccoord.notify.WorkNotifier`), or a task it put back falling due. Some work
+nobody in the process announces: tasks enqueued by another process (SQLite has no
+cross-process notification), leases of crashed nodes that expired, retries and delayed
+tasks falling due, and, with work stealing, tasks another owner has left waiting. Idle
+nodes used to find it by claiming, each on its own backoff; every claim is a write (on
+SQLite an operation of the process's single writer, batched with the commits that
+matter), so idle cost, and the latency of every commit, grew with the node count
+(issue #4).
+
+An :class:`IdlePoller` runs once per :class:`~asynccoord.node.runtime.Runtime`: it asks the
+store with one read (:meth:`~asynccoord.contract.protocols.QueueStore.claimable_partitions`)
+which partitions of the process's idle nodes hold claimable work, and wakes only the
+idle nodes owning one of them (a node claiming from every partition is woken for any,
+one per partition named); those claim as before. With work stealing on, nodes left
+idle are also woken, one per partition named, when a second read finds work due for
+``steal_after_s`` anywhere (their claim then steals, as before).
+
+Cadence: the backoff a standalone node has, once for the process: a poll every
+``idle_min_s`` .. ``idle_s`` seconds (full jitter); ``idle_s`` goes back to
+``idle_min_s`` while no node is idle or once nodes a poll woke have claimed something,
+stays as it is after a poll that woke nodes, and doubles up to ``idle_max_s`` otherwise
+(a poll that woke nobody, or after one whose woken nodes all came back empty-handed, so a
+read that names work a claim cannot take never makes a busy loop). No idle node, no
+read. So work from elsewhere is found within about ``idle_max_s``, as before, and the
+process's idle cost is at most one read (two with work stealing) per poll whatever its
+node count. The nodes still claim by themselves every ``NodeConfig.idle_fallback_s`` (a
+safety net).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..errors import UNRECOVERABLE_STORE_ERRORS, StoreError
+
+if TYPE_CHECKING:
+    from ..membership import Membership
+    from .node import Node, NodeConfig
+
+__all__ = ("IdlePoller",)
+
+log = logging.getLogger(__name__)
+
+
+class IdlePoller:
+    """Finds work for the idle nodes of one process with one store read per poll (see the module docstring).
+
+    Args:
+        store: The nodes' store; it must have ``claimable_partitions``.
+        nodes: The nodes to wake (read at every poll: a list changed later is seen).
+        config: The nodes' :class:`~asynccoord.node.node.NodeConfig` (queue, order, backoff,
+            work stealing).
+        membership: The process's membership; while it is unhealthy the nodes claim
+            nothing, so nothing is polled. Default None.
+
+    Attributes:
+        polls: Reads issued so far (``claimable_partitions`` calls).
+        woken: Nodes woken so far.
+    """
+
+    def __init__(
+        self, store: Any, nodes: Sequence[Node], config: NodeConfig, *, membership: Membership | None = None
+    ) -> None:
+        self.store = store
+        self.nodes = nodes
+        self.config = config
+        self.membership = membership
+        self.polls = 0
+        self.woken = 0
+        self._rng = random.Random()
+        self._last_woken: list[tuple[Node, int]] = []  # nodes the last poll woke, and their claimed count then
+
+    def __repr__(self) -> str:
+        return f"<IdlePoller {self.config.queue!r} nodes={len(self.nodes)} polls={self.polls} woken={self.woken}>"
+
+    async def run(self) -> None:
+        """Poll until cancelled; returns once the store is closed (after waking every idle node to find out).
+
+        Store errors other than closing are logged and the poll goes on.
+        """
+        cfg = self.config
+        idle_s = cfg.idle_min_s
+        while True:
+            await anyio.sleep(self._rng.uniform(cfg.idle_min_s, idle_s))
+            earlier = self._last_woken
+            productive = any(node.state().claimed > claimed for node, claimed in earlier)
+            idle = any(node.idle for node in self.nodes)
+            try:
+                woken = await self.poll()
+            except UNRECOVERABLE_STORE_ERRORS:
+                for node in self.nodes:  # they fail on their next claim, as they would have
+                    node.wake()
+                return
+            except StoreError as exc:
+                log.warning("asynccoord.idlepoll.failed queue=%s error=%s", cfg.queue, exc)
+                woken = 0
+            if productive or not idle:
+                idle_s = cfg.idle_min_s
+            elif not woken or earlier:  # woke nobody, or the last wake-ups found nothing: back off
+                idle_s = min(cfg.idle_max_s, idle_s * 2)
+
+    async def poll(self) -> int:
+        """One poll: read where the idle nodes' partitions hold claimable work and wake their owners.
+
+        Returns:
+            How many nodes were woken.
+
+        Raises:
+            StoreClosedError: the store was closed (the read or the membership's heartbeat
+                found out).
+            StoreError: the read failed.
+        """
+        cfg = self.config
+        self._last_woken = []
+        membership = self.membership
+        if membership is not None and not membership.healthy:
+            error = membership.last_error
+            if isinstance(error, UNRECOVERABLE_STORE_ERRORS):  # heartbeats will never resume: let the nodes find out
+                raise type(error)(f"the idle poll of queue {cfg.queue!r} stops: {error}") from error
+            return 0  # the nodes claim nothing until heartbeats resume
+        scopes = [(node, node.claim_partitions()) for node in self.nodes if node.idle]
+        if not scopes:
+            return 0
+        wanted: list[int] | None = []
+        union: set[int] = set()
+        for _node, parts in scopes:
+            if parts is None:
+                wanted = None
+                break
+            union.update(parts)
+        if wanted is not None:
+            wanted = sorted(union)
+        ordered = cfg.ordered and cfg.version_checks  # an unchecked claim takes any pending task, heads or not
+        found: set[int] = set()
+        if wanted is None or wanted:
+            self.polls += 1
+            found = await self.store.claimable_partitions(cfg.queue, wanted, ordered=ordered)
+        woken = 0
+        for_any = len(found)  # nodes claiming from every partition: one per partition named
+        left: list[Node] = []
+        for node, parts in scopes:
+            if parts is None:
+                hit = for_any > 0
+                for_any -= hit
+            else:
+                hit = not found.isdisjoint(parts)
+            if hit:
+                woken += self._wake(node)
+            elif parts is not None:
+                left.append(node)
+        if cfg.work_stealing and left:
+            self.polls += 1
+            stale = await self.store.claimable_partitions(
+                cfg.queue, None, ordered=ordered, min_due_age_s=cfg.steal_after_s
+            )
+            for node in left[: len(stale - found)]:  # partitions found above have their owners woken
+                woken += self._wake(node)
+        self.woken += woken
+        return woken
+
+    def _wake(self, node: Node) -> bool:
+        claimed = node.state().claimed
+        if not node.wake():
+            return False
+        self._last_woken.append((node, claimed))
+        return True
