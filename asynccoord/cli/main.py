@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from ..validation import MAX_DURATION_S
+from .dashboard import check_dashboard, configure_dashboard, dashboard_command
 from .run import check_run, configure_run, run_command, store_options
 
 __all__ = ("COMMANDS", "Command", "build_parser", "main")
@@ -121,6 +122,13 @@ COMMANDS: list[Command] = [
         configure=configure_run,
         run=run_command,
         check=check_run,
+    ),
+    Command(
+        name="dashboard",
+        help="a live read-only web page of a database's status (extra 'dashboard')",
+        configure=configure_dashboard,
+        run=dashboard_command,
+        check=check_dashboard,
     ),
 ]
 """The subcommands, in ``--help`` order."""

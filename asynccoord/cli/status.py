@@ -17,9 +17,10 @@ prints it as tables with rich.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from importlib import resources
 from typing import IO, Any
 
@@ -35,6 +36,7 @@ __all__ = (
     "CONFLICT_EVENTS",
     "STATUS_SCHEMA_ID",
     "collect_status",
+    "open_status_store",
     "render_status",
     "status_report",
     "status_schema",
@@ -70,7 +72,7 @@ def status_schema() -> dict[str, Any]:
 
 
 async def status_report(
-    store: Any, *, windows_s: Sequence[float] = (10.0, 60.0), db: str | None = None
+    store: Any, *, windows_s: Sequence[float] = (10.0, 60.0), db: str | None = None, lock_store: Any = None
 ) -> dict[str, Any]:
     """Gather the status of the cluster behind an open ``store``.
 
@@ -78,6 +80,8 @@ async def status_report(
         store: An open store implementing the queue, lock, membership and monitor contracts.
         windows_s: Windows for event rates and latency quantiles, seconds. Default (10, 60).
         db: The database path, echoed in the report. Default None.
+        lock_store: An open lock store holding the cluster's locks when they are not in
+            ``store`` (a ``RedisLockStore``); None: the locks of ``store``. Default None.
 
     Returns:
         A JSON-ready dict valid under :func:`status_schema`.
@@ -88,7 +92,7 @@ async def status_report(
     windows = check_windows(windows_s)
     depths = await store.queue_depths()
     members = await store.members()
-    locks = await store.list_locks()
+    locks = await (store if lock_store is None else lock_store).list_locks()
     snapshot = await cluster_snapshot(store, windows)
     partitions = int(store.partitions)
     # As the nodes compute it: over the live members draining the same queue (their heartbeat's
@@ -172,6 +176,36 @@ async def status_report(
     }
 
 
+@contextlib.asynccontextmanager
+async def open_status_store(
+    path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0, schema: str | None = None
+) -> AsyncIterator[tuple[Any, str]]:
+    """Open ``path`` read-only as :func:`collect_status` reads it; yield the store and its label.
+
+    The label is what a report's ``db`` field shows (a PostgreSQL DSN without its password).
+    ``python -m asynccoord dashboard`` keeps this store open and calls :func:`status_report`
+    on it for every snapshot, so the page and ``status`` read the same way.
+
+    Args:
+        path: The SQLite database file of the cluster, or a PostgreSQL DSN.
+        busy_timeout_s: How long a read may wait for a busy database (WAL recovery), seconds.
+        schema: With a PostgreSQL DSN, the schema of the tables; None: the search path.
+
+    Raises:
+        As :func:`collect_status`.
+    """
+    config = StoreConfig(busy_timeout_s=check_positive("busy_timeout_s", busy_timeout_s))
+    from ..backends.open import describe_target, is_postgres_target, open_store, schema_options
+
+    options = schema_options(path, schema)
+    if isinstance(path, str) and is_postgres_target(path):  # a PostgreSQL DSN
+        async with open_store(path, config=config, read_only=True, listen=False, **options) as pg_store:
+            yield pg_store, describe_target(path, schema)
+    else:
+        async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
+            yield store, os.fspath(path)
+
+
 async def collect_status(
     path: str | os.PathLike[str],
     *,
@@ -195,15 +229,8 @@ async def collect_status(
         SchemaVersionError: the schema is another version than this asynccoord's.
         StoreError: a read failed.
     """
-    config = StoreConfig(busy_timeout_s=check_positive("busy_timeout_s", busy_timeout_s))
-    from ..backends.open import describe_target, is_postgres_target, open_store, schema_options
-
-    options = schema_options(path, schema)
-    if isinstance(path, str) and is_postgres_target(path):  # a PostgreSQL DSN
-        async with open_store(path, config=config, read_only=True, listen=False, **options) as pg_store:
-            return await status_report(pg_store, windows_s=windows_s, db=describe_target(path, schema))
-    async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
-        return await status_report(store, windows_s=windows_s, db=os.fspath(path))
+    async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema) as (store, label):
+        return await status_report(store, windows_s=windows_s, db=label)
 
 
 def _lapsed(counts: dict[str, Any]) -> str:
