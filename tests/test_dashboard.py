@@ -410,3 +410,30 @@ async def test_the_feed_sends_changes_and_resolves_alerts_that_stop_firing() -> 
 
 async def _none() -> None:
     return None
+
+
+# --- the demo -----------------------------------------------------------------------------
+
+
+async def test_the_demo_opens_the_dashboard_while_it_runs(tmp_path: Path, python: PythonRunner) -> None:
+    demo = python.spawn(
+        ["-m", "asynccoord.demo", "--messages", "600", "--no-faults", "--json", "--dashboard", "0"],
+        env={TOKEN_ENV: None},
+    )
+    assert demo.stderr is not None
+    line = await asyncio.wait_for(asyncio.to_thread(demo.stderr.readline), 60)
+    found = re.search(r"dashboard at (http://127\.0\.0\.1:\d+/)", line)
+    assert found, line
+    async with chromium_page(tmp_path / "profile") as page:
+        await page.goto(found.group(1))
+        # Live data of the running demo: its queue, its nodes (2 processes x 8) and commits.
+        await page.wait_for(
+            "document.querySelectorAll('#nodes tr[data-node]').length === 16"
+            " && document.querySelectorAll('#queues tr[data-queue=\"outbox\"]').length === 1"
+            ' && Number(document.querySelector(\'#queues tr[data-queue="outbox"] td[data-k="done"]\').textContent) > 0',
+            timeout_s=60,
+        )
+        await page.screenshot(tmp_path / "dashboard-demo.png")
+    out, err = await asyncio.to_thread(demo.communicate, timeout=240)
+    assert demo.returncode == 0, err[-2000:]
+    assert json.loads(out)["ok"] is True

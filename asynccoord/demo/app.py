@@ -105,6 +105,7 @@ class DemoOptions:
     redelivery_rate: float = 0.01
     stuck_s: float = 60.0  # give up when no message was enqueued, done or dead for this long
     timeout_s: float = 1800.0  # and in any case after this long
+    dashboard: int | None = None  # serve `python -m asynccoord dashboard` on this port while running
 
     @property
     def target(self) -> str | None:
@@ -237,6 +238,15 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     p.add_argument("--no-faults", action="store_true", help="do not kill or stall a process")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
+    p.add_argument(
+        "--dashboard",
+        nargs="?",
+        const=8765,
+        type=int,
+        metavar="PORT",
+        help="serve the live dashboard on 127.0.0.1:PORT (default 8765; 0: any free port) while the demo runs "
+        "and print its URL (extra 'dashboard')",
+    )
     a = p.parse_args(argv)
     if a.schema is not None and not (a.store is not None and is_postgres_target(a.store)):
         p.error("--schema applies to a PostgreSQL store only: add --store postgresql://...")
@@ -256,6 +266,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         seed=a.seed,
         faults=not a.no_faults,
         as_json=a.json,
+        dashboard=a.dashboard,
     )
 
 
@@ -452,6 +463,8 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
             sweep_lock_keys = None
             if opts.lock_store is not None:
                 sweep_lock_keys = await astack.enter_async_context(_demo_lock_keys(opts, run))
+            if opts.dashboard is not None:
+                await astack.enter_async_context(_demo_dashboard(store_target, opts))
             for w in workers:
                 _spawn(w, opts, store_target, gateway_path)
             try:
@@ -513,6 +526,24 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
             timing["total"] = time.monotonic() - began
             report["timing_s"] = {k: round(v, 2) for k, v in timing.items()}
     return report
+
+
+@contextlib.asynccontextmanager
+async def _demo_dashboard(store_target: str, opts: DemoOptions) -> AsyncIterator[None]:
+    """Serve ``python -m asynccoord dashboard`` of the demo's store on ``opts.dashboard``; print its URL."""
+    from ..cli.dashboard import open_dashboard
+
+    assert opts.dashboard is not None
+    async with open_dashboard(
+        store_target,
+        schema=opts.schema if opts.postgres else None,
+        lock_store=opts.lock_store,
+        lock_prefix=opts.lock_prefix or "asynccoord:",
+        port=opts.dashboard,
+        interval_s=0.5,
+    ) as dashboard:
+        print(f"asynccoord.demo: dashboard at {dashboard.url}", file=sys.stderr, flush=True)
+        yield
 
 
 def _refuse_used_file(opts: DemoOptions) -> None:
