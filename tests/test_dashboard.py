@@ -385,6 +385,21 @@ async def test_payloads_are_hidden_unless_asked(tmp_path: Path) -> None:
     assert shown_.state()["sections"]["status"]["dead_letters"][0]["payload"] == {"text": SECRET}
 
 
+async def test_the_command_serves_until_sigterm(tmp_path: Path, python: PythonRunner) -> None:
+    async with known_cluster(tmp_path / "c.db") as cluster:
+        command = python.spawn(["-m", "asynccoord", "dashboard", "--db", str(cluster.path), "--port", "0"])
+        assert command.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(command.stdout.readline), 60)
+        found = re.search(r"serving (http://127\.0\.0\.1:\d+/)", line)
+        assert found, line
+        status, body = await fetch(found.group(1) + "api/state")
+        assert status == 200
+        assert [q["queue"] for q in json.loads(body)["sections"]["status"]["queues"]] == ["mail", "outbox"]
+        command.send_signal(signal.SIGTERM)
+        _, err = await asyncio.to_thread(command.communicate, timeout=30)
+        assert command.returncode == 0, err
+
+
 def test_without_the_extra_the_command_names_it(python: PythonRunner, tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['aiohttp'] = None\n"  # import aiohttp now raises ImportError
