@@ -121,7 +121,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     Returns:
         ``(send, lock_key, config)``: the loaded callables (``lock_key`` None when not
-        given) and the :class:`~asynccoord.node.node.NodeConfig` they make.
+        given) and the :class:`~asynccoord.node.config.NodeConfig` they make.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: an option is out of range, ``--db`` is no

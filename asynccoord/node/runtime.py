@@ -69,7 +69,7 @@ class Runtime:
             function is accepted, with the caveats given in :class:`~asynccoord.node.node.Node`;
             an async generator function is refused with ``InvalidTypeError``).
         nodes: Number of nodes (>= 1). Default 8. Ignored when ``node_ids`` is given.
-        config: :class:`~asynccoord.node.node.NodeConfig` shared by the nodes.
+        config: :class:`~asynccoord.node.config.NodeConfig` shared by the nodes.
         lock_key: Maps a task to the lock it needs (None: no lock). Default None.
         node_ids: Explicit node ids (reuse them across restarts to keep affinity), used
             as given. Default ``"<host>-<pid>-<random>-<n>"`` (:attr:`instance_id` then
