@@ -45,8 +45,7 @@ from .membership import Membership, MembershipStats, MembershipView
 from .models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from .monitor.histogram import Histogram, LatencyRecorder
 from .monitor.monitor import DEFAULT_RULES, AlertRule, AlertStream, ClusterSnapshot, Monitor, MonitorStats
-from .node.node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
-from .node.runtime import Runtime
+from .node import Delivery, Node, NodeConfig, NodeState, NodeStatus, Runtime, current_delivery
 from .notify import WorkNotifier
 from .partition import assign, owner_of, partition_of
 

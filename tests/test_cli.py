@@ -15,7 +15,7 @@ from asynccoord import NewTask, SQLiteStore, TaskStatus
 from asynccoord.backends.postgres.store import PostgresStore
 from asynccoord.cli.main import build_parser, main
 from asynccoord.cli.run import check_run
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import Runtime
 
 
 @pytest.mark.parametrize(

@@ -886,8 +886,7 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
     from asynccoord.locks.watchdog import Watchdog
     from asynccoord.membership import Membership
     from asynccoord.monitor.histogram import SLOTS, Histogram, LatencyRecorder
-    from asynccoord.node.node import NodeConfig
-    from asynccoord.node.runtime import Runtime
+    from asynccoord.node import NodeConfig, Runtime
     from asynccoord.notify import WorkNotifier
 
     wd = Watchdog(MemoryStore())

@@ -121,7 +121,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     Returns:
         ``(send, lock_key, config)``: the loaded callables (``lock_key`` None when not
-        given) and the :class:`~asynccoord.node.node.NodeConfig` they make.
+        given) and the :class:`~asynccoord.node.config.NodeConfig` they make.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: an option is out of range, ``--db`` is no
@@ -132,7 +132,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             error, exit status 2).
     """
     from ..backends.open import open_store, redact_target
-    from ..node.node import NodeConfig
+    from ..node import NodeConfig
 
     # Each option is checked here under its own spelling; NodeConfig would name its field.
     check_int("--nodes", args.nodes, minimum=1, maximum=4096)
@@ -182,7 +182,7 @@ def run_command(args: argparse.Namespace) -> int:
     """
     from ..backends.open import describe_target, open_store
     from ..monitor.monitor import Monitor
-    from ..node.runtime import Runtime
+    from ..node import Runtime
 
     send, lock_key, config = check_run(args)  # before the database is touched
 

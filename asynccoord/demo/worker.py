@@ -28,8 +28,7 @@ from ..backends.open import open_store
 from ..config import RetryPolicy
 from ..models import Task
 from ..monitor.monitor import Monitor
-from ..node.node import NodeConfig, current_delivery
-from ..node.runtime import Runtime
+from ..node import NodeConfig, Runtime, current_delivery
 from .gateway import SimulatedGateway
 
 __all__ = ("DEMO_QUEUE", "EarlyStop", "main", "lock_key")
