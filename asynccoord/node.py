@@ -14,8 +14,14 @@ A node repeatedly
    either;
 2. **locks**: takes the lock (or a semaphore permit) that ``lock_key(task)`` names,
    e.g. ``"account:42"``, waiting up to ``lock_wait_s`` (a task whose lock stays busy
-   goes back to the queue after a short delay, not counted as a failure);
-3. **sends**: calls the user's ``send(task)`` under ``send_timeout_s``; the task's
+   goes back to the queue after a short delay, not counted as a failure), and never past
+   the task lease's local deadline;
+3. **sends**: calls the user's ``send(task)`` under ``send_timeout_s``, never past the
+   local deadline of the task's lease or of its lock (``time.monotonic()``: the claim's
+   or last confirmed renewal's send time, plus ``lease_s``, less a margin of
+   ``min(lease_s / 5, 2 s)``): a send started later could follow the store's hand-over
+   of the task to another node, so the task goes back unsent (counted as
+   ``lease_lost``; a lapsed lock counts ``lock_lost``); the task's
    lease and the lock are renewed by the node's keeper every ``lease_s / 3`` while it
    runs (one batched statement for all of the node's leases, one for its locks), and
    if either is lost the send is cancelled at once (one ``CancelledError``, as
@@ -208,6 +214,8 @@ class NodeConfig:
         lock_permits: Permits per lock name: 1 for a lock, N (at most 2**31 - 1, the
             semaphore's bound ``MAX_PERMITS``) for a semaphore. Default 1.
         lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
+            The wait also ends at the task lease's local deadline (the task then goes back
+            at once, counted as ``lease_lost``).
         busy_requeue_s: Delay of a task handed back because its lock stayed busy, at least
             0.001 (``validation.MIN_INTERVAL_S``: the task would come straight back). Default 0.05.
         partitioning / locks / version_checks: The three layers; switch one off only to
@@ -363,6 +371,7 @@ class _InFlight:
     cancel_pending: bool = False  # the node was cancelled after the send returned: settle it, then go on cancelling
     settled: bool = False  # committed or failed: nothing to hand back
     lock_lost: bool = False  # ``lost`` is the lock's (or permit's), the task's own lease still held
+    unsent: bool = False  # the send was never started: the task lease had run out locally (see _lease_ran_out)
     send: asyncio.Task[Any] | None = None  # the user's send, in a task of its own, while it runs
     over: asyncio.Future[None] | None = None  # done when the send is, or when its cleanup time ran out
     next: _InFlight | None = None  # the key's next task, leased by this task's commit (claim_next)
@@ -686,6 +695,7 @@ class Node:
                 partitions = self._partitions()
                 wake.arm(self._owned if partitions is not None else None)
                 claim_started = time.perf_counter()
+                claim_sent = time.monotonic()  # before the claim: the store starts the leases after it
                 tasks = await self._claim(free, partitions)
                 _observe(self.store, CLAIM_MS, claim_started)
             except UNRECOVERABLE_STORE_ERRORS:
@@ -711,7 +721,7 @@ class Node:
                 break
             if tasks:
                 self._state.claimed += len(tasks)
-                deadline = self._deadline(time.monotonic())
+                deadline = self._deadline(claim_sent)
                 flights = [_InFlight(task=task, lease_deadline=deadline) for task in tasks]
                 for flight in flights:
                     self._in_flight[flight.task.id] = flight
@@ -883,20 +893,27 @@ class Node:
                 await self._finish(flight, await self._send(flight))
             elif cfg.lock_permits == 1:
                 # Local tasks needing the same lock take turns on one lease (see lockpool):
-                # the send runs in the turn, the commit after it (fenced by the token).
+                # the send runs in the turn, the commit after it (fenced by the token). The
+                # wait ends at the task lease's local deadline too: a turn taken later (the
+                # store may have handed the task on meanwhile) would send it twice.
+                wait_s = self._lock_wait_s(flight)
+                if wait_s is None:
+                    await self._hand_back_lapsed(flight)
+                    return
                 try:
                     async with self._pool().turn(
                         name,
-                        timeout_s=cfg.lock_wait_s,
+                        timeout_s=wait_s,
                         on_lost=functools.partial(_lock_lost, flight),
                         priority=task.priority,
                         order=task.id,  # the oldest waiting task first: the lagging conversation's head
                     ) as turn:
                         flight.lock = turn.lease
+                        turn.check()  # past the lock's own local deadline: lost (on_lost), never sent
                         outcome = await self._send(flight)
                         committed = turn.defer()  # the lease stays in this process until the commit is over
                 except LockTimeoutError:
-                    await self._hand_back(task, delay_s=cfg.busy_requeue_s)
+                    await self._lock_wait_over(flight)
                     return
                 try:
                     await self._finish(flight, outcome)
@@ -916,10 +933,14 @@ class Node:
                     holder=self.node_id,
                     on_lost=functools.partial(_lock_lost, flight),
                 )
+                wait_s = self._lock_wait_s(flight)
+                if wait_s is None:
+                    await self._hand_back_lapsed(flight)
+                    return
                 try:
-                    flight.lock = await handle.acquire(timeout_s=cfg.lock_wait_s)
+                    flight.lock = await handle.acquire(timeout_s=wait_s)
                 except LockTimeoutError:
-                    await self._hand_back(task, delay_s=cfg.busy_requeue_s)
+                    await self._lock_wait_over(flight)
                     return
                 try:
                     await self._finish(flight, await self._send(flight))
@@ -941,6 +962,38 @@ class Node:
                     await self.lock_pool.released(flight.lock.name)
             await self._hand_back_shielded(flight)
             raise
+
+    def _lock_wait_s(self, flight: _InFlight) -> float | None:
+        """How long ``flight``'s task may wait for its lock: ``lock_wait_s``, cut at the lease's
+        local deadline; None when that deadline has passed already (the lease is counted lost)."""
+        left_s = flight.lease_deadline - time.monotonic()
+        if left_s <= 0:
+            self._lease_ran_out(flight, "before its lock was taken")
+            return None
+        return min(self.config.lock_wait_s, left_s)
+
+    async def _lock_wait_over(self, flight: _InFlight) -> None:
+        """No lock (or permit) within the wait: the task goes back after ``busy_requeue_s``,
+        or at once (not counted as a failure) when the wait was cut by its lease's local deadline."""
+        if time.monotonic() >= flight.lease_deadline:
+            self._lease_ran_out(flight, "while it waited for its lock")
+            await self._hand_back_lapsed(flight)
+        else:
+            await self._hand_back(flight.task, delay_s=self.config.busy_requeue_s)
+
+    def _lease_ran_out(self, flight: _InFlight, when: str) -> None:
+        """The task lease of ``flight`` reached its local deadline unrenewed ``when``: it is lost
+        (``lease_lost``), its task is never sent; the store may hand it on from now on."""
+        if flight.lost is None:
+            self._lose(flight, f"task lease past its local deadline {when} (no renewal confirmed in time)")
+            node_id, task_id = self.node_id, flight.task.id
+            log.warning("asynccoord.node.lease_ran_out node=%s task=%s: not sent (%s)", node_id, task_id, flight.lost)
+
+    async def _hand_back_lapsed(self, flight: _InFlight) -> None:
+        """Hand back, unsent, a task whose lease ran out locally: claimable at once (if the store
+        still holds the lease for it; else it is claimable anyway)."""
+        flight.settled = True  # nothing was sent: nothing more to hand back on the way out
+        await self._hand_back(flight.task, delay_s=0.0)
 
     async def _give_permit_back(self, handle: Semaphore, flight: _InFlight) -> None:
         """Release a semaphore permit after the send (shielded, bounded by the handle); a failed release is logged."""
@@ -988,8 +1041,11 @@ class Node:
                 failed; see :mod:`asynccoord._exits`). Any other ``BaseException`` it raised
                 is a failed send, as an ``Exception`` is.
         """
+        if flight.lost is None and time.monotonic() >= flight.lease_deadline:  # the store may hand it on already
+            self._lease_ran_out(flight, "before its send")
+            flight.unsent = True
         flight.started = True
-        if flight.lost_already():  # the lock was lost before the send could begin
+        if flight.lost_already():  # the lease or lock was lost before the send could begin
             flight.returned = flight.settling = True
             return False, None, None
         task = flight.task
@@ -1142,8 +1198,13 @@ class Node:
             if not completed:
                 self._state.conflicts += 1
                 node_id, task_id = self.node_id, flight.task.id
-                log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, flight.lost)
-                if flight.lock_lost:  # never commit; the task's lease is still ours: no need to wait for it to lapse
+                if flight.unsent:  # never sent: pending again now, if the store still holds its lease
+                    await self._hand_back_lapsed(flight)
+                else:
+                    reason = flight.lost
+                    log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, reason)
+                if flight.lock_lost and not flight.unsent:
+                    # never commit; the task's lease is still ours: no need to wait for it to lapse
                     await self._fail_lock_lost(flight)
                 # else the task lease or lock is gone: never commit
             else:

@@ -1,0 +1,148 @@
+"""Defects of issue #39, each reproduced with the public API on real stores."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asynccoord import Lease, LockPool, Node, NodeConfig, Task, TaskStatus
+from asynccoord import events as ev
+
+RENEWAL_DELAY_S = 3.0
+"""How long the slow store's lease renewals take to reach the store (three leases)."""
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def slow_renewals(store: Any, delay_s: float) -> None:
+    """Make ``store``'s lease renewals (``extend`` / ``extend_many``) reach the store only after ``delay_s``."""
+    for name in ("extend", "extend_many"):
+        original = getattr(store, name)
+
+        async def late(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            await asyncio.sleep(delay_s)
+            return await _original(*args, **kwargs)
+
+        setattr(store, name, late)
+
+
+# --- 1. no send past the task's local lease deadline ------------------------------------------
+
+
+async def test_a_task_whose_lease_lapsed_while_it_waited_for_its_lock_is_never_sent(
+    make_store: Any, backend: str
+) -> None:
+    """One node, one slot, 1 s leases and renewals that answer after 3 s. Task B's account lock is
+    held by another store handle; B's lease lapses while B waits for the lock; the other handle
+    claims B (attempt 2), sends and completes it, and releases the lock. The node must not then
+    take the lock's turn and send B under attempt 1 (a duplicate it could have prevented)."""
+    store = await make_store(clock=None)
+    other = store if backend == "memory" else await make_store(clock=None)  # a second handle on the database
+    slow_renewals(store, RENEWAL_DELAY_S)
+    held = await other.try_acquire_lock("account:b", ttl_s=30.0, permits=1, holder="other-process")
+    assert isinstance(held, Lease)
+    b = (await store.enqueue("q", {"n": "B"}, partition_key="chat-b")).task
+    sends: list[tuple[int, int]] = []
+
+    async def send(task: Task) -> None:
+        sends.append((task.id, task.attempts))
+
+    config = NodeConfig(queue="q", lease_s=1.0, max_in_flight=1, lock_wait_s=10.0, idle_min_s=0.01, idle_max_s=0.05)
+    node = Node(store, send, node_id="n1", config=config, lock_key=lambda task: "account:b")
+    run = asyncio.create_task(node.run())
+    try:
+
+        async def claimed() -> bool:
+            return node.state().claimed >= 1
+
+        await wait_until(claimed, 5.0, "the node to claim B")
+        node.stop_claiming()  # B is its only task: it waits for the lock, then drains
+        claim: list[Task] = []
+
+        async def reclaimed() -> bool:
+            claim.extend(await other.claim("q", node_id="other-process", limit=1, lease_s=30.0))
+            return bool(claim)
+
+        await wait_until(reclaimed, 5.0, "B's lease to lapse so the other process claims it")
+        (again,) = claim
+        assert again.id == b.id  # handed back by the fixed node, or lapsed (attempt 2) before the fix
+        await other.complete(again, "sent by the other process")
+        await other.release_lock(held)
+        await asyncio.wait_for(run, RENEWAL_DELAY_S + 5.0)
+    finally:
+        if not run.done():
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+    assert sends == []  # before the fix: [(B, 1)], after the other process had sent it
+    assert (await store.get(b.id)).status is TaskStatus.DONE
+    assert store.events.get(ev.LEASE_LOST) >= 1
+
+
+async def test_a_send_never_starts_past_its_lease_deadline_after_a_blocked_loop(make_store: Any) -> None:
+    """The event loop blocked past the task lease's local deadline (a slow ``lock_key`` here): the
+    send must not start, since the store may have handed the task on; the task goes back unsent."""
+    store = await make_store(clock=None)
+    task = (await store.enqueue("q", {"n": 1}, partition_key="chat-1")).task
+    sends: list[int] = []
+    blocked: list[int] = []
+
+    async def send(task: Task) -> None:
+        sends.append(task.attempts)
+
+    def lock_key(task: Task) -> None:
+        if not blocked:
+            blocked.append(task.id)
+            time.sleep(0.9)  # blocks the loop past the 0.8 s local deadline of a 1 s lease
+        return None
+
+    config = NodeConfig(queue="q", lease_s=1.0, max_in_flight=1, idle_min_s=0.01, idle_max_s=0.05)
+    node = Node(store, send, node_id="n1", config=config, lock_key=lock_key)
+    run = asyncio.create_task(node.run())
+    try:
+
+        async def done() -> bool:
+            return (await store.get(task.id)).status is TaskStatus.DONE
+
+        await wait_until(done, 10.0, "the task to be sent on its next claim")
+    finally:
+        node.stop_claiming()
+        await asyncio.wait_for(run, 5.0)
+    assert blocked == [task.id]
+    # One send, on the next claim (attempt 1 again if the hand-back beat the store's expiry, else 2);
+    # before the fix the first claim's send started too, past the deadline.
+    assert len(sends) == 1
+    assert store.events.get(ev.LEASE_LOST) == 1
+
+
+async def test_a_pooled_lock_past_its_local_deadline_is_not_handed_to_the_next_turn(make_store: Any) -> None:
+    """A turn ends after the event loop was blocked past the lock lease's local deadline: the next
+    local turn must not get that lease (the store may have let it lapse); it acquires a new one."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=0.3, holder="pool-1")
+    second: list[int] = []
+    first_in = asyncio.Event()
+
+    async def later_turn() -> None:
+        await first_in.wait()
+        async with pool.turn("account:x", timeout_s=5.0, on_lost=lambda error: None) as turn:
+            second.append(turn.lease.fencing_token)
+
+    waiter = asyncio.create_task(later_turn())
+    try:
+        async with pool.turn("account:x", timeout_s=5.0, on_lost=lambda error: None) as turn:
+            first = turn.lease.fencing_token
+            first_in.set()
+            await asyncio.sleep(0.01)  # the later turn queues behind this one
+            time.sleep(0.4)  # the loop is blocked past the lease's local deadline (0.27 s) and its TTL
+        await asyncio.wait_for(waiter, 5.0)
+    finally:
+        await pool.aclose()
+    assert len(second) == 1
+    assert second[0] > first  # a new acquisition, not the lapsed lease
