@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asynccoord import Lease, LockPool, Node, NodeConfig, Task, TaskStatus
+from asynccoord import Lease, Lock, LockPool, Node, NodeConfig, Task, TaskStatus
 from asynccoord import events as ev
 
 RENEWAL_DELAY_S = 3.0
@@ -146,3 +146,41 @@ async def test_a_pooled_lock_past_its_local_deadline_is_not_handed_to_the_next_t
         await pool.aclose()
     assert len(second) == 1
     assert second[0] > first  # a new acquisition, not the lapsed lease
+
+
+# --- 2. Lock.held and the renewal of a lock acquired outside ``async with`` ----------------------
+
+
+async def test_a_lock_acquired_in_a_helper_task_is_renewed_until_released(make_store: Any) -> None:
+    """``acquire()`` in a task that ends: the renewal belongs to the Lock, so the lease stays live
+    (and ``held`` says so truthfully) until ``release()``."""
+    store = await make_store(clock=None)
+    lock = Lock(store, "acct:1", ttl_s=0.3, auto_renew=True)
+    lease = await asyncio.ensure_future(lock.acquire())  # acquired in a helper task, which ends
+    await asyncio.sleep(0.6)  # two TTLs
+    assert [info.owner_token for info in await store.list_locks("acct:1")] == [lease.owner_token]
+    assert lock.held
+    await lock.release()
+    assert not lock.held
+    assert await store.list_locks("acct:1") == []
+
+
+async def test_held_is_false_past_the_local_deadline_of_an_unrenewed_lease(make_store: Any) -> None:
+    """A lease that nothing renews: ``held`` turns False at its local deadline, not never."""
+    store = await make_store(clock=None)
+    lock = Lock(store, "acct:2", ttl_s=0.3, auto_renew=False)
+    await lock.acquire()
+    assert lock.held
+    await asyncio.sleep(0.35)
+    assert await store.list_locks("acct:2") == []
+    assert not lock.held  # before the fix: True, fencing token 1, with no lease in the store
+
+
+async def test_held_is_false_past_the_local_deadline_while_a_renewal_is_late(make_store: Any) -> None:
+    """A renewed lease whose renewals do not come back in time (a blocked event loop here):
+    ``held`` is False past its local deadline even before the watchdog has run."""
+    store = await make_store(clock=None)
+    lock = Lock(store, "acct:3", ttl_s=0.3, auto_renew=True)
+    await lock.acquire()
+    time.sleep(0.35)  # the loop is blocked: no renewal went out
+    assert not lock.held
