@@ -7,7 +7,20 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asynccoord import Lease, Lock, LockPool, Node, NodeConfig, Task, TaskStatus
+import pytest
+
+from asynccoord import (
+    InvalidArgumentError,
+    Lease,
+    Lock,
+    LockPool,
+    NewTask,
+    Node,
+    NodeConfig,
+    RetryPolicy,
+    Task,
+    TaskStatus,
+)
 from asynccoord import events as ev
 
 RENEWAL_DELAY_S = 3.0
@@ -184,3 +197,41 @@ async def test_held_is_false_past_the_local_deadline_while_a_renewal_is_late(mak
     await lock.acquire()
     time.sleep(0.35)  # the loop is blocked: no renewal went out
     assert not lock.held
+
+
+# --- 3. NodeConfig.retry's max_attempts ----------------------------------------------------------
+
+
+def test_a_node_retry_policy_with_its_own_max_attempts_is_refused_with_where_to_set_it() -> None:
+    """It was accepted and ignored (tasks still dead-lettered after the enqueue default of 5)."""
+    with pytest.raises(InvalidArgumentError, match=r"max_attempts=1000.*NewTask\(max_attempts=\.\.\.\)") as caught:
+        NodeConfig(retry=RetryPolicy(base_s=0.01, max_attempts=1000))
+    assert "StoreConfig(retry=RetryPolicy(max_attempts=...))" in str(caught.value)
+    NodeConfig(retry=RetryPolicy(base_s=0.01))  # delays only: fine
+
+
+async def test_the_attempts_set_at_enqueue_are_what_a_node_honours(make_store: Any) -> None:
+    """Where the error points to: ``NewTask(max_attempts=...)``; the node's policy gives the delays."""
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue="q", payload=1, max_attempts=7)])
+    sends: list[int] = []
+
+    async def send(task: Task) -> None:
+        sends.append(task.attempts)
+        raise RuntimeError("always fails")
+
+    config = NodeConfig(
+        queue="q", idle_min_s=0.01, idle_max_s=0.05, retry=RetryPolicy(base_s=0.001, factor=1.0, cap_s=0.001)
+    )
+    node = Node(store, send, node_id="n1", config=config)
+    run = asyncio.create_task(node.run())
+    try:
+
+        async def dead() -> bool:
+            return (await store.get(enqueued.task.id)).status is TaskStatus.DEAD
+
+        await wait_until(dead, 10.0, "the task to be dead-lettered")
+    finally:
+        node.stop_claiming()
+        await asyncio.wait_for(run, 5.0)
+    assert sends == [1, 2, 3, 4, 5, 6, 7]
