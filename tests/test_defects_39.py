@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+import sqlite3
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +22,14 @@ from asynccoord import (
     NewTask,
     Node,
     NodeConfig,
+    ReadOnlyStoreError,
     RetryPolicy,
+    SQLiteStore,
     Task,
     TaskStatus,
 )
 from asynccoord import events as ev
+from asynccoord.backends._groupcommit import map_sqlite_error
 
 RENEWAL_DELAY_S = 3.0
 """How long the slow store's lease renewals take to reach the store (three leases)."""
@@ -235,3 +243,89 @@ async def test_the_attempts_set_at_enqueue_are_what_a_node_honours(make_store: A
         node.stop_claiming()
         await asyncio.wait_for(run, 5.0)
     assert sends == [1, 2, 3, 4, 5, 6, 7]
+
+
+# --- 4. a read-only SQLite database, and a path in a missing folder --------------------------------
+
+_READ_ONLY_CHILD = r"""
+import asyncio, concurrent.futures.thread, json, os, sys, traceback
+from asynccoord import SQLiteStore, TaskStatus
+
+db, missing = sys.argv[1], sys.argv[2]
+
+async def attempt(path, **options):
+    store = SQLiteStore(path, **options)
+    try:
+        await store.open()
+        if options.get("read_only"):
+            return ["ok", (await store.stats("q")).counts[TaskStatus.PENDING]]
+        await store.enqueue("q", "x")
+        return ["opened and wrote", ""]
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
+    finally:
+        await store.close()
+
+async def main():
+    await attempt(":memory:")  # warm-up: every module and thread the store needs, loaded as root
+    if os.geteuid() == 0:
+        os.setuid(65534)  # nobody: file permissions do not stop root
+    out = {"write": await attempt(db)}
+    out["left"] = sorted(n for n in os.listdir(os.path.dirname(db)) if n != os.path.basename(db))
+    out["read"] = await attempt(db, read_only=True)
+    out["missing"] = await attempt(missing)
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+def _make_folders(db: Path) -> None:
+    db.parent.parent.chmod(0o755)
+    db.parent.mkdir()
+
+
+def _lock_file(db: Path) -> None:
+    db.chmod(0o444)
+    db.parent.chmod(0o777)  # the folder is writable: only the file is not
+
+
+async def test_a_read_only_database_is_refused_at_open_naming_the_file_and_the_fix(python: Any) -> None:
+    """Before: it opened, and the first write failed with a plain StoreError ("attempt to write a
+    readonly database"), leaving -wal/-shm files behind; a missing folder was "unable to open"."""
+    base = Path(tempfile.mkdtemp(prefix="asynccoord-ro-", dir="/tmp"))  # reachable by nobody
+    db = base / "data" / "coord.db"
+    try:
+        await asyncio.to_thread(_make_folders, db)
+        async with SQLiteStore(db) as store:
+            await store.enqueue("q", "kept")
+        await asyncio.to_thread(_lock_file, db)
+        proc = await asyncio.to_thread(python.run_code, _READ_ONLY_CHILD, str(db), str(base / "nope" / "coord.db"))
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    kind, message = out["write"]
+    assert kind == "ReadOnlyStoreError", out
+    assert str(db) in message
+    assert "read_only=True" in message  # the fix: open it read-only, or grant write access
+    assert out["left"] == []  # no -wal/-shm files left behind
+    assert out["read"] == ["ok", 1]  # the read-only mode still works on it
+    kind, message = out["missing"]
+    assert kind == "NotADatabaseError", out
+    assert repr(str(base / "nope")) in message
+    assert "does not exist" in message
+
+
+def test_a_readonly_driver_error_is_mapped_to_read_only_store_error(tmp_path: Path) -> None:
+    """The boundary: SQLite's "attempt to write a readonly database" is a ReadOnlyStoreError, cause kept."""
+    path = tmp_path / "x.db"
+    sqlite3.connect(path).execute("CREATE TABLE t (x)").connection.commit()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            conn.execute("INSERT INTO t VALUES (1)")
+    finally:
+        conn.close()
+    error = map_sqlite_error(caught.value, "write operation")
+    assert isinstance(error, ReadOnlyStoreError)
+    assert "attempt to write a readonly database" in str(error)
