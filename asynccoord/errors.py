@@ -28,7 +28,7 @@ with the original exception kept as ``__cause__``.
         ├── StoreConnectionError               the connection to the database server was lost
         ├── StoreClosedError                   the store is not open
         ├── StoreLoopError                     the store is used from another event loop than open()'s
-        ├── ReadOnlyStoreError                 a write on a store opened read-only
+        ├── ReadOnlyStoreError                 a write on a store opened read-only, or a file we cannot write
         ├── NotADatabaseError                  the file is not a database of ours
         └── SchemaVersionError                 the database was made by a newer version
 """
@@ -171,7 +171,9 @@ class StoreLoopError(StoreError):
 
 
 class ReadOnlyStoreError(StoreError):
-    """A write was attempted on a store opened with ``read_only=True``; nothing was written."""
+    """A write was attempted on a store opened with ``read_only=True``, or on a database this
+    process cannot write (an SQLite file, or its folder, without write access: refused at
+    ``open``); nothing was written."""
 
 
 class NotADatabaseError(StoreError):

@@ -334,7 +334,7 @@ async def test_send_exception_retries_with_backoff_then_dead_letters(make_store:
         calls.append(time.monotonic())
         raise ValueError("boom")
 
-    policy = RetryPolicy(base_s=0.1, factor=2.0, jitter=0.0, max_attempts=3)
+    policy = RetryPolicy(base_s=0.1, factor=2.0, jitter=0.0)  # the attempts: NewTask(max_attempts=3)
     node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, retry=policy, **FAST_IDLE))
     run = start(node)
 
@@ -409,7 +409,7 @@ async def test_send_timeout_counts_as_a_failure(make_store: Any) -> None:
         attempts[task.id].append((began, None))
         return "ok"
 
-    policy = RetryPolicy(base_s=0.05, jitter=0.0, max_attempts=3)
+    policy = RetryPolicy(base_s=0.05, jitter=0.0)
     config = NodeConfig(queue=QUEUE, send_timeout_s=0.2, retry=policy, **FAST_IDLE)
     node = Node(store, send, node_id="n1", config=config)
     run = start(node)
@@ -767,7 +767,7 @@ async def test_conversation_order_holds_across_a_retry(make_store: Any) -> None:
         sends.append((task.id, task.attempts, "ok"))
         await asyncio.sleep(0.01)
 
-    policy = RetryPolicy(base_s=0.2, jitter=0.0, max_attempts=3)
+    policy = RetryPolicy(base_s=0.2, jitter=0.0)
     node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, retry=policy, **FAST_IDLE))
     run = start(node)
 

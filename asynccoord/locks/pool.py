@@ -221,6 +221,18 @@ class Turn:
 
         return done
 
+    def check(self) -> LockLostError | None:
+        """Give the lease up now if its local deadline has passed (see :meth:`Guard.check`); the error, or None.
+
+        Call it before starting the turn's work: a turn handed over by the pool takes no
+        store round trip, so a renewal that is late (a slow store) is seen only here. A
+        lease given up calls the turn's ``on_lost``.
+        """
+        guard = self._session.guard
+        if guard is None:
+            return None
+        return guard.check()
+
 
 class LockPool:
     """Shares lock leases among the tasks of one process (see the module docstring).
@@ -364,6 +376,8 @@ class LockPool:
         session.busy = True
         holding = True  # this task holds the process's turn (not while it hands a fresh lease on)
         try:
+            if session.guard is not None:
+                session.guard.check()  # a lease past its local deadline is given up, not handed on
             while not session.alive():
                 await self._retire(session)
                 await self._acquire(session, deadline, rank)

@@ -15,6 +15,9 @@ from ..contract.lockchecks import MAX_PERMITS
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..validation import check_bool, check_int, check_interval_s, check_lease_s, check_name, check_positive
 
+_DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
+"""The only ``max_attempts`` a node's retry policy may carry (it sets delays only: see ``NodeConfig.retry``)."""
+
 __all__ = ("NodeConfig",)
 
 
@@ -67,7 +70,11 @@ class NodeConfig:
         affinity_cache_size: Conversations whose context dict a node keeps. Default 1024.
         retry: Backoff policy for failed sends; None uses the store's. Default None.
             Its delays only: a task's number of attempts is fixed at enqueue
-            (``NewTask.max_attempts``, else the store's ``StoreConfig.retry``).
+            (``NewTask.max_attempts``, else the store's ``StoreConfig.retry``), and the
+            store's ``fail`` dead-letters a task whose attempts reached it (as does a claim
+            that finds such a task's lease lapsed). A ``max_attempts`` other than the
+            default is refused (:class:`~asynccoord.errors.InvalidArgumentError`) rather
+            than ignored.
     """
 
     queue: str = "default"
@@ -118,3 +125,11 @@ class NodeConfig:
         check_int("claim_next_max", self.claim_next_max, minimum=1)
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy or None, got {type(self.retry).__name__}")
+        if self.retry is not None and self.retry.max_attempts != _DEFAULT_MAX_ATTEMPTS:
+            raise InvalidArgumentError(
+                f"retry=RetryPolicy(max_attempts={self.retry.max_attempts!r}) would be ignored: NodeConfig.retry sets "
+                "the delays between attempts only, and a task's number of attempts is fixed when it is enqueued. "
+                "Set it there: store.enqueue(..., max_attempts=...) or NewTask(max_attempts=...), or "
+                "StoreConfig(retry=RetryPolicy(max_attempts=...)) for every task enqueued without one; "
+                "leave max_attempts out of NodeConfig.retry"
+            )
