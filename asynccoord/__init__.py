@@ -43,8 +43,11 @@ from .locks.pool import LockPool
 from .locks.watchdog import Watchdog, WatchdogStats
 from .membership import Membership, MembershipStats, MembershipView
 from .models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from .monitor.alerts import AlertStream
 from .monitor.histogram import Histogram, LatencyRecorder
-from .monitor.monitor import DEFAULT_RULES, AlertRule, AlertStream, ClusterSnapshot, Monitor, MonitorStats
+from .monitor.monitor import Monitor, MonitorStats
+from .monitor.rules import DEFAULT_RULES, AlertRule
+from .monitor.snapshot import ClusterSnapshot
 from .node.node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
 from .node.runtime import Runtime
 from .notify import WorkNotifier

@@ -17,8 +17,11 @@ prints it as tables with rich.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import os
+import sys
 from collections.abc import Sequence
 from importlib import resources
 from typing import IO, Any
@@ -27,15 +30,19 @@ from .. import events as ev
 from ..config import StoreConfig
 from ..contract.monitorchecks import check_windows
 from ..locks.pool import PLACE_PREFIX
-from ..monitor.monitor import cluster_snapshot
+from ..monitor.snapshot import cluster_snapshot
 from ..partition import assign
-from ..validation import check_positive
+from ..validation import MAX_DURATION_S, check_positive
+from .run import store_options
 
 __all__ = (
     "CONFLICT_EVENTS",
     "STATUS_SCHEMA_ID",
+    "check_status",
     "collect_status",
+    "configure_status",
     "render_status",
+    "status_command",
     "status_report",
     "status_schema",
 )
@@ -204,6 +211,69 @@ async def collect_status(
             return await status_report(pg_store, windows_s=windows_s, db=describe_target(path, schema))
     async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
         return await status_report(store, windows_s=windows_s, db=os.fspath(path))
+
+
+# --- the command ------------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and <= {MAX_DURATION_S:.0f}, got {text!r}")
+    return value
+
+
+def configure_status(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``python -m asynccoord status`` to ``parser``."""
+    parser.add_argument(
+        "--db",
+        "--store",
+        dest="db",
+        required=True,
+        metavar="TARGET",
+        help="the SQLite database file, or a postgresql:// DSN (opened read-only)",
+    )
+    parser.add_argument(
+        "--schema",
+        metavar="NAME",
+        help="with a postgresql:// --db: the schema of asynccoord's tables (default: the connection's search_path)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object (schema: status.schema.json)")
+    parser.add_argument(
+        "--window",
+        dest="windows_s",
+        action="append",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="a window for event rates and latencies (repeatable; default 10 and 60)",
+    )
+    parser.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="colour in the tables (default auto)"
+    )
+
+
+def check_status(args: argparse.Namespace) -> None:
+    """Refuse a ``--schema`` that is no valid name, or that comes with an SQLite ``--db``, before anything opens."""
+    from ..backends.open import open_store
+
+    options = store_options(args)
+    if options:
+        open_store(args.db, read_only=True, **options)  # validates the name; opens nothing
+
+
+def status_command(args: argparse.Namespace) -> int:
+    """Run ``python -m asynccoord status`` with the parsed ``args``: print the report; exit status 0."""
+    windows = tuple(args.windows_s or (10.0, 60.0))
+    report = asyncio.run(collect_status(args.db, windows_s=windows, schema=args.schema))
+    if args.json:
+        sys.stdout.write(json.dumps(report, allow_nan=False, sort_keys=False) + "\n")
+    else:
+        color = {"auto": None, "always": True, "never": False}[args.color]
+        render_status(report, color=color)
+    return 0
 
 
 def _lapsed(counts: dict[str, Any]) -> str:
