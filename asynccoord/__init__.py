@@ -48,6 +48,7 @@ from .monitor.histogram import Histogram, LatencyRecorder
 from .monitor.monitor import Monitor, MonitorStats
 from .monitor.rules import DEFAULT_RULES, AlertRule
 from .monitor.snapshot import ClusterSnapshot
+from .monitor.webhook import WebhookSink
 from .node.node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
 from .node.runtime import Runtime
 from .notify import WorkNotifier
@@ -122,6 +123,7 @@ __all__ = (
     "TaskStatus",
     "Watchdog",
     "WatchdogStats",
+    "WebhookSink",
     "WorkNotifier",
     "__version__",
     "assign",

@@ -102,6 +102,35 @@ def test_small_demo_with_faults_keeps_every_invariant(tmp_path: Path) -> None:
         con.close()
     assert counts.get("done", 0) + counts.get("dead", 0) == 3000
     assert counts.get("pending", 0) == counts.get("running", 0) == 0
+    # The faults (a kill -9, a stall past the lock TTL) raise at least one default alert.
+    assert [a for a in report["alerts"] if a["state"] == "firing"], report["alerts"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_demo_without_faults_raises_no_alert_and_keeps_its_database_for_status(tmp_path: Path) -> None:
+    """With the default rules a fault-free run is quiet; ``--db PATH`` keeps the database,
+    the report says where, and ``python -m asynccoord status`` reads what the run did."""
+    db = tmp_path / "kept.db"
+    code, report, stderr = run_demo("--messages", "1500", "--db", str(db), "--no-faults", "--seed", "5")
+    assert code == 0, stderr[-2000:]
+    assert report["ok"] is True
+    assert report["faults"] == []
+    assert report["alerts"] == []
+    assert report["config"]["db"] == str(db.resolve())
+    status = subprocess.run(
+        [sys.executable, "-m", "asynccoord", "status", "--db", report["config"]["db"], "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 0, status.stderr
+    seen = json.loads(status.stdout)
+    assert seen["tasks"]["done"] + seen["tasks"]["dead"] == 1500
+    assert seen["tasks"]["pending"] == seen["tasks"]["running"] == 0
+    assert seen["events"]["totals"]["commits"] == seen["tasks"]["done"]
+    assert seen["alerts"] == []
 
 
 @pytest.mark.multiprocess

@@ -106,7 +106,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         "--accounts", type=_positive_int, default=24, help="bot accounts senders are hashed onto (default 24)"
     )
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--db", type=Path, help="SQLite database file (default: a fresh one in a temporary folder)")
+    where.add_argument(
+        "--db",
+        type=Path,
+        help="SQLite database file, new, kept after the run for python -m asynccoord status "
+        "(default: a fresh one in a temporary folder, deleted at the end)",
+    )
     where.add_argument(
         "--store",
         help="store target: a postgresql:// DSN (tables in --schema, see README) or an SQLite file",

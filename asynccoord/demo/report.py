@@ -27,6 +27,7 @@ from .worker import DEMO_QUEUE
 __all__ = (
     "REPORT_WINDOW_S",
     "build_report",
+    "kept_database",
     "render",
     "task_statuses",
 )
@@ -58,6 +59,21 @@ async def task_statuses(target: str, opts: DemoOptions) -> dict[str, str]:
             con.close()
 
     return await asyncio.to_thread(read)
+
+
+def kept_database(opts: DemoOptions) -> str | None:
+    """Where the run's database stays after the demo, for ``python -m asynccoord status --db``.
+
+    The absolute path of the SQLite file given with ``--db`` or ``--store``, the
+    PostgreSQL DSN without its password (the tables are in ``opts.schema``), or None: the
+    demo ran on a temporary file, deleted at the end.
+    """
+    target = opts.target
+    if target is None:
+        return None
+    if opts.postgres:
+        return redact_target(target)
+    return str(Path(sqlite_file(target)).resolve())
 
 
 def build_report(
@@ -126,6 +142,7 @@ def build_report(
         "progress_polls": {"count": run.polls, "busy_s": round(run.poll_s, 2)},
         "faults": run.faults,
         "config": {
+            "db": kept_database(opts),
             "messages_requested": opts.messages,
             "nodes": opts.nodes,
             "processes": opts.processes,
@@ -231,6 +248,11 @@ def render(report: dict[str, Any], console: Console) -> None:
         console.print("[red]the run stopped before every message was done or dead")
     for problem in report["problems"]:
         console.print(f"[red]problem: {problem}")
+    kept = report["config"]["db"]
+    if kept is not None:
+        schema = report["config"]["schema"]
+        look = f"python -m asynccoord status --db {kept}" + (f" --schema {schema}" if schema else "")
+        console.print(f"database kept: {kept} (look at it with: {look})", markup=False)
     console.print(
         "Trace: BYU PCC Chit-Chat dataset (MIT, (c) 2019 Perception, Control and Cognition Lab), "
         "via chitchat-dataset 0.9.0."

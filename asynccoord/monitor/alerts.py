@@ -16,17 +16,62 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .._errtext import error_text
 from ..contract.monitor import Alert
 
-__all__ = ("AlertCallback", "AlertStream", "Mailbox", "Subscription", "deliver")
+__all__ = ("AlertCallback", "AlertSink", "AlertStream", "Mailbox", "SinkStats", "Subscription", "deliver")
 
 log = logging.getLogger(__name__)
 
 AlertCallback = Callable[[Alert], Awaitable[Any] | None]
 """A subscriber: ``async def on_alert(alert: Alert) -> None`` (a plain function is accepted too)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SinkStats:
+    """Counters of one alert sink (e.g. :class:`~asynccoord.monitor.webhook.WebhookSink`).
+
+    Attributes:
+        delivered: Notices the destination accepted.
+        failed_attempts: Attempts to deliver that failed (each retry counts).
+        given_up: Notices not delivered after every attempt, or refused outright.
+        dropped: Notices dropped unsent: the sink's queue was full, or it closed first.
+        queued: Notices waiting now (the one being sent included).
+    """
+
+    delivered: int
+    failed_attempts: int
+    given_up: int
+    dropped: int
+    queued: int
+
+    @property
+    def failures(self) -> int:
+        """Notices that did not reach the destination: ``given_up + dropped``."""
+        return self.given_up + self.dropped
+
+
+class AlertSink(Protocol):
+    """A destination a :class:`~asynccoord.monitor.monitor.Monitor` hands every notice to.
+
+    :meth:`offer` must return at once (queue the notice, never wait for I/O): it runs on
+    the monitor's evaluation path. The monitor calls :meth:`start` when it starts and
+    :meth:`aclose` when it closes.
+    """
+
+    async def start(self) -> None:
+        """Get ready to deliver (open connections, start a task)."""
+
+    def offer(self, alert: Alert) -> None:
+        """Queue ``alert`` for delivery; never blocks."""
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Deliver what is queued for at most ``timeout_s`` seconds, then stop."""
+
+    def statistics(self) -> SinkStats:
+        """The sink's counters."""
 
 
 class Mailbox:

@@ -60,7 +60,7 @@ from ..validation import (
     check_positive,
     encode_payload,
 )
-from .alerts import AlertCallback, AlertStream, Mailbox, Subscription, deliver
+from .alerts import AlertCallback, AlertSink, AlertStream, Mailbox, Subscription, deliver
 from .histogram import Histogram
 from .rules import DEFAULT_RULES, AlertRule, Incident, decide
 from .snapshot import ClusterSnapshot, cluster_snapshot
@@ -74,6 +74,8 @@ _KEEPALIVE_S = 10.0
 status command sees the process as live."""
 _CANCELLED_WRITE_WAIT_S = 5.0
 """How long a cancelled flush waits for its write's outcome, seconds."""
+_SINK_CLOSE_S = 5.0
+"""How long a closing monitor lets each sink deliver what it holds, seconds."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +93,10 @@ class MonitorStats:
     callback_failures: int
     subscribers: int
     active_alerts: int
+    sink_failures: int = 0
+    """Notices the sinks (``sinks=``) gave up on after every attempt, or that were refused."""
+    sink_dropped: int = 0
+    """Notices the sinks dropped unsent (their queue was full, or they closed first)."""
 
 
 _ACTIVE_STORES: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -128,6 +134,10 @@ class Monitor:
             :class:`~asynccoord.backends.redis.RedisLockStore`): its events (lock
             contention, lost locks, refused fencing tokens) count in the process totals
             with ``store``'s. None (default) when ``store`` holds the locks as well.
+        sinks: Destinations every notice is also handed to, e.g. a
+            :class:`~asynccoord.monitor.webhook.WebhookSink`; each queues it and delivers it
+            in a task of its own, so none can block the monitor. Started and closed with the
+            monitor (a close gives each up to 5 s to deliver what it holds). Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store).
@@ -149,6 +159,7 @@ class Monitor:
         background: bool = True,
         info: Mapping[str, Any] | None = None,
         lock_store: Any = None,
+        sinks: Sequence[AlertSink] = (),
     ) -> None:
         for method in ("flush_metrics", "read_metrics"):
             if not callable(getattr(store, method, None)):
@@ -171,6 +182,15 @@ class Monitor:
             raise InvalidTypeError(
                 f"lock_store must be a lock store with an EventCounter 'events', got {type(lock_store).__name__}"
             )
+        given_sinks: object = sinks
+        chosen_sinks = (
+            tuple(given_sinks) if isinstance(given_sinks, Sequence) and not isinstance(given_sinks, str) else None
+        )
+        if chosen_sinks is None or not all(
+            callable(getattr(sink, name, None)) for sink in chosen_sinks for name in ("start", "offer", "aclose")
+        ):
+            raise InvalidTypeError(f"sinks must be a sequence of alert sinks (start, offer, aclose), got {sinks!r}")
+        self.sinks = chosen_sinks
         self.store = store
         self.lock_store = None if lock_store is store else lock_store
         self.rules = chosen
@@ -256,6 +276,8 @@ class Monitor:
                 )
         _ACTIVE_STORES.update(counted)
         self._open = True
+        for sink in self.sinks:
+            await sink.start()
         for sub in self._subscriptions:
             self._start_worker(sub)
         if self.background:
@@ -298,6 +320,9 @@ class Monitor:
                     with contextlib.suppress(asyncio.CancelledError):
                         await sub._task
                     sub._task = None
+            if self.sinks:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.gather(*(sink.aclose(timeout_s=_SINK_CLOSE_S) for sink in self.sinks))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -479,6 +504,11 @@ class Monitor:
             )
         for mailbox in list(self._mailboxes):
             mailbox.put(alert)
+        for sink in self.sinks:
+            try:
+                sink.offer(alert)
+            except Exception as exc:  # a sink's bug must not stop the evaluation
+                log.warning("asynccoord.monitor.sink_failed process=%s sink=%r error=%s", self.process_id, sink, exc)
 
     def _unregister(self, mailbox: Mailbox) -> None:
         if mailbox in self._mailboxes:
@@ -577,4 +607,6 @@ class Monitor:
             callback_failures=sum(s.failures for s in self._subscriptions),
             subscribers=len(self._mailboxes),
             active_alerts=len(self._incidents),
+            sink_failures=sum(sink.statistics().given_up for sink in self.sinks),
+            sink_dropped=sum(sink.statistics().dropped for sink in self.sinks),
         )
