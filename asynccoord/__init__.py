@@ -43,8 +43,12 @@ from .locks.pool import LockPool
 from .locks.watchdog import Watchdog, WatchdogStats
 from .membership import Membership, MembershipStats, MembershipView
 from .models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from .monitor.alerts import AlertStream
 from .monitor.histogram import Histogram, LatencyRecorder
-from .monitor.monitor import DEFAULT_RULES, AlertRule, AlertStream, ClusterSnapshot, Monitor, MonitorStats
+from .monitor.monitor import Monitor, MonitorStats
+from .monitor.rules import DEFAULT_RULES, AlertRule
+from .monitor.snapshot import ClusterSnapshot
+from .monitor.webhook import WebhookSink
 from .node import Delivery, Node, NodeConfig, NodeState, NodeStatus, Runtime, current_delivery
 from .notify import WorkNotifier
 from .partition import assign, owner_of, partition_of
@@ -118,6 +122,7 @@ __all__ = (
     "TaskStatus",
     "Watchdog",
     "WatchdogStats",
+    "WebhookSink",
     "WorkNotifier",
     "__version__",
     "assign",

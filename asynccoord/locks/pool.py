@@ -50,6 +50,11 @@ back for fairness is queued for behind the place whatever the rank. A place with
 (no ``order``, a pool whose ``max_overtakes`` is 0, or one written by a version without
 ranks) is given way to as before.
 
+Contention (the ``lock_contended`` event) is a wait between holders: a pool counts it once
+per acquisition that finds the lock, or its place in line, held by another holder. A local
+task waiting for its turn on the pool's lease is not counted: the nodes of one process
+sharing a pool take turns by design.
+
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
 cancelled (the ``on_lost`` callback given to :meth:`LockPool.turn`) and the next turn
@@ -348,7 +353,7 @@ class LockPool:
             The :class:`Turn` (``turn.lease.fencing_token`` for fenced writes).
 
         Raises:
-            LockTimeoutError: no turn within ``timeout_s`` (counted as ``lock_contended``).
+            LockTimeoutError: no turn within ``timeout_s``.
             InvalidTypeError, InvalidArgumentError: a bad argument (raised on entering the
                 block, before any wait).
         """
@@ -371,7 +376,7 @@ class LockPool:
             self._gave_way.pop(name, None)
             releasing.cancel()
         if session.busy or session.waiters or session.releasing is not None:
-            self.store.events.add(ev.LOCK_CONTENDED)
+            # A local turn, not contention: only a wait for another holder counts (see _acquire).
             await self._wait_turn(session, deadline, priority, order)
         session.busy = True
         holding = True  # this task holds the process's turn (not while it hands a fresh lease on)
