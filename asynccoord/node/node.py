@@ -85,6 +85,7 @@ from ..errors import (
     LockError,
     LockLostError,
     LockTimeoutError,
+    RateLimited,
     StoreBusyError,
     StoreConnectionError,
     StoreError,
@@ -107,6 +108,7 @@ from ..validation import (
     check_send,
     is_async_callable,
 )
+from .ratelimited import report_rate_limited
 
 __all__ = ("Delivery", "Node", "NodeConfig", "NodeState", "NodeStatus", "SendFn", "current_delivery")
 
@@ -1148,7 +1150,9 @@ class Node:
                 # else the task lease or lock is gone: never commit
             else:
                 self._state.sent += 1
-                if failure is not None:
+                if isinstance(failure, RateLimited):  # the provider's 429: no attempt used, buckets paused
+                    await report_rate_limited(self, flight, failure)
+                elif failure is not None:
                     await self._fail(flight, failure)
                 else:
                     await self._commit(flight, result)
