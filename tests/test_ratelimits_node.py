@@ -86,3 +86,20 @@ async def test_a_throttled_node_waits_for_the_refill(make_store) -> None:
     span = sends[-1] - sends[0]
     assert span <= (n - 1) * 0.25 / 0.9  # at least 90 % of the allowed rate: woken at each refill
     assert claims <= 3 * n  # about one claim per refill, not a spin
+
+
+async def test_reported_429s_reach_the_monitor_and_prometheus(make_store) -> None:
+    from asynccoord import Monitor
+    from asynccoord.monitor.metrics import render_prometheus
+
+    store = await make_store(clock=None)
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=10, per_s=1.0)])
+    await store.enqueue(Q, 1, limit_keys={"chat": "a"})
+    task = (await store.claim(Q, node_id="n"))[0]
+    await store.report_rate_limited(task, 0.1)
+    text = render_prometheus(store).decode()
+    assert 'asynccoord_events_total{event="provider_rate_limited"} 1.0' in text
+    monitor = Monitor(store, background=False, process_id="p")  # the default rules
+    await monitor.flush(force=True)
+    alerts = await monitor.evaluate()
+    assert [a.rule for a in alerts if a.rule == "provider_rate_limited"] == ["provider_rate_limited"]
