@@ -25,7 +25,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
@@ -161,7 +161,8 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         raise InvalidArgumentError(
             f"--db {args.db!r} is an in-memory SQLite database, which no other process can reach: give a file"
         )
-    rate_limits(args)
+    if rate_limits(args) and not hasattr(store, "set_rate_limits"):
+        raise InvalidArgumentError(f"--rate-limit: the store of --db {redact_target(args.db)!r} enforces no limits")
     send = load_callable(args.send)
     lock_key = load_callable(args.lock_key) if args.lock_key else None
     config = NodeConfig(
@@ -220,7 +221,7 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             async with open_store(args.db, **store_options(args)) as store:
                 if limits:  # declared for every process of the database, before any node claims
-                    await store.set_rate_limits(args.queue, limits)
+                    await cast(Any, store).set_rate_limits(args.queue, limits)
                 runtime = Runtime(
                     store,
                     send=send,
