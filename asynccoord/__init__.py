@@ -13,6 +13,7 @@ from .config import ProcessedRetention, RetryPolicy, StoreConfig
 from .contract.locks import FenceRecord, Lease, LockBusy, LockInfo
 from .contract.membership import Member, MemberBeat
 from .contract.monitor import Alert, AlertScope, AlertState
+from .contract.ratelimits import RateLimit
 from .errors import (
     CoordError,
     FencingTokenRejectedError,
@@ -26,6 +27,7 @@ from .errors import (
     MaxHoldExceededError,
     NotADatabaseError,
     PayloadTooLargeError,
+    RateLimited,
     ReadOnlyStoreError,
     RuntimeStateError,
     SchemaVersionError,
@@ -103,6 +105,8 @@ __all__ = (
     "ProcessedRetention",
     "PurgeResult",
     "QueueStats",
+    "RateLimit",
+    "RateLimited",
     "ReadOnlyStoreError",
     "RetryPolicy",
     "Runtime",

@@ -39,6 +39,13 @@ from asynccoord.node import Runtime
         (["--send", "json:dumps", "--send-timeout-s", "0"], "--send-timeout-s must be > 0, got 0.0"),
         (["--send", "json:dumps", "--idle-max-s", "1e-9"], "--idle-max-s must be >= 0.001 seconds (MIN_INTERVAL_S"),
         (["--send", "json:dumps", "--shutdown-timeout-s", "nan"], "--shutdown-timeout-s"),
+        (["--send", "json:dumps", "--rate-limit", "chat=0/1s"], "--rate-limit: count must be >= 1"),
+        (["--send", "json:dumps", "--rate-limit", "chat=1/1s,burst=0"], "--rate-limit: burst must be >= 1"),
+        (["--send", "json:dumps", "--rate-limit", "chat"], "--rate-limit: rate limit 'chat' is not of the form"),
+        (
+            ["--send", "json:dumps", "--rate-limit", "chat=1/1s", "--rate-limit", "chat=2/1s"],
+            "--rate-limit: limits declare dimension 'chat' twice",
+        ),
     ],
 )
 def test_run_usage_errors_exit_2_and_create_no_database(

@@ -67,6 +67,8 @@ CONFLICT_EVENTS: tuple[str, ...] = (
     ev.DEAD_LETTERED,
     ev.PARTITION_HANDOFF,
     ev.MEMBERSHIP_CHANGE,
+    ev.PROVIDER_RATE_LIMITED,
+    ev.RATE_LIMIT_HELD,
 )
 """Events shown as conflicts in the human output (throughput events come after them)."""
 

@@ -35,6 +35,7 @@ from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,
     LeaseLostError,
+    RateLimited,
     StoreBusyError,
     StoreConnectionError,
 )
@@ -140,7 +141,9 @@ class Settler:
                 # else the task lease is gone: never commit
             else:
                 self.counters.sent += 1
-                if failure is not None:
+                if isinstance(failure, RateLimited):  # the provider's 429: no attempt used, buckets paused
+                    await self.rate_limited(flight, failure)
+                elif failure is not None:
                     await self.fail(flight, failure)
                 else:
                     await self._commit(flight, result)
@@ -150,6 +153,44 @@ class Settler:
                 self.settling.discard(slot)
         if cancel_pending:
             raise asyncio.CancelledError
+
+    async def rate_limited(self, flight: Flight, limited: RateLimited) -> None:
+        """Report the provider's 429 (``limited``) for ``flight``'s task: no attempt used.
+
+        The store pauses the bucket(s) the provider named (or all of the task's) until the
+        Retry-After has passed, for every process of the database, and hands the task back to
+        pending in its place, its attempt not counted. A store without rate limits (a custom
+        store), or a node without version checks, takes the plain failure path. A busy or
+        unreachable store is tried again while the lease lasts, as a commit is; a lost lease
+        is a conflict and leaves the task alone (the store paused the buckets anyway).
+
+        Raises:
+            StoreError: the store failed (the caller hands the task back, or fails the node).
+        """
+        report = getattr(self.store, "report_rate_limited", None)
+        if report is None or not self.version_checks:
+            await self.fail(flight, limited)
+            return
+        task = flight.task
+        log.info(
+            "asynccoord.node.rate_limited node=%s task=%s retry_after_s=%.3f dimension=%s key=%s",
+            self.node_id,
+            task.id,
+            limited.retry_after_s,
+            limited.dimension,
+            limited.key,
+        )
+
+        async def once() -> None:
+            await report(task, limited.retry_after_s, dimension=limited.dimension, key=limited.key)
+
+        try:
+            await self._retrying(flight, "rate_limited", once)
+        except LeaseLostError as exc:
+            self.counters.conflicts += 1
+            log.warning(
+                "asynccoord.node.rate_limited_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason
+            )
 
     async def fail(self, flight: Flight, failure: BaseException, *, source: str = "send") -> None:
         """Record a failed attempt of ``flight``'s task (the store's retry policy decides: again later, or dead).

@@ -53,6 +53,7 @@ from ...contract.queue import (
     task_from_row,
     with_stored_fields,
 )
+from ...contract.ratelimits import Admission
 from ...errors import (
     CoordError,
     InvalidArgumentError,
@@ -76,6 +77,7 @@ from .checkpoint import WalCheckpointer
 from .locks import SQLiteLockOps, check_fence
 from .membership import SQLiteMembershipOps
 from .monitor import SQLiteMonitorOps
+from .ratelimits import SQLiteRateLimitOps, claim_limited
 from .readonly import read_only_error, read_only_uri, setup_read_only
 from .writer import (
     GroupCommitter,
@@ -191,7 +193,7 @@ def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
     return f"lease expired at {expires:.3f} (store clock now {now:.3f})"
 
 
-class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
+class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps):
     """Task queue (and, in later modules, locks and membership) on one SQLite file.
 
     Use as ``async with SQLiteStore("bot.db") as store: ...`` or call
@@ -406,6 +408,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         self._conn = None
         self._writer = None
         self._checkpointer = None
+        self._refill.cancel_all()
         if conn is None and writer is None and checkpointer is None:
             return
         if self._loop is not asyncio.get_running_loop():  # the loop of open() is gone, or not ours
@@ -472,6 +475,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         prepared = prepare_tasks(tasks, self.config, self._partitions)
         if not prepared:
             return []
+        await self._check_dimensions(prepared)  # a read, only when a task names limit keys
 
         def op(db: sqlite3.Connection, now: float) -> list[tuple[bool, _Row]]:
             out: list[tuple[bool, _Row]] = []
@@ -489,6 +493,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                         "max_attempts": p.max_attempts,
                         "run_at": now + p.delay_s,
                         "now": now,
+                        "limit_keys": p.limit_keys_json,
                     },
                 ).fetchone()
                 if row is not None:
@@ -545,19 +550,25 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             (Q["claim_ordered"], Q["claim_pending_ordered"]) if ordered else (Q["claim"], Q["claim_pending"])
         )
 
+        admissions: dict[str, Admission] = {}  # the limited claim's pass over its buckets, if limited
+
         def op(db: sqlite3.Connection, now: float) -> _Claimed:
             if ordered:
                 _keep_heads(db, queue)
             dead = 0
             promoted: list[tuple[str, int]] = []  # heads that dead letters and duplicates made claimable
-            if db.execute(Q["any_expired_lease"], {"queue": queue, "now": now}).fetchone() is None:
+            expired, limited = db.execute(Q["claim_probe"], {"queue": queue, "now": now}).fetchone()
+            if not expired:
                 sql = pending_only
             else:
                 sql = merged
                 exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
                 dead = len(exhausted)
                 promoted += _promote_heads(db, [(r[1], r[2]) for r in exhausted])
-            rows = db.execute(sql, {**params, "now": now}).fetchall()
+            if limited:  # rate limits: see ratelimits.claim_limited
+                rows, admissions[queue] = claim_limited(db, now, params, ordered)
+            else:
+                rows = db.execute(sql, {**params, "now": now}).fetchall()
             rows.sort(key=_ID)  # priority DESC, id (two stable sorts on C keys: no tuple per row)
             rows.sort(key=_PRIORITY, reverse=True)
             keyed = [r[0] for r in rows if r[3] is not None]
@@ -577,6 +588,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             return self._release_rows_op(rows)
 
         rows, duplicates, dead, now, promoted = await self._write(op, undo)
+        self._after_claim(queue, admissions.get(queue))
         notify_partitions(self.notifier, promoted)  # e.g. the next task of a key whose head was a duplicate
         expires = now + lease
         tasks = [_claimed_task(r, queue, node_id, expires, now) for r in rows]
