@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from .. import events as ev
 from ..config import StoreConfig
-from ..contract.monitorchecks import check_windows
+from ..contract.monitor import check_windows
 from ..locks.pool import PLACE_PREFIX
 from ..monitor.monitor import cluster_snapshot
 from ..partition import assign

@@ -10,7 +10,7 @@
 What it does, every ``flush_interval_s``: it takes the deltas of the process' counters
 (``store.events``, plus per-node counters registered with :meth:`Monitor.track`) and
 latency histograms (``store.latencies``) and adds them to the store in one batched
-write (:meth:`~asynccoord.contract.protocols.MonitorStore.flush_metrics`), so every process
+write (:meth:`~asynccoord.contract.monitor.MonitorStore.flush_metrics`), so every process
 and the status command see totals and rates over all processes. Every
 ``evaluate_interval_s`` it reads the windows its rules need (one read) and evaluates
 each :class:`AlertRule` per scope (the cluster, each process, or each node).
@@ -71,8 +71,8 @@ from ..contract.monitor import (
     MetricsFlush,
     MetricsView,
     ProcessReport,
+    check_windows,
 )
-from ..contract.monitorchecks import check_windows
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from ..events import EventCounter
 from ..validation import (
@@ -373,7 +373,7 @@ def build_snapshot(view: MetricsView, windows_s: Sequence[float]) -> ClusterSnap
 async def cluster_snapshot(store: Any, windows_s: Sequence[float] = (10.0, 60.0)) -> ClusterSnapshot:
     """Read the cluster-wide totals, rates, latencies and stored alerts of ``store``.
 
-    Works on any open :class:`~asynccoord.contract.protocols.MonitorStore`, including a
+    Works on any open :class:`~asynccoord.contract.monitor.MonitorStore`, including a
     read-only ``SQLiteStore``; no :class:`Monitor` is needed.
 
     Args:
@@ -532,7 +532,7 @@ class Monitor:
     """Flushes this process' counters, evaluates rules cluster-wide, and delivers alerts.
 
     Args:
-        store: An open store implementing :class:`~asynccoord.contract.protocols.MonitorStore`.
+        store: An open store implementing :class:`~asynccoord.contract.monitor.MonitorStore`.
         rules: The alert rules (names unique). Default :data:`DEFAULT_RULES`.
         flush_interval_s: Seconds between flushes of the counters (>= 0.001,
             ``validation.MIN_INTERVAL_S``). Default 1.

@@ -73,8 +73,7 @@ from .. import events as ev
 from .._errtext import error_text
 from .._exits import PROCESS_EXITS, ProcessExiting, carried_exit, carry, is_process_exit
 from ..config import RetryPolicy
-from ..contract.lockchecks import MAX_PERMITS, check_user_lock_name
-from ..contract.locks import Lease
+from ..contract.locks import MAX_PERMITS, Lease, check_user_lock_name
 from ..contract.queue import encode_result
 from ..errors import (
     UNRECOVERABLE_STORE_ERRORS,
