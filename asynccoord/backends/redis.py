@@ -86,8 +86,8 @@ from ..events import EventCounter
 from ..monitor.histogram import LatencyRecorder
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
-from .open import redact_location, redact_target, userinfo_spills
 from .rows import decode_json, new_token
+from .targets import redact_location, redact_target, userinfo_spills
 
 __all__ = ("MAX_KEY_SLACK_MS", "RedisLockStore")
 

@@ -601,7 +601,7 @@ async def _demo_schema(dsn: str, schema: str) -> AsyncIterator[None]:
         import asyncpg
     except ImportError as exc:
         raise ValueError("--store postgresql://... needs asyncpg: pip install 'asynccoord[postgres]'") from exc
-    from ..backends.postgres.store import split_connect_timeout
+    from ..backends.open import split_connect_timeout
 
     connect_dsn, timeout_s = split_connect_timeout(dsn)  # InvalidArgumentError is a ValueError
     try:
@@ -810,7 +810,7 @@ async def _task_statuses(target: str, opts: DemoOptions) -> dict[str, str]:
     if opts.postgres:
         import asyncpg
 
-        from ..backends.postgres.store import split_connect_timeout
+        from ..backends.open import split_connect_timeout
 
         dsn, timeout_s = split_connect_timeout(target)
         conn = await asyncpg.connect(dsn, timeout=timeout_s, server_settings={"search_path": f'"{opts.schema}"'})

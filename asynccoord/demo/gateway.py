@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from ..backends.sqlite.writer import retry_busy
+from ..sqlitebusy import retry_busy
 
 __all__ = ("GatewayAudit", "GatewayError", "SimulatedGateway", "StaleTokenError", "TransientGatewayError", "audit")
 
@@ -318,7 +318,7 @@ def _use_wal(db: sqlite3.Connection, *, timeout_s: float) -> None:
     When the processes of a demo open a fresh record at the same moment, SQLite answers the
     journal-mode switch of all but one with SQLITE_BUSY at once, without its busy handler
     (a worker died at start with "database is locked", 1 run in about 60 with 4 processes).
-    The store's own retry (:func:`~asynccoord.backends.sqlite.writer.retry_busy`) waits.
+    The store's own retry (:func:`~asynccoord.sqlitebusy.retry_busy`) waits.
     """
     retry_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), time.monotonic() + timeout_s)
 
