@@ -745,9 +745,9 @@ class Monitor:
         try:
             await fn()
         except CoordError as exc:
-            log.warning("asynccoord.monitor.monitor.%s_failed process=%s error=%s", what, self.process_id, exc)
+            log.warning("asynccoord.monitor.%s_failed process=%s error=%s", what, self.process_id, exc)
         except Exception:  # a bug must not stop the monitor, nor ever reach the nodes
-            log.exception("asynccoord.monitor.monitor.%s_failed process=%s", what, self.process_id)
+            log.exception("asynccoord.monitor.%s_failed process=%s", what, self.process_id)
 
     # --- counters and flushing ----------------------------------------------------------
 
@@ -941,7 +941,7 @@ class Monitor:
         if self.log_alerts:
             name = "alert_firing" if alert.firing else "alert_resolved"
             log.warning(
-                "asynccoord.monitor.monitor.%s rule=%s event=%s scope=%s key=%s value=%.6g threshold=%.6g window_s=%g "
+                "asynccoord.monitor.%s rule=%s event=%s scope=%s key=%s value=%.6g threshold=%.6g window_s=%g "
                 "count=%d base=%s",
                 name,
                 alert.rule,

@@ -1285,7 +1285,7 @@ class Node:
                 delay_s = SETTLE_RETRY.delay_s(tries)
                 if time.monotonic() + delay_s >= flight.lease_deadline:
                     log.error(
-                        "asynccoord.node.node.%s_failed node=%s task=%s tries=%d error=%s: the lease ends before "
+                        "asynccoord.node.%s_failed node=%s task=%s tries=%d error=%s: the lease ends before "
                         "another try; the task will be claimed again when it lapses",
                         what,
                         self.node_id,
@@ -1295,7 +1295,7 @@ class Node:
                     )
                     raise
                 log.warning(
-                    "asynccoord.node.node.%s_retry node=%s task=%s try=%d delay_s=%.3f error=%s",
+                    "asynccoord.node.%s_retry node=%s task=%s try=%d delay_s=%.3f error=%s",
                     what,
                     self.node_id,
                     flight.task.id,
