@@ -25,8 +25,10 @@ _SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once
 
 
 def decode_json(text: str | None) -> Any:
-    """Inverse of :func:`~asynccoord.contract.queue.encode_result` and
-    :func:`~asynccoord.validation.encode_payload`: None for None, else the JSON value.
+    """The JSON value of a text the store wrote (None for None).
+
+    The inverse of :func:`~asynccoord.contract.queue.encode_result` and
+    :func:`~asynccoord.validation.encode_payload`.
 
     Raises:
         json.JSONDecodeError: ``text`` is not one JSON value.
