@@ -40,7 +40,7 @@ async def task_statuses(target: str, opts: DemoOptions) -> dict[str, str]:
     if opts.postgres:
         import asyncpg
 
-        from ..backends.postgres.store import split_connect_timeout
+        from ..backends.open import split_connect_timeout
 
         dsn, timeout_s = split_connect_timeout(target)
         conn = await asyncpg.connect(dsn, timeout=timeout_s, server_settings={"search_path": f'"{opts.schema}"'})
