@@ -68,7 +68,6 @@ from ...errors import (
 from ...events import EventCounter
 from ...models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
 from ...monitor.histogram import LatencyRecorder
-from ...notify import WorkNotifier
 from ...validation import check_bool, check_clock, check_int, check_lease_s, check_name, check_non_negative
 from ..sqlfiles import load_migrations, load_queries
 from .checkpoint import WalCheckpointer
@@ -76,6 +75,7 @@ from .locks import SQLiteLockOps, check_fence
 from .membership import SQLiteMembershipOps
 from .monitor import SQLiteMonitorOps
 from .readonly import read_only_error, read_only_uri, setup_read_only
+from .wakeup import SharedNotifier, WakeupChannel, wakeup_dir
 from .writer import (
     GroupCommitter,
     Operation,
@@ -169,6 +169,10 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             migration, and every write raises
             :class:`~asynccoord.errors.ReadOnlyStoreError`. For inspection of a live
             database (it never blocks the writers). Default False.
+        wakeup: Wake idle nodes of other processes on the same file at once when work
+            for them is committed, and be woken by theirs (a Unix datagram socket in
+            ``<path>-wakeup/``, see :mod:`asynccoord.backends.sqlite.wakeup`). Off, work
+            from other processes is found by the idle poll only. Default True.
 
     Raises:
         InvalidTypeError: ``path`` is not a str or PathLike, ``config`` is not a StoreConfig,
@@ -184,6 +188,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         config: StoreConfig | None = None,
         clock: Callable[[], float] | None = None,
         read_only: bool = False,
+        wakeup: bool = True,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise InvalidTypeError(f"path must be a str or PathLike, got {type(path).__name__}")
@@ -206,7 +211,9 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
         self.read_only = check_bool("read_only", read_only)
-        self.notifier = WorkNotifier()
+        self.wakeup = check_bool("wakeup", wakeup)
+        self.notifier = SharedNotifier()
+        self._wakeup: WakeupChannel | None = None
         self._clock = clock
         self._conn: aiosqlite.Connection | None = None
         self._writer: GroupCommitter | None = None
@@ -273,6 +280,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         )
         if not self.read_only:  # a read-only store keeps the committer only for its clock
             self._writer.start()
+        if self.wakeup and self._on_file():
+            self._wakeup = WakeupChannel.open(wakeup_dir(self.path), self.notifier)
         if self._background_checkpoints():
             writer = self._writer
             interval_s = cast(float, self.config.checkpoint_interval_s)
@@ -286,15 +295,13 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 raise
             self._checkpointer = checkpointer
 
-    def _background_checkpoints(self) -> bool:
+    def _on_file(self) -> bool:
         # A "file:" name may be a URI (this SQLite may interpret them), possibly of an
         # in-memory database a second connection would not share: left to SQLite.
-        return (
-            not self.read_only
-            and self.path != ":memory:"
-            and not self.path.startswith("file:")
-            and self.config.checkpoint_interval_s is not None
-        )
+        return not self.read_only and self.path != ":memory:" and not self.path.startswith("file:")
+
+    def _background_checkpoints(self) -> bool:
+        return self._on_file() and self.config.checkpoint_interval_s is not None
 
     def _setup_read_only(self, conn: aiosqlite.Connection) -> None:
         self._partitions = setup_read_only(
@@ -349,6 +356,9 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         closes the connections: nothing queued in the old loop can still be waited for.
         """
         conn, writer, checkpointer = self._conn, self._writer, self._checkpointer
+        channel, self._wakeup = self._wakeup, None
+        if channel is not None:
+            channel.close()
         self._conn = None
         self._writer = None
         self._checkpointer = None
