@@ -330,7 +330,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         )
         if not self.read_only:  # a read-only store keeps the committer only for its clock
             self._writer.start()
-        if self.wakeup and self._on_file():
+        if self.wakeup and self._on_file() and isinstance(self.notifier, SharedNotifier):
             self._wakeup = WakeupChannel.open(wakeup_dir(self.path), self.notifier)
         if self._background_checkpoints():
             writer = self._writer
