@@ -36,7 +36,6 @@ from ...errors import (
 )
 from ...events import EventCounter
 from ...monitor.histogram import LatencyRecorder
-from ...notify import WorkNotifier
 from ...validation import check_bool, check_clock
 from ..schema import REVISION_KEY, check_revision
 from ..sqlfiles import load_migrations, load_queries
@@ -48,6 +47,7 @@ from .queue import SQLiteQueueOps
 from .ratelimits import SQLiteRateLimitOps
 from .readonly import read_only_error, read_only_uri, setup_read_only
 from .revision import delete_fix, read_meta
+from .wakeup import SharedNotifier, WakeupChannel, wakeup_dir
 from .writer import (
     GroupCommitter,
     Operation,
@@ -87,6 +87,10 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
             migration, and every write raises
             :class:`~asynccoord.errors.ReadOnlyStoreError`. For inspection of a live
             database (it never blocks the writers). Default False.
+        wakeup: Wake idle nodes of other processes on the same file at once when work
+            for them is committed, and be woken by theirs (a Unix datagram socket in
+            ``<path>-wakeup/``, see :mod:`asynccoord.backends.sqlite.wakeup`). Off, work
+            from other processes is found by the idle poll only. Default True.
 
     Raises:
         InvalidTypeError: ``path`` is not a str or PathLike, ``config`` is not a StoreConfig,
@@ -102,6 +106,7 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         config: StoreConfig | None = None,
         clock: Callable[[], float] | None = None,
         read_only: bool = False,
+        wakeup: bool = True,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise InvalidTypeError(f"path must be a str or PathLike, got {type(path).__name__}")
@@ -124,7 +129,9 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
         self.read_only = check_bool("read_only", read_only)
-        self.notifier = WorkNotifier()
+        self.wakeup = check_bool("wakeup", wakeup)
+        self.notifier = SharedNotifier()
+        self._wakeup: WakeupChannel | None = None
         self._clock = clock
         self._conn: aiosqlite.Connection | None = None
         self._writer: GroupCommitter | None = None
@@ -185,6 +192,8 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         )
         if not self.read_only:  # a read-only store keeps the committer only for its clock
             self._writer.start()
+        if self.wakeup and self._on_file() and isinstance(self.notifier, SharedNotifier):
+            self._wakeup = WakeupChannel.open(wakeup_dir(self.path), self.notifier)
         if self._background_checkpoints():
             writer = self._writer
             interval_s = cast(float, self.config.checkpoint_interval_s)
@@ -198,15 +207,13 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
                 raise
             self._checkpointer = checkpointer
 
-    def _background_checkpoints(self) -> bool:
+    def _on_file(self) -> bool:
         # A "file:" name may be a URI (this SQLite may interpret them), possibly of an
         # in-memory database a second connection would not share: left to SQLite.
-        return (
-            not self.read_only
-            and self.path != ":memory:"
-            and not self.path.startswith("file:")
-            and self.config.checkpoint_interval_s is not None
-        )
+        return not self.read_only and self.path != ":memory:" and not self.path.startswith("file:")
+
+    def _background_checkpoints(self) -> bool:
+        return self._on_file() and self.config.checkpoint_interval_s is not None
 
     def _setup_read_only(self, conn: aiosqlite.Connection) -> None:
         self._partitions = setup_read_only(
@@ -253,6 +260,9 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         closes the connections: nothing queued in the old loop can still be waited for.
         """
         conn, writer, checkpointer = self._conn, self._writer, self._checkpointer
+        channel, self._wakeup = self._wakeup, None
+        if channel is not None:
+            channel.close()
         self._conn = None
         self._writer = None
         self._checkpointer = None
