@@ -13,6 +13,7 @@ from .config import ProcessedRetention, RetryPolicy, StoreConfig
 from .contract.locks import FenceRecord, Lease, LockBusy, LockInfo
 from .contract.membership import Member, MemberBeat
 from .contract.monitor import Alert, AlertScope, AlertState
+from .contract.ratelimits import RateLimit
 from .errors import (
     CoordError,
     FencingTokenRejectedError,
@@ -26,6 +27,7 @@ from .errors import (
     MaxHoldExceededError,
     NotADatabaseError,
     PayloadTooLargeError,
+    RateLimited,
     ReadOnlyStoreError,
     RuntimeStateError,
     SchemaVersionError,
@@ -43,10 +45,13 @@ from .locks.pool import LockPool
 from .locks.watchdog import Watchdog, WatchdogStats
 from .membership import Membership, MembershipStats, MembershipView
 from .models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from .monitor.alerts import AlertStream
 from .monitor.histogram import Histogram, LatencyRecorder
-from .monitor.monitor import DEFAULT_RULES, AlertRule, AlertStream, ClusterSnapshot, Monitor, MonitorStats
-from .node.node import Delivery, Node, NodeConfig, NodeState, NodeStatus, current_delivery
-from .node.runtime import Runtime
+from .monitor.monitor import Monitor, MonitorStats
+from .monitor.rules import DEFAULT_RULES, AlertRule
+from .monitor.snapshot import ClusterSnapshot
+from .monitor.webhook import WebhookSink
+from .node import Delivery, Node, NodeConfig, NodeState, NodeStatus, Runtime, current_delivery
 from .notify import WorkNotifier
 from .partition import assign, owner_of, partition_of
 
@@ -100,6 +105,8 @@ __all__ = (
     "ProcessedRetention",
     "PurgeResult",
     "QueueStats",
+    "RateLimit",
+    "RateLimited",
     "ReadOnlyStoreError",
     "RetryPolicy",
     "Runtime",
@@ -119,6 +126,7 @@ __all__ = (
     "TaskStatus",
     "Watchdog",
     "WatchdogStats",
+    "WebhookSink",
     "WorkNotifier",
     "__version__",
     "assign",

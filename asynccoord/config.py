@@ -44,7 +44,8 @@ class RetryPolicy:
     is dead-lettered. ``max_attempts`` is read once, at enqueue, from the store's
     policy (``StoreConfig.retry``) for a task enqueued without its own: a policy given
     to ``fail(retry=...)`` or ``NodeConfig.retry`` sets the delays only, and the task
-    keeps the ``max_attempts`` it was enqueued with.
+    keeps the ``max_attempts`` it was enqueued with (``NodeConfig`` refuses a policy whose
+    ``max_attempts`` is not the default, which it would otherwise ignore).
 
     Args:
         base_s: Delay after the first failure, seconds (>= 0.001,

@@ -17,6 +17,7 @@ with the original exception kept as ``__cause__``.
     ├── LeaseLostError                         the task lease is no longer the caller's
     ├── StaleVersionError                      a compare-and-set saw another version
     ├── RuntimeStateError (RuntimeError)       a Runtime started again, or waited on before it started
+    ├── RateLimited                            a send's provider refused for rate (HTTP 429), with its Retry-After
     ├── LockError
     │   ├── LockNotHeldError                   release/renew of a lock you do not hold
     │   ├── LockTimeoutError (TimeoutError)    acquire gave up after timeout_s
@@ -28,7 +29,7 @@ with the original exception kept as ``__cause__``.
         ├── StoreConnectionError               the connection to the database server was lost
         ├── StoreClosedError                   the store is not open
         ├── StoreLoopError                     the store is used from another event loop than open()'s
-        ├── ReadOnlyStoreError                 a write on a store opened read-only
+        ├── ReadOnlyStoreError                 a write on a store opened read-only, or a file we cannot write
         ├── NotADatabaseError                  the file is not a database of ours
         └── SchemaVersionError                 the database was made by a newer version
 """
@@ -48,6 +49,7 @@ __all__ = (
     "MaxHoldExceededError",
     "NotADatabaseError",
     "PayloadTooLargeError",
+    "RateLimited",
     "ReadOnlyStoreError",
     "RuntimeStateError",
     "SchemaVersionError",
@@ -115,6 +117,45 @@ class RuntimeStateError(CoordError, RuntimeError):
     """
 
 
+class RateLimited(CoordError):
+    """Raised by a node's ``send``: the provider refused for rate (HTTP 429) and asked to wait.
+
+    The node hands the task back to pending without using an attempt, in its place in its
+    conversation, and the store pauses the bucket(s) cluster-wide until ``retry_after_s``
+    from now: the one named by ``dimension`` (and ``key``: by default the task's own key of
+    that dimension), or, with no ``dimension``, every bucket the task draws on. A task in no
+    paused bucket (its queue declares no such limit) is itself delayed by ``retry_after_s``.
+    Counted as ``provider_rate_limited``.
+
+    Args:
+        retry_after_s: The provider's Retry-After, seconds: finite, 0..one year.
+        dimension: Which declared limit the provider enforced, e.g. ``"chat"``; None for
+            all of the task's. Default None.
+        key: That limit's key (e.g. the account id when the provider pushes back on the
+            whole account); None for the task's own. Requires ``dimension``. Default None.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a NaN, infinite or negative ``retry_after_s``,
+            or a bad ``dimension``/``key`` (raised instead of this error, from the send,
+            which then counts as a failed attempt).
+    """
+
+    def __init__(self, retry_after_s: float, *, dimension: str | None = None, key: str | None = None) -> None:
+        from .contract.ratelimits import check_pause_target, check_retry_after_s
+
+        self.retry_after_s = check_retry_after_s(retry_after_s)
+        self.dimension, self.key = check_pause_target(dimension, key)
+        where = "" if self.dimension is None else f" on {self.dimension}" + ("" if key is None else f"={key}")
+        super().__init__(f"rate limited{where}: retry after {self.retry_after_s:g} s")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rate_limited, (self.retry_after_s, self.dimension, self.key))
+
+
+def _rate_limited(retry_after_s: float, dimension: str | None, key: str | None) -> RateLimited:
+    return RateLimited(retry_after_s, dimension=dimension, key=key)
+
+
 class LockError(CoordError):
     """Base class of distributed lock and semaphore errors."""
 
@@ -171,7 +212,9 @@ class StoreLoopError(StoreError):
 
 
 class ReadOnlyStoreError(StoreError):
-    """A write was attempted on a store opened with ``read_only=True``; nothing was written."""
+    """A write was attempted on a store opened with ``read_only=True``, or on a database this
+    process cannot write (an SQLite file, or its folder, without write access: refused at
+    ``open``); nothing was written."""
 
 
 class NotADatabaseError(StoreError):

@@ -27,6 +27,8 @@ __all__ = (
     "LOCK_LOST",
     "MEMBERSHIP_CHANGE",
     "PARTITION_HANDOFF",
+    "PROVIDER_RATE_LIMITED",
+    "RATE_LIMIT_HELD",
     "RETRIES",
     "STALE_COMMIT_REJECTED",
     "STORE_RETRIES",
@@ -50,6 +52,10 @@ CLAIMS = "claims"
 COMMITS = "commits"
 STORE_RETRIES = "store_retries"
 """A store operation retried after a transient failure (a lost PostgreSQL connection)."""
+RATE_LIMIT_HELD = "rate_limit_held"
+"""A claim left due work behind because a rate limit's bucket had no token (one per such claim)."""
+PROVIDER_RATE_LIMITED = "provider_rate_limited"
+"""A send reported the provider's rate limit (HTTP 429): the declared limits are above the provider's."""
 
 EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,
@@ -68,6 +74,8 @@ EVENT_NAMES: tuple[str, ...] = (
     CLAIMS,
     COMMITS,
     STORE_RETRIES,
+    RATE_LIMIT_HELD,
+    PROVIDER_RATE_LIMITED,
 )
 
 

@@ -8,9 +8,11 @@ another machine); ages and durations are seconds.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .contract.ratelimits import check_limit_keys
 from .validation import MAX_ATTEMPTS, check_int, check_name, check_non_negative, check_optional_name
 
 __all__ = ("Continuation", "EnqueueResult", "NewTask", "PurgeResult", "QueueStats", "Task", "TaskStatus")
@@ -41,6 +43,11 @@ class NewTask:
         max_attempts: Attempts before dead-lettering, 1..2**31 - 1; None takes the
             store's retry policy. Default None.
         delay_s: Not claimable before this many seconds from now (store clock). Default 0.
+        limit_keys: The task's key for each rate-limited dimension of its queue, e.g.
+            ``{"account": "bot-1", "chat": "42"}`` (see
+            :class:`~asynccoord.contract.ratelimits.RateLimit`): the claim takes a token
+            from each of these buckets. A dimension without a key does not limit the task;
+            one the queue does not declare is refused at enqueue. Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: on any bad field (the payload is
@@ -54,6 +61,7 @@ class NewTask:
     priority: int = 0
     max_attempts: int | None = None
     delay_s: float = 0.0
+    limit_keys: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name("queue", self.queue)
@@ -63,6 +71,7 @@ class NewTask:
         if self.max_attempts is not None:
             check_int("max_attempts", self.max_attempts, minimum=1, maximum=MAX_ATTEMPTS)
         check_non_negative("delay_s", self.delay_s)
+        object.__setattr__(self, "limit_keys", check_limit_keys(self.limit_keys))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -82,8 +82,8 @@ from queue_throughput import raw_commits_per_s, run
 from asynccoord import NewTask, SQLiteStore
 from asynccoord.backends.open import is_postgres_target, redact_target
 from asynccoord.config import DEFAULT_PARTITIONS
-from asynccoord.node.node import Node, NodeConfig, NodeStatus, current_delivery
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import Node, NodeConfig, NodeStatus, Runtime, current_delivery
+from asynccoord.node.ablation import Ablation
 from asynccoord.partition import assign, partition_of
 
 QUEUE = "bench"
@@ -265,7 +265,7 @@ LOCKED = frozenset(s for s, (_, locks, _, _) in LAYERS.items() if locks)  # whos
 
 
 def config_for(strategy: str, steal_after_s: float) -> NodeConfig:
-    partitioning, locks, versions, ordered = LAYERS[strategy]
+    ordered = LAYERS[strategy][3]
     return NodeConfig(
         queue=QUEUE,
         lease_s=5.0,
@@ -275,12 +275,15 @@ def config_for(strategy: str, steal_after_s: float) -> NodeConfig:
         ordered=ordered,
         idle_min_s=0.01,
         idle_max_s=0.5,
-        partitioning=partitioning,
-        locks=locks,
-        version_checks=versions,
         work_stealing=strategy == "all+stealing",
         steal_after_s=steal_after_s,
     )
+
+
+def ablation_for(strategy: str) -> Ablation:
+    """The layers ``strategy`` runs (the others switched off, see ``asynccoord.node.ablation``)."""
+    partitioning, locks, versions, _ = LAYERS[strategy]
+    return Ablation(partitioning=partitioning, locks=locks, version_checks=versions)
 
 
 # --- the two databases ----------------------------------------------------------------
@@ -531,6 +534,7 @@ async def drain_runtime(
             node_ids=ids,
             config=config_for(strategy, args.steal_after_s),
             lock_key=lock_key,
+            _ablation=ablation_for(strategy),
             heartbeat_ttl_s=HEARTBEAT_TTL_S,
             shutdown_timeout_s=5.0,
         )
@@ -544,6 +548,7 @@ async def drain_runtime(
                 membership=runtime.membership,
                 lock_pool=runtime.lock_pool,
                 idle_poll=runtime.idle_poller is None,  # woken by the runtime's idle poll like the others
+                _ablation=ablation_for(strategy),
             )
         async with db.drain_probe(runtime, target) as wait_drained, runtime:
             # The cell measures a formed cluster: the drain starts once this process's view

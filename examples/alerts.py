@@ -17,8 +17,7 @@ import logging
 import os
 import tempfile
 
-from asynccoord import Alert, AlertRule, LeaseLostError, Monitor, NewTask, SQLiteStore, Task
-from asynccoord.monitor.monitor import AlertStream
+from asynccoord import Alert, AlertRule, AlertStream, LeaseLostError, Monitor, NewTask, SQLiteStore, Task
 
 
 async def read_stream(stream: AlertStream, got: list[Alert]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -12,10 +13,12 @@ import pytest
 from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
 
 from asynccoord import NewTask, SQLiteStore, TaskStatus
+from asynccoord import events as ev
 from asynccoord.backends.postgres.store import PostgresStore
 from asynccoord.cli.main import build_parser, main
 from asynccoord.cli.run import check_run
-from asynccoord.node.runtime import Runtime
+from asynccoord.monitor.snapshot import cluster_snapshot
+from asynccoord.node import Runtime
 
 
 @pytest.mark.parametrize(
@@ -36,6 +39,13 @@ from asynccoord.node.runtime import Runtime
         (["--send", "json:dumps", "--send-timeout-s", "0"], "--send-timeout-s must be > 0, got 0.0"),
         (["--send", "json:dumps", "--idle-max-s", "1e-9"], "--idle-max-s must be >= 0.001 seconds (MIN_INTERVAL_S"),
         (["--send", "json:dumps", "--shutdown-timeout-s", "nan"], "--shutdown-timeout-s"),
+        (["--send", "json:dumps", "--rate-limit", "chat=0/1s"], "--rate-limit: count must be >= 1"),
+        (["--send", "json:dumps", "--rate-limit", "chat=1/1s,burst=0"], "--rate-limit: burst must be >= 1"),
+        (["--send", "json:dumps", "--rate-limit", "chat"], "--rate-limit: rate limit 'chat' is not of the form"),
+        (
+            ["--send", "json:dumps", "--rate-limit", "chat=1/1s", "--rate-limit", "chat=2/1s"],
+            "--rate-limit: limits declare dimension 'chat' twice",
+        ),
     ],
 )
 def test_run_usage_errors_exit_2_and_create_no_database(
@@ -217,3 +227,54 @@ def test_run_drains_a_postgresql_dsn(
     out = capsys.readouterr().out
     assert out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
     assert out.endswith(f" (schema {schema})\n" if how == "--schema" else f"search_path={schema}\n")
+
+
+def test_run_without_faults_raises_no_alert_with_the_default_rules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """200 messages on 3 accounts through 4 nodes of one process: the nodes take turns on the
+    process's pooled account leases, which is not contention between holders, so the default
+    ``lock_contention`` rule (and every other default rule) stays quiet."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "workers"))
+    monkeypatch.setenv("SERVE_SEND_LOG", str(tmp_path / "send.log"))
+    monkeypatch.setenv("SERVE_SEND_SLEEP_S", "0.002")
+    evaluated: list[bool] = []
+
+    async def drain_then_evaluate(self: Runtime, signals: object = ()) -> int:
+        evaluated.append(await self.wait_until_drained(timeout_s=60.0))
+        await asyncio.sleep(1.5)  # the monitor (evaluate_interval_s 1) judges the full window
+        await self.shutdown()
+        return 0
+
+    monkeypatch.setattr(Runtime, "wait_for_signal", drain_then_evaluate)
+    path = tmp_path / "bot.db"
+
+    async def enqueue() -> None:
+        async with SQLiteStore(path) as store:
+            await store.enqueue_many(
+                [
+                    NewTask(queue="outbox", partition_key=f"chat-{i % 40}", payload={"account": i % 3})
+                    for i in range(200)
+                ]
+            )
+
+    asyncio.run(enqueue())
+    caplog.set_level(logging.INFO)
+    argv = ["run", "--db", str(path), "--queue", "outbox", "--send", "serve_send:send"]
+    argv += ["--lock-key", "serve_send:account_lock", "--nodes", "4", "--idle-max-s", "0.1"]
+    assert main(argv) == 0
+    assert evaluated == [True]
+
+    async def claimed() -> tuple[int, int, int]:
+        async with SQLiteStore(path, read_only=True) as store:
+            stats = await store.stats("outbox")
+            totals = (await cluster_snapshot(store, (60.0,))).totals
+            return stats.counts[TaskStatus.DONE], int(totals.get(ev.CLAIMS, 0)), int(totals.get(ev.LOCK_CONTENDED, 0))
+
+    done, claims, contended = asyncio.run(claimed())
+    assert done == 200
+    assert contended == 0  # one process, one pool: its nodes only ever took turns
+    assert claims >= 200  # enough claims for the relative rules to be judged (min_events 50)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("asynccoord.serve.stopped") for m in messages)
+    assert [m for m in messages if "alert_firing" in m] == []

@@ -24,8 +24,10 @@ import pytest
 from services import PG_DSN, REDIS_URL, new_schema, pg_rows, postgres_problem, redis_problem, unavailable
 
 from asynccoord import InvalidArgumentError
-from asynccoord.demo.app import DEMO_SCHEMA_COMMENT, _stop, _Worker, account_of, build_tasks, schedule
+from asynccoord.demo.app import account_of, build_tasks, schedule
 from asynccoord.demo.gateway import _use_wal
+from asynccoord.demo.options import DEMO_SCHEMA_COMMENT
+from asynccoord.demo.processes import Worker, stop_workers
 from asynccoord.demo.trace import TraceFormatError, bundled_sample, read_trace
 
 
@@ -100,6 +102,35 @@ def test_small_demo_with_faults_keeps_every_invariant(tmp_path: Path) -> None:
         con.close()
     assert counts.get("done", 0) + counts.get("dead", 0) == 3000
     assert counts.get("pending", 0) == counts.get("running", 0) == 0
+    # The faults (a kill -9, a stall past the lock TTL) raise at least one default alert.
+    assert [a for a in report["alerts"] if a["state"] == "firing"], report["alerts"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_demo_without_faults_raises_no_alert_and_keeps_its_database_for_status(tmp_path: Path) -> None:
+    """With the default rules a fault-free run is quiet; ``--db PATH`` keeps the database,
+    the report says where, and ``python -m asynccoord status`` reads what the run did."""
+    db = tmp_path / "kept.db"
+    code, report, stderr = run_demo("--messages", "1500", "--db", str(db), "--no-faults", "--seed", "5")
+    assert code == 0, stderr[-2000:]
+    assert report["ok"] is True
+    assert report["faults"] == []
+    assert report["alerts"] == []
+    assert report["config"]["db"] == str(db.resolve())
+    status = subprocess.run(
+        [sys.executable, "-m", "asynccoord", "status", "--db", report["config"]["db"], "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 0, status.stderr
+    seen = json.loads(status.stdout)
+    assert seen["tasks"]["done"] + seen["tasks"]["dead"] == 1500
+    assert seen["tasks"]["pending"] == seen["tasks"]["running"] == 0
+    assert seen["events"]["totals"]["commits"] == seen["tasks"]["done"]
+    assert seen["alerts"] == []
 
 
 @pytest.mark.multiprocess
@@ -522,7 +553,7 @@ def test_a_worker_sent_sigterm_again_and_again_from_its_start_still_exits_0(tmp_
 
 
 def test_stopping_workers_waits_for_one_still_starting(tmp_path: Path) -> None:
-    """``_stop`` signals a worker only once it is ready (its ready file exists): a worker
+    """``stop_workers`` signals a worker only once it is ready (its ready file exists): a worker
     still starting would be killed by SIGTERM. Here a stand-in worker takes 0.5 s to put
     its handler in place; signalled at once, it would exit -15."""
     ready = tmp_path / "w0.ready"
@@ -531,11 +562,11 @@ def test_stopping_workers_waits_for_one_still_starting(tmp_path: Path) -> None:
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
         f"pathlib.Path({str(ready)!r}).touch(); time.sleep(30)"
     )
-    w = _Worker(index=0, prefix="p0", status_file=tmp_path / "w0.json", log_file=tmp_path / "w0.log")
+    w = Worker(index=0, prefix="p0", status_file=tmp_path / "w0.json", log_file=tmp_path / "w0.log")
     assert w.ready_file == ready
     w.process = subprocess.Popen([sys.executable, "-c", script])
     try:
-        assert _stop([w], 20.0) == []
+        assert stop_workers([w], 20.0) == []
         assert w.process.returncode == 0
     finally:
         if w.process.poll() is None:

@@ -247,19 +247,46 @@ async def test_no_renewal_after_a_cancelled_acquire(rstore: Store) -> None:
 
 
 async def test_no_renewal_after_the_holder_task_ends(rstore: Store) -> None:
+    """A guard tied to its holder task (the default; a lock's ``async with`` block) ends with it."""
     log = RenewalLog(rstore)
-    lock = Lock(rstore, "x", ttl_s=0.3, renew_interval_s=0.05)
+    watchdog = Watchdog.for_store(rstore)
 
     async def forgetful_holder() -> Lease:
-        return await lock.acquire()  # and never releases
+        sent_at = time.monotonic()
+        lease = await rstore.try_acquire_lock("x", ttl_s=0.3)
+        assert isinstance(lease, Lease)
+        watchdog.guard(lease, sent_at=sent_at, renew_interval_s=0.05)
+        return lease  # and never releases
 
     lease = await asyncio.ensure_future(forgetful_holder())
     ended_at = time.monotonic()
     await asyncio.sleep(0)  # the task's done-callbacks (ours first, then the guard's) have run
-    assert lock.watchdog.statistics().guarded == 0
+    assert watchdog.statistics().guarded == 0
     await asyncio.sleep(0.35)
     assert log.after(ended_at, lease.owner_token) == []
     assert await rstore.list_locks() == []  # it lapsed by its TTL
+
+
+async def test_a_lock_acquired_in_a_task_that_ends_is_renewed_until_released(rstore: Store) -> None:
+    """``Lock.acquire`` outside ``async with``: the renewal belongs to the handle (issue #39), so the
+    lock stays held while the acquiring task is gone, and nothing is renewed after ``release``."""
+    log = RenewalLog(rstore)
+    lock = Lock(rstore, "x", ttl_s=0.3, renew_interval_s=0.05)
+
+    async def helper() -> Lease:
+        return await lock.acquire()
+
+    lease = await asyncio.ensure_future(helper())
+    ended_at = time.monotonic()
+    await asyncio.sleep(0.35)
+    assert log.after(ended_at, lease.owner_token) != []
+    assert [info.owner_token for info in await rstore.list_locks()] == [lease.owner_token]
+    assert lock.held
+    await lock.release()
+    released_at = time.monotonic()
+    assert lock.watchdog.statistics().guarded == 0
+    await asyncio.sleep(0.1)
+    assert log.after(released_at, lease.owner_token) == []
 
 
 async def test_one_watchdog_per_store_and_none_running_when_idle(rstore: Store) -> None:

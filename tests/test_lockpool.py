@@ -957,3 +957,40 @@ async def test_aclose_ends_a_read_of_the_line_that_outlived_its_lease() -> None:
         await pool.aclose()
         assert all(t.done() for t in line_reads)
         assert await store.list_locks() == []
+
+
+async def test_local_turns_are_not_contention_but_a_wait_for_another_holder_is(make_store: Any) -> None:
+    """``lock_contended`` counts waits between holders: 20 local tasks taking turns on one
+    pool's lease count nothing; a second pool (another process) that finds the lock held
+    counts once for its acquisition, however long it polls, and so does a plain
+    :class:`~asynccoord.Lock` of another holder."""
+    from asynccoord import Lock
+    from asynccoord import events as ev
+
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="process-a")
+
+    async def turn(on: LockPool, hold_s: float) -> None:
+        async with on.turn("account:hot", timeout_s=10.0, on_lost=_ignore):
+            await asyncio.sleep(hold_s)
+
+    await asyncio.wait_for(asyncio.gather(*(turn(pool, 0.001) for _ in range(20))), 10.0)
+    assert store.events.get(ev.LOCK_CONTENDED) == 0
+
+    other = LockPool(store, ttl_s=5.0, holder="process-b")
+    holder, let_go = await _hold(pool, "account:hot")
+    late = asyncio.create_task(turn(other, 0.0))
+    await asyncio.sleep(0.2)  # other polls the lock many times meanwhile
+    assert not late.done()
+    let_go.set()
+    await asyncio.wait_for(asyncio.gather(holder, late), 10.0)
+    assert store.events.get(ev.LOCK_CONTENDED) == 1
+
+    holder, let_go = await _hold(pool, "account:hot")
+    with pytest.raises(LockTimeoutError):
+        await Lock(store, "account:hot", ttl_s=5.0, holder="process-c").acquire(timeout_s=0.05)
+    let_go.set()
+    await holder
+    assert store.events.get(ev.LOCK_CONTENDED) >= 2
+    await pool.aclose()
+    await other.aclose()

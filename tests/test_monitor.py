@@ -42,7 +42,8 @@ from asynccoord import events as ev
 from asynccoord.contract.monitor import MetricsFlush
 from asynccoord.contract.monitorchecks import RETIRED_PROCESS_ID
 from asynccoord.contract.protocols import MonitorStore
-from asynccoord.monitor.monitor import DEFAULT_RULES, cluster_snapshot
+from asynccoord.monitor.rules import DEFAULT_RULES
+from asynccoord.monitor.snapshot import cluster_snapshot
 from asynccoord.validation import MAX_DURATION_S
 
 Store = MemoryStore | SQLiteStore
@@ -613,3 +614,18 @@ async def test_snapshot_reports_rates_and_latencies(make_store: MakeStore, clock
     data = snapshot.to_dict()
     assert data["totals"] == {ev.CLAIMS: 60}
     assert data["processes"][0]["process_id"] == "proc-a"
+
+
+async def test_a_dead_lettered_task_fires_the_default_dead_letter_rule(store: Store, clock: FakeClock) -> None:
+    """With the default rules, one task out of attempts (a real fail on the store) is an alert."""
+    task_id = (await store.enqueue("outbox", {"to": "x"}, max_attempts=1)).task.id
+    (task,) = await store.claim("outbox", node_id="n1", limit=1)
+    assert task.id == task_id
+    await store.fail(task, "provider refused it for good")
+    assert store.events.get(ev.DEAD_LETTERED) == 1
+    store.events.add(ev.CLAIMS, 100)  # enough claims that no relative rule goes unjudged
+    async with Monitor(store, background=False, process_id="proc-a") as monitor:
+        assert monitor.rules == DEFAULT_RULES
+        await monitor.flush()
+        (alert,) = await monitor.evaluate()
+        assert (alert.rule, alert.event, alert.count, alert.firing) == ("dead_letters", ev.DEAD_LETTERED, 1, True)

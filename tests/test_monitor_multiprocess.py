@@ -15,7 +15,7 @@ from conftest import WORKERS_DIR, PythonRunner
 from asynccoord import SQLiteStore
 from asynccoord import events as ev
 from asynccoord.contract.monitor import MetricsView
-from asynccoord.monitor.monitor import ClusterSnapshot, cluster_snapshot
+from asynccoord.monitor.snapshot import ClusterSnapshot, cluster_snapshot
 
 pytestmark = pytest.mark.multiprocess
 

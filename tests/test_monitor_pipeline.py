@@ -8,8 +8,7 @@ from pathlib import Path
 
 from asynccoord import Alert, AlertRule, Monitor, NewTask, SQLiteStore, Task
 from asynccoord import events as ev
-from asynccoord.node.node import NodeConfig
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import NodeConfig, Runtime
 
 TASKS = 300
 

@@ -32,8 +32,8 @@ from asynccoord import (
     partition_of,
 )
 from asynccoord.membership import Membership
-from asynccoord.node.node import Node, NodeConfig, NodeStatus, current_delivery
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import Node, NodeConfig, NodeStatus, Runtime, current_delivery
+from asynccoord.node.ablation import FULL, Ablation
 from asynccoord.validation import MIN_LEASE_S
 
 QUEUE = "q"
@@ -334,7 +334,7 @@ async def test_send_exception_retries_with_backoff_then_dead_letters(make_store:
         calls.append(time.monotonic())
         raise ValueError("boom")
 
-    policy = RetryPolicy(base_s=0.1, factor=2.0, jitter=0.0, max_attempts=3)
+    policy = RetryPolicy(base_s=0.1, factor=2.0, jitter=0.0)  # the attempts: NewTask(max_attempts=3)
     node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, retry=policy, **FAST_IDLE))
     run = start(node)
 
@@ -409,7 +409,7 @@ async def test_send_timeout_counts_as_a_failure(make_store: Any) -> None:
         attempts[task.id].append((began, None))
         return "ok"
 
-    policy = RetryPolicy(base_s=0.05, jitter=0.0, max_attempts=3)
+    policy = RetryPolicy(base_s=0.05, jitter=0.0)
     config = NodeConfig(queue=QUEUE, send_timeout_s=0.2, retry=policy, **FAST_IDLE)
     node = Node(store, send, node_id="n1", config=config)
     run = start(node)
@@ -684,8 +684,11 @@ BEGIN INSERT INTO commit_log (task_id) VALUES (NEW.id); END;
 """
 
 
-async def drain_with(db_path: Path, config: NodeConfig, *, nodes: int, tasks: int) -> tuple[Counter[int], Counter[int]]:
-    """Run ``nodes`` nodes (no membership) over ``tasks`` slow sends; return sends and commits per task id."""
+async def drain_with(
+    db_path: Path, config: NodeConfig, *, nodes: int, tasks: int, ablation: Ablation = FULL
+) -> tuple[Counter[int], Counter[int]]:
+    """Run ``nodes`` nodes (no membership, layers as ``ablation`` says) over ``tasks`` slow sends; return sends
+    and commits per task id."""
     async with SQLiteStore(db_path) as store:
         with sqlite3.connect(db_path, isolation_level=None) as db:
             db.executescript(COMMIT_LOG_SQL)
@@ -696,7 +699,14 @@ async def drain_with(db_path: Path, config: NodeConfig, *, nodes: int, tasks: in
             await asyncio.sleep(0.3)
 
         workers = [
-            Node(store, send, node_id=f"n{i}", config=config, lock_key=lambda t: f"conv:{t.partition_key}")
+            Node(
+                store,
+                send,
+                node_id=f"n{i}",
+                config=config,
+                lock_key=lambda t: f"conv:{t.partition_key}",
+                _ablation=ablation,
+            )
             for i in range(nodes)
         ]
         runs = [start(w) for w in workers]
@@ -723,12 +733,10 @@ async def test_with_every_layer_off_duplicates_happen_and_with_all_on_they_do_no
         queue=QUEUE,
         lease_s=0.2,  # shorter than a send, and never renewed
         renew_leases=False,
-        locks=False,
-        version_checks=False,
-        partitioning=False,
         **FAST_IDLE,
     )
-    sends, commits = await drain_with(tmp_path / "off.db", off, nodes=8, tasks=100)
+    every_layer_off = Ablation(locks=False, version_checks=False, partitioning=False)
+    sends, commits = await drain_with(tmp_path / "off.db", off, nodes=8, tasks=100, ablation=every_layer_off)
     assert max(sends.values()) > 1, "no duplicate send with every layer off: the switches do nothing"
     assert max(commits.values()) > 1  # and the same task was committed more than once
     on = NodeConfig(queue=QUEUE, lease_s=0.5, **FAST_IDLE)  # every layer on, leases renewed
@@ -759,7 +767,7 @@ async def test_conversation_order_holds_across_a_retry(make_store: Any) -> None:
         sends.append((task.id, task.attempts, "ok"))
         await asyncio.sleep(0.01)
 
-    policy = RetryPolicy(base_s=0.2, jitter=0.0, max_attempts=3)
+    policy = RetryPolicy(base_s=0.2, jitter=0.0)
     node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, retry=policy, **FAST_IDLE))
     run = start(node)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from asynccoord import InvalidArgumentError, InvalidTypeError, NewTask, Task, TaskStatus
-from asynccoord.node.node import Node, NodeConfig, NodeStatus
+from asynccoord.node import Node, NodeConfig, NodeStatus
 
 QUEUE = "q"
 FAST_IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.05}

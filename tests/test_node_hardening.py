@@ -18,7 +18,7 @@ FAST = NodeConfig(
     lease_s=5.0,
     idle_min_s=0.01,
     idle_max_s=0.05,
-    retry=RetryPolicy(base_s=0.01, factor=1.0, cap_s=0.01, jitter=0.0, max_attempts=2),
+    retry=RetryPolicy(base_s=0.01, factor=1.0, cap_s=0.01, jitter=0.0),
 )
 
 

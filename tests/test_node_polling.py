@@ -13,8 +13,7 @@ from collections import Counter
 from typing import Any
 
 from asynccoord import NewTask, RetryPolicy, Task, TaskStatus, owner_of, partition_of
-from asynccoord.node.node import Node, NodeConfig
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import Node, NodeConfig, Runtime
 
 QUEUE = "q"
 

@@ -35,7 +35,7 @@ FAST = NodeConfig(
     lease_s=5.0,
     idle_min_s=0.01,
     idle_max_s=0.05,
-    retry=RetryPolicy(base_s=0.01, factor=1.0, cap_s=0.01, jitter=0.0, max_attempts=3),
+    retry=RetryPolicy(base_s=0.01, factor=1.0, cap_s=0.01, jitter=0.0),
 )
 
 
@@ -419,7 +419,7 @@ async def test_a_send_cut_by_a_lost_lock_is_a_failed_attempt_retried_without_wai
             lock_permits=permits,
             idle_min_s=0.01,
             idle_max_s=0.05,
-            retry=RetryPolicy(base_s=0.05, factor=1.0, cap_s=0.05, jitter=0.0, max_attempts=3),
+            retry=RetryPolicy(base_s=0.05, factor=1.0, cap_s=0.05, jitter=0.0),
         )
         runtime = Runtime(store, send=send, nodes=1, config=config, lock_key=lambda task: "account:1")
         started = time.monotonic()

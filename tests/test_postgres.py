@@ -45,10 +45,25 @@ SQLITE_ONLY = {
     "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives (PostgreSQL: keep_heads)",
     "stats_oldest_pending_all": "stats() over every queue (PostgreSQL's one statement serves both)",
     "record_processed_batch": "PostgreSQL records processed ids inside complete_batch (coord_complete_batch)",
-    "any_expired_lease": "SQLite picks a pending-only claim when no lease of the queue has expired",
+    "claim_probe": "SQLite picks a pending-only claim when no lease of the queue has expired, a limited one if limited",
     "claim_pending": "the pending-only form of claim (no merge with expired leases)",
     "claim_pending_ordered": "the pending-only form of claim_ordered",
     "ordered_queues": "SQLite reads which queues keep heads with no lock (one writer; PostgreSQL: kept_queues)",
+    **{
+        name: "rate limits are enforced by the SQLite and memory stores; PostgreSQL refuses limit_keys for now"
+        for name in (
+            "rate_limits",
+            "delete_rate_limits",
+            "insert_rate_limit",
+            "bucket_tat",
+            "set_bucket_tat",
+            "task_limit_keys",
+            "limited_candidates",
+            "limited_candidates_ordered",
+            "claim_ids",
+            "release_rate_limited",
+        )
+    },
     "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",
 }
 POSTGRES_ONLY = {

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import secrets
-from collections.abc import AsyncIterator
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -284,3 +290,72 @@ async def test_a_release_whose_answer_was_lost_reports_the_lease_released(locks:
         assert [i.owner_token for i in await locks.list_locks("job")] == [taken.owner_token]
     finally:
         locks._scripts["release"] = script
+
+
+async def test_a_server_without_persistence_is_warned_about_at_open(
+    locks: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The test server's own configuration decides: no AOF and no RDB save points give the
+    warning (the local Redis runs with --save "" --appendonly no); either one, none."""
+    from asynccoord.backends.redis import RedisLockStore
+
+    async def configured(client: Any) -> tuple[str, str]:
+        save = (await client.config_get("save"))["save"]
+        appendonly = (await client.config_get("appendonly"))["appendonly"]
+        return (save.decode() if isinstance(save, bytes) else save), (
+            appendonly.decode() if isinstance(appendonly, bytes) else appendonly
+        )
+
+    save, appendonly = await redis_call(configured)
+    persists = appendonly == "yes" or bool(save.strip())
+    caplog.set_level(logging.WARNING, logger="asynccoord.backends.redis")
+    async with RedisLockStore(REDIS_URL, prefix=locks.prefix) as other:
+        assert other.persistent is persists
+    warned = [r for r in caplog.records if r.getMessage().startswith("asynccoord.redis.no_persistence")]
+    assert len(warned) == (0 if persists else 1)
+    if warned:
+        assert warned[0].levelno == logging.WARNING
+        assert "appendonly" in warned[0].getMessage()
+
+
+@pytest.fixture
+def aof_redis_url(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of the test's own, started with --appendonly yes; its URL."""
+    server = shutil.which("redis-server")
+    if server is None:
+        unavailable("redis-server", "not on PATH")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)]
+    proc = subprocess.Popen(
+        [*command, "--save", "", "--appendonly", "yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.multiprocess
+async def test_a_server_with_append_only_files_is_not_warned_about(
+    aof_redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from asynccoord.backends.redis import RedisLockStore
+
+    caplog.set_level(logging.WARNING, logger="asynccoord.backends.redis")
+    deadline = time.monotonic() + 10.0
+    while True:
+        store = RedisLockStore(aof_redis_url, reconnect_timeout_s=1.0)
+        try:
+            await store.open()
+            break
+        except StoreConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            await asyncio.sleep(0.05)
+    try:
+        assert store.persistent is True
+    finally:
+        await store.close()
+    assert not [r for r in caplog.records if "no_persistence" in r.getMessage()]

@@ -34,8 +34,9 @@ from asynccoord import (
     partition_of,
 )
 from asynccoord.membership import Membership
-from asynccoord.node.node import SEND_CLEANUP_S, Node, NodeConfig, NodeStatus, current_delivery
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import Node, NodeConfig, NodeStatus, Runtime, current_delivery
+from asynccoord.node.ablation import Ablation
+from asynccoord.node.send import SEND_CLEANUP_S
 
 QUEUE = "q"
 
@@ -351,8 +352,8 @@ async def test_in_process_enqueue_wakes_an_idle_node_at_once(make_store: Any, no
         sent[task.id] = time.monotonic()
 
     # polls only once a second: a send within 0.1 s of the enqueue comes from the wake-up
-    config = NodeConfig(queue=QUEUE, idle_min_s=1.0, idle_max_s=1.0, partitioning=partitioning)
-    async with Runtime(store, send=send, nodes=nodes, config=config):
+    config = NodeConfig(queue=QUEUE, idle_min_s=1.0, idle_max_s=1.0)
+    async with Runtime(store, send=send, nodes=nodes, config=config, _ablation=Ablation(partitioning=partitioning)):
         await asyncio.sleep(0.1)
         latencies = await wake_latencies(store, [f"c{i}" for i in range(6)], sent)
     assert max(latencies) <= 0.1, latencies

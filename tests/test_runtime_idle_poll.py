@@ -19,8 +19,7 @@ from support import FakeClock, count_calls
 
 from asynccoord import NewTask, Task, TaskStatus, owner_of, partition_of
 from asynccoord.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
-from asynccoord.node.node import Node, NodeConfig, current_delivery
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import Node, NodeConfig, Runtime, current_delivery
 
 QUEUE = "q"
 IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.1}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import secrets
 import sqlite3
 import time
 from pathlib import Path
@@ -13,11 +14,13 @@ from typing import Any
 import jsonschema
 import pytest
 from conftest import WORKERS_DIR, PythonRunner
+from services import REDIS_URL, redis_problem, unavailable
 from support import FakeClock
 
 from asynccoord import (
     AlertRule,
     InvalidArgumentError,
+    Lease,
     MemoryStore,
     Monitor,
     NewTask,
@@ -319,3 +322,58 @@ def test_status_command_on_a_live_multiprocess_run(python: PythonRunner, db_path
     human = python.run_module("asynccoord", "status", "--db", str(db_path))
     assert "outbox" in human.stdout
     assert "No active alerts" in human.stdout
+
+
+def test_status_lists_the_locks_held_in_a_redis_lock_store(python: PythonRunner, db_path: Path) -> None:
+    """``status --lock-store redis://...`` shows the database's locks and the lock store's, tells
+    them apart, and says whether the Redis keeps its data (warning at open when it does not)."""
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    from asynccoord.backends.redis import RedisLockStore
+
+    prefix = f"test-status:{secrets.token_hex(4)}:"
+
+    async def run() -> tuple[Any, Any, bool | None]:
+        async with SQLiteStore(db_path) as store, RedisLockStore(REDIS_URL, prefix=prefix) as locks:
+            await store.try_acquire_lock("account:in-db", ttl_s=60.0, holder="node-db")
+            lease = await locks.try_acquire_lock("account:in-redis", ttl_s=60.0, holder="node-redis")
+            assert isinstance(lease, Lease)
+            try:
+                argv = ["status", "--db", str(db_path), "--lock-store", REDIS_URL, "--lock-prefix", prefix]
+                as_json = await asyncio.to_thread(python.run_module, "asynccoord", *argv, "--json")
+                as_table = await asyncio.to_thread(python.run_module, "asynccoord", *argv, "--color", "never")
+            finally:
+                await locks.release_lock(lease)
+                client = locks._client  # the fencing counter stays forever: delete the test's keys
+                assert client is not None
+                keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+                if keys:
+                    await client.delete(*keys)
+            return as_json, as_table, locks.persistent
+
+    as_json, as_table, persistent = asyncio.run(run())
+    report = json.loads(as_json.stdout)
+    validate(report)
+    assert [(lock["store"], lock["name"], lock["holder"]) for lock in report["locks"]] == [
+        ("db", "account:in-db", "node-db"),
+        ("lock_store", "account:in-redis", "node-redis"),
+    ]
+    assert report["lock_store"] == {"url": REDIS_URL, "prefix": prefix, "persistent": persistent}
+    assert ("asynccoord.redis.no_persistence" in as_json.stderr) is (persistent is False)
+    text = as_table.stdout
+    assert f"lock store {REDIS_URL} prefix {prefix!r}" in text
+    assert "node-redis" in text
+    assert "node-db" in text
+    assert ("keeps no data on disk" in text) is (persistent is False)
+
+
+def test_status_refuses_a_lock_store_that_is_no_redis_url(python: PythonRunner, tmp_path: Path) -> None:
+    db = str(tmp_path / "none.db")
+    proc = python.run_module("asynccoord", "status", "--db", db, "--lock-store", "http://cache:6379", check=False)
+    assert proc.returncode == 2
+    assert "--lock-store takes a Redis URL" in proc.stderr
+    proc = python.run_module("asynccoord", "status", "--db", db, "--lock-prefix", "app:", check=False)
+    assert proc.returncode == 2
+    assert "--lock-prefix applies to a --lock-store only" in proc.stderr
+    assert list(tmp_path.iterdir()) == []

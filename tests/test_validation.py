@@ -685,10 +685,16 @@ async def test_directory_is_not_a_database(tmp_path: Path) -> None:
         await SQLiteStore(tmp_path).open()
 
 
+async def test_a_path_in_a_missing_folder_names_the_folder(tmp_path: Path) -> None:
+    with pytest.raises(NotADatabaseError) as info:  # a StoreError
+        await SQLiteStore(tmp_path / "missing-dir" / "x.db").open()
+    assert f"its folder {str(tmp_path / 'missing-dir')!r} does not exist" in str(info.value)
+
+
 async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
     threads_before = set(threading.enumerate())
-    with pytest.raises(StoreError) as info:
-        await SQLiteStore(tmp_path / "missing-dir" / "x.db").open()
+    with pytest.raises(StoreError) as info:  # the folder exists; the name is too long for the file system
+        await SQLiteStore(tmp_path / ("x" * 300 + ".db")).open()
     assert type(info.value) is StoreError
     assert "unable to open database file" in str(info.value)
     assert isinstance(info.value.__cause__, sqlite3.Error)
@@ -886,8 +892,7 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
     from asynccoord.locks.watchdog import Watchdog
     from asynccoord.membership import Membership
     from asynccoord.monitor.histogram import SLOTS, Histogram, LatencyRecorder
-    from asynccoord.node.node import NodeConfig
-    from asynccoord.node.runtime import Runtime
+    from asynccoord.node import NodeConfig, Runtime
     from asynccoord.notify import WorkNotifier
 
     wd = Watchdog(MemoryStore())

@@ -298,6 +298,22 @@ def _map_error(exc: BaseException, what: str) -> StoreError:
     return StoreError(text)
 
 
+async def _persistence(client: aioredis.Redis) -> bool | None:
+    """Whether the server persists its data: AOF on (``INFO persistence``), or RDB snapshot
+    points configured (``CONFIG GET save``); None when it does not say (a managed Redis may
+    refuse ``CONFIG``; the check never fails the caller)."""
+    try:
+        info = await client.info("persistence")
+        if int(info.get("aof_enabled", 0)) == 1:
+            return True
+        save = (await client.config_get("save")).get("save")
+    except (rerr.RedisError, OSError, ValueError, TypeError):
+        return None
+    if save is None:
+        return None
+    return bool(_text(save).strip())
+
+
 class RedisLockStore:
     """The lock contract (:class:`~asynccoord.contract.protocols.LockStore`) on one Redis server.
 
@@ -324,6 +340,11 @@ class RedisLockStore:
             before raising, seconds (> 0). Default 10.
         max_connections: Most connections of the pool (>= 1); callers beyond wait for one.
             Default 16 (concurrent acquisitions share one pipelined round trip anyway).
+
+    Attributes:
+        persistent: Whether the server keeps its data on disk (AOF, or RDB snapshot points),
+            as read by :meth:`open`; None before, or when the server does not say (a
+            managed Redis may refuse ``CONFIG``).
 
     Raises:
         InvalidTypeError, InvalidArgumentError: a bad argument.
@@ -355,6 +376,7 @@ class RedisLockStore:
         self.reconnect_timeout_s = check_positive("reconnect_timeout_s", reconnect_timeout_s)
         self.max_connections = check_int("max_connections", max_connections, minimum=1)
         self._clock = clock
+        self.persistent: bool | None = None
         self._client: aioredis.Redis | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of open()
         self._scripts: dict[str, Any] = {}
@@ -377,7 +399,11 @@ class RedisLockStore:
         await self.close()
 
     async def open(self) -> None:
-        """Connect and load the scripts. Idempotent.
+        """Connect, load the scripts and read whether the server persists its data. Idempotent.
+
+        A server that keeps nothing on disk (no AOF, no RDB snapshot points) is logged at
+        WARNING as ``asynccoord.redis.no_persistence``: its restart would start the fencing
+        counters over (see the module docstring). :attr:`persistent` holds the answer.
 
         Raises:
             StoreConnectionError: the server cannot be reached.
@@ -406,6 +432,15 @@ class RedisLockStore:
         }
         self._client = client
         self._loop = asyncio.get_running_loop()
+        self.persistent = await _persistence(client)
+        if self.persistent is False:
+            log.warning(
+                "asynccoord.redis.no_persistence url=%s appendonly=no save=none: the server keeps no copy of "
+                "its data on disk, so a restart empties the fencing counters and fenced writes are refused "
+                "until the counters pass the resources' highest tokens; enable AOF (appendonly yes) or RDB "
+                "snapshots (save ...)",
+                redact_location(self.url),
+            )
 
     async def close(self) -> None:
         """Wait for queued acquisitions and background releases (bounded), then close. Idempotent.

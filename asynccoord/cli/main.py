@@ -13,15 +13,14 @@ anything touches a database.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
-from ..validation import MAX_DURATION_S
-from .run import check_run, configure_run, run_command, store_options
+from .dashboard import check_dashboard, configure_dashboard, dashboard_command
+from .run import check_run, configure_run, run_command
+from .status import check_status, configure_status, status_command
 
 __all__ = ("COMMANDS", "Command", "build_parser", "main")
 
@@ -47,73 +46,13 @@ class Command:
     check: Callable[[argparse.Namespace], object] | None = None
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value <= MAX_DURATION_S:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and <= {MAX_DURATION_S:.0f}, got {text!r}")
-    return value
-
-
-def _configure_status(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        "--store",
-        dest="db",
-        required=True,
-        metavar="TARGET",
-        help="the SQLite database file, or a postgresql:// DSN (opened read-only)",
-    )
-    parser.add_argument(
-        "--schema",
-        metavar="NAME",
-        help="with a postgresql:// --db: the schema of asynccoord's tables (default: the connection's search_path)",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object (schema: status.schema.json)")
-    parser.add_argument(
-        "--window",
-        dest="windows_s",
-        action="append",
-        type=_positive_float,
-        metavar="SECONDS",
-        help="a window for event rates and latencies (repeatable; default 10 and 60)",
-    )
-    parser.add_argument(
-        "--color", choices=("auto", "always", "never"), default="auto", help="colour in the tables (default auto)"
-    )
-
-
-def _check_status(args: argparse.Namespace) -> None:
-    """Refuse a ``--schema`` that is no valid name, or that comes with an SQLite ``--db``, before anything opens."""
-    from ..backends.open import open_store
-
-    options = store_options(args)
-    if options:
-        open_store(args.db, read_only=True, **options)  # validates the name; opens nothing
-
-
-def _run_status(args: argparse.Namespace) -> int:
-    from .status import collect_status, render_status
-
-    windows = tuple(args.windows_s or (10.0, 60.0))
-    report = asyncio.run(collect_status(args.db, windows_s=windows, schema=args.schema))
-    if args.json:
-        sys.stdout.write(json.dumps(report, allow_nan=False, sort_keys=False) + "\n")
-    else:
-        color = {"auto": None, "always": True, "never": False}[args.color]
-        render_status(report, color=color)
-    return 0
-
-
 COMMANDS: list[Command] = [
     Command(
         name="status",
         help="queue depth, live nodes, locks, conflict counters and active alerts of a database",
-        configure=_configure_status,
-        run=_run_status,
-        check=_check_status,
+        configure=configure_status,
+        run=status_command,
+        check=check_status,
     ),
     Command(
         name="run",
@@ -121,6 +60,13 @@ COMMANDS: list[Command] = [
         configure=configure_run,
         run=run_command,
         check=check_run,
+    ),
+    Command(
+        name="dashboard",
+        help="a live read-only web page of a database's status (extra 'dashboard')",
+        configure=configure_dashboard,
+        run=dashboard_command,
+        check=check_dashboard,
     ),
 ]
 """The subcommands, in ``--help`` order."""

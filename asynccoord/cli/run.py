@@ -25,7 +25,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
@@ -94,6 +94,14 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--heartbeat-ttl-s", type=float, default=5.0, help="membership TTL, seconds (default 5)")
     parser.add_argument(
+        "--rate-limit",
+        action="append",
+        default=[],
+        metavar="DIM=COUNT/PERIOD[,burst=N]",
+        help="a rate limit of the queue on one dimension of its tasks' limit_keys, e.g. account=30/1s,burst=30; "
+        "repeat for several; stored in the database for every process (without it, the stored limits stay)",
+    )
+    parser.add_argument(
         "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
     )
 
@@ -121,7 +129,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     Returns:
         ``(send, lock_key, config)``: the loaded callables (``lock_key`` None when not
-        given) and the :class:`~asynccoord.node.node.NodeConfig` they make.
+        given) and the :class:`~asynccoord.node.config.NodeConfig` they make.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: an option is out of range, ``--db`` is no
@@ -132,7 +140,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             error, exit status 2).
     """
     from ..backends.open import open_store, redact_target
-    from ..node.node import NodeConfig
+    from ..node import NodeConfig
 
     # Each option is checked here under its own spelling; NodeConfig would name its field.
     check_int("--nodes", args.nodes, minimum=1, maximum=4096)
@@ -153,6 +161,8 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         raise InvalidArgumentError(
             f"--db {args.db!r} is an in-memory SQLite database, which no other process can reach: give a file"
         )
+    if rate_limits(args) and not hasattr(store, "set_rate_limits"):
+        raise InvalidArgumentError(f"--rate-limit: the store of --db {redact_target(args.db)!r} enforces no limits")
     send = load_callable(args.send)
     lock_key = load_callable(args.lock_key) if args.lock_key else None
     config = NodeConfig(
@@ -169,6 +179,21 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return send, lock_key, config
 
 
+def rate_limits(args: argparse.Namespace) -> list[Any]:
+    """The queue's limits from ``--rate-limit`` options (empty when none was given).
+
+    Raises:
+        InvalidArgumentError: an option not of the form ``DIM=COUNT/PERIOD[,burst=N]``, or
+            two on one dimension.
+    """
+    from ..contract.ratelimits import check_rate_limits, parse_rate_limit
+
+    try:
+        return check_rate_limits([parse_rate_limit(text) for text in getattr(args, "rate_limit", None) or []])
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"--rate-limit: {exc}") from exc
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown).
 
@@ -182,9 +207,10 @@ def run_command(args: argparse.Namespace) -> int:
     """
     from ..backends.open import describe_target, open_store
     from ..monitor.monitor import Monitor
-    from ..node.runtime import Runtime
+    from ..node import Runtime
 
     send, lock_key, config = check_run(args)  # before the database is touched
+    limits = rate_limits(args)
 
     async def main() -> int:
         # While the store opens and the nodes start, and again while they close down, SIGTERM
@@ -194,6 +220,8 @@ def run_command(args: argparse.Namespace) -> int:
         holding = _hold_signals(loop, held)
         try:
             async with open_store(args.db, **store_options(args)) as store:
+                if limits:  # declared for every process of the database, before any node claims
+                    await cast(Any, store).set_rate_limits(args.queue, limits)
                 runtime = Runtime(
                     store,
                     send=send,

@@ -17,25 +17,36 @@ prints it as tables with rich.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import AsyncIterator, Sequence
 from importlib import resources
 from typing import IO, Any
 
 from .. import events as ev
 from ..config import StoreConfig
 from ..contract.monitorchecks import check_windows
+from ..errors import InvalidArgumentError
 from ..locks.pool import PLACE_PREFIX
-from ..monitor.monitor import cluster_snapshot
+from ..monitor.snapshot import cluster_snapshot
 from ..partition import assign
-from ..validation import check_positive
+from ..validation import MAX_DURATION_S, check_positive
+from .run import store_options
 
 __all__ = (
     "CONFLICT_EVENTS",
     "STATUS_SCHEMA_ID",
+    "check_status",
     "collect_status",
+    "configure_status",
+    "open_lock_store",
+    "open_status_store",
     "render_status",
+    "status_command",
     "status_report",
     "status_schema",
 )
@@ -56,10 +67,14 @@ CONFLICT_EVENTS: tuple[str, ...] = (
     ev.DEAD_LETTERED,
     ev.PARTITION_HANDOFF,
     ev.MEMBERSHIP_CHANGE,
+    ev.PROVIDER_RATE_LIMITED,
+    ev.RATE_LIMIT_HELD,
 )
 """Events shown as conflicts in the human output (throughput events come after them)."""
 
 _STATUSES = ("pending", "running", "done", "dead")
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def status_schema() -> dict[str, Any]:
@@ -70,7 +85,11 @@ def status_schema() -> dict[str, Any]:
 
 
 async def status_report(
-    store: Any, *, windows_s: Sequence[float] = (10.0, 60.0), db: str | None = None
+    store: Any,
+    *,
+    windows_s: Sequence[float] = (10.0, 60.0),
+    db: str | None = None,
+    lock_store: Any = None,
 ) -> dict[str, Any]:
     """Gather the status of the cluster behind an open ``store``.
 
@@ -78,6 +97,9 @@ async def status_report(
         store: An open store implementing the queue, lock, membership and monitor contracts.
         windows_s: Windows for event rates and latency quantiles, seconds. Default (10, 60).
         db: The database path, echoed in the report. Default None.
+        lock_store: An open lock store the nodes take their locks in (``Runtime(lock_store=...)``,
+            e.g. a :class:`~asynccoord.backends.redis.RedisLockStore`): its locks are listed
+            after ``store``'s, each with ``"store": "lock_store"``. Default None.
 
     Returns:
         A JSON-ready dict valid under :func:`status_schema`.
@@ -88,7 +110,9 @@ async def status_report(
     windows = check_windows(windows_s)
     depths = await store.queue_depths()
     members = await store.members()
-    locks = await store.list_locks()
+    locks = [("db", lock) for lock in await store.list_locks()]
+    if lock_store is not None:
+        locks += [("lock_store", lock) for lock in await lock_store.list_locks()]
     snapshot = await cluster_snapshot(store, windows)
     partitions = int(store.partitions)
     # As the nodes compute it: over the live members draining the same queue (their heartbeat's
@@ -154,8 +178,10 @@ async def status_report(
             }
             for m in members
         ],
+        "lock_store": None if lock_store is None else _lock_store_entry(lock_store),
         "locks": [
             {
+                "store": where,
                 "name": lock.name,
                 "holder": lock.holder,
                 "fencing_token": lock.fencing_token,
@@ -163,7 +189,7 @@ async def status_report(
                 "acquired_at": lock.acquired_at,
                 "ttl_left_s": max(0.0, lock.remaining_ttl_s),
             }
-            for lock in locks
+            for where, lock in locks
         ],
         "events": {"totals": snap["totals"], "process_totals": snap["process_totals"], "windows": snap["windows"]},
         "latencies": snap["latencies"],
@@ -172,12 +198,44 @@ async def status_report(
     }
 
 
+@contextlib.asynccontextmanager
+async def open_status_store(
+    path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0, schema: str | None = None
+) -> AsyncIterator[tuple[Any, str]]:
+    """Open ``path`` read-only as :func:`collect_status` reads it; yield the store and its label.
+
+    The label is what a report's ``db`` field shows (a PostgreSQL DSN without its password).
+    ``python -m asynccoord dashboard`` keeps this store open and calls :func:`status_report`
+    on it for every snapshot, so the page and ``status`` read the same way.
+
+    Args:
+        path: The SQLite database file of the cluster, or a PostgreSQL DSN.
+        busy_timeout_s: How long a read may wait for a busy database (WAL recovery), seconds.
+        schema: With a PostgreSQL DSN, the schema of the tables; None: the search path.
+
+    Raises:
+        As :func:`collect_status`.
+    """
+    config = StoreConfig(busy_timeout_s=check_positive("busy_timeout_s", busy_timeout_s))
+    from ..backends.open import describe_target, is_postgres_target, open_store, schema_options
+
+    options = schema_options(path, schema)
+    if isinstance(path, str) and is_postgres_target(path):  # a PostgreSQL DSN
+        async with open_store(path, config=config, read_only=True, listen=False, **options) as pg_store:
+            yield pg_store, describe_target(path, schema)
+    else:
+        async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
+            yield store, os.fspath(path)
+
+
 async def collect_status(
     path: str | os.PathLike[str],
     *,
     windows_s: Sequence[float] = (10.0, 60.0),
     busy_timeout_s: float = 5.0,
     schema: str | None = None,
+    lock_store: str | None = None,
+    lock_prefix: str | None = None,
 ) -> dict[str, Any]:
     """Open ``path`` read-only and return :func:`status_report` of it.
 
@@ -188,22 +246,140 @@ async def collect_status(
         busy_timeout_s: How long a read may wait for a busy database (WAL recovery), seconds.
         schema: With a PostgreSQL DSN, the schema of the tables (``PostgresStore(schema=)``);
             None: the connection's search path. Default None.
+        lock_store: A Redis URL whose locks are listed too (see :func:`open_lock_store`);
+            only read. Default None.
+        lock_prefix: The lock store's key prefix; None for its default. Default None.
 
     Raises:
         InvalidArgumentError: ``schema`` with an SQLite ``path``, or no valid schema name.
         NotADatabaseError: no database at ``path`` (or in ``schema``), or not one of asynccoord.
         SchemaVersionError: the schema is another version than this asynccoord's.
-        StoreError: a read failed.
+        StoreError: a read failed (StoreConnectionError: the lock store cannot be reached).
     """
-    config = StoreConfig(busy_timeout_s=check_positive("busy_timeout_s", busy_timeout_s))
-    from ..backends.open import describe_target, is_postgres_target, open_store, schema_options
+    locks_cm = None if lock_store is None else open_lock_store(lock_store, prefix=lock_prefix)
+    async with contextlib.AsyncExitStack() as stack:
+        locks = None if locks_cm is None else await stack.enter_async_context(locks_cm)
+        store, label = await stack.enter_async_context(
+            open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema)
+        )
+        return await status_report(store, windows_s=windows_s, db=label, lock_store=locks)
+    raise AssertionError("unreachable")  # pragma: no cover
 
-    options = schema_options(path, schema)
-    if isinstance(path, str) and is_postgres_target(path):  # a PostgreSQL DSN
-        async with open_store(path, config=config, read_only=True, listen=False, **options) as pg_store:
-            return await status_report(pg_store, windows_s=windows_s, db=describe_target(path, schema))
-    async with open_store(path, config=config, read_only=True) as store:  # a path or sqlite:///PATH
-        return await status_report(store, windows_s=windows_s, db=os.fspath(path))
+
+# --- the command ------------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and <= {MAX_DURATION_S:.0f}, got {text!r}")
+    return value
+
+
+def configure_status(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``python -m asynccoord status`` to ``parser``."""
+    parser.add_argument(
+        "--db",
+        "--store",
+        dest="db",
+        required=True,
+        metavar="TARGET",
+        help="the SQLite database file, or a postgresql:// DSN (opened read-only)",
+    )
+    parser.add_argument(
+        "--schema",
+        metavar="NAME",
+        help="with a postgresql:// --db: the schema of asynccoord's tables (default: the connection's search_path)",
+    )
+    parser.add_argument(
+        "--lock-store",
+        metavar="URL",
+        help="also list the locks held in this Redis (redis://, rediss:// or unix:// URL; extra 'redis'), "
+        "as given to Runtime(lock_store=RedisLockStore(URL))",
+    )
+    parser.add_argument(
+        "--lock-prefix",
+        metavar="PREFIX",
+        default=None,
+        help="with --lock-store: the key prefix of the lock store (default 'asynccoord:')",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object (schema: status.schema.json)")
+    parser.add_argument(
+        "--window",
+        dest="windows_s",
+        action="append",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="a window for event rates and latencies (repeatable; default 10 and 60)",
+    )
+    parser.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="colour in the tables (default auto)"
+    )
+
+
+def check_status(args: argparse.Namespace) -> None:
+    """Refuse, before anything opens, a ``--schema`` that is no valid name or that comes with an
+    SQLite ``--db``, and a ``--lock-store`` that is no Redis URL (or ``--lock-prefix`` without one)."""
+    from ..backends.open import open_store
+
+    options = store_options(args)
+    if options:
+        open_store(args.db, read_only=True, **options)  # validates the name; opens nothing
+    if args.lock_store is None:
+        if args.lock_prefix is not None:
+            raise InvalidArgumentError("--lock-prefix applies to a --lock-store only: add --lock-store redis://...")
+        return
+    open_lock_store(args.lock_store, prefix=args.lock_prefix)  # validates the URL and prefix; opens nothing
+
+
+def status_command(args: argparse.Namespace) -> int:
+    """Run ``python -m asynccoord status`` with the parsed ``args``: print the report; exit status 0."""
+    windows = tuple(args.windows_s or (10.0, 60.0))
+    report = asyncio.run(
+        collect_status(
+            args.db, windows_s=windows, schema=args.schema, lock_store=args.lock_store, lock_prefix=args.lock_prefix
+        )
+    )
+    if args.json:
+        sys.stdout.write(json.dumps(report, allow_nan=False, sort_keys=False) + "\n")
+    else:
+        color = {"auto": None, "always": True, "never": False}[args.color]
+        render_status(report, color=color)
+    return 0
+
+
+def _lock_store_entry(lock_store: Any) -> dict[str, Any]:
+    """The report's ``lock_store`` object: where it is (no password), its prefix, whether it persists."""
+    from ..backends.open import redact_target
+
+    url = getattr(lock_store, "url", None)
+    return {
+        "url": None if url is None else redact_target(url),
+        "prefix": getattr(lock_store, "prefix", None),
+        "persistent": getattr(lock_store, "persistent", None),
+    }
+
+
+def open_lock_store(url: str, *, prefix: str | None = None) -> Any:
+    """A :class:`~asynccoord.backends.redis.RedisLockStore` (not yet opened) for ``status --lock-store``.
+
+    Args:
+        url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
+        prefix: The lock store's key prefix; None for its default (``"asynccoord:"``).
+
+    Raises:
+        InvalidArgumentError: not a Redis URL, a bad prefix, or redis-py is not installed.
+    """
+    if not isinstance(url, str) or not url.startswith(_REDIS_SCHEMES):
+        raise InvalidArgumentError(f"--lock-store takes a Redis URL ({', '.join(_REDIS_SCHEMES)}...)")
+    try:
+        from ..backends.redis import RedisLockStore
+    except ImportError as exc:
+        raise InvalidArgumentError("--lock-store needs redis-py: pip install 'asynccoord[redis]'") from exc
+    return RedisLockStore(url) if prefix is None else RedisLockStore(url, prefix=prefix)
 
 
 def _lapsed(counts: dict[str, Any]) -> str:
@@ -288,11 +464,19 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     title = f"Locks held ({len(report['locks']) - places})"
     if places:  # leases that mark a process waiting for a taken lock (asynccoord.locks.pool.next_in_line)
         title += f" and places in line ({places})"
+    lock_store = report.get("lock_store")
+    if lock_store is not None:
+        title += f"; lock store {lock_store['url']} prefix {lock_store['prefix']!r}"
     table = Table(title=title, box=box.SIMPLE_HEAVY)
-    for col in ("lock", "holder", "fencing token", "permits", "TTL left"):
-        table.add_column(col, justify="left" if col in ("lock", "holder") else "right")
+    columns: tuple[str, ...] = ("lock", "holder", "fencing token", "permits", "TTL left")
+    if lock_store is not None:
+        columns = ("in", *columns)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("in", "lock", "holder") else "right")
     for lock in report["locks"]:
+        where = () if lock_store is None else ("lock store" if lock["store"] == "lock_store" else "db",)
         table.add_row(
+            *where,
             "(place in line) " + lock["name"] if lock["name"].startswith(PLACE_PREFIX) else lock["name"],
             lock["holder"] or "-",
             str(lock["fencing_token"]),
@@ -300,6 +484,12 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
             _fmt_s(lock["ttl_left_s"]),
         )
     console.print(table)
+    if lock_store is not None and lock_store["persistent"] is False:
+        console.print(
+            "warning: the lock store keeps no data on disk (no AOF, no RDB snapshots): a restart "
+            "empties its fencing counters",
+            style="yellow",
+        )
 
     events = report["events"]
     windows = events["windows"]

@@ -12,7 +12,7 @@ semantics; the contract test suite runs unchanged against every backend.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, Self, runtime_checkable
 
 from ..config import RetryPolicy, StoreConfig
@@ -23,8 +23,9 @@ from ..monitor.histogram import LatencyRecorder
 from .locks import FenceRecord, Lease, LockBusy, LockInfo
 from .membership import Member, MemberBeat
 from .monitor import MetricsFlush, MetricsView, QueueDepth
+from .ratelimits import RateLimit
 
-__all__ = ("LockStore", "MembershipStore", "MonitorStore", "QueueStore", "Store")
+__all__ = ("LockStore", "MembershipStore", "MonitorStore", "QueueStore", "RateLimitStore", "Store")
 
 
 @runtime_checkable
@@ -75,6 +76,7 @@ class QueueStore(Protocol):
         priority: int = 0,
         max_attempts: int | None = None,
         delay_s: float = 0.0,
+        limit_keys: Mapping[str, str] | None = None,
     ) -> EnqueueResult:
         """Add one task (fields as in :class:`~asynccoord.models.NewTask`)."""
         ...
@@ -312,6 +314,66 @@ class QueueStore(Protocol):
 
 Store = QueueStore
 """The full storage contract (grows with locks and membership in their modules)."""
+
+
+@runtime_checkable
+class RateLimitStore(Protocol):
+    """Rate limits per queue, enforced by the claim, across every process of the database.
+
+    A queue declares limits, each on one dimension of its tasks (see
+    :class:`~asynccoord.contract.ratelimits.RateLimit`); a task names its key for each
+    dimension at enqueue (``NewTask.limit_keys``: a dimension the queue does not declare is
+    refused with :class:`~asynccoord.errors.InvalidArgumentError`, nothing written). The
+    claim, in its transaction and on the store clock, leases a task only when each bucket
+    ``(queue, dimension, key)`` it names has a token (GCRA, see
+    :mod:`asynccoord.contract.ratelimits`), and takes them; a task without one stays pending
+    in its place, holds no lease and uses no attempt, and the claim goes on past it to
+    other keys' tasks. A token is never handed back (a lease that expires, a task released or
+    reported rate limited keeps its token spent): the bound holds across crashes. The
+    store announces through its notifier, to its idle nodes, when held-back work may go
+    (``claimable_partitions`` counts only work whose buckets have tokens).
+    ``complete_and_claim_next`` never leases a task held by a declared limit (a claim does).
+    A queue with no limits pays nothing: its claims run the statements they ran before.
+    """
+
+    async def set_rate_limits(self, queue: str, limits: Sequence[RateLimit]) -> None:
+        """Declare ``queue``'s limits for every process of the database, replacing what it had.
+
+        Buckets keep their state across a change (a new rate applies from the next claim);
+        an empty list removes the queue's limits (its tasks' keys are then ignored).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad queue, or limits that are not a list
+                of RateLimit with one per dimension (nothing written).
+        """
+        ...
+
+    async def rate_limits(self, queue: str) -> list[RateLimit]:
+        """``queue``'s declared limits, by dimension name (empty when none)."""
+        ...
+
+    async def report_rate_limited(
+        self, task: Task, retry_after_s: float, *, dimension: str | None = None, key: str | None = None
+    ) -> Task:
+        """A provider refused ``task`` for rate: pause its bucket(s), hand it back without using an attempt.
+
+        In one transaction: the bucket ``(task's queue, dimension, key)`` (``key`` None: the
+        task's own key of ``dimension``), or with ``dimension`` None every bucket the task
+        draws on, gets no token before ``retry_after_s`` from now (store clock), and then
+        refills from empty; and the task goes back to pending, its attempt not counted, its
+        place (its id) kept, due at once when a paused bucket holds it back and after
+        ``retry_after_s`` otherwise (no declared bucket named). Counts ``provider_rate_limited``.
+
+        Returns:
+            The task as now stored (pending).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's: the task is left alone
+                (the pause still applies).
+            InvalidTypeError, InvalidArgumentError: a bad task, a NaN, infinite or negative
+                ``retry_after_s``, a ``key`` without ``dimension`` (nothing written).
+        """
+        ...
 
 
 @runtime_checkable

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -29,6 +29,7 @@ from ..validation import (
     is_partition_collection,
     partitions_type_error,
 )
+from .ratelimits import encode_limit_keys
 
 __all__ = (
     "QueueConveniences",
@@ -81,6 +82,8 @@ class PreparedTask:
     priority: int
     max_attempts: int
     delay_s: float
+    limit_keys: dict[str, str]
+    limit_keys_json: str | None
 
 
 def prepare_tasks(tasks: Sequence[NewTask], config: StoreConfig, partitions: int) -> list[PreparedTask]:
@@ -108,6 +111,8 @@ def prepare_tasks(tasks: Sequence[NewTask], config: StoreConfig, partitions: int
                 priority=task.priority,
                 max_attempts=task.max_attempts if task.max_attempts is not None else config.retry.max_attempts,
                 delay_s=float(task.delay_s),
+                limit_keys=dict(task.limit_keys),
+                limit_keys_json=encode_limit_keys(task.limit_keys),
             )
         )
     return prepared
@@ -138,6 +143,7 @@ class QueueConveniences:
         priority: int = 0,
         max_attempts: int | None = None,
         delay_s: float = 0.0,
+        limit_keys: Mapping[str, str] | None = None,
     ) -> EnqueueResult:
         """Add one task (fields as in :class:`~asynccoord.models.NewTask`); see ``enqueue_many``.
 
@@ -152,6 +158,7 @@ class QueueConveniences:
             priority=priority,
             max_attempts=max_attempts,
             delay_s=delay_s,
+            limit_keys={} if limit_keys is None else limit_keys,
         )
         return (await self.enqueue_many([spec]))[0]
 

@@ -45,8 +45,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from ..backends.sqlite.writer import retry_busy
-
 __all__ = ("GatewayAudit", "GatewayError", "SimulatedGateway", "StaleTokenError", "TransientGatewayError", "audit")
 
 T = TypeVar("T")
@@ -318,9 +316,21 @@ def _use_wal(db: sqlite3.Connection, *, timeout_s: float) -> None:
     When the processes of a demo open a fresh record at the same moment, SQLite answers the
     journal-mode switch of all but one with SQLITE_BUSY at once, without its busy handler
     (a worker died at start with "database is locked", 1 run in about 60 with 4 processes).
-    The store's own retry (:func:`~asynccoord.backends.sqlite.writer.retry_busy`) waits.
+    So the switch is tried again every 0.2..4 ms (growing by half each time) until
+    ``timeout_s`` seconds have passed; then the busy error goes through.
     """
-    retry_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), time.monotonic() + timeout_s)
+    deadline = time.monotonic() + timeout_s
+    delay_s = 0.0002
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 1.5, 0.004)
 
 
 class _Busy(Exception):

@@ -28,8 +28,7 @@ from ..backends.open import open_store
 from ..config import RetryPolicy
 from ..models import Task
 from ..monitor.monitor import Monitor
-from ..node.node import NodeConfig, current_delivery
-from ..node.runtime import Runtime
+from ..node import NodeConfig, Runtime, current_delivery
 from .gateway import SimulatedGateway
 
 __all__ = ("DEMO_QUEUE", "EarlyStop", "main", "lock_key")
@@ -140,7 +139,7 @@ async def run(args: argparse.Namespace, early_stop: EarlyStop | None = None) -> 
         max_in_flight=args.max_in_flight,
         send_timeout_s=5.0,
         idle_max_s=args.idle_max_s,
-        retry=RetryPolicy(base_s=0.05, factor=2.0, cap_s=1.0, jitter=0.2, max_attempts=8),
+        retry=RetryPolicy(base_s=0.05, factor=2.0, cap_s=1.0, jitter=0.2),
     )
     options = {} if args.schema is None else {"schema": args.schema}
     async with (

@@ -47,6 +47,13 @@ Guarantees (the storage side is :class:`~asynccoord.contract.protocols.LockStore
   cancelled and ``async with`` raises :class:`~asynccoord.errors.LockLostError`
   (:class:`~asynccoord.errors.MaxHoldExceededError` at the ceiling). A cancellation
   from outside is never turned into that error, nor swallowed.
+* Outside ``async with``: a lease taken by ``acquire`` (or ``try_acquire``) with
+  ``auto_renew`` is renewed until ``release`` (or ``max_hold_s``), whichever task
+  acquired it: the renewal belongs to the handle, so a helper task that acquires and
+  ends leaves the lock held. Release it, or it is held up to ``max_hold_s``. A lost
+  lease calls ``on_lost``. ``held`` is never True past the lease's local deadline
+  (``time.monotonic()`` at the last acquisition or confirmed renewal sent, plus
+  ``ttl_s``, less the watchdog's margin), renewed or not.
 """
 
 from __future__ import annotations
@@ -350,6 +357,7 @@ class _LeaseHandle:
         self._lease: Lease | None = None
         self._guard: Guard | None = None
         self._lost: LockLostError | None = None
+        self._deadline = 0.0  # local monotonic deadline of an unguarded lease (see held)
         self._scope: anyio.CancelScope | None = None
         self._busy = False
 
@@ -415,12 +423,19 @@ class _LeaseHandle:
 
     @property
     def held(self) -> bool:
-        """Whether this handle holds a lease the watchdog has not given up.
+        """Whether this handle holds a lease the watchdog has not given up, within its local deadline.
 
-        This is the handle's belief, not a store query: an unrenewed lease may have
-        lapsed since (the store decides; fence your writes).
+        The local deadline is ``time.monotonic()`` at the sending of the acquisition (or of
+        the last confirmed renewal) plus ``ttl_s``, less the watchdog's safety margin: past
+        it the store may have let the lease lapse, so ``held`` is False (also for a lease
+        that is not renewed, ``auto_renew=False``). Still the handle's belief, not a store
+        query: fence your writes.
         """
-        return self._lease is not None and self._lost is None
+        if self._lease is None or self._lost is not None:
+            return False
+        if self._guard is not None:
+            return self._guard.remaining_s() > 0
+        return time.monotonic() < self._deadline
 
     # --- acquire ----------------------------------------------------------------------------
 
@@ -433,8 +448,10 @@ class _LeaseHandle:
 
         Returns:
             The new :class:`~asynccoord.contract.locks.Lease`. With :attr:`auto_renew`
-            the watchdog renews it until :meth:`release`, until :attr:`max_hold_s`,
-            or until the calling task ends, whichever comes first.
+            the watchdog renews it until :meth:`release` or until :attr:`max_hold_s`,
+            whichever comes first, whatever task called ``acquire`` (the renewal
+            belongs to the handle, not to that task: one that ends leaves the lock held
+            and renewed; release it).
 
         Raises:
             LockTimeoutError: not acquired within ``timeout_s``; counted as ``lock_contended``.
@@ -537,7 +554,11 @@ class _LeaseHandle:
         """Record a new lease; synchronous, so no cancellation can fall between grant and record."""
         self._lease = lease
         self._lost = None
+        self._deadline = self._local_deadline(lease.ttl_s, sent_at)
         if self._auto_renew or in_block:
+            # A block's lease is guarded for the block's task; one taken by acquire() for the
+            # handle: renewed until release(), whichever task acquired it (a helper task that
+            # ends leaves it held, and renewed).
             self._guard = self._watchdog.guard(
                 lease,
                 sent_at=sent_at,
@@ -545,7 +566,12 @@ class _LeaseHandle:
                 renew_interval_s=self._renew_interval_s,
                 max_hold_s=self._max_hold_s if self._auto_renew else None,
                 on_lost=self._on_lost,
+                tied_to_task=in_block,
             )
+
+    def _local_deadline(self, ttl_s: float, sent_at: float) -> float:
+        """Before this monotonic time the store cannot have let a lease of ``ttl_s`` sent at ``sent_at`` lapse."""
+        return sent_at + ttl_s * (1.0 - self._watchdog.safety_margin_ratio)
 
     def _on_lost(self, error: LockLostError) -> None:
         self._lost = error
@@ -599,6 +625,7 @@ class _LeaseHandle:
             )
         if self._holds(lease):
             self._lease = renewed
+            self._deadline = self._local_deadline(renewed.ttl_s, sent_at)
         return renewed
 
     async def release(self) -> None:
@@ -727,7 +754,13 @@ class Lock(_LeaseHandle):
 
     A handle for one holder (create one per holder task; they are cheap). Use it as
     ``async with Lock(store, name) as lease:``, or call :meth:`acquire` /
-    :meth:`try_acquire`, then :meth:`release`.
+    :meth:`try_acquire`, then :meth:`release`. With ``auto_renew``, a lease taken by
+    :meth:`acquire` is renewed until :meth:`release` (or ``max_hold_s``), whatever task
+    called it: the renewal belongs to this handle, not to the acquiring task, so a
+    helper task that acquires and ends leaves the lock held (and renewed) until you
+    release it. :attr:`held` is False once the lease is lost or past its local deadline
+    (acquisition or last confirmed renewal sent, plus ``ttl_s``, less the watchdog's
+    margin), renewed or not.
 
     Args:
         store: A lock store (:class:`~asynccoord.SQLiteStore`, :class:`~asynccoord.MemoryStore`...).

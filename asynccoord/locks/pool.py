@@ -50,6 +50,11 @@ back for fairness is queued for behind the place whatever the rank. A place with
 (no ``order``, a pool whose ``max_overtakes`` is 0, or one written by a version without
 ranks) is given way to as before.
 
+Contention (the ``lock_contended`` event) is a wait between holders: a pool counts it once
+per acquisition that finds the lock, or its place in line, held by another holder. A local
+task waiting for its turn on the pool's lease is not counted: the nodes of one process
+sharing a pool take turns by design.
+
 Mutual exclusion is unchanged: one turn at a time in the process, and one process at
 a time per lock name. If the watchdog loses the lease, the current turn's work is
 cancelled (the ``on_lost`` callback given to :meth:`LockPool.turn`) and the next turn
@@ -221,6 +226,18 @@ class Turn:
 
         return done
 
+    def check(self) -> LockLostError | None:
+        """Give the lease up now if its local deadline has passed (see :meth:`Guard.check`); the error, or None.
+
+        Call it before starting the turn's work: a turn handed over by the pool takes no
+        store round trip, so a renewal that is late (a slow store) is seen only here. A
+        lease given up calls the turn's ``on_lost``.
+        """
+        guard = self._session.guard
+        if guard is None:
+            return None
+        return guard.check()
+
 
 class LockPool:
     """Shares lock leases among the tasks of one process (see the module docstring).
@@ -336,7 +353,7 @@ class LockPool:
             The :class:`Turn` (``turn.lease.fencing_token`` for fenced writes).
 
         Raises:
-            LockTimeoutError: no turn within ``timeout_s`` (counted as ``lock_contended``).
+            LockTimeoutError: no turn within ``timeout_s``.
             InvalidTypeError, InvalidArgumentError: a bad argument (raised on entering the
                 block, before any wait).
         """
@@ -359,11 +376,13 @@ class LockPool:
             self._gave_way.pop(name, None)
             releasing.cancel()
         if session.busy or session.waiters or session.releasing is not None:
-            self.store.events.add(ev.LOCK_CONTENDED)
+            # A local turn, not contention: only a wait for another holder counts (see _acquire).
             await self._wait_turn(session, deadline, priority, order)
         session.busy = True
         holding = True  # this task holds the process's turn (not while it hands a fresh lease on)
         try:
+            if session.guard is not None:
+                session.guard.check()  # a lease past its local deadline is given up, not handed on
             while not session.alive():
                 await self._retire(session)
                 await self._acquire(session, deadline, rank)

@@ -17,7 +17,8 @@ is reached, the watchdog drops the lease, counts ``lock_lost`` and calls the gua
 ``on_lost`` callback, which cancels the guarded work (see :mod:`asynccoord.locks.lock`).
 
 A guard ends when it is closed (the lock is released), when the watchdog loses it,
-or when the task that holds it ends; from then on its lease is never renewed again.
+or when the task that holds it ends (unless it was made with ``tied_to_task=False``, as
+for a lock taken with ``Lock.acquire``); from then on its lease is never renewed again.
 The watchdog's own task runs only while it guards something (and lingers
 ``IDLE_EXIT_S`` after the last guard closes).
 """
@@ -368,6 +369,7 @@ class Watchdog:
         max_hold_s: float | None = None,
         on_lost: OnLost | None = None,
         task: asyncio.Task[object] | None = None,
+        tied_to_task: bool = True,
     ) -> Guard:
         """Start guarding ``lease``: track its local deadline and, if ``renew``, renew it.
 
@@ -388,6 +390,9 @@ class Watchdog:
                 lease is given up with :class:`MaxHoldExceededError`. None: no ceiling.
             on_lost: Called once with the error when the lease is given up.
             task: The holder task: the guard closes when it ends. Default: the current task.
+            tied_to_task: False: no task ends the guard (``task`` must be None); it lasts
+                until it is closed or the lease is lost (a lock acquired with
+                :meth:`asynccoord.Lock.acquire` is renewed until its release). Default True.
 
         Returns:
             The :class:`Guard`; close it when the lock is released.
@@ -419,7 +424,10 @@ class Watchdog:
             raise InvalidTypeError(f"task must be an asyncio.Task or None, got {type(task).__name__} {task!r}")
         interval = self.check_interval(lease.ttl_s, lease.ttl_s / 3 if renew_interval_s is None else renew_interval_s)
         hold = float("inf") if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
-        holder_task = task if task is not None else asyncio.current_task()
+        check_bool("tied_to_task", tied_to_task)
+        if not tied_to_task and task is not None:
+            raise InvalidArgumentError(f"task must be None when tied_to_task is False, got {task!r}")
+        holder_task = None if not tied_to_task else task if task is not None else asyncio.current_task()
         g = Guard(
             self,
             lease,

@@ -117,6 +117,8 @@ class CoordCollector(Collector):
             ("alerts_resolved", "Resolved alert notices published."),
             ("alerts_dropped", "Alert notices dropped because a subscriber's buffer was full."),
             ("callback_failures", "Alert callbacks that raised or timed out."),
+            ("sink_failures", "Alert notices a sink (e.g. a webhook) gave up on after every attempt."),
+            ("sink_dropped", "Alert notices a sink dropped unsent (its queue was full, or it closed first)."),
         ):
             family = CounterMetricFamily(f"{PREFIX}_monitor_{field}", text)
             family.add_metric([], float(getattr(stats, field)))

@@ -12,24 +12,15 @@ What it does, every ``flush_interval_s``: it takes the deltas of the process' co
 latency histograms (``store.latencies``) and adds them to the store in one batched
 write (:meth:`~asynccoord.contract.protocols.MonitorStore.flush_metrics`), so every process
 and the status command see totals and rates over all processes. Every
-``evaluate_interval_s`` it reads the windows its rules need (one read) and evaluates
-each :class:`AlertRule` per scope (the cluster, each process, or each node).
-
-Incidents, not samples: a rule whose value rises above ``threshold`` gives exactly one
-firing :class:`~asynccoord.contract.monitor.Alert`; it stays active, without repeats,
-until the value falls to ``threshold * clear_ratio`` or below, which gives exactly one
-resolved notice. Two thresholds, one to fire and a lower one to resolve, are the
-hysteresis of a Schmitt trigger: a value hovering around the threshold cannot make
-an alert storm. Without enough throughput to judge a relative rule
-(``min_events``), a firing incident resolves once its window holds no more events of
-its kind.
+``evaluate_interval_s`` it reads the windows its rules need (one read) and judges each
+:class:`~asynccoord.monitor.rules.AlertRule` per scope (the cluster, each process, or
+each node): incidents with hysteresis, one firing and one resolved notice each
+(:mod:`asynccoord.monitor.rules`).
 
 Delivery never blocks the nodes: publishing only appends to one bounded buffer per
-subscriber (the oldest notice is dropped and counted when a buffer is full); each
-callback runs in its own task under ``callback_timeout_s``, so a slow, stuck or
-failing subscriber loses only its own notices. Each notice is also logged at WARNING
-with the stable event names ``asynccoord.monitor.alert_firing`` and
-``asynccoord.monitor.alert_resolved``.
+subscriber (:mod:`asynccoord.monitor.alerts`); each callback runs in its own task under
+``callback_timeout_s``. Each notice is also logged at WARNING with the stable event
+names ``asynccoord.monitor.alert_firing`` and ``asynccoord.monitor.alert_resolved``.
 
 Firing alerts are stored with each flush, so another process (and
 ``python -m asynccoord status``) sees them; a monitor's stored alerts expire when it
@@ -43,36 +34,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import inspect
 import logging
 import math
 import os
 import secrets
 import socket
 import weakref
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
 
-from .. import events as ev
-from .._errtext import error_text
 from ..config import StoreConfig
-from ..contract.monitor import (
-    PROCESS_SCOPE,
-    Alert,
-    AlertScope,
-    AlertState,
-    CounterKey,
-    MetricsFlush,
-    MetricsView,
-    ProcessReport,
-)
-from ..contract.monitorchecks import check_windows
+from ..contract.monitor import PROCESS_SCOPE, Alert, MetricsFlush, MetricsView
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from ..events import EventCounter
 from ..validation import (
@@ -81,421 +57,25 @@ from ..validation import (
     check_int,
     check_interval_s,
     check_name,
-    check_non_negative,
     check_positive,
     encode_payload,
 )
+from .alerts import AlertCallback, AlertSink, AlertStream, Mailbox, Subscription, deliver
 from .histogram import Histogram
+from .rules import DEFAULT_RULES, AlertRule, Incident, decide
+from .snapshot import ClusterSnapshot, cluster_snapshot
 
-__all__ = (
-    "DEFAULT_RULES",
-    "Alert",
-    "AlertCallback",
-    "AlertRule",
-    "AlertScope",
-    "AlertState",
-    "AlertStream",
-    "ClusterSnapshot",
-    "EventWindow",
-    "LatencySummary",
-    "Monitor",
-    "MonitorStats",
-    "Subscription",
-    "cluster_snapshot",
-)
+__all__ = ("Monitor", "MonitorStats")
 
 log = logging.getLogger(__name__)
 
-AlertCallback = Callable[[Alert], Awaitable[Any] | None]
-"""A subscriber: ``async def on_alert(alert: Alert) -> None`` (a plain function is accepted too)."""
-
 _KEEPALIVE_S = 10.0
-_CANCELLED_WRITE_WAIT_S = 5.0
-"""How long a cancelled flush waits for its write's outcome, seconds."""
 """A monitor writes at least this often (seconds) even when nothing changed, so the
 status command sees the process as live."""
-
-
-def _check_event_name(arg: str, value: object) -> str:
-    """Check that ``value`` is one of :data:`asynccoord.events.EVENT_NAMES` (a rule on any
-    other name would never fire)."""
-    name = check_name(arg, value)
-    if name not in ev.EVENT_NAMES:
-        raise InvalidArgumentError(f"{arg} must be one of the event names {list(ev.EVENT_NAMES)!r}, got {name!r}")
-    return name
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AlertRule:
-    """A threshold on one event kind over a sliding window.
-
-    Absolute rule (``relative_to`` None): the value is the number of ``event`` events
-    in the last ``window_s`` seconds. Relative rule: the value is that number divided by
-    the number of ``relative_to`` events in the same window (a ratio, 0.05 = 5 %),
-    judged only when the denominator holds at least ``min_events`` events.
-
-    Args:
-        name: Unique rule name (1..255 characters), e.g. ``"stale_commits"``.
-        event: The event counted: one of :data:`asynccoord.events.EVENT_NAMES`.
-        window_s: Sliding window, seconds (> 0; at most the monitor's ``retention_s``).
-        threshold: Fires when the value is *above* it (count, or ratio), >= 0.
-        relative_to: Denominator event name, or a tuple of names summed (each one of
-            :data:`~asynccoord.events.EVENT_NAMES`); None for an absolute rule. Default None.
-        min_events: Relative rules: least denominator events in the window for the
-            rule to be judged (>= 0). Default 20. Ignored by absolute rules.
-        scope: ``"cluster"`` (all processes summed), ``"process"`` (each process) or
-            ``"node"`` (each node; needs per-node counters, see :meth:`Monitor.track`).
-            Default ``"cluster"``.
-        clear_ratio: Hysteresis: a firing incident resolves when the value is at most
-            ``threshold * clear_ratio``, in ``[0, 1]``. Default 0.5.
-
-    Raises:
-        InvalidArgumentError, InvalidTypeError: a bad field, naming it and the value.
-    """
-
-    name: str
-    event: str
-    window_s: float
-    threshold: float
-    relative_to: str | tuple[str, ...] | None = None
-    min_events: int = 20
-    scope: AlertScope = AlertScope.CLUSTER
-    clear_ratio: float = 0.5
-
-    def __post_init__(self) -> None:
-        check_name("name", self.name)
-        _check_event_name("event", self.event)
-        object.__setattr__(self, "window_s", check_positive("window_s", self.window_s))
-        object.__setattr__(self, "threshold", check_non_negative("threshold", self.threshold, maximum=None))
-        check_int("min_events", self.min_events, minimum=0)
-        ratio = check_non_negative("clear_ratio", self.clear_ratio, maximum=None)
-        if ratio > 1:
-            raise InvalidArgumentError(f"clear_ratio must be in [0, 1], got {self.clear_ratio!r}")
-        object.__setattr__(self, "clear_ratio", ratio)
-        relative: object = self.relative_to
-        if isinstance(relative, str):
-            object.__setattr__(self, "relative_to", (_check_event_name("relative_to", relative),))
-        elif relative is not None:
-            if not isinstance(relative, tuple) or not relative:
-                raise InvalidTypeError(
-                    f"relative_to must be an event name, a non-empty tuple of names, or None, got {relative!r}"
-                )
-            for item in relative:
-                _check_event_name("relative_to[i]", item)
-        scope: object = self.scope
-        try:
-            object.__setattr__(self, "scope", AlertScope(str(scope)))
-        except ValueError:
-            raise InvalidArgumentError(f"scope must be one of {[s.value for s in AlertScope]}, got {scope!r}") from None
-
-    @property
-    def denominators(self) -> tuple[str, ...] | None:
-        """The denominator event names of a relative rule, or None."""
-        relative = self.relative_to
-        if relative is None:
-            return None
-        return (relative,) if isinstance(relative, str) else relative
-
-
-DEFAULT_RULES: tuple[AlertRule, ...] = (
-    AlertRule(
-        name="stale_commits", event=ev.STALE_COMMIT_REJECTED, relative_to=ev.COMMITS, threshold=0.05, window_s=30.0
-    ),
-    AlertRule(name="fencing_rejections", event=ev.FENCING_REJECTED, threshold=0, window_s=60.0),
-    AlertRule(name="lease_expiries", event=ev.LEASE_EXPIRED, relative_to=ev.CLAIMS, threshold=0.05, window_s=60.0),
-    AlertRule(name="lost_leases", event=ev.LEASE_LOST, threshold=0, window_s=60.0),
-    AlertRule(name="lost_locks", event=ev.LOCK_LOST, threshold=0, window_s=60.0),
-    AlertRule(
-        name="lock_contention",
-        event=ev.LOCK_CONTENDED,
-        relative_to=ev.CLAIMS,
-        threshold=0.5,
-        window_s=30.0,
-        min_events=50,
-    ),
-    AlertRule(name="retries", event=ev.RETRIES, relative_to=ev.CLAIMS, threshold=0.2, window_s=60.0),
-    AlertRule(name="dead_letters", event=ev.DEAD_LETTERED, threshold=0, window_s=60.0),
-    AlertRule(name="membership_churn", event=ev.MEMBERSHIP_CHANGE, threshold=10, window_s=60.0),
-)
-"""Rules a :class:`Monitor` uses unless given others: more than 5 % of commits rejected as
-stale over 30 s; any fencing rejection, lost lease, lost lock or dead letter in 60 s;
-more than 5 % of claims taking an expired lease over 60 s; lock contention on more than
-half the claims over 30 s; retries on more than 20 % of the claims over 60 s; more than
-10 membership changes in 60 s. All cluster-wide."""
-
-
-# --- snapshots -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LatencySummary:
-    """Quantile estimates of one latency histogram, milliseconds (None when empty)."""
-
-    count: int
-    p50_ms: float | None
-    p90_ms: float | None
-    p99_ms: float | None
-    mean_ms: float | None
-
-    @classmethod
-    def of(cls, hist: Histogram) -> LatencySummary:
-        """Summarize ``hist``."""
-        return cls(count=hist.count, p50_ms=hist.p50, p90_ms=hist.p90, p99_ms=hist.p99, mean_ms=hist.mean_ms)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EventWindow:
-    """Cluster-wide event counts over one sliding window.
-
-    Attributes:
-        window_s: The window, seconds.
-        counts: Event name -> events in the window (all processes).
-        rates_per_s: Event name -> ``counts / window_s``, events per second.
-    """
-
-    window_s: float
-    counts: Mapping[str, int]
-    rates_per_s: Mapping[str, float]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterSnapshot:
-    """Totals and rates over every process, as read from the store at ``now_s``.
-
-    Attributes:
-        now_s: Store clock at the read.
-        totals: Event name -> lifetime count over all processes.
-        process_totals: Process id -> event name -> lifetime count.
-        node_totals: Node id -> event name -> lifetime count (only for tracked nodes).
-        windows: One :class:`EventWindow` per window asked for, in that order.
-        latencies: Window seconds -> latency name -> :class:`LatencySummary`.
-        processes: Processes that flushed within the retention, by id.
-        alerts: Firing alerts stored by every live monitor.
-    """
-
-    now_s: float
-    totals: Mapping[str, int]
-    process_totals: Mapping[str, Mapping[str, int]]
-    node_totals: Mapping[str, Mapping[str, int]]
-    windows: tuple[EventWindow, ...]
-    latencies: Mapping[float, Mapping[str, LatencySummary]]
-    processes: tuple[ProcessReport, ...]
-    alerts: tuple[Alert, ...]
-
-    def window(self, window_s: float) -> EventWindow:
-        """The :class:`EventWindow` of ``window_s``.
-
-        Raises:
-            KeyError: that window was not read.
-        """
-        for w in self.windows:
-            if w.window_s == window_s:
-                return w
-        raise KeyError(f"window {window_s!r} s was not read; have {[w.window_s for w in self.windows]}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the ``events``/``latencies``/``processes``/``alerts`` parts of the status JSON)."""
-        return {
-            "now_s": self.now_s,
-            "totals": dict(self.totals),
-            "process_totals": {p: dict(c) for p, c in self.process_totals.items()},
-            "node_totals": {n: dict(c) for n, c in self.node_totals.items()},
-            "windows": [
-                {"window_s": w.window_s, "counts": dict(w.counts), "rates_per_s": dict(w.rates_per_s)}
-                for w in self.windows
-            ],
-            "latencies": [
-                {"window_s": window, "name": name, **summary.to_dict()}
-                for window, by_name in self.latencies.items()
-                for name, summary in by_name.items()
-            ],
-            "processes": [
-                {
-                    "process_id": p.process_id,
-                    "info": p.info,
-                    "first_flush_at": p.first_flush_at,
-                    "last_flush_at": p.last_flush_at,
-                    "last_flush_age_s": p.last_flush_age_s,
-                }
-                for p in self.processes
-            ],
-            "alerts": [a.to_dict() for a in self.alerts],
-        }
-
-
-def build_snapshot(view: MetricsView, windows_s: Sequence[float]) -> ClusterSnapshot:
-    """A :class:`ClusterSnapshot` from a :class:`~asynccoord.contract.monitor.MetricsView`.
-
-    Args:
-        view: What the store returned.
-        windows_s: The windows to report, in order (each must be in ``view.windows``).
-    """
-    totals: dict[str, int] = {}
-    per_process: dict[str, dict[str, int]] = {}
-    per_node: dict[str, dict[str, int]] = {}
-    for (pid, scope, name), value in sorted(view.totals.items()):
-        if scope == PROCESS_SCOPE:
-            totals[name] = totals.get(name, 0) + value
-            per_process.setdefault(pid, {})[name] = value
-        else:
-            node = per_node.setdefault(scope, {})
-            node[name] = node.get(name, 0) + value
-    windows = []
-    for window in windows_s:
-        counts: dict[str, int] = {}
-        for (_pid, scope, name), value in view.windows.get(window, {}).items():
-            if scope == PROCESS_SCOPE:
-                counts[name] = counts.get(name, 0) + value
-        counts = dict(sorted(counts.items()))
-        windows.append(
-            EventWindow(window_s=window, counts=counts, rates_per_s={n: c / window for n, c in counts.items()})
-        )
-    latencies = {
-        window: {name: LatencySummary.of(h) for name, h in sorted(view.latencies.get(window, {}).items())}
-        for window in windows_s
-    }
-    return ClusterSnapshot(
-        now_s=view.now_s,
-        totals=dict(sorted(totals.items())),
-        process_totals=per_process,
-        node_totals=per_node,
-        windows=tuple(windows),
-        latencies=latencies,
-        processes=tuple(view.processes.values()),
-        alerts=view.alerts,
-    )
-
-
-async def cluster_snapshot(store: Any, windows_s: Sequence[float] = (10.0, 60.0)) -> ClusterSnapshot:
-    """Read the cluster-wide totals, rates, latencies and stored alerts of ``store``.
-
-    Works on any open :class:`~asynccoord.contract.protocols.MonitorStore`, including a
-    read-only ``SQLiteStore``; no :class:`Monitor` is needed.
-
-    Args:
-        store: An open store.
-        windows_s: Sliding windows for rates and latencies, seconds. Default (10, 60).
-
-    Raises:
-        InvalidTypeError: ``store`` has no monitor primitives.
-        StoreError: the read failed.
-    """
-    if not callable(getattr(store, "read_metrics", None)):
-        raise InvalidTypeError(f"store must implement MonitorStore (read_metrics), got {type(store).__name__}")
-    windows = check_windows(windows_s)
-    view: MetricsView = await store.read_metrics(windows)
-    return build_snapshot(view, windows)
-
-
-# --- delivery --------------------------------------------------------------------------
-
-
-class _Mailbox:
-    """A bounded buffer of notices for one subscriber; full means drop the oldest."""
-
-    __slots__ = ("_closed", "_items", "_wake", "dropped", "maxlen")
-
-    def __init__(self, maxlen: int) -> None:
-        self.maxlen = maxlen
-        self._items: deque[Alert] = deque()
-        self._wake = asyncio.Event()
-        self._closed = False
-        self.dropped = 0
-
-    def put(self, alert: Alert) -> bool:
-        """Append ``alert``; False when the oldest notice had to be dropped for it."""
-        if self._closed:
-            return True
-        kept = True
-        if len(self._items) >= self.maxlen:
-            self._items.popleft()
-            self.dropped += 1
-            kept = False
-        self._items.append(alert)
-        self._wake.set()
-        return kept
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake.set()
-
-    async def get(self) -> Alert | None:
-        """The next notice, or None once closed and empty."""
-        while not self._items:
-            if self._closed:
-                return None
-            self._wake.clear()
-            await self._wake.wait()
-        return self._items.popleft()
-
-
-class AlertStream:
-    """An async iterator over a monitor's notices (``async for alert in monitor.alerts()``).
-
-    It buffers up to ``buffer`` notices; when full the oldest is dropped and counted
-    (:attr:`dropped`). It ends when the monitor closes or :meth:`close` is called.
-    """
-
-    def __init__(self, monitor: Monitor, mailbox: _Mailbox) -> None:
-        self._monitor = monitor
-        self._mailbox = mailbox
-
-    @property
-    def dropped(self) -> int:
-        """Notices dropped because this stream's buffer was full."""
-        return self._mailbox.dropped
-
-    def close(self) -> None:
-        """Stop receiving; iteration ends after the buffered notices."""
-        self._monitor._unregister(self._mailbox)
-        self._mailbox.close()
-
-    def __aiter__(self) -> AsyncIterator[Alert]:
-        return self
-
-    async def __anext__(self) -> Alert:
-        alert = await self._mailbox.get()
-        if alert is None:
-            raise StopAsyncIteration
-        return alert
-
-    def __repr__(self) -> str:
-        return f"<AlertStream buffered={len(self._mailbox._items)} dropped={self.dropped}>"
-
-
-@dataclass(eq=False)
-class Subscription:
-    """A registered callback; :meth:`cancel` unsubscribes it.
-
-    Attributes:
-        callback: The async callback.
-        timeout_s: Longest one call may take before it is cancelled and counted as failed.
-        calls: Calls made. failures: Calls that raised or timed out.
-    """
-
-    callback: AlertCallback
-    timeout_s: float
-    _mailbox: _Mailbox
-    _monitor: Monitor
-    calls: int = 0
-    failures: int = 0
-    _task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def dropped(self) -> int:
-        """Notices dropped because the callback fell behind (its buffer was full)."""
-        return self._mailbox.dropped
-
-    def cancel(self) -> None:
-        """Unsubscribe: no further notices are delivered; a running call is cancelled."""
-        self._monitor._unregister(self._mailbox)
-        self._mailbox.close()
-        if self._task is not None:
-            self._task.cancel()
+_CANCELLED_WRITE_WAIT_S = 5.0
+"""How long a cancelled flush waits for its write's outcome, seconds."""
+_SINK_CLOSE_S = 5.0
+"""How long a closing monitor lets each sink deliver what it holds, seconds."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -513,12 +93,10 @@ class MonitorStats:
     callback_failures: int
     subscribers: int
     active_alerts: int
-
-
-@dataclass(slots=True)
-class _Incident:
-    alert: Alert  # the firing notice as delivered
-    current: Alert  # the same with the latest measured value (what is stored)
+    sink_failures: int = 0
+    """Notices the sinks (``sinks=``) gave up on after every attempt, or that were refused."""
+    sink_dropped: int = 0
+    """Notices the sinks dropped unsent (their queue was full, or they closed first)."""
 
 
 _ACTIVE_STORES: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -556,6 +134,10 @@ class Monitor:
             :class:`~asynccoord.backends.redis.RedisLockStore`): its events (lock
             contention, lost locks, refused fencing tokens) count in the process totals
             with ``store``'s. None (default) when ``store`` holds the locks as well.
+        sinks: Destinations every notice is also handed to, e.g. a
+            :class:`~asynccoord.monitor.webhook.WebhookSink`; each queues it and delivers it
+            in a task of its own, so none can block the monitor. Started and closed with the
+            monitor (a close gives each up to 5 s to deliver what it holds). Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store).
@@ -577,6 +159,7 @@ class Monitor:
         background: bool = True,
         info: Mapping[str, Any] | None = None,
         lock_store: Any = None,
+        sinks: Sequence[AlertSink] = (),
     ) -> None:
         for method in ("flush_metrics", "read_metrics"):
             if not callable(getattr(store, method, None)):
@@ -599,6 +182,15 @@ class Monitor:
             raise InvalidTypeError(
                 f"lock_store must be a lock store with an EventCounter 'events', got {type(lock_store).__name__}"
             )
+        given_sinks: object = sinks
+        chosen_sinks = (
+            tuple(given_sinks) if isinstance(given_sinks, Sequence) and not isinstance(given_sinks, str) else None
+        )
+        if chosen_sinks is None or not all(
+            callable(getattr(sink, name, None)) for sink in chosen_sinks for name in ("start", "offer", "aclose")
+        ):
+            raise InvalidTypeError(f"sinks must be a sequence of alert sinks (start, offer, aclose), got {sinks!r}")
+        self.sinks = chosen_sinks
         self.store = store
         self.lock_store = None if lock_store is store else lock_store
         self.rules = chosen
@@ -638,11 +230,11 @@ class Monitor:
         self._tracked: dict[str, EventCounter] = {}
         self._sent_events: dict[tuple[str, str], int] = {}
         self._sent_latency: dict[str, Histogram] = {}
-        self._incidents: dict[tuple[str, str], _Incident] = {}
+        self._incidents: dict[tuple[str, str], Incident] = {}
         self._alerts_dirty = False
         self._last_write_monotonic = -math.inf
         self._flush_lock = asyncio.Lock()
-        self._mailboxes: list[_Mailbox] = []
+        self._mailboxes: list[Mailbox] = []
         self._dropped_retired = 0
         self._closed_once = False
         self._subscriptions: list[Subscription] = []
@@ -684,6 +276,8 @@ class Monitor:
                 )
         _ACTIVE_STORES.update(counted)
         self._open = True
+        for sink in self.sinks:
+            await sink.start()
         for sub in self._subscriptions:
             self._start_worker(sub)
         if self.background:
@@ -726,6 +320,9 @@ class Monitor:
                     with contextlib.suppress(asyncio.CancelledError):
                         await sub._task
                     sub._task = None
+            if self.sinks:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.gather(*(sink.aclose(timeout_s=_SINK_CLOSE_S) for sink in self.sinks))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -871,7 +468,10 @@ class Monitor:
             self._evaluate_failures += 1
             raise
         self._evaluations += 1
-        notices = self._decide(view)
+        notices, changed = decide(self.rules, self._incidents, view, self.process_id)
+        self._alerts_dirty = self._alerts_dirty or changed
+        self._fired += sum(1 for alert in notices if alert.firing)
+        self._resolved += sum(1 for alert in notices if not alert.firing)
         for alert in notices:
             self._publish(alert)
         if notices:  # the stored alert state changed: write it now, not at the next flush
@@ -881,58 +481,6 @@ class Monitor:
                     await self.flush()
                 except CoordError as exc:
                     log.warning("asynccoord.monitor.flush_failed process=%s error=%s", self.process_id, exc)
-        return notices
-
-    def _decide(self, view: MetricsView) -> list[Alert]:
-        notices: list[Alert] = []
-        for rule in self.rules:
-            groups = _group_counts(rule.scope, view.windows.get(rule.window_s, {}))
-            keys = set(groups) | {key for (name, key) in self._incidents if name == rule.name}
-            for key in sorted(keys):
-                counts = groups.get(key, {})
-                count = counts.get(rule.event, 0)
-                denominators = rule.denominators
-                if denominators is None:
-                    base: int | None = None
-                    value = float(count)
-                    judged = True
-                else:
-                    base = sum(counts.get(name, 0) for name in denominators)
-                    value = count / base if base else 0.0
-                    judged = base >= max(1, rule.min_events)
-                incident = self._incidents.get((rule.name, key))
-                measured = Alert(
-                    rule=rule.name,
-                    event=rule.event,
-                    value=value,
-                    threshold=rule.threshold,
-                    window_s=rule.window_s,
-                    at=view.now_s,
-                    scope=rule.scope,
-                    scope_key=key,
-                    state=AlertState.FIRING,
-                    relative_to=denominators,
-                    count=count,
-                    base=base,
-                    fired_at=view.now_s,
-                    monitor_id=self.process_id,
-                )
-                if incident is None:
-                    if judged and value > rule.threshold:
-                        self._incidents[(rule.name, key)] = _Incident(alert=measured, current=measured)
-                        self._fired += 1
-                        notices.append(measured)
-                    continue
-                cleared = value <= rule.threshold * rule.clear_ratio if judged else count == 0
-                if cleared:
-                    del self._incidents[(rule.name, key)]
-                    self._resolved += 1
-                    notices.append(
-                        dataclasses.replace(measured, state=AlertState.RESOLVED, fired_at=incident.alert.fired_at)
-                    )
-                else:
-                    incident.current = dataclasses.replace(measured, fired_at=incident.alert.fired_at)
-                    self._alerts_dirty = True
         return notices
 
     # --- delivery -----------------------------------------------------------------------
@@ -956,8 +504,13 @@ class Monitor:
             )
         for mailbox in list(self._mailboxes):
             mailbox.put(alert)
+        for sink in self.sinks:
+            try:
+                sink.offer(alert)
+            except Exception as exc:  # a sink's bug must not stop the evaluation
+                log.warning("asynccoord.monitor.sink_failed process=%s sink=%r error=%s", self.process_id, sink, exc)
 
-    def _unregister(self, mailbox: _Mailbox) -> None:
+    def _unregister(self, mailbox: Mailbox) -> None:
         if mailbox in self._mailboxes:
             self._mailboxes.remove(mailbox)
             self._dropped_retired += mailbox.dropped
@@ -973,12 +526,12 @@ class Monitor:
             InvalidArgumentError: ``buffer`` < 1.
         """
         size = self.buffer_size if buffer is None else check_int("buffer", buffer, minimum=1)
-        mailbox = _Mailbox(size)
+        mailbox = Mailbox(size)
         if self._closed_once and not self._open:
             mailbox.close()  # closed monitor: the stream ends at once
         else:
             self._mailboxes.append(mailbox)
-        return AlertStream(self, mailbox)
+        return AlertStream(mailbox, self._unregister)
 
     def subscribe(
         self, callback: AlertCallback, *, buffer: int | None = None, timeout_s: float | None = None
@@ -1008,8 +561,8 @@ class Monitor:
             raise InvalidTypeError(f"callback must be callable, got {type(callback).__name__}")
         size = self.buffer_size if buffer is None else check_int("buffer", buffer, minimum=1)
         timeout = self.callback_timeout_s if timeout_s is None else check_positive("timeout_s", timeout_s)
-        mailbox = _Mailbox(size)
-        sub = Subscription(callback=callback, timeout_s=timeout, _mailbox=mailbox, _monitor=self)
+        mailbox = Mailbox(size)
+        sub = Subscription(callback=callback, timeout_s=timeout, _mailbox=mailbox, _detach=self._unregister)
         self._mailboxes.append(mailbox)
         self._subscriptions.append(sub)
         if self._open:
@@ -1018,37 +571,9 @@ class Monitor:
 
     def _start_worker(self, sub: Subscription) -> None:
         if sub._task is None:
-            sub._task = asyncio.get_running_loop().create_task(self._deliver(sub), name="asynccoord-monitor-subscriber")
-
-    async def _deliver(self, sub: Subscription) -> None:
-        while True:
-            alert = await sub._mailbox.get()
-            if alert is None:
-                return
-            sub.calls += 1
-            try:
-                async with asyncio.timeout(sub.timeout_s):
-                    outcome = sub.callback(alert)
-                    if inspect.isawaitable(outcome):  # a plain function has already run
-                        await outcome
-            except TimeoutError:
-                sub.failures += 1
-                log.warning(
-                    "asynccoord.monitor.subscriber_failed process=%s callback=%r rule=%s error=timeout after %gs",
-                    self.process_id,
-                    sub.callback,
-                    alert.rule,
-                    sub.timeout_s,
-                )
-            except Exception as exc:
-                sub.failures += 1
-                log.warning(
-                    "asynccoord.monitor.subscriber_failed process=%s callback=%r rule=%s error=%s",
-                    self.process_id,
-                    sub.callback,
-                    alert.rule,
-                    error_text(exc),  # the user's exception: its __str__ may raise
-                )
+            sub._task = asyncio.get_running_loop().create_task(
+                deliver(sub, self.process_id), name="asynccoord-monitor-subscriber"
+            )
 
     # --- inspection ---------------------------------------------------------------------
 
@@ -1082,21 +607,6 @@ class Monitor:
             callback_failures=sum(s.failures for s in self._subscriptions),
             subscribers=len(self._mailboxes),
             active_alerts=len(self._incidents),
+            sink_failures=sum(sink.statistics().given_up for sink in self.sinks),
+            sink_dropped=sum(sink.statistics().dropped for sink in self.sinks),
         )
-
-
-def _group_counts(scope: AlertScope, counts: Mapping[CounterKey, int]) -> dict[str, dict[str, int]]:
-    """Window counts grouped by the rule's scope: scope key -> event name -> count."""
-    out: dict[str, dict[str, int]] = {}
-    for (pid, where, name), value in counts.items():
-        if scope is AlertScope.NODE:
-            if where == PROCESS_SCOPE:
-                continue
-            key = where
-        else:
-            if where != PROCESS_SCOPE:
-                continue
-            key = "" if scope is AlertScope.CLUSTER else pid
-        group = out.setdefault(key, {})
-        group[name] = group.get(name, 0) + value
-    return out

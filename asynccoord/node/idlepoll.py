@@ -41,10 +41,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ..errors import UNRECOVERABLE_STORE_ERRORS, StoreError
+from .ablation import FULL, Ablation
+from .config import NodeConfig
 
 if TYPE_CHECKING:
     from ..membership import Membership
-    from .node import Node, NodeConfig
+    from .node import Node
 
 __all__ = ("IdlePoller",)
 
@@ -57,10 +59,13 @@ class IdlePoller:
     Args:
         store: The nodes' store; it must have ``claimable_partitions``.
         nodes: The nodes to wake (read at every poll: a list changed later is seen).
-        config: The nodes' :class:`~asynccoord.node.node.NodeConfig` (queue, order, backoff,
+        config: The nodes' :class:`~asynccoord.node.config.NodeConfig` (queue, order, backoff,
             work stealing).
         membership: The process's membership; while it is unhealthy the nodes claim
             nothing, so nothing is polled. Default None.
+        _ablation: The nodes' layers, for benchmarks only (see :mod:`asynccoord.node.ablation`):
+            nodes without version checks claim any pending task, heads of conversations or
+            not, and so does the poll. Default: every layer on.
 
     Attributes:
         polls: Reads issued so far (``claimable_partitions`` calls).
@@ -68,12 +73,20 @@ class IdlePoller:
     """
 
     def __init__(
-        self, store: Any, nodes: Sequence[Node], config: NodeConfig, *, membership: Membership | None = None
+        self,
+        store: Any,
+        nodes: Sequence[Node],
+        config: NodeConfig,
+        *,
+        membership: Membership | None = None,
+        _ablation: Ablation = FULL,
     ) -> None:
         self.store = store
         self.nodes = nodes
         self.config = config
         self.membership = membership
+        # An unchecked claim (no version checks) takes any pending task, heads or not.
+        self._ordered = config.ordered and _ablation.version_checks
         self.polls = 0
         self.woken = 0
         self._rng = random.Random()
@@ -139,7 +152,7 @@ class IdlePoller:
             union.update(parts)
         if wanted is not None:
             wanted = sorted(union)
-        ordered = cfg.ordered and cfg.version_checks  # an unchecked claim takes any pending task, heads or not
+        ordered = self._ordered
         found: set[int] = set()
         if wanted is None or wanted:
             self.polls += 1

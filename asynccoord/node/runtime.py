@@ -32,7 +32,6 @@ import os
 import secrets
 import signal
 import socket
-import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -48,19 +47,17 @@ from ..locks.pool import LockPool
 from ..membership import Membership
 from ..models import TaskStatus
 from ..validation import check_int, check_interval_s, check_lease_s, check_name, check_positive, check_send
+from . import running
+from .ablation import FULL, Ablation
+from .config import NodeConfig
 from .idlepoll import IdlePoller
-from .node import LockKeyFn, Node, NodeConfig, NodeState, SendFn, failure_of
+from .node import LockKeyFn, Node, failure_of
+from .send import SendFn
+from .status import NodeState
 
 __all__ = ("Runtime",)
 
 log = logging.getLogger(__name__)
-
-_RUNNING: weakref.WeakSet[Runtime] = weakref.WeakSet()
-"""The runtimes of this process whose nodes run now: a process exit stops all of them (see ``Runtime._run``)."""
-
-STOP_OTHERS_S = 15.0
-"""Seconds a runtime whose send raised ``KeyboardInterrupt`` or ``SystemExit`` waits for the other
-runtimes of its event loop to hand back what they hold before it raises the exit."""
 
 
 class Runtime:
@@ -72,7 +69,7 @@ class Runtime:
             function is accepted, with the caveats given in :class:`~asynccoord.node.node.Node`;
             an async generator function is refused with ``InvalidTypeError``).
         nodes: Number of nodes (>= 1). Default 8. Ignored when ``node_ids`` is given.
-        config: :class:`~asynccoord.node.node.NodeConfig` shared by the nodes.
+        config: :class:`~asynccoord.node.config.NodeConfig` shared by the nodes.
         lock_key: Maps a task to the lock it needs (None: no lock). Default None.
         node_ids: Explicit node ids (reuse them across restarts to keep affinity), used
             as given. Default ``"<host>-<pid>-<random>-<n>"`` (:attr:`instance_id` then
@@ -86,6 +83,8 @@ class Runtime:
         lock_store: Where the nodes' locks live, if not in ``store`` (e.g. a
             :class:`~asynccoord.backends.redis.RedisLockStore` beside a PostgreSQL
             queue); commits are still fenced by ``store``. Default None (``store``).
+        _ablation: Layers switched off in every node, for benchmarks only (see
+            :mod:`asynccoord.node.ablation`). Default: every layer on.
 
     Attributes:
         instance_id: ``"<host>-<pid>-<6 random hex digits>"``, new for every Runtime: the
@@ -111,6 +110,7 @@ class Runtime:
         heartbeat_interval_s: float | None = None,
         shutdown_timeout_s: float = 10.0,
         lock_store: Any = None,
+        _ablation: Ablation = FULL,
     ) -> None:
         check_send(send)
         if config is not None and not isinstance(config, NodeConfig):
@@ -156,10 +156,15 @@ class Runtime:
                 lock_pool=self.lock_pool,
                 lock_store=self.lock_store,
                 idle_poll=not pollable,
+                _ablation=_ablation,
             )
             for node_id in ids
         ]
-        self.idle_poller = IdlePoller(store, self.nodes, self.config, membership=self.membership) if pollable else None
+        self.idle_poller = (
+            IdlePoller(store, self.nodes, self.config, membership=self.membership, _ablation=_ablation)
+            if pollable
+            else None
+        )
         self._runner: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
         self._stopping: asyncio.Event | None = None
@@ -293,12 +298,12 @@ class Runtime:
         try:
             for node in self.nodes:
                 self.membership.join(node.node_id, info={"queue": self.config.queue, "pid": os.getpid()})
-            _RUNNING.add(self)
+            running.enlist(self, self._stop_for_exit)
             async with self.membership, anyio.create_task_group() as tg:
                 for node in self.nodes:
                     # A send's KeyboardInterrupt or SystemExit comes out as ProcessExiting (see _exits):
                     # raised in this task it would end the event loop before the other nodes hand back.
-                    tg.start_soon(node._run_carrying_exits, name=f"asynccoord-node-{node.node_id}")
+                    tg.start_soon(node.run_hosted, name=f"asynccoord-node-{node.node_id}")
                 if self.idle_poller is not None:
                     tg.start_soon(self.idle_poller.run, name="asynccoord-idle-poll")
                 started.set_result(None)
@@ -320,7 +325,7 @@ class Runtime:
             if carried is not None:  # the others were cancelled: all handed back; the waiters raise the original
                 log.warning("asynccoord.runtime.process_exit error=%s", error_text(carried.exit))
                 self._exit = carried
-                await stop_runtimes(carried, besides=self)
+                await running.stop_all(carried, besides=self)
                 raise carried from None
             failure = failure_of(exc)
             error = exc if failure is None else failure
@@ -333,7 +338,7 @@ class Runtime:
             if failure is None or failure is exc:
                 raise
         finally:
-            _RUNNING.discard(self)
+            running.leave(self)
             with anyio.CancelScope(shield=True):
                 await self.lock_pool.aclose()
         if failure is not None:
@@ -418,6 +423,23 @@ class Runtime:
         drain = self._drain_scope
         if drain is not None:
             drain.cancel()
+
+    def _stop_for_exit(self, carried: ProcessExiting, loop: asyncio.AbstractEventLoop) -> asyncio.Task[None] | None:
+        """The process is ending (a send of another runtime or node raised ``carried``): stop without a drain.
+
+        Only a runtime of ``loop`` not stopping for an exit already; its waiters then raise the
+        same exit (see :func:`asynccoord.node.running.stop_all`, which calls this).
+
+        Returns:
+            The runtime's task, to wait for its hand-backs; None when there is nothing to wait for.
+        """
+        runner = self._runner
+        if self._exit is not None or runner is None or runner.get_loop() is not loop:
+            return None
+        self._exit = carried
+        self._hurry()
+        self._request_close(graceful=False)
+        return None if runner.done() else runner
 
     async def wait_for_signal(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
         """Run until one of ``signals`` arrives (or :meth:`shutdown` is called), then shut down.
@@ -543,27 +565,3 @@ class Runtime:
                         carried.reraise()
                 await anyio.sleep(poll_s)
         return False
-
-
-async def stop_runtimes(carried: ProcessExiting, *, besides: Runtime | None = None) -> None:
-    """The process is ending: stop every runtime of this event loop (but ``besides``), without a drain.
-
-    Waits (up to :data:`STOP_OTHERS_S`) for their hand-backs, so that the exit, once raised,
-    finds nothing of theirs claimed or held; their waiters raise the same exit. Called by a
-    runtime whose send raised ``KeyboardInterrupt`` or ``SystemExit``, and by a standalone
-    :meth:`Node.run() <asynccoord.node.node.Node.run>` before it raises one.
-    """
-    loop = asyncio.get_running_loop()
-    others = [
-        r
-        for r in list(_RUNNING)
-        if r is not besides and r._exit is None and r._runner is not None and r._runner.get_loop() is loop
-    ]
-    for other in others:
-        other._exit = carried
-        other._hurry()
-        other._request_close(graceful=False)
-    runners = [r._runner for r in others if r._runner is not None and not r._runner.done()]
-    if runners:
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait(runners, timeout=STOP_OTHERS_S)

@@ -30,8 +30,7 @@ from typing import Any
 
 from asynccoord import Monitor, NewTask, SQLiteStore, Task
 from asynccoord import events as ev
-from asynccoord.node.node import NodeConfig
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import NodeConfig, Runtime
 
 
 def emit(obj: dict[str, Any]) -> None:

@@ -48,8 +48,7 @@ import time
 from typing import Any
 
 from asynccoord import Lease, SQLiteStore, Task
-from asynccoord.node.node import NodeConfig, current_delivery
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import NodeConfig, Runtime, current_delivery
 
 
 def emit(obj: dict[str, Any]) -> None:

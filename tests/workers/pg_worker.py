@@ -29,8 +29,7 @@ from typing import Any
 
 from asynccoord import Task
 from asynccoord.backends.postgres.store import STORE_RETRIES, PostgresStore
-from asynccoord.node.node import NodeConfig, current_delivery
-from asynccoord.node.runtime import Runtime
+from asynccoord.node import NodeConfig, Runtime, current_delivery
 
 
 def emit(obj: dict[str, Any]) -> None:

@@ -43,6 +43,7 @@ from ...contract.queue import (
     notify_settled,
     prepare_tasks,
 )
+from ...contract.ratelimits import check_unknown_dimensions
 from ...errors import (
     CoordError,
     InvalidTypeError,
@@ -58,13 +59,14 @@ from ...validation import check_clock, check_int, check_lease_s, check_name, che
 from .locks import MemoryLockOps
 from .membership import MemoryMembershipOps
 from .monitor import MemoryMonitorOps
+from .ratelimits import MemoryRateLimitOps
 
 __all__ = ("MemoryStore",)
 
 _ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
-class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps):
+class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps, MemoryRateLimitOps):
     """The storage contract in plain Python objects (see :class:`~asynccoord.contract.protocols.Store`).
 
     Args:
@@ -107,6 +109,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
     async def close(self) -> None:
         """Mark the store closed."""
         self._open = False
+        self._refill.cancel_all()
 
     def _check_open(self) -> None:
         if not self._open:
@@ -128,6 +131,9 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         """Add tasks atomically; a repeated idempotency key returns the existing task."""
         prepared = prepare_tasks(tasks, self.config, self.partitions)
         self._check_open()
+        for p in prepared:
+            if p.limit_keys:
+                check_unknown_dimensions(p.queue, p.limit_keys, list(self._declared(p.queue)))
         now = self._clock()
         results: list[EnqueueResult] = []
         for p in prepared:
@@ -158,6 +164,8 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
                 updated_at=now,
             )
             self._tasks[task.id] = task
+            if p.limit_keys:
+                self._rate.keys[task.id] = dict(p.limit_keys)
             if p.idempotency_key is not None:
                 self._by_key[(p.queue, p.idempotency_key)] = task.id
             results.append(EnqueueResult(task=task, created=True))
@@ -209,11 +217,23 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
                 dead += 1
         candidates = self._claimable(queue, parts, ordered, now - due_age)
         candidates.sort(key=lambda t: (-t.priority, t.id))
+        admission = self._admission(queue, now)
+        if admission is None:
+            candidates = candidates[:limit]
+        else:  # rate limits: skip past the tasks whose buckets are empty, take tokens for the others
+            admitted: list[Task] = []
+            for t in candidates:
+                if len(admitted) == limit:
+                    break
+                if admission.admit(self._limit_keys_of(t.id), t.partition):
+                    admitted.append(t)
+            candidates = admitted
+            self._settle_admission(queue, admission)
         token = new_token()
         claimed: list[Task] = []
         freed: list[tuple[str, int]] = []
         duplicates = reclaimed = 0
-        for task in candidates[:limit]:
+        for task in candidates:
             if task.status is TaskStatus.RUNNING:
                 reclaimed += 1
             updated = self._lease(task, now, node_id, token, lease)
@@ -241,7 +261,21 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         """The partitions where a claim with these arguments would find work now (semantics as in the SQLite store)."""
         parts, due_age = check_claimable_args(queue, partitions, ordered, min_due_age_s, self.partitions)
         self._check_open()
-        return {t.partition for t in self._claimable(queue, parts, ordered, self._clock() - due_age)}
+        now = self._clock()
+        found = self._claimable(queue, parts, ordered, now - due_age)
+        admission = self._admission(queue, now)
+        if admission is None:
+            return {t.partition for t in found}
+        out: set[int] = set()
+        wake_at: dict[int, float] = {}
+        for t in found:  # a read: no token taken
+            at = admission.earliest(self._limit_keys_of(t.id))
+            if at is None:
+                out.add(t.partition)
+            elif t.partition not in wake_at or at < wake_at[t.partition]:
+                wake_at[t.partition] = at
+        self._refill.schedule(queue, {p: at for p, at in wake_at.items() if p not in out}, now)
+        return out
 
     def _claimable(self, queue: str, parts: list[int] | None, ordered: bool, due_by: float) -> list[Task]:
         """Tasks of ``queue`` a claim may take: due by ``due_by``, in ``parts`` (None: all), heads if ``ordered``."""
@@ -351,6 +385,8 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         )
         if head is None or head.status is not TaskStatus.PENDING or head.run_at > now:
             return None
+        if self._limit_keys_of(head.id) and self._declared(head.queue):
+            return None  # held by rate limits: a claim takes it when its buckets have tokens
         leased = self._lease(head, now, node_id, new_token(), lease)
         if head.idempotency_key is None or (head.queue, head.idempotency_key) not in self._processed:
             self.events.add(ev.CLAIMS)
@@ -590,6 +626,7 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         ]
         for t in old:
             del self._tasks[t.id]
+            self._rate.keys.pop(t.id, None)
             if t.idempotency_key is not None and self._by_key.get((t.queue, t.idempotency_key)) == t.id:
                 del self._by_key[(t.queue, t.idempotency_key)]
         return PurgeResult(deleted=len(old), batches=-(-len(old) // size))

@@ -773,6 +773,10 @@ class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, P
         prepared = prepare_tasks(tasks, self.config, self._partitions)
         if not prepared:
             return []
+        if any(p.limit_keys for p in prepared):  # never enqueue a task whose limits nothing would enforce
+            raise InvalidArgumentError(
+                "limit_keys: rate limits are not enforced by the PostgreSQL store yet (SQLite and memory enforce them)"
+            )
         self._writable()
         columns = {
             "queues": [p.queue for p in prepared],

@@ -53,12 +53,14 @@ from ...contract.queue import (
     task_from_row,
     with_stored_fields,
 )
+from ...contract.ratelimits import Admission
 from ...errors import (
     CoordError,
     InvalidArgumentError,
     InvalidTypeError,
     LeaseLostError,
     NotADatabaseError,
+    ReadOnlyStoreError,
     SchemaVersionError,
     StoreClosedError,
     StoreError,
@@ -75,6 +77,7 @@ from .checkpoint import WalCheckpointer
 from .locks import SQLiteLockOps, check_fence
 from .membership import SQLiteMembershipOps
 from .monitor import SQLiteMonitorOps
+from .ratelimits import SQLiteRateLimitOps, claim_limited
 from .readonly import read_only_error, read_only_uri, setup_read_only
 from .writer import (
     GroupCommitter,
@@ -82,6 +85,7 @@ from .writer import (
     close_abandoned,
     connection_thread_ended,
     daemon_connection,
+    is_read_only,
     map_sqlite_error,
     raw_connection,
     retry_busy,
@@ -103,6 +107,44 @@ _Completed = tuple[float, list[int | str | None], dict[int, int], list[tuple[str
 _ID, _PRIORITY, _RECLAIMED = operator.itemgetter(0), operator.itemgetter(5), operator.itemgetter(14)  # of a claim's row
 _NEW = object.__new__
 _RUNNING = TaskStatus.RUNNING
+
+
+def _check_writable(path: str) -> None:
+    """Refuse a database this process cannot write, before SQLite opens it (and leaves files behind).
+
+    SQLite opens a file it may not write read-only without a word, and fails at the first
+    write; under WAL it also needs ``<file>-wal`` and ``<file>-shm`` beside it, which it
+    creates in the folder (with this process's ownership). ``os.access`` answers for the
+    real user id (root passes, except on a read-only mount): the probe write in
+    :meth:`SQLiteStore._setup` covers what it cannot see.
+
+    Raises:
+        NotADatabaseError: the folder does not exist.
+        ReadOnlyStoreError: the file, a companion file, or the folder is not writable.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise NotADatabaseError(
+            f"cannot open {path!r}: its folder {folder!r} does not exist (create it first; a store creates "
+            "the database file, never its folder)"
+        )
+    companions = [path + "-wal", path + "-shm"]
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise _read_only_file(path, "the file is not writable by this process")
+    for companion in companions:
+        if os.path.exists(companion) and not os.access(companion, os.W_OK):
+            raise _read_only_file(path, f"{companion!r} is not writable by this process")
+    creates = not os.path.exists(path) or not all(os.path.exists(c) for c in companions)
+    if creates and not os.access(folder, os.W_OK | os.X_OK):
+        raise _read_only_file(path, f"its folder {folder!r} is not writable, and SQLite creates files there")
+
+
+def _read_only_file(path: str, reason: str) -> ReadOnlyStoreError:
+    return ReadOnlyStoreError(
+        f"{path!r} is read-only for this process ({reason}): open it with SQLiteStore(path, read_only=True) "
+        "to read it, or give this user write access to the file and its folder (SQLite writes "
+        "<file>-wal and <file>-shm beside it)"
+    )
 
 
 def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task:
@@ -151,7 +193,7 @@ def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
     return f"lease expired at {expires:.3f} (store clock now {now:.3f})"
 
 
-class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps):
+class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps):
     """Task queue (and, in later modules, locks and membership) on one SQLite file.
 
     Use as ``async with SQLiteStore("bot.db") as store: ...`` or call
@@ -231,7 +273,11 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         """Open the file, set WAL and pragmas, and apply pending migrations.
 
         Raises:
-            NotADatabaseError: the file exists but is not an SQLite database.
+            NotADatabaseError: the file exists but is not an SQLite database, or its
+                folder does not exist (the message names it).
+            ReadOnlyStoreError: the file (or its folder, where SQLite writes the
+                ``-wal`` and ``-shm`` files) is not writable by this process; nothing is
+                created. Open it with ``read_only=True`` to read it.
             SchemaVersionError: the database was written by a newer asynccoord.
             StoreBusyError: another connection held the write lock past the timeout.
         """
@@ -245,6 +291,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             )
         if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
             raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
+        if not self.read_only and self.path != ":memory:" and not self.path.startswith("file:"):
+            _check_writable(self.path)  # before SQLite leaves -wal/-shm files behind
         target = read_only_uri(self.path) if self.read_only else self.path
         conn = daemon_connection(target, uri=self.read_only)
         try:
@@ -258,6 +306,8 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             await conn.close()
             if "not a database" in str(exc) or "malformed" in str(exc):
                 raise NotADatabaseError(f"{self.path!r} is not an SQLite database ({exc})") from exc
+            if is_read_only(exc):
+                raise _read_only_file(self.path, str(exc)) from exc
             raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
         except BaseException:
             await conn.close()
@@ -333,6 +383,12 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                 db.execute(Q["meta_set"], {"key": "partitions", "value": str(self.config.partitions)})
             else:
                 self._partitions = int(row[0])
+                # Nothing written so far: a probe write, undone, so a database SQLite opened
+                # read-only (a read-only mount, say) fails here, not at the first real write.
+                db.execute("SAVEPOINT asynccoord_probe")
+                db.execute(Q["meta_set"], {"key": "partitions", "value": str(row[0])})
+                db.execute("ROLLBACK TO asynccoord_probe")
+                db.execute("RELEASE asynccoord_probe")
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -352,6 +408,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         self._conn = None
         self._writer = None
         self._checkpointer = None
+        self._refill.cancel_all()
         if conn is None and writer is None and checkpointer is None:
             return
         if self._loop is not asyncio.get_running_loop():  # the loop of open() is gone, or not ours
@@ -418,6 +475,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
         prepared = prepare_tasks(tasks, self.config, self._partitions)
         if not prepared:
             return []
+        await self._check_dimensions(prepared)  # a read, only when a task names limit keys
 
         def op(db: sqlite3.Connection, now: float) -> list[tuple[bool, _Row]]:
             out: list[tuple[bool, _Row]] = []
@@ -435,6 +493,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
                         "max_attempts": p.max_attempts,
                         "run_at": now + p.delay_s,
                         "now": now,
+                        "limit_keys": p.limit_keys_json,
                     },
                 ).fetchone()
                 if row is not None:
@@ -491,19 +550,25 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             (Q["claim_ordered"], Q["claim_pending_ordered"]) if ordered else (Q["claim"], Q["claim_pending"])
         )
 
+        admissions: dict[str, Admission] = {}  # the limited claim's pass over its buckets, if limited
+
         def op(db: sqlite3.Connection, now: float) -> _Claimed:
             if ordered:
                 _keep_heads(db, queue)
             dead = 0
             promoted: list[tuple[str, int]] = []  # heads that dead letters and duplicates made claimable
-            if db.execute(Q["any_expired_lease"], {"queue": queue, "now": now}).fetchone() is None:
+            expired, limited = db.execute(Q["claim_probe"], {"queue": queue, "now": now}).fetchone()
+            if not expired:
                 sql = pending_only
             else:
                 sql = merged
                 exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
                 dead = len(exhausted)
                 promoted += _promote_heads(db, [(r[1], r[2]) for r in exhausted])
-            rows = db.execute(sql, {**params, "now": now}).fetchall()
+            if limited:  # rate limits: see ratelimits.claim_limited
+                rows, admissions[queue] = claim_limited(db, now, params, ordered)
+            else:
+                rows = db.execute(sql, {**params, "now": now}).fetchall()
             rows.sort(key=_ID)  # priority DESC, id (two stable sorts on C keys: no tuple per row)
             rows.sort(key=_PRIORITY, reverse=True)
             keyed = [r[0] for r in rows if r[3] is not None]
@@ -523,6 +588,7 @@ class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteM
             return self._release_rows_op(rows)
 
         rows, duplicates, dead, now, promoted = await self._write(op, undo)
+        self._after_claim(queue, admissions.get(queue))
         notify_partitions(self.notifier, promoted)  # e.g. the next task of a key whose head was a duplicate
         expires = now + lease
         tasks = [_claimed_task(r, queue, node_id, expires, now) for r in rows]

@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import aiosqlite
 
-from ...errors import StoreBusyError, StoreClosedError, StoreError
+from ...errors import ReadOnlyStoreError, StoreBusyError, StoreClosedError, StoreError
 
 __all__ = (
     "GroupCommitter",
@@ -146,7 +146,20 @@ def map_sqlite_error(exc: sqlite3.Error, what: str) -> StoreError:
     """The package's error for a driver error (keep the original as ``__cause__``)."""
     if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
         return StoreBusyError(f"{what}: the database stayed locked past the busy timeout ({exc})")
+    if is_read_only(exc):
+        return ReadOnlyStoreError(
+            f"{what}: the database is read-only for this process ({exc}): give it write access to the file and "
+            "its folder (SQLite writes <file>-wal and <file>-shm beside it), or open it with read_only=True"
+        )
     return StoreError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def is_read_only(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is SQLite's ``SQLITE_READONLY`` (any extended code): a write on a read-only file."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF == sqlite3.SQLITE_READONLY
+    return "readonly database" in str(exc)
 
 
 def retry_busy(fn: Callable[[], T], deadline: float) -> T:

@@ -13,12 +13,12 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
 -- name: insert_task
 INSERT INTO coord_tasks (queue, partition_key, partition, idempotency_key, payload, priority,
-                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at)
+                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at, limit_keys)
 VALUES (:queue, :partition_key, :partition, :idempotency_key, :payload, :priority, 'pending',
         EXISTS (SELECT 1 FROM coord_ordered_queues WHERE queue = :queue)
         AND NOT EXISTS (SELECT 1 FROM coord_tasks AS e
                          WHERE e.queue = :queue AND e.partition_key = :partition_key AND e.active = 1),
-        0, :max_attempts, :run_at, 0, :now, :now)
+        0, :max_attempts, :run_at, 0, :now, :now, :limit_keys)
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
@@ -80,10 +80,13 @@ UPDATE coord_tasks
  WHERE queue = :queue AND status = 'running' AND lease_expires_at <= :now AND attempts >= max_attempts
 RETURNING id, queue, partition_key;
 
--- name: any_expired_lease
+-- name: claim_probe
 -- Is any lease of :queue expired (coord_tasks_lease_expiry, one seek)? Almost never: a claim
--- then takes the pending-only form below, which skips merging with expired leases.
-SELECT 1 FROM coord_tasks WHERE queue = :queue AND status = 'running' AND lease_expires_at <= :now LIMIT 1;
+-- then takes the pending-only form below, which skips merging with expired leases. And does
+-- :queue declare rate limits (one seek)? A queue without claims with the statements below, one
+-- with limits as ratelimits.sql says.
+SELECT EXISTS (SELECT 1 FROM coord_tasks WHERE queue = :queue AND status = 'running' AND lease_expires_at <= :now),
+       EXISTS (SELECT 1 FROM coord_rate_limits WHERE queue = :queue);
 
 -- Claims. Every form returns the same columns (the claiming node knows the rest: queue,
 -- status 'running', lease owner, lease expiry :now + :lease_s, updated_at :now): id,
@@ -187,20 +190,32 @@ UPDATE coord_tasks
               WHERE t.queue = :queue AND t.partition_key = :partition_key AND t.active = 1
               ORDER BY t.id LIMIT 1)
    AND status = 'pending' AND run_at <= :now
+   AND (limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits WHERE queue = :queue))
 RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
 -- name: claimable_partitions
 -- A read for the runtime's idle poll: the partitions (of :partitions, a JSON array, or all)
 -- where a claim would find something now: a due pending task, or a lease expired :min_due_age_s
--- ago (also one on its last attempt: the claim dead-letters it and frees its key).
+-- ago (also one on its last attempt: the claim dead-letters it and frees its key), whose
+-- rate limits' buckets (declared dimensions) all have a token.
 -- coord_tasks_pending and coord_tasks_lease_expiry cover it; nothing is written.
 SELECT t.partition FROM coord_tasks AS t
  WHERE t.queue = :queue AND t.status = 'pending' AND t.run_at <= :now - :min_due_age_s
    AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+   AND (t.limit_keys IS NULL OR NOT EXISTS (
+        SELECT 1 FROM json_each(t.limit_keys) AS j
+          JOIN coord_rate_limits AS l ON l.queue = t.queue AND l.dimension = j.key
+          JOIN coord_rate_buckets AS b ON b.queue = t.queue AND b.dimension = j.key AND b.key = j.value
+         WHERE b.tat - (l.burst - 1) * l.per_s / l.count > :now))
 UNION
 SELECT t.partition FROM coord_tasks AS t
  WHERE t.queue = :queue AND t.status = 'running' AND t.lease_expires_at <= :now - :min_due_age_s
-   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)));
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+   AND (t.limit_keys IS NULL OR NOT EXISTS (
+        SELECT 1 FROM json_each(t.limit_keys) AS j
+          JOIN coord_rate_limits AS l ON l.queue = t.queue AND l.dimension = j.key
+          JOIN coord_rate_buckets AS b ON b.queue = t.queue AND b.dimension = j.key AND b.key = j.value
+         WHERE b.tat - (l.burst - 1) * l.per_s / l.count > :now));
 
 -- name: claimable_partitions_ordered
 -- claimable_partitions for an ordered claim of a queue that keeps heads (coord_ordered_queues):
@@ -208,10 +223,20 @@ SELECT t.partition FROM coord_tasks AS t
 SELECT t.partition FROM coord_tasks AS t
  WHERE t.queue = :queue AND t.status = 'pending' AND t.is_head = 1 AND t.run_at <= :now - :min_due_age_s
    AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+   AND (t.limit_keys IS NULL OR NOT EXISTS (
+        SELECT 1 FROM json_each(t.limit_keys) AS j
+          JOIN coord_rate_limits AS l ON l.queue = t.queue AND l.dimension = j.key
+          JOIN coord_rate_buckets AS b ON b.queue = t.queue AND b.dimension = j.key AND b.key = j.value
+         WHERE b.tat - (l.burst - 1) * l.per_s / l.count > :now))
 UNION
 SELECT t.partition FROM coord_tasks AS t
  WHERE t.queue = :queue AND t.status = 'running' AND t.is_head = 1 AND t.lease_expires_at <= :now - :min_due_age_s
-   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)));
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+   AND (t.limit_keys IS NULL OR NOT EXISTS (
+        SELECT 1 FROM json_each(t.limit_keys) AS j
+          JOIN coord_rate_limits AS l ON l.queue = t.queue AND l.dimension = j.key
+          JOIN coord_rate_buckets AS b ON b.queue = t.queue AND b.dimension = j.key AND b.key = j.value
+         WHERE b.tat - (l.burst - 1) * l.per_s / l.count > :now));
 
 -- name: settle_duplicate
 -- Claimed tasks (:ids, a JSON array) whose message id was already processed: done

@@ -1,0 +1,227 @@
+"""Rate limits on SQLite: declared limits and bucket TATs in two tables, taken in the claim's write transaction.
+
+:class:`SQLiteRateLimitOps` is a mixin of :class:`~asynccoord.backends.sqlite.store.SQLiteStore`
+(``set_rate_limits``, ``rate_limits``, ``report_rate_limited``), and :func:`claim_limited`
+is the claim of a queue that declares limits. Every write runs in the store's one
+``BEGIN IMMEDIATE`` transaction of its group commit, so the claims of every process on
+the file take tokens one transaction at a time, on the store clock read at its start:
+a bucket's TAT is read and written under the database's write lock, never raced. The
+claim's own probe (``claim_probe``) says whether the queue has limits, so a queue without
+any claims with the statements it always had. Schema: ``migration_0007.sql``; queries:
+``sql/ratelimits.sql``; semantics: :class:`~asynccoord.contract.protocols.RateLimitStore`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ... import events as ev
+from ...contract.queue import check_task, task_from_row
+from ...contract.ratelimits import (
+    Admission,
+    RateLimit,
+    check_pause_target,
+    check_rate_limits,
+    check_retry_after_s,
+    check_unknown_dimensions,
+    decode_limit_keys,
+    limits_from_rows,
+    pause_targets,
+    paused_tat,
+)
+from ...errors import LeaseLostError, TaskNotFoundError
+from ...events import EventCounter
+from ...models import Task
+from ...notify import WorkNotifier
+from ...validation import check_name
+from ..refill import RefillWaker
+from ..sqlfiles import load_queries
+
+if TYPE_CHECKING:
+    from ...contract.queue import PreparedTask
+    from .writer import Operation
+
+__all__ = ("SQLiteRateLimitOps", "claim_limited")
+
+R = load_queries("sqlite")
+
+_Row = tuple[Any, ...]
+
+
+def _limits(db: sqlite3.Connection, queue: str) -> dict[str, RateLimit]:
+    return limits_from_rows(db.execute(R["rate_limits"], {"queue": queue}).fetchall())
+
+
+def _loader(db: sqlite3.Connection, queue: str) -> Callable[[str, str], float | None]:
+    sql = R["bucket_tat"]
+
+    def load(dimension: str, key: str) -> float | None:
+        row = db.execute(sql, {"queue": queue, "dimension": dimension, "key": key}).fetchone()
+        return None if row is None else float(row[0])
+
+    return load
+
+
+def _store_tats(db: sqlite3.Connection, queue: str, changed: dict[tuple[str, str], float]) -> None:
+    sql = R["set_bucket_tat"]
+    for (dimension, key), tat in changed.items():
+        db.execute(sql, {"queue": queue, "dimension": dimension, "key": key, "tat": tat})
+
+
+def claim_limited(
+    db: sqlite3.Connection, now: float, params: dict[str, Any], ordered: bool
+) -> tuple[list[_Row], Admission]:
+    """The claim of a queue with limits, inside the claim's write transaction.
+
+    Walks the candidates a claim would consider (``limited_candidates``: due pending
+    tasks and expired leases, keys' heads only when ``ordered``), best first, and takes
+    each whose buckets all have a token (:class:`~asynccoord.contract.ratelimits.Admission`)
+    until ``params["limit"]`` are chosen; then stores the TATs and leases the chosen
+    (``claim_ids``). A walk reads only as far as it must: a throttled key's backlog costs
+    one step per task it walks past (keys' heads only in an ordered queue).
+
+    Returns:
+        The leased rows (the claims' columns) and the admission (tokens taken, tasks held
+        back, when they may go).
+    """
+    queue, limit = params["queue"], params["limit"]
+    admission = Admission(_limits(db, queue), now, _loader(db, queue))
+    sql = R["limited_candidates_ordered"] if ordered else R["limited_candidates"]
+    chosen: list[int] = []
+    cursor = db.execute(
+        sql, {"queue": queue, "now": now, "min_due_age_s": params["min_due_age_s"], "partitions": params["partitions"]}
+    )
+    try:
+        for task_id, partition, keys in cursor:
+            if admission.admit(decode_limit_keys(keys), partition):
+                chosen.append(task_id)
+                if len(chosen) == limit:
+                    break
+    finally:
+        cursor.close()
+    _store_tats(db, queue, admission.changed)
+    if not chosen:
+        return [], admission
+    rows = db.execute(R["claim_ids"], {**params, "ids": json.dumps(chosen), "now": now}).fetchall()
+    return rows, admission
+
+
+class SQLiteRateLimitOps:
+    """The :class:`~asynccoord.contract.protocols.RateLimitStore` verbs of the SQLite store.
+
+    A mixin: it relies on the store's ``_write`` (group-committed operation), ``_read``,
+    ``events`` and ``notifier``.
+    """
+
+    events: EventCounter
+    notifier: WorkNotifier
+
+    if TYPE_CHECKING:
+
+        async def _write(
+            self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None
+        ) -> Any: ...
+
+        async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any: ...
+
+    @functools.cached_property
+    def _refill(self) -> RefillWaker:
+        return RefillWaker(self.notifier)
+
+    async def set_rate_limits(self, queue: str, limits: Sequence[RateLimit]) -> None:
+        """Declare ``queue``'s limits for every process on the file (see ``RateLimitStore``)."""
+        check_name("queue", queue)
+        checked = check_rate_limits(limits)
+
+        def op(db: sqlite3.Connection, now: float) -> None:
+            db.execute(R["delete_rate_limits"], {"queue": queue})
+            for limit in checked:
+                db.execute(
+                    R["insert_rate_limit"],
+                    {
+                        "queue": queue,
+                        "dimension": limit.dimension,
+                        "count": limit.count,
+                        "per_s": limit.per_s,
+                        "burst": limit.burst,
+                    },
+                )
+
+        await self._write(op)
+
+    async def rate_limits(self, queue: str) -> list[RateLimit]:
+        """``queue``'s declared limits, by dimension name."""
+        check_name("queue", queue)
+        found: dict[str, RateLimit] = await self._read(lambda db: _limits(db, queue))
+        return [found[d] for d in sorted(found)]
+
+    async def _check_dimensions(self, prepared: Sequence[PreparedTask]) -> None:
+        """Refuse tasks naming a dimension their queue does not declare (a read; only when some task names keys)."""
+        queues = sorted({p.queue for p in prepared if p.limit_keys})
+        if not queues:
+            return
+        declared: dict[str, dict[str, RateLimit]] = await self._read(lambda db: {q: _limits(db, q) for q in queues})
+        for p in prepared:
+            if p.limit_keys:
+                check_unknown_dimensions(p.queue, p.limit_keys, list(declared[p.queue]))
+
+    def _after_claim(self, queue: str, admission: Admission | None) -> None:
+        """Count a claim that held work back, and wake the owners of that work when its buckets refill."""
+        if admission is None:
+            return
+        if admission.held:
+            self.events.add(ev.RATE_LIMIT_HELD)
+        self._refill.schedule(queue, admission.wake_at, admission.now)
+
+    async def report_rate_limited(
+        self, task: Task, retry_after_s: float, *, dimension: str | None = None, key: str | None = None
+    ) -> Task:
+        """Pause the task's bucket(s) for ``retry_after_s`` and hand it back, its attempt not counted.
+
+        See :class:`~asynccoord.contract.protocols.RateLimitStore`. One write transaction:
+        the pause, then the compare-and-set hand-back (``release_rate_limited``).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's (the pause still applies).
+            TaskNotFoundError: no such task.
+            InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
+        """
+        check_task(task)
+        retry = check_retry_after_s(retry_after_s)
+        dim, chosen = check_pause_target(dimension, key)
+        text = f"RateLimited: the provider asked to retry after {retry:g} s"
+
+        def op(db: sqlite3.Connection, now: float) -> tuple[_Row | None, float, str]:
+            stored = db.execute(R["task_limit_keys"], {"id": task.id}).fetchone()
+            queue = task.queue if stored is None else stored[0]
+            limits = _limits(db, queue)
+            targets = pause_targets(limits, decode_limit_keys(None if stored is None else stored[1]), dim, chosen)
+            load = _loader(db, queue)
+            _store_tats(db, queue, {(d, k): paused_tat(load(d, k), now + retry, limits[d]) for d, k in targets})
+            params = {
+                "id": task.id,
+                "lease_token": task.lease_token,
+                "version": task.version,
+                "delay_s": 0.0 if targets else retry,
+                "error": text,
+                "now": now,
+            }
+            return db.execute(R["release_rate_limited"], params).fetchone(), now, queue
+
+        row, now, queue = await self._write(op)
+        self.events.add(ev.PROVIDER_RATE_LIMITED)
+        if row is None:
+            current = await self._read(lambda db: db.execute(R["select_task"], {"id": task.id}).fetchone())
+            if current is None:
+                raise TaskNotFoundError(task.id)
+            self.events.add(ev.STALE_COMMIT_REJECTED)
+            raise LeaseLostError(
+                task.id, f"task is {current[7]} (version {current[14]}, caller had version {task.version})"
+            )
+        out = task_from_row(row)
+        self._refill.schedule(queue, {out.partition: now + retry}, now)
+        return out

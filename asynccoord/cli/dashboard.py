@@ -1,0 +1,214 @@
+"""``python -m asynccoord dashboard``: a live, read-only web page of a cluster's status.
+
+It opens the database read-only as ``status`` does (:func:`~asynccoord.cli.status.open_status_store`),
+takes :func:`~asynccoord.cli.status.status_report` of it every ``--interval-s`` (the report
+``status --json`` prints, so the page and ``status`` agree) and serves the page of
+:mod:`asynccoord.monitor.dashboard` until SIGINT or SIGTERM::
+
+    python -m asynccoord dashboard --db bot.db            # http://127.0.0.1:8765/
+
+The web server is the optional extra ``dashboard`` (aiohttp): without it the command says
+which package to install. On an address other than loopback it needs an access token
+(``--token`` or ``ASYNCCOORD_DASHBOARD_TOKEN``) that every request must then carry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._loop import run as run_loop
+from ..errors import InvalidArgumentError, StoreError
+from ..validation import check_int, check_interval_s
+from .run import store_options
+
+if TYPE_CHECKING:
+    from ..monitor.dashboard.app import Dashboard
+
+__all__ = ("TOKEN_ENV", "check_dashboard", "configure_dashboard", "dashboard_command", "open_dashboard")
+
+TOKEN_ENV = "ASYNCCOORD_DASHBOARD_TOKEN"
+"""The environment variable read for the access token when ``--token`` is not given."""
+
+INSTALL_HINT = "the dashboard needs its web server: pip install 'asynccoord[dashboard]'"
+
+
+def configure_dashboard(parser: argparse.ArgumentParser) -> None:
+    """Add the ``dashboard`` options to ``parser``."""
+    parser.add_argument(
+        "--db",
+        "--store",
+        dest="db",
+        required=True,
+        metavar="TARGET",
+        help="the SQLite database file, or a postgresql:// DSN (opened read-only)",
+    )
+    parser.add_argument(
+        "--schema",
+        metavar="NAME",
+        help="with a postgresql:// --db: the schema of asynccoord's tables (default: the connection's search_path)",
+    )
+    parser.add_argument(
+        "--lock-store", metavar="URL", help="a redis:// URL: show the locks held in Redis instead of the database's"
+    )
+    parser.add_argument(
+        "--lock-prefix",
+        default="asynccoord:",
+        metavar="PREFIX",
+        help="key prefix of --lock-store (default asynccoord:)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)"
+    )
+    parser.add_argument("--port", type=int, default=8765, help="TCP port (default 8765; 0: any free port)")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=f"access token every request must carry (Authorization: Bearer TOKEN or ?token=TOKEN); "
+        f"required on a non-loopback --host (default: ${TOKEN_ENV})",
+    )
+    parser.add_argument("--show-payloads", action="store_true", help="show task payloads and results (default: hidden)")
+    parser.add_argument(
+        "--interval-s", type=float, default=1.0, metavar="SECONDS", help="time between snapshots (default 1)"
+    )
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    token: str | None = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    return token
+
+
+def check_dashboard(args: argparse.Namespace) -> None:
+    """Refuse bad options before anything opens: a non-loopback host without a token, a bad port...
+
+    Raises:
+        InvalidArgumentError: the option at fault, named.
+    """
+    from ..backends.open import open_store
+
+    check_int("--port", args.port, minimum=0, maximum=65535)
+    check_interval_s("--interval-s", args.interval_s)
+    if args.lock_store is not None and not args.lock_store.startswith(("redis://", "rediss://", "unix://")):
+        raise InvalidArgumentError("--lock-store takes a redis://, rediss:// or unix:// URL")
+    options = store_options(args)
+    if options:
+        open_store(args.db, read_only=True, **options)  # validates the schema name; opens nothing
+    try:
+        from ..monitor.dashboard.app import check_exposure
+    except ImportError:
+        return  # dashboard_command says what to install
+    check_exposure(args.host, _token(args))
+
+
+@contextlib.asynccontextmanager
+async def open_dashboard(
+    target: str | os.PathLike[str],
+    *,
+    schema: str | None = None,
+    lock_store: str | None = None,
+    lock_prefix: str = "asynccoord:",
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    show_payloads: bool = False,
+    interval_s: float = 1.0,
+    windows_s: Sequence[float] = (10.0, 60.0),
+) -> AsyncIterator[Dashboard]:
+    """Serve the dashboard of the database at ``target`` until the block ends.
+
+    Args:
+        target: SQLite file or PostgreSQL DSN, opened read-only.
+        schema: With a PostgreSQL DSN, the schema of the tables. Default None.
+        lock_store: A ``redis://`` URL whose locks are shown instead of the database's. Default None.
+        lock_prefix: The key prefix of ``lock_store``. Default ``"asynccoord:"``.
+        host: Address to bind. Default 127.0.0.1.
+        port: TCP port, 0 for any free one. Default 8765.
+        token: Access token (required on a non-loopback ``host``). Default None.
+        show_payloads: Show task payloads and results. Default False.
+        interval_s: Time between snapshots, seconds. Default 1.
+        windows_s: Windows of the report's rates and latencies, seconds. Default (10, 60).
+
+    Raises:
+        StoreError: the extra ``dashboard`` (or ``redis`` for ``lock_store``) is not installed,
+            or the database cannot be read.
+        InvalidArgumentError: as :func:`~asynccoord.monitor.dashboard.app.check_exposure`.
+        OSError: the address cannot be bound.
+    """
+    try:
+        from ..monitor.dashboard.app import check_exposure, serve
+        from ..monitor.dashboard.feed import Feed
+    except ImportError as exc:
+        raise StoreError(INSTALL_HINT) from exc
+    from .status import open_status_store, status_report
+
+    check_exposure(host, token)
+    async with contextlib.AsyncExitStack() as stack:
+        store, label = await stack.enter_async_context(open_status_store(target, schema=schema))
+        locks: Any = None
+        if lock_store is not None:
+            try:
+                from ..backends.redis import RedisLockStore
+            except ImportError as exc:
+                raise StoreError("--lock-store redis://... needs redis-py: pip install 'asynccoord[redis]'") from exc
+            locks = await stack.enter_async_context(RedisLockStore(lock_store, prefix=lock_prefix))
+
+        async def snapshot() -> dict[str, Any]:
+            return await status_report(store, windows_s=windows_s, db=label, lock_store=locks)
+
+        feed = Feed(
+            snapshot, sections={"rate_limits": _no_rate_limits}, interval_s=interval_s, show_payloads=show_payloads
+        )
+        yield await stack.enter_async_context(serve(feed, host=host, port=port, token=token))
+
+
+async def _no_rate_limits() -> None:
+    """The rate-limit buckets section: None until the runtime reports rate limits."""
+    return None
+
+
+def dashboard_command(args: argparse.Namespace) -> int:
+    """Run ``python -m asynccoord dashboard`` until SIGINT or SIGTERM; return the exit status."""
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        sys.stderr.write(f"asynccoord dashboard: error: {INSTALL_HINT}\n")
+        return 1
+    token = _token(args)
+
+    async def serve_until_signal() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            async with open_dashboard(
+                args.db,
+                schema=args.schema,
+                lock_store=args.lock_store,
+                lock_prefix=args.lock_prefix,
+                host=args.host,
+                port=args.port,
+                token=token,
+                show_payloads=args.show_payloads,
+                interval_s=args.interval_s,
+            ) as dashboard:
+                hint = " (add ?token=TOKEN, or send Authorization: Bearer TOKEN)" if token else ""
+                sys.stdout.write(f"asynccoord dashboard: serving {dashboard.url}{hint}; Ctrl+C to stop\n")
+                sys.stdout.flush()
+                await stop.wait()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    try:
+        run_loop(serve_until_signal())
+    except OSError as exc:
+        sys.stderr.write(f"asynccoord dashboard: error: cannot serve on {args.host}:{args.port}: {exc}\n")
+        return 1
+    return 0

@@ -1,0 +1,390 @@
+"""Rate limits per queue: the :class:`RateLimit` record, GCRA arithmetic as pure functions, argument checks.
+
+A queue may declare several limits, each on one *dimension* of its tasks (an account, a
+chat, a group); a task names its key for each dimension at enqueue (``NewTask.limit_keys``)
+and the claim leases it only when every bucket it names, ``(queue, dimension, key)``, has
+a token, taking them in the claim's transaction. Each bucket is one number kept in the
+store, its *theoretical arrival time* (TAT), updated by the Generic Cell Rate Algorithm
+(ITU-T Recommendation I.371, "virtual scheduling"; the form used by e.g. Brandur Leach's
+"Rate limiting, cells, and GCRA", 2015): with emission interval ``T = per_s / count`` and
+tolerance ``tau = (burst - 1) * T``, a cell at time ``now`` conforms when
+``TAT - tau <= now``, and taking it sets ``TAT = max(TAT, now) + T``. Any window of
+``per_s`` seconds thus holds at most ``count + burst - 1`` conforming cells (``count``
+when ``burst`` is 1), and a backlog is served at exactly ``count / per_s``. A provider's
+Retry-After pauses a bucket by raising its TAT so that the next cell conforms no sooner
+than the pause's end. Every function here is pure: the stores read and write the TATs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError, InvalidTypeError
+from ..validation import MAX_DURATION_S, check_int, check_name, check_optional_name
+
+__all__ = (
+    "MAX_LIMITS",
+    "Admission",
+    "RateLimit",
+    "check_limit_keys",
+    "check_pause_target",
+    "check_unknown_dimensions",
+    "check_rate_limits",
+    "check_retry_after_s",
+    "conforms",
+    "decode_limit_keys",
+    "eligible_at",
+    "encode_limit_keys",
+    "limits_from_rows",
+    "max_in_window",
+    "parse_rate_limit",
+    "pause_targets",
+    "paused_tat",
+    "take",
+)
+
+Bucket = tuple[str, str]
+"""A bucket of one queue: ``(dimension, key)``."""
+
+MAX_LIMITS = 16
+"""Most limits one queue may declare (and so most keys one task may name)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimit:
+    """At most ``count`` claims per ``per_s`` seconds per key of ``dimension``, with bursts of ``burst``.
+
+    Args:
+        dimension: What the limit is on, e.g. ``"chat"``: the name tasks give their key
+            under in ``NewTask.limit_keys``; 1..255 characters, not only whitespace.
+        count: Claims per ``per_s`` seconds (sustained rate ``count / per_s``), 1..2**31 - 1.
+        per_s: The period, seconds: finite, > 0, at most one year.
+        burst: Claims a key that was idle long enough may take at once, 1..2**31 - 1.
+            Default 1 (evenly spaced, one every ``per_s / count`` seconds).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a bad field, naming it.
+    """
+
+    dimension: str
+    count: int
+    per_s: float
+    burst: int = 1
+
+    def __post_init__(self) -> None:
+        check_name("dimension", self.dimension)
+        check_int("count", self.count, minimum=1, maximum=2**31 - 1)
+        check_int("burst", self.burst, minimum=1, maximum=2**31 - 1)
+        if isinstance(self.per_s, bool) or not isinstance(self.per_s, int | float):
+            raise InvalidTypeError(f"per_s must be a number of seconds, got {type(self.per_s).__name__}")
+        if not (math.isfinite(self.per_s) and 0 < self.per_s <= MAX_DURATION_S):
+            raise InvalidArgumentError(
+                f"per_s must be a finite number of seconds > 0 and <= {MAX_DURATION_S:g}, got {self.per_s!r}"
+            )
+        object.__setattr__(self, "per_s", float(self.per_s))
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds between two claims of one key at the sustained rate (GCRA's emission interval ``T``)."""
+        return self.per_s / self.count
+
+    @property
+    def tolerance_s(self) -> float:
+        """How far ahead of now a bucket's TAT may be while a claim still conforms (``(burst - 1) * T``)."""
+        return (self.burst - 1) * self.interval_s
+
+    def __str__(self) -> str:
+        return f"{self.dimension}={self.count}/{self.per_s:g}s,burst={self.burst}"
+
+
+def conforms(tat: float | None, now: float, limit: RateLimit) -> bool:
+    """Whether a bucket whose TAT is ``tat`` (None: never used) has a token at ``now``."""
+    return tat is None or tat - limit.tolerance_s <= now
+
+
+def eligible_at(tat: float | None, limit: RateLimit) -> float | None:
+    """When a bucket whose TAT is ``tat`` next has a token (None: it has one at any time)."""
+    return None if tat is None else tat - limit.tolerance_s
+
+
+def take(tat: float | None, now: float, limit: RateLimit) -> float:
+    """The TAT after a token is taken at ``now`` (the caller checked :func:`conforms`)."""
+    return (now if tat is None else max(tat, now)) + limit.interval_s
+
+
+def paused_tat(tat: float | None, until: float, limit: RateLimit) -> float:
+    """The TAT of a bucket paused until ``until``: its next token comes no sooner than that.
+
+    A pause never shortens what the bucket already owes (the TAT only rises), and the
+    bucket comes back at its sustained rate: its burst refills from ``until`` on.
+    """
+    floor = until + limit.tolerance_s
+    return floor if tat is None else max(tat, floor)
+
+
+def max_in_window(limit: RateLimit) -> int:
+    """The most claims any window of ``per_s`` seconds may hold per key: ``count + burst``.
+
+    GCRA admits ``count + burst - 1`` in a half-open window of ``per_s`` seconds; one more
+    allows for the time between a claim and its send, which may differ from one send to
+    the next by up to one emission interval without a receiver seeing more than this.
+    """
+    return limit.count + limit.burst
+
+
+def check_rate_limits(limits: object) -> list[RateLimit]:
+    """Check a queue's declared limits: a list or tuple of :class:`RateLimit`, one per dimension.
+
+    Raises:
+        InvalidTypeError: not a list or tuple, or an item that is not a RateLimit.
+        InvalidArgumentError: two limits on one dimension, or more than :data:`MAX_LIMITS`.
+    """
+    if not isinstance(limits, list | tuple):
+        raise InvalidTypeError(f"limits must be a list or tuple of RateLimit, got {type(limits).__name__}")
+    if len(limits) > MAX_LIMITS:
+        raise InvalidArgumentError(f"a queue may declare at most {MAX_LIMITS} limits, got {len(limits)}")
+    seen: set[str] = set()
+    for i, limit in enumerate(limits):
+        if not isinstance(limit, RateLimit):
+            raise InvalidTypeError(f"limits[{i}] must be a RateLimit, got {type(limit).__name__}")
+        if limit.dimension in seen:
+            raise InvalidArgumentError(
+                f"limits declare dimension {limit.dimension!r} twice: one limit per dimension "
+                "(declare another dimension, e.g. 'chat_minute', for a second window)"
+            )
+        seen.add(limit.dimension)
+    return list(limits)
+
+
+def check_limit_keys(limit_keys: object) -> dict[str, str]:
+    """Check ``NewTask.limit_keys``: a mapping of dimension name to key, both names; return a copy.
+
+    Raises:
+        InvalidTypeError: not a mapping, or a dimension or key that is not a str.
+        InvalidArgumentError: a blank dimension or key, or more than :data:`MAX_LIMITS` items.
+    """
+    if not isinstance(limit_keys, Mapping):
+        raise InvalidTypeError(
+            f"limit_keys must be a mapping of dimension to key, e.g. {{'chat': '42'}}, got {type(limit_keys).__name__}"
+        )
+    if len(limit_keys) > MAX_LIMITS:
+        raise InvalidArgumentError(f"limit_keys names at most {MAX_LIMITS} dimensions, got {len(limit_keys)}")
+    out: dict[str, str] = {}
+    for dimension, key in limit_keys.items():
+        check_name("limit_keys dimension", dimension)
+        out[dimension] = check_name(f"limit_keys[{dimension!r}]", key)
+    return out
+
+
+def encode_limit_keys(limit_keys: Mapping[str, str]) -> str | None:
+    """The stored form of a task's limit keys: compact JSON with sorted keys, or None when there are none."""
+    if not limit_keys:
+        return None
+    return json.dumps(dict(limit_keys), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_limit_keys(text: str | None) -> dict[str, str]:
+    """Inverse of :func:`encode_limit_keys`."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def check_unknown_dimensions(queue: str, limit_keys: Mapping[str, str], declared: Sequence[str]) -> None:
+    """Refuse a task naming a dimension its queue does not limit.
+
+    Raises:
+        InvalidArgumentError: naming the dimension and the queue's declared ones.
+    """
+    unknown = sorted(set(limit_keys) - set(declared))
+    if unknown:
+        known = ", ".join(sorted(declared)) or "none"
+        raise InvalidArgumentError(
+            f"limit_keys name dimension(s) {unknown} that queue {queue!r} does not limit (declared: {known}); "
+            "declare them first with set_rate_limits()"
+        )
+
+
+def check_retry_after_s(value: object) -> float:
+    """Check a provider's Retry-After: a finite number of seconds, 0..one year.
+
+    Raises:
+        InvalidTypeError: not an int or float (bool is refused).
+        InvalidArgumentError: NaN, infinite, negative or over one year.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidTypeError(f"retry_after_s must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and 0 <= value <= MAX_DURATION_S):
+        raise InvalidArgumentError(
+            f"retry_after_s must be a finite number of seconds in 0..{MAX_DURATION_S:g}, got {value!r}"
+        )
+    return float(value)
+
+
+def check_pause_target(dimension: object, key: object) -> tuple[str | None, str | None]:
+    """Check which bucket a reported rate limit names: ``dimension`` and ``key``, each a name or None.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a bad name; a ``key`` without a ``dimension``.
+    """
+    dim = check_optional_name("dimension", dimension)
+    k = check_optional_name("key", key)
+    if k is not None and dim is None:
+        raise InvalidArgumentError(f"key {k!r} was given without a dimension: name the dimension it belongs to")
+    return dim, k
+
+
+def pause_targets(
+    limits: Mapping[str, RateLimit], limit_keys: Mapping[str, str], dimension: str | None, key: str | None
+) -> list[Bucket]:
+    """The buckets a provider's rate limit pauses: the one it names, or all of the task's.
+
+    Args:
+        limits: The queue's declared limits, by dimension.
+        limit_keys: The task's keys, by dimension.
+        dimension: The dimension the provider named; None for every bucket of the task.
+        key: The key it named; None for the task's own key of ``dimension``.
+
+    Returns:
+        ``(dimension, key)`` of each bucket to pause, declared dimensions only (a
+        dimension the queue does not limit, or one the task has no key for, pauses
+        nothing: the caller then delays the task itself).
+    """
+    if dimension is None:
+        return [(d, k) for d, k in sorted(limit_keys.items()) if d in limits]
+    if dimension not in limits:
+        return []
+    chosen = key if key is not None else limit_keys.get(dimension)
+    return [] if chosen is None else [(dimension, chosen)]
+
+
+def limits_from_rows(rows: Sequence[Sequence[object]]) -> dict[str, RateLimit]:
+    """Declared limits from stored rows of ``(dimension, count, per_s, burst)``, by dimension."""
+    out: dict[str, RateLimit] = {}
+    for row in rows:
+        dimension, count, per_s, burst = str(row[0]), row[1], row[2], row[3]
+        assert isinstance(count, int)
+        assert isinstance(per_s, int | float)
+        assert isinstance(burst, int)
+        out[dimension] = RateLimit(dimension=dimension, count=count, per_s=float(per_s), burst=burst)
+    return out
+
+
+class Admission:
+    """One claim's pass over its candidates: which it may take, the tokens taken, when the others may go.
+
+    The claim offers its candidates in its order (priority, then FIFO); :meth:`admit`
+    says yes when every bucket the candidate names (of the queue's declared dimensions;
+    keys of undeclared ones are ignored) has a token at ``now``, and takes them, so a
+    later candidate of the same bucket sees it emptier. A candidate refused leaves every
+    bucket as it was, so it never holds back another key's tasks. Buckets are read once
+    each, through ``load``, within the claim's transaction.
+
+    Args:
+        limits: The queue's declared limits, by dimension.
+        now: The claim's instant, store clock.
+        load: ``load(dimension, key)``: the stored TAT of a bucket, None when it has none.
+
+    Attributes:
+        changed: The TATs to store: ``{(dimension, key): tat}`` of every token taken.
+        held: Candidates refused.
+        wake_at: Per partition, the earliest store-clock time a refused candidate of it
+            may be taken (when all of its buckets have a token again, as far as this claim
+            knows: a later claim may take them first).
+    """
+
+    __slots__ = ("_cache", "_load", "changed", "held", "limits", "now", "wake_at")
+
+    def __init__(self, limits: Mapping[str, RateLimit], now: float, load: Callable[[str, str], float | None]) -> None:
+        self.limits = limits
+        self.now = now
+        self._load = load
+        self._cache: dict[Bucket, float | None] = {}
+        self.changed: dict[Bucket, float] = {}
+        self.held = 0
+        self.wake_at: dict[int, float] = {}
+
+    def _tat(self, bucket: Bucket) -> float | None:
+        if bucket in self._cache:
+            return self._cache[bucket]
+        tat = self._cache[bucket] = self._load(*bucket)
+        return tat
+
+    def buckets(self, limit_keys: Mapping[str, str]) -> list[tuple[Bucket, RateLimit]]:
+        """The buckets a task with these keys draws on (declared dimensions only)."""
+        return [((d, k), self.limits[d]) for d, k in limit_keys.items() if d in self.limits]
+
+    def earliest(self, limit_keys: Mapping[str, str]) -> float | None:
+        """When a task with these keys may be taken: None if now, else the store-clock time."""
+        at: float | None = None
+        for bucket, limit in self.buckets(limit_keys):
+            tat = self._tat(bucket)
+            if not conforms(tat, self.now, limit):
+                e = eligible_at(tat, limit)
+                assert e is not None
+                at = e if at is None else max(at, e)
+        return at
+
+    def admit(self, limit_keys: Mapping[str, str], partition: int) -> bool:
+        """Take a token from every bucket of a task with these keys, or none; True when taken."""
+        if not limit_keys:
+            return True
+        at = self.earliest(limit_keys)
+        if at is not None:
+            self.held += 1
+            known = self.wake_at.get(partition)
+            if known is None or at < known:
+                self.wake_at[partition] = at
+            return False
+        for bucket, limit in self.buckets(limit_keys):
+            tat = take(self._tat(bucket), self.now, limit)
+            self._cache[bucket] = self.changed[bucket] = tat
+        return True
+
+
+def parse_rate_limit(text: str) -> RateLimit:
+    """A limit from its command-line form ``DIMENSION=COUNT/PERIOD[,burst=N]``.
+
+    ``PERIOD`` is a number of seconds with an optional unit: ``s`` (default), ``ms``,
+    ``m`` or ``h``; e.g. ``account=30/1s,burst=30``, ``chat=1/1s,burst=3``, ``group=20/60s``.
+
+    Raises:
+        InvalidArgumentError: the text does not have that form (the message shows it).
+    """
+    if not isinstance(text, str):
+        raise InvalidTypeError(f"a rate limit must be a str, got {type(text).__name__}")
+    form = "DIMENSION=COUNT/PERIOD[,burst=N], e.g. account=30/1s,burst=30"
+    head, _, rest = text.partition(",")
+    dimension, eq, rate = head.partition("=")
+    count_text, slash, period = rate.partition("/")
+    if not eq or not slash:
+        raise InvalidArgumentError(f"rate limit {text!r} is not of the form {form}")
+    burst = 1
+    if rest:
+        name, eq2, value = rest.partition("=")
+        if name.strip() != "burst" or not eq2:
+            raise InvalidArgumentError(f"rate limit {text!r}: only burst=N may follow the rate ({form})")
+        burst = _parse_int(text, "burst", value)
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    period = period.strip()
+    scale = 1.0
+    for suffix in ("ms", "s", "m", "h"):
+        if period.endswith(suffix):
+            period, scale = period[: -len(suffix)], units[suffix]
+            break
+    try:
+        per_s = float(period) * scale
+    except ValueError:
+        raise InvalidArgumentError(f"rate limit {text!r}: period {period!r} is not a number ({form})") from None
+    return RateLimit(dimension=dimension.strip(), count=_parse_int(text, "count", count_text), per_s=per_s, burst=burst)
+
+
+def _parse_int(text: str, what: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise InvalidArgumentError(f"rate limit {text!r}: {what} {value.strip()!r} is not a whole number") from None

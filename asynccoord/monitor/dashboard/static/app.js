@@ -1,0 +1,271 @@
+// The asynccoord dashboard page: keeps the state the server streams (server-sent events) and
+// draws it. Every value is written with textContent (never parsed as HTML).
+"use strict";
+(function () {
+  const HISTORY_MAX = 600;
+  const token = new URLSearchParams(location.search).get("token");
+  const tokenQuery = token ? "?token=" + encodeURIComponent(token) : "";
+  const state = { sections: {}, seq: -1 };
+  const charts = new Map(); // queue name -> uPlot
+  let latencyChart = null;
+
+  const $ = (id) => document.getElementById(id);
+
+  function fmtS(v) {
+    if (v === null || v === undefined) return "-";
+    if (v < 1) return (v * 1000).toFixed(0) + " ms";
+    if (v < 120) return v.toFixed(1) + " s";
+    if (v < 7200) return (v / 60).toFixed(1) + " min";
+    return (v / 3600).toFixed(1) + " h";
+  }
+
+  function fmtNum(v) {
+    if (v === null || v === undefined) return "-";
+    return Number.isInteger(v) ? String(v) : String(Math.round(v * 1000) / 1000);
+  }
+
+  function cell(row, text, key, cls) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (key) td.dataset.k = key;
+    if (cls) td.className = cls;
+    row.appendChild(td);
+    return td;
+  }
+
+  function fill(table, items, build, emptyText) {
+    const body = $(table).tBodies[0];
+    const rows = [];
+    for (const item of items) {
+      const tr = document.createElement("tr");
+      build(tr, item);
+      rows.push(tr);
+    }
+    if (!rows.length && emptyText) {
+      const tr = document.createElement("tr");
+      const td = cell(tr, emptyText, null, "empty");
+      td.colSpan = $(table).tHead.rows[0].cells.length;
+      rows.push(tr);
+    }
+    body.replaceChildren(...rows);
+  }
+
+  function infoText(info, skip) {
+    return Object.keys(info).sort().filter((k) => k !== skip)
+      .map((k) => k + "=" + (typeof info[k] === "string" ? info[k] : JSON.stringify(info[k]))).join(", ");
+  }
+
+  function renderStatus(s) {
+    $("db").textContent = s.db || "";
+    const t = s.tasks;
+    $("summary").textContent = "tasks " + t.total + " (pending " + t.pending + ", running " + t.running +
+      ", done " + t.done + ", dead " + t.dead + ") \u00b7 partitions " + s.partitions;
+    $("summary").dataset.total = t.total;
+    fill("queues", s.queues, (tr, q) => {
+      tr.dataset.queue = q.queue;
+      cell(tr, q.queue, "queue");
+      for (const k of ["pending", "running", "expired_leases", "done", "dead", "total"]) cell(tr, String(q[k]), k);
+      cell(tr, fmtS(q.oldest_pending_age_s), "oldest_pending_age_s");
+    }, "no tasks");
+    fill("dead", s.queues, (tr, q) => {
+      tr.dataset.queue = q.queue;
+      cell(tr, q.queue, "queue");
+      cell(tr, String(q.dead), "dead");
+    }, "no queues");
+    const shortest = s.events.windows[0];
+    $("dead-rate").textContent = shortest
+      ? "dead-lettered in the last " + shortest.window_s + " s: " + (shortest.counts.dead_lettered || 0) +
+        " \u00b7 retries: " + (shortest.counts.retries || 0)
+      : "";
+    $("node-count").textContent = "(" + s.nodes.length + ")";
+    fill("nodes", s.nodes, (tr, n) => {
+      tr.dataset.node = n.node_id;
+      cell(tr, n.node_id, "node_id", "text");
+      cell(tr, typeof n.info.queue === "string" ? n.info.queue : "-", "queue");
+      cell(tr, String(n.partitions), "partitions");
+      cell(tr, fmtS(n.heartbeat_age_s), "heartbeat_age_s");
+      cell(tr, infoText(n.info, "queue"), "info", "text");
+    }, "no live node");
+    $("lock-count").textContent = "(" + s.locks.length + ")";
+    fill("locks", s.locks, (tr, l) => {
+      tr.dataset.lock = l.name;
+      cell(tr, l.name, "name", "text");
+      cell(tr, l.holder || "-", "holder", "text");
+      cell(tr, String(l.fencing_token), "fencing_token");
+      cell(tr, String(l.permits), "permits");
+      cell(tr, fmtS(l.ttl_left_s), "ttl_left_s");
+    }, "no lock held");
+    $("alert-count").textContent = "(" + s.alerts.length + ")";
+    fill("alerts", s.alerts, (tr, a) => {
+      tr.className = "firing";
+      tr.dataset.rule = a.rule;
+      const rel = a.relative_to !== null;
+      cell(tr, a.rule, "rule");
+      cell(tr, a.event, "event");
+      cell(tr, rel ? (a.value * 100).toFixed(1) + " %" : fmtNum(a.value), "value");
+      cell(tr, rel ? (a.threshold * 100).toFixed(1) + " %" : fmtNum(a.threshold), "threshold");
+      cell(tr, a.window_s + " s", "window_s");
+      cell(tr, a.scope + (a.scope_key ? " " + a.scope_key : ""), "scope");
+      cell(tr, fmtS(Math.max(0, s.now_s - a.fired_at)), "firing_for");
+    }, "no alert firing");
+    const totals = s.events.totals;
+    fill("events", Object.keys(totals).sort(), (tr, name) => {
+      tr.dataset.event = name;
+      cell(tr, name, "event");
+      cell(tr, String(totals[name]), "total");
+    }, "no events flushed");
+  }
+
+  function renderResolved(resolved, now) {
+    fill("resolved", resolved || [], (tr, a) => {
+      tr.dataset.rule = a.rule;
+      cell(tr, a.rule, "rule");
+      cell(tr, a.event, "event");
+      cell(tr, a.scope + (a.scope_key ? " " + a.scope_key : ""), "scope");
+      cell(tr, fmtS(Math.max(0, now - a.fired_at)) + " ago", "fired");
+      cell(tr, fmtS(Math.max(0, now - a.resolved_at)) + " ago", "resolved");
+    }, "none resolved since the page's server started");
+  }
+
+  function renderRateLimits(buckets) {
+    const box = $("rate-limits");
+    if (!Array.isArray(buckets) || !buckets.length) {
+      const p = document.createElement("p");
+      p.className = "muted";
+      p.textContent = "No rate limits reported.";
+      box.replaceChildren(p);
+      return;
+    }
+    const keys = [...new Set(buckets.flatMap((b) => Object.keys(b)))];
+    const table = document.createElement("table");
+    const head = table.createTHead().insertRow();
+    for (const k of keys) {
+      const th = document.createElement("th");
+      th.textContent = k;
+      head.appendChild(th);
+    }
+    const body = table.createTBody();
+    for (const b of buckets) {
+      const tr = body.insertRow();
+      for (const k of keys) cell(tr, b[k] === undefined ? "" : (typeof b[k] === "string" ? b[k] : JSON.stringify(b[k])), k);
+    }
+    box.replaceChildren(table);
+  }
+
+  function chartWidth(el) {
+    return Math.max(320, (el.clientWidth || 520) - 4);
+  }
+
+  function queueChart(name) {
+    let chart = charts.get(name);
+    if (chart) return chart;
+    const box = document.createElement("div");
+    box.className = "chart";
+    box.dataset.queue = name;
+    const title = document.createElement("h3");
+    title.textContent = name;
+    box.appendChild(title);
+    $("queue-charts").appendChild(box);
+    chart = new uPlot({
+      width: chartWidth(box), height: 220,
+      scales: { x: { time: true }, n: { auto: true }, r: { auto: true } },
+      axes: [{}, { scale: "n", label: "tasks" }, { scale: "r", side: 1, label: "finished / s", grid: { show: false } }],
+      series: [
+        {},
+        { label: "pending", scale: "n", stroke: "#3367d6", width: 2 },
+        { label: "running", scale: "n", stroke: "#e8a317", width: 2 },
+        { label: "dead", scale: "n", stroke: "#b3261e", width: 2 },
+        { label: "finished/s", scale: "r", stroke: "#1e7b34", width: 2, dash: [6, 3] },
+      ],
+    }, [[], [], [], [], []], box);
+    charts.set(name, chart);
+    return chart;
+  }
+
+  function renderCharts(history) {
+    const names = new Set();
+    for (const p of history) for (const q of Object.keys(p.queues)) names.add(q);
+    for (const name of [...names].sort()) {
+      const pts = history.filter((p) => p.queues[name]);
+      queueChart(name).setData([
+        pts.map((p) => p.at),
+        pts.map((p) => p.queues[name].pending),
+        pts.map((p) => p.queues[name].running),
+        pts.map((p) => p.queues[name].dead),
+        pts.map((p) => p.queues[name].finished_per_s),
+      ]);
+    }
+    const lat = history.filter((p) => p.latency);
+    if (!latencyChart) {
+      const box = $("latency-chart");
+      latencyChart = new uPlot({
+        width: chartWidth(box), height: 220,
+        scales: { x: { time: true } },
+        axes: [{}, { label: "ms" }],
+        series: [
+          {},
+          { label: "p50", stroke: "#1e7b34", width: 2 },
+          { label: "p90", stroke: "#e8a317", width: 2 },
+          { label: "p99", stroke: "#b3261e", width: 2 },
+        ],
+      }, [[], [], [], []], box);
+    }
+    latencyChart.setData([
+      lat.map((p) => p.at), lat.map((p) => p.latency.p50_ms), lat.map((p) => p.latency.p90_ms), lat.map((p) => p.latency.p99_ms),
+    ]);
+    const last = lat.length ? lat[lat.length - 1].latency : null;
+    $("latency-window").textContent = last
+      ? "(last " + last.window_s + " s: p50 " + fmtNum(last.p50_ms) + " ms, p99 " + fmtNum(last.p99_ms) + " ms, " +
+        last.count + " commits)"
+      : "(no commits measured yet)";
+  }
+
+  function render() {
+    const sec = state.sections;
+    const error = $("error");
+    error.hidden = !sec.error;
+    error.textContent = sec.error || "";
+    if (sec.status) {
+      renderStatus(sec.status);
+      renderResolved(sec.resolved, sec.status.now_s);
+    }
+    renderRateLimits(sec.rate_limits);
+    renderCharts(sec.history || []);
+    document.body.dataset.seq = String(state.seq);
+    document.body.dataset.ready = sec.status ? "1" : "0";
+  }
+
+  function apply(message) {
+    if (message.type === "state") {
+      state.sections = message.sections;
+    } else if (message.type === "change") {
+      for (const [name, value] of Object.entries(message.sections)) {
+        if (name === "history") {
+          const history = (state.sections.history || []).concat(value);
+          state.sections.history = history.slice(-HISTORY_MAX);
+        } else {
+          state.sections[name] = value;
+        }
+      }
+    }
+    state.seq = message.seq;
+    render();
+  }
+
+  function connect() {
+    const source = new EventSource("api/stream" + tokenQuery);
+    const pill = $("connection");
+    source.onopen = () => { pill.textContent = "live"; pill.className = "pill live"; };
+    source.onerror = () => { pill.textContent = "reconnecting"; pill.className = "pill down"; };
+    source.onmessage = (event) => apply(JSON.parse(event.data));
+  }
+
+  window.addEventListener("resize", () => {
+    for (const [name, chart] of charts) {
+      const box = document.querySelector('.chart[data-queue="' + CSS.escape(name) + '"]');
+      if (box) chart.setSize({ width: chartWidth(box), height: 220 });
+    }
+    if (latencyChart) latencyChart.setSize({ width: chartWidth($("latency-chart")), height: 220 });
+  });
+  connect();
+})();

@@ -1,0 +1,234 @@
+"""Alert rules: a threshold on one event kind over a sliding window, and their evaluation.
+
+An :class:`AlertRule` is judged per scope (the cluster, each process or each node) on
+the counts of one window as the store returns them (a
+:class:`~asynccoord.contract.monitor.MetricsView`). :func:`decide` turns those counts
+into incidents, not samples: a value that rises above ``threshold`` opens one incident
+(one firing notice), which stays open without repeats until the value falls to
+``threshold * clear_ratio`` or below (one resolved notice). Two thresholds, one to fire
+and a lower one to resolve, are the hysteresis of a Schmitt trigger: a value hovering
+around the threshold cannot make an alert storm. Without enough throughput to judge a
+relative rule (``min_events``), an open incident resolves once its window holds no more
+events of its kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .. import events as ev
+from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, AlertState, CounterKey, MetricsView
+from ..errors import InvalidArgumentError, InvalidTypeError
+from ..validation import check_int, check_name, check_non_negative, check_positive
+
+__all__ = ("DEFAULT_RULES", "AlertRule", "Incident", "decide")
+
+
+def _check_event_name(arg: str, value: object) -> str:
+    """Check that ``value`` is one of :data:`asynccoord.events.EVENT_NAMES` (a rule on any
+    other name would never fire)."""
+    name = check_name(arg, value)
+    if name not in ev.EVENT_NAMES:
+        raise InvalidArgumentError(f"{arg} must be one of the event names {list(ev.EVENT_NAMES)!r}, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertRule:
+    """A threshold on one event kind over a sliding window.
+
+    Absolute rule (``relative_to`` None): the value is the number of ``event`` events
+    in the last ``window_s`` seconds. Relative rule: the value is that number divided by
+    the number of ``relative_to`` events in the same window (a ratio, 0.05 = 5 %),
+    judged only when the denominator holds at least ``min_events`` events.
+
+    Args:
+        name: Unique rule name (1..255 characters), e.g. ``"stale_commits"``.
+        event: The event counted: one of :data:`asynccoord.events.EVENT_NAMES`.
+        window_s: Sliding window, seconds (> 0; at most the monitor's ``retention_s``).
+        threshold: Fires when the value is *above* it (count, or ratio), >= 0.
+        relative_to: Denominator event name, or a tuple of names summed (each one of
+            :data:`~asynccoord.events.EVENT_NAMES`); None for an absolute rule. Default None.
+        min_events: Relative rules: least denominator events in the window for the
+            rule to be judged (>= 0). Default 20. Ignored by absolute rules.
+        scope: ``"cluster"`` (all processes summed), ``"process"`` (each process) or
+            ``"node"`` (each node; needs per-node counters, see :meth:`Monitor.track`).
+            Default ``"cluster"``.
+        clear_ratio: Hysteresis: a firing incident resolves when the value is at most
+            ``threshold * clear_ratio``, in ``[0, 1]``. Default 0.5.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: a bad field, naming it and the value.
+    """
+
+    name: str
+    event: str
+    window_s: float
+    threshold: float
+    relative_to: str | tuple[str, ...] | None = None
+    min_events: int = 20
+    scope: AlertScope = AlertScope.CLUSTER
+    clear_ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_name("name", self.name)
+        _check_event_name("event", self.event)
+        object.__setattr__(self, "window_s", check_positive("window_s", self.window_s))
+        object.__setattr__(self, "threshold", check_non_negative("threshold", self.threshold, maximum=None))
+        check_int("min_events", self.min_events, minimum=0)
+        ratio = check_non_negative("clear_ratio", self.clear_ratio, maximum=None)
+        if ratio > 1:
+            raise InvalidArgumentError(f"clear_ratio must be in [0, 1], got {self.clear_ratio!r}")
+        object.__setattr__(self, "clear_ratio", ratio)
+        relative: object = self.relative_to
+        if isinstance(relative, str):
+            object.__setattr__(self, "relative_to", (_check_event_name("relative_to", relative),))
+        elif relative is not None:
+            if not isinstance(relative, tuple) or not relative:
+                raise InvalidTypeError(
+                    f"relative_to must be an event name, a non-empty tuple of names, or None, got {relative!r}"
+                )
+            for item in relative:
+                _check_event_name("relative_to[i]", item)
+        scope: object = self.scope
+        try:
+            object.__setattr__(self, "scope", AlertScope(str(scope)))
+        except ValueError:
+            raise InvalidArgumentError(f"scope must be one of {[s.value for s in AlertScope]}, got {scope!r}") from None
+
+    @property
+    def denominators(self) -> tuple[str, ...] | None:
+        """The denominator event names of a relative rule, or None."""
+        relative = self.relative_to
+        if relative is None:
+            return None
+        return (relative,) if isinstance(relative, str) else relative
+
+
+DEFAULT_RULES: tuple[AlertRule, ...] = (
+    AlertRule(
+        name="stale_commits", event=ev.STALE_COMMIT_REJECTED, relative_to=ev.COMMITS, threshold=0.05, window_s=30.0
+    ),
+    AlertRule(name="fencing_rejections", event=ev.FENCING_REJECTED, threshold=0, window_s=60.0),
+    AlertRule(name="lease_expiries", event=ev.LEASE_EXPIRED, relative_to=ev.CLAIMS, threshold=0.05, window_s=60.0),
+    AlertRule(name="lost_leases", event=ev.LEASE_LOST, threshold=0, window_s=60.0),
+    AlertRule(name="lost_locks", event=ev.LOCK_LOST, threshold=0, window_s=60.0),
+    AlertRule(
+        name="lock_contention",
+        event=ev.LOCK_CONTENDED,
+        relative_to=ev.CLAIMS,
+        threshold=0.5,
+        window_s=30.0,
+        min_events=50,
+    ),
+    AlertRule(name="retries", event=ev.RETRIES, relative_to=ev.CLAIMS, threshold=0.2, window_s=60.0),
+    AlertRule(name="dead_letters", event=ev.DEAD_LETTERED, threshold=0, window_s=60.0),
+    AlertRule(name="membership_churn", event=ev.MEMBERSHIP_CHANGE, threshold=10, window_s=60.0),
+    AlertRule(name="provider_rate_limited", event=ev.PROVIDER_RATE_LIMITED, threshold=0, window_s=60.0),
+)
+"""Rules a :class:`Monitor` uses unless given others: more than 5 % of commits rejected as
+stale over 30 s; any fencing rejection, lost lease, lost lock or dead letter in 60 s;
+more than 5 % of claims taking an expired lease over 60 s; lock contention on more than
+half the claims over 30 s; retries on more than 20 % of the claims over 60 s; more than
+10 membership changes in 60 s; any rate limit a send reported (HTTP 429) in 60 s: a provider
+pushing back means the declared rate limits are above its own. All cluster-wide."""
+
+
+@dataclass(slots=True)
+class Incident:
+    """An open incident of one rule in one scope.
+
+    Attributes:
+        alert: The firing notice as it was delivered.
+        current: The same with the latest measured value (what is stored).
+    """
+
+    alert: Alert
+    current: Alert
+
+
+def decide(
+    rules: Sequence[AlertRule], incidents: dict[tuple[str, str], Incident], view: MetricsView, monitor_id: str
+) -> tuple[list[Alert], bool]:
+    """Judge every rule on ``view``, opening and closing ``incidents`` in place.
+
+    Args:
+        rules: The rules to judge.
+        incidents: The open incidents by ``(rule name, scope key)``; updated in place.
+        view: The window counts read from the store (``view.windows`` holds each rule's
+            ``window_s``; ``view.now_s`` is the store clock of the read).
+        monitor_id: The judging monitor's process id (``Alert.monitor_id``).
+
+    Returns:
+        ``(notices, changed)``: the firing and resolved notices this judgement produced,
+        oldest rule first, and whether an open incident's measured value changed (its
+        stored state is then out of date).
+    """
+    changed = False
+    notices: list[Alert] = []
+    for rule in rules:
+        groups = _group_counts(rule.scope, view.windows.get(rule.window_s, {}))
+        keys = set(groups) | {key for (name, key) in incidents if name == rule.name}
+        for key in sorted(keys):
+            counts = groups.get(key, {})
+            count = counts.get(rule.event, 0)
+            denominators = rule.denominators
+            if denominators is None:
+                base: int | None = None
+                value = float(count)
+                judged = True
+            else:
+                base = sum(counts.get(name, 0) for name in denominators)
+                value = count / base if base else 0.0
+                judged = base >= max(1, rule.min_events)
+            incident = incidents.get((rule.name, key))
+            measured = Alert(
+                rule=rule.name,
+                event=rule.event,
+                value=value,
+                threshold=rule.threshold,
+                window_s=rule.window_s,
+                at=view.now_s,
+                scope=rule.scope,
+                scope_key=key,
+                state=AlertState.FIRING,
+                relative_to=denominators,
+                count=count,
+                base=base,
+                fired_at=view.now_s,
+                monitor_id=monitor_id,
+            )
+            if incident is None:
+                if judged and value > rule.threshold:
+                    incidents[(rule.name, key)] = Incident(alert=measured, current=measured)
+                    notices.append(measured)
+                continue
+            cleared = value <= rule.threshold * rule.clear_ratio if judged else count == 0
+            if cleared:
+                del incidents[(rule.name, key)]
+                notices.append(
+                    dataclasses.replace(measured, state=AlertState.RESOLVED, fired_at=incident.alert.fired_at)
+                )
+            else:
+                incident.current = dataclasses.replace(measured, fired_at=incident.alert.fired_at)
+                changed = True
+    return notices, changed
+
+
+def _group_counts(scope: AlertScope, counts: Mapping[CounterKey, int]) -> dict[str, dict[str, int]]:
+    """Window counts grouped by the rule's scope: scope key -> event name -> count."""
+    out: dict[str, dict[str, int]] = {}
+    for (pid, where, name), value in counts.items():
+        if scope is AlertScope.NODE:
+            if where == PROCESS_SCOPE:
+                continue
+            key = where
+        else:
+            if where != PROCESS_SCOPE:
+                continue
+            key = "" if scope is AlertScope.CLUSTER else pid
+        group = out.setdefault(key, {})
+        group[name] = group.get(name, 0) + value
+    return out

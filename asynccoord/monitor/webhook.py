@@ -1,0 +1,224 @@
+"""A webhook sink: each alert notice POSTed as JSON to a URL, retried with backoff, never blocking.
+
+::
+
+    sink = WebhookSink("https://hooks.example.com/T0/B0/secret")
+    async with Monitor(store, sinks=[sink]) as monitor:
+        ...
+    sink.statistics().given_up   # notices that never got a 2xx answer
+
+Handing a notice over (:meth:`WebhookSink.offer`) only appends it to a bounded queue; one
+task of the sink's own POSTs the queue in order, so a slow or unreachable endpoint costs
+the monitor nothing and the nodes even less. When the queue is full the oldest notice is
+dropped and counted. A POST that fails (a connection error, a timeout, HTTP 408, 429 or
+5xx) is tried again after exponential backoff with jitter (M. Brooker, "Exponential
+Backoff and Jitter", AWS Architecture Blog, 2015; :class:`~asynccoord.config.RetryPolicy`),
+up to ``retry.max_attempts`` attempts in all; any other answer than 2xx is not tried
+again. Every failed attempt, and every notice given up, is counted and logged at WARNING
+as ``asynccoord.monitor.webhook_failed``; the URL is logged without its path and query,
+which often hold a secret.
+
+The body is the notice's :meth:`~asynccoord.contract.monitor.Alert.to_dict` with a
+``text`` field holding :meth:`~asynccoord.contract.monitor.Alert.describe` (which chat
+tools' incoming webhooks show as the message). HTTP is aiohttp's client: the ``webhook``
+extra (``pip install 'asynccoord[webhook]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import urllib.parse
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from .._errtext import error_text
+from ..config import RetryPolicy
+from ..contract.monitor import Alert
+from ..errors import InvalidArgumentError, InvalidTypeError
+from ..validation import check_int, check_positive
+from .alerts import SinkStats
+
+__all__ = ("DEFAULT_WEBHOOK_RETRY", "WebhookSink")
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WEBHOOK_RETRY = RetryPolicy(base_s=0.5, factor=2.0, cap_s=30.0, jitter=0.5, max_attempts=5)
+"""Five attempts in all, 0.5, 1, 2 and 4 s apart (each +-50 %)."""
+
+_RETRY_STATUSES = frozenset({408, 429})
+"""Answers below 500 that are worth trying again (timeout, rate limit)."""
+
+
+def _where(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: its path and query often carry a secret token."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+class WebhookSink:
+    """POST every alert notice as JSON to ``url``, in a task of its own.
+
+    Give it to a :class:`~asynccoord.monitor.monitor.Monitor` (``sinks=[...]``): the
+    monitor starts it, offers it each notice and closes it. On its own: ``await
+    sink.start()``, :meth:`offer`, ``await sink.aclose()``.
+
+    Args:
+        url: An ``http://`` or ``https://`` URL.
+        timeout_s: Longest one POST may take, connection included, seconds (> 0). Default 5.
+        retry: Backoff between attempts and ``max_attempts`` (attempts in all, the first
+            included). Default :data:`DEFAULT_WEBHOOK_RETRY`.
+        queue_size: Notices kept waiting before the oldest is dropped (>= 1). Default 100.
+        headers: Extra HTTP headers (an ``Authorization`` header, say). Default none.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: a bad argument.
+        ImportError: aiohttp is not installed (``pip install 'asynccoord[webhook]'``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 5.0,
+        retry: RetryPolicy = DEFAULT_WEBHOOK_RETRY,
+        queue_size: int = 100,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if not isinstance(url, str):
+            raise InvalidTypeError(f"url must be a str, got {type(url).__name__}")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidArgumentError(f"url must be an http:// or https:// URL with a host, got {_where(url)!r}")
+        if not isinstance(retry, RetryPolicy):
+            raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+        if headers is not None and not (
+            isinstance(headers, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise InvalidTypeError("headers must be a mapping of str to str or None")
+        try:
+            import aiohttp
+        except ImportError as exc:
+            raise ImportError("the webhook sink needs aiohttp: pip install 'asynccoord[webhook]'") from exc
+        self._aiohttp = aiohttp
+        self.url = url
+        self.timeout_s = check_positive("timeout_s", timeout_s)
+        self.retry = retry
+        self.queue_size = check_int("queue_size", queue_size, minimum=1)
+        self.headers = dict(headers or {})
+        self._queue: deque[Alert] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._sending = False
+        self._session: Any = None
+        self._closed = False
+        self._delivered = self._failed_attempts = self._given_up = self._dropped = 0
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return f"<WebhookSink {_where(self.url)} queued={s.queued} delivered={s.delivered} failures={s.failures}>"
+
+    async def start(self) -> None:
+        """Open the HTTP session and start the sending task (idempotent)."""
+        if self._task is not None or self._closed:
+            return
+        self._session = self._aiohttp.ClientSession(timeout=self._aiohttp.ClientTimeout(total=self.timeout_s))
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="asynccoord-monitor-webhook")
+
+    def offer(self, alert: Alert) -> None:
+        """Queue ``alert`` for sending; returns at once (a full queue drops its oldest notice)."""
+        if self._closed:
+            self._dropped += 1
+            return
+        if len(self._queue) >= self.queue_size:
+            self._queue.popleft()
+            self._dropped += 1
+        self._queue.append(alert)
+        self._idle.clear()
+        self._wake.set()
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued for at most ``timeout_s`` seconds, then stop; what is left is dropped.
+
+        Idempotent. Cancellation of the caller cancels the wait, and the sink still stops.
+        """
+        self._closed = True
+        task, self._task = self._task, None
+        try:
+            if task is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(check_positive("timeout_s", timeout_s)):
+                        await self._idle.wait()
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._dropped += len(self._queue)
+            self._queue.clear()
+            self._idle.set()
+            session, self._session = self._session, None
+            if session is not None:
+                await session.close()
+
+    def statistics(self) -> SinkStats:
+        """A snapshot of the sink's counters."""
+        return SinkStats(
+            delivered=self._delivered,
+            failed_attempts=self._failed_attempts,
+            given_up=self._given_up,
+            dropped=self._dropped,
+            queued=len(self._queue) + self._sending,
+        )
+
+    async def _run(self) -> None:
+        while True:
+            while not self._queue:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+            alert = self._queue.popleft()
+            self._sending = True
+            try:
+                await self._send(alert)
+            except asyncio.CancelledError:
+                self._dropped += 1  # closed while sending it
+                raise
+            finally:
+                self._sending = False
+
+    async def _send(self, alert: Alert) -> None:
+        """POST ``alert`` until a 2xx answer, a final refusal, or ``retry.max_attempts`` attempts."""
+        body = {**alert.to_dict(), "text": alert.describe()}
+        aiohttp = self._aiohttp
+        for attempt in range(1, self.retry.max_attempts + 1):
+            try:
+                async with self._session.post(self.url, json=body, headers=self.headers) as response:
+                    status = int(response.status)
+                    await response.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                error, again = error_text(exc), True
+            else:
+                if 200 <= status < 300:
+                    self._delivered += 1
+                    return
+                error, again = f"HTTP {status}", status >= 500 or status in _RETRY_STATUSES
+            self._failed_attempts += 1
+            last = attempt == self.retry.max_attempts or not again
+            log.warning(
+                "asynccoord.monitor.webhook_failed url=%s rule=%s state=%s attempt=%d error=%s%s",
+                _where(self.url),
+                alert.rule,
+                alert.state.value,
+                attempt,
+                error,
+                " gave_up=1" if last else "",
+            )
+            if last:
+                self._given_up += 1
+                return
+            await asyncio.sleep(self.retry.delay_s(attempt))

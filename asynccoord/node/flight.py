@@ -1,0 +1,142 @@
+"""A task in flight on a node: an explicit state machine from its claim to its settle.
+
+A node takes a task in flight when its claim (or the commit before it, ``claim_next``)
+leases it, and lets go once the task is committed, failed or handed back. Between the two
+the task is in exactly one :class:`FlightState`; :meth:`Flight.move` is the one place that
+changes it, and refuses a transition the table :data:`TRANSITIONS` does not allow with a
+``RuntimeError`` (a bug in the node, never a user's error). Who may move a flight:
+
+* the slot handling the task (:mod:`asynccoord.node.send`, :mod:`asynccoord.node.settle`):
+  ``CLAIMED -> SENDING -> RETURNED -> SETTLED``, or ``INTERRUPTED`` when the node is
+  cancelled (or the process exits) while the send runs;
+* the send's timeout timer: ``SENDING -> TIMED_OUT``;
+* the keeper (:mod:`asynccoord.node.keeper`), when a lease is not renewed: ``-> LEASE_LOST``;
+* the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
+
+A lost lease or lock before the send is over cuts the send, and the send's end then moves
+the flight on to ``DROPPED`` (never committed) or ``LOCK_DROPPED`` (the attempt is recorded
+as failed). Each flight also keeps its lease's local deadline on the monotonic clock
+(:func:`lease_deadline`), which the keeper moves on at every renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from ..contract.locks import Lease
+from ..models import Task
+
+__all__ = ("RENEWABLE", "TRANSITIONS", "Flight", "FlightState", "lease_deadline")
+
+
+class FlightState(enum.Enum):
+    """Where a task in flight is (see :data:`TRANSITIONS` for the moves allowed)."""
+
+    CLAIMED = "claimed"
+    """Leased to the node; its send has not begun (it may wait for its lock)."""
+    SENDING = "sending"
+    """The user's send runs (``Flight.cut_until`` is set once the node has cancelled it)."""
+    TIMED_OUT = "timed_out"
+    """The send was cut at ``send_timeout_s``; its cleanup time runs. It fails the attempt."""
+    LEASE_LOST = "lease_lost"
+    """The task lease was lost (not renewed, or the store says so) before the send was over: cut."""
+    LOCK_LOST = "lock_lost"
+    """The lock (or permit) was lost before the send was over, the task lease still held: cut."""
+    RETURNED = "returned"
+    """The send is over by itself (a result, an error, or its timeout): the commit or failure
+    record owns the lease now."""
+    DROPPED = "dropped"
+    """The send is over after a lost lease: nothing is committed, nothing handed back."""
+    LOCK_DROPPED = "lock_dropped"
+    """The send is over after a lost lock: the attempt is recorded as failed."""
+    INTERRUPTED = "interrupted"
+    """The send began but has no outcome: the node was cancelled (or the process is exiting)
+    while it ran. The task goes back; its send may have reached the receiver."""
+    SETTLED = "settled"
+    """Committed or failed: the lease is gone, there is nothing to hand back."""
+
+    allowed: tuple[FlightState, ...]
+    """The states this one may move to (set from :data:`TRANSITIONS`)."""
+
+
+_S = FlightState
+TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
+    _S.CLAIMED: (_S.SENDING, _S.LEASE_LOST, _S.LOCK_LOST),
+    _S.SENDING: (_S.RETURNED, _S.TIMED_OUT, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
+    _S.TIMED_OUT: (_S.RETURNED, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
+    # A lost lock after a lost lease (the send still in its cleanup) is the one recorded:
+    # the attempt is then failed, which the store refuses harmlessly if the lease is gone.
+    _S.LEASE_LOST: (_S.DROPPED, _S.LOCK_LOST, _S.INTERRUPTED),
+    _S.LOCK_LOST: (_S.LOCK_DROPPED, _S.LOCK_LOST, _S.INTERRUPTED),
+    _S.RETURNED: (_S.SETTLED,),
+    _S.LOCK_DROPPED: (_S.SETTLED,),
+    _S.DROPPED: (),
+    _S.INTERRUPTED: (),
+    _S.SETTLED: (),
+}
+"""The moves allowed: from each state, the states it may go to."""
+
+for _state, _next in TRANSITIONS.items():
+    _state.allowed = _next  # a tuple on the member: `in` compares by identity, no hashing per move
+del _state, _next
+
+RENEWABLE = (_S.CLAIMED, _S.SENDING, _S.TIMED_OUT)
+"""States whose lease the keeper renews: claimed and not lost, the send not over."""
+
+
+def lease_deadline(started: float, lease_s: float) -> float:
+    """Local monotonic deadline of a lease of ``lease_s`` seconds granted after ``started`` (``time.monotonic()``).
+
+    A safety margin (a fifth of the lease, at most 2 s) before the store could hand the
+    task to another node.
+    """
+    return started + lease_s - min(lease_s * 0.2, 2.0)
+
+
+@dataclass(slots=True, eq=False)
+class Flight:
+    """One task in flight on a node.
+
+    Attributes:
+        task: The task, as the store leased it.
+        lease_deadline: Local monotonic deadline of its lease (see :func:`lease_deadline`).
+        state: Where it is (:class:`FlightState`); changed by :meth:`move` only.
+        lock: The lock lease (or permit) held for it, or None.
+        lost: Why its lease or lock was lost (for the logs and ``last_error``), or None.
+        cut_until: Loop time at which the cleanup time of a send the node cancelled ends
+            (see :func:`asynccoord.node.send.cut`), or None while nothing cut it.
+        send: The user's send, in an asyncio task of its own, while it runs.
+        over: Done when the send is, or when its cleanup time ran out.
+        next: The key's next task, leased by this task's commit (``claim_next``).
+        chain: Tasks its slot took by ``claim_next`` before this one.
+    """
+
+    task: Task
+    lease_deadline: float
+    state: FlightState = FlightState.CLAIMED
+    lock: Lease | None = None
+    lost: str | None = None
+    cut_until: float | None = None
+    send: asyncio.Task[Any] | None = None
+    over: asyncio.Future[None] | None = None
+    next: Flight | None = None
+    chain: int = 0
+
+    def move(self, to: FlightState) -> None:
+        """Move to state ``to``.
+
+        Raises:
+            RuntimeError: :data:`TRANSITIONS` does not allow it (a bug in the node).
+        """
+        if to not in self.state.allowed:
+            raise RuntimeError(
+                f"internal error: task {self.task.id} in flight cannot move from {self.state.name} to {to.name}"
+            )
+        self.state = to
+
+    def is_in(self, *states: FlightState) -> bool:
+        """Whether the flight is in one of ``states`` (a call: a type checker does not narrow it across awaits)."""
+        return self.state in states

@@ -1,0 +1,367 @@
+"""Send supervision: run the user's send under its timeout and the lease guard, and cut it once when it must stop.
+
+The send runs in an asyncio task of its own, so that whatever stops it (its timeout, a lost
+lease or lock, the node's cancellation) reaches it as one ``CancelledError``, as
+``asyncio.Task.cancel`` delivers it: the send's ``except``/``finally`` blocks may still await
+(to close a connection, say) for up to :data:`SEND_CLEANUP_S`, and nothing cancels it again
+before that time is up, whatever else happens meanwhile (:func:`cut`). The node's own
+cancel scopes (anyio) are level-triggered: a send run in the node's task could not await
+anything in its ``finally``. A ``KeyboardInterrupt`` or ``SystemExit`` from a send leaves its
+task as a :class:`~asynccoord._exits.ProcessExiting` (see :mod:`asynccoord._exits`). The
+outcome of a send moves its :class:`~asynccoord.node.flight.Flight` on, and is what
+:mod:`asynccoord.node.settle` commits or fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+import anyio
+
+from .._exits import PROCESS_EXITS, ProcessExiting, carry, is_process_exit
+from ..errors import InvalidTypeError, LockLostError
+from ..models import Task
+from ..monitor.histogram import SEND_MS
+from .delivery import _DELIVERY, Affinity, Delivery
+from .flight import Flight, FlightState
+
+__all__ = ("SEND_CLEANUP_S", "ExitRecorder", "Outcome", "SendFn", "Sender", "cut", "lock_lost", "observe")
+
+log = logging.getLogger(__name__)
+
+SEND_CLEANUP_S = 0.25
+"""Seconds a cancelled send's own cleanup (its ``except``/``finally`` awaits) may take
+before it is cancelled again; shutdown and lease-loss bounds include it.
+
+The node cancels a send once, for whichever reason comes first (its timeout, a lost
+lease or lock, the node's cancellation); the others that come during this time do not
+cancel it again. A send still running when the time is up (one that swallows the
+``CancelledError``) is cancelled once more, and the node goes on without it."""
+
+SendFn = Callable[[Task], Awaitable[Any]]
+"""The user's send: ``async def send(task: Task) -> Any`` (the result is stored, JSON)."""
+
+Outcome = tuple[bool, Any, BaseException | None, bool]
+"""What :meth:`Sender.run` returns: ``(completed, result, failure, cancel_pending)``.
+
+``completed`` is False when the send was cut because its task lease or lock was lost.
+``failure`` is what the send raised (an ``Exception``, or a ``BaseException`` other than
+``KeyboardInterrupt`` and ``SystemExit``), ``TimeoutError()`` when it was cut at
+``send_timeout_s``, or the ``CancelledError`` it raised although nothing of the node's
+cancelled it. ``cancel_pending``: the node was cancelled just as the send returned; the
+settle goes first, then the cancellation (see :meth:`asynccoord.node.settle.Settler.finish`)."""
+
+
+class ExitRecorder(Protocol):
+    """The node's record of a process exit (``Node._exiting``): keeps the first, with ``stop`` stops the pipeline."""
+
+    def __call__(self, carried: ProcessExiting, *, stop: bool = False) -> ProcessExiting: ...
+
+
+def observe(store: Any, name: str, started: float) -> None:
+    """Record the latency since ``started`` (``time.perf_counter()``) in ``store.latencies``, if any."""
+    recorder = getattr(store, "latencies", None)
+    if recorder is not None:
+        recorder.observe(name, (time.perf_counter() - started) * 1000.0)
+
+
+class Sender:
+    """Runs one node's sends, each in a task of its own, under ``send_timeout_s`` (see the module docstring).
+
+    Args:
+        store: The node's store (its ``latencies``, if any, get the send times).
+        node_id: The node's id (for :class:`~asynccoord.node.delivery.Delivery` and the logs).
+        send_timeout_s: Longest a send may take, seconds (checked by ``NodeConfig``).
+        affinity: The node's conversation contexts.
+        on_exit: The node's record of a process exit.
+    """
+
+    __slots__ = ("_affinity", "_checked_send", "_node_id", "_on_exit", "_send_is_async", "_store", "_timeout_s")
+
+    def __init__(
+        self, store: Any, *, node_id: str, send_timeout_s: float, affinity: Affinity, on_exit: ExitRecorder
+    ) -> None:
+        self._store = store
+        self._node_id = node_id
+        self._timeout_s = send_timeout_s
+        self._affinity = affinity
+        self._on_exit = on_exit
+        self._checked_send: Any = None  # the send _send_is_async describes (see _coroutine)
+        self._send_is_async = False
+
+    async def run(self, flight: Flight, send: SendFn) -> Outcome:
+        """Run ``send(flight.task)`` under the timeout and the lease guard; return its :data:`Outcome`.
+
+        A lost lease or lock, or the send timeout, cancels the send's task directly; a
+        cancellation of the node reaches it through :func:`cut_short`. Whichever comes
+        first cancels it; the others find it cut already and leave its cleanup time alone.
+
+        Raises:
+            CancelledError: the node was cancelled (the send got its cleanup time first;
+                the flight is ``INTERRUPTED``).
+            ProcessExiting: the send raised ``KeyboardInterrupt`` or ``SystemExit``, or a
+                group holding one (the process is ending: the task is handed back, not
+                failed; see :mod:`asynccoord._exits`). Any other ``BaseException`` it raised
+                is a failed send, as an ``Exception`` is.
+        """
+        state = flight.state
+        if state is not FlightState.CLAIMED:  # its lease or lock was lost before the send could begin
+            flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
+            return False, None, None, False
+        flight.move(FlightState.SENDING)
+        task = flight.task
+        loop = asyncio.get_running_loop()
+        delivery = Delivery(node_id=self._node_id, task=task, lock=flight.lock, context=self._affinity.context(task))
+        token = _DELIVERY.set(delivery)
+        try:
+            child = flight.send = loop.create_task(self._coroutine(task, send))  # copies the context: the delivery
+        finally:
+            _DELIVERY.reset(token)
+        send_started = time.perf_counter()
+        over = flight.over = loop.create_future()
+        child.add_done_callback(lambda _: _resolve(over))
+        child.add_done_callback(functools.partial(self._cut_send_ended, flight))
+        timer = loop.call_at(loop.time() + self._timeout_s, time_out, flight)
+        cancel_pending = False
+        try:
+            await over
+        except asyncio.CancelledError:
+            if child.done() and not child.cancelled() and flight.cut_until is None:
+                # The send had returned (its message went out) when the node was cancelled:
+                # settle it first, then go on cancelling; handing it back would send it again.
+                cancel_pending = True
+            else:  # the node is cancelled: the send gets its cleanup time, then it goes on
+                timer.cancel()  # no timeout may cut that time short
+                try:
+                    await cut_short(flight, child)
+                finally:
+                    flight.move(FlightState.INTERRUPTED)
+                raise
+        finally:
+            timer.cancel()
+            flight.send = flight.over = None
+        state = flight.state
+        if state is FlightState.LEASE_LOST or state is FlightState.LOCK_LOST:
+            flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
+            child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
+            return False, None, None, cancel_pending
+        result: Any = None
+        failure: BaseException | None = None
+        if state is FlightState.TIMED_OUT:
+            child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
+            failure = TimeoutError()
+        elif child.cancelled():
+            # Nothing of the node's cancelled the send: a timeout or a lost lease or lock says
+            # so above, and the node's own cancellation raises at `await over`. The send raised
+            # CancelledError by itself (a library it awaits was cancelled by something else,
+            # say): a failed send, for the retry policy. The node goes on.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                flight.move(FlightState.INTERRUPTED)
+                raise asyncio.CancelledError  # the node is being cancelled meanwhile: never swallowed
+            failure = _cancelled_error_of(child)
+            log.warning(
+                "asynccoord.node.send_cancelled_itself node=%s task=%s: the send raised CancelledError "
+                "without being cancelled; counted as a failed send",
+                self._node_id,
+                task.id,
+            )
+        else:
+            failure = child.exception()  # the user's send failed: the retry policy decides
+            if failure is None:
+                result = child.result()
+                failure = _unsent(result)
+                if failure is not None:
+                    result = None
+            elif is_process_exit(failure):  # the process is ending (see asynccoord._exits): no failed send
+                flight.move(FlightState.INTERRUPTED)
+                raise self._on_exit(carry(failure)) from None  # a group's first exit, as asyncio.TaskGroup raises it
+        flight.move(FlightState.RETURNED)
+        observe(self._store, SEND_MS, send_started)
+        return True, result, failure, cancel_pending
+
+    def _cut_send_ended(self, flight: Flight, child: asyncio.Task[Any]) -> None:
+        """A send task ended: if it had been cut (timeout, lost lease or lock, the node's
+        cancellation) and its cleanup raised ``KeyboardInterrupt`` or ``SystemExit``, stop
+        the node for it as if the send had raised it (:meth:`run` no longer reads a cut
+        send's outcome)."""
+        if flight.cut_until is None or child.cancelled():
+            return
+        exc = child.exception()
+        if exc is not None and is_process_exit(exc):
+            self._on_exit(carry(exc), stop=True)  # nothing raises it: stop the pipeline for it
+
+    def _coroutine(self, task: Task, send: SendFn) -> Coroutine[Any, Any, Any]:
+        """The coroutine the send task runs: the user's own one for an ``async def`` send.
+
+        An ``async def`` send is called here (it only makes its coroutine; its body runs in
+        the send task, inside :func:`_carrying_exits`). A call that raises (a send whose
+        signature does not take the task, say) is a failed send, raised in the send task as
+        any error of the send is. Any other callable goes through :func:`_call_send`. A
+        ``KeyboardInterrupt`` or ``SystemExit`` leaves the send task as a
+        :class:`~asynccoord._exits.ProcessExiting`, never as itself (which asyncio would let
+        out of the event loop at once, before anything is handed back).
+        """
+        if send is not self._checked_send:  # Node.send is a public attribute: check it again if replaced
+            self._checked_send = send
+            self._send_is_async = inspect.iscoroutinefunction(send)
+        if not self._send_is_async:
+            return _call_send(send, task)
+        try:
+            coro = send(task)
+        except BaseException as exc:
+            return _raising(exc)
+        return _carrying_exits(coro) if asyncio.iscoroutine(coro) else _awaiting(coro)
+
+
+def time_out(flight: Flight) -> None:
+    """The send timeout of ``flight`` (a loop timer): cut its send, unless something cut it already."""
+    child = flight.send
+    if flight.state is FlightState.SENDING and flight.cut_until is None and child is not None and not child.done():
+        flight.move(FlightState.TIMED_OUT)
+        cut(flight)
+
+
+def lock_lost(flight: Flight, error: LockLostError) -> None:
+    """The lock (or permit) of ``flight`` was lost (the watchdog's ``on_lost``): cut its send, unless it is over.
+
+    A send that has ended by itself is settled as usual (a lock's fence decides its commit),
+    also when the node has not seen it end yet: its task finishes a loop turn or two before
+    :meth:`Sender.run` resumes, and a lost lock reported in that gap must not discard a
+    message that went out (a send the node cut is not over by itself).
+    """
+    if not flight.is_in(
+        FlightState.CLAIMED, FlightState.SENDING, FlightState.TIMED_OUT, FlightState.LEASE_LOST, FlightState.LOCK_LOST
+    ):
+        return  # over: settled by its outcome (or handed back unsent)
+    child = flight.send
+    if child is not None and child.done() and flight.cut_until is None:
+        return  # ended by itself, not seen yet
+    flight.lost = f"lock lost: {error}"
+    flight.move(FlightState.LOCK_LOST)
+    cut(flight)
+
+
+def cut(flight: Flight) -> None:
+    """Cancel the send of ``flight`` (if it runs) once, edge-triggered, as ``Task.cancel`` does.
+
+    The send may still await in its ``except``/``finally`` blocks (closing a connection,
+    say) for up to :data:`SEND_CLEANUP_S`; then it is cancelled again and the node goes
+    on without waiting for it (``flight.over`` is resolved). Only the first call per send
+    does this: a later one (the timeout, a lost lease or lock, the node's cancellation,
+    whichever did not come first) finds ``flight.cut_until`` set and leaves the send's
+    cleanup time alone, so a send is cancelled at most twice, :data:`SEND_CLEANUP_S` apart.
+    """
+    child, over = flight.send, flight.over
+    if child is None or over is None or child.done() or flight.cut_until is not None:
+        return
+    loop = asyncio.get_running_loop()
+    flight.cut_until = loop.time() + SEND_CLEANUP_S
+    child.cancel()
+
+    def cut_again() -> None:
+        if not child.done():
+            child.cancel()
+            child.add_done_callback(_retrieve)
+        _resolve(over)
+
+    timer = loop.call_at(flight.cut_until, cut_again)
+    child.add_done_callback(lambda _: timer.cancel())
+
+
+async def cut_short(flight: Flight, child: asyncio.Task[Any]) -> None:
+    """Cut the send ``child`` of ``flight`` (see :func:`cut`); wait (shielded) until it ends or its cleanup time is up.
+
+    The node's cancel scopes (anyio) are level-triggered: every ``await`` inside a
+    cancelled scope is cancelled again, so a send run in the node's own task could not
+    await anything in its ``finally``. The send runs as a separate asyncio task that
+    receives one ``CancelledError`` and gets its cleanup time before a second one; then
+    the caller's cancellation proceeds. A send that its timeout or a lost lease or lock
+    cut already is not cancelled again: it keeps the rest of the cleanup time it got
+    then (its second cancellation, when that time is up, is :func:`cut`'s). The caller
+    cancels the send timeout first. ``flight.over`` is not waited for: the caller's
+    cancellation may have cancelled it.
+    """
+    cut(flight)
+    until = flight.cut_until  # None: the send had ended already
+    if until is not None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(until - asyncio.get_running_loop().time()):
+            await asyncio.wait({child})
+    child.add_done_callback(_retrieve)
+
+
+def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
+    """The ``CancelledError`` that the (cancelled) task ``child`` ended with."""
+    try:
+        child.result()
+    except asyncio.CancelledError as exc:
+        return exc
+    return asyncio.CancelledError()  # not reached: child is cancelled
+
+
+async def _raising(exc: BaseException) -> Any:
+    """Raise ``exc`` in the send task (a send whose call raised: see ``Sender._coroutine``)."""
+    if isinstance(exc, PROCESS_EXITS):
+        raise ProcessExiting(exc) from None
+    raise exc
+
+
+async def _carrying_exits(send: Coroutine[Any, Any, Any]) -> Any:
+    """Run an ``async def`` send's coroutine; a ``KeyboardInterrupt`` or ``SystemExit`` from it leaves as a
+    :class:`~asynccoord._exits.ProcessExiting` (see :mod:`asynccoord._exits`)."""
+    try:
+        return await send
+    except PROCESS_EXITS as exc:
+        raise ProcessExiting(exc) from None
+
+
+async def _awaiting(outcome: Any) -> Any:
+    try:
+        return await outcome if inspect.isawaitable(outcome) else outcome
+    except PROCESS_EXITS as exc:
+        raise ProcessExiting(exc) from None
+
+
+async def _call_send(send: SendFn, task: Task) -> Any:
+    try:
+        outcome = send(task)  # an async generator returned is no result: see _unsent
+        # A plain (sync) function has already sent when it returns: use its value;
+        # awaiting it would fail and send again on retry.
+        return await outcome if inspect.isawaitable(outcome) else outcome
+    except PROCESS_EXITS as exc:
+        raise ProcessExiting(exc) from None
+
+
+def _unsent(result: Any) -> InvalidTypeError | None:
+    """The error of a send that returned an unawaited coroutine or a generator, async or plain (nothing of it ran).
+
+    ``async def send(task): return client.send(task)`` (a missing ``await``): committing it
+    would mark a message sent that never was. It is a failed send instead; the coroutine is
+    closed (Python would warn that it was never awaited).
+    """
+    if inspect.iscoroutine(result):
+        result.close()
+        return InvalidTypeError(f"send returned an unawaited coroutine (a missing await?): {result!r}")
+    if inspect.isasyncgen(result):
+        return InvalidTypeError(f"send returned an async generator, not a result: {result!r}")
+    if inspect.isgenerator(result):
+        result.close()
+        return InvalidTypeError(f"send returned a generator, not a result: {result!r}")
+    return None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a cancelled send's outcome as seen (no 'exception was never retrieved' warning)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,430 @@
+"""Settling a task after its send: commit it, record a failed attempt, or hand it back.
+
+A send that returned is **committed**: a compare-and-set on ``(id, lease_token, version)``
+that also checks the lock's fencing token against the highest one the resource has seen,
+in the same transaction (a lock only: a semaphore's permits finish in any order, so their
+tokens do not fence the commit), and with ``claim_next`` leases the key's next task to the
+same slot. A send that raised (or timed out) is a **failed attempt** for the retry policy
+(backoff with jitter, then the dead letter), and so is one whose lock was lost while the
+task's own lease held. A store that is busy or unreachable at that moment is tried again,
+with backoff, while the lease lasts (:data:`SETTLE_RETRY`): a message that went out is
+never sent again for want of a commit that could still land. A task the node will not send
+(the node stops, its lock stayed busy, the store failed mid-task) is **handed back** to
+``pending``, not counted as a failure, so whoever claims next finds it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from .. import events as ev
+from .._errtext import error_text
+from ..config import RetryPolicy
+from ..contract.queue import encode_result
+from ..errors import (
+    UNRECOVERABLE_STORE_ERRORS,
+    CoordError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LeaseLostError,
+    RateLimited,
+    StoreBusyError,
+    StoreConnectionError,
+)
+from ..models import Task, TaskStatus
+from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
+from .config import NodeConfig
+from .flight import Flight, FlightState
+from .send import Outcome, observe
+from .status import NodeState
+
+__all__ = ("HAND_BACK_WAIT_S", "SETTLE_RETRY", "SETTLE_WAIT_S", "Settler")
+
+log = logging.getLogger(__name__)
+
+SETTLE_WAIT_S = 5.0
+"""Seconds a cancelled node still waits for the commit (or failure) of a send that had
+returned: the message went out, and a task handed back instead would be sent again."""
+
+HAND_BACK_WAIT_S = 5.0
+"""Seconds a node waits for the hand-back of a task it will not send (also when cancelled
+meanwhile), so that whoever claims next finds it pending instead of leased to a stopped node."""
+
+SETTLE_RETRY = RetryPolicy(base_s=0.01, factor=2.0, cap_s=0.5, jitter=0.5)
+"""Backoff (from 10 ms, doubling, at most 0.5 s, +-50 % jitter) between tries of a commit
+(or a failure record) that the store could not take (busy, connection lost): it is tried
+again while the task's lease lasts, since a task whose commit is dropped would be sent
+again once its lease lapsed."""
+
+_TRANSIENT_STORE_ERRORS = (StoreBusyError, StoreConnectionError)
+"""Store errors after which nothing was written and a later try may succeed."""
+
+
+class Settler:
+    """Commits, fails and hands back the tasks of one node (see the module docstring).
+
+    Args:
+        store: The node's store.
+        node_id: The node's id (for the logs).
+        config: The node's config (``lease_s``, ``lock_permits``, ``retry``).
+        counters: The node's live counters (``sent``, ``committed``, ``failed``,
+            ``handed_back``, ``conflicts``), counted here.
+        version_checks: Commit with compare-and-set (see :mod:`asynccoord.node.ablation`).
+        due_soon: Wakes the node in the given number of seconds (a task it put back falls due).
+        continues: Whether a commit should also lease the key's next task (``claim_next``).
+        adopt: Takes a task leased by a commit (at or after the given ``time.monotonic()``)
+            in flight, with its chain count.
+
+    Attributes:
+        settling: The slots (asyncio tasks) settling a send that returned now: a
+            cancellation of the node waits for them instead of cancelling them.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        node_id: str,
+        config: NodeConfig,
+        counters: NodeState,
+        version_checks: bool,
+        due_soon: Callable[[float], None],
+        continues: Callable[[Flight], bool],
+        adopt: Callable[[Task, float, int], Flight],
+    ) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.config = config
+        self.counters = counters
+        self.version_checks = version_checks
+        self.fenced = config.lock_permits == 1  # a lock's token fences the commit, a semaphore's does not
+        self._due_soon = due_soon
+        self._continues = continues
+        self._adopt = adopt
+        self.settling: set[asyncio.Task[Any]] = set()
+        self._releases: set[asyncio.Task[None]] = set()  # hand-backs running (see hand_back_shielded)
+
+    async def finish(self, flight: Flight, outcome: Outcome) -> None:
+        """Settle a send that returned, even if the node is cancelled meanwhile, then let the cancellation go on.
+
+        The send's message went out: if its commit (or failure) were cancelled, the task
+        would go back to pending and be sent again, and nothing would count it. So while
+        this slot settles, a cancellation of the node does not cancel it but waits for it
+        (up to :data:`SETTLE_WAIT_S`, see ``Node._handle_batch``); and a cancellation that
+        reached the slot just as its send returned (``cancel_pending``) is raised after the
+        settle.
+
+        Raises:
+            CancelledError: the node was cancelled (after the settle).
+            Exception: what the settle raised (e.g. :class:`~asynccoord.errors.StoreClosedError`).
+        """
+        slot = asyncio.current_task()
+        if slot is not None:
+            self.settling.add(slot)
+        completed, result, failure, cancel_pending = outcome
+        try:
+            # The settle: commit (fenced by the lock's token) or fail the task after its send.
+            if not completed:
+                self.counters.conflicts += 1
+                node_id, task_id = self.node_id, flight.task.id
+                log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, flight.lost)
+                if flight.state is FlightState.LOCK_DROPPED:  # never commit; the task's lease is still ours
+                    await self._fail_lock_lost(flight)
+                # else the task lease is gone: never commit
+            else:
+                self.counters.sent += 1
+                if isinstance(failure, RateLimited):  # the provider's 429: no attempt used, buckets paused
+                    await self.rate_limited(flight, failure)
+                elif failure is not None:
+                    await self.fail(flight, failure)
+                else:
+                    await self._commit(flight, result)
+                flight.move(FlightState.SETTLED)
+        finally:
+            if slot is not None:
+                self.settling.discard(slot)
+        if cancel_pending:
+            raise asyncio.CancelledError
+
+    async def rate_limited(self, flight: Flight, limited: RateLimited) -> None:
+        """Report the provider's 429 (``limited``) for ``flight``'s task: no attempt used.
+
+        The store pauses the bucket(s) the provider named (or all of the task's) until the
+        Retry-After has passed, for every process of the database, and hands the task back to
+        pending in its place, its attempt not counted. A store without rate limits (a custom
+        store), or a node without version checks, takes the plain failure path. A busy or
+        unreachable store is tried again while the lease lasts, as a commit is; a lost lease
+        is a conflict and leaves the task alone (the store paused the buckets anyway).
+
+        Raises:
+            StoreError: the store failed (the caller hands the task back, or fails the node).
+        """
+        report = getattr(self.store, "report_rate_limited", None)
+        if report is None or not self.version_checks:
+            await self.fail(flight, limited)
+            return
+        task = flight.task
+        log.info(
+            "asynccoord.node.rate_limited node=%s task=%s retry_after_s=%.3f dimension=%s key=%s",
+            self.node_id,
+            task.id,
+            limited.retry_after_s,
+            limited.dimension,
+            limited.key,
+        )
+
+        async def once() -> None:
+            await report(task, limited.retry_after_s, dimension=limited.dimension, key=limited.key)
+
+        try:
+            await self._retrying(flight, "rate_limited", once)
+        except LeaseLostError as exc:
+            self.counters.conflicts += 1
+            log.warning(
+                "asynccoord.node.rate_limited_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason
+            )
+
+    async def fail(self, flight: Flight, failure: BaseException, *, source: str = "send") -> None:
+        """Record a failed attempt of ``flight``'s task (the store's retry policy decides: again later, or dead).
+
+        ``failure`` becomes the task's ``last_error`` (``"Type: message"``, safe for an
+        exception whose ``__str__`` raises, see :func:`~asynccoord._errtext.error_text`); a
+        ``CancelledError`` that ``source`` (``"send"`` or ``"lock_key"``) raised by itself
+        reads ``"<source> raised CancelledError without being cancelled"``.
+
+        A busy or unreachable store is tried again while the lease lasts (see :meth:`_retrying`).
+
+        Raises:
+            StoreError: the store failed (the caller hands the task back, or fails the node).
+        """
+        self.counters.failed += 1
+        if isinstance(failure, asyncio.CancelledError):
+            detail = error_text(failure).partition(": ")[2]  # its message ("" without one), safely
+            text = f"{source} raised CancelledError without being cancelled" + (f": {detail}" if detail else "")
+        else:
+            text = error_text(failure)
+        try:
+            await self._record_failure(flight, text)
+        except LeaseLostError:
+            self.counters.conflicts += 1
+
+    async def _fail_lock_lost(self, flight: Flight) -> None:
+        """Record the attempt whose lock (or permit) was lost as failed, so the retry policy takes it now.
+
+        The task's own lease still holds: left alone, the task would wait ``lease_s`` for it
+        to lapse. As a failed attempt (``last_error`` "LockLostError: lock lost: ...") it is
+        claimable again after the retry policy's backoff, and an attempt that keeps losing
+        its lock reaches its dead letter like any failing one. A task lease lost meanwhile
+        leaves nothing to do (the conflict is counted already).
+        """
+        with contextlib.suppress(LeaseLostError):
+            await self._record_failure(flight, f"LockLostError: {flight.lost}")
+        flight.move(FlightState.SETTLED)
+
+    async def _record_failure(self, flight: Flight, text: str) -> None:
+        """Record a failed attempt (``last_error`` ``text``); wake the node when its retry falls due.
+
+        Raises:
+            LeaseLostError: the lease is no longer the node's (nothing written).
+            StoreError: as :meth:`_retrying`.
+        """
+
+        async def record() -> None:
+            out = await self.store.fail(flight.task, text, retry=self.config.retry)
+            if out.status is TaskStatus.PENDING:  # retried later: claim again when it is due
+                self._due_soon(out.run_at - out.updated_at)
+
+        await self._retrying(flight, "fail", record)
+
+    async def _commit(self, flight: Flight, result: Any) -> None:
+        task = flight.task
+        try:
+            encode_result(result, self.store.config)
+        except (InvalidArgumentError, InvalidTypeError) as exc:
+            # The message went out: commit it anyway (never re-send), without the result.
+            log.warning("asynccoord.node.result_not_stored node=%s task=%s reason=%s", self.node_id, task.id, exc)
+            result = None
+        commit_started = time.perf_counter()
+        try:
+            try:
+                await self._commit_once(flight, result)
+            except _TRANSIENT_STORE_ERRORS as exc:  # tried again (the first try needs no retry loop)
+                await self._retrying(flight, "commit", functools.partial(self._commit_once, flight, result), failed=exc)
+        except LeaseLostError as exc:
+            self.counters.conflicts += 1
+            log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
+            return
+        except UNRECOVERABLE_STORE_ERRORS:
+            raise  # the store is closed (or serves another loop): the node fails, as documented
+        except CoordError as exc:  # a fencing rejection (a newer holder of the lock wrote first), or the store failed
+            self.counters.conflicts += 1
+            log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc)
+            return
+        observe(self.store, COMMIT_MS, commit_started)
+        self.counters.committed += 1
+
+    async def _commit_once(self, flight: Flight, result: Any) -> None:
+        """One try of the commit of ``flight``'s task (fenced by a lock's token; with commit-and-continue)."""
+        task = flight.task
+        if not self.version_checks:
+            await self.store.unchecked_complete([task], [result])
+            return
+        # A lock's token fences the commit; a semaphore's does not: its holders finish in
+        # any order, and an older permit's commit is no stale write.
+        lock = flight.lock
+        fence = None if lock is None or not self.fenced else (lock.name, lock.fencing_token)
+        if self._continues(flight):
+            started = time.monotonic()
+            step = await self.store.complete_and_claim_next(task, result, fence=fence, lease_s=self.config.lease_s)
+            done: Task = step.done
+            if step.next_task is not None:
+                flight.next = self._adopt(step.next_task, started, flight.chain + 1)
+        else:
+            done = await self.store.complete(task, result, fence=fence)
+        recorder = getattr(self.store, "latencies", None)
+        if recorder is not None:  # store clock, both ends: no clock skew between processes
+            recorder.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
+
+    async def _retrying(
+        self,
+        flight: Flight,
+        what: str,
+        attempt: Callable[[], Awaitable[None]],
+        *,
+        failed: Exception | None = None,
+    ) -> None:
+        """Run ``attempt`` (a commit or a failure record), again after a transient store error while the lease lasts.
+
+        A store that is busy (SQLite's write lock held past ``busy_timeout_s``: nothing was
+        written) or unreachable (past the PostgreSQL store's ``reconnect_timeout_s``: a
+        commit whose reply was lost may have landed) leaves the task leased to this node, and
+        dropping the commit would leave the task to be sent again once the lease lapsed. So
+        it is tried again with :data:`SETTLE_RETRY`'s backoff until the lease's local
+        deadline. Each try is the same compare-and-set, so after a try that did land the
+        next one fails as a lost lease (a conflict), never a second commit; a next task that
+        such a landed try leased by commit-and-continue is not known to the node and waits
+        for its lease to lapse (it is not sent twice). Other errors (a lost lease, a
+        fencing rejection, a closed store, any other store error) are raised at once, and
+        so is the last transient error at the deadline. ``failed``: the transient error of a
+        first try the caller made itself (this then starts with its retry).
+        """
+        tries = 0
+        while True:
+            try:
+                if failed is not None:
+                    raise failed
+                await attempt()
+                return
+            except _TRANSIENT_STORE_ERRORS as exc:
+                failed = None
+                tries += 1
+                delay_s = SETTLE_RETRY.delay_s(tries)
+                if time.monotonic() + delay_s >= flight.lease_deadline:
+                    log.error(
+                        "asynccoord.node.%s_failed node=%s task=%s tries=%d error=%s: the lease ends before "
+                        "another try; the task will be claimed again when it lapses",
+                        what,
+                        self.node_id,
+                        flight.task.id,
+                        tries,
+                        exc,
+                    )
+                    raise
+                log.warning(
+                    "asynccoord.node.%s_retry node=%s task=%s try=%d delay_s=%.3f error=%s",
+                    what,
+                    self.node_id,
+                    flight.task.id,
+                    tries,
+                    delay_s,
+                    exc,
+                )
+                await asyncio.sleep(delay_s)
+
+    async def hand_back_shielded(self, flight: Flight) -> None:
+        """Hand ``flight``'s task back to pending (shielded, up to :data:`HAND_BACK_WAIT_S`), unless it is settled.
+
+        A send that may have reached its receiver before it was cut, or whose commit was
+        cut, is counted as ``send_interrupted``: the task will be sent again.
+        """
+        state = flight.state
+        if state is FlightState.SETTLED:
+            return  # committed or failed already: its lease is gone, there is nothing to hand back
+        if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
+            # The send may have reached its receiver before it was cancelled: the next
+            # holder's send of this task is a possible duplicate. Count it like a lost lease.
+            self.store.events.add(ev.SEND_INTERRUPTED)
+        elif state is FlightState.RETURNED:
+            # The send was over, but its commit (or failure record) was cut: shutdown past
+            # SETTLE_WAIT_S, say. The task goes back and will be sent again: count it too.
+            self.store.events.add(ev.SEND_INTERRUPTED)
+            log.warning(
+                "asynccoord.node.settle_cut node=%s task=%s: the send was over but its commit was cut; "
+                "handed back, it will be sent again",
+                self.node_id,
+                flight.task.id,
+            )
+        # The release runs in a task of its own: the slot's own cancellation (``_handle_batch``
+        # cancels its slots with Task.cancel(), which an anyio shield does not stop) must not
+        # cut it, or the task would stay leased to a stopped node until its lease lapsed.
+        release = asyncio.get_running_loop().create_task(self._hand_back_quietly(flight.task))
+        self._releases.add(release)
+        release.add_done_callback(self._releases.discard)
+        with anyio.CancelScope(shield=True):
+            await _wait_through_cancellation(release, HAND_BACK_WAIT_S)
+
+    async def _hand_back_quietly(self, task: Task) -> None:
+        with contextlib.suppress(CoordError):
+            await self.hand_back(task, delay_s=0.0)
+
+    async def hand_back(self, task: Task, *, delay_s: float) -> None:
+        """Put ``task`` back to pending, due in ``delay_s`` seconds (a lease lost meanwhile: nothing to do).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        try:
+            await self.store.release(task, delay_s=delay_s)
+            self.counters.handed_back += 1
+        except LeaseLostError:
+            return  # expired meanwhile: it is claimable again anyway
+        if delay_s > 0:  # nobody is notified when it becomes due
+            self._due_soon(delay_s)
+
+
+async def _wait_through_cancellation(task: asyncio.Task[None], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` seconds for ``task``, also when cancelled meanwhile; then re-raise.
+
+    A cancellation that arrives while waiting does not stop the wait: it is raised once
+    ``task`` is over (or the time is up, ``task`` going on in the background). An error
+    of ``task`` is raised, unless the caller is being cancelled (then it is logged).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    cancelled = False
+    while not task.done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        try:
+            await asyncio.wait({task}, timeout=remaining)
+        except asyncio.CancelledError:
+            cancelled = True
+    error = task.exception() if task.done() and not task.cancelled() else None
+    current = asyncio.current_task()
+    if error is not None and (cancelled or (current is not None and current.cancelling())):
+        # The caller is being cancelled: the cancellation is what it raises (an error raised
+        # instead would end the slot with it, where nobody reads it); the error is logged.
+        log.error("asynccoord.node.hand_back_failed error=%s", error_text(error), exc_info=error)
+    elif error is not None:
+        raise error
+    if cancelled:
+        raise asyncio.CancelledError

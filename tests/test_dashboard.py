@@ -1,0 +1,494 @@
+"""``python -m asynccoord dashboard``: the page in a real browser, its live stream, and its safety.
+
+A cluster with known contents is written to an SQLite file (tasks enqueued, claimed, done and
+dead-lettered in two queues; a lock held; two members joined; a monitor with a firing alert);
+the dashboard serves it read-only and headless Chromium (``tests/browser.py``) loads the page.
+The numbers the page shows are compared with ``python -m asynccoord status --json`` of the
+same file, run as a real process. The safety claims are tested over real HTTP: loopback by
+default, a token required (and checked on every request) elsewhere, payloads hidden, no
+method but GET and HEAD.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import secrets
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from browser import chromium_page
+from conftest import PythonRunner
+from services import REDIS_URL, redis_problem, unavailable
+
+from asynccoord import SQLiteStore
+from asynccoord import events as ev
+from asynccoord.cli.dashboard import TOKEN_ENV, open_dashboard
+from asynccoord.cli.main import build_parser
+from asynccoord.contract.locks import Lease
+from asynccoord.contract.membership import MemberBeat
+from asynccoord.errors import InvalidArgumentError
+from asynccoord.monitor.dashboard.feed import HIDDEN, Feed, history_point
+from asynccoord.monitor.histogram import ENQUEUE_TO_COMMIT_MS
+from asynccoord.monitor.monitor import AlertRule, Monitor
+
+SECRET = "payload-secret-7f3a"
+TOKEN = "t0ken-for-the-dashboard-tests-only"
+
+
+@dataclass
+class Cluster:
+    path: Path
+    store: SQLiteStore
+    monitor: Monitor
+
+
+@contextlib.asynccontextmanager
+async def known_cluster(path: Path) -> AsyncIterator[Cluster]:
+    """A database with known contents, its writing store and monitor kept open (the alert stays firing)."""
+    async with SQLiteStore(path) as store:
+        for i in range(6):
+            await store.enqueue("outbox", {"text": f"{SECRET} {i}"}, partition_key=f"chat-{i % 3}")
+        for _ in range(3):
+            await store.enqueue("mail", {"text": SECRET}, partition_key="m", max_attempts=1)
+        claimed = await store.claim("outbox", node_id="node-a", limit=3, lease_s=600)
+        for task in claimed[:2]:
+            done = await store.complete(task)
+            store.latencies.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
+        (doomed,) = await store.claim("mail", node_id="node-b", limit=1, lease_s=600)
+        await store.fail(doomed, "provider said no")  # max_attempts=1: dead
+        lease = await store.try_acquire_lock("account:42", ttl_s=600, holder="node-a")
+        assert isinstance(lease, Lease)
+        await store.heartbeat(
+            [
+                MemberBeat(node_id="node-a", incarnation="i1", info={"queue": "outbox", "pid": 1}),
+                MemberBeat(node_id="node-b", incarnation="i2", info={"queue": "outbox", "pid": 2}),
+            ],
+            ttl_s=600,
+        )
+        rule = AlertRule(name="dead_letters", event=ev.DEAD_LETTERED, window_s=60, threshold=0)
+        monitor = Monitor(store, rules=[rule], flush_interval_s=60, background=False, log_alerts=False)
+        await monitor.start()
+        try:
+            await monitor.flush(force=True)
+            fired = await monitor.evaluate()
+            assert [a.rule for a in fired] == ["dead_letters"]
+            yield Cluster(path=path, store=store, monitor=monitor)
+        finally:
+            await monitor.close()
+
+
+async def status_json(python: PythonRunner, path: Path) -> dict[str, Any]:
+    """``python -m asynccoord status --json --db path``, run as its own process."""
+    proc = await asyncio.to_thread(python.run_module, "asynccoord", "status", "--db", str(path), "--json")
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
+
+
+READ_PAGE = """(() => {
+  const rows = (id) => [...document.querySelectorAll('#' + id + ' tbody tr')].filter((r) => !r.querySelector('.empty'));
+  const cells = (tr) => Object.fromEntries(
+    [...tr.querySelectorAll('td[data-k]')].map((td) => [td.dataset.k, td.textContent]));
+  return {
+    seq: Number(document.body.dataset.seq),
+    queues: rows('queues').map(cells),
+    dead: rows('dead').map(cells),
+    nodes: rows('nodes').map(cells),
+    locks: rows('locks').map(cells),
+    alerts: rows('alerts').map(cells),
+    resolved: rows('resolved').map(cells),
+    events: rows('events').map(cells),
+    charts: document.querySelectorAll('#queue-charts canvas').length,
+    latency_canvas: document.querySelectorAll('#latency-chart canvas').length,
+    text: document.body.innerText,
+  };
+})()"""
+
+
+def expected_on_page(report: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of a status report as the page writes them (exact text of each cell)."""
+    return {
+        "queues": [
+            {k: str(q[k]) for k in ("queue", "pending", "running", "expired_leases", "done", "dead", "total")}
+            for q in report["queues"]
+        ],
+        "dead": [{"queue": q["queue"], "dead": str(q["dead"])} for q in report["queues"]],
+        "nodes": [{"node_id": n["node_id"], "partitions": str(n["partitions"])} for n in report["nodes"]],
+        "locks": [
+            {"name": lock["name"], "holder": lock["holder"], "fencing_token": str(lock["fencing_token"])}
+            for lock in report["locks"]
+        ],
+        "alerts": [{"rule": a["rule"], "event": a["event"]} for a in report["alerts"]],
+        "events": [{"event": name, "total": str(n)} for name, n in sorted(report["events"]["totals"].items())],
+    }
+
+
+def shown(page: dict[str, Any]) -> dict[str, Any]:
+    """The fields of :func:`expected_on_page`, read from the page."""
+    return {
+        "queues": [
+            {k: q[k] for k in ("queue", "pending", "running", "expired_leases", "done", "dead", "total")}
+            for q in page["queues"]
+        ],
+        "dead": page["dead"],
+        "nodes": [{"node_id": n["node_id"], "partitions": n["partitions"]} for n in page["nodes"]],
+        "locks": [{k: lock[k] for k in ("name", "holder", "fencing_token")} for lock in page["locks"]],
+        "alerts": [{"rule": a["rule"], "event": a["event"]} for a in page["alerts"]],
+        "events": page["events"],
+    }
+
+
+async def test_the_page_shows_what_status_json_reports(tmp_path: Path, python: PythonRunner) -> None:
+    async with (
+        known_cluster(tmp_path / "cluster.db") as cluster,
+        open_dashboard(cluster.path, port=0, interval_s=0.5) as dashboard,
+        chromium_page(tmp_path / "profile") as page,
+    ):
+        report = await status_json(python, cluster.path)
+        await page.goto(dashboard.url)
+        await page.wait_for("document.body.dataset.ready === '1'")
+        seen = await page.evaluate(READ_PAGE)
+        assert shown(seen) == expected_on_page(report)
+        # The known contents, spelled out: what both must show.
+        assert [(q["queue"], q["pending"], q["running"], q["done"], q["dead"]) for q in seen["queues"]] == [
+            ("mail", "2", "0", "0", "1"),
+            ("outbox", "3", "1", "2", "0"),
+        ]
+        assert sorted(int(n["partitions"]) for n in seen["nodes"]) != [0, 0]
+        assert sum(int(n["partitions"]) for n in seen["nodes"]) == report["partitions"]
+        assert seen["locks"][0]["name"] == "account:42"
+        assert seen["locks"][0]["fencing_token"] == "1"
+        assert [a["rule"] for a in seen["alerts"]] == ["dead_letters"]
+        assert seen["charts"] == 2
+        assert seen["latency_canvas"] == 1
+        assert "commits)" in seen["text"]  # the latency chart's caption names the measured commits
+        assert "No rate limits reported." in seen["text"]
+        assert SECRET not in seen["text"]
+        shot = await page.screenshot(tmp_path / "dashboard.png")
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert shot.stat().st_size > 20_000
+
+
+async def test_the_page_follows_the_database_without_reloading(tmp_path: Path, python: PythonRunner) -> None:
+    async with (
+        known_cluster(tmp_path / "cluster.db") as cluster,
+        open_dashboard(cluster.path, port=0, interval_s=0.3) as dashboard,
+        chromium_page(tmp_path / "profile") as page,
+    ):
+        await page.goto(dashboard.url)
+        await page.wait_for("document.body.dataset.ready === '1'")
+        await page.evaluate("window.loadedOnce = 'yes'")  # gone if the page reloaded
+        first = await page.evaluate(READ_PAGE)
+
+        for i in range(4):
+            await cluster.store.enqueue("outbox", {"text": SECRET}, partition_key=f"late-{i}")
+        second_lease = await cluster.store.try_acquire_lock("account:7", ttl_s=600, holder="node-b")
+        assert isinstance(second_lease, Lease)
+        await cluster.monitor.close()  # withdraws its firing alert: the page must show it resolved
+        report = await status_json(python, cluster.path)
+        assert report["alerts"] == []
+
+        await page.wait_for(
+            '[...document.querySelectorAll(\'#queues tr[data-queue="outbox"] td[data-k="pending"]\')]'
+            ".some((td) => td.textContent === '7')"
+            " && document.querySelectorAll('#resolved tr[data-rule=\"dead_letters\"]').length === 1"
+        )
+        seen = await page.evaluate(READ_PAGE)
+        assert seen["seq"] > first["seq"]
+        assert await page.evaluate("window.loadedOnce") == "yes"
+        assert shown(seen) == expected_on_page(report)
+        assert [lock["name"] for lock in seen["locks"]] == ["account:42", "account:7"]
+        assert seen["alerts"] == []
+        await page.screenshot(tmp_path / "dashboard-live.png")
+
+
+async def test_with_a_lock_store_the_page_shows_the_locks_held_in_redis(tmp_path: Path) -> None:
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    from asynccoord.backends.redis import RedisLockStore
+
+    prefix = f"test-dash:{secrets.token_hex(6)}:"
+    async with (
+        known_cluster(tmp_path / "c.db") as cluster,
+        RedisLockStore(REDIS_URL, prefix=prefix) as redis_locks,
+    ):
+        lease = await redis_locks.try_acquire_lock("account:99", ttl_s=600, holder="node-r")
+        assert isinstance(lease, Lease)
+        try:
+            async with open_dashboard(cluster.path, port=0, lock_store=REDIS_URL, lock_prefix=prefix) as dashboard:
+                status, body = await fetch(dashboard.url + "api/state")
+                assert status == 200
+                locks = json.loads(body)["sections"]["status"]["locks"]
+                assert [(lock["name"], lock["holder"]) for lock in locks] == [("account:99", "node-r")]
+            async with open_dashboard(cluster.path, port=0) as dashboard:  # without: the database's locks
+                _, body = await fetch(dashboard.url + "api/state")
+                assert [lock["name"] for lock in json.loads(body)["sections"]["status"]["locks"]] == ["account:42"]
+        finally:
+            await redis_locks.release_lock(lease)
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(REDIS_URL)
+            try:
+                keys = [k async for k in client.scan_iter(match=f"{prefix}*")]
+                if keys:
+                    await client.delete(*keys)
+            finally:
+                await client.aclose()
+
+
+# --- safety -------------------------------------------------------------------------------
+
+
+async def fetch(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """One request; the status and (for a stream) the first event or (else) the body."""
+    async with aiohttp.ClientSession() as session, session.request(method, url, headers=headers or {}) as reply:
+        if reply.headers.get("Content-Type", "").startswith("text/event-stream") and method == "GET":
+            text = ""
+            while "\ndata: " not in text or not text.endswith("\n\n"):
+                text += (await asyncio.wait_for(reply.content.readline(), 10)).decode()
+            return reply.status, text
+        return reply.status, await reply.text()
+
+
+PATHS = ("", "static/app.js", "static/uPlot.iife.min.js", "api/state", "api/stream")
+
+
+async def test_it_binds_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["dashboard", "--db", "x.db"])
+    assert args.host == "127.0.0.1"
+    assert args.port == 8765
+    assert args.token is None
+    assert not args.show_payloads
+    async with known_cluster(tmp_path / "c.db") as cluster, open_dashboard(cluster.path, port=0) as dashboard:
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", dashboard.url)
+        status, _ = await fetch(dashboard.url)
+        assert status == 200
+        # A page of another site whose name was rebound to 127.0.0.1 is refused.
+        status, _ = await fetch(dashboard.url, headers={"Host": "attacker.example"})
+        assert status == 403
+
+
+async def test_a_public_address_needs_a_token(tmp_path: Path, python: PythonRunner) -> None:
+    async with known_cluster(tmp_path / "c.db") as cluster:
+        with pytest.raises(InvalidArgumentError, match="ASYNCCOORD_DASHBOARD_TOKEN"):
+            async with open_dashboard(cluster.path, host="0.0.0.0", port=0):
+                pass
+    for host in ("0.0.0.0", "::", "192.0.2.1"):
+        proc = await asyncio.to_thread(
+            python.run_module,
+            "asynccoord",
+            "dashboard",
+            "--db",
+            str(cluster.path),
+            "--host",
+            host,
+            check=False,
+            env={TOKEN_ENV: None},
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "--token" in proc.stderr
+        assert TOKEN_ENV in proc.stderr
+    proc = await asyncio.to_thread(
+        python.run_module,
+        "asynccoord",
+        "dashboard",
+        "--db",
+        str(cluster.path),
+        "--host",
+        "0.0.0.0",
+        "--token",
+        "short",
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "at least 16 characters" in proc.stderr
+
+
+async def test_with_a_token_every_request_must_carry_it(tmp_path: Path) -> None:
+    async with (
+        known_cluster(tmp_path / "c.db") as cluster,
+        open_dashboard(cluster.path, host="0.0.0.0", port=0, token=TOKEN) as dashboard,
+    ):
+        port = dashboard.url.rsplit(":", 1)[1].rstrip("/")
+        base = f"http://127.0.0.1:{port}/"
+        for path in PATHS:
+            assert (await fetch(base + path))[0] == 401, path
+            assert (await fetch(base + path + "?token=" + TOKEN[:-1] + "x"))[0] == 401, path
+            assert (await fetch(base + path, headers={"Authorization": "Bearer nope-nope-nope-nope"}))[0] == 401
+            assert (await fetch(base + path, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200, path
+            assert (await fetch(base + path + "?token=" + TOKEN))[0] == 200, path
+        # The page hands the token on to its files and its stream.
+        _, page = await fetch(base + "?token=" + TOKEN)
+        assert f'src="static/app.js?token={TOKEN}"' in page
+
+
+async def test_the_page_passes_its_token_on_in_a_browser(tmp_path: Path) -> None:
+    async with (
+        known_cluster(tmp_path / "c.db") as cluster,
+        open_dashboard(cluster.path, host="0.0.0.0", port=0, token=TOKEN) as dashboard,
+        chromium_page(tmp_path / "profile") as page,
+    ):
+        port = dashboard.url.rsplit(":", 1)[1].rstrip("/")
+        await page.goto(f"http://127.0.0.1:{port}/?token={TOKEN}")
+        await page.wait_for("document.body.dataset.ready === '1'")
+        seen = await page.evaluate(READ_PAGE)
+        assert [q["queue"] for q in seen["queues"]] == ["mail", "outbox"]
+
+
+async def test_no_endpoint_writes(tmp_path: Path) -> None:
+    async with known_cluster(tmp_path / "c.db") as cluster, open_dashboard(cluster.path, port=0) as dashboard:
+        await cluster.store.close()  # nothing writes the file from now on, but the dashboard
+        before = cluster.path.read_bytes()
+        for path in (*PATHS, "api/tasks", "static/nothing"):
+            for method in ("POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+                status, _ = await fetch(dashboard.url + path, method)
+                assert status == 405, (method, path)
+            assert (await fetch(dashboard.url + path, "HEAD"))[0] == (
+                404 if "nothing" in path or "tasks" in path else 200
+            )
+        await asyncio.sleep(0.5)  # a few polls
+        assert cluster.path.read_bytes() == before
+
+
+async def test_payloads_are_hidden_unless_asked(tmp_path: Path) -> None:
+    async with known_cluster(tmp_path / "c.db") as cluster, open_dashboard(cluster.path, port=0) as dashboard:
+        for path in PATHS:
+            status, body = await fetch(dashboard.url + path)
+            assert status == 200, path
+            assert SECRET not in body, path
+
+    # The feed's boundary: members named payload or result are hidden, wherever they are.
+    async def report() -> dict[str, Any]:
+        return {
+            "now_s": 1.0,
+            "queues": [],
+            "latencies": [],
+            "alerts": [],
+            "dead_letters": [{"id": 1, "payload": {"text": SECRET}, "result": SECRET}],
+        }
+
+    hidden = Feed(report)
+    await hidden.poll()
+    assert SECRET not in json.dumps(hidden.state())
+    assert hidden.state()["sections"]["status"]["dead_letters"][0]["payload"] == HIDDEN
+    assert hidden.state()["sections"]["settings"]["show_payloads"] is False
+    shown_ = Feed(report, show_payloads=True)
+    await shown_.poll()
+    assert shown_.state()["sections"]["status"]["dead_letters"][0]["payload"] == {"text": SECRET}
+
+
+async def test_the_command_serves_until_sigterm(tmp_path: Path, python: PythonRunner) -> None:
+    async with known_cluster(tmp_path / "c.db") as cluster:
+        command = python.spawn(["-m", "asynccoord", "dashboard", "--db", str(cluster.path), "--port", "0"])
+        assert command.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(command.stdout.readline), 60)
+        found = re.search(r"serving (http://127\.0\.0\.1:\d+/)", line)
+        assert found, line
+        status, body = await fetch(found.group(1) + "api/state")
+        assert status == 200
+        assert [q["queue"] for q in json.loads(body)["sections"]["status"]["queues"]] == ["mail", "outbox"]
+        command.send_signal(signal.SIGTERM)
+        _, err = await asyncio.to_thread(command.communicate, timeout=30)
+        assert command.returncode == 0, err
+
+
+def test_without_the_extra_the_command_names_it(python: PythonRunner, tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['aiohttp'] = None\n"  # import aiohttp now raises ImportError
+        "from asynccoord.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    proc = python.run_code(code, "dashboard", "--db", str(tmp_path / "x.db"), check=False)
+    assert proc.returncode == 1
+    assert "pip install 'asynccoord[dashboard]'" in proc.stderr
+
+
+# --- the feed -----------------------------------------------------------------------------
+
+
+def _report(now_s: float, done: int, alerts: list[str]) -> dict[str, Any]:
+    return {
+        "now_s": now_s,
+        "queues": [{"queue": "q", "pending": 10 - done, "running": 0, "done": done, "dead": 0}],
+        "latencies": [
+            {"window_s": 60.0, "name": ENQUEUE_TO_COMMIT_MS, "count": 9, "p50_ms": 9.0, "p90_ms": 9.0, "p99_ms": 9.0},
+            {"window_s": 10.0, "name": ENQUEUE_TO_COMMIT_MS, "count": 3, "p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0},
+        ],
+        "alerts": [{"rule": r, "scope_key": "", "fired_at": 0.0} for r in alerts],
+    }
+
+
+def test_history_points_give_throughput_and_the_shortest_latency_window() -> None:
+    first = history_point(_report(100.0, 2, []), None)
+    assert first["queues"]["q"]["finished_per_s"] is None
+    assert first["latency"] == {"p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "count": 3, "window_s": 10.0}
+    second = history_point(_report(102.0, 8, []), _report(100.0, 2, []))
+    assert second["queues"]["q"] == {"pending": 2, "running": 0, "done": 8, "dead": 0, "finished_per_s": 3.0}
+
+
+async def test_the_feed_sends_changes_and_resolves_alerts_that_stop_firing() -> None:
+    reports = [_report(1.0, 0, ["hot"]), _report(2.0, 0, ["hot"]), _report(3.0, 1, [])]
+
+    async def source() -> dict[str, Any]:
+        return reports.pop(0)
+
+    feed = Feed(source, sections={"rate_limits": _none})
+    with feed.subscription() as messages:
+        await feed.poll()
+        assert messages.get_nowait()["type"] == "state"
+        change = messages.get_nowait()
+        assert change["type"] == "change"
+        assert set(change["sections"]) == {"status", "history"}
+        await feed.poll()
+        await feed.poll()
+        messages.get_nowait()
+        change = messages.get_nowait()
+        assert [a["rule"] for a in change["sections"]["resolved"]] == ["hot"]
+        assert change["sections"]["resolved"][0]["resolved_at"] == 3.0
+        assert len(feed.state()["sections"]["history"]) == 3
+        assert feed.state()["sections"]["rate_limits"] is None
+        await feed.stop()
+        assert messages.get_nowait() is None
+    with pytest.raises(InvalidArgumentError, match="status"):
+        Feed(source, sections={"status": _none})
+
+
+async def _none() -> None:
+    return None
+
+
+# --- the demo -----------------------------------------------------------------------------
+
+
+async def test_the_demo_opens_the_dashboard_while_it_runs(tmp_path: Path, python: PythonRunner) -> None:
+    demo = python.spawn(
+        # --speed 100: the 600 messages' replay lasts about 14 s, time enough for a loaded machine's browser.
+        ["-m", "asynccoord.demo", "--messages", "600", "--speed", "100", "--no-faults", "--json", "--dashboard", "0"],
+        env={TOKEN_ENV: None},
+    )
+    assert demo.stderr is not None
+    line = await asyncio.wait_for(asyncio.to_thread(demo.stderr.readline), 60)
+    found = re.search(r"dashboard at (http://127\.0\.0\.1:\d+/)", line)
+    assert found, line
+    async with chromium_page(tmp_path / "profile") as page:
+        await page.goto(found.group(1))
+        # Live data of the running demo: its queue, its nodes (2 processes x 8) and commits.
+        await page.wait_for(
+            "document.querySelectorAll('#nodes tr[data-node]').length === 16"
+            " && document.querySelectorAll('#queues tr[data-queue=\"outbox\"]').length === 1"
+            ' && Number(document.querySelector(\'#queues tr[data-queue="outbox"] td[data-k="done"]\').textContent) > 0',
+            timeout_s=60,
+        )
+        await page.screenshot(tmp_path / "dashboard-demo.png")
+    demo.send_signal(signal.SIGTERM)  # the demo stops its workers and its dashboard, and says so
+    _, err = await asyncio.to_thread(demo.communicate, timeout=60)
+    assert demo.returncode == 130, err[-2000:]
+    assert "interrupted; worker processes stopped" in err

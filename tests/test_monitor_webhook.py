@@ -1,0 +1,237 @@
+"""The webhook sink: real HTTP to a local aiohttp server that fails on purpose.
+
+The server (127.0.0.1, a free port) answers the first ``failures`` requests with a
+chosen status (or hangs), then 200, and keeps every body it received. The monitor is
+driven by hand (``background=False``) on a memory store; the sink's task runs for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from asynccoord import AlertRule, InvalidArgumentError, InvalidTypeError, MemoryStore, Monitor, RetryPolicy
+from asynccoord import events as ev
+from asynccoord.monitor.webhook import WebhookSink
+
+FAST_RETRY = RetryPolicy(base_s=0.01, factor=2.0, cap_s=0.05, jitter=0.5, max_attempts=4)
+FENCING_RULE = AlertRule(name="fencing_rejections", event=ev.FENCING_REJECTED, threshold=0, window_s=60.0)
+
+
+@dataclass
+class Endpoint:
+    """A local webhook endpoint: fails the first ``failures`` requests with ``status``."""
+
+    failures: int = 0
+    status: int = 503
+    hang_s: float = 0.0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0
+    authorization: list[str | None] = field(default_factory=list)
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        self.authorization.append(request.headers.get("Authorization"))
+        body = await request.json()
+        if self.hang_s:
+            await asyncio.sleep(self.hang_s)
+        if self.requests <= self.failures:
+            return web.Response(status=self.status, text="no")
+        self.bodies.append(body)
+        return web.Response(status=200, text="ok")
+
+
+@pytest.fixture
+async def endpoint() -> AsyncIterator[Endpoint]:
+    ep = Endpoint()
+    app = web.Application()
+    app.router.add_post("/hook/secret-token", ep.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    ep.url = f"http://127.0.0.1:{port}/hook/secret-token"
+    yield ep
+    await runner.cleanup()
+
+
+async def fire(monitor: Monitor, store: MemoryStore) -> None:
+    """Make ``FENCING_RULE`` fire once."""
+    store.events.add(ev.FENCING_REJECTED)
+    await monitor.flush()
+    (alert,) = await monitor.evaluate()
+    assert alert.firing
+
+
+async def until(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_notice_is_posted_as_json_after_the_first_failures_are_retried(
+    endpoint: Endpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    endpoint.failures = 2
+    sink = WebhookSink(endpoint.url, retry=FAST_RETRY)
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
+    ):
+        await fire(monitor, store)
+        await until(lambda: sink.statistics().delivered == 1)
+        assert endpoint.requests == 3
+        (body,) = endpoint.bodies
+        assert body["rule"] == "fencing_rejections"
+        assert body["state"] == "firing"
+        assert body["count"] == 1
+        assert "fencing_rejected" in body["text"]
+        stats = sink.statistics()
+        assert (stats.failed_attempts, stats.given_up, stats.dropped, stats.queued) == (2, 0, 0, 0)
+        assert monitor.statistics().sink_failures == 0
+    failed = [r.getMessage() for r in caplog.records if "asynccoord.monitor.webhook_failed" in r.getMessage()]
+    assert len(failed) == 2
+    assert all("HTTP 503" in m for m in failed)
+    assert all("secret-token" not in m for m in failed)  # the URL's path is not logged
+
+
+@pytest.mark.parametrize(("status", "attempts"), [(500, 4), (429, 4), (404, 1)])
+async def test_a_notice_refused_every_time_or_outright_is_given_up_and_counted(
+    endpoint: Endpoint, status: int, attempts: int
+) -> None:
+    """5xx and 429 are tried ``max_attempts`` times; another 4xx is not tried again."""
+    endpoint.failures, endpoint.status = 10**6, status
+    sink = WebhookSink(endpoint.url, retry=FAST_RETRY)
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
+    ):
+        await fire(monitor, store)
+        await until(lambda: sink.statistics().given_up == 1)
+        assert endpoint.requests == attempts
+        assert sink.statistics().failed_attempts == attempts
+        assert monitor.statistics().sink_failures == 1
+        assert sink.statistics().failures == 1
+
+
+async def test_an_unreachable_endpoint_is_retried_with_growing_delays() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    retry = RetryPolicy(base_s=0.05, factor=2.0, cap_s=1.0, jitter=0.0, max_attempts=4)
+    sink = WebhookSink(f"http://127.0.0.1:{port}/hook", retry=retry)
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
+    ):
+        started = time.monotonic()
+        await fire(monitor, store)
+        await until(lambda: sink.statistics().given_up == 1)
+        assert time.monotonic() - started >= 0.05 + 0.1 + 0.2  # the three backoff delays
+        assert sink.statistics().failed_attempts == 4
+        assert monitor.statistics().sink_failures == 1
+
+
+async def test_a_hanging_endpoint_never_blocks_the_monitor_and_a_full_queue_drops_the_oldest(
+    endpoint: Endpoint,
+) -> None:
+    """Each POST hangs far past the sink's timeout: evaluations still return at once, the
+    bounded queue drops its oldest notices (counted), and closing the monitor takes at most
+    the sink's close allowance."""
+    endpoint.failures, endpoint.hang_s = 10**6, 30.0
+    sink = WebhookSink(endpoint.url, retry=FAST_RETRY, queue_size=2, timeout_s=10.0)
+    store = MemoryStore()
+    await store.open()
+    monitor = Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink])
+    await monitor.start()
+    try:
+        started = time.monotonic()
+        for _ in range(5):  # fire, resolve, fire, ...: ten notices
+            store.events.add(ev.FENCING_REJECTED)
+            await monitor.flush()
+            assert [a.firing for a in await monitor.evaluate()] == [True]
+            monitor._incidents.clear()  # force the next evaluation to fire again
+        assert time.monotonic() - started < 2.0  # nothing waited for the endpoint
+        await until(lambda: endpoint.requests >= 1)
+        stats = sink.statistics()
+        assert stats.queued == 3  # one being sent, two waiting
+        assert stats.dropped == 2
+        assert monitor.statistics().sink_dropped == 2
+    finally:
+        started = time.monotonic()
+        await monitor.close()
+        await store.close()
+    assert time.monotonic() - started < 8.0
+    stats = sink.statistics()
+    assert stats.delivered == 0
+    assert stats.dropped == 5  # the queued ones and the one in flight, when the sink closed
+    assert stats.queued == 0
+
+
+async def test_a_sink_that_raises_on_offer_is_logged_and_the_evaluation_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        async def start(self) -> None:
+            pass
+
+        def offer(self, alert: Any) -> None:
+            raise RuntimeError("broken sink")
+
+        async def aclose(self, timeout_s: float = 5.0) -> None:
+            pass
+
+        def statistics(self) -> Any:
+            return WebhookSink("http://127.0.0.1:1/").statistics()
+
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, sinks=[Broken()]) as monitor,
+    ):
+        await fire(monitor, store)
+        assert monitor.statistics().alerts_fired == 1
+    assert any("asynccoord.monitor.sink_failed" in r.getMessage() for r in caplog.records)
+
+
+def test_bad_webhook_arguments_are_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="http:// or https://"):
+        WebhookSink("ftp://example.com/hook")
+    with pytest.raises(InvalidArgumentError, match="http:// or https://"):
+        WebhookSink("http:///no-host")
+    with pytest.raises(InvalidTypeError, match="url must be a str"):
+        WebhookSink(b"http://example.com")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="queue_size"):
+        WebhookSink("http://example.com/hook", queue_size=0)
+    with pytest.raises(InvalidArgumentError, match="timeout_s"):
+        WebhookSink("http://example.com/hook", timeout_s=0)
+    with pytest.raises(InvalidTypeError, match="retry must be a RetryPolicy"):
+        WebhookSink("http://example.com/hook", retry=3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="headers"):
+        WebhookSink("http://example.com/hook", headers={"X": 1})  # type: ignore[dict-item]
+    with pytest.raises(InvalidTypeError, match="sinks must be a sequence of alert sinks"):
+        Monitor(MemoryStore(), sinks=[object()])  # type: ignore[list-item]
+
+
+async def test_the_body_is_the_alerts_json_with_a_text_line(endpoint: Endpoint) -> None:
+    sink = WebhookSink(endpoint.url, headers={"Authorization": "Bearer t"})
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
+    ):
+        await fire(monitor, store)
+        await until(lambda: sink.statistics().delivered == 1)
+        (alert,) = monitor.active_alerts()
+    (body,) = endpoint.bodies
+    assert body == json.loads(json.dumps({**alert.to_dict(), "text": alert.describe()}))
+    assert endpoint.authorization == ["Bearer t"]

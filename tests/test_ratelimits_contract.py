@@ -1,0 +1,378 @@
+"""Rate limits, run unchanged on every backend (memory, SQLite, PostgreSQL) on the fake clock.
+
+The claim takes a token from each bucket a task names (GCRA per (queue, dimension, key));
+these tests drive the store clock by hand, so refills, bursts and pauses are exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from support import FakeClock
+
+from asynccoord import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    LeaseLostError,
+    NewTask,
+    RateLimit,
+    RateLimited,
+    TaskStatus,
+)
+from asynccoord import events as ev
+from asynccoord.contract.ratelimits import conforms, max_in_window, parse_rate_limit, paused_tat, take
+
+Q = "outbox"
+
+
+@pytest.fixture(autouse=True)
+def _not_on_postgres(request: pytest.FixtureRequest) -> None:
+    """The PostgreSQL store does not enforce rate limits yet: it refuses limit_keys (tested below)."""
+    if request.node.name.startswith("test_postgres_refuses"):
+        return
+    if "backend" in request.fixturenames and request.getfixturevalue("backend") == "postgres":
+        pytest.skip("rate limits are not enforced by the PostgreSQL store yet")
+
+
+def chat(key: str, **extra: str) -> dict[str, str]:
+    return {"chat": key, **extra}
+
+
+async def claim_ids(store, n: int = 100, **kwargs) -> list[int]:
+    return [t.id for t in await store.claim(Q, node_id="n", limit=n, **kwargs)]
+
+
+async def enqueue(store, keys: dict[str, str], payload: object = None, **kwargs) -> int:
+    result = await store.enqueue(Q, payload, limit_keys=keys, **kwargs)
+    return result.task.id
+
+
+# --- the arithmetic ---------------------------------------------------------------
+
+
+def test_gcra_spacing_and_burst() -> None:
+    limit = RateLimit(dimension="chat", count=2, per_s=1.0, burst=3)
+    tat = None
+    taken = 0
+    for _ in range(10):  # at one instant: exactly the burst
+        if conforms(tat, 100.0, limit):
+            tat = take(tat, 100.0, limit)
+            taken += 1
+    assert taken == 3
+    assert not conforms(tat, 100.49, limit)
+    assert conforms(tat, 100.5, limit)  # one interval (1/2 s) later: one more
+    assert max_in_window(limit) == 5
+
+
+def test_pause_only_raises_the_tat() -> None:
+    limit = RateLimit(dimension="chat", count=1, per_s=1.0, burst=3)
+    assert paused_tat(None, 50.0, limit) == 52.0  # tolerance 2 s: the first token at 50
+    assert not conforms(52.0, 49.9, limit)
+    assert conforms(52.0, 50.0, limit)
+    assert paused_tat(80.0, 50.0, limit) == 80.0
+
+
+def test_parse_rate_limit() -> None:
+    assert parse_rate_limit("account=30/1s,burst=30") == RateLimit(dimension="account", count=30, per_s=1.0, burst=30)
+    assert parse_rate_limit("group=20/60s") == RateLimit(dimension="group", count=20, per_s=60.0)
+    assert parse_rate_limit("group=20/1m") == RateLimit(dimension="group", count=20, per_s=60.0)
+    assert parse_rate_limit("chat=1/500ms,burst=2").per_s == 0.5
+    for bad in ("chat", "chat=1", "chat=x/1s", "chat=1/xs", "chat=1/1s,bursty=2", "chat=0/1s", "chat=1/0s"):
+        with pytest.raises(InvalidArgumentError):
+            parse_rate_limit(bad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"count": 0}, InvalidArgumentError),
+        ({"count": -1}, InvalidArgumentError),
+        ({"per_s": 0.0}, InvalidArgumentError),
+        ({"per_s": -1.0}, InvalidArgumentError),
+        ({"per_s": math.nan}, InvalidArgumentError),
+        ({"per_s": math.inf}, InvalidArgumentError),
+        ({"burst": 0}, InvalidArgumentError),
+        ({"count": 1.5}, InvalidTypeError),
+        ({"dimension": ""}, InvalidArgumentError),
+        ({"per_s": "1"}, InvalidTypeError),
+    ],
+)
+def test_bad_limit_is_refused(kwargs: dict[str, object], error: type[Exception]) -> None:
+    fields: dict[str, object] = {"dimension": "chat", "count": 1, "per_s": 1.0, "burst": 1, **kwargs}
+    with pytest.raises(error):
+        RateLimit(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("retry_after_s", [math.nan, -1.0, math.inf, -math.inf])
+def test_bad_retry_after_is_refused(retry_after_s: float) -> None:
+    with pytest.raises(InvalidArgumentError, match="retry_after_s"):
+        RateLimited(retry_after_s)
+    with pytest.raises(InvalidTypeError):
+        RateLimited("5")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        RateLimited(1.0, key="42")  # a key needs its dimension
+
+
+def test_bad_limit_keys_are_refused() -> None:
+    with pytest.raises(InvalidTypeError):
+        NewTask(queue=Q, limit_keys=["chat"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        NewTask(queue=Q, limit_keys={"chat": ""})
+    with pytest.raises(InvalidTypeError):
+        NewTask(queue=Q, limit_keys={"chat": 42})  # type: ignore[dict-item]
+
+
+# --- the contract on every store ----------------------------------------------------
+
+
+async def test_declared_limits_are_stored(store) -> None:
+    limits = [
+        RateLimit(dimension="chat", count=1, per_s=1.0, burst=3),
+        RateLimit(dimension="account", count=30, per_s=1.0, burst=30),
+    ]
+    assert await store.rate_limits(Q) == []
+    await store.set_rate_limits(Q, limits)
+    assert await store.rate_limits(Q) == sorted(limits, key=lambda limit: limit.dimension)
+    await store.set_rate_limits(Q, [])
+    assert await store.rate_limits(Q) == []
+
+
+async def test_bad_declarations_write_nothing(store) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0)])
+    twice = [RateLimit(dimension="chat", count=1, per_s=1.0), RateLimit(dimension="chat", count=2, per_s=1.0)]
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        await store.set_rate_limits(Q, twice)
+    with pytest.raises(InvalidTypeError):
+        await store.set_rate_limits(Q, [("chat", 1, 1.0)])
+    assert await store.rate_limits(Q) == [RateLimit(dimension="chat", count=1, per_s=1.0)]
+
+
+async def test_unknown_dimension_at_enqueue_writes_nothing(store) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0)])
+    with pytest.raises(InvalidArgumentError, match="group"):
+        await store.enqueue_many([NewTask(queue=Q, limit_keys=chat("1")), NewTask(queue=Q, limit_keys={"group": "g"})])
+    with pytest.raises(InvalidArgumentError, match="chat"):
+        await store.enqueue("other-queue", limit_keys=chat("1"))  # that queue declares nothing
+    assert (await store.stats(Q)).total == 0
+    assert (await store.stats()).total == 0
+
+
+async def test_a_bucket_refills_at_its_rate(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=2, per_s=1.0)])
+    ids = [await enqueue(store, chat("a")) for _ in range(5)]
+    assert await claim_ids(store) == ids[:1]
+    assert await claim_ids(store) == []  # no token left; the others stay pending, no attempt used
+    held = await store.get(ids[1])
+    assert held.status is TaskStatus.PENDING
+    assert held.attempts == 0
+    assert held.lease_token is None
+    clock.advance(0.49)
+    assert await claim_ids(store) == []
+    clock.advance(0.01)
+    assert await claim_ids(store) == ids[1:2]
+    clock.advance(10.0)  # a long idle time gives back one token only: burst 1
+    assert await claim_ids(store) == ids[2:3]
+    assert store.events.get(ev.RATE_LIMIT_HELD) >= 3
+
+
+async def test_burst_then_steady_rate(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0, burst=3)])
+    ids = [await enqueue(store, chat("a")) for _ in range(6)]
+    assert await claim_ids(store) == ids[:3]
+    clock.advance(0.999)
+    assert await claim_ids(store) == []
+    clock.advance(0.001)
+    assert await claim_ids(store) == ids[3:4]
+    clock.advance(5.0)  # refilled to the burst, not beyond
+    assert await claim_ids(store) == ids[4:6]
+
+
+async def test_several_limits_on_one_task(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(
+        Q,
+        [
+            RateLimit(dimension="chat", count=1, per_s=1.0, burst=2),
+            RateLimit(dimension="account", count=3, per_s=1.0, burst=3),
+        ],
+    )
+    a = [await enqueue(store, chat("a", account="x")) for _ in range(3)]
+    b = [await enqueue(store, chat("b", account="x")) for _ in range(3)]
+    c = [await enqueue(store, chat("c", account="y")) for _ in range(1)]
+    # Account x has 3 tokens; chat a and chat b 2 each; account y is independent.
+    assert await claim_ids(store) == [a[0], a[1], b[0], c[0]]
+    clock.advance(1.0 / 3 + 1e-6)  # account x: one token; chat a: none, chat b: its second
+    assert await claim_ids(store) == [b[1]]
+    clock.advance(2.0 / 3)  # chats a, b: one each; account x: two
+    assert await claim_ids(store) == [a[2], b[2]]
+
+
+async def test_a_task_without_a_key_is_not_limited(store) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=60.0)])
+    limited = [await enqueue(store, chat("a")) for _ in range(2)]
+    free = [await enqueue(store, {}) for _ in range(3)]
+    assert await claim_ids(store) == [limited[0], *free]
+
+
+async def test_a_throttled_key_never_holds_back_others(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0)])
+    busy = [await enqueue(store, chat("busy"), priority=5) for _ in range(50)]
+    quiet = [await enqueue(store, chat(f"q{i}")) for i in range(3)]
+    assert await claim_ids(store, n=2) == [busy[0], quiet[0]]
+    assert await claim_ids(store, n=2) == quiet[1:3]  # the busy key's 49 are skipped past
+    clock.advance(1.0)
+    assert await claim_ids(store, n=2) == [busy[1]]
+
+
+async def test_order_kept_in_an_ordered_queue(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0)])
+    ids = [await enqueue(store, chat("a"), payload=i, partition_key="conv-a") for i in range(4)]
+    other = await enqueue(store, chat("b"), partition_key="conv-b")
+    sent: list[int] = []
+    for _ in range(4):
+        tasks = await store.claim(Q, node_id="n", limit=10, ordered=True)
+        for task in tasks:
+            sent.append(task.id)
+            following = await store.complete_and_claim_next(task)
+            assert following.next_task is None  # a limited head is left to the claim
+        clock.advance(1.0)
+    assert sent == [ids[0], other, ids[1], ids[2], ids[3]]
+
+
+async def test_no_attempt_used_while_held(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=10.0)])
+    first = await enqueue(store, chat("a"), max_attempts=1)
+    second = await enqueue(store, chat("a"), max_attempts=1)
+    assert await claim_ids(store) == [first]
+    for _ in range(20):
+        assert await claim_ids(store) == []
+        clock.advance(0.45)
+    clock.advance(1.0)
+    task = (await store.claim(Q, node_id="n"))[0]
+    assert task.id == second
+    assert task.attempts == 1
+
+
+async def test_a_crashed_claims_token_is_not_handed_back(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=10.0)])
+    first = await enqueue(store, chat("a"))
+    second = await enqueue(store, chat("a"))
+    assert await claim_ids(store, lease_s=1.0) == [first]
+    clock.advance(2.0)  # the lease lapsed: the task is due again, but the bucket is empty
+    assert await claim_ids(store) == []
+    clock.advance(8.0)
+    assert await claim_ids(store) == [first]  # re-sent with the next token; the second waits another 10 s
+    assert second not in await claim_ids(store)
+
+
+async def test_reported_rate_limit_pauses_the_bucket(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(
+        Q,
+        [
+            RateLimit(dimension="chat", count=10, per_s=1.0, burst=10),
+            RateLimit(dimension="account", count=100, per_s=1.0),
+        ],
+    )
+    a = [await enqueue(store, chat("a", account="x"), partition_key="conv-a") for _ in range(3)]
+    b = await enqueue(store, chat("b", account="x"), partition_key="conv-b")
+    task = (await store.claim(Q, node_id="n", ordered=True))[0]
+    assert task.id == a[0]
+    assert task.attempts == 1
+    back = await store.report_rate_limited(task, 5.0, dimension="chat")
+    assert back.status is TaskStatus.PENDING
+    assert back.attempts == 0
+    assert back.lease_token is None
+    assert store.events.get(ev.PROVIDER_RATE_LIMITED) == 1
+    clock.advance(0.01)
+    assert await claim_ids(store, ordered=True) == [b]  # chat a is paused, chat b flows
+    clock.advance(4.98)
+    assert await claim_ids(store, ordered=True) == []
+    clock.advance(0.02)
+    assert await claim_ids(store, ordered=True) == [a[0]]  # its place kept: the conversation's head
+    clock.advance(0.01)
+    assert await claim_ids(store, ordered=True) == []  # back at the sustained rate, not a burst
+
+
+async def test_unnamed_rate_limit_pauses_every_bucket_of_the_task(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(
+        Q, [RateLimit(dimension="chat", count=10, per_s=1.0), RateLimit(dimension="account", count=10, per_s=1.0)]
+    )
+    first = await enqueue(store, chat("a", account="x"))
+    same_account = await enqueue(store, chat("b", account="x"))
+    elsewhere = await enqueue(store, chat("c", account="y"))
+    task = (await store.claim(Q, node_id="n"))[0]
+    await store.report_rate_limited(task, 3.0)
+    clock.advance(1.0)
+    assert await claim_ids(store) == [elsewhere]
+    clock.advance(2.0)
+    assert await claim_ids(store) == [first]
+    clock.advance(0.1)
+    assert await claim_ids(store) == [same_account]
+
+
+async def test_named_account_key_pauses_that_account(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="account", count=10, per_s=1.0)])
+    first = await enqueue(store, {"account": "x"})
+    second = await enqueue(store, {"account": "x"})
+    task = (await store.claim(Q, node_id="n"))[0]
+    await store.report_rate_limited(task, 2.0, dimension="account", key="x")
+    clock.advance(1.9)
+    assert await claim_ids(store) == []
+    clock.advance(0.1)
+    assert await claim_ids(store) == [first]
+    assert second not in await claim_ids(store)
+
+
+async def test_rate_limited_task_without_buckets_is_delayed(store, clock: FakeClock) -> None:
+    first = await enqueue(store, {})
+    task = (await store.claim(Q, node_id="n"))[0]
+    back = await store.report_rate_limited(task, 2.0)
+    assert back.attempts == 0
+    assert back.run_at == pytest.approx(back.updated_at + 2.0)
+    clock.advance(1.9)
+    assert await claim_ids(store) == []
+    clock.advance(0.1)
+    assert await claim_ids(store) == [first]
+
+
+async def test_report_rate_limited_refuses_bad_input_and_lost_leases(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=100, per_s=1.0)])
+    await enqueue(store, chat("a"))
+    task = (await store.claim(Q, node_id="n", lease_s=1.0))[0]
+    for bad in (math.nan, -1.0, math.inf):
+        with pytest.raises(InvalidArgumentError):
+            await store.report_rate_limited(task, bad)
+    with pytest.raises(InvalidArgumentError):
+        await store.report_rate_limited(task, 1.0, key="a")
+    assert (await store.get(task.id)).status is TaskStatus.RUNNING  # nothing written
+    clock.advance(0.5)
+    assert await claim_ids(store) == []
+    clock.advance(1.0)
+    with pytest.raises(LeaseLostError):
+        await store.report_rate_limited(task, 1.0)
+
+
+async def test_claimable_partitions_skip_throttled_work(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0)])
+    await enqueue(store, chat("a"), partition_key="a")
+    await enqueue(store, chat("a"), partition_key="a")
+    assert len(await store.claimable_partitions(Q)) == 1
+    await claim_ids(store)
+    assert await store.claimable_partitions(Q) == set()
+    clock.advance(1.0)
+    assert len(await store.claimable_partitions(Q)) == 1
+
+
+async def test_removed_limits_free_the_tasks(store) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=60.0)])
+    ids = [await enqueue(store, chat("a")) for _ in range(3)]
+    assert await claim_ids(store) == ids[:1]
+    await store.set_rate_limits(Q, [])
+    assert await claim_ids(store) == ids[1:]
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+async def test_postgres_refuses_limit_keys_for_now(store) -> None:
+    with pytest.raises(InvalidArgumentError, match="PostgreSQL"):
+        await store.enqueue(Q, 1, limit_keys={"chat": "a"})
+    assert (await store.stats(Q)).total == 0

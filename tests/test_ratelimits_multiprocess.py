@@ -1,0 +1,127 @@
+"""Rate limits across real OS processes on one SQLite file: never over the limit, close to it.
+
+Two processes of four nodes each drain a backlog over several chats limited per chat.
+Every send is logged with its CLOCK_MONOTONIC time (system-wide on Linux, so the
+processes' times compare) at the moment it would reach the provider; the test then
+checks, per chat, every sliding window of ``per_s`` seconds against the limit
+(``max_in_window``: count + burst) and the rate achieved over the backlog. A third test
+kills one process with SIGKILL mid-run: tokens it took are never handed out again, so the
+bound holds across the crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from conftest import WORKERS_DIR
+
+from asynccoord import RateLimit, SQLiteStore, TaskStatus
+from asynccoord.contract.ratelimits import max_in_window
+
+Q = "outbox"
+WORKER = str(WORKERS_DIR / "rate_worker.py")
+LIMIT = RateLimit(dimension="chat", count=5, per_s=1.0, burst=2)
+CHATS = 6
+PER_CHAT = 16
+
+
+async def fill(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        await store.set_rate_limits(Q, [LIMIT])
+        for i in range(PER_CHAT):
+            for c in range(CHATS):
+                chat = f"chat-{c}"
+                await store.enqueue(Q, {"chat": chat, "n": i}, partition_key=chat, limit_keys={"chat": chat})
+
+
+def spawn(python: Any, db_path: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
+    return python.spawn([WORKER, str(db_path), "--log", str(log), "--queue", Q, *extra])  # type: ignore[no-any-return]
+
+
+def wait_line(proc: subprocess.Popen[str], event: str, timeout_s: float = 60.0) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if json.loads(line)["event"] == event:
+            return
+    raise AssertionError(f"no {event!r} from pid {proc.pid}: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def sends_by_chat(log: Path) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = defaultdict(list)
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        out[record["chat"]].append(record["t"])
+    return {chat: sorted(times) for chat, times in out.items()}
+
+
+def max_window_count(times: list[float], window_s: float) -> int:
+    """The most sends in any half-open window [t, t + window_s) (a window starting at each send is enough)."""
+    best, j = 0, 0
+    for i, start in enumerate(times):
+        j = max(j, i)
+        while j < len(times) and times[j] < start + window_s:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
+def check_window_bound(log: Path) -> dict[str, int]:
+    worst = {chat: max_window_count(times, LIMIT.per_s) for chat, times in sends_by_chat(log).items()}
+    assert max(worst.values()) <= max_in_window(LIMIT), worst
+    return worst
+
+
+async def test_two_processes_never_exceed_the_limit_and_come_close_to_it(
+    python: Any, db_path: Path, tmp_path: Path
+) -> None:
+    await fill(db_path)
+    log = tmp_path / "sends.log"
+    workers = [spawn(python, db_path, log) for _ in range(2)]
+    for w in workers:
+        await asyncio.to_thread(wait_line, w, "done", 90.0)
+    by_chat = sends_by_chat(log)
+    assert sorted(by_chat) == [f"chat-{c}" for c in range(CHATS)]
+    assert all(len(times) == PER_CHAT for times in by_chat.values())  # each sent once
+    check_window_bound(log)
+    # Close to the limit: after the burst, the backlog goes at >= 90 % of count / per_s.
+    for chat, times in by_chat.items():
+        steady = times[LIMIT.burst - 1 :]
+        rate = (len(steady) - 1) / (steady[-1] - steady[0])
+        assert rate >= 0.9 * LIMIT.count / LIMIT.per_s, (chat, rate)
+        assert rate <= 1.02 * LIMIT.count / LIMIT.per_s, (chat, rate)
+
+
+async def test_kill_9_mid_run_hands_no_token_out_twice(python: Any, db_path: Path, tmp_path: Path) -> None:
+    await fill(db_path)
+    log = tmp_path / "sends.log"
+    doomed = spawn(python, db_path, log, "--lease-s", "1.0", "--send-s", "0.3")
+    survivor = spawn(python, db_path, log, "--lease-s", "1.0", "--send-s", "0.3")
+    await asyncio.to_thread(wait_line, doomed, "ready")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # both have sent
+        pids = {json.loads(line)["pid"] for line in log.read_text().splitlines()} if log.exists() else set()
+        if {doomed.pid, survivor.pid} <= pids:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    await asyncio.to_thread(wait_line, survivor, "done", 120.0)
+    async with SQLiteStore(db_path) as store:
+        stats = await store.stats(Q)
+    assert stats.counts[TaskStatus.DONE] == CHATS * PER_CHAT
+    # Tasks the killed process had leased are sent again after their lease lapses, each
+    # with a fresh token: even counting the killed process's sends, no window is over.
+    check_window_bound(log)

@@ -1,0 +1,105 @@
+"""Rate limits seen from the pipeline: a provider's 429 honoured, throttled nodes that wait, not spin.
+
+Real stores (memory and an SQLite file) on the real clock, a real Runtime of nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+
+from asynccoord import NodeConfig, RateLimit, RateLimited, Runtime, Task, TaskStatus
+from asynccoord import events as ev
+
+Q = "outbox"
+pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"], indirect=True)
+
+
+async def drained(store, n: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = await store.stats(Q)
+        if stats.counts[TaskStatus.DONE] + stats.counts[TaskStatus.DEAD] >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not drained: {await store.stats(Q)}")
+
+
+async def test_a_429_pauses_the_key_without_using_an_attempt(make_store) -> None:
+    store = await make_store(clock=None)
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=100, per_s=1.0, burst=100)])
+    for i in range(3):
+        await store.enqueue(Q, {"chat": "a", "n": i}, partition_key="a", limit_keys={"chat": "a"}, max_attempts=1)
+    await store.enqueue(Q, {"chat": "b", "n": 0}, partition_key="b", limit_keys={"chat": "b"}, max_attempts=1)
+    sends: list[tuple[float, str, int]] = []
+    refused = False
+
+    async def send(task: Task) -> None:
+        nonlocal refused
+        sends.append((time.monotonic(), task.payload["chat"], task.payload["n"]))
+        if task.payload == {"chat": "a", "n": 0} and not refused:
+            refused = True
+            raise RateLimited(0.5, dimension="chat")
+
+    config = NodeConfig(queue=Q, ordered=True, idle_max_s=0.2)
+    async with Runtime(store, send=send, nodes=2, config=config, shutdown_timeout_s=1.0):
+        await drained(store, 4)
+    a = [(at, n) for at, c, n in sends if c == "a"]
+    assert [n for _, n in a] == [0, 0, 1, 2]  # the refused message again first: its place kept
+    assert a[1][0] - a[0][0] >= 0.45  # nobody sent to chat a during the pause
+    b = [at for at, c, _ in sends if c == "b"]
+    assert b[0] - a[0][0] < 0.45  # chat b was not held back
+    for task_id in range(1, 5):
+        done = await store.get(task_id)
+        assert done.status is TaskStatus.DONE, done  # max_attempts=1: the 429 used no attempt
+    assert store.events.get(ev.PROVIDER_RATE_LIMITED) == 1
+
+
+async def test_a_throttled_node_waits_for_the_refill(make_store) -> None:
+    store = await make_store(clock=None)
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=4, per_s=1.0)])
+    n = 8
+    for i in range(n):
+        await store.enqueue(Q, i, partition_key="a", limit_keys={"chat": "a"})
+    sends: list[float] = []
+    claims = 0
+    claim = store.claim
+
+    async def counting_claim(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal claims
+        claims += 1
+        return await claim(*args, **kwargs)
+
+    store.claim = counting_claim
+
+    async def send(task: Task) -> None:
+        sends.append(time.monotonic())
+
+    config = NodeConfig(queue=Q, ordered=True, idle_min_s=0.01, idle_max_s=2.0)
+    async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=1.0):
+        await drained(store, n)
+    gaps = [b - a for a, b in itertools.pairwise(sends)]
+    assert min(gaps) >= 0.24  # never faster than 4/s
+    span = sends[-1] - sends[0]
+    assert span <= (n - 1) * 0.25 / 0.9  # at least 90 % of the allowed rate: woken at each refill
+    assert claims <= 3 * n  # about one claim per refill, not a spin
+
+
+async def test_reported_429s_reach_the_monitor_and_prometheus(make_store) -> None:
+    from asynccoord import Monitor
+    from asynccoord.monitor.metrics import render_prometheus
+
+    store = await make_store(clock=None)
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=10, per_s=1.0)])
+    await store.enqueue(Q, 1, limit_keys={"chat": "a"})
+    task = (await store.claim(Q, node_id="n"))[0]
+    await store.report_rate_limited(task, 0.1)
+    text = render_prometheus(store).decode()
+    assert 'asynccoord_events_total{event="provider_rate_limited"} 1.0' in text
+    monitor = Monitor(store, background=False, process_id="p")  # the default rules
+    await monitor.flush(force=True)
+    alerts = await monitor.evaluate()
+    assert [a.rule for a in alerts if a.rule == "provider_rate_limited"] == ["provider_rate_limited"]
