@@ -43,7 +43,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from aiohttp import ClientSession, web
 
@@ -56,8 +56,10 @@ __all__ = (
     "Limit",
     "Outcome",
     "Refusal",
+    "Run",
     "Sent",
     "run_bot_processes",
+    "self_check",
 )
 
 TOKEN = "123456:stand-in-token"
@@ -144,7 +146,7 @@ class Outcome:
         return self.incoming - self.answered
 
 
-def _conversation_chats(messages: int, group_every: int) -> list[Incoming]:
+def _incoming_messages(messages: int, group_every: int, speedup: float) -> list[Incoming]:
     """The first ``messages`` messages of the bundled trace, as Telegram messages to the bot."""
     trace = list(read_trace(bundled_sample(), limit=messages))
     chats: dict[str, tuple[int, str]] = {}
@@ -162,7 +164,8 @@ def _conversation_chats(messages: int, group_every: int) -> list[Incoming]:
         message_id = next_message_id[chat_id]
         next_message_id[chat_id] += 1
         text = f"message {m.seq}"
-        out.append(Incoming(update_id, chat_id, chat_type, message_id, user_id, text, float(m.ts_unix - start)))
+        due_s = (m.ts_unix - start) / speedup
+        out.append(Incoming(update_id, chat_id, chat_type, message_id, user_id, text, due_s))
     return out
 
 
@@ -205,9 +208,7 @@ class BotAPIStandIn:
         self.port = port
         self.latency_s = latency_s
         self.in_progress = 0
-        self.incoming = _conversation_chats(messages, group_every)
-        for i, m in enumerate(self.incoming):
-            self.incoming[i] = Incoming(**{**_fields(m), "due_s": m.due_s / speedup})
+        self.incoming = _incoming_messages(messages, group_every, speedup)
         self.limits = dict(limits)
         self.jitter_s = jitter_s
         self.sent: list[Sent] = []
@@ -230,10 +231,7 @@ class BotAPIStandIn:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
         return self.url
 
     async def close(self) -> None:
@@ -361,7 +359,7 @@ class BotAPIStandIn:
         buckets = [("account", bot_id), ("chat", chat_id)]
         if self._chats[chat_id] == "group":
             buckets.append(("group", chat_id))
-        waits = {}
+        waits: dict[str, float] = {}
         for dimension, key in buckets:
             limit = self.limits.get(dimension)
             tat = self._tat.get((dimension, key))
@@ -395,10 +393,6 @@ class BotAPIStandIn:
         chat = {"id": chat_id, "type": self._chats[chat_id]}
         me = {"id": bot_id, "is_bot": True, "first_name": "Stand-in", "username": "standin_bot"}
         return _ok({"message_id": message_id, "date": int(time.time()), "chat": chat, "from": me, "text": text})
-
-
-def _fields(m: Incoming) -> dict[str, Any]:
-    return {name: getattr(m, name) for name in Incoming.__slots__}
 
 
 async def _params(request: web.Request) -> dict[str, Any]:
@@ -495,7 +489,7 @@ async def run_bot_processes(
     common = ["--api-server", api.url, "--db", str(db), *extra_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    files = {}
+    files: dict[str, IO[bytes]] = {}
     started = monotonic()
     run = Run(outcome=api.outcome(), drained=False, elapsed_s=0.0)
 
@@ -549,7 +543,7 @@ async def run_bot_processes(
     return run
 
 
-def self_check(script: Path, *, messages: int = 60) -> int:
+def self_check(script: Path, *, messages: int = 40) -> int:
     """Run ``script``'s processes against a stand-in; print what happened and a verdict line; exit status."""
 
     async def main() -> int:
