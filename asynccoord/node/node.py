@@ -68,7 +68,7 @@ import anyio.abc
 from .. import events as ev
 from .._errtext import error_text
 from .._exits import ProcessExiting, carried_exit, carry, is_process_exit
-from ..contract.lockchecks import check_user_lock_name
+from ..contract.locks import check_user_lock_name
 from ..errors import (
     UNRECOVERABLE_STORE_ERRORS,
     CoordError,
@@ -422,8 +422,17 @@ class Node:
         return self._owned_sorted
 
     def _view_changed(self, view: object) -> None:
-        """Membership listener: take the new view's ownership now, not at the next claim."""
-        self._partitions()
+        """Membership listener: take the new view's ownership now, not at the next claim.
+
+        A waiting node's wake-up is matched to the partitions it owns now (it kept those
+        of its last claim, so work announced in a partition it had just taken over woke
+        nobody and waited for the idle poll), and a node that gained partitions claims at
+        once: work may wait there that was announced to their former owner.
+        """
+        before = self._owned
+        self.claim_partitions()
+        if before is not None and self._owned is not None and not self._owned <= before:
+            self.wake()
 
     async def _fetch_loop(self, tg: anyio.abc.TaskGroup) -> None:
         if not self._claiming:
