@@ -30,6 +30,7 @@ from ...errors import (
     InvalidArgumentError,
     InvalidTypeError,
     NotADatabaseError,
+    ReadOnlyStoreError,
     StoreClosedError,
     StoreError,
     StoreLoopError,
@@ -54,6 +55,7 @@ from .writer import (
     close_abandoned,
     connection_thread_ended,
     daemon_connection,
+    is_read_only,
     map_sqlite_error,
     raw_connection,
     retry_busy,
@@ -67,6 +69,44 @@ log = logging.getLogger(__name__)
 Q = load_queries("sqlite")
 SCHEMA_VERSION = len(load_migrations("sqlite"))
 MIN_SQLITE = (3, 35, 0)
+
+
+def _check_writable(path: str) -> None:
+    """Refuse a database this process cannot write, before SQLite opens it (and leaves files behind).
+
+    SQLite opens a file it may not write read-only without a word, and fails at the first
+    write; under WAL it also needs ``<file>-wal`` and ``<file>-shm`` beside it, which it
+    creates in the folder (with this process's ownership). ``os.access`` answers for the
+    real user id (root passes, except on a read-only mount): the probe write in
+    :meth:`SQLiteStore._setup` covers what it cannot see.
+
+    Raises:
+        NotADatabaseError: the folder does not exist.
+        ReadOnlyStoreError: the file, a companion file, or the folder is not writable.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise NotADatabaseError(
+            f"cannot open {path!r}: its folder {folder!r} does not exist (create it first; a store creates "
+            "the database file, never its folder)"
+        )
+    companions = [path + "-wal", path + "-shm"]
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise _read_only_file(path, "the file is not writable by this process")
+    for companion in companions:
+        if os.path.exists(companion) and not os.access(companion, os.W_OK):
+            raise _read_only_file(path, f"{companion!r} is not writable by this process")
+    creates = not os.path.exists(path) or not all(os.path.exists(c) for c in companions)
+    if creates and not os.access(folder, os.W_OK | os.X_OK):
+        raise _read_only_file(path, f"its folder {folder!r} is not writable, and SQLite creates files there")
+
+
+def _read_only_file(path: str, reason: str) -> ReadOnlyStoreError:
+    return ReadOnlyStoreError(
+        f"{path!r} is read-only for this process ({reason}): open it with SQLiteStore(path, read_only=True) "
+        "to read it, or give this user write access to the file and its folder (SQLite writes "
+        "<file>-wal and <file>-shm beside it)"
+    )
 
 
 class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps):
@@ -149,7 +189,11 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         """Open the file, set WAL and pragmas, and apply pending migrations.
 
         Raises:
-            NotADatabaseError: the file exists but is not an SQLite database.
+            NotADatabaseError: the file exists but is not an SQLite database, or its
+                folder does not exist (the message names it).
+            ReadOnlyStoreError: the file (or its folder, where SQLite writes the
+                ``-wal`` and ``-shm`` files) is not writable by this process; nothing is
+                created. Open it with ``read_only=True`` to read it.
             SchemaVersionError: the database was written by a newer asynccoord, or by a
                 development version before 0.1.0 (delete the file to start again).
             StoreBusyError: another connection held the write lock past the timeout.
@@ -164,6 +208,8 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
             )
         if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
             raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
+        if not self.read_only and self.path != ":memory:" and not self.path.startswith("file:"):
+            _check_writable(self.path)  # before SQLite leaves -wal/-shm files behind
         target = read_only_uri(self.path) if self.read_only else self.path
         conn = daemon_connection(target, uri=self.read_only)
         try:
@@ -177,6 +223,8 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
             await conn.close()
             if "not a database" in str(exc) or "malformed" in str(exc):
                 raise NotADatabaseError(f"{self.path!r} is not an SQLite database ({exc})") from exc
+            if is_read_only(exc):
+                raise _read_only_file(self.path, str(exc)) from exc
             raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
         except BaseException:
             await conn.close()
@@ -244,6 +292,12 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
                 db.execute(Q["meta_set"], {"key": "partitions", "value": str(self.config.partitions)})
             else:
                 self._partitions = int(row[0])
+                # Nothing written so far: a probe write, undone, so a database SQLite opened
+                # read-only (a read-only mount, say) fails here, not at the first real write.
+                db.execute("SAVEPOINT asynccoord_probe")
+                db.execute(Q["meta_set"], {"key": "partitions", "value": str(row[0])})
+                db.execute("ROLLBACK TO asynccoord_probe")
+                db.execute("RELEASE asynccoord_probe")
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
