@@ -1608,8 +1608,17 @@ def test_a_system_schema_is_refused_before_anything_opens(name: str) -> None:
 
 async def test_stores_reaching_one_schema_by_search_path_and_by_name_share_wake_ups(pg: str, schema: str) -> None:
     """The channel is the tables' schema's, however the store was pointed at it."""
+    import asyncpg
+
     from asynccoord.backends.postgres.store import PostgresStore
 
+    # The test database's ``public`` schema is this test's: empty it of what another
+    # asynccoord version may have left there, which the store would rightly refuse.
+    conn = await asyncpg.connect(pg)
+    try:
+        await conn.execute("DROP SCHEMA IF EXISTS public CASCADE; CREATE SCHEMA public")
+    finally:
+        await conn.close()
     async with (
         PostgresStore(pg, schema=schema) as named,
         PostgresStore(f"{pg}?search_path={schema}") as by_path,
