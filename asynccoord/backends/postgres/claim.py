@@ -49,7 +49,14 @@ class ClaimRequest:
 
 
 class PgClaimOps(PgHeads):
-    """The claim primitives of the PostgreSQL store."""
+    """The claim primitives of the PostgreSQL store.
+
+    A claim is one statement, ``UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE SKIP
+    LOCKED LIMIT n)) RETURNING ...``: claimers never wait for each other and never take the
+    same task. They scan partial indexes of pending tasks (of pending heads, per
+    partition, for ordered claims) and of running tasks for expired leases, so a claim
+    visits about what it returns however many tasks are in flight.
+    """
 
     _claimers: dict[tuple[str, bool, float], Batcher[ClaimRequest, Claimed]]
 
