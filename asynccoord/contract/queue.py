@@ -585,7 +585,8 @@ def check_task(task: object) -> Task:
     ``id``/``lease_token``/``version``, and ``queue``, ``partition_key``,
     ``partition``, ``idempotency_key``, ``status``, ``attempts``, ``max_attempts``)
     is checked for type and range, so a tampered or hand-made Task is refused with
-    a typed error instead of reaching the database driver.
+    a typed error instead of reaching the database driver. A store then acts on its
+    own row's queue, key and attempt counts, never on those of the caller's copy.
 
     Raises:
         InvalidTypeError: not a Task, or a field of the wrong type (``bool`` is not an int).

@@ -148,6 +148,8 @@ class Node:
         config: :class:`NodeConfig`. Default NodeConfig().
         lock_key: Maps a task to the name of the lock it needs, or None for no lock
             (a plain function: an ``async def`` one is refused). Default None (no locks).
+            A name in the prefix ``asynccoord.next:`` (a lock pool's places in line) is
+            refused.
         membership: Shared :class:`~asynccoord.membership.Membership` of the process;
             needed for partitioning (without it the node claims from every partition).
             Give it the node's queue (``Membership(store, queue=...)``) when other queues
