@@ -414,7 +414,7 @@ class RedisLockStore:
 
         A server that keeps nothing on disk (no AOF, no RDB snapshot points) is logged at
         WARNING as ``asynccoord.redis.no_persistence``: its restart would start the fencing
-        counters over (see the module docstring). :attr:`persistent` holds the answer.
+        counters over (see :class:`RedisLockStore`). :attr:`persistent` holds the answer.
 
         Raises:
             StoreConnectionError: the server cannot be reached.

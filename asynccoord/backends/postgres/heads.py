@@ -4,8 +4,8 @@ Only queues claimed in order keep heads (``coord_ordered_queues``): the first or
 claim or continuation of a queue computes them (``coord_keep_heads``, under the queue's
 exclusive advisory lock); every transition that changes a key's active set share-locks
 its queue and, if the queue keeps heads, locks the key's row in ``coord_task_keys``
-(sorted) before it writes, and promotes the key's next head after. See the store's
-module docstring for the whole protocol.
+(sorted) before it writes, and promotes the key's next head after. See
+:class:`PgHeads` for the whole protocol.
 """
 
 from __future__ import annotations
