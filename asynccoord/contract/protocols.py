@@ -18,14 +18,22 @@ from typing import Any, Protocol, Self, runtime_checkable
 from ..config import RetryPolicy, StoreConfig
 from ..errors import LeaseLostError, TaskNotFoundError
 from ..events import EventCounter
-from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task
+from ..models import Continuation, DeadLetterPolicy, EnqueueResult, NewTask, PurgeResult, QueueStats, Task
 from ..monitor.histogram import LatencyRecorder
 from .locks import FenceRecord, Lease, LockBusy, LockInfo
 from .membership import Member, MemberBeat
 from .monitor import MetricsFlush, MetricsView, QueueDepth
 from .ratelimits import RateLimit
 
-__all__ = ("LockStore", "MembershipStore", "MonitorStore", "QueueStore", "RateLimitStore", "Store")
+__all__ = (
+    "DeadLetterStore",
+    "LockStore",
+    "MembershipStore",
+    "MonitorStore",
+    "QueueStore",
+    "RateLimitStore",
+    "Store",
+)
 
 
 @runtime_checkable
@@ -303,6 +311,19 @@ class QueueStore(Protocol):
         """
         ...
 
+    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Delete dead tasks for good; return how many.
+
+        Args:
+            queue: Queue name.
+            task_ids: Only these dead tasks (ids of tasks that are not dead are skipped);
+                None for every dead task of the queue.
+
+        A conversation held by its dead task (:class:`DeadLetterStore`, policy ``hold``)
+        goes on from its next task. The idempotency key of a discarded task is free again.
+        """
+        ...
+
     async def is_processed(self, consumer: str, message_id: str) -> bool:
         """Whether a processed-id record exists for ``(consumer, message_id)``."""
         ...
@@ -373,6 +394,34 @@ class RateLimitStore(Protocol):
             InvalidTypeError, InvalidArgumentError: a bad task, a NaN, infinite or negative
                 ``retry_after_s``, a ``key`` without ``dimension`` (nothing written).
         """
+        ...
+
+
+@runtime_checkable
+class DeadLetterStore(Protocol):
+    """What an ordered claim does with a conversation whose task went dead: a setting per queue.
+
+    The policy (:class:`~asynccoord.models.DeadLetterPolicy`) is stored in the database, so
+    every process of it follows the same one. ``skip`` (the default) lets the key's next
+    task become its head: the conversation goes on without the dead task. ``hold`` keeps
+    a key whose earliest unfinished task is dead (a task that is dead and has a smaller id
+    than every pending or running task of the key) without a head: no ordered claim, and
+    no ``complete_and_claim_next``, leases a later task of it until the dead task is
+    requeued (``requeue_dead``: it runs first) or discarded (``discard_dead``). Unordered
+    claims ignore the policy. A change applies at once to every key, dead tasks of the
+    past included.
+    """
+
+    async def set_dead_letter_policy(self, queue: str, policy: DeadLetterPolicy | str) -> None:
+        """Set ``queue``'s dead-letter policy for every process of the database.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad queue or policy (nothing written).
+        """
+        ...
+
+    async def dead_letter_policy(self, queue: str) -> DeadLetterPolicy:
+        """``queue``'s dead-letter policy (``skip`` unless set)."""
         ...
 
 

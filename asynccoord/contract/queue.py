@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..config import RetryPolicy, StoreConfig
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
-from ..models import EnqueueResult, NewTask, Task, TaskSlots, TaskStatus, make_task
+from ..models import DeadLetterPolicy, EnqueueResult, NewTask, Task, TaskSlots, TaskStatus, make_task
 from ..notify import WorkNotifier
 from ..partition import partition_of
 from ..validation import (
@@ -46,6 +46,7 @@ __all__ = (
     "check_purge_batch",
     "check_retry",
     "check_task",
+    "check_dead_letter_policy",
     "check_task_ids",
     "check_tasks",
     "clean_error",
@@ -461,6 +462,21 @@ def notify_partitions(notifier: WorkNotifier, promoted: Sequence[tuple[str, int]
         by_queue.setdefault(queue, set()).add(partition)
     for queue, partitions in by_queue.items():
         notifier.notify(queue, len(partitions), partitions)
+
+
+def check_dead_letter_policy(policy: object) -> DeadLetterPolicy:
+    """Check a dead-letter policy: a :class:`DeadLetterPolicy` or its value, ``"skip"`` or ``"hold"``.
+
+    Raises:
+        InvalidTypeError: not a str.
+        InvalidArgumentError: another string (the message names the allowed ones).
+    """
+    if not isinstance(policy, str):
+        raise InvalidTypeError(f"policy must be a DeadLetterPolicy or 'skip' or 'hold', got {type(policy).__name__}")
+    try:
+        return DeadLetterPolicy(policy)
+    except ValueError:
+        raise InvalidArgumentError(f"policy must be 'skip' or 'hold', got {policy!r}") from None
 
 
 def check_task_ids(task_ids: object) -> list[int] | None:

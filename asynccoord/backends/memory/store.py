@@ -56,6 +56,7 @@ from ...models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueSt
 from ...monitor.histogram import LatencyRecorder
 from ...notify import WorkNotifier
 from ...validation import check_clock, check_int, check_lease_s, check_name, check_non_negative
+from .deadletters import MemoryDeadLetterOps
 from .locks import MemoryLockOps
 from .membership import MemoryMembershipOps
 from .monitor import MemoryMonitorOps
@@ -66,7 +67,14 @@ __all__ = ("MemoryStore",)
 _ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
-class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps, MemoryRateLimitOps):
+class MemoryStore(
+    QueueConveniences,
+    MemoryLockOps,
+    MemoryMembershipOps,
+    MemoryMonitorOps,
+    MemoryRateLimitOps,
+    MemoryDeadLetterOps,
+):
     """The storage contract in plain Python objects (see :class:`~asynccoord.contract.protocols.Store`).
 
     Args:
@@ -282,9 +290,10 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
         allowed = None if parts is None else set(parts)
         heads: dict[str, int] = {}
         if ordered:
+            blocking = self._blocking(queue)
             for task in sorted(self._tasks.values(), key=lambda t: t.id):
-                if task.queue == queue and task.status in _ACTIVE:
-                    heads.setdefault(task.partition_key, task.id)
+                if task.queue == queue and task.status in blocking:
+                    heads.setdefault(task.partition_key, task.id)  # a dead head (policy hold): no task of the key
         return [
             t
             for t in self._tasks.values()
@@ -374,11 +383,12 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
     def _lease_key_head(self, done: Task, node_id: str, lease: float) -> Task | None:
         """Lease the head (earliest unfinished task) of ``done``'s key to ``node_id`` if it is pending and due."""
         now = done.updated_at
+        blocking = self._blocking(done.queue)
         head = min(
             (
                 t
                 for t in self._tasks.values()
-                if t.queue == done.queue and t.partition_key == done.partition_key and t.status in _ACTIVE
+                if t.queue == done.queue and t.partition_key == done.partition_key and t.status in blocking
             ),
             key=lambda t: t.id,
             default=None,
@@ -590,6 +600,29 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
                 n += 1
         return n
 
+    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids); return how many."""
+        check_name("queue", queue)
+        ids = check_task_ids(task_ids)
+        wanted = None if ids is None else set(ids)
+        self._check_open()
+        gone = [
+            t
+            for t in self._tasks.values()
+            if t.queue == queue and t.status is TaskStatus.DEAD and (wanted is None or t.id in wanted)
+        ]
+        for t in gone:
+            self._forget(t)
+        notify_partitions(self.notifier, [(queue, t.partition) for t in gone])  # a held key may go on
+        return len(gone)
+
+    def _forget(self, task: Task) -> None:
+        """Delete ``task`` and what refers to it."""
+        del self._tasks[task.id]
+        self._rate.keys.pop(task.id, None)
+        if task.idempotency_key is not None and self._by_key.get((task.queue, task.idempotency_key)) == task.id:
+            del self._by_key[(task.queue, task.idempotency_key)]
+
     async def is_processed(self, consumer: str, message_id: str) -> bool:
         """Whether a processed-id record exists."""
         check_name("consumer", consumer)
@@ -625,8 +658,5 @@ class MemoryStore(QueueConveniences, MemoryLockOps, MemoryMembershipOps, MemoryM
             if t.queue == queue and t.status is TaskStatus.DONE and t.updated_at < cutoff
         ]
         for t in old:
-            del self._tasks[t.id]
-            self._rate.keys.pop(t.id, None)
-            if t.idempotency_key is not None and self._by_key.get((t.queue, t.idempotency_key)) == t.id:
-                del self._by_key[(t.queue, t.idempotency_key)]
+            self._forget(t)
         return PurgeResult(deleted=len(old), batches=-(-len(old) // size))

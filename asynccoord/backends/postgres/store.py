@@ -132,6 +132,7 @@ from .conn import (
     encode_notification,
     map_pg_error,
 )
+from .deadletters import PostgresDeadLetterOps
 from .locks import PostgresLockOps
 from .membership import PostgresMembershipOps
 from .monitor import PostgresMonitorOps
@@ -303,7 +304,9 @@ def _valid_port(port: str | None) -> bool:
     return not port or (port.isascii() and port.isdigit() and 0 < int(port) <= 65535)
 
 
-class PostgresStore(QueueConveniences, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
+class PostgresStore(
+    QueueConveniences, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps, PostgresDeadLetterOps
+):
     """The whole storage contract on one PostgreSQL database (queue, locks, membership, monitor).
 
     Use as ``async with PostgresStore("postgresql://user@host/db") as store: ...`` or

@@ -74,6 +74,7 @@ from ...notify import WorkNotifier
 from ...validation import check_bool, check_clock, check_int, check_lease_s, check_name, check_non_negative
 from ..sqlfiles import load_migrations, load_queries
 from .checkpoint import WalCheckpointer
+from .deadletters import SQLiteDeadLetterOps
 from .locks import SQLiteLockOps, check_fence
 from .membership import SQLiteMembershipOps
 from .monitor import SQLiteMonitorOps
@@ -193,7 +194,14 @@ def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
     return f"lease expired at {expires:.3f} (store clock now {now:.3f})"
 
 
-class SQLiteStore(QueueConveniences, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps):
+class SQLiteStore(
+    QueueConveniences,
+    SQLiteLockOps,
+    SQLiteMembershipOps,
+    SQLiteMonitorOps,
+    SQLiteRateLimitOps,
+    SQLiteDeadLetterOps,
+):
     """Task queue (and, in later modules, locks and membership) on one SQLite file.
 
     Use as ``async with SQLiteStore("bot.db") as store: ...`` or call
