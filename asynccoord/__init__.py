@@ -3,12 +3,19 @@
 Three layers, each usable alone: partitioning (stable hashing of keys over live
 nodes), distributed locks with fencing tokens, and version-checked compare-and-set
 on every state change. See README.md for the tour.
+
+The stores of extras (:class:`PostgresStore`: ``asynccoord[postgres]``,
+:class:`RedisLockStore`: ``asynccoord[redis]``) are exported too and imported on first
+access, so ``import asynccoord`` needs neither driver.
 """
 
 from __future__ import annotations
 
-from .backends.memory.store import MemoryStore
-from .backends.sqlite.store import SQLiteStore
+import typing as _typing
+
+from .backends.memory import MemoryStore
+from .backends.open import open_store
+from .backends.sqlite import SQLiteStore
 from .config import ProcessedRetention, RetryPolicy, StoreConfig
 from .contract.locks import FenceRecord, Lease, LockBusy, LockInfo
 from .contract.membership import Member, MemberBeat
@@ -31,7 +38,6 @@ from .errors import (
     ReadOnlyStoreError,
     RuntimeStateError,
     SchemaVersionError,
-    StaleVersionError,
     StoreBusyError,
     StoreClosedError,
     StoreConnectionError,
@@ -54,6 +60,10 @@ from .monitor.webhook import WebhookSink
 from .node import Delivery, Node, NodeConfig, NodeState, NodeStatus, Runtime, current_delivery
 from .notify import WorkNotifier
 from .partition import assign, owner_of, partition_of
+
+if _typing.TYPE_CHECKING:
+    from .backends.postgres import PostgresStore
+    from .backends.redis import RedisLockStore
 
 __version__ = "0.1.0"
 
@@ -103,19 +113,20 @@ __all__ = (
     "NodeStatus",
     "NotADatabaseError",
     "PayloadTooLargeError",
+    "PostgresStore",
     "ProcessedRetention",
     "PurgeResult",
     "QueueStats",
     "RateLimit",
     "RateLimited",
     "ReadOnlyStoreError",
+    "RedisLockStore",
     "RetryPolicy",
     "Runtime",
     "RuntimeStateError",
     "SQLiteStore",
     "SchemaVersionError",
     "Semaphore",
-    "StaleVersionError",
     "StoreBusyError",
     "StoreClosedError",
     "StoreLoopError",
@@ -132,6 +143,32 @@ __all__ = (
     "__version__",
     "assign",
     "current_delivery",
+    "open_store",
     "owner_of",
     "partition_of",
 )
+
+_LAZY = {"PostgresStore": "asynccoord.backends.postgres", "RedisLockStore": "asynccoord.backends.redis"}
+"""Exports that need an extra (``postgres``: asyncpg, ``redis``: redis-py), imported on first use,
+so ``import asynccoord`` imports neither driver."""
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """Import a store of an extra on first access (PEP 562).
+
+    Raises:
+        AttributeError: ``name`` is not an attribute of asynccoord.
+        ImportError: the store's extra is not installed (``pip install 'asynccoord[postgres]'``).
+    """
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'asynccoord' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -15,7 +15,6 @@ with the original exception kept as ``__cause__``.
     ├── InvalidTypeError (TypeError)           an argument has the wrong type
     ├── TaskNotFoundError (KeyError)           no task with that id
     ├── LeaseLostError                         the task lease is no longer the caller's
-    ├── StaleVersionError                      a compare-and-set saw another version
     ├── RuntimeStateError (RuntimeError)       a Runtime started again, or waited on before it started
     ├── RateLimited                            a send's provider refused for rate (HTTP 429), with its Retry-After
     ├── LockError
@@ -53,7 +52,6 @@ __all__ = (
     "ReadOnlyStoreError",
     "RuntimeStateError",
     "SchemaVersionError",
-    "StaleVersionError",
     "StoreBusyError",
     "StoreClosedError",
     "StoreLoopError",
@@ -101,10 +99,6 @@ class LeaseLostError(CoordError):
         super().__init__(f"lease on task {task_id} is lost: {reason}")
         self.task_id = task_id
         self.reason = reason
-
-
-class StaleVersionError(CoordError):
-    """A version-checked compare-and-set found a newer version than the caller's."""
 
 
 class RuntimeStateError(CoordError, RuntimeError):

@@ -46,8 +46,7 @@ from typing import Any, Self
 import anyio
 
 from . import events as ev
-from .contract.membership import Member, MemberBeat
-from .contract.protocols import MembershipStore
+from .contract.membership import Member, MemberBeat, MembershipStore
 from .errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from .partition import RendezvousTable
 from .validation import (

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract.ratelimits import check_limit_keys
-from .validation import MAX_ATTEMPTS, check_int, check_name, check_non_negative, check_optional_name
+from .validation import MAX_ATTEMPTS, check_int, check_limit_keys, check_name, check_non_negative, check_optional_name
 
 __all__ = (
     "Continuation",

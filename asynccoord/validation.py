@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeGuard, cast
 
@@ -18,6 +18,8 @@ from ._errtext import error_text
 from .errors import InvalidArgumentError, InvalidTypeError, PayloadTooLargeError
 
 __all__ = (
+    "MAX_LIMITS",
+    "check_limit_keys",
     "MAX_ATTEMPTS",
     "MAX_DURATION_S",
     "MAX_NAME_LENGTH",
@@ -483,3 +485,27 @@ def _json_equal(decoded: object, original: object) -> bool:
         assert isinstance(decoded, list)
         return len(decoded) == len(original) and all(_json_equal(a, b) for a, b in zip(decoded, original, strict=True))
     return decoded == original
+
+
+MAX_LIMITS = 16
+"""Most limits one queue may declare (and so most keys one task may name)."""
+
+
+def check_limit_keys(limit_keys: object) -> dict[str, str]:
+    """Check ``NewTask.limit_keys``: a mapping of dimension name to key, both names; return a copy.
+
+    Raises:
+        InvalidTypeError: not a mapping, or a dimension or key that is not a str.
+        InvalidArgumentError: a blank dimension or key, or more than :data:`MAX_LIMITS` items.
+    """
+    if not isinstance(limit_keys, Mapping):
+        raise InvalidTypeError(
+            f"limit_keys must be a mapping of dimension to key, e.g. {{'chat': '42'}}, got {type(limit_keys).__name__}"
+        )
+    if len(limit_keys) > MAX_LIMITS:
+        raise InvalidArgumentError(f"limit_keys names at most {MAX_LIMITS} dimensions, got {len(limit_keys)}")
+    out: dict[str, str] = {}
+    for dimension, key in limit_keys.items():
+        check_name("limit_keys dimension", dimension)
+        out[dimension] = check_name(f"limit_keys[{dimension!r}]", key)
+    return out

@@ -703,7 +703,7 @@ async def drain_lock_table_pg(
     """
     import asyncpg
 
-    from asynccoord.backends.postgres.store import split_connect_timeout
+    from asynccoord.backends.open import split_connect_timeout
 
     settings = {"search_path": f'"{schema}"'}
     plain, timeout_s = split_connect_timeout(dsn)

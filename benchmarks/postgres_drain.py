@@ -91,7 +91,7 @@ async def connect(dsn: str) -> Any:
     """One asyncpg connection to ``dsn`` (its libpq ``connect_timeout``, if any, as the store reads it)."""
     import asyncpg
 
-    from asynccoord.backends.postgres.store import split_connect_timeout
+    from asynccoord.backends.open import split_connect_timeout
 
     plain, timeout_s = split_connect_timeout(dsn)
     return await asyncpg.connect(plain, timeout=timeout_s)

@@ -23,7 +23,7 @@ from asynccoord import (
     StoreClosedError,
 )
 from asynccoord import events as ev
-from asynccoord.contract.protocols import LockStore
+from asynccoord.contract.locks import LockStore
 
 Store = MemoryStore | SQLiteStore
 

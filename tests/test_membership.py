@@ -44,8 +44,7 @@ from asynccoord import (
     StoreConfig,
 )
 from asynccoord import events as ev
-from asynccoord.contract.memberchecks import DEAD_MEMBER_RETENTION_S
-from asynccoord.contract.protocols import MembershipStore
+from asynccoord.contract.membership import DEAD_MEMBER_RETENTION_S, MembershipStore
 from asynccoord.partition import assign, owned_partitions
 
 

@@ -11,8 +11,8 @@ import pickle
 import pytest
 
 from asynccoord import Task, TaskStatus
-from asynccoord.backends.sqlite.store import _claimed_task
-from asynccoord.contract.queue import decode_json, settled_done
+from asynccoord.backends.rows import decode_json, settled_done
+from asynccoord.backends.sqlite.queue import _claimed_task
 from asynccoord.models import TaskSlots, make_task
 
 VALUES = {

@@ -39,9 +39,7 @@ from asynccoord import (
     Task,
 )
 from asynccoord import events as ev
-from asynccoord.contract.monitor import MetricsFlush
-from asynccoord.contract.monitorchecks import RETIRED_PROCESS_ID
-from asynccoord.contract.protocols import MonitorStore
+from asynccoord.contract.monitor import RETIRED_PROCESS_ID, MetricsFlush, MonitorStore
 from asynccoord.monitor.rules import DEFAULT_RULES
 from asynccoord.monitor.snapshot import cluster_snapshot
 from asynccoord.validation import MAX_DURATION_S

@@ -5,6 +5,8 @@ import __future__
 
 import inspect
 import sqlite3
+import subprocess
+import sys
 import types
 
 import aiosqlite
@@ -32,6 +34,8 @@ def test_all_names_exist_and_are_unique() -> None:
 
 
 def test_every_public_attribute_is_in_all() -> None:
+    for name in asynccoord.__all__:  # the stores of extras are imported on first access
+        getattr(asynccoord, name)
     exported = set(asynccoord.__all__)
     assert public_attributes(asynccoord) - exported == set()
     assert exported - public_attributes(asynccoord) == {"__version__"}
@@ -87,3 +91,32 @@ async def test_aiosqlite_hooks_work_on_a_real_connection() -> None:
             return tuple(r[0] for r in db.execute("SELECT x FROM t ORDER BY x"))
 
         assert await run_on_thread(conn, transaction, raw_connection(conn)) == (1, 2, 3)
+
+
+def test_stores_of_extras_are_exported_and_imported_lazily() -> None:
+    """``import asynccoord`` imports neither asyncpg nor redis; the first access to their stores does."""
+    code = (
+        "import sys, asynccoord\n"
+        "assert 'asyncpg' not in sys.modules and 'redis' not in sys.modules, 'a driver was imported'\n"
+        "assert 'PostgresStore' in dir(asynccoord) and 'RedisLockStore' in dir(asynccoord)\n"
+        "from asynccoord.backends.postgres.store import PostgresStore\n"
+        "assert asynccoord.PostgresStore is PostgresStore and 'asyncpg' in sys.modules\n"
+        "from asynccoord.backends.redis import RedisLockStore\n"
+        "assert asynccoord.RedisLockStore is RedisLockStore\n"
+        "from asynccoord.backends.open import open_store\n"
+        "assert asynccoord.open_store is open_store\n"
+        "try:\n"
+        "    asynccoord.NoSuchName\n"
+        "except AttributeError as exc:\n"
+        "    assert 'NoSuchName' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_stale_version_error_is_gone() -> None:
+    """Nothing raises it, so nothing exports it: a stale commit is a LeaseLostError."""
+    assert not hasattr(asynccoord, "StaleVersionError")
+    assert not hasattr(asynccoord.errors, "StaleVersionError")

@@ -22,7 +22,7 @@ import pytest
 from services import REDIS_URL, redis_problem, unavailable
 
 from asynccoord import InvalidArgumentError, Lease, LockBusy, StoreConnectionError
-from asynccoord.contract.protocols import LockStore
+from asynccoord.contract.locks import LockStore
 from asynccoord.validation import MAX_DURATION_S
 
 

@@ -1,6 +1,6 @@
 """Locks and semaphores with fencing tokens on Redis (extra ``redis``, redis-py asyncio).
 
-:class:`RedisLockStore` implements :class:`~asynccoord.contract.protocols.LockStore` only: the
+:class:`RedisLockStore` implements :class:`~asynccoord.contract.locks.LockStore` only: the
 named locks, semaphores and fencing of asynccoord, with the same semantics as the
 SQLite, PostgreSQL and in-memory stores (the lock contract tests run on it). It is used
 *beside* a queue store, e.g. the queue in PostgreSQL and the account locks in Redis::
@@ -61,7 +61,11 @@ from redis.asyncio.connection import parse_url
 
 from .. import events as ev
 from ..config import StoreConfig
-from ..contract.lockchecks import (
+from ..contract.locks import (
+    FenceRecord,
+    Lease,
+    LockBusy,
+    LockInfo,
     check_fence_args,
     check_lease,
     check_leases,
@@ -69,8 +73,6 @@ from ..contract.lockchecks import (
     encode_fence_data,
     fence_rejected_error,
 )
-from ..contract.locks import FenceRecord, Lease, LockBusy, LockInfo
-from ..contract.queue import decode_json, new_token
 from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,
@@ -84,7 +86,8 @@ from ..events import EventCounter
 from ..monitor.histogram import LatencyRecorder
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
-from .open import redact_location, redact_target, userinfo_spills
+from .rows import decode_json, new_token
+from .targets import redact_location, redact_target, userinfo_spills
 
 __all__ = ("MAX_KEY_SLACK_MS", "RedisLockStore")
 
@@ -315,7 +318,7 @@ async def _persistence(client: aioredis.Redis) -> bool | None:
 
 
 class RedisLockStore:
-    """The lock contract (:class:`~asynccoord.contract.protocols.LockStore`) on one Redis server.
+    """The lock contract (:class:`~asynccoord.contract.locks.LockStore`) on one Redis server.
 
     Use as ``async with RedisLockStore("redis://host:6379/0") as locks: ...``.
 

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
-from ..contract.lockchecks import MAX_PERMITS
+from ..contract.locks import MAX_PERMITS
 from ..errors import InvalidArgumentError, InvalidTypeError, StoreError
 from ..validation import check_int, check_interval_s, check_lease_s, check_name, check_positive
 

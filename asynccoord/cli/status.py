@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from .. import events as ev
 from ..config import StoreConfig
-from ..contract.monitorchecks import check_windows
+from ..contract.monitor import check_windows
 from ..errors import InvalidArgumentError
 from ..locks.pool import PLACE_PREFIX
 from ..monitor.snapshot import cluster_snapshot

@@ -1,12 +1,17 @@
-"""Records of the monitor contract: alerts, a metrics flush, and the cluster view read back.
+"""The monitor contract: the :class:`MonitorStore` Protocol, its records, and the checks of a read.
 
-All are frozen, keyword-only, slotted dataclasses. Times (``at``, ``fired_at``,
+Records are frozen, keyword-only, slotted dataclasses. Times (``at``, ``fired_at``,
 ``now_s``, ``last_flush_at``) are seconds since the Unix epoch *on the store clock*;
 durations are seconds; latencies are milliseconds.
 
 Counter keys are ``(process_id, scope, name)``: ``scope`` is ``""`` for a process'
 own total (its ``store.events``) and a node id for a per-node breakdown of it, so a
 cluster total is the sum over the rows of scope ``""`` only.
+
+Time buckets are 1 second of the store clock: a flush at store time ``now`` adds its
+deltas to bucket ``floor(now)``, and a window of ``W`` seconds at ``now`` sums the
+buckets that start after ``now - W`` (so it covers between ``W - 1`` and ``W``
+seconds of flushes; a flush lands up to one flush interval after its events).
 """
 
 from __future__ import annotations
@@ -15,22 +20,30 @@ import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from ..config import StoreConfig
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..monitor.histogram import Histogram
+from ..events import EventCounter
+from ..monitor.histogram import Histogram, LatencyRecorder
 from ..validation import check_lease_s, check_name, check_positive
 
 __all__ = (
+    "MAX_WINDOWS",
+    "PROCESS_RETENTION_S",
     "PROCESS_SCOPE",
+    "RETIRED_PROCESS_ID",
     "Alert",
     "AlertScope",
     "AlertState",
     "CounterKey",
     "MetricsFlush",
     "MetricsView",
+    "MonitorStore",
     "ProcessReport",
     "QueueDepth",
+    "bucket_of",
+    "check_windows",
 )
 
 PROCESS_SCOPE = ""
@@ -303,3 +316,80 @@ class QueueDepth:
     def total(self) -> int:
         """Tasks in the queue, any status."""
         return sum(self.counts.values())
+
+
+@runtime_checkable
+class MonitorStore(Protocol):
+    """Cluster-wide counters of the conflict monitor, over one database.
+
+    These are the storage primitives; flushing on a timer, rules, alerts and their
+    delivery live in :mod:`asynccoord.monitor.monitor`, the same for every backend. Semantics:
+
+    * Each process flushes the *deltas* of its counters (``store.events``, optionally
+      per node) and latency histograms (``store.latencies``) with ``flush_metrics``:
+      one write that adds them to the current 1-second time bucket of the store clock
+      and to the process' lifetime totals. Deltas add, so any number of processes
+      flush concurrently and the cluster view is their sum.
+    * ``read_metrics`` returns, in one snapshot at the store clock, lifetime totals
+      per ``(process_id, scope, name)``, the same summed over sliding windows (time
+      buckets that start after ``now - window_s``), merged latency histograms per
+      window, the processes that flushed, and the firing alerts every live monitor
+      stored (a monitor's alerts expire ``alert_ttl_s`` after its last flush).
+    * The tables are bounded: each flush purges time buckets older than its
+      ``retention_s`` and folds the totals of processes silent for a day into the
+      process id ``"*retired*"``.
+    * Time is the store clock inside the statement, never a caller's clock.
+
+    Every method validates its arguments before touching the database and raises
+    :class:`~asynccoord.errors.InvalidArgumentError` or
+    :class:`~asynccoord.errors.InvalidTypeError` naming the value, with nothing written.
+    """
+
+    config: StoreConfig
+    events: EventCounter
+    latencies: LatencyRecorder
+
+    async def now(self) -> float:
+        """The store clock: seconds since the Unix epoch."""
+        ...
+
+    async def flush_metrics(self, flush: MetricsFlush) -> float:
+        """Add one process' deltas (and replace its stored alerts) in one write; return the store clock."""
+        ...
+
+    async def read_metrics(self, windows_s: Sequence[float] = (10.0, 60.0)) -> MetricsView:
+        """Every process' totals, windowed sums, latencies and alerts, in one snapshot."""
+        ...
+
+    async def queue_depths(self) -> list[QueueDepth]:
+        """Tasks by queue and status, with each queue's oldest due pending age and expired leases (store clock)."""
+        ...
+
+
+RETIRED_PROCESS_ID = "*retired*"
+"""Process id under which the totals of processes silent for ``PROCESS_RETENTION_S`` are folded."""
+
+PROCESS_RETENTION_S = 24 * 3600.0
+"""A process that has not flushed for this long is retired (its totals folded), seconds."""
+
+MAX_WINDOWS = 16
+"""Most distinct windows one read may ask for."""
+
+
+def bucket_of(now_s: float) -> int:
+    """The 1-second time bucket holding store time ``now_s``."""
+    return math.floor(now_s)
+
+
+def check_windows(windows_s: Sequence[float]) -> tuple[float, ...]:
+    """Validate a read's windows: a sequence of distinct seconds > 0, at most 16.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: naming the bad value.
+    """
+    if isinstance(windows_s, str | bytes) or not isinstance(windows_s, Sequence):
+        raise InvalidTypeError(f"windows_s must be a sequence of seconds, got {type(windows_s).__name__}")
+    out = tuple(dict.fromkeys(check_positive(f"windows_s[{i}]", w) for i, w in enumerate(windows_s)))
+    if len(out) > MAX_WINDOWS:
+        raise InvalidArgumentError(f"windows_s may hold at most {MAX_WINDOWS} windows, got {len(out)}")
+    return out

@@ -1,19 +1,27 @@
-"""Argument preparation shared by every backend, so all of them validate alike."""
+"""The queue's contract: the :class:`QueueStore` Protocol and the checks of its arguments.
+
+A store is an async context manager that owns its connections. All time arithmetic
+(run_at, lease expiry) is done against the store's own clock, so nodes on different
+machines never compare their local clocks. Every method validates its arguments
+before touching the database (with the checks below, shared by every engine through
+:class:`~asynccoord.backends.base.StoreBase`, so all of them validate alike) and raises
+the errors documented here; drivers' own exceptions never leak (they become
+:class:`~asynccoord.errors.StoreError`). The in-memory store
+(:mod:`asynccoord.backends.memory.store`) is the reference semantics; the contract test
+suite runs unchanged against every engine.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, Self, cast, runtime_checkable
 
 from ..config import RetryPolicy, StoreConfig
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
-from ..models import DeadLetterPolicy, EnqueueResult, NewTask, Task, TaskSlots, TaskStatus, make_task
-from ..notify import WorkNotifier
+from ..events import EventCounter
+from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from ..partition import partition_of
 from ..validation import (
     MAX_ATTEMPTS,
@@ -32,35 +40,27 @@ from ..validation import (
 from .ratelimits import encode_limit_keys
 
 __all__ = (
-    "QueueConveniences",
     "MAX_ATTEMPTS",
     "MAX_CLAIM_LIMIT",
     "MAX_ERROR_CHARS",
     "MAX_ID",
     "MAX_PARTITION",
     "PreparedTask",
+    "QueueStore",
     "check_claim_args",
     "check_claimable_args",
+    "check_continuation",
     "check_fences",
     "check_partition_list",
     "check_purge_batch",
     "check_retry",
     "check_task",
-    "check_dead_letter_policy",
     "check_task_ids",
     "check_tasks",
     "clean_error",
-    "decode_json",
     "encode_result",
     "encode_results",
-    "new_token",
-    "notify_created",
-    "notify_partitions",
-    "notify_settled",
     "prepare_tasks",
-    "settled_done",
-    "task_from_row",
-    "with_stored_fields",
 )
 
 MAX_CLAIM_LIMIT = 10_000
@@ -69,6 +69,352 @@ MAX_ID = 2**63 - 1
 MAX_ERROR_CHARS = 8192
 MAX_PARTITION = (1 << 16) - 1
 """Largest partition index (``StoreConfig.partitions`` is at most 65536)."""
+
+
+@runtime_checkable
+class QueueStore(Protocol):
+    """The task queue over one database.
+
+    Queue semantics (at-least-once delivery, exactly-once commit):
+
+    * ``claim`` hands each due task to at most one live lease; a lease whose expiry
+      passed (by the store clock) makes the task claimable again, with a new lease
+      token and one more attempt. A task reclaimed after ``max_attempts`` is dead.
+    * ``complete``, ``fail``, ``release`` and ``extend`` are compare-and-set on
+      ``(id, lease_token, version)`` plus "lease not expired": a caller whose lease
+      is gone gets :class:`~asynccoord.errors.LeaseLostError` and nothing is written.
+    """
+
+    config: StoreConfig
+    events: EventCounter
+
+    async def open(self) -> None:
+        """Connect, apply schema migrations, and get ready. Idempotent."""
+        ...
+
+    async def close(self) -> None:
+        """Finish queued writes and close. Idempotent."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
+    async def now(self) -> float:
+        """The store clock: seconds since the Unix epoch."""
+        ...
+
+    @property
+    def partitions(self) -> int:
+        """Number of fixed partitions keys are hashed into (fixed at creation)."""
+        ...
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        partition_key: str = "",
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        delay_s: float = 0.0,
+        limit_keys: Mapping[str, str] | None = None,
+    ) -> EnqueueResult:
+        """Add one task (fields as in :class:`~asynccoord.models.NewTask`)."""
+        ...
+
+    async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
+        """Add tasks in one transaction; results in input order.
+
+        A repeated idempotency key (already stored, or earlier in ``tasks``) yields
+        the existing task with ``created=False`` and counts one
+        ``duplicate_enqueue_suppressed`` event.
+        """
+        ...
+
+    async def claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Collection[int] | None = None,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> list[Task]:
+        """Lease up to ``limit`` due tasks to ``node_id`` in one atomic statement.
+
+        Args:
+            queue: Queue name (1..255 characters, not only whitespace).
+            node_id: Who claims (recorded as ``lease_owner``; ownership is by token), a name
+                as ``queue``.
+            limit: Most tasks to claim, 1..10000.
+            lease_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year).
+            partitions: Only tasks in these partitions: a list, tuple, range or set of
+                partition numbers (``0..partitions - 1``); None for all.
+            ordered: Per-key ordering: a task is claimable only when no earlier task
+                with the same partition key is pending or running.
+            min_due_age_s: Only tasks that have been due for at least this many seconds
+                (store clock; a pending task is due from its ``run_at``, an expired lease
+                from its expiry), 0..one year. Work stealing uses it to take over tasks
+                their partition's owner has left waiting. Default 0 (every due task).
+
+        Returns:
+            The claimed tasks, status ``running``, highest priority first then FIFO.
+            Tasks whose idempotency key already has a processed-id record are
+            marked done instead and counted as ``duplicate_delivery_suppressed``.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument, naming it (nothing is
+                claimed): an empty or blank ``queue`` or ``node_id``, ``lease_s`` below 0.01,
+                ``partitions`` that is no collection of ints (a dict, str or bytes) or names a
+                partition out of range...
+        """
+        ...
+
+    async def claimable_partitions(
+        self,
+        queue: str,
+        partitions: Collection[int] | None = None,
+        *,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> set[int]:
+        """Which of ``partitions`` have work a :meth:`claim` with the same arguments would take now.
+
+        A read: nothing is leased, written or locked (on SQLite it does not go through the
+        single writer). The runtime's idle poll asks it once for all of a process's idle
+        nodes and wakes only the owners of the partitions it names (see
+        :mod:`asynccoord.node.idlepoll`), so idle nodes do not claim to find out.
+
+        Args:
+            queue: Queue name.
+            partitions: The partitions to look at: a list, tuple, range or set of partition
+                numbers; None for all.
+            ordered: Count only keys' heads, as an ordered claim does.
+            min_due_age_s: Only work due for at least this many seconds (store clock), as
+                in :meth:`claim`. Default 0.
+
+        Returns:
+            The partition numbers (a subset of ``partitions``) holding a due pending task
+            (a key's head when ``ordered``) or an expired lease (also one on its last
+            attempt: the claim dead-letters it and frees its key). It may name a partition
+            whose work another node claims meanwhile.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument, naming it, as in
+                :meth:`claim` (``partitions`` a dict, say).
+        """
+        ...
+
+    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
+        """Mark ``task`` done and write its processed-id record, in one transaction.
+
+        ``fence`` is ``(resource, fencing_token)`` of the lock guarding the work: the
+        commit is refused (nothing written) when the resource has already accepted a
+        higher token, and the token is recorded otherwise.
+
+        Returns:
+            The done task: ``task`` with what the commit wrote (status, version, result,
+            lease fields cleared, ``updated_at``). The compare-and-set on id, lease token
+            and version means its other fields are the stored row's as claimed. The SQLite
+            and PostgreSQL stores do not read them back (one commit is a hot path): a
+            field the caller changed in its own copy shows in the returned task, never in
+            the store, which writes and records from its own row. ``get(task.id)`` reads
+            the stored row. The same holds for :meth:`complete_many` and
+            :meth:`complete_and_claim_next`.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: no such task.
+            FencingTokenRejectedError: ``fence`` carries an outdated token.
+        """
+        ...
+
+    async def complete_and_claim_next(
+        self,
+        task: Task,
+        result: Any = None,
+        *,
+        fence: tuple[str, int] | None = None,
+        lease_s: float = 30.0,
+    ) -> Continuation:
+        """Commit-and-continue: complete ``task`` and lease its key's next task, in one transaction.
+
+        The commit is exactly :meth:`complete` (compare-and-set, processed-id record,
+        fence). When it goes through, the same transaction makes the queue keep per-key
+        order (as an ordered :meth:`claim` does) and leases the next task of ``task``'s
+        queue and partition key to ``task.lease_owner`` if that task is now the key's
+        head (its earliest unfinished task), pending and due, as an ordered claim of
+        that one key would: fresh lease token, attempts + 1, version + 1. A node working
+        through one conversation in order thus needs no wake-up and no claim between
+        two of its tasks. A next task whose idempotency key is already processed is
+        settled as a duplicate instead (``duplicate_delivery_suppressed``) and none is
+        returned. Partitions and ``min_due_age_s`` play no part: the key is the task's.
+
+        Args:
+            task: The task as returned by ``claim`` (or a previous continuation).
+            result: Optional JSON result kept on the task.
+            fence: ``(resource, fencing_token)`` checked and recorded as in :meth:`complete`.
+            lease_s: Lease length of the next task, seconds (0.01, ``validation.MIN_LEASE_S``, to
+                one year). Default 30.
+
+        Returns:
+            A :class:`~asynccoord.models.Continuation`: the done task and the next task
+            (None when the key had no pending task due).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written or leased.
+            TaskNotFoundError: no such task.
+            FencingTokenRejectedError: ``fence`` carries an outdated token.
+            InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
+        """
+        ...
+
+    async def complete_many(
+        self,
+        tasks: Sequence[Task],
+        results: Sequence[Any] | None = None,
+        *,
+        fences: Sequence[tuple[str, int] | None] | None = None,
+    ) -> list[Task | CoordError]:
+        """Complete many tasks in one transaction, each with its own compare-and-set.
+
+        ``fences`` holds, per task, None or ``(resource, fencing_token)`` checked and
+        recorded as in :meth:`complete`.
+
+        Returns:
+            Per task, in order: the done task, or the error saying why nothing was
+            written for it (LeaseLostError, TaskNotFoundError or
+            FencingTokenRejectedError). One lost lease does not stop the others.
+        """
+        ...
+
+    async def fail(self, task: Task, error: str, *, retry: RetryPolicy | None = None) -> Task:
+        """Record a failed attempt: back to pending after the backoff, or dead.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+        """
+        ...
+
+    async def release(self, task: Task, *, delay_s: float = 0.0) -> Task:
+        """Hand an unfinished task back to pending, due after ``delay_s`` (>= 0, default 0: now),
+        not counting the attempt.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+        """
+        ...
+
+    async def extend(self, task: Task, lease_s: float) -> float:
+        """Renew the lease to ``lease_s`` seconds from now; return the new expiry.
+
+        Raises:
+            LeaseLostError: the lease expired or was taken; it is not revived.
+            InvalidTypeError, InvalidArgumentError: a bad task, or ``lease_s`` not a number
+                in 0.01 (``validation.MIN_LEASE_S``) .. one year (nothing written).
+        """
+        ...
+
+    async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
+        """Renew many leases in one statement; True where the lease was still held.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad task, or ``lease_s`` not a number
+                in 0.01 (``validation.MIN_LEASE_S``) .. one year (nothing written).
+        """
+        ...
+
+    async def get(self, task_id: int) -> Task:
+        """The task with that id. Raises TaskNotFoundError."""
+        ...
+
+    async def stats(self, queue: str | None = None) -> QueueStats:
+        """Counts by status and the oldest due pending age, for a queue or all."""
+        ...
+
+    async def is_drained(self, queue: str) -> bool:
+        """True when ``queue`` has no pending and no running task (done and dead ones are finished).
+
+        A probe of the unfinished tasks' indexes, not a count over the table as
+        :meth:`stats` makes: cheap to poll. Raises InvalidArgumentError/InvalidTypeError
+        for a bad ``queue``.
+        """
+        ...
+
+    async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Move dead tasks back to pending with attempts reset; return how many.
+
+        Args:
+            queue: Queue name.
+            task_ids: Only these dead tasks (ids of tasks that are not dead are skipped);
+                None for every dead task of the queue.
+
+        A requeued task keeps its place (its id) in its key's order: in an ordered queue
+        it is the key's head again at once, ahead of the tasks that went on while it was
+        dead, so if a later task of the key is running at that moment, both may run at
+        the same time. Requeue while the key is idle when that matters.
+        """
+        ...
+
+    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Delete dead tasks for good; return how many.
+
+        Args:
+            queue: Queue name.
+            task_ids: Only these dead tasks (ids of tasks that are not dead are skipped);
+                None for every dead task of the queue.
+
+        A conversation held by its dead task (policy ``hold``, see
+        :class:`~asynccoord.contract.deadletters.DeadLetterStore`) goes on from its next
+        task. The idempotency key of a discarded task is free again.
+        """
+        ...
+
+    async def is_processed(self, consumer: str, message_id: str) -> bool:
+        """Whether a processed-id record exists for ``(consumer, message_id)``."""
+        ...
+
+    async def purge_processed(self, *, older_than_s: float | None = None, batch: int | None = None) -> PurgeResult:
+        """Delete processed-id records older than the retention, in bounded batches."""
+        ...
+
+    async def purge_finished(self, queue: str, *, older_than_s: float, batch: int = 1000) -> PurgeResult:
+        """Delete ``done`` tasks of ``queue`` last updated more than ``older_than_s`` ago (dead ones are kept)."""
+        ...
+
+    async def unchecked_claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Collection[int] | None = None,
+    ) -> list[Task]:
+        """Claim as a naive queue does: read due pending tasks, then lease them without a compare-and-set.
+
+        What it skips: the read and the write are separate steps (separate transactions on
+        SQLite and PostgreSQL), so two nodes can lease the same task; no per-key order, no
+        dead-lettering of exhausted leases, no duplicate-delivery check. Its arguments are
+        checked as :meth:`claim` checks them. Who may call it: only
+        :class:`~asynccoord.node.node.Node` when a benchmark turns its version checks off,
+        to measure what the compare-and-set layer buys. Never use it for real work.
+        """
+        ...
+
+    async def unchecked_complete(self, tasks: Sequence[Task], results: Sequence[Any] | None = None) -> int:
+        """Mark tasks done without a compare-and-set; return how many rows were written.
+
+        What it skips: the lease, token and version checks (a task another node holds is
+        marked done all the same), fences and processed-id records. Its arguments are
+        checked as :meth:`complete_many` checks them. Who may call it: only the node of a
+        benchmark without version checks, beside :meth:`unchecked_claim`.
+        """
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,79 +463,6 @@ def prepare_tasks(tasks: Sequence[NewTask], config: StoreConfig, partitions: int
             )
         )
     return prepared
-
-
-class QueueConveniences:
-    """The single-task forms of the batch operations, the same for every store."""
-
-    if TYPE_CHECKING:
-
-        async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]: ...
-
-        async def complete_many(
-            self,
-            tasks: Sequence[Task],
-            results: Sequence[Any] | None = None,
-            *,
-            fences: Sequence[tuple[str, int] | None] | None = None,
-        ) -> list[Task | CoordError]: ...
-
-    async def enqueue(
-        self,
-        queue: str,
-        payload: Any = None,
-        *,
-        partition_key: str = "",
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        delay_s: float = 0.0,
-        limit_keys: Mapping[str, str] | None = None,
-    ) -> EnqueueResult:
-        """Add one task (fields as in :class:`~asynccoord.models.NewTask`); see ``enqueue_many``.
-
-        Raises:
-            InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.
-        """
-        spec = NewTask(
-            queue=queue,
-            payload=payload,
-            partition_key=partition_key,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            max_attempts=max_attempts,
-            delay_s=delay_s,
-            limit_keys={} if limit_keys is None else limit_keys,
-        )
-        return (await self.enqueue_many([spec]))[0]
-
-    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
-        """Mark ``task`` done and record its message id as processed, in one transaction.
-
-        Args:
-            task: The task as returned by ``claim``.
-            result: Optional JSON result kept on the task.
-            fence: ``(resource, fencing_token)`` of the lock guarding the work: the commit
-                is refused (nothing written) when the resource has already accepted a
-                higher token, and the token is recorded otherwise.
-
-        Returns:
-            The committed task: its state as now stored (status ``done``, version + 1,
-            ``result``, lease cleared, ``updated_at``); its other fields (queue, key,
-            payload...), which a commit never changes, are those of ``task`` as passed,
-            not read back (on SQLite and PostgreSQL: a payload the caller changed in place
-            comes back changed; the stored row keeps the enqueued one).
-
-        Raises:
-            LeaseLostError: the lease is no longer the caller's; nothing written.
-            TaskNotFoundError: the task no longer exists.
-            FencingTokenRejectedError: ``fence`` carries an outdated token.
-            InvalidTypeError, InvalidArgumentError: bad ``task``, ``result`` or ``fence``.
-        """
-        outcome = (await self.complete_many([task], [result], fences=None if fence is None else [fence]))[0]
-        if isinstance(outcome, Task):
-            return outcome
-        raise outcome
 
 
 def check_purge_batch(batch: object) -> int:
@@ -361,38 +634,6 @@ def encode_results(results: object, count: int, config: StoreConfig) -> list[str
     return [encode_result(r, config) for r in results]
 
 
-def settled_done(task: Task, *, version: int, now: float, result: Any) -> Task:
-    """The stored state of ``task`` after a successful complete."""
-    # Filled slot by slot as make_task does (not dataclasses.replace or Task(...)): this runs
-    # once per committed task, and inlined it also saves make_task's 19-argument call.
-    done: Any = _NEW(TaskSlots)
-    done.id = task.id
-    done.queue = task.queue
-    done.partition_key = task.partition_key
-    done.partition = task.partition
-    done.idempotency_key = task.idempotency_key
-    done.payload = task.payload
-    done.priority = task.priority
-    done.status = _DONE
-    done.attempts = task.attempts
-    done.max_attempts = task.max_attempts
-    done.run_at = task.run_at
-    done.lease_owner = None
-    done.lease_token = None
-    done.lease_expires_at = None
-    done.version = version
-    done.last_error = None
-    done.result = result
-    done.created_at = task.created_at
-    done.updated_at = now
-    done.__class__ = Task
-    return done  # type: ignore[no-any-return]
-
-
-_NEW = object.__new__
-_DONE = TaskStatus.DONE
-
-
 def check_fences(fences: object, count: int) -> list[tuple[str, int] | None] | None:
     """Check per-task ``(resource, fencing_token)`` pairs (or None entries)."""
     if fences is None:
@@ -434,51 +675,6 @@ def check_continuation(
     return checked, encoded, fenced, check_lease_s("lease_s", lease_s), owner
 
 
-def notify_created(notifier: WorkNotifier, results: Sequence[EnqueueResult], prepared: Sequence[PreparedTask]) -> None:
-    """Wake idle in-process nodes that own the partitions of newly created tasks due now."""
-    due: dict[str, set[int]] = {}
-    counts: dict[str, int] = {}
-    for result, p in zip(results, prepared, strict=True):
-        if result.created and p.delay_s == 0:
-            due.setdefault(p.queue, set()).add(p.partition)
-            counts[p.queue] = counts.get(p.queue, 0) + 1
-    for queue, partitions in due.items():
-        notifier.notify(queue, counts[queue], partitions)
-
-
-def notify_settled(notifier: WorkNotifier, tasks: Sequence[Task]) -> None:
-    """Wake idle in-process nodes owning the partitions of settled tasks (their keys' next task may be due)."""
-    by_queue: dict[str, set[int]] = {}
-    for t in tasks:
-        by_queue.setdefault(t.queue, set()).add(t.partition)
-    for queue, partitions in by_queue.items():
-        notifier.notify(queue, len(partitions), partitions)
-
-
-def notify_partitions(notifier: WorkNotifier, promoted: Sequence[tuple[str, int]]) -> None:
-    """Wake idle in-process nodes owning these ``(queue, partition)``: work became claimable there."""
-    by_queue: dict[str, set[int]] = {}
-    for queue, partition in promoted:
-        by_queue.setdefault(queue, set()).add(partition)
-    for queue, partitions in by_queue.items():
-        notifier.notify(queue, len(partitions), partitions)
-
-
-def check_dead_letter_policy(policy: object) -> DeadLetterPolicy:
-    """Check a dead-letter policy: a :class:`DeadLetterPolicy` or its value, ``"skip"`` or ``"hold"``.
-
-    Raises:
-        InvalidTypeError: not a str.
-        InvalidArgumentError: another string (the message names the allowed ones).
-    """
-    if not isinstance(policy, str):
-        raise InvalidTypeError(f"policy must be a DeadLetterPolicy or 'skip' or 'hold', got {type(policy).__name__}")
-    try:
-        return DeadLetterPolicy(policy)
-    except ValueError:
-        raise InvalidArgumentError(f"policy must be 'skip' or 'hold', got {policy!r}") from None
-
-
 def check_task_ids(task_ids: object) -> list[int] | None:
     """Check an optional list or tuple of task ids."""
     if task_ids is None:
@@ -486,27 +682,6 @@ def check_task_ids(task_ids: object) -> list[int] | None:
     if not isinstance(task_ids, list | tuple):
         raise InvalidTypeError(f"task_ids must be a list or tuple of int, or None; got {type(task_ids).__name__}")
     return [check_int("task_ids[i]", i, minimum=0, maximum=MAX_ID) for i in task_ids]
-
-
-def with_stored_fields(task: Task, stored: Task) -> Task:
-    """``task`` with the queue, key, partition and attempt counts of ``stored``, its row now.
-
-    ``fail`` decides between retry and dead letter from the attempt counts and promotes
-    the next task of the queue and key: it must act on the store's values, never on a
-    caller's copy that may have been modified. When ``stored`` no longer carries the
-    caller's lease (token and version), ``task`` is returned as it is: the
-    compare-and-set that follows refuses it.
-    """
-    if stored.lease_token != task.lease_token or stored.version != task.version:
-        return task
-    return dataclasses.replace(
-        task,
-        queue=stored.queue,
-        partition_key=stored.partition_key,
-        partition=stored.partition,
-        attempts=stored.attempts,
-        max_attempts=stored.max_attempts,
-    )
 
 
 def check_retry(retry: object, config: StoreConfig) -> RetryPolicy:
@@ -535,64 +710,3 @@ def encode_result(result: Any, config: StoreConfig) -> str | None:
     if result is None:
         return None
     return encode_payload(result, max_bytes=config.max_payload_bytes, arg="result")
-
-
-# The standard library's own C scanner, which json.loads runs after two regex matches for
-# surrounding whitespace: the texts a store reads back are the compact JSON it wrote, so
-# the scanner alone decodes them in a fifth of the time (anything else goes to json.loads).
-_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def decode_json(text: str | None) -> Any:
-    """Inverse of :func:`encode_result` / :func:`encode_payload`: None for None, else the JSON value.
-
-    Raises:
-        json.JSONDecodeError: ``text`` is not one JSON value.
-    """
-    if text is None:
-        return None
-    try:
-        value, end = _SCAN_JSON(text, 0)
-    except StopIteration:  # not a value at index 0 (leading whitespace, empty, garbage)
-        return json.loads(text)
-    if end != len(text):  # trailing whitespace or garbage: json.loads accepts or names it
-        return json.loads(text)
-    return value
-
-
-_STATUS = {s.value: s for s in TaskStatus}
-
-
-def task_from_row(row: Sequence[Any]) -> Task:
-    """The task of a full row read back from a store's own ``coord_tasks`` table.
-
-    ``row`` holds the 19 Task fields in declaration order, ``payload`` and ``result`` as
-    JSON text and ``status`` as its name (the stores' ``RETURNING``/``SELECT`` column
-    order). No validation: the store wrote these values (see ``make_task``).
-    """
-    return make_task(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        decode_json(row[5]),
-        row[6],
-        _STATUS[row[7]],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
-        row[13],
-        row[14],
-        row[15],
-        decode_json(row[16]),
-        row[17],
-        row[18],
-    )
-
-
-def new_token() -> str:
-    """A random token (128 bits, hex) for leases and lock ownership."""
-    return secrets.token_hex(16)

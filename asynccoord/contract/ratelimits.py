@@ -21,11 +21,16 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..validation import MAX_DURATION_S, check_int, check_name, check_optional_name
+from ..validation import MAX_DURATION_S, MAX_LIMITS, check_int, check_limit_keys, check_name, check_optional_name
+
+if TYPE_CHECKING:
+    from ..models import Task
 
 __all__ = (
+    "RateLimitStore",
     "MAX_LIMITS",
     "Admission",
     "RateLimit",
@@ -48,9 +53,6 @@ __all__ = (
 
 Bucket = tuple[str, str]
 """A bucket of one queue: ``(dimension, key)``."""
-
-MAX_LIMITS = 16
-"""Most limits one queue may declare (and so most keys one task may name)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,26 +159,6 @@ def check_rate_limits(limits: object) -> list[RateLimit]:
             )
         seen.add(limit.dimension)
     return list(limits)
-
-
-def check_limit_keys(limit_keys: object) -> dict[str, str]:
-    """Check ``NewTask.limit_keys``: a mapping of dimension name to key, both names; return a copy.
-
-    Raises:
-        InvalidTypeError: not a mapping, or a dimension or key that is not a str.
-        InvalidArgumentError: a blank dimension or key, or more than :data:`MAX_LIMITS` items.
-    """
-    if not isinstance(limit_keys, Mapping):
-        raise InvalidTypeError(
-            f"limit_keys must be a mapping of dimension to key, e.g. {{'chat': '42'}}, got {type(limit_keys).__name__}"
-        )
-    if len(limit_keys) > MAX_LIMITS:
-        raise InvalidArgumentError(f"limit_keys names at most {MAX_LIMITS} dimensions, got {len(limit_keys)}")
-    out: dict[str, str] = {}
-    for dimension, key in limit_keys.items():
-        check_name("limit_keys dimension", dimension)
-        out[dimension] = check_name(f"limit_keys[{dimension!r}]", key)
-    return out
 
 
 def encode_limit_keys(limit_keys: Mapping[str, str]) -> str | None:
@@ -388,3 +370,63 @@ def _parse_int(text: str, what: str, value: str) -> int:
         return int(value.strip())
     except ValueError:
         raise InvalidArgumentError(f"rate limit {text!r}: {what} {value.strip()!r} is not a whole number") from None
+
+
+@runtime_checkable
+class RateLimitStore(Protocol):
+    """Rate limits per queue, enforced by the claim, across every process of the database.
+
+    A queue declares limits, each on one dimension of its tasks (see
+    :class:`~asynccoord.contract.ratelimits.RateLimit`); a task names its key for each
+    dimension at enqueue (``NewTask.limit_keys``: a dimension the queue does not declare is
+    refused with :class:`~asynccoord.errors.InvalidArgumentError`, nothing written). The
+    claim, in its transaction and on the store clock, leases a task only when each bucket
+    ``(queue, dimension, key)`` it names has a token (GCRA, see
+    :mod:`asynccoord.contract.ratelimits`), and takes them; a task without one stays pending
+    in its place, holds no lease and uses no attempt, and the claim goes on past it to
+    other keys' tasks. A token is never handed back (a lease that expires, a task released or
+    reported rate limited keeps its token spent): the bound holds across crashes. The
+    store announces through its notifier, to its idle nodes, when held-back work may go
+    (``claimable_partitions`` counts only work whose buckets have tokens).
+    ``complete_and_claim_next`` never leases a task held by a declared limit (a claim does).
+    A queue with no limits pays nothing: its claims run the statements they ran before.
+    """
+
+    async def set_rate_limits(self, queue: str, limits: Sequence[RateLimit]) -> None:
+        """Declare ``queue``'s limits for every process of the database, replacing what it had.
+
+        Buckets keep their state across a change (a new rate applies from the next claim);
+        an empty list removes the queue's limits (its tasks' keys are then ignored).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad queue, or limits that are not a list
+                of RateLimit with one per dimension (nothing written).
+        """
+        ...
+
+    async def rate_limits(self, queue: str) -> list[RateLimit]:
+        """``queue``'s declared limits, by dimension name (empty when none)."""
+        ...
+
+    async def report_rate_limited(
+        self, task: Task, retry_after_s: float, *, dimension: str | None = None, key: str | None = None
+    ) -> Task:
+        """A provider refused ``task`` for rate: pause its bucket(s), hand it back without using an attempt.
+
+        In one transaction: the bucket ``(task's queue, dimension, key)`` (``key`` None: the
+        task's own key of ``dimension``), or with ``dimension`` None every bucket the task
+        draws on, gets no token before ``retry_after_s`` from now (store clock), and then
+        refills from empty; and the task goes back to pending, its attempt not counted, its
+        place (its id) kept, due at once when a paused bucket holds it back and after
+        ``retry_after_s`` otherwise (no declared bucket named). Counts ``provider_rate_limited``.
+
+        Returns:
+            The task as now stored (pending).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's: the task is left alone
+                (the pause still applies).
+            InvalidTypeError, InvalidArgumentError: a bad task, a NaN, infinite or negative
+                ``retry_after_s``, a ``key`` without ``dimension`` (nothing written).
+        """
+        ...

@@ -41,11 +41,11 @@ from ..models import NewTask, TaskStatus
 from ..monitor.monitor import Monitor
 from ..monitor.snapshot import cluster_snapshot
 from .faults import inject_faults
-from .live import watch
+from .live import demo_dashboard, watch
 from .options import DemoOptions, parse_args
 from .processes import Worker, spawn, stop_workers
 from .record import RunRecord
-from .report import REPORT_WINDOW_S, build_report, render, task_statuses
+from .report import LATENCY_MEASURES, REPORT_WINDOW_S, build_report, busiest_account, render, task_statuses
 from .stores import demo_lock_keys, demo_schema, refuse_used_file
 from .trace import TraceMessage, bundled_sample, read_trace
 from .worker import DEMO_QUEUE
@@ -141,6 +141,8 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
             sweep_lock_keys = None
             if opts.lock_store is not None:
                 sweep_lock_keys = await astack.enter_async_context(demo_lock_keys(opts, run))
+            if opts.dashboard is not None:
+                await astack.enter_async_context(demo_dashboard(store_target, opts))
             for w in workers:
                 spawn(w, opts, store_target, gateway_path)
             try:
@@ -170,7 +172,12 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                         asyncio.create_task(inject_faults(workers, opts, store_target, gateway_path, run)),
                     ]
                     try:
-                        finished = await watch(store, workers, len(tasks), opts, run, console)
+                        account, count = busiest_account(tasks)
+                        note = (
+                            f"latency = {LATENCY_MEASURES}; the hottest account, {account}, "
+                            f"has {count} of the {len(tasks)} messages and sends one at a time"
+                        )
+                        finished = await watch(store, workers, len(tasks), opts, run, console, note)
                     finally:  # also when interrupted: the producer stops before the store closes under it
                         for t in background:
                             t.cancel()

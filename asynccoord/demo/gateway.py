@@ -45,6 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
+from ..sqlitebusy import retry_busy
+
 __all__ = ("GatewayAudit", "GatewayError", "SimulatedGateway", "StaleTokenError", "TransientGatewayError", "audit")
 
 T = TypeVar("T")
@@ -316,21 +318,9 @@ def _use_wal(db: sqlite3.Connection, *, timeout_s: float) -> None:
     When the processes of a demo open a fresh record at the same moment, SQLite answers the
     journal-mode switch of all but one with SQLITE_BUSY at once, without its busy handler
     (a worker died at start with "database is locked", 1 run in about 60 with 4 processes).
-    So the switch is tried again every 0.2..4 ms (growing by half each time) until
-    ``timeout_s`` seconds have passed; then the busy error goes through.
+    The store's own retry (:func:`~asynccoord.sqlitebusy.retry_busy`) waits.
     """
-    deadline = time.monotonic() + timeout_s
-    delay_s = 0.0002
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            busy = exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-            if not busy or time.monotonic() >= deadline:
-                raise
-        time.sleep(delay_s)
-        delay_s = min(delay_s * 1.5, 0.004)
+    retry_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), time.monotonic() + timeout_s)
 
 
 class _Busy(Exception):

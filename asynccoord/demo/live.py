@@ -1,35 +1,50 @@
-"""The demo's live view: a progress bar and a table of the nodes, redrawn until the queue drains."""
+"""The demo's live view: a progress bar and a table of the nodes, redrawn until the queue drains.
+
+With ``--dashboard`` the demo also serves ``python -m asynccoord dashboard`` of its store
+(:func:`demo_dashboard`), the same live page an operator opens on a running cluster.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
+import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .options import DemoOptions
 from .processes import Worker, read_states
 from .record import RunRecord
 
 __all__ = (
+    "demo_dashboard",
     "node_table",
     "watch",
 )
 
 
 async def watch(
-    store: Any, workers: list[Worker], total: int, opts: DemoOptions, run: RunRecord, console: Console | None
+    store: Any,
+    workers: list[Worker],
+    total: int,
+    opts: DemoOptions,
+    run: RunRecord,
+    console: Console | None,
+    note: str = "",
 ) -> bool:
     """Wait until every message is done or dead, showing the live view.
 
     Gives up (returns False, with the reason in ``run.gave_up``) when a worker crashed,
-    when nothing moved for ``opts.stuck_s``, or after ``opts.timeout_s``.
+    when nothing moved for ``opts.stuck_s``, or after ``opts.timeout_s``. ``note`` is
+    shown dimmed under the progress bar (what the latency figure measures).
     """
     deadline = time.monotonic() + opts.timeout_s
     seen = (run.done, run.enqueued)
@@ -42,8 +57,9 @@ async def watch(
         TimeElapsedColumn(),
     )
     bar = progress.add_task("drain", total=total, enqueued=0)
+    caption = Text(note, style="dim")
     live = (
-        Live(Group(progress, node_table([])), console=console, refresh_per_second=4, transient=False)
+        Live(Group(progress, caption, node_table([])), console=console, refresh_per_second=4, transient=False)
         if console is not None
         else None
     )
@@ -51,7 +67,7 @@ async def watch(
         while time.monotonic() < deadline:
             progress.update(bar, completed=run.done, enqueued=run.enqueued)
             if live is not None:
-                live.update(Group(progress, node_table(read_states(workers))))
+                live.update(Group(progress, caption, node_table(read_states(workers))))
             if run.enqueued >= total and run.done >= total:
                 return True
             for w in workers:
@@ -67,6 +83,35 @@ async def watch(
             await asyncio.sleep(0.1)
     run.gave_up = f"not finished after {opts.timeout_s:g} s ({run.done} of {total} done or dead)"
     return False
+
+
+@contextlib.asynccontextmanager
+async def demo_dashboard(store_target: str, opts: DemoOptions) -> AsyncIterator[None]:
+    """Serve ``python -m asynccoord dashboard`` of the demo's store on ``opts.dashboard``; print its URL.
+
+    Args:
+        store_target: The store the demo runs on (SQLite file or PostgreSQL DSN).
+        opts: The run's options: ``dashboard`` is the port (0 for any free one), and the
+            schema and Redis lock store are shown as the run uses them.
+
+    Raises:
+        StoreError: the extra ``dashboard`` is not installed (see
+            :func:`~asynccoord.cli.dashboard.open_dashboard`).
+        OSError: the port cannot be bound.
+    """
+    from ..cli.dashboard import open_dashboard
+
+    assert opts.dashboard is not None
+    async with open_dashboard(
+        store_target,
+        schema=opts.schema if opts.postgres else None,
+        lock_store=opts.lock_store,
+        lock_prefix=opts.lock_prefix or "asynccoord:",
+        port=opts.dashboard,
+        interval_s=0.5,
+    ) as dashboard:
+        print(f"asynccoord.demo: dashboard at {dashboard.url}", file=sys.stderr, flush=True)
+        yield
 
 
 def node_table(nodes: list[dict[str, Any]]) -> Table:

@@ -73,6 +73,7 @@ class DemoOptions:
     redelivery_rate: float = 0.01
     stuck_s: float = 60.0  # give up when no message was enqueued, done or dead for this long
     timeout_s: float = 1800.0  # and in any case after this long
+    dashboard: int | None = None  # serve `python -m asynccoord dashboard` on this port while running
 
     @property
     def target(self) -> str | None:
@@ -133,6 +134,15 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     p.add_argument("--no-faults", action="store_true", help="do not kill or stall a process")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
+    p.add_argument(
+        "--dashboard",
+        nargs="?",
+        const=8765,
+        type=int,
+        metavar="PORT",
+        help="serve the live dashboard on 127.0.0.1:PORT (default 8765; 0: any free port) while the demo runs "
+        "and print its URL (extra 'dashboard')",
+    )
     a = p.parse_args(argv)
     if a.schema is not None and not (a.store is not None and is_postgres_target(a.store)):
         p.error("--schema applies to a PostgreSQL store only: add --store postgresql://...")
@@ -152,6 +162,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         seed=a.seed,
         faults=not a.no_faults,
         as_json=a.json,
+        dashboard=a.dashboard,
     )
 
 

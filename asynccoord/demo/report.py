@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,10 @@ from .stores import sqlite_file
 from .worker import DEMO_QUEUE
 
 __all__ = (
+    "LATENCY_MEASURES",
     "REPORT_WINDOW_S",
     "build_report",
+    "busiest_account",
     "kept_database",
     "render",
     "task_statuses",
@@ -34,13 +37,20 @@ __all__ = (
 
 REPORT_WINDOW_S = 3600.0
 
+LATENCY_MEASURES = (
+    "enqueue to commit of each message (store clock): its wait in line, behind its conversation's "
+    "earlier messages and its account's other messages (one account sends one at a time), plus its "
+    "send and commit; the injected faults add the wait for a killed or stalled process's leases to lapse"
+)
+"""What the report's ``latency_ms`` measures (said in the report and the live view)."""
+
 
 async def task_statuses(target: str, opts: DemoOptions) -> dict[str, str]:
     """Idempotency key -> status of every demo task, read straight from the database."""
     if opts.postgres:
         import asyncpg
 
-        from ..backends.postgres.store import split_connect_timeout
+        from ..backends.open import split_connect_timeout
 
         dsn, timeout_s = split_connect_timeout(target)
         conn = await asyncpg.connect(dsn, timeout=timeout_s, server_settings={"search_path": f'"{opts.schema}"'})
@@ -109,6 +119,7 @@ def build_report(
     conflicts = {name: int(totals.get(name, 0)) for name in ev.EVENT_NAMES if name not in (ev.CLAIMS, ev.COMMITS)}
     latency = snapshot.latencies.get(REPORT_WINDOW_S, {}).get("enqueue_to_commit_ms")
     lease_losses = conflicts[ev.LEASE_EXPIRED] + conflicts[ev.LEASE_LOST] + conflicts[ev.SEND_INTERRUPTED]
+    hottest = _hottest(tasks, seen, elapsed_s)
     report: dict[str, Any] = {
         "messages": len(keys),
         "sent": len(done_keys & seen.delivered_ids),
@@ -126,13 +137,15 @@ def build_report(
             "cut_off": seen.cut_off,
             "replays": seen.replays,
         },
-        "hottest_account": _hottest(tasks, seen),
+        "hottest_account": hottest,
         "conflicts": conflicts,
         "alerts": run.alerts,
         "throughput_per_s": round(len(done_keys) / elapsed_s, 1) if elapsed_s > 0 else 0.0,
         "latency_ms": {
             "p50": None if latency is None or latency.p50_ms is None else round(latency.p50_ms, 1),
             "p99": None if latency is None or latency.p99_ms is None else round(latency.p99_ms, 1),
+            "measures": LATENCY_MEASURES,
+            "hottest_account_busy_share": hottest["busy_share"],
         },
         "stage_latency_ms": {
             name: {"p50": _round(summary.p50_ms), "p99": _round(summary.p99_ms), "count": summary.count}
@@ -178,14 +191,25 @@ def build_report(
     return report
 
 
-def _hottest(tasks: list[NewTask], seen: GatewayAudit) -> dict[str, Any]:
-    """The account with the most messages: one account sends one message at a time, so the
-    sum of its requests' durations (``busy_s``) is a lower bound of the drain time."""
+def busiest_account(tasks: Sequence[NewTask]) -> tuple[str, int]:
+    """The account with the most messages, and their number (ties: the greatest account name).
+
+    Raises:
+        ValueError: ``tasks`` is empty.
+    """
     per_account: dict[str, int] = {}
     for t in tasks:
         account = t.payload["account"]
         per_account[account] = per_account.get(account, 0) + 1
-    account, messages = max(per_account.items(), key=lambda kv: (kv[1], kv[0]))
+    return max(per_account.items(), key=lambda kv: (kv[1], kv[0]))
+
+
+def _hottest(tasks: list[NewTask], seen: GatewayAudit, drain_s: float) -> dict[str, Any]:
+    """The account with the most messages: one account sends one message at a time, so the
+    sum of its requests' durations (``busy_s``) is a lower bound of the drain time, and
+    ``busy_share`` (``busy_s`` over the drain's ``drain_s``) how close the run came to it: near
+    1, that account's messages queue behind each other for most of the drain."""
+    account, messages = busiest_account(tasks)
     busy = seen.account_busy_s.get(account, 0.0)
     calls = seen.account_calls.get(account, 0)
     return {
@@ -194,6 +218,7 @@ def _hottest(tasks: list[NewTask], seen: GatewayAudit) -> dict[str, Any]:
         "share": round(messages / max(1, len(tasks)), 3),
         "calls": calls,
         "busy_s": round(busy, 2),
+        "busy_share": round(busy / drain_s, 3) if drain_s > 0 else None,
         "mean_call_ms": round(1000 * busy / calls, 2) if calls else None,
     }
 
@@ -224,7 +249,11 @@ def render(report: dict[str, Any], console: Console) -> None:
         table.add_row(key, str(report[key]))
     table.add_row("latency p50 / p99 (ms)", f"{report['latency_ms']['p50']} / {report['latency_ms']['p99']}")
     hot = report["hottest_account"]
-    table.add_row("hottest account", f"{hot['account']}: {hot['messages']} messages, sending {hot['busy_s']} s")
+    share = "-" if hot["busy_share"] is None else f"{hot['busy_share']:.0%}"
+    table.add_row(
+        "hottest account",
+        f"{hot['account']}: {hot['messages']} messages, sending {hot['busy_s']} s ({share} of the drain)",
+    )
     for key, value in report["gateway"].items():
         table.add_row(f"gateway {key}", str(value))
     console.line()  # off a terminal the live view's last frame ends without a line break
@@ -240,6 +269,10 @@ def render(report: dict[str, Any], console: Console) -> None:
         console.print(
             f"note: --messages {requested} asked for more than the trace holds: replayed all {report['messages']}"
         )
+    console.print(
+        f"latency: {report['latency_ms']['measures']}. The hottest account, {hot['account']}, sent its "
+        f"{hot['messages']} messages one at a time, busy {share} of the drain."
+    )
     for fault in report["faults"]:
         console.print(f"fault: {fault}")
     for alert in report["alerts"]:

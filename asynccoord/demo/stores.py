@@ -113,7 +113,7 @@ async def demo_schema(dsn: str, schema: str) -> AsyncIterator[None]:
         import asyncpg
     except ImportError as exc:
         raise ValueError("--store postgresql://... needs asyncpg: pip install 'asynccoord[postgres]'") from exc
-    from ..backends.postgres.store import split_connect_timeout
+    from ..backends.open import split_connect_timeout
 
     connect_dsn, timeout_s = split_connect_timeout(dsn)  # InvalidArgumentError is a ValueError
     try:

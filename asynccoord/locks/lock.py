@@ -20,7 +20,7 @@ A :class:`Lock` (or :class:`Semaphore`) object is a *handle*: it holds at most o
 lease at a time, for one holder task. Create one per holder (they are cheap); the
 store arbitrates between handles, tasks, processes and machines.
 
-Guarantees (the storage side is :class:`~asynccoord.contract.protocols.LockStore`):
+Guarantees (the storage side is :class:`~asynccoord.contract.locks.LockStore`):
 
 * Every acquisition gets a random owner token and the name's next fencing token,
   strictly increasing across releases, expiries and processes. Fence the resource
@@ -72,9 +72,15 @@ import anyio
 
 from .. import events as ev
 from ..config import RetryPolicy
-from ..contract.lockchecks import MAX_PERMITS, check_lock_request, check_user_lock_name, default_holder
-from ..contract.locks import Lease, LockBusy
-from ..contract.protocols import LockStore
+from ..contract.locks import (
+    MAX_PERMITS,
+    Lease,
+    LockBusy,
+    LockStore,
+    check_lock_request,
+    check_user_lock_name,
+    default_holder,
+)
 from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,

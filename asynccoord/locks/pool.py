@@ -78,9 +78,8 @@ from typing import Any
 
 from .. import events as ev
 from ..config import RetryPolicy
-from ..contract.lockchecks import PLACE_PREFIX as _PLACE_PREFIX
-from ..contract.lockchecks import check_user_lock_name
-from ..contract.locks import Lease, LockBusy
+from ..contract.locks import PLACE_PREFIX as _PLACE_PREFIX
+from ..contract.locks import Lease, LockBusy, check_user_lock_name
 from ..errors import UNRECOVERABLE_STORE_ERRORS, LockLostError, LockTimeoutError
 from ..validation import (
     MAX_NAME_LENGTH,

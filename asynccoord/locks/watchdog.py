@@ -36,9 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .. import events as ev
-from ..contract.lockchecks import check_lease
-from ..contract.locks import Lease
-from ..contract.protocols import LockStore
+from ..contract.locks import Lease, LockStore, check_lease
 from ..errors import InvalidArgumentError, InvalidTypeError, LockLostError, MaxHoldExceededError
 from ..validation import (
     check_bool,

@@ -10,7 +10,7 @@
 What it does, every ``flush_interval_s``: it takes the deltas of the process' counters
 (``store.events``, plus per-node counters registered with :meth:`Monitor.track`) and
 latency histograms (``store.latencies``) and adds them to the store in one batched
-write (:meth:`~asynccoord.contract.protocols.MonitorStore.flush_metrics`), so every process
+write (:meth:`~asynccoord.contract.monitor.MonitorStore.flush_metrics`), so every process
 and the status command see totals and rates over all processes. Every
 ``evaluate_interval_s`` it reads the windows its rules need (one read) and judges each
 :class:`~asynccoord.monitor.rules.AlertRule` per scope (the cluster, each process, or
@@ -110,7 +110,7 @@ class Monitor:
     """Flushes this process' counters, evaluates rules cluster-wide, and delivers alerts.
 
     Args:
-        store: An open store implementing :class:`~asynccoord.contract.protocols.MonitorStore`.
+        store: An open store implementing :class:`~asynccoord.contract.monitor.MonitorStore`.
         rules: The alert rules (names unique). Default :data:`DEFAULT_RULES`.
         flush_interval_s: Seconds between flushes of the counters (>= 0.001,
             ``validation.MIN_INTERVAL_S``). Default 1.

@@ -1,7 +1,7 @@
 """The cluster view: totals, windowed counts and rates, latency quantiles and stored alerts.
 
 :func:`cluster_snapshot` reads what every process' monitor flushed (one
-:meth:`~asynccoord.contract.protocols.MonitorStore.read_metrics` call) and folds it into
+:meth:`~asynccoord.contract.monitor.MonitorStore.read_metrics` call) and folds it into
 a :class:`ClusterSnapshot`: lifetime totals per process and summed, event counts and
 rates per second over each sliding window asked for, and quantile estimates of the
 merged latency histograms. It needs no :class:`~asynccoord.monitor.monitor.Monitor`, so
@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.monitor import PROCESS_SCOPE, Alert, MetricsView, ProcessReport
-from ..contract.monitorchecks import check_windows
+from ..contract.monitor import PROCESS_SCOPE, Alert, MetricsView, ProcessReport, check_windows
 from ..errors import InvalidTypeError
 from .histogram import Histogram
 
@@ -169,7 +168,7 @@ def build_snapshot(view: MetricsView, windows_s: Sequence[float]) -> ClusterSnap
 async def cluster_snapshot(store: Any, windows_s: Sequence[float] = (10.0, 60.0)) -> ClusterSnapshot:
     """Read the cluster-wide totals, rates, latencies and stored alerts of ``store``.
 
-    Works on any open :class:`~asynccoord.contract.protocols.MonitorStore`, including a
+    Works on any open :class:`~asynccoord.contract.monitor.MonitorStore`, including a
     read-only ``SQLiteStore``; no :class:`~asynccoord.monitor.monitor.Monitor` is needed.
 
     Args:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import RetryPolicy
-from ..contract.lockchecks import MAX_PERMITS
+from ..contract.locks import MAX_PERMITS
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..validation import check_bool, check_int, check_interval_s, check_lease_s, check_name, check_positive
 

@@ -12,7 +12,7 @@ matter), so idle cost, and the latency of every commit, grew with the node count
 (issue #4).
 
 An :class:`IdlePoller` runs once per :class:`~asynccoord.node.runtime.Runtime`: it asks the
-store with one read (:meth:`~asynccoord.contract.protocols.QueueStore.claimable_partitions`)
+store with one read (:meth:`~asynccoord.contract.queue.QueueStore.claimable_partitions`)
 which partitions of the process's idle nodes hold claimable work, and wakes only the
 idle nodes owning one of them (a node claiming from every partition is woken for any,
 one per partition named); those claim as before. With work stealing on, nodes left

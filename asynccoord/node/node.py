@@ -68,7 +68,7 @@ import anyio.abc
 from .. import events as ev
 from .._errtext import error_text
 from .._exits import ProcessExiting, carried_exit, carry, is_process_exit
-from ..contract.lockchecks import check_user_lock_name
+from ..contract.locks import check_user_lock_name
 from ..errors import (
     UNRECOVERABLE_STORE_ERRORS,
     CoordError,

@@ -1,1 +1,5 @@
-"""asynccoord.backends.memory."""
+"""The memory engine: :class:`MemoryStore`, the in-memory store, the reference semantics."""
+
+from .store import MemoryStore
+
+__all__ = ("MemoryStore",)

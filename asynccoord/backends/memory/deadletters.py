@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from ...contract.queue import check_dead_letter_policy
+from ...contract.deadletters import check_dead_letter_policy
 from ...models import DeadLetterPolicy, TaskStatus
 from ...notify import WorkNotifier
 from ...validation import check_name

@@ -4,7 +4,7 @@
 Each method runs to completion without awaiting, so each is atomic, and expiry is
 judged by the store's injectable clock (``self._clock``), which makes lease expiry
 deterministic in tests. Semantics are those of
-:class:`~asynccoord.contract.protocols.LockStore`; the SQLite implementation
+:class:`~asynccoord.contract.locks.LockStore`; the SQLite implementation
 (:mod:`.sqlite_locks`) must behave the same.
 """
 
@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from ... import events as ev
 from ...config import StoreConfig
-from ...contract.lockchecks import (
+from ...contract.locks import (
+    FenceRecord,
+    Lease,
+    LockBusy,
+    LockInfo,
     check_fence_args,
     check_lease,
     check_leases,
@@ -26,10 +30,9 @@ from ...contract.lockchecks import (
     encode_fence_data,
     fence_rejected_error,
 )
-from ...contract.locks import FenceRecord, Lease, LockBusy, LockInfo
-from ...contract.queue import new_token
 from ...events import EventCounter
 from ...validation import check_lease_s, check_name
+from ..rows import new_token
 
 __all__ = ("MemoryLockOps",)
 
@@ -42,7 +45,7 @@ class _LockTables:
 
 
 class MemoryLockOps:
-    """The :class:`~asynccoord.contract.protocols.LockStore` primitives of the in-memory store.
+    """The :class:`~asynccoord.contract.locks.LockStore` primitives of the in-memory store.
 
     A mixin: it relies on the store's ``_clock``, ``_check_open``, ``config`` and ``events``.
     """

@@ -4,7 +4,7 @@
 Each method runs to completion without awaiting, so each is atomic, and liveness is
 judged by the store's injectable clock (``self._clock``), which makes expiry
 deterministic in tests. Semantics are those of
-:class:`~asynccoord.contract.protocols.MembershipStore`; the SQLite implementation
+:class:`~asynccoord.contract.membership.MembershipStore`; the SQLite implementation
 (:mod:`.sqlite_membership`) must behave the same.
 """
 
@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...config import StoreConfig
-from ...contract.memberchecks import DEAD_MEMBER_RETENTION_S, check_leave_args, prepare_beats
-from ...contract.membership import Member, MemberBeat
+from ...contract.membership import DEAD_MEMBER_RETENTION_S, Member, MemberBeat, check_leave_args, prepare_beats
 from ...events import EventCounter
 
 __all__ = ("MemoryMembershipOps",)
@@ -34,7 +33,7 @@ class _MemberRow:
 
 
 class MemoryMembershipOps:
-    """The :class:`~asynccoord.contract.protocols.MembershipStore` primitives of the in-memory store.
+    """The :class:`~asynccoord.contract.membership.MembershipStore` primitives of the in-memory store.
 
     A mixin: it relies on the store's ``_clock``, ``_check_open`` and ``config``.
     """

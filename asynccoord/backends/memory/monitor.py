@@ -4,7 +4,7 @@
 Each method runs to completion without awaiting, so each is atomic, and time buckets
 follow the store's injectable clock (``self._clock``), which makes sliding windows
 deterministic in tests. Semantics are those of
-:class:`~asynccoord.contract.protocols.MonitorStore`; the SQLite implementation
+:class:`~asynccoord.contract.monitor.MonitorStore`; the SQLite implementation
 (:mod:`.sqlite_monitor`) must behave the same.
 """
 
@@ -16,19 +16,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...config import StoreConfig
-from ...contract.monitor import CounterKey, MetricsFlush, MetricsView, QueueDepth
-from ...contract.monitorchecks import (
+from ...contract.monitor import (
     PROCESS_RETENTION_S,
     RETIRED_PROCESS_ID,
+    CounterKey,
+    MetricsFlush,
+    MetricsView,
+    QueueDepth,
     bucket_of,
     check_windows,
-    decode_alerts,
-    encode_flush,
-    latency_from_rows,
-    process_report,
 )
 from ...events import EventCounter
 from ...models import TaskStatus
+from ..metricrows import decode_alerts, encode_flush, latency_from_rows, process_report
 
 if TYPE_CHECKING:
     from ...models import Task
@@ -48,7 +48,7 @@ class _MonitorTables:
 
 
 class MemoryMonitorOps:
-    """The :class:`~asynccoord.contract.protocols.MonitorStore` primitives of the in-memory store.
+    """The :class:`~asynccoord.contract.monitor.MonitorStore` primitives of the in-memory store.
 
     A mixin: it relies on the store's ``_clock``, ``_check_open`` and ``_tasks``.
     """

@@ -15,34 +15,14 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Self
+from typing import Any
 
 from ... import events as ev
-from ...config import StoreConfig
-from ...contract.lockchecks import fence_rejected_error
-from ...contract.queue import (
-    MAX_ID,
-    QueueConveniences,
-    check_claim_args,
-    check_claimable_args,
-    check_continuation,
-    check_fences,
-    check_purge_batch,
-    check_retry,
-    check_task,
-    check_task_ids,
-    check_tasks,
-    clean_error,
-    decode_json,
-    encode_results,
-    new_token,
-    notify_created,
-    notify_partitions,
-    notify_settled,
-    prepare_tasks,
-)
+from ...config import RetryPolicy, StoreConfig
+from ...contract.locks import fence_rejected_error
+from ...contract.queue import PreparedTask
 from ...contract.ratelimits import check_unknown_dimensions
 from ...errors import (
     CoordError,
@@ -52,10 +32,13 @@ from ...errors import (
     TaskNotFoundError,
 )
 from ...events import EventCounter
-from ...models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from ...models import Continuation, EnqueueResult, PurgeResult, QueueStats, Task, TaskStatus
 from ...monitor.histogram import LatencyRecorder
 from ...notify import WorkNotifier
-from ...validation import check_clock, check_int, check_lease_s, check_name, check_non_negative
+from ...validation import check_clock
+from ..base import StoreBase
+from ..rows import decode_json, new_token
+from ..wakeups import notify_partitions, notify_settled
 from .deadletters import MemoryDeadLetterOps
 from .locks import MemoryLockOps
 from .membership import MemoryMembershipOps
@@ -68,14 +51,9 @@ _ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
 class MemoryStore(
-    QueueConveniences,
-    MemoryLockOps,
-    MemoryMembershipOps,
-    MemoryMonitorOps,
-    MemoryRateLimitOps,
-    MemoryDeadLetterOps,
+    StoreBase, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps, MemoryRateLimitOps, MemoryDeadLetterOps
 ):
-    """The storage contract in plain Python objects (see :class:`~asynccoord.contract.protocols.Store`).
+    """The storage contract in plain Python objects (see :class:`~asynccoord.contract.store.Store`).
 
     Args:
         config: Store settings; default :class:`~asynccoord.config.StoreConfig`.
@@ -103,13 +81,6 @@ class MemoryStore(
     def __repr__(self) -> str:
         return f"<MemoryStore tasks={len(self._tasks)} {'open' if self._open else 'closed'}>"
 
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
     async def open(self) -> None:
         """Mark the store open (data survives close/open of the same object)."""
         self._open = True
@@ -135,9 +106,8 @@ class MemoryStore(
 
     # --- enqueue ----------------------------------------------------------------------
 
-    async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
+    async def _enqueue_checked(self, prepared: list[PreparedTask]) -> list[EnqueueResult]:
         """Add tasks atomically; a repeated idempotency key returns the existing task."""
-        prepared = prepare_tasks(tasks, self.config, self.partitions)
         self._check_open()
         for p in prepared:
             if p.limit_keys:
@@ -177,8 +147,6 @@ class MemoryStore(
             if p.idempotency_key is not None:
                 self._by_key[(p.queue, p.idempotency_key)] = task.id
             results.append(EnqueueResult(task=task, created=True))
-        self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
-        notify_created(self.notifier, results, prepared)
         return results
 
     # --- claim and settle -----------------------------------------------------------
@@ -190,22 +158,10 @@ class MemoryStore(
         assert task.lease_expires_at is not None
         return task.lease_expires_at
 
-    async def claim(
-        self,
-        queue: str,
-        *,
-        node_id: str,
-        limit: int = 1,
-        lease_s: float = 30.0,
-        partitions: Collection[int] | None = None,
-        ordered: bool = False,
-        min_due_age_s: float = 0.0,
+    async def _claim_checked(
+        self, queue: str, node_id: str, limit: int, lease: float, parts: list[int] | None, ordered: bool, due_age: float
     ) -> list[Task]:
         """Lease up to ``limit`` due tasks (semantics as in the SQLite store)."""
-        queue, node_id, limit, lease, parts, ordered = check_claim_args(
-            queue, node_id, limit, lease_s, partitions, ordered, self.partitions
-        )
-        due_age = check_non_negative("min_due_age_s", min_due_age_s)
         self._check_open()
         now = self._clock()
         dead = 0
@@ -258,16 +214,8 @@ class MemoryStore(
         notify_partitions(self.notifier, freed)
         return claimed
 
-    async def claimable_partitions(
-        self,
-        queue: str,
-        partitions: Collection[int] | None = None,
-        *,
-        ordered: bool = False,
-        min_due_age_s: float = 0.0,
-    ) -> set[int]:
+    async def _claimable_checked(self, queue: str, parts: list[int] | None, ordered: bool, due_age: float) -> set[int]:
         """The partitions where a claim with these arguments would find work now (semantics as in the SQLite store)."""
-        parts, due_age = check_claimable_args(queue, partitions, ordered, min_due_age_s, self.partitions)
         self._check_open()
         now = self._clock()
         found = self._claimable(queue, parts, ordered, now - due_age)
@@ -347,32 +295,20 @@ class MemoryStore(
             raise LeaseLostError(task.id, reason)
         return current
 
-    async def complete_many(
-        self,
-        tasks: Sequence[Task],
-        results: Sequence[Any] | None = None,
-        *,
-        fences: Sequence[tuple[str, int] | None] | None = None,
+    async def _complete_many_checked(
+        self, tasks: list[Task], results: list[str | None], fences: list[tuple[str, int] | None] | None
     ) -> list[Task | CoordError]:
         """Complete many tasks atomically, each with its own compare-and-set (and fence)."""
-        checked = check_tasks(tasks)
-        encoded = encode_results(results, len(checked), self.config)
-        fenced = check_fences(fences, len(checked))
         self._check_open()
-        return await self._complete(checked, encoded, fenced, announce=True)
+        return await self._complete(tasks, results, fences, announce=True)
 
-    async def complete_and_claim_next(
-        self,
-        task: Task,
-        result: Any = None,
-        *,
-        fence: tuple[str, int] | None = None,
-        lease_s: float = 30.0,
+    async def _complete_and_claim_next_checked(
+        self, task: Task, result_json: str | None, fence: tuple[str, int] | None, lease: float, owner: str
     ) -> Continuation:
         """Complete ``task`` and lease its key's next task atomically (semantics as in the SQLite store)."""
-        checked, encoded, fenced, lease, owner = check_continuation(task, result, fence, lease_s, self.config)
         self._check_open()
-        outcome = (await self._complete(checked, encoded, fenced, announce=False))[0]
+        fenced: list[tuple[str, int] | None] | None = None if fence is None else [fence]
+        outcome = (await self._complete([task], [result_json], fenced, announce=False))[0]
         if not isinstance(outcome, Task):
             raise outcome
         next_task = self._lease_key_head(outcome, owner, lease)
@@ -442,11 +378,8 @@ class MemoryStore(
             notify_settled(self.notifier, [t for t, d in zip(checked, out, strict=True) if isinstance(d, Task)])
         return out
 
-    async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
-        """Record a failed attempt (semantics as in the SQLite store)."""
-        check_task(task)
-        text = clean_error(error)
-        policy = check_retry(retry, self.config)
+    async def _fail_checked(self, task: Task, text: str, policy: RetryPolicy) -> Task:
+        """Record a failed attempt in one atomic step (semantics as in the SQLite store)."""
         self._check_open()
         now = self._clock()
         current = self._held(task, now)
@@ -457,36 +390,22 @@ class MemoryStore(
         self.events.add(ev.RETRIES)
         return self._put(current, now, status=TaskStatus.PENDING, run_at=now + delay, last_error=text)
 
-    async def release(self, task: Task, *, delay_s: float = 0.0) -> Task:
-        """Hand back to pending (due after ``delay_s``), not counting the attempt."""
-        check_task(task)
-        delay = check_non_negative("delay_s", delay_s)
+    async def _release_checked(self, task: Task, delay: float) -> Task:
+        """Hand back to pending (due after ``delay``), not counting the attempt."""
         self._check_open()
         now = self._clock()
         current = self._held(task, now)
-        out = self._put(
+        return self._put(
             current, now, status=TaskStatus.PENDING, run_at=now + delay, attempts=max(current.attempts - 1, 0)
         )
-        if delay == 0:
-            self.notifier.notify(out.queue, 1, (out.partition,))
-        return out
 
-    async def unchecked_claim(
-        self,
-        queue: str,
-        *,
-        node_id: str,
-        limit: int = 1,
-        lease_s: float = 30.0,
-        partitions: Collection[int] | None = None,
+    async def _unchecked_claim_checked(
+        self, queue: str, node_id: str, limit: int, lease: float, parts: list[int] | None
     ) -> list[Task]:
         """Naive claim: read due pending tasks, yield, then mark them running unconditionally.
 
         Two nodes can claim the same task. For benchmarks only.
         """
-        queue, node_id, limit, lease, parts, _ = check_claim_args(
-            queue, node_id, limit, lease_s, partitions, False, self.partitions
-        )
         self._check_open()
         now = self._clock()
         allowed = None if parts is None else set(parts)
@@ -507,10 +426,8 @@ class MemoryStore(
         self.events.add(ev.CLAIMS, len(out))
         return out
 
-    async def unchecked_complete(self, tasks: Sequence[Task], results: Sequence[Any] | None = None) -> int:
+    async def _unchecked_complete_checked(self, checked: list[Task], encoded: list[str | None]) -> int:
         """Mark tasks done without any compare-and-set (benchmarks only); return how many."""
-        checked = check_tasks(tasks)
-        encoded = encode_results(results, len(checked), self.config)
         self._check_open()
         now = self._clock()
         for t, r in zip(checked, encoded, strict=True):
@@ -520,20 +437,16 @@ class MemoryStore(
         self.events.add(ev.COMMITS, len(checked))
         return len(checked)
 
-    async def extend(self, task: Task, lease_s: float) -> float:
+    async def _extend_checked(self, task: Task, lease: float) -> float:
         """Renew the lease; an expired lease is never revived."""
-        check_task(task)
-        lease = check_lease_s("lease_s", lease_s)
         self._check_open()
         now = self._clock()
         current = self._held(task, now, count=False)  # a failed heartbeat is not a stale commit
         self._tasks[task.id] = replace(current, lease_expires_at=now + lease)
         return now + lease
 
-    async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
+    async def _extend_many_checked(self, checked: list[Task], lease: float) -> list[bool]:
         """Renew many leases; True where the lease was still held."""
-        checked = check_tasks(tasks)
-        lease = check_lease_s("lease_s", lease_s)
         self._check_open()
         now = self._clock()
         out: list[bool] = []
@@ -554,19 +467,16 @@ class MemoryStore(
 
     # --- inspection and maintenance ---------------------------------------------------
 
-    async def get(self, task_id: int) -> Task:
+    async def _get_checked(self, task_id: int) -> Task:
         """The task with that id. Raises TaskNotFoundError."""
-        check_int("task_id", task_id, minimum=0, maximum=MAX_ID)
         self._check_open()
         task = self._tasks.get(task_id)
         if task is None:
             raise TaskNotFoundError(task_id)
         return task
 
-    async def stats(self, queue: str | None = None) -> QueueStats:
+    async def _stats_checked(self, queue: str | None) -> QueueStats:
         """Counts by status and the oldest due pending age."""
-        if queue is not None:
-            check_name("queue", queue)
         self._check_open()
         now = self._clock()
         counts = {s: 0 for s in TaskStatus}
@@ -579,17 +489,14 @@ class MemoryStore(
                 oldest = t.run_at if oldest is None else min(oldest, t.run_at)
         return QueueStats(counts=counts, oldest_pending_age_s=None if oldest is None else max(0.0, now - oldest))
 
-    async def is_drained(self, queue: str) -> bool:
+    async def _is_drained_checked(self, queue: str) -> bool:
         """True when ``queue`` has no pending and no running task."""
-        check_name("queue", queue)
         self._check_open()
         unfinished = (TaskStatus.PENDING, TaskStatus.RUNNING)
         return not any(t.queue == queue and t.status in unfinished for t in self._tasks.values())
 
-    async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+    async def _requeue_dead_checked(self, queue: str, ids: list[int] | None) -> int:
         """Move dead tasks back to pending with attempts reset."""
-        check_name("queue", queue)
-        ids = check_task_ids(task_ids)
         wanted = None if ids is None else set(ids)
         self._check_open()
         now = self._clock()
@@ -600,44 +507,13 @@ class MemoryStore(
                 n += 1
         return n
 
-    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
-        """Delete dead tasks of ``queue`` (all, or those ids); return how many."""
-        check_name("queue", queue)
-        ids = check_task_ids(task_ids)
-        wanted = None if ids is None else set(ids)
-        self._check_open()
-        gone = [
-            t
-            for t in self._tasks.values()
-            if t.queue == queue and t.status is TaskStatus.DEAD and (wanted is None or t.id in wanted)
-        ]
-        for t in gone:
-            self._forget(t)
-        notify_partitions(self.notifier, [(queue, t.partition) for t in gone])  # a held key may go on
-        return len(gone)
-
-    def _forget(self, task: Task) -> None:
-        """Delete ``task`` and what refers to it."""
-        del self._tasks[task.id]
-        self._rate.keys.pop(task.id, None)
-        if task.idempotency_key is not None and self._by_key.get((task.queue, task.idempotency_key)) == task.id:
-            del self._by_key[(task.queue, task.idempotency_key)]
-
-    async def is_processed(self, consumer: str, message_id: str) -> bool:
+    async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
         """Whether a processed-id record exists."""
-        check_name("consumer", consumer)
-        check_name("message_id", message_id, allow_blank=True)
         self._check_open()
         return (consumer, message_id) in self._processed
 
-    async def purge_processed(self, *, older_than_s: float | None = None, batch: int | None = None) -> PurgeResult:
-        """Delete processed-id records older than the retention, in batches."""
-        age = (
-            self.config.processed.retention_s
-            if older_than_s is None
-            else check_non_negative("older_than_s", older_than_s)
-        )
-        size = self.config.processed.purge_batch if batch is None else check_purge_batch(batch)
+    async def _purge_processed_checked(self, age: float, size: int) -> PurgeResult:
+        """Delete processed-id records older than ``age`` seconds, in batches of ``size``."""
         self._check_open()
         cutoff = self._clock() - age
         old = [k for k, at in self._processed.items() if at < cutoff]
@@ -645,11 +521,8 @@ class MemoryStore(
             del self._processed[k]
         return PurgeResult(deleted=len(old), batches=-(-len(old) // size))
 
-    async def purge_finished(self, queue: str, *, older_than_s: float, batch: int = 1000) -> PurgeResult:
-        """Delete done tasks of ``queue`` older than ``older_than_s``."""
-        check_name("queue", queue)
-        age = check_non_negative("older_than_s", older_than_s)
-        size = check_purge_batch(batch)
+    async def _purge_finished_checked(self, queue: str, age: float, size: int) -> PurgeResult:
+        """Delete done tasks of ``queue`` older than ``age`` seconds."""
         self._check_open()
         cutoff = self._clock() - age
         old = [
@@ -660,3 +533,24 @@ class MemoryStore(
         for t in old:
             self._forget(t)
         return PurgeResult(deleted=len(old), batches=-(-len(old) // size))
+
+    async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids); a key they held goes on."""
+        wanted = None if ids is None else set(ids)
+        self._check_open()
+        gone = [
+            t
+            for t in self._tasks.values()
+            if t.queue == queue and t.status is TaskStatus.DEAD and (wanted is None or t.id in wanted)
+        ]
+        for t in gone:
+            self._forget(t)
+        notify_partitions(self.notifier, [(queue, t.partition) for t in gone])
+        return len(gone)
+
+    def _forget(self, task: Task) -> None:
+        """Delete ``task`` and what refers to it."""
+        del self._tasks[task.id]
+        self._rate.keys.pop(task.id, None)
+        if task.idempotency_key is not None and self._by_key.get((task.queue, task.idempotency_key)) == task.id:
+            del self._by_key[(task.queue, task.idempotency_key)]

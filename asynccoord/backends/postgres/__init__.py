@@ -1,1 +1,5 @@
-"""asynccoord.backends.postgres."""
+"""The postgres engine: :class:`PostgresStore`, the multi-machine store on PostgreSQL (extra ``postgres``)."""
+
+from .store import PostgresStore
+
+__all__ = ("PostgresStore",)

@@ -11,7 +11,7 @@ refuse more holders than permits. Renewals,
 releases and fencing are single statements too; lapsed lease rows are taken over by
 the next grant of their slot and garbage-collected now and then. Expiry is judged by
 the server clock inside each statement.
-Semantics are those of :class:`~asynccoord.contract.protocols.LockStore`; the schema is
+Semantics are those of :class:`~asynccoord.contract.locks.LockStore`; the schema is
 ``migration_0002.sql`` and the queries are in ``sql/postgres/locks.sql``.
 """
 
@@ -26,7 +26,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import events as ev
 from ...config import StoreConfig
-from ...contract.lockchecks import (
+from ...contract.locks import (
+    FenceRecord,
+    Lease,
+    LockBusy,
+    LockInfo,
     check_fence_args,
     check_lease,
     check_leases,
@@ -34,12 +38,11 @@ from ...contract.lockchecks import (
     encode_fence_data,
     fence_rejected_error,
 )
-from ...contract.locks import FenceRecord, Lease, LockBusy, LockInfo
-from ...contract.queue import decode_json, new_token
 from ...errors import CoordError
 from ...events import EventCounter
 from ...validation import check_lease_s, check_name
 from ..batch import Batcher
+from ..rows import decode_json, new_token
 
 if TYPE_CHECKING:
     import asyncpg
@@ -58,7 +61,7 @@ LEASE_GC_GRACE_S = 60.0
 
 
 class PostgresLockOps:
-    """The :class:`~asynccoord.contract.protocols.LockStore` primitives of the PostgreSQL store.
+    """The :class:`~asynccoord.contract.locks.LockStore` primitives of the PostgreSQL store.
 
     A mixin: it relies on the store's ``_run`` (retrying runner), statement helpers
     (``_fetch``, ``_row``, ``_val``), ``_now`` (the ``:now`` parameter), ``_writable``,

@@ -4,7 +4,7 @@
 :class:`~asynccoord.backends.postgres.store.PostgresStore`: a heartbeat is one transaction that
 purges long-dead rows, upserts every beat of the process with one statement and lists
 the live members. Liveness is judged by the server clock inside the statements, never by
-a caller's. Semantics are those of :class:`~asynccoord.contract.protocols.MembershipStore`;
+a caller's. Semantics are those of :class:`~asynccoord.contract.membership.MembershipStore`;
 the schema is ``migration_0003.sql`` and the queries are in ``sql/postgres/membership.sql``.
 """
 
@@ -15,8 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...config import StoreConfig
-from ...contract.memberchecks import DEAD_MEMBER_RETENTION_S, check_leave_args, prepare_beats
-from ...contract.membership import Member, MemberBeat
+from ...contract.membership import DEAD_MEMBER_RETENTION_S, Member, MemberBeat, check_leave_args, prepare_beats
 from ...events import EventCounter
 
 if TYPE_CHECKING:
@@ -44,7 +43,7 @@ def _members(rows: Sequence[Any]) -> list[Member]:
 
 
 class PostgresMembershipOps:
-    """The :class:`~asynccoord.contract.protocols.MembershipStore` primitives of the PostgreSQL store.
+    """The :class:`~asynccoord.contract.membership.MembershipStore` primitives of the PostgreSQL store.
 
     A mixin: it relies on the store's ``_run``, statement helpers, ``_now``,
     ``_writable`` and ``config``.

@@ -7,7 +7,7 @@ alerts, purges), so a flush lands in exactly one 1-second bucket. Deltas add wit
 ``ON CONFLICT DO UPDATE``, so any number of processes flush concurrently. A read runs in
 one ``REPEATABLE READ READ ONLY`` transaction, so every number of a
 :class:`~asynccoord.contract.monitor.MetricsView` comes from one snapshot. Semantics are
-those of :class:`~asynccoord.contract.protocols.MonitorStore`; the schema is
+those of :class:`~asynccoord.contract.monitor.MonitorStore`; the schema is
 ``migration_0004.sql`` and the queries are in ``sql/postgres/monitor.sql``.
 """
 
@@ -17,19 +17,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...config import StoreConfig
-from ...contract.monitor import CounterKey, MetricsFlush, MetricsView, QueueDepth
-from ...contract.monitorchecks import (
+from ...contract.monitor import (
     PROCESS_RETENTION_S,
+    CounterKey,
+    MetricsFlush,
+    MetricsView,
+    QueueDepth,
     bucket_of,
     check_windows,
-    decode_alerts,
-    encode_flush,
-    latency_from_rows,
-    process_report,
-    sum_counts,
 )
 from ...events import EventCounter
 from ...monitor.histogram import Histogram
+from ..metricrows import decode_alerts, encode_flush, latency_from_rows, process_report, sum_counts
 
 if TYPE_CHECKING:
     import asyncpg
@@ -42,7 +41,7 @@ _STATUSES = ("pending", "running", "done", "dead")
 
 
 class PostgresMonitorOps:
-    """The :class:`~asynccoord.contract.protocols.MonitorStore` primitives of the PostgreSQL store.
+    """The :class:`~asynccoord.contract.monitor.MonitorStore` primitives of the PostgreSQL store.
 
     A mixin: it relies on the store's ``_run``, statement helpers, ``_now`` and ``_writable``.
     """

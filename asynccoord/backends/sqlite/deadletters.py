@@ -1,14 +1,14 @@
 """Dead-letter policy on SQLite: one row per queue in ``coord_queue_settings``, read by head upkeep.
 
 :class:`SQLiteDeadLetterOps` is a mixin of :class:`~asynccoord.backends.sqlite.store.SQLiteStore`
-(``set_dead_letter_policy``, ``dead_letter_policy``, ``discard_dead``; semantics in
-:class:`~asynccoord.contract.protocols.DeadLetterStore`). The policy acts through the
+(``set_dead_letter_policy``, ``dead_letter_policy``; semantics in
+:class:`~asynccoord.contract.deadletters.DeadLetterStore`). The policy acts through the
 per-key heads an ordered claim reads (``is_head``): every statement of ``queries.sql`` that
 marks a head refuses one that a dead task precedes in a ``hold`` queue, in the same write
 transaction as the change that would have promoted it, so every process on the file
-follows the policy without reading it in its claims. A change of policy, a discard and a
-requeue recompute the heads of the keys they touch. Schema: ``migration_0008.sql``;
-queries: ``sql/deadletters.sql``.
+follows the policy without reading it in its claims. A change of policy, a discard
+(``discard_dead``, in :mod:`.queue`) and a requeue recompute the heads of the keys they
+touch. Schema: ``migration_0008.sql``; queries: ``sql/deadletters.sql``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...contract.queue import check_dead_letter_policy, check_task_ids, notify_partitions
+from ...contract.deadletters import check_dead_letter_policy
 from ...models import DeadLetterPolicy
 from ...notify import WorkNotifier
 from ...validation import check_name
@@ -27,18 +27,19 @@ from ..sqlfiles import load_queries
 if TYPE_CHECKING:
     from .writer import Operation
 
-__all__ = ("SQLiteDeadLetterOps",)
+__all__ = ("SQLiteDeadLetterOps", "recompute_heads")
 
 Q = load_queries("sqlite")
 
 
-def _recompute_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> None:
+def recompute_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> None:
+    """Heads of these ``(queue, partition_key)`` from scratch (ordered queues only; held keys get none)."""
     if keys:
         db.execute(Q["recompute_heads"], {"keys": json.dumps(sorted(set(keys)))})
 
 
 class SQLiteDeadLetterOps:
-    """The :class:`~asynccoord.contract.protocols.DeadLetterStore` verbs and ``discard_dead`` of the SQLite store.
+    """The :class:`~asynccoord.contract.deadletters.DeadLetterStore` verbs of the SQLite store.
 
     A mixin: it relies on the store's ``_write`` (group-committed operation), ``_read`` and ``notifier``.
     """
@@ -60,7 +61,7 @@ class SQLiteDeadLetterOps:
 
         def op(db: sqlite3.Connection, now: float) -> None:
             db.execute(Q["set_dead_letter_policy"], {"queue": queue, "policy": checked.value})
-            _recompute_heads(db, [(r[0], r[1]) for r in db.execute(Q["dead_letter_keys"], {"queue": queue})])
+            recompute_heads(db, [(r[0], r[1]) for r in db.execute(Q["dead_letter_keys"], {"queue": queue})])
 
         await self._write(op)
         self.notifier.notify(queue, 1, None)  # held keys may go on (skip): let an idle node look
@@ -70,18 +71,3 @@ class SQLiteDeadLetterOps:
         check_name("queue", queue)
         row = await self._read(lambda db: db.execute(Q["dead_letter_policy"], {"queue": queue}).fetchone())
         return DeadLetterPolicy.SKIP if row is None else DeadLetterPolicy(row[0])
-
-    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
-        """Delete dead tasks of ``queue`` (all, or those ids); a key they held goes on. Return how many."""
-        check_name("queue", queue)
-        checked = check_task_ids(task_ids)
-        ids = None if checked is None else json.dumps(checked)
-
-        def op(db: sqlite3.Connection, now: float) -> list[tuple[str, str, int]]:
-            rows: list[tuple[str, str, int]] = db.execute(Q["discard_dead"], {"queue": queue, "ids": ids}).fetchall()
-            _recompute_heads(db, [(r[0], r[1]) for r in rows])
-            return rows
-
-        rows = await self._write(op)
-        notify_partitions(self.notifier, [(r[0], int(r[2])) for r in rows])
-        return len(rows)

@@ -5,7 +5,7 @@ every write is an operation ``fn(db, now_s)`` handed to the store's group commit
 so it runs inside one ``BEGIN IMMEDIATE`` transaction with ``now_s`` read from the
 store clock at its start, and many callers' acquisitions share one commit. Expiry is
 therefore judged by the database clock, never by a caller's. Semantics are those of
-:class:`~asynccoord.contract.protocols.LockStore`; the schema is ``migration_0002.sql`` and
+:class:`~asynccoord.contract.locks.LockStore`; the schema is ``migration_0002.sql`` and
 the queries are in ``sql/sqlite/locks.sql``.
 
 The functions :func:`acquire_in_tx` and :func:`check_fence` work on the connection
@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from ... import events as ev
 from ...config import StoreConfig
-from ...contract.lockchecks import (
+from ...contract.locks import (
+    FenceRecord,
+    Lease,
+    LockBusy,
+    LockInfo,
     check_fence_args,
     check_lease,
     check_leases,
@@ -32,10 +36,9 @@ from ...contract.lockchecks import (
     encode_fence_data,
     fence_rejected_error,
 )
-from ...contract.locks import FenceRecord, Lease, LockBusy, LockInfo
-from ...contract.queue import decode_json, new_token
 from ...events import EventCounter
 from ...validation import check_lease_s, check_name
+from ..rows import decode_json, new_token
 from ..sqlfiles import load_queries
 
 if TYPE_CHECKING:
@@ -108,7 +111,7 @@ def _release_op(lease: Lease) -> Operation[bool]:
 
 
 class SQLiteLockOps:
-    """The :class:`~asynccoord.contract.protocols.LockStore` primitives of the SQLite store.
+    """The :class:`~asynccoord.contract.locks.LockStore` primitives of the SQLite store.
 
     A mixin: it relies on the store's ``_write`` (group-committed operation with an
     optional compensation), ``_read``, ``_w`` (the group committer), ``config`` and

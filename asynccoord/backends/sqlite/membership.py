@@ -6,7 +6,7 @@ so every beat of a process is upserted by one statement inside one ``BEGIN IMMED
 transaction with ``now_s`` read from the store clock at its start, and the live
 members are listed in the same transaction. Liveness is therefore judged by the
 database clock, never by a caller's. Semantics are those of
-:class:`~asynccoord.contract.protocols.MembershipStore`; the schema is
+:class:`~asynccoord.contract.membership.MembershipStore`; the schema is
 ``migration_0003.sql`` and the queries are in ``sql/sqlite/membership.sql``.
 """
 
@@ -18,8 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...config import StoreConfig
-from ...contract.memberchecks import DEAD_MEMBER_RETENTION_S, check_leave_args, prepare_beats
-from ...contract.membership import Member, MemberBeat
+from ...contract.membership import DEAD_MEMBER_RETENTION_S, Member, MemberBeat, check_leave_args, prepare_beats
 from ...events import EventCounter
 from ..sqlfiles import load_queries
 
@@ -49,7 +48,7 @@ def _members(rows: Sequence[_Row], now: float) -> list[Member]:
 
 
 class SQLiteMembershipOps:
-    """The :class:`~asynccoord.contract.protocols.MembershipStore` primitives of the SQLite store.
+    """The :class:`~asynccoord.contract.membership.MembershipStore` primitives of the SQLite store.
 
     A mixin: it relies on the store's ``_write`` (group-committed operation), ``_read``,
     ``_w`` (the group committer) and ``config``.

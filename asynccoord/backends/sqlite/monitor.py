@@ -7,7 +7,7 @@ are one ``BEGIN IMMEDIATE`` transaction (usually sharing its commit with the nod
 claims and commits), stamped with the store clock. A read is one deferred read
 transaction on the store's connection, so every number of a :class:`MetricsView` comes
 from one snapshot of the database; under WAL it never waits for, nor blocks, a writer.
-Semantics are those of :class:`~asynccoord.contract.protocols.MonitorStore`; the schema is
+Semantics are those of :class:`~asynccoord.contract.monitor.MonitorStore`; the schema is
 ``migration_0004.sql`` and the queries are in ``sql/sqlite/monitor.sql``.
 """
 
@@ -19,19 +19,18 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...config import StoreConfig
-from ...contract.monitor import CounterKey, MetricsFlush, MetricsView, QueueDepth
-from ...contract.monitorchecks import (
+from ...contract.monitor import (
     PROCESS_RETENTION_S,
+    CounterKey,
+    MetricsFlush,
+    MetricsView,
+    QueueDepth,
     bucket_of,
     check_windows,
-    decode_alerts,
-    encode_flush,
-    latency_from_rows,
-    process_report,
-    sum_counts,
 )
 from ...events import EventCounter
 from ...monitor.histogram import Histogram
+from ..metricrows import decode_alerts, encode_flush, latency_from_rows, process_report, sum_counts
 from ..sqlfiles import load_queries
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ def _in_read_transaction(db: sqlite3.Connection, fn: Callable[[], Any]) -> Any:
 
 
 class SQLiteMonitorOps:
-    """The :class:`~asynccoord.contract.protocols.MonitorStore` primitives of the SQLite store.
+    """The :class:`~asynccoord.contract.monitor.MonitorStore` primitives of the SQLite store.
 
     A mixin: it relies on the store's ``_write`` (group-committed operation), ``_read``
     and ``_w`` (the group committer, for the clock).

@@ -8,7 +8,7 @@ the file take tokens one transaction at a time, on the store clock read at its s
 a bucket's TAT is read and written under the database's write lock, never raced. The
 claim's own probe (``claim_probe``) says whether the queue has limits, so a queue without
 any claims with the statements it always had. Schema: ``migration_0007.sql``; queries:
-``sql/ratelimits.sql``; semantics: :class:`~asynccoord.contract.protocols.RateLimitStore`.
+``sql/ratelimits.sql``; semantics: :class:`~asynccoord.contract.ratelimits.RateLimitStore`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import events as ev
-from ...contract.queue import check_task, task_from_row
+from ...contract.queue import check_task
 from ...contract.ratelimits import (
     Admission,
     RateLimit,
@@ -39,6 +39,7 @@ from ...models import Task
 from ...notify import WorkNotifier
 from ...validation import check_name
 from ..refill import RefillWaker
+from ..rows import task_from_row
 from ..sqlfiles import load_queries
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def claim_limited(
 
 
 class SQLiteRateLimitOps:
-    """The :class:`~asynccoord.contract.protocols.RateLimitStore` verbs of the SQLite store.
+    """The :class:`~asynccoord.contract.ratelimits.RateLimitStore` verbs of the SQLite store.
 
     A mixin: it relies on the store's ``_write`` (group-committed operation), ``_read``,
     ``events`` and ``notifier``.
@@ -182,7 +183,7 @@ class SQLiteRateLimitOps:
     ) -> Task:
         """Pause the task's bucket(s) for ``retry_after_s`` and hand it back, its attempt not counted.
 
-        See :class:`~asynccoord.contract.protocols.RateLimitStore`. One write transaction:
+        See :class:`~asynccoord.contract.ratelimits.RateLimitStore`. One write transaction:
         the pause, then the compare-and-set hand-back (``release_rate_limited``).
 
         Raises:

@@ -39,6 +39,7 @@ from typing import Any, Generic, TypeVar, cast
 import aiosqlite
 
 from ...errors import ReadOnlyStoreError, StoreBusyError, StoreClosedError, StoreError
+from ...sqlitebusy import is_busy, retry_busy
 
 __all__ = (
     "GroupCommitter",
@@ -59,8 +60,6 @@ Operation = Callable[[sqlite3.Connection, float], T]
 
 _HOP_BATCHES = 8
 """Most transactions one trip to the connection thread commits before reads get a turn."""
-
-_BUSY_MESSAGES = ("database is locked", "database table is locked", "database is busy")
 
 
 async def run_on_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
@@ -137,14 +136,9 @@ def raw_connection(conn: aiosqlite.Connection) -> sqlite3.Connection:
     return conn._conn
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    text = str(exc).lower()
-    return any(m in text for m in _BUSY_MESSAGES)
-
-
 def map_sqlite_error(exc: sqlite3.Error, what: str) -> StoreError:
     """The package's error for a driver error (keep the original as ``__cause__``)."""
-    if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+    if isinstance(exc, sqlite3.OperationalError) and is_busy(exc):
         return StoreBusyError(f"{what}: the database stayed locked past the busy timeout ({exc})")
     if is_read_only(exc):
         return ReadOnlyStoreError(
@@ -160,25 +154,6 @@ def is_read_only(exc: sqlite3.Error) -> bool:
     if isinstance(code, int):
         return code & 0xFF == sqlite3.SQLITE_READONLY
     return "readonly database" in str(exc)
-
-
-def retry_busy(fn: Callable[[], T], deadline: float) -> T:
-    """Run ``fn`` (on the connection thread), retrying while SQLite reports busy.
-
-    The connection's own busy handler is off (``busy_timeout=0``): SQLite's handler
-    sleeps up to 100 ms per try, which leaves the database idle while waiters
-    doze. Here a waiter polls every 0.2..4 ms until ``deadline`` (monotonic
-    seconds), then lets the busy error through.
-    """
-    delay = 0.0002
-    while True:
-        try:
-            return fn()
-        except sqlite3.OperationalError as exc:
-            if not _is_busy(exc) or time.monotonic() >= deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.004)
 
 
 @dataclass(slots=True)
@@ -357,7 +332,7 @@ class GroupCommitter:
         try:
             return self._run_batch(db, batch)
         except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
+            if is_busy(exc):
                 raise
             # An operation failed: isolate it by running each alone.
         except Exception:

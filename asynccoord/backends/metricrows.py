@@ -1,31 +1,22 @@
-"""What the monitor primitives of every backend share: validation, encoding, constants.
+"""What the engines share to write and read the monitor's tables: flushes as rows, rows as records.
 
-Time buckets are 1 second of the store clock: a flush at store time ``now`` adds its
-deltas to bucket ``floor(now)``, and a window of ``W`` seconds at ``now`` sums the
-buckets that start after ``now - W`` (so it covers between ``W - 1`` and ``W``
-seconds of flushes; a flush lands up to one flush interval after its events).
+Only the stores under :mod:`asynccoord.backends` use these; the records and the checks
+of their arguments are in :mod:`asynccoord.contract.monitor`.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract.monitor import Alert, CounterKey, MetricsFlush, ProcessReport
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..monitor.histogram import Histogram
-from ..validation import check_positive
-from .monitor import Alert, CounterKey, MetricsFlush, ProcessReport
 
 __all__ = (
-    "MAX_WINDOWS",
-    "PROCESS_RETENTION_S",
-    "RETIRED_PROCESS_ID",
     "EncodedFlush",
-    "bucket_of",
-    "check_windows",
     "decode_alerts",
     "encode_flush",
     "latency_from_rows",
@@ -33,34 +24,6 @@ __all__ = (
     "process_report",
     "sum_counts",
 )
-
-RETIRED_PROCESS_ID = "*retired*"
-"""Process id under which the totals of processes silent for ``PROCESS_RETENTION_S`` are folded."""
-
-PROCESS_RETENTION_S = 24 * 3600.0
-"""A process that has not flushed for this long is retired (its totals folded), seconds."""
-
-MAX_WINDOWS = 16
-"""Most distinct windows one read may ask for."""
-
-
-def bucket_of(now_s: float) -> int:
-    """The 1-second time bucket holding store time ``now_s``."""
-    return math.floor(now_s)
-
-
-def check_windows(windows_s: Sequence[float]) -> tuple[float, ...]:
-    """Validate a read's windows: a sequence of distinct seconds > 0, at most 16.
-
-    Raises:
-        InvalidTypeError, InvalidArgumentError: naming the bad value.
-    """
-    if isinstance(windows_s, str | bytes) or not isinstance(windows_s, Sequence):
-        raise InvalidTypeError(f"windows_s must be a sequence of seconds, got {type(windows_s).__name__}")
-    out = tuple(dict.fromkeys(check_positive(f"windows_s[{i}]", w) for i, w in enumerate(windows_s)))
-    if len(out) > MAX_WINDOWS:
-        raise InvalidArgumentError(f"windows_s may hold at most {MAX_WINDOWS} windows, got {len(out)}")
-    return out
 
 
 @dataclass(frozen=True, slots=True)

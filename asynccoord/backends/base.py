@@ -1,0 +1,550 @@
+"""The store base: the queue's public verbs written once, over the few statements each engine supplies.
+
+Every verb of :class:`~asynccoord.contract.queue.QueueStore` is defined here: it checks
+its arguments once (with the checks of :mod:`asynccoord.contract.queue`, so nothing is
+written when one is bad, and every engine refuses the same values with the same
+message), implements what is the same for every engine (the single-task forms of the
+batch operations, the events and wake-ups that follow a write), and hands the checked,
+normalized arguments to one engine primitive, a method whose name ends in ``_checked``.
+An engine (:mod:`asynccoord.backends.memory.store`, ``sqlite``, ``postgres``) writes only
+those primitives: its own statements, transactions and retries. The shape is that of
+saq's ``queue/base.py`` (an abstract queue whose public methods call the abstract
+primitives of each backend).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Self
+
+from .. import events as ev
+from ..config import RetryPolicy, StoreConfig
+from ..contract.queue import (
+    MAX_ID,
+    PreparedTask,
+    check_claim_args,
+    check_claimable_args,
+    check_continuation,
+    check_fences,
+    check_purge_batch,
+    check_retry,
+    check_task,
+    check_task_ids,
+    check_tasks,
+    clean_error,
+    encode_results,
+    prepare_tasks,
+)
+from ..errors import CoordError
+from ..events import EventCounter
+from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task
+from ..notify import WorkNotifier
+from ..validation import check_int, check_lease_s, check_name, check_non_negative
+from .rows import with_stored_fields
+from .wakeups import notify_created
+
+__all__ = ("StoreBase",)
+
+
+class StoreBase(abc.ABC):
+    """The public queue verbs of every store; an engine subclasses it and writes the ``*_checked`` primitives.
+
+    Each primitive receives arguments the public verb has checked and normalized (for
+    example ``partitions`` as a list of ints or None, results as JSON text) and does the
+    engine's part: open-state checks, statements, transactions, the engine's events.
+    The public verbs' docstrings are the contract's (:class:`~asynccoord.contract.queue.QueueStore`).
+    """
+
+    config: StoreConfig
+    events: EventCounter
+    notifier: WorkNotifier
+
+    # --- life cycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Connect, apply the schema, and get ready. Idempotent."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Finish queued writes and close. Idempotent."""
+
+    @property
+    @abc.abstractmethod
+    def partitions(self) -> int:
+        """Number of fixed partitions keys are hashed into."""
+
+    def _check_writable(self) -> None:
+        """Raise before a write that reads first (``fail``) when the store refuses writes; by default nothing."""
+        return
+
+    # --- enqueue ----------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        partition_key: str = "",
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        delay_s: float = 0.0,
+        limit_keys: Mapping[str, str] | None = None,
+    ) -> EnqueueResult:
+        """Add one task (fields as in :class:`~asynccoord.models.NewTask`); see :meth:`enqueue_many`.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.
+        """
+        spec = NewTask(
+            queue=queue,
+            payload=payload,
+            partition_key=partition_key,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            delay_s=delay_s,
+            limit_keys={} if limit_keys is None else limit_keys,
+        )
+        return (await self.enqueue_many([spec]))[0]
+
+    async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
+        """Add tasks in one transaction; results in input order.
+
+        A repeated idempotency key (already stored, or earlier in ``tasks``) yields the
+        existing task with ``created=False`` and counts one ``duplicate_enqueue_suppressed``
+        event. Idle in-process nodes owning the partitions of new tasks due now are woken.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.
+        """
+        prepared = prepare_tasks(tasks, self.config, self.partitions)
+        results = await self._enqueue_checked(prepared)
+        self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
+        notify_created(self.notifier, results, prepared)
+        return results
+
+    @abc.abstractmethod
+    async def _enqueue_checked(self, prepared: list[PreparedTask]) -> list[EnqueueResult]:
+        """Write the prepared tasks in one transaction; the results in input order."""
+
+    # --- claim ------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Collection[int] | None = None,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> list[Task]:
+        """Lease up to ``limit`` due tasks to ``node_id`` (see :meth:`~asynccoord.contract.queue.QueueStore.claim`).
+
+        ``min_due_age_s`` > 0 takes only tasks that have been due at least that long
+        (work stealing from overloaded or dead partition owners).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument (nothing claimed).
+            StoreBusyError, StoreConnectionError: the engine's database stayed locked or unreachable.
+        """
+        queue, node_id, limit, lease, parts, ordered = check_claim_args(
+            queue, node_id, limit, lease_s, partitions, ordered, self.partitions
+        )
+        due_age = check_non_negative("min_due_age_s", min_due_age_s)
+        return await self._claim_checked(queue, node_id, limit, lease, parts, ordered, due_age)
+
+    @abc.abstractmethod
+    async def _claim_checked(
+        self,
+        queue: str,
+        node_id: str,
+        limit: int,
+        lease_s: float,
+        parts: list[int] | None,
+        ordered: bool,
+        due_age_s: float,
+    ) -> list[Task]:
+        """Lease up to ``limit`` due tasks; count claims, expiries, dead letters and duplicates."""
+
+    async def claimable_partitions(
+        self,
+        queue: str,
+        partitions: Collection[int] | None = None,
+        *,
+        ordered: bool = False,
+        min_due_age_s: float = 0.0,
+    ) -> set[int]:
+        """The partitions where a claim with these arguments would find work now (a read).
+
+        See :meth:`~asynccoord.contract.queue.QueueStore.claimable_partitions`.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad argument.
+            StoreClosedError: the store is not open.
+        """
+        parts, due_age = check_claimable_args(queue, partitions, ordered, min_due_age_s, self.partitions)
+        return await self._claimable_checked(queue, parts, ordered, due_age)
+
+    @abc.abstractmethod
+    async def _claimable_checked(
+        self, queue: str, parts: list[int] | None, ordered: bool, due_age_s: float
+    ) -> set[int]:
+        """The partitions of ``parts`` (None: all) holding work a claim would take now."""
+
+    async def unchecked_claim(
+        self,
+        queue: str,
+        *,
+        node_id: str,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        partitions: Collection[int] | None = None,
+    ) -> list[Task]:
+        """Claim as a naive queue does: read due tasks, then mark them running, unconditionally.
+
+        See :meth:`~asynccoord.contract.queue.QueueStore.unchecked_claim`: two nodes can
+        claim the same task. Exists only so benchmarks can show what the version layer
+        buys; never use it to process real work.
+        """
+        queue, node_id, limit, lease, parts, _ = check_claim_args(
+            queue, node_id, limit, lease_s, partitions, False, self.partitions
+        )
+        return await self._unchecked_claim_checked(queue, node_id, limit, lease, parts)
+
+    @abc.abstractmethod
+    async def _unchecked_claim_checked(
+        self, queue: str, node_id: str, limit: int, lease_s: float, parts: list[int] | None
+    ) -> list[Task]:
+        """The naive claim: a read, then a write that leases what the read found."""
+
+    # --- complete ---------------------------------------------------------------------
+
+    async def complete(self, task: Task, result: Any = None, *, fence: tuple[str, int] | None = None) -> Task:
+        """Mark ``task`` done and record its message id as processed, in one transaction.
+
+        Args:
+            task: The task as returned by ``claim``.
+            result: Optional JSON result kept on the task.
+            fence: ``(resource, fencing_token)`` of the lock guarding the work: the commit
+                is refused (nothing written) when the resource has already accepted a
+                higher token, and the token is recorded otherwise.
+
+        Returns:
+            The committed task: its state as now stored (status ``done``, version + 1,
+            ``result``, lease cleared, ``updated_at``); its other fields (queue, key,
+            payload...), which a commit never changes, are those of ``task`` as passed,
+            not read back (on SQLite and PostgreSQL: a payload the caller changed in place
+            comes back changed; the stored row keeps the enqueued one).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists.
+            FencingTokenRejectedError: ``fence`` carries an outdated token.
+            InvalidTypeError, InvalidArgumentError: bad ``task``, ``result`` or ``fence``.
+        """
+        checked = check_task(task)
+        encoded = encode_results([result], 1, self.config)
+        fenced = check_fences(None if fence is None else [fence], 1)
+        outcome = await self._complete_one_checked(checked, encoded[0], None if fenced is None else fenced[0])
+        if isinstance(outcome, Task):
+            return outcome
+        raise outcome
+
+    async def _complete_one_checked(
+        self, task: Task, result_json: str | None, fence: tuple[str, int] | None
+    ) -> Task | CoordError:
+        """One commit: by default the batch primitive with one task."""
+        return (await self._complete_many_checked([task], [result_json], None if fence is None else [fence]))[0]
+
+    async def complete_many(
+        self,
+        tasks: Sequence[Task],
+        results: Sequence[Any] | None = None,
+        *,
+        fences: Sequence[tuple[str, int] | None] | None = None,
+    ) -> list[Task | CoordError]:
+        """Complete many tasks in one transaction, each with its own compare-and-set.
+
+        Args:
+            tasks: Tasks as returned by ``claim`` (any mix of queues and leases).
+            results: One JSON result per task, or None for no results.
+            fences: Per task, None or ``(resource, fencing_token)`` checked and recorded
+                in the same transaction (see :meth:`complete`); None for no fences.
+
+        Returns:
+            Per task, in order: the done task, or the error saying why nothing was
+            written for it (:class:`LeaseLostError`, :class:`TaskNotFoundError`, or
+            :class:`FencingTokenRejectedError`). One task's failure does not stop the others.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad task or result (nothing written).
+        """
+        checked = check_tasks(tasks)
+        encoded = encode_results(results, len(checked), self.config)
+        fenced = check_fences(fences, len(checked))
+        return await self._complete_many_checked(checked, encoded, fenced)
+
+    @abc.abstractmethod
+    async def _complete_many_checked(
+        self, tasks: list[Task], results: list[str | None], fences: list[tuple[str, int] | None] | None
+    ) -> list[Task | CoordError]:
+        """Commit each task with its own compare-and-set (and fence), in one transaction; count the outcomes."""
+
+    async def complete_and_claim_next(
+        self,
+        task: Task,
+        result: Any = None,
+        *,
+        fence: tuple[str, int] | None = None,
+        lease_s: float = 30.0,
+    ) -> Continuation:
+        """Complete ``task`` and lease its key's next task, in one transaction.
+
+        See :meth:`~asynccoord.contract.queue.QueueStore.complete_and_claim_next`.
+
+        Raises:
+            LeaseLostError, TaskNotFoundError, FencingTokenRejectedError: as :meth:`complete`;
+                nothing written or leased.
+            InvalidTypeError, InvalidArgumentError: bad arguments (nothing written).
+        """
+        checked, encoded, fenced, lease, owner = check_continuation(task, result, fence, lease_s, self.config)
+        return await self._complete_and_claim_next_checked(
+            checked[0], encoded[0], None if fenced is None else fenced[0], lease, owner
+        )
+
+    @abc.abstractmethod
+    async def _complete_and_claim_next_checked(
+        self, task: Task, result_json: str | None, fence: tuple[str, int] | None, lease_s: float, owner: str
+    ) -> Continuation:
+        """Commit ``task`` and lease its key's head to ``owner`` for ``lease_s`` seconds; raise the commit's error."""
+
+    async def unchecked_complete(self, tasks: Sequence[Task], results: Sequence[Any] | None = None) -> int:
+        """Mark tasks done without any compare-and-set (benchmarks only); return rows written.
+
+        See :meth:`~asynccoord.contract.queue.QueueStore.unchecked_complete`.
+        """
+        checked = check_tasks(tasks)
+        encoded = encode_results(results, len(checked), self.config)
+        return await self._unchecked_complete_checked(checked, encoded)
+
+    @abc.abstractmethod
+    async def _unchecked_complete_checked(self, tasks: list[Task], results: list[str | None]) -> int:
+        """Mark the tasks done, no compare-and-set; count the commits; return rows written."""
+
+    # --- fail, release, extend --------------------------------------------------------
+
+    async def fail(self, task: Task, error: str, *, retry: RetryPolicy | None = None) -> Task:
+        """Record a failed attempt: pending again after the backoff, or dead after the last.
+
+        Args:
+            task: The task as returned by ``claim``.
+            error: What went wrong (kept as ``last_error``; truncated to 8192 characters).
+            retry: A :class:`~asynccoord.config.RetryPolicy` for the delay; default the store's.
+                Its ``max_attempts`` is not used: the task's own, fixed at enqueue, is.
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+            InvalidTypeError: bad ``task``, ``error`` or ``retry``.
+        """
+        check_task(task)
+        text = clean_error(error)
+        policy = check_retry(retry, self.config)
+        return await self._fail_checked(task, text, policy)
+
+    async def _fail_checked(self, task: Task, error: str, retry: RetryPolicy) -> Task:
+        """Dead-letter or retry ``task`` by the stored row's counts (never the caller's copy)."""
+        self._check_writable()
+        task = with_stored_fields(task, await self.get(task.id))
+        if task.attempts >= task.max_attempts:
+            out = await self._dead_letter_checked(task, error)
+            self.events.add(ev.DEAD_LETTERED)
+        else:
+            out = await self._retry_checked(task, error, retry.delay_s(max(task.attempts, 1)))
+            self.events.add(ev.RETRIES)
+        return out
+
+    async def _dead_letter_checked(self, task: Task, error: str) -> Task:
+        """Compare-and-set ``task`` to dead with ``error``; promote its key's next head."""
+        raise NotImplementedError(f"{type(self).__name__} settles fail() in _fail_checked")
+
+    async def _retry_checked(self, task: Task, error: str, delay_s: float) -> Task:
+        """Compare-and-set ``task`` back to pending, due in ``delay_s`` seconds, with ``error``."""
+        raise NotImplementedError(f"{type(self).__name__} settles fail() in _fail_checked")
+
+    async def release(self, task: Task, *, delay_s: float = 0.0) -> Task:
+        """Hand the task back to pending without counting the attempt.
+
+        Args:
+            task: The task as returned by ``claim``.
+            delay_s: Seconds before it is due again (>= 0). Default 0: due now (idle
+                in-process nodes owning its partition are woken).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's; nothing written.
+        """
+        check_task(task)
+        delay = check_non_negative("delay_s", delay_s)
+        out = await self._release_checked(task, delay)
+        if delay == 0:
+            self.notifier.notify(out.queue, 1, (out.partition,))
+        return out
+
+    @abc.abstractmethod
+    async def _release_checked(self, task: Task, delay_s: float) -> Task:
+        """Compare-and-set ``task`` back to pending, due in ``delay_s`` seconds, the attempt not counted."""
+
+    async def extend(self, task: Task, lease_s: float) -> float:
+        """Renew the lease to ``lease_s`` seconds from now; return the new expiry (store clock).
+
+        An expired lease is never revived, even when nobody reclaimed the task.
+
+        Raises:
+            LeaseLostError: the lease expired or was taken.
+            InvalidTypeError, InvalidArgumentError: a bad task or ``lease_s`` (nothing written).
+        """
+        check_task(task)
+        lease = check_lease_s("lease_s", lease_s)
+        return await self._extend_checked(task, lease)
+
+    @abc.abstractmethod
+    async def _extend_checked(self, task: Task, lease_s: float) -> float:
+        """Renew one live lease; raise LeaseLostError (not counted as a stale commit) or TaskNotFoundError."""
+
+    async def extend_many(self, tasks: Sequence[Task], lease_s: float) -> list[bool]:
+        """Renew many leases with one statement; True for each lease still held.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad task or ``lease_s``.
+        """
+        checked = check_tasks(tasks)
+        lease = check_lease_s("lease_s", lease_s)
+        return await self._extend_many_checked(checked, lease)
+
+    @abc.abstractmethod
+    async def _extend_many_checked(self, tasks: list[Task], lease_s: float) -> list[bool]:
+        """Renew the leases still held, by ``(id, lease_token)``; True for each."""
+
+    # --- inspection and maintenance ---------------------------------------------------
+
+    async def get(self, task_id: int) -> Task:
+        """The task with that id.
+
+        Raises:
+            TaskNotFoundError: no such task.
+            InvalidTypeError: ``task_id`` is not an int.
+        """
+        check_int("task_id", task_id, minimum=0, maximum=MAX_ID)
+        return await self._get_checked(task_id)
+
+    @abc.abstractmethod
+    async def _get_checked(self, task_id: int) -> Task:
+        """The stored task; TaskNotFoundError if there is none."""
+
+    async def stats(self, queue: str | None = None) -> QueueStats:
+        """Counts by status and the oldest due pending age (store clock), for ``queue`` or all."""
+        if queue is not None:
+            check_name("queue", queue)
+        return await self._stats_checked(queue)
+
+    @abc.abstractmethod
+    async def _stats_checked(self, queue: str | None) -> QueueStats:
+        """Counts by status and the oldest due pending age, in one snapshot."""
+
+    async def is_drained(self, queue: str) -> bool:
+        """True when ``queue`` has no pending and no running task (done and dead ones are finished).
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad ``queue``.
+        """
+        check_name("queue", queue)
+        return await self._is_drained_checked(queue)
+
+    @abc.abstractmethod
+    async def _is_drained_checked(self, queue: str) -> bool:
+        """Whether ``queue`` has no unfinished task (a probe, not a count)."""
+
+    async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Move dead tasks of ``queue`` (all, or those ids) back to pending with attempts reset; return how many.
+
+        See :meth:`~asynccoord.contract.queue.QueueStore.requeue_dead`.
+        """
+        check_name("queue", queue)
+        ids = check_task_ids(task_ids)
+        return await self._requeue_dead_checked(queue, ids)
+
+    @abc.abstractmethod
+    async def _requeue_dead_checked(self, queue: str, task_ids: list[int] | None) -> int:
+        """Requeue the dead tasks (all of ``queue``, or those ids); recompute their keys' heads."""
+
+    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids); return how many.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad queue or ids (nothing written).
+        """
+        check_name("queue", queue)
+        return await self._discard_dead_checked(queue, check_task_ids(task_ids))
+
+    @abc.abstractmethod
+    async def _discard_dead_checked(self, queue: str, task_ids: list[int] | None) -> int:
+        """Delete the dead tasks (and let the keys they held go on); return how many."""
+
+    async def is_processed(self, consumer: str, message_id: str) -> bool:
+        """Whether ``(consumer, message_id)`` has a processed-id record (consumer = queue name)."""
+        check_name("consumer", consumer)
+        check_name("message_id", message_id, allow_blank=True)
+        return await self._is_processed_checked(consumer, message_id)
+
+    @abc.abstractmethod
+    async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
+        """Whether the processed-id record exists."""
+
+    async def purge_processed(self, *, older_than_s: float | None = None, batch: int | None = None) -> PurgeResult:
+        """Delete processed-id records older than ``older_than_s`` (default: the retention).
+
+        Each batch is its own short transaction, so a large purge never holds the
+        write lock for long.
+
+        Args:
+            older_than_s: Age cutoff, seconds (>= 0); default ``config.processed.retention_s``.
+            batch: Rows per delete statement, 1..2**31 - 1 (``validation.MAX_PURGE_BATCH``);
+                default ``config.processed.purge_batch``.
+        """
+        age = (
+            self.config.processed.retention_s
+            if older_than_s is None
+            else check_non_negative("older_than_s", older_than_s)
+        )
+        size = self.config.processed.purge_batch if batch is None else check_purge_batch(batch)
+        return await self._purge_processed_checked(age, size)
+
+    @abc.abstractmethod
+    async def _purge_processed_checked(self, older_than_s: float, batch: int) -> PurgeResult:
+        """Delete processed-id records older than ``older_than_s``, ``batch`` rows per statement."""
+
+    async def purge_finished(self, queue: str, *, older_than_s: float, batch: int = 1000) -> PurgeResult:
+        """Delete ``done`` tasks of ``queue`` last updated more than ``older_than_s`` ago.
+
+        Dead tasks are kept (they wait for a person). Processed-id records are kept
+        by their own retention, so a redelivery after this purge is still recognized.
+        """
+        check_name("queue", queue)
+        age = check_non_negative("older_than_s", older_than_s)
+        size = check_purge_batch(batch)
+        return await self._purge_finished_checked(queue, age, size)
+
+    @abc.abstractmethod
+    async def _purge_finished_checked(self, queue: str, older_than_s: float, batch: int) -> PurgeResult:
+        """Delete done tasks of ``queue`` older than ``older_than_s``, ``batch`` rows per statement."""

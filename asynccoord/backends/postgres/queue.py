@@ -1,0 +1,330 @@
+"""The queue on PostgreSQL: enqueue, settle, renew and inspect; claims and commits come from their mixins.
+
+:class:`PgQueueOps` gathers the queue primitives of
+:class:`~asynccoord.backends.postgres.store.PostgresStore`: claims (:mod:`.claim`) and
+commits (:mod:`.commit`), and here the enqueue (one transaction, retried after an unknown
+outcome when every task has an idempotency key), ``fail``/``release`` (compare-and-set,
+a retry recognizing its own earlier write), lease renewals (batched across the process
+like commits) and the reads and purges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from ... import events as ev
+from ...contract.queue import PreparedTask
+from ...errors import InvalidArgumentError, LeaseLostError, TaskNotFoundError
+from ...models import EnqueueResult, PurgeResult, QueueStats, Task, TaskStatus
+from ..batch import Batcher
+from ..rows import task_from_row
+from .claim import PgClaimOps
+from .commit import PgCommitOps
+from .conn import RetryTransaction
+from .heads import key_arrays
+from .statements import Q, Row, lost_reason, settled_by_us
+
+__all__ = ("PgQueueOps", "Renewal")
+
+_Row = Row
+
+
+class Renewal:
+    """One :meth:`PostgresStore.extend_many` call of a renewal batch: lease ids, tokens and the TTL (s)."""
+
+    __slots__ = ("ids", "lease_s", "tokens")
+
+    def __init__(self, ids: list[int], tokens: list[str | None], lease_s: float) -> None:
+        self.ids = ids
+        self.tokens = tokens
+        self.lease_s = lease_s
+
+
+class PgQueueOps(PgClaimOps, PgCommitOps):
+    """The queue primitives of the PostgreSQL store."""
+
+    _extender: Batcher[Renewal, set[tuple[int, str]]]
+
+    async def _enqueue_checked(self, prepared: list[PreparedTask]) -> list[EnqueueResult]:
+        """Add tasks in one transaction; a repeated idempotency key returns the existing task.
+
+        Raises:
+            StoreConnectionError: the server stayed unreachable (when every task has an
+                idempotency key the enqueue is retried even after an unknown outcome).
+        """
+        if not prepared:
+            return []
+        if any(p.limit_keys for p in prepared):  # never enqueue a task whose limits nothing would enforce
+            raise InvalidArgumentError(
+                "limit_keys: rate limits are not enforced by the PostgreSQL store yet (SQLite and memory enforce them)"
+            )
+        self._writable()
+        columns = {
+            "queues": [p.queue for p in prepared],
+            "partition_keys": [p.partition_key for p in prepared],
+            "partitions": [p.partition for p in prepared],
+            "idempotency_keys": [p.idempotency_key for p in prepared],
+            "payloads": [p.payload_json for p in prepared],
+            "priorities": [p.priority for p in prepared],
+            "max_attempts": [p.max_attempts for p in prepared],
+            "delays": [p.delay_s for p in prepared],
+        }
+        pairs = sorted({(p.queue, p.partition_key) for p in prepared})
+        due: dict[str, set[int]] = {}
+        for p in prepared:
+            if p.delay_s == 0:
+                due.setdefault(p.queue, set()).add(p.partition)
+
+        earlier_ids: set[int] = set()  # ids drawn by this call's earlier attempts (a sequence's: never reused)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[tuple[bool, _Row]]:
+            now = self._now()
+            ids = [int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared))]
+            earlier = set(earlier_ids)
+            earlier_ids.update(ids)
+            kept = await self._lockkey_arrays(conn, pairs)
+            kept_queues = sorted({q for q, _ in kept})
+            created = {
+                int(r[0]): r
+                for r in await self._fetch(conn, "insert_task", ids=ids, now=now, kept_queues=kept_queues, **columns)
+            }
+            out: list[tuple[bool, _Row]] = []
+            recovered: set[int] = set()  # tasks an earlier attempt created, reported once each
+            for task_id, p in zip(ids, prepared, strict=True):
+                row = created.get(task_id)
+                if row is None:
+                    existing = await self._row(
+                        conn, "select_by_idempotency_key", queue=p.queue, idempotency_key=p.idempotency_key
+                    )
+                    if existing is None:  # the task that held the key was purged since the insert skipped it
+                        raise RetryTransaction(f"the task of idempotency key {p.idempotency_key!r} went away")
+                    # An id an earlier attempt drew: that attempt's COMMIT went through although
+                    # its answer was lost, so this call created the task (not a duplicate), for
+                    # the key's first item in the call (a repeat of the key is a duplicate).
+                    mine = int(existing[0]) in earlier and int(existing[0]) not in recovered
+                    if mine:
+                        recovered.add(int(existing[0]))
+                    out.append((mine, existing))
+                else:
+                    out.append((True, row))
+            await self._promote_quietly(conn, kept)
+            fresh = len(created)
+            if fresh:
+                for queue, partitions in due.items():
+                    await self._notify(conn, queue, fresh, partitions)
+            return out
+
+        all_keyed = all(p.idempotency_key is not None for p in prepared)
+        rows = await self._run(op, what="enqueue", ambiguous_ok=all_keyed)
+        return [EnqueueResult(task=task_from_row(row), created=created) for created, row in rows]
+
+    async def _settle(
+        self, task: Task, name: str, params: dict[str, Any], *, expect: TaskStatus, head_change: bool
+    ) -> Task:
+        key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, **params}
+
+        async def op(conn: asyncpg.Connection, attempt: int) -> tuple[_Row | None, str | None]:
+            kept = await self._lockkey_arrays(conn, [(task.queue, task.partition_key)]) if head_change else set()
+            row = await self._row(conn, name, now=self._now(), **key)
+            if row is None:
+                current = await self._row(conn, "select_task", id=task.id)
+                if attempt > 0 and settled_by_us(current, task, expect):
+                    return current, None
+                return None, lost_reason(current, task)
+            await self._promote(conn, kept)
+            return row, None
+
+        row, reason = await self._run(op, what=name, tx=head_change, ambiguous_ok=True)
+        if row is None:
+            if reason is None:
+                raise TaskNotFoundError(task.id)
+            self.events.add(ev.STALE_COMMIT_REJECTED)
+            raise LeaseLostError(task.id, reason)
+        return task_from_row(row)
+
+    async def _dead_letter_checked(self, task: Task, error: str) -> Task:
+        """Dead-letter ``task`` under its key's row lock, and promote the key's next head."""
+        return await self._settle(task, "dead_letter", {"error": error}, expect=TaskStatus.DEAD, head_change=True)
+
+    async def _retry_checked(self, task: Task, error: str, delay_s: float) -> Task:
+        """Put ``task`` back to pending, due in ``delay_s`` seconds."""
+        return await self._settle(
+            task, "retry", {"error": error, "delay_s": delay_s}, expect=TaskStatus.PENDING, head_change=False
+        )
+
+    async def _release_checked(self, task: Task, delay: float) -> Task:
+        """Hand the task back to pending without counting the attempt."""
+        self._writable()
+        return await self._settle(task, "release", {"delay_s": delay}, expect=TaskStatus.PENDING, head_change=False)
+
+    async def _extend_checked(self, task: Task, lease: float) -> float:
+        """Renew the lease to ``lease`` seconds from now; return the new expiry (store clock)."""
+        self._writable()
+        key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, "lease_s": lease}
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> tuple[float | None, str | None]:
+            expiry = await self._val(conn, "extend", now=self._now(), **key)
+            if expiry is None:
+                return None, lost_reason(await self._row(conn, "select_task", id=task.id), task)
+            return float(expiry), None
+
+        expiry, reason = await self._run(op, what="extend", tx=False, ambiguous_ok=True)
+        if expiry is None:
+            if reason is None:
+                raise TaskNotFoundError(task.id)
+            raise LeaseLostError(task.id, reason)
+        return expiry
+
+    async def _extend_many_checked(self, checked: list[Task], lease: float) -> list[bool]:
+        """Renew many leases with one statement; True for each lease still held.
+
+        Concurrent calls in one process share that statement (group commit, see
+        :mod:`asynccoord.backends.batch`): a process's nodes renew their leases at the
+        same moments, and one write per node each time made the server's work grow with
+        the node count. A cancelled caller's renewal still runs (it only extends leases
+        the caller held).
+
+        Raises:
+            StoreConnectionError: the server stayed unreachable.
+        """
+        if not checked:
+            return []
+        self._writable()
+        renewal = Renewal([t.id for t in checked], [t.lease_token for t in checked], lease)
+        renewed = await self._extender.submit(renewal)
+        return [(t.id, t.lease_token) in renewed for t in checked]
+
+    async def _extend_batch(self, renewals: Sequence[Renewal]) -> list[set[tuple[int, str]]]:
+        """Renew the leases of ``renewals`` in one statement; each gets the renewed (id, token) pairs of its own.
+
+        The rows are locked in ascending id order, as a commit batch locks them: in any
+        other order a renewal and a commit of two of the same tasks could each hold one row
+        the other waits for, a deadlock PostgreSQL breaks only after ``deadlock_timeout``
+        (1 s by default), stalling every commit waiting on those rows meanwhile.
+        """
+        leases = [(i, t, r.lease_s) for r in renewals for i, t in zip(r.ids, r.tokens, strict=True)]
+        leases.sort(key=lambda lease: lease[0])
+        ids = [i for i, _, _ in leases]
+        tokens = [t for _, t, _ in leases]
+        ttls = [ttl for _, _, ttl in leases]
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> set[tuple[int, str]]:
+            rows = await self._fetch(conn, "extend_many", ids=ids, tokens=tokens, lease_s=ttls, now=self._now())
+            return {(int(r[0]), str(r[1])) for r in rows}
+
+        renewed = await self._run(op, what="extend_many", tx=False, ambiguous_ok=True)
+        return [renewed.intersection(zip(r.ids, r.tokens, strict=True)) for r in renewals]
+
+    async def _get_checked(self, task_id: int) -> Task:
+        """The task with that id (one statement); TaskNotFoundError if none."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> _Row | None:
+            return await self._row(conn, "select_task", id=task_id)
+
+        row = await self._run(op, what="get", tx=False, ambiguous_ok=True)
+        if row is None:
+            raise TaskNotFoundError(task_id)
+        return task_from_row(row)
+
+    async def _stats_checked(self, queue: str | None) -> QueueStats:
+        """Counts by status and the oldest due pending age (store clock), in one read-only snapshot."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> tuple[list[_Row], _Row | None]:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):  # one snapshot
+                counts = await self._fetch(conn, "stats_counts", queue=queue)
+                oldest = await self._row(conn, "stats_oldest_pending", queue=queue, now=self._now())
+            return counts, oldest
+
+        counts, oldest = await self._run(op, what="stats", tx=False, ambiguous_ok=True)
+        by_status = {s: 0 for s in TaskStatus}
+        for status, n in counts:
+            by_status[TaskStatus(status)] = int(n)
+        age = None
+        if oldest is not None and oldest[0] is not None:
+            age = max(0.0, float(oldest[1]) - float(oldest[0]))
+        return QueueStats(counts=by_status, oldest_pending_age_s=age)
+
+    async def _is_drained_checked(self, queue: str) -> bool:
+        """True when ``queue`` has no pending and no running task: two partial-index probes."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
+            return not await self._val(conn, "queue_unfinished", queue=queue)
+
+        return await self._run(op, what="is_drained", tx=False, ambiguous_ok=True)  # a read: no transaction
+
+    async def _requeue_dead_checked(self, queue: str, ids: list[int] | None) -> int:
+        """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
+        self._writable()
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+            now = self._now()
+            pairs = [(r[0], r[1]) for r in await self._fetch(conn, "dead_keys", queue=queue, ids=ids)]
+            if not pairs:
+                return []
+            kept = await self._lockkey_arrays(conn, pairs)
+            keys = sorted({k for _, k in pairs})
+            rows = await self._fetch(
+                conn, "requeue_dead", queue=queue, ids=ids, keys=keys, keeps_heads=bool(kept), now=now
+            )
+            touched = [(r[1], r[2]) for r in rows if (r[1], r[2]) in kept]
+            if touched:
+                await self._x(conn, "recompute_heads", **key_arrays(touched))
+                await self._promote(conn, touched)
+            elif rows:  # a queue without heads: every requeued task is claimable now
+                parts = {int(r[3]) for r in rows}
+                await self._notify(conn, queue, len(rows), parts)
+            return rows
+
+        rows = await self._run(op, what="requeue_dead")
+        if rows:
+            self.notifier.notify(queue, len(rows), {int(r[3]) for r in rows})
+        return len(rows)
+
+    async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids); return how many.
+
+        Dead tasks hold no head (``is_head`` is kept for pending and running tasks), so no
+        head upkeep follows (this store keeps the ``skip`` policy only).
+        """
+        self._writable()
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> int:
+            return len(await self._fetch(conn, "discard_dead", queue=queue, ids=ids))
+
+        return await self._run(op, what="discard_dead")
+
+    async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
+        """Whether ``(consumer, message_id)`` has a processed-id record (one statement)."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
+            return await self._row(conn, "is_processed", consumer=consumer, message_id=message_id) is not None
+
+        return await self._run(op, what="is_processed", tx=False, ambiguous_ok=True)
+
+    async def _purge_processed_checked(self, age: float, size: int) -> PurgeResult:
+        """Delete processed-id records older than ``age`` seconds; each batch its own short statement."""
+        self._writable()
+        return await self._purge("purge_processed_batch", {"batch": size, "age_s": age}, size)
+
+    async def _purge_finished_checked(self, queue: str, age: float, size: int) -> PurgeResult:
+        """Delete done tasks of ``queue`` older than ``age`` seconds; each batch its own short statement."""
+        self._writable()
+        return await self._purge("purge_finished_batch", {"batch": size, "queue": queue, "age_s": age}, size)
+
+    async def _purge(self, name: str, params: dict[str, Any], size: int) -> PurgeResult:
+        deleted = batches = 0
+        while True:
+
+            async def op(conn: asyncpg.Connection, _attempt: int) -> int:
+                status = await conn.execute(Q[name].text, *Q[name].args({**params, "now": self._now()}))
+                return int(str(status).rsplit(" ", 1)[-1])
+
+            n = await self._run(op, what=name, tx=False, ambiguous_ok=True)
+            if n > 0:
+                deleted += n
+                batches += 1
+            if n < size:
+                return PurgeResult(deleted=deleted, batches=batches)

@@ -1,0 +1,623 @@
+"""The queue on SQLite: the statements behind :class:`~asynccoord.backends.base.StoreBase`'s verbs.
+
+:class:`SQLiteQueueOps` is a mixin of :class:`~asynccoord.backends.sqlite.store.SQLiteStore`:
+every write is an operation ``fn(db, now_s)`` handed to the store's group committer
+(:mod:`asynccoord.backends.sqlite.writer`), so it runs inside one ``BEGIN IMMEDIATE``
+transaction with ``now_s`` read from the store clock at its start, and many callers'
+claims and commits share one commit. Reads run on the connection's thread between the
+writer's batches. Per-key order is kept by head flags in the queues claimed in order
+(``coord_ordered_queues``). The queries are in ``sql/queries.sql``.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ... import events as ev
+from ...contract.locks import fence_rejected_error
+from ...contract.queue import PreparedTask
+from ...contract.ratelimits import Admission
+from ...errors import CoordError, LeaseLostError, TaskNotFoundError
+from ...models import Continuation, EnqueueResult, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
+from ..base import StoreBase
+from ..rows import decode_json, new_token, settled_done, task_from_row
+from ..sqlfiles import load_queries
+from ..wakeups import notify_partitions
+from .deadletters import recompute_heads
+from .locks import check_fence
+from .ratelimits import claim_limited
+
+if TYPE_CHECKING:
+    from .writer import GroupCommitter, Operation
+
+__all__ = ("SQLiteQueueOps",)
+
+Q = load_queries("sqlite")
+
+_Row = tuple[Any, ...]
+_Claimed = tuple[list[_Row], int, int, float, list[tuple[str, int]]]  # rows, duplicates, dead, now, promoted
+# now, per-task outcome, refused fences, promoted heads, the next task's row, duplicates settled, its queue
+_Completed = tuple[float, list[int | str | None], dict[int, int], list[tuple[str, int]], "_Row | None", int, str]
+_ID, _PRIORITY, _RECLAIMED = operator.itemgetter(0), operator.itemgetter(5), operator.itemgetter(14)  # of a claim's row
+_NEW = object.__new__
+_RUNNING = TaskStatus.RUNNING
+
+
+def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task:
+    """A Task from a claim's row (see the claim queries for its columns) and what the claim set.
+
+    Filled slot by slot as :func:`~asynccoord.models.make_task` does (this runs once per
+    claimed task; inlined, it saves the 19-argument call), with no validation: the store
+    wrote these values.
+    """
+    task: Any = _NEW(TaskSlots)
+    task.id = row[0]
+    task.queue = queue
+    task.partition_key = row[1]
+    task.partition = row[2]
+    task.idempotency_key = row[3]
+    task.payload = decode_json(row[4])
+    task.priority = row[5]
+    task.status = _RUNNING
+    task.attempts = row[6]
+    task.max_attempts = row[7]
+    task.run_at = row[8]
+    task.lease_owner = node_id
+    task.lease_token = row[9]
+    task.lease_expires_at = expires
+    task.version = row[10]
+    task.last_error = row[11]
+    task.result = None if row[12] is None else decode_json(row[12])
+    task.created_at = row[13]
+    task.updated_at = now
+    task.__class__ = Task
+    return task  # type: ignore[no-any-return]
+
+
+def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
+    """Why a compare-and-set on ``task`` matched nothing; None if the task is gone."""
+    row = db.execute(Q["select_task"], {"id": task.id}).fetchone()
+    if row is None:
+        return None
+    status, token, expires, version = row[7], row[12], row[13], row[14]
+    if status != TaskStatus.RUNNING:
+        return f"task is {status} (version {version}, caller had version {task.version})"
+    if token != task.lease_token:
+        return f"task was reclaimed by {row[11]!r} under another lease (version {version})"
+    if version != task.version:
+        return f"version is {version}, caller had {task.version}"
+    return f"lease expired at {expires:.3f} (store clock now {now:.3f})"
+
+
+class SQLiteQueueOps(StoreBase):
+    """The queue primitives of the SQLite store.
+
+    A mixin: it relies on the store's ``_write`` (group-committed operation with an
+    optional compensation), ``_read``, ``_w`` (the group committer) and ``_partitions``.
+    """
+
+    _partitions: int
+
+    if TYPE_CHECKING:
+
+        async def _write(
+            self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None
+        ) -> Any: ...
+
+        async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any: ...
+
+        def _w(self) -> GroupCommitter: ...
+
+        async def _check_dimensions(self, prepared: Sequence[PreparedTask]) -> None: ...
+
+        def _after_claim(self, queue: str, admission: Admission | None) -> None: ...
+
+    # --- enqueue ----------------------------------------------------------------------
+
+    async def _enqueue_checked(self, prepared: list[PreparedTask]) -> list[EnqueueResult]:
+        """Add tasks in one transaction; a repeated idempotency key returns the existing task."""
+        if not prepared:
+            return []
+        await self._check_dimensions(prepared)  # a read, only when a task names limit keys
+
+        def op(db: sqlite3.Connection, now: float) -> list[tuple[bool, _Row]]:
+            out: list[tuple[bool, _Row]] = []
+            insert, select = Q["insert_task"], Q["select_by_idempotency_key"]
+            for p in prepared:
+                row = db.execute(
+                    insert,
+                    {
+                        "queue": p.queue,
+                        "partition_key": p.partition_key,
+                        "partition": p.partition,
+                        "idempotency_key": p.idempotency_key,
+                        "payload": p.payload_json,
+                        "priority": p.priority,
+                        "max_attempts": p.max_attempts,
+                        "run_at": now + p.delay_s,
+                        "now": now,
+                        "limit_keys": p.limit_keys_json,
+                    },
+                ).fetchone()
+                if row is not None:
+                    out.append((True, row))
+                else:
+                    existing = db.execute(select, {"queue": p.queue, "idempotency_key": p.idempotency_key}).fetchone()
+                    out.append((False, existing))
+            return out
+
+        rows: list[tuple[bool, _Row]] = await self._write(op)
+        return [EnqueueResult(task=task_from_row(row), created=created) for created, row in rows]
+
+    # --- claim and settle -----------------------------------------------------------
+
+    async def _claim_checked(
+        self, queue: str, node_id: str, limit: int, lease: float, parts: list[int] | None, ordered: bool, due_age: float
+    ) -> list[Task]:
+        """Lease up to ``limit`` due tasks to ``node_id`` in one write transaction of the group commit.
+
+        Raises:
+            StoreBusyError: the database stayed locked past ``busy_timeout_s``.
+        """
+        if parts is not None and not parts:
+            return []
+        params = {
+            "min_due_age_s": due_age,
+            "queue": queue,
+            "node_id": node_id,
+            "lease_s": lease,
+            "limit": limit,
+            "token": new_token(),
+            "partitions": None if parts is None else json.dumps(parts),
+        }
+        merged, pending_only = (
+            (Q["claim_ordered"], Q["claim_pending_ordered"]) if ordered else (Q["claim"], Q["claim_pending"])
+        )
+
+        admissions: dict[str, Admission] = {}  # the limited claim's pass over its buckets, if limited
+
+        def op(db: sqlite3.Connection, now: float) -> _Claimed:
+            if ordered:
+                _keep_heads(db, queue)
+            dead = 0
+            promoted: list[tuple[str, int]] = []  # heads that dead letters and duplicates made claimable
+            expired, limited = db.execute(Q["claim_probe"], {"queue": queue, "now": now}).fetchone()
+            if not expired:
+                sql = pending_only
+            else:
+                sql = merged
+                exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
+                dead = len(exhausted)
+                promoted += _promote_heads(db, [(r[1], r[2]) for r in exhausted])
+            if limited:  # rate limits: see ratelimits.claim_limited
+                rows, admissions[queue] = claim_limited(db, now, params, ordered)
+            else:
+                rows = db.execute(sql, {**params, "now": now}).fetchall()
+            rows.sort(key=_ID)  # priority DESC, id (two stable sorts on C keys: no tuple per row)
+            rows.sort(key=_PRIORITY, reverse=True)
+            keyed = [r[0] for r in rows if r[3] is not None]
+            if not keyed:
+                return rows, 0, dead, now, promoted
+            settled = db.execute(Q["settle_duplicate"], {"ids": json.dumps(keyed), "now": now}).fetchall()
+            if not settled:
+                return rows, 0, dead, now, promoted
+            promoted += _promote_heads(db, [(r[1], r[2]) for r in settled])
+            duplicates = {r[0] for r in settled}
+            return [r for r in rows if r[0] not in duplicates], len(duplicates), dead, now, promoted
+
+        def undo(result: _Claimed) -> Operation[Any] | None:
+            rows = result[0]
+            if not rows:
+                return None
+            return self._release_rows_op(rows)
+
+        rows, duplicates, dead, now, promoted = await self._write(op, undo)
+        self._after_claim(queue, admissions.get(queue))
+        notify_partitions(self.notifier, promoted)  # e.g. the next task of a key whose head was a duplicate
+        expires = now + lease
+        tasks = [_claimed_task(r, queue, node_id, expires, now) for r in rows]
+        self.events.add(ev.CLAIMS, len(tasks))
+        self.events.add(ev.LEASE_EXPIRED, sum(map(_RECLAIMED, rows)) + dead)  # reclaimed: 0 or 1; dead expired too
+        self.events.add(ev.DEAD_LETTERED, dead)
+        self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
+        return tasks
+
+    async def _claimable_checked(self, queue: str, parts: list[int] | None, ordered: bool, due_age: float) -> set[int]:
+        """The partitions where a claim with these arguments would find work now (a read).
+
+        One statement on the connection's thread between the writer's batches, outside any
+        write transaction: it takes no write lock and no place in a group commit.
+        """
+        if parts is not None and not parts:
+            return set()
+        writer = self._w()
+        params = {"queue": queue, "min_due_age_s": due_age, "partitions": None if parts is None else json.dumps(parts)}
+
+        def read(db: sqlite3.Connection) -> list[_Row]:
+            sql = Q["claimable_partitions"]
+            # Heads are kept only for queues claimed in order at least once; before the
+            # first ordered claim every due task counts (the claim computes the heads).
+            if ordered and db.execute(Q["ordered_queues"], {"queues": json.dumps([queue])}).fetchone() is not None:
+                sql = Q["claimable_partitions_ordered"]
+            return db.execute(sql, {**params, "now": writer.now(db)}).fetchall()
+
+        return {int(r[0]) for r in await self._read(read)}
+
+    def _release_rows_op(self, rows: Sequence[_Row]) -> Operation[None]:
+        keys = [{"id": r[0], "lease_token": r[9], "version": r[10], "delay_s": 0.0} for r in rows]
+
+        def op(db: sqlite3.Connection, now: float) -> None:
+            sql = Q["release"]
+            for k in keys:
+                db.execute(sql, {**k, "now": now}).fetchall()
+
+        return op
+
+    async def _settle(
+        self,
+        task: Task,
+        sql: str,
+        params: dict[str, Any],
+        extra: Callable[[sqlite3.Connection, float, Task], None] | None = None,
+    ) -> Task:
+        key = {"id": task.id, "lease_token": task.lease_token, "version": task.version}
+
+        def op(db: sqlite3.Connection, now: float) -> tuple[_Row | None, str | None]:
+            row = db.execute(sql, {**key, **params, "now": now}).fetchone()
+            if row is None:
+                return None, _lost_reason(db, task, now)
+            if extra is not None:
+                extra(db, now, task)
+            return row, None
+
+        row, reason = await self._write(op)
+        if row is None:
+            if reason is None:
+                raise TaskNotFoundError(task.id)
+            self.events.add(ev.STALE_COMMIT_REJECTED)
+            raise LeaseLostError(task.id, reason)
+        return task_from_row(row)
+
+    async def _complete_many_checked(
+        self, checked: list[Task], encoded: list[str | None], fenced: list[tuple[str, int] | None] | None
+    ) -> list[Task | CoordError]:
+        """Complete many tasks in one transaction of the group commit, each with its own compare-and-set."""
+        if not checked:
+            return []
+        done, _ = await self._complete(checked, encoded, fenced)
+        return done
+
+    async def _complete_and_claim_next_checked(
+        self, task: Task, result_json: str | None, fence: tuple[str, int] | None, lease: float, owner: str
+    ) -> Continuation:
+        """Complete ``task`` and lease its key's next task: one operation of the group commit."""
+        fenced: list[tuple[str, int] | None] | None = None if fence is None else [fence]
+        done, next_task = await self._complete([task], [result_json], fenced, (owner, lease))
+        outcome = done[0]
+        if not isinstance(outcome, Task):
+            raise outcome
+        return Continuation(done=outcome, next_task=next_task)
+
+    async def _complete(
+        self,
+        checked: list[Task],
+        encoded: list[str | None],
+        fenced: list[tuple[str, int] | None] | None,
+        continuation: tuple[str, float] | None = None,
+    ) -> tuple[list[Task | CoordError], Task | None]:
+        """complete_many's transaction; with ``continuation`` ``(owner, lease_s)``, also lease
+        the first task's key's next head to ``owner``."""
+        rows = [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)]
+        head = checked[0]
+
+        def op(db: sqlite3.Connection, now: float) -> _Completed:
+            refused: dict[int, int] = {}
+            if fenced is not None:  # refuse outdated tokens first (read only)...
+                for t, f in zip(checked, fenced, strict=True):
+                    if f is not None:
+                        row = db.execute(Q["fence_get"], {"resource": f[0]}).fetchone()
+                        if row is not None and f[1] < row[1]:
+                            refused[t.id] = int(row[1])
+            batch = json.dumps([r for r in rows if r[0] not in refused], separators=(",", ":"))
+            done = db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall()
+            matched = {(r[0], r[1]) for r in done}
+            won = []  # per copy: its compare-and-set matched (one copy per match: a repeated copy lost)
+            for t in checked:
+                hit = (t.id, t.version + 1) in matched
+                matched.discard((t.id, t.version + 1))
+                won.append(hit)
+            promoted = _promote_heads(db, [(r[2], r[3]) for r in done])  # the stored key, not the caller's
+            if fenced is not None:  # ...and record the tokens of the commits that went through
+                for f, w in zip(fenced, won, strict=True):
+                    if f is not None and w:
+                        check_fence(db, now, f[0], f[1])
+            records = [[r[2], r[4]] for r in done if r[4] is not None]  # the stored keys, not the caller's
+            if records:
+                db.execute(Q["record_processed_batch"], {"records": json.dumps(records), "now": now})
+            out: list[int | str | None] = [
+                t.version + 1 if w else (None if t.id in refused else _lost_reason(db, t, now))
+                for t, w in zip(checked, won, strict=True)
+            ]
+            following: _Row | None = None
+            duplicates = 0
+            queue = head.queue
+            if continuation is not None and won[0]:
+                # the stored key (as the promotion uses), never the caller's copy of the task
+                queue, key = next((r[2], r[3]) for r in done if r[0] == head.id)
+                params = {
+                    "queue": queue,
+                    "partition_key": key,
+                    "node_id": continuation[0],
+                    "lease_s": continuation[1],
+                    "token": new_token(),
+                }
+                following, duplicates, promoted = _claim_key_head(db, now, params, promoted)
+            return now, out, refused, promoted, following, duplicates, queue
+
+        def undo(result: _Completed) -> Operation[Any] | None:
+            following = result[4]
+            return None if following is None else self._release_rows_op([following])
+
+        now, outcomes, refused, promoted, following, duplicates, next_queue = await self._write(op, undo)
+        done: list[Task | CoordError] = []
+        for i, (task, result_json, outcome) in enumerate(zip(checked, encoded, outcomes, strict=True)):
+            if task.id in refused:
+                fence = None if fenced is None else fenced[i]
+                assert fence is not None
+                done.append(fence_rejected_error(fence[0], fence[1], refused[task.id]))
+            elif isinstance(outcome, int):
+                done.append(settled_done(task, version=outcome, now=now, result=decode_json(result_json)))
+            elif outcome is None:
+                done.append(TaskNotFoundError(task.id))
+            else:
+                done.append(LeaseLostError(task.id, outcome))
+        committed = sum(1 for d in done if isinstance(d, Task))
+        self.events.add(ev.COMMITS, committed)
+        notify_partitions(self.notifier, promoted)  # the keys' next tasks, claimable now
+        self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for d in done if isinstance(d, LeaseLostError)))
+        self.events.add(ev.FENCING_REJECTED, len(refused))
+        next_task = None
+        if following is not None:
+            assert continuation is not None
+            owner, lease_s = continuation
+            next_task = _claimed_task(following, next_queue, owner, now + lease_s, now)
+            self.events.add(ev.CLAIMS)
+        self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
+        return done, next_task
+
+    async def _dead_letter_checked(self, task: Task, error: str) -> Task:
+        """Dead-letter ``task`` and promote its key's next head, in one transaction."""
+        promoted: list[tuple[str, int]] = []
+        out = await self._settle(
+            task,
+            Q["dead_letter"],
+            {"error": error},
+            lambda db, _now, t: promoted.extend(_promote_heads(db, [(t.queue, t.partition_key)])),
+        )
+        notify_partitions(self.notifier, promoted)
+        return out
+
+    async def _retry_checked(self, task: Task, error: str, delay_s: float) -> Task:
+        """Put ``task`` back to pending, due in ``delay_s`` seconds."""
+        return await self._settle(task, Q["retry"], {"error": error, "delay_s": delay_s})
+
+    async def _release_checked(self, task: Task, delay: float) -> Task:
+        """Hand the task back to pending without counting the attempt."""
+        return await self._settle(task, Q["release"], {"delay_s": delay})
+
+    async def _extend_checked(self, task: Task, lease: float) -> float:
+        """Renew the lease to ``lease`` seconds from now; return the new expiry (store clock)."""
+        key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, "lease_s": lease}
+
+        def op(db: sqlite3.Connection, now: float) -> tuple[float | None, str | None]:
+            row = db.execute(Q["extend"], {**key, "now": now}).fetchone()
+            if row is None:
+                return None, _lost_reason(db, task, now)
+            return float(row[0]), None
+
+        expiry, reason = await self._write(op)
+        if expiry is None:
+            if reason is None:
+                raise TaskNotFoundError(task.id)
+            raise LeaseLostError(task.id, reason)
+        return float(expiry)
+
+    async def _extend_many_checked(self, checked: list[Task], lease: float) -> list[bool]:
+        """Renew many leases with one statement; True for each lease still held."""
+        if not checked:
+            return []
+        leases = json.dumps([[t.id, t.lease_token] for t in checked])
+
+        def op(db: sqlite3.Connection, now: float) -> set[tuple[int, str]]:
+            rows = db.execute(Q["extend_many"], {"leases": leases, "lease_s": lease, "now": now}).fetchall()
+            return {(r[0], r[1]) for r in rows}
+
+        renewed: set[tuple[int, str]] = await self._write(op)
+        # By (id, token): a stale lease passed beside the live one on the same task stays False.
+        return [(t.id, t.lease_token) in renewed for t in checked]
+
+    # --- unchecked operations (benchmarks only) ------------------------------------------
+
+    async def _unchecked_claim_checked(
+        self, queue: str, node_id: str, limit: int, lease: float, parts: list[int] | None
+    ) -> list[Task]:
+        """Claim as a naive queue does: a read, then a write transaction that leases what it found.
+
+        The read and the write are separate transactions, so two nodes can claim the
+        same task (benchmarks only).
+        """
+        writer = self._w()
+        parts_json = None if parts is None else json.dumps(parts)
+
+        def read(db: sqlite3.Connection) -> list[int]:
+            now = writer.now(db)
+            params = {"queue": queue, "limit": limit, "partitions": parts_json, "now": now}
+            return [r[0] for r in db.execute(Q["unchecked_peek"], params).fetchall()]
+
+        ids = await self._read(read)
+        if not ids:
+            return []
+        params = {"ids": json.dumps(ids), "node_id": node_id, "lease_s": lease, "token": new_token()}
+
+        def op(db: sqlite3.Connection, now: float) -> list[_Row]:
+            return db.execute(Q["unchecked_claim"], {**params, "now": now}).fetchall()
+
+        rows: list[_Row] = await self._write(op)
+        self.events.add(ev.CLAIMS, len(rows))
+        return [task_from_row(r) for r in rows]
+
+    async def _unchecked_complete_checked(self, checked: list[Task], encoded: list[str | None]) -> int:
+        """Mark tasks done without any compare-and-set (benchmarks only); return rows written."""
+        items = [{"id": t.id, "result": r} for t, r in zip(checked, encoded, strict=True)]
+
+        def op(db: sqlite3.Connection, now: float) -> int:
+            done = [db.execute(Q["unchecked_complete"], {**item, "now": now}).fetchone() for item in items]
+            _promote_heads(db, [(r[0], r[1]) for r in done if r is not None])
+            return sum(1 for r in done if r is not None)
+
+        written = int(await self._write(op))
+        self.events.add(ev.COMMITS, written)
+        return written
+
+    # --- inspection and maintenance ---------------------------------------------------
+
+    async def _get_checked(self, task_id: int) -> Task:
+        """The task with that id (a read); TaskNotFoundError if none."""
+        row = await self._read(lambda db: db.execute(Q["select_task"], {"id": task_id}).fetchone())
+        if row is None:
+            raise TaskNotFoundError(task_id)
+        return task_from_row(row)
+
+    async def _stats_checked(self, queue: str | None) -> QueueStats:
+        """Counts by status and the oldest due pending age (store clock), for ``queue`` or all."""
+        writer = self._w()
+
+        def read(db: sqlite3.Connection) -> tuple[list[_Row], Any, float]:
+            now = writer.now(db)
+            counts = db.execute(Q["stats_counts"], {"queue": queue}).fetchall()
+            oldest_sql = Q["stats_oldest_pending"] if queue is not None else Q["stats_oldest_pending_all"]
+            oldest = db.execute(oldest_sql, {"queue": queue, "now": now}).fetchone()[0]
+            return counts, oldest, now
+
+        counts, oldest, now = await self._read(read)
+        by_status = {s: 0 for s in TaskStatus}
+        for status, n in counts:
+            by_status[TaskStatus(status)] = n
+        age = None if oldest is None else max(0.0, now - float(oldest))
+        return QueueStats(counts=by_status, oldest_pending_age_s=age)
+
+    async def _is_drained_checked(self, queue: str) -> bool:
+        """True when ``queue`` has no pending and no running task: one probe of ``coord_tasks_key_order``."""
+
+        def read(db: sqlite3.Connection) -> bool:
+            return db.execute(Q["queue_unfinished"], {"queue": queue}).fetchone() is None
+
+        return bool(await self._read(read))
+
+    async def _requeue_dead_checked(self, queue: str, checked_ids: list[int] | None) -> int:
+        """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
+        ids: str | None = None
+        if checked_ids is not None:
+            ids = json.dumps(checked_ids)
+
+        def op(db: sqlite3.Connection, now: float) -> int:
+            rows = db.execute(Q["requeue_dead"], {"queue": queue, "ids": ids, "now": now}).fetchall()
+            if rows:
+                keys = sorted({(r[1], r[2]) for r in rows})
+                db.execute(Q["recompute_heads"], {"keys": json.dumps(keys)})
+            return len(rows)
+
+        return int(await self._write(op))
+
+    async def _discard_dead_checked(self, queue: str, checked_ids: list[int] | None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids) and recompute their keys' heads; return how many."""
+        ids = None if checked_ids is None else json.dumps(checked_ids)
+
+        def op(db: sqlite3.Connection, now: float) -> list[tuple[str, str, int]]:
+            rows: list[tuple[str, str, int]] = db.execute(Q["discard_dead"], {"queue": queue, "ids": ids}).fetchall()
+            recompute_heads(db, [(r[0], r[1]) for r in rows])
+            return rows
+
+        rows = await self._write(op)
+        notify_partitions(self.notifier, [(r[0], int(r[2])) for r in rows])  # a key it held may go on
+        return len(rows)
+
+    async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
+        """Whether ``(consumer, message_id)`` has a processed-id record (a read)."""
+        row = await self._read(
+            lambda db: db.execute(Q["is_processed"], {"consumer": consumer, "message_id": message_id}).fetchone()
+        )
+        return row is not None
+
+    async def _purge_processed_checked(self, age: float, size: int) -> PurgeResult:
+        """Delete processed-id records older than ``age`` seconds; each batch its own short transaction."""
+        return await self._purge(Q["purge_processed_batch"], {"batch": size}, age, size)
+
+    async def _purge_finished_checked(self, queue: str, age: float, size: int) -> PurgeResult:
+        """Delete done tasks of ``queue`` older than ``age`` seconds; each batch its own short transaction."""
+        return await self._purge(Q["purge_finished_batch"], {"batch": size, "queue": queue}, age, size)
+
+    async def _purge(self, sql: str, params: dict[str, Any], age: float, size: int) -> PurgeResult:
+        deleted = batches = 0
+        while True:
+
+            def op(db: sqlite3.Connection, now: float) -> int:
+                return db.execute(sql, {**params, "cutoff": now - age}).rowcount
+
+            n = int(await self._write(op))
+            if n > 0:
+                deleted += n
+                batches += 1
+            if n < size:
+                return PurgeResult(deleted=deleted, batches=batches)
+
+
+def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> list[tuple[str, int]]:
+    """After tasks of these ``(queue, partition_key)`` left the active set: mark each key's new head.
+
+    Only queues claimed in order keep heads (``coord_ordered_queues``, read in the same
+    write transaction, so a queue another process has just marked is seen). Returns the
+    ``(queue, partition)`` of every new head: the work this change made claimable.
+    """
+    if not keys:
+        return []
+    queues = sorted({k[0] for k in keys})
+    ordered = {r[0] for r in db.execute(Q["ordered_queues"], {"queues": json.dumps(queues)})}
+    if not ordered:
+        return []
+    keys = [k for k in keys if k[0] in ordered]
+    return db.execute(Q["promote_heads"], {"keys": json.dumps(sorted(set(keys)))}).fetchall()
+
+
+def _keep_heads(db: sqlite3.Connection, queue: str) -> None:
+    """Make ``queue`` keep per-key heads from now on (first ordered use: computed from scratch)."""
+    if db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
+        db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
+
+
+def _claim_key_head(
+    db: sqlite3.Connection, now: float, params: dict[str, Any], promoted: list[tuple[str, int]]
+) -> tuple[_Row | None, int, list[tuple[str, int]]]:
+    """Lease the head of one key (commit-and-continue); return its row, duplicates settled, promotions.
+
+    The queue keeps heads from now on (as after an ordered claim). A head whose message id
+    is already processed is settled as a duplicate, and the key's following head is not
+    leased (it is announced instead, as a claim does).
+    """
+    queue = params["queue"]
+    _keep_heads(db, queue)
+    row: _Row | None = db.execute(Q["claim_key_head"], {**params, "now": now}).fetchone()
+    if row is None:
+        return None, 0, promoted
+    # The leased head is this caller's now: nobody else need wake for it.
+    promoted = [p for p in promoted if p != (queue, row[2])]
+    if row[3] is None:
+        return row, 0, promoted
+    settled = db.execute(Q["settle_duplicate"], {"ids": json.dumps([row[0]]), "now": now}).fetchall()
+    if not settled:
+        return row, 0, promoted
+    return None, 1, promoted + _promote_heads(db, [(r[1], r[2]) for r in settled])
