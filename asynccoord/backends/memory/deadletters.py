@@ -2,7 +2,7 @@
 
 :class:`MemoryDeadLetterOps` is a mixin of :class:`~asynccoord.backends.memory.store.MemoryStore`
 (``set_dead_letter_policy``, ``dead_letter_policy``; semantics in
-:class:`~asynccoord.contract.protocols.DeadLetterStore`). The store finds a key's head
+:class:`~asynccoord.contract.deadletters.DeadLetterStore`). The store finds a key's head
 among the statuses :meth:`MemoryDeadLetterOps._blocking` names: with ``hold``, a dead
 task is one of them, so a key whose earliest such task is dead has no claimable head.
 """
