@@ -1,7 +1,7 @@
 -- asynccoord schema version 8 (SQLite): settings per queue, the dead-letter policy first.
 -- One row per queue that changed a setting from its default (set_dead_letter_policy).
 -- dead_letters: 'skip' (a key goes on past its dead task) or 'hold' (it waits for the
--- dead task to be requeued or discarded; see DeadLetterStore in contract/protocols.py).
+-- dead task to be requeued or discarded; see DeadLetterStore in contract/deadletters.py).
 CREATE TABLE coord_queue_settings (
     queue TEXT PRIMARY KEY,
     dead_letters TEXT NOT NULL DEFAULT 'skip' CHECK (dead_letters IN ('skip', 'hold'))
