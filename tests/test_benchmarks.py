@@ -478,3 +478,18 @@ def test_rate_limits_keeps_the_window_bound_and_reports_every_documented_figure(
     for peer in ("pyrate_sqlite", "dbos_sqlite"):  # side by side when installed, else said why
         assert "skipped" in r[peer] or {"sends", "max_window_ratio", "utilisation", "drain_s"} <= set(r[peer])
     assert "skipped" in r["postgres"]
+
+
+def test_latency_reports_pickup_with_and_without_the_wake_up(tmp_path: Path) -> None:
+    result = run_json("latency.py", "--quick", "--stores", "sqlite", cwd=tmp_path)
+    assert result["tasks"] == 20
+    for mode in ("wakeup", "poll_only"):
+        figures = result["sqlite"][mode]
+        assert figures["tasks"] == 20  # the consumer saw as many sends as tasks enqueued
+        for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms"):
+            assert math.isfinite(figures[key]), (mode, key, figures[key])
+            assert figures[key] > 0, (mode, key, figures[key])
+        assert figures["p50_ms"] <= figures["p90_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+        for key in ("idle_consumer_cpu_pct", "idle_producer_cpu_pct"):
+            assert figures[key] >= 0
+        assert figures["idle_producer_writes"] == 0  # an idle store with no nodes writes nothing

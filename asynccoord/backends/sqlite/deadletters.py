@@ -8,7 +8,7 @@ marks a head refuses one that a dead task precedes in a ``hold`` queue, in the s
 transaction as the change that would have promoted it, so every process on the file
 follows the policy without reading it in its claims. A change of policy, a discard
 (``discard_dead``, in :mod:`.queue`) and a requeue recompute the heads of the keys they
-touch. Schema: ``migration_0008.sql``; queries: ``sql/deadletters.sql``.
+touch. Schema: ``migration_0002.sql``; queries: ``sql/deadletters.sql``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
--- asynccoord schema version 2 (SQLite): distributed locks, semaphores and fencing.
--- A lock is a semaphore of one permit. Each live acquisition is one row of
--- coord_lock_holders (an expired row is dead: every query compares expires_at with the
--- store clock, and the next acquisition of the name deletes it). The fencing counter of a
--- name lives in coord_lock_names and is kept while the lock is free, so fencing tokens
--- rise strictly across releases, expiries and processes.
-CREATE TABLE coord_lock_names (
-    name               TEXT    PRIMARY KEY,
-    last_fencing_token INTEGER NOT NULL
+-- asynccoord schema revision 2 (SQLite): settings per queue, the dead-letter policy first.
+-- One row per queue that changed a setting from its default (set_dead_letter_policy).
+-- dead_letters: 'skip' (a key goes on past its dead task) or 'hold' (it waits for the
+-- dead task to be requeued or discarded; see DeadLetterStore in contract/deadletters.py).
+CREATE TABLE coord_queue_settings (
+    queue TEXT PRIMARY KEY,
+    dead_letters TEXT NOT NULL DEFAULT 'skip' CHECK (dead_letters IN ('skip', 'hold'))
 ) WITHOUT ROWID;
-
-CREATE TABLE coord_lock_holders (
-    owner_token   TEXT    PRIMARY KEY,
-    name          TEXT    NOT NULL,
-    holder        TEXT    NOT NULL,
-    fencing_token INTEGER NOT NULL,
-    permits       INTEGER NOT NULL,
-    acquired_at   REAL    NOT NULL,
-    expires_at    REAL    NOT NULL
-) WITHOUT ROWID;
--- Live leases of a name (acquire, list_locks by name).
-CREATE INDEX coord_lock_holders_name ON coord_lock_holders (name, expires_at);
-
--- Per guarded resource: the highest fencing token accepted, and the data of the last fenced write.
-CREATE TABLE coord_fences (
-    resource      TEXT    PRIMARY KEY,
-    fencing_token INTEGER NOT NULL,
-    data          TEXT,
-    updated_at    REAL    NOT NULL
-) WITHOUT ROWID;
+-- Dead tasks of a key, oldest first: whether a key of a 'hold' queue is held (one seek).
+CREATE INDEX coord_tasks_dead ON coord_tasks (queue, partition_key, id) WHERE status = 'dead';
