@@ -50,7 +50,7 @@ from .locks.lock import Lock, Semaphore
 from .locks.pool import LockPool
 from .locks.watchdog import Watchdog, WatchdogStats
 from .membership import Membership, MembershipStats, MembershipView
-from .models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from .models import Continuation, DeadLetterPolicy, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from .monitor.alerts import AlertStream
 from .monitor.histogram import Histogram, LatencyRecorder
 from .monitor.monitor import Monitor, MonitorStats
@@ -77,6 +77,7 @@ __all__ = (
     "Continuation",
     "CoordError",
     "DEFAULT_RULES",
+    "DeadLetterPolicy",
     "Delivery",
     "EnqueueResult",
     "EventCounter",

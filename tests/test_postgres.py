@@ -64,6 +64,10 @@ SQLITE_ONLY = {
             "release_rate_limited",
         )
     },
+    **{
+        name: "the dead-letter policy 'hold' is kept by the SQLite and memory stores; PostgreSQL refuses it"
+        for name in ("dead_letter_policy", "set_dead_letter_policy", "dead_letter_keys")
+    },
     "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",
 }
 POSTGRES_ONLY = {

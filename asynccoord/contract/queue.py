@@ -373,6 +373,20 @@ class QueueStore(Protocol):
         """
         ...
 
+    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Delete dead tasks for good; return how many.
+
+        Args:
+            queue: Queue name.
+            task_ids: Only these dead tasks (ids of tasks that are not dead are skipped);
+                None for every dead task of the queue.
+
+        A conversation held by its dead task (policy ``hold``, see
+        :class:`~asynccoord.contract.deadletters.DeadLetterStore`) goes on from its next
+        task. The idempotency key of a discarded task is free again.
+        """
+        ...
+
     async def is_processed(self, consumer: str, message_id: str) -> bool:
         """Whether a processed-id record exists for ``(consumer, message_id)``."""
         ...

@@ -283,6 +283,19 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             self.notifier.notify(queue, len(rows), {int(r[3]) for r in rows})
         return len(rows)
 
+    async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids); return how many.
+
+        Dead tasks hold no head (``is_head`` is kept for pending and running tasks), so no
+        head upkeep follows (this store keeps the ``skip`` policy only).
+        """
+        self._writable()
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> int:
+            return len(await self._fetch(conn, "discard_dead", queue=queue, ids=ids))
+
+        return await self._run(op, what="discard_dead")
+
     async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (one statement)."""
 

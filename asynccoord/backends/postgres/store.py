@@ -53,6 +53,7 @@ from .conn import (
     PgRunner,
     map_pg_error,
 )
+from .deadletters import PostgresDeadLetterOps
 from .locks import PostgresLockOps
 from .membership import PostgresMembershipOps
 from .monitor import PostgresMonitorOps
@@ -93,7 +94,7 @@ _SETTLE_S = 2.0
 """Longest ``close()`` waits for connection attempts that cancelled calls left running, seconds."""
 
 
-class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
+class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps, PostgresDeadLetterOps):
     """The whole storage contract on one PostgreSQL database (queue, locks, membership, monitor).
 
     Use as ``async with PostgresStore("postgresql://user@host/db") as store: ...`` or

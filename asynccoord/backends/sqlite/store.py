@@ -41,6 +41,7 @@ from ...validation import check_bool, check_clock
 from ..schema import REVISION_KEY, check_revision
 from ..sqlfiles import load_migrations, load_queries
 from .checkpoint import WalCheckpointer
+from .deadletters import SQLiteDeadLetterOps
 from .locks import SQLiteLockOps
 from .membership import SQLiteMembershipOps
 from .monitor import SQLiteMonitorOps
@@ -109,7 +110,9 @@ def _read_only_file(path: str, reason: str) -> ReadOnlyStoreError:
     )
 
 
-class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps):
+class SQLiteStore(
+    SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps, SQLiteDeadLetterOps
+):
     """The whole storage contract (queue, locks, membership, monitor) on one SQLite file.
 
     Use as ``async with SQLiteStore("bot.db") as store: ...`` or call

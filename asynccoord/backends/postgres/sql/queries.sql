@@ -503,6 +503,12 @@ RETURNING id, queue, partition_key, partition;
 SELECT DISTINCT queue, partition_key FROM coord_tasks
  WHERE queue = :queue::text AND status = 'dead' AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]));
 
+-- name: discard_dead
+-- Dead tasks hold no head (is_head is kept for active tasks), so none moves.
+DELETE FROM coord_tasks
+ WHERE queue = :queue::text AND status = 'dead' AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]))
+RETURNING id;
+
 -- name: is_processed
 SELECT 1 FROM coord_processed WHERE consumer = :consumer::text AND message_id = :message_id::text;
 
