@@ -25,7 +25,7 @@ from services import PG_DSN, new_schema, postgres_problem, unavailable
 
 from asynccoord import NewTask, SQLiteStore, StoreConfig, Task, TaskStatus
 from asynccoord.backends.open import open_store, redact_location, redact_target, store_kind
-from asynccoord.backends.postgres.store import PostgresStore, split_connect_timeout
+from asynccoord.backends.postgres.store import SCHEMA_VERSION, PostgresStore, split_connect_timeout
 from asynccoord.backends.redis import RedisLockStore
 from asynccoord.backends.sqlfiles import load_queries
 from asynccoord.cli.main import main
@@ -49,21 +49,7 @@ SQLITE_ONLY = {
     "claim_pending": "the pending-only form of claim (no merge with expired leases)",
     "claim_pending_ordered": "the pending-only form of claim_ordered",
     "ordered_queues": "SQLite reads which queues keep heads with no lock (one writer; PostgreSQL: kept_queues)",
-    **{
-        name: "rate limits are enforced by the SQLite and memory stores; PostgreSQL refuses limit_keys for now"
-        for name in (
-            "rate_limits",
-            "delete_rate_limits",
-            "insert_rate_limit",
-            "bucket_tat",
-            "set_bucket_tat",
-            "task_limit_keys",
-            "limited_candidates",
-            "limited_candidates_ordered",
-            "claim_ids",
-            "release_rate_limited",
-        )
-    },
+    "bucket_tat": "SQLite reads one bucket at a time (PostgreSQL: bucket_tats, a chunk's buckets at once)",
     "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",
 }
 POSTGRES_ONLY = {
@@ -83,6 +69,11 @@ POSTGRES_ONLY = {
     "share_queues": "shared advisory locks of queues, so a queue cannot start keeping heads mid-transition",
     "kept_queues": "which queues keep per-key heads, read after share_queues (SQLite: ordered_queues)",
     "keep_heads": "a queue starts keeping heads: recorded and computed under its exclusive lock (SQLite: two)",
+    "queue_limited": "whether a queue declares rate limits, cached ~1 s (SQLite's claim_probe asks in the claim)",
+    "lock_rate_limits": "a queue's exclusive advisory lock over its buckets (SQLite has one writer)",
+    "bucket_tats": "the TATs of a chunk of candidates' buckets in one statement (SQLite: bucket_tat)",
+    "claimable_partitions_limited": "claimable_partitions of a queue with limits, with each held partition's refill",
+    "claimable_partitions_limited_ordered": "claimable_partitions_limited for an ordered claim",
 }
 
 
@@ -1781,7 +1772,10 @@ async def test_schema_9_keeps_the_heads_of_every_queue_a_version_8_store_kept(pg
         )
         await conn.execute("UPDATE coord_meta SET value = '8' WHERE key = 'schema_version'")
         async with PostgresStore(pg, schema=schema, listen=False) as store:
-            assert await conn.fetchval("SELECT value FROM coord_meta WHERE key = 'schema_version'") == "9"
+            # Upgraded through version 9 (and any later one) to the current version.
+            assert await conn.fetchval("SELECT value FROM coord_meta WHERE key = 'schema_version'") == str(
+                SCHEMA_VERSION
+            )
             kept = await conn.fetchval("SELECT array_agg(queue ORDER BY queue) FROM coord_ordered_queues")
             assert kept == ["a", "b", "gone"]  # a key row was enough for "gone"
             # Version 8's heads serve ordered claims at once, and commits keep them up.

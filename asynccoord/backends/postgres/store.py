@@ -36,6 +36,12 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
 * **Commit-and-continue** (``complete_and_claim_next``) rides the same batch: since schema
   version 8 the function also leases, for each continuing task, its key's next head to the
   task's owner, in the commit's statement and transaction, and notifies nobody of it.
+* **Rate limits** (schema version 10): a queue that declares limits is claimed one
+  transaction at a time under the queue's exclusive advisory lock, which reads the
+  candidates in order, takes each one's tokens if every bucket it names has one (GCRA TATs
+  in ``coord_rate_buckets``) and leases it, in that transaction
+  (:mod:`.ratelimits`); the claims of other queues run the statements above, which (and
+  commit-and-continue too) leave a task naming limit keys in a limited queue alone.
 * **Time** is the server's clock (``coord_now()``, i.e. ``statement_timestamp()``), for
   every lease, run_at and heartbeat; machines never compare their own clocks.
 * **Connection loss** is retried with backoff at one boundary (:mod:`._pgconn`); a
@@ -268,9 +274,10 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         self._extender: Batcher[Renewal, set[tuple[int, str]]] = Batcher(
             self._extend_batch, self.config.max_batch_ops, name="asynccoord-pg-extend"
         )
-        # One claim batcher per (queue, ordered, min_due_age_s): the claims one statement
-        # serves. Idle ones are dropped when there are many (queues named on the fly).
-        self._claimers: dict[tuple[str, bool, float], Batcher[ClaimRequest, Claimed]] = {}
+        # One claim batcher per (queue, ordered, min_due_age_s, limited): the claims one statement
+        # (one transaction, for a queue with rate limits) serves. Idle ones are dropped when
+        # there are many (queues named on the fly).
+        self._claimers: dict[tuple[str, bool, float, bool], Batcher[ClaimRequest, Claimed]] = {}
 
     def __repr__(self) -> str:
         state = "open" if self._runner.pool is not None else "closed"
@@ -320,6 +327,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         # claim would wait on a future of a dead loop, and close() on it for 5 s.
         loop = asyncio.get_running_loop()
         self._keeping.clear()
+        self._limited_probes.clear()  # likewise, and the answers about the queues of another database
+        self._limited_queues.clear()
         self._background = {t for t in self._background if t.get_loop() is loop}
         try:
             pool = await asyncpg.create_pool(
@@ -413,6 +422,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         for claimer in list(self._claimers.values()):
             await claimer.flush()
         self._claimers.clear()
+        self._refill.cancel_all()
         if self._background:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._background), timeout=5.0)
