@@ -1,6 +1,6 @@
 """Rate limits seen from the pipeline: a provider's 429 honoured, throttled nodes that wait, not spin.
 
-Real stores (memory and an SQLite file) on the real clock, a real Runtime of nodes.
+Real stores (memory, an SQLite file and PostgreSQL) on the real clock, a real Runtime of nodes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from asynccoord import NodeConfig, RateLimit, RateLimited, Runtime, Task, TaskSt
 from asynccoord import events as ev
 
 Q = "outbox"
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"], indirect=True)
+pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"], indirect=True)
 
 
 async def drained(store, n: int, timeout_s: float = 20.0) -> None:
