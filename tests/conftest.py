@@ -53,6 +53,7 @@ class MakeStore(Protocol):
         config: StoreConfig | None = None,
         clock: Callable[[], float] | None = _DEFAULT,
         path: str | os.PathLike[str] | None = None,
+        wakeup: bool = True,
     ) -> Awaitable[MemoryStore | SQLiteStore]: ...
 
 
@@ -82,13 +83,14 @@ async def make_store(backend: str, db_path: Path, clock: FakeClock) -> AsyncIter
         config: StoreConfig | None = None,
         clock: Callable[[], float] | None = _DEFAULT,
         path: str | os.PathLike[str] | None = None,
+        wakeup: bool = True,
     ) -> MemoryStore | SQLiteStore:
         chosen = fake_clock if clock is _DEFAULT else clock
         store: MemoryStore | SQLiteStore
         if backend == "memory":
             store = MemoryStore(config=config, clock=chosen)
         elif backend == "sqlite":
-            store = SQLiteStore(path if path is not None else db_path, config=config, clock=chosen)
+            store = SQLiteStore(path if path is not None else db_path, config=config, clock=chosen, wakeup=wakeup)
         else:
             store = await services.open(backend, config=config, clock=chosen, path=path)  # type: ignore[assignment]
         await store.open()

@@ -10,7 +10,7 @@ import pytest
 from asynccoord import MemoryStore, NewTask, Task
 from asynccoord.node.flight import RENEWABLE, TRANSITIONS, Flight, FlightState, lease_deadline
 from asynccoord.node.keeper import lose
-from asynccoord.node.send import cut, lock_lost
+from asynccoord.node.send import cut, lease_ran_out, lock_lost
 
 S = FlightState
 
@@ -32,7 +32,7 @@ def flight_in(task: Task, *path: FlightState) -> Flight:
 
 def test_every_state_has_its_moves_and_the_ends_have_none() -> None:
     assert set(TRANSITIONS) == set(FlightState)
-    assert {s for s, moves in TRANSITIONS.items() if not moves} == {S.DROPPED, S.INTERRUPTED, S.SETTLED}
+    assert {s for s, moves in TRANSITIONS.items() if not moves} == {S.DROPPED, S.UNSENT, S.INTERRUPTED, S.SETTLED}
     for state, moves in TRANSITIONS.items():
         assert state.allowed == moves
     assert set(RENEWABLE) == {S.CLAIMED, S.SENDING, S.TIMED_OUT}
@@ -48,6 +48,7 @@ async def test_each_move_the_table_allows_is_made_and_every_other_is_refused() -
         S.LOCK_LOST: (S.LOCK_LOST,),
         S.RETURNED: (S.SENDING, S.RETURNED),
         S.DROPPED: (S.LEASE_LOST, S.DROPPED),
+        S.UNSENT: (S.LEASE_LOST, S.UNSENT),
         S.LOCK_DROPPED: (S.LOCK_LOST, S.LOCK_DROPPED),
         S.INTERRUPTED: (S.SENDING, S.INTERRUPTED),
         S.SETTLED: (S.SENDING, S.RETURNED, S.SETTLED),
@@ -74,6 +75,21 @@ async def test_a_lost_lease_is_counted_once_and_never_after_the_send_is_over() -
         settled = flight_in(task, S.SENDING, S.RETURNED)
         lose(store, settled, "task lease lost")
         assert (settled.state, settled.lost) == (S.RETURNED, None)  # settling owns the lease: nothing lost
+        assert store.events.snapshot().get("lease_lost") == 1
+
+
+async def test_a_lease_run_out_before_its_send_is_counted_once_and_a_lost_flight_is_left_alone() -> None:
+    task = await leased_task()
+    async with MemoryStore() as store:
+        claimed = flight_in(task)
+        lease_ran_out(store, "n", claimed, "before its send")
+        lease_ran_out(store, "n", claimed, "before its send")  # found again: no second count
+        assert claimed.state is S.LEASE_LOST
+        assert claimed.lost == "task lease past its local deadline before its send (no renewal confirmed in time)"
+        lost = flight_in(task, S.LOCK_LOST)
+        lost.lost = "lock lost: taken over"
+        lease_ran_out(store, "n", lost, "while it waited for its lock")
+        assert (lost.state, lost.lost) == (S.LOCK_LOST, "lock lost: taken over")
         assert store.events.snapshot().get("lease_lost") == 1
 
 

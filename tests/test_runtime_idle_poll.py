@@ -37,6 +37,15 @@ async def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.005)
 
 
+def holds(condition: Any) -> Any:
+    """An awaitable predicate for :func:`wait_until` from a plain one."""
+
+    async def check() -> bool:
+        return bool(condition())
+
+    return check
+
+
 def done(store: Any, task_id: int) -> Any:
     async def check() -> bool:
         return (await store.get(task_id)).status is TaskStatus.DONE
@@ -138,7 +147,9 @@ async def test_idle_nodes_of_a_runtime_do_not_claim_and_polls_do_not_grow_with_t
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_a_task_enqueued_through_another_connection_is_claimed(make_store: Any, backend: str) -> None:
     store = await make_store(clock=None)
-    other = await make_store(clock=None)  # same file / schema, another connection and notifier
+    # Same file / schema, another connection and notifier; on SQLite without the wake-up channel
+    # (tests/test_sqlite_wakeup.py), so that only the poll can find the task.
+    other = await make_store(clock=None, wakeup=False)
     sent: list[int] = []
 
     async def send(task: Task) -> None:
@@ -289,3 +300,40 @@ async def test_a_standalone_node_still_polls_by_itself(make_store: Any) -> None:
     await asyncio.wait_for(run, 5.0)
     [at] = sent
     assert 0.2 <= at - started < 1.0
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_a_node_that_gains_partitions_while_it_waits_is_woken_for_them(make_store: Any) -> None:
+    """A view change re-matches a waiting node's wake-up to the partitions it owns now.
+
+    Before, the wake-up kept the partitions of the node's last claim: a task announced in
+    a partition the node had just taken over woke nobody, and waited for the idle poll
+    (here 20-30 s; by default up to ``idle_max_s``).
+    """
+    store = await make_store(clock=None)
+    other = await make_store(clock=None)  # the leaving runtime's: its shutdown wakes none of ours
+    sent: list[int] = []
+
+    async def send(task: Task) -> None:
+        sent.append(task.id)
+
+    slow_poll = NodeConfig(queue=QUEUE, idle_min_s=20.0, idle_max_s=30.0, idle_fallback_s=60.0)
+    stays = Runtime(store, send=send, nodes=1, config=slow_poll, heartbeat_interval_s=0.05, node_ids=["a"])
+    leaves = Runtime(other, send=send, nodes=1, config=slow_poll, heartbeat_interval_s=0.05, node_ids=["b"])
+    async with stays:
+        async with leaves:
+            await wait_until(holds(lambda: stays.membership.view.node_ids == ("a", "b")), 5.0, "both nodes in the view")
+            assert stays.nodes[0].wake()  # it claims again, by the two-node view, and waits
+            await asyncio.sleep(0.2)
+            assert stays.nodes[0].idle
+        version = stays.membership.view.version
+        await wait_until(holds(lambda: stays.membership.view.version > version), 5.0, "the view without b")
+        key = next(
+            k
+            for k in (f"conv-{n}" for n in range(1000))
+            if owner_of(partition_of(k, store.partitions), ["a", "b"]) == "b"
+        )
+        started = time.monotonic()
+        task = (await store.enqueue(QUEUE, {"n": 1}, partition_key=key)).task
+        await wait_until(holds(lambda: sent == [task.id]), 10.0, "a to send the task of b's former partition")
+        assert time.monotonic() - started < 5.0  # the notification woke it, not the 20 s poll

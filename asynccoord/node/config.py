@@ -51,6 +51,8 @@ class NodeConfig:
         lock_permits: Permits per lock name: 1 for a lock, N (at most 2**31 - 1, the
             semaphore's bound ``MAX_PERMITS``) for a semaphore. Default 1.
         lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
+            The wait also ends at the task lease's local deadline (the task then goes back
+            at once, counted as ``lease_lost``).
         busy_requeue_s: Delay of a task handed back because its lock stayed busy, at least
             0.001 (``validation.MIN_INTERVAL_S``: the task would come straight back). Default 0.05.
         renew_leases: Keep task leases (and locks) alive while sends run. Default True.

@@ -11,11 +11,14 @@ changes it, and refuses a transition the table :data:`TRANSITIONS` does not allo
   cancelled (or the process exits) while the send runs;
 * the send's timeout timer: ``SENDING -> TIMED_OUT``;
 * the keeper (:mod:`asynccoord.node.keeper`), when a lease is not renewed: ``-> LEASE_LOST``;
+* the slot, when the lease's local deadline passes before the send begins (while the task
+  waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``;
 * the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
 
 A lost lease or lock before the send is over cuts the send, and the send's end then moves
 the flight on to ``DROPPED`` (never committed) or ``LOCK_DROPPED`` (the attempt is recorded
-as failed). Each flight also keeps its lease's local deadline on the monotonic clock
+as failed); a lease that ran out locally before the send began ends in ``UNSENT`` (the task
+goes back at once, never sent). Each flight also keeps its lease's local deadline on the monotonic clock
 (:func:`lease_deadline`), which the keeper moves on at every renewal.
 """
 
@@ -50,6 +53,9 @@ class FlightState(enum.Enum):
     record owns the lease now."""
     DROPPED = "dropped"
     """The send is over after a lost lease: nothing is committed, nothing handed back."""
+    UNSENT = "unsent"
+    """The lease reached its local deadline before the send began (the store may hand the task
+    on from then on): never sent, never committed; the task is handed back at once."""
     LOCK_DROPPED = "lock_dropped"
     """The send is over after a lost lock: the attempt is recorded as failed."""
     INTERRUPTED = "interrupted"
@@ -69,11 +75,12 @@ TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
     _S.TIMED_OUT: (_S.RETURNED, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
     # A lost lock after a lost lease (the send still in its cleanup) is the one recorded:
     # the attempt is then failed, which the store refuses harmlessly if the lease is gone.
-    _S.LEASE_LOST: (_S.DROPPED, _S.LOCK_LOST, _S.INTERRUPTED),
+    _S.LEASE_LOST: (_S.DROPPED, _S.UNSENT, _S.LOCK_LOST, _S.INTERRUPTED),
     _S.LOCK_LOST: (_S.LOCK_DROPPED, _S.LOCK_LOST, _S.INTERRUPTED),
     _S.RETURNED: (_S.SETTLED,),
     _S.LOCK_DROPPED: (_S.SETTLED,),
     _S.DROPPED: (),
+    _S.UNSENT: (),
     _S.INTERRUPTED: (),
     _S.SETTLED: (),
 }

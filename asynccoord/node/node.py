@@ -14,8 +14,14 @@ A node repeatedly
    either;
 2. **locks**: takes the lock (or a semaphore permit) that ``lock_key(task)`` names,
    e.g. ``"account:42"``, waiting up to ``lock_wait_s`` (a task whose lock stays busy
-   goes back to the queue after a short delay, not counted as a failure);
-3. **sends**: calls the user's ``send(task)`` under ``send_timeout_s``; the task's
+   goes back to the queue after a short delay, not counted as a failure), and never past
+   the task lease's local deadline;
+3. **sends**: calls the user's ``send(task)`` under ``send_timeout_s``, never past the
+   local deadline of the task's lease or of its lock (``time.monotonic()``: the claim's
+   or last confirmed renewal's send time, plus ``lease_s``, less a margin of
+   ``min(lease_s / 5, 2 s)``): a send started later could follow the store's hand-over
+   of the task to another node, so the task goes back unsent (counted as
+   ``lease_lost``; a lapsed lock counts ``lock_lost``); the task's
    lease and the lock are renewed by the node's keeper every ``lease_s / 3`` while it
    runs (one batched statement for all of the node's leases, one for its locks), and
    if either is lost the send is cancelled at once (one ``CancelledError``, as
@@ -88,10 +94,10 @@ from ..validation import check_bool, check_lock_store, check_name, check_queue_s
 from .ablation import FULL, Ablation
 from .config import NodeConfig
 from .delivery import Affinity
-from .flight import Flight, lease_deadline
+from .flight import Flight, FlightState, lease_deadline
 from .keeper import Keeper
 from .running import stop_all
-from .send import Sender, SendFn, lock_lost, observe
+from .send import Sender, SendFn, lease_ran_out, lock_lost, observe
 from .settle import SETTLE_WAIT_S, Settler
 from .status import NodeState, NodeStatus
 
@@ -422,8 +428,17 @@ class Node:
         return self._owned_sorted
 
     def _view_changed(self, view: object) -> None:
-        """Membership listener: take the new view's ownership now, not at the next claim."""
-        self._partitions()
+        """Membership listener: take the new view's ownership now, not at the next claim.
+
+        A waiting node's wake-up is matched to the partitions it owns now (it kept those
+        of its last claim, so work announced in a partition it had just taken over woke
+        nobody and waited for the idle poll), and a node that gained partitions claims at
+        once: work may wait there that was announced to their former owner.
+        """
+        before = self._owned
+        self.claim_partitions()
+        if before is not None and self._owned is not None and not self._owned <= before:
+            self.wake()
 
     async def _fetch_loop(self, tg: anyio.abc.TaskGroup) -> None:
         if not self._claiming:
@@ -462,6 +477,7 @@ class Node:
                 partitions = self._partitions()
                 wake.arm(self._owned if partitions is not None else None)
                 claim_started = time.perf_counter()
+                claim_sent = time.monotonic()  # before the claim: the store starts the leases after it
                 tasks = await self._claim(free, partitions)
                 observe(self.store, CLAIM_MS, claim_started)
             except UNRECOVERABLE_STORE_ERRORS:
@@ -487,7 +503,7 @@ class Node:
                 break
             if tasks:
                 self._state.claimed += len(tasks)
-                deadline = lease_deadline(time.monotonic(), cfg.lease_s)
+                deadline = lease_deadline(claim_sent, cfg.lease_s)
                 flights = [Flight(task=task, lease_deadline=deadline) for task in tasks]
                 for flight in flights:
                     self._in_flight[flight.task.id] = flight
@@ -656,20 +672,27 @@ class Node:
                 await settler.finish(flight, await self._sender.run(flight, self.send))
             elif cfg.lock_permits == 1:
                 # Local tasks needing the same lock take turns on one lease (see lockpool):
-                # the send runs in the turn, the commit after it (fenced by the token).
+                # the send runs in the turn, the commit after it (fenced by the token). The
+                # wait ends at the task lease's local deadline too: a turn taken later (the
+                # store may have handed the task on meanwhile) would send it twice.
+                wait_s = self._lock_wait_s(flight)
+                if wait_s is None:
+                    await self._hand_back_lapsed(flight)
+                    return
                 try:
                     async with self._pool().turn(
                         name,
-                        timeout_s=cfg.lock_wait_s,
+                        timeout_s=wait_s,
                         on_lost=functools.partial(lock_lost, flight),
                         priority=task.priority,
                         order=task.id,  # the oldest waiting task first: the lagging conversation's head
                     ) as turn:
                         flight.lock = turn.lease
+                        turn.check()  # past the lock's own local deadline: lost (on_lost), never sent
                         outcome = await self._sender.run(flight, self.send)
                         committed = turn.defer()  # the lease stays in this process until the commit is over
                 except LockTimeoutError:
-                    await settler.hand_back(task, delay_s=cfg.busy_requeue_s)
+                    await self._lock_wait_over(flight)
                     return
                 try:
                     await settler.finish(flight, outcome)
@@ -689,10 +712,14 @@ class Node:
                     holder=self.node_id,
                     on_lost=functools.partial(lock_lost, flight),
                 )
+                wait_s = self._lock_wait_s(flight)
+                if wait_s is None:
+                    await self._hand_back_lapsed(flight)
+                    return
                 try:
-                    flight.lock = await handle.acquire(timeout_s=cfg.lock_wait_s)
+                    flight.lock = await handle.acquire(timeout_s=wait_s)
                 except LockTimeoutError:
-                    await settler.hand_back(task, delay_s=cfg.busy_requeue_s)
+                    await self._lock_wait_over(flight)
                     return
                 try:
                     await settler.finish(flight, await self._sender.run(flight, self.send))
@@ -714,6 +741,46 @@ class Node:
                     await self.lock_pool.released(flight.lock.name)
             await self._settler.hand_back_shielded(flight)
             raise
+
+    def _lock_wait_s(self, flight: Flight) -> float | None:
+        """How long ``flight``'s task may wait for its lock: ``lock_wait_s``, cut at its lease's local deadline.
+
+        Returns:
+            The wait, or None when that deadline has passed already (the lease is then lost,
+            see :func:`~asynccoord.node.send.lease_ran_out`).
+        """
+        left_s = flight.lease_deadline - time.monotonic()
+        if left_s <= 0:
+            lease_ran_out(self.store, self.node_id, flight, "before its lock was taken")
+            return None
+        return min(self.config.lock_wait_s, left_s)
+
+    async def _lock_wait_over(self, flight: Flight) -> None:
+        """No lock (or permit) came within the wait: hand the task back.
+
+        After ``busy_requeue_s`` (its lock stayed busy, not counted as a failure), or at once
+        when the wait was cut by its lease's local deadline (the lease is then lost, see
+        :func:`~asynccoord.node.send.lease_ran_out`).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        if time.monotonic() >= flight.lease_deadline:
+            lease_ran_out(self.store, self.node_id, flight, "while it waited for its lock")
+            await self._hand_back_lapsed(flight)
+        else:
+            await self._settler.hand_back(flight.task, delay_s=self.config.busy_requeue_s)
+
+    async def _hand_back_lapsed(self, flight: Flight) -> None:
+        """Hand back, unsent, the task of ``flight`` whose lease ran out locally (``LEASE_LOST -> UNSENT``).
+
+        Claimable at once if the store still holds the lease for it (else it is claimable anyway).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        flight.move(FlightState.UNSENT)  # nothing was sent: nothing more to hand back on the way out
+        await self._settler.hand_back(flight.task, delay_s=0.0)
 
     async def _give_permit_back(self, handle: Semaphore, flight: Flight) -> None:
         """Release a semaphore permit after the send (shielded, bounded by the handle); a failed release is logged."""

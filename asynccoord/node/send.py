@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from .. import events as ev
 from .._exits import PROCESS_EXITS, ProcessExiting, carry, is_process_exit
 from ..errors import InvalidTypeError, LockLostError
 from ..models import Task
@@ -31,7 +32,17 @@ from ..monitor.histogram import SEND_MS
 from .delivery import _DELIVERY, Affinity, Delivery
 from .flight import Flight, FlightState
 
-__all__ = ("SEND_CLEANUP_S", "ExitRecorder", "Outcome", "SendFn", "Sender", "cut", "lock_lost", "observe")
+__all__ = (
+    "SEND_CLEANUP_S",
+    "ExitRecorder",
+    "Outcome",
+    "SendFn",
+    "Sender",
+    "cut",
+    "lease_ran_out",
+    "lock_lost",
+    "observe",
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +61,8 @@ SendFn = Callable[[Task], Awaitable[Any]]
 Outcome = tuple[bool, Any, BaseException | None, bool]
 """What :meth:`Sender.run` returns: ``(completed, result, failure, cancel_pending)``.
 
-``completed`` is False when the send was cut because its task lease or lock was lost.
+``completed`` is False when the send was cut because its task lease or lock was lost, or
+never started (its lease or lock lost first, or the lease past its local deadline).
 ``failure`` is what the send raised (an ``Exception``, or a ``BaseException`` other than
 ``KeyboardInterrupt`` and ``SystemExit``), ``TimeoutError()`` when it was cut at
 ``send_timeout_s``, or the ``CancelledError`` it raised although nothing of the node's
@@ -101,6 +113,10 @@ class Sender:
         A lost lease or lock, or the send timeout, cancels the send's task directly; a
         cancellation of the node reaches it through :func:`cut_short`. Whichever comes
         first cancels it; the others find it cut already and leave its cleanup time alone.
+        No send starts past the local deadline of the task's lease (``time.monotonic()``,
+        see :func:`~asynccoord.node.flight.lease_deadline`): one started later could follow
+        the store's hand-over of the task to another node, so the flight is lost
+        (:func:`lease_ran_out`) and ends ``UNSENT``, for the settle to hand the task back.
 
         Raises:
             CancelledError: the node was cancelled (the send got its cleanup time first;
@@ -111,6 +127,10 @@ class Sender:
                 is a failed send, as an ``Exception`` is.
         """
         state = flight.state
+        if state is FlightState.CLAIMED and time.monotonic() >= flight.lease_deadline:
+            lease_ran_out(self._store, self._node_id, flight, "before its send")  # the store may hand it on already
+            flight.move(FlightState.UNSENT)
+            return False, None, None, False
         if state is not FlightState.CLAIMED:  # its lease or lock was lost before the send could begin
             flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
             return False, None, None, False
@@ -226,6 +246,27 @@ def time_out(flight: Flight) -> None:
     if flight.state is FlightState.SENDING and flight.cut_until is None and child is not None and not child.done():
         flight.move(FlightState.TIMED_OUT)
         cut(flight)
+
+
+def lease_ran_out(store: Any, node_id: str, flight: Flight, when: str) -> None:
+    """The task lease of ``flight`` reached its local deadline unrenewed ``when`` (before its send began).
+
+    The lease is lost (counted as ``lease_lost``, logged as ``asynccoord.node.lease_ran_out``)
+    and the task is never sent on it: the store may hand it to another node from now on.
+    A flight lost already (by the keeper, or its lock) is left as it is.
+
+    Args:
+        store: The node's store (its ``events`` count the loss).
+        node_id: The node's id (for the log).
+        flight: The flight, ``CLAIMED`` if not lost already; it moves to ``LEASE_LOST``.
+        when: Where the deadline was found passed, for the log (``"before its send"``...).
+    """
+    if flight.state is not FlightState.CLAIMED:
+        return
+    flight.lost = f"task lease past its local deadline {when} (no renewal confirmed in time)"
+    flight.move(FlightState.LEASE_LOST)
+    store.events.add(ev.LEASE_LOST)
+    log.warning("asynccoord.node.lease_ran_out node=%s task=%s: not sent (%s)", node_id, flight.task.id, flight.lost)
 
 
 def lock_lost(flight: Flight, error: LockLostError) -> None:

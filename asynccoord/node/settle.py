@@ -9,8 +9,9 @@ same slot. A send that raised (or timed out) is a **failed attempt** for the ret
 task's own lease held. A store that is busy or unreachable at that moment is tried again,
 with backoff, while the lease lasts (:data:`SETTLE_RETRY`): a message that went out is
 never sent again for want of a commit that could still land. A task the node will not send
-(the node stops, its lock stayed busy, the store failed mid-task) is **handed back** to
-``pending``, not counted as a failure, so whoever claims next finds it at once.
+(the node stops, its lock stayed busy, its lease ran out locally before its send, the store
+failed mid-task) is **handed back** to ``pending``, not counted as a failure, so whoever
+claims next finds it at once.
 """
 
 from __future__ import annotations
@@ -135,10 +136,15 @@ class Settler:
             if not completed:
                 self.counters.conflicts += 1
                 node_id, task_id = self.node_id, flight.task.id
-                log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, flight.lost)
-                if flight.state is FlightState.LOCK_DROPPED:  # never commit; the task's lease is still ours
+                state = flight.state
+                if state is FlightState.UNSENT:  # never sent: pending again now, if the store still holds its lease
+                    await self.hand_back(flight.task, delay_s=0.0)
+                else:
+                    reason = flight.lost
+                    log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, reason)
+                if state is FlightState.LOCK_DROPPED:  # never commit; the task's lease is still ours
                     await self._fail_lock_lost(flight)
-                # else the task lease is gone: never commit
+                # else the task lease is gone (or ran out locally): never commit
             else:
                 self.counters.sent += 1
                 if isinstance(failure, RateLimited):  # the provider's 429: no attempt used, buckets paused
@@ -356,8 +362,8 @@ class Settler:
         cut, is counted as ``send_interrupted``: the task will be sent again.
         """
         state = flight.state
-        if state is FlightState.SETTLED:
-            return  # committed or failed already: its lease is gone, there is nothing to hand back
+        if state is FlightState.SETTLED or state is FlightState.UNSENT:
+            return  # committed, failed or handed back unsent already: there is nothing (more) to hand back
         if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
             # The send may have reached its receiver before it was cancelled: the next
             # holder's send of this task is a possible duplicate. Count it like a lost lease.

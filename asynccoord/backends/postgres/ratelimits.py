@@ -4,7 +4,7 @@
 the verbs of :class:`~asynccoord.contract.ratelimits.RateLimitStore` (``set_rate_limits``,
 ``rate_limits``, ``report_rate_limited``) and the claim of a queue that declares limits.
 That claim is one transaction under the queue's exclusive advisory lock
-(``coord_lock_rate_limits``, schema version 10), so the claims of every process and
+(``coord_lock_rate_limits``, ``sql/migration_0002.sql``), so the claims of every process and
 machine on the database take tokens one transaction at a time, each on the server clock
 read once the lock is held: it walks the candidates a claim would consider, best first,
 through a cursor, lets :class:`~asynccoord.contract.ratelimits.Admission` decide which

@@ -30,15 +30,15 @@ from ...errors import (
     InvalidArgumentError,
     InvalidTypeError,
     NotADatabaseError,
-    SchemaVersionError,
+    ReadOnlyStoreError,
     StoreClosedError,
     StoreError,
     StoreLoopError,
 )
 from ...events import EventCounter
 from ...monitor.histogram import LatencyRecorder
-from ...notify import WorkNotifier
 from ...validation import check_bool, check_clock
+from ..schema import REVISION_KEY, check_revision
 from ..sqlfiles import load_migrations, load_queries
 from .checkpoint import WalCheckpointer
 from .locks import SQLiteLockOps
@@ -47,12 +47,15 @@ from .monitor import SQLiteMonitorOps
 from .queue import SQLiteQueueOps
 from .ratelimits import SQLiteRateLimitOps
 from .readonly import read_only_error, read_only_uri, setup_read_only
+from .revision import delete_fix, read_meta
+from .wakeup import SharedNotifier, WakeupChannel, wakeup_dir
 from .writer import (
     GroupCommitter,
     Operation,
     close_abandoned,
     connection_thread_ended,
     daemon_connection,
+    is_read_only,
     map_sqlite_error,
     raw_connection,
     retry_busy,
@@ -66,6 +69,44 @@ log = logging.getLogger(__name__)
 Q = load_queries("sqlite")
 SCHEMA_VERSION = len(load_migrations("sqlite"))
 MIN_SQLITE = (3, 35, 0)
+
+
+def _check_writable(path: str) -> None:
+    """Refuse a database this process cannot write, before SQLite opens it (and leaves files behind).
+
+    SQLite opens a file it may not write read-only without a word, and fails at the first
+    write; under WAL it also needs ``<file>-wal`` and ``<file>-shm`` beside it, which it
+    creates in the folder (with this process's ownership). ``os.access`` answers for the
+    real user id (root passes, except on a read-only mount): the probe write in
+    :meth:`SQLiteStore._setup` covers what it cannot see.
+
+    Raises:
+        NotADatabaseError: the folder does not exist.
+        ReadOnlyStoreError: the file, a companion file, or the folder is not writable.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise NotADatabaseError(
+            f"cannot open {path!r}: its folder {folder!r} does not exist (create it first; a store creates "
+            "the database file, never its folder)"
+        )
+    companions = [path + "-wal", path + "-shm"]
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise _read_only_file(path, "the file is not writable by this process")
+    for companion in companions:
+        if os.path.exists(companion) and not os.access(companion, os.W_OK):
+            raise _read_only_file(path, f"{companion!r} is not writable by this process")
+    creates = not os.path.exists(path) or not all(os.path.exists(c) for c in companions)
+    if creates and not os.access(folder, os.W_OK | os.X_OK):
+        raise _read_only_file(path, f"its folder {folder!r} is not writable, and SQLite creates files there")
+
+
+def _read_only_file(path: str, reason: str) -> ReadOnlyStoreError:
+    return ReadOnlyStoreError(
+        f"{path!r} is read-only for this process ({reason}): open it with SQLiteStore(path, read_only=True) "
+        "to read it, or give this user write access to the file and its folder (SQLite writes "
+        "<file>-wal and <file>-shm beside it)"
+    )
 
 
 class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps):
@@ -86,6 +127,10 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
             migration, and every write raises
             :class:`~asynccoord.errors.ReadOnlyStoreError`. For inspection of a live
             database (it never blocks the writers). Default False.
+        wakeup: Wake idle nodes of other processes on the same file at once when work
+            for them is committed, and be woken by theirs (a Unix datagram socket in
+            ``<path>-wakeup/``, see :mod:`asynccoord.backends.sqlite.wakeup`). Off, work
+            from other processes is found by the idle poll only. Default True.
 
     Raises:
         InvalidTypeError: ``path`` is not a str or PathLike, ``config`` is not a StoreConfig,
@@ -101,6 +146,7 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         config: StoreConfig | None = None,
         clock: Callable[[], float] | None = None,
         read_only: bool = False,
+        wakeup: bool = True,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise InvalidTypeError(f"path must be a str or PathLike, got {type(path).__name__}")
@@ -123,7 +169,9 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
         self.read_only = check_bool("read_only", read_only)
-        self.notifier = WorkNotifier()
+        self.wakeup = check_bool("wakeup", wakeup)
+        self.notifier = SharedNotifier()
+        self._wakeup: WakeupChannel | None = None
         self._clock = clock
         self._conn: aiosqlite.Connection | None = None
         self._writer: GroupCommitter | None = None
@@ -141,8 +189,13 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         """Open the file, set WAL and pragmas, and apply pending migrations.
 
         Raises:
-            NotADatabaseError: the file exists but is not an SQLite database.
-            SchemaVersionError: the database was written by a newer asynccoord.
+            NotADatabaseError: the file exists but is not an SQLite database, or its
+                folder does not exist (the message names it).
+            ReadOnlyStoreError: the file (or its folder, where SQLite writes the
+                ``-wal`` and ``-shm`` files) is not writable by this process; nothing is
+                created. Open it with ``read_only=True`` to read it.
+            SchemaVersionError: the database was written by a newer asynccoord, or by a
+                development version before 0.1.0 (delete the file to start again).
             StoreBusyError: another connection held the write lock past the timeout.
         """
         if self._conn is not None:
@@ -155,6 +208,8 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
             )
         if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
             raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
+        if not self.read_only and self.path != ":memory:" and not self.path.startswith("file:"):
+            _check_writable(self.path)  # before SQLite leaves -wal/-shm files behind
         target = read_only_uri(self.path) if self.read_only else self.path
         conn = daemon_connection(target, uri=self.read_only)
         try:
@@ -168,6 +223,8 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
             await conn.close()
             if "not a database" in str(exc) or "malformed" in str(exc):
                 raise NotADatabaseError(f"{self.path!r} is not an SQLite database ({exc})") from exc
+            if is_read_only(exc):
+                raise _read_only_file(self.path, str(exc)) from exc
             raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
         except BaseException:
             await conn.close()
@@ -183,6 +240,8 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         )
         if not self.read_only:  # a read-only store keeps the committer only for its clock
             self._writer.start()
+        if self.wakeup and self._on_file() and isinstance(self.notifier, SharedNotifier):
+            self._wakeup = WakeupChannel.open(wakeup_dir(self.path), self.notifier)
         if self._background_checkpoints():
             writer = self._writer
             interval_s = cast(float, self.config.checkpoint_interval_s)
@@ -196,15 +255,13 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
                 raise
             self._checkpointer = checkpointer
 
-    def _background_checkpoints(self) -> bool:
+    def _on_file(self) -> bool:
         # A "file:" name may be a URI (this SQLite may interpret them), possibly of an
         # in-memory database a second connection would not share: left to SQLite.
-        return (
-            not self.read_only
-            and self.path != ":memory:"
-            and not self.path.startswith("file:")
-            and self.config.checkpoint_interval_s is not None
-        )
+        return not self.read_only and self.path != ":memory:" and not self.path.startswith("file:")
+
+    def _background_checkpoints(self) -> bool:
+        return self._on_file() and self.config.checkpoint_interval_s is not None
 
     def _setup_read_only(self, conn: aiosqlite.Connection) -> None:
         self._partitions = setup_read_only(
@@ -223,26 +280,24 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         db.execute("PRAGMA cache_size = -16000")
         retry_busy(lambda: db.execute("BEGIN IMMEDIATE"), deadline)
         try:
-            has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'coord_meta'").fetchone()
-            version = 0
-            if has_meta:
-                row = db.execute(Q["meta_get"], {"key": "schema_version"}).fetchone()
-                version = int(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"{self.path!r} has schema version {version}, newer than {SCHEMA_VERSION} "
-                    "which this asynccoord understands: upgrade asynccoord"
-                )
+            meta = read_meta(db) or {}
+            revision = check_revision(repr(self.path), meta, supported=SCHEMA_VERSION, fix=delete_fix(self.path))
             for number, script in load_migrations("sqlite"):
-                if number > version:
+                if number > revision:
                     for statement in _split_script(script):
                         db.execute(statement)
-                    db.execute(Q["meta_set"], {"key": "schema_version", "value": str(number)})
+                    db.execute(Q["meta_set"], {"key": REVISION_KEY, "value": str(number)})
             row = db.execute(Q["meta_get"], {"key": "partitions"}).fetchone()
             if row is None:
                 db.execute(Q["meta_set"], {"key": "partitions", "value": str(self.config.partitions)})
             else:
                 self._partitions = int(row[0])
+                # Nothing written so far: a probe write, undone, so a database SQLite opened
+                # read-only (a read-only mount, say) fails here, not at the first real write.
+                db.execute("SAVEPOINT asynccoord_probe")
+                db.execute(Q["meta_set"], {"key": "partitions", "value": str(row[0])})
+                db.execute("ROLLBACK TO asynccoord_probe")
+                db.execute("RELEASE asynccoord_probe")
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -259,6 +314,9 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         closes the connections: nothing queued in the old loop can still be waited for.
         """
         conn, writer, checkpointer = self._conn, self._writer, self._checkpointer
+        channel, self._wakeup = self._wakeup, None
+        if channel is not None:
+            channel.close()
         self._conn = None
         self._writer = None
         self._checkpointer = None

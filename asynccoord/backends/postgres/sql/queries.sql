@@ -53,7 +53,7 @@ SELECT coord_keep_heads(:queue::text);
 -- afterwards by promote_heads (an INSERT ... SELECT cannot see its own rows). is_head is
 -- false in the queues that keep heads (:kept_queues), NULL in the others (schema version 9:
 -- outside coord_tasks_key_order, which only head upkeep reads). :limit_keys: each task's
--- keys as compact JSON, NULL for none (schema version 10).
+-- keys as compact JSON, NULL for none (migration_0002.sql).
 INSERT INTO coord_tasks (id, queue, partition_key, partition, idempotency_key, payload, priority,
                          status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at, limit_keys)
 SELECT u.id, u.queue, u.partition_key, u.partition, u.idempotency_key, u.payload, u.priority,
@@ -140,7 +140,7 @@ RETURNING id, queue, partition_key;
 -- claim, which it chose while the table's statistics were those of a young table (about 0.6
 -- ms a claim per 1,000 processed ids, growing with the table until the next ANALYZE).
 -- A task that names limit keys in a queue that declares limits is never taken here, nor by
--- the other claims below (schema version 10): the limited claim (ratelimits.sql) takes it
+-- the other claims below (migration_0002.sql): the limited claim (ratelimits.sql) takes it
 -- with its tokens. The store runs that claim for such queues; this condition keeps a claim
 -- whose answer to "does the queue have limits" is stale from leasing a limited task.
 WITH exhausted AS (

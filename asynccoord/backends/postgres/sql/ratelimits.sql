@@ -1,5 +1,5 @@
 -- Named queries of the PostgreSQL store's rate limits (backends/postgres/ratelimits.py;
--- schema version 10). Bucket TATs are read and written under the queue's exclusive
+-- migration_0002.sql). Bucket TATs are read and written under the queue's exclusive
 -- advisory lock (lock_rate_limits), on the instant that lock's statement returns (:now).
 -- A limited claim is BEGIN, lock_rate_limits, limited_candidates (once per chunk it reads),
 -- claim_ids, COMMIT.
