@@ -145,12 +145,15 @@ async def test_two_processes_never_exceed_the_limit_and_come_close_to_it(
     # limit paced: each chat's sends within the burst trail the first by a commit and a
     # claim's round trips (30-75 ms on this shared machine), which the burst lets the next
     # send make up, so a rate from the burst's last send measures that latency, not the pace.
-    start = LIMIT.burst - 1 if target.schema is None else LIMIT.burst
+    # The pace's upper bound allows PostgreSQL one send more, as max_in_window does: a claim's
+    # send lands after it by its round trips, which vary by tens of ms under load, and the
+    # first and last sends measured may differ so by up to one emission interval.
+    start, slack = (LIMIT.burst - 1, 0) if target.schema is None else (LIMIT.burst, 1)
     for chat, times in by_chat.items():
         steady = times[start:]
         rate = (len(steady) - 1) / (steady[-1] - steady[0])
         assert rate >= 0.9 * LIMIT.count / LIMIT.per_s, (chat, rate)
-        assert rate <= 1.02 * LIMIT.count / LIMIT.per_s, (chat, rate)
+        assert (len(steady) - 1 - slack) / (steady[-1] - steady[0]) <= 1.02 * LIMIT.count / LIMIT.per_s, (chat, rate)
 
 
 async def test_kill_9_mid_run_hands_no_token_out_twice(python: Any, target: Target, tmp_path: Path) -> None:
