@@ -2,7 +2,7 @@
 
 Three layers, each usable alone: partitioning (stable hashing of keys over live
 nodes), distributed locks with fencing tokens, and version-checked compare-and-set
-on every state change. See README.md for the tour.
+on every state change. README.md walks through them with examples.
 
 The stores of extras (:class:`PostgresStore`: ``asynccoord[postgres]``,
 :class:`RedisLockStore`: ``asynccoord[redis]``) are exported too and imported on first

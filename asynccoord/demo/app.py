@@ -1,16 +1,8 @@
 """The demo's orchestrator: producer, worker processes, faults, live view, final report.
 
-Run ``python -m asynccoord.demo --help`` for the options. With no arguments it replays
-the bundled trace sample (20,000 messages) through 2 worker processes x 8 nodes, kills
-one process with SIGKILL a third of the way through (a replacement starts a second
-later with the same node ids), stalls the other's event loop past its lease and lock
-TTL (and its heartbeat TTL) later on, and ends with a report of what the gateway saw.
-The exit status is 0 only when no message was delivered twice, none was lost, no
-account sent two messages at once and no conversation was sent out of order.
-
-The store is a fresh SQLite file by default; ``--store postgresql://...`` runs the same
-demo with the queue, locks, membership and monitor on PostgreSQL, in a schema of the
-demo's own (``--schema``, default ``asynccoord_demo``; see :func:`~asynccoord.demo.stores.demo_schema`).
+:func:`run_demo` replays a chat trace through worker processes on one store while it
+kills and stalls them, then checks what the simulated gateway saw against the queue;
+run ``python -m asynccoord.demo --help`` for the options.
 """
 
 from __future__ import annotations
@@ -104,7 +96,25 @@ def schedule(
 
 
 async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Any]:
-    """Run the demo and return its report (the ``--json`` object)."""
+    """Run the demo and return its report (the ``--json`` object, see :func:`~.report.build_report`).
+
+    With the defaults it replays the bundled trace sample (20,000 messages) through 2
+    worker processes x 8 nodes, kills one process with SIGKILL a third of the way through
+    (a replacement starts a second later with the same node ids), stalls the other's event
+    loop past its lease, lock and heartbeat TTLs later on, and reports what the gateway
+    saw. Each message goes out from the bot account its sender hashes to
+    (:func:`account_of`), and an account sends one message at a time. The report's ``ok``
+    holds only when no message was delivered twice, none was lost, no account sent two
+    messages at once and no conversation was sent out of order. A run that makes no
+    progress for ``opts.stuck_s`` (60 s) stops and fails.
+
+    The store is a fresh SQLite file by default; ``--store postgresql://...`` puts the
+    queue, locks, membership and monitor on PostgreSQL in a schema of the demo's own
+    (``--schema``, default ``asynccoord_demo``; see
+    :func:`~asynccoord.demo.stores.demo_schema`), while the gateway's record stays a local
+    SQLite file. ``--lock-store`` takes the account locks in Redis under a key prefix of
+    the run's own, deleted at the end (:func:`~asynccoord.demo.stores.demo_lock_keys`).
+    """
     began = time.monotonic()
     trace_path = opts.trace or bundled_sample()
     messages = list(read_trace(trace_path, limit=opts.messages))

@@ -1,35 +1,10 @@
 """A simulated messaging gateway that keeps its own, independent record of deliveries.
 
-It behaves like the HTTP API of a messaging provider, as far as the demo's checks need:
-
-* **latency** drawn from a log-normal distribution (median and spread configurable),
-  the usual shape of network service times;
-* **transient errors** at a configurable rate (the request fails, nothing is delivered);
-* **idempotency keys**: a request whose key was already delivered is answered from the
-  record without a second delivery (as payment and messaging APIs do with client message
-  ids), and counted as a *replay*;
-* **fencing tokens per account** (M. Kleppmann, "How to do distributed locking", 2016):
-  the gateway remembers the highest token each account presented, refuses a request with
-  a lower one when it arrives, and refuses it again when it would complete if a newer
-  holder arrived meanwhile. A sender that stalled past its lock's TTL is thus refused.
-
-A delivery takes effect when its request completes. Everything is recorded in a SQLite
-file of the gateway's own (not asynccoord's database), so duplicates, per-account
-overlaps and per-conversation order are judged independently of the runtime's
-bookkeeping. All processes of the demo share the file, on one machine, so the
-wall-clock times it records are comparable.
-
-The record is the measuring instrument, not the simulated provider, so it is kept off
-the critical path as far as exactness allows. A record update (a request's arrival or
-its completion) is one ``BEGIN IMMEDIATE`` transaction run at once on the event loop's
-thread when the file's write lock is free (a fraction of a millisecond, and no thread
-hop); when another process holds the lock, the update is queued for the process's
-record thread, which waits for the lock and group-commits everything queued meanwhile
-(each update under its own savepoint). Either way each update reads the clock while it
-holds the write lock, so a request's recorded window (arrival update to completion
-update) contains its whole simulated latency, and the record is one serial history
-across processes. The file is written with ``synchronous = OFF``: it must survive a
-killed process (it does, in WAL mode), not a power loss.
+:class:`SimulatedGateway` behaves like the HTTP API of a messaging provider as far as the
+demo's checks need (log-normal latency, transient errors, idempotency keys, per-account
+fencing tokens after M. Kleppmann, "How to do distributed locking", 2016), and records
+every delivery in a SQLite file of its own, so the demo judges duplicates, overlaps and
+order independently of asynccoord's bookkeeping.
 """
 
 from __future__ import annotations
@@ -87,6 +62,37 @@ class StaleTokenError(GatewayError):
 
 class SimulatedGateway:
     """One process's client of the shared gateway record.
+
+    It behaves like the HTTP API of a messaging provider, as far as the demo's checks need:
+
+    * **latency** drawn from a log-normal distribution (median and spread configurable),
+      the usual shape of network service times;
+    * **transient errors** at a configurable rate (the request fails, nothing is delivered);
+    * **idempotency keys**: a request whose key was already delivered is answered from the
+      record without a second delivery (as payment and messaging APIs do with client message
+      ids), and counted as a *replay*;
+    * **fencing tokens per account** (M. Kleppmann, "How to do distributed locking", 2016):
+      the gateway remembers the highest token each account presented, refuses a request with
+      a lower one when it arrives, and refuses it again when it would complete if a newer
+      holder arrived meanwhile. A sender that stalled past its lock's TTL is thus refused.
+
+    A delivery takes effect when its request completes. Everything is recorded in a SQLite
+    file of the gateway's own (not asynccoord's database), so duplicates, per-account
+    overlaps and per-conversation order are judged independently of the runtime's
+    bookkeeping. All processes of the demo share the file, on one machine, so the
+    wall-clock times it records are comparable.
+
+    The record is the measuring instrument, not the simulated provider, so it is kept off
+    the critical path as far as exactness allows. A record update (a request's arrival or
+    its completion) is one ``BEGIN IMMEDIATE`` transaction run at once on the event loop's
+    thread when the file's write lock is free (a fraction of a millisecond, and no thread
+    hop); when another process holds the lock, the update is queued for the process's
+    record thread, which waits for the lock and group-commits everything queued meanwhile
+    (each update under its own savepoint). Either way each update reads the clock while it
+    holds the write lock, so a request's recorded window (arrival update to completion
+    update) contains its whole simulated latency, and the record is one serial history
+    across processes. The file is written with ``synchronous = OFF``: it must survive a
+    killed process (it does, in WAL mode), not a power loss.
 
     Args:
         path: The gateway's SQLite file (created if missing; shared by all processes).

@@ -115,7 +115,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     )
     where.add_argument(
         "--store",
-        help="store target: a postgresql:// DSN (tables in --schema, see README) or an SQLite file",
+        help="store target: a postgresql:// DSN (tables in the demo's own --schema) or an SQLite file",
     )
     p.add_argument(
         "--schema",

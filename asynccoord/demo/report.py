@@ -109,6 +109,18 @@ def build_report(
         finished: Whether every task was done or dead.
         problems: What went wrong outside the checks (a worker crashed, a sweep failed).
         opts: The options of the run.
+
+    Returns:
+        A JSON object. ``duplicates`` counts messages the contact received twice (must be
+        0); ``duplicate_sends`` counts second provider calls for one message answered by
+        its idempotency key, and ``duplicate_sends_explained`` says whether each follows a
+        counted lease loss or interrupted send. ``delivered_not_committed`` is sent but not
+        recorded done (0 in a finished run); ``gateway`` holds the provider's own counts;
+        ``latency_ms`` has ``p50`` and ``p99`` of enqueue-to-commit; ``hottest_account``
+        has its messages and ``busy_s``, the summed duration of its sends; ``config``
+        holds the run's settings, with ``lock_store_keys``, the run's Redis keys found at
+        the end under ``--lock-store``. ``ok`` is the verdict. The demo adds ``timing_s``
+        (``load_trace``, ``prepare``, ``drain``, ``stop``, ``verify``, ``total``).
     """
     seen = audit(gateway)
     keys = [str(t.idempotency_key) for t in tasks]  # every demo task has one: its message id

@@ -6,7 +6,7 @@ shape); leases that expired on their last attempt are dead-lettered and the clai
 up; duplicates of processed message ids are settled in a second transaction; a cancelled
 caller's tasks are handed back in the background. A queue that declares rate limits is
 claimed by :meth:`~asynccoord.backends.postgres.ratelimits.PgRateLimitOps._claim_limited`
-instead, one claim per transaction.
+instead, one transaction per claim batch.
 """
 
 from __future__ import annotations
@@ -48,7 +48,16 @@ class ClaimRequest:
 
 
 class PgClaimOps(PgRateLimitOps):
-    """The claim primitives of the PostgreSQL store."""
+    """The claim primitives of the PostgreSQL store.
+
+    A claim is one statement, ``UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE SKIP
+    LOCKED LIMIT n)) RETURNING ...``: claimers never wait for each other and never take the
+    same task. They scan partial indexes of pending tasks (of pending heads, per
+    partition, for ordered claims) and of running tasks for expired leases, so a claim
+    visits about what it returns however many tasks are in flight. A queue that declares
+    rate limits is claimed one transaction per batch under the queue's advisory lock
+    instead (:class:`~.ratelimits.PgRateLimitOps`).
+    """
 
     _claimers: dict[tuple[str, bool, float, bool], Batcher[ClaimRequest, Claimed]]
 
