@@ -4,9 +4,9 @@ One :class:`PostgresStore` per process and database, shared by the process's nod
 any number of processes on any number of machines open the same database. It keeps the
 storage contract (:mod:`asynccoord.contract`) under READ COMMITTED with the job-queue
 pattern of ``FOR UPDATE SKIP LOCKED`` claims and unique partial indexes for per-key
-order. The claim, head, commit and connection rules are on
-:class:`~.claim.PgClaimOps`, :class:`~.heads.PgHeads`, :class:`~.commit.PgCommitOps` and
-:class:`~.conn.PgRunner`.
+order. The claim, head, commit, rate-limit and connection rules are
+on :class:`~.claim.PgClaimOps`, :class:`~.heads.PgHeads`, :class:`~.commit.PgCommitOps`,
+:class:`~.ratelimits.PgRateLimitOps` and :class:`~.conn.PgRunner`.
 """
 
 from __future__ import annotations
@@ -248,9 +248,10 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         self._extender: Batcher[Renewal, set[tuple[int, str]]] = Batcher(
             self._extend_batch, self.config.max_batch_ops, name="asynccoord-pg-extend"
         )
-        # One claim batcher per (queue, ordered, min_due_age_s): the claims one statement
-        # serves. Idle ones are dropped when there are many (queues named on the fly).
-        self._claimers: dict[tuple[str, bool, float], Batcher[ClaimRequest, Claimed]] = {}
+        # One claim batcher per (queue, ordered, min_due_age_s, limited): the claims one statement
+        # (one transaction, for a queue with rate limits) serves. Idle ones are dropped when
+        # there are many (queues named on the fly).
+        self._claimers: dict[tuple[str, bool, float, bool], Batcher[ClaimRequest, Claimed]] = {}
 
     def __repr__(self) -> str:
         state = "open" if self._runner.pool is not None else "closed"
@@ -301,6 +302,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         # claim would wait on a future of a dead loop, and close() on it for 5 s.
         loop = asyncio.get_running_loop()
         self._keeping.clear()
+        self._limited_probes.clear()  # likewise, and the answers about the queues of another database
+        self._limited_queues.clear()
         self._background = {t for t in self._background if t.get_loop() is loop}
         try:
             pool = await asyncpg.create_pool(
@@ -399,6 +402,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         for claimer in list(self._claimers.values()):
             await claimer.flush()
         self._claimers.clear()
+        self._refill.cancel_all()
         if self._background:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._background), timeout=5.0)
