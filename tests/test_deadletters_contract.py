@@ -2,8 +2,8 @@
 
 A queue's dead-letter policy says what an ordered claim does with a conversation
 (partition key) whose task went dead: ``skip`` (the default) goes on without it, ``hold``
-claims nothing more of the key until the dead task is requeued or discarded. PostgreSQL
-keeps ``skip`` only and refuses ``hold`` (tested below); ``discard_dead`` runs everywhere.
+claims nothing more of the key until the dead task is requeued or discarded. Every case
+runs on every store; the last ones show every process of a database following the policy.
 """
 
 from __future__ import annotations
@@ -14,15 +14,6 @@ from support import FakeClock
 from asynccoord import DeadLetterPolicy, InvalidArgumentError, InvalidTypeError, SQLiteStore, TaskStatus
 
 Q = "outbox"
-
-
-@pytest.fixture(autouse=True)
-def _hold_not_on_postgres(request: pytest.FixtureRequest) -> None:
-    """The PostgreSQL store does not keep 'hold' yet: it refuses it (tested below)."""
-    if "everywhere" in request.node.originalname or "postgres" in request.node.originalname:
-        return
-    if "backend" in request.fixturenames and request.getfixturevalue("backend") == "postgres":
-        pytest.skip("the dead-letter policy 'hold' is not kept by the PostgreSQL store yet")
 
 
 async def conversation(store, key: str, n: int, **kwargs) -> list[int]:
@@ -80,21 +71,18 @@ async def test_requeue_lifts_the_hold_and_the_dead_task_runs_first(store) -> Non
     assert next_.next_task.id == a2
 
 
-async def test_discard_lifts_the_hold_everywhere(store, backend: str) -> None:
-    if backend != "postgres":
-        await store.set_dead_letter_policy(Q, "hold")
+async def test_discard_lifts_the_hold_everywhere(store) -> None:
+    await store.set_dead_letter_policy(Q, "hold")
     a1, a2 = await conversation(store, "chat-a", 2, max_attempts=1)
     first = (await store.enqueue(Q, "keyed", partition_key="chat-k", idempotency_key="m-1", max_attempts=1)).task
     await kill_head(store, "chat-a")
     await kill_head(store, "chat-k")
-    if backend != "postgres":
-        assert await ordered_ids(store) == []
+    assert await ordered_ids(store) == []
     assert await store.discard_dead(Q, [a1, a2, 999_999]) == 1  # a2 is not dead: skipped
     assert await store.discard_dead("other") == 0
     with pytest.raises(KeyError):
         await store.get(a1)
-    if backend != "postgres":
-        assert await ordered_ids(store) == [a2]  # chat-a goes on
+    assert await ordered_ids(store) == [a2]  # chat-a goes on
     assert await store.discard_dead(Q) == 1
     assert await store.discard_dead(Q) == 0
     again = await store.enqueue(Q, "keyed", partition_key="chat-k", idempotency_key="m-1")
@@ -160,13 +148,17 @@ async def test_a_bad_policy_is_refused_and_nothing_written_everywhere(store, pol
     assert await store.dead_letter_policy(Q) is DeadLetterPolicy.SKIP
 
 
-async def test_postgres_refuses_hold_and_keeps_skip(store, backend: str) -> None:
-    if backend != "postgres":
-        pytest.skip("PostgreSQL only")
-    with pytest.raises(InvalidArgumentError, match="PostgreSQL store does not keep it yet"):
-        await store.set_dead_letter_policy(Q, "hold")
-    await store.set_dead_letter_policy(Q, "skip")
-    assert await store.dead_letter_policy(Q) is DeadLetterPolicy.SKIP
+async def test_every_store_of_one_database_follows_the_policy(make_store, backend: str) -> None:
+    if backend == "memory":
+        pytest.skip("a memory store is its process's own")
+    one, two = await make_store(), await make_store()  # one SQLite file, or one PostgreSQL schema
+    await one.set_dead_letter_policy(Q, "hold")
+    assert await two.dead_letter_policy(Q) is DeadLetterPolicy.HOLD
+    _, a2 = await conversation(one, "chat-a", 2, max_attempts=1)
+    await kill_head(two, "chat-a")
+    assert await ordered_ids(one) == []
+    assert await two.discard_dead(Q) == 1
+    assert await ordered_ids(one) == [a2]
 
 
 async def test_every_process_on_the_file_follows_the_policy(tmp_path) -> None:

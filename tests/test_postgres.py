@@ -50,10 +50,7 @@ SQLITE_ONLY = {
     "claim_pending_ordered": "the pending-only form of claim_ordered",
     "ordered_queues": "SQLite reads which queues keep heads with no lock (one writer; PostgreSQL: kept_queues)",
     "bucket_tat": "SQLite reads one bucket at a time (PostgreSQL: bucket_tats, a chunk's buckets at once)",
-    **{
-        name: "the dead-letter policy 'hold' is kept by the SQLite and memory stores; PostgreSQL refuses it"
-        for name in ("dead_letter_policy", "set_dead_letter_policy", "dead_letter_keys")
-    },
+    "dead_letter_keys": "keys whose heads a policy change moves (PostgreSQL: inside coord_set_dead_letters)",
     "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",
 }
 POSTGRES_ONLY = {
@@ -78,6 +75,7 @@ POSTGRES_ONLY = {
     "bucket_tats": "the TATs of a chunk of candidates' buckets in one statement (SQLite: bucket_tat)",
     "claimable_partitions_limited": "claimable_partitions of a queue with limits, with each held partition's refill",
     "claimable_partitions_limited_ordered": "claimable_partitions_limited for an ordered claim",
+    "queue_holds": "whether a queue holds keys behind dead tasks, read by discard_dead under share_queues",
 }
 
 

@@ -286,15 +286,32 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
     async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
         """Delete dead tasks of ``queue`` (all, or those ids); return how many.
 
-        Dead tasks hold no head (``is_head`` is kept for pending and running tasks), so no
-        head upkeep follows (this store keeps the ``skip`` policy only).
+        Dead tasks hold no head (``is_head`` is kept for pending and running tasks), so in a
+        queue whose policy is ``skip`` nothing else moves: one delete. The policy is read
+        under the queue's shared advisory lock (a change of it takes that lock exclusively);
+        in a queue that holds, the keys of the dead tasks are locked first and their next
+        heads promoted after (a task that died meanwhile under another key stays, as in a
+        requeue: its key's heads need the key's lock).
         """
         self._writable()
 
-        async def op(conn: asyncpg.Connection, _attempt: int) -> int:
-            return len(await self._fetch(conn, "discard_dead", queue=queue, ids=ids))
+        async def op(conn: asyncpg.Connection, _attempt: int) -> tuple[list[_Row], bool]:
+            await self._x(conn, "share_queues", queues=[queue])
+            if not await self._val(conn, "queue_holds", queue=queue):
+                return await self._fetch(conn, "discard_dead", queue=queue, ids=ids, keys=None), False
+            pairs = [(r[0], r[1]) for r in await self._fetch(conn, "dead_keys", queue=queue, ids=ids)]
+            if not pairs:
+                return [], True
+            kept = await self._lockkey_arrays(conn, pairs)
+            keys = sorted({k for _, k in pairs})
+            rows = await self._fetch(conn, "discard_dead", queue=queue, ids=ids, keys=keys)
+            await self._promote(conn, [(r[1], r[2]) for r in rows if (r[1], r[2]) in kept])
+            return rows, True
 
-        return await self._run(op, what="discard_dead")
+        rows, held = await self._run(op, what="discard_dead")
+        if rows and held:  # the keys it held may go on: let this process's idle nodes look
+            self.notifier.notify(queue, len(rows), {int(r[3]) for r in rows})
+        return len(rows)
 
     async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (one statement)."""

@@ -83,16 +83,25 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 -- name: promote_heads
 -- Under lock_keys of the same keys: mark each key's earliest active task as its head
 -- (a no-op where it already is). Returns the newly promoted heads. The earliest active
--- task is the lower of the key's head (coord_tasks_one_head) and its earliest active
--- task that is not a head (coord_tasks_key_order, schema version 7).
+-- task is the lower of the key's head (coord_tasks_one_head) and its earliest active task
+-- that is not a head (coord_tasks_key_order, schema version 7). In a queue whose
+-- dead-letter policy is 'hold' (coord_ordered_queues.hold, read once per statement, after
+-- the key locks: a policy change locks every key of its queue), a key whose earliest active
+-- task a dead task precedes gets none (coord_tasks_dead, probed in holding queues only).
 UPDATE coord_tasks SET is_head = true
  WHERE NOT is_head AND id = ANY(ARRAY(
-    SELECT least((SELECT h.id FROM coord_tasks AS h
-                   WHERE h.queue = k.q AND h.partition_key = k.pk AND h.is_head),
-                 (SELECT t.id FROM coord_tasks AS t
-                   WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active AND NOT t.is_head
-                   ORDER BY t.id LIMIT 1))
-      FROM unnest(:queues::text[], :keys::text[]) AS k (q, pk)))
+    SELECT c.id
+      FROM (SELECT k.q, k.pk,
+                   least((SELECT h.id FROM coord_tasks AS h
+                           WHERE h.queue = k.q AND h.partition_key = k.pk AND h.is_head),
+                         (SELECT t.id FROM coord_tasks AS t
+                           WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active AND NOT t.is_head
+                           ORDER BY t.id LIMIT 1)) AS id
+              FROM unnest(:queues::text[], :keys::text[]) AS k (q, pk)) AS c
+     WHERE c.q <> ALL (ARRAY(SELECT o.queue FROM coord_ordered_queues AS o
+                              WHERE o.queue = ANY(:queues::text[]) AND o.hold))
+        OR NOT EXISTS (SELECT 1 FROM coord_tasks AS d
+                        WHERE d.queue = c.q AND d.partition_key = c.pk AND d.status = 'dead' AND d.id < c.id)))
 RETURNING queue, partition, run_at;
 
 -- name: recompute_heads
@@ -516,12 +525,6 @@ RETURNING id, queue, partition_key, partition;
 -- PostgreSQL only: the keys requeue_dead will touch (locked before it runs).
 SELECT DISTINCT queue, partition_key FROM coord_tasks
  WHERE queue = :queue::text AND status = 'dead' AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]));
-
--- name: discard_dead
--- Dead tasks hold no head (is_head is kept for active tasks), so none moves.
-DELETE FROM coord_tasks
- WHERE queue = :queue::text AND status = 'dead' AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]))
-RETURNING id;
 
 -- name: is_processed
 SELECT 1 FROM coord_processed WHERE consumer = :consumer::text AND message_id = :message_id::text;
