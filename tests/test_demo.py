@@ -214,8 +214,13 @@ def test_demo_on_postgres_keeps_every_invariant_and_clears_its_schema_on_the_nex
     )
     check_invariants(code, report, stderr, 1500)
     assert report["config"]["store"] == "postgres"
-    assert report["rate_limits"]["declared"] == []  # not enforced by the PostgreSQL store yet: off, and said
-    assert "not enforced on PostgreSQL yet" in report["rate_limits"]["note"]
+    # The provider enforced its limits and the PostgreSQL store's claims kept every chat and account under them.
+    rates = report["rate_limits"]
+    assert {x["dimension"] for x in rates["declared"]} == {"account", "chat"}
+    assert rates["provider"] == rates["declared"]
+    assert rates["provider_429s"] == 0
+    assert rates["max_window_ratio"] <= 1.0
+    assert "PostgreSQL" not in rates["note"]
     assert report["config"]["schema"] == pg_schema
     # The queue, locks, membership and monitor lived in the demo's own, marked schema.
     ((mark,),) = pg_rows("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1", pg_schema)

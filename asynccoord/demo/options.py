@@ -90,14 +90,9 @@ class DemoOptions:
         return self.store is not None and is_postgres_target(self.store)
 
     @property
-    def provider_limits_on(self) -> bool:
-        """Whether the simulated provider enforces rate limits (not on PostgreSQL: its store enforces none yet)."""
-        return not self.postgres
-
-    @property
     def declares_limits(self) -> bool:
         """Whether the demo declares the provider's limits to the store (and tasks name their keys)."""
-        return self.rate_limits and not self.postgres
+        return self.rate_limits
 
 
 def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:

@@ -226,8 +226,6 @@ def build_report(
 
 def rate_note(opts: DemoOptions) -> str:
     """One line on the run's rate limits: the provider's, their scale, and whether the store keeps them."""
-    if not opts.provider_limits_on:
-        return "rate limits: off (the PostgreSQL store does not enforce them yet; the provider enforces none either)"
     limits = ", ".join(str(x) for x in provider_limits(opts.rate_scale))
     kept = "declared to the store" if opts.declares_limits else "not declared to the store (--no-rate-limits)"
     return (
@@ -240,7 +238,7 @@ def _rate_limits(
     gateway: Path, seen: GatewayAudit, tasks: list[NewTask], enqueued_at: Mapping[str, float], opts: DemoOptions
 ) -> dict[str, Any]:
     """The report's ``rate_limits``: what the provider enforced and refused, and how close to it the run sent."""
-    limits = provider_limits(opts.rate_scale) if opts.provider_limits_on else []
+    limits = provider_limits(opts.rate_scale)
     record = rate_record(gateway)
     enqueued: dict[tuple[str, str], list[float]] = {}
     for t in tasks:
@@ -269,8 +267,6 @@ def _rate_limits(
         "max_window_ratio": round(window_ratio(record.accepted, limits), 3),
         "note": rate_note(opts),
     }
-    if opts.rate_limits and not opts.declares_limits:
-        out["note"] += "; rate limits are not enforced on PostgreSQL yet, so this run had them off"
     return out
 
 

@@ -89,6 +89,18 @@ BEGIN
 END
 $fn$;
 
+-- Which of p_queues keep heads and hold keys behind dead tasks (coord_ordered_queues.hold).
+-- promote_heads calls it once per statement (an InitPlan). A PL/pgSQL function rather than a
+-- subquery: the planner reads this table of a few rows by a sequential scan, which would sit
+-- in promote_heads' plan beside the index probes per key that make the statement's cost.
+CREATE OR REPLACE FUNCTION coord_held_queues(p_queues text[]) RETURNS text[]
+    LANGUAGE plpgsql STABLE AS $fn$
+BEGIN
+    RETURN coalesce((SELECT array_agg(o.queue) FROM coord_ordered_queues AS o
+                      WHERE o.queue = ANY(p_queues) AND o.hold), '{}');
+END
+$fn$;
+
 -- Set p_queue's dead-letter policy ('skip' or 'hold') for every process. Under the queue's
 -- exclusive advisory lock (it waits for every commit batch and every transition of a queue
 -- not yet keeping heads that share-locked it, and for coord_keep_heads), it records the

@@ -85,9 +85,9 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 -- (a no-op where it already is). Returns the newly promoted heads. The earliest active
 -- task is the lower of the key's head (coord_tasks_one_head) and its earliest active task
 -- that is not a head (coord_tasks_key_order, schema version 7). In a queue whose
--- dead-letter policy is 'hold' (coord_ordered_queues.hold, read once per statement, after
--- the key locks: a policy change locks every key of its queue), a key whose earliest active
--- task a dead task precedes gets none (coord_tasks_dead, probed in holding queues only).
+-- dead-letter policy is 'hold' (coord_held_queues, read once per statement, after the key
+-- locks: a policy change locks every key of its queue), a key whose earliest active task a
+-- dead task precedes gets none (coord_tasks_dead, probed in holding queues only).
 UPDATE coord_tasks SET is_head = true
  WHERE NOT is_head AND id = ANY(ARRAY(
     SELECT c.id
@@ -98,8 +98,7 @@ UPDATE coord_tasks SET is_head = true
                            WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active AND NOT t.is_head
                            ORDER BY t.id LIMIT 1)) AS id
               FROM unnest(:queues::text[], :keys::text[]) AS k (q, pk)) AS c
-     WHERE c.q <> ALL (ARRAY(SELECT o.queue FROM coord_ordered_queues AS o
-                              WHERE o.queue = ANY(:queues::text[]) AND o.hold))
+     WHERE c.q <> ALL ((SELECT coord_held_queues(:queues::text[]))::text[])
         OR NOT EXISTS (SELECT 1 FROM coord_tasks AS d
                         WHERE d.queue = c.q AND d.partition_key = c.pk AND d.status = 'dead' AND d.id < c.id)))
 RETURNING queue, partition, run_at;
