@@ -8,6 +8,8 @@ runs on every store; the last ones show every process of a database following th
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from support import FakeClock
 
@@ -171,3 +173,50 @@ async def test_every_process_on_the_file_follows_the_policy(tmp_path) -> None:
         assert await ordered_ids(one) == []
         assert await two.discard_dead(Q) == 1
         assert len(await ordered_ids(one)) == 1
+
+
+async def test_a_policy_changed_amid_commits_and_dead_letters_leaves_every_key_right(make_store, backend: str) -> None:
+    one = await make_store()
+    two = one if backend == "memory" else await make_store()  # two stores of one database
+    ids = {f"chat-{k}": await conversation(one, f"chat-{k}", 6, max_attempts=1) for k in range(12)}
+
+    async def drain(store, node: str) -> None:
+        while tasks := await store.claim(Q, node_id=node, limit=4, ordered=True):
+            for task in tasks:
+                if task.id % 5 == 0:
+                    await store.fail(task, "provider said no")  # last attempt: dead
+                else:
+                    await store.complete(task)
+                await asyncio.sleep(0)
+
+    async def toggle() -> None:
+        for policy in ("hold", "skip", "hold", "skip", "hold"):
+            await two.set_dead_letter_policy(Q, policy)
+            await asyncio.sleep(0)
+
+    await asyncio.gather(drain(one, "a"), drain(two, "b"), toggle())
+    await drain(one, "a")  # whatever the last policy change let go on
+
+    async def expected(hold: bool) -> list[int]:
+        """Each key's earliest unfinished task, if pending and (under hold) not behind a dead one."""
+        heads = []
+        for key_ids in ids.values():
+            statuses = [(i, (await one.get(i)).status) for i in key_ids]
+            unfinished = [(i, s) for i, s in statuses if s is not TaskStatus.DONE]
+            if hold:
+                if unfinished and unfinished[0][1] is TaskStatus.PENDING:
+                    heads.append(unfinished[0][0])
+            else:
+                pending = [i for i, s in unfinished if s is TaskStatus.PENDING]
+                heads.extend(pending[:1])
+        return sorted(heads)
+
+    for key, key_ids in ids.items():  # one more message each: six ids in a row hold a multiple of 5, a dead task
+        key_ids.append((await two.enqueue(Q, "late", partition_key=key)).task.id)
+    held = await expected(hold=True)
+    assert held == []  # every key has a dead task before its pending ones
+    assert await ordered_ids(one) == held
+    await one.set_dead_letter_policy(Q, "skip")
+    heads = await expected(hold=False)
+    assert len(heads) == len(ids)
+    assert sorted(await ordered_ids(two)) == heads
