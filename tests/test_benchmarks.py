@@ -132,6 +132,20 @@ def test_runtime_throughput_reports_the_runtime_beside_the_store_loop(tmp_path: 
     assert all(positive(v) for v in r["long"]["tenths_per_s"])
 
 
+def test_hot_account_reports_efficiency_beside_the_bare_loop(tmp_path: Path) -> None:
+    r = run_json("hot_account.py", "--quick", cwd=tmp_path)
+    assert r["tasks"] == 200
+    assert set(r["efficiency"]) == {"bare_loop", "sqlite_1p", "sqlite_2p"}
+    for name, runs in r["runs"].items():
+        assert len(runs) == 1, name
+        row = runs[0]
+        assert row["sends"] >= 200, name  # every task was sent (the worker also waits until drained)
+        # One account's sends never overlap (its lock, or one loop): their sum fits in the drain.
+        assert 0 < row["send_s"] <= row["drain_s"] + 1e-6, (name, row)
+        assert 0 < row["efficiency"] <= 1.0 + 1e-6, (name, row)
+        assert r["efficiency"][name] == row["efficiency"]
+
+
 def check_contention_rows(result: dict[str, Any], tasks: int, cells: set[tuple[str, int, int]]) -> None:
     rows, w = result["rows"], result["workload"]
     assert {(row["strategy"], row["nodes"], row["processes"]) for row in rows} == cells
