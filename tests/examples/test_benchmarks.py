@@ -29,8 +29,9 @@ from services import (
     redis_problem,
     unavailable,
 )
+from support import ROOT
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = ROOT / "benchmarks"
 TIMEOUT_S = 180.0
 
 pytestmark = pytest.mark.multiprocess
