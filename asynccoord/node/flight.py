@@ -27,10 +27,13 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract.locks import Lease
 from ..models import Task
+
+if TYPE_CHECKING:
+    from .tracing import DeliveryTrace
 
 __all__ = ("RENEWABLE", "TRANSITIONS", "Flight", "FlightState", "lease_deadline")
 
@@ -119,6 +122,7 @@ class Flight:
         over: Done when the send is, or when its cleanup time ran out.
         next: The key's next task, leased by this task's commit (``claim_next``).
         chain: Tasks its slot took by ``claim_next`` before this one.
+        trace: The trace of its delivery (:mod:`asynccoord.node.tracing`), or None when not traced.
     """
 
     task: Task
@@ -131,6 +135,7 @@ class Flight:
     over: asyncio.Future[None] | None = None
     next: Flight | None = None
     chain: int = 0
+    trace: DeliveryTrace | None = None
 
     def move(self, to: FlightState) -> None:
         """Move to state ``to``.

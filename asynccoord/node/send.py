@@ -140,7 +140,10 @@ class Sender:
         delivery = Delivery(node_id=self._node_id, task=task, lock=flight.lock, context=self._affinity.context(task))
         token = _DELIVERY.set(delivery)
         try:
-            child = flight.send = loop.create_task(self._coroutine(task, send))  # copies the context: the delivery
+            if flight.trace is None:
+                child = flight.send = loop.create_task(self._coroutine(task, send))  # copies the context: the delivery
+            else:  # the same, with the send span current in the task
+                child = flight.send = flight.trace.send(loop, self._coroutine(task, send))
         finally:
             _DELIVERY.reset(token)
         send_started = time.perf_counter()
