@@ -30,7 +30,7 @@ with the original exception kept as ``__cause__``.
         ├── StoreLoopError                     the store is used from another event loop than open()'s
         ├── ReadOnlyStoreError                 a write on a store opened read-only, or a file we cannot write
         ├── NotADatabaseError                  the file is not a database of ours
-        └── SchemaVersionError                 the database was made by a newer version
+        └── SchemaVersionError                 the database was made by a newer or pre-0.1.0 version
 """
 
 from __future__ import annotations
@@ -216,7 +216,16 @@ class NotADatabaseError(StoreError):
 
 
 class SchemaVersionError(StoreError):
-    """The database schema is newer than this version of asynccoord understands."""
+    """The database's schema is not one this version of asynccoord can open; nothing was changed.
+
+    Raised at ``open`` when the database was made by a newer asynccoord (upgrade
+    asynccoord), when a read-only store finds an older schema (open it read-write once to
+    migrate it), or when the database was made by a development version from before
+    0.1.0, whose unreleased schema history was squashed and cannot be upgraded: delete the
+    SQLite file (with its ``-wal`` and ``-shm`` files), or drop the PostgreSQL schema
+    (``DROP SCHEMA name CASCADE``), and open the store again to start with an empty one.
+    The message names the database and the fix.
+    """
 
 
 UNRECOVERABLE_STORE_ERRORS: tuple[type[StoreError], ...] = (StoreClosedError, StoreLoopError)

@@ -227,7 +227,7 @@ def _track(schema: str) -> str:
 
 
 def _empty_schema_sql(schema: str) -> str:
-    """One statement that deletes every row of ``schema``'s tables (schema version kept) and restarts the task ids.
+    """One statement that deletes every row of ``schema``'s tables (schema revision kept) and restarts the task ids.
 
     A ``DO`` block, so the table list is read on the server (any tables, whatever schema
     version the test left) in the same round trip.
@@ -239,7 +239,7 @@ DECLARE t text;
 BEGIN
   FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = '{schema}' LOOP
     IF t = 'coord_meta' THEN
-      EXECUTE format('DELETE FROM %I.coord_meta WHERE key <> %L', '{schema}', 'schema_version');
+      EXECUTE format('DELETE FROM %I.coord_meta WHERE key <> %L', '{schema}', 'schema_revision');
     ELSE
       EXECUTE format('DELETE FROM %I.%I', '{schema}', t);
     END IF;

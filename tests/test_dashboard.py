@@ -227,7 +227,12 @@ async def test_with_a_lock_store_the_page_shows_the_locks_held_in_redis(tmp_path
                 status, body = await fetch(dashboard.url + "api/state")
                 assert status == 200
                 locks = json.loads(body)["sections"]["status"]["locks"]
-                assert [(lock["name"], lock["holder"]) for lock in locks] == [("account:99", "node-r")]
+                # As ``status --lock-store``: the database's locks, then the lock store's, each tagged.
+                assert [(lock["name"], lock["store"]) for lock in locks] == [
+                    ("account:42", "db"),
+                    ("account:99", "lock_store"),
+                ]
+                assert locks[1]["holder"] == "node-r"
             async with open_dashboard(cluster.path, port=0) as dashboard:  # without: the database's locks
                 _, body = await fetch(dashboard.url + "api/state")
                 assert [lock["name"] for lock in json.loads(body)["sections"]["status"]["locks"]] == ["account:42"]

@@ -18,6 +18,9 @@ EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT_S = 60.0
 
 KEY_LINES = {
+    "aiogram_bot.py": "every message answered once, in per-chat order, no 429: OK",
+    "ptb_bot.py": "every message answered once, in per-chat order, no 429: OK",
+    "telegram_standin.py": "a burst to one chat met Telegram's 429 after 3 messages: OK",
     "account_semaphore.py": "no account ever had more than 3 sends in flight: OK",
     "alerts.py": "one alert for the burst and one resolved notice, on both channels: OK",
     "bot_runtime.py": "every reply sent once and in per-conversation order: OK",

@@ -338,10 +338,37 @@ async def test_a_newer_schema_is_refused(pg: str, schema: str) -> None:
     async with PostgresStore(pg, schema=schema):
         pass
     newer = str(SCHEMA_VERSION + 1)
-    await admin(pg, f"UPDATE \"{schema}\".coord_meta SET value = $1 WHERE key = 'schema_version'", newer)
+    await admin(pg, f"UPDATE \"{schema}\".coord_meta SET value = $1 WHERE key = 'schema_revision'", newer)
     with pytest.raises(SchemaVersionError, match="upgrade asynccoord"):
         async with PostgresStore(pg, schema=schema):
             pass
+
+
+async def test_a_pre_release_schema_is_refused_untouched_with_the_fix(pg: str, schema: str) -> None:
+    """A schema made before the history was squashed records ``schema_version`` (no revision)."""
+    from asynccoord.backends.postgres.store import PostgresStore
+
+    await admin(pg, f'CREATE SCHEMA "{schema}"')
+    await admin(pg, f'CREATE TABLE "{schema}".coord_meta (key text PRIMARY KEY, value text NOT NULL)')
+    await admin(pg, f"INSERT INTO \"{schema}\".coord_meta VALUES ('schema_version', '9'), ('partitions', '64')")
+    for read_only in (False, True):
+        with pytest.raises(SchemaVersionError, match=r"before 0\.1\.0 \(schema version 9 ") as info:
+            async with PostgresStore(pg, schema=schema, listen=False, read_only=read_only):
+                pass
+        assert f"drop its schema (DROP SCHEMA {schema} CASCADE)" in str(info.value)
+    rows = await admin(pg, f'SELECT key, value FROM "{schema}".coord_meta ORDER BY key')
+    assert [tuple(r) for r in rows] == [("partitions", "64"), ("schema_version", "9")]
+    tables = await admin(pg, "SELECT tablename FROM pg_tables WHERE schemaname = $1", schema)
+    assert [r["tablename"] for r in tables] == ["coord_meta"]  # nothing created
+
+
+async def test_a_new_schema_records_its_revision_and_no_pre_release_version(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres.store import SCHEMA_VERSION, PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False):
+        pass
+    rows = await admin(pg, f'SELECT key, value FROM "{schema}".coord_meta ORDER BY key')
+    assert [tuple(r) for r in rows] == [("partitions", "1024"), ("schema_revision", str(SCHEMA_VERSION))]
 
 
 async def test_an_unreachable_server_raises_a_typed_error() -> None:
@@ -1274,23 +1301,14 @@ async def test_heads_leave_key_order_and_promotion_reads_each_key_through_indexe
         assert sum(len(v) for v in seen.values()) == 4000 - 100
 
 
-async def test_schema_7_upgrades_a_version_6_table_with_tasks_in_flight(pg: str, schema: str) -> None:
-    from asynccoord.backends.postgres.store import SCHEMA_VERSION, PostgresStore
+async def test_key_order_holds_no_heads_and_a_reopened_ordered_drain_keeps_order(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres.store import PostgresStore
 
-    assert SCHEMA_VERSION >= 7
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 5}") for i in range(30)])
         first = await store.claim("q", node_id="n", limit=3, ordered=True, lease_s=60)
         assert [t.payload for t in first] == [0, 1, 2]
-    # Back to version 6's index (every active task, heads included), as a version 6 store left it.
-    await admin(pg, f'DROP INDEX "{schema}".coord_tasks_key_order')
-    await admin(
-        pg, f'CREATE INDEX coord_tasks_key_order ON "{schema}".coord_tasks (queue, partition_key, id) WHERE active'
-    )
-    await admin(pg, f"UPDATE \"{schema}\".coord_meta SET value = '6' WHERE key = 'schema_version'")
     async with PostgresStore(pg, schema=schema, listen=False) as store:
-        rows = await admin(pg, f"SELECT value FROM \"{schema}\".coord_meta WHERE key = 'schema_version'")
-        assert rows[0]["value"] == str(SCHEMA_VERSION)
         rows = await admin(
             pg, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = 'coord_tasks_key_order'", schema
         )
@@ -1298,7 +1316,7 @@ async def test_schema_7_upgrades_a_version_6_table_with_tasks_in_flight(pg: str,
         seen: dict[str, list[int]] = {}
         for t in first:
             seen.setdefault(t.partition_key, []).append(t.payload)
-        assert all(isinstance(d, Task) for d in await store.complete_many(first))  # leases of before the upgrade
+        assert all(isinstance(d, Task) for d in await store.complete_many(first))  # leases of before the reopen
         while tasks := await store.claim("q", node_id="n", limit=10, ordered=True, lease_s=60):
             assert len({t.partition_key for t in tasks}) == len(tasks)  # one task per key at a time
             for t in tasks:
@@ -1590,8 +1608,17 @@ def test_a_system_schema_is_refused_before_anything_opens(name: str) -> None:
 
 async def test_stores_reaching_one_schema_by_search_path_and_by_name_share_wake_ups(pg: str, schema: str) -> None:
     """The channel is the tables' schema's, however the store was pointed at it."""
+    import asyncpg
+
     from asynccoord.backends.postgres.store import PostgresStore
 
+    # The test database's ``public`` schema is this test's: empty it of what another
+    # asynccoord version may have left there, which the store would rightly refuse.
+    conn = await asyncpg.connect(pg)
+    try:
+        await conn.execute("DROP SCHEMA IF EXISTS public CASCADE; CREATE SCHEMA public")
+    finally:
+        await conn.close()
     async with (
         PostgresStore(pg, schema=schema) as named,
         PostgresStore(f"{pg}?search_path={schema}") as by_path,
@@ -1754,44 +1781,6 @@ async def test_a_queue_starting_to_keep_heads_mid_traffic_leaves_no_key_without_
         for q in queues:
             assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE queue = $1 AND active", q) > 0
             assert await _head_problems(conn, q) == [], q
-    finally:
-        await conn.close()
-
-
-async def test_schema_9_keeps_the_heads_of_every_queue_a_version_8_store_kept(pg: str, schema: str) -> None:
-    import asyncpg
-
-    async with PostgresStore(pg, schema=schema, listen=False) as store:
-        await store.enqueue_many([NewTask(queue="a", payload=i, partition_key=f"k{i % 3}") for i in range(9)])
-        await store.enqueue_many([NewTask(queue="b", payload=i, partition_key=f"k{i % 3}") for i in range(9)])
-        await store.enqueue_many([NewTask(queue="gone", payload=0, partition_key="k")])
-        [only] = await store.claim("gone", node_id="n", limit=1, lease_s=60)
-        await store.complete(only)
-    # As version 8 left them: every queue kept heads and key rows; no coord_ordered_queues.
-    conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
-    try:
-        await conn.execute("DROP TABLE coord_ordered_queues")
-        await conn.execute(
-            "UPDATE coord_tasks AS t SET is_head = t.active AND t.id = (SELECT min(e.id) FROM coord_tasks AS e"
-            " WHERE e.queue = t.queue AND e.partition_key = t.partition_key AND e.active)"
-        )
-        await conn.execute(
-            "INSERT INTO coord_task_keys (queue, partition_key) SELECT DISTINCT queue, partition_key FROM coord_tasks"
-            " ON CONFLICT DO NOTHING"
-        )
-        await conn.execute("UPDATE coord_meta SET value = '8' WHERE key = 'schema_version'")
-        async with PostgresStore(pg, schema=schema, listen=False) as store:
-            assert await conn.fetchval("SELECT value FROM coord_meta WHERE key = 'schema_version'") == "9"
-            kept = await conn.fetchval("SELECT array_agg(queue ORDER BY queue) FROM coord_ordered_queues")
-            assert kept == ["a", "b", "gone"]  # a key row was enough for "gone"
-            # Version 8's heads serve ordered claims at once, and commits keep them up.
-            assert [t.payload for t in await store.claim("b", node_id="n", limit=9, ordered=True)] == [0, 1, 2]
-            assert [t.payload for t in await store.claim("a", node_id="n", limit=9)] == list(range(9))
-            for q in ("a", "b"):
-                assert await _head_problems(conn, q) == []
-            # A queue new since the upgrade keeps none until claimed in order.
-            await store.enqueue_many([NewTask(queue="c", payload=i, partition_key="k") for i in range(3)])
-            assert await conn.fetchval("SELECT count(*) FROM coord_tasks WHERE queue = 'c' AND is_head") == 0
     finally:
         await conn.close()
 
@@ -2116,21 +2105,6 @@ async def test_a_first_ordered_claim_of_a_kept_queue_waits_for_nothing(pg: str, 
         finally:
             await tx.commit()
             await holder.close()
-
-
-async def test_migration_9_run_again_computes_the_heads_of_the_queues_it_records(pg: str, schema: str) -> None:
-    from asynccoord.backends.sqlfiles import load_migrations
-
-    async with PostgresStore(pg, schema=schema, listen=False) as store:
-        await store.enqueue_many([NewTask(queue="u", payload=i, partition_key="k") for i in range(3)])
-        conn = await _connect(pg, schema)
-        try:
-            await conn.execute(dict(load_migrations("postgres"))[9])  # again, over version 9
-            assert await conn.fetchval("SELECT array_agg(queue) FROM coord_ordered_queues") == ["u"]
-            assert await _head_problems(conn, "u") == []
-        finally:
-            await conn.close()
-        assert [t.payload for t in await store.claim("u", node_id="n", limit=3, ordered=True)] == [0]
 
 
 async def _advisory_waiters(conn: Any, modes: list[str], timeout_s: float = 30.0) -> None:

@@ -709,7 +709,7 @@ async def test_newer_schema_version_is_refused(db_path: Path) -> None:
     async with SQLiteStore(db_path) as store:
         task_id = (await store.enqueue(Q, "keep me")).task.id
     with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE coord_meta SET value = '99' WHERE key = 'schema_version'")
+        raw.execute("UPDATE coord_meta SET value = '99' WHERE key = 'schema_revision'")
     raw.close()
     store = SQLiteStore(db_path)
     with pytest.raises(SchemaVersionError, match=f"schema version 99, newer than {SCHEMA_VERSION}") as info:
@@ -719,43 +719,35 @@ async def test_newer_schema_version_is_refused(db_path: Path) -> None:
         await store.get(task_id)
     raw = sqlite3.connect(db_path)
     try:
-        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_version'").fetchone() == ("99",)
+        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone() == ("99",)
         assert raw.execute("SELECT payload FROM coord_tasks WHERE id = ?", (task_id,)).fetchone() == ('"keep me"',)
     finally:
         raw.close()
 
 
-async def test_version_4_database_upgrades_and_keeps_its_order(db_path: Path) -> None:
-    # A database written by schema version 4 (heads kept for every queue) with tasks in
-    # flight: version 5 takes over its queues as ordered and claims in the same order.
-    from asynccoord.backends.sqlite.store import _split_script
-
+async def test_pre_release_database_is_refused_untouched_with_the_fix(db_path: Path) -> None:
+    # A database made before the schema history was squashed: it records schema_version
+    # (here the last of that history, 7), never a schema_revision.
     raw = sqlite3.connect(db_path, isolation_level=None)
     try:
-        for number, script in load_migrations("sqlite"):
-            if number <= 4:
-                for statement in _split_script(script):
-                    raw.execute(statement)
-        raw.execute("INSERT INTO coord_meta (key, value) VALUES ('schema_version', '4'), ('partitions', '1024')")
-        for i, key in enumerate("AAB"):
-            raw.execute(
-                "INSERT INTO coord_tasks (queue, partition_key, partition, payload, status, is_head, max_attempts,"
-                " run_at, created_at, updated_at) VALUES (?, ?, 0, ?, 'pending', ?, 3, 0, 0, 0)",
-                (Q, key, str(i), int(i != 1)),
-            )
+        raw.execute("CREATE TABLE coord_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
+        raw.execute("INSERT INTO coord_meta (key, value) VALUES ('schema_version', '7'), ('partitions', '64')")
     finally:
         raw.close()
-    async with SQLiteStore(db_path) as store:
-        first = await store.claim(Q, node_id="n", limit=10, ordered=True)
-        assert [(t.partition_key, t.payload) for t in first] == [("A", 0), ("B", 2)]
-        await store.complete(first[0])
-        assert [t.payload for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [1]
+    for read_only in (False, True):
+        store = SQLiteStore(db_path, read_only=read_only)
+        with pytest.raises(SchemaVersionError, match=r"before 0\.1\.0 \(schema version 7 ") as info:
+            await store.open()
+        assert f"delete the file {str(db_path)!r} (with its -wal and -shm files)" in str(info.value)
+        with pytest.raises(StoreClosedError):
+            await store.stats()
     raw = sqlite3.connect(db_path)
     try:
-        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_version'").fetchone() == (
-            str(SCHEMA_VERSION),
-        )
-        assert raw.execute("SELECT queue FROM coord_ordered_queues").fetchall() == [(Q,)]
+        assert raw.execute("SELECT key, value FROM coord_meta ORDER BY key").fetchall() == [
+            ("partitions", "64"),
+            ("schema_version", "7"),
+        ]
+        assert raw.execute("SELECT name FROM sqlite_master").fetchall() == [("coord_meta",)]  # nothing created
     finally:
         raw.close()
 
@@ -769,8 +761,9 @@ async def test_schema_is_created_once_and_reopened(db_path: Path) -> None:
     raw = sqlite3.connect(db_path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        row = raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_version'").fetchone()
+        row = raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone()
         assert row == (str(SCHEMA_VERSION),)
+        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_version'").fetchone() is None
     finally:
         raw.close()
 

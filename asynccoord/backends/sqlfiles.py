@@ -1,8 +1,9 @@
 """Named SQL queries, one set per dialect, loaded once from ``.sql`` files.
 
 A file holds blocks that start with a ``-- name: <query_name>`` line; the block's
-text runs to the next such line. Migrations are separate files named
-``migration_NNNN.sql`` (applied in order, each once). Values are always bound as
+text runs to the next such line. The schema is in separate files named
+``migration_NNNN.sql``: ``migration_0001.sql`` creates it whole, and each later number
+changes it (applied in order, each once; see :mod:`.schema`). Values are always bound as
 parameters, never formatted into the text.
 """
 

@@ -55,7 +55,7 @@ def configure_dashboard(parser: argparse.ArgumentParser) -> None:
         help="with a postgresql:// --db: the schema of asynccoord's tables (default: the connection's search_path)",
     )
     parser.add_argument(
-        "--lock-store", metavar="URL", help="a redis:// URL: show the locks held in Redis instead of the database's"
+        "--lock-store", metavar="URL", help="a redis:// URL: also show the locks held in Redis, after the database's"
     )
     parser.add_argument(
         "--lock-prefix",
@@ -125,7 +125,7 @@ async def open_dashboard(
     Args:
         target: SQLite file or PostgreSQL DSN, opened read-only.
         schema: With a PostgreSQL DSN, the schema of the tables. Default None.
-        lock_store: A ``redis://`` URL whose locks are shown instead of the database's. Default None.
+        lock_store: A ``redis://`` URL whose locks are shown too, after the database's. Default None.
         lock_prefix: The key prefix of ``lock_store``. Default ``"asynccoord:"``.
         host: Address to bind. Default 127.0.0.1.
         port: TCP port, 0 for any free one. Default 8765.

@@ -100,9 +100,9 @@ class PgClaimOps(PgHeads):
             if ordered:
                 if queue not in self._kept_queues and await self._fetch(conn, "kept_queues", queues=[queue]):
                     self._kept_queues.add(queue)
-                # Heads are kept only for queues claimed in order at least once (schema version
-                # 9); before the first ordered claim every due task counts (as on SQLite: the
-                # claim it wakes computes the heads).
+                # Heads are kept only for queues claimed in order at least once; before the
+                # first ordered claim every due task counts (as on SQLite: the claim it wakes
+                # computes the heads).
                 if queue in self._kept_queues:
                     name = "claimable_partitions_ordered"
             return await self._fetch(

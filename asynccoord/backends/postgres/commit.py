@@ -97,7 +97,7 @@ class PgCommitOps(PgHeads):
         """Complete ``task`` and lease its key's next task, in the same statement and transaction.
 
         The call joins the group commit of :meth:`complete`: the batch's one statement,
-        ``coord_complete_batch`` (schema version 8), commits the task exactly as
+        ``coord_complete_batch``, commits the task exactly as
         :meth:`complete` does and then leases the key's head (the earliest unfinished task
         of ``task``'s queue and partition key) to ``task.lease_owner`` if it is pending and
         due by the server clock, as ``claim(ordered=True)`` would lease it. No round trip
@@ -175,16 +175,15 @@ class PgCommitOps(PgHeads):
         """Complete ``items`` in one statement, ``coord_complete_batch`` (its own transaction).
 
         The function share-locks the batch's queues and takes the row locks of the keys of
-        those that keep heads (sorted, schema version 9), then the fence rows (sorted),
+        those that keep heads (sorted), then the fence rows (sorted),
         refuses outdated fencing tokens, compare-and-sets each remaining task (a task whose
         stored queue or key differs from the item's, an altered copy, has its own key's row
         locked then), records the
         fencing tokens and processed ids, promotes the keys' next heads and notifies other
-        processes (see ``sql/postgres/migration_0006.sql``; its promotion as of
-        ``migration_0007.sql``, its queue locks as of ``migration_0009.sql``): one round
+        processes (see ``coord_complete_batch`` in ``sql/migration_0001.sql``): one round
         trip per batch. Items with ``next_lease_s``
         (``complete_and_claim_next``) also get their key's next task leased by the same
-        statement (``migration_0008.sql``; the first such item of a key in the batch only),
+        statement (``coord_lease_key_heads``; the first such item of a key in the batch only),
         set as their ``next_task``.
         """
         continuing = any(i.next_lease_s is not None for i in items)

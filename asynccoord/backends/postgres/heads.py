@@ -40,7 +40,7 @@ class PgHeads(PgStatements):
         """Take the row locks of the keys whose queues keep per-key heads; return those keys.
 
         Call it in a transaction, before the transition writes anything. Only queues that
-        nodes have claimed in order keep heads (``coord_ordered_queues``, schema version 9).
+        nodes have claimed in order keep heads (``coord_ordered_queues``).
         A queue not yet seen keeping them is share-locked first (``coord_share_queues``,
         held to the commit) and its flag read in the next statement, so a queue starting to
         keep heads meanwhile (:meth:`_keep_heads`) waits for this transaction. The keys of
@@ -58,7 +58,7 @@ class PgHeads(PgStatements):
     async def _keep_heads(self, queue: str) -> None:
         """Make ``queue`` keep per-key heads from now on (before its first ordered claim or continuation).
 
-        ``coord_keep_heads`` (schema version 9): under the queue's exclusive advisory lock
+        ``coord_keep_heads``: under the queue's exclusive advisory lock
         (it waits for the transitions in flight that decided not to keep heads), records
         the queue and marks each key's earliest active task as its head. Nobody is woken:
         the tasks were announced at enqueue, and every ordered claim comes after this. Once

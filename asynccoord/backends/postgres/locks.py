@@ -3,7 +3,7 @@
 :class:`PostgresLockOps` is a mixin of :class:`~asynccoord.backends.postgres.store.PostgresStore`.
 Concurrent acquisitions of a process are batched (:mod:`._batch`) into one round trip
 (``lock_live``, calling the PL/pgSQL function ``coord_lock_acquire_many`` of
-``migration_0002.sql``): for each request, under the name's row lock, it counts the
+``migration_0001.sql``): for each request, under the name's row lock, it counts the
 live leases with a fresh snapshot and, when fewer than ``permits`` are live, grants a
 permit in the lowest slot no live lease holds, with the name's next fencing token.
 The unique index on ``(name, slot)`` (slots ``0..permits-1``) makes the database itself
@@ -12,7 +12,7 @@ releases and fencing are single statements too; lapsed lease rows are taken over
 the next grant of their slot and garbage-collected now and then. Expiry is judged by
 the server clock inside each statement.
 Semantics are those of :class:`~asynccoord.contract.locks.LockStore`; the schema is
-``migration_0002.sql`` and the queries are in ``sql/postgres/locks.sql``.
+``migration_0001.sql`` and the queries are in ``sql/postgres/locks.sql``.
 """
 
 from __future__ import annotations

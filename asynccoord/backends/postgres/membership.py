@@ -5,7 +5,7 @@
 purges long-dead rows, upserts every beat of the process with one statement and lists
 the live members. Liveness is judged by the server clock inside the statements, never by
 a caller's. Semantics are those of :class:`~asynccoord.contract.membership.MembershipStore`;
-the schema is ``migration_0003.sql`` and the queries are in ``sql/postgres/membership.sql``.
+the schema is ``migration_0001.sql`` and the queries are in ``sql/postgres/membership.sql``.
 """
 
 from __future__ import annotations

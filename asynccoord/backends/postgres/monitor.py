@@ -8,7 +8,7 @@ alerts, purges), so a flush lands in exactly one 1-second bucket. Deltas add wit
 one ``REPEATABLE READ READ ONLY`` transaction, so every number of a
 :class:`~asynccoord.contract.monitor.MetricsView` comes from one snapshot. Semantics are
 those of :class:`~asynccoord.contract.monitor.MonitorStore`; the schema is
-``migration_0004.sql`` and the queries are in ``sql/postgres/monitor.sql``.
+``migration_0001.sql`` and the queries are in ``sql/postgres/monitor.sql``.
 """
 
 from __future__ import annotations

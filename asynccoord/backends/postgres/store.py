@@ -12,10 +12,10 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   SKIP LOCKED LIMIT n)) RETURNING ...``: claimers never wait for each other and never take
   the same task. They scan partial indexes of pending tasks (of pending heads, per
   partition, for ordered claims) and of running tasks for expired leases, so a claim
-  visits about what it returns however many tasks are in flight (schema version 5).
+  visits about what it returns however many tasks are in flight.
 * **Per-key ordering** is kept by the ``is_head`` column (the earliest active task of a
   ``(queue, partition_key)``; ordered claims scan only heads), in the queues that keep
-  heads: since schema version 9 only queues claimed in order (``coord_ordered_queues``; the
+  heads: only queues claimed in order (``coord_ordered_queues``; the
   first ordered claim or continuation of a queue computes its heads, ``coord_keep_heads``),
   so a queue that nodes claim without order pays no key lock and no promotion (its active
   tasks' ``is_head`` is NULL, outside the index that only head upkeep reads). The database
@@ -26,15 +26,15 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   ``coord_task_keys`` (sorted), so head upkeep always sees the committed state of the key,
   never a racy snapshot. Promotion finds a key's earliest active task as the lower of its
   head and its earliest active task that is not one (``coord_tasks_key_order`` holds only
-  those since schema version 7, so a promotion or a head's claim writes no entry there).
+  those, so a promotion or a head's claim writes no entry there).
 * **Commits** are compare-and-set on ``(id, lease_token, version)`` plus a live lease,
   fenced (``fences=``) in the same transaction: the queues' shared locks are taken first,
   then the row locks of the keys of queues that keep heads, then the fence rows.
   Concurrent ``complete`` calls of a process are group-committed: one transaction per
   batch of whatever is waiting, and one statement, the server-side function
-  ``coord_complete_batch`` (schema version 6), so a batch costs one round trip.
-* **Commit-and-continue** (``complete_and_claim_next``) rides the same batch: since schema
-  version 8 the function also leases, for each continuing task, its key's next head to the
+  ``coord_complete_batch``, so a batch costs one round trip.
+* **Commit-and-continue** (``complete_and_claim_next``) rides the same batch: the
+  function also leases, for each continuing task, its key's next head to the
   task's owner, in the commit's statement and transaction, and notifies nobody of it.
 * **Time** is the server's clock (``coord_now()``, i.e. ``statement_timestamp()``), for
   every lease, run_at and heartbeat; machines never compare their own clocks.
@@ -52,9 +52,10 @@ How the contract is kept under concurrent transactions (READ COMMITTED):
   nodes at once and the listener ignores its echo.
 
 Payloads and results are JSON kept as ``text`` (``jsonb`` cannot hold ``\\u0000`` and
-reorders keys). Migrations (``sql/postgres/migration_NNNN.sql``) are applied at open
-under an advisory lock; a database of a newer schema is refused with
-:class:`~asynccoord.errors.SchemaVersionError`.
+reorders keys). The schema (``sql/migration_0001.sql``, and any later
+``migration_NNNN.sql``) is applied at open under an advisory lock; a database of a newer
+schema, or of a development version before 0.1.0, is refused with
+:class:`~asynccoord.errors.SchemaVersionError` (see :mod:`..schema`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ from ...validation import (
 )
 from ..batch import Batcher
 from ..rows import new_token
+from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_revision
 from ..sqlfiles import load_migrations
 from ..targets import redact_location, redact_target, split_connect_timeout
 from .claim import Claimed, ClaimRequest
@@ -246,7 +248,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         self._clock = clock
         self._sender = new_token()[:16]
         self._partitions = self.config.partitions
-        # Queues seen keeping per-key heads (coord_ordered_queues, schema version 9); a queue
+        # Queues seen keeping per-key heads (coord_ordered_queues); a queue
         # never stops keeping them, so once seen it needs no shared queue lock again.
         self._kept_queues: set[str] = set()
         self._keeping: dict[str, asyncio.Future[None]] = {}  # coord_keep_heads in flight, per queue
@@ -308,7 +310,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         Raises:
             InvalidArgumentError: asyncpg cannot parse the DSN (a bad parameter value).
             StoreConnectionError: the server cannot be reached.
-            SchemaVersionError: the database was written by a newer asynccoord.
+            SchemaVersionError: the database was written by a newer asynccoord, or by a
+                development version before 0.1.0 (drop its schema to start again).
             StoreError: another failure of the server (the driver's error as ``__cause__``).
         """
         if self._runner.pool is not None:
@@ -358,15 +361,19 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             if self.schema is not None:
                 await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(self.schema)}")
         has_meta = await conn.fetchval("SELECT to_regclass('coord_meta') IS NOT NULL")
-        version = 0
+        meta: dict[str, str] = {}
         if has_meta:
-            value = await self._val(conn, "meta_get", key="schema_version")
-            version = int(value) if value is not None else 0
-        if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self!r} has schema version {version}, newer than {SCHEMA_VERSION} "
-                "which this asynccoord understands: upgrade asynccoord"
+            for key in (REVISION_KEY, PRE_RELEASE_KEY):
+                value = await self._val(conn, "meta_get", key=key)
+                if value is not None:
+                    meta[key] = value
+        fix = ""
+        if PRE_RELEASE_KEY in meta:  # named as the catalog quotes it, wherever the search path found it
+            tables = await conn.fetchval(
+                "SELECT c.relnamespace::regnamespace::text FROM pg_class AS c WHERE c.oid = to_regclass('coord_meta')"
             )
+            fix = f"drop its schema (DROP SCHEMA {tables} CASCADE)"
+        version = check_revision(repr(self), meta, supported=SCHEMA_VERSION, fix=fix)
         if self.read_only:
             if not has_meta:
                 where = "the search path" if self.schema is None else f"schema {self.schema!r}"
@@ -382,7 +389,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             for number, script in load_migrations("postgres"):
                 if number > version:
                     await conn.execute(script)
-                    await self._x(conn, "meta_set", key="schema_version", value=str(number))
+                    await self._x(conn, "meta_set", key=REVISION_KEY, value=str(number))
         if self.schema is None:  # the tables' schema, however the search path chose it: one channel per schema
             self.channel = _channel(await conn.fetchval("SELECT current_schema()"))
         value = await self._val(conn, "meta_get", key="partitions")

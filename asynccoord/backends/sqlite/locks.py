@@ -5,7 +5,7 @@ every write is an operation ``fn(db, now_s)`` handed to the store's group commit
 so it runs inside one ``BEGIN IMMEDIATE`` transaction with ``now_s`` read from the
 store clock at its start, and many callers' acquisitions share one commit. Expiry is
 therefore judged by the database clock, never by a caller's. Semantics are those of
-:class:`~asynccoord.contract.locks.LockStore`; the schema is ``migration_0002.sql`` and
+:class:`~asynccoord.contract.locks.LockStore`; the schema is ``migration_0001.sql`` and
 the queries are in ``sql/sqlite/locks.sql``.
 
 The functions :func:`acquire_in_tx` and :func:`check_fence` work on the connection

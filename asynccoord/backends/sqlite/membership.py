@@ -7,7 +7,7 @@ transaction with ``now_s`` read from the store clock at its start, and the live
 members are listed in the same transaction. Liveness is therefore judged by the
 database clock, never by a caller's. Semantics are those of
 :class:`~asynccoord.contract.membership.MembershipStore`; the schema is
-``migration_0003.sql`` and the queries are in ``sql/sqlite/membership.sql``.
+``migration_0001.sql`` and the queries are in ``sql/sqlite/membership.sql``.
 """
 
 from __future__ import annotations

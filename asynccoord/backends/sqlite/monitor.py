@@ -8,7 +8,7 @@ claims and commits), stamped with the store clock. A read is one deferred read
 transaction on the store's connection, so every number of a :class:`MetricsView` comes
 from one snapshot of the database; under WAL it never waits for, nor blocks, a writer.
 Semantics are those of :class:`~asynccoord.contract.monitor.MonitorStore`; the schema is
-``migration_0004.sql`` and the queries are in ``sql/sqlite/monitor.sql``.
+``migration_0001.sql`` and the queries are in ``sql/sqlite/monitor.sql``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ is the claim of a queue that declares limits. Every write runs in the store's on
 the file take tokens one transaction at a time, on the store clock read at its start:
 a bucket's TAT is read and written under the database's write lock, never raced. The
 claim's own probe (``claim_probe``) says whether the queue has limits, so a queue without
-any claims with the statements it always had. Schema: ``migration_0007.sql``; queries:
+any claims with the statements it always had. Schema: ``migration_0001.sql``; queries:
 ``sql/ratelimits.sql``; semantics: :class:`~asynccoord.contract.ratelimits.RateLimitStore`.
 """
 

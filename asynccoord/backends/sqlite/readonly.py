@@ -16,6 +16,8 @@ import time
 import urllib.parse
 
 from ...errors import NotADatabaseError, ReadOnlyStoreError, SchemaVersionError
+from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_revision
+from .revision import delete_fix, read_meta
 from .writer import retry_busy
 
 __all__ = ("read_only_error", "read_only_uri", "setup_read_only")
@@ -47,35 +49,22 @@ def setup_read_only(db: sqlite3.Connection, path: str, *, schema_version: int, b
 
     Raises:
         NotADatabaseError: not a database of asynccoord.
-        SchemaVersionError: the schema is newer or older than this asynccoord's.
+        SchemaVersionError: the schema is newer or older than this asynccoord's, or of a
+            development version before 0.1.0.
     """
     deadline = time.monotonic() + busy_timeout_s
     db.execute("PRAGMA busy_timeout = 0")
     db.execute("PRAGMA query_only = 1")
-
-    def read() -> tuple[int | None, int | None]:
-        has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'coord_meta'").fetchone()
-        if not has_meta:
-            return None, None
-        rows = dict(db.execute("SELECT key, value FROM coord_meta WHERE key IN ('schema_version', 'partitions')"))
-        version = rows.get("schema_version")
-        partitions = rows.get("partitions")
-        return (None if version is None else int(version)), (None if partitions is None else int(partitions))
-
-    version, partitions = retry_busy(read, deadline)
-    if version is None or partitions is None:
+    meta = retry_busy(lambda: read_meta(db), deadline)
+    if meta is None or "partitions" not in meta or not {REVISION_KEY, PRE_RELEASE_KEY} & meta.keys():
         raise NotADatabaseError(f"{path!r} is not an asynccoord database (no schema version)")
-    if version > schema_version:
-        raise SchemaVersionError(
-            f"{path!r} has schema version {version}, newer than {schema_version} which this asynccoord "
-            "understands: upgrade asynccoord"
-        )
+    version = check_revision(repr(path), meta, supported=schema_version, fix=delete_fix(path))
     if version < schema_version:
         raise SchemaVersionError(
             f"{path!r} has schema version {version}, older than {schema_version}: open it once read-write "
             "with this asynccoord (any node start does) to migrate it, then inspect it read-only"
         )
-    return partitions
+    return int(meta["partitions"])
 
 
 def read_only_error(store: object) -> ReadOnlyStoreError:

@@ -31,7 +31,6 @@ from ...errors import (
     InvalidTypeError,
     NotADatabaseError,
     ReadOnlyStoreError,
-    SchemaVersionError,
     StoreClosedError,
     StoreError,
     StoreLoopError,
@@ -39,6 +38,7 @@ from ...errors import (
 from ...events import EventCounter
 from ...monitor.histogram import LatencyRecorder
 from ...validation import check_bool, check_clock
+from ..schema import REVISION_KEY, check_revision
 from ..sqlfiles import load_migrations, load_queries
 from .checkpoint import WalCheckpointer
 from .locks import SQLiteLockOps
@@ -47,6 +47,7 @@ from .monitor import SQLiteMonitorOps
 from .queue import SQLiteQueueOps
 from .ratelimits import SQLiteRateLimitOps
 from .readonly import read_only_error, read_only_uri, setup_read_only
+from .revision import delete_fix, read_meta
 from .wakeup import SharedNotifier, WakeupChannel, wakeup_dir
 from .writer import (
     GroupCommitter,
@@ -193,7 +194,8 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
             ReadOnlyStoreError: the file (or its folder, where SQLite writes the
                 ``-wal`` and ``-shm`` files) is not writable by this process; nothing is
                 created. Open it with ``read_only=True`` to read it.
-            SchemaVersionError: the database was written by a newer asynccoord.
+            SchemaVersionError: the database was written by a newer asynccoord, or by a
+                development version before 0.1.0 (delete the file to start again).
             StoreBusyError: another connection held the write lock past the timeout.
         """
         if self._conn is not None:
@@ -278,21 +280,13 @@ class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMoni
         db.execute("PRAGMA cache_size = -16000")
         retry_busy(lambda: db.execute("BEGIN IMMEDIATE"), deadline)
         try:
-            has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'coord_meta'").fetchone()
-            version = 0
-            if has_meta:
-                row = db.execute(Q["meta_get"], {"key": "schema_version"}).fetchone()
-                version = int(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"{self.path!r} has schema version {version}, newer than {SCHEMA_VERSION} "
-                    "which this asynccoord understands: upgrade asynccoord"
-                )
+            meta = read_meta(db) or {}
+            revision = check_revision(repr(self.path), meta, supported=SCHEMA_VERSION, fix=delete_fix(self.path))
             for number, script in load_migrations("sqlite"):
-                if number > version:
+                if number > revision:
                     for statement in _split_script(script):
                         db.execute(statement)
-                    db.execute(Q["meta_set"], {"key": "schema_version", "value": str(number)})
+                    db.execute(Q["meta_set"], {"key": REVISION_KEY, "value": str(number)})
             row = db.execute(Q["meta_get"], {"key": "partitions"}).fetchone()
             if row is None:
                 db.execute(Q["meta_set"], {"key": "partitions", "value": str(self.config.partitions)})

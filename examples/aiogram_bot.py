@@ -1,0 +1,135 @@
+"""An aiogram bot whose replies go through an asynccoord outbox, sent by nodes in other processes.
+
+Two kinds of process share one SQLite file. ``bot``: aiogram's Dispatcher receives updates by
+long polling and its handler enqueues a reply to each text message (idempotency key from the
+update id, so an update Telegram delivers again is not answered twice; partition key the
+chat, so a chat's replies keep their order; limit keys the bot account, the chat and, in a
+group, the group). ``nodes``: a Runtime of nodes sends the replies with aiogram's own ``Bot``
+within Telegram's limits, declared once for every process; a ``TelegramRetryAfter`` becomes
+``RateLimited``, so the Retry-After pauses the bot on every node. SIGTERM drains and stops.
+
+Run with no arguments to check it against a local stand-in of the Bot API
+(``examples/telegram_standin.py``): one bot process and two node processes. Against Telegram::
+
+    export TELEGRAM_BOT_TOKEN=123456:ABC...
+    python examples/aiogram_bot.py bot --db outbox.db &
+    python examples/aiogram_bot.py nodes --db outbox.db &   # as many as you like, on this machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from aiogram import Bot, Dispatcher, F, Router
+from aiogram.client.session.aiohttp import AiohttpSession
+from aiogram.client.telegram import TelegramAPIServer
+from aiogram.exceptions import TelegramRetryAfter
+from aiogram.types import Message, ReplyParameters, Update
+
+from asynccoord import NodeConfig, RateLimit, RateLimited, Runtime, SQLiteStore, Task
+
+QUEUE = "telegram-replies"
+TELEGRAM_LIMITS = [
+    RateLimit(dimension="account", count=30, per_s=1.0, burst=5),  # about 30 messages per second per bot
+    RateLimit(dimension="chat", count=1, per_s=1.0, burst=3),  # one per second per chat, short bursts
+    RateLimit(dimension="group", count=20, per_s=60.0, burst=3),  # 20 per minute per group
+]
+router = Router()
+
+
+def rate_limited(exc: TelegramRetryAfter) -> RateLimited:
+    """Telegram's 429 as asynccoord's signal: it does not say which limit was hit, so pause all the reply's."""
+    return RateLimited(exc.retry_after)
+
+
+def limit_keys(bot_id: int, message: Message) -> dict[str, str]:
+    keys = {"account": str(bot_id), "chat": str(message.chat.id)}
+    if message.chat.type in ("group", "supergroup"):
+        keys["group"] = str(message.chat.id)
+    return keys
+
+
+@router.message(F.text)
+async def on_text(message: Message, event_update: Update, bot: Bot, outbox: SQLiteStore) -> None:
+    """The bot's handler: a reply is written to the outbox, not sent from here."""
+    reply = {"chat_id": message.chat.id, "text": f"re: {message.text}", "reply_to": message.message_id}
+    await outbox.enqueue(
+        QUEUE,
+        reply,
+        partition_key=str(message.chat.id),
+        idempotency_key=f"update-{event_update.update_id}",
+        limit_keys=limit_keys(bot.id, message),
+    )
+
+
+def make_bot(args: argparse.Namespace) -> Bot:
+    token = os.environ.get("TELEGRAM_BOT_TOKEN") or ("123456:stand-in-token" if args.api_server else "")
+    if not token:
+        raise SystemExit("set TELEGRAM_BOT_TOKEN, or give --api-server for a stand-in of the Bot API")
+    if args.api_server is None:
+        return Bot(token)
+    return Bot(token, session=AiohttpSession(api=TelegramAPIServer.from_base(args.api_server)))
+
+
+async def run_bot(args: argparse.Namespace) -> None:
+    """Receive updates with aiogram's Dispatcher until SIGINT/SIGTERM; its handler fills the outbox."""
+    dispatcher = Dispatcher()
+    dispatcher.include_router(router)
+    async with SQLiteStore(args.db) as outbox:
+        await outbox.set_rate_limits(QUEUE, TELEGRAM_LIMITS)  # for every node of every process
+        # handle_as_tasks=False: updates are handled one by one, so a chat's replies are enqueued in order
+        await dispatcher.start_polling(make_bot(args), handle_as_tasks=False, outbox=outbox)
+
+
+async def run_nodes(args: argparse.Namespace) -> None:
+    """Send the outbox's replies with aiogram's Bot until SIGINT/SIGTERM, then drain to a deadline."""
+    bot = make_bot(args)
+
+    async def send(task: Task) -> int:
+        reply = task.payload
+        try:
+            message = await bot.send_message(
+                chat_id=reply["chat_id"],
+                text=reply["text"],
+                reply_parameters=ReplyParameters(message_id=reply["reply_to"], allow_sending_without_reply=True),
+            )
+        except TelegramRetryAfter as exc:
+            raise rate_limited(exc) from exc
+        return message.message_id
+
+    config = NodeConfig(queue=QUEUE, ordered=True, lease_s=args.lease_s, send_timeout_s=10)
+    try:
+        async with SQLiteStore(args.db) as outbox:
+            runtime = Runtime(outbox, send=send, nodes=args.nodes, config=config, shutdown_timeout_s=10)
+            async with runtime:
+                await runtime.wait_for_signal()
+    finally:
+        await bot.session.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("role", nargs="?", choices=("check", "bot", "nodes"), default="check")
+    parser.add_argument("--db", default="outbox.db", help="the outbox's SQLite file, shared by the processes")
+    parser.add_argument("--api-server", help="base URL of another Bot API server, e.g. http://127.0.0.1:8081")
+    parser.add_argument("--nodes", type=int, default=2, help="nodes in this process (role nodes)")
+    parser.add_argument("--lease-s", type=float, default=3.0, help="task lease: how soon a crashed node's work moves")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.role == "bot":
+        asyncio.run(run_bot(args))
+    elif args.role == "nodes":
+        asyncio.run(run_nodes(args))
+    else:
+        from telegram_standin import self_check
+
+        return self_check(Path(__file__).resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

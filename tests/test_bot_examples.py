@@ -1,0 +1,88 @@
+"""The aiogram and python-telegram-bot examples, end to end against a local stand-in of the Bot API.
+
+Each run is real OS processes: the example's ``bot`` process (the framework's own dispatcher,
+long polling the stand-in) and two ``nodes`` processes (a Runtime sending with the framework's
+own Bot client), on one SQLite file, with the stand-in (examples/telegram_standin.py) served
+from the test's event loop and applying Telegram's limits.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+sys.path.insert(0, str(EXAMPLES_DIR))
+
+pytest.importorskip("aiohttp")
+from telegram_standin import TELEGRAM_LIMITS, BotAPIStandIn, Limit, Run, run_bot_processes  # noqa: E402
+
+PAUSE_STORED_S = 0.3
+"""Time allowed between a 429 and the moment the pause it asks for holds in the store for every node."""
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(90)]
+
+
+def report(run: Run) -> str:
+    o = run.outcome
+    logs = "".join(f"\n--- {name}\n{text[-2000:]}" for name, text in run.logs.items())
+    return (
+        f"{o}; drained={run.drained} in {run.elapsed_s:.1f} s; killed pid {run.killed_pid} holding "
+        f"{run.in_flight_at_kill} task leases; exit codes {run.exit_codes}{logs}"
+    )
+
+
+@pytest.mark.parametrize("script", ["aiogram_bot.py", "ptb_bot.py"], ids=["aiogram", "python-telegram-bot"])
+async def test_every_message_answered_in_order_within_limits_when_a_node_process_is_killed(
+    script: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
+    async with BotAPIStandIn(messages=60) as api:
+        run = await run_bot_processes(EXAMPLES_DIR / script, api=api, workdir=tmp_path, kill_after_sent=20)
+    o, why = run.outcome, report(run)
+    print(
+        f"{script}: duplicates seen by the Bot API {o.duplicates}, sends in flight at the kill {run.in_flight_at_kill}"
+    )
+    assert run.drained, why
+    assert o.answered == o.incoming == 60, why
+    assert o.out_of_order == [], why
+    assert o.unexpected == 0, why
+    assert o.refusals == 0, why  # the declared limits are the stand-in's: Telegram never had to say 429
+    assert o.duplicates <= run.in_flight_at_kill, why  # only a send cut by the crash can reach a user twice
+    assert run.exit_codes == {"bot": 0, "nodes-0": -9, "nodes-1": 0}, why
+
+
+@pytest.mark.parametrize("script", ["aiogram_bot.py", "ptb_bot.py"], ids=["aiogram", "python-telegram-bot"])
+async def test_a_429_pauses_the_bot_on_every_node_and_costs_no_message(script: str, tmp_path: Path) -> None:
+    pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
+    stricter = {**TELEGRAM_LIMITS, "chat": Limit(1, 1.0, burst=1)}  # no burst: the examples' bursts meet 429s
+    async with BotAPIStandIn(messages=30, limits=stricter) as api:
+        run = await run_bot_processes(EXAMPLES_DIR / script, api=api, workdir=tmp_path)
+    o, why = run.outcome, report(run)
+    assert run.drained, why
+    assert o.answered == o.incoming == 30, why  # a 429 used no attempt and lost nothing
+    assert o.out_of_order == [], why
+    assert o.duplicates == 0, why
+    assert o.unexpected == 0, why
+    assert o.refusals > 0, why
+    sent_to: defaultdict[int, list[float]] = defaultdict(list)
+    for s in api.sent:
+        sent_to[s.chat_id].append(s.t_mono)
+    for refusal in api.refusals:
+        after = [t for t in sent_to[refusal.chat_id] if t > refusal.t_mono]
+        # the refused reply went again, first in its chat, once the Retry-After had passed
+        assert not after or after[0] >= refusal.t_mono + refusal.retry_after_s - 0.05, (refusal, after[:3], why)
+    assert all(code == 0 for code in run.exit_codes.values()), why
+    # RateLimited pauses every bucket of the reply, the bot account's included: once the pause is
+    # stored (a send claimed before it may still land), no node of either process sends to anyone
+    during = [
+        (r, round(s.t_mono - r.t_mono, 3))
+        for r in api.refusals
+        for s in api.sent
+        if r.t_mono + PAUSE_STORED_S < s.t_mono < r.t_mono + r.retry_after_s - 0.05
+    ]
+    print(f"{script}: {o.refusals} 429s, messages accepted while the bot was paused {len(during)}")
+    assert during == [], why
