@@ -53,7 +53,8 @@ This module is the loop (fetch, claim, dispatch to slots, lock); the steps live 
 it: a task in flight and its states in :mod:`~asynccoord.node.flight`, the send in
 :mod:`~asynccoord.node.send`, commit, retry and hand-back in :mod:`~asynccoord.node.settle`,
 lease renewal in :mod:`~asynccoord.node.keeper`, what a send can know in
-:mod:`~asynccoord.node.delivery`, the config in :mod:`~asynccoord.node.config`.
+:mod:`~asynccoord.node.delivery`, OpenTelemetry spans in :mod:`~asynccoord.node.tracing`, the
+config in :mod:`~asynccoord.node.config`.
 """
 
 from __future__ import annotations
