@@ -2,7 +2,7 @@
 
 Three layers, each usable alone: partitioning (stable hashing of keys over live
 nodes), distributed locks with fencing tokens, and version-checked compare-and-set
-on every state change. See README.md for the tour.
+on every state change. README.md walks through them with examples.
 
 The stores of extras (:class:`PostgresStore`: ``asynccoord[postgres]``,
 :class:`RedisLockStore`: ``asynccoord[redis]``) are exported too and imported on first
@@ -50,7 +50,7 @@ from .locks.lock import Lock, Semaphore
 from .locks.pool import LockPool
 from .locks.watchdog import Watchdog, WatchdogStats
 from .membership import Membership, MembershipStats, MembershipView
-from .models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from .models import Continuation, DeadLetterPolicy, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
 from .monitor.alerts import AlertStream
 from .monitor.histogram import Histogram, LatencyRecorder
 from .monitor.monitor import Monitor, MonitorStats
@@ -77,6 +77,7 @@ __all__ = (
     "Continuation",
     "CoordError",
     "DEFAULT_RULES",
+    "DeadLetterPolicy",
     "Delivery",
     "EnqueueResult",
     "EventCounter",

@@ -1,34 +1,9 @@
 """Node membership of a process: heartbeats, the view of live nodes, partition ownership.
 
-One :class:`Membership` per process and store serves every node of the process::
-
-    async with Membership(store, ttl_s=5.0) as membership:
-        incarnation = membership.join("bot-1", info={"host": "a"})
-        membership.owned_partitions("bot-1")   # what bot-1 should claim from
-        ...
-
-A background task writes one heartbeat per ``interval_s`` for *all* joined nodes
-(one ``store.heartbeat`` call, one transaction) and keeps :attr:`Membership.view`, the
-live members as the store saw them. Liveness is judged by the store's clock: a node
-whose last heartbeat is older than its ``ttl_s`` by the store clock is dead for
-everyone, whatever the local clocks read. Local timers use ``time.monotonic()`` only.
-
-Each :meth:`Membership.join` gets a new random *incarnation*: a restarted process that
-reuses a node id is a new life of it, and the leave of the old life never removes the
-new one (the store's ``leave`` is a compare-and-set on the incarnation). Leases of
-tasks and locks belong to their own tokens, never to node ids, so a restart never
-makes the dead process's leases look alive.
-
-When heartbeats fail (:class:`~asynccoord.errors.StoreError`), the task keeps retrying
-each interval and logs ``asynccoord.membership.heartbeat_failed``; once the last
-successful heartbeat was *sent* more than ``ttl_s`` ago (local monotonic clock),
-:attr:`Membership.healthy` turns False: the others may consider this process dead and
-give its partitions away, so its nodes must stop claiming until a heartbeat succeeds.
-The request was sent before the store stamped it, so the store cannot expire the
-member before the local deadline passes (both clocks running at the same rate).
-
-Partition ownership is rendezvous hashing over the live node ids
-(:func:`asynccoord.partition.owned_partitions`); local joined nodes always count as live.
+One :class:`Membership` per process and store heartbeats for all the process's nodes in
+one write, keeps the view of live nodes as the store's clock judges them, and assigns
+partitions by rendezvous hashing over the live node ids
+(:func:`asynccoord.partition.owned_partitions`).
 """
 
 from __future__ import annotations
@@ -129,6 +104,36 @@ class _Local:
 
 class Membership:
     """Heartbeats and the live-node view of every node of one process.
+
+    One :class:`Membership` per process and store serves every node of the process::
+
+        async with Membership(store, ttl_s=5.0) as membership:
+            incarnation = membership.join("bot-1", info={"host": "a"})
+            membership.owned_partitions("bot-1")   # what bot-1 should claim from
+            ...
+
+    A background task writes one heartbeat per ``interval_s`` for *all* joined nodes
+    (one ``store.heartbeat`` call, one transaction) and keeps :attr:`Membership.view`, the
+    live members as the store saw them. Liveness is judged by the store's clock: a node
+    whose last heartbeat is older than its ``ttl_s`` by the store clock is dead for
+    everyone, whatever the local clocks read. Local timers use ``time.monotonic()`` only.
+
+    Each :meth:`Membership.join` gets a new random *incarnation*: a restarted process that
+    reuses a node id is a new life of it, and the leave of the old life never removes the
+    new one (the store's ``leave`` is a compare-and-set on the incarnation). Leases of
+    tasks and locks belong to their own tokens, never to node ids, so a restart never
+    makes the dead process's leases look alive.
+
+    When heartbeats fail (:class:`~asynccoord.errors.StoreError`), the task keeps retrying
+    each interval and logs ``asynccoord.membership.heartbeat_failed``; once the last
+    successful heartbeat was *sent* more than ``ttl_s`` ago (local monotonic clock),
+    :attr:`Membership.healthy` turns False: the others may consider this process dead and
+    give its partitions away, so its nodes must stop claiming until a heartbeat succeeds.
+    The request was sent before the store stamped it, so the store cannot expire the
+    member before the local deadline passes (both clocks running at the same rate).
+
+    Partition ownership is rendezvous hashing over the live node ids
+    (:func:`asynccoord.partition.owned_partitions`); local joined nodes always count as live.
 
     Use as ``async with Membership(store) as membership:``. The first heartbeat runs
     inside ``__aenter__``, so :attr:`view` is ready when the block starts. On exit the

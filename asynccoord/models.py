@@ -14,7 +14,16 @@ from typing import Any
 
 from .validation import MAX_ATTEMPTS, check_int, check_limit_keys, check_name, check_non_negative, check_optional_name
 
-__all__ = ("Continuation", "EnqueueResult", "NewTask", "PurgeResult", "QueueStats", "Task", "TaskStatus")
+__all__ = (
+    "Continuation",
+    "DeadLetterPolicy",
+    "EnqueueResult",
+    "NewTask",
+    "PurgeResult",
+    "QueueStats",
+    "Task",
+    "TaskStatus",
+)
 
 
 class TaskStatus(enum.StrEnum):
@@ -24,6 +33,20 @@ class TaskStatus(enum.StrEnum):
     RUNNING = "running"
     DONE = "done"
     DEAD = "dead"
+
+
+class DeadLetterPolicy(enum.StrEnum):
+    """What an ordered claim does with a conversation (partition key) whose task went dead.
+
+    ``SKIP`` (the default): the key's next task becomes its head and the conversation goes
+    on without the dead one (the ``dead_lettered`` event and the monitor's ``dead_letters``
+    rule report it). ``HOLD``: no later task of the key is claimed in order until the dead
+    task is requeued (``requeue_dead``) or discarded (``discard_dead``). Set per queue with
+    ``set_dead_letter_policy``; unordered claims are not affected.
+    """
+
+    SKIP = "skip"
+    HOLD = "hold"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

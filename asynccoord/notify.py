@@ -1,21 +1,9 @@
 """In-process wake-ups: an enqueue (or a commit that unblocks a key) wakes idle nodes at once.
 
-Work nobody in the process announces (tasks of other processes, expired leases, tasks
-falling due) is found by the runtime's one idle poll (:mod:`asynccoord.node.idlepoll`), which
-wakes the owners through their :class:`WakeUp`, or by a standalone node's own polling
-(with backoff and jitter); a store that can push notifications across processes
-(PostgreSQL LISTEN/NOTIFY) feeds the same notifier. ``notify(queue, n, partitions)`` wakes at most ``n`` nodes, and only
-those that own one of the given partitions (a node that claims from every partition
-matches all), so a single new task does not stampede every idle node (no thundering
-herd) and does not wake a node that could not claim it.
-
-A node keeps one standing :class:`WakeUp` (see :meth:`WorkNotifier.subscribe`) for its
-life. It arms it just before each claim; a notification that arrives while the claim
-runs is not lost but kept as a flag, and the node's next :meth:`WakeUp.wait` returns
-at once. So a node may wait after a claim that came back short instead of claiming
-again to be safe. ``notify`` wakes waiting nodes first (the longest waiting first), then
-flags armed nodes (each counts as one of the ``n``: it will claim again at once); a node
-busy with a full batch is neither (it claims as soon as a slot frees anyway).
+A :class:`WorkNotifier` per store wakes at most as many idle nodes as there is new work,
+and only nodes that own one of its partitions, so one new task neither stampedes every
+idle node (no thundering herd) nor wakes a node that could not claim it; each node waits
+on a standing :class:`WakeUp` that keeps a notification arriving during its claim.
 """
 
 from __future__ import annotations
@@ -167,7 +155,25 @@ class WakeUp:
 
 
 class WorkNotifier:
-    """Per-queue FIFO of idle waiters and set of armed nodes; bound to the event loop that first uses it."""
+    """Per-queue FIFO of idle waiters and set of armed nodes; bound to the event loop that first uses it.
+
+    Work nobody in the process announces (tasks of other processes, expired leases, tasks
+    falling due) is found by the runtime's one idle poll (:mod:`asynccoord.node.idlepoll`),
+    which wakes the owners through their :class:`WakeUp`, or by a standalone node's own
+    polling (with backoff and jitter); a store that can push notifications across processes
+    (PostgreSQL LISTEN/NOTIFY) feeds the same notifier. ``notify(queue, n, partitions)``
+    wakes at most ``n`` nodes, and only those that own one of the given partitions (a node
+    that claims from every partition matches all), so a single new task does not stampede
+    every idle node (no thundering herd) and does not wake a node that could not claim it.
+
+    A node keeps one standing :class:`WakeUp` (see :meth:`WorkNotifier.subscribe`) for its
+    life. It arms it just before each claim; a notification that arrives while the claim
+    runs is not lost but kept as a flag, and the node's next :meth:`WakeUp.wait` returns
+    at once. So a node may wait after a claim that came back short instead of claiming
+    again to be safe. ``notify`` wakes waiting nodes first (the longest waiting first), then
+    flags armed nodes (each counts as one of the ``n``: it will claim again at once); a node
+    busy with a full batch is neither (it claims as soon as a slot frees anyway).
+    """
 
     __slots__ = ("_armed", "_waiters")
 

@@ -12,10 +12,6 @@ Two steps, both pure functions of their inputs (no I/O, no per-process state):
    IEEE/ACM Transactions on Networking, 1998. Every node scores every partition and
    the highest score wins, so when a node joins only the partitions it now wins move
    (all of them to it), and when it leaves only its own partitions move.
-
-Node ids are taken as the store holds them: one of only whitespace, which
-:meth:`~asynccoord.membership.Membership.join` refuses but code from before that rule
-wrote, scores like any other, so such a member never stops the assignment.
 """
 
 from __future__ import annotations
@@ -75,6 +71,12 @@ def _check_nodes(nodes: object) -> None:
 
 def owner_of(partition: int, nodes: Iterable[str]) -> str:
     """The node that owns ``partition`` among ``nodes`` (rendezvous hashing).
+
+    Every node scores the partition and the highest score wins, so a joining node takes
+    only the partitions it now wins, and a leaving node gives up only its own. Node ids
+    are taken as the store holds them: one of only whitespace, which
+    :meth:`~asynccoord.membership.Membership.join` refuses but older code wrote, scores
+    like any other, so such a member never stops the assignment.
 
     Args:
         partition: A partition number, >= 0.

@@ -10,14 +10,15 @@ of its own created fresh for every run, with the same process layouts:
 The clock starts when every worker process is up and told to go, and stops when the
 database shows no job left to do (polled every 20 ms by the parent, through each
 system's partial index of unfinished jobs; the tables are ANALYZEd after the fill), so
-process start-up and shutdown are not counted. Workers poll nothing else: procrastinate's
-stop by themselves on an empty queue (``wait=False``), asynccoord's when the parent says
-so (they used to poll ``stats()``, a count over the whole table, 20 times a second each:
-a harness cost procrastinate did not pay, see POSTGRES.md). asynccoord runs its full pipeline (partitioned claims with
-per-key ordering, leases with renewal, compare-and-set commits with processed-id
-records); procrastinate its default worker (LISTEN/NOTIFY on, one job fetched per
-worker slot). Jobs are 1,000 conversations' worth of keys, no locks (``--locks`` adds
-an account lock per job to asynccoord: procrastinate has no equivalent).
+process start-up and shutdown are not counted. Workers poll nothing else:
+procrastinate's stop by themselves on an empty queue (``wait=False``), asynccoord's when
+the parent says so (polling ``stats()``, a count over the whole table, 20 times a second
+each, would be a harness cost procrastinate does not pay; see benchmarks/README.md).
+asynccoord runs its full pipeline (partitioned claims with per-key ordering, leases with
+renewal, compare-and-set commits with processed-id records); procrastinate its default
+worker (LISTEN/NOTIFY on, one job fetched per worker slot). Jobs are 1,000
+conversations' worth of keys, no locks (``--locks`` adds an account lock per job to
+asynccoord: procrastinate has no equivalent).
 
 procrastinate's jobs (no queueing lock) keep no order between them; asynccoord's default
 nodes keep each conversation in order. Each run therefore also drains the same tasks with

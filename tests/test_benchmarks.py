@@ -464,6 +464,22 @@ async def test_the_postgres_drain_probe_ends_with_a_failed_runtimes_error_not_at
         drop_schemas(schema)
 
 
+def test_rate_limits_keeps_the_window_bound_and_reports_every_documented_figure(tmp_path: Path) -> None:
+    r = run_json("rate_limits.py", "--quick", cwd=tmp_path)
+    assert set(r) == {"config", "asynccoord", "claim_cost", "pyrate_sqlite", "dbos_sqlite", "postgres"}
+    ours = r["asynccoord"]
+    assert ours["sends"] == r["config"]["keys"] * r["config"]["per_key"]  # every task sent once
+    assert 0 < ours["max_window_ratio"] <= 1.0  # no key over count + burst in any window, 2 processes
+    assert positive(ours["utilisation"])
+    cost = r["claim_cost"]
+    assert positive(cost["no_limits_tasks_per_s"])
+    assert positive(cost["limits_tasks_per_s"])
+    assert positive(cost["ratio"])
+    for peer in ("pyrate_sqlite", "dbos_sqlite"):  # side by side when installed, else said why
+        assert "skipped" in r[peer] or {"sends", "max_window_ratio", "utilisation", "drain_s"} <= set(r[peer])
+    assert "skipped" in r["postgres"]
+
+
 def test_latency_reports_pickup_with_and_without_the_wake_up(tmp_path: Path) -> None:
     result = run_json("latency.py", "--quick", "--stores", "sqlite", cwd=tmp_path)
     assert result["tasks"] == 20

@@ -229,6 +229,33 @@ def test_run_drains_a_postgresql_dsn(
     assert out.endswith(f" (schema {schema})\n" if how == "--schema" else f"search_path={schema}\n")
 
 
+def test_run_declares_rate_limits_on_a_postgresql_dsn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--rate-limit on a postgresql:// target: the limits are declared for every process, and the run drains."""
+    from asynccoord import RateLimit
+
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    schema = new_schema("cli")
+    extra = ["--schema", schema, "--rate-limit", "chat=30/1s,burst=30", "--rate-limit", "account=2/1m"]
+
+    async def declared() -> list[RateLimit]:
+        async with PostgresStore(PG_DSN, schema=schema, listen=False) as store:
+            return await store.rate_limits("outbox")
+
+    try:
+        serve_three(PG_DSN, lambda: PostgresStore(PG_DSN, schema=schema), tmp_path, monkeypatch, extra)
+        assert asyncio.run(declared()) == [
+            RateLimit(dimension="account", count=2, per_s=60.0),
+            RateLimit(dimension="chat", count=30, per_s=1.0, burst=30),
+        ]
+    finally:
+        drop_schemas(schema)
+    assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
+
+
 def test_run_without_faults_raises_no_alert_with_the_default_rules(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

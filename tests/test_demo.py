@@ -81,6 +81,12 @@ def check_invariants(code: int, report: dict[str, Any], stderr: str, messages: i
     assert hottest["messages"] == max(per_account.values())
     assert per_account[hottest["account"]] == hottest["messages"]
     assert 0 < hottest["busy_s"] <= report["elapsed_s"]
+    # The provider's rate limits held: the claim kept every chat and account under them.
+    rates = report["rate_limits"]
+    if rates["declared"]:
+        assert rates["provider_429s"] == 0
+        assert {x["dimension"] for x in rates["declared"]} == {"account", "chat"}
+    assert rates["max_window_ratio"] <= 1.0
     assert report["ok"] is True
     assert code == 0
 
@@ -104,6 +110,26 @@ def test_small_demo_with_faults_keeps_every_invariant(tmp_path: Path) -> None:
     assert counts.get("pending", 0) == counts.get("running", 0) == 0
     # The faults (a kill -9, a stall past the lock TTL) raise at least one default alert.
     assert [a for a in report["alerts"] if a["state"] == "firing"], report["alerts"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_without_declared_rate_limits_the_provider_answers_429s_and_with_them_none(tmp_path: Path) -> None:
+    """The provider enforces its limits either way; only the store's limits keep its 429s at 0."""
+    base = ("--messages", "1500", "--no-faults", "--seed", "5")
+    code, off, stderr = run_demo(*base, "--no-rate-limits", "--db", str(tmp_path / "off.db"))
+    assert code == 0, stderr[-2000:]
+    assert off["rate_limits"]["declared"] == []
+    assert off["rate_limits"]["provider_429s"] > 0  # what a bot without limits gets
+    assert off["conflicts"]["provider_rate_limited"] > 0  # reported by send, handled without an attempt
+    assert off["dead"] == 0
+    assert off["rate_limits"]["max_window_ratio"] <= 1.0  # the provider refused what went over
+    code, on, stderr = run_demo(*base, "--db", str(tmp_path / "on.db"))
+    assert code == 0, stderr[-2000:]
+    assert on["rate_limits"]["provider_429s"] == 0
+    assert on["conflicts"]["rate_limit_held"] > 0  # the claim held work back instead
+    assert on["rate_limits"]["scale"] == 8.0
+    assert on["rate_limits"]["max_window_ratio"] <= 1.0
 
 
 @pytest.mark.multiprocess
@@ -188,6 +214,8 @@ def test_demo_on_postgres_keeps_every_invariant_and_clears_its_schema_on_the_nex
     )
     check_invariants(code, report, stderr, 1500)
     assert report["config"]["store"] == "postgres"
+    assert report["rate_limits"]["declared"] == []  # not enforced by the PostgreSQL store yet: off, and said
+    assert "not enforced on PostgreSQL yet" in report["rate_limits"]["note"]
     assert report["config"]["schema"] == pg_schema
     # The queue, locks, membership and monitor lived in the demo's own, marked schema.
     ((mark,),) = pg_rows("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1", pg_schema)

@@ -49,20 +49,10 @@ SQLITE_ONLY = {
     "claim_pending": "the pending-only form of claim (no merge with expired leases)",
     "claim_pending_ordered": "the pending-only form of claim_ordered",
     "ordered_queues": "SQLite reads which queues keep heads with no lock (one writer; PostgreSQL: kept_queues)",
+    "bucket_tat": "SQLite reads one bucket at a time (PostgreSQL: bucket_tats, a chunk's buckets at once)",
     **{
-        name: "rate limits are enforced by the SQLite and memory stores; PostgreSQL refuses limit_keys for now"
-        for name in (
-            "rate_limits",
-            "delete_rate_limits",
-            "insert_rate_limit",
-            "bucket_tat",
-            "set_bucket_tat",
-            "task_limit_keys",
-            "limited_candidates",
-            "limited_candidates_ordered",
-            "claim_ids",
-            "release_rate_limited",
-        )
+        name: "the dead-letter policy 'hold' is kept by the SQLite and memory stores; PostgreSQL refuses it"
+        for name in ("dead_letter_policy", "set_dead_letter_policy", "dead_letter_keys")
     },
     "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",
 }
@@ -83,6 +73,11 @@ POSTGRES_ONLY = {
     "share_queues": "shared advisory locks of queues, so a queue cannot start keeping heads mid-transition",
     "kept_queues": "which queues keep per-key heads, read after share_queues (SQLite: ordered_queues)",
     "keep_heads": "a queue starts keeping heads: recorded and computed under its exclusive lock (SQLite: two)",
+    "queue_limited": "whether a queue declares rate limits, cached ~1 s (SQLite's claim_probe asks in the claim)",
+    "lock_rate_limits": "a queue's exclusive advisory lock over its buckets (SQLite has one writer)",
+    "bucket_tats": "the TATs of a chunk of candidates' buckets in one statement (SQLite: bucket_tat)",
+    "claimable_partitions_limited": "claimable_partitions of a queue with limits, with each held partition's refill",
+    "claimable_partitions_limited_ordered": "claimable_partitions_limited for an ordered claim",
 }
 
 

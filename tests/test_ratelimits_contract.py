@@ -26,15 +26,6 @@ from asynccoord.contract.ratelimits import conforms, max_in_window, parse_rate_l
 Q = "outbox"
 
 
-@pytest.fixture(autouse=True)
-def _not_on_postgres(request: pytest.FixtureRequest) -> None:
-    """The PostgreSQL store does not enforce rate limits yet: it refuses limit_keys (tested below)."""
-    if request.node.name.startswith("test_postgres_refuses"):
-        return
-    if "backend" in request.fixturenames and request.getfixturevalue("backend") == "postgres":
-        pytest.skip("rate limits are not enforced by the PostgreSQL store yet")
-
-
 def chat(key: str, **extra: str) -> dict[str, str]:
     return {"chat": key, **extra}
 
@@ -369,10 +360,3 @@ async def test_removed_limits_free_the_tasks(store) -> None:
     assert await claim_ids(store) == ids[:1]
     await store.set_rate_limits(Q, [])
     assert await claim_ids(store) == ids[1:]
-
-
-@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
-async def test_postgres_refuses_limit_keys_for_now(store) -> None:
-    with pytest.raises(InvalidArgumentError, match="PostgreSQL"):
-        await store.enqueue(Q, 1, limit_keys={"chat": "a"})
-    assert (await store.stats(Q)).total == 0

@@ -1,6 +1,7 @@
-"""Rate limits across real OS processes on one SQLite file: never over the limit, close to it.
+"""Rate limits across real OS processes on one SQLite file and on PostgreSQL: never over the limit, close to it.
 
-Two processes of four nodes each drain a backlog over several chats limited per chat.
+Two processes of four nodes each drain a backlog over several chats limited per chat,
+on one SQLite file or one PostgreSQL schema (tests/workers/rate_worker.py).
 Every send is logged with its CLOCK_MONOTONIC time (system-wide on Linux, so the
 processes' times compare) at the moment it would reach the provider; the test then
 checks, per chat, every sliding window of ``per_s`` seconds against the limit
@@ -21,7 +22,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import WORKERS_DIR
+from services import PG_DSN, new_schema, postgres_problem, unavailable
 
 from asynccoord import RateLimit, SQLiteStore, TaskStatus
 from asynccoord.contract.ratelimits import max_in_window
@@ -33,8 +36,50 @@ CHATS = 6
 PER_CHAT = 16
 
 
-async def fill(db_path: Path) -> None:
-    async with SQLiteStore(db_path) as store:
+pytestmark = pytest.mark.multiprocess
+
+
+class Target:
+    """Where the workers meet: an SQLite file, or a PostgreSQL schema (the worker's arguments and a store)."""
+
+    def __init__(self, db_path: Path, schema: str | None) -> None:
+        self.db_path = db_path
+        self.schema = schema
+
+    def args(self) -> list[str]:
+        if self.schema is None:
+            return [str(self.db_path)]
+        return [PG_DSN, "--schema", self.schema]
+
+    def store(self) -> Any:
+        if self.schema is None:
+            return SQLiteStore(self.db_path)
+        from asynccoord.backends.postgres.store import PostgresStore
+
+        return PostgresStore(PG_DSN, schema=self.schema, listen=False)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def target(request: pytest.FixtureRequest, db_path: Path) -> Any:
+    if request.param == "sqlite":
+        yield Target(db_path, None)
+        return
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    import asyncpg
+
+    name = new_schema("rate")
+    yield Target(db_path, name)
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def fill(target: Target) -> None:
+    async with target.store() as store:
         await store.set_rate_limits(Q, [LIMIT])
         for i in range(PER_CHAT):
             for c in range(CHATS):
@@ -42,8 +87,8 @@ async def fill(db_path: Path) -> None:
                 await store.enqueue(Q, {"chat": chat, "n": i}, partition_key=chat, limit_keys={"chat": chat})
 
 
-def spawn(python: Any, db_path: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
-    return python.spawn([WORKER, str(db_path), "--log", str(log), "--queue", Q, *extra])  # type: ignore[no-any-return]
+def spawn(python: Any, target: Target, log: Path, *extra: str) -> subprocess.Popen[str]:
+    return python.spawn([WORKER, *target.args(), "--log", str(log), "--queue", Q, *extra])  # type: ignore[no-any-return]
 
 
 def wait_line(proc: subprocess.Popen[str], event: str, timeout_s: float = 60.0) -> None:
@@ -84,11 +129,11 @@ def check_window_bound(log: Path) -> dict[str, int]:
 
 
 async def test_two_processes_never_exceed_the_limit_and_come_close_to_it(
-    python: Any, db_path: Path, tmp_path: Path
+    python: Any, target: Target, tmp_path: Path
 ) -> None:
-    await fill(db_path)
+    await fill(target)
     log = tmp_path / "sends.log"
-    workers = [spawn(python, db_path, log) for _ in range(2)]
+    workers = [spawn(python, target, log) for _ in range(2)]
     for w in workers:
         await asyncio.to_thread(wait_line, w, "done", 90.0)
     by_chat = sends_by_chat(log)
@@ -96,18 +141,26 @@ async def test_two_processes_never_exceed_the_limit_and_come_close_to_it(
     assert all(len(times) == PER_CHAT for times in by_chat.values())  # each sent once
     check_window_bound(log)
     # Close to the limit: after the burst, the backlog goes at >= 90 % of count / per_s.
+    # Measured from the burst's last send on SQLite; on PostgreSQL from the first send the
+    # limit paced: each chat's sends within the burst trail the first by a commit and a
+    # claim's round trips (30-75 ms on this shared machine), which the burst lets the next
+    # send make up, so a rate from the burst's last send measures that latency, not the pace.
+    # The pace's upper bound allows PostgreSQL one send more, as max_in_window does: a claim's
+    # send lands after it by its round trips, which vary by tens of ms under load, and the
+    # first and last sends measured may differ so by up to one emission interval.
+    start, slack = (LIMIT.burst - 1, 0) if target.schema is None else (LIMIT.burst, 1)
     for chat, times in by_chat.items():
-        steady = times[LIMIT.burst - 1 :]
+        steady = times[start:]
         rate = (len(steady) - 1) / (steady[-1] - steady[0])
         assert rate >= 0.9 * LIMIT.count / LIMIT.per_s, (chat, rate)
-        assert rate <= 1.02 * LIMIT.count / LIMIT.per_s, (chat, rate)
+        assert (len(steady) - 1 - slack) / (steady[-1] - steady[0]) <= 1.02 * LIMIT.count / LIMIT.per_s, (chat, rate)
 
 
-async def test_kill_9_mid_run_hands_no_token_out_twice(python: Any, db_path: Path, tmp_path: Path) -> None:
-    await fill(db_path)
+async def test_kill_9_mid_run_hands_no_token_out_twice(python: Any, target: Target, tmp_path: Path) -> None:
+    await fill(target)
     log = tmp_path / "sends.log"
-    doomed = spawn(python, db_path, log, "--lease-s", "1.0", "--send-s", "0.3")
-    survivor = spawn(python, db_path, log, "--lease-s", "1.0", "--send-s", "0.3")
+    doomed = spawn(python, target, log, "--lease-s", "1.0", "--send-s", "0.3")
+    survivor = spawn(python, target, log, "--lease-s", "1.0", "--send-s", "0.3")
     await asyncio.to_thread(wait_line, doomed, "ready")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # both have sent
@@ -119,7 +172,7 @@ async def test_kill_9_mid_run_hands_no_token_out_twice(python: Any, db_path: Pat
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait(timeout=10)
     await asyncio.to_thread(wait_line, survivor, "done", 120.0)
-    async with SQLiteStore(db_path) as store:
+    async with target.store() as store:
         stats = await store.stats(Q)
     assert stats.counts[TaskStatus.DONE] == CHATS * PER_CHAT
     # Tasks the killed process had leased are sent again after their lease lapses, each

@@ -1,6 +1,6 @@
 """Rate limits seen from the pipeline: a provider's 429 honoured, throttled nodes that wait, not spin.
 
-Real stores (memory and an SQLite file) on the real clock, a real Runtime of nodes.
+Real stores (memory, an SQLite file and, but for the pace test, PostgreSQL) on the real clock, a real Runtime of nodes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from asynccoord import NodeConfig, RateLimit, RateLimited, Runtime, Task, TaskSt
 from asynccoord import events as ev
 
 Q = "outbox"
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"], indirect=True)
+ALL = pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"], indirect=True)
+# The refill test asserts a pace within 10 ms of the limit per send: on PostgreSQL a send lands
+# after its claim by round trips that vary by more under load (tests/test_ratelimits_multiprocess.py
+# checks PostgreSQL's pace over many sends instead).
+EMBEDDED = pytest.mark.parametrize("backend", ["memory", "sqlite"], indirect=True)
 
 
 async def drained(store, n: int, timeout_s: float = 20.0) -> None:
@@ -28,6 +32,7 @@ async def drained(store, n: int, timeout_s: float = 20.0) -> None:
     raise AssertionError(f"not drained: {await store.stats(Q)}")
 
 
+@ALL
 async def test_a_429_pauses_the_key_without_using_an_attempt(make_store) -> None:
     store = await make_store(clock=None)
     await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=100, per_s=1.0, burst=100)])
@@ -58,6 +63,7 @@ async def test_a_429_pauses_the_key_without_using_an_attempt(make_store) -> None
     assert store.events.get(ev.PROVIDER_RATE_LIMITED) == 1
 
 
+@EMBEDDED
 async def test_a_throttled_node_waits_for_the_refill(make_store) -> None:
     store = await make_store(clock=None)
     await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=4, per_s=1.0)])
@@ -88,6 +94,7 @@ async def test_a_throttled_node_waits_for_the_refill(make_store) -> None:
     assert claims <= 3 * n  # about one claim per refill, not a spin
 
 
+@ALL
 async def test_reported_429s_reach_the_monitor_and_prometheus(make_store) -> None:
     from asynccoord import Monitor
     from asynccoord.monitor.metrics import render_prometheus

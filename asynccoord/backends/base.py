@@ -488,6 +488,19 @@ class StoreBase(abc.ABC):
     async def _requeue_dead_checked(self, queue: str, task_ids: list[int] | None) -> int:
         """Requeue the dead tasks (all of ``queue``, or those ids); recompute their keys' heads."""
 
+    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids); return how many.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad queue or ids (nothing written).
+        """
+        check_name("queue", queue)
+        return await self._discard_dead_checked(queue, check_task_ids(task_ids))
+
+    @abc.abstractmethod
+    async def _discard_dead_checked(self, queue: str, task_ids: list[int] | None) -> int:
+        """Delete the dead tasks (and let the keys they held go on); return how many."""
+
     async def is_processed(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (consumer = queue name)."""
         check_name("consumer", consumer)

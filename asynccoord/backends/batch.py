@@ -1,16 +1,8 @@
 """Group commit for the client-server stores: concurrent calls of a process share one round trip.
 
-Many nodes of a process complete tasks and take locks at the same time; one
-transaction (or one statement) per call would cost a round trip and a WAL flush each.
-A :class:`Batcher` queues the calls: the first one starts a drain task, and while its
-batch is at the server, later calls queue up and go together in the next batch (at
-most ``max_batch`` each). The idea is the group commit of DeWitt et al.,
+A :class:`Batcher` queues the concurrent calls of a process's nodes and sends them to the
+server together, one batch at a time, after the group commit of DeWitt et al.,
 "Implementation techniques for main memory database systems", SIGMOD 1984.
-
-A caller gets a future and awaits it. If the caller is cancelled, its future is cancelled
-but its item stays queued and its batch goes on (a commit cannot be taken back); the
-outcome of an item whose future was cancelled goes to the batcher's ``orphaned`` hook,
-which may compensate it (hand back a task the call leased, say).
 """
 
 from __future__ import annotations
@@ -33,6 +25,18 @@ O = TypeVar("O")  # noqa: E741 - outcome
 
 class Batcher(Generic[I, O]):
     """Run queued items in batches with ``run(items) -> outcomes`` (same order, same length).
+
+    Many nodes of a process complete tasks and take locks at the same time; one
+    transaction (or one statement) per call would cost a round trip and a WAL flush each.
+    A :class:`Batcher` queues the calls: the first one starts a drain task, and while its
+    batch is at the server, later calls queue up and go together in the next batch (at
+    most ``max_batch`` each). The idea is the group commit of DeWitt et al.,
+    "Implementation techniques for main memory database systems", SIGMOD 1984.
+
+    A caller gets a future and awaits it. If the caller is cancelled, its future is cancelled
+    but its item stays queued and its batch goes on (a commit cannot be taken back); the
+    outcome of an item whose future was cancelled goes to the batcher's ``orphaned`` hook,
+    which may compensate it (hand back a task the call leased, say).
 
     Args:
         run: Runs one batch; an exception fails every caller of the batch.

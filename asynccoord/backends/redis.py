@@ -1,45 +1,10 @@
 """Locks and semaphores with fencing tokens on Redis (extra ``redis``, redis-py asyncio).
 
-:class:`RedisLockStore` implements :class:`~asynccoord.contract.locks.LockStore` only: the
-named locks, semaphores and fencing of asynccoord, with the same semantics as the
-SQLite, PostgreSQL and in-memory stores (the lock contract tests run on it). It is used
-*beside* a queue store, e.g. the queue in PostgreSQL and the account locks in Redis::
-
-    queue = PostgresStore("postgresql://bot@db/coord")
-    locks = RedisLockStore("redis://cache:6379/0")
-    async with queue, locks:
-        runtime = Runtime(queue, send, lock_key=..., lock_store=locks)
-
-(or ``Lock(locks, "account:42")`` directly). A task commit fenced by a Redis lock's
-token is checked and recorded by the *queue* store (``complete(fence=...)``), in the
-same transaction as the commit: fence each resource with the tokens of one lock store.
-
-Data layout, per lock name (``prefix`` default ``"asynccoord:"``):
-
-* ``{prefix}lock:{name}`` - sorted set: owner token -> expiry (store clock, seconds).
-  A member is live while its score is after the clock; acquisitions drop lapsed ones.
-* ``{prefix}lockmeta:{name}`` - hash: owner token -> ``fencing_token|permits|acquired_at|holder``.
-* ``{prefix}fencing:{name}`` - the name's fencing counter (``INCR``), kept forever, so
-  tokens rise strictly across releases, expiries and restarts of a Redis that keeps its
-  data (AOF or RDB persistence). A Redis restarted empty starts the counters over: a
-  fenced resource then refuses the new, lower tokens (safe: nothing stale is written,
-  but fenced writes fail until the counter passes the resource's highest token).
-* ``{prefix}fence:{resource}`` - hash: the highest fencing token a resource accepted,
-  its last fenced data and when.
-
-Every operation is one Lua script run atomically by the server: acquire (drop lapsed
-leases, count, grant with the next token; the concurrent acquisitions of a process go
-as one pipeline, one round trip), owner-checked renew and release, a batched
-renewal of any number of leases for the watchdog (one round trip), and fencing. Time
-is the Redis server's ``TIME`` (or a test clock passed in), never a caller's clock.
-The lock keys carry a ``PEXPIRE`` of their longest lease plus ``key_slack_ms``, so the
-server deletes the locks of crashed holders by itself.
-
-A script touches several keys of different names in one call (the batched renewal), so
-use a single Redis server (or a primary with replicas), not Redis Cluster. Connection
-loss is retried with backoff and then raised as
-:class:`~asynccoord.errors.StoreConnectionError`; a retried acquisition recognizes its
-own earlier grant (by owner token), so a lost reply never leaks a lease.
+:class:`RedisLockStore` implements the lock contract only
+(:class:`~asynccoord.contract.locks.LockStore`), beside a queue store, with the same
+semantics as the other stores. Each operation is one Lua script run atomically by the
+server and judged by its ``TIME``, with fencing tokens from ``INCR`` counters, the
+fencing-token scheme of M. Kleppmann ("How to do distributed locking", 2016).
 """
 
 from __future__ import annotations
@@ -320,7 +285,50 @@ async def _persistence(client: aioredis.Redis) -> bool | None:
 class RedisLockStore:
     """The lock contract (:class:`~asynccoord.contract.locks.LockStore`) on one Redis server.
 
-    Use as ``async with RedisLockStore("redis://host:6379/0") as locks: ...``.
+    Use it beside a queue store, e.g. the queue in PostgreSQL and the account locks in
+    Redis::
+
+        queue = PostgresStore("postgresql://bot@db/coord")
+        locks = RedisLockStore("redis://cache:6379/0")
+        async with queue, locks:
+            runtime = Runtime(queue, send, lock_key=..., lock_store=locks)
+
+    (or ``Lock(locks, "account:42")`` directly). A task commit fenced by a Redis lock's
+    token is checked and recorded by the queue store (``complete(fence=...)``), in the
+    commit's transaction: fence each resource with the tokens of one lock store.
+
+    Keys per lock name (``prefix`` default ``"asynccoord:"``):
+
+    * ``{prefix}lock:{name}``: sorted set, owner token -> expiry (store clock, seconds).
+      A member is live while its score is after the clock; acquisitions drop lapsed ones.
+    * ``{prefix}lockmeta:{name}``: hash, owner token ->
+      ``fencing_token|permits|acquired_at|holder``.
+    * ``{prefix}fencing:{name}``: the name's fencing counter (``INCR``), never deleted, so
+      tokens rise strictly across releases, expiries and restarts of a Redis that keeps
+      its data (AOF or RDB). A Redis restarted empty starts the counters over: fenced
+      resources then refuse the lower tokens until the counter passes their highest.
+    * ``{prefix}fence:{resource}``: hash, the highest fencing token a resource accepted,
+      its last fenced data and when.
+
+    A lock that processes contend for also gets the counter of its place in line
+    (``asynccoord.next:<hash>``, see :class:`~asynccoord.locks.pool.LockPool`): one more
+    never-deleted key per contended lock name, as on every store.
+
+    Every operation is one Lua script: acquire (drop lapsed leases, count, grant with the
+    next token; a process's concurrent acquisitions go as one pipeline), owner-checked
+    renew and release, the watchdog's batched renewal (script calls of at most 256 leases,
+    pipelined in one round trip, since a script holds the server while it runs), and
+    fencing. Time is the Redis server's ``TIME`` (or a test clock), never a caller's
+    clock. The lock keys carry a ``PEXPIRE`` of their longest lease plus ``key_slack_ms``,
+    so the server deletes the locks of crashed holders by itself.
+
+    A script touches keys of several names in one call, so use a single Redis server (or
+    a primary with replicas), not Redis Cluster. Connection loss is retried with backoff
+    and then raised as :class:`~asynccoord.errors.StoreConnectionError`; a retried
+    acquisition recognizes its own earlier grant (by owner token), so a lost reply never
+    leaks a lease. The store belongs to the event loop that opened it: a call or
+    ``open()`` from another loop raises :class:`~asynccoord.errors.StoreLoopError` at
+    once (see :meth:`close` for a close from another loop).
 
     Args:
         url: A redis-py URL (``redis://[:password@]host:port/db``, ``rediss://`` for TLS,
@@ -406,7 +414,7 @@ class RedisLockStore:
 
         A server that keeps nothing on disk (no AOF, no RDB snapshot points) is logged at
         WARNING as ``asynccoord.redis.no_persistence``: its restart would start the fencing
-        counters over (see the module docstring). :attr:`persistent` holds the answer.
+        counters over (see :class:`RedisLockStore`). :attr:`persistent` holds the answer.
 
         Raises:
             StoreConnectionError: the server cannot be reached.

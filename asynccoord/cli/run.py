@@ -64,7 +64,14 @@ def load_callable(spec: str) -> Any:
 
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
-    """Add the ``run`` subcommand's options to ``parser``."""
+    """Add the ``run`` subcommand's options to ``parser``.
+
+    ``--db`` is also spelled ``--store``: an SQLite path, an ``sqlite:///`` URL or a
+    ``postgresql://`` DSN (see :func:`~asynccoord.backends.open.open_store`). With a DSN,
+    ``--schema NAME`` keeps the tables in a schema of their own
+    (``PostgresStore(schema=...)``), created if missing; with an SQLite target it is a
+    usage error (exit status 2, see :func:`store_options`).
+    """
     parser.add_argument(
         "--db",
         "--store",

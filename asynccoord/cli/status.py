@@ -280,7 +280,12 @@ def _positive_float(text: str) -> float:
 
 
 def configure_status(parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``python -m asynccoord status`` to ``parser``."""
+    """Add the options of ``python -m asynccoord status`` to ``parser``.
+
+    ``--db`` is also spelled ``--store``. With a ``postgresql://`` DSN, ``--schema NAME``
+    reads the tables of that schema (it is never created here); with an SQLite target it
+    is a usage error (exit status 2).
+    """
     parser.add_argument(
         "--db",
         "--store",

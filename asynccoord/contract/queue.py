@@ -83,6 +83,12 @@ class QueueStore(Protocol):
     * ``complete``, ``fail``, ``release`` and ``extend`` are compare-and-set on
       ``(id, lease_token, version)`` plus "lease not expired": a caller whose lease
       is gone gets :class:`~asynccoord.errors.LeaseLostError` and nothing is written.
+
+    A call cancelled while its transaction was already on its way (an
+    ``asyncio.wait_for`` that ran out, a cancelled task) may still have committed: a
+    cancelled ``complete`` can leave the task ``done``. The outcome is unknown, not
+    undone; :meth:`get` tells which. Cancelled claims are compensated: their tasks are
+    handed back.
     """
 
     config: StoreConfig
@@ -145,6 +151,11 @@ class QueueStore(Protocol):
         min_due_age_s: float = 0.0,
     ) -> list[Task]:
         """Lease up to ``limit`` due tasks to ``node_id`` in one atomic statement.
+
+        Only due tasks are claimed (``run_at`` reached, by the store clock), highest
+        priority first, then FIFO. A task whose lease expired is claimable again with a
+        new lease token; one whose lease expired on its last attempt is dead-lettered by
+        the same transaction, so no reaper is needed.
 
         Args:
             queue: Queue name (1..255 characters, not only whitespace).
@@ -253,6 +264,8 @@ class QueueStore(Protocol):
         two of its tasks. A next task whose idempotency key is already processed is
         settled as a duplicate instead (``duplicate_delivery_suppressed``) and none is
         returned. Partitions and ``min_due_age_s`` play no part: the key is the task's.
+        A node bounds how many tasks in a row it takes this way
+        (``NodeConfig.claim_next_max``).
 
         Args:
             task: The task as returned by ``claim`` (or a previous continuation).
@@ -357,6 +370,20 @@ class QueueStore(Protocol):
         it is the key's head again at once, ahead of the tasks that went on while it was
         dead, so if a later task of the key is running at that moment, both may run at
         the same time. Requeue while the key is idle when that matters.
+        """
+        ...
+
+    async def discard_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
+        """Delete dead tasks for good; return how many.
+
+        Args:
+            queue: Queue name.
+            task_ids: Only these dead tasks (ids of tasks that are not dead are skipped);
+                None for every dead task of the queue.
+
+        A conversation held by its dead task (policy ``hold``, see
+        :class:`~asynccoord.contract.deadletters.DeadLetterStore`) goes on from its next
+        task. The idempotency key of a discarded task is free again.
         """
         ...
 
@@ -572,7 +599,8 @@ def check_task(task: object) -> Task:
     ``id``/``lease_token``/``version``, and ``queue``, ``partition_key``,
     ``partition``, ``idempotency_key``, ``status``, ``attempts``, ``max_attempts``)
     is checked for type and range, so a tampered or hand-made Task is refused with
-    a typed error instead of reaching the database driver.
+    a typed error instead of reaching the database driver. A store then acts on its
+    own row's queue, key and attempt counts, never on those of the caller's copy.
 
     Raises:
         InvalidTypeError: not a Task, or a field of the wrong type (``bool`` is not an int).

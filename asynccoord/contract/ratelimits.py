@@ -1,18 +1,10 @@
 """Rate limits per queue: the :class:`RateLimit` record, GCRA arithmetic as pure functions, argument checks.
 
-A queue may declare several limits, each on one *dimension* of its tasks (an account, a
-chat, a group); a task names its key for each dimension at enqueue (``NewTask.limit_keys``)
-and the claim leases it only when every bucket it names, ``(queue, dimension, key)``, has
-a token, taking them in the claim's transaction. Each bucket is one number kept in the
-store, its *theoretical arrival time* (TAT), updated by the Generic Cell Rate Algorithm
-(ITU-T Recommendation I.371, "virtual scheduling"; the form used by e.g. Brandur Leach's
-"Rate limiting, cells, and GCRA", 2015): with emission interval ``T = per_s / count`` and
-tolerance ``tau = (burst - 1) * T``, a cell at time ``now`` conforms when
-``TAT - tau <= now``, and taking it sets ``TAT = max(TAT, now) + T``. Any window of
-``per_s`` seconds thus holds at most ``count + burst - 1`` conforming cells (``count``
-when ``burst`` is 1), and a backlog is served at exactly ``count / per_s``. A provider's
-Retry-After pauses a bucket by raising its TAT so that the next cell conforms no sooner
-than the pause's end. Every function here is pure: the stores read and write the TATs.
+A queue may declare limits on dimensions of its tasks (an account, a chat), and a claim
+leases a task only when every bucket it names has a token. Each bucket is one number,
+its theoretical arrival time, updated by the Generic Cell Rate Algorithm (ITU-T
+Recommendation I.371, "virtual scheduling"); the functions here are pure, and the stores
+read and write the numbers.
 """
 
 from __future__ import annotations
@@ -58,6 +50,20 @@ Bucket = tuple[str, str]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RateLimit:
     """At most ``count`` claims per ``per_s`` seconds per key of ``dimension``, with bursts of ``burst``.
+
+    A queue may declare several limits, each on one *dimension* of its tasks (an account, a
+    chat, a group); a task names its key for each dimension at enqueue (``NewTask.limit_keys``)
+    and the claim leases it only when every bucket it names, ``(queue, dimension, key)``, has
+    a token, taking them in the claim's transaction. Each bucket is one number kept in the
+    store, its *theoretical arrival time* (TAT), updated by the Generic Cell Rate Algorithm
+    (ITU-T Recommendation I.371, "virtual scheduling"; the form used by e.g. Brandur Leach's
+    "Rate limiting, cells, and GCRA", 2015): with emission interval ``T = per_s / count`` and
+    tolerance ``tau = (burst - 1) * T``, a cell at time ``now`` conforms when
+    ``TAT - tau <= now``, and taking it sets ``TAT = max(TAT, now) + T``. Any window of
+    ``per_s`` seconds thus holds at most ``count + burst - 1`` conforming cells (``count``
+    when ``burst`` is 1), and a backlog is served at exactly ``count / per_s``. A provider's
+    Retry-After pauses a bucket by raising its TAT so that the next cell conforms no sooner
+    than the pause's end. Every function here is pure: the stores read and write the TATs.
 
     Args:
         dimension: What the limit is on, e.g. ``"chat"``: the name tasks give their key

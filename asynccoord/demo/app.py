@@ -1,16 +1,8 @@
 """The demo's orchestrator: producer, worker processes, faults, live view, final report.
 
-Run ``python -m asynccoord.demo --help`` for the options. With no arguments it replays
-the bundled trace sample (20,000 messages) through 2 worker processes x 8 nodes, kills
-one process with SIGKILL a third of the way through (a replacement starts a second
-later with the same node ids), stalls the other's event loop past its lease and lock
-TTL (and its heartbeat TTL) later on, and ends with a report of what the gateway saw.
-The exit status is 0 only when no message was delivered twice, none was lost, no
-account sent two messages at once and no conversation was sent out of order.
-
-The store is a fresh SQLite file by default; ``--store postgresql://...`` runs the same
-demo with the queue, locks, membership and monitor on PostgreSQL, in a schema of the
-demo's own (``--schema``, default ``asynccoord_demo``; see :func:`~asynccoord.demo.stores.demo_schema`).
+:func:`run_demo` replays a chat trace through worker processes on one store while it
+kills and stalls them, then checks what the simulated gateway saw against the queue;
+run ``python -m asynccoord.demo --help`` for the options.
 """
 
 from __future__ import annotations
@@ -36,6 +28,7 @@ from .. import events as ev
 from .._loop import run as run_loop
 from ..backends.open import open_store
 from ..contract.monitor import Alert
+from ..contract.ratelimits import RateLimitStore
 from ..errors import CoordError
 from ..models import NewTask, TaskStatus
 from ..monitor.monitor import Monitor
@@ -44,8 +37,18 @@ from .faults import inject_faults
 from .live import demo_dashboard, watch
 from .options import DemoOptions, parse_args
 from .processes import Worker, spawn, stop_workers
+from .ratelimits import limit_keys, provider_limits
 from .record import RunRecord
-from .report import LATENCY_MEASURES, REPORT_WINDOW_S, build_report, busiest_account, render, task_statuses
+from .report import (
+    LATENCY_MEASURES,
+    REPORT_WINDOW_S,
+    build_report,
+    busiest_account,
+    enqueue_times,
+    rate_note,
+    render,
+    task_statuses,
+)
 from .stores import demo_lock_keys, demo_schema, refuse_used_file
 from .trace import TraceMessage, bundled_sample, read_trace
 from .worker import DEMO_QUEUE
@@ -65,8 +68,12 @@ def account_of(sender_id: str, accounts: int) -> str:
     return f"acct-{int.from_bytes(digest, 'big') % accounts:02d}"
 
 
-def build_tasks(messages: Sequence[TraceMessage], accounts: int) -> list[NewTask]:
-    """One task per message: keyed by conversation, idempotency key = message id."""
+def build_tasks(messages: Sequence[TraceMessage], accounts: int, *, limited: bool = False) -> list[NewTask]:
+    """One task per message: keyed by conversation, idempotency key = message id.
+
+    With ``limited``, each task names its keys of the rate limits (its account and its
+    chat, see :func:`~asynccoord.demo.ratelimits.limit_keys`).
+    """
     return [
         NewTask(
             queue=DEMO_QUEUE,
@@ -78,6 +85,7 @@ def build_tasks(messages: Sequence[TraceMessage], accounts: int) -> list[NewTask
             },
             partition_key=m.conversation_id,
             idempotency_key=m.msg_id,
+            limit_keys=limit_keys(account_of(m.sender_id, accounts), m.conversation_id) if limited else {},
         )
         for m in messages
     ]
@@ -104,7 +112,25 @@ def schedule(
 
 
 async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Any]:
-    """Run the demo and return its report (the ``--json`` object)."""
+    """Run the demo and return its report (the ``--json`` object, see :func:`~.report.build_report`).
+
+    With the defaults it replays the bundled trace sample (20,000 messages) through 2
+    worker processes x 8 nodes, kills one process with SIGKILL a third of the way through
+    (a replacement starts a second later with the same node ids), stalls the other's event
+    loop past its lease, lock and heartbeat TTLs later on, and reports what the gateway
+    saw. Each message goes out from the bot account its sender hashes to
+    (:func:`account_of`), and an account sends one message at a time. The report's ``ok``
+    holds only when no message was delivered twice, none was lost, no account sent two
+    messages at once and no conversation was sent out of order. A run that makes no
+    progress for ``opts.stuck_s`` (60 s) stops and fails.
+
+    The store is a fresh SQLite file by default; ``--store postgresql://...`` puts the
+    queue, locks, membership and monitor on PostgreSQL in a schema of the demo's own
+    (``--schema``, default ``asynccoord_demo``; see
+    :func:`~asynccoord.demo.stores.demo_schema`), while the gateway's record stays a local
+    SQLite file. ``--lock-store`` takes the account locks in Redis under a key prefix of
+    the run's own, deleted at the end (:func:`~asynccoord.demo.stores.demo_lock_keys`).
+    """
     began = time.monotonic()
     trace_path = opts.trace or bundled_sample()
     messages = list(read_trace(trace_path, limit=opts.messages))
@@ -116,7 +142,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     refuse_used_file(opts)
     if opts.lock_store is not None:
         opts = dataclasses.replace(opts, lock_prefix=f"asynccoord-demo:{secrets.token_hex(4)}:")
-    tasks = build_tasks(messages, opts.accounts)
+    tasks = build_tasks(messages, opts.accounts, limited=opts.declares_limits)
     offsets = schedule(messages, speed=opts.speed, replay_s=opts.replay_s, max_gap_s=opts.max_gap_s)
     rng = random.Random(opts.seed)
     loaded = time.monotonic()
@@ -138,6 +164,9 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                 await astack.enter_async_context(demo_schema(store_target, opts.schema))
                 options["schema"] = opts.schema
             store = await astack.enter_async_context(open_store(store_target, **options))
+            if opts.declares_limits:  # for every process on the database, before any worker claims
+                assert isinstance(store, RateLimitStore)
+                await store.set_rate_limits(DEMO_QUEUE, provider_limits(opts.rate_scale))
             sweep_lock_keys = None
             if opts.lock_store is not None:
                 sweep_lock_keys = await astack.enter_async_context(demo_lock_keys(opts, run))
@@ -175,7 +204,8 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                         account, count = busiest_account(tasks)
                         note = (
                             f"latency = {LATENCY_MEASURES}; the hottest account, {account}, "
-                            f"has {count} of the {len(tasks)} messages and sends one at a time"
+                            f"has {count} of the {len(tasks)} messages and sends one at a time\n"
+                            f"{rate_note(opts)}"
                         )
                         finished = await watch(store, workers, len(tasks), opts, run, console, note)
                     finally:  # also when interrupted: the producer stops before the store closes under it
@@ -196,6 +226,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                     timing["drain"] = elapsed
                     timing["stop"] = stopped - run.started - elapsed
                     statuses = await task_statuses(store_target, opts)
+                    enqueued_at = await enqueue_times(store_target, opts)
             finally:
                 await asyncio.to_thread(stop_workers, workers, 5.0)
             if sweep_lock_keys is not None:
@@ -204,7 +235,9 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                     problems.append(
                         f"the run's Redis keys ({opts.lock_prefix}*) could not be deleted: {run.lock_sweep_error}"
                     )
-            report = build_report(gateway_path, tasks, statuses, snapshot, run, elapsed, finished, problems, opts)
+            report = build_report(
+                gateway_path, tasks, statuses, snapshot, run, elapsed, finished, problems, opts, enqueued_at
+            )
             timing["verify"] = time.monotonic() - stopped
             timing["total"] = time.monotonic() - began
             report["timing_s"] = {k: round(v, 2) for k, v in timing.items()}

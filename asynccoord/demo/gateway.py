@@ -1,35 +1,11 @@
 """A simulated messaging gateway that keeps its own, independent record of deliveries.
 
-It behaves like the HTTP API of a messaging provider, as far as the demo's checks need:
-
-* **latency** drawn from a log-normal distribution (median and spread configurable),
-  the usual shape of network service times;
-* **transient errors** at a configurable rate (the request fails, nothing is delivered);
-* **idempotency keys**: a request whose key was already delivered is answered from the
-  record without a second delivery (as payment and messaging APIs do with client message
-  ids), and counted as a *replay*;
-* **fencing tokens per account** (M. Kleppmann, "How to do distributed locking", 2016):
-  the gateway remembers the highest token each account presented, refuses a request with
-  a lower one when it arrives, and refuses it again when it would complete if a newer
-  holder arrived meanwhile. A sender that stalled past its lock's TTL is thus refused.
-
-A delivery takes effect when its request completes. Everything is recorded in a SQLite
-file of the gateway's own (not asynccoord's database), so duplicates, per-account
-overlaps and per-conversation order are judged independently of the runtime's
-bookkeeping. All processes of the demo share the file, on one machine, so the
-wall-clock times it records are comparable.
-
-The record is the measuring instrument, not the simulated provider, so it is kept off
-the critical path as far as exactness allows. A record update (a request's arrival or
-its completion) is one ``BEGIN IMMEDIATE`` transaction run at once on the event loop's
-thread when the file's write lock is free (a fraction of a millisecond, and no thread
-hop); when another process holds the lock, the update is queued for the process's
-record thread, which waits for the lock and group-commits everything queued meanwhile
-(each update under its own savepoint). Either way each update reads the clock while it
-holds the write lock, so a request's recorded window (arrival update to completion
-update) contains its whole simulated latency, and the record is one serial history
-across processes. The file is written with ``synchronous = OFF``: it must survive a
-killed process (it does, in WAL mode), not a power loss.
+:class:`SimulatedGateway` behaves like the HTTP API of a messaging provider as far as the
+demo's checks need (log-normal latency, transient errors, idempotency keys, per-account
+fencing tokens after M. Kleppmann, "How to do distributed locking", 2016; rate limits per
+account and per chat answered with a 429 and a Retry-After), and records
+every delivery in a SQLite file of its own, so the demo judges duplicates, overlaps and
+order independently of asynccoord's bookkeeping.
 """
 
 from __future__ import annotations
@@ -40,14 +16,25 @@ import os
 import random
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
+from ..contract.ratelimits import RateLimit, max_in_window
 from ..sqlitebusy import retry_busy
 
-__all__ = ("GatewayAudit", "GatewayError", "SimulatedGateway", "StaleTokenError", "TransientGatewayError", "audit")
+__all__ = (
+    "GatewayAudit",
+    "GatewayError",
+    "ProviderRateLimitError",
+    "RateRecord",
+    "SimulatedGateway",
+    "StaleTokenError",
+    "TransientGatewayError",
+    "audit",
+    "rate_record",
+)
 
 T = TypeVar("T")
 
@@ -58,8 +45,14 @@ CREATE TABLE IF NOT EXISTS calls (
     msg_id TEXT NOT NULL, idempotency_key TEXT, account TEXT NOT NULL, conversation TEXT NOT NULL,
     seq INTEGER NOT NULL, fencing_token INTEGER NOT NULL, node TEXT NOT NULL, pid INTEGER NOT NULL,
     started_at REAL NOT NULL, ended_at REAL,
-    outcome TEXT NOT NULL  -- in_flight | delivered | replay | stale_token | transient_error
+    outcome TEXT NOT NULL,  -- in_flight | delivered | replay | stale_token | transient_error | rate_limited
+    late INTEGER NOT NULL DEFAULT 0,  -- sent by a process that stalled in this send (past its lease)
+    limited_on TEXT  -- rate_limited: the dimension whose window was full
 );
+CREATE TABLE IF NOT EXISTS rate_calls (
+    dimension TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL, late INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rate_calls_key ON rate_calls (dimension, key, at);
 CREATE TABLE IF NOT EXISTS deliveries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     msg_id TEXT NOT NULL, idempotency_key TEXT, account TEXT NOT NULL, conversation TEXT NOT NULL,
@@ -85,8 +78,55 @@ class StaleTokenError(GatewayError):
     """The request carried a fencing token older than one the account has already presented."""
 
 
+class ProviderRateLimitError(GatewayError):
+    """HTTP 429: a key's window of requests is full; nothing was delivered.
+
+    Attributes:
+        retry_after_s: When the window has room again, seconds from now.
+        dimension: The limit that refused the request (``"chat"`` or ``"account"``).
+        key: That limit's key.
+    """
+
+    def __init__(self, retry_after_s: float, dimension: str, key: str) -> None:
+        super().__init__(f"429 too many requests on {dimension}={key}: retry after {retry_after_s:.3f} s")
+        self.retry_after_s = retry_after_s
+        self.dimension = dimension
+        self.key = key
+
+
 class SimulatedGateway:
     """One process's client of the shared gateway record.
+
+    It behaves like the HTTP API of a messaging provider, as far as the demo's checks need:
+
+    * **latency** drawn from a log-normal distribution (median and spread configurable),
+      the usual shape of network service times;
+    * **transient errors** at a configurable rate (the request fails, nothing is delivered);
+    * **idempotency keys**: a request whose key was already delivered is answered from the
+      record without a second delivery (as payment and messaging APIs do with client message
+      ids), and counted as a *replay*;
+    * **fencing tokens per account** (M. Kleppmann, "How to do distributed locking", 2016):
+      the gateway remembers the highest token each account presented, refuses a request with
+      a lower one when it arrives, and refuses it again when it would complete if a newer
+      holder arrived meanwhile. A sender that stalled past its lock's TTL is thus refused.
+
+    A delivery takes effect when its request completes. Everything is recorded in a SQLite
+    file of the gateway's own (not asynccoord's database), so duplicates, per-account
+    overlaps and per-conversation order are judged independently of the runtime's
+    bookkeeping. All processes of the demo share the file, on one machine, so the
+    wall-clock times it records are comparable.
+
+    The record is the measuring instrument, not the simulated provider, so it is kept off
+    the critical path as far as exactness allows. A record update (a request's arrival or
+    its completion) is one ``BEGIN IMMEDIATE`` transaction run at once on the event loop's
+    thread when the file's write lock is free (a fraction of a millisecond, and no thread
+    hop); when another process holds the lock, the update is queued for the process's
+    record thread, which waits for the lock and group-commits everything queued meanwhile
+    (each update under its own savepoint). Either way each update reads the clock while it
+    holds the write lock, so a request's recorded window (arrival update to completion
+    update) contains its whole simulated latency, and the record is one serial history
+    across processes. The file is written with ``synchronous = OFF``: it must survive a
+    killed process (it does, in WAL mode), not a power loss.
 
     Args:
         path: The gateway's SQLite file (created if missing; shared by all processes).
@@ -94,6 +134,8 @@ class SimulatedGateway:
         latency_sigma: Log-normal shape (spread); 0.6 puts p99 near 4x the median.
         transient_error_rate: Probability that a request fails transiently. Default 0.01.
         seed: Seed of the latency and error draws (None: random).
+        limits: The provider's rate limits (dimensions ``"account"`` and ``"chat"``);
+            default none.
     """
 
     def __init__(
@@ -104,6 +146,7 @@ class SimulatedGateway:
         latency_sigma: float = 0.6,
         transient_error_rate: float = 0.01,
         seed: int | None = None,
+        limits: Sequence[RateLimit] = (),
     ) -> None:
         if latency_median_ms <= 0 or latency_sigma < 0 or not 0 <= transient_error_rate < 1:
             raise ValueError(
@@ -114,6 +157,7 @@ class SimulatedGateway:
         self.latency_median_ms = latency_median_ms
         self.latency_sigma = latency_sigma
         self.transient_error_rate = transient_error_rate
+        self.limits = list(limits)
         self._rng = random.Random(seed)
         self._executor: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None  # the record thread's connection: waits for the lock
@@ -221,29 +265,52 @@ class SimulatedGateway:
         fencing_token: int,
         idempotency_key: str | None,
         node: str,
+        late: bool = False,
     ) -> str:
         """Send one message; return ``"delivered"`` or ``"replay"``.
 
+        ``late`` marks the request of a sender that stalled during this send (past its
+        lease), so the record can count it apart; the provider treats it like any other.
+
         Raises:
             StaleTokenError: a newer holder of the account presented a higher token.
+            ProviderRateLimitError: the account's or the chat's window is full (HTTP 429).
             TransientGatewayError: the provider failed this request (nothing delivered).
         """
         pid = os.getpid()
+        keys = {"account": account, "chat": conversation}
+        refused: list[tuple[float, str]] = []
 
         def arrive(db: sqlite3.Connection) -> tuple[int, int, float]:
+            refused.clear()
             row = db.execute("SELECT high_token FROM accounts WHERE account = ?", (account,)).fetchone()
             high = row[0] if row else 0
+            now = time.time()
             outcome = "stale_token" if fencing_token < high else "in_flight"
+            limited_on = None
+            if outcome == "in_flight":
+                for limit in self.limits:
+                    wait = _window_wait(db, limit, keys[limit.dimension], now)
+                    if wait is not None:
+                        outcome, limited_on = "rate_limited", limit.dimension
+                        refused.append((wait, limit.dimension))
+                        break
+            if outcome == "in_flight":
+                for limit in self.limits:
+                    db.execute(
+                        "INSERT INTO rate_calls (dimension, key, at, late) VALUES (?, ?, ?, ?)",
+                        (limit.dimension, keys[limit.dimension], now, int(late)),
+                    )
             if outcome == "in_flight" and fencing_token > high:
                 db.execute(
                     "INSERT INTO accounts (account, high_token) VALUES (?, ?) "
                     "ON CONFLICT (account) DO UPDATE SET high_token = excluded.high_token",
                     (account, fencing_token),
                 )
-            now = time.time()
             call_id = db.execute(
                 "INSERT INTO calls (msg_id, idempotency_key, account, conversation, seq, fencing_token, node, pid,"
-                " started_at, ended_at, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                " started_at, ended_at, outcome, late, limited_on) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " RETURNING id",
                 (
                     msg_id,
                     idempotency_key,
@@ -256,6 +323,8 @@ class SimulatedGateway:
                     now,
                     now if outcome != "in_flight" else None,
                     outcome,
+                    int(late),
+                    limited_on,
                 ),
             ).fetchone()[0]
             return call_id, high, now
@@ -263,6 +332,9 @@ class SimulatedGateway:
         call_id, high, started = await self._transaction(arrive)
         if fencing_token < high:
             raise StaleTokenError(f"account {account}: fencing token {fencing_token} < {high} already presented")
+        if refused:
+            wait, dimension = refused[-1]
+            raise ProviderRateLimitError(wait, dimension, keys[dimension])
         latency_s = self._rng.lognormvariate(0.0, self.latency_sigma) * self.latency_median_ms / 1000.0
         failed = self._rng.random() < self.transient_error_rate
         try:
@@ -310,6 +382,23 @@ class SimulatedGateway:
         if outcome == "stale_token":
             raise StaleTokenError(f"account {account}: fencing token {fencing_token} superseded while in flight")
         return str(outcome)
+
+
+def _window_wait(db: sqlite3.Connection, limit: RateLimit, key: str, now: float) -> float | None:
+    """None when ``key``'s window of ``limit`` has room at ``now``; else the Retry-After, seconds.
+
+    The window is the ``per_s`` seconds before ``now``; it is full with ``count + burst``
+    accepted requests (:func:`~asynccoord.contract.ratelimits.max_in_window`), and has room
+    again when its oldest request leaves it.
+    """
+    allowed = max_in_window(limit)
+    rows = db.execute(
+        "SELECT at FROM rate_calls WHERE dimension = ? AND key = ? AND at > ? ORDER BY at DESC LIMIT ?",
+        (limit.dimension, key, now - limit.per_s, allowed),
+    ).fetchall()
+    if len(rows) < allowed:
+        return None
+    return max(0.0, float(rows[-1][0]) + limit.per_s - now)
 
 
 def _use_wal(db: sqlite3.Connection, *, timeout_s: float) -> None:
@@ -369,6 +458,8 @@ class GatewayAudit:
         account_calls: Account -> requests that ended (delivered, replayed, refused or failed).
         account_busy_s: Account -> summed duration of those requests, seconds: the time the
             account spent sending, one request at a time.
+        rate_limited: Requests refused for rate (HTTP 429), late ones apart.
+        late_rate_limited: Requests refused for rate that a sender stalled in (past its lease) made late.
     """
 
     send_calls: int
@@ -383,6 +474,8 @@ class GatewayAudit:
     delivered_ids: frozenset[str]
     account_calls: dict[str, int]
     account_busy_s: dict[str, float]
+    rate_limited: int
+    late_rate_limited: int
 
 
 def audit(path: str | os.PathLike[str]) -> GatewayAudit:
@@ -404,6 +497,7 @@ def audit(path: str | os.PathLike[str]) -> GatewayAudit:
             "SELECT account, count(*), total(ended_at - started_at) FROM calls"
             " WHERE ended_at IS NOT NULL GROUP BY account"
         ).fetchall()
+        limited = dict(db.execute("SELECT late, count(*) FROM calls WHERE outcome = 'rate_limited' GROUP BY late"))
     finally:
         db.close()
     return GatewayAudit(
@@ -419,4 +513,39 @@ def audit(path: str | os.PathLike[str]) -> GatewayAudit:
         delivered_ids=frozenset(m for m, _ in per_msg),
         account_calls={a: n for a, n, _ in busy},
         account_busy_s={a: t for a, _, t in busy},
+        rate_limited=limited.get(0, 0),
+        late_rate_limited=limited.get(1, 0),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateRecord:
+    """What the gateway's record says about rate: per ``(dimension, key)``, ascending arrival times.
+
+    Attributes:
+        accepted: Requests the provider let through (none of a sender stalled past its lease).
+        delivered: Deliveries (a message's first successful request).
+    """
+
+    accepted: dict[tuple[str, str], list[float]]
+    delivered: dict[tuple[str, str], list[float]]
+
+
+def rate_record(path: str | os.PathLike[str]) -> RateRecord:
+    """Read the arrival times of accepted requests and of deliveries, per account and per chat."""
+    db = sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
+    try:
+        accepted: dict[tuple[str, str], list[float]] = {}
+        for dimension, key, at in db.execute(
+            "SELECT dimension, key, at FROM rate_calls WHERE late = 0 ORDER BY dimension, key, at"
+        ):
+            accepted.setdefault((dimension, key), []).append(at)
+        delivered: dict[tuple[str, str], list[float]] = {}
+        for account, conversation, at in db.execute(
+            "SELECT account, conversation, started_at FROM deliveries ORDER BY started_at"
+        ):
+            delivered.setdefault(("account", account), []).append(at)
+            delivered.setdefault(("chat", conversation), []).append(at)
+    finally:
+        db.close()
+    return RateRecord(accepted=accepted, delivered=delivered)

@@ -74,6 +74,8 @@ class DemoOptions:
     stuck_s: float = 60.0  # give up when no message was enqueued, done or dead for this long
     timeout_s: float = 1800.0  # and in any case after this long
     dashboard: int | None = None  # serve `python -m asynccoord dashboard` on this port while running
+    rate_limits: bool = True  # declare the provider's limits to the store (--no-rate-limits: not)
+    rate_scale: float = 8.0  # the provider's limits run this much faster than real time (ratelimits.RATE_SCALE)
 
     @property
     def target(self) -> str | None:
@@ -86,6 +88,16 @@ class DemoOptions:
     def postgres(self) -> bool:
         """Whether the demo runs on PostgreSQL."""
         return self.store is not None and is_postgres_target(self.store)
+
+    @property
+    def provider_limits_on(self) -> bool:
+        """Whether the simulated provider enforces rate limits (not on PostgreSQL: its store enforces none yet)."""
+        return not self.postgres
+
+    @property
+    def declares_limits(self) -> bool:
+        """Whether the demo declares the provider's limits to the store (and tasks name their keys)."""
+        return self.rate_limits and not self.postgres
 
 
 def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
@@ -115,7 +127,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     )
     where.add_argument(
         "--store",
-        help="store target: a postgresql:// DSN (tables in --schema, see README) or an SQLite file",
+        help="store target: a postgresql:// DSN (tables in the demo's own --schema) or an SQLite file",
     )
     p.add_argument(
         "--schema",
@@ -134,6 +146,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     p.add_argument("--no-faults", action="store_true", help="do not kill or stall a process")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
+    p.add_argument(
+        "--no-rate-limits",
+        action="store_true",
+        help="declare no rate limits to the store: the simulated provider still enforces its own, so it "
+        "answers 429s (default: the store keeps the provider's limits, per account and per chat)",
+    )
     p.add_argument(
         "--dashboard",
         nargs="?",
@@ -163,6 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         faults=not a.no_faults,
         as_json=a.json,
         dashboard=a.dashboard,
+        rate_limits=not a.no_rate_limits,
     )
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .options import DemoOptions
+from .ratelimits import provider_limits
 
 __all__ = (
     "Worker",
@@ -98,6 +99,9 @@ def spawn(worker: Worker, opts: DemoOptions, store: str, gateway: Path) -> None:
         "--latency-sigma",
         str(opts.latency_sigma),
     ]
+    if opts.provider_limits_on:
+        limits = [[x.dimension, x.count, x.per_s, x.burst] for x in provider_limits(opts.rate_scale)]
+        command += ["--provider-limits", json.dumps(limits)]
     if opts.postgres:
         command += ["--schema", opts.schema]
     if opts.lock_store is not None and opts.lock_prefix is not None:

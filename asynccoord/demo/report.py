@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,9 @@ from rich.table import Table
 from .. import events as ev
 from ..backends.open import redact_target
 from ..models import NewTask, TaskStatus
-from .gateway import GatewayAudit, audit
+from .gateway import GatewayAudit, audit, rate_record
 from .options import DemoOptions
+from .ratelimits import busiest_utilisation, limit_keys, limits_json, provider_limits, window_ratio
 from .record import RunRecord
 from .stores import sqlite_file
 from .worker import DEMO_QUEUE
@@ -30,7 +31,9 @@ __all__ = (
     "REPORT_WINDOW_S",
     "build_report",
     "busiest_account",
+    "enqueue_times",
     "kept_database",
+    "rate_note",
     "render",
     "task_statuses",
 )
@@ -47,6 +50,17 @@ LATENCY_MEASURES = (
 
 async def task_statuses(target: str, opts: DemoOptions) -> dict[str, str]:
     """Idempotency key -> status of every demo task, read straight from the database."""
+    return {k: str(v) for k, v in (await _task_column(target, opts, "status")).items()}
+
+
+async def enqueue_times(target: str, opts: DemoOptions) -> dict[str, float]:
+    """Idempotency key -> enqueue time (store clock, seconds) of every demo task, read straight from the database."""
+    return {k: float(v) for k, v in (await _task_column(target, opts, "created_at")).items()}
+
+
+async def _task_column(target: str, opts: DemoOptions, column: str) -> dict[str, Any]:
+    """Idempotency key -> ``column`` (``status`` or ``created_at``) of every demo task."""
+    assert column in ("status", "created_at")
     if opts.postgres:
         import asyncpg
 
@@ -55,15 +69,15 @@ async def task_statuses(target: str, opts: DemoOptions) -> dict[str, str]:
         dsn, timeout_s = split_connect_timeout(target)
         conn = await asyncpg.connect(dsn, timeout=timeout_s, server_settings={"search_path": f'"{opts.schema}"'})
         try:
-            rows = await conn.fetch("SELECT idempotency_key, status FROM coord_tasks WHERE queue = $1", DEMO_QUEUE)
+            rows = await conn.fetch(f"SELECT idempotency_key, {column} FROM coord_tasks WHERE queue = $1", DEMO_QUEUE)
         finally:
             await conn.close()
         return {r[0]: r[1] for r in rows}
 
-    def read() -> dict[str, str]:
+    def read() -> dict[str, Any]:
         con = sqlite3.connect(f"file:{sqlite_file(target)}?mode=ro", uri=True)
         try:
-            sql = "SELECT idempotency_key, status FROM coord_tasks WHERE queue = ?"
+            sql = f"SELECT idempotency_key, {column} FROM coord_tasks WHERE queue = ?"
             return dict(con.execute(sql, (DEMO_QUEUE,)).fetchall())
         finally:
             con.close()
@@ -96,6 +110,7 @@ def build_report(
     finished: bool,
     problems: list[str],
     opts: DemoOptions,
+    enqueued_at: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The report of a run (the ``--json`` object): counts from the gateway's record and the queue.
 
@@ -109,6 +124,21 @@ def build_report(
         finished: Whether every task was done or dead.
         problems: What went wrong outside the checks (a worker crashed, a sweep failed).
         opts: The options of the run.
+        enqueued_at: Idempotency key -> enqueue time of each task (store clock), for the
+            busiest bucket's utilisation; None leaves it out.
+
+    Returns:
+        A JSON object. ``duplicates`` counts messages the contact received twice (must be
+        0); ``duplicate_sends`` counts second provider calls for one message answered by
+        its idempotency key, and ``duplicate_sends_explained`` says whether each follows a
+        counted lease loss or interrupted send. ``delivered_not_committed`` is sent but not
+        recorded done (0 in a finished run); ``gateway`` holds the provider's own counts;
+        ``latency_ms`` has ``p50`` and ``p99`` of enqueue-to-commit; ``rate_limits`` the provider's 429s, the
+        declared limits, the busiest key's utilisation and the highest window ratio; ``hottest_account``
+        has its messages and ``busy_s``, the summed duration of its sends; ``config``
+        holds the run's settings, with ``lock_store_keys``, the run's Redis keys found at
+        the end under ``--lock-store``. ``ok`` is the verdict. The demo adds ``timing_s``
+        (``load_trace``, ``prepare``, ``drain``, ``stop``, ``verify``, ``total``).
     """
     seen = audit(gateway)
     keys = [str(t.idempotency_key) for t in tasks]  # every demo task has one: its message id
@@ -173,6 +203,7 @@ def build_report(
             "trace": str(opts.trace or "bundled sample"),
             "seed": opts.seed,
         },
+        "rate_limits": _rate_limits(gateway, seen, tasks, enqueued_at or {}, opts),
         "finished": finished,
         "problems": problems,
     }
@@ -187,8 +218,60 @@ def build_report(
         and report["account_overlaps"] == 0
         and report["order_violations"] == 0
         and report["duplicate_sends_explained"]
+        and report["rate_limits"]["max_window_ratio"] <= 1.0
+        and (report["rate_limits"]["provider_429s"] == 0 or not report["rate_limits"]["declared"])
     )
     return report
+
+
+def rate_note(opts: DemoOptions) -> str:
+    """One line on the run's rate limits: the provider's, their scale, and whether the store keeps them."""
+    if not opts.provider_limits_on:
+        return "rate limits: off (the PostgreSQL store does not enforce them yet; the provider enforces none either)"
+    limits = ", ".join(str(x) for x in provider_limits(opts.rate_scale))
+    kept = "declared to the store" if opts.declares_limits else "not declared to the store (--no-rate-limits)"
+    return (
+        f"rate limits: the provider allows {limits} (real-time limits x{opts.rate_scale:g}: time runs "
+        f"{opts.rate_scale:g} times faster than Telegram's 30/s per bot and 1/s per chat), {kept}"
+    )
+
+
+def _rate_limits(
+    gateway: Path, seen: GatewayAudit, tasks: list[NewTask], enqueued_at: Mapping[str, float], opts: DemoOptions
+) -> dict[str, Any]:
+    """The report's ``rate_limits``: what the provider enforced and refused, and how close to it the run sent."""
+    limits = provider_limits(opts.rate_scale) if opts.provider_limits_on else []
+    record = rate_record(gateway)
+    enqueued: dict[tuple[str, str], list[float]] = {}
+    for t in tasks:
+        at = enqueued_at.get(str(t.idempotency_key))
+        if at is not None:
+            for dimension, key in limit_keys(t.payload["account"], t.partition_key).items():
+                enqueued.setdefault((dimension, key), []).append(at)
+    busiest = busiest_utilisation(enqueued, record.delivered, record.accepted, limits)
+    out: dict[str, Any] = {
+        "provider_429s": seen.rate_limited,
+        "late_send_429s": seen.late_rate_limited,
+        "declared": limits_json(limits) if opts.declares_limits else [],
+        "provider": limits_json(limits),
+        "scale": opts.rate_scale,
+        "busiest_key_utilisation": None if busiest is None else round(busiest.ratio, 3),
+        "busiest_key": None
+        if busiest is None
+        else {
+            "dimension": busiest.dimension,
+            "key": busiest.key,
+            "messages": busiest.messages,
+            "backlog_s": round(busiest.backlog_s, 2),
+            "sends": busiest.sends,
+            "allowed_per_s": busiest.allowed_per_s,
+        },
+        "max_window_ratio": round(window_ratio(record.accepted, limits), 3),
+        "note": rate_note(opts),
+    }
+    if opts.rate_limits and not opts.declares_limits:
+        out["note"] += "; rate limits are not enforced on PostgreSQL yet, so this run had them off"
+    return out
 
 
 def busiest_account(tasks: Sequence[NewTask]) -> tuple[str, int]:
@@ -256,6 +339,16 @@ def render(report: dict[str, Any], console: Console) -> None:
     )
     for key, value in report["gateway"].items():
         table.add_row(f"gateway {key}", str(value))
+    rates = report["rate_limits"]
+    table.add_row("provider 429s (late sends apart)", f"{rates['provider_429s']} ({rates['late_send_429s']} late)")
+    table.add_row("max window / limit", str(rates["max_window_ratio"]))
+    busiest = rates["busiest_key"]
+    if busiest is not None:
+        table.add_row(
+            "busiest bucket utilisation",
+            f"{rates['busiest_key_utilisation']:.0%} ({busiest['dimension']} {busiest['key']}: "
+            f"{busiest['sends']} sends in {busiest['backlog_s']} s of backlog, {busiest['allowed_per_s']:g}/s allowed)",
+        )
     console.line()  # off a terminal the live view's last frame ends without a line break
     console.print(table)
     conflicts = Table(title="coordination events (all processes)")
@@ -273,6 +366,7 @@ def render(report: dict[str, Any], console: Console) -> None:
         f"latency: {report['latency_ms']['measures']}. The hottest account, {hot['account']}, sent its "
         f"{hot['messages']} messages one at a time, busy {share} of the drain."
     )
+    console.print(rates["note"])
     for fault in report["faults"]:
         console.print(f"fault: {fault}")
     for alert in report["alerts"]:

@@ -26,10 +26,12 @@ from typing import Any
 from .._loop import run as run_loop
 from ..backends.open import open_store
 from ..config import RetryPolicy
+from ..contract.ratelimits import RateLimit
+from ..errors import RateLimited
 from ..models import Task
 from ..monitor.monitor import Monitor
 from ..node import NodeConfig, Runtime, current_delivery
-from .gateway import SimulatedGateway
+from .gateway import ProviderRateLimitError, SimulatedGateway
 
 __all__ = ("DEMO_QUEUE", "EarlyStop", "main", "lock_key")
 
@@ -74,6 +76,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-median-ms", type=float, default=1.0)
     parser.add_argument("--latency-sigma", type=float, default=0.6)
     parser.add_argument("--error-rate", type=float, default=0.01)
+    parser.add_argument(
+        "--provider-limits",
+        default="[]",
+        help="the simulated provider's rate limits: JSON list of [dimension, count, per_s, burst]",
+    )
     return parser.parse_args(argv)
 
 
@@ -151,25 +158,33 @@ async def run(args: argparse.Namespace, early_stop: EarlyStop | None = None) -> 
             latency_sigma=args.latency_sigma,
             transient_error_rate=args.error_rate,
             seed=args.seed,
+            limits=[
+                RateLimit(dimension=d, count=c, per_s=p, burst=b) for d, c, p, b in json.loads(args.provider_limits)
+            ],
         ) as gateway,
     ):
 
         async def send(task: Task) -> Any:
             nonlocal stalled
+            late = False
             if stall_requested and not stalled:
-                stalled = True
+                stalled = late = True
                 time.sleep(args.stall_s)  # noqa: ASYNC251 - on purpose: a stop-the-world pause of the whole process
             delivery = current_delivery()
             p = task.payload
-            return await gateway.deliver(
-                msg_id=p["msg"],
-                account=p["account"],
-                conversation=task.partition_key,
-                seq=p["seq"],
-                fencing_token=delivery.lock.fencing_token if delivery.lock is not None else 0,
-                idempotency_key=task.idempotency_key,
-                node=delivery.node_id,
-            )
+            try:
+                return await gateway.deliver(
+                    msg_id=p["msg"],
+                    account=p["account"],
+                    conversation=task.partition_key,
+                    seq=p["seq"],
+                    fencing_token=delivery.lock.fencing_token if delivery.lock is not None else 0,
+                    idempotency_key=task.idempotency_key,
+                    node=delivery.node_id,
+                    late=late,
+                )
+            except ProviderRateLimitError as exc:  # HTTP 429: the store pauses the bucket for every process
+                raise RateLimited(exc.retry_after_s, dimension=exc.dimension, key=exc.key) from exc
 
         runtime = Runtime(
             store,

@@ -1,59 +1,11 @@
 """Named distributed locks and semaphores with fencing tokens, on any lock store.
 
-::
-
-    async with Lock(store, "account:42") as lease:     # waits; renewed by the watchdog
-        await send(message)
-        await store.fenced_write("account:42", lease.fencing_token, {"sent": message.id})
-
-    report = Lock(store, "report", ttl_s=60.0)          # explicit TTL: no renewal
-    lease = await report.acquire(timeout_s=5.0)         # LockTimeoutError after 5 s
-    try:
-        ...
-    finally:
-        await report.release()                          # LockNotHeldError if it lapsed
-
-    async with Semaphore(store, "account:42:sends", permits=3):
-        ...
-
-A :class:`Lock` (or :class:`Semaphore`) object is a *handle*: it holds at most one
-lease at a time, for one holder task. Create one per holder (they are cheap); the
-store arbitrates between handles, tasks, processes and machines.
-
-Guarantees (the storage side is :class:`~asynccoord.contract.locks.LockStore`):
-
-* Every acquisition gets a random owner token and the name's next fencing token,
-  strictly increasing across releases, expiries and processes. Fence the resource
-  you write with it (``store.fence`` / ``store.fenced_write``), so that a holder
-  paused past its expiry (GC, swapping, a blocked event loop) is refused when it
-  wakes: M. Kleppmann, "How to do distributed locking", 2016.
-* ``release`` and ``renew`` are compare-and-set on the owner token; expiry is judged
-  by the store clock; an expired lease is never revived.
-* ``acquire`` waits with exponential backoff and jitter (M. Brooker, "Exponential
-  backoff and jitter", AWS Architecture Blog, 2015; the schedule is a
-  :class:`~asynccoord.config.RetryPolicy`), never sleeping past the current holder's
-  expiry. Handles of one store waiting for one name in one process queue up first
-  come, first served: only the first ``permits`` of them ask the store, and a release
-  in the process wakes them at once (``try_acquire`` does not queue).
-* Cancellation: a cancelled ``acquire`` leaves nothing held (a lease granted as the
-  caller was cancelled is released in the background); a cancelled ``release`` still
-  waits, shielded, up to ``release_timeout_s`` for the release to finish before it
-  re-raises, and the handle forgets the lease either way (a ``release`` cancelled before
-  its first step, e.g. by ``asyncio.wait_for(lock.release(), 0)``, never ran: the lease
-  stays held until its TTL and the handle still holds it).
-* Inside ``async with`` the block is guarded by the watchdog
-  (:mod:`asynccoord.locks.watchdog`): when the lease is lost (taken over, expired, store
-  unreachable past the local deadline, or ``max_hold_s`` reached) the block is
-  cancelled and ``async with`` raises :class:`~asynccoord.errors.LockLostError`
-  (:class:`~asynccoord.errors.MaxHoldExceededError` at the ceiling). A cancellation
-  from outside is never turned into that error, nor swallowed.
-* Outside ``async with``: a lease taken by ``acquire`` (or ``try_acquire``) with
-  ``auto_renew`` is renewed until ``release`` (or ``max_hold_s``), whichever task
-  acquired it: the renewal belongs to the handle, so a helper task that acquires and
-  ends leaves the lock held. Release it, or it is held up to ``max_hold_s``. A lost
-  lease calls ``on_lost``. ``held`` is never True past the lease's local deadline
-  (``time.monotonic()`` at the last acquisition or confirmed renewal sent, plus
-  ``ttl_s``, less the watchdog's margin), renewed or not.
+A :class:`Lock` or :class:`Semaphore` is a cheap handle for one holder that takes a lease
+from a :class:`~asynccoord.contract.locks.LockStore`, which arbitrates between handles,
+tasks, processes and machines. Each acquisition carries the name's next fencing token, so
+that a holder paused past its expiry is refused by the resource it writes (M. Kleppmann,
+"How to do distributed locking", 2016), and waits with exponential backoff and jitter
+(M. Brooker, "Exponential backoff and jitter", AWS Architecture Blog, 2015).
 """
 
 from __future__ import annotations
@@ -448,6 +400,14 @@ class _LeaseHandle:
     async def acquire(self, *, timeout_s: float | None = None) -> Lease:
         """Take the lock (a permit), waiting with backoff and jitter while it is held.
 
+        The wait never sleeps past the current holder's expiry; its schedule is the
+        handle's ``backoff`` (a :class:`~asynccoord.config.RetryPolicy`). Handles of one
+        store waiting for one name in one process queue up first come, first served: only
+        the first ``permits`` of them ask the store, and a release in the process wakes
+        them at once (:meth:`try_acquire` does not queue). A cancelled ``acquire`` leaves
+        nothing held: a lease granted as the caller was cancelled is released in the
+        background.
+
         Args:
             timeout_s: Longest wait, seconds (>= 0; 0 makes one attempt). None (the
                 default) waits as long as it takes.
@@ -760,17 +720,46 @@ class Lock(_LeaseHandle):
 
     A handle for one holder (create one per holder task; they are cheap). Use it as
     ``async with Lock(store, name) as lease:``, or call :meth:`acquire` /
-    :meth:`try_acquire`, then :meth:`release`. With ``auto_renew``, a lease taken by
-    :meth:`acquire` is renewed until :meth:`release` (or ``max_hold_s``), whatever task
-    called it: the renewal belongs to this handle, not to the acquiring task, so a
-    helper task that acquires and ends leaves the lock held (and renewed) until you
+    :meth:`try_acquire`, then :meth:`release`::
+
+        async with Lock(store, "account:42") as lease:     # waits; renewed by the watchdog
+            await send(message)
+            await store.fenced_write("account:42", lease.fencing_token, {"sent": message.id})
+
+        report = Lock(store, "report", ttl_s=60.0)          # explicit TTL: no renewal
+        lease = await report.acquire(timeout_s=5.0)         # LockTimeoutError after 5 s
+        try:
+            ...
+        finally:
+            await report.release()                          # LockNotHeldError if it lapsed
+
+    Every acquisition gets a random owner token and the name's next fencing token,
+    strictly increasing across releases, expiries and processes. Fence the resource you
+    write with it (``store.fence`` / ``store.fenced_write``), so that a holder paused past
+    its expiry (GC, swapping, a blocked event loop) is refused when it wakes. ``release``
+    and ``renew`` are compare-and-set on the owner token; expiry is judged by the store
+    clock, and an expired lease is never revived.
+
+    Inside ``async with`` the block is guarded by the watchdog
+    (:mod:`asynccoord.locks.watchdog`): when the lease is lost (taken over, expired, store
+    unreachable past the local deadline, or ``max_hold_s`` reached) the block is cancelled
+    and ``async with`` raises :class:`~asynccoord.errors.LockLostError`
+    (:class:`~asynccoord.errors.MaxHoldExceededError` at the ceiling). A cancellation from
+    outside is never turned into that error, nor swallowed.
+
+    Outside ``async with``, with ``auto_renew``, a lease taken by :meth:`acquire` is
+    renewed until :meth:`release` (or ``max_hold_s``), whatever task called it: the
+    renewal belongs to this handle, not to the acquiring task, so a task that acquires
+    and ends leaves the lock held (and renewed) until you
     release it. :attr:`held` is False once the lease is lost or past its local deadline
     (acquisition or last confirmed renewal sent, plus ``ttl_s``, less the watchdog's
     margin), renewed or not.
 
     Args:
         store: A lock store (:class:`~asynccoord.SQLiteStore`, :class:`~asynccoord.MemoryStore`...).
-        name: Lock name, 1..255 characters, not only whitespace.
+        name: Lock name, 1..255 characters, not only whitespace. Names in the prefix
+            ``asynccoord.next:`` (a :class:`~asynccoord.locks.pool.LockPool`'s places in
+            line) are refused; the stores' own lock methods accept them.
         ttl_s: Lease length, seconds (0.01, ``validation.MIN_LEASE_S``, to one year). If
             omitted, the lease is :data:`DEFAULT_TTL_S` (30 s) and the watchdog renews it
             (``auto_renew``).
@@ -845,8 +834,12 @@ class Semaphore(_LeaseHandle):
     Each acquisition takes one permit with its own owner token and fencing token
     (fencing tokens count acquisitions of the name, whichever permit). The limit is
     judged per acquisition (an attempt succeeds while fewer than its ``permits``
-    leases are live), so give every holder of a name the same ``permits``.
-    Everything else is as for :class:`Lock`.
+    leases are live), so give every holder of a name the same ``permits``. A semaphore
+    given an explicit ``ttl_s`` is not renewed unless ``auto_renew=True``; without
+    ``ttl_s`` it is. Everything else is as for :class:`Lock`::
+
+        async with Semaphore(store, "account:42:sends", permits=3):   # 3 at once
+            ...
 
     Args:
         store: A lock store.

@@ -1,65 +1,10 @@
 """Per-process lock sharing: local tasks that need the same lock take turns on one lease.
 
-A bot's hot account (one sender in hundreds of conversations) needs its lock for every
-message. Releasing it to the database after each send and acquiring it again for the
-next costs two write transactions on the critical path of every message of that
-account. A :class:`LockPool` keeps the lease in the process while local tasks wait for
-it and hands it from one to the next in FIFO order ("turns"); the store's watchdog
-renews it meanwhile. All turns of one lease present the same fencing token, which
-fenced resources accept (a token belongs to one acquisition, which may write many
-times).
-
-A turn covers the guarded work (the send). Work that must still be fenced by the
-token after the turn (the task's commit) is registered with :meth:`Turn.defer`: the
-lease goes back to the database only when no local task waits (or after ``max_turns``
-consecutive turns, so another process waiting in line gets its share, see
-:meth:`LockPool._acquire`) *and* every deferred commit
-has finished. So a later holder's token is only ever seen by the resource after all
-of this lease's writes, and none of them is refused for being older. A local task that
-asks for a turn while the lease waits only for those commits takes its turn at once, on
-the same lease (unless the lease is going back for fairness: ``max_turns`` reached, or
-another pool seen in line): on a hot account's lock the next task otherwise waited for
-the last one's commit, the release and an acquisition anew.
-
-Turns go in FIFO order, except that a waiter may pass a ``priority``: it then waits ahead
-of the waiters with a lower one, each of which it may overtake at most ``max_overtakes``
-times; and an ``order`` (a task id, say): among waiters of one priority, the lower goes
-first (see :meth:`LockPool.turn`).
-
-Between processes, a taken lock has a line of one place: the pool that finds it taken
-takes a lease on :func:`next_in_line` of its name, and a pool that would take the lock
-back at once (it just used it for ``max_turns`` turns with more local waiters, or saw it
-contended a moment ago) waits behind that place instead, so two processes with steady
-demand take turns rather than one keeping the lock. A pool holding a lease with local
-waiters reads the place every few turns (``_FAIR_TURNS``, 4) and gives the lease back as
-soon as another pool is there, so a waiting process waits a few turns, not ``max_turns``.
-The idea of a fair lock's queue of waiters (as in Redisson's ``RFairLock`` on Redis),
-reduced to one place, built only on the lock contract (any lock store).
-
-The place carries the rank of the pool's first waiter (its ``priority`` and ``order``: the
-place's holder is ``"<holder> rank=<priority>:<order>"``, ``rank=-`` without one, with
-``asynccoord.holder:<digest>`` for a holder too long to carry it; the place is taken anew
-when an older task comes while the pool waits), so the order of waiters holds across
-processes too: the pool holding the lease keeps it while its next waiter ranks ahead of the
-one in line (on an ordered queue, the head of the conversation that lags most, whose chain
-bounds a drain), and a pool whose lease went back idle lets a new waiter ranked ahead try
-the lock at once rather than queue behind the place, at most ``max_overtakes`` times per
-place (as a waiter is overtaken within a pool). A lease acquired for one task while an older
-one came is that older task's first. ``max_turns`` still bounds a run: a lease that went
-back for fairness is queued for behind the place whatever the rank. A place without a rank
-(no ``order``, a pool whose ``max_overtakes`` is 0, or one written by a version without
-ranks) is given way to as before.
-
-Contention (the ``lock_contended`` event) is a wait between holders: a pool counts it once
-per acquisition that finds the lock, or its place in line, held by another holder. A local
-task waiting for its turn on the pool's lease is not counted: the nodes of one process
-sharing a pool take turns by design.
-
-Mutual exclusion is unchanged: one turn at a time in the process, and one process at
-a time per lock name. If the watchdog loses the lease, the current turn's work is
-cancelled (the ``on_lost`` callback given to :meth:`LockPool.turn`) and the next turn
-acquires a new lease. Only locks (one permit) are pooled; semaphores with more
-permits are acquired per task.
+A :class:`LockPool` keeps a hot lock's lease in the process while its tasks wait for it,
+so a hot account does not pay two database writes per message, and lets processes that
+contend for the lock take turns through a line of one place. The line is the idea of a
+fair lock's queue of waiters (Redisson's ``RFairLock`` on Redis), reduced to one place and
+built only on the lock contract, so it works on any lock store.
 """
 
 from __future__ import annotations
@@ -239,7 +184,46 @@ class Turn:
 
 
 class LockPool:
-    """Shares lock leases among the tasks of one process (see the module docstring).
+    """Shares lock leases among the tasks of one process.
+
+    A bot's hot account (one sender in hundreds of conversations) needs its lock for every
+    message. Releasing it after each send and acquiring it again costs two write
+    transactions per message. The pool instead keeps the lease while local tasks wait for
+    it and hands it from one to the next ("turns"); the store's watchdog renews it
+    meanwhile. All turns of one lease present the same fencing token, which fenced
+    resources accept, since a token belongs to one acquisition and it may write many times.
+
+    A turn covers the guarded work (the send). Work that must still be fenced after the
+    turn (the commit) is registered with :meth:`Turn.defer`. The lease goes back to the
+    store only when no local task waits, or after ``max_turns`` turns in a row, and every
+    deferred commit has finished. So a later holder's token reaches the resource only after
+    all of this lease's writes. A task that asks for a turn while the lease only waits for
+    those commits takes its turn at once, on the same lease, unless the lease is going back
+    for fairness.
+
+    Between processes, a taken lock has a line of one place. A pool that finds the lock
+    taken takes a lease on :func:`next_in_line` of its name (``asynccoord.next:<hash>``,
+    visible in ``list_locks`` while it waits). Its holder shows the rank of that pool's
+    first waiter: ``"<holder> rank=<priority>:<order>"``, ``rank=-`` without one, or
+    ``asynccoord.holder:<digest>`` for a holder too long to carry it. The pool holding the
+    lease reads the place every 4 turns while more of its tasks wait. Once another pool is
+    in line with an older task than its own next one, it gives the lease back at the end
+    of the turn, and at the latest after ``max_turns`` turns. A pool that just gave the
+    lease back, or found the lock taken in the last second, waits behind the place instead
+    of taking the lock at once, unless its own waiter ranks ahead (at most
+    ``max_overtakes`` times per place). So task order holds across processes, and each
+    process gets runs of turns instead of one keeping the lock. A place without a rank
+    (no ``order``, or ``max_overtakes`` 0) is always given way to.
+
+    Contention (the ``lock_contended`` event) is a wait between holders: it is counted once
+    per acquisition that finds the lock, or its place in line, held by another holder. A
+    local task waiting for its turn is not counted.
+
+    Mutual exclusion is unchanged: one turn at a time in the process, and one process at a
+    time per lock name. If the watchdog loses the lease, the current turn's work is
+    cancelled (its ``on_lost``) and the next turn acquires a new lease. Only locks (one
+    permit) are pooled; semaphores are acquired per task. Lock names in the prefix
+    :data:`PLACE_PREFIX` are refused.
 
     Args:
         store: A store implementing the lock contract.
@@ -257,12 +241,7 @@ class LockPool:
             the pool holding the lease reads that place every 4 turns, and once another
             pool is seen in it, gives the lease back at the end of the turn (after 4
             turns at least) instead of after ``max_turns``, unless its next waiter ranks
-            ahead of the one that pool queues for (see :meth:`turn`). A pool that gives the lease
-            back with local waiters queued, while another pool holds the place, waits in
-            line behind it instead of taking the lock again at once (see :meth:`_acquire`
-            for the other cases). So two processes with steady demand for a hot lock
-            take turns, in runs of a few turns each (the idea of a fair lock's queue,
-            e.g. Redisson's on Redis, with a line of one place).
+            ahead of the one that pool queues for (see :meth:`turn`).
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
         max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
             (see :meth:`turn`), and most times this pool's waiters pass another pool's place
@@ -345,7 +324,7 @@ class LockPool:
                 reached the lock first). Pass values of one kind for a lock, from a source
                 that only grows (ids), so no waiter is passed for ever. ``priority`` and
                 ``order`` also rank this waiter against another process's, through the
-                place in line (see the module docstring): a lease is not given back to a
+                place in line (see :class:`LockPool`): a lease is not given back to a
                 pool in line for a waiter ranked behind this one before ``max_turns``.
 
         Yields:

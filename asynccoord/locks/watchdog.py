@@ -1,26 +1,9 @@
 """The lock watchdog: renews every lease it guards in one statement per interval, and
 stops the work of a lease it cannot keep.
 
-One :class:`Watchdog` serves a store (or a node): however many leases it guards,
-each renewal round is a single ``renew_locks`` call (one ``UPDATE`` on SQLite), so
-10,000 held locks cost a handful of writes per interval, not 10,000 round trips.
-
-Each guarded lease carries a *local deadline* on ``time.monotonic()``: the instant
-the renewal (or acquisition) request was sent, plus the lease's ``ttl_s``, minus a
-safety margin (default 10 % of the TTL). The store set the expiry from its own clock
-*after* the request was sent, so the store cannot hand the lock to anyone else before
-the local deadline passes, whatever the two clocks read (as long as they run at the
-same rate, within the margin). When the deadline passes without a confirmed renewal
-(the store is unreachable or slow, or the event loop was blocked), when a renewal
-finds the lease taken over or expired, or when the hold-time ceiling ``max_hold_s``
-is reached, the watchdog drops the lease, counts ``lock_lost`` and calls the guard's
-``on_lost`` callback, which cancels the guarded work (see :mod:`asynccoord.locks.lock`).
-
-A guard ends when it is closed (the lock is released), when the watchdog loses it,
-or when the task that holds it ends (unless it was made with ``tied_to_task=False``, as
-for a lock taken with ``Lock.acquire``); from then on its lease is never renewed again.
-The watchdog's own task runs only while it guards something (and lingers
-``IDLE_EXIT_S`` after the last guard closes).
+A :class:`Watchdog` serves a store (or a node) and judges each lease by a local deadline
+on the monotonic clock with a safety margin, after M. Kleppmann's "How to do distributed
+locking" (2016) and Redlock's validity time.
 """
 
 from __future__ import annotations
@@ -270,6 +253,27 @@ class Guard:
 
 class Watchdog:
     """Renews the leases it guards in batches, and gives up those it cannot keep.
+
+    One :class:`Watchdog` serves a store (or a node): however many leases it guards,
+    each renewal round is a single ``renew_locks`` call (one ``UPDATE`` on SQLite), so
+    10,000 held locks cost a handful of writes per interval, not 10,000 round trips.
+
+    Each guarded lease carries a *local deadline* on ``time.monotonic()``: the instant
+    the renewal (or acquisition) request was sent, plus the lease's ``ttl_s``, minus a
+    safety margin (default 10 % of the TTL). The store set the expiry from its own clock
+    *after* the request was sent, so the store cannot hand the lock to anyone else before
+    the local deadline passes, whatever the two clocks read (as long as they run at the
+    same rate, within the margin). When the deadline passes without a confirmed renewal
+    (the store is unreachable or slow, or the event loop was blocked), when a renewal
+    finds the lease taken over or expired, or when the hold-time ceiling ``max_hold_s``
+    is reached, the watchdog drops the lease, counts ``lock_lost`` and calls the guard's
+    ``on_lost`` callback, which cancels the guarded work (see :mod:`asynccoord.locks.lock`).
+
+    A guard ends when it is closed (the lock is released), when the watchdog loses it,
+    or when the task that holds it ends (unless it was made with ``tied_to_task=False``, as
+    for a lock taken with ``Lock.acquire``); from then on its lease is never renewed again.
+    The watchdog's own task runs only while it guards something (and lingers
+    ``IDLE_EXIT_S`` after the last guard closes).
 
     Args:
         store: The lock store whose leases it renews (``renew_locks``).

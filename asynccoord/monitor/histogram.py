@@ -1,22 +1,9 @@
 """Latency histograms with fixed exponential buckets that merge by addition.
 
-Every histogram in every process uses the same bucket upper bounds
-(:data:`BUCKET_BOUNDS_MS`), so two histograms (of two processes, two time buckets,
-two nodes) merge by adding their counts slot by slot, and a delta between two
-snapshots is a subtraction. That is the idea of Prometheus histograms (cumulative
-``le`` buckets summed across instances) and of HdrHistogram (G. Tene: buckets of
-bounded *relative* width, so precision is the same at 50 us and at 50 s). Here the
-bounds grow by a factor ``2 ** (1/4)`` (about 19 %) from 0.01 ms to about 671 s,
-105 finite bounds plus an overflow slot: a quantile estimate is off by at most one
-bucket's width, under 19 % of the value.
-
-Quantiles are estimated as Prometheus' ``histogram_quantile`` does: find the bucket
-holding the rank, interpolate linearly inside it (from 0 for the first bucket); a
-rank in the overflow slot yields the largest finite bound.
-
-:class:`LatencyRecorder` is the thread-safe sink a store carries as
-``store.latencies``; its names are ``claim_ms``, ``send_ms``, ``commit_ms`` and
-``enqueue_to_commit_ms`` (:data:`LATENCY_NAMES`).
+Every histogram uses the same bucket bounds (:data:`BUCKET_BOUNDS_MS`), so histograms of
+processes, nodes and time buckets merge by adding counts; this is the idea of Prometheus
+histograms and of HdrHistogram (G. Tene: buckets of bounded relative width), and
+quantiles are estimated as Prometheus' ``histogram_quantile`` does.
 """
 
 from __future__ import annotations
@@ -87,6 +74,20 @@ def slot_of(value_ms: float) -> int:
 @dataclass(frozen=True, slots=True)
 class Histogram:
     """An immutable latency histogram over :data:`BUCKET_BOUNDS_MS`.
+
+    Every histogram in every process uses the same bucket upper bounds
+    (:data:`BUCKET_BOUNDS_MS`), so two histograms (of two processes, two time buckets,
+    two nodes) merge by adding their counts slot by slot, and a delta between two
+    snapshots is a subtraction. That is the idea of Prometheus histograms (cumulative
+    ``le`` buckets summed across instances) and of HdrHistogram (G. Tene: buckets of
+    bounded *relative* width, so precision is the same at 50 us and at 50 s). Here the
+    bounds grow by a factor ``2 ** (1/4)`` (about 19 %) from 0.01 ms to about 671 s,
+    105 finite bounds plus an overflow slot: a quantile estimate is off by at most one
+    bucket's width, under 19 % of the value.
+
+    Quantiles are estimated as Prometheus' ``histogram_quantile`` does: find the bucket
+    holding the rank, interpolate linearly inside it (from 0 for the first bucket); a
+    rank in the overflow slot yields the largest finite bound.
 
     Attributes:
         counts: Observations per slot, a tuple of ``SLOTS`` ints >= 0 (last = overflow);
@@ -249,6 +250,9 @@ class _Acc:
 
 class LatencyRecorder:
     """Thread-safe latency histograms keyed by name (``store.latencies``).
+
+    Its names are ``claim_ms``, ``send_ms``, ``commit_ms`` and ``enqueue_to_commit_ms``
+    (:data:`LATENCY_NAMES`).
 
     ``observe`` costs one bisect over 105 bounds and a lock; nodes call it from the
     event loop, stores from their driver thread.

@@ -1,30 +1,8 @@
 """Prometheus text exposition of a process' counters and latency histograms.
 
-Needs the optional extra ``metrics`` (``pip install asynccoord[metrics]``, which installs
-``prometheus-client``)::
-
-    from prometheus_client import start_http_server
-    from asynccoord.monitor.metrics import register_collector
-
-    register_collector(store, monitor)      # on prometheus_client's default registry
-    start_http_server(9108)
-
-Naming follows the Prometheus conventions (https://prometheus.io/docs/practices/naming/):
-one ``asynccoord_`` prefix, base units in names, ``_total`` on counters:
-
-* ``asynccoord_events_total{event="stale_commit_rejected"}``: every coordination event of
-  :mod:`asynccoord.events` counted by this process (all names present, 0 until seen);
-* ``asynccoord_<name>_duration_seconds``: each latency histogram of ``store.latencies``
-  (``claim_ms`` becomes ``asynccoord_claim_duration_seconds``), with ``le`` buckets at
-  every doubling of :data:`~asynccoord.monitor.histogram.BUCKET_BOUNDS_MS` (exact cumulative
-  counts: those bounds are bounds of the fine histogram), converted to seconds;
-* with a :class:`~asynccoord.monitor.monitor.Monitor`: ``asynccoord_monitor_*_total`` counters
-  (flushes, notices, drops, callback failures) and the gauge
-  ``asynccoord_alerts_firing{rule,event,scope,scope_key}`` (1 per open incident).
-
-Each process exposes its own numbers; let Prometheus sum them across processes
-(``sum by (event) (rate(asynccoord_events_total[1m]))``). The cluster-wide view read
-from the store is what ``python -m asynccoord status`` shows.
+A :class:`CoordCollector` (:func:`register_collector`, :func:`render_prometheus`) exposes
+the process's coordination events, latency histograms and monitor counters to Prometheus
+(extra ``metrics``), named after the Prometheus naming conventions.
 """
 
 from __future__ import annotations
@@ -67,6 +45,32 @@ def _buckets_seconds(hist: Histogram) -> list[tuple[str, float]]:
 
 class CoordCollector(Collector):
     """A ``prometheus_client`` collector reading ``store.events``, ``store.latencies`` (and a monitor).
+
+    Needs the optional extra ``metrics`` (``pip install asynccoord[metrics]``, which installs
+    ``prometheus-client``)::
+
+        from prometheus_client import start_http_server
+        from asynccoord.monitor.metrics import register_collector
+
+        register_collector(store, monitor)      # on prometheus_client's default registry
+        start_http_server(9108)
+
+    Naming follows the Prometheus conventions (https://prometheus.io/docs/practices/naming/):
+    one ``asynccoord_`` prefix, base units in names, ``_total`` on counters:
+
+    * ``asynccoord_events_total{event="stale_commit_rejected"}``: every coordination event of
+      :mod:`asynccoord.events` counted by this process (all names present, 0 until seen);
+    * ``asynccoord_<name>_duration_seconds``: each latency histogram of ``store.latencies``
+      (``claim_ms`` becomes ``asynccoord_claim_duration_seconds``), with ``le`` buckets at
+      every doubling of :data:`~asynccoord.monitor.histogram.BUCKET_BOUNDS_MS` (exact cumulative
+      counts: those bounds are bounds of the fine histogram), converted to seconds;
+    * with a :class:`~asynccoord.monitor.monitor.Monitor`: ``asynccoord_monitor_*_total`` counters
+      (flushes, notices, drops, callback failures) and the gauge
+      ``asynccoord_alerts_firing{rule,event,scope,scope_key}`` (1 per open incident).
+
+    Each process exposes its own numbers; let Prometheus sum them across processes
+    (``sum by (event) (rate(asynccoord_events_total[1m]))``). The cluster-wide view read
+    from the store is what ``python -m asynccoord status`` shows.
 
     Args:
         store: A store (any backend) with ``events`` and ``latencies``.

@@ -1,33 +1,9 @@
 """The conflict monitor: cluster-wide counters, sliding-window rules, alerts and their delivery.
 
-::
-
-    async with Monitor(store, rules=DEFAULT_RULES, flush_interval_s=1.0) as monitor:
-        monitor.subscribe(page_someone)            # async callback, run in its own task
-        async for alert in monitor.alerts():        # or iterate (bounded buffer)
-            print(alert.describe())
-
-What it does, every ``flush_interval_s``: it takes the deltas of the process' counters
-(``store.events``, plus per-node counters registered with :meth:`Monitor.track`) and
-latency histograms (``store.latencies``) and adds them to the store in one batched
-write (:meth:`~asynccoord.contract.monitor.MonitorStore.flush_metrics`), so every process
-and the status command see totals and rates over all processes. Every
-``evaluate_interval_s`` it reads the windows its rules need (one read) and judges each
-:class:`~asynccoord.monitor.rules.AlertRule` per scope (the cluster, each process, or
-each node): incidents with hysteresis, one firing and one resolved notice each
-(:mod:`asynccoord.monitor.rules`).
-
-Delivery never blocks the nodes: publishing only appends to one bounded buffer per
-subscriber (:mod:`asynccoord.monitor.alerts`); each callback runs in its own task under
-``callback_timeout_s``. Each notice is also logged at WARNING with the stable event
-names ``asynccoord.monitor.alert_firing`` and ``asynccoord.monitor.alert_resolved``.
-
-Firing alerts are stored with each flush, so another process (and
-``python -m asynccoord status``) sees them; a monitor's stored alerts expire when it
-stops refreshing them (its process died).
-
-Use one monitor per store object: the deltas it flushes are those of the store's
-counters, and a second monitor on the same store would count them twice.
+A :class:`Monitor` flushes the process's coordination counters and latency histograms to
+the store, so every process sees cluster-wide totals and rates, judges alert rules over
+sliding windows of them (:mod:`asynccoord.monitor.rules`), and delivers one notice per
+incident and one when it resolves, without ever blocking the nodes.
 """
 
 from __future__ import annotations
@@ -108,6 +84,32 @@ def _default_process_id() -> str:
 
 class Monitor:
     """Flushes this process' counters, evaluates rules cluster-wide, and delivers alerts.
+
+    ::
+
+        async with Monitor(store, rules=DEFAULT_RULES, flush_interval_s=1.0) as monitor:
+            monitor.subscribe(page_someone)            # async callback, run in its own task
+            async for alert in monitor.alerts():        # or iterate (bounded buffer)
+                print(alert.describe())
+
+    Every ``flush_interval_s`` it takes the deltas of the process's counters
+    (``store.events``, plus per-node counters registered with :meth:`track`) and latency
+    histograms (``store.latencies``) and adds them to the store in one batched write
+    (:meth:`~asynccoord.contract.monitor.MonitorStore.flush_metrics`), so every process
+    and the status command see totals and rates over all processes. Every
+    ``evaluate_interval_s`` it reads the windows its rules need (one read) and judges each
+    :class:`~asynccoord.monitor.rules.AlertRule` per scope (the cluster, each process, or
+    each node): incidents with hysteresis, one firing and one resolved notice each.
+
+    Publishing only appends to one bounded buffer per subscriber
+    (:mod:`asynccoord.monitor.alerts`); each callback runs in its own task under
+    ``callback_timeout_s``. Each notice is also logged at WARNING as
+    ``asynccoord.monitor.alert_firing`` or ``asynccoord.monitor.alert_resolved``. Firing
+    alerts are stored with each flush, so other processes (and ``python -m asynccoord
+    status``) see them; they expire when the monitor stops refreshing them.
+
+    Use one monitor per store object: a second monitor on the same store would count
+    its deltas twice.
 
     Args:
         store: An open store implementing :class:`~asynccoord.contract.monitor.MonitorStore`.

@@ -1,27 +1,9 @@
 """A webhook sink: each alert notice POSTed as JSON to a URL, retried with backoff, never blocking.
 
-::
-
-    sink = WebhookSink("https://hooks.example.com/T0/B0/secret")
-    async with Monitor(store, sinks=[sink]) as monitor:
-        ...
-    sink.statistics().given_up   # notices that never got a 2xx answer
-
-Handing a notice over (:meth:`WebhookSink.offer`) only appends it to a bounded queue; one
-task of the sink's own POSTs the queue in order, so a slow or unreachable endpoint costs
-the monitor nothing and the nodes even less. When the queue is full the oldest notice is
-dropped and counted. A POST that fails (a connection error, a timeout, HTTP 408, 429 or
-5xx) is tried again after exponential backoff with jitter (M. Brooker, "Exponential
-Backoff and Jitter", AWS Architecture Blog, 2015; :class:`~asynccoord.config.RetryPolicy`),
-up to ``retry.max_attempts`` attempts in all; any other answer than 2xx is not tried
-again. Every failed attempt, and every notice given up, is counted and logged at WARNING
-as ``asynccoord.monitor.webhook_failed``; the URL is logged without its path and query,
-which often hold a secret.
-
-The body is the notice's :meth:`~asynccoord.contract.monitor.Alert.to_dict` with a
-``text`` field holding :meth:`~asynccoord.contract.monitor.Alert.describe` (which chat
-tools' incoming webhooks show as the message). HTTP is aiohttp's client: the ``webhook``
-extra (``pip install 'asynccoord[webhook]'``).
+A :class:`WebhookSink` queues the monitor's notices in a bounded buffer and POSTs them in
+order from a task of its own, retrying with exponential backoff and jitter (M. Brooker,
+"Exponential Backoff and Jitter", AWS Architecture Blog, 2015), so a slow endpoint costs
+the monitor nothing.
 """
 
 from __future__ import annotations
@@ -60,6 +42,29 @@ def _where(url: str) -> str:
 
 class WebhookSink:
     """POST every alert notice as JSON to ``url``, in a task of its own.
+
+    ::
+
+        sink = WebhookSink("https://hooks.example.com/T0/B0/secret")
+        async with Monitor(store, sinks=[sink]) as monitor:
+            ...
+        sink.statistics().given_up   # notices that never got a 2xx answer
+
+    Handing a notice over (:meth:`WebhookSink.offer`) only appends it to a bounded queue; one
+    task of the sink's own POSTs the queue in order, so a slow or unreachable endpoint costs
+    the monitor nothing and the nodes even less. When the queue is full the oldest notice is
+    dropped and counted. A POST that fails (a connection error, a timeout, HTTP 408, 429 or
+    5xx) is tried again after exponential backoff with jitter (M. Brooker, "Exponential
+    Backoff and Jitter", AWS Architecture Blog, 2015; :class:`~asynccoord.config.RetryPolicy`),
+    up to ``retry.max_attempts`` attempts in all; any other answer than 2xx is not tried
+    again. Every failed attempt, and every notice given up, is counted and logged at WARNING
+    as ``asynccoord.monitor.webhook_failed``; the URL is logged without its path and query,
+    which often hold a secret.
+
+    The body is the notice's :meth:`~asynccoord.contract.monitor.Alert.to_dict` with a
+    ``text`` field holding :meth:`~asynccoord.contract.monitor.Alert.describe` (which chat
+    tools' incoming webhooks show as the message). HTTP is aiohttp's client: the ``webhook``
+    extra (``pip install 'asynccoord[webhook]'``).
 
     Give it to a :class:`~asynccoord.monitor.monitor.Monitor` (``sinks=[...]``): the
     monitor starts it, offers it each notice and closes it. On its own: ``await

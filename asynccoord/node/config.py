@@ -29,6 +29,12 @@ class NodeConfig:
         queue: Queue to drain. Default ``"default"``.
         lease_s: Task lease length, seconds, 0.01 (``validation.MIN_LEASE_S``) to one year
             (renewed every ``lease_s / 3`` while a send runs when ``renew_leases``). Default 30.
+            A commit the store cannot take at that moment (busy: SQLite's write lock held
+            past ``busy_timeout_s``; unreachable: PostgreSQL past ``reconnect_timeout_s``,
+            10 s by default) is tried again with backoff while the lease lasts. Keep
+            ``lease_s`` well above ``reconnect_timeout_s``: one store call can spend that
+            long reconnecting, and a commit whose lease ended meanwhile is not tried again
+            (whoever reclaims the task sends it again, counted as ``lease_expired``).
         claim_batch: Most tasks per claim. Default 32.
         max_in_flight: Most sends at once on this node. Default 32.
         send_timeout_s: Longest a send may take before it counts as failed. Default 30.
@@ -49,7 +55,9 @@ class NodeConfig:
         lock_ttl_s: Lock lease length, seconds, 0.01 (``validation.MIN_LEASE_S``) to one
             year (renewed with the task lease). Default 10.
         lock_permits: Permits per lock name: 1 for a lock, N (at most 2**31 - 1, the
-            semaphore's bound ``MAX_PERMITS``) for a semaphore. Default 1.
+            semaphore's bound ``MAX_PERMITS``) for a semaphore. Default 1. Only a lock's
+            fencing token fences the commit: the holders of a semaphore's permits finish
+            in any order, so their tokens do not.
         lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
             The wait also ends at the task lease's local deadline (the task then goes back
             at once, counted as ``lease_lost``).

@@ -1,25 +1,9 @@
 """A task in flight on a node: an explicit state machine from its claim to its settle.
 
-A node takes a task in flight when its claim (or the commit before it, ``claim_next``)
-leases it, and lets go once the task is committed, failed or handed back. Between the two
-the task is in exactly one :class:`FlightState`; :meth:`Flight.move` is the one place that
-changes it, and refuses a transition the table :data:`TRANSITIONS` does not allow with a
-``RuntimeError`` (a bug in the node, never a user's error). Who may move a flight:
-
-* the slot handling the task (:mod:`asynccoord.node.send`, :mod:`asynccoord.node.settle`):
-  ``CLAIMED -> SENDING -> RETURNED -> SETTLED``, or ``INTERRUPTED`` when the node is
-  cancelled (or the process exits) while the send runs;
-* the send's timeout timer: ``SENDING -> TIMED_OUT``;
-* the keeper (:mod:`asynccoord.node.keeper`), when a lease is not renewed: ``-> LEASE_LOST``;
-* the slot, when the lease's local deadline passes before the send begins (while the task
-  waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``;
-* the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
-
-A lost lease or lock before the send is over cuts the send, and the send's end then moves
-the flight on to ``DROPPED`` (never committed) or ``LOCK_DROPPED`` (the attempt is recorded
-as failed); a lease that ran out locally before the send began ends in ``UNSENT`` (the task
-goes back at once, never sent). Each flight also keeps its lease's local deadline on the monotonic clock
-(:func:`lease_deadline`), which the keeper moves on at every renewal.
+A :class:`Flight` holds a task from the claim (or the commit before it, ``claim_next``)
+that leases it until it is committed, failed or handed back, in exactly one
+:class:`FlightState`, moved only along the table :data:`TRANSITIONS`; it also keeps the
+lease's local deadline on the monotonic clock (:func:`lease_deadline`).
 """
 
 from __future__ import annotations
@@ -109,6 +93,27 @@ def lease_deadline(started: float, lease_s: float) -> float:
 @dataclass(slots=True, eq=False)
 class Flight:
     """One task in flight on a node.
+
+    A node takes a task in flight when its claim (or the commit before it, ``claim_next``)
+    leases it, and lets go once the task is committed, failed or handed back. Between the two
+    the task is in exactly one :class:`FlightState`; :meth:`Flight.move` is the one place that
+    changes it, and refuses a transition the table :data:`TRANSITIONS` does not allow with a
+    ``RuntimeError`` (a bug in the node, never a user's error). Who may move a flight:
+
+    * the slot handling the task (:mod:`asynccoord.node.send`, :mod:`asynccoord.node.settle`):
+      ``CLAIMED -> SENDING -> RETURNED -> SETTLED``, or ``INTERRUPTED`` when the node is
+      cancelled (or the process exits) while the send runs;
+    * the send's timeout timer: ``SENDING -> TIMED_OUT``;
+    * the keeper (:mod:`asynccoord.node.keeper`), when a lease is not renewed: ``-> LEASE_LOST``;
+    * the slot, when the lease's local deadline passes before the send begins (while the task
+      waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``;
+    * the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
+
+    A lost lease or lock before the send is over cuts the send, and the send's end then moves
+    the flight on to ``DROPPED`` (never committed) or ``LOCK_DROPPED`` (the attempt is recorded
+    as failed); a lease that ran out locally before the send began ends in ``UNSENT`` (the task
+    goes back at once, never sent). Each flight also keeps its lease's local deadline on the monotonic clock
+    (:func:`lease_deadline`), which the keeper moves on at every renewal.
 
     Attributes:
         task: The task, as the store leased it.

@@ -1,34 +1,11 @@
 """The runtime's idle poll: one read per process, whatever its node count, instead of a claim per idle node.
 
-A node whose claim came back short or empty waits for a wake-up: an in-process enqueue
-or a commit that frees one of its keys (the store's
-:class:`~asynccoord.notify.WorkNotifier`), or a task it put back falling due. Some work
-nobody in the process announces: tasks enqueued by another process (SQLite has no
-cross-process notification), leases of crashed nodes that expired, retries and delayed
-tasks falling due, and, with work stealing, tasks another owner has left waiting. Idle
-nodes used to find it by claiming, each on its own backoff; every claim is a write (on
-SQLite an operation of the process's single writer, batched with the commits that
-matter), so idle cost, and the latency of every commit, grew with the node count
-(issue #4).
-
-An :class:`IdlePoller` runs once per :class:`~asynccoord.node.runtime.Runtime`: it asks the
-store with one read (:meth:`~asynccoord.contract.queue.QueueStore.claimable_partitions`)
-which partitions of the process's idle nodes hold claimable work, and wakes only the
-idle nodes owning one of them (a node claiming from every partition is woken for any,
-one per partition named); those claim as before. With work stealing on, nodes left
-idle are also woken, one per partition named, when a second read finds work due for
-``steal_after_s`` anywhere (their claim then steals, as before).
-
-Cadence: the backoff a standalone node has, once for the process: a poll every
-``idle_min_s`` .. ``idle_s`` seconds (full jitter); ``idle_s`` goes back to
-``idle_min_s`` while no node is idle or once nodes a poll woke have claimed something,
-stays as it is after a poll that woke nodes, and doubles up to ``idle_max_s`` otherwise
-(a poll that woke nobody, or after one whose woken nodes all came back empty-handed, so a
-read that names work a claim cannot take never makes a busy loop). No idle node, no
-read. So work from elsewhere is found within about ``idle_max_s``, as before, and the
-process's idle cost is at most one read (two with work stealing) per poll whatever its
-node count. The nodes still claim by themselves every ``NodeConfig.idle_fallback_s`` (a
-safety net).
+Some work nobody in the process announces (tasks enqueued by another process, expired
+leases of crashed nodes, retries and delayed tasks falling due), and finding it by
+claiming from every idle node costs a write per node. An :class:`IdlePoller` finds it for
+all the idle nodes of a :class:`~asynccoord.node.runtime.Runtime` with one read per poll,
+on the backoff a standalone node would have, and wakes only the owners of the partitions
+that read names.
 """
 
 from __future__ import annotations
@@ -54,7 +31,27 @@ log = logging.getLogger(__name__)
 
 
 class IdlePoller:
-    """Finds work for the idle nodes of one process with one store read per poll (see the module docstring).
+    """Finds work for the idle nodes of one process with one store read per poll.
+
+    A node whose claim came back short or empty waits for a wake-up: an in-process
+    enqueue or a commit that frees one of its keys (the store's
+    :class:`~asynccoord.notify.WorkNotifier`), or a task it put back falling due. The
+    poller finds the rest: it asks the store with one read
+    (:meth:`~asynccoord.contract.queue.QueueStore.claimable_partitions`) which partitions
+    of the idle nodes hold claimable work, and wakes only the idle nodes owning one of them
+    (a node claiming from every partition is woken for any, one per partition named).
+    With work stealing on, nodes left idle are also woken, one per partition named, when a
+    second read finds work due for ``steal_after_s`` anywhere. So idle nodes cost no
+    writes, and on SQLite the single writer is left to the commits.
+
+    Cadence: a poll every ``idle_min_s`` .. ``idle_s`` seconds (full jitter). ``idle_s``
+    goes back to ``idle_min_s`` while no node is idle or once nodes a poll woke have claimed
+    something, stays as it is after a poll that woke nodes, and doubles up to
+    ``idle_max_s`` otherwise (a poll that woke nobody, or whose woken nodes all came back
+    empty-handed, so a read that names work a claim cannot take never makes a busy loop).
+    No idle node, no read. So work from elsewhere is found within about ``idle_max_s``,
+    and the process's idle cost is at most one read (two with work stealing) per poll. The
+    nodes still claim by themselves every ``NodeConfig.idle_fallback_s`` (a safety net).
 
     Args:
         store: The nodes' store; it must have ``claimable_partitions``.

@@ -1,60 +1,13 @@
 """A node: the fetch -> lock -> send -> commit pipeline over one shared queue.
 
-A node repeatedly
-
-1. **fetches**: claims a batch of due tasks from the partitions it owns (all of them
-   without a membership), up to its free ``max_in_flight`` slots; after a full batch
-   it claims again as soon as a slot is free, after a short or empty one it waits for a
-   wake-up (an in-process enqueue, a commit that unblocks one of its keys, a task it
-   put back becoming due, the runtime's idle poll finding work in its partitions) or,
-   when it polls by itself (a standalone node), its idle backoff, so idle polling does
-   not grow with the work in flight (every claim, even an empty one, is a write); in a
-   :class:`~asynccoord.node.runtime.Runtime` one read per process finds work for all its
-   idle nodes (:mod:`asynccoord.node.idlepoll`), so it does not grow with the node count
-   either;
-2. **locks**: takes the lock (or a semaphore permit) that ``lock_key(task)`` names,
-   e.g. ``"account:42"``, waiting up to ``lock_wait_s`` (a task whose lock stays busy
-   goes back to the queue after a short delay, not counted as a failure), and never past
-   the task lease's local deadline;
-3. **sends**: calls the user's ``send(task)`` under ``send_timeout_s``, never past the
-   local deadline of the task's lease or of its lock (``time.monotonic()``: the claim's
-   or last confirmed renewal's send time, plus ``lease_s``, less a margin of
-   ``min(lease_s / 5, 2 s)``): a send started later could follow the store's hand-over
-   of the task to another node, so the task goes back unsent (counted as
-   ``lease_lost``; a lapsed lock counts ``lock_lost``); the task's
-   lease and the lock are renewed by the node's keeper every ``lease_s / 3`` while it
-   runs (one batched statement for all of the node's leases, one for its locks), and
-   if either is lost the send is cancelled at once (one ``CancelledError``, as
-   ``asyncio.Task.cancel`` delivers it: the send's ``except``/``finally`` blocks may
-   still await, e.g. to close a connection, for up to :data:`~asynccoord.node.send.SEND_CLEANUP_S`; nothing
-   cancels it again before that time is up, whatever else happens meanwhile: a
-   timeout, a lost lease or lock, the node's cancellation);
-4. **commits**: a compare-and-set on ``(id, lease_token, version)`` that also checks
-   the lock's fencing token against the highest one the resource has seen, in the
-   same transaction (a lock only: a semaphore's permits, ``lock_permits`` > 1, finish
-   in any order, so their tokens do not fence the commit). A store that is busy or
-   unreachable at that moment is tried again, with backoff, while the lease lasts
-   (:data:`~asynccoord.node.settle.SETTLE_RETRY`): a message that went out is never sent again for want of a
-   commit that could still land.
-
-An exception from ``send`` (or its timeout) goes to the retry policy: backoff with
-jitter, then the dead-letter state; a ``BaseException`` that is no ``Exception`` (some
-libraries' timeouts) too, except ``KeyboardInterrupt`` and ``SystemExit``: the process is
-ending, so the node stops as if cancelled and raises it once everything is handed back (see
-:mod:`asynccoord._exits`); and a send cut because its lock (or permit) was lost, while the
-task's own lease still holds. So does a ``CancelledError`` that the send raises
-although the node did not cancel it (a library it awaits was cancelled by something
-else, say): the task's ``last_error`` says "send raised CancelledError without being
-cancelled", and the node goes on. Cancellation of the node hands its in-flight
-tasks back to ``pending`` (not counted as failures), releases its locks and
-re-raises.
-
-This module is the loop (fetch, claim, dispatch to slots, lock); the steps live beside
-it: a task in flight and its states in :mod:`~asynccoord.node.flight`, the send in
-:mod:`~asynccoord.node.send`, commit, retry and hand-back in :mod:`~asynccoord.node.settle`,
-lease renewal in :mod:`~asynccoord.node.keeper`, what a send can know in
-:mod:`~asynccoord.node.delivery`, OpenTelemetry spans in :mod:`~asynccoord.node.tracing`, the
-config in :mod:`~asynccoord.node.config`.
+A :class:`Node` claims due tasks from the partitions it owns, takes the lock each task
+needs, calls the user's send under leases its keeper renews, and commits with a
+compare-and-set fenced by the lock's token (M. Kleppmann, "How to do distributed
+locking", 2016). This module is the loop (fetch, claim, dispatch, lock); the steps live beside it:
+:mod:`~asynccoord.node.flight` (a task in flight), :mod:`~asynccoord.node.send`,
+:mod:`~asynccoord.node.settle` (commit, retry, hand-back), :mod:`~asynccoord.node.keeper`
+(renewal), :mod:`~asynccoord.node.delivery`, :mod:`~asynccoord.node.tracing` (OpenTelemetry spans)
+and :mod:`~asynccoord.node.config`.
 """
 
 from __future__ import annotations
@@ -141,7 +94,48 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 class Node:
-    """One worker draining a queue (see the module docstring for the pipeline).
+    """One worker draining a queue: fetch -> lock -> send -> commit, repeatedly.
+
+    1. Fetch: claim a batch of due tasks from the owned partitions (all of them without
+       a membership), up to the free ``max_in_flight`` slots. After a full batch it
+       claims again as soon as a slot is free. After a short or empty one it waits for a
+       wake-up (an in-process enqueue, a commit that unblocks one of its keys, a task it
+       put back falling due, the runtime's idle poll) or, standalone, its idle backoff.
+    2. Lock: take the lock (or semaphore permit) that ``lock_key(task)`` names, waiting
+       up to ``lock_wait_s`` and never past the task lease's local deadline. A task whose
+       lock stays busy goes back to the queue after a short delay, not as a failure.
+    3. Send: call ``send(task)`` under ``send_timeout_s``, never past the local deadline of
+       the task's lease or lock (the last confirmed renewal plus ``lease_s``, less
+       ``min(lease_s / 5, 2 s)``). A task past it goes back unsent (``lease_lost``, or
+       ``lock_lost`` for a lapsed lock). The keeper renews leases and locks every
+       ``lease_s / 3`` in one batched statement each.
+    4. Commit: a compare-and-set on ``(id, lease_token, version)`` that also checks the
+       lock's fencing token in the same transaction. A busy or unreachable store is
+       tried again with backoff while the lease lasts
+       (:data:`~asynccoord.node.settle.SETTLE_RETRY`).
+
+    The node cancels a send at ``send_timeout_s`` (a failure), when its lease or lock is
+    lost, or at shutdown: once, as ``asyncio.Task.cancel`` does, whichever comes first.
+    The send's ``finally`` may then await its cleanup (close a connection) for up to
+    :data:`~asynccoord.node.send.SEND_CLEANUP_S` (0.25 s), and nothing cancels it again
+    within that time. A send still running after it is cancelled once more and left
+    behind.
+
+    What ``send`` raises goes to the retry policy (backoff with jitter, then the dead
+    letter state). The task's ``last_error`` is ``"Type: message"``, or the exception's
+    ``repr()`` if its ``str()`` raises. A ``BaseException`` that is no ``Exception`` goes
+    there too, except ``KeyboardInterrupt`` and ``SystemExit``: the process is ending, so
+    every node of every runtime in the process stops as if cancelled, hands back what it
+    holds and releases its locks, and then the exception is raised to whoever awaits the
+    runtime or :meth:`run` (see :mod:`asynccoord._exits`). Raised in a task that the send
+    starts itself, asyncio lets it out of the event loop before asynccoord sees it, and
+    the claimed tasks wait for their leases to lapse. A ``CancelledError`` that the send
+    raises although nothing of the node cancelled it is a failed attempt; its
+    ``last_error`` reads "send raised CancelledError without being cancelled". A send cut
+    because its lock was lost is a failed attempt too: the task's own lease still holds,
+    so the retry policy brings it back without waiting for that lease to lapse.
+    Cancelling the node hands its tasks back to ``pending`` unfinished (not counted as
+    failures), releases its locks and re-raises.
 
     Args:
         store: A store implementing the queue and lock contracts (``SQLiteStore``...).
@@ -157,6 +151,8 @@ class Node:
         config: :class:`NodeConfig`. Default NodeConfig().
         lock_key: Maps a task to the name of the lock it needs, or None for no lock
             (a plain function: an ``async def`` one is refused). Default None (no locks).
+            A name in the prefix ``asynccoord.next:`` (a lock pool's places in line) is
+            refused.
         membership: Shared :class:`~asynccoord.membership.Membership` of the process;
             needed for partitioning (without it the node claims from every partition).
             Give it the node's queue (``Membership(store, queue=...)``) when other queues

@@ -1,26 +1,9 @@
 """The runtime: many nodes in one process, their membership, and graceful shutdown.
 
-::
-
-    async with Runtime(store, send=send, nodes=8, config=NodeConfig(queue="outbox"),
-                       lock_key=lambda t: f"account:{t.payload['account']}") as runtime:
-        await runtime.wait_for_signal()        # or run until you call runtime.shutdown()
-
-On shutdown (leaving the ``async with`` normally, :meth:`Runtime.shutdown`, or SIGTERM /
-SIGINT under :meth:`Runtime.wait_for_signal`) every node stops claiming at once, sends in
-flight may finish for up to ``shutdown_timeout_s``, then whatever is left is cancelled and
-handed back to ``pending`` with its lease and lock released, so another process picks it
-up immediately instead of waiting for a TTL. Nodes leave the membership last.
-
-A Runtime runs once, as a ``threading.Thread`` does: starting it again after it was shut
-down (or after :meth:`Runtime.shutdown` was called before it ever started) raises
-:class:`~asynccoord.errors.RuntimeStateError`; create a new one to run again.
-
-Idle nodes do not poll one by one: the runtime runs one
-:class:`~asynccoord.node.idlepoll.IdlePoller` that reads which of its idle nodes' partitions
-hold claimable work (work from other processes, expired leases, tasks falling due) and
-wakes only their owners, so a process's idle cost does not grow with its node count.
-A store without ``claimable_partitions`` leaves every node polling by itself.
+A :class:`Runtime` hosts a process's nodes over one store: it keeps them in the
+membership that shares the partitions, wakes its idle nodes with one process-wide poll
+(:class:`~asynccoord.node.idlepoll.IdlePoller`), and on shutdown drains the sends in
+flight and hands the rest back to the queue.
 """
 
 from __future__ import annotations
@@ -62,6 +45,29 @@ log = logging.getLogger(__name__)
 
 class Runtime:
     """Hosts ``nodes`` nodes of one process over one store.
+
+    ::
+
+        async with Runtime(store, send=send, nodes=8, config=NodeConfig(queue="outbox"),
+                           lock_key=lambda t: f"account:{t.payload['account']}") as runtime:
+            await runtime.wait_for_signal()        # or run until you call runtime.shutdown()
+
+    On shutdown (leaving the ``async with`` normally, :meth:`shutdown`, or SIGTERM /
+    SIGINT under :meth:`wait_for_signal`) every node stops claiming at once, sends in
+    flight may finish for up to ``shutdown_timeout_s``, then whatever is left is cancelled
+    and handed back to ``pending`` with its lease and lock released, so another process
+    picks it up at once instead of waiting for a TTL. Nodes leave the membership last.
+    A Runtime runs once, as a thread does (see :meth:`start`).
+
+    Several queues may share one store, each drained by its own Runtime: a runtime makes
+    its membership for its own queue (``Membership(store, queue=...)``), so it shares the
+    partitions only among the nodes of that queue.
+
+    Idle nodes do not poll one by one: the runtime's one
+    :class:`~asynccoord.node.idlepoll.IdlePoller` reads which of its idle nodes'
+    partitions hold claimable work and wakes only their owners, so a process's idle cost
+    does not grow with its node count. A store without ``claimable_partitions`` leaves
+    every node polling by itself.
 
     Args:
         store: The store (queue, lock and membership contracts), already open.

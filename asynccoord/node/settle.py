@@ -1,17 +1,8 @@
 """Settling a task after its send: commit it, record a failed attempt, or hand it back.
 
-A send that returned is **committed**: a compare-and-set on ``(id, lease_token, version)``
-that also checks the lock's fencing token against the highest one the resource has seen,
-in the same transaction (a lock only: a semaphore's permits finish in any order, so their
-tokens do not fence the commit), and with ``claim_next`` leases the key's next task to the
-same slot. A send that raised (or timed out) is a **failed attempt** for the retry policy
-(backoff with jitter, then the dead letter), and so is one whose lock was lost while the
-task's own lease held. A store that is busy or unreachable at that moment is tried again,
-with backoff, while the lease lasts (:data:`SETTLE_RETRY`): a message that went out is
-never sent again for want of a commit that could still land. A task the node will not send
-(the node stops, its lock stayed busy, its lease ran out locally before its send, the store
-failed mid-task) is **handed back** to ``pending``, not counted as a failure, so whoever
-claims next finds it at once.
+A :class:`Settler` commits a sent task with a compare-and-set fenced by the lock's token,
+records a failed send for the retry policy, or hands a task the node will not send back to
+``pending``, retrying a busy or unreachable store while the task's lease lasts.
 """
 
 from __future__ import annotations
@@ -70,7 +61,20 @@ _TRANSIENT_STORE_ERRORS = (StoreBusyError, StoreConnectionError)
 
 
 class Settler:
-    """Commits, fails and hands back the tasks of one node (see the module docstring).
+    """Commits, fails and hands back the tasks of one node.
+
+    A send that returned is **committed**: a compare-and-set on ``(id, lease_token, version)``
+    that also checks the lock's fencing token against the highest one the resource has seen,
+    in the same transaction (a lock only: a semaphore's permits finish in any order, so their
+    tokens do not fence the commit), and with ``claim_next`` leases the key's next task to the
+    same slot. A send that raised (or timed out) is a **failed attempt** for the retry policy
+    (backoff with jitter, then the dead letter), and so is one whose lock was lost while the
+    task's own lease held. A store that is busy or unreachable at that moment is tried again,
+    with backoff, while the lease lasts (:data:`SETTLE_RETRY`): a message that went out is
+    never sent again for want of a commit that could still land. A task the node will not send
+    (the node stops, its lock stayed busy, its lease ran out locally before its send, the store
+    failed mid-task) is **handed back** to ``pending``, not counted as a failure, so whoever
+    claims next finds it at once.
 
     Args:
         store: The node's store.

@@ -1,11 +1,12 @@
-"""A real OS process hosting a Runtime on a shared SQLite file, for tests/test_ratelimits_multiprocess.py.
+"""A real OS process hosting a Runtime on a shared store, for tests/test_ratelimits_multiprocess.py.
 
 Usage::
 
-    rate_worker.py PATH --log LOG --queue Q [--nodes N] [--lease-s L] [--send-s S]
+    rate_worker.py TARGET --log LOG --queue Q [--schema S] [--nodes N] [--lease-s L] [--send-s S]
 
-Opens one SQLiteStore (real database clock) and runs a Runtime of N nodes draining Q in
-order. Every send appends one JSON line to LOG with one ``os.write`` (O_APPEND: never
+TARGET is an SQLite file or a ``postgresql://`` DSN (with ``--schema``, the store's
+schema). Opens one store there (real database clock) and runs a Runtime of N nodes
+draining Q in order. Every send appends one JSON line to LOG with one ``os.write`` (O_APPEND: never
 torn, nothing lost when the process is killed) *before* it sleeps S seconds:
 {"id", "chat", "pid", "t": time.clock_gettime(CLOCK_MONOTONIC)}, the moment the message
 would reach the provider. Prints {"event": "ready"} once the runtime runs and
@@ -22,6 +23,7 @@ import sys
 import time
 
 from asynccoord import SQLiteStore, Task, TaskStatus
+from asynccoord.backends.postgres.store import PostgresStore
 from asynccoord.node.node import NodeConfig
 from asynccoord.node.runtime import Runtime
 
@@ -33,7 +35,8 @@ def emit(obj: dict[str, object]) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("path")
+    parser.add_argument("target")
+    parser.add_argument("--schema", default=None)
     parser.add_argument("--log", required=True)
     parser.add_argument("--queue", required=True)
     parser.add_argument("--nodes", type=int, default=4)
@@ -49,7 +52,11 @@ async def main() -> None:
         await asyncio.sleep(args.send_s)
 
     config = NodeConfig(queue=args.queue, ordered=True, lease_s=args.lease_s, idle_max_s=0.5)
-    store = SQLiteStore(args.path)
+    store: SQLiteStore | PostgresStore
+    if args.target.startswith("postgresql://"):
+        store = PostgresStore(args.target, schema=args.schema)
+    else:
+        store = SQLiteStore(args.target)
     async with store, Runtime(store, send=send, nodes=args.nodes, config=config, heartbeat_ttl_s=2.0):
         emit({"event": "ready"})
         while True:

@@ -39,6 +39,7 @@ from ...validation import check_clock
 from ..base import StoreBase
 from ..rows import decode_json, new_token
 from ..wakeups import notify_partitions, notify_settled
+from .deadletters import MemoryDeadLetterOps
 from .locks import MemoryLockOps
 from .membership import MemoryMembershipOps
 from .monitor import MemoryMonitorOps
@@ -49,7 +50,9 @@ __all__ = ("MemoryStore",)
 _ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
-class MemoryStore(StoreBase, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps, MemoryRateLimitOps):
+class MemoryStore(
+    StoreBase, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOps, MemoryRateLimitOps, MemoryDeadLetterOps
+):
     """The storage contract in plain Python objects (see :class:`~asynccoord.contract.store.Store`).
 
     Args:
@@ -235,9 +238,10 @@ class MemoryStore(StoreBase, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOp
         allowed = None if parts is None else set(parts)
         heads: dict[str, int] = {}
         if ordered:
+            blocking = self._blocking(queue)
             for task in sorted(self._tasks.values(), key=lambda t: t.id):
-                if task.queue == queue and task.status in _ACTIVE:
-                    heads.setdefault(task.partition_key, task.id)
+                if task.queue == queue and task.status in blocking:
+                    heads.setdefault(task.partition_key, task.id)  # a dead head (policy hold): no task of the key
         return [
             t
             for t in self._tasks.values()
@@ -315,11 +319,12 @@ class MemoryStore(StoreBase, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOp
     def _lease_key_head(self, done: Task, node_id: str, lease: float) -> Task | None:
         """Lease the head (earliest unfinished task) of ``done``'s key to ``node_id`` if it is pending and due."""
         now = done.updated_at
+        blocking = self._blocking(done.queue)
         head = min(
             (
                 t
                 for t in self._tasks.values()
-                if t.queue == done.queue and t.partition_key == done.partition_key and t.status in _ACTIVE
+                if t.queue == done.queue and t.partition_key == done.partition_key and t.status in blocking
             ),
             key=lambda t: t.id,
             default=None,
@@ -526,8 +531,26 @@ class MemoryStore(StoreBase, MemoryLockOps, MemoryMembershipOps, MemoryMonitorOp
             if t.queue == queue and t.status is TaskStatus.DONE and t.updated_at < cutoff
         ]
         for t in old:
-            del self._tasks[t.id]
-            self._rate.keys.pop(t.id, None)
-            if t.idempotency_key is not None and self._by_key.get((t.queue, t.idempotency_key)) == t.id:
-                del self._by_key[(t.queue, t.idempotency_key)]
+            self._forget(t)
         return PurgeResult(deleted=len(old), batches=-(-len(old) // size))
+
+    async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids); a key they held goes on."""
+        wanted = None if ids is None else set(ids)
+        self._check_open()
+        gone = [
+            t
+            for t in self._tasks.values()
+            if t.queue == queue and t.status is TaskStatus.DEAD and (wanted is None or t.id in wanted)
+        ]
+        for t in gone:
+            self._forget(t)
+        notify_partitions(self.notifier, [(queue, t.partition) for t in gone])
+        return len(gone)
+
+    def _forget(self, task: Task) -> None:
+        """Delete ``task`` and what refers to it."""
+        del self._tasks[task.id]
+        self._rate.keys.pop(task.id, None)
+        if task.idempotency_key is not None and self._by_key.get((task.queue, task.idempotency_key)) == task.id:
+            del self._by_key[(task.queue, task.idempotency_key)]

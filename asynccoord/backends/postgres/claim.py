@@ -4,7 +4,9 @@ Concurrent claims of a process that name their partitions and share queue, order
 minimum due age share one statement (a :class:`~asynccoord.backends.batch.Batcher` per
 shape); leases that expired on their last attempt are dead-lettered and the claim topped
 up; duplicates of processed message ids are settled in a second transaction; a cancelled
-caller's tasks are handed back in the background.
+caller's tasks are handed back in the background. A queue that declares rate limits is
+claimed by :meth:`~asynccoord.backends.postgres.ratelimits.PgRateLimitOps._claim_limited`
+instead, one transaction per claim batch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ...models import Task
 from ..batch import Batcher
 from ..rows import new_token, task_from_row
 from ..wakeups import notify_partitions, notify_settled
-from .heads import PgHeads
+from .ratelimits import Claimed, PgRateLimitOps
 from .statements import Row
 
 __all__ = ("MAX_IDLE_CLAIMERS", "ClaimRequest", "Claimed", "PgClaimOps")
@@ -31,9 +33,6 @@ _Row = Row
 
 MAX_IDLE_CLAIMERS = 64
 """Claim batchers (one per queue, order and minimum due age) kept before idle ones are dropped."""
-
-Claimed = tuple[list[_Row], bool]
-"""One claim's answer in a claim batch: its leased rows, and whether the queue has exhausted leases."""
 
 
 class ClaimRequest:
@@ -48,10 +47,19 @@ class ClaimRequest:
         self.partitions = partitions
 
 
-class PgClaimOps(PgHeads):
-    """The claim primitives of the PostgreSQL store."""
+class PgClaimOps(PgRateLimitOps):
+    """The claim primitives of the PostgreSQL store.
 
-    _claimers: dict[tuple[str, bool, float], Batcher[ClaimRequest, Claimed]]
+    A claim is one statement, ``UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE SKIP
+    LOCKED LIMIT n)) RETURNING ...``: claimers never wait for each other and never take the
+    same task. They scan partial indexes of pending tasks (of pending heads, per
+    partition, for ordered claims) and of running tasks for expired leases, so a claim
+    visits about what it returns however many tasks are in flight. A queue that declares
+    rate limits is claimed one transaction per batch under the queue's advisory lock
+    instead (:class:`~.ratelimits.PgRateLimitOps`).
+    """
+
+    _claimers: dict[tuple[str, bool, float, bool], Batcher[ClaimRequest, Claimed]]
 
     async def _claim_checked(
         self, queue: str, node_id: str, limit: int, lease: float, parts: list[int] | None, ordered: bool, due_age: float
@@ -69,7 +77,8 @@ class PgClaimOps(PgHeads):
         last attempt are dead-lettered and the claim is topped up; the claim's rows say
         whether any exist (a statement that leased nothing asks with one more), so a claim
         costs one round trip when there are none. A cancelled caller's tasks are handed
-        back in the background.
+        back in the background. In a queue that declares rate limits, each claim is a
+        transaction of its own that takes its tasks' tokens (see :mod:`.ratelimits`).
 
         Raises:
             StoreConnectionError: the server stayed unreachable.
@@ -95,22 +104,28 @@ class PgClaimOps(PgHeads):
             return set()
         filtered = self._partition_filter(parts)
 
-        async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+        limited = await self._queue_limited(queue)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> set[int]:
             name = "claimable_partitions"
+            heads = False
             if ordered:
                 if queue not in self._kept_queues and await self._fetch(conn, "kept_queues", queues=[queue]):
                     self._kept_queues.add(queue)
                 # Heads are kept only for queues claimed in order at least once; before the
                 # first ordered claim every due task counts (as on SQLite: the claim it wakes
                 # computes the heads).
-                if queue in self._kept_queues:
+                heads = queue in self._kept_queues
+                if heads:
                     name = "claimable_partitions_ordered"
-            return await self._fetch(
+            if limited:  # work whose buckets are empty does not count (its refill is scheduled)
+                return await self._claimable_limited(conn, queue, filtered, heads, due_age)
+            rows = await self._fetch(
                 conn, name, queue=queue, partitions=filtered, min_due_age_s=due_age, now=self._now()
             )
+            return {int(r[0]) for r in rows}
 
-        rows = await self._run(op, what="look for claimable partitions", tx=False, ambiguous_ok=True)
-        return {int(r[0]) for r in rows}
+        return await self._run(op, what="look for claimable partitions", tx=False, ambiguous_ok=True)
 
     def _partition_filter(self, parts: list[int] | None) -> list[int] | None:
         """The claim's partition filter: None (no filter) when ``parts`` names every partition.
@@ -162,8 +177,12 @@ class PgClaimOps(PgHeads):
         }
         name = "claim_ordered" if ordered else "claim"
 
-        def op_for(n: int) -> Coroutine[Any, Any, list[_Row]]:
-            return self._claim_statement(name, {**params, "limit": n})
+        limited = await self._queue_limited(queue)
+
+        async def op_for(n: int) -> list[_Row]:
+            if limited:
+                return (await self._claim_limited(queue, ordered, due_age, [(node_id, n, lease, parts)]))[0][0]
+            return await self._claim_statement(name, {**params, "limit": n})
 
         if parts is None:
             rows = await op_for(limit)
@@ -171,7 +190,7 @@ class PgClaimOps(PgHeads):
             # claim's own snapshot); only an empty claim does not know, and asks.
             exhausted = bool(rows[0][21]) if rows else await self._any_exhausted(queue)
         else:
-            rows, exhausted = await self._claimer(queue, ordered, due_age).submit(
+            rows, exhausted = await self._claimer(queue, ordered, due_age, limited).submit(
                 ClaimRequest(node_id, limit, lease, parts)
             )
         dead = 0
@@ -194,16 +213,20 @@ class PgClaimOps(PgHeads):
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, len(settled))
         return tasks
 
-    def _claimer(self, queue: str, ordered: bool, due_age: float) -> Batcher[ClaimRequest, Claimed]:
-        """The batcher of claims on ``queue`` with this order and minimum due age."""
-        shape = (queue, ordered, due_age)
+    def _claimer(self, queue: str, ordered: bool, due_age: float, limited: bool) -> Batcher[ClaimRequest, Claimed]:
+        """The batcher of claims on ``queue`` with this order and minimum due age (``limited``: with rate limits)."""
+        shape = (queue, ordered, due_age, limited)
         claimer = self._claimers.get(shape)
         if claimer is None:
             if len(self._claimers) >= MAX_IDLE_CLAIMERS:
                 for old in [k for k, b in self._claimers.items() if b.idle]:
                     del self._claimers[old]
             claimer = self._claimers[shape] = Batcher(
-                lambda requests: self._claim_batch(queue, ordered, due_age, requests),
+                (
+                    (lambda requests: self._claim_limited_batch(queue, ordered, due_age, requests))
+                    if limited
+                    else (lambda requests: self._claim_batch(queue, ordered, due_age, requests))
+                ),
                 self.config.max_batch_ops,
                 key=lambda r: r.node_id,  # a batch's rows are told apart by their lease owner
                 name="asynccoord-pg-claim",
@@ -265,6 +288,14 @@ class PgClaimOps(PgHeads):
         for row in rows:
             mine[row[11]].append(row)
         return [(mine[r.node_id], exhausted) for r in requests]
+
+    async def _claim_limited_batch(
+        self, queue: str, ordered: bool, due_age: float, requests: Sequence[ClaimRequest]
+    ) -> list[Claimed]:
+        """Run ``requests`` (distinct node ids) in one limited claim transaction (see :meth:`_claim_limited`)."""
+        return await self._claim_limited(
+            queue, ordered, due_age, [(r.node_id, r.limit, r.lease_s, r.partitions) for r in requests]
+        )
 
     def _orphaned_claim(self, _request: ClaimRequest, outcome: Claimed) -> None:
         """Hand back the tasks a batch leased for a claim whose caller is gone."""

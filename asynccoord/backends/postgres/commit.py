@@ -59,7 +59,17 @@ class CommitItem:
 
 
 class PgCommitOps(PgHeads):
-    """The commit primitives of the PostgreSQL store."""
+    """The commit primitives of the PostgreSQL store.
+
+    A commit is a compare-and-set on ``(id, lease_token, version)`` plus a live lease,
+    fenced (``fences=``) in the same transaction: the queues' shared locks are taken
+    first, then the row locks of the keys of queues that keep heads, then the fence rows.
+    Concurrent ``complete`` calls of a process are group-committed: one transaction and
+    one statement (the server-side function ``coord_complete_batch``) per batch, so a
+    batch costs one round trip. ``complete_and_claim_next`` rides the same batch: the
+    function also leases each continuing task's next head to the task's owner, in the
+    commit's transaction, and notifies nobody of it.
+    """
 
     _committer: Batcher[CommitItem, Task | CoordError]
 

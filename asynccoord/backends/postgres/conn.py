@@ -3,26 +3,8 @@
 Every statement of :class:`~asynccoord.backends.postgres.store.PostgresStore` runs through
 :class:`PgRunner`, the one place where driver exceptions become the package's
 :class:`~asynccoord.errors.StoreError` subclasses (the driver's exception kept as
-``__cause__``):
-
-* connection loss (server restart, ``pg_terminate_backend``, network) ->
-  :class:`~asynccoord.errors.StoreConnectionError`;
-* serialization failures, deadlocks, lock and statement timeouts ->
-  :class:`~asynccoord.errors.StoreBusyError`;
-* anything else -> :class:`~asynccoord.errors.StoreError`.
-
-Before mapping, the runner retries with exponential backoff and jitter for up to
-``reconnect_timeout_s``: a conflict (serialization failure, deadlock, a race on a unique
-index) and a connection lost *before* the transaction's COMMIT was sent are always
-retried, since nothing was written. A connection lost *during* the COMMIT (or during a
-single autocommit statement) leaves the outcome unknown; the operation is retried only
-when it says it is safe (``ambiguous_ok``), and it is told the attempt number so it can
-recognize its own earlier success (a compare-and-set that already went through).
-
-:class:`PgListener` keeps one extra connection per store LISTENing on the store's
-channel and feeds the notifications to the store's in-process
-:class:`~asynccoord.notify.WorkNotifier`, reconnecting with backoff when the
-connection drops (nodes keep polling meanwhile).
+``__cause__``), after retries with exponential backoff and jitter; :class:`PgListener`
+carries LISTEN/NOTIFY wake-ups between processes.
 """
 
 from __future__ import annotations
@@ -162,7 +144,20 @@ class Connector:
 
 
 class PgRunner:
-    """Runs units of work on a pool with the retry rules of the module docstring.
+    """Runs units of work on a pool, retrying, and maps the driver's errors.
+
+    Errors map to connection loss (server restart, ``pg_terminate_backend``, network) ->
+    :class:`~asynccoord.errors.StoreConnectionError`; serialization failures, deadlocks,
+    lock and statement timeouts -> :class:`~asynccoord.errors.StoreBusyError`; anything
+    else -> :class:`~asynccoord.errors.StoreError`.
+
+    Before mapping, the runner retries with exponential backoff and jitter for up to
+    ``reconnect_timeout_s``. A conflict (serialization failure, deadlock, a race on a
+    unique index) and a connection lost before the transaction's COMMIT was sent are
+    always retried, since nothing was written. A connection lost during the COMMIT (or a
+    single autocommit statement) leaves the outcome unknown: the operation is retried only
+    when it says it is safe (``ambiguous_ok``), and it is told the attempt number so it
+    can recognize its own earlier success (a compare-and-set that already went through).
 
     Args:
         reconnect_timeout_s: How long retries go on before the error is raised, seconds.
@@ -337,6 +332,14 @@ def encode_notification(sender: str, queue: str, count: int, partitions: Collect
 
 class PgListener:
     """One LISTEN connection feeding a :class:`WorkNotifier`, reconnecting when it drops.
+
+    An enqueue of due tasks, or a commit that unblocks a key, notifies the store's
+    channel with the queue, the count and the partitions. Each process's listener wakes
+    at most that many of its idle nodes that own one of the partitions; polling with
+    backoff stays as the fallback, and nodes keep polling while the connection is down.
+    A commit's notification names exactly the heads it promoted and did not lease to a
+    continuation, and wakes the committing process's own nodes too. An enqueue wakes its
+    own process's nodes at once, and the listener ignores its echo.
 
     Args:
         connect: Opens a new connection (same settings as the pool's).

@@ -4,8 +4,8 @@ Only queues claimed in order keep heads (``coord_ordered_queues``): the first or
 claim or continuation of a queue computes them (``coord_keep_heads``, under the queue's
 exclusive advisory lock); every transition that changes a key's active set share-locks
 its queue and, if the queue keeps heads, locks the key's row in ``coord_task_keys``
-(sorted) before it writes, and promotes the key's next head after. See the store's
-module docstring for the whole protocol.
+(sorted) before it writes, and promotes the key's next head after. See
+:class:`PgHeads` for the whole protocol.
 """
 
 from __future__ import annotations
@@ -31,7 +31,21 @@ def key_arrays(pairs: Collection[tuple[str, str]]) -> dict[str, list[str]]:
 
 
 class PgHeads(PgStatements):
-    """Key locks and head upkeep, shared by the claim, commit and settle statements."""
+    """Key locks and head upkeep, shared by the claim, commit and settle statements.
+
+    Per-key order is kept by the ``is_head`` column (the earliest active task of a
+    ``(queue, partition_key)``; ordered claims scan only heads). Only queues claimed in
+    order keep heads (``coord_ordered_queues``; the first ordered claim or continuation
+    of a queue computes them, ``coord_keep_heads``), so a queue claimed without order
+    pays no key lock and no promotion (its ``is_head`` is NULL). The database enforces at
+    most one head per key (unique partial index ``coord_tasks_one_head``). Every
+    transition that changes a key's active set (enqueue, complete, dead-letter, requeue)
+    first takes a shared advisory lock on its queue (which that first ordered claim takes
+    exclusively) and, if the queue keeps heads, the key's row lock in ``coord_task_keys``
+    (sorted), so head upkeep always sees the committed state of the key. Promotion finds
+    a key's earliest active task as the lower of its head and its earliest non-head
+    active task (``coord_tasks_key_order`` holds only those).
+    """
 
     _kept_queues: set[str]
     _keeping: dict[str, asyncio.Future[None]]

@@ -17,7 +17,7 @@ import asyncpg
 
 from ... import events as ev
 from ...contract.queue import PreparedTask
-from ...errors import InvalidArgumentError, LeaseLostError, TaskNotFoundError
+from ...errors import LeaseLostError, TaskNotFoundError
 from ...models import EnqueueResult, PurgeResult, QueueStats, Task, TaskStatus
 from ..batch import Batcher
 from ..rows import task_from_row
@@ -52,16 +52,15 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         """Add tasks in one transaction; a repeated idempotency key returns the existing task.
 
         Raises:
+            InvalidArgumentError: a task names a limit key of a dimension its queue does
+                not declare (nothing written).
             StoreConnectionError: the server stayed unreachable (when every task has an
                 idempotency key the enqueue is retried even after an unknown outcome).
         """
         if not prepared:
             return []
-        if any(p.limit_keys for p in prepared):  # never enqueue a task whose limits nothing would enforce
-            raise InvalidArgumentError(
-                "limit_keys: rate limits are not enforced by the PostgreSQL store yet (SQLite and memory enforce them)"
-            )
         self._writable()
+        await self._check_dimensions(prepared)  # a read, only when a task names limit keys
         columns = {
             "queues": [p.queue for p in prepared],
             "partition_keys": [p.partition_key for p in prepared],
@@ -71,6 +70,7 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             "priorities": [p.priority for p in prepared],
             "max_attempts": [p.max_attempts for p in prepared],
             "delays": [p.delay_s for p in prepared],
+            "limit_keys": [p.limit_keys_json for p in prepared],
         }
         pairs = sorted({(p.queue, p.partition_key) for p in prepared})
         due: dict[str, set[int]] = {}
@@ -282,6 +282,19 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         if rows:
             self.notifier.notify(queue, len(rows), {int(r[3]) for r in rows})
         return len(rows)
+
+    async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids); return how many.
+
+        Dead tasks hold no head (``is_head`` is kept for pending and running tasks), so no
+        head upkeep follows (this store keeps the ``skip`` policy only).
+        """
+        self._writable()
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> int:
+            return len(await self._fetch(conn, "discard_dead", queue=queue, ids=ids))
+
+        return await self._run(op, what="discard_dead")
 
     async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (one statement)."""

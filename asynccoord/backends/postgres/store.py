@@ -1,61 +1,12 @@
 """The multi-machine store: PostgreSQL through asyncpg (extra ``postgres``).
 
-One :class:`PostgresStore` per process and database; any number of nodes in the
-process share it (and its connection pool), and any number of processes on any number
-of machines open the same database. Semantics are those of the storage contract
-(:mod:`asynccoord.contract`), the same as the SQLite and in-memory stores; the
-contract test suite runs unchanged on all of them.
-
-How the contract is kept under concurrent transactions (READ COMMITTED):
-
-* **Claims** are one statement, ``UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE
-  SKIP LOCKED LIMIT n)) RETURNING ...``: claimers never wait for each other and never take
-  the same task. They scan partial indexes of pending tasks (of pending heads, per
-  partition, for ordered claims) and of running tasks for expired leases, so a claim
-  visits about what it returns however many tasks are in flight.
-* **Per-key ordering** is kept by the ``is_head`` column (the earliest active task of a
-  ``(queue, partition_key)``; ordered claims scan only heads), in the queues that keep
-  heads: only queues claimed in order (``coord_ordered_queues``; the
-  first ordered claim or continuation of a queue computes its heads, ``coord_keep_heads``),
-  so a queue that nodes claim without order pays no key lock and no promotion (its active
-  tasks' ``is_head`` is NULL, outside the index that only head upkeep reads). The database
-  enforces at most one head per key (unique partial index ``coord_tasks_one_head``), and
-  every transition that changes a key's active set (enqueue, complete, dead-letter,
-  requeue) first takes a shared advisory lock on its queue (which that first ordered claim
-  takes exclusively) and, if the queue keeps heads, the key's row lock in
-  ``coord_task_keys`` (sorted), so head upkeep always sees the committed state of the key,
-  never a racy snapshot. Promotion finds a key's earliest active task as the lower of its
-  head and its earliest active task that is not one (``coord_tasks_key_order`` holds only
-  those, so a promotion or a head's claim writes no entry there).
-* **Commits** are compare-and-set on ``(id, lease_token, version)`` plus a live lease,
-  fenced (``fences=``) in the same transaction: the queues' shared locks are taken first,
-  then the row locks of the keys of queues that keep heads, then the fence rows.
-  Concurrent ``complete`` calls of a process are group-committed: one transaction per
-  batch of whatever is waiting, and one statement, the server-side function
-  ``coord_complete_batch``, so a batch costs one round trip.
-* **Commit-and-continue** (``complete_and_claim_next``) rides the same batch: the
-  function also leases, for each continuing task, its key's next head to the
-  task's owner, in the commit's statement and transaction, and notifies nobody of it.
-* **Time** is the server's clock (``coord_now()``, i.e. ``statement_timestamp()``), for
-  every lease, run_at and heartbeat; machines never compare their own clocks.
-* **Connection loss** is retried with backoff at one boundary (:mod:`._pgconn`); a
-  commit whose outcome is unknown is repeated safely (compare-and-set, and a retried
-  commit recognizes its own earlier success), so nothing is lost or committed twice.
-  When retries give up, :class:`~asynccoord.errors.StoreConnectionError` is raised.
-* **Wake-ups** cross processes with LISTEN/NOTIFY: an enqueue of due tasks, or a commit
-  that unblocks a key, notifies the store's channel with the queue, the count and the
-  partitions; each process' listener wakes at most that many of its idle nodes that own
-  one of the partitions (polling with backoff stays as the fallback). A commit's
-  notification names exactly the keys' heads it promoted and did not lease to a
-  continuation, and wakes the committing process's own nodes too (a conversation that
-  ended, or one continued by its node, wakes nobody); an enqueue wakes its own process's
-  nodes at once and the listener ignores its echo.
-
-Payloads and results are JSON kept as ``text`` (``jsonb`` cannot hold ``\\u0000`` and
-reorders keys). The schema (``sql/migration_0001.sql``, and any later
-``migration_NNNN.sql``) is applied at open under an advisory lock; a database of a newer
-schema, or of a development version before 0.1.0, is refused with
-:class:`~asynccoord.errors.SchemaVersionError` (see :mod:`..schema`).
+One :class:`PostgresStore` per process and database, shared by the process's nodes, and
+any number of processes on any number of machines open the same database. It keeps the
+storage contract (:mod:`asynccoord.contract`) under READ COMMITTED with the job-queue
+pattern of ``FOR UPDATE SKIP LOCKED`` claims and unique partial indexes for per-key
+order. The claim, head, commit, rate-limit and connection rules are
+on :class:`~.claim.PgClaimOps`, :class:`~.heads.PgHeads`, :class:`~.commit.PgCommitOps`,
+:class:`~.ratelimits.PgRateLimitOps` and :class:`~.conn.PgRunner`.
 """
 
 from __future__ import annotations
@@ -102,6 +53,7 @@ from .conn import (
     PgRunner,
     map_pg_error,
 )
+from .deadletters import PostgresDeadLetterOps
 from .locks import PostgresLockOps
 from .membership import PostgresMembershipOps
 from .monitor import PostgresMonitorOps
@@ -142,19 +94,43 @@ _SETTLE_S = 2.0
 """Longest ``close()`` waits for connection attempts that cancelled calls left running, seconds."""
 
 
-class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps):
+class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps, PostgresDeadLetterOps):
     """The whole storage contract on one PostgreSQL database (queue, locks, membership, monitor).
 
     Use as ``async with PostgresStore("postgresql://user@host/db") as store: ...`` or
     call :meth:`open` / :meth:`close`. Methods are those of
     :class:`asynccoord.contract.store.Store` (plus ``LockStore``, ``MembershipStore`` and
-    ``MonitorStore``), with the same semantics as :class:`~asynccoord.SQLiteStore`.
+    ``MonitorStore``), with the same semantics as :class:`~asynccoord.SQLiteStore`; the
+    contract test suite runs unchanged on both.
+
+    Claims are one ``UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE SKIP LOCKED
+    LIMIT n)) RETURNING`` (see :class:`~.claim.PgClaimOps`); per-key order and
+    lock permit limits are enforced by unique indexes. Every lease, run_at
+    and heartbeat is judged by the server's clock (``coord_now()``, i.e.
+    ``statement_timestamp()``); machines never compare their own clocks. Lost connections
+    are retried for up to ``reconnect_timeout_s`` (see :class:`~.conn.PgRunner`), then
+    raise :class:`~asynccoord.errors.StoreConnectionError`; nothing is lost or committed
+    twice. A store call cancelled while the pool opens it a connection returns at once,
+    but the attempt runs to its end in the background and its connection is closed (see
+    :class:`~.conn.Connector` for the asyncpg log line this avoids). Idle nodes wake on
+    LISTEN/NOTIFY (see :class:`~.conn.PgListener`).
+
+    Payloads and results are JSON kept as ``text`` (``jsonb`` cannot hold ``\\u0000`` and
+    reorders keys). The schema (``sql/migration_0001.sql`` and any later
+    ``migration_NNNN.sql``) is applied at open under an advisory lock; a database of a
+    newer schema, or of a development version before 0.1.0, is refused with
+    :class:`~asynccoord.errors.SchemaVersionError` (see :mod:`..schema`).
+
+    The store belongs to the event loop that opened it (its pool, listener and batches
+    do): open one per ``asyncio.run``. A call or ``open()`` from another loop raises
+    :class:`~asynccoord.errors.StoreLoopError` at once and writes nothing.
 
     Args:
         dsn: A libpq connection URI, ``postgresql://user:password@host:port/database``.
             Its query parameters are asyncpg's (``sslmode``, ...; others are sent to the
             server as settings), and libpq's ``connect_timeout`` (whole seconds, <= 0 for
-            no limit; default 10 s): how long opening one connection may take.
+            no limit; default 10 s): how long opening one connection may take. Sessions
+            show as ``application_name`` "asynccoord" unless the DSN names another.
         config: Store settings; default :class:`~asynccoord.config.StoreConfig`
             (``max_batch_ops`` bounds a group-committed batch; the SQLite-only fields
             are ignored).
@@ -174,7 +150,9 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         listen: Keep one more connection LISTENing for work notifications of other
             processes (wakes idle nodes at once). Default True.
         reconnect_timeout_s: How long an operation retries a lost connection (or a
-            conflict) with backoff before raising, seconds (> 0). Default 10.
+            conflict) with backoff before raising, seconds (> 0). Default 10. One store
+            call can spend that long reconnecting, so keep ``NodeConfig.lease_s`` well
+            above it: a commit whose lease ended meanwhile is not tried again.
         read_only: Apply no migration and refuse every write with
             :class:`~asynccoord.errors.ReadOnlyStoreError` (for inspection). Default False.
         idle_in_transaction_timeout_s: The server ends a session of this store left idle
@@ -270,9 +248,10 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         self._extender: Batcher[Renewal, set[tuple[int, str]]] = Batcher(
             self._extend_batch, self.config.max_batch_ops, name="asynccoord-pg-extend"
         )
-        # One claim batcher per (queue, ordered, min_due_age_s): the claims one statement
-        # serves. Idle ones are dropped when there are many (queues named on the fly).
-        self._claimers: dict[tuple[str, bool, float], Batcher[ClaimRequest, Claimed]] = {}
+        # One claim batcher per (queue, ordered, min_due_age_s, limited): the claims one statement
+        # (one transaction, for a queue with rate limits) serves. Idle ones are dropped when
+        # there are many (queues named on the fly).
+        self._claimers: dict[tuple[str, bool, float, bool], Batcher[ClaimRequest, Claimed]] = {}
 
     def __repr__(self) -> str:
         state = "open" if self._runner.pool is not None else "closed"
@@ -323,6 +302,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         # claim would wait on a future of a dead loop, and close() on it for 5 s.
         loop = asyncio.get_running_loop()
         self._keeping.clear()
+        self._limited_probes.clear()  # likewise, and the answers about the queues of another database
+        self._limited_queues.clear()
         self._background = {t for t in self._background if t.get_loop() is loop}
         try:
             pool = await asyncpg.create_pool(
@@ -402,9 +383,10 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
     async def close(self) -> None:
         """Finish queued commits, stop the listener and close the pool. Idempotent.
 
-        Called from another event loop than ``open()``'s, it only drops the connections
-        (the pool and the listener belong to that loop; nothing queued there can still be
-        waited for).
+        Connection attempts that cancelled calls left running are waited for up to 2 s
+        (the connect timeout if shorter), then cancelled. Called from another event loop
+        than ``open()``'s, it only drops the connections (the pool and the listener belong
+        to that loop; nothing queued there can still be waited for).
         """
         if self._runner.pool is not None and self._runner.loop is not asyncio.get_running_loop():
             listener, self._listener = self._listener, None
@@ -420,6 +402,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         for claimer in list(self._claimers.values()):
             await claimer.flush()
         self._claimers.clear()
+        self._refill.cancel_all()
         if self._background:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._background), timeout=5.0)

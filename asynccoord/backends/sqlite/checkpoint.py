@@ -1,24 +1,10 @@
 """WAL checkpoints for SQLite on a connection of their own, ahead of the writer's.
 
-In WAL mode every commit appends pages to the ``-wal`` file; a *checkpoint* copies them
-back into the database file (and, with ``synchronous=NORMAL``, syncs both files to disk).
-SQLite runs one inside the commit that takes the log past ``wal_autocheckpoint`` pages
-(1,000), so that commit waits for every page copied since the last one.
-
-A :class:`WalCheckpointer` runs ``PRAGMA wal_checkpoint(PASSIVE)`` on its own connection
-(so its own thread) every ``interval_s`` seconds after the writer committed something. A
-passive checkpoint neither waits for nor blocks the writer: the writer keeps appending
-while pages already committed are copied back. The writer keeps SQLite's automatic
-checkpoint: under a steady stream of writes a passive checkpoint never catches up with
-the end of the log, and only a checkpoint between two of the writer's transactions lets
-SQLite start the log over (a larger automatic threshold let the log grow to 40 MB and
-the commit that finally checkpointed take 40 ms). The one in the commit now finds most
-pages copied already. Measured on a 20,000-task fill and drain (3 runs): time in
-``COMMIT`` 62 to 75 ms against 91 to 100 ms, the slowest commit 6 ms against 8 to 10 ms;
-under 6 s of sustained 150 KB batches, p99 commit 13.0 ms against 13.7 ms, the slowest
-16 ms against 21 ms, the log at most 5.6 MB against 4.4 MB. See
-https://www.sqlite.org/wal.html#application_initiated_checkpoints and
-https://www.sqlite.org/c3ref/wal_checkpoint_v2.html.
+In WAL mode every commit appends pages to the ``-wal`` file, and SQLite copies them back
+into the database inside the commit that takes the log past ``wal_autocheckpoint`` pages,
+so that commit waits for the whole copy. A :class:`WalCheckpointer` runs passive
+checkpoints on a connection of its own ahead of it, as SQLite's documentation suggests
+for application-initiated checkpoints (https://www.sqlite.org/wal.html).
 """
 
 from __future__ import annotations
@@ -40,6 +26,24 @@ log = logging.getLogger(__name__)
 
 class WalCheckpointer:
     """Checkpoints one SQLite file's WAL in the background.
+
+    In WAL mode every commit appends pages to the ``-wal`` file; a *checkpoint* copies them
+    back into the database file (and, with ``synchronous=NORMAL``, syncs both files to disk).
+    SQLite runs one inside the commit that takes the log past ``wal_autocheckpoint`` pages
+    (1,000), so that commit waits for every page copied since the last one.
+
+    A :class:`WalCheckpointer` runs ``PRAGMA wal_checkpoint(PASSIVE)`` on its own connection
+    (so its own thread) every ``interval_s`` seconds after the writer committed something. A
+    passive checkpoint neither waits for nor blocks the writer: the writer keeps appending
+    while pages already committed are copied back. The writer keeps SQLite's automatic
+    checkpoint: under a steady stream of writes a passive checkpoint never catches up with
+    the end of the log, and only a checkpoint between two of the writer's transactions lets
+    SQLite start the log over (a larger automatic threshold let the log grow to 40 MB and
+    the commit that finally checkpointed take 40 ms). The one in the commit then finds most
+    pages copied already, which shortens the time spent in ``COMMIT`` and the slowest
+    commits (see benchmarks/README.md). See
+    https://www.sqlite.org/wal.html#application_initiated_checkpoints and
+    https://www.sqlite.org/c3ref/wal_checkpoint_v2.html.
 
     Args:
         path: The database file (not ``:memory:``).

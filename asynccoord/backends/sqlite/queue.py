@@ -27,6 +27,7 @@ from ..base import StoreBase
 from ..rows import decode_json, new_token, settled_done, task_from_row
 from ..sqlfiles import load_queries
 from ..wakeups import notify_partitions
+from .deadletters import recompute_heads
 from .locks import check_fence
 from .ratelimits import claim_limited
 
@@ -531,6 +532,19 @@ class SQLiteQueueOps(StoreBase):
             return len(rows)
 
         return int(await self._write(op))
+
+    async def _discard_dead_checked(self, queue: str, checked_ids: list[int] | None) -> int:
+        """Delete dead tasks of ``queue`` (all, or those ids) and recompute their keys' heads; return how many."""
+        ids = None if checked_ids is None else json.dumps(checked_ids)
+
+        def op(db: sqlite3.Connection, now: float) -> list[tuple[str, str, int]]:
+            rows: list[tuple[str, str, int]] = db.execute(Q["discard_dead"], {"queue": queue, "ids": ids}).fetchall()
+            recompute_heads(db, [(r[0], r[1]) for r in rows])
+            return rows
+
+        rows = await self._write(op)
+        notify_partitions(self.notifier, [(r[0], int(r[2])) for r in rows])  # a key it held may go on
+        return len(rows)
 
     async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (a read)."""

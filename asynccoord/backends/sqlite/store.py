@@ -41,6 +41,7 @@ from ...validation import check_bool, check_clock
 from ..schema import REVISION_KEY, check_revision
 from ..sqlfiles import load_migrations, load_queries
 from .checkpoint import WalCheckpointer
+from .deadletters import SQLiteDeadLetterOps
 from .locks import SQLiteLockOps
 from .membership import SQLiteMembershipOps
 from .monitor import SQLiteMonitorOps
@@ -109,12 +110,20 @@ def _read_only_file(path: str, reason: str) -> ReadOnlyStoreError:
     )
 
 
-class SQLiteStore(SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps):
-    """Task queue (and, in later modules, locks and membership) on one SQLite file.
+class SQLiteStore(
+    SQLiteQueueOps, SQLiteLockOps, SQLiteMembershipOps, SQLiteMonitorOps, SQLiteRateLimitOps, SQLiteDeadLetterOps
+):
+    """The whole storage contract (queue, locks, membership, monitor) on one SQLite file.
 
     Use as ``async with SQLiteStore("bot.db") as store: ...`` or call
     :meth:`open` / :meth:`close`. Methods are those of
     :class:`asynccoord.contract.store.Store`.
+
+    The store belongs to the event loop that opened it (its writer task and connection
+    do): open one per ``asyncio.run``. A call or ``open()`` from another loop raises
+    :class:`~asynccoord.errors.StoreLoopError` at once and writes nothing, and a node on
+    such a store fails as on a closed one; ``close()`` from another loop only releases
+    the connections.
 
     Args:
         path: Database file (created if missing). ``":memory:"`` works for a single

@@ -1,35 +1,9 @@
 """Cross-process wake-ups for SQLite: a Unix datagram socket per store, registered beside the database.
 
-SQLite has no NOTIFY, so work another process enqueued was found only by the runtime's
-idle poll (:mod:`asynccoord.node.idlepoll`), up to ``idle_max_s`` later. Each open
-:class:`~asynccoord.backends.sqlite.store.SQLiteStore` now binds a Unix datagram socket in
-a directory beside the database (``<database>-wakeup/``, one socket file per store,
-named ``<pid>-<random>``). After a write transaction commits, what the store tells its
-own :class:`~asynccoord.notify.WorkNotifier` (queue, count, partitions with new claimable
-work) is also sent, coalesced per event-loop iteration, as one small JSON datagram to
-every other socket of the directory; each receiving store hands it to its own notifier,
-which wakes at most ``count`` of its idle nodes owning one of the partitions (none in a
-process that owns none of them: no thundering herd). This is the shape of PostgreSQL's
-LISTEN/NOTIFY channel (:class:`~asynccoord.backends.postgres.conn.PgListener`) with the
-kernel as the server.
-
-Why not a file watcher (inotify on the ``-wal`` file, e.g. watchfiles, plus
-``PRAGMA data_version``) or a ``data_version`` probe on a tight interval: every write of
-any process (heartbeats, commits, lock renewals) would wake every process, which would
-then have to read the database to learn whether any of its nodes has work, and nothing
-names the partitions; a probe also costs CPU while idle. A datagram names the
-partitions, costs nothing while idle (the socket sits in the event loop's selector: no
-timer, no thread, no write), and arrives in tens of microseconds. The standard library's
-``socket`` and the event loop's ``add_reader`` do the job; no library is needed.
-
-Failure rules: a wake-up is a hint, never the only way work is found; a lost one leaves
-the work to the idle poll, as before. Sends never block (a full receiver is skipped); a
-send that finds nobody bound to a socket file (``ECONNREFUSED``: its process died,
-``kill -9`` included) or the file gone (``ENOENT``) unlinks it, so a dead process costs
-the others one failed send. A directory that cannot be made, or a socket that cannot be
-bound, leaves the store without the channel (logged); the store works as before. Unix
-only (``AF_UNIX``); a socket path longer than the kernel's limit goes through
-``/proc/self/fd`` on Linux.
+SQLite has no NOTIFY, so each open store binds a :class:`WakeupChannel` and sends the
+wake-ups it gives its own :class:`~asynccoord.notify.WorkNotifier` to the other stores of
+the database as small datagrams. This is the shape of PostgreSQL's LISTEN/NOTIFY channel
+(:class:`~asynccoord.backends.postgres.conn.PgListener`) with the kernel as the server.
 """
 
 from __future__ import annotations
@@ -101,6 +75,35 @@ class SharedNotifier(WorkNotifier):
 
 class WakeupChannel:
     """One store's datagram socket: receives other processes' notifications and sends its own.
+
+    Without it, work another process enqueued is found only by the runtime's idle poll
+    (:mod:`asynccoord.node.idlepoll`), up to ``idle_max_s`` later. Each open
+    :class:`~asynccoord.backends.sqlite.store.SQLiteStore` binds a Unix datagram socket in
+    a directory beside the database (``<database>-wakeup/``, one socket file per store,
+    named ``<pid>-<random>``). After a write transaction commits, what the store tells its
+    own :class:`~asynccoord.notify.WorkNotifier` (queue, count, partitions with new claimable
+    work) is also sent, coalesced per event-loop iteration, as one small JSON datagram to
+    every other socket of the directory; each receiving store hands it to its own notifier,
+    which wakes at most ``count`` of its idle nodes owning one of the partitions (none in a
+    process that owns none of them: no thundering herd).
+
+    Why not a file watcher (inotify on the ``-wal`` file, e.g. watchfiles, plus
+    ``PRAGMA data_version``) or a ``data_version`` probe on a tight interval: every write of
+    any process (heartbeats, commits, lock renewals) would wake every process, which would
+    then have to read the database to learn whether any of its nodes has work, and nothing
+    names the partitions; a probe also costs CPU while idle. A datagram names the
+    partitions, costs nothing while idle (the socket sits in the event loop's selector: no
+    timer, no thread, no write), and arrives in tens of microseconds. The standard library's
+    ``socket`` and the event loop's ``add_reader`` do the job; no library is needed.
+
+    Failure rules: a wake-up is a hint, never the only way work is found; a lost one leaves
+    the work to the idle poll. Sends never block (a full receiver is skipped); a
+    send that finds nobody bound to a socket file (``ECONNREFUSED``: its process died,
+    ``kill -9`` included) or the file gone (``ENOENT``) unlinks it, so a dead process costs
+    the others one failed send. A directory that cannot be made, or a socket that cannot be
+    bound, leaves the store without the channel (logged); the store works without it. Unix
+    only (``AF_UNIX``); a socket path longer than the kernel's limit goes through
+    ``/proc/self/fd`` on Linux.
 
     Use :meth:`open` (a classmethod) in the event loop that will serve it; :meth:`close`
     when the store closes. Not thread-safe (one event loop).

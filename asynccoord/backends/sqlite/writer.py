@@ -1,27 +1,10 @@
 """Group commit for SQLite: one writer per connection batches every caller's writes.
 
 SQLite admits one writer at a time and a commit costs far more than the statements in
-it, so each process keeps one connection and one writer task. Callers submit an
-*operation* (a plain function run inside the transaction on the connection's thread)
-and await its future; the writer takes everything queued, runs it as one
-``BEGIN IMMEDIATE ... COMMIT`` on aiosqlite's thread, and resolves the futures. The
-thread takes the next batch itself as soon as one commits (several batches per thread
-hop, not one hop per statement), so the event loop handles one batch's results while
-the database commits the next. The idea is the group commit
-of DeWitt et al., "Implementation techniques for main memory database systems",
-SIGMOD 1984, as used by every write-ahead-logging database since.
-
-Operations report expected outcomes (a lost lease, a duplicate key) as return
-values, not exceptions. If one raises, the batch is rolled back and each of its
-operations is re-run in a transaction of its own, so a faulty operation fails only
-its own caller.
-
-Cancellation: an operation whose caller was cancelled before the batch started is
-skipped. If the caller is cancelled while its operation commits, the result has no
-receiver; an operation may carry an ``undo`` that turns such a result into a
-compensating operation (a claim hands its tasks back, a lock acquire releases it),
-so a cancelled caller never leaves work leased or a lock held with nobody to
-release it.
+it, so each process keeps one connection and one :class:`GroupCommitter` that runs every
+queued caller's operation in one ``BEGIN IMMEDIATE ... COMMIT``: the group commit of
+DeWitt et al., "Implementation techniques for main memory database systems", SIGMOD 1984,
+as used by every write-ahead-logging database since.
 """
 
 from __future__ import annotations
@@ -165,6 +148,29 @@ class _Pending(Generic[T]):
 
 class GroupCommitter:
     """The single writer of one aiosqlite connection.
+
+    SQLite admits one writer at a time and a commit costs far more than the statements in
+    it, so each process keeps one connection and one writer task. Callers submit an
+    *operation* (a plain function run inside the transaction on the connection's thread)
+    and await its future; the writer takes everything queued, runs it as one
+    ``BEGIN IMMEDIATE ... COMMIT`` on aiosqlite's thread, and resolves the futures. The
+    thread takes the next batch itself as soon as one commits (several batches per thread
+    hop, not one hop per statement), so the event loop handles one batch's results while
+    the database commits the next. The idea is the group commit
+    of DeWitt et al., "Implementation techniques for main memory database systems",
+    SIGMOD 1984, as used by every write-ahead-logging database since.
+
+    Operations report expected outcomes (a lost lease, a duplicate key) as return
+    values, not exceptions. If one raises, the batch is rolled back and each of its
+    operations is re-run in a transaction of its own, so a faulty operation fails only
+    its own caller.
+
+    Cancellation: an operation whose caller was cancelled before the batch started is
+    skipped. If the caller is cancelled while its operation commits, the result has no
+    receiver; an operation may carry an ``undo`` that turns such a result into a
+    compensating operation (a claim hands its tasks back, a lock acquire releases it),
+    so a cancelled caller never leaves work leased or a lock held with nobody to
+    release it.
 
     Args:
         conn: An open aiosqlite connection in autocommit mode (``isolation_level=None``).

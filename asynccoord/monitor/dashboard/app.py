@@ -1,19 +1,8 @@
 """The dashboard's web server (aiohttp): one page, its static files, the state as JSON and as server-sent events.
 
-Routes, all ``GET`` (``HEAD`` too); any other method is answered 405, so nothing can be
-written through it:
-
-* ``/`` - the page (``static/index.html``); ``/static/{name}`` - its script, style and the
-  vendored chart library (uPlot, MIT, its licence beside it);
-* ``/api/state`` - the whole state of the :class:`~asynccoord.monitor.dashboard.feed.Feed`;
-* ``/api/stream`` - the same as server-sent events (the WHATWG HTML standard's
-  ``text/event-stream``): the state first, then one event per change.
-
-Access (:func:`check_exposure`): on a loopback address the server answers only requests
-whose ``Host`` is a loopback name (a page on another site that rebinds its DNS name to
-127.0.0.1 is refused); on any other address it needs a token, and every request must
-carry it, as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN`` (the page passes it on to
-its files and stream), compared in constant time (:func:`hmac.compare_digest`).
+:func:`create_app` serves a :class:`~asynccoord.monitor.dashboard.feed.Feed` read-only
+over ``GET`` routes, streaming changes as server-sent events (the WHATWG HTML standard's
+``text/event-stream``), and refuses requests it cannot trust (:func:`check_exposure`).
 """
 
 from __future__ import annotations
@@ -197,6 +186,21 @@ def _read_static() -> dict[str, bytes]:
 
 def create_app(feed: Feed, *, token: str | None = None) -> web.Application:
     """The dashboard's aiohttp application over ``feed`` (started and stopped by the caller).
+
+    Routes, all ``GET`` (``HEAD`` too); any other method is answered 405, so nothing can be
+    written through it:
+
+    * ``/`` - the page (``static/index.html``); ``/static/{name}`` - its script, style and the
+      vendored chart library (uPlot, MIT, its licence beside it);
+    * ``/api/state`` - the whole state of the :class:`~asynccoord.monitor.dashboard.feed.Feed`;
+    * ``/api/stream`` - the same as server-sent events (the WHATWG HTML standard's
+      ``text/event-stream``): the state first, then one event per change.
+
+    Access (:func:`check_exposure`): on a loopback address the server answers only requests
+    whose ``Host`` is a loopback name (a page on another site that rebinds its DNS name to
+    127.0.0.1 is refused); on any other address it needs a token, and every request must
+    carry it, as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN`` (the page passes it on to
+    its files and stream), compared in constant time (:func:`hmac.compare_digest`).
 
     Args:
         feed: The state to serve.

@@ -1,19 +1,8 @@
 """The dashboard's data: status snapshots polled once, turned into a state and a stream of changes.
 
-:class:`Feed` calls one snapshot source (in ``python -m asynccoord dashboard``: the
-:func:`~asynccoord.cli.status.status_report` of a read-only store, the very report
-``status --json`` prints) every ``interval_s``, and keeps the dashboard's state from it: the
-latest report, a bounded history of points (per queue the depth by status and the tasks
-finished per second since the previous point; the enqueue-to-commit latency quantiles),
-the alerts seen firing that are firing no more (resolved, newest first), and any number of
-extra sections named by the caller (rate-limit buckets, say), each from a source of its
-own. The state is one JSON object of sections; a change is the sections whose value
-changed since the previous poll plus the new history point, so a page applies it with one
-shallow merge (the shape of a JSON merge patch, RFC 7396, at the top level only).
-
-One poller serves every subscriber: readers of the database do not multiply with the
-browsers open. A subscriber that falls behind (its buffer full) is sent the whole state
-again instead of the changes it missed.
+One :class:`Feed` polls one snapshot source for every browser, keeps the dashboard's state
+as one JSON object of sections, and streams each change as the sections that changed, in
+the shape of a top-level JSON merge patch (RFC 7396).
 """
 
 from __future__ import annotations
@@ -104,6 +93,21 @@ def _incident(alert: Mapping[str, Any]) -> tuple[str, str]:
 
 class Feed:
     """Polls a snapshot source and fans the dashboard's state and changes out to subscribers.
+
+    :class:`Feed` calls one snapshot source (in ``python -m asynccoord dashboard``: the
+    :func:`~asynccoord.cli.status.status_report` of a read-only store, the very report
+    ``status --json`` prints) every ``interval_s``, and keeps the dashboard's state from it: the
+    latest report, a bounded history of points (per queue the depth by status and the tasks
+    finished per second since the previous point; the enqueue-to-commit latency quantiles),
+    the alerts seen firing that are firing no more (resolved, newest first), and any number of
+    extra sections named by the caller (rate-limit buckets, say), each from a source of its
+    own. The state is one JSON object of sections; a change is the sections whose value
+    changed since the previous poll plus the new history point, so a page applies it with one
+    shallow merge (the shape of a JSON merge patch, RFC 7396, at the top level only).
+
+    One poller serves every subscriber: readers of the database do not multiply with the
+    browsers open. A subscriber that falls behind (its buffer full) is sent the whole state
+    again instead of the changes it missed.
 
     Args:
         status: Returns the status report (a dict shaped as ``status --json``).

@@ -52,16 +52,17 @@ SELECT coord_keep_heads(:queue::text);
 -- :ids are from next_task_ids; every column array has one item per task. Heads are set
 -- afterwards by promote_heads (an INSERT ... SELECT cannot see its own rows). is_head is
 -- false in the queues that keep heads (:kept_queues), NULL in the others (schema version 9:
--- outside coord_tasks_key_order, which only head upkeep reads).
+-- outside coord_tasks_key_order, which only head upkeep reads). :limit_keys: each task's
+-- keys as compact JSON, NULL for none (migration_0002.sql).
 INSERT INTO coord_tasks (id, queue, partition_key, partition, idempotency_key, payload, priority,
-                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at)
+                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at, limit_keys)
 SELECT u.id, u.queue, u.partition_key, u.partition, u.idempotency_key, u.payload, u.priority,
        'pending', CASE WHEN u.queue = ANY(:kept_queues::text[]) THEN false END, 0, u.max_attempts,
        coord_now(:now::float8) + u.delay_s, 0,
-       coord_now(:now::float8), coord_now(:now::float8)
+       coord_now(:now::float8), coord_now(:now::float8), u.limit_keys
   FROM unnest(:ids::bigint[], :queues::text[], :partition_keys::text[], :partitions::int[], :idempotency_keys::text[],
-              :payloads::text[], :priorities::int[], :max_attempts::int[], :delays::float8[])
-       AS u (id, queue, partition_key, partition, idempotency_key, payload, priority, max_attempts, delay_s)
+              :payloads::text[], :priorities::int[], :max_attempts::int[], :delays::float8[], :limit_keys::text[])
+       AS u (id, queue, partition_key, partition, idempotency_key, payload, priority, max_attempts, delay_s, limit_keys)
  ORDER BY u.id
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
@@ -138,6 +139,10 @@ RETURNING id, queue, partition_key;
 -- EXISTS in a target list as a hashed subplan, reading the whole of coord_processed at every
 -- claim, which it chose while the table's statistics were those of a young table (about 0.6
 -- ms a claim per 1,000 processed ids, growing with the table until the next ANALYZE).
+-- A task that names limit keys in a queue that declares limits is never taken here, nor by
+-- the other claims below (migration_0002.sql): the limited claim (ratelimits.sql) takes it
+-- with its tokens. The store runs that claim for such queues; this condition keeps a claim
+-- whose answer to "does the queue have limits" is stale from leasing a limited task.
 WITH exhausted AS (
     SELECT EXISTS (SELECT 1 FROM coord_tasks AS x
                     WHERE x.queue = :queue::text AND x.status = 'running'
@@ -146,6 +151,7 @@ pending AS (
     SELECT t.id, t.priority FROM coord_tasks AS t
      WHERE t.queue = :queue::text AND t.status = 'pending'
        AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
        AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
      ORDER BY t.priority DESC, t.id
      LIMIT :limit::int
@@ -154,6 +160,7 @@ expired AS (
     SELECT t.id, t.priority FROM coord_tasks AS t
      WHERE t.queue = :queue::text AND t.status = 'running'
        AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
        AND t.attempts < t.max_attempts
        AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
      ORDER BY t.priority DESC, t.id
@@ -187,6 +194,7 @@ everywhere AS (
     SELECT t.id, t.priority FROM coord_tasks AS t
      WHERE :partitions::int[] IS NULL AND t.queue = :queue::text AND t.is_head AND t.status = 'pending'
        AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
      ORDER BY t.priority DESC, t.id
      LIMIT :limit::int
      FOR UPDATE SKIP LOCKED),
@@ -195,6 +203,7 @@ owned AS (
      WHERE :partitions::int[] IS NOT NULL AND t.queue = :queue::text AND t.partition = ANY(:partitions::int[])
        AND t.is_head AND t.status = 'pending'
        AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
      ORDER BY t.priority DESC, t.id
      LIMIT :limit::int
      FOR UPDATE SKIP LOCKED),
@@ -202,6 +211,7 @@ expired AS (
     SELECT t.id, t.priority FROM coord_tasks AS t
      WHERE t.queue = :queue::text AND t.status = 'running'
        AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+       AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
        AND t.is_head
        AND t.attempts < t.max_attempts
        AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
@@ -246,6 +256,7 @@ picked AS (
             SELECT * FROM (SELECT t.id, t.priority FROM coord_tasks AS t
                             WHERE t.queue = :queue::text AND t.status = 'pending'
                               AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+                              AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
                               AND t.partition = ANY(r.parts)
                             ORDER BY t.priority DESC, t.id
                             LIMIT r.lim
@@ -254,6 +265,7 @@ picked AS (
             SELECT * FROM (SELECT t.id, t.priority FROM coord_tasks AS t
                             WHERE t.queue = :queue::text AND t.status = 'running'
                               AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+                              AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
                               AND t.attempts < t.max_attempts
                               AND t.partition = ANY(r.parts)
                             ORDER BY t.priority DESC, t.id
@@ -308,6 +320,7 @@ picked AS (
                                     AND t.partition >= q.partition AND t.partition <= q.partition
                                     AND t.is_head AND t.status = 'pending'
                                     AND t.run_at <= coord_now(:now::float8) - :min_due_age_s::float8
+                                    AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
                                   ORDER BY t.partition, t.priority DESC, t.id
                                   LIMIT r.lim
                                     FOR UPDATE SKIP LOCKED) AS h
@@ -315,6 +328,7 @@ picked AS (
             SELECT * FROM (SELECT t.id, t.priority FROM coord_tasks AS t
                             WHERE t.queue = :queue::text AND t.status = 'running'
                               AND t.lease_expires_at <= coord_now(:now::float8) - :min_due_age_s::float8
+                              AND (t.limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits AS l WHERE l.queue = :queue::text))
                               AND t.is_head
                               AND t.attempts < t.max_attempts
                               AND t.partition = ANY(r.parts)
@@ -502,6 +516,12 @@ RETURNING id, queue, partition_key, partition;
 -- PostgreSQL only: the keys requeue_dead will touch (locked before it runs).
 SELECT DISTINCT queue, partition_key FROM coord_tasks
  WHERE queue = :queue::text AND status = 'dead' AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]));
+
+-- name: discard_dead
+-- Dead tasks hold no head (is_head is kept for active tasks), so none moves.
+DELETE FROM coord_tasks
+ WHERE queue = :queue::text AND status = 'dead' AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]))
+RETURNING id;
 
 -- name: is_processed
 SELECT 1 FROM coord_processed WHERE consumer = :consumer::text AND message_id = :message_id::text;

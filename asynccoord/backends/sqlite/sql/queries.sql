@@ -17,7 +17,10 @@ INSERT INTO coord_tasks (queue, partition_key, partition, idempotency_key, paylo
 VALUES (:queue, :partition_key, :partition, :idempotency_key, :payload, :priority, 'pending',
         EXISTS (SELECT 1 FROM coord_ordered_queues WHERE queue = :queue)
         AND NOT EXISTS (SELECT 1 FROM coord_tasks AS e
-                         WHERE e.queue = :queue AND e.partition_key = :partition_key AND e.active = 1),
+                         WHERE e.queue = :queue AND e.partition_key = :partition_key AND e.active = 1)
+        AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings WHERE queue = :queue AND dead_letters = 'hold')
+                 AND EXISTS (SELECT 1 FROM coord_tasks AS d
+                              WHERE d.queue = :queue AND d.partition_key = :partition_key AND d.status = 'dead')),
         0, :max_attempts, :run_at, 0, :now, :now, :limit_keys)
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
@@ -30,8 +33,9 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 
 -- name: promote_heads
 -- :keys is a JSON array of [queue, partition_key] whose head may have left the active
--- set: mark each key's earliest active task as its head (ordered queues only). Returns the
--- queue and partition of every new head (claimable now, if due).
+-- set: mark each key's earliest active task as its head (ordered queues only), unless a dead
+-- task precedes it in a queue whose dead-letter policy is 'hold' (deadletters.sql). Returns
+-- the queue and partition of every new head (claimable now, if due).
 UPDATE coord_tasks SET is_head = 1
  WHERE is_head = 0 AND id IN (
     SELECT (SELECT t.id FROM coord_tasks AS t
@@ -40,15 +44,23 @@ UPDATE coord_tasks SET is_head = 1
              ORDER BY t.id LIMIT 1)
       FROM json_each(:keys) AS k
      WHERE json_extract(k.value, '$[0]') IN (SELECT queue FROM coord_ordered_queues))
+   AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings AS s WHERE s.queue = coord_tasks.queue AND s.dead_letters = 'hold')
+       AND EXISTS (SELECT 1 FROM coord_tasks AS d
+                    WHERE d.queue = coord_tasks.queue AND d.partition_key = coord_tasks.partition_key
+                      AND d.status = 'dead' AND d.id < coord_tasks.id))
 RETURNING queue, partition;
 
 -- name: recompute_heads
--- After tasks rejoin the active set out of order (requeue): heads of :keys from scratch
--- (ordered queues only).
+-- After tasks rejoin or leave the order out of turn (requeue, discard, a new dead-letter
+-- policy): heads of :keys from scratch (ordered queues only; held keys have none).
 UPDATE coord_tasks
    SET is_head = (id = (SELECT min(e.id) FROM coord_tasks AS e
                          WHERE e.queue = coord_tasks.queue AND e.partition_key = coord_tasks.partition_key
                            AND e.active = 1))
+                 AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings AS s WHERE s.queue = coord_tasks.queue AND s.dead_letters = 'hold')
+                      AND EXISTS (SELECT 1 FROM coord_tasks AS d
+                                   WHERE d.queue = coord_tasks.queue AND d.partition_key = coord_tasks.partition_key
+                                     AND d.status = 'dead' AND d.id < coord_tasks.id))
  WHERE active = 1 AND id IN (
     SELECT t.id FROM coord_tasks AS t, json_each(:keys) AS k
      WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
@@ -67,7 +79,11 @@ INSERT INTO coord_ordered_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO 
 -- ordered has no is_head = 1 rows (inserts set it only for ordered queues, every exit
 -- from the active set clears it), so marking each key's earliest active task suffices.
 UPDATE coord_tasks SET is_head = 1
- WHERE id IN (SELECT min(id) FROM coord_tasks WHERE queue = :queue AND active = 1 GROUP BY partition_key);
+ WHERE id IN (SELECT min(id) FROM coord_tasks WHERE queue = :queue AND active = 1 GROUP BY partition_key)
+   AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings AS s WHERE s.queue = coord_tasks.queue AND s.dead_letters = 'hold')
+       AND EXISTS (SELECT 1 FROM coord_tasks AS d
+                    WHERE d.queue = coord_tasks.queue AND d.partition_key = coord_tasks.partition_key
+                      AND d.status = 'dead' AND d.id < coord_tasks.id));
 
 -- name: dead_letter_exhausted
 -- Leases that expired on the last allowed attempt: dead, before the claim runs (same
@@ -180,7 +196,7 @@ RETURNING id, partition_key, partition, idempotency_key, payload, priority, atte
 -- name: claim_key_head
 -- Commit-and-continue (complete_and_claim_next): the head of one key (its earliest active
 -- task, coord_tasks_key_order), leased like claim_pending_ordered leases it, if it is pending
--- and due. Same columns as the claims.
+-- and due, and not held by a dead task (deadletters.sql). Same columns as the claims.
 UPDATE coord_tasks
    SET reclaimed = 0,
        status = 'running', attempts = attempts + 1,
@@ -191,6 +207,10 @@ UPDATE coord_tasks
               ORDER BY t.id LIMIT 1)
    AND status = 'pending' AND run_at <= :now
    AND (limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits WHERE queue = :queue))
+   AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings AS s WHERE s.queue = coord_tasks.queue AND s.dead_letters = 'hold')
+       AND EXISTS (SELECT 1 FROM coord_tasks AS d
+                    WHERE d.queue = coord_tasks.queue AND d.partition_key = coord_tasks.partition_key
+                      AND d.status = 'dead' AND d.id < coord_tasks.id))
 RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
 -- name: claimable_partitions
