@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +128,9 @@ class Flight:
         over: Done when the send is, or when its cleanup time ran out.
         next: The key's next task, leased by this task's commit (``claim_next``).
         chain: Tasks its slot took by ``claim_next`` before this one.
+        turn_end: Ends the send's turn on its pooled lock (:meth:`~asynccoord.locks.pool.Turn.end`),
+            called as the send ends so that the lock's next local turn begins at once; None
+            without one, and once called.
         trace: The trace of its delivery (:mod:`asynccoord.node.tracing`), or None when not traced.
     """
 
@@ -140,6 +144,7 @@ class Flight:
     over: asyncio.Future[None] | None = None
     next: Flight | None = None
     chain: int = 0
+    turn_end: Callable[[], None] | None = None
     trace: DeliveryTrace | None = None
 
     def move(self, to: FlightState) -> None:

@@ -702,8 +702,15 @@ class Node:
                     async with turn_cm as turn:
                         flight.lock = turn.lease
                         turn.check()  # past the lock's own local deadline: lost (on_lost), never sent
-                        outcome = await self._sender.run(flight, self.send)
                         committed = turn.defer()  # the lease stays in this process until the commit is over
+                        try:
+                            flight.turn_end = turn.end  # the next turn begins as the send returns
+                            outcome = await self._sender.run(flight, self.send)
+                        except BaseException:
+                            committed()
+                            raise
+                        finally:
+                            flight.turn_end = None
                 except LockTimeoutError:
                     await self._lock_wait_over(flight)
                     return

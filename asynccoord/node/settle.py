@@ -33,6 +33,7 @@ from ..errors import (
 )
 from ..models import Task, TaskStatus
 from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
+from .commits import Commits
 from .config import NodeConfig
 from .flight import Flight, FlightState
 from .send import Outcome, observe
@@ -115,6 +116,7 @@ class Settler:
         self._continues = continues
         self._adopt = adopt
         self.settling: set[asyncio.Task[Any]] = set()
+        self._commits = Commits(store)  # this node's plain commits, one store call per loop turn
         self._releases: set[asyncio.Task[None]] = set()  # hand-backs running (see hand_back_shielded)
 
     async def finish(self, flight: Flight, outcome: Outcome) -> None:
@@ -305,7 +307,7 @@ class Settler:
             if step.next_task is not None:
                 flight.next = self._adopt(step.next_task, started, flight.chain + 1)
         else:
-            done = await self.store.complete(task, result, fence=fence)
+            done = await self._commits.complete(task, result, fence)
         recorder = getattr(self.store, "latencies", None)
         if recorder is not None:  # store clock, both ends: no clock skew between processes
             recorder.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -247,35 +246,41 @@ class DeliveryTrace:
             self._step_failed(span, "lock_wait", error)
         span.end()
 
-    def send(self, loop: asyncio.AbstractEventLoop, sending: Any) -> asyncio.Task[Any]:
-        """Start the task running ``sending`` (the send's coroutine) with an ``asynccoord.send`` span current in it.
+    async def send(self, sending: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``sending`` (the send's coroutine, in the send's own task) in an ``asynccoord.send`` span.
 
-        The task copies the context made current here, so spans made inside the send (an
-        instrumented HTTP client's, say) are children of the send span. The span ends when
-        the task does; a send that raised, timed out or was cut (lost lease or lock, the
-        node's cancellation) leaves it with status ERROR.
+        The span is the current span while the send runs, so spans made inside it (an
+        instrumented HTTP client's, say) are its children. A send that raised, timed out or
+        was cut (a lost lease or lock, the node's cancellation) leaves it with status ERROR.
+
+        Raises:
+            BaseException: what ``sending`` raised (recorded on the span).
         """
         node = self._node
         span = node.tracer.start_span("asynccoord.send", context=self._context)
         token = node.context.attach(node.trace.set_span_in_context(span, self._context))
+        error: BaseException | None = None
         try:
-            child: asyncio.Task[Any] = loop.create_task(sending)
+            return await sending
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             node.context.detach(token)
-        child.add_done_callback(functools.partial(self._send_ended, span))
-        return child
+            self._send_ended(span, error)
 
-    def _send_ended(self, span: Any, child: asyncio.Task[Any]) -> None:
+    def _send_ended(self, span: Any, error: BaseException | None) -> None:
+        """End the send ``span``: cut (by its timeout, a lost lease or lock), raised ``error``, or returned."""
         flight = self._flight
         state = flight.state.value
         if state == TIMED_OUT:
             self._step_failed(span, "send", TimeoutError("send_timeout_s reached: the send was cut"))
         elif state in CUT:
             self._step_failed(span, "send", None, f"cut: {flight.lost}")
-        elif child.cancelled():
+        elif isinstance(error, asyncio.CancelledError):
             self._step_failed(span, "send", None, "cancelled")
-        elif (exc := child.exception()) is not None:
-            self._step_failed(span, "send", exc)
+        elif error is not None:
+            self._step_failed(span, "send", error)
         span.end()
 
     async def commit(self, once: Callable[[], Awaitable[None]]) -> None:
