@@ -12,10 +12,13 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract.locks import Lease
 from ..models import Task
+
+if TYPE_CHECKING:
+    from .tracing import DeliveryTrace
 
 __all__ = ("RENEWABLE", "TRANSITIONS", "Flight", "FlightState", "lease_deadline")
 
@@ -128,6 +131,7 @@ class Flight:
         turn_end: Ends the send's turn on its pooled lock (:meth:`~asynccoord.locks.pool.Turn.end`),
             called as the send ends so that the lock's next local turn begins at once; None
             without one, and once called.
+        trace: The trace of its delivery (:mod:`asynccoord.node.tracing`), or None when not traced.
     """
 
     task: Task
@@ -141,6 +145,7 @@ class Flight:
     next: Flight | None = None
     chain: int = 0
     turn_end: Callable[[], None] | None = None
+    trace: DeliveryTrace | None = None
 
     def move(self, to: FlightState) -> None:
         """Move to state ``to``.

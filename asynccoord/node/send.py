@@ -143,7 +143,10 @@ class Sender:
         try:
             # The task copies the context: the delivery. Its last step hands on the send's lock
             # turn, or resolves `over` (see _ending); the done callback resolves it otherwise.
-            child = flight.send = loop.create_task(_ending(self._coroutine(task, send), over, flight))
+            sending = self._coroutine(task, send)
+            if flight.trace is not None:  # in the send span, current while the send runs
+                sending = flight.trace.send(sending)
+            child = flight.send = loop.create_task(_ending(sending, over, flight))
         finally:
             _DELIVERY.reset(token)
         send_started = time.perf_counter()

@@ -265,11 +265,18 @@ class Settler:
             log.warning("asynccoord.node.result_not_stored node=%s task=%s reason=%s", self.node_id, task.id, exc)
             result = None
         commit_started = time.perf_counter()
+        trace = flight.trace
         try:
             try:
-                await self._commit_once(flight, result)
+                if trace is None:
+                    await self._commit_once(flight, result)
+                else:  # each try in a span of its own
+                    await trace.commit(functools.partial(self._commit_once, flight, result))
             except _TRANSIENT_STORE_ERRORS as exc:  # tried again (the first try needs no retry loop)
-                await self._retrying(flight, "commit", functools.partial(self._commit_once, flight, result), failed=exc)
+                once = functools.partial(self._commit_once, flight, result)
+                if trace is not None:
+                    once = functools.partial(trace.commit, once)
+                await self._retrying(flight, "commit", once, failed=exc)
         except LeaseLostError as exc:
             self.counters.conflicts += 1
             log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
