@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 __all__ = ("FAKE_EPOCH", "FakeClock", "count_calls")
+
+TESTS = Path(__file__).resolve().parent
+"""The tests folder (its ``workers/`` and ``data/``)."""
+
+ROOT = TESTS.parent
+"""The repository's root."""
 
 FAKE_EPOCH = 1_700_000_000.0
 """Where every fake clock starts (2023-11-14, a plausible store clock value)."""

@@ -85,6 +85,9 @@ class NodeConfig:
             that finds such a task's lease lapsed). A ``max_attempts`` other than the
             default is refused (:class:`~asynccoord.errors.InvalidArgumentError`) rather
             than ignored.
+        tracing: Trace each delivery with OpenTelemetry (:mod:`asynccoord.node.tracing`)
+            when the ``otel`` extra is installed; the spans go to the tracer provider the
+            application configures. False: no spans, and no tracing call per task. Default True.
     """
 
     queue: str = "default"
@@ -107,6 +110,7 @@ class NodeConfig:
     claim_next_max: int = 64
     affinity_cache_size: int = 1024
     retry: RetryPolicy | None = None
+    tracing: bool = True
 
     def __post_init__(self) -> None:
         check_name("queue", self.queue)
@@ -128,6 +132,7 @@ class NodeConfig:
             "work_stealing",
             "ordered",
             "claim_next",
+            "tracing",
         ):
             check_bool(name, getattr(self, name))
         check_positive("steal_after_s", self.steal_after_s)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract.locks import Lease
 from ..models import Task
+
+if TYPE_CHECKING:
+    from .tracing import DeliveryTrace
 
 __all__ = ("RENEWABLE", "TRANSITIONS", "Flight", "FlightState", "lease_deadline")
 
@@ -124,6 +128,10 @@ class Flight:
         over: Done when the send is, or when its cleanup time ran out.
         next: The key's next task, leased by this task's commit (``claim_next``).
         chain: Tasks its slot took by ``claim_next`` before this one.
+        turn_end: Ends the send's turn on its pooled lock (:meth:`~asynccoord.locks.pool.Turn.end`),
+            called as the send ends so that the lock's next local turn begins at once; None
+            without one, and once called.
+        trace: The trace of its delivery (:mod:`asynccoord.node.tracing`), or None when not traced.
     """
 
     task: Task
@@ -136,6 +144,8 @@ class Flight:
     over: asyncio.Future[None] | None = None
     next: Flight | None = None
     chain: int = 0
+    turn_end: Callable[[], None] | None = None
+    trace: DeliveryTrace | None = None
 
     def move(self, to: FlightState) -> None:
         """Move to state ``to``.

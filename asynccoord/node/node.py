@@ -6,7 +6,8 @@ compare-and-set fenced by the lock's token (M. Kleppmann, "How to do distributed
 locking", 2016). This module is the loop (fetch, claim, dispatch, lock); the steps live beside it:
 :mod:`~asynccoord.node.flight` (a task in flight), :mod:`~asynccoord.node.send`,
 :mod:`~asynccoord.node.settle` (commit, retry, hand-back), :mod:`~asynccoord.node.keeper`
-(renewal), :mod:`~asynccoord.node.delivery` and :mod:`~asynccoord.node.config`.
+(renewal), :mod:`~asynccoord.node.delivery`, :mod:`~asynccoord.node.tracing` (OpenTelemetry spans)
+and :mod:`~asynccoord.node.config`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
@@ -38,7 +40,7 @@ from ..errors import (
     StoreError,
 )
 from ..locks.lock import Semaphore
-from ..locks.pool import LockPool
+from ..locks.pool import LockPool, Turn
 from ..membership import Membership
 from ..models import Task
 from ..monitor.histogram import CLAIM_MS
@@ -53,6 +55,7 @@ from .running import stop_all
 from .send import Sender, SendFn, lease_ran_out, lock_lost, observe
 from .settle import SETTLE_WAIT_S, Settler
 from .status import NodeState, NodeStatus
+from .tracing import node_tracer
 
 __all__ = ("LockKeyFn", "Node", "failure_of")
 
@@ -241,6 +244,8 @@ class Node:
         self._due_when = math.inf  # the loop time it fires at
         self._due_times: list[float] = []  # heap: loop times at which tasks this node put back fall due
         self._rng = random.Random()
+        # None without the otel extra or with tracing off: then nothing of tracing runs per task.
+        self._tracer = node_tracer(self.node_id, self.config.queue) if self.config.tracing else None
         self._sender = Sender(
             store,
             node_id=self.node_id,
@@ -474,7 +479,10 @@ class Node:
                 wake.arm(self._owned if partitions is not None else None)
                 claim_started = time.perf_counter()
                 claim_sent = time.monotonic()  # before the claim: the store starts the leases after it
-                tasks = await self._claim(free, partitions)
+                if self._tracer is None:
+                    tasks = await self._claim(free, partitions)
+                else:
+                    tasks = await self._tracer.claim(self._claim(free, partitions), free)
                 observe(self.store, CLAIM_MS, claim_started)
             except UNRECOVERABLE_STORE_ERRORS:
                 for _ in range(free):
@@ -503,6 +511,8 @@ class Node:
                 flights = [Flight(task=task, lease_deadline=deadline) for task in tasks]
                 for flight in flights:
                     self._in_flight[flight.task.id] = flight
+                if self._tracer is not None:
+                    self._tracer.claimed(flights)
                 self._drained.clear()
                 tg.start_soon(self._handle_batch, flights, name=f"{self.node_id}-batch-{tasks[0].id}")
                 if len(tasks) == free:  # a full batch: there may be more, claim again at once
@@ -623,7 +633,11 @@ class Node:
         try:
             while current is not None:
                 try:
-                    await self._handle_task(current)
+                    trace = current.trace
+                    if trace is None:
+                        await self._handle_task(current)
+                    else:
+                        await trace.deliver(self._handle_task(current))
                 except BaseException:
                     await self._hand_back_unsent(current.next)
                     raise
@@ -675,18 +689,28 @@ class Node:
                 if wait_s is None:
                     await self._hand_back_lapsed(flight)
                     return
+                turn_cm: AbstractAsyncContextManager[Turn] = self._pool().turn(
+                    name,
+                    timeout_s=wait_s,
+                    on_lost=functools.partial(lock_lost, flight),
+                    priority=task.priority,
+                    order=task.id,  # the oldest waiting task first: the lagging conversation's head
+                )
+                if flight.trace is not None:
+                    turn_cm = flight.trace.lock_turn(turn_cm, name)
                 try:
-                    async with self._pool().turn(
-                        name,
-                        timeout_s=wait_s,
-                        on_lost=functools.partial(lock_lost, flight),
-                        priority=task.priority,
-                        order=task.id,  # the oldest waiting task first: the lagging conversation's head
-                    ) as turn:
+                    async with turn_cm as turn:
                         flight.lock = turn.lease
                         turn.check()  # past the lock's own local deadline: lost (on_lost), never sent
-                        outcome = await self._sender.run(flight, self.send)
                         committed = turn.defer()  # the lease stays in this process until the commit is over
+                        try:
+                            flight.turn_end = turn.end  # the next turn begins as the send returns
+                            outcome = await self._sender.run(flight, self.send)
+                        except BaseException:
+                            committed()
+                            raise
+                        finally:
+                            flight.turn_end = None
                 except LockTimeoutError:
                     await self._lock_wait_over(flight)
                     return
@@ -713,7 +737,10 @@ class Node:
                     await self._hand_back_lapsed(flight)
                     return
                 try:
-                    flight.lock = await handle.acquire(timeout_s=wait_s)
+                    if flight.trace is None:
+                        flight.lock = await handle.acquire(timeout_s=wait_s)
+                    else:
+                        flight.lock = await flight.trace.lock_acquire(handle.acquire(timeout_s=wait_s), name)
                 except LockTimeoutError:
                     await self._lock_wait_over(flight)
                     return

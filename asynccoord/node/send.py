@@ -138,13 +138,18 @@ class Sender:
         task = flight.task
         loop = asyncio.get_running_loop()
         delivery = Delivery(node_id=self._node_id, task=task, lock=flight.lock, context=self._affinity.context(task))
+        over = flight.over = loop.create_future()
         token = _DELIVERY.set(delivery)
         try:
-            child = flight.send = loop.create_task(self._coroutine(task, send))  # copies the context: the delivery
+            # The task copies the context: the delivery. Its last step hands on the send's lock
+            # turn, or resolves `over` (see _ending); the done callback resolves it otherwise.
+            sending = self._coroutine(task, send)
+            if flight.trace is not None:  # in the send span, current while the send runs
+                sending = flight.trace.send(sending)
+            child = flight.send = loop.create_task(_ending(sending, over, flight))
         finally:
             _DELIVERY.reset(token)
         send_started = time.perf_counter()
-        over = flight.over = loop.create_future()
         child.add_done_callback(lambda _: _resolve(over))
         child.add_done_callback(functools.partial(self._cut_send_ended, flight))
         timer = loop.call_at(loop.time() + self._timeout_s, time_out, flight)
@@ -344,6 +349,26 @@ def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
     except asyncio.CancelledError as exc:
         return exc
     return asyncio.CancelledError()  # not reached: child is cancelled
+
+
+async def _ending(send: Coroutine[Any, Any, Any], over: asyncio.Future[None], flight: Flight) -> Any:
+    """Run the send's coroutine; as it ends (its result or error is the task's), hand on its lock.
+
+    A send holding a turn on a pooled lock (``flight.turn_end``) ends the turn here: the
+    lock's next local turn begins in the next loop turn, its send in the one after, ahead of
+    this slot, which resumes then (``over`` resolved by the task's done callback) to commit,
+    fenced by the same token (the lease stays in the process until the commit is over: see
+    ``Turn.defer``). Without a turn, ``over`` is resolved here, the slot resuming a loop turn
+    sooner.
+    """
+    try:
+        return await send
+    finally:
+        end, flight.turn_end = flight.turn_end, None
+        if end is not None:
+            end()
+        else:
+            _resolve(over)
 
 
 async def _raising(exc: BaseException) -> Any:

@@ -33,6 +33,7 @@ from ..errors import (
 )
 from ..models import Task, TaskStatus
 from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
+from .commits import Commits
 from .config import NodeConfig
 from .flight import Flight, FlightState
 from .send import Outcome, observe
@@ -115,6 +116,7 @@ class Settler:
         self._continues = continues
         self._adopt = adopt
         self.settling: set[asyncio.Task[Any]] = set()
+        self._commits = Commits(store)  # this node's plain commits, one store call per loop turn
         self._releases: set[asyncio.Task[None]] = set()  # hand-backs running (see hand_back_shielded)
 
     async def finish(self, flight: Flight, outcome: Outcome) -> None:
@@ -263,11 +265,18 @@ class Settler:
             log.warning("asynccoord.node.result_not_stored node=%s task=%s reason=%s", self.node_id, task.id, exc)
             result = None
         commit_started = time.perf_counter()
+        trace = flight.trace
         try:
             try:
-                await self._commit_once(flight, result)
+                if trace is None:
+                    await self._commit_once(flight, result)
+                else:  # each try in a span of its own
+                    await trace.commit(functools.partial(self._commit_once, flight, result))
             except _TRANSIENT_STORE_ERRORS as exc:  # tried again (the first try needs no retry loop)
-                await self._retrying(flight, "commit", functools.partial(self._commit_once, flight, result), failed=exc)
+                once = functools.partial(self._commit_once, flight, result)
+                if trace is not None:
+                    once = functools.partial(trace.commit, once)
+                await self._retrying(flight, "commit", once, failed=exc)
         except LeaseLostError as exc:
             self.counters.conflicts += 1
             log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
@@ -298,7 +307,7 @@ class Settler:
             if step.next_task is not None:
                 flight.next = self._adopt(step.next_task, started, flight.chain + 1)
         else:
-            done = await self.store.complete(task, result, fence=fence)
+            done = await self._commits.complete(task, result, fence)
         recorder = getattr(self.store, "latencies", None)
         if recorder is not None:  # store clock, both ends: no clock skew between processes
             recorder.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)

@@ -1,6 +1,6 @@
 """A process whose send (or lock_key) raises ``KeyboardInterrupt`` or ``SystemExit`` mid-run.
 
-For tests/test_node_settle.py. Usage::
+For tests/node/test_node_settle.py. Usage::
 
     exit_worker.py PATH LOOP KIND SOURCE
 

@@ -1,4 +1,4 @@
-"""A real OS process taking locks on a shared SQLite file, driven by tests/test_lock_multiprocess.py.
+"""A real OS process taking locks on a shared SQLite file, driven by tests/multiprocess/test_lock_multiprocess.py.
 
 Every message to the parent is one JSON object on one stdout line. Any unexpected
 exception escapes (non-zero exit, traceback on stderr), so it fails the test.

@@ -1,4 +1,4 @@
-"""A real OS process hosting a Runtime on a shared SQLite file, for tests/test_node_multiprocess.py.
+"""A real OS process hosting a Runtime on a shared SQLite file, for tests/multiprocess/test_node_multiprocess.py.
 
 Every message to the parent is one JSON object on one stdout line. Any unexpected
 exception escapes (non-zero exit, traceback on stderr), so it fails the test.

@@ -1,4 +1,4 @@
-"""A real OS process hosting a Runtime on PostgreSQL, for tests/test_postgres_multiprocess.py.
+"""A real OS process hosting a Runtime on PostgreSQL, for tests/multiprocess/test_postgres_multiprocess.py.
 
 Every message to the parent is one JSON object on one stdout line. Any unexpected
 exception escapes (non-zero exit, traceback on stderr), so it fails the test.

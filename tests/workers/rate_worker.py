@@ -1,4 +1,4 @@
-"""A real OS process hosting a Runtime on a shared store, for tests/test_ratelimits_multiprocess.py.
+"""A real OS process hosting a Runtime on a shared store, for tests/multiprocess/test_ratelimits_multiprocess.py.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Send and lock-key functions for ``python -m asynccoord run`` in tests/test_node_serve.py.
+"""Send and lock-key functions for ``python -m asynccoord run`` in tests/multiprocess/test_node_serve.py.
 
 Import it with ``tests/workers`` on ``PYTHONPATH``: ``--send serve_send:send
 --lock-key serve_send:account_lock``. Configured by environment variables:

@@ -1,6 +1,6 @@
 """A process that signals itself twice while its runtime drains, after an earlier event loop's stub.
 
-For tests/test_runtime_lifecycle.py. Usage::
+For tests/node/test_runtime_lifecycle.py. Usage::
 
     signal_twice_worker.py PATH LOOP MODE
 

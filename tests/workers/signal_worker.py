@@ -1,6 +1,6 @@
 """A process whose application has signal handlers of its own around ``Runtime.wait_for_signal``.
 
-For tests/test_runtime_lifecycle.py. Usage::
+For tests/node/test_runtime_lifecycle.py. Usage::
 
     signal_worker.py PATH LOOP
 

@@ -1,6 +1,6 @@
 """Two runtimes of one process waiting for SIGTERM at once: one signal stops both.
 
-For tests/test_runtime_lifecycle.py. Usage: ``two_runtimes_signal_worker.py PATH``. Each
+For tests/node/test_runtime_lifecycle.py. Usage: ``two_runtimes_signal_worker.py PATH``. Each
 runtime (one node, queues ``a`` and ``b`` of an SQLiteStore at PATH) calls
 ``wait_for_signal()``; the process sends itself one SIGTERM. Prints one JSON line::
 

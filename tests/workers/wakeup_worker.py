@@ -1,4 +1,4 @@
-"""A real OS process hosting idle nodes on a shared SQLite file, for tests/test_sqlite_wakeup.py.
+"""A real OS process hosting idle nodes on a shared SQLite file, for tests/multiprocess/test_sqlite_wakeup.py.
 
 Usage::
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from services import PG_DSN, REDIS_URL, new_schema, pg_rows, postgres_problem, redis_problem, unavailable
+from support import ROOT
 
 from asynccoord import InvalidArgumentError
 from asynccoord.demo.app import account_of, build_tasks, schedule
@@ -45,7 +46,7 @@ def run_demo(*args: str, timeout_s: float = 150.0) -> tuple[int, dict[str, Any],
 
 def readme_report_keys() -> set[str]:
     """The top-level keys README.md says ``--json`` prints (what it says in parentheses left out)."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (ROOT / "README.md").read_text()
     start = text.index("`--json` prints one object with")
     paragraph = " ".join(text[start : text.index("\n\n", start)].split())
     return set(re.findall(r"`([a-z_0-9]+)`", re.sub(r"\([^()]*(\([^()]*\)[^()]*)*\)", "", paragraph)))

@@ -20,10 +20,11 @@ from typing import Any
 
 import anyio
 import pytest
+from support import TESTS
 
 from asynccoord import Node, NodeConfig, NodeStatus, Runtime, SQLiteStore, Task, TaskStatus
 
-WORKERS = Path(__file__).resolve().parent / "workers"
+WORKERS = TESTS / "workers"
 CONFIG = NodeConfig(queue="q", lease_s=30.0, lock_ttl_s=10.0, idle_min_s=0.01, idle_max_s=0.05)
 EXITS: dict[str, Callable[[], BaseException]] = {
     "keyboard_interrupt": KeyboardInterrupt,

@@ -7,7 +7,7 @@ that sets a task ``done``), so "committed exactly once" is read from the databas
 itself, not from what the processes say.
 
 The partition mapping across processes with different ``PYTHONHASHSEED`` values is
-checked by ``tests/test_partition.py::test_golden_file_matches_processes_with_other_hash_seeds``.
+checked by ``tests/contract/test_partition.py::test_golden_file_matches_processes_with_other_hash_seeds``.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import TESTS
 
 from asynccoord import NewTask, SQLiteStore, owner_of
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = str(Path(__file__).resolve().parent / "workers" / "node_worker.py")
+WORKER = str(TESTS / "workers" / "node_worker.py")
 QUEUE = "outbox"
 
 COMMIT_LOG_SQL = """

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 from services import PG_DSN, REDIS_URL, drop_schemas, postgres_problem, redis_problem, unavailable
+from support import ROOT
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 TIMEOUT_S = 60.0
 
 PG_EXAMPLE_DSN = "postgresql://bot@db.internal/bot"

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES_DIR = ROOT / "examples"
 TIMEOUT_S = 60.0
 
 KEY_LINES = {

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import TESTS
 
 from asynccoord import Lock, SQLiteStore
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = str(Path(__file__).resolve().parent / "workers" / "lock_worker.py")
+WORKER = str(TESTS / "workers" / "lock_worker.py")
 
 
 async def read_event(proc: subprocess.Popen[str], timeout_s: float = 20.0) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import TESTS
 
 from asynccoord import (
     CoordError,
@@ -29,7 +30,7 @@ from asynccoord import (
 
 QUEUE = "q"
 CONFIG = NodeConfig(queue=QUEUE, idle_min_s=0.01, idle_max_s=0.05)
-WORKERS = Path(__file__).resolve().parent / "workers"
+WORKERS = TESTS / "workers"
 
 
 def recorder() -> tuple[list[int], Any]:

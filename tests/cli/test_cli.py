@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
+from support import TESTS
 
 from asynccoord import NewTask, SQLiteStore, TaskStatus
 from asynccoord import events as ev
@@ -170,7 +171,7 @@ def serve_three(
     extra: Sequence[str] = (),
 ) -> str:
     """Run ``python -m asynccoord run --db DB`` in this process until it has sent three tasks."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "workers"))
+    monkeypatch.syspath_prepend(str(TESTS / "workers"))
     monkeypatch.setenv("SERVE_SEND_LOG", str(tmp_path / "send.log"))
     monkeypatch.setenv("SERVE_SEND_SLEEP_S", "0")
     drained: list[bool] = []
@@ -262,7 +263,7 @@ def test_run_without_faults_raises_no_alert_with_the_default_rules(
     """200 messages on 3 accounts through 4 nodes of one process: the nodes take turns on the
     process's pooled account leases, which is not contention between holders, so the default
     ``lock_contention`` rule (and every other default rule) stays quiet."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "workers"))
+    monkeypatch.syspath_prepend(str(TESTS / "workers"))
     monkeypatch.setenv("SERVE_SEND_LOG", str(tmp_path / "send.log"))
     monkeypatch.setenv("SERVE_SEND_SLEEP_S", "0.002")
     evaluated: list[bool] = []

@@ -148,7 +148,7 @@ async def test_idle_nodes_of_a_runtime_do_not_claim_and_polls_do_not_grow_with_t
 async def test_a_task_enqueued_through_another_connection_is_claimed(make_store: Any, backend: str) -> None:
     store = await make_store(clock=None)
     # Same file / schema, another connection and notifier; on SQLite without the wake-up channel
-    # (tests/test_sqlite_wakeup.py), so that only the poll can find the task.
+    # (tests/multiprocess/test_sqlite_wakeup.py), so that only the poll can find the task.
     other = await make_store(clock=None, wakeup=False)
     sent: list[int] = []
 

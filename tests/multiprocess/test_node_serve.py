@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import TESTS
 
 from asynccoord import NewTask, SQLiteStore
 
 pytestmark = pytest.mark.multiprocess
 
-WORKERS = Path(__file__).resolve().parent / "workers"
+WORKERS = TESTS / "workers"
 QUEUE = "outbox"
 
 

@@ -17,7 +17,7 @@ from asynccoord import events as ev
 Q = "outbox"
 ALL = pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"], indirect=True)
 # The refill test asserts a pace within 10 ms of the limit per send: on PostgreSQL a send lands
-# after its claim by round trips that vary by more under load (tests/test_ratelimits_multiprocess.py
+# after its claim by round trips that vary by more under load (tests/multiprocess/test_ratelimits_multiprocess.py
 # checks PostgreSQL's pace over many sends instead).
 EMBEDDED = pytest.mark.parametrize("backend", ["memory", "sqlite"], indirect=True)
 

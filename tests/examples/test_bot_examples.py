@@ -13,8 +13,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES_DIR = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES_DIR))
 
 pytest.importorskip("aiohttp")

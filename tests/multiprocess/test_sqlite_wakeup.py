@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import TESTS
 
 from asynccoord import SQLiteStore
 from asynccoord.backends.sqlite.wakeup import decode_wakeup, encode_wakeup, wakeup_dir
@@ -29,7 +30,7 @@ from asynccoord.partition import owner_of, partition_of
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = str(Path(__file__).resolve().parent / "workers" / "wakeup_worker.py")
+WORKER = str(TESTS / "workers" / "wakeup_worker.py")
 QUEUE = "q"
 WAKE_BOUND_S = 5.0  # far below the workers' 20 s idle poll: only a wake-up explains a pickup this fast
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support import FAKE_EPOCH, FakeClock
+from support import FAKE_EPOCH, TESTS, FakeClock
 
 from asynccoord import (
     CoordError,
@@ -638,7 +638,7 @@ async def next_view(proc: subprocess.Popen[str], predicate, timeout_s: float = 1
 async def test_processes_see_each_other_and_a_killed_one_drops_out(db_path: Path, python) -> None:
     ttl_s, interval_s = 1.0, 0.2
     args = ("--ttl-s", str(ttl_s), "--interval-s", str(interval_s))
-    worker = str(Path(__file__).parent / "workers" / "member_worker.py")
+    worker = str(TESTS / "workers" / "member_worker.py")
     survivor = python.spawn([worker, str(db_path), "p1", *args])
     victim = python.spawn([worker, str(db_path), "p2", *args])
     ready = {proc.pid: await read_event(proc) for proc in (survivor, victim)}

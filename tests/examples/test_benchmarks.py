@@ -29,8 +29,9 @@ from services import (
     redis_problem,
     unavailable,
 )
+from support import ROOT
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = ROOT / "benchmarks"
 TIMEOUT_S = 180.0
 
 pytestmark = pytest.mark.multiprocess
@@ -116,6 +117,34 @@ def test_queue_throughput_reports_every_documented_figure(tmp_path: Path) -> Non
         ratios = r["ratios"][f"nodes_{nodes}"]
         assert ratios["vs_naive_1"] == pytest.approx(r["asynccoord"][nodes] / r["naive"]["1"])
         assert ratios["vs_raw_commits"] == pytest.approx(r["asynccoord"][nodes] / r["raw_commits_per_s"])
+
+
+def test_runtime_throughput_reports_the_runtime_beside_the_store_loop(tmp_path: Path) -> None:
+    r = run_json("runtime_throughput.py", "--quick", cwd=tmp_path)  # asserts every task done itself
+    assert r["tasks"] == 2000
+    assert set(r["tasks_per_s"]) == {"store_loop", "runtime_1", "runtime_4", "runtime_4_ordered"}
+    assert all(positive(v) for v in r["tasks_per_s"].values())
+    assert all(rates == [r["tasks_per_s"][name]] for name, rates in r["runs"].items())
+    for name, ratio in r["vs_store_loop"].items():
+        assert ratio == pytest.approx(r["tasks_per_s"][name] / r["tasks_per_s"]["store_loop"])
+    assert r["long"]["tasks"] == 4000
+    assert positive(r["long"]["tasks_per_s"])
+    assert len(r["long"]["tenths_per_s"]) == 10
+    assert all(positive(v) for v in r["long"]["tenths_per_s"])
+
+
+def test_hot_account_reports_efficiency_beside_the_bare_loop(tmp_path: Path) -> None:
+    r = run_json("hot_account.py", "--quick", cwd=tmp_path)
+    assert r["tasks"] == 200
+    assert set(r["efficiency"]) == {"bare_loop", "sqlite_1p", "sqlite_2p"}
+    for name, runs in r["runs"].items():
+        assert len(runs) == 1, name
+        row = runs[0]
+        assert row["sends"] >= 200, name  # every task was sent (the worker also waits until drained)
+        # One account's sends never overlap (its lock, or one loop): their sum fits in the drain.
+        assert 0 < row["send_s"] <= row["drain_s"] + 1e-6, (name, row)
+        assert 0 < row["efficiency"] <= 1.0 + 1e-6, (name, row)
+        assert r["efficiency"][name] == row["efficiency"]
 
 
 def check_contention_rows(result: dict[str, Any], tasks: int, cells: set[tuple[str, int, int]]) -> None:

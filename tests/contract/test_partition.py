@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import TESTS
 
 from asynccoord import InvalidArgumentError, InvalidTypeError, assign, owner_of, partition_of
 from asynccoord.partition import RendezvousTable, owned_partitions
 
-GOLDEN_PATH = Path(__file__).parent / "data" / "partition_golden.json"
+GOLDEN_PATH = TESTS / "data" / "partition_golden.json"
 GOLDEN = json.loads(GOLDEN_PATH.read_text("utf-8"))
 NODES = ["node-a", "node-b", "node-c"]
 KEYS = [f"conv-{i}" for i in range(10_000)]

@@ -24,12 +24,13 @@ from typing import Any
 
 import pytest
 from services import PG_DSN, REDIS_URL, new_schema, postgres_problem, redis_problem, unavailable
+from support import TESTS
 
 from asynccoord import NewTask
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = str(Path(__file__).resolve().parent / "workers" / "pg_worker.py")
+WORKER = str(TESTS / "workers" / "pg_worker.py")
 QUEUE = "outbox"
 
 
