@@ -67,7 +67,7 @@ if _typing.TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-__all__ = (
+__all__: tuple[str, ...] = (
     "Alert",
     "AlertRule",
     "AlertScope",
@@ -148,27 +148,56 @@ __all__ = (
     "partition_of",
 )
 
-_LAZY = {"PostgresStore": "asynccoord.backends.postgres", "RedisLockStore": "asynccoord.backends.redis"}
-"""Exports that need an extra (``postgres``: asyncpg, ``redis``: redis-py), imported on first use,
-so ``import asynccoord`` imports neither driver."""
+_LAZY = {
+    "PostgresStore": ("asynccoord.backends.postgres", "asyncpg", "postgres"),
+    "RedisLockStore": ("asynccoord.backends.redis", "redis", "redis"),
+}
+"""Exports that need an extra: name -> (module, driver, extra). Imported on first use, so
+``import asynccoord`` imports neither driver; listed in ``__all__`` only when the driver is
+installed, so ``from asynccoord import *`` works on the base install."""
+
+
+def _installed(driver: str) -> bool:
+    """Whether ``driver`` can be imported, without importing it."""
+    import importlib.util
+    import sys
+
+    if driver in sys.modules:
+        return sys.modules[driver] is not None
+    try:
+        return importlib.util.find_spec(driver) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+__all__ = tuple(name for name in __all__ if name not in _LAZY or _installed(_LAZY[name][1]))
 
 
 def __getattr__(name: str) -> _typing.Any:
     """Import a store of an extra on first access (PEP 562).
 
     Raises:
-        AttributeError: ``name`` is not an attribute of asynccoord.
-        ImportError: the store's extra is not installed (``pip install 'asynccoord[postgres]'``).
+        AttributeError: ``name`` is not an attribute of asynccoord, or names a store whose
+            extra is not installed (the message says ``pip install 'asynccoord[postgres]'``).
     """
-    module_name = _LAZY.get(name)
-    if module_name is None:
+    lazy = _LAZY.get(name)
+    if lazy is None:
         raise AttributeError(f"module 'asynccoord' has no attribute {name!r}")
+    module_name, driver, extra = lazy
     import importlib
 
-    value = getattr(importlib.import_module(module_name), name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != driver:
+            raise
+        raise AttributeError(
+            f"asynccoord.{name} needs the extra {extra!r}, which is not installed: pip install 'asynccoord[{extra}]'"
+        ) from exc
+    value = getattr(module, name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | {name for name, (_, driver, _) in _LAZY.items() if _installed(driver)})

@@ -119,7 +119,9 @@ class RateLimited(CoordError):
     from now: the one named by ``dimension`` (and ``key``: by default the task's own key of
     that dimension), or, with no ``dimension``, every bucket the task draws on. A task in no
     paused bucket (its queue declares no such limit) is itself delayed by ``retry_after_s``.
-    Counted as ``provider_rate_limited``.
+    A node pauses at least 0.5 s (``asynccoord.node.settle.MIN_RATE_LIMIT_PAUSE_S``), so a
+    provider answering ``Retry-After: 0`` is not called again at once, for ever. Counted as
+    ``provider_rate_limited``.
 
     Args:
         retry_after_s: The provider's Retry-After, seconds: finite, 0..one year.

@@ -120,3 +120,26 @@ def test_stale_version_error_is_gone() -> None:
     """Nothing raises it, so nothing exports it: a stale commit is a LeaseLostError."""
     assert not hasattr(asynccoord, "StaleVersionError")
     assert not hasattr(asynccoord.errors, "StaleVersionError")
+
+
+def test_without_the_drivers_star_import_works_and_the_stores_name_their_extra() -> None:
+    """On the base install (no asyncpg, no redis) ``from asynccoord import *`` and ``hasattr`` work,
+    and a store of an extra says which extra to install."""
+    code = (
+        "import sys\n"
+        "sys.modules['asyncpg'] = None\n"  # as if not installed: importing it raises ModuleNotFoundError
+        "sys.modules['redis'] = None\n"
+        "import asynccoord, inspect\n"
+        "from asynccoord import *\n"
+        "assert 'PostgresStore' not in asynccoord.__all__ and 'RedisLockStore' not in asynccoord.__all__\n"
+        "assert not hasattr(asynccoord, 'PostgresStore') and 'PostgresStore' not in dir(asynccoord)\n"
+        "inspect.getmembers(asynccoord)\n"
+        "try:\n"
+        "    asynccoord.RedisLockStore\n"
+        "except AttributeError as exc:\n"
+        "    assert \"pip install 'asynccoord[redis]'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr

@@ -39,7 +39,12 @@ from .flight import Flight, FlightState
 from .send import Outcome, observe
 from .status import NodeState
 
-__all__ = ("HAND_BACK_WAIT_S", "SETTLE_RETRY", "SETTLE_WAIT_S", "Settler")
+__all__ = ("HAND_BACK_WAIT_S", "MIN_RATE_LIMIT_PAUSE_S", "SETTLE_RETRY", "SETTLE_WAIT_S", "Settler")
+
+MIN_RATE_LIMIT_PAUSE_S = 0.5
+"""The shortest pause a send's ``RateLimited`` causes, seconds: a 429 uses no attempt, so a
+provider answering ``Retry-After: 0`` (or a client mapping that loses the value) would be
+called again at once, for ever; below this the pause is taken as this."""
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +175,12 @@ class Settler:
         """Report the provider's 429 (``limited``) for ``flight``'s task: no attempt used.
 
         The store pauses the bucket(s) the provider named (or all of the task's) until the
-        Retry-After has passed, for every process of the database, and hands the task back to
-        pending in its place, its attempt not counted. A store without rate limits (a custom
-        store), or a node without version checks, takes the plain failure path. A busy or
-        unreachable store is tried again while the lease lasts, as a commit is; a lost lease
-        is a conflict and leaves the task alone (the store paused the buckets anyway).
+        Retry-After (at least :data:`MIN_RATE_LIMIT_PAUSE_S`) has passed, for every process of
+        the database, and hands the task back to pending in its place, its attempt not
+        counted. A store without rate limits (a custom store), or a node without version
+        checks, takes the plain failure path. A busy or unreachable store is tried again while
+        the lease lasts, as a commit is; a lost lease is a conflict and leaves the task alone
+        (the store paused the buckets anyway).
 
         Raises:
             StoreError: the store failed (the caller hands the task back, or fails the node).
@@ -193,8 +199,10 @@ class Settler:
             limited.key,
         )
 
+        pause_s = max(limited.retry_after_s, MIN_RATE_LIMIT_PAUSE_S)
+
         async def once() -> None:
-            await report(task, limited.retry_after_s, dimension=limited.dimension, key=limited.key)
+            await report(task, pause_s, dimension=limited.dimension, key=limited.key)
 
         try:
             await self._retrying(flight, "rate_limited", once)

@@ -110,3 +110,27 @@ async def test_reported_429s_reach_the_monitor_and_prometheus(make_store) -> Non
     await monitor.flush(force=True)
     alerts = await monitor.evaluate()
     assert [a.rule for a in alerts if a.rule == "provider_rate_limited"] == ["provider_rate_limited"]
+
+
+@ALL
+async def test_a_429_without_a_wait_does_not_hammer_the_provider(make_store) -> None:
+    """A 429 uses no attempt, so ``Retry-After: 0`` would otherwise mean a send loop for ever:
+    each pause lasts at least MIN_RATE_LIMIT_PAUSE_S."""
+    from asynccoord.node.settle import MIN_RATE_LIMIT_PAUSE_S
+
+    store = await make_store(clock=None)
+    await store.enqueue(Q, {"chat": "a"}, partition_key="a", max_attempts=3)
+    calls: list[float] = []
+
+    async def send(task: Task) -> None:
+        calls.append(time.monotonic())
+        raise RateLimited(0)
+
+    config = NodeConfig(queue=Q, idle_max_s=0.05)
+    async with Runtime(store, send=send, nodes=2, config=config, shutdown_timeout_s=1.0):
+        await asyncio.sleep(2.0)
+    assert 2 <= len(calls) <= 2.0 / MIN_RATE_LIMIT_PAUSE_S + 1, len(calls)
+    assert min(b - a for a, b in itertools.pairwise(calls)) >= MIN_RATE_LIMIT_PAUSE_S - 0.05
+    task = await store.get(1)
+    assert task.attempts <= 1  # still no attempt used
+    assert task.status is not TaskStatus.DEAD
