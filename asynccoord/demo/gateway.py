@@ -3,7 +3,8 @@
 :class:`SimulatedGateway` behaves like the HTTP API of a messaging provider as far as the
 demo's checks need (log-normal latency, transient errors, idempotency keys, per-account
 fencing tokens after M. Kleppmann, "How to do distributed locking", 2016; rate limits per
-account and per chat answered with a 429 and a Retry-After), and records
+account and per chat kept as providers keep them, a burst then the sustained rate (GCRA,
+ITU-T I.371), answered with a 429 and a Retry-After), and records
 every delivery in a SQLite file of its own, so the demo judges duplicates, overlaps and
 order independently of asynccoord's bookkeeping.
 """
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from ..contract.ratelimits import RateLimit, max_in_window
+from ..contract.ratelimits import RateLimit, conforms, eligible_at, take
 from ..sqlitebusy import retry_busy
 
 __all__ = (
@@ -33,6 +34,7 @@ __all__ = (
     "StaleTokenError",
     "TransientGatewayError",
     "audit",
+    "provider_bucket",
     "rate_record",
 )
 
@@ -53,6 +55,9 @@ CREATE TABLE IF NOT EXISTS rate_calls (
     dimension TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL, late INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS rate_calls_key ON rate_calls (dimension, key, at);
+CREATE TABLE IF NOT EXISTS rate_buckets (
+    dimension TEXT NOT NULL, key TEXT NOT NULL, tat REAL NOT NULL, PRIMARY KEY (dimension, key)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS deliveries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     msg_id TEXT NOT NULL, idempotency_key TEXT, account TEXT NOT NULL, conversation TEXT NOT NULL,
@@ -79,10 +84,10 @@ class StaleTokenError(GatewayError):
 
 
 class ProviderRateLimitError(GatewayError):
-    """HTTP 429: a key's window of requests is full; nothing was delivered.
+    """HTTP 429: a key's bucket has no token (burst spent, sustained rate exceeded); nothing was delivered.
 
     Attributes:
-        retry_after_s: When the window has room again, seconds from now.
+        retry_after_s: When a request of the key would conform again, seconds from now.
         dimension: The limit that refused the request (``"chat"`` or ``"account"``).
         key: That limit's key.
     """
@@ -108,7 +113,12 @@ class SimulatedGateway:
     * **fencing tokens per account** (M. Kleppmann, "How to do distributed locking", 2016):
       the gateway remembers the highest token each account presented, refuses a request with
       a lower one when it arrives, and refuses it again when it would complete if a newer
-      holder arrived meanwhile. A sender that stalled past its lock's TTL is thus refused.
+      holder arrived meanwhile. A sender that stalled past its lock's TTL is thus refused;
+    * **rate limits** per account and per chat, a burst then the sustained rate, as
+      providers keep them: GCRA per key (:func:`provider_bucket`: the declared limit with
+      one emission interval of slack), a request without a token refused with a 429 whose
+      Retry-After is when the key's next request would conform. The buckets are rows of
+      the record, so every process of the demo draws on the same ones.
 
     A delivery takes effect when its request completes. Everything is recorded in a SQLite
     file of the gateway's own (not asynccoord's database), so duplicates, per-account
@@ -274,7 +284,7 @@ class SimulatedGateway:
 
         Raises:
             StaleTokenError: a newer holder of the account presented a higher token.
-            ProviderRateLimitError: the account's or the chat's window is full (HTTP 429).
+            ProviderRateLimitError: the account's or the chat's bucket has no token (HTTP 429).
             TransientGatewayError: the provider failed this request (nothing delivered).
         """
         pid = os.getpid()
@@ -289,17 +299,27 @@ class SimulatedGateway:
             outcome = "stale_token" if fencing_token < high else "in_flight"
             limited_on = None
             if outcome == "in_flight":
+                tats = {x.dimension: _load_tat(db, x.dimension, keys[x.dimension]) for x in self.limits}
+                waits = []
                 for limit in self.limits:
-                    wait = _window_wait(db, limit, keys[limit.dimension], now)
+                    wait = _bucket_wait(tats[limit.dimension], limit, now)
                     if wait is not None:
-                        outcome, limited_on = "rate_limited", limit.dimension
-                        refused.append((wait, limit.dimension))
-                        break
+                        waits.append((wait, limit.dimension))
+                if waits:  # every refusing bucket must have a token again: the latest of them
+                    outcome = "rate_limited"
+                    refused.append(max(waits))
+                    limited_on = refused[-1][1]
             if outcome == "in_flight":
                 for limit in self.limits:
+                    key = keys[limit.dimension]
+                    db.execute(
+                        "INSERT INTO rate_buckets (dimension, key, tat) VALUES (?, ?, ?) "
+                        "ON CONFLICT (dimension, key) DO UPDATE SET tat = excluded.tat",
+                        (limit.dimension, key, take(tats[limit.dimension], now, limit)),
+                    )
                     db.execute(
                         "INSERT INTO rate_calls (dimension, key, at, late) VALUES (?, ?, ?, ?)",
-                        (limit.dimension, keys[limit.dimension], now, int(late)),
+                        (limit.dimension, key, now, int(late)),
                     )
             if outcome == "in_flight" and fencing_token > high:
                 db.execute(
@@ -384,21 +404,35 @@ class SimulatedGateway:
         return str(outcome)
 
 
-def _window_wait(db: sqlite3.Connection, limit: RateLimit, key: str, now: float) -> float | None:
-    """None when ``key``'s window of ``limit`` has room at ``now``; else the Retry-After, seconds.
+def provider_bucket(limit: RateLimit) -> RateLimit:
+    """The bucket the provider keeps for a declared ``limit``: one more cell of burst.
 
-    The window is the ``per_s`` seconds before ``now``; it is full with ``count + burst``
-    accepted requests (:func:`~asynccoord.contract.ratelimits.max_in_window`), and has room
-    again when its oldest request leaves it.
+    The provider runs GCRA (see :mod:`asynccoord.contract.ratelimits`) with the declared
+    ``count`` and ``per_s``, and a tolerance of ``burst * T`` instead of ``(burst - 1) * T``
+    (``T = per_s / count``): the one emission interval of slack covers the time between the
+    store's claim and the send, which differs from one send to the next. A key may thus
+    send ``burst + 1`` requests at once after an idle spell, then one every ``T`` seconds.
     """
-    allowed = max_in_window(limit)
-    rows = db.execute(
-        "SELECT at FROM rate_calls WHERE dimension = ? AND key = ? AND at > ? ORDER BY at DESC LIMIT ?",
-        (limit.dimension, key, now - limit.per_s, allowed),
-    ).fetchall()
-    if len(rows) < allowed:
+    return RateLimit(dimension=limit.dimension, count=limit.count, per_s=limit.per_s, burst=limit.burst + 1)
+
+
+def _load_tat(db: sqlite3.Connection, dimension: str, key: str) -> float | None:
+    row = db.execute("SELECT tat FROM rate_buckets WHERE dimension = ? AND key = ?", (dimension, key)).fetchone()
+    return None if row is None else float(row[0])
+
+
+def _bucket_wait(tat: float | None, limit: RateLimit, now: float) -> float | None:
+    """None when a request of a key whose bucket's TAT is ``tat`` conforms at ``now``; else the Retry-After, seconds.
+
+    The bucket is :func:`provider_bucket` of ``limit``; the Retry-After is when the key's
+    next request would conform (the TAT less the tolerance), seconds from ``now``.
+    """
+    bucket = provider_bucket(limit)
+    if conforms(tat, now, bucket):
         return None
-    return max(0.0, float(rows[-1][0]) + limit.per_s - now)
+    at = eligible_at(tat, bucket)
+    assert at is not None
+    return max(0.0, at - now)
 
 
 def _use_wal(db: sqlite3.Connection, *, timeout_s: float) -> None:
@@ -525,14 +559,17 @@ class RateRecord:
     Attributes:
         accepted: Requests the provider let through (none of a sender stalled past its lease).
         delivered: Deliveries (a message's first successful request).
+        requested: Requests that reached the rate check, let through or refused with a 429
+            (none of a sender stalled past its lease): the rate the sender tried.
     """
 
     accepted: dict[tuple[str, str], list[float]]
     delivered: dict[tuple[str, str], list[float]]
+    requested: dict[tuple[str, str], list[float]]
 
 
 def rate_record(path: str | os.PathLike[str]) -> RateRecord:
-    """Read the arrival times of accepted requests and of deliveries, per account and per chat."""
+    """Read the arrival times of accepted requests, of deliveries and of every request, per account and per chat."""
     db = sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
     try:
         accepted: dict[tuple[str, str], list[float]] = {}
@@ -546,6 +583,13 @@ def rate_record(path: str | os.PathLike[str]) -> RateRecord:
         ):
             delivered.setdefault(("account", account), []).append(at)
             delivered.setdefault(("chat", conversation), []).append(at)
+        requested: dict[tuple[str, str], list[float]] = {}
+        for account, conversation, at in db.execute(
+            "SELECT account, conversation, started_at FROM calls WHERE late = 0 AND outcome != 'stale_token'"
+            " ORDER BY started_at"
+        ):
+            requested.setdefault(("account", account), []).append(at)
+            requested.setdefault(("chat", conversation), []).append(at)
     finally:
         db.close()
-    return RateRecord(accepted=accepted, delivered=delivered)
+    return RateRecord(accepted=accepted, delivered=delivered, requested=requested)

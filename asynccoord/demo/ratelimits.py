@@ -10,10 +10,13 @@ the demo declares the same limits to the store (``set_rate_limits``) unless
 ``--no-rate-limits``.
 
 The measures come from the gateway's own record (:func:`window_ratio`,
-:func:`busiest_utilisation`): a sliding window over the calls the provider accepted,
-per key, against the bound the store promises (``count + burst`` per ``per_s``, see
-:func:`~asynccoord.contract.ratelimits.max_in_window`), and the achieved rate of the
-busiest bucket over its allowed rate while it had messages waiting.
+:func:`busiest_utilisation`): sliding windows of 1, 8 and 64 periods over the calls the
+provider accepted, per key, against what a burst-then-sustained (GCRA) sequence allows
+in each (``count * k + burst`` per ``k * per_s``, one more than GCRA's own bound for the
+time between claim and send, see :func:`~asynccoord.contract.ratelimits.max_in_window`),
+so a key held to its burst but sent over its sustained rate shows in the longer windows;
+and the achieved rate of the busiest bucket over its allowed rate while it had messages
+waiting.
 """
 
 from __future__ import annotations
@@ -22,21 +25,26 @@ import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..contract.ratelimits import RateLimit, max_in_window
+from ..contract.ratelimits import RateLimit
 
 __all__ = (
     "NOMINAL_LIMITS",
     "RATE_SCALE",
+    "WINDOW_PERIODS",
     "Utilisation",
     "busiest_utilisation",
     "limit_keys",
     "limits_json",
     "provider_limits",
+    "window_bound",
     "window_ratio",
 )
 
 RATE_SCALE = 8.0
 """How much faster than real time the demo's provider lets messages through (periods divided by this)."""
+
+WINDOW_PERIODS = (1, 8, 64)
+"""The window lengths :func:`window_ratio` judges, in periods of each limit."""
 
 NOMINAL_LIMITS = (
     RateLimit(dimension="account", count=30, per_s=1.0, burst=30),
@@ -65,30 +73,58 @@ def limit_keys(account: str, conversation: str) -> dict[str, str]:
     return {"account": account, "chat": conversation}
 
 
-def window_ratio(calls: Mapping[tuple[str, str], Sequence[float]], limits: Sequence[RateLimit]) -> float:
-    """The highest count of calls in any window of ``per_s`` over ``count + burst``, across all keys.
+def window_bound(limit: RateLimit, periods: int) -> int:
+    """The most calls of one key a conforming sequence may put in a window of ``periods * per_s`` seconds.
+
+    A GCRA sequence (:class:`~asynccoord.contract.ratelimits.RateLimit`) holds at most
+    ``count * periods + burst - 1`` calls in any half-open window of that length; one
+    more allows for the time between a claim and its send
+    (:func:`~asynccoord.contract.ratelimits.max_in_window` is the case ``periods == 1``).
+    """
+    return limit.count * periods + limit.burst
+
+
+def window_ratio(
+    calls: Mapping[tuple[str, str], Sequence[float]],
+    limits: Sequence[RateLimit],
+    periods: Sequence[int] = WINDOW_PERIODS,
+) -> float:
+    """The fullest window of any key over what a conforming sequence allows in it, across window lengths.
+
+    For each key and each ``k`` of ``periods``, the most calls in any half-open window of
+    ``k * per_s`` seconds over :func:`window_bound` ``(limit, k)``. A window longer than
+    the record (the first call to the last, all keys) is not judged, except ``k == 1``.
+    A key kept to its burst but sent at twice its sustained rate gives near 2 in the
+    longest window judged; one that keeps burst-then-sustained, at most 1.
 
     Args:
         calls: ``(dimension, key)`` -> arrival times of the calls the provider accepted,
             seconds, ascending.
         limits: The limits, by dimension (a dimension without one is not judged).
+        periods: The window lengths, in periods of each limit (positive integers).
 
     Returns:
         The ratio (0.0 with no call): at most 1.0 when no key ever went over its bound.
     """
     by_dimension = {x.dimension: x for x in limits}
+    every = [t for times in calls.values() for t in times]
+    span_s = max(every) - min(every) if every else 0.0
     worst = 0.0
     for (dimension, _), times in calls.items():
         limit = by_dimension.get(dimension)
         if limit is None or not times:
             continue
-        most = 0
-        start = 0
-        for end, t in enumerate(times):  # windows [times[start], times[start] + per_s)
-            while times[start] <= t - limit.per_s:
-                start += 1
-            most = max(most, end - start + 1)
-        worst = max(worst, most / max_in_window(limit))
+        for k in periods:
+            window_s = k * limit.per_s
+            if k != 1 and window_s > span_s:
+                continue
+            most = 0
+            start = 0
+            for end, t in enumerate(times):  # windows [times[start], times[start] + window_s)
+                while times[start] <= t - window_s:
+                    start += 1
+                most = max(most, end - start + 1)
+            worst = max(worst, most / window_bound(limit, k))
     return worst
 
 

@@ -134,7 +134,8 @@ def build_report(
         counted lease loss or interrupted send. ``delivered_not_committed`` is sent but not
         recorded done (0 in a finished run); ``gateway`` holds the provider's own counts;
         ``latency_ms`` has ``p50`` and ``p99`` of enqueue-to-commit; ``rate_limits`` the provider's 429s, the
-        declared limits, the busiest key's utilisation and the highest window ratio; ``hottest_account``
+        declared limits, the busiest key's utilisation, the highest window ratio of the sends
+        the provider let through and that of every request it judged; ``hottest_account``
         has its messages and ``busy_s``, the summed duration of its sends; ``config``
         holds the run's settings, with ``lock_store_keys``, the run's Redis keys found at
         the end under ``--lock-store``. ``ok`` is the verdict. The demo adds ``timing_s``
@@ -265,6 +266,7 @@ def _rate_limits(
             "allowed_per_s": busiest.allowed_per_s,
         },
         "max_window_ratio": round(window_ratio(record.accepted, limits), 3),
+        "requested_window_ratio": round(window_ratio(record.requested, limits), 3),
         "note": rate_note(opts),
     }
     return out
@@ -337,7 +339,7 @@ def render(report: dict[str, Any], console: Console) -> None:
         table.add_row(f"gateway {key}", str(value))
     rates = report["rate_limits"]
     table.add_row("provider 429s (late sends apart)", f"{rates['provider_429s']} ({rates['late_send_429s']} late)")
-    table.add_row("max window / limit", str(rates["max_window_ratio"]))
+    table.add_row("max window / limit (sent; tried)", f"{rates['max_window_ratio']}; {rates['requested_window_ratio']}")
     busiest = rates["busiest_key"]
     if busiest is not None:
         table.add_row(

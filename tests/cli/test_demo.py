@@ -125,12 +125,14 @@ def test_without_declared_rate_limits_the_provider_answers_429s_and_with_them_no
     assert off["conflicts"]["provider_rate_limited"] > 0  # reported by send, handled without an attempt
     assert off["dead"] == 0
     assert off["rate_limits"]["max_window_ratio"] <= 1.0  # the provider refused what went over
+    assert off["rate_limits"]["requested_window_ratio"] > 1.0  # what the bot tried: over the sustained rate
     code, on, stderr = run_demo(*base, "--db", str(tmp_path / "on.db"))
     assert code == 0, stderr[-2000:]
     assert on["rate_limits"]["provider_429s"] == 0
     assert on["conflicts"]["rate_limit_held"] > 0  # the claim held work back instead
     assert on["rate_limits"]["scale"] == 8.0
     assert on["rate_limits"]["max_window_ratio"] <= 1.0
+    assert on["rate_limits"]["requested_window_ratio"] <= 1.0  # no request refused: the same sends
 
 
 @pytest.mark.multiprocess
