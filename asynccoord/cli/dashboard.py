@@ -161,15 +161,8 @@ async def open_dashboard(
         async def snapshot() -> dict[str, Any]:
             return await status_report(store, windows_s=windows_s, db=label, lock_store=locks)
 
-        feed = Feed(
-            snapshot, sections={"rate_limits": _no_rate_limits}, interval_s=interval_s, show_payloads=show_payloads
-        )
+        feed = Feed(snapshot, interval_s=interval_s, show_payloads=show_payloads)
         yield await stack.enter_async_context(serve(feed, host=host, port=port, token=token))
-
-
-async def _no_rate_limits() -> None:
-    """The rate-limit buckets section: None until the runtime reports rate limits."""
-    return None
 
 
 def dashboard_command(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@ with the oldest due pending age, the live nodes with their heartbeat age and the
 partitions each owns (rendezvous assignment over the live node ids, as the nodes
 compute it), the locks held with holder and TTL left, the cluster-wide event counters
 with their rates over sliding windows, latency quantiles, the processes reporting
-metrics, and the firing alerts every live monitor stored.
+metrics, the firing alerts every live monitor stored, and per queue the declared rate
+limits with the buckets holding keys back.
 
 :func:`collect_status` opens an SQLite file *read-only* (``file:...?mode=ro``): it
 applies no migration, writes nothing, and under WAL its reads never block the nodes.
@@ -30,6 +31,7 @@ from typing import IO, Any
 from .. import events as ev
 from ..config import StoreConfig
 from ..contract.monitor import check_windows
+from ..contract.ratelimits import RateLimitStore
 from ..errors import InvalidArgumentError
 from ..locks.pool import PLACE_PREFIX
 from ..monitor.snapshot import cluster_snapshot
@@ -39,6 +41,7 @@ from .run import store_options
 
 __all__ = (
     "CONFLICT_EVENTS",
+    "HELD_BUCKETS_SHOWN",
     "STATUS_SCHEMA_ID",
     "check_status",
     "collect_status",
@@ -71,6 +74,9 @@ CONFLICT_EVENTS: tuple[str, ...] = (
     ev.RATE_LIMIT_HELD,
 )
 """Events shown as conflicts in the human output (throughput events come after them)."""
+
+HELD_BUCKETS_SHOWN = 50
+"""The most held rate-limit buckets a report lists (the longest waits, all queues together)."""
 
 _STATUSES = ("pending", "running", "done", "dead")
 
@@ -195,7 +201,37 @@ async def status_report(
         "latencies": snap["latencies"],
         "processes": snap["processes"],
         "alerts": sorted(alerts.values(), key=lambda a: (a["fired_at"], a["rule"], a["scope_key"])),
+        "rate_limits": await _rate_limits(store, [d.queue for d in depths]),
     }
+
+
+async def _rate_limits(store: Any, queues: Sequence[str]) -> dict[str, Any]:
+    """Per queue with declared limits or held buckets: its limits, and its buckets holding keys back.
+
+    The held buckets are the :data:`HELD_BUCKETS_SHOWN` longest waits of all queues
+    (``held_buckets``, store clock); ``queues`` are those with tasks, to which the queues
+    of the held buckets are added. A store without rate limits reports none.
+    """
+    if not isinstance(store, RateLimitStore):
+        return {"held_shown_max": HELD_BUCKETS_SHOWN, "queues": []}
+    held = await store.held_buckets(limit=HELD_BUCKETS_SHOWN)
+    entries = []
+    for queue in sorted({*queues, *(b.queue for b in held)}):
+        limits = await store.rate_limits(queue)
+        mine = [b for b in held if b.queue == queue]
+        if not limits and not mine:
+            continue
+        entries.append(
+            {
+                "queue": queue,
+                "limits": [
+                    {"dimension": lim.dimension, "count": lim.count, "per_s": lim.per_s, "burst": lim.burst}
+                    for lim in limits
+                ],
+                "held": [{"dimension": b.dimension, "key": b.key, "wait_s": b.wait_s} for b in mine],
+            }
+        )
+    return {"held_shown_max": HELD_BUCKETS_SHOWN, "queues": entries}
 
 
 @contextlib.asynccontextmanager
@@ -536,6 +572,8 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
         table.add_row(p["process_id"], f"{_fmt_s(p['last_flush_age_s'])} ago")
     console.print(table)
 
+    _render_rate_limits(console, report["rate_limits"])
+
     if report["alerts"]:
         table = Table(title=f"Active alerts ({len(report['alerts'])})", box=box.SIMPLE_HEAVY, style="red")
         for col in ("rule", "event", "value", "threshold", "window", "scope", "firing for"):
@@ -555,3 +593,31 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
         console.print(table)
     else:
         console.print("No active alerts.", style="green")
+
+
+def _render_rate_limits(console: Any, rate_limits: dict[str, Any]) -> None:
+    """The declared limits and the held buckets of a report, as two tables (nothing when no queue has limits)."""
+    from rich import box
+    from rich.table import Table
+
+    queues = rate_limits["queues"]
+    if not queues:
+        return
+    table = Table(title="Rate limits", box=box.SIMPLE_HEAVY)
+    for col in ("queue", "dimension", "rate", "burst"):
+        table.add_column(col, justify="right" if col == "burst" else "left")
+    for q in queues:
+        for lim in q["limits"]:
+            table.add_row(q["queue"], lim["dimension"], f"{lim['count']}/{lim['per_s']:g}s", str(lim["burst"]))
+    console.print(table)
+    held = [(q["queue"], b) for q in queues for b in q["held"]]
+    if not held:
+        console.print("No rate-limit bucket is holding keys back.", style="green")
+        return
+    held.sort(key=lambda qb: (-qb[1]["wait_s"], qb[0], qb[1]["dimension"], qb[1]["key"]))
+    table = Table(title=f"Buckets holding keys back ({len(held)})", box=box.SIMPLE_HEAVY, style="yellow")
+    for col in ("queue", "dimension", "key", "next token in"):
+        table.add_column(col, justify="right" if col == "next token in" else "left")
+    for queue, b in held:
+        table.add_row(queue, b["dimension"], b["key"], _fmt_s(b["wait_s"]))
+    console.print(table)

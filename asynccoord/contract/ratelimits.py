@@ -25,7 +25,10 @@ __all__ = (
     "RateLimitStore",
     "MAX_LIMITS",
     "Admission",
+    "HELD_BUCKETS_MAX",
+    "HeldBucket",
     "RateLimit",
+    "check_held_buckets_args",
     "check_limit_keys",
     "check_pause_target",
     "check_unknown_dimensions",
@@ -34,12 +37,14 @@ __all__ = (
     "conforms",
     "decode_limit_keys",
     "eligible_at",
+    "held_wait_s",
     "encode_limit_keys",
     "limits_from_rows",
     "max_in_window",
     "parse_rate_limit",
     "pause_targets",
     "paused_tat",
+    "sort_held",
     "take",
 )
 
@@ -116,6 +121,51 @@ def conforms(tat: float | None, now: float, limit: RateLimit) -> bool:
 def eligible_at(tat: float | None, limit: RateLimit) -> float | None:
     """When a bucket whose TAT is ``tat`` next has a token (None: it has one at any time)."""
     return None if tat is None else tat - limit.tolerance_s
+
+
+def held_wait_s(tat: float, now: float, limit: RateLimit) -> float:
+    """Seconds from ``now`` until a bucket whose TAT is ``tat`` next has a token: ``max(0, TAT - tau - now)``."""
+    return max(0.0, tat - limit.tolerance_s - now)
+
+
+HELD_BUCKETS_MAX = 1000
+"""The most buckets one :meth:`RateLimitStore.held_buckets` call returns."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldBucket:
+    """A bucket holding its key's tasks back now: it has no token until ``wait_s`` from now.
+
+    Attributes:
+        queue: The queue that declares the limit.
+        dimension: The limit's dimension (e.g. ``"chat"``).
+        key: The key of that dimension the bucket counts (e.g. a chat id).
+        wait_s: Seconds from the read, store clock, until its next token (> 0).
+    """
+
+    queue: str
+    dimension: str
+    key: str
+    wait_s: float
+
+    def to_dict(self) -> dict[str, str | float]:
+        """The bucket as a JSON-ready dict of its fields."""
+        return {"queue": self.queue, "dimension": self.dimension, "key": self.key, "wait_s": self.wait_s}
+
+
+def check_held_buckets_args(queue: object, limit: object) -> tuple[str | None, int]:
+    """Check the arguments of :meth:`RateLimitStore.held_buckets`: a queue name or None, 1..1000.
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a bad queue name, or ``limit`` not an int
+            in ``1..HELD_BUCKETS_MAX``.
+    """
+    return check_optional_name("queue", queue), check_int("limit", limit, minimum=1, maximum=HELD_BUCKETS_MAX)
+
+
+def sort_held(held: Sequence[HeldBucket], limit: int) -> list[HeldBucket]:
+    """The ``limit`` longest waits first (then by queue, dimension, key), as every store orders them."""
+    return sorted(held, key=lambda b: (-b.wait_s, b.queue, b.dimension, b.key))[:limit]
 
 
 def take(tat: float | None, now: float, limit: RateLimit) -> float:
@@ -412,6 +462,26 @@ class RateLimitStore(Protocol):
 
     async def rate_limits(self, queue: str) -> list[RateLimit]:
         """``queue``'s declared limits, by dimension name (empty when none)."""
+        ...
+
+    async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
+        """The buckets holding keys back now: those with no token at the store clock's now.
+
+        A read that writes nothing (on SQLite, on the reader connection): for each bucket of
+        ``queue`` (None: every queue) whose dimension the queue still declares and whose next
+        token is later than now, its wait ``max(0, TAT - tau - now)`` in seconds. A bucket
+        with a token, or one never used, is not listed.
+
+        Args:
+            queue: The queue, or None for every queue. Default None.
+            limit: The most buckets returned, 1..:data:`HELD_BUCKETS_MAX`. Default 50.
+
+        Returns:
+            The held buckets, longest wait first (ties by queue, dimension, key).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad queue name or limit.
+        """
         ...
 
     async def report_rate_limited(

@@ -25,6 +25,7 @@ from asynccoord import (
     Monitor,
     NewTask,
     NotADatabaseError,
+    RateLimit,
     ReadOnlyStoreError,
     SQLiteStore,
 )
@@ -162,6 +163,45 @@ async def test_status_tells_running_tasks_whose_lease_expired(store: Store, cloc
     report = await status_report(store, windows_s=[10.0], db=None)
     by_queue = {q["queue"]: (q["running"], q["expired_leases"]) for q in report["queues"]}
     assert by_queue == {"outbox": (5, 0), "other": (1, 1)}
+
+
+async def test_status_lists_declared_limits_and_the_buckets_holding_keys_back(store: Store, clock: FakeClock) -> None:
+    report = await status_report(store, windows_s=[10.0], db=None)
+    assert report["rate_limits"] == {"held_shown_max": 50, "queues": []}
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    assert "Rate limits" not in out.getvalue()
+    await store.set_rate_limits("outbox", [RateLimit(dimension="chat", count=1, per_s=10.0, burst=2)])
+    await store.set_rate_limits("idle", [RateLimit(dimension="account", count=30, per_s=1.0)])  # no tasks
+    for chat in ("hot", "hot", "hot", "cool"):
+        await store.enqueue("outbox", limit_keys={"chat": chat})
+    await store.enqueue("plain", 1)
+    assert len(await store.claim("outbox", node_id="n1", limit=10)) == 3  # hot's burst of 2, cool's first
+    clock.advance(4.0)
+    report = await status_report(store, windows_s=[10.0], db=None)
+    validate(report)
+    outbox = {"dimension": "chat", "count": 1, "per_s": 10.0, "burst": 2}
+    assert report["rate_limits"] == {
+        "held_shown_max": 50,
+        "queues": [
+            {"queue": "outbox", "limits": [outbox], "held": [{"dimension": "chat", "key": "hot", "wait_s": 6.0}]}
+        ],  # "idle" has no task and nothing held: not listed; "plain" declares nothing
+    }
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    text = out.getvalue()
+    assert "Rate limits" in text
+    assert "1/10s" in text
+    assert "Buckets holding keys back (1)" in text
+    assert "hot" in text
+    assert "6.0 s" in text
+    clock.advance(6.0)  # hot has a token again
+    report = await status_report(store, windows_s=[10.0], db=None)
+    validate(report)
+    assert report["rate_limits"]["queues"][0]["held"] == []
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    assert "No rate-limit bucket is holding keys back." in out.getvalue()
 
 
 async def test_status_tells_places_in_line_from_held_locks(store: Store, clock: FakeClock) -> None:

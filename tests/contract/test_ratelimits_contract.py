@@ -360,3 +360,72 @@ async def test_removed_limits_free_the_tasks(store) -> None:
     assert await claim_ids(store) == ids[:1]
     await store.set_rate_limits(Q, [])
     assert await claim_ids(store) == ids[1:]
+
+
+# --- held buckets: what the dashboard and status show -------------------------------
+
+
+async def test_held_buckets_list_throttled_keys_with_their_wait(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(
+        Q,
+        [
+            RateLimit(dimension="chat", count=1, per_s=2.0, burst=2),
+            RateLimit(dimension="account", count=1, per_s=10.0),
+        ],
+    )
+    await store.set_rate_limits("other", [RateLimit(dimension="chat", count=1, per_s=4.0)])
+    assert await store.held_buckets() == []
+    for _ in range(3):
+        await enqueue(store, chat("hot"))
+    await enqueue(store, chat("cool"))  # one of its two tokens taken: not held
+    await enqueue(store, {"account": "acme"})
+    await store.enqueue("other", limit_keys=chat("x"))
+    assert len(await claim_ids(store)) == 4  # hot twice (its burst), cool once, acme once
+    assert len(await store.claim("other", node_id="n", limit=10)) == 1
+    clock.advance(0.5)
+    held = await store.held_buckets()
+    assert [(b.queue, b.dimension, b.key) for b in held] == [
+        (Q, "account", "acme"),
+        ("other", "chat", "x"),
+        (Q, "chat", "hot"),
+    ]  # longest wait first
+    assert [b.wait_s for b in held] == pytest.approx([9.5, 3.5, 1.5])
+    of_queue = await store.held_buckets(Q)
+    assert [b.key for b in of_queue] == ["acme", "hot"]
+    assert [b.wait_s for b in of_queue] == pytest.approx([9.5, 1.5])
+    assert [b.key for b in await store.held_buckets(Q, limit=1)] == ["acme"]
+    assert held[0].to_dict() == {"queue": Q, "dimension": "account", "key": "acme", "wait_s": pytest.approx(9.5)}
+    clock.advance(1.5)  # hot has a token again
+    assert [b.key for b in await store.held_buckets(Q)] == ["acme"]
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=2.0)])  # burst 1; account undeclared
+    (hot,) = await store.held_buckets(Q)  # no tolerance now: TAT (4 s after the takes) - now
+    assert (hot.key, hot.wait_s) == ("hot", pytest.approx(2.0))
+    clock.advance(10.0)
+    assert await store.held_buckets() == []
+
+
+async def test_held_buckets_show_a_providers_pause(store, clock: FakeClock) -> None:
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=10, per_s=1.0, burst=10)])
+    await enqueue(store, chat("a"))
+    (task,) = await store.claim(Q, node_id="n", limit=1)
+    assert await store.held_buckets(Q) == []  # nine tokens left
+    await store.report_rate_limited(task, 30.0)
+    (held,) = await store.held_buckets(Q)
+    assert (held.dimension, held.key) == ("chat", "a")
+    assert held.wait_s == pytest.approx(30.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"queue": ""}, InvalidArgumentError),
+        ({"queue": 5}, InvalidTypeError),
+        ({"limit": 0}, InvalidArgumentError),
+        ({"limit": 1001}, InvalidArgumentError),
+        ({"limit": 1.5}, InvalidTypeError),
+        ({"limit": True}, InvalidTypeError),
+    ],
+)
+async def test_held_buckets_refuse_bad_arguments(store, kwargs: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        await store.held_buckets(**kwargs)

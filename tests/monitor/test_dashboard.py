@@ -28,7 +28,7 @@ from browser import chromium_page
 from conftest import PythonRunner
 from services import REDIS_URL, redis_problem, unavailable
 
-from asynccoord import SQLiteStore
+from asynccoord import RateLimit, SQLiteStore
 from asynccoord import events as ev
 from asynccoord.cli.dashboard import TOKEN_ENV, open_dashboard
 from asynccoord.cli.main import build_parser
@@ -105,6 +105,8 @@ READ_PAGE = """(() => {
     alerts: rows('alerts').map(cells),
     resolved: rows('resolved').map(cells),
     events: rows('events').map(cells),
+    held: rows('held').map((tr) => ({ ...cells(tr), wait_s: Number(tr.querySelector('td[data-k="wait"]').dataset.s) })),
+    limits: rows('limits').map(cells),
     charts: document.querySelectorAll('#queue-charts canvas').length,
     latency_canvas: document.querySelectorAll('#latency-chart canvas').length,
     text: document.body.innerText,
@@ -114,6 +116,7 @@ READ_PAGE = """(() => {
 
 def expected_on_page(report: dict[str, Any]) -> dict[str, Any]:
     """The numbers of a status report as the page writes them (exact text of each cell)."""
+    rl = report["rate_limits"]["queues"]
     return {
         "queues": [
             {k: str(q[k]) for k in ("queue", "pending", "running", "expired_leases", "done", "dead", "total")}
@@ -127,6 +130,20 @@ def expected_on_page(report: dict[str, Any]) -> dict[str, Any]:
         ],
         "alerts": [{"rule": a["rule"], "event": a["event"]} for a in report["alerts"]],
         "events": [{"event": name, "total": str(n)} for name, n in sorted(report["events"]["totals"].items())],
+        "held": sorted(
+            ({"queue": q["queue"], "dimension": b["dimension"], "key": b["key"]} for q in rl for b in q["held"]),
+            key=lambda b: (b["queue"], b["dimension"], b["key"]),
+        ),
+        "limits": [
+            {
+                "queue": q["queue"],
+                "dimension": lim["dimension"],
+                "rate": f"{lim['count']}/{lim['per_s']:g}s",
+                "burst": str(lim["burst"]),
+            }
+            for q in rl
+            for lim in q["limits"]
+        ],
     }
 
 
@@ -142,6 +159,11 @@ def shown(page: dict[str, Any]) -> dict[str, Any]:
         "locks": [{k: lock[k] for k in ("name", "holder", "fencing_token")} for lock in page["locks"]],
         "alerts": [{"rule": a["rule"], "event": a["event"]} for a in page["alerts"]],
         "events": page["events"],
+        "held": sorted(
+            ({k: b[k] for k in ("queue", "dimension", "key")} for b in page["held"]),
+            key=lambda b: (b["queue"], b["dimension"], b["key"]),
+        ),
+        "limits": page["limits"],
     }
 
 
@@ -174,6 +196,47 @@ async def test_the_page_shows_what_status_json_reports(tmp_path: Path, python: P
         shot = await page.screenshot(tmp_path / "dashboard.png")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert shot.stat().st_size > 20_000
+
+
+async def test_the_page_shows_the_rate_limits_status_json_reports(tmp_path: Path, python: PythonRunner) -> None:
+    async with known_cluster(tmp_path / "cluster.db") as cluster:
+        store = cluster.store
+        await store.set_rate_limits(
+            "limited",
+            [
+                RateLimit(dimension="chat", count=1, per_s=3600.0),
+                RateLimit(dimension="account", count=5, per_s=60.0, burst=5),
+            ],
+        )
+        for keys in ({"chat": "hot"}, {"chat": "hot"}, {"chat": "warm"}, {"account": "acme"}):
+            await store.enqueue("limited", {"text": SECRET}, limit_keys=keys)
+        assert len(await store.claim("limited", node_id="node-a", limit=10, lease_s=600)) == 3
+        async with (
+            open_dashboard(cluster.path, port=0, interval_s=0.5) as dashboard,
+            chromium_page(tmp_path / "profile") as page,
+        ):
+            report = await status_json(python, cluster.path)
+            await page.goto(dashboard.url)
+            await page.wait_for("document.body.dataset.ready === '1'")
+            seen = await page.evaluate(READ_PAGE)
+            assert shown(seen) == expected_on_page(report)
+            # Spelled out: hot and warm each spent their one token an hour long; acme has four left.
+            assert [(b["queue"], b["dimension"], b["key"]) for b in seen["held"]] == [
+                ("limited", "chat", "hot"),
+                ("limited", "chat", "warm"),
+            ]
+            waits = {b["key"]: b["wait_s"] for q in report["rate_limits"]["queues"] for b in q["held"]}
+            for b in seen["held"]:
+                assert 3500 < b["wait_s"] <= 3600  # the hour less the seconds the test took
+                assert b["wait_s"] == pytest.approx(waits[b["key"]], abs=30.0)  # read moments apart
+            assert [(x["dimension"], x["rate"], x["burst"]) for x in seen["limits"]] == [
+                ("account", "5/60s", "5"),
+                ("chat", "1/3600s", "1"),
+            ]
+            assert "No rate limits reported." not in seen["text"]
+            assert "(2)" in seen["text"]
+            assert SECRET not in seen["text"]
+            await page.screenshot(tmp_path / "dashboard-rate-limits.png")
 
 
 async def test_the_page_follows_the_database_without_reloading(tmp_path: Path, python: PythonRunner) -> None:

@@ -18,12 +18,17 @@ from ... import events as ev
 from ...contract.queue import check_task
 from ...contract.ratelimits import (
     Admission,
+    HeldBucket,
     RateLimit,
+    check_held_buckets_args,
     check_pause_target,
     check_rate_limits,
     check_retry_after_s,
+    conforms,
+    held_wait_s,
     pause_targets,
     paused_tat,
+    sort_held,
 )
 from ...events import EventCounter
 from ...models import Task, TaskStatus
@@ -84,6 +89,19 @@ class MemoryRateLimitOps:
         check_name("queue", queue)
         self._check_open()
         return [self._rate.limits[queue][d] for d in sorted(self._rate.limits.get(queue, {}))]
+
+    async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
+        """The buckets with no token now, longest wait first (see ``RateLimitStore.held_buckets``)."""
+        name, most = check_held_buckets_args(queue, limit)
+        self._check_open()
+        now = self._clock()
+        held = []
+        for (q, dimension, key), tat in self._rate.buckets.items():
+            declared = self._rate.limits.get(q, {}).get(dimension)
+            if declared is None or (name is not None and q != name) or conforms(tat, now, declared):
+                continue
+            held.append(HeldBucket(queue=q, dimension=dimension, key=key, wait_s=held_wait_s(tat, now, declared)))
+        return sort_held(held, most)
 
     def _declared(self, queue: str) -> dict[str, RateLimit]:
         return self._rate.limits.get(queue, {})

@@ -30,7 +30,9 @@ from ... import events as ev
 from ...contract.queue import PreparedTask, check_task
 from ...contract.ratelimits import (
     Admission,
+    HeldBucket,
     RateLimit,
+    check_held_buckets_args,
     check_pause_target,
     check_rate_limits,
     check_retry_after_s,
@@ -116,6 +118,19 @@ class PgRateLimitOps(PgHeads):
         check_name("queue", queue)
         found = await self._declared(queue)
         return [found[d] for d in sorted(found)]
+
+    async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
+        """The buckets with no token now on the server clock, longest wait first (one statement, a read).
+
+        See :class:`~asynccoord.contract.ratelimits.RateLimitStore`; query ``held_buckets``.
+        """
+        name, most = check_held_buckets_args(queue, limit)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[Row]:
+            return await self._fetch(conn, "held_buckets", queue=name, now=self._now(), limit=most)
+
+        rows = await self._run(op, what="read held rate-limit buckets", tx=False, ambiguous_ok=True)
+        return [HeldBucket(queue=q, dimension=d, key=k, wait_s=max(0.0, float(w))) for q, d, k, w in rows]
 
     async def _declared(self, queue: str) -> dict[str, RateLimit]:
         async def op(conn: asyncpg.Connection, _attempt: int) -> list[Row]:

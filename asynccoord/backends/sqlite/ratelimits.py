@@ -23,7 +23,9 @@ from ... import events as ev
 from ...contract.queue import check_task
 from ...contract.ratelimits import (
     Admission,
+    HeldBucket,
     RateLimit,
+    check_held_buckets_args,
     check_pause_target,
     check_rate_limits,
     check_retry_after_s,
@@ -44,7 +46,7 @@ from ..sqlfiles import load_queries
 
 if TYPE_CHECKING:
     from ...contract.queue import PreparedTask
-    from .writer import Operation
+    from .writer import GroupCommitter, Operation
 
 __all__ = ("SQLiteRateLimitOps", "claim_limited")
 
@@ -114,7 +116,7 @@ def claim_limited(
 class SQLiteRateLimitOps:
     """The :class:`~asynccoord.contract.ratelimits.RateLimitStore` verbs of the SQLite store.
 
-    A mixin: it relies on the store's ``_write`` (group-committed operation), ``_read``,
+    A mixin: it relies on the store's ``_write`` (group-committed operation), ``_read``, ``_w``,
     ``events`` and ``notifier``.
     """
 
@@ -128,6 +130,8 @@ class SQLiteRateLimitOps:
         ) -> Any: ...
 
         async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any: ...
+
+        def _w(self) -> GroupCommitter: ...
 
     @functools.cached_property
     def _refill(self) -> RefillWaker:
@@ -159,6 +163,22 @@ class SQLiteRateLimitOps:
         check_name("queue", queue)
         found: dict[str, RateLimit] = await self._read(lambda db: _limits(db, queue))
         return [found[d] for d in sorted(found)]
+
+    async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
+        """The buckets with no token now, longest wait first: one read on the reader connection.
+
+        See :class:`~asynccoord.contract.ratelimits.RateLimitStore`; query ``held_buckets``.
+        """
+        name, most = check_held_buckets_args(queue, limit)
+        writer = self._w()
+
+        def read(db: sqlite3.Connection) -> list[_Row]:
+            now = writer.now(db)
+            rows: list[_Row] = db.execute(R["held_buckets"], {"queue": name, "now": now, "limit": most}).fetchall()
+            return rows
+
+        rows = await self._read(read)
+        return [HeldBucket(queue=q, dimension=d, key=k, wait_s=max(0.0, float(w))) for q, d, k, w in rows]
 
     async def _check_dimensions(self, prepared: Sequence[PreparedTask]) -> None:
         """Refuse tasks naming a dimension their queue does not declare (a read; only when some task names keys)."""

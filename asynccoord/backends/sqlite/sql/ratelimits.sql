@@ -66,3 +66,14 @@ UPDATE coord_tasks
  WHERE id = :id AND lease_token = :lease_token AND version = :version
    AND status = 'running' AND lease_expires_at > :now
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
+
+-- name: held_buckets
+-- Buckets with no token at :now, longest wait first: the wait is TAT - tau - now, with
+-- tau = (burst - 1) * (per_s / count) of the limit the queue still declares. A read.
+SELECT b.queue, b.dimension, b.key, b.tat - (l.burst - 1) * (l.per_s / l.count) - :now AS wait_s
+  FROM coord_rate_buckets AS b
+  JOIN coord_rate_limits AS l ON l.queue = b.queue AND l.dimension = b.dimension
+ WHERE (:queue IS NULL OR b.queue = :queue)
+   AND b.tat - (l.burst - 1) * (l.per_s / l.count) > :now
+ ORDER BY wait_s DESC, b.queue, b.dimension, b.key
+ LIMIT :limit;

@@ -127,29 +127,31 @@
     }, "none resolved since the page's server started");
   }
 
-  function renderRateLimits(buckets) {
-    const box = $("rate-limits");
-    if (!Array.isArray(buckets) || !buckets.length) {
-      const p = document.createElement("p");
-      p.className = "muted";
-      p.textContent = "No rate limits reported.";
-      box.replaceChildren(p);
-      return;
-    }
-    const keys = [...new Set(buckets.flatMap((b) => Object.keys(b)))];
-    const table = document.createElement("table");
-    const head = table.createTHead().insertRow();
-    for (const k of keys) {
-      const th = document.createElement("th");
-      th.textContent = k;
-      head.appendChild(th);
-    }
-    const body = table.createTBody();
-    for (const b of buckets) {
-      const tr = body.insertRow();
-      for (const k of keys) cell(tr, b[k] === undefined ? "" : (typeof b[k] === "string" ? b[k] : JSON.stringify(b[k])), k);
-    }
-    box.replaceChildren(table);
+  // The status report's rate_limits: per queue its declared limits and the buckets with no
+  // token now (longest wait first, as status lists them).
+  function renderRateLimits(rl) {
+    const queues = rl && Array.isArray(rl.queues) ? rl.queues : [];
+    $("rate-limits-none").hidden = queues.length > 0;
+    $("rate-limits").hidden = queues.length === 0;
+    const held = queues.flatMap((q) => q.held.map((b) => ({ queue: q.queue, ...b })));
+    held.sort((a, b) => b.wait_s - a.wait_s || a.queue.localeCompare(b.queue) ||
+      a.dimension.localeCompare(b.dimension) || a.key.localeCompare(b.key));
+    $("held-count").textContent = queues.length ? "(" + held.length + ")" : "";
+    fill("held", held, (tr, b) => {
+      tr.dataset.queue = b.queue;
+      cell(tr, b.queue, "queue");
+      cell(tr, b.dimension, "dimension");
+      cell(tr, b.key, "key");
+      const td = cell(tr, fmtS(b.wait_s), "wait");
+      td.dataset.s = String(b.wait_s);
+    }, "no bucket is holding keys back");
+    const limits = queues.flatMap((q) => q.limits.map((l) => ({ queue: q.queue, ...l })));
+    fill("limits", limits, (tr, l) => {
+      cell(tr, l.queue, "queue");
+      cell(tr, l.dimension, "dimension");
+      cell(tr, l.count + "/" + fmtNum(l.per_s) + "s", "rate");
+      cell(tr, String(l.burst), "burst");
+    }, "none declared");
   }
 
   function chartWidth(el) {
@@ -228,8 +230,8 @@
     if (sec.status) {
       renderStatus(sec.status);
       renderResolved(sec.resolved, sec.status.now_s);
+      renderRateLimits(sec.status.rate_limits);
     }
-    renderRateLimits(sec.rate_limits);
     renderCharts(sec.history || []);
     document.body.dataset.seq = String(state.seq);
     document.body.dataset.ready = sec.status ? "1" : "0";
