@@ -187,7 +187,7 @@ def choose_layout(args: argparse.Namespace, run_index: int, *, matched: bool) ->
     repeat's cells share its layout, for every node count and process count. A layout hashes
     the hot conversations to some processes, and the more of the load one process owns, the
     less often the hot account's lock moves between them: fewer hand-overs, a faster drain (a
-    10-point larger share drained about 3 % faster in session 28). One layout splits the load
+    10-point larger share drained about 3 % faster in our runs). One layout splits the load
     differently at each node count (other node ids), so a ratio between node counts on one
     layout also compares two splits. Over many layouts the splits are alike at every node
     count (each partition's process is a fair draw), so this is noise, not bias, as long as the
@@ -1003,7 +1003,7 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
     rows: list[dict[str, Any]] = []
     baseline: list[dict[str, Any]] = []
     # Each layout's procrastinate drain runs just before asynccoord's cells of that layout, and
-    # repeats interleave the node counts, so load drift on a shared machine hits them alike.
+    # repeats interleave the node counts, so a drift in the machine's load hits them alike.
     # Odd repeats take the node counts in reverse order, so a drift within a repeat does not
     # always favour the same size.
     layouts: dict[int, tuple[int, float]] = {}  # repeat -> (layout, spread): every process count's cells share it
@@ -1039,7 +1039,7 @@ def bench(args: argparse.Namespace, db: SQLiteDb | PostgresDb) -> None:
                     if theirs is not None:
                         row["vs_procrastinate"] = round(row["tasks_per_s"] / theirs["jobs_per_s"], 2)
                     rows.append(row)
-                    if args.report:  # a long run on a shared machine keeps what it measured so far
+                    if args.report:  # a long run keeps what it measured so far
                         folder = Path(args.report)
                         folder.mkdir(parents=True, exist_ok=True)
                         (folder / "contention.partial.json").write_text(
