@@ -133,9 +133,15 @@ def build_report(
         its idempotency key, and ``duplicate_sends_explained`` says whether each follows a
         counted lease loss or interrupted send. ``delivered_not_committed`` is sent but not
         recorded done (0 in a finished run); ``gateway`` holds the provider's own counts;
-        ``latency_ms`` has ``p50`` and ``p99`` of enqueue-to-commit; ``rate_limits`` the provider's 429s, the
-        declared limits, the busiest key's utilisation, the highest window ratio of the sends
-        the provider let through and that of every request it judged; ``hottest_account``
+        ``latency_ms`` has ``p50`` and ``p99`` of enqueue-to-commit. ``rate_limits`` has
+        ``provider_429s`` (0 for ``ok`` when limits are declared), ``late_send_429s`` (a
+        stalled process's late sends, counted apart), ``declared``,
+        ``busiest_key_utilisation`` (the busiest bucket's sending rate over its allowed rate
+        while it had a backlog), ``max_window_ratio`` (over windows of 1, 8 and 64 periods,
+        the most sends of one key in a window over the ``count * k + burst`` a
+        burst-then-sustained sender may make in it; at most 1.0 for ``ok``) and
+        ``requested_window_ratio`` (the same over every request, refused ones included: over
+        1.0 when the bot tried to send too fast). ``hottest_account``
         has its messages and ``busy_s``, the summed duration of its sends; ``config``
         holds the run's settings, with ``lock_store_keys``, the run's Redis keys found at
         the end under ``--lock-store``. ``ok`` is the verdict. The demo adds ``timing_s``
