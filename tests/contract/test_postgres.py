@@ -52,10 +52,13 @@ SQLITE_ONLY = {
     "bucket_tat": "SQLite reads one bucket at a time (PostgreSQL: bucket_tats, a chunk's buckets at once)",
     "dead_letter_keys": "keys whose heads a policy change moves (PostgreSQL: inside coord_set_dead_letters)",
     "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",
+    "insert_task": "PostgreSQL inserts inside enqueue (coord_enqueue, schema revision 4), one round trip per call",
+    "select_by_idempotency_key": "PostgreSQL reads the task holding a repeated key inside enqueue (coord_enqueue)",
 }
 POSTGRES_ONLY = {
     "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",
-    "next_task_ids": "ids for a batch insert, so ON CONFLICT DO NOTHING reports which inputs were created",
+    "next_task_ids": "ids drawn before an enqueue that may run again, so it recognizes what its lost run created",
+    "enqueue": "enqueue_many in one statement: locks, insert, promotion and notification (coord_enqueue)",
     "select_tasks": "many tasks by id in one statement",
     "exhausted_keys": "keys locked before dead_letter_exhausted runs",
     "dead_keys": "keys locked before requeue_dead runs",
@@ -398,7 +401,8 @@ async def test_a_transaction_whose_session_the_server_ends_is_retried_for_the_er
 async def test_a_call_cancelled_while_its_begin_is_answered_closes_the_session_quietly(pg: str, schema: str) -> None:
     """asyncpg counts a transaction open once its BEGIN is sent, but the session reports one only
     when the answer arrives: a call cancelled in between must close the session too (a breaker's
-    find: a proxy delaying the server's answers, and ``enqueue_many`` cancelled during its BEGIN)."""
+    find: a proxy delaying the server's answers, and ``enqueue_many`` cancelled during its BEGIN;
+    an enqueue is one statement now, so a transaction of the runner's inserting a row stands in)."""
     delay_s = 0.0
     target = urllib.parse.urlsplit(pg)
 
@@ -424,9 +428,14 @@ async def test_a_call_cancelled_while_its_begin_is_answered_closes_the_session_q
         user, at, _ = target.netloc.rpartition("@")
         dsn = urllib.parse.urlunsplit(target._replace(netloc=f"{user}{at}127.0.0.1:{port}"))
         async with PostgresStore(dsn, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+            await admin(pg, f'CREATE TABLE "{schema}".probe (x int)')
+
+            async def insert_row(conn: Any, _attempt: int) -> None:
+                await conn.execute(f'INSERT INTO "{schema}".probe VALUES (1)')
+
             delay_s = 0.1  # every answer of the server now comes 0.1 s late
             for _ in range(3):
-                call = asyncio.ensure_future(store.enqueue_many([NewTask(queue="q", payload=1)]))
+                call = asyncio.ensure_future(store._runner.run(insert_row, what="probe"))
                 await asyncio.sleep(0.03)  # the BEGIN is at the server, its answer on the way
                 call.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -434,8 +443,9 @@ async def test_a_call_cancelled_while_its_begin_is_answered_closes_the_session_q
             delay_s = 0.0
             await asyncio.sleep(0.3)  # the late answers are in
             assert (await store.enqueue("q", 2)).created
-            counts = (await store.stats("q")).counts
-            assert counts[TaskStatus.PENDING] == 1  # the cancelled enqueues rolled back with their sessions
+            assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1
+            # the cancelled transactions rolled back with their sessions
+            assert (await admin(pg, f'SELECT count(*) FROM "{schema}".probe'))[0][0] == 0
     finally:
         loop.set_exception_handler(previous)
         proxy.close()
@@ -1872,28 +1882,42 @@ async def test_a_commit_of_an_altered_copy_promotes_its_own_key_under_that_keys_
 async def test_an_enqueue_whose_existing_task_is_purged_meanwhile_creates_it(pg: str, schema: str) -> None:
     """An enqueue whose idempotency key is held by a finished task skips the insert, then reads
     that task; a purge committing in between left nothing to read (an AssertionError, 4 of
-    1,600 rounds of a race). The enqueue now runs again and creates the task."""
-    async with (
-        PostgresStore(pg, schema=schema, listen=False) as store,
-        PostgresStore(pg, schema=schema, listen=False) as other,
-    ):
+    1,600 rounds of a race). The enqueue now inserts the task again and creates it.
+
+    The statement runs inside ``coord_enqueue``: the purge is made to land between its insert
+    and its read by a statement trigger that fires after the insert (it deletes the finished
+    task of the key as ``purge_finished`` does, in the enqueue's own transaction)."""
+    from asynccoord import events as ev
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
         first = await store.enqueue("q", 1, idempotency_key="m1")
         [claimed] = await store.claim("q", node_id="n", limit=1, lease_s=60)
         assert isinstance(await store.complete(claimed), Task)
-        read = store._row
-        purged = []
-
-        async def purge_first(conn: Any, name: str, /, **params: Any) -> Any:
-            if name == "select_by_idempotency_key" and not purged:  # the purge lands between insert and read
-                purged.append(await other.purge_finished("q", older_than_s=0))
-            return await read(conn, name, **params)
-
-        store._row = purge_first  # type: ignore[method-assign]
+        await admin(pg, f'CREATE TABLE "{schema}".purged (id bigint)')
+        await admin(
+            pg,
+            f"""CREATE FUNCTION "{schema}".purge_m1() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    WITH gone AS (DELETE FROM "{schema}".coord_tasks
+                                   WHERE queue = 'q' AND idempotency_key = 'm1' AND status = 'done' RETURNING id)
+                    INSERT INTO "{schema}".purged SELECT id FROM gone;
+                    RETURN NULL;
+                END $$""",
+        )
+        await admin(
+            pg,
+            f'CREATE TRIGGER purge_m1 AFTER INSERT ON "{schema}".coord_tasks'
+            f' FOR EACH STATEMENT EXECUTE FUNCTION "{schema}".purge_m1()',
+        )
         again = await store.enqueue("q", 2, idempotency_key="m1")
-        assert [p.deleted for p in purged] == [1]
+        assert [r[0] for r in await admin(pg, f'SELECT id FROM "{schema}".purged')] == [first.task.id]
         assert again.created is True
         assert again.task.id != first.task.id
         assert again.task.payload == 2
+        assert (await store.get(again.task.id)).status == TaskStatus.PENDING
+        with pytest.raises(TaskNotFoundError):
+            await store.get(first.task.id)
+        assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 0
 
 
 async def test_a_transaction_of_a_frozen_client_holds_up_a_queues_switch_only_until_the_server_ends_it(
@@ -1927,37 +1951,41 @@ async def test_a_transaction_of_a_frozen_client_holds_up_a_queues_switch_only_un
 
 
 @pytest.mark.parametrize("keyed", [False, True])
-async def test_a_client_frozen_past_the_idle_timeout_before_its_commit_gets_the_lost_connection(
+async def test_an_enqueue_whose_session_ends_mid_statement_is_retried_only_when_keyed(
     pg: str, schema: str, keyed: bool
 ) -> None:
-    """The server ended the session while the client was frozen just before COMMIT (nothing
-    written). An enqueue with idempotency keys is safe to repeat: it is retried and creates its
-    task. One without cannot know it was not committed: StoreConnectionError, naming the lost
-    connection (it named a failed ``Connection.terminate()`` of a connection the driver had let
-    go of already)."""
-    import asyncpg
-
-    async with PostgresStore(pg, schema=schema, listen=False, idle_in_transaction_timeout_s=0.3) as store:
-        notify = store._notify
-        frozen = []
-
-        async def freeze_once(conn: Any, *args: Any, **kwargs: Any) -> None:
-            await notify(conn, *args, **kwargs)  # the transaction's last statement
-            if not frozen:
-                frozen.append(True)
-                time.sleep(1.0)  # the whole process stalls, past the server's timeout
-
-        store._notify = freeze_once  # type: ignore[method-assign]
-        task = NewTask(queue="q", payload=1, partition_key="k", idempotency_key="m1" if keyed else None)
-        if keyed:
-            [result] = await store.enqueue_many([task])
-            assert result.created is True
-        else:
-            with pytest.raises(StoreConnectionError, match="ConnectionDoesNotExistError") as caught:
-                await store.enqueue_many([task])
-            assert "terminate" not in str(caught.value)
-        assert frozen == [True]
-        conn = await asyncpg.connect(pg, server_settings={"search_path": schema})
+    """The server ends the session while the enqueue's one statement waits for a key's row lock
+    (nothing written, but the client cannot know it). An enqueue with idempotency keys is safe
+    to repeat: it is retried and creates its task once. One without cannot know it was not
+    committed: StoreConnectionError, naming the lost connection (before, it named a failed
+    ``Connection.terminate()`` of a connection the driver had let go of already)."""
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        assert await store.claim("q", node_id="n", limit=1, ordered=True) == []  # "q" keeps heads: keys are locked
+        holder, tx = await _hold_key_row(pg, schema, "k")
+        try:
+            task = NewTask(queue="q", payload=1, partition_key="k", idempotency_key="m1" if keyed else None)
+            call = asyncio.ensure_future(store.enqueue_many([task]))
+            blocked = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%coord_enqueue%'"
+            deadline = time.monotonic() + 30
+            while not (pids := [r[0] for r in await admin(pg, blocked)]):
+                assert time.monotonic() < deadline, "the enqueue never waited for the key's row"
+                await asyncio.sleep(0.01)
+            await admin(pg, "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS u (pid)", pids)
+            if keyed:
+                while not [r[0] for r in await admin(pg, blocked)]:  # the retry waits for the row in turn
+                    assert time.monotonic() < deadline, "the enqueue was not retried"
+                    await asyncio.sleep(0.01)
+                await tx.commit()
+                [result] = await call
+                assert result.created is True
+            else:
+                with pytest.raises(StoreConnectionError, match=r"enqueue: .*terminating connection") as caught:
+                    await call
+                assert "Connection.terminate" not in str(caught.value)
+                await tx.commit()
+        finally:
+            await holder.close()
+        conn = await _connect(pg, schema)
         try:
             assert await conn.fetchval("SELECT count(*) FROM coord_tasks") == (1 if keyed else 0)
         finally:
@@ -2410,29 +2438,28 @@ async def test_a_lock_release_whose_answer_was_lost_reports_the_lease_released(
         assert [i.owner_token for i in await store.list_locks("job")] == [taken.owner_token]
 
 
-async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(
-    pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The COMMIT went through but its answer was lost: the retry finds the task by its key
-    with an id the first attempt drew, so it reports the task as created by this call (not a
-    suppressed duplicate). A later enqueue of the same key is the duplicate."""
+async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(pg: str, schema: str) -> None:
+    """The statement committed but its answer was lost: the retry finds the task by its key
+    under an id the first attempt used (a keyed enqueue draws its ids once, before its first
+    attempt), so it reports the task as created by this call (not a suppressed duplicate). A
+    later enqueue of the same key is the duplicate."""
     import asyncpg
-    import asyncpg.transaction
 
     from asynccoord import events as ev
     from asynccoord.backends.postgres.store import STORE_RETRIES
 
     async with PostgresStore(pg, schema=schema, listen=False) as store:
-        commit = asyncpg.transaction.Transaction.commit
+        fetch = store._fetch
         cut: list[bool] = []
 
-        async def lossy_commit(self: Any) -> None:
-            await commit(self)
-            if not cut:
+        async def lossy_fetch(conn: Any, name: str, /, **params: Any) -> Any:
+            rows = await fetch(conn, name, **params)
+            if name == "enqueue" and not cut:
                 cut.append(True)
-                raise asyncpg.ConnectionDoesNotExistError("connection lost after the COMMIT (test)")
+                raise asyncpg.ConnectionDoesNotExistError("connection lost after the statement committed (test)")
+            return rows
 
-        monkeypatch.setattr(asyncpg.transaction.Transaction, "commit", lossy_commit)
+        store._fetch = lossy_fetch  # type: ignore[method-assign]
         results = await store.enqueue_many(
             [
                 NewTask(queue="q", payload=1, idempotency_key="m1"),
@@ -2448,3 +2475,4 @@ async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(
         assert (again.created, again.task.id, again.task.payload) == (False, results[0].task.id, 1)
         assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 2
         assert (await store.stats("q")).counts[TaskStatus.PENDING] == 2
+

@@ -30,7 +30,6 @@ __all__ = (
     "Connector",
     "PgListener",
     "PgRunner",
-    "RetryTransaction",
     "encode_notification",
     "is_connection_error",
     "map_pg_error",
@@ -48,10 +47,6 @@ MAX_NOTIFY_PARTITIONS = 512
 
 _RETRYABLE_UNIQUE = frozenset({"coord_tasks_one_head", "coord_lock_holders_slot", "coord_task_keys_pkey"})
 _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
-
-
-class RetryTransaction(Exception):
-    """Raised inside a unit of work to roll it back and run it again (a detected race)."""
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -308,12 +303,8 @@ class PgRunner:
                     except BaseException:
                         self._interrupted_in(conn, tx=tx, open_tx=open_tx)
                         raise
-            except RetryTransaction as exc:
-                error: BaseException = exc
-                if time.monotonic() + delay_s > deadline:
-                    raise StoreBusyError(f"{what}: gave up after {attempt + 1} attempts ({exc})") from exc
             except _DRIVER_ERRORS as exc:
-                error = exc
+                error: BaseException = exc
                 retry = _is_conflict(exc) or (is_connection_error(exc) and (not committing or ambiguous_ok))
                 if not retry or time.monotonic() + delay_s > deadline:
                     raise map_pg_error(exc, what) from exc

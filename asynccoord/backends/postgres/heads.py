@@ -119,8 +119,3 @@ class PgHeads(PgStatements):
             by_queue.setdefault(queue, set()).add(partition)
         for queue, partitions in by_queue.items():
             await self._notify(conn, queue, len(partitions), partitions)
-
-    async def _promote_quietly(self, conn: asyncpg.Connection, pairs: Collection[tuple[str, str]]) -> None:
-        """Mark new heads without notifying (the caller notifies for the tasks it created)."""
-        if pairs:
-            await self._x(conn, "promote_heads", **key_arrays(pairs))

@@ -2,10 +2,10 @@
 
 :class:`PgQueueOps` gathers the queue primitives of
 :class:`~asynccoord.backends.postgres.store.PostgresStore`: claims (:mod:`.claim`) and
-commits (:mod:`.commit`), and here the enqueue (one transaction, retried after an unknown
-outcome when every task has an idempotency key), ``fail``/``release`` (compare-and-set,
-a retry recognizing its own earlier write), lease renewals (batched across the process
-like commits) and the reads and purges.
+commits (:mod:`.commit`), and here the enqueue (one statement, ``coord_enqueue``, run
+again after an unknown outcome when every task has an idempotency key),
+``fail``/``release`` (compare-and-set, a retry recognizing its own earlier write), lease
+renewals (batched across the process like commits) and the reads and purges.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from ..batch import Batcher
 from ..rows import task_from_row
 from .claim import PgClaimOps
 from .commit import PgCommitOps
-from .conn import RetryTransaction
 from .heads import key_arrays
 from .statements import Q, Row, lost_reason, settled_by_us
 
@@ -49,19 +48,26 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
     _extender: Batcher[Renewal, set[tuple[int, str]]]
 
     async def _enqueue_checked(self, prepared: list[PreparedTask]) -> list[EnqueueResult]:
-        """Add tasks in one transaction; a repeated idempotency key returns the existing task.
+        """Add tasks in one statement; a repeated idempotency key returns the existing task.
+
+        ``coord_enqueue`` (``migration_0004.sql``) takes the queues' and keys' locks,
+        inserts, promotes heads and notifies other processes: one round trip, committed
+        when the statement ends. When every task has an idempotency key, the ids are drawn
+        first (one more round trip) and the statement runs again after an unknown outcome
+        with the same ids, by which it recognizes the tasks its lost run created.
 
         Raises:
             InvalidArgumentError: a task names a limit key of a dimension its queue does
                 not declare (nothing written).
-            StoreConnectionError: the server stayed unreachable (when every task has an
-                idempotency key the enqueue is retried even after an unknown outcome).
+            StoreConnectionError: the server stayed unreachable, or (tasks without
+                idempotency keys) the connection was lost while the statement ran, so its
+                outcome is unknown.
         """
         if not prepared:
             return []
         self._writable()
         await self._check_dimensions(prepared)  # a read, only when a task names limit keys
-        columns = {
+        params = {
             "queues": [p.queue for p in prepared],
             "partition_keys": [p.partition_key for p in prepared],
             "partitions": [p.partition for p in prepared],
@@ -71,55 +77,20 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             "max_attempts": [p.max_attempts for p in prepared],
             "delays": [p.delay_s for p in prepared],
             "limit_keys": [p.limit_keys_json for p in prepared],
+            "channel": self.channel,
+            "sender": self._sender,
         }
-        pairs = sorted({(p.queue, p.partition_key) for p in prepared})
-        due: dict[str, set[int]] = {}
-        for p in prepared:
-            if p.delay_s == 0:
-                due.setdefault(p.queue, set()).add(p.partition)
-
-        earlier_ids: set[int] = set()  # ids drawn by this call's earlier attempts (a sequence's: never reused)
-
-        async def op(conn: asyncpg.Connection, _attempt: int) -> list[tuple[bool, _Row]]:
-            now = self._now()
-            ids = [int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared))]
-            earlier = set(earlier_ids)
-            earlier_ids.update(ids)
-            kept = await self._lockkey_arrays(conn, pairs)
-            kept_queues = sorted({q for q, _ in kept})
-            created = {
-                int(r[0]): r
-                for r in await self._fetch(conn, "insert_task", ids=ids, now=now, kept_queues=kept_queues, **columns)
-            }
-            out: list[tuple[bool, _Row]] = []
-            recovered: set[int] = set()  # tasks an earlier attempt created, reported once each
-            for task_id, p in zip(ids, prepared, strict=True):
-                row = created.get(task_id)
-                if row is None:
-                    existing = await self._row(
-                        conn, "select_by_idempotency_key", queue=p.queue, idempotency_key=p.idempotency_key
-                    )
-                    if existing is None:  # the task that held the key was purged since the insert skipped it
-                        raise RetryTransaction(f"the task of idempotency key {p.idempotency_key!r} went away")
-                    # An id an earlier attempt drew: that attempt's COMMIT went through although
-                    # its answer was lost, so this call created the task (not a duplicate), for
-                    # the key's first item in the call (a repeat of the key is a duplicate).
-                    mine = int(existing[0]) in earlier and int(existing[0]) not in recovered
-                    if mine:
-                        recovered.add(int(existing[0]))
-                    out.append((mine, existing))
-                else:
-                    out.append((True, row))
-            await self._promote_quietly(conn, kept)
-            fresh = len(created)
-            if fresh:
-                for queue, partitions in due.items():
-                    await self._notify(conn, queue, fresh, partitions)
-            return out
-
         all_keyed = all(p.idempotency_key is not None for p in prepared)
-        rows = await self._run(op, what="enqueue", ambiguous_ok=all_keyed)
-        return [EnqueueResult(task=task_from_row(row), created=created) for created, row in rows]
+        ids: list[int] | None = None  # drawn once, by a call that may run again after a lost answer
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+            nonlocal ids
+            if all_keyed and ids is None:
+                ids = [int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared))]
+            return await self._fetch(conn, "enqueue", ids=ids, now=self._now(), **params)
+
+        rows = await self._run(op, what="enqueue", tx=False, ambiguous_ok=all_keyed, counted=True)
+        return [EnqueueResult(task=task_from_row(row), created=bool(row[20])) for row in rows]
 
     async def _settle(
         self, task: Task, name: str, params: dict[str, Any], *, expect: TaskStatus, head_change: bool

@@ -165,9 +165,10 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             gives up (hours): a queue's first ordered claim waits for those shared locks,
             and every transition of the queue behind it. If the client comes back, it meets
             a lost connection: retried where no doubt about the outcome can arise; at the
-            commit of a call that is not safe to repeat (an enqueue of tasks without
-            idempotency keys), :class:`~asynccoord.errors.StoreConnectionError` naming the
-            lost connection (nothing was written, the session having been ended first).
+            commit of a call that is not safe to repeat (a ``requeue_dead``, say),
+            :class:`~asynccoord.errors.StoreConnectionError` naming the lost connection
+            (nothing was written, the session having been ended first). An enqueue is one
+            statement, never idle inside a transaction.
 
     Raises:
         InvalidTypeError, InvalidArgumentError: a bad argument (a DSN that is no

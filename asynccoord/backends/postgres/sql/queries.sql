@@ -21,8 +21,9 @@ INSERT INTO coord_meta (key, value) VALUES (:key::text, :value::text)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
 -- name: next_task_ids
--- Ids for a batch of new tasks, ascending in input order (PostgreSQL only: lets an
--- INSERT ... ON CONFLICT DO NOTHING report which inputs were created).
+-- Ids for a batch of new tasks, ascending in input order (PostgreSQL only: an enqueue that
+-- may run again after a lost answer draws them first, so that enqueue recognizes the tasks
+-- its earlier run created).
 SELECT nextval(pg_get_serial_sequence('coord_tasks', 'id')) FROM generate_series(1, :count::int) ORDER BY 1;
 
 -- name: lock_keys
@@ -48,28 +49,16 @@ SELECT queue FROM coord_ordered_queues WHERE queue = ANY(:queues::text[]);
 -- how many heads it marked, 0 if the queue kept them already.
 SELECT coord_keep_heads(:queue::text);
 
--- name: insert_task
--- :ids are from next_task_ids; every column array has one item per task. Heads are set
--- afterwards by promote_heads (an INSERT ... SELECT cannot see its own rows). is_head is
--- false in the queues that keep heads (:kept_queues), NULL in the others (schema version 9:
--- outside coord_tasks_key_order, which only head upkeep reads). :limit_keys: each task's
--- keys as compact JSON, NULL for none (migration_0002.sql).
-INSERT INTO coord_tasks (id, queue, partition_key, partition, idempotency_key, payload, priority,
-                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at, limit_keys)
-SELECT u.id, u.queue, u.partition_key, u.partition, u.idempotency_key, u.payload, u.priority,
-       'pending', CASE WHEN u.queue = ANY(:kept_queues::text[]) THEN false END, 0, u.max_attempts,
-       coord_now(:now::float8) + u.delay_s, 0,
-       coord_now(:now::float8), coord_now(:now::float8), u.limit_keys
-  FROM unnest(:ids::bigint[], :queues::text[], :partition_keys::text[], :partitions::int[], :idempotency_keys::text[],
-              :payloads::text[], :priorities::int[], :max_attempts::int[], :delays::float8[], :limit_keys::text[])
-       AS u (id, queue, partition_key, partition, idempotency_key, payload, priority, max_attempts, delay_s, limit_keys)
- ORDER BY u.id
-ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
-
--- name: select_by_idempotency_key
-SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed
-  FROM coord_tasks WHERE queue = :queue::text AND idempotency_key = :idempotency_key::text;
+-- name: enqueue
+-- PostgreSQL only (schema revision 4): enqueue_many in one statement (coord_enqueue, which
+-- takes the queues' locks and the keys' as the other transitions do, inserts, promotes and
+-- notifies). :ids NULL draws them in the statement; a call that may run again after a lost
+-- answer passes ids from next_task_ids, the same each time. Every column array has one item
+-- per task; :limit_keys: each task's keys as compact JSON, NULL for none. Each task's row in
+-- input order, then whether this call created it.
+SELECT * FROM coord_enqueue(:ids::bigint[], :queues::text[], :partition_keys::text[], :partitions::int[],
+                            :idempotency_keys::text[], :payloads::text[], :priorities::int[], :max_attempts::int[],
+                            :delays::float8[], :limit_keys::text[], :channel::text, :sender::text, :now::float8);
 
 -- name: select_tasks
 -- PostgreSQL only: many tasks by id (the SQLite dialect selects one at a time).
