@@ -2476,3 +2476,44 @@ async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(pg: str
         assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 2
         assert (await store.stats("q")).counts[TaskStatus.PENDING] == 2
 
+
+async def test_a_claim_waits_for_the_rate_limit_probe_only_once_its_answer_expired(pg: str, schema: str) -> None:
+    """Which claim a queue needs (with rate limits or not) is read at most LIMITED_CACHE_S ago.
+    An answer in the second half of its life is used, and read again in the background: the
+    claim does not wait for it (it was one more round trip on a claim each second). An expired
+    answer is read before the claim, as ever."""
+    from asynccoord.backends.postgres.ratelimits import LIMITED_CACHE_S
+
+    async with PostgresStore(pg, schema=schema, listen=False) as store:
+        assert await store.claim("q", node_id="n") == []  # asks, and keeps the answer
+        probe = store._probe_limited
+        release = asyncio.Event()
+        probes: list[str] = []
+
+        async def gated(queue: str) -> bool:
+            probes.append(queue)
+            await release.wait()
+            return await probe(queue)
+
+        store._probe_limited = gated  # type: ignore[method-assign]
+        limited, expires = store._limited_queues["q"]
+        store._limited_queues["q"] = (limited, time.monotonic() + LIMITED_CACHE_S * 0.4)  # past half its life
+        assert await asyncio.wait_for(store.claim("q", node_id="n"), 5.0) == []  # not waiting for the gate
+        assert probes == ["q"]
+        refresh = store._limited_probes["q"]
+        assert await asyncio.wait_for(store.claim("q", node_id="n"), 5.0) == []  # one read in flight at a time
+        assert probes == ["q"]
+        release.set()
+        assert await asyncio.wait_for(refresh, 5.0) is False
+        assert store._limited_queues["q"][1] > expires
+
+        release.clear()
+        store._limited_queues["q"] = (limited, time.monotonic() - 0.001)  # expired
+        claim = asyncio.ensure_future(store.claim("q", node_id="n"))
+        while probes == ["q"]:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert not claim.done()  # it waits for the read
+        release.set()
+        assert await asyncio.wait_for(claim, 5.0) == []
+        assert probes == ["q", "q"]

@@ -155,18 +155,28 @@ class PgRateLimitOps(PgHeads):
 
         Concurrent callers share one statement (the process's nodes claim together, and
         their claims must reach the claim batcher together). A caller cancelled meanwhile
-        leaves it running for the others.
+        leaves it running for the others. An answer in the second half of its life is
+        still returned, and the statement started in the background: the claims of a queue
+        claimed at least every half second never wait for it (it was one more round trip
+        on a claim each second, after the wake-up that claim answered).
         """
         known = self._limited_queues.get(queue)
-        if known is not None and known[1] > time.monotonic():
-            return known[0]
-        probe = self._limited_probes.get(queue)
-        if probe is None:
-            probe = asyncio.ensure_future(self._probe_limited(queue))
-            self._limited_probes[queue] = probe
-            self._background.add(probe)  # close() waits for it
-            probe.add_done_callback(functools.partial(self._probed, queue))
+        if known is not None:
+            left_s = known[1] - time.monotonic()
+            if left_s > 0:
+                if left_s < LIMITED_CACHE_S / 2 and queue not in self._limited_probes:
+                    self._probe_limited_soon(queue)
+                return known[0]
+        probe = self._limited_probes.get(queue) or self._probe_limited_soon(queue)
         return await asyncio.shield(probe)
+
+    def _probe_limited_soon(self, queue: str) -> asyncio.Task[bool]:
+        """Start the ``queue_limited`` statement of ``queue`` (close() waits for it)."""
+        probe = asyncio.ensure_future(self._probe_limited(queue))
+        self._limited_probes[queue] = probe
+        self._background.add(probe)
+        probe.add_done_callback(functools.partial(self._probed, queue))
+        return probe
 
     async def _probe_limited(self, queue: str) -> bool:
         async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
