@@ -1951,14 +1951,12 @@ async def test_a_transaction_of_a_frozen_client_holds_up_a_queues_switch_only_un
 
 
 @pytest.mark.parametrize("keyed", [False, True])
-async def test_an_enqueue_whose_session_ends_mid_statement_is_retried_only_when_keyed(
+async def test_an_enqueue_whose_session_ends_mid_statement_is_retried_and_creates_its_task_once(
     pg: str, schema: str, keyed: bool
 ) -> None:
-    """The server ends the session while the enqueue's one statement waits for a key's row lock
-    (nothing written, but the client cannot know it). An enqueue with idempotency keys is safe
-    to repeat: it is retried and creates its task once. One without cannot know it was not
-    committed: StoreConnectionError, naming the lost connection (before, it named a failed
-    ``Connection.terminate()`` of a connection the driver had let go of already)."""
+    """The server ends the session while the enqueue's statement waits for a key's row lock
+    (nothing written, but the client cannot know it). The enqueue runs again under the ids it
+    drew, with or without idempotency keys, and creates its task once."""
     async with PostgresStore(pg, schema=schema, listen=False) as store:
         assert await store.claim("q", node_id="n", limit=1, ordered=True) == []  # "q" keeps heads: keys are locked
         holder, tx = await _hold_key_row(pg, schema, "k")
@@ -1971,25 +1969,48 @@ async def test_an_enqueue_whose_session_ends_mid_statement_is_retried_only_when_
                 assert time.monotonic() < deadline, "the enqueue never waited for the key's row"
                 await asyncio.sleep(0.01)
             await admin(pg, "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS u (pid)", pids)
-            if keyed:
-                while not [r[0] for r in await admin(pg, blocked)]:  # the retry waits for the row in turn
-                    assert time.monotonic() < deadline, "the enqueue was not retried"
-                    await asyncio.sleep(0.01)
-                await tx.commit()
-                [result] = await call
-                assert result.created is True
-            else:
-                with pytest.raises(StoreConnectionError, match=r"enqueue: .*terminating connection") as caught:
-                    await call
-                assert "Connection.terminate" not in str(caught.value)
-                await tx.commit()
+            while not [r[0] for r in await admin(pg, blocked)]:  # the retry waits for the row in turn
+                assert time.monotonic() < deadline, "the enqueue was not retried"
+                await asyncio.sleep(0.01)
+            await tx.commit()
+            [result] = await call
+            assert result.created is True
+            assert result.task.payload == 1
         finally:
             await holder.close()
         conn = await _connect(pg, schema)
         try:
-            assert await conn.fetchval("SELECT count(*) FROM coord_tasks") == (1 if keyed else 0)
+            assert await conn.fetchval("SELECT count(*) FROM coord_tasks") == 1
         finally:
             await conn.close()
+
+
+async def test_a_client_frozen_past_the_idle_timeout_before_its_commit_gets_the_lost_connection(
+    pg: str, schema: str
+) -> None:
+    """The server ended the session while the client was frozen just before COMMIT (nothing
+    written). A call that is not safe to repeat (``requeue_dead``) cannot know it was not
+    committed: StoreConnectionError, naming the lost connection (it named a failed
+    ``Connection.terminate()`` of a connection the driver had let go of already)."""
+    async with PostgresStore(pg, schema=schema, listen=False, idle_in_transaction_timeout_s=0.3) as store:
+        await store.enqueue("u", "x", partition_key="k", max_attempts=1)
+        [task] = await store.claim("u", node_id="n", limit=1, lease_s=60)
+        assert (await store.fail(task, "boom")).status == TaskStatus.DEAD
+        notify = store._notify
+        frozen = []
+
+        async def freeze_once(conn: Any, *args: Any, **kwargs: Any) -> None:
+            await notify(conn, *args, **kwargs)  # the transaction's last statement
+            if not frozen:
+                frozen.append(True)
+                time.sleep(1.0)  # the whole process stalls, past the server's timeout
+
+        store._notify = freeze_once  # type: ignore[method-assign]
+        with pytest.raises(StoreConnectionError, match="ConnectionDoesNotExistError") as caught:
+            await store.requeue_dead("u")
+        assert "terminate" not in str(caught.value)
+        assert frozen == [True]
+        assert (await store.get(task.id)).status == TaskStatus.DEAD
 
 
 async def _hold_key_row(pg: str, schema: str, key: str) -> Any:
@@ -2440,9 +2461,10 @@ async def test_a_lock_release_whose_answer_was_lost_reports_the_lease_released(
 
 async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(pg: str, schema: str) -> None:
     """The statement committed but its answer was lost: the retry finds the task by its key
-    under an id the first attempt used (a keyed enqueue draws its ids once, before its first
+    under an id the first attempt used (an enqueue draws its ids once, before its first
     attempt), so it reports the task as created by this call (not a suppressed duplicate). A
-    later enqueue of the same key is the duplicate."""
+    later enqueue of the same key is the duplicate. A task without a key is found by its id:
+    created once, not twice."""
     import asyncpg
 
     from asynccoord import events as ev
@@ -2465,16 +2487,17 @@ async def test_a_keyed_enqueue_whose_commit_answer_was_lost_says_created(pg: str
                 NewTask(queue="q", payload=1, idempotency_key="m1"),
                 NewTask(queue="q", payload=2, idempotency_key="m1"),  # a repeat in the call: a duplicate
                 NewTask(queue="q", payload=3, idempotency_key="m2"),
+                NewTask(queue="q", payload=4),  # no key
             ]
         )
         assert cut == [True]
         assert store.events.get(STORE_RETRIES) == 1
-        assert [(r.created, r.task.payload) for r in results] == [(True, 1), (False, 1), (True, 3)]
+        assert [(r.created, r.task.payload) for r in results] == [(True, 1), (False, 1), (True, 3), (True, 4)]
         assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 1
-        again = await store.enqueue("q", 4, idempotency_key="m1")
+        again = await store.enqueue("q", 5, idempotency_key="m1")
         assert (again.created, again.task.id, again.task.payload) == (False, results[0].task.id, 1)
         assert store.events.get(ev.DUPLICATE_ENQUEUE_SUPPRESSED) == 2
-        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 2
+        assert (await store.stats("q")).counts[TaskStatus.PENDING] == 3
 
 
 async def test_a_claim_waits_for_the_rate_limit_probe_only_once_its_answer_expired(pg: str, schema: str) -> None:

@@ -2,8 +2,8 @@
 
 :class:`PgQueueOps` gathers the queue primitives of
 :class:`~asynccoord.backends.postgres.store.PostgresStore`: claims (:mod:`.claim`) and
-commits (:mod:`.commit`), and here the enqueue (one statement, ``coord_enqueue``, run
-again after an unknown outcome when every task has an idempotency key),
+commits (:mod:`.commit`), and here the enqueue (``coord_enqueue``, run again after an
+unknown outcome under the same ids),
 ``fail``/``release`` (compare-and-set, a retry recognizing its own earlier write), lease
 renewals (batched across the process like commits) and the reads and purges.
 """
@@ -50,18 +50,16 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
     async def _enqueue_checked(self, prepared: list[PreparedTask]) -> list[EnqueueResult]:
         """Add tasks in one statement; a repeated idempotency key returns the existing task.
 
-        ``coord_enqueue`` (``migration_0004.sql``) takes the queues' and keys' locks,
-        inserts, promotes heads and notifies other processes: one round trip, committed
-        when the statement ends. When every task has an idempotency key, the ids are drawn
-        first (one more round trip) and the statement runs again after an unknown outcome
-        with the same ids, by which it recognizes the tasks its lost run created.
+        Two round trips: the ids (``next_task_ids``), then ``coord_enqueue``
+        (``migration_0004.sql``), which takes the queues' and keys' locks, inserts, promotes
+        heads and notifies other processes, committed when the statement ends. After a
+        connection lost with the outcome unknown, the statement runs again with the same
+        ids, by which it finds the tasks its lost run created (reported as created, once).
 
         Raises:
             InvalidArgumentError: a task names a limit key of a dimension its queue does
                 not declare (nothing written).
-            StoreConnectionError: the server stayed unreachable, or (tasks without
-                idempotency keys) the connection was lost while the statement ran, so its
-                outcome is unknown.
+            StoreConnectionError: the server stayed unreachable.
         """
         if not prepared:
             return []
@@ -80,16 +78,14 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             "channel": self.channel,
             "sender": self._sender,
         }
-        all_keyed = all(p.idempotency_key is not None for p in prepared)
-        ids: list[int] | None = None  # drawn once, by a call that may run again after a lost answer
+        ids: list[int] = []  # drawn once: every attempt inserts under the same ids
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
-            nonlocal ids
-            if all_keyed and ids is None:
-                ids = [int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared))]
+            if not ids:
+                ids.extend(int(r[0]) for r in await self._fetch(conn, "next_task_ids", count=len(prepared)))
             return await self._fetch(conn, "enqueue", ids=ids, now=self._now(), **params)
 
-        rows = await self._run(op, what="enqueue", tx=False, ambiguous_ok=all_keyed, counted=True)
+        rows = await self._run(op, what="enqueue", tx=False, ambiguous_ok=True, counted=True)
         return [EnqueueResult(task=task_from_row(row), created=bool(row[20])) for row in rows]
 
     async def _settle(

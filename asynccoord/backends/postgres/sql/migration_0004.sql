@@ -3,17 +3,18 @@
 -- enqueue_many used to run seven statements in a transaction of the client (ids, the queues'
 -- shared locks and flags, key locks, insert, promotion, notification, and a read of the task
 -- holding each repeated idempotency key), nine round trips with BEGIN and COMMIT; a task's
--- cross-process pickup waited for all of them. coord_enqueue runs the same steps, in the same
--- order and under the same locks, as one statement: one round trip, its transaction the
--- statement's own (it commits, and its notifications go out, when the statement ends).
+-- cross-process pickup waited for all of them. Now the client draws the ids (next_task_ids)
+-- and coord_enqueue runs the other steps, in the same order and under the same locks, as one
+-- statement: two round trips, the transaction the statement's own (it commits, and its
+-- notifications go out, when the statement ends).
 
 -- Enqueue the tasks of p_queues .. p_limit_keys (parallel arrays, one item per task, as
--- insert_task took them) and return each one's row in input order, with whether this call
--- created it (r_created). p_ids: the tasks' ids, ascending in input order, or NULL to draw
--- them here. A caller that may run the statement again after losing its answer (every task
--- has an idempotency key) draws them first and passes the same ids each time: a task its
--- earlier run created then holds its key under one of its own ids, so it is reported as
--- created, once, and a repeat of the key as not. Notifies p_channel, per queue with new due
+-- insert_task took them) under the ids p_ids (from next_task_ids, ascending in input order)
+-- and return each one's row in input order, with whether this call created it (r_created).
+-- The caller passes the same ids each time it runs the statement again after losing its
+-- answer: a task its earlier run created is then found under its own id (the insert skips
+-- it), and reported as created, once; a task holding the idempotency key of another is
+-- the other's, not created. Notifies p_channel, per queue with new due
 -- tasks, naming p_sender, their count and partitions (all, NULL, above 512: conn.py's
 -- MAX_NOTIFY_PARTITIONS). Generic plans throughout (plan_cache_mode): PL/pgSQL otherwise
 -- plans its statements anew at most calls, which made a call of one task cost about twice
@@ -32,7 +33,6 @@ CREATE OR REPLACE FUNCTION coord_enqueue(p_ids bigint[], p_queues text[], p_part
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
-    v_ids    bigint[] := p_ids;
     v_queues text[];
     v_kept   text[];
     v_held   text[];
@@ -40,13 +40,7 @@ DECLARE
     v_todo   bigint[];  -- inputs still without a row (NULL before the first round)
     v_rounds integer := 0;
 BEGIN
-    -- 1. Ids, ascending in input order (next_task_ids).
-    IF v_ids IS NULL THEN
-        v_ids := ARRAY(SELECT nextval(pg_get_serial_sequence('coord_tasks', 'id'))
-                         FROM generate_series(1, cardinality(p_queues)) ORDER BY 1);
-    END IF;
-
-    -- 2. The queues that keep per-key heads. A queue never stops keeping them: one read as
+    -- 1. The queues that keep per-key heads. A queue never stops keeping them: one read as
     --    keeping them needs no lock. The others are share-locked (coord_share_queues, held to
     --    the commit) and read again in a later statement (a newer snapshot), so a queue
     --    starting to keep heads meanwhile (coord_keep_heads) waits for this transaction.
@@ -57,7 +51,7 @@ BEGIN
         v_kept := ARRAY(SELECT o.queue FROM coord_ordered_queues AS o WHERE o.queue = ANY(v_queues));
     END IF;
 
-    -- 3. The row locks of those queues' keys, in sorted order (lock_keys).
+    -- 2. The row locks of those queues' keys, in sorted order (lock_keys).
     IF cardinality(v_kept) > 0 THEN
         INSERT INTO coord_task_keys AS k (queue, partition_key)
         SELECT DISTINCT u.q, u.pk FROM unnest(p_queues, p_partition_keys) AS u (q, pk)
@@ -65,26 +59,27 @@ BEGIN
         ON CONFLICT (queue, partition_key) DO UPDATE SET touches = k.touches + 1;
     END IF;
 
-    -- 4. The insert (insert_task: is_head false in queues that keep heads, NULL in the others;
-    --    heads are marked by 5), then each task's row: its own, or the task holding its
-    --    idempotency key. Should that task be gone by the read (a purge committed in between),
-    --    the input is inserted again.
+    -- 3. The insert (insert_task: is_head false in queues that keep heads, NULL in the others;
+    --    heads are marked by 4), skipping a task whose id or idempotency key is taken (by an
+    --    earlier run of this call, or by another task), then each task's row: its own, or the
+    --    task holding its idempotency key. Should that task be gone by the read (a purge
+    --    committed in between), the input is inserted again.
     LOOP
         INSERT INTO coord_tasks (id, queue, partition_key, partition, idempotency_key, payload, priority, status,
                                  is_head, attempts, max_attempts, run_at, version, created_at, updated_at, limit_keys)
         SELECT u.id, u.queue, u.partition_key, u.partition, u.idempotency_key, u.payload, u.priority,
                'pending', CASE WHEN u.queue = ANY(v_kept) THEN false END, 0, u.max_attempts,
                coord_now(p_now) + u.delay_s, 0, coord_now(p_now), coord_now(p_now), u.limit_keys
-          FROM unnest(v_ids, p_queues, p_partition_keys, p_partitions, p_idempotency_keys, p_payloads, p_priorities,
+          FROM unnest(p_ids, p_queues, p_partition_keys, p_partitions, p_idempotency_keys, p_payloads, p_priorities,
                       p_max_attempts, p_delays, p_limit_keys)
                AS u (id, queue, partition_key, partition, idempotency_key, payload, priority, max_attempts, delay_s,
                      limit_keys)
          WHERE v_todo IS NULL OR u.id = ANY(v_todo)  -- NULL: the first round, every input
          ORDER BY u.id
-        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+        ON CONFLICT DO NOTHING;
         SELECT array_agg(h.t ORDER BY u.n), coalesce(array_agg(u.id) FILTER (WHERE h.t IS NULL), '{}')
           INTO v_rows, v_todo
-          FROM unnest(v_ids, p_queues, p_idempotency_keys) WITH ORDINALITY AS u (id, q, ik, n)
+          FROM unnest(p_ids, p_queues, p_idempotency_keys) WITH ORDINALITY AS u (id, q, ik, n)
           LEFT JOIN LATERAL (SELECT t FROM coord_tasks AS t WHERE t.id = u.id
                              UNION ALL
                              SELECT t FROM coord_tasks AS t
@@ -97,7 +92,7 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- 5. Each key's head in the queues that keep heads, under the key locks of 3
+    -- 4. Each key's head in the queues that keep heads, under the key locks of 2
     --    (promote_heads). In a queue whose dead-letter policy is 'hold' (read after the
     --    key locks), a key whose earliest active task a dead task precedes gets none.
     IF cardinality(v_kept) > 0 THEN
@@ -117,11 +112,11 @@ BEGIN
         END IF;
     END IF;
 
-    -- 6. A work notification per queue with tasks this call created due now (delivered at commit).
+    -- 5. A work notification per queue with tasks this call created due now (delivered at commit).
     PERFORM pg_notify(p_channel, json_build_object(
                 's', p_sender, 'q', g.q, 'n', g.n, 'p', CASE WHEN cardinality(g.parts) > 512 THEN NULL ELSE g.parts END)::text)
        FROM (SELECT u.q, count(*) AS n, array_agg(DISTINCT u.p ORDER BY u.p) AS parts
-               FROM unnest(v_ids, p_queues, p_partitions, p_delays) WITH ORDINALITY AS u (id, q, p, d, i)
+               FROM unnest(p_ids, p_queues, p_partitions, p_delays) WITH ORDINALITY AS u (id, q, p, d, i)
                JOIN unnest(v_rows) WITH ORDINALITY AS t ON t.ordinality = u.i
               WHERE u.d = 0 AND t.id = u.id
               GROUP BY u.q) AS g;
@@ -131,7 +126,7 @@ BEGIN
                t.attempts, t.max_attempts, t.run_at, t.lease_owner, t.lease_token, t.lease_expires_at, t.version,
                t.last_error, t.result, t.created_at, t.updated_at, t.reclaimed, t.id = u.id
           FROM unnest(v_rows) WITH ORDINALITY AS t
-          JOIN unnest(v_ids) WITH ORDINALITY AS u (id, n) ON u.n = t.ordinality
+          JOIN unnest(p_ids) WITH ORDINALITY AS u (id, n) ON u.n = t.ordinality
          ORDER BY u.n;
 END
 $fn$;

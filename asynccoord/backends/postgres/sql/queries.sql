@@ -21,9 +21,9 @@ INSERT INTO coord_meta (key, value) VALUES (:key::text, :value::text)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
 -- name: next_task_ids
--- Ids for a batch of new tasks, ascending in input order (PostgreSQL only: an enqueue that
--- may run again after a lost answer draws them first, so that enqueue recognizes the tasks
--- its earlier run created).
+-- Ids for a batch of new tasks, ascending in input order (PostgreSQL only: drawn before the
+-- enqueue statement, which runs again under the same ids after a lost answer and so finds
+-- the tasks its earlier run created).
 SELECT nextval(pg_get_serial_sequence('coord_tasks', 'id')) FROM generate_series(1, :count::int) ORDER BY 1;
 
 -- name: lock_keys
@@ -52,10 +52,9 @@ SELECT coord_keep_heads(:queue::text);
 -- name: enqueue
 -- PostgreSQL only (schema revision 4): enqueue_many in one statement (coord_enqueue, which
 -- takes the queues' locks and the keys' as the other transitions do, inserts, promotes and
--- notifies). :ids NULL draws them in the statement; a call that may run again after a lost
--- answer passes ids from next_task_ids, the same each time. Every column array has one item
--- per task; :limit_keys: each task's keys as compact JSON, NULL for none. Each task's row in
--- input order, then whether this call created it.
+-- notifies). :ids from next_task_ids, the same on every attempt. Every column array has one
+-- item per task; :limit_keys: each task's keys as compact JSON, NULL for none. Each task's
+-- row in input order, then whether this call created it.
 SELECT * FROM coord_enqueue(:ids::bigint[], :queues::text[], :partition_keys::text[], :partitions::int[],
                             :idempotency_keys::text[], :payloads::text[], :priorities::int[], :max_attempts::int[],
                             :delays::float8[], :limit_keys::text[], :channel::text, :sender::text, :now::float8);
