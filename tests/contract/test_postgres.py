@@ -2540,3 +2540,56 @@ async def test_a_claim_waits_for_the_rate_limit_probe_only_once_its_answer_expir
         release.set()
         assert await asyncio.wait_for(claim, 5.0) == []
         assert probes == ["q", "q"]
+
+
+async def test_an_enqueue_reads_by_index_whatever_the_table_held_when_its_session_planned(pg: str, schema: str) -> None:
+    """coord_enqueue's statements are planned once per session (generic plans). Planned while
+    coord_tasks was nearly empty, its promotion read the whole table at every later call once
+    the table had grown (a sequential scan, 1.7 ms at 10,000 tasks); it reads by index. The
+    store's one session runs the last enqueue's two statements with auto_explain on."""
+    async with PostgresStore(pg, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+        assert await store.claim("q", node_id="n", limit=1, ordered=True) == []  # "q" keeps heads
+        await store.enqueue("q", 0, partition_key="first")  # the session plans on a nearly empty table
+        await store.enqueue_many([NewTask(queue="q", payload=i, partition_key=f"k{i % 500}") for i in range(5000)])
+        plans: list[str] = []
+
+        def listen(_conn: Any, message: Any) -> None:
+            plans.append(message.message)
+
+        async def explained_enqueue(conn: Any, _attempt: int) -> list[Any]:
+            conn.add_log_listener(listen)
+            try:
+                await conn.execute(
+                    "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;"
+                    " SET auto_explain.log_nested_statements = on; SET client_min_messages = log"
+                )
+                [task_id] = [r[0] for r in await store._fetch(conn, "next_task_ids", count=1)]
+                rows = await store._fetch(
+                    conn,
+                    "enqueue",
+                    ids=[task_id],
+                    queues=["q"],
+                    partition_keys=["k7"],
+                    partitions=[store.partitions - 1],
+                    idempotency_keys=[None],
+                    payloads=['"late"'],
+                    priorities=[0],
+                    max_attempts=[3],
+                    delays=[0.0],
+                    limit_keys=[None],
+                    channel=store.channel,
+                    sender="test",
+                    now=None,
+                )
+                await conn.execute("SET auto_explain.log_min_duration = -1; RESET client_min_messages")
+                await asyncio.sleep(0.05)  # the log messages are dispatched through the loop
+                return rows
+            finally:
+                conn.remove_log_listener(listen)
+
+        [row] = await store._runner.run(explained_enqueue, what="probe", tx=False)
+        assert row[20] is True  # created
+        nested = [p for p in plans if "coord_enqueue(" not in p and "nextval" not in p]
+        assert any("UPDATE coord_tasks SET is_head = true" in p for p in nested), plans  # promotion was explained
+        assert len(nested) >= 6, plans
+        assert not [p for p in nested if "Seq Scan" in p], [p for p in nested if "Seq Scan" in p]
