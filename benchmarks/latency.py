@@ -9,7 +9,17 @@ enqueue, both read from CLOCK_MONOTONIC (``time.monotonic()``, one clock for eve
 process of the machine). Before the first enqueue both processes sit idle for
 ``--quiet-s`` seconds with their stores open, and each reports the CPU it used meanwhile
 (``os.times()``, user + system, as a percentage of one core) and the write transactions
-its store committed (the consumer's are its membership heartbeats).
+its store committed (the consumer's are its membership heartbeats). Each task's latency is
+also split at the end of its enqueue call: ``enqueue_*`` (the producer's call) and
+``pickup_*`` (the consumer's send start minus the call's return: the wake-up, the claim and
+the start of the send).
+
+On PostgreSQL the run also measures what bounds the latency (``postgres.floor``): the round
+trip of a bare ``SELECT 1`` on asyncpg, and of a one-row autocommit write (its commit waits
+for the server's WAL flush, as an enqueue's and a claim's do); 300 of each back to back
+(``select_*``, ``commit_*``), and 100 of each after an idle gap drawn as the enqueues' gaps
+are (``*_after_gap_*``: the processes and the server have gone idle, as they have before
+each task of the run).
 
 Each store is measured twice in the same run, in alternation: with the cross-process
 wake-up on (SQLite: :mod:`asynccoord.backends.sqlite.wakeup`; PostgreSQL: LISTEN/NOTIFY)
@@ -77,12 +87,12 @@ async def _consumer(args: argparse.Namespace) -> None:
     """Host a Runtime; say "ready" after the quiet interval; print the latencies as JSON when all came."""
     from asynccoord import NodeConfig, Runtime, Task
 
-    latencies_ms: list[float] = []
+    sent: dict[int, float] = {}  # task number -> CLOCK_MONOTONIC at its send's start
     done = asyncio.Event()
 
     async def send(task: Task) -> None:
-        latencies_ms.append((time.monotonic() - float(task.payload["t"])) * 1000.0)
-        if len(latencies_ms) >= args.tasks:
+        sent[int(task.payload["n"])] = time.monotonic()
+        if len(sent) >= args.tasks:
             done.set()
 
     async with _open(args.target, args.schema, args.wakeup) as store:
@@ -97,7 +107,7 @@ async def _consumer(args: argparse.Namespace) -> None:
             }
             print(json.dumps({"ready": idle}), flush=True)
             await asyncio.wait_for(done.wait(), args.tasks * 2.0 + 30.0)
-    print(json.dumps({"latencies_ms": latencies_ms}), flush=True)
+    print(json.dumps({"sent": sent}), flush=True)
 
 
 async def _measure(target: str, schema: str | None, wakeup: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -131,9 +141,12 @@ async def _measure(target: str, schema: str | None, wakeup: bool, args: argparse
             }
             consumer_idle = json.loads(line)["ready"]
             low_ms, high_ms = args.gap_ms
+            enqueues: list[tuple[float, float]] = []  # (call, return) per task, CLOCK_MONOTONIC
             for n in range(args.tasks):
                 await asyncio.sleep(rng.uniform(low_ms, high_ms) / 1000.0)
-                await store.enqueue(QUEUE, {"t": time.monotonic()}, partition_key=f"conversation-{n}")
+                start = time.monotonic()
+                await store.enqueue(QUEUE, {"n": n}, partition_key=f"conversation-{n}")
+                enqueues.append((start, time.monotonic()))
             out, _ = await asyncio.wait_for(child.communicate(), args.tasks * 2.0 + 60.0)
     finally:
         if child.returncode is None:
@@ -141,14 +154,21 @@ async def _measure(target: str, schema: str | None, wakeup: bool, args: argparse
             await child.wait()
     if child.returncode != 0:
         raise RuntimeError(f"the consumer exited with {child.returncode}")
-    latencies = json.loads(out.decode().strip().splitlines()[-1])["latencies_ms"]
+    sent = {int(n): t for n, t in json.loads(out.decode().strip().splitlines()[-1])["sent"].items()}
+    latencies = [(sent[n] - call) * 1000.0 for n, (call, _) in enumerate(enqueues)]
+    calls = [(back - call) * 1000.0 for call, back in enqueues]
+    pickups = [(sent[n] - back) * 1000.0 for n, (_, back) in enumerate(enqueues)]
     return {
-        "tasks": len(latencies),
+        "tasks": len(sent),
         "p50_ms": round(_percentile(latencies, 0.50), 3),
         "p90_ms": round(_percentile(latencies, 0.90), 3),
         "p99_ms": round(_percentile(latencies, 0.99), 3),
         "max_ms": round(max(latencies), 3),
         "mean_ms": round(statistics.fmean(latencies), 3),
+        "enqueue_p50_ms": round(_percentile(calls, 0.50), 3),
+        "enqueue_p99_ms": round(_percentile(calls, 0.99), 3),
+        "pickup_p50_ms": round(_percentile(pickups, 0.50), 3),
+        "pickup_p99_ms": round(_percentile(pickups, 0.99), 3),
         "idle_consumer_cpu_pct": round(consumer_idle["cpu_pct"], 3),
         "idle_consumer_writes": consumer_idle["writes"],
         "idle_producer_cpu_pct": round(producer_idle["cpu_pct"], 3),
@@ -169,6 +189,34 @@ async def _pg_schema(dsn: str, action: str, schema: str) -> None:
         await conn.close()
 
 
+async def _pg_floor(dsn: str, schema: str, args: argparse.Namespace) -> dict[str, float]:
+    """The round trip of ``SELECT 1`` and of a one-row autocommit write on one asyncpg connection
+    (p50, p99 ms), back to back and after idle gaps of ``args.gap_ms``."""
+    import asyncpg
+
+    rng = random.Random(args.seed)
+    write = "INSERT INTO latency_floor VALUES (1, 0) ON CONFLICT (k) DO UPDATE SET v = latency_floor.v + 1"
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": f'"{schema}"'})
+    try:
+        await conn.execute("CREATE TABLE latency_floor (k int PRIMARY KEY, v bigint NOT NULL)")
+        figures: dict[str, float] = {}
+        for gapped, count in ((False, 300), (True, 100)):
+            for name, sql in (("select", "SELECT 1"), ("commit", write)):
+                times_ms = []
+                for _ in range(count):
+                    if gapped:
+                        await asyncio.sleep(rng.uniform(*args.gap_ms) / 1000.0)
+                    start = time.perf_counter()
+                    await conn.execute(sql)
+                    times_ms.append((time.perf_counter() - start) * 1000.0)
+                label = f"{name}_after_gap" if gapped else name
+                figures[f"{label}_p50_ms"] = round(_percentile(times_ms, 0.50), 3)
+                figures[f"{label}_p99_ms"] = round(_percentile(times_ms, 0.99), 3)
+        return figures
+    finally:
+        await conn.close()
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"tasks": args.tasks, "nodes": args.nodes, "gap_ms": list(args.gap_ms)}
     results["loadavg_before"] = _loadavg()
@@ -183,11 +231,16 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 await _pg_schema(args.dsn, "create", schema)
                 try:
                     figures = await _measure(args.dsn, schema, wakeup, args)
+                    if wakeup:
+                        results.setdefault(kind, {})["floor"] = await _pg_floor(args.dsn, schema, args)
                 finally:
                     await _pg_schema(args.dsn, "drop", schema)
             results.setdefault(kind, {})[mode] = figures
             if not args.json:
                 print(f"{kind:8} {mode:9} " + " ".join(f"{k}={v}" for k, v in figures.items()), flush=True)
+                if "floor" in results[kind] and wakeup:
+                    floor = results[kind]["floor"]
+                    print(f"{kind:8} {'floor':9} " + " ".join(f"{k}={v}" for k, v in floor.items()), flush=True)
     results["loadavg_after"] = _loadavg()
     return results
 

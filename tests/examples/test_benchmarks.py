@@ -515,10 +515,12 @@ def test_latency_reports_pickup_with_and_without_the_wake_up(tmp_path: Path) -> 
     for mode in ("wakeup", "poll_only"):
         figures = result["sqlite"][mode]
         assert figures["tasks"] == 20  # the consumer saw as many sends as tasks enqueued
-        for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms"):
+        for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "enqueue_p50_ms", "pickup_p50_ms"):
             assert math.isfinite(figures[key]), (mode, key, figures[key])
             assert figures[key] > 0, (mode, key, figures[key])
         assert figures["p50_ms"] <= figures["p90_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+        assert figures["enqueue_p50_ms"] <= figures["enqueue_p99_ms"]
+        assert figures["pickup_p50_ms"] <= figures["pickup_p99_ms"] <= figures["max_ms"]
         for key in ("idle_consumer_cpu_pct", "idle_producer_cpu_pct"):
             assert figures[key] >= 0
         assert figures["idle_producer_writes"] == 0  # an idle store with no nodes writes nothing
