@@ -54,6 +54,7 @@ from .keeper import Keeper
 from .running import stop_all
 from .send import Sender, SendFn, lease_ran_out, lock_lost, observe
 from .settle import SETTLE_WAIT_S, Settler
+from .slots import Slots
 from .status import NodeState, NodeStatus
 from .tracing import node_tracer
 
@@ -231,7 +232,7 @@ class Node:
         # Slots (handle tasks) settling a send that returned are in self._settler.settling: a
         # cancellation of the node waits for them instead of cancelling them, then they stop (_stop_after).
         self._stop_after: set[asyncio.Task[Any]] = set()
-        self._slots = asyncio.Semaphore(self.config.max_in_flight)
+        self._slots = Slots(self.config.max_in_flight)
         self._claiming = True
         self._drained = asyncio.Event()
         self._drained.set()
@@ -465,14 +466,9 @@ class Node:
         cfg = self.config
         idle_s = cfg.idle_min_s
         while self._claiming:
-            await self._slots.acquire()
-            free = 1
-            while free < cfg.claim_batch and not self._slots.locked():
-                await self._slots.acquire()
-                free += 1
+            free = await self._slots.take(cfg.claim_batch)
             if not self.claiming:  # stop_claiming() came while every slot was busy: claim nothing more
-                for _ in range(free):
-                    self._slots.release()
+                self._slots.release(free)
                 break
             try:
                 partitions = self._partitions()
@@ -485,25 +481,22 @@ class Node:
                     tasks = await self._tracer.claim(self._claim(free, partitions), free)
                 observe(self.store, CLAIM_MS, claim_started)
             except UNRECOVERABLE_STORE_ERRORS:
-                for _ in range(free):
-                    self._slots.release()
+                self._slots.release(free)
                 raise  # closed stores do not reopen by themselves (nor change loops): fail the node
             except StoreError as exc:
                 log.warning("asynccoord.node.claim_failed node=%s error=%s", self.node_id, exc)
                 tasks = []
             except BaseException:
-                for _ in range(free):
-                    self._slots.release()
+                self._slots.release(free)
                 raise
-            for _ in range(free - len(tasks)):
-                self._slots.release()
+            if len(tasks) < free:
+                self._slots.release(free - len(tasks))
             if tasks and self._stop_requested():  # stop_claiming() came while the claim was at the store
                 self._state.claimed += len(tasks)
                 with anyio.CancelScope(shield=True):  # hand them back unsent, not failed
                     for task in tasks:
                         await self._settler.hand_back(task, delay_s=0.0)
-                for _ in range(len(tasks)):
-                    self._slots.release()
+                self._slots.release(len(tasks))
                 break
             if tasks:
                 self._state.claimed += len(tasks)
