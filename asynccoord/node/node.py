@@ -47,6 +47,7 @@ from ..monitor.histogram import CLAIM_MS
 from ..notify import WakeUp, WorkNotifier
 from ..validation import check_bool, check_lock_store, check_name, check_queue_store, check_send, is_async_callable
 from .ablation import FULL, Ablation
+from .batch import LocklessBatch
 from .config import NodeConfig
 from .delivery import Affinity
 from .flight import Flight, FlightState, lease_deadline
@@ -576,6 +577,17 @@ class Node:
                 cancelled (a bug: re-raising that ``CancelledError`` would end the node
                 silently, with its partitions and tasks never handed over).
         """
+        if self._lockless(flights):
+            batch = LocklessBatch(
+                flights,
+                send=self.send,
+                sender=self._sender,
+                settler=self._settler,
+                send_timeout_s=self.config.send_timeout_s,
+                release=self._let_go,
+            )
+            await batch.run()
+            return
         loop = asyncio.get_running_loop()
         node_id = self.node_id
         handles = [loop.create_task(self._handle(f), name=f"{node_id}-task-{f.task.id}") for f in flights]
@@ -619,6 +631,30 @@ class Node:
                 f"node {node_id!r}: the handling of tasks {cancelled} ended cancelled "
                 "although the node was not cancelled"
             )
+
+    def _lockless(self, flights: list[Flight]) -> bool:
+        """Whether a claim's ``flights`` go to a :class:`~asynccoord.node.batch.LocklessBatch` (else one slot each).
+
+        They do when none needs a lock (the node has no ``lock_key``), none is traced, and
+        no commit leases a next task (``claim_next`` on an ordered queue) or skips the
+        version check (an ablation).
+        """
+        cfg = self.config
+        return (
+            (self.lock_key is None or not self._ablation.locks)
+            and flights[0].trace is None
+            and not (cfg.claim_next and cfg.ordered)
+            and self._ablation.version_checks
+        )
+
+    def _let_go(self, flights: list[Flight]) -> None:
+        """``flights`` are settled (or handed back): out of the tasks in flight, their slots free."""
+        in_flight = self._in_flight
+        for flight in flights:
+            in_flight.pop(flight.task.id, None)
+        if not in_flight:
+            self._drained.set()
+        self._slots.release(len(flights))
 
     async def _handle(self, flight: Flight) -> None:
         """Handle ``flight``, then the tasks its commits leased (commit-and-continue), in one slot."""

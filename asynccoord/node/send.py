@@ -42,6 +42,8 @@ __all__ = (
     "lease_ran_out",
     "lock_lost",
     "observe",
+    "observe_many",
+    "retrieve",
 )
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,19 @@ def observe(store: Any, name: str, started: float) -> None:
     recorder = getattr(store, "latencies", None)
     if recorder is not None:
         recorder.observe(name, (time.perf_counter() - started) * 1000.0)
+
+
+def observe_many(store: Any, name: str, values_ms: list[float]) -> None:
+    """Record latencies ``values_ms`` (milliseconds) in ``store.latencies``, if any, under one lock."""
+    recorder = getattr(store, "latencies", None)
+    if recorder is None:
+        return
+    many = getattr(recorder, "observe_many", None)
+    if many is not None:
+        many(name, values_ms)
+    else:
+        for value_ms in values_ms:
+            recorder.observe(name, value_ms)
 
 
 class Sender:
@@ -126,6 +141,51 @@ class Sender:
                 failed; see :mod:`asynccoord._exits`). Any other ``BaseException`` it raised
                 is a failed send, as an ``Exception`` is.
         """
+        unsent = self.start(flight, send)
+        if unsent is not None:
+            return unsent
+        child, over = flight.send, flight.over
+        assert child is not None
+        assert over is not None
+        send_started = time.perf_counter()
+        child.add_done_callback(lambda _: _resolve(over))
+        child.add_done_callback(functools.partial(self.cut_send_ended, flight))
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(loop.time() + self._timeout_s, time_out, flight)
+        cancel_pending = False
+        try:
+            await over
+        except asyncio.CancelledError:
+            if child.done() and not child.cancelled() and flight.cut_until is None:
+                # The send had returned (its message went out) when the node was cancelled:
+                # settle it first, then go on cancelling; handing it back would send it again.
+                cancel_pending = True
+            else:  # the node is cancelled: the send gets its cleanup time, then it goes on
+                timer.cancel()  # no timeout may cut that time short
+                try:
+                    await cut_short(flight, child)
+                finally:
+                    flight.move(FlightState.INTERRUPTED)
+                raise
+        finally:
+            timer.cancel()
+            flight.send = flight.over = None
+        outcome = self.outcome(flight, child, cancel_pending)
+        if outcome[0]:
+            observe(self._store, SEND_MS, send_started)
+        return outcome
+
+    def start(self, flight: Flight, send: SendFn) -> Outcome | None:
+        """Start ``send(flight.task)`` in a task of its own (``flight.send``, ending ``flight.over``); None if started.
+
+        The send's task copies the context with the :class:`~asynccoord.node.delivery.Delivery`
+        set. The caller arms the timeout (:func:`time_out`) and waits for ``flight.over``.
+
+        Returns:
+            None when the send started; else the :data:`Outcome` of a send that never
+            started: its lease past its local deadline (the flight ``UNSENT``), or its lease
+            or lock lost meanwhile (``DROPPED``, ``LOCK_DROPPED``).
+        """
         state = flight.state
         if state is FlightState.CLAIMED and time.monotonic() >= flight.lease_deadline:
             lease_ran_out(self._store, self._node_id, flight, "before its send")  # the store may hand it on already
@@ -146,40 +206,31 @@ class Sender:
             sending = self._coroutine(task, send)
             if flight.trace is not None:  # in the send span, current while the send runs
                 sending = flight.trace.send(sending)
-            child = flight.send = loop.create_task(_ending(sending, over, flight))
+            flight.send = loop.create_task(_ending(sending, over, flight))
         finally:
             _DELIVERY.reset(token)
-        send_started = time.perf_counter()
-        child.add_done_callback(lambda _: _resolve(over))
-        child.add_done_callback(functools.partial(self._cut_send_ended, flight))
-        timer = loop.call_at(loop.time() + self._timeout_s, time_out, flight)
-        cancel_pending = False
-        try:
-            await over
-        except asyncio.CancelledError:
-            if child.done() and not child.cancelled() and flight.cut_until is None:
-                # The send had returned (its message went out) when the node was cancelled:
-                # settle it first, then go on cancelling; handing it back would send it again.
-                cancel_pending = True
-            else:  # the node is cancelled: the send gets its cleanup time, then it goes on
-                timer.cancel()  # no timeout may cut that time short
-                try:
-                    await cut_short(flight, child)
-                finally:
-                    flight.move(FlightState.INTERRUPTED)
-                raise
-        finally:
-            timer.cancel()
-            flight.send = flight.over = None
+        return None
+
+    def outcome(self, flight: Flight, child: asyncio.Task[Any], cancel_pending: bool) -> Outcome:
+        """The :data:`Outcome` of the send ``child`` of ``flight``, once ``flight.over`` is done; moves the flight on.
+
+        ``cancel_pending``: the node was cancelled as the send returned (carried in the outcome).
+
+        Raises:
+            CancelledError: the send raised ``CancelledError`` by itself while the caller is
+                being cancelled (the flight is ``INTERRUPTED``).
+            ProcessExiting: as :meth:`run`.
+        """
         state = flight.state
+        task = flight.task
         if state is FlightState.LEASE_LOST or state is FlightState.LOCK_LOST:
             flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
-            child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
+            child.add_done_callback(retrieve)  # the cut send's outcome, seen now or when it ends
             return False, None, None, cancel_pending
         result: Any = None
         failure: BaseException | None = None
         if state is FlightState.TIMED_OUT:
-            child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
+            child.add_done_callback(retrieve)  # the cut send's outcome, seen now or when it ends
             failure = TimeoutError()
         elif child.cancelled():
             # Nothing of the node's cancelled the send: a timeout or a lost lease or lock says
@@ -201,17 +252,16 @@ class Sender:
             failure = child.exception()  # the user's send failed: the retry policy decides
             if failure is None:
                 result = child.result()
-                failure = _unsent(result)
+                failure = None if result is None else _unsent(result)
                 if failure is not None:
                     result = None
             elif is_process_exit(failure):  # the process is ending (see asynccoord._exits): no failed send
                 flight.move(FlightState.INTERRUPTED)
                 raise self._on_exit(carry(failure)) from None  # a group's first exit, as asyncio.TaskGroup raises it
         flight.move(FlightState.RETURNED)
-        observe(self._store, SEND_MS, send_started)
         return True, result, failure, cancel_pending
 
-    def _cut_send_ended(self, flight: Flight, child: asyncio.Task[Any]) -> None:
+    def cut_send_ended(self, flight: Flight, child: asyncio.Task[Any]) -> None:
         """A send task ended: if it had been cut (timeout, lost lease or lock, the node's
         cancellation) and its cleanup raised ``KeyboardInterrupt`` or ``SystemExit``, stop
         the node for it as if the send had raised it (:meth:`run` no longer reads a cut
@@ -314,7 +364,7 @@ def cut(flight: Flight) -> None:
     def cut_again() -> None:
         if not child.done():
             child.cancel()
-            child.add_done_callback(_retrieve)
+            child.add_done_callback(retrieve)
         _resolve(over)
 
     timer = loop.call_at(flight.cut_until, cut_again)
@@ -339,7 +389,7 @@ async def cut_short(flight: Flight, child: asyncio.Task[Any]) -> None:
     if until is not None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(until - asyncio.get_running_loop().time()):
             await asyncio.wait({child})
-    child.add_done_callback(_retrieve)
+    child.add_done_callback(retrieve)
 
 
 def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
@@ -427,7 +477,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
+def retrieve(task: asyncio.Future[Any]) -> None:
     """Mark a cancelled send's outcome as seen (no 'exception was never retrieved' warning)."""
     if not task.cancelled():
         task.exception()
