@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
@@ -50,6 +48,7 @@ from .ablation import FULL, Ablation
 from .batch import LocklessBatch
 from .config import NodeConfig
 from .delivery import Affinity
+from .due import DueTimes
 from .flight import Flight, FlightState, lease_deadline
 from .keeper import Keeper
 from .running import stop_all
@@ -242,9 +241,7 @@ class Node:
         self._owned_sorted: list[int] = []
         self._view_version = -1
         self._wake: WakeUp | None = None
-        self._due_timer: asyncio.TimerHandle | None = None  # wakes the node when a task it delayed is due
-        self._due_when = math.inf  # the loop time it fires at
-        self._due_times: list[float] = []  # heap: loop times at which tasks this node put back fall due
+        self._due = DueTimes()  # wakes the node when a task it put back falls due
         self._rng = random.Random()
         # None without the otel extra or with tracing off: then nothing of tracing runs per task.
         self._tracer = node_tracer(self.node_id, self.config.queue) if self.config.tracing else None
@@ -261,7 +258,7 @@ class Node:
             config=self.config,
             counters=self._state,
             version_checks=_ablation.version_checks,
-            due_soon=self._due_soon,
+            due_soon=self._due.add,
             continues=self._continues,
             adopt=self._adopt,
         )
@@ -449,13 +446,12 @@ class Node:
         # The store's notifier wakes the node on new work; a store without one gets a
         # private notifier that only the node's own timers (and stop_claiming) use.
         notifier = getattr(self.store, "notifier", None) or WorkNotifier()
-        wake = self._wake = notifier.subscribe(self.config.queue)
+        wake = self._wake = self._due.wake = notifier.subscribe(self.config.queue)
         try:
             await self._fetch(tg, wake)
         finally:
             wake.close()
-            if self._due_timer is not None:
-                self._due_timer.cancel()
+            self._due.close()
 
     async def _fetch(self, tg: anyio.abc.TaskGroup, wake: WakeUp) -> None:
         """Claim while slots are free: again at once after a full batch, else after a wake-up or the backoff.
@@ -890,37 +886,5 @@ class Node:
         self._state.claimed += 1
         self._state.continued += 1
         return flight
-
-    def _due_soon(self, delay_s: float) -> None:
-        """Wake the node in ``delay_s`` seconds (+1 ms): a task it put back is due then, and nobody notifies that.
-
-        Every such time is kept (a heap), and one timer runs at a time, for the earliest.
-        """
-        if self._wake is None:
-            return
-        loop = asyncio.get_running_loop()
-        when = loop.time() + max(delay_s, 0.0) + 0.001
-        heapq.heappush(self._due_times, when)
-        self._arm_due(loop)
-
-    def _arm_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Run the timer for the earliest kept due time (if it is not running for it already)."""
-        if not self._due_times or self._due_times[0] >= self._due_when:
-            return
-        if self._due_timer is not None:
-            self._due_timer.cancel()
-        self._due_when = self._due_times[0]
-        self._due_timer = loop.call_at(self._due_when, self._due_now)
-
-    def _due_now(self) -> None:
-        self._due_timer = None
-        self._due_when = math.inf
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        while self._due_times and self._due_times[0] <= now + 0.001:  # due now (or within the timer's slack)
-            heapq.heappop(self._due_times)
-        if self._wake is not None:
-            self._wake.set()
-            self._arm_due(loop)
 
     # --- keeper: lease and lock renewal ---------------------------------------------------
