@@ -129,7 +129,7 @@ class LocklessBatch:
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start every send (one timeout for all); settle at once those that may not start."""
-        sender, send, sending = self._sender, self._send, self._sending
+        sender, send, sending, send_over = self._sender, self._send, self._sending, self._send_over
         self._started = time.perf_counter()
         flights = self._flights
         for i, flight in enumerate(flights):
@@ -145,7 +145,7 @@ class LocklessBatch:
             over = flight.over
             assert over is not None
             sending[over] = flight
-            over.add_done_callback(self._send_over)
+            over.add_done_callback(send_over)
         if sending:
             self._timer = loop.call_at(loop.time() + self._timeout_s, self._time_out)
 

@@ -203,9 +203,11 @@ class Sender:
         try:
             # The task copies the context: the delivery. Its last step hands on the send's lock
             # turn, or resolves `over` (see _ending); the done callback resolves it otherwise.
-            sending = self._coroutine(task, send)
-            if flight.trace is not None:  # in the send span, current while the send runs
-                sending = flight.trace.send(sending)
+            trace = flight.trace
+            # Untraced, _ending itself carries a KeyboardInterrupt or SystemExit out of the send.
+            sending = self._coroutine(task, send, carried=trace is not None)
+            if trace is not None:  # in the send span, current while the send runs
+                sending = trace.send(sending)
             flight.send = loop.create_task(_ending(sending, over, flight))
         finally:
             _DELIVERY.reset(token)
@@ -272,11 +274,12 @@ class Sender:
         if exc is not None and is_process_exit(exc):
             self._on_exit(carry(exc), stop=True)  # nothing raises it: stop the pipeline for it
 
-    def _coroutine(self, task: Task, send: SendFn) -> Coroutine[Any, Any, Any]:
+    def _coroutine(self, task: Task, send: SendFn, *, carried: bool = True) -> Coroutine[Any, Any, Any]:
         """The coroutine the send task runs: the user's own one for an ``async def`` send.
 
         An ``async def`` send is called here (it only makes its coroutine; its body runs in
-        the send task, inside :func:`_carrying_exits`). A call that raises (a send whose
+        the send task, inside :func:`_carrying_exits`, or as it is with ``carried=False``
+        for a caller that runs it in :func:`_ending` directly). A call that raises (a send whose
         signature does not take the task, say) is a failed send, raised in the send task as
         any error of the send is. Any other callable goes through :func:`_call_send`. A
         ``KeyboardInterrupt`` or ``SystemExit`` leaves the send task as a
@@ -292,7 +295,9 @@ class Sender:
             coro = send(task)
         except BaseException as exc:
             return _raising(exc)
-        return _carrying_exits(coro) if asyncio.iscoroutine(coro) else _awaiting(coro)
+        if asyncio.iscoroutine(coro):
+            return _carrying_exits(coro) if carried else coro
+        return _awaiting(coro)
 
 
 def time_out(flight: Flight) -> None:
@@ -409,10 +414,13 @@ async def _ending(send: Coroutine[Any, Any, Any], over: asyncio.Future[None], fl
     this slot, which resumes then (``over`` resolved by the task's done callback) to commit,
     fenced by the same token (the lease stays in the process until the commit is over: see
     ``Turn.defer``). Without a turn, ``over`` is resolved here, the slot resuming a loop turn
-    sooner.
+    sooner. A ``KeyboardInterrupt`` or ``SystemExit`` leaves as a
+    :class:`~asynccoord._exits.ProcessExiting` (as from :func:`_carrying_exits`).
     """
     try:
         return await send
+    except PROCESS_EXITS as exc:
+        raise ProcessExiting(exc) from None
     finally:
         end, flight.turn_end = flight.turn_end, None
         if end is not None:
