@@ -558,6 +558,8 @@ class Node:
     async def _handle_batch(self, flights: list[Flight]) -> None:
         """Handle one claim's tasks, each in an asyncio task of its own, under the node's task group.
 
+        Tasks that need no lock go to a :class:`~asynccoord.node.batch.LocklessBatch` instead
+        (see :meth:`_lockless`), which keeps the same guarantees without a task per task.
         One task-group child per claim, not per task: this supervises its tasks as the
         task group would. An error of one (e.g. :class:`StoreClosedError`) cancels the
         others and is raised once they are over (several: as an ``ExceptionGroup``),
