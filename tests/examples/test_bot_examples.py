@@ -66,11 +66,11 @@ async def test_every_message_answered_in_order_within_limits_when_a_node_process
 async def test_a_429_pauses_the_bot_on_every_node_and_costs_no_message(script: str, tmp_path: Path) -> None:
     pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
     stricter = {**TELEGRAM_LIMITS, "chat": Limit(1, 1.0, burst=1)}  # no burst: the examples' bursts meet 429s
-    async with BotAPIStandIn(messages=30, limits=stricter) as api:
+    async with BotAPIStandIn(messages=20, limits=stricter) as api:
         run = await run_bot_processes(EXAMPLES_DIR / script, api=api, workdir=tmp_path)
     o, why = run.outcome, report(run)
     assert run.drained, why
-    assert o.answered == o.incoming == 30, why  # a 429 used no attempt and lost nothing
+    assert o.answered == o.incoming == 20, why  # a 429 used no attempt and lost nothing
     assert o.out_of_order == [], why
     assert o.duplicates == 0, why
     assert o.unexpected == 0, why
