@@ -457,7 +457,7 @@ class LockPool:
         waits, not by the watchdog: losing a place is not losing a lock). The pool
         holding the place polls the lock often (every 1 to 10 ms); the others poll for
         the place (every 2 to 20 ms). A store with release signals (``store.releases``, a
-        :class:`~asynccoord.releases.ReleaseSignal`: the memory and SQLite stores) ends
+        :class:`~asynccoord.releases.ReleaseSignal`: the memory, SQLite and PostgreSQL stores) ends
         the wait the moment the lock or the place is given back, in any process. A pool
         that found the lock or its place taken in the last second, or that gave a lease
         of it back in the last second (for a pool in line, say), first reads the place

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
 
 from asynccoord import InvalidArgumentError, InvalidTypeError, MemoryStore, SQLiteStore
 from asynccoord.backends.sqlite.wakeup import decode_datagram, encode_wakeup
@@ -147,6 +148,24 @@ async def test_a_pool_in_line_takes_a_lock_another_sqlite_store_gave_back_at_onc
         assert await _hand_over(first, second, monkeypatch) < SIGNAL_BOUND_S
         assert second._wakeup is not None
         assert second._wakeup.received >= 1
+
+
+async def test_a_pool_in_line_takes_a_lock_another_postgresql_store_gave_back_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asynccoord.backends.postgres.store import PostgresStore
+
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    schema = new_schema("rel")
+    try:
+        async with PostgresStore(PG_DSN, schema=schema) as first, PostgresStore(PG_DSN, schema=schema) as second:
+            assert await _hand_over(first, second, monkeypatch) < SIGNAL_BOUND_S
+            assert second._listener is not None
+            assert second._listener.received >= 1
+    finally:
+        drop_schemas(schema)
 
 
 async def test_without_the_channel_the_same_hand_over_waits_for_the_poll(
