@@ -301,7 +301,8 @@ class LocklessBatch:
                     await asyncio.wait(children)
             for flight in cutting:
                 child = flight.send
-                if child is not None:
+                if child is not None:  # a cleanup that raised KeyboardInterrupt or SystemExit stops the node
+                    child.add_done_callback(functools.partial(self._sender.cut_send_ended, flight))
                     child.add_done_callback(retrieve)
                 flight.send = flight.over = None
                 flight.move(FlightState.INTERRUPTED)
