@@ -105,6 +105,8 @@ class LocklessBatch:
             Exception: what failed the batch (e.g. :class:`~asynccoord.errors.StoreClosedError`),
                 once the rest is over as on cancellation (several: an ``ExceptionGroup``).
             ProcessExiting: a send raised ``KeyboardInterrupt`` or ``SystemExit``.
+            RuntimeError: a settle ended cancelled although the node was not cancelled (a
+                bug: re-raising that ``CancelledError`` would end the node silently).
         """
         loop = asyncio.get_running_loop()
         try:
@@ -321,4 +323,10 @@ class LocklessBatch:
             raise errors[0]
         if errors:
             raise BaseExceptionGroup("errors handling a claim's tasks", errors)
-        raise asyncio.CancelledError  # a send cancelled itself while the node was being cancelled
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise asyncio.CancelledError  # the node is being cancelled: never swallowed
+        raise RuntimeError(  # a bug: re-raising the CancelledError would end the node silently
+            f"node {self._settler.node_id!r}: a settle of the tasks {[f.task.id for f in self._flights]} "
+            "ended cancelled although the node was not cancelled"
+        )

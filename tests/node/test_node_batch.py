@@ -276,6 +276,26 @@ async def test_a_process_exit_in_one_send_hands_back_the_claims_other_sends_and_
     assert node.state().status is NodeStatus.STOPPED
 
 
+async def test_a_settle_cancelled_without_the_node_being_cancelled_fails_the_node(make_store: Any) -> None:
+    """Should anything but the node's cancellation cancel a batch's settle (a bug), the node fails
+    loudly instead of stopping as if it had been cancelled; the task is handed back."""
+    store = await make_store(clock=None)
+    task_id = (await store.enqueue(QUEUE, 1)).task.id
+    node = Node(store, lambda t: asyncio.sleep(0), node_id="n1", config=NodeConfig(queue=QUEUE, **BATCH))
+
+    async def commit_many(flights: Any, results: Any) -> None:
+        raise asyncio.CancelledError
+
+    node._settler.commit_many = commit_many  # type: ignore[method-assign]
+    with pytest.raises(ExceptionGroup) as raised:  # a RuntimeError (a bug), in the task group's group
+        await asyncio.wait_for(node.run(), 5.0)
+    assert raised.group_contains(
+        RuntimeError, match=rf"^node 'n1': a settle of the tasks \[{task_id}\] ended cancelled although"
+    )
+    assert node.state().status is NodeStatus.FAILED
+    assert (await wait_for_status(store, task_id, TaskStatus.PENDING)).attempts == 0
+
+
 async def test_a_batch_is_the_way_only_without_locks_traces_or_commit_and_continue() -> None:
     async with MemoryStore() as store:
         flight = Flight(task=_task(1), lease_deadline=0.0)
