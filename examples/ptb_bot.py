@@ -42,12 +42,21 @@ TELEGRAM_LIMITS = [
 ]
 
 
-def rate_limited(exc: RetryAfter) -> RateLimited:
+def declared_limits(time_scale: float) -> list[RateLimit]:
+    """Telegram's limits on a clock ``time_scale`` times faster (1 against Telegram; more against a fast stand-in)."""
+    return [
+        RateLimit(dimension=x.dimension, count=x.count, per_s=x.per_s / time_scale, burst=x.burst)
+        for x in TELEGRAM_LIMITS
+    ]
+
+
+def rate_limited(exc: RetryAfter, time_scale: float = 1.0) -> RateLimited:
     """Telegram's 429 as asynccoord's signal: it does not say which limit was hit, so pause all the reply's."""
     with warnings.catch_warnings():  # an int before python-telegram-bot 22.2, a timedelta from then on
         warnings.simplefilter("ignore", PTBDeprecationWarning)
         after = exc.retry_after
-    return RateLimited(after.total_seconds() if isinstance(after, datetime.timedelta) else float(after))
+    after_s = after.total_seconds() if isinstance(after, datetime.timedelta) else float(after)
+    return RateLimited(after_s / time_scale)
 
 
 def limit_keys(bot_id: int, message: Message) -> dict[str, str]:
@@ -86,7 +95,7 @@ def run_bot(args: argparse.Namespace) -> None:
 
     async def open_outbox(application: Application) -> None:  # type: ignore[type-arg]
         await outbox.open()
-        await outbox.set_rate_limits(QUEUE, TELEGRAM_LIMITS)  # for every node of every process
+        await outbox.set_rate_limits(QUEUE, declared_limits(args.time_scale))  # for every node of every process
         application.bot_data["outbox"] = outbox
 
     async def close_outbox(application: Application) -> None:  # type: ignore[type-arg]
@@ -115,7 +124,7 @@ async def run_nodes(args: argparse.Namespace) -> None:
                     reply_parameters=ReplyParameters(message_id=reply["reply_to"], allow_sending_without_reply=True),
                 )
             except RetryAfter as exc:
-                raise rate_limited(exc) from exc
+                raise rate_limited(exc, args.time_scale) from exc
             return message.message_id
 
         config = NodeConfig(queue=QUEUE, ordered=True, lease_s=args.lease_s, send_timeout_s=10)
@@ -132,7 +141,16 @@ def main() -> int:
     parser.add_argument("--api-server", help="base URL of another Bot API server, e.g. http://127.0.0.1:8081")
     parser.add_argument("--nodes", type=int, default=2, help="nodes in this process (role nodes)")
     parser.add_argument("--lease-s", type=float, default=3.0, help="task lease: how soon a crashed node's work moves")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="with --api-server: the server's clock runs this many times faster than real time, so the declared "
+        "limits and a 429's Retry-After are divided by it (the stand-in's quick checks; default 1)",
+    )
     args = parser.parse_args()
+    if not 0 < args.time_scale < float("inf"):
+        parser.error(f"--time-scale must be a number > 0, got {args.time_scale!r}")
     logging.basicConfig(level=logging.WARNING)
     if args.role == "bot":
         run_bot(args)

@@ -20,6 +20,12 @@ The incoming messages are the first lines of the Chit-Chat sample bundled with a
 ``asynccoord/demo/data/NOTICE.md``): each conversation becomes a chat (every third one a
 group), each message arrives at its trace time sped up, with the text ``message <seq>``.
 
+The stand-in's clock may run faster than real time (``time_scale``, for quick checks):
+messages then arrive, the limits refill and a Retry-After counts that many times faster,
+and a bot run against it divides its own declared limits and a 429's Retry-After by the
+same factor (the examples' ``--time-scale``). Network time (the jitter allowed, the
+latency of a call) stays real.
+
 Run ``python examples/telegram_standin.py`` to see a burst to one chat meet a 429, or
 ``python examples/telegram_standin.py --serve --port 8081`` to serve until Ctrl-C, e.g. for
 ``python examples/aiogram_bot.py bot --api-server http://127.0.0.1:8081``.
@@ -87,6 +93,10 @@ class Limit:
     def tolerance_s(self) -> float:
         return (self.burst - 1) * self.interval_s
 
+    def faster(self, time_scale: float) -> Limit:
+        """The same limit on a clock ``time_scale`` times faster than real time (``per_s`` divided by it)."""
+        return Limit(self.count, self.per_s / time_scale, self.burst)
+
 
 TELEGRAM_LIMITS: Mapping[str, Limit] = {
     "account": Limit(30, 1.0, burst=5),  # about 30 messages per second per bot
@@ -122,12 +132,14 @@ class Sent:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A ``sendMessage`` refused with 429: which limit, and the Retry-After given (whole seconds)."""
+    """A ``sendMessage`` refused with 429: which limit, the Retry-After given (whole seconds of the
+    stand-in's clock), and ``wait_s``, the real seconds it asks for (``retry_after_s / time_scale``)."""
 
     chat_id: int
     dimension: str
     retry_after_s: int
     t_mono: float
+    wait_s: float
 
 
 @dataclass(slots=True)
@@ -175,7 +187,7 @@ class BotAPIStandIn:
     Args:
         messages: How many messages of the bundled trace users send. Default 60.
         speedup: Trace time is divided by this (60 messages over 113 s of trace arrive in
-            about 5.7 s at 20). Default 20.
+            about 5.7 s at 20, before ``time_scale``). Default 20.
         group_every: Every n-th conversation is a group chat (0: none). Default 3.
         limits: The limits by dimension ``account``, ``chat``, ``group``; a missing one is
             not applied. Default :data:`TELEGRAM_LIMITS`.
@@ -185,6 +197,10 @@ class BotAPIStandIn:
             accepted (recorded) when it arrives, as a server that processed a request
             whose client then died. Default 0.05.
         port: The TCP port on 127.0.0.1; 0 for a free one. Default 0.
+        time_scale: How many times faster than real time the stand-in's clock runs (> 0):
+            the messages' arrival times and the limits' periods are divided by it, and a
+            Retry-After counts whole seconds of that clock. ``jitter_s`` and ``latency_s``
+            stay real time. Default 1 (Telegram's own pace).
 
     Attributes:
         incoming: The scripted messages, in update order.
@@ -204,12 +220,16 @@ class BotAPIStandIn:
         jitter_s: float = 0.2,
         latency_s: float = 0.05,
         port: int = 0,
+        time_scale: float = 1.0,
     ) -> None:
+        if not time_scale > 0 or math.isinf(time_scale):
+            raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
         self.port = port
         self.latency_s = latency_s
+        self.time_scale = time_scale
         self.in_progress = 0
-        self.incoming = _incoming_messages(messages, group_every, speedup)
-        self.limits = dict(limits)
+        self.incoming = _incoming_messages(messages, group_every, speedup * time_scale)
+        self.limits = {dimension: limit.faster(time_scale) for dimension, limit in limits.items()}
         self.jitter_s = jitter_s
         self.sent: list[Sent] = []
         self.refusals: list[Refusal] = []
@@ -367,8 +387,8 @@ class BotAPIStandIn:
                 waits[dimension] = tat - limit.tolerance_s - now
         if waits:
             dimension = max(waits, key=lambda d: waits[d])
-            retry_after_s = max(1, math.ceil(waits[dimension]))
-            self.refusals.append(Refusal(chat_id, dimension, retry_after_s, now))
+            retry_after_s = max(1, math.ceil(waits[dimension] * self.time_scale))  # in the stand-in's seconds
+            self.refusals.append(Refusal(chat_id, dimension, retry_after_s, now, retry_after_s / self.time_scale))
             body = {
                 "ok": False,
                 "error_code": 429,
@@ -478,6 +498,8 @@ async def run_bot_processes(
 ) -> Run:
     """Run ``script``'s ``bot`` process and ``node_processes`` ``nodes`` processes against ``api``.
 
+    The processes are told the stand-in's ``time_scale`` (``--time-scale``).
+
     Waits until every incoming message has a reply (or ``timeout_s``), optionally kills the
     first node process with SIGKILL once the stand-in has accepted ``kill_after_sent``
     messages, at a moment when a ``sendMessage`` is in progress and that process holds a
@@ -486,7 +508,7 @@ async def run_bot_processes(
     for them to exit.
     """
     db = workdir / "outbox.db"
-    common = ["--api-server", api.url, "--db", str(db), *extra_args]
+    common = ["--api-server", api.url, "--db", str(db), "--time-scale", repr(api.time_scale), *extra_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     files: dict[str, IO[bytes]] = {}
@@ -543,15 +565,20 @@ async def run_bot_processes(
     return run
 
 
-def self_check(script: Path, *, messages: int = 40) -> int:
+SELF_CHECK_TIME_SCALE = 4.0
+"""How much faster than real time the stand-in's clock runs in :func:`self_check`."""
+
+
+def self_check(script: Path, *, messages: int = 40, time_scale: float = SELF_CHECK_TIME_SCALE) -> int:
     """Run ``script``'s processes against a stand-in; print what happened and a verdict line; exit status."""
 
     async def main() -> int:
         with tempfile.TemporaryDirectory() as folder:
-            async with BotAPIStandIn(messages=messages) as api:
+            async with BotAPIStandIn(messages=messages, time_scale=time_scale) as api:
                 run = await run_bot_processes(script, api=api, workdir=Path(folder))
         o = run.outcome
-        print(f"stand-in Bot API: {o.incoming} incoming messages in {len({m.chat_id for m in api.incoming})} chats")
+        chats = len({m.chat_id for m in api.incoming})
+        print(f"stand-in Bot API: {o.incoming} incoming messages in {chats} chats, its clock {time_scale:g}x real time")
         print(f"answered {o.answered}, missing {o.missing}, duplicates {o.duplicates}, 429s {o.refusals}")
         print(f"chats out of order: {o.out_of_order or 'none'}; processes exited {run.exit_codes}")
         ok = run.drained and o.missing == 0 and o.duplicates == 0 and not o.out_of_order and o.refusals == 0

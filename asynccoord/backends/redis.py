@@ -256,6 +256,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _raise_if_cancelled(task: asyncio.Task[Any] | None, cancels: int, what: str, cause: BaseException | None) -> None:
+    """Raise ``CancelledError`` if ``task`` was asked to cancel since it had ``cancels`` requests pending."""
+    if task is not None and task.cancelling() > cancels:
+        raise asyncio.CancelledError(f"{what} was cancelled") from cause
+
+
 def _map_error(exc: BaseException, what: str) -> StoreError:
     """The package's error for a redis-py error (raise it ``from exc``)."""
     text = f"{what}: {type(exc).__name__}: {exc}"
@@ -493,22 +499,35 @@ class RedisLockStore:
             )
 
     async def _call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
-        """Run ``fn(client)``, retrying a lost connection with backoff; map errors at this one boundary."""
+        """Run ``fn(client)``, retrying a lost connection with backoff; map errors at this one boundary.
+
+        A cancellation of the calling task that redis-py turned into an error (it drops the
+        connection of an interrupted command) or swallowed is raised again here as
+        ``CancelledError``: without that, a caller that is being stopped would retry, or go
+        on with the result, and never end.
+        """
         deadline = time.monotonic() + self.reconnect_timeout_s
         delay_s = 0.02
+        task = asyncio.current_task()
+        cancels = 0 if task is None else task.cancelling()
         while True:
             client = self._client
             if client is None:
                 raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
             self._check_loop()
             try:
-                return await fn(client)
+                result = await fn(client)
             except _CONNECTION_ERRORS as exc:
+                _raise_if_cancelled(task, cancels, what, exc)
                 if time.monotonic() + delay_s > deadline:
                     raise _map_error(exc, what) from exc
                 log.info("asynccoord.redis.retry what=%s error=%s", what, exc)
             except rerr.RedisError as exc:
+                _raise_if_cancelled(task, cancels, what, exc)
                 raise _map_error(exc, what) from exc
+            else:
+                _raise_if_cancelled(task, cancels, what, None)
+                return result
             await asyncio.sleep(delay_s * random.uniform(0.5, 1.5))
             delay_s = min(delay_s * 2, 1.0)
 

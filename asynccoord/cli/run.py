@@ -32,6 +32,7 @@ from .._signals import give_back_signal, take_signal
 from ..contract.locks import MAX_PERMITS
 from ..errors import InvalidArgumentError, InvalidTypeError, StoreError
 from ..validation import check_int, check_interval_s, check_lease_s, check_name, check_positive
+from .lockstore import add_lock_store_options, check_lock_store_options
 
 __all__ = ("check_run", "configure_run", "load_callable", "run_command")
 
@@ -109,6 +110,12 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         "repeat for several; stored in the database for every process (without it, the stored limits stay)",
     )
     parser.add_argument(
+        "--clear-rate-limits",
+        action="store_true",
+        help="remove the queue's stored rate limits before the run (for every process; not with --rate-limit)",
+    )
+    add_lock_store_options(parser, purpose="to take the nodes' locks in instead of the database")
+    parser.add_argument(
         "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
     )
 
@@ -168,8 +175,11 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         raise InvalidArgumentError(
             f"--db {args.db!r} is an in-memory SQLite database, which no other process can reach: give a file"
         )
+    if getattr(args, "clear_rate_limits", False) and rate_limits(args):
+        raise InvalidArgumentError("--clear-rate-limits and --rate-limit contradict each other: give one")
     if rate_limits(args) and not hasattr(store, "set_rate_limits"):
         raise InvalidArgumentError(f"--rate-limit: the store of --db {redact_target(args.db)!r} enforces no limits")
+    check_lock_store_options(args)  # the URL and prefix; opens nothing
     send = load_callable(args.send)
     lock_key = load_callable(args.lock_key) if args.lock_key else None
     config = NodeConfig(
@@ -218,6 +228,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     send, lock_key, config = check_run(args)  # before the database is touched
     limits = rate_limits(args)
+    clear_limits = bool(getattr(args, "clear_rate_limits", False))
 
     async def main() -> int:
         # While the store opens and the nodes start, and again while they close down, SIGTERM
@@ -226,8 +237,12 @@ def run_command(args: argparse.Namespace) -> int:
         held: list[int] = []
         holding = _hold_signals(loop, held)
         try:
-            async with open_store(args.db, **store_options(args)) as store:
-                if limits:  # declared for every process of the database, before any node claims
+            async with contextlib.AsyncExitStack() as stack:
+                store = await stack.enter_async_context(open_store(args.db, **store_options(args)))
+                lock_store = check_lock_store_options(args)
+                if lock_store is not None:
+                    await stack.enter_async_context(lock_store)
+                if limits or clear_limits:  # declared for every process of the database, before any node claims
                     await cast(Any, store).set_rate_limits(args.queue, limits)
                 runtime = Runtime(
                     store,
@@ -235,6 +250,7 @@ def run_command(args: argparse.Namespace) -> int:
                     nodes=args.nodes,
                     config=config,
                     lock_key=lock_key,
+                    lock_store=lock_store,
                     heartbeat_ttl_s=args.heartbeat_ttl_s,
                     shutdown_timeout_s=args.shutdown_timeout_s,
                 )

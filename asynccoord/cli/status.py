@@ -32,11 +32,11 @@ from .. import events as ev
 from ..config import StoreConfig
 from ..contract.monitor import check_windows
 from ..contract.ratelimits import RateLimitStore
-from ..errors import InvalidArgumentError
 from ..locks.pool import PLACE_PREFIX
 from ..monitor.snapshot import cluster_snapshot
 from ..partition import assign
 from ..validation import MAX_DURATION_S, check_positive
+from .lockstore import add_lock_store_options, check_lock_store_options, open_lock_store
 from .run import store_options
 
 __all__ = (
@@ -79,8 +79,6 @@ HELD_BUCKETS_SHOWN = 50
 """The most held rate-limit buckets a report lists (the longest waits, all queues together)."""
 
 _STATUSES = ("pending", "running", "done", "dead")
-
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def status_schema() -> dict[str, Any]:
@@ -335,18 +333,7 @@ def configure_status(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="with a postgresql:// --db: the schema of asynccoord's tables (default: the connection's search_path)",
     )
-    parser.add_argument(
-        "--lock-store",
-        metavar="URL",
-        help="also list the locks held in this Redis (redis://, rediss:// or unix:// URL; extra 'redis'), "
-        "as given to Runtime(lock_store=RedisLockStore(URL))",
-    )
-    parser.add_argument(
-        "--lock-prefix",
-        metavar="PREFIX",
-        default=None,
-        help="with --lock-store: the key prefix of the lock store (default 'asynccoord:')",
-    )
+    add_lock_store_options(parser, purpose="whose locks are listed too, as given to Runtime(lock_store=...)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (schema: status.schema.json)")
     parser.add_argument(
         "--window",
@@ -369,11 +356,7 @@ def check_status(args: argparse.Namespace) -> None:
     options = store_options(args)
     if options:
         open_store(args.db, read_only=True, **options)  # validates the name; opens nothing
-    if args.lock_store is None:
-        if args.lock_prefix is not None:
-            raise InvalidArgumentError("--lock-prefix applies to a --lock-store only: add --lock-store redis://...")
-        return
-    open_lock_store(args.lock_store, prefix=args.lock_prefix)  # validates the URL and prefix; opens nothing
+    check_lock_store_options(args)  # validates the URL and prefix; opens nothing
 
 
 def status_command(args: argparse.Namespace) -> int:
@@ -402,25 +385,6 @@ def _lock_store_entry(lock_store: Any) -> dict[str, Any]:
         "prefix": getattr(lock_store, "prefix", None),
         "persistent": getattr(lock_store, "persistent", None),
     }
-
-
-def open_lock_store(url: str, *, prefix: str | None = None) -> Any:
-    """A :class:`~asynccoord.backends.redis.RedisLockStore` (not yet opened) for ``status --lock-store``.
-
-    Args:
-        url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
-        prefix: The lock store's key prefix; None for its default (``"asynccoord:"``).
-
-    Raises:
-        InvalidArgumentError: not a Redis URL, a bad prefix, or redis-py is not installed.
-    """
-    if not isinstance(url, str) or not url.startswith(_REDIS_SCHEMES):
-        raise InvalidArgumentError(f"--lock-store takes a Redis URL ({', '.join(_REDIS_SCHEMES)}...)")
-    try:
-        from ..backends.redis import RedisLockStore
-    except ImportError as exc:
-        raise InvalidArgumentError("--lock-store needs redis-py: pip install 'asynccoord[redis]'") from exc
-    return RedisLockStore(url) if prefix is None else RedisLockStore(url, prefix=prefix)
 
 
 def _lapsed(counts: dict[str, Any]) -> str:

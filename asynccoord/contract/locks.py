@@ -172,6 +172,12 @@ class LockStore(Protocol):
       (M. Kleppmann, "How to do distributed locking", 2016). Equal tokens are
       accepted: a token belongs to one acquisition, which may write many times. A
       resource must be fenced with the tokens of one lock name only.
+    * Optionally, a ``releases`` attribute (an :class:`~asynccoord.releases.ReleaseSignal`)
+      announces each successful ``release_lock``, in this process and to the other
+      processes the store can reach (SQLite: its wake-up sockets; PostgreSQL: a NOTIFY
+      sent by the release itself). A waiter then tries a lock the moment it is given
+      back instead of at its next poll; polling stays the fallback for leases that
+      lapse and for stores without it (Redis).
 
     Every method validates its arguments before touching the database and raises
     :class:`~asynccoord.errors.InvalidArgumentError` or

@@ -26,6 +26,7 @@ from ..config import RetryPolicy
 from ..contract.locks import PLACE_PREFIX as _PLACE_PREFIX
 from ..contract.locks import Lease, LockBusy, check_user_lock_name
 from ..errors import UNRECOVERABLE_STORE_ERRORS, LockLostError, LockTimeoutError
+from ..releases import ReleaseSignal
 from ..validation import (
     MAX_NAME_LENGTH,
     check_callback,
@@ -455,13 +456,16 @@ class LockPool:
         :func:`next_in_line` of the name (TTL at most 1 s, renewed by this loop while it
         waits, not by the watchdog: losing a place is not losing a lock). The pool
         holding the place polls the lock often (every 1 to 10 ms); the others poll for
-        the place (every 2 to 20 ms). A pool that found the lock or its place taken in the
-        last second, or that gave a lease of it back in the last second (for a pool in
-        line, say), first reads the place (one ``list_locks``): if another pool holds it,
-        this one does not take the lock at once but waits in line too, so the waiting
-        pool (another process) goes first; if nobody does, it tries the lock (without
-        taking and leaving a free place: two writes). The line has one place, not a queue: with
-        three or more pools the order among those behind the first is whoever takes the
+        the place (every 2 to 20 ms). A store with release signals (``store.releases``, a
+        :class:`~asynccoord.releases.ReleaseSignal`: the memory, SQLite and PostgreSQL stores) ends
+        the wait the moment the lock or the place is given back, in any process. A pool
+        that found the lock or its place taken in the last second, or that gave a lease
+        of it back in the last second (for a pool in line, say), first reads the place
+        (one ``list_locks``): if another pool holds it, this one does not take the lock
+        at once but waits in line too, so the waiting pool (another process) goes first;
+        if nobody does, it tries the lock (without taking and leaving a free place: two
+        writes). The line has one place, not a queue: with three or more pools the order
+        among those behind the first is whoever takes the
         place first, as with a plain lock.
         """
         name = session.name
@@ -486,6 +490,9 @@ class LockPool:
         renewed_at = 0.0
         lock_busy: LockBusy | None = None
         failures = polls = 0
+        # Armed before the first attempt, so a release right after a failed one is not missed.
+        signal = getattr(self.store, "releases", None)
+        watches = (signal.watch(name), signal.watch(next_in_line(name))) if isinstance(signal, ReleaseSignal) else None
 
         def contended() -> None:
             nonlocal failures
@@ -537,12 +544,20 @@ class LockPool:
                 if remaining <= 0:
                     raise LockTimeoutError(self._timeout_message(name, lock_busy))
                 polls += 1
-                delay = (_NEXT_POLL if place is not None else _LINE_POLL).delay_s(polls)
-                await asyncio.sleep(min(remaining, delay, busy.retry_after_s + 0.002))
+                delay = min(remaining, (_NEXT_POLL if place is not None else _LINE_POLL).delay_s(polls))
+                delay = min(delay, busy.retry_after_s + 0.002)
+                if watches is None:
+                    await asyncio.sleep(delay)
+                else:  # the lock (or the place) given back wakes this wait at once
+                    await watches[0 if place is not None or not in_line else 1].wait(delay)
         except BaseException:
             if place is not None:  # leaving without the lock (timeout, cancellation): give the place up now
                 await self._leave_line(place, wait=True)
             raise
+        finally:
+            if watches is not None:
+                for watch in watches:
+                    watch.close()
         if place is not None:
             await self._leave_line(place, wait=False)  # the turn need not wait for it
         session.lease = outcome

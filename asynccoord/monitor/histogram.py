@@ -293,6 +293,35 @@ class LatencyRecorder:
             acc.counts[slot] += 1
             acc.sum_ms += value
 
+    def observe_many(self, name: str, values_ms: list[float]) -> None:
+        """Count each of ``values_ms`` (milliseconds) under ``name``, as :meth:`observe` would, under one lock.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: as :meth:`observe`, for the first bad
+                value or name (nothing is counted).
+        """
+        if type(name) is not str:
+            check_name("name", name)
+        slots: list[int] = []
+        total = 0.0
+        bounds = BUCKET_BOUNDS_MS
+        bisect_left = bisect.bisect_left
+        for value_ms in values_ms:
+            if type(value_ms) is not float or not math.isfinite(value_ms):
+                value_ms = float(check_finite("value_ms", value_ms))
+            value = value_ms if value_ms > 0.0 else 0.0
+            slots.append(bisect_left(bounds, value))
+            total += value
+        with self._lock:
+            acc = self._data.get(name)
+            if acc is None:
+                check_name("name", name)
+                acc = self._data[name] = _Acc()
+            counts = acc.counts
+            for slot in slots:
+                counts[slot] += 1
+            acc.sum_ms += total
+
     @contextlib.contextmanager
     def measure(self, name: str) -> Iterator[None]:
         """Observe the wall time of the ``with`` block under ``name`` (also when it raises)."""

@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
+from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from ..models import Task
 
 __all__ = ("Commits",)
 
-_Entry = tuple[Task, Any, "tuple[str, int] | None", "asyncio.Future[Task | CoordError]"]
+_Entry = tuple[list[Task], list[Any], "list[tuple[str, int] | None]", "asyncio.Future[list[Task | CoordError]]"]
+"""One caller's commits: its tasks, their results and fences, and the future of their outcomes."""
 
 
 class Commits:
@@ -58,15 +59,43 @@ class Commits:
         if self._many is None:
             done: Task = await self._store.complete(task, result, fence=fence)
             return done
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Task | CoordError] = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._flush, loop)
-        self._pending.append((task, result, fence, future))
-        outcome = await future  # cancelled before the call: _flush leaves it out
+        (outcome,) = await self._gathered([task], [result], [fence])
         if isinstance(outcome, Task):
             return outcome
         raise outcome
+
+    async def complete_many(self, tasks: list[Task], results: list[Any]) -> list[Task | CoordError]:
+        """Commit ``tasks`` (unfenced) with ``results`` (valid for the store: checked by the caller).
+
+        Returns:
+            Per task, in order: the committed task, or the error ``store.complete`` would
+            have raised for it (``LeaseLostError``, ``TaskNotFoundError``...).
+
+        Raises:
+            StoreError: the store failed (the whole call: each of its commits gets it).
+        """
+        if self._many is None:
+            outcomes: list[Task | CoordError] = []
+            for task, result in zip(tasks, results, strict=True):
+                try:
+                    outcomes.append(await self._store.complete(task, result, fence=None))
+                except CoordError as exc:
+                    if isinstance(exc, StoreError):
+                        raise
+                    outcomes.append(exc)
+            return outcomes
+        return await self._gathered(tasks, results, [None] * len(tasks))
+
+    async def _gathered(
+        self, tasks: list[Task], results: list[Any], fences: list[tuple[str, int] | None]
+    ) -> list[Task | CoordError]:
+        """Join the commits of this loop turn's call; the outcomes of these ones."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Task | CoordError]] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._flush, loop)
+        self._pending.append((tasks, results, fences, future))
+        return await future  # cancelled before the call: _flush leaves it out
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Send the commits gathered since the last flush (those whose caller still waits) as one call."""
@@ -78,18 +107,25 @@ class Commits:
             call.add_done_callback(self._calls.discard)
 
     async def _call(self, entries: list[_Entry]) -> None:
-        tasks = [e[0] for e in entries]
-        fences = None if all(e[2] is None for e in entries) else [e[2] for e in entries]
+        if len(entries) == 1:
+            tasks, results, fence_list, _ = entries[0]
+        else:
+            tasks, results, fence_list = [], [], []
+            for entry in entries:
+                tasks += entry[0]
+                results += entry[1]
+                fence_list += entry[2]
+        fences = None if all(f is None for f in fence_list) else fence_list
         try:
             assert self._many is not None
-            outcomes = await self._many(tasks, [e[1] for e in entries], fences=fences)
+            outcomes = await self._many(tasks, results, fences=fences)
         except (InvalidArgumentError, InvalidTypeError) as exc:
-            if len(entries) == 1:
+            if len(tasks) == 1:
                 _settle(entries[0][3], exc)
                 return
             # One commit's bad argument refuses the whole call: each on its own, so only its own fails.
             for entry in entries:
-                await self._call([entry])
+                await self._call_each(entry)
             return
         except BaseException as exc:
             for entry in entries:
@@ -97,17 +133,39 @@ class Commits:
             if not isinstance(exc, Exception):
                 raise
             return
-        for entry, outcome in zip(entries, outcomes, strict=True):
-            _settle(entry[3], outcome)
+        at = 0
+        for entry in entries:
+            count = len(entry[0])
+            _settle(entry[3], outcomes[at : at + count])
+            at += count
+
+    async def _call_each(self, entry: _Entry) -> None:
+        """Commit the tasks of ``entry`` one call each (after a bad argument refused them together)."""
+        tasks, results, fences, future = entry
+        outcomes: list[Task | CoordError] = []
+        for task, result, fence in zip(tasks, results, fences, strict=True):
+            single: asyncio.Future[list[Task | CoordError]] = asyncio.get_running_loop().create_future()
+            await self._call([([task], [result], [fence], single)])
+            if single.cancelled():
+                future.cancel()
+                return
+            error = single.exception()
+            if error is not None and not isinstance(error, InvalidArgumentError | InvalidTypeError):
+                _settle(future, error)  # the store failed: the whole entry gets it
+                return
+            outcomes.append(single.result()[0] if error is None else error)
+        _settle(future, outcomes)
 
 
-def _settle(future: asyncio.Future[Task | CoordError], outcome: Task | CoordError | BaseException) -> None:
-    """Give a caller its outcome (a done task or a per-task error as a result, a failed call as its exception)."""
+def _settle(future: asyncio.Future[list[Task | CoordError]], outcome: list[Task | CoordError] | BaseException) -> None:
+    """Give a caller its outcomes (per task: a done task or a per-task error), or a failed call's exception."""
     if future.done():
         return
-    if isinstance(outcome, Task | CoordError):
+    if isinstance(outcome, list):
         future.set_result(outcome)
     elif isinstance(outcome, asyncio.CancelledError):
         future.cancel()
+    elif isinstance(outcome, InvalidArgumentError | InvalidTypeError):
+        future.set_result([outcome])  # a commit of one refused for its argument: its own outcome
     else:
         future.set_exception(outcome)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
@@ -47,13 +45,16 @@ from ..monitor.histogram import CLAIM_MS
 from ..notify import WakeUp, WorkNotifier
 from ..validation import check_bool, check_lock_store, check_name, check_queue_store, check_send, is_async_callable
 from .ablation import FULL, Ablation
+from .batch import LocklessBatch
 from .config import NodeConfig
 from .delivery import Affinity
+from .due import DueTimes
 from .flight import Flight, FlightState, lease_deadline
 from .keeper import Keeper
 from .running import stop_all
 from .send import Sender, SendFn, lease_ran_out, lock_lost, observe
 from .settle import SETTLE_WAIT_S, Settler
+from .slots import Slots
 from .status import NodeState, NodeStatus
 from .tracing import node_tracer
 
@@ -231,7 +232,7 @@ class Node:
         # Slots (handle tasks) settling a send that returned are in self._settler.settling: a
         # cancellation of the node waits for them instead of cancelling them, then they stop (_stop_after).
         self._stop_after: set[asyncio.Task[Any]] = set()
-        self._slots = asyncio.Semaphore(self.config.max_in_flight)
+        self._slots = Slots(self.config.max_in_flight)
         self._claiming = True
         self._drained = asyncio.Event()
         self._drained.set()
@@ -240,9 +241,7 @@ class Node:
         self._owned_sorted: list[int] = []
         self._view_version = -1
         self._wake: WakeUp | None = None
-        self._due_timer: asyncio.TimerHandle | None = None  # wakes the node when a task it delayed is due
-        self._due_when = math.inf  # the loop time it fires at
-        self._due_times: list[float] = []  # heap: loop times at which tasks this node put back fall due
+        self._due = DueTimes()  # wakes the node when a task it put back falls due
         self._rng = random.Random()
         # None without the otel extra or with tracing off: then nothing of tracing runs per task.
         self._tracer = node_tracer(self.node_id, self.config.queue) if self.config.tracing else None
@@ -259,7 +258,7 @@ class Node:
             config=self.config,
             counters=self._state,
             version_checks=_ablation.version_checks,
-            due_soon=self._due_soon,
+            due_soon=self._due.add,
             continues=self._continues,
             adopt=self._adopt,
         )
@@ -447,13 +446,12 @@ class Node:
         # The store's notifier wakes the node on new work; a store without one gets a
         # private notifier that only the node's own timers (and stop_claiming) use.
         notifier = getattr(self.store, "notifier", None) or WorkNotifier()
-        wake = self._wake = notifier.subscribe(self.config.queue)
+        wake = self._wake = self._due.wake = notifier.subscribe(self.config.queue)
         try:
             await self._fetch(tg, wake)
         finally:
             wake.close()
-            if self._due_timer is not None:
-                self._due_timer.cancel()
+            self._due.close()
 
     async def _fetch(self, tg: anyio.abc.TaskGroup, wake: WakeUp) -> None:
         """Claim while slots are free: again at once after a full batch, else after a wake-up or the backoff.
@@ -465,14 +463,9 @@ class Node:
         cfg = self.config
         idle_s = cfg.idle_min_s
         while self._claiming:
-            await self._slots.acquire()
-            free = 1
-            while free < cfg.claim_batch and not self._slots.locked():
-                await self._slots.acquire()
-                free += 1
+            free = await self._slots.take(cfg.claim_batch)
             if not self.claiming:  # stop_claiming() came while every slot was busy: claim nothing more
-                for _ in range(free):
-                    self._slots.release()
+                self._slots.release(free)
                 break
             try:
                 partitions = self._partitions()
@@ -485,25 +478,22 @@ class Node:
                     tasks = await self._tracer.claim(self._claim(free, partitions), free)
                 observe(self.store, CLAIM_MS, claim_started)
             except UNRECOVERABLE_STORE_ERRORS:
-                for _ in range(free):
-                    self._slots.release()
+                self._slots.release(free)
                 raise  # closed stores do not reopen by themselves (nor change loops): fail the node
             except StoreError as exc:
                 log.warning("asynccoord.node.claim_failed node=%s error=%s", self.node_id, exc)
                 tasks = []
             except BaseException:
-                for _ in range(free):
-                    self._slots.release()
+                self._slots.release(free)
                 raise
-            for _ in range(free - len(tasks)):
-                self._slots.release()
+            if len(tasks) < free:
+                self._slots.release(free - len(tasks))
             if tasks and self._stop_requested():  # stop_claiming() came while the claim was at the store
                 self._state.claimed += len(tasks)
                 with anyio.CancelScope(shield=True):  # hand them back unsent, not failed
                     for task in tasks:
                         await self._settler.hand_back(task, delay_s=0.0)
-                for _ in range(len(tasks)):
-                    self._slots.release()
+                self._slots.release(len(tasks))
                 break
             if tasks:
                 self._state.claimed += len(tasks)
@@ -568,6 +558,8 @@ class Node:
     async def _handle_batch(self, flights: list[Flight]) -> None:
         """Handle one claim's tasks, each in an asyncio task of its own, under the node's task group.
 
+        Tasks that need no lock go to a :class:`~asynccoord.node.batch.LocklessBatch` instead
+        (see :meth:`_lockless`), which keeps the same guarantees without a task per task.
         One task-group child per claim, not per task: this supervises its tasks as the
         task group would. An error of one (e.g. :class:`StoreClosedError`) cancels the
         others and is raised once they are over (several: as an ``ExceptionGroup``),
@@ -583,6 +575,17 @@ class Node:
                 cancelled (a bug: re-raising that ``CancelledError`` would end the node
                 silently, with its partitions and tasks never handed over).
         """
+        if self._lockless(flights):
+            batch = LocklessBatch(
+                flights,
+                send=self.send,
+                sender=self._sender,
+                settler=self._settler,
+                send_timeout_s=self.config.send_timeout_s,
+                release=self._let_go,
+            )
+            await batch.run()
+            return
         loop = asyncio.get_running_loop()
         node_id = self.node_id
         handles = [loop.create_task(self._handle(f), name=f"{node_id}-task-{f.task.id}") for f in flights]
@@ -626,6 +629,30 @@ class Node:
                 f"node {node_id!r}: the handling of tasks {cancelled} ended cancelled "
                 "although the node was not cancelled"
             )
+
+    def _lockless(self, flights: list[Flight]) -> bool:
+        """Whether a claim's ``flights`` go to a :class:`~asynccoord.node.batch.LocklessBatch` (else one slot each).
+
+        They do when none needs a lock (the node has no ``lock_key``), none is traced, and
+        no commit leases a next task (``claim_next`` on an ordered queue) or skips the
+        version check (an ablation).
+        """
+        cfg = self.config
+        return (
+            (self.lock_key is None or not self._ablation.locks)
+            and flights[0].trace is None
+            and not (cfg.claim_next and cfg.ordered)
+            and self._ablation.version_checks
+        )
+
+    def _let_go(self, flights: list[Flight]) -> None:
+        """``flights`` are settled (or handed back): out of the tasks in flight, their slots free."""
+        in_flight = self._in_flight
+        for flight in flights:
+            in_flight.pop(flight.task.id, None)
+        if not in_flight:
+            self._drained.set()
+        self._slots.release(len(flights))
 
     async def _handle(self, flight: Flight) -> None:
         """Handle ``flight``, then the tasks its commits leased (commit-and-continue), in one slot."""
@@ -861,37 +888,5 @@ class Node:
         self._state.claimed += 1
         self._state.continued += 1
         return flight
-
-    def _due_soon(self, delay_s: float) -> None:
-        """Wake the node in ``delay_s`` seconds (+1 ms): a task it put back is due then, and nobody notifies that.
-
-        Every such time is kept (a heap), and one timer runs at a time, for the earliest.
-        """
-        if self._wake is None:
-            return
-        loop = asyncio.get_running_loop()
-        when = loop.time() + max(delay_s, 0.0) + 0.001
-        heapq.heappush(self._due_times, when)
-        self._arm_due(loop)
-
-    def _arm_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Run the timer for the earliest kept due time (if it is not running for it already)."""
-        if not self._due_times or self._due_times[0] >= self._due_when:
-            return
-        if self._due_timer is not None:
-            self._due_timer.cancel()
-        self._due_when = self._due_times[0]
-        self._due_timer = loop.call_at(self._due_when, self._due_now)
-
-    def _due_now(self) -> None:
-        self._due_timer = None
-        self._due_when = math.inf
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        while self._due_times and self._due_times[0] <= now + 0.001:  # due now (or within the timer's slack)
-            heapq.heappop(self._due_times)
-        if self._wake is not None:
-            self._wake.set()
-            self._arm_due(loop)
 
     # --- keeper: lease and lock renewal ---------------------------------------------------

@@ -42,6 +42,8 @@ __all__ = (
     "lease_ran_out",
     "lock_lost",
     "observe",
+    "observe_many",
+    "retrieve",
 )
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,19 @@ def observe(store: Any, name: str, started: float) -> None:
     recorder = getattr(store, "latencies", None)
     if recorder is not None:
         recorder.observe(name, (time.perf_counter() - started) * 1000.0)
+
+
+def observe_many(store: Any, name: str, values_ms: list[float]) -> None:
+    """Record latencies ``values_ms`` (milliseconds) in ``store.latencies``, if any, under one lock."""
+    recorder = getattr(store, "latencies", None)
+    if recorder is None:
+        return
+    many = getattr(recorder, "observe_many", None)
+    if many is not None:
+        many(name, values_ms)
+    else:
+        for value_ms in values_ms:
+            recorder.observe(name, value_ms)
 
 
 class Sender:
@@ -126,32 +141,16 @@ class Sender:
                 failed; see :mod:`asynccoord._exits`). Any other ``BaseException`` it raised
                 is a failed send, as an ``Exception`` is.
         """
-        state = flight.state
-        if state is FlightState.CLAIMED and time.monotonic() >= flight.lease_deadline:
-            lease_ran_out(self._store, self._node_id, flight, "before its send")  # the store may hand it on already
-            flight.move(FlightState.UNSENT)
-            return False, None, None, False
-        if state is not FlightState.CLAIMED:  # its lease or lock was lost before the send could begin
-            flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
-            return False, None, None, False
-        flight.move(FlightState.SENDING)
-        task = flight.task
-        loop = asyncio.get_running_loop()
-        delivery = Delivery(node_id=self._node_id, task=task, lock=flight.lock, context=self._affinity.context(task))
-        over = flight.over = loop.create_future()
-        token = _DELIVERY.set(delivery)
-        try:
-            # The task copies the context: the delivery. Its last step hands on the send's lock
-            # turn, or resolves `over` (see _ending); the done callback resolves it otherwise.
-            sending = self._coroutine(task, send)
-            if flight.trace is not None:  # in the send span, current while the send runs
-                sending = flight.trace.send(sending)
-            child = flight.send = loop.create_task(_ending(sending, over, flight))
-        finally:
-            _DELIVERY.reset(token)
+        unsent = self.start(flight, send)
+        if unsent is not None:
+            return unsent
+        child, over = flight.send, flight.over
+        assert child is not None
+        assert over is not None
         send_started = time.perf_counter()
         child.add_done_callback(lambda _: _resolve(over))
-        child.add_done_callback(functools.partial(self._cut_send_ended, flight))
+        child.add_done_callback(functools.partial(self.cut_send_ended, flight))
+        loop = asyncio.get_running_loop()
         timer = loop.call_at(loop.time() + self._timeout_s, time_out, flight)
         cancel_pending = False
         try:
@@ -171,15 +170,69 @@ class Sender:
         finally:
             timer.cancel()
             flight.send = flight.over = None
+        outcome = self.outcome(flight, child, cancel_pending)
+        if outcome[0]:
+            observe(self._store, SEND_MS, send_started)
+        return outcome
+
+    def start(self, flight: Flight, send: SendFn) -> Outcome | None:
+        """Start ``send(flight.task)`` in a task of its own (``flight.send``, ending ``flight.over``); None if started.
+
+        The send's task copies the context with the :class:`~asynccoord.node.delivery.Delivery`
+        set. The caller arms the timeout (:func:`time_out`) and waits for ``flight.over``.
+
+        Returns:
+            None when the send started; else the :data:`Outcome` of a send that never
+            started: its lease past its local deadline (the flight ``UNSENT``), or its lease
+            or lock lost meanwhile (``DROPPED``, ``LOCK_DROPPED``).
+        """
         state = flight.state
+        if state is FlightState.CLAIMED and time.monotonic() >= flight.lease_deadline:
+            lease_ran_out(self._store, self._node_id, flight, "before its send")  # the store may hand it on already
+            flight.move(FlightState.UNSENT)
+            return False, None, None, False
+        if state is not FlightState.CLAIMED:  # its lease or lock was lost before the send could begin
+            flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
+            return False, None, None, False
+        flight.move(FlightState.SENDING)
+        task = flight.task
+        loop = asyncio.get_running_loop()
+        delivery = Delivery(node_id=self._node_id, task=task, lock=flight.lock, context=self._affinity.context(task))
+        over = flight.over = loop.create_future()
+        token = _DELIVERY.set(delivery)
+        try:
+            # The task copies the context: the delivery. Its last step hands on the send's lock
+            # turn, or resolves `over` (see _ending); the done callback resolves it otherwise.
+            trace = flight.trace
+            # Untraced, _ending itself carries a KeyboardInterrupt or SystemExit out of the send.
+            sending = self._coroutine(task, send, carried=trace is not None)
+            if trace is not None:  # in the send span, current while the send runs
+                sending = trace.send(sending)
+            flight.send = loop.create_task(_ending(sending, over, flight))
+        finally:
+            _DELIVERY.reset(token)
+        return None
+
+    def outcome(self, flight: Flight, child: asyncio.Task[Any], cancel_pending: bool) -> Outcome:
+        """The :data:`Outcome` of the send ``child`` of ``flight``, once ``flight.over`` is done; moves the flight on.
+
+        ``cancel_pending``: the node was cancelled as the send returned (carried in the outcome).
+
+        Raises:
+            CancelledError: the send raised ``CancelledError`` by itself while the caller is
+                being cancelled (the flight is ``INTERRUPTED``).
+            ProcessExiting: as :meth:`run`.
+        """
+        state = flight.state
+        task = flight.task
         if state is FlightState.LEASE_LOST or state is FlightState.LOCK_LOST:
             flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
-            child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
+            child.add_done_callback(retrieve)  # the cut send's outcome, seen now or when it ends
             return False, None, None, cancel_pending
         result: Any = None
         failure: BaseException | None = None
         if state is FlightState.TIMED_OUT:
-            child.add_done_callback(_retrieve)  # the cut send's outcome, seen now or when it ends
+            child.add_done_callback(retrieve)  # the cut send's outcome, seen now or when it ends
             failure = TimeoutError()
         elif child.cancelled():
             # Nothing of the node's cancelled the send: a timeout or a lost lease or lock says
@@ -201,17 +254,16 @@ class Sender:
             failure = child.exception()  # the user's send failed: the retry policy decides
             if failure is None:
                 result = child.result()
-                failure = _unsent(result)
+                failure = None if result is None else _unsent(result)
                 if failure is not None:
                     result = None
             elif is_process_exit(failure):  # the process is ending (see asynccoord._exits): no failed send
                 flight.move(FlightState.INTERRUPTED)
                 raise self._on_exit(carry(failure)) from None  # a group's first exit, as asyncio.TaskGroup raises it
         flight.move(FlightState.RETURNED)
-        observe(self._store, SEND_MS, send_started)
         return True, result, failure, cancel_pending
 
-    def _cut_send_ended(self, flight: Flight, child: asyncio.Task[Any]) -> None:
+    def cut_send_ended(self, flight: Flight, child: asyncio.Task[Any]) -> None:
         """A send task ended: if it had been cut (timeout, lost lease or lock, the node's
         cancellation) and its cleanup raised ``KeyboardInterrupt`` or ``SystemExit``, stop
         the node for it as if the send had raised it (:meth:`run` no longer reads a cut
@@ -222,11 +274,12 @@ class Sender:
         if exc is not None and is_process_exit(exc):
             self._on_exit(carry(exc), stop=True)  # nothing raises it: stop the pipeline for it
 
-    def _coroutine(self, task: Task, send: SendFn) -> Coroutine[Any, Any, Any]:
+    def _coroutine(self, task: Task, send: SendFn, *, carried: bool = True) -> Coroutine[Any, Any, Any]:
         """The coroutine the send task runs: the user's own one for an ``async def`` send.
 
         An ``async def`` send is called here (it only makes its coroutine; its body runs in
-        the send task, inside :func:`_carrying_exits`). A call that raises (a send whose
+        the send task, inside :func:`_carrying_exits`, or as it is with ``carried=False``
+        for a caller that runs it in :func:`_ending` directly). A call that raises (a send whose
         signature does not take the task, say) is a failed send, raised in the send task as
         any error of the send is. Any other callable goes through :func:`_call_send`. A
         ``KeyboardInterrupt`` or ``SystemExit`` leaves the send task as a
@@ -242,7 +295,9 @@ class Sender:
             coro = send(task)
         except BaseException as exc:
             return _raising(exc)
-        return _carrying_exits(coro) if asyncio.iscoroutine(coro) else _awaiting(coro)
+        if asyncio.iscoroutine(coro):
+            return _carrying_exits(coro) if carried else coro
+        return _awaiting(coro)
 
 
 def time_out(flight: Flight) -> None:
@@ -314,7 +369,7 @@ def cut(flight: Flight) -> None:
     def cut_again() -> None:
         if not child.done():
             child.cancel()
-            child.add_done_callback(_retrieve)
+            child.add_done_callback(retrieve)
         _resolve(over)
 
     timer = loop.call_at(flight.cut_until, cut_again)
@@ -339,7 +394,7 @@ async def cut_short(flight: Flight, child: asyncio.Task[Any]) -> None:
     if until is not None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(until - asyncio.get_running_loop().time()):
             await asyncio.wait({child})
-    child.add_done_callback(_retrieve)
+    child.add_done_callback(retrieve)
 
 
 def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
@@ -359,10 +414,13 @@ async def _ending(send: Coroutine[Any, Any, Any], over: asyncio.Future[None], fl
     this slot, which resumes then (``over`` resolved by the task's done callback) to commit,
     fenced by the same token (the lease stays in the process until the commit is over: see
     ``Turn.defer``). Without a turn, ``over`` is resolved here, the slot resuming a loop turn
-    sooner.
+    sooner. A ``KeyboardInterrupt`` or ``SystemExit`` leaves as a
+    :class:`~asynccoord._exits.ProcessExiting` (as from :func:`_carrying_exits`).
     """
     try:
         return await send
+    except PROCESS_EXITS as exc:
+        raise ProcessExiting(exc) from None
     finally:
         end, flight.turn_end = flight.turn_end, None
         if end is not None:
@@ -427,7 +485,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
+def retrieve(task: asyncio.Future[Any]) -> None:
     """Mark a cancelled send's outcome as seen (no 'exception was never retrieved' warning)."""
     if not task.cancelled():
         task.exception()

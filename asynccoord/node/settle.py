@@ -36,7 +36,7 @@ from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
 from .commits import Commits
 from .config import NodeConfig
 from .flight import Flight, FlightState
-from .send import Outcome, observe
+from .send import Outcome, observe, observe_many
 from .status import NodeState
 
 __all__ = ("HAND_BACK_WAIT_S", "MIN_RATE_LIMIT_PAUSE_S", "SETTLE_RETRY", "SETTLE_WAIT_S", "Settler")
@@ -264,27 +264,119 @@ class Settler:
 
         await self._retrying(flight, "fail", record)
 
-    async def _commit(self, flight: Flight, result: Any) -> None:
-        task = flight.task
+    async def commit_many(self, flights: list[Flight], results: list[Any]) -> None:
+        """Commit the sends of ``flights`` that returned ``results``, in one store call; each flight ends ``SETTLED``.
+
+        What :meth:`finish` does for each one's successful send, for flights with no lock
+        and no commit-and-continue: the commits go out as one ``complete_many`` (joined with
+        the node's other commits of the loop turn, see :mod:`~asynccoord.node.commits`),
+        each with its own compare-and-set; a lost lease or a store failure is a conflict,
+        as for one commit. A busy or unreachable store: each commit is tried again on its
+        own while its lease lasts (see :meth:`_retrying`).
+
+        Raises:
+            StoreClosedError, StoreLoopError: the store is closed (or serves another loop);
+                the flights not settled stay as they are, for the caller to hand back.
+        """
+        counters = self.counters
+        counters.sent += len(flights)
+        config = self.store.config
+        for i, result in enumerate(results):
+            if result is not None:
+                results[i] = self._storable(flights[i], result, config)
+        commit_started = time.perf_counter()
         try:
-            encode_result(result, self.store.config)
+            outcomes = await self._commits.complete_many([f.task for f in flights], results)
+        except _TRANSIENT_STORE_ERRORS as exc:
+            await self._commit_each(flights, results, exc)
+            return
+        except UNRECOVERABLE_STORE_ERRORS:
+            raise
+        except CoordError as exc:  # the store failed: each commit is rejected (see _commit)
+            for flight in flights:
+                counters.conflicts += 1
+                log.warning(
+                    "asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, flight.task.id, exc
+                )
+                flight.move(FlightState.SETTLED)
+            return
+        commit_ms = (time.perf_counter() - commit_started) * 1000.0
+        waits_ms: list[float] = []
+        for flight, outcome in zip(flights, outcomes, strict=True):
+            if isinstance(outcome, Task):
+                waits_ms.append((outcome.updated_at - flight.task.created_at) * 1000.0)
+            else:
+                counters.conflicts += 1
+                reason = outcome.reason if isinstance(outcome, LeaseLostError) else outcome
+                log.warning(
+                    "asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, flight.task.id, reason
+                )
+            flight.move(FlightState.SETTLED)
+        counters.committed += len(waits_ms)
+        if waits_ms:  # store clock, both ends: no clock skew between processes
+            observe_many(self.store, ENQUEUE_TO_COMMIT_MS, waits_ms)
+            observe_many(self.store, COMMIT_MS, [commit_ms] * len(waits_ms))
+
+    async def _commit_each(self, flights: list[Flight], results: list[Any], failed: Exception) -> None:
+        """Commit each of ``flights`` on its own, tried again after ``failed`` (transient) while its lease lasts.
+
+        Raises:
+            StoreClosedError, StoreLoopError: as :meth:`commit_many` (the first one), once
+                every commit is over; the flights committed meanwhile are ``SETTLED``.
+        """
+        loop = asyncio.get_running_loop()
+        tries = [loop.create_task(self._commit(f, r, failed=failed)) for f, r in zip(flights, results, strict=True)]
+        try:
+            await asyncio.wait(tries)
+        finally:
+            for attempt in tries:
+                if not attempt.done():
+                    attempt.cancel()  # the caller is cancelled: it hands back what is not settled
+                attempt.add_done_callback(_seen)
+        errors = [e for t in tries if not t.cancelled() and (e := t.exception()) is not None]
+        for flight, attempt in zip(flights, tries, strict=True):
+            if not attempt.cancelled() and attempt.exception() is None:
+                flight.move(FlightState.SETTLED)
+        if errors:
+            raise errors[0]
+
+    def _storable(self, flight: Flight, result: Any, config: Any) -> Any:
+        """``result`` if the store can hold it, else None (logged): the message went out, it is committed anyway."""
+        try:
+            encode_result(result, config)
         except (InvalidArgumentError, InvalidTypeError) as exc:
             # The message went out: commit it anyway (never re-send), without the result.
-            log.warning("asynccoord.node.result_not_stored node=%s task=%s reason=%s", self.node_id, task.id, exc)
-            result = None
+            log.warning(
+                "asynccoord.node.result_not_stored node=%s task=%s reason=%s", self.node_id, flight.task.id, exc
+            )
+            return None
+        return result
+
+    async def _commit(self, flight: Flight, result: Any, *, failed: Exception | None = None) -> None:
+        """Commit ``flight``'s task (a conflict is counted and logged); ``failed``: a first try's transient error.
+
+        Raises:
+            StoreClosedError, StoreLoopError: the store is closed (or serves another loop).
+        """
+        task = flight.task
+        if failed is None and result is not None:  # (checked already after a first try)
+            result = self._storable(flight, result, self.store.config)
         commit_started = time.perf_counter()
         trace = flight.trace
         try:
             try:
-                if trace is None:
-                    await self._commit_once(flight, result)
-                else:  # each try in a span of its own
-                    await trace.commit(functools.partial(self._commit_once, flight, result))
+                if failed is None:
+                    if trace is None:
+                        await self._commit_once(flight, result)
+                    else:  # each try in a span of its own
+                        await trace.commit(functools.partial(self._commit_once, flight, result))
             except _TRANSIENT_STORE_ERRORS as exc:  # tried again (the first try needs no retry loop)
+                failed = exc
+            if failed is not None:
                 once = functools.partial(self._commit_once, flight, result)
                 if trace is not None:
                     once = functools.partial(trace.commit, once)
-                await self._retrying(flight, "commit", once, failed=exc)
+                await self._retrying(flight, "commit", once, failed=failed)
         except LeaseLostError as exc:
             self.counters.conflicts += 1
             log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
@@ -382,31 +474,46 @@ class Settler:
         A send that may have reached its receiver before it was cut, or whose commit was
         cut, is counted as ``send_interrupted``: the task will be sent again.
         """
-        state = flight.state
-        if state is FlightState.SETTLED or state is FlightState.UNSENT:
-            return  # committed, failed or handed back unsent already: there is nothing (more) to hand back
-        if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
-            # The send may have reached its receiver before it was cancelled: the next
-            # holder's send of this task is a possible duplicate. Count it like a lost lease.
-            self.store.events.add(ev.SEND_INTERRUPTED)
-        elif state is FlightState.RETURNED:
-            # The send was over, but its commit (or failure record) was cut: shutdown past
-            # SETTLE_WAIT_S, say. The task goes back and will be sent again: count it too.
-            self.store.events.add(ev.SEND_INTERRUPTED)
-            log.warning(
-                "asynccoord.node.settle_cut node=%s task=%s: the send was over but its commit was cut; "
-                "handed back, it will be sent again",
-                self.node_id,
-                flight.task.id,
-            )
-        # The release runs in a task of its own: the slot's own cancellation (``_handle_batch``
-        # cancels its slots with Task.cancel(), which an anyio shield does not stop) must not
-        # cut it, or the task would stay leased to a stopped node until its lease lapsed.
-        release = asyncio.get_running_loop().create_task(self._hand_back_quietly(flight.task))
-        self._releases.add(release)
-        release.add_done_callback(self._releases.discard)
-        with anyio.CancelScope(shield=True):
-            await _wait_through_cancellation(release, HAND_BACK_WAIT_S)
+        await self.hand_back_all_shielded([flight])
+
+    async def hand_back_all_shielded(self, flights: list[Flight]) -> None:
+        """:meth:`hand_back_shielded` for each of ``flights``, all at once (one wait for all of them).
+
+        Raises:
+            Exception: a hand-back's error that is no :class:`~asynccoord.errors.CoordError`
+                (the first; logged instead while the caller is being cancelled).
+            CancelledError: the caller was cancelled meanwhile (raised once the hand-backs are over).
+        """
+        releases: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        for flight in flights:
+            state = flight.state
+            if state is FlightState.SETTLED or state is FlightState.UNSENT:
+                continue  # committed, failed or handed back unsent already: there is nothing (more) to hand back
+            if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
+                # The send may have reached its receiver before it was cancelled: the next
+                # holder's send of this task is a possible duplicate. Count it like a lost lease.
+                self.store.events.add(ev.SEND_INTERRUPTED)
+            elif state is FlightState.RETURNED:
+                # The send was over, but its commit (or failure record) was cut: shutdown past
+                # SETTLE_WAIT_S, say. The task goes back and will be sent again: count it too.
+                self.store.events.add(ev.SEND_INTERRUPTED)
+                log.warning(
+                    "asynccoord.node.settle_cut node=%s task=%s: the send was over but its commit was cut; "
+                    "handed back, it will be sent again",
+                    self.node_id,
+                    flight.task.id,
+                )
+            # The release runs in a task of its own: the slot's own cancellation (``_handle_batch``
+            # cancels its slots with Task.cancel(), which an anyio shield does not stop) must not
+            # cut it, or the task would stay leased to a stopped node until its lease lapsed.
+            release = loop.create_task(self._hand_back_quietly(flight.task))
+            self._releases.add(release)
+            release.add_done_callback(self._releases.discard)
+            releases.append(release)
+        if releases:
+            with anyio.CancelScope(shield=True):
+                await _wait_through_cancellation(releases, HAND_BACK_WAIT_S)
 
     async def _hand_back_quietly(self, task: Task) -> None:
         with contextlib.suppress(CoordError):
@@ -427,31 +534,42 @@ class Settler:
             self._due_soon(delay_s)
 
 
-async def _wait_through_cancellation(task: asyncio.Task[None], timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` seconds for ``task``, also when cancelled meanwhile; then re-raise.
+def _seen(task: asyncio.Task[Any]) -> None:
+    """Mark the outcome of a commit left behind as seen (no 'exception was never retrieved' warning)."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _wait_through_cancellation(tasks: list[asyncio.Task[None]], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` seconds for ``tasks``, also when cancelled meanwhile; then re-raise.
 
     A cancellation that arrives while waiting does not stop the wait: it is raised once
-    ``task`` is over (or the time is up, ``task`` going on in the background). An error
-    of ``task`` is raised, unless the caller is being cancelled (then it is logged).
+    ``tasks`` are over (or the time is up, those left going on in the background). An error
+    of one of them is raised (the first; the others logged), unless the caller is being
+    cancelled (then each is logged).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     cancelled = False
-    while not task.done():
+    waiting = {t for t in tasks if not t.done()}
+    while waiting:
         remaining = deadline - loop.time()
         if remaining <= 0:
             break
         try:
-            await asyncio.wait({task}, timeout=remaining)
+            _, waiting = await asyncio.wait(waiting, timeout=remaining)
         except asyncio.CancelledError:
             cancelled = True
-    error = task.exception() if task.done() and not task.cancelled() else None
+            waiting = {t for t in waiting if not t.done()}
+    errors = [e for t in tasks if t.done() and not t.cancelled() and (e := t.exception()) is not None]
     current = asyncio.current_task()
-    if error is not None and (cancelled or (current is not None and current.cancelling())):
+    if errors and not (cancelled or (current is not None and current.cancelling())):
+        for error in errors[1:]:
+            log.error("asynccoord.node.hand_back_failed error=%s", error_text(error), exc_info=error)
+        raise errors[0]
+    for error in errors:
         # The caller is being cancelled: the cancellation is what it raises (an error raised
         # instead would end the slot with it, where nobody reads it); the error is logged.
         log.error("asynccoord.node.hand_back_failed error=%s", error_text(error), exc_info=error)
-    elif error is not None:
-        raise error
     if cancelled:
         raise asyncio.CancelledError

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
+import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
-from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
+from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
 from support import TESTS
 
 from asynccoord import NewTask, SQLiteStore, TaskStatus
@@ -47,6 +49,12 @@ from asynccoord.node import Runtime
             ["--send", "json:dumps", "--rate-limit", "chat=1/1s", "--rate-limit", "chat=2/1s"],
             "--rate-limit: limits declare dimension 'chat' twice",
         ),
+        (
+            ["--send", "json:dumps", "--rate-limit", "chat=1/1s", "--clear-rate-limits"],
+            "--clear-rate-limits and --rate-limit contradict each other",
+        ),
+        (["--send", "json:dumps", "--lock-store", "http://127.0.0.1:6379"], "--lock-store takes a Redis URL"),
+        (["--send", "json:dumps", "--lock-prefix", "bot:"], "--lock-prefix applies to a --lock-store only"),
     ],
 )
 def test_run_usage_errors_exit_2_and_create_no_database(
@@ -255,6 +263,54 @@ def test_run_declares_rate_limits_on_a_postgresql_dsn(
     finally:
         drop_schemas(schema)
     assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
+
+
+def test_run_clear_rate_limits_removes_the_stored_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asynccoord import RateLimit
+
+    path = tmp_path / "bot.db"
+
+    async def declare() -> None:
+        async with SQLiteStore(path) as store:
+            await store.set_rate_limits("outbox", [RateLimit(dimension="chat", count=1, per_s=60.0)])
+
+    async def declared() -> list[RateLimit]:
+        async with SQLiteStore(path, read_only=True) as store:
+            return await store.rate_limits("outbox")
+
+    asyncio.run(declare())
+    serve_three(str(path), lambda: SQLiteStore(path), tmp_path, monkeypatch, ["--clear-rate-limits"])
+    assert asyncio.run(declared()) == []
+    assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
+
+
+def test_run_takes_its_locks_in_the_lock_store_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--lock-store redis://...: the account locks are taken in Redis, and the database holds none."""
+    import uuid
+
+    import redis
+
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    prefix = f"asynccoord-cli-{uuid.uuid4().hex[:8]}:"
+    path = tmp_path / "bot.db"
+    extra = ["--lock-key", "serve_send:account_lock", "--lock-store", REDIS_URL, "--lock-prefix", prefix]
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        serve_three(str(path), lambda: SQLiteStore(path), tmp_path, monkeypatch, extra)
+        fencing = sorted(k.decode() for k in client.scan_iter(match=f"{prefix}fencing:*"))
+    finally:
+        for key in client.scan_iter(match=f"{prefix}*"):
+            client.delete(key)
+        client.close()
+    assert fencing == [f"{prefix}fencing:account:{i}" for i in range(3)]
+
+    with contextlib.closing(sqlite3.connect(path)) as db:  # the names the database ever gave a fencing token
+        named = db.execute("SELECT name FROM coord_lock_names WHERE name LIKE 'account:%'").fetchall()
+    assert named == []
 
 
 def test_run_without_faults_raises_no_alert_with_the_default_rules(

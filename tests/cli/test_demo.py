@@ -92,16 +92,35 @@ def check_invariants(code: int, report: dict[str, Any], stderr: str, messages: i
     assert code == 0
 
 
+QUIET = ("--messages", "300", "--no-faults", "--seed", "5")
+"""A fault-free run whose busiest chat (84 of the 300 messages, in 8 s) asks for more than its limit allows."""
+
+
+Run = tuple[int, dict[str, Any], str, Path]
+"""A demo run: exit status, JSON report, stderr, and the SQLite file it kept (``--db``)."""
+
+
+@pytest.fixture(scope="module")
+def faults_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One small run with faults on SQLite (a kill -9 and a stall), whose report several tests read."""
+    db = tmp_path_factory.mktemp("faults") / "demo.db"
+    return (*run_demo("--messages", "3000", "--db", str(db), "--seed", "3"), db)
+
+
+@pytest.fixture(scope="module")
+def quiet_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One run without faults, with the provider's limits declared (the default), whose database is kept."""
+    db = tmp_path_factory.mktemp("quiet") / "kept.db"
+    return (*run_demo(*QUIET, "--db", str(db)), db)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_small_demo_with_faults_keeps_every_invariant(tmp_path: Path) -> None:
-    db = tmp_path / "demo.db"
-    code, report, stderr = run_demo("--messages", "3000", "--db", str(db), "--seed", "3")
+def test_small_demo_with_faults_keeps_every_invariant(faults_run: Run) -> None:
+    code, report, stderr, db = faults_run
     check_invariants(code, report, stderr, 3000)
     assert report["config"]["store"] == "sqlite"
     # The database the demo used is a real asynccoord store with every task settled.
-    import sqlite3
-
     con = sqlite3.connect(db)
     try:
         counts = dict(con.execute("SELECT status, count(*) FROM coord_tasks GROUP BY status").fetchall())
@@ -115,10 +134,25 @@ def test_small_demo_with_faults_keeps_every_invariant(tmp_path: Path) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_without_declared_rate_limits_the_provider_answers_429s_and_with_them_none(tmp_path: Path) -> None:
+def test_the_demo_report_says_what_latency_measures_and_the_hottest_accounts_share(faults_run: Run) -> None:
+    """The --json report: what ``latency_ms`` measures, and the hottest account's busy share of the drain."""
+    code, report, stderr, _ = faults_run
+    assert code == 0, stderr[-2000:]
+    hot, latency = report["hottest_account"], report["latency_ms"]
+    assert hot["busy_share"] == pytest.approx(hot["busy_s"] / report["elapsed_s"], abs=0.002)
+    assert 0 < hot["busy_share"] <= 1
+    assert latency["hottest_account_busy_share"] == hot["busy_share"]
+    assert "enqueue to commit" in latency["measures"]
+    assert latency["p50"] is not None
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_without_declared_rate_limits_the_provider_answers_429s_and_with_them_none(
+    tmp_path: Path, quiet_run: Run
+) -> None:
     """The provider enforces its limits either way; only the store's limits keep its 429s at 0."""
-    base = ("--messages", "1500", "--no-faults", "--seed", "5")
-    code, off, stderr = run_demo(*base, "--no-rate-limits", "--db", str(tmp_path / "off.db"))
+    code, off, stderr = run_demo(*QUIET, "--no-rate-limits", "--db", str(tmp_path / "off.db"))
     assert code == 0, stderr[-2000:]
     assert off["rate_limits"]["declared"] == []
     assert off["rate_limits"]["provider_429s"] > 0  # what a bot without limits gets
@@ -126,7 +160,7 @@ def test_without_declared_rate_limits_the_provider_answers_429s_and_with_them_no
     assert off["dead"] == 0
     assert off["rate_limits"]["max_window_ratio"] <= 1.0  # the provider refused what went over
     assert off["rate_limits"]["requested_window_ratio"] > 1.0  # what the bot tried: over the sustained rate
-    code, on, stderr = run_demo(*base, "--db", str(tmp_path / "on.db"))
+    code, on, stderr, _ = quiet_run
     assert code == 0, stderr[-2000:]
     assert on["rate_limits"]["provider_429s"] == 0
     assert on["conflicts"]["rate_limit_held"] > 0  # the claim held work back instead
@@ -137,11 +171,10 @@ def test_without_declared_rate_limits_the_provider_answers_429s_and_with_them_no
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_a_demo_without_faults_raises_no_alert_and_keeps_its_database_for_status(tmp_path: Path) -> None:
+def test_a_demo_without_faults_raises_no_alert_and_keeps_its_database_for_status(quiet_run: Run) -> None:
     """With the default rules a fault-free run is quiet; ``--db PATH`` keeps the database,
     the report says where, and ``python -m asynccoord status`` reads what the run did."""
-    db = tmp_path / "kept.db"
-    code, report, stderr = run_demo("--messages", "1500", "--db", str(db), "--no-faults", "--seed", "5")
+    code, report, stderr, db = quiet_run
     assert code == 0, stderr[-2000:]
     assert report["ok"] is True
     assert report["faults"] == []
@@ -156,7 +189,7 @@ def test_a_demo_without_faults_raises_no_alert_and_keeps_its_database_for_status
     )
     assert status.returncode == 0, status.stderr
     seen = json.loads(status.stdout)
-    assert seen["tasks"]["done"] + seen["tasks"]["dead"] == 1500
+    assert seen["tasks"]["done"] + seen["tasks"]["dead"] == 300
     assert seen["tasks"]["pending"] == seen["tasks"]["running"] == 0
     assert seen["events"]["totals"]["commits"] == seen["tasks"]["done"]
     assert seen["alerts"] == []
@@ -176,8 +209,6 @@ def test_demo_with_account_locks_in_redis_keeps_every_invariant_and_deletes_its_
     assert config["lock_prefix"].startswith("asynccoord-demo:")
     assert 1 <= config["lock_store_keys"] <= 3 * 24  # per account: the fencing counter (and a live lock's two keys)
     # The locks were Redis's: the SQLite store never held one, yet the monitor counted them.
-    import sqlite3
-
     con = sqlite3.connect(db)
     try:
         assert con.execute("SELECT count(*) FROM coord_lock_names").fetchone() == (0,)

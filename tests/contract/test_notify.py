@@ -213,6 +213,8 @@ class RecordingNotifier(WorkNotifier):
         '{"s": "other", "q": "q", "n": 1, "p": [1.9]}',
         '{"s": "other", "q": "q", "n": 1, "p": ["7"]}',
         '{"s": "other", "q": "q", "n": 1, "p": [-1]}',
+        '{"s": "other", "l": ""}',  # a lock release naming no lock
+        '{"s": "other", "l": 7}',
     ],
 )
 def test_a_postgres_listener_drops_a_notification_it_would_have_to_convert(
@@ -241,6 +243,25 @@ def test_a_postgres_listener_passes_on_what_other_stores_notify() -> None:
     listener._on_notify(None, 0, "c", encode_notification("me", "q", 1, None))  # its own: ignored
     assert notifier.calls == [("q", 3, [2, 7]), ("q", 1, None)]
     assert listener.received == 2
+
+
+async def test_a_postgres_listener_hands_lock_releases_to_the_release_signal() -> None:
+    from asynccoord.backends.postgres.conn import PgListener, encode_release
+    from asynccoord.releases import ReleaseSignal
+
+    notifier = RecordingNotifier()
+    releases = ReleaseSignal()
+    watch = releases.watch("account:a")
+    other = releases.watch("account:b")
+    listener = PgListener(_never_connects, channel="c", sender="me", notifier=notifier, releases=releases)
+    listener._on_notify(None, 0, "c", encode_release("other", "account:a"))
+    listener._on_notify(None, 0, "c", encode_release("me", "account:b"))  # its own: ignored
+    assert await watch.wait(0.0) is True
+    assert await other.wait(0.0) is False
+    assert notifier.calls == []  # no work was announced
+    assert listener.received == 1
+    watch.close()
+    other.close()
 
 
 async def _never_connects() -> Any:

@@ -359,3 +359,40 @@ async def test_a_server_with_append_only_files_is_not_warned_about(
     finally:
         await store.close()
     assert not [r for r in caplog.records if "no_persistence" in r.getMessage()]
+
+
+@pytest.mark.parametrize("swallow", ["as_connection_error", "returning"])
+async def test_a_cancellation_redis_py_turns_into_an_error_or_swallows_still_ends_the_caller(
+    locks: Any, swallow: str
+) -> None:
+    """redis-py may drop an interrupted command's connection and raise ConnectionError, or go
+    on: either way the caller that was cancelled must end cancelled, not retry or go on."""
+    import redis.exceptions as rerr
+
+    started = asyncio.Event()
+    calls = 0
+
+    async def interrupted(client: Any) -> str:
+        nonlocal calls
+        calls += 1
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if swallow == "as_connection_error":
+                raise rerr.ConnectionError("Connection closed by server.") from None
+            return "went on"
+        return "slept"
+
+    async def caller() -> str:
+        result: str = await locks._call(interrupted, "list_locks")
+        await asyncio.sleep(30)  # a poll loop's next sleep: only a cancellation ends it
+        return result
+
+    task = asyncio.ensure_future(caller())
+    await started.wait()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5.0)
+    assert done == {task}
+    assert task.cancelled()
+    assert calls == 1  # not retried

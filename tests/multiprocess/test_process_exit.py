@@ -85,8 +85,11 @@ async def test_a_node_hands_every_task_back_then_raises_the_exit(store: Any, kin
     await assert_all_handed_back(store, 2)  # the 30 s send too, and nothing counted as an attempt
 
 
-async def test_an_exit_from_the_cleanup_of_a_timed_out_send_stops_the_node_too(store: Any) -> None:
-    """The node no longer reads a cut send's outcome: the exit used to be dropped (or, before, to end the loop)."""
+@pytest.mark.parametrize("claim_next", [True, False], ids=["slots", "batch"])
+async def test_an_exit_from_the_cleanup_of_a_timed_out_send_stops_the_node_too(store: Any, claim_next: bool) -> None:
+    """The node no longer reads a cut send's outcome: the exit used to be dropped (or, before, to end the loop).
+
+    ``batch``: the task goes to a LocklessBatch (no lock, no commit-and-continue)."""
     await store.enqueue("q", 0, partition_key="c0")
 
     async def send(task: Task) -> None:
@@ -95,7 +98,7 @@ async def test_an_exit_from_the_cleanup_of_a_timed_out_send_stops_the_node_too(s
         finally:
             raise SystemExit(4)  # cut at send_timeout_s; its cleanup ends the process
 
-    config = dataclasses.replace(CONFIG, send_timeout_s=0.2)
+    config = dataclasses.replace(CONFIG, send_timeout_s=0.2, claim_next=claim_next)
     node = Node(store, send, node_id="n1", config=config)
     with anyio.fail_after(10.0), pytest.raises(SystemExit) as info:
         await node.run()
@@ -104,6 +107,42 @@ async def test_an_exit_from_the_cleanup_of_a_timed_out_send_stops_the_node_too(s
     task = await store.get(1)  # the timeout is a failed attempt (recorded before the cleanup ended)
     assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, "TimeoutError")
     assert await store.list_locks() == []
+
+
+@pytest.mark.parametrize("claim_next", [True, False], ids=["slots", "batch"])
+async def test_an_exit_from_the_cleanup_of_a_send_cut_by_the_nodes_cancellation_is_raised(
+    store: Any, claim_next: bool
+) -> None:
+    """The node is cancelled while its send runs; the cut send's cleanup raises SystemExit: the
+    task is handed back, and the exit, not the cancellation, comes out of run()."""
+    await store.enqueue("q", 0, partition_key="c0")
+    started = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30.0)
+        finally:
+            raise SystemExit(5)
+
+    node = Node(store, send, node_id="n1", config=dataclasses.replace(CONFIG, claim_next=claim_next))
+    scope = anyio.CancelScope()
+
+    async def run_until_cancelled() -> None:
+        with scope:
+            await node.run()
+
+    async def cancel_once_sent() -> None:
+        await started.wait()
+        scope.cancel()
+
+    canceller = asyncio.create_task(cancel_once_sent())
+    with anyio.fail_after(10.0), pytest.raises(SystemExit) as info:
+        await run_until_cancelled()  # in this task: asyncio lets an exit out of a task of its own
+    await canceller
+    assert info.value.code == 5
+    assert node.state().status is NodeStatus.STOPPED
+    await assert_all_handed_back(store, 1)
 
 
 @pytest.mark.parametrize("kind", ["keyboard_interrupt", "system_exit"])

@@ -159,8 +159,10 @@ async def test_two_processes_never_exceed_the_limit_and_come_close_to_it(
 async def test_kill_9_mid_run_hands_no_token_out_twice(python: Any, target: Target, tmp_path: Path) -> None:
     await fill(target)
     log = tmp_path / "sends.log"
-    doomed = spawn(python, target, log, "--lease-s", "1.0", "--send-s", "0.3")
-    survivor = spawn(python, target, log, "--lease-s", "1.0", "--send-s", "0.3")
+    # Sends of 0.15 s: a kill catches most nodes mid-send, and a chat (one send at a time) would
+    # go at up to ~6 per second, over its limit of 5, so the tokens, not the sends, set its pace.
+    doomed = spawn(python, target, log, "--lease-s", "1.0", "--send-s", "0.15")
+    survivor = spawn(python, target, log, "--lease-s", "1.0", "--send-s", "0.15")
     await asyncio.to_thread(wait_line, doomed, "ready")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # both have sent

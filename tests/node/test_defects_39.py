@@ -6,8 +6,6 @@ import asyncio
 import json
 import shutil
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -333,24 +331,4 @@ def test_a_readonly_driver_error_is_mapped_to_read_only_store_error(tmp_path: Pa
     assert "attempt to write a readonly database" in str(error)
 
 
-# --- 5. the demo's latency, explained --------------------------------------------------------------
-
-
-@pytest.mark.multiprocess
-def test_the_demo_report_says_what_latency_measures_and_the_hottest_accounts_share() -> None:
-    """The --json report: what ``latency_ms`` measures, and the hottest account's busy share of the drain."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "asynccoord.demo", "--json", "--messages", "400", "--seed", "3"],
-        capture_output=True,
-        text=True,
-        timeout=150.0,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout)
-    hot, latency = report["hottest_account"], report["latency_ms"]
-    assert hot["busy_share"] == pytest.approx(hot["busy_s"] / report["elapsed_s"], abs=0.002)
-    assert 0 < hot["busy_share"] <= 1
-    assert latency["hottest_account_busy_share"] == hot["busy_share"]
-    assert "enqueue to commit" in latency["measures"]
-    assert latency["p50"] is not None
+# --- 5. the demo's latency, explained: tests/cli/test_demo.py checks it on its run with faults ---------

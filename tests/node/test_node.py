@@ -113,7 +113,9 @@ def alive_since(before: set[asyncio.Task[Any]]) -> list[str]:
 # --- public case: a lease lost to expiry ----------------------------------------------------
 
 
-async def test_late_commit_after_lease_expiry_is_rejected_and_writes_nothing(make_store: Any) -> None:
+async def test_late_commit_after_lease_expiry_is_rejected_and_writes_nothing(
+    make_store: Any, pipeline: dict[str, Any]
+) -> None:
     """Lease 0.3 s, A without renewal sends for 1.0 s; B takes over after expiry and completes."""
     store = await make_store(clock=None)
     [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload="m1", partition_key="conv-1")])
@@ -137,9 +139,9 @@ async def test_late_commit_after_lease_expiry_is_rejected_and_writes_nothing(mak
         store,
         send_a,
         node_id="A",
-        config=NodeConfig(queue=QUEUE, lease_s=0.3, renew_leases=False, max_in_flight=1, **FAST_IDLE),
+        config=NodeConfig(queue=QUEUE, lease_s=0.3, renew_leases=False, max_in_flight=1, **FAST_IDLE, **pipeline),
     )
-    b = Node(store, send_b, node_id="B", config=NodeConfig(queue=QUEUE, lease_s=5.0, **FAST_IDLE))
+    b = Node(store, send_b, node_id="B", config=NodeConfig(queue=QUEUE, lease_s=5.0, **FAST_IDLE, **pipeline))
     a_launched = time.monotonic()
     run_a = start(a)
     await asyncio.wait_for(a_started.wait(), 5.0)
@@ -325,7 +327,7 @@ async def test_a_store_closed_under_a_running_send_fails_the_node_with_a_typed_e
 # --- failures -----------------------------------------------------------------------------
 
 
-async def test_send_exception_retries_with_backoff_then_dead_letters(make_store: Any) -> None:
+async def test_send_exception_retries_with_backoff_then_dead_letters(make_store: Any, pipeline: dict[str, Any]) -> None:
     store = await make_store(clock=None)
     [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload=1, max_attempts=3)])
     calls: list[float] = []
@@ -335,7 +337,7 @@ async def test_send_exception_retries_with_backoff_then_dead_letters(make_store:
         raise ValueError("boom")
 
     policy = RetryPolicy(base_s=0.1, factor=2.0, jitter=0.0)  # the attempts: NewTask(max_attempts=3)
-    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, retry=policy, **FAST_IDLE))
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, retry=policy, **FAST_IDLE, **pipeline))
     run = start(node)
 
     async def dead() -> bool:
@@ -387,7 +389,7 @@ async def test_semaphore_permits_finishing_out_of_order_all_commit(make_store: A
     assert sum(node.state().committed for node in nodes) == 20
 
 
-async def test_send_timeout_counts_as_a_failure(make_store: Any) -> None:
+async def test_send_timeout_counts_as_a_failure(make_store: Any, pipeline: dict[str, Any]) -> None:
     store = await make_store(clock=None)
     results = await store.enqueue_many(
         [
@@ -410,7 +412,7 @@ async def test_send_timeout_counts_as_a_failure(make_store: Any) -> None:
         return "ok"
 
     policy = RetryPolicy(base_s=0.05, jitter=0.0)
-    config = NodeConfig(queue=QUEUE, send_timeout_s=0.2, retry=policy, **FAST_IDLE)
+    config = NodeConfig(queue=QUEUE, send_timeout_s=0.2, retry=policy, **FAST_IDLE, **pipeline)
     node = Node(store, send, node_id="n1", config=config)
     run = start(node)
 

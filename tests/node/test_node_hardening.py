@@ -6,6 +6,7 @@ import asyncio
 import functools
 import gc
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -78,7 +79,7 @@ async def test_an_async_lock_key_is_refused_when_the_runtime_is_built(lock_key: 
         assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1  # nothing claimed
 
 
-async def test_a_sync_send_sends_each_message_once() -> None:
+async def test_a_sync_send_sends_each_message_once(pipeline: dict[str, Any]) -> None:
     async with MemoryStore() as store:
         for i in range(10):
             await store.enqueue("q", {"n": i}, partition_key=f"c{i}")
@@ -88,7 +89,7 @@ async def test_a_sync_send_sends_each_message_once() -> None:
             sent[task.payload["n"]] += 1
             return "ok"
 
-        runtime = Runtime(store, send=send, nodes=2, config=FAST)  # type: ignore[arg-type]
+        runtime = Runtime(store, send=send, nodes=2, config=replace(FAST, **pipeline))  # type: ignore[arg-type]
         counts = await drain(store, runtime)
         assert counts[TaskStatus.DONE] == 10
         assert sent == Counter(range(10))
@@ -104,13 +105,13 @@ async def _send_without_the_task() -> None:  # a mistake: the node calls send(ta
     [_send_without_the_task, functools.partial(_send_without_the_task)],
     ids=["def", "partial"],
 )
-async def test_an_async_send_whose_call_raises_fails_its_task_not_the_node(send: Any) -> None:
+async def test_an_async_send_whose_call_raises_fails_its_task_not_the_node(send: Any, pipeline: dict[str, Any]) -> None:
     """Calling the send raises (TypeError: it takes no task): each task is a failed send,
     retried and dead-lettered with the error, and the node keeps running."""
     async with MemoryStore() as store:
         for i in range(3):
             await store.enqueue("q", {"n": i}, partition_key=f"c{i}")
-        runtime = Runtime(store, send=send, nodes=1, config=FAST)
+        runtime = Runtime(store, send=send, nodes=1, config=replace(FAST, **pipeline))
         counts = await drain(store, runtime)
         assert (counts.get(TaskStatus.DEAD), counts.get(TaskStatus.DONE, 0)) == (3, 0)
         assert all("TypeError" in (t.last_error or "") for t in store._tasks.values())
@@ -119,7 +120,7 @@ async def test_an_async_send_whose_call_raises_fails_its_task_not_the_node(send:
         assert [n.status.value for n in runtime.states()] == ["stopped"]
 
 
-async def test_a_send_replaced_on_the_node_is_the_one_called() -> None:
+async def test_a_send_replaced_on_the_node_is_the_one_called(pipeline: dict[str, Any]) -> None:
     """``Node.send`` is a public attribute: a send swapped in (async for sync) is the one used."""
     async with MemoryStore() as store:
         first = await store.enqueue("q", {"n": 1}, partition_key="a")
@@ -133,7 +134,7 @@ async def test_a_send_replaced_on_the_node_is_the_one_called() -> None:
             calls.append(("async", task.payload["n"]))
             return "async"
 
-        node = Node(store, plain, node_id="n1", config=FAST)  # type: ignore[arg-type]
+        node = Node(store, plain, node_id="n1", config=replace(FAST, **pipeline))  # type: ignore[arg-type]
         async with asyncio.timeout(10):
             runner = asyncio.create_task(node.run())
             while (await store.get(first.task.id)).status is not TaskStatus.DONE:
@@ -149,7 +150,7 @@ async def test_a_send_replaced_on_the_node_is_the_one_called() -> None:
 
 
 @pytest.mark.parametrize("kind", ["object", "oversize"])
-async def test_a_result_the_store_cannot_keep_is_committed_without_it(kind: str) -> None:
+async def test_a_result_the_store_cannot_keep_is_committed_without_it(kind: str, pipeline: dict[str, Any]) -> None:
     class Message:  # what an SDK returns
         pass
 
@@ -162,14 +163,14 @@ async def test_a_result_the_store_cannot_keep_is_committed_without_it(kind: str)
             calls += 1
             return Message() if kind == "object" else "x" * (2 << 20)
 
-        counts = await drain(store, Runtime(store, send=send, nodes=1, config=FAST))
+        counts = await drain(store, Runtime(store, send=send, nodes=1, config=replace(FAST, **pipeline)))
         assert counts[TaskStatus.DONE] == 1
         assert calls == 1  # committed at once, never re-sent
         (task,) = store._tasks.values()
         assert task.result is None
 
 
-async def test_shutdown_from_another_task_drains_and_leaves_the_membership() -> None:
+async def test_shutdown_from_another_task_drains_and_leaves_the_membership(pipeline: dict[str, Any]) -> None:
     async with MemoryStore() as store:
         for i in range(5):
             await store.enqueue("q", {"n": i}, partition_key=f"c{i}")
@@ -179,7 +180,7 @@ async def test_shutdown_from_another_task_drains_and_leaves_the_membership() -> 
             started.set()
             await asyncio.sleep(0.05)
 
-        runtime = Runtime(store, send=send, nodes=2, config=FAST, shutdown_timeout_s=2.0)
+        runtime = Runtime(store, send=send, nodes=2, config=replace(FAST, **pipeline), shutdown_timeout_s=2.0)
         await runtime.start()
         await started.wait()
         await asyncio.wait_for(runtime.shutdown(), 10)  # wait_for runs it in a task of its own
@@ -190,7 +191,7 @@ async def test_shutdown_from_another_task_drains_and_leaves_the_membership() -> 
         await runtime.shutdown()  # idempotent
 
 
-async def test_a_send_cut_off_by_shutdown_is_counted_as_interrupted() -> None:
+async def test_a_send_cut_off_by_shutdown_is_counted_as_interrupted(pipeline: dict[str, Any]) -> None:
     async with MemoryStore() as store:
         await store.enqueue("q", {"n": 1}, partition_key="c")
         started = asyncio.Event()
@@ -199,7 +200,7 @@ async def test_a_send_cut_off_by_shutdown_is_counted_as_interrupted() -> None:
             started.set()
             await asyncio.sleep(30)
 
-        runtime = Runtime(store, send=send, nodes=1, config=FAST, shutdown_timeout_s=0.1)
+        runtime = Runtime(store, send=send, nodes=1, config=replace(FAST, **pipeline), shutdown_timeout_s=0.1)
         async with runtime:
             await started.wait()
         (task,) = store._tasks.values()
@@ -272,7 +273,7 @@ async def test_a_generator_send_is_refused(send: Any, kind: str) -> None:
         assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1  # nothing claimed
 
 
-async def test_a_plain_send_returning_a_generator_fails_its_task_unsent() -> None:
+async def test_a_plain_send_returning_a_generator_fails_its_task_unsent(pipeline: dict[str, Any]) -> None:
     """A plain function that returns a generator object has run none of the generator's body:
     the task fails (retried, then dead-lettered), never committed as sent."""
     started: list[int] = []
@@ -286,7 +287,7 @@ async def test_a_plain_send_returning_a_generator_fails_its_task_unsent() -> Non
 
     async with MemoryStore() as store:
         await store.enqueue("q", {"n": 1}, partition_key="c")
-        counts = await drain(store, Runtime(store, send=send, nodes=1, config=FAST))
+        counts = await drain(store, Runtime(store, send=send, nodes=1, config=replace(FAST, **pipeline)))
         assert (counts.get(TaskStatus.DEAD), counts.get(TaskStatus.DONE, 0)) == (1, 0)
         (task,) = store._tasks.values()
         assert "returned a generator" in (task.last_error or "")
@@ -312,7 +313,7 @@ async def test_a_node_refuses_a_lock_store_without_the_lock_contract() -> None:
         assert (task.status, task.version) == (TaskStatus.PENDING, 0)  # nothing claimed
 
 
-async def test_an_async_generator_send_swapped_in_fails_its_task_unsent() -> None:
+async def test_an_async_generator_send_swapped_in_fails_its_task_unsent(pipeline: dict[str, Any]) -> None:
     """``Node.send`` replaced by an async generator function after the check: its tasks fail
     (retried, then dead-lettered), none is committed as sent."""
     async with MemoryStore() as store:
@@ -321,7 +322,7 @@ async def test_an_async_generator_send_swapped_in_fails_its_task_unsent() -> Non
         async def send(task: Task) -> None:
             return None
 
-        node = Node(store, send, node_id="n1", config=FAST)
+        node = Node(store, send, node_id="n1", config=replace(FAST, **pipeline))
         node.send = _send_generator
         runner = asyncio.create_task(node.run())
         async with asyncio.timeout(10):
@@ -334,7 +335,9 @@ async def test_an_async_generator_send_swapped_in_fails_its_task_unsent() -> Non
         assert "async generator" in (task.last_error or "")
 
 
-async def test_a_send_returning_an_unawaited_coroutine_fails_its_task_unsent(recwarn: pytest.WarningsRecorder) -> None:
+async def test_a_send_returning_an_unawaited_coroutine_fails_its_task_unsent(
+    recwarn: pytest.WarningsRecorder, pipeline: dict[str, Any]
+) -> None:
     """``async def send(task): return client_send(task)`` (a missing ``await``): nothing was
     sent, so the task fails (retried, then dead-lettered), never committed as sent."""
     sent: list[int] = []
@@ -347,7 +350,7 @@ async def test_a_send_returning_an_unawaited_coroutine_fails_its_task_unsent(rec
 
     async with MemoryStore() as store:
         await store.enqueue("q", {"n": 1}, partition_key="c")
-        counts = await drain(store, Runtime(store, send=send, nodes=1, config=FAST))
+        counts = await drain(store, Runtime(store, send=send, nodes=1, config=replace(FAST, **pipeline)))
         assert (counts.get(TaskStatus.DEAD), counts.get(TaskStatus.DONE, 0)) == (1, 0)
         (task,) = store._tasks.values()
         assert "unawaited coroutine" in (task.last_error or "")

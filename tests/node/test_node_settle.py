@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +76,19 @@ async def _run_until_settled(store: SQLiteStore, node: Node, task_id: int, timeo
     return await store.get(task_id)
 
 
-@pytest.mark.parametrize(("permits", "fails"), [(0, False), (1, False), (2, False), (1, True)])
+@pytest.mark.parametrize(
+    ("permits", "fails", "batch"),
+    [(0, False, False), (0, False, True), (0, True, True), (1, False, False), (2, False, False), (1, True, False)],
+)
 async def test_a_store_busy_past_its_timeout_delays_the_commit_but_never_drops_it(
-    tmp_path: Path, permits: int, fails: bool
+    tmp_path: Path, permits: int, fails: bool, batch: bool
 ) -> None:
     """The write lock is held (1.5 s) past ``busy_timeout_s`` (0.3 s) just as the send returns.
 
     The commit (or the failure record of a send that raised) is tried again while the
-    lease (5 s) lasts: sent once, settled once, no conflict, nothing handed back.
+    lease (5 s) lasts: sent once, settled once, no conflict, nothing handed back. ``batch``:
+    the task is handled by a :class:`~asynccoord.node.batch.LocklessBatch` (no lock, no
+    commit-and-continue), whose commit of a whole claim is tried again task by task.
     """
     path = tmp_path / "q.db"
     async with SQLiteStore(path, config=StoreConfig(busy_timeout_s=0.3)) as store:
@@ -97,7 +103,13 @@ async def test_a_store_busy_past_its_timeout_delays_the_commit_but_never_drops_i
             return "sent"
 
         config = NodeConfig(
-            queue="q", lease_s=5.0, lock_ttl_s=10.0, lock_permits=max(permits, 1), idle_min_s=0.05, idle_max_s=0.1
+            queue="q",
+            lease_s=5.0,
+            lock_ttl_s=10.0,
+            lock_permits=max(permits, 1),
+            idle_min_s=0.05,
+            idle_max_s=0.1,
+            claim_next=not batch,
         )
         lock_key = None if permits == 0 else (lambda task: "account:1")
         node = Node(store, send, node_id="n1", config=config, lock_key=lock_key)
@@ -120,7 +132,7 @@ async def test_a_store_busy_past_its_timeout_delays_the_commit_but_never_drops_i
 
 
 async def test_a_commit_still_failing_at_the_lease_deadline_gives_up_and_the_task_is_claimed_again(
-    tmp_path: Path,
+    tmp_path: Path, pipeline: dict[str, Any]
 ) -> None:
     """Past the lease there is nothing left to commit under: the try stops; the task's next claim settles it."""
     path = tmp_path / "q.db"
@@ -133,7 +145,7 @@ async def test_a_commit_still_failing_at_the_lease_deadline_gives_up_and_the_tas
             if len(sends) == 1:
                 await _write_lock_taken(path, 2.5)
 
-        config = NodeConfig(queue="q", lease_s=1.5, idle_min_s=0.05, idle_max_s=0.1)
+        config = NodeConfig(queue="q", lease_s=1.5, idle_min_s=0.05, idle_max_s=0.1, **pipeline)
         node = Node(store, send, node_id="n1", config=config)
         started = time.monotonic()
         out = await _run_until_settled(store, node, task.id, timeout_s=20.0)
@@ -205,7 +217,7 @@ class Poison(BaseException):
     """What some libraries raise for their own timeouts: not an ``Exception``."""
 
 
-async def test_a_send_raising_a_base_exception_fails_its_task_and_the_runtime_goes_on() -> None:
+async def test_a_send_raising_a_base_exception_fails_its_task_and_the_runtime_goes_on(pipeline: dict[str, Any]) -> None:
     async with MemoryStore() as store:
         for n in range(6):
             await store.enqueue("q", {"n": n}, partition_key=f"c{n}", max_attempts=3)
@@ -216,7 +228,7 @@ async def test_a_send_raising_a_base_exception_fails_its_task_and_the_runtime_go
             if task.payload["n"] == 0:
                 raise Poison("boom")
 
-        runtime = Runtime(store, send=send, nodes=3, config=FAST)
+        runtime = Runtime(store, send=send, nodes=3, config=replace(FAST, **pipeline))
         async with runtime:
             assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.01)
             assert all(s.status.value == "running" for s in runtime.states())
@@ -251,7 +263,7 @@ async def test_a_lock_key_raising_a_base_exception_fails_its_task_only() -> None
         assert sorted(sent) == [1, 2, 3]
 
 
-async def test_a_result_whose_encoding_raises_is_committed_without_it() -> None:
+async def test_a_result_whose_encoding_raises_is_committed_without_it(pipeline: dict[str, Any]) -> None:
     class Odd(dict[str, Any]):
         def items(self) -> Any:
             raise RuntimeError("items() failed")
@@ -265,7 +277,7 @@ async def test_a_result_whose_encoding_raises_is_committed_without_it() -> None:
             calls += 1
             return Odd(a=1)
 
-        runtime = Runtime(store, send=send, nodes=1, config=FAST)
+        runtime = Runtime(store, send=send, nodes=1, config=replace(FAST, **pipeline))
         async with runtime:
             assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.01)
         out = await store.get(task.id)
@@ -346,7 +358,9 @@ class _Exit(BaseException):
 
 
 @pytest.mark.parametrize("kind", ["system_exit", "keyboard_interrupt"])
-async def test_a_group_holding_a_process_exit_stops_the_node_instead_of_failing_the_task(kind: str) -> None:
+async def test_a_group_holding_a_process_exit_stops_the_node_instead_of_failing_the_task(
+    kind: str, pipeline: dict[str, Any]
+) -> None:
     async with MemoryStore() as store:
         task = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=2)).task
         leaf: BaseException = SystemExit(3) if kind == "system_exit" else KeyboardInterrupt()
@@ -354,7 +368,7 @@ async def test_a_group_holding_a_process_exit_stops_the_node_instead_of_failing_
         async def send(task: Task) -> None:
             raise BaseExceptionGroup("send's task group", [ValueError("x"), leaf])
 
-        node = Node(store, send, node_id="n1", config=FAST)
+        node = Node(store, send, node_id="n1", config=replace(FAST, **pipeline))
         # the group's exit itself, as asyncio.TaskGroup raises it: the process ends with its status
         with anyio.fail_after(10.0), pytest.raises(type(leaf)) as info:
             await node.run()

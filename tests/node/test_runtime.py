@@ -117,7 +117,7 @@ async def test_leaving_async_with_lets_short_sends_finish_and_hands_back_the_res
     assert store.events.get("retries") == 0
 
 
-async def test_a_cancelled_send_may_await_in_its_cleanup(make_store: Any) -> None:
+async def test_a_cancelled_send_may_await_in_its_cleanup(make_store: Any, pipeline: dict[str, Any]) -> None:
     # Shutdown cancels a long send once, as asyncio.Task.cancel does: its finally block
     # can still await (close a connection, say) before the task is handed back.
     store = await make_store(clock=None)
@@ -140,7 +140,8 @@ async def test_a_cancelled_send_may_await_in_its_cleanup(make_store: Any) -> Non
                 raise
         return "sent"
 
-    async with Runtime(store, send=send, nodes=1, config=NodeConfig(queue=QUEUE), shutdown_timeout_s=0.2):
+    config = NodeConfig(queue=QUEUE, **pipeline)
+    async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=0.2):
         while "start" not in log:
             await asyncio.sleep(0.005)
         leaving = time.monotonic()
@@ -156,7 +157,7 @@ async def test_a_cancelled_send_may_await_in_its_cleanup(make_store: Any) -> Non
     ids=["shutdown-then-timeout", "timeout-then-shutdown"],
 )
 async def test_a_cancelled_sends_cleanup_time_is_not_cut_short_by_another_cancellation(
-    make_store: Any, shutdown_timeout_s: float, send_timeout_s: float
+    make_store: Any, shutdown_timeout_s: float, send_timeout_s: float, pipeline: dict[str, Any]
 ) -> None:
     # The send is cancelled by whichever comes first, shutdown or its timeout; the other comes
     # 0.08 s into its cleanup time and must not cancel it again (it cut the cleanup at 0.08 s).
@@ -179,7 +180,7 @@ async def test_a_cancelled_sends_cleanup_time_is_not_cut_short_by_another_cancel
             raise
         return "sent"
 
-    config = NodeConfig(queue=QUEUE, send_timeout_s=send_timeout_s)
+    config = NodeConfig(queue=QUEUE, send_timeout_s=send_timeout_s, **pipeline)
     async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=shutdown_timeout_s) as runtime:
         await started.wait()
     assert log == ["cancelled", "cleanup done"]
@@ -190,10 +191,10 @@ async def test_a_cancelled_sends_cleanup_time_is_not_cut_short_by_another_cancel
     assert store.events.get("send_interrupted") == 1
 
 
-@pytest.mark.parametrize("locks", [False, True], ids=["no-lock", "lock"])
+@pytest.mark.parametrize("way", ["slots", "batch", "lock"])
 @pytest.mark.parametrize("hurry", ["cancel-the-shutdown", "drain-timeout"])
 async def test_sends_that_returned_are_committed_even_when_the_drain_is_cut_at_that_instant(
-    make_store: Any, locks: bool, hurry: str
+    make_store: Any, way: str, hurry: str
 ) -> None:
     # Every send returns at one instant T; the drain is cut right then (the task running the
     # shutdown cancelled, or the shutdown's own timeout running out). The commits used to be
@@ -213,8 +214,8 @@ async def test_sends_that_returned_are_committed_even_when_the_drain_is_cut_at_t
             await asyncio.sleep(0.005)
         await asyncio.sleep(max(0.0, at[0] - loop.time()))
 
-    config = NodeConfig(queue=QUEUE, max_in_flight=64, idle_min_s=0.01, idle_max_s=0.05)
-    lock_key = (lambda task: f"account:{task.payload}") if locks else None
+    config = NodeConfig(queue=QUEUE, max_in_flight=64, idle_min_s=0.01, idle_max_s=0.05, claim_next=way != "batch")
+    lock_key = (lambda task: f"account:{task.payload}") if way == "lock" else None
     drain_s = 0.3 if hurry == "drain-timeout" else 30.0
     runtime = Runtime(store, send=send, nodes=2, config=config, lock_key=lock_key, shutdown_timeout_s=drain_s)
     await runtime.start()
@@ -237,7 +238,7 @@ async def test_sends_that_returned_are_committed_even_when_the_drain_is_cut_at_t
 
 
 async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_its_cleanup_time(
-    make_store: Any,
+    make_store: Any, pipeline: dict[str, Any]
 ) -> None:
     # Shutdown cancels it, its timeout comes 0.08 s later: neither that nor anything else cancels
     # it again before SEND_CLEANUP_S is up; then it is cancelled once more and left behind.
@@ -258,7 +259,7 @@ async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_it
         ended.set()
         return "sent"
 
-    config = NodeConfig(queue=QUEUE, send_timeout_s=0.38)
+    config = NodeConfig(queue=QUEUE, send_timeout_s=0.38, **pipeline)
     async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=0.3):
         await started.wait()
         leaving = time.monotonic()

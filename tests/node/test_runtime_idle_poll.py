@@ -121,6 +121,20 @@ async def idle_calls(store: Any, nodes: int, window_s: float) -> tuple[int, int,
     config = NodeConfig(queue=QUEUE, **IDLE)
     async with Runtime(store, send=send, nodes=nodes, config=config, heartbeat_ttl_s=5.0) as runtime:
         await asyncio.sleep(0.5)  # started, first claims made, backoff at its top
+        # A view change wakes the nodes that take partitions over (they claim there once): on a
+        # loaded machine the last joins can land after 0.5 s, so the window starts once every
+        # node has held the same partitions for 0.3 s (at most 10 s).
+        views: list[tuple[frozenset[int] | None, ...]] = []
+        stable_since = time.monotonic()
+        deadline = stable_since + 10.0
+        while time.monotonic() < deadline:
+            view = tuple(node._owned for node in runtime.nodes)
+            if not views or view != views[-1]:
+                views.append(view)
+                stable_since = time.monotonic()
+            elif None not in view and time.monotonic() - stable_since >= 0.3:
+                break
+            await asyncio.sleep(0.02)
         since = time.monotonic()
         await asyncio.sleep(window_s)
         in_window = (sum(1 for t in claims if t >= since), sum(1 for t in polls if t >= since))

@@ -31,6 +31,7 @@ from ...contract.locks import (
     fence_rejected_error,
 )
 from ...events import EventCounter
+from ...releases import ReleaseSignal
 from ...validation import check_lease_s, check_name
 from ..rows import new_token
 
@@ -57,6 +58,11 @@ class MemoryLockOps:
     if TYPE_CHECKING:
 
         def _check_open(self) -> None: ...
+
+    @functools.cached_property
+    def releases(self) -> ReleaseSignal:
+        """Wakes this store's lock waiters when a lease is released (see :mod:`asynccoord.releases`)."""
+        return ReleaseSignal()
 
     @functools.cached_property
     def _lock_tables(self) -> _LockTables:
@@ -109,7 +115,10 @@ class MemoryLockOps:
         stored = leases.pop(lease.owner_token, None)
         if not leases:
             self._lock_tables.holders.pop(lease.name, None)
-        return stored is not None and stored.expires_at > now
+        released = stored is not None and stored.expires_at > now
+        if released:
+            self.releases.released(lease.name)
+        return released
 
     async def renew_lock(self, lease: Lease, ttl_s: float | None = None) -> Lease | None:
         """Extend a live lease to ``ttl_s`` (default ``lease.ttl_s``) from now; None if it lapsed."""

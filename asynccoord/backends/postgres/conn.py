@@ -23,6 +23,7 @@ import asyncpg.exceptions as pgerr
 
 from ...errors import StoreBusyError, StoreClosedError, StoreConnectionError, StoreError, StoreLoopError
 from ...notify import WorkNotifier
+from ...releases import ReleaseSignal
 from ...validation import check_int, check_name, check_partitions
 
 __all__ = (
@@ -31,6 +32,7 @@ __all__ = (
     "PgListener",
     "PgRunner",
     "encode_notification",
+    "encode_release",
     "is_connection_error",
     "map_pg_error",
 )
@@ -315,6 +317,11 @@ class PgRunner:
             attempt += 1
 
 
+def encode_release(sender: str, name: str) -> str:
+    """The payload announcing that lock ``name`` was given back (see :class:`PgListener`)."""
+    return json.dumps({"s": sender, "l": name}, separators=(",", ":"))
+
+
 def encode_notification(sender: str, queue: str, count: int, partitions: Collection[int] | None) -> str:
     """The payload of a work notification (JSON, well under PostgreSQL's 8000-byte limit)."""
     parts = None if partitions is None or len(partitions) > MAX_NOTIFY_PARTITIONS else sorted(partitions)
@@ -338,6 +345,8 @@ class PgListener:
         sender: This store's id: its own notifications are ignored (it woke its own
             nodes in process already).
         notifier: Where wake-ups go.
+        releases: Where announcements of locks given back go (``{"s": sender, "l": name}``,
+            see :func:`encode_release`); None ignores them.
     """
 
     def __init__(
@@ -347,11 +356,13 @@ class PgListener:
         channel: str,
         sender: str,
         notifier: WorkNotifier,
+        releases: ReleaseSignal | None = None,
     ) -> None:
         self._connect = connect
         self.channel = channel
         self.sender = sender
         self.notifier = notifier
+        self.releases = releases
         self.connected = asyncio.Event()
         self.received = 0
         self.reconnects = 0
@@ -440,6 +451,12 @@ class PgListener:
             if not isinstance(message, dict):
                 raise TypeError("not a JSON object")
             if message.get("s") == self.sender:
+                return
+            if "l" in message:  # a lock given back (encode_release)
+                name = check_name("lock name", message["l"])
+                self.received += 1
+                if self.releases is not None:
+                    self.releases.deliver(name)
                 return
             # The values are checked as they came, not converted: a str, an int and a list of
             # ints (or null), as encode_notification writes them.

@@ -40,9 +40,11 @@ from ...contract.locks import (
 )
 from ...errors import CoordError
 from ...events import EventCounter
+from ...releases import ReleaseSignal
 from ...validation import check_lease_s, check_name
 from ..batch import Batcher
 from ..rows import decode_json, new_token
+from .conn import encode_release
 
 if TYPE_CHECKING:
     import asyncpg
@@ -71,6 +73,9 @@ class PostgresLockOps:
 
     config: StoreConfig
     events: EventCounter
+    releases: ReleaseSignal
+    channel: str
+    _sender: str
     _lease_gc_at: float = 0.0
 
     if TYPE_CHECKING:
@@ -216,7 +221,13 @@ class PostgresLockOps:
 
         async def op(conn: asyncpg.Connection, attempt: int) -> bool:
             live = await self._val(
-                conn, "lock_release", owner_token=lease.owner_token, name=lease.name, now=self._now()
+                conn,
+                "lock_release",
+                owner_token=lease.owner_token,
+                name=lease.name,
+                now=self._now(),
+                channel=self.channel,
+                payload=encode_release(self._sender, lease.name),
             )
             if live is None and attempt > 0:
                 # Not there. After a lost connection, an earlier attempt of this call deleted it
@@ -235,7 +246,10 @@ class PostgresLockOps:
                 )
             return bool(live)
 
-        return await self._run(op, what="release_lock", tx=False, ambiguous_ok=True)
+        released: bool = await self._run(op, what="release_lock", tx=False, ambiguous_ok=True)
+        if released:
+            self.releases.released(lease.name)  # this process's waiters (the listener skips its own)
+        return released
 
     async def renew_lock(self, lease: Lease, ttl_s: float | None = None) -> Lease | None:
         """Extend a live lease to ``ttl_s`` from now (server clock); never revive a lapsed one.

@@ -33,6 +33,7 @@ from ...events import EventCounter
 from ...models import Task
 from ...monitor.histogram import LatencyRecorder
 from ...notify import WorkNotifier
+from ...releases import ReleaseSignal
 from ...validation import (
     check_bool,
     check_clock,
@@ -213,6 +214,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
         self.notifier = WorkNotifier()
+        self.releases = ReleaseSignal()
         self.schema = schema
         self.read_only = check_bool("read_only", read_only)
         self.listen = check_bool("listen", listen)
@@ -330,7 +332,11 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             await self._runner.run(self._migrate, what="open", ambiguous_ok=True)
             if self.listen and not self.read_only:
                 self._listener = PgListener(
-                    self._connect, channel=self.channel, sender=self._sender, notifier=self.notifier
+                    self._connect,
+                    channel=self.channel,
+                    sender=self._sender,
+                    notifier=self.notifier,
+                    releases=self.releases,
                 )
                 await self._listener.start()
         except BaseException:

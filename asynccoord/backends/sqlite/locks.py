@@ -37,6 +37,7 @@ from ...contract.locks import (
     fence_rejected_error,
 )
 from ...events import EventCounter
+from ...releases import ReleaseSignal
 from ...validation import check_lease_s, check_name
 from ..rows import decode_json, new_token
 from ..sqlfiles import load_queries
@@ -120,6 +121,7 @@ class SQLiteLockOps:
 
     config: StoreConfig
     events: EventCounter
+    releases: ReleaseSignal
 
     if TYPE_CHECKING:
 
@@ -176,7 +178,10 @@ class SQLiteLockOps:
             InvalidTypeError: ``lease`` is not a Lease.
         """
         check_lease(lease)
-        return bool(await self._write(_release_op(lease)))
+        released = bool(await self._write(_release_op(lease)))
+        if released:
+            self.releases.released(lease.name)
+        return released
 
     async def renew_lock(self, lease: Lease, ttl_s: float | None = None) -> Lease | None:
         """Extend a live lease to ``ttl_s`` from now (store clock); never revive a lapsed one.

@@ -37,6 +37,7 @@ from ...errors import (
 )
 from ...events import EventCounter
 from ...monitor.histogram import LatencyRecorder
+from ...releases import ReleaseSignal
 from ...validation import check_bool, check_clock
 from ..schema import REVISION_KEY, check_revision
 from ..sqlfiles import load_migrations, load_queries
@@ -180,6 +181,7 @@ class SQLiteStore(
         self.read_only = check_bool("read_only", read_only)
         self.wakeup = check_bool("wakeup", wakeup)
         self.notifier = SharedNotifier()
+        self.releases = ReleaseSignal()
         self._wakeup: WakeupChannel | None = None
         self._clock = clock
         self._conn: aiosqlite.Connection | None = None
@@ -250,7 +252,7 @@ class SQLiteStore(
         if not self.read_only:  # a read-only store keeps the committer only for its clock
             self._writer.start()
         if self.wakeup and self._on_file() and isinstance(self.notifier, SharedNotifier):
-            self._wakeup = WakeupChannel.open(wakeup_dir(self.path), self.notifier)
+            self._wakeup = WakeupChannel.open(wakeup_dir(self.path), self.notifier, self.releases)
         if self._background_checkpoints():
             writer = self._writer
             interval_s = cast(float, self.config.checkpoint_interval_s)

@@ -19,9 +19,19 @@ import socket
 from collections.abc import Collection
 
 from ...notify import WorkNotifier
+from ...releases import ReleaseSignal
 from ...validation import check_int, check_name, check_partitions
 
-__all__ = ("MAX_DATAGRAM_BYTES", "MAX_WAKEUP_PARTITIONS", "SharedNotifier", "WakeupChannel", "wakeup_dir")
+__all__ = (
+    "MAX_DATAGRAM_BYTES",
+    "MAX_WAKEUP_PARTITIONS",
+    "SharedNotifier",
+    "WakeupChannel",
+    "decode_datagram",
+    "decode_wakeup",
+    "encode_wakeup",
+    "wakeup_dir",
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +95,10 @@ class WakeupChannel:
     work) is also sent, coalesced per event-loop iteration, as one small JSON datagram to
     every other socket of the directory; each receiving store hands it to its own notifier,
     which wakes at most ``count`` of its idle nodes owning one of the partitions (none in a
-    process that owns none of them: no thundering herd).
+    process that owns none of them: no thundering herd). Lock releases travel the same way
+    (the names of the locks :meth:`~asynccoord.backends.sqlite.store.SQLiteStore.release_lock`
+    gave back), so a process waiting in line for a lock tries it at once instead of at its
+    next poll (:mod:`asynccoord.releases`).
 
     Why not a file watcher (inotify on the ``-wal`` file, e.g. watchfiles, plus
     ``PRAGMA data_version``) or a ``data_version`` probe on a tight interval: every write of
@@ -111,6 +124,8 @@ class WakeupChannel:
     Args:
         directory: The directory of the database's wake-up sockets (see :func:`wakeup_dir`).
         notifier: Where received notifications go.
+        releases: Where received lock releases go, and whose own releases are sent
+            (None: none are carried).
 
     Attributes:
         name: This store's socket file name in ``directory``.
@@ -119,9 +134,10 @@ class WakeupChannel:
         removed: Dead sockets unlinked so far.
     """
 
-    def __init__(self, directory: str, notifier: SharedNotifier) -> None:
+    def __init__(self, directory: str, notifier: SharedNotifier, releases: ReleaseSignal | None = None) -> None:
         self.directory = directory
         self.notifier = notifier
+        self.releases = releases
         self.name = f"{os.getpid()}-{secrets.token_hex(6)}"
         self.sent = 0
         self.received = 0
@@ -131,6 +147,7 @@ class WakeupChannel:
         self._prefix = directory  # how socket paths of the directory are reached (see _reach)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[str, tuple[int, set[int] | None]] = {}
+        self._released: dict[str, None] = {}  # lock names given back this iteration, in order
         self._flush_scheduled = False
 
     def __repr__(self) -> str:
@@ -138,17 +155,19 @@ class WakeupChannel:
         return f"<WakeupChannel {self.directory!r} {self.name} {state} sent={self.sent} received={self.received}>"
 
     @classmethod
-    def open(cls, directory: str, notifier: SharedNotifier) -> WakeupChannel | None:
+    def open(
+        cls, directory: str, notifier: SharedNotifier, releases: ReleaseSignal | None = None
+    ) -> WakeupChannel | None:
         """Bind this store's socket in ``directory`` (made if missing) and start receiving.
 
         Returns:
-            The channel, attached to ``notifier``; None when the platform has no Unix
-            sockets or the directory or socket cannot be made (logged; the store goes on
-            without cross-process wake-ups).
+            The channel, attached to ``notifier`` (and to ``releases``' announcements);
+            None when the platform has no Unix sockets or the directory or socket cannot
+            be made (logged; the store goes on without cross-process wake-ups).
         """
         if not hasattr(socket, "AF_UNIX"):
             return None
-        channel = cls(directory, notifier)
+        channel = cls(directory, notifier, releases)
         try:
             channel._bind()
         except OSError as exc:
@@ -160,6 +179,8 @@ class WakeupChannel:
         loop.add_reader(channel._sock.fileno(), channel._on_readable)
         channel._loop = loop
         notifier.channel = channel
+        if releases is not None:
+            releases.announce = channel.announce_release
         return channel
 
     def _bind(self) -> None:
@@ -201,7 +222,10 @@ class WakeupChannel:
         """Stop receiving, drop what was not sent yet, unlink the socket and (if empty) the directory. Idempotent."""
         if self.notifier.channel is self:
             self.notifier.channel = None
+        if self.releases is not None and self.releases.announce == self.announce_release:
+            self.releases.announce = None
         self._pending.clear()
+        self._released.clear()
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -240,6 +264,16 @@ class WakeupChannel:
             n += count
             parts = None if known is None or parts is None else known | parts
         self._pending[queue] = (n, parts)
+        self._schedule_flush()
+
+    def announce_release(self, name: str) -> None:
+        """Queue the release of lock ``name`` for the other processes (sent as :meth:`announce` sends)."""
+        if self._sock is None:
+            return
+        self._released[name] = None
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._loop is not None:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -247,8 +281,9 @@ class WakeupChannel:
     def _flush(self) -> None:
         self._flush_scheduled = False
         pending, self._pending = self._pending, {}
+        released, self._released = self._released, {}
         sock = self._sock
-        if not pending or sock is None:
+        if not (pending or released) or sock is None:
             return
         try:
             peers = [name for name in os.listdir(self._prefix) if name != self.name]
@@ -256,7 +291,7 @@ class WakeupChannel:
             return
         if not peers:
             return
-        payload = encode_wakeup(pending)
+        payload = encode_wakeup(pending, released)
         for peer in peers:
             path = os.path.join(self._prefix, peer)
             try:
@@ -283,45 +318,66 @@ class WakeupChannel:
             except OSError as exc:
                 log.warning("asynccoord.sqlite.wakeup_receive_failed error=%s", exc)
                 return
-            for queue, n, partitions in decode_wakeup(data):
+            work, released = decode_datagram(data)
+            for queue, n, partitions in work:
                 self.received += 1
                 self.notifier.deliver(queue, n, partitions)
+            if self.releases is not None:
+                for name in released:
+                    self.received += 1
+                    self.releases.deliver(name)
             sock = self._sock  # a delivery may have closed the store
 
 
-def encode_wakeup(pending: dict[str, tuple[int, set[int] | None]]) -> bytes:
-    """The datagram for ``{queue: (count, partitions or None)}``: a JSON list of ``[queue, count, partitions]``."""
-    entries = [
+def encode_wakeup(pending: dict[str, tuple[int, set[int] | None]], released: Collection[str] = ()) -> bytes:
+    """The datagram for ``{queue: (count, partitions or None)}`` and the lock names in ``released``.
+
+    A JSON list: ``[queue, count, partitions]`` per queue with new work, ``[name]`` per
+    lock given back. A datagram over :data:`MAX_DATAGRAM_BYTES` names no partitions; one
+    still over it is cut, and its receiver drops it (the polls find the work and the locks).
+    """
+    entries: list[list[object]] = [
         [queue, n, None if parts is None or len(parts) > MAX_WAKEUP_PARTITIONS else sorted(parts)]
         for queue, (n, parts) in pending.items()
     ]
-    data = json.dumps(entries, separators=(",", ":")).encode()
+    locks: list[list[object]] = [[name] for name in released]
+    data = json.dumps(entries + locks, separators=(",", ":")).encode()
     if len(data) > MAX_DATAGRAM_BYTES:  # many queues: wake any owner of each
-        data = json.dumps([[queue, n, None] for queue, (n, _parts) in pending.items()], separators=(",", ":")).encode()
-        data = data[: MAX_DATAGRAM_BYTES + 1]  # still too long: the receiver drops it (the polls find the work)
+        entries = [[queue, n, None] for queue, (n, _parts) in pending.items()]
+        data = json.dumps(entries + locks, separators=(",", ":")).encode()
+        data = data[: MAX_DATAGRAM_BYTES + 1]
     return data
 
 
-def decode_wakeup(data: bytes) -> list[tuple[str, int, Collection[int] | None]]:
-    """The notifications of a datagram; a malformed one is logged and yields none."""
+def decode_datagram(data: bytes) -> tuple[list[tuple[str, int, Collection[int] | None]], list[str]]:
+    """The notifications and the released lock names of a datagram; a malformed one is logged and yields none."""
     try:
         entries: object = json.loads(data)
         if type(entries) is not list:
             raise TypeError("not a JSON array")
-        out: list[tuple[str, int, Collection[int] | None]] = []
+        work: list[tuple[str, int, Collection[int] | None]] = []
+        released: list[str] = []
         for entry in entries:
+            if type(entry) is list and len(entry) == 1:
+                released.append(check_name("lock name", entry[0]))
+                continue
             if type(entry) is not list or len(entry) != 3:
-                raise TypeError(f"not a [queue, count, partitions] entry: {entry!r}")
+                raise TypeError(f"not a [queue, count, partitions] or [lock name] entry: {entry!r}")
             queue, n, parts = entry
             if parts is not None and type(parts) is not list:
                 raise TypeError(f"partitions must be a JSON array, got {parts!r}")
-            out.append(
+            work.append(
                 (check_name("queue", queue), check_int("n", n, minimum=0), check_partitions("partitions", parts))
             )
-        return out
+        return work, released
     except (ValueError, TypeError):  # InvalidArgumentError and InvalidTypeError included
         log.warning("asynccoord.sqlite.bad_wakeup datagram=%r", data[:200])
-        return []
+        return [], []
+
+
+def decode_wakeup(data: bytes) -> list[tuple[str, int, Collection[int] | None]]:
+    """The work notifications of a datagram (see :func:`decode_datagram`)."""
+    return decode_datagram(data)[0]
 
 
 def _release(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:

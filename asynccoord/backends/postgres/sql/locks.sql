@@ -31,8 +31,12 @@ RETURNING last_fencing_token;
 
 -- name: lock_release
 -- Deletes the caller's row even when it lapsed (it is dead anyway); reports whether it was live.
-DELETE FROM coord_lock_holders WHERE owner_token = :owner_token::text AND name = :name::text
-RETURNING expires_at > coord_now(:now::float8);
+-- A live one is announced on the store's channel (:payload names the lock), so pools waiting
+-- in line in other processes try it at once (PgListener hands it to the store's ReleaseSignal).
+WITH released AS (
+    DELETE FROM coord_lock_holders WHERE owner_token = :owner_token::text AND name = :name::text
+    RETURNING expires_at > coord_now(:now::float8) AS live)
+SELECT live, CASE WHEN live THEN pg_notify(:channel::text, :payload::text) END FROM released;
 
 -- name: lock_release_recheck
 -- A release retried after a lost connection found no row: did the earlier attempt delete it?

@@ -1,0 +1,69 @@
+"""The ``--lock-store`` option of the commands: a Redis lock store named by its URL.
+
+``run`` takes its nodes' locks there (``Runtime(lock_store=...)``); ``status`` and
+``dashboard`` list the locks held there beside the database's. The URL and the key prefix
+are checked before anything opens, so a typo is a usage error, not a connection failure
+halfway through a start.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import InvalidArgumentError
+
+__all__ = ("REDIS_SCHEMES", "add_lock_store_options", "check_lock_store_options", "open_lock_store")
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+"""The URL schemes ``--lock-store`` takes."""
+
+
+def add_lock_store_options(parser: argparse.ArgumentParser, *, purpose: str) -> None:
+    """Add ``--lock-store URL`` and ``--lock-prefix PREFIX``; ``purpose`` ends the first's help text."""
+    parser.add_argument(
+        "--lock-store",
+        metavar="URL",
+        help=f"a Redis (redis://, rediss:// or unix:// URL; extra 'redis') {purpose}",
+    )
+    parser.add_argument(
+        "--lock-prefix",
+        metavar="PREFIX",
+        default=None,
+        help="with --lock-store: the key prefix of the lock store (default 'asynccoord:')",
+    )
+
+
+def check_lock_store_options(args: argparse.Namespace) -> Any:
+    """The (unopened) lock store that ``--lock-store`` and ``--lock-prefix`` name; None without ``--lock-store``.
+
+    Raises:
+        InvalidArgumentError: ``--lock-prefix`` without ``--lock-store``, or what
+            :func:`open_lock_store` refuses.
+    """
+    url = getattr(args, "lock_store", None)
+    prefix = getattr(args, "lock_prefix", None)
+    if url is None:
+        if prefix is not None:
+            raise InvalidArgumentError("--lock-prefix applies to a --lock-store only: add --lock-store redis://...")
+        return None
+    return open_lock_store(url, prefix=prefix)
+
+
+def open_lock_store(url: str, *, prefix: str | None = None) -> Any:
+    """A :class:`~asynccoord.backends.redis.RedisLockStore` (not yet opened) for ``--lock-store``.
+
+    Args:
+        url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
+        prefix: The lock store's key prefix; None for its default (``"asynccoord:"``).
+
+    Raises:
+        InvalidArgumentError: not a Redis URL, a bad prefix, or redis-py is not installed.
+    """
+    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+        raise InvalidArgumentError(f"--lock-store takes a Redis URL ({', '.join(REDIS_SCHEMES)}...)")
+    try:
+        from ..backends.redis import RedisLockStore
+    except ImportError as exc:
+        raise InvalidArgumentError("--lock-store needs redis-py: pip install 'asynccoord[redis]'") from exc
+    return RedisLockStore(url) if prefix is None else RedisLockStore(url, prefix=prefix)
