@@ -37,6 +37,7 @@ from services import ServiceStores
 from support import FakeClock
 
 from asynccoord import MemoryStore, SQLiteStore, StoreConfig
+from asynccoord.node.batch import LocklessBatch
 
 TESTS_DIR = Path(__file__).resolve().parent
 WORKERS_DIR = TESTS_DIR / "workers"
@@ -201,3 +202,27 @@ def python() -> Iterator[PythonRunner]:
         yield runner
     finally:
         runner.cleanup()
+
+
+# --- the node tests' two ways of handling a claim (tests/node) ---------------------------------
+
+
+@pytest.fixture(params=["slots", "batch"])
+def pipeline(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """NodeConfig keywords for each of the two ways a node handles a claim's tasks.
+
+    ``slots``: one asyncio task per task (the default of an ordered queue with ``claim_next``);
+    ``batch``: a :class:`~asynccoord.node.batch.LocklessBatch` per claim (no lock, no
+    commit-and-continue). A test that takes it runs once per way, and fails if its nodes did
+    not take the way it names (a test with a ``lock_key`` always takes ``slots``).
+    """
+    batches: list[LocklessBatch] = []
+    run = LocklessBatch.run
+
+    async def counted(self: LocklessBatch) -> None:
+        batches.append(self)
+        await run(self)
+
+    monkeypatch.setattr(LocklessBatch, "run", counted)
+    yield {"claim_next": False} if request.param == "batch" else {}
+    assert bool(batches) == (request.param == "batch"), f"the nodes took the other way than {request.param!r}"
