@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .._loop import run as run_loop
 from ..errors import InvalidArgumentError, StoreError
 from ..validation import check_int, check_interval_s
+from .lockstore import REDIS_SCHEMES
 from .run import store_options
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def check_dashboard(args: argparse.Namespace) -> None:
 
     check_int("--port", args.port, minimum=0, maximum=65535)
     check_interval_s("--interval-s", args.interval_s)
-    if args.lock_store is not None and not args.lock_store.startswith(("redis://", "rediss://", "unix://")):
+    if args.lock_store is not None and not args.lock_store.startswith(REDIS_SCHEMES):
         raise InvalidArgumentError("--lock-store takes a redis://, rediss:// or unix:// URL")
     options = store_options(args)
     if options:
