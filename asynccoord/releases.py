@@ -63,7 +63,7 @@ class ReleaseWatch:
         return fired
 
     def close(self) -> None:
-        """Stop watching (idempotent)."""
+        """Stop watching (idempotent); a wait under way returns False."""
         watches = self._signal._watches.get(self.name)
         if watches is not None:
             watches.pop(self, None)
@@ -71,7 +71,7 @@ class ReleaseWatch:
                 del self._signal._watches[self.name]
         future = self._future
         if future is not None and not future.done():
-            future.cancel()
+            future.set_result(None)  # ends the wait, not its task: a cancellation is the caller's own
 
 
 class ReleaseSignal:

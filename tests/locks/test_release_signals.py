@@ -46,6 +46,17 @@ async def test_a_watch_fires_on_a_release_and_keeps_one_that_came_between_waits(
     other.close()
 
 
+async def test_closing_a_watch_ends_a_wait_under_way_with_false_not_a_cancellation() -> None:
+    signal = ReleaseSignal()
+    watch = signal.watch("x")
+    waiting = asyncio.ensure_future(watch.wait(30.0))
+    await asyncio.sleep(0)
+    watch.close()
+    assert await asyncio.wait_for(waiting, 5.0) is False
+    assert not waiting.cancelled()
+    assert signal.watching("x") == 0
+
+
 async def test_released_announces_to_the_peers_and_deliver_does_not() -> None:
     signal = ReleaseSignal()
     sent: list[str] = []
