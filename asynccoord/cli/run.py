@@ -114,6 +114,12 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="remove the queue's stored rate limits before the run (for every process; not with --rate-limit)",
     )
+    parser.add_argument(
+        "--lock-pace",
+        metavar="DIM",
+        help="a rate-limit dimension whose sends --lock-key's lock serialises (e.g. account): the lock's holder "
+        "also spaces its sends to that limit, so sends that waited for the lock do not leave back to back",
+    )
     add_lock_store_options(parser, purpose="to take the nodes' locks in instead of the database")
     parser.add_argument(
         "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
@@ -180,6 +186,15 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if rate_limits(args) and not hasattr(store, "set_rate_limits"):
         raise InvalidArgumentError(f"--rate-limit: the store of --db {redact_target(args.db)!r} enforces no limits")
     check_lock_store_options(args)  # the URL and prefix; opens nothing
+    pace = getattr(args, "lock_pace", None)
+    if pace is not None:
+        check_name("--lock-pace", pace)
+        if not args.lock_key:
+            raise InvalidArgumentError(f"--lock-pace {pace!r} paces the sends of a lock: give --lock-key too")
+        if args.lock_permits != 1:
+            raise InvalidArgumentError(
+                f"--lock-pace {pace!r} needs a lock, not a semaphore: --lock-permits is {args.lock_permits}"
+            )
     send = load_callable(args.send)
     lock_key = load_callable(args.lock_key) if args.lock_key else None
     config = NodeConfig(
@@ -192,6 +207,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         ordered=not args.unordered,
         idle_max_s=args.idle_max_s,
         idle_min_s=min(0.05, args.idle_max_s),
+        lock_pace_dimension=pace,
     )
     return send, lock_key, config
 

@@ -147,6 +147,7 @@ async def run(args: argparse.Namespace, early_stop: EarlyStop | None = None) -> 
         send_timeout_s=5.0,
         idle_max_s=args.idle_max_s,
         retry=RetryPolicy(base_s=0.05, factor=2.0, cap_s=1.0, jitter=0.2),
+        lock_pace_dimension="account",  # the account lock serialises the account's sends: space them to its limit
     )
     options = {} if args.schema is None else {"schema": args.schema}
     async with (

@@ -37,6 +37,7 @@ from ..validation import (
     check_non_negative,
     check_positive,
 )
+from .pacing import LockPacer
 from .watchdog import Guard, Watchdog
 
 __all__ = ("PLACE_PREFIX", "LockPool", "Turn", "next_in_line")
@@ -225,6 +226,9 @@ class LockPool:
     process gets runs of turns instead of one keeping the lock. A place without a rank
     (no ``order``, or ``max_overtakes`` 0) is always given way to.
 
+    The pool's :attr:`pacer` (:class:`~asynccoord.locks.pacing.LockPacer`) keeps the
+    send-time buckets of the names whose turns pace their sends to a rate limit.
+
     Contention (the ``lock_contended`` event) is a wait between holders: it is counted once
     per acquisition that finds the lock, or its place in line, held by another holder. A
     local task waiting for its turn is not counted.
@@ -280,6 +284,7 @@ class LockPool:
         self.max_overtakes = check_int("max_overtakes", max_overtakes, minimum=0)
         default_hold_s = max(300.0, 10 * self.ttl_s)
         self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        self.pacer = LockPacer()
         self._sessions: dict[str, _Session] = {}
         self._leaving: set[asyncio.Task[None]] = set()
         self._checks: set[asyncio.Task[None]] = set()  # reads of places in line (_check_line) under way

@@ -18,7 +18,7 @@ from ..validation import check_bool, check_int, check_interval_s, check_lease_s,
 _DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 """The only ``max_attempts`` a node's retry policy may carry (it sets delays only: see ``NodeConfig.retry``)."""
 
-__all__ = ("NodeConfig",)
+__all__ = ("NodeConfig", "check_lock_pacing")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +61,14 @@ class NodeConfig:
         lock_wait_s: Longest wait for a busy lock before the task is handed back. Default 5.
             The wait also ends at the task lease's local deadline (the task then goes back
             at once, counted as ``lease_lost``).
+        lock_pace_dimension: A rate-limit dimension of the queue whose sends the lock
+            serialises (a bot account's lock and the ``"account"`` limit), or None. The
+            lock's holder then also spaces its sends to the queue's declared limit on that
+            dimension (:mod:`asynccoord.locks.pacing`): tokens are taken at the claim, but a
+            task may wait for its lock after it, and the sends that waited would otherwise
+            reach the provider back to back when the lock comes free. Needs a lock
+            (``lock_key`` and ``lock_permits`` 1); no limit declared on the dimension, no
+            pacing. Default None.
         busy_requeue_s: Delay of a task handed back because its lock stayed busy, at least
             0.001 (``validation.MIN_INTERVAL_S``: the task would come straight back). Default 0.05.
         renew_leases: Keep task leases (and locks) alive while sends run. Default True.
@@ -102,6 +110,7 @@ class NodeConfig:
     lock_ttl_s: float = 10.0
     lock_permits: int = 1
     lock_wait_s: float = 5.0
+    lock_pace_dimension: str | None = None
     busy_requeue_s: float = 0.05
     renew_leases: bool = True
     work_stealing: bool = False
@@ -127,6 +136,13 @@ class NodeConfig:
         check_int("lock_permits", self.lock_permits, minimum=1, maximum=MAX_PERMITS)
         check_positive("lock_wait_s", self.lock_wait_s)
         check_interval_s("busy_requeue_s", self.busy_requeue_s)
+        if self.lock_pace_dimension is not None:
+            check_name("lock_pace_dimension", self.lock_pace_dimension)
+            if self.lock_permits != 1:
+                raise InvalidArgumentError(
+                    f"lock_pace_dimension={self.lock_pace_dimension!r} needs a lock (lock_permits=1), got "
+                    f"lock_permits={self.lock_permits!r}: a semaphore's holders send at once, so none paces the others"
+                )
         for name in (
             "renew_leases",
             "work_stealing",
@@ -148,3 +164,25 @@ class NodeConfig:
                 "StoreConfig(retry=RetryPolicy(max_attempts=...)) for every task enqueued without one; "
                 "leave max_attempts out of NodeConfig.retry"
             )
+
+
+def check_lock_pacing(config: NodeConfig, lock_key: object, store: object) -> None:
+    """Refuse a node whose ``config.lock_pace_dimension`` it could not honour (no lock, no rate limits).
+
+    Raises:
+        InvalidArgumentError: pacing asked for without a ``lock_key``.
+        InvalidTypeError: pacing asked for with a store that keeps no rate limits.
+    """
+    pace = config.lock_pace_dimension
+    if pace is None:
+        return
+    if lock_key is None:
+        raise InvalidArgumentError(
+            f"config.lock_pace_dimension={pace!r} paces the sends a lock serialises, but this node has no "
+            "lock_key: pass lock_key (the function naming each task's lock), or leave lock_pace_dimension None"
+        )
+    if not callable(getattr(store, "rate_limits", None)):
+        raise InvalidTypeError(
+            f"config.lock_pace_dimension={pace!r} needs a store with rate limits (rate_limits(queue)), "
+            f"got {type(store).__name__}"
+        )

@@ -46,7 +46,7 @@ from ..notify import WakeUp, WorkNotifier
 from ..validation import check_bool, check_lock_store, check_name, check_queue_store, check_send, is_async_callable
 from .ablation import FULL, Ablation
 from .batch import LocklessBatch
-from .config import NodeConfig
+from .config import NodeConfig, check_lock_pacing
 from .delivery import Affinity
 from .due import DueTimes
 from .flight import Flight, FlightState, lease_deadline
@@ -211,6 +211,7 @@ class Node:
         if not isinstance(_ablation, Ablation):
             raise InvalidTypeError(f"_ablation must be an Ablation, got {type(_ablation).__name__}")
         queue = (config or NodeConfig()).queue
+        check_lock_pacing(config or NodeConfig(), lock_key, store)
         if membership is not None and membership.queue is not None and membership.queue != queue:
             raise InvalidArgumentError(
                 f"membership shares the partitions of queue {membership.queue!r}, but this node drains {queue!r}: "
@@ -731,6 +732,9 @@ class Node:
                         turn.check()  # past the lock's own local deadline: lost (on_lost), never sent
                         committed = turn.defer()  # the lease stays in this process until the commit is over
                         try:
+                            if cfg.lock_pace_dimension is not None:  # see NodeConfig and locks/pacing.py
+                                pacer = self._pool().pacer
+                                await pacer.pace_declared(self.store, cfg.queue, cfg.lock_pace_dimension, turn.lease)
                             flight.turn_end = turn.end  # the next turn begins as the send returns
                             outcome = await self._sender.run(flight, self.send)
                         except BaseException:

@@ -53,6 +53,12 @@ from asynccoord.node import Runtime
             ["--send", "json:dumps", "--rate-limit", "chat=1/1s", "--clear-rate-limits"],
             "--clear-rate-limits and --rate-limit contradict each other",
         ),
+        (["--send", "json:dumps", "--lock-pace", "account"], "--lock-pace 'account' paces the sends of a lock"),
+        (["--send", "json:dumps", "--lock-key", "json:dumps", "--lock-pace", " "], "--lock-pace must not be only"),
+        (
+            ["--send", "json:dumps", "--lock-key", "json:dumps", "--lock-pace", "account", "--lock-permits", "2"],
+            "--lock-pace 'account' needs a lock, not a semaphore",
+        ),
         (["--send", "json:dumps", "--lock-store", "http://127.0.0.1:6379"], "--lock-store takes a Redis URL"),
         (["--send", "json:dumps", "--lock-prefix", "bot:"], "--lock-prefix applies to a --lock-store only"),
     ],
@@ -146,6 +152,14 @@ def test_run_accepts_what_status_accepts() -> None:
             assert args.db == db
             send, lock_key, config = check_run(args)
             assert (send, lock_key, config.queue) == (json.dumps, None, "default")
+
+
+def test_run_lock_pace_reaches_the_nodes_config() -> None:
+    argv = ["run", "--db", "bot.db", "--send", "json:dumps", "--lock-key", "json:dumps", "--lock-pace", "account"]
+    _, lock_key, config = check_run(build_parser().parse_args(argv))
+    assert (lock_key, config.lock_pace_dimension) == (json.dumps, "account")
+    _, _, config = check_run(build_parser().parse_args(argv[:-2]))
+    assert config.lock_pace_dimension is None
 
 
 def drain_then_stop(drained: list[bool]) -> Callable[..., Awaitable[int]]:

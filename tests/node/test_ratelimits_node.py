@@ -134,3 +134,52 @@ async def test_a_429_without_a_wait_does_not_hammer_the_provider(make_store) -> 
     task = await store.get(1)
     assert task.attempts <= 1  # still no attempt used
     assert task.status is not TaskStatus.DEAD
+
+
+def _provider_refusals(times: list[float], limit: RateLimit) -> int:
+    """Sends a provider would refuse: a GCRA on send times with one emission interval of slack
+    (the demo gateway's rule, asynccoord/demo/gateway.py provider_bucket)."""
+    from asynccoord.contract.ratelimits import conforms, take
+
+    bucket = RateLimit(dimension=limit.dimension, count=limit.count, per_s=limit.per_s, burst=limit.burst + 1)
+    tat: float | None = None
+    refused = 0
+    for at in sorted(times):
+        if conforms(tat, at, bucket):
+            tat = take(tat, at, bucket)
+        else:
+            refused += 1
+    return refused
+
+
+@EMBEDDED
+@pytest.mark.parametrize("paced", [True, False], ids=["paced", "unpaced"])
+async def test_sends_that_waited_for_a_lock_leave_at_the_limits_pace(make_store, paced: bool) -> None:
+    """Tokens are taken at the claim; the sends wait for the account's lock, held elsewhere for
+    0.4 s. Paced (NodeConfig.lock_pace_dimension), the sends keep to the limit when the lock comes
+    free; unpaced, the ones that waited go out together (the control: the check can fail)."""
+    store = await make_store(clock=None)
+    limit = RateLimit(dimension="account", count=50, per_s=1.0, burst=5)  # one every 20 ms
+    await store.set_rate_limits(Q, [limit])
+    n = 40
+    for i in range(n):
+        await store.enqueue(Q, i, partition_key=f"c{i}", limit_keys={"account": "a"})
+    other = await store.try_acquire_lock("acct:a", ttl_s=30.0, holder="another process")
+    sends: list[float] = []
+
+    async def send(task: Task) -> None:
+        sends.append(time.monotonic())
+
+    config = NodeConfig(queue=Q, idle_max_s=0.05, lock_pace_dimension="account" if paced else None)
+    async with Runtime(store, send=send, nodes=2, config=config, lock_key=lambda t: "acct:a", shutdown_timeout_s=1.0):
+        await asyncio.sleep(0.4)  # the claims take tokens meanwhile: 5 at once, then one every 20 ms
+        released = time.monotonic()
+        assert await store.release_lock(other)
+        await drained(store, n)
+    assert len(sends) == n
+    assert min(sends) >= released
+    if paced:
+        assert _provider_refusals(sends, limit) == 0
+        assert min(sends) - released >= limit.interval_s - 0.002  # a new holder: one interval first
+    else:
+        assert _provider_refusals(sends, limit) >= 5

@@ -194,7 +194,7 @@ class SQLiteQueueOps(StoreBase):
                 dead = len(exhausted)
                 promoted += _promote_heads(db, [(r[1], r[2]) for r in exhausted])
             if limited:  # rate limits: see ratelimits.claim_limited
-                rows, admissions[queue] = claim_limited(db, now, params, ordered)
+                rows, admissions[queue] = claim_limited(db, now, params, ordered, bool(expired))
             else:
                 rows = db.execute(sql, {**params, "now": now}).fetchall()
             rows.sort(key=_ID)  # priority DESC, id (two stable sorts on C keys: no tuple per row)

@@ -76,7 +76,7 @@ def _store_tats(db: sqlite3.Connection, queue: str, changed: dict[tuple[str, str
 
 
 def claim_limited(
-    db: sqlite3.Connection, now: float, params: dict[str, Any], ordered: bool
+    db: sqlite3.Connection, now: float, params: dict[str, Any], ordered: bool, expired: bool = True
 ) -> tuple[list[_Row], Admission]:
     """The claim of a queue with limits, inside the claim's write transaction.
 
@@ -85,7 +85,10 @@ def claim_limited(
     each whose buckets all have a token (:class:`~asynccoord.contract.ratelimits.Admission`)
     until ``params["limit"]`` are chosen; then stores the TATs and leases the chosen
     (``claim_ids``). A walk reads only as far as it must: a throttled key's backlog costs
-    one step per task it walks past (keys' heads only in an ordered queue).
+    one step per task it walks past (keys' heads only in an ordered queue). With no lease
+    of the queue expired (``expired`` false, from the claim's probe) the walk reads the
+    pending tasks in index order (``limited_pending``): no sort of every due task before
+    the first row, so a claim of a deep backlog costs what it takes, not the backlog.
 
     Returns:
         The leased rows (the claims' columns) and the admission (tokens taken, tasks held
@@ -93,7 +96,10 @@ def claim_limited(
     """
     queue, limit = params["queue"], params["limit"]
     admission = Admission(_limits(db, queue), now, _loader(db, queue))
-    sql = R["limited_candidates_ordered"] if ordered else R["limited_candidates"]
+    if expired:
+        sql = R["limited_candidates_ordered"] if ordered else R["limited_candidates"]
+    else:
+        sql = R["limited_pending_ordered"] if ordered else R["limited_pending"]
     chosen: list[int] = []
     cursor = db.execute(
         sql, {"queue": queue, "now": now, "min_due_age_s": params["min_due_age_s"], "partitions": params["partitions"]}

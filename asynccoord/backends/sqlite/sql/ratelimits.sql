@@ -46,6 +46,22 @@ SELECT id, partition, limit_keys FROM (
        AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions))))
  ORDER BY priority DESC, id;
 
+-- name: limited_pending
+-- limited_candidates when no lease of the queue has expired: due pending tasks only, read in
+-- the order of coord_tasks_pending, which is the claim's own, so the walk streams (no sort of
+-- every due task before the first row) and stops once the claim has chosen enough.
+SELECT t.id, t.partition, t.limit_keys FROM coord_tasks AS t INDEXED BY coord_tasks_pending
+ WHERE t.queue = :queue AND t.status = 'pending' AND t.run_at <= :now - :min_due_age_s
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+ ORDER BY t.priority DESC, t.id;
+
+-- name: limited_pending_ordered
+-- limited_pending of an ordered claim: keys' heads only (coord_tasks_pending_heads).
+SELECT t.id, t.partition, t.limit_keys FROM coord_tasks AS t INDEXED BY coord_tasks_pending_heads
+ WHERE t.queue = :queue AND t.status = 'pending' AND t.is_head = 1 AND t.run_at <= :now - :min_due_age_s
+   AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
+ ORDER BY t.priority DESC, t.id;
+
 -- name: claim_ids
 -- Lease the tasks :ids (a JSON array) chosen by a limited claim in the same transaction;
 -- same columns as the claims of queries.sql.

@@ -1,0 +1,133 @@
+"""Send-time pacing of a lock's sends (asynccoord/locks/pacing.py), on a fake monotonic clock.
+
+A pacer's bucket is a GCRA on the times its process sends under a lock: the tests drive it
+with a clock that only the sleeps move, and check each send's time against the limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from asynccoord import RateLimit
+from asynccoord.locks import pacing
+from asynccoord.locks.pacing import LIMITS_REFRESH_S, LockPacer
+
+LIMIT = RateLimit(dimension="account", count=10, per_s=1.0, burst=3)  # T = 0.1 s, tau = 0.2 s
+T = 0.1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+def make() -> tuple[LockPacer, Clock]:
+    clock = Clock()
+    return LockPacer(clock=clock, sleep=clock.sleep), clock
+
+
+async def sends(pacer: LockPacer, clock: Clock, n: int, token: int, name: str = "acct:a") -> list[float]:
+    at = []
+    for _ in range(n):
+        await pacer.pace(name, token, LIMIT)
+        at.append(round(clock.t - 100.0, 9))
+    return at
+
+
+async def test_a_new_holder_starts_from_an_empty_bucket_one_interval_after_taking_over() -> None:
+    pacer, clock = make()
+    # Another process may have spent every token up to its release: one send per interval from now.
+    assert await sends(pacer, clock, 4, token=7) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+
+
+async def test_the_next_lease_of_the_same_process_carries_its_bucket_on() -> None:
+    pacer, clock = make()
+    await sends(pacer, clock, 1, token=1)  # at 0.1: the bucket owes 0.2 from here
+    clock.t += 1.0  # idle: the bucket refills to its burst
+    # Token 2 follows token 1: nobody held the lock in between, so the burst is there.
+    assert await sends(pacer, clock, 4, token=2) == pytest.approx([1.1, 1.1, 1.1, 1.2])
+
+
+async def test_a_lease_after_someone_elses_resets_the_bucket() -> None:
+    pacer, clock = make()
+    await sends(pacer, clock, 1, token=1)
+    clock.t += 1.0
+    # Token 5: leases 2 to 4 were other holders', whose sends this process never saw.
+    assert await sends(pacer, clock, 3, token=5) == pytest.approx([1.2, 1.3, 1.4])
+
+
+async def test_a_backlog_goes_at_exactly_the_sustained_rate_after_the_burst() -> None:
+    pacer, clock = make()
+    await sends(pacer, clock, 1, token=1)
+    clock.t += 5.0
+    at = await sends(pacer, clock, 10, token=1)
+    assert at[:3] == pytest.approx([5.1, 5.1, 5.1])  # the burst
+    gaps = [b - a for a, b in itertools.pairwise(at[2:])]
+    assert gaps == pytest.approx([T] * 7)
+
+
+async def test_names_are_paced_apart() -> None:
+    pacer, clock = make()
+    await sends(pacer, clock, 1, token=1, name="acct:a")
+    clock.t += 1.0
+    assert await sends(pacer, clock, 1, token=1, name="acct:b") == pytest.approx([1.2])  # b: new, one interval
+    assert await sends(pacer, clock, 3, token=1, name="acct:a") == pytest.approx([1.2, 1.2, 1.2])
+
+
+async def test_a_forgotten_name_starts_over_from_an_empty_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pacing, "_NAMES", 2)
+    pacer, clock = make()
+    await sends(pacer, clock, 1, token=1, name="a")
+    await sends(pacer, clock, 1, token=1, name="b")
+    await sends(pacer, clock, 1, token=1, name="c")  # "a" is forgotten
+    clock.t += 1.0
+    start = clock.t
+    await pacer.pace("a", 2, LIMIT)  # token 2 would carry a's bucket on, had it been kept
+    assert clock.t - start == pytest.approx(T)
+
+
+class Store:
+    def __init__(self, declared: list[RateLimit]) -> None:
+        self.declared = declared
+        self.reads: list[str] = []
+
+    async def rate_limits(self, queue: str) -> list[RateLimit]:
+        self.reads.append(queue)
+        return self.declared
+
+
+async def test_limits_are_read_once_per_refresh() -> None:
+    pacer, clock = make()
+    store = Store([LIMIT, RateLimit(dimension="chat", count=1, per_s=1.0)])
+    assert await pacer.limit(store, "outbox", "account") == LIMIT
+    assert await pacer.limit(store, "outbox", "group") is None
+    assert store.reads == ["outbox"]
+    clock.t += LIMITS_REFRESH_S
+    store.declared = []
+    assert await pacer.limit(store, "outbox", "account") is None  # the limit was removed
+    assert store.reads == ["outbox", "outbox"]
+    other = Store([])
+    assert await pacer.limit(other, "outbox", "account") is None  # another store: its own read
+    assert other.reads == ["outbox"]
+
+
+async def test_pace_declared_paces_to_the_declared_limit_and_not_without_one() -> None:
+    from asynccoord.contract.locks import Lease
+
+    pacer, clock = make()
+    lease = Lease(
+        name="acct:a", owner_token="o", fencing_token=3, holder="h", permits=1, ttl_s=5.0, acquired_at=0, expires_at=5
+    )
+    assert await pacer.pace_declared(Store([LIMIT]), "outbox", "account", lease) == pytest.approx(T)
+    assert await pacer.pace_declared(Store([]), "outbox2", "account", lease) == 0.0
+    assert clock.slept == pytest.approx([T])
