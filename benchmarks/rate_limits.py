@@ -17,8 +17,9 @@ Side by side, in the same run, what a user would otherwise bolt on: no limits in
 store and a limiter called inside ``send``: pyrate-limiter with its SQLite bucket on a
 shared file (its async wrapper, so the wait sleeps rather than blocks the loop), and DBOS
 queues on SQLite with their per-partition limiter, each when it is installed (the
-``bench`` extra). Modes that cannot run say why. PostgreSQL (``--dsn``) is skipped with
-a message until its store enforces rate limits.
+``bench`` extra). Modes that cannot run say why. With ``--dsn`` the asynccoord drains
+(limited backlog and claim cost) run again on PostgreSQL, each in a fresh schema dropped
+afterwards: the same processes and nodes, the buckets taken in PostgreSQL's claim.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from asynccoord import NewTask, RateLimit, SQLiteStore, Task
+from asynccoord import NewTask, PostgresStore, RateLimit, SQLiteStore, Task
 from asynccoord.contract.ratelimits import max_in_window
 from asynccoord.node import NodeConfig, Runtime
 
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=5.0, help="allowed sends per second per key")
     p.add_argument("--burst", type=int, default=2)
     p.add_argument("--drain-tasks", type=int, default=20_000, help="tasks of the no-op drains (claim cost)")
-    p.add_argument("--dsn", default=None, help="also PostgreSQL (skipped until its store enforces rate limits)")
+    p.add_argument("--dsn", default=None, help="also run the asynccoord drains on this PostgreSQL database")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run one worker process
     a = p.parse_args(argv)
     if a.quick:
@@ -79,12 +80,19 @@ async def worker(spec: dict[str, Any]) -> None:
         os.write(fd, (json.dumps([key, time.clock_gettime(time.CLOCK_MONOTONIC)]) + "\n").encode())
 
     config = NodeConfig(queue=QUEUE, ordered=False, lease_s=30.0, idle_max_s=0.2, claim_batch=32, max_in_flight=32)
-    store = SQLiteStore(spec["db"])
+    store = _open(spec)
     async with store, Runtime(store, send=send, nodes=spec["nodes"], config=config, heartbeat_ttl_s=5.0):
         print("ready", flush=True)
         while not await store.is_drained(QUEUE):  # noqa: ASYNC110 - other processes drain it too: a poll
             await asyncio.sleep(0.02)
     os.close(fd)
+
+
+def _open(spec: dict[str, Any]) -> Any:
+    """The store of ``spec``: PostgreSQL in ``spec["schema"]`` when it names one, else SQLite file ``spec["db"]``."""
+    if spec.get("schema"):
+        return PostgresStore(spec["db"], schema=spec["schema"])
+    return SQLiteStore(spec["db"])
 
 
 def _pyrate(spec: dict[str, Any]) -> Any:
@@ -141,8 +149,8 @@ def run_workers(spec: dict[str, Any], processes: int) -> float:
     return time.monotonic() - started
 
 
-async def fill(db: Path, limits: list[RateLimit], keys: int, per_key: int) -> None:
-    async with SQLiteStore(db) as store:
+async def fill(spec: dict[str, Any], limits: list[RateLimit], keys: int, per_key: int) -> None:
+    async with _open(spec) as store:
         if limits:
             await store.set_rate_limits(QUEUE, limits)
         keyed = bool(limits)
@@ -191,34 +199,66 @@ def judge(sends: dict[str, list[float]], limit: RateLimit) -> dict[str, Any]:
     }
 
 
-def mode_limited(folder: Path, a: argparse.Namespace, mode: str) -> dict[str, Any]:
+def _target(folder: Path, name: str, dsn: str | None) -> dict[str, Any]:
+    """Where a mode's tasks live: an SQLite file of ``folder``, or a new schema of ``dsn``."""
+    if dsn is None:
+        return {"db": str(folder / f"{name}.db")}
+    schema = f"ratebench_{os.getpid()}_{name}"
+    asyncio.run(_pg_schema(dsn, f'CREATE SCHEMA "{schema}"'))
+    return {"db": dsn, "schema": schema}
+
+
+def _drop(target: dict[str, Any]) -> None:
+    if target.get("schema"):
+        asyncio.run(_pg_schema(target["db"], f'DROP SCHEMA IF EXISTS "{target["schema"]}" CASCADE'))
+
+
+async def _pg_schema(dsn: str, statement: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+def mode_limited(folder: Path, a: argparse.Namespace, mode: str, dsn: str | None = None) -> dict[str, Any]:
     """Drain the limited backlog with the store's limits (``asynccoord``) or pyrate-limiter in ``send``."""
     limit = RateLimit(dimension="chat", count=int(a.rate), per_s=1.0, burst=a.burst)
-    db, log = folder / f"{mode}.db", folder / f"{mode}.log"
-    asyncio.run(fill(db, [limit] if mode == "asynccoord" else [], a.keys, a.per_key))
-    spec = {
-        "db": str(db),
-        "log": str(log),
-        "nodes": a.nodes,
-        "mode": mode,
-        "rate": a.rate,
-        "pyrate_db": str(folder / "pyrate.sqlite"),
-    }
-    wall = run_workers(spec, a.processes)
+    log = folder / f"{mode}{'_pg' if dsn else ''}.log"
+    target = _target(folder, mode, dsn)
+    try:
+        asyncio.run(fill(target, [limit] if mode == "asynccoord" else [], a.keys, a.per_key))
+        spec = {
+            **target,
+            "log": str(log),
+            "nodes": a.nodes,
+            "mode": mode,
+            "rate": a.rate,
+            "pyrate_db": str(folder / "pyrate.sqlite"),
+        }
+        wall = run_workers(spec, a.processes)
+    finally:
+        _drop(target)
     # pyrate-limiter's window is count per second (no burst): judged against the same bound.
     out = judge(read_sends(log), limit)
     out["wall_s"] = round(wall, 2)
     return out
 
 
-def mode_drain(folder: Path, a: argparse.Namespace, limited: bool) -> dict[str, Any]:
+def mode_drain(folder: Path, a: argparse.Namespace, limited: bool, dsn: str | None = None) -> dict[str, Any]:
     """A no-op drain of ``--drain-tasks`` over ``--keys`` keys: without limits, or with limits that never bind."""
     name = "drain_limits" if limited else "drain_plain"
-    db, log = folder / f"{name}.db", folder / f"{name}.log"
+    log = folder / f"{name}{'_pg' if dsn else ''}.log"
     never = RateLimit(dimension="chat", count=1_000_000, per_s=1.0, burst=1_000_000)
     per_key = max(1, a.drain_tasks // a.keys)
-    asyncio.run(fill(db, [never] if limited else [], a.keys, per_key))
-    run_workers({"db": str(db), "log": str(log), "nodes": a.nodes, "mode": name, "rate": 0}, a.processes)
+    target = _target(folder, name, dsn)
+    try:
+        asyncio.run(fill(target, [never] if limited else [], a.keys, per_key))
+        run_workers({**target, "log": str(log), "nodes": a.nodes, "mode": name, "rate": 0}, a.processes)
+    finally:
+        _drop(target)
     sends = read_sends(log)
     every = sorted(t for times in sends.values() for t in times)
     span = every[-1] - every[0]
@@ -300,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             pyrate = mode_limited(folder, a, "pyrate_sqlite")
         dbos = mode_dbos(folder, a)
+        postgres: dict[str, Any] = {"skipped": "no --dsn given"}
+        if a.dsn:
+            pg_plain = mode_drain(folder, a, limited=False, dsn=a.dsn)
+            pg_costly = mode_drain(folder, a, limited=True, dsn=a.dsn)
+            postgres = {**mode_limited(folder, a, "asynccoord", dsn=a.dsn), "claim_cost": _cost(pg_plain, pg_costly)}
     result = {
         "config": {
             "processes": a.processes,
@@ -311,24 +356,27 @@ def main(argv: list[str] | None = None) -> int:
             "load_average": [round(x, 2) for x in load],
         },
         "asynccoord": limited,
-        "claim_cost": {
-            "no_limits_tasks_per_s": plain["tasks_per_s"],
-            "limits_tasks_per_s": costly["tasks_per_s"],
-            "ratio": round(plain["tasks_per_s"] / costly["tasks_per_s"], 2)
-            if plain["tasks_per_s"] and costly["tasks_per_s"]
-            else None,
-        },
+        "claim_cost": _cost(plain, costly),
         "pyrate_sqlite": pyrate,
         "dbos_sqlite": dbos,
-        "postgres": {"skipped": "rate limits are not enforced by the PostgreSQL store yet"}
-        if a.dsn
-        else {"skipped": "no --dsn given"},
+        "postgres": postgres,
     }
     if a.json:
         print(json.dumps(result, indent=2))
     else:
         _table(result)
     return 0
+
+
+def _cost(plain: dict[str, Any], costly: dict[str, Any]) -> dict[str, Any]:
+    """The claim cost of limits: the two no-op drains' rates and their ratio."""
+    return {
+        "no_limits_tasks_per_s": plain["tasks_per_s"],
+        "limits_tasks_per_s": costly["tasks_per_s"],
+        "ratio": round(plain["tasks_per_s"] / costly["tasks_per_s"], 2)
+        if plain["tasks_per_s"] and costly["tasks_per_s"]
+        else None,
+    }
 
 
 def _table(r: dict[str, Any]) -> None:
@@ -338,7 +386,7 @@ def _table(r: dict[str, Any]) -> None:
     )
     print(f"load average at start: {c['load_average']}")
     print(f"{'':24} {'max window / bound':>18} {'utilisation':>12} {'min':>6} {'drain s':>8}")
-    for name in ("asynccoord", "pyrate_sqlite", "dbos_sqlite"):
+    for name in ("asynccoord", "pyrate_sqlite", "dbos_sqlite", "postgres"):
         row = r[name]
         if "skipped" in row:
             print(f"{name:24} {row['skipped']}")
@@ -347,12 +395,12 @@ def _table(r: dict[str, Any]) -> None:
             f"{name:24} {row['max_window_ratio']:>18} {row['utilisation']:>12} {row['utilisation_min']:>6} "
             f"{row['drain_s']:>8}"
         )
-    cost = r["claim_cost"]
-    print(
-        f"claim throughput: {cost['no_limits_tasks_per_s']} tasks/s without limits, "
-        f"{cost['limits_tasks_per_s']} with limits that never bind (ratio {cost['ratio']})"
-    )
-    print(f"postgres: {r['postgres']['skipped']}")
+    for name, cost in (("sqlite", r["claim_cost"]), ("postgres", r["postgres"].get("claim_cost"))):
+        if cost is not None:
+            print(
+                f"claim throughput, {name}: {cost['no_limits_tasks_per_s']} tasks/s without limits, "
+                f"{cost['limits_tasks_per_s']} with limits that never bind (ratio {cost['ratio']})"
+            )
 
 
 if __name__ == "__main__":

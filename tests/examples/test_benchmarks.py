@@ -494,7 +494,8 @@ async def test_the_postgres_drain_probe_ends_with_a_failed_runtimes_error_not_at
 
 
 def test_rate_limits_keeps_the_window_bound_and_reports_every_documented_figure(tmp_path: Path) -> None:
-    r = run_json("rate_limits.py", "--quick", cwd=tmp_path)
+    pg = postgres_problem() is None
+    r = run_json("rate_limits.py", "--quick", *(["--dsn", PG_DSN] if pg else []), cwd=tmp_path)
     assert set(r) == {"config", "asynccoord", "claim_cost", "pyrate_sqlite", "dbos_sqlite", "postgres"}
     ours = r["asynccoord"]
     assert ours["sends"] == r["config"]["keys"] * r["config"]["per_key"]  # every task sent once
@@ -506,7 +507,14 @@ def test_rate_limits_keeps_the_window_bound_and_reports_every_documented_figure(
     assert positive(cost["ratio"])
     for peer in ("pyrate_sqlite", "dbos_sqlite"):  # side by side when installed, else said why
         assert "skipped" in r[peer] or {"sends", "max_window_ratio", "utilisation", "drain_s"} <= set(r[peer])
-    assert "skipped" in r["postgres"]
+    if not pg:
+        assert "skipped" in r["postgres"]
+        return
+    theirs = r["postgres"]  # the same drains on PostgreSQL
+    assert theirs["sends"] == ours["sends"]
+    assert 0 < theirs["max_window_ratio"] <= 1.0
+    assert positive(theirs["utilisation"])
+    assert positive(theirs["claim_cost"]["ratio"])
 
 
 def test_latency_reports_pickup_with_and_without_the_wake_up(tmp_path: Path) -> None:
