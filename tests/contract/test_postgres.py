@@ -49,6 +49,8 @@ SQLITE_ONLY = {
     "claim_pending": "the pending-only form of claim (no merge with expired leases)",
     "claim_pending_ordered": "the pending-only form of claim_ordered",
     "ordered_queues": "SQLite reads which queues keep heads with no lock (one writer; PostgreSQL: kept_queues)",
+    "limited_pending": "SQLite streams a limited claim's pending tasks in index order (PostgreSQL's walk reads chunks)",
+    "limited_pending_ordered": "the keys' heads form of limited_pending",
     "bucket_tat": "SQLite reads one bucket at a time (PostgreSQL: bucket_tats, a chunk's buckets at once)",
     "dead_letter_keys": "keys whose heads a policy change moves (PostgreSQL: inside coord_set_dead_letters)",
     "claim_key_head": "PostgreSQL leases a continuation's next head inside complete_batch (coord_complete_batch, v8)",

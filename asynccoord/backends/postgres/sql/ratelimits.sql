@@ -56,55 +56,72 @@ SELECT queue, limit_keys FROM coord_tasks WHERE id = :id::bigint;
 -- coord_tasks_lease_expiry), best first, :chunk at a time (after the candidate
 -- (:after_priority, :after_id), none for the first chunk), under the queue's advisory
 -- lock, with its partition, priority, limit keys and the stored TATs of its buckets (three
--- arrays: dimension, key, TAT). No row is locked here: claim_ids locks and re-checks the
--- chosen ones.
+-- arrays: dimension, key, TAT). Each branch stops at :chunk rows in index order, and only
+-- the chunk's rows are joined to their buckets: a deep backlog costs a chunk, not its
+-- size. No row is locked here: claim_ids locks and re-checks the chosen ones.
 SELECT c.id, c.partition, c.priority, c.limit_keys,
        b.dimensions, b.keys, b.tats
-  FROM (SELECT t.id, t.priority, t.partition, t.limit_keys FROM coord_tasks AS t
-         WHERE t.queue = :queue::text AND t.status = 'pending'
-           AND t.run_at <= :now::float8 - :min_due_age_s::float8
-           AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
-        UNION ALL
-        SELECT t.id, t.priority, t.partition, t.limit_keys FROM coord_tasks AS t
-         WHERE t.queue = :queue::text AND t.status = 'running'
-           AND t.lease_expires_at <= :now::float8 - :min_due_age_s::float8
-           AND t.attempts < t.max_attempts
-           AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))) AS c
+  FROM (SELECT u.id, u.priority, u.partition, u.limit_keys FROM (
+          (SELECT t.id, t.priority, t.partition, t.limit_keys FROM coord_tasks AS t
+            WHERE t.queue = :queue::text AND t.status = 'pending'
+              AND t.run_at <= :now::float8 - :min_due_age_s::float8
+              AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+              AND (:after_id::bigint IS NULL OR t.priority < :after_priority::int
+                   OR (t.priority = :after_priority::int AND t.id > :after_id::bigint))
+            ORDER BY t.priority DESC, t.id
+            LIMIT :chunk::int)
+          UNION ALL
+          (SELECT t.id, t.priority, t.partition, t.limit_keys FROM coord_tasks AS t
+            WHERE t.queue = :queue::text AND t.status = 'running'
+              AND t.lease_expires_at <= :now::float8 - :min_due_age_s::float8
+              AND t.attempts < t.max_attempts
+              AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+              AND (:after_id::bigint IS NULL OR t.priority < :after_priority::int
+                   OR (t.priority = :after_priority::int AND t.id > :after_id::bigint))
+            ORDER BY t.priority DESC, t.id
+            LIMIT :chunk::int)) AS u
+         ORDER BY u.priority DESC, u.id
+         LIMIT :chunk::int) AS c
   LEFT JOIN LATERAL (
         SELECT array_agg(k.dimension) AS dimensions, array_agg(k.key) AS keys, array_agg(k.tat) AS tats
           FROM (SELECT r.dimension, r.key, r.tat
                   FROM jsonb_each_text(c.limit_keys::jsonb) AS j (dimension, key)
                   JOIN coord_rate_buckets AS r ON r.queue = :queue::text AND r.dimension = j.dimension AND r.key = j.key) AS k
        ) AS b ON c.limit_keys IS NOT NULL
- WHERE :after_id::bigint IS NULL OR c.priority < :after_priority::int
-       OR (c.priority = :after_priority::int AND c.id > :after_id::bigint)
- ORDER BY c.priority DESC, c.id
- LIMIT :chunk::int;
+ ORDER BY c.priority DESC, c.id;
 
 -- name: limited_candidates_ordered
 -- limited_candidates of an ordered claim: keys' heads only.
 SELECT c.id, c.partition, c.priority, c.limit_keys,
        b.dimensions, b.keys, b.tats
-  FROM (SELECT t.id, t.priority, t.partition, t.limit_keys FROM coord_tasks AS t
-         WHERE t.queue = :queue::text AND t.is_head AND t.status = 'pending'
-           AND t.run_at <= :now::float8 - :min_due_age_s::float8
-           AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
-        UNION ALL
-        SELECT t.id, t.priority, t.partition, t.limit_keys FROM coord_tasks AS t
-         WHERE t.queue = :queue::text AND t.status = 'running' AND t.is_head
-           AND t.lease_expires_at <= :now::float8 - :min_due_age_s::float8
-           AND t.attempts < t.max_attempts
-           AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))) AS c
+  FROM (SELECT u.id, u.priority, u.partition, u.limit_keys FROM (
+          (SELECT t.id, t.priority, t.partition, t.limit_keys FROM coord_tasks AS t
+            WHERE t.queue = :queue::text AND t.status = 'pending' AND t.is_head
+              AND t.run_at <= :now::float8 - :min_due_age_s::float8
+              AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+              AND (:after_id::bigint IS NULL OR t.priority < :after_priority::int
+                   OR (t.priority = :after_priority::int AND t.id > :after_id::bigint))
+            ORDER BY t.priority DESC, t.id
+            LIMIT :chunk::int)
+          UNION ALL
+          (SELECT t.id, t.priority, t.partition, t.limit_keys FROM coord_tasks AS t
+            WHERE t.queue = :queue::text AND t.status = 'running' AND t.is_head
+              AND t.lease_expires_at <= :now::float8 - :min_due_age_s::float8
+              AND t.attempts < t.max_attempts
+              AND (:partitions::int[] IS NULL OR t.partition = ANY(:partitions::int[]))
+              AND (:after_id::bigint IS NULL OR t.priority < :after_priority::int
+                   OR (t.priority = :after_priority::int AND t.id > :after_id::bigint))
+            ORDER BY t.priority DESC, t.id
+            LIMIT :chunk::int)) AS u
+         ORDER BY u.priority DESC, u.id
+         LIMIT :chunk::int) AS c
   LEFT JOIN LATERAL (
         SELECT array_agg(k.dimension) AS dimensions, array_agg(k.key) AS keys, array_agg(k.tat) AS tats
           FROM (SELECT r.dimension, r.key, r.tat
                   FROM jsonb_each_text(c.limit_keys::jsonb) AS j (dimension, key)
                   JOIN coord_rate_buckets AS r ON r.queue = :queue::text AND r.dimension = j.dimension AND r.key = j.key) AS k
        ) AS b ON c.limit_keys IS NOT NULL
- WHERE :after_id::bigint IS NULL OR c.priority < :after_priority::int
-       OR (c.priority = :after_priority::int AND c.id > :after_id::bigint)
- ORDER BY c.priority DESC, c.id
- LIMIT :chunk::int;
+ ORDER BY c.priority DESC, c.id;
 
 -- name: claim_ids
 -- Lease the tasks :ids chosen by a limited claim in the same transaction, :ids[i] to
@@ -115,13 +132,19 @@ SELECT c.id, c.partition, c.priority, c.limit_keys,
 -- set_bucket_tat does; otherwise the claim stores the leased ones' with set_bucket_tat).
 -- Same columns as claim (each row names its claimer in lease_owner), and one more: how many
 -- TATs were stored.
+-- The status test is a CASE, not an OR of status equalities: those would let the planner
+-- answer the id lookup with a bitmap over the pending and running partial indexes, which
+-- reads every pending entry of the queue (34 ms on 20,000, against 0.2 ms by primary key).
 WITH locked AS (
     SELECT t.id FROM coord_tasks AS t
      WHERE t.id = ANY(:ids::bigint[]) AND t.queue = :queue::text
        AND (NOT :ordered::boolean OR t.is_head)
-       AND ((t.status = 'pending' AND t.run_at <= :now::float8 - :min_due_age_s::float8)
-            OR (t.status = 'running' AND t.lease_expires_at <= :now::float8 - :min_due_age_s::float8
-                AND t.attempts < t.max_attempts))
+       AND CASE t.status
+               WHEN 'pending' THEN t.run_at <= :now::float8 - :min_due_age_s::float8
+               WHEN 'running' THEN t.lease_expires_at <= :now::float8 - :min_due_age_s::float8
+                                   AND t.attempts < t.max_attempts
+               ELSE false
+           END
      ORDER BY t.id
        FOR UPDATE SKIP LOCKED),
 leased AS (
