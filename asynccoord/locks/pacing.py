@@ -1,4 +1,4 @@
-"""Send-time pacing of a lock's sends: a GCRA on the times the lock's holder sends, handed on with the lock.
+"""Send-time pacing of a lock's sends: a GCRA on the times the lock's holder sends.
 
 A queue's rate limits are taken when tasks are claimed (:mod:`asynccoord.contract.ratelimits`),
 which bounds how many sends of a key may start in a window, but not when they start: a
@@ -17,21 +17,25 @@ the moment the holder first paces with it: the previous holder, in another proce
 have spent every token, but its last send returned before it gave the lock back, so one
 send per emission interval from then on is always within the limit. Never comparing
 another process's clock, the hand-over costs at most one interval and the key's burst.
+Only limits faster than a task's lock wait are paced (:meth:`LockPacer.pace_turn`): a
+slower one is kept by the claim's tokens alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..contract.locks import Lease
 from ..contract.ratelimits import RateLimit, conforms, eligible_at, take
+from ..errors import LockTimeoutError
 
-__all__ = ("LIMITS_REFRESH_S", "LockPacer")
+__all__ = ("LIMITS_REFRESH_S", "LockPacer", "PaceSettings", "PacedTurn")
 
 LIMITS_REFRESH_S = 1.0
 """How long a queue's declared limits, read from the store, are used before they are read again."""
@@ -39,6 +43,28 @@ LIMITS_REFRESH_S = 1.0
 _NAMES = 4096
 """Lock names whose bucket a pacer remembers; the least recently paced is forgotten first
 (forgetting is safe: that name's next lease starts from an empty bucket)."""
+
+
+class PaceSettings(Protocol):
+    """What :meth:`LockPacer.pace_turn` reads of a node's settings (:class:`~asynccoord.node.config.NodeConfig`)."""
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def lock_pace_dimension(self) -> str | None: ...
+
+    @property
+    def lock_wait_s(self) -> float: ...
+
+
+class PacedTurn(Protocol):
+    """What :meth:`LockPacer.pace_turn` needs of a lock turn (:class:`~asynccoord.locks.pool.Turn`)."""
+
+    @property
+    def lease(self) -> Lease: ...
+
+    def check(self) -> object: ...
 
 
 @dataclass(slots=True)
@@ -72,13 +98,23 @@ class LockPacer:
     def __repr__(self) -> str:
         return f"<LockPacer names={len(self._buckets)}>"
 
-    async def pace(self, name: str, fencing_token: int, limit: RateLimit) -> float:
+    async def pace(
+        self, name: str, fencing_token: int, limit: RateLimit, *, max_wait_s: float = math.inf
+    ) -> float | None:
         """Wait until a send under lock ``name``, held with ``fencing_token``, conforms to ``limit``; count it.
 
-        Call it while holding the lock, right before the send.
+        Call it while holding the lock, right before the send. The wait is at most one
+        emission interval (``limit.interval_s``).
+
+        Args:
+            name: The lock's name.
+            fencing_token: The fencing token of the lease held.
+            limit: The limit to keep.
+            max_wait_s: Longest wait the caller can afford (its task's lease, say).
 
         Returns:
-            Seconds waited (0.0 when the send conforms at once).
+            Seconds waited (0.0 when the send conforms at once), or None, without a wait
+            and without taking a token, when the send would have to wait past ``max_wait_s``.
         """
         now = self._clock()
         bucket = self._buckets.get(name)
@@ -93,6 +129,8 @@ class LockPacer:
         if not conforms(bucket.tat, now, limit):
             at = eligible_at(bucket.tat, limit)
             assert at is not None
+            if at - now > max_wait_s:
+                return None
             await self._sleep(at - now)
             later = self._clock()
             waited = later - now
@@ -101,20 +139,43 @@ class LockPacer:
         bucket.tat = take(bucket.tat, now, limit)
         return waited
 
-    async def pace_declared(self, store: Any, queue: str, dimension: str, lease: Lease) -> float:
-        """:meth:`pace` a send under ``lease`` to ``queue``'s declared limit on ``dimension``, if it has one.
+    async def pace_turn(self, store: Any, settings: PaceSettings, turn: PacedTurn, deadline: float) -> float:
+        """:meth:`pace` a lock turn's send to its queue's declared limit on ``settings.lock_pace_dimension``.
+
+        A limit whose emission interval is ``settings.lock_wait_s`` or longer is not paced: a claimed
+        task waits for its lock at most that long, so the claim's tokens already keep such a
+        limit's sends within one interval of their spacing, the slack the window bound
+        allows (:func:`~asynccoord.contract.ratelimits.max_in_window`). After a wait the turn
+        is checked again (:meth:`~asynccoord.locks.pool.Turn.check`), so a lock lost meanwhile
+        stops the send before it starts.
 
         Args:
             store: The queue's store (a :class:`~asynccoord.contract.ratelimits.RateLimitStore`).
-            queue: The queue whose limits apply.
-            dimension: The limit's dimension, e.g. ``"account"``.
-            lease: The lock's lease the send is made under.
+            settings: The node's :class:`~asynccoord.node.config.NodeConfig`: its ``queue``,
+                ``lock_pace_dimension`` (None: no pacing) and ``lock_wait_s``.
+            turn: The lock turn the send is made in.
+            deadline: The task lease's local deadline, on the pacer's clock: no wait past it.
 
         Returns:
             Seconds waited.
+
+        Raises:
+            LockTimeoutError: the send would have to wait past ``deadline``; nothing was
+                waited for or taken, and the task should go back.
         """
-        limit = await self.limit(store, queue, dimension)
-        return 0.0 if limit is None else await self.pace(lease.name, lease.fencing_token, limit)
+        dimension = settings.lock_pace_dimension
+        if dimension is None:
+            return 0.0
+        limit = await self.limit(store, settings.queue, dimension)
+        if limit is None or limit.interval_s >= settings.lock_wait_s:
+            return 0.0
+        lease = turn.lease
+        waited = await self.pace(lease.name, lease.fencing_token, limit, max_wait_s=deadline - self._clock())
+        if waited is None:
+            raise LockTimeoutError(f"lock {lease.name!r}: the send's pace ({limit}) would outlast the task's lease")
+        if waited > 0:
+            turn.check()
+        return waited
 
     async def limit(self, store: Any, queue: str, dimension: str) -> RateLimit | None:
         """``queue``'s declared limit on ``dimension`` (None: none), read with ``store.rate_limits(queue)``

@@ -67,8 +67,9 @@ class NodeConfig:
             dimension (:mod:`asynccoord.locks.pacing`): tokens are taken at the claim, but a
             task may wait for its lock after it, and the sends that waited would otherwise
             reach the provider back to back when the lock comes free. Needs a lock
-            (``lock_key`` and ``lock_permits`` 1); no limit declared on the dimension, no
-            pacing. Default None.
+            (``lock_key`` and ``lock_permits`` 1); no limit declared on the dimension, or
+            one whose interval (``per_s / count``) is ``lock_wait_s`` or longer, no pacing
+            (see :meth:`~asynccoord.locks.pacing.LockPacer.pace_turn`). Default None.
         busy_requeue_s: Delay of a task handed back because its lock stayed busy, at least
             0.001 (``validation.MIN_INTERVAL_S``: the task would come straight back). Default 0.05.
         renew_leases: Keep task leases (and locks) alive while sends run. Default True.

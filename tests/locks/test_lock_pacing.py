@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from asynccoord import RateLimit
+from asynccoord import NodeConfig, RateLimit
 from asynccoord.locks import pacing
 from asynccoord.locks.pacing import LIMITS_REFRESH_S, LockPacer
 
@@ -121,13 +121,62 @@ async def test_limits_are_read_once_per_refresh() -> None:
     assert other.reads == ["outbox"]
 
 
-async def test_pace_declared_paces_to_the_declared_limit_and_not_without_one() -> None:
-    from asynccoord.contract.locks import Lease
+class Turn:
+    def __init__(self, fencing_token: int = 3) -> None:
+        from asynccoord.contract.locks import Lease
+
+        self.lease = Lease(
+            name="acct:a",
+            owner_token="o",
+            fencing_token=fencing_token,
+            holder="h",
+            permits=1,
+            ttl_s=5,
+            acquired_at=0,
+            expires_at=5,
+        )
+        self.checks = 0
+
+    def check(self) -> None:
+        self.checks += 1
+
+
+def settings(lock_wait_s: float = 5.0, dimension: str | None = "account") -> NodeConfig:
+    return NodeConfig(queue="outbox", lock_wait_s=lock_wait_s, lock_pace_dimension=dimension)
+
+
+async def test_pace_turn_paces_to_the_declared_limit_and_checks_the_turn_after_a_wait() -> None:
+    pacer, clock = make()
+    turn = Turn()
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, deadline=clock.t + 30) == pytest.approx(T)
+    assert turn.checks == 1  # a lock lost during the wait stops the send
+    clock.t += 5.0
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, deadline=clock.t + 30) == 0.0  # the burst
+    assert turn.checks == 1
+    assert clock.slept == pytest.approx([T])
+
+
+async def test_pace_turn_leaves_alone_what_needs_no_pacing() -> None:
+    pacer, clock = make()
+    turn = Turn()
+    deadline = clock.t + 30
+    assert await pacer.pace_turn(Store([]), settings(), turn, deadline) == 0.0  # no limit declared
+    assert await pacer.pace_turn(Store([LIMIT]), settings(dimension=None), turn, deadline) == 0.0
+    # An interval as long as the lock wait: the claim's tokens keep it within one interval already.
+    slow = RateLimit(dimension="account", count=1, per_s=5.0)
+    assert await pacer.pace_turn(Store([slow]), settings(lock_wait_s=5.0), turn, deadline) == 0.0
+    assert clock.slept == []
+    assert await pacer.pace_turn(Store([slow]), settings(lock_wait_s=5.001), turn, deadline) == pytest.approx(5.0)
+
+
+async def test_a_pace_past_the_tasks_lease_hands_the_task_back_and_takes_no_token() -> None:
+    from asynccoord import LockTimeoutError
 
     pacer, clock = make()
-    lease = Lease(
-        name="acct:a", owner_token="o", fencing_token=3, holder="h", permits=1, ttl_s=5.0, acquired_at=0, expires_at=5
-    )
-    assert await pacer.pace_declared(Store([LIMIT]), "outbox", "account", lease) == pytest.approx(T)
-    assert await pacer.pace_declared(Store([]), "outbox2", "account", lease) == 0.0
-    assert clock.slept == pytest.approx([T])
+    turn = Turn()
+    with pytest.raises(LockTimeoutError, match="would outlast the task's lease"):
+        await pacer.pace_turn(Store([LIMIT]), settings(), turn, deadline=clock.t + T / 2)
+    assert clock.slept == []
+    assert turn.checks == 0
+    # The bucket took no token: with time enough, the send goes one interval after the lease was first seen.
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, deadline=clock.t + 30) == pytest.approx(T)

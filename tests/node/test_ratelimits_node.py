@@ -183,3 +183,24 @@ async def test_sends_that_waited_for_a_lock_leave_at_the_limits_pace(make_store,
         assert min(sends) - released >= limit.interval_s - 0.002  # a new holder: one interval first
     else:
         assert _provider_refusals(sends, limit) >= 5
+
+
+@EMBEDDED
+async def test_a_limit_slower_than_the_lock_wait_is_not_paced(make_store) -> None:
+    """An interval of 3 s against a lock wait of 1 s: the claim's tokens keep the sends within one
+    interval already, and a pace of a new lease's full interval would hold the lock past the point."""
+    store = await make_store(clock=None)
+    await store.set_rate_limits(Q, [RateLimit(dimension="account", count=1, per_s=3.0, burst=3)])
+    for i in range(3):
+        await store.enqueue(Q, i, partition_key=f"c{i}", limit_keys={"account": "a"})
+    sends: list[float] = []
+
+    async def send(task: Task) -> None:
+        sends.append(time.monotonic())
+
+    config = NodeConfig(queue=Q, idle_max_s=0.05, lock_wait_s=1.0, lock_pace_dimension="account")
+    started = time.monotonic()
+    async with Runtime(store, send=send, nodes=2, config=config, lock_key=lambda t: "acct:a", shutdown_timeout_s=1.0):
+        await drained(store, 3)
+    assert len(sends) == 3
+    assert max(sends) - started < 3.0  # the burst went at once: no send waited an interval
