@@ -24,7 +24,6 @@ slower one is kept by the claim's tokens alone.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -33,9 +32,8 @@ from typing import Any, Protocol
 
 from ..contract.locks import Lease
 from ..contract.ratelimits import RateLimit, conforms, eligible_at, take
-from ..errors import LockTimeoutError
 
-__all__ = ("LIMITS_REFRESH_S", "LockPacer", "PaceSettings", "PacedTurn")
+__all__ = ("LIMITS_REFRESH_S", "LockPacer", "PaceSettings", "PacedFlight", "PacedTurn")
 
 LIMITS_REFRESH_S = 1.0
 """How long a queue's declared limits, read from the store, are used before they are read again."""
@@ -56,6 +54,13 @@ class PaceSettings(Protocol):
 
     @property
     def lock_wait_s(self) -> float: ...
+
+
+class PacedFlight(Protocol):
+    """What :meth:`LockPacer.pace_turn` reads of a task's flight (:class:`~asynccoord.node.flight.Flight`)."""
+
+    @property
+    def lease_deadline(self) -> float: ...
 
 
 class PacedTurn(Protocol):
@@ -99,7 +104,7 @@ class LockPacer:
         return f"<LockPacer names={len(self._buckets)}>"
 
     async def pace(
-        self, name: str, fencing_token: int, limit: RateLimit, *, max_wait_s: float = math.inf
+        self, name: str, fencing_token: int, limit: RateLimit, *, deadline: Callable[[], float] | None = None
     ) -> float | None:
         """Wait until a send under lock ``name``, held with ``fencing_token``, conforms to ``limit``; count it.
 
@@ -110,13 +115,14 @@ class LockPacer:
             name: The lock's name.
             fencing_token: The fencing token of the lease held.
             limit: The limit to keep.
-            max_wait_s: Longest wait the caller can afford (its task's lease, say).
+            deadline: When the caller must stop waiting, on the pacer's clock, read again
+                after each wait (a task lease's local deadline, which renewals move on).
 
         Returns:
-            Seconds waited (0.0 when the send conforms at once), or None, without a wait
-            and without taking a token, when the send would have to wait past ``max_wait_s``.
+            Seconds waited (0.0 when the send conforms at once), or None once ``deadline``
+            has passed first: the wait ends there and no token is taken.
         """
-        now = self._clock()
+        start = now = self._clock()
         bucket = self._buckets.get(name)
         if bucket is None or fencing_token not in (bucket.fencing_token, bucket.fencing_token + 1):
             # Another holder (or a forgotten one) had the lock since: an empty bucket from now.
@@ -125,43 +131,40 @@ class LockPacer:
         self._buckets.move_to_end(name)
         if len(self._buckets) > _NAMES:
             self._buckets.popitem(last=False)
-        waited = 0.0
-        if not conforms(bucket.tat, now, limit):
+        while not conforms(bucket.tat, now, limit):
             at = eligible_at(bucket.tat, limit)
             assert at is not None
-            if at - now > max_wait_s:
+            until = at if deadline is None else min(at, deadline())
+            if until <= now:
                 return None
-            await self._sleep(at - now)
-            later = self._clock()
-            waited = later - now
-            now = max(later, at)
+            await self._sleep(until - now)
+            now = max(self._clock(), until)
         bucket.fencing_token = fencing_token
         bucket.tat = take(bucket.tat, now, limit)
-        return waited
+        return now - start
 
-    async def pace_turn(self, store: Any, settings: PaceSettings, turn: PacedTurn, deadline: float) -> float:
+    async def pace_turn(self, store: Any, settings: PaceSettings, turn: PacedTurn, flight: PacedFlight) -> float | None:
         """:meth:`pace` a lock turn's send to its queue's declared limit on ``settings.lock_pace_dimension``.
 
-        A limit whose emission interval is ``settings.lock_wait_s`` or longer is not paced: a claimed
-        task waits for its lock at most that long, so the claim's tokens already keep such a
-        limit's sends within one interval of their spacing, the slack the window bound
-        allows (:func:`~asynccoord.contract.ratelimits.max_in_window`). After a wait the turn
-        is checked again (:meth:`~asynccoord.locks.pool.Turn.check`), so a lock lost meanwhile
-        stops the send before it starts.
+        A limit whose emission interval is ``settings.lock_wait_s`` or longer is not paced:
+        a claimed task waits for its lock at most that long, so the claim's tokens already
+        keep such a limit's sends within one interval of their spacing, the slack the window
+        bound allows (:func:`~asynccoord.contract.ratelimits.max_in_window`). The wait ends
+        at the task lease's local deadline (``flight.lease_deadline``, read again as
+        renewals move it): the send then finds its lease lapsed and does not start. After a
+        wait the turn is checked again (:meth:`~asynccoord.locks.pool.Turn.check`), so a lock
+        lost meanwhile stops the send before it starts.
 
         Args:
             store: The queue's store (a :class:`~asynccoord.contract.ratelimits.RateLimitStore`).
             settings: The node's :class:`~asynccoord.node.config.NodeConfig`: its ``queue``,
                 ``lock_pace_dimension`` (None: no pacing) and ``lock_wait_s``.
             turn: The lock turn the send is made in.
-            deadline: The task lease's local deadline, on the pacer's clock: no wait past it.
+            flight: The task's flight (:class:`~asynccoord.node.flight.Flight`): its lease's
+                local deadline, on the pacer's clock.
 
         Returns:
-            Seconds waited.
-
-        Raises:
-            LockTimeoutError: the send would have to wait past ``deadline``; nothing was
-                waited for or taken, and the task should go back.
+            Seconds waited, or None when the task's lease ran out first (no token taken).
         """
         dimension = settings.lock_pace_dimension
         if dimension is None:
@@ -170,10 +173,8 @@ class LockPacer:
         if limit is None or limit.interval_s >= settings.lock_wait_s:
             return 0.0
         lease = turn.lease
-        waited = await self.pace(lease.name, lease.fencing_token, limit, max_wait_s=deadline - self._clock())
-        if waited is None:
-            raise LockTimeoutError(f"lock {lease.name!r}: the send's pace ({limit}) would outlast the task's lease")
-        if waited > 0:
+        waited = await self.pace(lease.name, lease.fencing_token, limit, deadline=lambda: flight.lease_deadline)
+        if waited != 0.0:
             turn.check()
         return waited
 

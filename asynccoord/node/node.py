@@ -733,7 +733,7 @@ class Node:
                         committed = turn.defer()  # the lease stays in this process until the commit is over
                         try:
                             if cfg.lock_pace_dimension is not None:  # see NodeConfig and locks/pacing.py
-                                await self._pool().pacer.pace_turn(self.store, cfg, turn, flight.lease_deadline)
+                                await self._pool().pacer.pace_turn(self.store, cfg, turn, flight)
                             flight.turn_end = turn.end  # the next turn begins as the send returns
                             outcome = await self._sender.run(flight, self.send)
                         except BaseException:

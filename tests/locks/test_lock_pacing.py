@@ -145,38 +145,53 @@ def settings(lock_wait_s: float = 5.0, dimension: str | None = "account") -> Nod
     return NodeConfig(queue="outbox", lock_wait_s=lock_wait_s, lock_pace_dimension=dimension)
 
 
+class Flight:
+    def __init__(self, lease_deadline: float) -> None:
+        self.lease_deadline = lease_deadline
+
+
 async def test_pace_turn_paces_to_the_declared_limit_and_checks_the_turn_after_a_wait() -> None:
     pacer, clock = make()
-    turn = Turn()
-    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, deadline=clock.t + 30) == pytest.approx(T)
+    turn, flight = Turn(), Flight(clock.t + 30)
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, flight) == pytest.approx(T)
     assert turn.checks == 1  # a lock lost during the wait stops the send
     clock.t += 5.0
-    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, deadline=clock.t + 30) == 0.0  # the burst
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, flight) == 0.0  # the burst
     assert turn.checks == 1
     assert clock.slept == pytest.approx([T])
 
 
 async def test_pace_turn_leaves_alone_what_needs_no_pacing() -> None:
     pacer, clock = make()
-    turn = Turn()
-    deadline = clock.t + 30
-    assert await pacer.pace_turn(Store([]), settings(), turn, deadline) == 0.0  # no limit declared
-    assert await pacer.pace_turn(Store([LIMIT]), settings(dimension=None), turn, deadline) == 0.0
+    turn, flight = Turn(), Flight(clock.t + 30)
+    assert await pacer.pace_turn(Store([]), settings(), turn, flight) == 0.0  # no limit declared
+    assert await pacer.pace_turn(Store([LIMIT]), settings(dimension=None), turn, flight) == 0.0
     # An interval as long as the lock wait: the claim's tokens keep it within one interval already.
     slow = RateLimit(dimension="account", count=1, per_s=5.0)
-    assert await pacer.pace_turn(Store([slow]), settings(lock_wait_s=5.0), turn, deadline) == 0.0
+    assert await pacer.pace_turn(Store([slow]), settings(lock_wait_s=5.0), turn, flight) == 0.0
     assert clock.slept == []
-    assert await pacer.pace_turn(Store([slow]), settings(lock_wait_s=5.001), turn, deadline) == pytest.approx(5.0)
+    assert await pacer.pace_turn(Store([slow]), settings(lock_wait_s=5.001), turn, flight) == pytest.approx(5.0)
 
 
-async def test_a_pace_past_the_tasks_lease_hands_the_task_back_and_takes_no_token() -> None:
-    from asynccoord import LockTimeoutError
-
+async def test_a_pace_ends_at_the_tasks_lease_deadline_and_takes_no_token() -> None:
     pacer, clock = make()
-    turn = Turn()
-    with pytest.raises(LockTimeoutError, match="would outlast the task's lease"):
-        await pacer.pace_turn(Store([LIMIT]), settings(), turn, deadline=clock.t + T / 2)
-    assert clock.slept == []
-    assert turn.checks == 0
-    # The bucket took no token: with time enough, the send goes one interval after the lease was first seen.
-    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, deadline=clock.t + 30) == pytest.approx(T)
+    turn, flight = Turn(), Flight(clock.t + T / 2)
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, flight) is None
+    assert clock.slept == pytest.approx([T / 2])  # up to the deadline, where the send finds its lease lapsed
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, flight) is None  # past it: no wait at all
+    assert clock.slept == pytest.approx([T / 2])
+    # No token was taken: with a lease renewed, the send goes one interval after the lease was first seen.
+    flight.lease_deadline = clock.t + 30
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, flight) == pytest.approx(T / 2)
+    assert await pacer.pace_turn(Store([LIMIT]), settings(), turn, flight) == pytest.approx(T)
+
+
+async def test_a_pace_follows_a_deadline_that_renewals_move_on() -> None:
+    pacer, clock = make()
+    deadlines = iter([clock.t + T / 4, clock.t + T / 2, clock.t + 30])
+
+    def renewed() -> float:
+        return next(deadlines)
+
+    assert await pacer.pace("acct:a", 1, LIMIT, deadline=renewed) == pytest.approx(T)
+    assert clock.slept == pytest.approx([T / 4, T / 4, T / 2])
