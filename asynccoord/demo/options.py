@@ -62,7 +62,7 @@ class DemoOptions:
     lease_s: float = 2.0
     lock_ttl_s: float = 2.0
     lock_wait_s: float = 5.0
-    max_in_flight: int = 16
+    max_in_flight: int = 32
     claim_batch: int = 16
     idle_max_s: float = 1.0
     monitor_flush_s: float = 1.0
