@@ -1151,4 +1151,8 @@ async def test_a_timer_that_fires_early_does_not_make_the_keeper_renew_twice(
     points = send_s / (lease_s / 3)  # 6.5 points of the grid while the send ran
     assert int(points) - 1 <= len(renewals) <= int(points) + 1, renewals
     gaps = [later - earlier for earlier, later in itertools.pairwise(renewals)]
-    assert min(gaps) > lease_s / 3 / 2, gaps  # none right after another
+    interval = lease_s / 3
+    for i, gap in enumerate(gaps):  # none right after another...
+        if gap <= interval / 2:  # ...unless the one before came late and this one is back on the grid
+            assert i > 0, gaps
+            assert gaps[i - 1] + gap >= 2 * interval - 0.005, gaps
