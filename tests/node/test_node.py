@@ -1106,8 +1106,11 @@ async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(mak
         gaps = [later - earlier for earlier, later in itertools.pairwise(points)]
         assert max(gaps) <= interval_s + 0.05, (node_id, gaps)
         assert len(moments) >= 3, (node_id, moments)
-    # while both sends ran, each renewal of one node came with one of the other's
-    overlap = (max(s for s, _ in sending.values()), min(e for _, e in sending.values()))
+    # while both sends ran, each renewal of one node came with one of the other's, from the first
+    # moment both renewed on (a lease claimed just before a renewal moment is not renewed at it: on a
+    # loaded machine A's claim may come after B's first renewal)
+    joined = max(renewals["A"][0], renewals["B"][0])
+    overlap = (max(joined - 0.02, *(s for s, _ in sending.values())), min(e for _, e in sending.values()))
     both = {n: [m for m in renewals[n] if overlap[0] + 0.01 < m < overlap[1] - 0.01] for n in ("A", "B")}
     assert len(both["B"]) >= 2, (overlap, dict(renewals))
     for moment in both["B"]:
