@@ -476,6 +476,16 @@ def _leased_by(db: Path, pid: int) -> int:
     return sum(1 for (owner,) in rows if owner is not None and f"-{pid}-" in owner)
 
 
+def _members_of(db: Path, pid: int) -> int:
+    """Nodes of a process that have joined the membership (named as in :func:`_leased_by`)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)) as conn:
+        try:
+            rows = conn.execute("SELECT node_id FROM coord_members").fetchall()
+        except sqlite3.OperationalError:  # no such table yet: no process has opened the store
+            return 0
+    return sum(1 for (node_id,) in rows if f"-{pid}-" in node_id)
+
+
 async def _wait_for(condition: Callable[[], Awaitable[bool]], *, until: float, interval_s: float) -> bool:
     """Check ``condition`` every ``interval_s`` until it holds (True) or ``until`` (monotonic) passes (False)."""
     while True:
@@ -530,6 +540,15 @@ async def run_bot_processes(
         await _wait_for(polled, until=started + timeout_s, interval_s=0.05)
         for n in range(node_processes):
             spawn(f"nodes-{n}", ["nodes", *common])
+
+        async def joined() -> bool:  # each nodes process runs its Runtime (and handles SIGTERM)
+            for name, proc in procs.items():
+                waiting = name.startswith("nodes-") and proc.poll() is None
+                if waiting and await asyncio.to_thread(_members_of, db, proc.pid) == 0:
+                    return False
+            return True
+
+        await _wait_for(joined, until=started + timeout_s, interval_s=0.05)
         if kill_after_sent is not None:
             victim = procs["nodes-0"]
 

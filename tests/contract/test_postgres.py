@@ -628,6 +628,7 @@ async def test_calls_cancelled_while_the_pool_connects_leave_no_unretrieved_exce
     assert (await admin(pg, sessions))[0][0] <= before
 
 
+@pytest.mark.exclusive  # it kills every asynccoord connection to the database, other tests' too
 async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str) -> None:
     """pg_terminate_backend on every connection of the store, between and during operations."""
     from asynccoord.backends.postgres.store import PostgresStore

@@ -161,6 +161,7 @@ async def kill_backends(schema: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # it kills every asynccoord connection to the database, other tests' too
 async def test_connections_killed_by_the_server_mid_run_lose_and_duplicate_nothing(
     python: Any, schema: str, tmp_path: Path
 ) -> None:
