@@ -168,11 +168,12 @@ UPDATE coord_tasks SET by_partition = 1 WHERE queue = :queue AND status <> 'done
 -- claim_pending for a node that owns a small share of the partitions, in a queue of
 -- coord_partitioned_queues (queue.py decides and marks it): one arm per owned partition reads its
 -- due tasks from coord_tasks_pending_partition in claim order (a seek, then the index's own
--- order), and SQLite merges the arms (MERGE (UNION ALL): no sort), stopping after :limit rows. So a claim reads about one entry per owned partition plus the
--- tasks it takes, where a walk of coord_tasks_pending steps over every pending task of the
--- other nodes' partitions that sorts ahead of this node's. The store repeats the arm between
--- the "arm" and "end arm" comments once per owned partition, each with its own parameter
--- (:partition_0, :partition_1, ...), joined by UNION ALL; values are bound, never formatted.
+-- order), and SQLite merges the arms (MERGE (UNION ALL): no sort), stopping after :limit rows.
+-- So a claim reads about one entry per owned partition plus the tasks it takes, where a walk of
+-- coord_tasks_pending steps over every pending task of the other nodes' partitions that sorts
+-- ahead of this node's. The store repeats the arm between the "arm" and "end arm" comments once
+-- per arm, each with its own parameter (:partition_0, :partition_1, ...; -1 pads the count to a
+-- multiple of 8), joined by UNION ALL; values are bound, never formatted.
 UPDATE coord_tasks
    SET reclaimed = 0,
        status = 'running', attempts = attempts + 1,
@@ -374,7 +375,7 @@ RETURNING coord_tasks.id, coord_tasks.lease_token;
 -- name: stats_counts
 -- Tasks by status, and the run_at of the oldest due task (the pending row's third column), for
 -- :queue or every queue: one scan of the rows, which counting reads anyway (no index keeps the
--- pending tasks in run_at order: coord_tasks_pending_partition replaced it, migration_0003.sql).
+-- pending tasks in run_at order since migration_0003.sql).
 SELECT status, count(*), min(run_at) FILTER (WHERE run_at <= :now)
   FROM coord_tasks WHERE (:queue IS NULL OR queue = :queue) GROUP BY status;
 
