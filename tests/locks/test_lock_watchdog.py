@@ -27,6 +27,9 @@ from asynccoord import (
 from asynccoord import events as ev
 from asynccoord.locks.watchdog import IDLE_EXIT_S, Guard
 
+# Renewal moments and prompt cancellations are judged to a tenth of a second.
+pytestmark = pytest.mark.exclusive
+
 Store = MemoryStore | SQLiteStore
 
 

@@ -730,6 +730,7 @@ async def drain_with(
     return sends, commits
 
 
+@pytest.mark.exclusive
 async def test_with_every_layer_off_duplicates_happen_and_with_all_on_they_do_not(tmp_path: Path) -> None:
     off = NodeConfig(
         queue=QUEUE,
@@ -1057,6 +1058,7 @@ async def test_without_work_stealing_an_idle_node_never_touches_anothers_partiti
 # --- lease renewal ------------------------------------------------------------------------
 
 
+@pytest.mark.exclusive
 async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(make_store: Any) -> None:
     """Two nodes started half a renewal interval apart renew together, every lease_s / 3 at most.
 
@@ -1117,6 +1119,7 @@ async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(mak
         assert min(abs(moment - other) for other in both["A"]) < 0.01, (moment, both)
 
 
+@pytest.mark.exclusive
 async def test_a_timer_that_fires_early_does_not_make_the_keeper_renew_twice(
     make_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

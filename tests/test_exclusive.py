@@ -1,0 +1,59 @@
+"""The suite's own ``exclusive`` marker (tests/exclusive.py), in a pytest run on two xdist workers."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from conftest import TESTS_DIR
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+from exclusive import pytest_configure, pytest_runtest_protocol
+"""
+
+TESTS = """
+import os
+import time
+
+import pytest
+
+
+def spend(name):
+    started = time.time()
+    time.sleep(0.15)
+    with open(os.environ["SPANS"], "a") as f:
+        f.write(f"{name} {started} {time.time()}\\n")
+
+
+@pytest.mark.parametrize("n", range(10))
+def test_plain(n):
+    spend(f"plain{n}")
+
+
+@pytest.mark.exclusive
+@pytest.mark.parametrize("n", range(3))
+def test_alone(n):
+    spend(f"alone{n}")
+"""
+
+
+def test_an_exclusive_test_overlaps_no_other_while_plain_ones_share_the_workers(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    spans_file = tmp_path / "spans.txt"
+    monkeypatch.setenv("SPANS", str(spans_file))
+    monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))
+    pytester.makeini("[pytest]\nmarkers =\n    exclusive: runs alone\n")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_spans=TESTS)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=13)
+    rows = (line.split() for line in spans_file.read_text().splitlines())
+    spans = [(name, float(a), float(b)) for name, a, b in rows]
+    assert len(spans) == 13
+    overlapping = [(x[0], y[0]) for x, y in itertools.combinations(spans, 2) if x[1] < y[2] and y[1] < x[2]]
+    assert overlapping, "the plain tests never ran side by side: the run was not spread over two workers"
+    assert not [pair for pair in overlapping if any(name.startswith("alone") for name in pair)], overlapping
