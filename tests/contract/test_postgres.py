@@ -43,11 +43,13 @@ SQLITE_ONLY = {
     "lock_insert": "PostgreSQL grants inside lock_live (coord_lock_acquire_many), one round trip per batch",
     "mark_ordered": "SQLite records a queue claimed in order by itself (PostgreSQL in keep_heads, coord_keep_heads)",
     "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives (PostgreSQL: keep_heads)",
-    "stats_oldest_pending_all": "stats() over every queue (PostgreSQL's one statement serves both)",
     "record_processed_batch": "PostgreSQL records processed ids inside complete_batch (coord_complete_batch)",
     "claim_probe": "SQLite picks a pending-only claim when no lease of the queue has expired, a limited one if limited",
     "claim_pending": "the pending-only form of claim (no merge with expired leases)",
     "claim_pending_ordered": "the pending-only form of claim_ordered",
+    "claim_pending_partitions": "claim_pending as a merge of per-partition seeks, for a node owning few partitions",
+    "mark_partitioned": "a queue's tasks enter SQLite's per-partition index once claim_pending_partitions is used",
+    "flag_partitioned_tasks": "the tasks of a queue mark_partitioned has just added enter that index",
     "ordered_queues": "SQLite reads which queues keep heads with no lock (one writer; PostgreSQL: kept_queues)",
     "limited_pending": "SQLite streams a limited claim's pending tasks in index order (PostgreSQL's walk reads chunks)",
     "limited_pending_ordered": "the keys' heads form of limited_pending",
@@ -58,6 +60,7 @@ SQLITE_ONLY = {
     "select_by_idempotency_key": "PostgreSQL reads the task holding a repeated key inside enqueue (coord_enqueue)",
 }
 POSTGRES_ONLY = {
+    "stats_oldest_pending": "SQLite finds the oldest due task in stats_counts' scan (no index in run_at order)",
     "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",
     "next_task_ids": "ids drawn before an enqueue that may run again, so it recognizes what its lost run created",
     "enqueue": "enqueue_many in one statement: locks, insert, promotion and notification (coord_enqueue)",

@@ -772,6 +772,53 @@ async def test_claim_partition_filter(store) -> None:
     assert len(rest) == 40 - len(expected)
 
 
+@pytest.mark.parametrize("share", ["few", "many"])
+async def test_claim_with_partitions_takes_the_best_due_tasks_in_order(store, clock: FakeClock, share: str) -> None:
+    """Claims restricted to a few partitions (SQLite seeks each) or to many (SQLite walks them
+    all in order) take the same tasks: the due ones of those partitions only, priority first,
+    then FIFO, at most ``limit`` a claim; a task back from a lease, even one taken before the
+    first such claim, in its old place."""
+    created = await store.enqueue_many(
+        [NewTask(queue=Q, payload=i, partition_key=f"k{i % 40}", priority=i % 3) for i in range(200)]
+    )
+    tasks = {r.task.id: r.task for r in created}
+    (early,) = await store.claim(Q, node_id="x", limit=1, lease_s=600)  # the best task of all
+    parts = sorted({t.partition for t in tasks.values()} - {early.partition})
+    if share == "few":
+        mine = sorted({early.partition, *parts[:2]})
+    else:
+        mine = [p for p in range(store.partitions) if p not in parts[2:]]
+    assert (len(mine) == 3) == (share == "few")
+    later = (await store.enqueue(Q, "later", partition_key="k0", priority=9, delay_s=50)).task
+    released = await store.claim(Q, node_id="x", limit=4, lease_s=600, partitions=mine)  # the best four of mine...
+    assert early.id not in {t.id for t in released}
+    for task in (released[2], early):  # ...one of them back, due now, in its old place, and the first task too
+        assert (await store.release(task)).status is TaskStatus.PENDING
+    clock.advance(10)
+    fresh = (await store.enqueue(Q, "fresh", partition_key="k0", priority=2)).task  # due 0 s ago
+    taken = {t.id for t in released} - {released[2].id}
+    order = sorted(
+        (t for t in tasks.values() if t.partition in mine and t.id not in taken), key=lambda t: (-t.priority, t.id)
+    )
+    assert order[0].id == early.id
+    assert len(order) >= 12
+    # Due at least 5 s ago: neither the fresh task nor the delayed one.
+    first = await store.claim(Q, node_id="n", lease_s=600, limit=5, partitions=mine, min_due_age_s=5)
+    assert [t.id for t in first] == [t.id for t in order[:5]]
+    assert first[0].priority == 2
+    clock.advance(5)
+    second = await store.claim(Q, node_id="n", lease_s=600, limit=7, partitions=mine)
+    expected = sorted([*order[5:], fresh], key=lambda t: (-t.priority, t.id))
+    assert [t.id for t in second] == [t.id for t in expected[:7]]
+    rest = await store.claim(Q, node_id="n", lease_s=600, limit=1000, partitions=mine)
+    assert [t.id for t in rest] == [t.id for t in expected[7:]]
+    assert all(t.partition in mine for t in [*first, *second, *rest])
+    clock.advance(40)
+    assert [t.id for t in await store.claim(Q, node_id="n", lease_s=600, limit=1000, partitions=mine)] == [later.id]
+    others = await store.claim(Q, node_id="n", lease_s=600, limit=1000)
+    assert sorted(t.id for t in others) == sorted(t.id for t in tasks.values() if t.partition not in mine)
+
+
 async def test_partitions_count_is_configurable(make_store) -> None:
     store = await make_store(config=StoreConfig(partitions=8))
     assert store.partitions == 8

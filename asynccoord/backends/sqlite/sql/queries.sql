@@ -13,7 +13,8 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
 -- name: insert_task
 INSERT INTO coord_tasks (queue, partition_key, partition, idempotency_key, payload, priority,
-                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at, limit_keys)
+                         status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at, limit_keys,
+                         by_partition)
 VALUES (:queue, :partition_key, :partition, :idempotency_key, :payload, :priority, 'pending',
         EXISTS (SELECT 1 FROM coord_ordered_queues WHERE queue = :queue)
         AND NOT EXISTS (SELECT 1 FROM coord_tasks AS e
@@ -21,7 +22,8 @@ VALUES (:queue, :partition_key, :partition, :idempotency_key, :payload, :priorit
         AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings WHERE queue = :queue AND dead_letters = 'hold')
                  AND EXISTS (SELECT 1 FROM coord_tasks AS d
                               WHERE d.queue = :queue AND d.partition_key = :partition_key AND d.status = 'dead')),
-        0, :max_attempts, :run_at, 0, :now, :now, :limit_keys)
+        0, :max_attempts, :run_at, 0, :now, :now, :limit_keys,
+        EXISTS (SELECT 1 FROM coord_partitioned_queues WHERE queue = :queue))
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
@@ -137,18 +139,55 @@ UPDATE coord_tasks
 RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
 -- name: claim_pending
--- claim when no lease of the queue has expired: due pending tasks only.
+-- claim when no lease of the queue has expired: due pending tasks only, a walk of
+-- coord_tasks_pending (for a node owning a small share of the partitions, see
+-- claim_pending_partitions).
 UPDATE coord_tasks
    SET reclaimed = 0,
        status = 'running', attempts = attempts + 1,
        lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
        version = version + 1, updated_at = :now
  WHERE id IN (
-    SELECT t.id FROM coord_tasks AS t
+    SELECT t.id FROM coord_tasks AS t INDEXED BY coord_tasks_pending
      WHERE t.queue = :queue AND t.status = 'pending' AND t.run_at <= :now - :min_due_age_s
        AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
      ORDER BY t.priority DESC, t.id
      LIMIT :limit)
+RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
+
+-- name: mark_partitioned
+-- First claim of :queue by a node owning a small share of the partitions: from now on its tasks
+-- enter coord_tasks_pending_partition (insert_task sets by_partition).
+INSERT INTO coord_partitioned_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING;
+
+-- name: flag_partitioned_tasks
+-- ...and, once, every task of :queue that is or may again be pending (a scan of the table).
+UPDATE coord_tasks SET by_partition = 1 WHERE queue = :queue AND status <> 'done' AND by_partition = 0;
+
+-- name: claim_pending_partitions
+-- claim_pending for a node that owns a small share of the partitions, in a queue of
+-- coord_partitioned_queues (queue.py decides and marks it): one arm per owned partition reads its
+-- due tasks from coord_tasks_pending_partition in claim order (a seek, then the index's own
+-- order), and SQLite merges the arms (MERGE (UNION ALL): no sort), stopping after :limit rows.
+-- So a claim reads about one entry per owned partition plus the tasks it takes, where a walk of
+-- coord_tasks_pending steps over every pending task of the other nodes' partitions that sorts
+-- ahead of this node's. The store repeats the arm between the "arm" and "end arm" comments once
+-- per arm, each with its own parameter (:partition_0, :partition_1, ...; -1 pads the count to a
+-- multiple of 8), joined by UNION ALL; values are bound, never formatted.
+UPDATE coord_tasks
+   SET reclaimed = 0,
+       status = 'running', attempts = attempts + 1,
+       lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
+       version = version + 1, updated_at = :now
+ WHERE id IN (
+    SELECT id FROM (
+        /* arm */
+        SELECT t.priority, t.id FROM coord_tasks AS t INDEXED BY coord_tasks_pending_partition
+         WHERE t.queue = :queue AND t.partition = :partition_N AND t.status = 'pending' AND t.by_partition = 1
+           AND t.run_at <= :now - :min_due_age_s
+        /* end arm */
+         ORDER BY priority DESC, id
+         LIMIT :limit))
 RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
 -- name: claim_ordered
@@ -334,15 +373,11 @@ UPDATE coord_tasks SET lease_expires_at = :now + :lease_s
 RETURNING coord_tasks.id, coord_tasks.lease_token;
 
 -- name: stats_counts
-SELECT status, count(*) FROM coord_tasks WHERE (:queue IS NULL OR queue = :queue) GROUP BY status;
-
--- name: stats_oldest_pending
--- One queue: a seek in coord_tasks_pending_due.
-SELECT min(run_at) FROM coord_tasks WHERE queue = :queue AND status = 'pending' AND run_at <= :now;
-
--- name: stats_oldest_pending_all
--- Every queue: a walk of the pending tasks (stats() without a queue is for operators).
-SELECT min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now;
+-- Tasks by status, and the run_at of the oldest due task (the pending row's third column), for
+-- :queue or every queue: one scan of the rows, which counting reads anyway (no index keeps the
+-- pending tasks in run_at order since migration_0003.sql).
+SELECT status, count(*), min(run_at) FILTER (WHERE run_at <= :now)
+  FROM coord_tasks WHERE (:queue IS NULL OR queue = :queue) GROUP BY status;
 
 -- name: queue_unfinished
 -- One pending or running task of the queue, if any: a probe of coord_tasks_key_order (active = 1).
