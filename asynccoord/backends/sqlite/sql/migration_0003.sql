@@ -11,6 +11,14 @@ CREATE TABLE coord_partitioned_queues (
 -- Set at insert (1 when the queue is in coord_partitioned_queues) and by that first claim; never
 -- cleared.
 ALTER TABLE coord_tasks ADD COLUMN by_partition INTEGER NOT NULL DEFAULT 0;
+-- A process that opened the database before this revision inserts tasks without by_partition
+-- (it keeps running its old statements until it restarts): in a queue of
+-- coord_partitioned_queues such a task is flagged here, or no claim that seeks would ever see it.
+CREATE TRIGGER coord_tasks_by_partition AFTER INSERT ON coord_tasks
+WHEN NEW.by_partition = 0 AND EXISTS (SELECT 1 FROM coord_partitioned_queues WHERE queue = NEW.queue)
+BEGIN
+    UPDATE coord_tasks SET by_partition = 1 WHERE id = NEW.id;
+END;
 -- Pending tasks of a queue per partition, in the claim's order (priority, then FIFO): a claim
 -- restricted to a small share of the partitions reads each owned partition's best tasks from a
 -- seek here, so its cost does not grow with the other nodes' backlogs (coord_tasks_pending holds

@@ -1,0 +1,62 @@
+"""SQLite's claim by per-partition seeks (schema revision 3) meets tasks it did not write itself.
+
+A node owning a small share of the partitions claims by seeking each of them in
+``coord_tasks_pending_partition``, which holds only tasks flagged ``by_partition``
+(``asynccoord/backends/sqlite/sql/migration_0003.sql``). Tasks written before the database
+had that revision, and tasks inserted afterwards by a process still running the statements
+of the revision before (it upgrades at its next open), must be claimed all the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+from asynccoord import SQLiteStore
+from asynccoord.backends.sqlfiles import load_migrations
+from asynccoord.backends.sqlite.store import _split_script
+
+Q = "outbox"
+
+
+def _insert_as_revision_2(db: sqlite3.Connection, partition: int, key: str) -> int:
+    """Insert a due pending task with the columns revision 2's insert_task names (no by_partition)."""
+    row = db.execute(
+        "INSERT INTO coord_tasks (queue, partition_key, partition, payload, status, max_attempts, run_at,"
+        " created_at, updated_at) VALUES (?, ?, ?, 'null', 'pending', 5, 0, 0, 0) RETURNING id",
+        (Q, key, partition),
+    ).fetchone()
+    return int(row[0])
+
+
+async def test_a_task_an_older_process_inserts_into_a_seeking_queue_is_claimed(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        first = (await store.enqueue(Q, "first", partition_key="chat-1")).task
+        mine = [first.partition]
+        assert [t.id for t in await store.claim(Q, node_id="n", limit=10, partitions=mine)] == [first.id]
+        with contextlib.closing(sqlite3.connect(db_path)) as raw:
+            assert raw.execute("SELECT queue FROM coord_partitioned_queues").fetchall() == [(Q,)]  # it sought
+            with raw:
+                late = _insert_as_revision_2(raw, first.partition, "chat-1")
+        claimed = await store.claim(Q, node_id="n", limit=10, partitions=mine)
+        assert [t.id for t in claimed] == [late]
+
+
+async def test_tasks_of_a_revision_2_database_are_claimed_by_seeking_after_the_upgrade(db_path: Path) -> None:
+    record = "INSERT OR REPLACE INTO coord_meta (key, value) VALUES (?, ?)"
+    with contextlib.closing(sqlite3.connect(db_path)) as raw, raw:
+        for number, script in load_migrations("sqlite")[:2]:  # as revision 2's store made it
+            for statement in _split_script(script):
+                raw.execute(statement)
+            raw.execute(record, ("schema_revision", str(number)))
+        raw.execute(record, ("partitions", "1024"))
+        old = [_insert_as_revision_2(raw, partition, f"chat-{partition}") for partition in (5, 6, 700)]
+    async with SQLiteStore(db_path) as store:
+        claimed = await store.claim(Q, node_id="n", limit=10, partitions=[5, 6])
+        assert sorted(t.id for t in claimed) == old[:2]
+        rest = await store.claim(Q, node_id="n", limit=10)
+        assert [t.id for t in rest] == old[2:]
+    with contextlib.closing(sqlite3.connect(db_path)) as raw:
+        revision = raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone()
+    assert revision == (str(len(load_migrations("sqlite"))),)
