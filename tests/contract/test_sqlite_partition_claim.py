@@ -13,8 +13,11 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
-from asynccoord import SQLiteStore
+import pytest
+
+from asynccoord import NewTask, SQLiteStore
 from asynccoord.backends.sqlfiles import load_migrations
+from asynccoord.backends.sqlite import seek
 from asynccoord.backends.sqlite.store import _split_script
 
 Q = "outbox"
@@ -60,3 +63,40 @@ async def test_tasks_of_a_revision_2_database_are_claimed_by_seeking_after_the_u
     with contextlib.closing(sqlite3.connect(db_path)) as raw:
         revision = raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone()
     assert revision == (str(len(load_migrations("sqlite"))),)
+
+
+async def test_a_backlog_enters_the_index_a_stretch_per_claim_and_claims_walk_meanwhile(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(seek, "FLAG_STRETCH_ROWS", 10)
+    monkeypatch.setattr(seek, "FLAG_INTERVAL_S", 0.0)
+    async with SQLiteStore(db_path) as store:
+        await store.enqueue_many([NewTask(queue="other", payload=i, partition_key=f"o{i}") for i in range(5)])
+        created = await store.enqueue_many([NewTask(queue=Q, payload=i, partition_key=f"chat-{i}") for i in range(40)])
+        ids = [r.task.id for r in created]
+        mine = sorted({r.task.partition for r in created[:4]})
+        expected = [r.task.id for r in created if r.task.partition in mine]
+
+        def flagged() -> tuple[int, list[tuple[str]]]:
+            with contextlib.closing(sqlite3.connect(db_path)) as raw:
+                count = raw.execute("SELECT count(*) FROM coord_tasks WHERE by_partition = 1").fetchone()[0]
+                return int(count), raw.execute("SELECT queue FROM coord_partitioned_queues").fetchall()
+
+        seen: list[int] = []
+        counts: list[int] = []
+        while True:  # 45 rows: four stretches of 10, the fifth reaches the end and registers the queue
+            taken = await store.claim(Q, node_id="n", limit=1, partitions=mine)
+            seen += [t.id for t in taken]
+            count, registered = flagged()
+            counts.append(count)
+            if registered:
+                break
+        assert counts == [5, 15, 25, 35, 40]  # tasks of Q only, one stretch of rows per claim
+        assert registered == [(Q,)]
+        seen += [t.id for t in await store.claim(Q, node_id="n", limit=100, partitions=mine)]  # by seeks now
+        assert seen == expected
+        late = (await store.enqueue(Q, "late", partition_key="chat-0")).task  # flagged at insert from now on
+        assert [t.id for t in await store.claim(Q, node_id="n", limit=100, partitions=mine)] == [late.id]
+        assert flagged()[0] == 41
+        rest = await store.claim(Q, node_id="n", limit=100)
+        assert sorted(t.id for t in rest) == sorted(set(ids) - set(expected))

@@ -11,7 +11,6 @@ writer's batches. Per-key order is kept by head flags in the queues claimed in o
 
 from __future__ import annotations
 
-import functools
 import json
 import operator
 import sqlite3
@@ -31,6 +30,7 @@ from ..wakeups import notify_partitions
 from .deadletters import recompute_heads
 from .locks import check_fence
 from .ratelimits import claim_limited
+from .seek import Flagging, seek_params, seek_sql, seeks
 
 if TYPE_CHECKING:
     from .writer import GroupCommitter, Operation
@@ -46,36 +46,6 @@ _Completed = tuple[float, list[int | str | None], dict[int, int], list[tuple[str
 _ID, _PRIORITY, _RECLAIMED = operator.itemgetter(0), operator.itemgetter(5), operator.itemgetter(14)  # of a claim's row
 _NEW = object.__new__
 _RUNNING = TaskStatus.RUNNING
-# A pending-only claim merges per-partition seeks (claim_pending_partitions) when the node owns
-# at most this many partitions and at most a quarter of them, else it walks the queue's pending
-# tasks in claim order (claim_pending). Measured per claim of 32 on 1,024 partitions, 200,000
-# pending: the merge costs about 2 us per owned partition (120 us for 64, 285 us for 128);
-# the walk about 0.15 us per pending task of the partitions it does not own ahead of its own
-# (about 90 us with even backlogs, but tens of ms once lagging nodes' backlogs pile up ahead).
-# The first such claim of a queue makes its tasks enter the per-partition index from then on
-# (coord_partitioned_queues, migration_0003.sql): about one more page written per task.
-SEEK_PARTITIONS_MAX = 96
-_ARM, _END_ARM = "/* arm */", "/* end arm */"
-
-
-@functools.cache
-def _claim_partitions_sql(arms: int) -> str:
-    """claim_pending_partitions with one arm per partition, parameters ``:partition_0``.. (cached per count)."""
-    text = Q["claim_pending_partitions"]
-    head, rest = text.split(_ARM)
-    arm, tail = rest.split(_END_ARM)
-    body = "\n        UNION ALL\n".join(arm.strip().replace(":partition_N", f":partition_{i}") for i in range(arms))
-    return f"{head}{body}\n{tail}"
-
-
-def _partition_params(parts: Sequence[int]) -> dict[str, int]:
-    """The parameters of :func:`_claim_partitions_sql`'s arms for ``parts``: each partition once
-    (named twice, it would yield its tasks twice), then -1 (no task's) up to a multiple of 8
-    arms, so that a few statements serve every count (a statement of 64 arms takes about 2 ms
-    to prepare; the connection's statement cache keeps it)."""
-    owned = sorted(set(parts))
-    owned += [-1] * (-len(owned) % 8)
-    return {f"partition_{i}": p for i, p in enumerate(owned)}
 
 
 def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task:
@@ -132,6 +102,7 @@ class SQLiteQueueOps(StoreBase):
     """
 
     _partitions: int
+    _flagging: Flagging
 
     if TYPE_CHECKING:
 
@@ -208,11 +179,10 @@ class SQLiteQueueOps(StoreBase):
         merged, pending_only = (
             (Q["claim_ordered"], Q["claim_pending_ordered"]) if ordered else (Q["claim"], Q["claim_pending"])
         )
-        seek = False
-        if not ordered and parts is not None and len(parts) <= min(SEEK_PARTITIONS_MAX, self._partitions // 4):
-            seek = True
-            arms = _partition_params(parts)
-            pending_only = _claim_partitions_sql(len(arms))
+        seek = None  # the claim by per-partition seeks, once the queue's tasks are in their index
+        if parts is not None and seeks(parts, self._partitions, ordered):
+            arms = seek_params(parts)
+            seek = seek_sql(len(arms))
             params.update(arms)
 
         admissions: dict[str, Admission] = {}  # the limited claim's pass over its buckets, if limited
@@ -220,13 +190,11 @@ class SQLiteQueueOps(StoreBase):
         def op(db: sqlite3.Connection, now: float) -> _Claimed:
             if ordered:
                 _keep_heads(db, queue)
-            elif seek:
-                _index_partitions(db, queue)
             dead = 0
             promoted: list[tuple[str, int]] = []  # heads that dead letters and duplicates made claimable
             expired, limited = db.execute(Q["claim_probe"], {"queue": queue, "now": now}).fetchone()
             if not expired:
-                sql = pending_only
+                sql = seek if seek is not None and self._flagging.indexed(db, queue) else pending_only
             else:
                 sql = merged
                 exhausted = db.execute(Q["dead_letter_exhausted"], {"queue": queue, "now": now}).fetchall()
@@ -635,12 +603,6 @@ def _keep_heads(db: sqlite3.Connection, queue: str) -> None:
     """Make ``queue`` keep per-key heads from now on (first ordered use: computed from scratch)."""
     if db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
         db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
-
-
-def _index_partitions(db: sqlite3.Connection, queue: str) -> None:
-    """Make ``queue``'s tasks enter ``coord_tasks_pending_partition`` from now on (first use: flag them)."""
-    if db.execute(Q["mark_partitioned"], {"queue": queue}).rowcount:
-        db.execute(Q["flag_partitioned_tasks"], {"queue": queue})
 
 
 def _claim_key_head(

@@ -50,6 +50,7 @@ from .queue import SQLiteQueueOps
 from .ratelimits import SQLiteRateLimitOps
 from .readonly import read_only_error, read_only_uri, setup_read_only
 from .revision import delete_fix, read_meta
+from .seek import Flagging
 from .wakeup import SharedNotifier, WakeupChannel, wakeup_dir
 from .writer import (
     GroupCommitter,
@@ -189,6 +190,7 @@ class SQLiteStore(
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of open(): see _w
         self._checkpointer: WalCheckpointer | None = None
         self._partitions = self.config.partitions
+        self._flagging = Flagging()  # queues' tasks entering the per-partition index (seek.py)
 
     def __repr__(self) -> str:
         state = "open" if self._conn is not None else "closed"

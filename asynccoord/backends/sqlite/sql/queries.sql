@@ -155,14 +155,22 @@ UPDATE coord_tasks
      LIMIT :limit)
 RETURNING id, partition_key, partition, idempotency_key, payload, priority, attempts, max_attempts, run_at, lease_token, version, last_error, result, created_at, reclaimed;
 
+-- name: is_partitioned
+SELECT 1 FROM coord_partitioned_queues WHERE queue = :queue;
+
 -- name: mark_partitioned
--- First claim of :queue by a node owning a small share of the partitions: from now on its tasks
--- enter coord_tasks_pending_partition (insert_task sets by_partition).
+-- From now on the tasks of :queue enter coord_tasks_pending_partition (insert_task sets
+-- by_partition); seek.py flags the tasks it already has first, in stretches.
 INSERT INTO coord_partitioned_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING;
 
--- name: flag_partitioned_tasks
--- ...and, once, every task of :queue that is or may again be pending (a scan of the table).
-UPDATE coord_tasks SET by_partition = 1 WHERE queue = :queue AND status <> 'done' AND by_partition = 0;
+-- name: flag_stretch_end
+-- The last id of the next :rows rows of the table after :after, and how many there are.
+SELECT max(id), count(*) FROM (SELECT id FROM coord_tasks WHERE id > :after ORDER BY id LIMIT :rows);
+
+-- name: flag_partitioned_stretch
+-- The tasks of :queue among those rows that are or may again be pending.
+UPDATE coord_tasks SET by_partition = 1
+ WHERE id > :after AND id <= :last AND queue = :queue AND status <> 'done' AND by_partition = 0;
 
 -- name: claim_pending_partitions
 -- claim_pending for a node that owns a small share of the partitions, in a queue of
