@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
-from exclusive import pytest_configure, pytest_runtest_protocol  # noqa: F401  (hooks)
+from exclusive import pytest_collection_modifyitems, pytest_configure, pytest_runtest_protocol  # noqa: F401
 from services import ServiceStores
 from support import FakeClock
 

@@ -11,8 +11,8 @@ Parnas, "Concurrent control with readers and writers", CACM 1971). Without pytes
 every test runs alone anyway and nothing is locked.
 
 The controller makes a folder for the lock files before it starts its workers and names
-it to them in ``ASYNCCOORD_TEST_LOCKS``; it removes the folder when the run is over. The
-hooks are imported into ``conftest.py``.
+it to them in ``ASYNCCOORD_TEST_LOCKS``; it removes the folder when the run is over. Workers
+run the marked tests last. The hooks are imported into ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,19 @@ def pytest_configure(config: pytest.Config) -> None:
     folder = tempfile.mkdtemp(prefix="asynccoord-tests-")
     os.environ[ENV] = folder
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker: the exclusive tests last, in their order (every worker collects the same order).
+
+    The scheduler hands tests out about in this order, so the exclusive tests run at the end,
+    beside each other, and wait for a long ordinary test of another worker about once, not
+    once each.
+    """
+    if is_xdist_worker(config):
+        items[:] = [i for i in items if i.get_closest_marker(MARK) is None] + [
+            i for i in items if i.get_closest_marker(MARK) is not None
+        ]
 
 
 @pytest.hookimpl(wrapper=True)

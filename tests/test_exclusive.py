@@ -11,7 +11,7 @@ from conftest import TESTS_DIR
 pytest_plugins = ["pytester"]
 
 CONFTEST = """
-from exclusive import pytest_configure, pytest_runtest_protocol
+from exclusive import pytest_collection_modifyitems, pytest_configure, pytest_runtest_protocol
 """
 
 TESTS = """
@@ -25,18 +25,18 @@ def spend(name):
     started = time.time()
     time.sleep(0.15)
     with open(os.environ["SPANS"], "a") as f:
-        f.write(f"{name} {started} {time.time()}\\n")
-
-
-@pytest.mark.parametrize("n", range(10))
-def test_plain(n):
-    spend(f"plain{n}")
+        f.write(f"{name} {started} {time.time()} {os.environ['PYTEST_XDIST_WORKER']}\\n")
 
 
 @pytest.mark.exclusive
 @pytest.mark.parametrize("n", range(3))
 def test_alone(n):
     spend(f"alone{n}")
+
+
+@pytest.mark.parametrize("n", range(10))
+def test_plain(n):
+    spend(f"plain{n}")
 """
 
 
@@ -52,8 +52,10 @@ def test_an_exclusive_test_overlaps_no_other_while_plain_ones_share_the_workers(
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=13)
     rows = (line.split() for line in spans_file.read_text().splitlines())
-    spans = [(name, float(a), float(b)) for name, a, b in rows]
+    spans = [(name, float(a), float(b), worker) for name, a, b, worker in rows]
     assert len(spans) == 13
     overlapping = [(x[0], y[0]) for x, y in itertools.combinations(spans, 2) if x[1] < y[2] and y[1] < x[2]]
     assert overlapping, "the plain tests never ran side by side: the run was not spread over two workers"
     assert not [pair for pair in overlapping if any(name.startswith("alone") for name in pair)], overlapping
+    last_plain = max(b for name, _, b, _ in spans if name.startswith("plain"))
+    assert all(a >= last_plain for name, a, _, _ in spans if name.startswith("alone")), spans  # run last
