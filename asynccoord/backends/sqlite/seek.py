@@ -51,9 +51,9 @@ _ARM, _END_ARM = "/* arm */", "/* end arm */"
 _INDEXED = -1
 
 
-def seeks(parts: Sequence[int] | None, partitions: int, ordered: bool) -> bool:
+def seeks(parts: Sequence[int], partitions: int, ordered: bool) -> bool:
     """Whether an unordered claim of ``parts`` (of ``partitions`` in all) seeks once its queue is indexed."""
-    return not ordered and parts is not None and len(parts) <= min(SEEK_PARTITIONS_MAX, partitions // 4)
+    return not ordered and len(parts) <= min(SEEK_PARTITIONS_MAX, partitions // 4)
 
 
 @functools.cache
