@@ -42,6 +42,9 @@ def report(run: Run) -> str:
     )
 
 
+# Exclusive: the limits leave 0.2 s for the time between a node's claim (its token) and the
+# stand-in's arrival, and four processes beside another worker's test can exceed that.
+@pytest.mark.exclusive
 @pytest.mark.parametrize("script", ["aiogram_bot.py", "ptb_bot.py"], ids=["aiogram", "python-telegram-bot"])
 async def test_every_message_answered_in_order_within_limits_when_a_node_process_is_killed(
     script: str, tmp_path: Path
