@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
@@ -223,8 +224,8 @@ below 2**36 ms: an exact integer in the scripts' Lua numbers, far inside Redis' 
 def _check_url(url: str) -> None:
     """Refuse a URL redis-py cannot connect with, naming it (its password hidden)."""
     try:
-        parse_url(url)  # redis-py's own parser, the one open() uses: scheme, port, query values
-        problem = _db_problem(url)
+        options = parse_url(url)  # redis-py's own parser, the one open() uses: scheme, port, query values
+        problem = _db_problem(url) or _query_problem(url, options)
         if problem is None:
             return
     except ValueError as exc:  # its messages quote a port, which may be a password's start ("user:Ab/cd@host")
@@ -250,6 +251,41 @@ def _db_problem(url: str) -> str | None:
     if db and not (db.isascii() and db.isdigit()):
         return f"the database number must be an integer (redis://host:port/0), not {db[:40]!r}"
     return None
+
+
+def _query_problem(url: str, options: Mapping[str, Any]) -> str | None:
+    """What is wrong with the query parameters of a URL that redis-py parsed into ``options``, if anything.
+
+    redis-py hands every query parameter to the connection pool and its connections as a
+    keyword argument, so a name neither takes (``?foo=bar``, or ``ssl_*`` on ``redis://``)
+    would raise a bare ``TypeError`` at the first connection.
+    """
+    unknown = sorted(set(options) - _url_keywords(options.get("connection_class", aioredis.Connection)))
+    if not unknown:
+        return None
+    names = ", ".join(repr(name[:40]) for name in unknown[:5])
+    what = "parameter" if len(unknown) == 1 else "parameters"
+    hint = "the ssl_* options need rediss://" if any(n.startswith("ssl_") for n in unknown) else f"remove the {what}"
+    return f"redis-py takes no query {what} {names} in a {urlsplit(url).scheme.lower()}:// URL ({hint})"
+
+
+@functools.cache
+def _url_keywords(connection_class: type) -> frozenset[str]:
+    """The keyword arguments that a URL's options may set: the pool's and ``connection_class``'s.
+
+    A connection class passes its ``**kwargs`` on to its base class, so the bases' keywords
+    count until one takes no ``**kwargs``.
+    """
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names: set[str] = set()
+    for cls in (aioredis.BlockingConnectionPool, aioredis.ConnectionPool, *connection_class.__mro__):
+        if "__init__" not in vars(cls):
+            continue
+        parameters = inspect.signature(vars(cls)["__init__"]).parameters
+        names.update(name for name, p in parameters.items() if p.kind in named)
+        if cls in connection_class.__mro__ and all(p.kind is not p.VAR_KEYWORD for p in parameters.values()):
+            break
+    return frozenset(names - {"self"})
 
 
 def _text(value: Any) -> str:

@@ -76,6 +76,29 @@ def test_run_usage_errors_exit_2_and_create_no_database(
     assert list(tmp_path.iterdir()) == []  # nothing was opened or created
 
 
+def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    problem = redis_problem()
+    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
+        unavailable("Redis", problem)
+    db = tmp_path / "never.db"
+    url = "redis://:s3cret@127.0.0.1:6379/0?foo=bar"
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--db", str(db), "--send", "json:dumps", "--lock-store", url])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m asynccoord run"), err
+    last = err.splitlines()[-1]
+    assert last == (
+        "python -m asynccoord run: error: url must be a Redis URL (redis://host:port/db): redis-py takes no "
+        "query parameter 'foo' in a redis:// URL (remove the parameter), got 'redis://:***@127.0.0.1:6379/0?foo=bar'"
+    )
+    assert "Traceback" not in err
+    assert "s3cret" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_run_missing_required_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["run", "--db", str(tmp_path / "x.db")])

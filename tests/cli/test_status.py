@@ -413,6 +413,16 @@ def test_status_refuses_a_lock_store_that_is_no_redis_url(python: PythonRunner, 
     proc = python.run_module("asynccoord", "status", "--db", db, "--lock-store", "http://cache:6379", check=False)
     assert proc.returncode == 2
     assert "--lock-store takes a Redis URL" in proc.stderr
+    problem = redis_problem()
+    if problem is None or "not installed" not in problem:  # redis-py reads the URL: no server needed
+        url = "redis://127.0.0.1:6379/0?foo=bar"
+        proc = python.run_module("asynccoord", "status", "--db", db, "--lock-store", url, check=False)
+        assert proc.returncode == 2
+        assert proc.stderr.splitlines()[-1] == (
+            "python -m asynccoord status: error: url must be a Redis URL (redis://host:port/db): redis-py takes no "
+            f"query parameter 'foo' in a redis:// URL (remove the parameter), got {url!r}"
+        )
+        assert "Traceback" not in proc.stderr
     proc = python.run_module("asynccoord", "status", "--db", db, "--lock-prefix", "app:", check=False)
     assert proc.returncode == 2
     assert "--lock-prefix applies to a --lock-store only" in proc.stderr

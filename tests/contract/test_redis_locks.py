@@ -178,6 +178,22 @@ def redis_py_or_skip() -> None:
             "'redis://:***@x/abc'",
         ),
         ("rediss://x:6380/1x", "the database number must be an integer", "'rediss://x:6380/1x'"),
+        # redis-py hands an unknown parameter to its connections: a TypeError at open()
+        (
+            "redis://:s3cret@127.0.0.1:6379/0?foo=bar",
+            "redis-py takes no query parameter 'foo' in a redis:// URL (remove the parameter)",
+            "'redis://:***@127.0.0.1:6379/0?foo=bar'",
+        ),
+        (
+            "unix:///tmp/r.sock?db=2&Foo=1&password=s3cret&bar=2",
+            "redis-py takes no query parameters 'Foo', 'bar' in a unix:// URL (remove the parameters)",
+            "'unix:///tmp/r.sock?db=2&Foo=1&password=***&bar=2'",
+        ),
+        (
+            "redis://x/0?ssl_check_hostname=false",
+            "no query parameter 'ssl_check_hostname' in a redis:// URL (the ssl_* options need rediss://)",
+            "'redis://x/0?ssl_check_hostname=false'",
+        ),
     ],
 )
 def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem: str, shown: str) -> None:
@@ -203,6 +219,55 @@ def test_every_scheme_redis_py_connects_with_is_accepted(url: str) -> None:
     from asynccoord.backends.redis import RedisLockStore
 
     assert RedisLockStore(url).url == url
+
+
+# A value redis-py's parse_url reads for each query parameter it knows.
+KNOWN_QUERY_VALUES = {
+    "db": "1",
+    "socket_timeout": "1.5",
+    "socket_connect_timeout": "1.5",
+    "socket_read_size": "65536",
+    "socket_keepalive": "true",
+    "retry_on_timeout": "true",
+    "retry_on_error": "TimeoutError",
+    "max_connections": "4",
+    "health_check_interval": "2",
+    "ssl_check_hostname": "false",
+    "ssl_include_verify_flags": "VERIFY_X509_STRICT",
+    "ssl_exclude_verify_flags": "VERIFY_X509_PARTIAL_CHAIN",
+    "ssl_min_version": "771",
+    "timeout": "3",
+    "protocol": "3",
+    "legacy_responses": "false",
+}
+
+
+def test_every_query_parameter_redis_py_parses_is_accepted() -> None:
+    redis_py_or_skip()
+    from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    from asynccoord.backends.redis import RedisLockStore
+
+    names = sorted(URL_QUERY_ARGUMENT_PARSERS)
+    assert names, "redis-py parses no query parameter any more"
+    for name in names:  # rediss://: the ssl_* options apply to TLS connections only
+        url = f"rediss://h:6380/0?{name}={KNOWN_QUERY_VALUES.get(name, '1')}"
+        assert RedisLockStore(url).url == url
+    # and those it passes through as text, which its connections take
+    for url in ("redis://h/0?client_name=bot&socket_timeout=2", "rediss://h/0?ssl_cert_reqs=none", "unix:///s?db=3"):
+        assert RedisLockStore(url).url == url
+
+
+async def test_a_url_with_query_parameters_opens() -> None:
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    from asynccoord.backends.redis import RedisLockStore
+
+    joint = "&" if "?" in REDIS_URL else "?"
+    url = f"{REDIS_URL}{joint}client_name=asynccoord-test&socket_timeout=5&health_check_interval=2"
+    async with RedisLockStore(url, prefix=f"test:{secrets.token_hex(6)}:") as store:
+        assert await store.list_locks() == []
 
 
 @pytest.mark.parametrize("slack_ms", [2**70, 365 * 86_400_000 + 1, -1])
