@@ -46,8 +46,16 @@ __all__ = (
 
 
 def _sqlite_path(target: str) -> str:
+    """The file path of an SQLite target: ``target`` itself, or the percent-decoded path of an ``sqlite:///`` URL."""
     if target.startswith("sqlite:///"):
-        return urllib.parse.unquote(target[len("sqlite:///") :]) or ":memory:"
+        path = target[len("sqlite:///") :]
+        if "?" in path or "#" in path:  # a '?' or '#' of the file name itself is %3F or %23
+            raise InvalidArgumentError(
+                f"an SQLite URL is sqlite:///PATH with no query string or fragment, got {redact_target(target)!r}: "
+                "give options as keyword arguments of open_store()/SQLiteStore(...) (read_only=True, ...) "
+                "or in StoreConfig"
+            )
+        return urllib.parse.unquote(path) or ":memory:"
     if target.startswith("sqlite://"):
         raise InvalidArgumentError(f"an SQLite URL is sqlite:///PATH (three slashes), got {target!r}")
     if "://" in target:
@@ -78,7 +86,8 @@ def open_store(
 
     Raises:
         InvalidTypeError: ``target`` is not a str or PathLike.
-        InvalidArgumentError: an unknown URL scheme.
+        InvalidArgumentError: an unknown URL scheme, or an ``sqlite:///`` URL with a query
+            string or fragment (a plain path may hold ``?`` and ``#``).
         StoreError: a PostgreSQL DSN but asyncpg is not installed.
     """
     if not isinstance(target, str | os.PathLike):

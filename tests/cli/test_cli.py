@@ -112,6 +112,7 @@ def test_run_missing_required_options_exit_2(tmp_path: Path, capsys: pytest.Capt
     [
         ("mysql://bot:s3cret@h/db", "unknown store target 'mysql://bot:***@h/db'"),
         ("sqlite://x.db", "an SQLite URL is sqlite:///PATH (three slashes), got 'sqlite://x.db'"),
+        ("sqlite:///q.db?mode=ro", "an SQLite URL is sqlite:///PATH with no query string or fragment, got 'sqlite"),
         ("postgresql://bot:s3cret@[::1/db", "malformed PostgreSQL DSN 'postgresql://***@[::1/db': Invalid IPv6 URL"),
         (
             "postgresql://bot:s3cret@db:port/db",

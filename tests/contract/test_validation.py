@@ -821,6 +821,26 @@ def test_sqlite_store_path_must_be_a_usable_file_name(path: str, message: str) -
         open_store(path)
 
 
+@pytest.mark.parametrize("suffix", ["q.db?mode=ro", "q.db#main", "q.db?", "?cache=shared"])
+def test_an_sqlite_url_with_a_query_or_fragment_is_refused(tmp_path: Path, suffix: str) -> None:
+    url = f"sqlite:///{tmp_path}/{suffix}"
+    with pytest.raises(InvalidArgumentError) as info:
+        open_store(url)
+    assert str(info.value) == (
+        f"an SQLite URL is sqlite:///PATH with no query string or fragment, got {url!r}: give options as "
+        "keyword arguments of open_store()/SQLiteStore(...) (read_only=True, ...) or in StoreConfig"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_question_mark_in_a_plain_path_or_an_escaped_url_is_a_file_name(tmp_path: Path) -> None:
+    async with open_store(str(tmp_path / "a?b#c.db")) as store:
+        await store.enqueue("q", {"n": 1})
+    async with open_store(f"sqlite:///{tmp_path}/d%3Fe%23f.db") as store:
+        await store.enqueue("q", {"n": 1})
+    assert sorted(name for name in os.listdir(tmp_path) if name.endswith(".db")) == ["a?b#c.db", "d?e#f.db"]
+
+
 def test_sqlite_store_refuses_a_bytes_path() -> None:
     class BytesPath:
         def __fspath__(self) -> bytes:
