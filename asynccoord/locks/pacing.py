@@ -24,6 +24,7 @@ slower one is kept by the claim's tokens alone.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,8 @@ from ..contract.locks import Lease
 from ..contract.ratelimits import RateLimit, conforms, eligible_at, take
 
 __all__ = ("LIMITS_REFRESH_S", "LockPacer", "PaceSettings", "PacedFlight", "PacedTurn")
+
+log = logging.getLogger(__name__)
 
 LIMITS_REFRESH_S = 1.0
 """How long a queue's declared limits, read from the store, are used before they are read again."""
@@ -99,6 +102,7 @@ class LockPacer:
         self._sleep = sleep
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
         self._limits: dict[tuple[int, str], tuple[float, object, dict[str, RateLimit]]] = {}
+        self._unknown: set[tuple[str, str]] = set()  # (queue, dimension) pairs already warned of
 
     def __repr__(self) -> str:
         return f"<LockPacer names={len(self._buckets)}>"
@@ -155,6 +159,11 @@ class LockPacer:
         wait the turn is checked again (:meth:`~asynccoord.locks.pool.Turn.check`), so a lock
         lost meanwhile stops the send before it starts.
 
+        A queue that declares limits, but none on the dimension (a misspelt one, say), is
+        logged once per queue and dimension at WARNING as
+        ``asynccoord.node.lock_pace_unknown_dimension``, and its sends go unpaced: the limit
+        may yet be declared, and is paced from the next read on.
+
         Args:
             store: The queue's store (a :class:`~asynccoord.contract.ratelimits.RateLimitStore`).
             settings: The node's :class:`~asynccoord.node.config.NodeConfig`: its ``queue``,
@@ -170,13 +179,33 @@ class LockPacer:
         if dimension is None:
             return 0.0
         limit = await self.limit(store, settings.queue, dimension)
-        if limit is None or limit.interval_s >= settings.lock_wait_s:
+        if limit is None:
+            if (settings.queue, dimension) not in self._unknown:
+                self._warn_unknown(store, settings.queue, dimension)
+            return 0.0
+        if limit.interval_s >= settings.lock_wait_s:
             return 0.0
         lease = turn.lease
         waited = await self.pace(lease.name, lease.fencing_token, limit, deadline=lambda: flight.lease_deadline)
         if waited != 0.0:
             turn.check()
         return waited
+
+    def _warn_unknown(self, store: Any, queue: str, dimension: str) -> None:
+        """Log that ``queue`` declares limits but none on ``dimension``; silent while it declares none."""
+        declared = sorted(self._limits[(id(store), queue)][2])
+        if not declared:
+            return  # no limits yet: another process may declare them later
+        self._unknown.add((queue, dimension))
+        log.warning(
+            "asynccoord.node.lock_pace_unknown_dimension queue=%r dimension=%r declared=%s: the queue declares "
+            "no rate limit on this dimension, so the sends its lock serialises are not paced; set "
+            "NodeConfig(lock_pace_dimension=...) (--lock-pace) to a declared dimension, or declare the limit "
+            "(store.set_rate_limits)",
+            queue,
+            dimension,
+            declared,
+        )
 
     async def limit(self, store: Any, queue: str, dimension: str) -> RateLimit | None:
         """``queue``'s declared limit on ``dimension`` (None: none), read with ``store.rate_limits(queue)``

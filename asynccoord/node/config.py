@@ -69,7 +69,9 @@ class NodeConfig:
             reach the provider back to back when the lock comes free. Needs a lock
             (``lock_key`` and ``lock_permits`` 1); no limit declared on the dimension, or
             one whose interval (``per_s / count``) is ``lock_wait_s`` or longer, no pacing
-            (see :meth:`~asynccoord.locks.pacing.LockPacer.pace_turn`). Default None.
+            (see :meth:`~asynccoord.locks.pacing.LockPacer.pace_turn`); a queue that declares
+            limits but none on the dimension is logged once at WARNING
+            (``asynccoord.node.lock_pace_unknown_dimension``). Default None.
         busy_requeue_s: Delay of a task handed back because its lock stayed busy, at least
             0.001 (``validation.MIN_INTERVAL_S``: the task would come straight back). Default 0.05.
         renew_leases: Keep task leases (and locks) alive while sends run. Default True.

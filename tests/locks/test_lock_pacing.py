@@ -7,6 +7,7 @@ with a clock that only the sleeps move, and check each send's time against the l
 from __future__ import annotations
 
 import itertools
+import logging
 
 import pytest
 
@@ -171,6 +172,38 @@ async def test_pace_turn_leaves_alone_what_needs_no_pacing() -> None:
     assert await pacer.pace_turn(Store([slow]), settings(lock_wait_s=5.0), turn, flight) == 0.0
     assert clock.slept == []
     assert await pacer.pace_turn(Store([slow]), settings(lock_wait_s=5.001), turn, flight) == pytest.approx(5.0)
+
+
+UNKNOWN = "asynccoord.node.lock_pace_unknown_dimension"
+
+
+def unknown_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "asynccoord.locks.pacing" and UNKNOWN in r.message]
+
+
+async def test_a_dimension_the_queue_does_not_declare_is_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="asynccoord.locks.pacing")
+    pacer, clock = make()
+    turn, flight = Turn(), Flight(clock.t + 30)
+    chat = RateLimit(dimension="chat", count=1, per_s=1.0)
+    store = Store([])
+    assert await pacer.pace_turn(store, settings(dimension="acount"), turn, flight) == 0.0
+    assert unknown_warnings(caplog) == []  # no limits declared yet: they may come later
+    clock.t += LIMITS_REFRESH_S
+    store.declared = [LIMIT, chat]
+    for _ in range(5):
+        assert await pacer.pace_turn(store, settings(dimension="acount"), turn, flight) == 0.0
+    assert unknown_warnings(caplog) == [
+        f"{UNKNOWN} queue='outbox' dimension='acount' declared=['account', 'chat']: the queue declares no rate "
+        "limit on this dimension, so the sends its lock serialises are not paced; set "
+        "NodeConfig(lock_pace_dimension=...) (--lock-pace) to a declared dimension, or declare the limit "
+        "(store.set_rate_limits)"
+    ]
+    assert [r.levelno for r in caplog.records if UNKNOWN in r.message] == [logging.WARNING]
+    assert await pacer.pace_turn(store, settings(dimension="account"), turn, flight) == pytest.approx(T)
+    assert await pacer.pace_turn(store, settings(dimension="group"), turn, flight) == 0.0
+    assert len(unknown_warnings(caplog)) == 2  # another dimension: its own warning
+    assert "dimension='group'" in unknown_warnings(caplog)[1]
 
 
 async def test_a_pace_ends_at_the_tasks_lease_deadline_and_takes_no_token() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 
 import pytest
@@ -204,3 +205,28 @@ async def test_a_limit_slower_than_the_lock_wait_is_not_paced(make_store) -> Non
         await drained(store, 3)
     assert len(sends) == 3
     assert max(sends) - started < 3.0  # the burst went at once: no send waited an interval
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+async def test_a_misspelt_pace_dimension_is_warned_of_once_and_the_queue_drains(
+    make_store, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="asynccoord.locks.pacing")
+    store = await make_store(clock=None)
+    await store.set_rate_limits(Q, [RateLimit(dimension="account", count=1000, per_s=1.0, burst=1000)])
+    n = 20
+    for i in range(n):
+        await store.enqueue(Q, i, partition_key=f"c{i}", limit_keys={"account": "a"})
+    sent: list[int] = []
+
+    async def send(task: Task) -> None:
+        sent.append(task.payload)
+
+    config = NodeConfig(queue=Q, idle_max_s=0.05, lock_pace_dimension="acount")
+    async with Runtime(store, send=send, nodes=2, config=config, lock_key=lambda t: "acct:a", shutdown_timeout_s=1.0):
+        await drained(store, n)
+    assert sorted(sent) == list(range(n))
+    warned = [r for r in caplog.records if "asynccoord.node.lock_pace_unknown_dimension" in r.getMessage()]
+    assert len(warned) == 1  # one per runtime, not one per send
+    assert warned[0].levelno == logging.WARNING
+    assert "queue='outbox' dimension='acount' declared=['account']" in warned[0].getMessage()
