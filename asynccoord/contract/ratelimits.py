@@ -64,11 +64,14 @@ class RateLimit:
     (ITU-T Recommendation I.371, "virtual scheduling"; the form used by e.g. Brandur Leach's
     "Rate limiting, cells, and GCRA", 2015): with emission interval ``T = per_s / count`` and
     tolerance ``tau = (burst - 1) * T``, a cell at time ``now`` conforms when
-    ``TAT - tau <= now``, and taking it sets ``TAT = max(TAT, now) + T``. Any window of
-    ``per_s`` seconds thus holds at most ``count + burst - 1`` conforming cells (``count``
-    when ``burst`` is 1), and a backlog is served at exactly ``count / per_s``. A provider's
-    Retry-After pauses a bucket by raising its TAT so that the next cell conforms no sooner
-    than the pause's end. Every function here is pure: the stores read and write the TATs.
+    ``TAT - tau <= now``, and taking it sets ``TAT = max(TAT, now) + T``. A key idle long
+    enough thus takes ``burst`` cells at once, then one every ``T``: any window of ``per_s``
+    seconds holds at most ``count + burst`` conforming cells, ``burst`` at its start and
+    ``count`` more up to its end inclusive (:func:`max_in_window`; one fewer in a window
+    ``[t, t + per_s)`` that leaves its end out), and a backlog is served at exactly
+    ``count / per_s``. A provider's Retry-After pauses a bucket by raising its TAT so that
+    the next cell conforms no sooner than the pause's end. Every function here is pure: the
+    stores read and write the TATs.
 
     Args:
         dimension: What the limit is on, e.g. ``"chat"``: the name tasks give their key
@@ -186,9 +189,11 @@ def paused_tat(tat: float | None, until: float, limit: RateLimit) -> float:
 def max_in_window(limit: RateLimit) -> int:
     """The most claims any window of ``per_s`` seconds may hold per key: ``count + burst``.
 
-    GCRA admits ``count + burst - 1`` in a half-open window of ``per_s`` seconds; one more
-    allows for the time between a claim and its send, which may differ from one send to
-    the next by up to one emission interval without a receiver seeing more than this.
+    The bound is reached: a key idle long enough takes ``burst`` claims at a window's start,
+    then one every emission interval ``T = per_s / count``, the last at the window's end. A
+    half-open window ``[t, t + per_s)`` holds at most ``count + burst - 1`` claims, but the
+    sends a receiver sees may still put ``count + burst`` in one: the time between a claim
+    and its send may differ from one send to the next by up to ``T`` without more than this.
     """
     return limit.count + limit.burst
 

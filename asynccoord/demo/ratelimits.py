@@ -12,8 +12,9 @@ the demo declares the same limits to the store (``set_rate_limits``) unless
 The measures come from the gateway's own record (:func:`window_ratio`,
 :func:`busiest_utilisation`): sliding windows of 1, 8 and 64 periods over the calls the
 provider accepted, per key, against what a burst-then-sustained (GCRA) sequence allows
-in each (``count * k + burst`` per ``k * per_s``, one more than GCRA's own bound for the
-time between claim and send, see :func:`~asynccoord.contract.ratelimits.max_in_window`),
+in each (``count * k + burst`` per ``k * per_s``, one more than GCRA's bound for the
+half-open windows judged, for the time between claim and send, see
+:func:`~asynccoord.contract.ratelimits.max_in_window`),
 so a key held to its burst but sent over its sustained rate shows in the longer windows;
 and the achieved rate of the busiest bucket over its allowed rate while it had messages
 waiting.

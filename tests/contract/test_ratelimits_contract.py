@@ -7,9 +7,11 @@ these tests drive the store clock by hand, so refills, bursts and pauses are exa
 from __future__ import annotations
 
 import math
+import random
+import re
 
 import pytest
-from support import FakeClock
+from support import ROOT, FakeClock
 
 from asynccoord import (
     InvalidArgumentError,
@@ -54,6 +56,55 @@ def test_gcra_spacing_and_burst() -> None:
     assert not conforms(tat, 100.49, limit)
     assert conforms(tat, 100.5, limit)  # one interval (1/2 s) later: one more
     assert max_in_window(limit) == 5
+
+
+def most_in_window(times: list[float], window_s: float, *, closed: bool) -> int:
+    """The most of ``times`` in any window ``[t, t + window_s]`` (or ``[t, t + window_s)``)."""
+    return max(sum(1 for u in times if t <= u and (u - t <= window_s if closed else u - t < window_s)) for t in times)
+
+
+def greedy_claims(limit: RateLimit, n: int, delays: list[float] | None = None) -> list[float]:
+    """The times of ``n`` claims of one key, each as soon as GCRA allows (plus ``delays``)."""
+    tat, now, times = None, 0.0, []
+    for i in range(n):
+        if tat is not None:
+            now = max(now, tat - limit.tolerance_s)
+        now += delays[i] if delays else 0.0
+        assert conforms(tat, now, limit)
+        tat = take(tat, now, limit)
+        times.append(now)
+    return times
+
+
+@pytest.mark.parametrize(("count", "per_s", "burst"), [(5, 1.0, 2), (4, 1.0, 1), (2, 1.0, 3), (8, 2.0, 8)])
+def test_a_window_of_per_s_holds_count_plus_burst_claims_at_most_and_at_best(
+    count: int, per_s: float, burst: int
+) -> None:
+    limit = RateLimit(dimension="chat", count=count, per_s=per_s, burst=burst)
+    times = greedy_claims(limit, 4 * (count + burst))
+    # burst at the window's start, then one every per_s / count, the last at its end
+    assert most_in_window(times, per_s, closed=True) == max_in_window(limit) == count + burst
+    assert most_in_window(times, per_s, closed=False) == count + burst - 1
+    rng = random.Random(count * 100 + burst)
+    for _ in range(20):  # claims that come later than they may never fill a window more
+        delays = [rng.choice([0.0, 0.0, rng.uniform(0, 2 * limit.interval_s)]) for _ in range(60)]
+        assert most_in_window(greedy_claims(limit, 60, delays), per_s, closed=True) <= max_in_window(limit)
+
+
+def test_the_docs_state_the_window_bound_max_in_window_gives() -> None:
+    readme = (ROOT / "README.md").read_text("utf-8")
+    stated = {
+        "RateLimit": re.search(
+            r"any\s+window\s+of\s+``per_s``\s+seconds\s+(?:thus\s+)?holds\s+at\s+most\s+``([^`]+)``",
+            RateLimit.__doc__ or "",
+            re.I,
+        ),
+        "max_in_window": re.search(
+            r"window of ``per_s`` seconds may hold per key: ``([^`]+)``", max_in_window.__doc__ or ""
+        ),
+        "README": re.search(r"In any window of `per_s` seconds a key gets at most `([^`]+)`", readme),
+    }
+    assert {doc: m.group(1) if m else None for doc, m in stated.items()} == dict.fromkeys(stated, "count + burst")
 
 
 def test_pause_only_raises_the_tat() -> None:
