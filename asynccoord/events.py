@@ -23,6 +23,7 @@ __all__ = (
     "LEASE_EXPIRED",
     "LEASE_LOST",
     "SEND_INTERRUPTED",
+    "SEND_PAUSED",
     "LOCK_CONTENDED",
     "LOCK_LOST",
     "MEMBERSHIP_CHANGE",
@@ -56,6 +57,9 @@ RATE_LIMIT_HELD = "rate_limit_held"
 """A claim left due work behind because a rate limit's bucket had no token (one per such claim)."""
 PROVIDER_RATE_LIMITED = "provider_rate_limited"
 """A send reported the provider's rate limit (HTTP 429): the declared limits are above the provider's."""
+SEND_PAUSED = "send_paused"
+"""A claimed task was handed back unsent because the provider had paused one of its buckets
+since the claim (a 429 of this process, see :mod:`asynccoord.pauses`)."""
 
 EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,
@@ -76,6 +80,7 @@ EVENT_NAMES: tuple[str, ...] = (
     STORE_RETRIES,
     RATE_LIMIT_HELD,
     PROVIDER_RATE_LIMITED,
+    SEND_PAUSED,
 )
 
 

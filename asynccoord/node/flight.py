@@ -44,6 +44,10 @@ class FlightState(enum.Enum):
     UNSENT = "unsent"
     """The lease reached its local deadline before the send began (the store may hand the task
     on from then on): never sent, never committed; the task is handed back at once."""
+    PAUSED = "paused"
+    """The provider paused one of the task's rate-limit buckets (a 429 this process reported,
+    :mod:`asynccoord.pauses`) before the send began: never sent, never committed; the task is
+    handed back, due when the pause ends, its attempt not used."""
     LOCK_DROPPED = "lock_dropped"
     """The send is over after a lost lock: the attempt is recorded as failed."""
     INTERRUPTED = "interrupted"
@@ -58,7 +62,7 @@ class FlightState(enum.Enum):
 
 _S = FlightState
 TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
-    _S.CLAIMED: (_S.SENDING, _S.LEASE_LOST, _S.LOCK_LOST),
+    _S.CLAIMED: (_S.SENDING, _S.PAUSED, _S.LEASE_LOST, _S.LOCK_LOST),
     _S.SENDING: (_S.RETURNED, _S.TIMED_OUT, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
     _S.TIMED_OUT: (_S.RETURNED, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
     # A lost lock after a lost lease (the send still in its cleanup) is the one recorded:
@@ -69,6 +73,7 @@ TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
     _S.LOCK_DROPPED: (_S.SETTLED,),
     _S.DROPPED: (),
     _S.UNSENT: (),
+    _S.PAUSED: (),
     _S.INTERRUPTED: (),
     _S.SETTLED: (),
 }
@@ -107,7 +112,8 @@ class Flight:
     * the send's timeout timer: ``SENDING -> TIMED_OUT``;
     * the keeper (:mod:`asynccoord.node.keeper`), when a lease is not renewed: ``-> LEASE_LOST``;
     * the slot, when the lease's local deadline passes before the send begins (while the task
-      waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``;
+      waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``; or when the provider
+      paused one of the task's buckets meanwhile: ``CLAIMED -> PAUSED``;
     * the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
 
     A lost lease or lock before the send is over cuts the send, and the send's end then moves

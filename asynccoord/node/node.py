@@ -252,6 +252,7 @@ class Node:
             send_timeout_s=self.config.send_timeout_s,
             affinity=self._affinity,
             on_exit=self._exiting,
+            lock_pace_dimension=self.config.lock_pace_dimension,
         )
         self._settler = Settler(
             store,

@@ -20,17 +20,20 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 from .. import events as ev
 from .._exits import PROCESS_EXITS, ProcessExiting, carry, is_process_exit
-from ..errors import InvalidTypeError, LockLostError
+from ..errors import InvalidTypeError, LockLostError, RateLimited
 from ..models import Task
 from ..monitor.histogram import SEND_MS
 from .delivery import _DELIVERY, Affinity, Delivery
 from .flight import Flight, FlightState
+
+if TYPE_CHECKING:
+    from ..pauses import PauseBook
 
 __all__ = (
     "SEND_CLEANUP_S",
@@ -109,10 +112,27 @@ class Sender:
         on_exit: The node's record of a process exit.
     """
 
-    __slots__ = ("_affinity", "_checked_send", "_node_id", "_on_exit", "_send_is_async", "_store", "_timeout_s")
+    __slots__ = (
+        "_affinity",
+        "_checked_send",
+        "_node_id",
+        "_on_exit",
+        "_pace_dimension",
+        "_pauses",
+        "_send_is_async",
+        "_store",
+        "_timeout_s",
+    )
 
     def __init__(
-        self, store: Any, *, node_id: str, send_timeout_s: float, affinity: Affinity, on_exit: ExitRecorder
+        self,
+        store: Any,
+        *,
+        node_id: str,
+        send_timeout_s: float,
+        affinity: Affinity,
+        on_exit: ExitRecorder,
+        lock_pace_dimension: str | None = None,
     ) -> None:
         self._store = store
         self._node_id = node_id
@@ -120,6 +140,8 @@ class Sender:
         self._affinity = affinity
         self._on_exit = on_exit
         self._checked_send: Any = None  # the send _send_is_async describes (see _coroutine)
+        self._pauses: PauseBook | None = getattr(store, "pauses", None)
+        self._pace_dimension = lock_pace_dimension
         self._send_is_async = False
 
     async def run(self, flight: Flight, send: SendFn) -> Outcome:
@@ -183,8 +205,10 @@ class Sender:
 
         Returns:
             None when the send started; else the :data:`Outcome` of a send that never
-            started: its lease past its local deadline (the flight ``UNSENT``), or its lease
-            or lock lost meanwhile (``DROPPED``, ``LOCK_DROPPED``).
+            started: its lease past its local deadline (the flight ``UNSENT``), its lease
+            or lock lost meanwhile (``DROPPED``, ``LOCK_DROPPED``), or its lock paused
+            since the claim by the provider's 429 to another send (``PAUSED``, see
+            :mod:`asynccoord.pauses`).
         """
         state = flight.state
         if state is FlightState.CLAIMED and time.monotonic() >= flight.lease_deadline:
@@ -193,6 +217,10 @@ class Sender:
             return False, None, None, False
         if state is not FlightState.CLAIMED:  # its lease or lock was lost before the send could begin
             flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
+            return False, None, None, False
+        pauses, lock = self._pauses, flight.lock
+        if pauses is not None and lock is not None and pauses.remaining_s(lock.name) > 0.0:
+            flight.move(FlightState.PAUSED)  # the provider said 429 to a send under its lock since the claim
             return False, None, None, False
         flight.move(FlightState.SENDING)
         task = flight.task
@@ -208,10 +236,16 @@ class Sender:
             sending = self._coroutine(task, send, carried=trace is not None)
             if trace is not None:  # in the send span, current while the send runs
                 sending = trace.send(sending)
-            flight.send = loop.create_task(_ending(sending, over, flight))
+            flight.send = loop.create_task(_ending(sending, over, flight, self._paused))
         finally:
             _DELIVERY.reset(token)
         return None
+
+    def _paused(self, flight: Flight, limited: RateLimited) -> None:
+        """``flight``'s send raised ``limited`` (a 429): pause its lock's other sends (:mod:`asynccoord.pauses`)."""
+        pauses, lock = self._pauses, flight.lock
+        if pauses is not None and lock is not None:
+            pauses.paused_by(lock.name, limited, self._pace_dimension)
 
     def outcome(self, flight: Flight, child: asyncio.Task[Any], cancel_pending: bool) -> Outcome:
         """The :data:`Outcome` of the send ``child`` of ``flight``, once ``flight.over`` is done; moves the flight on.
@@ -406,7 +440,12 @@ def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
     return asyncio.CancelledError()  # not reached: child is cancelled
 
 
-async def _ending(send: Coroutine[Any, Any, Any], over: asyncio.Future[None], flight: Flight) -> Any:
+async def _ending(
+    send: Coroutine[Any, Any, Any],
+    over: asyncio.Future[None],
+    flight: Flight,
+    paused: Callable[[Flight, RateLimited], None],
+) -> Any:
     """Run the send's coroutine; as it ends (its result or error is the task's), hand on its lock.
 
     A send holding a turn on a pooled lock (``flight.turn_end``) ends the turn here: the
@@ -415,12 +454,17 @@ async def _ending(send: Coroutine[Any, Any, Any], over: asyncio.Future[None], fl
     fenced by the same token (the lease stays in the process until the commit is over: see
     ``Turn.defer``). Without a turn, ``over`` is resolved here, the slot resuming a loop turn
     sooner. A ``KeyboardInterrupt`` or ``SystemExit`` leaves as a
-    :class:`~asynccoord._exits.ProcessExiting` (as from :func:`_carrying_exits`).
+    :class:`~asynccoord._exits.ProcessExiting` (as from :func:`_carrying_exits`). A
+    :class:`~asynccoord.errors.RateLimited` is given to ``paused`` before the turn is handed
+    on, so the next turn's send finds its lock paused (:mod:`asynccoord.pauses`).
     """
     try:
         return await send
     except PROCESS_EXITS as exc:
         raise ProcessExiting(exc) from None
+    except RateLimited as exc:
+        paused(flight, exc)
+        raise
     finally:
         end, flight.turn_end = flight.turn_end, None
         if end is not None:

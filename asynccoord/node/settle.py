@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -33,18 +33,18 @@ from ..errors import (
 )
 from ..models import Task, TaskStatus
 from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
+from ..pauses import MIN_RATE_LIMIT_PAUSE_S
 from .commits import Commits
 from .config import NodeConfig
 from .flight import Flight, FlightState
 from .send import Outcome, observe, observe_many
+
+if TYPE_CHECKING:
+    from ..pauses import PauseBook
 from .status import NodeState
 
 __all__ = ("HAND_BACK_WAIT_S", "MIN_RATE_LIMIT_PAUSE_S", "SETTLE_RETRY", "SETTLE_WAIT_S", "Settler")
 
-MIN_RATE_LIMIT_PAUSE_S = 0.5
-"""The shortest pause a send's ``RateLimited`` causes, seconds: a 429 uses no attempt, so a
-provider answering ``Retry-After: 0`` (or a client mapping that loses the value) would be
-called again at once, for ever; below this the pause is taken as this."""
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +145,14 @@ class Settler:
         try:
             # The settle: commit (fenced by the lock's token) or fail the task after its send.
             if not completed:
-                self.counters.conflicts += 1
                 node_id, task_id = self.node_id, flight.task.id
                 state = flight.state
+                if state is not FlightState.PAUSED:
+                    self.counters.conflicts += 1
                 if state is FlightState.UNSENT:  # never sent: pending again now, if the store still holds its lease
                     await self.hand_back(flight.task, delay_s=0.0)
+                elif state is FlightState.PAUSED:  # never sent: pending again when the provider's pause ends
+                    await self._hand_back_paused(flight)
                 else:
                     reason = flight.lost
                     log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, reason)
@@ -488,7 +491,7 @@ class Settler:
         loop = asyncio.get_running_loop()
         for flight in flights:
             state = flight.state
-            if state is FlightState.SETTLED or state is FlightState.UNSENT:
+            if state is FlightState.SETTLED or state is FlightState.UNSENT or state is FlightState.PAUSED:
                 continue  # committed, failed or handed back unsent already: there is nothing (more) to hand back
             if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
                 # The send may have reached its receiver before it was cancelled: the next
@@ -518,6 +521,21 @@ class Settler:
     async def _hand_back_quietly(self, task: Task) -> None:
         with contextlib.suppress(CoordError):
             await self.hand_back(task, delay_s=0.0)
+
+    async def _hand_back_paused(self, flight: Flight) -> None:
+        """Hand back, unsent, a task whose bucket the provider paused since its claim: due when the pause ends.
+
+        Its attempt is not used (a release); counted as ``send_paused``.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        task, lock = flight.task, flight.lock
+        pauses: PauseBook | None = getattr(self.store, "pauses", None)
+        delay_s = 0.0 if pauses is None or lock is None else pauses.remaining_s(lock.name)
+        self.store.events.add(ev.SEND_PAUSED)
+        log.info("asynccoord.node.send_paused node=%s task=%s pause_left_s=%.3f", self.node_id, task.id, delay_s)
+        await self.hand_back(task, delay_s=delay_s)
 
     async def hand_back(self, task: Task, *, delay_s: float) -> None:
         """Put ``task`` back to pending, due in ``delay_s`` seconds (a lease lost meanwhile: nothing to do).

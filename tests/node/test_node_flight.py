@@ -32,7 +32,7 @@ def flight_in(task: Task, *path: FlightState) -> Flight:
 
 def test_every_state_has_its_moves_and_the_ends_have_none() -> None:
     assert set(TRANSITIONS) == set(FlightState)
-    assert {s for s, moves in TRANSITIONS.items() if not moves} == {S.DROPPED, S.UNSENT, S.INTERRUPTED, S.SETTLED}
+    assert {s for s, moves in TRANSITIONS.items() if not moves} == {S.DROPPED, S.UNSENT, S.PAUSED, S.INTERRUPTED, S.SETTLED}
     for state, moves in TRANSITIONS.items():
         assert state.allowed == moves
     assert set(RENEWABLE) == {S.CLAIMED, S.SENDING, S.TIMED_OUT}
@@ -49,6 +49,7 @@ async def test_each_move_the_table_allows_is_made_and_every_other_is_refused() -
         S.RETURNED: (S.SENDING, S.RETURNED),
         S.DROPPED: (S.LEASE_LOST, S.DROPPED),
         S.UNSENT: (S.LEASE_LOST, S.UNSENT),
+        S.PAUSED: (S.PAUSED,),
         S.LOCK_DROPPED: (S.LOCK_LOST, S.LOCK_DROPPED),
         S.INTERRUPTED: (S.SENDING, S.INTERRUPTED),
         S.SETTLED: (S.SENDING, S.RETURNED, S.SETTLED),

@@ -207,6 +207,76 @@ async def test_a_limit_slower_than_the_lock_wait_is_not_paced(make_store) -> Non
     assert max(sends) - started < 3.0  # the burst went at once: no send waited an interval
 
 
+@ALL
+@pytest.mark.parametrize("named", [None, "account"], ids=["no-dimension", "the-locks-dimension"])
+async def test_a_429_under_an_account_lock_stops_that_accounts_claimed_sends_until_its_retry_after(
+    make_store, named: str | None
+) -> None:
+    """Tasks claimed before the 429 and waiting for the account's lock do not reach the provider during the pause."""
+    store = await make_store(clock=None)
+    await store.set_rate_limits(Q, [RateLimit(dimension="account", count=50, per_s=1.0, burst=20)])
+    n = 30
+    for i in range(n):
+        await store.enqueue(
+            Q, {"n": i}, partition_key=f"chat-{i % 10}", limit_keys={"account": "bot-1"}, max_attempts=1
+        )
+    sends: list[tuple[float, int]] = []
+    refused_at: list[float] = []
+
+    async def send(task: Task) -> None:
+        if task.payload["n"] == 3 and not refused_at:
+            refused_at.append(time.monotonic())
+            raise RateLimited(1.0, dimension=named)
+        sends.append((time.monotonic(), task.payload["n"]))
+        await asyncio.sleep(0.002)
+
+    config = NodeConfig(queue=Q, lock_pace_dimension="account", idle_max_s=0.2)
+    runtime = Runtime(store, send=send, nodes=2, config=config, lock_key=lambda t: "account:bot-1")
+    async with runtime:
+        await drained(store, n)
+    [at] = refused_at
+    during = [(round(t - at, 3), i) for t, i in sends if at < t < at + 1.0 - 0.02]
+    assert during == []  # nothing of the account went out during the Retry-After
+    assert sorted(i for _, i in sends) == list(range(n))  # every message once, the refused one included
+    assert any(t >= at + 0.98 for t, _ in sends)
+    for task_id in range(1, n + 1):
+        done = await store.get(task_id)
+        assert done.status is TaskStatus.DONE, done  # max_attempts=1: neither the 429 nor a pause used one
+    assert store.events.get(ev.PROVIDER_RATE_LIMITED) == 1
+    assert store.events.get(ev.SEND_PAUSED) >= 1  # claimed before the pause, handed back unsent
+
+
+@EMBEDDED
+async def test_a_429_naming_another_dimension_does_not_pause_the_account_lock(make_store) -> None:
+    store = await make_store(clock=None)
+    await store.set_rate_limits(
+        Q,
+        [
+            RateLimit(dimension="account", count=50, per_s=1.0, burst=20),
+            RateLimit(dimension="chat", count=50, per_s=1.0, burst=20),
+        ],
+    )
+    n = 12
+    for i in range(n):
+        keys = {"account": "bot-1", "chat": f"c{i % 4}"}
+        await store.enqueue(Q, {"n": i}, partition_key=f"c{i % 4}", limit_keys=keys)
+    sends: list[tuple[float, int]] = []
+    refused_at: list[float] = []
+
+    async def send(task: Task) -> None:
+        if task.payload["n"] == 0 and not refused_at:
+            refused_at.append(time.monotonic())
+            raise RateLimited(1.0, dimension="chat")  # one chat's limit: the account may go on
+        sends.append((time.monotonic(), task.payload["n"]))
+
+    config = NodeConfig(queue=Q, lock_pace_dimension="account", idle_max_s=0.2)
+    async with Runtime(store, send=send, nodes=2, config=config, lock_key=lambda t: "account:bot-1"):
+        await drained(store, n)
+    [at] = refused_at
+    assert [i for t, i in sends if at < t < at + 0.9 and i % 4 != 0]  # other chats of the account went on
+    assert store.events.get(ev.SEND_PAUSED) == 0
+
+
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
 async def test_a_misspelt_pace_dimension_is_warned_of_once_and_the_queue_drains(
     make_store, caplog: pytest.LogCaptureFixture

@@ -35,6 +35,7 @@ from ...events import EventCounter
 from ...models import Continuation, EnqueueResult, PurgeResult, QueueStats, Task, TaskStatus
 from ...monitor.histogram import LatencyRecorder
 from ...notify import WorkNotifier
+from ...pauses import PauseBook
 from ...validation import check_clock
 from ..base import StoreBase
 from ..rows import decode_json, new_token
@@ -71,6 +72,7 @@ class MemoryStore(
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
+        self.pauses = PauseBook()  # the provider's 429 pauses this process heard of (asynccoord.pauses)
         self.notifier = WorkNotifier()
         self._open = False
         self._ids = itertools.count(1)

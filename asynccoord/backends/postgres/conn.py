@@ -23,8 +23,9 @@ import asyncpg.exceptions as pgerr
 
 from ...errors import StoreBusyError, StoreClosedError, StoreConnectionError, StoreError, StoreLoopError
 from ...notify import WorkNotifier
+from ...pauses import PauseBook
 from ...releases import ReleaseSignal
-from ...validation import check_int, check_name, check_partitions
+from ...validation import check_int, check_name, check_non_negative, check_partitions
 
 __all__ = (
     "MAX_NOTIFY_PARTITIONS",
@@ -322,6 +323,11 @@ def encode_release(sender: str, name: str) -> str:
     return json.dumps({"s": sender, "l": name}, separators=(",", ":"))
 
 
+def encode_pause(sender: str, name: str, pause_s: float) -> str:
+    """The payload announcing the provider's pause of lock ``name``, ``pause_s`` seconds (:mod:`asynccoord.pauses`)."""
+    return json.dumps({"s": sender, "z": name, "t": round(pause_s, 3)}, separators=(",", ":"))
+
+
 def encode_notification(sender: str, queue: str, count: int, partitions: Collection[int] | None) -> str:
     """The payload of a work notification (JSON, well under PostgreSQL's 8000-byte limit)."""
     parts = None if partitions is None or len(partitions) > MAX_NOTIFY_PARTITIONS else sorted(partitions)
@@ -347,6 +353,8 @@ class PgListener:
         notifier: Where wake-ups go.
         releases: Where announcements of locks given back go (``{"s": sender, "l": name}``,
             see :func:`encode_release`); None ignores them.
+        pauses: Where the provider's pauses of locks go (``{"s": sender, "z": name, "t":
+            seconds}``, see :func:`encode_pause`); None ignores them.
     """
 
     def __init__(
@@ -357,12 +365,14 @@ class PgListener:
         sender: str,
         notifier: WorkNotifier,
         releases: ReleaseSignal | None = None,
+        pauses: PauseBook | None = None,
     ) -> None:
         self._connect = connect
         self.channel = channel
         self.sender = sender
         self.notifier = notifier
         self.releases = releases
+        self.pauses = pauses
         self.connected = asyncio.Event()
         self.received = 0
         self.reconnects = 0
@@ -457,6 +467,13 @@ class PgListener:
                 self.received += 1
                 if self.releases is not None:
                     self.releases.deliver(name)
+                return
+            if "z" in message:  # the provider's pause of a lock (encode_pause)
+                name = check_name("lock name", message["z"])
+                pause_s = check_non_negative("pause_s", message["t"])
+                self.received += 1
+                if self.pauses is not None:
+                    self.pauses.deliver(name, pause_s)
                 return
             # The values are checked as they came, not converted: a str, an int and a list of
             # ints (or null), as encode_notification writes them.

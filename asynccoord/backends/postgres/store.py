@@ -28,11 +28,13 @@ from ...errors import (
     InvalidArgumentError,
     InvalidTypeError,
     SchemaVersionError,
+    StoreError,
 )
 from ...events import EventCounter
 from ...models import Task
 from ...monitor.histogram import LatencyRecorder
 from ...notify import WorkNotifier
+from ...pauses import PauseBook
 from ...releases import ReleaseSignal
 from ...validation import (
     check_bool,
@@ -52,6 +54,7 @@ from .conn import (
     Connector,
     PgListener,
     PgRunner,
+    encode_pause,
     map_pg_error,
 )
 from .deadletters import PostgresDeadLetterOps
@@ -213,6 +216,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
+        self.pauses = PauseBook()  # the provider's 429 pauses this process heard of (asynccoord.pauses)
         self.notifier = WorkNotifier()
         self.releases = ReleaseSignal()
         self.schema = schema
@@ -337,8 +341,10 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
                     sender=self._sender,
                     notifier=self.notifier,
                     releases=self.releases,
+                    pauses=self.pauses,
                 )
                 await self._listener.start()
+                self.pauses.announce = self._announce_pause
         except BaseException:
             await self.close()
             raise
@@ -387,6 +393,21 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         else:
             self._partitions = int(value)
 
+    def _announce_pause(self, name: str, pause_s: float) -> None:
+        """Carry the provider's pause of lock ``name`` to the other processes (a NOTIFY, in the background)."""
+        payload = encode_pause(self._sender, name, pause_s)
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> None:
+            await self._x(conn, "notify", channel=self.channel, payload=payload)
+
+        async def announce() -> None:
+            try:
+                await self._run(op, what="announce_pause", tx=False)
+            except StoreError as exc:  # the store's paused bucket still holds back later claims
+                log.warning("asynccoord.postgres.pause_not_announced name=%r error=%s", name, exc)
+
+        self._spawn(announce())
+
     async def close(self) -> None:
         """Finish queued commits, stop the listener and close the pool. Idempotent.
 
@@ -410,6 +431,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             await claimer.flush()
         self._claimers.clear()
         self._refill.cancel_all()
+        if self.pauses.announce == self._announce_pause:
+            self.pauses.announce = None
         if self._background:
             with contextlib.suppress(Exception):
                 await asyncio.wait(set(self._background), timeout=5.0)

@@ -37,6 +37,7 @@ from ...errors import (
 )
 from ...events import EventCounter
 from ...monitor.histogram import LatencyRecorder
+from ...pauses import PauseBook
 from ...releases import ReleaseSignal
 from ...validation import check_bool, check_clock
 from ..schema import REVISION_KEY, check_revision
@@ -179,6 +180,7 @@ class SQLiteStore(
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
+        self.pauses = PauseBook()  # the provider's 429 pauses this process heard of (asynccoord.pauses)
         self.read_only = check_bool("read_only", read_only)
         self.wakeup = check_bool("wakeup", wakeup)
         self.notifier = SharedNotifier()
@@ -254,7 +256,7 @@ class SQLiteStore(
         if not self.read_only:  # a read-only store keeps the committer only for its clock
             self._writer.start()
         if self.wakeup and self._on_file() and isinstance(self.notifier, SharedNotifier):
-            self._wakeup = WakeupChannel.open(wakeup_dir(self.path), self.notifier, self.releases)
+            self._wakeup = WakeupChannel.open(wakeup_dir(self.path), self.notifier, self.releases, self.pauses)
         if self._background_checkpoints():
             writer = self._writer
             interval_s = cast(float, self.config.checkpoint_interval_s)

@@ -19,8 +19,9 @@ import socket
 from collections.abc import Collection
 
 from ...notify import WorkNotifier
+from ...pauses import PauseBook
 from ...releases import ReleaseSignal
-from ...validation import check_int, check_name, check_partitions
+from ...validation import check_int, check_name, check_non_negative, check_partitions
 
 __all__ = (
     "MAX_DATAGRAM_BYTES",
@@ -28,7 +29,9 @@ __all__ = (
     "SharedNotifier",
     "WakeupChannel",
     "decode_datagram",
+    "decode_pauses",
     "decode_wakeup",
+    "encode_pauses",
     "encode_wakeup",
     "wakeup_dir",
 )
@@ -126,6 +129,8 @@ class WakeupChannel:
         notifier: Where received notifications go.
         releases: Where received lock releases go, and whose own releases are sent
             (None: none are carried).
+        pauses: Where received provider pauses of locks go, and whose own are sent
+            (:mod:`asynccoord.pauses`; None: none are carried).
 
     Attributes:
         name: This store's socket file name in ``directory``.
@@ -134,10 +139,17 @@ class WakeupChannel:
         removed: Dead sockets unlinked so far.
     """
 
-    def __init__(self, directory: str, notifier: SharedNotifier, releases: ReleaseSignal | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        notifier: SharedNotifier,
+        releases: ReleaseSignal | None = None,
+        pauses: PauseBook | None = None,
+    ) -> None:
         self.directory = directory
         self.notifier = notifier
         self.releases = releases
+        self.pauses = pauses
         self.name = f"{os.getpid()}-{secrets.token_hex(6)}"
         self.sent = 0
         self.received = 0
@@ -148,6 +160,7 @@ class WakeupChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[str, tuple[int, set[int] | None]] = {}
         self._released: dict[str, None] = {}  # lock names given back this iteration, in order
+        self._paused: dict[str, float] = {}  # lock names paused by the provider this iteration: seconds
         self._flush_scheduled = False
 
     def __repr__(self) -> str:
@@ -156,7 +169,11 @@ class WakeupChannel:
 
     @classmethod
     def open(
-        cls, directory: str, notifier: SharedNotifier, releases: ReleaseSignal | None = None
+        cls,
+        directory: str,
+        notifier: SharedNotifier,
+        releases: ReleaseSignal | None = None,
+        pauses: PauseBook | None = None,
     ) -> WakeupChannel | None:
         """Bind this store's socket in ``directory`` (made if missing) and start receiving.
 
@@ -167,7 +184,7 @@ class WakeupChannel:
         """
         if not hasattr(socket, "AF_UNIX"):
             return None
-        channel = cls(directory, notifier, releases)
+        channel = cls(directory, notifier, releases, pauses)
         try:
             channel._bind()
         except OSError as exc:
@@ -181,6 +198,8 @@ class WakeupChannel:
         notifier.channel = channel
         if releases is not None:
             releases.announce = channel.announce_release
+        if pauses is not None:
+            pauses.announce = channel.announce_pause
         return channel
 
     def _bind(self) -> None:
@@ -224,8 +243,11 @@ class WakeupChannel:
             self.notifier.channel = None
         if self.releases is not None and self.releases.announce == self.announce_release:
             self.releases.announce = None
+        if self.pauses is not None and self.pauses.announce == self.announce_pause:
+            self.pauses.announce = None
         self._pending.clear()
         self._released.clear()
+        self._paused.clear()
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -273,6 +295,13 @@ class WakeupChannel:
         self._released[name] = None
         self._schedule_flush()
 
+    def announce_pause(self, name: str, pause_s: float) -> None:
+        """Queue the provider's pause of lock ``name`` (seconds) for the other processes (a datagram of its own)."""
+        if self._sock is None:
+            return
+        self._paused[name] = max(pause_s, self._paused.get(name, 0.0))
+        self._schedule_flush()
+
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._loop is not None:
             self._flush_scheduled = True
@@ -282,8 +311,9 @@ class WakeupChannel:
         self._flush_scheduled = False
         pending, self._pending = self._pending, {}
         released, self._released = self._released, {}
+        paused, self._paused = self._paused, {}
         sock = self._sock
-        if not (pending or released) or sock is None:
+        if not (pending or released or paused) or sock is None:
             return
         try:
             peers = [name for name in os.listdir(self._prefix) if name != self.name]
@@ -291,12 +321,15 @@ class WakeupChannel:
             return
         if not peers:
             return
-        payload = encode_wakeup(pending, released)
+        payloads = [encode_wakeup(pending, released)] if pending or released else []
+        if paused:  # apart: a receiver of an earlier revision drops what it cannot read, not the work with it
+            payloads.append(encode_pauses(paused))
         for peer in peers:
             path = os.path.join(self._prefix, peer)
             try:
-                sock.sendto(payload, path)
-                self.sent += 1
+                for payload in payloads:
+                    sock.sendto(payload, path)
+                    self.sent += 1
             except OSError as exc:
                 if exc.errno in _DEAD_PEER:
                     with contextlib.suppress(OSError):
@@ -318,6 +351,13 @@ class WakeupChannel:
             except OSError as exc:
                 log.warning("asynccoord.sqlite.wakeup_receive_failed error=%s", exc)
                 return
+            if data[:1] == b"{":  # the provider's pauses of locks (encode_pauses)
+                for name, pause_s in decode_pauses(data):
+                    self.received += 1
+                    if self.pauses is not None:
+                        self.pauses.deliver(name, pause_s)
+                sock = self._sock
+                continue
             work, released = decode_datagram(data)
             for queue, n, partitions in work:
                 self.received += 1
@@ -373,6 +413,33 @@ def decode_datagram(data: bytes) -> tuple[list[tuple[str, int, Collection[int] |
     except (ValueError, TypeError):  # InvalidArgumentError and InvalidTypeError included
         log.warning("asynccoord.sqlite.bad_wakeup datagram=%r", data[:200])
         return [], []
+
+
+def encode_pauses(paused: dict[str, float]) -> bytes:
+    """The datagram of the provider's pauses of locks ``{name: seconds}``: JSON ``{"pause": [[name, s], ...]}``.
+
+    Cut to :data:`MAX_DATAGRAM_BYTES` (the receiver then drops it: the store's paused bucket
+    still holds back later claims).
+    """
+    entries = [[name, round(pause_s, 3)] for name, pause_s in paused.items()]
+    return json.dumps({"pause": entries}, separators=(",", ":")).encode()[: MAX_DATAGRAM_BYTES + 1]
+
+
+def decode_pauses(data: bytes) -> list[tuple[str, float]]:
+    """The pauses of a datagram from :func:`encode_pauses`; a malformed one is logged and yields none."""
+    try:
+        message: object = json.loads(data)
+        if type(message) is not dict or type(message.get("pause")) is not list:
+            raise TypeError('not a {"pause": [...]} object')
+        pauses: list[tuple[str, float]] = []
+        for entry in message["pause"]:
+            if type(entry) is not list or len(entry) != 2 or type(entry[1]) not in (int, float):
+                raise TypeError(f"not a [lock name, seconds] entry: {entry!r}")
+            pauses.append((check_name("lock name", entry[0]), check_non_negative("pause_s", entry[1])))
+        return pauses
+    except (ValueError, TypeError):  # InvalidArgumentError and InvalidTypeError included
+        log.warning("asynccoord.sqlite.bad_pause datagram=%r", data[:200])
+        return []
 
 
 def decode_wakeup(data: bytes) -> list[tuple[str, int, Collection[int] | None]]:
