@@ -32,7 +32,13 @@ def flight_in(task: Task, *path: FlightState) -> Flight:
 
 def test_every_state_has_its_moves_and_the_ends_have_none() -> None:
     assert set(TRANSITIONS) == set(FlightState)
-    assert {s for s, moves in TRANSITIONS.items() if not moves} == {S.DROPPED, S.UNSENT, S.PAUSED, S.INTERRUPTED, S.SETTLED}
+    assert {s for s, moves in TRANSITIONS.items() if not moves} == {
+        S.DROPPED,
+        S.UNSENT,
+        S.PAUSED,
+        S.INTERRUPTED,
+        S.SETTLED,
+    }
     for state, moves in TRANSITIONS.items():
         assert state.allowed == moves
     assert set(RENEWABLE) == {S.CLAIMED, S.SENDING, S.TIMED_OUT}
