@@ -72,6 +72,7 @@ CONFLICT_EVENTS: tuple[str, ...] = (
     ev.MEMBERSHIP_CHANGE,
     ev.PROVIDER_RATE_LIMITED,
     ev.RATE_LIMIT_HELD,
+    ev.SEND_PAUSED,
 )
 """Events shown as conflicts in the human output (throughput events come after them)."""
 
