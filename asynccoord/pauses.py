@@ -24,12 +24,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .errors import RateLimited
+from .errors import RateLimited
 
-__all__ = ("MIN_RATE_LIMIT_PAUSE_S", "PauseBook")
+__all__ = ("MIN_RATE_LIMIT_PAUSE_S", "PauseBook", "rate_limited_of")
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +38,34 @@ called again at once, for ever; below this the pause is taken as this."""
 
 _KEEP = 4096
 """Names remembered at most; those whose pause is over are forgotten first when there are more."""
+
+
+def rate_limited_of(failure: BaseException | None) -> RateLimited | None:
+    """The provider's 429 that a send's ``failure`` is: a :class:`~asynccoord.errors.RateLimited`, or a group of them.
+
+    A send built on task groups (anyio, ``asyncio.TaskGroup``) raises its ``RateLimited``
+    inside an exception group. A group whose every leaf is one stands for the longest of
+    them, on its dimension and key when all name the same ones, else on every bucket of the
+    task; a group holding any other error is an ordinary failure (None).
+    """
+    if isinstance(failure, RateLimited):
+        return failure
+    if not isinstance(failure, BaseExceptionGroup):
+        return None
+    leaves: list[RateLimited] = []
+    pending: list[BaseException] = [failure]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        elif isinstance(exc, RateLimited):
+            leaves.append(exc)
+        else:
+            return None
+    longest = max(leaves, key=lambda r: r.retry_after_s)
+    if all((r.dimension, r.key) == (longest.dimension, longest.key) for r in leaves):
+        return longest
+    return RateLimited(longest.retry_after_s)
 
 
 class PauseBook:

@@ -14,8 +14,8 @@ from support import ROOT
 
 from asynccoord import NodeConfig, RateLimit, RateLimited, Runtime, SQLiteStore, Task
 from asynccoord import events as ev
-from asynccoord.backends.sqlite.wakeup import decode_datagram, decode_pauses, encode_pauses
-from asynccoord.pauses import MIN_RATE_LIMIT_PAUSE_S, PauseBook
+from asynccoord.backends.sqlite.wakeup import MAX_DATAGRAM_BYTES, decode_datagram, decode_pauses, encode_pauses
+from asynccoord.pauses import MIN_RATE_LIMIT_PAUSE_S, PauseBook, rate_limited_of
 
 
 class Clock:
@@ -79,11 +79,20 @@ def test_many_names_forget_the_pauses_that_are_over_first() -> None:
 
 
 def test_pause_datagrams_round_trip_and_a_malformed_one_yields_nothing() -> None:
-    data = encode_pauses({"account:a": 1.5, "account:b": 0.25})
+    [data] = encode_pauses({"account:a": 1.5, "account:b": 0.25})
     assert decode_pauses(data) == [("account:a", 1.5), ("account:b", 0.25)]
-    for bad in (b'{"pause": [["x"]]}', b'{"pause": [["x", -1]]}', b'{"pause": [["", 1]]}', b"{", b'{"p": 1}'):
+    nested = b'{"pause": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for bad in (b'{"pause": [["x"]]}', b'{"pause": [["x", -1]]}', b'{"pause": [["", 1]]}', b"{", b'{"p": 1}', nested):
         assert decode_pauses(bad) == []
     assert decode_datagram(data) == ([], [])  # an earlier revision's reader drops it, and only it
+
+
+def test_many_pauses_at_once_go_in_as_many_datagrams_as_it_takes_and_none_is_lost() -> None:
+    paused = {f"account:{i:05d}:" + "x" * 230: 2.0 for i in range(1000)}
+    datagrams = encode_pauses(paused)
+    assert len(datagrams) > 1
+    assert all(len(d) <= MAX_DATAGRAM_BYTES for d in datagrams)
+    assert [name for d in datagrams for name, _ in decode_pauses(d)] == list(paused)
 
 
 async def _paused_elsewhere(first: Any, second: Any) -> float:
@@ -199,3 +208,34 @@ async def test_a_429_stops_the_accounts_claimed_sends_in_another_store_too(kind:
     assert during == []  # neither store's runtime sent for the account during the Retry-After
     assert sorted(i for _, i in sends) == list(range(n))
     assert paused >= 1
+
+
+def test_a_group_of_429s_is_the_longest_and_a_group_with_another_error_is_none() -> None:
+    one = RateLimited(1.0, dimension="account", key="a")
+    assert rate_limited_of(one) is one
+    assert rate_limited_of(None) is None
+    assert rate_limited_of(ValueError("x")) is None
+    longer = RateLimited(3.0, dimension="account", key="a")
+    nested = ExceptionGroup("outer", [one, ExceptionGroup("inner", [longer])])
+    assert rate_limited_of(nested) is longer
+    mixed_dimensions = rate_limited_of(ExceptionGroup("g", [one, RateLimited(2.0, dimension="chat")]))
+    assert mixed_dimensions is not None
+    assert (mixed_dimensions.retry_after_s, mixed_dimensions.dimension, mixed_dimensions.key) == (2.0, None, None)
+    assert rate_limited_of(ExceptionGroup("g", [one, ValueError("other")])) is None
+
+
+async def test_a_postgresql_store_that_does_not_listen_still_announces_its_pauses() -> None:
+    from asynccoord.backends.postgres.store import PostgresStore
+
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    schema = new_schema("pause")
+    try:
+        async with (
+            PostgresStore(PG_DSN, schema=schema, listen=False) as first,
+            PostgresStore(PG_DSN, schema=schema) as second,
+        ):
+            await _paused_elsewhere(first, second)
+    finally:
+        drop_schemas(schema)

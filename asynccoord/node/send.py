@@ -29,6 +29,7 @@ from .._exits import PROCESS_EXITS, ProcessExiting, carry, is_process_exit
 from ..errors import InvalidTypeError, LockLostError, RateLimited
 from ..models import Task
 from ..monitor.histogram import SEND_MS
+from ..pauses import rate_limited_of
 from .delivery import _DELIVERY, Affinity, Delivery
 from .flight import Flight, FlightState
 
@@ -462,8 +463,10 @@ async def _ending(
         return await send
     except PROCESS_EXITS as exc:
         raise ProcessExiting(exc) from None
-    except RateLimited as exc:
-        paused(flight, exc)
+    except (RateLimited, BaseExceptionGroup) as exc:
+        limited = rate_limited_of(exc)
+        if limited is not None:
+            paused(flight, limited)
         raise
     finally:
         end, flight.turn_end = flight.turn_end, None

@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..models import Task, TaskStatus
 from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
-from ..pauses import MIN_RATE_LIMIT_PAUSE_S
+from ..pauses import MIN_RATE_LIMIT_PAUSE_S, rate_limited_of
 from .commits import Commits
 from .config import NodeConfig
 from .flight import Flight, FlightState
@@ -161,8 +161,9 @@ class Settler:
                 # else the task lease is gone (or ran out locally): never commit
             else:
                 self.counters.sent += 1
-                if isinstance(failure, RateLimited):  # the provider's 429: no attempt used, buckets paused
-                    await self.rate_limited(flight, failure)
+                limited = rate_limited_of(failure)
+                if limited is not None:  # the provider's 429 (or a group of them): no attempt used, buckets paused
+                    await self.rate_limited(flight, limited)
                 elif failure is not None:
                     await self.fail(flight, failure)
                 else:

@@ -208,9 +208,13 @@ async def test_a_limit_slower_than_the_lock_wait_is_not_paced(make_store) -> Non
 
 
 @ALL
-@pytest.mark.parametrize("named", [None, "account"], ids=["no-dimension", "the-locks-dimension"])
+@pytest.mark.parametrize(
+    ("named", "grouped"),
+    [(None, False), ("account", False), ("account", True)],
+    ids=["no-dimension", "the-locks-dimension", "in-an-exception-group"],
+)
 async def test_a_429_under_an_account_lock_stops_that_accounts_claimed_sends_until_its_retry_after(
-    make_store, named: str | None
+    make_store, named: str | None, grouped: bool
 ) -> None:
     """Tasks claimed before the 429 and waiting for the account's lock do not reach the provider during the pause."""
     store = await make_store(clock=None)
@@ -226,6 +230,10 @@ async def test_a_429_under_an_account_lock_stops_that_accounts_claimed_sends_unt
     async def send(task: Task) -> None:
         if task.payload["n"] == 3 and not refused_at:
             refused_at.append(time.monotonic())
+            if grouped:  # as a client built on a task group raises it
+                raise ExceptionGroup(
+                    "send failed", [RateLimited(1.0, dimension=named), RateLimited(0.5, dimension=named)]
+                )
             raise RateLimited(1.0, dimension=named)
         sends.append((time.monotonic(), task.payload["n"]))
         await asyncio.sleep(0.002)

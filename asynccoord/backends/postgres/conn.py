@@ -483,7 +483,7 @@ class PgListener:
             queue = check_name("queue", message["q"])
             count = check_int("n", message["n"], minimum=0)
             partitions = check_partitions("partitions", parts)
-        except (ValueError, KeyError, TypeError):  # InvalidArgumentError and InvalidTypeError included
+        except (ValueError, KeyError, TypeError, RecursionError):  # InvalidArgumentError and InvalidTypeError too
             log.warning("asynccoord.postgres.bad_notification payload=%r", payload[:200])
             return
         self.received += 1

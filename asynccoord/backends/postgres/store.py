@@ -344,6 +344,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
                     pauses=self.pauses,
                 )
                 await self._listener.start()
+            if not self.read_only:  # a NOTIFY needs no LISTEN: announced with listen=False too
                 self.pauses.announce = self._announce_pause
         except BaseException:
             await self.close()

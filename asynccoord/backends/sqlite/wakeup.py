@@ -323,7 +323,7 @@ class WakeupChannel:
             return
         payloads = [encode_wakeup(pending, released)] if pending or released else []
         if paused:  # apart: a receiver of an earlier revision drops what it cannot read, not the work with it
-            payloads.append(encode_pauses(paused))
+            payloads.extend(encode_pauses(paused))
         for peer in peers:
             path = os.path.join(self._prefix, peer)
             try:
@@ -410,19 +410,31 @@ def decode_datagram(data: bytes) -> tuple[list[tuple[str, int, Collection[int] |
                 (check_name("queue", queue), check_int("n", n, minimum=0), check_partitions("partitions", parts))
             )
         return work, released
-    except (ValueError, TypeError):  # InvalidArgumentError and InvalidTypeError included
+    except (ValueError, TypeError, RecursionError):  # InvalidArgumentError and InvalidTypeError included
         log.warning("asynccoord.sqlite.bad_wakeup datagram=%r", data[:200])
         return [], []
 
 
-def encode_pauses(paused: dict[str, float]) -> bytes:
-    """The datagram of the provider's pauses of locks ``{name: seconds}``: JSON ``{"pause": [[name, s], ...]}``.
+def encode_pauses(paused: dict[str, float]) -> list[bytes]:
+    """The datagrams of the provider's pauses of locks ``{name: seconds}``: JSON ``{"pause": [[name, s], ...]}``.
 
-    Cut to :data:`MAX_DATAGRAM_BYTES` (the receiver then drops it: the store's paused bucket
-    still holds back later claims).
+    As many as it takes to keep each within :data:`MAX_DATAGRAM_BYTES` (a lock name is at
+    most 255 characters, so one entry always fits).
     """
-    entries = [[name, round(pause_s, 3)] for name, pause_s in paused.items()]
-    return json.dumps({"pause": entries}, separators=(",", ":")).encode()[: MAX_DATAGRAM_BYTES + 1]
+    datagrams: list[bytes] = []
+    entries: list[list[object]] = []
+    size = 0
+    for name, pause_s in paused.items():
+        entry: list[object] = [name, round(pause_s, 3)]
+        entry_size = len(json.dumps(entry, separators=(",", ":")).encode()) + 1
+        if entries and size + entry_size > MAX_DATAGRAM_BYTES - 16:
+            datagrams.append(json.dumps({"pause": entries}, separators=(",", ":")).encode())
+            entries, size = [], 0
+        entries.append(entry)
+        size += entry_size
+    if entries:
+        datagrams.append(json.dumps({"pause": entries}, separators=(",", ":")).encode())
+    return datagrams
 
 
 def decode_pauses(data: bytes) -> list[tuple[str, float]]:
@@ -437,7 +449,7 @@ def decode_pauses(data: bytes) -> list[tuple[str, float]]:
                 raise TypeError(f"not a [lock name, seconds] entry: {entry!r}")
             pauses.append((check_name("lock name", entry[0]), check_non_negative("pause_s", entry[1])))
         return pauses
-    except (ValueError, TypeError):  # InvalidArgumentError and InvalidTypeError included
+    except (ValueError, TypeError, RecursionError):  # InvalidArgumentError and InvalidTypeError included
         log.warning("asynccoord.sqlite.bad_pause datagram=%r", data[:200])
         return []
 
