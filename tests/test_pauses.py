@@ -114,7 +114,9 @@ async def test_another_sqlite_store_on_the_file_learns_the_pause(tmp_path: Path)
         assert first.pauses.remaining_s("account:a") > 25.0
 
 
-async def test_another_postgresql_store_learns_the_pause() -> None:
+@pytest.mark.parametrize("listen", [True, False], ids=["listening", "not-listening"])
+async def test_another_postgresql_store_learns_the_pause(listen: bool) -> None:
+    """The announcing store may not LISTEN itself (``listen=False``): a NOTIFY needs none."""
     from asynccoord.backends.postgres.store import PostgresStore
 
     problem = postgres_problem()
@@ -122,7 +124,10 @@ async def test_another_postgresql_store_learns_the_pause() -> None:
         unavailable("PostgreSQL", problem)
     schema = new_schema("pause")
     try:
-        async with PostgresStore(PG_DSN, schema=schema) as first, PostgresStore(PG_DSN, schema=schema) as second:
+        async with (
+            PostgresStore(PG_DSN, schema=schema, listen=listen) as first,
+            PostgresStore(PG_DSN, schema=schema) as second,
+        ):
             await _paused_elsewhere(first, second)
     finally:
         drop_schemas(schema)
@@ -222,20 +227,3 @@ def test_a_group_of_429s_is_the_longest_and_a_group_with_another_error_is_none()
     assert mixed_dimensions is not None
     assert (mixed_dimensions.retry_after_s, mixed_dimensions.dimension, mixed_dimensions.key) == (2.0, None, None)
     assert rate_limited_of(ExceptionGroup("g", [one, ValueError("other")])) is None
-
-
-async def test_a_postgresql_store_that_does_not_listen_still_announces_its_pauses() -> None:
-    from asynccoord.backends.postgres.store import PostgresStore
-
-    problem = postgres_problem()
-    if problem is not None:
-        unavailable("PostgreSQL", problem)
-    schema = new_schema("pause")
-    try:
-        async with (
-            PostgresStore(PG_DSN, schema=schema, listen=False) as first,
-            PostgresStore(PG_DSN, schema=schema) as second,
-        ):
-            await _paused_elsewhere(first, second)
-    finally:
-        drop_schemas(schema)
