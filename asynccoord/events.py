@@ -58,8 +58,8 @@ RATE_LIMIT_HELD = "rate_limit_held"
 PROVIDER_RATE_LIMITED = "provider_rate_limited"
 """A send reported the provider's rate limit (HTTP 429): the declared limits are above the provider's."""
 SEND_PAUSED = "send_paused"
-"""A claimed task was handed back unsent because the provider had paused one of its buckets
-since the claim (a 429 of this process, see :mod:`asynccoord.pauses`)."""
+"""A claimed task was handed back unsent because a provider's 429 to another send under its
+lock, in any process, paused the lock since the claim (see :mod:`asynccoord.pauses`)."""
 
 EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,

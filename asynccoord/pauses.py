@@ -16,7 +16,15 @@ Times are on the process's monotonic clock. A store with a cross-process channel
 SQLite wake-up sockets, PostgreSQL's NOTIFY) sets :attr:`PauseBook.announce` and carries
 each pause, as seconds still to wait, to the other processes, whose books take it from its
 arrival (:meth:`PauseBook.deliver`): a lost announcement costs only sends that the store's
-paused bucket does not hold back, those claimed before the pause.
+paused bucket does not hold back, those claimed before the pause. A ``RateLimited`` inside an
+exception group (a client built on a task group) counts as one (:func:`rate_limited_of`).
+
+What a pause does not stop: a send claimed before it under no lock, or under a lock whose
+dimension the 429 does not name; and in a process started during the pause, which learns of
+it only through the store's paused bucket, a send whose task carries no key of a paused
+bucket (declare the account's limit, and give ``lock_pace_dimension``, for it to wait too).
+With ``lock_permits`` above 1, another process's send may start within the announcement's
+delivery (well under a millisecond on SQLite, a few on PostgreSQL).
 """
 
 from __future__ import annotations

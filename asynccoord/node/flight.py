@@ -45,9 +45,9 @@ class FlightState(enum.Enum):
     """The lease reached its local deadline before the send began (the store may hand the task
     on from then on): never sent, never committed; the task is handed back at once."""
     PAUSED = "paused"
-    """The provider paused one of the task's rate-limit buckets (a 429 this process reported,
-    :mod:`asynccoord.pauses`) before the send began: never sent, never committed; the task is
-    handed back, due when the pause ends, its attempt not used."""
+    """The provider's 429 to another send under the task's lock (in this process or another,
+    :mod:`asynccoord.pauses`) paused the lock before this send began: never sent, never
+    committed; the task is handed back, due when the pause ends, its attempt not used."""
     LOCK_DROPPED = "lock_dropped"
     """The send is over after a lost lock: the attempt is recorded as failed."""
     INTERRUPTED = "interrupted"
@@ -112,8 +112,8 @@ class Flight:
     * the send's timeout timer: ``SENDING -> TIMED_OUT``;
     * the keeper (:mod:`asynccoord.node.keeper`), when a lease is not renewed: ``-> LEASE_LOST``;
     * the slot, when the lease's local deadline passes before the send begins (while the task
-      waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``; or when the provider
-      paused one of the task's buckets meanwhile: ``CLAIMED -> PAUSED``;
+      waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``; or when a 429 paused
+      the task's lock meanwhile: ``CLAIMED -> PAUSED``;
     * the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
 
     A lost lease or lock before the send is over cuts the send, and the send's end then moves

@@ -20,7 +20,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 
@@ -29,12 +29,9 @@ from .._exits import PROCESS_EXITS, ProcessExiting, carry, is_process_exit
 from ..errors import InvalidTypeError, LockLostError, RateLimited
 from ..models import Task
 from ..monitor.histogram import SEND_MS
-from ..pauses import rate_limited_of
+from ..pauses import PauseBook, rate_limited_of
 from .delivery import _DELIVERY, Affinity, Delivery
 from .flight import Flight, FlightState
-
-if TYPE_CHECKING:
-    from ..pauses import PauseBook
 
 __all__ = (
     "SEND_CLEANUP_S",

@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -33,18 +33,14 @@ from ..errors import (
 )
 from ..models import Task, TaskStatus
 from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
-from ..pauses import MIN_RATE_LIMIT_PAUSE_S, rate_limited_of
+from ..pauses import MIN_RATE_LIMIT_PAUSE_S, PauseBook, rate_limited_of
 from .commits import Commits
 from .config import NodeConfig
 from .flight import Flight, FlightState
 from .send import Outcome, observe, observe_many
-
-if TYPE_CHECKING:
-    from ..pauses import PauseBook
 from .status import NodeState
 
 __all__ = ("HAND_BACK_WAIT_S", "MIN_RATE_LIMIT_PAUSE_S", "SETTLE_RETRY", "SETTLE_WAIT_S", "Settler")
-
 
 log = logging.getLogger(__name__)
 
