@@ -15,7 +15,7 @@ from typing import Any
 
 from ..models import Task, TaskSlots, TaskStatus, make_task
 
-__all__ = ("decode_json", "new_token", "settled_done", "task_from_row", "with_stored_fields")
+__all__ = ("decode_json", "lease_lost_reason", "new_token", "settled_done", "task_from_row", "with_stored_fields")
 
 
 # The standard library's own C scanner, which json.loads runs after two regex matches for
@@ -133,3 +133,27 @@ def with_stored_fields(task: Task, stored: Task) -> Task:
 def new_token() -> str:
     """A random token (128 bits, hex) for leases and lock ownership."""
     return secrets.token_hex(16)
+
+
+def lease_lost_reason(
+    task: Task,
+    status: str,
+    owner: str | None,
+    token: str | None,
+    expires: float | None,
+    version: int,
+    now: float | None = None,
+) -> str:
+    """Why a compare-and-set on ``task`` failed, given the stored task's fields (``now``: the store clock, if read).
+
+    The first that holds of: the task is no longer running, another lease holds it, its
+    version moved on, its lease expired.
+    """
+    if status != TaskStatus.RUNNING:
+        return f"task is {TaskStatus(status).value} (version {version}, caller had version {task.version})"
+    if token != task.lease_token:
+        return f"task was reclaimed by {owner!r} under another lease (version {version})"
+    if version != task.version:
+        return f"version is {version}, caller had {task.version}"
+    clock = "store clock" if now is None else f"store clock now {now:.3f}"
+    return f"lease expired at {expires if expires is None else format(expires, '.3f')} ({clock})"

@@ -38,7 +38,7 @@ from ...notify import WorkNotifier
 from ...pauses import PauseBook
 from ...validation import check_clock
 from ..base import StoreBase
-from ..rows import decode_json, new_token
+from ..rows import decode_json, lease_lost_reason, new_token
 from ..wakeups import notify_partitions, notify_settled
 from .deadletters import MemoryDeadLetterOps
 from .locks import MemoryLockOps
@@ -282,15 +282,18 @@ class MemoryStore(
         current = self._tasks.get(task.id)
         if current is None:
             raise TaskNotFoundError(task.id)
+        expires = current.lease_expires_at
         reason = None
-        if current.status is not TaskStatus.RUNNING:
-            reason = f"task is {current.status.value} (version {current.version}, caller had version {task.version})"
-        elif current.lease_token != task.lease_token:
-            reason = f"task was reclaimed by {current.lease_owner!r} under another lease (version {current.version})"
-        elif current.version != task.version:
-            reason = f"version is {current.version}, caller had {task.version}"
-        elif current.lease_expires_at is None or current.lease_expires_at <= now:
-            reason = f"lease expired at {current.lease_expires_at} (store clock now {now:.3f})"
+        if (
+            current.status is not TaskStatus.RUNNING
+            or current.lease_token != task.lease_token
+            or current.version != task.version
+            or expires is None
+            or expires <= now
+        ):
+            reason = lease_lost_reason(
+                task, current.status, current.lease_owner, current.lease_token, expires, current.version, now
+            )
         if reason is not None:
             if count:
                 self.events.add(ev.STALE_COMMIT_REJECTED)

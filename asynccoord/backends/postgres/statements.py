@@ -21,6 +21,7 @@ from ...errors import ReadOnlyStoreError
 from ...models import Task, TaskStatus
 from ...notify import WorkNotifier
 from ..base import StoreBase
+from ..rows import lease_lost_reason
 from .conn import PgListener, PgRunner, encode_notification
 from .query import load_pg_queries
 
@@ -35,16 +36,7 @@ _Row = Row
 
 def lost_reason(row: _Row | None, task: Task) -> str | None:
     """Why a compare-and-set on ``task`` matched nothing (``row`` is the stored task); None if gone."""
-    if row is None:
-        return None
-    status, token, expires, version = row[7], row[12], row[13], row[14]
-    if status != TaskStatus.RUNNING:
-        return f"task is {status} (version {version}, caller had version {task.version})"
-    if token != task.lease_token:
-        return f"task was reclaimed by {row[11]!r} under another lease (version {version})"
-    if version != task.version:
-        return f"version is {version}, caller had {task.version}"
-    return f"lease expired at {expires:.3f} (store clock)"
+    return None if row is None else lease_lost_reason(task, row[7], row[11], row[12], row[13], row[14])
 
 
 def settled_by_us(row: _Row | None, task: Task, status: TaskStatus) -> bool:

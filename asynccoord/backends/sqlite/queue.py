@@ -24,7 +24,7 @@ from ...contract.ratelimits import Admission
 from ...errors import CoordError, LeaseLostError, TaskNotFoundError
 from ...models import Continuation, EnqueueResult, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
 from ..base import StoreBase
-from ..rows import decode_json, new_token, settled_done, task_from_row
+from ..rows import decode_json, lease_lost_reason, new_token, settled_done, task_from_row
 from ..sqlfiles import load_queries
 from ..wakeups import notify_partitions
 from .deadletters import recompute_heads
@@ -82,16 +82,7 @@ def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: floa
 def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
     """Why a compare-and-set on ``task`` matched nothing; None if the task is gone."""
     row = db.execute(Q["select_task"], {"id": task.id}).fetchone()
-    if row is None:
-        return None
-    status, token, expires, version = row[7], row[12], row[13], row[14]
-    if status != TaskStatus.RUNNING:
-        return f"task is {status} (version {version}, caller had version {task.version})"
-    if token != task.lease_token:
-        return f"task was reclaimed by {row[11]!r} under another lease (version {version})"
-    if version != task.version:
-        return f"version is {version}, caller had {task.version}"
-    return f"lease expired at {expires:.3f} (store clock now {now:.3f})"
+    return None if row is None else lease_lost_reason(task, row[7], row[11], row[12], row[13], row[14], now)
 
 
 class SQLiteQueueOps(StoreBase):
