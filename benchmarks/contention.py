@@ -76,8 +76,9 @@ import aiosqlite
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run
 from postgres_drain import bench_schema
-from queue_throughput import raw_commits_per_s, run
+from queue_throughput import raw_commits_per_s
 
 from asynccoord import NewTask, SQLiteStore
 from asynccoord.backends.open import is_postgres_target, redact_target

@@ -38,16 +38,10 @@ import tempfile
 import time
 from typing import Any
 
+from _common import loadavg, run
+
 QUEUE = "hot"
 LOCK = "account:hot"
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
 
 
 def _open(target: str, schema: str | None) -> Any:
@@ -58,14 +52,6 @@ def _open(target: str, schema: str | None) -> Any:
     from asynccoord.backends.sqlite.store import SQLiteStore
 
     return SQLiteStore(target)
-
-
-def _run(main: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 async def _worker(args: argparse.Namespace) -> None:
@@ -119,7 +105,7 @@ def _efficiency(intervals: list[tuple[float, float]]) -> dict[str, float]:
 
 def _measure(target: str, schema: str | None, processes: int, args: argparse.Namespace) -> dict[str, float]:
     """One drain by ``processes`` worker processes of the queue filled with ``--tasks`` tasks."""
-    _run(_fill(target, schema, args.tasks, args.conversations))
+    run(lambda: _fill(target, schema, args.tasks, args.conversations))
     command = [sys.executable, __file__, "--role", "worker", "--target", target, "--nodes", str(args.nodes)]
     command += ["--send-ms", str(args.send_ms), *(["--schema", schema] if schema else [])]
     procs = [
@@ -183,7 +169,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "nodes": args.nodes,
         "send_ms": args.send_ms,
         "repeat": args.repeat,
-        "loadavg_before": _loadavg(),
+        "loadavg_before": loadavg(),
     }
     stores = ["sqlite"] + (["postgres"] if args.dsn else [])
     runs: dict[str, list[dict[str, float]]] = {"bare_loop": []}
@@ -191,7 +177,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         for p in args.processes:
             runs[f"{kind}_{p}p"] = []
     for r in range(args.repeat):
-        runs["bare_loop"].append(_run(_bare_loop(args.tasks, args.send_ms)))
+        runs["bare_loop"].append(run(lambda: _bare_loop(args.tasks, args.send_ms)))
         for kind in stores:
             for p in args.processes:
                 if kind == "sqlite":
@@ -209,7 +195,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     results["overhead_ms_per_send"] = {
         name: statistics.median(x["overhead_ms_per_send"] for x in rs) for name, rs in runs.items()
     }
-    results["loadavg_after"] = _loadavg()
+    results["loadavg_after"] = loadavg()
     return results
 
 
@@ -229,7 +215,7 @@ def main() -> None:
     parser.add_argument("--schema", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "worker":
-        _run(_worker(args))
+        run(lambda: _worker(args))
         return
     if args.quick:
         args.tasks, args.conversations, args.repeat = 200, 20, 1

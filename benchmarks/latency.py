@@ -49,6 +49,8 @@ import tempfile
 import time
 from typing import Any
 
+from _common import loadavg
+
 QUEUE = "latency"
 
 
@@ -57,15 +59,6 @@ def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), round(q * len(ordered) + 0.5)))
     return ordered[rank - 1]
-
-
-def _loadavg() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages (``/proc/loadavg``), None where there is none."""
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
 
 
 def _cpu_s() -> float:
@@ -219,7 +212,7 @@ async def _pg_floor(dsn: str, schema: str, args: argparse.Namespace) -> dict[str
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"tasks": args.tasks, "nodes": args.nodes, "gap_ms": list(args.gap_ms)}
-    results["loadavg_before"] = _loadavg()
+    results["loadavg_before"] = loadavg()
     stores = [kind for kind in ("sqlite", "postgres") if kind in args.stores and (kind == "sqlite" or args.dsn)]
     for kind in stores:
         for mode, wakeup in (("wakeup", True), ("poll_only", False)):
@@ -241,7 +234,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 if "floor" in results[kind] and wakeup:
                     floor = results[kind]["floor"]
                     print(f"{kind:8} {'floor':9} " + " ".join(f"{k}={v}" for k, v in floor.items()), flush=True)
-    results["loadavg_after"] = _loadavg()
+    results["loadavg_after"] = loadavg()
     return results
 
 

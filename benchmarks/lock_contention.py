@@ -52,10 +52,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from _common import run
 from postgres_drain import bench_schema
 
 from asynccoord import Lease, Lock, SQLiteStore, Watchdog
@@ -63,16 +64,6 @@ from asynccoord import Lease, Lock, SQLiteStore, Watchdog
 PG_SCHEMA = "bench_locks"
 
 T = TypeVar("T")
-
-
-def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine on uvloop when it is installed, else on asyncio."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())
-    result: T = uvloop.run(main())
-    return result
 
 
 def uvloop_version() -> str | None:

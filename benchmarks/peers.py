@@ -80,7 +80,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from queue_throughput import QUEUE, _has_uvloop, drain, fill, run
+from _common import has_uvloop, run
+from queue_throughput import QUEUE, drain, fill
 
 from asynccoord import CoordError, NewTask, SQLiteStore, StoreBusyError, TaskStatus
 
@@ -770,7 +771,7 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any
             "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
             "sqlite": sqlite3.sqlite_version,
-            "uvloop": _has_uvloop(),
+            "uvloop": has_uvloop(),
             "load_average": list(os.getloadavg()),
         },
         "versions": versions(queues),

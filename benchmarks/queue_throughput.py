@@ -36,25 +36,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
+from _common import has_uvloop, run
 
 from asynccoord import NewTask, SQLiteStore
 
 T = TypeVar("T")
 QUEUE = "bench"
-
-
-def run(main: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine on uvloop when it is installed, else on asyncio."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())  # type: ignore[arg-type]
-    return uvloop.run(main())  # type: ignore[no-any-return]
 
 
 # --- baselines ---------------------------------------------------------------------
@@ -238,7 +229,7 @@ def _bench(args: argparse.Namespace, folder: str) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
             "sqlite": sqlite3.sqlite_version,
-            "uvloop": _has_uvloop(),
+            "uvloop": has_uvloop(),
         },
         "tasks": args.tasks,
         "batch": args.batch,
@@ -303,14 +294,6 @@ def _cleanup(path: str) -> None:
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path + suffix)
-
-
-def _has_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def print_table(r: dict[str, Any]) -> None:
