@@ -10,7 +10,11 @@ rate is tasks divided by the time from the runtime's start to that return.
 
 The ceiling, measured in the same run on the same kind of file: the **store loop**, 16
 coroutines each ``claim(limit=32)`` -> no-op -> ``complete_many`` on one shared store (what
-``queue_throughput.py`` measures). Each figure's runs are interleaved with the others'
+``queue_throughput.py`` measures). Beside it, the **store loop by partition**: the same 16
+coroutines, each claiming only its sixteenth of the partitions, as 16 nodes each claim only
+the partitions they own; the difference between the two is what claiming by partition costs
+the store itself (a claim's tasks, one in 16 of the queue's, lie on rows and index pages
+spread over the table). Each figure's runs are interleaved with the others'
 (A, B, C, A, B, C...) so that a change of load on the machine hits them alike; medians
 are reported, with the load average before and after.
 
@@ -41,28 +45,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from _common import has_uvloop, loadavg, run
+
 from asynccoord import NewTask, NodeConfig, Runtime, SQLiteStore, Task, TaskStatus
 
 T = TypeVar("T")
 QUEUE = "bench"
-
-
-def run(main: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine on uvloop when it is installed, else on asyncio."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())  # type: ignore[arg-type]
-    return uvloop.run(main())  # type: ignore[no-any-return]
-
-
-def _loadavg() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages (``/proc/loadavg``), None where there is none."""
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
 
 
 async def fill(path: str, tasks: int, conversations: int) -> None:
@@ -78,14 +66,21 @@ async def fill(path: str, tasks: int, conversations: int) -> None:
             )
 
 
-async def store_loop(path: str, tasks: int, workers: int = 16, batch: int = 32) -> float:
-    """Tasks/s of ``workers`` coroutines doing claim -> no-op -> ``complete_many`` on one store."""
+async def store_loop(path: str, tasks: int, workers: int = 16, batch: int = 32, *, by_partition: bool = False) -> float:
+    """Tasks/s of ``workers`` coroutines doing claim -> no-op -> ``complete_many`` on one store.
+
+    ``by_partition``: each coroutine claims only its share of the partitions (those whose
+    number is its index modulo ``workers``), as each of as many nodes claims only its own.
+    """
     async with SQLiteStore(path) as store:
 
         async def worker(index: int) -> int:
             done = 0
+            own = [p for p in range(store.partitions) if p % workers == index] if by_partition else None
             while True:
-                claimed = await store.claim(QUEUE, node_id=f"loop-{index}", limit=batch, lease_s=60, ordered=False)
+                claimed = await store.claim(
+                    QUEUE, node_id=f"loop-{index}", limit=batch, lease_s=60, partitions=own, ordered=False
+                )
                 if not claimed:
                     return done
                 outcomes = await store.complete_many(claimed)
@@ -137,13 +132,16 @@ def _cleanup(path: str) -> None:
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every figure of one run (see the module docstring), in a temporary folder removed after."""
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "uvloop": _has_uvloop()},
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "uvloop": has_uvloop()},
         "tasks": args.tasks,
         "conversations": args.conversations,
         "repeat": args.repeat,
-        "loadavg_before": _loadavg(),
+        "loadavg_before": loadavg(),
     }
-    cases: list[tuple[str, Callable[[str], Awaitable[float]]]] = [("store_loop", lambda p: store_loop(p, args.tasks))]
+    cases: list[tuple[str, Callable[[str], Awaitable[float]]]] = [
+        ("store_loop", lambda p: store_loop(p, args.tasks)),
+        ("store_loop_by_partition", lambda p: store_loop(p, args.tasks, by_partition=True)),
+    ]
     for n in args.nodes:
         cases.append((f"runtime_{n}", lambda p, n=n: runtime_drain(p, args.tasks, n, False)))  # type: ignore[misc]
     for n in args.ordered_nodes:
@@ -169,28 +167,25 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     results["vs_store_loop"] = {
         name: rate / ceiling for name, rate in results["tasks_per_s"].items() if name != "store_loop"
     }
+    by_partition = results["tasks_per_s"]["store_loop_by_partition"]
+    results["vs_store_loop_by_partition"] = {
+        name: rate / by_partition for name, rate in results["tasks_per_s"].items() if name.startswith("runtime_")
+    }
     if "long" in results and "runtime_16" in results["tasks_per_s"]:
         results["long"]["vs_short"] = results["long"]["tasks_per_s"] / results["tasks_per_s"]["runtime_16"]
-    results["loadavg_after"] = _loadavg()
+    results["loadavg_after"] = loadavg()
     return results
-
-
-def _has_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def print_table(r: dict[str, Any]) -> None:
     m = r["machine"]
     print(f"machine: {m['cpus']} cpus, Python {m['python']}, uvloop={m['uvloop']}; load {r['loadavg_before']}")
     print(f"{r['tasks']} tasks over {r['conversations']} conversations, {r['repeat']} interleaved repeats (median)")
-    print(f"  {'drain':<22} {'tasks/s':>10} {'x store loop':>13}")
+    print(f"  {'drain':<24} {'tasks/s':>10} {'x store loop':>13} {'x by partition':>15}")
     for name, rate in r["tasks_per_s"].items():
-        ratio = r["vs_store_loop"].get(name)
-        print(f"  {name:<22} {rate:>10,.0f} {'' if ratio is None else f'{ratio:>13.2f}'}")
+        ratio, ratio_p = r["vs_store_loop"].get(name), r["vs_store_loop_by_partition"].get(name)
+        cells = ("" if ratio is None else f"{ratio:>13.2f}", "" if ratio_p is None else f"{ratio_p:>15.2f}")
+        print(f"  {name:<24} {rate:>10,.0f} {cells[0]:>13} {cells[1]:>15}")
     if "long" in r:
         long = r["long"]
         print(f"  long: {long['tasks']} tasks at 16 nodes: {long['tasks_per_s']:,.0f} tasks/s", end="")

@@ -122,11 +122,15 @@ def test_queue_throughput_reports_every_documented_figure(tmp_path: Path) -> Non
 def test_runtime_throughput_reports_the_runtime_beside_the_store_loop(tmp_path: Path) -> None:
     r = run_json("runtime_throughput.py", "--quick", cwd=tmp_path)  # asserts every task done itself
     assert r["tasks"] == 2000
-    assert set(r["tasks_per_s"]) == {"store_loop", "runtime_1", "runtime_4", "runtime_4_ordered"}
+    names = {"store_loop", "store_loop_by_partition", "runtime_1", "runtime_4", "runtime_4_ordered"}
+    assert set(r["tasks_per_s"]) == names
     assert all(positive(v) for v in r["tasks_per_s"].values())
     assert all(rates == [r["tasks_per_s"][name]] for name, rates in r["runs"].items())
     for name, ratio in r["vs_store_loop"].items():
         assert ratio == pytest.approx(r["tasks_per_s"][name] / r["tasks_per_s"]["store_loop"])
+    assert set(r["vs_store_loop_by_partition"]) == {"runtime_1", "runtime_4", "runtime_4_ordered"}
+    for name, ratio in r["vs_store_loop_by_partition"].items():
+        assert ratio == pytest.approx(r["tasks_per_s"][name] / r["tasks_per_s"]["store_loop_by_partition"])
     assert r["long"]["tasks"] == 4000
     assert positive(r["long"]["tasks_per_s"])
     assert len(r["long"]["tenths_per_s"]) == 10
