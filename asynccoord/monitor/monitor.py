@@ -23,6 +23,7 @@ from typing import Any, Self
 
 import anyio
 
+from .._errtext import error_text
 from ..config import StoreConfig
 from ..contract.monitor import PROCESS_SCOPE, Alert, MetricsFlush, MetricsView
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
@@ -324,7 +325,19 @@ class Monitor:
                     sub._task = None
             if self.sinks:
                 with anyio.CancelScope(shield=True):
-                    await asyncio.gather(*(sink.aclose(timeout_s=_SINK_CLOSE_S) for sink in self.sinks))
+                    outcomes = await asyncio.gather(
+                        *(sink.aclose(timeout_s=_SINK_CLOSE_S) for sink in self.sinks), return_exceptions=True
+                    )
+                for sink, outcome in zip(self.sinks, outcomes, strict=True):
+                    if isinstance(outcome, Exception):  # a sink's bug must not escape the close
+                        log.warning(
+                            "asynccoord.monitor.sink_failed process=%s sink=%r error=%s",
+                            self.process_id,
+                            sink,
+                            error_text(outcome),
+                        )
+                    elif isinstance(outcome, BaseException):
+                        raise outcome
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

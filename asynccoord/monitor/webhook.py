@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import urllib.parse
 from collections import deque
 from collections.abc import Mapping
@@ -32,6 +33,45 @@ DEFAULT_WEBHOOK_RETRY = RetryPolicy(base_s=0.5, factor=2.0, cap_s=30.0, jitter=0
 
 _RETRY_STATUSES = frozenset({408, 429})
 """Answers below 500 that are worth trying again (timeout, rate limit)."""
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP header name: one or more token characters (RFC 9110, section 5.1)."""
+_HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
+"""An HTTP header value: no control character but the horizontal tab (RFC 9110, section 5.5)."""
+
+
+def _check_headers(headers: object) -> dict[str, str]:
+    """The extra headers of a :class:`WebhookSink`, checked so that no POST can refuse them.
+
+    Raises:
+        InvalidTypeError: not a mapping, or a name or value that is not a str.
+        InvalidArgumentError: a name that is not an HTTP token, or a value with a control
+            character (a CR or LF, as a token read from a file with its newline has).
+    """
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidTypeError(f"headers must be a mapping of str to str or None, got {type(headers).__name__}")
+    checked: dict[str, str] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str):
+            raise InvalidTypeError(f"headers names must be str, got {type(name).__name__} {name!r:.50}")
+        if not isinstance(value, str):
+            raise InvalidTypeError(f"headers[{name!r:.50}] must be a str, got {type(value).__name__}")
+        if not _HEADER_NAME.fullmatch(name):
+            raise InvalidArgumentError(
+                f"headers name {name!r:.50} is not an HTTP header name: use letters, digits and !#$%&'*+-.^_`|~"
+            )
+        if not _HEADER_VALUE.fullmatch(value):
+            # The value is often a secret: name the header and the character, not the value.
+            bad = next(ch for ch in value if not _HEADER_VALUE.fullmatch(ch))
+            raise InvalidArgumentError(
+                f"headers[{name!r}] holds the control character {bad!r}: strip it (a token read from a file"
+                " keeps its newline)"
+            )
+        checked[name] = value
+    return checked
 
 
 def _where(url: str) -> str:
@@ -57,9 +97,10 @@ class WebhookSink:
     5xx) is tried again after exponential backoff with jitter (M. Brooker, "Exponential
     Backoff and Jitter", AWS Architecture Blog, 2015; :class:`~asynccoord.config.RetryPolicy`),
     up to ``retry.max_attempts`` attempts in all; any other answer than 2xx is not tried
-    again. Every failed attempt, and every notice given up, is counted and logged at WARNING
-    as ``asynccoord.monitor.webhook_failed``; the URL is logged without its path and query,
-    which often hold a secret.
+    again, nor is an error other than a network failure (a request the HTTP client refused
+    to send): it costs that notice, never the sink. Every failed attempt, and every notice
+    given up, is counted and logged at WARNING as ``asynccoord.monitor.webhook_failed``; the
+    URL is logged without its path and query, which often hold a secret.
 
     The body is the notice's :meth:`~asynccoord.contract.monitor.Alert.to_dict` with a
     ``text`` field holding :meth:`~asynccoord.contract.monitor.Alert.describe` (which chat
@@ -76,10 +117,12 @@ class WebhookSink:
         retry: Backoff between attempts and ``max_attempts`` (attempts in all, the first
             included). Default :data:`DEFAULT_WEBHOOK_RETRY`.
         queue_size: Notices kept waiting before the oldest is dropped (>= 1). Default 100.
-        headers: Extra HTTP headers (an ``Authorization`` header, say). Default none.
+        headers: Extra HTTP headers (an ``Authorization`` header, say): str names that are
+            HTTP tokens, str values without control characters. Default none.
 
     Raises:
-        InvalidArgumentError, InvalidTypeError: a bad argument.
+        InvalidArgumentError, InvalidTypeError: a bad argument (a header value with a
+            newline, say).
         ImportError: aiohttp is not installed (``pip install 'asynccoord[webhook]'``).
     """
 
@@ -99,10 +142,7 @@ class WebhookSink:
             raise InvalidArgumentError(f"url must be an http:// or https:// URL with a host, got {_where(url)!r}")
         if not isinstance(retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
-        if headers is not None and not (
-            isinstance(headers, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
-        ):
-            raise InvalidTypeError("headers must be a mapping of str to str or None")
+        checked_headers = _check_headers(headers)
         try:
             import aiohttp
         except ImportError as exc:
@@ -112,7 +152,7 @@ class WebhookSink:
         self.timeout_s = check_positive("timeout_s", timeout_s)
         self.retry = retry
         self.queue_size = check_int("queue_size", queue_size, minimum=1)
-        self.headers = dict(headers or {})
+        self.headers = checked_headers
         self._queue: deque[Alert] = deque()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -161,8 +201,12 @@ class WebhookSink:
         finally:
             if task is not None:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:  # the task is gone either way; what it held is counted below
+                    log.exception("asynccoord.monitor.webhook_failed url=%s error=sending task died", _where(self.url))
             self._dropped += len(self._queue)
             self._queue.clear()
             self._idle.set()
@@ -193,6 +237,15 @@ class WebhookSink:
             except asyncio.CancelledError:
                 self._dropped += 1  # closed while sending it
                 raise
+            except Exception as exc:  # a bug here must cost this notice only, never the sink's task
+                self._failed_attempts += 1
+                self._given_up += 1
+                log.exception(
+                    "asynccoord.monitor.webhook_failed url=%s rule=%s error=%s gave_up=1",
+                    _where(self.url),
+                    alert.rule,
+                    error_text(exc),
+                )
             finally:
                 self._sending = False
 
@@ -207,6 +260,8 @@ class WebhookSink:
                     await response.read()
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 error, again = error_text(exc), True
+            except Exception as exc:  # not a network failure: the request itself is refused, again would be too
+                error, again = error_text(exc), False
             else:
                 if 200 <= status < 300:
                     self._delivered += 1

@@ -235,3 +235,101 @@ async def test_the_body_is_the_alerts_json_with_a_text_line(endpoint: Endpoint) 
     (body,) = endpoint.bodies
     assert body == json.loads(json.dumps({**alert.to_dict(), "text": alert.describe()}))
     assert endpoint.authorization == ["Bearer t"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "error", "message"),
+    [
+        ({"X-Token": "Bearer abc\n"}, InvalidArgumentError, r"headers\['X-Token'\] holds the control character '\\n'"),
+        ({"X-Token": "a\rb"}, InvalidArgumentError, "control character '\\\\r'"),
+        ({"X-Token": "a\x00b"}, InvalidArgumentError, "control character"),
+        ({"X-Token": "a\x7fb"}, InvalidArgumentError, "control character"),
+        ({"X Token": "v"}, InvalidArgumentError, "'X Token' is not an HTTP header name"),
+        ({"X-Token\n": "v"}, InvalidArgumentError, "is not an HTTP header name"),
+        ({"": "v"}, InvalidArgumentError, "is not an HTTP header name"),
+        ({"X-Token": b"abc"}, InvalidTypeError, r"headers\['X-Token'\] must be a str, got bytes"),
+        ({"X-Token": None}, InvalidTypeError, "must be a str, got NoneType"),
+        ({b"X-Token": "abc"}, InvalidTypeError, "headers names must be str, got bytes"),
+        ([("X-Token", "abc")], InvalidTypeError, "headers must be a mapping"),
+    ],
+)
+def test_a_header_no_request_could_carry_is_refused_by_the_constructor(
+    headers: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message) as info:
+        WebhookSink("http://example.com/hook", headers=headers)
+    assert "abc" not in str(info.value)  # the value may be a secret: never in the message
+
+
+def test_a_header_value_with_a_tab_or_beyond_ascii_is_accepted() -> None:
+    sink = WebhookSink("http://example.com/hook", headers={"X-Token": "a\tb", "X-Name": "café"})
+    assert sink.headers == {"X-Token": "a\tb", "X-Name": "café"}
+
+
+LOST_RULE = AlertRule(name="lost_leases", event=ev.LEASE_LOST, threshold=0, window_s=60.0)
+
+
+async def test_an_unexpected_error_in_a_delivery_is_a_failed_attempt_and_the_sink_goes_on(
+    endpoint: Endpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request the HTTP client refuses to send (here a header changed after the constructor
+    checked it) costs that notice only: counted, logged, not retried, and the next is sent."""
+    sink = WebhookSink(endpoint.url, retry=FAST_RETRY, headers={"X-Token": "ok"})
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE, LOST_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
+    ):
+        sink.headers["X-Token"] = "Bearer abc\n"
+        await fire(monitor, store)
+        await until(lambda: sink.statistics().given_up == 1)
+        stats = sink.statistics()
+        assert (stats.delivered, stats.failed_attempts, stats.given_up, stats.dropped) == (0, 1, 1, 0)
+        assert endpoint.requests == 0
+        assert monitor.statistics().sink_failures == 1
+        sink.headers["X-Token"] = "ok"
+        store.events.add(ev.LEASE_LOST)
+        await monitor.flush()
+        (alert,) = await monitor.evaluate()
+        assert alert.rule == "lost_leases"
+        await until(lambda: sink.statistics().delivered == 1)
+        assert [b["rule"] for b in endpoint.bodies] == ["lost_leases"]
+    stats = sink.statistics()
+    assert (stats.delivered, stats.failed_attempts, stats.given_up, stats.dropped, stats.queued) == (1, 1, 1, 0, 0)
+    failed = [r.getMessage() for r in caplog.records if "asynccoord.monitor.webhook_failed" in r.getMessage()]
+    assert len(failed) == 1
+    assert "ValueError" in failed[0]
+    assert "gave_up=1" in failed[0]
+
+
+async def test_a_sink_that_raises_on_close_does_not_escape_the_monitors_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    closed: list[str] = []
+
+    class Broken:
+        def __init__(self, name: str, fail: bool) -> None:
+            self.name, self.fail = name, fail
+
+        async def start(self) -> None:
+            pass
+
+        def offer(self, alert: Any) -> None:
+            pass
+
+        async def aclose(self, timeout_s: float = 5.0) -> None:
+            closed.append(self.name)
+            if self.fail:
+                raise ValueError("broken close")
+
+        def statistics(self) -> Any:
+            return WebhookSink("http://127.0.0.1:1/").statistics()
+
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, sinks=[Broken("a", True), Broken("b", False)]),
+    ):
+        pass
+    assert sorted(closed) == ["a", "b"]
+    failed = [r.getMessage() for r in caplog.records if "asynccoord.monitor.sink_failed" in r.getMessage()]
+    assert len(failed) == 1
+    assert "ValueError: broken close" in failed[0]
