@@ -33,6 +33,7 @@ from ..config import StoreConfig
 from ..contract.monitor import check_windows
 from ..contract.ratelimits import RateLimitStore
 from ..locks.pool import PLACE_PREFIX
+from ..monitor.monitor import LEADER_LOCK
 from ..monitor.snapshot import cluster_snapshot
 from ..partition import assign
 from ..validation import MAX_DURATION_S, check_positive
@@ -115,7 +116,8 @@ async def status_report(
     windows = check_windows(windows_s)
     depths = await store.queue_depths()
     members = await store.members()
-    locks = [("db", lock) for lock in await store.list_locks()]
+    # The lease of the monitor that judges the cluster rules is no lock of the nodes: left out.
+    locks = [("db", lock) for lock in await store.list_locks() if lock.name != LEADER_LOCK]
     if lock_store is not None:
         locks += [("lock_store", lock) for lock in await lock_store.list_locks()]
     snapshot = await cluster_snapshot(store, windows)

@@ -4,6 +4,11 @@ A :class:`Monitor` flushes the process's coordination counters and latency histo
 the store, so every process sees cluster-wide totals and rates, judges alert rules over
 sliding windows of them (:mod:`asynccoord.monitor.rules`), and delivers one notice per
 incident and one when it resolves, without ever blocking the nodes.
+
+Of all the monitors sharing a store, one at a time judges the cluster-scoped rules: the
+holder of the store lock :data:`LEADER_LOCK` (a lease renewed at each evaluation, taken
+over by another monitor once it lapses), so a cluster incident is raised once, not once
+per process.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import anyio
 
 from .._errtext import error_text
 from ..config import StoreConfig
-from ..contract.monitor import PROCESS_SCOPE, Alert, MetricsFlush, MetricsView
+from ..contract.locks import Lease
+from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, MetricsFlush, MetricsView
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from ..events import EventCounter
 from ..validation import (
@@ -33,6 +39,7 @@ from ..validation import (
     check_bool,
     check_int,
     check_interval_s,
+    check_lease_s,
     check_name,
     check_positive,
     encode_payload,
@@ -42,7 +49,7 @@ from .histogram import Histogram
 from .rules import DEFAULT_RULES, AlertRule, Incident, decide
 from .snapshot import ClusterSnapshot, cluster_snapshot
 
-__all__ = ("Monitor", "MonitorStats")
+__all__ = ("LEADER_LOCK", "Monitor", "MonitorStats")
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,9 @@ _CANCELLED_WRITE_WAIT_S = 5.0
 """How long a cancelled flush waits for its write's outcome, seconds."""
 _SINK_CLOSE_S = 5.0
 """How long a closing monitor lets each sink deliver what it holds, seconds."""
+
+LEADER_LOCK = "asynccoord.monitor.cluster-rules"
+"""The store lock whose holder judges the cluster-scoped rules for every monitor of the store."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +84,10 @@ class MonitorStats:
     """Notices the sinks (``sinks=``) gave up on after every attempt, or that were refused."""
     sink_dropped: int = 0
     """Notices the sinks dropped unsent (their queue was full, or they closed first)."""
+    leader: bool = False
+    """Whether this monitor judged the cluster-scoped rules at its last evaluation."""
+    leader_changes: int = 0
+    """Times this monitor took over the cluster-scoped rules or handed them over."""
 
 
 _ACTIVE_STORES: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -109,6 +123,18 @@ class Monitor:
     alerts are stored with each flush, so other processes (and ``python -m asynccoord
     status``) see them; they expire when the monitor stops refreshing them.
 
+    Every process may run its monitor on a shared store; the cluster-scoped rules are
+    judged by one of them at a time, the holder of the store lock :data:`LEADER_LOCK`
+    (``try_acquire_lock`` with ``leader_ttl_s``, renewed at each evaluation), so one cluster
+    incident makes one firing notice and one resolved notice in the whole cluster, on the
+    leader's subscribers and sinks. The others take the lease over once it lapses (its
+    holder died: cluster rules go unjudged for at most ``leader_ttl_s`` plus one
+    evaluation) or is released (its holder closed). A new leader adopts the cluster alerts
+    the store shows firing: it does not raise them again, and it sends their resolved
+    notice. Process- and node-scoped rules are judged by each monitor on its own
+    process' counters. A store without locks (no ``try_acquire_lock``) leaves each
+    monitor judging the cluster rules alone.
+
     Use one monitor per store object: a second monitor on the same store would count
     its deltas twice.
 
@@ -141,6 +167,11 @@ class Monitor:
             :class:`~asynccoord.monitor.webhook.WebhookSink`; each queues it and delivers it
             in a task of its own, so none can block the monitor. Started and closed with the
             monitor (a close gives each up to 5 s to deliver what it holds). Default none.
+        leader_ttl_s: Lease of the lock :data:`LEADER_LOCK` that makes this monitor the one
+            judging the cluster-scoped rules, seconds: how long the cluster rules go
+            unjudged when the leader dies without closing. At least twice
+            ``evaluate_interval_s`` (each evaluation renews it). Default the largest of
+            5 s, 1.5 times the longer interval and twice ``evaluate_interval_s``.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store).
@@ -163,6 +194,7 @@ class Monitor:
         info: Mapping[str, Any] | None = None,
         lock_store: Any = None,
         sinks: Sequence[AlertSink] = (),
+        leader_ttl_s: float | None = None,
     ) -> None:
         for method in ("flush_metrics", "read_metrics"):
             if not callable(getattr(store, method, None)):
@@ -229,7 +261,27 @@ class Monitor:
         max_bytes = limit if isinstance(limit, int) else StoreConfig().max_payload_bytes
         encode_payload(self.info, max_bytes=max_bytes, arg="info")
         # Three intervals, at most the longest duration a store takes (intervals near a year).
-        self.alert_ttl_s = min(MAX_DURATION_S, max(10.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s)))
+        alert_ttl_s = max(10.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s))
+        if leader_ttl_s is None:
+            self.leader_ttl_s = min(MAX_DURATION_S, max(alert_ttl_s / 2, 2 * self.evaluate_interval_s))
+        else:
+            self.leader_ttl_s = check_lease_s("leader_ttl_s", leader_ttl_s)
+            if self.leader_ttl_s < 2 * self.evaluate_interval_s:
+                raise InvalidArgumentError(
+                    f"leader_ttl_s={self.leader_ttl_s!r} < 2 * evaluate_interval_s={self.evaluate_interval_s!r}: "
+                    "each evaluation renews the lease, so it would lapse between two; raise leader_ttl_s"
+                )
+        # Stored alerts outlive the leader's lease by at least half of it: a monitor taking
+        # over from a leader that died still finds its alerts, and does not raise them again.
+        self.alert_ttl_s = min(MAX_DURATION_S, max(alert_ttl_s, 2 * self.leader_ttl_s))
+        self._lockable = all(
+            callable(getattr(store, name, None)) for name in ("try_acquire_lock", "renew_lock", "release_lock")
+        )
+        self._judges_cluster = any(rule.scope is AlertScope.CLUSTER for rule in chosen)
+        self._lease: Lease | None = None
+        self._leader = False
+        self._leader_changes = 0
+        self._others_live = False
         self._tracked: dict[str, EventCounter] = {}
         self._sent_events: dict[tuple[str, str], int] = {}
         self._sent_latency: dict[str, Histogram] = {}
@@ -249,7 +301,11 @@ class Monitor:
 
     def __repr__(self) -> str:
         state = "open" if self._open else "closed"
-        return f"<Monitor {self.process_id!r} {state} rules={len(self.rules)} active_alerts={len(self._incidents)}>"
+        leader = " leader" if self._leader else ""
+        return (
+            f"<Monitor {self.process_id!r} {state}{leader} rules={len(self.rules)}"
+            f" active_alerts={len(self._incidents)}>"
+        )
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -289,8 +345,11 @@ class Monitor:
     async def close(self) -> None:
         """Stop the loops, flush what is left and withdraw this monitor's stored alerts, end the streams.
 
-        The final flush runs shielded for at most 5 s; a store that is already closed
-        is tolerated. Idempotent.
+        The leader of the cluster-scoped rules releases its lease, so another monitor takes
+        them over at its next evaluation; while other monitors are live it leaves its
+        firing cluster alerts stored (they expire after ``alert_ttl_s``) for the next leader
+        to adopt, so a restart does not raise them again. The final flush and the release
+        run shielded for at most 5 s; a store that is already closed is tolerated. Idempotent.
         """
         if not self._open:
             return
@@ -307,10 +366,19 @@ class Monitor:
         try:
             with anyio.CancelScope(shield=True) as scope:
                 scope.deadline = anyio.current_time() + 5.0
-                self._incidents.clear()
+                hand_over = self._leader and self._others_live
+                for key, incident in list(self._incidents.items()):
+                    if not (hand_over and incident.alert.scope is AlertScope.CLUSTER):
+                        del self._incidents[key]
                 self._alerts_dirty = True
                 with contextlib.suppress(CoordError):
                     await self.flush(force=True)
+                self._incidents.clear()
+                lease, self._lease = self._lease, None
+                self._leader = False
+                if lease is not None:
+                    with contextlib.suppress(CoordError):
+                        await self.store.release_lock(lease)
         finally:
             for mailbox in list(self._mailboxes):
                 self._unregister(mailbox)
@@ -465,8 +533,10 @@ class Monitor:
     async def evaluate(self) -> list[Alert]:
         """Read the rules' windows from the store and decide firing and resolved notices.
 
-        Notices are published at once (log line, buffers, callbacks); when the set of
-        firing alerts changed, the new state is flushed to the store right away.
+        First renews (or tries to take) the lease on :data:`LEADER_LOCK`: the cluster-scoped
+        rules are judged only while this monitor holds it. When the set of firing alerts
+        changed, the new state is flushed to the store right away, then the notices are
+        published (log line, buffers, callbacks, sinks), even if that write failed.
 
         Returns:
             The notices this evaluation produced (often empty).
@@ -478,25 +548,97 @@ class Monitor:
         if not windows:
             return []
         try:
+            took_over = await self._lead()
             view: MetricsView = await self.store.read_metrics(windows)
         except BaseException:
             self._evaluate_failures += 1
             raise
         self._evaluations += 1
-        notices, changed = decide(self.rules, self._incidents, view, self.process_id)
+        self._others_live = any(
+            pid != self.process_id and report.last_flush_age_s < self.alert_ttl_s
+            for pid, report in view.processes.items()
+        )
+        if took_over:
+            self._adopt(view.alerts)
+        rules = [rule for rule in self.rules if self._leader or rule.scope is not AlertScope.CLUSTER]
+        notices, changed = decide(rules, self._incidents, view, self.process_id, own_process=self.process_id)
         self._alerts_dirty = self._alerts_dirty or changed
         self._fired += sum(1 for alert in notices if alert.firing)
         self._resolved += sum(1 for alert in notices if not alert.firing)
-        for alert in notices:
-            self._publish(alert)
-        if notices:  # the stored alert state changed: write it now, not at the next flush
-            self._alerts_dirty = True
+        if not notices:
+            return notices
+        # The stored alert state changed: write it now, and before publishing, so that a
+        # monitor taking over from this one after a crash finds what it raised, and does
+        # not raise it again. Published all the same when the write fails.
+        self._alerts_dirty = True
+        try:
             if self._open:
                 try:
                     await self.flush()
                 except CoordError as exc:
                     log.warning("asynccoord.monitor.flush_failed process=%s error=%s", self.process_id, exc)
+        finally:
+            for alert in notices:
+                self._publish(alert)
         return notices
+
+    async def _lead(self) -> bool:
+        """Renew or take the lease on :data:`LEADER_LOCK`; True when this monitor just took over.
+
+        Sets ``_leader``. A lapsed lease taken again with the next fencing token was held by
+        nobody in between: the leadership went on, and so do the open incidents. Otherwise
+        the cluster incidents this monitor held are another's now: they are dropped
+        without a notice (and withdrawn from the store at the next flush).
+        """
+        if not self._judges_cluster or not self._lockable:
+            self._leader = self._judges_cluster
+            return False
+        lease = self._lease
+        if lease is not None:
+            renewed: Lease | None = await self.store.renew_lock(lease, self.leader_ttl_s)
+            if renewed is not None:
+                self._lease = renewed
+                self._leader = True
+                return False
+        got = await self.store.try_acquire_lock(LEADER_LOCK, ttl_s=self.leader_ttl_s, holder=self.process_id)
+        was_leader = self._leader
+        if isinstance(got, Lease):
+            self._lease = got
+            self._leader = True
+            if lease is not None and got.fencing_token == lease.fencing_token + 1:
+                return False  # nobody held it in between
+            self._drop_cluster_incidents()
+            self._leader_changes += 1
+            log.info(
+                "asynccoord.monitor.leader_acquired process=%s lock=%s fencing_token=%d",
+                self.process_id,
+                LEADER_LOCK,
+                got.fencing_token,
+            )
+            return True
+        self._lease = None
+        self._leader = False
+        self._drop_cluster_incidents()
+        if was_leader:
+            self._leader_changes += 1
+            log.info("asynccoord.monitor.leader_lost process=%s lock=%s", self.process_id, LEADER_LOCK)
+        return False
+
+    def _drop_cluster_incidents(self) -> None:
+        for key in [k for k, inc in self._incidents.items() if inc.alert.scope is AlertScope.CLUSTER]:
+            del self._incidents[key]
+            self._alerts_dirty = True
+
+    def _adopt(self, stored: Sequence[Alert]) -> None:
+        """Continue the cluster incidents the store shows firing (a former leader raised them)."""
+        names = {rule.name for rule in self.rules if rule.scope is AlertScope.CLUSTER}
+        for alert in stored:
+            key = (alert.rule, alert.scope_key)
+            if alert.firing and alert.scope is AlertScope.CLUSTER and alert.rule in names:
+                held = self._incidents.get(key)
+                if held is None or alert.fired_at < held.alert.fired_at:
+                    self._incidents[key] = Incident(alert=alert, current=alert)
+                    self._alerts_dirty = True
 
     # --- delivery -----------------------------------------------------------------------
 
@@ -624,4 +766,6 @@ class Monitor:
             active_alerts=len(self._incidents),
             sink_failures=sum(sink.statistics().given_up for sink in self.sinks),
             sink_dropped=sum(sink.statistics().dropped for sink in self.sinks),
+            leader=self._leader,
+            leader_changes=self._leader_changes,
         )

@@ -150,7 +150,12 @@ class Incident:
 
 
 def decide(
-    rules: Sequence[AlertRule], incidents: dict[tuple[str, str], Incident], view: MetricsView, monitor_id: str
+    rules: Sequence[AlertRule],
+    incidents: dict[tuple[str, str], Incident],
+    view: MetricsView,
+    monitor_id: str,
+    *,
+    own_process: str | None = None,
 ) -> tuple[list[Alert], bool]:
     """Judge every rule on ``view``, opening and closing ``incidents`` in place.
 
@@ -160,6 +165,8 @@ def decide(
         view: The window counts read from the store (``view.windows`` holds each rule's
             ``window_s``; ``view.now_s`` is the store clock of the read).
         monitor_id: The judging monitor's process id (``Alert.monitor_id``).
+        own_process: Judge the ``process`` and ``node`` rules on this process' counters
+            only (each monitor judges its own process); None judges every process.
 
     Returns:
         ``(notices, changed)``: the firing and resolved notices this judgement produced,
@@ -169,7 +176,7 @@ def decide(
     changed = False
     notices: list[Alert] = []
     for rule in rules:
-        groups = _group_counts(rule.scope, view.windows.get(rule.window_s, {}))
+        groups = _group_counts(rule.scope, view.windows.get(rule.window_s, {}), own_process)
         keys = set(groups) | {key for (name, key) in incidents if name == rule.name}
         for key in sorted(keys):
             counts = groups.get(key, {})
@@ -217,10 +224,14 @@ def decide(
     return notices, changed
 
 
-def _group_counts(scope: AlertScope, counts: Mapping[CounterKey, int]) -> dict[str, dict[str, int]]:
+def _group_counts(
+    scope: AlertScope, counts: Mapping[CounterKey, int], own_process: str | None
+) -> dict[str, dict[str, int]]:
     """Window counts grouped by the rule's scope: scope key -> event name -> count."""
     out: dict[str, dict[str, int]] = {}
     for (pid, where, name), value in counts.items():
+        if own_process is not None and scope is not AlertScope.CLUSTER and pid != own_process:
+            continue
         if scope is AlertScope.NODE:
             if where == PROCESS_SCOPE:
                 continue

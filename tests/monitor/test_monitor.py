@@ -39,7 +39,9 @@ from asynccoord import (
     Task,
 )
 from asynccoord import events as ev
+from asynccoord.cli.status import status_report
 from asynccoord.contract.monitor import RETIRED_PROCESS_ID, MetricsFlush, MonitorStore
+from asynccoord.monitor.monitor import LEADER_LOCK
 from asynccoord.monitor.rules import DEFAULT_RULES
 from asynccoord.monitor.snapshot import cluster_snapshot
 from asynccoord.validation import MAX_DURATION_S
@@ -627,3 +629,135 @@ async def test_a_dead_lettered_task_fires_the_default_dead_letter_rule(store: St
         await monitor.flush()
         (alert,) = await monitor.evaluate()
         assert (alert.rule, alert.event, alert.count, alert.firing) == ("dead_letters", ev.DEAD_LETTERED, 1, True)
+
+
+# --- one leader for the cluster rules ----------------------------------------------------
+
+LOST_RULE = AlertRule(name="lost_leases", event=ev.LEASE_LOST, threshold=0, window_s=30.0)
+SHARED = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+"""Two store objects on one database: what two processes see."""
+
+
+@SHARED
+async def test_two_monitors_on_one_database_raise_a_cluster_incident_once(
+    make_store: MakeStore, clock: FakeClock
+) -> None:
+    store_a, store_b = await make_store(), await make_store()
+    monitor_a = manual(store_a, [LOST_RULE], process_id="proc-a")
+    monitor_b = manual(store_b, [LOST_RULE], process_id="proc-b")
+    await monitor_a.start()
+    try:
+        async with monitor_b:
+            assert await monitor_a.evaluate() == []
+            assert await monitor_b.evaluate() == []
+            assert (monitor_a.statistics().leader, monitor_b.statistics().leader) == (True, False)
+            (held,) = await store_a.list_locks(LEADER_LOCK)
+            assert held.holder == "proc-a"
+            assert [lock["name"] for lock in (await status_report(store_a))["locks"]] == []  # no lock of the nodes
+
+            store_b.events.add(ev.LEASE_LOST)  # counted where the leader is not
+            await monitor_b.flush()
+            (fired,) = await monitor_a.evaluate()
+            assert (fired.rule, fired.monitor_id, fired.count) == ("lost_leases", "proc-a", 1)
+            assert await monitor_b.evaluate() == []
+            assert monitor_b.active_alerts() == []
+            (shown,) = (await status_report(store_a))["alerts"]
+            assert shown["reported_by"] == ["proc-a"]
+
+            await monitor_a.close()  # proc-b is live: the firing alert stays stored for it to adopt
+            assert await store_a.list_locks(LEADER_LOCK) == []
+            assert await monitor_b.evaluate() == []  # takes over: no second firing notice
+            (adopted,) = monitor_b.active_alerts()
+            assert adopted.fired_at == fired.fired_at
+            stats = monitor_b.statistics()
+            assert (stats.leader, stats.leader_changes, stats.alerts_fired) == (True, 1, 0)
+
+            clock.advance(31.0)  # the window empties
+            await monitor_b.flush()
+            (resolved,) = await monitor_b.evaluate()
+            assert (resolved.state, resolved.fired_at, resolved.monitor_id) == (
+                AlertState.RESOLVED,
+                fired.fired_at,
+                "proc-b",
+            )
+        assert (await cluster_snapshot(store_a)).alerts == ()  # the last monitor withdrew everything
+    finally:
+        await monitor_a.close()
+
+
+@SHARED
+async def test_a_leader_whose_lease_lapsed_steps_down_without_a_notice(make_store: MakeStore, clock: FakeClock) -> None:
+    store_a, store_b = await make_store(), await make_store()
+    async with (
+        manual(store_a, [LOST_RULE], process_id="proc-a") as monitor_a,
+        manual(store_b, [LOST_RULE], process_id="proc-b") as monitor_b,
+    ):
+        assert monitor_a.leader_ttl_s == 5.0
+        assert monitor_a.alert_ttl_s == 10.0
+        store_a.events.add(ev.LEASE_LOST)
+        await monitor_a.flush()
+        (fired,) = await monitor_a.evaluate()
+        clock.advance(6.0)  # proc-a stalls past its lease, not past its stored alert
+        assert await monitor_b.evaluate() == []  # takes over and adopts the incident
+        assert [a.fired_at for a in monitor_b.active_alerts()] == [fired.fired_at]
+        await monitor_b.flush()
+        assert await monitor_a.evaluate() == []  # its lease is gone: it hands the incident over silently
+        stats = monitor_a.statistics()
+        assert (stats.leader, stats.leader_changes, stats.active_alerts, stats.alerts_resolved) == (False, 2, 0, 0)
+        await monitor_a.flush()
+        (stored,) = (await cluster_snapshot(store_a)).alerts
+        assert (stored.monitor_id, stored.fired_at) == ("proc-b", fired.fired_at)
+
+
+async def test_a_lapsed_lease_taken_back_with_the_next_token_keeps_the_incident(store: Store, clock: FakeClock) -> None:
+    """Nobody held the lease in between (a fake clock jumps, a process stalls alone): no new notice."""
+    async with manual(store, [LOST_RULE]) as monitor:
+        store.events.add(ev.LEASE_LOST)
+        await monitor.flush()
+        (fired,) = await monitor.evaluate()
+        clock.advance(20.0)  # past the lease and the stored alert, inside the rule's window
+        await monitor.flush()
+        assert await monitor.evaluate() == []
+        assert [a.fired_at for a in monitor.active_alerts()] == [fired.fired_at]
+        assert monitor.statistics().leader_changes == 1
+        (lease,) = await store.list_locks(LEADER_LOCK)
+        assert lease.fencing_token == 2
+
+
+async def test_process_rules_are_judged_by_each_monitor_on_its_own_process(store: Store) -> None:
+    rule = AlertRule(name="lost", event=ev.LEASE_LOST, threshold=0, window_s=30.0, scope=AlertScope.PROCESS)
+    await store.flush_metrics(MetricsFlush(process_id="proc-b", counters={("", ev.LEASE_LOST): 5}))
+    async with manual(store, [rule]) as monitor:
+        assert await monitor.evaluate() == []  # proc-b's own monitor judges proc-b
+        assert await store.list_locks(LEADER_LOCK) == []  # no cluster rule: no lease taken
+        store.events.add(ev.LEASE_LOST)
+        await monitor.flush()
+        (alert,) = await monitor.evaluate()
+        assert (alert.scope_key, alert.count) == ("proc-a", 1)
+
+
+def test_the_leader_lease_is_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"leader_ttl_s=1.5 < 2 \* evaluate_interval_s=1.0"):
+        Monitor(MemoryStore(), evaluate_interval_s=1.0, leader_ttl_s=1.5)
+    with pytest.raises(InvalidArgumentError, match="leader_ttl_s"):
+        Monitor(MemoryStore(), leader_ttl_s=0.0)
+    with pytest.raises(InvalidTypeError, match="leader_ttl_s"):
+        Monitor(MemoryStore(), leader_ttl_s="5")  # type: ignore[arg-type]
+    longer = Monitor(MemoryStore(), leader_ttl_s=20.0)
+    assert (longer.leader_ttl_s, longer.alert_ttl_s) == (20.0, 40.0)  # stored alerts outlive the lease
+    slow = Monitor(MemoryStore(), flush_interval_s=10.0, evaluate_interval_s=10.0)
+    assert (slow.leader_ttl_s, slow.alert_ttl_s) == (20.0, 40.0)
+
+
+async def test_a_store_without_locks_judges_the_cluster_rules_alone(store: Store) -> None:
+    class Metrics:  # a MonitorStore and nothing more
+        def __init__(self, inner: Store) -> None:
+            self.events, self.config = inner.events, inner.config
+            self.flush_metrics, self.read_metrics = inner.flush_metrics, inner.read_metrics
+
+    async with manual(Metrics(store), [LOST_RULE]) as monitor:  # type: ignore[arg-type]
+        store.events.add(ev.LEASE_LOST)
+        await monitor.flush()
+        (alert,) = await monitor.evaluate()
+        assert alert.rule == "lost_leases"
+        assert monitor.statistics().leader

@@ -17,6 +17,18 @@ Modes::
         Run a Runtime of N nodes (lock per payload account) with a Monitor until the
         queue has nothing pending or running. Prints {"event": "ready"} first, then
         {"event": "done", "process_id": id, "events": {...}, "sent": n}.
+
+    monitor_worker.py alerts TARGET [--schema S] [--interval-s I] [--leader-ttl-s T] [--window-s W]
+        Open a SQLiteStore on the path TARGET, or a PostgresStore on the DSN TARGET in
+        schema S, with a Monitor (process id "alerts-<pid>", flush and evaluation every I
+        seconds, leader lease T) judging one cluster rule, "lost_leases": any lease_lost
+        in W seconds. Prints {"event": "ready", "process_id": id}, then one line per
+        notice its subscriber gets: {"event": "alert", "rule", "state", "fired_at",
+        "monitor_id"}, and {"event": "leader", "leader": bool} whenever the monitor's
+        leadership of the cluster rules changes. Reads commands, one per stdin line:
+        "lease_lost" counts one lease_lost event; "stats" prints {"event": "stats",
+        "evaluations": n, "leader": bool, "alerts_fired": n}; "stop" closes the monitor
+        and prints {"event": "done", "alerts_fired": n, "alerts_resolved": n}.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import os
 import sys
 from typing import Any
 
-from asynccoord import Monitor, NewTask, SQLiteStore, Task
+from asynccoord import Alert, AlertRule, Monitor, NewTask, SQLiteStore, Task
 from asynccoord import events as ev
 from asynccoord.node import NodeConfig, Runtime
 
@@ -93,6 +105,68 @@ async def drain(args: argparse.Namespace) -> None:
         emit({"event": "done", "process_id": process_id, "events": dict(store.events.snapshot()), "sent": sent})
 
 
+async def alerts(args: argparse.Namespace) -> None:
+    if args.target.startswith("postgresql://"):
+        from asynccoord.backends.postgres.store import PostgresStore
+
+        store: Any = PostgresStore(args.target, schema=args.schema, listen=False)
+    else:
+        store = SQLiteStore(args.target)
+    rule = AlertRule(name="lost_leases", event=ev.LEASE_LOST, threshold=0, window_s=args.window_s)
+
+    def notice(alert: Alert) -> None:
+        emit(
+            {
+                "event": "alert",
+                "rule": alert.rule,
+                "state": alert.state.value,
+                "fired_at": alert.fired_at,
+                "monitor_id": alert.monitor_id,
+            }
+        )
+
+    async with store:
+        monitor = Monitor(
+            store,
+            rules=[rule],
+            flush_interval_s=args.interval_s,
+            evaluate_interval_s=args.interval_s,
+            leader_ttl_s=args.leader_ttl_s,
+            process_id=f"alerts-{os.getpid()}",
+            log_alerts=False,
+        )
+        monitor.subscribe(notice)
+
+        async def watch() -> None:
+            leader = False
+            while True:
+                now = monitor.statistics().leader
+                if now != leader:
+                    leader = now
+                    emit({"event": "leader", "leader": leader})
+                await asyncio.sleep(args.interval_s / 4)
+
+        async with monitor:
+            watcher = asyncio.get_running_loop().create_task(watch())
+            emit({"event": "ready", "process_id": monitor.process_id})
+            while (line := (await asyncio.to_thread(sys.stdin.readline)).strip()) not in ("stop", ""):
+                if line == "lease_lost":
+                    store.events.add(ev.LEASE_LOST)
+                elif line == "stats":
+                    stats = monitor.statistics()
+                    emit(
+                        {
+                            "event": "stats",
+                            "evaluations": stats.evaluations,
+                            "leader": stats.leader,
+                            "alerts_fired": stats.alerts_fired,
+                        }
+                    )
+            watcher.cancel()
+        stats = monitor.statistics()
+        emit({"event": "done", "alerts_fired": stats.alerts_fired, "alerts_resolved": stats.alerts_resolved})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -108,8 +182,15 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--send-s", type=float, default=0.02)
     p.add_argument("--flush-interval-s", type=float, default=0.2)
+    p = sub.add_parser("alerts")
+    p.add_argument("target")
+    p.add_argument("--schema", default=None)
+    p.add_argument("--interval-s", type=float, default=0.2)
+    p.add_argument("--leader-ttl-s", type=float, default=1.5)
+    p.add_argument("--window-s", type=float, default=60.0)
     args = parser.parse_args()
-    asyncio.run(count(args) if args.mode == "count" else drain(args))
+    modes = {"count": count, "drain": drain, "alerts": alerts}
+    asyncio.run(modes[args.mode](args))
 
 
 if __name__ == "__main__":
