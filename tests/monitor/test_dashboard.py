@@ -35,6 +35,7 @@ from asynccoord.cli.main import build_parser
 from asynccoord.contract.locks import Lease
 from asynccoord.contract.membership import MemberBeat
 from asynccoord.errors import InvalidArgumentError
+from asynccoord.monitor.dashboard.app import serve
 from asynccoord.monitor.dashboard.feed import HIDDEN, Feed, history_point
 from asynccoord.monitor.histogram import ENQUEUE_TO_COMMIT_MS
 from asynccoord.monitor.monitor import AlertRule, Monitor
@@ -396,6 +397,30 @@ async def test_with_a_token_every_request_must_carry_it(tmp_path: Path) -> None:
         # The page hands the token on to its files and its stream.
         _, page = await fetch(base + "?token=" + TOKEN)
         assert f'src="static/app.js?token={TOKEN}"' in page
+
+
+async def test_a_token_of_bytes_that_are_not_utf8_is_refused_as_any_other() -> None:
+    async def report() -> dict[str, Any]:
+        return _report(1.0, 0, [])
+
+    async with serve(Feed(report), port=0, token=TOKEN) as dashboard:
+        port = int(dashboard.url.rsplit(":", 1)[1].rstrip("/"))
+        for target, auth in (
+            (b"/api/state", b"Authorization: Bearer \xff\xfe\r\n"),
+            (b"/api/state", b"Authorization: Bearer " + TOKEN.encode()[:-1] + b"\xff\r\n"),
+            (b"/api/state?token=%ff%fe", b""),
+            (b"/api/state", b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"),
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(
+                    b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + b"Connection: close\r\n\r\n"
+                )
+                status_line = await asyncio.wait_for(reader.readline(), 10)
+            finally:
+                writer.close()
+            expected = b"200 OK" if auth.endswith(TOKEN.encode() + b"\r\n") else b"401 Unauthorized"
+            assert status_line == b"HTTP/1.1 " + expected + b"\r\n", (target, auth)
 
 
 async def test_the_page_passes_its_token_on_in_a_browser(tmp_path: Path) -> None:
