@@ -8,22 +8,45 @@ the process's coordination events, latency histograms and monitor counters to Pr
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
-from ..errors import InvalidTypeError
-from ..events import EVENT_NAMES
+from ..errors import InvalidArgumentError, InvalidTypeError
+from ..events import EVENT_NAMES, EventCounter
+from ..validation import check_name
 from .histogram import BUCKET_BOUNDS_MS, Histogram
 
 __all__ = ("CoordCollector", "latency_metric_name", "register_collector", "render_prometheus")
 
 PREFIX = "asynccoord"
+STORE_LABEL = "store"
+"""The label that tells the stores of one collector apart (``name=``)."""
 _EXPORT_EVERY = 4  # one exported bucket per doubling of the fine bounds
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
+_EVENTS = f"{PREFIX}_events"
+_MONITOR_COUNTERS = (
+    ("flushes", "Counter flushes written to the store."),
+    ("flush_failures", "Counter flushes that failed (retried at the next flush)."),
+    ("alerts_fired", "Firing alert notices published."),
+    ("alerts_resolved", "Resolved alert notices published."),
+    ("alerts_dropped", "Alert notices dropped because a subscriber's buffer was full."),
+    ("callback_failures", "Alert callbacks that raised or timed out."),
+    ("sink_failures", "Alert notices a sink (e.g. a webhook) gave up on after every attempt."),
+    ("sink_dropped", "Alert notices a sink dropped unsent (its queue was full, or it closed first)."),
+)
+_ALERTS_FIRING = f"{PREFIX}_alerts_firing"
+
+_EXPORTS: weakref.WeakKeyDictionary[CollectorRegistry, weakref.ref[CoordCollector]] = weakref.WeakKeyDictionary()
+"""The collector :func:`register_collector` put on each registry, which later stores join
+(weak both ways: an unregistered collector, and the stores it read, are not kept alive)."""
+_EXPORTS_LOCK = threading.Lock()
 
 
 def latency_metric_name(name: str) -> str:
@@ -43,6 +66,48 @@ def _buckets_seconds(hist: Histogram) -> list[tuple[str, float]]:
     return buckets
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Source:
+    """One store exported by a collector: its monitor, its lock store and its ``store`` label."""
+
+    store: Any
+    monitor: Any
+    lock_store: Any
+    name: str | None
+
+    def event_counts(self) -> dict[str, int]:
+        """The process totals: ``store.events`` plus the lock store's events, as the Monitor counts them."""
+        counts = dict(self.store.events.snapshot())
+        if self.lock_store is not None:
+            for event, value in self.lock_store.events.snapshot().items():
+                counts[event] = counts.get(event, 0) + value
+        return counts
+
+    def histograms(self) -> dict[str, Histogram]:
+        recorder = getattr(self.store, "latencies", None)
+        return recorder.snapshot() if recorder is not None else {}
+
+
+def _source(store: Any, monitor: Any, lock_store: Any, name: str | None) -> _Source:
+    if getattr(store, "events", None) is None:
+        raise InvalidTypeError(f"store must have an 'events' EventCounter, got {type(store).__name__}")
+    if name is not None:
+        check_name("name", name)
+    given = None if lock_store is store else lock_store
+    if given is not None and not isinstance(getattr(given, "events", None), EventCounter):
+        raise InvalidTypeError(
+            f"lock_store must be a lock store with an EventCounter 'events', got {type(given).__name__}"
+        )
+    held = getattr(monitor, "lock_store", None) if monitor is not None else None
+    held = None if held is store else held
+    if given is not None and held is not None and given is not held:
+        raise InvalidArgumentError(
+            f"lock_store={given!r} is not the monitor's lock_store {held!r}: pass the monitor's"
+            " (or leave lock_store out, the monitor's is used)"
+        )
+    return _Source(store=store, monitor=monitor, lock_store=given if given is not None else held, name=name)
+
+
 class CoordCollector(Collector):
     """A ``prometheus_client`` collector reading ``store.events``, ``store.latencies`` (and a monitor).
 
@@ -59,7 +124,10 @@ class CoordCollector(Collector):
     one ``asynccoord_`` prefix, base units in names, ``_total`` on counters:
 
     * ``asynccoord_events_total{event="stale_commit_rejected"}``: every coordination event of
-      :mod:`asynccoord.events` counted by this process (all names present, 0 until seen);
+      :mod:`asynccoord.events` counted by this process (all names present, 0 until seen), the
+      lock store's events (``lock_contended``, ``lock_lost``, ``fencing_rejected``) included
+      when the locks live elsewhere (``lock_store=``, or the monitor's), as the
+      :class:`~asynccoord.monitor.monitor.Monitor` counts them;
     * ``asynccoord_<name>_duration_seconds``: each latency histogram of ``store.latencies``
       (``claim_ms`` becomes ``asynccoord_claim_duration_seconds``), with ``le`` buckets at
       every doubling of :data:`~asynccoord.monitor.histogram.BUCKET_BOUNDS_MS` (exact cumulative
@@ -68,6 +136,10 @@ class CoordCollector(Collector):
       (flushes, notices, drops, callback failures) and the gauge
       ``asynccoord_alerts_firing{rule,event,scope,scope_key}`` (1 per open incident).
 
+    With ``name``, every series also carries ``store="<name>"``. One collector exports
+    several stores of a process (:meth:`add`, or :func:`register_collector` again on the
+    same registry), each under its own name, in one family per metric.
+
     Each process exposes its own numbers; let Prometheus sum them across processes
     (``sum by (event) (rate(asynccoord_events_total[1m]))``). The cluster-wide view read
     from the store is what ``python -m asynccoord status`` shows.
@@ -75,85 +147,191 @@ class CoordCollector(Collector):
     Args:
         store: A store (any backend) with ``events`` and ``latencies``.
         monitor: Optionally the :class:`~asynccoord.monitor.monitor.Monitor` of the store.
+        lock_store: The lock store of the store's nodes when it is not ``store``
+            (``Runtime(lock_store=...)``, e.g. a
+            :class:`~asynccoord.backends.redis.RedisLockStore`). Default: the monitor's
+            ``lock_store``, if any.
+        name: The value of the ``store`` label (1..255 characters), or None (default) for
+            no label.
 
     Raises:
-        InvalidTypeError: ``store`` has no ``events``.
+        InvalidTypeError: ``store`` has no ``events``, or ``lock_store`` has no ``EventCounter``.
+        InvalidArgumentError: a bad ``name``, or a ``lock_store`` other than the monitor's.
     """
 
-    def __init__(self, store: Any, monitor: Any = None) -> None:
-        if getattr(store, "events", None) is None:
-            raise InvalidTypeError(f"store must have an 'events' EventCounter, got {type(store).__name__}")
+    def __init__(self, store: Any, monitor: Any = None, *, lock_store: Any = None, name: str | None = None) -> None:
+        first = _source(store, monitor, lock_store, name)
         self.store = store
         self.monitor = monitor
+        self.lock_store: Any = first.lock_store
+        self.name = name
+        self._sources: tuple[_Source, ...] = (first,)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        names = [s.name if s.name is not None else type(s.store).__name__ for s in self._sources]
+        return f"<CoordCollector stores={names!r}>"
+
+    def add(self, store: Any, monitor: Any = None, *, lock_store: Any = None, name: str) -> None:
+        """Also export ``store`` (with its monitor and lock store), under ``store="<name>"``.
+
+        Every store of a collector exporting several needs a distinct name, the first one included.
+
+        Raises:
+            InvalidArgumentError: ``name`` is taken, the collector's stores have no name, or
+                ``store`` (or its lock store) is exported already (its counts would double).
+            InvalidTypeError: as the constructor.
+        """
+        added = _source(store, monitor, lock_store, check_name("name", name))
+        with self._lock:
+            for source in self._sources:
+                if source.name is None:
+                    raise InvalidArgumentError(
+                        f"{self!r} exports {type(source.store).__name__} without a name: give every store of"
+                        f" one registry a distinct name (register_collector(store, monitor, name=...)),"
+                        " the first one included"
+                    )
+                if source.name == name:
+                    raise InvalidArgumentError(f"name={name!r} is taken in {self!r}: give each store its own name")
+                if source.store is store:
+                    raise InvalidArgumentError(
+                        f"{store!r} is exported already as {source.name!r}: its counts would double"
+                    )
+                if added.lock_store is not None and added.lock_store in (source.store, source.lock_store):
+                    raise InvalidArgumentError(
+                        f"lock store {added.lock_store!r} is exported already with {source.name!r}:"
+                        " its counts would double; pass it with one store only"
+                    )
+            self._sources = (*self._sources, added)
 
     def describe(self) -> Iterable[Metric]:
-        """Nothing: the metrics are read at scrape time (keeps registration free of I/O)."""
-        return []
+        """The families every scrape has (no I/O): a registry refuses a second collector of them."""
+        yield CounterMetricFamily(_EVENTS, "")
+        if any(source.monitor is not None for source in self._sources):
+            for field, _text in _MONITOR_COUNTERS:
+                yield CounterMetricFamily(f"{PREFIX}_monitor_{field}", "")
+            yield GaugeMetricFamily(_ALERTS_FIRING, "")
 
     def collect(self) -> Iterable[Metric]:
         """The current counters and histograms of this process."""
-        counts = dict(self.store.events.snapshot())
+        sources = self._sources
+        named = any(source.name is not None for source in sources)
+        extra = [STORE_LABEL] if named else []
+
+        def key(source: _Source) -> list[str]:
+            return [source.name or ""] if named else []
+
         events = CounterMetricFamily(
-            f"{PREFIX}_events", "Coordination events counted by this process, by event name.", labels=["event"]
+            _EVENTS, "Coordination events counted by this process, by event name.", labels=[*extra, "event"]
         )
-        for name in sorted(set(EVENT_NAMES) | set(counts)):
-            events.add_metric([name], float(counts.get(name, 0)))
+        for source in sources:
+            counts = source.event_counts()
+            for event in sorted(set(EVENT_NAMES) | set(counts)):
+                events.add_metric([*key(source), event], float(counts.get(event, 0)))
         yield events
-        recorder = getattr(self.store, "latencies", None)
-        histograms: dict[str, Histogram] = recorder.snapshot() if recorder is not None else {}
-        for name, hist in sorted(histograms.items()):
+        latencies: dict[str, list[tuple[_Source, Histogram]]] = {}
+        for source in sources:
+            for name, hist in source.histograms().items():
+                latencies.setdefault(name, []).append((source, hist))
+        for name, found in sorted(latencies.items()):
             family = HistogramMetricFamily(
                 latency_metric_name(name),
                 f"Latency {name} observed by this process, seconds.",
+                labels=extra,
                 unit="seconds",
             )
-            family.add_metric([], _buckets_seconds(hist), hist.sum_ms / 1000.0)
+            for source, hist in found:
+                family.add_metric(key(source), _buckets_seconds(hist), hist.sum_ms / 1000.0)
             yield family
-        if self.monitor is not None:
-            yield from self._monitor_metrics()
+        monitored = [(source, source.monitor) for source in sources if source.monitor is not None]
+        if monitored:
+            yield from self._monitor_metrics(monitored, extra, key)
 
-    def _monitor_metrics(self) -> Iterable[Metric]:
-        stats = self.monitor.statistics()
-        for field, text in (
-            ("flushes", "Counter flushes written to the store."),
-            ("flush_failures", "Counter flushes that failed (retried at the next flush)."),
-            ("alerts_fired", "Firing alert notices published."),
-            ("alerts_resolved", "Resolved alert notices published."),
-            ("alerts_dropped", "Alert notices dropped because a subscriber's buffer was full."),
-            ("callback_failures", "Alert callbacks that raised or timed out."),
-            ("sink_failures", "Alert notices a sink (e.g. a webhook) gave up on after every attempt."),
-            ("sink_dropped", "Alert notices a sink dropped unsent (its queue was full, or it closed first)."),
-        ):
-            family = CounterMetricFamily(f"{PREFIX}_monitor_{field}", text)
-            family.add_metric([], float(getattr(stats, field)))
+    def _monitor_metrics(self, monitored: list[tuple[_Source, Any]], extra: list[str], key: Any) -> Iterable[Metric]:
+        stats = [(source, monitor.statistics()) for source, monitor in monitored]
+        for field, text in _MONITOR_COUNTERS:
+            family = CounterMetricFamily(f"{PREFIX}_monitor_{field}", text, labels=extra)
+            for source, stat in stats:
+                family.add_metric(key(source), float(getattr(stat, field)))
             yield family
         firing = GaugeMetricFamily(
-            f"{PREFIX}_alerts_firing",
+            _ALERTS_FIRING,
             "Open alert incidents of this process' monitor (1 each).",
-            labels=["rule", "event", "scope", "scope_key"],
+            labels=[*extra, "rule", "event", "scope", "scope_key"],
         )
-        for alert in self.monitor.active_alerts():
-            firing.add_metric([alert.rule, alert.event, alert.scope.value, alert.scope_key], 1.0)
+        for source, monitor in monitored:
+            for alert in monitor.active_alerts():
+                firing.add_metric([*key(source), alert.rule, alert.event, alert.scope.value, alert.scope_key], 1.0)
         yield firing
 
 
-def render_prometheus(store: Any, monitor: Any = None) -> bytes:
+def render_prometheus(store: Any, monitor: Any = None, *, lock_store: Any = None, name: str | None = None) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of ``store``'s metrics (and ``monitor``'s).
+
+    ``lock_store`` and ``name`` as in :class:`CoordCollector`.
 
     Returns:
         UTF-8 bytes, as served on ``/metrics``.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CoordCollector(store, monitor))
+    registry.register(CoordCollector(store, monitor, lock_store=lock_store, name=name))
     return generate_latest(registry)
 
 
-def register_collector(store: Any, monitor: Any = None, registry: CollectorRegistry = REGISTRY) -> CoordCollector:
-    """Register a :class:`CoordCollector` for ``store`` on ``registry`` (default: the global one).
+def register_collector(
+    store: Any,
+    monitor: Any = None,
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    lock_store: Any = None,
+    name: str | None = None,
+) -> CoordCollector:
+    """Export ``store`` (and ``monitor``) on ``registry`` (default: prometheus_client's global one).
+
+    The first call on a registry registers a new :class:`CoordCollector`. To export several
+    stores of one process, give each a distinct ``name`` (the ``store`` label), the first one
+    included: a later call with a name joins the registry's collector, so each metric
+    stays one family with one series per store::
+
+        register_collector(orders, orders_monitor, name="orders")
+        register_collector(billing, billing_monitor, name="billing")
+
+    Args:
+        store: A store (any backend) with ``events`` and ``latencies``.
+        monitor: Optionally the store's :class:`~asynccoord.monitor.monitor.Monitor`.
+        registry: The ``prometheus_client`` registry. Default ``prometheus_client.REGISTRY``.
+        lock_store: The lock store of the store's nodes when it is not ``store``. Default:
+            the monitor's ``lock_store``, if any.
+        name: The ``store`` label's value, or None (default) for no label.
 
     Returns:
-        The collector (``registry.unregister(collector)`` to remove it).
+        The registry's collector (``registry.unregister(collector)`` removes it, with every
+        store it exports).
+
+    Raises:
+        InvalidArgumentError: the registry exports asynccoord metrics already and the stores
+            are not all named distinctly, or its names are held by another collector.
+        InvalidTypeError: as :class:`CoordCollector`.
     """
-    collector = CoordCollector(store, monitor)
-    registry.register(collector)
+    collector = CoordCollector(store, monitor, lock_store=lock_store, name=name)
+    with _EXPORTS_LOCK:
+        try:
+            registry.register(collector)
+        except ValueError as exc:  # prometheus_client's DuplicateTimeseries: the families are taken
+            ref = _EXPORTS.get(registry)
+            existing = ref() if ref is not None else None
+            if existing is None:
+                raise InvalidArgumentError(
+                    f"the registry has another collector of asynccoord's metrics ({exc}): unregister it,"
+                    " or use another registry"
+                ) from exc
+            if name is None:
+                raise InvalidArgumentError(
+                    f"the registry exports asynccoord metrics already ({existing!r}): a second store's series"
+                    " would be indistinguishable; give every store a distinct name"
+                    " (register_collector(store, monitor, name=...)), the first one included"
+                ) from exc
+            existing.add(store, monitor, lock_store=collector.lock_store, name=name)
+            return existing
+        _EXPORTS[registry] = weakref.ref(collector)
     return collector

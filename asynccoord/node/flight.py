@@ -44,6 +44,10 @@ class FlightState(enum.Enum):
     UNSENT = "unsent"
     """The lease reached its local deadline before the send began (the store may hand the task
     on from then on): never sent, never committed; the task is handed back at once."""
+    LOCK_BUSY = "lock_busy"
+    """The task's lock stayed busy past the wait (``lock_wait_s``) before the send began: never
+    sent, never committed, not a failure; the task is handed back, due after ``busy_requeue_s``.
+    Its lease is given up by choice, so a renewal that finds it gone meanwhile loses nothing."""
     PAUSED = "paused"
     """The provider's 429 to another send under the task's lock (in this process or another,
     :mod:`asynccoord.pauses`) paused the lock before this send began: never sent, never
@@ -62,7 +66,7 @@ class FlightState(enum.Enum):
 
 _S = FlightState
 TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
-    _S.CLAIMED: (_S.SENDING, _S.PAUSED, _S.LEASE_LOST, _S.LOCK_LOST),
+    _S.CLAIMED: (_S.SENDING, _S.PAUSED, _S.LOCK_BUSY, _S.LEASE_LOST, _S.LOCK_LOST),
     _S.SENDING: (_S.RETURNED, _S.TIMED_OUT, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
     _S.TIMED_OUT: (_S.RETURNED, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
     # A lost lock after a lost lease (the send still in its cleanup) is the one recorded:
@@ -73,6 +77,7 @@ TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
     _S.LOCK_DROPPED: (_S.SETTLED,),
     _S.DROPPED: (),
     _S.UNSENT: (),
+    _S.LOCK_BUSY: (),
     _S.PAUSED: (),
     _S.INTERRUPTED: (),
     _S.SETTLED: (),
@@ -112,8 +117,9 @@ class Flight:
     * the send's timeout timer: ``SENDING -> TIMED_OUT``;
     * the keeper (:mod:`asynccoord.node.keeper`), when a lease is not renewed: ``-> LEASE_LOST``;
     * the slot, when the lease's local deadline passes before the send begins (while the task
-      waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``; or when a 429 paused
-      the task's lock meanwhile: ``CLAIMED -> PAUSED``;
+      waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``; when its lock stayed busy
+      past the wait: ``CLAIMED -> LOCK_BUSY``; or when a 429 paused the task's lock meanwhile:
+      ``CLAIMED -> PAUSED``;
     * the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
 
     A lost lease or lock before the send is over cuts the send, and the send's end then moves

@@ -823,6 +823,8 @@ class Node:
             lease_ran_out(self.store, self.node_id, flight, "while it waited for its lock")
             await self._hand_back_lapsed(flight)
         else:
+            if flight.state is FlightState.CLAIMED:  # given up by choice: a renewal meanwhile loses nothing
+                flight.move(FlightState.LOCK_BUSY)
             await self._settler.hand_back(flight.task, delay_s=self.config.busy_requeue_s)
 
     async def _hand_back_lapsed(self, flight: Flight) -> None:

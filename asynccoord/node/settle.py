@@ -60,6 +60,8 @@ again once its lease lapsed."""
 
 _TRANSIENT_STORE_ERRORS = (StoreBusyError, StoreConnectionError)
 """Store errors after which nothing was written and a later try may succeed."""
+_HANDED_BACK_UNSENT = (FlightState.UNSENT, FlightState.LOCK_BUSY, FlightState.PAUSED)
+"""States of a flight whose task its slot hands back (or has handed back) without a send."""
 
 
 class Settler:
@@ -488,7 +490,7 @@ class Settler:
         loop = asyncio.get_running_loop()
         for flight in flights:
             state = flight.state
-            if state is FlightState.SETTLED or state is FlightState.UNSENT or state is FlightState.PAUSED:
+            if state is FlightState.SETTLED or state in _HANDED_BACK_UNSENT:
                 continue  # committed, failed or handed back unsent already: there is nothing (more) to hand back
             if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
                 # The send may have reached its receiver before it was cancelled: the next

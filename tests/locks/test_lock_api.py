@@ -111,8 +111,13 @@ async def test_extend_after_expiry_fails_and_no_lock_exists(rstore: Store) -> No
 
 
 async def test_stalled_release_fails_and_changes_nothing(rstore: Store) -> None:
-    """A: TTL 0.2 s, stalls; B acquires at 0.25 s; A releases at 0.4 s: refused, B keeps it."""
-    a, b, c = (Lock(rstore, "x", ttl_s=0.2, holder=h) for h in "abc")
+    """A: TTL 0.2 s, stalls; B acquires at 0.25 s; A releases at 0.4 s: refused, B keeps it.
+
+    B's own TTL is long, so that B still holds the lock when C tries, however slow the store's
+    calls after A's release are (with 0.2 s, a loaded machine let B's lease lapse before C's try).
+    """
+    a, c = (Lock(rstore, "x", ttl_s=0.2, holder=h) for h in "ac")
+    b = Lock(rstore, "x", ttl_s=10.0, holder="b")
     await a.acquire()
     await asyncio.sleep(0.25)
     b_lease = await b.try_acquire()

@@ -28,13 +28,15 @@ from browser import chromium_page
 from conftest import PythonRunner
 from services import REDIS_URL, redis_problem, unavailable
 
-from asynccoord import RateLimit, SQLiteStore
+from asynccoord import NewTask, RateLimit, SQLiteStore
 from asynccoord import events as ev
 from asynccoord.cli.dashboard import TOKEN_ENV, open_dashboard
 from asynccoord.cli.main import build_parser
+from asynccoord.cli.status import open_status_store, status_report
 from asynccoord.contract.locks import Lease
 from asynccoord.contract.membership import MemberBeat
 from asynccoord.errors import InvalidArgumentError
+from asynccoord.monitor.dashboard.app import serve
 from asynccoord.monitor.dashboard.feed import HIDDEN, Feed, history_point
 from asynccoord.monitor.histogram import ENQUEUE_TO_COMMIT_MS
 from asynccoord.monitor.monitor import AlertRule, Monitor
@@ -272,6 +274,49 @@ async def test_the_page_follows_the_database_without_reloading(tmp_path: Path, p
         await page.screenshot(tmp_path / "dashboard-live.png")
 
 
+async def test_the_page_of_many_queues_lists_and_charts_the_busiest(tmp_path: Path) -> None:
+    path = tmp_path / "many.db"
+    async with SQLiteStore(path) as store:
+        # q00 has 30 dead letters; then q00..q11: q{i} has i + 1 tasks pending.
+        await store.enqueue_many([NewTask(queue="q00", payload=SECRET, max_attempts=1) for _ in range(30)])
+        doomed = await store.claim("q00", node_id="n", limit=100, lease_s=600)
+        assert len(doomed) == 30
+        for task in doomed:
+            await store.fail(task, "no")
+        await store.enqueue_many(
+            [NewTask(queue=f"q{i:02d}", payload=SECRET, partition_key=f"k{j}") for i in range(12) for j in range(i + 1)]
+        )
+    async with open_status_store(path) as (reader, label):
+
+        async def snapshot() -> dict[str, Any]:
+            return await status_report(reader, db=label)
+
+        feed = Feed(snapshot, interval_s=0.3, charted_queues=3, listed_queues=5)
+        async with serve(feed, port=0) as dashboard, chromium_page(tmp_path / "profile") as page:
+            await page.goto(dashboard.url)
+            await page.wait_for(
+                "document.body.dataset.ready === '1' && document.querySelectorAll('#queue-charts canvas').length === 3"
+            )
+            seen = await page.evaluate(READ_PAGE)
+            # Listed: the five with the most tasks pending, running or dead, in name order.
+            assert [(q["queue"], q["pending"], q["dead"]) for q in seen["queues"]] == [
+                ("q00", "1", "30"),
+                ("q08", "9", "0"),
+                ("q09", "10", "0"),
+                ("q10", "11", "0"),
+                ("q11", "12", "0"),
+            ]
+            charted = await page.evaluate(
+                "[...document.querySelectorAll('#queue-charts .chart')].map((c) => c.dataset.queue)"
+            )
+            assert charted == ["q09", "q10", "q11"]  # the most pending or running
+            assert await page.evaluate("document.querySelectorAll('#total-chart canvas').length") == 1
+            assert await page.evaluate("document.getElementById('summary').dataset.total") == str(78 + 30)
+            assert "The 5 queues with the most tasks pending, running or dead, of 12" in seen["text"]
+            assert SECRET not in seen["text"]
+            await page.screenshot(tmp_path / "dashboard-many-queues.png")
+
+
 async def test_with_a_lock_store_the_page_shows_the_locks_held_in_redis(tmp_path: Path) -> None:
     problem = redis_problem()
     if problem is not None:
@@ -398,6 +443,30 @@ async def test_with_a_token_every_request_must_carry_it(tmp_path: Path) -> None:
         assert f'src="static/app.js?token={TOKEN}"' in page
 
 
+async def test_a_token_of_bytes_that_are_not_utf8_is_refused_as_any_other() -> None:
+    async def report() -> dict[str, Any]:
+        return _report(1.0, 0, [])
+
+    async with serve(Feed(report), port=0, token=TOKEN) as dashboard:
+        port = int(dashboard.url.rsplit(":", 1)[1].rstrip("/"))
+        for target, auth in (
+            (b"/api/state", b"Authorization: Bearer \xff\xfe\r\n"),
+            (b"/api/state", b"Authorization: Bearer " + TOKEN.encode()[:-1] + b"\xff\r\n"),
+            (b"/api/state?token=%ff%fe", b""),
+            (b"/api/state", b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"),
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(
+                    b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + b"Connection: close\r\n\r\n"
+                )
+                status_line = await asyncio.wait_for(reader.readline(), 10)
+            finally:
+                writer.close()
+            expected = b"200 OK" if auth.endswith(TOKEN.encode() + b"\r\n") else b"401 Unauthorized"
+            assert status_line == b"HTTP/1.1 " + expected + b"\r\n", (target, auth)
+
+
 async def test_the_page_passes_its_token_on_in_a_browser(tmp_path: Path) -> None:
     async with (
         known_cluster(tmp_path / "c.db") as cluster,
@@ -500,6 +569,8 @@ def test_history_points_give_throughput_and_the_shortest_latency_window() -> Non
     assert first["latency"] == {"p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "count": 3, "window_s": 10.0}
     second = history_point(_report(102.0, 8, []), _report(100.0, 2, []))
     assert second["queues"]["q"] == {"pending": 2, "running": 0, "done": 8, "dead": 0, "finished_per_s": 3.0}
+    assert second["total"] == second["queues"]["q"]
+    assert history_point(_report(102.0, 8, []), _report(100.0, 2, []), charted=())["queues"] == {}
 
 
 async def test_the_feed_sends_changes_and_resolves_alerts_that_stop_firing() -> None:
@@ -514,10 +585,10 @@ async def test_the_feed_sends_changes_and_resolves_alerts_that_stop_firing() -> 
         assert messages.get_nowait()["type"] == "state"
         change = messages.get_nowait()
         assert change["type"] == "change"
-        assert set(change["sections"]) == {"status", "history"}
+        assert set(change["sections"]) == {"status", "history", "shown"}
         await feed.poll()
+        assert set(messages.get_nowait()["sections"]) == {"status", "history"}  # the same queues shown
         await feed.poll()
-        messages.get_nowait()
         change = messages.get_nowait()
         assert [a["rule"] for a in change["sections"]["resolved"]] == ["hot"]
         assert change["sections"]["resolved"][0]["resolved_at"] == 3.0
@@ -531,6 +602,126 @@ async def test_the_feed_sends_changes_and_resolves_alerts_that_stop_firing() -> 
 
 async def _none() -> None:
     return None
+
+
+def _tenant_row(i: int, polls: int) -> dict[str, Any]:
+    """Queue ``tenant-{i}`` of the report at poll ``polls``: 2 pending, except the busy ones; i % 3 done a second."""
+    pending = {7: 900, 2999: 700, 1500: 500}.get(i, 2)
+    dead = 40 if i == 42 else 0
+    done = polls * (i % 3)
+    return {
+        "queue": f"tenant-{i:04d}",
+        "pending": pending,
+        "running": 0,
+        "done": done,
+        "dead": dead,
+        "total": pending + done + dead,
+        "expired_leases": 0,
+        "oldest_pending_age_s": 12.5,
+    }
+
+
+async def test_the_state_stays_small_however_many_queues_and_points() -> None:
+    polls = 0
+
+    async def source() -> dict[str, Any]:
+        nonlocal polls
+        polls += 1
+        return {
+            "now_s": float(polls),
+            "queues": [_tenant_row(i, polls) for i in range(3000)],
+            "latencies": [],
+            "alerts": [],
+        }
+
+    feed = Feed(source, history=60, charted_queues=3, listed_queues=50)
+    for _ in range(60):
+        await feed.poll()
+    full = len(feed.encoded(feed.state()))
+    for _ in range(30):
+        await feed.poll()
+    state = feed.state()["sections"]
+    later = len(feed.encoded(feed.state()))
+    # Every queue's counts at every point would be 60 x 3,000 x ~70 bytes, 12.6 MB; what is kept:
+    # 50 rows of ~160 bytes and 60 points of 4 counts of ~95 bytes, about 35 KB.
+    assert later < 40_000
+    assert later < full * 1.01  # a full history: the state no longer grows (some numbers gain a digit)
+    assert len(state["history"]) == 60
+    busiest = {"tenant-0007", "tenant-2999", "tenant-1500"}
+    assert all(set(p["queues"]) == busiest for p in state["history"])
+    point = state["history"][-1]
+    assert point["total"] == {
+        "pending": 2 * 2997 + 900 + 700 + 500,
+        "running": 0,
+        "done": 90 * 3000,  # i % 3 a poll, 1 s apart: 0 + 1 + 2 for each 3 queues
+        "dead": 40,
+        "finished_per_s": 3000.0,
+    }
+    assert point["queues"]["tenant-2999"] == {
+        "pending": 700,
+        "running": 0,
+        "done": 90 * 2,
+        "dead": 0,
+        "finished_per_s": 2.0,
+    }
+    listed = [q["queue"] for q in state["status"]["queues"]]
+    assert len(listed) == 50
+    assert listed == sorted(listed)
+    assert {*busiest, "tenant-0042"} <= set(listed)  # the dead letters' queue too
+    assert state["shown"] == {"queues": 50, "queues_total": 3000, "rate_limit_queues": 0, "rate_limit_queues_total": 0}
+
+
+async def test_one_serialisation_serves_every_request_and_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    encoded: list[str] = []
+    dumps = json.dumps
+
+    def counting_dumps(value: Any, *args: Any, **kwargs: Any) -> str:
+        if isinstance(value, dict) and value.get("type") in ("state", "change"):
+            encoded.append(value["type"])
+        return dumps(value, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", counting_dumps)
+    polls = 0
+
+    async def source() -> dict[str, Any]:
+        nonlocal polls
+        polls += 1
+        return {
+            "now_s": float(polls),
+            "queues": [_tenant_row(i, polls) for i in range(300)],
+            "latencies": [],
+            "alerts": [],
+        }
+
+    async def next_event(reply: aiohttp.ClientResponse) -> bytes:
+        lines: list[bytes] = []
+        while not lines or lines[-1] != b"\n" or not any(line.startswith(b"data: ") for line in lines):
+            lines.append(await asyncio.wait_for(reply.content.readline(), 10))
+        return b"".join(lines[lines.index(next(x for x in lines if x.startswith(b"id: "))) :])
+
+    feed = Feed(source, interval_s=3600)  # polled once at start, then by the test
+    async with serve(feed, port=0) as dashboard, aiohttp.ClientSession() as session:
+
+        async def get_state() -> bytes:
+            async with session.get(dashboard.url + "api/state") as reply:
+                assert reply.status == 200
+                assert reply.content_type == "application/json"
+                return await reply.read()
+
+        bodies = await asyncio.gather(*(get_state() for _ in range(8)))
+        assert encoded == ["state"]  # one serialisation for the eight requests
+        assert len(set(bodies)) == 1
+        assert json.loads(bodies[0])["seq"] == 1
+        async with contextlib.AsyncExitStack() as stack:
+            streams = [await stack.enter_async_context(session.get(dashboard.url + "api/stream")) for _ in range(3)]
+            firsts = [await next_event(reply) for reply in streams]
+            assert firsts == [b"id: 1\ndata: " + bodies[0] + b"\n\n"] * 3
+            change = await feed.poll()
+            assert change is not None
+            seconds = [await next_event(reply) for reply in streams]
+            assert len(set(seconds)) == 1
+            assert json.loads(seconds[0].split(b"data: ", 1)[1]) == change
+        assert encoded == ["state", "change"]
 
 
 # --- the demo -----------------------------------------------------------------------------

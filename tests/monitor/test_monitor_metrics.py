@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric as Family
 from prometheus_client.parser import text_string_to_metric_families
+from services import ServiceStores
 from support import FakeClock
 
-from asynccoord import AlertRule, MemoryStore, Monitor
+from asynccoord import (
+    AlertRule,
+    FencingTokenRejectedError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    MemoryStore,
+    Monitor,
+)
 from asynccoord import events as ev
 from asynccoord.monitor.metrics import latency_metric_name, register_collector, render_prometheus
 
@@ -73,3 +83,125 @@ def test_collector_on_a_registry_and_names() -> None:
     assert generate_latest(registry) == b""
     assert latency_metric_name("claim_ms") == "asynccoord_claim_duration_seconds"
     assert latency_metric_name("odd name") == "asynccoord_odd_name_duration_seconds"
+
+
+def _families(text: str) -> dict[str, Family]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _assert_valid_exposition(text: str) -> None:
+    """Parses, and holds no HELP, TYPE or series line twice (a Prometheus server refuses those)."""
+    _families(text)
+    lines = [line for line in text.splitlines() if line and not line.startswith("# EOF")]
+    series = [line.rsplit(" ", 1)[0] for line in lines if not line.startswith("#")]
+    meta = [line.split(" ", 3)[:3] for line in lines if line.startswith("#")]
+    assert len(series) == len(set(series)), sorted(s for s in series if series.count(s) > 1)
+    assert len(meta) == len({tuple(m) for m in meta}), meta
+
+
+def _events(text: str, **labels: str) -> dict[str, float]:
+    family = _families(text)["asynccoord_events"]
+    return {
+        s.labels["event"]: s.value
+        for s in family.samples
+        if all(s.labels.get(k) == v for k, v in labels.items()) and s.name == "asynccoord_events_total"
+    }
+
+
+async def test_lock_store_events_come_from_the_monitor_or_the_argument(clock: FakeClock) -> None:
+    store, locks = MemoryStore(clock=clock), MemoryStore(clock=clock)
+    await store.open()
+    store.events.add(ev.CLAIMS, 5)
+    store.events.add(ev.LOCK_CONTENDED, 1)  # counted by the store's own locks, if any
+    locks.events.add(ev.LOCK_CONTENDED, 46)
+    locks.events.add(ev.LOCK_LOST, 2)
+    locks.events.add(ev.FENCING_REJECTED, 3)
+    wanted = {ev.CLAIMS: 5.0, ev.LOCK_CONTENDED: 47.0, ev.LOCK_LOST: 2.0, ev.FENCING_REJECTED: 3.0}
+    async with Monitor(store, lock_store=locks, background=False, process_id="p") as monitor:
+        await monitor.flush(force=True)
+        cluster = (await monitor.snapshot()).totals
+        via_monitor = render_prometheus(store, monitor).decode()
+        registry = CollectorRegistry()
+        register_collector(store, monitor, registry=registry)
+        registered = generate_latest(registry).decode()
+        same = render_prometheus(store, monitor, lock_store=locks).decode()
+        with pytest.raises(InvalidArgumentError, match="not the monitor's lock_store"):
+            render_prometheus(store, monitor, lock_store=MemoryStore())
+    await store.close()
+    via_argument = render_prometheus(store, lock_store=locks).decode()  # a Runtime without a Monitor
+    assert {k: cluster[k] for k in wanted} == {k: int(v) for k, v in wanted.items()}  # the monitor's view
+    for text in (via_monitor, registered, same, via_argument):
+        assert {k: v for k, v in _events(text).items() if v} == wanted
+    # The store as its own lock store is counted once, not twice.
+    assert _events(render_prometheus(store, lock_store=store).decode())[ev.LOCK_CONTENDED] == 1
+    with pytest.raises(InvalidTypeError, match="lock_store"):
+        render_prometheus(store, lock_store=object())
+
+
+async def test_redis_lock_store_fencing_rejections_are_exported(clock: FakeClock) -> None:
+    services = ServiceStores()  # a fresh key prefix, deleted at the end
+    store = MemoryStore(clock=clock)
+    await store.open()
+    try:
+        locks: Any = await services.open("redis", config=None, clock=None, path=None)
+        async with locks, Monitor(store, lock_store=locks, background=False, process_id="p") as monitor:
+            await locks.fence("account:1", 5)
+            with pytest.raises(FencingTokenRejectedError):
+                await locks.fence("account:1", 4)
+            assert locks.events.snapshot()[ev.FENCING_REJECTED] == 1
+            text = render_prometheus(store, monitor).decode()
+    finally:
+        await store.close()
+        await services.cleanup()
+    assert _events(text)[ev.FENCING_REJECTED] == 1
+
+
+async def test_two_stores_on_one_registry_need_names_and_give_one_family(clock: FakeClock) -> None:
+    first, second = MemoryStore(clock=clock), MemoryStore(clock=clock)
+    await second.open()
+    first.events.add(ev.CLAIMS, 2)
+    second.events.add(ev.CLAIMS, 7)
+    first.latencies.observe("claim_ms", 3.0)
+    second.latencies.observe("claim_ms", 30.0)
+    second.latencies.observe("claim_ms", 300.0)
+
+    unnamed = CollectorRegistry()
+    register_collector(first, registry=unnamed)
+    with pytest.raises(InvalidArgumentError, match="distinct name"):  # was two identical series
+        register_collector(second, registry=unnamed)
+    with pytest.raises(InvalidArgumentError, match="distinct name"):  # the first one needs a name too
+        register_collector(second, registry=unnamed, name="b")
+    assert _events(generate_latest(unnamed).decode())[ev.CLAIMS] == 2  # unchanged, still valid
+    _assert_valid_exposition(generate_latest(unnamed).decode())
+
+    registry = CollectorRegistry()
+    async with Monitor(second, background=False, process_id="p2") as monitor:
+        collector = register_collector(first, registry=registry, name="a")
+        with pytest.raises(InvalidArgumentError, match="distinct name"):
+            register_collector(second, registry=registry)
+        assert register_collector(second, monitor, registry=registry, name="b") is collector
+        with pytest.raises(InvalidArgumentError, match="taken"):
+            register_collector(MemoryStore(), registry=registry, name="a")
+        with pytest.raises(InvalidArgumentError, match="exported already"):
+            register_collector(first, registry=registry, name="c")
+        await monitor.flush(force=True)
+        text = generate_latest(registry).decode()
+    await second.close()
+    _assert_valid_exposition(text)
+    assert text.count("# HELP asynccoord_events_total ") == 1
+    assert _events(text, store="a")[ev.CLAIMS] == 2
+    assert _events(text, store="b")[ev.CLAIMS] == 7
+    families = _families(text)
+    counts = {
+        s.labels["store"]: s.value
+        for s in families["asynccoord_claim_duration_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert counts == {"a": 1.0, "b": 2.0}
+    flushes = {s.labels["store"]: s.value for s in families["asynccoord_monitor_flushes"].samples}
+    assert flushes == {"b": 1.0}
+
+    registry.unregister(collector)  # removes both; the registry takes a new export afterwards
+    assert generate_latest(registry) == b""
+    register_collector(second, registry=registry)
+    assert _events(generate_latest(registry).decode()) == _events(render_prometheus(second).decode())

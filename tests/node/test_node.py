@@ -828,6 +828,46 @@ async def test_tasks_waiting_for_a_lock_take_their_turns_oldest_first(make_store
     assert sent == ids
 
 
+async def test_a_task_handed_back_for_its_busy_lock_is_no_lost_lease(make_store: Any, monkeypatch: Any) -> None:
+    """A task whose lock stayed busy past ``lock_wait_s`` goes back by the node's choice.
+
+    A lease renewal that runs while that hand-back is under way finds the task pending: that is
+    no lost lease (``lease_lost`` feeds the default ``lost_leases`` alert). Before, the flight
+    stayed renewable until the hand-back returned, and such renewals were counted: 130 in a
+    fault-free demo, whose leases (2 s) are shorter than its lock wait (5 s).
+    """
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload={"account": "x"}, partition_key="k")])
+    elsewhere = await store.try_acquire_lock("account:x", ttl_s=30.0, permits=1, holder="another-process")
+    assert elsewhere.__class__.__name__ == "Lease"
+    handed_back = asyncio.Event()
+    release = store.release
+
+    async def slow_release(task: Task, *, delay_s: float = 0.0) -> Task:
+        out: Task = await release(task, delay_s=delay_s)
+        handed_back.set()
+        await asyncio.sleep(0.6)  # the hand-back is still under way at the keeper's next renewals (every 0.2 s)
+        return out
+
+    monkeypatch.setattr(store, "release", slow_release)
+    sent: list[int] = []
+
+    async def send(task: Task) -> None:
+        sent.append(task.id)
+
+    config = NodeConfig(queue=QUEUE, lease_s=0.6, lock_wait_s=0.2, busy_requeue_s=30.0, **FAST_IDLE)
+    node = Node(store, send, node_id="n1", config=config, lock_key=lambda task: f"account:{task.payload['account']}")
+    run = start(node)
+    await asyncio.wait_for(handed_back.wait(), 5.0)
+    await asyncio.sleep(0.8)  # the slow hand-back, and a renewal after it
+    await stop(node, run)
+    assert sent == []
+    stats = await store.stats(QUEUE)
+    assert stats.counts[TaskStatus.PENDING] == 1  # back, due after busy_requeue_s
+    assert store.events.get("lease_lost") == 0
+    assert enqueued.task.id not in node._in_flight
+
+
 async def test_a_restarted_node_id_does_not_keep_its_previous_lifes_leases(make_store: Any) -> None:
     store = await make_store(clock=None)
     [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload=1, partition_key="c")])

@@ -35,6 +35,7 @@ def test_every_state_has_its_moves_and_the_ends_have_none() -> None:
     assert {s for s, moves in TRANSITIONS.items() if not moves} == {
         S.DROPPED,
         S.UNSENT,
+        S.LOCK_BUSY,
         S.PAUSED,
         S.INTERRUPTED,
         S.SETTLED,
@@ -56,6 +57,7 @@ async def test_each_move_the_table_allows_is_made_and_every_other_is_refused() -
         S.DROPPED: (S.LEASE_LOST, S.DROPPED),
         S.UNSENT: (S.LEASE_LOST, S.UNSENT),
         S.PAUSED: (S.PAUSED,),
+        S.LOCK_BUSY: (S.LOCK_BUSY,),
         S.LOCK_DROPPED: (S.LOCK_LOST, S.LOCK_DROPPED),
         S.INTERRUPTED: (S.SENDING, S.INTERRUPTED),
         S.SETTLED: (S.SENDING, S.RETURNED, S.SETTLED),

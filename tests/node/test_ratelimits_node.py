@@ -65,6 +65,7 @@ async def test_a_429_pauses_the_key_without_using_an_attempt(make_store) -> None
 
 
 @EMBEDDED
+@pytest.mark.exclusive  # its sends' spacing is judged within 10 ms of the limit's 250 ms
 async def test_a_throttled_node_waits_for_the_refill(make_store) -> None:
     store = await make_store(clock=None)
     await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=4, per_s=1.0)])

@@ -284,7 +284,7 @@ async def test_a_lock_wait_that_times_out_is_an_error_on_the_lock_wait_span(
     assert set(children(spans, busy)) == {"asynccoord.lock_wait"}  # handed back: never sent
     assert wait.status.status_code is StatusCode.ERROR
     assert [e.attributes["exception.type"] for e in wait.events] == ["asynccoord.errors.LockTimeoutError"]
-    assert busy.attributes["asynccoord.flight.state"] == "claimed"  # handed back before its send
+    assert busy.attributes["asynccoord.flight.state"] == "lock_busy"  # handed back before its send
     assert set(children(spans, done)) == {"asynccoord.lock_wait", "asynccoord.send", "asynccoord.commit"}
 
 

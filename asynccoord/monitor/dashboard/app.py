@@ -12,7 +12,6 @@ import contextlib
 import hmac
 import html
 import ipaddress
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -107,7 +106,8 @@ def _authorized(request: web.Request, token: str) -> bool:
         given = auth[7:].strip()
     elif "token" in request.query:
         given = request.query["token"]
-    return hmac.compare_digest(given.encode(), token.encode())
+    # A header's bytes that are not UTF-8 arrive as lone surrogates: encodable this way, never equal.
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode())
 
 
 @web.middleware
@@ -148,11 +148,8 @@ async def _static(request: web.Request) -> web.Response:
 
 
 async def _state(request: web.Request) -> web.Response:
-    return web.json_response(request.app[_FEED].state(), dumps=_dumps)
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    feed = request.app[_FEED]
+    return web.Response(body=feed.encoded(feed.state()), content_type="application/json", charset="utf-8")
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:
@@ -173,7 +170,8 @@ async def _stream(request: web.Request) -> web.StreamResponse:
                     continue
                 if message is None:  # the feed stopped: the server is shutting down
                     break
-                await response.write(f"id: {message['seq']}\ndata: {_dumps(message)}\n\n".encode())
+                feed = request.app[_FEED]
+                await response.write(b"id: %d\ndata: %s\n\n" % (message["seq"], feed.encoded(message)))
         except ConnectionError:
             pass  # the page went away
     return response
@@ -195,6 +193,9 @@ def create_app(feed: Feed, *, token: str | None = None) -> web.Application:
     * ``/api/state`` - the whole state of the :class:`~asynccoord.monitor.dashboard.feed.Feed`;
     * ``/api/stream`` - the same as server-sent events (the WHATWG HTML standard's
       ``text/event-stream``): the state first, then one event per change.
+
+    Both send the bytes :meth:`~asynccoord.monitor.dashboard.feed.Feed.encoded` keeps: a
+    state or change is serialised once, however many pages ask for it.
 
     Access (:func:`check_exposure`): on a loopback address the server answers only requests
     whose ``Host`` is a loopback name (a page on another site that rebinds its DNS name to

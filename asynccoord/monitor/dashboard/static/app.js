@@ -2,11 +2,12 @@
 // draws it. Every value is written with textContent (never parsed as HTML).
 "use strict";
 (function () {
-  const HISTORY_MAX = 600;
+  const HISTORY_MAX_DEFAULT = 600;
   const token = new URLSearchParams(location.search).get("token");
   const tokenQuery = token ? "?token=" + encodeURIComponent(token) : "";
   const state = { sections: {}, seq: -1 };
-  const charts = new Map(); // queue name -> uPlot
+  const charts = new Map(); // queue name -> uPlot (the busiest queues, as the last history point names them)
+  let totalChart = null;
   let latencyChart = null;
 
   const $ = (id) => document.getElementById(id);
@@ -53,6 +54,24 @@
   function infoText(info, skip) {
     return Object.keys(info).sort().filter((k) => k !== skip)
       .map((k) => k + "=" + (typeof info[k] === "string" ? info[k] : JSON.stringify(info[k]))).join(", ");
+  }
+
+  // What the server left out of the lists (section "shown"): the busiest queues are listed.
+  function renderShown(shown) {
+    const note = $("queues-note");
+    const cut = shown && shown.queues < shown.queues_total;
+    note.hidden = !cut;
+    note.textContent = cut
+      ? "The " + shown.queues + " queues with the most tasks pending, running or dead, of " + shown.queues_total +
+        " (the totals above count them all)."
+      : "";
+    const limitsNote = $("limits-note");
+    const limitsCut = shown && shown.rate_limit_queues < shown.rate_limit_queues_total;
+    limitsNote.hidden = !limitsCut;
+    limitsNote.textContent = limitsCut
+      ? "The limits of " + shown.rate_limit_queues + " of the " + shown.rate_limit_queues_total +
+        " queues that declare some: those listed above and those holding keys back."
+      : "";
   }
 
   function renderStatus(s) {
@@ -158,17 +177,8 @@
     return Math.max(320, (el.clientWidth || 520) - 4);
   }
 
-  function queueChart(name) {
-    let chart = charts.get(name);
-    if (chart) return chart;
-    const box = document.createElement("div");
-    box.className = "chart";
-    box.dataset.queue = name;
-    const title = document.createElement("h3");
-    title.textContent = name;
-    box.appendChild(title);
-    $("queue-charts").appendChild(box);
-    chart = new uPlot({
+  function countsChart(box) {
+    return new uPlot({
       width: chartWidth(box), height: 220,
       scales: { x: { time: true }, n: { auto: true }, r: { auto: true } },
       axes: [{}, { scale: "n", label: "tasks" }, { scale: "r", side: 1, label: "finished / s", grid: { show: false } }],
@@ -180,22 +190,54 @@
         { label: "finished/s", scale: "r", stroke: "#1e7b34", width: 2, dash: [6, 3] },
       ],
     }, [[], [], [], [], []], box);
+  }
+
+  function countsData(pts, counts) {
+    return [
+      pts.map((p) => p.at),
+      pts.map((p) => counts(p).pending),
+      pts.map((p) => counts(p).running),
+      pts.map((p) => counts(p).dead),
+      pts.map((p) => counts(p).finished_per_s),
+    ];
+  }
+
+  function queueChart(name) {
+    let chart = charts.get(name);
+    if (chart) return chart;
+    const box = document.createElement("div");
+    box.className = "chart";
+    box.dataset.queue = name;
+    const title = document.createElement("h3");
+    title.textContent = name;
+    box.appendChild(title);
+    $("queue-charts").appendChild(box);
+    chart = countsChart(box);
     charts.set(name, chart);
     return chart;
   }
 
   function renderCharts(history) {
-    const names = new Set();
-    for (const p of history) for (const q of Object.keys(p.queues)) names.add(q);
-    for (const name of [...names].sort()) {
-      const pts = history.filter((p) => p.queues[name]);
-      queueChart(name).setData([
-        pts.map((p) => p.at),
-        pts.map((p) => p.queues[name].pending),
-        pts.map((p) => p.queues[name].running),
-        pts.map((p) => p.queues[name].dead),
-        pts.map((p) => p.queues[name].finished_per_s),
-      ]);
+    const withTotal = history.filter((p) => p.total);
+    if (!totalChart) totalChart = countsChart($("total-chart"));
+    totalChart.setData(countsData(withTotal, (p) => p.total));
+    // A chart for each queue the last point charts (the busiest now), over the points that have it.
+    const newest = history.length ? history[history.length - 1] : null;
+    const names = new Set(newest ? Object.keys(newest.queues) : []);
+    for (const [name, chart] of charts) {
+      if (names.has(name)) continue;
+      chart.destroy();
+      const box = document.querySelector('.chart[data-queue="' + CSS.escape(name) + '"]');
+      if (box) box.remove();
+      charts.delete(name);
+    }
+    const added = [...names].some((name) => !charts.has(name));
+    for (const name of names) {
+      queueChart(name).setData(countsData(history.filter((p) => p.queues[name]), (p) => p.queues[name]));
+    }
+    if (added) { // keep the charts in name order
+      const boxes = [...$("queue-charts").children].sort((a, b) => a.dataset.queue.localeCompare(b.dataset.queue));
+      $("queue-charts").replaceChildren(...boxes);
     }
     const lat = history.filter((p) => p.latency);
     if (!latencyChart) {
@@ -232,6 +274,7 @@
       renderResolved(sec.resolved, sec.status.now_s);
       renderRateLimits(sec.status.rate_limits);
     }
+    renderShown(sec.shown);
     renderCharts(sec.history || []);
     document.body.dataset.seq = String(state.seq);
     document.body.dataset.ready = sec.status ? "1" : "0";
@@ -244,7 +287,8 @@
       for (const [name, value] of Object.entries(message.sections)) {
         if (name === "history") {
           const history = (state.sections.history || []).concat(value);
-          state.sections.history = history.slice(-HISTORY_MAX);
+          const settings = state.sections.settings || {};
+          state.sections.history = history.slice(-(settings.history || HISTORY_MAX_DEFAULT));
         } else {
           state.sections[name] = value;
         }
@@ -267,6 +311,7 @@
       const box = document.querySelector('.chart[data-queue="' + CSS.escape(name) + '"]');
       if (box) chart.setSize({ width: chartWidth(box), height: 220 });
     }
+    if (totalChart) totalChart.setSize({ width: chartWidth($("total-chart")), height: 220 });
     if (latencyChart) latencyChart.setSize({ width: chartWidth($("latency-chart")), height: 220 });
   });
   connect();
