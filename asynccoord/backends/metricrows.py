@@ -59,7 +59,6 @@ def encode_flush(flush: MetricsFlush) -> EncodedFlush:
         alerts = [
             [a.rule, a.scope_key, json.dumps({**a.to_dict(), "monitor_id": flush.process_id}, separators=(",", ":"))]
             for a in flush.alerts
-            if a.firing
         ]
     try:
         info_json = json.dumps(dict(flush.info), separators=(",", ":"), allow_nan=False)

@@ -44,6 +44,7 @@ __all__ = (
     "QueueDepth",
     "bucket_of",
     "check_windows",
+    "open_alerts",
 )
 
 PROCESS_SCOPE = ""
@@ -202,8 +203,9 @@ class MetricsFlush:
         counters: ``(scope, event name) -> delta`` (>= 0) since the last flush; scope
             ``""`` for the process total, a node id for a per-node breakdown.
         latencies: ``latency name -> histogram delta`` since the last flush.
-        alerts: The monitor's firing alerts, replacing those it stored before; None
-            leaves them as they are.
+        alerts: The monitor's firing alerts, and the resolved notices of cluster incidents
+            it keeps for a while (see :func:`open_alerts`), replacing those it stored
+            before; None leaves them as they are.
         alert_ttl_s: Stored alerts not refreshed for this long are dropped (the
             monitor died), seconds (>= 0.01, ``validation.MIN_LEASE_S``). Default 30.
         retention_s: Time buckets older than this are purged, seconds (> 0). Default 900.
@@ -284,7 +286,9 @@ class MetricsView:
             in time buckets (1 s, store clock) starting after ``now_s - window_s``.
         latencies: ``window_s -> {latency name -> histogram}``, all processes merged.
         processes: Processes that flushed within the retention, by id.
-        alerts: Firing alerts stored by every live monitor, oldest first.
+        alerts: Alerts stored by every live monitor, oldest first: firing ones, and the
+            resolved notices of cluster incidents kept after them (:func:`open_alerts`
+            keeps what still fires).
     """
 
     now_s: float
@@ -393,3 +397,21 @@ def check_windows(windows_s: Sequence[float]) -> tuple[float, ...]:
     if len(out) > MAX_WINDOWS:
         raise InvalidArgumentError(f"windows_s may hold at most {MAX_WINDOWS} windows, got {len(out)}")
     return out
+
+
+def open_alerts(alerts: Sequence[Alert]) -> tuple[Alert, ...]:
+    """The stored alerts of incidents still open: firing ones that no resolved notice closed.
+
+    A monitor's stored alerts outlive it by ``alert_ttl_s``, so the firing alert of a
+    monitor that died stays stored after another has resolved its incident. The monitor
+    judging the cluster rules therefore keeps the resolved notice of each cluster incident
+    stored as long: a firing alert of the same rule and scope key that began (``fired_at``)
+    no later than the latest such notice was resolved (``at``) is closed. Resolved notices
+    themselves are left out.
+    """
+    resolved_at: dict[tuple[str, str], float] = {}
+    for alert in alerts:
+        if not alert.firing:
+            key = (alert.rule, alert.scope_key)
+            resolved_at[key] = max(resolved_at.get(key, alert.at), alert.at)
+    return tuple(a for a in alerts if a.firing and a.fired_at > resolved_at.get((a.rule, a.scope_key), float("-inf")))

@@ -20,6 +20,7 @@ import math
 import os
 import secrets
 import socket
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ import anyio
 from .._errtext import error_text
 from ..config import StoreConfig
 from ..contract.locks import Lease
-from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, MetricsFlush, MetricsView
+from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, MetricsFlush, MetricsView, open_alerts
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from ..events import EventCounter
 from ..validation import (
@@ -279,6 +280,8 @@ class Monitor:
         )
         self._judges_cluster = any(rule.scope is AlertScope.CLUSTER for rule in chosen)
         self._lease: Lease | None = None
+        self._lease_deadline = -math.inf  # monotonic: past it, the lease may have lapsed (and another lead)
+        self._closed_incidents: dict[tuple[str, str], Alert] = {}  # resolved cluster notices kept stored
         self._leader = False
         self._leader_changes = 0
         self._others_live = False
@@ -370,10 +373,13 @@ class Monitor:
                 for key, incident in list(self._incidents.items()):
                     if not (hand_over and incident.alert.scope is AlertScope.CLUSTER):
                         del self._incidents[key]
+                if not hand_over:
+                    self._closed_incidents.clear()
                 self._alerts_dirty = True
                 with contextlib.suppress(CoordError):
                     await self.flush(force=True)
                 self._incidents.clear()
+                self._closed_incidents.clear()
                 lease, self._lease = self._lease, None
                 self._leader = False
                 if lease is not None:
@@ -494,7 +500,7 @@ class Monitor:
                 process_id=self.process_id,
                 counters=counters,
                 latencies=latencies,
-                alerts=[inc.current for inc in self._incidents.values()],
+                alerts=self._stored_alerts(),
                 alert_ttl_s=self.alert_ttl_s,
                 retention_s=self.retention_s,
                 info=self.info,
@@ -559,10 +565,15 @@ class Monitor:
             for pid, report in view.processes.items()
         )
         if took_over:
-            self._adopt(view.alerts)
+            self._adopt(open_alerts(view.alerts))
+        self._forget_closed(view.now_s)
         rules = [rule for rule in self.rules if self._leader or rule.scope is not AlertScope.CLUSTER]
         notices, changed = decide(rules, self._incidents, view, self.process_id, own_process=self.process_id)
         self._alerts_dirty = self._alerts_dirty or changed
+        notices = self._unless_stalled(notices)
+        for alert in notices:
+            if not alert.firing and alert.scope is AlertScope.CLUSTER:
+                self._closed_incidents[(alert.rule, alert.scope_key)] = alert
         self._fired += sum(1 for alert in notices if alert.firing)
         self._resolved += sum(1 for alert in notices if not alert.firing)
         if not notices:
@@ -578,7 +589,7 @@ class Monitor:
                 except CoordError as exc:
                     log.warning("asynccoord.monitor.flush_failed process=%s error=%s", self.process_id, exc)
         finally:
-            for alert in notices:
+            for alert in self._unless_stalled(notices):
                 self._publish(alert)
         return notices
 
@@ -594,15 +605,18 @@ class Monitor:
             self._leader = self._judges_cluster
             return False
         lease = self._lease
+        started = time.monotonic()  # the lease runs from before the store's answer, at the latest
         if lease is not None:
             renewed: Lease | None = await self.store.renew_lock(lease, self.leader_ttl_s)
             if renewed is not None:
+                self._lease_deadline = started + self.leader_ttl_s
                 self._lease = renewed
                 self._leader = True
                 return False
         got = await self.store.try_acquire_lock(LEADER_LOCK, ttl_s=self.leader_ttl_s, holder=self.process_id)
         was_leader = self._leader
         if isinstance(got, Lease):
+            self._lease_deadline = started + self.leader_ttl_s
             self._lease = got
             self._leader = True
             if lease is not None and got.fencing_token == lease.fencing_token + 1:
@@ -623,6 +637,44 @@ class Monitor:
             self._leader_changes += 1
             log.info("asynccoord.monitor.leader_lost process=%s lock=%s", self.process_id, LEADER_LOCK)
         return False
+
+    def _unless_stalled(self, notices: list[Alert]) -> list[Alert]:
+        """``notices`` without the cluster ones if this leader's lease may have lapsed meanwhile.
+
+        A leader that stalled (a long pause, a slow read or write) past its lease's local
+        deadline may have been replaced: another monitor may judge the same incidents now.
+        It steps down and publishes no cluster notice; the leader of the next evaluation
+        judges them.
+        """
+        if not self._leader or self._lease is None or time.monotonic() < self._lease_deadline:
+            return notices
+        self._lease = None
+        self._leader = False
+        self._leader_changes += 1
+        self._drop_cluster_incidents()
+        log.warning(
+            "asynccoord.monitor.leader_stalled process=%s lock=%s: the lease may have lapsed; cluster notices left "
+            "to the next leader",
+            self.process_id,
+            LEADER_LOCK,
+        )
+        return [alert for alert in notices if alert.scope is not AlertScope.CLUSTER]
+
+    def _forget_closed(self, now_s: float) -> None:
+        """Drop the kept resolved notices older than ``alert_ttl_s`` (store clock ``now_s``): every
+        firing alert they close has expired by then."""
+        for key, alert in list(self._closed_incidents.items()):
+            if alert.at + self.alert_ttl_s <= now_s:
+                del self._closed_incidents[key]
+                self._alerts_dirty = True
+
+    def _stored_alerts(self) -> list[Alert]:
+        """What a flush stores: the open incidents' alerts, and the resolved notices of the cluster
+        incidents this monitor closed lately (see :func:`~asynccoord.contract.monitor.open_alerts`), but
+        for a key that fires again (one stored alert per rule and scope key)."""
+        alerts = [inc.current for inc in self._incidents.values()]
+        alerts += [a for key, a in self._closed_incidents.items() if key not in self._incidents]
+        return alerts
 
     def _drop_cluster_incidents(self) -> None:
         for key in [k for k, inc in self._incidents.items() if inc.alert.scope is AlertScope.CLUSTER]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.monitor import PROCESS_SCOPE, Alert, MetricsView, ProcessReport, check_windows
+from ..contract.monitor import PROCESS_SCOPE, Alert, MetricsView, ProcessReport, check_windows, open_alerts
 from ..errors import InvalidTypeError
 from .histogram import Histogram
 
@@ -161,7 +161,7 @@ def build_snapshot(view: MetricsView, windows_s: Sequence[float]) -> ClusterSnap
         windows=tuple(windows),
         latencies=latencies,
         processes=tuple(view.processes.values()),
-        alerts=view.alerts,
+        alerts=open_alerts(view.alerts),
     )
 
 

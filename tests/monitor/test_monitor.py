@@ -40,7 +40,7 @@ from asynccoord import (
 )
 from asynccoord import events as ev
 from asynccoord.cli.status import status_report
-from asynccoord.contract.monitor import RETIRED_PROCESS_ID, MetricsFlush, MonitorStore
+from asynccoord.contract.monitor import RETIRED_PROCESS_ID, MetricsFlush, MonitorStore, open_alerts
 from asynccoord.monitor.monitor import LEADER_LOCK
 from asynccoord.monitor.rules import DEFAULT_RULES
 from asynccoord.monitor.snapshot import cluster_snapshot
@@ -707,6 +707,96 @@ async def test_a_leader_whose_lease_lapsed_steps_down_without_a_notice(make_stor
         await monitor_a.flush()
         (stored,) = (await cluster_snapshot(store_a)).alerts
         assert (stored.monitor_id, stored.fired_at) == ("proc-b", fired.fired_at)
+
+
+@SHARED
+async def test_an_incident_resolved_under_one_leader_is_not_resolved_again_by_the_next(
+    make_store: MakeStore, clock: FakeClock
+) -> None:
+    """A's firing alert stays stored after it hands over; B resolves the incident and hands over
+    to C: C must not adopt A's stale alert (and resolve it a second time), nor status show it.
+
+    B keeps its resolved notice stored as long as A's alert can live (:func:`open_alerts`).
+    Before, every later leader adopted A's alert and sent one more resolved notice.
+    """
+    stores = [await make_store() for _ in range(3)]
+    rule = dataclasses.replace(LOST_RULE, window_s=3.0)  # resolved while A's alert is still stored (10 s)
+    a, b, c = (manual(store, [rule], process_id=f"proc-{n}") for store, n in zip(stores, "abc", strict=True))
+    for monitor in (a, b, c):
+        await monitor.start()
+    try:
+        for monitor in (a, b, c):
+            await monitor.flush()  # all three live
+        stores[0].events.add(ev.LEASE_LOST)
+        await a.flush()
+        (fired,) = await a.evaluate()
+        await b.flush()
+        await c.flush()
+        await a.close()  # others live: its firing alert stays stored for the next leader
+        assert await b.evaluate() == []  # takes over and adopts it
+        assert [x.fired_at for x in b.active_alerts()] == [fired.fired_at]
+        clock.advance(4.0)  # the window empties; A's stored alert (alert_ttl_s 10 s) lives on
+        await c.flush()
+        (resolved,) = await b.evaluate()
+        assert (resolved.state, resolved.fired_at) == (AlertState.RESOLVED, fired.fired_at)
+        await b.close()
+        assert await c.evaluate() == []  # takes over: nothing open to adopt
+        assert c.active_alerts() == []
+        assert (await status_report(stores[2]))["alerts"] == []
+        clock.advance(2.0)
+        await c.flush()
+        assert await c.evaluate() == []  # and no second resolved notice
+        assert c.statistics().alerts_resolved == 0
+    finally:
+        for monitor in (a, b, c):
+            await monitor.close()
+
+
+def test_open_alerts_leaves_out_incidents_a_later_notice_resolved() -> None:
+    def alert(rule: str, at: float, fired_at: float, state: AlertState, key: str = "") -> Alert:
+        return Alert(
+            rule=rule,
+            event=ev.LEASE_LOST,
+            value=1.0,
+            threshold=0.0,
+            window_s=30.0,
+            at=at,
+            scope=AlertScope.CLUSTER,
+            scope_key=key,
+            state=state,
+            fired_at=fired_at,
+        )
+
+    stale = alert("lost", 10.0, 10.0, AlertState.FIRING)  # stored by a monitor that died
+    closed = alert("lost", 40.0, 10.0, AlertState.RESOLVED)  # its incident, resolved by the next leader
+    again = alert("lost", 45.0, 45.0, AlertState.FIRING)  # a new incident of the same rule
+    other = alert("lost", 12.0, 12.0, AlertState.FIRING, key="proc-a")  # another scope key
+    assert open_alerts([stale, closed]) == ()
+    assert open_alerts([stale, closed, again, other]) == (again, other)
+    assert open_alerts([stale, other]) == (stale, other)
+
+
+async def test_a_leader_that_stalls_past_its_lease_publishes_no_cluster_notice() -> None:
+    """Its read of the windows outlasts the lease (a pause, a slow store): another may lead by
+    now and raise the same incident, so it steps down and leaves the notice to the next leader."""
+    async with MemoryStore() as store:
+        read = store.read_metrics
+
+        async def slow_read(windows: Any) -> Any:
+            view = await read(windows)
+            await asyncio.sleep(0.6)
+            return view
+
+        async with manual(store, [LOST_RULE], evaluate_interval_s=0.2, leader_ttl_s=0.5) as monitor:
+            store.events.add(ev.LEASE_LOST)
+            await monitor.flush()
+            store.read_metrics = slow_read  # type: ignore[method-assign]
+            assert await monitor.evaluate() == []
+            stats = monitor.statistics()
+            assert (stats.leader, stats.alerts_fired, stats.active_alerts) == (False, 0, 0)
+            store.read_metrics = read  # type: ignore[method-assign]
+            (fired,) = await monitor.evaluate()  # leads again, on time: the incident fires once
+            assert fired.rule == "lost_leases"
 
 
 async def test_a_lapsed_lease_taken_back_with_the_next_token_keeps_the_incident(store: Store, clock: FakeClock) -> None:
