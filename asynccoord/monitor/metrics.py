@@ -179,7 +179,8 @@ class CoordCollector(Collector):
 
         Raises:
             InvalidArgumentError: ``name`` is taken, the collector's stores have no name, or
-                ``store`` (or its lock store) is exported already (its counts would double).
+                ``store`` (or its lock store) is exported already, as a store or as another
+                store's lock store (its counts would double).
             InvalidTypeError: as the constructor.
         """
         added = _source(store, monitor, lock_store, check_name("name", name))
@@ -197,7 +198,14 @@ class CoordCollector(Collector):
                     raise InvalidArgumentError(
                         f"{store!r} is exported already as {source.name!r}: its counts would double"
                     )
-                if added.lock_store is not None and added.lock_store in (source.store, source.lock_store):
+                if source.lock_store is not None and source.lock_store is store:
+                    raise InvalidArgumentError(
+                        f"{store!r} is exported already as the lock store of {source.name!r}: its counts"
+                        " would double; export it with one of them only"
+                    )
+                if added.lock_store is not None and (
+                    added.lock_store is source.store or added.lock_store is source.lock_store
+                ):
                     raise InvalidArgumentError(
                         f"lock store {added.lock_store!r} is exported already with {source.name!r}:"
                         " its counts would double; pass it with one store only"

@@ -39,6 +39,23 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 """An HTTP header name: one or more token characters (RFC 9110, section 5.1)."""
 _HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
 """An HTTP header value: no control character but the horizontal tab (RFC 9110, section 5.5)."""
+_FRAMING = "the sink frames the body itself"
+_CONNECTION = "the HTTP client manages the connection"
+_RESERVED_HEADERS = {
+    "content-length": _FRAMING,
+    "transfer-encoding": _FRAMING,
+    "te": _FRAMING,
+    "trailer": _FRAMING,
+    "expect": "the HTTP client manages the exchange",
+    "connection": _CONNECTION,
+    "keep-alive": _CONNECTION,
+    "proxy-connection": _CONNECTION,
+    "upgrade": _CONNECTION,
+    "host": "the url names the host",
+}
+"""Headers the sink (or its HTTP client) sets, by lowercase name, with the reason: given by
+hand they cut the body short, stall every POST or send it elsewhere (RFC 9110, section 7.6.1;
+RFC 9112, section 6)."""
 
 
 def _check_headers(headers: object) -> dict[str, str]:
@@ -46,8 +63,9 @@ def _check_headers(headers: object) -> dict[str, str]:
 
     Raises:
         InvalidTypeError: not a mapping, or a name or value that is not a str.
-        InvalidArgumentError: a name that is not an HTTP token, or a value with a control
-            character (a CR or LF, as a token read from a file with its newline has).
+        InvalidArgumentError: a name that is not an HTTP token, one the sink sets itself
+            (``Content-Length``, ``Transfer-Encoding``, ``Host``, ...; any case), or a value with
+            a control character (a CR or LF, as a token read from a file with its newline has).
     """
     if headers is None:
         return {}
@@ -63,6 +81,9 @@ def _check_headers(headers: object) -> dict[str, str]:
             raise InvalidArgumentError(
                 f"headers name {name!r:.50} is not an HTTP header name: use letters, digits and !#$%&'*+-.^_`|~"
             )
+        reason = _RESERVED_HEADERS.get(name.lower())
+        if reason is not None:
+            raise InvalidArgumentError(f"headers[{name!r}] is set by the sink ({reason}): leave it out")
         if not _HEADER_VALUE.fullmatch(value):
             # The value is often a secret: name the header and the character, not the value.
             bad = next(ch for ch in value if not _HEADER_VALUE.fullmatch(ch))
@@ -118,7 +139,12 @@ class WebhookSink:
             included). Default :data:`DEFAULT_WEBHOOK_RETRY`.
         queue_size: Notices kept waiting before the oldest is dropped (>= 1). Default 100.
         headers: Extra HTTP headers (an ``Authorization`` header, say): str names that are
-            HTTP tokens, str values without control characters. Default none.
+            HTTP tokens, str values without control characters. Not the headers that frame
+            the request or manage the connection (``Content-Length``, ``Transfer-Encoding``,
+            ``TE``, ``Trailer``, ``Expect``, ``Connection``, ``Keep-Alive``,
+            ``Proxy-Connection``, ``Upgrade``), nor ``Host`` (the URL names it), in any case.
+            ``Content-Type`` may replace the default ``application/json`` (with a charset,
+            say); the body stays JSON. Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (a header value with a

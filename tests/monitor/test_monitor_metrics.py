@@ -205,3 +205,29 @@ async def test_two_stores_on_one_registry_need_names_and_give_one_family(clock: 
     assert generate_latest(registry) == b""
     register_collector(second, registry=registry)
     assert _events(generate_latest(registry).decode()) == _events(render_prometheus(second).decode())
+
+
+@pytest.mark.parametrize("lock_store_first", [True, False], ids=["lock-store-first", "store-first"])
+def test_a_store_is_exported_once_as_a_store_or_as_a_lock_store(lock_store_first: bool) -> None:
+    one, locks = MemoryStore(), MemoryStore()
+    locks.events.add(ev.LOCK_LOST, 5)
+    registry = CollectorRegistry()
+    if lock_store_first:
+        register_collector(one, registry=registry, lock_store=locks, name="one")
+        with pytest.raises(InvalidArgumentError, match=r"lock store of 'one'.*would double"):
+            register_collector(locks, registry=registry, name="three")
+    else:
+        register_collector(locks, registry=registry, name="three")
+        with pytest.raises(InvalidArgumentError, match=r"exported already with 'three'.*would double"):
+            register_collector(one, registry=registry, lock_store=locks, name="one")
+    text = generate_latest(registry).decode()
+    _assert_valid_exposition(text)
+    lost = {
+        s.labels["store"]: s.value
+        for s in _families(text)["asynccoord_events"].samples
+        if s.labels["event"] == ev.LOCK_LOST
+    }
+    assert lost == ({"one": 5.0} if lock_store_first else {"three": 5.0})  # counted once, under one name
+    # A second store sharing the lock store is refused too.
+    with pytest.raises(InvalidArgumentError, match="would double"):
+        register_collector(MemoryStore(), registry=registry, lock_store=locks, name="two")

@@ -36,11 +36,13 @@ class Endpoint:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0
     authorization: list[str | None] = field(default_factory=list)
+    content_types: list[str | None] = field(default_factory=list)
     url: str = ""
 
     async def handle(self, request: web.Request) -> web.Response:
         self.requests += 1
         self.authorization.append(request.headers.get("Authorization"))
+        self.content_types.append(request.headers.get("Content-Type"))
         body = await request.json()
         if self.hang_s:
             await asyncio.sleep(self.hang_s)
@@ -259,6 +261,39 @@ def test_a_header_no_request_could_carry_is_refused_by_the_constructor(
     with pytest.raises(error, match=message) as info:
         WebhookSink("http://example.com/hook", headers=headers)
     assert "abc" not in str(info.value)  # the value may be a secret: never in the message
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("Content-Length", "the sink frames the body itself"),  # was: the body cut to its value, counted delivered
+        ("transfer-encoding", "the sink frames the body itself"),  # was: every attempt failed
+        ("TE", "the sink frames the body itself"),
+        ("Trailer", "the sink frames the body itself"),
+        ("Expect", "the HTTP client manages the exchange"),
+        ("CONNECTION", "the HTTP client manages the connection"),
+        ("Keep-Alive", "the HTTP client manages the connection"),
+        ("Proxy-Connection", "the HTTP client manages the connection"),
+        ("Upgrade", "the HTTP client manages the connection"),
+        ("host", "the url names the host"),
+    ],
+)
+def test_a_header_the_sink_sets_itself_is_refused_by_the_constructor(name: str, reason: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=rf"headers\['{name}'\] is set by the sink \({reason}\)") as info:
+        WebhookSink("http://example.com/hook", headers={"X-Token": "ok", name: "abc"})
+    assert "abc" not in str(info.value)
+
+
+async def test_a_content_type_header_replaces_the_default_and_the_body_stays_json(endpoint: Endpoint) -> None:
+    sink = WebhookSink(endpoint.url, headers={"content-type": "application/json; charset=utf-8"})
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
+    ):
+        await fire(monitor, store)
+        await until(lambda: sink.statistics().delivered == 1)
+    assert endpoint.content_types == ["application/json; charset=utf-8"]
+    assert [body["rule"] for body in endpoint.bodies] == ["fencing_rejections"]
 
 
 def test_a_header_value_with_a_tab_or_beyond_ascii_is_accepted() -> None:
