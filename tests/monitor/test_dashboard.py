@@ -17,7 +17,7 @@ import json
 import re
 import secrets
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -621,7 +621,8 @@ def _tenant_row(i: int, polls: int) -> dict[str, Any]:
     }
 
 
-async def test_the_state_stays_small_however_many_queues_and_points() -> None:
+def _tenants(queues: int) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """A status source of ``queues`` tenant queues (:func:`_tenant_row`), one second apart per poll."""
     polls = 0
 
     async def source() -> dict[str, Any]:
@@ -629,11 +630,16 @@ async def test_the_state_stays_small_however_many_queues_and_points() -> None:
         polls += 1
         return {
             "now_s": float(polls),
-            "queues": [_tenant_row(i, polls) for i in range(3000)],
+            "queues": [_tenant_row(i, polls) for i in range(queues)],
             "latencies": [],
             "alerts": [],
         }
 
+    return source
+
+
+async def test_the_state_stays_small_however_many_queues_and_points() -> None:
+    source = _tenants(3000)
     feed = Feed(source, history=60, charted_queues=3, listed_queues=50)
     for _ in range(60):
         await feed.poll()
@@ -681,17 +687,7 @@ async def test_one_serialisation_serves_every_request_and_stream(monkeypatch: py
         return dumps(value, *args, **kwargs)
 
     monkeypatch.setattr(json, "dumps", counting_dumps)
-    polls = 0
-
-    async def source() -> dict[str, Any]:
-        nonlocal polls
-        polls += 1
-        return {
-            "now_s": float(polls),
-            "queues": [_tenant_row(i, polls) for i in range(300)],
-            "latencies": [],
-            "alerts": [],
-        }
+    source = _tenants(300)
 
     async def next_event(reply: aiohttp.ClientResponse) -> bytes:
         lines: list[bytes] = []
