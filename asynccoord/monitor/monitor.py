@@ -614,7 +614,6 @@ class Monitor:
                 self._leader = True
                 return False
         got = await self.store.try_acquire_lock(LEADER_LOCK, ttl_s=self.leader_ttl_s, holder=self.process_id)
-        was_leader = self._leader
         if isinstance(got, Lease):
             self._lease_deadline = started + self.leader_ttl_s
             self._lease = got
@@ -630,11 +629,7 @@ class Monitor:
                 got.fencing_token,
             )
             return True
-        self._lease = None
-        self._leader = False
-        self._drop_cluster_incidents()
-        if was_leader:
-            self._leader_changes += 1
+        if self._step_down():
             log.info("asynccoord.monitor.leader_lost process=%s lock=%s", self.process_id, LEADER_LOCK)
         return False
 
@@ -648,10 +643,7 @@ class Monitor:
         """
         if not self._leader or self._lease is None or time.monotonic() < self._lease_deadline:
             return notices
-        self._lease = None
-        self._leader = False
-        self._leader_changes += 1
-        self._drop_cluster_incidents()
+        self._step_down()
         log.warning(
             "asynccoord.monitor.leader_stalled process=%s lock=%s: the lease may have lapsed; cluster notices left "
             "to the next leader",
@@ -659,6 +651,17 @@ class Monitor:
             LEADER_LOCK,
         )
         return [alert for alert in notices if alert.scope is not AlertScope.CLUSTER]
+
+    def _step_down(self) -> bool:
+        """Hold no lease and judge no cluster rule (their open incidents dropped without a notice);
+        whether this monitor was the leader until now."""
+        was_leader = self._leader
+        self._lease = None
+        self._leader = False
+        self._drop_cluster_incidents()
+        if was_leader:
+            self._leader_changes += 1
+        return was_leader
 
     def _forget_closed(self, now_s: float) -> None:
         """Drop the kept resolved notices older than ``alert_ttl_s`` (store clock ``now_s``): every
