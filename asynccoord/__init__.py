@@ -7,6 +7,25 @@ on every state change. README.md walks through them with examples.
 The stores of extras (:class:`PostgresStore`: ``asynccoord[postgres]``,
 :class:`RedisLockStore`: ``asynccoord[redis]``) are exported too and imported on first
 access, so ``import asynccoord`` needs neither driver.
+
+Where things are (the tests mirror the package; ``tests/contract/`` runs one suite on
+every store):
+
+* ``contract/``: one module per primitive (queue, locks, membership, monitor, rate limits,
+  dead letters): its Protocol, records and argument checks.
+* ``backends/base.py``: the store base; each public verb checks its arguments, then calls
+  the engine. ``backends/memory/``, ``sqlite/``, ``postgres/``: each engine's statements,
+  its SQL in ``sql/`` beside them (``sqlite/writer.py`` is the group commit,
+  ``sqlite/wakeup.py`` the cross-process wake-ups, ``postgres/conn.py`` the connection
+  handling). ``backends/redis.py``: locks on Redis; ``backends/open.py``: ``open_store``.
+* ``locks/``: lock, semaphore, watchdog, lock pool, pacing. ``node/``: node loop, flight
+  state machine, lockless batch, send supervision, settle, keeper, config, runtime, idle
+  poll, tracing.
+* ``notify.py``, ``releases.py``, ``pauses.py``: wake-ups of idle nodes on new work, of
+  lock waiters on a release; a 429's pause of a lock's sends.
+* ``monitor/``: monitor, rules and alerts, snapshot, webhook sink, histogram, metrics,
+  dashboard. ``cli/``: the command line (``run``, ``status``, ``dashboard``). ``demo/``:
+  the demo.
 """
 
 from __future__ import annotations
