@@ -36,7 +36,7 @@ from ..contract.queue import (
     encode_results,
     prepare_tasks,
 )
-from ..errors import CoordError
+from ..errors import CoordError, InvalidTypeError
 from ..events import EventCounter
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task
 from ..notify import WorkNotifier
@@ -383,27 +383,33 @@ class StoreBase(abc.ABC):
         """Compare-and-set ``task`` back to pending, due in ``delay_s`` seconds, with ``error``."""
         raise NotImplementedError(f"{type(self).__name__} settles fail() in _fail_checked")
 
-    async def release(self, task: Task, *, delay_s: float = 0.0) -> Task:
-        """Hand the task back to pending without counting the attempt.
+    async def release(self, task: Task, *, delay_s: float = 0.0, count_attempt: bool = False) -> Task:
+        """Hand the task back to pending, by default without counting the attempt.
 
         Args:
             task: The task as returned by ``claim``.
             delay_s: Seconds before it is due again (>= 0). Default 0: due now (idle
                 in-process nodes owning its partition are woken).
+            count_attempt: Keep the attempt counted: the task's send was cut short and may
+                have reached its receiver, so the next delivery's ``attempts`` (above 1)
+                says it may repeat a message. Default False (the attempt is given back).
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
+            InvalidTypeError: ``count_attempt`` is not a bool (nothing written).
         """
         check_task(task)
         delay = check_non_negative("delay_s", delay_s)
-        out = await self._release_checked(task, delay)
+        if not isinstance(count_attempt, bool):
+            raise InvalidTypeError(f"count_attempt must be a bool, got {type(count_attempt).__name__}")
+        out = await self._release_checked(task, delay, count_attempt)
         if delay == 0:
             self.notifier.notify(out.queue, 1, (out.partition,))
         return out
 
     @abc.abstractmethod
-    async def _release_checked(self, task: Task, delay_s: float) -> Task:
-        """Compare-and-set ``task`` back to pending, due in ``delay_s`` seconds, the attempt not counted."""
+    async def _release_checked(self, task: Task, delay_s: float, count_attempt: bool) -> Task:
+        """Compare-and-set ``task`` back to pending, due in ``delay_s`` seconds, the attempt counted or not."""
 
     async def extend(self, task: Task, lease_s: float) -> float:
         """Renew the lease to ``lease_s`` seconds from now; return the new expiry (store clock).

@@ -151,6 +151,7 @@ async def status_report(
                 "total": sum(counts.values()),
                 "expired_leases": depth.expired_leases,
                 "oldest_pending_age_s": age,
+                "removed": depth.removed,
             }
         )
 

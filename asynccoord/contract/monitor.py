@@ -309,12 +309,16 @@ class QueueDepth:
         oldest_pending_age_s: Age of the oldest due pending task (store clock), or None.
         expired_leases: Of the ``running`` tasks, those whose lease has expired by the store
             clock (their holder stopped renewing: the next claim takes them back). Default 0.
+        removed: Finished tasks deleted from the queue so far: done tasks purged
+            (``purge_finished``, the runtime's retention) and dead tasks discarded. So
+            ``done + dead + removed`` never falls but for a requeue of dead tasks. Default 0.
     """
 
     queue: str
     counts: Mapping[str, int]
     oldest_pending_age_s: float | None
     expired_leases: int = 0
+    removed: int = 0
 
     @property
     def total(self) -> int:

@@ -313,9 +313,9 @@ class QueueStore(Protocol):
         """
         ...
 
-    async def release(self, task: Task, *, delay_s: float = 0.0) -> Task:
+    async def release(self, task: Task, *, delay_s: float = 0.0, count_attempt: bool = False) -> Task:
         """Hand an unfinished task back to pending, due after ``delay_s`` (>= 0, default 0: now),
-        not counting the attempt.
+        not counting the attempt unless ``count_attempt`` (its send may have reached the receiver).
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.

@@ -62,6 +62,8 @@ _TRANSIENT_STORE_ERRORS = (StoreBusyError, StoreConnectionError)
 """Store errors after which nothing was written and a later try may succeed."""
 _HANDED_BACK_UNSENT = (FlightState.UNSENT, FlightState.LOCK_BUSY, FlightState.PAUSED)
 """States of a flight whose task its slot hands back (or has handed back) without a send."""
+_MAYBE_SENT = (FlightState.INTERRUPTED, FlightState.SENDING, FlightState.TIMED_OUT, FlightState.RETURNED)
+"""States of a flight whose send started: handed back, its attempt stays counted."""
 
 
 class Settler:
@@ -492,6 +494,7 @@ class Settler:
             state = flight.state
             if state is FlightState.SETTLED or state in _HANDED_BACK_UNSENT:
                 continue  # committed, failed or handed back unsent already: there is nothing (more) to hand back
+            sent = state in _MAYBE_SENT  # the attempt stays counted: the next delivery's attempts say it may repeat
             if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
                 # The send may have reached its receiver before it was cancelled: the next
                 # holder's send of this task is a possible duplicate. Count it like a lost lease.
@@ -509,7 +512,7 @@ class Settler:
             # The release runs in a task of its own: the slot's own cancellation (``_handle_batch``
             # cancels its slots with Task.cancel(), which an anyio shield does not stop) must not
             # cut it, or the task would stay leased to a stopped node until its lease lapsed.
-            release = loop.create_task(self._hand_back_quietly(flight.task))
+            release = loop.create_task(self._hand_back_quietly(flight.task, count_attempt=sent))
             self._releases.add(release)
             release.add_done_callback(self._releases.discard)
             releases.append(release)
@@ -517,9 +520,9 @@ class Settler:
             with anyio.CancelScope(shield=True):
                 await _wait_through_cancellation(releases, HAND_BACK_WAIT_S)
 
-    async def _hand_back_quietly(self, task: Task) -> None:
+    async def _hand_back_quietly(self, task: Task, *, count_attempt: bool) -> None:
         with contextlib.suppress(CoordError):
-            await self.hand_back(task, delay_s=0.0)
+            await self.hand_back(task, delay_s=0.0, count_attempt=count_attempt)
 
     async def _hand_back_paused(self, flight: Flight) -> None:
         """Hand back, unsent, a task whose bucket the provider paused since its claim: due when the pause ends.
@@ -536,14 +539,17 @@ class Settler:
         log.info("asynccoord.node.send_paused node=%s task=%s pause_left_s=%.3f", self.node_id, task.id, delay_s)
         await self.hand_back(task, delay_s=delay_s)
 
-    async def hand_back(self, task: Task, *, delay_s: float) -> None:
+    async def hand_back(self, task: Task, *, delay_s: float, count_attempt: bool = False) -> None:
         """Put ``task`` back to pending, due in ``delay_s`` seconds (a lease lost meanwhile: nothing to do).
+
+        ``count_attempt``: its send may have gone out, so the attempt stays counted (see
+        :meth:`~asynccoord.backends.base.StoreBase.release`).
 
         Raises:
             StoreError: the store failed.
         """
         try:
-            await self.store.release(task, delay_s=delay_s)
+            await self.store.release(task, delay_s=delay_s, count_attempt=count_attempt)
             self.counters.handed_back += 1
         except LeaseLostError:
             return  # expired meanwhile: it is claimable again anyway

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 from support import FakeClock
@@ -28,6 +29,7 @@ from asynccoord import (
 from asynccoord import events as ev
 
 Q = "jobs"
+OTHER = "other-jobs"
 
 
 async def claim_one(store, node_id: str = "node-a", **kwargs) -> Task:
@@ -529,6 +531,27 @@ async def test_release_does_not_count_the_attempt(store, clock: FakeClock) -> No
         await store.release(task)
 
 
+async def test_a_release_that_counts_the_attempt_keeps_it_for_the_next_delivery(store, clock: FakeClock) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    released = await store.release(task, count_attempt=True)  # its send was cut short: it may have gone out
+    assert (released.status, released.attempts) == (TaskStatus.PENDING, 1)
+    again = await claim_one(store, "node-b")
+    assert again.attempts == 2  # the next delivery can tell it may repeat a message
+
+
+@pytest.mark.parametrize("flag", [1, "yes", None])
+async def test_a_release_with_a_non_bool_count_attempt_is_refused_and_changes_nothing(
+    store, clock: FakeClock, flag: object
+) -> None:
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    with pytest.raises(InvalidTypeError, match="count_attempt must be a bool"):
+        await store.release(task, count_attempt=flag)
+    current = await store.get(task.id)
+    assert (current.status, current.attempts, current.version) == (TaskStatus.RUNNING, 1, task.version)
+
+
 async def test_extend_keeps_version_and_pushes_expiry(store, clock: FakeClock) -> None:
     await store.enqueue(Q, "x")
     task = await claim_one(store, lease_s=5)
@@ -872,6 +895,31 @@ async def test_purge_finished_keeps_recent_running_and_dead(store, clock: FakeCl
     result = await store.purge_finished(Q, older_than_s=5, batch=1)
     assert (result.deleted, result.batches) == (1, 1)
     assert counts(await store.stats(Q)) == {"pending": 0, "running": 1, "done": 1, "dead": 1}
+
+
+async def test_queue_depths_count_what_purges_and_discards_removed(store, clock: FakeClock) -> None:
+    await store.enqueue_many([NewTask(queue=Q, payload=i, max_attempts=1) for i in range(5)])
+    await store.enqueue(OTHER, "x")
+    tasks = await store.claim(Q, node_id="n", limit=5)
+    for task in tasks[:3]:
+        await store.complete(task)
+    for task in tasks[3:]:
+        await store.fail(task, "refused")
+
+    def finished(depths: list[Any]) -> dict[str, tuple[int, int, int]]:
+        return {d.queue: (d.counts["done"], d.counts["dead"], d.removed) for d in depths}
+
+    assert finished(await store.queue_depths()) == {Q: (3, 2, 0), OTHER: (0, 0, 0)}
+    clock.advance(10)
+    assert (await store.purge_finished(Q, older_than_s=5, batch=2)).deleted == 3
+    assert finished(await store.queue_depths()) == {Q: (0, 2, 3), OTHER: (0, 0, 0)}
+    assert await store.discard_dead(Q, [tasks[3].id]) == 1
+    assert finished(await store.queue_depths()) == {Q: (0, 1, 4), OTHER: (0, 0, 0)}
+    assert await store.discard_dead(Q) == 1
+    # Every task of Q is gone; the queue stays listed, with its finished work.
+    assert finished(await store.queue_depths()) == {Q: (0, 0, 5), OTHER: (0, 0, 0)}
+    assert (await store.purge_finished(Q, older_than_s=0)).deleted == 0
+    assert finished(await store.queue_depths()) == {Q: (0, 0, 5), OTHER: (0, 0, 0)}
 
 
 async def test_purge_processed_by_age(make_store, clock: FakeClock) -> None:

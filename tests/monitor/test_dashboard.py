@@ -573,6 +573,15 @@ def test_history_points_give_throughput_and_the_shortest_latency_window() -> Non
     assert history_point(_report(102.0, 8, []), _report(100.0, 2, []), charted=())["queues"] == {}
 
 
+def test_a_purge_between_two_points_does_not_show_as_a_drop_in_throughput() -> None:
+    before = _report(100.0, 6, [])
+    after = _report(102.0, 8, [])  # 2 more done, then 7 done tasks purged: 1 left in the table
+    after["queues"][0].update(done=1, removed=7)
+    point = history_point(after, before)
+    assert point["queues"]["q"]["finished_per_s"] == 1.0  # (1 + 7 - 6) / 2 s
+    assert point["total"]["finished_per_s"] == 1.0
+
+
 async def test_the_feed_sends_changes_and_resolves_alerts_that_stop_firing() -> None:
     reports = [_report(1.0, 0, ["hot"]), _report(2.0, 0, ["hot"]), _report(3.0, 1, [])]
 

@@ -103,7 +103,7 @@ async def test_leaving_async_with_lets_short_sends_finish_and_hands_back_the_res
         assert (task.status, task.result) == (TaskStatus.DONE, "sent")
     for task_id in long:
         task = await store.get(task_id)
-        assert (task.status, task.attempts, task.last_error, task.lease_owner) == (TaskStatus.PENDING, 0, None, None)
+        assert (task.status, task.attempts, task.last_error, task.lease_owner) == (TaskStatus.PENDING, 1, None, None)
     for r in waiting:
         task = await store.get(r.task.id)
         assert (task.status, task.version) == (TaskStatus.PENDING, 0)  # never claimed
@@ -148,7 +148,7 @@ async def test_a_cancelled_send_may_await_in_its_cleanup(make_store: Any, pipeli
     assert time.monotonic() - leaving < 0.2 + 0.25 + 0.3  # shutdown timeout + cleanup grace + slack
     assert log == ["start", "cancelled", "cleanup done"]
     task = await store.get(task_id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # cut: counted
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ async def test_a_cancelled_sends_cleanup_time_is_not_cut_short_by_another_cancel
     assert log == ["cancelled", "cleanup done"]
     # Either way the node was cancelled while the send still ran: handed back, not a failure.
     task = await store.get(task_id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # cut: counted
     assert (runtime.states()[0].failed, runtime.states()[0].handed_back) == (0, 1)
     assert store.events.get("send_interrupted") == 1
 
@@ -269,7 +269,7 @@ async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_it
     assert len(cancelled_at) == 2, cancelled_at  # it was cancelled 4 times (0.3, 0.38, 0.55, 0.63 s)
     assert SEND_CLEANUP_S - 0.01 <= cancelled_at[1] - cancelled_at[0] <= SEND_CLEANUP_S + 0.15
     task = await store.get(task_id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)  # handed back
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # cut: counted  # handed back
 
 
 async def test_cancelling_the_task_that_hosts_a_runtime_hands_back_and_reraises(make_store: Any) -> None:
@@ -299,7 +299,7 @@ async def test_cancelling_the_task_that_hosts_a_runtime_hands_back_and_reraises(
     assert time.monotonic() - cancelled_at <= 0.5
     await asyncio.sleep(0.5 - (time.monotonic() - cancelled_at))  # by 0.5 s after the cancellation:
     task = await store.get(enqueued.task.id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 0, None)
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # cut: counted
     assert await store.list_locks() == []
     assert await store.members() == []
     # no node, keeper or watchdog, per-task handler or heartbeat task left behind
@@ -590,3 +590,29 @@ async def test_a_store_closed_under_a_running_runtime_fails_it_loudly(
     assert set(statuses) <= {NodeStatus.FAILED, NodeStatus.STOPPED}, statuses
     with pytest.raises(StoreClosedError):  # and says so again to whoever asks
         await runtime.shutdown()
+
+
+async def test_a_send_cut_short_at_shutdown_is_delivered_again_with_its_attempt_counted(make_store: Any) -> None:
+    """The repeat check the README gives (``attempts > 1``) sees a send a shutdown cut short."""
+    store = await make_store(clock=None)
+    await store.enqueue(QUEUE, {"m": "hello"}, partition_key="chat-1", idempotency_key="in-1")
+    started = asyncio.Event()
+    seen: list[int] = []
+
+    async def slow(task: Task) -> None:
+        seen.append(current_delivery().task.attempts)
+        started.set()
+        await asyncio.sleep(30)
+
+    first = Runtime(store, send=slow, nodes=1, config=NodeConfig(queue=QUEUE), shutdown_timeout_s=0.05)
+    async with first:
+        await asyncio.wait_for(started.wait(), 10)
+    handed_back = (await store.stats(QUEUE)).counts
+    assert handed_back.get(TaskStatus.PENDING, 0) == 1
+
+    async def quick(task: Task) -> None:
+        seen.append(current_delivery().task.attempts)
+
+    async with Runtime(store, send=quick, nodes=1, config=NodeConfig(queue=QUEUE)) as second:
+        assert await second.wait_until_drained(timeout_s=15)
+    assert seen == [1, 2]

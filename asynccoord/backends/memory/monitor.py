@@ -57,6 +57,7 @@ class MemoryMonitorOps:
     events: EventCounter
     _clock: Callable[[], float]
     _tasks: dict[int, Task]
+    _removed: dict[str, int]
 
     if TYPE_CHECKING:
 
@@ -165,12 +166,15 @@ class MemoryMonitorOps:
             expiry = task.lease_expires_at
             if task.status is TaskStatus.RUNNING and expiry is not None and expiry <= now:
                 lapsed[task.queue] = lapsed.get(task.queue, 0) + 1
+        for queue in self._removed:
+            counts.setdefault(queue, {s.value: 0 for s in TaskStatus})
         return [
             QueueDepth(
                 queue=queue,
                 counts=counts[queue],
                 oldest_pending_age_s=None if queue not in oldest else max(0.0, now - oldest[queue]),
                 expired_leases=lapsed.get(queue, 0),
+                removed=self._removed.get(queue, 0),
             )
             for queue in sorted(counts)
         ]

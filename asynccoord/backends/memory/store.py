@@ -77,6 +77,7 @@ class MemoryStore(
         self._open = False
         self._ids = itertools.count(1)
         self._tasks: dict[int, Task] = {}
+        self._removed: dict[str, int] = {}  # queue -> done and dead tasks deleted (purges, discards)
         self._by_key: dict[tuple[str, str], int] = {}
         self._processed: dict[tuple[str, str], float] = {}
 
@@ -395,14 +396,13 @@ class MemoryStore(
         self.events.add(ev.RETRIES)
         return self._put(current, now, status=TaskStatus.PENDING, run_at=now + delay, last_error=text)
 
-    async def _release_checked(self, task: Task, delay: float) -> Task:
-        """Hand back to pending (due after ``delay``), not counting the attempt."""
+    async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
+        """Hand back to pending (due after ``delay``), the attempt counted or not."""
         self._check_open()
         now = self._clock()
         current = self._held(task, now)
-        return self._put(
-            current, now, status=TaskStatus.PENDING, run_at=now + delay, attempts=max(current.attempts - 1, 0)
-        )
+        attempts = current.attempts if count_attempt else max(current.attempts - 1, 0)
+        return self._put(current, now, status=TaskStatus.PENDING, run_at=now + delay, attempts=attempts)
 
     async def _unchecked_claim_checked(
         self, queue: str, node_id: str, limit: int, lease: float, parts: list[int] | None
@@ -537,6 +537,7 @@ class MemoryStore(
         ]
         for t in old:
             self._forget(t)
+        self._removed[queue] = self._removed.get(queue, 0) + len(old)
         return PurgeResult(deleted=len(old), batches=-(-len(old) // size))
 
     async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
@@ -550,6 +551,7 @@ class MemoryStore(
         ]
         for t in gone:
             self._forget(t)
+        self._removed[queue] = self._removed.get(queue, 0) + len(gone)
         notify_partitions(self.notifier, [(queue, t.partition) for t in gone])
         return len(gone)
 

@@ -186,17 +186,21 @@ class PostgresMonitorOps:
             One :class:`~asynccoord.contract.monitor.QueueDepth` per queue, by queue name.
         """
 
-        async def read(conn: asyncpg.Connection) -> tuple[float, list[Any], list[Any], list[Any]]:
+        async def read(conn: asyncpg.Connection) -> tuple[float, list[Any], list[Any], list[Any], list[Any]]:
             now = float(await self._val(conn, "now", now=self._now()))
             counts = await self._fetch(conn, "queue_depths")
             oldest = await self._fetch(conn, "queue_oldest_pending", now_s=now)
             expired = await self._fetch(conn, "queue_expired_leases", now_s=now)
-            return now, counts, oldest, expired
+            removed = await self._fetch(conn, "queue_removed")
+            return now, counts, oldest, expired, removed
 
-        now, counts, oldest, expired = await self._snapshot(read, "queue_depths")
+        now, counts, oldest, expired, removed = await self._snapshot(read, "queue_depths")
         by_queue: dict[str, dict[str, int]] = {}
         for queue, status, n in counts:
             by_queue.setdefault(queue, dict.fromkeys(_STATUSES, 0))[status] = int(n)
+        gone = {queue: int(done) + int(dead) for queue, done, dead in removed}
+        for queue in gone:  # every task purged: still a queue, with its finished work
+            by_queue.setdefault(queue, dict.fromkeys(_STATUSES, 0))
         ages = {queue: max(0.0, now - float(at)) for queue, at in oldest if at is not None}
         lapsed = {queue: int(n) for queue, n in expired}
         return [
@@ -205,6 +209,7 @@ class PostgresMonitorOps:
                 counts=by_queue[queue],
                 oldest_pending_age_s=ages.get(queue),
                 expired_leases=lapsed.get(queue, 0),
+                removed=gone.get(queue, 0),
             )
             for queue in sorted(by_queue)
         ]

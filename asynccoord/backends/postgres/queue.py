@@ -122,10 +122,16 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             task, "retry", {"error": error, "delay_s": delay_s}, expect=TaskStatus.PENDING, head_change=False
         )
 
-    async def _release_checked(self, task: Task, delay: float) -> Task:
-        """Hand the task back to pending without counting the attempt."""
+    async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
+        """Hand the task back to pending, the attempt counted or not."""
         self._writable()
-        return await self._settle(task, "release", {"delay_s": delay}, expect=TaskStatus.PENDING, head_change=False)
+        return await self._settle(
+            task,
+            "release",
+            {"delay_s": delay, "refund": 0 if count_attempt else 1},
+            expect=TaskStatus.PENDING,
+            head_change=False,
+        )
 
     async def _extend_checked(self, task: Task, lease: float) -> float:
         """Renew the lease to ``lease`` seconds from now; return the new expiry (store clock)."""
@@ -265,7 +271,9 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         async def op(conn: asyncpg.Connection, _attempt: int) -> tuple[list[_Row], bool]:
             await self._x(conn, "share_queues", queues=[queue])
             if not await self._val(conn, "queue_holds", queue=queue):
-                return await self._fetch(conn, "discard_dead", queue=queue, ids=ids, keys=None), False
+                rows = await self._fetch(conn, "discard_dead", queue=queue, ids=ids, keys=None)
+                await self._count_discarded(conn, queue, rows)
+                return rows, False
             pairs = [(r[0], r[1]) for r in await self._fetch(conn, "dead_keys", queue=queue, ids=ids)]
             if not pairs:
                 return [], True
@@ -273,12 +281,18 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             keys = sorted({k for _, k in pairs})
             rows = await self._fetch(conn, "discard_dead", queue=queue, ids=ids, keys=keys)
             await self._promote(conn, [(r[1], r[2]) for r in rows if (r[1], r[2]) in kept])
+            await self._count_discarded(conn, queue, rows)
             return rows, True
 
         rows, held = await self._run(op, what="discard_dead")
         if rows and held:  # the keys it held may go on: let this process's idle nodes look
             self.notifier.notify(queue, len(rows), {int(r[3]) for r in rows})
         return len(rows)
+
+    async def _count_discarded(self, conn: asyncpg.Connection, queue: str, rows: list[_Row]) -> None:
+        """Add ``rows`` (deleted dead tasks) to the queue's removed count, in the caller's transaction."""
+        if rows:
+            await self._x(conn, "count_removed", queue=queue, done=0, dead=len(rows))
 
     async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (one statement)."""
@@ -302,9 +316,8 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         deleted = batches = 0
         while True:
 
-            async def op(conn: asyncpg.Connection, _attempt: int) -> int:
-                status = await conn.execute(Q[name].text, *Q[name].args({**params, "now": self._now()}))
-                return int(str(status).rsplit(" ", 1)[-1])
+            async def op(conn: asyncpg.Connection, _attempt: int) -> int:  # the statement returns its count
+                return int(await conn.fetchval(Q[name].text, *Q[name].args({**params, "now": self._now()})))
 
             n = await self._run(op, what=name, tx=False, ambiguous_ok=True)
             if n > 0:

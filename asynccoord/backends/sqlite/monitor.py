@@ -187,21 +187,25 @@ class SQLiteMonitorOps:
 
         Rows = list[tuple[Any, ...]]
 
-        def read(db: sqlite3.Connection) -> tuple[float, Rows, Rows, Rows]:
-            def run() -> tuple[float, Rows, Rows, Rows]:
+        def read(db: sqlite3.Connection) -> tuple[float, Rows, Rows, Rows, Rows]:
+            def run() -> tuple[float, Rows, Rows, Rows, Rows]:
                 now = writer.now(db)
                 counts = db.execute(Q["queue_depths"]).fetchall()
                 oldest = db.execute(Q["queue_oldest_pending"], {"now": now}).fetchall()
                 expired = db.execute(Q["queue_expired_leases"], {"now": now}).fetchall()
-                return now, counts, oldest, expired
+                removed = db.execute(Q["queue_removed"]).fetchall()
+                return now, counts, oldest, expired, removed
 
-            result: tuple[float, Rows, Rows, Rows] = _in_read_transaction(db, run)
+            result: tuple[float, Rows, Rows, Rows, Rows] = _in_read_transaction(db, run)
             return result
 
-        now, counts, oldest, expired = await self._read(read)
+        now, counts, oldest, expired, removed = await self._read(read)
         by_queue: dict[str, dict[str, int]] = {}
         for queue, status, n in counts:
             by_queue.setdefault(queue, dict.fromkeys(_STATUSES, 0))[status] = int(n)
+        gone = {queue: int(done) + int(dead) for queue, done, dead in removed}
+        for queue in gone:  # every task purged: still a queue, with its finished work
+            by_queue.setdefault(queue, dict.fromkeys(_STATUSES, 0))
         ages = {queue: max(0.0, now - float(at)) for queue, at in oldest if at is not None}
         lapsed = {queue: int(n) for queue, n in expired}
         return [
@@ -210,6 +214,7 @@ class SQLiteMonitorOps:
                 counts=by_queue[queue],
                 oldest_pending_age_s=ages.get(queue),
                 expired_leases=lapsed.get(queue, 0),
+                removed=gone.get(queue, 0),
             )
             for queue in sorted(by_queue)
         ]

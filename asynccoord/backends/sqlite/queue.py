@@ -246,7 +246,7 @@ class SQLiteQueueOps(StoreBase):
         return {int(r[0]) for r in await self._read(read)}
 
     def _release_rows_op(self, rows: Sequence[_Row]) -> Operation[None]:
-        keys = [{"id": r[0], "lease_token": r[9], "version": r[10], "delay_s": 0.0} for r in rows]
+        keys = [{"id": r[0], "lease_token": r[9], "version": r[10], "delay_s": 0.0, "refund": 1} for r in rows]
 
         def op(db: sqlite3.Connection, now: float) -> None:
             sql = Q["release"]
@@ -403,9 +403,9 @@ class SQLiteQueueOps(StoreBase):
         """Put ``task`` back to pending, due in ``delay_s`` seconds."""
         return await self._settle(task, Q["retry"], {"error": error, "delay_s": delay_s})
 
-    async def _release_checked(self, task: Task, delay: float) -> Task:
-        """Hand the task back to pending without counting the attempt."""
-        return await self._settle(task, Q["release"], {"delay_s": delay})
+    async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
+        """Hand the task back to pending, the attempt counted or not."""
+        return await self._settle(task, Q["release"], {"delay_s": delay, "refund": 0 if count_attempt else 1})
 
     async def _extend_checked(self, task: Task, lease: float) -> float:
         """Renew the lease to ``lease`` seconds from now; return the new expiry (store clock)."""
@@ -537,6 +537,8 @@ class SQLiteQueueOps(StoreBase):
         def op(db: sqlite3.Connection, now: float) -> list[tuple[str, str, int]]:
             rows: list[tuple[str, str, int]] = db.execute(Q["discard_dead"], {"queue": queue, "ids": ids}).fetchall()
             recompute_heads(db, [(r[0], r[1]) for r in rows])
+            if rows:
+                db.execute(Q["count_removed"], {"queue": queue, "done": 0, "dead": len(rows)})
             return rows
 
         rows = await self._write(op)
@@ -556,14 +558,21 @@ class SQLiteQueueOps(StoreBase):
 
     async def _purge_finished_checked(self, queue: str, age: float, size: int) -> PurgeResult:
         """Delete done tasks of ``queue`` older than ``age`` seconds; each batch its own short transaction."""
-        return await self._purge(Q["purge_finished_batch"], {"batch": size, "queue": queue}, age, size)
+        return await self._purge(Q["purge_finished_batch"], {"batch": size, "queue": queue}, age, size, counted=queue)
 
-    async def _purge(self, sql: str, params: dict[str, Any], age: float, size: int) -> PurgeResult:
+    async def _purge(
+        self, sql: str, params: dict[str, Any], age: float, size: int, *, counted: str | None = None
+    ) -> PurgeResult:
+        """Run ``sql`` in batches of ``size`` until one deletes fewer; ``counted``: the queue whose
+        removed-done count (``coord_queue_removed``) each batch adds to, in its transaction."""
         deleted = batches = 0
         while True:
 
             def op(db: sqlite3.Connection, now: float) -> int:
-                return db.execute(sql, {**params, "cutoff": now - age}).rowcount
+                n: int = db.execute(sql, {**params, "cutoff": now - age}).rowcount
+                if counted is not None and n > 0:
+                    db.execute(Q["count_removed"], {"queue": counted, "done": n, "dead": 0})
+                return n
 
             n = int(await self._write(op))
             if n > 0:

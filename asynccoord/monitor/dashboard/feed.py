@@ -70,13 +70,14 @@ def history_point(
         ``{"pending", "running", "done", "dead", "finished_per_s"}``: ``total`` sums every
         queue of the report, ``queues`` holds the ``charted`` ones only. ``finished_per_s`` is
         the tasks that became done or dead per second since ``previous`` (None for the first
-        point, or when the clock did not move).
+        point, or when the clock did not move), purged and discarded ones included, so a
+        purge does not show as a drop.
     """
     at = float(report["now_s"])
     before: dict[str, int] = {}
     elapsed_s = 0.0
     if previous is not None:
-        before = {q["queue"]: q["done"] + q["dead"] for q in previous["queues"]}
+        before = {q["queue"]: _finished(q) for q in previous["queues"]}
         elapsed_s = at - float(previous["now_s"])
     measured = previous is not None and elapsed_s > 0
     wanted = None if charted is None else set(charted)
@@ -86,20 +87,26 @@ def history_point(
         for k in _COUNTS:
             total[k] += q[k]
         if wanted is None or q["queue"] in wanted:
-            finished = q["done"] + q["dead"] - before.get(q["queue"], 0)
+            finished = _finished(q) - before.get(q["queue"], 0)
             queues[q["queue"]] = {
                 **{k: q[k] for k in _COUNTS},
                 "finished_per_s": max(0.0, finished / elapsed_s) if measured else None,
             }
     total_rate: float | None = None
     if measured:
-        total_rate = max(0.0, (total["done"] + total["dead"] - sum(before.values())) / elapsed_s)
+        finished_now = sum(_finished(q) for q in report["queues"])
+        total_rate = max(0.0, (finished_now - sum(before.values())) / elapsed_s)
     latency = None
     windows = [lat for lat in report["latencies"] if lat["name"] == ENQUEUE_TO_COMMIT]
     if windows:
         shortest = min(windows, key=lambda lat: lat["window_s"])
         latency = {k: shortest[k] for k in ("p50_ms", "p90_ms", "p99_ms", "count", "window_s")}
     return {"at": at, "total": {**total, "finished_per_s": total_rate}, "queues": queues, "latency": latency}
+
+
+def _finished(queue: Mapping[str, Any]) -> int:
+    """A queue's finished tasks: done and dead now, and those purged or discarded since."""
+    return int(queue["done"]) + int(queue["dead"]) + int(queue.get("removed", 0))
 
 
 def busiest(

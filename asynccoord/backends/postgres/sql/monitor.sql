@@ -92,6 +92,10 @@ SELECT queue, status, count(*) FROM coord_tasks GROUP BY queue, status ORDER BY 
 -- name: queue_oldest_pending
 SELECT queue, min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now_s::float8 GROUP BY queue;
 
+-- name: queue_removed
+-- Finished tasks deleted from each queue by purges and discards (migration_0005.sql).
+SELECT queue, done, dead FROM coord_queue_removed;
+
 -- name: queue_expired_leases
 -- Running tasks whose lease expired (coord_tasks_lease_expiry), by queue.
 SELECT queue, count(*) FROM coord_tasks WHERE status = 'running' AND lease_expires_at <= :now_s::float8 GROUP BY queue;

@@ -446,8 +446,10 @@ UPDATE coord_tasks
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
 -- name: release
+-- :refund 1 gives the attempt back, 0 keeps it counted (a send cut short may have gone out).
 UPDATE coord_tasks
-   SET status = 'pending', run_at = coord_now(:now::float8) + :delay_s::float8, attempts = greatest(attempts - 1, 0),
+   SET status = 'pending', run_at = coord_now(:now::float8) + :delay_s::float8,
+       attempts = greatest(attempts - :refund::int, 0),
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = coord_now(:now::float8)
  WHERE id = :id::bigint AND lease_token = :lease_token::text AND version = :version::bigint
@@ -517,16 +519,35 @@ SELECT DISTINCT queue, partition_key FROM coord_tasks
 SELECT 1 FROM coord_processed WHERE consumer = :consumer::text AND message_id = :message_id::text;
 
 -- name: purge_processed_batch
-DELETE FROM coord_processed
- WHERE ctid = ANY(ARRAY(SELECT ctid FROM coord_processed
-                         WHERE processed_at < coord_now(:now::float8) - :age_s::float8 LIMIT :batch::int));
+-- Returns the number of records deleted (as purge_finished_batch does).
+WITH gone AS (
+    DELETE FROM coord_processed
+     WHERE ctid = ANY(ARRAY(SELECT ctid FROM coord_processed
+                             WHERE processed_at < coord_now(:now::float8) - :age_s::float8 LIMIT :batch::int))
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: count_removed
+-- What a discard deleted from a queue, in its transaction (purge_finished_batch counts its own).
+INSERT INTO coord_queue_removed AS r (queue, done, dead) VALUES (:queue::text, :done::bigint, :dead::bigint)
+ON CONFLICT (queue) DO UPDATE SET done = r.done + EXCLUDED.done, dead = r.dead + EXCLUDED.dead;
 
 -- name: purge_finished_batch
-DELETE FROM coord_tasks
- WHERE id IN (SELECT id FROM coord_tasks
-               WHERE queue = :queue::text AND status = 'done'
-                 AND updated_at < coord_now(:now::float8) - :age_s::float8
-               LIMIT :batch::int);
+-- Deletes a batch and counts it in coord_queue_removed (migration_0005.sql), in one statement.
+WITH gone AS (
+    DELETE FROM coord_tasks
+     WHERE id IN (SELECT id FROM coord_tasks
+                   WHERE queue = :queue::text AND status = 'done'
+                     AND updated_at < coord_now(:now::float8) - :age_s::float8
+                   LIMIT :batch::int)
+    RETURNING 1
+), counted AS (
+    INSERT INTO coord_queue_removed AS r (queue, done)
+    SELECT :queue::text, count(*) FROM gone HAVING count(*) > 0
+    ON CONFLICT (queue) DO UPDATE SET done = r.done + EXCLUDED.done
+)
+SELECT count(*) FROM gone;
 
 -- name: notify
 -- PostgreSQL only: wake idle nodes of other processes (delivered at commit).

@@ -357,8 +357,9 @@ UPDATE coord_tasks
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
 -- name: release
+-- :refund 1 gives the attempt back, 0 keeps it counted (a send cut short may have gone out).
 UPDATE coord_tasks
-   SET status = 'pending', run_at = :now + :delay_s, attempts = max(attempts - 1, 0),
+   SET status = 'pending', run_at = :now + :delay_s, attempts = max(attempts - :refund, 0),
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
        version = version + 1, updated_at = :now
  WHERE id = :id AND lease_token = :lease_token AND version = :version
@@ -410,6 +411,11 @@ DELETE FROM coord_processed
 DELETE FROM coord_tasks
  WHERE id IN (SELECT id FROM coord_tasks
                WHERE queue = :queue AND status = 'done' AND updated_at < :cutoff LIMIT :batch);
+
+-- name: count_removed
+-- What a purge or a discard deleted from a queue, in its transaction (migration_0004.sql).
+INSERT INTO coord_queue_removed (queue, done, dead) VALUES (:queue, :done, :dead)
+ON CONFLICT (queue) DO UPDATE SET done = done + excluded.done, dead = dead + excluded.dead;
 
 -- Unchecked operations: what a naive queue does (read, then write without a
 -- compare-and-set). Only for measuring what the version layer buys.
