@@ -24,7 +24,7 @@ every store):
 * ``notify.py``, ``releases.py``, ``pauses.py``: wake-ups of idle nodes on new work, of
   lock waiters on a release; a 429's pause of a lock's sends.
 * ``monitor/``: monitor, rules and alerts, snapshot, webhook sink, histogram, metrics,
-  dashboard. ``cli/``: the command line (``run``, ``status``, ``dashboard``). ``demo/``:
+  dashboard. ``cli/``: the command line (``run``, ``status``, ``dead``, ``dashboard``). ``demo/``:
   the demo.
 """
 

@@ -26,6 +26,7 @@ from ..contract.queue import (
     check_claim_args,
     check_claimable_args,
     check_continuation,
+    check_dead_letters_args,
     check_fences,
     check_purge_batch,
     check_retry,
@@ -480,6 +481,21 @@ class StoreBase(abc.ABC):
     @abc.abstractmethod
     async def _is_drained_checked(self, queue: str) -> bool:
         """Whether ``queue`` has no unfinished task (a probe, not a count)."""
+
+    async def dead_letters(self, queue: str, *, limit: int = 100, after_id: int | None = None) -> list[Task]:
+        """The dead tasks of ``queue`` in id order, at most ``limit``, ids above ``after_id`` (a read).
+
+        See :meth:`~asynccoord.contract.queue.QueueStore.dead_letters`.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad ``queue``, ``limit`` or ``after_id`` (nothing read).
+        """
+        queue, limit, after = check_dead_letters_args(queue, limit, after_id)
+        return await self._dead_letters_checked(queue, limit, after)
+
+    @abc.abstractmethod
+    async def _dead_letters_checked(self, queue: str, limit: int, after_id: int | None) -> list[Task]:
+        """Up to ``limit`` dead tasks of ``queue`` with ids above ``after_id`` (None: all), ascending id."""
 
     async def requeue_dead(self, queue: str, task_ids: Sequence[int] | None = None) -> int:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending with attempts reset; return how many.

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from .dashboard import check_dashboard, configure_dashboard, dashboard_command
+from .dead import check_dead, configure_dead, dead_command
 from .run import check_run, configure_run, run_command
 from .status import check_status, configure_status, status_command
 
@@ -53,6 +54,13 @@ COMMANDS: list[Command] = [
         configure=configure_status,
         run=status_command,
         check=check_status,
+    ),
+    Command(
+        name="dead",
+        help="list a queue's dead tasks (read-only); 'dead requeue' / 'dead discard' act on them",
+        configure=configure_dead,
+        run=dead_command,
+        check=check_dead,
     ),
     Command(
         name="run",

@@ -1,12 +1,13 @@
 """The status report: one read-only look at a live cluster (``python -m asynccoord status``).
 
 :func:`status_report` gathers, from any open store, the queue depth by queue and status
-with the oldest due pending age, the live nodes with their heartbeat age and the
-partitions each owns (rendezvous assignment over the live node ids, as the nodes
-compute it), the locks held with holder and TTL left, the cluster-wide event counters
-with their rates over sliding windows, latency quantiles, the processes reporting
-metrics, the firing alerts every live monitor stored, and per queue the declared rate
-limits with the buckets holding keys back.
+with the oldest due pending age and the queue's dead-letter policy (``hold`` keeps a
+conversation waiting behind its dead task; ``python -m asynccoord dead`` lists them), the
+live nodes with their heartbeat age and the partitions each owns (rendezvous assignment
+over the live node ids, as the nodes compute it), the locks held with holder and TTL
+left, the cluster-wide event counters with their rates over sliding windows, latency
+quantiles, the processes reporting metrics, the firing alerts every live monitor stored,
+and per queue the declared rate limits with the buckets holding keys back.
 
 :func:`collect_status` opens an SQLite file *read-only* (``file:...?mode=ro``): it
 applies no migration, writes nothing, and under WAL its reads never block the nodes.
@@ -30,6 +31,7 @@ from typing import IO, Any
 
 from .. import events as ev
 from ..config import StoreConfig
+from ..contract.deadletters import DeadLetterStore
 from ..contract.monitor import check_windows
 from ..contract.ratelimits import RateLimitStore
 from ..locks.pool import PLACE_PREFIX
@@ -132,6 +134,8 @@ async def status_report(
     for node_ids in by_queue.values():
         owned.update(assign(partitions, node_ids))
 
+    # One read for every queue: the policies that are not the default (a store without the setting: None).
+    policies = await store.dead_letter_policies() if isinstance(store, DeadLetterStore) else None
     queues = []
     totals = dict.fromkeys(_STATUSES, 0)
     oldest: float | None = None
@@ -152,6 +156,7 @@ async def status_report(
                 "expired_leases": depth.expired_leases,
                 "oldest_pending_age_s": age,
                 "removed": depth.removed,
+                "dead_letter_policy": None if policies is None else str(policies.get(depth.queue, "skip")),
             }
         )
 
@@ -448,18 +453,30 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     )
 
     table = Table(title="Queues", box=box.SIMPLE_HEAVY)
-    for col in ("queue", "pending", "running", "lease expired", "done", "dead", "total", "oldest pending"):
-        table.add_column(col, justify="left" if col == "queue" else "right")
+    for col in ("queue", "pending", "running", "lease expired", "done", "dead", "on dead", "total", "oldest pending"):
+        table.add_column(col, justify="left" if col in ("queue", "on dead") else "right")
+    held = [q for q in report["queues"] if q["dead_letter_policy"] == "hold" and q["dead"]]
     for q in report["queues"]:
         table.add_row(
             q["queue"],
             str(q["pending"]),
             str(q["running"]),
             str(q["expired_leases"]),
-            *(str(q[s]) for s in ("done", "dead", "total")),
+            str(q["done"]),
+            str(q["dead"]),
+            q["dead_letter_policy"] or "-",
+            str(q["total"]),
             _fmt_s(q["oldest_pending_age_s"]),
+            style="yellow" if q in held else None,
         )
     console.print(table)
+    for q in held:  # what leaves a conversation stuck
+        console.print(
+            f"{q['queue']!r} holds conversations behind {q['dead']} dead task(s) until requeued or discarded: "
+            f"python -m asynccoord dead --db ... --queue {q['queue']}",
+            style="yellow",
+            soft_wrap=True,  # one line to copy: the terminal wraps it
+        )
 
     table = Table(title=f"Live nodes ({len(report['nodes'])})", box=box.SIMPLE_HEAVY)
     for col in ("node", "heartbeat age", "partitions", "info"):

@@ -56,3 +56,10 @@ class DeadLetterStore(Protocol):
     async def dead_letter_policy(self, queue: str) -> DeadLetterPolicy:
         """``queue``'s dead-letter policy (``skip`` unless set)."""
         ...
+
+    async def dead_letter_policies(self) -> dict[str, DeadLetterPolicy]:
+        """Every queue whose dead-letter policy is not the default ``skip``, with it: one read.
+
+        A queue missing from it has ``skip``. A read: it works on a store opened read-only.
+        """
+        ...

@@ -42,6 +42,7 @@ from .ratelimits import encode_limit_keys
 __all__ = (
     "MAX_ATTEMPTS",
     "MAX_CLAIM_LIMIT",
+    "MAX_DEAD_LETTERS_LIMIT",
     "MAX_ERROR_CHARS",
     "MAX_ID",
     "MAX_PARTITION",
@@ -50,6 +51,7 @@ __all__ = (
     "check_claim_args",
     "check_claimable_args",
     "check_continuation",
+    "check_dead_letters_args",
     "check_fences",
     "check_partition_list",
     "check_purge_batch",
@@ -64,6 +66,8 @@ __all__ = (
 )
 
 MAX_CLAIM_LIMIT = 10_000
+MAX_DEAD_LETTERS_LIMIT = 10_000
+"""Most dead tasks one :meth:`QueueStore.dead_letters` call returns (its ``limit``)."""
 MAX_ID = 2**63 - 1
 """Largest task id (and row count) an SQL INTEGER holds."""
 MAX_ERROR_CHARS = 8192
@@ -355,6 +359,33 @@ class QueueStore(Protocol):
         A probe of the unfinished tasks' indexes, not a count over the table as
         :meth:`stats` makes: cheap to poll. Raises InvalidArgumentError/InvalidTypeError
         for a bad ``queue``.
+        """
+        ...
+
+    async def dead_letters(self, queue: str, *, limit: int = 100, after_id: int | None = None) -> list[Task]:
+        """The dead tasks of ``queue``, in id order, a page at a time: what :meth:`requeue_dead`
+        and :meth:`discard_dead` would act on.
+
+        A read: nothing is written or locked, and it works on a store opened read-only.
+        Pages are keyset-paginated: pass the last id of a page as ``after_id`` to get the
+        next one; a page shorter than ``limit`` is the last. Each page is read as the
+        database stands then: a task that dies after its id was paged past is not seen,
+        and one requeued or discarded before its page is read is not in it.
+
+        Args:
+            queue: Queue name.
+            limit: Most tasks to return, 1..10000 (:data:`MAX_DEAD_LETTERS_LIMIT`). Default 100.
+            after_id: Only tasks with a greater id; None (the default) from the first.
+                An int in ``0..2**63-1``.
+
+        Returns:
+            Up to ``limit`` tasks with status ``dead``, ascending id; each has its payload,
+            ``attempts``/``max_attempts``, ``last_error`` and ``updated_at`` (when it died, by
+            the store clock).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: a bad ``queue``, ``limit`` or ``after_id``,
+                naming it (nothing is read).
         """
         ...
 
@@ -692,6 +723,20 @@ def check_continuation(
     encoded = encode_results([result], 1, config)
     fenced = check_fences(None if fence is None else [fence], 1)
     return checked, encoded, fenced, check_lease_s("lease_s", lease_s), owner
+
+
+def check_dead_letters_args(queue: object, limit: object, after_id: object) -> tuple[str, int, int | None]:
+    """Check ``dead_letters``' arguments; return ``(queue, limit, after_id)``.
+
+    Raises:
+        InvalidTypeError: ``queue`` is no str, ``limit`` or ``after_id`` no int (a bool is none).
+        InvalidArgumentError: an empty or blank ``queue``, ``limit`` outside
+            1..:data:`MAX_DEAD_LETTERS_LIMIT`, ``after_id`` outside ``0..2**63-1``.
+    """
+    checked = check_name("queue", queue)
+    size = check_int("limit", limit, minimum=1, maximum=MAX_DEAD_LETTERS_LIMIT)
+    after = None if after_id is None else check_int("after_id", after_id, minimum=0, maximum=MAX_ID)
+    return checked, size, after
 
 
 def check_task_ids(task_ids: object) -> list[int] | None:

@@ -165,6 +165,41 @@ async def test_status_tells_running_tasks_whose_lease_expired(store: Store, cloc
     assert by_queue == {"outbox": (5, 0), "other": (1, 1)}
 
 
+async def test_status_shows_each_queues_dead_letter_policy_and_the_queues_holding_conversations(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.set_dead_letter_policy("outbox", "hold")
+    await store.set_dead_letter_policy("quiet", "hold")  # holds, but has no dead task
+    for queue in ("outbox", "quiet", "other"):
+        await store.enqueue(queue, 1, partition_key="chat-1", max_attempts=1)
+    for queue in ("outbox", "other"):
+        (task,) = await store.claim(queue, node_id="n", limit=1)
+        await store.fail(task, "no")
+    report = await status_report(store, windows_s=[10.0], db=None)
+    validate(report)
+    check_consistent(report)
+    policies = {q["queue"]: (q["dead"], q["dead_letter_policy"]) for q in report["queues"]}
+    assert policies == {"other": (1, "skip"), "outbox": (1, "hold"), "quiet": (0, "hold")}
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    text = out.getvalue()
+    assert "on dead" in text
+    notes = [line for line in text.splitlines() if "holds conversations behind" in line]
+    assert notes == [  # "quiet" holds no conversation: it has no dead task
+        "'outbox' holds conversations behind 1 dead task(s) until requeued or discarded: "
+        "python -m asynccoord dead --db ... --queue outbox"
+    ]
+    for bad in ("drop", 1):  # the schema names the two policies (and null for a store without the setting)
+        stray = json.loads(json.dumps(report))
+        stray["queues"][0]["dead_letter_policy"] = bad
+        with pytest.raises(jsonschema.ValidationError):
+            validate(stray)
+    missing = json.loads(json.dumps(report))
+    del missing["queues"][0]["dead_letter_policy"]
+    with pytest.raises(jsonschema.ValidationError, match="dead_letter_policy"):
+        validate(missing)
+
+
 async def test_status_lists_declared_limits_and_the_buckets_holding_keys_back(store: Store, clock: FakeClock) -> None:
     report = await status_report(store, windows_s=[10.0], db=None)
     assert report["rate_limits"] == {"held_shown_max": 50, "queues": []}

@@ -150,6 +150,18 @@ async def test_a_bad_policy_is_refused_and_nothing_written_everywhere(store, pol
     assert await store.dead_letter_policy(Q) is DeadLetterPolicy.SKIP
 
 
+async def test_dead_letter_policies_names_every_queue_that_holds_in_one_read(store) -> None:
+    assert await store.dead_letter_policies() == {}
+    await store.set_dead_letter_policy("b-queue", "hold")
+    await store.set_dead_letter_policy(Q, DeadLetterPolicy.HOLD)
+    await store.set_dead_letter_policy("c-queue", "skip")  # the default, set explicitly: not named
+    policies = await store.dead_letter_policies()
+    assert policies == {"b-queue": DeadLetterPolicy.HOLD, Q: DeadLetterPolicy.HOLD}
+    assert list(policies) == ["b-queue", Q]  # by name
+    await store.set_dead_letter_policy("b-queue", "skip")
+    assert await store.dead_letter_policies() == {Q: DeadLetterPolicy.HOLD}
+
+
 async def test_every_store_of_one_database_follows_the_policy(make_store, backend: str) -> None:
     if backend == "memory":
         pytest.skip("a memory store is its process's own")

@@ -1,7 +1,7 @@
 """Dead-letter policy of the in-memory store: one setting per queue in a dict, the reference semantics.
 
 :class:`MemoryDeadLetterOps` is a mixin of :class:`~asynccoord.backends.memory.store.MemoryStore`
-(``set_dead_letter_policy``, ``dead_letter_policy``; semantics in
+(``set_dead_letter_policy``, ``dead_letter_policy``, ``dead_letter_policies``; semantics in
 :class:`~asynccoord.contract.deadletters.DeadLetterStore`). The store finds a key's head
 among the statuses :meth:`MemoryDeadLetterOps._blocking` names: with ``hold``, a dead
 task is one of them, so a key whose earliest such task is dead has no claimable head.
@@ -52,6 +52,11 @@ class MemoryDeadLetterOps:
         check_name("queue", queue)
         self._check_open()
         return self._dead_letter_policies.get(queue, DeadLetterPolicy.SKIP)
+
+    async def dead_letter_policies(self) -> dict[str, DeadLetterPolicy]:
+        """Every queue whose policy is not ``skip``, with it (a ``skip`` is never kept)."""
+        self._check_open()
+        return dict(sorted(self._dead_letter_policies.items()))
 
     def _blocking(self, queue: str) -> frozenset[TaskStatus]:
         """The statuses of the tasks that stand in a key's order in ``queue``: a key's head is its earliest one."""

@@ -500,6 +500,13 @@ class MemoryStore(
         unfinished = (TaskStatus.PENDING, TaskStatus.RUNNING)
         return not any(t.queue == queue and t.status in unfinished for t in self._tasks.values())
 
+    async def _dead_letters_checked(self, queue: str, limit: int, after_id: int | None) -> list[Task]:
+        """The dead tasks of ``queue`` above ``after_id``, ascending id, at most ``limit``."""
+        self._check_open()
+        after = -1 if after_id is None else after_id
+        dead = [t for t in self._tasks.values() if t.queue == queue and t.status is TaskStatus.DEAD and t.id > after]
+        return sorted(dead, key=lambda t: t.id)[:limit]
+
     async def _requeue_dead_checked(self, queue: str, ids: list[int] | None) -> int:
         """Move dead tasks back to pending with attempts reset."""
         wanted = None if ids is None else set(ids)

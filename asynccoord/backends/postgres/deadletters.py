@@ -1,7 +1,7 @@
 """The dead-letter policy on PostgreSQL: one row per queue, mirrored where head upkeep reads it.
 
 :class:`PostgresDeadLetterOps` is a mixin of :class:`~asynccoord.backends.postgres.store.PostgresStore`
-(``set_dead_letter_policy``, ``dead_letter_policy``; semantics in
+(``set_dead_letter_policy``, ``dead_letter_policy``, ``dead_letter_policies``; semantics in
 :class:`~asynccoord.contract.deadletters.DeadLetterStore`). As on SQLite, the policy acts
 through the per-key heads an ordered claim reads: head upkeep (``promote_heads``,
 ``coord_compute_heads``, ``coord_complete_batch``) refuses a head that a dead task precedes
@@ -33,7 +33,7 @@ T = TypeVar("T")
 class PostgresDeadLetterOps:
     """The :class:`~asynccoord.contract.deadletters.DeadLetterStore` verbs of the PostgreSQL store.
 
-    A mixin: it relies on the store's ``_run`` (retrying runner), ``_val``, ``_notify``,
+    A mixin: it relies on the store's ``_run`` (retrying runner), ``_val``, ``_fetch``, ``_notify``,
     ``_writable`` and ``notifier``.
     """
 
@@ -44,6 +44,8 @@ class PostgresDeadLetterOps:
         async def _run(self, fn: Callable[[asyncpg.Connection, int], Awaitable[T]], *, what: str, **kw: Any) -> T: ...
 
         async def _val(self, conn: asyncpg.Connection, query_name: str, /, **params: Any) -> Any: ...
+
+        async def _fetch(self, conn: asyncpg.Connection, query_name: str, /, **params: Any) -> list[Any]: ...
 
         def _writable(self) -> None: ...
 
@@ -85,3 +87,12 @@ class PostgresDeadLetterOps:
 
         value = await self._run(op, what="dead_letter_policy", tx=False, ambiguous_ok=True)
         return DeadLetterPolicy.SKIP if value is None else DeadLetterPolicy(value)
+
+    async def dead_letter_policies(self) -> dict[str, DeadLetterPolicy]:
+        """Every queue whose policy is not ``skip``, with it; one statement."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[Any]:
+            return list(await self._fetch(conn, "dead_letter_policies"))
+
+        rows = await self._run(op, what="dead_letter_policies", tx=False, ambiguous_ok=True)
+        return {str(r[0]): DeadLetterPolicy(r[1]) for r in rows}

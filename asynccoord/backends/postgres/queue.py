@@ -228,6 +228,16 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
 
         return await self._run(op, what="is_drained", tx=False, ambiguous_ok=True)  # a read: no transaction
 
+    async def _dead_letters_checked(self, queue: str, limit: int, after_id: int | None) -> list[Task]:
+        """A page of ``queue``'s dead tasks: one statement, no transaction (also on a read-only store)."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[_Row]:
+            after = -1 if after_id is None else after_id
+            return await self._fetch(conn, "dead_letters", queue=queue, after_id=after, limit=limit)
+
+        rows = await self._run(op, what="dead_letters", tx=False, ambiguous_ok=True)
+        return [task_from_row(r) for r in rows]
+
     async def _requeue_dead_checked(self, queue: str, ids: list[int] | None) -> int:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
         self._writable()

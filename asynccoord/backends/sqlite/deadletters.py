@@ -1,7 +1,7 @@
 """Dead-letter policy on SQLite: one row per queue in ``coord_queue_settings``, read by head upkeep.
 
 :class:`SQLiteDeadLetterOps` is a mixin of :class:`~asynccoord.backends.sqlite.store.SQLiteStore`
-(``set_dead_letter_policy``, ``dead_letter_policy``; semantics in
+(``set_dead_letter_policy``, ``dead_letter_policy``, ``dead_letter_policies``; semantics in
 :class:`~asynccoord.contract.deadletters.DeadLetterStore`). The policy acts through the
 per-key heads an ordered claim reads (``is_head``): every statement of ``queries.sql`` that
 marks a head refuses one that a dead task precedes in a ``hold`` queue, in the same write
@@ -71,3 +71,8 @@ class SQLiteDeadLetterOps:
         check_name("queue", queue)
         row = await self._read(lambda db: db.execute(Q["dead_letter_policy"], {"queue": queue}).fetchone())
         return DeadLetterPolicy.SKIP if row is None else DeadLetterPolicy(row[0])
+
+    async def dead_letter_policies(self) -> dict[str, DeadLetterPolicy]:
+        """Every queue whose policy is not ``skip``, with it: one read of ``coord_queue_settings``."""
+        rows = await self._read(lambda db: db.execute(Q["dead_letter_policies"]).fetchall())
+        return {str(r[0]): DeadLetterPolicy(r[1]) for r in rows}

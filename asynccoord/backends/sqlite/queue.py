@@ -515,6 +515,12 @@ class SQLiteQueueOps(StoreBase):
 
         return bool(await self._read(read))
 
+    async def _dead_letters_checked(self, queue: str, limit: int, after_id: int | None) -> list[Task]:
+        """A page of ``queue``'s dead tasks: one seek of ``coord_tasks_dead_order``, a read (also read-only)."""
+        params = {"queue": queue, "after_id": -1 if after_id is None else after_id, "limit": limit}
+        rows = await self._read(lambda db: db.execute(Q["dead_letters"], params).fetchall())
+        return [task_from_row(r) for r in rows]
+
     async def _requeue_dead_checked(self, queue: str, checked_ids: list[int] | None) -> int:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""
         ids: str | None = None

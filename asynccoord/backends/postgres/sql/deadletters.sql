@@ -7,6 +7,10 @@
 -- name: dead_letter_policy
 SELECT dead_letters FROM coord_queue_settings WHERE queue = :queue::text;
 
+-- name: dead_letter_policies
+-- Every queue whose policy is not the default 'skip', by name (status lists them per queue).
+SELECT queue, dead_letters FROM coord_queue_settings WHERE dead_letters <> 'skip' ORDER BY queue;
+
 -- name: set_dead_letter_policy
 -- Record the policy and, where it moves heads, recompute them under every key lock of the
 -- queue (coord_set_dead_letters); how many heads it marked.
@@ -25,3 +29,12 @@ DELETE FROM coord_tasks
  WHERE queue = :queue::text AND status = 'dead' AND (:ids::bigint[] IS NULL OR id = ANY(:ids::bigint[]))
    AND (:keys::text[] IS NULL OR partition_key = ANY(:keys::text[]))
 RETURNING id, queue, partition_key, partition;
+
+-- name: dead_letters
+-- A page of :queue's dead tasks: ids above :after_id, ascending, at most :limit. One range
+-- scan of coord_tasks_dead_order (migration_0005.sql); a read, also of a read-only store.
+SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at
+  FROM coord_tasks
+ WHERE queue = :queue::text AND status = 'dead' AND id > :after_id::bigint
+ ORDER BY id
+ LIMIT :limit::integer;

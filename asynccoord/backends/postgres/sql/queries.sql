@@ -534,7 +534,7 @@ INSERT INTO coord_queue_removed AS r (queue, done, dead) VALUES (:queue::text, :
 ON CONFLICT (queue) DO UPDATE SET done = r.done + EXCLUDED.done, dead = r.dead + EXCLUDED.dead;
 
 -- name: purge_finished_batch
--- Deletes a batch and counts it in coord_queue_removed (migration_0005.sql), in one statement.
+-- Deletes a batch and counts it in coord_queue_removed (migration_0006.sql), in one statement.
 WITH gone AS (
     DELETE FROM coord_tasks
      WHERE id IN (SELECT id FROM coord_tasks

@@ -99,7 +99,7 @@ SELECT queue, status, count(*) FROM coord_tasks GROUP BY queue, status ORDER BY 
 SELECT queue, min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now GROUP BY queue;
 
 -- name: queue_removed
--- Finished tasks deleted from each queue by purges and discards (migration_0004.sql).
+-- Finished tasks deleted from each queue by purges and discards (migration_0005.sql).
 SELECT queue, done, dead FROM coord_queue_removed;
 
 -- name: queue_expired_leases

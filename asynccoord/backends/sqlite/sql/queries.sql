@@ -413,7 +413,7 @@ DELETE FROM coord_tasks
                WHERE queue = :queue AND status = 'done' AND updated_at < :cutoff LIMIT :batch);
 
 -- name: count_removed
--- What a purge or a discard deleted from a queue, in its transaction (migration_0004.sql).
+-- What a purge or a discard deleted from a queue, in its transaction (migration_0005.sql).
 INSERT INTO coord_queue_removed (queue, done, dead) VALUES (:queue, :done, :dead)
 ON CONFLICT (queue) DO UPDATE SET done = done + excluded.done, dead = dead + excluded.dead;
 

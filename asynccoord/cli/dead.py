@@ -1,0 +1,362 @@
+"""``python -m asynccoord dead``: list a queue's dead tasks, then requeue or discard them.
+
+::
+
+    python -m asynccoord dead --db bot.db --queue outbox                # the first 50, by id
+    python -m asynccoord dead --db bot.db --queue outbox --after 812    # the next page
+    python -m asynccoord dead requeue --db bot.db --queue outbox --id 812 --id 815
+    python -m asynccoord dead discard --db bot.db --queue outbox --all
+
+The listing opens the database read-only, as ``status`` does
+(:func:`~asynccoord.cli.status.open_status_store`): it writes nothing, applies no migration,
+and never blocks the nodes. It shows each task's id, conversation (partition key), attempts,
+when it died and its last error, shortened; ``--json`` prints every error whole. Payloads
+are hidden unless ``--show-payloads``: they hold the users' messages.
+
+``requeue`` and ``discard`` write through the store's
+:meth:`~asynccoord.contract.queue.QueueStore.requeue_dead` and
+:meth:`~asynccoord.contract.queue.QueueStore.discard_dead`, and print how many tasks changed.
+They first open the database read-only too, so a mistyped ``--db`` or ``--schema`` creates
+no database and migrates none. An id that names no dead task of the queue (it was requeued
+meanwhile, or is another queue's) is left as it is and counted in a note on standard error.
+
+``--json`` prints one object: ``db``, ``queue``, ``dead_letter_policy`` (``skip`` or
+``hold``), ``after_id``, ``limit``, ``payloads_shown``, ``next_after`` (the ``--after`` of the
+next page; null when this page is the last), and ``tasks``, each with ``id``,
+``partition_key``, ``partition``, ``idempotency_key``, ``priority``, ``attempts``,
+``max_attempts``, ``created_at``, ``updated_at`` (seconds since the epoch, store clock) and
+``last_error``, plus ``payload`` with ``--show-payloads``.
+
+Exit status as for every command (:mod:`asynccoord.cli.main`): 0 done, 1 the database
+failed or is not one of asynccoord, 2 bad usage (neither ``--id`` nor ``--all``, say).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
+
+from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
+from ..errors import InvalidArgumentError, StoreError
+from ..models import Task
+from ..validation import check_int, check_name
+from .run import store_options
+from .status import open_status_store
+
+__all__ = (
+    "DEFAULT_LIMIT",
+    "ERROR_CHARS",
+    "check_dead",
+    "collect_dead_letters",
+    "configure_dead",
+    "dead_command",
+    "render_dead_letters",
+    "settle_dead_letters",
+    "shorten",
+)
+
+DEFAULT_LIMIT = 50
+"""Dead tasks one listing shows unless ``--limit`` says otherwise."""
+
+ERROR_CHARS = 60
+"""Characters of a task's last error the table shows (``--json`` shows all)."""
+
+_PAYLOAD_CHARS = 40
+_ACTIONS = ("requeue", "discard")
+_LIST_ONLY = (("limit", "--limit"), ("after", "--after"), ("json", "--json"), ("show_payloads", "--show-payloads"))
+
+
+# --- the work -----------------------------------------------------------------------------
+
+
+async def collect_dead_letters(
+    path: str | os.PathLike[str],
+    *,
+    queue: str,
+    limit: int = DEFAULT_LIMIT,
+    after_id: int | None = None,
+    schema: str | None = None,
+    show_payloads: bool = False,
+    busy_timeout_s: float = 5.0,
+) -> dict[str, Any]:
+    """Open ``path`` read-only and return a page of ``queue``'s dead tasks as a JSON-ready dict.
+
+    Args:
+        path: The SQLite database file, or a PostgreSQL DSN.
+        queue: The queue.
+        limit: Most tasks, 1..10000. Default :data:`DEFAULT_LIMIT`.
+        after_id: Only tasks with a greater id (the ``next_after`` of the page before); None from the first.
+        schema: With a PostgreSQL DSN, the schema of the tables; None: the search path.
+        show_payloads: Put each task's payload in. Default False.
+        busy_timeout_s: How long a read may wait for a busy database (WAL recovery), seconds.
+
+    Returns:
+        The object ``--json`` prints (see the module's docstring).
+
+    Raises:
+        InvalidTypeError, InvalidArgumentError: a bad ``queue``, ``limit``, ``after_id`` or ``schema``.
+        NotADatabaseError, SchemaVersionError, StoreError: as :func:`~asynccoord.cli.status.collect_status`.
+    """
+    async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema) as (store, label):
+        tasks: list[Task] = await store.dead_letters(queue, limit=limit, after_id=after_id)
+        policy = await store.dead_letter_policy(queue)
+    return {
+        "db": label,
+        "queue": queue,
+        "dead_letter_policy": str(policy),
+        "after_id": after_id,
+        "limit": limit,
+        "payloads_shown": bool(show_payloads),
+        "next_after": tasks[-1].id if len(tasks) == limit else None,
+        "tasks": [_task_entry(t, show_payloads) for t in tasks],
+    }
+
+
+def _task_entry(task: Task, show_payload: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "id": task.id,
+        "partition_key": task.partition_key,
+        "partition": task.partition,
+        "idempotency_key": task.idempotency_key,
+        "priority": task.priority,
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "created_at": task.created_at,
+        "updated_at": task.updated_at,
+        "last_error": task.last_error,
+    }
+    if show_payload:
+        entry["payload"] = task.payload
+    return entry
+
+
+async def settle_dead_letters(
+    path: str | os.PathLike[str],
+    *,
+    queue: str,
+    action: str,
+    task_ids: Sequence[int] | None,
+    schema: str | None = None,
+    busy_timeout_s: float = 5.0,
+) -> int:
+    """Requeue or discard dead tasks of ``queue`` (those ids, or all for None); return how many changed.
+
+    The database is opened read-only first (it must exist, be one of asynccoord and have
+    this asynccoord's schema: nothing is created or migrated), then read-write for the one write.
+
+    Args:
+        path: The SQLite database file, or a PostgreSQL DSN.
+        queue: The queue.
+        action: ``"requeue"`` (back to pending, attempts reset) or ``"discard"`` (deleted).
+        task_ids: The dead tasks to act on; None for every dead task of the queue.
+        schema: With a PostgreSQL DSN, the schema of the tables; None: the search path.
+        busy_timeout_s: How long the read-only check may wait for a busy database, seconds.
+
+    Raises:
+        InvalidArgumentError: an unknown ``action``; and as :func:`collect_dead_letters`.
+    """
+    from ..backends.open import is_postgres_target, open_store, schema_options
+
+    if action not in _ACTIONS:
+        raise InvalidArgumentError(f"action must be 'requeue' or 'discard', got {action!r}")
+    async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema):
+        pass  # there is a current database of asynccoord: the read-write open below changes nothing else
+    options = schema_options(path, schema)
+    if is_postgres_target(os.fspath(path)):
+        options["listen"] = False  # one statement: no wake-ups to hear
+    async with open_store(path, **options) as store:
+        ids = None if task_ids is None else list(task_ids)
+        if action == "requeue":
+            return await store.requeue_dead(queue, ids)
+        return await store.discard_dead(queue, ids)
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def _target_options(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    """``--db``, ``--queue`` and ``--schema``: on ``dead`` and on each action, so they go before or after it."""
+    parser.add_argument(
+        "--db",
+        "--store",
+        dest="db",
+        default=default,
+        metavar="TARGET",
+        help="the SQLite database file, or a postgresql:// DSN (required)",
+    )
+    parser.add_argument("--queue", default=default, metavar="NAME", help="the queue of the dead tasks (required)")
+    parser.add_argument(
+        "--schema",
+        default=default,
+        metavar="NAME",
+        help="with a postgresql:// --db: the schema of asynccoord's tables (default: the connection's search_path)",
+    )
+
+
+def configure_dead(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``python -m asynccoord dead`` and its actions ``requeue`` and ``discard`` to ``parser``."""
+    _target_options(parser, default=None)
+    parser.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help=f"most tasks to list, 1..{MAX_DEAD_LETTERS_LIMIT} (default {DEFAULT_LIMIT})",
+    )
+    parser.add_argument("--after", type=int, metavar="ID", help="list the tasks with ids above ID (the next page)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object, every error whole")
+    parser.add_argument("--show-payloads", action="store_true", help="show the tasks' payloads (default: hidden)")
+    parser.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto", help="colour in the table (default auto)"
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", title="actions (without one: list)")
+    for name, help_text in (
+        ("requeue", "put dead tasks back to pending, attempts reset; they run again first in their conversation"),
+        ("discard", "delete dead tasks for good; a conversation a dead task held goes on"),
+    ):
+        child = actions.add_parser(name, help=help_text, description=help_text)
+        _target_options(child, default=argparse.SUPPRESS)  # given before the action, they stay
+        which = child.add_mutually_exclusive_group(required=True)
+        which.add_argument("--id", dest="ids", type=int, action="append", metavar="ID", help="a dead task (repeatable)")
+        which.add_argument("--all", action="store_true", help="every dead task of the queue")
+        child.set_defaults(_parser=child)
+    parser.usage = (  # after add_subparsers, which names the actions' parsers after the usage
+        "%(prog)s --db TARGET --queue NAME [--limit N] [--after ID] [--json] [--show-payloads] [--schema NAME]\n"
+        "       %(prog)s {requeue,discard} --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]"
+    )
+
+
+def check_dead(args: argparse.Namespace) -> None:
+    """Refuse, before anything opens, what ``dead`` cannot use: a missing ``--db`` or ``--queue``,
+    a bad ``--queue``, ``--limit``, ``--after`` or ``--id``, a listing option with an action,
+    and a ``--db`` or ``--schema`` that ``status`` refuses too.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: naming the option (a usage error, exit status 2).
+    """
+    from ..backends.open import open_store, redact_target
+
+    missing = [flag for flag, value in (("--db", args.db), ("--queue", args.queue)) if value is None]
+    if missing:
+        raise InvalidArgumentError(f"the following arguments are required: {', '.join(missing)}")
+    check_name("--queue", args.queue)
+    try:
+        open_store(args.db, read_only=True, **store_options(args))  # parses the target and schema; opens nothing
+    except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
+        raise InvalidArgumentError(f"--db {redact_target(args.db)!r}: {exc}") from exc
+    action = getattr(args, "action", None)
+    if action is None:
+        if args.limit is not None:
+            check_int("--limit", args.limit, minimum=1, maximum=MAX_DEAD_LETTERS_LIMIT)
+        if args.after is not None:
+            check_int("--after", args.after, minimum=0, maximum=MAX_ID)
+        return
+    for attr, flag in _LIST_ONLY:
+        if getattr(args, attr) not in (None, False):
+            raise InvalidArgumentError(f"{flag} belongs to the listing (dead --db ... --queue ...), not to {action}")
+    for task_id in args.ids or ():
+        check_int("--id", task_id, minimum=0, maximum=MAX_ID)
+
+
+def dead_command(args: argparse.Namespace) -> int:
+    """Run ``python -m asynccoord dead`` with the parsed ``args``; return the exit status (0)."""
+    action = getattr(args, "action", None)
+    if action is None:
+        report = asyncio.run(
+            collect_dead_letters(
+                args.db,
+                queue=args.queue,
+                limit=DEFAULT_LIMIT if args.limit is None else args.limit,
+                after_id=args.after,
+                schema=args.schema,
+                show_payloads=args.show_payloads,
+            )
+        )
+        if args.json:
+            sys.stdout.write(json.dumps(report, allow_nan=False) + "\n")
+        else:
+            render_dead_letters(report, color={"auto": None, "always": True, "never": False}[args.color])
+        return 0
+    ids = None if args.all else sorted(set(args.ids))
+    changed = asyncio.run(
+        settle_dead_letters(args.db, queue=args.queue, action=action, task_ids=ids, schema=args.schema)
+    )
+    done = "requeued" if action == "requeue" else "discarded"
+    print(f"{done} {changed} dead task{'' if changed == 1 else 's'} of {args.queue!r}")
+    if ids is not None and changed < len(ids):
+        left = len(ids) - changed
+        sys.stderr.write(
+            f"note: {left} of the {len(ids)} ids given {'is' if left == 1 else 'are'} no dead task of "
+            f"{args.queue!r} (already requeued or discarded, not dead, or of another queue): left as they are\n"
+        )
+    return 0
+
+
+# --- the table ------------------------------------------------------------------------------
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line (runs of whitespace made one space), cut to ``width`` characters with ``...``."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def _utc(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, color: bool | None = None) -> None:
+    """Print what :func:`collect_dead_letters` returned as a table (rich).
+
+    Args:
+        report: The listing.
+        file: Where to print. Default standard output.
+        color: Force colour on or off. Default: colour on a terminal only.
+    """
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    # markup=False: keys, errors and payloads come from the users' data and print as they are.
+    console = Console(file=file, no_color=color is False, force_terminal=color, markup=False)
+    if not console.is_terminal:  # a pipe or a file: a width that fits the table
+        console = Console(file=file, no_color=color is False, force_terminal=color, width=140, markup=False)
+    queue, tasks, after = report["queue"], report["tasks"], report["after_id"]
+    where = f"{queue!r} in {report['db']}" + ("" if after is None else f" after id {after}")
+    if not tasks:
+        console.print(f"No dead tasks of {where}.", style="green")
+        return
+    policy = report["dead_letter_policy"]
+    table = Table(title=f"Dead tasks of {where} ({len(tasks)}; policy {policy})", box=box.SIMPLE_HEAVY)
+    for col in ("id", "partition key", "attempts", "died (UTC)", "last error"):
+        table.add_column(col, justify="right" if col in ("id", "attempts") else "left", no_wrap=col != "last error")
+    if report["payloads_shown"]:
+        table.add_column("payload", no_wrap=True)
+    for t in tasks:
+        payload: tuple[str, ...] = ()
+        if report["payloads_shown"]:
+            payload = (shorten(json.dumps(t["payload"], ensure_ascii=False), _PAYLOAD_CHARS),)
+        table.add_row(
+            str(t["id"]),
+            t["partition_key"] or "-",
+            f"{t['attempts']}/{t['max_attempts']}",
+            _utc(t["updated_at"]),
+            "-" if t["last_error"] is None else shorten(t["last_error"], ERROR_CHARS),
+            *payload,
+        )
+    console.print(table)
+    if policy == "hold":
+        console.print(
+            "policy hold: each of these keeps its conversation (partition key) waiting until it is requeued "
+            "or discarded",
+            style="yellow",
+        )
+    if report["next_after"] is not None:
+        console.print(f"more may follow: add --after {report['next_after']}")
+    if not report["payloads_shown"]:
+        console.print("payloads hidden: add --show-payloads to see them")

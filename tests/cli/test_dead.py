@@ -1,0 +1,321 @@
+"""``python -m asynccoord dead``: list a queue's dead tasks read-only, requeue or discard them.
+
+End to end on an SQLite file (in this process through ``main``, and once as a real
+``python -m asynccoord`` process) and on PostgreSQL: the listing's table and JSON, its
+pages, payloads hidden unless asked for, the two actions and what they change, and the
+usage errors (exit status 2) that touch no database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PythonRunner
+from services import PG_DSN, drop_schemas, new_schema, pg_rows, postgres_problem, unavailable
+
+from asynccoord import SQLiteStore, TaskStatus
+from asynccoord.backends.postgres.store import PostgresStore
+from asynccoord.cli.main import main
+
+Q = "outbox"
+SECRET = "secret-text-of-a-user"
+
+
+async def make_dead(store: Any, n: int, *, queue: str = Q) -> list[int]:
+    """``n`` dead tasks of ``queue`` (keys chat-0/chat-1 in turn, payloads holding :data:`SECRET`); their ids."""
+    ids = [
+        (await store.enqueue(queue, {"text": f"{SECRET} {i}"}, partition_key=f"chat-{i % 2}", max_attempts=1)).task.id
+        for i in range(n)
+    ]
+    for task in await store.claim(queue, node_id="n", limit=n):
+        await store.fail(task, f"HTTPError: 400 Bad Request: chat not found ({task.id}) " + "x" * 200)
+    return ids
+
+
+def prepare_sqlite(path: Path, n: int, *, hold: bool = False) -> list[int]:
+    async def prepare() -> list[int]:
+        async with SQLiteStore(path) as store:
+            if hold:
+                await store.set_dead_letter_policy(Q, "hold")
+            ids = await make_dead(store, n)
+            await make_dead(store, 2, queue="other")
+            await store.enqueue(Q, "alive", partition_key="chat-9")
+            return ids
+
+    return asyncio.run(prepare())
+
+
+def statuses(path: Path, ids: list[int]) -> list[TaskStatus | None]:
+    """Each task's status now (None: gone)."""
+
+    async def read() -> list[TaskStatus | None]:
+        out: list[TaskStatus | None] = []
+        async with SQLiteStore(path, read_only=True) as store:
+            for i in ids:
+                try:
+                    out.append((await store.get(i)).status)
+                except KeyError:
+                    out.append(None)
+        return out
+
+    return asyncio.run(read())
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["dead", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_table_lists_dead_tasks_by_id_with_errors_shortened_and_payloads_hidden(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    ids = prepare_sqlite(db, 3, hold=True)
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q, "--color", "never")
+    assert (code, err) == (0, "")
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == [str(i) for i in ids]
+    assert [r[1] for r in rows] == ["chat-0", "chat-1", "chat-0"]
+    assert [r[2] for r in rows] == ["1/1"] * 3
+    assert f"HTTPError: 400 Bad Request: chat not found ({ids[0]}) xxxxxxx" in out
+    assert "x" * 60 not in out  # shortened to ERROR_CHARS
+    assert f"Dead tasks of '{Q}' in {db} (3; policy hold)" in out
+    assert "policy hold: each of these keeps its conversation" in out
+    assert SECRET not in out
+    assert "payloads hidden: add --show-payloads" in out
+    assert "more may follow" not in out
+
+    code, out, _ = run(capsys, "--db", str(db), "--queue", Q, "--show-payloads", "--color", "never")
+    assert code == 0
+    assert f'{{"text": "{SECRET} 0"}}' in out
+    assert "payloads hidden" not in out
+
+    code, out, _ = run(capsys, "--db", str(db), "--queue", "nothing-here")
+    assert (code, out.strip()) == (0, f"No dead tasks of 'nothing-here' in {db}.")
+
+
+def test_json_pages_through_every_dead_task_with_whole_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    ids = prepare_sqlite(db, 5)
+    pages: list[dict[str, Any]] = []
+    after: list[str] = []
+    while True:
+        code, out, err = run(capsys, "--db", str(db), "--queue", Q, "--limit", "2", "--json", *after)
+        assert (code, err) == (0, "")
+        page = json.loads(out)
+        pages.append(page)
+        if page["next_after"] is None:
+            break
+        after = ["--after", str(page["next_after"])]
+    assert [[t["id"] for t in p["tasks"]] for p in pages] == [ids[0:2], ids[2:4], ids[4:5]]
+    assert [p["after_id"] for p in pages] == [None, ids[1], ids[3]]
+    first = pages[0]
+    assert {k: v for k, v in first.items() if k != "tasks"} == {
+        "db": str(db),
+        "queue": Q,
+        "dead_letter_policy": "skip",
+        "after_id": None,
+        "limit": 2,
+        "payloads_shown": False,
+        "next_after": ids[1],
+    }
+    task = first["tasks"][0]
+    assert "payload" not in task
+    assert task["last_error"] == f"HTTPError: 400 Bad Request: chat not found ({ids[0]}) " + "x" * 200
+    assert (task["partition_key"], task["attempts"], task["max_attempts"]) == ("chat-0", 1, 1)
+    assert task["updated_at"] >= task["created_at"] > 0
+    assert set(task) == {
+        "id",
+        "partition_key",
+        "partition",
+        "idempotency_key",
+        "priority",
+        "attempts",
+        "max_attempts",
+        "created_at",
+        "updated_at",
+        "last_error",
+    }
+    code, out, _ = run(capsys, "--db", str(db), "--queue", Q, "--json", "--show-payloads", "--limit", "1")
+    shown = json.loads(out)
+    assert shown["payloads_shown"] is True
+    assert [t["payload"] for t in shown["tasks"]] == [{"text": f"{SECRET} 0"}]
+
+
+def test_requeue_and_discard_change_what_they_name_and_say_how_many(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    a, b, c, d = prepare_sqlite(db, 4, hold=True)
+    code, out, err = run(capsys, "requeue", "--db", str(db), "--queue", Q, "--id", str(a), "--id", str(c))
+    assert (code, out, err) == (0, f"requeued 2 dead tasks of '{Q}'\n", "")
+    assert statuses(db, [a, b, c, d]) == [TaskStatus.PENDING, TaskStatus.DEAD, TaskStatus.PENDING, TaskStatus.DEAD]
+    # The options may also come before the action.
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q, "discard", "--id", str(b), "--id", str(a))
+    assert code == 0
+    assert out == f"discarded 1 dead task of '{Q}'\n"
+    assert err == (
+        f"note: 1 of the 2 ids given is no dead task of '{Q}' (already requeued or discarded, not dead, "
+        "or of another queue): left as they are\n"
+    )
+    assert statuses(db, [a, b, c, d]) == [TaskStatus.PENDING, None, TaskStatus.PENDING, TaskStatus.DEAD]
+    code, out, _ = run(capsys, "discard", "--db", str(db), "--queue", Q, "--all")
+    assert (code, out) == (0, f"discarded 1 dead task of '{Q}'\n")
+    assert statuses(db, [a, b, c, d]) == [TaskStatus.PENDING, None, TaskStatus.PENDING, None]
+    code, out, _ = run(capsys, "requeue", "--db", str(db), "--queue", Q, "--all")
+    assert (code, out) == (0, f"requeued 0 dead tasks of '{Q}'\n")
+
+    async def other_queue() -> list[int]:
+        async with SQLiteStore(db, read_only=True) as store:
+            return [t.id for t in await store.dead_letters("other")]
+
+    assert len(asyncio.run(other_queue())) == 2  # another queue's dead tasks are left alone
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "named"),
+    [
+        (["requeue", "--queue", Q], "dead requeue", "one of the arguments --id --all is required"),
+        (
+            ["discard", "--queue", Q, "--id", "1", "--all"],
+            "dead discard",
+            "argument --all: not allowed with argument --id",
+        ),
+        (["requeue", "--queue", Q, "--id", "one"], "dead requeue", "argument --id: invalid int value: 'one'"),
+        (["requeue", "--queue", Q, "--id", "-5"], "dead requeue", "--id must be >= 0, got -5"),
+        (["--queue", Q, "--limit", "0"], "dead", "--limit must be >= 1, got 0"),
+        (["--queue", Q, "--limit", "10001"], "dead", "--limit must be <= 10000, got 10001"),
+        (["--queue", Q, "--after", "-1"], "dead", "--after must be >= 0, got -1"),
+        (["--queue", " "], "dead", "--queue must not be only whitespace"),
+        ([], "dead", "the following arguments are required: --queue"),
+        (["--queue", Q, "--limit", "5", "requeue", "--all"], "dead requeue", "--limit belongs to the listing"),
+        (["--queue", Q, "--json", "discard", "--all"], "dead discard", "--json belongs to the listing"),
+        (["--queue", Q, "--schema", "bots"], "dead", "--schema 'bots' applies to a postgresql:// --db only"),
+        (["discard", "--queue", Q, "--all", "--schema", "bots"], "dead discard", "applies to a postgresql:// --db"),
+    ],
+)
+def test_usage_errors_exit_2_and_touch_no_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, named: str
+) -> None:
+    db = tmp_path / "never.db"
+    with pytest.raises(SystemExit) as exited:
+        main(["dead", "--db", str(db), *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: python -m asynccoord {usage}"), err
+    assert named in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_db_or_queue_option_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["dead"], ["dead", "requeue", "--all"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert "the following arguments are required: --db, --queue" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", [[], ["requeue", "--all"], ["discard", "--id", "1"]])
+def test_a_missing_database_is_an_error_and_none_is_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], action: list[str]
+) -> None:
+    db = tmp_path / "typo.db"
+    code, out, err = run(capsys, *action[:1], "--db", str(db), "--queue", Q, *action[1:])
+    assert (code, out) == (1, "")
+    assert err == f"asynccoord dead: error: no database at '{db}' (a read-only store never creates one)\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("action", [[], ["requeue", "--all"]])
+def test_neither_listing_nor_an_action_migrates_an_older_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], action: list[str]
+) -> None:
+    """Both open read-only first, as ``status`` does: a file the nodes have not migrated yet is left as it is."""
+    from asynccoord.backends.sqlfiles import load_migrations
+    from asynccoord.backends.sqlite.store import _split_script
+
+    db = tmp_path / "old.db"
+    record = "INSERT OR REPLACE INTO coord_meta (key, value) VALUES (?, ?)"
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:
+        for number, script in load_migrations("sqlite")[:3]:
+            for statement in _split_script(script):
+                raw.execute(statement)
+            raw.execute(record, ("schema_revision", str(number)))
+        raw.execute(record, ("partitions", "1024"))
+    code, out, err = run(capsys, *action[:1], "--db", str(db), "--queue", Q, *action[1:])
+    assert (code, out) == (1, "")
+    assert "has schema version 3, older than" in err
+    with contextlib.closing(sqlite3.connect(db)) as raw:
+        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone() == ("3",)
+
+
+def test_the_command_as_a_process(python: PythonRunner, tmp_path: Path) -> None:
+    db = tmp_path / "bot.db"
+    ids = prepare_sqlite(db, 2)
+    listed = python.run_module("asynccoord", "dead", "--db", str(db), "--queue", Q, "--json")
+    assert [t["id"] for t in json.loads(listed.stdout)["tasks"]] == ids
+    done = python.run_module("asynccoord", "dead", "requeue", "--db", str(db), "--queue", Q, "--all")
+    assert done.stdout == f"requeued 2 dead tasks of '{Q}'\n"
+    bad = python.run_module("asynccoord", "dead", "discard", "--db", str(db), "--queue", Q, check=False)
+    assert bad.returncode == 2
+    assert "one of the arguments --id --all is required" in bad.stderr
+    assert statuses(db, ids) == [TaskStatus.PENDING, TaskStatus.PENDING]
+
+
+def test_on_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    schema = new_schema("cli")
+
+    async def prepare() -> list[int]:
+        async with PostgresStore(PG_DSN, schema=schema, listen=False) as store:
+            await store.set_dead_letter_policy(Q, "hold")
+            return await make_dead(store, 3)
+
+    async def state(ids: list[int]) -> list[TaskStatus | None]:
+        out: list[TaskStatus | None] = []
+        async with PostgresStore(PG_DSN, schema=schema, listen=False) as store:
+            for i in ids:
+                try:
+                    out.append((await store.get(i)).status)
+                except KeyError:
+                    out.append(None)
+        return out
+
+    try:
+        a, b, c = asyncio.run(prepare())
+        code, out, err = run(capsys, "--db", PG_DSN, "--schema", schema, "--queue", Q, "--json", "--limit", "2")
+        assert (code, err) == (0, "")
+        page = json.loads(out)
+        assert [t["id"] for t in page["tasks"]] == [a, b]
+        assert (page["dead_letter_policy"], page["next_after"]) == ("hold", b)
+        assert page["db"].endswith(f" (schema {schema})")
+        assert "payload" not in page["tasks"][0]
+        code, out, _ = run(capsys, "--db", PG_DSN, "--schema", schema, "--queue", Q, "--color", "never")
+        assert code == 0
+        assert SECRET not in out
+        assert f"({a}) xxx" in out
+        code, out, _ = run(capsys, "requeue", "--db", PG_DSN, "--schema", schema, "--queue", Q, "--id", str(b))
+        assert (code, out) == (0, f"requeued 1 dead task of '{Q}'\n")
+        code, out, _ = run(capsys, "discard", "--db", PG_DSN, "--schema", schema, "--queue", Q, "--all")
+        assert (code, out) == (0, f"discarded 2 dead tasks of '{Q}'\n")
+        assert asyncio.run(state([a, b, c])) == [None, TaskStatus.PENDING, None]
+    finally:
+        drop_schemas(schema)
+
+    # A mistyped schema: an error, and no schema created by the write command.
+    typo = new_schema("typo")
+    code, out, err = run(capsys, "discard", "--db", PG_DSN, "--schema", typo, "--queue", Q, "--all")
+    assert (code, out) == (1, "")
+    assert f"no asynccoord tables in schema '{typo}'" in err
+    assert pg_rows("SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", typo) == []
