@@ -306,6 +306,21 @@ def test_cli_errors_and_parser(python: PythonRunner, tmp_path: Path) -> None:
         assert repr(bad) in proc.stderr
 
 
+def test_status_reports_a_damaged_schema_revision_in_one_line(python: PythonRunner, db_path: Path) -> None:
+    async def prepare() -> None:
+        async with SQLiteStore(db_path) as store:
+            await store.enqueue("q", 1)
+
+    asyncio.run(prepare())
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE coord_meta SET value = '3x' WHERE key = 'schema_revision'")
+    raw.close()
+    proc = python.run_module("asynccoord", "status", "--db", str(db_path), check=False)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith(f"asynccoord status: error: {str(db_path)!r} records schema revision '3x'")
+    assert proc.stderr.count("\n") == 1, proc.stderr  # no traceback
+
+
 @pytest.mark.multiprocess
 def test_status_command_on_a_live_multiprocess_run(python: PythonRunner, db_path: Path) -> None:
     """Two processes of 4 nodes each drain 1,000 tasks while ``status --json`` is polled."""
