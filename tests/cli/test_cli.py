@@ -8,12 +8,13 @@ import json
 import logging
 import signal
 import sqlite3
+import tomllib
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
 from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
-from support import TESTS
+from support import ROOT, TESTS
 
 from asynccoord import NewTask, SQLiteStore, TaskStatus
 from asynccoord import events as ev
@@ -97,6 +98,14 @@ def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
     assert "Traceback" not in err
     assert "s3cret" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_version_prints_the_version_of_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["version"]
+    assert capsys.readouterr().out == f"asynccoord {version}\n"
 
 
 def test_run_missing_required_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
