@@ -181,12 +181,15 @@ async def test_status_lists_declared_limits_and_the_buckets_holding_keys_back(st
     report = await status_report(store, windows_s=[10.0], db=None)
     validate(report)
     outbox = {"dimension": "chat", "count": 1, "per_s": 10.0, "burst": 2}
+    idle = {"dimension": "account", "count": 30, "per_s": 1.0, "burst": 1}
     assert report["rate_limits"] == {
         "held_shown_max": 50,
         "queues": [
-            {"queue": "outbox", "limits": [outbox], "held": [{"dimension": "chat", "key": "hot", "wait_s": 6.0}]}
-        ],  # "idle" has no task and nothing held: not listed; "plain" declares nothing
+            {"queue": "idle", "limits": [idle], "held": []},  # declared, though it has no task yet
+            {"queue": "outbox", "limits": [outbox], "held": [{"dimension": "chat", "key": "hot", "wait_s": 6.0}]},
+        ],  # "plain" declares nothing
     }
+    assert [q["queue"] for q in report["queues"]] == ["outbox", "plain"]
     out = io.StringIO()
     render_status(report, out, color=False)
     text = out.getvalue()
@@ -198,7 +201,7 @@ async def test_status_lists_declared_limits_and_the_buckets_holding_keys_back(st
     clock.advance(6.0)  # hot has a token again
     report = await status_report(store, windows_s=[10.0], db=None)
     validate(report)
-    assert report["rate_limits"]["queues"][0]["held"] == []
+    assert [q["held"] for q in report["rate_limits"]["queues"]] == [[], []]
     out = io.StringIO()
     render_status(report, out, color=False)
     assert "No rate-limit bucket is holding keys back." in out.getvalue()
