@@ -31,6 +31,7 @@ from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
 from ..contract.locks import MAX_PERMITS
 from ..errors import InvalidArgumentError, InvalidTypeError, StoreError
+from ..node.retention import DEFAULT_DONE_RETENTION_S
 from ..validation import check_int, check_interval_s, check_lease_s, check_name, check_positive
 from .lockstore import add_lock_store_options, check_lock_store_options
 
@@ -122,8 +123,25 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     )
     add_lock_store_options(parser, purpose="to take the nodes' locks in instead of the database")
     parser.add_argument(
+        "--done-retention-s",
+        type=_retention,
+        default=DEFAULT_DONE_RETENTION_S,
+        metavar="SECONDS|keep",
+        help="delete the queue's done tasks older than this (default 86400, a day); 'keep' keeps them",
+    )
+    parser.add_argument(
         "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
     )
+
+
+def _retention(text: str) -> float | None:
+    """``--done-retention-s``: seconds, or ``keep`` (None: done tasks are kept)."""
+    if text.strip().lower() == "keep":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'keep', got {text!r}") from None
 
 
 def store_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -173,6 +191,8 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     check_lease_s("--heartbeat-ttl-s", args.heartbeat_ttl_s)
     check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
     check_interval_s("--idle-max-s", args.idle_max_s)
+    if args.done_retention_s is not None:
+        check_positive("--done-retention-s", args.done_retention_s)
     try:
         store = open_store(args.db, **store_options(args))  # parses the target; opens nothing
     except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
@@ -269,6 +289,7 @@ def run_command(args: argparse.Namespace) -> int:
                     lock_store=lock_store,
                     heartbeat_ttl_s=args.heartbeat_ttl_s,
                     shutdown_timeout_s=args.shutdown_timeout_s,
+                    done_retention_s=args.done_retention_s,
                 )
                 # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
                 async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:

@@ -35,6 +35,7 @@ from .ablation import FULL, Ablation
 from .config import NodeConfig
 from .idlepoll import IdlePoller
 from .node import LockKeyFn, Node, failure_of
+from .retention import DEFAULT_DONE_RETENTION_S, DEFAULT_PURGE_INTERVAL_S, Retention
 from .send import SendFn
 from .status import NodeState
 
@@ -89,6 +90,12 @@ class Runtime:
         lock_store: Where the nodes' locks live, if not in ``store`` (e.g. a
             :class:`~asynccoord.backends.redis.RedisLockStore` beside a PostgreSQL
             queue); commits are still fenced by ``store``. Default None (``store``).
+        done_retention_s: The runtime deletes its queue's done tasks older than this, by the
+            store clock, seconds (see :mod:`asynccoord.node.retention`). Default one day;
+            None keeps them. Dead tasks are never deleted, and the processed-message
+            records that recognise redeliveries follow their own retention
+            (``StoreConfig.processed``), purged by the same loop.
+        purge_interval_s: Mean seconds between two purges. Default 60.
         _ablation: Layers switched off in every node, for benchmarks only (see
             :mod:`asynccoord.node.ablation`). Default: every layer on.
 
@@ -98,6 +105,9 @@ class Runtime:
         idle_poller: The :class:`~asynccoord.node.idlepoll.IdlePoller` that wakes the idle
             nodes (its ``polls`` and ``woken`` count its work), or None when the store has
             no ``claimable_partitions`` (each node then polls by itself).
+        retention: The :class:`~asynccoord.node.retention.Retention` that purges aged done
+            tasks and processed records (its ``purges``, ``tasks_deleted`` and
+            ``records_deleted`` count its work), or None for a store that cannot purge.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad arguments.
@@ -116,6 +126,8 @@ class Runtime:
         heartbeat_interval_s: float | None = None,
         shutdown_timeout_s: float = 10.0,
         lock_store: Any = None,
+        done_retention_s: float | None = DEFAULT_DONE_RETENTION_S,
+        purge_interval_s: float = DEFAULT_PURGE_INTERVAL_S,
         _ablation: Ablation = FULL,
     ) -> None:
         check_send(send)
@@ -171,6 +183,11 @@ class Runtime:
             if pollable
             else None
         )
+        purgeable = all(callable(getattr(store, name, None)) for name in ("purge_finished", "purge_processed"))
+        retention = Retention(
+            store, self.config.queue, done_retention_s=done_retention_s, interval_s=purge_interval_s
+        )  # checks the arguments even for a store that cannot purge
+        self.retention = retention if purgeable else None
         self._runner: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
         self._stopping: asyncio.Event | None = None
@@ -312,6 +329,8 @@ class Runtime:
                     tg.start_soon(node.run_hosted, name=f"asynccoord-node-{node.node_id}")
                 if self.idle_poller is not None:
                     tg.start_soon(self.idle_poller.run, name="asynccoord-idle-poll")
+                if self.retention is not None:
+                    tg.start_soon(self.retention.run, name="asynccoord-retention")
                 started.set_result(None)
                 assert self._stop_request is not None
                 await self._stop_request.wait()

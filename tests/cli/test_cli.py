@@ -44,6 +44,8 @@ from asynccoord.node import Runtime
         (["--send", "json:dumps", "--send-timeout-s", "0"], "--send-timeout-s must be > 0, got 0.0"),
         (["--send", "json:dumps", "--idle-max-s", "1e-9"], "--idle-max-s must be >= 0.001 seconds (MIN_INTERVAL_S"),
         (["--send", "json:dumps", "--shutdown-timeout-s", "nan"], "--shutdown-timeout-s"),
+        (["--send", "json:dumps", "--done-retention-s", "0"], "--done-retention-s must be > 0, got 0.0"),
+        (["--send", "json:dumps", "--done-retention-s", "a day"], "expected seconds or 'keep', got 'a day'"),
         (["--send", "json:dumps", "--rate-limit", "chat=0/1s"], "--rate-limit: count must be >= 1"),
         (["--send", "json:dumps", "--rate-limit", "chat=1/1s,burst=0"], "--rate-limit: burst must be >= 1"),
         (["--send", "json:dumps", "--rate-limit", "chat"], "--rate-limit: rate limit 'chat' is not of the form"),
@@ -423,3 +425,12 @@ def test_run_without_faults_raises_no_alert_with_the_default_rules(
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("asynccoord.serve.stopped") for m in messages)
     assert [m for m in messages if "alert_firing" in m] == []
+
+
+@pytest.mark.parametrize(
+    ("given", "parsed"),
+    [([], 86400.0), (["--done-retention-s", "keep"], None), (["--done-retention-s", "3600"], 3600.0)],
+)
+def test_run_takes_a_done_retention_or_keep(given: list[str], parsed: float | None) -> None:
+    args = build_parser().parse_args(["run", "--db", "x.db", "--send", "json:dumps", *given])
+    assert args.done_retention_s == parsed
