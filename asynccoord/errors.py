@@ -226,7 +226,8 @@ class SchemaVersionError(StoreError):
     0.1.0, whose unreleased schema history was squashed and cannot be upgraded: delete the
     SQLite file (with its ``-wal`` and ``-shm`` files), or drop the PostgreSQL schema
     (``DROP SCHEMA name CASCADE``), and open the store again to start with an empty one.
-    The message names the database and the fix.
+    Also raised when the schema revision the database records is no number (its
+    ``coord_meta`` table was altered or damaged). The message names the database and the fix.
     """
 
 

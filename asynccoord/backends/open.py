@@ -55,14 +55,22 @@ def _sqlite_path(target: str) -> str:
                 "give options as keyword arguments of open_store()/SQLiteStore(...) (read_only=True, ...) "
                 "or in StoreConfig"
             )
-        return urllib.parse.unquote(path) or ":memory:"
-    if target.startswith("sqlite://"):
+        path = urllib.parse.unquote(path) or ":memory:"
+    elif target.startswith("sqlite://"):
         raise InvalidArgumentError(f"an SQLite URL is sqlite:///PATH (three slashes), got {target!r}")
-    if "://" in target:
+    elif "://" in target and not target.startswith("file:"):
         raise InvalidArgumentError(
             f"unknown store target {redact_target(target)!r}: use a file path, sqlite:///PATH or postgresql://user@host/db"
         )
-    return target
+    else:
+        path = target
+    if path.startswith("file:"):  # SQLite would read it as a URI, and the wake-ups of other processes miss it
+        raise InvalidArgumentError(
+            f"unknown store target {redact_target(target)!r}: use a file path, sqlite:///PATH or "
+            "postgresql://user@host/db (SQLite's file: URIs are not taken; for a file whose name begins "
+            "with 'file:', write ./file:NAME)"
+        )
+    return path
 
 
 def open_store(
@@ -86,8 +94,9 @@ def open_store(
 
     Raises:
         InvalidTypeError: ``target`` is not a str or PathLike.
-        InvalidArgumentError: an unknown URL scheme, or an ``sqlite:///`` URL with a query
-            string or fragment (a plain path may hold ``?`` and ``#``).
+        InvalidArgumentError: an unknown URL scheme, an SQLite URI filename (``file:...``),
+            or an ``sqlite:///`` URL with a query string or fragment (a plain path may hold
+            ``?`` and ``#``).
         StoreError: a PostgreSQL DSN but asyncpg is not installed.
     """
     if not isinstance(target, str | os.PathLike):

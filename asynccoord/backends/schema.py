@@ -36,7 +36,8 @@ def check_revision(where: str, meta: dict[str, str], *, supported: int, fix: str
 
     Raises:
         SchemaVersionError: the database was made by a pre-release schema (it records a
-            ``schema_version`` and no revision), or by a newer asynccoord.
+            ``schema_version`` and no revision), or by a newer asynccoord, or the revision
+            it records is no number (an altered or damaged ``coord_meta``).
     """
     revision = meta.get(REVISION_KEY)
     pre_release = meta.get(PRE_RELEASE_KEY)
@@ -45,6 +46,12 @@ def check_revision(where: str, meta: dict[str, str], *, supported: int, fix: str
             f"{where} was made by a development version of asynccoord before 0.1.0 (schema version "
             f"{pre_release} of the unreleased history), which this asynccoord cannot read or upgrade: "
             f"{fix}, and open it again to start with an empty store"
+        )
+    if revision is not None and not (revision.isascii() and revision.isdigit()):
+        raise SchemaVersionError(
+            f"{where} records schema revision {revision!r} in its coord_meta table, which is no revision "
+            "number: the database was altered or damaged; restore it from a backup"
+            + (f", or {fix} to start with an empty store" if fix else "")
         )
     number = int(revision or 0)
     if number > supported:

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .. import __version__
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from .dashboard import check_dashboard, configure_dashboard, dashboard_command
 from .dead import check_dead, configure_dead, dead_command
@@ -85,6 +86,7 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
     parser = argparse.ArgumentParser(
         prog="python -m asynccoord", description="asyncio-native coordination runtime: tools for a cluster"
     )
+    parser.add_argument("--version", action="version", version=f"asynccoord {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS if commands is None else commands:
         child = sub.add_parser(command.name, help=command.help, description=command.help)

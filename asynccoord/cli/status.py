@@ -208,22 +208,22 @@ async def status_report(
         "latencies": snap["latencies"],
         "processes": snap["processes"],
         "alerts": sorted(alerts.values(), key=lambda a: (a["fired_at"], a["rule"], a["scope_key"])),
-        "rate_limits": await _rate_limits(store, [d.queue for d in depths]),
+        "rate_limits": await _rate_limits(store),
     }
 
 
-async def _rate_limits(store: Any, queues: Sequence[str]) -> dict[str, Any]:
+async def _rate_limits(store: Any) -> dict[str, Any]:
     """Per queue with declared limits or held buckets: its limits, and its buckets holding keys back.
 
-    The held buckets are the :data:`HELD_BUCKETS_SHOWN` longest waits of all queues
-    (``held_buckets``, store clock); ``queues`` are those with tasks, to which the queues
-    of the held buckets are added. A store without rate limits reports none.
+    The queues are those that declare limits, with tasks or not yet (``limited_queues``). The held
+    buckets are the :data:`HELD_BUCKETS_SHOWN` longest waits of all queues (``held_buckets``,
+    store clock). A store without rate limits reports none.
     """
     if not isinstance(store, RateLimitStore):
         return {"held_shown_max": HELD_BUCKETS_SHOWN, "queues": []}
     held = await store.held_buckets(limit=HELD_BUCKETS_SHOWN)
     entries = []
-    for queue in sorted({*queues, *(b.queue for b in held)}):
+    for queue in sorted({*await store.limited_queues(), *(b.queue for b in held)}):
         limits = await store.rate_limits(queue)
         mine = [b for b in held if b.queue == queue]
         if not limits and not mine:

@@ -469,6 +469,10 @@ class RateLimitStore(Protocol):
         """``queue``'s declared limits, by dimension name (empty when none)."""
         ...
 
+    async def limited_queues(self) -> list[str]:
+        """The queues that declare limits, by name, whether or not they hold tasks (a read)."""
+        ...
+
     async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
         """The buckets holding keys back now: those with no token at the store clock's now.
 

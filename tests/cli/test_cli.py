@@ -8,15 +8,17 @@ import json
 import logging
 import signal
 import sqlite3
+import tomllib
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
 from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
-from support import TESTS
+from support import ROOT, TESTS
 
 from asynccoord import NewTask, SQLiteStore, TaskStatus
 from asynccoord import events as ev
+from asynccoord.backends.open import open_store
 from asynccoord.backends.postgres.store import PostgresStore
 from asynccoord.cli.main import build_parser, main
 from asynccoord.cli.run import check_run
@@ -101,6 +103,25 @@ def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_version_prints_the_version_of_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["version"]
+    assert capsys.readouterr().out == f"asynccoord {version}\n"
+
+
+def test_a_file_named_file_colon_is_a_path_once_written_with_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["run", "--db", "./file:x.db", "--send", "json:dumps"])
+    check_run(args)  # no usage error
+    store = open_store("./file:x.db")
+    assert (store.path, store._on_file()) == ("./file:x.db", True)  # a path, not a URI: wake-ups on
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_run_missing_required_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["run", "--db", str(tmp_path / "x.db")])
@@ -121,6 +142,8 @@ def test_run_missing_required_options_exit_2(tmp_path: Path, capsys: pytest.Capt
             "expected host, host:PORT or [IPv6]:PORT (PORT 1..65535), got 'db:port'",
         ),
         ("postgresql://bot:s3cret@db:99999/db", "got 'db:99999'"),
+        ("file:x.db", "unknown store target 'file:x.db': use a file path, sqlite:///PATH or postgresql://"),
+        ("sqlite:///file:x.db", "SQLite's file: URIs are not taken; for a file whose name begins with 'file:'"),
         ("sqlite:///", "is an in-memory SQLite database, which no other process can reach"),
         (":memory:", "is an in-memory SQLite database, which no other process can reach"),
     ],

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import secrets
+import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,7 @@ import jsonschema
 import pytest
 from conftest import WORKERS_DIR, PythonRunner
 from services import REDIS_URL, redis_problem, unavailable
-from support import FakeClock
+from support import ROOT, FakeClock
 
 from asynccoord import (
     AlertRule,
@@ -30,6 +34,7 @@ from asynccoord import (
     SQLiteStore,
 )
 from asynccoord import events as ev
+from asynccoord.backends.sqlite.readonly import opens_immutable
 from asynccoord.cli.main import build_parser
 from asynccoord.cli.status import collect_status, render_status, status_report, status_schema
 from asynccoord.contract.membership import MemberBeat
@@ -216,12 +221,15 @@ async def test_status_lists_declared_limits_and_the_buckets_holding_keys_back(st
     report = await status_report(store, windows_s=[10.0], db=None)
     validate(report)
     outbox = {"dimension": "chat", "count": 1, "per_s": 10.0, "burst": 2}
+    idle = {"dimension": "account", "count": 30, "per_s": 1.0, "burst": 1}
     assert report["rate_limits"] == {
         "held_shown_max": 50,
         "queues": [
-            {"queue": "outbox", "limits": [outbox], "held": [{"dimension": "chat", "key": "hot", "wait_s": 6.0}]}
-        ],  # "idle" has no task and nothing held: not listed; "plain" declares nothing
+            {"queue": "idle", "limits": [idle], "held": []},  # declared, though it has no task yet
+            {"queue": "outbox", "limits": [outbox], "held": [{"dimension": "chat", "key": "hot", "wait_s": 6.0}]},
+        ],  # "plain" declares nothing
     }
+    assert [q["queue"] for q in report["queues"]] == ["outbox", "plain"]
     out = io.StringIO()
     render_status(report, out, color=False)
     text = out.getvalue()
@@ -233,7 +241,7 @@ async def test_status_lists_declared_limits_and_the_buckets_holding_keys_back(st
     clock.advance(6.0)  # hot has a token again
     report = await status_report(store, windows_s=[10.0], db=None)
     validate(report)
-    assert report["rate_limits"]["queues"][0]["held"] == []
+    assert [q["held"] for q in report["rate_limits"]["queues"]] == [[], []]
     out = io.StringIO()
     render_status(report, out, color=False)
     assert "No rate-limit bucket is holding keys back." in out.getvalue()
@@ -292,6 +300,88 @@ async def test_read_only_store_refuses_writes_and_never_creates(tmp_path: Path) 
             assert (await reader.stats("q")).counts["pending"] == 2
 
 
+def bound_by_permissions() -> list[str]:
+    """A command prefix under which a process is bound by file permission bits.
+
+    None for a user. Root ignores the bits through two capabilities: the prefix runs the
+    command without them (``setpriv``), or the test is skipped where root cannot drop them.
+    """
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], check=False).returncode != 0:
+        pytest.skip("run as root, which cannot drop the capabilities that ignore permission bits here")
+    return prefix
+
+
+READ_BACKUP = """
+import asyncio, json, os, sys
+from asynccoord import SQLiteStore
+from asynccoord.backends.sqlite.readonly import opens_immutable
+
+db = sys.argv[1]
+try:
+    open(os.path.join(os.path.dirname(db), "probe"), "x").close()
+    writable = True
+except PermissionError:
+    writable = False
+
+
+async def pending():
+    async with SQLiteStore(db, read_only=True) as store:
+        return (await store.stats("q")).counts["pending"]
+
+
+print(json.dumps({"writable": writable, "immutable": opens_immutable(db), "pending": asyncio.run(pending())}))
+"""
+
+
+def test_a_database_in_a_folder_this_process_cannot_write_is_read_as_it_is(tmp_path: Path) -> None:
+    """A mounted backup, say: SQLite cannot create the -shm file a WAL reader needs beside it.
+
+    With no -wal file beside it, no writer has the database open: it is read with
+    ``immutable=1``, and nothing is created.
+    """
+    folder = tmp_path / "backup"
+    folder.mkdir()
+    db = folder / "coord.db"
+
+    async def prepare() -> None:
+        async with SQLiteStore(db) as store:
+            await store.enqueue("q", 1)
+
+    asyncio.run(prepare())
+    assert [p.name for p in folder.iterdir()] == ["coord.db"]  # closed: no -wal left
+    assert not opens_immutable(str(db))  # a folder this process writes: SQLite's usual open
+    prefix = bound_by_permissions()
+    folder.chmod(0o555)
+    try:
+        run = [*prefix, sys.executable]
+        read = subprocess.run([*run, "-c", READ_BACKUP, str(db)], cwd=ROOT, capture_output=True, text=True, check=False)
+        assert read.returncode == 0, read.stderr  # before: "unable to open database file"
+        assert json.loads(read.stdout) == {"writable": False, "immutable": True, "pending": 1}
+        status = subprocess.run(
+            [*run, "-m", "asynccoord", "status", "--db", str(db), "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["tasks"]["pending"] == 1
+        assert [p.name for p in folder.iterdir()] == ["coord.db"]
+        folder.chmod(0o755)
+        (folder / "coord.db-wal").touch()  # a writer may have the database open: no immutable read
+        folder.chmod(0o555)
+        decide = (
+            "import sys; from asynccoord.backends.sqlite.readonly import opens_immutable as o; print(o(sys.argv[1]))"
+        )
+        decided = subprocess.run([*run, "-c", decide, str(db)], cwd=ROOT, capture_output=True, text=True, check=True)
+        assert decided.stdout == "False\n"
+    finally:
+        folder.chmod(0o755)
+
+
 def test_status_is_not_blocked_by_a_writer_holding_the_lock(python: PythonRunner, db_path: Path) -> None:
     async def prepare() -> None:
         async with SQLiteStore(db_path) as store:
@@ -339,6 +429,21 @@ def test_cli_errors_and_parser(python: PythonRunner, tmp_path: Path) -> None:
         assert proc.returncode == 2, (bad, proc.stderr)
         assert "argument --window: expected a number of seconds" in proc.stderr
         assert repr(bad) in proc.stderr
+
+
+def test_status_reports_a_damaged_schema_revision_in_one_line(python: PythonRunner, db_path: Path) -> None:
+    async def prepare() -> None:
+        async with SQLiteStore(db_path) as store:
+            await store.enqueue("q", 1)
+
+    asyncio.run(prepare())
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE coord_meta SET value = '3x' WHERE key = 'schema_revision'")
+    raw.close()
+    proc = python.run_module("asynccoord", "status", "--db", str(db_path), check=False)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith(f"asynccoord status: error: {str(db_path)!r} records schema revision '3x'")
+    assert proc.stderr.count("\n") == 1, proc.stderr  # no traceback
 
 
 @pytest.mark.multiprocess

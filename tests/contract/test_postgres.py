@@ -347,6 +347,22 @@ async def test_a_newer_schema_is_refused(pg: str, schema: str) -> None:
             pass
 
 
+async def test_a_schema_revision_that_is_no_number_is_refused_untouched(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres.store import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False):
+        pass
+    await admin(pg, f"UPDATE \"{schema}\".coord_meta SET value = '3x' WHERE key = 'schema_revision'")
+    for read_only in (False, True):  # a ValueError of int() escaped both
+        with pytest.raises(SchemaVersionError) as info:
+            async with PostgresStore(pg, schema=schema, listen=False, read_only=read_only):
+                pass
+        assert "records schema revision '3x' in its coord_meta table, which is no revision number" in str(info.value)
+        assert str(info.value).endswith("the database was altered or damaged; restore it from a backup")
+    rows = await admin(pg, f'SELECT key, value FROM "{schema}".coord_meta ORDER BY key')
+    assert [tuple(r) for r in rows] == [("partitions", "1024"), ("schema_revision", "3x")]
+
+
 async def test_a_pre_release_schema_is_refused_untouched_with_the_fix(pg: str, schema: str) -> None:
     """A schema made before the history was squashed records ``schema_version`` (no revision)."""
     from asynccoord.backends.postgres.store import PostgresStore

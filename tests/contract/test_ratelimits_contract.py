@@ -174,10 +174,14 @@ async def test_declared_limits_are_stored(store) -> None:
         RateLimit(dimension="account", count=30, per_s=1.0, burst=30),
     ]
     assert await store.rate_limits(Q) == []
+    assert await store.limited_queues() == []
     await store.set_rate_limits(Q, limits)
+    await store.set_rate_limits("b-other", limits[:1])
     assert await store.rate_limits(Q) == sorted(limits, key=lambda limit: limit.dimension)
+    assert await store.limited_queues() == sorted([Q, "b-other"])  # neither holds a task
     await store.set_rate_limits(Q, [])
     assert await store.rate_limits(Q) == []
+    assert await store.limited_queues() == ["b-other"]
 
 
 async def test_bad_declarations_write_nothing(store) -> None:

@@ -725,6 +725,31 @@ async def test_newer_schema_version_is_refused(db_path: Path) -> None:
         raw.close()
 
 
+async def test_a_schema_revision_that_is_no_number_is_refused_untouched(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        task_id = (await store.enqueue(Q, "keep me")).task.id
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE coord_meta SET value = '3x' WHERE key = 'schema_revision'")
+    raw.close()
+    for read_only in (False, True):  # a ValueError of int() escaped both
+        store = SQLiteStore(db_path, read_only=read_only)
+        with pytest.raises(SchemaVersionError) as info:
+            await store.open()
+        assert str(info.value) == (
+            f"{str(db_path)!r} records schema revision '3x' in its coord_meta table, which is no revision number: "
+            f"the database was altered or damaged; restore it from a backup, or delete the file {str(db_path)!r} "
+            "(with its -wal and -shm files) to start with an empty store"
+        )
+        with pytest.raises(StoreClosedError):
+            await store.get(task_id)
+    raw = sqlite3.connect(db_path)
+    try:
+        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone() == ("3x",)
+        assert raw.execute("SELECT payload FROM coord_tasks WHERE id = ?", (task_id,)).fetchone() == ('"keep me"',)
+    finally:
+        raw.close()
+
+
 async def test_pre_release_database_is_refused_untouched_with_the_fix(db_path: Path) -> None:
     # A database made before the schema history was squashed: it records schema_version
     # (here the last of that history, 7), never a schema_revision.

@@ -1,7 +1,8 @@
 """Every Python example in README.md runs as written, as a real process.
 
 Each ```python block is a whole program. It runs in a temporary folder (so its SQLite file is
-a fresh one there) with a timeout, and must exit 0. A block that runs a ``Runtime`` must leave
+a fresh one there) with a timeout, and must exit 0; a block on SQLite runs a second time in
+that folder, as a reader may run it again. A block that runs a ``Runtime`` must leave
 its queues drained (read with ``python -m asynccoord status --json``). A block that waits for
 a signal (``wait_for_signal``) gets SIGTERM once it handles SIGTERM and its queues are
 drained. A block that names the PostgreSQL and Redis hosts runs against the test services
@@ -145,3 +146,8 @@ def test_readme_example_runs(line: int, code: str, tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr, report
     if "Runtime(" in code:  # the nodes did their work
         assert undrained(tmp_path) == {}, report
+    if schema is None:  # again, beside the files of the first run
+        again = run_block(code, tmp_path)
+        report = f"README.md line {line}, second run: exit {again.returncode}\n--- stderr\n{again.stderr}"
+        assert again.returncode == 0, report
+        assert "Traceback" not in again.stderr, report

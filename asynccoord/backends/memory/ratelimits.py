@@ -90,6 +90,11 @@ class MemoryRateLimitOps:
         self._check_open()
         return [self._rate.limits[queue][d] for d in sorted(self._rate.limits.get(queue, {}))]
 
+    async def limited_queues(self) -> list[str]:
+        """The queues that declare limits, by name."""
+        self._check_open()
+        return sorted(self._rate.limits)
+
     async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
         """The buckets with no token now, longest wait first (see ``RateLimitStore.held_buckets``)."""
         name, most = check_held_buckets_args(queue, limit)

@@ -119,6 +119,15 @@ class PgRateLimitOps(PgHeads):
         found = await self._declared(queue)
         return [found[d] for d in sorted(found)]
 
+    async def limited_queues(self) -> list[str]:
+        """The queues that declare limits, by name (one statement)."""
+
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[Row]:
+            return await self._fetch(conn, "limited_queues")
+
+        rows = await self._run(op, what="read the queues with rate limits", tx=False, ambiguous_ok=True)
+        return sorted(str(row[0]) for row in rows)
+
     async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
         """The buckets with no token now on the server clock, longest wait first (one statement, a read).
 

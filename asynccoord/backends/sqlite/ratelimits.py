@@ -170,6 +170,11 @@ class SQLiteRateLimitOps:
         found: dict[str, RateLimit] = await self._read(lambda db: _limits(db, queue))
         return [found[d] for d in sorted(found)]
 
+    async def limited_queues(self) -> list[str]:
+        """The queues that declare limits, by name: one read on the reader connection."""
+        rows: list[_Row] = await self._read(lambda db: db.execute(R["limited_queues"]).fetchall())
+        return sorted(str(queue) for (queue,) in rows)
+
     async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
         """The buckets with no token now, longest wait first: one read on the reader connection.
 

@@ -6,6 +6,10 @@ migration and changes no pragma that persists. Under WAL its reads take no lock 
 a writer waits for, so inspecting a live database (``python -m asynccoord status``)
 never blocks the running nodes. Writes through the store raise
 :class:`~asynccoord.errors.ReadOnlyStoreError` before reaching SQLite.
+
+A database in a folder this process cannot write (a mounted backup, another user's
+folder) is opened with ``immutable=1`` when no ``-wal`` file lies beside it: see
+:func:`opens_immutable`.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_revision
 from .revision import delete_fix, read_meta
 from .writer import retry_busy
 
-__all__ = ("read_only_error", "read_only_uri", "setup_read_only")
+__all__ = ("opens_immutable", "read_only_error", "read_only_uri", "setup_read_only")
 
 
 def read_only_uri(path: str) -> str:
-    """The ``file:`` URI opening ``path`` read-only.
+    """The ``file:`` URI opening ``path`` read-only (with ``immutable=1`` when :func:`opens_immutable`).
 
     Raises:
         NotADatabaseError: ``path`` does not exist, is a directory, or is ``":memory:"``.
@@ -35,7 +39,26 @@ def read_only_uri(path: str) -> str:
         raise NotADatabaseError(f"no database at {path!r} (a read-only store never creates one)")
     if os.path.isdir(path):
         raise NotADatabaseError(f"{path!r} is a directory, not an SQLite database")
-    return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+    immutable = "&immutable=1" if opens_immutable(path) else ""
+    return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro{immutable}"
+
+
+def opens_immutable(path: str) -> bool:
+    """Whether a read-only open of the database at ``path`` says ``immutable=1``.
+
+    A reader of a WAL database needs its ``-shm`` and ``-wal`` files, and SQLite creates
+    them beside the database when they are missing: in a folder this process cannot
+    write, the read fails. Without a ``-wal`` file no connection writes the database
+    (SQLite deletes the file when the last one closes), so it is read as it is, with no
+    file created. SQLite then takes no lock and looks for no change: a store opened so
+    does not follow writes made while it is open.
+
+    Returns:
+        True when the folder of ``path`` is not writable by this process and no
+        ``PATH-wal`` file exists; False otherwise (SQLite's usual read-only open).
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    return not os.access(folder, os.W_OK) and not os.path.exists(f"{path}-wal")
 
 
 def setup_read_only(db: sqlite3.Connection, path: str, *, schema_version: int, busy_timeout_s: float) -> int:

@@ -138,7 +138,9 @@ class SQLiteStore(
         read_only: Open the existing file read-only (``file:...?mode=ro``): no
             migration, and every write raises
             :class:`~asynccoord.errors.ReadOnlyStoreError`. For inspection of a live
-            database (it never blocks the writers). Default False.
+            database (it never blocks the writers), or of one in a folder this process
+            cannot write and with no ``-wal`` file beside it, which no writer has open
+            (read as it is, with ``immutable=1``). Default False.
         wakeup: Wake idle nodes of other processes on the same file at once when work
             for them is committed, and be woken by theirs (a Unix datagram socket in
             ``<path>-wakeup/``, see :mod:`asynccoord.backends.sqlite.wakeup`). Off, work

@@ -3,6 +3,9 @@
 -- name: rate_limits
 SELECT dimension, count, per_s, burst FROM coord_rate_limits WHERE queue = :queue ORDER BY dimension;
 
+-- name: limited_queues
+SELECT DISTINCT queue FROM coord_rate_limits;
+
 -- name: delete_rate_limits
 DELETE FROM coord_rate_limits WHERE queue = :queue;
 
