@@ -332,7 +332,9 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
         console.print(f"No dead tasks of {where}.", style="green")
         return
     policy = report["dead_letter_policy"]
-    table = Table(title=f"Dead tasks of {where} ({len(tasks)}; policy {policy})", box=box.SIMPLE_HEAVY)
+    # The title on a line of its own: a table title wraps at the table's width, cutting long paths.
+    console.print(f"Dead tasks of {where} ({len(tasks)}; policy {policy})", soft_wrap=True)
+    table = Table(box=box.SIMPLE_HEAVY)
     for col in ("id", "partition key", "attempts", "died (UTC)", "last error"):
         table.add_column(col, justify="right" if col in ("id", "attempts") else "left", no_wrap=col != "last error")
     if report["payloads_shown"]:
