@@ -402,6 +402,14 @@ def cut(flight: Flight) -> None:
         if not child.done():
             child.cancel()
             child.add_done_callback(retrieve)
+            # Past its cleanup time: if it swallows this cancellation too, it runs on unwatched,
+            # and its task may be sent meanwhile by the next holder of its lease and lock.
+            log.warning(
+                "asynccoord.node.send_abandoned task=%s: the send outlived its cleanup time (%.2f s) after "
+                "being cancelled; it is cancelled once more and left behind",
+                flight.task.id,
+                SEND_CLEANUP_S,
+            )
         _resolve(over)
 
     timer = loop.call_at(flight.cut_until, cut_again)

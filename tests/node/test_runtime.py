@@ -148,7 +148,11 @@ async def test_a_cancelled_send_may_await_in_its_cleanup(make_store: Any, pipeli
     assert time.monotonic() - leaving < 0.2 + 0.25 + 0.3  # shutdown timeout + cleanup grace + slack
     assert log == ["start", "cancelled", "cleanup done"]
     task = await store.get(task_id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # cut: counted
+    assert (task.status, task.attempts, task.last_error) == (
+        TaskStatus.PENDING,
+        1,
+        None,
+    )  # cut short: its attempt counted
 
 
 @pytest.mark.parametrize(
@@ -186,7 +190,11 @@ async def test_a_cancelled_sends_cleanup_time_is_not_cut_short_by_another_cancel
     assert log == ["cancelled", "cleanup done"]
     # Either way the node was cancelled while the send still ran: handed back, not a failure.
     task = await store.get(task_id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # cut: counted
+    assert (task.status, task.attempts, task.last_error) == (
+        TaskStatus.PENDING,
+        1,
+        None,
+    )  # cut short: its attempt counted
     assert (runtime.states()[0].failed, runtime.states()[0].handed_back) == (0, 1)
     assert store.events.get("send_interrupted") == 1
 
@@ -238,7 +246,7 @@ async def test_sends_that_returned_are_committed_even_when_the_drain_is_cut_at_t
 
 
 async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_its_cleanup_time(
-    make_store: Any, pipeline: dict[str, Any]
+    make_store: Any, pipeline: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     # Shutdown cancels it, its timeout comes 0.08 s later: neither that nor anything else cancels
     # it again before SEND_CLEANUP_S is up; then it is cancelled once more and left behind.
@@ -269,7 +277,12 @@ async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_it
     assert len(cancelled_at) == 2, cancelled_at  # it was cancelled 4 times (0.3, 0.38, 0.55, 0.63 s)
     assert SEND_CLEANUP_S - 0.01 <= cancelled_at[1] - cancelled_at[0] <= SEND_CLEANUP_S + 0.15
     task = await store.get(task_id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # cut: counted  # handed back
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # handed back, counted
+    abandoned = [r.getMessage() for r in caplog.records if "send_abandoned" in r.getMessage()]
+    assert abandoned == [
+        f"asynccoord.node.send_abandoned task={task_id}: the send outlived its cleanup time "
+        f"({SEND_CLEANUP_S:.2f} s) after being cancelled; it is cancelled once more and left behind"
+    ]
 
 
 async def test_cancelling_the_task_that_hosts_a_runtime_hands_back_and_reraises(make_store: Any) -> None:
@@ -299,7 +312,11 @@ async def test_cancelling_the_task_that_hosts_a_runtime_hands_back_and_reraises(
     assert time.monotonic() - cancelled_at <= 0.5
     await asyncio.sleep(0.5 - (time.monotonic() - cancelled_at))  # by 0.5 s after the cancellation:
     task = await store.get(enqueued.task.id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # cut: counted
+    assert (task.status, task.attempts, task.last_error) == (
+        TaskStatus.PENDING,
+        1,
+        None,
+    )  # cut short: its attempt counted
     assert await store.list_locks() == []
     assert await store.members() == []
     # no node, keeper or watchdog, per-task handler or heartbeat task left behind
