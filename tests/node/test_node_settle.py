@@ -379,7 +379,8 @@ async def test_a_group_holding_a_process_exit_stops_the_node_instead_of_failing_
         assert info.value is leaf
         out = await store.get(task.id)
         assert out.status is TaskStatus.PENDING  # handed back, not failed
-        assert (out.attempts, out.last_error) == (sends, None)  # each send started counts: it may have gone out
+        assert (out.attempts, out.last_error) == (1, None)  # its send started: the attempt stays counted
+        assert sends == 1  # the exit stops the node at once: the task is not claimed and sent again
 
 
 async def test_an_on_lost_raising_a_base_exception_does_not_stop_the_watchdog() -> None:
