@@ -117,6 +117,8 @@ async def run_nodes(args: argparse.Namespace) -> None:
 
         async def send(task: Task) -> int:
             reply = task.payload
+            if task.attempts > 1:  # an earlier delivery may have reached the chat, and the Bot API cannot say
+                logging.getLogger("outbox").warning("reply %s sent again (attempt %d)", task.id, task.attempts)
             try:
                 message = await bot.send_message(
                     chat_id=reply["chat_id"],
