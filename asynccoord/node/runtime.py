@@ -43,6 +43,9 @@ __all__ = ("Runtime",)
 
 log = logging.getLogger(__name__)
 
+_SETTLE_BACKGROUND_S = 5.0
+"""Longest wait at shutdown for the store's background hand-backs (see ``settle_background``)."""
+
 
 class Runtime:
     """Hosts ``nodes`` nodes of one process over one store.
@@ -366,6 +369,9 @@ class Runtime:
             running.leave(self)
             with anyio.CancelScope(shield=True):
                 await self.lock_pool.aclose()
+                settle = getattr(self.store, "settle_background", None)
+                if callable(settle):  # claims cut by the shutdown are handed back in the background
+                    await settle(_SETTLE_BACKGROUND_S)
         if failure is not None:
             raise failure
         if self._exit is not None:  # another runtime's send raised it: stopped for it, raised to our waiters too

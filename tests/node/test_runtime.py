@@ -633,3 +633,24 @@ async def test_a_send_cut_short_at_shutdown_is_delivered_again_with_its_attempt_
     async with Runtime(store, send=quick, nodes=1, config=NodeConfig(queue=QUEUE)) as second:
         assert await second.wait_until_drained(timeout_s=15)
     assert seen == [1, 2]
+
+
+async def test_once_shutdown_returns_no_task_is_left_leased_to_the_runtime(make_store: Any) -> None:
+    """Claims that the shutdown cut are handed back before ``shutdown()`` returns (PostgreSQL hands
+    them back in the background: the runtime waits for that), so a reader right after sees none."""
+    store = await make_store(clock=None)
+    await store.enqueue_many([NewTask(queue=QUEUE, payload=i, partition_key=f"c{i % 20}") for i in range(3000)])
+    rng = random.Random(7)
+
+    async def send(task: Task) -> None:
+        await asyncio.sleep(rng.uniform(0, 0.05))
+
+    config = NodeConfig(queue=QUEUE, lease_s=30.0, idle_max_s=0.1)
+    left_running = []
+    for _ in range(20):
+        runtime = Runtime(store, send=send, nodes=4, config=config, shutdown_timeout_s=0.01)
+        await runtime.start()
+        await asyncio.sleep(rng.uniform(0, 0.01))
+        await runtime.shutdown()
+        left_running.append((await store.stats(QUEUE)).counts.get(TaskStatus.RUNNING, 0))
+    assert left_running == [0] * 20

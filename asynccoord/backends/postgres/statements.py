@@ -104,6 +104,18 @@ class PgStatements(StoreBase):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def settle_background(self, timeout_s: float = 5.0) -> bool:
+        """Wait up to ``timeout_s`` for the store's background work: above all the hand-backs of
+        claims whose callers were cancelled. True if none is left.
+
+        A :class:`~asynccoord.node.runtime.Runtime` calls it as it stops, so that once its
+        shutdown returns no task is still leased to its nodes; :meth:`close` waits as well.
+        """
+        pending = {t for t in self._background if not t.done()}
+        if pending:  # asyncio.wait raises none of their errors: each task's own callback sees to those
+            _, pending = await asyncio.wait(pending, timeout=timeout_s)
+        return not pending
+
     async def _shielded(self, aw: Awaitable[T], undo: Callable[[T], Coroutine[Any, Any, Any] | None]) -> T:
         """Await ``aw`` shielded; if the caller is cancelled meanwhile, compensate its result.
 
