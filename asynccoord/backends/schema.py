@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..errors import SchemaVersionError
 
-__all__ = ("PRE_RELEASE_KEY", "REVISION_KEY", "check_revision")
+__all__ = ("PRE_RELEASE_KEY", "REVISION_KEY", "check_partitions", "check_revision")
 
 REVISION_KEY = "schema_revision"
 """``coord_meta`` key of the number of the last migration applied (``migration_NNNN.sql``)."""
@@ -60,3 +60,18 @@ def check_revision(where: str, meta: dict[str, str], *, supported: int, fix: str
             "understands: upgrade asynccoord"
         )
     return number
+
+
+def check_partitions(where: str, value: object) -> int:
+    """The partition count a database's ``coord_meta`` records (``value``, its text or number).
+
+    Raises:
+        SchemaVersionError: it is no positive whole number (an altered or damaged ``coord_meta``).
+    """
+    text = str(value)
+    if not (text.isascii() and text.isdigit() and int(text) > 0):
+        raise SchemaVersionError(
+            f"{where} records {text!r} as its partition count in its coord_meta table, which is no "
+            "partition count: the database was altered or damaged; restore it from a backup"
+        )
+    return int(text)

@@ -363,6 +363,23 @@ async def test_a_schema_revision_that_is_no_number_is_refused_untouched(pg: str,
     assert [tuple(r) for r in rows] == [("partitions", "1024"), ("schema_revision", "3x")]
 
 
+async def test_a_partition_count_that_is_no_number_is_refused_untouched(pg: str, schema: str) -> None:
+    from asynccoord.backends.postgres.store import PostgresStore
+
+    async with PostgresStore(pg, schema=schema, listen=False):
+        pass
+    await admin(pg, f"UPDATE \"{schema}\".coord_meta SET value = '3x' WHERE key = 'partitions'")
+    for read_only in (False, True):
+        with pytest.raises(SchemaVersionError) as info:
+            async with PostgresStore(pg, schema=schema, listen=False, read_only=read_only):
+                pass
+        assert "records '3x' as its partition count in its coord_meta table, which is no partition count" in str(
+            info.value
+        )
+    rows = await admin(pg, f'SELECT key, value FROM "{schema}".coord_meta WHERE key = $1', "partitions")
+    assert [tuple(r) for r in rows] == [("partitions", "3x")]
+
+
 async def test_a_pre_release_schema_is_refused_untouched_with_the_fix(pg: str, schema: str) -> None:
     """A schema made before the history was squashed records ``schema_version`` (no revision)."""
     from asynccoord.backends.postgres.store import PostgresStore

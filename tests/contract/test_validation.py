@@ -1248,3 +1248,26 @@ async def test_lock_pool_released_and_turn_check_their_arguments() -> None:
         await pool.released("never-used", timeout_s=0)
         await pool.aclose()
         assert lost == []
+
+
+@pytest.mark.parametrize("damaged", ["3x", "0", ""])
+async def test_a_partition_count_that_is_no_number_is_refused_untouched(db_path: Path, damaged: str) -> None:
+    async with SQLiteStore(db_path) as store:
+        task_id = (await store.enqueue(Q, "keep me")).task.id
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE coord_meta SET value = ? WHERE key = 'partitions'", (damaged,))
+    raw.close()
+    for read_only in (False, True):  # a ValueError of int() escaped both
+        store = SQLiteStore(db_path, read_only=read_only)
+        with pytest.raises(SchemaVersionError) as info:
+            await store.open()
+        assert str(info.value) == (
+            f"{str(db_path)!r} records {damaged!r} as its partition count in its coord_meta table, which is no "
+            "partition count: the database was altered or damaged; restore it from a backup"
+        )
+    raw = sqlite3.connect(db_path)
+    try:
+        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'partitions'").fetchone() == (damaged,)
+        assert raw.execute("SELECT payload FROM coord_tasks WHERE id = ?", (task_id,)).fetchone() == ('"keep me"',)
+    finally:
+        raw.close()

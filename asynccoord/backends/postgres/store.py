@@ -45,7 +45,7 @@ from ...validation import (
 )
 from ..batch import Batcher
 from ..rows import new_token
-from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_revision
+from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_partitions, check_revision
 from ..sqlfiles import load_migrations
 from ..targets import redact_location, redact_target, split_connect_timeout
 from .claim import Claimed, ClaimRequest
@@ -392,7 +392,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             if not self.read_only:
                 await self._x(conn, "meta_set", key="partitions", value=str(self.config.partitions))
         else:
-            self._partitions = int(value)
+            self._partitions = check_partitions(repr(self), value)
 
     def _announce_pause(self, name: str, pause_s: float) -> None:
         """Carry the provider's pause of lock ``name`` to the other processes (a NOTIFY, in the background)."""

@@ -20,7 +20,7 @@ import time
 import urllib.parse
 
 from ...errors import NotADatabaseError, ReadOnlyStoreError, SchemaVersionError
-from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_revision
+from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_partitions, check_revision
 from .revision import delete_fix, read_meta
 from .writer import retry_busy
 
@@ -87,7 +87,7 @@ def setup_read_only(db: sqlite3.Connection, path: str, *, schema_version: int, b
             f"{path!r} has schema version {version}, older than {schema_version}: open it once read-write "
             "with this asynccoord (any node start does) to migrate it, then inspect it read-only"
         )
-    return int(meta["partitions"])
+    return check_partitions(repr(path), meta["partitions"])
 
 
 def read_only_error(store: object) -> ReadOnlyStoreError:

@@ -40,7 +40,7 @@ from ...monitor.histogram import LatencyRecorder
 from ...pauses import PauseBook
 from ...releases import ReleaseSignal
 from ...validation import check_bool, check_clock
-from ..schema import REVISION_KEY, check_revision
+from ..schema import REVISION_KEY, check_partitions, check_revision
 from ..sqlfiles import load_migrations, load_queries
 from .checkpoint import WalCheckpointer
 from .deadletters import SQLiteDeadLetterOps
@@ -308,7 +308,7 @@ class SQLiteStore(
             if row is None:
                 db.execute(Q["meta_set"], {"key": "partitions", "value": str(self.config.partitions)})
             else:
-                self._partitions = int(row[0])
+                self._partitions = check_partitions(repr(self.path), row[0])
                 # Nothing written so far: a probe write, undone, so a database SQLite opened
                 # read-only (a read-only mount, say) fails here, not at the first real write.
                 db.execute("SAVEPOINT asynccoord_probe")
