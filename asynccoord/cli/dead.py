@@ -136,6 +136,10 @@ def _task_entry(task: Task, show_payload: bool) -> dict[str, Any]:
     return entry
 
 
+SETTLE_BATCH = 1000
+"""Dead tasks requeued or discarded per transaction by ``dead requeue`` / ``dead discard``."""
+
+
 async def settle_dead_letters(
     path: str | os.PathLike[str],
     *,
@@ -148,7 +152,10 @@ async def settle_dead_letters(
     """Requeue or discard dead tasks of ``queue`` (those ids, or all for None); return how many changed.
 
     The database is opened read-only first (it must exist, be one of asynccoord and have
-    this asynccoord's schema: nothing is created or migrated), then read-write for the one write.
+    this asynccoord's schema: nothing is created or migrated), then read-write. The tasks
+    are acted on :data:`SETTLE_BATCH` at a time, each batch its own transaction, so a
+    million dead letters never hold SQLite's write lock past the nodes' leases; ``all``
+    pages through the dead letters by id (those that die meanwhile are included).
 
     Args:
         path: The SQLite database file, or a PostgreSQL DSN.
@@ -171,10 +178,18 @@ async def settle_dead_letters(
     if is_postgres_target(os.fspath(path)):
         options["listen"] = False  # one statement: no wake-ups to hear
     async with open_store(path, **options) as store:
-        ids = None if task_ids is None else list(task_ids)
-        if action == "requeue":
-            return await store.requeue_dead(queue, ids)
-        return await store.discard_dead(queue, ids)
+        act = store.requeue_dead if action == "requeue" else store.discard_dead
+        changed = 0
+        if task_ids is not None:
+            ids = list(task_ids)
+            for start in range(0, len(ids), SETTLE_BATCH):
+                changed += await act(queue, ids[start : start + SETTLE_BATCH])
+            return changed
+        after: int | None = None
+        while page := await store.dead_letters(queue, limit=SETTLE_BATCH, after_id=after):
+            changed += await act(queue, [t.id for t in page])
+            after = page[-1].id
+        return changed
 
 
 # --- the command ----------------------------------------------------------------------------

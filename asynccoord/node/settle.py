@@ -62,6 +62,8 @@ _TRANSIENT_STORE_ERRORS = (StoreBusyError, StoreConnectionError)
 """Store errors after which nothing was written and a later try may succeed."""
 _HANDED_BACK_UNSENT = (FlightState.UNSENT, FlightState.LOCK_BUSY, FlightState.PAUSED)
 """States of a flight whose task its slot hands back (or has handed back) without a send."""
+CUT_ON_LAST_ATTEMPT = "the send was cut short on its last attempt (shutdown, say); it may have gone out"
+"""The ``last_error`` of a task whose last attempt's send was cut short: dead, as after a crash then."""
 _MAYBE_SENT = (FlightState.INTERRUPTED, FlightState.SENDING, FlightState.TIMED_OUT, FlightState.RETURNED)
 """States of a flight whose send started: handed back, its attempt stays counted."""
 
@@ -543,12 +545,18 @@ class Settler:
         """Put ``task`` back to pending, due in ``delay_s`` seconds (a lease lost meanwhile: nothing to do).
 
         ``count_attempt``: its send may have gone out, so the attempt stays counted (see
-        :meth:`~asynccoord.backends.base.StoreBase.release`).
+        :meth:`~asynccoord.backends.base.StoreBase.release`). On the task's last attempt it
+        goes dead instead, as it would had the process died then (its lease lapsing on the
+        last attempt): a task never gets more deliveries than ``max_attempts``.
 
         Raises:
             StoreError: the store failed.
         """
         try:
+            if count_attempt and task.attempts >= task.max_attempts:
+                self.counters.failed += 1
+                await self.store.fail(task, CUT_ON_LAST_ATTEMPT)
+                return
             await self.store.release(task, delay_s=delay_s, count_attempt=count_attempt)
             self.counters.handed_back += 1
         except LeaseLostError:

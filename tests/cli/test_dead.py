@@ -181,6 +181,37 @@ def test_requeue_and_discard_change_what_they_name_and_say_how_many(
     assert len(asyncio.run(other_queue())) == 2  # another queue's dead tasks are left alone
 
 
+@pytest.mark.parametrize("action", ["requeue", "discard"])
+def test_all_and_many_ids_are_acted_on_a_batch_per_transaction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    db = tmp_path / "bot.db"
+    ids = prepare_sqlite(db, 7)
+    monkeypatch.setattr("asynccoord.cli.dead.SETTLE_BATCH", 3)
+    batches: list[list[int]] = []
+    method = f"{action}_dead"
+    original = getattr(SQLiteStore, method)
+
+    async def recording(self: SQLiteStore, queue: str, task_ids: Any = None) -> int:
+        batches.append(list(task_ids))
+        return int(await original(self, queue, task_ids))
+
+    monkeypatch.setattr(SQLiteStore, method, recording)
+    done = "requeued" if action == "requeue" else "discarded"
+    code, out, _ = run(capsys, action, "--db", str(db), "--queue", Q, "--all")
+    assert (code, out) == (0, f"{done} 7 dead tasks of '{Q}'\n")
+    assert batches == [ids[:3], ids[3:6], ids[6:]]  # paged through by id, 3 per transaction
+    assert statuses(db, ids) == [TaskStatus.PENDING if action == "requeue" else None] * 7
+
+    more = prepare_sqlite(tmp_path / "more.db", 5)
+    batches.clear()
+    code, out, _ = run(
+        capsys, action, "--db", str(tmp_path / "more.db"), "--queue", Q, *[a for i in more for a in ("--id", str(i))]
+    )
+    assert (code, out) == (0, f"{done} 5 dead tasks of '{Q}'\n")
+    assert batches == [more[:3], more[3:]]
+
+
 @pytest.mark.parametrize(
     ("argv", "usage", "named"),
     [

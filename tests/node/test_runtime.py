@@ -37,6 +37,7 @@ from asynccoord.membership import Membership
 from asynccoord.node import Node, NodeConfig, NodeStatus, Runtime, current_delivery
 from asynccoord.node.ablation import Ablation
 from asynccoord.node.send import SEND_CLEANUP_S
+from asynccoord.node.settle import CUT_ON_LAST_ATTEMPT
 
 QUEUE = "q"
 
@@ -654,3 +655,25 @@ async def test_once_shutdown_returns_no_task_is_left_leased_to_the_runtime(make_
         await runtime.shutdown()
         left_running.append((await store.stats(QUEUE)).counts.get(TaskStatus.RUNNING, 0))
     assert left_running == [0] * 20
+
+
+async def test_a_send_cut_short_on_its_last_attempt_leaves_the_task_dead_as_a_crash_would(make_store: Any) -> None:
+    """``max_attempts`` bounds the deliveries: a cut send on the last attempt is not sent once more."""
+    store = await make_store(clock=None)
+    task_id = (await store.enqueue(QUEUE, {"m": "once"}, partition_key="chat-1", max_attempts=1)).task.id
+    started = asyncio.Event()
+    sends = 0
+
+    async def slow(task: Task) -> None:
+        nonlocal sends
+        sends += 1
+        started.set()
+        await asyncio.sleep(30)
+
+    async with Runtime(store, send=slow, nodes=1, config=NodeConfig(queue=QUEUE), shutdown_timeout_s=0.05):
+        await asyncio.wait_for(started.wait(), 10)
+    task = await store.get(task_id)
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.DEAD, 1, CUT_ON_LAST_ATTEMPT)
+    async with Runtime(store, send=slow, nodes=1, config=NodeConfig(queue=QUEUE), shutdown_timeout_s=0.05) as again:
+        assert await again.wait_until_drained(timeout_s=5)
+    assert sends == 1
