@@ -51,18 +51,23 @@ def prepare_sqlite(path: Path, n: int, *, hold: bool = False) -> list[int]:
     return asyncio.run(prepare())
 
 
+async def statuses_in(store: Any, ids: list[int]) -> list[TaskStatus | None]:
+    """Each task's status in ``store`` (None: gone)."""
+    out: list[TaskStatus | None] = []
+    for i in ids:
+        try:
+            out.append((await store.get(i)).status)
+        except KeyError:
+            out.append(None)
+    return out
+
+
 def statuses(path: Path, ids: list[int]) -> list[TaskStatus | None]:
     """Each task's status now (None: gone)."""
 
     async def read() -> list[TaskStatus | None]:
-        out: list[TaskStatus | None] = []
         async with SQLiteStore(path, read_only=True) as store:
-            for i in ids:
-                try:
-                    out.append((await store.get(i)).status)
-                except KeyError:
-                    out.append(None)
-        return out
+            return await statuses_in(store, ids)
 
     return asyncio.run(read())
 
@@ -314,14 +319,8 @@ def test_on_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
             return await make_dead(store, 3)
 
     async def state(ids: list[int]) -> list[TaskStatus | None]:
-        out: list[TaskStatus | None] = []
         async with PostgresStore(PG_DSN, schema=schema, listen=False) as store:
-            for i in ids:
-                try:
-                    out.append((await store.get(i)).status)
-                except KeyError:
-                    out.append(None)
-        return out
+            return await statuses_in(store, ids)
 
     try:
         a, b, c = asyncio.run(prepare())

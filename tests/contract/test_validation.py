@@ -705,32 +705,39 @@ async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
     assert [t for t in workers if t.is_alive()] == []
 
 
-async def test_newer_schema_version_is_refused(db_path: Path) -> None:
+async def _store_with_meta(db_path: Path, key: str, value: str) -> int:
+    """A store holding one task whose ``coord_meta`` ``key`` is then set to ``value``; the task's id."""
     async with SQLiteStore(db_path) as store:
         task_id = (await store.enqueue(Q, "keep me")).task.id
     with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE coord_meta SET value = '99' WHERE key = 'schema_revision'")
+        raw.execute("UPDATE coord_meta SET value = ? WHERE key = ?", (value, key))
     raw.close()
+    return task_id
+
+
+def _assert_untouched(db_path: Path, key: str, value: str, task_id: int) -> None:
+    """The refused open left ``coord_meta`` ``key`` at ``value`` and the task as it was."""
+    raw = sqlite3.connect(db_path)
+    try:
+        assert raw.execute("SELECT value FROM coord_meta WHERE key = ?", (key,)).fetchone() == (value,)
+        assert raw.execute("SELECT payload FROM coord_tasks WHERE id = ?", (task_id,)).fetchone() == ('"keep me"',)
+    finally:
+        raw.close()
+
+
+async def test_newer_schema_version_is_refused(db_path: Path) -> None:
+    task_id = await _store_with_meta(db_path, "schema_revision", "99")
     store = SQLiteStore(db_path)
     with pytest.raises(SchemaVersionError, match=f"schema version 99, newer than {SCHEMA_VERSION}") as info:
         await store.open()
     assert "upgrade asynccoord" in str(info.value)
     with pytest.raises(StoreClosedError):
         await store.get(task_id)
-    raw = sqlite3.connect(db_path)
-    try:
-        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone() == ("99",)
-        assert raw.execute("SELECT payload FROM coord_tasks WHERE id = ?", (task_id,)).fetchone() == ('"keep me"',)
-    finally:
-        raw.close()
+    _assert_untouched(db_path, "schema_revision", "99", task_id)
 
 
 async def test_a_schema_revision_that_is_no_number_is_refused_untouched(db_path: Path) -> None:
-    async with SQLiteStore(db_path) as store:
-        task_id = (await store.enqueue(Q, "keep me")).task.id
-    with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE coord_meta SET value = '3x' WHERE key = 'schema_revision'")
-    raw.close()
+    task_id = await _store_with_meta(db_path, "schema_revision", "3x")
     for read_only in (False, True):  # a ValueError of int() escaped both
         store = SQLiteStore(db_path, read_only=read_only)
         with pytest.raises(SchemaVersionError) as info:
@@ -742,12 +749,7 @@ async def test_a_schema_revision_that_is_no_number_is_refused_untouched(db_path:
         )
         with pytest.raises(StoreClosedError):
             await store.get(task_id)
-    raw = sqlite3.connect(db_path)
-    try:
-        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone() == ("3x",)
-        assert raw.execute("SELECT payload FROM coord_tasks WHERE id = ?", (task_id,)).fetchone() == ('"keep me"',)
-    finally:
-        raw.close()
+    _assert_untouched(db_path, "schema_revision", "3x", task_id)
 
 
 async def test_pre_release_database_is_refused_untouched_with_the_fix(db_path: Path) -> None:
@@ -1252,11 +1254,7 @@ async def test_lock_pool_released_and_turn_check_their_arguments() -> None:
 
 @pytest.mark.parametrize("damaged", ["3x", "0", ""])
 async def test_a_partition_count_that_is_no_number_is_refused_untouched(db_path: Path, damaged: str) -> None:
-    async with SQLiteStore(db_path) as store:
-        task_id = (await store.enqueue(Q, "keep me")).task.id
-    with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE coord_meta SET value = ? WHERE key = 'partitions'", (damaged,))
-    raw.close()
+    task_id = await _store_with_meta(db_path, "partitions", damaged)
     for read_only in (False, True):  # a ValueError of int() escaped both
         store = SQLiteStore(db_path, read_only=read_only)
         with pytest.raises(SchemaVersionError) as info:
@@ -1265,9 +1263,4 @@ async def test_a_partition_count_that_is_no_number_is_refused_untouched(db_path:
             f"{str(db_path)!r} records {damaged!r} as its partition count in its coord_meta table, which is no "
             "partition count: the database was altered or damaged; restore it from a backup"
         )
-    raw = sqlite3.connect(db_path)
-    try:
-        assert raw.execute("SELECT value FROM coord_meta WHERE key = 'partitions'").fetchone() == (damaged,)
-        assert raw.execute("SELECT payload FROM coord_tasks WHERE id = ?", (task_id,)).fetchone() == ('"keep me"',)
-    finally:
-        raw.close()
+    _assert_untouched(db_path, "partitions", damaged, task_id)
