@@ -20,7 +20,7 @@ every store):
   handling). ``backends/redis.py``: locks on Redis; ``backends/open.py``: ``open_store``.
 * ``locks/``: lock, semaphore, watchdog, lock pool, pacing. ``node/``: node loop, flight
   state machine, lockless batch, send supervision, settle, keeper, config, runtime, idle
-  poll, tracing.
+  poll, retention (purges of aged done tasks), tracing.
 * ``notify.py``, ``releases.py``, ``pauses.py``: wake-ups of idle nodes on new work, of
   lock waiters on a release; a 429's pause of a lock's sends.
 * ``monitor/``: monitor, rules and alerts, snapshot, webhook sink, histogram, metrics,
