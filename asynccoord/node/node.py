@@ -867,6 +867,7 @@ class Node:
         the node's last hand-back sets it drained and the pipeline ends before the exception
         has come up through the claim's task; :meth:`run_hosted` raises it then.
         """
+        self._claiming = False  # the process is ending: claim nothing more (the exit is on its way up)
         if self._exit is None:
             self._exit = carried
             if stop and self._scope is not None:

@@ -291,7 +291,7 @@ class Sender:
                     result = None
             elif is_process_exit(failure):  # the process is ending (see asynccoord._exits): no failed send
                 flight.move(FlightState.INTERRUPTED)
-                raise self._on_exit(carry(failure), stop=True) from None  # a group's first exit, as TaskGroup raises it
+                raise self._on_exit(carry(failure)) from None  # a group's first exit, as asyncio.TaskGroup raises it
         flight.move(FlightState.RETURNED)
         return True, result, failure, cancel_pending
 
