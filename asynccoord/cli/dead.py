@@ -239,6 +239,12 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
         which = child.add_mutually_exclusive_group(required=True)
         which.add_argument("--id", dest="ids", type=int, action="append", metavar="ID", help="a dead task (repeatable)")
         which.add_argument("--all", action="store_true", help="every dead task of the queue")
+        # The listing's options, hidden: given after the action they reach check_dead, which says
+        # whose they are, instead of argparse's "unrecognized arguments" of the whole command.
+        child.add_argument("--limit", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        child.add_argument("--after", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        child.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        child.add_argument("--show-payloads", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         child.set_defaults(_parser=child)
     parser.usage = (  # after add_subparsers, which names the actions' parsers after the usage
         "%(prog)s --db TARGET --queue NAME [--limit N] [--after ID] [--json] [--show-payloads] [--schema NAME]\n"

@@ -235,6 +235,8 @@ def test_all_and_many_ids_are_acted_on_a_batch_per_transaction(
         ([], "dead", "the following arguments are required: --queue"),
         (["--queue", Q, "--limit", "5", "requeue", "--all"], "dead requeue", "--limit belongs to the listing"),
         (["--queue", Q, "--json", "discard", "--all"], "dead discard", "--json belongs to the listing"),
+        (["discard", "--queue", Q, "--all", "--json"], "dead discard", "--json belongs to the listing"),
+        (["requeue", "--queue", Q, "--id", "3", "--limit", "5"], "dead requeue", "--limit belongs to the listing"),
         (["--queue", Q, "--schema", "bots"], "dead", "--schema 'bots' applies to a postgresql:// --db only"),
         (["discard", "--queue", Q, "--all", "--schema", "bots"], "dead discard", "applies to a postgresql:// --db"),
     ],
