@@ -66,6 +66,7 @@ async def known_cluster(path: Path) -> AsyncIterator[Cluster]:
             store.latencies.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
         (doomed,) = await store.claim("mail", node_id="node-b", limit=1, lease_s=600)
         await store.fail(doomed, "provider said no")  # max_attempts=1: dead
+        await store.set_dead_letter_policy("mail", "hold")
         lease = await store.try_acquire_lock("account:42", ttl_s=600, holder="node-a")
         assert isinstance(lease, Lease)
         await store.heartbeat(
@@ -124,7 +125,10 @@ def expected_on_page(report: dict[str, Any]) -> dict[str, Any]:
             {k: str(q[k]) for k in ("queue", "pending", "running", "expired_leases", "done", "dead", "total")}
             for q in report["queues"]
         ],
-        "dead": [{"queue": q["queue"], "dead": str(q["dead"])} for q in report["queues"]],
+        "dead": [
+            {"queue": q["queue"], "dead": str(q["dead"]), "dead_letter_policy": q["dead_letter_policy"] or "-"}
+            for q in report["queues"]
+        ],
         "nodes": [{"node_id": n["node_id"], "partitions": str(n["partitions"])} for n in report["nodes"]],
         "locks": [
             {"name": lock["name"], "holder": lock["holder"], "fencing_token": str(lock["fencing_token"])}
@@ -190,6 +194,7 @@ async def test_the_page_shows_what_status_json_reports(tmp_path: Path, python: P
         assert seen["locks"][0]["name"] == "account:42"
         assert seen["locks"][0]["fencing_token"] == "1"
         assert [a["rule"] for a in seen["alerts"]] == ["dead_letters"]
+        assert [(d["queue"], d["dead_letter_policy"]) for d in seen["dead"]] == [("mail", "hold"), ("outbox", "skip")]
         assert seen["charts"] == 2
         assert seen["latency_canvas"] == 1
         assert "commits)" in seen["text"]  # the latency chart's caption names the measured commits

@@ -90,6 +90,8 @@
       tr.dataset.queue = q.queue;
       cell(tr, q.queue, "queue");
       cell(tr, String(q.dead), "dead");
+      // "hold": the conversation of each dead task waits until it is requeued or discarded
+      cell(tr, q.dead_letter_policy ?? "-", "dead_letter_policy");
     }, "no queues");
     const shortest = s.events.windows[0];
     $("dead-rate").textContent = shortest
