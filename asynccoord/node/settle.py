@@ -64,8 +64,9 @@ _HANDED_BACK_UNSENT = (FlightState.UNSENT, FlightState.LOCK_BUSY, FlightState.PA
 """States of a flight whose task its slot hands back (or has handed back) without a send."""
 CUT_ON_LAST_ATTEMPT = "the send was cut short on its last attempt (shutdown, say); it may have gone out"
 """The ``last_error`` of a task whose last attempt's send was cut short: dead, as after a crash then."""
-_MAYBE_SENT = (FlightState.INTERRUPTED, FlightState.SENDING, FlightState.TIMED_OUT, FlightState.RETURNED)
-"""States of a flight whose send started: handed back, its attempt stays counted."""
+_MAYBE_SENT = frozenset(FlightState) - {FlightState.CLAIMED, FlightState.SETTLED, *_HANDED_BACK_UNSENT}
+"""States of a flight whose send started (whatever cut it: shutdown, a timeout, a lost lease or
+lock): handed back, its attempt stays counted."""
 
 
 class Settler:

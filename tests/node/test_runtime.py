@@ -37,7 +37,7 @@ from asynccoord.membership import Membership
 from asynccoord.node import Node, NodeConfig, NodeStatus, Runtime, current_delivery
 from asynccoord.node.ablation import Ablation
 from asynccoord.node.send import SEND_CLEANUP_S
-from asynccoord.node.settle import CUT_ON_LAST_ATTEMPT
+from asynccoord.node.settle import CUT_ON_LAST_ATTEMPT, SETTLE_WAIT_S
 
 QUEUE = "q"
 
@@ -677,3 +677,37 @@ async def test_a_send_cut_short_on_its_last_attempt_leaves_the_task_dead_as_a_cr
     async with Runtime(store, send=slow, nodes=1, config=NodeConfig(queue=QUEUE), shutdown_timeout_s=0.05) as again:
         assert await again.wait_until_drained(timeout_s=5)
     assert sends == 1
+
+
+async def test_a_send_cut_by_a_lost_lock_keeps_its_attempt_when_shutdown_cuts_its_failure_record(
+    db_path: Path,
+) -> None:
+    """The lock is lost mid-send (its failure is being recorded, slowly: a busy store) when the
+    runtime shuts down: the task is handed back, and its started send still counts."""
+    starts = 0
+
+    class SlowFailure(SQLiteStore):
+        async def fail(self, task: Task, error: str, *, retry: Any = None) -> Task:
+            if error.startswith("LockLostError"):
+                await asyncio.sleep(SETTLE_WAIT_S + 1.0)  # past the wait of the shutdown for settles
+            out: Task = await super().fail(task, error, retry=retry)
+            return out
+
+    async with SlowFailure(db_path) as store:
+        task_id = (await store.enqueue(QUEUE, {"a": 1}, partition_key="k", max_attempts=3)).task.id
+
+        async def send(task: Task) -> None:
+            nonlocal starts
+            starts += 1
+            lock = current_delivery().lock
+            assert lock is not None
+            await store.release_lock(lock)  # lost, as on a lapsed TTL: the watchdog cuts the send
+            await asyncio.sleep(5.0)
+
+        config = NodeConfig(queue=QUEUE, lock_ttl_s=0.3)
+        runtime = Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=0.1, lock_key=lambda t: "acct")
+        await runtime.start()
+        await asyncio.sleep(0.6)
+        await runtime.shutdown()
+        task = await store.get(task_id)
+    assert (starts, task.status, task.attempts) == (1, TaskStatus.PENDING, 1)
