@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import sqlite3
 import subprocess
@@ -206,7 +207,8 @@ async def test_retry_gaps_follow_the_policy_on_the_store_clock(make_store, clock
             failed = await store.fail(claimed, f"attempt {attempt} failed")
             gap = failed.run_at - failed.updated_at
             assert failed.updated_at == clock.now
-            assert low <= gap <= high, (attempt, gap)
+            ulp = math.ulp(failed.updated_at)  # run_at is rounded to the store clock's float steps
+            assert low - ulp <= gap <= high + ulp, (attempt, gap)
             gaps[attempt - 1].append(gap)
             clock.now = failed.run_at - 1e-6
             assert await store.claim(task.queue, node_id="n", limit=1) == []  # not a microsecond early
@@ -258,7 +260,8 @@ async def test_retry_on_real_time_never_early_and_short_tasks_go_first(db_path: 
     assert [t.status for t in fails] == [TaskStatus.PENDING] * 3 + [TaskStatus.DEAD]
     for failed, next_claim, (low, high) in zip(fails[:3], claims[1:], GAP_BOUNDS, strict=True):
         scheduled = failed.run_at - failed.updated_at
-        assert low <= scheduled <= high, scheduled
+        ulp = math.ulp(failed.updated_at)  # run_at is rounded to the store clock's float steps
+        assert low - ulp <= scheduled <= high + ulp, scheduled
         assert next_claim.updated_at >= failed.run_at  # never claimed before its run_at
         observed = next_claim.updated_at - failed.updated_at
         assert low <= observed <= high + 0.15, observed  # plus polling and scheduling slack
@@ -276,7 +279,8 @@ async def test_tasks_failing_at_the_same_instant_spread_out(make_store, clock: F
     # Jitter is continuous, but run_at is a float near 1.7e9 (steps of ~2.4e-7 s), so a
     # rare pair may coincide (about 1 run in 130); a wall of equal retries cannot.
     assert len(set(run_ats)) >= 45
-    assert all(0.18 <= r - clock.now <= 0.22 for r in run_ats)
+    ulp = math.ulp(clock.now)  # run_at = now + delay is rounded to this: a delay of 0.18 may read 0.18 - ulp/2
+    assert all(0.18 - ulp <= r - clock.now <= 0.22 + ulp for r in run_ats)
     assert max(run_ats) - min(run_ats) > 0.01
     clock.advance(0.2)
     due_now = len(await store.claim(Q, node_id="n", limit=50))
