@@ -22,7 +22,7 @@ import anyio
 
 from .._errtext import error_text
 from ..errors import UNRECOVERABLE_STORE_ERRORS, StoreError
-from ..validation import MAX_DURATION_S, check_interval_s, check_positive
+from ..validation import check_interval_s, check_positive
 
 __all__ = ("DEFAULT_DONE_RETENTION_S", "DEFAULT_PURGE_INTERVAL_S", "Retention")
 
@@ -37,7 +37,7 @@ DEFAULT_PURGE_INTERVAL_S = 60.0
 
 def check_done_retention_s(value: object) -> float | None:
     """Check ``done_retention_s``: None (keep done tasks) or a duration in (0, one year]."""
-    return None if value is None else check_positive("done_retention_s", value, maximum=MAX_DURATION_S)
+    return None if value is None else check_positive("done_retention_s", value)
 
 
 class Retention:

@@ -64,9 +64,6 @@ _HANDED_BACK_UNSENT = (FlightState.UNSENT, FlightState.LOCK_BUSY, FlightState.PA
 """States of a flight whose task its slot hands back (or has handed back) without a send."""
 CUT_ON_LAST_ATTEMPT = "the send was cut short on its last attempt (shutdown, say); it may have gone out"
 """The ``last_error`` of a task whose last attempt's send was cut short: dead, as after a crash then."""
-_MAYBE_SENT = frozenset(FlightState) - {FlightState.CLAIMED, FlightState.SETTLED, *_HANDED_BACK_UNSENT}
-"""States of a flight whose send started (whatever cut it: shutdown, a timeout, a lost lease or
-lock): handed back, its attempt stays counted."""
 
 
 class Settler:
@@ -497,7 +494,9 @@ class Settler:
             state = flight.state
             if state is FlightState.SETTLED or state in _HANDED_BACK_UNSENT:
                 continue  # committed, failed or handed back unsent already: there is nothing (more) to hand back
-            sent = state in _MAYBE_SENT  # the attempt stays counted: the next delivery's attempts say it may repeat
+            # Past CLAIMED every state left here began its send (whatever cut it): the attempt stays
+            # counted, so the next delivery's attempts say it may repeat a message.
+            sent = state is not FlightState.CLAIMED
             if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
                 # The send may have reached its receiver before it was cancelled: the next
                 # holder's send of this task is a possible duplicate. Count it like a lost lease.

@@ -56,22 +56,23 @@
       .map((k) => k + "=" + (typeof info[k] === "string" ? info[k] : JSON.stringify(info[k]))).join(", ");
   }
 
+  // A note shown only while it has a text.
+  function setNote(id, text) {
+    const note = $(id);
+    note.hidden = !text;
+    note.textContent = text;
+  }
+
   // What the server left out of the lists (section "shown"): the busiest queues are listed.
   function renderShown(shown) {
-    const note = $("queues-note");
-    const cut = shown && shown.queues < shown.queues_total;
-    note.hidden = !cut;
-    note.textContent = cut
+    setNote("queues-note", shown && shown.queues < shown.queues_total
       ? "The " + shown.queues + " queues with the most tasks pending, running or dead, of " + shown.queues_total +
         " (the totals above count them all)."
-      : "";
-    const limitsNote = $("limits-note");
-    const limitsCut = shown && shown.rate_limit_queues < shown.rate_limit_queues_total;
-    limitsNote.hidden = !limitsCut;
-    limitsNote.textContent = limitsCut
+      : "");
+    setNote("limits-note", shown && shown.rate_limit_queues < shown.rate_limit_queues_total
       ? "The limits of " + shown.rate_limit_queues + " of the " + shown.rate_limit_queues_total +
         " queues that declare some: those listed above and those holding keys back."
-      : "";
+      : "");
   }
 
   function renderStatus(s) {
