@@ -10,6 +10,9 @@ takes :func:`~asynccoord.cli.status.status_report` of it every ``--interval-s`` 
 The web server is the optional extra ``dashboard`` (aiohttp): without it the command says
 which package to install. On an address other than loopback it needs an access token
 (``--token`` or ``ASYNCCOORD_DASHBOARD_TOKEN``) that every request must then carry.
+With many queues the page lists the 200 with the most tasks pending, running or dead (the
+totals count them all), and charts all queues together and the 8 busiest
+(:class:`~asynccoord.monitor.dashboard.feed.Feed`).
 """
 
 from __future__ import annotations
