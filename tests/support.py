@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ("FAKE_EPOCH", "FakeClock", "count_calls")
+__all__ = ("FAKE_EPOCH", "FakeClock", "count_calls", "wait_until")
 
 TESTS = Path(__file__).resolve().parent
 """The tests folder (its ``workers/`` and ``data/``)."""
@@ -55,3 +57,11 @@ def count_calls(store: Any, name: str) -> list[float]:
 
     setattr(store, name, counted)
     return calls
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` every 5 ms until it is true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)

@@ -8,11 +8,11 @@ import shutil
 import sqlite3
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from asynccoord import (
     InvalidArgumentError,
@@ -33,13 +33,6 @@ from asynccoord.backends.sqlite.writer import map_sqlite_error
 
 RENEWAL_DELAY_S = 3.0
 """How long the slow store's lease renewals take to reach the store (three leases)."""
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 def slow_renewals(store: Any, delay_s: float) -> None:

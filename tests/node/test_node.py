@@ -12,11 +12,11 @@ import itertools
 import sqlite3
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from asynccoord import (
     InvalidArgumentError,
@@ -95,13 +95,6 @@ def start(node: Node) -> asyncio.Task[None]:
 async def stop(node: Node, run: asyncio.Task[None], timeout_s: float = 5.0) -> None:
     node.stop_claiming()
     await asyncio.wait_for(run, timeout_s)
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 def alive_since(before: set[asyncio.Task[Any]]) -> list[str]:

@@ -6,12 +6,12 @@ Real nodes on every backend of the ``make_store`` fixture, with the real clock.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from asynccoord import InvalidArgumentError, InvalidTypeError, NewTask, Task, TaskStatus
 from asynccoord.node import Node, NodeConfig, NodeStatus
@@ -22,13 +22,6 @@ FAST_IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.05}
 
 def start(node: Node) -> asyncio.Task[None]:
     return asyncio.create_task(node.run(), name=f"test-run-{node.node_id}")
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 async def enqueue(store: Any, convs: list[str]) -> list[int]:

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from support import FakeClock, count_calls
+from support import FakeClock, count_calls, wait_until
 
 from asynccoord import NewTask, Task, TaskStatus, owner_of, partition_of
 from asynccoord.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
@@ -28,13 +28,6 @@ IDLE = {"idle_min_s": 0.01, "idle_max_s": 0.1}
 def key_in(partition: int, partitions: int, prefix: str = "k") -> str:
     """The first key ``<prefix><i>`` that hashes to ``partition``."""
     return next(f"{prefix}{i}" for i in range(100_000) if partition_of(f"{prefix}{i}", partitions) == partition)
-
-
-async def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 def holds(condition: Any) -> Any:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import textwrap
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
+from support import wait_until
 
 from asynccoord import Lock, NewTask, RetryPolicy, Task, TaskStatus
 from asynccoord.node import Node, NodeConfig, current_delivery, tracing
@@ -48,13 +48,6 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     yield exporter
     provider.shutdown()
     _reset_global_provider()
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 async def run_until_done(node: Node, store: Any, ids: list[int], status: TaskStatus = TaskStatus.DONE) -> None:
