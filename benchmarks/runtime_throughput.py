@@ -18,6 +18,14 @@ spread over the table). Each figure's runs are interleaved with the others'
 (A, B, C, A, B, C...) so that a change of load on the machine hits them alike; medians
 are reported, with the load average before and after.
 
+Beside each rate, where the CPU time went, in microseconds per task: on the **loop**
+thread (the event loop: the nodes' pipeline, or the store loop's coroutines) and on the
+**store** threads (aiosqlite's connection thread, which runs every SQL statement, and the
+WAL checkpointer's), read from ``time.thread_time`` and ``getrusage`` around each drain,
+and how many **cores** were busy on average (CPU time over wall time). In one process
+the threads share the GIL, so the two rarely overlap: the rate is bounded by the sum of
+the two figures per task, not by the larger one.
+
 ``--long-tasks N`` adds a long drain (16 nodes, unordered, N tasks; 1,000,000 for the
 goal) reported as its overall rate and its rate per tenth of the run, beside the
 50,000-task rate.
@@ -38,11 +46,12 @@ import contextlib
 import itertools
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from _common import has_uvloop, loadavg, run
@@ -123,6 +132,26 @@ async def runtime_drain(path: str, tasks: int, nodes: int, ordered: bool, tenths
     return tasks / elapsed
 
 
+def timed_run(main: Callable[[], Coroutine[Any, Any, float]], tasks: int) -> tuple[float, dict[str, float]]:
+    """Run one drain; return its rate and its CPU split (see the module docstring).
+
+    The split covers the whole ``run`` (opening and closing the store too): microseconds
+    per task on this thread (the event loop's) and on every other thread of the process,
+    and the cores busy on average.
+    """
+    wall, loop_cpu, usage = time.perf_counter(), time.thread_time(), resource.getrusage(resource.RUSAGE_SELF)
+    rate = run(main)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    loop_cpu = time.thread_time() - loop_cpu
+    wall = time.perf_counter() - wall
+    process_cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
+    return rate, {
+        "loop_us_per_task": loop_cpu / tasks * 1e6,
+        "store_us_per_task": max(0.0, process_cpu - loop_cpu) / tasks * 1e6,
+        "cores_busy": process_cpu / wall,
+    }
+
+
 def _cleanup(path: str) -> None:
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
@@ -138,7 +167,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "repeat": args.repeat,
         "loadavg_before": loadavg(),
     }
-    cases: list[tuple[str, Callable[[str], Awaitable[float]]]] = [
+    cases: list[tuple[str, Callable[[str], Coroutine[Any, Any, float]]]] = [
         ("store_loop", lambda p: store_loop(p, args.tasks)),
         ("store_loop_by_partition", lambda p: store_loop(p, args.tasks, by_partition=True)),
     ]
@@ -147,12 +176,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     for n in args.ordered_nodes:
         cases.append((f"runtime_{n}_ordered", lambda p, n=n: runtime_drain(p, args.tasks, n, True)))  # type: ignore[misc]
     runs: dict[str, list[float]] = {name: [] for name, _ in cases}
+    cpu: dict[str, list[dict[str, float]]] = {name: [] for name, _ in cases}
     with tempfile.TemporaryDirectory(prefix="asynccoord-bench-") as folder:
         for r in range(args.repeat):
             for name, case in cases:
                 path = os.path.join(folder, f"{name}-{r}.db")
                 run(lambda p=path: fill(p, args.tasks, args.conversations))  # type: ignore[misc]
-                runs[name].append(run(lambda p=path, c=case: c(p)))  # type: ignore[misc]
+                rate, split = timed_run(lambda p=path, c=case: c(p), args.tasks)  # type: ignore[misc]
+                runs[name].append(rate)
+                cpu[name].append(split)
                 _cleanup(path)
         if args.long_tasks:
             path = os.path.join(folder, "long.db")
@@ -163,6 +195,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             results["long"] = {"tasks": args.long_tasks, "nodes": 16, "tasks_per_s": rate, "tenths_per_s": tenths}
     results["runs"] = runs
     results["tasks_per_s"] = {name: statistics.median(rates) for name, rates in runs.items()}
+    results["cpu"] = {
+        name: {key: statistics.median(s[key] for s in splits) for key in splits[0]} for name, splits in cpu.items()
+    }
     ceiling = results["tasks_per_s"]["store_loop"]
     results["vs_store_loop"] = {
         name: rate / ceiling for name, rate in results["tasks_per_s"].items() if name != "store_loop"
@@ -181,11 +216,14 @@ def print_table(r: dict[str, Any]) -> None:
     m = r["machine"]
     print(f"machine: {m['cpus']} cpus, Python {m['python']}, uvloop={m['uvloop']}; load {r['loadavg_before']}")
     print(f"{r['tasks']} tasks over {r['conversations']} conversations, {r['repeat']} interleaved repeats (median)")
-    print(f"  {'drain':<24} {'tasks/s':>10} {'x store loop':>13} {'x by partition':>15}")
+    head = f"  {'drain':<24} {'tasks/s':>10} {'x store loop':>13} {'x by partition':>15}"
+    print(f"{head} {'loop us/task':>13} {'store us/task':>14} {'cores busy':>11}")
     for name, rate in r["tasks_per_s"].items():
         ratio, ratio_p = r["vs_store_loop"].get(name), r["vs_store_loop_by_partition"].get(name)
         cells = ("" if ratio is None else f"{ratio:>13.2f}", "" if ratio_p is None else f"{ratio_p:>15.2f}")
-        print(f"  {name:<24} {rate:>10,.0f} {cells[0]:>13} {cells[1]:>15}")
+        c = r["cpu"][name]
+        split = f"{c['loop_us_per_task']:>13.1f} {c['store_us_per_task']:>14.1f} {c['cores_busy']:>11.2f}"
+        print(f"  {name:<24} {rate:>10,.0f} {cells[0]:>13} {cells[1]:>15} {split}")
     if "long" in r:
         long = r["long"]
         print(f"  long: {long['tasks']} tasks at 16 nodes: {long['tasks_per_s']:,.0f} tasks/s", end="")

@@ -131,6 +131,11 @@ def test_runtime_throughput_reports_the_runtime_beside_the_store_loop(tmp_path: 
     assert set(r["vs_store_loop_by_partition"]) == {"runtime_1", "runtime_4", "runtime_4_ordered"}
     for name, ratio in r["vs_store_loop_by_partition"].items():
         assert ratio == pytest.approx(r["tasks_per_s"][name] / r["tasks_per_s"]["store_loop_by_partition"])
+    assert set(r["cpu"]) == names
+    for name, split in r["cpu"].items():  # the event loop works in every drain, and so does SQLite's thread
+        assert positive(split["loop_us_per_task"]), name
+        assert positive(split["store_us_per_task"]), name
+        assert 0 < split["cores_busy"] <= (os.cpu_count() or 1) + 0.5, name
     assert r["long"]["tasks"] == 4000
     assert positive(r["long"]["tasks_per_s"])
     assert len(r["long"]["tenths_per_s"]) == 10
