@@ -215,7 +215,10 @@ class EnqueueResult:
     """Outcome of one enqueue: the task, and whether this call created it.
 
     ``created`` is False when the idempotency key was already present; ``task`` is
-    then the task that holds the key (a suppressed duplicate).
+    then the task that holds the key (a suppressed duplicate). Once that task was purged
+    (a done task past the runtime's ``done_retention_s``), the key is free again and a new
+    task is created; while the key's processed record is kept (``StoreConfig.processed``),
+    that task is settled as a duplicate when claimed, and never sent.
     """
 
     task: Task
