@@ -46,6 +46,7 @@ from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
 from ..errors import InvalidArgumentError, StoreError
 from ..models import Task
 from ..validation import check_int, check_name
+from .printable import printable_report
 from .run import store_options
 from .status import open_status_store
 
@@ -343,6 +344,7 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
     from rich.console import Console
     from rich.table import Table
 
+    report = printable_report(report)  # no control character of the users' data reaches the terminal
     # markup=False: keys, errors and payloads come from the users' data and print as they are.
     console = Console(file=file, no_color=color is False, force_terminal=color, markup=False)
     if not console.is_terminal:  # a pipe or a file: a width that fits the table

@@ -40,6 +40,7 @@ from ..monitor.snapshot import cluster_snapshot
 from ..partition import assign
 from ..validation import MAX_DURATION_S, check_positive
 from .lockstore import add_lock_store_options, check_lock_store_options, open_lock_store
+from .printable import printable_report
 from .run import store_options
 
 __all__ = (
@@ -437,6 +438,7 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     from rich.table import Table
     from rich.text import Text
 
+    report = printable_report(report)  # no control character of the database reaches the terminal
     # markup=False: names come from the database (queues, nodes, locks, a schema), and one like
     # "[/x]" must print as it is, not be read as a console markup tag (or crash the rendering).
     console = Console(file=file, no_color=color is False, force_terminal=color, markup=False)

@@ -1,0 +1,53 @@
+"""What ``status`` and ``dead`` print from the database cannot drive the operator's terminal."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from asynccoord import SQLiteStore
+from asynccoord.cli.main import main
+from asynccoord.cli.printable import printable, printable_report
+
+ERROR = "boom \x1b[31mred\x1b[0m \x9b2J \u202eevil"
+LOCK = "acct\x1b[2J"
+HOLDER = "h\x1b]0;TITLE\x07"
+
+
+def test_printable_escapes_control_and_bidi_characters_and_keeps_the_rest() -> None:
+    assert printable(ERROR) == "boom \\x1b[31mred\\x1b[0m \\x9b2J \\u202eevil"
+    assert printable("tab\there\nnew \x7f") == "tab\\x09here\\x0anew \\x7f"
+    assert printable("Привет 👋 [/x] é") == "Привет 👋 [/x] é"  # letters, emoji and markup-like text stay
+    report = {"a\x1b": ["\x1b", ("x\x07", 3)], "n": None, "f": 1.5}
+    assert printable_report(report) == {"a\\x1b": ["\\x1b", ("x\\x07", 3)], "n": None, "f": 1.5}
+
+
+def _prepare(path: Path) -> None:
+    async def go() -> None:
+        async with SQLiteStore(path) as store:
+            await store.enqueue("q", {}, partition_key="chat\x1b[1m", max_attempts=1)
+            [task] = await store.claim("q", node_id="n\x1b[5m")
+            await store.fail(task, ERROR)
+            assert await store.try_acquire_lock(LOCK, ttl_s=600, holder=HOLDER) is not None
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("command", [["dead", "--queue", "q"], ["status"]])
+def test_no_control_character_from_the_database_reaches_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    _prepare(db)
+    code = main([command[0], "--db", str(db), *command[1:], "--color", "never"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert not any(c in out for c in "\x1b\x07\x9b\u202e"), repr(out)
+    if command[0] == "dead":
+        assert "\\x1b[31mred" in out  # shown, escaped
+        assert "chat\\x1b[1m" in out
+    else:
+        assert "acct\\x1b[2J" in out
+        assert "h\\x1b]0;TITLE\\x07" in out
