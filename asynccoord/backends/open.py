@@ -95,8 +95,8 @@ def open_store(
     Raises:
         InvalidTypeError: ``target`` is not a str or PathLike.
         InvalidArgumentError: an unknown URL scheme, an SQLite URI filename (``file:...``),
-            or an ``sqlite:///`` URL with a query string or fragment (a plain path may hold
-            ``?`` and ``#``).
+            an ``sqlite:///`` URL with a query string or fragment (a plain path may hold
+            ``?`` and ``#``), or ``schema=`` for an SQLite target.
         StoreError: a PostgreSQL DSN but asyncpg is not installed.
     """
     if not isinstance(target, str | os.PathLike):
@@ -108,4 +108,8 @@ def open_store(
         except ImportError as exc:
             raise StoreError("a PostgreSQL store needs asyncpg: pip install 'asynccoord[postgres]'") from exc
         return PostgresStore(text, config=config, read_only=read_only, **options)
+    if "schema" in options:  # a PostgreSQL option: refused by name, not by a TypeError of the class
+        raise InvalidArgumentError(
+            f"schema= applies to a postgresql:// target only, not to the SQLite target {redact_target(text)!r}"
+        )
     return SQLiteStore(_sqlite_path(text), config=config, read_only=read_only, **options)

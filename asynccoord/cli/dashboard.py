@@ -74,8 +74,8 @@ def configure_dashboard(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=None,
-        help=f"access token every request must carry (Authorization: Bearer TOKEN or ?token=TOKEN); "
-        f"required on a non-loopback --host (default: ${TOKEN_ENV})",
+        help=f"access token every request must carry (Authorization: Bearer TOKEN or ?token=TOKEN), "
+        f"at least 16 characters; required on a non-loopback --host (default: ${TOKEN_ENV})",  # MIN_TOKEN_CHARS
     )
     parser.add_argument("--show-payloads", action="store_true", help="show task payloads and results (default: hidden)")
     parser.add_argument(

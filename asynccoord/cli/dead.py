@@ -247,8 +247,10 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
         child.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         child.add_argument("--show-payloads", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         child.set_defaults(_parser=child)
+        child.usage = "%(prog)s --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]"
     parser.usage = (  # after add_subparsers, which names the actions' parsers after the usage
-        "%(prog)s --db TARGET --queue NAME [--limit N] [--after ID] [--json] [--show-payloads] [--schema NAME]\n"
+        "%(prog)s --db TARGET --queue NAME [--limit N] [--after ID] [--json] [--show-payloads]\n"
+        "       %(prog)s [--color {auto,always,never}] [--schema NAME]\n"
         "       %(prog)s {requeue,discard} --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]"
     )
 

@@ -165,7 +165,8 @@ class WebhookSink:
             raise InvalidTypeError(f"url must be a str, got {type(url).__name__}")
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidArgumentError(f"url must be an http:// or https:// URL with a host, got {_where(url)!r}")
+            shown = _where(url) if parts.hostname else url[:80]  # no host: no credentials or token to hide
+            raise InvalidArgumentError(f"url must be an http:// or https:// URL with a host, got {shown!r}")
         if not isinstance(retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
         checked_headers = _check_headers(headers)

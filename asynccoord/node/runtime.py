@@ -572,12 +572,16 @@ class Runtime:
             StoreClosedError, Exception: the runtime stopped by itself (a node failed) during
                 the wait: its failure, as :meth:`shutdown` raises it, at the next poll
                 instead of after ``timeout_s`` (nothing drains the queue any more).
-            RuntimeStateError: the runtime's start failed (the error is the cause).
+            RuntimeStateError: the runtime was never started (nothing would drain the queue),
+                or its start failed (the error is the cause).
             KeyboardInterrupt, SystemExit: a send raised it (as :meth:`shutdown`), at the
                 next poll.
         """
         check_positive("timeout_s", timeout_s)
         check_interval_s("poll_s", poll_s)
+        if self._stopping is None:
+            why = "shutdown() was called before it started" if self._closed else "it is not started"
+            raise RuntimeStateError(f"{self!r} cannot wait until drained: {why}; use 'async with Runtime(...)'")
         queue = self.config.queue
         with anyio.move_on_after(timeout_s):
             while True:

@@ -351,3 +351,15 @@ def test_on_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
     assert (code, out) == (1, "")
     assert f"no asynccoord tables in schema '{typo}'" in err
     assert pg_rows("SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", typo) == []
+
+
+def test_the_usage_lines_show_every_option_and_the_actions_required_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["dead", "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert "[--color {auto,always,never}]" in usage
+    for action in ("requeue", "discard"):
+        with pytest.raises(SystemExit):
+            main(["dead", action, "--help"])
+        usage = capsys.readouterr().out.split("\n\n")[0]
+        assert usage.endswith(f"dead {action} --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]")

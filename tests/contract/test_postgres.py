@@ -111,6 +111,9 @@ def test_open_store_picks_the_backend(tmp_path: Path) -> None:
     assert redact_target("bot.db") == "bot.db"
     with pytest.raises(ValueError, match="unknown store target"):
         open_store("mysql://h/db")
+    with pytest.raises(InvalidArgumentError, match="schema= applies to a postgresql:// target only"):
+        open_store(tmp_path / "c.db", schema="bot")  # a switch from PostgreSQL to SQLite: not a TypeError
+    assert not (tmp_path / "c.db").exists()
     assert redact_target("postgresql:///coord?host=db&password=secret") == "postgresql:///coord?host=db&password=***"
     assert redact_target("postgresql://bot:secret@[::1/coord?password=secret") == (
         "postgresql://***@[::1/coord?password=***"

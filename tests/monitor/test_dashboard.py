@@ -36,7 +36,7 @@ from asynccoord.cli.status import open_status_store, status_report
 from asynccoord.contract.locks import Lease
 from asynccoord.contract.membership import MemberBeat
 from asynccoord.errors import InvalidArgumentError
-from asynccoord.monitor.dashboard.app import serve
+from asynccoord.monitor.dashboard.app import MIN_TOKEN_CHARS, serve
 from asynccoord.monitor.dashboard.feed import HIDDEN, Feed, history_point
 from asynccoord.monitor.histogram import ENQUEUE_TO_COMMIT_MS
 from asynccoord.monitor.monitor import AlertRule, Monitor
@@ -761,3 +761,9 @@ async def test_the_demo_opens_the_dashboard_while_it_runs(tmp_path: Path, python
     _, err = await asyncio.to_thread(demo.communicate, timeout=60)
     assert demo.returncode == 130, err[-2000:]
     assert "interrupted; worker processes stopped" in err
+
+
+def test_the_token_option_says_how_long_a_token_must_be(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["dashboard", "--help"])
+    assert f"at least {MIN_TOKEN_CHARS} characters" in " ".join(capsys.readouterr().out.split())

@@ -211,6 +211,11 @@ def test_bad_webhook_arguments_are_refused() -> None:
         WebhookSink("ftp://example.com/hook")
     with pytest.raises(InvalidArgumentError, match="http:// or https://"):
         WebhookSink("http:///no-host")
+    with pytest.raises(InvalidArgumentError, match=r"with a host, got ''$"):  # what was given, not '://None'
+        WebhookSink("")
+    with pytest.raises(InvalidArgumentError) as caught:
+        WebhookSink("ftp://bot:s3cret@example.com/T0/secret-token")
+    assert str(caught.value).endswith("got 'ftp://example.com'")  # credentials and path hidden
     with pytest.raises(InvalidTypeError, match="url must be a str"):
         WebhookSink(b"http://example.com")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="queue_size"):

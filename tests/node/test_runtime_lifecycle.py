@@ -81,6 +81,22 @@ async def test_a_shutdown_before_start_makes_the_start_raise_instead_of_hanging(
     assert sent == []
 
 
+async def test_waiting_until_drained_before_the_start_is_refused_not_timed_out(db_path: Path) -> None:
+    """A forgotten ``async with``: nothing would drain the queue, so the wait says so at once."""
+    sent, send = recorder()
+    async with SQLiteStore(db_path) as store:
+        await store.enqueue(QUEUE, 1)
+        runtime = Runtime(store, send=send, nodes=1, config=CONFIG)
+        async with asyncio.timeout(1.0):  # it used to wait out its whole timeout, then return False
+            with pytest.raises(RuntimeStateError, match="cannot wait until drained: it is not started"):
+                await runtime.wait_until_drained(timeout_s=30.0)
+        await runtime.shutdown()
+        with pytest.raises(RuntimeStateError, match=r"shutdown\(\) was called before it started"):
+            await runtime.wait_until_drained(timeout_s=30.0)
+        assert (await store.stats(QUEUE)).counts[TaskStatus.PENDING] == 1
+    assert sent == []
+
+
 async def test_a_runtime_that_ran_refuses_to_start_again(db_path: Path) -> None:
     sent, send = recorder()
     async with SQLiteStore(db_path) as store:
