@@ -282,7 +282,10 @@ class StoreBase(abc.ABC):
             tasks: Tasks as returned by ``claim`` (any mix of queues and leases).
             results: One JSON result per task, or None for no results.
             fences: Per task, None or ``(resource, fencing_token)`` checked and recorded
-                in the same transaction (see :meth:`complete`); None for no fences.
+                in the same transaction (see :meth:`complete`); None for no fences. Each is
+                checked against the tokens recorded before the call: the commits of one call
+                are fenced as if they landed at once, so two tokens of one resource in one
+                call are both accepted if neither is below the recorded one.
 
         Returns:
             Per task, in order: the done task, or the error saying why nothing was

@@ -564,3 +564,18 @@ async def test_a_commit_wakes_idle_nodes_only_when_it_unblocks_a_key(backend: st
     assert not await wake_other.wait(0.3)  # neither kept since arm() nor delivered after
     wake.close()
     wake_other.close()
+
+
+async def test_the_fences_of_one_call_are_checked_against_the_tokens_recorded_before_it(store) -> None:
+    """Every store checks a ``complete_many``'s fences as if its commits landed at once: against
+    the tokens recorded before the call, recording the highest of those that went through."""
+    await store.fence("acct", 5)
+    for i in range(4):
+        await store.enqueue("q", i)
+    tasks = await store.claim("q", node_id="n1", limit=4, lease_s=30.0)
+    out = await store.complete_many(tasks, fences=[("acct", 7), ("acct", 6), ("acct", 1), ("other", 2)])
+    assert [type(o) for o in out] == [Task, Task, FencingTokenRejectedError, Task]
+    assert "token 1 for resource 'acct' is lower than 5" in str(out[2])  # the token recorded before the call
+    assert (await store.read_fence("acct")).fencing_token == 7
+    assert (await store.read_fence("other")).fencing_token == 2
+    assert store.events.get(ev.FENCING_REJECTED) == 1

@@ -359,10 +359,15 @@ class MemoryStore(
     ) -> list[Task | CoordError]:
         now = self._clock()
         out: list[Task | CoordError] = []
+        # Each fence is checked against the tokens recorded before the call, as the SQL stores
+        # check a batch: the commits of one call are fenced as if they landed at once.
+        if fenced is not None:
+            self._check_open()
+        before = {f[0]: self._lock_tables.fences.get(f[0]) for f in fenced or () if f is not None}
         for i, (task, result_json) in enumerate(zip(checked, encoded, strict=True)):
             fence = None if fenced is None else fenced[i]
             if fence is not None:
-                record = await self.read_fence(fence[0])  # never suspends: atomic with this method
+                record = before[fence[0]]
                 if record is not None and fence[1] < record.fencing_token:
                     self.events.add(ev.FENCING_REJECTED)
                     out.append(fence_rejected_error(fence[0], fence[1], record.fencing_token))
@@ -372,8 +377,10 @@ class MemoryStore(
             except (LeaseLostError, TaskNotFoundError) as exc:
                 out.append(exc)
                 continue
-            if fence is not None:
-                await self.fence(*fence)  # the commit goes through: record its token
+            if fence is not None:  # the commit goes through: record its token, unless one of this call was higher
+                latest = self._lock_tables.fences.get(fence[0])
+                if latest is None or fence[1] >= latest.fencing_token:
+                    await self.fence(*fence)
             done = self._put(current, now, status=TaskStatus.DONE, result=decode_json(result_json), last_error=None)
             if current.idempotency_key is not None:
                 self._processed.setdefault((current.queue, current.idempotency_key), now)
