@@ -26,6 +26,7 @@ from asynccoord import (
     InvalidTypeError,
     LeaseLostError,
     NewTask,
+    SQLiteStore,
     Task,
     TaskStatus,
 )
@@ -579,3 +580,35 @@ async def test_the_fences_of_one_call_are_checked_against_the_tokens_recorded_be
     assert (await store.read_fence("acct")).fencing_token == 7
     assert (await store.read_fence("other")).fencing_token == 2
     assert store.events.get(ev.FENCING_REJECTED) == 1
+
+
+async def test_sqlite_heads_stay_the_earliest_active_task_of_each_key_through_continuations(tmp_path: Path) -> None:
+    """The commit that continues marks the task it leases as its key's head in the leasing
+    statement (no separate promotion): the stored head flags are still exactly each key's
+    earliest active task, whether the next task was leased, not yet due, or a duplicate."""
+    async with SQLiteStore(tmp_path / "heads.db") as store:
+        leased = await fill(store, "leased", 3)
+        later = (await store.enqueue(Q, "now", partition_key="later")).task
+        await store.enqueue(Q, "in an hour", partition_key="later", delay_s=3600.0)
+        dup = (await store.enqueue(Q, "d0", partition_key="dup", idempotency_key="m0")).task
+        await store.enqueue(Q, "d1", partition_key="dup", idempotency_key="m1")
+        await store.enqueue(Q, "d2", partition_key="dup")
+        heads = {t.partition_key: t for t in await store.claim(Q, node_id="n1", limit=10, ordered=True)}
+        assert {k: t.id for k, t in heads.items()} == {"leased": leased[0].id, "later": later.id, "dup": dup.id}
+        out = await store.complete_and_claim_next(heads["leased"])
+        assert out.next_task is not None
+        assert out.next_task.id == leased[1].id
+        assert (await store.complete_and_claim_next(heads["later"])).next_task is None  # not due for an hour
+        # m1 was processed already (another process): the continuation settles it as a duplicate,
+        # leases nothing, and the key's next task becomes its head.
+        with contextlib.closing(sqlite3.connect(tmp_path / "heads.db", timeout=10.0)) as other:
+            other.execute("INSERT INTO coord_processed (consumer, message_id, processed_at) VALUES (?, 'm1', 0)", (Q,))
+            other.commit()
+        assert (await store.complete_and_claim_next(heads["dup"])).next_task is None
+    with contextlib.closing(sqlite3.connect(tmp_path / "heads.db")) as db:
+        flagged = sorted(r[0] for r in db.execute("SELECT id FROM coord_tasks WHERE is_head = 1"))
+        earliest = sorted(
+            r[0] for r in db.execute("SELECT min(id) FROM coord_tasks WHERE active = 1 GROUP BY queue, partition_key")
+        )
+    assert flagged == earliest
+    assert len(flagged) == 3  # leased[1] (running), the delayed task of "later", and d2 of "dup"

@@ -328,7 +328,7 @@ class SQLiteQueueOps(StoreBase):
                 hit = (t.id, t.version + 1) in matched
                 matched.discard((t.id, t.version + 1))
                 won.append(hit)
-            promoted = _promote_heads(db, [(r[2], r[3]) for r in done])  # the stored key, not the caller's
+            keys = [(r[2], r[3]) for r in done]  # the stored keys, not the caller's
             if fenced is not None:  # ...and record the tokens of the commits that went through
                 for f, w in zip(fenced, won, strict=True):
                     if f is not None and w:
@@ -343,6 +343,7 @@ class SQLiteQueueOps(StoreBase):
             following: _Row | None = None
             duplicates = 0
             queue = head.queue
+            promoted: list[tuple[str, int]] = []
             if continuation is not None and won[0]:
                 # the stored key (as the promotion uses), never the caller's copy of the task
                 queue, key = next((r[2], r[3]) for r in done if r[0] == head.id)
@@ -354,6 +355,9 @@ class SQLiteQueueOps(StoreBase):
                     "token": new_token(),
                 }
                 following, duplicates, promoted = _claim_key_head(db, now, params, promoted)
+                if following is not None or duplicates:  # the key's new head is leased (or settled and
+                    keys = [k for k in keys if k != (queue, key)]  # its successor promoted): nothing left to promote
+            promoted = _promote_heads(db, keys) + promoted
             return now, out, refused, promoted, following, duplicates, queue
 
         def undo(result: _Completed) -> Operation[Any] | None:
@@ -616,7 +620,9 @@ def _claim_key_head(
 ) -> tuple[_Row | None, int, list[tuple[str, int]]]:
     """Lease the head of one key (commit-and-continue); return its row, duplicates settled, promotions.
 
-    The queue keeps heads from now on (as after an ordered claim). A head whose message id
+    The leased task is marked the key's head in the same statement, so the commit that
+    continues needs no promotion of that key. The queue keeps heads from now on (as after an
+    ordered claim). A head whose message id
     is already processed is settled as a duplicate, and the key's following head is not
     leased (it is announced instead, as a claim does).
     """
