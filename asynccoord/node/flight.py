@@ -52,6 +52,10 @@ class FlightState(enum.Enum):
     """The provider's 429 to another send under the task's lock (in this process or another,
     :mod:`asynccoord.pauses`) paused the lock before this send began: never sent, never
     committed; the task is handed back, due when the pause ends, its attempt not used."""
+    STOPPED = "stopped"
+    """The node stopped claiming (a shutdown) before the send began, while the task waited
+    for its lock, say: never sent, never committed, its attempt not used; the task is handed
+    back at once, for another node (or this one's next run) to send."""
     LOCK_DROPPED = "lock_dropped"
     """The send is over after a lost lock: the attempt is recorded as failed."""
     INTERRUPTED = "interrupted"
@@ -66,7 +70,7 @@ class FlightState(enum.Enum):
 
 _S = FlightState
 TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
-    _S.CLAIMED: (_S.SENDING, _S.PAUSED, _S.LOCK_BUSY, _S.LEASE_LOST, _S.LOCK_LOST),
+    _S.CLAIMED: (_S.SENDING, _S.PAUSED, _S.STOPPED, _S.LOCK_BUSY, _S.LEASE_LOST, _S.LOCK_LOST),
     _S.SENDING: (_S.RETURNED, _S.TIMED_OUT, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
     _S.TIMED_OUT: (_S.RETURNED, _S.LEASE_LOST, _S.LOCK_LOST, _S.INTERRUPTED),
     # A lost lock after a lost lease (the send still in its cleanup) is the one recorded:
@@ -79,6 +83,7 @@ TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
     _S.UNSENT: (),
     _S.LOCK_BUSY: (),
     _S.PAUSED: (),
+    _S.STOPPED: (),
     _S.INTERRUPTED: (),
     _S.SETTLED: (),
 }
@@ -118,8 +123,8 @@ class Flight:
     * the keeper (:mod:`asynccoord.node.keeper`), when a lease is not renewed: ``-> LEASE_LOST``;
     * the slot, when the lease's local deadline passes before the send begins (while the task
       waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``; when its lock stayed busy
-      past the wait: ``CLAIMED -> LOCK_BUSY``; or when a 429 paused the task's lock meanwhile:
-      ``CLAIMED -> PAUSED``;
+      past the wait: ``CLAIMED -> LOCK_BUSY``; when a 429 paused the task's lock meanwhile:
+      ``CLAIMED -> PAUSED``; or when the node stopped claiming meanwhile: ``CLAIMED -> STOPPED``;
     * the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
 
     A lost lease or lock before the send is over cuts the send, and the send's end then moves

@@ -253,6 +253,7 @@ class Node:
             affinity=self._affinity,
             on_exit=self._exiting,
             lock_pace_dimension=self.config.lock_pace_dimension,
+            stopping=self._stop_requested,
         )
         self._settler = Settler(
             store,

@@ -108,6 +108,7 @@ class Sender:
         send_timeout_s: Longest a send may take, seconds (checked by ``NodeConfig``).
         affinity: The node's conversation contexts.
         on_exit: The node's record of a process exit.
+        stopping: Whether the node has stopped claiming: a send not begun by then never begins.
     """
 
     __slots__ = (
@@ -118,6 +119,7 @@ class Sender:
         "_pace_dimension",
         "_pauses",
         "_send_is_async",
+        "_stopping",
         "_store",
         "_timeout_s",
     )
@@ -131,8 +133,10 @@ class Sender:
         affinity: Affinity,
         on_exit: ExitRecorder,
         lock_pace_dimension: str | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         self._store = store
+        self._stopping = stopping
         self._node_id = node_id
         self._timeout_s = send_timeout_s
         self._affinity = affinity
@@ -204,9 +208,9 @@ class Sender:
         Returns:
             None when the send started; else the :data:`Outcome` of a send that never
             started: its lease past its local deadline (the flight ``UNSENT``), its lease
-            or lock lost meanwhile (``DROPPED``, ``LOCK_DROPPED``), or its lock paused
+            or lock lost meanwhile (``DROPPED``, ``LOCK_DROPPED``), its lock paused
             since the claim by the provider's 429 to another send (``PAUSED``, see
-            :mod:`asynccoord.pauses`).
+            :mod:`asynccoord.pauses`), or the node stopped claiming meanwhile (``STOPPED``).
         """
         state = flight.state
         if state is FlightState.CLAIMED and time.monotonic() >= flight.lease_deadline:
@@ -219,6 +223,11 @@ class Sender:
         pauses, lock = self._pauses, flight.lock
         if pauses is not None and lock is not None and pauses.remaining_s(lock.name) > 0.0:
             flight.move(FlightState.PAUSED)  # the provider said 429 to a send under its lock since the claim
+            return False, None, None, False
+        if self._stopping is not None and self._stopping():
+            # A shutdown came while the task waited (for its lock, say): a send begun now would be
+            # cut at the drain's deadline, so the task goes back unsent, for another node.
+            flight.move(FlightState.STOPPED)
             return False, None, None, False
         flight.move(FlightState.SENDING)
         task = flight.task

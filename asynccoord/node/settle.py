@@ -60,7 +60,7 @@ again once its lease lapsed."""
 
 _TRANSIENT_STORE_ERRORS = (StoreBusyError, StoreConnectionError)
 """Store errors after which nothing was written and a later try may succeed."""
-_HANDED_BACK_UNSENT = (FlightState.UNSENT, FlightState.LOCK_BUSY, FlightState.PAUSED)
+_HANDED_BACK_UNSENT = (FlightState.UNSENT, FlightState.LOCK_BUSY, FlightState.PAUSED, FlightState.STOPPED)
 """States of a flight whose task its slot hands back (or has handed back) without a send."""
 CUT_ON_LAST_ATTEMPT = "the send was cut short on its last attempt (shutdown, say); it may have gone out"
 """The ``last_error`` of a task whose last attempt's send was cut short: dead, as after a crash then."""
@@ -147,10 +147,10 @@ class Settler:
             if not completed:
                 node_id, task_id = self.node_id, flight.task.id
                 state = flight.state
-                if state is not FlightState.PAUSED:
+                if state is not FlightState.PAUSED and state is not FlightState.STOPPED:
                     self.counters.conflicts += 1
-                if state is FlightState.UNSENT:  # never sent: pending again now, if the store still holds its lease
-                    await self.hand_back(flight.task, delay_s=0.0)
+                if state is FlightState.UNSENT or state is FlightState.STOPPED:
+                    await self.hand_back(flight.task, delay_s=0.0)  # never sent: pending again now, if still ours
                 elif state is FlightState.PAUSED:  # never sent: pending again when the provider's pause ends
                     await self._hand_back_paused(flight)
                 else:

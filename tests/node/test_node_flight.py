@@ -37,6 +37,7 @@ def test_every_state_has_its_moves_and_the_ends_have_none() -> None:
         S.UNSENT,
         S.LOCK_BUSY,
         S.PAUSED,
+        S.STOPPED,
         S.INTERRUPTED,
         S.SETTLED,
     }
@@ -57,6 +58,7 @@ async def test_each_move_the_table_allows_is_made_and_every_other_is_refused() -
         S.DROPPED: (S.LEASE_LOST, S.DROPPED),
         S.UNSENT: (S.LEASE_LOST, S.UNSENT),
         S.PAUSED: (S.PAUSED,),
+        S.STOPPED: (S.STOPPED,),
         S.LOCK_BUSY: (S.LOCK_BUSY,),
         S.LOCK_DROPPED: (S.LOCK_LOST, S.LOCK_DROPPED),
         S.INTERRUPTED: (S.SENDING, S.INTERRUPTED),

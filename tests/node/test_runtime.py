@@ -228,7 +228,7 @@ async def test_sends_that_returned_are_committed_even_when_the_drain_is_cut_at_t
     drain_s = 0.3 if hurry == "drain-timeout" else 30.0
     runtime = Runtime(store, send=send, nodes=2, config=config, lock_key=lock_key, shutdown_timeout_s=drain_s)
     await runtime.start()
-    while sum(state.in_flight for state in runtime.states()) < n:
+    while len(sends) < n:  # every send has begun (a task still waiting for its lock would be handed back)
         await asyncio.sleep(0.01)
     at.append(loop.time() + 0.3)
     stopping = asyncio.create_task(runtime.shutdown())
@@ -244,6 +244,36 @@ async def test_sends_that_returned_are_committed_even_when_the_drain_is_cut_at_t
     assert set(sends.values()) == {1}  # each sent once
     assert store.events.get("send_interrupted") == 0
     assert store.events.get("stale_commit_rejected") == 0
+
+
+async def test_tasks_still_waiting_for_their_lock_at_shutdown_go_back_unsent(make_store: Any) -> None:
+    """Shutdown lets the sends under way finish, and starts none: a task that waited for its
+    account's lock when the shutdown came is handed back unsent, its attempt not used (it used
+    to be sent as the lock came free, then cut at the drain's deadline: a message that may have
+    gone out, sent again by the next node)."""
+    store = await make_store(clock=None)
+    ids = [(await store.enqueue(QUEUE, i, partition_key=f"chat-{i}")).task.id for i in range(5)]
+    first_started = asyncio.Event()
+    sent: list[int] = []
+
+    async def send(task: Task) -> None:
+        sent.append(task.id)
+        first_started.set()
+        await asyncio.sleep(0.3)
+
+    config = NodeConfig(queue=QUEUE, idle_min_s=0.01, idle_max_s=0.05)
+    runtime = Runtime(store, send=send, nodes=1, config=config, lock_key=lambda task: "account:one")
+    await runtime.start()
+    await asyncio.wait_for(first_started.wait(), 10.0)
+    await runtime.shutdown()  # the drain (10 s) outlasts every send the lock would let through
+    assert len(sent) == 1
+    tasks = {t: await store.get(t) for t in ids}
+    assert tasks[sent[0]].status is TaskStatus.DONE
+    rest = [tasks[t] for t in ids if t != sent[0]]
+    assert [(t.status, t.attempts) for t in rest] == [(TaskStatus.PENDING, 0)] * 4
+    assert store.events.get("send_interrupted") == 0
+    assert runtime.states()[0].handed_back == 4
+    assert runtime.states()[0].conflicts == 0
 
 
 async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_its_cleanup_time(
