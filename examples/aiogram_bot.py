@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from aiogram import Bot, Dispatcher, F, Router
 from aiogram.client.session.aiohttp import AiohttpSession
@@ -30,13 +31,25 @@ from aiogram.client.telegram import TelegramAPIServer
 from aiogram.exceptions import TelegramRetryAfter
 from aiogram.types import Message, ReplyParameters, Update
 
-from asynccoord import NodeConfig, RateLimit, RateLimited, Runtime, SQLiteStore, Task
+from asynccoord import (
+    NodeConfig,
+    RateLimit,
+    RateLimited,
+    Runtime,
+    SQLiteStore,
+    StoreBusyError,
+    StoreConnectionError,
+    Task,
+)
 
 QUEUE = "telegram-replies"
+ENQUEUE_TRIES = 5
 TELEGRAM_LIMITS = [
-    RateLimit(dimension="account", count=30, per_s=1.0, burst=5),  # about 30 messages per second per bot
+    # Any window of per_s seconds admits up to count + burst messages: these stay within
+    # Telegram's published 30 per second per bot and 20 per minute per group.
+    RateLimit(dimension="account", count=25, per_s=1.0, burst=5),
     RateLimit(dimension="chat", count=1, per_s=1.0, burst=3),  # one per second per chat, short bursts
-    RateLimit(dimension="group", count=20, per_s=60.0, burst=3),  # 20 per minute per group
+    RateLimit(dimension="group", count=17, per_s=60.0, burst=3),
 ]
 
 
@@ -63,15 +76,31 @@ def limit_keys(bot_id: int, message: Message) -> dict[str, str]:
     return keys
 
 
+async def enqueue_reply(outbox: SQLiteStore, reply: dict[str, object], *, update_id: int, **task: Any) -> None:
+    """Write the reply to the outbox, trying again while the database is busy or unreachable.
+
+    The polling loop has taken the update already: a reply not written here is never sent.
+    The idempotency key (the update's id) makes a retry after an unclear failure safe.
+    """
+    for attempt in range(ENQUEUE_TRIES):
+        try:
+            await outbox.enqueue(QUEUE, reply, idempotency_key=f"update-{update_id}", **task)
+            return
+        except (StoreBusyError, StoreConnectionError):
+            if attempt == ENQUEUE_TRIES - 1:
+                raise
+            await asyncio.sleep(0.1 * 2**attempt)
+
+
 @router.message(F.text)
 async def on_text(message: Message, event_update: Update, bot: Bot, outbox: SQLiteStore) -> None:
     """The bot's handler: a reply is written to the outbox, not sent from here."""
     reply = {"chat_id": message.chat.id, "text": f"re: {message.text}", "reply_to": message.message_id}
-    await outbox.enqueue(
-        QUEUE,
+    await enqueue_reply(
+        outbox,
         reply,
+        update_id=event_update.update_id,
         partition_key=str(message.chat.id),
-        idempotency_key=f"update-{event_update.update_id}",
         limit_keys=limit_keys(bot.id, message),
     )
 
