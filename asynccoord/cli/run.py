@@ -291,8 +291,9 @@ def run_command(args: argparse.Namespace) -> int:
                     shutdown_timeout_s=args.shutdown_timeout_s,
                     done_retention_s=args.done_retention_s,
                 )
-                # The monitor flushes this process's counters so `python -m asynccoord status` sees them.
-                async with Monitor(store, info={"command": "run", "queue": args.queue}), runtime:
+                # The monitor flushes this process's counters (and a separate lock store's) for `status`.
+                monitor = Monitor(store, lock_store=lock_store, info={"command": "run", "queue": args.queue})
+                async with monitor, runtime:
                     target = describe_target(args.db, args.schema)
                     print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {target}", flush=True)
                     if held:  # a signal came while starting: stop at once

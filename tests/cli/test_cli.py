@@ -16,12 +16,13 @@ import pytest
 from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
 from support import ROOT, TESTS
 
-from asynccoord import NewTask, SQLiteStore, TaskStatus
+from asynccoord import NewTask, RedisLockStore, SQLiteStore, TaskStatus
 from asynccoord import events as ev
 from asynccoord.backends.open import open_store
 from asynccoord.backends.postgres.store import PostgresStore
 from asynccoord.cli.main import build_parser, main
 from asynccoord.cli.run import check_run
+from asynccoord.locks.pool import next_in_line
 from asynccoord.monitor.snapshot import cluster_snapshot
 from asynccoord.node import Runtime
 
@@ -362,14 +363,29 @@ def test_run_takes_its_locks_in_the_lock_store_given(tmp_path: Path, monkeypatch
     path = tmp_path / "bot.db"
     extra = ["--lock-key", "serve_send:account_lock", "--lock-store", REDIS_URL, "--lock-prefix", prefix]
     client = redis.Redis.from_url(REDIS_URL)
+
+    async def hold_account_0() -> None:  # another holder has it for a moment: the run's acquisition waits
+        async with RedisLockStore(REDIS_URL, prefix=prefix) as other:
+            assert await other.try_acquire_lock("account:0", ttl_s=2.0, holder="elsewhere") is not None
+
     try:
+        asyncio.run(hold_account_0())
         serve_three(str(path), lambda: SQLiteStore(path), tmp_path, monkeypatch, extra)
         fencing = sorted(k.decode() for k in client.scan_iter(match=f"{prefix}fencing:*"))
     finally:
         for key in client.scan_iter(match=f"{prefix}*"):
             client.delete(key)
         client.close()
-    assert fencing == [f"{prefix}fencing:account:{i}" for i in range(3)]
+    # The three account locks, and the place in line the wait for account:0 took.
+    assert [k for k in fencing if "fencing:account:" in k] == [f"{prefix}fencing:account:{i}" for i in range(3)]
+    assert [k for k in fencing if "fencing:account:" not in k] == [f"{prefix}fencing:{next_in_line('account:0')}"]
+
+    async def contended() -> float:
+        async with SQLiteStore(path, read_only=True) as store:
+            return (await cluster_snapshot(store, (60.0,))).totals.get(ev.LOCK_CONTENDED, 0)
+
+    # The lock store's own events reach the database's counters (the monitor flushes them too).
+    assert asyncio.run(contended()) >= 1
 
     with contextlib.closing(sqlite3.connect(path)) as db:  # the names the database ever gave a fencing token
         named = db.execute("SELECT name FROM coord_lock_names WHERE name LIKE 'account:%'").fetchall()
