@@ -173,7 +173,41 @@ class MaxHoldExceededError(LockLostError):
 
 
 class FencingTokenRejectedError(LockError):
-    """A write presented a fencing token lower than one the resource has already seen."""
+    """A write presented a fencing token lower than one the resource has already seen.
+
+    Args:
+        message: What was refused (see :func:`~asynccoord.contract.locks.fence_rejected_error`).
+        resource: The fenced resource's name. Default None (not known).
+        fencing_token: The token the write presented. Default None (not known).
+        highest: The highest token the resource had accepted, above ``fencing_token``.
+            Default None (not known). A lock store whose counter is behind it (a Redis
+            restart that lost writes) is moved past it with ``advance_fencing_token``.
+
+    Attributes:
+        resource, fencing_token, highest: As given.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        resource: str | None = None,
+        fencing_token: int | None = None,
+        highest: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.fencing_token = fencing_token
+        self.highest = highest
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_fencing_token_rejected, (str(self), self.resource, self.fencing_token, self.highest))
+
+
+def _fencing_token_rejected(
+    message: str, resource: str | None, fencing_token: int | None, highest: int | None
+) -> FencingTokenRejectedError:
+    return FencingTokenRejectedError(message, resource=resource, fencing_token=fencing_token, highest=highest)
 
 
 class StoreError(CoordError):

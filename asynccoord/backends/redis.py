@@ -28,6 +28,7 @@ from redis.asyncio.connection import parse_url
 from .. import events as ev
 from ..config import StoreConfig
 from ..contract.locks import (
+    MAX_FENCING_TOKEN,
     FenceRecord,
     Lease,
     LockBusy,
@@ -52,6 +53,7 @@ from ..events import EventCounter
 from ..monitor.histogram import LatencyRecorder
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
+from .redisdurability import NO_PERSISTENCE, losses, persistence
 from .rows import decode_json, new_token
 from .targets import redact_location, redact_target, userinfo_spills
 
@@ -201,6 +203,17 @@ return {1, ARGV[1], fmt(now)}
 """
 )
 
+# KEYS: counter. ARGV: at_least. Moves the counter up to at_least, never down.
+# Returns the counter before the call ('0' when it did not exist).
+_ADVANCE = (
+    _PRELUDE
+    + """
+local current = redis.call('GET', KEYS[1]) or '0'
+if token_lt(current, ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return current
+"""
+)
+
 _CONNECTION_ERRORS = (rerr.ConnectionError, rerr.TimeoutError, OSError, asyncio.TimeoutError)
 
 
@@ -308,22 +321,6 @@ def _map_error(exc: BaseException, what: str) -> StoreError:
     return StoreError(text)
 
 
-async def _persistence(client: aioredis.Redis) -> bool | None:
-    """Whether the server persists its data: AOF on (``INFO persistence``), or RDB snapshot
-    points configured (``CONFIG GET save``); None when it does not say (a managed Redis may
-    refuse ``CONFIG``; the check never fails the caller)."""
-    try:
-        info = await client.info("persistence")
-        if int(info.get("aof_enabled", 0)) == 1:
-            return True
-        save = (await client.config_get("save")).get("save")
-    except (rerr.RedisError, OSError, ValueError, TypeError):
-        return None
-    if save is None:
-        return None
-    return bool(_text(save).strip())
-
-
 class RedisLockStore:
     """The lock contract (:class:`~asynccoord.contract.locks.LockStore`) on one Redis server.
 
@@ -346,9 +343,11 @@ class RedisLockStore:
     * ``{prefix}lockmeta:{name}``: hash, owner token ->
       ``fencing_token|permits|acquired_at|holder``.
     * ``{prefix}fencing:{name}``: the name's fencing counter (``INCR``), never deleted, so
-      tokens rise strictly across releases, expiries and restarts of a Redis that keeps
-      its data (AOF or RDB). A Redis restarted empty starts the counters over: fenced
-      resources then refuse the lower tokens until the counter passes their highest.
+      tokens rise strictly across releases, expiries and restarts of a Redis that logs
+      every write (AOF, ``appendonly yes``; with ``appendfsync everysec``, the default, a
+      crash of the machine may still lose the last second). RDB snapshots alone are not
+      enough: a restart from a snapshot sets the counters back to it, and one without
+      data starts them over.
     * ``{prefix}fence:{resource}``: hash, the highest fencing token a resource accepted,
       its last fenced data and when.
 
@@ -363,6 +362,16 @@ class RedisLockStore:
     fencing. Time is the Redis server's ``TIME`` (or a test clock), never a caller's
     clock. The lock keys carry a ``PEXPIRE`` of their longest lease plus ``key_slack_ms``,
     so the server deletes the locks of crashed holders by itself.
+
+    A counter set back this way is repaired at the first refused commit. The queue store
+    keeps each resource's highest accepted token, so it refuses the lower token of a new
+    acquisition (:class:`~asynccoord.errors.FencingTokenRejectedError`, which names that
+    token). The :class:`~asynccoord.locks.pool.LockPool` then moves the counter past it
+    (:meth:`advance_fencing_token`, logged once as ``asynccoord.redis.fencing_counter_behind``)
+    and gives the lease back, so the next acquisition's token is accepted. That one commit
+    is lost: its message went out, the task stays leased until its lease lapses, and it is
+    then claimed and sent again (one more attempt, a duplicate send), as after any refused
+    commit. Turns already under way on the refused lease end the same way.
 
     A script touches keys of several names in one call, so use a single Redis server (or
     a primary with replicas), not Redis Cluster. Connection loss is retried with backoff
@@ -395,9 +404,11 @@ class RedisLockStore:
             Default 16 (concurrent acquisitions share one pipelined round trip anyway).
 
     Attributes:
-        persistent: Whether the server keeps its data on disk (AOF, or RDB snapshot points),
-            as read by :meth:`open`; None before, or when the server does not say (a
-            managed Redis may refuse ``CONFIG``).
+        persistent: Whether the server logs every write to disk (AOF on, ``appendonly yes``),
+            so that a restart keeps the fencing counters, as read by :meth:`open`. False
+            with RDB snapshots only (a restart loses the increments since the last one) or
+            nothing on disk; None before :meth:`open`, or when the server does not say (a
+            managed Redis may refuse ``INFO``).
 
     Raises:
         InvalidTypeError, InvalidArgumentError: a bad argument.
@@ -454,9 +465,10 @@ class RedisLockStore:
     async def open(self) -> None:
         """Connect, load the scripts and read whether the server persists its data. Idempotent.
 
-        A server that keeps nothing on disk (no AOF, no RDB snapshot points) is logged at
-        WARNING as ``asynccoord.redis.no_persistence``: its restart would start the fencing
-        counters over (see :class:`RedisLockStore`). :attr:`persistent` holds the answer.
+        A server without an append-only file (``appendonly no``) is logged at WARNING as
+        ``asynccoord.redis.no_persistence``, whether it keeps RDB snapshots or nothing: its
+        restart would set the fencing counters back (see :class:`RedisLockStore`).
+        :attr:`persistent` holds the answer.
 
         Raises:
             StoreConnectionError: the server cannot be reached.
@@ -481,19 +493,14 @@ class RedisLockStore:
                 ("renew_many", _RENEW_MANY),
                 ("list", _LIST),
                 ("fence", _FENCE),
+                ("advance", _ADVANCE),
             )
         }
         self._client = client
         self._loop = asyncio.get_running_loop()
-        self.persistent = await _persistence(client)
+        self.persistent, kept, save = await persistence(client)
         if self.persistent is False:
-            log.warning(
-                "asynccoord.redis.no_persistence url=%s appendonly=no save=none: the server keeps no copy of "
-                "its data on disk, so a restart empties the fencing counters and fenced writes are refused "
-                "until the counters pass the resources' highest tokens; enable AOF (appendonly yes) or RDB "
-                "snapshots (save ...)",
-                redact_location(self.url),
-            )
+            log.warning(NO_PERSISTENCE, redact_location(self.url), save, losses(kept))
 
     async def close(self) -> None:
         """Wait for queued acquisitions and background releases (bounded), then close. Idempotent.
@@ -834,6 +841,40 @@ class RedisLockStore:
             self.events.add(ev.FENCING_REJECTED)
             raise fence_rejected_error(resource, token, int(_text(reply[1])))
         return float(_text(reply[2]))
+
+    async def advance_fencing_token(self, name: str, at_least: int) -> bool:
+        """Move ``name``'s fencing counter up to ``at_least`` if it is lower; never down. One script.
+
+        The next acquisition of ``name`` then gets a token above ``at_least``: for a counter set
+        back by a restart that lost writes, found when a resource refused a token as lower than
+        ``at_least``. A move is logged at WARNING (``asynccoord.redis.fencing_counter_behind``),
+        once per set-back counter: later calls find it at ``at_least`` or above.
+
+        Args:
+            name: Lock name, 1..255 characters.
+            at_least: The lowest value the counter may have after the call, 1..2**63-1.
+
+        Returns:
+            True if the counter was lower and was moved, False if it was at ``at_least`` or above.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: a bad argument; nothing written.
+            StoreConnectionError: the server stayed unreachable.
+        """
+        check_name("name", name)
+        token = check_int("at_least", at_least, minimum=1, maximum=MAX_FENCING_TOKEN)
+        before = int(_text(await self._script("advance", (self._key("fencing", name),), (str(token),), "advance")))
+        if before >= token:
+            return False
+        log.warning(
+            "asynccoord.redis.fencing_counter_behind name=%r counter=%d accepted=%d: the lock's fencing counter "
+            "was behind a token a fenced resource had accepted (likely a Redis restart that lost writes: enable "
+            "appendonly yes); moved to it, so the next acquisition's token is above it",
+            name,
+            before,
+            token,
+        )
+        return True
 
     async def read_fence(self, resource: str) -> FenceRecord | None:
         """The resource's highest accepted token and last fenced data; None if never fenced.

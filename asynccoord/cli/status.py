@@ -514,8 +514,8 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     console.print(table)
     if lock_store is not None and lock_store["persistent"] is False:
         console.print(
-            "warning: the lock store keeps no data on disk (no AOF, no RDB snapshots): a restart "
-            "empties its fencing counters",
+            "warning: the lock store has no append-only file (appendonly no): a restart sets its "
+            "fencing counters back (to the last RDB snapshot, if any)",
             style="yellow",
         )
 

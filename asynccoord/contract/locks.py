@@ -178,6 +178,13 @@ class LockStore(Protocol):
       sent by the release itself). A waiter then tries a lock the moment it is given
       back instead of at its next poll; polling stays the fallback for leases that
       lapse and for stores without it (Redis).
+    * Optionally, an ``advance_fencing_token(name, at_least)`` method moves the name's
+      counter up to ``at_least`` (never down), so its next token is above a token that a
+      resource accepted. A :class:`~asynccoord.locks.pool.LockPool` calls it when a write
+      fenced by one of its leases is refused. Only a store whose counters can fall behind
+      fences kept elsewhere needs it: Redis, restarted from a snapshot that lacks the last
+      increments. The SQL stores commit each counter in a durable transaction, which
+      cannot be lost apart from the fences it produced, so they have none.
 
     Every method validates its arguments before touching the database and raises
     :class:`~asynccoord.errors.InvalidArgumentError` or
@@ -356,8 +363,11 @@ def encode_fence_data(data: Any, max_bytes: int) -> str:
 
 
 def fence_rejected_error(resource: str, fencing_token: int, highest: int) -> FencingTokenRejectedError:
-    """The error for a refused fencing token, naming the resource and both tokens."""
+    """The error for a refused fencing token, naming the resource and both tokens (also as attributes)."""
     return FencingTokenRejectedError(
         f"fencing token {fencing_token} for resource {resource!r} is lower than {highest}, which the "
-        "resource has already accepted: the lock behind the token was lost and a later holder has written"
+        "resource has already accepted: the lock behind the token was lost and a later holder has written",
+        resource=resource,
+        fencing_token=fencing_token,
+        highest=highest,
     )

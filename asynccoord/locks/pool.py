@@ -25,7 +25,7 @@ from .. import events as ev
 from ..config import RetryPolicy
 from ..contract.locks import PLACE_PREFIX as _PLACE_PREFIX
 from ..contract.locks import Lease, LockBusy, check_user_lock_name
-from ..errors import UNRECOVERABLE_STORE_ERRORS, LockLostError, LockTimeoutError
+from ..errors import UNRECOVERABLE_STORE_ERRORS, FencingTokenRejectedError, LockLostError, LockTimeoutError
 from ..releases import ReleaseSignal
 from ..validation import (
     MAX_NAME_LENGTH,
@@ -798,6 +798,35 @@ class LockPool:
                 _remember(self._released, lease.name)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
+
+    async def fence_refused(self, lease: Lease, error: FencingTokenRejectedError) -> bool:
+        """A write fenced by ``lease``'s token was refused (``error``): take no more turns on it.
+
+        No write fenced by that token can land any more, so the lease goes back once the
+        turn under way and the commits deferred on it are over, and the next turn acquires
+        a new one. When the resource is the lock's own name (as a node fences its commits)
+        and the store has ``advance_fencing_token`` (Redis), the lock's counter is first
+        moved up to the token the resource accepted: a counter set back (a Redis restart
+        that lost writes) would otherwise hand out refused tokens until it caught up.
+
+        Args:
+            lease: The lease whose token was refused (a turn's ``lease``).
+            error: The refusal; its ``resource`` and ``highest`` say what the resource accepted.
+
+        Returns:
+            True if the store's counter was behind and was moved, else False.
+
+        Raises:
+            StoreError: the store failed while moving the counter (the lease goes back anyway).
+        """
+        session = self._sessions.get(lease.name)
+        if session is not None and session.lease is not None and session.lease.owner_token == lease.owner_token:
+            session.turns = max(session.turns, self.max_turns)  # _pass_turn and _may_keep: back to the store
+        highest = error.highest
+        advance = getattr(self.store, "advance_fencing_token", None)
+        if advance is None or error.resource != lease.name or highest is None or highest <= lease.fencing_token:
+            return False
+        return bool(await advance(lease.name, highest))
 
     async def released(self, name: str, *, timeout_s: float = _RELEASE_TIMEOUT_S) -> None:
         """Wait (up to ``timeout_s``) until a release of ``name``'s lease already under way is done.

@@ -264,6 +264,7 @@ class Node:
             due_soon=self._due.add,
             continues=self._continues,
             adopt=self._adopt,
+            lock_pool=lambda: self.lock_pool,
         )
         self._exit: ProcessExiting | None = None  # a cut send's cleanup raised KeyboardInterrupt or SystemExit
         self._scope: anyio.CancelScope | None = None  # the pipeline's, while it runs
@@ -600,9 +601,8 @@ class Node:
                     break
         finally:
             if pending:  # an error or the node's cancellation: end the others, and wait for their hand-backs
-                # A slot settling a send that returned is not cancelled: its commit must land (or
-                # the task would be sent again); it stops once settled, or is cancelled after
-                # SETTLE_WAIT_S.
+                # A slot settling a send that returned is not cancelled: its commit must land (or the
+                # task would be sent again); it stops once settled, or is cancelled after SETTLE_WAIT_S.
                 settling = pending & self._settler.settling
                 for handle in pending - settling:
                     handle.cancel()

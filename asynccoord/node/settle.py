@@ -24,6 +24,7 @@ from ..contract.queue import encode_result
 from ..errors import (
     UNRECOVERABLE_STORE_ERRORS,
     CoordError,
+    FencingTokenRejectedError,
     InvalidArgumentError,
     InvalidTypeError,
     LeaseLostError,
@@ -31,6 +32,7 @@ from ..errors import (
     StoreBusyError,
     StoreConnectionError,
 )
+from ..locks.pool import LockPool
 from ..models import Task, TaskStatus
 from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
 from ..pauses import MIN_RATE_LIMIT_PAUSE_S, PauseBook, rate_limited_of
@@ -93,6 +95,9 @@ class Settler:
         continues: Whether a commit should also lease the key's next task (``claim_next``).
         adopt: Takes a task leased by a commit (at or after the given ``time.monotonic()``)
             in flight, with its chain count.
+        lock_pool: Returns the node's lock pool (None before its first lock turn), told of a
+            commit refused for its lock's fencing token (see :meth:`LockPool.fence_refused`).
+            Default None.
 
     Attributes:
         settling: The slots (asyncio tasks) settling a send that returned now: a
@@ -110,6 +115,7 @@ class Settler:
         due_soon: Callable[[float], None],
         continues: Callable[[Flight], bool],
         adopt: Callable[[Task, float, int], Flight],
+        lock_pool: Callable[[], LockPool | None] | None = None,
     ) -> None:
         self.store = store
         self.node_id = node_id
@@ -120,6 +126,7 @@ class Settler:
         self._due_soon = due_soon
         self._continues = continues
         self._adopt = adopt
+        self._lock_pool = lock_pool
         self.settling: set[asyncio.Task[Any]] = set()
         self._commits = Commits(store)  # this node's plain commits, one store call per loop turn
         self._releases: set[asyncio.Task[None]] = set()  # hand-backs running (see hand_back_shielded)
@@ -390,9 +397,30 @@ class Settler:
         except CoordError as exc:  # a fencing rejection (a newer holder of the lock wrote first), or the store failed
             self.counters.conflicts += 1
             log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc)
+            if isinstance(exc, FencingTokenRejectedError):
+                await self._fence_refused(flight, exc)
             return
         observe(self.store, COMMIT_MS, commit_started)
         self.counters.committed += 1
+
+    async def _fence_refused(self, flight: Flight, error: FencingTokenRejectedError) -> None:
+        """Tell the lock pool that a commit fenced by ``flight``'s lock was refused (``error``).
+
+        The pool takes no more turns on that lease and, on a lock store whose counter fell
+        behind the resource's token (a Redis restart that lost writes), moves the counter
+        past it, so the next acquisition's commit is accepted. A store failure meanwhile is
+        logged: the next refused commit tries again.
+        """
+        lease = flight.lock
+        pool = None if self._lock_pool is None else self._lock_pool()
+        if lease is None or pool is None:
+            return
+        try:
+            await pool.fence_refused(lease, error)
+        except CoordError as exc:
+            log.warning(
+                "asynccoord.node.fencing_counter_not_advanced node=%s lock=%r error=%s", self.node_id, lease.name, exc
+            )
 
     async def _commit_once(self, flight: Flight, result: Any) -> None:
         """One try of the commit of ``flight``'s task (fenced by a lock's token; with commit-and-continue)."""

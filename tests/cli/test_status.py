@@ -545,7 +545,7 @@ def test_status_lists_the_locks_held_in_a_redis_lock_store(python: PythonRunner,
     assert f"lock store {REDIS_URL} prefix {prefix!r}" in text
     assert "node-redis" in text
     assert "node-db" in text
-    assert ("keeps no data on disk" in text) is (persistent is False)
+    assert ("has no append-only file" in text) is (persistent is False)
 
 
 def test_status_refuses_a_lock_store_that_is_no_redis_url(python: PythonRunner, tmp_path: Path) -> None:

@@ -213,8 +213,9 @@ async def test_a_fence_rejection_leases_nothing(store) -> None:
     a, b = await fill(store, "k", 2)
     first = await claim_head(store)
     await store.fence("acct", 7)
-    with pytest.raises(FencingTokenRejectedError):
+    with pytest.raises(FencingTokenRejectedError) as refused:
         await store.complete_and_claim_next(first, fence=("acct", 6))
+    assert (refused.value.resource, refused.value.fencing_token, refused.value.highest) == ("acct", 6, 7)
     assert await states(store, [a, b]) == [(TaskStatus.RUNNING, 1, "n1"), (TaskStatus.PENDING, 0, None)]
     assert store.events.get(ev.FENCING_REJECTED) == 1
     assert store.events.get(ev.COMMITS) == 0
@@ -577,6 +578,9 @@ async def test_the_fences_of_one_call_are_checked_against_the_tokens_recorded_be
     out = await store.complete_many(tasks, fences=[("acct", 7), ("acct", 6), ("acct", 1), ("other", 2)])
     assert [type(o) for o in out] == [Task, Task, FencingTokenRejectedError, Task]
     assert "token 1 for resource 'acct' is lower than 5" in str(out[2])  # the token recorded before the call
+    refused = out[2]
+    assert isinstance(refused, FencingTokenRejectedError)
+    assert (refused.resource, refused.fencing_token, refused.highest) == ("acct", 1, 5)
     assert (await store.read_fence("acct")).fencing_token == 7
     assert (await store.read_fence("other")).fencing_token == 2
     assert store.events.get(ev.FENCING_REJECTED) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pickle
 import random
 import re
 from typing import Any
@@ -176,10 +177,14 @@ async def test_fence_accepts_equal_and_higher_refuses_lower(store: Store) -> Non
     await store.fence("acct", 3)  # the same acquisition writes again
     record = await store.fenced_write("acct", 5, {"sent": 1})
     assert (record.resource, record.fencing_token, record.data) == ("acct", 5, {"sent": 1})
-    with pytest.raises(FencingTokenRejectedError, match=r"fencing token 4 for resource 'acct' is lower than 5"):
+    with pytest.raises(FencingTokenRejectedError, match=r"fencing token 4 for resource 'acct' is lower than 5") as info:
         await store.fenced_write("acct", 4, {"sent": 2})
-    with pytest.raises(FencingTokenRejectedError):
+    assert (info.value.resource, info.value.fencing_token, info.value.highest) == ("acct", 4, 5)
+    with pytest.raises(FencingTokenRejectedError) as info:
         await store.fence("acct", 1)
+    assert (info.value.resource, info.value.fencing_token, info.value.highest) == ("acct", 1, 5)
+    copy = pickle.loads(pickle.dumps(info.value))  # a refusal crosses processes whole
+    assert (str(copy), copy.resource, copy.fencing_token, copy.highest) == (str(info.value), "acct", 1, 5)
     assert store.events.get(ev.FENCING_REJECTED) == 2
     await store.fence("acct", 6)  # a plain fence keeps the data
     current = await store.read_fence("acct")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from services import REDIS_URL, redis_problem, unavailable
 
-from asynccoord import InvalidArgumentError, Lease, LockBusy, StoreConnectionError
+from asynccoord import InvalidArgumentError, InvalidTypeError, Lease, LockBusy, StoreConnectionError
 from asynccoord.contract.locks import LockStore
 from asynccoord.validation import MAX_DURATION_S
 
@@ -360,19 +360,15 @@ async def test_a_release_whose_answer_was_lost_reports_the_lease_released(locks:
 async def test_a_server_without_persistence_is_warned_about_at_open(
     locks: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The test server's own configuration decides: no AOF and no RDB save points give the
-    warning (the local Redis runs with --save "" --appendonly no); either one, none."""
+    """The test server's own configuration decides: no AOF gives the warning, RDB save points
+    or not (the local Redis runs with --save "" --appendonly no); AOF on, none."""
     from asynccoord.backends.redis import RedisLockStore
 
-    async def configured(client: Any) -> tuple[str, str]:
-        save = (await client.config_get("save"))["save"]
-        appendonly = (await client.config_get("appendonly"))["appendonly"]
-        return (save.decode() if isinstance(save, bytes) else save), (
-            appendonly.decode() if isinstance(appendonly, bytes) else appendonly
-        )
+    async def appendonly(client: Any) -> str:
+        value = (await client.config_get("appendonly"))["appendonly"]
+        return value.decode() if isinstance(value, bytes) else value
 
-    save, appendonly = await redis_call(configured)
-    persists = appendonly == "yes" or bool(save.strip())
+    persists = await redis_call(appendonly) == "yes"  # RDB snapshots alone lose the increments since the last one
     caplog.set_level(logging.WARNING, logger="asynccoord.backends.redis")
     async with RedisLockStore(REDIS_URL, prefix=locks.prefix) as other:
         assert other.persistent is persists
@@ -383,9 +379,8 @@ async def test_a_server_without_persistence_is_warned_about_at_open(
         assert "appendonly" in warned[0].getMessage()
 
 
-@pytest.fixture
-def aof_redis_url(tmp_path: Path) -> Iterator[str]:
-    """A redis-server of the test's own, started with --appendonly yes; its URL."""
+def _own_redis(tmp_path: Path, *options: str) -> Iterator[str]:
+    """A redis-server of the test's own, started with ``options``; its URL."""
     server = shutil.which("redis-server")
     if server is None:
         unavailable("redis-server", "not on PATH")
@@ -393,9 +388,7 @@ def aof_redis_url(tmp_path: Path) -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)]
-    proc = subprocess.Popen(
-        [*command, "--save", "", "--appendonly", "yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    proc = subprocess.Popen([*command, *options], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
@@ -403,27 +396,132 @@ def aof_redis_url(tmp_path: Path) -> Iterator[str]:
         proc.wait(10)
 
 
+@pytest.fixture
+def aof_redis_url(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of the test's own, started with --appendonly yes; its URL."""
+    yield from _own_redis(tmp_path, "--save", "", "--appendonly", "yes")
+
+
+@pytest.fixture
+def rdb_redis_url(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of the test's own with RDB snapshot points and no append-only file; its URL."""
+    yield from _own_redis(tmp_path, "--save", "3600 1 300 100", "--appendonly", "no")
+
+
+async def _open_when_up(url: str) -> Any:
+    """A RedisLockStore on ``url``, opened once the server started there accepts connections."""
+    from asynccoord.backends.redis import RedisLockStore
+
+    deadline = time.monotonic() + 10.0
+    while True:
+        store = RedisLockStore(url, reconnect_timeout_s=1.0)
+        try:
+            await store.open()
+            return store
+        except StoreConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            await asyncio.sleep(0.05)
+
+
 @pytest.mark.multiprocess
 async def test_a_server_with_append_only_files_is_not_warned_about(
     aof_redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from asynccoord.backends.redis import RedisLockStore
-
     caplog.set_level(logging.WARNING, logger="asynccoord.backends.redis")
-    deadline = time.monotonic() + 10.0
-    while True:
-        store = RedisLockStore(aof_redis_url, reconnect_timeout_s=1.0)
-        try:
-            await store.open()
-            break
-        except StoreConnectionError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            await asyncio.sleep(0.05)
+    store = await _open_when_up(aof_redis_url)
     try:
         assert store.persistent is True
     finally:
         await store.close()
     assert not [r for r in caplog.records if "no_persistence" in r.getMessage()]
+
+
+@pytest.mark.multiprocess
+async def test_a_server_with_rdb_snapshots_only_is_warned_about(
+    rdb_redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart from a snapshot sets the fencing counters back to it: not persistent enough."""
+    caplog.set_level(logging.WARNING, logger="asynccoord.backends.redis")
+    store = await _open_when_up(rdb_redis_url)
+    try:
+        assert store.persistent is False
+    finally:
+        await store.close()
+    (warned,) = [r for r in caplog.records if r.getMessage().startswith("asynccoord.redis.no_persistence")]
+    assert warned.levelno == logging.WARNING
+    assert "save=3600 1 300 100" in warned.getMessage()
+    assert "RDB snapshots alone lose the fencing counter increments" in warned.getMessage()
+    assert "appendonly yes" in warned.getMessage()
+
+
+@pytest.mark.parametrize(
+    ("aof_enabled", "save", "expected"),
+    [
+        (1, "", (True, "aof")),
+        ("1", "3600 1 300 100", (True, "aof")),
+        (0, "3600 1 300 100", (False, "rdb")),  # snapshots alone: increments since the last one are lost
+        (b"0", b"900 1", (False, "rdb")),
+        (0, "", (False, "none")),
+        (0, "   ", (False, "none")),
+        (0, None, (False, "no-aof")),  # CONFIG refused: AOF off is known, the save points are not
+    ],
+)
+def test_only_an_append_only_file_counts_as_persistent(aof_enabled: Any, save: Any, expected: Any) -> None:
+    from asynccoord.backends.redisdurability import durability
+
+    assert durability(aof_enabled, save) == expected
+
+
+async def test_a_server_that_refuses_info_is_of_unknown_persistence() -> None:
+    import redis.exceptions as rerr
+
+    from asynccoord.backends.redisdurability import persistence
+
+    class Refusing:
+        async def info(self, section: str) -> dict[str, Any]:
+            raise rerr.ResponseError("unknown command 'INFO'")
+
+    assert await persistence(Refusing()) == (None, "unknown", "?")  # type: ignore[arg-type]
+
+
+async def test_advancing_a_fencing_counter_never_lowers_it(locks: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="asynccoord.backends.redis")
+    counter = f"{locks.prefix}fencing:acct:1"
+    lease = await locks.try_acquire_lock("acct:1", ttl_s=5.0)
+    assert isinstance(lease, Lease)
+    assert lease.fencing_token == 1
+    await locks.release_lock(lease)
+    assert await locks.advance_fencing_token("acct:1", 40) is True
+    assert await redis_call(lambda c: c.get(counter)) == b"40"
+    assert await locks.advance_fencing_token("acct:1", 40) is False  # at it already
+    assert await locks.advance_fencing_token("acct:1", 7) is False  # never lowered
+    assert await locks.advance_fencing_token("acct:1", 9) is False
+    assert await redis_call(lambda c: c.get(counter)) == b"40"
+    lease = await locks.try_acquire_lock("acct:1", ttl_s=5.0)
+    assert isinstance(lease, Lease)
+    assert lease.fencing_token == 41  # above the token the resource accepted
+    await locks.release_lock(lease)
+    # Decimal text compared as numbers, past a double's exact range: "100" above "99", 2**63 - 2 above 2**53 + 1.
+    assert await locks.advance_fencing_token("acct:1", 99) is True
+    assert await locks.advance_fencing_token("acct:1", 100) is True
+    assert await redis_call(lambda c: c.get(counter)) == b"100"
+    assert await locks.advance_fencing_token("acct:1", 2**53 + 1) is True
+    assert await locks.advance_fencing_token("acct:1", 2**63 - 2) is True
+    assert await locks.advance_fencing_token("acct:1", 2**53 + 3) is False
+    assert await redis_call(lambda c: c.get(counter)) == str(2**63 - 2).encode()
+    # A counter a restart emptied (no key at all) starts at the accepted token.
+    assert await locks.advance_fencing_token("acct:2", 15) is True
+    assert await redis_call(lambda c: c.get(f"{locks.prefix}fencing:acct:2")) == b"15"
+    behind = [r for r in caplog.records if r.getMessage().startswith("asynccoord.redis.fencing_counter_behind")]
+    assert len(behind) == 6  # once per move, none when the counter was ahead
+    assert all(r.levelno == logging.WARNING for r in behind)
+    assert "name='acct:1' counter=1 accepted=40" in behind[0].getMessage()
+    assert "name='acct:2' counter=0 accepted=15" in behind[-1].getMessage()
+    for bad, error in [(0, InvalidArgumentError), (2**63, InvalidArgumentError), ("7", InvalidTypeError)]:
+        with pytest.raises(error, match="at_least"):
+            await locks.advance_fencing_token("acct:1", bad)
+    with pytest.raises(InvalidArgumentError, match="name"):
+        await locks.advance_fencing_token("", 5)
 
 
 @pytest.mark.parametrize("swallow", ["as_connection_error", "returning"])

@@ -994,3 +994,33 @@ async def test_local_turns_are_not_contention_but_a_wait_for_another_holder_is(m
     assert store.events.get(ev.LOCK_CONTENDED) >= 2
     await pool.aclose()
     await other.aclose()
+
+
+async def test_a_lease_whose_fenced_write_was_refused_takes_no_more_turns(backend: str, make_store: Any) -> None:
+    """After ``fence_refused`` the lease goes back once its turn and deferred commits are over,
+    and the next turn acquires anew; a Redis counter behind the refused resource's token is
+    moved past it first (the stores keeping their counters in a database have nothing to move)."""
+    from asynccoord.contract.locks import fence_rejected_error
+
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=5.0, holder="p1")
+    tokens: list[int] = []
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as turn:
+        lease = turn.lease
+        committed = turn.defer()  # the commit outlives the turn, as a node's does
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as turn:  # the same lease, handed on
+        tokens.append(turn.lease.fencing_token)
+    accepted = lease.fencing_token + 10  # what the resource took before the counter was set back
+    moved = await pool.fence_refused(lease, fence_rejected_error("account:1", lease.fencing_token, accepted))
+    assert moved is (backend == "redis")
+    assert await pool.fence_refused(lease, fence_rejected_error("account:1", lease.fencing_token, accepted)) is False
+    committed()
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=_ignore) as turn:
+        assert turn.lease.owner_token != lease.owner_token  # acquired anew, not handed on
+        tokens.append(turn.lease.fencing_token)
+    assert tokens[0] == lease.fencing_token
+    assert tokens[1] == (accepted + 1 if backend == "redis" else lease.fencing_token + 1)
+    # A refusal of another resource (fenced by this lock's tokens elsewhere) moves no counter.
+    other = await pool.fence_refused(turn.lease, fence_rejected_error("ledger", turn.lease.fencing_token, 10**6))
+    assert other is False
+    await pool.aclose()

@@ -4,6 +4,8 @@ cancel a commit, and what a send may raise or return without stopping the runtim
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 import sqlite3
 import threading
 import time
@@ -14,6 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
+from services import REDIS_URL, redis_problem, unavailable
 
 from asynccoord import (
     LockLostError,
@@ -451,3 +454,64 @@ async def test_a_send_cut_by_a_lost_lock_is_a_failed_attempt_retried_without_wai
         assert sends == 2
         assert (state.committed, state.conflicts) == (1, 1)
         assert store.events.snapshot()[ev.RETRIES] == 1
+
+
+async def test_a_redis_fencing_counter_set_back_is_repaired_at_the_first_refused_commit(
+    db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis restart from an RDB snapshot sets a lock's fencing counter back below the token
+    the queue store accepted last: the first commit under the lock is refused, the counter is
+    moved past that token, and from the next acquisition on commits go through (before, every
+    commit was refused until the counter caught up, and the tasks went dead)."""
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    import redis.asyncio as aioredis
+
+    from asynccoord.backends.redis import RedisLockStore
+
+    prefix = f"test:{secrets.token_hex(6)}:"
+    caplog.set_level(logging.WARNING)
+    sends: list[tuple[int, int]] = []
+
+    async def send(task: Task) -> None:
+        lock = current_delivery().lock
+        assert lock is not None
+        sends.append((task.id, lock.fencing_token))
+
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        async with SQLiteStore(db_path) as queue, RedisLockStore(REDIS_URL, prefix=prefix) as locks:
+            await queue.fence("acct:1", 15)  # commits under tokens up to 15 landed before the restart
+            await client.set(f"{prefix}fencing:acct:1", 3)  # the snapshot the restart loaded had 3
+            config = replace(FAST, lease_s=1.0)
+            node = Node(queue, send, node_id="n1", config=config, lock_key=lambda t: "acct:1", lock_store=locks)
+            first = (await queue.enqueue("q", "first")).task.id
+            done = await _run_until_settled(queue, node, first)
+            assert done.status is TaskStatus.DONE
+            # Sent with token 4 (refused: lower than 15), then, once its lease lapsed, with 16.
+            assert sends == [(first, 4), (first, 16)]
+            assert done.attempts == 2
+            assert await client.get(f"{prefix}fencing:acct:1") == b"16"
+            fence = await queue.read_fence("acct:1")
+            assert fence is not None
+            assert fence.fencing_token == 16
+            assert queue.events.get(ev.FENCING_REJECTED) == 1
+            assert node.state().conflicts == 1
+
+            # The counter stays repaired: the next tasks are committed at their first send.
+            node = Node(queue, send, node_id="n2", config=config, lock_key=lambda t: "acct:1", lock_store=locks)
+            later = [(await queue.enqueue("q", f"later-{i}", partition_key=f"c{i}")).task.id for i in range(3)]
+            for task_id in later:
+                assert (await _run_until_settled(queue, node, task_id)).status is TaskStatus.DONE
+            assert [task_id for task_id, _ in sends[2:]] == later
+            assert all(token > 16 for _, token in sends[2:])
+            assert queue.events.get(ev.FENCING_REJECTED) == 1
+    finally:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+    behind = [r for r in caplog.records if r.getMessage().startswith("asynccoord.redis.fencing_counter_behind")]
+    assert len(behind) == 1  # once for the lock
+    assert "name='acct:1' counter=4 accepted=15" in behind[0].getMessage()
