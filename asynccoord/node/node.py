@@ -56,6 +56,7 @@ from .send import Sender, SendFn, lease_ran_out, lock_lost, observe
 from .settle import SETTLE_WAIT_S, Settler
 from .slots import Slots
 from .status import NodeState, NodeStatus
+from .stop import until_stopped
 from .tracing import node_tracer
 
 __all__ = ("LockKeyFn", "Node", "failure_of")
@@ -235,6 +236,7 @@ class Node:
         self._stop_after: set[asyncio.Task[Any]] = set()
         self._slots = Slots(self.config.max_in_flight)
         self._claiming = True
+        self._stopped = asyncio.Event()  # set with _claiming = False: ends the waits before a send
         self._drained = asyncio.Event()
         self._drained.set()
         self._affinity = Affinity(self.config.affinity_cache_size)
@@ -295,6 +297,7 @@ class Node:
     def stop_claiming(self) -> None:
         """Stop fetching new work at once; sends in flight go on (graceful drain)."""
         self._claiming = False
+        self._stopped.set()
         if self._state.status in (NodeStatus.STARTING, NodeStatus.RUNNING):  # a stopped node stays so
             self._state.status = NodeStatus.DRAINING
         if self._wake is not None:
@@ -735,7 +738,8 @@ class Node:
                         committed = turn.defer()  # the lease stays in this process until the commit is over
                         try:
                             if cfg.lock_pace_dimension is not None:  # see NodeConfig and locks/pacing.py
-                                await self._pool().pacer.pace_turn(self.store, cfg, turn, flight)
+                                pacing = self._pool().pacer.pace_turn(self.store, cfg, turn, flight)
+                                await until_stopped(pacing, self._stopped)  # a stop: never sent (Sender.start)
                             flight.turn_end = turn.end  # the next turn begins as the send returns
                             outcome = await self._sender.run(flight, self.send)
                         except BaseException:
@@ -829,13 +833,8 @@ class Node:
             await self._settler.hand_back(flight.task, delay_s=self.config.busy_requeue_s)
 
     async def _hand_back_lapsed(self, flight: Flight) -> None:
-        """Hand back, unsent, the task of ``flight`` whose lease ran out locally (``LEASE_LOST -> UNSENT``).
-
-        Claimable at once if the store still holds the lease for it (else it is claimable anyway).
-
-        Raises:
-            StoreError: the store failed.
-        """
+        """Hand back, unsent, the task of ``flight`` whose lease ran out locally (``LEASE_LOST -> UNSENT``),
+        claimable at once if the store still holds the lease for it (raises StoreError: the store failed)."""
         flight.move(FlightState.UNSENT)  # nothing was sent: nothing more to hand back on the way out
         await self._settler.hand_back(flight.task, delay_s=0.0)
 
@@ -869,6 +868,7 @@ class Node:
         has come up through the claim's task; :meth:`run_hosted` raises it then.
         """
         self._claiming = False  # the process is ending: claim nothing more (the exit is on its way up)
+        self._stopped.set()
         if self._exit is None:
             self._exit = carried
             if stop and self._scope is not None:

@@ -309,3 +309,33 @@ async def test_a_misspelt_pace_dimension_is_warned_of_once_and_the_queue_drains(
     assert len(warned) == 1  # one per runtime, not one per send
     assert warned[0].levelno == logging.WARNING
     assert "queue='outbox' dimension='acount' declared=['account']" in warned[0].getMessage()
+
+
+@ALL
+async def test_a_shutdown_ends_the_lock_pacers_wait_and_sends_nothing_more(make_store) -> None:
+    """Tasks whose turn waits for the lock's pace (a send per 30 s, the first after one
+    interval) when the shutdown comes go back at once, unsent, their attempts unused: the wait
+    held the shutdown until the drain's deadline before."""
+    store = await make_store(clock=None)
+    await store.set_rate_limits(Q, [RateLimit(dimension="account", count=1, per_s=30.0, burst=10)])
+    ids = [(await store.enqueue(Q, i, partition_key=f"c{i}", limit_keys={"account": "a"})).task.id for i in range(6)]
+    sends: list[int] = []
+
+    async def send(task: Task) -> None:
+        sends.append(task.id)
+
+    config = NodeConfig(queue=Q, idle_max_s=0.05, lock_wait_s=60.0, lock_pace_dimension="account")
+    runtime = Runtime(store, send=send, nodes=2, config=config, lock_key=lambda t: "acct:a", shutdown_timeout_s=20.0)
+    async with runtime:
+        deadline = time.monotonic() + 10.0
+        while sum(s.in_flight for s in runtime.states()) < 6:  # all claimed: one paced, the others in line
+            assert time.monotonic() < deadline, runtime.states()
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # well inside the pace's 30 s wait
+        stopping = time.monotonic()
+        await runtime.shutdown()
+        assert time.monotonic() - stopping < 10.0  # not the drain's 20 s
+    assert sends == []
+    counts = (await store.stats(Q)).counts
+    assert (counts[TaskStatus.PENDING], counts[TaskStatus.RUNNING]) == (6, 0)
+    assert [(await store.get(i)).attempts for i in ids] == [0] * 6
