@@ -46,7 +46,7 @@ from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
 from ..errors import InvalidArgumentError, StoreError
 from ..models import Task
 from ..validation import check_int, check_name
-from .printable import printable_report
+from .printable import printable, printable_report
 from .run import store_options
 from .status import open_status_store
 
@@ -69,6 +69,8 @@ ERROR_CHARS = 60
 """Characters of a task's last error the table shows (``--json`` shows all)."""
 
 _PAYLOAD_CHARS = 40
+_KEY_CHARS = 32  # a partition key's characters in the table (--json shows all)
+_ERROR_MIN_CHARS = 24  # the last error column's least width, however wide the others
 _ACTIONS = ("requeue", "discard")
 _LIST_ONLY = (("limit", "--limit"), ("after", "--after"), ("json", "--json"), ("show_payloads", "--show-payloads"))
 
@@ -346,13 +348,14 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
     from rich.console import Console
     from rich.table import Table
 
+    payloads = [t["payload"] for t in report["tasks"]] if report["payloads_shown"] else []
     report = printable_report(report)  # no control character of the users' data reaches the terminal
     # markup=False: keys, errors and payloads come from the users' data and print as they are.
     console = Console(file=file, no_color=color is False, force_terminal=color, markup=False)
     if not console.is_terminal:  # a pipe or a file: a width that fits the table
         console = Console(file=file, no_color=color is False, force_terminal=color, width=140, markup=False)
     queue, tasks, after = report["queue"], report["tasks"], report["after_id"]
-    where = f"{queue!r} in {report['db']}" + ("" if after is None else f" after id {after}")
+    where = f"'{queue}' in {report['db']}" + ("" if after is None else f" after id {after}")
     if not tasks:
         console.print(f"No dead tasks of {where}.", style="green")
         return
@@ -361,16 +364,19 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
     console.print(f"Dead tasks of {where} ({len(tasks)}; policy {policy})", soft_wrap=True)
     table = Table(box=box.SIMPLE_HEAVY)
     for col in ("id", "partition key", "attempts", "died (UTC)", "last error"):
-        table.add_column(col, justify="right" if col in ("id", "attempts") else "left", no_wrap=col != "last error")
+        wraps = col == "last error"  # the one column that wraps: never squeezed out by the others
+        table.add_column(col, justify="right" if col in ("id", "attempts") else "left", no_wrap=not wraps)
+        if wraps:
+            table.columns[-1].min_width = _ERROR_MIN_CHARS
     if report["payloads_shown"]:
         table.add_column("payload", no_wrap=True)
-    for t in tasks:
+    for i, t in enumerate(tasks):
         payload: tuple[str, ...] = ()
-        if report["payloads_shown"]:
-            payload = (shorten(json.dumps(t["payload"], ensure_ascii=False), _PAYLOAD_CHARS),)
+        if report["payloads_shown"]:  # from the stored payload, escaped once
+            payload = (printable(shorten(json.dumps(payloads[i], ensure_ascii=False), _PAYLOAD_CHARS)),)
         table.add_row(
             str(t["id"]),
-            t["partition_key"] or "-",
+            shorten(t["partition_key"], _KEY_CHARS) if t["partition_key"] else "-",
             f"{t['attempts']}/{t['max_attempts']}",
             _utc(t["updated_at"]),
             "-" if t["last_error"] is None else shorten(t["last_error"], ERROR_CHARS),

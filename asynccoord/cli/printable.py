@@ -4,9 +4,11 @@ Task errors, lock names and holders come from the database, and a send's error t
 carry what a provider answered. Printed as they are, an ANSI escape sequence among them
 would move the cursor, clear the screen or retitle the window of the operator's terminal
 (CWE-150). Rich's markup is already off for such values; this escapes the characters
-themselves: the C0 and C1 control characters and DEL (Unicode category ``Cc``), and the
-bidirectional overrides and isolates that can make text read differently from what it is
-(CVE-2021-42574, "Trojan Source"), each as its Python escape (``\\x1b``, ``\\u202e``).
+themselves: the C0 and C1 control characters and DEL (Unicode category ``Cc``), the line
+and paragraph separators (which break a table's row), the zero-width space and byte-order
+mark (the joiners that scripts and emoji need stay), and the bidirectional marks, overrides
+and isolates that can make text read differently from what it is (CVE-2021-42574, "Trojan
+Source"), each as its Python escape (``\\x1b``, ``\\u202e``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 __all__ = ("printable", "printable_report")
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import sys
 from collections.abc import AsyncIterator, Sequence
 from importlib import resources
@@ -474,8 +475,8 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     console.print(table)
     for q in held:  # what leaves a conversation stuck
         console.print(
-            f"{q['queue']!r} holds conversations behind {q['dead']} dead task(s) until requeued or discarded: "
-            f"python -m asynccoord dead --db ... --queue {q['queue']}",
+            f"'{q['queue']}' holds conversations behind {q['dead']} dead task(s) until requeued or discarded: "
+            f"python -m asynccoord dead --db ... --queue {shlex.quote(q['queue'])}",
             style="yellow",
             soft_wrap=True,  # one line to copy: the terminal wraps it
         )

@@ -20,6 +20,9 @@ def test_printable_escapes_control_and_bidi_characters_and_keeps_the_rest() -> N
     assert printable(ERROR) == "boom \\x1b[31mred\\x1b[0m \\x9b2J \\u202eevil"
     assert printable("tab\there\nnew \x7f") == "tab\\x09here\\x0anew \\x7f"
     assert printable("Привет 👋 [/x] é") == "Привет 👋 [/x] é"  # letters, emoji and markup-like text stay
+    assert printable("a\u2028b\u200ec\ufeffd\u061ce") == "a\\u2028b\\u200ec\\ufeffd\\u061ce"
+    zwnj = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"  # Persian: a word with a zero-width non-joiner
+    assert printable(f"\U0001f468\u200d\U0001f469 {zwnj}") == f"\U0001f468\u200d\U0001f469 {zwnj}"  # joiners stay
     report = {"a\x1b": ["\x1b", ("x\x07", 3)], "n": None, "f": 1.5}
     assert printable_report(report) == {"a\\x1b": ["\\x1b", ("x\\x07", 3)], "n": None, "f": 1.5}
 
@@ -51,3 +54,25 @@ def test_no_control_character_from_the_database_reaches_the_terminal(
     else:
         assert "acct\\x1b[2J" in out
         assert "h\\x1b]0;TITLE\\x07" in out
+
+
+def test_a_wide_key_and_payload_leave_the_error_readable_and_payloads_are_escaped_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "wide.db"
+
+    async def go() -> None:
+        async with SQLiteStore(db) as store:
+            payload = {"text": "E\x1b[2J" + "p" * 120}
+            await store.enqueue("q", payload, partition_key="k" * 55, max_attempts=1)
+            [task] = await store.claim("q", node_id="n")
+            await store.fail(task, "HTTPError: 400 Bad Request: chat not found")
+
+    asyncio.run(go())
+    assert main(["dead", "--db", str(db), "--queue", "q", "--show-payloads", "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    assert "last error" in out
+    assert "HTTPError: 400" in out  # the error column keeps a readable width
+    assert "k" * 29 + "..." in out  # the key is shortened in the table (--json has it whole)
+    assert '"E\\u001b[2J' in out  # the payload's ESC as JSON escapes it, once: no doubled backslash
+    assert "\x1b" not in out
