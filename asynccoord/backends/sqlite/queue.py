@@ -354,7 +354,7 @@ class SQLiteQueueOps(StoreBase):
                     "lease_s": continuation[1],
                     "token": new_token(),
                 }
-                following, duplicates, promoted = _claim_key_head(db, now, params, promoted)
+                following, duplicates, promoted = _claim_key_head(db, now, params)
                 if following is not None or duplicates:  # the key's new head is leased (or settled and
                     keys = [k for k in keys if k != (queue, key)]  # its successor promoted): nothing left to promote
             promoted = _promote_heads(db, keys) + promoted
@@ -616,26 +616,21 @@ def _keep_heads(db: sqlite3.Connection, queue: str) -> None:
 
 
 def _claim_key_head(
-    db: sqlite3.Connection, now: float, params: dict[str, Any], promoted: list[tuple[str, int]]
+    db: sqlite3.Connection, now: float, params: dict[str, Any]
 ) -> tuple[_Row | None, int, list[tuple[str, int]]]:
     """Lease the head of one key (commit-and-continue); return its row, duplicates settled, promotions.
 
     The leased task is marked the key's head in the same statement, so the commit that
     continues needs no promotion of that key. The queue keeps heads from now on (as after an
-    ordered claim). A head whose message id
-    is already processed is settled as a duplicate, and the key's following head is not
-    leased (it is announced instead, as a claim does).
+    ordered claim). A head whose message id is already processed is settled as a duplicate,
+    and the key's following head is not leased (it is promoted and announced instead, as a
+    claim does).
     """
-    queue = params["queue"]
-    _keep_heads(db, queue)
+    _keep_heads(db, params["queue"])
     row: _Row | None = db.execute(Q["claim_key_head"], {**params, "now": now}).fetchone()
-    if row is None:
-        return None, 0, promoted
-    # The leased head is this caller's now: nobody else need wake for it.
-    promoted = [p for p in promoted if p != (queue, row[2])]
-    if row[3] is None:
-        return row, 0, promoted
+    if row is None or row[3] is None:
+        return row, 0, []
     settled = db.execute(Q["settle_duplicate"], {"ids": json.dumps([row[0]]), "now": now}).fetchall()
     if not settled:
-        return row, 0, promoted
-    return None, 1, promoted + _promote_heads(db, [(r[1], r[2]) for r in settled])
+        return row, 0, []
+    return None, 1, _promote_heads(db, [(r[1], r[2]) for r in settled])
