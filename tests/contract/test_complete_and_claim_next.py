@@ -464,6 +464,86 @@ async def test_two_owners_continuing_one_key_share_it_in_order(backend: str, mak
     assert stored.lease_token == leased[0].lease_token
 
 
+async def test_concurrent_continuations_each_get_their_own_outcome(store) -> None:
+    """Calls made together (a process's nodes finishing their sends at once; SQLite joins
+    them into one operation) settle each on its own: a continuation, a key with nothing
+    next, a fence refused, a stale copy, and two owners continuing on different keys."""
+    a = await fill(store, "a", 2)
+    b = await fill(store, "b", 1, first=10)
+    c = await fill(store, "c", 2, first=20)
+    d = await fill(store, "d", 2, first=30)
+    e = await fill(store, "e", 2, first=40)
+    heads = {t.partition_key: t for t in await store.claim(Q, node_id="n1", limit=5, ordered=True)}
+    assert sorted(heads) == ["a", "b", "c", "d", "e"]
+    await store.fence("acct", 7)
+    stale = dataclasses.replace(heads["d"], version=heads["d"].version + 5)
+    outcomes = await asyncio.gather(
+        store.complete_and_claim_next(heads["a"]),
+        store.complete_and_claim_next(heads["b"]),
+        store.complete_and_claim_next(heads["c"], fence=("acct", 6)),
+        store.complete_and_claim_next(stale),
+        store.complete_and_claim_next(heads["e"], lease_s=12.0),
+        return_exceptions=True,
+    )
+    out_a, out_b, out_c, out_d, out_e = outcomes
+    assert isinstance(out_a, Continuation)
+    assert out_a.next_task is not None
+    assert (out_a.done.id, out_a.next_task.id, out_a.next_task.lease_owner) == (a[0].id, a[1].id, "n1")
+    assert isinstance(out_b, Continuation)
+    assert (out_b.done.id, out_b.next_task) == (b[0].id, None)
+    assert isinstance(out_c, FencingTokenRejectedError)
+    assert out_c.highest == 7
+    assert isinstance(out_d, LeaseLostError)
+    assert out_d.task_id == d[0].id
+    assert isinstance(out_e, Continuation)
+    assert out_e.next_task is not None
+    assert out_e.next_task.id == e[1].id
+    assert out_e.next_task.lease_expires_at == pytest.approx(out_e.done.updated_at + 12.0, abs=0.5)
+    assert await states(store, [a[1], c[0], c[1], d[0], d[1], e[1]]) == [
+        (TaskStatus.RUNNING, 1, "n1"),
+        (TaskStatus.RUNNING, 1, "n1"),  # refused: still held, nothing after it leased
+        (TaskStatus.PENDING, 0, None),
+        (TaskStatus.RUNNING, 1, "n1"),  # the stale copy changed nothing
+        (TaskStatus.PENDING, 0, None),
+        (TaskStatus.RUNNING, 1, "n1"),
+    ]
+    assert (store.events.get(ev.COMMITS), store.events.get(ev.CLAIMS)) == (3, 5 + 2)
+    assert store.events.get(ev.FENCING_REJECTED) == 1
+    assert store.events.get(ev.STALE_COMMIT_REJECTED) == 1
+
+
+async def test_sqlite_joins_the_continuations_of_one_loop_turn_into_one_operation(tmp_path: Path) -> None:
+    """Eight continuations called together are one operation of the writer, not eight; a caller
+    cancelled before its loop turn ends is left out of it (nothing is written for it)."""
+    async with SQLiteStore(tmp_path / "turn.db") as store:
+        for k in range(9):
+            await fill(store, f"k{k}", 2, first=10 * k)
+        heads = sorted(await store.claim(Q, node_id="n1", limit=9, ordered=True), key=lambda t: t.id)
+        assert len(heads) == 9
+        writer = store._writer
+        operations = 0
+        enqueue = writer.enqueue
+
+        def counted(fn, undo=None):
+            nonlocal operations
+            operations += 1
+            return enqueue(fn, undo)
+
+        writer.enqueue = counted
+        left_out = asyncio.create_task(store.complete_and_claim_next(heads[8]))
+        calls = [asyncio.create_task(store.complete_and_claim_next(t)) for t in heads[:8]]
+        await asyncio.sleep(0)  # every call has joined this turn's batch
+        left_out.cancel()
+        outcomes = await asyncio.gather(*calls)
+        with pytest.raises(asyncio.CancelledError):
+            await left_out
+        assert operations == 1
+        assert [o.done.id for o in outcomes] == [t.id for t in heads[:8]]
+        assert all(o.next_task is not None and o.next_task.partition_key == o.done.partition_key for o in outcomes)
+        kept = await store.get(heads[8].id)
+        assert (kept.status, kept.version, kept.lease_token) == (TaskStatus.RUNNING, 1, heads[8].lease_token)
+
+
 @contextlib.asynccontextmanager
 async def writes_held(backend: str, store, db_path: Path) -> AsyncIterator[None]:
     """Keep the store's next write of key ``k`` waiting (in flight) until the block exits."""
@@ -518,7 +598,7 @@ async def test_a_cancelled_caller_hands_the_next_task_back(backend: str, store, 
     assert again.id == b.id
 
 
-@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 async def test_a_caller_cancelled_as_its_outcome_arrives_hands_the_next_task_back(backend: str, store) -> None:
     """The batch's outcome reaches the caller's future just as the caller is cancelled (the
     cancellation is already queued when the result is set): the commit stands and the next
@@ -527,15 +607,25 @@ async def test_a_caller_cancelled_as_its_outcome_arrives_hands_the_next_task_bac
     first = await claim_head(store)
     loop = asyncio.get_running_loop()
     call: asyncio.Task[Continuation] | None = None
-    run = store._committer._run
+    if backend == "sqlite":
+        start = store._start_continuations
 
-    async def run_then_cancel(items):  # the cancel is queued before the results are set
-        outcomes = await run(items)
-        assert call is not None
-        loop.call_soon(call.cancel)
-        return outcomes
+        def start_then_cancel(items):  # the cancel is queued before the outcomes are delivered
+            running = start(items)
+            running.add_done_callback(lambda _: loop.call_soon(call.cancel))
+            return running
 
-    store._committer._run = run_then_cancel
+        store._start_continuations = start_then_cancel
+    else:
+        run = store._committer._run
+
+        async def run_then_cancel(items):  # the cancel is queued before the results are set
+            outcomes = await run(items)
+            assert call is not None
+            loop.call_soon(call.cancel)
+            return outcomes
+
+        store._committer._run = run_then_cancel
     call = asyncio.create_task(store.complete_and_claim_next(first))
     with pytest.raises(asyncio.CancelledError):
         await call

@@ -331,8 +331,7 @@ async def test_a_node_that_gains_partitions_while_it_waits_is_woken_for_them(mak
         async with leaves:
             await wait_until(holds(lambda: stays.membership.view.node_ids == ("a", "b")), 5.0, "both nodes in the view")
             assert stays.nodes[0].wake()  # it claims again, by the two-node view, and waits
-            await asyncio.sleep(0.2)
-            assert stays.nodes[0].idle
+            await wait_until(holds(lambda: stays.nodes[0].idle), 5.0, "a to claim by the two-node view and wait")
         version = stays.membership.view.version
         await wait_until(holds(lambda: stays.membership.view.version > version), 5.0, "the view without b")
         key = next(

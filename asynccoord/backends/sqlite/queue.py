@@ -11,6 +11,7 @@ writer's batches. Per-key order is kept by head flags in the queues claimed in o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import operator
 import sqlite3
@@ -30,7 +31,9 @@ from ..wakeups import notify_partitions
 from .deadletters import recompute_heads
 from .locks import check_fence
 from .ratelimits import claim_limited
+from .readonly import read_only_error
 from .seek import Flagging, seek_params, seek_sql, seeks
+from .turnbatch import TurnBatch
 
 if TYPE_CHECKING:
     from .writer import GroupCommitter, Operation
@@ -41,8 +44,26 @@ Q = load_queries("sqlite")
 
 _Row = tuple[Any, ...]
 _Claimed = tuple[list[_Row], int, int, float, list[tuple[str, int]]]  # rows, duplicates, dead, now, promoted
-# now, per-task outcome, refused fences, promoted heads, the next task's row, duplicates settled, its queue
-_Completed = tuple[float, list[int | str | None], dict[int, int], list[tuple[str, int]], "_Row | None", int, str]
+# now, per-task outcome, refused fences, promoted heads, per task the next task's row and queue, duplicates settled
+_Completed = tuple[
+    float, list[int | str | None], dict[int, int], list[tuple[str, int]], "list[tuple[_Row, str] | None]", int
+]
+
+
+class _CommitItem:
+    """One task of a commit: its result (JSON), its fence, and ``(owner, lease_s)`` for commit-and-continue."""
+
+    __slots__ = ("continuation", "fence", "result_json", "task")
+
+    def __init__(
+        self, task: Task, result_json: str | None, fence: tuple[str, int] | None, continuation: tuple[str, float] | None
+    ) -> None:
+        self.task = task
+        self.result_json = result_json
+        self.fence = fence
+        self.continuation = continuation
+
+
 _ID, _PRIORITY, _RECLAIMED = operator.itemgetter(0), operator.itemgetter(5), operator.itemgetter(14)  # of a claim's row
 _NEW = object.__new__
 _RUNNING = TaskStatus.RUNNING
@@ -94,6 +115,9 @@ class SQLiteQueueOps(StoreBase):
 
     _partitions: int
     _flagging: Flagging
+    _continuations: TurnBatch[_CommitItem, _Completed, tuple[Task | CoordError, Task | None]] | None = None
+    _writer: GroupCommitter | None
+    read_only: bool
 
     if TYPE_CHECKING:
 
@@ -247,6 +271,17 @@ class SQLiteQueueOps(StoreBase):
 
     def _release_rows_op(self, rows: Sequence[_Row]) -> Operation[None]:
         keys = [{"id": r[0], "lease_token": r[9], "version": r[10], "delay_s": 0.0, "refund": 1} for r in rows]
+        return self._release_op(keys)
+
+    def _release_tasks_op(self, tasks: Sequence[Task]) -> Operation[None]:
+        keys = [
+            {"id": t.id, "lease_token": t.lease_token, "version": t.version, "delay_s": 0.0, "refund": 1} for t in tasks
+        ]
+        return self._release_op(keys)
+
+    @staticmethod
+    def _release_op(keys: list[dict[str, Any]]) -> Operation[None]:
+        """Hand tasks back to pending, due now, the attempt refunded (a claim whose caller is gone)."""
 
         def op(db: sqlite3.Connection, now: float) -> None:
             sql = Q["release"]
@@ -286,110 +321,142 @@ class SQLiteQueueOps(StoreBase):
         """Complete many tasks in one transaction of the group commit, each with its own compare-and-set."""
         if not checked:
             return []
-        done, _ = await self._complete(checked, encoded, fenced)
-        return done
+        items = [
+            _CommitItem(t, r, None if fenced is None else fenced[i], None)
+            for i, (t, r) in enumerate(zip(checked, encoded, strict=True))
+        ]
+        result = await self._write(self._complete_op(items))
+        return [outcome for outcome, _ in self._completed(result, items)]
 
     async def _complete_and_claim_next_checked(
         self, task: Task, result_json: str | None, fence: tuple[str, int] | None, lease: float, owner: str
     ) -> Continuation:
-        """Complete ``task`` and lease its key's next task: one operation of the group commit."""
-        fenced: list[tuple[str, int] | None] | None = None if fence is None else [fence]
-        done, next_task = await self._complete([task], [result_json], fenced, (owner, lease))
-        outcome = done[0]
+        """Complete ``task`` and lease its key's next task.
+
+        The calls of one loop turn (a process's nodes finish their sends together) share one
+        operation of the group commit (:class:`~asynccoord.backends.sqlite.turnbatch.TurnBatch`):
+        one compare-and-set statement for all, then each key's head leased in turn.
+        """
+        if self.read_only:
+            raise read_only_error(self)
+        self._w()  # open, and in this loop: raised here, not in the turn's operation
+        batch = self._continuations
+        if batch is None:
+            batch = self._continuations = TurnBatch(self._start_continuations, self._completed, self._orphaned)
+        outcome, next_task = await batch.call(_CommitItem(task, result_json, fence, (owner, lease)))
         if not isinstance(outcome, Task):
             raise outcome
         return Continuation(done=outcome, next_task=next_task)
 
-    async def _complete(
-        self,
-        checked: list[Task],
-        encoded: list[str | None],
-        fenced: list[tuple[str, int] | None] | None,
-        continuation: tuple[str, float] | None = None,
-    ) -> tuple[list[Task | CoordError], Task | None]:
-        """complete_many's transaction; with ``continuation`` ``(owner, lease_s)``, also lease
-        the first task's key's next head to ``owner``."""
-        rows = [[t.id, t.lease_token, t.version, r] for t, r in zip(checked, encoded, strict=True)]
-        head = checked[0]
+    def _start_continuations(self, items: list[_CommitItem]) -> asyncio.Future[_Completed]:
+        return self._w().enqueue(self._complete_op(items))
+
+    def _orphaned(self, _item: _CommitItem, outcome: tuple[Task | CoordError, Task | None]) -> None:
+        """Hand back the task a commit leased for a caller cancelled meanwhile (pending again, attempt refunded)."""
+        next_task = outcome[1]
+        if next_task is not None and self._writer is not None:
+            self._writer.compensate(self._release_tasks_op([next_task]))
+
+    def _complete_op(self, items: list[_CommitItem]) -> Operation[_Completed]:
+        """complete_many's transaction; each item with a continuation ``(owner, lease_s)`` also
+        leases its key's next head to ``owner`` (after every compare-and-set of the operation)."""
+        rows = [[i.task.id, i.task.lease_token, i.task.version, i.result_json] for i in items]
+        fenced = any(i.fence is not None for i in items)
+        continuing = any(i.continuation is not None for i in items)
 
         def op(db: sqlite3.Connection, now: float) -> _Completed:
             refused: dict[int, int] = {}
-            if fenced is not None:  # refuse outdated tokens first (read only)...
-                for t, f in zip(checked, fenced, strict=True):
+            if fenced:  # refuse outdated tokens first (read only)...
+                for i in items:
+                    f = i.fence
                     if f is not None:
                         row = db.execute(Q["fence_get"], {"resource": f[0]}).fetchone()
                         if row is not None and f[1] < row[1]:
-                            refused[t.id] = int(row[1])
+                            refused[i.task.id] = int(row[1])
             batch = json.dumps([r for r in rows if r[0] not in refused], separators=(",", ":"))
             done = db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall()
             matched = {(r[0], r[1]) for r in done}
             won = []  # per copy: its compare-and-set matched (one copy per match: a repeated copy lost)
-            for t in checked:
-                hit = (t.id, t.version + 1) in matched
-                matched.discard((t.id, t.version + 1))
+            for i in items:
+                hit = (i.task.id, i.task.version + 1) in matched
+                matched.discard((i.task.id, i.task.version + 1))
                 won.append(hit)
             keys = [(r[2], r[3]) for r in done]  # the stored keys, not the caller's
-            if fenced is not None:  # ...and record the tokens of the commits that went through
-                for f, w in zip(fenced, won, strict=True):
-                    if f is not None and w:
-                        check_fence(db, now, f[0], f[1])
+            if fenced:  # ...and record the tokens of the commits that went through
+                for i, w in zip(items, won, strict=True):
+                    if i.fence is not None and w:
+                        check_fence(db, now, i.fence[0], i.fence[1])
             records = [[r[2], r[4]] for r in done if r[4] is not None]  # the stored keys, not the caller's
             if records:
                 db.execute(Q["record_processed_batch"], {"records": json.dumps(records), "now": now})
             out: list[int | str | None] = [
-                t.version + 1 if w else (None if t.id in refused else _lost_reason(db, t, now))
-                for t, w in zip(checked, won, strict=True)
+                i.task.version + 1 if w else (None if i.task.id in refused else _lost_reason(db, i.task, now))
+                for i, w in zip(items, won, strict=True)
             ]
-            following: _Row | None = None
+            following: list[tuple[_Row, str] | None] = [None] * len(items)
             duplicates = 0
-            queue = head.queue
             promoted: list[tuple[str, int]] = []
-            if continuation is not None and won[0]:
-                # the stored key (as the promotion uses), never the caller's copy of the task
-                queue, key = next((r[2], r[3]) for r in done if r[0] == head.id)
-                params = {
-                    "queue": queue,
-                    "partition_key": key,
-                    "node_id": continuation[0],
-                    "lease_s": continuation[1],
-                    "token": new_token(),
-                }
-                following, duplicates, promoted = _claim_key_head(db, now, params)
-                if following is not None or duplicates:  # the key's new head is leased (or settled and
-                    keys = [k for k in keys if k != (queue, key)]  # its successor promoted): nothing left to promote
+            if continuing:
+                stored = {r[0]: (r[2], r[3]) for r in done}  # the stored key (as the promotion uses)
+                continued: set[tuple[str, str]] = set()
+                for n, (i, w) in enumerate(zip(items, won, strict=True)):
+                    if i.continuation is None or not w:
+                        continue
+                    queue, key = stored[i.task.id]
+                    params = {
+                        "queue": queue,
+                        "partition_key": key,
+                        "node_id": i.continuation[0],
+                        "lease_s": i.continuation[1],
+                        "token": new_token(),
+                    }
+                    row, settled, heads = _claim_key_head(db, now, params)
+                    duplicates += settled
+                    promoted += heads
+                    if row is not None:
+                        following[n] = (row, queue)
+                    if row is not None or settled:  # the key's new head is leased (or settled and
+                        continued.add((queue, key))  # its successor promoted): nothing left to promote
+                if continued:
+                    keys = [k for k in keys if k not in continued]
             promoted = _promote_heads(db, keys) + promoted
-            return now, out, refused, promoted, following, duplicates, queue
+            return now, out, refused, promoted, following, duplicates
 
-        def undo(result: _Completed) -> Operation[Any] | None:
-            following = result[4]
-            return None if following is None else self._release_rows_op([following])
+        return op
 
-        now, outcomes, refused, promoted, following, duplicates, next_queue = await self._write(op, undo)
-        done: list[Task | CoordError] = []
-        for i, (task, result_json, outcome) in enumerate(zip(checked, encoded, outcomes, strict=True)):
+    def _completed(self, result: _Completed, items: list[_CommitItem]) -> list[tuple[Task | CoordError, Task | None]]:
+        """Per item, on the loop: its outcome (the done task or the error) and the next task leased for it."""
+        now, outcomes, refused, promoted, following, duplicates = result
+        out: list[tuple[Task | CoordError, Task | None]] = []
+        committed = lost = leased = 0
+        for item, outcome, step in zip(items, outcomes, following, strict=True):
+            task = item.task
+            done: Task | CoordError
             if task.id in refused:
-                fence = None if fenced is None else fenced[i]
-                assert fence is not None
-                done.append(fence_rejected_error(fence[0], fence[1], refused[task.id]))
+                assert item.fence is not None
+                done = fence_rejected_error(item.fence[0], item.fence[1], refused[task.id])
             elif isinstance(outcome, int):
-                done.append(settled_done(task, version=outcome, now=now, result=decode_json(result_json)))
+                committed += 1
+                done = settled_done(task, version=outcome, now=now, result=decode_json(item.result_json))
             elif outcome is None:
-                done.append(TaskNotFoundError(task.id))
+                done = TaskNotFoundError(task.id)
             else:
-                done.append(LeaseLostError(task.id, outcome))
-        committed = sum(1 for d in done if isinstance(d, Task))
+                lost += 1
+                done = LeaseLostError(task.id, outcome)
+            next_task = None
+            if step is not None:
+                assert item.continuation is not None
+                owner, lease_s = item.continuation
+                next_task = _claimed_task(step[0], step[1], owner, now + lease_s, now)
+                leased += 1
+            out.append((done, next_task))
         self.events.add(ev.COMMITS, committed)
         notify_partitions(self.notifier, promoted)  # the keys' next tasks, claimable now
-        self.events.add(ev.STALE_COMMIT_REJECTED, sum(1 for d in done if isinstance(d, LeaseLostError)))
+        self.events.add(ev.STALE_COMMIT_REJECTED, lost)
         self.events.add(ev.FENCING_REJECTED, len(refused))
-        next_task = None
-        if following is not None:
-            assert continuation is not None
-            owner, lease_s = continuation
-            next_task = _claimed_task(following, next_queue, owner, now + lease_s, now)
-            self.events.add(ev.CLAIMS)
+        self.events.add(ev.CLAIMS, leased)
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
-        return done, next_task
+        return out
 
     async def _dead_letter_checked(self, task: Task, error: str) -> Task:
         """Dead-letter ``task`` and promote its key's next head, in one transaction."""

@@ -228,11 +228,7 @@ class GroupCommitter:
             StoreError: the transaction failed (busy past the timeout, I/O error...).
             Exception: whatever ``fn`` raised when re-run alone.
         """
-        if self._closing or self._task is None:
-            raise StoreClosedError("the store is closed")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(fn, future, undo))
-        self._wake.set()
+        future = self.enqueue(fn, undo)
         try:
             return await future
         except asyncio.CancelledError:
@@ -241,9 +237,32 @@ class GroupCommitter:
             if undo is not None and future.done() and not future.cancelled() and future.exception() is None:
                 compensation = undo(future.result())
                 if compensation is not None:
-                    self._queue.append(_Pending(compensation, asyncio.get_running_loop().create_future(), None))
-                    self._wake.set()
+                    self.compensate(compensation)
             raise
+
+    def enqueue(self, fn: Operation[T], undo: Callable[[T], Operation[Any] | None] | None = None) -> asyncio.Future[T]:
+        """Queue ``fn`` for the next batch; its future resolves to the result (see :meth:`submit`).
+
+        Cancelling the future before the batch starts skips ``fn``; cancelling it later
+        hands the result to ``undo``.
+
+        Raises:
+            StoreClosedError: the writer is stopping.
+        """
+        if self._closing or self._task is None:
+            raise StoreClosedError("the store is closed")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(fn, future, undo))
+        self._wake.set()
+        return future
+
+    def compensate(self, fn: Operation[Any]) -> None:
+        """Queue ``fn``, whose result nobody waits for: it undoes a result its caller never received.
+
+        Queued even while closing: the writer drains the queue before it stops.
+        """
+        self._queue.append(_Pending(fn, asyncio.get_running_loop().create_future(), None))
+        self._wake.set()
 
     def now(self, db: sqlite3.Connection) -> float:
         """The store clock, read on the connection thread."""
@@ -283,10 +302,7 @@ class GroupCommitter:
             if ok and item.undo is not None:
                 compensation = item.undo(value)
                 if compensation is not None:
-                    # Queued even while closing: the writer drains the queue before it stops.
-                    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                    self._queue.append(_Pending(compensation, future, None))
-                    self._wake.set()
+                    self.compensate(compensation)
             return
         if ok:
             item.future.set_result(value)
