@@ -155,7 +155,7 @@ class LocklessBatch:
         """The send timeout of the batch: cut every send still running (see :func:`~asynccoord.node.send.time_out`)."""
         self._timer = None
         for flight in list(self._sending.values()):
-            time_out(flight)
+            time_out(flight, self._sender.overrun_s)
 
     def _send_over(self, over: asyncio.Future[None]) -> None:
         """``flight.over`` is done: the send ended, or was cut and its cleanup time is up."""
@@ -296,6 +296,8 @@ class LocklessBatch:
                 self._look_at_over(loop)
             for flight in cutting:
                 cut(flight)
+                if flight.over is not None:  # the batch stops: a send cut at its timeout is not
+                    flight.over.cancel()  # waited for past its cleanup time (see cut)
             children = {f.send for f in cutting if f.send is not None and not f.send.done()}
             until = max((f.cut_until for f in cutting if f.cut_until is not None), default=None)
             if children and until is not None:

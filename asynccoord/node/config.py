@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from ..config import RetryPolicy
 from ..contract.locks import MAX_PERMITS
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..validation import check_bool, check_int, check_interval_s, check_lease_s, check_name, check_positive
+from ..validation import (
+    check_bool,
+    check_int,
+    check_interval_s,
+    check_lease_s,
+    check_name,
+    check_non_negative,
+    check_positive,
+)
 
 _DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 """The only ``max_attempts`` a node's retry policy may carry (it sets delays only: see ``NodeConfig.retry``)."""
@@ -38,6 +46,15 @@ class NodeConfig:
         claim_batch: Most tasks per claim. Default 32.
         max_in_flight: Most sends at once on this node. Default 32.
         send_timeout_s: Longest a send may take before it counts as failed. Default 30.
+        send_overrun_s: Longest the node still waits, after cutting a send at
+            ``send_timeout_s``, for a send that ignores its cancellation past its cleanup
+            time (:data:`~asynccoord.node.send.SEND_CLEANUP_S`), seconds, >= 0. Meanwhile
+            the task lease and the lock stay held and renewed, so no other send under the
+            lock starts and the task is not sent again. A send that then returns is
+            committed; one still running at the bound is let go (logged, the lock handed
+            on, the attempt failed). A lost lease or lock, or the node's cancellation at
+            the end of the drain, ends the wait at once. 0: let go at the end of the
+            cleanup time. None: ``send_timeout_s``. Default None.
         ordered: Per-key (per-conversation) ordering. Default True.
         idle_min_s / idle_max_s: Backoff after a claim that came back short, seconds,
             growing from min to max with full jitter with every empty claim and reset
@@ -106,6 +123,7 @@ class NodeConfig:
     claim_batch: int = 32
     max_in_flight: int = 32
     send_timeout_s: float = 30.0
+    send_overrun_s: float | None = None
     ordered: bool = True
     idle_min_s: float = 0.05
     idle_max_s: float = 1.0
@@ -130,6 +148,8 @@ class NodeConfig:
         check_int("claim_batch", self.claim_batch, minimum=1, maximum=10_000)
         check_int("max_in_flight", self.max_in_flight, minimum=1)
         check_positive("send_timeout_s", self.send_timeout_s)
+        if self.send_overrun_s is not None:
+            check_non_negative("send_overrun_s", self.send_overrun_s)
         check_interval_s("idle_min_s", self.idle_min_s)
         check_interval_s("idle_max_s", self.idle_max_s)
         if self.idle_max_s < self.idle_min_s:

@@ -31,7 +31,9 @@ class FlightState(enum.Enum):
     SENDING = "sending"
     """The user's send runs (``Flight.cut_until`` is set once the node has cancelled it)."""
     TIMED_OUT = "timed_out"
-    """The send was cut at ``send_timeout_s``; its cleanup time runs. It fails the attempt."""
+    """The send was cut at ``send_timeout_s``; its cleanup time runs. It fails the attempt. A send
+    that outlives its cleanup time is still waited for, its lease and lock kept, up to
+    ``send_overrun_s`` after the cut (``Flight.overrun_until``); one that returns then is committed."""
     LEASE_LOST = "lease_lost"
     """The task lease was lost (not renewed, or the store says so) before the send was over: cut."""
     LOCK_LOST = "lock_lost"
@@ -141,8 +143,12 @@ class Flight:
         lost: Why its lease or lock was lost (for the logs and ``last_error``), or None.
         cut_until: Loop time at which the cleanup time of a send the node cancelled ends
             (see :func:`asynccoord.node.send.cut`), or None while nothing cut it.
+        overrun_until: Loop time up to which the node still waits for a send cut at its
+            timeout that outlived its cleanup time, its lease and lock kept (see
+            :func:`asynccoord.node.send.cut`); None unless such a send is (or was) waited for.
         send: The user's send, in an asyncio task of its own, while it runs.
-        over: Done when the send is, or when its cleanup time ran out.
+        over: Done when the send is, or when the node stops waiting for it (its cleanup time,
+            or for a send cut at its timeout ``overrun_until``, ran out).
         next: The key's next task, leased by this task's commit (``claim_next``).
         chain: Tasks its slot took by ``claim_next`` before this one.
         turn_end: Ends the send's turn on its pooled lock (:meth:`~asynccoord.locks.pool.Turn.end`),
@@ -157,6 +163,7 @@ class Flight:
     lock: Lease | None = None
     lost: str | None = None
     cut_until: float | None = None
+    overrun_until: float | None = None
     send: asyncio.Task[Any] | None = None
     over: asyncio.Future[None] | None = None
     next: Flight | None = None

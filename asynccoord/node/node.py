@@ -120,8 +120,8 @@ class Node:
     lost, or at shutdown: once, as ``asyncio.Task.cancel`` does, whichever comes first.
     The send's ``finally`` may then await its cleanup (close a connection) for up to
     :data:`~asynccoord.node.send.SEND_CLEANUP_S` (0.25 s), and nothing cancels it again
-    within that time. A send still running after it is cancelled once more and left
-    behind.
+    within that time. A send still running then is cancelled once more and left behind, except
+    one cut by its timeout: its lease and lock are kept until it ends, or ``send_overrun_s`` after the cut.
 
     What ``send`` raises goes to the retry policy (backoff with jitter, then the dead
     letter state). The task's ``last_error`` is ``"Type: message"``, or the exception's
@@ -251,10 +251,9 @@ class Node:
         self._sender = Sender(
             store,
             node_id=self.node_id,
-            send_timeout_s=self.config.send_timeout_s,
+            config=self.config,
             affinity=self._affinity,
             on_exit=self._exiting,
-            lock_pace_dimension=self.config.lock_pace_dimension,
             stopping=self._stop_requested,
         )
         self._settler = Settler(

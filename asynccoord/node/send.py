@@ -4,11 +4,14 @@ The send runs in an asyncio task of its own, so that whatever stops it (its time
 lease or lock, the node's cancellation) reaches it as one ``CancelledError``, as
 ``asyncio.Task.cancel`` delivers it: the send's ``except``/``finally`` blocks may still await
 (to close a connection, say) for up to :data:`SEND_CLEANUP_S`, and nothing cancels it again
-before that time is up, whatever else happens meanwhile (:func:`cut`). The node's own
-cancel scopes (anyio) are level-triggered: a send run in the node's task could not await
-anything in its ``finally``. A ``KeyboardInterrupt`` or ``SystemExit`` from a send leaves its
-task as a :class:`~asynccoord._exits.ProcessExiting` (see :mod:`asynccoord._exits`). The
-outcome of a send moves its :class:`~asynccoord.node.flight.Flight` on, and is what
+before that time is up, whatever else happens meanwhile (:func:`cut`). A send cut at its
+timeout that runs on past that time is still waited for, its task lease and lock kept, for up
+to ``NodeConfig.send_overrun_s`` after the cut, so that nothing else is sent under its lock
+(nor the task again) while it runs. The node's own cancel scopes (anyio) are level-triggered:
+a send run in the node's task could not await anything in its ``finally``. A
+``KeyboardInterrupt`` or ``SystemExit`` from a send leaves its task as a
+:class:`~asynccoord._exits.ProcessExiting` (see :mod:`asynccoord._exits`). The outcome of a
+send moves its :class:`~asynccoord.node.flight.Flight` on, and is what
 :mod:`asynccoord.node.settle` commits or fails.
 """
 
@@ -30,6 +33,7 @@ from ..errors import InvalidTypeError, LockLostError, RateLimited
 from ..models import Task
 from ..monitor.histogram import SEND_MS
 from ..pauses import PauseBook, rate_limited_of
+from .config import NodeConfig
 from .delivery import _DELIVERY, Affinity, Delivery
 from .flight import Flight, FlightState
 
@@ -56,7 +60,9 @@ before it is cancelled again; shutdown and lease-loss bounds include it.
 The node cancels a send once, for whichever reason comes first (its timeout, a lost
 lease or lock, the node's cancellation); the others that come during this time do not
 cancel it again. A send still running when the time is up (one that swallows the
-``CancelledError``) is cancelled once more, and the node goes on without it."""
+``CancelledError``) is cancelled once more. If its timeout cut it, the node then still
+waits for it, holding its task lease and lock, until it ends or ``send_overrun_s`` after
+the cut (see :func:`cut`); otherwise it goes on without it."""
 
 SendFn = Callable[[Task], Awaitable[Any]]
 """The user's send: ``async def send(task: Task) -> Any`` (the result is stored, JSON)."""
@@ -105,10 +111,14 @@ class Sender:
     Args:
         store: The node's store (its ``latencies``, if any, get the send times).
         node_id: The node's id (for :class:`~asynccoord.node.delivery.Delivery` and the logs).
-        send_timeout_s: Longest a send may take, seconds (checked by ``NodeConfig``).
+        config: The node's config: ``send_timeout_s``, ``send_overrun_s`` and ``lock_pace_dimension``.
         affinity: The node's conversation contexts.
         on_exit: The node's record of a process exit.
         stopping: Whether the node has stopped claiming: a send not begun by then never begins.
+
+    Attributes:
+        overrun_s: How long after its timeout's cut a send that outlives its cleanup time is
+            still waited for (``send_overrun_s``, or ``send_timeout_s`` when that is None).
     """
 
     __slots__ = (
@@ -122,6 +132,7 @@ class Sender:
         "_stopping",
         "_store",
         "_timeout_s",
+        "overrun_s",
     )
 
     def __init__(
@@ -129,21 +140,21 @@ class Sender:
         store: Any,
         *,
         node_id: str,
-        send_timeout_s: float,
+        config: NodeConfig,
         affinity: Affinity,
         on_exit: ExitRecorder,
-        lock_pace_dimension: str | None = None,
         stopping: Callable[[], bool] | None = None,
     ) -> None:
         self._store = store
         self._stopping = stopping
         self._node_id = node_id
-        self._timeout_s = send_timeout_s
+        self._timeout_s = config.send_timeout_s
+        self.overrun_s = config.send_timeout_s if config.send_overrun_s is None else config.send_overrun_s
         self._affinity = affinity
         self._on_exit = on_exit
         self._checked_send: Any = None  # the send _send_is_async describes (see _coroutine)
         self._pauses: PauseBook | None = getattr(store, "pauses", None)
-        self._pace_dimension = lock_pace_dimension
+        self._pace_dimension = config.lock_pace_dimension
         self._send_is_async = False
 
     async def run(self, flight: Flight, send: SendFn) -> Outcome:
@@ -175,12 +186,12 @@ class Sender:
         child.add_done_callback(lambda _: _resolve(over))
         child.add_done_callback(functools.partial(self.cut_send_ended, flight))
         loop = asyncio.get_running_loop()
-        timer = loop.call_at(loop.time() + self._timeout_s, time_out, flight)
+        timer = loop.call_at(loop.time() + self._timeout_s, time_out, flight, self.overrun_s)
         cancel_pending = False
         try:
             await over
         except asyncio.CancelledError:
-            if child.done() and not child.cancelled() and flight.cut_until is None:
+            if child.done() and not child.cancelled() and (flight.cut_until is None or _returned_late(flight, child)):
                 # The send had returned (its message went out) when the node was cancelled:
                 # settle it first, then go on cancelling; handing it back would send it again.
                 cancel_pending = True
@@ -272,7 +283,7 @@ class Sender:
             return False, None, None, cancel_pending
         result: Any = None
         failure: BaseException | None = None
-        if state is FlightState.TIMED_OUT:
+        if state is FlightState.TIMED_OUT and not _returned_late(flight, child):
             child.add_done_callback(retrieve)  # the cut send's outcome, seen now or when it ends
             failure = TimeoutError()
         elif child.cancelled():
@@ -298,6 +309,13 @@ class Sender:
                 failure = None if result is None else _unsent(result)
                 if failure is not None:
                     result = None
+                if state is FlightState.TIMED_OUT:  # returned while the node waited for it past its cleanup time
+                    log.info(
+                        "asynccoord.node.send_returned_late node=%s task=%s: the send cut at its timeout returned "
+                        "after its cleanup time, its task lease and lock still held; settled as it returned",
+                        self._node_id,
+                        task.id,
+                    )
             elif is_process_exit(failure):  # the process is ending (see asynccoord._exits): no failed send
                 flight.move(FlightState.INTERRUPTED)
                 raise self._on_exit(carry(failure)) from None  # a group's first exit, as asyncio.TaskGroup raises it
@@ -341,12 +359,16 @@ class Sender:
         return _awaiting(coro)
 
 
-def time_out(flight: Flight) -> None:
-    """The send timeout of ``flight`` (a loop timer): cut its send, unless something cut it already."""
+def time_out(flight: Flight, overrun_s: float) -> None:
+    """The send timeout of ``flight`` (a loop timer): cut its send, unless something cut it already.
+
+    A send that outlives its cleanup time is then still waited for up to ``overrun_s``
+    seconds after now (see :func:`cut`).
+    """
     child = flight.send
     if flight.state is FlightState.SENDING and flight.cut_until is None and child is not None and not child.done():
         flight.move(FlightState.TIMED_OUT)
-        cut(flight)
+        cut(flight, overrun_s=overrun_s)
 
 
 def lease_ran_out(store: Any, node_id: str, flight: Flight, when: str) -> None:
@@ -390,27 +412,59 @@ def lock_lost(flight: Flight, error: LockLostError) -> None:
     cut(flight)
 
 
-def cut(flight: Flight) -> None:
+def cut(flight: Flight, *, overrun_s: float = 0.0) -> None:
     """Cancel the send of ``flight`` (if it runs) once, edge-triggered, as ``Task.cancel`` does.
 
     The send may still await in its ``except``/``finally`` blocks (closing a connection,
-    say) for up to :data:`SEND_CLEANUP_S`; then it is cancelled again and the node goes
-    on without waiting for it (``flight.over`` is resolved). Only the first call per send
-    does this: a later one (the timeout, a lost lease or lock, the node's cancellation,
-    whichever did not come first) finds ``flight.cut_until`` set and leaves the send's
-    cleanup time alone, so a send is cancelled at most twice, :data:`SEND_CLEANUP_S` apart.
+    say) for up to :data:`SEND_CLEANUP_S`; then it is cancelled again (logged as
+    ``asynccoord.node.send_abandoned``) and the node goes on without waiting for it
+    (``flight.over`` is resolved). Only the first call per send does this: a later one
+    (the timeout, a lost lease or lock, the node's cancellation, whichever did not come
+    first) finds ``flight.cut_until`` set and leaves the send's cleanup time alone, so a
+    send is cancelled at most twice, :data:`SEND_CLEANUP_S` apart.
+
+    A send cut by its timeout (``overrun_s``, from :func:`time_out`) and still ``TIMED_OUT``
+    when its cleanup time is up (neither its lease nor its lock lost, the node not
+    cancelled) is still waited for: ``flight.over`` is resolved when it ends, or
+    ``overrun_s`` after this cut at the latest (``flight.overrun_until``; logged as
+    ``asynccoord.node.send_let_go``). Its task lease and lock stay held meanwhile (the
+    keeper and the lock's watchdog renew them), so nothing else is sent under the lock,
+    and the task is not sent again, while it runs. A later call during that wait (a lost
+    lease or lock, the node's cancellation) ends the wait at once.
     """
     child, over = flight.send, flight.over
-    if child is None or over is None or child.done() or flight.cut_until is not None:
+    if child is None or over is None or child.done():
+        return
+    if flight.cut_until is not None:
+        if flight.overrun_until is not None:  # the node waits for a send that overran its timeout: no more
+            _resolve(over)
         return
     loop = asyncio.get_running_loop()
-    flight.cut_until = loop.time() + SEND_CLEANUP_S
+    now = loop.time()
+    flight.cut_until = now + SEND_CLEANUP_S
+    overrun_until = now + overrun_s
     child.cancel()
 
     def cut_again() -> None:
         if not child.done():
             child.cancel()
             child.add_done_callback(retrieve)
+            if flight.state is FlightState.TIMED_OUT and not over.done() and overrun_until > loop.time():
+                # Its lease and lock are still ours, and the node is not cancelled (that cancels
+                # `over`): wait for it, so that the next send under its lock (or the task's retry)
+                # does not run beside it, up to the bound.
+                flight.overrun_until = overrun_until
+                log.warning(
+                    "asynccoord.node.send_abandoned task=%s: the send outlived its cleanup time (%.2f s) after "
+                    "its timeout cut it; it is cancelled once more, and its task lease and lock are kept "
+                    "until it ends, for up to %.2f s more",
+                    flight.task.id,
+                    SEND_CLEANUP_S,
+                    overrun_until - loop.time(),
+                )
+                bound = loop.call_at(overrun_until, let_go)
+                child.add_done_callback(lambda _: bound.cancel())
+                return
             # Past its cleanup time: if it swallows this cancellation too, it runs on unwatched,
             # and its task may be sent meanwhile by the next holder of its lease and lock.
             log.warning(
@@ -418,6 +472,17 @@ def cut(flight: Flight) -> None:
                 "being cancelled; it is cancelled once more and left behind",
                 flight.task.id,
                 SEND_CLEANUP_S,
+            )
+        _resolve(over)
+
+    def let_go() -> None:
+        if flight.state is FlightState.TIMED_OUT and not child.done() and not over.done():
+            log.warning(
+                "asynccoord.node.send_let_go task=%s: the send still runs %.2f s after its timeout cut it; "
+                "the node stops waiting for it: the attempt fails, its task lease and lock are let go, "
+                "and it runs on unwatched",
+                flight.task.id,
+                overrun_s,
             )
         _resolve(over)
 
@@ -444,6 +509,13 @@ async def cut_short(flight: Flight, child: asyncio.Task[Any]) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(until - asyncio.get_running_loop().time()):
             await asyncio.wait({child})
     child.add_done_callback(retrieve)
+
+
+def _returned_late(flight: Flight, child: asyncio.Task[Any]) -> bool:
+    """Whether the send ``child`` of ``flight``, cut at its timeout, returned (no exception) while the
+    node still waited for it past its cleanup time (see :func:`cut`): its message went out, and
+    the task lease and lock were held throughout, so it is settled as a send that returned."""
+    return flight.overrun_until is not None and child.done() and not child.cancelled() and child.exception() is None
 
 
 def _cancelled_error_of(child: asyncio.Task[Any]) -> asyncio.CancelledError:
