@@ -12,7 +12,9 @@ which package to install. On an address other than loopback it needs an access t
 (``--token`` or ``ASYNCCOORD_DASHBOARD_TOKEN``) that every request must then carry.
 With many queues the page lists the 200 with the most tasks pending, running or dead (the
 totals count them all), and charts all queues together and the 8 busiest
-(:class:`~asynccoord.monitor.dashboard.feed.Feed`).
+(:class:`~asynccoord.monitor.dashboard.feed.Feed`). Text from the database reaches the page
+escaped as ``status`` prints it (:mod:`asynccoord.cli.printable`): control characters and
+bidirectional overrides as ``\\x1b`` and ``\\u202e``.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ async def open_dashboard(
         from ..monitor.dashboard.feed import Feed
     except ImportError as exc:
         raise StoreError(INSTALL_HINT) from exc
+    from .printable import printable_report
     from .status import open_status_store, status_report
 
     check_exposure(host, token)
@@ -163,7 +166,12 @@ async def open_dashboard(
             locks = await stack.enter_async_context(RedisLockStore(lock_store, prefix=lock_prefix))
 
         async def snapshot() -> dict[str, Any]:
-            return await status_report(store, windows_s=windows_s, db=label, lock_store=locks)
+            # Escaped as status and dead print them: a queue name's bidirectional override or
+            # ESC shows as \u202e or \x1b on the page too, never as the text it would disguise.
+            report: dict[str, Any] = printable_report(
+                await status_report(store, windows_s=windows_s, db=label, lock_store=locks)
+            )
+            return report
 
         feed = Feed(snapshot, interval_s=interval_s, show_payloads=show_payloads)
         yield await stack.enter_async_context(serve(feed, host=host, port=port, token=token))

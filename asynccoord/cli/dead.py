@@ -46,6 +46,7 @@ from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
 from ..errors import InvalidArgumentError, StoreError
 from ..models import Task
 from ..validation import check_int, check_name
+from .output import table_console, write_stdout
 from .printable import printable, printable_report
 from .run import store_options
 from .status import open_status_store
@@ -250,10 +251,18 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
         child.add_argument("--show-payloads", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         child.set_defaults(_parser=child)
         child.usage = "%(prog)s --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]"
+    # Two forms, each whole on its lines: a form's second line is indented under its options,
+    # as argparse wraps a usage, so it never reads as a form of its own.
+    indent = " " * (len("usage: ") + len(parser.prog) + 1)
     parser.usage = (  # after add_subparsers, which names the actions' parsers after the usage
         "%(prog)s --db TARGET --queue NAME [--limit N] [--after ID] [--json] [--show-payloads]\n"
-        "       %(prog)s [--color {auto,always,never}] [--schema NAME]\n"
-        "       %(prog)s {requeue,discard} --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]"
+        f"{indent}[--color {{auto,always,never}}] [--schema NAME]\n"
+        "       %(prog)s {requeue,discard} --db TARGET --queue NAME (--id ID [--id ID ...] | --all)\n"
+        f"{indent}[--schema NAME]"
+    )
+    parser.epilog = (
+        "Listing needs --db and --queue; the other options are optional. "
+        "requeue and discard need --db, --queue, and --id (repeatable) or --all."
     )
 
 
@@ -304,7 +313,7 @@ def dead_command(args: argparse.Namespace) -> int:
             )
         )
         if args.json:
-            sys.stdout.write(json.dumps(report, allow_nan=False) + "\n")
+            write_stdout(json.dumps(report, allow_nan=False) + "\n")
         else:
             render_dead_letters(report, color={"auto": None, "always": True, "never": False}[args.color])
         return 0
@@ -345,15 +354,12 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
         color: Force colour on or off. Default: colour on a terminal only.
     """
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     payloads = [t["payload"] for t in report["tasks"]] if report["payloads_shown"] else []
     report = printable_report(report)  # no control character of the users' data reaches the terminal
-    # markup=False: keys, errors and payloads come from the users' data and print as they are.
-    console = Console(file=file, no_color=color is False, force_terminal=color, markup=False)
-    if not console.is_terminal:  # a pipe or a file: a width that fits the table
-        console = Console(file=file, no_color=color is False, force_terminal=color, width=140, markup=False)
+    # Markup off: keys, errors and payloads come from the users' data and print as they are.
+    console = table_console(file, color=color, pipe_width=140)
     queue, tasks, after = report["queue"], report["tasks"], report["after_id"]
     where = f"'{queue}' in {report['db']}" + ("" if after is None else f" after id {after}")
     if not tasks:

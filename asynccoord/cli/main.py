@@ -7,7 +7,8 @@ that returns the exit status. Adding a command is adding one entry.
 Exit status: 0 on success, 1 when the command failed (the error is printed on
 standard error, one line), 2 for bad usage: argparse's own errors, and a value the
 command's ``check`` refuses (``InvalidArgumentError`` / ``InvalidTypeError``) before
-anything touches a database.
+anything touches a database. A command whose output's reader went away (``status | head -1``)
+stops printing and exits 0 (:mod:`asynccoord.cli.output`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .. import __version__
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from .dashboard import check_dashboard, configure_dashboard, dashboard_command
 from .dead import check_dead, configure_dead, dead_command
+from .output import OutputClosed, drop_stdout, write_stdout
 from .run import check_run, configure_run, run_command
 from .status import check_status, configure_status, status_command
 
@@ -113,7 +115,12 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
             parser: argparse.ArgumentParser = args._parser
             parser.error(str(exc))  # usage line, the message, exit status 2
     try:
-        return run(args)
+        code = run(args)
+        write_stdout("")  # what is still buffered: a reader gone shows here, not at the interpreter's exit
+        return code
+    except OutputClosed:  # `status | head -1`: the reader took what it wanted
+        drop_stdout()
+        return 0
     except CoordError as exc:
         sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")
         return 1

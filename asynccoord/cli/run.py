@@ -24,18 +24,20 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
-from typing import Any, cast
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+from .._errtext import error_text
 from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
 from ..contract.locks import MAX_PERMITS
+from ..contract.ratelimits import RateLimit, describe_limits
 from ..errors import InvalidArgumentError, InvalidTypeError, StoreError
 from ..node.retention import DEFAULT_DONE_RETENTION_S
 from ..validation import check_int, check_interval_s, check_lease_s, check_name, check_positive
 from .lockstore import add_lock_store_options, check_lock_store_options
 
-__all__ = ("check_run", "configure_run", "load_callable", "run_command")
+__all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,9 @@ def load_callable(spec: str) -> Any:
     """Import ``"package.module:attribute"`` and return the attribute.
 
     Raises:
-        InvalidArgumentError: the spec is malformed or names nothing importable.
+        InvalidArgumentError: the spec is malformed or names nothing importable: no such
+            module, or its import raised (any ``Exception``, named with its type and message,
+            a ``SyntaxError`` with its ``file:line``).
         InvalidTypeError: the attribute is not callable.
     """
     module_name, sep, attr = spec.partition(":")
@@ -52,8 +56,8 @@ def load_callable(spec: str) -> Any:
         raise InvalidArgumentError(f"expected 'package.module:attribute', got {spec!r}")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgumentError(f"cannot import module {module_name!r} of {spec!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code may raise anything at import
+        raise InvalidArgumentError(f"cannot import module {module_name!r} of {spec!r}: {_import_error(exc)}") from exc
     target: Any = module
     for part in attr.split("."):
         try:
@@ -63,6 +67,14 @@ def load_callable(spec: str) -> Any:
     if not callable(target):
         raise InvalidTypeError(f"{spec!r} is not callable ({type(target).__name__})")
     return target
+
+
+def _import_error(exc: Exception) -> str:
+    """``"Type: message"`` of an exception raised importing a module; a ``SyntaxError`` with its ``file:line``."""
+    if isinstance(exc, SyntaxError):
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else f"line {exc.lineno}"
+        return f"{type(exc).__name__}: {exc.msg} ({where})"
+    return error_text(exc)
 
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +120,8 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="DIM=COUNT/PERIOD[,burst=N]",
         help="a rate limit of the queue on one dimension of its tasks' limit_keys, e.g. account=30/1s,burst=30; "
-        "repeat for several; stored in the database for every process (without it, the stored limits stay)",
+        "repeat for several; stored in the database, replacing the queue's stored limits for every process "
+        "(a warning names both when they differ; without it, the stored limits stay)",
     )
     parser.add_argument(
         "--clear-rate-limits",
@@ -247,6 +260,34 @@ def rate_limits(args: argparse.Namespace) -> list[Any]:
         raise InvalidArgumentError(f"--rate-limit: {exc}") from exc
 
 
+async def declare_rate_limits(store: Any, queue: str, limits: Sequence[RateLimit]) -> None:
+    """Declare ``limits`` for ``queue`` in ``store`` (``--rate-limit``; none: ``--clear-rate-limits``).
+
+    When the queue's stored limits differ, logs ``asynccoord.run.rate_limits_replaced`` at
+    WARNING first, naming the stored limits and the new ones: every process draining the
+    queue enforces the new ones from its next claim on (and logs
+    ``asynccoord.rate_limits.changed``, see :mod:`asynccoord.backends.limitwatch`).
+    Identical limits log nothing.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    stored = await store.rate_limits(queue)
+    if sorted(stored, key=_dimension) != sorted(limits, key=_dimension):
+        log.warning(
+            "asynccoord.run.rate_limits_replaced queue=%r stored=[%s] new=[%s]: the limits stored for the queue "
+            "are replaced, and every process draining it enforces the new ones from now on",
+            queue,
+            describe_limits(stored),
+            describe_limits(limits),
+        )
+    await store.set_rate_limits(queue, limits)
+
+
+def _dimension(limit: RateLimit) -> str:
+    return limit.dimension
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown).
 
@@ -279,7 +320,7 @@ def run_command(args: argparse.Namespace) -> int:
                 if lock_store is not None:
                     await stack.enter_async_context(lock_store)
                 if limits or clear_limits:  # declared for every process of the database, before any node claims
-                    await cast(Any, store).set_rate_limits(args.queue, limits)
+                    await declare_rate_limits(store, args.queue, limits)
                 runtime = Runtime(
                     store,
                     send=send,

@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shlex
-import sys
 from collections.abc import AsyncIterator, Sequence
 from importlib import resources
 from typing import IO, Any
@@ -41,6 +40,7 @@ from ..monitor.snapshot import cluster_snapshot
 from ..partition import assign
 from ..validation import MAX_DURATION_S, check_positive
 from .lockstore import add_lock_store_options, check_lock_store_options, open_lock_store
+from .output import table_console, write_stdout
 from .printable import printable_report
 from .run import store_options
 
@@ -379,7 +379,7 @@ def status_command(args: argparse.Namespace) -> int:
         )
     )
     if args.json:
-        sys.stdout.write(json.dumps(report, allow_nan=False, sort_keys=False) + "\n")
+        write_stdout(json.dumps(report, allow_nan=False, sort_keys=False) + "\n")
     else:
         color = {"auto": None, "always": True, "never": False}[args.color]
         render_status(report, color=color)
@@ -435,16 +435,13 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
         color: Force colour on or off. Default: colour on a terminal only.
     """
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     report = printable_report(report)  # no control character of the database reaches the terminal
-    # markup=False: names come from the database (queues, nodes, locks, a schema), and one like
+    # Markup off: names come from the database (queues, nodes, locks, a schema), and one like
     # "[/x]" must print as it is, not be read as a console markup tag (or crash the rendering).
-    console = Console(file=file, no_color=color is False, force_terminal=color, markup=False)
-    if not console.is_terminal:  # a pipe or a file: no width to detect, use one that fits every table
-        console = Console(file=file, no_color=color is False, force_terminal=color, width=120, markup=False)
+    console = table_console(file, color=color, pipe_width=120)
     tasks = report["tasks"]
     console.print(
         Text.assemble(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -27,6 +27,7 @@ __all__ = (
     "Admission",
     "HELD_BUCKETS_MAX",
     "HeldBucket",
+    "MIN_EMISSION_INTERVAL_S",
     "RateLimit",
     "check_held_buckets_args",
     "check_limit_keys",
@@ -36,6 +37,7 @@ __all__ = (
     "check_retry_after_s",
     "conforms",
     "decode_limit_keys",
+    "describe_limits",
     "eligible_at",
     "held_wait_s",
     "encode_limit_keys",
@@ -50,6 +52,17 @@ __all__ = (
 
 Bucket = tuple[str, str]
 """A bucket of one queue: ``(dimension, key)``."""
+
+
+MIN_EMISSION_INTERVAL_S = 1e-6
+"""The shortest emission interval ``per_s / count`` a :class:`RateLimit` accepts, seconds.
+
+The stores keep a bucket's theoretical arrival time as seconds since the epoch in an IEEE
+double, whose step near today's time is 2**-22 s (about 0.24 microseconds, until 2038): a
+claim that adds an interval below half a step leaves the time where it was, and the limit
+limits nothing (at ``per_s=5e-324`` the interval is 0). At one microsecond, about four
+steps, each claim still moves the time on (rounded by at most an eighth of the interval),
+and a key may still take a million claims per second, far beyond any provider's limit."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,12 +90,15 @@ class RateLimit:
         dimension: What the limit is on, e.g. ``"chat"``: the name tasks give their key
             under in ``NewTask.limit_keys``; 1..255 characters, not only whitespace.
         count: Claims per ``per_s`` seconds (sustained rate ``count / per_s``), 1..2**31 - 1.
-        per_s: The period, seconds: finite, > 0, at most one year.
+        per_s: The period, seconds: finite, > 0, at most one year. ``per_s / count`` (the
+            emission interval) must be at least :data:`MIN_EMISSION_INTERVAL_S`, one
+            microsecond: a million claims per second per key.
         burst: Claims a key that was idle long enough may take at once, 1..2**31 - 1.
             Default 1 (evenly spaced, one every ``per_s / count`` seconds).
 
     Raises:
-        InvalidTypeError, InvalidArgumentError: a bad field, naming it.
+        InvalidTypeError, InvalidArgumentError: a bad field, naming it (``per_s`` and
+            ``count`` when their emission interval is below one microsecond).
     """
 
     dimension: str
@@ -101,6 +117,14 @@ class RateLimit:
                 f"per_s must be a finite number of seconds > 0 and <= {MAX_DURATION_S:g}, got {self.per_s!r}"
             )
         object.__setattr__(self, "per_s", float(self.per_s))
+        if self.per_s / self.count < MIN_EMISSION_INTERVAL_S:
+            raise InvalidArgumentError(
+                f"per_s / count must be at least {MIN_EMISSION_INTERVAL_S:g} s (one claim per key per microsecond), "
+                f"got per_s={self.per_s!r} / count={self.count} = {self.per_s / self.count:g} s: the stores keep "
+                "a bucket's time as seconds since the epoch in a float, whose step is about 0.24 microseconds, "
+                "so a shorter interval is lost to rounding and the limit would limit nothing; "
+                "raise per_s or lower count"
+            )
 
     @property
     def interval_s(self) -> float:
@@ -114,6 +138,14 @@ class RateLimit:
 
     def __str__(self) -> str:
         return f"{self.dimension}={self.count}/{self.per_s:g}s,burst={self.burst}"
+
+
+def describe_limits(limits: Iterable[RateLimit]) -> str:
+    """``limits`` as the command line writes them, by dimension: ``"account=2/1s,burst=1 chat=1/1s,burst=3"``.
+
+    ``"none"`` when there are none.
+    """
+    return " ".join(str(limit) for limit in sorted(limits, key=lambda limit: limit.dimension)) or "none"
 
 
 def conforms(tat: float | None, now: float, limit: RateLimit) -> bool:
@@ -313,8 +345,24 @@ def limits_from_rows(rows: Sequence[Sequence[object]]) -> dict[str, RateLimit]:
         assert isinstance(count, int)
         assert isinstance(per_s, int | float)
         assert isinstance(burst, int)
-        out[dimension] = RateLimit(dimension=dimension, count=count, per_s=float(per_s), burst=burst)
+        if float(per_s) / count < MIN_EMISSION_INTERVAL_S:  # declared before the floor existed
+            out[dimension] = _stored_limit(dimension, count, float(per_s), burst)
+        else:
+            out[dimension] = RateLimit(dimension=dimension, count=count, per_s=float(per_s), burst=burst)
     return out
+
+
+def _stored_limit(dimension: str, count: int, per_s: float, burst: int) -> RateLimit:
+    """A stored limit whose emission interval is below :data:`MIN_EMISSION_INTERVAL_S`, as it was stored.
+
+    A database may hold one that an earlier version accepted: its claims go on as they
+    did (the limit holds nothing back) instead of failing on every read of the limits;
+    ``set_rate_limits`` refuses to store another.
+    """
+    limit = object.__new__(RateLimit)
+    for name, value in (("dimension", dimension), ("count", count), ("per_s", per_s), ("burst", burst)):
+        object.__setattr__(limit, name, value)
+    return limit
 
 
 class Admission:

@@ -14,7 +14,9 @@ batch receive, since one claim serves many deliveries; under it ``asynccoord.loc
 under it) and ``asynccoord.commit`` (a *settle*, kind CLIENT, one per try). A task leased by
 a commit (``claim_next``) links to that commit span. Errors are recorded on the span they
 happen in (an exception event, status ERROR), and a failed step sets the delivery's status
-to ERROR too.
+to ERROR too. A send that raised :class:`~asynccoord.errors.RateLimited` (a 429, which uses
+no attempt) is no error: its send span and delivery carry ``asynccoord.rate_limited`` and
+the provider's Retry-After (:data:`RATE_LIMITED`) instead.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errtext import error_text
+from ..errors import RateLimited
 from ..models import Task
+from ..pauses import rate_limited_of
 
 if TYPE_CHECKING:
     from ..contract.locks import Lease
     from ..locks.pool import Turn
 
-__all__ = ("DeliveryTrace", "NodeTracer", "TracedFlight", "node_tracer")
+__all__ = ("RATE_LIMITED", "DeliveryTrace", "NodeTracer", "TracedFlight", "node_tracer")
 
 SYSTEM = "asynccoord"
 """``messaging.system`` of every span, and the tracer's instrumentation scope name."""
@@ -43,6 +47,11 @@ TIMED_OUT = "timed_out"
 
 CUT = frozenset({"lease_lost", "lock_lost", "dropped", "lock_dropped"})
 """The ``FlightState`` values of a flight whose send the node cut for a lost lease or lock."""
+
+RATE_LIMITED = "asynccoord.rate_limited"
+"""The attribute (True) of a send span, and of its delivery, whose send raised
+:class:`~asynccoord.errors.RateLimited`; with ``.retry_after_s``, and ``.dimension`` and
+``.key`` when the provider named them. Not an error: the spans' status stays unset."""
 
 _UNLOADED: Any = object()
 _otel: Any = _UNLOADED  # (opentelemetry.trace, opentelemetry.context) once imported, None when not installed
@@ -249,12 +258,13 @@ class DeliveryTrace:
     async def send(self, sending: Coroutine[Any, Any, Any]) -> Any:
         """Run ``sending`` (the send's coroutine, in the send's own task) in an ``asynccoord.send`` span.
 
-        The span is the current span while the send runs, so spans made inside it (an
-        instrumented HTTP client's, say) are its children. A send that raised, timed out or
-        was cut (a lost lease or lock, the node's cancellation) leaves it with status ERROR.
+                The span is the current span while the send runs, so spans made inside it (an
+                instrumented HTTP client's, say) are its children. A send that raised, timed out or
+                was cut (a lost lease or lock, the node's cancellation) leaves it with status ERROR; one
+        that raised :class:`~asynccoord.errors.RateLimited` leaves it marked :data:`RATE_LIMITED`.
 
-        Raises:
-            BaseException: what ``sending`` raised (recorded on the span).
+                Raises:
+                    BaseException: what ``sending`` raised (recorded on the span).
         """
         node = self._node
         span = node.tracer.start_span("asynccoord.send", context=self._context)
@@ -280,8 +290,25 @@ class DeliveryTrace:
         elif isinstance(error, asyncio.CancelledError):
             self._step_failed(span, "send", None, "cancelled")
         elif error is not None:
-            self._step_failed(span, "send", error)
+            limited = rate_limited_of(error)
+            if limited is None:
+                self._step_failed(span, "send", error)
+            else:  # a 429: the task goes back without using an attempt, no failure
+                self._rate_limited(span, limited)
         span.end()
+
+    def _rate_limited(self, span: Any, limited: RateLimited) -> None:
+        """Mark the send ``span`` and its delivery as rate limited by the provider (status left unset)."""
+        attributes: dict[str, Any] = {
+            RATE_LIMITED: True,
+            f"{RATE_LIMITED}.retry_after_s": limited.retry_after_s,
+        }
+        if limited.dimension is not None:
+            attributes[f"{RATE_LIMITED}.dimension"] = limited.dimension
+        if limited.key is not None:
+            attributes[f"{RATE_LIMITED}.key"] = limited.key
+        span.set_attributes(attributes)
+        self._span.set_attributes(attributes)
 
     async def commit(self, once: Callable[[], Awaitable[None]]) -> None:
         """Await one try of the commit (``once()``) in an ``asynccoord.commit`` span.

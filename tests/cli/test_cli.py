@@ -8,11 +8,14 @@ import json
 import logging
 import signal
 import sqlite3
+import subprocess
+import sys
 import tomllib
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
+from conftest import PythonRunner
 from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
 from support import ROOT, TESTS
 
@@ -50,6 +53,7 @@ from asynccoord.node import Runtime
         (["--send", "json:dumps", "--rate-limit", "chat=0/1s"], "--rate-limit: count must be >= 1"),
         (["--send", "json:dumps", "--rate-limit", "chat=1/1s,burst=0"], "--rate-limit: burst must be >= 1"),
         (["--send", "json:dumps", "--rate-limit", "chat"], "--rate-limit: rate limit 'chat' is not of the form"),
+        (["--send", "json:dumps", "--rate-limit", "chat=2000000/1s"], "--rate-limit: per_s / count must be at least"),
         (
             ["--send", "json:dumps", "--rate-limit", "chat=1/1s", "--rate-limit", "chat=2/1s"],
             "--rate-limit: limits declare dimension 'chat' twice",
@@ -79,6 +83,42 @@ def test_run_usage_errors_exit_2_and_create_no_database(
     assert err.startswith("usage: python -m asynccoord run"), err
     assert named in err
     assert list(tmp_path.iterdir()) == []  # nothing was opened or created
+
+
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [
+        ('raise RuntimeError("boom at import")\n', "RuntimeError: boom at import"),
+        ("def send(\n", "SyntaxError: '(' was never closed ({path}:1)"),
+        ("import no_such_module_here\n", "ModuleNotFoundError: No module named 'no_such_module_here'"),
+        ("send = 1 / 0\n", "ZeroDivisionError: division by zero"),
+    ],
+    ids=["RuntimeError", "SyntaxError", "ImportError", "ZeroDivisionError"],
+)
+def test_run_names_what_a_send_module_raised_at_import_as_a_usage_error(
+    python: PythonRunner, tmp_path: Path, source: str, named: str
+) -> None:
+    module = tmp_path / "code" / "badbot.py"
+    module.parent.mkdir()
+    module.write_text(source)
+    db = tmp_path / "never.db"
+    proc = python.run_module(
+        "asynccoord",
+        "run",
+        "--db",
+        str(db),
+        "--send",
+        "badbot:send",
+        env={"PYTHONPATH": str(module.parent)},
+        check=False,
+    )
+    assert proc.returncode == 2
+    *usage, last = proc.stderr.splitlines()
+    assert usage[0].startswith("usage: python -m asynccoord run")
+    assert "Traceback" not in proc.stderr
+    expected = named.format(path=module)
+    assert last == f"python -m asynccoord run: error: cannot import module 'badbot' of 'badbot:send': {expected}"
+    assert not db.exists()
 
 
 def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
@@ -350,6 +390,63 @@ def test_run_clear_rate_limits_removes_the_stored_limits(
     assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
 
 
+@pytest.mark.parametrize(
+    ("given", "warned"),
+    [
+        (
+            ["--rate-limit", "account=50/1s", "--rate-limit", "chat=50/1s"],
+            "stored=[account=2/1s,burst=1 chat=1/1s,burst=3] new=[account=50/1s,burst=1 chat=50/1s,burst=1]",
+        ),
+        (
+            ["--rate-limit", "chat=1/1s,burst=3"],
+            "stored=[account=2/1s,burst=1 chat=1/1s,burst=3] new=[chat=1/1s,burst=3]",
+        ),
+        (["--clear-rate-limits"], "stored=[account=2/1s,burst=1 chat=1/1s,burst=3] new=[none]"),
+        (["--rate-limit", "chat=1/1s,burst=3", "--rate-limit", "account=2/1s"], None),  # the same, in another order
+    ],
+    ids=["other limits", "fewer limits", "cleared", "the same limits"],
+)
+def test_run_warns_when_its_rate_limits_replace_other_stored_ones(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    given: list[str],
+    warned: str | None,
+) -> None:
+    from asynccoord import RateLimit
+
+    path = tmp_path / "bot.db"
+    stored = [
+        RateLimit(dimension="account", count=2, per_s=1.0),
+        RateLimit(dimension="chat", count=1, per_s=1.0, burst=3),
+    ]
+
+    async def declare() -> None:
+        async with SQLiteStore(path) as store:
+            await store.set_rate_limits("outbox", stored)
+
+    async def declared() -> list[RateLimit]:
+        async with SQLiteStore(path, read_only=True) as store:
+            return await store.rate_limits("outbox")
+
+    asyncio.run(declare())
+    caplog.set_level(logging.WARNING)
+    serve_three(str(path), lambda: SQLiteStore(path), tmp_path, monkeypatch, given)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    if warned is None:
+        assert warnings == []
+        assert asyncio.run(declared()) == stored
+        return
+    [warning] = warnings  # the run's own store enforces what it declared: no second warning
+    assert warning.levelno == logging.WARNING
+    assert warning.getMessage() == (
+        f"asynccoord.run.rate_limits_replaced queue='outbox' {warned}: the limits stored for the queue are "
+        "replaced, and every process draining it enforces the new ones from now on"
+    )
+    assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
+
+
 def test_run_takes_its_locks_in_the_lock_store_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--lock-store redis://...: the account locks are taken in Redis, and the database holds none."""
     import uuid
@@ -450,3 +547,49 @@ def test_run_without_faults_raises_no_alert_with_the_default_rules(
 def test_run_takes_a_done_retention_or_keep(given: list[str], parsed: float | None) -> None:
     args = build_parser().parse_args(["run", "--db", "x.db", "--send", "json:dumps", *given])
     assert args.done_retention_s == parsed
+
+
+@pytest.fixture(scope="module")
+def wide_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database whose ``status`` and ``dead`` outputs are each far larger than a pipe's buffer (64 KiB)."""
+    path = tmp_path_factory.mktemp("wide") / "wide.db"
+
+    async def fill() -> None:
+        async with SQLiteStore(path) as store:
+            await store.enqueue_many([NewTask(queue=f"queue-{i:05d}", payload=i) for i in range(4000)])
+            await store.enqueue_many(
+                [NewTask(queue="outbox", payload=i, partition_key=f"chat-{i}", max_attempts=1) for i in range(2000)]
+            )
+            claimed = await store.claim("outbox", node_id="n", limit=2000)
+            await asyncio.gather(*(store.fail(t, "HTTPError: 400 Bad Request " + "x" * 100) for t in claimed))
+            assert (await store.stats("outbox")).counts[TaskStatus.DEAD] == 2000
+
+    asyncio.run(fill())
+    return path
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status", "--color", "never"],
+        ["status", "--json"],
+        ["dead", "--queue", "outbox", "--limit", "2000", "--color", "never"],
+        ["dead", "--queue", "outbox", "--limit", "2000", "--json"],
+    ],
+    ids=" ".join,
+)
+def test_a_reader_that_leaves_early_ends_the_command_quietly_with_status_0(wide_db: Path, command: list[str]) -> None:
+    """``status | head -1``: the command's output fills the pipe, the reader takes a little and closes it."""
+    argv = [sys.executable, "-m", "asynccoord", *command, "--db", str(wide_db)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.read(200)  # the writer is blocked on a full pipe by then, or soon
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert len(first) == 200
+    assert (proc.returncode, err.decode()) == (0, "")

@@ -363,3 +363,25 @@ def test_the_usage_lines_show_every_option_and_the_actions_required_ones(capsys:
             main(["dead", action, "--help"])
         usage = capsys.readouterr().out.split("\n\n")[0]
         assert usage.endswith(f"dead {action} --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]")
+
+
+def test_each_usage_form_names_the_arguments_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["dead", "--help"])
+    out = capsys.readouterr().out
+    lines = out.split("\n\n")[0].removeprefix("usage: ").splitlines()
+    prog = "python -m asynccoord dead"
+    # A line that begins with the command begins a form; the others continue the form above them.
+    forms: list[str] = []
+    for line in lines:
+        if line.strip().startswith(prog):
+            forms.append(line.strip())
+        else:
+            assert line.startswith(" " * len(f"usage: {prog} ")), line  # indented under the form's options
+            forms[-1] += " " + line.strip()
+    assert forms == [
+        f"{prog} --db TARGET --queue NAME [--limit N] [--after ID] [--json] [--show-payloads]"
+        " [--color {auto,always,never}] [--schema NAME]",
+        f"{prog} {{requeue,discard}} --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]",
+    ]
+    assert "Listing needs --db and --queue" in " ".join(out.split())

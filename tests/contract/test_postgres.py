@@ -80,7 +80,6 @@ POSTGRES_ONLY = {
     "share_queues": "shared advisory locks of queues, so a queue cannot start keeping heads mid-transition",
     "kept_queues": "which queues keep per-key heads, read after share_queues (SQLite: ordered_queues)",
     "keep_heads": "a queue starts keeping heads: recorded and computed under its exclusive lock (SQLite: two)",
-    "queue_limited": "whether a queue declares rate limits, cached ~1 s (SQLite's claim_probe asks in the claim)",
     "lock_rate_limits": "a queue's exclusive advisory lock over its buckets (SQLite has one writer)",
     "bucket_tats": "the TATs of a chunk of candidates' buckets in one statement (SQLite: bucket_tat)",
     "claimable_partitions_limited": "claimable_partitions of a queue with limits, with each held partition's refill",

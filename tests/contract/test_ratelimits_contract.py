@@ -6,12 +6,14 @@ these tests drive the store clock by hand, so refills, bursts and pauses are exa
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
+import sqlite3
 
 import pytest
-from support import ROOT, FakeClock
+from support import ROOT, FakeClock, wait_until
 
 from asynccoord import (
     InvalidArgumentError,
@@ -23,7 +25,15 @@ from asynccoord import (
     TaskStatus,
 )
 from asynccoord import events as ev
-from asynccoord.contract.ratelimits import conforms, max_in_window, parse_rate_limit, paused_tat, take
+from asynccoord.backends.limitwatch import CHANGED
+from asynccoord.contract.ratelimits import (
+    MIN_EMISSION_INTERVAL_S,
+    conforms,
+    max_in_window,
+    parse_rate_limit,
+    paused_tat,
+    take,
+)
 
 Q = "outbox"
 
@@ -144,6 +154,46 @@ def test_bad_limit_is_refused(kwargs: dict[str, object], error: type[Exception])
     fields: dict[str, object] = {"dimension": "chat", "count": 1, "per_s": 1.0, "burst": 1, **kwargs}
     with pytest.raises(error):
         RateLimit(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("count", "per_s"), [(2**31 - 1, 5e-324), (2**31 - 1, 1.0), (1_000_001, 1.0), (1, 9.9e-7), (3, 1e-300)]
+)
+def test_an_emission_interval_below_a_microsecond_is_refused(count: int, per_s: float) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^per_s / count must be at least 1e-06 s") as caught:
+        RateLimit(dimension="chat", count=count, per_s=per_s)
+    assert f"per_s={per_s!r} / count={count}" in str(caught.value)
+    with pytest.raises(InvalidArgumentError, match="per_s / count"):
+        parse_rate_limit(f"chat={count}/{per_s!r}s")
+
+
+def test_the_emission_interval_floor_is_where_a_bucket_time_still_moves() -> None:
+    assert MIN_EMISSION_INTERVAL_S == 1e-6
+    floor = RateLimit(dimension="chat", count=1_000_000, per_s=1.0)  # the floor itself is accepted
+    assert floor.interval_s == 1e-6
+    now = 1.8e9  # seconds since the epoch, as the stores keep a bucket's time
+    tat = now
+    for _ in range(1000):
+        tat = take(tat, now, floor)
+    assert tat - now == pytest.approx(1000 * 1e-6, rel=0.15)  # every claim moved it on
+    assert now + 1e-7 == now  # a tenth of the floor is lost to rounding: such a limit would limit nothing
+
+
+async def test_a_stored_limit_below_the_floor_from_an_earlier_version_still_loads(tmp_path) -> None:
+    from asynccoord import SQLiteStore
+
+    path = tmp_path / "old.db"
+    async with SQLiteStore(path) as store:
+        await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0)])
+    with sqlite3.connect(path) as raw:  # as an earlier version, without the floor, stored it
+        raw.execute("UPDATE coord_rate_limits SET count = ?, per_s = ?", (2**31 - 1, 1.0))
+    async with SQLiteStore(path) as store:
+        [old] = await store.rate_limits(Q)
+        assert (old.dimension, old.count, old.per_s, old.burst) == ("chat", 2**31 - 1, 1.0, 1)
+        ids = [await enqueue(store, chat("a")) for _ in range(3)]
+        assert await claim_ids(store) == ids  # claims go on as they did: it holds nothing back
+        with pytest.raises(InvalidArgumentError, match="per_s / count"):
+            await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=2**31 - 1, per_s=1.0)])
 
 
 @pytest.mark.parametrize("retry_after_s", [math.nan, -1.0, math.inf, -math.inf])
@@ -484,3 +534,54 @@ async def test_held_buckets_show_a_providers_pause(store, clock: FakeClock) -> N
 async def test_held_buckets_refuse_bad_arguments(store, kwargs: dict[str, object], error: type[Exception]) -> None:
     with pytest.raises(error):
         await store.held_buckets(**kwargs)
+
+
+# --- limits changed under a running process -----------------------------------------
+
+
+async def test_a_store_warns_once_when_another_declares_new_limits_under_it(
+    make_store, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two stores on one database, as two processes: what one declares, the other's claims enforce and say so."""
+    if backend == "memory":
+        pytest.skip("a memory store is one process's own: no other store can change its limits")
+    mine, other = await make_store(), await make_store()
+    await mine.set_rate_limits(Q, [RateLimit(dimension="chat", count=2, per_s=1.0)])
+    for i in range(50):
+        await enqueue(mine, chat(f"c{i}"))
+    caplog.set_level(logging.WARNING, logger="asynccoord.backends.limitwatch")
+
+    def changes() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith(CHANGED)]
+
+    async def claimed_until(count: int) -> None:
+        async def seen() -> bool:
+            await claim_ids(mine, n=1)
+            return len(changes()) >= count
+
+        # PostgreSQL reads a queue's limits at most once a second (LIMITED_CACHE_S); SQLite at each claim.
+        await wait_until(seen, 10.0, f"{count} warning(s) of {CHANGED}")
+
+    await claim_ids(mine, n=1)
+    await mine.set_rate_limits(Q, [RateLimit(dimension="chat", count=3, per_s=1.0)])  # its own: no warning
+    await claim_ids(mine, n=1)
+    assert changes() == []
+
+    await other.set_rate_limits(Q, [RateLimit(dimension="chat", count=50, per_s=1.0, burst=5)])
+    await claimed_until(1)
+    [warning] = [r for r in caplog.records if r.getMessage().startswith(CHANGED)]
+    assert warning.levelno == logging.WARNING
+    assert warning.getMessage().startswith(
+        f"{CHANGED} queue='{Q}' enforced=[chat=3/1s,burst=1] now=[chat=50/1s,burst=5]: another process declared"
+    )
+    for _ in range(3):
+        await claim_ids(mine, n=1)
+    assert len(changes()) == 1  # once per change, not once per claim
+
+    await other.set_rate_limits(Q, [])  # removed: the claims enforce none now
+    await claimed_until(2)
+    assert changes()[1].startswith(f"{CHANGED} queue='{Q}' enforced=[chat=50/1s,burst=5] now=[none]:")
+    await other.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0)])  # and declared again
+    await claimed_until(3)
+    assert changes()[2].startswith(f"{CHANGED} queue='{Q}' enforced=[none] now=[chat=1/1s,burst=1]:")
+    assert len(changes()) == 3

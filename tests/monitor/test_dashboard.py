@@ -32,6 +32,7 @@ from asynccoord import NewTask, RateLimit, SQLiteStore
 from asynccoord import events as ev
 from asynccoord.cli.dashboard import TOKEN_ENV, open_dashboard
 from asynccoord.cli.main import build_parser
+from asynccoord.cli.printable import printable
 from asynccoord.cli.status import open_status_store, status_report
 from asynccoord.contract.locks import Lease
 from asynccoord.contract.membership import MemberBeat
@@ -525,6 +526,37 @@ async def test_payloads_are_hidden_unless_asked(tmp_path: Path) -> None:
     shown_ = Feed(report, show_payloads=True)
     await shown_.poll()
     assert shown_.state()["sections"]["status"]["dead_letters"][0]["payload"] == {"text": SECRET}
+
+
+UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+"""The characters ``status`` and ``dead`` escape (asynccoord.cli.printable)."""
+
+
+async def test_names_from_the_database_are_escaped_as_status_prints_them(tmp_path: Path) -> None:
+    odd = "<img src=x>\u202e\x1b[31m"  # a right-to-left override, then an ANSI colour sequence
+    path = tmp_path / "odd.db"
+    async with SQLiteStore(path) as store:
+        await store.set_rate_limits(odd, [RateLimit(dimension=f"dim{odd}", count=1, per_s=3600.0)])
+        await store.enqueue(odd, "a", limit_keys={f"dim{odd}": f"key{odd}"})
+        await store.enqueue(odd, "b", limit_keys={f"dim{odd}": f"key{odd}"})
+        assert len(await store.claim(odd, node_id="n", limit=2)) == 1  # the other waits for its bucket
+        assert isinstance(await store.try_acquire_lock(f"lock{odd}", ttl_s=600, holder=f"holder{odd}"), Lease)
+        await store.heartbeat([MemberBeat(node_id=f"node{odd}", incarnation="i", info={"queue": odd})], ttl_s=600)
+        async with open_dashboard(path, port=0) as dashboard:
+            bodies = [(await fetch(dashboard.url + p))[1] for p in ("api/state", "api/stream")]
+    escaped = printable(odd)
+    assert escaped == "<img src=x>\\u202e\\x1b[31m"
+    for body in bodies:
+        state = json.loads(body if body.startswith("{") else body.split("\ndata: ", 1)[1])
+        status = state["sections"]["status"]
+        assert [q["queue"] for q in status["queues"]] == [escaped]
+        assert [(lock["name"], lock["holder"]) for lock in status["locks"]] == [(f"lock{escaped}", f"holder{escaped}")]
+        assert [(n["node_id"], n["info"]) for n in status["nodes"]] == [(f"node{escaped}", {"queue": escaped})]
+        [limited] = status["rate_limits"]["queues"]
+        assert (limited["queue"], limited["limits"][0]["dimension"]) == (escaped, f"dim{escaped}")
+        assert [(b["dimension"], b["key"]) for b in limited["held"]] == [(f"dim{escaped}", f"key{escaped}")]
+        assert list(state["sections"]["history"][-1]["queues"]) == [escaped]  # the charts name it alike
+        assert UNSAFE.search(json.dumps(state, ensure_ascii=False)) is None  # nothing raw anywhere
 
 
 async def test_the_command_serves_until_sigterm(tmp_path: Path, python: PythonRunner) -> None:

@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
 from support import wait_until
 
-from asynccoord import Lock, NewTask, RetryPolicy, Task, TaskStatus
+from asynccoord import Lock, NewTask, RateLimited, RetryPolicy, Task, TaskStatus
 from asynccoord.node import Node, NodeConfig, current_delivery, tracing
 from asynccoord.node.flight import FlightState
 
@@ -220,6 +220,36 @@ async def test_a_failed_send_is_recorded_and_its_retry_is_a_new_attempt(
     retried = children(spans, second)
     assert set(retried) == {"asynccoord.send", "asynccoord.commit"}
     assert all(s.status.status_code is StatusCode.UNSET for s in (second, *retried.values()))
+
+
+async def test_a_rate_limited_send_is_no_error_and_says_so(make_store: Any, exporter: InMemorySpanExporter) -> None:
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload="m", partition_key="k", max_attempts=3)])
+    calls = 0
+
+    async def send(task: Task) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RateLimited(0.2, dimension="chat", key="c1")
+
+    node = Node(store, send, node_id="n1", config=NodeConfig(queue=QUEUE, **FAST_IDLE))
+    await run_until_done(node, store, [enqueued.task.id])
+    spans = list(exporter.get_finished_spans())
+
+    limited, sent = deliveries_of(spans, enqueued.task.id)
+    # A 429 uses no attempt: both deliveries are attempt 1, and neither is an error.
+    assert (limited.attributes["asynccoord.attempt"], sent.attributes["asynccoord.attempt"]) == (1, 1)
+    send_span = children(spans, limited)["asynccoord.send"]
+    for span in (limited, send_span):
+        assert span.status.status_code is StatusCode.UNSET, span.name
+        assert span.attributes[tracing.RATE_LIMITED] is True
+        assert span.attributes["asynccoord.rate_limited.retry_after_s"] == 0.2
+        assert span.attributes["asynccoord.rate_limited.dimension"] == "chat"
+        assert span.attributes["asynccoord.rate_limited.key"] == "c1"
+    assert send_span.events == ()  # no exception recorded
+    assert sent.status.status_code is StatusCode.UNSET
+    assert tracing.RATE_LIMITED not in sent.attributes
 
 
 async def test_a_send_cut_at_its_timeout_is_an_error_on_the_send_span(

@@ -13,7 +13,9 @@ its token not taken) and stores the TATs. The statements a queue without limits 
 with are unchanged but for one condition that leaves a task naming limit keys to this
 claim whenever its queue declares limits (``sql/queries.sql``); which claim a queue needs
 is cached for :data:`LIMITED_CACHE_S` per store (a stale answer only delays limited
-tasks: the condition is checked by the server). Queries: ``sql/ratelimits.sql``.
+tasks: the condition is checked by the server). That read returns the limits, and
+:class:`~asynccoord.backends.limitwatch.LimitWatch` warns when another process changed
+them. Queries: ``sql/ratelimits.sql``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ...contract.ratelimits import (
 from ...errors import LeaseLostError, TaskNotFoundError
 from ...models import Task, TaskStatus
 from ...validation import check_name
+from ..limitwatch import LimitWatch
 from ..refill import RefillWaker
 from ..rows import new_token, task_from_row
 from .heads import PgHeads
@@ -79,6 +82,10 @@ class PgRateLimitOps(PgHeads):
         return RefillWaker(self.notifier)
 
     @functools.cached_property
+    def _limit_watch(self) -> LimitWatch:
+        return LimitWatch()
+
+    @functools.cached_property
     def _limited_queues(self) -> dict[str, tuple[bool, float]]:
         return {}  # queue -> (declares limits, monotonic time the answer expires)
 
@@ -111,6 +118,7 @@ class PgRateLimitOps(PgHeads):
                 )
 
         await self._run(op, what="set rate limits", ambiguous_ok=True)  # the same rows whichever attempt wrote them
+        self._limit_watch.declared(queue, checked)
         self._limited_queues[queue] = (bool(checked), time.monotonic() + LIMITED_CACHE_S)
 
     async def rate_limits(self, queue: str) -> list[RateLimit]:
@@ -157,7 +165,7 @@ class PgRateLimitOps(PgHeads):
 
     @functools.cached_property
     def _limited_probes(self) -> dict[str, asyncio.Task[bool]]:
-        return {}  # queue -> the queue_limited statement in flight
+        return {}  # queue -> the read of its limits in flight
 
     async def _queue_limited(self, queue: str) -> bool:
         """Whether ``queue`` declares limits: the cached answer, or one statement when it is older than 1 s.
@@ -180,7 +188,7 @@ class PgRateLimitOps(PgHeads):
         return await asyncio.shield(probe)
 
     def _probe_limited_soon(self, queue: str) -> asyncio.Task[bool]:
-        """Start the ``queue_limited`` statement of ``queue`` (close() waits for it)."""
+        """Start the read of ``queue``'s limits (``rate_limits``; close() waits for it)."""
         probe = asyncio.ensure_future(self._probe_limited(queue))
         self._limited_probes[queue] = probe
         self._background.add(probe)
@@ -188,10 +196,15 @@ class PgRateLimitOps(PgHeads):
         return probe
 
     async def _probe_limited(self, queue: str) -> bool:
-        async def op(conn: asyncpg.Connection, _attempt: int) -> bool:
-            return bool(await self._val(conn, "queue_limited", queue=queue))
+        """Read ``queue``'s declared limits: whether it has any, and (to :class:`LimitWatch`) which."""
 
-        limited = await self._run(op, what="look for rate limits", tx=False, ambiguous_ok=True)
+        async def op(conn: asyncpg.Connection, _attempt: int) -> list[Row]:
+            return await self._fetch(conn, "rate_limits", queue=queue)
+
+        since = self._limit_watch.generation
+        limits = limits_from_rows(await self._run(op, what="look for rate limits", tx=False, ambiguous_ok=True))
+        self._limit_watch.enforced(queue, limits, since)  # one probe of a queue at a time: in order
+        limited = bool(limits)
         if len(self._limited_queues) > 4096:  # queues named on the fly: forget the old answers
             self._limited_queues.clear()
         self._limited_queues[queue] = (limited, time.monotonic() + LIMITED_CACHE_S)

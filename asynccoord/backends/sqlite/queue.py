@@ -36,6 +36,7 @@ from .seek import Flagging, seek_params, seek_sql, seeks
 from .turnbatch import TurnBatch
 
 if TYPE_CHECKING:
+    from ..limitwatch import LimitWatch
     from .writer import GroupCommitter, Operation
 
 __all__ = ("SQLiteQueueOps",)
@@ -131,7 +132,10 @@ class SQLiteQueueOps(StoreBase):
 
         async def _check_dimensions(self, prepared: Sequence[PreparedTask]) -> None: ...
 
-        def _after_claim(self, queue: str, admission: Admission | None) -> None: ...
+        def _after_claim(self, queue: str, admission: Admission | None, since: int) -> None: ...
+
+        @property
+        def _limit_watch(self) -> LimitWatch: ...
 
     # --- enqueue ----------------------------------------------------------------------
 
@@ -237,8 +241,9 @@ class SQLiteQueueOps(StoreBase):
                 return None
             return self._release_rows_op(rows)
 
+        since = self._limit_watch.generation  # the store's own declarations so far (see LimitWatch)
         rows, duplicates, dead, now, promoted = await self._write(op, undo)
-        self._after_claim(queue, admissions.get(queue))
+        self._after_claim(queue, admissions.get(queue), since)
         notify_partitions(self.notifier, promoted)  # e.g. the next task of a key whose head was a duplicate
         expires = now + lease
         tasks = [_claimed_task(r, queue, node_id, expires, now) for r in rows]

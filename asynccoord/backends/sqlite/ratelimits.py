@@ -7,7 +7,9 @@ is the claim of a queue that declares limits. Every write runs in the store's on
 the file take tokens one transaction at a time, on the store clock read at its start:
 a bucket's TAT is read and written under the database's write lock, never raced. The
 claim's own probe (``claim_probe``) says whether the queue has limits, so a queue without
-any claims with the statements it always had. Schema: ``migration_0001.sql``; queries:
+any claims with the statements it always had. Each claim reports the limits it enforced to
+:class:`~asynccoord.backends.limitwatch.LimitWatch`, which warns when another process
+changed them. Schema: ``migration_0001.sql``; queries:
 ``sql/ratelimits.sql``; semantics: :class:`~asynccoord.contract.ratelimits.RateLimitStore`.
 """
 
@@ -40,6 +42,7 @@ from ...events import EventCounter
 from ...models import Task
 from ...notify import WorkNotifier
 from ...validation import check_name
+from ..limitwatch import LimitWatch
 from ..refill import RefillWaker
 from ..rows import task_from_row
 from ..sqlfiles import load_queries
@@ -53,6 +56,8 @@ __all__ = ("SQLiteRateLimitOps", "claim_limited")
 R = load_queries("sqlite")
 
 _Row = tuple[Any, ...]
+
+_NO_LIMITS: dict[str, RateLimit] = {}  # what a claim of a queue without limits enforced (never changed)
 
 
 def _limits(db: sqlite3.Connection, queue: str) -> dict[str, RateLimit]:
@@ -143,6 +148,10 @@ class SQLiteRateLimitOps:
     def _refill(self) -> RefillWaker:
         return RefillWaker(self.notifier)
 
+    @functools.cached_property
+    def _limit_watch(self) -> LimitWatch:
+        return LimitWatch()
+
     async def set_rate_limits(self, queue: str, limits: Sequence[RateLimit]) -> None:
         """Declare ``queue``'s limits for every process on the file (see ``RateLimitStore``)."""
         check_name("queue", queue)
@@ -163,6 +172,7 @@ class SQLiteRateLimitOps:
                 )
 
         await self._write(op)
+        self._limit_watch.declared(queue, checked)
 
     async def rate_limits(self, queue: str) -> list[RateLimit]:
         """``queue``'s declared limits, by dimension name."""
@@ -201,8 +211,11 @@ class SQLiteRateLimitOps:
             if p.limit_keys:
                 check_unknown_dimensions(p.queue, p.limit_keys, list(declared[p.queue]))
 
-    def _after_claim(self, queue: str, admission: Admission | None) -> None:
-        """Count a claim that held work back, and wake the owners of that work when its buckets refill."""
+    def _after_claim(self, queue: str, admission: Admission | None, since: int) -> None:
+        """Note the limits the claim enforced (none without ``admission``), from the store's generation ``since``
+        (:class:`~asynccoord.backends.limitwatch.LimitWatch`); count a claim that held work back, and wake the
+        owners of that work when its buckets refill."""
+        self._limit_watch.enforced(queue, _NO_LIMITS if admission is None else admission.limits, since)
         if admission is None:
             return
         if admission.held:

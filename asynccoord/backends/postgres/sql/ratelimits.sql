@@ -5,6 +5,7 @@
 -- claim_ids, COMMIT.
 
 -- name: rate_limits
+-- Also the store's read, cached ~1 s, of whether :queue declares limits (the claim's choice of path).
 SELECT dimension, count, per_s, burst FROM coord_rate_limits WHERE queue = :queue::text ORDER BY dimension;
 
 -- name: limited_queues
@@ -16,10 +17,6 @@ DELETE FROM coord_rate_limits WHERE queue = :queue::text;
 -- name: insert_rate_limit
 INSERT INTO coord_rate_limits (queue, dimension, count, per_s, burst)
 VALUES (:queue::text, :dimension::text, :count::int, :per_s::float8, :burst::int);
-
--- name: queue_limited
--- PostgreSQL only: whether :queue declares limits (the claim's choice of path, cached ~1 s).
-SELECT EXISTS (SELECT 1 FROM coord_rate_limits WHERE queue = :queue::text);
 
 -- name: lock_rate_limits
 -- PostgreSQL only: the queue's exclusive advisory lock (coord_lock_rate_limits), to the end of

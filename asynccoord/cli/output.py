@@ -1,0 +1,91 @@
+"""Standard output of the CLI's commands: the console their tables print on, and a reader that left.
+
+``python -m asynccoord status --db bot.db | head -1``: ``head`` closes the pipe after one
+line, and the next write raises ``BrokenPipeError``. Rich's console answers that by
+raising ``SystemExit(1)``; the console made here raises :class:`OutputClosed` instead, as
+:func:`write_stdout` does for the commands' JSON, and :func:`asynccoord.cli.main.main`
+answers it the same way for every command: standard output is pointed at ``os.devnull``
+(so the interpreter's last flush does not fail again, as the Python documentation's note
+on SIGPIPE advises) and the exit status is 0, the reader having taken what it wanted.
+Only a write to standard output becomes :class:`OutputClosed`: a ``BrokenPipeError`` of
+any other connection (a database's socket) stays an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ("OutputClosed", "drop_stdout", "table_console", "write_stdout")
+
+
+class OutputClosed(Exception):
+    """The reader of a command's output went away (a closed pipe): nothing more can be printed."""
+
+
+def table_console(file: IO[str] | None, *, color: bool | None, pipe_width: int) -> Console:
+    """A rich console for a command's tables, raising :class:`OutputClosed` when its reader went away.
+
+    Markup is off: the values printed come from the database (queue names, errors), and
+    one like ``[/x]`` must print as it is, not be read as a console markup tag.
+
+    Args:
+        file: Where to print; None for standard output.
+        color: Force colour on or off; None: colour on a terminal only.
+        pipe_width: The width used when ``file`` is no terminal (a pipe or a file has no
+            width to detect): one that fits the command's widest table.
+    """
+    make = _console_class()
+    console = make(file=file, no_color=color is False, force_terminal=color, markup=False)
+    if not console.is_terminal:
+        console = make(file=file, no_color=color is False, force_terminal=color, width=pipe_width, markup=False)
+    return console
+
+
+@functools.cache
+def _console_class() -> type[Console]:
+    """Rich's ``Console`` raising :class:`OutputClosed` on a broken pipe (rich imported on first use)."""
+    from rich.console import Console
+
+    class ClosingConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is written, whatever the caller does
+            raise OutputClosed("the reader of the output went away")
+
+    return ClosingConsole
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to standard output and flush it.
+
+    Raises:
+        OutputClosed: standard output is a pipe whose reader went away.
+    """
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError as exc:
+        raise OutputClosed("the reader of the output went away") from exc
+
+
+def drop_stdout() -> None:
+    """Point standard output's file descriptor at ``os.devnull``: what is still buffered goes nowhere.
+
+    Does nothing when standard output has no file descriptor (a test's capture, say).
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        with contextlib.suppress(OSError):
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
