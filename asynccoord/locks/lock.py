@@ -628,6 +628,21 @@ class _LeaseHandle:
         if lost is not None:
             raise lost
 
+    def let_lapse(self) -> bool:
+        """Forget the lease without releasing it: no renewal from now on, so it lapses at its TTL.
+
+        For a lease whose guarded work goes on out of the holder's hands (a send that
+        ignored its cancellation, still running as its process stops): released, it would
+        let another holder's work run beside it. Never awaits.
+
+        Returns:
+            True if the handle held a lease (now left to lapse), else False.
+        """
+        if self._lease is None:
+            return False
+        self._forget()
+        return True
+
     async def _release_current(self, lease: Lease) -> bool:
         """Stop guarding, release (shielded, bounded) and forget ``lease``; True if it was live."""
         if self._guard is not None:

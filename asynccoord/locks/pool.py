@@ -783,6 +783,18 @@ class LockPool:
                     self._sessions.pop(session.name, None)
 
     async def _retire(self, session: _Session) -> None:
+        guard = self._drop(session)
+        if guard is not None:
+            lease, still_held = guard.lease, guard.active
+            guard.close()
+            if still_held:
+                _remember(self._released, lease.name)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
+
+    @staticmethod
+    def _drop(session: _Session) -> Guard | None:
+        """Forget ``session``'s lease (no turn is taken on it any more); return its guard, still open."""
         guard, park = session.guard, session.park
         session.guard = session.park = None
         session.lease = None
@@ -791,13 +803,30 @@ class LockPool:
         session.line_rank = None
         if park is not None:
             park.set()
+        return guard
+
+    def let_lapse(self, lease: Lease) -> bool:
+        """Stop renewing ``lease`` and take no more turns on it, without giving it back: it lapses at its TTL.
+
+        For a lease whose work goes on out of the holder's hands as it stops: a send that
+        ignored its cancellation, still running when its node shuts down. Given back, the
+        lock would let another holder's work run beside it; left to lapse, nobody else
+        takes it for up to ``ttl_s``. A local turn after this acquires a new lease (it
+        waits for that lapse like anyone else). Never awaits.
+
+        Args:
+            lease: A lease this pool holds (a turn's ``lease``).
+
+        Returns:
+            True if the pool held it (now left to lapse); False if it had gone already.
+        """
+        session = self._sessions.get(lease.name)
+        if session is None or session.lease is None or session.lease.owner_token != lease.owner_token:
+            return False
+        guard = self._drop(session)
         if guard is not None:
-            lease, still_held = guard.lease, guard.active
             guard.close()
-            if still_held:
-                _remember(self._released, lease.name)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
+        return True
 
     async def fence_refused(self, lease: Lease, error: FencingTokenRejectedError) -> bool:
         """A write fenced by ``lease``'s token was refused (``error``): take no more turns on it.

@@ -15,8 +15,9 @@ What the per-task path guarantees holds task by task: a send is cut once (timeou
 lease, the node's cancellation) and gets its cleanup time; a send that returned is settled
 even when the node is cancelled meanwhile (for up to
 :data:`~asynccoord.node.settle.SETTLE_WAIT_S`); a send cut by the node's cancellation is
-handed back, counted as interrupted; an error that fails the node (a closed store, a process
-exit) stops the batch the same way, and is raised once the batch is over.
+handed back, counted as interrupted (one still running past its cleanup time is not: its task
+lease lapses, see :meth:`~asynccoord.node.settle.Settler.hand_back_all_shielded`); an error that
+fails the node (a closed store, a process exit) stops the batch the same way, and is raised once the batch is over.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import anyio
 from ..errors import UNRECOVERABLE_STORE_ERRORS, StoreError
 from ..monitor.histogram import SEND_MS
 from .flight import Flight, FlightState
-from .send import Outcome, Sender, SendFn, cut, observe_many, retrieve, time_out
+from .send import Outcome, Sender, SendFn, cut, observe_many, retrieve, second_cut_landed, time_out
 from .settle import SETTLE_WAIT_S, Settler
 
 __all__ = ("LocklessBatch",)
@@ -303,12 +304,15 @@ class LocklessBatch:
             if children and until is not None:
                 with anyio.move_on_after(until - loop.time()):
                     await asyncio.wait(children)
+                await second_cut_landed(children)
             for flight in cutting:
                 child = flight.send
                 if child is not None:  # a cleanup that raised KeyboardInterrupt or SystemExit stops the node
                     child.add_done_callback(functools.partial(self._sender.cut_send_ended, flight))
                     child.add_done_callback(retrieve)
-                flight.send = flight.over = None
+                    if child.done():
+                        flight.send = None  # else kept: it outlives the stop (see Flight.outlives)
+                flight.over = None
                 flight.move(FlightState.INTERRUPTED)
             if cutting:
                 await self._hand_back(cutting)

@@ -146,7 +146,8 @@ class Flight:
         overrun_until: Loop time up to which the node still waits for a send cut at its
             timeout that outlived its cleanup time, its lease and lock kept (see
             :func:`asynccoord.node.send.cut`); None unless such a send is (or was) waited for.
-        send: The user's send, in an asyncio task of its own, while it runs.
+        send: The user's send, in an asyncio task of its own, while it runs; kept once the flight is
+            ``INTERRUPTED`` while that task still runs (see :meth:`outlives`).
         over: Done when the send is, or when the node stops waiting for it (its cleanup time,
             or for a send cut at its timeout ``overrun_until``, ran out).
         next: The key's next task, leased by this task's commit (``claim_next``).
@@ -182,6 +183,16 @@ class Flight:
                 f"internal error: task {self.task.id} in flight cannot move from {self.state.name} to {to.name}"
             )
         self.state = to
+
+    def outlives(self) -> bool:
+        """Whether its send still runs although the node let go of it: cut by the node's stop (a shutdown),
+        it ignored its cancellations past its cleanup time (``INTERRUPTED``, ``send`` kept and not done).
+
+        Such a task is not handed back, nor its lock released: both lapse at their TTLs (see
+        :meth:`~asynccoord.node.settle.Settler.hand_back_all_shielded`).
+        """
+        child = self.send
+        return self.state is FlightState.INTERRUPTED and child is not None and not child.done()
 
     def is_in(self, *states: FlightState) -> bool:
         """Whether the flight is in one of ``states`` (a call: a type checker does not narrow it across awaits)."""

@@ -33,7 +33,6 @@ from ..errors import (
     CoordError,
     InvalidArgumentError,
     InvalidTypeError,
-    LockError,
     LockTimeoutError,
     StoreError,
 )
@@ -137,7 +136,8 @@ class Node:
     because its lock was lost is a failed attempt too: the task's own lease still holds,
     so the retry policy brings it back without waiting for that lease to lapse.
     Cancelling the node hands its tasks back to ``pending`` unfinished (not counted as
-    failures), releases its locks and re-raises.
+    failures), releases its locks and re-raises; a send still running then keeps its task
+    lease and lock, left to lapse (see :meth:`Settler.hand_back_all_shielded`).
 
     Args:
         store: A store implementing the queue and lock contracts (``SQLiteStore``...).
@@ -743,6 +743,8 @@ class Node:
                             outcome = await self._sender.run(flight, self.send)
                         except BaseException:
                             committed()
+                            if flight.outlives():  # its send still runs: the lease lapses, never given back
+                                self._pool().let_lapse(turn.lease)
                             raise
                         finally:
                             flight.turn_end = None
@@ -782,7 +784,7 @@ class Node:
                 try:
                     await settler.finish(flight, await self._sender.run(flight, self.send))
                 finally:
-                    await self._give_permit_back(handle, flight)
+                    await settler.give_permit_back(handle, flight)
         except UNRECOVERABLE_STORE_ERRORS:
             # Closed under us: hand the task back if the store still allows it, then fail the node.
             await self._settler.hand_back_shielded(flight)
@@ -792,8 +794,8 @@ class Node:
             log.warning("asynccoord.node.store_error node=%s task=%s error=%s", self.node_id, task.id, exc)
             await self._settler.hand_back_shielded(flight)
         except BaseException:
-            # Cancelled (shutdown): hand the task back unfinished, not counted as a failure,
-            # once its lock is released, so the next claimer finds the lock free.
+            # Cancelled (shutdown): hand the task back unfinished, not counted as a failure, once its
+            # lock is released, so the next claimer finds the lock free (unless its send outlives the stop).
             if flight.lock is not None and self.lock_pool is not None:
                 with anyio.CancelScope(shield=True):
                     await self.lock_pool.released(flight.lock.name)
@@ -836,15 +838,6 @@ class Node:
         claimable at once if the store still holds the lease for it (raises StoreError: the store failed)."""
         flight.move(FlightState.UNSENT)  # nothing was sent: nothing more to hand back on the way out
         await self._settler.hand_back(flight.task, delay_s=0.0)
-
-    async def _give_permit_back(self, handle: Semaphore, flight: Flight) -> None:
-        """Release a semaphore permit after the send (shielded, bounded by the handle); a failed release is logged."""
-        try:
-            await handle.release()
-        except (LockError, StoreError) as exc:  # lapsed or lost (counted by the lock), or the store failed
-            log.warning(
-                "asynccoord.node.permit_release_failed node=%s task=%s error=%s", self.node_id, flight.task.id, exc
-            )
 
     def _lock_name(self, task: Task) -> str | None:
         """The lock ``lock_key`` names for ``task`` (None: no lock), checked like any lock name."""

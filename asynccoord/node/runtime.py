@@ -60,7 +60,11 @@ class Runtime:
     SIGINT under :meth:`wait_for_signal`) every node stops claiming at once, sends in
     flight may finish for up to ``shutdown_timeout_s``, then whatever is left is cancelled
     and handed back to ``pending`` with its lease and lock released, so another process
-    picks it up at once instead of waiting for a TTL. Nodes leave the membership last.
+    picks it up at once instead of waiting for a TTL. A send that still runs then (it
+    ignored its cancellation past its cleanup time) keeps its task lease and lock, left
+    to lapse at their TTLs, unrenewed (``asynccoord.node.send_outlived_shutdown``), so
+    nothing else is sent under its lock, nor its task again, until then. Nodes leave the
+    membership last.
     A Runtime runs once, as a thread does (see :meth:`start`).
 
     Several queues may share one store, each drained by its own Runtime: a runtime makes

@@ -49,6 +49,7 @@ __all__ = (
     "observe",
     "observe_many",
     "retrieve",
+    "second_cut_landed",
 )
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,9 @@ class Sender:
                 raise
         finally:
             timer.cancel()
-            flight.send = flight.over = None
+            flight.over = None
+            if child.done() or flight.state is not FlightState.INTERRUPTED:
+                flight.send = None  # (kept for a send that outlives the node's cut: see Flight.outlives)
         outcome = self.outcome(flight, child, cancel_pending)
         if outcome[0]:
             observe(self._store, SEND_MS, send_started)
@@ -506,9 +509,24 @@ async def cut_short(flight: Flight, child: asyncio.Task[Any]) -> None:
     cut(flight)
     until = flight.cut_until  # None: the send had ended already
     if until is not None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(until - asyncio.get_running_loop().time()):
-            await asyncio.wait({child})
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(until - asyncio.get_running_loop().time()):
+                await asyncio.wait({child})
+            await second_cut_landed({child})
     child.add_done_callback(retrieve)
+
+
+async def second_cut_landed(children: set[asyncio.Task[Any]]) -> None:
+    """Give ``children``, sends whose cleanup time is up, two loop turns to end on their second cancellation.
+
+    That cancellation (:func:`cut`'s timer) falls due when the cleanup time does: a send that
+    gives in to it ends within a loop turn, and is then seen as over (its task handed back),
+    not as one that outlives the node's stop (see :meth:`~asynccoord.node.flight.Flight.outlives`).
+    """
+    for _ in range(2):
+        if all(child.done() for child in children):
+            return
+        await asyncio.sleep(0)
 
 
 def _returned_late(flight: Flight, child: asyncio.Task[Any]) -> bool:

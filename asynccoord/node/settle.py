@@ -28,10 +28,13 @@ from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,
     LeaseLostError,
+    LockError,
     RateLimited,
     StoreBusyError,
     StoreConnectionError,
+    StoreError,
 )
+from ..locks.lock import Semaphore
 from ..locks.pool import LockPool
 from ..models import Task, TaskStatus
 from ..monitor.histogram import COMMIT_MS, ENQUEUE_TO_COMMIT_MS
@@ -504,12 +507,21 @@ class Settler:
         """Hand ``flight``'s task back to pending (shielded, up to :data:`HAND_BACK_WAIT_S`), unless it is settled.
 
         A send that may have reached its receiver before it was cut, or whose commit was
-        cut, is counted as ``send_interrupted``: the task will be sent again.
+        cut, is counted as ``send_interrupted``: the task will be sent again. A send that
+        still runs (it outlived the node's stop, see :meth:`Flight.outlives`) is not handed back:
+        see :meth:`hand_back_all_shielded`.
         """
         await self.hand_back_all_shielded([flight])
 
     async def hand_back_all_shielded(self, flights: list[Flight]) -> None:
         """:meth:`hand_back_shielded` for each of ``flights``, all at once (one wait for all of them).
+
+        A flight whose send still runs (:meth:`Flight.outlives`: the node's stop cut it, and it
+        ignored its cancellations past its cleanup time) is not handed back, nor counted as
+        such: its task lease is left to lapse (within ``lease_s``; the node renews it no more),
+        and the node leaves its lock or permit to lapse too (within ``lock_ttl_s``), so that no
+        other node sends under that lock, nor sends the task again, until then. Logged (a
+        warning) as ``asynccoord.node.send_outlived_shutdown``, once per flight.
 
         Raises:
             Exception: a hand-back's error that is no :class:`~asynccoord.errors.CoordError`
@@ -525,6 +537,10 @@ class Settler:
             # Past CLAIMED every state left here began its send (whatever cut it): the attempt stays
             # counted, so the next delivery's attempts say it may repeat a message.
             sent = state is not FlightState.CLAIMED
+            if flight.outlives():  # its lease and lock stay taken while the send may still be sending
+                self.store.events.add(ev.SEND_INTERRUPTED)
+                self._outlived(flight)
+                continue
             if state is FlightState.INTERRUPTED or state is FlightState.SENDING or state is FlightState.TIMED_OUT:
                 # The send may have reached its receiver before it was cancelled: the next
                 # holder's send of this task is a possible duplicate. Count it like a lost lease.
@@ -549,6 +565,42 @@ class Settler:
         if releases:
             with anyio.CancelScope(shield=True):
                 await _wait_through_cancellation(releases, HAND_BACK_WAIT_S)
+
+    async def give_permit_back(self, handle: Semaphore, flight: Flight) -> None:
+        """Release ``flight``'s semaphore permit after its send (shielded, bounded by the handle).
+
+        A failed release is logged. A send that still runs (:meth:`Flight.outlives`) keeps it:
+        the permit is left to lapse at its TTL, not renewed (see :meth:`hand_back_all_shielded`).
+        """
+        if flight.outlives():
+            handle.let_lapse()
+            return
+        try:
+            await handle.release()
+        except (LockError, StoreError) as exc:  # lapsed or lost (counted by the lock), or the store failed
+            log.warning(
+                "asynccoord.node.permit_release_failed node=%s task=%s error=%s", self.node_id, flight.task.id, exc
+            )
+
+    def _outlived(self, flight: Flight) -> None:
+        """Log that ``flight``'s send outlived the node's stop: its task lease and lock are left to lapse."""
+        cfg, lock = self.config, flight.lock
+        if lock is None:
+            left = f"its lease is left to lapse, within lease_s={cfg.lease_s:.2f} s; the task is not sent again"
+        else:
+            kind = "lock" if cfg.lock_permits == 1 else "permit"
+            left = (
+                f"its lease and its {kind} are left to lapse, within lease_s={cfg.lease_s:.2f} s and "
+                f"lock_ttl_s={cfg.lock_ttl_s:.2f} s; nothing else is sent under the {kind} (nor the task again)"
+            )
+        log.warning(
+            "asynccoord.node.send_outlived_shutdown node=%s task=%s lock=%s: the send still runs after the node's "
+            "stop cut it (past its cleanup time); the task is not handed back: %s until then",
+            self.node_id,
+            flight.task.id,
+            "-" if lock is None else repr(lock.name),
+            left,
+        )
 
     async def _hand_back_quietly(self, task: Task, *, count_attempt: bool) -> None:
         with contextlib.suppress(CoordError):

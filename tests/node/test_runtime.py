@@ -280,7 +280,8 @@ async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_it
     make_store: Any, pipeline: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     # Shutdown cancels it, its timeout comes 0.08 s later: neither that nor anything else cancels
-    # it again before SEND_CLEANUP_S is up; then it is cancelled once more and left behind.
+    # it again before SEND_CLEANUP_S is up; then it is cancelled once more and left behind. It still
+    # runs: its task is not handed back, its lease is left to lapse (send_outlived_shutdown).
     store = await make_store(clock=None)
     task_id = (await store.enqueue(QUEUE, "stubborn")).task.id
     started, ended = asyncio.Event(), asyncio.Event()
@@ -299,7 +300,7 @@ async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_it
         return "sent"
 
     config = NodeConfig(queue=QUEUE, send_timeout_s=0.38, **pipeline)
-    async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=0.3):
+    async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=0.3) as runtime:
         await started.wait()
         leaving = time.monotonic()
     left = time.monotonic()
@@ -308,12 +309,15 @@ async def test_a_send_that_swallows_cancellation_is_cancelled_once_more_after_it
     assert len(cancelled_at) == 2, cancelled_at  # it was cancelled 4 times (0.3, 0.38, 0.55, 0.63 s)
     assert SEND_CLEANUP_S - 0.01 <= cancelled_at[1] - cancelled_at[0] <= SEND_CLEANUP_S + 0.15
     task = await store.get(task_id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)  # handed back, counted
+    assert (task.status, task.attempts, task.last_error) == (TaskStatus.RUNNING, 1, None)  # its lease lapses
+    assert runtime.states()[0].handed_back == 0
     abandoned = [r.getMessage() for r in caplog.records if "send_abandoned" in r.getMessage()]
     assert abandoned == [
         f"asynccoord.node.send_abandoned task={task_id}: the send outlived its cleanup time "
         f"({SEND_CLEANUP_S:.2f} s) after being cancelled; it is cancelled once more and left behind"
     ]
+    [outlived] = [r.getMessage() for r in caplog.records if "send_outlived_shutdown" in r.getMessage()]
+    assert f" task={task_id} lock=-: the send still runs after the node's stop cut it" in outlived
 
 
 async def test_cancelling_the_task_that_hosts_a_runtime_hands_back_and_reraises(make_store: Any) -> None:

@@ -249,7 +249,8 @@ async def test_a_shutdown_while_a_send_that_overran_its_timeout_is_waited_for_ke
 ) -> None:
     """The node waits for the send (send_overrun_s 30 s) when the shutdown (drain 0.5 s) comes: the
     drain waits for it as for any send under way, then the node's cancellation ends the wait at
-    once; the task is handed back (its attempt counted), its lock released."""
+    once. The send still runs: its task is not handed back, and its lease and lock are not given
+    back either but left to lapse, unrenewed, at their TTLs (1 s)."""
     store = await make_store(clock=None)
     task_id = (await store.enqueue(QUEUE, "slow", partition_key="chat-1")).task.id
     sends = Sends()
@@ -261,7 +262,15 @@ async def test_a_shutdown_while_a_send_that_overran_its_timeout_is_waited_for_ke
         finally:
             sends.end(key)
 
-    config = NodeConfig(queue=QUEUE, send_timeout_s=0.2, send_overrun_s=30.0, claim_next=way != "batch", **FAST)
+    config = NodeConfig(
+        queue=QUEUE,
+        send_timeout_s=0.2,
+        send_overrun_s=30.0,
+        lease_s=1.0,
+        lock_ttl_s=1.0,
+        claim_next=way != "batch",
+        **FAST,
+    )
     lock_key = (lambda task: ACCOUNT) if way == "lock" else None
     runtime = Runtime(store, send=send, nodes=1, config=config, lock_key=lock_key, shutdown_timeout_s=0.5)
     try:
@@ -269,17 +278,29 @@ async def test_a_shutdown_while_a_send_that_overran_its_timeout_is_waited_for_ke
             await logged(caplog, "send_abandoned")  # the node waits for it now
             leaving = time.monotonic()
         left = time.monotonic()
+        assert 0.5 <= left - leaving < 0.5 + SEND_CLEANUP_S + 0.5  # the drain's deadline, kept
+        task = await store.get(task_id)
+        assert (task.status, task.attempts, task.last_error) == (TaskStatus.RUNNING, 1, None)  # still leased
+        assert [lock.name for lock in await store.list_locks()] == ([ACCOUNT] if way == "lock" else [])
+        assert runtime.states()[0].handed_back == 0
+        [outlived] = messages(caplog, "send_outlived_shutdown")
+        shown = repr(ACCOUNT) if way == "lock" else "-"
+        assert f" task={task_id} lock={shown}: the send still runs after the node's stop cut it" in outlived
+        # Unrenewed, the lock lapses within its TTL and the task lease within lease_s: the task is claimable.
+        claimed: list[Task] = []
+        while not claimed and time.monotonic() - left < 3.0:
+            await asyncio.sleep(0.05)
+            claimed = await store.claim(QUEUE, node_id="next-node", limit=1, lease_s=5.0)
+        assert [t.id for t in claimed] == [task_id]
+        assert time.monotonic() - left >= 1.0 - 1.0 / 3 - 0.05  # not before the lease (renewed every 1/3 s) lapsed
+        assert await store.list_locks() == []
+        assert sends.running == {("slow", 1)}  # all that while, the send ran on
     finally:
         sends.release.set()
     await asyncio.wait_for(sends.ended.wait(), 5.0)
-    assert 0.5 <= left - leaving < 0.5 + SEND_CLEANUP_S + 0.5  # the drain's deadline, kept
-    task = await store.get(task_id)
-    assert (task.status, task.attempts, task.last_error) == (TaskStatus.PENDING, 1, None)
     assert store.events.get("send_interrupted") == 1
-    assert runtime.states()[0].handed_back == 1
     assert messages(caplog, "send_let_go") == []
     assert sends.count("slow") == 1
-    assert await store.list_locks() == []
 
 
 @pytest.mark.parametrize("lost", ["lock", "lease"])
