@@ -34,7 +34,14 @@ from ..contract.locks import MAX_PERMITS
 from ..contract.ratelimits import RateLimit, describe_limits
 from ..errors import InvalidArgumentError, InvalidTypeError, StoreError
 from ..node.retention import DEFAULT_DONE_RETENTION_S
-from ..validation import check_int, check_interval_s, check_lease_s, check_name, check_positive
+from ..validation import (
+    check_int,
+    check_interval_s,
+    check_lease_s,
+    check_name,
+    check_non_negative,
+    check_positive,
+)
 from .lockstore import add_lock_store_options, check_lock_store_options
 
 __all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
@@ -109,6 +116,13 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock-permits", type=int, default=1, help="permits per lock name (default 1)")
     parser.add_argument("--max-in-flight", type=int, default=32, help="sends at once per node (default 32)")
     parser.add_argument("--send-timeout-s", type=float, default=30.0, help="send timeout, seconds (default 30)")
+    parser.add_argument(
+        "--send-overrun-s",
+        type=float,
+        default=None,
+        help="how long a send cut at its timeout that ignores the cancellation is still waited for, its lease and "
+        "lock kept, seconds (default: the send timeout; 0: not at all)",
+    )
     parser.add_argument("--unordered", action="store_true", help="no per-key ordering")
     parser.add_argument(
         "--idle-max-s", type=float, default=1.0, help="longest pause between polls of an idle node, seconds (default 1)"
@@ -201,6 +215,8 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     check_int("--lock-permits", args.lock_permits, minimum=1, maximum=MAX_PERMITS)
     check_int("--max-in-flight", args.max_in_flight, minimum=1)
     check_positive("--send-timeout-s", args.send_timeout_s)
+    if args.send_overrun_s is not None:
+        check_non_negative("--send-overrun-s", args.send_overrun_s)
     check_lease_s("--heartbeat-ttl-s", args.heartbeat_ttl_s)
     check_positive("--shutdown-timeout-s", args.shutdown_timeout_s)
     check_interval_s("--idle-max-s", args.idle_max_s)
@@ -237,6 +253,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         lock_permits=args.lock_permits,
         max_in_flight=args.max_in_flight,
         send_timeout_s=args.send_timeout_s,
+        send_overrun_s=args.send_overrun_s,
         ordered=not args.unordered,
         idle_max_s=args.idle_max_s,
         idle_min_s=min(0.05, args.idle_max_s),

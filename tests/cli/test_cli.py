@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -24,7 +25,7 @@ from asynccoord import events as ev
 from asynccoord.backends.open import open_store
 from asynccoord.backends.postgres.store import PostgresStore
 from asynccoord.cli.main import build_parser, main
-from asynccoord.cli.run import check_run
+from asynccoord.cli.run import check_run, configure_run
 from asynccoord.locks.pool import next_in_line
 from asynccoord.monitor.snapshot import cluster_snapshot
 from asynccoord.node import Runtime
@@ -46,6 +47,8 @@ from asynccoord.node import Runtime
         (["--send", "json:dumps", "--max-in-flight", "0"], "--max-in-flight must be >= 1, got 0"),
         (["--send", "json:dumps", "--lock-permits", "0"], "--lock-permits must be >= 1, got 0"),
         (["--send", "json:dumps", "--send-timeout-s", "0"], "--send-timeout-s must be > 0, got 0.0"),
+        (["--send", "json:dumps", "--send-overrun-s", "-1"], "--send-overrun-s must be >= 0, got -1.0"),
+        (["--send", "json:dumps", "--send-overrun-s", "nan"], "--send-overrun-s"),
         (["--send", "json:dumps", "--idle-max-s", "1e-9"], "--idle-max-s must be >= 0.001 seconds (MIN_INTERVAL_S"),
         (["--send", "json:dumps", "--shutdown-timeout-s", "nan"], "--shutdown-timeout-s"),
         (["--send", "json:dumps", "--done-retention-s", "0"], "--done-retention-s must be > 0, got 0.0"),
@@ -593,3 +596,16 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly_with_status_0(wide_
             proc.communicate()
     assert len(first) == 200
     assert (proc.returncode, err.decode()) == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("given", "overrun_s"), [([], None), (["--send-overrun-s", "0"], 0.0), (["--send-overrun-s", "2.5"], 2.5)]
+)
+def test_run_passes_send_overrun_s_to_the_nodes(tmp_path: Path, given: list[str], overrun_s: float | None) -> None:
+    """``--send-overrun-s`` reaches ``NodeConfig.send_overrun_s`` (unset: None, one more send timeout)."""
+    parser = argparse.ArgumentParser()
+    configure_run(parser)
+    args = parser.parse_args(["--db", str(tmp_path / "o.db"), "--send", "json:dumps", *given])
+    _send, _lock_key, config = check_run(args)
+    assert config.send_overrun_s == overrun_s
+    assert not (tmp_path / "o.db").exists()
