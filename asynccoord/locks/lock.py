@@ -629,15 +629,7 @@ class _LeaseHandle:
             raise lost
 
     def let_lapse(self) -> bool:
-        """Forget the lease without releasing it: no renewal from now on, so it lapses at its TTL.
-
-        For a lease whose guarded work goes on out of the holder's hands (a send that
-        ignored its cancellation, still running as its process stops): released, it would
-        let another holder's work run beside it. Never awaits.
-
-        Returns:
-            True if the handle held a lease (now left to lapse), else False.
-        """
+        """Forget the lease unreleased, unrenewed (its work outlives the holder): it lapses at its TTL; True if held."""
         if self._lease is None:
             return False
         self._forget()

@@ -806,19 +806,11 @@ class LockPool:
         return guard
 
     def let_lapse(self, lease: Lease) -> bool:
-        """Stop renewing ``lease`` and take no more turns on it, without giving it back: it lapses at its TTL.
+        """Stop renewing ``lease`` and take no more turns on it, unreleased: it lapses at its TTL.
 
-        For a lease whose work goes on out of the holder's hands as it stops: a send that
-        ignored its cancellation, still running when its node shuts down. Given back, the
-        lock would let another holder's work run beside it; left to lapse, nobody else
-        takes it for up to ``ttl_s``. A local turn after this acquires a new lease (it
-        waits for that lapse like anyone else). Never awaits.
-
-        Args:
-            lease: A lease this pool holds (a turn's ``lease``).
-
-        Returns:
-            True if the pool held it (now left to lapse); False if it had gone already.
+        For a send that ignored its cancellation and outlives its node's shutdown: released, the
+        lock would let another holder's send run beside it. A later local turn acquires anew (once
+        it lapsed). Never awaits. True if the pool held the lease.
         """
         session = self._sessions.get(lease.name)
         if session is None or session.lease is None or session.lease.owner_token != lease.owner_token:
