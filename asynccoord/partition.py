@@ -79,7 +79,7 @@ def owner_of(partition: int, nodes: Iterable[str]) -> str:
     like any other, so such a member never stops the assignment.
 
     Args:
-        partition: A partition number, >= 0.
+        partition: A partition number, 0 .. :data:`MAX_PARTITIONS` - 1.
         nodes: Node ids of the live nodes (order does not matter, duplicates ignored).
 
     Returns:
@@ -88,9 +88,9 @@ def owner_of(partition: int, nodes: Iterable[str]) -> str:
     Raises:
         InvalidTypeError: ``nodes`` is a str (not a list of them) or not iterable, or a
             node id is not a str.
-        InvalidArgumentError: ``nodes`` is empty or ``partition`` < 0.
+        InvalidArgumentError: ``nodes`` is empty or ``partition`` outside 0 .. :data:`MAX_PARTITIONS` - 1.
     """
-    check_int("partition", partition, minimum=0)
+    check_int("partition", partition, minimum=0, maximum=MAX_PARTITIONS - 1)
     _check_nodes(nodes)
     best: tuple[int, str] | None = None
     for node in nodes:

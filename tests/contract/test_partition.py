@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from support import TESTS
 
 from asynccoord import InvalidArgumentError, InvalidTypeError, assign, owner_of, partition_of
-from asynccoord.partition import RendezvousTable, owned_partitions
+from asynccoord.partition import MAX_PARTITIONS, RendezvousTable, owned_partitions
 
 GOLDEN_PATH = TESTS / "data" / "partition_golden.json"
 GOLDEN = json.loads(GOLDEN_PATH.read_text("utf-8"))
@@ -169,6 +169,9 @@ def test_partition_of_edge_cases() -> None:
         owner_of(3, [])
     with pytest.raises(InvalidArgumentError, match="partition must be >= 0, got -1"):
         owner_of(-1, NODES)
+    with pytest.raises(InvalidArgumentError, match="partition must be <= 65535, got 1048576"):
+        owner_of(2**20, NODES)  # no partition count reaches it (MAX_PARTITIONS), as partition_of refuses
+    assert owner_of(MAX_PARTITIONS - 1, NODES) in NODES
 
 
 @given(
