@@ -22,6 +22,7 @@ __all__ = (
     "FENCING_REJECTED",
     "LEASE_EXPIRED",
     "LEASE_LOST",
+    "SEND_ABANDONED",
     "SEND_INTERRUPTED",
     "SEND_PAUSED",
     "LOCK_CONTENDED",
@@ -60,6 +61,10 @@ PROVIDER_RATE_LIMITED = "provider_rate_limited"
 SEND_PAUSED = "send_paused"
 """A claimed task was handed back unsent because a provider's 429 to another send under its
 lock, in any process, paused the lock since the claim (see :mod:`asynccoord.pauses`)."""
+SEND_ABANDONED = "send_abandoned"
+"""A send that ignored its cancellation still ran when the node stopped watching it: let go
+``send_overrun_s`` after its timeout, or still running when its node stopped (its lease and lock
+then lapse at their TTLs). If its message goes out, a later send of its task repeats it."""
 
 EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,
@@ -81,6 +86,7 @@ EVENT_NAMES: tuple[str, ...] = (
     RATE_LIMIT_HELD,
     PROVIDER_RATE_LIMITED,
     SEND_PAUSED,
+    SEND_ABANDONED,
 )
 
 

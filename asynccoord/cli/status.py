@@ -78,6 +78,7 @@ CONFLICT_EVENTS: tuple[str, ...] = (
     ev.PROVIDER_RATE_LIMITED,
     ev.RATE_LIMIT_HELD,
     ev.SEND_PAUSED,
+    ev.SEND_ABANDONED,
 )
 """Events shown as conflicts in the human output (throughput events come after them)."""
 

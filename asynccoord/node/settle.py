@@ -583,7 +583,9 @@ class Settler:
             )
 
     def _outlived(self, flight: Flight) -> None:
-        """Log that ``flight``'s send outlived the node's stop: its task lease and lock are left to lapse."""
+        """Log (and count, ``send_abandoned``) that ``flight``'s send outlived the node's stop: its task
+        lease and lock are left to lapse."""
+        self.store.events.add(ev.SEND_ABANDONED)
         cfg, lock = self.config, flight.lock
         if lock is None:
             left = f"its lease is left to lapse, within lease_s={cfg.lease_s:.2f} s; the task is not sent again"

@@ -102,6 +102,7 @@ async def test_a_send_outliving_its_runtimes_shutdown_keeps_its_lock_and_task_un
                 assert (await store.get(ids[name])).attempts in (0, 1)
             [outlived] = messages(caplog, "send_outlived_shutdown")
             assert f" task={ids['slow']} lock={ACCOUNT!r}: the send still runs after the node's stop" in outlived
+            assert store.events.get(ev.SEND_ABANDONED) == 1
             assert f"within lease_s={LEASE_S:.2f} s and lock_ttl_s={LOCK_TTL_S:.2f} s" in outlived
             # B waits for the lock to lapse; then sends 'a' and 'b'. A's send ends after that, before
             # its task lease lapses: B sends 'slow' again only once its lease lapsed, A's send over.
@@ -173,3 +174,4 @@ async def test_a_shutdown_whose_sends_end_in_their_cleanup_time_hands_everything
         assert await store.list_locks() == []
     assert messages(caplog, "send_outlived_shutdown") == []
     assert store.events.get(ev.SEND_INTERRUPTED) == 6
+    assert store.events.get(ev.SEND_ABANDONED) == 0

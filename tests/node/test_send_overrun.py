@@ -149,6 +149,7 @@ async def test_a_send_ignoring_its_timeout_keeps_its_account_lock_until_it_ends(
     assert f"task={slow_id}: the send outlived its cleanup time" in abandoned
     assert "its task lease and lock are kept until it ends" in abandoned
     assert messages(caplog, "send_let_go") == []
+    assert store.events.get(ev.SEND_ABANDONED) == 0  # waited for until it ended
     assert (store.events.get(ev.LEASE_LOST), store.events.get(ev.LOCK_LOST)) == (0, 0)
     assert sum(s.committed for s in runtime.states()) == 2
     assert await store.list_locks() == []
@@ -240,6 +241,7 @@ async def test_a_send_ignoring_cancellation_for_ever_is_let_go_at_the_bound(
         f"asynccoord.node.send_let_go task={slow_id}: the send still runs 1.50 s after its timeout"
     )
     assert (store.events.get(ev.LEASE_LOST), store.events.get(ev.LOCK_LOST)) == (0, 0)  # renewed while waited for
+    assert store.events.get(ev.SEND_ABANDONED) == 1  # let go while it ran: counted
     assert await store.list_locks() == []
 
 
