@@ -792,6 +792,12 @@ class LockPool:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
 
+    def _holding(self, lease: Lease) -> _Session | None:
+        """The session whose current lease is ``lease`` (same owner token), or None."""
+        session = self._sessions.get(lease.name)
+        held = session is not None and session.lease is not None and session.lease.owner_token == lease.owner_token
+        return session if held else None
+
     @staticmethod
     def _drop(session: _Session) -> Guard | None:
         """Forget ``session``'s lease (no turn is taken on it any more); return its guard, still open."""
@@ -808,12 +814,11 @@ class LockPool:
     def let_lapse(self, lease: Lease) -> bool:
         """Stop renewing ``lease`` and take no more turns on it, unreleased: it lapses at its TTL.
 
-        For a send that ignored its cancellation and outlives its node's shutdown: released, the
-        lock would let another holder's send run beside it. A later local turn acquires anew (once
-        it lapsed). Never awaits. True if the pool held the lease.
+        For a send that outlives its node's shutdown (released, the lock would let another holder's
+        send run beside it). A later local turn acquires anew. Never awaits. True if the pool held it.
         """
-        session = self._sessions.get(lease.name)
-        if session is None or session.lease is None or session.lease.owner_token != lease.owner_token:
+        session = self._holding(lease)
+        if session is None:
             return False
         guard = self._drop(session)
         if guard is not None:
@@ -823,12 +828,10 @@ class LockPool:
     async def fence_refused(self, lease: Lease, error: FencingTokenRejectedError) -> bool:
         """A write fenced by ``lease``'s token was refused (``error``): take no more turns on it.
 
-        No write fenced by that token can land any more, so the lease goes back once the
-        turn under way and the commits deferred on it are over, and the next turn acquires
-        a new one. When the resource is the lock's own name (as a node fences its commits)
-        and the store has ``advance_fencing_token`` (Redis), the lock's counter is first
-        moved up to the token the resource accepted: a counter set back (a Redis restart
-        that lost writes) would otherwise hand out refused tokens until it caught up.
+        No write fenced by that token can land any more: the lease goes back once the turn under way
+        and its deferred commits are over. When the resource is the lock's own name and the store has
+        ``advance_fencing_token`` (Redis), the counter first moves up to the token the resource
+        accepted (a Redis restart that lost writes would otherwise hand out refused tokens).
 
         Args:
             lease: The lease whose token was refused (a turn's ``lease``).
@@ -840,8 +843,8 @@ class LockPool:
         Raises:
             StoreError: the store failed while moving the counter (the lease goes back anyway).
         """
-        session = self._sessions.get(lease.name)
-        if session is not None and session.lease is not None and session.lease.owner_token == lease.owner_token:
+        session = self._holding(lease)
+        if session is not None:
             session.turns = max(session.turns, self.max_turns)  # _pass_turn and _may_keep: back to the store
         highest = error.highest
         advance = getattr(self.store, "advance_fencing_token", None)

@@ -31,7 +31,6 @@ from ..wakeups import notify_partitions
 from .deadletters import recompute_heads
 from .locks import check_fence
 from .ratelimits import claim_limited
-from .readonly import read_only_error
 from .seek import Flagging, seek_params, seek_sql, seeks
 from .turnbatch import TurnBatch
 
@@ -118,7 +117,6 @@ class SQLiteQueueOps(StoreBase):
     _flagging: Flagging
     _continuations: TurnBatch[_CommitItem, _Completed, tuple[Task | CoordError, Task | None]] | None = None
     _writer: GroupCommitter | None
-    read_only: bool
 
     if TYPE_CHECKING:
 
@@ -129,6 +127,8 @@ class SQLiteQueueOps(StoreBase):
         async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any: ...
 
         def _w(self) -> GroupCommitter: ...
+
+        def _writable(self) -> GroupCommitter: ...
 
         async def _check_dimensions(self, prepared: Sequence[PreparedTask]) -> None: ...
 
@@ -342,9 +342,7 @@ class SQLiteQueueOps(StoreBase):
         operation of the group commit (:class:`~asynccoord.backends.sqlite.turnbatch.TurnBatch`):
         one compare-and-set statement for all, then each key's head leased in turn.
         """
-        if self.read_only:
-            raise read_only_error(self)
-        self._w()  # open, and in this loop: raised here, not in the turn's operation
+        self._writable()  # writable, open and in this loop: raised here, not in the turn's operation
         batch = self._continuations
         if batch is None:
             batch = self._continuations = TurnBatch(self._start_continuations, self._completed, self._orphaned)
@@ -354,7 +352,7 @@ class SQLiteQueueOps(StoreBase):
         return Continuation(done=outcome, next_task=next_task)
 
     def _start_continuations(self, items: list[_CommitItem]) -> asyncio.Future[_Completed]:
-        return self._w().enqueue(self._complete_op(items))
+        return self._writable().enqueue(self._complete_op(items))
 
     def _orphaned(self, _item: _CommitItem, outcome: tuple[Task | CoordError, Task | None]) -> None:
         """Hand back the task a commit leased for a caller cancelled meanwhile (pending again, attempt refunded)."""

@@ -368,10 +368,14 @@ class SQLiteStore(
                 " serves that loop only: open a store in the loop that uses it"
             )
 
-    async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
+    def _writable(self) -> GroupCommitter:
+        """The writer, for a write: raises ReadOnlyStoreError, StoreClosedError or StoreLoopError otherwise."""
         if self.read_only:
             raise read_only_error(self)
-        return await self._w().submit(fn, undo)
+        return self._w()
+
+    async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
+        return await self._writable().submit(fn, undo)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         conn = self._conn
