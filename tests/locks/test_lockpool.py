@@ -822,9 +822,10 @@ async def test_turns_that_keep_the_lease_from_its_release_still_let_a_pool_in_li
     """One task at a time in process-a, each asking for its turn while the last one's commit
     is under way (nobody waits, so every turn ends by starting a release that the next turn
     calls off): the pool still reads the place in line every few turns and gives the lease
-    back to process-b within a few turns, not after ``max_turns``."""
+    back to process-b within a few turns, not after ``max_turns`` (``min_hold_s=0``: see
+    the next test for the least hold)."""
     store = await make_store(clock=None)
-    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=32)
+    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=32, min_hold_s=0.0)
     other = LockPool(store, ttl_s=5.0, holder="process-b", max_turns=32)
     order: list[str] = []
     commits: list[asyncio.Task[None]] = []
@@ -864,6 +865,42 @@ async def test_turns_that_keep_the_lease_from_its_release_still_let_a_pool_in_li
     # round trip and the release, not the 32 turns of max_turns.
     assert in_line_at, order
     assert order.index("b") - in_line_at[0] <= 12, (in_line_at, order)
+    await busy.aclose()
+    await other.aclose()
+    assert await store.list_locks() == []
+
+
+async def test_a_pool_keeps_the_lease_for_min_hold_s_before_a_pool_in_line_goes_first(make_store: Any) -> None:
+    """Short turns (2 ms) with local tasks always waiting: once another pool is in line, the
+    lease still stays ``min_hold_s`` since it was taken (so that a hand-over is a small share
+    of the hold), then goes back within a few turns, long before ``max_turns``."""
+    store = await make_store(clock=None)
+    busy = LockPool(store, ttl_s=5.0, holder="process-a", max_turns=1000, min_hold_s=0.15)
+    other = LockPool(store, ttl_s=5.0, holder="process-b")
+    turns: list[tuple[float, int]] = []  # process-a's turns: (monotonic start, fencing token)
+    b_at: list[float] = []
+
+    async def worker() -> None:
+        while not b_at:
+            async with busy.turn("account:hot", timeout_s=20.0, on_lost=_ignore) as turn:
+                turns.append((time.monotonic(), turn.lease.fencing_token))
+                await asyncio.sleep(0.002)
+
+    async def late() -> None:
+        while len(turns) < 2:
+            await asyncio.sleep(0.001)
+        async with other.turn("account:hot", timeout_s=20.0, on_lost=_ignore):
+            b_at.append(time.monotonic())
+
+    await asyncio.wait_for(asyncio.gather(worker(), worker(), worker(), late()), 30.0)
+    before_b = [t for t in turns if t[0] < b_at[0]]
+    token = before_b[-1][1]
+    held = [t for t in before_b if t[1] == token]  # the lease process-b's turn came after
+    taken_at = held[0][0]
+    assert b_at[0] - taken_at >= 0.15, (b_at[0] - taken_at, len(held))
+    past_hold = [t for t in held if t[0] >= taken_at + 0.15]
+    assert len(past_hold) <= 12, (len(past_hold), len(held))
+    assert len(held) < 1000
     await busy.aclose()
     await other.aclose()
     assert await store.list_locks() == []
