@@ -357,11 +357,12 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
     from rich.table import Table
 
     payloads = [t["payload"] for t in report["tasks"]] if report["payloads_shown"] else []
+    named = repr(report["queue"])  # quoted unambiguously, control characters escaped
     report = printable_report(report)  # no control character of the users' data reaches the terminal
     # Markup off: keys, errors and payloads come from the users' data and print as they are.
     console = table_console(file, color=color, pipe_width=140)
-    queue, tasks, after = report["queue"], report["tasks"], report["after_id"]
-    where = f"'{queue}' in {report['db']}" + ("" if after is None else f" after id {after}")
+    tasks, after = report["tasks"], report["after_id"]
+    where = f"{named} in {report['db']}" + ("" if after is None else f" after id {after}")
     if not tasks:
         console.print(f"No dead tasks of {where}.", style="green")
         return

@@ -106,6 +106,26 @@ def test_the_table_lists_dead_tasks_by_id_with_errors_shortened_and_payloads_hid
     assert (code, out.strip()) == (0, f"No dead tasks of 'nothing-here' in {db}.")
 
 
+def test_the_header_quotes_a_queue_name_unambiguously_with_control_characters_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    odd = "it's \"q\"\x1b[31m\u202e"
+
+    async def prepare() -> None:
+        async with SQLiteStore(db) as store:
+            await make_dead(store, 1, queue=odd)
+
+    asyncio.run(prepare())
+    code, out, err = run(capsys, "--db", str(db), "--queue", odd, "--color", "never")
+    assert (code, err) == (0, "")
+    assert "Dead tasks of 'it\\'s \"q\"\\x1b[31m\\u202e' in " in out
+    assert "\x1b" not in out
+    assert "\u202e" not in out
+    code, out, _ = run(capsys, "--db", str(db), "--queue", odd + "x", "--color", "never")
+    assert out.startswith("No dead tasks of 'it\\'s \"q\"\\x1b[31m\\u202ex' in ")
+
+
 def test_json_pages_through_every_dead_task_with_whole_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
