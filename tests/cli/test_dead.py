@@ -110,7 +110,7 @@ def test_the_header_quotes_a_queue_name_unambiguously_with_control_characters_es
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = tmp_path / "bot.db"
-    odd = "it's \"q\"\x1b[31m\u202e"
+    odd = 'it\'s "q"\x1b[31m\u202e'
 
     async def prepare() -> None:
         async with SQLiteStore(db) as store:
