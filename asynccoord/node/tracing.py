@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..contract.locks import Lease
     from ..locks.pool import Turn
 
-__all__ = ("RATE_LIMITED", "DeliveryTrace", "NodeTracer", "TracedFlight", "node_tracer")
+__all__ = ("RATE_LIMITED", "RETURNED_LATE", "DeliveryTrace", "NodeTracer", "TracedFlight", "node_tracer")
 
 SYSTEM = "asynccoord"
 """``messaging.system`` of every span, and the tracer's instrumentation scope name."""
@@ -52,6 +52,10 @@ RATE_LIMITED = "asynccoord.rate_limited"
 """The attribute (True) of a send span, and of its delivery, whose send raised
 :class:`~asynccoord.errors.RateLimited`; with ``.retry_after_s``, and ``.dimension`` and
 ``.key`` when the provider named them. Not an error: the spans' status stays unset."""
+
+RETURNED_LATE = "asynccoord.send.returned_late"
+"""The attribute (True) of a send span whose send, cut at ``send_timeout_s``, returned while the
+node still waited for it (``send_overrun_s``): it was committed, so its status stays unset."""
 
 _UNLOADED: Any = object()
 _otel: Any = _UNLOADED  # (opentelemetry.trace, opentelemetry.context) once imported, None when not installed
@@ -261,7 +265,8 @@ class DeliveryTrace:
                 The span is the current span while the send runs, so spans made inside it (an
                 instrumented HTTP client's, say) are its children. A send that raised, timed out or
                 was cut (a lost lease or lock, the node's cancellation) leaves it with status ERROR; one
-        that raised :class:`~asynccoord.errors.RateLimited` leaves it marked :data:`RATE_LIMITED`.
+        that raised :class:`~asynccoord.errors.RateLimited` leaves it marked :data:`RATE_LIMITED`,
+        and one that returned past its timeout while the node waited for it :data:`RETURNED_LATE`.
 
                 Raises:
                     BaseException: what ``sending`` raised (recorded on the span).
@@ -283,7 +288,10 @@ class DeliveryTrace:
         """End the send ``span``: cut (by its timeout, a lost lease or lock), raised ``error``, or returned."""
         flight = self._flight
         state = flight.state.value
-        if state == TIMED_OUT:
+        waited = flight.overrun_until is not None  # cut at its timeout, then waited for (send_overrun_s)
+        if state == TIMED_OUT and error is None and waited and flight.over is not None and not flight.over.done():
+            span.set_attribute(RETURNED_LATE, True)  # returned while waited for: committed, no failure
+        elif state == TIMED_OUT or (waited and state not in CUT):  # cut, or let go at its bound and ended since
             self._step_failed(span, "send", TimeoutError("send_timeout_s reached: the send was cut"))
         elif state in CUT:
             self._step_failed(span, "send", None, f"cut: {flight.lost}")

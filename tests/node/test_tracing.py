@@ -10,6 +10,7 @@ OpenTelemetry's own test utilities do), so nodes of other tests run untraced. Wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import textwrap
 from collections.abc import Iterator
@@ -269,6 +270,57 @@ async def test_a_send_cut_at_its_timeout_is_an_error_on_the_send_span(
     assert send_span.status.status_code is StatusCode.ERROR
     assert [e.attributes["exception.type"] for e in send_span.events] == ["TimeoutError"]
     assert deliver.status.description == "send failed: TimeoutError"
+
+
+def _ignoring_cancellation(run_s: float) -> Any:
+    """A send that swallows every cancellation and returns ``run_s`` after it started."""
+
+    async def send(task: Task) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + run_s
+        while (left := end - loop.time()) > 0:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(left)
+
+    return send
+
+
+async def test_a_send_returning_past_its_timeout_while_waited_for_is_committed_without_an_error(
+    make_store: Any, exporter: InMemorySpanExporter
+) -> None:
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload="m", max_attempts=1)])
+    config = NodeConfig(queue=QUEUE, send_timeout_s=0.1, send_overrun_s=5.0, **FAST_IDLE)
+    node = Node(store, _ignoring_cancellation(0.6), node_id="n1", config=config)
+    await run_until_done(node, store, [enqueued.task.id])
+    spans = list(exporter.get_finished_spans())
+    [deliver] = deliveries_of(spans, enqueued.task.id)
+    send_span = children(spans, deliver)["asynccoord.send"]
+    assert send_span.status.status_code is StatusCode.UNSET
+    assert send_span.attributes[tracing.RETURNED_LATE] is True
+    assert deliver.status.status_code is StatusCode.UNSET
+    assert "asynccoord.commit" in children(spans, deliver)
+
+
+async def test_a_send_let_go_at_its_overrun_bound_is_an_error_when_it_ends(
+    make_store: Any, exporter: InMemorySpanExporter
+) -> None:
+    store = await make_store(clock=None)
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload="m", max_attempts=1)])
+    config = NodeConfig(queue=QUEUE, send_timeout_s=0.1, send_overrun_s=0.3, **FAST_IDLE)
+    node = Node(store, _ignoring_cancellation(1.0), node_id="n1", config=config)
+    await run_until_done(node, store, [enqueued.task.id], status=TaskStatus.DEAD)
+
+    def send_spans() -> list[ReadableSpan]:
+        return named(list(exporter.get_finished_spans()), "asynccoord.send")
+
+    async def ended() -> bool:
+        return bool(send_spans())
+
+    await wait_until(ended, 5.0, "the let-go send to end")
+    [send_span] = send_spans()
+    assert send_span.status.status_code is StatusCode.ERROR
+    assert tracing.RETURNED_LATE not in send_span.attributes
 
 
 async def test_a_lock_wait_that_times_out_is_an_error_on_the_lock_wait_span(
