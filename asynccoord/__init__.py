@@ -6,7 +6,9 @@ on every state change. README.md walks through them with examples.
 
 The stores of extras (:class:`PostgresStore`: ``asynccoord[postgres]``,
 :class:`RedisLockStore`: ``asynccoord[redis]``) are exported too and imported on first
-access, so ``import asynccoord`` needs neither driver.
+access, so ``import asynccoord`` needs neither driver. Without its extra, ``asynccoord.PostgresStore``
+raises an ``AttributeError`` naming the extra to install; ``from asynccoord import PostgresStore``
+then raises Python's plain ``ImportError`` (``open_store`` names the extra too).
 
 Where things are (the tests mirror the package; ``tests/contract/`` runs one suite on
 every store):
@@ -197,7 +199,9 @@ def __getattr__(name: str) -> _typing.Any:
 
     Raises:
         AttributeError: ``name`` is not an attribute of asynccoord, or names a store whose
-            extra is not installed (the message says ``pip install 'asynccoord[postgres]'``).
+            extra is not installed (the message says ``pip install 'asynccoord[postgres]'``;
+            ``from asynccoord import ...`` turns it into a plain ``ImportError``, and
+            ``hasattr`` into False).
     """
     lazy = _LAZY.get(name)
     if lazy is None:

@@ -422,11 +422,12 @@ def cut(flight: Flight, *, overrun_s: float = 0.0) -> None:
 
     The send may still await in its ``except``/``finally`` blocks (closing a connection,
     say) for up to :data:`SEND_CLEANUP_S`; then it is cancelled again (logged as
-    ``asynccoord.node.send_abandoned``) and the node goes on without waiting for it
-    (``flight.over`` is resolved). Only the first call per send does this: a later one
-    (the timeout, a lost lease or lock, the node's cancellation, whichever did not come
-    first) finds ``flight.cut_until`` set and leaves the send's cleanup time alone, so a
-    send is cancelled at most twice, :data:`SEND_CLEANUP_S` apart.
+    ``asynccoord.node.send_abandoned``, or ``send_overran`` when waited for, below) and the
+    node goes on without waiting for it (``flight.over`` is resolved). Only the first call
+    per send does this: a later one (the timeout, a lost lease or lock, the node's
+    cancellation, whichever did not come first) finds ``flight.cut_until`` set and leaves
+    the send's cleanup time alone, so a send is cancelled at most twice,
+    :data:`SEND_CLEANUP_S` apart.
 
     A send cut by its timeout (``overrun_s``, from :func:`time_out`) and still ``TIMED_OUT``
     when its cleanup time is up (neither its lease nor its lock lost, the node not
@@ -460,7 +461,7 @@ def cut(flight: Flight, *, overrun_s: float = 0.0) -> None:
                 # does not run beside it, up to the bound.
                 flight.overrun_until = overrun_until
                 log.warning(
-                    "asynccoord.node.send_abandoned task=%s: the send outlived its cleanup time (%.2f s) after "
+                    "asynccoord.node.send_overran task=%s: the send outlived its cleanup time (%.2f s) after "
                     "its timeout cut it; it is cancelled once more, and its task lease and lock are kept "
                     "until it ends, for up to %.2f s more",
                     flight.task.id,

@@ -146,9 +146,9 @@ async def test_a_send_ignoring_its_timeout_keeps_its_account_lock_until_it_ends(
         assert sends.count("slow") == 2
         assert sends.at("begin", "slow", 2) >= slow_ended
         assert messages(caplog, "send_returned_late") == []
-    [abandoned] = messages(caplog, "send_abandoned")
-    assert f"task={slow_id}: the send outlived its cleanup time" in abandoned
-    assert "its task lease and lock are kept until it ends" in abandoned
+    [overran] = messages(caplog, "send_overran")
+    assert f"task={slow_id}: the send outlived its cleanup time" in overran
+    assert "its task lease and lock are kept until it ends" in overran
     assert messages(caplog, "send_let_go") == []
     assert store.events.get(ev.SEND_ABANDONED) == 0  # waited for until it ended
     assert (store.events.get(ev.LEASE_LOST), store.events.get(ev.LOCK_LOST)) == (0, 0)
@@ -236,7 +236,7 @@ async def test_a_send_ignoring_cancellation_for_ever_is_let_go_at_the_bound(
     assert (slow.status, slow.attempts, slow.result) == (TaskStatus.DONE, 2, "sent")
     assert runtime.states()[0].failed == 1  # the first attempt (TimeoutError)
     assert (nxt.status, nxt.attempts) == (TaskStatus.DONE, 1)
-    assert len(messages(caplog, "send_abandoned")) == 1
+    assert len(messages(caplog, "send_overran")) == 1
     [let_go] = messages(caplog, "send_let_go")
     assert let_go.startswith(
         f"asynccoord.node.send_let_go task={slow_id}: the send still runs 1.50 s after its timeout"
@@ -278,7 +278,7 @@ async def test_a_shutdown_while_a_send_that_overran_its_timeout_is_waited_for_ke
     runtime = Runtime(store, send=send, nodes=1, config=config, lock_key=lock_key, shutdown_timeout_s=0.5)
     try:
         async with runtime:
-            await logged(caplog, "send_abandoned")  # the node waits for it now
+            await logged(caplog, "send_overran")  # the node waits for it now
             leaving = time.monotonic()
         left = time.monotonic()
         assert 0.5 <= left - leaving < 0.5 + SEND_CLEANUP_S + 0.5  # the drain's deadline, kept
