@@ -43,6 +43,8 @@ LEASE_LOST = "lease_lost"
 SEND_INTERRUPTED = "send_interrupted"
 LEASE_EXPIRED = "lease_expired"
 STALE_COMMIT_REJECTED = "stale_commit_rejected"
+"""A send's outcome (a commit, or a failure for the retry policy) refused because its task lease
+was lost: another node may have the task. A refused hand-back of a task is not counted here."""
 FENCING_REJECTED = "fencing_rejected"
 DUPLICATE_ENQUEUE_SUPPRESSED = "duplicate_enqueue_suppressed"
 DUPLICATE_DELIVERY_SUPPRESSED = "duplicate_delivery_suppressed"

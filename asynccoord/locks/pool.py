@@ -22,7 +22,13 @@ from typing import Any
 from .. import events as ev
 from ..config import RetryPolicy
 from ..contract.locks import Lease, LockBusy, check_user_lock_name
-from ..errors import UNRECOVERABLE_STORE_ERRORS, FencingTokenRejectedError, LockLostError, LockTimeoutError
+from ..errors import (
+    UNRECOVERABLE_STORE_ERRORS,
+    FencingTokenRejectedError,
+    InvalidArgumentError,
+    LockLostError,
+    LockTimeoutError,
+)
 from ..releases import ReleaseSignal
 from ..validation import (
     check_callback,
@@ -251,6 +257,10 @@ class LockPool:
         self.min_hold_s = check_non_negative("min_hold_s", min_hold_s)
         default_hold_s = max(300.0, 10 * self.ttl_s)
         self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        if self.min_hold_s > self.max_hold_s:
+            raise InvalidArgumentError(
+                f"min_hold_s={min_hold_s!r} is above max_hold_s={self.max_hold_s:g}: no lease is held that long"
+            )
         self.pacer = LockPacer()
         self._sessions: dict[str, _Session] = {}
         self._leaving: set[asyncio.Task[None]] = set()
@@ -286,7 +296,9 @@ class LockPool:
             name: Lock name.
             timeout_s: Longest wait for the turn (local queue and database), seconds.
             on_lost: Called if the lease is lost during this turn: it must stop the
-                block's work (e.g. cancel its scope). Nothing else cancels the block.
+                block's work (e.g. cancel its scope). Nothing else cancels the block. A
+                lease whose local deadline passed while the event loop was blocked is
+                found lost at the block's end at the latest (not after :meth:`Turn.end`).
                 Required: a plain function (called synchronously, not an ``async def``).
             priority: Place among this process's waiters: ahead of every waiter with a
                 lower priority, behind those with the same or a higher one (FIFO among
@@ -369,6 +381,8 @@ class LockPool:
             yield Turn(session, session.guard.lease, end)
         finally:
             if holding:
+                if session.guard is not None:
+                    session.guard.check()  # the loop blocked past the lease's deadline in the block: on_lost
                 end()
 
     async def _wait_turn(self, session: _Session, deadline: float, priority: int, order: int | None) -> None:

@@ -301,6 +301,30 @@ async def test_complete_marks_done_with_result(store, clock: FakeClock) -> None:
     assert await store.get(task.id) == done
 
 
+async def test_a_refused_hand_back_is_no_stale_commit_but_a_refused_commit_or_failure_is(
+    store, clock: FakeClock
+) -> None:
+    """``stale_commit_rejected`` counts the writes of a send's outcome refused for a lost lease
+    (a commit, a failure), not a refused hand-back of a task (``release``, or a 429's
+    ``report_rate_limited``): after a stall, a node hands back the tasks it never sent."""
+    await store.enqueue_many([NewTask(queue=Q, payload=i) for i in range(4)])
+    tasks = await store.claim(Q, node_id="n", limit=4, lease_s=1.0)
+    assert len(tasks) == 4
+    clock.advance(5.0)
+    await store.claim(Q, node_id="other", limit=4, lease_s=10.0)  # another node has them now
+    before = store.events.get(ev.STALE_COMMIT_REJECTED)
+    with pytest.raises(LeaseLostError):
+        await store.release(tasks[0])
+    with pytest.raises(LeaseLostError):
+        await store.report_rate_limited(tasks[1], 1.0)
+    assert store.events.get(ev.STALE_COMMIT_REJECTED) == before
+    with pytest.raises(LeaseLostError):
+        await store.complete(tasks[2])
+    with pytest.raises(LeaseLostError):
+        await store.fail(tasks[3], "boom")
+    assert store.events.get(ev.STALE_COMMIT_REJECTED) == before + 2
+
+
 @pytest.mark.parametrize("staleness", ["token", "version", "expired", "settled"])
 async def test_stale_complete_writes_nothing(store, clock: FakeClock, staleness: str) -> None:
     await store.enqueue(Q, "x", idempotency_key="m-1")

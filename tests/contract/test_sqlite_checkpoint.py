@@ -59,6 +59,7 @@ async def test_the_background_checkpoint_copies_the_log_without_the_writer(db_pa
         assert await pending(store) == 400
 
 
+@pytest.mark.exclusive  # the checkpointer's thread must keep up with the writer: other tests' load starves it
 @pytest.mark.parametrize("interval_s", [None, 0.05])
 async def test_the_log_stays_bounded_under_sustained_writes(db_path: Path, interval_s: float | None) -> None:
     async with SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=interval_s)) as store:

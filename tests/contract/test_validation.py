@@ -1041,6 +1041,12 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
         ("pool-ttl-tiny", lambda: LockPool(MemoryStore(), ttl_s=1e-3, holder="p"), ARG, f"ttl_s {FLOOR}"),
         ("pool-holder-blank", lambda: LockPool(MemoryStore(), ttl_s=5, holder=" "), ARG, "holder must not be only"),
         (
+            "pool-hold-over-max",
+            lambda: LockPool(MemoryStore(), ttl_s=5, holder="p", min_hold_s=2, max_hold_s=1),
+            ARG,
+            "min_hold_s=2 is above max_hold_s=1",
+        ),
+        (
             "pool-hold-neg",
             lambda: LockPool(MemoryStore(), ttl_s=5, holder="p", min_hold_s=-1),
             ARG,

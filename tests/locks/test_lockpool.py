@@ -906,6 +906,28 @@ async def test_a_pool_keeps_the_lease_for_min_hold_s_before_a_pool_in_line_goes_
     assert await store.list_locks() == []
 
 
+async def test_a_turn_whose_loop_blocked_past_the_ttl_calls_on_lost_at_its_end(make_store: Any) -> None:
+    """The event loop blocked (a frozen process, a synchronous call) past the lease's local
+    deadline during a turn, so no renewal could tell: the block's end finds the lease lost,
+    calls the turn's ``on_lost`` once, and the next turn runs on a new lease."""
+    store = await make_store(clock=None)
+    pool = LockPool(store, ttl_s=0.3, holder="process-a")
+    lost: list[LockLostError] = []
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=lost.append) as first:
+        time.sleep(0.5)  # blocks the event loop on purpose
+    assert len(lost) == 1
+    assert isinstance(lost[0], LockLostError)
+    later: list[LockLostError] = []
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=later.append) as second:
+        assert second.lease.fencing_token > first.lease.fencing_token
+    assert later == []
+    async with pool.turn("account:1", timeout_s=5.0, on_lost=later.append) as third:
+        third.end()  # ended early: its on_lost is not called any more
+        time.sleep(0.5)
+    assert later == []
+    await pool.aclose()
+
+
 async def test_a_turn_after_max_turns_waits_for_the_release_even_with_the_commit_deferred(make_store: Any) -> None:
     """Keeping the lease for a new turn is only for a release nobody asked for: after
     ``max_turns`` the lease goes back (for another process in line) and the turn acquires anew."""

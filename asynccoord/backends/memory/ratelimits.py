@@ -147,7 +147,7 @@ class MemoryRateLimitOps:
             bucket = (queue, d, k)
             self._rate.buckets[bucket] = paused_tat(self._rate.buckets.get(bucket), now + retry, limits[d])
         self.events.add(ev.PROVIDER_RATE_LIMITED)
-        current = self._held(task, now)
+        current = self._held(task, now, count=False)  # a refused hand-back is no stale commit
         delay = 0.0 if targets else retry
         out = self._put(
             current,

@@ -407,7 +407,7 @@ class MemoryStore(
         """Hand back to pending (due after ``delay``), the attempt counted or not."""
         self._check_open()
         now = self._clock()
-        current = self._held(task, now)
+        current = self._held(task, now, count=False)  # a refused hand-back is no stale commit
         attempts = current.attempts if count_attempt else max(current.attempts - 1, 0)
         return self._put(current, now, status=TaskStatus.PENDING, run_at=now + delay, attempts=attempts)
 

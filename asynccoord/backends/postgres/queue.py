@@ -89,7 +89,14 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         return [EnqueueResult(task=task_from_row(row), created=bool(row[20])) for row in rows]
 
     async def _settle(
-        self, task: Task, name: str, params: dict[str, Any], *, expect: TaskStatus, head_change: bool
+        self,
+        task: Task,
+        name: str,
+        params: dict[str, Any],
+        *,
+        expect: TaskStatus,
+        head_change: bool,
+        count: bool = True,
     ) -> Task:
         key = {"id": task.id, "lease_token": task.lease_token, "version": task.version, **params}
 
@@ -108,7 +115,8 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         if row is None:
             if reason is None:
                 raise TaskNotFoundError(task.id)
-            self.events.add(ev.STALE_COMMIT_REJECTED)
+            if count:  # a refused hand-back of an unsent task is no stale commit (its lease_lost is counted)
+                self.events.add(ev.STALE_COMMIT_REJECTED)
             raise LeaseLostError(task.id, reason)
         return task_from_row(row)
 
@@ -131,6 +139,7 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             {"delay_s": delay, "refund": 0 if count_attempt else 1},
             expect=TaskStatus.PENDING,
             head_change=False,
+            count=False,
         )
 
     async def _extend_checked(self, task: Task, lease: float) -> float:

@@ -431,8 +431,7 @@ class PgRateLimitOps(PgHeads):
         if row is None:
             if reason is None:
                 raise TaskNotFoundError(task.id)
-            self.events.add(ev.STALE_COMMIT_REJECTED)
-            raise LeaseLostError(task.id, reason)
+            raise LeaseLostError(task.id, reason)  # a refused hand-back is no stale commit (lease_lost is counted)
         out = task_from_row(row)
         self._refill.schedule(queue, {out.partition: now + retry}, now)
         return out

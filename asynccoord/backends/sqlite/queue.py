@@ -301,6 +301,8 @@ class SQLiteQueueOps(StoreBase):
         sql: str,
         params: dict[str, Any],
         extra: Callable[[sqlite3.Connection, float, Task], None] | None = None,
+        *,
+        count: bool = True,
     ) -> Task:
         key = {"id": task.id, "lease_token": task.lease_token, "version": task.version}
 
@@ -316,7 +318,8 @@ class SQLiteQueueOps(StoreBase):
         if row is None:
             if reason is None:
                 raise TaskNotFoundError(task.id)
-            self.events.add(ev.STALE_COMMIT_REJECTED)
+            if count:  # a refused hand-back of an unsent task is no stale commit (its lease_lost is counted)
+                self.events.add(ev.STALE_COMMIT_REJECTED)
             raise LeaseLostError(task.id, reason)
         return task_from_row(row)
 
@@ -479,7 +482,8 @@ class SQLiteQueueOps(StoreBase):
 
     async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
         """Hand the task back to pending, the attempt counted or not."""
-        return await self._settle(task, Q["release"], {"delay_s": delay, "refund": 0 if count_attempt else 1})
+        params = {"delay_s": delay, "refund": 0 if count_attempt else 1}
+        return await self._settle(task, Q["release"], params, count=False)
 
     async def _extend_checked(self, task: Task, lease: float) -> float:
         """Renew the lease to ``lease`` seconds from now; return the new expiry (store clock)."""

@@ -263,8 +263,7 @@ class SQLiteRateLimitOps:
             current = await self._read(lambda db: db.execute(R["select_task"], {"id": task.id}).fetchone())
             if current is None:
                 raise TaskNotFoundError(task.id)
-            self.events.add(ev.STALE_COMMIT_REJECTED)
-            raise LeaseLostError(
+            raise LeaseLostError(  # a refused hand-back is no stale commit (its lease_lost is counted)
                 task.id, f"task is {current[7]} (version {current[14]}, caller had version {task.version})"
             )
         out = task_from_row(row)
