@@ -6,7 +6,8 @@ update id, so an update Telegram delivers again is not answered twice; partition
 chat, so a chat's replies keep their order; limit keys the bot account, the chat and, in a
 group, the group). ``nodes``: a Runtime of nodes sends the replies with aiogram's own ``Bot``
 within Telegram's limits, declared once for every process; a ``TelegramRetryAfter`` becomes
-``RateLimited``, so the Retry-After pauses the bot on every node. SIGTERM drains and stops.
+``RateLimited``, so nothing more is claimed for the bot on any node until the Retry-After has
+passed (replies claimed just before it may still go out). SIGTERM drains and stops.
 
 Run with no arguments to check it against a local stand-in of the Bot API
 (``examples/telegram_standin.py``): one bot process and two node processes. Against Telegram::
@@ -45,11 +46,13 @@ from asynccoord import (
 QUEUE = "telegram-replies"
 ENQUEUE_TRIES = 5
 TELEGRAM_LIMITS = [
-    # Any window of per_s seconds admits up to count + burst messages: these stay within
-    # Telegram's published 30 per second per bot and 20 per minute per group.
+    # Any window of per_s seconds admits up to count + burst claims. A claim takes the token and
+    # the send follows it (after a slower node's turn, say), so sends may come a little closer
+    # together than claims: each limit leaves a margin below Telegram's published 30 messages
+    # per second per bot, about one per second per chat with short bursts, 20 per minute per group.
     RateLimit(dimension="account", count=25, per_s=1.0, burst=5),
-    RateLimit(dimension="chat", count=1, per_s=1.0, burst=3),  # one per second per chat, short bursts
-    RateLimit(dimension="group", count=17, per_s=60.0, burst=3),
+    RateLimit(dimension="chat", count=1, per_s=1.0, burst=2),
+    RateLimit(dimension="group", count=15, per_s=60.0, burst=2),
 ]
 
 
