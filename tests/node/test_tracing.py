@@ -285,16 +285,22 @@ def _ignoring_cancellation(run_s: float) -> Any:
     return send
 
 
+async def _drain_one_overrunning_send(store: Any, overrun_s: float, run_s: float, status: TaskStatus) -> int:
+    """Run a node until one task, whose send ignores its 0.1 s timeout and returns ``run_s`` after
+    it began, is ``status`` (``send_overrun_s=overrun_s``); its id."""
+    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload="m", max_attempts=1)])
+    config = NodeConfig(queue=QUEUE, send_timeout_s=0.1, send_overrun_s=overrun_s, **FAST_IDLE)
+    node = Node(store, _ignoring_cancellation(run_s), node_id="n1", config=config)
+    await run_until_done(node, store, [enqueued.task.id], status=status)
+    return enqueued.task.id
+
+
 async def test_a_send_returning_past_its_timeout_while_waited_for_is_committed_without_an_error(
     make_store: Any, exporter: InMemorySpanExporter
 ) -> None:
-    store = await make_store(clock=None)
-    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload="m", max_attempts=1)])
-    config = NodeConfig(queue=QUEUE, send_timeout_s=0.1, send_overrun_s=5.0, **FAST_IDLE)
-    node = Node(store, _ignoring_cancellation(0.6), node_id="n1", config=config)
-    await run_until_done(node, store, [enqueued.task.id])
+    task_id = await _drain_one_overrunning_send(await make_store(clock=None), 5.0, 0.6, TaskStatus.DONE)
     spans = list(exporter.get_finished_spans())
-    [deliver] = deliveries_of(spans, enqueued.task.id)
+    [deliver] = deliveries_of(spans, task_id)
     send_span = children(spans, deliver)["asynccoord.send"]
     assert send_span.status.status_code is StatusCode.UNSET
     assert send_span.attributes[tracing.RETURNED_LATE] is True
@@ -305,11 +311,7 @@ async def test_a_send_returning_past_its_timeout_while_waited_for_is_committed_w
 async def test_a_send_let_go_at_its_overrun_bound_is_an_error_when_it_ends(
     make_store: Any, exporter: InMemorySpanExporter
 ) -> None:
-    store = await make_store(clock=None)
-    [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload="m", max_attempts=1)])
-    config = NodeConfig(queue=QUEUE, send_timeout_s=0.1, send_overrun_s=0.3, **FAST_IDLE)
-    node = Node(store, _ignoring_cancellation(1.0), node_id="n1", config=config)
-    await run_until_done(node, store, [enqueued.task.id], status=TaskStatus.DEAD)
+    await _drain_one_overrunning_send(await make_store(clock=None), 0.3, 1.0, TaskStatus.DEAD)
 
     def send_spans() -> list[ReadableSpan]:
         return named(list(exporter.get_finished_spans()), "asynccoord.send")
