@@ -237,7 +237,7 @@ async def test_connect_timeout_bounds_a_connection_to_a_server_that_never_answer
     store = PostgresStore(f"postgresql://u@127.0.0.1:{port}/test?connect_timeout=2", reconnect_timeout_s=0.1)
     started = time.monotonic()
     try:
-        with pytest.raises(StoreConnectionError):
+        with pytest.raises(StoreConnectionError, match="timed out: the server did not answer within the connect"):
             await store.open()
     finally:
         server.close()
@@ -438,6 +438,23 @@ async def test_a_transaction_whose_session_the_server_ends_is_retried_for_the_er
     assert len(retried) == 1
     assert "terminating connection due to administrator command" in retried[0]
     assert "released back to the pool" not in retried[0]
+
+
+async def test_a_call_whose_first_failure_comes_after_reconnect_timeout_s_is_still_retried(
+    pg: str, schema: str
+) -> None:
+    """The retry budget runs from the first failure, not from the call's start: a process frozen
+    mid-call (SIGSTOP, a long pause) past ``reconnect_timeout_s``, its session ended meanwhile,
+    retried nothing and raised at once (every node's claim of that turn failed)."""
+    async with PostgresStore(pg, schema=schema, listen=False, reconnect_timeout_s=0.3) as store:
+
+        async def slow_then_session_ended(conn: Any, attempt: int) -> int:
+            if attempt == 0:
+                await asyncio.sleep(0.6)  # longer than the whole budget, before anything failed
+                await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            return int(await conn.fetchval("SELECT 7"))
+
+        assert await store._runner.run(slow_then_session_ended, what="probe") == 7
 
 
 async def test_a_call_cancelled_while_its_begin_is_answered_closes_the_session_quietly(pg: str, schema: str) -> None:

@@ -84,6 +84,11 @@ def _from_server(exc: BaseException) -> bool:
 def map_pg_error(exc: BaseException, what: str) -> StoreError:
     """The package's error for a driver error (raise it ``from exc`` to keep the cause)."""
     text = f"{what}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, TimeoutError) and not str(exc):  # asyncpg's connect timeout says nothing more
+        return StoreConnectionError(
+            f"{what}: timed out: the server did not answer within the connect timeout (connect_timeout in the "
+            "DSN, 10 s by default)"
+        )
     if is_connection_error(exc):
         return StoreConnectionError(f"{text} (the connection to PostgreSQL was lost or refused)")
     if _is_conflict(exc) or isinstance(exc, pgerr.LockNotAvailableError | pgerr.QueryCanceledError):
@@ -150,15 +155,18 @@ class PgRunner:
     else -> :class:`~asynccoord.errors.StoreError`.
 
     Before mapping, the runner retries with exponential backoff and jitter for up to
-    ``reconnect_timeout_s``. A conflict (serialization failure, deadlock, a race on a
-    unique index) and a connection lost before the transaction's COMMIT was sent are
-    always retried, since nothing was written. A connection lost during the COMMIT (or a
+    ``reconnect_timeout_s`` after the call's first failure (not its start: a call whose
+    process was frozen past that time, its connection ended meanwhile, still retries). A
+    conflict (serialization failure, deadlock, a race on a unique index) and a connection
+    lost before the transaction's COMMIT was sent are always retried, since nothing was
+    written. A connection lost during the COMMIT (or a
     single autocommit statement) leaves the outcome unknown: the operation is retried only
     when it says it is safe (``ambiguous_ok``), and it is told the attempt number so it
     can recognize its own earlier success (a compare-and-set that already went through).
 
     Args:
-        reconnect_timeout_s: How long retries go on before the error is raised, seconds.
+        reconnect_timeout_s: How long retries go on after a call's first failure before
+            the error is raised, seconds.
         on_retry: Called with the exception before each retry (for counters and logs).
     """
 
@@ -257,7 +265,7 @@ class PgRunner:
                 error is not one to retry); the driver's exception is ``__cause__``.
             StoreClosedError: the store is not open.
         """
-        deadline = time.monotonic() + self.reconnect_timeout_s
+        deadline: float | None = None  # from the first failure: a process frozen mid-call still retries
         delay_s = 0.02
         attempt = 0
         while True:
@@ -309,6 +317,8 @@ class PgRunner:
             except _DRIVER_ERRORS as exc:
                 error: BaseException = exc
                 retry = _is_conflict(exc) or (is_connection_error(exc) and (not committing or ambiguous_ok))
+                if deadline is None:
+                    deadline = time.monotonic() + self.reconnect_timeout_s
                 if not retry or time.monotonic() + delay_s > deadline:
                     raise map_pg_error(exc, what) from exc
             self._on_retry(error)
