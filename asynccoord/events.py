@@ -52,6 +52,8 @@ RETRIES = "retries"
 DEAD_LETTERED = "dead_lettered"
 PARTITION_HANDOFF = "partition_handoff"
 MEMBERSHIP_CHANGE = "membership_change"
+"""A change of the live nodes (nodes joining or leaving), counted once in the cluster: by the process
+holding the smallest live node id before or after it (see :class:`~asynccoord.membership.Membership`)."""
 CLAIMS = "claims"
 COMMITS = "commits"
 STORE_RETRIES = "store_retries"

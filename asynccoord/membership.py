@@ -313,7 +313,7 @@ class Membership:
             async with self._io_lock:
                 return await self.store.leave(node_id, local.incarnation)
         finally:
-            self._drop_from_view(node_id)
+            self._drop_from_view(node_id, leaving=node_id)
 
     def owned_partitions(self, node_id: str) -> frozenset[int]:
         """The partitions ``node_id`` owns among the live nodes (it counts as live itself).
@@ -598,7 +598,7 @@ class Membership:
         if changed:
             self._changed_to(old, first)
 
-    def _drop_from_view(self, node_id: str) -> None:
+    def _drop_from_view(self, node_id: str, *, leaving: str | None = None) -> None:
         old = self._view
         if node_id not in old.node_ids:
             return
@@ -609,12 +609,25 @@ class Membership:
             version=old.version + 1,
             taken_at=old.taken_at,
         )
-        self._changed_to(old, False)
+        self._changed_to(old, False, leaving)
 
-    def _changed_to(self, old: MembershipView, first: bool) -> None:
+    def _reports(self, old: MembershipView, new: MembershipView, leaving: str | None) -> bool:
+        """Whether this process counts the change from ``old`` to ``new`` (``membership_change``).
+
+        Every process sees a change of the live nodes, so each counting it would make the
+        cluster's total grow with the number of processes (a rolling restart of a few
+        processes looked like churn). The change is counted by the process holding the
+        smallest live node id before it or after it (``leaving``: a local node leaving now),
+        so by one process, or two when that node itself comes or goes.
+        """
+        local = self._local.keys() | ({leaving} if leaving is not None else set())
+        return any(view.node_ids and min(view.node_ids) in local for view in (old, new))
+
+    def _changed_to(self, old: MembershipView, first: bool, leaving: str | None = None) -> None:
         new = self._view
         if not first:
-            self.store.events.add(ev.MEMBERSHIP_CHANGE)
+            if self._reports(old, new, leaving):
+                self.store.events.add(ev.MEMBERSHIP_CHANGE)
             joined = sorted(set(new.node_ids) - set(old.node_ids))
             left = sorted(set(old.node_ids) - set(new.node_ids))
             log.info(

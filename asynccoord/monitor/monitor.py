@@ -284,7 +284,6 @@ class Monitor:
         self._closed_incidents: dict[tuple[str, str], Alert] = {}  # resolved cluster notices kept stored
         self._leader = False
         self._leader_changes = 0
-        self._others_live = False
         self._tracked: dict[str, EventCounter] = {}
         self._sent_events: dict[tuple[str, str], int] = {}
         self._sent_latency: dict[str, Histogram] = {}
@@ -349,9 +348,9 @@ class Monitor:
         """Stop the loops, flush what is left and withdraw this monitor's stored alerts, end the streams.
 
         The leader of the cluster-scoped rules releases its lease, so another monitor takes
-        them over at its next evaluation; while other monitors are live it leaves its
-        firing cluster alerts stored (they expire after ``alert_ttl_s``) for the next leader
-        to adopt, so a restart does not raise them again. The final flush and the release
+        them over at its next evaluation; it leaves its firing cluster alerts stored (they
+        expire after ``alert_ttl_s``) for the next leader to adopt, another process's or its
+        own process's after a restart, so a restart does not raise them again. The final flush and the release
         run shielded for at most 5 s; a store that is already closed is tolerated. Idempotent.
         """
         if not self._open:
@@ -369,7 +368,9 @@ class Monitor:
         try:
             with anyio.CancelScope(shield=True) as scope:
                 scope.deadline = anyio.current_time() + 5.0
-                hand_over = self._leader and self._others_live
+                # The leader leaves its firing cluster alerts (and resolved notices) stored for
+                # the next leader: another process, or this one restarted within alert_ttl_s.
+                hand_over = self._leader
                 for key, incident in list(self._incidents.items()):
                     if not (hand_over and incident.alert.scope is AlertScope.CLUSTER):
                         del self._incidents[key]
@@ -560,10 +561,6 @@ class Monitor:
             self._evaluate_failures += 1
             raise
         self._evaluations += 1
-        self._others_live = any(
-            pid != self.process_id and report.last_flush_age_s < self.alert_ttl_s
-            for pid, report in view.processes.items()
-        )
         if took_over:
             self._adopt(open_alerts(view.alerts))
         self._forget_closed(view.now_s)

@@ -77,7 +77,8 @@ async def known_cluster(path: Path) -> AsyncIterator[Cluster]:
             ],
             ttl_s=600,
         )
-        rule = AlertRule(name="dead_letters", event=ev.DEAD_LETTERED, window_s=60, threshold=0)
+        # Process-scoped: its monitor withdraws it at close (a leader leaves its cluster alerts stored).
+        rule = AlertRule(name="dead_letters", event=ev.DEAD_LETTERED, window_s=60, threshold=0, scope="process")
         monitor = Monitor(store, rules=[rule], flush_interval_s=60, background=False, log_alerts=False)
         await monitor.start()
         try:

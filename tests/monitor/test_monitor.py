@@ -404,7 +404,38 @@ async def test_firing_alerts_are_stored_for_other_processes(store: Store, clock:
         (stored,) = (await cluster_snapshot(store)).alerts
         assert stored.value == 6.0  # the stored copy follows the measured value
         assert stored.fired_at == clock.now - 1.0
-    assert (await cluster_snapshot(store)).alerts == ()  # withdrawn when the monitor closed
+    # The leader closed: its firing alert stays stored for the next leader (another process, or
+    # this one restarted) to adopt, and expires alert_ttl_s after the last flush if none does.
+    (kept,) = (await cluster_snapshot(store)).alerts
+    assert (kept.rule, kept.fired_at, kept.monitor_id) == ("dead", clock.now - 1.0, "proc-a")
+    clock.advance(monitor.alert_ttl_s + 0.01)
+    assert (await cluster_snapshot(store)).alerts == ()
+
+
+async def test_a_lone_process_restarted_within_alert_ttl_s_takes_its_incident_over(
+    store: Store, clock: FakeClock
+) -> None:
+    """One process (the usual deployment) restarts while a cluster incident fires: the new
+    monitor adopts the stored alert and sends no second firing notice; a restart after
+    ``alert_ttl_s`` finds nothing stored, and the incident is raised anew."""
+    rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=60.0)
+    async with manual(store, [rule], process_id="run-1") as first:
+        store.events.add(ev.DEAD_LETTERED, 3)
+        await first.flush()
+        (fired,) = await first.evaluate()
+    clock.advance(first.alert_ttl_s - 1.0)
+    async with manual(store, [rule], process_id="run-2") as second:
+        assert await second.evaluate() == []  # taken over, not raised again
+        (adopted,) = second.active_alerts()
+        assert (adopted.rule, adopted.fired_at) == ("dead", fired.fired_at)
+        assert second.statistics().alerts_fired == 0
+    clock.advance(second.alert_ttl_s + 1.0)
+    store.events.add(ev.DEAD_LETTERED, 1)
+    async with manual(store, [rule], process_id="run-3") as third:
+        await third.flush()
+        (again,) = await third.evaluate()
+        assert again.firing
+        assert again.fired_at > fired.fired_at
 
 
 async def test_failed_flush_keeps_the_deltas(store: Store) -> None:
