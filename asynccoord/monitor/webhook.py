@@ -24,7 +24,7 @@ from ..errors import InvalidArgumentError, InvalidTypeError
 from ..validation import check_int, check_positive
 from .alerts import SinkStats
 
-__all__ = ("DEFAULT_WEBHOOK_RETRY", "WebhookSink")
+__all__ = ("DEFAULT_WEBHOOK_RETRY", "WebhookSink", "retry_after_s")
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,23 @@ DEFAULT_WEBHOOK_RETRY = RetryPolicy(base_s=0.5, factor=2.0, cap_s=30.0, jitter=0
 
 _RETRY_STATUSES = frozenset({408, 429})
 """Answers below 500 that are worth trying again (timeout, rate limit)."""
+_RETRY_AFTER_MAX_S = 300.0
+"""Longest wait a receiver's ``Retry-After`` gets before the next attempt, seconds."""
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """The seconds a ``Retry-After`` header's value asks for (RFC 9110, 10.2.3), at most
+    :data:`_RETRY_AFTER_MAX_S`; None without one, or for an HTTP date (which would compare
+    the receiver's wall clock with this machine's) or a malformed value."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    if not 0.0 <= seconds < float("inf"):
+        return None
+    return min(seconds, _RETRY_AFTER_MAX_S)
 
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -117,7 +134,8 @@ class WebhookSink:
     dropped and counted. A POST that fails (a connection error, a timeout, HTTP 408, 429 or
     5xx) is tried again after exponential backoff with jitter (M. Brooker, "Exponential
     Backoff and Jitter", AWS Architecture Blog, 2015; :class:`~asynccoord.config.RetryPolicy`),
-    up to ``retry.max_attempts`` attempts in all; any other answer than 2xx is not tried
+    or after the answer's ``Retry-After`` (in seconds, up to 300) when that is longer, up to
+    ``retry.max_attempts`` attempts in all; any other answer than 2xx is not tried
     again, nor is an error other than a network failure (a request the HTTP client refused
     to send): it costs that notice, never the sink. Every failed attempt, and every notice
     given up, is counted and logged at WARNING as ``asynccoord.monitor.webhook_failed``; the
@@ -284,11 +302,12 @@ class WebhookSink:
             try:
                 async with self._session.post(self.url, json=body, headers=self.headers) as response:
                     status = int(response.status)
+                    asked_s = retry_after_s(response.headers.get("Retry-After"))
                     await response.read()
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                error, again = error_text(exc), True
+                error, again, asked_s = error_text(exc), True, None
             except Exception as exc:  # not a network failure: the request itself is refused, again would be too
-                error, again = error_text(exc), False
+                error, again, asked_s = error_text(exc), False, None
             else:
                 if 200 <= status < 300:
                     self._delivered += 1
@@ -308,4 +327,5 @@ class WebhookSink:
             if last:
                 self._given_up += 1
                 return
-            await asyncio.sleep(self.retry.delay_s(attempt))
+            # The backoff, or longer when the receiver said when to come back (a 429's or 503's Retry-After).
+            await asyncio.sleep(max(self.retry.delay_s(attempt), asked_s or 0.0))

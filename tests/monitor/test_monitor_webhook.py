@@ -20,7 +20,7 @@ from aiohttp import web
 
 from asynccoord import AlertRule, InvalidArgumentError, InvalidTypeError, MemoryStore, Monitor, RetryPolicy
 from asynccoord import events as ev
-from asynccoord.monitor.webhook import WebhookSink
+from asynccoord.monitor.webhook import WebhookSink, retry_after_s
 
 FAST_RETRY = RetryPolicy(base_s=0.01, factor=2.0, cap_s=0.05, jitter=0.5, max_attempts=4)
 FENCING_RULE = AlertRule(name="fencing_rejections", event=ev.FENCING_REJECTED, threshold=0, window_s=60.0)
@@ -37,17 +37,21 @@ class Endpoint:
     requests: int = 0
     authorization: list[str | None] = field(default_factory=list)
     content_types: list[str | None] = field(default_factory=list)
+    retry_after: str | None = None  # the failures' Retry-After header
+    times: list[float] = field(default_factory=list)  # time.monotonic() of each request
     url: str = ""
 
     async def handle(self, request: web.Request) -> web.Response:
         self.requests += 1
+        self.times.append(time.monotonic())
         self.authorization.append(request.headers.get("Authorization"))
         self.content_types.append(request.headers.get("Content-Type"))
         body = await request.json()
         if self.hang_s:
             await asyncio.sleep(self.hang_s)
         if self.requests <= self.failures:
-            return web.Response(status=self.status, text="no")
+            headers = {} if self.retry_after is None else {"Retry-After": self.retry_after}
+            return web.Response(status=self.status, text="no", headers=headers)
         self.bodies.append(body)
         return web.Response(status=200, text="ok")
 
@@ -106,6 +110,40 @@ async def test_a_notice_is_posted_as_json_after_the_first_failures_are_retried(
     assert len(failed) == 2
     assert all("HTTP 503" in m for m in failed)
     assert all("secret-token" not in m for m in failed)  # the URL's path is not logged
+
+
+async def test_a_429_is_tried_again_after_its_retry_after_when_that_is_longer_than_the_backoff(
+    endpoint: Endpoint,
+) -> None:
+    endpoint.failures, endpoint.status, endpoint.retry_after = 1, 429, "1"
+    sink = WebhookSink(endpoint.url, retry=FAST_RETRY)
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
+    ):
+        await fire(monitor, store)
+        await until(lambda: sink.statistics().delivered == 1)
+    assert endpoint.requests == 2
+    assert endpoint.times[1] - endpoint.times[0] >= 0.99  # the backoff alone waits about 0.01 s
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("1", 1.0),
+        (" 2.5 ", 2.5),
+        ("0", 0.0),
+        ("86400", 300.0),
+        (None, None),
+        ("-1", None),
+        ("nan", None),
+        ("inf", None),
+        ("soon", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+    ],
+)
+def test_retry_after_reads_seconds_only_and_caps_them(value: str | None, seconds: float | None) -> None:
+    assert retry_after_s(value) == seconds
 
 
 @pytest.mark.parametrize(("status", "attempts"), [(500, 4), (429, 4), (404, 1)])
