@@ -617,11 +617,19 @@ class Membership:
         Every process sees a change of the live nodes, so each counting it would make the
         cluster's total grow with the number of processes (a rolling restart of a few
         processes looked like churn). The change is counted by the process holding the
-        smallest live node id before it or after it (``leaving``: a local node leaving now),
-        so by one process, or two when that node itself comes or goes.
+        smallest node id that heartbeat within half the TTL, in the view before it or after
+        it (``leaving``: a local node leaving now), so by one process, or two when that node
+        itself comes or goes. A crashed node not yet expired is passed over once its last
+        beat is that old; a change within that time of its crash (a restart's join, say) may
+        go uncounted. (Late beats under load would make a shorter bound count changes twice.)
         """
         local = self._local.keys() | ({leaving} if leaving is not None else set())
-        return any(view.node_ids and min(view.node_ids) in local for view in (old, new))
+        fresh_s = self.ttl_s / 2  # a crashed or frozen node reports nothing
+        for view in (old, new):
+            fresh = [m.node_id for m in view.members if m.heartbeat_age_s <= fresh_s]
+            if fresh and min(fresh) in local:
+                return True
+        return False
 
     def _changed_to(self, old: MembershipView, first: bool, leaving: str | None = None) -> None:
         new = self._view

@@ -227,6 +227,7 @@ class LockPool:
             pool in line (``max_turns`` still ends it sooner). Default 0.05: a hand-over (the
             last turn's commit, a release, an acquisition) costs about 3.5 ms on PostgreSQL,
             under a tenth of the hold however short the sends; 0 gives way after 4 turns.
+            A process waits up to that long for each other process served before it.
         max_hold_s: Hold-time ceiling of one lease, seconds. Default ``max(300, 10 * ttl_s)``.
         max_overtakes: Most times a waiter is overtaken by waiters of a higher priority
             (see :meth:`turn`), and most times this pool's waiters pass another pool's place
@@ -381,9 +382,11 @@ class LockPool:
             yield Turn(session, session.guard.lease, end)
         finally:
             if holding:
-                if session.guard is not None:
-                    session.guard.check()  # the loop blocked past the lease's deadline in the block: on_lost
-                end()
+                try:
+                    if session.guard is not None:
+                        session.guard.check()  # the loop blocked past the lease's deadline in the block: on_lost
+                finally:
+                    end()
 
     async def _wait_turn(self, session: _Session, deadline: float, priority: int, order: int | None) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

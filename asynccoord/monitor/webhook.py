@@ -134,12 +134,13 @@ class WebhookSink:
     dropped and counted. A POST that fails (a connection error, a timeout, HTTP 408, 429 or
     5xx) is tried again after exponential backoff with jitter (M. Brooker, "Exponential
     Backoff and Jitter", AWS Architecture Blog, 2015; :class:`~asynccoord.config.RetryPolicy`),
-    or after the answer's ``Retry-After`` (in seconds, up to 300) when that is longer, up to
-    ``retry.max_attempts`` attempts in all; any other answer than 2xx is not tried
-    again, nor is an error other than a network failure (a request the HTTP client refused
-    to send): it costs that notice, never the sink. Every failed attempt, and every notice
-    given up, is counted and logged at WARNING as ``asynccoord.monitor.webhook_failed``; the
-    URL is logged without its path and query, which often hold a secret.
+    or after the answer's ``Retry-After`` (in seconds, up to 300) when that is longer (the
+    notices behind it wait: they go out in order), up to ``retry.max_attempts`` attempts in
+    all; any other answer than 2xx is not tried again, nor is an error other than a network
+    failure (a request the HTTP client refused to send): it costs that notice, never the sink.
+    Every failed attempt, and every notice given up, is counted and logged at WARNING as
+    ``asynccoord.monitor.webhook_failed``; the URL is logged without its path and query,
+    which often hold a secret.
 
     The body is the notice's :meth:`~asynccoord.contract.monitor.Alert.to_dict` with a
     ``text`` field holding :meth:`~asynccoord.contract.monitor.Alert.describe` (which chat

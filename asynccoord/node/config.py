@@ -41,8 +41,9 @@ class NodeConfig:
             past ``busy_timeout_s``; unreachable: PostgreSQL past ``reconnect_timeout_s``,
             10 s by default) is tried again with backoff while the lease lasts. Keep
             ``lease_s`` well above ``reconnect_timeout_s``: one store call can spend that
-            long reconnecting, and a commit whose lease ended meanwhile is not tried again
-            (whoever reclaims the task sends it again, counted as ``lease_expired``).
+            long reconnecting after its first failure (and a connect timeout more), and a
+            commit whose lease ended meanwhile is not tried again (whoever reclaims the
+            task sends it again, counted as ``lease_expired``).
         claim_batch: Most tasks per claim. Default 32.
         max_in_flight: Most sends at once on this node. Default 32.
         send_timeout_s: Longest a send may take before it counts as failed. Default 30.

@@ -221,7 +221,10 @@ class Settler:
         try:
             await self._retrying(flight, "rate_limited", once)
         except LeaseLostError as exc:
+            # The lease was lost during the send (unnoticed until now): another node may have the
+            # task. No stale commit (the provider refused the message), a lost lease all the same.
             self.counters.conflicts += 1
+            self.store.events.add(ev.LEASE_LOST)
             log.warning(
                 "asynccoord.node.rate_limited_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason
             )

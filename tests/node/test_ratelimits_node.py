@@ -339,3 +339,33 @@ async def test_a_shutdown_ends_the_lock_pacers_wait_and_sends_nothing_more(make_
     counts = (await store.stats(Q)).counts
     assert (counts[TaskStatus.PENDING], counts[TaskStatus.RUNNING]) == (6, 0)
     assert [(await store.get(i)).attempts for i in ids] == [0] * 6
+
+
+@EMBEDDED
+async def test_a_429_reported_after_the_lease_was_lost_counts_a_lost_lease_not_a_stale_commit(
+    make_store, clock
+) -> None:
+    """The lease lapsed during the send (the store's clock moved past it) and another node took
+    the task: the 429's hand-back is refused. No message went out, so it is no stale commit;
+    another node may have the task, so it is a lost lease."""
+    store = await make_store()
+    await store.enqueue(Q, {"n": 0}, partition_key="a")
+    refused: list[int] = []
+
+    async def send(task: Task) -> None:
+        if not refused:
+            refused.append(task.id)
+            clock.advance(60.0)  # past the lease, renewed only every lease_s / 3 of real time
+            (taken,) = await store.claim(Q, node_id="other", limit=1, lease_s=600.0)
+            assert taken.id == task.id
+            raise RateLimited(1.0)
+
+    config = NodeConfig(queue=Q, ordered=False, idle_max_s=0.05, lease_s=30.0)
+    async with Runtime(store, send=send, nodes=1, config=config, shutdown_timeout_s=1.0) as runtime:
+        deadline = time.monotonic() + 10.0
+        while runtime.states()[0].conflicts == 0:
+            assert time.monotonic() < deadline, runtime.states()
+            await asyncio.sleep(0.01)
+    assert store.events.get(ev.PROVIDER_RATE_LIMITED) == 1
+    assert store.events.get(ev.STALE_COMMIT_REJECTED) == 0
+    assert store.events.get(ev.LEASE_LOST) == 1

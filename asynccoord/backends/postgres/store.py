@@ -154,8 +154,9 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         listen: Keep one more connection LISTENing for work notifications of other
             processes (wakes idle nodes at once). Default True.
         reconnect_timeout_s: How long an operation retries a lost connection (or a
-            conflict) with backoff before raising, seconds (> 0). Default 10. One store
-            call can spend that long reconnecting, so keep ``NodeConfig.lease_s`` well
+            conflict) with backoff after its first failure before raising, seconds (> 0).
+            Default 10. One store call can spend that long reconnecting (and a connect
+            timeout more, ``connect_timeout`` in the DSN), so keep ``NodeConfig.lease_s`` well
             above it: a commit whose lease ended meanwhile is not tried again.
         read_only: Apply no migration and refuse every write with
             :class:`~asynccoord.errors.ReadOnlyStoreError` (for inspection). Default False.
