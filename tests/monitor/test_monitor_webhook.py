@@ -86,10 +86,9 @@ async def until(predicate: Any, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_a_notice_is_posted_as_json_after_the_first_failures_are_retried(
-    endpoint: Endpoint, caplog: pytest.LogCaptureFixture
-) -> None:
-    endpoint.failures = 2
+async def post_one_notice(endpoint: Endpoint) -> tuple[WebhookSink, int]:
+    """Fire ``FENCING_RULE`` once with a sink to ``endpoint`` (``FAST_RETRY``) and wait until the
+    notice is delivered; the sink, and the monitor's ``sink_failures`` then."""
     sink = WebhookSink(endpoint.url, retry=FAST_RETRY)
     async with (
         MemoryStore() as store,
@@ -97,15 +96,23 @@ async def test_a_notice_is_posted_as_json_after_the_first_failures_are_retried(
     ):
         await fire(monitor, store)
         await until(lambda: sink.statistics().delivered == 1)
-        assert endpoint.requests == 3
-        (body,) = endpoint.bodies
-        assert body["rule"] == "fencing_rejections"
-        assert body["state"] == "firing"
-        assert body["count"] == 1
-        assert "fencing_rejected" in body["text"]
-        stats = sink.statistics()
-        assert (stats.failed_attempts, stats.given_up, stats.dropped, stats.queued) == (2, 0, 0, 0)
-        assert monitor.statistics().sink_failures == 0
+        return sink, monitor.statistics().sink_failures
+
+
+async def test_a_notice_is_posted_as_json_after_the_first_failures_are_retried(
+    endpoint: Endpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    endpoint.failures = 2
+    sink, sink_failures = await post_one_notice(endpoint)
+    assert endpoint.requests == 3
+    (body,) = endpoint.bodies
+    assert body["rule"] == "fencing_rejections"
+    assert body["state"] == "firing"
+    assert body["count"] == 1
+    assert "fencing_rejected" in body["text"]
+    stats = sink.statistics()
+    assert (stats.failed_attempts, stats.given_up, stats.dropped, stats.queued) == (2, 0, 0, 0)
+    assert sink_failures == 0
     failed = [r.getMessage() for r in caplog.records if "asynccoord.monitor.webhook_failed" in r.getMessage()]
     assert len(failed) == 2
     assert all("HTTP 503" in m for m in failed)
@@ -116,13 +123,7 @@ async def test_a_429_is_tried_again_after_its_retry_after_when_that_is_longer_th
     endpoint: Endpoint,
 ) -> None:
     endpoint.failures, endpoint.status, endpoint.retry_after = 1, 429, "1"
-    sink = WebhookSink(endpoint.url, retry=FAST_RETRY)
-    async with (
-        MemoryStore() as store,
-        Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
-    ):
-        await fire(monitor, store)
-        await until(lambda: sink.statistics().delivered == 1)
+    await post_one_notice(endpoint)
     assert endpoint.requests == 2
     assert endpoint.times[1] - endpoint.times[0] >= 0.99  # the backoff alone waits about 0.01 s
 
