@@ -685,10 +685,10 @@ BEGIN INSERT INTO commit_log (task_id) VALUES (NEW.id); END;
 
 
 async def drain_with(
-    db_path: Path, config: NodeConfig, *, nodes: int, tasks: int, ablation: Ablation = FULL
+    db_path: Path, config: NodeConfig, *, nodes: int, tasks: int, ablation: Ablation = FULL, send_s: float = 0.3
 ) -> tuple[Counter[int], Counter[int]]:
-    """Run ``nodes`` nodes (no membership, layers as ``ablation`` says) over ``tasks`` slow sends; return sends
-    and commits per task id."""
+    """Run ``nodes`` nodes (no membership, layers as ``ablation`` says) over ``tasks`` sends of ``send_s``;
+    return sends and commits per task id."""
     async with SQLiteStore(db_path) as store:
         with sqlite3.connect(db_path, isolation_level=None) as db:
             db.executescript(COMMIT_LOG_SQL)
@@ -696,7 +696,7 @@ async def drain_with(
 
         async def send(task: Task) -> None:
             sends[task.id] += 1
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(send_s)
 
         workers = [
             Node(
@@ -730,14 +730,14 @@ async def drain_with(
 
 @pytest.mark.exclusive
 async def test_with_every_layer_off_duplicates_happen_and_with_all_on_they_do_not(tmp_path: Path) -> None:
-    off = NodeConfig(
-        queue=QUEUE,
-        lease_s=0.2,  # shorter than a send, and never renewed
-        renew_leases=False,
-        **FAST_IDLE,
-    )
+    # Leases shorter than a send, and never renewed. Not much shorter than a claim under load,
+    # though: a claim answered past its tasks' local deadline hands them all back unsent, and
+    # with 0.2 s leases the hand-backs slowed the claims enough to repeat that for 20 s.
+    off = NodeConfig(queue=QUEUE, lease_s=0.5, renew_leases=False, **FAST_IDLE)
     every_layer_off = Ablation(locks=False, version_checks=False, partitioning=False)
-    sends, commits = await drain_with(tmp_path / "off.db", off, nodes=8, tasks=100, ablation=every_layer_off)
+    sends, commits = await drain_with(
+        tmp_path / "off.db", off, nodes=8, tasks=100, ablation=every_layer_off, send_s=0.8
+    )
     assert max(sends.values()) > 1, "no duplicate send with every layer off: the switches do nothing"
     assert max(commits.values()) > 1  # and the same task was committed more than once
     on = NodeConfig(queue=QUEUE, lease_s=0.5, **FAST_IDLE)  # every layer on, leases renewed
