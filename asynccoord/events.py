@@ -1,7 +1,23 @@
 """Stable names of coordination events, and the in-process counter stores and nodes bump.
 
 The conflict monitor reads these counters; the names are part of the public API
-(they appear in metrics and in the demo's report) and never change meaning.
+(they appear in metrics and in the demo's report) and never change meaning:
+
+* ``claims``, ``commits``, ``retries``, ``dead_lettered``: the pipeline's work;
+  ``store_retries``: PostgreSQL calls retried after a lost connection or a conflict.
+* ``lock_contended``: a wait for a lock held elsewhere; ``lock_lost``, ``lease_lost``: a lock
+  or task lease lost during a send; ``lease_expired``: a lease that lapsed and was reclaimed
+  by a claim; ``send_interrupted``: a send cut short by its node's stop, its task handed back.
+* ``stale_commit_rejected``, ``fencing_rejected``: writes the versions and fences refused;
+  ``duplicate_enqueue_suppressed``, ``duplicate_delivery_suppressed``: repeats the idempotency
+  keys and processed records absorbed.
+* ``send_abandoned``: a send left running unwatched (let go at ``send_overrun_s``, or
+  outliving its node's stop).
+* ``rate_limit_held``: claims that left work behind for a rate limit;
+  ``provider_rate_limited``: 429s from the provider; ``send_paused``: sends held back by
+  another send's 429.
+* ``partition_handoff``: partitions moving between nodes; ``membership_change``: a change of
+  the live nodes (joins, leaves), counted once in the cluster.
 """
 
 from __future__ import annotations
