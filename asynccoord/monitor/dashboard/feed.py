@@ -308,7 +308,7 @@ class Feed:
             report = await self._status()
         except (CoordError, OSError) as exc:
             error = f"status: {exc}"
-            log.warning("dashboard_poll_failed source=status error=%s", exc)
+            log.warning("asynccoord.dashboard.poll_failed source=status error=%s", exc)
         else:
             self._charted = busiest(report["queues"], self.charted_queues, score=_load, prefer=self._charted)
             point = history_point(report, self._previous, charted=self._charted)
@@ -328,7 +328,7 @@ class Feed:
                 value = self._redact(await source())
             except (CoordError, OSError) as exc:
                 error = f"{name}: {exc}"
-                log.warning("dashboard_poll_failed source=%s error=%s", name, exc)
+                log.warning("asynccoord.dashboard.poll_failed source=%s error=%s", name, exc)
                 continue
             if value != self._state[name]:
                 changed[name] = value
