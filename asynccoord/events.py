@@ -17,7 +17,8 @@ The conflict monitor reads these counters; the names are part of the public API
   ``provider_rate_limited``: 429s from the provider; ``send_paused``: sends held back by
   another send's 429.
 * ``partition_handoff``: partitions moving between nodes; ``membership_change``: a change of
-  the live nodes (joins, leaves), counted once in the cluster.
+  the live nodes (joins, leaves), counted once in the cluster; ``node_lost``: a node that
+  dropped out because its heartbeats stopped (a crash, a kill, a freeze past the TTL).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = (
     "LOCK_CONTENDED",
     "LOCK_LOST",
     "MEMBERSHIP_CHANGE",
+    "NODE_LOST",
     "PARTITION_HANDOFF",
     "PROVIDER_RATE_LIMITED",
     "RATE_LIMIT_HELD",
@@ -70,6 +72,11 @@ PARTITION_HANDOFF = "partition_handoff"
 MEMBERSHIP_CHANGE = "membership_change"
 """A change of the live nodes (nodes joining or leaving), counted once in the cluster: by the process
 holding the smallest live node id before or after it (see :class:`~asynccoord.membership.Membership`)."""
+NODE_LOST = "node_lost"
+"""A node left the live view because its heartbeats stopped, not by leaving: its process
+crashed, was killed, or froze past the heartbeat TTL. Counted once in the cluster, as
+``membership_change`` is: a node gone from the view whose expiry had passed by the store
+clock (one that leaves with its process's shutdown is deleted before it expires)."""
 CLAIMS = "claims"
 COMMITS = "commits"
 STORE_RETRIES = "store_retries"
@@ -100,6 +107,7 @@ EVENT_NAMES: tuple[str, ...] = (
     DEAD_LETTERED,
     PARTITION_HANDOFF,
     MEMBERSHIP_CHANGE,
+    NODE_LOST,
     CLAIMS,
     COMMITS,
     STORE_RETRIES,

@@ -631,11 +631,41 @@ class Membership:
                 return True
         return False
 
+    def _lost(self, old: MembershipView, new: MembershipView, leaving: str | None) -> list[tuple[str, float]]:
+        """The nodes of ``old`` that left ``new`` by expiring (``node_lost``), with their last heartbeat's age (s).
+
+        A node leaving with its process's shutdown is deleted from the store before it
+        expires; one whose heartbeats stopped (a crash, a kill, a freeze) stays until its
+        ``expires_at``. So a node that is gone and whose expiry, as ``old`` saw it, has
+        passed by the store clock of the read behind ``new`` was lost. A node leaving here
+        (``leaving``, local nodes) never is; without a member in ``new`` to date the read,
+        nothing is counted.
+        """
+        gone = set(old.node_ids) - set(new.node_ids) - self._local.keys() - {leaving}
+        if not gone or not new.members:
+            return []
+        read_at = max(m.heartbeat_at + m.heartbeat_age_s for m in new.members)  # the store clock at the read
+        return [
+            (m.node_id, read_at - m.heartbeat_at) for m in old.members if m.node_id in gone and read_at >= m.expires_at
+        ]
+
     def _changed_to(self, old: MembershipView, first: bool, leaving: str | None = None) -> None:
         new = self._view
         if not first:
             if self._reports(old, new, leaving):
                 self.store.events.add(ev.MEMBERSHIP_CHANGE)
+                lost = self._lost(old, new, leaving)
+                if lost:
+                    self.store.events.add(ev.NODE_LOST, len(lost))
+                for node_id, age_s in lost:
+                    log.warning(
+                        "asynccoord.membership.node_lost node=%s last_heartbeat_age_s=%.1f ttl_s=%g: its heartbeats "
+                        "stopped (a crash, a kill or a freeze); its leases and locks lapse at their TTLs",
+                        node_id,
+                        age_s,
+                        self.ttl_s,
+                        extra={"event": "asynccoord.membership.node_lost"},
+                    )
             joined = sorted(set(new.node_ids) - set(old.node_ids))
             left = sorted(set(old.node_ids) - set(new.node_ids))
             log.info(

@@ -75,6 +75,7 @@ CONFLICT_EVENTS: tuple[str, ...] = (
     ev.DEAD_LETTERED,
     ev.PARTITION_HANDOFF,
     ev.MEMBERSHIP_CHANGE,
+    ev.NODE_LOST,
     ev.PROVIDER_RATE_LIMITED,
     ev.RATE_LIMIT_HELD,
     ev.SEND_PAUSED,

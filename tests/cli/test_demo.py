@@ -75,6 +75,7 @@ def check_invariants(code: int, report: dict[str, Any], stderr: str, messages: i
     assert conflicts["lease_expired"] + conflicts["lease_lost"] >= 1
     assert conflicts["duplicate_enqueue_suppressed"] >= 1
     assert conflicts["membership_change"] >= 2  # the stall outlives the heartbeat TTL: leave, rejoin
+    assert conflicts["node_lost"] >= 1  # the killed process's nodes expired (and the stalled one's)
     # The hottest account sends one message at a time: its requests' summed duration (the
     # drain's lower bound) fits in the run.
     tasks = build_tasks(list(read_trace(bundled_sample(), limit=messages)), accounts=24)
@@ -130,7 +131,8 @@ def test_small_demo_with_faults_keeps_every_invariant(faults_run: Run) -> None:
     assert counts.get("done", 0) + counts.get("dead", 0) == 3000
     assert counts.get("pending", 0) == counts.get("running", 0) == 0
     # The faults (a kill -9, a stall past the lock TTL) raise at least one default alert.
-    assert [a for a in report["alerts"] if a["state"] == "firing"], report["alerts"]
+    fired = {a["rule"] for a in report["alerts"] if a["state"] == "firing"}
+    assert "lost_nodes" in fired, report["alerts"]
 
 
 @pytest.mark.multiprocess

@@ -338,6 +338,27 @@ async def test_view_follows_joins_expiry_and_leaves(flaky: FlakyStore, clock: Fa
         assert flaky.events.get(ev.MEMBERSHIP_CHANGE) == 4
 
 
+async def test_a_node_that_expires_is_counted_lost_and_one_that_leaves_is_not(
+    flaky: FlakyStore, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="asynccoord.membership")
+    async with Membership(flaky, ttl_s=1.0, interval_s=0.02) as membership:
+        membership.join("a-local")  # the smallest id: this process counts the cluster's changes
+        await flaky.heartbeat([beat("b-crashed", "b1"), beat("c-leaver", "c1")], ttl_s=1.0)
+        await wait_for_view(membership, lambda v: v.node_ids == ("a-local", "b-crashed", "c-leaver"))
+        clock.advance(0.5)
+        assert await flaky.leave("c-leaver", "c1") is True  # its process shut down: deleted, not expired
+        await wait_for_view(membership, lambda v: "c-leaver" not in v)
+        assert flaky.events.get(ev.NODE_LOST) == 0
+        clock.advance(0.5)  # b-crashed never beats again: expired by the store clock
+        await wait_for_view(membership, lambda v: "b-crashed" not in v)
+        assert flaky.events.get(ev.NODE_LOST) == 1
+        assert await membership.leave("a-local") is True
+    assert flaky.events.get(ev.NODE_LOST) == 1
+    [warned] = [r.getMessage() for r in caplog.records if "node_lost" in r.getMessage()]
+    assert warned.startswith("asynccoord.membership.node_lost node=b-crashed last_heartbeat_age_s=1.0 ttl_s=1:")
+
+
 async def test_wait_changed_returns_current_view_on_timeout(flaky: FlakyStore) -> None:
     async with Membership(flaky, ttl_s=1.0, interval_s=0.05) as membership:
         membership.join("a")
@@ -686,6 +707,7 @@ async def test_processes_see_each_other_and_a_killed_one_drops_out(db_path: Path
     await asyncio.to_thread(victim.wait)
     assert victim.returncode == -signal.SIGKILL
     dropped = await next_view(survivor, lambda members: "p2" not in members)
+    assert dropped["lost"] == 1  # p1, the smallest live id, counts the lost node (node_lost)
     lag_s = dropped["t"] - killed_at
     assert lag_s <= ttl_s + interval_s + 0.15, lag_s  # slack: the heartbeat's own round trip
     assert lag_s >= ttl_s - interval_s - 0.05, lag_s  # and not before it could have expired
@@ -709,6 +731,7 @@ async def test_processes_see_each_other_and_a_killed_one_drops_out(db_path: Path
         left_at = time.monotonic()
         gone = await next_view(survivor, lambda members: "p2" not in members)
         assert gone["t"] - left_at <= interval_s + 0.15
+        assert gone["lost"] == 1  # a graceful leave is no lost node
         assert ids(await store.members()) == ["p1"]
     await asyncio.to_thread(restarted.wait)
     assert restarted.returncode == 0

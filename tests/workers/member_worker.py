@@ -10,7 +10,7 @@ Usage::
 Opens one SQLiteStore (real database clock), enters a Membership and joins NODE_ID.
 Prints {"event": "ready", "node_id", "incarnation", "pid"}, then on every view change
 (including the first view) {"event": "view", "version", "members": {node_id:
-incarnation}, "t": time.monotonic()} (CLOCK_MONOTONIC is system-wide on Linux, so the
+incarnation}, "lost": the store's node_lost count, "t": time.monotonic()} (CLOCK_MONOTONIC is system-wide on Linux, so the
 parent can compare ``t`` with its own). A line "exit" on stdin, or stdin closing,
 makes it leave and exit 0 after printing {"event": "left"}.
 """
@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from asynccoord import SQLiteStore
+from asynccoord import events as ev
 from asynccoord.membership import Membership, MembershipView
 
 
@@ -34,25 +35,26 @@ def emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def emit_view(view: MembershipView) -> None:
+def emit_view(view: MembershipView, store: SQLiteStore) -> None:
     emit(
         {
             "event": "view",
             "version": view.version,
             "members": {m.node_id: m.incarnation for m in view.members},
+            "lost": store.events.get(ev.NODE_LOST),
             "t": time.monotonic(),
         }
     )
 
 
-async def watch(membership: Membership) -> None:
+async def watch(membership: Membership, store: SQLiteStore) -> None:
     version = membership.view.version
-    emit_view(membership.view)
+    emit_view(membership.view, store)
     while True:
         view = await membership.wait_changed(version)
         if view.version > version:
             version = view.version
-            emit_view(view)
+            emit_view(view, store)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -63,7 +65,7 @@ async def main(args: argparse.Namespace) -> None:
         incarnation = membership.join(args.node_id, info={"pid": os.getpid()})
         await membership.wait_changed(membership.view.version, timeout_s=args.ttl_s)
         emit({"event": "ready", "node_id": args.node_id, "incarnation": incarnation, "pid": os.getpid()})
-        watcher = asyncio.create_task(watch(membership))
+        watcher = asyncio.create_task(watch(membership, store))
         while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("exit", ""):
             pass
         watcher.cancel()
