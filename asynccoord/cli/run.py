@@ -43,6 +43,7 @@ from ..validation import (
     check_positive,
 )
 from .lockstore import add_lock_store_options, check_lock_store_options
+from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, serve_metrics
 
 __all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
 
@@ -159,6 +160,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
     )
+    add_monitor_options(parser)
 
 
 def _retention(text: str) -> float | None:
@@ -235,6 +237,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if rate_limits(args) and not hasattr(store, "set_rate_limits"):
         raise InvalidArgumentError(f"--rate-limit: the store of --db {redact_target(args.db)!r} enforces no limits")
     check_lock_store_options(args)  # the URL and prefix; opens nothing
+    check_monitor_options(args)
     pace = getattr(args, "lock_pace", None)
     if pace is not None:
         check_name("--lock-pace", pace)
@@ -350,7 +353,10 @@ def run_command(args: argparse.Namespace) -> int:
                     done_retention_s=args.done_retention_s,
                 )
                 # The monitor flushes this process's counters (and a separate lock store's) for `status`.
-                monitor = Monitor(store, lock_store=lock_store, info={"command": "run", "queue": args.queue})
+                monitor = Monitor(
+                    store, lock_store=lock_store, sinks=alert_sinks(args), info={"command": "run", "queue": args.queue}
+                )
+                stack.enter_context(serve_metrics(args, store, monitor, lock_store))  # before the nodes start
                 async with monitor, runtime:
                     target = describe_target(args.db, args.schema)
                     print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {target}", flush=True)

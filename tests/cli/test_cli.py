@@ -5,15 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import http.server
 import json
 import logging
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import tomllib
+import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PythonRunner
@@ -73,6 +79,10 @@ from asynccoord.node import Runtime
         ),
         (["--send", "json:dumps", "--lock-store", "http://127.0.0.1:6379"], "--lock-store takes a Redis URL"),
         (["--send", "json:dumps", "--lock-prefix", "bot:"], "--lock-prefix applies to a --lock-store only"),
+        (["--send", "json:dumps", "--alert-webhook", "ftp://hooks"], "--alert-webhook: url must be an http://"),
+        (["--send", "json:dumps", "--metrics-port", "0"], "--metrics-port must be >= 1"),
+        (["--send", "json:dumps", "--metrics-port", "70000"], "--metrics-port must be <= 65535"),
+        (["--send", "json:dumps", "--metrics-host", "0.0.0.0"], "--metrics-host '0.0.0.0' applies with --metrics-port"),
     ],
 )
 def test_run_usage_errors_exit_2_and_create_no_database(
@@ -609,3 +619,76 @@ def test_run_passes_send_overrun_s_to_the_nodes(tmp_path: Path, given: list[str]
     _send, _lock_key, config = check_run(args)
     assert config.send_overrun_s == overrun_s
     assert not (tmp_path / "o.db").exists()
+
+
+def test_run_posts_its_alerts_to_webhooks_and_serves_its_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--alert-webhook`` and ``--metrics-port``: the monitor of a process hosted by ``run`` posts
+    the alerts it raises (3 tasks dead after one failed attempt each: ``dead_letters``) and serves
+    the process's counters for Prometheus while it runs."""
+    monkeypatch.syspath_prepend(str(TESTS / "workers"))
+    posted: list[dict[str, Any]] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    hooks = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=hooks.serve_forever, daemon=True).start()
+    with socket.socket() as probe:  # a free port for the metrics
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    scraped: list[str] = []
+
+    async def drain_then_scrape(self: Runtime, signals: object = ()) -> int:
+        assert await self.wait_until_drained(timeout_s=30.0)
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        scraped.append(await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode()))
+        deadline = time.monotonic() + 20.0
+        while not any(p["rule"] == "dead_letters" for p in posted) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.shutdown()
+        return 0
+
+    monkeypatch.setattr(Runtime, "wait_for_signal", drain_then_scrape)
+    path = tmp_path / "bot.db"
+
+    async def enqueue() -> None:
+        async with SQLiteStore(path) as store:
+            await store.enqueue_many([NewTask(queue="outbox", payload=i, max_attempts=1) for i in range(3)])
+
+    asyncio.run(enqueue())
+    argv = ["run", "--db", str(path), "--queue", "outbox", "--send", "serve_send:fail", "--idle-max-s", "0.1"]
+    argv += ["--alert-webhook", f"http://127.0.0.1:{hooks.server_port}/hook", "--metrics-port", str(metrics_port)]
+    try:
+        assert main(argv) == 0
+    finally:
+        hooks.shutdown()
+        hooks.server_close()
+    [firing] = [p for p in posted if p["rule"] == "dead_letters" and p["state"] == "firing"]
+    assert firing["value"] == 3
+    [page] = scraped
+    dead = [
+        line for line in page.splitlines() if line.startswith("asynccoord_events_total{") and "dead_lettered" in line
+    ]
+    assert len(dead) == 1, dead
+    assert float(dead[0].split()[-1]) == 3.0, dead
+    with socket.socket() as again:  # the endpoint closed with the command: nothing listens there
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (the scrape's connection may linger)
+        again.bind(("127.0.0.1", metrics_port))
+
+
+def test_run_names_a_taken_metrics_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--metrics-port", str(port)]
+        assert main(argv) == 1
+    assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

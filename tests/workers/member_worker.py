@@ -10,9 +10,10 @@ Usage::
 Opens one SQLiteStore (real database clock), enters a Membership and joins NODE_ID.
 Prints {"event": "ready", "node_id", "incarnation", "pid"}, then on every view change
 (including the first view) {"event": "view", "version", "members": {node_id:
-incarnation}, "lost": the store's node_lost count, "t": time.monotonic()} (CLOCK_MONOTONIC is system-wide on Linux, so the
-parent can compare ``t`` with its own). A line "exit" on stdin, or stdin closing,
-makes it leave and exit 0 after printing {"event": "left"}.
+incarnation}, "lost": the store's node_lost count, "t": time.monotonic()}
+(CLOCK_MONOTONIC is system-wide on Linux, so the parent can compare ``t`` with its own).
+A line "exit" on stdin, or stdin closing, makes it leave and exit 0 after printing
+{"event": "left"}.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import time
 
 from asynccoord import Task
 
-__all__ = ("account_lock", "send")
+__all__ = ("account_lock", "fail", "send")
 
 
 def _log(word: str, task_id: int) -> None:
@@ -39,6 +39,11 @@ async def send(task: Task) -> str:
         raise
     _log("end", task.id)
     return f"sent {task.id}"
+
+
+async def fail(task: Task) -> None:
+    """A send the provider refuses every time (a failed attempt)."""
+    raise RuntimeError(f"provider down for {task.id}")
 
 
 def account_lock(task: Task) -> str:

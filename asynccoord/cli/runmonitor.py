@@ -1,0 +1,117 @@
+"""The ``run`` command's monitoring outputs: alert webhooks and a Prometheus endpoint.
+
+A process hosted by ``python -m asynccoord run`` has a :class:`~asynccoord.monitor.monitor.Monitor`
+like an embedded one; the leader's monitor hands each cluster alert to its sinks. These
+options give the command's monitor what an embedding process gives its own: ``--alert-webhook
+URL`` (a :class:`~asynccoord.monitor.webhook.WebhookSink` per URL, extra ``webhook``) and
+``--metrics-port PORT`` (the process's counters, latencies and alerts in Prometheus' text format
+on ``http://HOST:PORT/metrics``, served by ``prometheus_client`` on a registry of its own, extra
+``metrics``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import InvalidArgumentError
+from ..validation import check_int, check_name
+
+__all__ = ("add_monitor_options", "alert_sinks", "check_monitor_options", "serve_metrics")
+
+
+def add_monitor_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--alert-webhook``, ``--metrics-port`` and ``--metrics-host`` to ``parser``."""
+    parser.add_argument(
+        "--alert-webhook",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="POST every alert notice as JSON to URL (extra 'webhook'); repeat for several. Each process "
+        "gives its own: the monitor that leads the cluster raises its alerts",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve this process's metrics for Prometheus on http://HOST:PORT/metrics (extra 'metrics')",
+    )
+    parser.add_argument(
+        "--metrics-host", default="127.0.0.1", metavar="HOST", help="address of --metrics-port (default 127.0.0.1)"
+    )
+
+
+def check_monitor_options(args: argparse.Namespace) -> None:
+    """Check the monitoring options before anything is opened.
+
+    Raises:
+        InvalidArgumentError: a URL that is no http(s) URL with a host, a port outside
+            1..65535, ``--metrics-host`` without ``--metrics-port``, or an extra not installed.
+    """
+    alert_sinks(args)  # builds and drops them: a sink opens nothing before the monitor starts it
+    port = getattr(args, "metrics_port", None)
+    host = getattr(args, "metrics_host", "127.0.0.1")
+    if port is None:
+        if host != "127.0.0.1":
+            raise InvalidArgumentError(f"--metrics-host {host!r} applies with --metrics-port only")
+        return
+    check_int("--metrics-port", port, minimum=1, maximum=65535)
+    check_name("--metrics-host", host)
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise InvalidArgumentError(
+            "--metrics-port needs prometheus_client: pip install 'asynccoord[metrics]'"
+        ) from None
+
+
+def alert_sinks(args: argparse.Namespace) -> list[Any]:
+    """One :class:`~asynccoord.monitor.webhook.WebhookSink` per ``--alert-webhook`` URL.
+
+    Raises:
+        InvalidArgumentError: a URL the sink refuses, or aiohttp missing (extra ``webhook``).
+    """
+    urls = getattr(args, "alert_webhook", None) or []
+    if not urls:
+        return []
+    try:
+        from ..monitor.webhook import WebhookSink
+
+        return [WebhookSink(url) for url in urls]
+    except ImportError:
+        raise InvalidArgumentError("--alert-webhook needs aiohttp: pip install 'asynccoord[webhook]'") from None
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"--alert-webhook: {exc}") from None
+
+
+@contextlib.contextmanager
+def serve_metrics(args: argparse.Namespace, store: Any, monitor: Any, lock_store: Any) -> Iterator[None]:
+    """Serve ``store``'s and ``monitor``'s metrics on ``--metrics-port`` while the block runs (nothing without it).
+
+    Raises:
+        InvalidArgumentError: the address cannot be bound (the port is taken, say).
+    """
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        yield
+        return
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from ..monitor.metrics import register_collector
+
+    registry = CollectorRegistry(auto_describe=True)
+    register_collector(store, monitor, registry, lock_store=lock_store)
+    try:
+        server, thread = start_http_server(port, addr=args.metrics_host, registry=registry)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"--metrics-port {port}: cannot listen on {args.metrics_host}:{port}: {exc}"
+        ) from exc
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5.0)
