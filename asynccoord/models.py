@@ -69,7 +69,8 @@ class NewTask:
             ``{"account": "bot-1", "chat": "42"}`` (see
             :class:`~asynccoord.contract.ratelimits.RateLimit`): the claim takes a token
             from each of these buckets. A dimension without a key does not limit the task;
-            one the queue does not declare is refused at enqueue. Default none.
+            one the queue does not declare limits nothing until it is declared (logged once,
+            ``asynccoord.ratelimits.undeclared_dimension``). Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: on any bad field (the payload is

@@ -10,7 +10,9 @@ read and write the numbers.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -22,25 +24,24 @@ if TYPE_CHECKING:
     from ..models import Task
 
 __all__ = (
-    "RateLimitStore",
-    "MAX_LIMITS",
     "Admission",
     "HELD_BUCKETS_MAX",
     "HeldBucket",
+    "MAX_LIMITS",
     "MIN_EMISSION_INTERVAL_S",
     "RateLimit",
+    "RateLimitStore",
     "check_held_buckets_args",
     "check_limit_keys",
     "check_pause_target",
-    "check_unknown_dimensions",
     "check_rate_limits",
     "check_retry_after_s",
     "conforms",
     "decode_limit_keys",
     "describe_limits",
     "eligible_at",
-    "held_wait_s",
     "encode_limit_keys",
+    "held_wait_s",
     "limits_from_rows",
     "max_in_window",
     "parse_rate_limit",
@@ -48,7 +49,10 @@ __all__ = (
     "paused_tat",
     "sort_held",
     "take",
+    "warn_undeclared_dimensions",
 )
+
+log = logging.getLogger(__name__)
 
 Bucket = tuple[str, str]
 """A bucket of one queue: ``(dimension, key)``."""
@@ -269,19 +273,35 @@ def decode_limit_keys(text: str | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-def check_unknown_dimensions(queue: str, limit_keys: Mapping[str, str], declared: Sequence[str]) -> None:
-    """Refuse a task naming a dimension its queue does not limit.
+_WARNED_MAX = 1024
+_warned: set[tuple[str, str]] = set()  # (queue, dimension) logged by warn_undeclared_dimensions
+_warned_lock = threading.Lock()
 
-    Raises:
-        InvalidArgumentError: naming the dimension and the queue's declared ones.
+
+def warn_undeclared_dimensions(queue: str, limit_keys: Mapping[str, str], declared: Sequence[str]) -> None:
+    """Log a task's limit keys of dimensions its queue does not limit, once per process and (queue, dimension).
+
+    The task is enqueued with them all the same: such a key limits nothing until its dimension
+    is declared (the claims read the declarations as they come), so a producer started before
+    the limits are declared, or one whose queue's limits another process replaced
+    (``run --rate-limit``), goes on enqueueing instead of losing the messages it was handed. A
+    misspelt dimension shows in the log line ``asynccoord.ratelimits.undeclared_dimension``.
     """
     unknown = sorted(set(limit_keys) - set(declared))
-    if unknown:
-        known = ", ".join(sorted(declared)) or "none"
-        raise InvalidArgumentError(
-            f"limit_keys name dimension(s) {unknown} that queue {queue!r} does not limit (declared: {known}); "
-            "declare them first with set_rate_limits()"
-        )
+    if not unknown:
+        return
+    with _warned_lock:
+        new = [d for d in unknown if (queue, d) not in _warned]
+        if not new or len(_warned) >= _WARNED_MAX:
+            return
+        _warned.update((queue, d) for d in new)
+    log.warning(
+        "asynccoord.ratelimits.undeclared_dimension queue=%r dimensions=%s declared=[%s]: keys of these "
+        "dimensions limit nothing until set_rate_limits() declares them",
+        queue,
+        new,
+        ", ".join(sorted(declared)),
+    )
 
 
 def check_retry_after_s(value: object) -> float:
@@ -487,8 +507,8 @@ class RateLimitStore(Protocol):
 
     A queue declares limits, each on one dimension of its tasks (see
     :class:`~asynccoord.contract.ratelimits.RateLimit`); a task names its key for each
-    dimension at enqueue (``NewTask.limit_keys``: a dimension the queue does not declare is
-    refused with :class:`~asynccoord.errors.InvalidArgumentError`, nothing written). The
+    dimension at enqueue (``NewTask.limit_keys``: a key of a dimension the queue does not
+    declare limits nothing until it is declared, see :func:`warn_undeclared_dimensions`). The
     claim, in its transaction and on the store clock, leases a task only when each bucket
     ``(queue, dimension, key)`` it names has a token (GCRA, see
     :mod:`asynccoord.contract.ratelimits`), and takes them; a task without one stays pending

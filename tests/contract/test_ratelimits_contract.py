@@ -244,16 +244,6 @@ async def test_bad_declarations_write_nothing(store) -> None:
     assert await store.rate_limits(Q) == [RateLimit(dimension="chat", count=1, per_s=1.0)]
 
 
-async def test_unknown_dimension_at_enqueue_writes_nothing(store) -> None:
-    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=1.0)])
-    with pytest.raises(InvalidArgumentError, match="group"):
-        await store.enqueue_many([NewTask(queue=Q, limit_keys=chat("1")), NewTask(queue=Q, limit_keys={"group": "g"})])
-    with pytest.raises(InvalidArgumentError, match="chat"):
-        await store.enqueue("other-queue", limit_keys=chat("1"))  # that queue declares nothing
-    assert (await store.stats(Q)).total == 0
-    assert (await store.stats()).total == 0
-
-
 async def test_a_bucket_refills_at_its_rate(store, clock: FakeClock) -> None:
     await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=2, per_s=1.0)])
     ids = [await enqueue(store, chat("a")) for _ in range(5)]
@@ -585,3 +575,28 @@ async def test_a_store_warns_once_when_another_declares_new_limits_under_it(
     await claimed_until(3)
     assert changes()[2].startswith(f"{CHANGED} queue='{Q}' enforced=[none] now=[chat=1/1s,burst=1]:")
     assert len(changes()) == 3
+
+
+async def test_a_key_of_an_undeclared_dimension_is_enqueued_and_limits_once_declared(
+    store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A producer started before the limits are declared (or after another process replaced
+    them) goes on enqueueing: the key limits nothing until its dimension is declared, and the
+    dimension is logged once per process."""
+    caplog.set_level(logging.WARNING, logger="asynccoord.contract.ratelimits")
+    queue = f"undeclared-{random.getrandbits(32)}"  # once per process: a queue of this test's own
+    await store.set_rate_limits(queue, [RateLimit(dimension="chat", count=1, per_s=10.0)])
+    for _ in range(3):
+        await store.enqueue(queue, None, limit_keys={"chat": "a-chat", "group": "g"})
+    await store.enqueue(queue, None, limit_keys={"group": "g"})
+    warned = [r.getMessage() for r in caplog.records if "undeclared_dimension" in r.getMessage()]
+    assert warned == [
+        f"asynccoord.ratelimits.undeclared_dimension queue={queue!r} dimensions=['group'] declared=[chat]: "
+        "keys of these dimensions limit nothing until set_rate_limits() declares them"
+    ]
+    assert len(await store.claim(queue, node_id="n", limit=10)) == 2  # chat a-chat once, and the group-only task
+    await store.set_rate_limits(
+        queue, [RateLimit(dimension="chat", count=1, per_s=10.0), RateLimit(dimension="group", count=1, per_s=10.0)]
+    )
+    clock.advance(10.0)  # a-chat has a token again, and g has its first
+    assert len(await store.claim(queue, node_id="n", limit=10)) == 1  # g now limits: one of the two left

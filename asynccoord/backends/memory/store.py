@@ -23,7 +23,7 @@ from ... import events as ev
 from ...config import RetryPolicy, StoreConfig
 from ...contract.locks import fence_rejected_error
 from ...contract.queue import PreparedTask
-from ...contract.ratelimits import check_unknown_dimensions
+from ...contract.ratelimits import warn_undeclared_dimensions
 from ...errors import (
     CoordError,
     InvalidTypeError,
@@ -114,7 +114,7 @@ class MemoryStore(
         self._check_open()
         for p in prepared:
             if p.limit_keys:
-                check_unknown_dimensions(p.queue, p.limit_keys, list(self._declared(p.queue)))
+                warn_undeclared_dimensions(p.queue, p.limit_keys, list(self._declared(p.queue)))
         now = self._clock()
         results: list[EnqueueResult] = []
         for p in prepared:

@@ -57,8 +57,6 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         ids, by which it finds the tasks its lost run created (reported as created, once).
 
         Raises:
-            InvalidArgumentError: a task names a limit key of a dimension its queue does
-                not declare (nothing written).
             StoreConnectionError: the server stayed unreachable.
         """
         if not prepared:

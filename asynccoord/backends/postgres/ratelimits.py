@@ -38,11 +38,11 @@ from ...contract.ratelimits import (
     check_pause_target,
     check_rate_limits,
     check_retry_after_s,
-    check_unknown_dimensions,
     decode_limit_keys,
     limits_from_rows,
     pause_targets,
     paused_tat,
+    warn_undeclared_dimensions,
 )
 from ...errors import LeaseLostError, TaskNotFoundError
 from ...models import Task, TaskStatus
@@ -156,12 +156,12 @@ class PgRateLimitOps(PgHeads):
         return limits_from_rows(await self._run(op, what="read rate limits", tx=False, ambiguous_ok=True))
 
     async def _check_dimensions(self, prepared: Sequence[PreparedTask]) -> None:
-        """Refuse tasks naming a dimension their queue does not declare (a read; only when some task names keys)."""
+        """Log the limit keys of dimensions their queues do not declare (a read; only when some task names keys)."""
         queues = sorted({p.queue for p in prepared if p.limit_keys})
         declared = {q: await self._declared(q) for q in queues}
         for p in prepared:
             if p.limit_keys:
-                check_unknown_dimensions(p.queue, p.limit_keys, list(declared[p.queue]))
+                warn_undeclared_dimensions(p.queue, p.limit_keys, list(declared[p.queue]))
 
     @functools.cached_property
     def _limited_probes(self) -> dict[str, asyncio.Task[bool]]:

@@ -31,11 +31,11 @@ from ...contract.ratelimits import (
     check_pause_target,
     check_rate_limits,
     check_retry_after_s,
-    check_unknown_dimensions,
     decode_limit_keys,
     limits_from_rows,
     pause_targets,
     paused_tat,
+    warn_undeclared_dimensions,
 )
 from ...errors import LeaseLostError, TaskNotFoundError
 from ...events import EventCounter
@@ -202,14 +202,14 @@ class SQLiteRateLimitOps:
         return [HeldBucket(queue=q, dimension=d, key=k, wait_s=max(0.0, float(w))) for q, d, k, w in rows]
 
     async def _check_dimensions(self, prepared: Sequence[PreparedTask]) -> None:
-        """Refuse tasks naming a dimension their queue does not declare (a read; only when some task names keys)."""
+        """Log the limit keys of dimensions their queues do not declare (a read; only when some task names keys)."""
         queues = sorted({p.queue for p in prepared if p.limit_keys})
         if not queues:
             return
         declared: dict[str, dict[str, RateLimit]] = await self._read(lambda db: {q: _limits(db, q) for q in queues})
         for p in prepared:
             if p.limit_keys:
-                check_unknown_dimensions(p.queue, p.limit_keys, list(declared[p.queue]))
+                warn_undeclared_dimensions(p.queue, p.limit_keys, list(declared[p.queue]))
 
     def _after_claim(self, queue: str, admission: Admission | None, since: int) -> None:
         """Note the limits the claim enforced (none without ``admission``), from the store's generation ``since``
