@@ -47,6 +47,7 @@ from .run import store_options
 __all__ = (
     "CONFLICT_EVENTS",
     "HELD_BUCKETS_SHOWN",
+    "RECENT_FLUSH_S",
     "STATUS_SCHEMA_ID",
     "check_status",
     "collect_status",
@@ -61,6 +62,10 @@ __all__ = (
 
 STATUS_SCHEMA_ID = "urn:asynccoord:schema:status:1"
 """The ``$id`` of the status JSON Schema; the report's ``schema`` field names it."""
+
+RECENT_FLUSH_S = 60.0
+"""A process whose monitor flushed its counters within this many seconds is counted as reporting
+now; the others' rows stay in the store a while (their totals still count)."""
 
 CONFLICT_EVENTS: tuple[str, ...] = (
     ev.STALE_COMMIT_REJECTED,
@@ -552,12 +557,21 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
             )
         console.print(table)
 
-    table = Table(title=f"Processes reporting ({len(report['processes'])})", box=box.SIMPLE_HEAVY)
-    table.add_column("process")
-    table.add_column("last flush", justify="right")
-    for p in report["processes"]:
-        table.add_row(p["process_id"], f"{_fmt_s(p['last_flush_age_s'])} ago")
-    console.print(table)
+    processes = report["processes"]
+    if processes:
+        recent = sum(1 for p in processes if p["last_flush_age_s"] <= RECENT_FLUSH_S)
+        title = f"Processes reporting ({recent} in the last {RECENT_FLUSH_S:g} s, {len(processes)} kept)"
+        table = Table(title=title, box=box.SIMPLE_HEAVY)
+        table.add_column("process")
+        table.add_column("last flush", justify="right")
+        for p in processes:
+            table.add_row(p["process_id"], f"{_fmt_s(p['last_flush_age_s'])} ago")
+        console.print(table)
+    else:
+        console.print(
+            "No process reports its counters: the event counts come from a Monitor(store) in each process "
+            "(python -m asynccoord run has one)."
+        )
 
     _render_rate_limits(console, report["rate_limits"])
 

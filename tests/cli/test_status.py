@@ -136,6 +136,17 @@ async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeCl
     for expected in ("outbox", "n1", "account:1", "commits_seen", "Locks held (1)"):
         assert expected in text
     assert "places in line" not in text
+    assert "Processes reporting (2 in the last 60 s, 2 kept)" in " ".join(text.split())  # (a title may wrap)
+    # A process that stopped flushing long ago is kept (its totals count) but not reporting now.
+    stopped = json.loads(json.dumps(report))
+    stopped["processes"][0]["last_flush_age_s"] = 600.0
+    out = io.StringIO()
+    render_status(stopped, out, color=False)
+    assert "Processes reporting (1 in the last 60 s, 2 kept)" in " ".join(out.getvalue().split())
+    stopped["processes"] = []  # no process runs a Monitor: say where the counts come from
+    out = io.StringIO()
+    render_status(stopped, out, color=False)
+    assert "No process reports its counters" in " ".join(out.getvalue().split())
     # expired_leases belongs to the task counts only: anywhere else it is an unknown key.
     for section in ("latencies", "alerts"):
         stray = json.loads(json.dumps(report))
