@@ -299,7 +299,11 @@ def check_dead(args: argparse.Namespace) -> None:
 
 
 def dead_command(args: argparse.Namespace) -> int:
-    """Run ``python -m asynccoord dead`` with the parsed ``args``; return the exit status (0)."""
+    """Run ``python -m asynccoord dead`` with the parsed ``args``; return the exit status.
+
+    0, or 1 when some ``--id`` given named no dead task of the queue (the others were still
+    requeued or discarded): a script can tell a mistyped id or queue from success.
+    """
     action = getattr(args, "action", None)
     if action is None:
         report = asyncio.run(
@@ -329,6 +333,7 @@ def dead_command(args: argparse.Namespace) -> int:
             f"note: {left} of the {len(ids)} ids given {'is' if left == 1 else 'are'} no dead task of "
             f"{args.queue!r} (already requeued or discarded, not dead, or of another queue): left as they are\n"
         )
+        return 1
     return 0
 
 
