@@ -277,6 +277,8 @@ class _LeaseHandle:
                 raise InvalidTypeError(f"store must implement LockStore (e.g. SQLiteStore), got {type(store).__name__}")
             _LOCK_STORE_TYPES.add(type(store))
         ttl = DEFAULT_TTL_S if ttl_s is None else ttl_s
+        if isinstance(holder, str) and not holder.strip():  # shown by list_locks and status: a blank one says nothing
+            raise InvalidArgumentError(f"holder must name who holds the lock, got {holder!r}")
         who = default_holder() if holder is None else holder
         self._name, self._ttl_s, self._permits, self._holder = check_lock_request(name, ttl, permits, who)
         check_user_lock_name("name", name)
@@ -778,11 +780,10 @@ class Lock(_LeaseHandle):
             the block is still cancelled at the local deadline).
         renew_interval_s: Seconds between renewals; default ``ttl_s / 3``. Must end
             before the local deadline, ``ttl_s * (1 - safety_margin_ratio)``.
-        max_hold_s: Hold-time ceiling of a renewed lease, seconds; past it the
-            watchdog stops renewing and the guarded block is cancelled with
-            :class:`~asynccoord.errors.MaxHoldExceededError`. Default
-            ``max(300, 10 * ttl_s)``.
-        holder: Who holds, shown by ``list_locks``; default ``"<host>:<pid>"``.
+        max_hold_s: Hold-time ceiling of a renewed lease, seconds; past it the watchdog stops
+            renewing and the guarded block is cancelled with
+            :class:`~asynccoord.errors.MaxHoldExceededError`. Default ``max(300, 10 * ttl_s)``.
+        holder: Who holds, shown by ``list_locks`` (not blank); default ``"<host>:<pid>"``.
         watchdog: The watchdog to use, one of ``store`` itself (``watchdog.store is store``;
             one of another store object is refused); default the store's
             (``Watchdog.for_store``).

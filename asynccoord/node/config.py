@@ -26,7 +26,10 @@ from ..validation import (
 _DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 """The only ``max_attempts`` a node's retry policy may carry (it sets delays only: see ``NodeConfig.retry``)."""
 
-__all__ = ("NodeConfig", "check_lock_pacing")
+__all__ = ("MAX_IN_FLIGHT", "NodeConfig", "check_lock_pacing")
+
+MAX_IN_FLIGHT = 1_000_000
+"""The most sends one node may run at once (``NodeConfig.max_in_flight``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +48,7 @@ class NodeConfig:
             commit whose lease ended meanwhile is not tried again (whoever reclaims the
             task sends it again, counted as ``lease_expired``).
         claim_batch: Most tasks per claim. Default 32.
-        max_in_flight: Most sends at once on this node. Default 32.
+        max_in_flight: Most sends at once on this node (1 to ``MAX_IN_FLIGHT``, 1,000,000). Default 32.
         send_timeout_s: Longest a send may take before it counts as failed. Default 30.
         send_overrun_s: Longest the node still waits, after cutting a send at
             ``send_timeout_s``, for a send that ignores its cancellation past its cleanup
@@ -147,7 +150,7 @@ class NodeConfig:
         check_name("queue", self.queue)
         check_lease_s("lease_s", self.lease_s)
         check_int("claim_batch", self.claim_batch, minimum=1, maximum=10_000)
-        check_int("max_in_flight", self.max_in_flight, minimum=1)
+        check_int("max_in_flight", self.max_in_flight, minimum=1, maximum=MAX_IN_FLIGHT)
         check_positive("send_timeout_s", self.send_timeout_s)
         if self.send_overrun_s is not None:
             check_non_negative("send_overrun_s", self.send_overrun_s)

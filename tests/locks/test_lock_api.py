@@ -291,6 +291,8 @@ BAD_HANDLES: list[tuple[dict[str, Any], type[Exception], str]] = [
     ),
     ({"auto_renew": 1}, InvalidTypeError, "auto_renew must be a bool"),
     ({"holder": 5}, InvalidTypeError, "holder must be a str"),
+    ({"holder": ""}, InvalidArgumentError, "holder must name who holds the lock, got ''"),
+    ({"holder": "  "}, InvalidArgumentError, "holder must name who holds the lock, got '  '"),
     ({"backoff": 0.1}, InvalidTypeError, "backoff must be a RetryPolicy"),
     ({"watchdog": object()}, InvalidTypeError, "watchdog must be a Watchdog"),
     ({"release_timeout_s": 0}, InvalidArgumentError, "release_timeout_s must be > 0"),

@@ -67,6 +67,20 @@ def test_node_config_durations_are_bounded(field: str, value: float, message: st
         NodeConfig(**{field: value})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_in_flight", 0, "max_in_flight must be >= 1, got 0"),
+        ("max_in_flight", 10**12, "max_in_flight must be <= 1000000, got 1000000000000"),
+        ("claim_batch", 10_001, "claim_batch must be <= 10000, got 10001"),
+    ],
+)
+def test_node_config_counts_are_bounded(field: str, value: int, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        NodeConfig(**{field: value})
+    assert getattr(NodeConfig(**{field: 1}), field) == 1
+
+
 @pytest.mark.parametrize("field", ["lease_s", "lock_ttl_s"])
 def test_node_config_leases_are_at_least_min_lease_s(field: str) -> None:
     # A lease in the wrong unit (1e-6 "seconds") would lapse before the send, spend every
