@@ -23,6 +23,7 @@ __all__ = (
     "MAX_ATTEMPTS",
     "MAX_DURATION_S",
     "MAX_NAME_LENGTH",
+    "MAX_PAYLOAD_DEPTH",
     "MAX_PURGE_BATCH",
     "MIN_INTERVAL_S",
     "MIN_LEASE_S",
@@ -428,7 +429,8 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
 
     Args:
         payload: Any JSON value: ``dict`` with ``str`` keys, ``list``, ``str``,
-            ``int``, finite ``float``, ``bool`` or ``None``, nested freely.
+            ``int``, finite ``float``, ``bool`` or ``None``, nested up to
+            :data:`MAX_PAYLOAD_DEPTH` (100) levels.
         max_bytes: Size limit of the encoded UTF-8 text, in bytes.
         arg: The argument's name, used in error messages.
 
@@ -438,8 +440,8 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
     Raises:
         InvalidTypeError: a value JSON cannot encode (a set, bytes, an object...), or
             one whose own methods raise while it is encoded.
-        InvalidArgumentError: NaN or infinity, or a value that would not decode
-            back to an equal value (a tuple, a dict key that is not a str).
+        InvalidArgumentError: NaN or infinity, a value that would not decode back to an
+            equal value (a tuple, a dict key that is not a str), or one nested too deeply.
         PayloadTooLargeError: the encoding is over ``max_bytes`` bytes.
     """
     try:
@@ -449,7 +451,7 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
     except ValueError as exc:
         raise InvalidArgumentError(f"{arg} is not valid JSON: {exc} in {_short(payload)}") from None
     except RecursionError:
-        raise InvalidArgumentError(f"{arg} is nested too deeply to encode") from None
+        raise InvalidArgumentError(f"{arg} is nested deeper than {MAX_PAYLOAD_DEPTH} levels") from None
     except Exception as exc:  # a container whose own methods fail (a dict subclass's items(), say)
         raise InvalidTypeError(f"{arg} could not be encoded as JSON: {error_text(exc)}") from None
     try:
@@ -462,7 +464,9 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
     try:
         same = _json_equal(json.loads(text), payload)
     except RecursionError:
-        raise InvalidArgumentError(f"{arg} is nested too deeply to check") from None
+        same = None
+    if same is None:
+        raise InvalidArgumentError(f"{arg} is nested deeper than {MAX_PAYLOAD_DEPTH} levels")
     if not same:
         raise InvalidArgumentError(
             f"{arg} would not round-trip through JSON unchanged (tuples become lists, non-str dict keys "
@@ -471,20 +475,36 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
     return text
 
 
-def _json_equal(decoded: object, original: object) -> bool:
-    """Equality that also tells ``1`` from ``1.0``/``True`` and lists from tuples."""
-    if type(decoded) is not type(original):
-        # JSON has no tuple and bool is an int subclass: compare types strictly.
-        return False
-    if isinstance(original, dict):
-        assert isinstance(decoded, dict)
-        return decoded.keys() == original.keys() and all(
-            _json_equal(decoded[key], value) for key, value in original.items()
-        )
-    if isinstance(original, list):
-        assert isinstance(decoded, list)
-        return len(decoded) == len(original) and all(_json_equal(a, b) for a, b in zip(decoded, original, strict=True))
-    return decoded == original
+MAX_PAYLOAD_DEPTH = 100
+"""Deepest nesting of lists and dicts a payload (or a stored result) may have."""
+
+
+def _json_equal(decoded: object, original: object) -> bool | None:
+    """Equality that also tells ``1`` from ``1.0``/``True`` and lists from tuples; None if nested
+    deeper than :data:`MAX_PAYLOAD_DEPTH`. A walk with a stack of its own, so the answer does not
+    depend on how deep the caller's stack already is."""
+    pending: list[tuple[object, object, int]] = [(decoded, original, 0)]
+    while pending:
+        new, old, depth = pending.pop()
+        if type(new) is not type(old):  # JSON has no tuple and bool is an int subclass: compare types strictly
+            return False
+        if isinstance(old, dict):
+            assert isinstance(new, dict)
+            if depth >= MAX_PAYLOAD_DEPTH:
+                return None
+            if new.keys() != old.keys():
+                return False
+            pending.extend((new[key], value, depth + 1) for key, value in old.items())
+        elif isinstance(old, list):
+            assert isinstance(new, list)
+            if depth >= MAX_PAYLOAD_DEPTH:
+                return None
+            if len(new) != len(old):
+                return False
+            pending.extend((a, b, depth + 1) for a, b in zip(new, old, strict=True))
+        elif new != old:
+            return False
+    return True
 
 
 MAX_LIMITS = 16

@@ -38,7 +38,7 @@ from asynccoord import (
 )
 from asynccoord.backends.open import open_store
 from asynccoord.backends.sqlfiles import load_migrations
-from asynccoord.validation import MAX_DURATION_S, MIN_LEASE_S
+from asynccoord.validation import MAX_DURATION_S, MAX_PAYLOAD_DEPTH, MIN_LEASE_S
 
 Q = "jobs"
 SCHEMA_VERSION = len(load_migrations("sqlite"))
@@ -432,6 +432,30 @@ async def test_payload_round_trips_exactly(store, payload: Any) -> None:
     stored = await store.get(claimed.id)
     assert repr(done.result) == repr(payload)
     assert repr(stored.result) == repr(payload)
+
+
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for n in range(levels):
+        value = [value] if n % 2 else {"k": value}
+    return value
+
+
+async def test_a_payload_may_nest_100_levels_whatever_the_callers_stack(store) -> None:
+    """The depth bound is MAX_PAYLOAD_DEPTH, not what is left of Python's recursion limit: the
+    same payloads are accepted and refused from a deep call stack as from a shallow one."""
+
+    async def at_depth(frames: int, payload: Any) -> Any:
+        if frames:
+            return await at_depth(frames - 1, payload)
+        return await store.enqueue(Q, payload)
+
+    for frames in (0, 600):
+        done = await at_depth(frames, nested(MAX_PAYLOAD_DEPTH))
+        assert (await store.get(done.task.id)).payload == nested(MAX_PAYLOAD_DEPTH)
+        with pytest.raises(InvalidArgumentError, match="payload is nested deeper than 100 levels"):
+            await at_depth(frames, nested(MAX_PAYLOAD_DEPTH + 1))
+    assert (await store.stats(Q)).total == 2
 
 
 async def test_payload_round_trips_on_a_fresh_sqlite_connection(db_path: Path) -> None:
