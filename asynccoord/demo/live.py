@@ -44,7 +44,7 @@ async def watch(
 
     Gives up (returns False, with the reason in ``run.gave_up``) when a worker crashed,
     when nothing moved for ``opts.stuck_s``, or after ``opts.timeout_s``. ``note`` is
-    shown dimmed under the progress bar (what the latency figure measures).
+    shown dimmed under the progress bar (what the latency figure measures) while the run goes on.
     """
     deadline = time.monotonic() + opts.timeout_s
     seen = (run.done, run.enqueued)
@@ -69,6 +69,8 @@ async def watch(
             if live is not None:
                 live.update(Group(progress, caption, node_table(read_states(workers))))
             if run.enqueued >= total and run.done >= total:
+                if live is not None:  # the last frame without the caption: the report says it again
+                    live.update(Group(progress, node_table(read_states(workers))))
                 return True
             for w in workers:
                 if w.process is not None and w.process.poll() not in (None, -signal.SIGKILL):
