@@ -176,6 +176,14 @@
     }, "none declared");
   }
 
+  // The time axis: ticks at least 90 px apart, as HH:MM:SS (uPlot's default labels ran into each
+  // other on a narrow chart); value axes wide enough for their labels and their titles.
+  const TIME_AXIS = {
+    space: 90,
+    values: (u, ticks) => ticks.map((t) => new Date(t * 1000).toTimeString().slice(0, 8)),
+  };
+  const VALUE_AXIS_SIZE = 64;
+
   function chartWidth(el) {
     return Math.max(320, (el.clientWidth || 520) - 4);
   }
@@ -184,7 +192,11 @@
     return new uPlot({
       width: chartWidth(box), height: 220,
       scales: { x: { time: true }, n: { auto: true }, r: { auto: true } },
-      axes: [{}, { scale: "n", label: "tasks" }, { scale: "r", side: 1, label: "finished / s", grid: { show: false } }],
+      axes: [
+        TIME_AXIS,
+        { scale: "n", label: "tasks", size: VALUE_AXIS_SIZE },
+        { scale: "r", side: 1, label: "finished / s", size: VALUE_AXIS_SIZE, grid: { show: false } },
+      ],
       series: [
         {},
         { label: "pending", scale: "n", stroke: "#3367d6", width: 2 },
@@ -248,7 +260,7 @@
       latencyChart = new uPlot({
         width: chartWidth(box), height: 220,
         scales: { x: { time: true } },
-        axes: [{}, { label: "ms" }],
+        axes: [TIME_AXIS, { label: "ms", size: VALUE_AXIS_SIZE }],
         series: [
           {},
           { label: "p50", stroke: "#1e7b34", width: 2 },
