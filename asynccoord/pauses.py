@@ -9,8 +9,7 @@ such as Telegram answers by lengthening the wait. A :class:`PauseBook` is the qu
 object's record of such pauses, by lock name: when ``send`` raises
 :class:`~asynccoord.errors.RateLimited` for a task sent under a lock, and the provider named
 no dimension or the one the lock serialises (``NodeConfig.lock_pace_dimension``), the node
-pauses the lock's name here (also for a 429 naming any dimension when the node does not say
-what its lock serialises); a send under that name then does not start
+pauses the lock's name here; a send under that name then does not start
 (:meth:`~asynccoord.node.send.Sender.start`) before the pause ends: its task is handed back
 unsent, due when the pause ends, its attempt not used, and counted as ``send_paused``.
 Times are on the process's monotonic clock. A store with a cross-process channel (the
@@ -21,9 +20,9 @@ paused bucket does not hold back, those claimed before the pause. A ``RateLimite
 exception group (a client built on a task group) counts as one (:func:`rate_limited_of`).
 
 What a pause does not stop: a send claimed before it under no lock, or under a lock whose
-``lock_pace_dimension`` is another than the one the 429 names; and in a process started
-during the pause, which learns of it only through the store's paused bucket, a send whose
-task carries no key of a paused bucket (declare the account's limit for it to wait too).
+dimension the 429 does not name; and in a process started during the pause, which learns of
+it only through the store's paused bucket, a send whose task carries no key of a paused
+bucket (declare the account's limit, and give ``lock_pace_dimension``, for it to wait too).
 With ``lock_permits`` above 1, another process's send may start within the announcement's
 delivery (well under a millisecond on SQLite, a few on PostgreSQL).
 """
@@ -100,18 +99,11 @@ class PauseBook:
     def paused_by(self, name: str, limited: RateLimited, lock_pace_dimension: str | None) -> bool:
         """Record the pause a send under lock ``name`` was answered with, if it is the lock's; True if so.
 
-        The pause is the lock's unless the provider named a dimension other than the one
-        the lock serialises: it is when the 429 names no dimension (every bucket of the
-        task), names ``lock_pace_dimension``, or the node did not say what its lock
-        serialises (``lock_pace_dimension`` None: a 429 under the lock then pauses it, the
-        safe side with a provider that lengthens its wait on repeated 429s). It lasts the
+        The pause is the lock's when the provider named no dimension (every bucket of the
+        task) or the one the lock serialises (``lock_pace_dimension``); it lasts the
         Retry-After, at least :data:`MIN_RATE_LIMIT_PAUSE_S`.
         """
-        if (
-            limited.dimension is not None
-            and lock_pace_dimension is not None
-            and limited.dimension != lock_pace_dimension
-        ):
+        if limited.dimension is not None and limited.dimension != lock_pace_dimension:
             return False
         pause_s = max(limited.retry_after_s, MIN_RATE_LIMIT_PAUSE_S)
         self.pause(name, pause_s)

@@ -47,11 +47,10 @@ def test_a_pause_lasts_its_seconds_and_the_longer_of_two_stays() -> None:
         (None, "account", True),
         ("account", "account", True),
         ("chat", "account", False),
-        ("account", None, True),  # the node did not say what its lock serialises: the safe side
-        ("chat", None, True),
+        ("account", None, False),
     ],
 )
-def test_a_429_pauses_the_lock_unless_it_names_another_dimension_than_the_locks(
+def test_a_429_pauses_the_lock_only_for_no_dimension_or_the_locks_own(
     dimension: str | None, pace_dimension: str | None, paused: bool
 ) -> None:
     clock = Clock()

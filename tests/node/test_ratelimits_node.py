@@ -210,18 +210,14 @@ async def test_a_limit_slower_than_the_lock_wait_is_not_paced(make_store) -> Non
 
 @ALL
 @pytest.mark.parametrize(
-    ("named", "grouped", "pace"),
-    [(None, False, "account"), ("account", False, "account"), ("account", True, "account"), ("account", False, None)],
-    ids=["no-dimension", "the-locks-dimension", "in-an-exception-group", "no-pace-dimension-given"],
+    ("named", "grouped"),
+    [(None, False), ("account", False), ("account", True)],
+    ids=["no-dimension", "the-locks-dimension", "in-an-exception-group"],
 )
 async def test_a_429_under_an_account_lock_stops_that_accounts_claimed_sends_until_its_retry_after(
-    make_store, named: str | None, grouped: bool, pace: str | None
+    make_store, named: str | None, grouped: bool
 ) -> None:
-    """Tasks claimed before the 429 and waiting for the account's lock do not reach the provider during the pause.
-
-    Without ``lock_pace_dimension`` the node cannot tell which dimension its lock serialises, so a
-    429 naming any dimension pauses the lock.
-    """
+    """Tasks claimed before the 429 and waiting for the account's lock do not reach the provider during the pause."""
     store = await make_store(clock=None)
     await store.set_rate_limits(Q, [RateLimit(dimension="account", count=50, per_s=1.0, burst=20)])
     n = 30
@@ -243,7 +239,7 @@ async def test_a_429_under_an_account_lock_stops_that_accounts_claimed_sends_unt
         sends.append((time.monotonic(), task.payload["n"]))
         await asyncio.sleep(0.002)
 
-    config = NodeConfig(queue=Q, lock_pace_dimension=pace, idle_max_s=0.2)
+    config = NodeConfig(queue=Q, lock_pace_dimension="account", idle_max_s=0.2)
     runtime = Runtime(store, send=send, nodes=2, config=config, lock_key=lambda t: "account:bot-1")
     async with runtime:
         await drained(store, n)
