@@ -39,6 +39,24 @@ __all__ = ("MIN_RATE_LIMIT_PAUSE_S", "PauseBook", "rate_limited_of")
 
 log = logging.getLogger(__name__)
 
+_warned_dimensions: set[str] = set()  # dimensions _warn_not_paused logged (once per process each)
+_WARNED_MAX = 64
+
+
+def _warn_not_paused(name: str, dimension: str) -> None:
+    """Log, once per process and dimension, a 429 naming a dimension under a lock whose dimension nobody gave."""
+    if dimension in _warned_dimensions or len(_warned_dimensions) >= _WARNED_MAX:
+        return
+    _warned_dimensions.add(dimension)
+    log.warning(
+        "asynccoord.pauses.lock_not_paused lock=%r dimension=%r: a 429 naming a dimension pauses the lock only "
+        "when NodeConfig.lock_pace_dimension names it; the tasks claimed under this lock before the 429 still "
+        "go out during its Retry-After (give lock_pace_dimension the dimension the lock serialises)",
+        name,
+        dimension,
+        extra={"event": "asynccoord.pauses.lock_not_paused"},
+    )
+
 MIN_RATE_LIMIT_PAUSE_S = 0.5
 """The shortest pause a send's ``RateLimited`` causes, seconds: a 429 uses no attempt, so a
 provider answering ``Retry-After: 0`` (or a client mapping that loses the value) would be
@@ -104,6 +122,8 @@ class PauseBook:
         Retry-After, at least :data:`MIN_RATE_LIMIT_PAUSE_S`.
         """
         if limited.dimension is not None and limited.dimension != lock_pace_dimension:
+            if lock_pace_dimension is None:
+                _warn_not_paused(name, limited.dimension)
             return False
         pause_s = max(limited.retry_after_s, MIN_RATE_LIMIT_PAUSE_S)
         self.pause(name, pause_s)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +229,19 @@ def test_a_group_of_429s_is_the_longest_and_a_group_with_another_error_is_none()
     assert mixed_dimensions is not None
     assert (mixed_dimensions.retry_after_s, mixed_dimensions.dimension, mixed_dimensions.key) == (2.0, None, None)
     assert rate_limited_of(ExceptionGroup("g", [one, ValueError("other")])) is None
+
+
+def test_a_429_naming_a_dimension_under_a_lock_of_no_given_dimension_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The lock is not paused (its dimension is unknown), and the log says so and how to change it."""
+    caplog.set_level(logging.WARNING, logger="asynccoord.pauses")
+    dimension = f"account-{uuid.uuid4().hex[:8]}"  # logged once per process: a dimension of this test's own
+    book = PauseBook(clock=Clock())
+    for _ in range(3):
+        assert book.paused_by("account:a", RateLimited(3.0, dimension=dimension), None) is False
+    assert book.remaining_s("account:a") == 0.0
+    [warned] = [r.getMessage() for r in caplog.records if "lock_not_paused" in r.getMessage()]
+    assert warned.startswith(f"asynccoord.pauses.lock_not_paused lock='account:a' dimension='{dimension}':")
+    assert book.paused_by("account:a", RateLimited(3.0, dimension="chat"), "account") is False  # told: no log
+    assert len([r for r in caplog.records if "lock_not_paused" in r.getMessage()]) == 1

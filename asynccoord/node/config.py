@@ -92,7 +92,10 @@ class NodeConfig:
             one whose interval (``per_s / count``) is ``lock_wait_s`` or longer, no pacing
             (see :meth:`~asynccoord.locks.pacing.LockPacer.pace_turn`); a queue that declares
             limits but none on the dimension is logged once at WARNING
-            (``asynccoord.node.lock_pace_unknown_dimension``). Default None.
+            (``asynccoord.node.lock_pace_unknown_dimension``). It also names the 429s that
+            pause the lock (:mod:`asynccoord.pauses`): one naming no dimension always does,
+            one naming a dimension only if it is this one (without it, logged once as
+            ``asynccoord.pauses.lock_not_paused``). Default None.
         busy_requeue_s: Delay of a task handed back because its lock stayed busy, at least
             0.001 (``validation.MIN_INTERVAL_S``: the task would come straight back). Default 0.05.
         renew_leases: Keep task leases (and locks) alive while sends run. Default True.
