@@ -76,7 +76,10 @@ NODE_LOST = "node_lost"
 """A node left the live view because its heartbeats stopped, not by leaving: its process
 crashed, was killed, or froze past the heartbeat TTL. Counted once in the cluster, as
 ``membership_change`` is: a node gone from the view whose expiry had passed by the store
-clock (one that leaves with its process's shutdown is deleted before it expires)."""
+clock (one that leaves with its process's shutdown is deleted before it expires). The
+counting process judges only between two of its reads less than half the TTL apart, so a
+loss during a stall of that process or of the store may go uncounted, never a clean leave
+counted."""
 CLAIMS = "claims"
 COMMITS = "commits"
 STORE_RETRIES = "store_retries"

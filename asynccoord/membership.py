@@ -637,14 +637,19 @@ class Membership:
         A node leaving with its process's shutdown is deleted from the store before it
         expires; one whose heartbeats stopped (a crash, a kill, a freeze) stays until its
         ``expires_at``. So a node that is gone and whose expiry, as ``old`` saw it, has
-        passed by the store clock of the read behind ``new`` was lost. A node leaving here
-        (``leaving``, local nodes) never is; without a member in ``new`` to date the read,
-        nothing is counted.
+        passed by the store clock of the read behind ``new`` was lost. That holds only if this
+        process read the members often enough to see the node's later heartbeats: when its two
+        reads are half the TTL apart or more on the store clock (this process or the store
+        stalled, or the store clock stepped), a node that left meanwhile may have beaten and
+        left cleanly after the expiry ``old`` shows, and nothing is counted (a loss then may go
+        uncounted). A node leaving here (``leaving``, local nodes) never is lost.
         """
         gone = set(old.node_ids) - set(new.node_ids) - self._local.keys() - {leaving}
-        if not gone or not new.members:
+        if not gone or not new.members or not old.members:
             return []
         read_at = max(m.heartbeat_at + m.heartbeat_age_s for m in new.members)  # the store clock at the read
+        if read_at - max(m.heartbeat_at + m.heartbeat_age_s for m in old.members) >= self.ttl_s / 2:
+            return []
         return [
             (m.node_id, read_at - m.heartbeat_at) for m in old.members if m.node_id in gone and read_at >= m.expires_at
         ]

@@ -57,6 +57,7 @@ def _warn_not_paused(name: str, dimension: str) -> None:
         extra={"event": "asynccoord.pauses.lock_not_paused"},
     )
 
+
 MIN_RATE_LIMIT_PAUSE_S = 0.5
 """The shortest pause a send's ``RateLimited`` causes, seconds: a 429 uses no attempt, so a
 provider answering ``Retry-After: 0`` (or a client mapping that loses the value) would be

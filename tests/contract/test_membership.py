@@ -338,6 +338,14 @@ async def test_view_follows_joins_expiry_and_leaves(flaky: FlakyStore, clock: Fa
         assert flaky.events.get(ev.MEMBERSHIP_CHANGE) == 4
 
 
+async def beat_after(flaky: FlakyStore, clock: FakeClock, seconds: float) -> None:
+    """Move the store clock on, then let the membership read the members twice."""
+    clock.advance(seconds)
+    beats = flaky.beats
+    while flaky.beats < beats + 2:
+        await asyncio.sleep(0.005)
+
+
 async def test_a_node_that_expires_is_counted_lost_and_one_that_leaves_is_not(
     flaky: FlakyStore, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -346,17 +354,52 @@ async def test_a_node_that_expires_is_counted_lost_and_one_that_leaves_is_not(
         membership.join("a-local")  # the smallest id: this process counts the cluster's changes
         await flaky.heartbeat([beat("b-crashed", "b1"), beat("c-leaver", "c1")], ttl_s=1.0)
         await wait_for_view(membership, lambda v: v.node_ids == ("a-local", "b-crashed", "c-leaver"))
-        clock.advance(0.5)
+        await beat_after(flaky, clock, 0.3)
         assert await flaky.leave("c-leaver", "c1") is True  # its process shut down: deleted, not expired
         await wait_for_view(membership, lambda v: "c-leaver" not in v)
         assert flaky.events.get(ev.NODE_LOST) == 0
-        clock.advance(0.5)  # b-crashed never beats again: expired by the store clock
+        for _ in range(4):  # b-crashed never beats again: expired by the store clock, read 0.2 s apart
+            await beat_after(flaky, clock, 0.2)
         await wait_for_view(membership, lambda v: "b-crashed" not in v)
         assert flaky.events.get(ev.NODE_LOST) == 1
         assert await membership.leave("a-local") is True
     assert flaky.events.get(ev.NODE_LOST) == 1
     [warned] = [r.getMessage() for r in caplog.records if "node_lost" in r.getMessage()]
-    assert warned.startswith("asynccoord.membership.node_lost node=b-crashed last_heartbeat_age_s=1.0 ttl_s=1:")
+    assert warned.startswith("asynccoord.membership.node_lost node=b-crashed last_heartbeat_age_s=1.1 ttl_s=1:")
+
+
+def member(node_id: str, heartbeat_at: float, read_at: float, ttl_s: float = 1.0) -> Member:
+    return Member(
+        node_id=node_id,
+        incarnation="i",
+        started_at=0.0,
+        heartbeat_at=heartbeat_at,
+        expires_at=heartbeat_at + ttl_s,
+        heartbeat_age_s=read_at - heartbeat_at,
+        info={},
+    )
+
+
+def view(*members: Member) -> MembershipView:
+    return MembershipView(members=members, node_ids=tuple(m.node_id for m in members), version=1, taken_at=0.0)
+
+
+@pytest.mark.parametrize(
+    ("old_read", "b_beat", "new_read", "lost"),
+    [
+        (10.0, 10.0, 10.3, []),  # gone before its expiry: it left (its row was deleted)
+        (10.8, 10.0, 11.1, [("b", 1.1)]),  # gone past its expiry, the reads 0.3 s apart: lost
+        (10.0, 10.0, 11.2, []),  # reads 1.2 s apart (a stall, a clock step): it may have beaten and left
+        (10.6, 10.0, 11.1, []),  # half the TTL apart: the same
+    ],
+)
+async def test_a_node_is_lost_only_past_its_expiry_between_reads_less_than_half_the_ttl_apart(
+    flaky: FlakyStore, old_read: float, b_beat: float, new_read: float, lost: list[tuple[str, float]]
+) -> None:
+    membership = Membership(flaky, ttl_s=1.0)
+    old = view(member("a", old_read, old_read), member("b", b_beat, old_read))
+    new = view(member("a", new_read, new_read))
+    assert [(n, round(age, 3)) for n, age in membership._lost(old, new, None)] == lost
 
 
 async def test_wait_changed_returns_current_view_on_timeout(flaky: FlakyStore) -> None:
