@@ -70,7 +70,7 @@ class NewTask:
             :class:`~asynccoord.contract.ratelimits.RateLimit`): the claim takes a token
             from each of these buckets. A dimension without a key does not limit the task;
             one the queue does not declare limits nothing until it is declared (logged once,
-            ``asynccoord.ratelimits.undeclared_dimension``). Default none.
+            ``asynccoord.rate_limits.undeclared_dimension``). Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: on any bad field (the payload is

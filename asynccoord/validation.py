@@ -450,8 +450,8 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
         raise InvalidTypeError(f"{arg} is not JSON-serializable: {exc}") from None
     except ValueError as exc:
         raise InvalidArgumentError(f"{arg} is not valid JSON: {exc} in {_short(payload)}") from None
-    except RecursionError:
-        raise InvalidArgumentError(f"{arg} is nested deeper than {MAX_PAYLOAD_DEPTH} levels") from None
+    except RecursionError:  # deeper than the stack left allows: json's encoder recurses
+        raise InvalidArgumentError(_too_deep(arg)) from None
     except Exception as exc:  # a container whose own methods fail (a dict subclass's items(), say)
         raise InvalidTypeError(f"{arg} could not be encoded as JSON: {error_text(exc)}") from None
     try:
@@ -463,8 +463,8 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
         raise PayloadTooLargeError(f"{arg} encodes to {size} bytes, over the limit of {max_bytes} bytes")
     try:
         same = _json_equal(json.loads(text), payload)
-    except RecursionError:
-        same = None
+    except RecursionError:  # json's decoder recurses too
+        raise InvalidArgumentError(_too_deep(arg)) from None
     if same is None:
         raise InvalidArgumentError(f"{arg} is nested deeper than {MAX_PAYLOAD_DEPTH} levels")
     if not same:
@@ -477,6 +477,13 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
 
 MAX_PAYLOAD_DEPTH = 100
 """Deepest nesting of lists and dicts a payload (or a stored result) may have."""
+
+
+def _too_deep(arg: str) -> str:
+    return (
+        f"{arg} is nested too deeply for the call stack left (json recurses per level; at most "
+        f"{MAX_PAYLOAD_DEPTH} levels are accepted, with about that many frames to spare below the recursion limit)"
+    )
 
 
 def _json_equal(decoded: object, original: object) -> bool | None:

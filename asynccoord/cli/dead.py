@@ -18,7 +18,8 @@ are hidden unless ``--show-payloads``: they hold the users' messages.
 :meth:`~asynccoord.contract.queue.QueueStore.discard_dead`, and print how many tasks changed.
 They first open the database read-only too, so a mistyped ``--db`` or ``--schema`` creates
 no database and migrates none. An id that names no dead task of the queue (it was requeued
-meanwhile, or is another queue's) is left as it is and counted in a note on standard error.
+meanwhile, or is another queue's) is left as it is, counted in a note on standard error, and
+makes the exit status 1 (the other ids are still acted on).
 
 ``--json`` prints one object: ``db``, ``queue``, ``dead_letter_policy`` (``skip`` or
 ``hold``), ``after_id``, ``limit``, ``payloads_shown``, ``next_after`` (the ``--after`` of the
@@ -28,7 +29,8 @@ next page; null when this page is the last), and ``tasks``, each with ``id``,
 ``last_error``, plus ``payload`` with ``--show-payloads``.
 
 Exit status as for every command (:mod:`asynccoord.cli.main`): 0 done, 1 the database
-failed or is not one of asynccoord, 2 bad usage (neither ``--id`` nor ``--all``, say).
+failed or is not one of asynccoord (or an ``--id`` named no dead task), 2 bad usage (neither
+``--id`` nor ``--all``, say).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from .._signals import give_back_signal, take_signal
 from ..contract.locks import MAX_PERMITS
 from ..contract.ratelimits import RateLimit, describe_limits
 from ..errors import InvalidArgumentError, InvalidTypeError, StoreError
+from ..node.config import MAX_IN_FLIGHT
 from ..node.retention import DEFAULT_DONE_RETENTION_S
 from ..validation import (
     check_int,
@@ -43,7 +44,7 @@ from ..validation import (
     check_positive,
 )
 from .lockstore import add_lock_store_options, check_lock_store_options
-from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, serve_metrics
+from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
 
 __all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
 
@@ -215,7 +216,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     check_lease_s("--lease-s", args.lease_s)
     check_lease_s("--lock-ttl-s", args.lock_ttl_s)
     check_int("--lock-permits", args.lock_permits, minimum=1, maximum=MAX_PERMITS)
-    check_int("--max-in-flight", args.max_in_flight, minimum=1)
+    check_int("--max-in-flight", args.max_in_flight, minimum=1, maximum=MAX_IN_FLIGHT)
     check_positive("--send-timeout-s", args.send_timeout_s)
     if args.send_overrun_s is not None:
         check_non_negative("--send-overrun-s", args.send_overrun_s)
@@ -335,6 +336,7 @@ def run_command(args: argparse.Namespace) -> int:
         holding = _hold_signals(loop, held)
         try:
             async with contextlib.AsyncExitStack() as stack:
+                metrics = stack.enter_context(serve_metrics(args))  # a taken port: stop before the database
                 store = await stack.enter_async_context(open_store(args.db, **store_options(args)))
                 lock_store = check_lock_store_options(args)
                 if lock_store is not None:
@@ -356,7 +358,7 @@ def run_command(args: argparse.Namespace) -> int:
                 monitor = Monitor(
                     store, lock_store=lock_store, sinks=alert_sinks(args), info={"command": "run", "queue": args.queue}
                 )
-                stack.enter_context(serve_metrics(args, store, monitor, lock_store))  # before the nodes start
+                export(metrics, store, monitor, lock_store)
                 async with monitor, runtime:
                     target = describe_target(args.db, args.schema)
                     print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {target}", flush=True)

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from ..validation import check_int, check_name
 
-__all__ = ("add_monitor_options", "alert_sinks", "check_monitor_options", "serve_metrics")
+__all__ = ("add_monitor_options", "alert_sinks", "check_monitor_options", "export", "serve_metrics")
 
 
 def add_monitor_options(parser: argparse.ArgumentParser) -> None:
@@ -87,22 +87,22 @@ def alert_sinks(args: argparse.Namespace) -> list[Any]:
 
 
 @contextlib.contextmanager
-def serve_metrics(args: argparse.Namespace, store: Any, monitor: Any, lock_store: Any) -> Iterator[None]:
-    """Serve ``store``'s and ``monitor``'s metrics on ``--metrics-port`` while the block runs (nothing without it).
+def serve_metrics(args: argparse.Namespace) -> Iterator[Any]:
+    """Serve a registry of its own on ``--metrics-port`` while the block runs; yield it (None without the option).
+
+    Bound before the store opens, so a taken port stops the command before it touches the
+    database; :func:`export` then puts the store's and the monitor's metrics on it.
 
     Raises:
         InvalidArgumentError: the address cannot be bound (the port is taken, say).
     """
     port = getattr(args, "metrics_port", None)
     if port is None:
-        yield
+        yield None
         return
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from ..monitor.metrics import register_collector
-
     registry = CollectorRegistry(auto_describe=True)
-    register_collector(store, monitor, registry, lock_store=lock_store)
     try:
         server, thread = start_http_server(port, addr=args.metrics_host, registry=registry)
     except OSError as exc:
@@ -110,8 +110,17 @@ def serve_metrics(args: argparse.Namespace, store: Any, monitor: Any, lock_store
             f"--metrics-port {port}: cannot listen on {args.metrics_host}:{port}: {exc}"
         ) from exc
     try:
-        yield
+        yield registry
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5.0)
+
+
+def export(registry: Any, store: Any, monitor: Any, lock_store: Any) -> None:
+    """Put ``store``'s and ``monitor``'s metrics on ``registry`` (from :func:`serve_metrics`; nothing if None)."""
+    if registry is None:
+        return
+    from ..monitor.metrics import register_collector
+
+    register_collector(store, monitor, registry, lock_store=lock_store)

@@ -285,7 +285,7 @@ def warn_undeclared_dimensions(queue: str, limit_keys: Mapping[str, str], declar
     is declared (the claims read the declarations as they come), so a producer started before
     the limits are declared, or one whose queue's limits another process replaced
     (``run --rate-limit``), goes on enqueueing instead of losing the messages it was handed. A
-    misspelt dimension shows in the log line ``asynccoord.ratelimits.undeclared_dimension``.
+    misspelt dimension shows in the log line ``asynccoord.rate_limits.undeclared_dimension``.
     """
     unknown = sorted(set(limit_keys) - set(declared))
     if not unknown:
@@ -296,11 +296,12 @@ def warn_undeclared_dimensions(queue: str, limit_keys: Mapping[str, str], declar
             return
         _warned.update((queue, d) for d in new)
     log.warning(
-        "asynccoord.ratelimits.undeclared_dimension queue=%r dimensions=%s declared=[%s]: keys of these "
+        "asynccoord.rate_limits.undeclared_dimension queue=%r dimensions=[%s] declared=[%s]: keys of these "
         "dimensions limit nothing until set_rate_limits() declares them",
         queue,
-        new,
+        ", ".join(new),
         ", ".join(sorted(declared)),
+        extra={"event": "asynccoord.rate_limits.undeclared_dimension"},
     )
 
 

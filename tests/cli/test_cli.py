@@ -690,5 +690,6 @@ def test_run_names_a_taken_metrics_port(tmp_path: Path, capsys: pytest.CaptureFi
         taken.listen()
         port = taken.getsockname()[1]
         argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--metrics-port", str(port)]
-        assert main(argv) == 1
+        assert main([*argv, "--rate-limit", "chat=1/1s"]) == 1
     assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # stopped before the database (and its limits) were touched

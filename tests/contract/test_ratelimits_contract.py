@@ -582,21 +582,21 @@ async def test_a_key_of_an_undeclared_dimension_is_enqueued_and_limits_once_decl
 ) -> None:
     """A producer started before the limits are declared (or after another process replaced
     them) goes on enqueueing: the key limits nothing until its dimension is declared, and the
-    dimension is logged once per process."""
+    dimension is logged once per process and queue."""
     caplog.set_level(logging.WARNING, logger="asynccoord.contract.ratelimits")
     queue = f"undeclared-{random.getrandbits(32)}"  # once per process: a queue of this test's own
     await store.set_rate_limits(queue, [RateLimit(dimension="chat", count=1, per_s=10.0)])
-    for _ in range(3):
-        await store.enqueue(queue, None, limit_keys={"chat": "a-chat", "group": "g"})
-    await store.enqueue(queue, None, limit_keys={"group": "g"})
+    for n in range(4):  # four chats, one group
+        await store.enqueue(queue, None, limit_keys={"chat": f"c{n}", "group": "g"})
     warned = [r.getMessage() for r in caplog.records if "undeclared_dimension" in r.getMessage()]
     assert warned == [
-        f"asynccoord.ratelimits.undeclared_dimension queue={queue!r} dimensions=['group'] declared=[chat]: "
+        f"asynccoord.rate_limits.undeclared_dimension queue={queue!r} dimensions=[group] declared=[chat]: "
         "keys of these dimensions limit nothing until set_rate_limits() declares them"
     ]
-    assert len(await store.claim(queue, node_id="n", limit=10)) == 2  # chat a-chat once, and the group-only task
+    assert len(await store.claim(queue, node_id="n", limit=10)) == 4  # the group limits nothing yet
     await store.set_rate_limits(
         queue, [RateLimit(dimension="chat", count=1, per_s=10.0), RateLimit(dimension="group", count=1, per_s=10.0)]
     )
-    clock.advance(10.0)  # a-chat has a token again, and g has its first
-    assert len(await store.claim(queue, node_id="n", limit=10)) == 1  # g now limits: one of the two left
+    for n in range(4, 8):  # four more chats, each with a token, in the same group
+        await store.enqueue(queue, None, limit_keys={"chat": f"c{n}", "group": "g"})
+    assert len(await store.claim(queue, node_id="n", limit=10)) == 1  # the group's one token now
