@@ -19,7 +19,8 @@ are hidden unless ``--show-payloads``: they hold the users' messages.
 They first open the database read-only too, so a mistyped ``--db`` or ``--schema`` creates
 no database and migrates none. An id that names no dead task of the queue (it was requeued
 meanwhile, or is another queue's) is left as it is, counted in a note on standard error, and
-makes the exit status 1 (the other ids are still acted on).
+makes the exit status 1 (the other ids are still acted on). ``--all`` on a queue with no task
+at all (a misspelt ``--queue``) says so in a note, with exit status 0.
 
 ``--json`` prints one object: ``db``, ``queue``, ``dead_letter_policy`` (``skip`` or
 ``hold``), ``after_id``, ``limit``, ``payloads_shown``, ``next_after`` (the ``--after`` of the
@@ -336,7 +337,16 @@ def dead_command(args: argparse.Namespace) -> int:
             f"{args.queue!r} (already requeued or discarded, not dead, or of another queue): left as they are\n"
         )
         return 1
+    if ids is None and not changed and not asyncio.run(_has_tasks(args.db, args.queue, args.schema)):
+        sys.stderr.write(f"note: no task of {args.queue!r} is in this database (is --queue spelt right?)\n")
     return 0
+
+
+async def _has_tasks(path: str | os.PathLike[str], queue: str, schema: str | None) -> bool:
+    """Whether ``queue`` has any task in the database (read-only): a queue exists only through its tasks."""
+    async with open_status_store(path, schema=schema) as (store, _):
+        stats = await store.stats(queue)
+        return bool(stats.total)
 
 
 # --- the table ------------------------------------------------------------------------------

@@ -196,8 +196,11 @@ def test_requeue_and_discard_change_what_they_name_and_say_how_many(
     code, out, _ = run(capsys, "discard", "--db", str(db), "--queue", Q, "--all")
     assert (code, out) == (0, f"discarded 1 dead task of '{Q}'\n")
     assert statuses(db, [a, b, c, d]) == [TaskStatus.PENDING, None, TaskStatus.PENDING, None]
-    code, out, _ = run(capsys, "requeue", "--db", str(db), "--queue", Q, "--all")
-    assert (code, out) == (0, f"requeued 0 dead tasks of '{Q}'\n")
+    code, out, err = run(capsys, "requeue", "--db", str(db), "--queue", Q, "--all")
+    assert (code, out, err) == (0, f"requeued 0 dead tasks of '{Q}'\n", "")  # the queue has tasks: no note
+    code, out, err = run(capsys, "requeue", "--db", str(db), "--queue", "outbx", "--all")  # a misspelt queue
+    assert (code, out) == (0, "requeued 0 dead tasks of 'outbx'\n")
+    assert err == "note: no task of 'outbx' is in this database (is --queue spelt right?)\n"
 
     async def other_queue() -> list[int]:
         async with SQLiteStore(db, read_only=True) as store:
