@@ -19,6 +19,9 @@ The conflict monitor reads these counters; the names are part of the public API
 * ``partition_handoff``: partitions moving between nodes; ``membership_change``: a change of
   the live nodes (joins, leaves), counted once in the cluster; ``node_lost``: a node that
   dropped out because its heartbeats stopped (a crash, a kill, a freeze past the TTL).
+
+Log lines start with their event's name (``asynccoord.node.send_let_go task=...``); the loggers
+are named under ``asynccoord``, after the modules.
 """
 
 from __future__ import annotations

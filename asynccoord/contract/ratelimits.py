@@ -5,6 +5,9 @@ leases a task only when every bucket it names has a token. Each bucket is one nu
 its theoretical arrival time, updated by the Generic Cell Rate Algorithm (ITU-T
 Recommendation I.371, "virtual scheduling"); the functions here are pure, and the stores
 read and write the numbers.
+
+A token taken by a node that then crashed is not handed back, so the window bound errs on
+the safe side.
 """
 
 from __future__ import annotations
