@@ -33,21 +33,20 @@ import logging
 import time
 from collections.abc import Callable
 
+from ._once import Once
 from .errors import RateLimited
 
 __all__ = ("MIN_RATE_LIMIT_PAUSE_S", "PauseBook", "rate_limited_of")
 
 log = logging.getLogger(__name__)
 
-_warned_dimensions: set[str] = set()  # dimensions _warn_not_paused logged (once per process each)
-_WARNED_MAX = 64
+_not_paused: Once[str] = Once(limit=64)  # dimensions _warn_not_paused logged
 
 
 def _warn_not_paused(name: str, dimension: str) -> None:
     """Log, once per process and dimension, a 429 naming a dimension under a lock whose dimension nobody gave."""
-    if dimension in _warned_dimensions or len(_warned_dimensions) >= _WARNED_MAX:
+    if not _not_paused.first([dimension]):
         return
-    _warned_dimensions.add(dimension)
     log.warning(
         "asynccoord.pauses.lock_not_paused lock=%r dimension=%r: a 429 naming a dimension pauses the lock only "
         "when NodeConfig.lock_pace_dimension names it; the tasks claimed under this lock before the 429 still "

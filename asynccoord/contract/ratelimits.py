@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .._once import Once
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..validation import MAX_DURATION_S, MAX_LIMITS, check_int, check_limit_keys, check_name, check_optional_name
 
@@ -276,9 +276,7 @@ def decode_limit_keys(text: str | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-_WARNED_MAX = 1024
-_warned: set[tuple[str, str]] = set()  # (queue, dimension) logged by warn_undeclared_dimensions
-_warned_lock = threading.Lock()
+_undeclared: Once[tuple[str, str]] = Once(limit=1024)  # (queue, dimension) logged by warn_undeclared_dimensions
 
 
 def warn_undeclared_dimensions(queue: str, limit_keys: Mapping[str, str], declared: Sequence[str]) -> None:
@@ -293,11 +291,9 @@ def warn_undeclared_dimensions(queue: str, limit_keys: Mapping[str, str], declar
     unknown = sorted(set(limit_keys) - set(declared))
     if not unknown:
         return
-    with _warned_lock:
-        new = [d for d in unknown if (queue, d) not in _warned]
-        if not new or len(_warned) >= _WARNED_MAX:
-            return
-        _warned.update((queue, d) for d in new)
+    new = [d for _, d in _undeclared.first((queue, d) for d in unknown)]
+    if not new:
+        return
     log.warning(
         "asynccoord.rate_limits.undeclared_dimension queue=%r dimensions=[%s] declared=[%s]: keys of these "
         "dimensions limit nothing until set_rate_limits() declares them",
