@@ -10,6 +10,10 @@ On SIGTERM or SIGINT the runtime stops claiming at once, lets sends in flight fi
 up to ``--shutdown-timeout-s``, hands back whatever is left (leases and locks released)
 and exits with status 0.
 
+``--lifespan mybot.send:client`` names an async context manager function (one made
+with :func:`contextlib.asynccontextmanager`, say) entered before the nodes start and left
+after they have drained and handed back: the place to open and close the send's client.
+
 ``--db`` takes what :func:`asynccoord.backends.open.open_store` takes: an SQLite file path, an
 ``sqlite:///PATH`` URL or a ``postgresql://`` DSN (nodes on many machines).
 """
@@ -20,12 +24,13 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import inspect
 import logging
 import os
 import signal
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .._errtext import error_text
 from .._loop import run as run_loop
@@ -46,7 +51,7 @@ from ..validation import (
 from .lockstore import add_lock_store_options, check_lock_store_options
 from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
 
-__all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
+__all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "open_lifespan", "run_command")
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +81,41 @@ def load_callable(spec: str) -> Any:
     if not callable(target):
         raise InvalidTypeError(f"{spec!r} is not callable ({type(target).__name__})")
     return target
+
+
+def check_lifespan(spec: str, factory: Any) -> None:
+    """Refuse an ``async def`` function or async generator function given as ``--lifespan``.
+
+    Raises:
+        InvalidTypeError: ``factory`` is one (an ``async def`` function returns a coroutine,
+            an async generator function needs ``contextlib.asynccontextmanager``).
+    """
+    if inspect.iscoroutinefunction(factory) or inspect.isasyncgenfunction(factory):
+        raise InvalidTypeError(
+            f"--lifespan {spec!r} is an async function, not an async context manager function "
+            "(decorate it with contextlib.asynccontextmanager and yield once)"
+        )
+
+
+def open_lifespan(spec: str) -> contextlib.AbstractAsyncContextManager[object]:
+    """The async context manager that ``--lifespan``'s function returns (called with no arguments).
+
+    Raises:
+        InvalidArgumentError: the spec names nothing importable (see :func:`load_callable`).
+        InvalidTypeError: it is not callable, or what it returns is no async context manager
+            (an ``async def`` function without ``contextlib.asynccontextmanager``, say).
+    """
+    factory = load_callable(spec)
+    check_lifespan(spec, factory)
+    manager = factory()
+    if not (hasattr(manager, "__aenter__") and hasattr(manager, "__aexit__")):
+        if inspect.iscoroutine(manager):
+            manager.close()  # never awaited: no warning at its collection
+        raise InvalidTypeError(
+            f"--lifespan {spec!r} returned {type(manager).__name__}, not an async context manager "
+            "(decorate the function with contextlib.asynccontextmanager)"
+        )
+    return cast("contextlib.AbstractAsyncContextManager[object]", manager)
 
 
 def _import_error(exc: Exception) -> str:
@@ -112,6 +152,13 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue", default="default", help="queue to drain (default 'default')")
     parser.add_argument("--send", required=True, metavar="MODULE:ATTR", help="async send(task) function")
     parser.add_argument("--lock-key", metavar="MODULE:ATTR", help="function task -> lock name or None")
+    parser.add_argument(
+        "--lifespan",
+        metavar="MODULE:ATTR",
+        help="an async context manager function (e.g. one made with contextlib.asynccontextmanager) entered "
+        "before the nodes start and left after they have drained: open and close what the send uses "
+        "(an HTTP session, a bot's client) in it",
+    )
     parser.add_argument("--nodes", type=int, default=8, help="nodes in this process (default 8)")
     parser.add_argument("--lease-s", type=float, default=30.0, help="task lease, seconds (default 30)")
     parser.add_argument("--lock-ttl-s", type=float, default=10.0, help="lock lease, seconds (default 10)")
@@ -250,6 +297,8 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             )
     send = load_callable(args.send)
     lock_key = load_callable(args.lock_key) if args.lock_key else None
+    if getattr(args, "lifespan", None):
+        check_lifespan(args.lifespan, load_callable(args.lifespan))
     config = NodeConfig(
         queue=args.queue,
         lease_s=args.lease_s,
@@ -337,6 +386,8 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 metrics = stack.enter_context(serve_metrics(args))  # a taken port: stop before the database
+                if getattr(args, "lifespan", None):  # left last: after the nodes have drained
+                    await stack.enter_async_context(open_lifespan(args.lifespan))
                 store = await stack.enter_async_context(open_store(args.db, **store_options(args)))
                 lock_store = check_lock_store_options(args)
                 if lock_store is not None:

@@ -83,6 +83,8 @@ from asynccoord.node import Runtime
         (["--send", "json:dumps", "--metrics-port", "0"], "--metrics-port must be >= 1"),
         (["--send", "json:dumps", "--metrics-port", "70000"], "--metrics-port must be <= 65535"),
         (["--send", "json:dumps", "--metrics-host", "0.0.0.0"], "--metrics-host '0.0.0.0' applies with --metrics-port"),
+        (["--send", "json:dumps", "--lifespan", "asyncio:sleep"], "--lifespan 'asyncio:sleep' is an async function"),
+        (["--send", "json:dumps", "--lifespan", "json:no_such"], "'json' has no attribute 'no_such'"),
     ],
 )
 def test_run_usage_errors_exit_2_and_create_no_database(
@@ -330,6 +332,29 @@ def test_run_drains_an_sqlite_url(
         ["end", "3"],
     ]
     assert capsys.readouterr().out == f"asynccoord: 2 nodes draining 'outbox' of sqlite:///{path}\n"
+
+
+def test_run_opens_its_lifespan_before_the_nodes_and_closes_it_after_their_drain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--lifespan``: the client the sends use is open for every send and closed once, after the last."""
+    path = tmp_path / "bot.db"
+    extra = ["--send", "serve_send:client_send", "--lifespan", "serve_send:client"]
+    log = serve_three(str(path), lambda: SQLiteStore(path), tmp_path, monkeypatch, extra)
+    words = [line.split()[0] for line in log.splitlines()]
+    assert words[0] == "open"
+    assert words[-1] == "close"
+    assert sorted(words[1:-1]) == ["end"] * 3 + ["start"] * 3
+
+
+def test_run_refuses_a_lifespan_that_gives_no_async_context_manager_before_the_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", "builtins:dict"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--lifespan 'builtins:dict' returned dict, not an async context manager" in err, err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("how", ["search_path in the DSN", "--schema"])

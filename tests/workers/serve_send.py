@@ -9,17 +9,24 @@ Import it with ``tests/workers`` on ``PYTHONPATH``: ``--send serve_send:send
     over, ``cancelled <id> <t>`` when it is cancelled.
 ``SERVE_SEND_SLEEP_S``
     How long each send sleeps, seconds.
+
+``--lifespan serve_send:client`` logs ``open 0 <t>`` and ``close 0 <t>``; ``--send
+serve_send:client_send`` refuses to send while that client is not open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import AsyncIterator
 
 from asynccoord import Task
 
-__all__ = ("account_lock", "fail", "send")
+__all__ = ("account_lock", "client", "client_send", "fail", "send")
+
+_open: list[bool] = []  # [True] while the client of `client` is open
 
 
 def _log(word: str, task_id: int) -> None:
@@ -48,3 +55,21 @@ async def fail(task: Task) -> None:
 
 def account_lock(task: Task) -> str:
     return f"account:{task.payload['account']}"
+
+
+@contextlib.asynccontextmanager
+async def client() -> AsyncIterator[None]:
+    """A client the sends of ``client_send`` need: opened before the nodes, closed after them."""
+    _log("open", 0)
+    _open.append(True)
+    try:
+        yield
+    finally:
+        _open.clear()
+        _log("close", 0)
+
+
+async def client_send(task: Task) -> str:
+    if not _open:
+        raise RuntimeError(f"task {task.id} sent while the client is closed")
+    return await send(task)
