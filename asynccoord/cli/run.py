@@ -11,8 +11,9 @@ up to ``--shutdown-timeout-s``, hands back whatever is left (leases and locks re
 and exits with status 0.
 
 ``--lifespan mybot.send:client`` names an async context manager function (one made
-with :func:`contextlib.asynccontextmanager`, say) entered before the nodes start and left
-after they have drained and handed back: the place to open and close the send's client.
+with :func:`contextlib.asynccontextmanager`, say) entered before the database opens and
+left after the nodes have stopped: the place to open and close the send's client (see
+:mod:`asynccoord.cli.lifespan`).
 
 ``--db`` takes what :func:`asynccoord.backends.open.open_store` takes: an SQLite file path, an
 ``sqlite:///PATH`` URL or a ``postgresql://`` DSN (nodes on many machines).
@@ -23,21 +24,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
-import inspect
 import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from .._errtext import error_text
 from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
 from ..contract.locks import MAX_PERMITS
 from ..contract.ratelimits import RateLimit, describe_limits
-from ..errors import InvalidArgumentError, InvalidTypeError, StoreError
+from ..errors import InvalidArgumentError, StoreError
 from ..node.config import MAX_IN_FLIGHT
 from ..node.retention import DEFAULT_DONE_RETENTION_S
 from ..validation import (
@@ -48,82 +46,14 @@ from ..validation import (
     check_non_negative,
     check_positive,
 )
+from .lifespan import check_lifespan, open_lifespan
+from .loading import load_callable
 from .lockstore import add_lock_store_options, check_lock_store_options
 from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
 
 __all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "open_lifespan", "run_command")
 
 log = logging.getLogger(__name__)
-
-
-def load_callable(spec: str) -> Any:
-    """Import ``"package.module:attribute"`` and return the attribute.
-
-    Raises:
-        InvalidArgumentError: the spec is malformed or names nothing importable: no such
-            module, or its import raised (any ``Exception``, named with its type and message,
-            a ``SyntaxError`` with its ``file:line``).
-        InvalidTypeError: the attribute is not callable.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidArgumentError(f"expected 'package.module:attribute', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the module's own code may raise anything at import
-        raise InvalidArgumentError(f"cannot import module {module_name!r} of {spec!r}: {_import_error(exc)}") from exc
-    target: Any = module
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise InvalidArgumentError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
-    if not callable(target):
-        raise InvalidTypeError(f"{spec!r} is not callable ({type(target).__name__})")
-    return target
-
-
-def check_lifespan(spec: str, factory: Any) -> None:
-    """Refuse an ``async def`` function or async generator function given as ``--lifespan``.
-
-    Raises:
-        InvalidTypeError: ``factory`` is one (an ``async def`` function returns a coroutine,
-            an async generator function needs ``contextlib.asynccontextmanager``).
-    """
-    if inspect.iscoroutinefunction(factory) or inspect.isasyncgenfunction(factory):
-        raise InvalidTypeError(
-            f"--lifespan {spec!r} is an async function, not an async context manager function "
-            "(decorate it with contextlib.asynccontextmanager and yield once)"
-        )
-
-
-def open_lifespan(spec: str) -> contextlib.AbstractAsyncContextManager[object]:
-    """The async context manager that ``--lifespan``'s function returns (called with no arguments).
-
-    Raises:
-        InvalidArgumentError: the spec names nothing importable (see :func:`load_callable`).
-        InvalidTypeError: it is not callable, or what it returns is no async context manager
-            (an ``async def`` function without ``contextlib.asynccontextmanager``, say).
-    """
-    factory = load_callable(spec)
-    check_lifespan(spec, factory)
-    manager = factory()
-    if not (hasattr(manager, "__aenter__") and hasattr(manager, "__aexit__")):
-        if inspect.iscoroutine(manager):
-            manager.close()  # never awaited: no warning at its collection
-        raise InvalidTypeError(
-            f"--lifespan {spec!r} returned {type(manager).__name__}, not an async context manager "
-            "(decorate the function with contextlib.asynccontextmanager)"
-        )
-    return cast("contextlib.AbstractAsyncContextManager[object]", manager)
-
-
-def _import_error(exc: Exception) -> str:
-    """``"Type: message"`` of an exception raised importing a module; a ``SyntaxError`` with its ``file:line``."""
-    if isinstance(exc, SyntaxError):
-        where = f"{exc.filename}:{exc.lineno}" if exc.filename else f"line {exc.lineno}"
-        return f"{type(exc).__name__}: {exc.msg} ({where})"
-    return error_text(exc)
 
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
@@ -155,9 +85,10 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lifespan",
         metavar="MODULE:ATTR",
-        help="an async context manager function (e.g. one made with contextlib.asynccontextmanager) entered "
-        "before the nodes start and left after they have drained: open and close what the send uses "
-        "(an HTTP session, a bot's client) in it",
+        help="an async context manager function (made with contextlib.asynccontextmanager, say), called with no "
+        "arguments, entered before the database opens and left after the nodes have stopped: open and close "
+        "what the send uses (an HTTP session, a bot's client) in it; a signal cuts its entry short, and its exit "
+        "gets --shutdown-timeout-s",
     )
     parser.add_argument("--nodes", type=int, default=8, help="nodes in this process (default 8)")
     parser.add_argument("--lease-s", type=float, default=30.0, help="task lease, seconds (default 30)")
@@ -337,13 +268,16 @@ async def declare_rate_limits(store: Any, queue: str, limits: Sequence[RateLimit
     WARNING first, naming the stored limits and the new ones: every process draining the
     queue enforces the new ones from its next claim on (and logs
     ``asynccoord.rate_limits.changed``, see :mod:`asynccoord.backends.limitwatch`).
-    Identical limits log nothing.
+    Limits declared where none were stored log ``asynccoord.run.rate_limits_declared`` at
+    INFO (processes starting together may each declare them); identical limits log nothing.
 
     Raises:
         StoreError: the store failed.
     """
     stored = await store.rate_limits(queue)
-    if sorted(stored, key=_dimension) != sorted(limits, key=_dimension):
+    if not stored and limits:  # declared for the first time (or by processes starting together)
+        log.info("asynccoord.run.rate_limits_declared queue=%r limits=[%s]", queue, describe_limits(limits))
+    elif sorted(stored, key=_dimension) != sorted(limits, key=_dimension):
         log.warning(
             "asynccoord.run.rate_limits_replaced queue=%r stored=[%s] new=[%s]: the limits stored for the queue "
             "are replaced, and every process draining it enforces the new ones from now on",
@@ -368,6 +302,12 @@ def run_command(args: argparse.Namespace) -> int:
     again. From the end of the teardown SIGTERM is ignored; on return its handler from
     before is put back, unless ``args._exiting`` (set by ``python -m asynccoord``: the
     process is on its way out).
+
+    A ``--lifespan`` is entered first, before the database opens: a signal while it is
+    entered cuts the entry short and the run ends there (exit status 0). It is left last,
+    after the database has closed, as after a clean run whatever ended the run, within
+    ``--shutdown-timeout-s``; running longer, or a further signal meanwhile, cuts it short.
+    What it raises, or cutting its exit short, ends the command with exit status 1.
     """
     from ..backends.open import describe_target, open_store
     from ..monitor.monitor import Monitor
@@ -382,12 +322,24 @@ def run_command(args: argparse.Namespace) -> int:
         # and SIGINT are held here (noted, not fatal); the runtime takes them for its wait.
         loop = asyncio.get_running_loop()
         held: list[int] = []
-        holding = _hold_signals(loop, held)
+        signalled = asyncio.Event()  # set by each signal held here: it cuts the lifespan's entry and exit short
+
+        def note(signum: int) -> None:
+            held.append(signum)
+            signalled.set()
+
+        holding = _hold_signals(loop, note)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 metrics = stack.enter_context(serve_metrics(args))  # a taken port: stop before the database
-                if getattr(args, "lifespan", None):  # left last: after the nodes have drained
-                    await stack.enter_async_context(open_lifespan(args.lifespan))
+                if getattr(args, "lifespan", None):  # left last: after the nodes and the database
+                    lifespan = open_lifespan(args.lifespan)
+                    if not await lifespan.enter(signalled):
+                        return 0
+                    stack.push_async_callback(lifespan.exit, signalled, args.shutdown_timeout_s)
+                if held:  # a signal came already: nothing to start
+                    log.info("asynccoord.serve.stopped signal=%s", held[0])
+                    return 0
                 store = await stack.enter_async_context(open_store(args.db, **store_options(args)))
                 lock_store = check_lock_store_options(args)
                 if lock_store is not None:
@@ -421,7 +373,7 @@ def run_command(args: argparse.Namespace) -> int:
                     log.info("asynccoord.serve.stopped signal=%s", signum)
         finally:
             # On the way out: a late SIGTERM must not turn a clean exit into death by signal.
-            _stop_holding(loop, holding, held)
+            _stop_holding(loop, holding, note)
         return 0
 
     previous = signal.getsignal(signal.SIGTERM)
@@ -433,16 +385,16 @@ def run_command(args: argparse.Namespace) -> int:
                 signal.signal(signal.SIGTERM, previous)
 
 
-def _hold_signals(loop: asyncio.AbstractEventLoop, held: list[int]) -> list[int]:
-    """Note SIGTERM and SIGINT in ``held`` instead of letting them end the process; return those taken.
+def _hold_signals(loop: asyncio.AbstractEventLoop, note: Callable[[int], None]) -> list[int]:
+    """Have SIGTERM and SIGINT call ``note`` instead of ending the process; return those taken.
 
     Taken through :func:`~asynccoord._signals.take_signal`, as the runtime's wait takes
     them, so the wait shares these handlers (both are called) rather than replacing them.
     """
-    return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if take_signal(loop, signum, held.append)]
+    return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if take_signal(loop, signum, note)]
 
 
-def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[int]) -> None:
+def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], note: Callable[[int], None]) -> None:
     """Give the held signals back and leave SIGTERM ignored, with no moment of SIGTERM's default action if possible.
 
     Giving a loop's handler back resets the signal to its default action before the
@@ -459,10 +411,10 @@ def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], held: list[
     for signum in sorted(taken, key=lambda s: s == signal.SIGTERM):  # SIGTERM last
         if signum == signal.SIGTERM:
             with _blocked_if_alone(signum):
-                give_back_signal(loop, signum, held.append)
+                give_back_signal(loop, signum, note)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
         else:
-            give_back_signal(loop, signum, held.append)
+            give_back_signal(loop, signum, note)
     taken.clear()
     with contextlib.suppress(ValueError):  # not the main thread
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

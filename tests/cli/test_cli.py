@@ -485,6 +485,25 @@ def test_run_warns_when_its_rate_limits_replace_other_stored_ones(
     assert capsys.readouterr().out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
 
 
+def test_run_declaring_limits_where_none_were_stored_warns_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Processes starting together each declare the queue's first limits: no warning of a replacement."""
+    from asynccoord import RateLimit
+
+    path = tmp_path / "bot.db"
+    caplog.set_level(logging.INFO, logger="asynccoord.cli.run")
+    serve_three(str(path), lambda: SQLiteStore(path), tmp_path, monkeypatch, ["--rate-limit", "chat=1/1s,burst=3"])
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert "asynccoord.run.rate_limits_declared queue='outbox' limits=[chat=1/1s,burst=3]" in caplog.messages
+
+    async def declared() -> list[RateLimit]:
+        async with SQLiteStore(path, read_only=True) as store:
+            return await store.rate_limits("outbox")
+
+    assert asyncio.run(declared()) == [RateLimit(dimension="chat", count=1, per_s=1.0, burst=3)]
+
+
 def test_run_takes_its_locks_in_the_lock_store_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--lock-store redis://...: the account locks are taken in Redis, and the database holds none."""
     import uuid

@@ -1,0 +1,150 @@
+"""``run --lifespan MODULE:ATTR``: the send's client, opened before the nodes and closed after them.
+
+The pattern is the lifespan of ASGI servers (a function returning an async context manager,
+entered at startup, left at shutdown): the command enters it before the database opens and
+leaves it after the nodes have stopped and the database has closed. The lifespan is the
+application's code, so the command keeps control around it: a SIGTERM or SIGINT while it
+is entered cancels the entry and ends the run, its exit is bounded by
+``--shutdown-timeout-s`` (and ended by a further signal), it never sees the run's own
+errors (so it cannot swallow them), and whatever it raises ends the run with exit status 1.
+A send that outlived the nodes' stop (it ignored its cancellation, see
+:class:`~asynccoord.node.runtime.Runtime`) may still be running when the lifespan is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any
+
+from .._errtext import error_text
+from ..errors import CoordError, InvalidTypeError
+from .loading import load_callable
+
+__all__ = ("Lifespan", "check_lifespan", "open_lifespan")
+
+log = logging.getLogger("asynccoord.cli.run")
+
+
+def check_lifespan(spec: str, factory: Any) -> None:
+    """Refuse what ``--lifespan`` names when it cannot give an async context manager when called with no arguments.
+
+    Raises:
+        InvalidTypeError: ``factory`` is an ``async def`` function or an async generator
+            function (both need :func:`contextlib.asynccontextmanager`), or it needs arguments.
+    """
+    if inspect.isasyncgenfunction(factory):
+        raise InvalidTypeError(
+            f"--lifespan {spec!r} is an async generator function, not an async context manager function "
+            "(decorate it with contextlib.asynccontextmanager)"
+        )
+    if inspect.iscoroutinefunction(factory):
+        raise InvalidTypeError(
+            f"--lifespan {spec!r} is an async function, not an async context manager function "
+            "(make it an async generator that yields once, decorated with contextlib.asynccontextmanager)"
+        )
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: its call will tell
+        return
+    try:
+        signature.bind()
+    except TypeError:
+        raise InvalidTypeError(f"--lifespan {spec!r} is called with no arguments, but takes {signature}") from None
+
+
+def open_lifespan(spec: str) -> Lifespan:
+    """The lifespan ``spec`` names, called (with no arguments) but not entered.
+
+    Raises:
+        InvalidArgumentError: the spec names nothing importable (see :func:`load_callable`).
+        InvalidTypeError: see :func:`check_lifespan`; also when what it returns is no async
+            context manager (a synchronous one, say).
+    """
+    factory = load_callable(spec)
+    check_lifespan(spec, factory)
+    manager = factory()
+    if not (hasattr(manager, "__aenter__") and hasattr(manager, "__aexit__")):
+        if inspect.iscoroutine(manager):
+            manager.close()  # never awaited: no warning at its collection
+        kind = "a synchronous context manager" if hasattr(manager, "__enter__") else type(manager).__name__
+        raise InvalidTypeError(
+            f"--lifespan {spec!r} returned {kind}, not an async context manager "
+            "(decorate an async generator function with contextlib.asynccontextmanager)"
+        )
+    return Lifespan(spec, manager)
+
+
+class Lifespan:
+    """One ``--lifespan`` context manager, entered and left under the command's control."""
+
+    def __init__(self, spec: str, manager: Any) -> None:
+        self.spec = spec
+        self._manager = manager
+
+    async def enter(self, signalled: asyncio.Event) -> bool:
+        """Enter it; False (nothing entered) when ``signalled`` is set first, or was already.
+
+        Raises:
+            CoordError: the entry raised (logged with its traceback first).
+        """
+        if signalled.is_set():
+            return False
+        entered = await _until(self._manager.__aenter__(), signalled, timeout_s=None)
+        if entered is None:
+            log.warning(
+                "asynccoord.run.lifespan_interrupted lifespan=%r: a signal came while it was entered; "
+                "the run ends before the database opens",
+                self.spec,
+            )
+            return False
+        self._raise_if_failed(entered, "entering it")
+        return True
+
+    async def exit(self, signalled: asyncio.Event, timeout_s: float) -> None:
+        """Leave it, as after a clean run: it never sees the run's own errors.
+
+        Raises:
+            CoordError: the exit raised (logged with its traceback first), took longer
+                than ``timeout_s``, or a signal set ``signalled`` meanwhile (cleared first,
+                so only a signal from now on counts).
+        """
+        signalled.clear()
+        exited = await _until(self._manager.__aexit__(None, None, None), signalled, timeout_s=timeout_s)
+        if exited is None:
+            why = "a signal came" if signalled.is_set() else f"it took longer than {timeout_s:g} s"
+            raise CoordError(f"--lifespan {self.spec!r} was cut short while exiting: {why} (--shutdown-timeout-s)")
+        self._raise_if_failed(exited, "exiting it")
+
+    def _raise_if_failed(self, done: asyncio.Future[Any], doing: str) -> None:
+        if done.cancelled():
+            raise CoordError(f"--lifespan {self.spec!r} was cancelled {doing}")
+        exc = done.exception()
+        if exc is None:
+            return
+        log.error("asynccoord.run.lifespan_failed lifespan=%r: it raised %s", self.spec, doing, exc_info=exc)
+        raise CoordError(f"--lifespan {self.spec!r} raised {doing}: {error_text(exc)}") from exc
+
+
+async def _until(step: Any, signalled: asyncio.Event, *, timeout_s: float | None) -> asyncio.Future[Any] | None:
+    """Run the awaitable ``step`` until it ends (its finished future), ``signalled`` is set, or ``timeout_s`` passes.
+
+    None in the last two cases: ``step`` is cancelled then, and given a second to end.
+    """
+    doing: asyncio.Future[Any] = asyncio.ensure_future(step)
+    signal_wait = asyncio.ensure_future(signalled.wait())
+    try:
+        await asyncio.wait({doing, signal_wait}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this command is cancelled: so is the step
+        doing.cancel()
+        raise
+    finally:
+        signal_wait.cancel()
+    if doing.done():
+        return doing
+    doing.cancel()
+    await asyncio.wait({doing}, timeout=1.0)
+    if doing.done() and not doing.cancelled():
+        doing.exception()  # retrieved: whatever it raised on its way out is not what ended it
+    return None

@@ -1,0 +1,181 @@
+"""``python -m asynccoord run --lifespan``: what a lifespan that hangs, raises or swallows does to the run.
+
+The lifespans live in tests/workers/lifespans.py and log what they do to the file
+``SERVE_SEND_LOG`` names; the processes are real, their signals real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import TESTS
+
+from asynccoord import StoreError
+from asynccoord.cli.main import main
+from asynccoord.node import Runtime
+
+WORKERS = TESTS / "workers"
+
+
+def spawn_run(python: Any, db: Path, log: Path, lifespan: str, *extra: str) -> subprocess.Popen[str]:
+    argv = ["-m", "asynccoord", "run", "--db", str(db), "--queue", "outbox", "--send", "serve_send:send"]
+    argv += ["--nodes", "1", "--lifespan", f"lifespans:{lifespan}", *extra]
+    env = {"PYTHONPATH": str(WORKERS), "SERVE_SEND_LOG": str(log), "SERVE_SEND_SLEEP_S": "0"}
+    proc: subprocess.Popen[str] = python.spawn(argv, env=env)
+    return proc
+
+
+async def wait_for_word(proc: subprocess.Popen[str], log: Path, word: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while word not in words(log):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"no {word!r} in the log"
+        await asyncio.sleep(0.01)
+
+
+def words(log: Path) -> list[str]:
+    return [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+async def test_a_signal_cuts_a_hanging_lifespan_entry_short_before_the_database_opens(
+    python: Any, tmp_path: Path
+) -> None:
+    db, log = tmp_path / "bot.db", tmp_path / "lifespan.log"
+    proc = spawn_run(python, db, log, "hang_enter")
+    await wait_for_word(proc, log, "entering")
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await asyncio.to_thread(proc.wait, 20)
+    _, err = proc.communicate()
+    assert code == 0, err
+    assert "asynccoord.run.lifespan_interrupted lifespan='lifespans:hang_enter'" in err
+    assert not db.exists()  # the database was never opened
+    assert words(log) == ["entering"]
+
+
+async def test_a_hanging_lifespan_exit_is_cut_short_at_the_shutdown_timeout(python: Any, tmp_path: Path) -> None:
+    db, log = tmp_path / "bot.db", tmp_path / "lifespan.log"
+    proc = spawn_run(python, db, log, "hang_exit", "--shutdown-timeout-s", "1")
+    assert proc.stdout is not None
+    started = await asyncio.to_thread(proc.stdout.readline)  # the nodes run
+    assert started.startswith("asynccoord: 1 nodes draining 'outbox'"), started
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await asyncio.to_thread(proc.wait, 20)
+    _, err = proc.communicate()
+    assert code == 1, err
+    assert err.endswith(
+        "asynccoord run: error: --lifespan 'lifespans:hang_exit' was cut short while exiting: "
+        "it took longer than 1 s (--shutdown-timeout-s)\n"
+    ), err
+    assert words(log) == ["entered", "exiting"]
+
+
+async def test_a_second_signal_cuts_a_hanging_lifespan_exit_short(python: Any, tmp_path: Path) -> None:
+    db, log = tmp_path / "bot.db", tmp_path / "lifespan.log"
+    proc = spawn_run(python, db, log, "hang_exit", "--shutdown-timeout-s", "60")
+    began = time.monotonic()
+    await wait_for_word(proc, log, "entered")
+    assert proc.stdout is not None
+    await asyncio.to_thread(proc.stdout.readline)
+    os.kill(proc.pid, signal.SIGTERM)
+    await wait_for_word(proc, log, "exiting")
+    os.kill(proc.pid, signal.SIGINT)
+    code = await asyncio.to_thread(proc.wait, 20)
+    _, err = proc.communicate()
+    assert code == 1, err
+    assert "was cut short while exiting: a signal came" in err, err
+    assert time.monotonic() - began < 60  # not the shutdown timeout
+
+
+def test_a_lifespan_raising_on_entry_ends_the_run_with_one_line_before_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(WORKERS))
+    db = tmp_path / "bot.db"
+    argv = ["run", "--db", str(db), "--send", "json:dumps", "--lifespan", "lifespans:failing_enter"]
+    assert main(argv) == 1
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == (
+        "asynccoord run: error: --lifespan 'lifespans:failing_enter' raised entering it: "
+        "RuntimeError: cannot reach the provider"
+    )
+    assert not db.exists()
+
+
+def test_a_lifespan_never_sees_nor_swallows_the_runs_own_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store error ending the run reaches the command (exit 1) through a lifespan that would swallow
+    it; the lifespan is left as after a clean run."""
+    monkeypatch.syspath_prepend(str(WORKERS))
+    log = tmp_path / "lifespan.log"
+    monkeypatch.setenv("SERVE_SEND_LOG", str(log))
+
+    async def fail(self: Runtime, signals: object = ()) -> int:
+        raise StoreError("the database went away")
+
+    monkeypatch.setattr(Runtime, "wait_for_signal", fail)
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", "lifespans:swallowing"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.endswith("asynccoord run: error: the database went away\n")
+    assert words(log) == ["entered", "exited"]
+
+
+@pytest.mark.parametrize(
+    ("lifespan", "named"),
+    [
+        ("lifespans:sync_manager", "returned a synchronous context manager, not an async context manager"),
+        ("builtins:dict", "returned dict, not an async context manager"),
+    ],
+)
+def test_a_lifespan_giving_no_async_context_manager_is_refused_before_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], lifespan: str, named: str
+) -> None:
+    monkeypatch.syspath_prepend(str(WORKERS))
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", lifespan]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"--lifespan {lifespan!r} {named}" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("lifespan", "named"),
+    [
+        ("asyncio:sleep", "--lifespan 'asyncio:sleep' is an async function"),
+        ("contextlib:aclosing", "--lifespan 'contextlib:aclosing' is called with no arguments, but takes"),
+        ("lifespans:needs_args", "--lifespan 'lifespans:needs_args' is called with no arguments, but takes (token"),
+        ("json:no_such", "'json' has no attribute 'no_such'"),
+    ],
+)
+def test_a_lifespan_that_cannot_be_called_so_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], lifespan: str, named: str
+) -> None:
+    monkeypatch.syspath_prepend(str(WORKERS))
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", lifespan])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m asynccoord run"), err
+    assert named in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_an_async_generator_function_is_named_as_one(tmp_path: Path) -> None:
+    from asynccoord import InvalidTypeError
+    from asynccoord.cli.lifespan import check_lifespan
+
+    async def gen() -> Any:
+        yield
+
+    with pytest.raises(InvalidTypeError, match="is an async generator function, not an async context manager"):
+        check_lifespan("bot:gen", gen)

@@ -1,0 +1,63 @@
+"""Lifespans for ``python -m asynccoord run --lifespan lifespans:NAME`` in tests/cli/test_lifespan.py.
+
+Each logs what it does, one line each, to the file ``SERVE_SEND_LOG`` names (the log of
+serve_send.py): ``entering``, ``entered``, ``exiting`` and ``exited``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+from serve_send import _log
+
+__all__ = ("failing_enter", "hang_enter", "hang_exit", "needs_args", "swallowing", "sync_manager")
+
+
+def _say(word: str) -> None:
+    _log(word, 0)
+
+
+@contextlib.asynccontextmanager
+async def hang_enter() -> AsyncIterator[None]:
+    """An entry that never ends (a provider check without a timeout, say)."""
+    _say("entering")
+    await asyncio.sleep(3600)
+    yield
+
+
+@contextlib.asynccontextmanager
+async def hang_exit() -> AsyncIterator[None]:
+    """An exit that never ends (a client whose close waits for a dead server, say)."""
+    _say("entered")
+    yield
+    _say("exiting")
+    await asyncio.sleep(3600)
+
+
+@contextlib.asynccontextmanager
+async def failing_enter() -> AsyncIterator[None]:
+    raise RuntimeError("cannot reach the provider")
+    yield
+
+
+@contextlib.asynccontextmanager
+async def swallowing() -> AsyncIterator[None]:
+    """A lifespan that would swallow whatever is thrown into it at its yield."""
+    _say("entered")
+    try:
+        yield
+    except Exception:
+        _say("swallowed")
+    _say("exited")
+
+
+@contextlib.contextmanager
+def sync_manager() -> Iterator[None]:
+    yield
+
+
+@contextlib.asynccontextmanager
+async def needs_args(token: str) -> AsyncIterator[None]:
+    yield
