@@ -16,9 +16,9 @@ import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
@@ -42,6 +42,8 @@ from ..errors import (
     LockTimeoutError,
 )
 from ..validation import check_bool, check_int, check_lease_s, check_non_negative, check_positive, is_async_callable
+from .background import keep as _keep
+from .background import shielded as _shielded
 from .watchdog import Guard, Watchdog
 
 __all__ = (
@@ -165,7 +167,6 @@ class _LocalQueues:
 
 _LOCK_STORE_TYPES: set[type] = set()
 _QUEUES: weakref.WeakKeyDictionary[object, _LocalQueues] = weakref.WeakKeyDictionary()
-_BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
 def _queues(store: LockStore) -> _LocalQueues:
@@ -178,12 +179,6 @@ def _queues(store: LockStore) -> _LocalQueues:
 def _settle(future: asyncio.Future[bool], value: bool) -> None:
     if not future.done():
         future.set_result(value)
-
-
-def _keep(task: asyncio.Task[Any]) -> None:
-    """Keep a background task referenced until it ends."""
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)
 
 
 async def _release_and_signal(store: LockStore, lease: Lease) -> bool:
@@ -217,36 +212,6 @@ def _release_orphan(store: LockStore, call: asyncio.Future[Lease | LockBusy]) ->
             outcome.fencing_token,
         )
         _keep(asyncio.ensure_future(_release_quietly(store, outcome)))
-
-
-def _log_outcome(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("asynccoord.lock.lock_release_failed error=%s", task.exception())
-
-
-async def _shielded(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-    """Await ``coro`` in its own task, shielded from the caller's cancellation.
-
-    If the caller is cancelled, keep waiting (cancellations included) up to
-    ``timeout_s`` for the task to finish, then re-raise the cancellation; a task
-    still running then finishes in the background.
-    """
-    task = asyncio.ensure_future(coro)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        deadline = time.monotonic() + timeout_s
-        while not task.done() and (remaining := deadline - time.monotonic()) > 0:
-            try:
-                await asyncio.wait({task}, timeout=remaining)
-            except asyncio.CancelledError:
-                continue  # cancelled again: the wait stays bounded, the cancellation is re-raised below
-        if task.done():
-            _log_outcome(task)
-        else:
-            _keep(task)
-            task.add_done_callback(_log_outcome)
-        raise
 
 
 # --- handles --------------------------------------------------------------------------------
@@ -408,7 +373,8 @@ class _LeaseHandle:
         the first ``permits`` of them ask the store, and a release in the process wakes
         them at once (:meth:`try_acquire` does not queue). A cancelled ``acquire`` leaves
         nothing held: a lease granted as the caller was cancelled is released in the
-        background.
+        background, and so is one whose grant arrived past its local deadline (this
+        process stalled meanwhile, and another holder may have it): the wait goes on.
 
         Args:
             timeout_s: Longest wait, seconds (>= 0; 0 makes one attempt). None (the
@@ -431,7 +397,8 @@ class _LeaseHandle:
         return await self._acquire(timeout, in_block=False)
 
     async def try_acquire(self) -> Lease | None:
-        """One attempt, no waiting: the new lease, or None (counted as ``lock_contended``).
+        """One attempt, no waiting: the new lease, or None (held: counted as ``lock_contended``;
+        or granted past its local deadline, see :meth:`acquire`).
 
         Raises:
             LockError: this handle already holds a lease or is acquiring in another task.
@@ -443,6 +410,8 @@ class _LeaseHandle:
             outcome = await self._attempt()
             if isinstance(outcome, LockBusy):
                 self._store.events.add(ev.LOCK_CONTENDED)
+                return None
+            if not self._in_time(outcome, sent_at):
                 return None
             self._take(outcome, sent_at, in_block=False)
             return outcome
@@ -484,8 +453,15 @@ class _LeaseHandle:
                 sent_at = time.monotonic()
                 outcome = await self._attempt()
                 if isinstance(outcome, Lease):
-                    self._take(outcome, sent_at, in_block=in_block)
-                    return outcome
+                    if self._in_time(outcome, sent_at):
+                        self._take(outcome, sent_at, in_block=in_block)
+                        return outcome
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise LockTimeoutError(
+                            f"could not acquire {self._name!r} within timeout_s={timeout_s:g}: "
+                            "its grant arrived past its local deadline"
+                        )
+                    continue
                 if not contended:
                     self._store.events.add(ev.LOCK_CONTENDED)
                     contended = True
@@ -517,6 +493,26 @@ class _LeaseHandle:
         except asyncio.CancelledError:
             call.add_done_callback(lambda done: _release_orphan(self._store, done))
             raise
+
+    def _in_time(self, lease: Lease, sent_at: float) -> bool:
+        """Whether ``lease``, asked for at ``sent_at``, arrived before its local deadline.
+
+        A process that stalled between the store's grant and its reply (a GC pause, SIGSTOP,
+        swap) past that deadline holds a lease another holder may have taken over: it is
+        released in the background, never used (``asynccoord.lock.grant_too_late``).
+        """
+        late_s = time.monotonic() - self._local_deadline(lease.ttl_s, sent_at)
+        if late_s < 0:
+            return True
+        log.warning(
+            "asynccoord.lock.grant_too_late name=%r fencing_token=%d late_s=%.3f: the grant arrived past its local "
+            "deadline (this process or the store stalled); released, not used",
+            lease.name,
+            lease.fencing_token,
+            late_s,
+        )
+        _keep(asyncio.ensure_future(_release_quietly(self._store, lease)))
+        return False
 
     def _take(self, lease: Lease, sent_at: float, *, in_block: bool) -> None:
         """Record a new lease; synchronous, so no cancellation can fall between grant and record."""

@@ -504,7 +504,18 @@ class LockPool:
                     sent_at = time.monotonic()
                     outcome = await self.store.try_acquire_lock(name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
                     if isinstance(outcome, Lease):
-                        break
+                        margin = Watchdog.for_store(self.store).safety_margin_ratio
+                        if time.monotonic() < sent_at + outcome.ttl_s * (1.0 - margin):
+                            break
+                        # The grant arrived past its local deadline (this process stalled): another
+                        # pool may hold the lock by now. Released, never used; try again.
+                        log.warning(
+                            "asynccoord.lock.grant_too_late name=%r fencing_token=%d: released, not used",
+                            name,
+                            outcome.fencing_token,
+                        )
+                        await self._release_quietly(outcome)
+                        continue
                     assert isinstance(outcome, LockBusy)
                     busy = lock_busy = outcome
                     if not in_line:  # take a place in line at once

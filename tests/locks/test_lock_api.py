@@ -444,3 +444,57 @@ async def test_lease_records_are_plain_values(rstore: Store) -> None:
         assert lease.holder == "me"
         with pytest.raises(AttributeError):
             lease.fencing_token = 9  # type: ignore[misc]
+
+
+def stall_after_first_grant(store: Store, stall_s: float) -> list[Lease]:
+    """Make the store's first lock grant reach its caller ``stall_s`` late, the event loop blocked
+    meanwhile (a GC pause, a SIGSTOP, swap); return the leases granted, in order."""
+    granted: list[Lease] = []
+    acquire = store.try_acquire_lock
+
+    async def try_acquire_lock(name: str, **kwargs: Any) -> Any:
+        outcome = await acquire(name, **kwargs)
+        if isinstance(outcome, Lease):
+            granted.append(outcome)
+            if len(granted) == 1:
+                time.sleep(stall_s)
+        return outcome
+
+    store.try_acquire_lock = try_acquire_lock  # type: ignore[method-assign]
+    return granted
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+async def test_a_grant_arriving_past_its_local_deadline_is_released_and_not_used(
+    rstore: Store, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A block never starts on a lease whose local deadline passed before the grant arrived:
+    another holder may have the lock by then. The late lease is released and the acquisition
+    goes on, so the block runs on a fresh lease it holds."""
+    granted = stall_after_first_grant(rstore, 0.35)
+    handle = (
+        Lock(rstore, "acct", ttl_s=0.3, timeout_s=5.0)
+        if kind == "lock"
+        else Semaphore(rstore, "acct", permits=2, ttl_s=0.3, timeout_s=5.0)
+    )
+    async with handle as lease:
+        assert handle.held
+        assert [g.fencing_token for g in granted] == [1, 2]
+        assert lease == granted[1]
+        assert [info.fencing_token for info in await rstore.list_locks("acct")] == [2]  # the late one released
+    assert "asynccoord.lock.grant_too_late name='acct' fencing_token=1" in caplog.text
+
+
+async def test_try_acquire_refuses_a_grant_arriving_past_its_local_deadline(rstore: Store) -> None:
+    granted = stall_after_first_grant(rstore, 0.35)
+    lock = Lock(rstore, "acct", ttl_s=0.3)
+    assert await lock.try_acquire() is None
+    assert not lock.held
+
+    async def released() -> bool:
+        return await rstore.list_locks("acct") == []
+
+    await wait_until(released, 5.0, "the late lease released in the background")
+    assert await lock.try_acquire() == granted[1]
+    assert granted[1].fencing_token == 2
+    await lock.release()

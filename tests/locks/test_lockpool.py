@@ -1104,3 +1104,30 @@ async def test_a_lease_whose_fenced_write_was_refused_takes_no_more_turns(backen
     other = await pool.fence_refused(turn.lease, fence_rejected_error("ledger", turn.lease.fencing_token, 10**6))
     assert other is False
     await pool.aclose()
+
+
+async def test_a_turn_never_starts_on_a_grant_arriving_past_its_local_deadline(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The event loop blocked between the store's grant and its reply, past the lease's local
+    deadline: the pool releases that lease and takes a fresh one for the turn."""
+    store = await make_store(clock=None)
+    granted: list[Lease] = []
+    acquire = store.try_acquire_lock
+
+    async def try_acquire_lock(name: str, **kwargs: Any) -> Any:
+        outcome = await acquire(name, **kwargs)
+        if isinstance(outcome, Lease) and name == "account:hot":
+            granted.append(outcome)
+            if len(granted) == 1:
+                time.sleep(0.35)  # a GC pause, a SIGSTOP, swap
+        return outcome
+
+    store.try_acquire_lock = try_acquire_lock  # type: ignore[method-assign]
+    pool = LockPool(store, ttl_s=0.3, holder="process-a")
+    async with pool.turn("account:hot", timeout_s=5.0, on_lost=_ignore) as turn:
+        turn.check()
+        assert [g.fencing_token for g in granted] == [1, 2]
+        assert turn.lease == granted[1]
+    assert "asynccoord.lock.grant_too_late name='account:hot' fencing_token=1" in caplog.text
+    await pool.aclose()
