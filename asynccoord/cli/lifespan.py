@@ -6,7 +6,9 @@ leaves it after the nodes have stopped and the database has closed. The lifespan
 application's code, so the command keeps control around it: a SIGTERM or SIGINT while it
 is entered cancels the entry and ends the run, its exit is bounded by
 ``--shutdown-timeout-s`` (and ended by a further signal), it never sees the run's own
-errors (so it cannot swallow them), and whatever it raises ends the run with exit status 1.
+errors (so it cannot swallow them), and an exception it raises ends the run with exit
+status 1 (after the run's own error, if one ended the run). A lifespan that ignores its
+cancellation keeps the process until it returns, as a send that does.
 A send that outlived the nodes' stop (it ignored its cancellation, see
 :class:`~asynccoord.node.runtime.Runtime`) may still be running when the lifespan is left.
 """
@@ -64,7 +66,11 @@ def open_lifespan(spec: str) -> Lifespan:
     """
     factory = load_callable(spec)
     check_lifespan(spec, factory)
-    manager = factory()
+    try:
+        manager = factory()
+    except Exception as exc:  # the application's code (a token missing from the environment, say)
+        log.error("asynccoord.run.lifespan_failed lifespan=%r: calling it raised", spec, exc_info=exc)
+        raise CoordError(f"--lifespan {spec!r} raised when called: {error_text(exc)}") from exc
     if not (hasattr(manager, "__aenter__") and hasattr(manager, "__aexit__")):
         if inspect.iscoroutine(manager):
             manager.close()  # never awaited: no warning at its collection
@@ -91,10 +97,10 @@ class Lifespan:
         """
         if signalled.is_set():
             return False
-        entered = await _until(self._manager.__aenter__(), signalled, timeout_s=None)
+        entered = await _until(self._step("__aenter__"), signalled, timeout_s=None)
         if entered is None:
             log.warning(
-                "asynccoord.run.lifespan_interrupted lifespan=%r: a signal came while it was entered; "
+                "asynccoord.run.lifespan_interrupted lifespan=%r: a signal came while it was being entered; "
                 "the run ends before the database opens",
                 self.spec,
             )
@@ -102,20 +108,45 @@ class Lifespan:
         self._raise_if_failed(entered, "entering it")
         return True
 
-    async def exit(self, signalled: asyncio.Event, timeout_s: float) -> None:
+    async def exit(self, signalled: asyncio.Event, timeout_s: float, *, hurry: bool) -> None:
         """Leave it, as after a clean run: it never sees the run's own errors.
+
+        ``hurry``: more than one signal came (the drain was cut short): ``signalled`` stays
+        set, so the exit is cut short at once. Otherwise it is cleared first, and only a
+        signal from now on counts.
 
         Raises:
             CoordError: the exit raised (logged with its traceback first), took longer
-                than ``timeout_s``, or a signal set ``signalled`` meanwhile (cleared first,
-                so only a signal from now on counts).
+                than ``timeout_s``, or a signal set ``signalled`` meanwhile.
         """
-        signalled.clear()
-        exited = await _until(self._manager.__aexit__(None, None, None), signalled, timeout_s=timeout_s)
+        if not hurry:
+            signalled.clear()
+        exited = await _until(self._step("__aexit__", None, None, None), signalled, timeout_s=timeout_s)
         if exited is None:
-            why = "a signal came" if signalled.is_set() else f"it took longer than {timeout_s:g} s"
-            raise CoordError(f"--lifespan {self.spec!r} was cut short while exiting: {why} (--shutdown-timeout-s)")
+            why = (
+                "a signal came" if signalled.is_set() else f"it took longer than --shutdown-timeout-s ({timeout_s:g} s)"
+            )
+            raise CoordError(f"--lifespan {self.spec!r} was cut short while exiting: {why}")
         self._raise_if_failed(exited, "exiting it")
+
+    def _step(self, method: str, *args: Any) -> Any:
+        """``self._manager.<method>(*args)``, which must give an awaitable.
+
+        Raises:
+            InvalidTypeError: it gave something else (a synchronous ``__aexit__``, say).
+            CoordError: calling it raised.
+        """
+        try:
+            step = getattr(self._manager, method)(*args)
+        except Exception as exc:
+            log.error("asynccoord.run.lifespan_failed lifespan=%r: %s raised", self.spec, method, exc_info=exc)
+            raise CoordError(f"--lifespan {self.spec!r}: its {method} raised: {error_text(exc)}") from exc
+        if not inspect.isawaitable(step):
+            raise InvalidTypeError(
+                f"--lifespan {self.spec!r}: its {method} returned {type(step).__name__}, not an awaitable "
+                "(define it with async def)"
+            )
+        return step
 
     def _raise_if_failed(self, done: asyncio.Future[Any], doing: str) -> None:
         if done.cancelled():

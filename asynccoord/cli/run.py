@@ -35,7 +35,7 @@ from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
 from ..contract.locks import MAX_PERMITS
 from ..contract.ratelimits import RateLimit, describe_limits
-from ..errors import InvalidArgumentError, StoreError
+from ..errors import CoordError, InvalidArgumentError, StoreError
 from ..node.config import MAX_IN_FLIGHT
 from ..node.retention import DEFAULT_DONE_RETENTION_S
 from ..validation import (
@@ -46,7 +46,7 @@ from ..validation import (
     check_non_negative,
     check_positive,
 )
-from .lifespan import check_lifespan, open_lifespan
+from .lifespan import Lifespan, check_lifespan, open_lifespan
 from .loading import load_callable
 from .lockstore import add_lock_store_options, check_lock_store_options
 from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
@@ -137,7 +137,10 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         help="delete the queue's done tasks older than this (default 86400, a day); 'keep' keeps them",
     )
     parser.add_argument(
-        "--shutdown-timeout-s", type=float, default=10.0, help="drain time at shutdown, seconds (default 10)"
+        "--shutdown-timeout-s",
+        type=float,
+        default=10.0,
+        help="drain time at shutdown, seconds (default 10); a --lifespan's exit gets as long again",
     )
     add_monitor_options(parser)
 
@@ -303,11 +306,12 @@ def run_command(args: argparse.Namespace) -> int:
     before is put back, unless ``args._exiting`` (set by ``python -m asynccoord``: the
     process is on its way out).
 
-    A ``--lifespan`` is entered first, before the database opens: a signal while it is
-    entered cuts the entry short and the run ends there (exit status 0). It is left last,
-    after the database has closed, as after a clean run whatever ended the run, within
-    ``--shutdown-timeout-s``; running longer, or a further signal meanwhile, cuts it short.
-    What it raises, or cutting its exit short, ends the command with exit status 1.
+    A ``--lifespan`` is entered before the database opens: a signal while it is being
+    entered cuts the entry short and the run ends there (exit status 0). It is left after
+    the database has closed, as after a clean run whatever ended the run, within its own
+    ``--shutdown-timeout-s``; running longer, or a signal beyond the first, cuts it short.
+    An exception it raises, or cutting its exit short, ends the command with exit status 1
+    (a run's own error goes first, and the lifespan's failure is logged).
     """
     from ..backends.open import describe_target, open_store
     from ..monitor.monitor import Monitor
@@ -336,7 +340,7 @@ def run_command(args: argparse.Namespace) -> int:
                     lifespan = open_lifespan(args.lifespan)
                     if not await lifespan.enter(signalled):
                         return 0
-                    stack.push_async_callback(lifespan.exit, signalled, args.shutdown_timeout_s)
+                    stack.push_async_exit(_leaving(lifespan, signalled, args.shutdown_timeout_s, held))
                 if held:  # a signal came already: nothing to start
                     log.info("asynccoord.serve.stopped signal=%s", held[0])
                     return 0
@@ -383,6 +387,26 @@ def run_command(args: argparse.Namespace) -> int:
         if not getattr(args, "_exiting", False) and previous is not None:
             with contextlib.suppress(ValueError):  # not the main thread
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _leaving(lifespan: Lifespan, signalled: asyncio.Event, timeout_s: float, held: list[int]) -> Any:
+    """The exit callback of ``lifespan`` in the run's exit stack.
+
+    The lifespan is left as after a clean run. When an error of the run is on its way
+    out, a failure of the exit is logged and the run's error goes on; otherwise it is
+    raised.
+    """
+
+    async def leave(exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        try:
+            await lifespan.exit(signalled, timeout_s, hurry=len(held) > 1)
+        except CoordError as failed:
+            if exc is None:
+                raise
+            log.error("asynccoord.run.lifespan_failed %s (after the run's own error)", failed)
+        return False
+
+    return leave
 
 
 def _hold_signals(loop: asyncio.AbstractEventLoop, note: Callable[[int], None]) -> list[int]:

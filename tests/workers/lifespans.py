@@ -12,7 +12,17 @@ from collections.abc import AsyncIterator, Iterator
 
 from serve_send import _log
 
-__all__ = ("failing_enter", "hang_enter", "hang_exit", "needs_args", "swallowing", "sync_manager")
+__all__ = (
+    "SyncExit",
+    "factory_raises",
+    "failing_enter",
+    "failing_exit",
+    "hang_enter",
+    "hang_exit",
+    "needs_args",
+    "swallowing",
+    "sync_manager",
+)
 
 
 def _say(word: str) -> None:
@@ -61,3 +71,24 @@ def sync_manager() -> Iterator[None]:
 @contextlib.asynccontextmanager
 async def needs_args(token: str) -> AsyncIterator[None]:
     yield
+
+
+@contextlib.asynccontextmanager
+async def failing_exit() -> AsyncIterator[None]:
+    _say("entered")
+    yield
+    raise RuntimeError("close failed")
+
+
+class SyncExit:
+    """A class whose ``__aexit__`` was written without ``async``."""
+
+    async def __aenter__(self) -> None:
+        _say("entered")
+
+    def __aexit__(self, *exc: object) -> bool:
+        return False
+
+
+def factory_raises() -> SyncExit:
+    raise KeyError("BOT_TOKEN")
