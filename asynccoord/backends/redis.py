@@ -772,7 +772,7 @@ class RedisLockStore:
             check_name("name", name)
             names = [name]
         else:
-            pattern = self._key("lock", "*")
+            pattern = "".join("\\" + c if c in "*?[]\\" else c for c in self._key("lock", "")) + "*"  # a glob
 
             async def scan(client: aioredis.Redis) -> list[str]:
                 return [_text(k) async for k in client.scan_iter(match=pattern, count=1000)]

@@ -41,7 +41,7 @@ from ..errors import (
     LockNotHeldError,
     LockTimeoutError,
 )
-from ..validation import check_bool, check_int, check_lease_s, check_non_negative, check_positive, is_async_callable
+from ..validation import check_bool, check_int, check_interval_s, check_lease_s, check_non_negative, is_async_callable
 from .background import keep as _keep
 from .background import shielded as _shielded
 from .watchdog import Guard, Watchdog
@@ -251,7 +251,7 @@ class _LeaseHandle:
             auto_renew = ttl_s is None or renew_interval_s is not None or max_hold_s is not None
         self._auto_renew = check_bool("auto_renew", auto_renew)
         self._max_hold_s = (  # its type and range first
-            default_max_hold_s(self._ttl_s) if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+            default_max_hold_s(self._ttl_s) if max_hold_s is None else check_lease_s("max_hold_s", max_hold_s)
         )
         if not self._auto_renew and max_hold_s is not None:
             raise InvalidArgumentError(
@@ -274,7 +274,7 @@ class _LeaseHandle:
         if backoff is not None and not isinstance(backoff, RetryPolicy):
             raise InvalidTypeError(f"backoff must be a RetryPolicy or None, got {type(backoff).__name__}")
         self._backoff = backoff or DEFAULT_BACKOFF
-        self._release_timeout_s = check_positive("release_timeout_s", release_timeout_s)
+        self._release_timeout_s = check_interval_s("release_timeout_s", release_timeout_s)
         if on_lost is not None and (not callable(on_lost) or is_async_callable(on_lost)):
             raise InvalidTypeError(f"on_lost must be a plain function or None, got {on_lost!r}")
         self._on_lost_callback = on_lost

@@ -37,7 +37,6 @@ from ..validation import (
     check_lock_store,
     check_name,
     check_non_negative,
-    check_positive,
 )
 from .line import PLACE_PREFIX, Rank, ahead, next_in_line, own_place, place_holder, place_id, shown_rank
 from .pacing import LockPacer
@@ -257,7 +256,7 @@ class LockPool:
         self.max_overtakes = check_int("max_overtakes", max_overtakes, minimum=0)
         self.min_hold_s = check_non_negative("min_hold_s", min_hold_s)
         default_hold_s = max(300.0, 10 * self.ttl_s)
-        self.max_hold_s = default_hold_s if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        self.max_hold_s = default_hold_s if max_hold_s is None else check_lease_s("max_hold_s", max_hold_s)
         if self.min_hold_s > self.max_hold_s:
             raise InvalidArgumentError(
                 f"min_hold_s={min_hold_s!r} is above max_hold_s={self.max_hold_s:g}: no lease is held that long"
@@ -328,7 +327,7 @@ class LockPool:
                 block, before any wait).
         """
         check_user_lock_name("name", name)
-        deadline = time.monotonic() + check_positive("timeout_s", timeout_s)
+        deadline = time.monotonic() + check_non_negative("timeout_s", timeout_s)
         check_callback("on_lost", on_lost)
         check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1)
         if order is not None:

@@ -27,7 +27,6 @@ from ..validation import (
     check_interval_s,
     check_lease_s,
     check_non_negative,
-    check_positive,
     is_async_callable,
 )
 
@@ -425,7 +424,7 @@ class Watchdog:
         if task is not None and not isinstance(task, asyncio.Task):
             raise InvalidTypeError(f"task must be an asyncio.Task or None, got {type(task).__name__} {task!r}")
         interval = self.check_interval(lease.ttl_s, lease.ttl_s / 3 if renew_interval_s is None else renew_interval_s)
-        hold = float("inf") if max_hold_s is None else check_positive("max_hold_s", max_hold_s)
+        hold = float("inf") if max_hold_s is None else check_lease_s("max_hold_s", max_hold_s)
         check_bool("tied_to_task", tied_to_task)
         if not tied_to_task and task is not None:
             raise InvalidArgumentError(f"task must be None when tied_to_task is False, got {task!r}")

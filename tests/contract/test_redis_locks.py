@@ -559,3 +559,25 @@ async def test_a_cancellation_redis_py_turns_into_an_error_or_swallows_still_end
     assert done == {task}
     assert task.cancelled()
     assert calls == 1  # not retried
+
+
+@pytest.mark.parametrize("mark", ["[1]", "*", "?", "\\"])
+async def test_list_locks_finds_every_lock_under_a_prefix_holding_glob_characters(mark: str) -> None:
+    """The prefix is matched literally: SCAN's glob characters in it are escaped."""
+    problem = redis_problem()
+    if problem is not None:
+        unavailable("Redis", problem)
+    from asynccoord.backends.redis import RedisLockStore
+
+    prefix = f"test:{secrets.token_hex(6)}{mark}:"
+    sibling = prefix.replace(mark, "x")  # what an unescaped pattern could also match
+    async with RedisLockStore(REDIS_URL, prefix=prefix) as store, RedisLockStore(REDIS_URL, prefix=sibling) as other:
+        try:
+            mine = await store.try_acquire_lock("mine", ttl_s=30.0)
+            theirs = await other.try_acquire_lock("theirs", ttl_s=30.0)
+            assert isinstance(mine, Lease)
+            assert isinstance(theirs, Lease)
+            assert [info.name for info in await store.list_locks()] == ["mine"]
+        finally:
+            await store.release_lock(mine)
+            await other.release_lock(theirs)

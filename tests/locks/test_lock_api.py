@@ -284,6 +284,8 @@ BAD_HANDLES: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"renew_interval_s": 0}, InvalidArgumentError, "renew_interval_s must be > 0"),
     ({"ttl_s": 1.0, "renew_interval_s": 0.95}, InvalidArgumentError, "renew_interval_s must be shorter than"),
     ({"max_hold_s": 0}, InvalidArgumentError, "max_hold_s must be > 0, got 0"),
+    ({"max_hold_s": 1e-9}, InvalidArgumentError, "max_hold_s must be >= 0.01 seconds"),
+    ({"release_timeout_s": 1e-9}, InvalidArgumentError, "release_timeout_s must be >= 0.001 seconds"),
     (
         {"ttl_s": 1.0, "auto_renew": False, "max_hold_s": 5.0},
         InvalidArgumentError,

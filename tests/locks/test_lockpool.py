@@ -1131,3 +1131,18 @@ async def test_a_turn_never_starts_on_a_grant_arriving_past_its_local_deadline(
         assert turn.lease == granted[1]
     assert "asynccoord.lock.grant_too_late name='account:hot' fencing_token=1" in caplog.text
     await pool.aclose()
+
+
+async def test_a_turn_with_timeout_s_0_makes_one_attempt(make_store: Any) -> None:
+    """As ``Lock(timeout_s=0)``: a free lock is taken, a held one refused at once."""
+    store = await make_store(clock=None)
+    mine, theirs = LockPool(store, ttl_s=5.0, holder="process-a"), LockPool(store, ttl_s=5.0, holder="process-b")
+    async with mine.turn("account:1", timeout_s=0, on_lost=_ignore) as turn:
+        assert turn.lease.holder == "process-a"
+        started = time.monotonic()
+        with pytest.raises(LockTimeoutError):
+            async with theirs.turn("account:1", timeout_s=0, on_lost=_ignore):
+                pass
+        assert time.monotonic() - started < 1.0
+    await mine.aclose()
+    await theirs.aclose()
