@@ -65,7 +65,13 @@ async def test_every_message_answered_in_order_within_limits_when_a_node_process
     assert run.exit_codes == {"bot": 0, "nodes-0": -9, "nodes-1": 0}, why
 
 
-@pytest.mark.parametrize("script", ["aiogram_bot.py", "ptb_bot.py"], ids=["aiogram", "python-telegram-bot"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param("aiogram_bot.py", id="aiogram", marks=pytest.mark.xdist_group("aiogram")),  # see test_examples
+        pytest.param("ptb_bot.py", id="python-telegram-bot"),
+    ],
+)
 async def test_a_429_pauses_the_bot_on_every_node_and_costs_no_message(script: str, tmp_path: Path) -> None:
     pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
     stricter = {**TELEGRAM_LIMITS, "chat": Limit(1, 1.0, burst=1)}  # no burst: the examples' bursts meet 429s

@@ -38,7 +38,13 @@ def test_examples_are_found() -> None:
     assert EXAMPLES, f"no examples in {EXAMPLES_DIR}"
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+AIOGRAM = pytest.mark.xdist_group("aiogram")
+"""The tests whose processes import aiogram (6 s of CPU each on two cores) run on one worker, one at a time."""
+
+
+@pytest.mark.parametrize(
+    "path", [pytest.param(p, id=p.stem, marks=[AIOGRAM] if p.stem == "aiogram_bot" else []) for p in EXAMPLES]
+)
 def test_example_runs_and_passes_its_own_check(path: Path, tmp_path: Path) -> None:
     assert path.name in KEY_LINES, f"add the key output line of examples/{path.name} to KEY_LINES"
     started = time.monotonic()
