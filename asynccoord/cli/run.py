@@ -403,7 +403,7 @@ def _leaving(lifespan: Lifespan, signalled: asyncio.Event, timeout_s: float, hel
         except CoordError as failed:
             if exc is None:
                 raise
-            log.error("asynccoord.run.lifespan_failed %s (after the run's own error)", failed)
+            log.error("asynccoord.run.lifespan_exit_failed %s (after the run's own error)", failed)
         return False
 
     return leave

@@ -411,7 +411,7 @@ class _LeaseHandle:
             if isinstance(outcome, LockBusy):
                 self._store.events.add(ev.LOCK_CONTENDED)
                 return None
-            if not self._in_time(outcome, sent_at):
+            if not await self._in_time(outcome, sent_at):
                 return None
             self._take(outcome, sent_at, in_block=False)
             return outcome
@@ -453,14 +453,19 @@ class _LeaseHandle:
                 sent_at = time.monotonic()
                 outcome = await self._attempt()
                 if isinstance(outcome, Lease):
-                    if self._in_time(outcome, sent_at):
+                    if await self._in_time(outcome, sent_at):
                         self._take(outcome, sent_at, in_block=in_block)
                         return outcome
-                    if deadline is not None and time.monotonic() >= deadline:
+                    if not contended:  # a late grant counts as a busy answer
+                        self._store.events.add(ev.LOCK_CONTENDED)
+                    failures, contended, now = failures + 1, True, time.monotonic()
+                    if deadline is not None and now >= deadline:
                         raise LockTimeoutError(
                             f"could not acquire {self._name!r} within timeout_s={timeout_s:g}: "
                             "its grant arrived past its local deadline"
                         )
+                    delay = self._backoff.delay_s(failures)
+                    await ticket.wait(delay if deadline is None else min(delay, deadline - now))
                     continue
                 if not contended:
                     self._store.events.add(ev.LOCK_CONTENDED)
@@ -494,12 +499,11 @@ class _LeaseHandle:
             call.add_done_callback(lambda done: _release_orphan(self._store, done))
             raise
 
-    def _in_time(self, lease: Lease, sent_at: float) -> bool:
-        """Whether ``lease``, asked for at ``sent_at``, arrived before its local deadline.
+    async def _in_time(self, lease: Lease, sent_at: float) -> bool:
+        """Whether ``lease``, asked for at ``sent_at``, arrived before its local deadline; if not, release it.
 
-        A process that stalled between the store's grant and its reply (a GC pause, SIGSTOP,
-        swap) past that deadline holds a lease another holder may have taken over: it is
-        released in the background, never used (``asynccoord.lock.grant_too_late``).
+        A process that stalled between the store's grant and its reply (a GC pause, SIGSTOP) past that
+        deadline holds a lease another may have taken over: never used (``asynccoord.lock.grant_too_late``).
         """
         late_s = time.monotonic() - self._local_deadline(lease.ttl_s, sent_at)
         if late_s < 0:
@@ -511,7 +515,7 @@ class _LeaseHandle:
             lease.fencing_token,
             late_s,
         )
-        _keep(asyncio.ensure_future(_release_quietly(self._store, lease)))
+        await _release_quietly(self._store, lease)
         return False
 
     def _take(self, lease: Lease, sent_at: float, *, in_block: bool) -> None:
@@ -785,7 +789,7 @@ class Lock(_LeaseHandle):
             (``Watchdog.for_store``).
         backoff: Delay schedule between attempts; default :data:`DEFAULT_BACKOFF`.
         release_timeout_s: How long a cancelled release keeps waiting for the store,
-            seconds (> 0). Default 5.
+            seconds (>= 0.001). Default 5.
         on_lost: Called with the :class:`~asynccoord.errors.LockLostError` (in the event
             loop, once per lease) when the watchdog gives a lease up: it lapsed, was taken
             over, or reached ``max_hold_s``. A plain function (an ``async def`` one is

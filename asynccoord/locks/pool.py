@@ -504,16 +504,23 @@ class LockPool:
                     outcome = await self.store.try_acquire_lock(name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
                     if isinstance(outcome, Lease):
                         margin = Watchdog.for_store(self.store).safety_margin_ratio
-                        if time.monotonic() < sent_at + outcome.ttl_s * (1.0 - margin):
+                        late_s = time.monotonic() - (sent_at + outcome.ttl_s * (1.0 - margin))
+                        if late_s < 0:
                             break
                         # The grant arrived past its local deadline (this process stalled): another
-                        # pool may hold the lock by now. Released, never used; try again.
+                        # pool may hold the lock by now. Released, never used; then as a busy answer.
                         log.warning(
-                            "asynccoord.lock.grant_too_late name=%r fencing_token=%d: released, not used",
+                            "asynccoord.lock.grant_too_late name=%r fencing_token=%d late_s=%.3f: released, not used",
                             name,
                             outcome.fencing_token,
+                            late_s,
                         )
                         await self._release_quietly(outcome)
+                        contended()
+                        if time.monotonic() >= deadline:
+                            raise LockTimeoutError(f"could not acquire {name!r}: its grant arrived past its deadline")
+                        polls += 1
+                        await asyncio.sleep(min(deadline - time.monotonic(), _NEXT_POLL.delay_s(polls)))
                         continue
                     assert isinstance(outcome, LockBusy)
                     busy = lock_busy = outcome

@@ -500,3 +500,29 @@ async def test_try_acquire_refuses_a_grant_arriving_past_its_local_deadline(rsto
     assert await lock.try_acquire() == granted[1]
     assert granted[1].fencing_token == 2
     await lock.release()
+
+
+async def test_grants_always_arriving_late_end_in_a_timeout_with_backoff_and_counted_contention(rstore: Store) -> None:
+    """A store whose every grant arrives past the local deadline (a TTL below its round trip): the
+    wait still ends at ``timeout_s``, backs off between attempts, and counts its contention once."""
+    acquire = rstore.try_acquire_lock
+    grants: list[Lease] = []
+
+    async def slow_reply(name: str, **kwargs: Any) -> Any:
+        outcome = await acquire(name, **kwargs)
+        if isinstance(outcome, Lease):
+            grants.append(outcome)
+            await asyncio.sleep(0.03)  # past 0.9 of the 0.03 s TTL
+        return outcome
+
+    rstore.try_acquire_lock = slow_reply  # type: ignore[method-assign]
+    contended = rstore.events.snapshot().get(ev.LOCK_CONTENDED, 0)
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError, match="its grant arrived past its local deadline"):
+        await Lock(
+            rstore, "acct", ttl_s=0.03, backoff=RetryPolicy(base_s=0.05, factor=1.0, cap_s=0.05, jitter=0.0)
+        ).acquire(timeout_s=0.5)
+    assert 0.5 <= time.monotonic() - started < 2.0
+    assert 3 <= len(grants) <= 8  # about one attempt per 0.05 s backoff plus its 0.03 s reply, not a busy loop
+    assert rstore.events.snapshot().get(ev.LOCK_CONTENDED, 0) - contended == 1
+    assert await rstore.list_locks("acct") == []  # each late lease released before the next attempt

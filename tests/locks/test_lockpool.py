@@ -1146,3 +1146,29 @@ async def test_a_turn_with_timeout_s_0_makes_one_attempt(make_store: Any) -> Non
         assert time.monotonic() - started < 1.0
     await mine.aclose()
     await theirs.aclose()
+
+
+async def test_a_turn_whose_grants_all_arrive_late_times_out(make_store: Any) -> None:
+    """Every grant past its local deadline (a TTL below the store's round trip): the turn still ends
+    at ``timeout_s``, polling between attempts, with nothing left held."""
+    store = await make_store(clock=None)
+    acquire = store.try_acquire_lock
+    grants: list[Lease] = []
+
+    async def slow_reply(name: str, **kwargs: Any) -> Any:
+        outcome = await acquire(name, **kwargs)
+        if isinstance(outcome, Lease) and name == "account:hot":
+            grants.append(outcome)
+            await asyncio.sleep(0.03)  # past 0.9 of the 0.03 s TTL
+        return outcome
+
+    store.try_acquire_lock = slow_reply  # type: ignore[method-assign]
+    pool = LockPool(store, ttl_s=0.03, holder="process-a")
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError, match="its grant arrived past its deadline"):
+        async with pool.turn("account:hot", timeout_s=0.5, on_lost=_ignore):
+            pass
+    assert 0.5 <= time.monotonic() - started < 2.0
+    assert 2 <= len(grants) <= 20
+    assert await store.list_locks("account:hot") == []
+    await pool.aclose()
