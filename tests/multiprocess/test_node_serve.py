@@ -85,6 +85,7 @@ def tasks(db_path: Path) -> dict[int, tuple[str, int, str | None, Any, int]]:
     return {r[0]: (r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows}
 
 
+@pytest.mark.exclusive  # the exit is judged to within 0.3 s of the sends' end
 async def test_sigterm_lets_sends_in_flight_finish_and_claims_nothing_new(
     python: Any, db_path: Path, tmp_path: Path
 ) -> None:
@@ -112,6 +113,7 @@ async def test_sigterm_lets_sends_in_flight_finish_and_claims_nothing_new(
         assert after[i] == ("pending", 0, None, None, 0)  # never claimed (not even claimed and handed back)
 
 
+@pytest.mark.exclusive  # the hand-back is judged to within 0.2 s of the exit
 async def test_sigterm_hands_back_long_sends_and_their_locks_without_a_ttl_wait(
     python: Any, db_path: Path, tmp_path: Path
 ) -> None:
