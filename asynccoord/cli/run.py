@@ -51,7 +51,7 @@ from .loading import load_callable
 from .lockstore import add_lock_store_options, check_lock_store_options
 from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
 
-__all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "open_lifespan", "run_command")
+__all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
 
 log = logging.getLogger(__name__)
 

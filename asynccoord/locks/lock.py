@@ -373,8 +373,8 @@ class _LeaseHandle:
         the first ``permits`` of them ask the store, and a release in the process wakes
         them at once (:meth:`try_acquire` does not queue). A cancelled ``acquire`` leaves
         nothing held: a lease granted as the caller was cancelled is released in the
-        background, and so is one whose grant arrived past its local deadline (this
-        process stalled meanwhile, and another holder may have it): the wait goes on.
+        background. A lease whose grant arrived past its local deadline (this process
+        stalled meanwhile, and another holder may have it) is released and the wait goes on.
 
         Args:
             timeout_s: Longest wait, seconds (>= 0; 0 makes one attempt). None (the
@@ -505,7 +505,7 @@ class _LeaseHandle:
         A process that stalled between the store's grant and its reply (a GC pause, SIGSTOP) past that
         deadline holds a lease another may have taken over: never used (``asynccoord.lock.grant_too_late``).
         """
-        late_s = time.monotonic() - self._local_deadline(lease.ttl_s, sent_at)
+        late_s = time.monotonic() - self._watchdog.local_deadline(lease.ttl_s, sent_at)
         if late_s < 0:
             return True
         log.warning(
@@ -522,7 +522,7 @@ class _LeaseHandle:
         """Record a new lease; synchronous, so no cancellation can fall between grant and record."""
         self._lease = lease
         self._lost = None
-        self._deadline = self._local_deadline(lease.ttl_s, sent_at)
+        self._deadline = self._watchdog.local_deadline(lease.ttl_s, sent_at)
         if self._auto_renew or in_block:
             # A block's lease is guarded for the block's task; one taken by acquire() for the
             # handle: renewed until release(), whichever task acquired it (a helper task that
@@ -536,10 +536,6 @@ class _LeaseHandle:
                 on_lost=self._on_lost,
                 tied_to_task=in_block,
             )
-
-    def _local_deadline(self, ttl_s: float, sent_at: float) -> float:
-        """Before this monotonic time the store cannot have let a lease of ``ttl_s`` sent at ``sent_at`` lapse."""
-        return sent_at + ttl_s * (1.0 - self._watchdog.safety_margin_ratio)
 
     def _on_lost(self, error: LockLostError) -> None:
         self._lost = error
@@ -593,7 +589,7 @@ class _LeaseHandle:
             )
         if self._holds(lease):
             self._lease = renewed
-            self._deadline = self._local_deadline(renewed.ttl_s, sent_at)
+            self._deadline = self._watchdog.local_deadline(renewed.ttl_s, sent_at)
         return renewed
 
     async def release(self) -> None:

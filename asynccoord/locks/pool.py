@@ -503,8 +503,8 @@ class LockPool:
                     sent_at = time.monotonic()
                     outcome = await self.store.try_acquire_lock(name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
                     if isinstance(outcome, Lease):
-                        margin = Watchdog.for_store(self.store).safety_margin_ratio
-                        late_s = time.monotonic() - (sent_at + outcome.ttl_s * (1.0 - margin))
+                        deadline_at = Watchdog.for_store(self.store).local_deadline(outcome.ttl_s, sent_at)
+                        late_s = time.monotonic() - deadline_at
                         if late_s < 0:
                             break
                         # The grant arrived past its local deadline (this process stalled): another

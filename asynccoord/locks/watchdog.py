@@ -326,6 +326,10 @@ class Watchdog:
         """Fraction of a lease's TTL kept as a safety margin before its local deadline."""
         return self._margin_ratio
 
+    def local_deadline(self, ttl_s: float, sent_at: float) -> float:
+        """Before this monotonic time the store cannot have let a lease of ``ttl_s`` asked for at ``sent_at`` lapse."""
+        return sent_at + ttl_s * (1.0 - self._margin_ratio)
+
     def check_interval(self, ttl_s: float, renew_interval_s: float) -> float:
         """Validate a renewal interval against a TTL; return it.
 

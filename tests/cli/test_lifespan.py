@@ -109,14 +109,8 @@ def test_a_lifespan_raising_on_entry_ends_the_run_with_one_line_before_the_datab
     assert not db.exists()
 
 
-def test_a_lifespan_never_sees_nor_swallows_the_runs_own_error(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A store error ending the run reaches the command (exit 1) through a lifespan that would swallow
-    it; the lifespan is left as after a clean run."""
+def fail_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Make the run of ``main(["run", ...])`` end with a store error once its nodes run; return the lifespans' log."""
     monkeypatch.syspath_prepend(str(WORKERS))
     log = tmp_path / "lifespan.log"
     monkeypatch.setenv("SERVE_SEND_LOG", str(log))
@@ -125,6 +119,15 @@ def test_a_lifespan_never_sees_nor_swallows_the_runs_own_error(
         raise StoreError("the database went away")
 
     monkeypatch.setattr(Runtime, "wait_for_signal", fail)
+    return log
+
+
+def test_a_lifespan_never_sees_nor_swallows_the_runs_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store error ending the run reaches the command (exit 1) through a lifespan that would swallow
+    it; the lifespan is left as after a clean run."""
+    log = fail_the_run(tmp_path, monkeypatch)
     argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", "lifespans:swallowing"]
     assert main(argv) == 1
     assert capsys.readouterr().err.endswith("asynccoord run: error: the database went away\n")
@@ -188,13 +191,7 @@ def test_a_failing_lifespan_exit_leaves_the_runs_own_error_in_the_last_line(
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.syspath_prepend(str(WORKERS))
-    monkeypatch.setenv("SERVE_SEND_LOG", str(tmp_path / "lifespan.log"))
-
-    async def fail(self: Runtime, signals: object = ()) -> int:
-        raise StoreError("the database went away")
-
-    monkeypatch.setattr(Runtime, "wait_for_signal", fail)
+    fail_the_run(tmp_path, monkeypatch)
     argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", "lifespans:failing_exit"]
     assert main(argv) == 1
     assert capsys.readouterr().err.endswith("asynccoord run: error: the database went away\n")
