@@ -13,7 +13,16 @@ and exits with status 0.
 ``--lifespan mybot.send:client`` names an async context manager function (one made
 with :func:`contextlib.asynccontextmanager`, say) entered before the database opens and
 left after the nodes have stopped: the place to open and close the send's client (see
-:mod:`asynccoord.cli.lifespan`).
+:mod:`asynccoord.cli.lifespan`), which the send reaches through its module::
+
+    session: aiohttp.ClientSession  # mybot/send.py; send() posts with it
+
+
+    @contextlib.asynccontextmanager
+    async def client() -> AsyncIterator[None]:
+        global session
+        async with aiohttp.ClientSession() as session:
+            yield
 
 ``--db`` takes what :func:`asynccoord.backends.open.open_store` takes: an SQLite file path, an
 ``sqlite:///PATH`` URL or a ``postgresql://`` DSN (nodes on many machines).
