@@ -645,6 +645,7 @@ async def test_a_commit_refused_by_the_server_keeps_its_session(pg: str, schema:
         assert after == pids[0]
 
 
+@pytest.mark.exclusive  # it counts every asynccoord session of the server, other tests' too
 async def test_calls_cancelled_while_the_pool_connects_leave_no_unretrieved_exception_and_no_session(
     pg: str, schema: str
 ) -> None:
