@@ -89,23 +89,30 @@ class Lifespan:
         self.spec = spec
         self._manager = manager
 
-    async def enter(self, signalled: asyncio.Event) -> bool:
-        """Enter it; False (nothing entered) when ``signalled`` is set first, or was already.
+    async def enter(self, signalled: asyncio.Event, *, exit_timeout_s: float) -> bool:
+        """Enter it; False when ``signalled`` is set first, or was already.
+
+        An entry that ignores the signal's cancellation and still ends within its second of
+        grace is entered: it is left at once (see :meth:`exit`, given ``exit_timeout_s``), so
+        that a client it opened is closed, and False is returned all the same.
 
         Raises:
-            CoordError: the entry raised (logged with its traceback first).
+            CoordError: the entry raised (logged with its traceback first), or leaving an
+                entry that ended despite the signal failed.
         """
         if signalled.is_set():
             return False
-        entered = await _until(self._step("__aenter__"), signalled, timeout_s=None)
-        if entered is None:
+        entering, in_time = await _until(self._step("__aenter__"), signalled, timeout_s=None)
+        if not in_time:
             log.warning(
                 "asynccoord.run.lifespan_interrupted lifespan=%r: a signal came while it was being entered; "
                 "the run ends before the database opens",
                 self.spec,
             )
+            if entering.done() and not entering.cancelled() and entering.exception() is None:
+                await self.exit(signalled, exit_timeout_s, hurry=False)  # it ended its entry all the same
             return False
-        self._raise_if_failed(entered, "entering it")
+        self._raise_if_failed(entering, "entering it")
         return True
 
     async def exit(self, signalled: asyncio.Event, timeout_s: float, *, hurry: bool) -> None:
@@ -121,8 +128,8 @@ class Lifespan:
         """
         if not hurry:
             signalled.clear()
-        exited = await _until(self._step("__aexit__", None, None, None), signalled, timeout_s=timeout_s)
-        if exited is None:
+        exited, in_time = await _until(self._step("__aexit__", None, None, None), signalled, timeout_s=timeout_s)
+        if not in_time:
             why = (
                 "a signal came" if signalled.is_set() else f"it took longer than --shutdown-timeout-s ({timeout_s:g} s)"
             )
@@ -158,10 +165,12 @@ class Lifespan:
         raise CoordError(f"--lifespan {self.spec!r} raised {doing}: {error_text(exc)}") from exc
 
 
-async def _until(step: Any, signalled: asyncio.Event, *, timeout_s: float | None) -> asyncio.Future[Any] | None:
-    """Run the awaitable ``step`` until it ends (its finished future), ``signalled`` is set, or ``timeout_s`` passes.
+async def _until(step: Any, signalled: asyncio.Event, *, timeout_s: float | None) -> tuple[asyncio.Future[Any], bool]:
+    """Run the awaitable ``step`` until it ends, ``signalled`` is set, or ``timeout_s`` passes.
 
-    None in the last two cases: ``step`` is cancelled then, and given a second to end.
+    Returns its future and whether it ended first. When it did not, it is cancelled and
+    given a second to end: the future says how (cancelled, an exception, or a result if it
+    ignored the cancellation).
     """
     doing: asyncio.Future[Any] = asyncio.ensure_future(step)
     signal_wait = asyncio.ensure_future(signalled.wait())
@@ -173,9 +182,9 @@ async def _until(step: Any, signalled: asyncio.Event, *, timeout_s: float | None
     finally:
         signal_wait.cancel()
     if doing.done():
-        return doing
+        return doing, True
     doing.cancel()
     await asyncio.wait({doing}, timeout=1.0)
     if doing.done() and not doing.cancelled():
         doing.exception()  # retrieved: whatever it raised on its way out is not what ended it
-    return None
+    return doing, False

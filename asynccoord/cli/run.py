@@ -347,7 +347,7 @@ def run_command(args: argparse.Namespace) -> int:
                 metrics = stack.enter_context(serve_metrics(args))  # a taken port: stop before the database
                 if getattr(args, "lifespan", None):  # left last: after the nodes and the database
                     lifespan = open_lifespan(args.lifespan)
-                    if not await lifespan.enter(signalled):
+                    if not await lifespan.enter(signalled, exit_timeout_s=args.shutdown_timeout_s):
                         return 0
                     stack.push_async_exit(_leaving(lifespan, signalled, args.shutdown_timeout_s, held))
                 if held:  # a signal came already: nothing to start

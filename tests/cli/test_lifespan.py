@@ -59,6 +59,19 @@ async def test_a_signal_cuts_a_hanging_lifespan_entry_short_before_the_database_
     assert words(log) == ["entering"]
 
 
+async def test_an_entry_that_ends_despite_the_signal_is_left_before_the_run_ends(python: Any, tmp_path: Path) -> None:
+    db, log = tmp_path / "bot.db", tmp_path / "lifespan.log"
+    proc = spawn_run(python, db, log, "stubborn_enter")
+    await wait_for_word(proc, log, "entering")
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await asyncio.to_thread(proc.wait, 20)
+    _, err = proc.communicate()
+    assert code == 0, err
+    assert "asynccoord.run.lifespan_interrupted lifespan='lifespans:stubborn_enter'" in err
+    assert not db.exists()
+    assert words(log) == ["entering", "entered", "exited"]  # what it opened was closed
+
+
 async def test_a_hanging_lifespan_exit_is_cut_short_at_the_shutdown_timeout(python: Any, tmp_path: Path) -> None:
     db, log = tmp_path / "bot.db", tmp_path / "lifespan.log"
     proc = spawn_run(python, db, log, "hang_exit", "--shutdown-timeout-s", "1")

@@ -21,6 +21,7 @@ __all__ = (
     "hang_exit",
     "needs_args",
     "swallowing",
+    "stubborn_enter",
     "sync_manager",
 )
 
@@ -44,6 +45,19 @@ async def hang_exit() -> AsyncIterator[None]:
     yield
     _say("exiting")
     await asyncio.sleep(3600)
+
+
+@contextlib.asynccontextmanager
+async def stubborn_enter() -> AsyncIterator[None]:
+    """An entry that ignores its cancellation and ends its entry all the same, then closes cleanly."""
+    _say("entering")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await asyncio.sleep(0.2)  # finishes opening its client instead of stopping
+    _say("entered")
+    yield
+    _say("exited")
 
 
 @contextlib.asynccontextmanager
