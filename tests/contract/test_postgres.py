@@ -1607,6 +1607,48 @@ async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg:
             await store.close()
 
 
+@pytest.mark.parametrize("claimed_first", [False, True], ids=["pending", "running"])
+async def test_an_enqueue_that_commits_after_a_later_drawn_id_of_its_key_follows_it(
+    pg: str, schema: str, claimed_first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids are drawn before the key's lock: the task whose enqueue commits second follows, whatever its id.
+
+    A stalls between drawing its id and its insert while B enqueues on the same key (and,
+    in one case, claims it). A's task, with the lower id, must still be enqueued (it was
+    refused by coord_tasks_one_head as a second head), and come after B's.
+    """
+    from asynccoord.backends.postgres.store import PostgresStore
+
+    async with PostgresStore(pg, schema=schema) as a, PostgresStore(pg, schema=schema) as b:
+        assert await b.claim("q", node_id="warm", ordered=True) == []  # the queue keeps heads
+        drawn, go_on = asyncio.Event(), asyncio.Event()
+        fetch = a._fetch
+
+        async def stalled_fetch(conn: Any, query_name: str, /, **params: Any) -> Any:
+            if query_name == "enqueue":
+                drawn.set()
+                await go_on.wait()
+            return await fetch(conn, query_name, **params)
+
+        monkeypatch.setattr(a, "_fetch", stalled_fetch)
+        enqueue_a = asyncio.create_task(a.enqueue("q", "A", partition_key="chat"))
+        await asyncio.wait_for(drawn.wait(), 10)
+        task_b = (await b.enqueue("q", "B", partition_key="chat")).task
+        held = await b.claim("q", node_id="b", ordered=True) if claimed_first else []
+        go_on.set()
+        task_a = (await asyncio.wait_for(enqueue_a, 10)).task
+        assert task_a.id < task_b.id
+        order = [t.payload for t in held]
+        await b.complete_many(held)
+        while tasks := await b.claim("q", node_id="b", ordered=True, limit=10):
+            assert len(tasks) == 1  # one task of the key at a time
+            order.append(tasks[0].payload)
+            await b.complete_many(tasks)
+        assert order == ["B", "A"]  # the order the enqueues committed in
+        heads = await admin(pg, f'SELECT count(*) AS n FROM "{schema}".coord_tasks WHERE is_head')
+        assert heads[0]["n"] == 0
+
+
 async def test_semaphore_permits_hold_across_stores(pg: str, schema: str) -> None:
     from asynccoord.backends.postgres.store import PostgresStore
 

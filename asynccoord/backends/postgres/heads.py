@@ -42,9 +42,12 @@ class PgHeads(PgStatements):
     transition that changes a key's active set (enqueue, complete, dead-letter, requeue)
     first takes a shared advisory lock on its queue (which that first ordered claim takes
     exclusively) and, if the queue keeps heads, the key's row lock in ``coord_task_keys``
-    (sorted), so head upkeep always sees the committed state of the key. Promotion finds
-    a key's earliest active task as the lower of its head and its earliest non-head
-    active task (``coord_tasks_key_order`` holds only those).
+    (sorted), so head upkeep always sees the committed state of the key. Promotion gives
+    a key without a head its earliest active task (``coord_tasks_key_order`` holds the
+    non-head ones); a head stays until it leaves the active set. Ids are drawn before an
+    enqueue takes its keys' locks, so a task may commit after a later-drawn task of its
+    key: it then follows that one, in the order the enqueues committed
+    (``migration_0007.sql``).
     """
 
     _kept_queues: set[str]

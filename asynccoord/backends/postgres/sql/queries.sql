@@ -69,10 +69,10 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
   FROM coord_tasks WHERE id = :id::bigint;
 
 -- name: promote_heads
--- Under lock_keys of the same keys: mark each key's earliest active task as its head
--- (a no-op where it already is). Returns the newly promoted heads. The earliest active
--- task is the lower of the key's head (coord_tasks_one_head) and its earliest active task
--- that is not a head (coord_tasks_key_order, schema version 7). In a queue whose
+-- Under lock_keys of the same keys: mark the earliest active task of each key that has no
+-- head (coord_tasks_one_head) as its head (coord_tasks_key_order holds the non-head active
+-- tasks); a key's head stays until it leaves the active set (migration_0007.sql says why).
+-- Returns the newly promoted heads. In a queue whose
 -- dead-letter policy is 'hold' (coord_held_queues, read once per statement, after the key
 -- locks: a policy change locks every key of its queue), a key whose earliest active task a
 -- dead task precedes gets none (coord_tasks_dead, probed in holding queues only).
@@ -80,11 +80,11 @@ UPDATE coord_tasks SET is_head = true
  WHERE NOT is_head AND id = ANY(ARRAY(
     SELECT c.id
       FROM (SELECT k.q, k.pk,
-                   least((SELECT h.id FROM coord_tasks AS h
-                           WHERE h.queue = k.q AND h.partition_key = k.pk AND h.is_head),
-                         (SELECT t.id FROM coord_tasks AS t
-                           WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active AND NOT t.is_head
-                           ORDER BY t.id LIMIT 1)) AS id
+                   (SELECT t.id FROM coord_tasks AS t
+                     WHERE t.queue = k.q AND t.partition_key = k.pk AND t.active AND NOT t.is_head
+                       AND NOT EXISTS (SELECT 1 FROM coord_tasks AS h
+                                        WHERE h.queue = k.q AND h.partition_key = k.pk AND h.is_head)
+                     ORDER BY t.id LIMIT 1) AS id
               FROM unnest(:queues::text[], :keys::text[]) AS k (q, pk)) AS c
      WHERE c.q <> ALL ((SELECT coord_held_queues(:queues::text[]))::text[])
         OR NOT EXISTS (SELECT 1 FROM coord_tasks AS d
