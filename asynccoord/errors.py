@@ -27,6 +27,7 @@ with the original exception kept as ``__cause__``.
         ├── StoreBusyError                     the database stayed locked past the timeout
         ├── StoreConnectionError               the connection to the database server was lost
         ├── StoreClosedError                   the store is not open
+        ├── StoreAlreadyOpenError              open() of a store that is open already: it stays open
         ├── StoreLoopError                     the store is used from another event loop than open()'s
         ├── ReadOnlyStoreError                 a write on a store opened read-only, or a file we cannot write
         ├── NotADatabaseError                  the file is not a database of ours
@@ -52,6 +53,7 @@ __all__ = (
     "ReadOnlyStoreError",
     "RuntimeStateError",
     "SchemaVersionError",
+    "StoreAlreadyOpenError",
     "StoreBusyError",
     "StoreClosedError",
     "StoreLoopError",
@@ -230,6 +232,15 @@ class StoreConnectionError(StoreError):
 
 class StoreClosedError(StoreError):
     """An operation was attempted on a store that is not open (or already closed)."""
+
+
+class StoreAlreadyOpenError(StoreError):
+    """``open()`` (or ``async with``) of a store that is already open; nothing changed, it stays open.
+
+    A store is opened once and closed once: a nested ``async with store`` would close it
+    under the outer block at its own exit. Hand the open store on instead. A store
+    closed again may be opened again.
+    """
 
 
 class StoreLoopError(StoreError):

@@ -72,7 +72,7 @@ class StoreBase(abc.ABC):
 
     @abc.abstractmethod
     async def open(self) -> None:
-        """Connect, apply the schema, and get ready. Idempotent."""
+        """Connect, apply the schema, and get ready; refused with StoreAlreadyOpenError while open."""
 
     @abc.abstractmethod
     async def close(self) -> None:

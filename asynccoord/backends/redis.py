@@ -43,6 +43,7 @@ from ..contract.locks import (
 from ..errors import (
     InvalidArgumentError,
     InvalidTypeError,
+    StoreAlreadyOpenError,
     StoreBusyError,
     StoreClosedError,
     StoreConnectionError,
@@ -463,19 +464,25 @@ class RedisLockStore:
         await self.close()
 
     async def open(self) -> None:
-        """Connect, load the scripts and read whether the server persists its data. Idempotent.
+        """Connect, load the scripts and read whether the server persists its data.
 
         A server without an append-only file (``appendonly no``) is logged at WARNING as
         ``asynccoord.redis.no_persistence``, whether it keeps RDB snapshots or nothing: its
         restart would set the fencing counters back (see :class:`RedisLockStore`).
         :attr:`persistent` holds the answer.
 
+        A store closed again may be opened again.
+
         Raises:
             StoreConnectionError: the server cannot be reached.
+            StoreAlreadyOpenError: the store is open already; it stays open.
         """
         if self._client is not None:
             self._check_loop()  # open, but for another loop: StoreLoopError
-            return
+            raise StoreAlreadyOpenError(
+                f"{self!r} is already open: open a store once and hand it on"
+                " (an inner 'async with' would close it under the outer one)"
+            )
         pool = aioredis.BlockingConnectionPool.from_url(
             self.url, max_connections=self.max_connections, timeout=self.reconnect_timeout_s, socket_connect_timeout=5.0
         )

@@ -99,7 +99,13 @@ class QueueStore(Protocol):
     events: EventCounter
 
     async def open(self) -> None:
-        """Connect, apply schema migrations, and get ready. Idempotent."""
+        """Connect, apply schema migrations, and get ready.
+
+        A store is opened once (and may be opened again after :meth:`close`).
+
+        Raises:
+            StoreAlreadyOpenError: the store is open already; it stays open.
+        """
         ...
 
     async def close(self) -> None:

@@ -21,6 +21,7 @@ from asynccoord import (
     LockBusy,
     MemoryStore,
     SQLiteStore,
+    StoreAlreadyOpenError,
     StoreClosedError,
 )
 from asynccoord import events as ev
@@ -80,6 +81,18 @@ async def test_fencing_tokens_rise_across_release_expiry_and_reopen(make_store: 
         clock.advance(5.0)
         tokens.append((await acquire(other, "x", ttl_s=1.0)).fencing_token)
     assert tokens == list(range(1, len(tokens) + 1))
+
+
+async def test_opening_an_open_store_is_refused_and_changes_nothing(store: Store) -> None:
+    """A second ``open()`` or a nested ``async with store`` raises at once; the store stays
+    open for the outer block (the inner block's exit closed it under the outer one)."""
+    with pytest.raises(StoreAlreadyOpenError, match=re.escape(f"{store!r} is already open")):
+        await store.open()
+    with pytest.raises(StoreAlreadyOpenError):
+        async with store:
+            pass
+    lease = await acquire(store, "x")
+    assert await store.release_lock(lease) is True
 
 
 async def test_semaphore_permits_each_with_own_tokens(store: Store, clock: FakeClock) -> None:

@@ -1078,6 +1078,10 @@ async def test_data_survives_reopen(make_store, backend: str, db_path) -> None:
     if backend == "sqlite":
         other = await make_store(path=db_path)
         assert await other.get(task.id) == task
+    added = (await store.enqueue(Q, {"after": True})).task  # a reopened store writes and claims
+    claimed = await store.claim(Q, node_id="n", limit=2, lease_s=5)
+    assert [t.id for t in claimed] == [task.id, added.id]
+    assert all(isinstance(t, Task) for t in await store.complete_many(claimed))
 
 
 # --- regressions found by the stateful test ---------------------------------------------

@@ -28,6 +28,7 @@ from ...errors import (
     CoordError,
     InvalidTypeError,
     LeaseLostError,
+    StoreAlreadyOpenError,
     StoreClosedError,
     TaskNotFoundError,
 )
@@ -85,7 +86,16 @@ class MemoryStore(
         return f"<MemoryStore tasks={len(self._tasks)} {'open' if self._open else 'closed'}>"
 
     async def open(self) -> None:
-        """Mark the store open (data survives close/open of the same object)."""
+        """Mark the store open (data survives close/open of the same object).
+
+        Raises:
+            StoreAlreadyOpenError: the store is open already; it stays open.
+        """
+        if self._open:
+            raise StoreAlreadyOpenError(
+                f"{self!r} is already open: open a store once and hand it on"
+                " (an inner 'async with' would close it under the outer one)"
+            )
         self._open = True
 
     async def close(self) -> None:

@@ -28,6 +28,7 @@ from ...errors import (
     InvalidArgumentError,
     InvalidTypeError,
     SchemaVersionError,
+    StoreAlreadyOpenError,
     StoreError,
 )
 from ...events import EventCounter
@@ -292,7 +293,9 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         )
 
     async def open(self) -> None:
-        """Create the pool, apply pending migrations, and start the listener. Idempotent.
+        """Create the pool, apply pending migrations, and start the listener.
+
+        A store closed again may be opened again.
 
         Raises:
             InvalidArgumentError: asyncpg cannot parse the DSN (a bad parameter value).
@@ -300,10 +303,14 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             SchemaVersionError: the database was written by a newer asynccoord, or by a
                 development version before 0.1.0 (drop its schema to start again).
             StoreError: another failure of the server (the driver's error as ``__cause__``).
+            StoreAlreadyOpenError: the store is open already; it stays open.
         """
         if self._runner.pool is not None:
             self._runner.check_loop()  # open, but for another loop: StoreLoopError
-            return
+            raise StoreAlreadyOpenError(
+                f"{self!r} is already open: open a store once and hand it on"
+                " (an inner 'async with' would close it under the outer one)"
+            )
         self._kept_queues.clear()  # seen in a database that may since have been replaced
         # A call left in flight by a loop that was closed without cancelling its tasks can
         # never finish: forget it (and any other work of that loop), or every later ordered

@@ -31,6 +31,7 @@ from ...errors import (
     InvalidTypeError,
     NotADatabaseError,
     ReadOnlyStoreError,
+    StoreAlreadyOpenError,
     StoreClosedError,
     StoreError,
     StoreLoopError,
@@ -214,10 +215,14 @@ class SQLiteStore(
             SchemaVersionError: the database was written by a newer asynccoord, or by a
                 development version before 0.1.0 (delete the file to start again).
             StoreBusyError: another connection held the write lock past the timeout.
+            StoreAlreadyOpenError: the store is open already; it stays open.
         """
         if self._conn is not None:
             self._check_loop()  # open, but for another loop: StoreLoopError
-            return
+            raise StoreAlreadyOpenError(
+                f"{self!r} is already open: open a store once and hand it on"
+                " (an inner 'async with' would close it under the outer one)"
+            )
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise StoreError(
                 f"SQLite {sqlite3.sqlite_version} is too old: asynccoord needs {'.'.join(map(str, MIN_SQLITE))} "
