@@ -29,7 +29,16 @@ from ..errors import InvalidArgumentError, InvalidTypeError, RuntimeStateError
 from ..locks.pool import LockPool
 from ..membership import Membership
 from ..models import TaskStatus
-from ..validation import check_int, check_interval_s, check_lease_s, check_name, check_positive, check_send
+from ..validation import (
+    check_callback,
+    check_int,
+    check_interval_s,
+    check_lease_s,
+    check_lock_store,
+    check_name,
+    check_positive,
+    check_send,
+)
 from . import running
 from .ablation import FULL, Ablation
 from .config import NodeConfig
@@ -167,6 +176,8 @@ class Runtime:
         self.membership = Membership(
             store, ttl_s=self.heartbeat_ttl_s, interval_s=self.heartbeat_interval_s, queue=self.config.queue
         )
+        if lock_store is not None:
+            check_lock_store("lock_store", lock_store)  # before the lock pool names it "store"
         self.lock_store = store if lock_store is None else lock_store
         self.lock_pool = LockPool(self.lock_store, ttl_s=self.config.lock_ttl_s, holder=self.instance_id)
         pollable = callable(getattr(store, "claimable_partitions", None))
@@ -565,14 +576,15 @@ class Runtime:
             timeout_s: Longest wait, seconds (> 0).
             poll_s: Seconds between polls (>= 0.001, ``validation.MIN_INTERVAL_S``).
                 Default 0.05.
-            predicate: Called with the queue's counts per status; the wait ends when it
-                returns True. Default None (nothing pending or running).
+            predicate: A plain function called with the queue's counts per status; the
+                wait ends when it returns True. Default None (nothing pending or running).
 
         Returns:
             True when drained, False when ``timeout_s`` passed first.
 
         Raises:
-            InvalidArgumentError, InvalidTypeError: a bad ``timeout_s`` or ``poll_s``.
+            InvalidArgumentError, InvalidTypeError: a bad ``timeout_s`` or ``poll_s``, or a
+                ``predicate`` that is not a plain function (an ``async def`` included).
             StoreClosedError, Exception: the runtime stopped by itself (a node failed) during
                 the wait: its failure, as :meth:`shutdown` raises it, at the next poll
                 instead of after ``timeout_s`` (nothing drains the queue any more).
@@ -583,6 +595,8 @@ class Runtime:
         """
         check_positive("timeout_s", timeout_s)
         check_interval_s("poll_s", poll_s)
+        if predicate is not None:
+            check_callback("predicate", predicate)
         if self._stopping is None:
             why = "shutdown() was called before it started" if self._closed else "it is not started"
             raise RuntimeStateError(f"{self!r} cannot wait until drained: {why}; use 'async with Runtime(...)'")

@@ -79,6 +79,12 @@ async def test_an_async_lock_key_is_refused_when_the_runtime_is_built(lock_key: 
         assert (await store.stats("q")).counts[TaskStatus.PENDING] == 1  # nothing claimed
 
 
+async def test_a_lock_key_that_is_not_callable_is_refused_with_its_value() -> None:
+    async with MemoryStore() as store:
+        with pytest.raises(InvalidTypeError, match=r"lock_key must be callable or None, got str 'account'"):
+            Runtime(store, send=_plain_send, nodes=1, config=FAST, lock_key="account")
+
+
 async def test_a_sync_send_sends_each_message_once(pipeline: dict[str, Any]) -> None:
     async with MemoryStore() as store:
         for i in range(10):
@@ -307,7 +313,7 @@ async def test_a_node_refuses_a_lock_store_without_the_lock_contract() -> None:
         await store.enqueue("q", {"n": 1}, partition_key="c")
         with pytest.raises(InvalidTypeError, match=r"lock_store must implement the lock contract .*, got int"):
             Node(store, _plain_send, node_id="n1", config=FAST, lock_key=lambda t: "x", lock_store=5)
-        with pytest.raises(InvalidTypeError, match="lock contract"):
+        with pytest.raises(InvalidTypeError, match=r"lock_store must implement the lock contract .*, got int"):
             Runtime(store, send=_plain_send, nodes=1, config=FAST, lock_key=lambda t: "x", lock_store=5)
         (task,) = store._tasks.values()
         assert (task.status, task.version) == (TaskStatus.PENDING, 0)  # nothing claimed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,31 @@ async def test_wait_for_signal_refuses_bad_signals_and_touches_no_handler(
             await runtime.wait_for_signal(signals)
         assert signal.getsignal(signal.SIGTERM) is before  # SIGTERM was not taken and left behind
         assert repr(runtime).startswith("<Runtime running ")
+
+
+async def _counts_drained(counts: dict[TaskStatus, int]) -> bool:
+    return True
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"predicate": 5}, "predicate must be a plain function, got int 5"),
+        ({"predicate": _counts_drained}, "predicate must be a plain function, got function"),
+        ({"poll_s": True}, "poll_s must be a number, got bool True"),
+        ({"timeout_s": "1"}, "timeout_s must be a number, got str '1'"),
+    ],
+)
+async def test_wait_until_drained_checks_its_arguments_before_the_first_poll(
+    db_path: Path, arguments: dict[str, Any], message: str
+) -> None:
+    """A predicate that is no plain function raised a bare TypeError at the first poll (an
+    ``async def`` one would have returned True at once, its coroutine never awaited)."""
+    _sent, send = recorder()
+    async with SQLiteStore(db_path) as store, Runtime(store, send=send, nodes=1, config=CONFIG) as runtime:
+        await store.enqueue(QUEUE, 1, delay_s=600.0)  # pending: never drained within the test
+        with pytest.raises(InvalidTypeError, match=re.escape(message)):
+            await runtime.wait_until_drained(**{"timeout_s": 1.0, **arguments})
 
 
 @pytest.mark.multiprocess
