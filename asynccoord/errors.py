@@ -16,6 +16,7 @@ with the original exception kept as ``__cause__``.
     ├── TaskNotFoundError (KeyError)           no task with that id
     ├── LeaseLostError                         the task lease is no longer the caller's
     ├── RuntimeStateError (RuntimeError)       a Runtime started again, or waited on before it started
+    ├── NoDeliveryError (LookupError)          current_delivery() outside a send called by a node
     ├── RateLimited                            a send's provider refused for rate (HTTP 429), with its Retry-After
     ├── LockError
     │   ├── LockNotHeldError                   release/renew of a lock you do not hold
@@ -47,6 +48,7 @@ __all__ = (
     "LockNotHeldError",
     "LockTimeoutError",
     "MaxHoldExceededError",
+    "NoDeliveryError",
     "NotADatabaseError",
     "PayloadTooLargeError",
     "RateLimited",
@@ -110,6 +112,14 @@ class RuntimeStateError(CoordError, RuntimeError):
     after it was shut down, after it ran, or after its start failed raises this, as does
     ``wait_for_signal()`` before it started. Create a new Runtime to run again (pass the
     same ``node_ids`` to keep the nodes' partition affinity).
+    """
+
+
+class NoDeliveryError(CoordError, LookupError):
+    """:func:`~asynccoord.node.delivery.current_delivery` was called outside a send called by a node.
+
+    A ``LookupError`` too (what it raised before it had a class of its own): the delivery
+    is looked up in a context variable that only a node sets, for the send's task.
     """
 
 

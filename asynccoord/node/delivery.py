@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract.locks import Lease
+from ..errors import NoDeliveryError
 from ..models import Task
 from ..partition import partition_of
 
@@ -46,9 +47,12 @@ def current_delivery() -> Delivery:
     """The delivery of the send running in this task.
 
     Raises:
-        LookupError: called outside a send run by a node.
+        NoDeliveryError: called outside a send called by a node (a ``LookupError``).
     """
-    return _DELIVERY.get()
+    try:
+        return _DELIVERY.get()
+    except LookupError:
+        raise NoDeliveryError("current_delivery() is only available inside a send called by a node") from None
 
 
 class Affinity:

@@ -19,9 +19,11 @@ import pytest
 from support import wait_until
 
 from asynccoord import (
+    CoordError,
     InvalidArgumentError,
     MemoryStore,
     NewTask,
+    NoDeliveryError,
     RetryPolicy,
     Semaphore,
     SQLiteStore,
@@ -631,8 +633,12 @@ async def test_current_delivery_gives_the_lock_lease_and_a_per_conversation_cont
         config=NodeConfig(queue=QUEUE, **FAST_IDLE),
         lock_key=lambda t: f"account:{t.payload['account']}",
     )
-    with pytest.raises(LookupError):
+    with pytest.raises(
+        NoDeliveryError, match=r"^current_delivery\(\) is only available inside a send called by a node$"
+    ):
         current_delivery()  # outside a send
+    assert issubclass(NoDeliveryError, LookupError)  # as documented before it had a class of its own
+    assert issubclass(NoDeliveryError, CoordError)
     run = start(node)
 
     async def drained() -> bool:
