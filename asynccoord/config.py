@@ -23,13 +23,29 @@ from .validation import (
     check_positive,
 )
 
-__all__ = ("DEFAULT_PARTITIONS", "MIN_CHECKPOINT_INTERVAL_S", "ProcessedRetention", "RetryPolicy", "StoreConfig")
+__all__ = (
+    "DEFAULT_PARTITIONS",
+    "MAX_BATCH_OPS",
+    "MAX_PAYLOAD_BYTES",
+    "MIN_CHECKPOINT_INTERVAL_S",
+    "ProcessedRetention",
+    "RetryPolicy",
+    "StoreConfig",
+)
 
 MIN_CHECKPOINT_INTERVAL_S = 0.01
 """Shortest ``StoreConfig.checkpoint_interval_s`` accepted, seconds."""
 
 DEFAULT_PARTITIONS = 1024
 """Number of fixed partitions a partition key is hashed into (kept in the database)."""
+
+MAX_PAYLOAD_BYTES = 1 << 28
+"""Largest ``StoreConfig.max_payload_bytes``, bytes (256 MiB): a task's payload and its result
+share one SQLite row, whose default size limit (``SQLITE_MAX_LENGTH``) is 10**9 bytes."""
+
+MAX_BATCH_OPS = 1_000_000
+"""Largest ``StoreConfig.max_batch_ops``: one batch is one transaction on SQLite and one
+statement's arrays on PostgreSQL."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,17 +166,20 @@ class StoreConfig:
     """Settings of a store (those that do not apply to a backend are ignored by it).
 
     Args:
-        max_payload_bytes: Largest encoded JSON payload accepted, bytes. Default 1 MiB.
+        max_payload_bytes: Largest encoded JSON payload accepted, bytes, 2 to
+            ``MAX_PAYLOAD_BYTES`` (256 MiB). Default 1 MiB.
         retry: Backoff policy used by ``fail`` unless one is passed. Default RetryPolicy().
         processed: Retention of processed-message records. Default ProcessedRetention().
         busy_timeout_s: SQLite: how long a write waits for another connection's write
             lock before :class:`~asynccoord.errors.StoreBusyError`, seconds. Default 30.
         synchronous_full: SQLite: ``synchronous=FULL`` (durable across power loss)
             instead of ``NORMAL`` (durable across process crashes). Default False.
-        max_batch_ops: SQLite: most operations group-committed in one transaction.
-            Default 512.
+        max_batch_ops: Most operations sent together: one transaction of the group
+            commit (SQLite), one statement (PostgreSQL), one pipeline (Redis lock
+            acquisitions); 1 to ``MAX_BATCH_OPS`` (1,000,000). Default 512.
         partitions: Number of fixed partitions keys are hashed into when the database
-            is created (kept in the database afterwards). Default 1024.
+            is created (kept in the database afterwards), 1 to
+            ``asynccoord.partition.MAX_PARTITIONS`` (65,536). Default 1024.
         checkpoint_interval_s: SQLite: seconds between WAL checkpoints run in the
             background on a connection of their own (only after new commits, at least
             0.01), ahead of SQLite's own in the commit that takes the log past 1,000
@@ -178,10 +197,10 @@ class StoreConfig:
     checkpoint_interval_s: float | None = 0.1
 
     def __post_init__(self) -> None:
-        check_int("max_payload_bytes", self.max_payload_bytes, minimum=2)
+        check_int("max_payload_bytes", self.max_payload_bytes, minimum=2, maximum=MAX_PAYLOAD_BYTES)
         check_positive("busy_timeout_s", self.busy_timeout_s)
         check_bool("synchronous_full", self.synchronous_full)
-        check_int("max_batch_ops", self.max_batch_ops, minimum=1)
+        check_int("max_batch_ops", self.max_batch_ops, minimum=1, maximum=MAX_BATCH_OPS)
         check_int("partitions", self.partitions, minimum=1, maximum=MAX_PARTITIONS)
         if self.checkpoint_interval_s is not None:
             interval_s = check_positive("checkpoint_interval_s", self.checkpoint_interval_s)

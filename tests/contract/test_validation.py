@@ -38,6 +38,8 @@ from asynccoord import (
 )
 from asynccoord.backends.open import open_store
 from asynccoord.backends.sqlfiles import load_migrations
+from asynccoord.config import MAX_BATCH_OPS, MAX_PAYLOAD_BYTES
+from asynccoord.partition import MAX_PARTITIONS
 from asynccoord.validation import MAX_DURATION_S, MAX_PAYLOAD_DEPTH, MIN_LEASE_S
 
 Q = "jobs"
@@ -618,7 +620,9 @@ def test_retry_policy_delay() -> None:
         ({"max_payload_bytes": 1}, ARG, "max_payload_bytes must be >= 2, got 1"),
         ({"busy_timeout_s": 0}, ARG, "busy_timeout_s must be > 0, got 0"),
         ({"synchronous_full": 1}, TYPE, "synchronous_full must be a bool, got int"),
+        ({"max_payload_bytes": 10**20}, ARG, "max_payload_bytes must be <= 268435456, got 100000000000000000000"),
         ({"max_batch_ops": 0}, ARG, "max_batch_ops must be >= 1, got 0"),
+        ({"max_batch_ops": 10**12}, ARG, "max_batch_ops must be <= 1000000, got 1000000000000"),
         ({"partitions": 0}, ARG, "partitions must be >= 1, got 0"),
         ({"partitions": 70_000}, ARG, "partitions must be <= 65536, got 70000"),
         ({"retry": {"base_s": 1}}, TYPE, "retry must be a RetryPolicy, got dict"),
@@ -633,6 +637,11 @@ def test_retry_policy_delay() -> None:
 def test_store_config_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=re.escape(message)):
         StoreConfig(**kwargs)
+
+
+def test_store_config_takes_its_integer_settings_up_to_their_bounds() -> None:
+    config = StoreConfig(max_payload_bytes=MAX_PAYLOAD_BYTES, max_batch_ops=MAX_BATCH_OPS, partitions=MAX_PARTITIONS)
+    assert (config.max_payload_bytes, config.max_batch_ops, config.partitions) == (1 << 28, 1_000_000, 1 << 16)
 
 
 def test_durations_up_to_one_year_are_accepted() -> None:
