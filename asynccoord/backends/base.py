@@ -116,7 +116,7 @@ class StoreBase(abc.ABC):
             delay_s=delay_s,
             limit_keys={} if limit_keys is None else limit_keys,
         )
-        return (await self.enqueue_many([spec]))[0]
+        return (await self._enqueue_prepared(prepare_tasks([spec], self.config, self.partitions, single=True)))[0]
 
     async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
         """Add tasks in one transaction; results in input order.
@@ -128,7 +128,10 @@ class StoreBase(abc.ABC):
         Raises:
             InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.
         """
-        prepared = prepare_tasks(tasks, self.config, self.partitions)
+        return await self._enqueue_prepared(prepare_tasks(tasks, self.config, self.partitions))
+
+    async def _enqueue_prepared(self, prepared: list[PreparedTask]) -> list[EnqueueResult]:
+        """Write checked tasks (see :meth:`enqueue_many`), count the duplicates, wake the idle nodes."""
         results = await self._enqueue_checked(prepared)
         self.events.add(ev.DUPLICATE_ENQUEUE_SUPPRESSED, sum(1 for r in results if not r.created))
         notify_created(self.notifier, results, prepared)

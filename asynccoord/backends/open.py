@@ -40,12 +40,13 @@ __all__ = (
     "redact_target",
     "schema_options",
     "split_connect_timeout",
+    "sqlite_path",
     "store_kind",
     "userinfo_spills",
 )
 
 
-def _sqlite_path(target: str) -> str:
+def sqlite_path(target: str) -> str:
     """The file path of an SQLite target: ``target`` itself, or the percent-decoded path of an ``sqlite:///`` URL."""
     if target.startswith("sqlite:///"):
         path = target[len("sqlite:///") :]
@@ -112,4 +113,4 @@ def open_store(
         raise InvalidArgumentError(
             f"schema= applies to a postgresql:// target only, not to the SQLite target {redact_target(text)!r}"
         )
-    return SQLiteStore(_sqlite_path(text), config=config, read_only=read_only, **options)
+    return SQLiteStore(sqlite_path(text), config=config, read_only=read_only, **options)

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
-from ..errors import InvalidArgumentError, StoreError
+from ..errors import InvalidArgumentError, NotADatabaseError, StoreError
 from ..models import Task
 from ..validation import check_int, check_name
 from .output import table_console, write_stdout
@@ -174,11 +174,16 @@ async def settle_dead_letters(
 
     Raises:
         InvalidArgumentError: an unknown ``action``; and as :func:`collect_dead_letters`.
+        NotADatabaseError: no SQLite file at ``path`` (none is created).
     """
-    from ..backends.open import is_postgres_target, open_store, schema_options
+    from ..backends.open import is_postgres_target, open_store, schema_options, sqlite_path
 
     if action not in _ACTIONS:
         raise InvalidArgumentError(f"action must be 'requeue' or 'discard', got {action!r}")
+    if not is_postgres_target(os.fspath(path)):  # said here: the read-only check's answer speaks of reading
+        file = sqlite_path(os.fspath(path))
+        if file != ":memory:" and not os.path.exists(file):  # noqa: ASYNC240 - one stat, before any store
+            raise NotADatabaseError(f"no database at {file!r} (dead {action} never creates one)")
     async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema):
         pass  # there is a current database of asynccoord: the read-write open below changes nothing else
     options = schema_options(path, schema)

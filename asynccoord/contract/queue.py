@@ -483,8 +483,13 @@ class PreparedTask:
     limit_keys_json: str | None
 
 
-def prepare_tasks(tasks: Sequence[NewTask], config: StoreConfig, partitions: int) -> list[PreparedTask]:
+def prepare_tasks(
+    tasks: Sequence[NewTask], config: StoreConfig, partitions: int, *, single: bool = False
+) -> list[PreparedTask]:
     """Validate and encode every task before any of them is written.
+
+    ``single``: ``tasks`` is the one task of an ``enqueue`` call, whose errors name its
+    argument ``payload`` (``tasks[i].payload`` otherwise).
 
     Raises:
         InvalidTypeError: ``tasks`` is not a sequence of NewTask.
@@ -503,7 +508,9 @@ def prepare_tasks(tasks: Sequence[NewTask], config: StoreConfig, partitions: int
                 partition=partition_of(task.partition_key, partitions),
                 idempotency_key=task.idempotency_key,
                 payload_json=encode_payload(
-                    task.payload, max_bytes=config.max_payload_bytes, arg=f"tasks[{index}].payload"
+                    task.payload,
+                    max_bytes=config.max_payload_bytes,
+                    arg="payload" if single else f"tasks[{index}].payload",
                 ),
                 priority=task.priority,
                 max_attempts=task.max_attempts if task.max_attempts is not None else config.retry.max_attempts,
@@ -584,7 +591,7 @@ def check_partition_list(partitions: object, partition_count: int) -> list[int] 
     # Every claim of a node names its partitions (hundreds): one pass in C for the common case.
     if all(type(p) is int for p in checked) and (not checked or 0 <= min(checked) <= max(checked) < partition_count):
         return checked
-    return [check_int("partitions[i]", p, minimum=0, maximum=partition_count - 1) for p in checked]
+    return [check_int(f"partitions[{i}]", p, minimum=0, maximum=partition_count - 1) for i, p in enumerate(checked)]
 
 
 def _sort_key(item: object) -> tuple[int, str]:
@@ -751,7 +758,7 @@ def check_task_ids(task_ids: object) -> list[int] | None:
         return None
     if not isinstance(task_ids, list | tuple):
         raise InvalidTypeError(f"task_ids must be a list or tuple of int, or None; got {type(task_ids).__name__}")
-    return [check_int("task_ids[i]", i, minimum=0, maximum=MAX_ID) for i in task_ids]
+    return [check_int(f"task_ids[{i}]", task_id, minimum=0, maximum=MAX_ID) for i, task_id in enumerate(task_ids)]
 
 
 def check_retry(retry: object, config: StoreConfig) -> RetryPolicy:

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .._once import Once
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..validation import MAX_DURATION_S, MAX_LIMITS, check_int, check_limit_keys, check_name, check_optional_name
+from ..validation import (
+    MAX_DURATION_S,
+    MAX_LIMITS,
+    _short,
+    check_int,
+    check_limit_keys,
+    check_name,
+    check_optional_name,
+)
 
 if TYPE_CHECKING:
     from ..models import Task
@@ -118,7 +126,9 @@ class RateLimit:
         check_int("count", self.count, minimum=1, maximum=2**31 - 1)
         check_int("burst", self.burst, minimum=1, maximum=2**31 - 1)
         if isinstance(self.per_s, bool) or not isinstance(self.per_s, int | float):
-            raise InvalidTypeError(f"per_s must be a number of seconds, got {type(self.per_s).__name__}")
+            raise InvalidTypeError(
+                f"per_s must be a number of seconds, got {type(self.per_s).__name__} {_short(self.per_s)}"
+            )
         if not (math.isfinite(self.per_s) and 0 < self.per_s <= MAX_DURATION_S):
             raise InvalidArgumentError(
                 f"per_s must be a finite number of seconds > 0 and <= {MAX_DURATION_S:g}, got {self.per_s!r}"
@@ -245,13 +255,15 @@ def check_rate_limits(limits: object) -> list[RateLimit]:
         InvalidArgumentError: two limits on one dimension, or more than :data:`MAX_LIMITS`.
     """
     if not isinstance(limits, list | tuple):
-        raise InvalidTypeError(f"limits must be a list or tuple of RateLimit, got {type(limits).__name__}")
+        raise InvalidTypeError(
+            f"limits must be a list or tuple of RateLimit, got {type(limits).__name__} {_short(limits)}"
+        )
     if len(limits) > MAX_LIMITS:
         raise InvalidArgumentError(f"a queue may declare at most {MAX_LIMITS} limits, got {len(limits)}")
     seen: set[str] = set()
     for i, limit in enumerate(limits):
         if not isinstance(limit, RateLimit):
-            raise InvalidTypeError(f"limits[{i}] must be a RateLimit, got {type(limit).__name__}")
+            raise InvalidTypeError(f"limits[{i}] must be a RateLimit, got {type(limit).__name__} {_short(limit)}")
         if limit.dimension in seen:
             raise InvalidArgumentError(
                 f"limits declare dimension {limit.dimension!r} twice: one limit per dimension "
@@ -312,7 +324,7 @@ def check_retry_after_s(value: object) -> float:
         InvalidArgumentError: NaN, infinite, negative or over one year.
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidTypeError(f"retry_after_s must be a number of seconds, got {type(value).__name__}")
+        raise InvalidTypeError(f"retry_after_s must be a number of seconds, got {type(value).__name__} {_short(value)}")
     if not (math.isfinite(value) and 0 <= value <= MAX_DURATION_S):
         raise InvalidArgumentError(
             f"retry_after_s must be a finite number of seconds in 0..{MAX_DURATION_S:g}, got {value!r}"
@@ -467,7 +479,7 @@ def parse_rate_limit(text: str) -> RateLimit:
         InvalidArgumentError: the text does not have that form (the message shows it).
     """
     if not isinstance(text, str):
-        raise InvalidTypeError(f"a rate limit must be a str, got {type(text).__name__}")
+        raise InvalidTypeError(f"a rate limit must be a str, got {type(text).__name__} {_short(text)}")
     form = "DIMENSION=COUNT/PERIOD[,burst=N], e.g. account=30/1s,burst=30"
     head, _, rest = text.partition(",")
     dimension, eq, rate = head.partition("=")

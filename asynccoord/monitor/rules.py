@@ -90,8 +90,8 @@ class AlertRule:
                 raise InvalidTypeError(
                     f"relative_to must be an event name, a non-empty tuple of names, or None, got {relative!r}"
                 )
-            for item in relative:
-                _check_event_name("relative_to[i]", item)
+            for index, item in enumerate(relative):
+                _check_event_name(f"relative_to[{index}]", item)
         scope: object = self.scope
         try:
             object.__setattr__(self, "scope", AlertScope(str(scope)))

@@ -157,7 +157,7 @@ class Runtime:
         else:
             if isinstance(node_ids, str) or not isinstance(node_ids, Sequence):
                 raise InvalidTypeError(f"node_ids must be a sequence of str, got {type(node_ids).__name__}")
-            ids = [check_name("node_ids[i]", n) for n in node_ids]
+            ids = [check_name(f"node_ids[{index}]", n) for index, n in enumerate(node_ids)]
             if not ids or len(set(ids)) != len(ids):
                 raise InvalidArgumentError(f"node_ids must be non-empty and distinct, got {list(node_ids)!r}")
         self.store = store

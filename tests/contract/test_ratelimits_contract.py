@@ -11,6 +11,7 @@ import math
 import random
 import re
 import sqlite3
+from collections.abc import Callable
 
 import pytest
 from support import ROOT, FakeClock, wait_until
@@ -28,6 +29,7 @@ from asynccoord import events as ev
 from asynccoord.backends.limitwatch import CHANGED
 from asynccoord.contract.ratelimits import (
     MIN_EMISSION_INTERVAL_S,
+    check_rate_limits,
     conforms,
     max_in_window,
     parse_rate_limit,
@@ -154,6 +156,23 @@ def test_bad_limit_is_refused(kwargs: dict[str, object], error: type[Exception])
     fields: dict[str, object] = {"dimension": "chat", "count": 1, "per_s": 1.0, "burst": 1, **kwargs}
     with pytest.raises(error):
         RateLimit(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: RateLimit(dimension="chat", count=1, per_s=True), "per_s must be a number of seconds, got bool True"),
+        (lambda: RateLimit(dimension="chat", count=1, per_s="1"), "per_s must be a number of seconds, got str '1'"),
+        (lambda: RateLimited(True), "retry_after_s must be a number of seconds, got bool True"),
+        (lambda: RateLimited("5"), "retry_after_s must be a number of seconds, got str '5'"),
+        (lambda: check_rate_limits({"chat": 1}), "limits must be a list or tuple of RateLimit, got dict {'chat': 1}"),
+        (lambda: check_rate_limits(["chat=1/1s"]), "limits[0] must be a RateLimit, got str 'chat=1/1s'"),
+        (lambda: parse_rate_limit(30), "a rate limit must be a str, got int 30"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named_in_the_error(call: Callable[[], object], message: str) -> None:
+    with pytest.raises(InvalidTypeError, match=f"^{re.escape(message)}$"):
+        call()
 
 
 @pytest.mark.parametrize(

@@ -181,12 +181,12 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
         f"{SEQ} str '12'",
     ),
     ("claim-parts-int", lambda s: s.store.claim(Q, node_id="n", partitions=5), TYPE, f"{SEQ} int 5"),
-    ("claim-parts-neg", lambda s: s.store.claim(Q, node_id="n", partitions=[-1]), ARG, "must be >= 0, got -1"),
+    ("claim-parts-neg", lambda s: s.store.claim(Q, node_id="n", partitions=[-1]), ARG, "partitions[0] must be >= 0"),
     (
         "claim-parts-big",
         lambda s: s.store.claim(Q, node_id="n", partitions=[0, 1024]),
         ARG,
-        "must be <= 1023, got 1024",
+        "partitions[1] must be <= 1023, got 1024",
     ),
     ("claim-ordered", lambda s: s.store.claim(Q, node_id="n", ordered="yes"), TYPE, "ordered must be a bool"),
     # complete
@@ -296,8 +296,8 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
     ("stats-queue", lambda s: s.store.stats(""), ARG, "queue must not be empty"),
     ("stats-queue-int", lambda s: s.store.stats(3), TYPE, "queue must be a str, got int 3"),
     ("requeue-queue", lambda s: s.store.requeue_dead(None), TYPE, "queue must be a str, got NoneType"),
-    ("requeue-ids", lambda s: s.store.requeue_dead(Q, ["1"]), TYPE, "must be an int, got str '1'"),
-    ("requeue-ids-neg", lambda s: s.store.requeue_dead(Q, [-4]), ARG, "must be >= 0, got -4"),
+    ("requeue-ids", lambda s: s.store.requeue_dead(Q, ["1"]), TYPE, "task_ids[0] must be an int, got str '1'"),
+    ("requeue-ids-neg", lambda s: s.store.requeue_dead(Q, [3, -4]), ARG, "task_ids[1] must be >= 0, got -4"),
     ("requeue-ids-int", lambda s: s.store.requeue_dead(Q, 5), TYPE, "task_ids must be a list or tuple"),
     ("processed-consumer", lambda s: s.store.is_processed("", "m"), ARG, "consumer must not be empty"),
     ("processed-message", lambda s: s.store.is_processed(Q, "m\x00"), ARG, "message_id must not contain NUL"),
@@ -487,6 +487,17 @@ async def test_payload_size_limit_is_in_utf8_bytes(make_store) -> None:
     with pytest.raises(PayloadTooLargeError):
         await store.enqueue(Q, "\ud800" * 20)  # escaped as \\ud800: 6 bytes each
     assert (await store.stats()).total == 2
+
+
+async def test_enqueue_names_its_payload_argument_payload(store) -> None:
+    """Not ``tasks[0].payload``, the name of ``enqueue_many``'s first task, which it builds."""
+    with pytest.raises(InvalidTypeError) as info:
+        await store.enqueue(Q, {1, 2})
+    assert str(info.value).startswith("payload is not JSON-serializable")
+    with pytest.raises(PayloadTooLargeError) as too_large:
+        await store.enqueue(Q, "x" * (1 << 20))
+    assert str(too_large.value).startswith(f"payload encodes to {(1 << 20) + 2} bytes")
+    assert (await store.stats()).total == 0
 
 
 async def test_default_payload_limit_is_one_mib(store) -> None:
@@ -1121,7 +1132,7 @@ def _sync_bad_calls() -> list[tuple[str, Callable[[], object], type[Exception], 
             "runtime-node-id-blank",
             lambda: Runtime(MemoryStore(), send=_send, node_ids=["a", "\t"]),
             ARG,
-            "node_ids[i] must not be only whitespace, got '\\t'",
+            "node_ids[1] must not be only whitespace, got '\\t'",
         ),
         # intervals below MIN_INTERVAL_S (a busy loop), wherever a loop is configured
         (

@@ -89,7 +89,7 @@ def test_rule_validation_names_the_field() -> None:
         ({"event": "stale_commits"}, "event must be one of the event names"),
         ({"event": "Claims"}, "got 'Claims'"),
         ({"relative_to": "commit"}, "relative_to must be one of the event names"),
-        ({"relative_to": ("claims", "comits")}, "relative_to[i] must be one of the event names"),
+        ({"relative_to": ("claims", "comits")}, "relative_to[1] must be one of the event names"),
     ],
 )
 def test_rule_with_an_unknown_event_name_is_refused(kwargs: dict[str, Any], message: str) -> None:
