@@ -22,7 +22,14 @@ import anyio
 
 from . import events as ev
 from .contract.membership import Member, MemberBeat, MembershipStore
-from .errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
+from .errors import (
+    UNRECOVERABLE_STORE_ERRORS,
+    CoordError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    ReadOnlyStoreError,
+    StoreError,
+)
 from .partition import RendezvousTable
 from .validation import (
     check_callback,
@@ -41,6 +48,9 @@ log = logging.getLogger(__name__)
 LEAVE_TIMEOUT_S = 5.0
 """Most seconds the exit of a :class:`Membership` waits for its nodes' leave (shielded);
 a member that could not leave is dead anyway once its ``ttl_s`` passes."""
+
+_NOTHING_WRITTEN = (*UNRECOVERABLE_STORE_ERRORS, ReadOnlyStoreError)
+"""Errors of a first heartbeat that wrote nothing: no node joined, so none is told to leave."""
 
 _NEW, _RUNNING, _CLOSING, _CLOSED = "new", "running", "closing", "closed"
 
@@ -432,7 +442,8 @@ class Membership:
 
         Raises:
             StoreError: the first heartbeat failed; the Membership is closed (joined
-                nodes are told to leave).
+                nodes are told to leave, unless the store wrote nothing: it is closed,
+                read-only or of another event loop).
             CoordError: already started or closed.
         """
         if self._state != _NEW:
@@ -440,7 +451,10 @@ class Membership:
         self._state = _RUNNING
         try:
             await self._beat(raise_errors=True)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, _NOTHING_WRITTEN):  # no node joined: a leave would only fail (and be logged) too
+                self._local.clear()
+                self._local_changes += 1
             await self._shutdown(None)
             raise
         self._task = asyncio.get_running_loop().create_task(self._run(), name="asynccoord-membership")

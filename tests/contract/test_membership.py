@@ -508,11 +508,24 @@ async def test_failed_first_heartbeat_fails_aenter(flaky: FlakyStore) -> None:
         membership.join("b")
 
 
-async def test_closed_store_fails_aenter(clock: FakeClock) -> None:
+async def test_closed_store_fails_aenter(clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    """Its nodes never joined: no leave is tried, so none fails on the closed store and is logged."""
     store = MemoryStore(clock=clock)
+    membership = Membership(store)
+    membership.join("a")
     with pytest.raises(StoreClosedError):
-        async with Membership(store):
+        async with membership:
             pytest.fail("entered")
+    assert [r.getMessage() for r in caplog.records if "membership" in r.getMessage()] == []
+
+
+async def test_a_failed_first_heartbeat_that_may_have_written_still_leaves(flaky: FlakyStore) -> None:
+    flaky.failing = True  # a StoreBusyError, as a lost connection would be: the nodes are told to leave
+    membership = Membership(flaky, ttl_s=1.0)
+    membership.join("a")
+    with pytest.raises(StoreBusyError):
+        await membership.start()
+    assert [node for node, _ in flaky.left] == ["a"]
 
 
 async def test_two_processes_sharing_a_node_id_are_reported(

@@ -152,10 +152,11 @@ async def test_two_starts_at_once_start_one_runner_and_both_return_once_it_runs(
         assert await store.members() == []
 
 
-async def test_a_failed_start_is_final_and_says_why(db_path: Path) -> None:
+async def test_a_failed_start_is_final_and_says_why(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     runtime = await runtime_on_a_closed_store(db_path)
     with pytest.raises(StoreClosedError):
         await runtime.start()
+    assert [r.getMessage() for r in caplog.records] == []  # the error alone: no leave of nodes that never joined
     with pytest.raises(RuntimeStateError, match=r"its start failed \(StoreClosedError") as caught:
         await runtime.start()  # it used to return at once, with no node running
     assert isinstance(caught.value.__cause__, StoreClosedError)
