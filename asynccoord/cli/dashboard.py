@@ -8,7 +8,7 @@ takes :func:`~asynccoord.cli.status.status_report` of it every ``--interval-s`` 
     python -m asynccoord dashboard --db bot.db            # http://127.0.0.1:8765/
 
 The web server is the optional extra ``dashboard`` (aiohttp): without it the command says
-which package to install. On an address other than loopback it needs an access token
+which package to install, a usage error (exit status 2). On an address other than loopback it needs an access token
 (``--token`` or ``ASYNCCOORD_DASHBOARD_TOKEN``) that every request must then carry.
 With many queues the page lists the 200 with the most tasks pending, running or dead (the
 totals count them all), and charts all queues together and the 8 busiest
@@ -94,7 +94,8 @@ def check_dashboard(args: argparse.Namespace) -> None:
     """Refuse bad options before anything opens: a non-loopback host without a token, a bad port...
 
     Raises:
-        InvalidArgumentError: the option at fault, named.
+        InvalidArgumentError: the option at fault, named; or the extra ``dashboard`` is not
+            installed (a usage error, exit status 2, as ``run``'s options of other extras).
     """
     from ..backends.open import open_store
 
@@ -108,7 +109,7 @@ def check_dashboard(args: argparse.Namespace) -> None:
     try:
         from ..monitor.dashboard.app import check_exposure
     except ImportError:
-        return  # dashboard_command says what to install
+        raise InvalidArgumentError(INSTALL_HINT) from None
     check_exposure(args.host, _token(args))
 
 

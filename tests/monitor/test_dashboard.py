@@ -582,8 +582,9 @@ def test_without_the_extra_the_command_names_it(python: PythonRunner, tmp_path: 
         "sys.exit(main(sys.argv[1:]))\n"
     )
     proc = python.run_code(code, "dashboard", "--db", str(tmp_path / "x.db"), check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a usage error, as run's options of a missing extra
     assert "pip install 'asynccoord[dashboard]'" in proc.stderr
+    assert not (tmp_path / "x.db").exists()
 
 
 # --- the feed -----------------------------------------------------------------------------
