@@ -377,7 +377,8 @@ def run_command(args: argparse.Namespace) -> int:
                 export(metrics, store, monitor, lock_store)
                 async with monitor, runtime:
                     target = describe_target(args.db, args.schema)
-                    print(f"asynccoord: {args.nodes} nodes draining {args.queue!r} of {target}", flush=True)
+                    nodes = f"{args.nodes} node{'' if args.nodes == 1 else 's'}"
+                    print(f"asynccoord: {nodes} draining {args.queue!r} of {target}", flush=True)
                     if held:  # a signal came while starting: stop at once
                         signum = held[0]
                         await runtime.shutdown()

@@ -77,7 +77,7 @@ async def test_a_hanging_lifespan_exit_is_cut_short_at_the_shutdown_timeout(pyth
     proc = spawn_run(python, db, log, "hang_exit", "--shutdown-timeout-s", "1")
     assert proc.stdout is not None
     started = await asyncio.to_thread(proc.stdout.readline)  # the nodes run
-    assert started.startswith("asynccoord: 1 nodes draining 'outbox'"), started
+    assert started.startswith("asynccoord: 1 node draining 'outbox'"), started
     signalled = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)
     code = await asyncio.to_thread(proc.wait, 20)
