@@ -84,7 +84,7 @@ from asynccoord import NewTask, SQLiteStore
 from asynccoord.backends.open import is_postgres_target, redact_target
 from asynccoord.config import DEFAULT_PARTITIONS
 from asynccoord.node import Node, NodeConfig, NodeStatus, Runtime, current_delivery
-from asynccoord.node.ablation import Ablation, ablated_runtime
+from asynccoord.node.ablation import Ablation
 from asynccoord.partition import assign, partition_of
 
 QUEUE = "bench"
@@ -529,13 +529,13 @@ async def drain_runtime(
         if store.partitions != DEFAULT_PARTITIONS:  # process_split (the rows' split) assumes it
             raise RuntimeError(f"the store has {store.partitions} partitions, not {DEFAULT_PARTITIONS}")
         claims = count_claims(store)
-        runtime = ablated_runtime(
-            ablation_for(strategy),
+        runtime = Runtime(
             store,
             send=send,
             node_ids=ids,
             config=config_for(strategy, args.steal_after_s),
             lock_key=lock_key,
+            _ablation=ablation_for(strategy),
             heartbeat_ttl_s=HEARTBEAT_TTL_S,
             shutdown_timeout_s=5.0,
         )

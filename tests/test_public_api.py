@@ -68,11 +68,6 @@ def test_submodule_all_names_exist() -> None:
         assert [n for n in module.__all__ if not hasattr(module, n)] == [], module.__name__
 
 
-def test_runtime_shows_no_private_parameter() -> None:
-    """The benchmarks' switches reach a runtime through ``asynccoord.node.ablation.ablated_runtime``."""
-    assert [name for name in inspect.signature(asynccoord.Runtime).parameters if name.startswith("_")] == []
-
-
 def test_version_is_a_string() -> None:
     assert isinstance(asynccoord.__version__, str)
     assert asynccoord.__version__.count(".") >= 2

@@ -7,23 +7,16 @@ compare-and-sets). The benchmarks (``benchmarks/contention.py``) and the tests t
 each layer matters switch them off one by one. They are not part of the public
 :class:`~asynccoord.node.config.NodeConfig`: a node without them loses the guarantees the
 package is for. They reach a node as the keyword-only private argument
-``Node(..., _ablation=Ablation(...))``, and a runtime's nodes through
-:func:`ablated_runtime` (``Runtime`` itself takes no such argument).
+``Node(..., _ablation=Ablation(...))`` or ``Runtime(..., _ablation=Ablation(...))``.
 """
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidTypeError
 from ..validation import check_bool
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
-
-__all__ = ("FULL", "Ablation", "ablated_runtime", "building")
+__all__ = ("FULL", "Ablation")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,27 +49,3 @@ class Ablation:
 
 FULL = Ablation()
 """Every layer on: what every node runs unless a benchmark says otherwise."""
-
-_BUILDING: contextvars.ContextVar[Ablation] = contextvars.ContextVar("asynccoord_ablation", default=FULL)
-
-
-def building() -> Ablation:
-    """The layers of the runtime being built: those :func:`ablated_runtime` was given, else :data:`FULL`."""
-    return _BUILDING.get()
-
-
-def ablated_runtime(ablation: Ablation, store: Any, **options: Any) -> Runtime:
-    """``Runtime(store, **options)`` whose nodes and idle poll run only the layers ``ablation`` keeps.
-
-    Raises:
-        InvalidTypeError: ``ablation`` is not an :class:`Ablation`; and as ``Runtime``.
-    """
-    from .runtime import Runtime
-
-    if not isinstance(ablation, Ablation):
-        raise InvalidTypeError(f"ablation must be an Ablation, got {type(ablation).__name__}")
-    token = _BUILDING.set(ablation)
-    try:
-        return Runtime(store, **options)
-    finally:
-        _BUILDING.reset(token)

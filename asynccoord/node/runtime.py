@@ -40,7 +40,7 @@ from ..validation import (
     check_send,
 )
 from . import running
-from .ablation import building
+from .ablation import FULL, Ablation
 from .config import NodeConfig
 from .idlepoll import IdlePoller
 from .node import LockKeyFn, Node, failure_of
@@ -112,6 +112,8 @@ class Runtime:
             records that recognise redeliveries follow their own retention
             (``StoreConfig.processed``), purged by the same loop.
         purge_interval_s: Mean seconds between two purges. Default 60.
+        _ablation: Layers switched off in every node, for benchmarks only (see
+            :mod:`asynccoord.node.ablation`). Default: every layer on.
 
     Attributes:
         instance_id: ``"<host>-<pid>-<6 random hex digits>"``, new for every Runtime: the
@@ -142,9 +144,9 @@ class Runtime:
         lock_store: Any = None,
         done_retention_s: float | None = DEFAULT_DONE_RETENTION_S,
         purge_interval_s: float = DEFAULT_PURGE_INTERVAL_S,
+        _ablation: Ablation = FULL,
     ) -> None:
         check_send(send)
-        ablation = building()  # every layer, but in a benchmark's ablated_runtime()
         if config is not None and not isinstance(config, NodeConfig):
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         # Unique per Runtime instance: two runtimes of one process never share node ids.
@@ -190,12 +192,12 @@ class Runtime:
                 lock_pool=self.lock_pool,
                 lock_store=self.lock_store,
                 idle_poll=not pollable,
-                _ablation=ablation,
+                _ablation=_ablation,
             )
             for node_id in ids
         ]
         self.idle_poller = (
-            IdlePoller(store, self.nodes, self.config, membership=self.membership, _ablation=ablation)
+            IdlePoller(store, self.nodes, self.config, membership=self.membership, _ablation=_ablation)
             if pollable
             else None
         )

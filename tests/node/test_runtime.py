@@ -22,7 +22,6 @@ from support import count_calls
 
 from asynccoord import (
     InvalidArgumentError,
-    InvalidTypeError,
     MemoryStore,
     NewTask,
     RuntimeStateError,
@@ -36,7 +35,7 @@ from asynccoord import (
 )
 from asynccoord.membership import Membership
 from asynccoord.node import Node, NodeConfig, NodeStatus, Runtime, current_delivery
-from asynccoord.node.ablation import FULL, Ablation, ablated_runtime
+from asynccoord.node.ablation import Ablation
 from asynccoord.node.send import SEND_CLEANUP_S
 from asynccoord.node.settle import CUT_ON_LAST_ATTEMPT, SETTLE_WAIT_S
 
@@ -397,21 +396,6 @@ async def wake_latencies(store: Any, keys: list[str], sent: dict[int, float]) ->
     return out
 
 
-async def _noop_send(task: Task) -> None:
-    return None
-
-
-async def test_an_ablated_runtime_switches_off_the_layers_of_its_own_nodes_only() -> None:
-    async with MemoryStore() as store:
-        ablation = Ablation(partitioning=False, locks=False)
-        ablated = ablated_runtime(ablation, store, send=_noop_send, nodes=2)
-        plain = Runtime(store, send=_noop_send, nodes=2)
-        assert [node._ablation for node in ablated.nodes] == [ablation, ablation]
-        assert [node._ablation for node in plain.nodes] == [FULL, FULL]
-        with pytest.raises(InvalidTypeError, match="ablation must be an Ablation, got dict"):
-            ablated_runtime({"locks": False}, store, send=_noop_send)  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize(("nodes", "partitioning"), [(1, True), (4, False)], ids=["1-node", "4-nodes-unpartitioned"])
 async def test_in_process_enqueue_wakes_an_idle_node_at_once(make_store: Any, nodes: int, partitioning: bool) -> None:
     store = await make_store(clock=None)
@@ -422,7 +406,7 @@ async def test_in_process_enqueue_wakes_an_idle_node_at_once(make_store: Any, no
 
     # polls only once a second: a send within 0.1 s of the enqueue comes from the wake-up
     config = NodeConfig(queue=QUEUE, idle_min_s=1.0, idle_max_s=1.0)
-    async with ablated_runtime(Ablation(partitioning=partitioning), store, send=send, nodes=nodes, config=config):
+    async with Runtime(store, send=send, nodes=nodes, config=config, _ablation=Ablation(partitioning=partitioning)):
         await asyncio.sleep(0.1)
         latencies = await wake_latencies(store, [f"c{i}" for i in range(6)], sent)
     assert max(latencies) <= 0.1, latencies
