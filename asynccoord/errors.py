@@ -252,6 +252,14 @@ class StoreAlreadyOpenError(StoreError):
     closed again may be opened again.
     """
 
+    @classmethod
+    def of(cls, store: object) -> StoreAlreadyOpenError:
+        """The error for a second ``open()`` of ``store``, saying what to do instead."""
+        return cls(
+            f"{store!r} is already open: open a store once and hand it on"
+            " (an inner 'async with' would close it under the outer one)"
+        )
+
 
 class StoreLoopError(StoreError):
     """The store was used from another event loop than the one that opened it.

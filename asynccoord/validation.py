@@ -397,6 +397,23 @@ def check_partitions(arg: str, value: object) -> Collection[int] | None:
     return cast("Collection[int]", value)
 
 
+def check_lock_key(lock_key: object) -> None:
+    """Check a node's ``lock_key``: None, or a plain function (a task to a lock name or None).
+
+    Raises:
+        InvalidTypeError: it is not callable, or is an async callable (the node calls it
+            without awaiting).
+    """
+    if lock_key is None:
+        return
+    if not callable(lock_key):
+        raise InvalidTypeError(f"lock_key must be callable or None, got {type(lock_key).__name__} {_short(lock_key)}")
+    if is_async_callable(lock_key):
+        raise InvalidTypeError(
+            f"lock_key must be a plain function returning a lock name (str) or None, got the async {lock_key!r}"
+        )
+
+
 def check_send(send: object) -> None:
     """Check a node's ``send``: a callable, not a generator function (async or plain).
 

@@ -12,18 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Self, TypeVar
-from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions as rerr
-from redis.asyncio.connection import parse_url
 
 from .. import events as ev
 from ..config import StoreConfig
@@ -41,7 +38,6 @@ from ..contract.locks import (
     fence_rejected_error,
 )
 from ..errors import (
-    InvalidArgumentError,
     InvalidTypeError,
     StoreAlreadyOpenError,
     StoreBusyError,
@@ -55,8 +51,9 @@ from ..monitor.histogram import LatencyRecorder
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
 from .redisdurability import NO_PERSISTENCE, losses, persistence
+from .redisurl import check_url
 from .rows import decode_json, new_token
-from .targets import redact_location, redact_target, userinfo_spills
+from .targets import redact_location
 
 __all__ = ("MAX_KEY_SLACK_MS", "RedisLockStore")
 
@@ -235,73 +232,6 @@ milliseconds, 31,536,000,000. With the longest lease (also a year) a key's ``PEX
 below 2**36 ms: an exact integer in the scripts' Lua numbers, far inside Redis' limit."""
 
 
-def _check_url(url: str) -> None:
-    """Refuse a URL redis-py cannot connect with, naming it (its password hidden)."""
-    try:
-        options = parse_url(url)  # redis-py's own parser, the one open() uses: scheme, port, query values
-        problem = _db_problem(url) or _query_problem(url, options)
-        if problem is None:
-            return
-    except ValueError as exc:  # its messages quote a port, which may be a password's start ("user:Ab/cd@host")
-        problem = str(exc).rstrip(".")
-    if userinfo_spills(url):
-        problem = "a '/', '?' or '#' before the '@' (percent-encode it in the password)"
-    shown = repr(redact_target(url))  # redact_target never raises: an unparsable URL loses its user-info
-    if len(shown) > 200:
-        shown = shown[:197] + "..."
-    raise InvalidArgumentError(f"url must be a Redis URL (redis://host:port/db): {problem}, got {shown}")
-
-
-def _db_problem(url: str) -> str | None:
-    """What is wrong with the database number in a ``redis://``/``rediss://`` URL's path, if anything.
-
-    redis-py ignores a path that is not a number (``redis://host/abc`` connects to
-    database 0), so a typo would go to another database unnoticed.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
-        return None  # unix://: the path is the socket's
-    db = parts.path.strip("/")
-    if db and not (db.isascii() and db.isdigit()):
-        return f"the database number must be an integer (redis://host:port/0), not {db[:40]!r}"
-    return None
-
-
-def _query_problem(url: str, options: Mapping[str, Any]) -> str | None:
-    """What is wrong with the query parameters of a URL that redis-py parsed into ``options``, if anything.
-
-    redis-py hands every query parameter to the connection pool and its connections as a
-    keyword argument, so a name neither takes (``?foo=bar``, or ``ssl_*`` on ``redis://``)
-    would raise a bare ``TypeError`` at the first connection.
-    """
-    unknown = sorted(set(options) - _url_keywords(options.get("connection_class", aioredis.Connection)))
-    if not unknown:
-        return None
-    names = ", ".join(repr(name[:40]) for name in unknown[:5])
-    what = "parameter" if len(unknown) == 1 else "parameters"
-    hint = "the ssl_* options need rediss://" if any(n.startswith("ssl_") for n in unknown) else f"remove the {what}"
-    return f"redis-py takes no query {what} {names} in a {urlsplit(url).scheme.lower()}:// URL ({hint})"
-
-
-@functools.cache
-def _url_keywords(connection_class: type) -> frozenset[str]:
-    """The keyword arguments that a URL's options may set: the pool's and ``connection_class``'s.
-
-    A connection class passes its ``**kwargs`` on to its base class, so the bases' keywords
-    count until one takes no ``**kwargs``.
-    """
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    names: set[str] = set()
-    for cls in (aioredis.BlockingConnectionPool, aioredis.ConnectionPool, *connection_class.__mro__):
-        if "__init__" not in vars(cls):
-            continue
-        parameters = inspect.signature(vars(cls)["__init__"]).parameters
-        names.update(name for name, p in parameters.items() if p.kind in named)
-        if cls in connection_class.__mro__ and all(p.kind is not p.VAR_KEYWORD for p in parameters.values()):
-            break
-    return frozenset(names - {"self"})
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -428,7 +358,7 @@ class RedisLockStore:
     ) -> None:
         if not isinstance(url, str):
             raise InvalidTypeError(f"url must be a str (redis://...), got {type(url).__name__}")
-        _check_url(url)
+        check_url(url)
         if config is not None and not isinstance(config, StoreConfig):
             raise InvalidTypeError(f"config must be a StoreConfig, got {type(config).__name__}")
         check_clock(clock)
@@ -469,9 +399,7 @@ class RedisLockStore:
         A server without an append-only file (``appendonly no``) is logged at WARNING as
         ``asynccoord.redis.no_persistence``, whether it keeps RDB snapshots or nothing: its
         restart would set the fencing counters back (see :class:`RedisLockStore`).
-        :attr:`persistent` holds the answer.
-
-        A store closed again may be opened again.
+        :attr:`persistent` holds the answer. A store closed again may be opened again.
 
         Raises:
             StoreConnectionError: the server cannot be reached.
@@ -479,10 +407,7 @@ class RedisLockStore:
         """
         if self._client is not None:
             self._check_loop()  # open, but for another loop: StoreLoopError
-            raise StoreAlreadyOpenError(
-                f"{self!r} is already open: open a store once and hand it on"
-                " (an inner 'async with' would close it under the outer one)"
-            )
+            raise StoreAlreadyOpenError.of(self)
         pool = aioredis.BlockingConnectionPool.from_url(
             self.url, max_connections=self.max_connections, timeout=self.reconnect_timeout_s, socket_connect_timeout=5.0
         )

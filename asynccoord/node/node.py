@@ -42,15 +42,7 @@ from ..membership import Membership
 from ..models import Task
 from ..monitor.histogram import CLAIM_MS
 from ..notify import WakeUp, WorkNotifier
-from ..validation import (
-    _short,
-    check_bool,
-    check_lock_store,
-    check_name,
-    check_queue_store,
-    check_send,
-    is_async_callable,
-)
+from ..validation import check_bool, check_lock_key, check_lock_store, check_name, check_queue_store, check_send
 from .ablation import FULL, Ablation
 from .batch import LocklessBatch
 from .config import NodeConfig, check_lock_pacing
@@ -203,14 +195,7 @@ class Node:
     ) -> None:
         check_queue_store("store", store)
         check_send(send)
-        if lock_key is not None and not callable(lock_key):
-            raise InvalidTypeError(
-                f"lock_key must be callable or None, got {type(lock_key).__name__} {_short(lock_key)}"
-            )
-        if lock_key is not None and is_async_callable(lock_key):
-            raise InvalidTypeError(
-                f"lock_key must be a plain function returning a lock name (str) or None, got the async {lock_key!r}"
-            )
+        check_lock_key(lock_key)
         if config is not None and not isinstance(config, NodeConfig):
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         if membership is not None and not isinstance(membership, Membership):

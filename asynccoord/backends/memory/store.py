@@ -92,10 +92,7 @@ class MemoryStore(
             StoreAlreadyOpenError: the store is open already; it stays open.
         """
         if self._open:
-            raise StoreAlreadyOpenError(
-                f"{self!r} is already open: open a store once and hand it on"
-                " (an inner 'async with' would close it under the outer one)"
-            )
+            raise StoreAlreadyOpenError.of(self)
         self._open = True
 
     async def close(self) -> None:

@@ -307,10 +307,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         """
         if self._runner.pool is not None:
             self._runner.check_loop()  # open, but for another loop: StoreLoopError
-            raise StoreAlreadyOpenError(
-                f"{self!r} is already open: open a store once and hand it on"
-                " (an inner 'async with' would close it under the outer one)"
-            )
+            raise StoreAlreadyOpenError.of(self)
         self._kept_queues.clear()  # seen in a database that may since have been replaced
         # A call left in flight by a loop that was closed without cancelling its tasks can
         # never finish: forget it (and any other work of that loop), or every later ordered

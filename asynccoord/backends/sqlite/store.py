@@ -219,10 +219,7 @@ class SQLiteStore(
         """
         if self._conn is not None:
             self._check_loop()  # open, but for another loop: StoreLoopError
-            raise StoreAlreadyOpenError(
-                f"{self!r} is already open: open a store once and hand it on"
-                " (an inner 'async with' would close it under the outer one)"
-            )
+            raise StoreAlreadyOpenError.of(self)
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise StoreError(
                 f"SQLite {sqlite3.sqlite_version} is too old: asynccoord needs {'.'.join(map(str, MIN_SQLITE))} "
