@@ -288,6 +288,7 @@ class Monitor:
         self._sent_events: dict[tuple[str, str], int] = {}
         self._sent_latency: dict[str, Histogram] = {}
         self._incidents: dict[tuple[str, str], Incident] = {}
+        self._last_counts: dict[tuple[str, str], int] = {}  # relative rules' counts at the last judgement
         self._alerts_dirty = False
         self._last_write_monotonic = -math.inf
         self._flush_lock = asyncio.Lock()
@@ -565,7 +566,11 @@ class Monitor:
             self._adopt(open_alerts(view.alerts))
         self._forget_closed(view.now_s)
         rules = [rule for rule in self.rules if self._leader or rule.scope is not AlertScope.CLUSTER]
-        notices, changed = decide(rules, self._incidents, view, self.process_id, own_process=self.process_id)
+        judged = {rule.name for rule in rules}  # a rule judged again after a pause (leading again) starts afresh
+        self._last_counts = {key: count for key, count in self._last_counts.items() if key[0] in judged}
+        notices, changed = decide(
+            rules, self._incidents, view, self.process_id, own_process=self.process_id, last_counts=self._last_counts
+        )
         self._alerts_dirty = self._alerts_dirty or changed
         notices = self._unless_stalled(notices)
         for alert in notices:

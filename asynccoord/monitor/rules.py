@@ -9,7 +9,10 @@ into incidents, not samples: a value that rises above ``threshold`` opens one in
 and a lower one to resolve, are the hysteresis of a Schmitt trigger: a value hovering
 around the threshold cannot make an alert storm. Without enough throughput to judge a
 relative rule (``min_events``), an open incident resolves once its window holds no more
-events of its kind.
+events of its kind. A relative rule opens an incident only while its events keep coming
+(more in its window than at the previous judgement): as a window slides past a burst, the
+events it is relative to may leave it before the burst's own do, and the ratio of that
+tail would otherwise open an incident after the burst is over.
 """
 
 from __future__ import annotations
@@ -158,6 +161,7 @@ def decide(
     monitor_id: str,
     *,
     own_process: str | None = None,
+    last_counts: dict[tuple[str, str], int] | None = None,
 ) -> tuple[list[Alert], bool]:
     """Judge every rule on ``view``, opening and closing ``incidents`` in place.
 
@@ -169,6 +173,10 @@ def decide(
         monitor_id: The judging monitor's process id (``Alert.monitor_id``).
         own_process: Judge the ``process`` and ``node`` rules on this process' counters
             only (each monitor judges its own process); None judges every process.
+        last_counts: The event counts of the relative rules at the previous judgement, by
+            ``(rule name, scope key)``; updated in place. A relative rule opens an incident
+            only when its count grew since then (its events still come), so the first
+            judgement of a key opens none. None: no such condition.
 
     Returns:
         ``(notices, changed)``: the firing and resolved notices this judgement produced,
@@ -180,6 +188,9 @@ def decide(
     for rule in rules:
         groups = _group_counts(rule.scope, view.windows.get(rule.window_s, {}), own_process)
         keys = set(groups) | {key for (name, key) in incidents if name == rule.name}
+        if last_counts is not None and rule.denominators is not None:
+            for name, key in [k for k in last_counts if k[0] == rule.name and k[1] not in keys]:
+                last_counts[(name, key)] = 0  # none of its events left in the window
         for key in sorted(keys):
             counts = groups.get(key, {})
             count = counts.get(rule.event, 0)
@@ -209,8 +220,13 @@ def decide(
                 fired_at=view.now_s,
                 monitor_id=monitor_id,
             )
+            growing = True
+            if last_counts is not None and denominators is not None:
+                previous = last_counts.get((rule.name, key))
+                last_counts[(rule.name, key)] = count
+                growing = previous is not None and count > previous
             if incident is None:
-                if judged and value > rule.threshold:
+                if judged and value > rule.threshold and growing:
                     incidents[(rule.name, key)] = Incident(alert=measured, current=measured)
                     notices.append(measured)
                 continue

@@ -311,6 +311,37 @@ async def test_relative_rule_needs_min_events_and_resolves_when_quiet(store: Sto
         assert resolved.count == 0
 
 
+async def test_a_relative_rule_opens_no_incident_on_the_tail_of_a_window_after_its_events_stopped(
+    store: Store, clock: FakeClock
+) -> None:
+    """Claims, then a few retries under the threshold, then nothing: the window slides past the claims first.
+
+    The retries' ratio in the 10 s window rises as the claims leave it (15 of 90, then of
+    30 at most), but no retry came since: no incident. A new burst of retries above the
+    threshold opens one at once.
+    """
+    rule = AlertRule(name="retries", event=ev.RETRIES, relative_to=ev.CLAIMS, threshold=0.2, window_s=10.0)
+    notices: list[Alert] = []
+    async with manual(store, [rule]) as monitor:
+        await store.flush_metrics(MetricsFlush(process_id="p1", counters={("", ev.CLAIMS): 60}))
+        notices += await monitor.evaluate()
+        clock.advance(5.0)
+        await store.flush_metrics(MetricsFlush(process_id="p1", counters={("", ev.CLAIMS): 30, ("", ev.RETRIES): 15}))
+        notices += await monitor.evaluate()
+        for _ in range(9):  # the first claims leave the window at 10 s, the retries at 15 s
+            clock.advance(1.0)
+            view = await store.read_metrics((10.0,))
+            notices += await monitor.evaluate()
+        counts = view.windows[10.0]
+        assert counts[("p1", "", ev.CLAIMS)] == 30  # the tail: 15 retries of 30 claims, 0.5
+        assert counts[("p1", "", ev.RETRIES)] == 15
+        assert notices == []
+        await store.flush_metrics(MetricsFlush(process_id="p1", counters={("", ev.CLAIMS): 30, ("", ev.RETRIES): 15}))
+        (fired,) = await monitor.evaluate()  # retries coming again, 30 of 60 claims
+        assert fired.state is AlertState.FIRING
+        assert (fired.count, fired.base) == (30, 60)
+
+
 async def test_absolute_rule_per_process_scope(store: Store, clock: FakeClock) -> None:
     rule = AlertRule(name="lost", event=ev.LEASE_LOST, threshold=2, window_s=30.0, scope=AlertScope.PROCESS)
     await store.flush_metrics(MetricsFlush(process_id="proc-b", counters={("", ev.LEASE_LOST): 2}))
