@@ -104,7 +104,9 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     then leaves SIGTERM ignored on its way out instead of putting back the handler it had,
     so a late SIGTERM cannot turn a clean exit into death by signal. Default False.
     """
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # said by the command's own parser, with its usage (argparse's top level shows its own)
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args._exiting = exiting
     run: Callable[[argparse.Namespace], int] = args._run
     check: Callable[[argparse.Namespace], object] | None = args._check

@@ -262,6 +262,9 @@ def test_all_and_many_ids_are_acted_on_a_batch_per_transaction(
         (["requeue", "--queue", Q, "--id", "3", "--limit", "5"], "dead requeue", "--limit belongs to the listing"),
         (["--queue", Q, "--schema", "bots"], "dead", "--schema 'bots' applies to a postgresql:// --db only"),
         (["discard", "--queue", Q, "--all", "--schema", "bots"], "dead discard", "applies to a postgresql:// --db"),
+        (["--queue", Q, "--all"], "dead --db", "unrecognized arguments: --all"),
+        (["--queue", Q, "--frobnicate"], "dead --db", "unrecognized arguments: --frobnicate"),
+        (["requeue", "--queue", Q, "--all", "--frobnicate"], "dead requeue", "unrecognized arguments: --frobnicate"),
     ],
 )
 def test_usage_errors_exit_2_and_touch_no_database(

@@ -37,6 +37,7 @@ from asynccoord.cli.status import open_status_store, status_report
 from asynccoord.contract.locks import Lease
 from asynccoord.contract.membership import MemberBeat
 from asynccoord.errors import InvalidArgumentError
+from asynccoord.locks.line import next_in_line
 from asynccoord.monitor.dashboard.app import MIN_TOKEN_CHARS, serve
 from asynccoord.monitor.dashboard.feed import HIDDEN, Feed, history_point
 from asynccoord.monitor.histogram import ENQUEUE_TO_COMMIT_MS
@@ -263,6 +264,8 @@ async def test_the_page_follows_the_database_without_reloading(tmp_path: Path, p
             await cluster.store.enqueue("outbox", {"text": SECRET}, partition_key=f"late-{i}")
         second_lease = await cluster.store.try_acquire_lock("account:7", ttl_s=600, holder="node-b")
         assert isinstance(second_lease, Lease)
+        place = await cluster.store.try_acquire_lock(next_in_line("account:7"), ttl_s=600, holder="node-c")
+        assert isinstance(place, Lease)  # a process waiting in line for account:7, as a LockPool marks it
         await cluster.monitor.close()  # withdraws its firing alert: the page must show it resolved
         report = await status_json(python, cluster.path)
         assert report["alerts"] == []
@@ -276,7 +279,8 @@ async def test_the_page_follows_the_database_without_reloading(tmp_path: Path, p
         assert seen["seq"] > first["seq"]
         assert await page.evaluate("window.loadedOnce") == "yes"
         assert shown(seen) == expected_on_page(report)
-        assert [lock["name"] for lock in seen["locks"]] == ["account:42", "account:7"]
+        assert [lock["name"] for lock in seen["locks"]] == ["account:42", "account:7", next_in_line("account:7")]
+        assert await page.evaluate("document.getElementById('lock-count').textContent") == "(2) and places in line (1)"
         assert seen["alerts"] == []
         await page.screenshot(tmp_path / "dashboard-live.png")
 

@@ -108,7 +108,9 @@
       cell(tr, fmtS(n.heartbeat_age_s), "heartbeat_age_s");
       cell(tr, infoText(n.info, "queue"), "info", "text");
     }, "no live node");
-    $("lock-count").textContent = "(" + s.locks.length + ")";
+    // Places in line (asynccoord.contract.locks.PLACE_PREFIX) mark a process waiting for a taken lock: counted apart, as status does.
+    const places = s.locks.filter((l) => l.name.startsWith("asynccoord.next:")).length;
+    $("lock-count").textContent = "(" + (s.locks.length - places) + ")" + (places ? " and places in line (" + places + ")" : "");
     fill("locks", s.locks, (tr, l) => {
       tr.dataset.lock = l.name;
       cell(tr, l.name, "name", "text");
