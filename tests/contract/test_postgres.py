@@ -13,6 +13,8 @@ import dataclasses
 import gc
 import json
 import logging
+import os
+import socket
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -323,12 +325,17 @@ async def test_a_dsn_with_connect_timeout_opens(pg: str, schema: str) -> None:
 
 @pytest.mark.parametrize(
     ("query", "named"),
-    [("", "asynccoord"), ("application_name=mybot", "mybot"), ("application%5Fname=encoded", "encoded")],
+    [
+        ("", None),  # this process: "asynccoord <pid>@<host>"
+        ("application_name=mybot", "mybot"),
+        ("application%5Fname=encoded", "encoded"),
+    ],
 )
-async def test_sessions_carry_the_dsns_application_name_else_asynccoord(
-    pg: str, schema: str, query: str, named: str
+async def test_sessions_carry_the_dsns_application_name_else_asynccoord_and_the_process(
+    pg: str, schema: str, query: str, named: str | None
 ) -> None:
-    """The store set ``application_name`` to "asynccoord" over the DSN's own."""
+    """The store sets ``application_name`` to "asynccoord <pid>@<host>" unless the DSN names one."""
+    named = named or f"asynccoord {os.getpid()}@{socket.gethostname()}"[:63]
     dsn = pg + (("&" if "?" in pg else "?") + query if query else "")
     async with PostgresStore(dsn, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
         pid = await store._runner.run(lambda conn, _a: conn.fetchval("SELECT pg_backend_pid()"), what="pid", tx=False)
@@ -656,7 +663,7 @@ async def test_calls_cancelled_while_the_pool_connects_leave_no_unretrieved_exce
     import gc
     import random
 
-    sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'asynccoord'"
+    sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'asynccoord %'"
     before = (await admin(pg, sessions))[0][0]
     loop = asyncio.get_running_loop()
     reported: list[str] = []
@@ -700,7 +707,7 @@ async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str
             if round_ % 2 == 0:  # kill while idle in the pool...
                 rows = await admin(
                     pg,
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'asynccoord'"
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'asynccoord %'"
                     " AND datname = current_database() AND pid <> pg_backend_pid()",
                 )
                 kills += len(rows)

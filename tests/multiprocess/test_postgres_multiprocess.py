@@ -155,7 +155,7 @@ async def kill_backends(schema: str) -> int:
     killed = await rows(
         schema,
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE application_name = 'asynccoord' AND datname = current_database() AND pid <> pg_backend_pid()",
+        " WHERE application_name LIKE 'asynccoord %' AND datname = current_database() AND pid <> pg_backend_pid()",
     )
     return len(killed)
 

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
+import socket
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
@@ -99,6 +101,14 @@ _SETTLE_S = 2.0
 """Longest ``close()`` waits for connection attempts that cancelled calls left running, seconds."""
 
 
+def application_name() -> str:
+    """``"asynccoord <pid>@<host>"``: the sessions' ``application_name``, so an operator can tell whose they are.
+
+    Cut to 63 bytes, what PostgreSQL keeps (``NAMEDATALEN - 1``).
+    """
+    return f"asynccoord {os.getpid()}@{socket.gethostname()}".encode()[:63].decode(errors="ignore")
+
+
 class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, PostgresMonitorOps, PostgresDeadLetterOps):
     """The whole storage contract on one PostgreSQL database (queue, locks, membership, monitor).
 
@@ -135,7 +145,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             Its query parameters are asyncpg's (``sslmode``, ...; others are sent to the
             server as settings), and libpq's ``connect_timeout`` (whole seconds, <= 0 for
             no limit; default 10 s): how long opening one connection may take. Sessions
-            show as ``application_name`` "asynccoord" unless the DSN names another.
+            show as ``application_name`` ``"asynccoord <pid>@<host>"`` (this process', cut
+            to PostgreSQL's 63 bytes) unless the DSN names another.
         config: Store settings; default :class:`~asynccoord.config.StoreConfig`
             (``max_batch_ops`` bounds a group-committed batch; the SQLite-only fields
             are ignored).
@@ -284,7 +295,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         query = self._connect_dsn.partition("?")[2]
         names = {urllib.parse.unquote_plus(field.partition("=")[0]).lower() for field in query.split("&")}
         if "application_name" not in names:
-            settings["application_name"] = "asynccoord"  # unless the DSN names the application
+            settings["application_name"] = application_name()  # unless the DSN names the application
         return settings
 
     async def _connect(self) -> asyncpg.Connection:
