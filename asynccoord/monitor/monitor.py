@@ -33,7 +33,7 @@ from .._errtext import error_text
 from ..config import StoreConfig
 from ..contract.locks import Lease
 from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, MetricsFlush, MetricsView, open_alerts
-from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
+from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from ..events import EventCounter
 from ..validation import (
     MAX_DURATION_S,
@@ -47,6 +47,7 @@ from ..validation import (
 )
 from .alerts import AlertCallback, AlertSink, AlertStream, Mailbox, Subscription, deliver
 from .histogram import Histogram
+from .outage import OutageWatch
 from .rules import DEFAULT_RULES, AlertRule, Incident, decide
 from .snapshot import ClusterSnapshot, cluster_snapshot
 
@@ -173,6 +174,11 @@ class Monitor:
             unjudged when the leader dies without closing. At least twice
             ``evaluate_interval_s`` (each evaluation renews it). Default the largest of
             5 s, 1.5 times the longer interval and twice ``evaluate_interval_s``.
+        store_outage_s: Seconds in which every flush (write), or every read, of the store
+            failed that make this monitor publish the process-scoped notice ``store_unreachable`` (log,
+            subscribers, sinks; see :mod:`asynccoord.monitor.outage`), resolved once the calls
+            that failed succeed again. A call waits for the store up to its own timeout first
+            (``busy_timeout_s`` on SQLite, ``reconnect_timeout_s`` on PostgreSQL). Default 10.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store).
@@ -196,6 +202,7 @@ class Monitor:
         lock_store: Any = None,
         sinks: Sequence[AlertSink] = (),
         leader_ttl_s: float | None = None,
+        store_outage_s: float = 10.0,
     ) -> None:
         for method in ("flush_metrics", "read_metrics"):
             if not callable(getattr(store, method, None)):
@@ -249,6 +256,7 @@ class Monitor:
                     "raise retention_s"
                 )
         self.process_id = _default_process_id() if process_id is None else check_name("process_id", process_id)
+        self._outage = OutageWatch(self.process_id, check_positive("store_outage_s", store_outage_s))
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.callback_timeout_s = check_positive("callback_timeout_s", callback_timeout_s)
         self.log_alerts = check_bool("log_alerts", log_alerts)
@@ -523,11 +531,13 @@ class Monitor:
                     self._alerts_dirty = self._alerts_dirty or dirty
                     self._flush_failures += 1
                 raise
-            except BaseException:
+            except BaseException as exc:
                 self._alerts_dirty = self._alerts_dirty or dirty
                 self._flush_failures += 1
+                self._store_failed("write", exc)
                 raise
             self._mark_sent(seen, histograms, loop.time())
+            self._store_reached("write", at)
             return at
 
     def _mark_sent(self, seen: dict[tuple[str, str], int], histograms: dict[str, Histogram], now: float) -> None:
@@ -558,9 +568,11 @@ class Monitor:
         try:
             took_over = await self._lead()
             view: MetricsView = await self.store.read_metrics(windows)
-        except BaseException:
+        except BaseException as exc:
             self._evaluate_failures += 1
+            self._store_failed("read", exc)
             raise
+        self._store_reached("read", view.now_s)
         self._evaluations += 1
         if took_over:
             self._adopt(open_alerts(view.alerts))
@@ -699,6 +711,16 @@ class Monitor:
 
     # --- delivery -----------------------------------------------------------------------
 
+    def _store_failed(self, kind: str, exc: BaseException) -> None:
+        if isinstance(exc, StoreError) and (notice := self._outage.failed(kind)) is not None:
+            self._fired += 1
+            self._publish(notice)
+
+    def _store_reached(self, kind: str, store_now_s: float) -> None:
+        if (notice := self._outage.reached(kind, store_now_s)) is not None:
+            self._resolved += 1
+            self._publish(notice)
+
     def _publish(self, alert: Alert) -> None:
         if self.log_alerts:
             name = "alert_firing" if alert.firing else "alert_resolved"
@@ -792,8 +814,11 @@ class Monitor:
     # --- inspection ---------------------------------------------------------------------
 
     def active_alerts(self) -> list[Alert]:
-        """The firing notices of this monitor's open incidents, oldest first."""
-        return sorted((inc.alert for inc in self._incidents.values()), key=lambda a: (a.fired_at, a.rule, a.scope_key))
+        """The firing notices of this monitor's open incidents (``store_unreachable`` included), oldest first."""
+        alerts = [inc.alert for inc in self._incidents.values()]
+        if self._outage.firing is not None:
+            alerts.append(self._outage.firing)
+        return sorted(alerts, key=lambda a: (a.fired_at, a.rule, a.scope_key))
 
     async def snapshot(self, windows_s: Sequence[float] = (10.0, 60.0)) -> ClusterSnapshot:
         """Cluster-wide totals, rates, latencies and stored alerts, read from the store now.

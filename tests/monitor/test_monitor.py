@@ -137,6 +137,10 @@ def test_monitor_validation() -> None:
         Monitor(store, rules=[], flush_interval_s=31536000.0)
     with pytest.raises(InvalidArgumentError, match=r"retention_s must be finite"):
         Monitor(store, rules=[], retention_s=math.inf)
+    with pytest.raises(InvalidArgumentError, match=r"store_outage_s must be finite"):
+        Monitor(store, rules=[], store_outage_s=math.nan)
+    with pytest.raises(InvalidArgumentError, match=r"store_outage_s must be > 0"):
+        Monitor(store, rules=[], store_outage_s=0)
     with pytest.raises(InvalidArgumentError, match=r"window_s must be <= 31536000 seconds"):
         AlertRule(name="r", event=ev.CLAIMS, window_s=1e10, threshold=1)
     assert AlertRule(name="r", event=ev.CLAIMS, window_s=1, threshold=1e12).threshold == 1e12  # not a duration
@@ -913,3 +917,58 @@ async def test_a_store_without_locks_judges_the_cluster_rules_alone(store: Store
         (alert,) = await monitor.evaluate()
         assert alert.rule == "lost_leases"
         assert monitor.statistics().leader
+
+
+async def test_a_store_whose_writes_fail_for_store_outage_s_raises_store_unreachable_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another connection holds the SQLite file's write lock: every flush fails busy, reads still succeed.
+
+    Past ``store_outage_s`` of failed writes the monitor publishes one process-scoped
+    ``store_unreachable`` notice (its rules' alerts, judged on what it reads and stored
+    with what it writes, cannot reach anyone then), and the resolved one at the next write
+    that succeeds. Nothing is written to the store for it.
+    """
+    import sqlite3
+
+    caplog.set_level(logging.WARNING, logger="asynccoord.monitor.monitor")
+    path = tmp_path / "m.db"
+    async with SQLiteStore(path, config=StoreConfig(busy_timeout_s=0.05)) as store:
+        monitor = Monitor(store, rules=[], background=False, process_id="proc-a", store_outage_s=0.3)
+        async with monitor:
+            stream = monitor.alerts()
+            await monitor.flush(force=True)
+            holder = sqlite3.connect(path, isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")  # the write lock, as a process stalled mid-write holds it
+            failed_at = time.monotonic()
+            fired: list[Alert] = []
+            while time.monotonic() - failed_at < 1.0:
+                with pytest.raises(StoreBusyError):
+                    await monitor.flush(force=True)
+                assert await monitor.evaluate() == []  # its reads go on: no rule notice, no resolve
+                fired = monitor.active_alerts()
+                await asyncio.sleep(0.05)
+            (alert,) = fired
+            assert (alert.rule, alert.scope, alert.scope_key, alert.state) == (
+                "store_unreachable",
+                AlertScope.PROCESS,
+                "proc-a",
+                AlertState.FIRING,
+            )
+            assert alert.value >= 0.3
+            assert alert.count >= 2  # the writes that failed, the one past 0.3 s included
+            holder.execute("ROLLBACK")
+            holder.close()
+            await monitor.flush(force=True)
+            assert monitor.active_alerts() == []
+            stats = monitor.statistics()
+        notices = [a async for a in stream]
+    assert [(a.rule, a.state) for a in notices] == [
+        ("store_unreachable", AlertState.FIRING),
+        ("store_unreachable", AlertState.RESOLVED),
+    ]
+    assert notices[1].fired_at == notices[0].fired_at
+    assert (stats.alerts_fired, stats.alerts_resolved) == (1, 1)
+    assert sum("alert_firing rule=store_unreachable" in r.getMessage() for r in caplog.records) == 1
+    async with SQLiteStore(path) as store:
+        assert list((await store.read_metrics((60.0,))).alerts) == []  # published, never stored

@@ -1,0 +1,108 @@
+"""The ``store_unreachable`` notice: a monitor that cannot reach its store says so itself.
+
+Every other alert is judged on counts the monitor reads from the store, and its state is
+written there before it is published, so an outage of the store silences all of them. A
+monitor therefore also watches its own calls to the store (its flushes and reads): once
+every write, or every read, of at least ``outage_s`` has failed, it publishes a
+process-scoped firing notice of the rule :data:`STORE_UNREACHABLE` to its log,
+subscribers and sinks (never to the store, which it cannot reach), and the resolved
+notice once the kind of call that failed succeeds again (and the last call of the other
+kind did not fail). It is the dead man's switch of monitoring systems turned inwards:
+silence from the store is itself the incident. Each process raises its own, since each
+loses the store on its own (its network path, its connection pool).
+
+Times on these notices are the store clock of the last call that succeeded plus the
+monotonic time elapsed since, the nearest this process can tell the store's clock
+without it (the process' wall clock until a first call succeeds).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..contract.monitor import Alert, AlertScope, AlertState
+
+__all__ = ("STORE_UNREACHABLE", "OutageWatch")
+
+STORE_UNREACHABLE = "store_unreachable"
+"""The rule (and event) name of the notice: ``value`` is the seconds since the store was last
+reached, ``count`` the calls that failed since, ``threshold`` and ``window_s`` the watch's
+``outage_s``."""
+
+
+class OutageWatch:
+    """Whether a monitor's reads or its writes of the store have all failed for ``outage_s`` seconds.
+
+    Reads and writes are watched apart: on SQLite a process holding the write lock stops
+    every write (and so every claim and commit) while reads still succeed.
+
+    Args:
+        process_id: The monitor's process id (the notices' scope key and ``monitor_id``).
+        outage_s: Seconds of failed calls of one kind, with none of that kind succeeding,
+            that make an outage.
+    """
+
+    def __init__(self, process_id: str, outage_s: float) -> None:
+        self.process_id = process_id
+        self.outage_s = outage_s
+        started = time.monotonic()  # the watch starts as if the store had just answered
+        self._reached_mono = {"read": started, "write": started}
+        self._last_mono = started  # the last call of either kind that succeeded
+        self._failing: set[str] = set()  # the kinds whose last call failed
+        self._store_now_s: float | None = None  # store clock of the last call that succeeded
+        self._failures = 0
+        self._firing: Alert | None = None
+
+    @property
+    def firing(self) -> Alert | None:
+        """The firing notice of the outage under way, or None."""
+        return self._firing
+
+    def reached(self, kind: str, store_now_s: float | None) -> Alert | None:
+        """A call of ``kind`` (``"read"`` or ``"write"``) succeeded, at ``store_now_s`` (store clock) if it told.
+
+        Returns the resolved notice when an outage was open and the last calls of both
+        kinds have now succeeded.
+        """
+        self._reached_mono[kind] = self._last_mono = time.monotonic()
+        if store_now_s is not None:
+            self._store_now_s = store_now_s
+        self._failing.discard(kind)
+        if self._firing is None or self._failing:
+            return None
+        resolved = self._notice(AlertState.RESOLVED, fired_at=self._firing.fired_at, value=0.0)
+        self._firing = None
+        self._failures = 0
+        return resolved
+
+    def failed(self, kind: str) -> Alert | None:
+        """A call of ``kind`` failed: the firing notice when none of its kind succeeded for ``outage_s`` (once)."""
+        self._failures += 1
+        self._failing.add(kind)
+        unreachable_s = time.monotonic() - self._reached_mono[kind]
+        if self._firing is not None or unreachable_s < self.outage_s:
+            return None
+        now = self._now_s()
+        self._firing = self._notice(AlertState.FIRING, fired_at=now, value=unreachable_s)
+        return self._firing
+
+    def _now_s(self) -> float:
+        if self._store_now_s is None:
+            return time.time()
+        return self._store_now_s + (time.monotonic() - self._last_mono)
+
+    def _notice(self, state: AlertState, *, fired_at: float, value: float) -> Alert:
+        return Alert(
+            rule=STORE_UNREACHABLE,
+            event=STORE_UNREACHABLE,
+            value=value,
+            threshold=self.outage_s,
+            window_s=self.outage_s,
+            at=self._now_s(),
+            scope=AlertScope.PROCESS,
+            scope_key=self.process_id,
+            state=state,
+            count=self._failures,
+            fired_at=fired_at,
+            monitor_id=self.process_id,
+        )
