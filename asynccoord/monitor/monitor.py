@@ -257,6 +257,9 @@ class Monitor:
                 )
         self.process_id = _default_process_id() if process_id is None else check_name("process_id", process_id)
         self._outage = OutageWatch(self.process_id, check_positive("store_outage_s", store_outage_s))
+        # The last seconds in which a relative rule's events must have come for it to open an
+        # incident (rules.decide): three intervals, for the events to be flushed and read.
+        self._fresh_s = min(self.retention_s, max(5.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s)))
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.callback_timeout_s = check_positive("callback_timeout_s", callback_timeout_s)
         self.log_alerts = check_bool("log_alerts", log_alerts)
@@ -296,7 +299,6 @@ class Monitor:
         self._sent_events: dict[tuple[str, str], int] = {}
         self._sent_latency: dict[str, Histogram] = {}
         self._incidents: dict[tuple[str, str], Incident] = {}
-        self._last_counts: dict[tuple[str, str], int] = {}  # relative rules' counts at the last judgement
         self._alerts_dirty = False
         self._last_write_monotonic = -math.inf
         self._flush_lock = asyncio.Lock()
@@ -562,9 +564,9 @@ class Monitor:
         Raises:
             StoreError: the read failed (the monitor's loop logs it and goes on).
         """
-        windows = tuple(sorted({rule.window_s for rule in self.rules}))
-        if not windows:
+        if not self.rules:
             return []
+        windows = tuple(sorted({rule.window_s for rule in self.rules} | {self._fresh_s}))
         try:
             took_over = await self._lead()
             view: MetricsView = await self.store.read_metrics(windows)
@@ -578,10 +580,8 @@ class Monitor:
             self._adopt(open_alerts(view.alerts))
         self._forget_closed(view.now_s)
         rules = [rule for rule in self.rules if self._leader or rule.scope is not AlertScope.CLUSTER]
-        judged = {rule.name for rule in rules}  # a rule judged again after a pause (leading again) starts afresh
-        self._last_counts = {key: count for key, count in self._last_counts.items() if key[0] in judged}
         notices, changed = decide(
-            rules, self._incidents, view, self.process_id, own_process=self.process_id, last_counts=self._last_counts
+            rules, self._incidents, view, self.process_id, own_process=self.process_id, fresh_s=self._fresh_s
         )
         self._alerts_dirty = self._alerts_dirty or changed
         notices = self._unless_stalled(notices)

@@ -9,10 +9,10 @@ into incidents, not samples: a value that rises above ``threshold`` opens one in
 and a lower one to resolve, are the hysteresis of a Schmitt trigger: a value hovering
 around the threshold cannot make an alert storm. Without enough throughput to judge a
 relative rule (``min_events``), an open incident resolves once its window holds no more
-events of its kind. A relative rule opens an incident only while its events keep coming
-(more in its window than at the previous judgement): as a window slides past a burst, the
-events it is relative to may leave it before the burst's own do, and the ratio of that
-tail would otherwise open an incident after the burst is over.
+events of its kind. A relative rule opens an incident only while its events still come
+(some in the last few seconds, the ``fresh_s`` window of :func:`decide`): as a window
+slides past a burst, the events it is relative to may leave it before the burst's own do,
+and the ratio of that tail would otherwise open an incident after the burst is over.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def decide(
     monitor_id: str,
     *,
     own_process: str | None = None,
-    last_counts: dict[tuple[str, str], int] | None = None,
+    fresh_s: float | None = None,
 ) -> tuple[list[Alert], bool]:
     """Judge every rule on ``view``, opening and closing ``incidents`` in place.
 
@@ -173,10 +173,9 @@ def decide(
         monitor_id: The judging monitor's process id (``Alert.monitor_id``).
         own_process: Judge the ``process`` and ``node`` rules on this process' counters
             only (each monitor judges its own process); None judges every process.
-        last_counts: The event counts of the relative rules at the previous judgement, by
-            ``(rule name, scope key)``; updated in place. A relative rule opens an incident
-            only when its count grew since then (its events still come), so the first
-            judgement of a key opens none. None: no such condition.
+        fresh_s: A window of ``view.windows`` (seconds): a relative rule with a longer
+            window opens an incident only when its event counts some there (its events
+            still come). None: no such condition.
 
     Returns:
         ``(notices, changed)``: the firing and resolved notices this judgement produced,
@@ -188,9 +187,9 @@ def decide(
     for rule in rules:
         groups = _group_counts(rule.scope, view.windows.get(rule.window_s, {}), own_process)
         keys = set(groups) | {key for (name, key) in incidents if name == rule.name}
-        if last_counts is not None and rule.denominators is not None:
-            for name, key in [k for k in last_counts if k[0] == rule.name and k[1] not in keys]:
-                last_counts[(name, key)] = 0  # none of its events left in the window
+        fresh = None
+        if fresh_s is not None and rule.denominators is not None and rule.window_s > fresh_s:
+            fresh = _group_counts(rule.scope, view.windows.get(fresh_s, {}), own_process)
         for key in sorted(keys):
             counts = groups.get(key, {})
             count = counts.get(rule.event, 0)
@@ -220,13 +219,9 @@ def decide(
                 fired_at=view.now_s,
                 monitor_id=monitor_id,
             )
-            growing = True
-            if last_counts is not None and denominators is not None:
-                previous = last_counts.get((rule.name, key))
-                last_counts[(rule.name, key)] = count
-                growing = previous is not None and count > previous
+            coming = fresh is None or fresh.get(key, {}).get(rule.event, 0) > 0
             if incident is None:
-                if judged and value > rule.threshold and growing:
+                if judged and value > rule.threshold and coming:
                     incidents[(rule.name, key)] = Incident(alert=measured, current=measured)
                     notices.append(measured)
                 continue
