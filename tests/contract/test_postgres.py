@@ -1614,15 +1614,20 @@ async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg:
             await store.close()
 
 
-@pytest.mark.parametrize("claimed_first", [False, True], ids=["pending", "running"])
+@pytest.mark.parametrize(
+    ("claimed_first", "policy_change"),
+    [(False, False), (True, False), (True, True)],
+    ids=["pending", "running", "running-then-policy-change"],
+)
 async def test_an_enqueue_that_commits_after_a_later_drawn_id_of_its_key_follows_it(
-    pg: str, schema: str, claimed_first: bool, monkeypatch: pytest.MonkeyPatch
+    pg: str, schema: str, claimed_first: bool, policy_change: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ids are drawn before the key's lock: the task whose enqueue commits second follows, whatever its id.
 
     A stalls between drawing its id and its insert while B enqueues on the same key (and,
     in one case, claims it). A's task, with the lower id, must still be enqueued (it was
-    refused by coord_tasks_one_head as a second head), and come after B's.
+    refused by coord_tasks_one_head as a second head), and come after B's. A dead-letter
+    policy change recomputes the queue's heads: B, running, keeps its head.
     """
     from asynccoord.backends.postgres.store import PostgresStore
 
@@ -1645,6 +1650,9 @@ async def test_an_enqueue_that_commits_after_a_later_drawn_id_of_its_key_follows
         go_on.set()
         task_a = (await asyncio.wait_for(enqueue_a, 10)).task
         assert task_a.id < task_b.id
+        if policy_change:
+            await b.set_dead_letter_policy("q", "hold")
+            assert await b.claim("q", node_id="c", ordered=True, limit=10) == []  # B still runs
         order = [t.payload for t in held]
         await b.complete_many(held)
         while tasks := await b.claim("q", node_id="b", ordered=True, limit=10):

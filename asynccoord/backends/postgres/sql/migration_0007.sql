@@ -12,7 +12,11 @@
 -- either leaves the head in place or clears it first (a requeue recomputes the key's heads).
 -- The three functions below are those of migration_0003.sql (coord_promote_held,
 -- coord_complete_batch) and migration_0004.sql (coord_enqueue) with that one expression
--- changed; promote_heads in queries.sql changes with them.
+-- changed; promote_heads in queries.sql changes with them. The fourth, coord_compute_heads
+-- (migration_0003.sql: a queue's heads from scratch, when it starts keeping them or its
+-- dead-letter policy changes), keeps a key's running head: after such a race the earliest
+-- active task of a key may be the pending one behind it, and taking the head from the
+-- running task would let an ordered claim take a second task of the key.
 
 CREATE OR REPLACE FUNCTION coord_promote_held(p_queues text[], p_keys text[], p_kept text[], p_held text[])
     RETURNS TABLE (r_id bigint, r_queue text, r_partition integer)
@@ -426,3 +430,44 @@ BEGIN
 END
 $fn$;
 
+CREATE OR REPLACE FUNCTION coord_compute_heads(p_queue text) RETURNS integer
+    LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_heads integer;
+    v_hold  boolean;
+BEGIN
+    v_hold := EXISTS (SELECT 1 FROM coord_queue_settings AS s WHERE s.queue = p_queue AND s.dead_letters = 'hold');
+    INSERT INTO coord_task_keys (queue, partition_key)
+    SELECT DISTINCT a.queue, a.partition_key FROM coord_tasks AS a
+     WHERE a.queue = p_queue AND (a.status = 'pending' OR a.status = 'running')
+    ORDER BY 1, 2
+    ON CONFLICT (queue, partition_key) DO NOTHING;
+    UPDATE coord_tasks SET is_head = false
+     WHERE queue = p_queue AND (status = 'pending' OR status = 'running') AND is_head IS NULL;
+    UPDATE coord_tasks AS t SET is_head = false  -- a head is active (CHECK): wrong if not its key's head now
+     WHERE t.queue = p_queue AND t.is_head
+       AND t.id NOT IN (SELECT h.id FROM (SELECT a.partition_key,
+                                                 coalesce(min(a.id) FILTER (WHERE a.status = 'running' AND a.is_head),
+                                                          min(a.id)) AS id
+                                            FROM coord_tasks AS a
+                                           WHERE a.queue = p_queue AND (a.status = 'pending' OR a.status = 'running')
+                                           GROUP BY a.partition_key) AS h
+                         WHERE NOT v_hold
+                            OR NOT EXISTS (SELECT 1 FROM coord_tasks AS d
+                                            WHERE d.queue = p_queue AND d.partition_key = h.partition_key
+                                              AND d.status = 'dead' AND d.id < h.id));
+    UPDATE coord_tasks AS t SET is_head = true
+      FROM (SELECT a.partition_key,
+                   coalesce(min(a.id) FILTER (WHERE a.status = 'running' AND a.is_head), min(a.id)) AS id
+              FROM coord_tasks AS a
+             WHERE a.queue = p_queue AND (a.status = 'pending' OR a.status = 'running')
+             GROUP BY a.partition_key) AS h
+     WHERE t.id = h.id AND NOT t.is_head
+       AND (NOT v_hold
+            OR NOT EXISTS (SELECT 1 FROM coord_tasks AS d
+                            WHERE d.queue = p_queue AND d.partition_key = h.partition_key
+                              AND d.status = 'dead' AND d.id < h.id));
+    GET DIAGNOSTICS v_heads = ROW_COUNT;
+    RETURN v_heads;
+END
+$fn$;
