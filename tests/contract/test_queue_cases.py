@@ -8,6 +8,7 @@ numbers are asserted (backoff gaps, retention).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import random
@@ -27,6 +28,7 @@ from asynccoord import (
     RetryPolicy,
     SQLiteStore,
     StoreBusyError,
+    StoreClosedError,
     StoreConfig,
     Task,
     TaskStatus,
@@ -393,3 +395,51 @@ async def test_claims_cancelled_at_random_moments_leave_nothing_leased(db_path: 
     handed_back = sum(t.version // 2 - ours[t.id] for t in tasks)
     assert outcomes["cancelled"] > 0
     assert handed_back > 0, outcomes  # some cancellations did land while a claim was in flight
+
+
+# --- close ------------------------------------------------------------------------------
+
+
+async def test_close_lets_the_claims_in_flight_finish(make_store) -> None:
+    """A claim in flight when close() begins returns what it leased, or raises StoreClosedError
+    having leased nothing: every running task was handed to a caller. A call made once close()
+    began is refused, and nothing is left for the loop to report."""
+    store = await make_store()
+    parts = list(range(store.partitions - 1))  # a subset: such claims share one statement on PostgreSQL
+    await store.enqueue_many([NewTask(queue=Q, payload=i, partition_key=f"k{i}") for i in range(800)])
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(str(context.get("message"))))
+    handed = 0
+    refused = 0
+    try:
+        for round_, pause_s in enumerate((0.0, 0.001, 0.003, 0.006, 0.01, 0.02)):
+            calls = [
+                asyncio.ensure_future(
+                    store.claim(Q, node_id=f"n{round_}.{i}", limit=3, lease_s=600, partitions=parts if i % 2 else None)
+                )
+                for i in range(40)
+            ]
+            await asyncio.sleep(pause_s)
+            closing = asyncio.ensure_future(store.close())
+            await asyncio.sleep(0)
+            with pytest.raises(StoreClosedError):
+                await store.claim(Q, node_id="late", limit=3, lease_s=600)
+            started = time.monotonic()
+            await closing
+            assert time.monotonic() - started < 15.0
+            for outcome in await asyncio.gather(*calls, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    assert isinstance(outcome, StoreClosedError), repr(outcome)
+                    refused += 1
+                else:
+                    handed += len(outcome)
+            await store.open()
+            assert (await store.stats(Q)).counts[TaskStatus.RUNNING] == handed, (round_, handed, refused)
+        gc.collect()  # an unretrieved exception is reported when its future is collected
+        await asyncio.sleep(0.05)
+    finally:
+        loop.set_exception_handler(previous)
+    assert handed > 0
+    assert not reported, reported[:3]

@@ -86,11 +86,13 @@ class PgClaimOps(PgRateLimitOps):
         if parts is not None and not parts:
             return []
         self._writable()
-        if ordered and queue not in self._kept_queues:
-            await self._keep_heads(queue)
-        return await self._shielded(
-            self._claim(queue, node_id, limit, lease, self._partition_filter(parts), ordered, due_age), self._undo_claim
-        )
+        with self._runner.call():  # one call, to its end, however many statements (see PostgresStore.close)
+            if ordered and queue not in self._kept_queues:
+                await self._keep_heads(queue)
+            return await self._shielded(
+                self._claim(queue, node_id, limit, lease, self._partition_filter(parts), ordered, due_age),
+                self._undo_claim,
+            )
 
     async def _claimable_checked(self, queue: str, parts: list[int] | None, ordered: bool, due_age: float) -> set[int]:
         """The partitions where a claim with these arguments would find work now (a read).

@@ -96,8 +96,9 @@ class PgCommitOps(PgHeads):
             StoreConnectionError: the server stayed unreachable.
         """
         self._writable()
-        # A cancellation of the caller cancels the future, not the commit (see Batcher).
-        outcome = await self._committer.submit(CommitItem(checked, result_json, fence))
+        with self._runner.call():  # a call in flight while its batch waits (see PostgresStore.close)
+            # A cancellation of the caller cancels the future, not the commit (see Batcher).
+            outcome = await self._committer.submit(CommitItem(checked, result_json, fence))
         self._count_settled([checked], [outcome])
         return outcome
 
@@ -123,20 +124,21 @@ class PgCommitOps(PgHeads):
             StoreConnectionError: the server stayed unreachable.
         """
         self._writable()
-        if checked.queue not in self._kept_queues:  # once per queue (no coroutine per call after that)
-            # The stored task's queue, and only once the task is known to exist: a call with a
-            # task id the store never had raises TaskNotFoundError before anything is written.
-            await self._keep_heads((await self.get(checked.id)).queue)
-        item = CommitItem(checked, result_json, fence, lease)
-        # Not asyncio.shield (a future, two closures and three cells per call): a cancellation
-        # cancels the future, and the batcher hands the item's outcome to _orphaned_commit.
-        future = self._committer.submit(item)
-        try:
-            outcome = await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self._orphaned_commit(item, future.result())  # the outcome came just as the caller was cancelled
-            raise
+        with self._runner.call():  # a call in flight while its batch waits (see PostgresStore.close)
+            if checked.queue not in self._kept_queues:  # once per queue (no coroutine per call after that)
+                # The stored task's queue, and only once the task is known to exist: a call with a
+                # task id the store never had raises TaskNotFoundError before anything is written.
+                await self._keep_heads((await self.get(checked.id)).queue)
+            item = CommitItem(checked, result_json, fence, lease)
+            # Not asyncio.shield (a future, two closures and three cells per call): a cancellation
+            # cancels the future, and the batcher hands the item's outcome to _orphaned_commit.
+            future = self._committer.submit(item)
+            try:
+                outcome = await future
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    self._orphaned_commit(item, future.result())  # the outcome came just as the caller was cancelled
+                raise
         if not isinstance(outcome, Task):
             self._count_settled([checked], [outcome])
             raise outcome

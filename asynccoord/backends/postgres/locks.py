@@ -44,7 +44,7 @@ from ...releases import ReleaseSignal
 from ...validation import check_lease_s, check_name
 from ..batch import Batcher
 from ..rows import decode_json, new_token
-from .conn import encode_release
+from .conn import PgRunner, encode_release
 
 if TYPE_CHECKING:
     import asyncpg
@@ -68,6 +68,7 @@ class PostgresLockOps:
     A mixin: it relies on the store's ``_run`` (retrying runner), statement helpers
     (``_fetch``, ``_row``, ``_val``), ``_now`` (the ``:now`` parameter), ``_writable``,
     ``_spawn`` (background compensations), ``_acquirer`` (made by :meth:`_new_acquirer`),
+    ``_runner`` (whose ``call()`` holds an acquisition in flight while the store closes),
     ``config`` and ``events``.
     """
 
@@ -97,6 +98,7 @@ class PostgresLockOps:
         def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
         _acquirer: Batcher[_Request, Lease | LockBusy]
+        _runner: PgRunner
 
     async def try_acquire_lock(
         self, name: str, *, ttl_s: float, permits: int = 1, holder: str = ""
@@ -123,19 +125,20 @@ class PostgresLockOps:
         name, ttl, count, who = check_lock_request(name, ttl_s, permits, holder)
         self._writable()
         request = _Request(name=name, ttl_s=ttl, permits=count, holder=who, owner_token=new_token())
-        future = self._acquirer.submit(request)
-        try:
-            outcome = await asyncio.shield(future)
-        except asyncio.CancelledError:
+        with self._runner.call():  # a call in flight while its batch waits (see PostgresStore.close)
+            future = self._acquirer.submit(request)
+            try:
+                outcome = await asyncio.shield(future)
+            except asyncio.CancelledError:
 
-            def compensate(done: asyncio.Future[Lease | LockBusy]) -> None:
-                if not done.cancelled() and done.exception() is None:
-                    result = done.result()
-                    if isinstance(result, Lease):
-                        self._spawn(self._release_quietly(result))
+                def compensate(done: asyncio.Future[Lease | LockBusy]) -> None:
+                    if not done.cancelled() and done.exception() is None:
+                        result = done.result()
+                        if isinstance(result, Lease):
+                            self._spawn(self._release_quietly(result))
 
-            future.add_done_callback(compensate)
-            raise
+                future.add_done_callback(compensate)
+                raise
         self._collect_lapsed_leases_soon()  # in the background: a cancellation past the grant would leak it
         return outcome
 

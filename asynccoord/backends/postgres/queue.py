@@ -174,7 +174,8 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             return []
         self._writable()
         renewal = Renewal([t.id for t in checked], [t.lease_token for t in checked], lease)
-        renewed = await self._extender.submit(renewal)
+        with self._runner.call():  # a call in flight while its batch waits (see PostgresStore.close)
+            renewed = await self._extender.submit(renewal)
         return [(t.id, t.lease_token) in renewed for t in checked]
 
     async def _extend_batch(self, renewals: Sequence[Renewal]) -> list[set[tuple[int, str]]]:

@@ -124,7 +124,12 @@ class PgStatements(StoreBase):
         claim cancelled just before the store was closed was compensated on a closed pool,
         and its tasks stayed leased until the lease lapsed.
         """
-        inner = asyncio.ensure_future(aw)
+
+        async def held() -> T:  # a call in flight until its end, even once its caller is gone
+            with self._runner.call():
+                return await aw
+
+        inner = asyncio.ensure_future(held())
         try:
             return await asyncio.shield(inner)
         except asyncio.CancelledError:

@@ -97,6 +97,8 @@ def _channel(schema: str | None) -> str:
     return "asynccoord." + hashlib.sha1(base.encode()).hexdigest()[:40]
 
 
+_CALLS_S = 10.0
+"""Longest ``close()`` waits for the store calls in flight, seconds."""
 _SETTLE_S = 2.0
 """Longest ``close()`` waits for connection attempts that cancelled calls left running, seconds."""
 
@@ -325,6 +327,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         # claim would wait on a future of a dead loop, and close() on it for 5 s.
         loop = asyncio.get_running_loop()
         self._keeping.clear()
+        self._runner.forget_calls()
         self._limited_probes.clear()  # likewise, and the answers about the queues of another database
         self._limited_queues.clear()
         self._background = {t for t in self._background if t.get_loop() is loop}
@@ -426,9 +429,14 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         self._spawn(announce())
 
     async def close(self) -> None:
-        """Finish queued commits, stop the listener and close the pool. Idempotent.
+        """Let the calls in flight finish, stop the listener and close the pool. Idempotent.
 
-        Connection attempts that cancelled calls left running are waited for up to 2 s
+        From the moment ``close()`` is called, a new call raises
+        :class:`~asynccoord.errors.StoreClosedError` (nothing written). The calls in flight
+        then are waited for, up to 10 s, with everything they queued and started (batched
+        commits, claims, hand-backs of cancelled callers): each returns its result, or raises
+        as it would have with the store open, and no claim leases a task its caller never
+        gets. Connection attempts that cancelled calls left running are waited for up to 2 s
         (the connect timeout if shorter), then cancelled. Called from another event loop
         than ``open()``'s, it only drops the connections (the pool and the listener belong
         to that loop; nothing queued there can still be waited for).
@@ -441,28 +449,34 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             with contextlib.suppress(RuntimeError):  # its loop is closed: the sockets go with it
                 pool.terminate()
             return
-        await self._committer.flush()
-        await self._acquirer.flush()
-        await self._extender.flush()
-        for claimer in list(self._claimers.values()):
-            await claimer.flush()
-        self._claimers.clear()
-        self._refill.cancel_all()
-        if self.pauses.announce == self._announce_pause:
-            self.pauses.announce = None
-        if self._background:
-            with contextlib.suppress(Exception):
-                await asyncio.wait(set(self._background), timeout=5.0)
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await listener.stop()
-        pool, self._runner.pool = self._runner.pool, None
-        if pool is not None:
-            try:
-                await asyncio.wait_for(pool.close(), 10.0)
-            except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                pool.terminate()
-        await self._connector.settle(min(self.connect_timeout_s or _SETTLE_S, _SETTLE_S))
+        self._runner.closing = True
+        try:
+            if not await self._runner.wait_calls(_CALLS_S):
+                log.warning("asynccoord.postgres.close_cut_calls calls=%d", self._runner.calls)
+            await self._committer.flush()
+            await self._acquirer.flush()
+            await self._extender.flush()
+            for claimer in list(self._claimers.values()):
+                await claimer.flush()
+            self._claimers.clear()
+            self._refill.cancel_all()
+            if self.pauses.announce == self._announce_pause:
+                self.pauses.announce = None
+            if self._background:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait(set(self._background), timeout=5.0)
+            listener, self._listener = self._listener, None
+            if listener is not None:
+                await listener.stop()
+            pool, self._runner.pool = self._runner.pool, None
+            if pool is not None:
+                try:
+                    await asyncio.wait_for(pool.close(), 10.0)
+                except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                    pool.terminate()
+            await self._connector.settle(min(self.connect_timeout_s or _SETTLE_S, _SETTLE_S))
+        finally:
+            self._runner.closing = False
 
     @property
     def partitions(self) -> int:
