@@ -10,12 +10,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..models import Task, TaskSlots, TaskStatus, make_task
 
-__all__ = ("decode_json", "lease_lost_reason", "new_token", "settled_done", "task_from_row", "with_stored_fields")
+__all__ = (
+    "copies_to_write",
+    "decode_json",
+    "lease_lost_reason",
+    "new_token",
+    "repeated_ids",
+    "settled_done",
+    "task_from_row",
+    "with_stored_fields",
+)
 
 
 # The standard library's own C scanner, which json.loads runs after two regex matches for
@@ -128,6 +137,40 @@ def with_stored_fields(task: Task, stored: Task) -> Task:
         attempts=stored.attempts,
         max_attempts=stored.max_attempts,
     )
+
+
+def repeated_ids(tasks: Sequence[Task]) -> list[int]:
+    """The ids named more than once in ``tasks`` (copies of one task in one commit batch), ascending."""
+    seen: set[int] = set()
+    repeated: set[int] = set()
+    for t in tasks:
+        (repeated if t.id in seen else seen).add(t.id)
+    return sorted(repeated)
+
+
+def copies_to_write(tasks: Sequence[Task], stored: Mapping[int, tuple[str | None, int] | None]) -> list[bool]:
+    """Per task of a commit batch: whether its compare-and-set is sent to the database.
+
+    A batch may name one task more than once (a stale or altered copy beside the live one).
+    A statement writes a row once, from any one of the copies that match it, and the caller
+    must learn which copy that was, the one whose result is stored: so, as if the copies were
+    committed one after the other, only the first copy holding the stored lease (token and
+    version) is sent, and the others lose. ``stored`` holds, for each id named more than once
+    (:func:`repeated_ids`), the stored ``(lease_token, version)``, or None if the task is
+    gone; a task named once is always sent.
+    """
+    chosen: set[int] = set()
+    sent = []
+    for t in tasks:
+        if t.id not in stored:
+            sent.append(True)
+            continue
+        lease = stored[t.id]
+        hit = t.id not in chosen and lease is not None and lease == (t.lease_token, t.version)
+        if hit:
+            chosen.add(t.id)
+        sent.append(hit)
+    return sent
 
 
 def new_token() -> str:

@@ -400,12 +400,28 @@ async def test_complete_many_with_a_stale_copy_beside_the_live_one(store, clock:
     assert store.events.get(ev.COMMITS) == 1
 
 
+async def test_complete_many_with_a_copy_of_another_lease_ahead_of_the_live_one(store, clock: FakeClock) -> None:
+    """A copy with the task's id and version but another lease token, ahead of the live copy in
+    one batch: the live copy commits, its result stored and reported; the other is rejected."""
+    await store.enqueue(Q, "x")
+    task = await claim_one(store)
+    forged = dataclasses.replace(task, lease_token="not-the-lease.1")
+    outcomes = await store.complete_many([forged, task], ["forged", "live"])
+    assert isinstance(outcomes[0], LeaseLostError)
+    assert isinstance(outcomes[1], Task)
+    assert outcomes[1].result == "live"
+    assert await store.get(task.id) == outcomes[1]
+    assert store.events.get(ev.COMMITS) == 1
+
+
 async def test_complete_many_with_the_same_copy_twice_commits_it_once(store, clock: FakeClock) -> None:
     await store.enqueue(Q, "x")
     task = await claim_one(store)
-    outcomes = await store.complete_many([task, task])
+    outcomes = await store.complete_many([task, task], ["first", "second"])
     assert isinstance(outcomes[0], Task)
     assert isinstance(outcomes[1], LeaseLostError)
+    assert outcomes[0].result == "first"
+    assert await store.get(task.id) == outcomes[0]
     assert store.events.get(ev.COMMITS) == 1
 
 

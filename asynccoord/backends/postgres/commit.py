@@ -21,7 +21,7 @@ from ...contract.locks import fence_rejected_error
 from ...errors import CoordError, FencingTokenRejectedError, LeaseLostError, TaskNotFoundError
 from ...models import Continuation, Task, TaskStatus
 from ..batch import Batcher
-from ..rows import decode_json, new_token, settled_done, task_from_row
+from ..rows import copies_to_write, decode_json, new_token, repeated_ids, settled_done, task_from_row
 from ..wakeups import notify_settled
 from .heads import PgHeads
 from .statements import Row, lost_reason, settled_by_us
@@ -196,40 +196,62 @@ class PgCommitOps(PgHeads):
         trip per batch. Items with ``next_lease_s``
         (``complete_and_claim_next``) also get their key's next task leased by the same
         statement (``coord_lease_key_heads``; the first such item of a key in the batch only),
-        set as their ``next_task``.
+        set as their ``next_task``. A task named more than once (copies of it in one
+        ``complete_many`` call; a group-committed batch never holds two) is sent once: its first
+        copy holding the stored lease, read by one more statement first (see
+        :func:`~asynccoord.backends.rows.copies_to_write`).
         """
         continuing = any(i.next_lease_s is not None for i in items)
-        # The statement locks the tasks' rows in the order of its arrays: ascending ids, as
-        # extend_many takes them, so the two never deadlock (see _extend_batch).
-        ordered = sorted(items, key=lambda i: i.task.id)
-        params: dict[str, Any] = {
-            "ids": [i.task.id for i in ordered],
-            "tokens": [i.task.lease_token for i in ordered],
-            "versions": [i.task.version for i in ordered],
-            "results": [i.result_json for i in ordered],
-            "queues": [i.task.queue for i in ordered],
-            "keys": [i.task.partition_key for i in ordered],
-            "fence_resources": None,
-            "fence_tokens": None,
-            "next_owners": [i.task.lease_owner or "" for i in ordered] if continuing else None,
-            "next_lease_s": [i.next_lease_s for i in ordered] if continuing else None,
-            "next_token": new_token() if continuing else None,
-            "channel": self.channel,
-            # No sender when listening: the notification (the keys' promoted heads that no
-            # continuation leased) is then also this process's wake-up, which the listener
-            # delivers; a sender's own notifications are ignored as woken already.
-            "sender": None if self._listener is not None else self._sender,
-        }
-        if any(i.fence is not None for i in items):
-            params["fence_resources"] = [None if i.fence is None else i.fence[0] for i in ordered]
-            params["fence_tokens"] = [None if i.fence is None else i.fence[1] for i in ordered]
+        next_token = new_token() if continuing else None
+        repeats = repeated_ids([i.task for i in items])
+        chosen: list[list[bool]] = []  # per item: its copy is sent (fixed by the first attempt, as a retry reads)
+
+        def params_for(sent_items: list[CommitItem]) -> dict[str, Any]:
+            # The statement locks the tasks' rows in the order of its arrays: ascending ids, as
+            # extend_many takes them, so the two never deadlock (see _extend_batch).
+            ordered = sorted(sent_items, key=lambda i: i.task.id)
+            params: dict[str, Any] = {
+                "ids": [i.task.id for i in ordered],
+                "tokens": [i.task.lease_token for i in ordered],
+                "versions": [i.task.version for i in ordered],
+                "results": [i.result_json for i in ordered],
+                "queues": [i.task.queue for i in ordered],
+                "keys": [i.task.partition_key for i in ordered],
+                "fence_resources": None,
+                "fence_tokens": None,
+                "next_owners": [i.task.lease_owner or "" for i in ordered] if continuing else None,
+                "next_lease_s": [i.next_lease_s for i in ordered] if continuing else None,
+                "next_token": next_token,
+                "channel": self.channel,
+                # No sender when listening: the notification (the keys' promoted heads that no
+                # continuation leased) is then also this process's wake-up, which the listener
+                # delivers; a sender's own notifications are ignored as woken already.
+                "sender": None if self._listener is not None else self._sender,
+            }
+            if any(i.fence is not None for i in ordered):
+                params["fence_resources"] = [None if i.fence is None else i.fence[0] for i in ordered]
+                params["fence_tokens"] = [None if i.fence is None else i.fence[1] for i in ordered]
+            return params
 
         async def op(conn: asyncpg.Connection, attempt: int) -> tuple[list[Task | CoordError], dict[int, _Row], int]:
+            if not chosen:  # copies of one task: only the first holding its lease is sent (see copies_to_write)
+                stored: dict[int, tuple[str | None, int] | None] = dict.fromkeys(repeats)
+                if repeats:
+                    for r in await self._fetch(conn, "select_tasks", ids=repeats):
+                        stored[int(r[0])] = (r[12], r[14])
+                chosen.append(copies_to_write([i.task for i in items], stored))
+            sent = chosen[0]
             done: dict[int, tuple[int, float]] = {}
             refused: dict[int, int] = {}
             following: dict[int, _Row] = {}  # completed task id -> the row of its key's next task, leased
             duplicates = 0
-            for r in await self._fetch(conn, "complete_batch", now=self._now(), **params):
+            sent_items = [i for i, s in zip(items, sent, strict=True) if s]
+            rows = (
+                await self._fetch(conn, "complete_batch", now=self._now(), **params_for(sent_items))
+                if sent_items
+                else []
+            )
+            for r in rows:
                 kind = r[1]
                 if kind == "d":
                     done[r[0]] = (r[2], r[3])
@@ -239,23 +261,21 @@ class PgCommitOps(PgHeads):
                     following[r[0]] = r[5:]
                 else:  # "x": the next task was settled as a duplicate
                     duplicates += 1
-            # A copy committed if the version written is its own + 1 (a stale copy beside the
-            # live one in the same batch matched nothing), and only the first such copy.
-            claimed: set[int] = set()
-            won = []  # one copy per committed row: a repeated copy of a committed task lost
-            for i in items:
-                hit = i.task.id in done and done[i.task.id][0] == i.task.version + 1 and i.task.id not in claimed
-                if hit:
-                    claimed.add(i.task.id)
-                won.append(hit)
-            missing = sorted({i.task.id for i, w in zip(items, won, strict=True) if not w and i.task.id not in refused})
+            # A copy committed if it was sent (at most one copy of a task is) and the version
+            # written is its own + 1.
+            won = [
+                s and i.task.id in done and done[i.task.id][0] == i.task.version + 1
+                for i, s in zip(items, sent, strict=True)
+            ]
+            fenced = [s and i.task.id in refused for i, s in zip(items, sent, strict=True)]
+            missing = sorted({i.task.id for i, w, f in zip(items, won, fenced, strict=True) if not w and not f})
             current: dict[int, _Row] = {}
             if missing:
                 current = {int(r[0]): r for r in await self._fetch(conn, "select_tasks", ids=missing)}
             out: list[Task | CoordError] = []
-            for i, w in zip(items, won, strict=True):
+            for i, s, w, f in zip(items, sent, won, fenced, strict=True):
                 t = i.task
-                if t.id in refused:
+                if f:
                     assert i.fence is not None
                     out.append(fence_rejected_error(i.fence[0], i.fence[1], refused[t.id]))
                 elif w:
@@ -263,10 +283,10 @@ class PgCommitOps(PgHeads):
                     out.append(settled_done(t, version=version, now=at, result=decode_json(i.result_json)))
                 else:
                     row = current.get(t.id)
-                    if attempt > 0 and row is not None and settled_by_us(row, t, TaskStatus.DONE):
+                    if s and attempt > 0 and row is not None and settled_by_us(row, t, TaskStatus.DONE):
                         out.append(task_from_row(row))  # our earlier attempt committed it
-                        if i.next_lease_s is not None:
-                            head = await self._earlier_continuation(conn, t, params["next_token"])
+                        if i.next_lease_s is not None and next_token is not None:
+                            head = await self._earlier_continuation(conn, t, next_token)
                             if head is not None:
                                 following[t.id] = head
                         continue

@@ -25,7 +25,15 @@ from ...contract.ratelimits import Admission
 from ...errors import CoordError, LeaseLostError, TaskNotFoundError
 from ...models import Continuation, EnqueueResult, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
 from ..base import StoreBase
-from ..rows import decode_json, lease_lost_reason, new_token, settled_done, task_from_row
+from ..rows import (
+    copies_to_write,
+    decode_json,
+    lease_lost_reason,
+    new_token,
+    repeated_ids,
+    settled_done,
+    task_from_row,
+)
 from ..sqlfiles import load_queries
 from ..wakeups import notify_partitions
 from .deadletters import recompute_heads
@@ -367,6 +375,7 @@ class SQLiteQueueOps(StoreBase):
         """complete_many's transaction; each item with a continuation ``(owner, lease_s)`` also
         leases its key's next head to ``owner`` (after every compare-and-set of the operation)."""
         rows = [[i.task.id, i.task.lease_token, i.task.version, i.result_json] for i in items]
+        repeats = repeated_ids([i.task for i in items])
         fenced = any(i.fence is not None for i in items)
         continuing = any(i.continuation is not None for i in items)
 
@@ -379,14 +388,20 @@ class SQLiteQueueOps(StoreBase):
                         row = db.execute(Q["fence_get"], {"resource": f[0]}).fetchone()
                         if row is not None and f[1] < row[1]:
                             refused[i.task.id] = int(row[1])
-            batch = json.dumps([r for r in rows if r[0] not in refused], separators=(",", ":"))
+            sent = [True] * len(items)
+            if repeats:  # copies of one task: only the first holding its lease is sent (see copies_to_write)
+                leases: dict[int, tuple[str | None, int] | None] = {}
+                for task_id in repeats:
+                    row = db.execute(Q["select_task"], {"id": task_id}).fetchone()
+                    leases[task_id] = None if row is None else (row[12], row[14])
+                sent = copies_to_write([i.task for i in items], leases)
+            batch = json.dumps(
+                [r for r, s in zip(rows, sent, strict=True) if s and r[0] not in refused], separators=(",", ":")
+            )
             done = db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall()
             matched = {(r[0], r[1]) for r in done}
-            won = []  # per copy: its compare-and-set matched (one copy per match: a repeated copy lost)
-            for i in items:
-                hit = (i.task.id, i.task.version + 1) in matched
-                matched.discard((i.task.id, i.task.version + 1))
-                won.append(hit)
+            # per copy: its compare-and-set matched (at most one copy of a task is sent)
+            won = [s and (i.task.id, i.task.version + 1) in matched for i, s in zip(items, sent, strict=True)]
             keys = [(r[2], r[3]) for r in done]  # the stored keys, not the caller's
             if fenced:  # ...and record the tokens of the commits that went through
                 for i, w in zip(items, won, strict=True):
