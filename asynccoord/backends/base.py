@@ -45,7 +45,10 @@ from ..validation import check_int, check_lease_s, check_name, check_non_negativ
 from .rows import with_stored_fields
 from .wakeups import notify_created
 
-__all__ = ("StoreBase",)
+__all__ = ("RELEASED_ON_LAST_ATTEMPT", "StoreBase")
+
+RELEASED_ON_LAST_ATTEMPT = "released on its last attempt with the attempt counted (its send may have gone out)"
+"""The ``last_error`` of a task that ``release(count_attempt=True)`` left dead (see :meth:`StoreBase.release`)."""
 
 
 class StoreBase(abc.ABC):
@@ -363,6 +366,7 @@ class StoreBase(abc.ABC):
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists (a dead task discarded, say).
             InvalidTypeError: bad ``task``, ``error`` or ``retry``.
         """
         check_task(task)
@@ -371,7 +375,12 @@ class StoreBase(abc.ABC):
         return await self._fail_checked(task, text, policy)
 
     async def _fail_checked(self, task: Task, error: str, retry: RetryPolicy) -> Task:
-        """Dead-letter or retry ``task`` by the stored row's counts (never the caller's copy)."""
+        """Dead-letter or retry ``task`` by the stored row's counts (never the caller's copy).
+
+        Raises:
+            LeaseLostError: the lease is no longer the caller's.
+            TaskNotFoundError: the task no longer exists.
+        """
         self._check_writable()
         task = with_stored_fields(task, await self.get(task.id))
         if task.attempts >= task.max_attempts:
@@ -382,9 +391,13 @@ class StoreBase(abc.ABC):
             self.events.add(ev.RETRIES)
         return out
 
-    async def _dead_letter_checked(self, task: Task, error: str) -> Task:
-        """Compare-and-set ``task`` to dead with ``error``; promote its key's next head."""
-        raise NotImplementedError(f"{type(self).__name__} settles fail() in _fail_checked")
+    async def _dead_letter_checked(self, task: Task, error: str, *, count: bool = True) -> Task:
+        """Compare-and-set ``task`` to dead with ``error``; promote its key's next head.
+
+        ``count``: a refusal counts as a stale commit (``stale_commit_rejected``); False for
+        a hand-back (a refused ``release`` counts none).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no _dead_letter_checked")
 
     async def _retry_checked(self, task: Task, error: str, delay_s: float) -> Task:
         """Compare-and-set ``task`` back to pending, due in ``delay_s`` seconds, with ``error``."""
@@ -393,22 +406,40 @@ class StoreBase(abc.ABC):
     async def release(self, task: Task, *, delay_s: float = 0.0, count_attempt: bool = False) -> Task:
         """Hand the task back to pending, by default without counting the attempt.
 
+        With ``count_attempt`` on the task's last attempt (``attempts >= max_attempts``, as
+        stored) the task goes dead instead, as it does when its lease expires on the last
+        attempt: ``last_error`` says it was released on its last attempt
+        (:data:`RELEASED_ON_LAST_ATTEMPT`), its key's next task follows the queue's
+        dead-letter policy as after any dead-lettering, and ``dead_lettered`` is counted. A
+        task never gets more deliveries than its ``max_attempts``.
+
         Args:
             task: The task as returned by ``claim``.
             delay_s: Seconds before it is due again (>= 0). Default 0: due now (idle
-                in-process nodes owning its partition are woken).
+                in-process nodes owning its partition are woken). Unused when the task goes dead.
             count_attempt: Keep the attempt counted: the task's send was cut short and may
                 have reached its receiver, so the next delivery's ``attempts`` (above 1)
                 says it may repeat a message. Default False (the attempt is given back).
 
+        Returns:
+            The task as now stored: pending, or dead (see above).
+
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists (a dead task discarded, say).
             InvalidTypeError: ``count_attempt`` is not a bool (nothing written).
         """
         check_task(task)
         delay = check_non_negative("delay_s", delay_s)
         if not isinstance(count_attempt, bool):
             raise InvalidTypeError(f"count_attempt must be a bool, got {type(count_attempt).__name__}")
+        if count_attempt:
+            self._check_writable()
+            stored = with_stored_fields(task, await self.get(task.id))  # the stored counts, never the caller's
+            if stored.attempts >= stored.max_attempts:
+                dead = await self._dead_letter_checked(stored, RELEASED_ON_LAST_ATTEMPT, count=False)
+                self.events.add(ev.DEAD_LETTERED)
+                return dead
         out = await self._release_checked(task, delay, count_attempt)
         if delay == 0:
             self.notifier.notify(out.queue, 1, (out.partition,))

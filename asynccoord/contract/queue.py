@@ -320,6 +320,7 @@ class QueueStore(Protocol):
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists (a dead task discarded, say).
         """
         ...
 
@@ -327,8 +328,13 @@ class QueueStore(Protocol):
         """Hand an unfinished task back to pending, due after ``delay_s`` (>= 0, default 0: now),
         not counting the attempt unless ``count_attempt`` (its send may have reached the receiver).
 
+        A counted release on the task's last attempt leaves it dead instead, as a lease that
+        expired then does (``last_error`` says it was released on its last attempt; its key
+        follows the dead-letter policy): a task gets at most ``max_attempts`` deliveries.
+
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
+            TaskNotFoundError: the task no longer exists (a dead task discarded, say).
         """
         ...
 

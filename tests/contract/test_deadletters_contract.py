@@ -60,6 +60,20 @@ async def test_hold_keeps_the_conversation_and_not_the_others(store) -> None:
     assert [t.id for t in await store.claim(Q, node_id="n", limit=100)] == [a2, a3]  # unordered claims ignore it
 
 
+@pytest.mark.parametrize("policy", ["skip", "hold"])
+async def test_a_release_that_counts_the_last_attempt_follows_the_policy(store, policy: str) -> None:
+    """A send cut short on its last attempt leaves the head dead, as a failure would: its
+    conversation goes on (skip) or waits (hold)."""
+    await store.set_dead_letter_policy(Q, policy)
+    a1, a2 = await conversation(store, "chat-a", 2, max_attempts=1)
+    (head,) = await store.claim(Q, node_id="n", limit=100, ordered=True)
+    assert head.id == a1
+    assert (await store.release(head, count_attempt=True)).status is TaskStatus.DEAD
+    assert await ordered_ids(store) == ([a2] if policy == "skip" else [])
+    assert await store.discard_dead(Q) == 1
+    assert await ordered_ids(store) == ([] if policy == "skip" else [a2])
+
+
 async def test_requeue_lifts_the_hold_and_the_dead_task_runs_first(store) -> None:
     await store.set_dead_letter_policy(Q, DeadLetterPolicy.HOLD)
     a1, a2 = await conversation(store, "chat-a", 2, max_attempts=1)

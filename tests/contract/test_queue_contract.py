@@ -580,6 +580,31 @@ async def test_a_release_that_counts_the_attempt_keeps_it_for_the_next_delivery(
     assert again.attempts == 2  # the next delivery can tell it may repeat a message
 
 
+async def test_a_release_that_counts_the_last_attempt_leaves_the_task_dead(store, clock: FakeClock) -> None:
+    """As a lease that expired on the last attempt: a task never gets more deliveries than max_attempts."""
+    task = (await store.enqueue(Q, "x", max_attempts=2)).task
+    first = await claim_one(store)
+    assert (await store.release(first, count_attempt=True)).status is TaskStatus.PENDING
+    last = await claim_one(store, "node-b")
+    assert (last.attempts, last.max_attempts) == (2, 2)
+    dead = await store.release(last, count_attempt=True)
+    assert (dead.status, dead.attempts, dead.version) == (TaskStatus.DEAD, 2, last.version + 1)
+    assert dead.lease_token is None
+    assert dead.last_error is not None
+    assert "released on its last attempt" in dead.last_error
+    assert await store.get(task.id) == dead
+    assert await store.claim(Q, node_id="node-c", limit=5) == []
+    assert [t.id for t in await store.dead_letters(Q)] == [task.id]
+    assert store.events.get(ev.DEAD_LETTERED) == 1
+    with pytest.raises(LeaseLostError):
+        await store.release(last, count_attempt=True)
+    # An uncounted release on the last attempt gives the attempt back, as ever.
+    other = (await store.enqueue(Q, "y", max_attempts=1)).task
+    (only,) = await store.claim(Q, node_id="n", limit=5)
+    assert only.id == other.id
+    assert (await store.release(only)).status is TaskStatus.PENDING
+
+
 @pytest.mark.parametrize("flag", [1, "yes", None])
 async def test_a_release_with_a_non_bool_count_attempt_is_refused_and_changes_nothing(
     store, clock: FakeClock, flag: object

@@ -410,6 +410,13 @@ class MemoryStore(
         self.events.add(ev.RETRIES)
         return self._put(current, now, status=TaskStatus.PENDING, run_at=now + delay, last_error=text)
 
+    async def _dead_letter_checked(self, task: Task, error: str, *, count: bool = True) -> Task:
+        """Dead-letter ``task`` with ``error`` in one atomic step (for a release on its last attempt)."""
+        self._check_open()
+        now = self._clock()
+        current = self._held(task, now, count=count)
+        return self._put(current, now, status=TaskStatus.DEAD, last_error=error)
+
     async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
         """Hand back to pending (due after ``delay``), the attempt counted or not."""
         self._check_open()

@@ -118,9 +118,11 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             raise LeaseLostError(task.id, reason)
         return task_from_row(row)
 
-    async def _dead_letter_checked(self, task: Task, error: str) -> Task:
+    async def _dead_letter_checked(self, task: Task, error: str, *, count: bool = True) -> Task:
         """Dead-letter ``task`` under its key's row lock, and promote the key's next head."""
-        return await self._settle(task, "dead_letter", {"error": error}, expect=TaskStatus.DEAD, head_change=True)
+        return await self._settle(
+            task, "dead_letter", {"error": error}, expect=TaskStatus.DEAD, head_change=True, count=count
+        )
 
     async def _retry_checked(self, task: Task, error: str, delay_s: float) -> Task:
         """Put ``task`` back to pending, due in ``delay_s`` seconds."""

@@ -479,7 +479,7 @@ class SQLiteQueueOps(StoreBase):
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return out
 
-    async def _dead_letter_checked(self, task: Task, error: str) -> Task:
+    async def _dead_letter_checked(self, task: Task, error: str, *, count: bool = True) -> Task:
         """Dead-letter ``task`` and promote its key's next head, in one transaction."""
         promoted: list[tuple[str, int]] = []
         out = await self._settle(
@@ -487,6 +487,7 @@ class SQLiteQueueOps(StoreBase):
             Q["dead_letter"],
             {"error": error},
             lambda db, _now, t: promoted.extend(_promote_heads(db, [(t.queue, t.partition_key)])),
+            count=count,
         )
         notify_partitions(self.notifier, promoted)
         return out
