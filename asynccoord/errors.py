@@ -256,7 +256,7 @@ class StoreAlreadyOpenError(StoreError):
     def of(cls, store: object) -> StoreAlreadyOpenError:
         """The error for a second ``open()`` of ``store``, saying what to do instead."""
         return cls(
-            f"{store!r} is already open: open a store once and hand it on"
+            f"{store!r} is already open (or being opened): open a store once and hand it on"
             " (an inner 'async with' would close it under the outer one)"
         )
 

@@ -50,6 +50,7 @@ from ..events import EventCounter
 from ..monitor.histogram import LatencyRecorder
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
+from .opening import single_open
 from .redisdurability import NO_PERSISTENCE, losses, persistence
 from .redisurl import check_url
 from .rows import decode_json, new_token
@@ -393,6 +394,7 @@ class RedisLockStore:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    @single_open
     async def open(self) -> None:
         """Connect, load the scripts and read whether the server persists its data.
 

@@ -95,6 +95,23 @@ async def test_opening_an_open_store_is_refused_and_changes_nothing(store: Store
     assert await store.release_lock(lease) is True
 
 
+async def test_overlapping_opens_of_one_store_open_it_once(store: Store) -> None:
+    """Two ``open()`` calls at once: one opens the store, the other is refused while it does.
+
+    Each used to pass the open check before the other finished and make its own
+    connection, one of which no ``close()`` closed.
+    """
+    await store.close()
+    results = await asyncio.gather(store.open(), store.open(), return_exceptions=True)
+    assert results.count(None) == 1
+    (refused,) = [r for r in results if r is not None]
+    assert isinstance(refused, StoreAlreadyOpenError)
+    lease = await acquire(store, "x")
+    assert await store.release_lock(lease) is True
+    await store.close()
+    await store.open()  # closed once, it opens again
+
+
 async def test_semaphore_permits_each_with_own_tokens(store: Store, clock: FakeClock) -> None:
     leases = [await acquire(store, "acct", permits=3, ttl_s=10.0 + i) for i in range(3)]
     assert [lease.fencing_token for lease in leases] == [1, 2, 3]

@@ -47,6 +47,7 @@ from ...validation import (
     check_positive,
 )
 from ..batch import Batcher
+from ..opening import single_open
 from ..rows import new_token
 from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_partitions, check_revision
 from ..sqlfiles import load_migrations
@@ -305,6 +306,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             self._connect_dsn, server_settings=self._server_settings(), timeout=self.connect_timeout_s
         )
 
+    @single_open
     async def open(self) -> None:
         """Create the pool, apply pending migrations, and start the listener.
 

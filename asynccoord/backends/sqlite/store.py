@@ -41,6 +41,7 @@ from ...monitor.histogram import LatencyRecorder
 from ...pauses import PauseBook
 from ...releases import ReleaseSignal
 from ...validation import check_bool, check_clock
+from ..opening import single_open
 from ..schema import REVISION_KEY, check_partitions, check_revision
 from ..sqlfiles import load_migrations, load_queries
 from .checkpoint import WalCheckpointer
@@ -203,6 +204,7 @@ class SQLiteStore(
 
     # --- life cycle -----------------------------------------------------------------
 
+    @single_open
     async def open(self) -> None:
         """Open the file, set WAL and pragmas, and apply pending migrations.
 
