@@ -51,6 +51,8 @@ MAX_NOTIFY_PARTITIONS = 512
 
 _CALL: contextvars.ContextVar[PgRunner | None] = contextvars.ContextVar("asynccoord_pg_call", default=None)
 """The runner whose store call the running code is part of (tasks a call starts inherit it)."""
+_GIVING_BACK: contextvars.ContextVar[bool] = contextvars.ContextVar("asynccoord_pg_giving_back", default=False)
+"""The running code hands something back (a lease, a task): let through while the store closes."""
 
 _RETRYABLE_UNIQUE = frozenset({"coord_tasks_one_head", "coord_lock_holders_slot", "coord_task_keys_pkey"})
 _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
@@ -223,7 +225,7 @@ class PgRunner:
             StoreLoopError: the store belongs to another event loop.
         """
         if _CALL.get() is not self:
-            if self.closing:
+            if self.closing and not _GIVING_BACK.get():
                 raise StoreClosedError("the PostgreSQL store is closing: it takes no new call")
             self._pool()
         token = _CALL.set(self)
@@ -239,6 +241,19 @@ class PgRunner:
             calls.discard(marker)
             if not calls and calls is self._calls and self._quiet is not None and not self._quiet.done():
                 self._quiet.set_result(None)
+
+    @contextlib.contextmanager
+    def giving_back(self) -> Iterator[None]:
+        """Mark the calls made inside as hand-backs: let through while the store closes, and waited for.
+
+        A lease or a task handed back by a caller cancelled just before ``close()`` (a
+        lock's grant that came too late, say) would otherwise stay held until its TTL.
+        """
+        token = _GIVING_BACK.set(True)
+        try:
+            yield
+        finally:
+            _GIVING_BACK.reset(token)
 
     @property
     def calls(self) -> int:

@@ -38,7 +38,7 @@ from ...contract.locks import (
     encode_fence_data,
     fence_rejected_error,
 )
-from ...errors import CoordError
+from ...errors import CoordError, StoreClosedError
 from ...events import EventCounter
 from ...releases import ReleaseSignal
 from ...validation import check_lease_s, check_name
@@ -200,6 +200,8 @@ class PostgresLockOps:
 
         try:
             await self._run(op, what="collect lapsed leases", tx=False, ambiguous_ok=True)
+        except StoreClosedError:  # the store closes: the next one to open collects them
+            pass
         except CoordError as exc:  # garbage collection: the next one will do
             log.warning("asynccoord.postgres.lease_gc_failed error=%s", exc)
 
@@ -249,7 +251,8 @@ class PostgresLockOps:
                 )
             return bool(live)
 
-        released: bool = await self._run(op, what="release_lock", tx=False, ambiguous_ok=True)
+        with self._runner.giving_back():  # let through while the store closes (see PostgresStore.close)
+            released: bool = await self._run(op, what="release_lock", tx=False, ambiguous_ok=True)
         if released:
             self.releases.released(lease.name)  # this process's waiters (the listener skips its own)
         return released

@@ -131,16 +131,17 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         )
 
     async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
-        """Hand the task back to pending, the attempt counted or not."""
+        """Hand the task back to pending, the attempt counted or not (let through while the store closes)."""
         self._writable()
-        return await self._settle(
-            task,
-            "release",
-            {"delay_s": delay, "refund": 0 if count_attempt else 1},
-            expect=TaskStatus.PENDING,
-            head_change=False,
-            count=False,
-        )
+        with self._runner.giving_back():
+            return await self._settle(
+                task,
+                "release",
+                {"delay_s": delay, "refund": 0 if count_attempt else 1},
+                expect=TaskStatus.PENDING,
+                head_change=False,
+                count=False,
+            )
 
     async def _extend_checked(self, task: Task, lease: float) -> float:
         """Renew the lease to ``lease`` seconds from now; return the new expiry (store clock)."""

@@ -434,7 +434,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         """Let the calls in flight finish, stop the listener and close the pool. Idempotent.
 
         From the moment ``close()`` is called, a new call raises
-        :class:`~asynccoord.errors.StoreClosedError` (nothing written). The calls in flight
+        :class:`~asynccoord.errors.StoreClosedError` (nothing written), but a hand-back (a
+        lock's or a task's ``release``) is let through until the pool closes. The calls in flight
         then are waited for, up to 10 s, with everything they queued and started (batched
         commits, claims, hand-backs of cancelled callers): each returns its result, or raises
         as it would have with the store open, and no claim leases a task its caller never
@@ -470,6 +471,9 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             listener, self._listener = self._listener, None
             if listener is not None:
                 await listener.stop()
+            # Hand-backs let through meanwhile (a lease released by a caller cancelled just before
+            # close(), see PgRunner.giving_back) are calls too: they end before the pool closes.
+            await self._runner.wait_calls(_CALLS_S)
             pool, self._runner.pool = self._runner.pool, None
             if pool is not None:
                 try:
