@@ -1664,6 +1664,46 @@ async def test_an_enqueue_that_commits_after_a_later_drawn_id_of_its_key_follows
         assert heads[0]["n"] == 0
 
 
+async def test_policy_changes_give_no_second_head_to_a_key_whose_task_runs(
+    pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The enqueue race leaves P (id 1) pending behind R (id 3), running, with D (id 2) dead between.
+
+    'hold' clears R's head (D precedes it); neither that change nor the change back to
+    'skip' may give P a head while R runs. Once R is done, P goes out.
+    """
+    from asynccoord.backends.postgres.store import PostgresStore
+
+    async with PostgresStore(pg, schema=schema) as a, PostgresStore(pg, schema=schema) as b:
+        assert await b.claim("q", node_id="warm", ordered=True) == []  # the queue keeps heads
+        drawn, go_on = asyncio.Event(), asyncio.Event()
+        fetch = a._fetch
+
+        async def stalled_fetch(conn: Any, query_name: str, /, **params: Any) -> Any:
+            if query_name == "enqueue":
+                drawn.set()
+                await go_on.wait()
+            return await fetch(conn, query_name, **params)
+
+        monkeypatch.setattr(a, "_fetch", stalled_fetch)
+        enqueue_p = asyncio.create_task(a.enqueue("q", "P", partition_key="chat"))
+        await asyncio.wait_for(drawn.wait(), 10)
+        await b.enqueue("q", "D", partition_key="chat", max_attempts=1)
+        await b.enqueue("q", "R", partition_key="chat")
+        (dead,) = await b.claim("q", node_id="b", ordered=True)
+        await b.fail(dead, "refused")  # its last attempt: dead
+        (running,) = await b.claim("q", node_id="b", ordered=True)
+        assert (dead.payload, running.payload) == ("D", "R")
+        go_on.set()
+        pending = (await asyncio.wait_for(enqueue_p, 10)).task
+        assert pending.id < dead.id < running.id
+        for policy in ("hold", "skip"):
+            await b.set_dead_letter_policy("q", policy)
+            assert await b.claim("q", node_id="c", ordered=True, limit=10) == [], policy  # R still runs
+        await b.complete(running)
+        assert [t.payload for t in await b.claim("q", node_id="c", ordered=True, limit=10)] == ["P"]
+
+
 async def test_a_lock_acquisition_cancelled_just_before_close_leaves_no_lease(pg: str, schema: str) -> None:
     """A ``Lock`` acquisition cancelled a few loop turns in, then ``close()`` at once.
 

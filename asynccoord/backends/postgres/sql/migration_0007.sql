@@ -16,7 +16,9 @@
 -- (migration_0003.sql: a queue's heads from scratch, when it starts keeping them or its
 -- dead-letter policy changes), keeps a key's running head: after such a race the earliest
 -- active task of a key may be the pending one behind it, and taking the head from the
--- running task would let an ordered claim take a second task of the key.
+-- running task would let an ordered claim take a second task of the key. Nor does a key
+-- get a new head while another of its tasks runs (its head cleared by a 'hold' policy
+-- whose dead task precedes it): promotion gives it one when that task leaves.
 
 CREATE OR REPLACE FUNCTION coord_promote_held(p_queues text[], p_keys text[], p_kept text[], p_held text[])
     RETURNS TABLE (r_id bigint, r_queue text, r_partition integer)
@@ -463,6 +465,9 @@ BEGIN
              WHERE a.queue = p_queue AND (a.status = 'pending' OR a.status = 'running')
              GROUP BY a.partition_key) AS h
      WHERE t.id = h.id AND NOT t.is_head
+       AND NOT EXISTS (SELECT 1 FROM coord_tasks AS r  -- another task of the key runs: it gets its head later
+                        WHERE r.queue = p_queue AND r.partition_key = h.partition_key AND r.status = 'running'
+                          AND r.id <> h.id)
        AND (NOT v_hold
             OR NOT EXISTS (SELECT 1 FROM coord_tasks AS d
                             WHERE d.queue = p_queue AND d.partition_key = h.partition_key
