@@ -14,6 +14,7 @@ import pytest
 from support import FakeClock
 
 from asynccoord import (
+    FencingTokenRejectedError,
     InvalidArgumentError,
     InvalidTypeError,
     LeaseLostError,
@@ -412,6 +413,28 @@ async def test_complete_many_with_a_copy_of_another_lease_ahead_of_the_live_one(
     assert outcomes[1].result == "live"
     assert await store.get(task.id) == outcomes[1]
     assert store.events.get(ev.COMMITS) == 1
+
+
+async def test_complete_many_with_a_stale_fenced_copy_ahead_of_the_live_one(store, clock: FakeClock) -> None:
+    """A copy with another lease and an outdated fencing token, ahead of the live copy (no fence),
+    beside another task: the copy is refused, the live copy and the other task commit, and the
+    call reports each (SQLite refused the live copy for the other's token, or raised after its
+    commit when the live copy had no fence)."""
+    await store.fence("res", 5)
+    await store.enqueue(Q, "other", partition_key="o")
+    await store.enqueue(Q, "dup", partition_key="d")
+    tasks = {t.payload: t for t in await store.claim(Q, node_id="n", limit=2, lease_s=60)}
+    forged = dataclasses.replace(tasks["dup"], lease_token="not-the-lease.1")
+    outcomes = await store.complete_many(
+        [tasks["other"], forged, tasks["dup"]], ["o", "forged", "live"], fences=[None, ("res", 4), None]
+    )
+    assert isinstance(outcomes[0], Task)
+    # refused: for its token (memory, SQLite) or, PostgreSQL judging leases first, for its lease
+    assert isinstance(outcomes[1], FencingTokenRejectedError | LeaseLostError)
+    assert isinstance(outcomes[2], Task)
+    assert outcomes[2].result == "live"
+    assert await store.get(tasks["dup"].id) == outcomes[2]
+    assert store.events.get(ev.COMMITS) == 2
 
 
 async def test_complete_many_with_the_same_copy_twice_commits_it_once(store, clock: FakeClock) -> None:

@@ -380,24 +380,26 @@ class SQLiteQueueOps(StoreBase):
         continuing = any(i.continuation is not None for i in items)
 
         def op(db: sqlite3.Connection, now: float) -> _Completed:
-            refused: dict[int, int] = {}
+            refused: dict[int, int] = {}  # item index -> the fencing token that refused its own
             if fenced:  # refuse outdated tokens first (read only)...
-                for i in items:
+                for n, i in enumerate(items):
                     f = i.fence
                     if f is not None:
                         row = db.execute(Q["fence_get"], {"resource": f[0]}).fetchone()
                         if row is not None and f[1] < row[1]:
-                            refused[i.task.id] = int(row[1])
-            sent = [True] * len(items)
-            if repeats:  # copies of one task: only the first holding its lease is sent (see copies_to_write)
+                            refused[n] = int(row[1])
+            sent = [n not in refused for n in range(len(items))]
+            if repeats:  # copies of one task: only the first unrefused one holding its lease is sent (copies_to_write)
                 leases: dict[int, tuple[str | None, int] | None] = {}
                 for task_id in repeats:
                     row = db.execute(Q["select_task"], {"id": task_id}).fetchone()
                     leases[task_id] = None if row is None else (row[12], row[14])
-                sent = copies_to_write([i.task for i in items], leases)
-            batch = json.dumps(
-                [r for r, s in zip(rows, sent, strict=True) if s and r[0] not in refused], separators=(",", ":")
-            )
+                candidates = [n for n in range(len(items)) if n not in refused]
+                chosen = copies_to_write([items[n].task for n in candidates], leases)
+                sent = [False] * len(items)
+                for n, s in zip(candidates, chosen, strict=True):
+                    sent[n] = s
+            batch = json.dumps([r for r, s in zip(rows, sent, strict=True) if s], separators=(",", ":"))
             done = db.execute(Q["complete_batch"], {"batch": batch, "now": now}).fetchall()
             matched = {(r[0], r[1]) for r in done}
             # per copy: its compare-and-set matched (at most one copy of a task is sent)
@@ -411,8 +413,8 @@ class SQLiteQueueOps(StoreBase):
             if records:
                 db.execute(Q["record_processed_batch"], {"records": json.dumps(records), "now": now})
             out: list[int | str | None] = [
-                i.task.version + 1 if w else (None if i.task.id in refused else _lost_reason(db, i.task, now))
-                for i, w in zip(items, won, strict=True)
+                i.task.version + 1 if w else (None if n in refused else _lost_reason(db, i.task, now))
+                for n, (i, w) in enumerate(zip(items, won, strict=True))
             ]
             following: list[tuple[_Row, str] | None] = [None] * len(items)
             duplicates = 0
@@ -450,12 +452,11 @@ class SQLiteQueueOps(StoreBase):
         now, outcomes, refused, promoted, following, duplicates = result
         out: list[tuple[Task | CoordError, Task | None]] = []
         committed = lost = leased = 0
-        for item, outcome, step in zip(items, outcomes, following, strict=True):
+        for n, (item, outcome, step) in enumerate(zip(items, outcomes, following, strict=True)):
             task = item.task
             done: Task | CoordError
-            if task.id in refused:
-                assert item.fence is not None
-                done = fence_rejected_error(item.fence[0], item.fence[1], refused[task.id])
+            if n in refused and item.fence is not None:
+                done = fence_rejected_error(item.fence[0], item.fence[1], refused[n])
             elif isinstance(outcome, int):
                 committed += 1
                 done = settled_done(task, version=outcome, now=now, result=decode_json(item.result_json))
