@@ -1614,6 +1614,24 @@ async def test_ordered_claims_from_many_stores_keep_one_task_per_key_running(pg:
             await store.close()
 
 
+def stall_enqueues(store: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, asyncio.Event]:
+    """Stall ``store``'s enqueues between drawing their ids and their insert: ``(drawn, go_on)``.
+
+    ``drawn`` is set when an enqueue has its ids; it inserts once ``go_on`` is set.
+    """
+    drawn, go_on = asyncio.Event(), asyncio.Event()
+    fetch = store._fetch
+
+    async def stalled_fetch(conn: Any, query_name: str, /, **params: Any) -> Any:
+        if query_name == "enqueue":
+            drawn.set()
+            await go_on.wait()
+        return await fetch(conn, query_name, **params)
+
+    monkeypatch.setattr(store, "_fetch", stalled_fetch)
+    return drawn, go_on
+
+
 @pytest.mark.parametrize(
     ("claimed_first", "policy_change"),
     [(False, False), (True, False), (True, True)],
@@ -1633,16 +1651,7 @@ async def test_an_enqueue_that_commits_after_a_later_drawn_id_of_its_key_follows
 
     async with PostgresStore(pg, schema=schema) as a, PostgresStore(pg, schema=schema) as b:
         assert await b.claim("q", node_id="warm", ordered=True) == []  # the queue keeps heads
-        drawn, go_on = asyncio.Event(), asyncio.Event()
-        fetch = a._fetch
-
-        async def stalled_fetch(conn: Any, query_name: str, /, **params: Any) -> Any:
-            if query_name == "enqueue":
-                drawn.set()
-                await go_on.wait()
-            return await fetch(conn, query_name, **params)
-
-        monkeypatch.setattr(a, "_fetch", stalled_fetch)
+        drawn, go_on = stall_enqueues(a, monkeypatch)
         enqueue_a = asyncio.create_task(a.enqueue("q", "A", partition_key="chat"))
         await asyncio.wait_for(drawn.wait(), 10)
         task_b = (await b.enqueue("q", "B", partition_key="chat")).task
@@ -1676,16 +1685,7 @@ async def test_policy_changes_give_no_second_head_to_a_key_whose_task_runs(
 
     async with PostgresStore(pg, schema=schema) as a, PostgresStore(pg, schema=schema) as b:
         assert await b.claim("q", node_id="warm", ordered=True) == []  # the queue keeps heads
-        drawn, go_on = asyncio.Event(), asyncio.Event()
-        fetch = a._fetch
-
-        async def stalled_fetch(conn: Any, query_name: str, /, **params: Any) -> Any:
-            if query_name == "enqueue":
-                drawn.set()
-                await go_on.wait()
-            return await fetch(conn, query_name, **params)
-
-        monkeypatch.setattr(a, "_fetch", stalled_fetch)
+        drawn, go_on = stall_enqueues(a, monkeypatch)
         enqueue_p = asyncio.create_task(a.enqueue("q", "P", partition_key="chat"))
         await asyncio.wait_for(drawn.wait(), 10)
         await b.enqueue("q", "D", partition_key="chat", max_attempts=1)
