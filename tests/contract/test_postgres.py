@@ -27,7 +27,7 @@ from services import PG_DSN, new_schema, postgres_problem, unavailable
 
 from asynccoord import NewTask, SQLiteStore, StoreConfig, Task, TaskStatus
 from asynccoord.backends.open import open_store, redact_location, redact_target, store_kind
-from asynccoord.backends.postgres.store import PostgresStore, split_connect_timeout
+from asynccoord.backends.postgres.store import PostgresStore, application_name, split_connect_timeout
 from asynccoord.backends.redis import RedisLockStore
 from asynccoord.backends.sqlfiles import load_queries
 from asynccoord.cli.main import main
@@ -2154,13 +2154,17 @@ async def test_an_enqueue_whose_session_ends_mid_statement_is_retried_and_create
         try:
             task = NewTask(queue="q", payload=1, partition_key="k", idempotency_key="m1" if keyed else None)
             call = asyncio.ensure_future(store.enqueue_many([task]))
-            blocked = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%coord_enqueue%'"
+            blocked = (  # this process's sessions only (application_name): other tests' enqueues wait too
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%coord_enqueue%'"
+                " AND application_name = $1"
+            )
+            mine = application_name()
             deadline = time.monotonic() + 30
-            while not (pids := [r[0] for r in await admin(pg, blocked)]):
+            while not (pids := [r[0] for r in await admin(pg, blocked, mine)]):
                 assert time.monotonic() < deadline, "the enqueue never waited for the key's row"
                 await asyncio.sleep(0.01)
             await admin(pg, "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS u (pid)", pids)
-            while not [r[0] for r in await admin(pg, blocked)]:  # the retry waits for the row in turn
+            while not [r[0] for r in await admin(pg, blocked, mine)]:  # the retry waits for the row in turn
                 assert time.monotonic() < deadline, "the enqueue was not retried"
                 await asyncio.sleep(0.01)
             await tx.commit()
