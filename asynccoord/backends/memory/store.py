@@ -39,7 +39,6 @@ from ...notify import WorkNotifier
 from ...pauses import PauseBook
 from ...validation import check_clock
 from ..base import StoreBase
-from ..opening import single_open
 from ..rows import decode_json, lease_lost_reason, new_token
 from ..wakeups import notify_partitions, notify_settled
 from .deadletters import MemoryDeadLetterOps
@@ -86,7 +85,6 @@ class MemoryStore(
     def __repr__(self) -> str:
         return f"<MemoryStore tasks={len(self._tasks)} {'open' if self._open else 'closed'}>"
 
-    @single_open
     async def open(self) -> None:
         """Mark the store open (data survives close/open of the same object).
 
