@@ -60,18 +60,29 @@ async def test_the_background_checkpoint_copies_the_log_without_the_writer(db_pa
 
 
 @pytest.mark.exclusive  # the checkpointer's thread must keep up with the writer: other tests' load starves it
-@pytest.mark.parametrize("interval_s", [None, 0.05])
-async def test_the_log_stays_bounded_under_sustained_writes(db_path: Path, interval_s: float | None) -> None:
+@pytest.mark.parametrize(
+    ("interval_s", "bound"),
+    [
+        (None, 1300),
+        # A background checkpoint still running (its sync slowed by the disk) when a commit
+        # passes the threshold makes SQLite skip that commit's checkpoint: the log then grows
+        # a few commits further before it starts over, but never with what is written.
+        (0.05, 2000),
+    ],
+)
+async def test_the_log_stays_bounded_under_sustained_writes(
+    db_path: Path, interval_s: float | None, bound: int
+) -> None:
     async with SQLiteStore(db_path, config=StoreConfig(checkpoint_interval_s=interval_s)) as store:
         assert (store._checkpointer is None) == (interval_s is None)
         autocheckpoint = await store._read(lambda db: db.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
         assert autocheckpoint == 1000  # SQLite's own, kept: only between transactions can the log restart
         high = 0
-        for _ in range(12):
-            await fill(store, batches=5)  # ~3,000 pages in all
+        for _ in range(24):
+            await fill(store, batches=5)  # ~6,000 pages in all: three times the bound
             high = max(high, wal_pages(db_path))
-        assert high < 1300
-        assert await pending(store) == 3000
+        assert autocheckpoint < high < bound
+        assert await pending(store) == 6000
 
 
 async def test_checkpoints_follow_commits_on_the_interval(db_path: Path) -> None:

@@ -41,7 +41,9 @@ class WalCheckpointer:
     SQLite start the log over (a larger automatic threshold let the log grow to 40 MB and
     the commit that finally checkpointed take 40 ms). The one in the commit then finds most
     pages copied already, which shortens the time spent in ``COMMIT`` and the slowest
-    commits (see benchmarks/README.md). See
+    commits (see benchmarks/README.md). A commit that passes the threshold while a
+    background checkpoint still runs skips its own, so the log can grow a few commits past
+    it (a slow disk sync makes that likelier) before it starts over. See
     https://www.sqlite.org/wal.html#application_initiated_checkpoints and
     https://www.sqlite.org/c3ref/wal_checkpoint_v2.html.
 
