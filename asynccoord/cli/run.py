@@ -370,9 +370,14 @@ def run_command(args: argparse.Namespace) -> int:
                     shutdown_timeout_s=args.shutdown_timeout_s,
                     done_retention_s=args.done_retention_s,
                 )
-                # The monitor flushes this process's counters (and a separate lock store's) for `status`.
+                # The monitor flushes this process's counters (and a separate lock store's) for `status`,
+                # under the id its nodes and locks carry; "nodes" tells `status` how many it hosts.
                 monitor = Monitor(
-                    store, lock_store=lock_store, sinks=alert_sinks(args), info={"command": "run", "queue": args.queue}
+                    store,
+                    lock_store=lock_store,
+                    sinks=alert_sinks(args),
+                    process_id=runtime.instance_id,
+                    info={"command": "run", "queue": args.queue, "nodes": args.nodes},
                 )
                 export(metrics, store, monitor, lock_store)
                 async with monitor, runtime:

@@ -3,11 +3,12 @@
 :func:`status_report` gathers, from any open store, the queue depth by queue and status
 with the oldest due pending age and the queue's dead-letter policy (``hold`` keeps a
 conversation waiting behind its dead task; ``python -m asynccoord dead`` lists them), the
-live nodes with their heartbeat age and the partitions each owns (rendezvous assignment
-over the live node ids, as the nodes compute it), the locks held with holder and TTL
-left, the cluster-wide event counters with their rates over sliding windows, latency
-quantiles, the processes reporting metrics, the firing alerts every live monitor stored,
-and per queue the declared rate limits with the buckets holding keys back.
+live nodes with their heartbeat age, the partitions each owns (rendezvous assignment
+over the live node ids, as the nodes compute it) and the process each runs in, the locks
+held with holder and TTL left, the cluster-wide event counters with their rates over
+sliding windows, latency quantiles, the processes reporting metrics with whether each is
+live or gone (:mod:`asynccoord.cli.processes`), the firing alerts every live monitor
+stored, and per queue the declared rate limits with the buckets holding keys back.
 
 :func:`collect_status` opens an SQLite file *read-only* (``file:...?mode=ro``): it
 applies no migration, writes nothing, and under WAL its reads never block the nodes.
@@ -42,10 +43,12 @@ from ..validation import MAX_DURATION_S, check_positive
 from .lockstore import add_lock_store_options, check_lock_store_options, open_lock_store
 from .output import table_console, write_stdout
 from .printable import printable_report
+from .processes import RECENT_FLUSH_S, attach_processes
 from .run import store_options
 
 __all__ = (
     "CONFLICT_EVENTS",
+    "GONE_SHOWN",
     "HELD_BUCKETS_SHOWN",
     "RECENT_FLUSH_S",
     "STATUS_SCHEMA_ID",
@@ -63,9 +66,8 @@ __all__ = (
 STATUS_SCHEMA_ID = "urn:asynccoord:schema:status:1"
 """The ``$id`` of the status JSON Schema; the report's ``schema`` field names it."""
 
-RECENT_FLUSH_S = 60.0
-"""A process whose monitor flushed its counters within this many seconds is counted as reporting
-now; the others' rows stay in the store a while (their totals still count)."""
+GONE_SHOWN = 10
+"""The most gone processes the human output lists (the last heard first); the JSON lists them all."""
 
 CONFLICT_EVENTS: tuple[str, ...] = (
     ev.STALE_COMMIT_REJECTED,
@@ -181,14 +183,9 @@ async def status_report(
             if alert.at >= entry["at"]:
                 entry.update({k: v for k, v in alert.to_dict().items() if k not in ("fired_at", "monitor_id")})
     snap = snapshot.to_dict()
-    return {
-        "schema": STATUS_SCHEMA_ID,
-        "db": db,
-        "now_s": snapshot.now_s,
-        "tasks": {**totals, "total": sum(totals.values()), "expired_leases": expired, "oldest_pending_age_s": oldest},
-        "queues": queues,
-        "partitions": partitions,
-        "nodes": [
+    processes, nodes = attach_processes(
+        snap["processes"],
+        [
             {
                 "node_id": m.node_id,
                 "incarnation": m.incarnation,
@@ -200,6 +197,15 @@ async def status_report(
             }
             for m in members
         ],
+    )
+    return {
+        "schema": STATUS_SCHEMA_ID,
+        "db": db,
+        "now_s": snapshot.now_s,
+        "tasks": {**totals, "total": sum(totals.values()), "expired_leases": expired, "oldest_pending_age_s": oldest},
+        "queues": queues,
+        "partitions": partitions,
+        "nodes": nodes,
         "lock_store": None if lock_store is None else _lock_store_entry(lock_store),
         "locks": [
             {
@@ -215,7 +221,7 @@ async def status_report(
         ],
         "events": {"totals": snap["totals"], "process_totals": snap["process_totals"], "windows": snap["windows"]},
         "latencies": snap["latencies"],
-        "processes": snap["processes"],
+        "processes": processes,
         "alerts": sorted(alerts.values(), key=lambda a: (a["fired_at"], a["rule"], a["scope_key"])),
         "rate_limits": await _rate_limits(store),
     }
@@ -485,13 +491,7 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
             soft_wrap=True,  # one line to copy: the terminal wraps it
         )
 
-    table = Table(title=f"Live nodes ({len(report['nodes'])})", box=box.SIMPLE_HEAVY)
-    for col in ("node", "heartbeat age", "partitions", "info"):
-        table.add_column(col, justify="right" if col in ("heartbeat age", "partitions") else "left")
-    for n in report["nodes"]:
-        info = ", ".join(f"{k}={v}" for k, v in sorted(n["info"].items()))
-        table.add_row(n["node_id"], _fmt_s(n["heartbeat_age_s"]), str(n["partitions"]), info)
-    console.print(table)
+    _render_processes(console, report)
 
     places = sum(1 for lock in report["locks"] if lock["name"].startswith(PLACE_PREFIX))
     title = f"Locks held ({len(report['locks']) - places})"
@@ -557,22 +557,6 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
             )
         console.print(table)
 
-    processes = report["processes"]
-    if processes:
-        recent = sum(1 for p in processes if p["last_flush_age_s"] <= RECENT_FLUSH_S)
-        title = f"Processes reporting ({recent} in the last {RECENT_FLUSH_S:g} s, {len(processes)} kept)"
-        table = Table(title=title, box=box.SIMPLE_HEAVY)
-        table.add_column("process")
-        table.add_column("last flush", justify="right")
-        for p in processes:
-            table.add_row(p["process_id"], f"{_fmt_s(p['last_flush_age_s'])} ago")
-        console.print(table)
-    else:
-        console.print(
-            "No process reports its counters: the event counts come from a Monitor(store) in each process "
-            "(python -m asynccoord run has one)."
-        )
-
     _render_rate_limits(console, report["rate_limits"])
 
     if report["alerts"]:
@@ -594,6 +578,89 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
         console.print(table)
     else:
         console.print("No active alerts.", style="green")
+
+
+_STATE_TEXT = {"live": "live", "no_live_node": "no live node", "gone": "gone"}
+_STATE_STYLE = {"live": None, "no_live_node": "yellow", "gone": "dim"}
+_SHOWN_ELSEWHERE = ("host", "pid", "runtime", "keepalive_s", "nodes")
+"""Info keys the processes table shows in columns of their own (or that only serve ``status``)."""
+
+
+def _info_text(info: dict[str, Any], *, skip: tuple[str, ...] = ()) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(info.items()) if k not in skip)
+
+
+def _render_processes(console: Any, report: dict[str, Any]) -> None:
+    """The processes that report (live first, then the gone ones heard last), then the live nodes under each."""
+    from rich import box
+    from rich.table import Table
+
+    processes = report["processes"]
+    by_state = {state: [p for p in processes if p["state"] == state] for state in _STATE_TEXT}
+    if processes:
+        counts = [f"{len(by_state['live'])} live"]
+        if by_state["no_live_node"]:
+            counts.append(f"{len(by_state['no_live_node'])} without a live node")
+        if by_state["gone"]:
+            counts.append(f"{len(by_state['gone'])} gone")
+        table = Table(title=f"Processes ({', '.join(counts)})", box=box.SIMPLE_HEAVY)
+        for col in ("process", "state", "nodes", "last flush", "host", "pid", "info"):
+            table.add_column(col, justify="right" if col in ("nodes", "last flush", "pid") else "left")
+        gone = sorted(by_state["gone"], key=lambda p: p["last_flush_age_s"])
+        for p in [*by_state["live"], *by_state["no_live_node"], *gone[:GONE_SHOWN]]:
+            info = p["info"]
+            hosts = info.get("nodes")
+            of_hosted = f"/{hosts}" if isinstance(hosts, int) and not isinstance(hosts, bool) else ""
+            table.add_row(
+                p["process_id"],
+                _STATE_TEXT[p["state"]],
+                f"{p['nodes']}{of_hosted}",
+                f"{_fmt_s(p['last_flush_age_s'])} ago",
+                str(info.get("host", "-")),
+                str(info.get("pid", "-")),
+                _info_text(info, skip=_SHOWN_ELSEWHERE),
+                style=_STATE_STYLE[p["state"]],
+            )
+        console.print(table)
+        if len(gone) > GONE_SHOWN:
+            console.print(f"... and {len(gone) - GONE_SHOWN} more gone processes (status --json lists them all).")
+        if gone:
+            console.print(
+                "gone: no live node, and no flush for twice its keepalive (store clock); "
+                "its counts stay in the totals for a day.",
+                style="dim",
+            )
+    else:
+        console.print(
+            "No process reports its counters: the event counts come from a Monitor(store) in each process "
+            "(python -m asynccoord run has one)."
+        )
+
+    def group(node: dict[str, Any]) -> str:  # the process, else the runtime its heartbeat names
+        runtime = node["info"].get("runtime")
+        return node["process_id"] or (runtime if isinstance(runtime, str) else "-")
+
+    nodes = sorted(report["nodes"], key=lambda n: (group(n), n["node_id"]))
+    groups = len({group(n) for n in nodes})
+    title = f"Live nodes ({len(nodes)}" + (f" in {groups} processes)" if groups > 1 else ")")
+    table = Table(title=title, box=box.SIMPLE_HEAVY)
+    for col in ("process", "node", "heartbeat age", "partitions", "info"):
+        table.add_column(col, justify="right" if col in ("heartbeat age", "partitions") else "left")
+    previous = None
+    for n in nodes:
+        process = group(n)
+        if previous is not None and process != previous:
+            table.add_section()
+        skip = _SHOWN_ELSEWHERE if n["process_id"] is not None else ()
+        table.add_row(
+            process if process != previous else "",
+            n["node_id"],
+            _fmt_s(n["heartbeat_age_s"]),
+            str(n["partitions"]),
+            _info_text(n["info"], skip=skip),
+        )
+        previous = process
+    console.print(table)
 
 
 def _render_rate_limits(console: Any, rate_limits: dict[str, Any]) -> None:

@@ -157,7 +157,8 @@ class Monitor:
         log_alerts: Log each notice at WARNING. Default True.
         background: Run the flush and evaluation loops while open. False to drive
             them with :meth:`flush` and :meth:`evaluate` (tests, fake clocks). Default True.
-        info: JSON object stored with the process' flushes (host and pid are added),
+        info: JSON object stored with the process' flushes (``host``, ``pid`` and ``keepalive_s``
+            are added: ``status`` judges from ``keepalive_s`` whether the process is gone),
             checked here: a dict with str keys and JSON values, finite numbers, at most the
             store's ``config.max_payload_bytes`` encoded (1 MiB by default).
         lock_store: The lock store of this process' nodes when it is not ``store``
@@ -266,12 +267,6 @@ class Monitor:
         self.background = check_bool("background", background)
         if info is not None and not isinstance(info, Mapping):
             raise InvalidTypeError(f"info must be a mapping or None, got {type(info).__name__}")
-        self.info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), **(info or {})}
-        # Checked now, as Membership.join checks its info: a value no flush could write would
-        # otherwise fail every flush (logged, never raised) and keep this process out of the totals.
-        limit = getattr(getattr(store, "config", None), "max_payload_bytes", None)
-        max_bytes = limit if isinstance(limit, int) else StoreConfig().max_payload_bytes
-        encode_payload(self.info, max_bytes=max_bytes, arg="info")
         # Three intervals, at most the longest duration a store takes (intervals near a year).
         alert_ttl_s = max(10.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s))
         if leader_ttl_s is None:
@@ -286,6 +281,21 @@ class Monitor:
         # Stored alerts outlive the leader's lease by at least half of it: a monitor taking
         # over from a leader that died still finds its alerts, and does not raise them again.
         self.alert_ttl_s = min(MAX_DURATION_S, max(alert_ttl_s, 2 * self.leader_ttl_s))
+        self._refresh_s = min(_KEEPALIVE_S, self.alert_ttl_s / 3)  # a write at least this often, idle or not
+        self.keepalive_s = self._refresh_s + self.flush_interval_s
+        """The longest a running monitor goes without a write, seconds: a refresh is due after
+        ``min(10, alert_ttl_s / 3)`` and written by the next flush."""
+        self.info: dict[str, Any] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "keepalive_s": self.keepalive_s,
+            **(info or {}),
+        }
+        # Checked now, as Membership.join checks its info: a value no flush could write would
+        # otherwise fail every flush (logged, never raised) and keep this process out of the totals.
+        limit = getattr(getattr(store, "config", None), "max_payload_bytes", None)
+        max_bytes = limit if isinstance(limit, int) else StoreConfig().max_payload_bytes
+        encode_payload(self.info, max_bytes=max_bytes, arg="info")
         self._lockable = all(
             callable(getattr(store, name, None)) for name in ("try_acquire_lock", "renew_lock", "release_lock")
         )
@@ -504,7 +514,7 @@ class Monitor:
                 if delta_hist.count:
                     latencies[name] = delta_hist
             loop = asyncio.get_running_loop()
-            refresh_due = loop.time() - self._last_write_monotonic >= min(_KEEPALIVE_S, self.alert_ttl_s / 3)
+            refresh_due = loop.time() - self._last_write_monotonic >= self._refresh_s
             if not (force or counters or latencies or self._alerts_dirty or refresh_due):
                 return None
             dirty = self._alerts_dirty

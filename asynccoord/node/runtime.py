@@ -117,7 +117,10 @@ class Runtime:
 
     Attributes:
         instance_id: ``"<host>-<pid>-<6 random hex digits>"``, new for every Runtime: the
-            prefix of default node ids and the holder recorded on the runtime's locks.
+            prefix of default node ids, the holder recorded on the runtime's locks, and the
+            ``runtime`` of its nodes' heartbeat info (with ``queue``, ``host`` and ``pid``).
+            Give it as a :class:`~asynccoord.monitor.monitor.Monitor`'s ``process_id`` and
+            ``status`` shows the process under the id its nodes and locks carry.
         idle_poller: The :class:`~asynccoord.node.idlepoll.IdlePoller` that wakes the idle
             nodes (its ``polls`` and ``woken`` count its work), or None when the store has
             no ``claimable_partitions`` (each node then polls by itself).
@@ -219,6 +222,11 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<Runtime {self._stage()} nodes={len(self.nodes)} queue={self.config.queue!r}>"
+
+    def _node_info(self) -> dict[str, Any]:
+        """The heartbeat info of each node: its queue, and where it runs (``status`` groups nodes by it)."""
+        host = socket.gethostname()
+        return {"queue": self.config.queue, "host": host, "pid": os.getpid(), "runtime": self.instance_id}
 
     def _stage(self) -> str:
         """``new``, ``starting``, ``running``, ``stopping`` or ``stopped``."""
@@ -338,7 +346,7 @@ class Runtime:
         failure: BaseException | None = None
         try:
             for node in self.nodes:
-                self.membership.join(node.node_id, info={"queue": self.config.queue, "pid": os.getpid()})
+                self.membership.join(node.node_id, info=self._node_info())
             running.enlist(self, self._stop_for_exit)
             async with self.membership, anyio.create_task_group() as tg:
                 for node in self.nodes:

@@ -136,13 +136,17 @@ async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeCl
     for expected in ("outbox", "n1", "account:1", "commits_seen", "Locks held (1)"):
         assert expected in text
     assert "places in line" not in text
-    assert "Processes reporting (2 in the last 60 s, 2 kept)" in " ".join(text.split())  # (a title may wrap)
-    # A process that stopped flushing long ago is kept (its totals count) but not reporting now.
+    assert [(p["process_id"], p["state"], p["nodes"]) for p in report["processes"]] == [
+        ("p-1", "live", 0),
+        ("p-2", "live", 0),
+    ]
+    assert "Processes (2 live)" in " ".join(text.split())  # (a title may wrap)
+    # A process that stopped flushing long ago is kept (its totals count) but shown gone.
     stopped = json.loads(json.dumps(report))
-    stopped["processes"][0]["last_flush_age_s"] = 600.0
+    stopped["processes"][0].update(last_flush_age_s=600.0, state="gone")
     out = io.StringIO()
     render_status(stopped, out, color=False)
-    assert "Processes reporting (1 in the last 60 s, 2 kept)" in " ".join(out.getvalue().split())
+    assert "Processes (1 live, 1 gone)" in " ".join(out.getvalue().split())
     stopped["processes"] = []  # no process runs a Monitor: say where the counts come from
     out = io.StringIO()
     render_status(stopped, out, color=False)

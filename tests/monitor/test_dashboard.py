@@ -107,6 +107,7 @@ READ_PAGE = """(() => {
     queues: rows('queues').map(cells),
     dead: rows('dead').map(cells),
     nodes: rows('nodes').map(cells),
+    processes: rows('processes').map(cells),
     locks: rows('locks').map(cells),
     alerts: rows('alerts').map(cells),
     resolved: rows('resolved').map(cells),
@@ -133,6 +134,10 @@ def expected_on_page(report: dict[str, Any]) -> dict[str, Any]:
             for q in report["queues"]
         ],
         "nodes": [{"node_id": n["node_id"], "partitions": str(n["partitions"])} for n in report["nodes"]],
+        "processes": [
+            {"process_id": p["process_id"], "state": p["state"].replace("_", " "), "nodes": str(p["nodes"])}
+            for p in report["processes"]
+        ],
         "locks": [
             {"name": lock["name"], "holder": lock["holder"], "fencing_token": str(lock["fencing_token"])}
             for lock in report["locks"]
@@ -165,6 +170,7 @@ def shown(page: dict[str, Any]) -> dict[str, Any]:
         ],
         "dead": page["dead"],
         "nodes": [{"node_id": n["node_id"], "partitions": n["partitions"]} for n in page["nodes"]],
+        "processes": [{k: p[k] for k in ("process_id", "state", "nodes")} for p in page["processes"]],
         "locks": [{k: lock[k] for k in ("name", "holder", "fencing_token")} for lock in page["locks"]],
         "alerts": [{"rule": a["rule"], "event": a["event"]} for a in page["alerts"]],
         "events": page["events"],
@@ -195,6 +201,9 @@ async def test_the_page_shows_what_status_json_reports(tmp_path: Path, python: P
         assert sorted(int(n["partitions"]) for n in seen["nodes"]) != [0, 0]
         assert sum(int(n["partitions"]) for n in seen["nodes"]) == report["partitions"]
         assert seen["locks"][0]["name"] == "account:42"
+        # The test's own monitor reports, hosting no node; the two members name no process that reports.
+        assert [(p["state"], p["nodes"]) for p in seen["processes"]] == [("live", "0")]
+        assert [n["process"] for n in seen["nodes"]] == ["-", ""]
         assert seen["locks"][0]["fencing_token"] == "1"
         assert [a["rule"] for a in seen["alerts"]] == ["dead_letters"]
         assert [(d["queue"], d["dead_letter_policy"]) for d in seen["dead"]] == [("mail", "hold"), ("outbox", "skip")]

@@ -52,8 +52,38 @@
   }
 
   function infoText(info, skip) {
-    return Object.keys(info).sort().filter((k) => k !== skip)
+    return Object.keys(info).sort().filter((k) => !skip.includes(k))
       .map((k) => k + "=" + (typeof info[k] === "string" ? info[k] : JSON.stringify(info[k]))).join(", ");
+  }
+
+  // Info keys the processes table shows in columns of its own (or that only serve status).
+  const SHOWN_WITH_PROCESS = ["host", "pid", "runtime", "keepalive_s", "nodes"];
+  const STATE_TEXT = { live: "live", no_live_node: "no live node", gone: "gone" };
+  const GONE_SHOWN = 10;
+
+  // The processes that report: live first, then the gone ones heard last (at most GONE_SHOWN), as status prints them.
+  function renderProcesses(processes) {
+    const of = (state) => processes.filter((p) => p.state === state);
+    const gone = of("gone").sort((a, b) => a.last_flush_age_s - b.last_flush_age_s);
+    const counts = [of("live").length + " live"];
+    if (of("no_live_node").length) counts.push(of("no_live_node").length + " without a live node");
+    if (gone.length) counts.push(gone.length + " gone");
+    $("process-count").textContent = "(" + counts.join(", ") + ")";
+    fill("processes", [...of("live"), ...of("no_live_node"), ...gone.slice(0, GONE_SHOWN)], (tr, p) => {
+      tr.dataset.process = p.process_id;
+      tr.className = "state-" + p.state;
+      cell(tr, p.process_id, "process_id", "text");
+      cell(tr, STATE_TEXT[p.state] || p.state, "state");
+      const hosts = p.info.nodes;
+      cell(tr, Number.isInteger(hosts) ? p.nodes + "/" + hosts : String(p.nodes), "nodes");
+      cell(tr, fmtS(p.last_flush_age_s) + " ago", "last_flush");
+      cell(tr, p.info.host === undefined ? "-" : String(p.info.host), "host", "text");
+      cell(tr, p.info.pid === undefined ? "-" : String(p.info.pid), "pid");
+    }, "no process reports its counters (each process needs a Monitor; python -m asynccoord run has one)");
+    setNote("processes-note", gone.length
+      ? (gone.length > GONE_SHOWN ? "The " + GONE_SHOWN + " of " + gone.length + " gone processes heard last. " : "") +
+        "gone: no live node, and no flush for twice its keepalive (store clock); its counts stay in the totals for a day."
+      : "");
   }
 
   // A note shown only while it has a text.
@@ -99,14 +129,25 @@
       ? "dead-lettered in the last " + shortest.window_s + " s: " + (shortest.counts.dead_lettered || 0) +
         " \u00b7 retries: " + (shortest.counts.retries || 0)
       : "";
-    $("node-count").textContent = "(" + s.nodes.length + ")";
-    fill("nodes", s.nodes, (tr, n) => {
+    renderProcesses(s.processes || []);
+    // Grouped by process, as status prints them: the process, else the runtime the heartbeat names.
+    const group = (n) => n.process_id || (typeof n.info.runtime === "string" ? n.info.runtime : "-");
+    const nodes = [...s.nodes].sort((a, b) => group(a).localeCompare(group(b)) || a.node_id.localeCompare(b.node_id));
+    const groups = new Set(nodes.map(group)).size;
+    $("node-count").textContent = "(" + nodes.length + (groups > 1 ? " in " + groups + " processes" : "") + ")";
+    let previous = null;
+    fill("nodes", nodes, (tr, n) => {
       tr.dataset.node = n.node_id;
+      const process = group(n);
+      if (previous !== null && process !== previous) tr.className = "group-start";
+      cell(tr, process !== previous ? process : "", "process", "text");
+      previous = process;
       cell(tr, n.node_id, "node_id", "text");
       cell(tr, typeof n.info.queue === "string" ? n.info.queue : "-", "queue");
       cell(tr, String(n.partitions), "partitions");
       cell(tr, fmtS(n.heartbeat_age_s), "heartbeat_age_s");
-      cell(tr, infoText(n.info, "queue"), "info", "text");
+      const skip = n.process_id ? SHOWN_WITH_PROCESS : [];
+      cell(tr, infoText(n.info, ["queue", ...skip]), "info", "text");
     }, "no live node");
     // Places in line (asynccoord.contract.locks.PLACE_PREFIX) mark a process waiting for a taken lock: counted apart, as status does.
     const places = s.locks.filter((l) => l.name.startsWith("asynccoord.next:")).length;
