@@ -412,7 +412,7 @@ def _lock_store_entry(lock_store: Any) -> dict[str, Any]:
 
 
 def _lapsed(counts: dict[str, Any]) -> str:
-    """`` of which N lease expired`` when some running tasks' leases expired, else ``""``."""
+    """`` of which N lease expired`` when some claimed tasks' leases expired, else ``""``."""
     n = counts["expired_leases"]
     return f" of which {n} lease expired" if n else ""
 
@@ -460,13 +460,14 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
         Text.assemble(
             ("asynccoord status", "bold"),
             f"  db={report['db'] or '-'}  partitions={report['partitions']}  "
-            f"tasks={tasks['total']} (pending {tasks['pending']}, running {tasks['running']}{_lapsed(tasks)}, "
+            f"tasks={tasks['total']} (pending {tasks['pending']}, claimed {tasks['running']}{_lapsed(tasks)}, "
             f"done {tasks['done']}, dead {tasks['dead']})  oldest pending={_fmt_s(tasks['oldest_pending_age_s'])}",
         )
     )
 
     table = Table(title="Queues", box=box.SIMPLE_HEAVY)
-    for col in ("queue", "pending", "running", "lease expired", "done", "dead", "on dead", "total", "oldest pending"):
+    # "claimed" (the JSON's "running"): leased to a node, sending or still waiting for its lock.
+    for col in ("queue", "pending", "claimed", "lease expired", "done", "dead", "on dead", "total", "oldest pending"):
         table.add_column(col, justify="left" if col in ("queue", "on dead") else "right")
     held = [q for q in report["queues"] if q["dead_letter_policy"] == "hold" and q["dead"]]
     for q in report["queues"]:

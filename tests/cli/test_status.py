@@ -176,7 +176,7 @@ async def test_status_tells_running_tasks_whose_lease_expired(store: Store, cloc
     assert (report["tasks"]["running"], report["tasks"]["expired_leases"]) == (4, 3)
     out = io.StringIO()
     render_status(report, out, color=False)
-    assert "running 4 of which 3 lease expired" in out.getvalue()
+    assert "claimed 4 of which 3 lease expired" in out.getvalue()
     # A claim takes the expired leases back: running again, under live leases.
     retaken = await store.claim("outbox", node_id="n3", limit=5, lease_s=30.0)
     assert {t.id for t in short} <= {t.id for t in retaken}

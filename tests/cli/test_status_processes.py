@@ -1,10 +1,10 @@
-"""``status`` over real ``python -m asynccoord run`` processes: nodes under their process, and
-processes killed with SIGKILL told apart from live ones, on SQLite and on PostgreSQL with Redis locks.
+"""``status`` over real ``python -m asynccoord run`` processes, on SQLite and on PostgreSQL with Redis locks.
 
 Three ``run`` processes of 2 nodes each drain one queue; ``status --json`` (and its tables) must
 show each process under the id its nodes and locks carry, with its nodes under it. One is then
 killed with SIGKILL: once its nodes' heartbeats expire it must no longer show as live, and once
 its monitor has been silent past its keepalive it must show as gone, while the others stay live.
+And with tasks leased beyond the sends their locks allow, the tables call them claimed, not running.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -190,3 +191,40 @@ def test_status_shows_each_process_with_its_nodes_and_tells_a_killed_one_gone(
     for proc in runs[1:]:
         proc.send_signal(signal.SIGTERM)
     assert [proc.wait(timeout=60) for proc in runs[1:]] == [0, 0]
+
+
+def concurrent_sends(log: Path) -> int:
+    """The most sends that ran at once, from the send log's ``start``/``end`` lines."""
+    steps = []
+    for line in log.read_text().splitlines():
+        word, _task, at = line.split()
+        if word in ("start", "end", "cancelled"):
+            steps.append((float(at), 1 if word == "start" else -1))
+    running = most = 0
+    for _at, step in sorted(steps, key=lambda s: (s[0], s[1])):  # an end before a start at one instant
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_status_calls_leased_tasks_claimed_since_those_waiting_for_their_lock_send_nothing(
+    python: PythonRunner, cluster: list[str], tmp_path: Path
+) -> None:
+    """Every task names one account (``serve_send:account_lock`` -> ``account:0``): one send at a time in the
+    whole cluster, while the nodes lease many tasks that wait for that lock. The tables call them claimed."""
+    log = tmp_path / "send.log"
+    runs = [start_run(python, cluster, log) for _ in range(2)]
+    # The fixture's tasks name accounts 0 to 2; `--lock-key` gives each its lock: at most 3 sends at once.
+    report = wait_for(python, cluster, lambda r: r["tasks"]["running"] > 3, "more tasks leased than locks", 60.0)
+    leased = report["tasks"]["running"]
+    table = status(python, cluster, "--color", "never").stdout
+    summary = " ".join(table.split("Queues")[0].split())
+    assert re.search(r"\(pending \d+, claimed \d+", summary), summary
+    assert "running" not in summary
+    (header,) = [line for line in table.splitlines() if line.split()[:3] == ["queue", "pending", "claimed"]]
+    assert "running" not in header
+    for proc in runs:
+        proc.send_signal(signal.SIGTERM)
+    assert [proc.wait(timeout=60) for proc in runs] == [0, 0]
+    # Sends at once never outnumbered the three locks, while more than three tasks were leased.
+    assert concurrent_sends(log) <= 3 < leased

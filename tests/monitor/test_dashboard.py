@@ -332,7 +332,7 @@ async def test_the_page_of_many_queues_lists_and_charts_the_busiest(tmp_path: Pa
             assert charted == ["q09", "q10", "q11"]  # the most pending or running
             assert await page.evaluate("document.querySelectorAll('#total-chart canvas').length") == 1
             assert await page.evaluate("document.getElementById('summary').dataset.total") == str(78 + 30)
-            assert "The 5 queues with the most tasks pending, running or dead, of 12" in seen["text"]
+            assert "The 5 queues with the most tasks pending, claimed or dead, of 12" in seen["text"]
             assert SECRET not in seen["text"]
             await page.screenshot(tmp_path / "dashboard-many-queues.png")
 

@@ -96,7 +96,7 @@
   // What the server left out of the lists (section "shown"): the busiest queues are listed.
   function renderShown(shown) {
     setNote("queues-note", shown && shown.queues < shown.queues_total
-      ? "The " + shown.queues + " queues with the most tasks pending, running or dead, of " + shown.queues_total +
+      ? "The " + shown.queues + " queues with the most tasks pending, claimed or dead, of " + shown.queues_total +
         " (the totals above count them all)."
       : "");
     setNote("limits-note", shown && shown.rate_limit_queues < shown.rate_limit_queues_total
@@ -108,7 +108,8 @@
   function renderStatus(s) {
     $("db").textContent = s.db || "";
     const t = s.tasks;
-    $("summary").textContent = "tasks " + t.total + " (pending " + t.pending + ", running " + t.running +
+    // "claimed" is the report's "running": leased to a node, sending or still waiting for its lock.
+    $("summary").textContent = "tasks " + t.total + " (pending " + t.pending + ", claimed " + t.running +
       ", done " + t.done + ", dead " + t.dead + ") \u00b7 partitions " + s.partitions;
     $("summary").dataset.total = t.total;
     fill("queues", s.queues, (tr, q) => {
@@ -243,7 +244,7 @@
       series: [
         {},
         { label: "pending", scale: "n", stroke: "#3367d6", width: 2 },
-        { label: "running", scale: "n", stroke: "#e8a317", width: 2 },
+        { label: "claimed", scale: "n", stroke: "#e8a317", width: 2 },
         { label: "dead", scale: "n", stroke: "#b3261e", width: 2 },
         { label: "finished/s", scale: "r", stroke: "#1e7b34", width: 2, dash: [6, 3] },
       ],
