@@ -50,6 +50,7 @@ from ..events import EventCounter
 from ..monitor.histogram import LatencyRecorder
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
+from .calls import CallGate
 from .opening import single_open
 from .redisdurability import NO_PERSISTENCE, losses, persistence
 from .redisurl import check_url
@@ -61,6 +62,9 @@ __all__ = ("MAX_KEY_SLACK_MS", "RedisLockStore")
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_CALLS_S = 10.0
+"""Longest ``close()`` waits for the store calls in flight and the hand-backs they start, seconds."""
 
 # Shared by every script: the clock, exact float text, and token comparison as decimal
 # strings (Lua numbers are doubles: exact only up to 2**53, tokens go to 2**63 - 1).
@@ -377,6 +381,7 @@ class RedisLockStore:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of open()
         self._scripts: dict[str, Any] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._gate = CallGate("the Redis lock store")  # calls in flight, waited for by close()
         self._acquirer: Batcher[_Request, Lease | LockBusy] = Batcher(
             self._acquire_batch, self.config.max_batch_ops, name="asynccoord-redis-acquire"
         )
@@ -432,12 +437,20 @@ class RedisLockStore:
         }
         self._client = client
         self._loop = asyncio.get_running_loop()
+        self._gate.forget_calls()  # those of a loop closed mid-call never end
         self.persistent, kept, save = await persistence(client)
         if self.persistent is False:
             log.warning(NO_PERSISTENCE, redact_location(self.url), save, losses(kept))
 
     async def close(self) -> None:
-        """Wait for queued acquisitions and background releases (bounded), then close. Idempotent.
+        """Let the calls in flight finish, wait for background releases (bounded), then close. Idempotent.
+
+        From the moment ``close()`` is called, a new call raises
+        :class:`~asynccoord.errors.StoreClosedError`, but a hand-back (``release_lock``) is
+        let through. The calls in flight, queued acquisitions included, and the hand-backs
+        their ends start (the release of a lease granted to a ``Lock`` caller cancelled
+        just before the close, say) are waited for, up to 10 s, and the background releases
+        up to 5 s: no lease is left held until its TTL with nobody to release it.
 
         Called from another event loop than ``open()``'s, it closes the client in that
         loop if it still runs (up to 5 s), and otherwise only drops it: its connections
@@ -447,18 +460,26 @@ class RedisLockStore:
             abandoned, owner = self._client, self._loop
             self._client = None
             self._scripts = {}
+            self._gate.forget_calls()
             if owner is not None and owner.is_running() and not owner.is_closed():
                 with contextlib.suppress(Exception):
                     done = asyncio.run_coroutine_threadsafe(abandoned.aclose(), owner)
                     await asyncio.wait_for(asyncio.wrap_future(done), 5.0)
             return
-        await self._acquirer.flush()
-        if self._background:
-            with contextlib.suppress(Exception):
-                await asyncio.wait(set(self._background), timeout=5.0)
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        self._gate.closing = True
+        try:
+            if not await self._gate.settle(_CALLS_S):
+                log.warning("asynccoord.redis.close_cut_calls calls=%d", self._gate.calls)
+            await self._acquirer.flush()
+            if self._background:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait(set(self._background), timeout=5.0)
+            await self._gate.settle(_CALLS_S)  # hand-backs started meanwhile
+            client, self._client = self._client, None
+            if client is not None:
+                await client.aclose()
+        finally:
+            self._gate.closing = False
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -476,6 +497,11 @@ class RedisLockStore:
             )
 
     async def _call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
+        """Run ``fn(client)`` as a store call in flight (waited for by :meth:`close`); see :meth:`_retrying`."""
+        with self._gate.call():
+            return await self._retrying(fn, what)
+
+    async def _retrying(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
         """Run ``fn(client)``, retrying a lost connection with backoff; map errors at this one boundary.
 
         A cancellation of the calling task that redis-py turned into an error (it drops the
@@ -526,6 +552,7 @@ class RedisLockStore:
         if self._clock is not None:
             if self._client is None:
                 raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+            self._gate.admit()
             return float(self._clock())
 
         async def run(client: aioredis.Redis) -> float:
@@ -562,19 +589,20 @@ class RedisLockStore:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
         self._check_loop()  # before the request is queued for a batch of the owning loop
         request = _Request(name=name, ttl_s=ttl, permits=count, holder=who, owner_token=new_token())
-        future = self._acquirer.submit(request)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
+        with self._gate.call():  # a call in flight while its batch waits (see close)
+            future = self._acquirer.submit(request)
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
 
-            def compensate(done: asyncio.Future[Lease | LockBusy]) -> None:
-                if not done.cancelled() and done.exception() is None:
-                    outcome = done.result()
-                    if isinstance(outcome, Lease):
-                        self._spawn(self._release_quietly(outcome))
+                def compensate(done: asyncio.Future[Lease | LockBusy]) -> None:
+                    if not done.cancelled() and done.exception() is None:
+                        outcome = done.result()
+                        if isinstance(outcome, Lease):
+                            self._spawn(self._release_quietly(outcome))
 
-            future.add_done_callback(compensate)
-            raise
+                future.add_done_callback(compensate)
+                raise
 
     async def _acquire_batch(self, requests: Sequence[_Request]) -> list[Lease | LockBusy]:
         """Run the acquisitions waiting now as one pipeline of scripts (one round trip)."""
@@ -642,7 +670,8 @@ class RedisLockStore:
             now, counter = (reply.decode() if isinstance(reply, bytes) else str(reply)).split()
             return attempts > 1 and float(now) < lease.expires_at and int(counter) == lease.fencing_token
 
-        return await self._call(run, "release_lock")
+        with CallGate.giving_back():  # let through while the store closes (see close)
+            return await self._call(run, "release_lock")
 
     async def renew_lock(self, lease: Lease, ttl_s: float | None = None) -> Lease | None:
         """Extend a live lease to ``ttl_s`` (default ``lease.ttl_s``) from now; None if it lapsed.

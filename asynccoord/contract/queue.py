@@ -109,7 +109,13 @@ class QueueStore(Protocol):
         ...
 
     async def close(self) -> None:
-        """Finish queued writes and close. Idempotent."""
+        """Finish the calls in flight and queued writes, then close. Idempotent.
+
+        New calls are refused from the start with
+        :class:`~asynccoord.errors.StoreClosedError`; hand-backs (a lock's or a task's
+        ``release``) are let through and waited for, bounded, so a lease granted to a caller
+        cancelled just before the close is released, not left held until its TTL.
+        """
         ...
 
     async def __aenter__(self) -> Self: ...

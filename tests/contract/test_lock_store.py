@@ -339,6 +339,24 @@ async def test_closed_store_refuses_lock_calls(make_store: Any) -> None:
         await store.list_locks()
 
 
+async def test_a_closing_store_refuses_new_calls_but_takes_a_release(make_store: Any) -> None:
+    """From the moment ``close()`` is called a new call is refused, while a release (a hand-back)
+    is let through and waited for: the lease is gone once the close returns."""
+    store = await make_store()
+    lease = await acquire(store, "x", ttl_s=60.0)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)  # close() has begun
+    assert not closing.done()
+    with pytest.raises(StoreClosedError):
+        await store.try_acquire_lock("y", ttl_s=60.0)
+    assert await store.release_lock(lease) is True
+    await closing
+    with pytest.raises(StoreClosedError):
+        await store.release_lock(lease)
+    await store.open()
+    assert await store.list_locks() == []
+
+
 async def test_cancelled_try_acquire_never_leaves_a_lease(store: Store) -> None:
     """Cancel attempts at random instants (for SQLite: before, during and after the commit)."""
     rng = random.Random(7)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sqlite3
 import time
@@ -401,6 +402,41 @@ async def test_acquire_cancelled_at_any_instant_never_leaks_a_lease(rstore: Stor
     await wait_until(only_held_remain, timeout_s=10.0, what="the cancelled acquisitions' releases")
     for task, handle in zip(tasks, handles, strict=True):
         assert (handle.lease is not None) == (not task.cancelled())
+
+
+async def test_a_lock_acquisition_cancelled_just_before_close_leaves_no_lease(make_store: Any, backend: str) -> None:
+    """A ``Lock`` acquisition cancelled a few loop turns in, then ``close()`` at once.
+
+    The grant its call may still bring is released by the lock in a task of its own (its
+    caller is gone); the closing store lets that hand-back through and waits for it, so
+    after the close no lease of the lock is live, as another store on the same database
+    sees (the memory store: the same object, opened again). Refused as a new call, the
+    release would leave the lease held for its 60 s TTL.
+    """
+    store = await make_store(clock=None)
+    other = store if backend == "memory" else await make_store(clock=None)
+    cancelled = 0
+    for round_ in range(40):
+        name = f"L{round_}"
+        lock = Lock(store, name, ttl_s=60.0)
+        acquiring = asyncio.ensure_future(lock.acquire())
+        for _ in range(round_ % 8):
+            await asyncio.sleep(0)
+        acquiring.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await acquiring
+        if not acquiring.cancelled():
+            await lock.release()  # acquired before the cancellation: held by its caller
+            continue
+        cancelled += 1
+        await store.close()
+        if other is store:
+            await store.open()
+            assert await store.list_locks(name) == [], round_
+        else:
+            assert await other.list_locks(name) == [], round_
+            await store.open()
+    assert cancelled >= 16
 
 
 async def test_cancelled_release_still_releases(rstore: Store) -> None:

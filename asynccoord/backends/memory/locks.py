@@ -33,6 +33,7 @@ from ...contract.locks import (
 from ...events import EventCounter
 from ...releases import ReleaseSignal
 from ...validation import check_lease_s, check_name
+from ..calls import CallGate
 from ..rows import new_token
 
 __all__ = ("MemoryLockOps",)
@@ -107,9 +108,10 @@ class MemoryLockOps:
         return lease
 
     async def release_lock(self, lease: Lease) -> bool:
-        """Delete ``lease`` if it is still live; False if it lapsed or was taken over."""
+        """Delete ``lease`` if it is still live; False if it lapsed or was taken over (a hand-back: see close())."""
         check_lease(lease)
-        self._check_open()
+        with CallGate.giving_back():
+            self._check_open()
         now = self._clock()
         leases = self._lock_tables.holders.get(lease.name, {})
         stored = leases.pop(lease.owner_token, None)

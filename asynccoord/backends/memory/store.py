@@ -39,6 +39,7 @@ from ...notify import WorkNotifier
 from ...pauses import PauseBook
 from ...validation import check_clock
 from ..base import StoreBase
+from ..calls import CallGate
 from ..rows import decode_json, lease_lost_reason, new_token
 from ..wakeups import notify_partitions, notify_settled
 from .deadletters import MemoryDeadLetterOps
@@ -50,6 +51,8 @@ from .ratelimits import MemoryRateLimitOps
 __all__ = ("MemoryStore",)
 
 _ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
+_CALLS_S = 10.0
+"""Longest ``close()`` waits for the hand-backs of callers cancelled just before it, seconds."""
 
 
 class MemoryStore(
@@ -76,6 +79,7 @@ class MemoryStore(
         self.pauses = PauseBook()  # the provider's 429 pauses this process heard of (asynccoord.pauses)
         self.notifier = WorkNotifier()
         self._open = False
+        self._gate = CallGate("the memory store")  # refuses new calls while close() lets hand-backs in
         self._ids = itertools.count(1)
         self._tasks: dict[int, Task] = {}
         self._removed: dict[str, int] = {}  # queue -> done and dead tasks deleted (purges, discards)
@@ -96,13 +100,30 @@ class MemoryStore(
         self._open = True
 
     async def close(self) -> None:
-        """Mark the store closed."""
-        self._open = False
-        self._refill.cancel_all()
+        """Let the hand-backs of callers cancelled just before the close in, then mark the store closed.
+
+        From the moment ``close()`` is called, a new call raises
+        :class:`~asynccoord.errors.StoreClosedError`, but a hand-back (a lock's or a task's
+        ``release``) is let through for a few loop turns (see
+        :meth:`~asynccoord.backends.calls.CallGate.settle`): the release of a lease granted to
+        a ``Lock`` caller cancelled just before the close, say, which would otherwise leave
+        the lease held until its TTL. Idempotent; the store is closed even if the caller is
+        cancelled meanwhile.
+        """
+        try:
+            if self._open:
+                self._gate.closing = True
+                await self._gate.settle(_CALLS_S)  # each call runs to its end in one step: no call is in flight
+        finally:
+            self._gate.closing = False
+            self._open = False
+            self._refill.cancel_all()
 
     def _check_open(self) -> None:
+        """Raise :class:`StoreClosedError` unless the store is open (and, while it closes, this is a hand-back)."""
         if not self._open:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+        self._gate.admit()
 
     @property
     def partitions(self) -> int:
@@ -418,8 +439,9 @@ class MemoryStore(
         return self._put(current, now, status=TaskStatus.DEAD, last_error=error)
 
     async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
-        """Hand back to pending (due after ``delay``), the attempt counted or not."""
-        self._check_open()
+        """Hand back to pending (due after ``delay``), the attempt counted or not (a hand-back: see close())."""
+        with CallGate.giving_back():
+            self._check_open()
         now = self._clock()
         current = self._held(task, now, count=False)  # a refused hand-back is no stale commit
         attempts = current.attempts if count_attempt else max(current.attempts - 1, 0)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import asyncpg
@@ -27,6 +26,7 @@ from ...notify import WorkNotifier
 from ...pauses import PauseBook
 from ...releases import ReleaseSignal
 from ...validation import check_int, check_name, check_non_negative, check_partitions
+from ..calls import CallGate
 
 __all__ = (
     "MAX_NOTIFY_PARTITIONS",
@@ -48,11 +48,6 @@ TxFn = Callable[[asyncpg.Connection, int], Awaitable[T]]
 
 MAX_NOTIFY_PARTITIONS = 512
 """Most partitions named in one notification (more: the notification names none, waking any)."""
-
-_CALL: contextvars.ContextVar[PgRunner | None] = contextvars.ContextVar("asynccoord_pg_call", default=None)
-"""The runner whose store call the running code is part of (tasks a call starts inherit it)."""
-_GIVING_BACK: contextvars.ContextVar[bool] = contextvars.ContextVar("asynccoord_pg_giving_back", default=False)
-"""The running code hands something back (a lease, a task): let through while the store closes."""
 
 _RETRYABLE_UNIQUE = frozenset({"coord_tasks_one_head", "coord_lock_holders_slot", "coord_task_keys_pkey"})
 _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
@@ -152,7 +147,7 @@ class Connector:
             attempt.cancel()
 
 
-class PgRunner:
+class PgRunner(CallGate):
     """Runs units of work on a pool, retrying, and maps the driver's errors.
 
     Errors map to connection loss (server restart, ``pg_terminate_backend``, network) ->
@@ -170,10 +165,11 @@ class PgRunner:
     when it says it is safe (``ambiguous_ok``), and it is told the attempt number so it
     can recognize its own earlier success (a compare-and-set that already went through).
 
-    Every :meth:`run` is a store call, or a step of one (:meth:`call`): the store's
-    ``close()`` sets :attr:`closing`, which refuses new calls, and waits for those in
-    flight (:meth:`wait_calls`) before it closes the pool, so that no call loses its
-    connection, or its answer, to the close.
+    Every :meth:`run` is a store call, or a step of one (:meth:`call`, the runner being the
+    store's :class:`~asynccoord.backends.calls.CallGate`): the store's ``close()`` sets
+    :attr:`closing`, which refuses new calls but hand-backs, and waits for those in flight
+    (:meth:`wait_calls`, :meth:`settle`) before it closes the pool, so that no call loses
+    its connection, or its answer, to the close.
 
     Args:
         reconnect_timeout_s: How long retries go on after a call's first failure before
@@ -182,14 +178,12 @@ class PgRunner:
     """
 
     def __init__(self, *, reconnect_timeout_s: float, on_retry: Callable[[BaseException], None]) -> None:
+        super().__init__("the PostgreSQL store")
         self.pool: asyncpg.Pool | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop the pool was made in
         self.reconnect_timeout_s = reconnect_timeout_s
         self._on_retry = on_retry
         self.transactions = 0
-        self.closing = False  # close() began: new calls are refused, those in flight go on
-        self._calls: set[object] = set()  # store calls in flight (see call())
-        self._quiet: asyncio.Future[None] | None = None  # set when calls drops to 0, for wait_calls()
         self._interrupted: set[int] = set()  # server pids of pooled sessions whose operation was cut short
 
     def _pool(self) -> asyncpg.Pool:
@@ -210,74 +204,14 @@ class PgRunner:
                 " loop) and serves that loop only: open a store in the loop that uses it"
             )
 
-    @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
-        """Hold a store call in flight: refused once the store is closing, waited for by its close.
-
-        A call of several statements (a claim that dead-letters exhausted leases and tops
-        itself up, say) holds this around all of them: its later statements, the batches
-        it submits and the background work it starts (tasks inherit the context) are part
-        of it, let through while the store closes. A lone statement is a call by itself
-        (:meth:`run` holds one).
+    def check_usable(self) -> None:
+        """Raise if the pool is not open, or belongs to another event loop (see :meth:`call`).
 
         Raises:
-            StoreClosedError: the store is closed, or closing and this is a new call.
+            StoreClosedError: the store is closed.
             StoreLoopError: the store belongs to another event loop.
         """
-        if _CALL.get() is not self:
-            if self.closing and not _GIVING_BACK.get():
-                raise StoreClosedError("the PostgreSQL store is closing: it takes no new call")
-            self._pool()
-        token = _CALL.set(self)
-        calls, marker = self._calls, object()
-        calls.add(marker)
-        try:
-            yield
-        finally:
-            # A call of a loop closed mid-call ends (if ever) when its coroutine is collected, in
-            # another context; forget_calls() made its set an old one.
-            with contextlib.suppress(ValueError):
-                _CALL.reset(token)
-            calls.discard(marker)
-            if not calls and calls is self._calls and self._quiet is not None and not self._quiet.done():
-                self._quiet.set_result(None)
-
-    @contextlib.contextmanager
-    def giving_back(self) -> Iterator[None]:
-        """Mark the calls made inside as hand-backs: let through while the store closes, and waited for.
-
-        A lease or a task handed back by a caller cancelled just before ``close()`` (a
-        lock's grant that came too late, say) would otherwise stay held until its TTL.
-        """
-        token = _GIVING_BACK.set(True)
-        try:
-            yield
-        finally:
-            _GIVING_BACK.reset(token)
-
-    @property
-    def calls(self) -> int:
-        """Store calls in flight (see :meth:`call`)."""
-        return len(self._calls)
-
-    def forget_calls(self) -> None:
-        """Forget the calls in flight: those of a loop closed without finishing them never end."""
-        self._calls = set()
-        self._quiet = None
-        self.closing = False
-
-    async def wait_calls(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds until no store call is in flight; True if none is left."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self._calls:
-            remaining_s = deadline - loop.time()
-            if remaining_s <= 0:
-                return False
-            if self._quiet is None or self._quiet.done():  # one future for every close() waiting
-                self._quiet = loop.create_future()
-            await asyncio.wait({self._quiet}, timeout=remaining_s)
-        return True
+        self._pool()
 
     async def reset_session(self, conn: asyncpg.Connection) -> None:
         """The pool's release hook: end what an interrupted operation left open, else nothing.

@@ -472,8 +472,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             if listener is not None:
                 await listener.stop()
             # Hand-backs let through meanwhile (a lease released by a caller cancelled just before
-            # close(), see PgRunner.giving_back) are calls too: they end before the pool closes.
-            await self._runner.wait_calls(_CALLS_S)
+            # close(), see CallGate.giving_back) are calls too: they end before the pool closes.
+            await self._runner.settle(_CALLS_S)
             pool, self._runner.pool = self._runner.pool, None
             if pool is not None:
                 try:

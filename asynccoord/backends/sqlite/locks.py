@@ -39,6 +39,7 @@ from ...contract.locks import (
 from ...events import EventCounter
 from ...releases import ReleaseSignal
 from ...validation import check_lease_s, check_name
+from ..calls import CallGate
 from ..rows import decode_json, new_token
 from ..sqlfiles import load_queries
 
@@ -178,7 +179,8 @@ class SQLiteLockOps:
             InvalidTypeError: ``lease`` is not a Lease.
         """
         check_lease(lease)
-        released = bool(await self._write(_release_op(lease)))
+        with CallGate.giving_back():  # let through while the store closes (see SQLiteStore.close)
+            released = bool(await self._write(_release_op(lease)))
         if released:
             self.releases.released(lease.name)
         return released

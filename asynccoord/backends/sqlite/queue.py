@@ -25,6 +25,7 @@ from ...contract.ratelimits import Admission
 from ...errors import CoordError, LeaseLostError, TaskNotFoundError
 from ...models import Continuation, EnqueueResult, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
 from ..base import StoreBase
+from ..calls import CallGate
 from ..rows import (
     copies_to_write,
     decode_json,
@@ -125,6 +126,7 @@ class SQLiteQueueOps(StoreBase):
     _flagging: Flagging
     _continuations: TurnBatch[_CommitItem, _Completed, tuple[Task | CoordError, Task | None]] | None = None
     _writer: GroupCommitter | None
+    _gate: CallGate
 
     if TYPE_CHECKING:
 
@@ -357,7 +359,8 @@ class SQLiteQueueOps(StoreBase):
         batch = self._continuations
         if batch is None:
             batch = self._continuations = TurnBatch(self._start_continuations, self._completed, self._orphaned)
-        outcome, next_task = await batch.call(_CommitItem(task, result_json, fence, (owner, lease)))
+        with self._gate.call():  # in flight, with the turn's operation it starts (see SQLiteStore.close)
+            outcome, next_task = await batch.call(_CommitItem(task, result_json, fence, (owner, lease)))
         if not isinstance(outcome, Task):
             raise outcome
         return Continuation(done=outcome, next_task=next_task)
@@ -498,9 +501,10 @@ class SQLiteQueueOps(StoreBase):
         return await self._settle(task, Q["retry"], {"error": error, "delay_s": delay_s})
 
     async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
-        """Hand the task back to pending, the attempt counted or not."""
+        """Hand the task back to pending, the attempt counted or not (let through while the store closes)."""
         params = {"delay_s": delay, "refund": 0 if count_attempt else 1}
-        return await self._settle(task, Q["release"], params, count=False)
+        with CallGate.giving_back():
+            return await self._settle(task, Q["release"], params, count=False)
 
     async def _extend_checked(self, task: Task, lease: float) -> float:
         """Renew the lease to ``lease`` seconds from now; return the new expiry (store clock)."""

@@ -41,6 +41,7 @@ from ...monitor.histogram import LatencyRecorder
 from ...pauses import PauseBook
 from ...releases import ReleaseSignal
 from ...validation import check_bool, check_clock
+from ..calls import CallGate
 from ..opening import single_open
 from ..schema import REVISION_KEY, check_partitions, check_revision
 from ..sqlfiles import load_migrations, load_queries
@@ -75,6 +76,8 @@ log = logging.getLogger(__name__)
 Q = load_queries("sqlite")
 SCHEMA_VERSION = len(load_migrations("sqlite"))
 MIN_SQLITE = (3, 35, 0)
+_CALLS_S = 10.0
+"""Longest ``close()`` waits for the store calls in flight and the hand-backs they start, seconds."""
 
 
 def _check_writable(path: str) -> None:
@@ -193,6 +196,7 @@ class SQLiteStore(
         self._clock = clock
         self._conn: aiosqlite.Connection | None = None
         self._writer: GroupCommitter | None = None
+        self._gate = CallGate("the SQLite store")  # calls in flight, waited for by close()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of open(): see _w
         self._checkpointer: WalCheckpointer | None = None
         self._partitions = self.config.partitions
@@ -252,6 +256,7 @@ class SQLiteStore(
             raise
         self._conn = conn
         self._loop = asyncio.get_running_loop()
+        self._gate.forget_calls()  # those of a loop closed mid-call never end
         self._writer = GroupCommitter(
             conn,
             now_sql=Q["now"],
@@ -326,14 +331,34 @@ class SQLiteStore(
             raise
 
     async def close(self) -> None:
-        """Commit what is queued, then close the connection. Idempotent.
+        """Let the calls in flight finish, commit what is queued, then close the connection. Idempotent.
 
-        The store is closed for callers at once; the shutdown itself (checkpointer,
-        writer, connection and its thread) runs to its end even if the caller is
-        cancelled meanwhile, so a cancelled close leaks nothing. Called from another
-        event loop than ``open()``'s (whose writer task ended with that loop), it only
-        closes the connections: nothing queued in the old loop can still be waited for.
+        From the moment ``close()`` is called, a new call raises
+        :class:`~asynccoord.errors.StoreClosedError` (nothing written), but a hand-back (a
+        lock's or a task's ``release``) is let through. The calls in flight, and the
+        hand-backs their ends start (the release of a lease granted to a ``Lock`` caller
+        cancelled just before the close, say), are waited for, up to 10 s: each returns
+        its result, or raises as it would have with the store open, and no lease or task
+        is left held until its TTL with nobody to release it. The shutdown itself
+        (checkpointer, writer, connection and its thread) then runs to its end even if
+        the caller is cancelled meanwhile, so a cancelled close leaks nothing. Called from
+        another event loop than ``open()``'s (whose writer task ended with that loop), it
+        only closes the connections: nothing queued in the old loop can still be waited for.
         """
+        if self._conn is not None and self._loop is asyncio.get_running_loop():
+            self._gate.closing = True
+            try:
+                if not await self._gate.settle(_CALLS_S):
+                    log.warning("asynccoord.sqlite.close_cut_calls calls=%d", self._gate.calls)
+            finally:
+                self._gate.closing = False
+                await self._shut_down()
+        else:
+            self._gate.forget_calls()
+            await self._shut_down()
+
+    async def _shut_down(self) -> None:
+        """Close for callers at once, then stop the checkpointer and the writer and close the connection."""
         conn, writer, checkpointer = self._conn, self._writer, self._checkpointer
         channel, self._wakeup = self._wakeup, None
         if channel is not None:
@@ -360,9 +385,16 @@ class SQLiteStore(
         return self._writer.transactions if self._writer is not None else 0
 
     def _w(self) -> GroupCommitter:
+        """The writer, for a call of an open store in its loop (or a step of a call, or a hand-back, while it closes).
+
+        Raises:
+            StoreClosedError: the store is closed, or closing and this is a new call.
+            StoreLoopError: the store belongs to another event loop.
+        """
         if self._writer is None:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
         self._check_loop()
+        self._gate.admit()
         return self._writer
 
     def _check_loop(self) -> None:
@@ -379,7 +411,9 @@ class SQLiteStore(
         return self._w()
 
     async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
-        return await self._writable().submit(fn, undo)
+        writer = self._writable()
+        with self._gate.call():  # in flight: waited for by close()
+            return await writer.submit(fn, undo)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         conn = self._conn
@@ -391,10 +425,11 @@ class SQLiteStore(
         def run() -> Any:
             return retry_busy(lambda: fn(raw_connection(conn)), deadline)
 
-        try:
-            return await run_on_thread(conn, run)
-        except sqlite3.Error as exc:
-            raise map_sqlite_error(exc, "read") from exc
+        with self._gate.call():  # in flight: waited for by close() (refused if new while it closes)
+            try:
+                return await run_on_thread(conn, run)
+            except sqlite3.Error as exc:
+                raise map_sqlite_error(exc, "read") from exc
 
     async def now(self) -> float:
         """The store clock: seconds since the Unix epoch (SQLite's ``julianday('now')``)."""

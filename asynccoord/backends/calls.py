@@ -1,0 +1,152 @@
+"""Store calls in flight, and a ``close()`` that lets them end: one :class:`CallGate` per store.
+
+A store's ``close()`` sets :attr:`CallGate.closing`: from then on a new call is refused
+with :class:`~asynccoord.errors.StoreClosedError` (nothing written), while the calls in
+flight go on to their end, and so do *hand-backs* (a lease released, a task handed back to
+pending: :meth:`CallGate.giving_back`). ``close()`` waits for both (:meth:`CallGate.settle`)
+before it closes its connections.
+
+Hand-backs matter most at a close: a ``Lock`` acquisition cancelled just before
+``close()`` may still be granted by its call in flight, and the lock releases that lease
+in a task of its own, started by the call's end. Refused as a new call, the release would
+leave the lease held, with nobody to release it, until its TTL (another process waiting
+for the name all that time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+from ..errors import StoreClosedError
+
+__all__ = ("HAND_BACK_TURNS", "CallGate")
+
+HAND_BACK_TURNS = 8
+"""Loop turns :meth:`CallGate.settle` gives, once no call is in flight, for hand-backs to start.
+
+A hand-back is started by a callback of the call whose result nobody received (the call's
+task ends, its done-callback starts a task, that task's first step calls the store): a few
+turns after the call ends, never in the same one.
+"""
+
+_CALL: contextvars.ContextVar[CallGate | None] = contextvars.ContextVar("asynccoord_store_call", default=None)
+"""The gate whose store call the running code is part of (tasks and callbacks a call starts inherit it)."""
+_GIVING_BACK: contextvars.ContextVar[bool] = contextvars.ContextVar("asynccoord_store_giving_back", default=False)
+"""The running code hands something back (a lease, a task): let through while the store closes."""
+
+
+class CallGate:
+    """Counts one store's calls in flight; refuses new ones while the store closes.
+
+    Args:
+        what: The store, as the refusal's message names it (``"the SQLite store"``, say).
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.closing = False  # close() began: new calls are refused, those in flight go on
+        self._calls: set[object] = set()  # store calls in flight (see call())
+        self._quiet: asyncio.Future[None] | None = None  # set when calls drops to 0, for wait_calls()
+
+    def admit(self) -> None:
+        """Raise :class:`StoreClosedError` if the store is closing and this is a new call, not a hand-back.
+
+        A step of a call in flight (inside :meth:`call`) and a hand-back (inside
+        :meth:`giving_back`) are let through.
+        """
+        if self.closing and _CALL.get() is not self and not _GIVING_BACK.get():
+            raise StoreClosedError(f"{self.what} is closing: it takes no new call")
+
+    def check_usable(self) -> None:
+        """Raise if the store cannot take a call at all (not open, another loop): a hook, no check here."""
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """Hold a store call in flight: refused once the store is closing, waited for by its close.
+
+        A call of several steps holds this around all of them: its later steps, and the
+        tasks and callbacks it starts (they inherit the context), are part of it and let
+        through while the store closes.
+
+        Raises:
+            StoreClosedError: the store is closing and this is a new call (or
+                :meth:`check_usable` found it closed).
+        """
+        if _CALL.get() is not self:
+            self.admit()
+            self.check_usable()
+        token = _CALL.set(self)
+        calls, marker = self._calls, object()
+        calls.add(marker)
+        try:
+            yield
+        finally:
+            # A call of a loop closed mid-call ends (if ever) when its coroutine is collected, in
+            # another context; forget_calls() made its set an old one.
+            with contextlib.suppress(ValueError):
+                _CALL.reset(token)
+            calls.discard(marker)
+            if not calls and calls is self._calls and self._quiet is not None and not self._quiet.done():
+                self._quiet.set_result(None)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def giving_back() -> Iterator[None]:
+        """Mark the calls made inside as hand-backs: let through while the store closes, and waited for.
+
+        A lease or a task handed back by a caller cancelled just before ``close()`` (a
+        lock's grant that came too late, say) would otherwise stay held until its TTL.
+        """
+        token = _GIVING_BACK.set(True)
+        try:
+            yield
+        finally:
+            _GIVING_BACK.reset(token)
+
+    @property
+    def calls(self) -> int:
+        """Store calls in flight (see :meth:`call`)."""
+        return len(self._calls)
+
+    def forget_calls(self) -> None:
+        """Forget the calls in flight: those of a loop closed without finishing them never end."""
+        self._calls = set()
+        self._quiet = None
+        self.closing = False
+
+    async def wait_calls(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds until no store call is in flight; True if none is left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._calls:
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                return False
+            if self._quiet is None or self._quiet.done():  # one future for every close() waiting
+                self._quiet = loop.create_future()
+            await asyncio.wait({self._quiet}, timeout=remaining_s)
+        return True
+
+    async def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the calls in flight and the hand-backs their ends start.
+
+        Once no call is in flight, the loop gets :data:`HAND_BACK_TURNS` turns: a hand-back
+        started meanwhile is a call in flight again, waited for in turn.
+
+        Returns:
+            True if no call is left in flight; False if some still were at the deadline.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if not await self.wait_calls(deadline - loop.time()):
+                return False
+            for _ in range(HAND_BACK_TURNS):
+                await asyncio.sleep(0)
+                if self._calls:
+                    break
+            else:
+                return True
