@@ -417,9 +417,9 @@ async def test_complete_many_with_a_copy_of_another_lease_ahead_of_the_live_one(
 
 async def test_complete_many_with_a_stale_fenced_copy_ahead_of_the_live_one(store, clock: FakeClock) -> None:
     """A copy with another lease and an outdated fencing token, ahead of the live copy (no fence),
-    beside another task: the copy is refused, the live copy and the other task commit, and the
-    call reports each (SQLite refused the live copy for the other's token, or raised after its
-    commit when the live copy had no fence)."""
+    beside another task: the copy is refused for its token, the live copy and the other task
+    commit, and the call reports each (SQLite refused the live copy for the other's token, or
+    raised after its commit when the live copy had no fence)."""
     await store.fence("res", 5)
     await store.enqueue(Q, "other", partition_key="o")
     await store.enqueue(Q, "dup", partition_key="d")
@@ -429,12 +429,41 @@ async def test_complete_many_with_a_stale_fenced_copy_ahead_of_the_live_one(stor
         [tasks["other"], forged, tasks["dup"]], ["o", "forged", "live"], fences=[None, ("res", 4), None]
     )
     assert isinstance(outcomes[0], Task)
-    # refused: for its token (memory, SQLite) or, PostgreSQL judging leases first, for its lease
-    assert isinstance(outcomes[1], FencingTokenRejectedError | LeaseLostError)
+    assert isinstance(outcomes[1], FencingTokenRejectedError)
+    assert (outcomes[1].resource, outcomes[1].fencing_token, outcomes[1].highest) == ("res", 4, 5)
     assert isinstance(outcomes[2], Task)
     assert outcomes[2].result == "live"
     assert await store.get(tasks["dup"].id) == outcomes[2]
     assert store.events.get(ev.COMMITS) == 2
+    assert (store.events.get(ev.FENCING_REJECTED), store.events.get(ev.STALE_COMMIT_REJECTED)) == (1, 0)
+
+
+@pytest.mark.parametrize("order", ["copy first", "live first"])
+@pytest.mark.parametrize("lease", ["another lease", "the live lease"])
+async def test_a_copy_with_an_outdated_token_is_refused_for_its_token_whatever_its_lease(
+    store, clock: FakeClock, order: str, lease: str
+) -> None:
+    """A token older than one its resource has seen is refused as such (FencingTokenRejectedError,
+    counted as ``fencing_rejected``) before the lease is looked at, on every store: a forged copy of
+    a task (another lease) and a copy holding the live lease alike, ahead of or behind a live copy
+    without a fence in one call. The live copy commits; nothing records the old token."""
+    await store.fence("res", 5)
+    await store.enqueue(Q, "x")
+    task = await claim_one(store, lease_s=60)
+    copy = task if lease == "the live lease" else dataclasses.replace(task, lease_token="not-the-lease.1")
+    tasks, fences = [copy, task], [("res", 4), None]
+    if order == "live first":
+        tasks, fences = tasks[::-1], fences[::-1]
+    outcomes = await store.complete_many(tasks, ["copy" if f else "live" for f in fences], fences=fences)
+    refused, done = (outcomes[0], outcomes[1]) if order == "copy first" else (outcomes[1], outcomes[0])
+    assert isinstance(refused, FencingTokenRejectedError), refused
+    assert (refused.fencing_token, refused.highest) == (4, 5)
+    assert isinstance(done, Task)
+    assert (done.status, done.result) == (TaskStatus.DONE, "live")
+    assert await store.get(task.id) == done
+    assert (await store.read_fence("res")).fencing_token == 5
+    counted = (ev.COMMITS, ev.FENCING_REJECTED, ev.STALE_COMMIT_REJECTED)
+    assert [store.events.get(name) for name in counted] == [1, 1, 0]
 
 
 async def test_complete_many_with_the_same_copy_twice_commits_it_once(store, clock: FakeClock) -> None:

@@ -11,7 +11,7 @@ connection recognizes its own earlier success.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Collection, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -199,12 +199,18 @@ class PgCommitOps(PgHeads):
         set as their ``next_task``. A task named more than once (copies of it in one
         ``complete_many`` call; a group-committed batch never holds two) is sent once: its first
         copy holding the stored lease, read by one more statement first (see
-        :func:`~asynccoord.backends.rows.copies_to_write`).
+        :func:`~asynccoord.backends.rows.copies_to_write`). As on every store, an outdated
+        fencing token is refused before the lease is looked at: a copy whose token is below the
+        one its resource has recorded (read then too) is refused with
+        :class:`~asynccoord.errors.FencingTokenRejectedError`, never sent, and never the copy
+        chosen.
         """
         continuing = any(i.next_lease_s is not None for i in items)
         next_token = new_token() if continuing else None
         repeats = repeated_ids([i.task for i in items])
-        chosen: list[list[bool]] = []  # per item: its copy is sent (fixed by the first attempt, as a retry reads)
+        # Per item: its copy is sent; and, by item index, the recorded token that refused a copy of a
+        # task named more than once before anything was sent. Fixed by the first attempt, as a retry reads.
+        chosen: list[tuple[list[bool], dict[int, int]]] = []
 
         def params_for(sent_items: list[CommitItem]) -> dict[str, Any]:
             # The statement locks the tasks' rows in the order of its arrays: ascending ids, as
@@ -236,11 +242,18 @@ class PgCommitOps(PgHeads):
         async def op(conn: asyncpg.Connection, attempt: int) -> tuple[list[Task | CoordError], dict[int, _Row], int]:
             if not chosen:  # copies of one task: only the first holding its lease is sent (see copies_to_write)
                 stored: dict[int, tuple[str | None, int] | None] = dict.fromkeys(repeats)
+                prefenced: dict[int, int] = {}
                 if repeats:
                     for r in await self._fetch(conn, "select_tasks", ids=repeats):
                         stored[int(r[0])] = (r[12], r[14])
-                chosen.append(copies_to_write([i.task for i in items], stored))
-            sent = chosen[0]
+                    prefenced = await self._outdated_copies(conn, items, stored)
+                candidates = [n for n in range(len(items)) if n not in prefenced]
+                picked = copies_to_write([items[n].task for n in candidates], stored)
+                sent = [False] * len(items)
+                for n, pick in zip(candidates, picked, strict=True):
+                    sent[n] = pick
+                chosen.append((sent, prefenced))
+            sent, prefenced = chosen[0]
             done: dict[int, tuple[int, float]] = {}
             refused: dict[int, int] = {}
             following: dict[int, _Row] = {}  # completed task id -> the row of its key's next task, leased
@@ -267,17 +280,20 @@ class PgCommitOps(PgHeads):
                 s and i.task.id in done and done[i.task.id][0] == i.task.version + 1
                 for i, s in zip(items, sent, strict=True)
             ]
-            fenced = [s and i.task.id in refused for i, s in zip(items, sent, strict=True)]
+            fenced = [
+                n in prefenced or (s and i.task.id in refused) for n, (i, s) in enumerate(zip(items, sent, strict=True))
+            ]
             missing = sorted({i.task.id for i, w, f in zip(items, won, fenced, strict=True) if not w and not f})
             current: dict[int, _Row] = {}
             if missing:
                 current = {int(r[0]): r for r in await self._fetch(conn, "select_tasks", ids=missing)}
             out: list[Task | CoordError] = []
-            for i, s, w, f in zip(items, sent, won, fenced, strict=True):
+            for n, (i, s, w, f) in enumerate(zip(items, sent, won, fenced, strict=True)):
                 t = i.task
                 if f:
                     assert i.fence is not None
-                    out.append(fence_rejected_error(i.fence[0], i.fence[1], refused[t.id]))
+                    top = prefenced[n] if n in prefenced else refused[t.id]
+                    out.append(fence_rejected_error(i.fence[0], i.fence[1], top))
                 elif w:
                     version, at = done[t.id]
                     out.append(settled_done(t, version=version, now=at, result=decode_json(i.result_json)))
@@ -302,6 +318,23 @@ class PgCommitOps(PgHeads):
             self.events.add(ev.CLAIMS, len(following))
             self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return out
+
+    async def _outdated_copies(
+        self, conn: asyncpg.Connection, items: Sequence[CommitItem], repeated: Collection[int]
+    ) -> dict[int, int]:
+        """The copies of tasks named more than once whose fencing token is outdated: index -> the recorded token.
+
+        Read before the batch's statement, so the tokens are those recorded before the call,
+        against which the statement checks the copies it is sent (as SQLite and the memory
+        store check a batch).
+        """
+        fenced = [(n, i.fence) for n, i in enumerate(items) if i.fence is not None and i.task.id in repeated]
+        tops: dict[str, int] = {}
+        for resource in sorted({fence[0] for _, fence in fenced}):
+            row = await self._row(conn, "fence_get", resource=resource)
+            if row is not None:
+                tops[resource] = int(row[1])
+        return {n: tops[r] for n, (r, token) in fenced if r in tops and token < tops[r]}
 
     async def _earlier_continuation(self, conn: asyncpg.Connection, task: Task, token: str) -> _Row | None:
         """After a lost connection: the head of ``task``'s key if our earlier attempt leased it (by its token)."""
