@@ -32,7 +32,7 @@ from .._loop import run as run_loop
 from ..errors import InvalidArgumentError, StoreError
 from ..validation import check_int, check_interval_s
 from .lockstore import REDIS_SCHEMES
-from .run import store_options
+from .run import parse_target
 
 if TYPE_CHECKING:
     from ..monitor.dashboard.app import Dashboard
@@ -97,15 +97,11 @@ def check_dashboard(args: argparse.Namespace) -> None:
         InvalidArgumentError: the option at fault, named; or the extra ``dashboard`` is not
             installed (a usage error, exit status 2, as ``run``'s options of other extras).
     """
-    from ..backends.open import open_store
-
     check_int("--port", args.port, minimum=0, maximum=65535)
     check_interval_s("--interval-s", args.interval_s)
     if args.lock_store is not None and not args.lock_store.startswith(REDIS_SCHEMES):
         raise InvalidArgumentError("--lock-store takes a redis://, rediss:// or unix:// URL")
-    options = store_options(args)
-    if options:
-        open_store(args.db, read_only=True, **options)  # validates the schema name; opens nothing
+    parse_target(args, read_only=True)  # parses the target and schema; opens nothing
     try:
         from ..monitor.dashboard.app import check_exposure
     except ImportError:

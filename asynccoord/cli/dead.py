@@ -46,12 +46,12 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
-from ..errors import InvalidArgumentError, NotADatabaseError, StoreError
+from ..errors import InvalidArgumentError, NotADatabaseError
 from ..models import Task
 from ..validation import check_int, check_name
 from .output import table_console, write_stdout
 from .printable import printable, printable_report
-from .run import store_options
+from .run import parse_target
 from .status import open_status_store
 
 __all__ = (
@@ -282,16 +282,12 @@ def check_dead(args: argparse.Namespace) -> None:
     Raises:
         InvalidArgumentError, InvalidTypeError: naming the option (a usage error, exit status 2).
     """
-    from ..backends.open import open_store, redact_target
 
     missing = [flag for flag, value in (("--db", args.db), ("--queue", args.queue)) if value is None]
     if missing:
         raise InvalidArgumentError(f"the following arguments are required: {', '.join(missing)}")
     check_name("--queue", args.queue)
-    try:
-        open_store(args.db, read_only=True, **store_options(args))  # parses the target and schema; opens nothing
-    except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
-        raise InvalidArgumentError(f"--db {redact_target(args.db)!r}: {exc}") from exc
+    parse_target(args, read_only=True)  # parses the target and schema; opens nothing
     action = getattr(args, "action", None)
     if action is None:
         if args.limit is not None:

@@ -182,6 +182,22 @@ def store_options(args: argparse.Namespace) -> dict[str, Any]:
     return schema_options(args.db, schema)
 
 
+def parse_target(args: argparse.Namespace, **options: Any) -> Any:
+    """The store ``--db`` (and ``--schema``) name, made but not opened: the target parsed, nothing connected.
+
+    Raises:
+        InvalidArgumentError: ``--schema`` is no valid name or comes with an SQLite ``--db``,
+            or ``--db`` is a PostgreSQL DSN and asyncpg is not installed.
+        InvalidTypeError: ``--schema`` is not a str.
+    """
+    from ..backends.open import open_store, redact_target
+
+    try:
+        return open_store(args.db, **options, **store_options(args))
+    except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
+        raise InvalidArgumentError(f"--db {redact_target(args.db)!r}: {exc}") from exc
+
+
 def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """Validate the ``run`` subcommand's arguments before anything touches the database.
 
@@ -197,7 +213,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             cannot be imported or is not callable (the command line reports it as a usage
             error, exit status 2).
     """
-    from ..backends.open import open_store, redact_target
+    from ..backends.open import redact_target
     from ..node import NodeConfig
 
     # Each option is checked here under its own spelling; NodeConfig would name its field.
@@ -215,10 +231,7 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     check_interval_s("--idle-max-s", args.idle_max_s)
     if args.done_retention_s is not None:
         check_positive("--done-retention-s", args.done_retention_s)
-    try:
-        store = open_store(args.db, **store_options(args))  # parses the target; opens nothing
-    except StoreError as exc:  # a PostgreSQL DSN but no asyncpg
-        raise InvalidArgumentError(f"--db {redact_target(args.db)!r}: {exc}") from exc
+    store = parse_target(args)
     if str(getattr(store, "path", "")) == ":memory:":
         raise InvalidArgumentError(
             f"--db {args.db!r} is an in-memory SQLite database, which no other process can reach: give a file"

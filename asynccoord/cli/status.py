@@ -44,7 +44,7 @@ from .lockstore import add_lock_store_options, check_lock_store_options, open_lo
 from .output import table_console, write_stdout
 from .printable import printable_report
 from .processes import RECENT_FLUSH_S, attach_processes
-from .run import store_options
+from .run import parse_target
 
 __all__ = (
     "CONFLICT_EVENTS",
@@ -375,11 +375,7 @@ def configure_status(parser: argparse.ArgumentParser) -> None:
 def check_status(args: argparse.Namespace) -> None:
     """Refuse, before anything opens, a ``--schema`` that is no valid name or that comes with an
     SQLite ``--db``, and a ``--lock-store`` that is no Redis URL (or ``--lock-prefix`` without one)."""
-    from ..backends.open import open_store
-
-    options = store_options(args)
-    if options:
-        open_store(args.db, read_only=True, **options)  # validates the name; opens nothing
+    parse_target(args, read_only=True)  # parses the target and schema; opens nothing
     check_lock_store_options(args)  # validates the URL and prefix; opens nothing
 
 

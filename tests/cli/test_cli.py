@@ -250,6 +250,31 @@ def test_a_bad_schema_option_is_a_usage_error_and_touches_nothing(
     assert list(tmp_path.iterdir()) == []  # no SQLite file created (and no server reached: host h does not resolve)
 
 
+@pytest.mark.parametrize("command", ["run", "status", "dashboard", "dead"])
+@pytest.mark.parametrize("schema", [None, "bots"])
+def test_a_postgresql_dsn_without_asyncpg_is_a_usage_error(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    schema: str | None,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    # As on an install without the extra `postgres`: the PostgreSQL store's module fails to import.
+    monkeypatch.setitem(sys.modules, "asyncpg", None)
+    monkeypatch.setitem(sys.modules, "asynccoord.backends.postgres.store", None)
+    extra = {"run": ["--send", "json:dumps"], "dead": ["--queue", "outbox"]}.get(command, [])
+    schema_option = [] if schema is None else ["--schema", schema]
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--db", "postgresql://bot:s3cret@h/db", *schema_option, *extra])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: python -m asynccoord {command}"), err
+    assert "a PostgreSQL store needs asyncpg: pip install 'asynccoord[postgres]'" in err
+    assert "s3cret" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_run_accepts_what_status_accepts() -> None:
     for db in ("bot.db", "sqlite:///bot.db", "postgresql://bot:s3cret@db.internal/coord?sslmode=require"):
         for option in ("--db", "--store"):  # status takes both spellings: so does run
