@@ -42,6 +42,7 @@ from ..events import EventCounter
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task
 from ..notify import WorkNotifier
 from ..validation import check_int, check_lease_s, check_name, check_non_negative
+from .calls import CallGate
 from .rows import with_stored_fields
 from .wakeups import notify_created
 
@@ -433,14 +434,16 @@ class StoreBase(abc.ABC):
         delay = check_non_negative("delay_s", delay_s)
         if not isinstance(count_attempt, bool):
             raise InvalidTypeError(f"count_attempt must be a bool, got {type(count_attempt).__name__}")
-        if count_attempt:
-            self._check_writable()
-            stored = with_stored_fields(task, await self.get(task.id))  # the stored counts, never the caller's
-            if stored.attempts >= stored.max_attempts:
-                dead = await self._dead_letter_checked(stored, RELEASED_ON_LAST_ATTEMPT, count=False)
-                self.events.add(ev.DEAD_LETTERED)
-                return dead
-        out = await self._release_checked(task, delay, count_attempt)
+        # A hand-back, its attempt counted or not: let through while the store closes (see CallGate).
+        with CallGate.giving_back():
+            if count_attempt:
+                self._check_writable()
+                stored = with_stored_fields(task, await self.get(task.id))  # the stored counts, never the caller's
+                if stored.attempts >= stored.max_attempts:
+                    dead = await self._dead_letter_checked(stored, RELEASED_ON_LAST_ATTEMPT, count=False)
+                    self.events.add(ev.DEAD_LETTERED)
+                    return dead
+            out = await self._release_checked(task, delay, count_attempt)
         if delay == 0:
             self.notifier.notify(out.queue, 1, (out.partition,))
         return out

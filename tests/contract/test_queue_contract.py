@@ -21,6 +21,7 @@ from asynccoord import (
     NewTask,
     ProcessedRetention,
     RetryPolicy,
+    StoreClosedError,
     StoreConfig,
     Task,
     TaskNotFoundError,
@@ -1310,3 +1311,27 @@ async def test_claim_min_due_age_respects_partitions_and_keys(store, clock: Fake
     clock.advance(0.5)
     [nxt] = await store.claim(Q, ordered=True, **steal)  # due 10.5 s ago: its wait counts from run_at
     assert nxt.id == second.id
+
+
+@pytest.mark.parametrize("last", [False, True], ids=["attempts left", "last attempt"])
+async def test_a_closing_store_takes_a_hand_back_that_keeps_its_attempt(store, last: bool) -> None:
+    """``release(count_attempt=True)`` (a send cut short) is a hand-back like any release: let
+    through while the store closes, and waited for. The task is pending again, its attempt
+    counted, or dead when that was its last one; not left leased until its lease lapses."""
+    await store.enqueue(Q, "x", max_attempts=1 if last else 3)
+    task = await claim_one(store, lease_s=600)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)  # close() has begun
+    assert not closing.done()
+    with pytest.raises(StoreClosedError):
+        await store.claim(Q, node_id="late", limit=1)
+    out = await store.release(task, count_attempt=True)
+    await closing
+    await store.open()
+    stored = await store.get(task.id)
+    assert stored == out
+    assert (stored.status, stored.attempts, stored.lease_token) == (
+        TaskStatus.DEAD if last else TaskStatus.PENDING,
+        1,
+        None,
+    )
