@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import Any
 
 from ..errors import StoreClosedError
 
@@ -88,9 +89,27 @@ class CallGate:
             # another context; forget_calls() made its set an old one.
             with contextlib.suppress(ValueError):
                 _CALL.reset(token)
-            calls.discard(marker)
-            if not calls and calls is self._calls and self._quiet is not None and not self._quiet.done():
-                self._quiet.set_result(None)
+            self._ended(calls, marker)
+
+    def hold(self, operation: asyncio.Future[Any]) -> None:
+        """Count ``operation`` as a call in flight until it is done, whoever awaits it.
+
+        For work a call started that outlives its caller: a write queued for callers who
+        may be cancelled meanwhile, whose outcome then goes to a compensation (a task it
+        leased handed back, say). Held, the close waits for that outcome, and for the
+        hand-back it starts, before it stops the writer.
+        """
+        if operation.done():
+            return
+        calls, marker = self._calls, object()
+        calls.add(marker)
+        operation.add_done_callback(lambda _: self._ended(calls, marker))
+
+    def _ended(self, calls: set[object], marker: object) -> None:
+        """One call in flight ended: wake the close waiting for the last one."""
+        calls.discard(marker)
+        if not calls and calls is self._calls and self._quiet is not None and not self._quiet.done():
+            self._quiet.set_result(None)
 
     @staticmethod
     @contextlib.contextmanager

@@ -632,6 +632,46 @@ async def test_a_caller_cancelled_as_its_outcome_arrives_hands_the_next_task_bac
     await assert_committed_and_handed_back(store, a, b)
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+async def test_a_caller_cancelled_while_its_commit_runs_then_close_hands_the_next_task_back(
+    backend: str, store
+) -> None:
+    """The caller is cancelled while its commit and continuation run, and ``close()`` comes at
+    once: the close waits for the commit's outcome and for the hand-back of the next task it
+    leased, so after the close that task is pending, not leased until its lease lapses."""
+    a, b = await fill(store, "k", 2)
+    first = await claim_head(store)
+    loop = asyncio.get_running_loop()
+    call: asyncio.Task[Continuation] | None = None
+    if backend == "sqlite":
+        start = store._start_continuations
+
+        def start_then_cancel(items):  # the operation is queued: its caller is cancelled
+            running = start(items)
+            assert call is not None
+            loop.call_soon(call.cancel)
+            return running
+
+        store._start_continuations = start_then_cancel
+    else:
+        run = store._committer._run
+
+        async def run_then_cancel(items):  # the batch is at the server: its caller is cancelled
+            assert call is not None
+            loop.call_soon(call.cancel)
+            return await run(items)
+
+        store._committer._run = run_then_cancel
+    call = asyncio.create_task(store.complete_and_claim_next(first, lease_s=600))
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await store.close()
+    await store.open()
+    assert (await store.get(a.id)).status is TaskStatus.DONE
+    nxt = await store.get(b.id)
+    assert (nxt.status, nxt.version, nxt.attempts, nxt.lease_token) == (TaskStatus.PENDING, 2, 0, None)
+
+
 # Not on the memory store: it wakes on every commit (it keeps no record of the queues claimed in order).
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 async def test_a_commit_wakes_idle_nodes_only_when_it_unblocks_a_key(backend: str, store) -> None:

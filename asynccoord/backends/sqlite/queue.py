@@ -366,7 +366,12 @@ class SQLiteQueueOps(StoreBase):
         return Continuation(done=outcome, next_task=next_task)
 
     def _start_continuations(self, items: list[_CommitItem]) -> asyncio.Future[_Completed]:
-        return self._writable().enqueue(self._complete_op(items))
+        running = self._writable().enqueue(self._complete_op(items))
+        # In flight until its outcomes are delivered, even once its callers are cancelled: the
+        # next task leased for a cancelled caller is handed back (_orphaned) before close() stops
+        # the writer, not left leased until its lease lapses.
+        self._gate.hold(running)
+        return running
 
     def _orphaned(self, _item: _CommitItem, outcome: tuple[Task | CoordError, Task | None]) -> None:
         """Hand back the task a commit leased for a caller cancelled meanwhile (pending again, attempt refunded)."""
