@@ -325,7 +325,6 @@ def render(report: dict[str, Any], console: Console) -> None:
         "sent",
         "send_calls",
         "duplicates",
-        "duplicate_sends",
         "lost",
         "dead",
         "account_overlaps",
@@ -334,6 +333,11 @@ def render(report: dict[str, Any], console: Console) -> None:
         "elapsed_s",
     ):
         table.add_row(key, str(report[key]))
+        if key == "duplicates":  # second provider calls the idempotency key absorbed: not duplicates
+            explained = (
+                "each after a counted fault" if report["duplicate_sends_explained"] else "MORE than counted faults"
+            )
+            table.add_row("duplicate_sends (absorbed by key)", f"{report['duplicate_sends']}: {explained}")
     table.add_row("latency p50 / p99 (ms)", f"{report['latency_ms']['p50']} / {report['latency_ms']['p99']}")
     hot = report["hottest_account"]
     share = "-" if hot["busy_share"] is None else f"{hot['busy_share']:.0%}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import io
 import itertools
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from services import PG_DSN, REDIS_URL, new_schema, pg_rows, postgres_problem, redis_problem, unavailable
 from support import ROOT
 
@@ -29,6 +31,7 @@ from asynccoord.demo.app import account_of, build_tasks, schedule
 from asynccoord.demo.gateway import _use_wal
 from asynccoord.demo.options import DEMO_SCHEMA_COMMENT
 from asynccoord.demo.processes import Worker, stop_workers
+from asynccoord.demo.report import render
 from asynccoord.demo.trace import TraceFormatError, bundled_sample, read_trace
 from asynccoord.monitor.monitor import LEADER_LOCK
 
@@ -133,6 +136,26 @@ def test_small_demo_with_faults_keeps_every_invariant(faults_run: Run) -> None:
     # The faults (a kill -9, a stall past the lock TTL) raise at least one default alert.
     fired = {a["rule"] for a in report["alerts"] if a["state"] == "firing"}
     assert "lost_nodes" in fired, report["alerts"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_the_demo_table_tells_absorbed_repeats_from_duplicates(faults_run: Run) -> None:
+    _, report, _, _ = faults_run
+    rows = table_rows(report)
+    assert rows["duplicates"] == "0"
+    assert rows["duplicate_sends (absorbed by key)"] == f"{report['duplicate_sends']}: each after a counted fault"
+    assert "duplicate_sends" not in rows  # only under its explained label
+    unexplained = table_rows({**report, "duplicate_sends": 7, "duplicate_sends_explained": False})
+    assert unexplained["duplicate_sends (absorbed by key)"] == "7: MORE than counted faults"
+
+
+def table_rows(report: dict[str, Any]) -> dict[str, str]:
+    """The rows of the demo's final table: what -> value."""
+    out = io.StringIO()
+    render(report, Console(file=out, width=200, color_system=None))
+    cells = [line.split("│") for line in out.getvalue().splitlines() if line.count("│") == 3]
+    return {cell[1].strip(): cell[2].strip() for cell in cells}
 
 
 @pytest.mark.multiprocess
