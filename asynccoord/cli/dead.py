@@ -20,7 +20,8 @@ They first open the database read-only too, so a mistyped ``--db`` or ``--schema
 no database and migrates none. An id that names no dead task of the queue (it was requeued
 meanwhile, or is another queue's) is left as it is, counted in a note on standard error, and
 makes the exit status 1 (the other ids are still acted on). ``--all`` on a queue with no task
-at all (a misspelt ``--queue``) says so in a note, with exit status 0.
+at all (a misspelt ``--queue``) says so in a note, with exit status 0, and so does a listing
+that finds no dead task.
 
 ``--json`` prints one object: ``db``, ``queue``, ``dead_letter_policy`` (``skip`` or
 ``hold``), ``after_id``, ``limit``, ``payloads_shown``, ``next_after`` (the ``--after`` of the
@@ -324,6 +325,8 @@ def dead_command(args: argparse.Namespace) -> int:
             write_stdout(json.dumps(report, allow_nan=False) + "\n")
         else:
             render_dead_letters(report, color={"auto": None, "always": True, "never": False}[args.color])
+        if not report["tasks"] and args.after is None and not asyncio.run(_has_tasks(args.db, args.queue, args.schema)):
+            sys.stderr.write(f"note: no task of {args.queue!r} is in this database (is --queue spelt right?)\n")
         return 0
     ids = None if args.all else sorted(set(args.ids))
     changed = asyncio.run(

@@ -340,6 +340,8 @@ def run_command(args: argparse.Namespace) -> int:
     from ..node import Runtime
 
     send, lock_key, config = check_run(args)  # before the database is touched
+    path = getattr(parse_target(args), "path", None)  # an SQLite file: say so when the run creates it (a typo?)
+    created = isinstance(path, str) and not os.path.exists(path)
     limits = rate_limits(args)
     clear_limits = bool(getattr(args, "clear_rate_limits", False))
 
@@ -396,7 +398,8 @@ def run_command(args: argparse.Namespace) -> int:
                 async with monitor, runtime:
                     target = describe_target(args.db, args.schema)
                     nodes = f"{args.nodes} node{'' if args.nodes == 1 else 's'}"
-                    print(f"asynccoord: {nodes} draining {args.queue!r} of {target}", flush=True)
+                    fresh = " (a new database, created now)" if created else ""
+                    print(f"asynccoord: {nodes} draining {args.queue!r} of {target}{fresh}", flush=True)
                     if held:  # a signal came while starting: stop at once
                         signum = held[0]
                         await runtime.shutdown()

@@ -359,6 +359,22 @@ def test_run_drains_an_sqlite_url(
     assert capsys.readouterr().out == f"asynccoord: 2 nodes draining 'outbox' of sqlite:///{path}\n"
 
 
+def test_run_says_when_it_creates_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(TESTS / "workers"))
+    drained: list[bool] = []
+    monkeypatch.setattr(Runtime, "wait_for_signal", drain_then_stop(drained))
+    typo = tmp_path / "bot.dbx"
+    argv = ["run", "--db", str(typo), "--queue", "outbox", "--send", "serve_send:send", "--nodes", "1"]
+    assert main(argv) == 0
+    assert drained == [True]
+    assert capsys.readouterr().out == f"asynccoord: 1 node draining 'outbox' of {typo} (a new database, created now)\n"
+    assert typo.exists()
+    assert main(argv) == 0  # the second run finds it
+    assert capsys.readouterr().out == f"asynccoord: 1 node draining 'outbox' of {typo}\n"
+
+
 def test_run_opens_its_lifespan_before_the_nodes_and_closes_it_after_their_drain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

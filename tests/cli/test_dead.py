@@ -102,8 +102,9 @@ def test_the_table_lists_dead_tasks_by_id_with_errors_shortened_and_payloads_hid
     assert f'{{"text": "{SECRET} 0"}}' in out
     assert "payloads hidden" not in out
 
-    code, out, _ = run(capsys, "--db", str(db), "--queue", "nothing-here")
+    code, out, err = run(capsys, "--db", str(db), "--queue", "nothing-here")
     assert (code, out.strip()) == (0, f"No dead tasks of 'nothing-here' in {db}.")
+    assert err == "note: no task of 'nothing-here' is in this database (is --queue spelt right?)\n"
 
 
 def test_the_header_quotes_a_queue_name_unambiguously_with_control_characters_escaped(
@@ -198,6 +199,8 @@ def test_requeue_and_discard_change_what_they_name_and_say_how_many(
     assert statuses(db, [a, b, c, d]) == [TaskStatus.PENDING, None, TaskStatus.PENDING, None]
     code, out, err = run(capsys, "requeue", "--db", str(db), "--queue", Q, "--all")
     assert (code, out, err) == (0, f"requeued 0 dead tasks of '{Q}'\n", "")  # the queue has tasks: no note
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q)
+    assert (code, out.strip(), err) == (0, f"No dead tasks of '{Q}' in {db}.", "")  # the queue has tasks: no note
     code, out, err = run(capsys, "requeue", "--db", str(db), "--queue", "outbx", "--all")  # a misspelt queue
     assert (code, out) == (0, "requeued 0 dead tasks of 'outbx'\n")
     assert err == "note: no task of 'outbx' is in this database (is --queue spelt right?)\n"
