@@ -268,11 +268,21 @@ def test_a_dsn_asyncpg_refuses_on_open_is_an_invalid_argument() -> None:
     assert repr(store).endswith(" closed>")
 
 
-def test_status_of_a_malformed_dsn_is_one_line_without_the_password(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["status", "--db", "postgresql://postgres:s3cret@[::1/test"]) == 1
+@pytest.mark.parametrize("command", [["status"], ["dead", "--queue", "outbox"]])
+def test_a_malformed_dsn_is_a_usage_error_of_one_line_without_the_password(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    # A usage error (exit 2), as run says of it: the target is checked before anything opens.
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--db", "postgresql://postgres:s3cret@[::1/test"])
+    assert exited.value.code == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == "asynccoord status: error: malformed PostgreSQL DSN 'postgresql://***@[::1/test': Invalid IPv6 URL\n"
+    assert err.startswith(f"usage: python -m asynccoord {command[0]}")
+    error_lines = [line for line in err.splitlines() if "error:" in line]
+    said = "malformed PostgreSQL DSN 'postgresql://***@[::1/test': Invalid IPv6 URL"
+    assert error_lines == [f"python -m asynccoord {command[0]}: error: {said}"]
+    assert "s3cret" not in err
 
 
 # --- with a server ----------------------------------------------------------------------
