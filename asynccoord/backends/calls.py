@@ -18,12 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from ..errors import StoreClosedError
 
-__all__ = ("HAND_BACK_TURNS", "CallGate")
+__all__ = ("CLOSING_RETRY_S", "HAND_BACK_TURNS", "CallGate")
+
+CLOSING_RETRY_S = 1.0
+"""Longest a call retries a lost connection once its store closes, seconds (:meth:`CallGate.retry_deadline`).
+
+A store that cannot be reached would otherwise hold ``close()`` for a call's whole
+``reconnect_timeout_s``; a hand-back that fails so leaves its lease to its TTL, as a crash would.
+"""
 
 HAND_BACK_TURNS = 8
 """Loop turns :meth:`CallGate.settle` gives, once no call is in flight, for hand-backs to start.
@@ -48,9 +56,28 @@ class CallGate:
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self.closing = False  # close() began: new calls are refused, those in flight go on
+        self._closing_at: float | None = None  # time.monotonic() when close() began
         self._calls: set[object] = set()  # store calls in flight (see call())
         self._quiet: asyncio.Future[None] | None = None  # set when calls drops to 0, for wait_calls()
+
+    @property
+    def closing(self) -> bool:
+        """Whether ``close()`` began: new calls are refused, those in flight go on."""
+        return self._closing_at is not None
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        self._closing_at = time.monotonic() if value else None
+
+    def retry_deadline(self, deadline: float) -> float:
+        """``deadline`` (``time.monotonic()``) for retries of a lost connection, cut short while the store closes.
+
+        Once ``close()`` began, a call retries for at most :data:`CLOSING_RETRY_S` more: a
+        store that cannot be reached does not hold the close for the whole reconnect timeout.
+        """
+        if self._closing_at is None:
+            return deadline
+        return min(deadline, self._closing_at + CLOSING_RETRY_S)
 
     def admit(self) -> None:
         """Raise :class:`StoreClosedError` if the store is closing and this is a new call, not a hand-back.

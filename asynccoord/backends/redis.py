@@ -522,7 +522,7 @@ class RedisLockStore:
                 result = await fn(client)
             except _CONNECTION_ERRORS as exc:
                 _raise_if_cancelled(task, cancels, what, exc)
-                if time.monotonic() + delay_s > deadline:
+                if time.monotonic() + delay_s > self._gate.retry_deadline(deadline):
                     raise _map_error(exc, what) from exc
                 log.info("asynccoord.redis.retry what=%s error=%s", what, exc)
             except rerr.RedisError as exc:

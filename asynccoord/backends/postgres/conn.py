@@ -341,7 +341,7 @@ class PgRunner(CallGate):
                 retry = _is_conflict(exc) or (is_connection_error(exc) and (not committing or ambiguous_ok))
                 if deadline is None:
                     deadline = time.monotonic() + self.reconnect_timeout_s
-                if not retry or time.monotonic() + delay_s > deadline:
+                if not retry or time.monotonic() + delay_s > self.retry_deadline(deadline):
                     raise map_pg_error(exc, what) from exc
             self._on_retry(error)
             log.info("asynccoord.postgres.retry what=%s attempt=%d error=%s", what, attempt + 1, error)
