@@ -176,10 +176,11 @@ class Monitor:
             ``evaluate_interval_s`` (each evaluation renews it). Default the largest of
             5 s, 1.5 times the longer interval and twice ``evaluate_interval_s``.
         store_outage_s: Seconds in which every flush (write), or every read, of the store
-            failed that make this monitor publish the process-scoped notice ``store_unreachable`` (log,
+            failed or hung that make this monitor publish the process-scoped notice ``store_unreachable`` (log,
             subscribers, sinks; see :mod:`asynccoord.monitor.outage`), resolved once the calls
-            that failed succeed again. A call waits for the store up to its own timeout first
-            (``busy_timeout_s`` on SQLite, ``reconnect_timeout_s`` on PostgreSQL). Default 10.
+            that failed succeed again. A call still unanswered after ``store_outage_s`` (it may
+            wait up to ``busy_timeout_s`` on SQLite, ``reconnect_timeout_s`` on PostgreSQL) counts
+            at once, and is left to run. Default 10.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store).
@@ -257,7 +258,9 @@ class Monitor:
                     "raise retention_s"
                 )
         self.process_id = _default_process_id() if process_id is None else check_name("process_id", process_id)
-        self._outage = OutageWatch(self.process_id, check_positive("store_outage_s", store_outage_s))
+        self._outage = OutageWatch(
+            self.process_id, check_positive("store_outage_s", store_outage_s), on_notice=self._outage_notice
+        )
         # The last seconds in which a relative rule's events must have come for it to open an
         # incident (rules.decide): three intervals, for the events to be flushed and read.
         self._fresh_s = min(self.retention_s, max(5.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s)))
@@ -533,7 +536,8 @@ class Monitor:
             # be sent twice (committed, yet kept for the next flush) or lost.
             write = asyncio.ensure_future(self.store.flush_metrics(batch))
             try:
-                at = float(await asyncio.shield(write))
+                with self._outage.call("write"):
+                    at = float(await asyncio.shield(write))
             except asyncio.CancelledError:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCELLED_WRITE_WAIT_S):
                     await asyncio.wait({write})
@@ -578,8 +582,10 @@ class Monitor:
             return []
         windows = tuple(sorted({rule.window_s for rule in self.rules} | {self._fresh_s}))
         try:
-            took_over = await self._lead()
-            view: MetricsView = await self.store.read_metrics(windows)
+            with self._outage.call("read"):
+                took_over = await self._lead()
+            with self._outage.call("read"):
+                view: MetricsView = await self.store.read_metrics(windows)
         except BaseException as exc:
             self._evaluate_failures += 1
             self._store_failed("read", exc)
@@ -723,13 +729,18 @@ class Monitor:
 
     def _store_failed(self, kind: str, exc: BaseException) -> None:
         if isinstance(exc, StoreError) and (notice := self._outage.failed(kind)) is not None:
-            self._fired += 1
-            self._publish(notice)
+            self._outage_notice(notice)
 
     def _store_reached(self, kind: str, store_now_s: float) -> None:
         if (notice := self._outage.reached(kind, store_now_s)) is not None:
+            self._outage_notice(notice)
+
+    def _outage_notice(self, notice: Alert) -> None:
+        if notice.firing:
+            self._fired += 1
+        else:
             self._resolved += 1
-            self._publish(notice)
+        self._publish(notice)
 
     def _publish(self, alert: Alert) -> None:
         if self.log_alerts:
