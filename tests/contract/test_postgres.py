@@ -738,6 +738,79 @@ async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str
         assert store.listening
 
 
+async def test_a_listener_killed_again_and_again_backs_off_while_the_idle_poll_drains_the_queue(
+    pg: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store's LISTEN session is ended (pg_terminate_backend) as soon as it shows, for 3 s.
+
+    The listener waits a growing, jittered delay before each new connection, reset only by
+    a connection that stayed up: a bounded number of connections and warnings, not one of
+    each per kill in a tight loop. Meanwhile the idle nodes find the work another store
+    enqueues with their poll, and once the kills stop the listener is back. Only this
+    process's listening sessions on this test's channel are ended.
+    """
+    import asyncpg
+
+    from asynccoord import NodeConfig, Runtime
+
+    caplog.set_level(logging.INFO, logger="asynccoord.backends.postgres.conn")
+    listening = (
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1"
+        " AND query LIKE 'LISTEN %' AND query LIKE $2 AND pid <> pg_backend_pid()"
+    )
+    sent: list[int] = []
+
+    async def send(task: Task) -> None:
+        sent.append(task.payload)
+
+    config = NodeConfig(queue="q", idle_min_s=0.01, idle_max_s=0.2, idle_fallback_s=60.0)
+    async with (
+        PostgresStore(pg, schema=schema) as store,
+        PostgresStore(pg, schema=schema, listen=False) as producer,
+        Runtime(store, send=send, nodes=2, config=config) as runtime,
+    ):
+        listener = store._listener
+        assert listener is not None
+        assert store.listening
+        connects = 0
+        real_connect = listener._connect
+
+        async def counted_connect() -> Any:
+            nonlocal connects
+            connects += 1
+            return await real_connect()
+
+        listener._connect = counted_connect  # type: ignore[method-assign]
+        assert runtime.idle_poller is not None
+        killer = await asyncpg.connect(pg)
+        kills = 0
+        batch = [NewTask(queue="q", payload=i, partition_key=f"k{i}") for i in range(20)]
+        try:
+            started = time.monotonic()
+            polls_before = runtime.idle_poller.polls
+            while (elapsed := time.monotonic() - started) < 3.0:
+                kills += len(await killer.fetch(listening, application_name(), f"%{store.channel}%"))
+                if elapsed >= 1.0 and batch:  # once, another store's enqueue: only a notification or the poll tells
+                    await producer.enqueue_many(batch)
+                    batch = []
+                await asyncio.sleep(0.01)
+            drained = sorted(sent)
+            polls = runtime.idle_poller.polls - polls_before
+        finally:
+            await killer.close()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        deadline = time.monotonic() + 15.0
+        while not store.listening and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert store.listening  # back once the kills stopped
+    assert kills >= 2  # the session was ended again and again
+    assert connects < 30, connects
+    assert len(warnings) < 30, warnings
+    assert all("listen_lost" in w or "listen_failed" in w for w in warnings), warnings
+    assert drained == list(range(20))  # found by the idle poll while the listener was down
+    assert polls > 0
+
+
 async def test_a_statement_cut_off_mid_flight_is_retried_or_raises_a_typed_error(pg: str, schema: str) -> None:
     """Before COMMIT nothing was written: retried. An autocommit write cut off is ambiguous: raised."""
     from asynccoord.backends.postgres.store import STORE_RETRIES, PostgresStore

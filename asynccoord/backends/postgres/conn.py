@@ -49,6 +49,13 @@ TxFn = Callable[[asyncpg.Connection, int], Awaitable[T]]
 MAX_NOTIFY_PARTITIONS = 512
 """Most partitions named in one notification (more: the notification names none, waking any)."""
 
+_LISTEN_RETRY_MIN_S = 0.1
+"""The listener's first delay before it connects again, seconds (jittered by 0.5..1.5)."""
+_LISTEN_RETRY_MAX_S = 5.0
+"""The listener's longest delay between two connections, seconds (before jitter)."""
+_LISTEN_STABLE_S = 5.0
+"""A LISTEN connection that stayed up this long (seconds) resets the listener's delay."""
+
 _RETRYABLE_UNIQUE = frozenset({"coord_tasks_one_head", "coord_lock_holders_slot", "coord_task_keys_pkey"})
 _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
 
@@ -377,6 +384,13 @@ class PgListener:
     continuation, and wakes the committing process's own nodes too. An enqueue wakes its
     own process's nodes at once, and the listener ignores its echo.
 
+    A connection lost or refused is made again after a delay with jitter that doubles from
+    0.1 s up to 5 s, and goes back to 0.1 s only once a connection stayed up for 5 s: a
+    session ended again and again (``pg_terminate_backend``, a proxy that drops it) costs
+    a few connections and log lines a minute, not a tight loop of both. Each loss or
+    refusal logs one warning (``asynccoord.postgres.listen_lost`` or ``listen_failed``)
+    with the losses in a row and the delay before the next attempt.
+
     Args:
         connect: Opens a new connection (same settings as the pool's).
         channel: The channel to LISTEN on.
@@ -456,7 +470,8 @@ class PgListener:
                 await asyncio.wait_for(conn.close(), 2.0)
 
     async def _run(self) -> None:
-        delay_s = 0.1
+        delay_s = _LISTEN_RETRY_MIN_S
+        losses = 0  # connections lost or refused since the last one that stayed up
         first = True
         while not self._stopping.is_set():
             lost = asyncio.Event()
@@ -468,12 +483,20 @@ class PgListener:
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(self.channel, self._on_notify)
             except _DRIVER_ERRORS as exc:
-                log.warning("asynccoord.postgres.listen_failed channel=%s error=%s", self.channel, exc)
+                losses += 1
+                pause_s = delay_s * random.uniform(0.5, 1.5)
+                log.warning(
+                    "asynccoord.postgres.listen_failed channel=%s losses=%d retry_in_s=%.2f error=%s",
+                    self.channel,
+                    losses,
+                    pause_s,
+                    exc,
+                )
                 await self._close()
-                await asyncio.sleep(delay_s * random.uniform(0.5, 1.5))
-                delay_s = min(delay_s * 2, 5.0)
+                await self._pause(pause_s)
+                delay_s = min(delay_s * 2, _LISTEN_RETRY_MAX_S)
                 continue
-            delay_s = 0.1
+            up_since = time.monotonic()
             self.connected.set()
             if not first:
                 self.reconnects += 1
@@ -484,8 +507,21 @@ class PgListener:
                     await asyncio.wait_for(lost.wait(), 1.0)
             if self._stopping.is_set():
                 break
-            log.warning("asynccoord.postgres.listen_lost channel=%s", self.channel)
+            if time.monotonic() - up_since >= _LISTEN_STABLE_S:
+                delay_s, losses = _LISTEN_RETRY_MIN_S, 0
+            losses += 1
+            pause_s = delay_s * random.uniform(0.5, 1.5)
+            log.warning(
+                "asynccoord.postgres.listen_lost channel=%s losses=%d retry_in_s=%.2f", self.channel, losses, pause_s
+            )
             await self._close()
+            await self._pause(pause_s)
+            delay_s = min(delay_s * 2, _LISTEN_RETRY_MAX_S)
+
+    async def _pause(self, pause_s: float) -> None:
+        """Wait ``pause_s`` seconds before connecting again, or until :meth:`stop`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), pause_s)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
