@@ -7,16 +7,17 @@ of their arguments are in :mod:`asynccoord.contract.monitor`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.monitor import Alert, CounterKey, MetricsFlush, ProcessReport
+from ..contract.monitor import Alert, CounterKey, MetricsFlush, ProcessReport, QueueBacklog
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..monitor.histogram import Histogram
 
 __all__ = (
     "EncodedFlush",
+    "backlog_of",
     "decode_alerts",
     "encode_flush",
     "latency_from_rows",
@@ -97,6 +98,15 @@ def process_report(process_id: str, info_json: str, first: float, last: float, n
         first_flush_at=float(first),
         last_flush_at=float(last),
         last_flush_age_s=max(0.0, now - float(last)),
+    )
+
+
+def backlog_of(queue: str, now: float, row: Sequence[Any]) -> QueueBacklog:
+    """A :class:`QueueBacklog` from a ``queue_backlog`` row ``(pending, oldest due run_at, running, dead)``."""
+    pending, oldest, running, dead = row
+    age = None if oldest is None else max(0.0, now - float(oldest))
+    return QueueBacklog(
+        queue=queue, pending=int(pending), running=int(running), dead=int(dead), oldest_pending_age_s=age
     )
 
 

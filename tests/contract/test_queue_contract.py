@@ -1040,6 +1040,40 @@ async def test_queue_depths_count_what_purges_and_discards_removed(store, clock:
     assert finished(await store.queue_depths()) == {Q: (0, 0, 5), OTHER: (0, 0, 0)}
 
 
+async def test_queue_backlogs_count_unfinished_and_dead_tasks_as_stats_does(store, clock: FakeClock) -> None:
+    """``queue_backlogs``: pending, running and dead tasks and the oldest due age per queue, as ``stats`` has them."""
+    await store.enqueue_many([NewTask(queue=Q, payload=i, max_attempts=1) for i in range(6)])
+    clock.advance(4)
+    await store.enqueue(Q, "later", delay_s=30)  # pending, not yet due: counted, but ages nothing
+    await store.enqueue(OTHER, "x")
+    t0, t1, t2, t3 = await store.claim(Q, node_id="n", limit=4)
+    await store.complete(t0)  # done: not in a backlog
+    await store.fail(t1, "refused")  # dead after its only attempt
+    clock.advance(1.5)
+    got = await store.queue_backlogs([Q, OTHER, "empty", Q])
+    assert [b.queue for b in got] == [Q, OTHER, "empty"]  # in order, repeats dropped
+    backlog, other, empty = got
+    assert (backlog.pending, backlog.running, backlog.dead) == (3, 2, 1)
+    assert backlog.oldest_pending_age_s == pytest.approx(5.5, abs=0.01)  # the first enqueue's tasks
+    stats = await store.stats(Q)
+    assert counts(stats) == {"pending": 3, "running": 2, "done": 1, "dead": 1}
+    assert backlog.oldest_pending_age_s == pytest.approx(stats.oldest_pending_age_s, abs=0.01)
+    assert (other.pending, other.running, other.dead) == (1, 0, 0)
+    assert other.oldest_pending_age_s == pytest.approx(1.5, abs=0.01)
+    assert (empty.pending, empty.running, empty.dead, empty.oldest_pending_age_s) == (0, 0, 0, None)
+    await store.complete(t2)
+    await store.complete(t3)
+    for task in await store.claim(Q, node_id="n", limit=10):
+        await store.complete(task)
+    [drained] = await store.queue_backlogs((Q,))
+    assert (drained.pending, drained.running, drained.dead, drained.oldest_pending_age_s) == (1, 0, 1, None)
+    assert await store.queue_backlogs([]) == []
+    with pytest.raises(InvalidTypeError, match="queues must be a list or tuple"):
+        await store.queue_backlogs(Q)
+    with pytest.raises(InvalidArgumentError, match=r"queues\[1\]"):
+        await store.queue_backlogs([Q, ""])
+
+
 async def test_purge_processed_by_age(make_store, clock: FakeClock) -> None:
     store = await make_store(
         config=StoreConfig(processed=ProcessedRetention(retention_s=60, redelivery_window_s=30, purge_batch=3))

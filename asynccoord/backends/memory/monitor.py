@@ -22,8 +22,10 @@ from ...contract.monitor import (
     CounterKey,
     MetricsFlush,
     MetricsView,
+    QueueBacklog,
     QueueDepth,
     bucket_of,
+    check_backlog_queues,
     check_windows,
 )
 from ...events import EventCounter
@@ -177,4 +179,33 @@ class MemoryMonitorOps:
                 removed=self._removed.get(queue, 0),
             )
             for queue in sorted(counts)
+        ]
+
+    async def queue_backlogs(self, queues: Sequence[str]) -> list[QueueBacklog]:
+        """Pending, running and dead tasks and the oldest due pending age of each queue (see the SQLite store).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: bad ``queues``.
+        """
+        wanted = check_backlog_queues(queues)
+        self._check_open()
+        now = self._clock()
+        counts = {queue: dict.fromkeys(TaskStatus, 0) for queue in wanted}
+        oldest: dict[str, float] = {}
+        for task in self._tasks.values():
+            per = counts.get(task.queue)
+            if per is None:
+                continue
+            per[task.status] += 1
+            if task.status is TaskStatus.PENDING and task.run_at <= now:
+                oldest[task.queue] = min(oldest.get(task.queue, task.run_at), task.run_at)
+        return [
+            QueueBacklog(
+                queue=queue,
+                pending=counts[queue][TaskStatus.PENDING],
+                running=counts[queue][TaskStatus.RUNNING],
+                dead=counts[queue][TaskStatus.DEAD],
+                oldest_pending_age_s=None if queue not in oldest else max(0.0, now - oldest[queue]),
+            )
+            for queue in wanted
         ]

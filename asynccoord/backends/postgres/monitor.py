@@ -22,13 +22,15 @@ from ...contract.monitor import (
     CounterKey,
     MetricsFlush,
     MetricsView,
+    QueueBacklog,
     QueueDepth,
     bucket_of,
+    check_backlog_queues,
     check_windows,
 )
 from ...events import EventCounter
 from ...monitor.histogram import Histogram
-from ..metricrows import decode_alerts, encode_flush, latency_from_rows, process_report, sum_counts
+from ..metricrows import backlog_of, decode_alerts, encode_flush, latency_from_rows, process_report, sum_counts
 
 if TYPE_CHECKING:
     import asyncpg
@@ -213,3 +215,23 @@ class PostgresMonitorOps:
             )
             for queue in sorted(by_queue)
         ]
+
+    async def queue_backlogs(self, queues: Sequence[str]) -> list[QueueBacklog]:
+        """Pending, running and dead tasks and the oldest due pending age of each queue, in one snapshot.
+
+        Three partial-index counts per queue (``queue_backlog``), never a scan of the done tasks,
+        in one ``REPEATABLE READ READ ONLY`` transaction.
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: bad ``queues`` (nothing read).
+            StoreConnectionError: the server stayed unreachable.
+        """
+        wanted = check_backlog_queues(queues)
+
+        async def read(conn: asyncpg.Connection) -> tuple[float, list[Any]]:
+            now = float(await self._val(conn, "now", now=self._now()))
+            rows = [(await self._fetch(conn, "queue_backlog", queue=q, now_s=now))[0] for q in wanted]
+            return now, rows
+
+        now, rows = await self._snapshot(read, "queue_backlogs")
+        return [backlog_of(queue, now, row) for queue, row in zip(wanted, rows, strict=True)]

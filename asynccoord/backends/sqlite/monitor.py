@@ -24,13 +24,15 @@ from ...contract.monitor import (
     CounterKey,
     MetricsFlush,
     MetricsView,
+    QueueBacklog,
     QueueDepth,
     bucket_of,
+    check_backlog_queues,
     check_windows,
 )
 from ...events import EventCounter
 from ...monitor.histogram import Histogram
-from ..metricrows import decode_alerts, encode_flush, latency_from_rows, process_report, sum_counts
+from ..metricrows import backlog_of, decode_alerts, encode_flush, latency_from_rows, process_report, sum_counts
 from ..sqlfiles import load_queries
 
 if TYPE_CHECKING:
@@ -218,3 +220,28 @@ class SQLiteMonitorOps:
             )
             for queue in sorted(by_queue)
         ]
+
+    async def queue_backlogs(self, queues: Sequence[str]) -> list[QueueBacklog]:
+        """Pending, running and dead tasks and the oldest due pending age of each queue, in one snapshot.
+
+        Three partial-index counts per queue (``queue_backlog``), never a scan of the done tasks,
+        in one read transaction on the store's connection (also read-only).
+
+        Raises:
+            InvalidTypeError, InvalidArgumentError: bad ``queues`` (nothing read).
+            StoreError: the read failed.
+        """
+        wanted = check_backlog_queues(queues)
+        writer = self._w()
+
+        def read(db: sqlite3.Connection) -> tuple[float, list[tuple[Any, ...]]]:
+            def run() -> tuple[float, list[tuple[Any, ...]]]:
+                now = writer.now(db)
+                rows = [db.execute(Q["queue_backlog"], {"queue": q, "now": now}).fetchone() for q in wanted]
+                return now, rows
+
+            result: tuple[float, list[tuple[Any, ...]]] = _in_read_transaction(db, run)
+            return result
+
+        now, rows = await self._read(read)
+        return [backlog_of(queue, now, row) for queue, row in zip(wanted, rows, strict=True)]

@@ -99,3 +99,13 @@ SELECT queue, done, dead FROM coord_queue_removed;
 -- name: queue_expired_leases
 -- Running tasks whose lease expired (coord_tasks_lease_expiry), by queue.
 SELECT queue, count(*) FROM coord_tasks WHERE status = 'running' AND lease_expires_at <= :now_s::float8 GROUP BY queue;
+
+-- name: queue_backlog
+-- Pending (with the oldest due run_at), running and dead tasks of :queue, each counted in its
+-- partial index (coord_tasks_pending, coord_tasks_lease_expiry, coord_tasks_dead_order): the
+-- cost follows the unfinished and dead tasks, never the done tasks kept.
+SELECT p.n, p.oldest,
+       (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'running'),
+       (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'dead')
+  FROM (SELECT count(*) AS n, min(run_at) FILTER (WHERE run_at <= :now_s::float8) AS oldest
+          FROM coord_tasks WHERE queue = :queue::text AND status = 'pending') AS p;
