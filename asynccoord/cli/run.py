@@ -394,7 +394,7 @@ def run_command(args: argparse.Namespace) -> int:
                     process_id=runtime.instance_id,
                     info={"command": "run", "queue": args.queue, "nodes": args.nodes},
                 )
-                export(metrics, store, monitor, lock_store)
+                export(metrics, store, monitor, lock_store, args.queue)
                 async with monitor, runtime:
                     target = describe_target(args.db, args.schema)
                     nodes = f"{args.nodes} node{'' if args.nodes == 1 else 's'}"

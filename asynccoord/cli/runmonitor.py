@@ -4,9 +4,9 @@ A process hosted by ``python -m asynccoord run`` has a :class:`~asynccoord.monit
 like an embedded one; the leader's monitor hands each cluster alert to its sinks. These
 options give the command's monitor what an embedding process gives its own: ``--alert-webhook
 URL`` (a :class:`~asynccoord.monitor.webhook.WebhookSink` per URL, extra ``webhook``) and
-``--metrics-port PORT`` (the process's counters, latencies and alerts in Prometheus' text format
-on ``http://HOST:PORT/metrics``, served by ``prometheus_client`` on a registry of its own, extra
-``metrics``).
+``--metrics-port PORT`` (the process's counters, latencies and alerts, and gauges of its
+queue's backlog and live nodes, in Prometheus' text format on ``http://HOST:PORT/metrics``,
+served by ``prometheus_client`` on a registry of its own, extra ``metrics``).
 """
 
 from __future__ import annotations
@@ -117,10 +117,14 @@ def serve_metrics(args: argparse.Namespace) -> Iterator[Any]:
         thread.join(timeout=5.0)
 
 
-def export(registry: Any, store: Any, monitor: Any, lock_store: Any) -> None:
-    """Put ``store``'s and ``monitor``'s metrics on ``registry`` (from :func:`serve_metrics`; nothing if None)."""
+def export(registry: Any, store: Any, monitor: Any, lock_store: Any, queue: str) -> None:
+    """Put ``store``'s and ``monitor``'s metrics, and ``queue``'s gauges, on ``registry`` (nothing if None).
+
+    ``registry`` comes from :func:`serve_metrics`; called on the event loop the store runs on,
+    which the queue gauges read it on (:mod:`asynccoord.monitor.gauges`).
+    """
     if registry is None:
         return
     from ..monitor.metrics import register_collector
 
-    register_collector(store, monitor, registry, lock_store=lock_store)
+    register_collector(store, monitor, registry, lock_store=lock_store, queues=[queue])

@@ -1,16 +1,18 @@
-"""Prometheus text exposition of a process' counters and latency histograms.
+"""Prometheus text exposition of a process' counters and latency histograms, and of its queues' state.
 
 A :class:`CoordCollector` (:func:`register_collector`, :func:`render_prometheus`) exposes
 the process's coordination events, latency histograms and monitor counters to Prometheus
-(extra ``metrics``), named after the Prometheus naming conventions.
+(extra ``metrics``), named after the Prometheus naming conventions, and gauges of the
+queues' backlogs and live nodes read from the store (:mod:`asynccoord.monitor.gauges`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from prometheus_client.registry import REGISTRY, Collector
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..events import EVENT_NAMES, EventCounter
 from ..validation import check_name
+from .gauges import GaugeReading, QueueGauges
 from .histogram import BUCKET_BOUNDS_MS, Histogram
 
 __all__ = ("CoordCollector", "latency_metric_name", "register_collector", "render_prometheus")
@@ -42,6 +45,12 @@ _MONITOR_COUNTERS = (
     ("sink_dropped", "Alert notices a sink dropped unsent (its queue was full, or it closed first)."),
 )
 _ALERTS_FIRING = f"{PREFIX}_alerts_firing"
+_QUEUE_TASKS = f"{PREFIX}_queue_tasks"
+_OLDEST_PENDING = f"{PREFIX}_queue_oldest_pending_age_seconds"
+_LIVE_NODES = f"{PREFIX}_live_nodes"
+_STATS_UP = f"{PREFIX}_queue_stats_up"
+_STATS_AGE = f"{PREFIX}_queue_stats_age_seconds"
+_GAUGES = (_QUEUE_TASKS, _OLDEST_PENDING, _LIVE_NODES, _STATS_UP, _STATS_AGE)
 
 _EXPORTS: weakref.WeakKeyDictionary[CollectorRegistry, weakref.ref[CoordCollector]] = weakref.WeakKeyDictionary()
 """The collector :func:`register_collector` put on each registry, which later stores join
@@ -68,12 +77,13 @@ def _buckets_seconds(hist: Histogram) -> list[tuple[str, float]]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Source:
-    """One store exported by a collector: its monitor, its lock store and its ``store`` label."""
+    """One store exported by a collector: its monitor, its lock store, its ``store`` label and its queue gauges."""
 
     store: Any
     monitor: Any
     lock_store: Any
     name: str | None
+    gauges: QueueGauges | None = None
 
     def event_counts(self) -> dict[str, int]:
         """The process totals: ``store.events`` plus the lock store's events, as the Monitor counts them."""
@@ -88,7 +98,7 @@ class _Source:
         return recorder.snapshot() if recorder is not None else {}
 
 
-def _source(store: Any, monitor: Any, lock_store: Any, name: str | None) -> _Source:
+def _source(store: Any, monitor: Any, lock_store: Any, name: str | None, queues: Sequence[str] | None) -> _Source:
     if getattr(store, "events", None) is None:
         raise InvalidTypeError(f"store must have an 'events' EventCounter, got {type(store).__name__}")
     if name is not None:
@@ -105,7 +115,10 @@ def _source(store: Any, monitor: Any, lock_store: Any, name: str | None) -> _Sou
             f"lock_store={given!r} is not the monitor's lock_store {held!r}: pass the monitor's"
             " (or leave lock_store out, the monitor's is used)"
         )
-    return _Source(store=store, monitor=monitor, lock_store=given if given is not None else held, name=name)
+    gauges = None if queues is None else QueueGauges(store, queues)
+    return _Source(
+        store=store, monitor=monitor, lock_store=given if given is not None else held, name=name, gauges=gauges
+    )
 
 
 class CoordCollector(Collector):
@@ -117,8 +130,10 @@ class CoordCollector(Collector):
         from prometheus_client import start_http_server
         from asynccoord.monitor.metrics import register_collector
 
-        register_collector(store, monitor)      # on prometheus_client's default registry
-        start_http_server(9108)
+        async with SQLiteStore("bot.db") as store, Monitor(store) as monitor:
+            register_collector(store, monitor, queues=["outbox"])  # prometheus_client's default registry
+            start_http_server(9108)
+            ...
 
     Naming follows the Prometheus conventions (https://prometheus.io/docs/practices/naming/):
     one ``asynccoord_`` prefix, base units in names, ``_total`` on counters:
@@ -134,15 +149,31 @@ class CoordCollector(Collector):
       counts: those bounds are bounds of the fine histogram), converted to seconds;
     * with a :class:`~asynccoord.monitor.monitor.Monitor`: ``asynccoord_monitor_*_total`` counters
       (flushes, notices, drops, callback failures) and the gauge
-      ``asynccoord_alerts_firing{rule,event,scope,scope_key}`` (1 per open incident).
+      ``asynccoord_alerts_firing{rule,event,scope,scope_key}`` (1 per open incident);
+    * with ``queues`` (not None), gauges of the queues' state, read from the store
+      (:mod:`asynccoord.monitor.gauges`: at most every 10 s, a scrape waits for it at most
+      1 s, the loop never): ``asynccoord_queue_tasks{queue,status}`` for ``pending``,
+      ``running`` and ``dead`` (done tasks are not counted: that would cost a scan of every
+      done task kept; their rate is ``asynccoord_events_total{event="commits"}``);
+      ``asynccoord_queue_oldest_pending_age_seconds{queue}``, the age of the oldest due
+      pending task on the store's clock (0 when none is due); ``asynccoord_live_nodes{queue}``,
+      the nodes whose membership heartbeat is live, by the queue they drain (``queue=""``
+      for nodes that name none); ``asynccoord_queue_stats_up`` (0 while the latest read
+      failed or timed out: the values served are stale) and
+      ``asynccoord_queue_stats_age_seconds`` (the values' age). A reading older than 60 s is
+      not served: the value gauges are then absent, and a scrape still succeeds. The queues
+      are those named, plus those this process's runtimes drain, found in their nodes'
+      heartbeats (and kept once found).
 
     With ``name``, every series also carries ``store="<name>"``. One collector exports
     several stores of a process (:meth:`add`, or :func:`register_collector` again on the
     same registry), each under its own name, in one family per metric.
 
-    Each process exposes its own numbers; let Prometheus sum them across processes
-    (``sum by (event) (rate(asynccoord_events_total[1m]))``). The cluster-wide view read
-    from the store is what ``python -m asynccoord status`` shows.
+    Each process exposes its own counters; let Prometheus sum them across processes
+    (``sum by (event) (rate(asynccoord_events_total[1m]))``). The queue gauges are read
+    from the store, so every process exporting them reports the same cluster-wide values:
+    aggregate them with ``max by (queue, status)``, not ``sum``. The full cluster view
+    read from the store is what ``python -m asynccoord status`` shows.
 
     Args:
         store: A store (any backend) with ``events`` and ``latencies``.
@@ -153,14 +184,28 @@ class CoordCollector(Collector):
             ``lock_store``, if any.
         name: The value of the ``store`` label (1..255 characters), or None (default) for
             no label.
+        queues: Queue names whose state to export (a list or tuple, may be empty: the
+            queues of this process's runtimes are found without it), or None (default) for
+            no queue gauges. Needs the event loop the store runs on: construct the
+            collector from a coroutine on it.
 
     Raises:
-        InvalidTypeError: ``store`` has no ``events``, or ``lock_store`` has no ``EventCounter``.
-        InvalidArgumentError: a bad ``name``, or a ``lock_store`` other than the monitor's.
+        InvalidTypeError: ``store`` has no ``events``, or ``lock_store`` has no ``EventCounter``;
+            with ``queues``, a bad list or a store without ``queue_backlogs`` and ``members``.
+        InvalidArgumentError: a bad ``name``, or a ``lock_store`` other than the monitor's;
+            ``queues`` given with no running event loop, or a bad queue name.
     """
 
-    def __init__(self, store: Any, monitor: Any = None, *, lock_store: Any = None, name: str | None = None) -> None:
-        first = _source(store, monitor, lock_store, name)
+    def __init__(
+        self,
+        store: Any,
+        monitor: Any = None,
+        *,
+        lock_store: Any = None,
+        name: str | None = None,
+        queues: Sequence[str] | None = None,
+    ) -> None:
+        first = _source(store, monitor, lock_store, name, queues)
         self.store = store
         self.monitor = monitor
         self.lock_store: Any = first.lock_store
@@ -172,8 +217,20 @@ class CoordCollector(Collector):
         names = [s.name if s.name is not None else type(s.store).__name__ for s in self._sources]
         return f"<CoordCollector stores={names!r}>"
 
-    def add(self, store: Any, monitor: Any = None, *, lock_store: Any = None, name: str) -> None:
-        """Also export ``store`` (with its monitor and lock store), under ``store="<name>"``.
+    def queue_gauges(self) -> list[QueueGauges]:
+        """The :class:`~asynccoord.monitor.gauges.QueueGauges` of each store exported with queue gauges, in order."""
+        return [source.gauges for source in self._sources if source.gauges is not None]
+
+    def add(
+        self,
+        store: Any,
+        monitor: Any = None,
+        *,
+        lock_store: Any = None,
+        name: str,
+        queues: Sequence[str] | None = None,
+    ) -> None:
+        """Also export ``store`` (with its monitor, lock store and queue gauges), under ``store="<name>"``.
 
         Every store of a collector exporting several needs a distinct name, the first one included.
 
@@ -183,7 +240,7 @@ class CoordCollector(Collector):
                 store's lock store (its counts would double).
             InvalidTypeError: as the constructor.
         """
-        added = _source(store, monitor, lock_store, check_name("name", name))
+        added = _source(store, monitor, lock_store, check_name("name", name), queues)
         with self._lock:
             for source in self._sources:
                 if source.name is None:
@@ -219,6 +276,9 @@ class CoordCollector(Collector):
             for field, _text in _MONITOR_COUNTERS:
                 yield CounterMetricFamily(f"{PREFIX}_monitor_{field}", "")
             yield GaugeMetricFamily(_ALERTS_FIRING, "")
+        if any(source.gauges is not None for source in self._sources):
+            for family in _GAUGES:
+                yield GaugeMetricFamily(family, "")
 
     def collect(self) -> Iterable[Metric]:
         """The current counters and histograms of this process."""
@@ -254,6 +314,9 @@ class CoordCollector(Collector):
         monitored = [(source, source.monitor) for source in sources if source.monitor is not None]
         if monitored:
             yield from self._monitor_metrics(monitored, extra, key)
+        gauged = [(source, source.gauges) for source in sources if source.gauges is not None]
+        if gauged:
+            yield from _gauge_metrics([(source, gauges.current()) for source, gauges in gauged], extra, key)
 
     def _monitor_metrics(self, monitored: list[tuple[_Source, Any]], extra: list[str], key: Any) -> Iterable[Metric]:
         stats = [(source, monitor.statistics()) for source, monitor in monitored]
@@ -273,10 +336,60 @@ class CoordCollector(Collector):
         yield firing
 
 
+def _gauge_metrics(
+    read: list[tuple[_Source, tuple[GaugeReading | None, bool]]], extra: list[str], key: Any
+) -> Iterable[Metric]:
+    tasks = GaugeMetricFamily(
+        _QUEUE_TASKS,
+        "Tasks of the queue by status (pending, running, dead), read from the store: cluster-wide.",
+        labels=[*extra, "queue", "status"],
+    )
+    oldest = GaugeMetricFamily(
+        _OLDEST_PENDING,
+        "Seconds the oldest due pending task of the queue has waited, store clock (0 when none is due).",
+        labels=[*extra, "queue"],
+        unit="seconds",
+    )
+    live = GaugeMetricFamily(
+        _LIVE_NODES, "Nodes with a live membership heartbeat, by the queue they drain.", labels=[*extra, "queue"]
+    )
+    up = GaugeMetricFamily(
+        _STATS_UP, "1 when the latest read of the queue gauges succeeded, 0 when it failed or timed out.", labels=extra
+    )
+    age = GaugeMetricFamily(
+        _STATS_AGE, "Seconds since the queue gauges served were read.", labels=extra, unit="seconds"
+    )
+    for source, (reading, ok) in read:
+        up.add_metric(key(source), 1.0 if ok else 0.0)
+        if reading is None:
+            continue
+        age.add_metric(key(source), reading.age_s())
+        for backlog in reading.backlogs:
+            labels = [*key(source), backlog.queue]
+            for status, count in (("pending", backlog.pending), ("running", backlog.running), ("dead", backlog.dead)):
+                tasks.add_metric([*labels, status], float(count))
+            oldest.add_metric(labels, backlog.oldest_pending_age_s or 0.0)
+        for queue, nodes in sorted(reading.live_nodes.items()):
+            live.add_metric([*key(source), queue], float(nodes))
+    yield from (tasks, oldest, live, up, age)
+
+
+def _can_gauge(store: Any) -> bool:
+    """Whether queue gauges of ``store`` can be made here: it has the reads, and an event loop runs."""
+    if not all(callable(getattr(store, method, None)) for method in ("queue_backlogs", "members")):
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def render_prometheus(store: Any, monitor: Any = None, *, lock_store: Any = None, name: str | None = None) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of ``store``'s metrics (and ``monitor``'s).
 
-    ``lock_store`` and ``name`` as in :class:`CoordCollector`.
+    ``lock_store`` and ``name`` as in :class:`CoordCollector`. No queue gauges: those are
+    read at scrape time from a registered collector (:func:`register_collector`).
 
     Returns:
         UTF-8 bytes, as served on ``/metrics``.
@@ -293,8 +406,9 @@ def register_collector(
     *,
     lock_store: Any = None,
     name: str | None = None,
+    queues: Sequence[str] | None = (),
 ) -> CoordCollector:
-    """Export ``store`` (and ``monitor``) on ``registry`` (default: prometheus_client's global one).
+    """Export ``store`` (and ``monitor``, and its queues' state) on ``registry`` (default: prometheus_client's).
 
     The first call on a registry registers a new :class:`CoordCollector`. To export several
     stores of one process, give each a distinct ``name`` (the ``store`` label), the first one
@@ -311,6 +425,11 @@ def register_collector(
         lock_store: The lock store of the store's nodes when it is not ``store``. Default:
             the monitor's ``lock_store``, if any.
         name: The ``store`` label's value, or None (default) for no label.
+        queues: The queues whose state to export as gauges, beside those this process's
+            runtimes drain, which are found by themselves (see :class:`CoordCollector`).
+            Default none named: the gauges are then exported when this is called from a
+            coroutine on the store's event loop and the store can be read for them, and
+            left out otherwise. None leaves them out.
 
     Returns:
         The registry's collector (``registry.unregister(collector)`` removes it, with every
@@ -321,7 +440,9 @@ def register_collector(
             are not all named distinctly, or its names are held by another collector.
         InvalidTypeError: as :class:`CoordCollector`.
     """
-    collector = CoordCollector(store, monitor, lock_store=lock_store, name=name)
+    if queues is not None and isinstance(queues, list | tuple) and not queues and not _can_gauge(store):
+        queues = None  # none named: the gauges only where they can be read
+    collector = CoordCollector(store, monitor, lock_store=lock_store, name=name, queues=queues)
     with _EXPORTS_LOCK:
         try:
             registry.register(collector)
@@ -339,7 +460,7 @@ def register_collector(
                     " would be indistinguishable; give every store a distinct name"
                     " (register_collector(store, monitor, name=...)), the first one included"
                 ) from exc
-            existing.add(store, monitor, lock_store=collector.lock_store, name=name)
+            existing.add(store, monitor, lock_store=collector.lock_store, name=name, queues=queues)
             return existing
         _EXPORTS[registry] = weakref.ref(collector)
     return collector

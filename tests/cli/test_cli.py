@@ -711,7 +711,7 @@ def test_run_posts_its_alerts_to_webhooks_and_serves_its_metrics(
 ) -> None:
     """``--alert-webhook`` and ``--metrics-port``: the monitor of a process hosted by ``run`` posts
     the alerts it raises (3 tasks dead after one failed attempt each: ``dead_letters``) and serves
-    the process's counters for Prometheus while it runs."""
+    the process's counters, and its queue's gauges, for Prometheus while it runs."""
     monkeypatch.syspath_prepend(str(TESTS / "workers"))
     posted: list[dict[str, Any]] = []
 
@@ -764,6 +764,16 @@ def test_run_posts_its_alerts_to_webhooks_and_serves_its_metrics(
     ]
     assert len(dead) == 1, dead
     assert float(dead[0].split()[-1]) == 3.0, dead
+    # The queue's state, read from the database: the 3 dead tasks, and the 8 nodes draining it.
+    for line in (
+        'asynccoord_queue_tasks{queue="outbox",status="dead"} 3.0',
+        'asynccoord_queue_tasks{queue="outbox",status="pending"} 0.0',
+        'asynccoord_queue_tasks{queue="outbox",status="running"} 0.0',
+        'asynccoord_queue_oldest_pending_age_seconds{queue="outbox"} 0.0',
+        'asynccoord_live_nodes{queue="outbox"} 8.0',
+        "asynccoord_queue_stats_up 1.0",
+    ):
+        assert line in page.splitlines(), line
     with socket.socket() as again:  # the endpoint closed with the command: nothing listens there
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (the scrape's connection may linger)
         again.bind(("127.0.0.1", metrics_port))
