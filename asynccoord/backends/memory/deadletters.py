@@ -24,13 +24,13 @@ _ACTIVE_OR_DEAD = _ACTIVE | {TaskStatus.DEAD}
 
 
 class MemoryDeadLetterOps:
-    """The dead-letter policy per queue, kept in a dict. A mixin: it relies on ``_check_open`` and ``notifier``."""
+    """The dead-letter policy per queue, kept in a dict. A mixin: it relies on ``_enter`` and ``notifier``."""
 
     notifier: WorkNotifier
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
+        async def _enter(self) -> None: ...
 
     @functools.cached_property
     def _dead_letter_policies(self) -> dict[str, DeadLetterPolicy]:
@@ -40,7 +40,7 @@ class MemoryDeadLetterOps:
         """Set ``queue``'s dead-letter policy (see ``DeadLetterStore``)."""
         check_name("queue", queue)
         checked = check_dead_letter_policy(policy)
-        self._check_open()
+        await self._enter()
         if checked is DeadLetterPolicy.SKIP:
             self._dead_letter_policies.pop(queue, None)
         else:
@@ -50,12 +50,12 @@ class MemoryDeadLetterOps:
     async def dead_letter_policy(self, queue: str) -> DeadLetterPolicy:
         """``queue``'s dead-letter policy (``skip`` unless set)."""
         check_name("queue", queue)
-        self._check_open()
+        await self._enter()
         return self._dead_letter_policies.get(queue, DeadLetterPolicy.SKIP)
 
     async def dead_letter_policies(self) -> dict[str, DeadLetterPolicy]:
         """Every queue whose policy is not ``skip``, with it (a ``skip`` is never kept)."""
-        self._check_open()
+        await self._enter()
         return dict(sorted(self._dead_letter_policies.items()))
 
     def _blocking(self, queue: str) -> frozenset[TaskStatus]:

@@ -1,11 +1,11 @@
 """Locks, semaphores and fencing in plain Python objects: the reference semantics.
 
 :class:`MemoryLockOps` is a mixin of :class:`~asynccoord.backends.memory.store.MemoryStore`.
-Each method runs to completion without awaiting, so each is atomic, and expiry is
-judged by the store's injectable clock (``self._clock``), which makes lease expiry
-deterministic in tests. Semantics are those of
-:class:`~asynccoord.contract.locks.LockStore`; the SQLite implementation
-(:mod:`.sqlite_locks`) must behave the same.
+Each method hands control to the loop once at its entry (the store's ``_enter``), then
+runs to completion without awaiting, so each is atomic; expiry is judged by the store's
+injectable clock (``self._clock``), which makes lease expiry deterministic in tests.
+Semantics are those of :class:`~asynccoord.contract.locks.LockStore`; the SQLite
+implementation (:mod:`.sqlite_locks`) must behave the same.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from ...contract.locks import (
 from ...events import EventCounter
 from ...releases import ReleaseSignal
 from ...validation import check_lease_s, check_name
-from ..calls import CallGate
 from ..rows import new_token
 
 __all__ = ("MemoryLockOps",)
@@ -49,7 +48,7 @@ class _LockTables:
 class MemoryLockOps:
     """The :class:`~asynccoord.contract.locks.LockStore` primitives of the in-memory store.
 
-    A mixin: it relies on the store's ``_clock``, ``_check_open``, ``config`` and ``events``.
+    A mixin: it relies on the store's ``_clock``, ``_enter``, ``config`` and ``events``.
     """
 
     config: StoreConfig
@@ -58,7 +57,9 @@ class MemoryLockOps:
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
+        async def _enter(self) -> None: ...
+
+        async def _enter_giving_back(self) -> None: ...
 
     @functools.cached_property
     def releases(self) -> ReleaseSignal:
@@ -85,7 +86,7 @@ class MemoryLockOps:
             InvalidArgumentError, InvalidTypeError: a bad argument; nothing written.
         """
         name, ttl, count, who = check_lock_request(name, ttl_s, permits, holder)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         tables = self._lock_tables
         live = self._live(name, now)
@@ -110,8 +111,7 @@ class MemoryLockOps:
     async def release_lock(self, lease: Lease) -> bool:
         """Delete ``lease`` if it is still live; False if it lapsed or was taken over (a hand-back: see close())."""
         check_lease(lease)
-        with CallGate.giving_back():
-            self._check_open()
+        await self._enter_giving_back()
         now = self._clock()
         leases = self._lock_tables.holders.get(lease.name, {})
         stored = leases.pop(lease.owner_token, None)
@@ -126,7 +126,7 @@ class MemoryLockOps:
         """Extend a live lease to ``ttl_s`` (default ``lease.ttl_s``) from now; None if it lapsed."""
         check_lease(lease)
         ttl = lease.ttl_s if ttl_s is None else check_lease_s("ttl_s", ttl_s)
-        self._check_open()
+        await self._enter()
         return self._renew(lease, ttl, self._clock())
 
     def _renew(self, lease: Lease, ttl_s: float, now: float) -> Lease | None:
@@ -141,7 +141,7 @@ class MemoryLockOps:
     async def renew_locks(self, leases: Sequence[Lease]) -> list[Lease | None]:
         """Renew many leases atomically, each by its own ``ttl_s``; None where lapsed."""
         checked = check_leases(leases)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         return [self._renew(lease, lease.ttl_s, now) for lease in checked]
 
@@ -149,7 +149,7 @@ class MemoryLockOps:
         """Live leases of ``name`` (or of every name), by name then fencing token."""
         if name is not None:
             check_name("name", name)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         names = [name] if name is not None else list(self._lock_tables.holders)
         found = [lease for n in names for lease in self._live(n, now).values()]
@@ -181,7 +181,11 @@ class MemoryLockOps:
             FencingTokenRejectedError: the resource accepted a higher token; nothing written.
         """
         resource, token = check_fence_args(resource, fencing_token)
-        self._check_open()
+        await self._enter()
+        self._record_fence(resource, token)
+
+    def _record_fence(self, resource: str, token: int) -> None:
+        """:meth:`fence`'s work on checked arguments, without awaiting (a commit's fence records its token so)."""
         self._check_token(resource, token)
         current = self._lock_tables.fences.get(resource)
         data = None if current is None else current.data
@@ -197,7 +201,7 @@ class MemoryLockOps:
         """
         resource, token = check_fence_args(resource, fencing_token)
         text = encode_fence_data(data, self.config.max_payload_bytes)
-        self._check_open()
+        await self._enter()
         self._check_token(resource, token)
         record = FenceRecord(resource=resource, fencing_token=token, data=json.loads(text), updated_at=self._clock())
         self._lock_tables.fences[resource] = record
@@ -206,5 +210,5 @@ class MemoryLockOps:
     async def read_fence(self, resource: str) -> FenceRecord | None:
         """The resource's highest accepted token and last fenced data; None if never fenced."""
         check_name("resource", resource)
-        self._check_open()
+        await self._enter()
         return self._lock_tables.fences.get(resource)

@@ -1,8 +1,9 @@
 """Node membership in plain Python objects: the reference semantics.
 
 :class:`MemoryMembershipOps` is a mixin of :class:`~asynccoord.backends.memory.store.MemoryStore`.
-Each method runs to completion without awaiting, so each is atomic, and liveness is
-judged by the store's injectable clock (``self._clock``), which makes expiry
+Each method hands control to the loop once at its entry (the store's ``_enter``), then
+runs to completion without awaiting, so each is atomic; liveness is judged by the store's
+injectable clock (``self._clock``), which makes expiry
 deterministic in tests. Semantics are those of
 :class:`~asynccoord.contract.membership.MembershipStore`; the SQLite implementation
 (:mod:`.sqlite_membership`) must behave the same.
@@ -35,7 +36,7 @@ class _MemberRow:
 class MemoryMembershipOps:
     """The :class:`~asynccoord.contract.membership.MembershipStore` primitives of the in-memory store.
 
-    A mixin: it relies on the store's ``_clock``, ``_check_open`` and ``config``.
+    A mixin: it relies on the store's ``_clock``, ``_enter`` and ``config``.
     """
 
     config: StoreConfig
@@ -44,7 +45,7 @@ class MemoryMembershipOps:
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
+        async def _enter(self) -> None: ...
 
     @functools.cached_property
     def _member_rows(self) -> dict[str, _MemberRow]:
@@ -74,7 +75,7 @@ class MemoryMembershipOps:
                 nothing written.
         """
         prepared, ttl = prepare_beats(beats, ttl_s, self.config.max_payload_bytes)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         rows = self._member_rows
         cutoff = now - DEAD_MEMBER_RETENTION_S
@@ -102,7 +103,7 @@ class MemoryMembershipOps:
             InvalidArgumentError, InvalidTypeError: a bad argument.
         """
         node_id, incarnation = check_leave_args(node_id, incarnation)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         row = self._member_rows.get(node_id)
         if row is None or row.incarnation != incarnation:
@@ -112,5 +113,5 @@ class MemoryMembershipOps:
 
     async def members(self) -> list[Member]:
         """The live members (expiry after the store clock now), by node id."""
-        self._check_open()
+        await self._enter()
         return self._live_members(self._clock())

@@ -1,8 +1,9 @@
 """The conflict monitor's counters in plain Python objects: the reference semantics.
 
 :class:`MemoryMonitorOps` is a mixin of :class:`~asynccoord.backends.memory.store.MemoryStore`.
-Each method runs to completion without awaiting, so each is atomic, and time buckets
-follow the store's injectable clock (``self._clock``), which makes sliding windows
+Each method hands control to the loop once at its entry (the store's ``_enter``), then
+runs to completion without awaiting, so each is atomic; time buckets follow the store's
+injectable clock (``self._clock``), which makes sliding windows
 deterministic in tests. Semantics are those of
 :class:`~asynccoord.contract.monitor.MonitorStore`; the SQLite implementation
 (:mod:`.sqlite_monitor`) must behave the same.
@@ -52,7 +53,7 @@ class _MonitorTables:
 class MemoryMonitorOps:
     """The :class:`~asynccoord.contract.monitor.MonitorStore` primitives of the in-memory store.
 
-    A mixin: it relies on the store's ``_clock``, ``_check_open`` and ``_tasks``.
+    A mixin: it relies on the store's ``_clock``, ``_enter`` and ``_tasks``.
     """
 
     config: StoreConfig
@@ -63,7 +64,7 @@ class MemoryMonitorOps:
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
+        async def _enter(self) -> None: ...
 
     @functools.cached_property
     def _monitor_tables(self) -> _MonitorTables:
@@ -79,7 +80,7 @@ class MemoryMonitorOps:
             InvalidTypeError, InvalidArgumentError: a bad ``flush``; nothing written.
         """
         enc = encode_flush(flush)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         bucket = bucket_of(now)
         t = self._monitor_tables
@@ -125,7 +126,7 @@ class MemoryMonitorOps:
             InvalidTypeError, InvalidArgumentError: bad ``windows_s``.
         """
         windows = check_windows(windows_s)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         t = self._monitor_tables
         counted: dict[float, dict[CounterKey, int]] = {}
@@ -155,7 +156,7 @@ class MemoryMonitorOps:
 
     async def queue_depths(self) -> list[QueueDepth]:
         """Tasks by queue and status, with each queue's oldest due pending age."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         counts: dict[str, dict[str, int]] = {}
         oldest: dict[str, float] = {}

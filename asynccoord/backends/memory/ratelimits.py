@@ -3,8 +3,9 @@
 :class:`MemoryRateLimitOps` is a mixin of :class:`~asynccoord.backends.memory.store.MemoryStore`.
 The GCRA arithmetic and the claim's pass over its candidates are
 :mod:`asynccoord.contract.ratelimits`'; this keeps the state and the verbs
-(``set_rate_limits``, ``rate_limits``, ``report_rate_limited``). Each method runs to
-completion without awaiting, so each is atomic.
+(``set_rate_limits``, ``rate_limits``, ``report_rate_limited``). Each method hands control
+to the loop once at its entry (the store's ``_enter``), then runs to completion without
+awaiting, so each is atomic.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class _RateTables:
 class MemoryRateLimitOps:
     """Rate limits in plain Python objects (semantics as in :mod:`asynccoord.contract.ratelimits`).
 
-    A mixin: it relies on the store's ``_clock``, ``_check_open``, ``_tasks``, ``_held``,
+    A mixin: it relies on the store's ``_clock``, ``_enter``, ``_tasks``, ``_held``,
     ``_put``, ``events`` and ``notifier``.
     """
 
@@ -60,7 +61,7 @@ class MemoryRateLimitOps:
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
+        async def _enter(self) -> None: ...
 
         def _held(self, task: Task, now: float, *, count: bool = True) -> Task: ...
 
@@ -78,7 +79,7 @@ class MemoryRateLimitOps:
         """Declare ``queue``'s limits, replacing any it had (an empty list removes them); buckets keep their state."""
         check_name("queue", queue)
         checked = check_rate_limits(limits)
-        self._check_open()
+        await self._enter()
         if checked:
             self._rate.limits[queue] = {limit.dimension: limit for limit in checked}
         else:
@@ -87,18 +88,18 @@ class MemoryRateLimitOps:
     async def rate_limits(self, queue: str) -> list[RateLimit]:
         """``queue``'s declared limits, by dimension name."""
         check_name("queue", queue)
-        self._check_open()
+        await self._enter()
         return [self._rate.limits[queue][d] for d in sorted(self._rate.limits.get(queue, {}))]
 
     async def limited_queues(self) -> list[str]:
         """The queues that declare limits, by name."""
-        self._check_open()
+        await self._enter()
         return sorted(self._rate.limits)
 
     async def held_buckets(self, queue: str | None = None, limit: int = 50) -> list[HeldBucket]:
         """The buckets with no token now, longest wait first (see ``RateLimitStore.held_buckets``)."""
         name, most = check_held_buckets_args(queue, limit)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         held = []
         for (q, dimension, key), tat in self._rate.buckets.items():
@@ -137,7 +138,7 @@ class MemoryRateLimitOps:
         check_task(task)
         retry = check_retry_after_s(retry_after_s)
         dim, chosen = check_pause_target(dimension, key)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         stored = self._tasks.get(task.id)
         queue = task.queue if stored is None else stored.queue

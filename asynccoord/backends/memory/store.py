@@ -1,9 +1,11 @@
 """In-memory store: the reference semantics of the storage contract.
 
-Everything lives in dicts of one process and one event loop; each method runs to
-completion without awaiting in between, so each is atomic. It is the model the
-contract tests compare other backends against, and a fast store for unit tests of
-code built on asynccoord. It is not durable and cannot be shared between processes.
+Everything lives in dicts of one process and one event loop. Each call hands control
+to the loop once at its entry, as a call to a real store does (see
+:meth:`MemoryStore._enter`), then runs to completion without awaiting, so each is
+atomic. It is the model the contract tests compare other backends against, and a fast
+store for unit tests of code built on asynccoord. It is not durable and cannot be shared
+between processes.
 
 The clock is injectable (``clock=``), which makes lease expiry and backoff
 deterministic in tests; the default is ``time.time``.
@@ -97,6 +99,7 @@ class MemoryStore(
         """
         if self._open:
             raise StoreAlreadyOpenError.of(self)
+        self._gate.forget_calls()  # those of a loop closed mid-call never end
         self._open = True
 
     async def close(self) -> None:
@@ -113,7 +116,7 @@ class MemoryStore(
         try:
             if self._open:
                 self._gate.closing = True
-                await self._gate.settle(_CALLS_S)  # each call runs to its end in one step: no call is in flight
+                await self._gate.settle(_CALLS_S)  # hand-backs in their entry's yield are calls in flight
         finally:
             self._gate.closing = False
             self._open = False
@@ -125,6 +128,30 @@ class MemoryStore(
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
         self._gate.admit()
 
+    async def _enter(self) -> None:
+        """Begin a call: hand control to the loop once, then :meth:`_check_open`.
+
+        A real store's call awaits its database, so other tasks run meanwhile; without this
+        yield a loop of calls would starve every other task of the loop. The yield comes
+        before the call reads or changes anything: a call cancelled in it changed nothing,
+        and one that finds the store closing after it is refused as a new call.
+
+        Raises:
+            StoreClosedError: the store is not open, or it is closing.
+        """
+        await asyncio.sleep(0)
+        self._check_open()
+
+    async def _enter_giving_back(self) -> None:
+        """Begin a hand-back (see :meth:`_enter`): let through while the store closes, and waited for.
+
+        The hand-back is a call in flight during its yield, so a ``close()`` that begins
+        meanwhile waits for it (:meth:`CallGate.settle`) instead of closing under it.
+        """
+        with CallGate.giving_back(), self._gate.call():
+            await asyncio.sleep(0)
+            self._check_open()
+
     @property
     def partitions(self) -> int:
         """Number of fixed partitions."""
@@ -132,14 +159,14 @@ class MemoryStore(
 
     async def now(self) -> float:
         """The store clock."""
-        self._check_open()
+        await self._enter()
         return self._clock()
 
     # --- enqueue ----------------------------------------------------------------------
 
     async def _enqueue_checked(self, prepared: list[PreparedTask]) -> list[EnqueueResult]:
         """Add tasks atomically; a repeated idempotency key returns the existing task."""
-        self._check_open()
+        await self._enter()
         for p in prepared:
             if p.limit_keys:
                 warn_undeclared_dimensions(p.queue, p.limit_keys, list(self._declared(p.queue)))
@@ -193,7 +220,7 @@ class MemoryStore(
         self, queue: str, node_id: str, limit: int, lease: float, parts: list[int] | None, ordered: bool, due_age: float
     ) -> list[Task]:
         """Lease up to ``limit`` due tasks (semantics as in the SQLite store)."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         dead = 0
         for task in list(self._tasks.values()):
@@ -247,7 +274,7 @@ class MemoryStore(
 
     async def _claimable_checked(self, queue: str, parts: list[int] | None, ordered: bool, due_age: float) -> set[int]:
         """The partitions where a claim with these arguments would find work now (semantics as in the SQLite store)."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         found = self._claimable(queue, parts, ordered, now - due_age)
         admission = self._admission(queue, now)
@@ -333,16 +360,16 @@ class MemoryStore(
         self, tasks: list[Task], results: list[str | None], fences: list[tuple[str, int] | None] | None
     ) -> list[Task | CoordError]:
         """Complete many tasks atomically, each with its own compare-and-set (and fence)."""
-        self._check_open()
-        return await self._complete(tasks, results, fences, announce=True)
+        await self._enter()
+        return self._complete(tasks, results, fences, announce=True)
 
     async def _complete_and_claim_next_checked(
         self, task: Task, result_json: str | None, fence: tuple[str, int] | None, lease: float, owner: str
     ) -> Continuation:
         """Complete ``task`` and lease its key's next task atomically (semantics as in the SQLite store)."""
-        self._check_open()
+        await self._enter()
         fenced: list[tuple[str, int] | None] | None = None if fence is None else [fence]
-        outcome = (await self._complete([task], [result_json], fenced, announce=False))[0]
+        outcome = self._complete([task], [result_json], fenced, announce=False)[0]
         if not isinstance(outcome, Task):
             raise outcome
         next_task = self._lease_key_head(outcome, owner, lease)
@@ -377,7 +404,7 @@ class MemoryStore(
         self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED)
         return None
 
-    async def _complete(
+    def _complete(
         self,
         checked: list[Task],
         encoded: list[str | None],
@@ -408,7 +435,7 @@ class MemoryStore(
             if fence is not None:  # the commit goes through: record its token, unless one of this call was higher
                 latest = self._lock_tables.fences.get(fence[0])
                 if latest is None or fence[1] >= latest.fencing_token:
-                    await self.fence(*fence)
+                    self._record_fence(*fence)
             done = self._put(current, now, status=TaskStatus.DONE, result=decode_json(result_json), last_error=None)
             if current.idempotency_key is not None:
                 self._processed.setdefault((current.queue, current.idempotency_key), now)
@@ -421,7 +448,7 @@ class MemoryStore(
 
     async def _fail_checked(self, task: Task, text: str, policy: RetryPolicy) -> Task:
         """Record a failed attempt in one atomic step (semantics as in the SQLite store)."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         current = self._held(task, now)
         if current.attempts >= current.max_attempts:
@@ -433,15 +460,14 @@ class MemoryStore(
 
     async def _dead_letter_checked(self, task: Task, error: str, *, count: bool = True) -> Task:
         """Dead-letter ``task`` with ``error`` in one atomic step (for a release on its last attempt)."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         current = self._held(task, now, count=count)
         return self._put(current, now, status=TaskStatus.DEAD, last_error=error)
 
     async def _release_checked(self, task: Task, delay: float, count_attempt: bool) -> Task:
         """Hand back to pending (due after ``delay``), the attempt counted or not (a hand-back: see close())."""
-        with CallGate.giving_back():
-            self._check_open()
+        await self._enter_giving_back()
         now = self._clock()
         current = self._held(task, now, count=False)  # a refused hand-back is no stale commit
         attempts = current.attempts if count_attempt else max(current.attempts - 1, 0)
@@ -454,7 +480,7 @@ class MemoryStore(
 
         Two nodes can claim the same task. For benchmarks only.
         """
-        self._check_open()
+        await self._enter()
         now = self._clock()
         allowed = None if parts is None else set(parts)
         ids = [
@@ -476,7 +502,7 @@ class MemoryStore(
 
     async def _unchecked_complete_checked(self, checked: list[Task], encoded: list[str | None]) -> int:
         """Mark tasks done without any compare-and-set (benchmarks only); return how many."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         for t, r in zip(checked, encoded, strict=True):
             current = self._tasks.get(t.id)
@@ -487,7 +513,7 @@ class MemoryStore(
 
     async def _extend_checked(self, task: Task, lease: float) -> float:
         """Renew the lease; an expired lease is never revived."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         current = self._held(task, now, count=False)  # a failed heartbeat is not a stale commit
         self._tasks[task.id] = replace(current, lease_expires_at=now + lease)
@@ -495,7 +521,7 @@ class MemoryStore(
 
     async def _extend_many_checked(self, checked: list[Task], lease: float) -> list[bool]:
         """Renew many leases; True where the lease was still held."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         out: list[bool] = []
         for t in checked:
@@ -517,7 +543,7 @@ class MemoryStore(
 
     async def _get_checked(self, task_id: int) -> Task:
         """The task with that id. Raises TaskNotFoundError."""
-        self._check_open()
+        await self._enter()
         task = self._tasks.get(task_id)
         if task is None:
             raise TaskNotFoundError(task_id)
@@ -525,7 +551,7 @@ class MemoryStore(
 
     async def _stats_checked(self, queue: str | None) -> QueueStats:
         """Counts by status and the oldest due pending age."""
-        self._check_open()
+        await self._enter()
         now = self._clock()
         counts = {s: 0 for s in TaskStatus}
         oldest: float | None = None
@@ -539,13 +565,13 @@ class MemoryStore(
 
     async def _is_drained_checked(self, queue: str) -> bool:
         """True when ``queue`` has no pending and no running task."""
-        self._check_open()
+        await self._enter()
         unfinished = (TaskStatus.PENDING, TaskStatus.RUNNING)
         return not any(t.queue == queue and t.status in unfinished for t in self._tasks.values())
 
     async def _dead_letters_checked(self, queue: str, limit: int, after_id: int | None) -> list[Task]:
         """The dead tasks of ``queue`` above ``after_id``, ascending id, at most ``limit``."""
-        self._check_open()
+        await self._enter()
         after = -1 if after_id is None else after_id
         dead = [t for t in self._tasks.values() if t.queue == queue and t.status is TaskStatus.DEAD and t.id > after]
         return sorted(dead, key=lambda t: t.id)[:limit]
@@ -553,7 +579,7 @@ class MemoryStore(
     async def _requeue_dead_checked(self, queue: str, ids: list[int] | None) -> int:
         """Move dead tasks back to pending with attempts reset."""
         wanted = None if ids is None else set(ids)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         n = 0
         for t in list(self._tasks.values()):
@@ -564,12 +590,12 @@ class MemoryStore(
 
     async def _is_processed_checked(self, consumer: str, message_id: str) -> bool:
         """Whether a processed-id record exists."""
-        self._check_open()
+        await self._enter()
         return (consumer, message_id) in self._processed
 
     async def _purge_processed_checked(self, age: float, size: int) -> PurgeResult:
         """Delete processed-id records older than ``age`` seconds, in batches of ``size``."""
-        self._check_open()
+        await self._enter()
         cutoff = self._clock() - age
         old = [k for k, at in self._processed.items() if at < cutoff]
         for k in old:
@@ -578,7 +604,7 @@ class MemoryStore(
 
     async def _purge_finished_checked(self, queue: str, age: float, size: int) -> PurgeResult:
         """Delete done tasks of ``queue`` older than ``age`` seconds."""
-        self._check_open()
+        await self._enter()
         cutoff = self._clock() - age
         old = [
             t
@@ -593,7 +619,7 @@ class MemoryStore(
     async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
         """Delete dead tasks of ``queue`` (all, or those ids); a key they held goes on."""
         wanted = None if ids is None else set(ids)
-        self._check_open()
+        await self._enter()
         gone = [
             t
             for t in self._tasks.values()
