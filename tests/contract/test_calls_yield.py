@@ -116,6 +116,7 @@ async def public_calls(store: Store) -> dict[str, Call]:
         "flush_metrics": lambda: store.flush_metrics(MetricsFlush(process_id="p1")),
         "read_metrics": lambda: store.read_metrics(),
         "queue_depths": lambda: store.queue_depths(),
+        "queue_backlogs": lambda: store.queue_backlogs(["q"]),
         "set_rate_limits": lambda: store.set_rate_limits("q2", [RateLimit(dimension="chat", count=1, per_s=1.0)]),
         "rate_limits": lambda: store.rate_limits("lim"),
         "limited_queues": lambda: store.limited_queues(),

@@ -189,7 +189,7 @@ class MemoryMonitorOps:
             InvalidTypeError, InvalidArgumentError: bad ``queues``.
         """
         wanted = check_backlog_queues(queues)
-        self._check_open()
+        await self._enter()
         now = self._clock()
         counts = {queue: dict.fromkeys(TaskStatus, 0) for queue in wanted}
         oldest: dict[str, float] = {}
