@@ -458,17 +458,24 @@ async def _release_abandoned(
 ) -> None:
     """Close the connections of a store whose event loop (that of ``open()``) is not the running one.
 
-    The writer and checkpointer tasks ran on that loop: they are cancelled there if it
+    The writer and checkpointer tasks ran on that loop: they are stopped there if it
     still runs (they ended with it otherwise) and never awaited from here. The
     connections are closed by :func:`close_abandoned` (their threads may have died with
     that loop).
     """
-    for task in (writer.task if writer is not None else None, checkpointer.task if checkpointer is not None else None):
-        if task is not None and not task.done() and not task.get_loop().is_closed():
-            task.get_loop().call_soon_threadsafe(task.cancel)
+    if writer is not None and writer.task is not None:
+        _on_its_loop(writer.task, writer.abandon)  # ends it at once (a cancellation alone is deferred)
+    if checkpointer is not None and checkpointer.task is not None:
+        _on_its_loop(checkpointer.task, checkpointer.task.cancel)
     for c in (checkpointer.connection if checkpointer is not None else None, conn):
         if c is not None:
             await close_abandoned(c)
+
+
+def _on_its_loop(task: asyncio.Task[None], stop: Callable[[], object]) -> None:
+    """Call ``stop`` on the loop of ``task`` (from any thread), unless the task or its loop has ended."""
+    if not task.done() and not task.get_loop().is_closed():
+        task.get_loop().call_soon_threadsafe(stop)
 
 
 def _split_script(script: str) -> list[str]:

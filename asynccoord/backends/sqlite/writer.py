@@ -43,6 +43,10 @@ Operation = Callable[[sqlite3.Connection, float], T]
 
 _HOP_BATCHES = 8
 """Most transactions one trip to the connection thread commits before reads get a turn."""
+OUTSIDE_IDLE_S = 2.0
+"""After a cancellation not asked for by ``stop()``, the writer ends once idle this long, seconds."""
+OUTSIDE_MAX_S = 10.0
+"""After a cancellation not asked for by ``stop()``, the writer ends this long after it at the latest, seconds."""
 
 
 async def run_on_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
@@ -172,6 +176,19 @@ class GroupCommitter:
     so a cancelled caller never leaves work leased or a lock held with nobody to
     release it.
 
+    Cancellation of the writer itself: only :meth:`stop` (the store's ``close()``) and
+    :meth:`abandon` (a close from another event loop) end it at once. A cancellation from
+    anyone else is deferred: when a task of the program raises ``SystemExit`` or
+    ``KeyboardInterrupt``, ``asyncio.run`` cancels every task left, in no order, the writer
+    among them, while the nodes it also cancelled still have tasks, locks and their
+    membership to hand back, and the program's ``async with`` still has the store to
+    close. So the writer keeps committing until ``stop()`` ends it, or until it has been
+    idle :data:`OUTSIDE_IDLE_S` (2 s), or :data:`OUTSIDE_MAX_S` (10 s) after the
+    cancellation at the latest: a program that never closes its store cannot hold up
+    ``asyncio.run``'s shutdown for longer. It then ends cancelled, as asked. Once it has
+    ended, for whatever reason, what is queued and every later call fails at once with
+    :class:`~asynccoord.errors.StoreClosedError`: no caller waits for a writer that is gone.
+
     Args:
         conn: An open aiosqlite connection in autocommit mode (``isolation_level=None``).
         now_sql: SQL returning the store clock in seconds (used when ``clock`` is None).
@@ -197,7 +214,9 @@ class GroupCommitter:
         self._queue: deque[_Pending[Any]] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        self._closing = False  # stop() or abandon() called: the writer ends once the queue is empty
+        self._abandoned = False  # abandon() called: the writer ends at once, failing the queue
+        self._ended = False  # the writer task ended (stopped, abandoned, cut or crashed)
         self.transactions = 0
         """Transactions committed so far (for benchmarks and tests)."""
 
@@ -219,6 +238,16 @@ class GroupCommitter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    def abandon(self) -> None:
+        """Stop the writer at once, failing what is queued (its store was closed from another loop).
+
+        Call on the writer's own loop (``loop.call_soon_threadsafe(writer.abandon)`` from another thread).
+        """
+        self._closing = True
+        self._abandoned = True
+        if self._task is not None:
+            self._task.cancel()
 
     async def submit(self, fn: Operation[T], undo: Callable[[T], Operation[Any] | None] | None = None) -> T:
         """Queue ``fn`` for the next batch and wait for its result.
@@ -249,8 +278,8 @@ class GroupCommitter:
         Raises:
             StoreClosedError: the writer is stopping.
         """
-        if self._closing or self._task is None:
-            raise StoreClosedError("the store is closed")
+        if self._closing or self._task is None or self._ended:
+            raise StoreClosedError("the store is closed" if self._closing else "the store's writer task has ended")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(fn, future, undo))
         self._wake.set()
@@ -272,20 +301,54 @@ class GroupCommitter:
         return float(row[0])
 
     async def _run(self) -> None:
+        try:
+            await self._serve()
+        finally:
+            self._ended = True  # from here on enqueue() refuses: nothing is left waiting for a writer gone
+            self._fail_queued(StoreClosedError("the store's writer stopped before this write ran"))
+
+    async def _serve(self) -> None:
+        """Commit what is queued until stopped; a cancellation from outside ends it later (see the class)."""
+        loop = asyncio.get_running_loop()
+        cut_at: float | None = None  # set by a cancellation from outside: the writer ends by then
+        idle_since = 0.0
         while True:
-            if not self._queue:
-                if self._closing:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
             try:
-                await run_on_thread(self._conn, self._drain, asyncio.get_running_loop())
-            except BaseException as exc:  # the thread call itself failed or we were cancelled
-                if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
-                    self._fail_queued(StoreClosedError("the store was closed while writing"))
+                if not self._queue:
+                    if self._closing:
+                        break
+                    self._wake.clear()
+                    if cut_at is None:
+                        await self._wake.wait()
+                        continue
+                    remaining_s = min(cut_at, idle_since + OUTSIDE_IDLE_S) - loop.time()
+                    if remaining_s <= 0:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(remaining_s):
+                            await self._wake.wait()
+                    continue
+                try:
+                    await run_on_thread(self._conn, self._drain, loop)
+                finally:
+                    idle_since = loop.time()
+                if cut_at is not None and loop.time() >= cut_at:
+                    break
+            except asyncio.CancelledError:
+                if self._abandoned or (cut_at is not None and loop.time() >= cut_at):
                     raise
-                self._fail_queued(exc if isinstance(exc, Exception) else StoreError(repr(exc)))
+                # Cancelled from outside (asyncio.run ending the program, say): keep serving the
+                # hand-backs that cancellation starts. A drain cut on the thread goes on there.
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                if cut_at is None:
+                    cut_at = loop.time() + OUTSIDE_MAX_S
+                idle_since = loop.time()
+            except Exception as exc:  # the thread call itself failed
+                self._fail_queued(exc)
+        if cut_at is not None:
+            raise asyncio.CancelledError  # the deferred cancellation, delivered now
 
     def _deliver_batch(self, batch: list[_Pending[Any]], outcomes: list[tuple[bool, Any]] | BaseException) -> None:
         """On the loop: hand one transaction's outcomes (or its failure) to the callers."""
