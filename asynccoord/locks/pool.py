@@ -86,7 +86,6 @@ class _Session:
     name: str
     lease: Lease | None = None
     guard: Guard | None = None
-    park: asyncio.Event | None = None
     busy: bool = False
     turns: int = 0
     deferred: int = 0
@@ -569,16 +568,16 @@ class LockPool:
         session.line_seen = False
         session.line_rank = None
         self._gave_way.pop(name, None)
-        park = session.park = asyncio.Event()
-        parked = asyncio.get_running_loop().create_task(park.wait(), name=f"asynccoord-lockpool-{name}")
 
         def lost(error: LockLostError) -> None:
             callback = session.on_lost
             if callback is not None:
                 callback(error)
 
+        # Tied to no task: the pool closes the guard when the lease goes back (_drop), and only then
+        # (a task of its own, cancelled at a program's exit, would stop the guard and skip the release).
         session.guard = Watchdog.for_store(self.store).guard(
-            outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, task=parked
+            outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, tied_to_task=False
         )
 
     def _rank_of(self, priority: int, order: int | None) -> Rank | None:
@@ -790,14 +789,12 @@ class LockPool:
     @staticmethod
     def _drop(session: _Session) -> Guard | None:
         """Forget ``session``'s lease (no turn is taken on it any more); return its guard, still open."""
-        guard, park = session.guard, session.park
-        session.guard = session.park = None
+        guard = session.guard
+        session.guard = None
         session.lease = None
         session.turns = 0
         session.line_seen = False
         session.line_rank = None
-        if park is not None:
-            park.set()
         return guard
 
     def let_lapse(self, lease: Lease) -> bool:

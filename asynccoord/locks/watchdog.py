@@ -20,7 +20,13 @@ from dataclasses import dataclass
 
 from .. import events as ev
 from ..contract.locks import Lease, LockStore, check_lease
-from ..errors import InvalidArgumentError, InvalidTypeError, LockLostError, MaxHoldExceededError
+from ..errors import (
+    UNRECOVERABLE_STORE_ERRORS,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LockLostError,
+    MaxHoldExceededError,
+)
 from ..validation import (
     check_bool,
     check_finite,
@@ -30,7 +36,16 @@ from ..validation import (
     is_async_callable,
 )
 
-__all__ = ("DEFAULT_SAFETY_MARGIN_RATIO", "Guard", "IDLE_EXIT_S", "MIN_RETRY_S", "Watchdog", "WatchdogStats")
+__all__ = (
+    "DEFAULT_SAFETY_MARGIN_RATIO",
+    "IDLE_EXIT_S",
+    "MIN_RETRY_S",
+    "OUTSIDE_GRACE_S",
+    "OUTSIDE_IDLE_S",
+    "Guard",
+    "Watchdog",
+    "WatchdogStats",
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +58,14 @@ MIN_RETRY_S = 0.005
 IDLE_EXIT_S = 0.2
 """How long the watchdog's task lingers with nothing to guard before it ends, seconds
 (so a lock taken and released many times a second does not start a task each time)."""
+
+OUTSIDE_IDLE_S = 1.0
+"""After a cancellation of its task by anyone but :meth:`Watchdog.aclose`, the watchdog gives up
+the leases it still guards once none was released for this long, seconds (see :class:`Watchdog`)."""
+
+OUTSIDE_GRACE_S = 5.0
+"""After a cancellation of its task by anyone but :meth:`Watchdog.aclose`, the watchdog gives up
+the leases it still guards this long after it at the latest, seconds (see :class:`Watchdog`)."""
 
 _REGISTRY: weakref.WeakKeyDictionary[object, Watchdog] = weakref.WeakKeyDictionary()
 _GUARDED_IN: weakref.WeakValueDictionary[str, Watchdog] = weakref.WeakValueDictionary()
@@ -274,6 +297,18 @@ class Watchdog:
     The watchdog's own task runs only while it guards something (and lingers
     ``IDLE_EXIT_S`` after the last guard closes).
 
+    A cancellation of that task by anyone but :meth:`aclose` ends it at once only when it
+    guards nothing, or when its store is closed (a program that ended with a lock it never
+    released). Otherwise the cancellation is deferred: when a task of the program raises
+    ``SystemExit`` or ``KeyboardInterrupt``, ``asyncio.run`` cancels every task left, in no
+    order, the watchdog among them, while the holders it also cancelled are about to release
+    their leases. Giving the leases up then would tell those holders their locks were lost
+    (a node would then neither release the lock nor hand its task back, both left held until
+    their TTLs). So the watchdog keeps guarding (and renewing) until its last guard closes,
+    while releases keep coming (:data:`OUTSIDE_IDLE_S`, 1 s, without one ends it), for
+    :data:`OUTSIDE_GRACE_S` (5 s) at most, and until a renewal finds the store closed; it
+    then gives up what is left, as before, and ends cancelled.
+
     Args:
         store: The lock store whose leases it renews (``renew_locks``).
         safety_margin_ratio: Fraction of each lease's TTL by which the local
@@ -299,6 +334,8 @@ class Watchdog:
         self._wake: asyncio.Future[None] | None = None
         self._wake_at = float("inf")
         self._idle_since = 0.0
+        self._cut_at: float | None = None  # cancelled from outside: what is still guarded is given up by then
+        self._quiet_since = 0.0  # cancelled from outside: since then, or the last guard closed since
         self._renew_rounds = 0
         self._renewed = 0
         self._lost = 0
@@ -518,6 +555,8 @@ class Watchdog:
 
     def _forget(self, g: Guard) -> None:
         self._guards.discard(g)
+        if self._cut_at is not None:
+            self._quiet_since = time.monotonic()  # a release: the deferred cancellation waits on
         same = self._by_token.get(g._lease.owner_token)
         if same is not None:
             same.discard(g)
@@ -604,36 +643,27 @@ class Watchdog:
             self._wake, self._wake_at = None, float("inf")
 
     async def _run(self) -> None:
+        self._cut_at = None
         try:
             while True:
-                now = time.monotonic()
-                losses: list[tuple[Guard, LockLostError]] = []
-                for g in self._guards:
-                    if now >= g._deadline:
-                        losses.append((g, self._deadline_error(g)))
-                    elif now >= g._hold_deadline:
-                        lease = g._lease
-                        error = MaxHoldExceededError(
-                            f"lock {lease.name!r} (fencing token {lease.fencing_token}) reached its max_hold_s "
-                            "ceiling: the watchdog stopped renewing it and stopped the work it guarded"
-                        )
-                        losses.append((g, error))
-                self._lose_all(losses)
-                if not self._guards:
-                    if now - self._idle_since >= IDLE_EXIT_S:
-                        self._task = None
-                        return
-                    await self._sleep_until(self._idle_since + IDLE_EXIT_S)
-                    continue
-                if self._renewal is None:
-                    self._start_renewal(now)
-                wake_at = float("inf")
-                for g in self._guards:
-                    when = min(g._deadline, g._hold_deadline)
-                    if g._renew and self._renewal is None:
-                        when = min(when, g._next_renew_at)
-                    wake_at = min(wake_at, when)
-                await self._sleep_until(wake_at)
+                try:
+                    if await self._step():
+                        break
+                except asyncio.CancelledError:
+                    now = time.monotonic()
+                    give_up_at = self._give_up_at()
+                    if not self._guards or (give_up_at is not None and now >= give_up_at):
+                        raise
+                    # Cancelled from outside (asyncio.run ending the program, say) while holders
+                    # still hold leases: keep them until they are released (see the class).
+                    current = asyncio.current_task()
+                    if current is not None:
+                        current.uncancel()
+                    self._quiet_since = now
+                    if self._cut_at is None:
+                        self._cut_at = now + OUTSIDE_GRACE_S
+                        if await self._store_closed():
+                            raise  # nobody can release those leases any more: give them up now
         except asyncio.CancelledError:
             self._task = None
             self._lose_all(
@@ -643,6 +673,63 @@ class Watchdog:
                 ]
             )
             raise
+        self._task = None
+        if self._cut_at is not None:
+            raise asyncio.CancelledError  # the deferred cancellation, delivered now
+
+    def _give_up_at(self) -> float | None:
+        """When a deferred cancellation gives up the leases still guarded (monotonic); None: none is deferred."""
+        if self._cut_at is None:
+            return None
+        return min(self._cut_at, self._quiet_since + OUTSIDE_IDLE_S)
+
+    async def _store_closed(self) -> bool:
+        """Whether the store refuses calls for good (closed, or of another event loop): one clock read."""
+        try:
+            await self._store.now()
+        except UNRECOVERABLE_STORE_ERRORS:
+            return True
+        except Exception:  # unreachable, busy...: the renewals will tell
+            return False
+        return False
+
+    async def _step(self) -> bool:
+        """Give up the leases past a deadline, renew those due, sleep until the next event; True: end now.
+
+        Raises:
+            CancelledError: a deferred cancellation's time (:meth:`_give_up_at`) has come with leases guarded.
+        """
+        cut_at = self._give_up_at()
+        now = time.monotonic()
+        if cut_at is not None and now >= cut_at and self._guards:
+            raise asyncio.CancelledError
+        losses: list[tuple[Guard, LockLostError]] = []
+        for g in self._guards:
+            if now >= g._deadline:
+                losses.append((g, self._deadline_error(g)))
+            elif now >= g._hold_deadline:
+                lease = g._lease
+                error = MaxHoldExceededError(
+                    f"lock {lease.name!r} (fencing token {lease.fencing_token}) reached its max_hold_s "
+                    "ceiling: the watchdog stopped renewing it and stopped the work it guarded"
+                )
+                losses.append((g, error))
+        self._lose_all(losses)
+        if not self._guards:
+            if cut_at is not None or now - self._idle_since >= IDLE_EXIT_S:
+                return True
+            await self._sleep_until(self._idle_since + IDLE_EXIT_S)
+            return False
+        if self._renewal is None:
+            self._start_renewal(now)
+        wake_at = float("inf") if cut_at is None else cut_at
+        for g in self._guards:
+            when = min(g._deadline, g._hold_deadline)
+            if g._renew and self._renewal is None:
+                when = min(when, g._next_renew_at)
+            wake_at = min(wake_at, when)
+        await self._sleep_until(wake_at)
+        return False
 
     def _start_renewal(self, now: float) -> None:
         """Renew, in one round, every lease due now and those due within half their interval."""
@@ -689,6 +776,8 @@ class Watchdog:
             log.warning(
                 "asynccoord.watchdog.lock_renew_failed leases=%d error=%s: %s", len(batch), type(exc).__name__, exc
             )
+            if self._cut_at is not None and isinstance(exc, UNRECOVERABLE_STORE_ERRORS):
+                self._cut_at = time.monotonic()  # a deferred cancellation, and the store is gone: end now
             retry_at = time.monotonic()
             for g in batch:
                 g._next_renew_at = retry_at + max(MIN_RETRY_S, g._interval_s / 4)

@@ -13,6 +13,7 @@ and :mod:`~asynccoord.node.config`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -792,7 +793,9 @@ class Node:
             # Cancelled (shutdown): hand the task back unfinished, not counted as a failure, once its
             # lock is released, so the next claimer finds the lock free (unless its send outlives the stop).
             if flight.lock is not None and self.lock_pool is not None:
-                with anyio.CancelScope(shield=True):
+                # A second cancellation (asyncio.run cancels every task at a program's exit, the node
+                # its slots; an anyio shield stops neither) may cut this wait, never the hand-back.
+                with anyio.CancelScope(shield=True), contextlib.suppress(asyncio.CancelledError):
                     await self.lock_pool.released(flight.lock.name)
             await self._settler.hand_back_shielded(flight)
             raise

@@ -25,6 +25,7 @@ from asynccoord import (
     Watchdog,
 )
 from asynccoord import events as ev
+from asynccoord.locks import watchdog as watchdog_module
 from asynccoord.locks.watchdog import IDLE_EXIT_S, Guard
 
 # Renewal moments and prompt cancellations are judged to a tenth of a second.
@@ -218,6 +219,64 @@ async def test_outside_cancellation_wins_over_a_simultaneous_loss(rstore: Store)
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await rstore.list_locks() == []
+
+
+async def test_a_watchdog_cancelled_from_outside_keeps_renewing_until_the_lease_is_released(rstore: Store) -> None:
+    """asyncio.run cancels every task at a program's exit, the watchdog among them, while the
+    holders it also cancelled are about to release their leases: those are not given up meanwhile."""
+    lock = Lock(rstore, "x", ttl_s=0.3, renew_interval_s=0.1)
+    lease = await lock.acquire()
+    await asyncio.sleep(0.01)  # the watchdog task has begun (one cancelled before its first step never runs)
+    [task] = watchdog_tasks()
+    task.cancel()
+    await asyncio.sleep(0.6)  # two TTLs: only renewals kept it
+    assert lock.lost is None
+    assert lock.held
+    assert [info.owner_token for info in await rstore.list_locks()] == [lease.owner_token]
+    assert not task.done()
+    await lock.release()
+    assert await rstore.list_locks() == []
+    await asyncio.wait({task}, timeout=1.0)
+    assert task.cancelled()  # the cancellation, delivered once nothing was left to guard
+    assert lock.watchdog.statistics().lost == 0
+
+
+@pytest.mark.parametrize("rule", ["idle", "grace"])
+async def test_a_watchdog_cancelled_from_outside_gives_up_a_lease_nobody_releases(
+    rstore: Store, monkeypatch: pytest.MonkeyPatch, rule: str
+) -> None:
+    """Released by nobody (acquired with ``Lock.acquire`` and forgotten): given up once no lease was
+    released for OUTSIDE_IDLE_S, or OUTSIDE_GRACE_S after the cancellation at the latest."""
+    monkeypatch.setattr(watchdog_module, "OUTSIDE_IDLE_S" if rule == "idle" else "OUTSIDE_GRACE_S", 0.3)
+    lost: list[LockLostError] = []
+    lock = Lock(rstore, "x", ttl_s=5.0, renew_interval_s=1.0, on_lost=lost.append)
+    await lock.acquire()  # never released
+    await asyncio.sleep(0.01)
+    [task] = watchdog_tasks()
+    cancelled_at = time.monotonic()
+    task.cancel()
+    await asyncio.wait({task}, timeout=2.0)
+    assert 0.3 <= time.monotonic() - cancelled_at < 0.8
+    assert task.cancelled()
+    assert [str(e) for e in lost] == ["the watchdog was cancelled: lock 'x' is no longer renewed"]
+    assert lock.lost is lost[0]
+
+
+async def test_a_watchdog_cancelled_from_outside_gives_up_at_once_what_a_closed_store_held(rstore: Store) -> None:
+    """A program that ended with a lock it never released: ``asyncio.run`` cancels the watchdog
+    after the store's ``async with`` closed it; nothing can be released any more, nothing waits."""
+    lost: list[LockLostError] = []
+    lock = Lock(rstore, "x", ttl_s=5.0, renew_interval_s=1.0, on_lost=lost.append)
+    await lock.acquire()
+    await asyncio.sleep(0.01)
+    [task] = watchdog_tasks()
+    await rstore.close()
+    cancelled_at = time.monotonic()
+    task.cancel()
+    await asyncio.wait({task}, timeout=2.0)
+    assert time.monotonic() - cancelled_at < 0.2
+    assert task.cancelled()
+    assert len(lost) == 1
 
 
 async def test_no_renewal_after_release_returns(rstore: Store) -> None:

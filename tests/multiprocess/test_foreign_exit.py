@@ -1,12 +1,19 @@
 """A ``SystemExit`` raised by another task of the program than the runtime's (a bot's shutdown command).
 
 asyncio lets it out of the event loop, and ``asyncio.run`` then cancels every task left in no
-order: the nodes, and the library's own tasks among them. On SQLite the writer task was one of
-them: the hand-backs the nodes' cancellation starts (tasks, locks, membership) were queued to a
-writer that was gone and never resolved, so the process took 20 s to end (the membership's 5 s
-leave timeout, then ``close()``'s 10 s wait for the calls in flight), and every task stayed
-claimed until its lease lapsed. Now the process ends within a second or so with every task
-handed back, on every backend.
+order: the nodes, and the library's own tasks among them. Each was a way to lose the
+hand-backs the nodes' cancellation starts (tasks, locks, membership):
+
+- SQLite: the writer task, cancelled, left every later write queued with nobody to run it,
+  so the process took 20 s to end (the membership's 5 s leave timeout, then ``close()``'s 10 s
+  wait for the calls in flight), and every task stayed claimed until its lease lapsed.
+- Every backend, with a ``lock_key``: the lock watchdog, cancelled, gave up every lease it
+  guarded, and the lock pool's own task, cancelled, closed its guard: the locks were then never
+  released, and a node told its lock was lost never handed its task back. A node's wait for
+  its lock's release, cut by the second cancellation, skipped the task's hand-back as well.
+
+Now the process ends within a second or so with every task handed back and every lock
+released, on every backend.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ pytestmark = pytest.mark.multiprocess
 
 WORKER = str(TESTS / "workers" / "foreign_exit_worker.py")
 TASKS = 6  # as in the worker: each one's send in flight (30 s) when the exit comes
-LOCKS = ["nolocks"]
+LOCKS = ["nolocks", "locks"]
 
 
 @pytest.fixture
@@ -52,7 +59,7 @@ def run_worker(python: Any, *args: str) -> Any:
     exit_lines = [line for line in proc.stdout.splitlines() if line.startswith("exit_at ")]
     assert len(exit_lines) == 1, proc.stdout + proc.stderr
     assert ended_at - float(exit_lines[0].split()[1]) < 5.0, proc.stderr
-    for trouble in ("Task was destroyed", "leave_timeout", "close_cut_calls"):
+    for trouble in ("Task was destroyed", "leave_timeout", "close_cut_calls", "lock_lost"):
         assert trouble not in proc.stderr, proc.stderr
     return proc
 
