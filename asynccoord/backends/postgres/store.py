@@ -102,6 +102,15 @@ _CALLS_S = 10.0
 """Longest ``close()`` waits for the store calls in flight, seconds."""
 _SETTLE_S = 2.0
 """Longest ``close()`` waits for connection attempts that cancelled calls left running, seconds."""
+_POOL_CLOSE_S = 10.0
+"""Longest ``close()`` waits for the pool's connections in use while calls are still in flight, seconds."""
+_IDLE_POOL_CLOSE_S = 0.25
+"""Longest ``close()`` waits for the pool's connections in use once no call is in flight, seconds.
+
+A connection still in use then has no user left but a release under way (a round trip at most), or
+none at all: asyncpg releases a connection in a task of its own (``asyncio.shield``), which
+``asyncio.run``, ending a program on an exit raised in another task, may cancel before its first
+step. That release never runs, and the pool's ``close()`` would wait for it forever."""
 
 
 def application_name() -> str:
@@ -439,10 +448,12 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         then are waited for, up to 10 s, with everything they queued and started (batched
         commits, claims, hand-backs of cancelled callers): each returns its result, or raises
         as it would have with the store open, and no claim leases a task its caller never
-        gets. Connection attempts that cancelled calls left running are waited for up to 2 s
-        (the connect timeout if shorter), then cancelled. Called from another event loop
-        than ``open()``'s, it only drops the connections (the pool and the listener belong
-        to that loop; nothing queued there can still be waited for).
+        gets. The pool then closes its connections, waiting up to 0.25 s for one still in use
+        (10 s if calls were still in flight) before it drops them all. Connection attempts
+        that cancelled calls left running are waited for up to 2 s (the connect timeout if
+        shorter), then cancelled. Called from another event loop than ``open()``'s, it only
+        drops the connections (the pool and the listener belong to that loop; nothing queued
+        there can still be waited for).
         """
         if self._runner.pool is not None and self._runner.loop is not asyncio.get_running_loop():
             listener, self._listener = self._listener, None
@@ -473,11 +484,11 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
                 await listener.stop()
             # Hand-backs let through meanwhile (a lease released by a caller cancelled just before
             # close(), see CallGate.giving_back) are calls too: they end before the pool closes.
-            await self._runner.settle(_CALLS_S)
+            settled = await self._runner.settle(_CALLS_S)
             pool, self._runner.pool = self._runner.pool, None
             if pool is not None:
                 try:
-                    await asyncio.wait_for(pool.close(), 10.0)
+                    await asyncio.wait_for(pool.close(), _IDLE_POOL_CLOSE_S if settled else _POOL_CLOSE_S)
                 except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                     pool.terminate()
             await self._connector.settle(min(self.connect_timeout_s or _SETTLE_S, _SETTLE_S))
