@@ -17,7 +17,12 @@ store up to its own timeout (``busy_timeout_s``, 30 s, for SQLite's write lock),
 than ``outage_s``, and a monitor's calls run one after another, so counting failures
 alone would raise the notice late, or never when the store answers before the timeout.
 Each watched call arms a timer on the event loop for ``outage_s``; it is disarmed when the
-call returns, and the call itself is left to run.
+call returns, and the call itself is left to run. The timer counts only time the loop was
+free to see the store's answer: one that goes off late by more than a quarter of
+``outage_s`` (1 s at most), because the loop was blocked (a CPU-bound step of another
+task), is armed again for ``outage_s``; one on time still gives the loop
+:data:`CONFIRM_TURNS` turns before it judges the call hung, since an answer that came while
+the loop was blocked needs a few turns to reach the call.
 
 Times on these notices are the store clock of the last call that succeeded plus the
 monotonic time elapsed since, the nearest this process can tell the store's clock
@@ -33,7 +38,15 @@ from collections.abc import Callable, Iterator
 
 from ..contract.monitor import Alert, AlertScope, AlertState
 
-__all__ = ("STORE_UNREACHABLE", "OutageWatch")
+__all__ = ("CONFIRM_TURNS", "STORE_UNREACHABLE", "OutageWatch")
+
+CONFIRM_TURNS = 16
+"""Loop turns a watched call's timer gives it, once gone off, to return before it counts as hung.
+
+A store's answer that came while the loop was blocked is handed on one step per turn (the
+driver's future, the store call's task, the monitor's), while the timer, due by then, runs
+in the first turn.
+"""
 
 STORE_UNREACHABLE = "store_unreachable"
 """The rule (and event) name of the notice: ``value`` is the seconds since the store was last
@@ -62,6 +75,7 @@ class OutageWatch:
         self._on_notice = on_notice
         self._in_flight: dict[object, tuple[str, float]] = {}  # watched calls: kind, monotonic start
         self._late: set[object] = set()  # the watched calls whose timer went off
+        self._timers: dict[object, asyncio.TimerHandle] = {}  # each watched call's timer
         started = time.monotonic()  # the watch starts as if the store had just answered
         self._reached_mono = {"read": started, "write": started}
         self._last_mono = started  # the last call of either kind that succeeded
@@ -111,15 +125,29 @@ class OutageWatch:
         key = object()
         started = time.monotonic()
         self._in_flight[key] = (kind, started)
-        timer = asyncio.get_running_loop().call_later(self.outage_s, self._overdue, key)
+        self._arm(key)
         try:
             yield
         finally:
-            timer.cancel()
+            self._timers.pop(key).cancel()
             del self._in_flight[key]
             self._late.discard(key)
 
-    def _overdue(self, key: object) -> None:
+    def _arm(self, key: object) -> None:
+        """(Re)arm the timer of watched call ``key`` for ``outage_s`` from now."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.outage_s
+        self._timers[key] = loop.call_at(due, self._overdue, key, due)
+
+    def _overdue(self, key: object, due: float, turns: int = CONFIRM_TURNS) -> None:
+        if key not in self._in_flight:  # the call returned in the turns given
+            return
+        if turns == CONFIRM_TURNS and asyncio.get_running_loop().time() - due > min(1.0, self.outage_s / 4):
+            self._arm(key)  # the loop was blocked: the store's answer could not be seen meanwhile
+            return
+        if turns > 0:
+            asyncio.get_running_loop().call_soon(self._overdue, key, due, turns - 1)
+            return
         kind, started = self._in_flight[key]
         if self._reached_mono[kind] > started:  # a call of its kind succeeded meanwhile
             return

@@ -134,3 +134,32 @@ async def hanging_flush() -> None:
         ("store_unreachable", AlertState.RESOLVED),
     ]
     assert (stats.flushes, stats.flush_failures, stats.alerts_fired, stats.alerts_resolved) == (1, 0, 1, 1)
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_a_call_answered_while_the_loop_was_blocked_raises_no_store_unreachable(
+    backend: str, tmp_path: Path
+) -> None:
+    """The event loop is blocked past ``store_outage_s`` (a CPU-bound step of another task)
+    while a flush is in flight, at several points of the flush: the store answers in
+    milliseconds once it has the write, but the answer (or the write itself) cannot go on
+    until the loop runs again, when the watch's timer is long due. The timer must not take
+    that call for a hung one (no firing and resolved notice pair)."""
+    store: MemoryStore | SQLiteStore = MemoryStore() if backend == "memory" else SQLiteStore(tmp_path / "s.db")
+    received: list[Alert] = []
+    async with (
+        store,
+        Monitor(store, rules=[], background=False, process_id="proc-s", store_outage_s=0.3) as monitor,
+    ):
+        monitor.subscribe(received.append)
+        await monitor.flush(force=True)
+        for turns in range(1, 5):
+            flush = asyncio.ensure_future(monitor.flush(force=True))
+            for _ in range(turns):  # the flush's write on its way to the store, or answered
+                await asyncio.sleep(0)
+            time.sleep(0.45)  # the loop is blocked for 1.5 store_outage_s; the store is not
+            assert isinstance(await flush, float)
+        await asyncio.sleep(0.05)
+        stats = monitor.statistics()
+    assert received == []
+    assert (stats.flushes, stats.flush_failures, stats.alerts_fired, stats.alerts_resolved) == (5, 0, 0, 0)
