@@ -11,7 +11,9 @@ How a scrape gets them, and why. ``prometheus_client`` calls the collector on a 
 its HTTP server, while the store lives on the event loop. :meth:`QueueGauges.current`,
 called there, hands a read to the loop (``asyncio.run_coroutine_threadsafe``) when the last
 one is older than ``refresh_s`` and none is in flight, waits for it at most ``wait_s``,
-then returns whatever reading it holds. So:
+then returns whatever reading it holds. A scrape on the loop's own thread (an ASGI app such
+as ``prometheus_client.make_asgi_app`` in the application that hosts the nodes) starts the
+read the same way but cannot wait for it: it serves the last reading. So:
 
 * the loop is never blocked: the read is an ordinary coroutine among the nodes' own;
 * a scrape waits at most ``wait_s`` (on its own thread), however slow the store;
@@ -218,7 +220,9 @@ class QueueGauges:
 
         Hands a read to the loop when the last one started ``refresh_s`` ago or more and none
         is in flight, then waits for it up to ``wait_s``: not at all on the loop's own thread
-        (a ``generate_latest`` called from a coroutine), which serves the last reading.
+        (``prometheus_client.make_asgi_app``, or a ``generate_latest`` called from a
+        coroutine), where the read can only run once the scrape returns: that scrape serves
+        the last reading, and a later one the new.
 
         Returns:
             ``(reading, ok)``: the last reading, or None when none was made or it is older
@@ -232,7 +236,7 @@ class QueueGauges:
                 future = self._inflight = None  # its loop is gone: it will never complete
                 self._ok = False
             due = time.monotonic() - self._started_at >= self.refresh_s
-            if future is None and due and not on_loop:
+            if future is None and due:
                 future = self._start()
         if future is not None and not on_loop:
             concurrent.futures.wait([future], timeout=self.wait_s)

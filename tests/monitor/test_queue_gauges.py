@@ -221,6 +221,49 @@ async def test_a_scrape_waits_at_most_wait_s_for_a_hung_store_and_the_loop_runs_
             await ticker
 
 
+async def asgi_scrape(app: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """One scrape of ``prometheus_client``'s own ASGI app, awaited here: it collects on the event loop's thread."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app({"type": "http", "method": "GET", "path": "/metrics", "headers": [], "query_string": b""}, receive, send)
+    assert sent[0]["status"] == 200
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(sent[1]["body"].decode())
+        for s in family.samples
+    }
+
+
+async def test_scrapes_on_the_event_loop_thread_start_reads_without_waiting_for_them(store: Any) -> None:
+    """An ASGI app (``prometheus_client.make_asgi_app``, served by the app that hosts the nodes)
+    collects on the store's own loop: the scrape cannot wait for a read there, but it starts one
+    when due, and a later scrape serves its values."""
+    from prometheus_client import make_asgi_app
+
+    await store.enqueue_many([NewTask(queue=Q, payload=i) for i in range(3)])
+    registry = CollectorRegistry()
+    collector = register_collector(store, registry=registry, queues=[Q])
+    (gauges,) = collector.queue_gauges()
+    app = make_asgi_app(registry)
+    first = await asgi_scrape(app)
+    assert series(first, "asynccoord_queue_stats_up") == {(): 0.0}  # no reading yet
+    assert gauges.reads == 1  # but one is under way
+    for _ in range(500):
+        if gauges.current()[1]:
+            break
+        await asyncio.sleep(0.01)
+    served = await asgi_scrape(app)
+    assert series(served, "asynccoord_queue_stats_up") == {(): 1.0}
+    assert series(served, "asynccoord_queue_tasks")[(Q, "pending")] == 3.0
+    assert gauges.reads == 1  # not due again within refresh_s
+
+
 async def test_several_stores_keep_their_store_label() -> None:
     orders, billing = MemoryStore(), MemoryStore()
     await orders.open()
