@@ -152,6 +152,11 @@ class CallGate:
         finally:
             _GIVING_BACK.reset(token)
 
+    @staticmethod
+    def in_hand_back() -> bool:
+        """Whether the running code hands something back (inside :meth:`giving_back`)."""
+        return _GIVING_BACK.get()
+
     @property
     def calls(self) -> int:
         """Store calls in flight (see :meth:`call`)."""

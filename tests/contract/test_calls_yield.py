@@ -297,3 +297,24 @@ async def test_a_memory_hand_back_begun_in_the_close_s_last_turns_is_let_through
     await store.open()
     assert await store.list_locks() == []
     await store.close()
+
+
+@pytest.mark.parametrize("turns", range(HAND_BACK_TURNS))
+async def test_a_memory_release_counting_its_attempt_begun_in_the_close_s_last_turns_is_let_through(turns: int) -> None:
+    """A task's release with ``count_attempt=True`` (a send cut short) reads the stored task
+    before it hands it back: that read is part of the hand-back, let through and waited for
+    by a ``close()`` that began up to its last hand-back turn before, as on SQLite."""
+    store = MemoryStore()
+    await store.open()
+    await store.enqueue("q", 0)
+    task = await claim_one(store)
+    closing = asyncio.ensure_future(store.close())
+    for _ in range(turns + 1):  # the close's first step, then its turns
+        await asyncio.sleep(0)
+    assert not closing.done()
+    released = await store.release(task, count_attempt=True)
+    await closing
+    assert (released.status.value, released.attempts) == ("pending", 1)
+    await store.open()
+    assert (await store.get(task.id)).status.value == "pending"
+    await store.close()

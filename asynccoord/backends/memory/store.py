@@ -134,11 +134,16 @@ class MemoryStore(
         A real store's call awaits its database, so other tasks run meanwhile; without this
         yield a loop of calls would starve every other task of the loop. The yield comes
         before the call reads or changes anything: a call cancelled in it changed nothing,
-        and one that finds the store closing after it is refused as a new call.
+        and one that finds the store closing after it is refused as a new call. A call made
+        inside a hand-back (the read of the stored task by a ``release`` that counts its
+        attempt) enters as the hand-back does (:meth:`_enter_giving_back`).
 
         Raises:
             StoreClosedError: the store is not open, or it is closing.
         """
+        if CallGate.in_hand_back():
+            await self._enter_giving_back()
+            return
         await asyncio.sleep(0)
         self._check_open()
 
