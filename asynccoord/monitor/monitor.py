@@ -259,7 +259,10 @@ class Monitor:
                 )
         self.process_id = _default_process_id() if process_id is None else check_name("process_id", process_id)
         self._outage = OutageWatch(
-            self.process_id, check_positive("store_outage_s", store_outage_s), on_notice=self._outage_notice
+            self.process_id,
+            check_positive("store_outage_s", store_outage_s),
+            on_notice=self._outage_notice,
+            at_work=self._store_at_work,
         )
         # The last seconds in which a relative rule's events must have come for it to open an
         # incident (rules.decide): three intervals, for the events to be flushed and read.
@@ -726,6 +729,10 @@ class Monitor:
                     self._alerts_dirty = True
 
     # --- delivery -----------------------------------------------------------------------
+
+    def _store_at_work(self) -> bool:
+        """Whether the store is at work on this process's calls now (see :class:`OutageWatch`)."""
+        return getattr(self.store, "writing", False) is True
 
     def _store_failed(self, kind: str, exc: BaseException) -> None:
         if isinstance(exc, StoreError) and (notice := self._outage.failed(kind)) is not None:

@@ -22,7 +22,10 @@ free to see the store's answer: one that goes off late by more than a quarter of
 ``outage_s`` (1 s at most), because the loop was blocked (a CPU-bound step of another
 task), is armed again for ``outage_s``; one on time still gives the loop
 :data:`CONFIRM_TURNS` turns before it judges the call hung, since an answer that came while
-the loop was blocked needs a few turns to reach the call.
+the loop was blocked needs a few turns to reach the call. Nor does a call count as hung
+while the store is at work on this process's own calls (``at_work``: a SQLite store's
+write transaction holds the write lock, a large ``enqueue_many`` say, and every call of
+the process waits behind it on the store's one connection): the store is reachable.
 
 Times on these notices are the store clock of the last call that succeeded plus the
 monotonic time elapsed since, the nearest this process can tell the store's clock
@@ -67,12 +70,22 @@ class OutageWatch:
             unanswered.
         on_notice: Called with the firing notice that a timer of :meth:`call` raises (the
             notices of :meth:`reached` and :meth:`failed` are returned to their caller).
+        at_work: Whether the store is at work on this process's own calls now (a SQLite
+            store's write transaction holding the write lock): a call unanswered meanwhile
+            waits for that work, not for the store, and its timer is armed again.
     """
 
-    def __init__(self, process_id: str, outage_s: float, on_notice: Callable[[Alert], None] | None = None) -> None:
+    def __init__(
+        self,
+        process_id: str,
+        outage_s: float,
+        on_notice: Callable[[Alert], None] | None = None,
+        at_work: Callable[[], bool] | None = None,
+    ) -> None:
         self.process_id = process_id
         self.outage_s = outage_s
         self._on_notice = on_notice
+        self._at_work = at_work
         self._in_flight: dict[object, tuple[str, float]] = {}  # watched calls: kind, monotonic start
         self._late: set[object] = set()  # the watched calls whose timer went off
         self._timers: dict[object, asyncio.TimerHandle] = {}  # each watched call's timer
@@ -147,6 +160,9 @@ class OutageWatch:
             return
         if turns > 0:
             asyncio.get_running_loop().call_soon(self._overdue, key, due, turns - 1)
+            return
+        if self._at_work is not None and self._at_work():
+            self._arm(key)  # the call waits behind this process's own transaction: the store answers
             return
         kind, started = self._in_flight[key]
         if self._reached_mono[kind] > started:  # a call of its kind succeeded meanwhile

@@ -163,3 +163,32 @@ async def test_a_call_answered_while_the_loop_was_blocked_raises_no_store_unreac
         stats = monitor.statistics()
     assert received == []
     assert (stats.flushes, stats.flush_failures, stats.alerts_fired, stats.alerts_resolved) == (5, 0, 0, 0)
+
+
+async def test_a_long_write_of_this_process_raises_no_store_unreachable(tmp_path: Path) -> None:
+    """This process's own write transaction holds SQLite's write lock for 4 ``store_outage_s``
+    (a large ``enqueue_many`` takes as long: 700,000 tasks, 20 s): the monitor's flush and
+    reads queue behind it on the store's one connection, unanswered all that time, yet the
+    store is reachable and at work. No notice; a lock held by another connection still
+    raises one (the test above)."""
+    received: list[Alert] = []
+    async with (
+        SQLiteStore(tmp_path / "busy.db") as store,
+        Monitor(store, process_id="proc-w", flush_interval_s=0.05, evaluate_interval_s=0.05, store_outage_s=0.5) as m,
+    ):
+        m.subscribe(received.append)
+        await asyncio.sleep(0.3)  # flushes and evaluations succeed
+
+        def long_write(db: sqlite3.Connection, now: float) -> None:
+            db.execute("CREATE TABLE IF NOT EXISTS busy (x)")
+            time.sleep(2.0)  # the statements of a large batch, on the connection's thread
+
+        writer = store._writer
+        assert writer is not None
+        await writer.submit(long_write)
+        evaluations = m.statistics().evaluations
+        await asyncio.sleep(0.3)
+        stats = m.statistics()
+    assert received == []
+    assert stats.evaluations > evaluations  # the monitor's calls went on once the write committed
+    assert (stats.flush_failures, stats.evaluate_failures, stats.alerts_fired) == (0, 0, 0)

@@ -384,6 +384,16 @@ class SQLiteStore(
         """Write transactions committed by this store object so far."""
         return self._writer.transactions if self._writer is not None else 0
 
+    @property
+    def writing(self) -> bool:
+        """Whether a write transaction of this store holds the database's write lock now.
+
+        Its calls then wait for that transaction (a large ``enqueue_many``, say), not for the
+        database: the monitor's outage watch does not count them as hung meanwhile
+        (:mod:`asynccoord.monitor.outage`).
+        """
+        return self._writer is not None and self._writer.writing
+
     def _w(self) -> GroupCommitter:
         """The writer, for a call of an open store in its loop (or a step of a call, or a hand-back, while it closes).
 

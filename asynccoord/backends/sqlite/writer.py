@@ -219,6 +219,8 @@ class GroupCommitter:
         self._ended = False  # the writer task ended (stopped, abandoned, cut or crashed)
         self.transactions = 0
         """Transactions committed so far (for benchmarks and tests)."""
+        self.writing = False
+        """Whether a transaction of this writer holds the database's write lock now (set on its thread)."""
 
     def start(self) -> None:
         """Start the writer task on the running loop."""
@@ -437,6 +439,7 @@ class GroupCommitter:
     def _run_batch(self, db: sqlite3.Connection, batch: list[_Pending[Any]]) -> list[tuple[bool, Any]]:
         deadline = time.monotonic() + self._busy_timeout_s
         retry_busy(lambda: db.execute("BEGIN IMMEDIATE"), deadline)
+        self.writing = True
         try:
             now = self.now(db)
             results = [(True, item.fn(db, now)) for item in batch]
@@ -445,4 +448,6 @@ class GroupCommitter:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        finally:
+            self.writing = False
         return results
