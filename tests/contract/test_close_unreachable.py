@@ -20,7 +20,7 @@ import pytest
 from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
 from test_redis_locks import _open_when_up, _own_redis
 
-from asynccoord import StoreConnectionError
+from asynccoord import StoreClosedError, StoreConnectionError
 from asynccoord.backends.calls import CLOSING_RETRY_S
 
 RECONNECT_S = 30.0  # far beyond the bound checked: a close that waited it out fails the test
@@ -34,6 +34,7 @@ class Proxy:
         self.target = (host, port)
         self.server: asyncio.Server | None = None
         self.streams: set[asyncio.StreamWriter] = set()
+        self.silent = False  # forward nothing more, close nothing: a server that stopped answering
 
     async def start(self) -> int:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -50,9 +51,12 @@ class Proxy:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 while data := await src.read(65536):
+                    if self.silent:
+                        continue
                     dst.write(data)
                     await dst.drain()
-            dst.close()
+            if not self.silent:
+                dst.close()
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
@@ -123,5 +127,35 @@ async def test_a_postgresql_store_closes_without_waiting_out_a_lost_server() -> 
             call = asyncio.ensure_future(store.stats("outbox"))
             took = await close_while_a_call_retries(store, call)
             assert took < CLOSE_BOUND_S, took
+    finally:
+        drop_schemas(schema)
+
+
+async def test_a_postgresql_store_closes_soon_after_its_wait_when_the_server_stops_answering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No error, no answer: the calls in flight hang (no retry), and the close ends after its wait."""
+    from asynccoord.backends.postgres import store as pg_store
+    from asynccoord.backends.postgres.store import PostgresStore
+
+    monkeypatch.setattr(pg_store, "_CALLS_S", 1.0)  # the wait for calls in flight (10 s) made short
+    schema = new_schema("closesilent")
+    try:
+        async with proxied_postgres() as (dsn, proxy):
+            store = PostgresStore(dsn, schema=schema, reconnect_timeout_s=RECONNECT_S, listen=False)
+            await store.open()
+            assert (await store.stats("outbox")).total == 0
+            proxy.silent = True
+            call = asyncio.ensure_future(store.stats("outbox"))
+            await asyncio.sleep(0.3)
+            assert not call.done()  # no answer, no error: it waits
+            started = time.monotonic()
+            await store.close()
+            took = time.monotonic() - started
+            # The 1 s wait, then 0.25 s, then the pool is dropped (it took 2 waits and a 10 s pool close).
+            assert took < 1.0 + CLOSE_BOUND_S, took
+            with pytest.raises(StoreClosedError):  # its connection dropped with the pool
+                await call
+            await proxy.cut()
     finally:
         drop_schemas(schema)

@@ -102,8 +102,9 @@ _CALLS_S = 10.0
 """Longest ``close()`` waits for the store calls in flight, seconds."""
 _SETTLE_S = 2.0
 """Longest ``close()`` waits for connection attempts that cancelled calls left running, seconds."""
-_POOL_CLOSE_S = 10.0
-"""Longest ``close()`` waits for the pool's connections in use while calls are still in flight, seconds."""
+_CUT_SETTLE_S = 0.25
+"""Longest ``close()`` waits again for calls once its wait for them ran out, seconds: a server that
+stopped answering answers no later call either, and the pool is then dropped."""
 _IDLE_POOL_CLOSE_S = 0.25
 """Longest ``close()`` waits for the pool's connections in use once no call is in flight, seconds.
 
@@ -449,7 +450,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
         commits, claims, hand-backs of cancelled callers): each returns its result, or raises
         as it would have with the store open, and no claim leases a task its caller never
         gets. The pool then closes its connections, waiting up to 0.25 s for one still in use
-        (10 s if calls were still in flight) before it drops them all. Connection attempts
+        before it drops them all; calls still in flight after the 10 s (a server that stopped
+        answering) get 0.25 s more, then their connections are dropped and they fail. Connection attempts
         that cancelled calls left running are waited for up to 2 s (the connect timeout if
         shorter), then cancelled. Called from another event loop than ``open()``'s, it only
         drops the connections (the pool and the listener belong to that loop; nothing queued
@@ -465,7 +467,8 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             return
         self._runner.closing = True
         try:
-            if not await self._runner.wait_calls(_CALLS_S):
+            cut = not await self._runner.wait_calls(_CALLS_S)
+            if cut:
                 log.warning("asynccoord.postgres.close_cut_calls calls=%d", self._runner.calls)
             await self._committer.flush()
             await self._acquirer.flush()
@@ -484,13 +487,16 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
                 await listener.stop()
             # Hand-backs let through meanwhile (a lease released by a caller cancelled just before
             # close(), see CallGate.giving_back) are calls too: they end before the pool closes.
-            settled = await self._runner.settle(_CALLS_S)
+            settled = await self._runner.settle(_CUT_SETTLE_S if cut else _CALLS_S)
             pool, self._runner.pool = self._runner.pool, None
             if pool is not None:
-                try:
-                    await asyncio.wait_for(pool.close(), _IDLE_POOL_CLOSE_S if settled else _POOL_CLOSE_S)
-                except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                if not settled:  # calls still hang after the waits: their connections are dropped
                     pool.terminate()
+                else:
+                    try:
+                        await asyncio.wait_for(pool.close(), _IDLE_POOL_CLOSE_S)
+                    except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                        pool.terminate()
             await self._connector.settle(min(self.connect_timeout_s or _SETTLE_S, _SETTLE_S))
         finally:
             self._runner.closing = False
