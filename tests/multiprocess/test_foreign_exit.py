@@ -19,11 +19,12 @@ released, on every backend.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from services import PG_DSN, new_schema, postgres_problem, unavailable
+from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavailable
 from support import TESTS
 
 from asynccoord import SQLiteStore, TaskStatus
@@ -36,19 +37,13 @@ LOCKS = ["nolocks", "locks"]
 
 
 @pytest.fixture
-async def pg_schema() -> Any:
+def pg_schema() -> Iterator[str]:
     problem = postgres_problem()
     if problem is not None:
         unavailable("PostgreSQL", problem)
-    import asyncpg
-
     name = new_schema("fx")
     yield name
-    conn = await asyncpg.connect(PG_DSN)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
+    drop_schemas(name)
 
 
 def run_worker(python: Any, *args: str) -> Any:
