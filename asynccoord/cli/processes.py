@@ -14,11 +14,13 @@ the store's), never by comparing the clocks of two machines:
     Some of its nodes are live; or it hosts no nodes and its monitor wrote within
     :data:`GONE_AFTER_KEEPALIVES` times its ``keepalive_s``.
 ``no_live_node``
-    Its monitor still writes, but none of the nodes it hosts (its info's ``nodes``, as
-    ``run`` records it) is live: their heartbeats expired, or they have not joined yet.
+    Its monitor still writes (it wrote within its ``keepalive_s``, and a little more), but
+    none of the nodes it hosts (its info's ``nodes``, as ``run`` records it) is live: their
+    heartbeats expired, or they have not joined yet.
 ``gone``
-    No live node, and its monitor has been silent for longer than that: killed, frozen or
-    stopped. Its rows stay in the store a day, for its counts in the totals.
+    No live node, and its monitor stopped (its last flush says so: a clean shutdown) or has
+    been silent for longer than that: killed or frozen. Its rows stay in the store a day,
+    for its counts in the totals.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ("GONE_AFTER_KEEPALIVES", "PROCESS_STATES", "RECENT_FLUSH_S", "attach_processes", "silence_allowed_s")
+__all__ = (
+    "GONE_AFTER_KEEPALIVES",
+    "PROCESS_STATES",
+    "RECENT_FLUSH_S",
+    "WRITING_AFTER_KEEPALIVES",
+    "attach_processes",
+    "silence_allowed_s",
+)
 
 PROCESS_STATES = ("live", "no_live_node", "gone")
 """The states of a process in the status report, from alive to gone."""
@@ -35,6 +44,10 @@ PROCESS_STATES = ("live", "no_live_node", "gone")
 GONE_AFTER_KEEPALIVES = 2.0
 """A monitor silent for this many times its ``keepalive_s`` (the longest it goes without a
 write while it runs) is gone: twice, so one slow write does not make a process look dead."""
+
+WRITING_AFTER_KEEPALIVES = 1.25
+"""A monitor whose last write is at most this many times its ``keepalive_s`` old still writes
+(a flush's own time beyond the keepalive allowed for): its process is ``no_live_node``, not ``gone``."""
 
 RECENT_FLUSH_S = 60.0
 """For a monitor that records no ``keepalive_s``: how long after its last flush it counts as live."""
@@ -101,10 +114,13 @@ def attach_processes(
     for p in processes:
         live = sum(1 for owner in owners if owner == p["process_id"])
         hosts = _count(p["info"].get("nodes"))
-        recent = p["last_flush_age_s"] <= silence_allowed_s(p["info"])
+        silence_s = silence_allowed_s(p["info"])
+        stopped = p["info"].get("stopped") is True
+        recent = not stopped and p["last_flush_age_s"] <= silence_s
+        writing = recent and p["last_flush_age_s"] <= silence_s * WRITING_AFTER_KEEPALIVES / GONE_AFTER_KEEPALIVES
         if live or (recent and not hosts):
             state = "live"
-        elif recent:
+        elif writing:
             state = "no_live_node"
         else:
             state = "gone"

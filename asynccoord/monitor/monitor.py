@@ -404,6 +404,7 @@ class Monitor:
                 if not hand_over:
                     self._closed_incidents.clear()
                 self._alerts_dirty = True
+                self.info = {**self.info, "stopped": True}  # `status` shows the process gone at once
                 with contextlib.suppress(CoordError):
                     await self.flush(force=True)
                 self._incidents.clear()

@@ -54,6 +54,9 @@ def test_a_process_is_live_by_its_nodes_or_its_monitor_and_gone_when_both_are_si
         process("with-nodes", 1, 30.0, **run),  # silent monitor, live nodes: live
         process("nodes-expired", 2, 3.0, **run),  # writes, but its nodes' heartbeats lapsed
         process("killed", 3, 8.5, **run),
+        process("silent-past-its-keepalive", 8, 5.1, **run),  # writes every 4 s at most: not writing
+        process("shut-down", 9, 0.5, stopped=True, **run),  # its last flush said it stopped
+        process("shut-down-monitor-only", 10, 0.5, stopped=True, keepalive_s=4.0),
         process("monitor-only", 4, 7.9, keepalive_s=4.0),  # hosts no nodes: its writes alone count
         process("monitor-gone", 5, 8.1, keepalive_s=4.0),
         process("no-keepalive", 6, 59.0),  # a monitor that records none: 60 s
@@ -64,6 +67,9 @@ def test_a_process_is_live_by_its_nodes_or_its_monitor_and_gone_when_both_are_si
         "with-nodes": "live",
         "nodes-expired": "no_live_node",
         "killed": "gone",
+        "silent-past-its-keepalive": "gone",
+        "shut-down": "gone",
+        "shut-down-monitor-only": "gone",
         "monitor-only": "live",
         "monitor-gone": "gone",
         "no-keepalive": "live",

@@ -582,3 +582,18 @@ def test_status_refuses_a_lock_store_that_is_no_redis_url(python: PythonRunner, 
     assert proc.returncode == 2
     assert "--lock-prefix applies to a --lock-store only" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_process_whose_monitor_closed_shows_gone_at_once(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        monitor = Monitor(store, process_id="box-1-aaaaaa", info={"nodes": 2}, background=False)
+        await monitor.start()
+        await monitor.flush(force=True)
+        report = await collect_status(db_path)
+        (running,) = report["processes"]
+        assert (running["process_id"], running["state"]) == ("box-1-aaaaaa", "no_live_node")  # writes, no node
+        await monitor.close()  # a clean shutdown: its last flush says it stopped
+        report = await collect_status(db_path)
+        (stopped,) = report["processes"]
+        assert (stopped["process_id"], stopped["state"]) == ("box-1-aaaaaa", "gone")
+        assert stopped["info"]["stopped"] is True

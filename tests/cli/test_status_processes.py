@@ -28,6 +28,7 @@ from services import PG_DSN, REDIS_URL, new_schema, pg_rows, postgres_problem, r
 
 from asynccoord import NewTask
 from asynccoord.backends.open import open_store
+from asynccoord.cli.processes import WRITING_AFTER_KEEPALIVES
 from asynccoord.cli.status import status_schema
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
@@ -172,7 +173,8 @@ def test_status_shows_each_process_with_its_nodes_and_tells_a_killed_one_gone(
     assert all(n["process_id"] != killed_id for n in report["nodes"])
     assert [of_pid(report, pid)["state"] for pid in pids[1:]] == ["live", "live"]
 
-    # Its monitor stays silent: past twice its keepalive (about 4.3 s by default) it is gone.
+    # Its monitor stays silent: a little past its keepalive (about 4.3 s by default), with no
+    # live node, it no longer writes, and it is gone.
     keepalive_s = of_pid(report, pids[0])["info"]["keepalive_s"]
     report = wait_for(
         python,
@@ -181,7 +183,7 @@ def test_status_shows_each_process_with_its_nodes_and_tells_a_killed_one_gone(
         "the killed process gone",
         2 * keepalive_s + 30.0,
     )
-    assert of_pid(report, pids[0])["last_flush_age_s"] > 2 * keepalive_s
+    assert of_pid(report, pids[0])["last_flush_age_s"] > WRITING_AFTER_KEEPALIVES * keepalive_s
     assert [(of_pid(report, pid)["state"], of_pid(report, pid)["nodes"]) for pid in pids[1:]] == [("live", NODES)] * 2
     table = status(python, cluster, "--color", "never").stdout
     assert "Processes (2 live, 1 gone)" in table
