@@ -1,7 +1,7 @@
 """The command line, ``python -m asynccoord COMMAND``: four commands around one database.
 
 ``run`` hosts a Runtime of N nodes around a send function named as ``module:attribute``
-until SIGTERM or SIGINT (:mod:`~asynccoord.cli.run`, with ``--lifespan`` in
+until SIGTERM, SIGINT or SIGHUP (:mod:`~asynccoord.cli.run`, with ``--lifespan`` in
 :mod:`~asynccoord.cli.lifespan` and the alert webhooks and metrics in
 :mod:`~asynccoord.cli.runmonitor`). ``status`` prints one read-only report of the queues,
 nodes, locks, rates and alerts, as tables or JSON (:mod:`~asynccoord.cli.status`);

@@ -1,4 +1,4 @@
-"""``python -m asynccoord run``: host a Runtime of N nodes until SIGTERM or SIGINT.
+"""``python -m asynccoord run``: host a Runtime of N nodes until SIGTERM, SIGINT or SIGHUP.
 
 The send function (and optionally the lock-key function) is named as
 ``package.module:attribute``, the convention of ASGI servers::
@@ -6,7 +6,7 @@ The send function (and optionally the lock-key function) is named as
     python -m asynccoord run --db bot.db --queue outbox --send mybot.send:deliver \\
         --lock-key mybot.send:account_of --nodes 8 --shutdown-timeout-s 10
 
-On SIGTERM or SIGINT the runtime stops claiming at once, lets sends in flight finish for
+On SIGTERM, SIGINT or SIGHUP (its terminal gone) the runtime stops claiming at once, lets sends in flight finish for
 up to ``--shutdown-timeout-s``, hands back whatever is left (leases and locks released)
 and exits with status 0.
 
@@ -63,6 +63,10 @@ from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options,
 __all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
 
 log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP))
+"""The signals that drain and stop ``run``: a supervisor's SIGTERM, Ctrl-C, and SIGHUP (the
+terminal or SSH session it was started from went away)."""
 
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
@@ -320,7 +324,7 @@ def _dimension(limit: RateLimit) -> str:
 def run_command(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown).
 
-    SIGTERM and SIGINT never end the process midway: while the store opens and the nodes
+    SIGTERM, SIGINT and SIGHUP never end the process midway: while the store opens and the nodes
     start they are held (the runtime then stops at once), during the run the runtime's
     :meth:`~asynccoord.node.runtime.Runtime.wait_for_signal` takes them (a second one hands back
     at once), and while the nodes, the monitor and the store close down they are held
@@ -404,7 +408,7 @@ def run_command(args: argparse.Namespace) -> int:
                         signum = held[0]
                         await runtime.shutdown()
                     else:  # the wait shares the handlers held here: no moment without one
-                        signum = await runtime.wait_for_signal()
+                        signum = await runtime.wait_for_signal(STOP_SIGNALS)
                     log.info("asynccoord.serve.stopped signal=%s", signum)
         finally:
             # On the way out: a late SIGTERM must not turn a clean exit into death by signal.
@@ -441,12 +445,12 @@ def _leaving(lifespan: Lifespan, signalled: asyncio.Event, timeout_s: float, hel
 
 
 def _hold_signals(loop: asyncio.AbstractEventLoop, note: Callable[[int], None]) -> list[int]:
-    """Have SIGTERM and SIGINT call ``note`` instead of ending the process; return those taken.
+    """Have the :data:`STOP_SIGNALS` call ``note`` instead of ending the process; return those taken.
 
     Taken through :func:`~asynccoord._signals.take_signal`, as the runtime's wait takes
     them, so the wait shares these handlers (both are called) rather than replacing them.
     """
-    return [signum for signum in (int(signal.SIGTERM), int(signal.SIGINT)) if take_signal(loop, signum, note)]
+    return [signum for signum in STOP_SIGNALS if take_signal(loop, signum, note)]
 
 
 def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], note: Callable[[int], None]) -> None:

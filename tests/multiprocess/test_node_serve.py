@@ -86,8 +86,9 @@ def tasks(db_path: Path) -> dict[int, tuple[str, int, str | None, Any, int]]:
 
 
 @pytest.mark.exclusive  # the exit is judged to within 0.3 s of the sends' end
-async def test_sigterm_lets_sends_in_flight_finish_and_claims_nothing_new(
-    python: Any, db_path: Path, tmp_path: Path
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+async def test_a_stop_signal_lets_sends_in_flight_finish_and_claims_nothing_new(
+    python: Any, db_path: Path, tmp_path: Path, signum: signal.Signals
 ) -> None:
     ids = await enqueue(db_path, 10)
     log = tmp_path / "sends.log"
@@ -96,11 +97,11 @@ async def test_sigterm_lets_sends_in_flight_finish_and_claims_nothing_new(
     running = [i for i, t in tasks(db_path).items() if t[0] == "running"]
     assert len(running) == 3
     signalled = time.monotonic()
-    os.kill(proc.pid, signal.SIGTERM)
+    os.kill(proc.pid, signum)  # SIGHUP: the terminal it was started from went away
     code = await asyncio.to_thread(proc.wait, 10)
     exited = time.monotonic()
     assert code == 0, proc.stderr.read() if proc.stderr else ""
-    assert exited - signalled <= 0.8, f"exited {exited - signalled:.3f} s after SIGTERM"
+    assert exited - signalled <= 0.8, f"exited {exited - signalled:.3f} s after {signum.name}"
 
     lines = read_lines(log)
     assert sorted(i for w, i, _ in lines if w == "start") == sorted(running)  # nothing new was claimed
