@@ -623,7 +623,7 @@ def _render_processes(console: Any, report: dict[str, Any]) -> None:
             console.print(f"... and {len(gone) - GONE_SHOWN} more gone processes (status --json lists them all).")
         if gone:
             console.print(
-                "gone: no live node, and no flush for twice its keepalive (store clock); "
+                "gone: no live node, and shut down or silent past its keepalive (store clock); "
                 "its counts stay in the totals for a day.",
                 style="dim",
             )

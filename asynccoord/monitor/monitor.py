@@ -321,6 +321,7 @@ class Monitor:
         self._mailboxes: list[Mailbox] = []
         self._dropped_retired = 0
         self._closed_once = False
+        self._stopping = False  # the final flush of close(): its info says the process stopped
         self._subscriptions: list[Subscription] = []
         self._loop_task: asyncio.Task[None] | None = None
         self._open = False
@@ -364,6 +365,7 @@ class Monitor:
                 )
         _ACTIVE_STORES.update(counted)
         self._open = True
+        self._stopping = False
         for sink in self.sinks:
             await sink.start()
         for sub in self._subscriptions:
@@ -404,7 +406,7 @@ class Monitor:
                 if not hand_over:
                     self._closed_incidents.clear()
                 self._alerts_dirty = True
-                self.info = {**self.info, "stopped": True}  # `status` shows the process gone at once
+                self._stopping = True  # `status` shows the process gone at once
                 with contextlib.suppress(CoordError):
                     await self.flush(force=True)
                 self._incidents.clear()
@@ -532,7 +534,7 @@ class Monitor:
                 alerts=self._stored_alerts(),
                 alert_ttl_s=self.alert_ttl_s,
                 retention_s=self.retention_s,
-                info=self.info,
+                info={**self.info, "stopped": True} if self._stopping else self.info,
             )
             self._alerts_dirty = False
             # The write runs as a task of its own: a flush cancelled mid-write (e.g. by

@@ -597,3 +597,19 @@ async def test_a_process_whose_monitor_closed_shows_gone_at_once(db_path: Path) 
         (stopped,) = report["processes"]
         assert (stopped["process_id"], stopped["state"]) == ("box-1-aaaaaa", "gone")
         assert stopped["info"]["stopped"] is True
+
+
+async def test_a_monitor_started_again_after_its_close_shows_live_again(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        monitor = Monitor(store, process_id="box-2-bbbbbb", background=False)
+        await monitor.start()
+        await monitor.close()  # its last flush says it stopped
+        (stopped,) = (await collect_status(db_path))["processes"]
+        assert (stopped["state"], stopped["info"]["stopped"]) == ("gone", True)
+        await monitor.start()
+        await monitor.flush(force=True)
+        (again,) = (await collect_status(db_path))["processes"]
+        assert (again["process_id"], again["state"]) == ("box-2-bbbbbb", "live")
+        assert "stopped" not in again["info"]
+        assert "stopped" not in monitor.info
+        await monitor.close()

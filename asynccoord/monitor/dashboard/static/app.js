@@ -82,7 +82,7 @@
     }, "no process reports its counters (each process needs a Monitor; python -m asynccoord run has one)");
     setNote("processes-note", gone.length
       ? (gone.length > GONE_SHOWN ? "The " + GONE_SHOWN + " of " + gone.length + " gone processes heard last. " : "") +
-        "gone: no live node, and no flush for twice its keepalive (store clock); its counts stay in the totals for a day."
+        "gone: no live node, and shut down or silent past its keepalive (store clock); its counts stay in the totals for a day."
       : "");
   }
 
