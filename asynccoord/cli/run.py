@@ -66,7 +66,17 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP))
 """The signals that drain and stop ``run``: a supervisor's SIGTERM, Ctrl-C, and SIGHUP (the
-terminal or SSH session it was started from went away)."""
+terminal or SSH session it was started from went away). SIGHUP only when it is not ignored
+already: a run started under ``nohup`` keeps running when its terminal goes away."""
+
+_IGNORED_AT_EXIT = (int(signal.SIGTERM), int(signal.SIGHUP))
+"""The stop signals ignored from the end of the teardown: a late one must not turn a clean exit
+into death by signal (SIGINT raises KeyboardInterrupt instead, which does not kill the process)."""
+
+
+def _stop_signals() -> tuple[int, ...]:
+    """The :data:`STOP_SIGNALS` this run takes: SIGHUP left out when the process ignores it (``nohup``)."""
+    return tuple(s for s in STOP_SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN))
 
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
@@ -324,12 +334,13 @@ def _dimension(limit: RateLimit) -> str:
 def run_command(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown).
 
-    SIGTERM, SIGINT and SIGHUP never end the process midway: while the store opens and the nodes
+    SIGTERM, SIGINT and SIGHUP (unless ignored when the run starts, as under ``nohup``: it
+    stays ignored) never end the process midway: while the store opens and the nodes
     start they are held (the runtime then stops at once), during the run the runtime's
     :meth:`~asynccoord.node.runtime.Runtime.wait_for_signal` takes them (a second one hands back
     at once), and while the nodes, the monitor and the store close down they are held
-    again. From the end of the teardown SIGTERM is ignored; on return its handler from
-    before is put back, unless ``args._exiting`` (set by ``python -m asynccoord``: the
+    again. From the end of the teardown SIGTERM and SIGHUP are ignored; on return their handlers from
+    before are put back, unless ``args._exiting`` (set by ``python -m asynccoord``: the
     process is on its way out).
 
     A ``--lifespan`` is entered before the database opens: a signal while it is being
@@ -360,7 +371,8 @@ def run_command(args: argparse.Namespace) -> int:
             held.append(signum)
             signalled.set()
 
-        holding = _hold_signals(loop, note)
+        stops = _stop_signals()
+        holding = _hold_signals(loop, note, stops)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 metrics = stack.enter_context(serve_metrics(args))  # a taken port: stop before the database
@@ -408,20 +420,22 @@ def run_command(args: argparse.Namespace) -> int:
                         signum = held[0]
                         await runtime.shutdown()
                     else:  # the wait shares the handlers held here: no moment without one
-                        signum = await runtime.wait_for_signal(STOP_SIGNALS)
+                        signum = await runtime.wait_for_signal(stops)
                     log.info("asynccoord.serve.stopped signal=%s", signum)
         finally:
-            # On the way out: a late SIGTERM must not turn a clean exit into death by signal.
+            # On the way out: a late SIGTERM or SIGHUP must not turn a clean exit into death by signal.
             _stop_holding(loop, holding, note)
         return 0
 
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in _IGNORED_AT_EXIT}
     try:
         return _run_loop(main)
     finally:
-        if not getattr(args, "_exiting", False) and previous is not None:
-            with contextlib.suppress(ValueError):  # not the main thread
-                signal.signal(signal.SIGTERM, previous)
+        if not getattr(args, "_exiting", False):
+            for signum, before in previous.items():
+                if before is not None:
+                    with contextlib.suppress(ValueError):  # not the main thread
+                        signal.signal(signum, before)
 
 
 def _leaving(lifespan: Lifespan, signalled: asyncio.Event, timeout_s: float, held: list[int]) -> Any:
@@ -444,39 +458,43 @@ def _leaving(lifespan: Lifespan, signalled: asyncio.Event, timeout_s: float, hel
     return leave
 
 
-def _hold_signals(loop: asyncio.AbstractEventLoop, note: Callable[[int], None]) -> list[int]:
-    """Have the :data:`STOP_SIGNALS` call ``note`` instead of ending the process; return those taken.
+def _hold_signals(
+    loop: asyncio.AbstractEventLoop, note: Callable[[int], None], signals: Sequence[int] = STOP_SIGNALS
+) -> list[int]:
+    """Have ``signals`` (the stop signals) call ``note`` instead of ending the process; return those taken.
 
     Taken through :func:`~asynccoord._signals.take_signal`, as the runtime's wait takes
     them, so the wait shares these handlers (both are called) rather than replacing them.
     """
-    return [signum for signum in STOP_SIGNALS if take_signal(loop, signum, note)]
+    return [signum for signum in signals if take_signal(loop, signum, note)]
 
 
 def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], note: Callable[[int], None]) -> None:
-    """Give the held signals back and leave SIGTERM ignored, with no moment of SIGTERM's default action if possible.
+    """Give the held signals back and leave SIGTERM and SIGHUP ignored, with no moment of their default action.
 
     Giving a loop's handler back resets the signal to its default action before the
     handler from before (and then ``SIG_IGN``) can be set: a supervisor's repeated SIGTERM
     landing in that moment killed the process at the very end of a clean shutdown. So
-    SIGINT goes back first, and SIGTERM last, straight followed by ``SIG_IGN``, while
-    SIGTERM is blocked if the main thread is the process's only OS thread (as it is when
-    nothing started threads): a SIGTERM that comes meanwhile stays pending and is
+    SIGINT goes back first, and SIGTERM and SIGHUP last, each straight followed by
+    ``SIG_IGN``, while it is blocked if the main thread is the process's only OS thread (as
+    it is when nothing started threads): a signal that comes meanwhile stays pending and is
     discarded by ``SIG_IGN``, and the thread's signal mask is then put back as it was.
     With other threads alive (a send's ``asyncio.to_thread``, uvloop's resolver threads)
     the block would only send the signal to one of them, so it is not used, and the moment
-    lasts a few microseconds.
+    lasts a few microseconds. Ignored, they cannot kill the process while it waits for a
+    send's thread after the teardown.
     """
-    for signum in sorted(taken, key=lambda s: s == signal.SIGTERM):  # SIGTERM last
-        if signum == signal.SIGTERM:
+    for signum in sorted(taken, key=lambda s: s in _IGNORED_AT_EXIT):  # SIGTERM and SIGHUP last
+        if signum in _IGNORED_AT_EXIT:
             with _blocked_if_alone(signum):
                 give_back_signal(loop, signum, note)
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                signal.signal(signum, signal.SIG_IGN)
         else:
             give_back_signal(loop, signum, note)
     taken.clear()
-    with contextlib.suppress(ValueError):  # not the main thread
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in _IGNORED_AT_EXIT:
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _os_threads() -> int:

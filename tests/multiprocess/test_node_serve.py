@@ -45,10 +45,11 @@ def read_lines(log: Path) -> list[tuple[str, int, float]]:
     return out
 
 
-def serve(python: Any, db_path: Path, log: Path, sleep_s: float, *extra: str) -> subprocess.Popen[str]:
+def serve(
+    python: Any, db_path: Path, log: Path, sleep_s: float, *extra: str, launcher: tuple[str, ...] = ("-m", "asynccoord")
+) -> subprocess.Popen[str]:
     argv = [
-        "-m",
-        "asynccoord",
+        *launcher,
         "run",
         "--db",
         str(db_path),
@@ -112,6 +113,48 @@ async def test_a_stop_signal_lets_sends_in_flight_finish_and_claims_nothing_new(
         assert after[i] == ("done", 1, None, f"sent {i}", 2)  # claimed, then completed
     for i in set(ids) - set(running):
         assert after[i] == ("pending", 0, None, None, 0)  # never claimed (not even claimed and handed back)
+
+
+async def test_a_run_started_with_sighup_ignored_keeps_running_on_sighup(
+    python: Any, db_path: Path, tmp_path: Path
+) -> None:
+    await enqueue(db_path, 3)
+    log = tmp_path / "sends.log"
+    # As `nohup python -m asynccoord run ...` starts it: SIGHUP ignored from the start.
+    nohup = (
+        "import runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); sys.argv[0] = 'asynccoord';"
+        " runpy.run_module('asynccoord', run_name='__main__', alter_sys=True)"
+    )
+    proc = serve(python, db_path, log, 8.0, "--shutdown-timeout-s", "1", launcher=("-c", nohup))
+    await wait_for_starts(proc, log, 3)
+    os.kill(proc.pid, signal.SIGHUP)
+    await asyncio.sleep(3.0)  # a drain would have ended after 1 s
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    assert sorted(t[0] for t in tasks(db_path).values()) == ["running"] * 3  # still sending
+    os.kill(proc.pid, signal.SIGTERM)
+    assert await asyncio.to_thread(proc.wait, 10) == 0
+
+
+@pytest.mark.parametrize("late", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+async def test_a_stop_signal_after_the_teardown_never_kills_the_process(
+    python: Any, db_path: Path, tmp_path: Path, late: signal.Signals
+) -> None:
+    await enqueue(db_path, 1)
+    log = tmp_path / "sends.log"
+    # The send sleeps 6 s in a thread: after the teardown (1 s drain, then the hand-back) the
+    # process waits for that thread before it exits.
+    proc = serve(python, db_path, log, 6.0, "--send", "serve_send:thread_send", "--shutdown-timeout-s", "1")
+    await wait_for_starts(proc, log, 1)
+    os.kill(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while [t[0] for t in tasks(db_path).values()] != ["pending"]:  # handed back: the teardown is over
+        assert time.monotonic() < deadline, tasks(db_path)
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)  # past the store's close: the process waits for the send's thread
+    assert proc.poll() is None
+    os.kill(proc.pid, late)
+    code = await asyncio.to_thread(proc.wait, 15)
+    assert code == 0, f"{late.name} after the teardown: exit status {code}"
 
 
 @pytest.mark.exclusive  # the hand-back is judged to within 0.2 s of the exit

@@ -10,6 +10,9 @@ Import it with ``tests/workers`` on ``PYTHONPATH``: ``--send serve_send:send
 ``SERVE_SEND_SLEEP_S``
     How long each send sleeps, seconds.
 
+``--send serve_send:thread_send`` sleeps in a thread (``asyncio.to_thread``), which goes on
+after the send is cancelled: the process then waits for it after its teardown.
+
 ``--lifespan serve_send:client`` logs ``open 0 <t>`` and ``close 0 <t>``; ``--send
 serve_send:client_send`` refuses to send while that client is not open.
 """
@@ -24,7 +27,7 @@ from collections.abc import AsyncIterator
 
 from asynccoord import Task
 
-__all__ = ("account_lock", "client", "client_send", "fail", "send")
+__all__ = ("account_lock", "client", "client_send", "fail", "send", "thread_send")
 
 _open: list[bool] = []  # [True] while the client of `client` is open
 
@@ -45,6 +48,12 @@ async def send(task: Task) -> str:
         _log("cancelled", task.id)
         raise
     _log("end", task.id)
+    return f"sent {task.id}"
+
+
+async def thread_send(task: Task) -> str:
+    _log("start", task.id)
+    await asyncio.to_thread(time.sleep, float(os.environ["SERVE_SEND_SLEEP_S"]))
     return f"sent {task.id}"
 
 
