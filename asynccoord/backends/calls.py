@@ -24,7 +24,10 @@ from typing import Any
 
 from ..errors import StoreClosedError
 
-__all__ = ("CLOSING_RETRY_S", "HAND_BACK_TURNS", "CallGate")
+__all__ = ("CLOSE_WAIT_S", "CLOSING_RETRY_S", "HAND_BACK_TURNS", "CallGate")
+
+CLOSE_WAIT_S = 10.0
+"""Longest a store's ``close()`` waits for the calls in flight and the hand-backs they start, seconds."""
 
 CLOSING_RETRY_S = 1.0
 """Longest a call retries a lost connection once its store closes, seconds (:meth:`CallGate.retry_deadline`).

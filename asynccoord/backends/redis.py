@@ -50,7 +50,7 @@ from ..events import EventCounter
 from ..monitor.histogram import LatencyRecorder
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
-from .calls import CallGate
+from .calls import CLOSE_WAIT_S, CallGate
 from .opening import single_open
 from .redisdurability import NO_PERSISTENCE, losses, persistence
 from .redisurl import check_url
@@ -63,8 +63,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_CALLS_S = 10.0
-"""Longest ``close()`` waits for the store calls in flight and the hand-backs they start, seconds."""
 
 # Shared by every script: the clock, exact float text, and token comparison as decimal
 # strings (Lua numbers are doubles: exact only up to 2**53, tokens go to 2**63 - 1).
@@ -468,13 +466,13 @@ class RedisLockStore:
             return
         self._gate.closing = True
         try:
-            if not await self._gate.settle(_CALLS_S):
+            if not await self._gate.settle(CLOSE_WAIT_S):
                 log.warning("asynccoord.redis.close_cut_calls calls=%d", self._gate.calls)
             await self._acquirer.flush()
             if self._background:
                 with contextlib.suppress(Exception):
                     await asyncio.wait(set(self._background), timeout=5.0)
-            await self._gate.settle(_CALLS_S)  # hand-backs started meanwhile
+            await self._gate.settle(CLOSE_WAIT_S)  # hand-backs started meanwhile
             client, self._client = self._client, None
             if client is not None:
                 await client.aclose()

@@ -138,7 +138,7 @@ async def test_a_postgresql_store_closes_soon_after_its_wait_when_the_server_sto
     from asynccoord.backends.postgres import store as pg_store
     from asynccoord.backends.postgres.store import PostgresStore
 
-    monkeypatch.setattr(pg_store, "_CALLS_S", 1.0)  # the wait for calls in flight (10 s) made short
+    monkeypatch.setattr(pg_store, "CLOSE_WAIT_S", 1.0)  # the wait for calls in flight (10 s) made short
     schema = new_schema("closesilent")
     try:
         async with proxied_postgres() as (dsn, proxy):

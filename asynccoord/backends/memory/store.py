@@ -41,7 +41,7 @@ from ...notify import WorkNotifier
 from ...pauses import PauseBook
 from ...validation import check_clock
 from ..base import StoreBase
-from ..calls import CallGate
+from ..calls import CLOSE_WAIT_S, CallGate
 from ..rows import decode_json, lease_lost_reason, new_token
 from ..wakeups import notify_partitions, notify_settled
 from .deadletters import MemoryDeadLetterOps
@@ -53,8 +53,6 @@ from .ratelimits import MemoryRateLimitOps
 __all__ = ("MemoryStore",)
 
 _ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
-_CALLS_S = 10.0
-"""Longest ``close()`` waits for the hand-backs of callers cancelled just before it, seconds."""
 
 
 class MemoryStore(
@@ -116,7 +114,7 @@ class MemoryStore(
         try:
             if self._open:
                 self._gate.closing = True
-                await self._gate.settle(_CALLS_S)  # hand-backs in their entry's yield are calls in flight
+                await self._gate.settle(CLOSE_WAIT_S)  # hand-backs in their entry's yield are calls in flight
         finally:
             self._gate.closing = False
             self._open = False

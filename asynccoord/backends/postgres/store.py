@@ -47,6 +47,7 @@ from ...validation import (
     check_positive,
 )
 from ..batch import Batcher
+from ..calls import CLOSE_WAIT_S
 from ..opening import single_open
 from ..rows import new_token
 from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_partitions, check_revision
@@ -98,8 +99,6 @@ def _channel(schema: str | None) -> str:
     return "asynccoord." + hashlib.sha1(base.encode()).hexdigest()[:40]
 
 
-_CALLS_S = 10.0
-"""Longest ``close()`` waits for the store calls in flight, seconds."""
 _SETTLE_S = 2.0
 """Longest ``close()`` waits for connection attempts that cancelled calls left running, seconds."""
 _CUT_SETTLE_S = 0.25
@@ -467,7 +466,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             return
         self._runner.closing = True
         try:
-            cut = not await self._runner.wait_calls(_CALLS_S)
+            cut = not await self._runner.wait_calls(CLOSE_WAIT_S)
             if cut:
                 log.warning("asynccoord.postgres.close_cut_calls calls=%d", self._runner.calls)
             await self._committer.flush()
@@ -487,7 +486,7 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
                 await listener.stop()
             # Hand-backs let through meanwhile (a lease released by a caller cancelled just before
             # close(), see CallGate.giving_back) are calls too: they end before the pool closes.
-            settled = await self._runner.settle(_CUT_SETTLE_S if cut else _CALLS_S)
+            settled = await self._runner.settle(_CUT_SETTLE_S if cut else CLOSE_WAIT_S)
             pool, self._runner.pool = self._runner.pool, None
             if pool is not None:
                 if not settled:  # calls still hang after the waits: their connections are dropped

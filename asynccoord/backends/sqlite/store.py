@@ -41,7 +41,7 @@ from ...monitor.histogram import LatencyRecorder
 from ...pauses import PauseBook
 from ...releases import ReleaseSignal
 from ...validation import check_bool, check_clock
-from ..calls import CallGate
+from ..calls import CLOSE_WAIT_S, CallGate
 from ..opening import single_open
 from ..schema import REVISION_KEY, check_partitions, check_revision
 from ..sqlfiles import load_migrations, load_queries
@@ -76,8 +76,6 @@ log = logging.getLogger(__name__)
 Q = load_queries("sqlite")
 SCHEMA_VERSION = len(load_migrations("sqlite"))
 MIN_SQLITE = (3, 35, 0)
-_CALLS_S = 10.0
-"""Longest ``close()`` waits for the store calls in flight and the hand-backs they start, seconds."""
 
 
 def _check_writable(path: str) -> None:
@@ -348,7 +346,7 @@ class SQLiteStore(
         if self._conn is not None and self._loop is asyncio.get_running_loop():
             self._gate.closing = True
             try:
-                if not await self._gate.settle(_CALLS_S):
+                if not await self._gate.settle(CLOSE_WAIT_S):
                     log.warning("asynccoord.sqlite.close_cut_calls calls=%d", self._gate.calls)
             finally:
                 self._gate.closing = False
