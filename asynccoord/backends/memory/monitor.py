@@ -53,18 +53,22 @@ class _MonitorTables:
 class MemoryMonitorOps:
     """The :class:`~asynccoord.contract.monitor.MonitorStore` primitives of the in-memory store.
 
-    A mixin: it relies on the store's ``_clock``, ``_enter`` and ``_tasks``.
+    A mixin: it relies on the store's ``_clock``, ``_enter``, ``_unfinished`` and ``_done``
+    (each queue's pending, running and dead tasks, and its count of done ones).
     """
 
     config: StoreConfig
     events: EventCounter
     _clock: Callable[[], float]
-    _tasks: dict[int, Task]
+    _undone: dict[str, dict[int, None]]
+    _done: dict[str, int]
     _removed: dict[str, int]
 
     if TYPE_CHECKING:
 
         async def _enter(self) -> None: ...
+
+        def _unfinished(self, queue: str) -> list[Task]: ...
 
     @functools.cached_property
     def _monitor_tables(self) -> _MonitorTables:
@@ -161,7 +165,10 @@ class MemoryMonitorOps:
         counts: dict[str, dict[str, int]] = {}
         oldest: dict[str, float] = {}
         lapsed: dict[str, int] = {}
-        for task in self._tasks.values():
+        for queue, done in self._done.items():
+            if done:
+                counts.setdefault(queue, {s.value: 0 for s in TaskStatus})[TaskStatus.DONE.value] = done
+        for task in (t for queue in list(self._undone) for t in self._unfinished(queue)):
             per = counts.setdefault(task.queue, {s.value: 0 for s in TaskStatus})
             per[task.status.value] += 1
             if task.status is TaskStatus.PENDING and task.run_at <= now:
@@ -193,10 +200,8 @@ class MemoryMonitorOps:
         now = self._clock()
         counts = {queue: dict.fromkeys(TaskStatus, 0) for queue in wanted}
         oldest: dict[str, float] = {}
-        for task in self._tasks.values():
-            per = counts.get(task.queue)
-            if per is None:
-                continue
+        for task in (t for queue in wanted for t in self._unfinished(queue)):  # never the done tasks
+            per = counts[task.queue]
             per[task.status] += 1
             if task.status is TaskStatus.PENDING and task.run_at <= now:
                 oldest[task.queue] = min(oldest.get(task.queue, task.run_at), task.run_at)

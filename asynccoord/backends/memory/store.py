@@ -9,6 +9,11 @@ between processes.
 
 The clock is injectable (``clock=``), which makes lease expiry and backoff
 deterministic in tests; the default is ``time.time``.
+
+Beside the table of tasks by id, the store keeps each queue's ids of the tasks that are not
+done (pending, running and dead) and its count of done tasks, updated by every write of a
+task (:meth:`MemoryStore._store`), as the SQL stores keep partial indexes: a claim, a
+backlog or a count reads the queue's unfinished and dead tasks, never the done ones kept.
 """
 
 from __future__ import annotations
@@ -81,7 +86,9 @@ class MemoryStore(
         self._open = False
         self._gate = CallGate("the memory store")  # refuses new calls while close() lets hand-backs in
         self._ids = itertools.count(1)
-        self._tasks: dict[int, Task] = {}
+        self._tasks: dict[int, Task] = {}  # written only by _store and _forget, which keep the two below
+        self._undone: dict[str, dict[int, None]] = {}  # queue -> ids of its pending, running and dead tasks
+        self._done: dict[str, int] = {}  # queue -> its done tasks
         self._removed: dict[str, int] = {}  # queue -> done and dead tasks deleted (purges, discards)
         self._by_key: dict[tuple[str, str], int] = {}
         self._processed: dict[tuple[str, str], float] = {}
@@ -202,7 +209,7 @@ class MemoryStore(
                 created_at=now,
                 updated_at=now,
             )
-            self._tasks[task.id] = task
+            self._store(task)
             if p.limit_keys:
                 self._rate.keys[task.id] = dict(p.limit_keys)
             if p.idempotency_key is not None:
@@ -226,13 +233,8 @@ class MemoryStore(
         await self._enter()
         now = self._clock()
         dead = 0
-        for task in list(self._tasks.values()):
-            if (
-                task.queue == queue
-                and task.status is TaskStatus.RUNNING
-                and self._due_at(task) <= now
-                and task.attempts >= task.max_attempts
-            ):
+        for task in self._unfinished(queue):
+            if task.status is TaskStatus.RUNNING and self._due_at(task) <= now and task.attempts >= task.max_attempts:
                 self._put(
                     task,
                     now,
@@ -298,16 +300,16 @@ class MemoryStore(
         """Tasks of ``queue`` a claim may take: due by ``due_by``, in ``parts`` (None: all), heads if ``ordered``."""
         allowed = None if parts is None else set(parts)
         heads: dict[str, int] = {}
+        tasks = self._unfinished(queue)
         if ordered:
             blocking = self._blocking(queue)
-            for task in sorted(self._tasks.values(), key=lambda t: t.id):
-                if task.queue == queue and task.status in blocking:
+            for task in tasks:
+                if task.status in blocking:
                     heads.setdefault(task.partition_key, task.id)  # a dead head (policy hold): no task of the key
         return [
             t
-            for t in self._tasks.values()
-            if t.queue == queue
-            and t.status in _ACTIVE
+            for t in tasks
+            if t.status in _ACTIVE
             and self._due_at(t) <= due_by
             and (allowed is None or t.partition in allowed)
             and (not ordered or heads.get(t.partition_key) == t.id)
@@ -333,8 +335,27 @@ class MemoryStore(
             changes.setdefault("lease_token", None)
             changes.setdefault("lease_expires_at", None)
         updated = replace(task, version=task.version + 1, updated_at=now, **changes)
-        self._tasks[task.id] = updated
+        self._store(updated)
         return updated
+
+    def _store(self, task: Task) -> None:
+        """Write ``task`` (new, or a new state of a stored one) and keep its queue's ids and done count."""
+        old = self._tasks.get(task.id)
+        self._tasks[task.id] = task
+        was_done = old is not None and old.status is TaskStatus.DONE
+        if task.status is TaskStatus.DONE:
+            if not was_done:
+                self._undone.get(task.queue, {}).pop(task.id, None)
+                self._done[task.queue] = self._done.get(task.queue, 0) + 1
+        else:
+            self._undone.setdefault(task.queue, {})[task.id] = None
+            if was_done:
+                self._done[task.queue] -= 1
+
+    def _unfinished(self, queue: str) -> list[Task]:
+        """The pending, running and dead tasks of ``queue``, by id (never a walk of the done ones)."""
+        tasks = self._tasks
+        return [tasks[i] for i in sorted(self._undone.get(queue, ()))]
 
     def _held(self, task: Task, now: float, *, count: bool = True) -> Task:
         """The stored task if the caller's lease on it still holds; else raise."""
@@ -384,14 +405,9 @@ class MemoryStore(
         """Lease the head (earliest unfinished task) of ``done``'s key to ``node_id`` if it is pending and due."""
         now = done.updated_at
         blocking = self._blocking(done.queue)
-        head = min(
-            (
-                t
-                for t in self._tasks.values()
-                if t.queue == done.queue and t.partition_key == done.partition_key and t.status in blocking
-            ),
-            key=lambda t: t.id,
-            default=None,
+        head = next(
+            (t for t in self._unfinished(done.queue) if t.partition_key == done.partition_key and t.status in blocking),
+            None,
         )
         if head is None or head.status is not TaskStatus.PENDING or head.run_at > now:
             return None
@@ -488,11 +504,8 @@ class MemoryStore(
         allowed = None if parts is None else set(parts)
         ids = [
             t.id
-            for t in sorted(self._tasks.values(), key=lambda t: (-t.priority, t.id))
-            if t.queue == queue
-            and t.status is TaskStatus.PENDING
-            and t.run_at <= now
-            and (allowed is None or t.partition in allowed)
+            for t in sorted(self._unfinished(queue), key=lambda t: (-t.priority, t.id))
+            if t.status is TaskStatus.PENDING and t.run_at <= now and (allowed is None or t.partition in allowed)
         ][:limit]
         await asyncio.sleep(0)  # the gap between the read and the write that a naive queue has
         token = new_token()
@@ -519,7 +532,7 @@ class MemoryStore(
         await self._enter()
         now = self._clock()
         current = self._held(task, now, count=False)  # a failed heartbeat is not a stale commit
-        self._tasks[task.id] = replace(current, lease_expires_at=now + lease)
+        self._store(replace(current, lease_expires_at=now + lease))
         return now + lease
 
     async def _extend_many_checked(self, checked: list[Task], lease: float) -> list[bool]:
@@ -538,7 +551,7 @@ class MemoryStore(
             )
             if ok:
                 assert current is not None
-                self._tasks[t.id] = replace(current, lease_expires_at=now + lease)
+                self._store(replace(current, lease_expires_at=now + lease))
             out.append(ok)
         return out
 
@@ -558,26 +571,25 @@ class MemoryStore(
         now = self._clock()
         counts = {s: 0 for s in TaskStatus}
         oldest: float | None = None
-        for t in self._tasks.values():
-            if queue is not None and t.queue != queue:
-                continue
-            counts[t.status] += 1
-            if t.status is TaskStatus.PENDING and t.run_at <= now:
-                oldest = t.run_at if oldest is None else min(oldest, t.run_at)
+        queues = list(self._undone.keys() | self._done.keys()) if queue is None else [queue]
+        for q in queues:
+            counts[TaskStatus.DONE] += self._done.get(q, 0)
+            for t in self._unfinished(q):
+                counts[t.status] += 1
+                if t.status is TaskStatus.PENDING and t.run_at <= now:
+                    oldest = t.run_at if oldest is None else min(oldest, t.run_at)
         return QueueStats(counts=counts, oldest_pending_age_s=None if oldest is None else max(0.0, now - oldest))
 
     async def _is_drained_checked(self, queue: str) -> bool:
         """True when ``queue`` has no pending and no running task."""
         await self._enter()
-        unfinished = (TaskStatus.PENDING, TaskStatus.RUNNING)
-        return not any(t.queue == queue and t.status in unfinished for t in self._tasks.values())
+        return not any(t.status in _ACTIVE for t in self._unfinished(queue))
 
     async def _dead_letters_checked(self, queue: str, limit: int, after_id: int | None) -> list[Task]:
         """The dead tasks of ``queue`` above ``after_id``, ascending id, at most ``limit``."""
         await self._enter()
         after = -1 if after_id is None else after_id
-        dead = [t for t in self._tasks.values() if t.queue == queue and t.status is TaskStatus.DEAD and t.id > after]
-        return sorted(dead, key=lambda t: t.id)[:limit]
+        return [t for t in self._unfinished(queue) if t.status is TaskStatus.DEAD and t.id > after][:limit]
 
     async def _requeue_dead_checked(self, queue: str, ids: list[int] | None) -> int:
         """Move dead tasks back to pending with attempts reset."""
@@ -585,8 +597,8 @@ class MemoryStore(
         await self._enter()
         now = self._clock()
         n = 0
-        for t in list(self._tasks.values()):
-            if t.queue == queue and t.status is TaskStatus.DEAD and (wanted is None or t.id in wanted):
+        for t in self._unfinished(queue):
+            if t.status is TaskStatus.DEAD and (wanted is None or t.id in wanted):
                 self._put(t, now, status=TaskStatus.PENDING, attempts=0, run_at=now)
                 n += 1
         return n
@@ -624,9 +636,7 @@ class MemoryStore(
         wanted = None if ids is None else set(ids)
         await self._enter()
         gone = [
-            t
-            for t in self._tasks.values()
-            if t.queue == queue and t.status is TaskStatus.DEAD and (wanted is None or t.id in wanted)
+            t for t in self._unfinished(queue) if t.status is TaskStatus.DEAD and (wanted is None or t.id in wanted)
         ]
         for t in gone:
             self._forget(t)
@@ -635,8 +645,12 @@ class MemoryStore(
         return len(gone)
 
     def _forget(self, task: Task) -> None:
-        """Delete ``task`` and what refers to it."""
-        del self._tasks[task.id]
+        """Delete ``task`` and what refers to it (its stored state: the queue's ids and done count follow it)."""
+        stored = self._tasks.pop(task.id)
+        if stored.status is TaskStatus.DONE:
+            self._done[stored.queue] -= 1
+        else:
+            self._undone[stored.queue].pop(stored.id, None)
         self._rate.keys.pop(task.id, None)
         if task.idempotency_key is not None and self._by_key.get((task.queue, task.idempotency_key)) == task.id:
             del self._by_key[(task.queue, task.idempotency_key)]
