@@ -404,7 +404,7 @@ class MonitorStore(Protocol):
         """One :class:`QueueBacklog` per distinct queue of ``queues``, in order, from one snapshot.
 
         A read (it works on a store opened read-only) of the pending, running and dead tasks'
-        indexes only: cheap to repeat, unlike :meth:`queue_depths`, which counts every row.
+        indexes only: cheap to repeat, unlike :meth:`queue_depths`, which counts every task, done ones too.
         A queue without tasks has zeros.
 
         Raises:

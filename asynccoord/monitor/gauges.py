@@ -22,8 +22,8 @@ read the same way but cannot wait for it: it serves the last reading. So:
   or stop, unlike a refresh on the monitor's interval, which would read every second);
 * each read costs a few index seeks: the pending, running and dead tasks are counted in
   their partial indexes, never by a scan of the done tasks a queue keeps
-  (:meth:`~asynccoord.contract.queue.QueueStore.stats` scans them, which holds SQLite's
-  one connection, and so the nodes, for as long as the scan takes).
+  (:meth:`~asynccoord.contract.queue.QueueStore.stats` counts them too, in their index,
+  which holds SQLite's one connection, and so the nodes, for as long as the walk takes).
 
 A failed or timed-out read leaves the last values in place, marked: ``ok`` is False until a
 read succeeds again, and a reading older than ``stale_after_s`` is no longer served.

@@ -64,7 +64,6 @@ SQLITE_ONLY = {
     "select_by_idempotency_key": "PostgreSQL reads the task holding a repeated key inside enqueue (coord_enqueue)",
 }
 POSTGRES_ONLY = {
-    "stats_oldest_pending": "SQLite finds the oldest due task in stats_counts' scan (no index in run_at order)",
     "lock_keys": "row locks of (queue, partition_key) that serialize head upkeep (SQLite has one writer)",
     "next_task_ids": "ids drawn before an enqueue that may run again, so it recognizes what its lost run created",
     "enqueue": "enqueue_many in one statement: locks, insert, promotion and notification (coord_enqueue)",

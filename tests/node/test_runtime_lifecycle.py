@@ -319,6 +319,29 @@ async def test_wait_until_drained_checks_its_arguments_before_the_first_poll(
             await runtime.wait_until_drained(**{"timeout_s": 1.0, **arguments})
 
 
+async def test_wait_until_drained_calls_the_predicate_with_every_status_counted(db_path: Path) -> None:
+    """The predicate sees the queue's counts per status, done tasks included (``stats``), and the
+    wait ends at the first poll where it holds; tasks of another queue are not counted."""
+    sent, send = recorder()
+    seen: list[dict[TaskStatus, int]] = []
+
+    def five_done(counts: dict[TaskStatus, int]) -> bool:
+        seen.append(dict(counts))
+        return counts[TaskStatus.DONE] >= 5
+
+    async with SQLiteStore(db_path) as store:
+        await store.enqueue("elsewhere", "not counted")
+        async with Runtime(store, send=send, nodes=2, config=CONFIG) as runtime:
+            for i in range(5):
+                await store.enqueue(QUEUE, i)
+            assert await runtime.wait_until_drained(timeout_s=10.0, poll_s=0.01, predicate=five_done)
+            assert not await runtime.wait_until_drained(timeout_s=0.05, poll_s=0.01, predicate=lambda _c: False)
+    assert len(sent) == 5
+    assert all(list(counts) == list(TaskStatus) for counts in seen)
+    assert all(sum(counts.values()) == 5 for counts in seen)  # the five tasks of QUEUE, whatever their status
+    assert seen[-1] == {TaskStatus.PENDING: 0, TaskStatus.RUNNING: 0, TaskStatus.DONE: 5, TaskStatus.DEAD: 0}
+
+
 @pytest.mark.multiprocess
 def test_one_signal_stops_every_runtime_waiting_in_the_process(python: Any, db_path: Path) -> None:
     proc = python.run([str(WORKERS / "two_runtimes_signal_worker.py"), str(db_path)], timeout_s=30.0, check=False)

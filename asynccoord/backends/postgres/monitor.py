@@ -182,7 +182,9 @@ class PostgresMonitorOps:
     async def queue_depths(self) -> list[QueueDepth]:
         """Tasks by queue and status, each queue's oldest due pending age and expired leases, in one snapshot.
 
-        Counts every task row (a full scan: meant for the status command, not a hot path).
+        Counts each status in its partial index (``queue_depths``), never the task rows, yet
+        every task's entry (the done tasks' too): meant for the status command and the
+        dashboard, not a hot path.
 
         Returns:
             One :class:`~asynccoord.contract.monitor.QueueDepth` per queue, by queue name.
@@ -219,8 +221,8 @@ class PostgresMonitorOps:
     async def queue_backlogs(self, queues: Sequence[str]) -> list[QueueBacklog]:
         """Pending, running and dead tasks and the oldest due pending age of each queue, in one snapshot.
 
-        Three partial-index counts per queue (``queue_backlog``), never a scan of the done tasks,
-        in one ``REPEATABLE READ READ ONLY`` transaction.
+        Three partial-index counts and one seek per queue (``queue_backlog``), never a scan of
+        the done tasks, in one ``REPEATABLE READ READ ONLY`` transaction.
 
         Raises:
             InvalidTypeError, InvalidArgumentError: bad ``queues`` (nothing read).

@@ -214,21 +214,27 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         return task_from_row(row)
 
     async def _stats_checked(self, queue: str | None) -> QueueStats:
-        """Counts by status and the oldest due pending age (store clock), in one read-only snapshot."""
+        """Counts by status and the oldest due pending age (store clock), in one statement (one snapshot).
 
-        async def op(conn: asyncpg.Connection, _attempt: int) -> tuple[list[_Row], _Row | None]:
-            async with conn.transaction(isolation="repeatable_read", readonly=True):  # one snapshot
-                counts = await self._fetch(conn, "stats_counts", queue=queue)
-                oldest = await self._row(conn, "stats_oldest_pending", queue=queue, now=self._now())
-            return counts, oldest
+        ``stats_queue`` (or ``stats_all``) counts each status in its partial index and seeks the
+        oldest due pending task; no task row is read where the index pages are all-visible.
+        """
 
-        counts, oldest = await self._run(op, what="stats", tx=False, ambiguous_ok=True)
-        by_status = {s: 0 for s in TaskStatus}
-        for status, n in counts:
-            by_status[TaskStatus(status)] = int(n)
-        age = None
-        if oldest is not None and oldest[0] is not None:
-            age = max(0.0, float(oldest[1]) - float(oldest[0]))
+        async def op(conn: asyncpg.Connection, _attempt: int) -> _Row | None:
+            if queue is None:
+                return await self._row(conn, "stats_all", now=self._now())
+            return await self._row(conn, "stats_queue", queue=queue, now=self._now())
+
+        row = await self._run(op, what="stats", tx=False, ambiguous_ok=True)
+        assert row is not None  # an aggregate's one row
+        pending, oldest, running, done, dead, now = row
+        by_status = {
+            TaskStatus.PENDING: int(pending),
+            TaskStatus.RUNNING: int(running),
+            TaskStatus.DONE: int(done),
+            TaskStatus.DEAD: int(dead),
+        }
+        age = None if oldest is None else max(0.0, float(now) - float(oldest))
         return QueueStats(counts=by_status, oldest_pending_age_s=age)
 
     async def _is_drained_checked(self, queue: str) -> bool:

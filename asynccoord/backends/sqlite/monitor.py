@@ -177,7 +177,9 @@ class SQLiteMonitorOps:
     async def queue_depths(self) -> list[QueueDepth]:
         """Tasks by queue and status, each queue's oldest due pending age and expired leases, in one snapshot.
 
-        Counts every task row (a full scan: meant for the status command, not a hot path).
+        Counts each status in its partial index (``queue_depths``): index entries, never the task
+        rows, yet every task's entry (the done tasks' too): meant for the status command and the
+        dashboard, not a hot path.
 
         Returns:
             One :class:`~asynccoord.contract.monitor.QueueDepth` per queue, by queue name.

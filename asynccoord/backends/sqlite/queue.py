@@ -595,19 +595,26 @@ class SQLiteQueueOps(StoreBase):
         return task_from_row(row)
 
     async def _stats_checked(self, queue: str | None) -> QueueStats:
-        """Counts by status and the oldest due pending age (store clock), for ``queue`` or all."""
+        """Counts by status and the oldest due pending age (store clock), for ``queue`` or all.
+
+        One statement (``stats_queue`` or ``stats_all``) that counts each status in its partial
+        index, never reading a task's row.
+        """
         writer = self._w()
 
-        def read(db: sqlite3.Connection) -> tuple[list[_Row], Any, float]:
+        def read(db: sqlite3.Connection) -> tuple[_Row, float]:
             now = writer.now(db)
-            counts = db.execute(Q["stats_counts"], {"queue": queue, "now": now}).fetchall()
-            oldest = next((r[2] for r in counts if r[0] == TaskStatus.PENDING), None)
-            return counts, oldest, now
+            if queue is None:
+                return db.execute(Q["stats_all"], {"now": now}).fetchone(), now
+            return db.execute(Q["stats_queue"], {"queue": queue, "now": now}).fetchone(), now
 
-        counts, oldest, now = await self._read(read)
-        by_status = {s: 0 for s in TaskStatus}
-        for status, n, _ in counts:
-            by_status[TaskStatus(status)] = n
+        (pending, oldest, running, done, dead), now = await self._read(read)
+        by_status = {
+            TaskStatus.PENDING: pending,
+            TaskStatus.RUNNING: running,
+            TaskStatus.DONE: done,
+            TaskStatus.DEAD: dead,
+        }
         age = None if oldest is None else max(0.0, now - float(oldest))
         return QueueStats(counts=by_status, oldest_pending_age_s=age)
 

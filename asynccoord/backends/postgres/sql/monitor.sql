@@ -87,7 +87,15 @@ SELECT process_id, info, first_flush_at, last_flush_at FROM coord_metric_process
 SELECT alert FROM coord_alerts WHERE expires_at > :now_s::float8 ORDER BY seen_at, monitor_id, rule, scope_key;
 
 -- name: queue_depths
-SELECT queue, status, count(*) FROM coord_tasks GROUP BY queue, status ORDER BY queue;
+-- Tasks by queue and status, each status counted in its partial index (as stats_all in
+-- queries.sql), never a scan of the table's rows.
+SELECT queue, 'pending', count(*) FROM coord_tasks WHERE status = 'pending' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM coord_tasks WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, 'done', count(*) FROM coord_tasks WHERE status = 'done' GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*) FROM coord_tasks WHERE status = 'dead' GROUP BY queue;
 
 -- name: queue_oldest_pending
 SELECT queue, min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now_s::float8 GROUP BY queue;
@@ -101,11 +109,13 @@ SELECT queue, done, dead FROM coord_queue_removed;
 SELECT queue, count(*) FROM coord_tasks WHERE status = 'running' AND lease_expires_at <= :now_s::float8 GROUP BY queue;
 
 -- name: queue_backlog
--- Pending (with the oldest due run_at), running and dead tasks of :queue, each counted in its
--- partial index (coord_tasks_pending, coord_tasks_lease_expiry, coord_tasks_dead_order): the
--- cost follows the unfinished and dead tasks, never the done tasks kept.
-SELECT p.n, p.oldest,
+-- Pending, running and dead tasks of :queue, each counted in its partial index (a pending one,
+-- coord_tasks_lease_expiry, coord_tasks_dead_order), and the run_at of the oldest due pending
+-- task, the first entry of coord_tasks_pending_due at or after the queue (one seek, never a read
+-- of the pending rows): the cost follows the unfinished and dead tasks' index entries, never
+-- the done tasks kept.
+SELECT (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'pending'),
+       (SELECT min(run_at) FROM coord_tasks
+         WHERE queue = :queue::text AND status = 'pending' AND run_at <= :now_s::float8),
        (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'running'),
-       (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'dead')
-  FROM (SELECT count(*) AS n, min(run_at) FILTER (WHERE run_at <= :now_s::float8) AS oldest
-          FROM coord_tasks WHERE queue = :queue::text AND status = 'pending') AS p;
+       (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'dead');

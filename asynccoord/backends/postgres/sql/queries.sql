@@ -485,12 +485,28 @@ UPDATE coord_tasks AS t SET lease_expires_at = coord_now(:now::float8) + b.lease
    AND t.status <> ALL ('{pending,done,dead}') AND t.lease_expires_at > coord_now(:now::float8)
 RETURNING t.id, t.lease_token;
 
--- name: stats_counts
-SELECT status, count(*) FROM coord_tasks WHERE (:queue::text IS NULL OR queue = :queue::text) GROUP BY status;
+-- name: stats_queue
+-- Pending tasks of :queue, the run_at of its oldest due one (a seek of coord_tasks_pending_due),
+-- its running, done and dead tasks, and the store clock, in one statement (one snapshot). Each
+-- count reads its status's partial index (coord_tasks_pending_due, coord_tasks_lease_expiry,
+-- coord_tasks_done, coord_tasks_dead_order), index-only where the pages are all-visible, never
+-- the table: the done tasks cost a walk of their index, not a scan of every row.
+SELECT (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'pending'),
+       (SELECT min(run_at) FROM coord_tasks
+         WHERE queue = :queue::text AND status = 'pending' AND run_at <= coord_now(:now::float8)),
+       (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'running'),
+       (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'done'),
+       (SELECT count(*) FROM coord_tasks WHERE queue = :queue::text AND status = 'dead'),
+       coord_now(:now::float8);
 
--- name: stats_oldest_pending
-SELECT min(run_at), coord_now(:now::float8) FROM coord_tasks
- WHERE status = 'pending' AND run_at <= coord_now(:now::float8) AND (:queue::text IS NULL OR queue = :queue::text);
+-- name: stats_all
+-- stats_queue over every queue: the same partial indexes, each read whole.
+SELECT (SELECT count(*) FROM coord_tasks WHERE status = 'pending'),
+       (SELECT min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= coord_now(:now::float8)),
+       (SELECT count(*) FROM coord_tasks WHERE status = 'running'),
+       (SELECT count(*) FROM coord_tasks WHERE status = 'done'),
+       (SELECT count(*) FROM coord_tasks WHERE status = 'dead'),
+       coord_now(:now::float8);
 
 -- name: queue_unfinished
 -- One pending or running task of the queue, if any: the first entry of coord_tasks_pending,

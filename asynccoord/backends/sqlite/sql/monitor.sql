@@ -93,7 +93,15 @@ SELECT process_id, info, first_flush_at, last_flush_at FROM coord_metric_process
 SELECT alert FROM coord_alerts WHERE expires_at > :now ORDER BY seen_at, monitor_id, rule, scope_key;
 
 -- name: queue_depths
-SELECT queue, status, count(*) FROM coord_tasks GROUP BY queue, status ORDER BY queue;
+-- Tasks by queue and status, each status counted in its partial index (as stats_all in
+-- queries.sql): index entries only, in queue order, never a scan of the table's rows.
+SELECT queue, 'pending', count(*) FROM coord_tasks WHERE status = 'pending' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM coord_tasks WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, 'done', count(*) FROM coord_tasks WHERE status = 'done' GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*) FROM coord_tasks WHERE status = 'dead' GROUP BY queue;
 
 -- name: queue_oldest_pending
 SELECT queue, min(run_at) FROM coord_tasks WHERE status = 'pending' AND run_at <= :now GROUP BY queue;
