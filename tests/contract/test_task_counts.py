@@ -24,6 +24,8 @@ from asynccoord.backends.sqlfiles import load_migrations, load_queries
 
 Q = "jobs"
 OTHER = "other"
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+POSTGRES_ONLY = pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 
 
 async def seed(store: Any, clock: FakeClock) -> None:
@@ -123,11 +125,10 @@ def _sqlite_plan(path: Any, name: str, values: dict[str, Any]) -> list[str]:
         return [row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + sql, values) if "coord_tasks" in row[3]]
 
 
+@SQLITE_ONLY
 async def test_sqlite_counts_read_each_status_in_its_index(make_store: Any, backend: str) -> None:
     """stats() counted by scanning every row of the table (350 ms among 1,000,000 done tasks, on the
     store's connection); queue_depths (status, the dashboard) too."""
-    if backend != "sqlite":
-        pytest.skip("SQLite's plans")
     store = await make_store()
     await store.enqueue(Q, "migrated")
     values = {"queue": Q, "now": time.time()}
@@ -155,11 +156,10 @@ def _scans(node: dict[str, Any]) -> list[dict[str, Any]]:
     return own + [s for child in node.get("Plans", []) for s in _scans(child)]
 
 
+@POSTGRES_ONLY
 async def test_postgres_stats_reads_indexes_and_seeks_the_oldest_due_task(make_store: Any, backend: str) -> None:
     """stats() scanned the table to count and read every pending row for min(run_at); now each count
     reads its status's partial index and the oldest due task is one entry of coord_tasks_pending_due."""
-    if backend != "postgres":
-        pytest.skip("PostgreSQL's plans")
     import asyncpg
 
     from asynccoord.backends.postgres.store import Q as PG_QUERIES
@@ -211,11 +211,10 @@ async def test_postgres_stats_reads_indexes_and_seeks_the_oldest_due_task(make_s
     assert stats.oldest_pending_age_s == pytest.approx(await store.now() - 660.0, abs=1.0)  # i = 3400
 
 
+@POSTGRES_ONLY
 async def test_a_revision_7_postgres_schema_gets_the_run_at_index_and_keeps_its_tasks(
     make_store: Any, backend: str, clock: FakeClock
 ) -> None:
-    if backend != "postgres":
-        pytest.skip("PostgreSQL's migrations")
     import asyncpg
 
     from asynccoord.backends.postgres.store import SCHEMA_VERSION, PostgresStore
