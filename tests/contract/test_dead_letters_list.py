@@ -20,6 +20,10 @@ from asynccoord import InvalidArgumentError, InvalidTypeError, ReadOnlyStoreErro
 from asynccoord.cli.status import open_status_store
 from asynccoord.contract.queue import MAX_DEAD_LETTERS_LIMIT
 
+POSTGRES_ONLY = pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+SHARED = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)  # stores of one database
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
 Q = "outbox"
 
 
@@ -144,10 +148,9 @@ async def test_bad_arguments_raise_typed_errors_naming_them_and_change_nothing(
     assert [(await store.get(i)).status for i in dead] == [TaskStatus.DEAD] * 2
 
 
+@SHARED
 async def test_a_store_opened_read_only_lists_dead_tasks(make_store, backend: str, clock: FakeClock) -> None:
     """Through the read path of ``status`` (and of ``dead``): SQLite ``mode=ro``, PostgreSQL ``read_only=True``."""
-    if backend == "memory":
-        pytest.skip("a memory store has no read-only form")
     writer = await make_store()
     dead = await make_dead(writer, clock, [("chat-a", "a"), ("chat-b", "b"), ("chat-a", "c")])
     await writer.set_dead_letter_policy(Q, "hold")
@@ -169,9 +172,8 @@ async def test_a_store_opened_read_only_lists_dead_tasks(make_store, backend: st
     assert await listed(writer) == dead[1:]
 
 
+@SQLITE_ONLY
 async def test_sqlite_finds_a_page_by_a_seek_of_the_dead_tasks_index(make_store, backend: str) -> None:
-    if backend != "sqlite":
-        pytest.skip("SQLite's plan")
     store = await make_store()
     await store.enqueue(Q, "x")
     with contextlib.closing(sqlite3.connect(store.path)) as raw:
@@ -182,14 +184,13 @@ async def test_sqlite_finds_a_page_by_a_seek_of_the_dead_tasks_index(make_store,
     assert plan == ["SEARCH coord_tasks USING INDEX coord_tasks_dead_order (queue=? AND id>?)"]
 
 
+@POSTGRES_ONLY
 async def test_postgres_reads_about_one_page_of_rows_among_many_live_and_dead_tasks(
     make_store, backend: str, clock: FakeClock
 ) -> None:
     """20,000 tasks of the queue, one in 200 dead, and 2,000 of another queue, one in 10 dead: a page
     of 10 from the middle reads 10 index entries and 10 rows (a walk of the primary key would
     read 2,000, a sort every dead task of the queue)."""
-    if backend != "postgres":
-        pytest.skip("PostgreSQL's plan")
     import json
 
     import asyncpg

@@ -15,6 +15,8 @@ from support import FakeClock
 
 from asynccoord import DeadLetterPolicy, InvalidArgumentError, InvalidTypeError, SQLiteStore, TaskStatus
 
+SHARED = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)  # stores of one database
+
 Q = "outbox"
 
 
@@ -176,9 +178,8 @@ async def test_dead_letter_policies_names_every_queue_that_holds_in_one_read(sto
     assert await store.dead_letter_policies() == {Q: DeadLetterPolicy.HOLD}
 
 
+@SHARED
 async def test_every_store_of_one_database_follows_the_policy(make_store, backend: str) -> None:
-    if backend == "memory":
-        pytest.skip("a memory store is its process's own")
     one, two = await make_store(), await make_store()  # one SQLite file, or one PostgreSQL schema
     await one.set_dead_letter_policy(Q, "hold")
     assert await two.dead_letter_policy(Q) is DeadLetterPolicy.HOLD

@@ -37,6 +37,8 @@ from asynccoord.contract.ratelimits import (
     take,
 )
 
+SHARED = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)  # stores of one database
+
 Q = "outbox"
 
 
@@ -548,12 +550,11 @@ async def test_held_buckets_refuse_bad_arguments(store, kwargs: dict[str, object
 # --- limits changed under a running process -----------------------------------------
 
 
+@SHARED
 async def test_a_store_warns_once_when_another_declares_new_limits_under_it(
     make_store, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two stores on one database, as two processes: what one declares, the other's claims enforce and say so."""
-    if backend == "memory":
-        pytest.skip("a memory store is one process's own: no other store can change its limits")
     mine, other = await make_store(), await make_store()
     await mine.set_rate_limits(Q, [RateLimit(dimension="chat", count=2, per_s=1.0)])
     for i in range(50):

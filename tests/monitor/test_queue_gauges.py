@@ -25,6 +25,8 @@ from asynccoord.monitor.gauges import QueueGauges
 from asynccoord.monitor.metrics import register_collector, render_prometheus
 from asynccoord.node import NodeConfig, Runtime
 
+SHARED = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)  # stores of one database
+
 Q = "outbox"
 NAMED = "billing"
 HERE = {"host": socket.gethostname(), "pid": os.getpid()}
@@ -305,10 +307,9 @@ async def test_queue_gauges_check_their_arguments(store: Any) -> None:
         QueueGauges(object(), [Q])
 
 
+@SHARED
 async def test_the_backlog_read_touches_no_done_task(make_store: Any, backend: str) -> None:
     """Among 3,000 done tasks, the read walks the pending, running and dead tasks' indexes only."""
-    if backend == "memory":
-        pytest.skip("a plan of SQL")
     store = await make_store(clock=None)
     await store.enqueue_many([NewTask(queue=Q, payload=i, max_attempts=1) for i in range(3010)])
     claimed = await store.claim(Q, node_id="n", limit=3003)
