@@ -67,7 +67,7 @@ COMMANDS: list[Command] = [
     ),
     Command(
         name="run",
-        help="host N nodes draining a queue with your send function until SIGTERM/SIGINT",
+        help="host N nodes draining a queue with your send function until SIGTERM, SIGINT or SIGHUP",
         configure=configure_run,
         run=run_command,
         check=check_run,
