@@ -139,7 +139,8 @@ half the claims over 30 s; retries on more than 20 % of the claims over 60 s; mo
 30 membership changes in 5 minutes (a process restarting again and again: a rolling
 restart costs one or two per process); any node lost (its heartbeats stopped: a crash, a kill, a
 freeze past the TTL) in 60 s; any rate limit a send reported (HTTP 429) in 60 s: a provider
-pushing back means the declared rate limits are above its own. All cluster-wide."""
+pushing back means the declared rate limits are above its own. All cluster-wide. The
+ratios are judged only once their window holds 20 commits or claims (50 for lock contention)."""
 
 
 @dataclass(slots=True)
