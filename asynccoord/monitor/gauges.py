@@ -26,7 +26,8 @@ read the same way but cannot wait for it: it serves the last reading. So:
   which holds SQLite's one connection, and so the nodes, for as long as the walk takes).
 
 A failed or timed-out read leaves the last values in place, marked: ``ok`` is False until a
-read succeeds again, and a reading older than ``stale_after_s`` is no longer served.
+read succeeds again, and a reading older than ``stale_after_s`` is no longer served (and
+``ok`` is False with it, also while a read still hangs).
 
 Which queues: those named, plus those this process's runtimes drain, found in the live
 nodes' heartbeats (a :class:`~asynccoord.node.runtime.Runtime`'s nodes announce their
@@ -226,8 +227,9 @@ class QueueGauges:
 
         Returns:
             ``(reading, ok)``: the last reading, or None when none was made or it is older
-            than ``stale_after_s``; ``ok`` is False while the latest completed read failed
-            (or none completed yet).
+            than ``stale_after_s``; ``ok`` is False while the latest completed read failed,
+            none completed yet, or the last reading is older than ``stale_after_s`` (a read
+            hanging since).
         """
         on_loop = self._on_loop_thread()
         with self._lock:
@@ -243,7 +245,7 @@ class QueueGauges:
         with self._lock:
             reading, ok = self._reading, self._ok
         if reading is not None and reading.age_s() > self.stale_after_s:
-            reading = None
+            reading, ok = None, False  # a read hanging since: not up, though none failed yet
         return reading, ok
 
     def _start(self) -> concurrent.futures.Future[None] | None:

@@ -174,6 +174,38 @@ async def test_a_store_that_cannot_be_read_marks_the_values_stale_then_drops_the
         assert series(gone, "asynccoord_events_total")  # the rest of the page is served
 
 
+async def test_values_gone_stale_behind_a_hung_read_are_not_up(store: Any) -> None:
+    """A read that hangs after a good one: once the values pass ``stale_after_s`` they are dropped
+    and ``up`` is 0 with them (it stayed 1 until the hung read timed out)."""
+    await store.enqueue(Q, "x")
+    release = asyncio.Event()
+    real = store.queue_backlogs
+    registry = CollectorRegistry()
+    collector = register_collector(store, registry=registry, queues=[Q])
+    (gauges,) = collector.queue_gauges()
+    gauges.wait_s = 0.05
+    with serving(registry) as url:
+        assert series(await scrape(url), "asynccoord_queue_stats_up") == {(): 1.0}
+
+        async def hanging(queues: Any) -> Any:
+            await release.wait()
+            return await real(queues)
+
+        store.queue_backlogs = hanging
+        gauges.refresh_s = 0.001  # the next scrape starts a read, which hangs
+        await asyncio.sleep(0.01)
+        fresh = await scrape(url)
+        assert series(fresh, "asynccoord_queue_stats_up") == {(): 1.0}  # no read failed, the values are young
+        assert series(fresh, "asynccoord_queue_tasks")[(Q, "pending")] == 1.0
+        gauges.stale_after_s = 0.2
+        await asyncio.sleep(0.3)
+        gone = await scrape(url)
+        assert series(gone, "asynccoord_queue_stats_up") == {(): 0.0}
+        assert series(gone, "asynccoord_queue_tasks") == {}
+        assert series(gone, "asynccoord_queue_stats_age_seconds") == {}
+        release.set()
+
+
 async def test_a_scrape_waits_at_most_wait_s_for_a_hung_store_and_the_loop_runs_on(store: Any) -> None:
     """A read that hangs: the scrape returns after ``wait_s`` without values (up 0), the event loop
     keeps running meanwhile, and the read's result is served once it comes."""
