@@ -1,4 +1,4 @@
-"""The demo's faults: SIGKILL one worker process a third of the way through, stall another later.
+"""The demo's faults: SIGKILL one worker process at 30 % of the messages sent, stall another at 55 %.
 
 The killed process is replaced a second later by one with the same node ids (a new
 incarnation); the stalled one freezes its event loop (SIGUSR1) past its lease, lock
