@@ -100,3 +100,21 @@ async def test_a_backlog_enters_the_index_a_stretch_per_claim_and_claims_walk_me
         assert flagged()[0] == 41
         rest = await store.claim(Q, node_id="n", limit=100)
         assert sorted(t.id for t in rest) == sorted(set(ids) - set(expected))
+
+
+async def test_a_claim_of_every_partition_takes_all_and_one_missing_a_partition_does_not(db_path: Path) -> None:
+    # A claim naming every partition runs with no filter (queue.py, _partition_filter); a list as
+    # long as the partition count that repeats one and misses another must keep its filter.
+    async with SQLiteStore(db_path) as store:
+        parts = store.partitions
+        keys = [f"k{i}" for i in range(200)]
+        tasks = [(await store.enqueue(Q, i, partition_key=k)).task for i, k in enumerate(keys)]
+        missing = tasks[0].partition
+        others = [p for p in range(parts) if p != missing]
+        nearly = [others[0], *others]  # ``parts`` entries, one repeated, ``missing`` left out
+        got = await store.claim(Q, node_id="a", limit=500, partitions=nearly)
+        assert [t.id for t in got] == [t.id for t in tasks if t.partition != missing]
+        assert await store.claimable_partitions(Q, nearly) == set()
+        assert await store.claimable_partitions(Q, range(parts)) == {missing}
+        rest = await store.claim(Q, node_id="b", limit=500, partitions=range(parts))
+        assert [t.id for t in rest] == [t.id for t in tasks if t.partition == missing]
