@@ -761,6 +761,34 @@ async def test_connections_killed_by_the_server_are_retried(pg: str, schema: str
         assert store.listening
 
 
+async def test_a_pause_announced_on_a_connection_the_server_ended_is_retried(pg: str, schema: str) -> None:
+    """A provider's pause (a 429 under a lock) reaches the other processes though the pooled
+    connection its NOTIFY takes was just ended by the server: the announcement retries on a
+    new connection, as every call does, and announces what is left of the pause. It was
+    dropped at once (``pause_not_announced``), and the other processes' sends claimed before
+    the 429 went out during its Retry-After."""
+    import asyncpg
+
+    async with PostgresStore(pg, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+        await store.stats("q")  # the pool's one connection is open
+        mine = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1"
+        listener = await asyncpg.connect(pg)
+        heard: list[dict[str, Any]] = []
+        try:
+            await listener.add_listener(store.channel, lambda *args: heard.append(json.loads(args[3])))
+            for n in range(5):
+                [[ended]] = await admin(pg, mine, application_name())
+                assert ended is True
+                store.pauses.announce(f"account:{n}", 2.0)
+                deadline = time.monotonic() + 5
+                while len(heard) <= n and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            assert [h["z"] for h in heard] == [f"account:{n}" for n in range(5)]
+            assert all(0 < h["t"] <= 2.0 for h in heard)
+        finally:
+            await listener.close()
+
+
 async def test_a_listener_killed_again_and_again_backs_off_while_the_idle_poll_drains_the_queue(
     pg: str, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:

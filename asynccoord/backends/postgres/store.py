@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
@@ -425,15 +426,21 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             self._partitions = check_partitions(repr(self), value)
 
     def _announce_pause(self, name: str, pause_s: float) -> None:
-        """Carry the provider's pause of lock ``name`` to the other processes (a NOTIFY, in the background)."""
-        payload = encode_pause(self._sender, name, pause_s)
+        """Carry the provider's pause of lock ``name`` to the other processes (a NOTIFY, in the background).
+
+        A lost connection is retried as any call's (``reconnect_timeout_s``): a NOTIFY sent twice
+        only repeats the pause, and each attempt announces the part of it still to wait.
+        """
+        until = time.monotonic() + pause_s
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> None:
-            await self._x(conn, "notify", channel=self.channel, payload=payload)
+            left_s = until - time.monotonic()
+            if left_s > 0:
+                await self._x(conn, "notify", channel=self.channel, payload=encode_pause(self._sender, name, left_s))
 
         async def announce() -> None:
             try:
-                await self._run(op, what="announce_pause", tx=False)
+                await self._run(op, what="announce_pause", tx=False, ambiguous_ok=True)
             except StoreError as exc:  # the store's paused bucket still holds back later claims
                 log.warning("asynccoord.postgres.pause_not_announced name=%r error=%s", name, exc)
 
