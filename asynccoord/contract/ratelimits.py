@@ -491,6 +491,8 @@ def parse_rate_limit(text: str) -> RateLimit:
         name, eq2, value = rest.partition("=")
         if name.strip() != "burst" or not eq2:
             raise InvalidArgumentError(f"rate limit {text!r}: only burst=N may follow the rate ({form})")
+        if "," in value:
+            raise InvalidArgumentError(f"rate limit {text!r}: only one burst=N may follow the rate ({form})")
         burst = _parse_int(text, "burst", value)
     units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
     period = period.strip()

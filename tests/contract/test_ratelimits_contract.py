@@ -137,6 +137,8 @@ def test_parse_rate_limit() -> None:
     for bad in ("chat", "chat=1", "chat=x/1s", "chat=1/xs", "chat=1/1s,bursty=2", "chat=0/1s", "chat=1/0s"):
         with pytest.raises(InvalidArgumentError):
             parse_rate_limit(bad)
+    with pytest.raises(InvalidArgumentError, match=r"only one burst=N may follow the rate"):
+        parse_rate_limit("account=5/1s,burst=2,burst=3")  # said: burst '2,burst=3' is not a whole number
 
 
 @pytest.mark.parametrize(
