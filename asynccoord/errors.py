@@ -130,7 +130,8 @@ class RateLimited(CoordError):
     conversation, and the store pauses the bucket(s) cluster-wide until ``retry_after_s``
     from now: the one named by ``dimension`` (and ``key``: by default the task's own key of
     that dimension), or, with no ``dimension``, every bucket the task draws on. A task in no
-    paused bucket (its queue declares no such limit) is itself delayed by ``retry_after_s``.
+    paused bucket of its own (its queue declares no such limit, or the provider named another
+    key) is itself delayed by ``retry_after_s``.
     A node pauses at least 0.5 s (``asynccoord.node.settle.MIN_RATE_LIMIT_PAUSE_S``), so a
     provider answering ``Retry-After: 0`` is not called again at once, for ever. Counted as
     ``provider_rate_limited``.

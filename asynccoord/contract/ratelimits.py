@@ -58,6 +58,7 @@ __all__ = (
     "parse_rate_limit",
     "pause_targets",
     "paused_tat",
+    "refused_task_delay_s",
     "sort_held",
     "take",
     "warn_undeclared_dimensions",
@@ -359,7 +360,8 @@ def pause_targets(
     Returns:
         ``(dimension, key)`` of each bucket to pause, declared dimensions only (a
         dimension the queue does not limit, or one the task has no key for, pauses
-        nothing: the caller then delays the task itself).
+        nothing: the caller then delays the task itself, as it does when every bucket paused
+        is another key's: see :func:`refused_task_delay_s`).
     """
     if dimension is None:
         return [(d, k) for d, k in sorted(limit_keys.items()) if d in limits]
@@ -367,6 +369,18 @@ def pause_targets(
         return []
     chosen = key if key is not None else limit_keys.get(dimension)
     return [] if chosen is None else [(dimension, chosen)]
+
+
+def refused_task_delay_s(targets: Sequence[Bucket], limit_keys: Mapping[str, str], retry_after_s: float) -> float:
+    """How long a task the provider refused waits by its own ``run_at``, given the paused ``targets``.
+
+    Zero when a paused bucket is one the task draws on: that bucket holds it back, in its
+    place. Otherwise (the provider named no declared limit, or another key's, such as the
+    whole account's when the task's own account key differs) nothing would, and the task
+    itself waits the whole ``retry_after_s``: the provider refused this very request.
+    """
+    own = set(limit_keys.items())
+    return 0.0 if any(bucket in own for bucket in targets) else retry_after_s
 
 
 def limits_from_rows(rows: Sequence[Sequence[object]]) -> dict[str, RateLimit]:

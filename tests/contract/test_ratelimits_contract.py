@@ -432,6 +432,23 @@ async def test_named_account_key_pauses_that_account(store, clock: FakeClock) ->
     assert second not in await claim_ids(store)
 
 
+async def test_a_429_naming_another_key_delays_the_refused_task_itself(store, clock: FakeClock) -> None:
+    """The provider named another key's bucket (say the whole account's, under another id): that
+    bucket pauses, and the task it refused waits the Retry-After by itself, as nothing of its own
+    holds it back (it was claimed again at once)."""
+    await store.set_rate_limits(Q, [RateLimit(dimension="account", count=10, per_s=1.0)])
+    first = await enqueue(store, {"account": "x"})
+    other = await enqueue(store, {"account": "other"})
+    task = (await store.claim(Q, node_id="n"))[0]
+    assert task.id == first
+    back = await store.report_rate_limited(task, 1.5, dimension="account", key="other")
+    assert back.run_at == pytest.approx(back.updated_at + 1.5)
+    clock.advance(0.5)  # x's bucket has a token again (one per 0.1 s)
+    assert await claim_ids(store) == []  # neither: "other" is paused, the refused task waits
+    clock.advance(1.0)
+    assert await claim_ids(store) == [first, other]
+
+
 async def test_rate_limited_task_without_buckets_is_delayed(store, clock: FakeClock) -> None:
     first = await enqueue(store, {})
     task = (await store.claim(Q, node_id="n"))[0]

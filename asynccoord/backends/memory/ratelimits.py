@@ -29,6 +29,7 @@ from ...contract.ratelimits import (
     held_wait_s,
     pause_targets,
     paused_tat,
+    refused_task_delay_s,
     sort_held,
 )
 from ...events import EventCounter
@@ -143,13 +144,14 @@ class MemoryRateLimitOps:
         stored = self._tasks.get(task.id)
         queue = task.queue if stored is None else stored.queue
         limits = self._declared(queue)
-        targets = pause_targets(limits, self._limit_keys_of(task.id), dim, chosen)
+        keys = self._limit_keys_of(task.id)
+        targets = pause_targets(limits, keys, dim, chosen)
         for d, k in targets:
             bucket = (queue, d, k)
             self._rate.buckets[bucket] = paused_tat(self._rate.buckets.get(bucket), now + retry, limits[d])
         self.events.add(ev.PROVIDER_RATE_LIMITED)
         current = self._held(task, now, count=False)  # a refused hand-back is no stale commit
-        delay = 0.0 if targets else retry
+        delay = refused_task_delay_s(targets, keys, retry)
         out = self._put(
             current,
             now,

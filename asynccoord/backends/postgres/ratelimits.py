@@ -42,6 +42,7 @@ from ...contract.ratelimits import (
     limits_from_rows,
     pause_targets,
     paused_tat,
+    refused_task_delay_s,
     warn_undeclared_dimensions,
 )
 from ...errors import LeaseLostError, TaskNotFoundError
@@ -404,7 +405,8 @@ class PgRateLimitOps(PgHeads):
             locked = (await self._fetch(conn, "lock_rate_limits", queue=queue, now=self._now()))[0]
             now = float(locked[0])
             limits = limits_from_rows(list(zip(locked[1], locked[2], locked[3], locked[4], strict=True)))
-            targets = pause_targets(limits, decode_limit_keys(None if stored is None else stored[1]), dim, chosen)
+            keys = decode_limit_keys(None if stored is None else stored[1])
+            targets = pause_targets(limits, keys, dim, chosen)
             tats: dict[_Bucket, float] = {}
             await self._load_tats(conn, queue, set(targets), tats)
             paused = {(d, k): paused_tat(tats.get((d, k)), now + retry, limits[d]) for d, k in targets}
@@ -415,7 +417,7 @@ class PgRateLimitOps(PgHeads):
                 id=task.id,
                 lease_token=task.lease_token,
                 version=task.version,
-                delay_s=0.0 if targets else retry,
+                delay_s=refused_task_delay_s(targets, keys, retry),
                 error=text,
                 now=now,
             )

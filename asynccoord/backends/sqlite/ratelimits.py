@@ -35,6 +35,7 @@ from ...contract.ratelimits import (
     limits_from_rows,
     pause_targets,
     paused_tat,
+    refused_task_delay_s,
     warn_undeclared_dimensions,
 )
 from ...errors import LeaseLostError, TaskNotFoundError
@@ -244,14 +245,15 @@ class SQLiteRateLimitOps:
             stored = db.execute(R["task_limit_keys"], {"id": task.id}).fetchone()
             queue = task.queue if stored is None else stored[0]
             limits = _limits(db, queue)
-            targets = pause_targets(limits, decode_limit_keys(None if stored is None else stored[1]), dim, chosen)
+            keys = decode_limit_keys(None if stored is None else stored[1])
+            targets = pause_targets(limits, keys, dim, chosen)
             load = _loader(db, queue)
             _store_tats(db, queue, {(d, k): paused_tat(load(d, k), now + retry, limits[d]) for d, k in targets})
             params = {
                 "id": task.id,
                 "lease_token": task.lease_token,
                 "version": task.version,
-                "delay_s": 0.0 if targets else retry,
+                "delay_s": refused_task_delay_s(targets, keys, retry),
                 "error": text,
                 "now": now,
             }
