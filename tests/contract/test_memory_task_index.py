@@ -8,6 +8,7 @@ of the table after random work. That every store counts alike is ``test_task_cou
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -33,6 +34,49 @@ class _NoWalk(dict[int, Task]):
 
     def __iter__(self) -> Any:
         raise AssertionError("the done tasks were walked (iter())")
+
+
+class _CountedReads(dict[int, Task]):
+    """A task table that counts its reads by id."""
+
+    reads = 0
+
+    def __getitem__(self, key: int) -> Task:
+        self.reads += 1
+        return super().__getitem__(key)
+
+
+async def test_memory_is_drained_stops_at_the_first_unfinished_task(clock: FakeClock) -> None:
+    """is_drained read every pending, running and dead task of the queue, and sorted their ids, to
+    find one pending: a poll of a deep backlog cost it all (2.5 ms at 50,000 pending, against
+    0.01 ms when it walked the table and stopped at the first). It reads one task now."""
+    async with MemoryStore(clock=clock) as store:
+        await store.enqueue_many([NewTask(queue=Q, payload=i) for i in range(1000)])
+        table = _CountedReads(store._tasks)
+        store._tasks = table
+        assert not await store.is_drained(Q)
+        assert table.reads == 1
+
+
+async def test_memory_a_done_task_a_naive_claim_takes_again_keeps_the_ids_in_order(clock: FakeClock) -> None:
+    """The one way back from done: a naive claim (benchmarks) leases a task it read as pending that a
+    naive complete marked done in its gap. Its id goes back in order, and an ordered claim still
+    sees the key's earliest task as its head."""
+    async with MemoryStore(clock=clock) as store:
+        first, second = [r.task for r in await store.enqueue_many([NewTask(queue=Q, payload=i) for i in range(2)])]
+        (leased,) = await store.claim(Q, node_id="n", limit=1)
+        await store.release(leased)
+        naive = asyncio.create_task(store.unchecked_claim(Q, node_id="x", limit=1))
+        done = asyncio.create_task(store.unchecked_complete([leased]))
+        (taken,) = await naive
+        assert await done == 1
+        assert taken.id == first.id
+        assert taken.status is TaskStatus.RUNNING
+        assert list(store._undone[Q]) == [first.id, second.id]
+        assert by_value((await store.stats(Q)).counts) == {"pending": 1, "running": 1, "done": 0, "dead": 0}
+        clock.advance(60.0)  # the naive lease lapses: the key's head is the earliest task again
+        (head,) = await store.claim(Q, node_id="n", limit=1, ordered=True)
+        assert head.id == first.id
 
 
 async def test_memory_claims_and_counts_never_walk_the_done_tasks(clock: FakeClock) -> None:
@@ -104,6 +148,6 @@ async def test_memory_counts_match_a_recount_of_the_table_after_random_work(
             for q in queues:
                 recount = {s: sum(1 for _, t in tasks if t.queue == q and t.status is s) for s in TaskStatus}
                 assert (await store.stats(q)).counts == recount
-                assert set(store._undone.get(q, {})) == {
+                assert list(store._undone.get(q, {})) == sorted(  # in id order: claims read them so
                     i for i, t in tasks if t.queue == q and t.status is not TaskStatus.DONE
-                }
+                )
