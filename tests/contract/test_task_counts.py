@@ -116,6 +116,21 @@ async def test_a_queue_whose_tasks_were_all_purged_counts_nothing_but_its_remove
     )
 
 
+async def test_a_purge_or_a_discard_that_deletes_nothing_makes_no_queue(store: Any, clock: FakeClock) -> None:
+    """queue_depths lists a queue with tasks or with tasks removed; a purge or discard of a queue that
+    had nothing to delete removed nothing (the memory store listed such a queue, with zeros)."""
+    await store.enqueue(OTHER, "kept")
+    assert (await store.purge_finished(Q, older_than_s=0.0)).deleted == 0
+    assert await store.discard_dead(Q) == 0
+    assert await store.discard_dead(OTHER) == 0
+    [depth] = await store.queue_depths()
+    assert (depth.queue, dict(depth.counts), depth.removed) == (
+        OTHER,
+        {"pending": 1, "running": 0, "done": 0, "dead": 0},
+        0,
+    )
+
+
 # --- SQLite: index entries only ------------------------------------------------------------------
 
 

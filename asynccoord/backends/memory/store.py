@@ -634,7 +634,7 @@ class MemoryStore(
         ]
         for t in old:
             self._forget(t)
-        self._removed[queue] = self._removed.get(queue, 0) + len(old)
+        self._count_removed(queue, len(old))
         return PurgeResult(deleted=len(old), batches=-(-len(old) // size))
 
     async def _discard_dead_checked(self, queue: str, ids: list[int] | None) -> int:
@@ -646,9 +646,14 @@ class MemoryStore(
         ]
         for t in gone:
             self._forget(t)
-        self._removed[queue] = self._removed.get(queue, 0) + len(gone)
+        self._count_removed(queue, len(gone))
         notify_partitions(self.notifier, [(queue, t.partition) for t in gone])
         return len(gone)
+
+    def _count_removed(self, queue: str, n: int) -> None:
+        """Add ``n`` deleted tasks to ``queue``'s removed count; none deleted records nothing (as the SQL stores)."""
+        if n:
+            self._removed[queue] = self._removed.get(queue, 0) + n
 
     def _forget(self, task: Task) -> None:
         """Delete ``task`` and what refers to it (its stored state: the queue's ids and done count follow it)."""
