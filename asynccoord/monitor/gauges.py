@@ -27,7 +27,9 @@ read the same way but cannot wait for it: it serves the last reading. So:
 
 A failed or timed-out read leaves the last values in place, marked: ``ok`` is False until a
 read succeeds again, and a reading older than ``stale_after_s`` is no longer served (and
-``ok`` is False with it, also while a read still hangs).
+``ok`` is False with it while a read that started before they went stale still hangs; not
+when the values aged only because no scrape came, as between scrapes on the loop's thread
+spaced more than ``stale_after_s`` apart).
 
 Which queues: those named, plus those this process's runtimes drain, found in the live
 nodes' heartbeats (a :class:`~asynccoord.node.runtime.Runtime`'s nodes announce their
@@ -228,8 +230,10 @@ class QueueGauges:
         Returns:
             ``(reading, ok)``: the last reading, or None when none was made or it is older
             than ``stale_after_s``; ``ok`` is False while the latest completed read failed,
-            none completed yet, or the last reading is older than ``stale_after_s`` (a read
-            hanging since).
+            none completed yet, or the last reading is older than ``stale_after_s`` while a
+            read that started before it went stale is still running (hanging). Values that
+            aged only because no one scraped for ``stale_after_s`` (scrapes on the loop's
+            thread serve the previous scrape's read) are dropped with ``ok`` as it was.
         """
         on_loop = self._on_loop_thread()
         with self._lock:
@@ -237,6 +241,8 @@ class QueueGauges:
             if future is not None and not future.done() and self._loop.is_closed():
                 future = self._inflight = None  # its loop is gone: it will never complete
                 self._ok = False
+            # The start of a read an earlier scrape began that has not ended, if any.
+            earlier = None if future is None else self._started_at
             due = time.monotonic() - self._started_at >= self.refresh_s
             if future is None and due:
                 future = self._start()
@@ -245,7 +251,11 @@ class QueueGauges:
         with self._lock:
             reading, ok = self._reading, self._ok
         if reading is not None and reading.age_s() > self.stale_after_s:
-            reading, ok = None, False  # a read hanging since: not up, though none failed yet
+            # Not up behind a read that started before the values went stale and hangs since,
+            # though none failed yet; values that aged because no one scraped (the read that
+            # follows them started late) are dropped but say nothing against the store.
+            hung = earlier is not None and earlier <= reading.read_at + self.stale_after_s
+            reading, ok = None, ok and not hung
         return reading, ok
 
     def _start(self) -> concurrent.futures.Future[None] | None:

@@ -206,6 +206,32 @@ async def test_values_gone_stale_behind_a_hung_read_are_not_up(store: Any) -> No
         release.set()
 
 
+async def test_scrapes_on_the_loop_spaced_past_stale_after_s_never_say_a_healthy_store_is_down(
+    store: Any,
+) -> None:
+    """On the loop's thread a scrape serves the previous scrape's read: spaced more than
+    ``stale_after_s`` apart, every scrape found its values stale and said ``up`` 0 with nothing
+    wrong (a 1 minute scrape interval against the default 60 s). The stale values are dropped;
+    ``up`` stays 1."""
+    from prometheus_client import make_asgi_app
+
+    await store.enqueue(Q, "x")
+    registry = CollectorRegistry()
+    collector = register_collector(store, registry=registry, queues=[Q])
+    (gauges,) = collector.queue_gauges()
+    gauges.refresh_s, gauges.stale_after_s = 0.01, 0.2
+    app = make_asgi_app(registry)
+    await asgi_scrape(app)  # starts the first read
+    ups = []
+    for _ in range(3):
+        await asyncio.sleep(0.3)  # the read ended long ago; its values are past stale_after_s
+        page = await asgi_scrape(app)
+        ups.append(series(page, "asynccoord_queue_stats_up")[()])
+        assert series(page, "asynccoord_queue_tasks") == {}
+    assert ups == [1.0, 1.0, 1.0]
+    assert gauges.failures == 0
+
+
 async def test_a_scrape_waits_at_most_wait_s_for_a_hung_store_and_the_loop_runs_on(store: Any) -> None:
     """A read that hangs: the scrape returns after ``wait_s`` without values (up 0), the event loop
     keeps running meanwhile, and the read's result is served once it comes."""
