@@ -27,9 +27,9 @@ read the same way but cannot wait for it: it serves the last reading. So:
 
 A failed or timed-out read leaves the last values in place, marked: ``ok`` is False until a
 read succeeds again, and a reading older than ``stale_after_s`` is no longer served (and
-``ok`` is False with it while a read that started before they went stale still hangs; not
-when the values aged only because no scrape came, as between scrapes on the loop's thread
-spaced more than ``stale_after_s`` apart).
+``ok`` is False with it while a read that started before they went stale still hangs).
+Values that aged only because no scrape came, as between scrapes on the loop's thread spaced
+more than ``stale_after_s`` apart, are still served, with their age: the store answered.
 
 Which queues: those named, plus those this process's runtimes drain, found in the live
 nodes' heartbeats (a :class:`~asynccoord.node.runtime.Runtime`'s nodes announce their
@@ -228,12 +228,12 @@ class QueueGauges:
         the last reading, and a later one the new.
 
         Returns:
-            ``(reading, ok)``: the last reading, or None when none was made or it is older
-            than ``stale_after_s``; ``ok`` is False while the latest completed read failed,
-            none completed yet, or the last reading is older than ``stale_after_s`` while a
-            read that started before it went stale is still running (hanging). Values that
-            aged only because no one scraped for ``stale_after_s`` (scrapes on the loop's
-            thread serve the previous scrape's read) are dropped with ``ok`` as it was.
+            ``(reading, ok)``: the last reading, or None when none was made, or when it is
+            older than ``stale_after_s`` and reads failed since or one that started before
+            it went stale still runs (hangs); ``ok`` is False then, and while the latest
+            completed read failed or none completed yet. A reading that aged only because
+            no one scraped for ``stale_after_s`` (scrapes on the loop's thread serve the
+            previous scrape's read) is served, ``ok`` True.
         """
         on_loop = self._on_loop_thread()
         with self._lock:
@@ -251,11 +251,13 @@ class QueueGauges:
         with self._lock:
             reading, ok = self._reading, self._ok
         if reading is not None and reading.age_s() > self.stale_after_s:
-            # Not up behind a read that started before the values went stale and hangs since,
-            # though none failed yet; values that aged because no one scraped (the read that
-            # follows them started late) are dropped but say nothing against the store.
+            # Dropped, and not up, behind a read that started before the values went stale and
+            # hangs since (though none failed yet) or after failed reads. Values that aged only
+            # because no one scraped (scrapes on the loop's thread serve the previous scrape's
+            # read) are the freshest the store was asked for: served, with their age.
             hung = earlier is not None and earlier <= reading.read_at + self.stale_after_s
-            reading, ok = None, ok and not hung
+            if hung or not ok:
+                reading, ok = None, False
         return reading, ok
 
     def _start(self) -> concurrent.futures.Future[None] | None:

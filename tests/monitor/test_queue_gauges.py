@@ -211,8 +211,8 @@ async def test_scrapes_on_the_loop_spaced_past_stale_after_s_never_say_a_healthy
 ) -> None:
     """On the loop's thread a scrape serves the previous scrape's read: spaced more than
     ``stale_after_s`` apart, every scrape found its values stale and said ``up`` 0 with nothing
-    wrong (a 1 minute scrape interval against the default 60 s). The stale values are dropped;
-    ``up`` stays 1."""
+    wrong (a 1 minute scrape interval against the default 60 s), and dropped the values: such a
+    process never exported them. They are served with their age, ``up`` 1."""
     from prometheus_client import make_asgi_app
 
     await store.enqueue(Q, "x")
@@ -227,7 +227,8 @@ async def test_scrapes_on_the_loop_spaced_past_stale_after_s_never_say_a_healthy
         await asyncio.sleep(0.3)  # the read ended long ago; its values are past stale_after_s
         page = await asgi_scrape(app)
         ups.append(series(page, "asynccoord_queue_stats_up")[()])
-        assert series(page, "asynccoord_queue_tasks") == {}
+        assert series(page, "asynccoord_queue_tasks")[(Q, "pending")] == 1.0
+        assert series(page, "asynccoord_queue_stats_age_seconds")[()] > gauges.stale_after_s
     assert ups == [1.0, 1.0, 1.0]
     assert gauges.failures == 0
 
