@@ -811,6 +811,21 @@ class LockPool:
             guard.close()
         return True
 
+    def give_back(self, lease: Lease) -> bool:
+        """Take no more turns on ``lease``: it goes back to the store once the turn under way
+        and its deferred commits are over, and the next local turn acquires anew, with a higher
+        fencing token.
+
+        For work that goes on under the lease's token after its turn (a send the node let go
+        at ``send_overrun_s``): the sends after it carry a token a resource checking it prefers
+        to the stale one. Never awaits. True if the pool held it.
+        """
+        session = self._holding(lease)
+        if session is None:
+            return False
+        session.turns = max(session.turns, self.max_turns)  # _pass_turn and _may_keep: back to the store
+        return True
+
     async def fence_refused(self, lease: Lease, error: FencingTokenRejectedError) -> bool:
         """A write fenced by ``lease``'s token was refused (``error``): take no more turns on it.
 
@@ -829,9 +844,7 @@ class LockPool:
         Raises:
             StoreError: the store failed while moving the counter (the lease goes back anyway).
         """
-        session = self._holding(lease)
-        if session is not None:
-            session.turns = max(session.turns, self.max_turns)  # _pass_turn and _may_keep: back to the store
+        self.give_back(lease)
         highest = error.highest
         advance = getattr(self.store, "advance_fencing_token", None)
         if advance is None or error.resource != lease.name or highest is None or highest <= lease.fencing_token:

@@ -156,6 +156,8 @@ class Flight:
             called as the send ends so that the lock's next local turn begins at once; None
             without one, and once called.
         trace: The trace of its delivery (:mod:`asynccoord.node.tracing`), or None when not traced.
+        abandoned: Its send was cut at its timeout and let go still running (``send_abandoned``):
+            it goes on unwatched under the task's lock and its fencing token.
     """
 
     task: Task
@@ -171,6 +173,7 @@ class Flight:
     chain: int = 0
     turn_end: Callable[[], None] | None = None
     trace: DeliveryTrace | None = None
+    abandoned: bool = False
 
     def move(self, to: FlightState) -> None:
         """Move to state ``to``.

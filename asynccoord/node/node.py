@@ -737,6 +737,10 @@ class Node:
                                 await until_stopped(pacing, self._stopped)  # a stop: never sent (Sender.start)
                             flight.turn_end = turn.end  # the next turn begins as the send returns
                             outcome = await self._sender.run(flight, self.send)
+                            if flight.abandoned:
+                                # Let go at send_overrun_s, it runs on under this lease's token:
+                                # the lock's next sends take a new lease, with a higher token.
+                                self._pool().give_back(turn.lease)
                         except BaseException:
                             committed()
                             if flight.outlives():  # its send still runs: the lease lapses, never given back

@@ -288,6 +288,7 @@ class Sender:
         failure: BaseException | None = None
         if state is FlightState.TIMED_OUT and not _returned_late(flight, child):
             if not child.done():  # let go at its bound (or past its cleanup time): it runs on unwatched
+                flight.abandoned = True
                 self._store.events.add(ev.SEND_ABANDONED)
             child.add_done_callback(retrieve)  # the cut send's outcome, seen now or when it ends
             failure = TimeoutError()

@@ -199,13 +199,19 @@ async def test_a_send_ignoring_cancellation_for_ever_is_let_go_at_the_bound(
 ) -> None:
     """Cut at 0.3 s, waited for up to send_overrun_s (1.5 s) after the cut, longer than the task
     lease (1 s) and the lock's TTL (1 s), both renewed meanwhile; then let go: the attempt fails,
-    the lock passes on (the next send of the account begins no sooner), the task is retried."""
+    the lock passes on (the next send of the account begins no sooner), the task is retried. The
+    lease goes back to the store: the sends beside the one let go carry a higher fencing token,
+    so a provider checking it refuses the stale sender (on the same lease they shared its token)."""
     store = await make_store(clock=None)
     slow_id = (await store.enqueue(QUEUE, "slow", partition_key="chat-1", max_attempts=3)).task.id
     next_id = (await store.enqueue(QUEUE, "next", partition_key="chat-2", max_attempts=3)).task.id
     sends = Sends()
+    tokens: dict[tuple[str, int], int] = {}
 
     async def send(task: Task) -> str:
+        lock = current_delivery().lock
+        assert lock is not None
+        tokens[(task.payload, task.attempts)] = lock.fencing_token
         key = sends.begin(task.payload, task.attempts)
         try:
             if task.payload == "slow" and task.attempts == 1:
@@ -232,6 +238,7 @@ async def test_a_send_ignoring_cancellation_for_ever_is_let_go_at_the_bound(
     for name, attempt in others:  # no send of the account before the bound (cut at 0.3 s + 1.5 s)
         assert sends.at("begin", name, attempt) - slow_began >= 0.3 + 1.5 - 0.02
     assert [w for w, k in sends.overlaps] == others  # then they ran beside the send let go, as documented
+    assert min(tokens[other] for other in others) > tokens[("slow", 1)]
     slow, nxt = await store.get(slow_id), await store.get(next_id)
     assert (slow.status, slow.attempts, slow.result) == (TaskStatus.DONE, 2, "sent")
     assert runtime.states()[0].failed == 1  # the first attempt (TimeoutError)
