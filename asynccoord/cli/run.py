@@ -113,6 +113,13 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         "what the send uses (an HTTP session, a bot's client) in it; a signal cuts its entry short, and its exit "
         "gets --shutdown-timeout-s",
     )
+    parser.add_argument(
+        "--busy-timeout-s",
+        type=float,
+        metavar="SECONDS",
+        help="with an SQLite --db: how long a write waits for another process's write lock before it"
+        " fails (default 30; keep it below --lock-ttl-s if a process may hold the file that long)",
+    )
     parser.add_argument("--nodes", type=int, default=8, help="nodes in this process (default 8)")
     parser.add_argument("--lease-s", type=float, default=30.0, help="task lease, seconds (default 30)")
     parser.add_argument("--lock-ttl-s", type=float, default=10.0, help="lock lease, seconds (default 10)")
@@ -179,21 +186,34 @@ def _retention(text: str) -> float | None:
 
 
 def store_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of :func:`~asynccoord.backends.open.open_store` that ``--schema`` gives.
+    """The keyword arguments of :func:`~asynccoord.backends.open.open_store` that ``--schema``
+    and ``--busy-timeout-s`` give.
 
     Raises:
         InvalidTypeError: ``--schema`` is not a str.
         InvalidArgumentError: ``--schema`` given with a ``--db`` that is no PostgreSQL DSN
-            (an SQLite file has no schemas).
+            (an SQLite file has no schemas), ``--busy-timeout-s`` with one that is, or a
+            ``--busy-timeout-s`` that is not a positive number of seconds.
     """
     from ..backends.open import is_postgres_target, redact_target, schema_options
+    from ..config import StoreConfig
 
     schema = getattr(args, "schema", None)
-    if isinstance(schema, str) and not is_postgres_target(os.fspath(args.db)):  # in the command line's words
+    postgres = is_postgres_target(os.fspath(args.db))
+    if isinstance(schema, str) and not postgres:  # in the command line's words
         raise InvalidArgumentError(
             f"--schema {schema!r} applies to a postgresql:// --db only, got --db {redact_target(args.db)!r}"
         )
-    return schema_options(args.db, schema)
+    options = schema_options(args.db, schema)
+    busy_timeout_s = getattr(args, "busy_timeout_s", None)
+    if busy_timeout_s is not None:
+        if postgres:
+            raise InvalidArgumentError(
+                f"--busy-timeout-s applies to an SQLite --db only, got --db {redact_target(args.db)!r}"
+            )
+        check_positive("--busy-timeout-s", busy_timeout_s)
+        options["config"] = StoreConfig(busy_timeout_s=busy_timeout_s)
+    return options
 
 
 def parse_target(args: argparse.Namespace, **options: Any) -> Any:

@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import json
 import logging
+import re
 import signal
 import socket
 import sqlite3
@@ -26,12 +27,12 @@ from conftest import PythonRunner
 from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
 from support import ROOT, TESTS
 
-from asynccoord import NewTask, RedisLockStore, SQLiteStore, TaskStatus
+from asynccoord import InvalidArgumentError, NewTask, RedisLockStore, SQLiteStore, TaskStatus
 from asynccoord import events as ev
 from asynccoord.backends.open import open_store
 from asynccoord.backends.postgres.store import PostgresStore
 from asynccoord.cli.main import build_parser, main
-from asynccoord.cli.run import check_run, configure_run
+from asynccoord.cli.run import check_run, configure_run, store_options
 from asynccoord.locks.pool import next_in_line
 from asynccoord.monitor.snapshot import cluster_snapshot
 from asynccoord.node import Runtime
@@ -788,3 +789,31 @@ def test_run_names_a_taken_metrics_port(tmp_path: Path, capsys: pytest.CaptureFi
         assert main([*argv, "--rate-limit", "chat=1/1s"]) == 1
     assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # stopped before the database (and its limits) were touched
+
+
+@pytest.mark.parametrize(("given", "busy_timeout_s"), [([], 30.0), (["--busy-timeout-s", "4"], 4.0)])
+def test_run_passes_busy_timeout_s_to_the_sqlite_store(tmp_path: Path, given: list[str], busy_timeout_s: float) -> None:
+    """``--busy-timeout-s`` reaches the SQLite store's ``StoreConfig.busy_timeout_s`` (unset: the default)."""
+    parser = argparse.ArgumentParser()
+    configure_run(parser)
+    args = parser.parse_args(["--db", str(tmp_path / "b.db"), "--send", "json:dumps", *given])
+    check_run(args)
+    store = open_store(args.db, **store_options(args))
+    assert store.config.busy_timeout_s == busy_timeout_s
+    assert not (tmp_path / "b.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("db", "value", "message"),
+    [
+        ("postgresql://u@h/d", "4", "--busy-timeout-s applies to an SQLite --db only, got --db 'postgresql://u@h/d'"),
+        ("b.db", "0", "--busy-timeout-s"),
+        ("b.db", "nan", "--busy-timeout-s"),
+    ],
+)
+def test_run_refuses_a_busy_timeout_it_cannot_apply(tmp_path: Path, db: str, value: str, message: str) -> None:
+    parser = argparse.ArgumentParser()
+    configure_run(parser)
+    args = parser.parse_args(["--db", db, "--send", "json:dumps", "--busy-timeout-s", value])
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        check_run(args)
