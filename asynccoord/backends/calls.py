@@ -94,32 +94,19 @@ class CallGate:
     def check_usable(self) -> None:
         """Raise if the store cannot take a call at all (not open, another loop): a hook, no check here."""
 
-    @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
+    def call(self) -> _Call:
         """Hold a store call in flight: refused once the store is closing, waited for by its close.
 
         A call of several steps holds this around all of them: its later steps, and the
         tasks and callbacks it starts (they inherit the context), are part of it and let
-        through while the store closes.
+        through while the store closes. (A context manager of its own, not a generator's:
+        this is entered on every store call, some once per task.)
 
         Raises:
             StoreClosedError: the store is closing and this is a new call (or
                 :meth:`check_usable` found it closed).
         """
-        if _CALL.get() is not self:
-            self.admit()
-            self.check_usable()
-        token = _CALL.set(self)
-        calls, marker = self._calls, object()
-        calls.add(marker)
-        try:
-            yield
-        finally:
-            # A call of a loop closed mid-call ends (if ever) when its coroutine is collected, in
-            # another context; forget_calls() made its set an old one.
-            with contextlib.suppress(ValueError):
-                _CALL.reset(token)
-            self._ended(calls, marker)
+        return _Call(self)
 
     def hold(self, operation: asyncio.Future[Any]) -> None:
         """Count ``operation`` as a call in flight until it is done, whoever awaits it.
@@ -204,3 +191,28 @@ class CallGate:
                     break
             else:
                 return True
+
+
+class _Call:
+    """One store call in flight (:meth:`CallGate.call`): its own marker in the gate's set while it lasts."""
+
+    __slots__ = ("_calls", "_gate", "_token")
+
+    def __init__(self, gate: CallGate) -> None:
+        self._gate = gate
+
+    def __enter__(self) -> None:
+        gate = self._gate
+        if _CALL.get() is not gate:
+            gate.admit()
+            gate.check_usable()
+        self._token = _CALL.set(gate)
+        calls = self._calls = gate._calls
+        calls.add(self)
+
+    def __exit__(self, *exc_info: object) -> None:
+        # A call of a loop closed mid-call ends (if ever) when its coroutine is collected, in
+        # another context; forget_calls() made its set an old one.
+        with contextlib.suppress(ValueError):
+            _CALL.reset(self._token)
+        self._gate._ended(self._calls, self)

@@ -743,9 +743,9 @@ def check_continuation(
     Raises:
         InvalidTypeError, InvalidArgumentError: naming the bad argument.
     """
-    checked = check_tasks([task])
+    checked = [check_task(task)]
     owner = check_name("task.lease_owner", checked[0].lease_owner)
-    encoded = encode_results([result], 1, config)
+    encoded = [encode_result(result, config)]
     fenced = check_fences(None if fence is None else [fence], 1)
     return checked, encoded, fenced, check_lease_s("lease_s", lease_s), owner
 

@@ -280,11 +280,11 @@ class LatencyRecorder:
                 float, or ``name`` is empty, too long or holds a NUL (nothing is counted).
         """
         if type(value_ms) is not float or not math.isfinite(value_ms):  # the common case: one finite float
-            value_ms = check_finite("value_ms", value_ms)
+            value_ms = float(check_finite("value_ms", value_ms))
         if type(name) is not str:  # a name already seen is valid; a new one is checked below
             check_name("name", name)
-        value = max(0.0, float(value_ms))
-        slot = slot_of(value)
+        value = value_ms if value_ms > 0.0 else 0.0
+        slot = bisect.bisect_left(BUCKET_BOUNDS_MS, value)  # (slot_of, inlined: this runs on every task)
         with self._lock:
             acc = self._data.get(name)
             if acc is None:

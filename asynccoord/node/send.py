@@ -184,8 +184,7 @@ class Sender:
         assert child is not None
         assert over is not None
         send_started = time.perf_counter()
-        child.add_done_callback(lambda _: _resolve(over))
-        child.add_done_callback(functools.partial(self.cut_send_ended, flight))
+        child.add_done_callback(functools.partial(self._send_ended, flight, over))
         loop = asyncio.get_running_loop()
         timer = loop.call_at(loop.time() + self._timeout_s, time_out, flight, self.overrun_s)
         cancel_pending = False
@@ -327,6 +326,13 @@ class Sender:
                 raise self._on_exit(carry(failure)) from None  # a group's first exit, as asyncio.TaskGroup raises it
         flight.move(FlightState.RETURNED)
         return True, result, failure, cancel_pending
+
+    def _send_ended(self, flight: Flight, over: asyncio.Future[None], child: asyncio.Task[Any]) -> None:
+        """The send task ``child`` of :meth:`run` ended: resolve ``over`` if the send did not
+        (a turn handed on, a task cancelled before its first step), then :meth:`cut_send_ended`
+        (one done callback, not two: this runs once per task)."""
+        _resolve(over)
+        self.cut_send_ended(flight, child)
 
     def cut_send_ended(self, flight: Flight, child: asyncio.Task[Any]) -> None:
         """A send task ended: if it had been cut (timeout, lost lease or lock, the node's
