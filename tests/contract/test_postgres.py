@@ -769,7 +769,9 @@ async def test_a_pause_announced_on_a_connection_the_server_ended_is_retried(pg:
     the 429 went out during its Retry-After."""
     import asyncpg
 
-    async with PostgresStore(pg, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
+    name = f"pause-retry-{schema}"  # this store's sessions alone (others of the process share its default name)
+    dsn = f"{pg}{'&' if '?' in pg else '?'}application_name={name}"
+    async with PostgresStore(dsn, schema=schema, listen=False, pool_min_size=1, pool_max_size=1) as store:
         await store.stats("q")  # the pool's one connection is open
         mine = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1"
         listener = await asyncpg.connect(pg)
@@ -777,7 +779,7 @@ async def test_a_pause_announced_on_a_connection_the_server_ended_is_retried(pg:
         try:
             await listener.add_listener(store.channel, lambda *args: heard.append(json.loads(args[3])))
             for n in range(5):
-                [[ended]] = await admin(pg, mine, application_name())
+                [[ended]] = await admin(pg, mine, name)
                 assert ended is True
                 store.pauses.announce(f"account:{n}", 2.0)
                 deadline = time.monotonic() + 5
