@@ -28,6 +28,7 @@ KEY_LINES = {
     "fenced_write.py": "the stale holder's write was refused, the resource keeps B's data: OK",
     "long_job_lock.py": "long job kept its lock, contender refused, hung job stopped at max_hold_s: OK",
     "quickstart.py": "duplicates=0, lost=0",
+    "rate_limits.py": "every message sent once, in order, the 429 honoured: OK",
 }
 """Example file name -> a line (or part of one) its successful run prints."""
 
