@@ -923,6 +923,25 @@ async def join_and_wait(membership: Membership, node_id: str) -> None:
         await membership.wait_changed(membership.view.version, timeout_s=2.0)
 
 
+class ClaimViews:
+    """A store whose claims record the membership view version each one started under."""
+
+    def __init__(self, store: Any, membership: Membership) -> None:
+        self._store = store
+        self._membership = membership
+        self.finished: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        version = self._membership.view.version  # the node took its partitions from this view
+        try:
+            return await self._store.claim(*args, **kwargs)
+        finally:
+            self.finished.append(version)
+
+
 async def test_affinity_context_is_dropped_when_the_conversation_moves(make_store: Any) -> None:
     store = await make_store(clock=None)
     node_ids = ["node-a", "node-b"]
@@ -944,7 +963,8 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves(make_stor
     config = NodeConfig(queue=QUEUE, **FAST_IDLE)
     async with Membership(store, ttl_s=0.6, interval_s=0.1) as membership:
         await join_and_wait(membership, "node-a")
-        a = Node(store, send, node_id="node-a", config=config, membership=membership)
+        a_store = ClaimViews(store, membership)
+        a = Node(a_store, send, node_id="node-a", config=config, membership=membership)
         run_a = start(a)
         await send_one()
         await send_one()
@@ -953,6 +973,14 @@ async def test_affinity_context_is_dropped_when_the_conversation_moves(make_stor
         await join_and_wait(membership, "node-b")
         b = Node(store, send, node_id="node-b", config=config, membership=membership)
         run_b = start(b)
+        # A claim node-a sent under the old view may still be at the store and would take
+        # the next task: enqueue once one of its claims under the new view has finished.
+        moved_at = membership.view.version
+
+        async def claimed_under_new_view() -> bool:
+            return max(a_store.finished) >= moved_at
+
+        await wait_until(claimed_under_new_view, 3.0, "node-a to claim under the new view")
         await send_one()
         assert sends[-1] == ("node-b", 1)  # the conversation moved to node-b: a fresh context there
 
