@@ -109,7 +109,7 @@ class Monitor:
             async for alert in monitor.alerts():        # or iterate (bounded buffer)
                 print(alert.describe())
 
-    Every ``flush_interval_s`` it takes the deltas of the process's counters
+    At its start and every ``flush_interval_s`` after it takes the deltas of the process's counters
     (``store.events``, plus per-node counters registered with :meth:`track`) and latency
     histograms (``store.latencies``) and adds them to the store in one batched write
     (:meth:`~asynccoord.contract.monitor.MonitorStore.flush_metrics`), so every process
@@ -351,6 +351,9 @@ class Monitor:
     async def start(self) -> None:
         """Start delivering (and, with ``background``, flushing and evaluating).
 
+        With ``background``, the first flush is written before this returns, so the process
+        shows in ``status`` from its start.
+
         Raises:
             InvalidArgumentError: another open monitor flushes the same store object.
         """
@@ -371,6 +374,9 @@ class Monitor:
         for sub in self._subscriptions:
             self._start_worker(sub)
         if self.background:
+            # A first flush before start() returns: the process shows in `status` from now on,
+            # even if it is killed before its first interval ends.
+            await self._guarded(self.flush, "flush")
             self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="asynccoord-monitor")
 
     async def close(self) -> None:

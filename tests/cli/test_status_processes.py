@@ -195,6 +195,27 @@ def test_status_shows_each_process_with_its_nodes_and_tells_a_killed_one_gone(
     assert [proc.wait(timeout=60) for proc in runs[1:]] == [0, 0]
 
 
+def test_a_process_killed_right_after_its_start_still_shows_and_goes_gone(
+    python: PythonRunner, cluster: list[str], tmp_path: Path
+) -> None:
+    """Killed as soon as it says it drains, well inside its monitor's first interval (1 s): its
+    monitor has flushed once already, so `status` lists the process, and then tells it gone."""
+    proc = start_run(python, cluster, tmp_path / "send.log")
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    report = status_json(python, cluster)
+    assert [p["info"]["pid"] for p in report["processes"]] == [proc.pid]
+    keepalive_s = of_pid(report, proc.pid)["info"]["keepalive_s"]
+    report = wait_for(
+        python,
+        cluster,
+        lambda r: of_pid(r, proc.pid)["state"] == "gone",
+        "the killed process gone",
+        2 * keepalive_s + 30,
+    )
+    assert report["nodes"] == []
+
+
 def concurrent_sends(log: Path) -> int:
     """The most sends that ran at once, from the send log's ``start``/``end`` lines."""
     steps = []
