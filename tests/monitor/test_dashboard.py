@@ -458,9 +458,14 @@ async def test_with_a_token_every_request_must_carry_it(tmp_path: Path) -> None:
             assert (await fetch(base + path, headers={"Authorization": "Bearer nope-nope-nope-nope"}))[0] == 401
             assert (await fetch(base + path, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200, path
             assert (await fetch(base + path + "?token=" + TOKEN))[0] == 200, path
-        # The page hands the token on to its files and its stream.
+        # The page hands the token on to its files and its stream, and to the JSON it links without JavaScript.
         _, page = await fetch(base + "?token=" + TOKEN)
         assert f'src="static/app.js?token={TOKEN}"' in page
+        [link] = re.findall(r'<noscript>.*?href="([^"]+)".*?</noscript>', page, re.S)
+        assert link == f"api/state?token={TOKEN}"
+        status, body = await fetch(base + link)
+        assert status == 200
+        assert [q["queue"] for q in json.loads(body)["sections"]["status"]["queues"]] == ["mail", "outbox"]
 
 
 async def test_a_token_of_bytes_that_are_not_utf8_is_refused_as_any_other() -> None:
