@@ -17,7 +17,8 @@ The conflict monitor reads these counters; the names are part of the public API
   ``provider_rate_limited``: 429s from the provider; ``send_paused``: sends held back by
   another send's 429.
 * ``partition_handoff``: partitions moving between nodes; ``membership_change``: a change of
-  the live nodes (joins, leaves), counted once in the cluster; ``node_lost``: a node that
+  the live nodes (joins, leaves), counted once in the cluster; ``membership_flap``: a process
+  whose nodes were live only briefly (a restart loop); ``node_lost``: a node that
   dropped out because its heartbeats stopped (a crash, a kill, a freeze past the TTL).
 
 Log lines start with their event's name (``asynccoord.node.send_let_go task=...``); the loggers
@@ -48,6 +49,7 @@ __all__ = (
     "LOCK_CONTENDED",
     "LOCK_LOST",
     "MEMBERSHIP_CHANGE",
+    "MEMBERSHIP_FLAP",
     "NODE_LOST",
     "PARTITION_HANDOFF",
     "PROVIDER_RATE_LIMITED",
@@ -75,6 +77,15 @@ PARTITION_HANDOFF = "partition_handoff"
 MEMBERSHIP_CHANGE = "membership_change"
 """A change of the live nodes (nodes joining or leaving), counted once in the cluster: by the process
 holding the smallest live node id before or after it (see :class:`~asynccoord.membership.Membership`)."""
+MEMBERSHIP_FLAP = "membership_flap"
+"""A short life: a process's nodes left the live view (a leave, an expiry, or a restart reusing
+their node ids) less than
+:data:`~asynccoord.membership.FLAP_TTLS` heartbeat TTLs (30 s at the default 5 s) after they
+joined. Counted once per process life (its nodes sharing the ``"runtime"`` of their heartbeat
+info; else once per node), by the process that counts ``membership_change``. A process
+restarting again and again counts one per restart; a restart of a process that had run longer
+counts none, so a rolling restart counts none unless it restarts a process within that time of
+its start or of its last restart."""
 NODE_LOST = "node_lost"
 """A node left the live view because its heartbeats stopped, not by leaving: its process
 crashed, was killed, or froze past the heartbeat TTL. Counted once in the cluster, as
@@ -113,6 +124,7 @@ EVENT_NAMES: tuple[str, ...] = (
     DEAD_LETTERED,
     PARTITION_HANDOFF,
     MEMBERSHIP_CHANGE,
+    MEMBERSHIP_FLAP,
     NODE_LOST,
     CLAIMS,
     COMMITS,

@@ -41,13 +41,18 @@ from .validation import (
     encode_payload,
 )
 
-__all__ = ("LEAVE_TIMEOUT_S", "Membership", "MembershipStats", "MembershipView")
+__all__ = ("FLAP_TTLS", "LEAVE_TIMEOUT_S", "Membership", "MembershipStats", "MembershipView")
 
 log = logging.getLogger(__name__)
 
 LEAVE_TIMEOUT_S = 5.0
 """Most seconds the exit of a :class:`Membership` waits for its nodes' leave (shielded);
 a member that could not leave is dead anyway once its ``ttl_s`` passes."""
+
+FLAP_TTLS = 6
+"""A node life shorter than this many of its heartbeat TTLs is a flap (``membership_flap``): 30 s
+at the default ``ttl_s`` of 5 s. A process restarting again and again lives less; a rolling restart
+restarts processes that had run longer, unless one started, or was restarted, less than that before."""
 
 _NOTHING_WRITTEN = (*UNRECOVERABLE_STORE_ERRORS, ReadOnlyStoreError)
 """Errors of a first heartbeat that wrote nothing: no node joined, so none is told to leave."""
@@ -204,6 +209,7 @@ class Membership:
         self._last_error: Exception | None = None
         self._reported_unhealthy = False
         self._started_at: dict[str, float] = {}  # node id -> started_at of our incarnation, as last seen
+        self._flapped: dict[tuple[str, str], float] = {}  # lives counted as flaps -> monotonic time counted
         self._assignment: tuple[tuple[str, ...], Mapping[str, frozenset[int]]] | None = None
         self._table: RendezvousTable | None = None  # the nodes' rendezvous scores, kept between changes
 
@@ -611,6 +617,10 @@ class Membership:
         self._view = MembershipView(members=tuple(members), node_ids=node_ids, version=version, taken_at=taken_at)
         if changed:
             self._changed_to(old, first)
+            return
+        restarted = any(a.incarnation != b.incarnation for a, b in zip(old.members, members, strict=True))
+        if restarted and self._reports(old, self._view, None):  # a node id reused by a restart between two reads
+            self._count_flaps(old, self._view)
 
     def _drop_from_view(self, node_id: str, *, leaving: str | None = None) -> None:
         old = self._view
@@ -668,11 +678,61 @@ class Membership:
             (m.node_id, read_at - m.heartbeat_at) for m in old.members if m.node_id in gone and read_at >= m.expires_at
         ]
 
+    def _flaps(self, old: MembershipView, new: MembershipView) -> list[tuple[Member, float]]:
+        """The lives that ended between ``old`` and ``new`` as flaps, one member each, with how long it lived (s).
+
+        A life ends when its node leaves the view (a leave or an expiry) or comes back under
+        a new incarnation (a restart reusing the node id). It lived from its ``started_at`` to
+        the store clock of the read behind ``new`` (plus the local time since that read), or to
+        the new incarnation's ``started_at``: a read late, so under load a life only looks
+        longer (a flap may go uncounted, a long life is never counted). It is a flap when it
+        lived less than :data:`FLAP_TTLS` of its own TTL. The nodes of one process (one
+        ``"runtime"`` in their info; else each node alone) are one life, counted once even when
+        they leave in several changes.
+        """
+        now = time.monotonic()
+        self._flapped = {life: at for life, at in self._flapped.items() if now - at < FLAP_TTLS * self.ttl_s}
+        reads = new.members or old.members
+        if not reads:
+            return []
+        ended_at = max(m.heartbeat_at + m.heartbeat_age_s for m in reads) + max(0.0, now - new.taken_at)
+        after = {m.node_id: m for m in new.members}
+        flaps: list[tuple[Member, float]] = []
+        for member in old.members:
+            next_life = after.get(member.node_id)
+            if next_life is not None and next_life.incarnation == member.incarnation:
+                continue
+            lived_s = (ended_at if next_life is None else min(ended_at, next_life.started_at)) - member.started_at
+            if lived_s >= FLAP_TTLS * (member.expires_at - member.heartbeat_at):
+                continue
+            runtime = member.info.get("runtime")
+            life = ("runtime", runtime) if isinstance(runtime, str) else ("incarnation", member.incarnation)
+            if life not in self._flapped:
+                self._flapped[life] = now
+                flaps.append((member, lived_s))
+        return flaps
+
+    def _count_flaps(self, old: MembershipView, new: MembershipView) -> None:
+        flaps = self._flaps(old, new)
+        if flaps:
+            self.store.events.add(ev.MEMBERSHIP_FLAP, len(flaps))
+        for member, lived_s in flaps:
+            log.info(
+                "asynccoord.membership.flap node=%s runtime=%s lived_s=%.1f: its process left the live nodes %d "
+                "heartbeat TTLs or less after joining (restarting again and again?)",
+                member.node_id,
+                member.info.get("runtime"),
+                lived_s,
+                FLAP_TTLS,
+                extra={"event": "asynccoord.membership.flap"},
+            )
+
     def _changed_to(self, old: MembershipView, first: bool, leaving: str | None = None) -> None:
         new = self._view
         if not first:
             if self._reports(old, new, leaving):
                 self.store.events.add(ev.MEMBERSHIP_CHANGE)
+                self._count_flaps(old, new)
                 lost = self._lost(old, new, leaving)
                 if lost:
                     self.store.events.add(ev.NODE_LOST, len(lost))

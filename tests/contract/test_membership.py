@@ -45,6 +45,7 @@ from asynccoord import (
 )
 from asynccoord import events as ev
 from asynccoord.contract.membership import DEAD_MEMBER_RETENTION_S, MembershipStore
+from asynccoord.membership import FLAP_TTLS
 from asynccoord.partition import assign, owned_partitions
 
 
@@ -366,6 +367,61 @@ async def test_a_node_that_expires_is_counted_lost_and_one_that_leaves_is_not(
     assert flaky.events.get(ev.NODE_LOST) == 1
     [warned] = [r.getMessage() for r in caplog.records if "node_lost" in r.getMessage()]
     assert warned.startswith("asynccoord.membership.node_lost node=b-crashed last_heartbeat_age_s=1.1 ttl_s=1:")
+
+
+async def test_a_process_whose_nodes_leave_soon_after_joining_counts_one_flap(
+    flaky: FlakyStore, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``membership_flap``: a life shorter than FLAP_TTLS TTLs (6 s here), ended by a leave, an expiry
+    or a new incarnation of its node id, counted once per process (its nodes' ``runtime``)."""
+    assert FLAP_TTLS == 6
+    caplog.set_level(logging.INFO, logger="asynccoord.membership")
+    short = [beat("b1", "b1", runtime="rt-b"), beat("b2", "b2", runtime="rt-b")]
+    async with Membership(flaky, ttl_s=1.0, interval_s=0.02) as membership:
+        membership.join("a-local")  # the smallest id: this process counts the cluster's changes
+        await flaky.heartbeat([*short, beat("c", "c1")], ttl_s=1.0)
+        await wait_for_view(membership, lambda v: v.node_ids == ("a-local", "b1", "b2", "c"))
+        for _ in range(10):  # 5 s on the store clock, b's process and c beating
+            await beat_after(flaky, clock, 0.5)
+            await flaky.heartbeat([*short, beat("c", "c1")], ttl_s=1.0)
+        for node_id in ("b1", "b2"):  # its process shuts down: two leaves, seen in two changes
+            assert await flaky.leave(node_id, node_id) is True
+            await wait_for_view(membership, lambda v, node_id=node_id: node_id not in v)
+            assert flaky.events.get(ev.MEMBERSHIP_FLAP) == 1  # one process life
+        for _ in range(2):  # c has lived 6 s: no flap
+            await beat_after(flaky, clock, 0.5)
+            await flaky.heartbeat([beat("c", "c1")], ttl_s=1.0)
+        assert await flaky.leave("c", "c1") is True
+        await wait_for_view(membership, lambda v: "c" not in v)
+        assert flaky.events.get(ev.MEMBERSHIP_FLAP) == 1
+
+        await flaky.heartbeat([beat("d", "d1")], ttl_s=1.0)  # d crashes after one beat: lost, and a flap
+        await wait_for_view(membership, lambda v: "d" in v)
+        for _ in range(3):  # reads 0.4 s apart: its expiry seen
+            await beat_after(flaky, clock, 0.4)
+        await wait_for_view(membership, lambda v: "d" not in v)
+        assert (flaky.events.get(ev.NODE_LOST), flaky.events.get(ev.MEMBERSHIP_FLAP)) == (1, 2)
+
+        await flaky.heartbeat([beat("e", "e1")], ttl_s=1.0)  # e restarts under its node id between two reads
+        await wait_for_view(membership, lambda v: "e" in v)
+        await beat_after(flaky, clock, 0.5)
+        await flaky.heartbeat([beat("e", "e2")], ttl_s=1.0)
+        await beat_after(flaky, clock, 0.0)
+        assert [m.incarnation for m in membership.view.members] == [membership.local_nodes["a-local"], "e2"]
+        assert flaky.events.get(ev.MEMBERSHIP_FLAP) == 3
+        for _ in range(12):  # e2 lives 6 s, then restarts: no flap
+            await beat_after(flaky, clock, 0.5)
+            await flaky.heartbeat([beat("e", "e2")], ttl_s=1.0)
+        await flaky.heartbeat([beat("e", "e3")], ttl_s=1.0)
+        await beat_after(flaky, clock, 0.0)
+        assert membership.view.members[1].incarnation == "e3"
+        assert flaky.events.get(ev.MEMBERSHIP_FLAP) == 3
+    flapped = [r.getMessage() for r in caplog.records if "membership.flap" in r.getMessage()]
+    assert [line.split(":")[0] for line in flapped] == [
+        "asynccoord.membership.flap node=b1 runtime=rt-b lived_s=5.0",
+        "asynccoord.membership.flap node=d runtime=None lived_s=1.2",
+        "asynccoord.membership.flap node=e runtime=None lived_s=0.5",
+    ]
 
 
 def member(node_id: str, heartbeat_at: float, read_at: float, ttl_s: float = 1.0) -> Member:
@@ -695,7 +751,8 @@ async def test_memberships_of_two_stores_on_one_file_see_each_other(db_path: Pat
 async def test_a_change_of_the_live_nodes_is_counted_once_in_the_cluster(db_path: Path) -> None:
     """Three processes (three stores on one file); the third's node joins, leaves, joins again and
     leaves (a restart): every process sees the four changes, and the cluster counts each once
-    (by the process holding the smallest live node id), not once per process that saw it. (A
+    (by the process holding the smallest live node id), not once per process that saw it, and so
+    are the third's two short lives (``membership_flap``). (A
     long TTL: a beat late by half of it, under load, would pass its node over as the reporter.)"""
     async with (
         SQLiteStore(db_path) as store_1,
@@ -720,7 +777,9 @@ async def test_a_change_of_the_live_nodes_is_counted_once_in_the_cluster(db_path
                 await wait_for_view(m, lambda v: v.node_ids == ("n1", "n2"))
         stores = (store_1, store_2, store_3)
         counts = [s.events.get(ev.MEMBERSHIP_CHANGE) - b for s, b in zip(stores, before, strict=True)]
+        flaps = [s.events.get(ev.MEMBERSHIP_FLAP) for s in stores]
     assert counts == [4, 0, 0]  # +n3, -n3, +n3, -n3, by n1's process alone
+    assert flaps == [2, 0, 0]  # n3's two short lives, by n1's process alone
 
 
 async def read_event(proc: subprocess.Popen[str], timeout_s: float = 20.0) -> dict[str, Any]:
