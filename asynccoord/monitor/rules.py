@@ -128,7 +128,7 @@ DEFAULT_RULES: tuple[AlertRule, ...] = (
     ),
     AlertRule(name="retries", event=ev.RETRIES, relative_to=ev.CLAIMS, threshold=0.2, window_s=60.0),
     AlertRule(name="dead_letters", event=ev.DEAD_LETTERED, threshold=0, window_s=60.0),
-    AlertRule(name="membership_churn", event=ev.MEMBERSHIP_CHANGE, threshold=30, window_s=300.0),
+    AlertRule(name="membership_churn", event=ev.MEMBERSHIP_FLAP, threshold=3, window_s=300.0),
     AlertRule(name="lost_nodes", event=ev.NODE_LOST, threshold=0, window_s=60.0),
     AlertRule(name="provider_rate_limited", event=ev.PROVIDER_RATE_LIMITED, threshold=0, window_s=60.0),
 )
@@ -136,8 +136,10 @@ DEFAULT_RULES: tuple[AlertRule, ...] = (
 stale over 30 s; any fencing rejection, lost lease, lost lock or dead letter in 60 s;
 more than 5 % of claims taking an expired lease over 60 s; lock contention on more than
 half the claims over 30 s; retries on more than 20 % of the claims over 60 s; more than
-30 membership changes in 5 minutes (a process restarting again and again: a rolling
-restart costs one or two per process); any node lost (its heartbeats stopped: a crash, a kill, a
+3 membership flaps in 5 minutes (``membership_churn``: process lives shorter than 6 heartbeat
+TTLs, 30 s by default, as of a process restarting again and again; a rolling restart of any size
+counts none, unless it restarts a process twice within that time, or within that time of its
+start); any node lost (its heartbeats stopped: a crash, a kill, a
 freeze past the TTL) in 60 s; any rate limit a send reported (HTTP 429) in 60 s: a provider
 pushing back means the declared rate limits are above its own. All cluster-wide. The
 ratios are judged only once their window holds 20 commits or claims (50 for lock contention)."""
