@@ -404,10 +404,10 @@ def run_command(args: argparse.Namespace) -> int:
                 if held:  # a signal came already: nothing to start
                     log.info("asynccoord.serve.stopped signal=%s", held[0])
                     return 0
-                store = await stack.enter_async_context(open_store(args.db, **store_options(args)))
                 lock_store = check_lock_store_options(args)
-                if lock_store is not None:
+                if lock_store is not None:  # an unreachable Redis: stop before the database is created
                     await stack.enter_async_context(lock_store)
+                store = await stack.enter_async_context(open_store(args.db, **store_options(args)))
                 if limits or clear_limits:  # declared for every process of the database, before any node claims
                     await declare_rate_limits(store, args.queue, limits)
                 runtime = Runtime(

@@ -24,7 +24,16 @@ from typing import Any
 
 import pytest
 from conftest import PythonRunner
-from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
+from services import (
+    PG_DSN,
+    REDIS_URL,
+    drop_schemas,
+    new_schema,
+    pg_rows,
+    postgres_problem,
+    redis_problem,
+    unavailable,
+)
 from support import ROOT, TESTS
 
 from asynccoord import InvalidArgumentError, NewTask, RedisLockStore, SQLiteStore, TaskStatus
@@ -789,6 +798,43 @@ def test_run_names_a_taken_metrics_port(tmp_path: Path, capsys: pytest.CaptureFi
         assert main([*argv, "--rate-limit", "chat=1/1s"]) == 1
     assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # stopped before the database (and its limits) were touched
+
+
+def _refused_redis_url() -> str:
+    """A redis:// URL of a local port nothing listens on: every connection is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+
+
+def test_run_with_an_unreachable_lock_store_creates_no_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    problem = redis_problem()
+    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
+        unavailable("Redis", problem)
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lock-store", _refused_redis_url()]
+    assert main([*argv, "--rate-limit", "chat=1/1s"]) == 1
+    err = capsys.readouterr().err
+    assert "asynccoord run: error: cannot connect to <RedisLockStore" in err, err
+    assert list(tmp_path.iterdir()) == []  # the lock store is opened before the database is created
+
+
+def test_run_with_an_unreachable_lock_store_creates_no_postgresql_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    problem = postgres_problem()
+    if problem is not None:
+        unavailable("PostgreSQL", problem)
+    problem = redis_problem()
+    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
+        unavailable("Redis", problem)
+    schema = new_schema("cli")
+    argv = ["run", "--db", PG_DSN, "--schema", schema, "--send", "json:dumps", "--lock-store", _refused_redis_url()]
+    try:
+        assert main(argv) == 1
+        assert pg_rows("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) == []
+    finally:
+        drop_schemas(schema)
+    assert "asynccoord run: error: cannot connect to <RedisLockStore" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("given", "busy_timeout_s"), [([], 30.0), (["--busy-timeout-s", "4"], 4.0)])
