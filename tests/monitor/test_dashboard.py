@@ -217,6 +217,34 @@ async def test_the_page_shows_what_status_json_reports(tmp_path: Path, python: P
         assert shot.stat().st_size > 20_000
 
 
+async def test_the_latency_caption_drops_commits_that_left_the_window(tmp_path: Path) -> None:
+    """Once the only commit is older than the status window, the caption stops quoting it."""
+    window_s = 5.0
+    caption = "document.getElementById('latency-window').textContent"
+    path = tmp_path / "cluster.db"
+    async with SQLiteStore(path) as store:
+        await store.enqueue("outbox", {"text": "hi"}, partition_key="chat-1")
+        monitor = Monitor(store, rules=[], flush_interval_s=60, background=False, log_alerts=False)
+        await monitor.start()
+        try:
+            async with (
+                open_dashboard(path, port=0, interval_s=0.25, windows_s=(window_s,)) as dashboard,
+                chromium_page(tmp_path / "profile") as page,
+            ):
+                await page.goto(dashboard.url)
+                await page.wait_for(f"{caption} === '(no commits measured yet)'")
+                (task,) = await store.claim("outbox", node_id="node-a", limit=1, lease_s=600)
+                done = await store.complete(task)
+                store.latencies.observe(ENQUEUE_TO_COMMIT_MS, (done.updated_at - task.created_at) * 1000.0)
+                await monitor.flush(force=True)
+                await page.wait_for(f"{caption}.endsWith(' 1 commits)')")
+                # No commit since: once the window has passed over it, the newest snapshot has none.
+                await page.wait_for(f"!{caption}.endsWith(' 1 commits)')", timeout_s=30.0)
+                assert await page.evaluate(caption) == f"(no commits in the last {window_s:g} s)"
+        finally:
+            await monitor.close()
+
+
 async def test_the_page_shows_the_rate_limits_status_json_reports(tmp_path: Path, python: PythonRunner) -> None:
     async with known_cluster(tmp_path / "cluster.db") as cluster:
         store = cluster.store

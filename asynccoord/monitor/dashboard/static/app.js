@@ -276,7 +276,7 @@
     return chart;
   }
 
-  function renderCharts(history) {
+  function renderCharts(history, windows) {
     const withTotal = history.filter((p) => p.total);
     if (!totalChart) totalChart = countsChart($("total-chart"));
     totalChart.setData(countsData(withTotal, (p) => p.total));
@@ -316,11 +316,13 @@
     latencyChart.setData([
       lat.map((p) => p.at), lat.map((p) => p.latency.p50_ms), lat.map((p) => p.latency.p90_ms), lat.map((p) => p.latency.p99_ms),
     ]);
-    const last = lat.length ? lat[lat.length - 1].latency : null;
+    // The newest snapshot's figures: an older point's would quote commits that have left every window.
+    const last = history.length ? history[history.length - 1].latency : null;
+    const longest = Math.max(0, ...windows);
     $("latency-window").textContent = last
       ? "(last " + last.window_s + " s: p50 " + fmtNum(last.p50_ms) + " ms, p99 " + fmtNum(last.p99_ms) + " ms, " +
         last.count + " commits)"
-      : "(no commits measured yet)";
+      : lat.length && longest ? "(no commits in the last " + longest + " s)" : "(no commits measured yet)";
   }
 
   function render() {
@@ -334,7 +336,7 @@
       renderRateLimits(sec.status.rate_limits);
     }
     renderShown(sec.shown);
-    renderCharts(sec.history || []);
+    renderCharts(sec.history || [], sec.status ? sec.status.events.windows.map((w) => w.window_s) : []);
     document.body.dataset.seq = String(state.seq);
     document.body.dataset.ready = sec.status ? "1" : "0";
   }
