@@ -38,7 +38,6 @@ __all__ = (
     "Admission",
     "HELD_BUCKETS_MAX",
     "HeldBucket",
-    "DELAY_TOLERANCE_S",
     "MAX_LIMITS",
     "MIN_EMISSION_INTERVAL_S",
     "RateLimit",
@@ -71,19 +70,6 @@ Bucket = tuple[str, str]
 """A bucket of one queue: ``(dimension, key)``."""
 
 
-DELAY_TOLERANCE_S = 0.02
-"""How late, at most, a claim may take a key's token and still keep the key's schedule,
-seconds (after ITU-T I.371's cell delay variation tolerance): :attr:`RateLimit.delay_tolerance_s`
-is this or half the emission interval, whichever is shorter.
-
-Plain GCRA sets ``TAT = max(TAT, now) + T``, so a backlog served at one token per interval
-loses every delay between a token falling due and the claim that takes it (the node's timer,
-the loop, the claim's own round trip): each delay pushes every later token back. Measured
-with one key at 50/s and ``burst=1``, 8 nodes draining 300 tasks: 35.6 and 39.3 claims/s on
-SQLite, 34.1 on PostgreSQL, 26.7 of 30/s on the memory store. With the tolerance: 49.0 and
-49.5, 48.3 and 43.8 (PostgreSQL under load), 30.0. Since it is under one interval, any closed
-window of ``per_s`` seconds still holds at most ``count + burst`` claims (:func:`max_in_window`)."""
-
 MIN_EMISSION_INTERVAL_S = 1e-6
 """The shortest emission interval ``per_s / count`` a :class:`RateLimit` accepts, seconds.
 
@@ -107,16 +93,14 @@ class RateLimit:
     (ITU-T Recommendation I.371, "virtual scheduling"; the form used by e.g. Brandur Leach's
     "Rate limiting, cells, and GCRA", 2015): with emission interval ``T = per_s / count`` and
     tolerance ``tau = (burst - 1) * T``, a cell at time ``now`` conforms when
-    ``TAT - tau <= now``, and taking it sets ``TAT = max(TAT, now) + T``, except that a
-    cell at most :attr:`delay_tolerance_s` late (``d``: 20 ms or ``T / 2``, whichever is
-    shorter) keeps the schedule, ``TAT + T``: the delays between a token falling due and
-    the claim taking it are not lost, and a backlog is served at ``count / per_s``. A key
-    idle long enough thus takes ``burst`` cells at once, then one every ``T`` (give or
-    take ``d``): any window of ``per_s`` seconds holds at most ``count + burst``
-    conforming cells (:func:`max_in_window`), as ``d`` is under one interval. A
-    provider's Retry-After pauses a bucket by raising its TAT so that the next cell
-    conforms no sooner than the pause's end. Every function here is pure: the stores read
-    and write the TATs.
+    ``TAT - tau <= now``, and taking it sets ``TAT = max(TAT, now) + T``. A key idle long
+    enough thus takes ``burst`` cells at once, then one every ``T``: any window of ``per_s``
+    seconds holds at most ``count + burst`` conforming cells, ``burst`` at its start and
+    ``count`` more up to its end inclusive (:func:`max_in_window`; one fewer in a window
+    ``[t, t + per_s)`` that leaves its end out), and a backlog is served at exactly
+    ``count / per_s``. A provider's Retry-After pauses a bucket by raising its TAT so that
+    the next cell conforms no sooner than the pause's end. Every function here is pure: the
+    stores read and write the TATs.
 
     Args:
         dimension: What the limit is on, e.g. ``"chat"``: the name tasks give their key
@@ -126,8 +110,7 @@ class RateLimit:
             emission interval) must be at least :data:`MIN_EMISSION_INTERVAL_S`, one
             microsecond: a million claims per second per key.
         burst: Claims a key that was idle long enough may take at once, 1..2**31 - 1.
-            Default 1 (evenly spaced, one every ``per_s / count`` seconds, give or take
-            :attr:`delay_tolerance_s`).
+            Default 1 (evenly spaced, one every ``per_s / count`` seconds).
 
     Raises:
         InvalidTypeError, InvalidArgumentError: a bad field, naming it (``per_s`` and
@@ -165,11 +148,6 @@ class RateLimit:
     def interval_s(self) -> float:
         """Seconds between two claims of one key at the sustained rate (GCRA's emission interval ``T``)."""
         return self.per_s / self.count
-
-    @property
-    def delay_tolerance_s(self) -> float:
-        """How late a claim may take a token and keep the schedule: ``min(DELAY_TOLERANCE_S, T / 2)``, seconds."""
-        return min(DELAY_TOLERANCE_S, self.interval_s / 2)
 
     @property
     def tolerance_s(self) -> float:
@@ -244,16 +222,8 @@ def sort_held(held: Sequence[HeldBucket], limit: int) -> list[HeldBucket]:
 
 
 def take(tat: float | None, now: float, limit: RateLimit) -> float:
-    """The TAT after a token is taken at ``now`` (the caller checked :func:`conforms`).
-
-    GCRA's ``max(TAT, now) + T``, except that a claim at most :attr:`RateLimit.delay_tolerance_s`
-    after the TAT keeps the schedule (``TAT + T``): the delay between a token falling due and
-    the claim that takes it is not lost to every later token. A bucket idle longer restarts
-    from ``now``.
-    """
-    if tat is None or tat < now - limit.delay_tolerance_s:  # idle (or later than the tolerance): from now
-        return now + limit.interval_s
-    return tat + limit.interval_s  # on schedule, or late within the tolerance: the schedule holds
+    """The TAT after a token is taken at ``now`` (the caller checked :func:`conforms`)."""
+    return (now if tat is None else max(tat, now)) + limit.interval_s
 
 
 def paused_tat(tat: float | None, until: float, limit: RateLimit) -> float:
@@ -270,12 +240,10 @@ def max_in_window(limit: RateLimit) -> int:
     """The most claims any window of ``per_s`` seconds may hold per key: ``count + burst``.
 
     The bound is reached: a key idle long enough takes ``burst`` claims at a window's start,
-    then one every emission interval ``T = per_s / count``, the last at the window's end.
-    A half-open window ``[t, t + per_s)`` may hold as many: a claim up to
-    :attr:`RateLimit.delay_tolerance_s` (under ``T``) late keeps the schedule, so the next
-    may follow it sooner than ``T``. The sends a receiver sees keep the bound as long as
-    the time between a claim and its send varies from one send to the next by less than
-    ``T`` minus that tolerance.
+    then one every emission interval ``T = per_s / count``, the last at the window's end. A
+    half-open window ``[t, t + per_s)`` holds at most ``count + burst - 1`` claims, but the
+    sends a receiver sees may still put ``count + burst`` in one: the time between a claim
+    and its send may differ from one send to the next by up to ``T`` without more than this.
     """
     return limit.count + limit.burst
 
