@@ -2,6 +2,10 @@
 
 The send function lives in tests/workers/serve_send.py: it logs ``start``/``end``/
 ``cancelled`` lines with ``time.time()`` to a file and sleeps a configured time.
+
+A process that does not exit in time is failed with every thread's stack (it runs with
+``PYTHONFAULTHANDLER``, and SIGABRT makes it print them) and the time its threads spent waiting
+for a CPU, which tells a hang from a machine too loaded to run it (see :func:`exit_status`).
 """
 
 from __future__ import annotations
@@ -65,7 +69,12 @@ def serve(
         "2",
         *extra,
     ]
-    env = {"PYTHONPATH": str(WORKERS), "SERVE_SEND_LOG": str(log), "SERVE_SEND_SLEEP_S": str(sleep_s)}
+    env = {
+        "PYTHONPATH": str(WORKERS),
+        "SERVE_SEND_LOG": str(log),
+        "SERVE_SEND_SLEEP_S": str(sleep_s),
+        "PYTHONFAULTHANDLER": "1",  # SIGABRT prints every thread's stack: see exit_status
+    }
     proc: subprocess.Popen[str] = python.spawn(argv, env=env)
     return proc
 
@@ -77,6 +86,40 @@ async def wait_for_starts(proc: subprocess.Popen[str], log: Path, n: int, timeou
             pytest.fail(f"asynccoord run exited with {proc.returncode}:\n{proc.stderr.read() if proc.stderr else ''}")
         assert time.monotonic() < deadline, read_lines(log)
         await asyncio.sleep(0.005)
+
+
+def cpu_wait_s(pid: int) -> float | None:
+    """Seconds the threads of ``pid`` have spent runnable but waiting for a CPU (Linux schedstat; None elsewhere)."""
+    try:
+        return (
+            sum(int((task / "schedstat").read_text().split()[1]) for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+        )
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def exit_status(proc: subprocess.Popen[str], timeout_s: float) -> int:
+    """The exit status of ``proc``, which must exit within ``timeout_s``; else fail saying where it was.
+
+    On the timeout the test fails with the process's stacks (SIGABRT, under ``PYTHONFAULTHANDLER``),
+    its standard error, and how long its threads waited for a CPU meanwhile: a wait close to
+    ``timeout_s`` is a loaded machine, not a hang.
+    """
+    waited_before = cpu_wait_s(proc.pid)
+    try:
+        return await asyncio.to_thread(proc.wait, timeout_s)
+    except subprocess.TimeoutExpired:
+        waited_after = cpu_wait_s(proc.pid)
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = await asyncio.to_thread(proc.communicate, None, 10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err = "(no stacks: still alive 10 s after SIGABRT)"
+        starved = "unknown"
+        if waited_before is not None and waited_after is not None:
+            starved = f"{waited_after - waited_before:.3f} s"
+        pytest.fail(f"asynccoord run still running {timeout_s} s on (waiting for a CPU: {starved}); stderr:\n{err}")
 
 
 def tasks(db_path: Path) -> dict[int, tuple[str, int, str | None, Any, int]]:
@@ -99,7 +142,7 @@ async def test_a_stop_signal_lets_sends_in_flight_finish_and_claims_nothing_new(
     assert len(running) == 3
     signalled = time.monotonic()
     os.kill(proc.pid, signum)  # SIGHUP: the terminal it was started from went away
-    code = await asyncio.to_thread(proc.wait, 10)
+    code = await exit_status(proc, 10)
     exited = time.monotonic()
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert exited - signalled <= 0.8, f"exited {exited - signalled:.3f} s after {signum.name}"
@@ -132,7 +175,7 @@ async def test_a_run_started_with_sighup_ignored_keeps_running_on_sighup(
     assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
     assert sorted(t[0] for t in tasks(db_path).values()) == ["running"] * 3  # still sending
     os.kill(proc.pid, signal.SIGTERM)
-    assert await asyncio.to_thread(proc.wait, 10) == 0
+    assert await exit_status(proc, 10) == 0
 
 
 @pytest.mark.parametrize("late", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -153,7 +196,7 @@ async def test_a_stop_signal_after_the_teardown_never_kills_the_process(
     await asyncio.sleep(1.0)  # past the store's close: the process waits for the send's thread
     assert proc.poll() is None
     os.kill(proc.pid, late)
-    code = await asyncio.to_thread(proc.wait, 15)
+    code = await exit_status(proc, 15)
     assert code == 0, f"{late.name} after the teardown: exit status {code}"
 
 
@@ -177,7 +220,7 @@ async def test_sigterm_hands_back_long_sends_and_their_locks_without_a_ttl_wait(
 
     signalled_wall, signalled = time.time(), time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)
-    code = await asyncio.to_thread(proc.wait, 10)
+    code = await exit_status(proc, 10)
     exited = time.monotonic()
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert exited - signalled <= 2.5, f"exited {exited - signalled:.3f} s after SIGTERM"
@@ -214,7 +257,7 @@ async def test_a_burst_of_sigterms_never_kills_the_process_midway(python: Any, d
     while proc.poll() is None and time.monotonic() < deadline:
         os.kill(proc.pid, signal.SIGTERM)
         await asyncio.sleep(0.002)
-    code = await asyncio.to_thread(proc.wait, 10)
+    code = await exit_status(proc, 10)
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     with sqlite3.connect(db_path) as db:
         assert db.execute("SELECT count(*) FROM coord_members").fetchone() == (0,)
