@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ("FAKE_EPOCH", "FakeClock", "count_calls", "wait_until")
+import pytest
+
+__all__ = ("FAKE_EPOCH", "FakeClock", "bound_by_permissions", "count_calls", "wait_until")
 
 TESTS = Path(__file__).resolve().parent
 """The tests folder (its ``workers/`` and ``data/``)."""
@@ -65,3 +70,17 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float,
     while not await predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.005)
+
+
+def bound_by_permissions() -> list[str]:
+    """A command prefix under which a process is bound by file permission bits.
+
+    Empty for a user. Root ignores the bits through two capabilities: the prefix runs the
+    command without them (``setpriv``), or the test is skipped where root cannot drop them.
+    """
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], check=False).returncode != 0:
+        pytest.skip("run as root, which cannot drop the capabilities that ignore permission bits here")
+    return prefix

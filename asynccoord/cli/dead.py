@@ -183,7 +183,7 @@ async def settle_dead_letters(
         raise InvalidArgumentError(f"action must be 'requeue' or 'discard', got {action!r}")
     if not is_postgres_target(os.fspath(path)):  # said here: the read-only check's answer speaks of reading
         file = sqlite_path(os.fspath(path))
-        if file != ":memory:" and not os.path.exists(file):  # noqa: ASYNC240 - one stat, before any store
+        if file != ":memory:" and _missing(file):
             raise NotADatabaseError(f"no database at {file!r} (dead {action} never creates one)")
     async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema):
         pass  # there is a current database of asynccoord: the read-write open below changes nothing else
@@ -203,6 +203,17 @@ async def settle_dead_letters(
             changed += await act(queue, [t.id for t in page])
             after = page[-1].id
         return changed
+
+
+def _missing(file: str) -> bool:
+    """Whether no file is at ``file``; False when a folder on its way may not be entered (the open says so)."""
+    try:
+        os.stat(file)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 # --- the command ----------------------------------------------------------------------------

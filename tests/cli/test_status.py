@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import secrets
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -19,7 +17,7 @@ import jsonschema
 import pytest
 from conftest import WORKERS_DIR, PythonRunner
 from services import REDIS_URL, redis_problem, unavailable
-from support import ROOT, FakeClock
+from support import ROOT, FakeClock, bound_by_permissions
 
 from asynccoord import (
     AlertRule,
@@ -313,20 +311,6 @@ async def test_read_only_store_refuses_writes_and_never_creates(tmp_path: Path) 
                 Monitor(reader)
             await writer.enqueue("q", 3)  # the writer goes on while the reader is open
             assert (await reader.stats("q")).counts["pending"] == 2
-
-
-def bound_by_permissions() -> list[str]:
-    """A command prefix under which a process is bound by file permission bits.
-
-    None for a user. Root ignores the bits through two capabilities: the prefix runs the
-    command without them (``setpriv``), or the test is skipped where root cannot drop them.
-    """
-    if os.geteuid() != 0:
-        return []
-    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
-    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], check=False).returncode != 0:
-        pytest.skip("run as root, which cannot drop the capabilities that ignore permission bits here")
-    return prefix
 
 
 READ_BACKUP = """

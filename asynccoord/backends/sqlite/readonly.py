@@ -19,8 +19,9 @@ import sqlite3
 import time
 import urllib.parse
 
-from ...errors import NotADatabaseError, ReadOnlyStoreError, SchemaVersionError
+from ...errors import NotADatabaseError, ReadOnlyStoreError, SchemaVersionError, StoreError
 from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_partitions, check_revision
+from .access import access_problem
 from .revision import delete_fix, read_meta
 from .writer import retry_busy
 
@@ -32,9 +33,14 @@ def read_only_uri(path: str) -> str:
 
     Raises:
         NotADatabaseError: ``path`` does not exist, is a directory, or is ``":memory:"``.
+        StoreError: this process may not read the file, or not enter a folder on its way
+            (see :func:`.access.access_problem`).
     """
     if path == ":memory:":
         raise NotADatabaseError("a read-only store needs a database file, not ':memory:'")
+    problem = access_problem(path, write=False)
+    if problem is not None:
+        raise StoreError(problem)
     if not os.path.exists(path):
         raise NotADatabaseError(f"no database at {path!r} (a read-only store never creates one)")
     if os.path.isdir(path):

@@ -45,6 +45,7 @@ from ..calls import CLOSE_WAIT_S, CallGate
 from ..opening import single_open
 from ..schema import REVISION_KEY, check_partitions, check_revision
 from ..sqlfiles import load_migrations, load_queries
+from .access import access_problem
 from .checkpoint import WalCheckpointer
 from .deadletters import SQLiteDeadLetterOps
 from .locks import SQLiteLockOps
@@ -89,8 +90,13 @@ def _check_writable(path: str) -> None:
 
     Raises:
         NotADatabaseError: the folder does not exist.
-        ReadOnlyStoreError: the file, a companion file, or the folder is not writable.
+        ReadOnlyStoreError: the file, a companion file, or the folder is not writable; the
+            message says when the file may not even be read or sits behind a folder this
+            process may not enter (see :func:`.access.access_problem`).
     """
+    problem = access_problem(path, write=True)
+    if problem is not None:
+        raise ReadOnlyStoreError(problem)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise NotADatabaseError(
