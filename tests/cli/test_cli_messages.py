@@ -94,3 +94,26 @@ def test_a_database_this_process_may_not_read_is_named_with_the_permissions_at_f
         assert "may not enter" in line
     assert "read_only=True" not in line  # no advice that cannot work
     assert after == before  # nothing created, nothing changed
+
+
+def test_run_in_a_folder_it_may_not_write_says_the_database_cannot_be_created(tmp_path: Path) -> None:
+    """Before: the file, which did not exist yet, was "read-only for this process", with the advice
+    to open it with ``SQLiteStore(path, read_only=True)``."""
+    prefix = bound_by_permissions()
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o555)
+    db = folder / "new.db"
+    try:
+        proc = _cli(prefix, "run", "--db", str(db), "--send", "json:dumps", "--nodes", "1")
+        left = sorted(p.name for p in folder.iterdir())
+    finally:
+        folder.chmod(0o755)
+    assert proc.returncode == 1, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line == (
+        f"asynccoord run: error: cannot create {str(db)!r}: its folder {str(folder)!r} is not writable by this "
+        f"process (mode 555, owner uid {folder.stat().st_uid}): give this user write access to the folder, or put "
+        "the database in a folder it can write"
+    )
+    assert left == []  # nothing created

@@ -1,8 +1,9 @@
 """Why this process may not open an SQLite database file, said before SQLite tries.
 
 SQLite answers a file it may not read, or one behind a folder it may not enter, with
-"unable to open database file". :func:`access_problem` checks the permission bits first
-and names the file, the folder and the fix instead. ``os.access`` answers for the real user id, as the rest of the
+"unable to open database file", and a file it may not create with a read-only database.
+:func:`access_problem` checks the permission bits first and names the file, the folder
+and the fix instead. ``os.access`` answers for the real user id, as the rest of the
 store's checks do (root passes every check unless it runs without its capabilities).
 """
 
@@ -33,12 +34,13 @@ def access_problem(path: str, *, write: bool) -> str | None:
 
     Args:
         path: The database file (a path, not ``":memory:"`` nor a ``file:`` URI).
-        write: Whether the store writes the file; False for a read-only open.
+        write: Whether the store writes (and may create) the file; False for a read-only open.
 
     Returns:
-        The message when a folder on the way may not be entered or the file exists but may
-        not be read; None otherwise (what is left, a file readable but not writable, is for
-        the caller to say: it can still be opened read-only).
+        The message when a folder on the way may not be entered, the file exists but may
+        not be read, or (``write``) the file does not exist and its folder may not be
+        written; None otherwise (what is left, a file readable but not writable, is for the
+        caller to say: it can still be opened read-only).
     """
     how = "for reading and writing" if write else "for reading"
     blocked = blocked_folder(path)
@@ -52,6 +54,12 @@ def access_problem(path: str, *, write: bool) -> str | None:
         return (
             f"cannot open {path!r} {how}: permission denied, this process may not even read the file "
             f"({_mode(path)}): give this user {grant} access to it"
+        )
+    folder = os.path.dirname(os.path.abspath(path))
+    if write and not os.path.exists(path) and os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+        return (
+            f"cannot create {path!r}: its folder {folder!r} is not writable by this process ({_mode(folder)}): "
+            "give this user write access to the folder, or put the database in a folder it can write"
         )
     return None
 

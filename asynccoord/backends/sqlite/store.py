@@ -91,8 +91,8 @@ def _check_writable(path: str) -> None:
     Raises:
         NotADatabaseError: the folder does not exist.
         ReadOnlyStoreError: the file, a companion file, or the folder is not writable; the
-            message says when the file may not even be read or sits behind a folder this
-            process may not enter (see :func:`.access.access_problem`).
+            message says when the file may not even be read, sits behind a folder this
+            process may not enter, or cannot be created (see :func:`.access.access_problem`).
     """
     problem = access_problem(path, write=True)
     if problem is not None:
