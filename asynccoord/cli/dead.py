@@ -253,6 +253,10 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--color", choices=("auto", "always", "never"), default="auto", help="colour in the table (default auto)"
     )
+    # An action's --id and --all, hidden here: given without the action they reach check_dead, which
+    # names the actions, instead of argparse taking the id for an action ("invalid choice: '3'").
+    parser.add_argument("--id", dest="ids_before_action", type=int, action="append", help=argparse.SUPPRESS)
+    parser.add_argument("--all", dest="all_before_action", action="store_true", help=argparse.SUPPRESS)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", title="actions (without one: list)")
     for name, help_text in (
         ("requeue", "put dead tasks back to pending, attempts reset; they run again first in their conversation"),
@@ -287,7 +291,8 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
 
 
 def check_dead(args: argparse.Namespace) -> None:
-    """Refuse, before anything opens, what ``dead`` cannot use: a missing ``--db`` or ``--queue``,
+    """Refuse, before anything opens, what ``dead`` cannot use: ``--id`` or ``--all`` without an
+    action (or before it), a missing ``--db`` or ``--queue``,
     a bad ``--queue``, ``--limit``, ``--after`` or ``--id``, a listing option with an action,
     and a ``--db`` or ``--schema`` that ``status`` refuses too.
 
@@ -295,6 +300,7 @@ def check_dead(args: argparse.Namespace) -> None:
         InvalidArgumentError, InvalidTypeError: naming the option (a usage error, exit status 2).
     """
 
+    _check_action_options(args)
     missing = [flag for flag, value in (("--db", args.db), ("--queue", args.queue)) if value is None]
     if missing:
         raise InvalidArgumentError(f"the following arguments are required: {', '.join(missing)}")
@@ -312,6 +318,27 @@ def check_dead(args: argparse.Namespace) -> None:
             raise InvalidArgumentError(f"{flag} belongs to the listing (dead --db ... --queue ...), not to {action}")
     for task_id in args.ids or ():
         check_int("--id", task_id, minimum=0, maximum=MAX_ID)
+
+
+def _check_action_options(args: argparse.Namespace) -> None:
+    """Refuse ``--id`` or ``--all`` given before any action, naming the actions they belong to.
+
+    Raises:
+        InvalidArgumentError: ``dead --id 3`` (no action) or ``dead --id 3 requeue --all``.
+    """
+    given = [f"--id {task_id}" for task_id in getattr(args, "ids_before_action", None) or ()]
+    if getattr(args, "all_before_action", False):
+        given.append("--all")
+    if not given:
+        return
+    which = " ".join(given)
+    action = getattr(args, "action", None)
+    if action is None:
+        raise InvalidArgumentError(
+            f"{which} needs an action before it: 'dead requeue {which}' or 'dead discard {which}' "
+            f"(actions: {', '.join(_ACTIONS)}; without one, dead lists the dead tasks)"
+        )
+    raise InvalidArgumentError(f"{which} goes after the action: 'dead {action} {which}'")
 
 
 def dead_command(args: argparse.Namespace) -> int:

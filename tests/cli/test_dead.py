@@ -265,7 +265,19 @@ def test_all_and_many_ids_are_acted_on_a_batch_per_transaction(
         (["requeue", "--queue", Q, "--id", "3", "--limit", "5"], "dead requeue", "--limit belongs to the listing"),
         (["--queue", Q, "--schema", "bots"], "dead", "--schema 'bots' applies to a postgresql:// --db only"),
         (["discard", "--queue", Q, "--all", "--schema", "bots"], "dead discard", "applies to a postgresql:// --db"),
-        (["--queue", Q, "--all"], "dead --db", "unrecognized arguments: --all"),
+        (
+            ["--queue", Q, "--all"],
+            "dead --db",
+            "error: --all needs an action before it: 'dead requeue --all' or 'dead discard --all' "
+            "(actions: requeue, discard; without one, dead lists the dead tasks)\n",
+        ),
+        (
+            ["--queue", Q, "--id", "3"],
+            "dead --db",
+            "error: --id 3 needs an action before it: 'dead requeue --id 3' or 'dead discard --id 3' "
+            "(actions: requeue, discard; without one, dead lists the dead tasks)\n",
+        ),
+        (["--id", "3", "requeue", "--queue", Q, "--all"], "dead requeue", "--id 3 goes after the action"),
         (["--queue", Q, "--frobnicate"], "dead --db", "unrecognized arguments: --frobnicate"),
         (["requeue", "--queue", Q, "--all", "--frobnicate"], "dead requeue", "unrecognized arguments: --frobnicate"),
     ],
