@@ -44,16 +44,19 @@ from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
 from ..contract.locks import MAX_PERMITS
 from ..contract.ratelimits import RateLimit, describe_limits
-from ..errors import CoordError, InvalidArgumentError, StoreError
+from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from ..node.config import MAX_IN_FLIGHT
 from ..node.retention import DEFAULT_DONE_RETENTION_S
 from ..validation import (
     check_int,
     check_interval_s,
     check_lease_s,
+    check_lock_key,
     check_name,
     check_non_negative,
     check_positive,
+    check_send,
+    is_async_callable,
 )
 from .lifespan import Lifespan, check_lifespan, open_lifespan
 from .loading import load_callable
@@ -244,8 +247,9 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             target :func:`~asynccoord.backends.open.open_store` takes (or a PostgreSQL DSN without
             asyncpg installed, or an in-memory SQLite database), ``--schema`` is no valid
             schema name or comes with an SQLite ``--db``, or a ``MODULE:ATTR``
-            cannot be imported or is not callable (the command line reports it as a usage
-            error, exit status 2).
+            cannot be imported or is not callable, or names a ``--send`` or ``--lock-key``
+            the nodes refuse (an async ``--lock-key``, a generator ``--send``): the command
+            line reports it as a usage error, exit status 2.
     """
     from ..backends.open import redact_target
     from ..node import NodeConfig
@@ -285,8 +289,8 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             raise InvalidArgumentError(
                 f"--lock-pace {pace!r} needs a lock, not a semaphore: --lock-permits is {args.lock_permits}"
             )
-    send = load_callable(args.send)
-    lock_key = load_callable(args.lock_key) if args.lock_key else None
+    send = _function("--send", args.send, check_send)
+    lock_key = _function("--lock-key", args.lock_key, check_lock_key) if args.lock_key else None
     if getattr(args, "lifespan", None):
         check_lifespan(args.lifespan, load_callable(args.lifespan))
     config = NodeConfig(
@@ -303,6 +307,26 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         lock_pace_dimension=pace,
     )
     return send, lock_key, config
+
+
+def _function(option: str, spec: str, check: Callable[[object], None]) -> Any:
+    """The function ``spec`` names, refused here when the nodes would refuse it (``check``).
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: as :func:`load_callable`, or what ``check``
+            refuses, named by ``option`` (a ``--lock-key`` async function says what it must be).
+    """
+    fn = load_callable(spec)
+    if option == "--lock-key" and is_async_callable(fn):
+        raise InvalidTypeError(
+            f"--lock-key {spec!r} is an async function: give a plain function taking the task and returning "
+            "the lock name (str) or None (the nodes call it without awaiting)"
+        )
+    try:
+        check(fn)
+    except InvalidTypeError as exc:
+        raise InvalidTypeError(f"{option} {spec!r}: {exc}") from exc
+    return fn
 
 
 def rate_limits(args: argparse.Namespace) -> list[Any]:

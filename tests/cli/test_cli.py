@@ -95,6 +95,15 @@ from asynccoord.node import Runtime
         (["--send", "json:dumps", "--metrics-host", "0.0.0.0"], "--metrics-host '0.0.0.0' applies with --metrics-port"),
         (["--send", "json:dumps", "--lifespan", "asyncio:sleep"], "--lifespan 'asyncio:sleep' is an async function"),
         (["--send", "json:dumps", "--lifespan", "json:no_such"], "'json' has no attribute 'no_such'"),
+        (
+            ["--send", "json:dumps", "--lock-key", "asyncio:sleep"],
+            "error: --lock-key 'asyncio:sleep' is an async function: give a plain function taking the task and "
+            "returning the lock name (str) or None (the nodes call it without awaiting)\n",
+        ),
+        (
+            ["--send", "ast:walk"],
+            "error: --send 'ast:walk': send must be an async function or a plain one, got the generator function",
+        ),
     ],
 )
 def test_run_usage_errors_exit_2_and_create_no_database(
