@@ -22,7 +22,8 @@ def load_callable(spec: str) -> Any:
     Raises:
         InvalidArgumentError: the spec is malformed or names nothing importable: no such
             module, or its import raised (any ``Exception``, named with its type and message,
-            a ``SyntaxError`` with its ``file:line``).
+            a ``SyntaxError`` with its ``file:line``) or exited (``sys.exit()``, with its code:
+            it ends no process here).
         InvalidTypeError: the attribute is not callable.
     """
     module_name, sep, attr = spec.partition(":")
@@ -30,7 +31,7 @@ def load_callable(spec: str) -> Any:
         raise InvalidArgumentError(f"expected 'package.module:attribute', got {spec!r}")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # the module's own code may raise anything at import
+    except (Exception, SystemExit) as exc:  # the module's own code may raise anything, or call sys.exit(), at import
         raise InvalidArgumentError(f"cannot import module {module_name!r} of {spec!r}: {_import_error(exc)}") from exc
     target: Any = module
     for part in attr.split("."):
@@ -43,8 +44,14 @@ def load_callable(spec: str) -> Any:
     return target
 
 
-def _import_error(exc: Exception) -> str:
-    """``"Type: message"`` of an exception raised importing a module; a ``SyntaxError`` with its ``file:line``."""
+def _import_error(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception raised importing a module; a ``SyntaxError`` with its ``file:line``,
+    a ``SystemExit`` (``sys.exit()``) with its exit code."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None or isinstance(code, int):
+            return f"the module exited with code {code or 0} (SystemExit) while being imported"
+        return f"the module exited with the message {code!r} (SystemExit) while being imported"
     if isinstance(exc, SyntaxError):
         where = f"{exc.filename}:{exc.lineno}" if exc.filename else f"line {exc.lineno}"
         return f"{type(exc).__name__}: {exc.msg} ({where})"

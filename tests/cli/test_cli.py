@@ -126,8 +126,13 @@ def test_run_usage_errors_exit_2_and_create_no_database(
         ("def send(\n", "SyntaxError: '(' was never closed ({path}:1)"),
         ("import no_such_module_here\n", "ModuleNotFoundError: No module named 'no_such_module_here'"),
         ("send = 1 / 0\n", "ZeroDivisionError: division by zero"),
+        ("import sys\nsys.exit(5)\n", "the module exited with code 5 (SystemExit) while being imported"),
+        (
+            'raise SystemExit("no token")\n',
+            "the module exited with the message 'no token' (SystemExit) while being imported",
+        ),
     ],
-    ids=["RuntimeError", "SyntaxError", "ImportError", "ZeroDivisionError"],
+    ids=["RuntimeError", "SyntaxError", "ImportError", "ZeroDivisionError", "sys.exit(5)", "SystemExit(message)"],
 )
 def test_run_names_what_a_send_module_raised_at_import_as_a_usage_error(
     python: PythonRunner, tmp_path: Path, source: str, named: str
