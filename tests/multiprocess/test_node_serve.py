@@ -110,6 +110,7 @@ async def exit_status(proc: subprocess.Popen[str], timeout_s: float) -> int:
         return await asyncio.to_thread(proc.wait, timeout_s)
     except subprocess.TimeoutExpired:
         waited_after = cpu_wait_s(proc.pid)
+        masks = signal_masks(proc.pid)
         proc.send_signal(signal.SIGABRT)
         try:
             _, err = await asyncio.to_thread(proc.communicate, None, 10)
@@ -119,7 +120,24 @@ async def exit_status(proc: subprocess.Popen[str], timeout_s: float) -> int:
         starved = "unknown"
         if waited_before is not None and waited_after is not None:
             starved = f"{waited_after - waited_before:.3f} s"
-        pytest.fail(f"asynccoord run still running {timeout_s} s on (waiting for a CPU: {starved}); stderr:\n{err}")
+        pytest.fail(
+            f"asynccoord run still running {timeout_s} s on (waiting for a CPU: {starved}; signals: {masks});"
+            f" stderr:\n{err}"
+        )
+
+
+def signal_masks(pid: int) -> str:
+    """Signal masks of process ``pid`` per thread (pending, blocked, ignored, caught), as Linux tells."""
+    fields = ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    out = []
+    for status in sorted(Path(f"/proc/{pid}/task").glob("*/status")):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:
+            continue
+        values = dict(line.split(":\t", 1) for line in lines if line.split(":", 1)[0] in fields)
+        out.append(f"{status.parent.name}: " + " ".join(f"{k}={values.get(k, '?')}" for k in fields))
+    return "; ".join(out) or "unknown"
 
 
 def tasks(db_path: Path) -> dict[int, tuple[str, int, str | None, Any, int]]:
@@ -136,7 +154,14 @@ async def test_a_stop_signal_lets_sends_in_flight_finish_and_claims_nothing_new(
 ) -> None:
     ids = await enqueue(db_path, 10)
     log = tmp_path / "sends.log"
-    proc = serve(python, db_path, log, 0.5)
+    # As a shell starts it: SIGHUP at its default action. A child inherits an ignored signal,
+    # and one spawned here was seen to start with SIGHUP and SIGQUIT ignored (SigIgn 0x1001005),
+    # as under `nohup`, where `run` keeps running on SIGHUP by design.
+    terminal = (
+        "import runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); sys.argv[0] = 'asynccoord';"
+        " runpy.run_module('asynccoord', run_name='__main__', alter_sys=True)"
+    )
+    proc = serve(python, db_path, log, 0.5, launcher=("-c", terminal))
     await wait_for_starts(proc, log, 3)
     running = [i for i, t in tasks(db_path).items() if t[0] == "running"]
     assert len(running) == 3
