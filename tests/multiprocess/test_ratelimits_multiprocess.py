@@ -145,10 +145,11 @@ async def test_two_processes_never_exceed_the_limit_and_come_close_to_it(
     # limit paced: each chat's sends within the burst trail the first by a commit and a
     # claim's round trips (30-75 ms on this shared machine), which the burst lets the next
     # send make up, so a rate from the burst's last send measures that latency, not the pace.
-    # The pace's upper bound allows PostgreSQL one send more, as max_in_window does: a claim's
-    # send lands after it by its round trips, which vary by tens of ms under load, and the
-    # first and last sends measured may differ so by up to one emission interval.
-    start, slack = (LIMIT.burst - 1, 0) if target.schema is None else (LIMIT.burst, 1)
+    # The pace's upper bound allows one send more, as max_in_window does: a claim's send lands
+    # after it by its round trips, which vary by tens of ms under load, and the first and last
+    # sends measured may differ so by up to one emission interval (on SQLite under load too:
+    # one chat's steady sends once measured 5.105/s against the 5.1 allowed without it).
+    start, slack = (LIMIT.burst - 1, 1) if target.schema is None else (LIMIT.burst, 1)
     for chat, times in by_chat.items():
         steady = times[start:]
         rate = (len(steady) - 1) / (steady[-1] - steady[0])
