@@ -154,9 +154,9 @@ async def test_a_stop_signal_lets_sends_in_flight_finish_and_claims_nothing_new(
 ) -> None:
     ids = await enqueue(db_path, 10)
     log = tmp_path / "sends.log"
-    # As a shell starts it: SIGHUP at its default action. A child inherits an ignored signal,
-    # and one spawned here was seen to start with SIGHUP and SIGQUIT ignored (SigIgn 0x1001005),
-    # as under `nohup`, where `run` keeps running on SIGHUP by design.
+    # As a shell starts it: SIGHUP at its default action. A child inherits an ignored signal, so
+    # a test run started with `nohup ... &` passed on SIGHUP (and SIGQUIT) ignored, and under
+    # `nohup` `run` keeps running on SIGHUP by design.
     terminal = (
         "import runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); sys.argv[0] = 'asynccoord';"
         " runpy.run_module('asynccoord', run_name='__main__', alter_sys=True)"
