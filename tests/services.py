@@ -59,6 +59,13 @@ def unavailable(what: str, problem: str) -> NoReturn:
     pytest.skip(message)
 
 
+def need_redis_py() -> None:
+    """Skip (or, in CI, fail) a test that needs redis-py but no Redis server, when redis-py is missing."""
+    problem = redis_problem()
+    if problem is not None and "not installed" in problem:
+        unavailable("Redis", problem)
+
+
 @functools.cache
 def postgres_problem() -> str | None:
     """Why the PostgreSQL tests cannot run here, or None when they can (checked once)."""

@@ -28,6 +28,7 @@ from services import (
     PG_DSN,
     REDIS_URL,
     drop_schemas,
+    need_redis_py,
     new_schema,
     pg_rows,
     postgres_problem,
@@ -163,9 +164,7 @@ def test_run_names_what_a_send_module_raised_at_import_as_a_usage_error(
 def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    problem = redis_problem()
-    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
-        unavailable("Redis", problem)
+    need_redis_py()  # no server needed, only redis-py
     db = tmp_path / "never.db"
     url = "redis://:s3cret@127.0.0.1:6379/0?foo=bar"
     with pytest.raises(SystemExit) as exited:
@@ -824,9 +823,7 @@ def _refused_redis_url() -> str:
 def test_run_with_an_unreachable_lock_store_creates_no_database(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    problem = redis_problem()
-    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
-        unavailable("Redis", problem)
+    need_redis_py()  # no server needed, only redis-py
     argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lock-store", _refused_redis_url()]
     assert main([*argv, "--rate-limit", "chat=1/1s"]) == 1
     err = capsys.readouterr().err
@@ -838,9 +835,7 @@ def test_run_with_an_unreachable_lock_store_creates_no_postgresql_schema(capsys:
     problem = postgres_problem()
     if problem is not None:
         unavailable("PostgreSQL", problem)
-    problem = redis_problem()
-    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
-        unavailable("Redis", problem)
+    need_redis_py()  # no server needed, only redis-py
     schema = new_schema("cli")
     argv = ["run", "--db", PG_DSN, "--schema", schema, "--send", "json:dumps", "--lock-store", _refused_redis_url()]
     try:

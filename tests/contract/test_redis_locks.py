@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import REDIS_URL, redis_problem, unavailable
+from services import REDIS_URL, need_redis_py, redis_problem, unavailable
 
 from asynccoord import InvalidArgumentError, InvalidTypeError, Lease, LockBusy, StoreConnectionError
 from asynccoord.contract.locks import LockStore
@@ -64,9 +64,7 @@ async def test_it_is_a_lock_store(locks: Any) -> None:
 
 
 async def test_an_unreachable_server_raises_a_typed_error() -> None:
-    problem = redis_problem()
-    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
-        unavailable("Redis", problem)
+    need_redis_py()  # no server needed, only redis-py
     from asynccoord.backends.redis import RedisLockStore
 
     store = RedisLockStore("redis://127.0.0.1:1/0", reconnect_timeout_s=0.3)
@@ -155,12 +153,6 @@ async def test_semaphore_permits_from_many_concurrent_callers(locks: Any) -> Non
     assert all(isinstance(o, LockBusy) for o in outcomes if not isinstance(o, Lease))
 
 
-def redis_py_or_skip() -> None:
-    problem = redis_problem()
-    if problem is not None and "not installed" in problem:  # no server needed, only redis-py
-        unavailable("Redis", problem)
-
-
 @pytest.mark.parametrize(
     ("url", "problem", "shown"),
     [
@@ -197,7 +189,7 @@ def redis_py_or_skip() -> None:
     ],
 )
 def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem: str, shown: str) -> None:
-    redis_py_or_skip()
+    need_redis_py()
     from asynccoord.backends.redis import RedisLockStore
 
     with pytest.raises(InvalidArgumentError) as info:
@@ -215,7 +207,7 @@ def test_a_url_redis_py_cannot_use_is_refused_at_construction(url: str, problem:
     ["redis://127.0.0.1:6379/0", "rediss://h", "unix:///tmp/redis.sock", "REDIS://h", "redis://h/", "redis://h:1/15"],
 )
 def test_every_scheme_redis_py_connects_with_is_accepted(url: str) -> None:
-    redis_py_or_skip()
+    need_redis_py()
     from asynccoord.backends.redis import RedisLockStore
 
     assert RedisLockStore(url).url == url
@@ -243,7 +235,7 @@ KNOWN_QUERY_VALUES = {
 
 
 def test_every_query_parameter_redis_py_parses_is_accepted() -> None:
-    redis_py_or_skip()
+    need_redis_py()
     from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
     from asynccoord.backends.redis import RedisLockStore
@@ -272,7 +264,7 @@ async def test_a_url_with_query_parameters_opens() -> None:
 
 @pytest.mark.parametrize("slack_ms", [2**70, 365 * 86_400_000 + 1, -1])
 def test_key_slack_ms_out_of_range_is_refused(slack_ms: int) -> None:
-    redis_py_or_skip()
+    need_redis_py()
     from asynccoord.backends.redis import MAX_KEY_SLACK_MS, RedisLockStore
 
     assert MAX_KEY_SLACK_MS == 365 * 86_400_000  # one year, as MAX_DURATION_S
