@@ -32,6 +32,12 @@ every store):
 
 from __future__ import annotations
 
+from . import _startsignals
+
+# First, before the imports below take their few tenths of a second: in the process of
+# `python -m asynccoord run`, a stop signal from here on is noted for the command, not fatal.
+_startsignals.hold_start_signals()
+
 import typing as _typing
 
 from .backends.memory import MemoryStore

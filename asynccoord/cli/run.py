@@ -42,6 +42,7 @@ from typing import Any
 
 from .._loop import run as run_loop
 from .._signals import give_back_signal, take_signal
+from .._startsignals import take_start_signals
 from ..contract.locks import MAX_PERMITS
 from ..contract.ratelimits import RateLimit, describe_limits
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
@@ -379,12 +380,14 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand; return the exit status (0 on a clean shutdown).
 
     SIGTERM, SIGINT and SIGHUP (unless ignored when the run starts, as under ``nohup``: it
-    stays ignored) never end the process midway: while the store opens and the nodes
-    start they are held (the runtime then stops at once), during the run the runtime's
-    :meth:`~asynccoord.node.runtime.Runtime.wait_for_signal` takes them (a second one hands back
-    at once), and while the nodes, the monitor and the store close down they are held
-    again. From the end of the teardown SIGTERM and SIGHUP are ignored; on return their handlers from
-    before are put back, unless ``args._exiting`` (set by ``python -m asynccoord``: the
+    stays ignored) never end the process midway: one that came while ``python -m asynccoord``
+    was still importing (see :mod:`asynccoord._startsignals`) ends the run before anything
+    starts; while the store opens and the nodes start they are held (the runtime then stops
+    at once), during the run the runtime's
+    :meth:`~asynccoord.node.runtime.Runtime.wait_for_signal` takes them (a second one hands
+    back at once), and while the nodes, the monitor and the store close down they are held
+    again. From the end of the teardown SIGTERM and SIGHUP are ignored; on return their
+    handlers from before are put back, unless ``args._exiting`` (set by ``python -m asynccoord``: the
     process is on its way out).
 
     A ``--lifespan`` is entered before the database opens: a signal while it is being
@@ -417,6 +420,8 @@ def run_command(args: argparse.Namespace) -> int:
 
         stops = _stop_signals()
         holding = _hold_signals(loop, note, stops)
+        for signum in take_start_signals():  # came while the process was starting: nothing starts
+            note(signum)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 metrics = stack.enter_context(serve_metrics(args))  # a taken port: stop before the database
