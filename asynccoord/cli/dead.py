@@ -264,7 +264,9 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
     ):
         child = actions.add_parser(name, help=help_text, description=help_text)
         _target_options(child, default=argparse.SUPPRESS)  # given before the action, they stay
-        which = child.add_mutually_exclusive_group(required=True)
+        # Required, but checked by check_dead: an --id or --all given before the action is then
+        # named there, instead of argparse's "one of the arguments --id --all is required".
+        which = child.add_mutually_exclusive_group()
         which.add_argument("--id", dest="ids", type=int, action="append", metavar="ID", help="a dead task (repeatable)")
         which.add_argument("--all", action="store_true", help="every dead task of the queue")
         # The listing's options, hidden: given after the action they reach check_dead, which says
@@ -292,7 +294,7 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
 
 def check_dead(args: argparse.Namespace) -> None:
     """Refuse, before anything opens, what ``dead`` cannot use: ``--id`` or ``--all`` without an
-    action (or before it), a missing ``--db`` or ``--queue``,
+    action (or before it), an action without ``--id`` or ``--all``, a missing ``--db`` or ``--queue``,
     a bad ``--queue``, ``--limit``, ``--after`` or ``--id``, a listing option with an action,
     and a ``--db`` or ``--schema`` that ``status`` refuses too.
 
@@ -316,6 +318,8 @@ def check_dead(args: argparse.Namespace) -> None:
     for attr, flag in _LIST_ONLY:
         if getattr(args, attr) not in (None, False):
             raise InvalidArgumentError(f"{flag} belongs to the listing (dead --db ... --queue ...), not to {action}")
+    if not args.ids and not args.all:
+        raise InvalidArgumentError("one of the arguments --id --all is required")
     for task_id in args.ids or ():
         check_int("--id", task_id, minimum=0, maximum=MAX_ID)
 
@@ -324,7 +328,7 @@ def _check_action_options(args: argparse.Namespace) -> None:
     """Refuse ``--id`` or ``--all`` given before any action, naming the actions they belong to.
 
     Raises:
-        InvalidArgumentError: ``dead --id 3`` (no action) or ``dead --id 3 requeue --all``.
+        InvalidArgumentError: ``dead --id 3`` (no action), ``dead --id 3 requeue`` or ``dead --id 3 requeue --all``.
     """
     given = [f"--id {task_id}" for task_id in getattr(args, "ids_before_action", None) or ()]
     if getattr(args, "all_before_action", False):

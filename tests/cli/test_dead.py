@@ -278,6 +278,22 @@ def test_all_and_many_ids_are_acted_on_a_batch_per_transaction(
             "(actions: requeue, discard; without one, dead lists the dead tasks)\n",
         ),
         (["--id", "3", "requeue", "--queue", Q, "--all"], "dead requeue", "--id 3 goes after the action"),
+        # Nothing after the action: named the same, not argparse's "one of the arguments ... is required".
+        (
+            ["--queue", Q, "--id", "3", "requeue"],
+            "dead requeue",
+            "dead requeue: error: --id 3 goes after the action: 'dead requeue --id 3'\n",
+        ),
+        (
+            ["--id", "3", "--id", "4", "discard", "--queue", Q],
+            "dead discard",
+            "dead discard: error: --id 3 --id 4 goes after the action: 'dead discard --id 3 --id 4'\n",
+        ),
+        (
+            ["--all", "requeue", "--queue", Q],
+            "dead requeue",
+            "error: --all goes after the action: 'dead requeue --all'",
+        ),
         (["--queue", Q, "--frobnicate"], "dead --db", "unrecognized arguments: --frobnicate"),
         (["requeue", "--queue", Q, "--all", "--frobnicate"], "dead requeue", "unrecognized arguments: --frobnicate"),
     ],
@@ -350,6 +366,17 @@ def test_the_command_as_a_process(python: PythonRunner, tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "one of the arguments --id --all is required" in bad.stderr
     assert statuses(db, ids) == [TaskStatus.PENDING, TaskStatus.PENDING]
+    # --id before the action, nothing after it: a one-line error naming the right form, nothing changed.
+    dead = tmp_path / "dead.db"
+    first, second = prepare_sqlite(dead, 2)
+    early = python.run_module(
+        "asynccoord", "dead", "--db", str(dead), "--queue", Q, "--id", str(first), "requeue", check=False
+    )
+    assert (early.returncode, early.stdout) == (2, "")
+    assert early.stderr.splitlines()[1:] == [
+        f"python -m asynccoord dead requeue: error: --id {first} goes after the action: 'dead requeue --id {first}'"
+    ]
+    assert statuses(dead, [first, second]) == [TaskStatus.DEAD, TaskStatus.DEAD]
 
 
 def test_on_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
