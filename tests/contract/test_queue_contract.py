@@ -1250,6 +1250,31 @@ async def test_ordered_exhausted_head_unblocks_its_key_in_the_same_claim(store, 
     assert [t.id for t in got] == [nxt.id]
 
 
+@pytest.mark.parametrize("hold", [False, True], ids=["skip", "hold"])
+async def test_concurrent_ordered_claims_each_take_the_heads_dead_letters_made_in_their_partitions(
+    store, clock: FakeClock, hold: bool
+) -> None:
+    """Two nodes claim their own partitions at once, and the lease of key A's head ran out on
+    its last attempt: whichever claim dead-letters it, A's next task is taken by the claim of
+    A's partition (the claim of B's cannot), unless the queue holds a key behind its dead task."""
+    if hold:
+        await store.set_dead_letter_policy(Q, "hold")
+    head = (await store.enqueue(Q, "A1", partition_key="A", max_attempts=1)).task
+    nxt = (await store.enqueue(Q, "A2", partition_key="A")).task
+    other = (await store.enqueue(Q, "B1", partition_key="B")).task
+    assert head.partition != other.partition
+    assert (await claim_one(store, lease_s=1, ordered=True, partitions=[head.partition])).id == head.id
+    clock.advance(1)
+    for_b, for_a = await asyncio.gather(  # B's claim first: it may be the one that dead-letters A1
+        store.claim(Q, node_id="node-b", limit=5, ordered=True, partitions=[other.partition]),
+        store.claim(Q, node_id="node-a", limit=5, ordered=True, partitions=[head.partition]),
+    )
+    assert [t.id for t in for_b] == [other.id]
+    assert [t.id for t in for_a] == ([] if hold else [nxt.id])
+    assert (await store.get(head.id)).status is TaskStatus.DEAD
+    assert (await store.get(nxt.id)).status is (TaskStatus.PENDING if hold else TaskStatus.RUNNING)
+
+
 # --- complete_many ----------------------------------------------------------------------
 
 

@@ -198,7 +198,10 @@ class PgClaimOps(PgRateLimitOps):
         dead = 0
         if exhausted:
             dead = await self._dead_letter_exhausted(queue)
-            if dead and len(rows) < limit:
+            # Whoever dead-lettered them (this call, or a concurrent claim of another node or
+            # process, restricted to its own partitions), their keys' next tasks may be heads
+            # now, committed: a claim with room takes those of its partitions, as on SQLite.
+            if len(rows) < limit:
                 rows += await op_for(limit - len(rows))
         duplicates = [r for r in rows if r[20]]
         settled: set[int] = set()
