@@ -6,7 +6,8 @@ every write is an operation ``fn(db, now_s)`` handed to the store's group commit
 transaction with ``now_s`` read from the store clock at its start, and many callers'
 claims and commits share one commit. Reads run on the connection's thread between the
 writer's batches. Per-key order is kept by head flags in the queues claimed in order
-(``coord_ordered_queues``). The queries are in ``sql/queries.sql``.
+(``coord_ordered_queues``), whose tasks alone enter the order index that head upkeep reads
+(``coord_tasks_key_order``). The queries are in ``sql/queries.sql``.
 """
 
 from __future__ import annotations
@@ -621,7 +622,7 @@ class SQLiteQueueOps(StoreBase):
         return QueueStats(counts=by_status, oldest_pending_age_s=age)
 
     async def _is_drained_checked(self, queue: str) -> bool:
-        """True when ``queue`` has no pending and no running task: one probe of ``coord_tasks_key_order``."""
+        """True when ``queue`` has no pending and no running task: a probe of each status's partial index."""
 
         def read(db: sqlite3.Connection) -> bool:
             return db.execute(Q["queue_unfinished"], {"queue": queue}).fetchone() is None
@@ -732,7 +733,13 @@ def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> l
 
 
 def _keep_heads(db: sqlite3.Connection, queue: str) -> None:
-    """Make ``queue`` keep per-key heads from now on (first ordered use: computed from scratch)."""
+    """Make ``queue`` keep per-key heads from now on (first ordered use: computed from scratch).
+
+    The insert into ``coord_ordered_queues`` fires a trigger that puts the queue's tasks into
+    the order index first (``by_key``, ``migration_0006.sql``), in the same transaction: only
+    the tasks of ordered queues are in it, so an unordered queue's enqueues and completions
+    never write it.
+    """
     if db.execute(Q["mark_ordered"], {"queue": queue}).rowcount:
         db.execute(Q["recompute_queue_heads"], {"queue": queue})  # heads were not kept until now
 

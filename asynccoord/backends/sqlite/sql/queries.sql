@@ -12,18 +12,21 @@ INSERT INTO coord_meta (key, value) VALUES (:key, :value)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
 -- name: insert_task
+-- In a queue of coord_ordered_queues the task enters the order index (by_key, migration_0006.sql)
+-- and is its key's head when the key has no other active task (and no dead one holds it).
 INSERT INTO coord_tasks (queue, partition_key, partition, idempotency_key, payload, priority,
                          status, is_head, attempts, max_attempts, run_at, version, created_at, updated_at, limit_keys,
-                         by_partition)
+                         by_partition, by_key)
 VALUES (:queue, :partition_key, :partition, :idempotency_key, :payload, :priority, 'pending',
         EXISTS (SELECT 1 FROM coord_ordered_queues WHERE queue = :queue)
         AND NOT EXISTS (SELECT 1 FROM coord_tasks AS e
-                         WHERE e.queue = :queue AND e.partition_key = :partition_key AND e.active = 1)
+                         WHERE e.queue = :queue AND e.partition_key = :partition_key AND e.active = 1 AND e.by_key = 1)
         AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings WHERE queue = :queue AND dead_letters = 'hold')
                  AND EXISTS (SELECT 1 FROM coord_tasks AS d
                               WHERE d.queue = :queue AND d.partition_key = :partition_key AND d.status = 'dead')),
         0, :max_attempts, :run_at, 0, :now, :now, :limit_keys,
-        EXISTS (SELECT 1 FROM coord_partitioned_queues WHERE queue = :queue))
+        EXISTS (SELECT 1 FROM coord_partitioned_queues WHERE queue = :queue),
+        EXISTS (SELECT 1 FROM coord_ordered_queues WHERE queue = :queue))
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, queue, partition_key, partition, idempotency_key, payload, priority, status, attempts, max_attempts, run_at, lease_owner, lease_token, lease_expires_at, version, last_error, result, created_at, updated_at, reclaimed;
 
@@ -37,12 +40,13 @@ SELECT id, queue, partition_key, partition, idempotency_key, payload, priority, 
 -- :keys is a JSON array of [queue, partition_key] whose head may have left the active
 -- set: mark each key's earliest active task as its head (ordered queues only), unless a dead
 -- task precedes it in a queue whose dead-letter policy is 'hold' (deadletters.sql). Returns
--- the queue and partition of every new head (claimable now, if due).
+-- the queue and partition of every new head (claimable now, if due). The active tasks of an
+-- ordered queue all carry by_key (migration_0006.sql): each key is one seek of coord_tasks_key_order.
 UPDATE coord_tasks SET is_head = 1
  WHERE is_head = 0 AND id IN (
     SELECT (SELECT t.id FROM coord_tasks AS t
              WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
-               AND t.active = 1
+               AND t.active = 1 AND t.by_key = 1
              ORDER BY t.id LIMIT 1)
       FROM json_each(:keys) AS k
      WHERE json_extract(k.value, '$[0]') IN (SELECT queue FROM coord_ordered_queues))
@@ -58,22 +62,24 @@ RETURNING queue, partition;
 UPDATE coord_tasks
    SET is_head = (id = (SELECT min(e.id) FROM coord_tasks AS e
                          WHERE e.queue = coord_tasks.queue AND e.partition_key = coord_tasks.partition_key
-                           AND e.active = 1))
+                           AND e.active = 1 AND e.by_key = 1))
                  AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings AS s WHERE s.queue = coord_tasks.queue AND s.dead_letters = 'hold')
                       AND EXISTS (SELECT 1 FROM coord_tasks AS d
                                    WHERE d.queue = coord_tasks.queue AND d.partition_key = coord_tasks.partition_key
                                      AND d.status = 'dead' AND d.id < coord_tasks.id))
  WHERE active = 1 AND id IN (
-    SELECT t.id FROM coord_tasks AS t, json_each(:keys) AS k
+    SELECT t.id FROM json_each(:keys) AS k CROSS JOIN coord_tasks AS t  -- CROSS JOIN: each key a seek
      WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
-       AND t.active = 1 AND t.queue IN (SELECT queue FROM coord_ordered_queues));
+       AND t.active = 1 AND t.by_key = 1 AND t.queue IN (SELECT queue FROM coord_ordered_queues));
 
 -- name: ordered_queues
 -- Which of :queues (a JSON array) are claimed in order, i.e. keep per-key heads.
 SELECT queue FROM coord_ordered_queues WHERE queue IN (SELECT value FROM json_each(:queues));
 
 -- name: mark_ordered
--- First ordered claim of :queue: from now on its heads are kept (see recompute_queue_heads).
+-- First ordered claim of :queue: from now on its heads are kept (see recompute_queue_heads). Its
+-- insert fires coord_ordered_queues_by_key (migration_0006.sql), which puts the queue's tasks
+-- that are not done into coord_tasks_key_order, before recompute_queue_heads reads it.
 INSERT INTO coord_ordered_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING;
 
 -- name: recompute_queue_heads
@@ -81,7 +87,7 @@ INSERT INTO coord_ordered_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO 
 -- ordered has no is_head = 1 rows (inserts set it only for ordered queues, every exit
 -- from the active set clears it), so marking each key's earliest active task suffices.
 UPDATE coord_tasks SET is_head = 1
- WHERE id IN (SELECT min(id) FROM coord_tasks WHERE queue = :queue AND active = 1 GROUP BY partition_key)
+ WHERE id IN (SELECT min(id) FROM coord_tasks WHERE queue = :queue AND active = 1 AND by_key = 1 GROUP BY partition_key)
    AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings AS s WHERE s.queue = coord_tasks.queue AND s.dead_letters = 'hold')
        AND EXISTS (SELECT 1 FROM coord_tasks AS d
                     WHERE d.queue = coord_tasks.queue AND d.partition_key = coord_tasks.partition_key
@@ -242,7 +248,7 @@ RETURNING id, partition_key, partition, idempotency_key, payload, priority, atte
 
 -- name: claim_key_head
 -- Commit-and-continue (complete_and_claim_next): the head of one key (its earliest active
--- task, coord_tasks_key_order), leased like claim_pending_ordered leases it, if it is pending
+-- task, coord_tasks_key_order: the queue is ordered, see _keep_heads in queue.py), leased like claim_pending_ordered leases it, if it is pending
 -- and due, and not held by a dead task (deadletters.sql), and marked the key's head (as
 -- promote_heads would mark it). Same columns as the claims.
 UPDATE coord_tasks
@@ -251,7 +257,7 @@ UPDATE coord_tasks
        lease_owner = :node_id, lease_token = :token || '.' || id, lease_expires_at = :now + :lease_s,
        version = version + 1, updated_at = :now
  WHERE id = (SELECT t.id FROM coord_tasks AS t
-              WHERE t.queue = :queue AND t.partition_key = :partition_key AND t.active = 1
+              WHERE t.queue = :queue AND t.partition_key = :partition_key AND t.active = 1 AND t.by_key = 1
               ORDER BY t.id LIMIT 1)
    AND status = 'pending' AND run_at <= :now
    AND (limit_keys IS NULL OR NOT EXISTS (SELECT 1 FROM coord_rate_limits WHERE queue = :queue))
@@ -405,8 +411,12 @@ SELECT p.n, p.oldest,
           FROM coord_tasks WHERE status = 'pending') AS p;
 
 -- name: queue_unfinished
--- One pending or running task of the queue, if any: a probe of coord_tasks_key_order (active = 1).
-SELECT 1 FROM coord_tasks WHERE queue = :queue AND active = 1 LIMIT 1;
+-- One pending or running task of the queue, if any: a probe of coord_tasks_pending, then one of
+-- coord_tasks_lease_expiry (coord_tasks_key_order holds the tasks of ordered queues only).
+SELECT 1 FROM coord_tasks WHERE queue = :queue AND status = 'pending'
+UNION ALL
+SELECT 1 FROM coord_tasks WHERE queue = :queue AND status = 'running'
+LIMIT 1;
 
 -- name: requeue_dead
 UPDATE coord_tasks
