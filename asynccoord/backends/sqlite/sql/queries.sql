@@ -248,9 +248,10 @@ RETURNING id, partition_key, partition, idempotency_key, payload, priority, atte
 
 -- name: claim_key_head
 -- Commit-and-continue (complete_and_claim_next): the head of one key (its earliest active
--- task, coord_tasks_key_order: the queue is ordered, see _keep_heads in queue.py), leased like claim_pending_ordered leases it, if it is pending
--- and due, and not held by a dead task (deadletters.sql), and marked the key's head (as
--- promote_heads would mark it). Same columns as the claims.
+-- task, coord_tasks_key_order: _keep_heads in queue.py has made the queue ordered), leased like
+-- claim_pending_ordered leases it, if it is pending and due, and not held by a dead task
+-- (deadletters.sql), and marked the key's head (as promote_heads would mark it). Same columns
+-- as the claims.
 UPDATE coord_tasks
    SET reclaimed = 0, is_head = 1,
        status = 'running', attempts = attempts + 1,
