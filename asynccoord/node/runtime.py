@@ -52,6 +52,9 @@ __all__ = ("Runtime",)
 
 log = logging.getLogger(__name__)
 
+DEFAULT_NODES = 8
+"""Nodes a :class:`Runtime` hosts when given neither ``nodes`` nor ``node_ids``."""
+
 _SETTLE_BACKGROUND_S = 5.0
 """Longest wait at shutdown for the store's background hand-backs (see ``settle_background``)."""
 
@@ -91,7 +94,9 @@ class Runtime:
         send: ``async def send(task) -> result`` called once per delivery (a plain
             function is accepted, with the caveats given in :class:`~asynccoord.node.node.Node`;
             an async generator function is refused with ``InvalidTypeError``).
-        nodes: Number of nodes (>= 1). Default 8. Ignored when ``node_ids`` is given.
+        nodes: Number of nodes (1 to 4096). Default ``len(node_ids)`` when ``node_ids`` is
+            given, else 8 (:data:`DEFAULT_NODES`). Given with ``node_ids``, it must equal
+            ``len(node_ids)``.
         config: :class:`~asynccoord.node.config.NodeConfig` shared by the nodes.
         lock_key: Maps a task to the lock it needs (None: no lock). Default None.
         node_ids: Explicit node ids (reuse them across restarts to keep affinity), used
@@ -129,7 +134,8 @@ class Runtime:
             ``records_deleted`` count its work), or None for a store that cannot purge.
 
     Raises:
-        InvalidArgumentError, InvalidTypeError: bad arguments.
+        InvalidArgumentError, InvalidTypeError: bad arguments, ``nodes`` and ``node_ids``
+            that disagree included; nothing is joined or written.
     """
 
     def __init__(
@@ -137,7 +143,7 @@ class Runtime:
         store: Any,
         *,
         send: SendFn,
-        nodes: int = 8,
+        nodes: int | None = None,
         config: NodeConfig | None = None,
         lock_key: LockKeyFn | None = None,
         node_ids: Sequence[str] | None = None,
@@ -154,15 +160,19 @@ class Runtime:
             raise InvalidTypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         # Unique per Runtime instance: two runtimes of one process never share node ids.
         self.instance_id = f"{socket.gethostname()[:200]}-{os.getpid()}-{secrets.token_hex(3)}"
+        count = None if nodes is None else check_int("nodes", nodes, minimum=1, maximum=4096)
         if node_ids is None:
-            count = check_int("nodes", nodes, minimum=1, maximum=4096)
-            ids = [f"{self.instance_id}-{n}" for n in range(count)]
+            ids = [f"{self.instance_id}-{n}" for n in range(DEFAULT_NODES if count is None else count)]
         else:
             if isinstance(node_ids, str) or not isinstance(node_ids, Sequence):
                 raise InvalidTypeError(f"node_ids must be a sequence of str, got {type(node_ids).__name__}")
             ids = [check_name(f"node_ids[{index}]", n) for index, n in enumerate(node_ids)]
             if not ids or len(set(ids)) != len(ids):
                 raise InvalidArgumentError(f"node_ids must be non-empty and distinct, got {list(node_ids)!r}")
+            if count is not None and count != len(ids):
+                raise InvalidArgumentError(
+                    f"nodes={count} disagrees with len(node_ids)={len(ids)}: give node_ids alone (it sets the count)"
+                )
         self.store = store
         self.config = config or NodeConfig()
         self.heartbeat_ttl_s = check_lease_s("heartbeat_ttl_s", heartbeat_ttl_s)

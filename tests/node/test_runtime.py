@@ -22,6 +22,7 @@ from support import count_calls
 
 from asynccoord import (
     InvalidArgumentError,
+    InvalidTypeError,
     MemoryStore,
     NewTask,
     RuntimeStateError,
@@ -519,6 +520,34 @@ async def test_bad_heartbeat_arguments_are_named_as_the_runtime_was_given_them()
         assert await store.members() == []  # nothing was joined or written
         runtime = Runtime(store, send=send, nodes=1, heartbeat_ttl_s=0.3, heartbeat_interval_s=0.1)
         assert (runtime.membership.ttl_s, runtime.membership.interval_s) == (0.3, 0.1)
+
+
+async def test_a_node_count_that_contradicts_node_ids_is_refused_not_ignored() -> None:
+    async def send(task: Task) -> None:
+        pass
+
+    async with MemoryStore() as store:
+        disagree = r"^nodes=2 disagrees with len\(node_ids\)=3: give node_ids alone"
+        with pytest.raises(InvalidArgumentError, match=disagree):
+            Runtime(store, send=send, nodes=2, node_ids=["a", "b", "c"])  # it used to build 3 nodes
+        with pytest.raises(InvalidTypeError, match=r"^nodes must be an int, got str"):
+            Runtime(store, send=send, nodes="3", node_ids=["a", "b", "c"])  # type: ignore[arg-type]
+        assert await store.members() == []  # nothing was joined or written
+        counts = {
+            "ids alone": Runtime(store, send=send, node_ids=["a", "b", "c"]),
+            "both agree": Runtime(store, send=send, nodes=3, node_ids=["a", "b", "c"]),
+            "count alone": Runtime(store, send=send, nodes=2),
+            "neither": Runtime(store, send=send),
+            "count None": Runtime(store, send=send, nodes=None, node_ids=["a"]),
+        }
+        assert {name: len(runtime.nodes) for name, runtime in counts.items()} == {
+            "ids alone": 3,
+            "both agree": 3,
+            "count alone": 2,
+            "neither": 8,
+            "count None": 1,
+        }
+        assert [n.node_id for n in counts["both agree"].nodes] == ["a", "b", "c"]
 
 
 async def test_runtimes_draining_two_queues_of_one_store_share_partitions_only_with_their_own_queue(
