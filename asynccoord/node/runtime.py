@@ -77,7 +77,11 @@ class Runtime:
     to lapse at their TTLs, unrenewed (``asynccoord.node.send_outlived_shutdown``), so
     nothing else is sent under its lock, nor its task again, until then. Nodes leave the
     membership last.
-    A Runtime runs once, as a thread does (see :meth:`start`).
+    A Runtime runs once, as a thread does (see :meth:`start`), and a :meth:`shutdown`
+    before its start ends it too: a stop requested early is never lost. Such a shutdown
+    changes nothing else (no node has joined, the store stays open and the node ids free),
+    so a ``finally: await runtime.shutdown()`` around code that failed before the start is
+    harmless; a new attempt creates a new Runtime.
 
     Several queues may share one store, each drained by its own Runtime: a runtime makes
     its membership for its own queue (``Membership(store, queue=...)``), so it shares the
@@ -419,9 +423,11 @@ class Runtime:
 
         Idempotent and callable from any task; returns when every node has stopped and
         left the membership. Called before :meth:`start` (a signal handler that ran
-        early, say), it returns at once and the runtime will not start: a later
-        :meth:`start` or ``async with`` raises
-        :class:`~asynccoord.errors.RuntimeStateError` instead of running.
+        early, or a ``finally`` around code that failed before the start), it returns at
+        once, touches neither the store nor the membership, and the runtime will not start:
+        a later :meth:`start`, ``async with``, :meth:`wait_for_signal` or
+        :meth:`wait_until_drained` raises :class:`~asynccoord.errors.RuntimeStateError`
+        (saying so) instead of running, so the stop is not lost.
 
         Cancelled while the nodes drain (the task leaving ``async with`` is cancelled,
         say), it ends the drain at once: the nodes hand back what they hold, which it waits

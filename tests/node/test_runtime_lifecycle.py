@@ -82,6 +82,33 @@ async def test_a_shutdown_before_start_makes_the_start_raise_instead_of_hanging(
     assert sent == []
 
 
+async def test_a_shutdown_in_a_finally_before_the_start_ends_only_that_runtime(db_path: Path) -> None:
+    """Cleanup code may shut a runtime down whatever happened: the store and the node ids stay usable."""
+    sent, send = recorder()
+    async with SQLiteStore(db_path) as store:
+        task = (await store.enqueue(QUEUE, 1)).task.id
+        runtime = Runtime(store, send=send, node_ids=["bot-a", "bot-b"], config=CONFIG)
+
+        async def serve() -> None:
+            try:
+                raise ConnectionError("set-up failed")  # before `async with runtime`
+            finally:
+                await runtime.shutdown()
+
+        with pytest.raises(ConnectionError, match="set-up failed"):
+            await serve()
+        assert await store.members() == []
+        assert (await store.stats(QUEUE)).counts[TaskStatus.PENDING] == 1
+        with pytest.raises(RuntimeStateError, match="create a new Runtime"):
+            await runtime.start()
+        again = Runtime(store, send=send, node_ids=["bot-a", "bot-b"], config=CONFIG)
+        async with again:
+            assert sorted(m.node_id for m in await store.members()) == ["bot-a", "bot-b"]
+            assert await again.wait_until_drained(timeout_s=5.0, poll_s=0.01)
+        assert await store.members() == []
+    assert sent == [task]
+
+
 async def test_waiting_until_drained_before_the_start_is_refused_not_timed_out(db_path: Path) -> None:
     """A forgotten ``async with``: nothing would drain the queue, so the wait says so at once."""
     sent, send = recorder()
