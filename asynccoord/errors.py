@@ -174,7 +174,22 @@ class LockNotHeldError(LockError):
 
 
 class LockTimeoutError(LockError, TimeoutError):
-    """``acquire`` could not get the lock within ``timeout_s``."""
+    """``acquire`` could not get the lock within ``timeout_s``.
+
+    It is a ``TimeoutError``, which is also what ``asyncio.timeout()`` and
+    ``asyncio.wait_for()`` raise at their own deadline: a plain ``except TimeoutError``
+    around a lock taken under such a deadline cannot tell a busy lock from the deadline.
+    Catch ``LockTimeoutError`` first (or test ``isinstance(exc, LockTimeoutError)``);
+    whatever ``TimeoutError`` is left is the caller's own deadline::
+
+        try:
+            async with asyncio.timeout(10.0), Lock(store, "account:42", timeout_s=2.0):
+                await send(message)
+        except LockTimeoutError:
+            ...  # the lock stayed busy for 2 s
+        except TimeoutError:
+            ...  # the 10 s deadline passed
+    """
 
 
 class LockLostError(LockError):

@@ -755,10 +755,12 @@ class Lock(_LeaseHandle):
     Outside ``async with``, with ``auto_renew``, a lease taken by :meth:`acquire` is
     renewed until :meth:`release` (or ``max_hold_s``), whatever task called it: the
     renewal belongs to this handle, not to the acquiring task, so a task that acquires
-    and ends leaves the lock held (and renewed) until you
-    release it. :attr:`held` is False once the lease is lost or past its local deadline
-    (acquisition or last confirmed renewal sent, plus ``ttl_s``, less the watchdog's
-    margin), renewed or not.
+    and ends leaves the lock held (and renewed) until you release it. :attr:`held` is
+    False once the lease is lost or past its local deadline (acquisition or last
+    confirmed renewal sent, plus ``ttl_s``, less the watchdog's margin), renewed or not.
+
+    A busy lock raises :class:`~asynccoord.errors.LockTimeoutError`, a ``TimeoutError`` as an
+    ``asyncio.timeout()``'s or ``wait_for()``'s deadline is: catch it first (example there).
 
     Args:
         store: A lock store (:class:`~asynccoord.SQLiteStore`, :class:`~asynccoord.MemoryStore`...).
@@ -844,6 +846,8 @@ class Semaphore(_LeaseHandle):
 
         async with Semaphore(store, "account:42:sends", permits=3):   # 3 at once
             ...
+
+    Under an ``asyncio.timeout()``, catch its ``LockTimeoutError`` first (see :class:`Lock`).
 
     Args:
         store: A lock store.
