@@ -4,9 +4,10 @@
 machine; ``send`` the supervision of the user's send; ``settle`` commit, retry and
 hand-back; ``keeper`` lease renewal; ``delivery`` what a running send can know;
 ``config`` the :class:`NodeConfig`; ``runtime`` many nodes in one process, with
-``idlepoll`` (one idle poll for all of them) and ``running`` (a process exit stops every
-runtime). ``ablation`` holds the switches benchmarks use to measure each layer. The
-pipeline depends on the store contract (:mod:`asynccoord.contract`), never on an engine.
+``idlepoll`` (one idle poll for all of them), ``running`` (a process exit stops every
+runtime) and ``drainhint`` (why a drain may never end). ``ablation`` holds the switches
+benchmarks use to measure each layer. The pipeline depends on the store contract
+(:mod:`asynccoord.contract`), never on an engine.
 """
 
 from .config import NodeConfig

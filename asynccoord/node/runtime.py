@@ -42,6 +42,7 @@ from ..validation import (
 from . import running
 from .ablation import FULL, Ablation
 from .config import NodeConfig
+from .drainhint import held_behind_dead
 from .idlepoll import IdlePoller
 from .node import LockKeyFn, Node, failure_of
 from .retention import DEFAULT_DONE_RETENTION_S, DEFAULT_PURGE_INTERVAL_S, Retention
@@ -233,6 +234,7 @@ class Runtime:
         self._hurried = False
         self._closed = False
         self._exit: ProcessExiting | None = None  # a send's KeyboardInterrupt or SystemExit, in this runtime or another
+        self._held_hinted = False  # wait_until_drained said once that a 'hold' policy may keep it waiting
 
     def __repr__(self) -> str:
         return f"<Runtime {self._stage()} nodes={len(self.nodes)} queue={self.config.queue!r}>"
@@ -606,6 +608,15 @@ class Runtime:
             predicate: A plain function called with the queue's counts per status; the
                 wait ends when it returns True. Default None (nothing pending or running).
 
+        Tasks no node will claim keep the queue from draining, and the wait then times out:
+        delayed tasks (``delay_s``) until they are due, and, under the ``hold`` dead-letter
+        policy (``store.set_dead_letter_policy``), the later tasks of each conversation whose
+        earliest unfinished task is dead, until that task is requeued or discarded
+        (``store.dead_letters`` lists them). The first wait of the runtime that times out
+        with dead and pending tasks under ``hold`` says so in a warning,
+        ``asynccoord.runtime.drain_held``, with the queue's dead and pending counts (read
+        after the timeout, in at most ``drainhint.HINT_WAIT_S``, 1 s, more).
+
         Returns:
             True when drained, False when ``timeout_s`` passed first.
 
@@ -644,4 +655,15 @@ class Runtime:
                     except ProcessExiting as carried:
                         carried.reraise()
                 await anyio.sleep(poll_s)
+        if self.config.ordered and not self._held_hinted:
+            held = await held_behind_dead(self.store, queue)
+            if held is not None:
+                self._held_hinted = True
+                log.warning(
+                    "asynccoord.runtime.drain_held queue=%r dead=%d pending=%d: the queue's 'hold' dead-letter policy"
+                    " keeps conversations waiting behind their dead tasks until these are requeued or discarded"
+                    " (store.dead_letters lists them)",
+                    queue,
+                    *held,
+                )
         return False
