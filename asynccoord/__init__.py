@@ -71,6 +71,7 @@ from .errors import (
     StoreClosedError,
     StoreConnectionError,
     StoreError,
+    StoreFileReplacedError,
     StoreLoopError,
     TaskNotFoundError,
 )
@@ -164,6 +165,7 @@ __all__: tuple[str, ...] = (
     "StoreConfig",
     "StoreConnectionError",
     "StoreError",
+    "StoreFileReplacedError",
     "Task",
     "TaskNotFoundError",
     "TaskStatus",

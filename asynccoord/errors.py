@@ -32,6 +32,7 @@ with the original exception kept as ``__cause__``.
         ├── StoreLoopError                     the store is used from another event loop than open()'s
         ├── ReadOnlyStoreError                 a write on a store opened read-only, or a file we cannot write
         ├── NotADatabaseError                  the file is not a database of ours
+        ├── StoreFileReplacedError             the SQLite file was deleted or replaced under the open store
         └── SchemaVersionError                 the database was made by a newer or pre-0.1.0 version
 """
 
@@ -62,6 +63,7 @@ __all__ = (
     "UNRECOVERABLE_STORE_ERRORS",
     "StoreConnectionError",
     "StoreError",
+    "StoreFileReplacedError",
     "TaskNotFoundError",
 )
 
@@ -296,6 +298,18 @@ class NotADatabaseError(StoreError):
     """The path does not hold an SQLite database (or not one asynccoord can use)."""
 
 
+class StoreFileReplacedError(StoreError):
+    """The SQLite database file an open store works on was deleted, or replaced by another file.
+
+    The store keeps the file it opened (its inode), so after ``rm`` or ``mv other.db
+    bot.db`` its writes go to a file nobody else can open, and what other processes write
+    to the new file at the path is never seen. The store checks the path every few seconds
+    (see :mod:`asynccoord.backends.sqlite.identity`); from the check that finds the change
+    on, every call raises this error. It cannot be cured by a retry: close the store and
+    open the path again. The message names the path and what happened to it.
+    """
+
+
 class SchemaVersionError(StoreError):
     """The database's schema is not one this version of asynccoord can open; nothing was changed.
 
@@ -310,8 +324,8 @@ class SchemaVersionError(StoreError):
     """
 
 
-UNRECOVERABLE_STORE_ERRORS: tuple[type[StoreError], ...] = (StoreClosedError, StoreLoopError)
-"""Store errors no retry cures: the store is closed, or serves another event loop.
+UNRECOVERABLE_STORE_ERRORS: tuple[type[StoreError], ...] = (StoreClosedError, StoreLoopError, StoreFileReplacedError)
+"""Store errors no retry cures: the store is closed, serves another event loop, or its file is gone.
 
 Nodes, the idle poll and membership stop on these (and fail) instead of retrying.
 """

@@ -17,6 +17,7 @@ import json
 import re
 import secrets
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -847,3 +848,21 @@ def test_the_token_option_says_how_long_a_token_must_be(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         build_parser().parse_args(["dashboard", "--help"])
     assert f"at least {MIN_TOKEN_CHARS} characters" in " ".join(capsys.readouterr().out.split())
+
+
+async def test_the_page_says_when_its_database_file_was_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "gone.db"
+    async with SQLiteStore(path, wakeup=False) as store:
+        await store.enqueue("q", 1)
+    async with open_dashboard(path, port=0, interval_s=0.25) as dashboard:
+        status, body = await fetch(dashboard.url + "api/state")
+        assert status == 200
+        assert "was deleted" not in body
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            name.unlink(missing_ok=True)
+        deadline = time.monotonic() + 10.0
+        while "was deleted" not in body and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            status, body = await fetch(dashboard.url + "api/state")
+        error = json.loads(body)["sections"]["error"]
+        assert error.startswith(f"status: the database file {str(path)!r} was deleted while this process had it open")

@@ -48,6 +48,7 @@ from ..sqlfiles import load_migrations, load_queries
 from .access import access_problem
 from .checkpoint import WalCheckpointer
 from .deadletters import SQLiteDeadLetterOps
+from .identity import FileIdentity
 from .locks import SQLiteLockOps
 from .membership import SQLiteMembershipOps
 from .monitor import SQLiteMonitorOps
@@ -205,6 +206,7 @@ class SQLiteStore(
         self._checkpointer: WalCheckpointer | None = None
         self._partitions = self.config.partitions
         self._flagging = Flagging()  # queues' tasks entering the per-partition index (seek.py)
+        self._identity: FileIdentity | None = None  # the file opened, checked against the path (identity.py)
 
     def __repr__(self) -> str:
         state = "open" if self._conn is not None else "closed"
@@ -260,6 +262,7 @@ class SQLiteStore(
             raise
         self._conn = conn
         self._loop = asyncio.get_running_loop()
+        self._identity = self._file_identity()
         self._gate.forget_calls()  # those of a loop closed mid-call never end
         self._writer = GroupCommitter(
             conn,
@@ -284,6 +287,15 @@ class SQLiteStore(
                     raise map_sqlite_error(exc, f"cannot open {self.path!r} for checkpoints") from exc
                 raise
             self._checkpointer = checkpointer
+
+    def _file_identity(self) -> FileIdentity | None:
+        """The identity of the file just opened, to notice its deletion or replacement; None for no file."""
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            return None
+        try:
+            return FileIdentity(self.path)
+        except OSError:  # gone already, between the open and now: the first check cannot tell, so none
+            return None
 
     def _on_file(self) -> bool:
         # A "file:" name may be a URI (this SQLite may interpret them), possibly of an
@@ -365,6 +377,7 @@ class SQLiteStore(
         """Close for callers at once, then stop the checkpointer and the writer and close the connection."""
         conn, writer, checkpointer = self._conn, self._writer, self._checkpointer
         channel, self._wakeup = self._wakeup, None
+        self._identity = None
         if channel is not None:
             channel.close()
         self._conn = None
@@ -404,10 +417,12 @@ class SQLiteStore(
         Raises:
             StoreClosedError: the store is closed, or closing and this is a new call.
             StoreLoopError: the store belongs to another event loop.
+            StoreFileReplacedError: the file was deleted or replaced since the open.
         """
         if self._writer is None:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
         self._check_loop()
+        self._check_file()
         self._gate.admit()
         return self._writer
 
@@ -417,6 +432,12 @@ class SQLiteStore(
                 f"{self!r} was opened in another event loop (another asyncio.run, thread or test loop) and"
                 " serves that loop only: open a store in the loop that uses it"
             )
+
+    def _check_file(self) -> None:
+        """Raise StoreFileReplacedError once the file opened is no longer at the path (one stat every 2 s at most)."""
+        identity = self._identity
+        if identity is not None:
+            identity.check()
 
     def _writable(self) -> GroupCommitter:
         """The writer, for a write: raises ReadOnlyStoreError, StoreClosedError or StoreLoopError otherwise."""
@@ -434,6 +455,7 @@ class SQLiteStore(
         if conn is None:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
         self._check_loop()
+        self._check_file()
         deadline = time.monotonic() + self.config.busy_timeout_s
 
         def run() -> Any:
