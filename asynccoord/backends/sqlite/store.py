@@ -247,7 +247,7 @@ class SQLiteStore(
             await conn
         except sqlite3.Error as exc:
             await connection_thread_ended(conn)
-            raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
+            raise map_sqlite_error(exc, f"cannot open {self.path!r}", path=self._file_path()) from exc
         try:
             await run_on_thread(conn, self._setup_read_only if self.read_only else self._setup, conn)
         except sqlite3.DatabaseError as exc:
@@ -256,7 +256,7 @@ class SQLiteStore(
                 raise NotADatabaseError(f"{self.path!r} is not an SQLite database ({exc})") from exc
             if is_read_only(exc):
                 raise _read_only_file(self.path, str(exc)) from exc
-            raise map_sqlite_error(exc, f"cannot open {self.path!r}") from exc
+            raise map_sqlite_error(exc, f"cannot open {self.path!r}", path=self._file_path()) from exc
         except BaseException:
             await conn.close()
             raise
@@ -270,6 +270,7 @@ class SQLiteStore(
             busy_timeout_s=self.config.busy_timeout_s,
             max_batch_ops=self.config.max_batch_ops,
             clock=self._clock,
+            path=self._file_path(),
         )
         if not self.read_only:  # a read-only store keeps the committer only for its clock
             self._writer.start()
@@ -284,13 +285,20 @@ class SQLiteStore(
             except BaseException as exc:  # cancelled or failed: closed again, never half open
                 await self.close()
                 if isinstance(exc, sqlite3.Error):
-                    raise map_sqlite_error(exc, f"cannot open {self.path!r} for checkpoints") from exc
+                    what = f"cannot open {self.path!r} for checkpoints"
+                    raise map_sqlite_error(exc, what, path=self._file_path()) from exc
                 raise
             self._checkpointer = checkpointer
 
+    def _file_path(self) -> str | None:
+        """The database file's path; None for ``:memory:`` and a ``file:`` URI (left to SQLite)."""
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            return None
+        return self.path
+
     def _file_identity(self) -> FileIdentity | None:
         """The identity of the file just opened, to notice its deletion or replacement; None for no file."""
-        if self.path == ":memory:" or self.path.startswith("file:"):
+        if self._file_path() is None:
             return None
         try:
             return FileIdentity(self.path)
@@ -465,7 +473,7 @@ class SQLiteStore(
             try:
                 return await run_on_thread(conn, run)
             except sqlite3.Error as exc:
-                raise map_sqlite_error(exc, "read") from exc
+                raise map_sqlite_error(exc, "read", path=self._file_path()) from exc
 
     async def now(self) -> float:
         """The store clock: seconds since the Unix epoch (SQLite's ``julianday('now')``)."""

@@ -23,6 +23,7 @@ import aiosqlite
 
 from ...errors import ReadOnlyStoreError, StoreBusyError, StoreClosedError, StoreError
 from ...sqlitebusy import is_busy, retry_busy
+from .diskfull import disk_full_problem
 
 __all__ = (
     "GroupCommitter",
@@ -123,8 +124,13 @@ def raw_connection(conn: aiosqlite.Connection) -> sqlite3.Connection:
     return conn._conn
 
 
-def map_sqlite_error(exc: sqlite3.Error, what: str) -> StoreError:
-    """The package's error for a driver error (keep the original as ``__cause__``)."""
+def map_sqlite_error(exc: sqlite3.Error, what: str, *, path: str | None = None) -> StoreError:
+    """The package's error for a driver error (keep the original as ``__cause__``).
+
+    ``path``: the database file, when there is one: a full disk (``SQLITE_FULL``, or an I/O
+    error while its folder is out of space) is then said so, with the free bytes (see
+    :func:`.diskfull.disk_full_problem`). Default None.
+    """
     if isinstance(exc, sqlite3.OperationalError) and is_busy(exc):
         return StoreBusyError(f"{what}: the database stayed locked past the busy timeout ({exc})")
     if is_read_only(exc):
@@ -132,6 +138,9 @@ def map_sqlite_error(exc: sqlite3.Error, what: str) -> StoreError:
             f"{what}: the database is read-only for this process ({exc}): give it write access to the file and "
             "its folder (SQLite writes <file>-wal and <file>-shm beside it), or open it with read_only=True"
         )
+    full = None if path is None else disk_full_problem(path, exc)
+    if full is not None:
+        return StoreError(f"{what}: {full} ({type(exc).__name__}: {exc})")
     return StoreError(f"{what}: {type(exc).__name__}: {exc}")
 
 
@@ -195,6 +204,7 @@ class GroupCommitter:
         busy_timeout_s: How long ``BEGIN IMMEDIATE`` may wait for another writer.
         max_batch_ops: Most operations per transaction.
         clock: Test hook replacing the database clock.
+        path: The database file, to say when a write failed on a full disk. Default None.
     """
 
     def __init__(
@@ -205,8 +215,10 @@ class GroupCommitter:
         busy_timeout_s: float,
         max_batch_ops: int,
         clock: Callable[[], float] | None = None,
+        path: str | None = None,
     ) -> None:
         self._conn = conn
+        self._path = path
         self._now_sql = now_sql
         self._busy_timeout_s = busy_timeout_s
         self._max_batch_ops = max_batch_ops
@@ -405,7 +417,7 @@ class GroupCommitter:
                 outcomes = self._transaction(batch)
                 self.transactions += 1
             except sqlite3.Error as exc:
-                outcomes = map_sqlite_error(exc, "write transaction")
+                outcomes = map_sqlite_error(exc, "write transaction", path=self._path)
                 outcomes.__cause__ = exc
             except Exception as exc:
                 outcomes = exc
@@ -429,7 +441,7 @@ class GroupCommitter:
             try:
                 outcomes.extend(self._run_batch(db, [item]))
             except sqlite3.Error as exc:
-                mapped = map_sqlite_error(exc, "write operation")
+                mapped = map_sqlite_error(exc, "write operation", path=self._path)
                 mapped.__cause__ = exc
                 outcomes.append((False, mapped))
             except Exception as exc:
