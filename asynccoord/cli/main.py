@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import __version__
+from .._leftovers import exit_now
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from .dashboard import check_dashboard, configure_dashboard, dashboard_command
 from .dead import check_dead, configure_dead, dead_command
@@ -102,7 +103,9 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
 
     ``exiting``: the process ends when this returns (``python -m asynccoord``): ``run``
     then leaves SIGTERM ignored on its way out instead of putting back the handler it had,
-    so a late SIGTERM cannot turn a clean exit into death by signal. Default False.
+    so a late SIGTERM cannot turn a clean exit into death by signal; and when sends outlived
+    ``run``'s shutdown (``asynccoord.run.left_behind``), the process ends here at once with
+    the exit status, without waiting for their threads. Default False.
     """
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:  # said by the command's own parser, with its usage (argparse's top level shows its own)
@@ -119,12 +122,14 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     try:
         code = run(args)
         write_stdout("")  # what is still buffered: a reader gone shows here, not at the interpreter's exit
-        return code
     except OutputClosed:  # `status | head -1`: the reader took what it wanted
         drop_stdout()
-        return 0
+        code = 0
     except CoordError as exc:
         sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")
-        return 1
+        code = 1
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    if exiting and getattr(args, "_leftovers", None):  # sends outlived `run`'s shutdown: their threads not joined
+        exit_now(code)
+    return code

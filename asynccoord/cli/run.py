@@ -8,7 +8,10 @@ The send function (and optionally the lock-key function) is named as
 
 On SIGTERM, SIGINT or SIGHUP (its terminal gone) the runtime stops claiming at once, lets sends in flight finish for
 up to ``--shutdown-timeout-s``, hands back whatever is left (leases and locks released)
-and exits with status 0.
+and exits with status 0. Sends that outlive the shutdown (a coroutine ignoring its
+cancellation, a blocking call in ``asyncio.to_thread``) are not waited for: the process logs
+``asynccoord.run.left_behind`` with their count and exits at once, still with status 0.
+A second signal during the drain hands back at once.
 
 ``--lifespan mybot.send:client`` names an async context manager function (one made
 with :func:`contextlib.asynccontextmanager`, say) entered before the database opens and
@@ -40,7 +43,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .._loop import run as run_loop
+from .._leftovers import Leftovers, run_leaving
 from .._signals import give_back_signal, take_signal
 from .._startsignals import take_start_signals
 from ..contract.locks import MAX_PERMITS
@@ -174,7 +177,8 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         "--shutdown-timeout-s",
         type=float,
         default=10.0,
-        help="drain time at shutdown, seconds (default 10); a --lifespan's exit gets as long again",
+        help="drain time at shutdown, seconds (default 10); a --lifespan's exit gets as long again; sends still "
+        "running after the shutdown (threads, or sends ignoring cancellation) are not waited for: run exits 0",
     )
     add_monitor_options(parser)
 
@@ -396,6 +400,15 @@ def run_command(args: argparse.Namespace) -> int:
     ``--shutdown-timeout-s``; running longer, or a signal beyond the first, cuts it short.
     An exception it raises, or cutting its exit short, ends the command with exit status 1
     (a run's own error goes first, and the lifespan's failure is logged).
+
+    Once the runtime, the monitor, the store and the lifespan are closed, sends still running
+    (asyncio tasks that ignored their cancellation, calls in the loop's default executor such
+    as ``asyncio.to_thread``) are not waited for (see :mod:`asynccoord._leftovers`): one
+    WARNING line ``asynccoord.run.left_behind asyncio_tasks=N threads=M`` counts them and the
+    command returns its status, 0 for a clean stop (the shutdown did what it promises: the
+    rest was handed back, and a send left running keeps its task claimed until its lease
+    lapses). ``args._leftovers`` then holds the counts, and ``python -m asynccoord`` ends the
+    process at once, without joining those threads.
     """
     from ..backends.open import describe_target, open_store
     from ..monitor.monitor import Monitor
@@ -478,7 +491,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     previous = {signum: signal.getsignal(signum) for signum in _IGNORED_AT_EXIT}
     try:
-        return _run_loop(main)
+        return _run_loop(main, args)
     finally:
         if not getattr(args, "_exiting", False):
             for signum, before in previous.items():
@@ -530,8 +543,8 @@ def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], note: Calla
     discarded by ``SIG_IGN``, and the thread's signal mask is then put back as it was.
     With other threads alive (a send's ``asyncio.to_thread``, uvloop's resolver threads)
     the block would only send the signal to one of them, so it is not used, and the moment
-    lasts a few microseconds. Ignored, they cannot kill the process while it waits for a
-    send's thread after the teardown.
+    lasts a few microseconds. Ignored, they cannot kill the process between the teardown
+    and its exit.
     """
     for signum in sorted(taken, key=lambda s: s in _IGNORED_AT_EXIT):  # SIGTERM and SIGHUP last
         if signum in _IGNORED_AT_EXIT:
@@ -570,5 +583,17 @@ def _blocked_if_alone(signum: int) -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def _run_loop(main: Any) -> int:
-    return int(run_loop(main()))
+def _run_loop(main: Any, args: argparse.Namespace) -> int:
+    """Run ``main()`` to completion; what outlives it is logged and put on ``args._leftovers``, not waited for."""
+
+    def left(leftovers: Leftovers) -> None:
+        args._leftovers = leftovers
+        log.warning(
+            "asynccoord.run.left_behind asyncio_tasks=%d threads=%d: work still running after the shutdown (sends that"
+            " ignored their cancellation, calls in threads) is not waited for; %s",
+            leftovers.tasks,
+            leftovers.threads,
+            "the process exits now" if getattr(args, "_exiting", False) else "the command returns now",
+        )
+
+    return int(run_leaving(main(), left))

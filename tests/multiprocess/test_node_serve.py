@@ -31,6 +31,16 @@ WORKERS = TESTS / "workers"
 QUEUE = "outbox"
 
 
+TERMINAL = (
+    "-c",
+    "import runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); sys.argv[0] = 'asynccoord';"
+    " runpy.run_module('asynccoord', run_name='__main__', alter_sys=True)",
+)
+"""A launcher starting ``python -m asynccoord`` as a shell does: SIGHUP at its default action. A child
+inherits an ignored signal, so a test run started with ``nohup ... &`` passed on SIGHUP (and SIGQUIT)
+ignored, and under ``nohup`` ``run`` keeps running on SIGHUP by design."""
+
+
 async def enqueue(db_path: Path, n: int) -> list[int]:
     async with SQLiteStore(db_path) as store:
         results = await store.enqueue_many(
@@ -154,14 +164,7 @@ async def test_a_stop_signal_lets_sends_in_flight_finish_and_claims_nothing_new(
 ) -> None:
     ids = await enqueue(db_path, 10)
     log = tmp_path / "sends.log"
-    # As a shell starts it: SIGHUP at its default action. A child inherits an ignored signal, so
-    # a test run started with `nohup ... &` passed on SIGHUP (and SIGQUIT) ignored, and under
-    # `nohup` `run` keeps running on SIGHUP by design.
-    terminal = (
-        "import runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); sys.argv[0] = 'asynccoord';"
-        " runpy.run_module('asynccoord', run_name='__main__', alter_sys=True)"
-    )
-    proc = serve(python, db_path, log, 0.5, launcher=("-c", terminal))
+    proc = serve(python, db_path, log, 0.5, launcher=TERMINAL)
     await wait_for_starts(proc, log, 3)
     running = [i for i, t in tasks(db_path).items() if t[0] == "running"]
     assert len(running) == 3
@@ -169,8 +172,10 @@ async def test_a_stop_signal_lets_sends_in_flight_finish_and_claims_nothing_new(
     os.kill(proc.pid, signum)  # SIGHUP: the terminal it was started from went away
     code = await exit_status(proc, 10)
     exited = time.monotonic()
-    assert code == 0, proc.stderr.read() if proc.stderr else ""
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err
     assert exited - signalled <= 0.8, f"exited {exited - signalled:.3f} s after {signum.name}"
+    assert "asynccoord.run.left_behind" not in err  # nothing outlived the shutdown
 
     lines = read_lines(log)
     assert sorted(i for w, i, _ in lines if w == "start") == sorted(running)  # nothing new was claimed
@@ -209,20 +214,89 @@ async def test_a_stop_signal_after_the_teardown_never_kills_the_process(
 ) -> None:
     await enqueue(db_path, 1)
     log = tmp_path / "sends.log"
-    # The send sleeps 6 s in a thread: after the teardown (1 s drain, then the hand-back) the
-    # process waits for that thread before it exits.
-    proc = serve(python, db_path, log, 6.0, "--send", "serve_send:thread_send", "--shutdown-timeout-s", "1")
+    # The send sleeps 60 s in a thread: after the teardown (1 s drain, then the hand-back) the
+    # process leaves without waiting for it; signals keep coming until it is gone.
+    proc = serve(python, db_path, log, 60.0, "--send", "serve_send:thread_send", "--shutdown-timeout-s", "1")
     await wait_for_starts(proc, log, 1)
     os.kill(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while [t[0] for t in tasks(db_path).values()] != ["pending"]:  # handed back: the teardown is over
+    while [t[0] for t in tasks(db_path).values()] != ["pending"]:  # handed back: the teardown is ending
         assert time.monotonic() < deadline, tasks(db_path)
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1.0)  # past the store's close: the process waits for the send's thread
-    assert proc.poll() is None
-    os.kill(proc.pid, late)
-    code = await exit_status(proc, 15)
+        await asyncio.sleep(0.01)
+    while proc.poll() is None and time.monotonic() < deadline:
+        os.kill(proc.pid, late)
+        await asyncio.sleep(0.002)
+    code = await exit_status(proc, 10)
     assert code == 0, f"{late.name} after the teardown: exit status {code}"
+
+
+LEFT_BEHIND = "asynccoord.run.left_behind"
+
+
+def left_behind(err: str) -> list[str]:
+    return [line for line in err.splitlines() if LEFT_BEHIND in line]
+
+
+@pytest.mark.parametrize(
+    ("send", "counts", "status"),
+    [
+        ("serve_send:thread_send", "asyncio_tasks=0 threads=2", "pending"),  # handed back; its thread runs on
+        ("serve_send:stubborn_send", "asyncio_tasks=2 threads=0", "running"),  # claimed until its lease lapses
+    ],
+    ids=["thread", "ignores-cancellation"],
+)
+async def test_run_exits_after_its_shutdown_without_waiting_for_sends_that_outlive_it(
+    python: Any, db_path: Path, tmp_path: Path, send: str, counts: str, status: str
+) -> None:
+    # The sends last 60 s; the drain 1 s. Python's own exit would wait for them (the loop's
+    # leftover tasks, the executor's threads), deaf to further signals.
+    ids = await enqueue(db_path, 2)
+    log = tmp_path / "sends.log"
+    proc = serve(python, db_path, log, 60.0, "--send", send, "--shutdown-timeout-s", "1", launcher=TERMINAL)
+    await wait_for_starts(proc, log, 2)
+    signalled = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await exit_status(proc, 15)
+    exited = time.monotonic()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err
+    assert exited - signalled < 10, f"exited {exited - signalled:.3f} s after SIGTERM"
+    lines = left_behind(err)
+    assert len(lines) == 1, err
+    assert f"{LEFT_BEHIND} {counts}:" in lines[0]
+    assert "the process exits now" in lines[0]
+    assert [w for w, _, _ in read_lines(log) if w == "end"] == []  # the sends never ended: not waited for
+    assert {i: t[0] for i, t in tasks(db_path).items()} == dict.fromkeys(ids, status)
+    with sqlite3.connect(db_path) as db:  # the nodes left the membership, the monitor's lease let go
+        assert db.execute("SELECT count(*) FROM coord_members").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM coord_lock_holders").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("send", "again"),
+    [("serve_send:thread_send", signal.SIGINT), ("serve_send:stubborn_send", signal.SIGTERM)],
+    ids=["thread-SIGINT", "ignores-cancellation-SIGTERM"],
+)
+async def test_a_second_stop_signal_ends_the_drain_and_the_run_at_once_whatever_the_sends_do(
+    python: Any, db_path: Path, tmp_path: Path, send: str, again: signal.Signals
+) -> None:
+    await enqueue(db_path, 2)
+    log = tmp_path / "sends.log"
+    proc = serve(python, db_path, log, 60.0, "--send", send, "--shutdown-timeout-s", "30", launcher=TERMINAL)
+    await wait_for_starts(proc, log, 2)
+    os.kill(proc.pid, signal.SIGTERM)  # the drain would last 30 s
+    await asyncio.sleep(0.5)
+    assert proc.poll() is None
+    signalled = time.monotonic()
+    os.kill(proc.pid, again)
+    code = await exit_status(proc, 15)
+    exited = time.monotonic()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err
+    assert exited - signalled < 10, f"exited {exited - signalled:.3f} s after the second signal"
+    assert f"asynccoord.runtime.signal_again signal={again.name}: handing back now" in err
+    assert len(left_behind(err)) == 1, err
+    assert [w for w, _, _ in read_lines(log) if w == "end"] == []
 
 
 @pytest.mark.exclusive  # the hand-back is judged to within 0.2 s of the exit

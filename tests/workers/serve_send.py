@@ -13,6 +13,9 @@ Import it with ``tests/workers`` on ``PYTHONPATH``: ``--send serve_send:send
 ``--send serve_send:thread_send`` sleeps in a thread (``asyncio.to_thread``), which goes on
 after the send is cancelled: the process then waits for it after its teardown.
 
+``--send serve_send:stubborn_send`` swallows every cancellation and sleeps on: the runtime
+leaves it behind at shutdown.
+
 ``--lifespan serve_send:client`` logs ``open 0 <t>`` and ``close 0 <t>``; ``--send
 serve_send:client_send`` refuses to send while that client is not open.
 """
@@ -27,7 +30,7 @@ from collections.abc import AsyncIterator
 
 from asynccoord import Task
 
-__all__ = ("account_lock", "client", "client_send", "fail", "send", "thread_send")
+__all__ = ("account_lock", "client", "client_send", "fail", "send", "stubborn_send", "thread_send")
 
 _open: list[bool] = []  # [True] while the client of `client` is open
 
@@ -54,6 +57,20 @@ async def send(task: Task) -> str:
 async def thread_send(task: Task) -> str:
     _log("start", task.id)
     await asyncio.to_thread(time.sleep, float(os.environ["SERVE_SEND_SLEEP_S"]))
+    return f"sent {task.id}"
+
+
+async def stubborn_send(task: Task) -> str:
+    """A send that ignores cancellation: it logs ``cancelled`` and sleeps on to its end."""
+    _log("start", task.id)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + float(os.environ["SERVE_SEND_SLEEP_S"])
+    while loop.time() < end:
+        try:
+            await asyncio.sleep(end - loop.time())
+        except asyncio.CancelledError:
+            _log("cancelled", task.id)
+    _log("end", task.id)
     return f"sent {task.id}"
 
 
