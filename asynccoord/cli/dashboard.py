@@ -32,6 +32,7 @@ from .._loop import run as run_loop
 from ..errors import InvalidArgumentError, StoreError
 from ..validation import check_int, check_interval_s
 from .lockstore import REDIS_SCHEMES
+from .output import write_stdout
 from .run import parse_target
 
 if TYPE_CHECKING:
@@ -201,8 +202,7 @@ def dashboard_command(args: argparse.Namespace) -> int:
                 interval_s=args.interval_s,
             ) as dashboard:
                 hint = " (add ?token=TOKEN, or send Authorization: Bearer TOKEN)" if token else ""
-                sys.stdout.write(f"asynccoord dashboard: serving {dashboard.url}{hint}; Ctrl+C to stop\n")
-                sys.stdout.flush()
+                write_stdout(f"asynccoord dashboard: serving {dashboard.url}{hint}; Ctrl+C to stop\n")
                 await stop.wait()
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):

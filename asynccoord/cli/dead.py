@@ -375,7 +375,7 @@ def dead_command(args: argparse.Namespace) -> int:
         settle_dead_letters(args.db, queue=args.queue, action=action, task_ids=ids, schema=args.schema)
     )
     done = "requeued" if action == "requeue" else "discarded"
-    print(f"{done} {changed} dead task{'' if changed == 1 else 's'} of {args.queue!r}")
+    write_stdout(f"{done} {changed} dead task{'' if changed == 1 else 's'} of {args.queue!r}\n")
     if ids is not None and changed < len(ids):
         left = len(ids) - changed
         sys.stderr.write(

@@ -8,7 +8,8 @@ Exit status: 0 on success, 1 when the command failed (the error is printed on
 standard error, one line), 2 for bad usage: argparse's own errors, and a value the
 command's ``check`` refuses (``InvalidArgumentError`` / ``InvalidTypeError``) before
 anything touches a database. A command whose output's reader went away (``status | head -1``)
-stops printing and exits 0 (:mod:`asynccoord.cli.output`).
+stops printing and exits 0; one whose output cannot be written otherwise (``status >
+/dev/full``) says so on standard error, one line, and exits 1 (:mod:`asynccoord.cli.output`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .._leftovers import exit_now
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
 from .dashboard import check_dashboard, configure_dashboard, dashboard_command
 from .dead import check_dead, configure_dead, dead_command
-from .output import OutputClosed, drop_stdout, write_stdout
+from .output import OutputClosed, OutputFailed, drop_stdout, write_stdout
 from .run import check_run, configure_run, run_command
 from .status import check_status, configure_status, status_command
 
@@ -125,6 +126,10 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     except OutputClosed:  # `status | head -1`: the reader took what it wanted
         drop_stdout()
         code = 0
+    except OutputFailed as exc:  # `status > /dev/full`: what is still buffered would fail again at exit
+        drop_stdout()
+        sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")
+        code = 1
     except CoordError as exc:
         sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")
         code = 1

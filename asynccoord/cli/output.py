@@ -9,6 +9,10 @@ answers it the same way for every command: standard output is pointed at ``os.de
 on SIGPIPE advises) and the exit status is 0, the reader having taken what it wanted.
 Only a write to standard output becomes :class:`OutputClosed`: a ``BrokenPipeError`` of
 any other connection (a database's socket) stays an error.
+
+Any other failure to write standard output (``status > /dev/full``: no space left on the
+device, an I/O error) raises :class:`OutputFailed`, which ``main`` prints as one line on
+standard error with exit status 1: the output the caller asked for is not all there.
 """
 
 from __future__ import annotations
@@ -17,16 +21,54 @@ import contextlib
 import functools
 import os
 import sys
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ("OutputClosed", "drop_stdout", "table_console", "write_stdout")
+__all__ = ("OutputClosed", "OutputFailed", "drop_stdout", "table_console", "write_stdout")
 
 
 class OutputClosed(Exception):
     """The reader of a command's output went away (a closed pipe): nothing more can be printed."""
+
+
+class OutputFailed(Exception):
+    """Standard output refused a write for another reason than a closed pipe (a full disk, an I/O error).
+
+    Its message is the one line the command prints on standard error, e.g.
+    ``cannot write the output: No space left on device``.
+    """
+
+
+def _failed(exc: OSError) -> OutputFailed:
+    return OutputFailed(f"cannot write the output: {exc.strerror or exc}")
+
+
+class _Stdout:
+    """Standard output as found at each call, its write failures raised as the two exceptions above.
+
+    Rich's console writes to this: a full disk then ends the command in one line, not a traceback.
+    """
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except BrokenPipeError as exc:
+            raise OutputClosed("the reader of the output went away") from exc
+        except OSError as exc:
+            raise _failed(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError as exc:
+            raise OutputClosed("the reader of the output went away") from exc
+        except OSError as exc:
+            raise _failed(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: those of standard output
+        return getattr(sys.stdout, name)
 
 
 def table_console(file: IO[str] | None, *, color: bool | None, pipe_width: int) -> Console:
@@ -42,6 +84,8 @@ def table_console(file: IO[str] | None, *, color: bool | None, pipe_width: int) 
             width to detect): one that fits the command's widest table.
     """
     make = _console_class()
+    if file is None:
+        file = cast("IO[str]", _Stdout())
     console = make(file=file, no_color=color is False, force_terminal=color, markup=False)
     if not console.is_terminal:
         console = make(file=file, no_color=color is False, force_terminal=color, width=pipe_width, markup=False)
@@ -66,12 +110,11 @@ def write_stdout(text: str) -> None:
 
     Raises:
         OutputClosed: standard output is a pipe whose reader went away.
+        OutputFailed: standard output refused the write otherwise (no space left on the device).
     """
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError as exc:
-        raise OutputClosed("the reader of the output went away") from exc
+    out = _Stdout()
+    out.write(text)
+    out.flush()
 
 
 def drop_stdout() -> None:

@@ -65,6 +65,7 @@ from ..validation import (
 from .lifespan import Lifespan, check_lifespan, open_lifespan
 from .loading import load_callable
 from .lockstore import add_lock_store_options, check_lock_store_options
+from .output import write_stdout
 from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
 
 __all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
@@ -477,7 +478,7 @@ def run_command(args: argparse.Namespace) -> int:
                     target = describe_target(args.db, args.schema)
                     nodes = f"{args.nodes} node{'' if args.nodes == 1 else 's'}"
                     fresh = " (a new database, created now)" if created else ""
-                    print(f"asynccoord: {nodes} draining {args.queue!r} of {target}{fresh}", flush=True)
+                    write_stdout(f"asynccoord: {nodes} draining {args.queue!r} of {target}{fresh}\n")
                     if held:  # a signal came while starting: stop at once
                         signum = held[0]
                         await runtime.shutdown()
