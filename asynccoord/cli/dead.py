@@ -17,11 +17,12 @@ are hidden unless ``--show-payloads``: they hold the users' messages.
 :meth:`~asynccoord.contract.queue.QueueStore.requeue_dead` and
 :meth:`~asynccoord.contract.queue.QueueStore.discard_dead`, and print how many tasks changed.
 They first open the database read-only too, so a mistyped ``--db`` or ``--schema`` creates
-no database and migrates none. An id that names no dead task of the queue (it was requeued
-meanwhile, or is another queue's) is left as it is, counted in a note on standard error, and
-makes the exit status 1 (the other ids are still acted on). ``--all`` on a queue with no task
-at all (a misspelt ``--queue``) says so in a note, with exit status 0, and so does a listing
-that finds no dead task.
+no database and migrates none. A queue the database does not know (no task ever, no
+setting: a misspelt ``--queue``) is an error, exit status 1, naming the queues it knows;
+nothing is acted on. With ``--id``, standard output names the ids acted on, and an id that
+names no dead task of the queue (it was requeued meanwhile, or is another queue's) is left as
+it is and named on standard error: the exit status is then 1, the other ids having still been
+acted on. A listing that finds no task of the queue at all says so in a note, exit status 0.
 
 ``--json`` prints one object: ``db``, ``queue``, ``dead_letter_policy`` (``skip`` or
 ``hold``), ``after_id``, ``limit``, ``payloads_shown``, ``next_after`` (the ``--after`` of the
@@ -31,8 +32,8 @@ next page; null when this page is the last), and ``tasks``, each with ``id``,
 ``last_error``, plus ``payload`` with ``--show-payloads``.
 
 Exit status as for every command (:mod:`asynccoord.cli.main`): 0 done, 1 the database
-failed or is not one of asynccoord (or an ``--id`` named no dead task), 2 bad usage (neither
-``--id`` nor ``--all``, say).
+failed or is not one of asynccoord, the queue is unknown, or an ``--id`` named no dead task
+(the others were acted on), 2 bad usage (neither ``--id`` nor ``--all``, say).
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ import datetime
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
-from ..errors import InvalidArgumentError, NotADatabaseError
-from ..models import Task
+from ..errors import InvalidArgumentError, NotADatabaseError, TaskNotFoundError
+from ..models import Task, TaskStatus
 from ..validation import check_int, check_name
 from .output import table_console, write_stdout
 from .printable import printable, printable_report
@@ -58,6 +60,7 @@ from .status import open_status_store
 __all__ = (
     "DEFAULT_LIMIT",
     "ERROR_CHARS",
+    "Settled",
     "check_dead",
     "collect_dead_letters",
     "configure_dead",
@@ -65,6 +68,7 @@ __all__ = (
     "render_dead_letters",
     "settle_dead_letters",
     "shorten",
+    "unknown_queue_error",
 )
 
 DEFAULT_LIMIT = 50
@@ -77,6 +81,13 @@ _PAYLOAD_CHARS = 40
 _KEY_CHARS = 32  # a partition key's characters in the table (--json shows all)
 _ERROR_MIN_CHARS = 24  # the last error column's least width, however wide the others
 _ACTIONS = ("requeue", "discard")
+_ACTION_EPILOG = (
+    "Exit status: 0 every task named was acted on; 1 the database failed, --queue names no queue of it "
+    "(nothing changed), or an --id named no dead task of the queue (the other ids were acted on: standard "
+    "output names them, standard error the others); 2 bad usage."
+)
+_IDS_SHOWN = 20  # ids named in a line before "and N more"
+_QUEUES_SHOWN = 10  # known queues named when --queue names none
 _LIST_ONLY = (("limit", "--limit"), ("after", "--after"), ("json", "--json"), ("show_payloads", "--show-payloads"))
 
 
@@ -148,6 +159,56 @@ SETTLE_BATCH = 1000
 """Dead tasks requeued or discarded per transaction by ``dead requeue`` / ``dead discard``."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settled:
+    """What :func:`settle_dead_letters` did.
+
+    Attributes:
+        changed: How many dead tasks were requeued or discarded.
+        done: With ids given: those acted on, ascending; empty for all.
+        not_dead: With ids given: those that named no dead task of the queue (left as they
+            are), ascending; empty for all.
+    """
+
+    changed: int
+    done: tuple[int, ...] = ()
+    not_dead: tuple[int, ...] = ()
+
+
+async def known_queues(store: Any) -> set[str]:
+    """The queues ``store`` knows: those with tasks or counters, a dead-letter policy, or rate limits."""
+    names = {depth.queue for depth in await store.queue_depths()}
+    if hasattr(store, "dead_letter_policies"):
+        names.update(await store.dead_letter_policies())
+    if hasattr(store, "limited_queues"):
+        names.update(await store.limited_queues())
+    return names
+
+
+def unknown_queue_error(queue: str, known: set[str]) -> InvalidArgumentError:
+    """The error for a ``--queue`` the database does not know, naming (the first of) those it does."""
+    names = sorted(known)
+    shown = ", ".join(repr(name) for name in names[:_QUEUES_SHOWN])
+    more = f" and {len(names) - _QUEUES_SHOWN} more" if len(names) > _QUEUES_SHOWN else ""
+    listed = f"its queues: {shown}{more}" if names else "it has no queue yet"
+    return InvalidArgumentError(
+        f"no queue {printable(repr(queue))} in this database (no task, no setting; {listed}); nothing was changed"
+    )
+
+
+async def _dead_of(store: Any, queue: str, ids: Iterable[int]) -> set[int]:
+    """Which of ``ids`` are dead tasks of ``queue`` now."""
+    dead: set[int] = set()
+    for task_id in ids:
+        try:
+            task = await store.get(task_id)
+        except TaskNotFoundError:
+            continue
+        if task.queue == queue and task.status == TaskStatus.DEAD:
+            dead.add(task_id)
+    return dead
+
+
 async def settle_dead_letters(
     path: str | os.PathLike[str],
     *,
@@ -156,8 +217,8 @@ async def settle_dead_letters(
     task_ids: Sequence[int] | None,
     schema: str | None = None,
     busy_timeout_s: float = 5.0,
-) -> int:
-    """Requeue or discard dead tasks of ``queue`` (those ids, or all for None); return how many changed.
+) -> Settled:
+    """Requeue or discard dead tasks of ``queue`` (those ids, or all for None); say which changed.
 
     The database is opened read-only first (it must exist, be one of asynccoord and have
     this asynccoord's schema: nothing is created or migrated), then read-write. The tasks
@@ -173,8 +234,12 @@ async def settle_dead_letters(
         schema: With a PostgreSQL DSN, the schema of the tables; None: the search path.
         busy_timeout_s: How long the read-only check may wait for a busy database, seconds.
 
+    Returns:
+        How many changed and, with ids given, which ids were acted on and which named no dead task.
+
     Raises:
-        InvalidArgumentError: an unknown ``action``; and as :func:`collect_dead_letters`.
+        InvalidArgumentError: an unknown ``action``, or a ``queue`` the database does not know
+            (:func:`unknown_queue_error`; nothing is changed); and as :func:`collect_dead_letters`.
         NotADatabaseError: no SQLite file at ``path`` (none is created).
     """
     from ..backends.open import is_postgres_target, open_store, schema_options, sqlite_path
@@ -185,8 +250,11 @@ async def settle_dead_letters(
         file = sqlite_path(os.fspath(path))
         if file != ":memory:" and _missing(file):
             raise NotADatabaseError(f"no database at {file!r} (dead {action} never creates one)")
-    async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema):
-        pass  # there is a current database of asynccoord: the read-write open below changes nothing else
+    async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema) as (reader, _):
+        # There is a current database of asynccoord: the read-write open below changes nothing else.
+        known = await known_queues(reader)
+    if queue not in known:
+        raise unknown_queue_error(queue, known)
     options = schema_options(path, schema)
     if is_postgres_target(os.fspath(path)):
         options["listen"] = False  # one statement: no wake-ups to hear
@@ -194,15 +262,19 @@ async def settle_dead_letters(
         act = store.requeue_dead if action == "requeue" else store.discard_dead
         changed = 0
         if task_ids is not None:
-            ids = list(task_ids)
+            ids = sorted(set(task_ids))
+            done: set[int] = set()
             for start in range(0, len(ids), SETTLE_BATCH):
-                changed += await act(queue, ids[start : start + SETTLE_BATCH])
-            return changed
+                batch = ids[start : start + SETTLE_BATCH]
+                before = await _dead_of(store, queue, batch)
+                changed += await act(queue, batch)
+                done |= before - await _dead_of(store, queue, before)  # dead before, no longer: acted on
+            return Settled(changed=changed, done=tuple(sorted(done)), not_dead=tuple(i for i in ids if i not in done))
         after: int | None = None
         while page := await store.dead_letters(queue, limit=SETTLE_BATCH, after_id=after):
             changed += await act(queue, [t.id for t in page])
             after = page[-1].id
-        return changed
+        return Settled(changed=changed)
 
 
 def _missing(file: str) -> bool:
@@ -262,7 +334,7 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
         ("requeue", "put dead tasks back to pending, attempts reset; they run again first in their conversation"),
         ("discard", "delete dead tasks for good; a conversation a dead task held goes on"),
     ):
-        child = actions.add_parser(name, help=help_text, description=help_text)
+        child = actions.add_parser(name, help=help_text, description=help_text, epilog=_ACTION_EPILOG)
         _target_options(child, default=argparse.SUPPRESS)  # given before the action, they stay
         # Required, but checked by check_dead: an --id or --all given before the action is then
         # named there, instead of argparse's "one of the arguments --id --all is required".
@@ -288,7 +360,9 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "Listing needs --db and --queue; the other options are optional. "
-        "requeue and discard need --db, --queue, and --id (repeatable) or --all."
+        "requeue and discard need --db, --queue, and --id (repeatable) or --all. "
+        "Exit status: 0 done; 1 the database failed or, with an action, --queue names no queue of it or an --id "
+        "named no dead task (the others were acted on and are named; see 'dead requeue --help'); 2 bad usage."
     )
 
 
@@ -349,7 +423,8 @@ def dead_command(args: argparse.Namespace) -> int:
     """Run ``python -m asynccoord dead`` with the parsed ``args``; return the exit status.
 
     0, or 1 when some ``--id`` given named no dead task of the queue (the others were still
-    requeued or discarded): a script can tell a mistyped id or queue from success.
+    requeued or discarded, and standard output names them): a script can tell a mistyped id
+    from success. A queue the database does not know raises (exit status 1, nothing changed).
     """
     action = getattr(args, "action", None)
     if action is None:
@@ -371,21 +446,29 @@ def dead_command(args: argparse.Namespace) -> int:
             sys.stderr.write(f"note: no task of {args.queue!r} is in this database (is --queue spelt right?)\n")
         return 0
     ids = None if args.all else sorted(set(args.ids))
-    changed = asyncio.run(
+    settled = asyncio.run(
         settle_dead_letters(args.db, queue=args.queue, action=action, task_ids=ids, schema=args.schema)
     )
     done = "requeued" if action == "requeue" else "discarded"
-    write_stdout(f"{done} {changed} dead task{'' if changed == 1 else 's'} of {args.queue!r}\n")
-    if ids is not None and changed < len(ids):
-        left = len(ids) - changed
+    changed = settled.changed
+    named = f": {_id_list(settled.done)}" if settled.done else ""
+    write_stdout(f"{done} {changed} dead task{'' if changed == 1 else 's'} of {args.queue!r}{named}\n")
+    if settled.not_dead:
+        left = len(settled.not_dead)
         sys.stderr.write(
-            f"note: {left} of the {len(ids)} ids given {'is' if left == 1 else 'are'} no dead task of "
-            f"{args.queue!r} (already requeued or discarded, not dead, or of another queue): left as they are\n"
+            f"asynccoord dead: error: not {done}, {'it names' if left == 1 else 'they name'} no dead task of "
+            f"{args.queue!r} (already requeued or discarded, not dead, or of another queue): "
+            f"{_id_list(settled.not_dead)}\n"
         )
         return 1
-    if ids is None and not changed and not asyncio.run(_has_tasks(args.db, args.queue, args.schema)):
-        sys.stderr.write(f"note: no task of {args.queue!r} is in this database (is --queue spelt right?)\n")
     return 0
+
+
+def _id_list(ids: Sequence[int]) -> str:
+    """``ids`` for a line: ``"id 3"``, ``"ids 3, 5"``, the first :data:`_IDS_SHOWN` then ``"and N more"``."""
+    shown = ", ".join(str(i) for i in ids[:_IDS_SHOWN])
+    more = f" and {len(ids) - _IDS_SHOWN} more" if len(ids) > _IDS_SHOWN else ""
+    return f"id{'' if len(ids) == 1 else 's'} {shown}{more}"
 
 
 async def _has_tasks(path: str | os.PathLike[str], queue: str, schema: str | None) -> bool:

@@ -183,15 +183,15 @@ def test_requeue_and_discard_change_what_they_name_and_say_how_many(
     db = tmp_path / "bot.db"
     a, b, c, d = prepare_sqlite(db, 4, hold=True)
     code, out, err = run(capsys, "requeue", "--db", str(db), "--queue", Q, "--id", str(a), "--id", str(c))
-    assert (code, out, err) == (0, f"requeued 2 dead tasks of '{Q}'\n", "")
+    assert (code, out, err) == (0, f"requeued 2 dead tasks of '{Q}': ids {a}, {c}\n", "")
     assert statuses(db, [a, b, c, d]) == [TaskStatus.PENDING, TaskStatus.DEAD, TaskStatus.PENDING, TaskStatus.DEAD]
     # The options may also come before the action.
     code, out, err = run(capsys, "--db", str(db), "--queue", Q, "discard", "--id", str(b), "--id", str(a))
     assert code == 1  # a was no dead task: b is discarded all the same, and the status says not all were
-    assert out == f"discarded 1 dead task of '{Q}'\n"
+    assert out == f"discarded 1 dead task of '{Q}': id {b}\n"
     assert err == (
-        f"note: 1 of the 2 ids given is no dead task of '{Q}' (already requeued or discarded, not dead, "
-        "or of another queue): left as they are\n"
+        f"asynccoord dead: error: not discarded, it names no dead task of '{Q}' (already requeued or discarded, "
+        f"not dead, or of another queue): id {a}\n"
     )
     assert statuses(db, [a, b, c, d]) == [TaskStatus.PENDING, None, TaskStatus.PENDING, TaskStatus.DEAD]
     code, out, _ = run(capsys, "discard", "--db", str(db), "--queue", Q, "--all")
@@ -201,15 +201,41 @@ def test_requeue_and_discard_change_what_they_name_and_say_how_many(
     assert (code, out, err) == (0, f"requeued 0 dead tasks of '{Q}'\n", "")  # the queue has tasks: no note
     code, out, err = run(capsys, "--db", str(db), "--queue", Q)
     assert (code, out.strip(), err) == (0, f"No dead tasks of '{Q}' in {db}.", "")  # the queue has tasks: no note
-    code, out, err = run(capsys, "requeue", "--db", str(db), "--queue", "outbx", "--all")  # a misspelt queue
-    assert (code, out) == (0, "requeued 0 dead tasks of 'outbx'\n")
-    assert err == "note: no task of 'outbx' is in this database (is --queue spelt right?)\n"
 
     async def other_queue() -> list[int]:
         async with SQLiteStore(db, read_only=True) as store:
             return [t.id for t in await store.dead_letters("other")]
 
     assert len(asyncio.run(other_queue())) == 2  # another queue's dead tasks are left alone
+
+
+@pytest.mark.parametrize("action", ["requeue", "discard"])
+@pytest.mark.parametrize("which", [["--all"], ["--id", "1"]])
+def test_a_queue_the_database_does_not_know_is_an_error_naming_those_it_knows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], action: str, which: list[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    ids = prepare_sqlite(db, 2)
+    code, out, err = run(capsys, action, "--db", str(db), "--queue", "outbx", *which)  # a misspelt queue
+    assert (code, out) == (1, "")
+    assert err == (
+        "asynccoord dead: error: no queue 'outbx' in this database (no task, no setting; "
+        f"its queues: 'other', '{Q}'); nothing was changed\n"
+    )
+    assert statuses(db, ids) == [TaskStatus.DEAD, TaskStatus.DEAD]
+
+
+def test_a_queue_known_only_by_its_setting_is_no_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "bot.db"
+    prepare_sqlite(db, 1)
+
+    async def hold() -> None:
+        async with SQLiteStore(db) as store:
+            await store.set_dead_letter_policy("quiet", "hold")
+
+    asyncio.run(hold())
+    code, out, err = run(capsys, "requeue", "--db", str(db), "--queue", "quiet", "--all")
+    assert (code, out, err) == (0, "requeued 0 dead tasks of 'quiet'\n", "")
 
 
 @pytest.mark.parametrize("action", ["requeue", "discard"])
@@ -239,7 +265,7 @@ def test_all_and_many_ids_are_acted_on_a_batch_per_transaction(
     code, out, _ = run(
         capsys, action, "--db", str(tmp_path / "more.db"), "--queue", Q, *[a for i in more for a in ("--id", str(i))]
     )
-    assert (code, out) == (0, f"{done} 5 dead tasks of '{Q}'\n")
+    assert (code, out) == (0, f"{done} 5 dead tasks of '{Q}': ids {', '.join(map(str, more))}\n")
     assert batches == [more[:3], more[3:]]
 
 
@@ -408,7 +434,7 @@ def test_on_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
         assert SECRET not in out
         assert f"({a}) xxx" in out
         code, out, _ = run(capsys, "requeue", "--db", PG_DSN, "--schema", schema, "--queue", Q, "--id", str(b))
-        assert (code, out) == (0, f"requeued 1 dead task of '{Q}'\n")
+        assert (code, out) == (0, f"requeued 1 dead task of '{Q}': id {b}\n")
         code, out, _ = run(capsys, "discard", "--db", PG_DSN, "--schema", schema, "--queue", Q, "--all")
         assert (code, out) == (0, f"discarded 2 dead tasks of '{Q}'\n")
         assert asyncio.run(state([a, b, c])) == [None, TaskStatus.PENDING, None]
