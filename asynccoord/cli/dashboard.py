@@ -3,7 +3,8 @@
 It opens the database read-only as ``status`` does (:func:`~asynccoord.cli.status.open_status_store`),
 takes :func:`~asynccoord.cli.status.status_report` of it every ``--interval-s`` (the report
 ``status --json`` prints, so the page and ``status`` agree) and serves the page of
-:mod:`asynccoord.monitor.dashboard` until SIGINT or SIGTERM::
+:mod:`asynccoord.monitor.dashboard` until SIGINT, SIGTERM or SIGHUP (its terminal gone; unless
+ignored when it starts, as under ``nohup``), each a clean stop with exit status 0, as ``run``::
 
     python -m asynccoord dashboard --db bot.db            # http://127.0.0.1:8765/
 
@@ -33,7 +34,7 @@ from ..errors import InvalidArgumentError, StoreError
 from ..validation import check_int, check_interval_s
 from .lockstore import REDIS_SCHEMES
 from .output import write_stdout
-from .run import parse_target
+from .run import STOP_SIGNALS, parse_target
 
 if TYPE_CHECKING:
     from ..monitor.dashboard.app import Dashboard
@@ -176,7 +177,7 @@ async def open_dashboard(
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
-    """Run ``python -m asynccoord dashboard`` until SIGINT or SIGTERM; return the exit status."""
+    """Run ``python -m asynccoord dashboard`` until SIGINT, SIGTERM or SIGHUP; return the exit status (0 then)."""
     try:
         import aiohttp  # noqa: F401
     except ImportError:
@@ -187,7 +188,9 @@ def dashboard_command(args: argparse.Namespace) -> int:
     async def serve_until_signal() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # Those that stop run: SIGHUP too (the terminal went away), unless ignored when starting (nohup).
+        signals = [s for s in STOP_SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
+        for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         try:
             async with open_dashboard(
@@ -205,7 +208,7 @@ def dashboard_command(args: argparse.Namespace) -> int:
                 write_stdout(f"asynccoord dashboard: serving {dashboard.url}{hint}; Ctrl+C to stop\n")
                 await stop.wait()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
 
     try:

@@ -360,9 +360,7 @@ def configure_dead(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "Listing needs --db and --queue; the other options are optional. "
-        "requeue and discard need --db, --queue, and --id (repeatable) or --all. "
-        "Exit status: 0 done; 1 the database failed or, with an action, --queue names no queue of it or an --id "
-        "named no dead task (the others were acted on and are named; see 'dead requeue --help'); 2 bad usage."
+        "requeue and discard need --db, --queue, and --id (repeatable) or --all."
     )
 
 

@@ -43,6 +43,8 @@ class Command:
         check: Validates the parsed arguments before ``run``, touching nothing; the
             ``InvalidArgumentError`` or ``InvalidTypeError`` it raises is a usage error
             (exit status 2). None: argparse's checks only.
+        exits: The exit statuses, one short sentence ending ``--help`` (after the epilog
+            ``configure`` set, if any).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Command:
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
     check: Callable[[argparse.Namespace], object] | None = None
+    exits: str = "Exit status: 0 done; 1 failed (one line on standard error); 2 bad usage."
 
 
 COMMANDS: list[Command] = [
@@ -59,6 +62,8 @@ COMMANDS: list[Command] = [
         configure=configure_status,
         run=status_command,
         check=check_status,
+        exits="Exit status: 0 printed; 1 the database failed or is not one of asynccoord, or the output "
+        "could not be written; 2 bad usage.",
     ),
     Command(
         name="dead",
@@ -66,6 +71,9 @@ COMMANDS: list[Command] = [
         configure=configure_dead,
         run=dead_command,
         check=check_dead,
+        exits="Exit status: 0 done; 1 the database failed or, with an action, --queue names no queue of it or "
+        "an --id named no dead task (the others were acted on and are named; see 'dead requeue --help'); "
+        "2 bad usage.",
     ),
     Command(
         name="run",
@@ -73,6 +81,8 @@ COMMANDS: list[Command] = [
         configure=configure_run,
         run=run_command,
         check=check_run,
+        exits="Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP after a clean drain; 1 the database, the "
+        "lock store, the send or the --lifespan failed; 2 bad usage (checked before anything opens).",
     ),
     Command(
         name="dashboard",
@@ -80,6 +90,8 @@ COMMANDS: list[Command] = [
         configure=configure_dashboard,
         run=dashboard_command,
         check=check_dashboard,
+        exits="Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP; 1 the database failed or the address "
+        "cannot be served; 2 bad usage (the extra 'dashboard' missing, say).",
     ),
 ]
 """The subcommands, in ``--help`` order."""
@@ -95,6 +107,7 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
     for command in COMMANDS if commands is None else commands:
         child = sub.add_parser(command.name, help=command.help, description=command.help)
         command.configure(child)
+        child.epilog = f"{child.epilog} {command.exits}" if child.epilog else command.exits
         child.set_defaults(_run=command.run, _check=command.check, _parser=child)
     return parser
 

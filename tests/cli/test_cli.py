@@ -182,6 +182,30 @@ def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("argv", "rule"),
+    [
+        (["status"], "Exit status: 0 printed; 1 the database failed"),
+        (["dead"], "Exit status: 0 done; 1 the database failed or, with an action, --queue names no queue"),
+        (["dead", "requeue"], "Exit status: 0 every task named was acted on; 1 the database failed, --queue"),
+        (["dead", "discard"], "or an --id named no dead task of the queue (the other ids were acted on"),
+        (["run"], "Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP after a clean drain; 1 the database"),
+        (["dashboard"], "Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP; 1 the database failed"),
+    ],
+    ids=["status", "dead", "dead requeue", "dead discard", "run", "dashboard"],
+)
+def test_each_command_help_ends_with_its_exit_statuses(
+    capsys: pytest.CaptureFixture[str], argv: list[str], rule: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse's wrapping undone
+    assert rule in text
+    assert text.endswith("2 bad usage." if argv[0] == "dead" else ".")
+    assert text.count("Exit status:") == 1
+
+
 def test_version_prints_the_version_of_the_package(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

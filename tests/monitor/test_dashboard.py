@@ -607,7 +607,9 @@ async def test_names_from_the_database_are_escaped_as_status_prints_them(tmp_pat
         assert UNSAFE.search(json.dumps(state, ensure_ascii=False)) is None  # nothing raw anywhere
 
 
-async def test_the_command_serves_until_sigterm(tmp_path: Path, python: PythonRunner) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+async def test_the_command_serves_until_a_stop_signal(tmp_path: Path, python: PythonRunner, signum: int) -> None:
+    """SIGTERM, and SIGHUP (the terminal went away) as for ``run``: a clean stop, exit status 0."""
     async with known_cluster(tmp_path / "c.db") as cluster:
         command = python.spawn(["-m", "asynccoord", "dashboard", "--db", str(cluster.path), "--port", "0"])
         assert command.stdout is not None
@@ -617,7 +619,7 @@ async def test_the_command_serves_until_sigterm(tmp_path: Path, python: PythonRu
         status, body = await fetch(found.group(1) + "api/state")
         assert status == 200
         assert [q["queue"] for q in json.loads(body)["sections"]["status"]["queues"]] == ["mail", "outbox"]
-        command.send_signal(signal.SIGTERM)
+        command.send_signal(signum)
         _, err = await asyncio.to_thread(command.communicate, timeout=30)
         assert command.returncode == 0, err
 
