@@ -321,7 +321,16 @@ class SchemaVersionError(StoreError):
     (``DROP SCHEMA name CASCADE``), and open the store again to start with an empty one.
     Also raised when the schema revision the database records is no number (its
     ``coord_meta`` table was altered or damaged). The message names the database and the fix.
+
+    Attributes:
+        found: For an older schema a read-only store refused, its version; else None.
+        supported: For an older schema a read-only store refused, this asynccoord's version; else None.
     """
+
+    def __init__(self, message: str, *, found: int | None = None, supported: int | None = None) -> None:
+        super().__init__(message)
+        self.found = found
+        self.supported = supported
 
 
 UNRECOVERABLE_STORE_ERRORS: tuple[type[StoreError], ...] = (StoreClosedError, StoreLoopError, StoreFileReplacedError)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
-from ..errors import InvalidArgumentError, NotADatabaseError, TaskNotFoundError
+from ..errors import InvalidArgumentError, NotADatabaseError, SchemaVersionError, TaskNotFoundError
 from ..models import Task, TaskStatus
 from ..validation import check_int, check_name
 from .output import table_console, write_stdout
@@ -65,6 +65,7 @@ __all__ = (
     "collect_dead_letters",
     "configure_dead",
     "dead_command",
+    "older_schema_error",
     "render_dead_letters",
     "settle_dead_letters",
     "shorten",
@@ -240,6 +241,8 @@ async def settle_dead_letters(
     Raises:
         InvalidArgumentError: an unknown ``action``, or a ``queue`` the database does not know
             (:func:`unknown_queue_error`; nothing is changed); and as :func:`collect_dead_letters`.
+        SchemaVersionError: as :func:`collect_dead_letters`; for an older schema, one saying
+            which command migrates it (:func:`older_schema_error`): an action migrates nothing.
         NotADatabaseError: no SQLite file at ``path`` (none is created).
     """
     from ..backends.open import is_postgres_target, open_store, schema_options, sqlite_path
@@ -250,9 +253,14 @@ async def settle_dead_letters(
         file = sqlite_path(os.fspath(path))
         if file != ":memory:" and _missing(file):
             raise NotADatabaseError(f"no database at {file!r} (dead {action} never creates one)")
-    async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema) as (reader, _):
-        # There is a current database of asynccoord: the read-write open below changes nothing else.
-        known = await known_queues(reader)
+    try:
+        async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema) as (reader, _):
+            # There is a current database of asynccoord: the read-write open below changes nothing else.
+            known = await known_queues(reader)
+    except SchemaVersionError as exc:
+        if exc.found is None or exc.supported is None:
+            raise
+        raise older_schema_error(action, path, schema, found=exc.found, supported=exc.supported) from exc
     if queue not in known:
         raise unknown_queue_error(queue, known)
     options = schema_options(path, schema)
@@ -275,6 +283,25 @@ async def settle_dead_letters(
             changed += await act(queue, [t.id for t in page])
             after = page[-1].id
         return Settled(changed=changed)
+
+
+def older_schema_error(
+    action: str, path: str | os.PathLike[str], schema: str | None, *, found: int, supported: int
+) -> SchemaVersionError:
+    """The error for ``dead ACTION`` on a database at an older schema version, in the CLI's terms.
+
+    An action migrates nothing (nodes of the older asynccoord may still be using the
+    database); ``run`` of this asynccoord does, as any node start.
+    """
+    from ..backends.open import describe_target
+
+    return SchemaVersionError(
+        f"{describe_target(path, schema)!r} has schema version {found}, older than {supported}: dead {action} "
+        "migrates no database; 'python -m asynccoord run' of this asynccoord does (as any node start), "
+        f"once no node of the older version uses it; then dead {action} again",
+        found=found,
+        supported=supported,
+    )
 
 
 def _missing(file: str) -> bool:

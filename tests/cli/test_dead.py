@@ -364,7 +364,7 @@ def test_neither_listing_nor_an_action_migrates_an_older_database(
 ) -> None:
     """Both open read-only first, as ``status`` does: a file the nodes have not migrated yet is left as it is."""
     from asynccoord.backends.sqlfiles import load_migrations
-    from asynccoord.backends.sqlite.store import _split_script
+    from asynccoord.backends.sqlite.store import SCHEMA_VERSION, _split_script
 
     db = tmp_path / "old.db"
     record = "INSERT OR REPLACE INTO coord_meta (key, value) VALUES (?, ?)"
@@ -376,7 +376,15 @@ def test_neither_listing_nor_an_action_migrates_an_older_database(
         raw.execute(record, ("partitions", "1024"))
     code, out, err = run(capsys, *action[:1], "--db", str(db), "--queue", Q, *action[1:])
     assert (code, out) == (1, "")
-    assert "has schema version 3, older than" in err
+    assert f"{str(db)!r} has schema version 3, older than {SCHEMA_VERSION}: " in err
+    if action:  # a write command: no advice to read it read-only, but which command migrates it
+        assert err == (
+            f"asynccoord dead: error: {str(db)!r} has schema version 3, older than {SCHEMA_VERSION}: dead requeue "
+            "migrates no database; 'python -m asynccoord run' of this asynccoord does (as any node start), "
+            "once no node of the older version uses it; then dead requeue again\n"
+        )
+    else:
+        assert "then inspect it read-only" in err
     with contextlib.closing(sqlite3.connect(db)) as raw:
         assert raw.execute("SELECT value FROM coord_meta WHERE key = 'schema_revision'").fetchone() == ("3",)
 
@@ -438,6 +446,13 @@ def test_on_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
         code, out, _ = run(capsys, "discard", "--db", PG_DSN, "--schema", schema, "--queue", Q, "--all")
         assert (code, out) == (0, f"discarded 2 dead tasks of '{Q}'\n")
         assert asyncio.run(state([a, b, c])) == [None, TaskStatus.PENDING, None]
+        # At an older schema version: the action says which command migrates it, and migrates nothing.
+        pg_rows(f"UPDATE {schema}.coord_meta SET value = '1' WHERE key = 'schema_revision'")
+        code, out, err = run(capsys, "requeue", "--db", PG_DSN, "--schema", schema, "--queue", Q, "--all")
+        assert (code, out) == (1, "")
+        assert "has schema version 1, older than " in err
+        assert "dead requeue migrates no database; 'python -m asynccoord run' of this asynccoord does" in err
+        assert pg_rows(f"SELECT value FROM {schema}.coord_meta WHERE key = 'schema_revision'") == [("1",)]
     finally:
         drop_schemas(schema)
 

@@ -409,7 +409,9 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             if version < SCHEMA_VERSION:
                 raise SchemaVersionError(
                     f"{self!r} has schema version {version}, older than {SCHEMA_VERSION}: "
-                    "open it once read-write to migrate"
+                    "open it once read-write to migrate",
+                    found=version,
+                    supported=SCHEMA_VERSION,
                 )
         else:
             for number, script in load_migrations("postgres"):

@@ -91,7 +91,9 @@ def setup_read_only(db: sqlite3.Connection, path: str, *, schema_version: int, b
     if version < schema_version:
         raise SchemaVersionError(
             f"{path!r} has schema version {version}, older than {schema_version}: open it once read-write "
-            "with this asynccoord (any node start does) to migrate it, then inspect it read-only"
+            "with this asynccoord (any node start does) to migrate it, then inspect it read-only",
+            found=version,
+            supported=schema_version,
         )
     return check_partitions(repr(path), meta["partitions"])
 
