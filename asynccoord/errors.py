@@ -291,7 +291,18 @@ class StoreLoopError(StoreError):
 class ReadOnlyStoreError(StoreError):
     """A write was attempted on a store opened with ``read_only=True``, or on a database this
     process cannot write (an SQLite file, or its folder, without write access: refused at
-    ``open``); nothing was written."""
+    ``open``); nothing was written.
+
+    Attributes:
+        path: When ``open`` refused an SQLite file that a read-only store could still read
+            (a file without write access, a read-only mount): the file; else None.
+        reason: Then, why it cannot be written (``the file is not writable by this process``).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
 
 
 class NotADatabaseError(StoreError):

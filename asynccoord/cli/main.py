@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from .._leftovers import exit_now
-from ..errors import CoordError, InvalidArgumentError, InvalidTypeError
+from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, ReadOnlyStoreError
 from .dashboard import check_dashboard, configure_dashboard, dashboard_command
 from .dead import check_dead, configure_dead, dead_command
 from .output import OutputClosed, OutputFailed, drop_stdout, write_stdout
@@ -112,6 +112,23 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
     return parser
 
 
+def read_only_text(exc: ReadOnlyStoreError, args: argparse.Namespace) -> str:
+    """The line for a database a write command cannot write, in the command line's terms.
+
+    The store's own message advises ``SQLiteStore(path, read_only=True)``, a library call;
+    here the commands that read without writing are named instead.
+    """
+    if exc.path is None:
+        return str(exc)
+    action = getattr(args, "action", None)
+    command = args.command if action is None else f"{args.command} {action}"
+    return (
+        f"{exc.path!r} is read-only for this process ({exc.reason}): 'status' and 'dead' without an action "
+        f"can read it; to {command}, give this user write access to the file and its folder (SQLite writes "
+        "<file>-wal and <file>-shm beside it)"
+    )
+
+
 def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return the exit status.
 
@@ -142,6 +159,9 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     except OutputFailed as exc:  # `status > /dev/full`: what is still buffered would fail again at exit
         drop_stdout()
         sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")
+        code = 1
+    except ReadOnlyStoreError as exc:
+        sys.stderr.write(f"asynccoord {args.command}: error: {read_only_text(exc, args)}\n")
         code = 1
     except CoordError as exc:
         sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")

@@ -117,3 +117,54 @@ def test_run_in_a_folder_it_may_not_write_says_the_database_cannot_be_created(tm
         "the database in a folder it can write"
     )
     assert left == []  # nothing created
+
+
+_OPEN_READ_WRITE = """
+import asyncio, sys
+from asynccoord import ReadOnlyStoreError, SQLiteStore
+async def main():
+    try:
+        async with SQLiteStore(sys.argv[1]):
+            pass
+    except ReadOnlyStoreError as exc:
+        print(exc)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "dead requeue"])
+def test_a_write_command_on_a_read_only_file_names_the_commands_that_read_it(coord_db: Path, command: str) -> None:
+    """Before: the command advised ``SQLiteStore(path, read_only=True)``, a library call, to a CLI user."""
+    prefix = bound_by_permissions()
+    folder = coord_db.parent
+    for companion in folder.iterdir():  # the database alone, as a read-only mount holds it
+        if companion != coord_db:
+            companion.unlink()
+    coord_db.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        before = _snapshot(folder)
+        proc = _cli(prefix, *COMMANDS[command], "--db", str(coord_db))
+        listed = _cli(prefix, *COMMANDS["dead"], "--db", str(coord_db))  # what the message says works
+        library = subprocess.run(  # a library caller keeps the library's wording
+            [*prefix, sys.executable, "-c", _OPEN_READ_WRITE, str(coord_db)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        after = _snapshot(folder)
+    finally:
+        folder.chmod(0o755)
+    assert proc.returncode == 1, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line == (
+        f"asynccoord {command.split()[0]}: error: {str(coord_db)!r} is read-only for this process (the file is not "
+        "writable by this process): 'status' and 'dead' without an action can read it; to "
+        f"{command}, give this user write access to the file and its folder (SQLite writes <file>-wal and "
+        "<file>-shm beside it)"
+    )
+    assert (listed.returncode, listed.stderr) == (0, "")
+    assert "open it with SQLiteStore(path, read_only=True) to read it" in library.stdout
+    assert after == before  # nothing created, nothing changed

@@ -119,7 +119,9 @@ def _read_only_file(path: str, reason: str) -> ReadOnlyStoreError:
     return ReadOnlyStoreError(
         f"{path!r} is read-only for this process ({reason}): open it with SQLiteStore(path, read_only=True) "
         "to read it, or give this user write access to the file and its folder (SQLite writes "
-        "<file>-wal and <file>-shm beside it)"
+        "<file>-wal and <file>-shm beside it)",
+        path=path,
+        reason=reason,
     )
 
 
