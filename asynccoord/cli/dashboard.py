@@ -39,10 +39,20 @@ from .run import STOP_SIGNALS, parse_target
 if TYPE_CHECKING:
     from ..monitor.dashboard.app import Dashboard
 
-__all__ = ("TOKEN_ENV", "check_dashboard", "configure_dashboard", "dashboard_command", "open_dashboard")
+__all__ = (
+    "MIN_INTERVAL_S",
+    "TOKEN_ENV",
+    "check_dashboard",
+    "configure_dashboard",
+    "dashboard_command",
+    "open_dashboard",
+)
 
 TOKEN_ENV = "ASYNCCOORD_DASHBOARD_TOKEN"
 """The environment variable read for the access token when ``--token`` is not given."""
+
+MIN_INTERVAL_S = 0.1
+"""The shortest ``--interval-s``: each snapshot reads the whole status, so a shorter interval keeps a core busy."""
 
 INSTALL_HINT = "the dashboard needs its web server: pip install 'asynccoord[dashboard]'"
 
@@ -83,7 +93,11 @@ def configure_dashboard(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--show-payloads", action="store_true", help="show task payloads and results (default: hidden)")
     parser.add_argument(
-        "--interval-s", type=float, default=1.0, metavar="SECONDS", help="time between snapshots (default 1)"
+        "--interval-s",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help=f"time between snapshots, at least {MIN_INTERVAL_S} (default 1)",
     )
 
 
@@ -100,7 +114,12 @@ def check_dashboard(args: argparse.Namespace) -> None:
             installed (a usage error, exit status 2, as ``run``'s options of other extras).
     """
     check_int("--port", args.port, minimum=0, maximum=65535)
-    check_interval_s("--interval-s", args.interval_s)
+    interval_s = check_interval_s("--interval-s", args.interval_s)
+    if interval_s < MIN_INTERVAL_S:
+        raise InvalidArgumentError(
+            f"--interval-s must be >= {MIN_INTERVAL_S} seconds (MIN_INTERVAL_S: each snapshot reads the whole "
+            f"status, a shorter interval keeps a core busy), got {args.interval_s!r}"
+        )
     if args.lock_store is not None and not args.lock_store.startswith(REDIS_SCHEMES):
         raise InvalidArgumentError("--lock-store takes a redis://, rediss:// or unix:// URL")
     parse_target(args, read_only=True)  # parses the target and schema; opens nothing

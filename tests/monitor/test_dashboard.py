@@ -32,7 +32,7 @@ from services import REDIS_URL, redis_problem, unavailable
 from asynccoord import NewTask, RateLimit, SQLiteStore
 from asynccoord import events as ev
 from asynccoord.cli.dashboard import TOKEN_ENV, open_dashboard
-from asynccoord.cli.main import build_parser
+from asynccoord.cli.main import build_parser, main
 from asynccoord.cli.printable import printable
 from asynccoord.cli.status import open_status_store, status_report
 from asynccoord.contract.locks import Lease
@@ -481,10 +481,17 @@ async def test_with_a_token_every_request_must_carry_it(tmp_path: Path) -> None:
     ):
         port = dashboard.url.rsplit(":", 1)[1].rstrip("/")
         base = f"http://127.0.0.1:{port}/"
+        missing = (401, "an access token is needed: Authorization: Bearer TOKEN or ?token=TOKEN\n")
+        wrong = (
+            401,
+            "wrong access token: give the one the dashboard was started with (--token or "
+            "ASYNCCOORD_DASHBOARD_TOKEN), as Authorization: Bearer TOKEN or ?token=TOKEN\n",
+        )
         for path in PATHS:
-            assert (await fetch(base + path))[0] == 401, path
-            assert (await fetch(base + path + "?token=" + TOKEN[:-1] + "x"))[0] == 401, path
-            assert (await fetch(base + path, headers={"Authorization": "Bearer nope-nope-nope-nope"}))[0] == 401
+            assert await fetch(base + path) == missing, path
+            assert await fetch(base + path + "?token=") == missing, path
+            assert await fetch(base + path + "?token=" + TOKEN[:-1] + "x") == wrong, path
+            assert await fetch(base + path, headers={"Authorization": "Bearer nope-nope-nope-nope"}) == wrong
             assert (await fetch(base + path, headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200, path
             assert (await fetch(base + path + "?token=" + TOKEN))[0] == 200, path
         # The page hands the token on to its files and its stream, and to the JSON it links without JavaScript.
@@ -868,3 +875,18 @@ async def test_the_page_says_when_its_database_file_was_deleted(tmp_path: Path) 
             status, body = await fetch(dashboard.url + "api/state")
         error = json.loads(body)["sections"]["error"]
         assert error.startswith(f"status: the database file {str(path)!r} was deleted while this process had it open")
+
+
+@pytest.mark.parametrize("interval", ["0.001", "0.0999"])
+def test_an_interval_below_the_floor_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], interval: str
+) -> None:
+    """Before: ``--interval-s 0.001`` was served, a snapshot of the whole status each millisecond."""
+    with pytest.raises(SystemExit) as exited:
+        main(["dashboard", "--db", str(tmp_path / "x.db"), "--interval-s", interval])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m asynccoord dashboard: error: --interval-s must be >= 0.1 seconds (MIN_INTERVAL_S: each "
+        f"snapshot reads the whole status, a shorter interval keeps a core busy), got {float(interval)!r}"
+    )
+    assert list(tmp_path.iterdir()) == []

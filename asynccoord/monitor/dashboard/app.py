@@ -99,15 +99,25 @@ def _host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def _authorized(request: web.Request, token: str) -> bool:
-    given = ""
+def _refusal(request: web.Request, token: str) -> str | None:
+    """Why the request may not be served: ``"missing"`` (no token given), ``"wrong"``; None if it may."""
+    given: str | None = None
     auth = request.headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         given = auth[7:].strip()
     elif "token" in request.query:
         given = request.query["token"]
+    if not given:
+        return "missing"
     # A header's bytes that are not UTF-8 arrive as lone surrogates: encodable this way, never equal.
-    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode())
+    return None if hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode()) else "wrong"
+
+
+_REFUSALS = {
+    "missing": "an access token is needed: Authorization: Bearer TOKEN or ?token=TOKEN\n",
+    "wrong": "wrong access token: give the one the dashboard was started with (--token or "
+    "ASYNCCOORD_DASHBOARD_TOKEN), as Authorization: Bearer TOKEN or ?token=TOKEN\n",
+}
 
 
 @web.middleware
@@ -117,9 +127,10 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
         raise web.HTTPMethodNotAllowed(request.method, sorted(_READ_METHODS), headers=dict(_SECURITY_HEADERS))
     token = request.app[_TOKEN]
     if token:
-        if not _authorized(request, token):
+        refusal = _refusal(request, token)
+        if refusal is not None:
             raise web.HTTPUnauthorized(
-                text="an access token is needed: Authorization: Bearer TOKEN or ?token=TOKEN\n",
+                text=_REFUSALS[refusal],
                 headers={"WWW-Authenticate": 'Bearer realm="asynccoord dashboard"', **_SECURITY_HEADERS},
             )
     elif not is_loopback(_host_name(request.host)):
