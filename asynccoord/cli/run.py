@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -254,7 +255,8 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             asyncpg installed, or an in-memory SQLite database), ``--schema`` is no valid
             schema name or comes with an SQLite ``--db``, or a ``MODULE:ATTR``
             cannot be imported or is not callable, or names a ``--send`` or ``--lock-key``
-            the nodes refuse (an async ``--lock-key``, a generator ``--send``): the command
+            the nodes refuse (an async ``--lock-key``, a generator ``--send``), or a plain
+            (not async) ``--send``, which would block the nodes' event loop: the command
             line reports it as a usage error, exit status 2.
     """
     from ..backends.open import redact_target
@@ -332,7 +334,20 @@ def _function(option: str, spec: str, check: Callable[[object], None]) -> Any:
         check(fn)
     except InvalidTypeError as exc:
         raise InvalidTypeError(f"{option} {spec!r}: {exc}") from exc
+    if option == "--send" and not _makes_coroutines(fn):
+        raise InvalidTypeError(
+            f"--send {spec!r} is a plain function: give an async function (async def) taking the task (the "
+            "nodes run on one event loop, which a blocking send would stall)"
+        )
     return fn
+
+
+def _makes_coroutines(fn: object) -> bool:
+    """Whether calling ``fn`` makes a coroutine: an ``async def``, a ``functools.partial`` of one (or of an
+    object with an async ``__call__``), or such an object."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return is_async_callable(fn)
 
 
 def rate_limits(args: argparse.Namespace) -> list[Any]:

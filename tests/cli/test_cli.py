@@ -37,7 +37,7 @@ from services import (
 )
 from support import ROOT, TESTS
 
-from asynccoord import InvalidArgumentError, NewTask, RedisLockStore, SQLiteStore, TaskStatus
+from asynccoord import InvalidArgumentError, InvalidTypeError, NewTask, RedisLockStore, SQLiteStore, TaskStatus
 from asynccoord import events as ev
 from asynccoord.backends.open import open_store
 from asynccoord.backends.postgres.store import PostgresStore
@@ -54,50 +54,56 @@ from asynccoord.node import Runtime
         (["--send", "no_such_module_here:send"], "'no_such_module_here'"),
         (["--send", "json"], "'json'"),
         (["--send", "os:path"], "'os:path' is not callable"),
-        (["--send", "json:dumps", "--lock-key", "json:no_such_attr"], "'no_such_attr'"),
-        (["--send", "json:dumps", "--nodes", "0"], "--nodes must be >= 1, got 0"),
-        (["--send", "json:dumps", "--lease-s", "-1"], "--lease-s must be > 0, got -1.0"),
-        (["--send", "json:dumps", "--lease-s", "0.001"], "--lease-s must be >= 0.01 seconds (MIN_LEASE_S"),
-        (["--send", "json:dumps", "--lock-ttl-s", "1e-6"], "--lock-ttl-s must be >= 0.01 seconds"),
-        (["--send", "json:dumps", "--heartbeat-ttl-s", "0.005"], "--heartbeat-ttl-s must be >= 0.01 seconds"),
-        (["--send", "json:dumps", "--queue", " "], "--queue must not be only whitespace"),
-        (["--send", "json:dumps", "--max-in-flight", "0"], "--max-in-flight must be >= 1, got 0"),
-        (["--send", "json:dumps", "--lock-permits", "0"], "--lock-permits must be >= 1, got 0"),
-        (["--send", "json:dumps", "--send-timeout-s", "0"], "--send-timeout-s must be > 0, got 0.0"),
-        (["--send", "json:dumps", "--send-overrun-s", "-1"], "--send-overrun-s must be >= 0, got -1.0"),
-        (["--send", "json:dumps", "--send-overrun-s", "nan"], "--send-overrun-s"),
-        (["--send", "json:dumps", "--idle-max-s", "1e-9"], "--idle-max-s must be >= 0.001 seconds (MIN_INTERVAL_S"),
-        (["--send", "json:dumps", "--shutdown-timeout-s", "nan"], "--shutdown-timeout-s"),
-        (["--send", "json:dumps", "--done-retention-s", "0"], "--done-retention-s must be > 0, got 0.0"),
-        (["--send", "json:dumps", "--done-retention-s", "a day"], "expected seconds or 'keep', got 'a day'"),
-        (["--send", "json:dumps", "--rate-limit", "chat=0/1s"], "--rate-limit: count must be >= 1"),
-        (["--send", "json:dumps", "--rate-limit", "chat=1/1s,burst=0"], "--rate-limit: burst must be >= 1"),
-        (["--send", "json:dumps", "--rate-limit", "chat"], "--rate-limit: rate limit 'chat' is not of the form"),
-        (["--send", "json:dumps", "--rate-limit", "chat=2000000/1s"], "--rate-limit: per_s / count must be at least"),
+        (["--send", "asyncio:sleep", "--lock-key", "json:no_such_attr"], "'no_such_attr'"),
+        (["--send", "asyncio:sleep", "--nodes", "0"], "--nodes must be >= 1, got 0"),
+        (["--send", "asyncio:sleep", "--lease-s", "-1"], "--lease-s must be > 0, got -1.0"),
+        (["--send", "asyncio:sleep", "--lease-s", "0.001"], "--lease-s must be >= 0.01 seconds (MIN_LEASE_S"),
+        (["--send", "asyncio:sleep", "--lock-ttl-s", "1e-6"], "--lock-ttl-s must be >= 0.01 seconds"),
+        (["--send", "asyncio:sleep", "--heartbeat-ttl-s", "0.005"], "--heartbeat-ttl-s must be >= 0.01 seconds"),
+        (["--send", "asyncio:sleep", "--queue", " "], "--queue must not be only whitespace"),
+        (["--send", "asyncio:sleep", "--max-in-flight", "0"], "--max-in-flight must be >= 1, got 0"),
+        (["--send", "asyncio:sleep", "--lock-permits", "0"], "--lock-permits must be >= 1, got 0"),
+        (["--send", "asyncio:sleep", "--send-timeout-s", "0"], "--send-timeout-s must be > 0, got 0.0"),
+        (["--send", "asyncio:sleep", "--send-overrun-s", "-1"], "--send-overrun-s must be >= 0, got -1.0"),
+        (["--send", "asyncio:sleep", "--send-overrun-s", "nan"], "--send-overrun-s"),
+        (["--send", "asyncio:sleep", "--idle-max-s", "1e-9"], "--idle-max-s must be >= 0.001 seconds (MIN_INTERVAL_S"),
+        (["--send", "asyncio:sleep", "--shutdown-timeout-s", "nan"], "--shutdown-timeout-s"),
+        (["--send", "asyncio:sleep", "--done-retention-s", "0"], "--done-retention-s must be > 0, got 0.0"),
+        (["--send", "asyncio:sleep", "--done-retention-s", "a day"], "expected seconds or 'keep', got 'a day'"),
+        (["--send", "asyncio:sleep", "--rate-limit", "chat=0/1s"], "--rate-limit: count must be >= 1"),
+        (["--send", "asyncio:sleep", "--rate-limit", "chat=1/1s,burst=0"], "--rate-limit: burst must be >= 1"),
+        (["--send", "asyncio:sleep", "--rate-limit", "chat"], "--rate-limit: rate limit 'chat' is not of the form"),
         (
-            ["--send", "json:dumps", "--rate-limit", "chat=1/1s", "--rate-limit", "chat=2/1s"],
+            ["--send", "asyncio:sleep", "--rate-limit", "chat=2000000/1s"],
+            "--rate-limit: per_s / count must be at least",
+        ),
+        (
+            ["--send", "asyncio:sleep", "--rate-limit", "chat=1/1s", "--rate-limit", "chat=2/1s"],
             "--rate-limit: limits declare dimension 'chat' twice",
         ),
         (
-            ["--send", "json:dumps", "--rate-limit", "chat=1/1s", "--clear-rate-limits"],
+            ["--send", "asyncio:sleep", "--rate-limit", "chat=1/1s", "--clear-rate-limits"],
             "--clear-rate-limits and --rate-limit contradict each other",
         ),
-        (["--send", "json:dumps", "--lock-pace", "account"], "--lock-pace 'account' paces the sends of a lock"),
-        (["--send", "json:dumps", "--lock-key", "json:dumps", "--lock-pace", " "], "--lock-pace must not be only"),
+        (["--send", "asyncio:sleep", "--lock-pace", "account"], "--lock-pace 'account' paces the sends of a lock"),
+        (["--send", "asyncio:sleep", "--lock-key", "json:dumps", "--lock-pace", " "], "--lock-pace must not be only"),
         (
-            ["--send", "json:dumps", "--lock-key", "json:dumps", "--lock-pace", "account", "--lock-permits", "2"],
+            ["--send", "asyncio:sleep", "--lock-key", "json:dumps", "--lock-pace", "account", "--lock-permits", "2"],
             "--lock-pace 'account' needs a lock, not a semaphore",
         ),
-        (["--send", "json:dumps", "--lock-store", "http://127.0.0.1:6379"], "--lock-store takes a Redis URL"),
-        (["--send", "json:dumps", "--lock-prefix", "bot:"], "--lock-prefix applies to a --lock-store only"),
-        (["--send", "json:dumps", "--alert-webhook", "ftp://hooks"], "--alert-webhook: url must be an http://"),
-        (["--send", "json:dumps", "--metrics-port", "0"], "--metrics-port must be >= 1"),
-        (["--send", "json:dumps", "--metrics-port", "70000"], "--metrics-port must be <= 65535"),
-        (["--send", "json:dumps", "--metrics-host", "0.0.0.0"], "--metrics-host '0.0.0.0' applies with --metrics-port"),
-        (["--send", "json:dumps", "--lifespan", "asyncio:sleep"], "--lifespan 'asyncio:sleep' is an async function"),
-        (["--send", "json:dumps", "--lifespan", "json:no_such"], "'json' has no attribute 'no_such'"),
+        (["--send", "asyncio:sleep", "--lock-store", "http://127.0.0.1:6379"], "--lock-store takes a Redis URL"),
+        (["--send", "asyncio:sleep", "--lock-prefix", "bot:"], "--lock-prefix applies to a --lock-store only"),
+        (["--send", "asyncio:sleep", "--alert-webhook", "ftp://hooks"], "--alert-webhook: url must be an http://"),
+        (["--send", "asyncio:sleep", "--metrics-port", "0"], "--metrics-port must be >= 1"),
+        (["--send", "asyncio:sleep", "--metrics-port", "70000"], "--metrics-port must be <= 65535"),
         (
-            ["--send", "json:dumps", "--lock-key", "asyncio:sleep"],
+            ["--send", "asyncio:sleep", "--metrics-host", "0.0.0.0"],
+            "--metrics-host '0.0.0.0' applies with --metrics-port",
+        ),
+        (["--send", "asyncio:sleep", "--lifespan", "asyncio:sleep"], "--lifespan 'asyncio:sleep' is an async function"),
+        (["--send", "asyncio:sleep", "--lifespan", "json:no_such"], "'json' has no attribute 'no_such'"),
+        (
+            ["--send", "asyncio:sleep", "--lock-key", "asyncio:sleep"],
             "error: --lock-key 'asyncio:sleep' is an async function: give a plain function taking the task and "
             "returning the lock name (str) or None (the nodes call it without awaiting)\n",
         ),
@@ -161,6 +167,67 @@ def test_run_names_what_a_send_module_raised_at_import_as_a_usage_error(
     assert not db.exists()
 
 
+SENDS_MODULE = """
+import functools
+
+
+def send_not_async(task):
+    return "sent"
+
+
+async def send(task, prefix=""):
+    return prefix + "sent"
+
+
+class Client:
+    async def __call__(self, task):
+        return "sent"
+
+    async def deliver(self, task):
+        return "sent"
+
+
+partial_send = functools.partial(send, prefix="p:")
+client = Client()
+method_send = client.deliver
+partial_client = functools.partial(client)
+"""
+
+
+@pytest.fixture
+def sends_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The name of a module of sends, importable for this test."""
+    name = f"climsg_sends_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(SENDS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def test_run_refuses_a_plain_send_function_as_a_usage_error(
+    sends_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a plain ``def`` send was accepted; a blocking one stalls every node of the event loop."""
+    db = tmp_path / "never.db"
+    spec = f"{sends_module}:send_not_async"
+    with pytest.raises(InvalidTypeError):  # first: where a plain send is accepted, main would run it
+        check_run(build_parser().parse_args(["run", "--db", str(db), "--send", spec]))
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--db", str(db), "--send", spec])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"python -m asynccoord run: error: --send {spec!r} is a plain function: give an async function (async def) "
+        "taking the task (the nodes run on one event loop, which a blocking send would stall)"
+    )
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("attr", ["send", "partial_send", "client", "method_send", "partial_client"])
+def test_run_accepts_a_send_whose_calls_make_coroutines(sends_module: str, attr: str) -> None:
+    args = build_parser().parse_args(["run", "--db", "bot.db", "--send", f"{sends_module}:{attr}"])
+    send, _, _ = check_run(args)
+    assert send is getattr(sys.modules[sends_module], attr)
+
+
 def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -168,7 +235,7 @@ def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
     db = tmp_path / "never.db"
     url = "redis://:s3cret@127.0.0.1:6379/0?foo=bar"
     with pytest.raises(SystemExit) as exited:
-        main(["run", "--db", str(db), "--send", "json:dumps", "--lock-store", url])
+        main(["run", "--db", str(db), "--send", "asyncio:sleep", "--lock-store", url])
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: python -m asynccoord run"), err
@@ -218,7 +285,7 @@ def test_a_file_named_file_colon_is_a_path_once_written_with_its_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    args = build_parser().parse_args(["run", "--db", "./file:x.db", "--send", "json:dumps"])
+    args = build_parser().parse_args(["run", "--db", "./file:x.db", "--send", "asyncio:sleep"])
     check_run(args)  # no usage error
     store = open_store("./file:x.db")
     assert (store.path, store._on_file()) == ("./file:x.db", True)  # a path, not a URI: wake-ups on
@@ -256,7 +323,7 @@ def test_run_refuses_a_bad_db_target_as_a_usage_error(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exited:
-        main(["run", "--db", db, "--send", "json:dumps"])
+        main(["run", "--db", db, "--send", "asyncio:sleep"])
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: python -m asynccoord run"), err
@@ -286,7 +353,7 @@ def test_a_bad_schema_option_is_a_usage_error_and_touches_nothing(
     named: str,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    extra = ["--send", "json:dumps"] if command == "run" else []
+    extra = ["--send", "asyncio:sleep"] if command == "run" else []
     with pytest.raises(SystemExit) as exited:
         main([command, "--db", db, "--schema", schema, *extra])
     assert exited.value.code == 2
@@ -310,7 +377,7 @@ def test_a_postgresql_dsn_without_asyncpg_is_a_usage_error(
     # As on an install without the extra `postgres`: the PostgreSQL store's module fails to import.
     monkeypatch.setitem(sys.modules, "asyncpg", None)
     monkeypatch.setitem(sys.modules, "asynccoord.backends.postgres.store", None)
-    extra = {"run": ["--send", "json:dumps"], "dead": ["--queue", "outbox"]}.get(command, [])
+    extra = {"run": ["--send", "asyncio:sleep"], "dead": ["--queue", "outbox"]}.get(command, [])
     schema_option = [] if schema is None else ["--schema", schema]
     with pytest.raises(SystemExit) as exited:
         main([command, "--db", "postgresql://bot:s3cret@h/db", *schema_option, *extra])
@@ -325,14 +392,14 @@ def test_a_postgresql_dsn_without_asyncpg_is_a_usage_error(
 def test_run_accepts_what_status_accepts() -> None:
     for db in ("bot.db", "sqlite:///bot.db", "postgresql://bot:s3cret@db.internal/coord?sslmode=require"):
         for option in ("--db", "--store"):  # status takes both spellings: so does run
-            args = build_parser().parse_args(["run", option, db, "--send", "json:dumps"])
+            args = build_parser().parse_args(["run", option, db, "--send", "asyncio:sleep"])
             assert args.db == db
             send, lock_key, config = check_run(args)
-            assert (send, lock_key, config.queue) == (json.dumps, None, "default")
+            assert (send, lock_key, config.queue) == (asyncio.sleep, None, "default")
 
 
 def test_run_lock_pace_reaches_the_nodes_config() -> None:
-    argv = ["run", "--db", "bot.db", "--send", "json:dumps", "--lock-key", "json:dumps", "--lock-pace", "account"]
+    argv = ["run", "--db", "bot.db", "--send", "asyncio:sleep", "--lock-key", "json:dumps", "--lock-pace", "account"]
     _, lock_key, config = check_run(build_parser().parse_args(argv))
     assert (lock_key, config.lock_pace_dimension) == (json.dumps, "account")
     _, _, config = check_run(build_parser().parse_args(argv[:-2]))
@@ -438,7 +505,7 @@ def test_run_opens_its_lifespan_before_the_nodes_and_closes_it_after_their_drain
 def test_run_refuses_a_lifespan_that_gives_no_async_context_manager_before_the_database(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", "builtins:dict"]
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--lifespan", "builtins:dict"]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "--lifespan 'builtins:dict' returned dict, not an async context manager" in err, err
@@ -690,7 +757,7 @@ def test_run_without_faults_raises_no_alert_with_the_default_rules(
     [([], 86400.0), (["--done-retention-s", "keep"], None), (["--done-retention-s", "3600"], 3600.0)],
 )
 def test_run_takes_a_done_retention_or_keep(given: list[str], parsed: float | None) -> None:
-    args = build_parser().parse_args(["run", "--db", "x.db", "--send", "json:dumps", *given])
+    args = build_parser().parse_args(["run", "--db", "x.db", "--send", "asyncio:sleep", *given])
     assert args.done_retention_s == parsed
 
 
@@ -747,7 +814,7 @@ def test_run_passes_send_overrun_s_to_the_nodes(tmp_path: Path, given: list[str]
     """``--send-overrun-s`` reaches ``NodeConfig.send_overrun_s`` (unset: None, one more send timeout)."""
     parser = argparse.ArgumentParser()
     configure_run(parser)
-    args = parser.parse_args(["--db", str(tmp_path / "o.db"), "--send", "json:dumps", *given])
+    args = parser.parse_args(["--db", str(tmp_path / "o.db"), "--send", "asyncio:sleep", *given])
     _send, _lock_key, config = check_run(args)
     assert config.send_overrun_s == overrun_s
     assert not (tmp_path / "o.db").exists()
@@ -831,7 +898,7 @@ def test_run_names_a_taken_metrics_port(tmp_path: Path, capsys: pytest.CaptureFi
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--metrics-port", str(port)]
+        argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--metrics-port", str(port)]
         assert main([*argv, "--rate-limit", "chat=1/1s"]) == 1
     assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # stopped before the database (and its limits) were touched
@@ -848,7 +915,7 @@ def test_run_with_an_unreachable_lock_store_creates_no_database(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     need_redis_py()  # no server needed, only redis-py
-    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lock-store", _refused_redis_url()]
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--lock-store", _refused_redis_url()]
     assert main([*argv, "--rate-limit", "chat=1/1s"]) == 1
     err = capsys.readouterr().err
     assert "asynccoord run: error: cannot connect to <RedisLockStore" in err, err
@@ -861,7 +928,7 @@ def test_run_with_an_unreachable_lock_store_creates_no_postgresql_schema(capsys:
         unavailable("PostgreSQL", problem)
     need_redis_py()  # no server needed, only redis-py
     schema = new_schema("cli")
-    argv = ["run", "--db", PG_DSN, "--schema", schema, "--send", "json:dumps", "--lock-store", _refused_redis_url()]
+    argv = ["run", "--db", PG_DSN, "--schema", schema, "--send", "asyncio:sleep", "--lock-store", _refused_redis_url()]
     try:
         assert main(argv) == 1
         assert pg_rows("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) == []
@@ -875,7 +942,7 @@ def test_run_passes_busy_timeout_s_to_the_sqlite_store(tmp_path: Path, given: li
     """``--busy-timeout-s`` reaches the SQLite store's ``StoreConfig.busy_timeout_s`` (unset: the default)."""
     parser = argparse.ArgumentParser()
     configure_run(parser)
-    args = parser.parse_args(["--db", str(tmp_path / "b.db"), "--send", "json:dumps", *given])
+    args = parser.parse_args(["--db", str(tmp_path / "b.db"), "--send", "asyncio:sleep", *given])
     check_run(args)
     store = open_store(args.db, **store_options(args))
     assert store.config.busy_timeout_s == busy_timeout_s
@@ -893,6 +960,6 @@ def test_run_passes_busy_timeout_s_to_the_sqlite_store(tmp_path: Path, given: li
 def test_run_refuses_a_busy_timeout_it_cannot_apply(tmp_path: Path, db: str, value: str, message: str) -> None:
     parser = argparse.ArgumentParser()
     configure_run(parser)
-    args = parser.parse_args(["--db", db, "--send", "json:dumps", "--busy-timeout-s", value])
+    args = parser.parse_args(["--db", db, "--send", "asyncio:sleep", "--busy-timeout-s", value])
     with pytest.raises(InvalidArgumentError, match=re.escape(message)):
         check_run(args)

@@ -53,7 +53,7 @@ def coord_db(tmp_path: Path) -> Iterator[Path]:
 
 
 COMMANDS = {
-    "run": ("run", "--send", "json:dumps", "--nodes", "1"),
+    "run": ("run", "--send", "asyncio:sleep", "--nodes", "1"),
     "status": ("status",),
     "dead": ("dead", "--queue", "q"),
     "dead requeue": ("dead", "requeue", "--queue", "q", "--all"),
@@ -105,7 +105,7 @@ def test_run_in_a_folder_it_may_not_write_says_the_database_cannot_be_created(tm
     folder.chmod(0o555)
     db = folder / "new.db"
     try:
-        proc = _cli(prefix, "run", "--db", str(db), "--send", "json:dumps", "--nodes", "1")
+        proc = _cli(prefix, "run", "--db", str(db), "--send", "asyncio:sleep", "--nodes", "1")
         left = sorted(p.name for p in folder.iterdir())
     finally:
         folder.chmod(0o755)

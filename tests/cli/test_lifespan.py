@@ -112,7 +112,7 @@ def test_a_lifespan_raising_on_entry_ends_the_run_with_one_line_before_the_datab
 ) -> None:
     monkeypatch.syspath_prepend(str(WORKERS))
     db = tmp_path / "bot.db"
-    argv = ["run", "--db", str(db), "--send", "json:dumps", "--lifespan", "lifespans:failing_enter"]
+    argv = ["run", "--db", str(db), "--send", "asyncio:sleep", "--lifespan", "lifespans:failing_enter"]
     assert main(argv) == 1
     last = capsys.readouterr().err.splitlines()[-1]
     assert last == (
@@ -141,7 +141,7 @@ def test_a_lifespan_never_sees_nor_swallows_the_runs_own_error(
     """A store error ending the run reaches the command (exit 1) through a lifespan that would swallow
     it; the lifespan is left as after a clean run."""
     log = fail_the_run(tmp_path, monkeypatch)
-    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", "lifespans:swallowing"]
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--lifespan", "lifespans:swallowing"]
     assert main(argv) == 1
     assert capsys.readouterr().err.endswith("asynccoord run: error: the database went away\n")
     assert words(log) == ["entered", "exited"]
@@ -158,7 +158,7 @@ def test_a_lifespan_giving_no_async_context_manager_is_refused_before_the_databa
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], lifespan: str, named: str
 ) -> None:
     monkeypatch.syspath_prepend(str(WORKERS))
-    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", lifespan]
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--lifespan", lifespan]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert f"--lifespan {lifespan!r} {named}" in err, err
@@ -179,7 +179,7 @@ def test_a_lifespan_that_cannot_be_called_so_is_a_usage_error(
 ) -> None:
     monkeypatch.syspath_prepend(str(WORKERS))
     with pytest.raises(SystemExit) as exited:
-        main(["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", lifespan])
+        main(["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--lifespan", lifespan])
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: python -m asynccoord run"), err
@@ -205,7 +205,7 @@ def test_a_failing_lifespan_exit_leaves_the_runs_own_error_in_the_last_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     fail_the_run(tmp_path, monkeypatch)
-    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", "lifespans:failing_exit"]
+    argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--lifespan", "lifespans:failing_exit"]
     assert main(argv) == 1
     assert capsys.readouterr().err.endswith("asynccoord run: error: the database went away\n")
     assert "raised exiting it: RuntimeError: close failed (after the run's own error)" in caplog.text
@@ -232,5 +232,5 @@ def test_a_lifespan_broken_in_the_applications_code_ends_the_run_with_one_error_
         return 0
 
     monkeypatch.setattr(Runtime, "wait_for_signal", stop)
-    assert main(["run", "--db", str(tmp_path / "bot.db"), "--send", "json:dumps", "--lifespan", lifespan]) == 1
+    assert main(["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--lifespan", lifespan]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == f"asynccoord run: error: {named}"
