@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import pytest
 from exclusive import pytest_collection_modifyitems, pytest_configure, pytest_runtest_protocol  # noqa: F401
-from services import ServiceStores
+from services import ServiceStores, drop_tracked_schemas
 from support import FakeClock
 
 from asynccoord import MemoryStore, SQLiteStore, StoreConfig
@@ -57,6 +57,11 @@ class MakeStore(Protocol):
         path: str | os.PathLike[str] | None = None,
         wakeup: bool = True,
     ) -> Awaitable[MemoryStore | SQLiteStore]: ...
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drop the PostgreSQL schemas this process's tests used (each xdist worker has its own)."""
+    drop_tracked_schemas()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ Environment:
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import contextlib
 import functools
@@ -121,8 +120,8 @@ class ServiceStores:
     kept (creating and dropping a migrated schema per test costs ~10x more), in one
     statement on a connection kept for the whole run (see :class:`_Janitor`). An emptied
     schema goes back to a free list for the next test; a schema that cannot be emptied is
-    dropped; the free ones are dropped when the test process exits. Redis: one fresh key
-    prefix per ``path``, deleted at teardown.
+    dropped; the free ones are dropped when the test session ends (``pytest_sessionfinish``).
+    Redis: one fresh key prefix per ``path``, deleted at teardown.
     """
 
     def __init__(self) -> None:
@@ -227,8 +226,6 @@ _ALL_SCHEMAS: set[str] = set()
 
 
 def _track(schema: str) -> str:
-    if not _ALL_SCHEMAS:
-        atexit.register(_drop_all_schemas)
     _ALL_SCHEMAS.add(schema)
     return schema
 
@@ -290,6 +287,13 @@ def pg_rows(sql: str, *args: object) -> list[Any]:
         return pool.submit(lambda: asyncio.run(fetch())).result()
 
 
-def _drop_all_schemas() -> None:
-    with contextlib.suppress(Exception):
-        drop_schemas(*_ALL_SCHEMAS)
+def drop_tracked_schemas() -> None:
+    """Drop the schemas this test process made for :class:`ServiceStores` (at the session's end).
+
+    Not at the interpreter's exit: by then ``concurrent.futures`` takes no new work, and the
+    drop failed silently there, leaving one schema per test process behind.
+    """
+    if _ALL_SCHEMAS:
+        drop_schemas(*sorted(_ALL_SCHEMAS))
+        _ALL_SCHEMAS.clear()
+        _FREE_SCHEMAS.clear()
