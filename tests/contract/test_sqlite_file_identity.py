@@ -52,7 +52,9 @@ def test_a_deleted_file_is_named_as_deleted_at_the_next_look(tmp_path: Path) -> 
     clock.now_s += 2.0
     with pytest.raises(StoreFileReplacedError) as caught:
         identity.check()
-    assert str(caught.value).startswith(f"the database file {str(path)!r} was deleted while this process had it open")
+    assert str(caught.value).startswith(
+        f"the database file {str(path)!r} was deleted or moved while this process had it open"
+    )
     assert "\n" not in str(caught.value)
 
 
@@ -113,3 +115,21 @@ async def test_a_store_whose_file_stays_says_nothing(tmp_path: Path) -> None:
         while time.monotonic() < deadline:
             await store.stats(QUEUE)
             await asyncio.sleep(0.1)
+
+
+async def test_a_store_opened_by_a_relative_path_survives_a_change_of_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite opened the file by its absolute name: a later ``os.chdir`` (a send's, say) is no deletion."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    async with SQLiteStore("rel.db", wakeup=False) as store:
+        await store.enqueue(QUEUE, {"n": 1})
+        os.chdir(tmp_path / "elsewhere")
+        deadline = time.monotonic() + CHECK_INTERVAL_S + 0.5
+        while time.monotonic() < deadline:
+            await store.stats(QUEUE)
+            await asyncio.sleep(0.1)
+        assert (await store.enqueue(QUEUE, {"n": 2})).created
+        assert (await store.stats(QUEUE)).total == 2

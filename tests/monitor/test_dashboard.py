@@ -874,7 +874,8 @@ async def test_the_page_says_when_its_database_file_was_deleted(tmp_path: Path) 
             await asyncio.sleep(0.25)
             status, body = await fetch(dashboard.url + "api/state")
         error = json.loads(body)["sections"]["error"]
-        assert error.startswith(f"status: the database file {str(path)!r} was deleted while this process had it open")
+        gone = "was deleted or moved while this process had it open"
+        assert error.startswith(f"status: the database file {str(path)!r} {gone}")
 
 
 @pytest.mark.parametrize("interval", ["0.001", "0.0999"])

@@ -59,5 +59,5 @@ async def test_run_exits_1_with_one_line_when_its_file_is_deleted_or_replaced(
     err = proc.communicate()[1]
     assert status == 1, err
     last = err.strip().splitlines()[-1]
-    what = "was deleted" if how == "deleted" else "was replaced by another file"
+    what = "was deleted or moved" if how == "deleted" else "was replaced by another file"
     assert last.startswith(f"asynccoord run: error: the database file {str(db_path)!r} {what}"), err

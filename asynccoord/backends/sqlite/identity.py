@@ -25,7 +25,7 @@ CHECK_INTERVAL_S = 2.0
 
 def replaced_message(path: str, now: os.stat_result | None) -> str:
     """One line naming ``path`` and what happened to it: deleted (``now`` None) or replaced by another file."""
-    what = "was deleted" if now is None else "was replaced by another file (a new inode at the path)"
+    what = "was deleted or moved" if now is None else "was replaced by another file (a new inode at the path)"
     return (
         f"the database file {path!r} {what} while this process had it open: its reads and writes no "
         "longer reach the database at that path; close the store and open the path again"
@@ -49,6 +49,9 @@ class FileIdentity:
     ) -> None:
         st = os.stat(path)
         self.path = path
+        # Looked at by its absolute name, as SQLite opened it: a later os.chdir of the process
+        # (a send's, a daemonising library's) must not make a relative path look deleted.
+        self._absolute = os.path.abspath(path)
         self.interval_s = interval_s
         self._identity = (st.st_dev, st.st_ino)
         self._clock = clock
@@ -85,7 +88,7 @@ class FileIdentity:
         says nothing: the store's own calls report what they meet.
         """
         try:
-            st = os.stat(self.path)
+            st = os.stat(self._absolute)
         except FileNotFoundError:
             return replaced_message(self.path, None)
         except OSError:
