@@ -255,9 +255,10 @@ def check_run(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             asyncpg installed, or an in-memory SQLite database), ``--schema`` is no valid
             schema name or comes with an SQLite ``--db``, or a ``MODULE:ATTR``
             cannot be imported or is not callable, or names a ``--send`` or ``--lock-key``
-            the nodes refuse (an async ``--lock-key``, a generator ``--send``), or a plain
-            (not async) ``--send``, which would block the nodes' event loop: the command
-            line reports it as a usage error, exit status 2.
+            the nodes refuse (an async ``--lock-key``, a generator ``--send``): the command
+            line reports it as a usage error, exit status 2. A plain (not async) ``--send`` is
+            run, with a warning (``run_command``): a decorator's plain wrapper may return the
+            coroutine, which cannot be told from a blocking send before it is called.
     """
     from ..backends.open import redact_target
     from ..node import NodeConfig
@@ -334,11 +335,6 @@ def _function(option: str, spec: str, check: Callable[[object], None]) -> Any:
         check(fn)
     except InvalidTypeError as exc:
         raise InvalidTypeError(f"{option} {spec!r}: {exc}") from exc
-    if option == "--send" and not _makes_coroutines(fn):
-        raise InvalidTypeError(
-            f"--send {spec!r} is a plain function: give an async function (async def) taking the task (the "
-            "nodes run on one event loop, which a blocking send would stall)"
-        )
     return fn
 
 
@@ -431,6 +427,12 @@ def run_command(args: argparse.Namespace) -> int:
     from ..node import Runtime
 
     send, lock_key, config = check_run(args)  # before the database is touched
+    if not _makes_coroutines(send):  # a decorator's plain wrapper that returns the coroutine is fine
+        log.warning(
+            "asynccoord.run.send_not_async send=%r: a plain function, not async def; the nodes share one "
+            "event loop, so a send that blocks (a synchronous HTTP call, say) stalls them all",
+            args.send,
+        )
     path = getattr(parse_target(args), "path", None)  # an SQLite file: say so when the run creates it (a typo?)
     created = isinstance(path, str) and not os.path.exists(path)
     limits = rate_limits(args)

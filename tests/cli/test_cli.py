@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -37,7 +38,7 @@ from services import (
 )
 from support import ROOT, TESTS
 
-from asynccoord import InvalidArgumentError, InvalidTypeError, NewTask, RedisLockStore, SQLiteStore, TaskStatus
+from asynccoord import InvalidArgumentError, NewTask, RedisLockStore, SQLiteStore, TaskStatus
 from asynccoord import events as ev
 from asynccoord.backends.open import open_store
 from asynccoord.backends.postgres.store import PostgresStore
@@ -203,22 +204,46 @@ def sends_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return name
 
 
-def test_run_refuses_a_plain_send_function_as_a_usage_error(
-    sends_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Before: a plain ``def`` send was accepted; a blocking one stalls every node of the event loop."""
-    db = tmp_path / "never.db"
+def test_run_runs_a_plain_send_function_with_a_warning(sends_module: str, tmp_path: Path) -> None:
+    """A plain ``def`` may be a decorator's wrapper returning the coroutine: it runs, with a warning."""
+    db = tmp_path / "bot.db"
+    sqlite3.connect(db).close()
     spec = f"{sends_module}:send_not_async"
-    with pytest.raises(InvalidTypeError):  # first: where a plain send is accepted, main would run it
-        check_run(build_parser().parse_args(["run", "--db", str(db), "--send", spec]))
-    with pytest.raises(SystemExit) as exited:
-        main(["run", "--db", str(db), "--send", spec])
-    assert exited.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        f"python -m asynccoord run: error: --send {spec!r} is a plain function: give an async function (async def) "
-        "taking the task (the nodes run on one event loop, which a blocking send would stall)"
+    send, _, _ = check_run(build_parser().parse_args(["run", "--db", str(db), "--send", spec]))
+    assert send is sys.modules[sends_module].send_not_async
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    enqueue = (
+        "import asyncio, asynccoord as a\n"
+        "async def m():\n async with a.SQLiteStore(%r) as s: await s.enqueue('q', 1)\n"
+        "asyncio.run(m())"
     )
-    assert not db.exists()
+    subprocess.run([sys.executable, "-c", enqueue % str(db)], check=True, env=env, timeout=60)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "asynccoord", "run", "--db", str(db), "--queue", "q", "--send", spec, "--nodes", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        done = 0
+        while time.monotonic() < deadline and not done:
+            time.sleep(0.2)
+            with contextlib.closing(sqlite3.connect(db)) as conn:
+                done = conn.execute("SELECT count(*) FROM coord_tasks WHERE status = 'done'").fetchone()[0]
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert done == 1  # the plain send ran and its task was committed
+    assert child.returncode == 0, err
+    warnings = [line for line in err.splitlines() if "asynccoord.run.send_not_async" in line]
+    assert len(warnings) == 1, err
+    assert repr(spec) in warnings[0]
 
 
 @pytest.mark.parametrize("attr", ["send", "partial_send", "client", "method_send", "partial_client"])
