@@ -34,6 +34,8 @@ UPDATE coord_tasks SET by_key = 1
 -- Per-key ordering: the active tasks of the ordered queues, by key then id (head upkeep). Every
 -- statement that reads it says both by_key = 1 and active = 1. The statements of revision 5 say
 -- active = 1 only and cannot use it: a process still running them reads the whole table for each
--- of its enqueues and each head it keeps (8 ms at 200,000 tasks) until it restarts, correct but slow.
+-- of its enqueues and each head it keeps (8 ms at 200,000 tasks; a requeue of many keys, seconds)
+-- until it restarts, correct but slow enough to push other processes' writes past their busy
+-- timeout. So every process on the file stops before the upgrade (CHANGELOG).
 DROP INDEX coord_tasks_key_order;
 CREATE INDEX coord_tasks_key_order ON coord_tasks (queue, partition_key, id) WHERE active = 1 AND by_key = 1;
