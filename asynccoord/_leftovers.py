@@ -2,11 +2,12 @@
 
 When a runtime shuts down it cancels the sends still running and hands their tasks back.
 A send may outlive that: a coroutine that swallows its cancellation (the runtime leaves it
-behind, its task still claimed until its lease lapses), or a blocking call it made in the
-loop's default executor (``asyncio.to_thread``), which no cancellation stops. ``asyncio.run``
+behind, its task still claimed until its lease lapses), or a blocking call it made in a
+thread, which no cancellation stops: in the loop's default executor (``asyncio.to_thread``),
+in a ``ThreadPoolExecutor`` of its own, or in a ``threading.Thread`` it started. ``asyncio.run``
 would then cancel and await such a task again, wait for the executor's threads, and the
-interpreter would join those threads at its exit: the process stayed up until the send
-ended by itself, deaf to further stop signals (they are ignored from the end of the
+interpreter would join every non-daemon thread at its exit: the process stayed up until the
+send ended by itself, deaf to further stop signals (they are ignored from the end of the
 teardown).
 
 :func:`run_leaving` runs the command's coroutine on a loop that counts the calls running
@@ -14,6 +15,12 @@ in its default executor; once the coroutine is over (the runtime and the store c
 work still running is reported as :class:`Leftovers` and not waited for.
 :func:`exit_now` then ends the process at once with the command's exit status, after
 flushing the logs and standard streams.
+
+With nothing left on the loop, the interpreter exits as usual, under :func:`guard_exit`:
+it tells the idle workers of every ``ThreadPoolExecutor`` to end and joins the non-daemon
+threads. Threads still alive :data:`CANCEL_GRACE_S` into that exit are busy (an idle pool
+worker ends at once when told): they are reported and the process ends with
+:func:`exit_now`. Only threads that hold the exit are reported, never idle ones.
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Callable, Collection, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-__all__ = ("CountingExecutor", "Leftovers", "exit_now", "run_leaving")
+__all__ = ("CountingExecutor", "Leftovers", "exit_now", "guard_exit", "other_threads", "run_leaving")
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -42,13 +50,17 @@ class Leftovers:
     Attributes:
         tasks: asyncio tasks not done (sends that ignored their cancellation).
         threads: Calls still running in the loop's default executor (``asyncio.to_thread``).
+        other_threads: Names of the other non-daemon threads alive, started during the run
+            (a send's own ``ThreadPoolExecutor`` or ``threading.Thread``), which the
+            interpreter would join at its exit. Default none.
     """
 
     tasks: int
     threads: int
+    other_threads: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return self.tasks > 0 or self.threads > 0
+        return self.tasks > 0 or self.threads > 0 or bool(self.other_threads)
 
 
 class CountingExecutor(ThreadPoolExecutor):
@@ -58,6 +70,7 @@ class CountingExecutor(ThreadPoolExecutor):
         super().__init__(thread_name_prefix="asyncio")
         self._running = 0
         self._count_lock = threading.Lock()
+        self._workers: set[threading.Thread] = set()
 
     @property
     def running(self) -> int:
@@ -65,10 +78,17 @@ class CountingExecutor(ThreadPoolExecutor):
         with self._count_lock:
             return self._running
 
+    @property
+    def workers(self) -> frozenset[threading.Thread]:
+        """The threads that have run a call of this executor."""
+        with self._count_lock:
+            return frozenset(self._workers)
+
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         def counted() -> T:
             with self._count_lock:
                 self._running += 1
+                self._workers.add(threading.current_thread())
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -98,10 +118,13 @@ def run_leaving(main: Coroutine[Any, Any, T], left: Callable[[Leftovers], None])
     As ``asyncio.run`` (uvloop's loop when importable), except at the end: the tasks still
     running are cancelled and get :data:`CANCEL_GRACE_S` to end, not more. When some are
     still running then, or calls in the default executor are, ``left`` is called with
-    their counts (before ``main``'s result is returned or its exception raised), the
+    their counts and the names of the other non-daemon threads started during the run and
+    still alive (before ``main``'s result is returned or its exception raised), the
     executor is shut down without waiting, and the loop is closed without them. With
-    nothing left, the loop closes as ``asyncio.run`` closes it.
+    nothing left, the loop closes as ``asyncio.run`` closes it; other threads still alive
+    are then for :func:`guard_exit` to judge.
     """
+    before = frozenset(threading.enumerate())
     runner = asyncio.Runner(loop_factory=_loop_factory())
     loop = runner.get_loop()
     executor = CountingExecutor()
@@ -111,6 +134,9 @@ def run_leaving(main: Coroutine[Any, Any, T], left: Callable[[Leftovers], None])
     finally:
         tasks = _cancel_within(loop, CANCEL_GRACE_S)
         leftovers = Leftovers(tasks=len(tasks), threads=executor.running)
+        if leftovers:
+            others = other_threads(excluding=before | executor.workers)
+            leftovers = Leftovers(tasks=leftovers.tasks, threads=leftovers.threads, other_threads=others)
         if not leftovers:
             runner.close()
         else:
@@ -145,6 +171,34 @@ def _cancel_within(loop: asyncio.AbstractEventLoop, timeout_s: float) -> list[as
                 }
             )
     return [task for task in tasks if not task.done()]
+
+
+def other_threads(*, excluding: Collection[threading.Thread] = ()) -> tuple[str, ...]:
+    """Names of the non-daemon threads alive, sorted: not the main thread, the calling one or ``excluding``."""
+    skip = {threading.main_thread(), threading.current_thread(), *excluding}
+    return tuple(sorted(t.name for t in threading.enumerate() if not t.daemon and t.is_alive() and t not in skip))
+
+
+def guard_exit(status: int, stuck: Callable[[tuple[str, ...]], None], grace_s: float = CANCEL_GRACE_S) -> None:
+    """Bound the interpreter's coming exit: threads still alive ``grace_s`` into it are not joined.
+
+    Call it just before the process exits as usual. A daemon thread waits ``grace_s``; if
+    non-daemon threads are still alive then, the interpreter is waiting for them (it has
+    told the idle workers of every ``ThreadPoolExecutor`` to end, and they have): ``stuck``
+    is called with their names and the process ends with :func:`exit_now` and ``status``.
+    An exit that is over by then is not touched.
+    """
+
+    def watch() -> None:
+        time.sleep(grace_s)
+        names = other_threads()
+        if names:
+            try:
+                stuck(names)
+            finally:
+                exit_now(status)
+
+    threading.Thread(target=watch, name="asynccoord-exit-guard", daemon=True).start()
 
 
 def exit_now(status: int) -> NoReturn:

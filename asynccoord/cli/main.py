@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import __version__
-from .._leftovers import exit_now
+from .._leftovers import Leftovers, exit_now, guard_exit
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, ReadOnlyStoreError
 from .dashboard import check_dashboard, configure_dashboard, dashboard_command
 from .dead import check_dead, configure_dead, dead_command
 from .output import OutputClosed, OutputFailed, drop_stdout, write_stdout
-from .run import check_run, configure_run, run_command
+from .run import check_run, configure_run, log_left_behind, run_command
 from .status import check_status, configure_status, status_command
 
 __all__ = ("COMMANDS", "Command", "build_parser", "main")
@@ -136,7 +136,9 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     then leaves SIGTERM ignored on its way out instead of putting back the handler it had,
     so a late SIGTERM cannot turn a clean exit into death by signal; and when sends outlived
     ``run``'s shutdown (``asynccoord.run.left_behind``), the process ends here at once with
-    the exit status, without waiting for their threads. Default False.
+    the exit status, without waiting for their threads; otherwise threads that still hold the
+    process's exit after a short grace are reported the same way and not joined
+    (:func:`asynccoord._leftovers.guard_exit`). Default False.
     """
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:  # said by the command's own parser, with its usage (argparse's top level shows its own)
@@ -168,6 +170,11 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
         code = 1
     except KeyboardInterrupt:
         code = 130
-    if exiting and getattr(args, "_leftovers", None):  # sends outlived `run`'s shutdown: their threads not joined
-        exit_now(code)
+    leftovers: Leftovers | None = getattr(args, "_leftovers", None)
+    if exiting and leftovers is not None:
+        if leftovers:  # sends outlived `run`'s shutdown: their threads not joined
+            exit_now(code)
+        guard_exit(
+            code, lambda names: log_left_behind(Leftovers(tasks=0, threads=0, other_threads=names), exiting=True)
+        )
     return code

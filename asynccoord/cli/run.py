@@ -9,7 +9,8 @@ The send function (and optionally the lock-key function) is named as
 On SIGTERM, SIGINT or SIGHUP (its terminal gone) the runtime stops claiming at once, lets sends in flight finish for
 up to ``--shutdown-timeout-s``, hands back whatever is left (leases and locks released)
 and exits with status 0. Sends that outlive the shutdown (a coroutine ignoring its
-cancellation, a blocking call in ``asyncio.to_thread``) are not waited for: the process logs
+cancellation, a blocking call in ``asyncio.to_thread``, in a ``ThreadPoolExecutor`` of its own or
+in a ``threading.Thread`` it started) are not waited for: the process logs
 ``asynccoord.run.left_behind`` with their count and exits at once, still with status 0.
 A second signal during the drain hands back at once.
 
@@ -416,11 +417,15 @@ def run_command(args: argparse.Namespace) -> int:
     Once the runtime, the monitor, the store and the lifespan are closed, sends still running
     (asyncio tasks that ignored their cancellation, calls in the loop's default executor such
     as ``asyncio.to_thread``) are not waited for (see :mod:`asynccoord._leftovers`): one
-    WARNING line ``asynccoord.run.left_behind asyncio_tasks=N threads=M`` counts them and the
-    command returns its status, 0 for a clean stop (the shutdown did what it promises: the
-    rest was handed back, and a send left running keeps its task claimed until its lease
+    WARNING line ``asynccoord.run.left_behind asyncio_tasks=N threads=M other_threads=K (names)``
+    counts them (and names the other non-daemon threads started during the run and still alive)
+    and the command returns its status, 0 for a clean stop (the shutdown did what it promises:
+    the rest was handed back, and a send left running keeps its task claimed until its lease
     lapses). ``args._leftovers`` then holds the counts, and ``python -m asynccoord`` ends the
-    process at once, without joining those threads.
+    process at once, without joining those threads. With nothing left there, ``python -m
+    asynccoord`` exits as usual, but threads that still hold its exit after a short grace (a
+    send's own ``ThreadPoolExecutor`` or ``threading.Thread``; idle pool workers end at once) get
+    the same line, and the process ends without joining them (:func:`asynccoord._leftovers.guard_exit`).
     """
     from ..backends.open import describe_target, open_store
     from ..monitor.monitor import Monitor
@@ -602,16 +607,48 @@ def _blocked_if_alone(signum: int) -> Iterator[None]:
 
 
 def _run_loop(main: Any, args: argparse.Namespace) -> int:
-    """Run ``main()`` to completion; what outlives it is logged and put on ``args._leftovers``, not waited for."""
+    """Run ``main()`` to completion; what outlives it is logged and put on ``args._leftovers``, not waited for.
+
+    ``args._leftovers`` is set in any case (empty when nothing was left): the process's exit may
+    then still find threads alive, for :func:`log_left_behind` under ``python -m asynccoord``.
+    """
+    args._leftovers = Leftovers(tasks=0, threads=0)
 
     def left(leftovers: Leftovers) -> None:
         args._leftovers = leftovers
-        log.warning(
-            "asynccoord.run.left_behind asyncio_tasks=%d threads=%d: work still running after the shutdown (sends that"
-            " ignored their cancellation, calls in threads) is not waited for; %s",
-            leftovers.tasks,
-            leftovers.threads,
-            "the process exits now" if getattr(args, "_exiting", False) else "the command returns now",
-        )
+        log_left_behind(leftovers, exiting=bool(getattr(args, "_exiting", False)))
 
     return int(run_leaving(main(), left))
+
+
+_NAMES_SHOWN = 4
+"""How many names of threads still alive the ``left_behind`` line shows."""
+
+
+def log_left_behind(leftovers: Leftovers, *, exiting: bool) -> None:
+    """Log the one WARNING line ``asynccoord.run.left_behind`` for ``leftovers``.
+
+    It counts asyncio tasks and default-executor calls still running (sends that ignored their
+    cancellation, calls in ``asyncio.to_thread``) and names the other non-daemon threads still
+    alive (``other_threads=N (name, ...)``: a send's own pool or thread, say), and says
+    whether the process exits now (``exiting``) or the command returns.
+    """
+    others = leftovers.other_threads
+    shown = ", ".join(others[:_NAMES_SHOWN]) + (
+        f", +{len(others) - _NAMES_SHOWN} more" if len(others) > _NAMES_SHOWN else ""
+    )
+    what = []
+    if leftovers.tasks or leftovers.threads:
+        what.append("work still running after the shutdown (sends that ignored their cancellation, calls in threads)")
+    if others:
+        what.append("threads still alive that the interpreter would join at its exit (not daemon threads)")
+    log.warning(
+        "asynccoord.run.left_behind asyncio_tasks=%d threads=%d other_threads=%d%s: %s %s not waited for; %s",
+        leftovers.tasks,
+        leftovers.threads,
+        len(others),
+        f" ({shown})" if others else "",
+        " and ".join(what),
+        "are" if len(what) > 1 else "is",
+        "the process exits now" if exiting else "the command returns now",
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -59,3 +60,28 @@ def test_tasks_that_end_when_cancelled_are_waited_for_and_nothing_is_reported() 
     assert run_leaving(main(), reported.append) == 7
     assert reported == []
     assert finished == ["cancelled"]
+
+
+def test_other_threads_started_during_the_run_are_named_not_those_from_before() -> None:
+    release = threading.Event()
+    earlier = threading.Thread(target=release.wait, args=(60,), name="from-before")
+    earlier.start()
+    reported: list[Leftovers] = []
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(60)
+
+    async def main() -> None:
+        asyncio.get_running_loop().create_task(stubborn())
+        threading.Thread(target=release.wait, args=(60,), name="send-own").start()
+        threading.Thread(target=release.wait, args=(60,), name="send-daemon", daemon=True).start()
+        await asyncio.sleep(0.05)
+
+    try:
+        run_leaving(main(), reported.append)
+    finally:
+        release.set()
+        earlier.join()
+    assert reported == [Leftovers(tasks=1, threads=0, other_threads=("send-own",))]

@@ -240,8 +240,10 @@ def left_behind(err: str) -> list[str]:
 @pytest.mark.parametrize(
     ("send", "counts", "status"),
     [
-        ("serve_send:thread_send", "asyncio_tasks=0 threads=2", "pending"),  # handed back; its thread runs on
-        ("serve_send:stubborn_send", "asyncio_tasks=2 threads=0", "running"),  # claimed until its lease lapses
+        # handed back; its thread runs on
+        ("serve_send:thread_send", "asyncio_tasks=0 threads=2 other_threads=0", "pending"),
+        # claimed until its lease lapses
+        ("serve_send:stubborn_send", "asyncio_tasks=2 threads=0 other_threads=0", "running"),
     ],
     ids=["thread", "ignores-cancellation"],
 )
@@ -297,6 +299,59 @@ async def test_a_second_stop_signal_ends_the_drain_and_the_run_at_once_whatever_
     assert f"asynccoord.runtime.signal_again signal={again.name}: handing back now" in err
     assert len(left_behind(err)) == 1, err
     assert [w for w, _, _ in read_lines(log) if w == "end"] == []
+
+
+@pytest.mark.parametrize(
+    ("send", "names"),
+    [
+        ("serve_send:pool_send", "serve-pool_0, serve-pool_1"),
+        ("serve_send:raw_thread_send", "serve-thread-1, serve-thread-2"),
+    ],
+    ids=["own-pool", "raw-thread"],
+)
+async def test_run_exits_after_its_shutdown_without_joining_threads_of_a_sends_own(
+    python: Any, db_path: Path, tmp_path: Path, send: str, names: str
+) -> None:
+    # The sends sleep 60 s in threads the send started itself (its module's ThreadPoolExecutor,
+    # a plain non-daemon Thread): the interpreter's exit would join them, deaf to signals.
+    ids = await enqueue(db_path, 2)
+    assert ids == [1, 2]  # the raw threads' names
+    log = tmp_path / "sends.log"
+    proc = serve(python, db_path, log, 60.0, "--send", send, "--shutdown-timeout-s", "1", launcher=TERMINAL)
+    await wait_for_starts(proc, log, 2)
+    signalled = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await exit_status(proc, 15)
+    exited = time.monotonic()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err
+    assert exited - signalled < 10, f"exited {exited - signalled:.3f} s after SIGTERM"
+    lines = left_behind(err)
+    assert len(lines) == 1, err
+    assert f"{LEFT_BEHIND} asyncio_tasks=0 threads=0 other_threads=2 ({names}):" in lines[0]
+    assert "the process exits now" in lines[0]
+    assert "ignored their cancellation" not in lines[0]  # threads, not sends, are claimed
+    assert {i: t[0] for i, t in tasks(db_path).items()} == dict.fromkeys(ids, "pending")  # handed back
+
+
+async def test_an_idle_pool_of_the_sends_module_neither_holds_the_exit_nor_is_reported(
+    python: Any, db_path: Path, tmp_path: Path
+) -> None:
+    # Each send makes a short call in its module's own pool: its 2 workers stay alive, idle,
+    # until the interpreter's exit tells them to end.
+    await enqueue(db_path, 2)
+    log = tmp_path / "sends.log"
+    proc = serve(python, db_path, log, 0.3, "--send", "serve_send:quick_pool_send", launcher=TERMINAL)
+    await wait_for_starts(proc, log, 2)
+    signalled = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await exit_status(proc, 15)
+    exited = time.monotonic()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err
+    assert exited - signalled < 5, f"exited {exited - signalled:.3f} s after SIGTERM"
+    assert left_behind(err) == [], err
+    assert sorted(w for w, _, _ in read_lines(log)) == ["end", "end", "start", "start"]  # drained, not cut
 
 
 @pytest.mark.exclusive  # the hand-back is judged to within 0.2 s of the exit

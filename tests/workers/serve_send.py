@@ -13,6 +13,12 @@ Import it with ``tests/workers`` on ``PYTHONPATH``: ``--send serve_send:send
 ``--send serve_send:thread_send`` sleeps in a thread (``asyncio.to_thread``), which goes on
 after the send is cancelled: the process then waits for it after its teardown.
 
+``--send serve_send:pool_send`` sleeps in a worker of the module's own ``ThreadPoolExecutor``
+(``POOL``), and ``--send serve_send:raw_thread_send`` in a non-daemon ``threading.Thread`` it starts
+and awaits through a future: neither goes away when the send is cancelled, and the interpreter
+joins both at its exit. ``--send serve_send:quick_pool_send`` makes a short call in ``POOL`` and then
+sleeps as ``send`` does: the pool's workers stay alive, idle.
+
 ``--send serve_send:stubborn_send`` swallows every cancellation and sleeps on: the runtime
 leaves it behind at shutdown.
 
@@ -25,12 +31,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from asynccoord import Task
 
-__all__ = ("account_lock", "client", "client_send", "fail", "send", "stubborn_send", "thread_send")
+__all__ = (
+    "POOL",
+    "account_lock",
+    "client",
+    "client_send",
+    "fail",
+    "pool_send",
+    "quick_pool_send",
+    "raw_thread_send",
+    "send",
+    "stubborn_send",
+    "thread_send",
+)
+
+POOL = ThreadPoolExecutor(2, thread_name_prefix="serve-pool")
+"""The send's own pool, as a sync client's wrapper keeps one."""
 
 _open: list[bool] = []  # [True] while the client of `client` is open
 
@@ -57,6 +80,32 @@ async def send(task: Task) -> str:
 async def thread_send(task: Task) -> str:
     _log("start", task.id)
     await asyncio.to_thread(time.sleep, float(os.environ["SERVE_SEND_SLEEP_S"]))
+    return f"sent {task.id}"
+
+
+async def pool_send(task: Task) -> str:
+    _log("start", task.id)
+    await asyncio.get_running_loop().run_in_executor(POOL, time.sleep, float(os.environ["SERVE_SEND_SLEEP_S"]))
+    return f"sent {task.id}"
+
+
+async def quick_pool_send(task: Task) -> str:
+    await asyncio.get_running_loop().run_in_executor(POOL, time.sleep, 0.01)
+    return await send(task)
+
+
+async def raw_thread_send(task: Task) -> str:
+    _log("start", task.id)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def sleep() -> None:
+        time.sleep(float(os.environ["SERVE_SEND_SLEEP_S"]))
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(done.set_result, None)
+
+    threading.Thread(target=sleep, name=f"serve-thread-{task.id}").start()
+    await done
     return f"sent {task.id}"
 
 
