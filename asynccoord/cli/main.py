@@ -81,8 +81,9 @@ COMMANDS: list[Command] = [
         configure=configure_run,
         run=run_command,
         check=check_run,
-        exits="Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP after a clean drain; 1 the database, the "
-        "lock store, the send or the --lifespan failed; 2 bad usage (checked before anything opens).",
+        exits="Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP (after the shutdown, even if sends outlived "
+        "it); 1 the database, the lock store, the send or the --lifespan failed; 2 bad usage (checked before "
+        "anything opens).",
     ),
     Command(
         name="dashboard",

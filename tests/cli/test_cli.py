@@ -281,7 +281,7 @@ def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
         (["dead"], "Exit status: 0 done; 1 the database failed or, with an action, --queue names no queue"),
         (["dead", "requeue"], "Exit status: 0 every task named was acted on; 1 the database failed, --queue"),
         (["dead", "discard"], "or an --id named no dead task of the queue (the other ids were acted on"),
-        (["run"], "Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP after a clean drain; 1 the database"),
+        (["run"], "Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP (after the shutdown, even if sends outlived"),
         (["dashboard"], "Exit status: 0 stopped by SIGTERM, SIGINT or SIGHUP; 1 the database failed"),
     ],
     ids=["status", "dead", "dead requeue", "dead discard", "run", "dashboard"],
