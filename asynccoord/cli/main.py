@@ -130,6 +130,22 @@ def read_only_text(exc: ReadOnlyStoreError, args: argparse.Namespace) -> str:
     )
 
 
+def _flush_printed() -> None:
+    """Flush what ``--help`` or ``--version`` printed; a refused write is one line and exit status 1.
+
+    Raises:
+        SystemExit: 1 when standard output refused the write (a full disk).
+    """
+    try:
+        write_stdout("")
+    except OutputClosed:  # `--help | head -1`: the reader took what it wanted
+        drop_stdout()
+    except OutputFailed as exc:
+        drop_stdout()
+        sys.stderr.write(f"python -m asynccoord: error: {exc}\n")
+        raise SystemExit(1) from None
+
+
 def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return the exit status.
 
@@ -141,7 +157,12 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     process's exit after a short grace are reported the same way and not joined
     (:func:`asynccoord._leftovers.guard_exit`). Default False.
     """
-    args, unknown = build_parser().parse_known_args(argv)
+    try:
+        args, unknown = build_parser().parse_known_args(argv)
+    except SystemExit as exc:
+        if exc.code in (0, None):  # --help or --version printed: a failed write shows here, not at exit
+            _flush_printed()
+        raise
     if unknown:  # said by the command's own parser, with its usage (argparse's top level shows its own)
         args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args._exiting = exiting
