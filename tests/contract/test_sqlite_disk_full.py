@@ -130,3 +130,31 @@ async def test_a_real_full_disk_is_named_at_a_write_and_at_open(tmp_path: Path, 
         ), status.stderr
         os.remove(disk / "fill")
         assert python.run_module("asynccoord", "status", "--db", str(path)).returncode == 0
+
+
+async def test_a_first_open_stopped_by_a_full_disk_leaves_no_file_behind(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk") as disk:
+        fill(disk)
+        path = disk / "new.db"
+        with pytest.raises(StoreError, match=r"the disk holding its folder .* is full"):
+            async with SQLiteStore(path, wakeup=False):
+                pass
+        assert sorted(p.name for p in disk.iterdir()) == ["fill"]  # before: an empty new.db stayed
+
+
+async def test_a_full_disk_never_removes_a_file_that_was_there(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk") as disk:
+        path = disk / "old.db"
+        async with SQLiteStore(path, wakeup=False) as store:
+            await store.enqueue("q", 1)
+        for companion in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+            companion.unlink(missing_ok=True)
+        empty = disk / "empty.db"
+        empty.write_bytes(b"")  # an empty file of the application's: not this open's to remove
+        fill(disk)
+        for existing in (path, empty):
+            with pytest.raises(StoreError):
+                async with SQLiteStore(existing, wakeup=False):
+                    pass
+        assert path.stat().st_size > 0
+        assert empty.exists()

@@ -16,6 +16,7 @@ not supported (its locking is unreliable there): use the PostgreSQL store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
@@ -48,6 +49,7 @@ from ..sqlfiles import load_migrations, load_queries
 from .access import access_problem
 from .checkpoint import WalCheckpointer
 from .deadletters import SQLiteDeadLetterOps
+from .diskfull import disk_full_problem
 from .identity import FileIdentity
 from .locks import SQLiteLockOps
 from .membership import SQLiteMembershipOps
@@ -244,11 +246,13 @@ class SQLiteStore(
         if not self.read_only and self.path != ":memory:" and not self.path.startswith("file:"):
             _check_writable(self.path)  # before SQLite leaves -wal/-shm files behind
         target = read_only_uri(self.path) if self.read_only else self.path
+        new_file = self._file_path() is not None and not os.path.exists(self.path)  # noqa: ASYNC240 - one stat
         conn = daemon_connection(target, uri=self.read_only)
         try:
             await conn
         except sqlite3.Error as exc:
             await connection_thread_ended(conn)
+            self._forget_empty_file(new_file, exc)
             raise map_sqlite_error(exc, f"cannot open {self.path!r}", path=self._file_path()) from exc
         try:
             await run_on_thread(conn, self._setup_read_only if self.read_only else self._setup, conn)
@@ -258,6 +262,7 @@ class SQLiteStore(
                 raise NotADatabaseError(f"{self.path!r} is not an SQLite database ({exc})") from exc
             if is_read_only(exc):
                 raise _read_only_file(self.path, str(exc)) from exc
+            self._forget_empty_file(new_file, exc)
             raise map_sqlite_error(exc, f"cannot open {self.path!r}", path=self._file_path()) from exc
         except BaseException:
             await conn.close()
@@ -291,6 +296,26 @@ class SQLiteStore(
                     raise map_sqlite_error(exc, what, path=self._file_path()) from exc
                 raise
             self._checkpointer = checkpointer
+
+    def _forget_empty_file(self, new_file: bool, exc: sqlite3.Error) -> None:
+        """Remove the empty file (and companions) a first open made before a full disk stopped it.
+
+        Only when this open created the path, the disk is full (:func:`.diskfull.disk_full_problem`)
+        and neither the file nor its ``-wal`` holds a byte: nothing is lost, and a failed open
+        leaves the folder as it found it. Another process that opened the same new path meanwhile
+        holds nothing in it either.
+        """
+        if not new_file or disk_full_problem(self.path, exc) is None:
+            return
+        wal = self.path + "-wal"
+        try:
+            if os.path.getsize(self.path) or (os.path.exists(wal) and os.path.getsize(wal)):
+                return
+        except OSError:
+            return
+        for leftover in (self.path, wal, self.path + "-shm", self.path + "-journal"):
+            with contextlib.suppress(OSError):
+                os.remove(leftover)
 
     def _file_path(self) -> str | None:
         """The database file's path; None for ``:memory:`` and a ``file:`` URI (left to SQLite)."""
