@@ -237,6 +237,18 @@ def left_behind(err: str) -> list[str]:
     return [line for line in err.splitlines() if LEFT_BEHIND in line]
 
 
+async def sigterm_and_exit(proc: subprocess.Popen[str], *, within_s: float) -> str:
+    """Send ``proc`` SIGTERM; it must exit with status 0 within ``within_s``. Its standard error."""
+    signalled = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    code = await exit_status(proc, 15)
+    exited = time.monotonic()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err
+    assert exited - signalled < within_s, f"exited {exited - signalled:.3f} s after SIGTERM"
+    return err
+
+
 @pytest.mark.parametrize(
     ("send", "counts", "status"),
     [
@@ -256,13 +268,7 @@ async def test_run_exits_after_its_shutdown_without_waiting_for_sends_that_outli
     log = tmp_path / "sends.log"
     proc = serve(python, db_path, log, 60.0, "--send", send, "--shutdown-timeout-s", "1", launcher=TERMINAL)
     await wait_for_starts(proc, log, 2)
-    signalled = time.monotonic()
-    os.kill(proc.pid, signal.SIGTERM)
-    code = await exit_status(proc, 15)
-    exited = time.monotonic()
-    err = proc.stderr.read() if proc.stderr else ""
-    assert code == 0, err
-    assert exited - signalled < 10, f"exited {exited - signalled:.3f} s after SIGTERM"
+    err = await sigterm_and_exit(proc, within_s=10)
     lines = left_behind(err)
     assert len(lines) == 1, err
     assert f"{LEFT_BEHIND} {counts}:" in lines[0]
@@ -319,13 +325,7 @@ async def test_run_exits_after_its_shutdown_without_joining_threads_of_a_sends_o
     log = tmp_path / "sends.log"
     proc = serve(python, db_path, log, 60.0, "--send", send, "--shutdown-timeout-s", "1", launcher=TERMINAL)
     await wait_for_starts(proc, log, 2)
-    signalled = time.monotonic()
-    os.kill(proc.pid, signal.SIGTERM)
-    code = await exit_status(proc, 15)
-    exited = time.monotonic()
-    err = proc.stderr.read() if proc.stderr else ""
-    assert code == 0, err
-    assert exited - signalled < 10, f"exited {exited - signalled:.3f} s after SIGTERM"
+    err = await sigterm_and_exit(proc, within_s=10)
     lines = left_behind(err)
     assert len(lines) == 1, err
     assert f"{LEFT_BEHIND} asyncio_tasks=0 threads=0 other_threads=2 ({names}):" in lines[0]
@@ -343,13 +343,7 @@ async def test_an_idle_pool_of_the_sends_module_neither_holds_the_exit_nor_is_re
     log = tmp_path / "sends.log"
     proc = serve(python, db_path, log, 0.3, "--send", "serve_send:quick_pool_send", launcher=TERMINAL)
     await wait_for_starts(proc, log, 2)
-    signalled = time.monotonic()
-    os.kill(proc.pid, signal.SIGTERM)
-    code = await exit_status(proc, 15)
-    exited = time.monotonic()
-    err = proc.stderr.read() if proc.stderr else ""
-    assert code == 0, err
-    assert exited - signalled < 5, f"exited {exited - signalled:.3f} s after SIGTERM"
+    err = await sigterm_and_exit(proc, within_s=5)
     assert left_behind(err) == [], err
     assert sorted(w for w, _, _ in read_lines(log)) == ["end", "end", "start", "start"]  # drained, not cut
 
