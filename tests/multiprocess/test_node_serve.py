@@ -256,15 +256,23 @@ async def sigterm_and_exit(proc: subprocess.Popen[str], *, within_s: float) -> s
         ("serve_send:thread_send", "asyncio_tasks=0 threads=2 other_threads=0", "pending"),
         # claimed until its lease lapses
         ("serve_send:stubborn_send", "asyncio_tasks=2 threads=0 other_threads=0", "running"),
+        # threads the send started itself: its module's ThreadPoolExecutor, a plain non-daemon Thread
+        ("serve_send:pool_send", "asyncio_tasks=0 threads=0 other_threads=2 (serve-pool_0, serve-pool_1)", "pending"),
+        (
+            "serve_send:raw_thread_send",
+            "asyncio_tasks=0 threads=0 other_threads=2 (serve-thread-1, serve-thread-2)",
+            "pending",
+        ),
     ],
-    ids=["thread", "ignores-cancellation"],
+    ids=["thread", "ignores-cancellation", "own-pool", "raw-thread"],
 )
 async def test_run_exits_after_its_shutdown_without_waiting_for_sends_that_outlive_it(
     python: Any, db_path: Path, tmp_path: Path, send: str, counts: str, status: str
 ) -> None:
     # The sends last 60 s; the drain 1 s. Python's own exit would wait for them (the loop's
-    # leftover tasks, the executor's threads), deaf to further signals.
+    # leftover tasks, the executor's threads, the send's own threads), deaf to further signals.
     ids = await enqueue(db_path, 2)
+    assert ids == [1, 2]  # the raw threads' names
     log = tmp_path / "sends.log"
     proc = serve(python, db_path, log, 60.0, "--send", send, "--shutdown-timeout-s", "1", launcher=TERMINAL)
     await wait_for_starts(proc, log, 2)
@@ -273,6 +281,8 @@ async def test_run_exits_after_its_shutdown_without_waiting_for_sends_that_outli
     assert len(lines) == 1, err
     assert f"{LEFT_BEHIND} {counts}:" in lines[0]
     assert "the process exits now" in lines[0]
+    if "other_threads=2" in counts:  # threads, not sends, are named
+        assert "ignored their cancellation" not in lines[0]
     assert [w for w, _, _ in read_lines(log) if w == "end"] == []  # the sends never ended: not waited for
     assert {i: t[0] for i, t in tasks(db_path).items()} == dict.fromkeys(ids, status)
     with sqlite3.connect(db_path) as db:  # the nodes left the membership, the monitor's lease let go
@@ -305,33 +315,6 @@ async def test_a_second_stop_signal_ends_the_drain_and_the_run_at_once_whatever_
     assert f"asynccoord.runtime.signal_again signal={again.name}: handing back now" in err
     assert len(left_behind(err)) == 1, err
     assert [w for w, _, _ in read_lines(log) if w == "end"] == []
-
-
-@pytest.mark.parametrize(
-    ("send", "names"),
-    [
-        ("serve_send:pool_send", "serve-pool_0, serve-pool_1"),
-        ("serve_send:raw_thread_send", "serve-thread-1, serve-thread-2"),
-    ],
-    ids=["own-pool", "raw-thread"],
-)
-async def test_run_exits_after_its_shutdown_without_joining_threads_of_a_sends_own(
-    python: Any, db_path: Path, tmp_path: Path, send: str, names: str
-) -> None:
-    # The sends sleep 60 s in threads the send started itself (its module's ThreadPoolExecutor,
-    # a plain non-daemon Thread): the interpreter's exit would join them, deaf to signals.
-    ids = await enqueue(db_path, 2)
-    assert ids == [1, 2]  # the raw threads' names
-    log = tmp_path / "sends.log"
-    proc = serve(python, db_path, log, 60.0, "--send", send, "--shutdown-timeout-s", "1", launcher=TERMINAL)
-    await wait_for_starts(proc, log, 2)
-    err = await sigterm_and_exit(proc, within_s=10)
-    lines = left_behind(err)
-    assert len(lines) == 1, err
-    assert f"{LEFT_BEHIND} asyncio_tasks=0 threads=0 other_threads=2 ({names}):" in lines[0]
-    assert "the process exits now" in lines[0]
-    assert "ignored their cancellation" not in lines[0]  # threads, not sends, are claimed
-    assert {i: t[0] for i, t in tasks(db_path).items()} == dict.fromkeys(ids, "pending")  # handed back
 
 
 async def test_an_idle_pool_of_the_sends_module_neither_holds_the_exit_nor_is_reported(
