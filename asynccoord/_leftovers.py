@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -36,6 +37,8 @@ from collections.abc import Callable, Collection, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn, ParamSpec, TypeVar
+
+from ._loop import loop_factory
 
 __all__ = ("CountingExecutor", "Leftovers", "exit_now", "guard_exit", "other_threads", "run_leaving")
 
@@ -98,16 +101,6 @@ class CountingExecutor(ThreadPoolExecutor):
         return super().submit(counted)
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed (the ``fast`` extra), else asyncio's default."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
 CANCEL_GRACE_S = 0.5
 """How long tasks still running when the command's coroutine returns may take to end once cancelled."""
 
@@ -125,7 +118,7 @@ def run_leaving(main: Coroutine[Any, Any, T], left: Callable[[Leftovers], None])
     are then for :func:`guard_exit` to judge.
     """
     before = frozenset(threading.enumerate())
-    runner = asyncio.Runner(loop_factory=_loop_factory())
+    runner = asyncio.Runner(loop_factory=loop_factory())
     loop = runner.get_loop()
     executor = CountingExecutor()
     loop.set_default_executor(executor)
@@ -135,8 +128,7 @@ def run_leaving(main: Coroutine[Any, Any, T], left: Callable[[Leftovers], None])
         tasks = _cancel_within(loop, CANCEL_GRACE_S)
         leftovers = Leftovers(tasks=len(tasks), threads=executor.running)
         if leftovers:
-            others = other_threads(excluding=before | executor.workers)
-            leftovers = Leftovers(tasks=leftovers.tasks, threads=leftovers.threads, other_threads=others)
+            leftovers = dataclasses.replace(leftovers, other_threads=other_threads(excluding=before | executor.workers))
         if not leftovers:
             runner.close()
         else:

@@ -6,16 +6,22 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ("run",)
+__all__ = ("loop_factory", "run")
 
 T = TypeVar("T")
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` to completion on a new event loop (uvloop's when importable)."""
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop factory when it is importable, else None (asyncio's default loop)."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(main)
-    runner: Callable[[Coroutine[Any, Any, T]], T] = uvloop.run  # typed even where uvloop's stubs are absent
-    return runner(main)
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop  # typed even without uvloop's stubs
+    return factory
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to completion on a new event loop (uvloop's when importable), as ``asyncio.run`` does."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(main)

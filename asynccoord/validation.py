@@ -7,6 +7,7 @@ and the offending value, and is always run before anything touches a store.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -433,7 +434,10 @@ def check_send(send: object) -> None:
 
 
 def is_async_callable(fn: object) -> bool:
-    """Whether calling ``fn`` makes a coroutine: an ``async def`` (or a partial of one), or an async ``__call__``."""
+    """Whether calling ``fn`` makes a coroutine: an ``async def``, an object with an async ``__call__``,
+    or a ``functools.partial`` of either."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
 
 

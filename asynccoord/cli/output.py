@@ -21,6 +21,7 @@ import contextlib
 import functools
 import os
 import sys
+from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
@@ -41,8 +42,15 @@ class OutputFailed(Exception):
     """
 
 
-def _failed(exc: OSError) -> OutputFailed:
-    return OutputFailed(f"cannot write the output: {exc.strerror or exc}")
+@contextlib.contextmanager
+def _writing() -> Iterator[None]:
+    """Raise a failed write to standard output as :class:`OutputClosed` or :class:`OutputFailed`."""
+    try:
+        yield
+    except BrokenPipeError as exc:
+        raise OutputClosed("the reader of the output went away") from exc
+    except OSError as exc:
+        raise OutputFailed(f"cannot write the output: {exc.strerror or exc}") from exc
 
 
 class _Stdout:
@@ -52,20 +60,12 @@ class _Stdout:
     """
 
     def write(self, text: str) -> int:
-        try:
+        with _writing():
             return sys.stdout.write(text)
-        except BrokenPipeError as exc:
-            raise OutputClosed("the reader of the output went away") from exc
-        except OSError as exc:
-            raise _failed(exc) from exc
 
     def flush(self) -> None:
-        try:
+        with _writing():
             sys.stdout.flush()
-        except BrokenPipeError as exc:
-            raise OutputClosed("the reader of the output went away") from exc
-        except OSError as exc:
-            raise _failed(exc) from exc
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: those of standard output
         return getattr(sys.stdout, name)

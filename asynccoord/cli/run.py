@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -339,14 +338,6 @@ def _function(option: str, spec: str, check: Callable[[object], None]) -> Any:
     return fn
 
 
-def _makes_coroutines(fn: object) -> bool:
-    """Whether calling ``fn`` makes a coroutine: an ``async def``, a ``functools.partial`` of one (or of an
-    object with an async ``__call__``), or such an object."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return is_async_callable(fn)
-
-
 def rate_limits(args: argparse.Namespace) -> list[Any]:
     """The queue's limits from ``--rate-limit`` options (empty when none was given).
 
@@ -432,7 +423,7 @@ def run_command(args: argparse.Namespace) -> int:
     from ..node import Runtime
 
     send, lock_key, config = check_run(args)  # before the database is touched
-    if not _makes_coroutines(send):  # a decorator's plain wrapper that returns the coroutine is fine
+    if not is_async_callable(send):  # a decorator's plain wrapper that returns the coroutine is fine
         log.warning(
             "asynccoord.run.send_not_async send=%r: a plain function, not async def; the nodes share one "
             "event loop, so a send that blocks (a synchronous HTTP call, say) stalls them all",

@@ -243,7 +243,7 @@ class SQLiteStore(
             )
         if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
             raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
-        if not self.read_only and self.path != ":memory:" and not self.path.startswith("file:"):
+        if self._on_file():
             _check_writable(self.path)  # before SQLite leaves -wal/-shm files behind
         target = read_only_uri(self.path) if self.read_only else self.path
         new_file = self._file_path() is not None and not os.path.exists(self.path)  # noqa: ASYNC240 - one stat
@@ -335,7 +335,7 @@ class SQLiteStore(
     def _on_file(self) -> bool:
         # A "file:" name may be a URI (this SQLite may interpret them), possibly of an
         # in-memory database a second connection would not share: left to SQLite.
-        return not self.read_only and self.path != ":memory:" and not self.path.startswith("file:")
+        return not self.read_only and self._file_path() is not None
 
     def _background_checkpoints(self) -> bool:
         return self._on_file() and self.config.checkpoint_interval_s is not None
