@@ -171,7 +171,9 @@ class StoreConfig:
         retry: Backoff policy used by ``fail`` unless one is passed. Default RetryPolicy().
         processed: Retention of processed-message records. Default ProcessedRetention().
         busy_timeout_s: SQLite: how long a write waits for another connection's write
-            lock before :class:`~asynccoord.errors.StoreBusyError`, seconds. Default 30.
+            lock before :class:`~asynccoord.errors.StoreBusyError`, seconds. Default 30,
+            longer than ``NodeConfig.lock_ttl_s``'s default: a process frozen mid-write holds
+            the lock until it resumes.
         synchronous_full: SQLite: ``synchronous=FULL`` (durable across power loss)
             instead of ``NORMAL`` (durable across process crashes). Default False.
         max_batch_ops: Most operations sent together: one transaction of the group

@@ -105,6 +105,10 @@ class Task:
     requeue); lease extension is a heartbeat and keeps it. ``lease_token`` is new for
     every claim, so a task reclaimed after its lease expired cannot be settled with
     the old lease even when the same node id claims it again.
+
+    ``attempts`` counts claims, sent or not: ``attempts > 1`` says an earlier delivery may
+    have gone out. A send cut short (at a shutdown, say) keeps its attempt counted, and
+    on the task's last attempt leaves it dead, as a crash would.
     """
 
     id: int

@@ -12,7 +12,8 @@ and exits with status 0. Sends that outlive the shutdown (a coroutine ignoring i
 cancellation, a blocking call in ``asyncio.to_thread``, in a ``ThreadPoolExecutor`` of its own or
 in a ``threading.Thread`` it started) are not waited for: the process logs
 ``asynccoord.run.left_behind`` with their count and exits at once, still with status 0.
-A second signal during the drain hands back at once.
+A second signal during the drain hands back at once. One that comes while the run is still
+starting ends it the same way, before it claims anything.
 
 ``--lifespan mybot.send:client`` names an async context manager function (one made
 with :func:`contextlib.asynccontextmanager`, say) entered before the database opens and
@@ -30,6 +31,9 @@ left after the nodes have stopped: the place to open and close the send's client
 
 ``--db`` takes what :func:`asynccoord.backends.open.open_store` takes: an SQLite file path, an
 ``sqlite:///PATH`` URL or a ``postgresql://`` DSN (nodes on many machines).
+
+A signal cuts the ``--lifespan``'s entry short. Its exit gets another ``--shutdown-timeout-s``,
+and a signal beyond the one that ended the run cuts it short.
 """
 
 from __future__ import annotations

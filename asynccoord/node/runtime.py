@@ -101,7 +101,11 @@ class Runtime:
             an async generator function is refused with ``InvalidTypeError``).
         nodes: Number of nodes (1 to 4096). Default ``len(node_ids)`` when ``node_ids`` is
             given, else 8 (:data:`DEFAULT_NODES`). Given with ``node_ids``, it must equal
-            ``len(node_ids)``.
+            ``len(node_ids)``. More nodes do not drain faster: in an ordered queue a
+            conversation's messages go one at a time, and so do an account's sends under a
+            ``lock_key`` (``benchmarks/contention.py`` drains as fast with 16 nodes as with 64);
+            the process's event loop and SQLite's thread share the GIL, so for more than
+            about one core run more processes on the same file or database.
         config: :class:`~asynccoord.node.config.NodeConfig` shared by the nodes.
         lock_key: Maps a task to the lock it needs (None: no lock). Default None.
         node_ids: Explicit node ids (reuse them across restarts to keep affinity), used
