@@ -11,6 +11,7 @@ import functools
 import inspect
 import json
 import math
+import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeGuard, cast
@@ -462,7 +463,10 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
         InvalidTypeError: a value JSON cannot encode (a set, bytes, an object...), or
             one whose own methods raise while it is encoded.
         InvalidArgumentError: NaN or infinity, a value that would not decode back to an
-            equal value (a tuple, a dict key that is not a str), or one nested too deeply.
+            equal value (a tuple, a dict key that is not a str), one nested too deeply, or an
+            int of more digits than Python's default int/str conversion limit (4,300) lets a
+            process read back, whatever this process's own limit
+            (``sys.set_int_max_str_digits``).
         PayloadTooLargeError: the encoding is over ``max_bytes`` bytes.
     """
     try:
@@ -470,11 +474,17 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
     except TypeError as exc:
         raise InvalidTypeError(f"{arg} is not JSON-serializable: {exc}") from None
     except ValueError as exc:
+        if _holds_unreadable_int(payload):  # this process's limit refused it: say why, not how to lift it
+            raise InvalidArgumentError(_unreadable_int(arg)) from None
         raise InvalidArgumentError(f"{arg} is not valid JSON: {exc} in {_short(payload)}") from None
     except RecursionError:  # deeper than the stack left allows: json's encoder recurses
         raise InvalidArgumentError(_too_deep(arg)) from None
     except Exception as exc:  # a container whose own methods fail (a dict subclass's items(), say)
         raise InvalidTypeError(f"{arg} could not be encoded as JSON: {error_text(exc)}") from None
+    if not 0 < sys.get_int_max_str_digits() <= _DEFAULT_INT_DIGITS and _holds_unreadable_int(payload):
+        # This process lifted the limit, so json wrote the int; a process with the default limit
+        # (another node, `status`) could not read the task back.
+        raise InvalidArgumentError(_unreadable_int(arg))
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
@@ -498,6 +508,40 @@ def encode_payload(payload: Any, *, max_bytes: int, arg: str = "payload") -> str
 
 MAX_PAYLOAD_DEPTH = 100
 """Deepest nesting of lists and dicts a payload (or a stored result) may have."""
+
+
+_DEFAULT_INT_DIGITS: int = sys.int_info.default_max_str_digits
+_UNREADABLE_INT = 10**_DEFAULT_INT_DIGITS  # the least int with more digits than that
+
+
+def _holds_unreadable_int(payload: object) -> bool:
+    """Whether ``payload`` holds an int that ``json.loads`` refuses under the default digit limit.
+
+    A walk with a stack of its own (the payload may nest as deep as json's encoder allowed)
+    that enters each container once, so a circular payload ends it too.
+    """
+    pending: list[object] = [payload]
+    entered: set[int] = set()
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict | list | tuple):
+            if id(value) in entered:
+                continue
+            entered.add(id(value))
+            try:
+                pending.extend(value.values() if isinstance(value, dict) else value)
+            except Exception:  # a container whose own methods fail: json says what is wrong with it
+                return False
+        elif isinstance(value, int) and not -_UNREADABLE_INT < value < _UNREADABLE_INT:
+            return True
+    return False
+
+
+def _unreadable_int(arg: str) -> str:
+    return (
+        f"{arg} holds an int too large to read back: over {_DEFAULT_INT_DIGITS} digits, more than a "
+        "Python process decodes from JSON by default (send it as a str)"
+    )
 
 
 def _too_deep(arg: str) -> str:

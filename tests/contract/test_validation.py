@@ -9,6 +9,7 @@ import math
 import os
 import re
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -873,6 +874,31 @@ async def test_ints_over_the_repr_limit_are_refused_with_typed_errors(store: Any
             await call()
         assert "bits>" in str(info.value) or "cannot be shown" in str(info.value) or "too large" in str(info.value)
     assert (await store.stats(Q)).total == 0
+
+
+async def test_ints_no_default_process_reads_back_are_refused_under_a_lifted_limit(store: Any) -> None:
+    """An int json writes only under a lifted ``sys.set_int_max_str_digits`` is refused: a node or
+    ``status`` running with Python's default limit could not decode the stored task."""
+    huge = 10**sys.int_info.default_max_str_digits  # one digit over the default limit
+    lifted = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # no limit in this process
+    try:
+        for call in (
+            lambda: store.enqueue(Q, huge),
+            lambda: store.enqueue(Q, {"n": [1, -huge]}),
+            lambda: store.fenced_write("r", 1, {"n": huge}),
+        ):
+            with pytest.raises(InvalidArgumentError, match="too large to read back") as info:
+                await call()
+            assert "set_int_max_str_digits" not in str(info.value)
+        assert (await store.enqueue(Q, huge - 1)).task.payload == huge - 1  # the default limit reads it
+    finally:
+        sys.set_int_max_str_digits(lifted)
+    assert (await store.stats(Q)).total == 1
+    assert await store.read_fence("r") is None
+    with pytest.raises(InvalidArgumentError, match="too large to read back") as info:
+        await store.enqueue(Q, {"n": huge})  # the default limit: the same error, no advice to lift it
+    assert "set_int_max_str_digits" not in str(info.value)
 
 
 @pytest.mark.parametrize(
