@@ -61,10 +61,12 @@ class NewTask:
         idempotency_key: Dedup key unique within the queue; a second enqueue with the
             same key returns the first task. Also the message id of the processed-id
             record written at completion. Default None (no dedup).
-        priority: Higher runs first. Default 0.
+        priority: Higher runs first. Default 0. In an ordered queue it orders conversations,
+            not the tasks of one ``partition_key``: those go in enqueue order.
         max_attempts: Attempts before dead-lettering, 1..2**31 - 1; None takes the
             store's retry policy. Default None.
         delay_s: Not claimable before this many seconds from now (store clock). Default 0.
+            In an ordered queue the conversation's later tasks wait for it too.
         limit_keys: The task's key for each rate-limited dimension of its queue, e.g.
             ``{"account": "bot-1", "chat": "42"}`` (see
             :class:`~asynccoord.contract.ratelimits.RateLimit`): the claim takes a token
