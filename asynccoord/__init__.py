@@ -74,13 +74,24 @@ from .errors import (
     StoreFileReplacedError,
     StoreLoopError,
     TaskNotFoundError,
+    UnreadableRowError,
 )
 from .events import EventCounter
 from .locks.lock import Lock, Semaphore
 from .locks.pool import LockPool
 from .locks.watchdog import Watchdog, WatchdogStats
 from .membership import Membership, MembershipStats, MembershipView
-from .models import Continuation, DeadLetterPolicy, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, TaskStatus
+from .models import (
+    Continuation,
+    DeadLetterPolicy,
+    EnqueueResult,
+    NewTask,
+    PurgeResult,
+    QueueStats,
+    Task,
+    TaskStatus,
+    UnreadableValue,
+)
 from .monitor.alerts import AlertStream
 from .monitor.histogram import Histogram, LatencyRecorder
 from .monitor.monitor import Monitor, MonitorStats
@@ -169,6 +180,8 @@ __all__: tuple[str, ...] = (
     "Task",
     "TaskNotFoundError",
     "TaskStatus",
+    "UnreadableRowError",
+    "UnreadableValue",
     "Watchdog",
     "WatchdogStats",
     "WebhookSink",

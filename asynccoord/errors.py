@@ -33,6 +33,7 @@ with the original exception kept as ``__cause__``.
         ├── ReadOnlyStoreError                 a write on a store opened read-only, or a file we cannot write
         ├── NotADatabaseError                  the file is not a database of ours
         ├── StoreFileReplacedError             the SQLite file was deleted or replaced under the open store
+        ├── UnreadableRowError                 a stored task's column cannot be decoded (written by another tool)
         └── SchemaVersionError                 the database was made by a newer or pre-0.1.0 version
 """
 
@@ -65,6 +66,7 @@ __all__ = (
     "StoreError",
     "StoreFileReplacedError",
     "TaskNotFoundError",
+    "UnreadableRowError",
 )
 
 
@@ -319,6 +321,36 @@ class StoreFileReplacedError(StoreError):
     on, every call raises this error. It cannot be cured by a retry: close the store and
     open the path again. The message names the path and what happened to it.
     """
+
+
+class UnreadableRowError(StoreError):
+    """A stored task's column holds a value this process cannot decode; nothing was changed.
+
+    The stores write ``payload``, ``result`` and ``limit_keys`` as compact JSON that they
+    read back. A row written by another tool or edited by hand (JSON cut short, a
+    bytes value, an integer longer than this process's ``sys.get_int_max_str_digits()``,
+    nesting deeper than Python's recursion limit) cannot be: :meth:`get` raises this error,
+    ``dead_letters`` lists such a task with an :class:`~asynccoord.models.UnreadableValue`
+    in place of the value, and a claim that meets one dead-letters it (the
+    ``unreadable_task`` event) and hands out the others. Fix or discard the row.
+
+    Args:
+        task_id: The task whose row it is.
+        column: The column that cannot be decoded, e.g. ``"payload"``.
+        reason: Why, as the decoder said it.
+
+    Attributes:
+        task_id, column, reason: As given.
+    """
+
+    def __init__(self, task_id: int, column: str, reason: str) -> None:
+        super().__init__(f"task {task_id}: stored {column} is unreadable: {reason}")
+        self.task_id = task_id
+        self.column = column
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.task_id, self.column, self.reason))
 
 
 class SchemaVersionError(StoreError):

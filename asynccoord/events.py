@@ -11,6 +11,7 @@ The conflict monitor reads these counters; the names are part of the public API
 * ``stale_commit_rejected``, ``fencing_rejected``: writes the versions and fences refused;
   ``duplicate_enqueue_suppressed``, ``duplicate_delivery_suppressed``: repeats the idempotency
   keys and processed records absorbed.
+* ``unreadable_task``: a claimed task whose stored row could not be decoded, dead-lettered.
 * ``send_abandoned``: a send left running unwatched (let go at ``send_overrun_s``, or
   outliving its node's stop).
 * ``rate_limit_held``: claims that left work behind for a rate limit;
@@ -57,6 +58,7 @@ __all__ = (
     "RETRIES",
     "STALE_COMMIT_REJECTED",
     "STORE_RETRIES",
+    "UNREADABLE_TASK",
     "EventCounter",
 )
 
@@ -109,6 +111,11 @@ SEND_ABANDONED = "send_abandoned"
 """A send that ignored its cancellation still ran when the node stopped watching it: let go
 ``send_overrun_s`` after its timeout, or still running when its node stopped (its lease and lock
 then lapse at their TTLs). If its message goes out, a later send of its task repeats it."""
+UNREADABLE_TASK = "unreadable_task"
+"""A claim leased a task whose stored ``payload`` or ``result`` cannot be decoded (written by
+another tool, or an integer over this process's digit limit): the task was dead-lettered with
+``last_error`` naming the column and why (``dead_lettered`` is counted too), and the claim
+handed out the others. Logged as ``asynccoord.store.unreadable_task``."""
 
 EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,
@@ -133,6 +140,7 @@ EVENT_NAMES: tuple[str, ...] = (
     PROVIDER_RATE_LIMITED,
     SEND_PAUSED,
     SEND_ABANDONED,
+    UNREADABLE_TASK,
 )
 
 

@@ -23,6 +23,7 @@ __all__ = (
     "QueueStats",
     "Task",
     "TaskStatus",
+    "UnreadableValue",
 )
 
 
@@ -97,6 +98,30 @@ class NewTask:
             check_int("max_attempts", self.max_attempts, minimum=1, maximum=MAX_ATTEMPTS)
         check_non_negative("delay_s", self.delay_s)
         object.__setattr__(self, "limit_keys", check_limit_keys(self.limit_keys))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnreadableValue:
+    """In a listed :class:`Task`, a stored value the store could not decode, kept as its raw text.
+
+    ``dead_letters`` (and the settling verbs, whose write has gone through) return a task
+    whose ``payload`` or ``result`` column cannot be decoded with this in its place, so the
+    task can still be seen, requeued after a fix, or discarded; ``get`` raises
+    :class:`~asynccoord.errors.UnreadableRowError` instead.
+
+    Attributes:
+        column: The column, ``"payload"`` or ``"result"``.
+        text: The stored text as read (``repr`` of a value that is not text).
+        reason: Why it cannot be decoded, as the decoder said it.
+    """
+
+    column: str
+    text: str
+    reason: str
+
+    def __repr__(self) -> str:
+        shown = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        return f"<UnreadableValue {self.column} {shown!r}: {self.reason}>"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

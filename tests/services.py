@@ -18,12 +18,14 @@ import functools
 import os
 import re
 import secrets
+import sqlite3
 import threading
 from typing import Any, NoReturn
 
 import pytest
 
 __all__ = (
+    "corrupt_task_row",
     "LOCK_BACKENDS",
     "drop_schemas",
     "PG_DSN",
@@ -297,3 +299,28 @@ def drop_tracked_schemas() -> None:
         drop_schemas(*sorted(_ALL_SCHEMAS))
         _ALL_SCHEMAS.clear()
         _FREE_SCHEMAS.clear()
+
+
+async def corrupt_task_row(store: Any, task_id: int, column: str, text: str) -> None:
+    """Write ``text`` into ``column`` of a task's row behind the store's back, as another tool would.
+
+    ``store``: an open SQLite or PostgreSQL store (its file, or its schema on ``PG_DSN``).
+    """
+    import asyncpg
+
+    if not re.fullmatch(r"[a-z_]+", column):
+        raise ValueError(f"not a column name: {column!r}")
+    sql = f"UPDATE coord_tasks SET {column} = {{}} WHERE id = {{}}"
+    if hasattr(store, "schema"):
+        conn = await asyncpg.connect(PG_DSN, server_settings={"search_path": store.schema})
+        try:
+            await conn.execute(sql.format("$1", "$2"), text, task_id)
+        finally:
+            await conn.close()
+        return
+    raw = sqlite3.connect(store.path)
+    try:
+        with raw:
+            raw.execute(sql.format("?", "?"), (text, task_id))
+    finally:
+        raw.close()

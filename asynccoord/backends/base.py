@@ -15,6 +15,7 @@ primitives of each backend).
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Self
 
@@ -37,16 +38,18 @@ from ..contract.queue import (
     encode_results,
     prepare_tasks,
 )
-from ..errors import CoordError, InvalidTypeError
+from ..errors import CoordError, InvalidTypeError, LeaseLostError, TaskNotFoundError
 from ..events import EventCounter
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task
 from ..notify import WorkNotifier
 from ..validation import check_int, check_lease_s, check_name, check_non_negative
 from .calls import CallGate
-from .rows import with_stored_fields
+from .rows import UnreadableClaim, with_stored_fields
 from .wakeups import notify_created
 
 __all__ = ("RELEASED_ON_LAST_ATTEMPT", "StoreBase")
+
+log = logging.getLogger(__name__)
 
 RELEASED_ON_LAST_ATTEMPT = "released on its last attempt with the attempt counted (its send may have gone out)"
 """The ``last_error`` of a task that ``release(count_attempt=True)`` left dead (see :meth:`StoreBase.release`)."""
@@ -185,6 +188,36 @@ class StoreBase(abc.ABC):
         due_age_s: float,
     ) -> list[Task]:
         """Lease up to ``limit`` due tasks; count claims, expiries, dead letters and duplicates."""
+
+    async def _dead_letter_unreadable(self, unreadable: Sequence[UnreadableClaim]) -> None:
+        """Dead-letter the tasks a claim leased whose rows cannot be decoded (a poison message).
+
+        Each one: its attempt stays counted, ``last_error`` names the column and why, its
+        key's next task follows the queue's dead-letter policy as after any dead letter, one
+        warning (``asynccoord.store.unreadable_task``) and the ``unreadable_task`` and
+        ``dead_lettered`` events. A task whose lease moved on meanwhile is left to its new
+        holder; a store error is logged and the lease left to expire (the next claim of the
+        task tries again), so the claim still hands out its other tasks.
+        """
+        for claim in unreadable:
+            error = claim.error
+            log.warning(
+                "asynccoord.store.unreadable_task task=%d queue=%s column=%s reason=%s",
+                error.task_id,
+                claim.task.queue,
+                error.column,
+                error.reason,
+            )
+            try:
+                why = clean_error(f"stored {error.column} is unreadable: {error.reason}")
+                await self._dead_letter_checked(claim.task, why, count=False)
+            except (LeaseLostError, TaskNotFoundError):
+                continue
+            except CoordError as exc:
+                log.warning("asynccoord.store.unreadable_task_left task=%d error=%s", error.task_id, exc)
+                continue
+            self.events.add(ev.UNREADABLE_TASK)
+            self.events.add(ev.DEAD_LETTERED)
 
     async def claimable_partitions(
         self,

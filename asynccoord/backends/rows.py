@@ -2,7 +2,11 @@
 
 Only the stores under :mod:`asynccoord.backends` use these: the rows they decode are
 the ones they wrote (compact JSON, the ``coord_tasks`` column order), so nothing here
-validates; what a caller hands in is checked by :mod:`asynccoord.contract` first.
+validates; what a caller hands in is checked by :mod:`asynccoord.contract` first. A row
+written by another tool may still hold a column that cannot be decoded: the fast paths
+try first and only a failure looks at the columns one by one
+(:class:`~asynccoord.errors.UnreadableRowError`, :func:`listed_task_from_row`,
+:func:`split_unreadable`).
 """
 
 from __future__ import annotations
@@ -13,18 +17,32 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..models import Task, TaskSlots, TaskStatus, make_task
+from ..errors import UnreadableRowError
+from ..models import Task, TaskSlots, TaskStatus, UnreadableValue, make_task
 
 __all__ = (
+    "DECODE_ERRORS",
+    "UnreadableClaim",
     "copies_to_write",
     "decode_json",
     "lease_lost_reason",
+    "listed_task_from_row",
     "new_token",
     "repeated_ids",
     "settled_done",
+    "split_unreadable",
     "task_from_row",
+    "unreadable_column",
     "with_stored_fields",
 )
+
+DECODE_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, RecursionError)
+"""What decoding a stored text can raise: not JSON (``JSONDecodeError``), an integer over
+``sys.get_int_max_str_digits()`` (``ValueError``), bytes (``TypeError``), nesting deeper than
+the recursion limit (``RecursionError``)."""
+
+_ROW_ERRORS: tuple[type[Exception], ...] = (*DECODE_ERRORS, KeyError)  # and a status none of the four
+_CLAIM_ERRORS: tuple[type[Exception], ...] = (*DECODE_ERRORS, UnreadableRowError)
 
 
 # The standard library's own C scanner, which json.loads runs after two regex matches for
@@ -53,6 +71,29 @@ def decode_json(text: str | None) -> Any:
     return value
 
 
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def unreadable_column(task_id: int, columns: Sequence[tuple[str, Any]]) -> UnreadableRowError | None:
+    """The error for the first of ``columns`` (``(name, stored text)``) that cannot be decoded; None if all can."""
+    for name, text in columns:
+        try:
+            decode_json(text)
+        except DECODE_ERRORS as exc:
+            return UnreadableRowError(task_id, name, _reason(exc))
+    return None
+
+
+def _listed(column: str, text: Any) -> Any:
+    """The value of ``text``, or an :class:`~asynccoord.models.UnreadableValue` in its place."""
+    try:
+        return decode_json(text)
+    except DECODE_ERRORS as exc:
+        shown = text if isinstance(text, str) else repr(text)
+        return UnreadableValue(column=column, text=shown, reason=_reason(exc))
+
+
 _STATUS = {s.value: s for s in TaskStatus}
 
 
@@ -62,7 +103,50 @@ def task_from_row(row: Sequence[Any]) -> Task:
     ``row`` holds the 19 Task fields in declaration order, ``payload`` and ``result`` as
     JSON text and ``status`` as its name (the stores' ``RETURNING``/``SELECT`` column
     order). No validation: the store wrote these values (see ``make_task``).
+
+    Raises:
+        UnreadableRowError: ``payload`` or ``result`` cannot be decoded, or ``status`` is
+            none of the four (a row written by another tool).
     """
+    try:
+        return _task_from_row(row)
+    except _ROW_ERRORS:
+        error = _row_problem(row)
+        if error is None:
+            raise
+    raise error
+
+
+def listed_task_from_row(row: Sequence[Any]) -> Task:
+    """As :func:`task_from_row`, but a ``payload`` or ``result`` that cannot be decoded is listed as an
+    :class:`~asynccoord.models.UnreadableValue` (for reads that list tasks, and settles whose write is done).
+
+    Raises:
+        UnreadableRowError: ``status`` is none of the four.
+    """
+    try:
+        return _task_from_row(row)
+    except _ROW_ERRORS:
+        if row[7] not in _STATUS:
+            raise _status_problem(row) from None
+    return dataclasses.replace(
+        _task_from_row([*row[:5], "null", *row[6:16], None, *row[17:19]]),
+        payload=_listed("payload", row[5]),
+        result=_listed("result", row[16]),
+    )
+
+
+def _status_problem(row: Sequence[Any]) -> UnreadableRowError:
+    return UnreadableRowError(row[0], "status", f"{row[7]!r} is none of {', '.join(_STATUS)}")
+
+
+def _row_problem(row: Sequence[Any]) -> UnreadableRowError | None:
+    if row[7] not in _STATUS:
+        return _status_problem(row)
+    return unreadable_column(row[0], (("payload", row[5]), ("result", row[16])))
+
+
+def _task_from_row(row: Sequence[Any]) -> Task:
     return make_task(
         row[0],
         row[1],
@@ -84,6 +168,46 @@ def task_from_row(row: Sequence[Any]) -> Task:
         row[17],
         row[18],
     )
+
+
+class UnreadableClaim:
+    """A task a claim leased whose row cannot be decoded: its lease (``task``, payload and result
+    None) for the dead-lettering, and why (``error``). See :func:`split_unreadable`."""
+
+    __slots__ = ("error", "task")
+
+    def __init__(self, task: Task, error: UnreadableRowError) -> None:
+        self.task = task
+        self.error = error
+
+
+def split_unreadable(
+    rows: Sequence[Sequence[Any]], convert: Callable[[Any], Task], *, payload_at: int, result_at: int
+) -> tuple[list[Task], list[UnreadableClaim]]:
+    """The tasks of a claim's ``rows`` (``convert`` each), and the rows that cannot be decoded.
+
+    ``payload_at`` and ``result_at`` are the columns' places in a row. The common case
+    costs one ``try``: only when a row fails are the rows converted one by one, and a row
+    whose ``payload`` or ``result`` cannot be decoded is converted again with both blank
+    (its lease, for a compare-and-set) and returned with its error.
+    """
+    try:
+        return [convert(r) for r in rows], []
+    except _CLAIM_ERRORS:
+        pass
+    tasks: list[Task] = []
+    unreadable: list[UnreadableClaim] = []
+    for r in rows:
+        try:
+            tasks.append(convert(r))
+        except _CLAIM_ERRORS:
+            error = unreadable_column(r[0], (("payload", r[payload_at]), ("result", r[result_at])))
+            if error is None:
+                raise
+            blank = list(r)
+            blank[payload_at], blank[result_at] = "null", None
+            unreadable.append(UnreadableClaim(convert(tuple(blank)), error))
+    return tasks, unreadable
 
 
 def settled_done(task: Task, *, version: int, now: float, result: Any) -> Task:

@@ -29,7 +29,11 @@ acted on. A listing that finds no task of the queue at all says so in a note, ex
 next page; null when this page is the last), and ``tasks``, each with ``id``,
 ``partition_key``, ``partition``, ``idempotency_key``, ``priority``, ``attempts``,
 ``max_attempts``, ``created_at``, ``updated_at`` (seconds since the epoch, store clock) and
-``last_error``, plus ``payload`` with ``--show-payloads``.
+``last_error``, plus ``payload`` with ``--show-payloads``. A payload stored as text that
+cannot be decoded (a row written by another tool: see
+:class:`~asynccoord.errors.UnreadableRowError`) is listed too: its ``payload`` is null and
+``payload_unreadable`` holds ``text`` (as stored) and ``reason``; the table shows the text
+marked ``(unreadable)``.
 
 Exit status as for every command (:mod:`asynccoord.cli.main`): 0 done, 1 the database
 failed or is not one of asynccoord, the queue is unknown, or an ``--id`` named no dead task
@@ -49,8 +53,14 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ..contract.queue import MAX_DEAD_LETTERS_LIMIT, MAX_ID
-from ..errors import InvalidArgumentError, NotADatabaseError, SchemaVersionError, TaskNotFoundError
-from ..models import Task, TaskStatus
+from ..errors import (
+    InvalidArgumentError,
+    NotADatabaseError,
+    SchemaVersionError,
+    TaskNotFoundError,
+    UnreadableRowError,
+)
+from ..models import Task, TaskStatus, UnreadableValue
 from ..validation import check_int, check_name
 from .output import table_console, write_stdout
 from .printable import printable, printable_report
@@ -153,7 +163,18 @@ def _task_entry(task: Task, show_payload: bool) -> dict[str, Any]:
     }
     if show_payload:
         entry["payload"] = task.payload
+        if isinstance(task.payload, UnreadableValue):
+            entry["payload"] = None
+            entry["payload_unreadable"] = {"text": task.payload.text, "reason": task.payload.reason}
     return entry
+
+
+def _payload_text(entry: dict[str, Any]) -> str:
+    """A listed task's payload for the table: its JSON, or its stored text marked unreadable."""
+    unreadable = entry.get("payload_unreadable")
+    if unreadable is not None:
+        return f"(unreadable) {unreadable['text']}"
+    return json.dumps(entry["payload"], ensure_ascii=False)
 
 
 SETTLE_BATCH = 1000
@@ -204,6 +225,11 @@ async def _dead_of(store: Any, queue: str, ids: Iterable[int]) -> set[int]:
         try:
             task = await store.get(task_id)
         except TaskNotFoundError:
+            continue
+        except UnreadableRowError:  # a row written by another tool: the listing shows it all the same
+            page = await store.dead_letters(queue, limit=1, after_id=task_id - 1)
+            if page and page[0].id == task_id:
+                dead.add(task_id)
             continue
         if task.queue == queue and task.status == TaskStatus.DEAD:
             dead.add(task_id)
@@ -527,7 +553,7 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
     from rich import box
     from rich.table import Table
 
-    payloads = [t["payload"] for t in report["tasks"]] if report["payloads_shown"] else []
+    payloads = [_payload_text(t) for t in report["tasks"]] if report["payloads_shown"] else []
     named = repr(report["queue"])  # quoted unambiguously, control characters escaped
     report = printable_report(report)  # no control character of the users' data reaches the terminal
     # Markup off: keys, errors and payloads come from the users' data and print as they are.
@@ -551,7 +577,7 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
     for i, t in enumerate(tasks):
         payload: tuple[str, ...] = ()
         if report["payloads_shown"]:  # from the stored payload, escaped once
-            payload = (printable(shorten(json.dumps(payloads[i], ensure_ascii=False), _PAYLOAD_CHARS)),)
+            payload = (printable(shorten(payloads[i], _PAYLOAD_CHARS)),)
         table.add_row(
             str(t["id"]),
             shorten(t["partition_key"], _KEY_CHARS) if t["partition_key"] else "-",

@@ -84,6 +84,16 @@ class Runtime:
     so a ``finally: await runtime.shutdown()`` around code that failed before the start is
     harmless; a new attempt creates a new Runtime.
 
+    A node that fails stops the runtime: the other nodes are cancelled (their tasks handed
+    back), and ``shutdown``, ``wait_for_signal``, ``wait_until_drained`` and leaving the
+    ``async with`` raise the failure. An asynccoord error comes out as itself, unwrapped
+    (the first one when several nodes failed at once, e.g. the
+    :class:`~asynccoord.errors.StoreFileReplacedError` they all met); only a failure that
+    includes another exception (a defect) comes out as the task group's ``ExceptionGroup``,
+    whole, so nothing of it is lost. A task row the store cannot decode is no failure: the
+    claim dead-letters it (:class:`~asynccoord.errors.UnreadableRowError`, the
+    ``unreadable_task`` event) and the nodes go on.
+
     Several queues may share one store, each drained by its own Runtime: a runtime makes
     its membership for its own queue (``Membership(store, queue=...)``), so it shares the
     partitions only among the nodes of that queue.

@@ -496,3 +496,31 @@ def test_each_usage_form_names_the_arguments_it_needs(capsys: pytest.CaptureFixt
         f"{prog} {{requeue,discard}} --db TARGET --queue NAME (--id ID [--id ID ...] | --all) [--schema NAME]",
     ]
     assert "Listing needs --db and --queue" in " ".join(out.split())
+
+
+def test_a_dead_task_whose_payload_cannot_be_decoded_is_listed_and_can_be_discarded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    ids = prepare_sqlite(db, 2)
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:  # a hand edit cut it short
+        raw.execute("UPDATE coord_tasks SET payload = ? WHERE id = ?", ('{"text": "cut', ids[0]))
+
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q, "--json", "--show-payloads")
+    assert (code, err) == (0, "")
+    first, second = json.loads(out)["tasks"]
+    assert (first["id"], first["payload"]) == (ids[0], None)
+    assert first["payload_unreadable"]["text"] == '{"text": "cut'
+    assert first["payload_unreadable"]["reason"].startswith("JSONDecodeError: ")
+    assert "payload_unreadable" not in second
+
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q, "--show-payloads", "--color", "never")
+    assert (code, err) == (0, "")
+    assert '(unreadable) {"text": "cut' in out
+
+    assert main(["status", "--db", str(db)]) == 0
+    capsys.readouterr()
+
+    code, out, err = run(capsys, "discard", "--db", str(db), "--queue", Q, "--id", str(ids[0]))
+    assert (code, err) == (0, "")
+    assert statuses(db, ids) == [None, TaskStatus.DEAD]

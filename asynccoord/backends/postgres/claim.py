@@ -11,6 +11,7 @@ instead, one transaction per claim batch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Coroutine, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from ... import events as ev
 from ...errors import CoordError
 from ...models import Task
 from ..batch import Batcher
-from ..rows import new_token, task_from_row
+from ..rows import listed_task_from_row, new_token, split_unreadable, task_from_row
 from ..wakeups import notify_partitions, notify_settled
 from .ratelimits import Claimed, PgRateLimitOps
 from .statements import Row
@@ -211,7 +212,15 @@ class PgClaimOps(PgRateLimitOps):
             # processes hear of them through NOTIFY).
             notify_partitions(self.notifier, [(queue, int(r[3])) for r in duplicates if r[0] in settled])
         kept = sorted((r for r in rows if not r[20]), key=lambda r: (-r[6], r[0]))
-        tasks = [task_from_row(r) for r in kept]
+        tasks, unreadable = split_unreadable(kept, task_from_row, payload_at=5, result_at=16)
+        if unreadable:
+            try:
+                await self._dead_letter_unreadable(unreadable)
+            except asyncio.CancelledError:  # the claim's caller is gone: hand its tasks back
+                coro = self._undo_claim(tasks)
+                if coro is not None:
+                    self._spawn(coro)
+                raise
         self.events.add(ev.CLAIMS, len(tasks))
         self.events.add(ev.LEASE_EXPIRED, sum(1 for r in rows if r[19]) + dead)
         self.events.add(ev.DEAD_LETTERED, dead)
@@ -304,7 +313,7 @@ class PgClaimOps(PgRateLimitOps):
 
     def _orphaned_claim(self, _request: ClaimRequest, outcome: Claimed) -> None:
         """Hand back the tasks a batch leased for a claim whose caller is gone."""
-        coro = self._undo_claim([task_from_row(r) for r in outcome[0]])
+        coro = self._undo_claim([listed_task_from_row(r) for r in outcome[0]])  # only its lease is used
         if coro is not None:
             self._spawn(coro)
 

@@ -21,7 +21,17 @@ from ...contract.locks import fence_rejected_error
 from ...errors import CoordError, FencingTokenRejectedError, LeaseLostError, TaskNotFoundError
 from ...models import Continuation, Task, TaskStatus
 from ..batch import Batcher
-from ..rows import copies_to_write, decode_json, new_token, repeated_ids, settled_done, task_from_row
+from ..rows import (
+    UnreadableClaim,
+    copies_to_write,
+    decode_json,
+    listed_task_from_row,
+    new_token,
+    repeated_ids,
+    settled_done,
+    split_unreadable,
+    task_from_row,
+)
 from ..wakeups import notify_settled
 from .heads import PgHeads
 from .statements import Row, lost_reason, settled_by_us
@@ -39,7 +49,8 @@ class CommitItem:
     """One task of a commit batch.
 
     ``next_lease_s`` (seconds) asks for a continuation (``complete_and_claim_next``): the
-    batch then sets ``next_task`` to the key's next task it leased, if any.
+    batch then sets ``next_task`` to the key's next task it leased, if any (an
+    :class:`~asynccoord.backends.rows.UnreadableClaim` if its row cannot be decoded).
     """
 
     __slots__ = ("fence", "next_lease_s", "next_task", "result_json", "task")
@@ -55,7 +66,7 @@ class CommitItem:
         self.result_json = result_json
         self.fence = fence
         self.next_lease_s = next_lease_s
-        self.next_task: Task | None = None
+        self.next_task: Task | UnreadableClaim | None = None
 
 
 class PgCommitOps(PgHeads):
@@ -79,8 +90,11 @@ class PgCommitOps(PgHeads):
 
     def _orphaned_commit(self, item: CommitItem, _outcome: Task | CoordError) -> None:
         """Hand back the task a commit leased for a caller cancelled meanwhile (commit-and-continue)."""
-        if item.next_task is not None:
-            coro = self._undo_claim([item.next_task])
+        next_task = item.next_task
+        if isinstance(next_task, UnreadableClaim):  # the next claim of it dead-letters it
+            next_task = next_task.task
+        if next_task is not None:
+            coro = self._undo_claim([next_task])
             if coro is not None:
                 self._spawn(coro)
 
@@ -143,9 +157,13 @@ class PgCommitOps(PgHeads):
             self._count_settled([checked], [outcome])
             raise outcome
         self.events.add(ev.COMMITS)
-        if item.next_task is None and self._listener is None:  # whoever claims the key's next task may be woken
+        next_task = item.next_task
+        if isinstance(next_task, UnreadableClaim):
+            await self._dead_letter_unreadable([next_task])
+            next_task = None
+        if next_task is None and self._listener is None:  # whoever claims the key's next task may be woken
             notify_settled(self.notifier, [outcome])
-        return Continuation(done=outcome, next_task=item.next_task)
+        return Continuation(done=outcome, next_task=next_task)
 
     async def _complete_many_checked(
         self, checked: list[Task], encoded: list[str | None], fenced: list[tuple[str, int] | None] | None
@@ -300,7 +318,7 @@ class PgCommitOps(PgHeads):
                 else:
                     row = current.get(t.id)
                     if s and attempt > 0 and row is not None and settled_by_us(row, t, TaskStatus.DONE):
-                        out.append(task_from_row(row))  # our earlier attempt committed it
+                        out.append(listed_task_from_row(row))  # our earlier attempt committed it
                         if i.next_lease_s is not None and next_token is not None:
                             head = await self._earlier_continuation(conn, t, next_token)
                             if head is not None:
@@ -314,7 +332,9 @@ class PgCommitOps(PgHeads):
         if continuing:
             for i, o in zip(items, out, strict=True):
                 row = following.get(i.task.id) if isinstance(o, Task) else None
-                i.next_task = None if row is None else task_from_row(row)
+                if row is not None:
+                    leased, unreadable = split_unreadable([row], task_from_row, payload_at=5, result_at=16)
+                    i.next_task = leased[0] if leased else unreadable[0]
             self.events.add(ev.CLAIMS, len(following))
             self.events.add(ev.DUPLICATE_DELIVERY_SUPPRESSED, duplicates)
         return out

@@ -20,7 +20,7 @@ from ...contract.queue import PreparedTask
 from ...errors import LeaseLostError, TaskNotFoundError
 from ...models import EnqueueResult, PurgeResult, QueueStats, Task, TaskStatus
 from ..batch import Batcher
-from ..rows import task_from_row
+from ..rows import listed_task_from_row, task_from_row
 from .claim import PgClaimOps
 from .commit import PgCommitOps
 from .heads import key_arrays
@@ -84,7 +84,7 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             return await self._fetch(conn, "enqueue", ids=ids, now=self._now(), **params)
 
         rows = await self._run(op, what="enqueue", tx=False, ambiguous_ok=True, counted=True)
-        return [EnqueueResult(task=task_from_row(row), created=bool(row[20])) for row in rows]
+        return [EnqueueResult(task=listed_task_from_row(row), created=bool(row[20])) for row in rows]
 
     async def _settle(
         self,
@@ -116,7 +116,7 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             if count:  # a refused hand-back of an unsent task is no stale commit (its lease_lost is counted)
                 self.events.add(ev.STALE_COMMIT_REJECTED)
             raise LeaseLostError(task.id, reason)
-        return task_from_row(row)
+        return listed_task_from_row(row)  # written: a value that cannot be decoded is listed as such
 
     async def _dead_letter_checked(self, task: Task, error: str, *, count: bool = True) -> Task:
         """Dead-letter ``task`` under its key's row lock, and promote the key's next head."""
@@ -253,7 +253,7 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
             return await self._fetch(conn, "dead_letters", queue=queue, after_id=after, limit=limit)
 
         rows = await self._run(op, what="dead_letters", tx=False, ambiguous_ok=True)
-        return [task_from_row(r) for r in rows]
+        return [listed_task_from_row(r) for r in rows]  # a poison task is listed, its raw text marked
 
     async def _requeue_dead_checked(self, queue: str, ids: list[int] | None) -> int:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""

@@ -50,7 +50,7 @@ from ...models import Task, TaskStatus
 from ...validation import check_name
 from ..limitwatch import LimitWatch
 from ..refill import RefillWaker
-from ..rows import new_token, task_from_row
+from ..rows import listed_task_from_row, new_token
 from .heads import PgHeads
 from .statements import Row, lost_reason, settled_by_us
 
@@ -434,6 +434,6 @@ class PgRateLimitOps(PgHeads):
             if reason is None:
                 raise TaskNotFoundError(task.id)
             raise LeaseLostError(task.id, reason)  # a refused hand-back is no stale commit (lease_lost is counted)
-        out = task_from_row(row)
+        out = listed_task_from_row(row)
         self._refill.schedule(queue, {out.partition: now + retry}, now)
         return out

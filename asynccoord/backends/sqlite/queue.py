@@ -28,12 +28,15 @@ from ...models import Continuation, EnqueueResult, PurgeResult, QueueStats, Task
 from ..base import StoreBase
 from ..calls import CallGate
 from ..rows import (
+    UnreadableClaim,
     copies_to_write,
     decode_json,
     lease_lost_reason,
+    listed_task_from_row,
     new_token,
     repeated_ids,
     settled_done,
+    split_unreadable,
     task_from_row,
 )
 from ..sqlfiles import load_queries
@@ -58,6 +61,9 @@ _Claimed = tuple[list[_Row], int, int, float, list[tuple[str, int]]]  # rows, du
 _Completed = tuple[
     float, list[int | str | None], dict[int, int], list[tuple[str, int]], "list[tuple[_Row, str] | None]", int
 ]
+
+
+_Next = Task | UnreadableClaim | None  # the task a commit-and-continue leased next
 
 
 class _CommitItem:
@@ -110,6 +116,14 @@ def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: floa
     return task  # type: ignore[no-any-return]
 
 
+def _next_claimed(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task | UnreadableClaim:
+    """The task a commit-and-continue leased (see _claimed_task); an UnreadableClaim if its row cannot be decoded."""
+    leased, unreadable = split_unreadable(
+        [row], lambda r: _claimed_task(r, queue, node_id, expires, now), payload_at=4, result_at=12
+    )
+    return leased[0] if leased else unreadable[0]
+
+
 def _lost_reason(db: sqlite3.Connection, task: Task, now: float) -> str | None:
     """Why a compare-and-set on ``task`` matched nothing; None if the task is gone."""
     row = db.execute(Q["select_task"], {"id": task.id}).fetchone()
@@ -125,7 +139,7 @@ class SQLiteQueueOps(StoreBase):
 
     _partitions: int
     _flagging: Flagging
-    _continuations: TurnBatch[_CommitItem, _Completed, tuple[Task | CoordError, Task | None]] | None = None
+    _continuations: TurnBatch[_CommitItem, _Completed, tuple[Task | CoordError, _Next]] | None = None
     _writer: GroupCommitter | None
     _gate: CallGate
 
@@ -183,7 +197,7 @@ class SQLiteQueueOps(StoreBase):
             return out
 
         rows: list[tuple[bool, _Row]] = await self._write(op)
-        return [EnqueueResult(task=task_from_row(row), created=created) for created, row in rows]
+        return [EnqueueResult(task=listed_task_from_row(row), created=created) for created, row in rows]
 
     # --- claim and settle -----------------------------------------------------------
 
@@ -258,7 +272,16 @@ class SQLiteQueueOps(StoreBase):
         self._after_claim(queue, admissions.get(queue), since)
         notify_partitions(self.notifier, promoted)  # e.g. the next task of a key whose head was a duplicate
         expires = now + lease
-        tasks = [_claimed_task(r, queue, node_id, expires, now) for r in rows]
+        tasks, unreadable = split_unreadable(
+            rows, lambda r: _claimed_task(r, queue, node_id, expires, now), payload_at=4, result_at=12
+        )
+        if unreadable:
+            try:
+                await self._dead_letter_unreadable(unreadable)
+            except asyncio.CancelledError:  # the claim's caller is gone: hand its tasks back
+                if self._writer is not None:
+                    self._writer.compensate(self._release_tasks_op(tasks))
+                raise
         self.events.add(ev.CLAIMS, len(tasks))
         self.events.add(ev.LEASE_EXPIRED, sum(map(_RECLAIMED, rows)) + dead)  # reclaimed: 0 or 1; dead expired too
         self.events.add(ev.DEAD_LETTERED, dead)
@@ -334,7 +357,7 @@ class SQLiteQueueOps(StoreBase):
             if count:  # a refused hand-back of an unsent task is no stale commit (its lease_lost is counted)
                 self.events.add(ev.STALE_COMMIT_REJECTED)
             raise LeaseLostError(task.id, reason)
-        return task_from_row(row)
+        return listed_task_from_row(row)  # written: a value that cannot be decoded is listed as such
 
     async def _complete_many_checked(
         self, checked: list[Task], encoded: list[str | None], fenced: list[tuple[str, int] | None] | None
@@ -347,7 +370,7 @@ class SQLiteQueueOps(StoreBase):
             for i, (t, r) in enumerate(zip(checked, encoded, strict=True))
         ]
         result = await self._write(self._complete_op(items))
-        return [outcome for outcome, _ in self._completed(result, items)]
+        return [outcome for outcome, _ in self._completed(result, items)]  # no continuations here
 
     async def _complete_and_claim_next_checked(
         self, task: Task, result_json: str | None, fence: tuple[str, int] | None, lease: float, owner: str
@@ -364,6 +387,9 @@ class SQLiteQueueOps(StoreBase):
             batch = self._continuations = TurnBatch(self._start_continuations, self._completed, self._orphaned)
         with self._gate.call():  # in flight, with the turn's operation it starts (see SQLiteStore.close)
             outcome, next_task = await batch.call(_CommitItem(task, result_json, fence, (owner, lease)))
+        if isinstance(next_task, UnreadableClaim):
+            await self._dead_letter_unreadable([next_task])
+            next_task = None
         if not isinstance(outcome, Task):
             raise outcome
         return Continuation(done=outcome, next_task=next_task)
@@ -376,9 +402,11 @@ class SQLiteQueueOps(StoreBase):
         self._gate.hold(running)
         return running
 
-    def _orphaned(self, _item: _CommitItem, outcome: tuple[Task | CoordError, Task | None]) -> None:
+    def _orphaned(self, _item: _CommitItem, outcome: tuple[Task | CoordError, _Next]) -> None:
         """Hand back the task a commit leased for a caller cancelled meanwhile (pending again, attempt refunded)."""
         next_task = outcome[1]
+        if isinstance(next_task, UnreadableClaim):  # the next claim of it dead-letters it
+            next_task = next_task.task
         if next_task is not None and self._writer is not None:
             self._writer.compensate(self._release_tasks_op([next_task]))
 
@@ -458,10 +486,11 @@ class SQLiteQueueOps(StoreBase):
 
         return op
 
-    def _completed(self, result: _Completed, items: list[_CommitItem]) -> list[tuple[Task | CoordError, Task | None]]:
-        """Per item, on the loop: its outcome (the done task or the error) and the next task leased for it."""
+    def _completed(self, result: _Completed, items: list[_CommitItem]) -> list[tuple[Task | CoordError, _Next]]:
+        """Per item, on the loop: its outcome (the done task or the error) and the next task leased for it
+        (an :class:`~asynccoord.backends.rows.UnreadableClaim` if its row cannot be decoded)."""
         now, outcomes, refused, promoted, following, duplicates = result
-        out: list[tuple[Task | CoordError, Task | None]] = []
+        out: list[tuple[Task | CoordError, _Next]] = []
         committed = lost = leased = 0
         for n, (item, outcome, step) in enumerate(zip(items, outcomes, following, strict=True)):
             task = item.task
@@ -476,11 +505,11 @@ class SQLiteQueueOps(StoreBase):
             else:
                 lost += 1
                 done = LeaseLostError(task.id, outcome)
-            next_task = None
+            next_task: _Next = None
             if step is not None:
                 assert item.continuation is not None
                 owner, lease_s = item.continuation
-                next_task = _claimed_task(step[0], step[1], owner, now + lease_s, now)
+                next_task = _next_claimed(step[0], step[1], owner, now + lease_s, now)
                 leased += 1
             out.append((done, next_task))
         self.events.add(ev.COMMITS, committed)
@@ -633,7 +662,7 @@ class SQLiteQueueOps(StoreBase):
         """A page of ``queue``'s dead tasks: one seek of ``coord_tasks_dead_order``, a read (also read-only)."""
         params = {"queue": queue, "after_id": -1 if after_id is None else after_id, "limit": limit}
         rows = await self._read(lambda db: db.execute(Q["dead_letters"], params).fetchall())
-        return [task_from_row(r) for r in rows]
+        return [listed_task_from_row(r) for r in rows]  # a poison task is listed, its raw text marked
 
     async def _requeue_dead_checked(self, queue: str, checked_ids: list[int] | None) -> int:
         """Move dead tasks of ``queue`` (all, or those ids) back to pending; return how many."""

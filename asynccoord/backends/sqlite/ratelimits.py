@@ -45,7 +45,7 @@ from ...notify import WorkNotifier
 from ...validation import check_name
 from ..limitwatch import LimitWatch
 from ..refill import RefillWaker
-from ..rows import task_from_row
+from ..rows import listed_task_from_row
 from ..sqlfiles import load_queries
 
 if TYPE_CHECKING:
@@ -268,6 +268,6 @@ class SQLiteRateLimitOps:
             raise LeaseLostError(  # a refused hand-back is no stale commit (its lease_lost is counted)
                 task.id, f"task is {current[7]} (version {current[14]}, caller had version {task.version})"
             )
-        out = task_from_row(row)
+        out = listed_task_from_row(row)
         self._refill.schedule(queue, {out.partition: now + retry}, now)
         return out

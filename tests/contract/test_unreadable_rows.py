@@ -1,0 +1,117 @@
+"""A task row the store cannot decode (a poison message) on the stores of a database.
+
+A row written by another tool or edited by hand (JSON cut short, an integer longer than
+Python's digit limit) must not escape as a ``json`` error: ``get`` raises
+:class:`~asynccoord.errors.UnreadableRowError`, ``dead_letters`` lists the task with its raw
+text marked, and a claim that meets it dead-letters that task alone and hands out the others.
+SQLite and PostgreSQL both store these columns as text; the memory store keeps Python
+values, which nothing outside the process can edit.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from services import corrupt_task_row as corrupt
+
+from asynccoord import DeadLetterPolicy, Task, TaskStatus, UnreadableRowError, UnreadableValue
+from asynccoord import events as ev
+
+SHARED = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+
+Q = "outbox"
+CUT_SHORT = '{"n": 1'
+HUGE_INT = '{"n": ' + "9" * 5000 + "}"  # over the default 4300 digits of int()
+
+
+@SHARED
+@pytest.mark.parametrize(
+    ("column", "text", "why"),
+    [("payload", CUT_SHORT, "JSONDecodeError"), ("payload", HUGE_INT, "ValueError"), ("result", "{", "JSON")],
+)
+async def test_get_raises_a_typed_error_naming_the_task_and_column(
+    store: Any, column: str, text: str, why: str
+) -> None:
+    task = (await store.enqueue(Q, {"n": 1})).task
+    await corrupt(store, task.id, column, text)
+    with pytest.raises(UnreadableRowError) as caught:
+        await store.get(task.id)
+    error = caught.value
+    assert (error.task_id, error.column) == (task.id, column)
+    assert why in error.reason
+    assert f"task {task.id}: stored {column} is unreadable" in str(error)
+
+
+@SHARED
+async def test_a_claim_dead_letters_the_unreadable_task_and_hands_out_the_others(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = [(await store.enqueue(Q, {"n": n}, partition_key=f"k{n}")).task.id for n in range(4)]
+    poison = ids[1]
+    await corrupt(store, poison, "payload", CUT_SHORT)
+    before = store.events.snapshot()
+    with caplog.at_level(logging.WARNING, logger="asynccoord"):
+        claimed = await store.claim(Q, node_id="n", limit=10)
+    assert sorted(t.id for t in claimed) == [i for i in ids if i != poison]
+    assert all(t.status is TaskStatus.RUNNING for t in claimed)
+    warnings = [r.getMessage() for r in caplog.records if "unreadable_task" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"task={poison}" in warnings[0]
+    after = store.events.snapshot()
+    assert after.get(ev.UNREADABLE_TASK, 0) - before.get(ev.UNREADABLE_TASK, 0) == 1
+    assert after.get(ev.DEAD_LETTERED, 0) - before.get(ev.DEAD_LETTERED, 0) == 1
+    assert after.get(ev.CLAIMS, 0) - before.get(ev.CLAIMS, 0) == 3
+
+    (dead,) = await store.dead_letters(Q)
+    assert (dead.id, dead.status, dead.attempts) == (poison, TaskStatus.DEAD, 1)
+    assert dead.last_error is not None
+    assert dead.last_error.startswith("stored payload is unreadable: JSONDecodeError")
+    assert dead.payload == UnreadableValue(column="payload", text=CUT_SHORT, reason=dead.payload.reason)
+    assert await store.claim(Q, node_id="n", limit=10) == []  # nothing left to claim, nothing twice
+    for t in claimed:
+        await store.complete(t)
+    assert await store.is_drained(Q)
+
+
+async def _ordered_pair(store: Any, policy: DeadLetterPolicy) -> tuple[int, int]:
+    await store.set_dead_letter_policy(Q, policy)
+    first = (await store.enqueue(Q, {"n": 1}, partition_key="chat")).task.id
+    second = (await store.enqueue(Q, {"n": 2}, partition_key="chat")).task.id
+    await corrupt(store, first, "payload", HUGE_INT)
+    return first, second
+
+
+@SHARED
+async def test_in_order_the_conversation_skips_the_dead_poison_task(store: Any) -> None:
+    first, second = await _ordered_pair(store, DeadLetterPolicy.SKIP)
+    assert await store.claim(Q, node_id="n", limit=10, ordered=True) == []
+    assert (await store.dead_letters(Q))[0].id == first
+    (nxt,) = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    assert nxt.id == second
+
+
+@SHARED
+async def test_in_order_a_held_conversation_waits_behind_the_dead_poison_task(store: Any) -> None:
+    first, second = await _ordered_pair(store, DeadLetterPolicy.HOLD)
+    assert await store.claim(Q, node_id="n", limit=10, ordered=True) == []
+    assert await store.claim(Q, node_id="n", limit=10, ordered=True) == []  # held behind it
+    assert (await store.get(second)).status is TaskStatus.PENDING
+    assert await store.discard_dead(Q, [first]) == 1
+    (nxt,) = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    assert nxt.id == second
+
+
+@SHARED
+async def test_complete_and_claim_next_dead_letters_an_unreadable_next_task(store: Any) -> None:
+    ids = [(await store.enqueue(Q, {"n": n}, partition_key="chat")).task.id for n in range(3)]
+    (head,) = await store.claim(Q, node_id="n", limit=1, ordered=True)
+    await corrupt(store, ids[1], "payload", CUT_SHORT)
+    follow = await store.complete_and_claim_next(head, lease_s=30.0)
+    assert follow.done.status is TaskStatus.DONE
+    assert follow.next_task is None
+    dead = await store.dead_letters(Q)
+    assert [t.id for t in dead] == [ids[1]]
+    claimed: list[Task] = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    assert [t.id for t in claimed] == [ids[2]]
