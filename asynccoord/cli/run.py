@@ -84,7 +84,19 @@ already: a run started under ``nohup`` keeps running when its terminal goes away
 
 _IGNORED_AT_EXIT = (int(signal.SIGTERM), int(signal.SIGHUP))
 """The stop signals ignored from the end of the teardown: a late one must not turn a clean exit
-into death by signal (SIGINT raises KeyboardInterrupt instead, which does not kill the process)."""
+into death by signal. SIGINT joins them when the process ends with the command
+(:func:`_ignored_at_exit`); otherwise it raises KeyboardInterrupt in the caller, as it would
+have without ``run``."""
+
+
+def _ignored_at_exit(exiting: bool) -> tuple[int, ...]:
+    """The stop signals ignored from the end of the teardown on.
+
+    ``exiting`` (``python -m asynccoord``: the process ends with the command): SIGINT too, as a
+    KeyboardInterrupt raised while the interpreter exits (joining threads a send started, say)
+    prints a traceback and ends the process by SIGINT instead of with the command's status.
+    """
+    return (*_IGNORED_AT_EXIT, int(signal.SIGINT)) if exiting else _IGNORED_AT_EXIT
 
 
 def _stop_signals() -> tuple[int, ...]:
@@ -504,7 +516,7 @@ def run_command(args: argparse.Namespace) -> int:
                     log.info("asynccoord.serve.stopped signal=%s", signum)
         finally:
             # On the way out: a late SIGTERM or SIGHUP must not turn a clean exit into death by signal.
-            _stop_holding(loop, holding, note)
+            _stop_holding(loop, holding, note, _ignored_at_exit(bool(getattr(args, "_exiting", False))))
         return 0
 
     previous = {signum: signal.getsignal(signum) for signum in _IGNORED_AT_EXIT}
@@ -549,30 +561,37 @@ def _hold_signals(
     return [signum for signum in signals if take_signal(loop, signum, note)]
 
 
-def _stop_holding(loop: asyncio.AbstractEventLoop, taken: list[int], note: Callable[[int], None]) -> None:
-    """Give the held signals back and leave SIGTERM and SIGHUP ignored, with no moment of their default action.
+def _stop_holding(
+    loop: asyncio.AbstractEventLoop,
+    taken: list[int],
+    note: Callable[[int], None],
+    ignored: Sequence[int] = _IGNORED_AT_EXIT,
+) -> None:
+    """Give the held signals back and leave ``ignored`` ignored, with no moment of their default action.
 
     Giving a loop's handler back resets the signal to its default action before the
     handler from before (and then ``SIG_IGN``) can be set: a supervisor's repeated SIGTERM
     landing in that moment killed the process at the very end of a clean shutdown. So
-    SIGINT goes back first, and SIGTERM and SIGHUP last, each straight followed by
-    ``SIG_IGN``, while it is blocked if the main thread is the process's only OS thread (as
-    it is when nothing started threads): a signal that comes meanwhile stays pending and is
-    discarded by ``SIG_IGN``, and the thread's signal mask is then put back as it was.
+    the signals left handled (SIGINT, unless the process is exiting) go back first, and the
+    ``ignored`` ones (SIGTERM and SIGHUP, see :func:`_ignored_at_exit`) last, each straight
+    followed by ``SIG_IGN``, while it is blocked if the main thread is the process's only OS
+    thread (as it is when nothing started threads): a signal that comes meanwhile stays
+    pending and is discarded by ``SIG_IGN``, and the thread's signal mask is then put back
+    as it was.
     With other threads alive (a send's ``asyncio.to_thread``, uvloop's resolver threads)
     the block would only send the signal to one of them, so it is not used, and the moment
     lasts a few microseconds. Ignored, they cannot kill the process between the teardown
     and its exit.
     """
-    for signum in sorted(taken, key=lambda s: s in _IGNORED_AT_EXIT):  # SIGTERM and SIGHUP last
-        if signum in _IGNORED_AT_EXIT:
+    for signum in sorted(taken, key=lambda s: s in ignored):  # the ignored ones last
+        if signum in ignored:
             with _blocked_if_alone(signum):
                 give_back_signal(loop, signum, note)
                 signal.signal(signum, signal.SIG_IGN)
         else:
             give_back_signal(loop, signum, note)
     taken.clear()
-    for signum in _IGNORED_AT_EXIT:
+    for signum in ignored:
         with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(signum, signal.SIG_IGN)
 

@@ -208,15 +208,26 @@ async def test_a_run_started_with_sighup_ignored_keeps_running_on_sighup(
     assert await exit_status(proc, 10) == 0
 
 
-@pytest.mark.parametrize("late", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize(
+    ("late", "send"),
+    [
+        (signal.SIGTERM, "serve_send:thread_send"),
+        (signal.SIGHUP, "serve_send:thread_send"),
+        # SIGINT: no KeyboardInterrupt in the loop's close or the interpreter's exit
+        (signal.SIGINT, "serve_send:send"),
+        (signal.SIGINT, "serve_send:raw_thread_send"),  # its thread holds the exit for the grace
+    ],
+    ids=["SIGTERM", "SIGHUP", "SIGINT", "SIGINT-raw-thread"],
+)
 async def test_a_stop_signal_after_the_teardown_never_kills_the_process(
-    python: Any, db_path: Path, tmp_path: Path, late: signal.Signals
+    python: Any, db_path: Path, tmp_path: Path, late: signal.Signals, send: str
 ) -> None:
     await enqueue(db_path, 1)
     log = tmp_path / "sends.log"
-    # The send sleeps 60 s in a thread: after the teardown (1 s drain, then the hand-back) the
-    # process leaves without waiting for it; signals keep coming until it is gone.
-    proc = serve(python, db_path, log, 60.0, "--send", "serve_send:thread_send", "--shutdown-timeout-s", "1")
+    # The send sleeps 60 s (in a thread, or cancelled at the drain's end): after the teardown
+    # (1 s drain, then the hand-back) the process leaves without waiting for a thread; signals
+    # keep coming until it is gone.
+    proc = serve(python, db_path, log, 60.0, "--send", send, "--shutdown-timeout-s", "1", launcher=TERMINAL)
     await wait_for_starts(proc, log, 1)
     os.kill(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
@@ -227,7 +238,10 @@ async def test_a_stop_signal_after_the_teardown_never_kills_the_process(
         os.kill(proc.pid, late)
         await asyncio.sleep(0.002)
     code = await exit_status(proc, 10)
-    assert code == 0, f"{late.name} after the teardown: exit status {code}"
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, f"{late.name} after the teardown: exit status {code}\n{err}"
+    assert "Traceback" not in err, err
+    assert "KeyboardInterrupt" not in err, err
 
 
 LEFT_BEHIND = "asynccoord.run.left_behind"
