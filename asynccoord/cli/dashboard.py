@@ -35,6 +35,7 @@ from ..validation import check_int, check_interval_s
 from .lockstore import REDIS_SCHEMES
 from .output import write_stdout
 from .run import STOP_SIGNALS, parse_target
+from .untilsignal import enter_until_signalled
 
 if TYPE_CHECKING:
     from ..monitor.dashboard.app import Dashboard
@@ -212,17 +213,22 @@ def dashboard_command(args: argparse.Namespace) -> int:
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         try:
-            async with open_dashboard(
-                args.db,
-                schema=args.schema,
-                lock_store=args.lock_store,
-                lock_prefix=args.lock_prefix,
-                host=args.host,
-                port=args.port,
-                token=token,
-                show_payloads=args.show_payloads,
-                interval_s=args.interval_s,
-            ) as dashboard:
+            async with contextlib.AsyncExitStack() as stack:
+                opening = open_dashboard(
+                    args.db,
+                    schema=args.schema,
+                    lock_store=args.lock_store,
+                    lock_prefix=args.lock_prefix,
+                    host=args.host,
+                    port=args.port,
+                    token=token,
+                    show_payloads=args.show_payloads,
+                    interval_s=args.interval_s,
+                )
+                # A server that never answers keeps the open for its connect timeout: a signal ends it.
+                opened, dashboard = await enter_until_signalled(stack, opening, stop)
+                if not opened:
+                    return
                 hint = " (add ?token=TOKEN, or send Authorization: Bearer TOKEN)" if token else ""
                 write_stdout(f"asynccoord dashboard: serving {dashboard.url}{hint}; Ctrl+C to stop\n")
                 await stop.wait()

@@ -23,6 +23,7 @@ from typing import Any
 from .._errtext import error_text
 from ..errors import CoordError, InvalidTypeError
 from .loading import load_callable
+from .untilsignal import until_signalled
 
 __all__ = ("Lifespan", "check_lifespan", "open_lifespan")
 
@@ -102,7 +103,7 @@ class Lifespan:
         """
         if signalled.is_set():
             return False
-        entering, in_time = await _until(self._step("__aenter__"), signalled, timeout_s=None)
+        entering, in_time = await until_signalled(self._step("__aenter__"), signalled, timeout_s=None)
         if not in_time:
             log.warning(
                 "asynccoord.run.lifespan_interrupted lifespan=%r: a signal came while it was being entered; "
@@ -128,7 +129,9 @@ class Lifespan:
         """
         if not hurry:
             signalled.clear()
-        exited, in_time = await _until(self._step("__aexit__", None, None, None), signalled, timeout_s=timeout_s)
+        exited, in_time = await until_signalled(
+            self._step("__aexit__", None, None, None), signalled, timeout_s=timeout_s
+        )
         if not in_time:
             why = (
                 "a signal came" if signalled.is_set() else f"it took longer than --shutdown-timeout-s ({timeout_s:g} s)"
@@ -163,28 +166,3 @@ class Lifespan:
             return
         log.error("asynccoord.run.lifespan_failed lifespan=%r: it raised %s", self.spec, doing, exc_info=exc)
         raise CoordError(f"--lifespan {self.spec!r} raised {doing}: {error_text(exc)}") from exc
-
-
-async def _until(step: Any, signalled: asyncio.Event, *, timeout_s: float | None) -> tuple[asyncio.Future[Any], bool]:
-    """Run the awaitable ``step`` until it ends, ``signalled`` is set, or ``timeout_s`` passes.
-
-    Returns its future and whether it ended first. When it did not, it is cancelled and
-    given a second to end: the future says how (cancelled, an exception, or a result if it
-    ignored the cancellation).
-    """
-    doing: asyncio.Future[Any] = asyncio.ensure_future(step)
-    signal_wait = asyncio.ensure_future(signalled.wait())
-    try:
-        await asyncio.wait({doing, signal_wait}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this command is cancelled: so is the step
-        doing.cancel()
-        raise
-    finally:
-        signal_wait.cancel()
-    if doing.done():
-        return doing, True
-    doing.cancel()
-    await asyncio.wait({doing}, timeout=1.0)
-    if doing.done() and not doing.cancelled():
-        doing.exception()  # retrieved: whatever it raised on its way out is not what ended it
-    return doing, False

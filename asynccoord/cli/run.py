@@ -72,6 +72,7 @@ from .loading import load_callable
 from .lockstore import add_lock_store_options, check_lock_store_options
 from .output import write_stdout
 from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
+from .untilsignal import enter_until_signalled
 
 __all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
 
@@ -477,9 +478,16 @@ def run_command(args: argparse.Namespace) -> int:
                     log.info("asynccoord.serve.stopped signal=%s", held[0])
                     return 0
                 lock_store = check_lock_store_options(args)
-                if lock_store is not None:  # an unreachable Redis: stop before the database is created
-                    await stack.enter_async_context(lock_store)
-                store = await stack.enter_async_context(open_store(args.db, **store_options(args)))
+                # A server that never answers keeps each open for its connect timeout: a signal ends it.
+                if lock_store is not None and not (await enter_until_signalled(stack, lock_store, signalled))[0]:
+                    log.info("asynccoord.serve.stopped signal=%s", held[0])  # before the database is created
+                    return 0
+                opened, store = await enter_until_signalled(
+                    stack, open_store(args.db, **store_options(args)), signalled
+                )
+                if not opened:
+                    log.info("asynccoord.serve.stopped signal=%s", held[0])
+                    return 0
                 if limits or clear_limits:  # declared for every process of the database, before any node claims
                     await declare_rate_limits(store, args.queue, limits)
                 runtime = Runtime(

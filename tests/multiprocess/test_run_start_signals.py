@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
+import socket
 import sqlite3
 import subprocess
 import time
@@ -191,3 +193,44 @@ def test_only_python_m_asynccoord_run_holds_its_start_signals(
     argv: list[str], orig_argv: list[str], expected: bool
 ) -> None:
     assert is_run_start(argv, orig_argv) is expected
+
+
+@pytest.mark.parametrize(
+    ("command", "target"),
+    [
+        ("run", "postgresql"),
+        ("run", "redis"),
+        ("dashboard", "postgresql"),
+        ("dashboard", "redis"),
+    ],
+)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_stop_signal_while_a_server_never_answers_the_connect_ends_the_command_at_once(
+    python: Any, db_path: Path, tmp_path: Path, command: str, target: str, signum: signal.Signals
+) -> None:
+    # The server takes the connection (the kernel's backlog) and never answers: the open
+    # would wait for its connect timeout (10 s for PostgreSQL, about 5 s for Redis) and fail.
+    pytest.importorskip("asyncpg" if target == "postgresql" else "redis")
+    if command == "dashboard":
+        pytest.importorskip("aiohttp")
+    await enqueue(db_path, 3)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        argv = ["-c", LAUNCHER, "-m", "asynccoord", command]
+        if target == "postgresql":
+            argv += ["--db", f"postgresql://{address}/test"]
+        else:
+            argv += ["--db", str(db_path), "--lock-store", f"redis://{address}"]
+        argv += ["--queue", QUEUE, "--send", "serve_send:send"] if command == "run" else ["--port", "0"]
+        proc: subprocess.Popen[str] = python.spawn(argv, env={"PYTHONPATH": str(TESTS / "workers")})
+        deadline = time.monotonic() + 20
+        while not select.select([silent], [], [], 0.01)[0]:  # the open's connection waits in the backlog
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the command never connected"
+        await asyncio.sleep(0.2)  # well into the connect
+        signalled = time.monotonic()
+        os.kill(proc.pid, signum)
+        code, out, err = await finish(proc)
+    assert (code, out, err) == (0, "", "")
+    assert time.monotonic() - signalled < 3  # not the connect timeout
+    assert rows(db_path) == ([UNTOUCHED] * 3, 0)
