@@ -730,6 +730,17 @@ async def test_directory_is_not_a_database(tmp_path: Path) -> None:
         await SQLiteStore(tmp_path).open()
 
 
+@pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
+@pytest.mark.timeout(10)  # SQLite's open of a FIFO blocks until a writer comes
+async def test_a_fifo_or_a_device_is_not_a_database(tmp_path: Path, read_only: bool) -> None:
+    fifo = tmp_path / "pipe.db"
+    os.mkfifo(fifo)
+    with pytest.raises(NotADatabaseError, match=r"'.*pipe\.db' is a named pipe \(FIFO\), not an SQLite database"):
+        await SQLiteStore(fifo, read_only=read_only).open()
+    with pytest.raises(NotADatabaseError, match="'/dev/null' is a character device"):
+        await SQLiteStore("/dev/null", read_only=read_only).open()
+
+
 async def test_a_path_in_a_missing_folder_names_the_folder(tmp_path: Path) -> None:
     with pytest.raises(NotADatabaseError) as info:  # a StoreError
         await SQLiteStore(tmp_path / "missing-dir" / "x.db").open()

@@ -22,6 +22,7 @@ import urllib.parse
 from ...errors import NotADatabaseError, ReadOnlyStoreError, SchemaVersionError, StoreError
 from ..schema import PRE_RELEASE_KEY, REVISION_KEY, check_partitions, check_revision
 from .access import access_problem
+from .filekind import not_a_file
 from .revision import delete_fix, read_meta
 from .writer import retry_busy
 
@@ -32,7 +33,8 @@ def read_only_uri(path: str) -> str:
     """The ``file:`` URI opening ``path`` read-only (with ``immutable=1`` when :func:`opens_immutable`).
 
     Raises:
-        NotADatabaseError: ``path`` does not exist, is a directory, or is ``":memory:"``.
+        NotADatabaseError: ``path`` does not exist, is no regular file (a directory, a FIFO), or is
+            ``":memory:"``.
         StoreError: this process may not read the file, or not enter a folder on its way
             (see :func:`.access.access_problem`).
     """
@@ -43,8 +45,9 @@ def read_only_uri(path: str) -> str:
         raise StoreError(problem)
     if not os.path.exists(path):
         raise NotADatabaseError(f"no database at {path!r} (a read-only store never creates one)")
-    if os.path.isdir(path):
-        raise NotADatabaseError(f"{path!r} is a directory, not an SQLite database")
+    kind = not_a_file(path)
+    if kind is not None:
+        raise NotADatabaseError(f"{path!r} is {kind}, not an SQLite database")
     immutable = "&immutable=1" if opens_immutable(path) else ""
     return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro{immutable}"
 

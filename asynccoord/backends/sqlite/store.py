@@ -50,6 +50,7 @@ from .access import access_problem
 from .checkpoint import WalCheckpointer
 from .deadletters import SQLiteDeadLetterOps
 from .diskfull import disk_full_problem
+from .filekind import not_a_file
 from .identity import FileIdentity
 from .locks import SQLiteLockOps
 from .membership import SQLiteMembershipOps
@@ -223,8 +224,9 @@ class SQLiteStore(
         """Open the file, set WAL and pragmas, and apply pending migrations.
 
         Raises:
-            NotADatabaseError: the file exists but is not an SQLite database, or its
-                folder does not exist (the message names it).
+            NotADatabaseError: the file exists but is not an SQLite database (or no regular
+                file: a directory, a FIFO, a device), or its folder does not exist (the message
+                names it).
             ReadOnlyStoreError: the file (or its folder, where SQLite writes the
                 ``-wal`` and ``-shm`` files) is not writable by this process; nothing is
                 created. Open it with ``read_only=True`` to read it.
@@ -241,8 +243,9 @@ class SQLiteStore(
                 f"SQLite {sqlite3.sqlite_version} is too old: asynccoord needs {'.'.join(map(str, MIN_SQLITE))} "
                 "or newer (RETURNING, UPDATE FROM)"
             )
-        if self.path != ":memory:" and os.path.isdir(self.path):  # noqa: ASYNC240 - one stat at open
-            raise NotADatabaseError(f"{self.path!r} is a directory, not an SQLite database")
+        kind = None if self.path == ":memory:" else not_a_file(self.path)  # one stat at open
+        if kind is not None:
+            raise NotADatabaseError(f"{self.path!r} is {kind}, not an SQLite database")
         if self._on_file():
             _check_writable(self.path)  # before SQLite leaves -wal/-shm files behind
         target = read_only_uri(self.path) if self.read_only else self.path
