@@ -131,6 +131,7 @@ DEFAULT_RULES: tuple[AlertRule, ...] = (
     AlertRule(name="membership_churn", event=ev.MEMBERSHIP_FLAP, threshold=3, window_s=300.0),
     AlertRule(name="lost_nodes", event=ev.NODE_LOST, threshold=0, window_s=60.0),
     AlertRule(name="provider_rate_limited", event=ev.PROVIDER_RATE_LIMITED, threshold=0, window_s=60.0),
+    AlertRule(name="abandoned_sends", event=ev.SEND_ABANDONED, threshold=0, window_s=60.0),
 )
 """Rules a :class:`Monitor` uses unless given others: more than 5 % of commits rejected as
 stale over 30 s; any fencing rejection, lost lease, lost lock or dead letter in 60 s;
@@ -141,7 +142,9 @@ TTLs, 30 s by default, as of a process restarting again and again; a rolling res
 counts none, unless it restarts a process twice within that time, or within that time of its
 start); any node lost (its heartbeats stopped: a crash, a kill, a
 freeze past the TTL) in 60 s; any rate limit a send reported (HTTP 429) in 60 s: a provider
-pushing back means the declared rate limits are above its own. All cluster-wide. The
+pushing back means the declared rate limits are above its own; any send let go while it
+still ran (``abandoned_sends``: it ignored its cancellation past ``send_overrun_s`` or its node's
+stop, and its message may go out again) in 60 s. All cluster-wide. The
 ratios are judged only once their window holds 20 commits or claims (50 for lock contention)."""
 
 

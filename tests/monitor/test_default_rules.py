@@ -7,6 +7,7 @@ does in production, and a monitor with :data:`~asynccoord.monitor.rules.DEFAULT_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -107,3 +108,31 @@ async def test_a_process_restarting_again_and_again_raises_the_churn_alert() -> 
         assert changes >= 8
         assert CHURN.threshold < flaps <= 14  # 7 short lives, each counted once (twice when the counter moves)
         assert alerts == ["membership_churn"]
+
+
+async def test_a_send_let_go_while_it_still_runs_raises_the_abandoned_sends_alert() -> None:
+    # A stuck client ignores its cancellation: the node lets it go send_overrun_s after its
+    # timeout, and the task is retried while that send may still deliver.
+    released = asyncio.Event()
+
+    async def stuck(task: Task) -> None:
+        if task.attempts == 1:
+            while not released.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await released.wait()
+
+    config = NodeConfig(queue="outbox", send_timeout_s=0.1, send_overrun_s=0.1)
+    async with (
+        cluster_store() as store,
+        Runtime(store, send=stuck, nodes=1, config=config, heartbeat_ttl_s=TTL_S) as runtime,
+    ):
+        await store.enqueue("outbox", {"n": 1})
+        deadline = time.monotonic() + 10
+        while store.events.get(ev.SEND_ABANDONED) == 0:
+            assert time.monotonic() < deadline, runtime.states()
+            await asyncio.sleep(0.01)
+        async with Monitor(store, background=False, process_id="watcher") as monitor:
+            await monitor.flush()
+            fired = [alert.rule for alert in await monitor.evaluate() if alert.firing]
+        released.set()
+    assert fired == ["abandoned_sends"]
