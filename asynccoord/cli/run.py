@@ -671,6 +671,6 @@ def log_left_behind(leftovers: Leftovers, *, exiting: bool) -> None:
         len(others),
         f" ({shown})" if others else "",
         " and ".join(what),
-        "are" if len(what) > 1 else "is",
+        "are" if others else "is",  # "work ... is", "threads ... are", "work and threads ... are"
         "the process exits now" if exiting else "the command returns now",
     )

@@ -297,6 +297,9 @@ async def test_run_exits_after_its_shutdown_without_waiting_for_sends_that_outli
     assert "the process exits now" in lines[0]
     if "other_threads=2" in counts:  # threads, not sends, are named
         assert "ignored their cancellation" not in lines[0]
+        assert "(not daemon threads) are not waited for" in lines[0]
+    else:
+        assert "calls in threads) is not waited for" in lines[0]
     assert [w for w, _, _ in read_lines(log) if w == "end"] == []  # the sends never ended: not waited for
     assert {i: t[0] for i, t in tasks(db_path).items()} == dict.fromkeys(ids, status)
     with sqlite3.connect(db_path) as db:  # the nodes left the membership, the monitor's lease let go
