@@ -331,8 +331,10 @@ class UnreadableRowError(StoreError):
     bytes value, an integer longer than this process's ``sys.get_int_max_str_digits()``,
     nesting deeper than Python's recursion limit) cannot be: :meth:`get` raises this error,
     ``dead_letters`` lists such a task with an :class:`~asynccoord.models.UnreadableValue`
-    in place of the value, and a claim that meets one dead-letters it (the
-    ``unreadable_task`` event) and hands out the others. Fix or discard the row.
+    in place of the value, and a claim that meets one (its ``limit_keys`` too, in a
+    rate-limited queue) dead-letters it (the ``unreadable_task`` event) and hands out the
+    others, as ``fail`` and ``release(count_attempt=True)`` of a task held meanwhile do.
+    Fix or discard the row.
 
     Args:
         task_id: The task whose row it is.

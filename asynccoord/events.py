@@ -112,10 +112,11 @@ SEND_ABANDONED = "send_abandoned"
 ``send_overrun_s`` after its timeout, or still running when its node stopped (its lease and lock
 then lapse at their TTLs). If its message goes out, a later send of its task repeats it."""
 UNREADABLE_TASK = "unreadable_task"
-"""A claim leased a task whose stored ``payload`` or ``result`` cannot be decoded (written by
-another tool, or an integer over this process's digit limit): the task was dead-lettered with
-``last_error`` naming the column and why (``dead_lettered`` is counted too), and the claim
-handed out the others. Logged as ``asynccoord.store.unreadable_task``."""
+"""A claim leased a task whose stored ``payload``, ``result`` or (in a rate-limited queue)
+``limit_keys`` cannot be decoded (written by another tool, or an integer over this process's
+digit limit), or ``fail`` / ``release(count_attempt=True)`` met such a row: the task was
+dead-lettered with ``last_error`` naming the column and why (``dead_lettered`` is counted
+too), and the claim handed out the others. Logged as ``asynccoord.store.unreadable_task``."""
 
 EVENT_NAMES: tuple[str, ...] = (
     LOCK_CONTENDED,

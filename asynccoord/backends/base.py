@@ -38,9 +38,9 @@ from ..contract.queue import (
     encode_results,
     prepare_tasks,
 )
-from ..errors import CoordError, InvalidTypeError, LeaseLostError, TaskNotFoundError
+from ..errors import CoordError, InvalidTypeError, LeaseLostError, TaskNotFoundError, UnreadableRowError
 from ..events import EventCounter
-from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task
+from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, UnreadableValue
 from ..notify import WorkNotifier
 from ..validation import check_int, check_lease_s, check_name, check_non_negative
 from .calls import CallGate
@@ -200,24 +200,57 @@ class StoreBase(abc.ABC):
         task tries again), so the claim still hands out its other tasks.
         """
         for claim in unreadable:
-            error = claim.error
-            log.warning(
-                "asynccoord.store.unreadable_task task=%d queue=%s column=%s reason=%s",
-                error.task_id,
-                claim.task.queue,
-                error.column,
-                error.reason,
-            )
             try:
-                why = clean_error(f"stored {error.column} is unreadable: {error.reason}")
-                await self._dead_letter_checked(claim.task, why, count=False)
+                await self._dead_letter_unreadable_one(claim.task, claim.error)
             except (LeaseLostError, TaskNotFoundError):
                 continue
             except CoordError as exc:
-                log.warning("asynccoord.store.unreadable_task_left task=%d error=%s", error.task_id, exc)
+                log.warning("asynccoord.store.unreadable_task_left task=%d error=%s", claim.task.id, exc)
                 continue
-            self.events.add(ev.UNREADABLE_TASK)
-            self.events.add(ev.DEAD_LETTERED)
+
+    async def _dead_letter_unreadable_one(self, task: Task, error: UnreadableRowError, *, count: bool = False) -> Task:
+        """Dead-letter ``task``, held by the caller, whose row cannot be decoded (``error`` says why).
+
+        One warning (``asynccoord.store.unreadable_task``), ``last_error`` naming the column
+        and why, the ``unreadable_task`` and ``dead_lettered`` events. ``count``: a refusal
+        counts as a stale commit (as ``fail`` counts one).
+
+        Raises:
+            LeaseLostError, TaskNotFoundError: the lease is no longer the caller's (nothing written).
+        """
+        why = clean_error(f"stored {error.column} is unreadable: {error.reason}")
+        dead = await self._dead_letter_checked(task, why, count=count)
+        log.warning(
+            "asynccoord.store.unreadable_task task=%d queue=%s column=%s reason=%s",
+            error.task_id,
+            task.queue,
+            error.column,
+            error.reason,
+        )
+        self.events.add(ev.UNREADABLE_TASK)
+        self.events.add(ev.DEAD_LETTERED)
+        return dead
+
+    async def _stored_of(self, task: Task) -> tuple[Task, UnreadableRowError | None]:
+        """``task`` with its stored row's counts (:func:`with_stored_fields`), and why that row cannot be
+        decoded, if it cannot (its ``payload`` or ``result`` written by another tool while the task was held).
+
+        Raises:
+            TaskNotFoundError: the task no longer exists.
+            UnreadableRowError: the row's ``status`` is none of the four.
+        """
+        stored = await self._stored_checked(task.id)
+        error = None
+        for value in (stored.payload, stored.result):
+            if isinstance(value, UnreadableValue):
+                error = UnreadableRowError(task.id, value.column, value.reason)
+                break
+        return with_stored_fields(task, stored), error
+
+    async def _stored_checked(self, task_id: int) -> Task:
+        """As :meth:`_get_checked`, but a ``payload`` or ``result`` that cannot be decoded is listed as an
+        :class:`~asynccoord.models.UnreadableValue` (stores whose rows another tool may write override it)."""
+        return await self._get_checked(task_id)
 
     async def claimable_partitions(
         self,
@@ -392,6 +425,10 @@ class StoreBase(abc.ABC):
     async def fail(self, task: Task, error: str, *, retry: RetryPolicy | None = None) -> Task:
         """Record a failed attempt: pending again after the backoff, or dead after the last.
 
+        A task whose stored row can no longer be decoded (its ``payload`` or ``result``
+        rewritten by another tool while it was held) goes dead at once, ``last_error`` naming
+        the column and why (the ``unreadable_task`` event).
+
         Args:
             task: The task as returned by ``claim``.
             error: What went wrong (kept as ``last_error``; truncated to 8192 characters).
@@ -416,7 +453,9 @@ class StoreBase(abc.ABC):
             TaskNotFoundError: the task no longer exists.
         """
         self._check_writable()
-        task = with_stored_fields(task, await self.get(task.id))
+        task, unreadable = await self._stored_of(task)
+        if unreadable is not None:  # its row was rewritten while held: a retry would only meet it again
+            return await self._dead_letter_unreadable_one(task, unreadable, count=True)
         if task.attempts >= task.max_attempts:
             out = await self._dead_letter_checked(task, error)
             self.events.add(ev.DEAD_LETTERED)
@@ -445,7 +484,8 @@ class StoreBase(abc.ABC):
         attempt: ``last_error`` says it was released on its last attempt
         (:data:`RELEASED_ON_LAST_ATTEMPT`), its key's next task follows the queue's
         dead-letter policy as after any dead-lettering, and ``dead_lettered`` is counted. A
-        task never gets more deliveries than its ``max_attempts``.
+        task never gets more deliveries than its ``max_attempts``. With ``count_attempt``, a
+        task whose stored row can no longer be decoded goes dead too, as in :meth:`fail`.
 
         Args:
             task: The task as returned by ``claim``.
@@ -471,7 +511,9 @@ class StoreBase(abc.ABC):
         with CallGate.giving_back():
             if count_attempt:
                 self._check_writable()
-                stored = with_stored_fields(task, await self.get(task.id))  # the stored counts, never the caller's
+                stored, unreadable = await self._stored_of(task)  # the stored counts, never the caller's
+                if unreadable is not None:  # its row was rewritten while held: the next claim would meet it
+                    return await self._dead_letter_unreadable_one(stored, unreadable)
                 if stored.attempts >= stored.max_attempts:
                     dead = await self._dead_letter_checked(stored, RELEASED_ON_LAST_ATTEMPT, count=False)
                     self.events.add(ev.DEAD_LETTERED)

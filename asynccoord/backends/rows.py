@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..contract.ratelimits import decode_limit_keys
 from ..errors import UnreadableRowError
 from ..models import Task, TaskSlots, TaskStatus, UnreadableValue, make_task
 
@@ -26,6 +27,7 @@ __all__ = (
     "copies_to_write",
     "decode_json",
     "lease_lost_reason",
+    "limit_keys_of",
     "listed_task_from_row",
     "new_token",
     "repeated_ids",
@@ -83,6 +85,14 @@ def unreadable_column(task_id: int, columns: Sequence[tuple[str, Any]]) -> Unrea
         except DECODE_ERRORS as exc:
             return UnreadableRowError(task_id, name, _reason(exc))
     return None
+
+
+def limit_keys_of(task_id: int, text: Any) -> dict[str, str] | UnreadableRowError:
+    """A task's stored ``limit_keys`` decoded, or the error saying why they cannot be (see ``decode_limit_keys``)."""
+    try:
+        return decode_limit_keys(text)
+    except DECODE_ERRORS as exc:
+        return UnreadableRowError(task_id, "limit_keys", _reason(exc))
 
 
 def _listed(column: str, text: Any) -> Any:
@@ -182,31 +192,42 @@ class UnreadableClaim:
 
 
 def split_unreadable(
-    rows: Sequence[Sequence[Any]], convert: Callable[[Any], Task], *, payload_at: int, result_at: int
+    rows: Sequence[Sequence[Any]],
+    convert: Callable[[Any], Task],
+    *,
+    payload_at: int,
+    result_at: int,
+    known: Mapping[int, UnreadableRowError] | None = None,
 ) -> tuple[list[Task], list[UnreadableClaim]]:
     """The tasks of a claim's ``rows`` (``convert`` each), and the rows that cannot be decoded.
 
-    ``payload_at`` and ``result_at`` are the columns' places in a row. The common case
-    costs one ``try``: only when a row fails are the rows converted one by one, and a row
-    whose ``payload`` or ``result`` cannot be decoded is converted again with both blank
-    (its lease, for a compare-and-set) and returned with its error.
+    ``payload_at`` and ``result_at`` are the columns' places in a row; ``known`` maps the
+    ids of rows already found unreadable (their ``limit_keys``, read by a rate-limited
+    claim) to their errors. The common case costs one ``try``: only when a row fails (or
+    ``known`` names some) are the rows converted one by one, and a row whose ``payload``
+    or ``result`` cannot be decoded is converted again with both blank (its lease, for a
+    compare-and-set) and returned with its error.
     """
-    try:
-        return [convert(r) for r in rows], []
-    except _CLAIM_ERRORS:
-        pass
+    if not known:
+        try:
+            return [convert(r) for r in rows], []
+        except _CLAIM_ERRORS:
+            pass
     tasks: list[Task] = []
     unreadable: list[UnreadableClaim] = []
     for r in rows:
-        try:
-            tasks.append(convert(r))
-        except _CLAIM_ERRORS:
-            error = unreadable_column(r[0], (("payload", r[payload_at]), ("result", r[result_at])))
-            if error is None:
-                raise
-            blank = list(r)
-            blank[payload_at], blank[result_at] = "null", None
-            unreadable.append(UnreadableClaim(convert(tuple(blank)), error))
+        error = None if known is None else known.get(r[0])
+        if error is None:
+            try:
+                tasks.append(convert(r))
+                continue
+            except _CLAIM_ERRORS:
+                error = unreadable_column(r[0], (("payload", r[payload_at]), ("result", r[result_at])))
+                if error is None:
+                    raise
+        blank = list(r)
+        blank[payload_at], blank[result_at] = "null", None
+        unreadable.append(UnreadableClaim(convert(tuple(blank)), error))
     return tasks, unreadable
 
 

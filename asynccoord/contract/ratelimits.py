@@ -290,11 +290,18 @@ def encode_limit_keys(limit_keys: Mapping[str, str]) -> str | None:
 
 
 def decode_limit_keys(text: str | None) -> dict[str, str]:
-    """Inverse of :func:`encode_limit_keys`."""
+    """Inverse of :func:`encode_limit_keys`.
+
+    Raises:
+        ValueError: ``text`` is not JSON (``json.JSONDecodeError``), or not the object of
+            strings that :func:`encode_limit_keys` writes (a row written by another tool).
+    """
     if not text:
         return {}
     value = json.loads(text)
-    return {str(k): str(v) for k, v in value.items()}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"not a JSON object of strings: {_short(value)}")
+    return value
 
 
 _undeclared: Once[tuple[str, str]] = Once(limit=1024)  # (queue, dimension) logged by warn_undeclared_dimensions

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from services import corrupt_task_row as corrupt
 
-from asynccoord import DeadLetterPolicy, Task, TaskStatus, UnreadableRowError, UnreadableValue
+from asynccoord import DeadLetterPolicy, RateLimit, Task, TaskStatus, UnreadableRowError, UnreadableValue
 from asynccoord import events as ev
 
 SHARED = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
@@ -115,3 +115,106 @@ async def test_complete_and_claim_next_dead_letters_an_unreadable_next_task(stor
     assert [t.id for t in dead] == [ids[1]]
     claimed: list[Task] = await store.claim(Q, node_id="n", limit=10, ordered=True)
     assert [t.id for t in claimed] == [ids[2]]
+
+
+BAD_LIMIT_KEYS = pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"chat": ', "JSONDecodeError"),  # cut short
+        ('["c1"]', "not a JSON object of strings"),
+        ("5", "not a JSON object of strings"),
+        ('{"chat": 5}', "not a JSON object of strings"),  # another bucket than the one meant, silently
+    ],
+)
+
+
+async def _limited(store: Any, count: int) -> list[int]:
+    """``count`` tasks in a queue limited to 2 claims a minute of chat c1; returns their ids."""
+    await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=1, per_s=30.0, burst=2)])
+    return [
+        (await store.enqueue(Q, {"n": n}, partition_key=f"k{n}", limit_keys={"chat": "c1"})).task.id
+        for n in range(count)
+    ]
+
+
+@SHARED
+@BAD_LIMIT_KEYS
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_a_rate_limited_claim_dead_letters_a_task_whose_limit_keys_are_unreadable(
+    store: Any, caplog: pytest.LogCaptureFixture, text: str, why: str, ordered: bool
+) -> None:
+    ids = await _limited(store, 5)
+    poison = ids[1]
+    await corrupt(store, poison, "limit_keys", text)
+    before = store.events.snapshot()
+    with caplog.at_level(logging.WARNING, logger="asynccoord"):
+        claimed = await store.claim(Q, node_id="n", limit=10, ordered=ordered)
+    assert [t.id for t in claimed] == [ids[0], ids[2]]  # the limit still holds for the others: 2 tokens
+    warnings = [r.getMessage() for r in caplog.records if "unreadable_task" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"task={poison}" in warnings[0]
+    assert "column=limit_keys" in warnings[0]
+    after = store.events.snapshot()
+    assert after.get(ev.UNREADABLE_TASK, 0) - before.get(ev.UNREADABLE_TASK, 0) == 1
+    assert after.get(ev.CLAIMS, 0) - before.get(ev.CLAIMS, 0) == 2
+    (dead,) = await store.dead_letters(Q)
+    assert (dead.id, dead.status, dead.attempts) == (poison, TaskStatus.DEAD, 1)
+    assert dead.last_error is not None
+    assert dead.last_error.startswith("stored limit_keys is unreadable: ")
+    assert why in dead.last_error
+    assert await store.claim(Q, node_id="n", limit=10, ordered=ordered) == []  # held: no token left
+
+
+@SHARED
+@BAD_LIMIT_KEYS
+async def test_claimable_partitions_counts_a_task_whose_limit_keys_are_unreadable(
+    store: Any, text: str, why: str
+) -> None:
+    ids = await _limited(store, 4)
+    claimed = await store.claim(Q, node_id="n", limit=10)  # both tokens taken: c1's bucket is empty
+    assert len(claimed) == 2
+    poison = (await store.get(ids[3])).partition
+    await corrupt(store, ids[3], "limit_keys", text)
+    # It counts (PostgreSQL counts every partition with due work then), and the claim it wakes dead-letters it.
+    assert poison in await store.claimable_partitions(Q)
+    assert await store.claim(Q, node_id="n", limit=10) == []
+    assert [t.id for t in await store.dead_letters(Q)] == [ids[3]]
+    assert await store.claimable_partitions(Q) == set()
+
+
+@SHARED
+async def test_report_rate_limited_hands_back_a_task_whose_limit_keys_became_unreadable(store: Any) -> None:
+    ids = await _limited(store, 1)
+    (task,) = await store.claim(Q, node_id="n", limit=1)
+    await corrupt(store, ids[0], "limit_keys", "[1, 2]")
+    back = await store.report_rate_limited(task, 5.0)
+    assert (back.status, back.attempts) == (TaskStatus.PENDING, 0)
+
+
+@SHARED
+@pytest.mark.parametrize("how", ["fail", "release"])
+async def test_a_row_corrupted_while_held_ends_dead_when_failed_or_released_with_its_attempt(
+    store: Any, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    await store.set_dead_letter_policy(Q, DeadLetterPolicy.SKIP)
+    first = (await store.enqueue(Q, {"n": 1}, partition_key="chat", max_attempts=5)).task.id
+    second = (await store.enqueue(Q, {"n": 2}, partition_key="chat")).task.id
+    (task,) = await store.claim(Q, node_id="n", limit=10, ordered=True)
+    await corrupt(store, first, "payload", CUT_SHORT)
+    before = store.events.snapshot()
+    with caplog.at_level(logging.WARNING, logger="asynccoord"):
+        if how == "fail":
+            out = await store.fail(task, "RuntimeError: refused")
+        else:
+            out = await store.release(task, count_attempt=True)
+    assert (out.id, out.status, out.attempts) == (first, TaskStatus.DEAD, 1)
+    assert out.last_error is not None
+    assert out.last_error.startswith("stored payload is unreadable: JSONDecodeError")
+    assert isinstance(out.payload, UnreadableValue)
+    warnings = [r.getMessage() for r in caplog.records if "unreadable_task" in r.getMessage()]
+    assert len(warnings) == 1
+    after = store.events.snapshot()
+    assert after.get(ev.UNREADABLE_TASK, 0) - before.get(ev.UNREADABLE_TASK, 0) == 1
+    assert after.get(ev.DEAD_LETTERED, 0) - before.get(ev.DEAD_LETTERED, 0) == 1
+    (nxt,) = await store.claim(Q, node_id="n", limit=10, ordered=True)  # its key goes on (SKIP)
+    assert nxt.id == second

@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 
 from ... import events as ev
-from ...errors import CoordError
+from ...errors import CoordError, UnreadableRowError
 from ...models import Task
 from ..batch import Batcher
 from ..rows import listed_task_from_row, new_token, split_unreadable, task_from_row
@@ -182,9 +182,13 @@ class PgClaimOps(PgRateLimitOps):
 
         limited = await self._queue_limited(queue)
 
+        unreadable_keys: dict[int, UnreadableRowError] = {}  # leased rows whose limit keys cannot be read
+
         async def op_for(n: int) -> list[_Row]:
             if limited:
-                return (await self._claim_limited(queue, ordered, due_age, [(node_id, n, lease, parts)]))[0][0]
+                leased, _, found = (await self._claim_limited(queue, ordered, due_age, [(node_id, n, lease, parts)]))[0]
+                unreadable_keys.update(found)
+                return leased
             return await self._claim_statement(name, {**params, "limit": n})
 
         if parts is None:
@@ -193,9 +197,10 @@ class PgClaimOps(PgRateLimitOps):
             # claim's own snapshot); only an empty claim does not know, and asks.
             exhausted = bool(rows[0][21]) if rows else await self._any_exhausted(queue)
         else:
-            rows, exhausted = await self._claimer(queue, ordered, due_age, limited).submit(
+            rows, exhausted, found = await self._claimer(queue, ordered, due_age, limited).submit(
                 ClaimRequest(node_id, limit, lease, parts)
             )
+            unreadable_keys.update(found)
         dead = 0
         if exhausted:
             dead = await self._dead_letter_exhausted(queue)
@@ -212,7 +217,7 @@ class PgClaimOps(PgRateLimitOps):
             # processes hear of them through NOTIFY).
             notify_partitions(self.notifier, [(queue, int(r[3])) for r in duplicates if r[0] in settled])
         kept = sorted((r for r in rows if not r[20]), key=lambda r: (-r[6], r[0]))
-        tasks, unreadable = split_unreadable(kept, task_from_row, payload_at=5, result_at=16)
+        tasks, unreadable = split_unreadable(kept, task_from_row, payload_at=5, result_at=16, known=unreadable_keys)
         if unreadable:
             try:
                 await self._dead_letter_unreadable(unreadable)
@@ -301,7 +306,7 @@ class PgClaimOps(PgRateLimitOps):
         mine: dict[str, list[_Row]] = {r.node_id: [] for r in requests}
         for row in rows:
             mine[row[11]].append(row)
-        return [(mine[r.node_id], exhausted) for r in requests]
+        return [(mine[r.node_id], exhausted, {}) for r in requests]
 
     async def _claim_limited_batch(
         self, queue: str, ordered: bool, due_age: float, requests: Sequence[ClaimRequest]

@@ -202,8 +202,8 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         renewed = await self._run(op, what="extend_many", tx=False, ambiguous_ok=True)
         return [renewed.intersection(zip(r.ids, r.tokens, strict=True)) for r in renewals]
 
-    async def _get_checked(self, task_id: int) -> Task:
-        """The task with that id (one statement); TaskNotFoundError if none."""
+    async def _get_checked(self, task_id: int, listed: bool = False) -> Task:
+        """The task with that id (one statement); TaskNotFoundError if none. ``listed``: as ``listed_task_from_row``."""
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> _Row | None:
             return await self._row(conn, "select_task", id=task_id)
@@ -211,7 +211,11 @@ class PgQueueOps(PgClaimOps, PgCommitOps):
         row = await self._run(op, what="get", tx=False, ambiguous_ok=True)
         if row is None:
             raise TaskNotFoundError(task_id)
-        return task_from_row(row)
+        return listed_task_from_row(row) if listed else task_from_row(row)
+
+    async def _stored_checked(self, task_id: int) -> Task:
+        """The stored task, a value it cannot decode listed as such (see ``StoreBase._stored_checked``)."""
+        return await self._get_checked(task_id, listed=True)
 
     async def _stats_checked(self, queue: str | None) -> QueueStats:
         """Counts by status and the oldest due pending age (store clock), in one statement (one snapshot).

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -38,19 +38,18 @@ from ...contract.ratelimits import (
     check_pause_target,
     check_rate_limits,
     check_retry_after_s,
-    decode_limit_keys,
     limits_from_rows,
     pause_targets,
     paused_tat,
     refused_task_delay_s,
     warn_undeclared_dimensions,
 )
-from ...errors import LeaseLostError, TaskNotFoundError
+from ...errors import LeaseLostError, TaskNotFoundError, UnreadableRowError
 from ...models import Task, TaskStatus
 from ...validation import check_name
 from ..limitwatch import LimitWatch
 from ..refill import RefillWaker
-from ..rows import listed_task_from_row, new_token
+from ..rows import limit_keys_of, listed_task_from_row, new_token
 from .heads import PgHeads
 from .statements import Row, lost_reason, settled_by_us
 
@@ -67,8 +66,38 @@ _Candidate = tuple[int, int, dict[str, str], int]  # id, partition, limit keys, 
 LimitedClaim = tuple[str, int, float, "list[int] | None"]
 """One claim of a limited claim batch: node id, limit, lease (s), partitions (None: all)."""
 
-Claimed = tuple[list[Row], bool]
-"""One claim's answer: its leased rows, and whether the queue has exhausted leases."""
+Claimed = tuple[list[Row], bool, dict[int, UnreadableRowError]]
+"""One claim's answer: its leased rows, whether the queue has exhausted leases, and those of its
+rows whose stored ``limit_keys`` cannot be read (by id, with why: the claim dead-letters them)."""
+
+_UNREADABLE_JSON = (asyncpg.InvalidTextRepresentationError, asyncpg.InvalidParameterValueError)
+"""What the server raises for a ``limit_keys`` text that is not JSON (the ``::jsonb`` cast), or not
+an object (``jsonb_each_text``): a row written by another tool."""
+
+
+class _UnreadableKeys(Exception):
+    """A limited claim's candidate read met ``limit_keys`` the server cannot read (see ``_claim_limited``)."""
+
+
+def _readable_keys(task_id: int, text: Any) -> dict[str, str]:
+    """A held task's limit keys for a pause; none when they cannot be read (its next claim dead-letters it)."""
+    keys = limit_keys_of(task_id, text)
+    return {} if isinstance(keys, UnreadableRowError) else keys
+
+
+def _buckets_of(rows: Sequence[Row]) -> set[_Bucket]:
+    """The buckets the candidate ``rows`` name (their readable ``limit_keys``, column 3)."""
+    out: set[_Bucket] = set()
+    for row in rows:
+        keys = limit_keys_of(int(row[0]), row[3])
+        if isinstance(keys, dict):
+            out.update(keys.items())
+    return out
+
+
+def _named(rows: Sequence[Row], unreadable: Mapping[int, UnreadableRowError]) -> dict[int, UnreadableRowError]:
+    """The entries of ``unreadable`` for ``rows`` (one request's leased rows)."""
+    return {int(r[0]): unreadable[int(r[0])] for r in rows if int(r[0]) in unreadable}
 
 
 class PgRateLimitOps(PgHeads):
@@ -238,6 +267,12 @@ class PgRateLimitOps(PgHeads):
         token), as the plain claim does. Then counts the held-back work and schedules the
         refill wake-ups of its partitions.
 
+        A candidate whose stored ``limit_keys`` cannot be read (a row written by another
+        tool) is given to a request with room without a token, and its request's answer
+        names it: the claim dead-letters it. When such a text makes the server's read of
+        the chunk's TATs fail (not JSON, or not an object), the transaction is run again
+        without that read (``plain``), the TATs loaded by ``bucket_tats`` instead.
+
         Args:
             queue: The queue.
             ordered: Keys' heads only.
@@ -246,8 +281,9 @@ class PgRateLimitOps(PgHeads):
                 distinct node ids.
 
         Returns:
-            Per request: its leased rows (the claim statements' columns) and whether the
-            queue has leases that expired on their last attempt.
+            Per request: its leased rows (the claim statements' columns), whether the
+            queue has leases that expired on their last attempt, and its leased rows whose
+            limit keys cannot be read.
 
         Raises:
             StoreConnectionError: the server stayed unreachable.
@@ -265,10 +301,13 @@ class PgRateLimitOps(PgHeads):
         }
         walk = "limited_candidates_ordered" if ordered else "limited_candidates"
         wanted = sum(r[1] for r in requests)
+        plain = False
+        unreadable: dict[int, UnreadableRowError] = {}
 
         async def op(conn: asyncpg.Connection, attempt: int) -> tuple[list[Row], Admission | None]:
             locked = (await self._fetch(conn, "lock_rate_limits", queue=queue, now=self._now()))[0]
             now = float(locked[0])
+            unreadable.clear()
             if attempt > 0:  # the connection was lost while the server may have committed the claim
                 leased = await self._fetch(conn, "claimed_by_token", **params, now=now)
                 if leased:
@@ -281,9 +320,23 @@ class PgRateLimitOps(PgHeads):
             chunk = max(_FIRST_CHUNK, 4 * wanted)
             after: tuple[int | None, int | None] = (None, None)
             while len(chosen) < wanted:
-                rows = await self._fetch(
-                    conn, walk, **params, now=now, chunk=chunk, after_priority=after[0], after_id=after[1]
-                )
+                try:
+                    rows = await self._fetch(
+                        conn,
+                        walk,
+                        **params,
+                        now=now,
+                        chunk=chunk,
+                        after_priority=after[0],
+                        after_id=after[1],
+                        plain=plain,
+                    )
+                except _UNREADABLE_JSON as exc:
+                    if plain:
+                        raise
+                    raise _UnreadableKeys from exc
+                if plain:
+                    await self._load_tats(conn, queue, _buckets_of(rows) - tats.keys(), tats)
                 for row in rows:
                     partition = int(row[1])
                     slot = next((i for i, sc in enumerate(scopes) if room[i] and (sc is None or partition in sc)), None)
@@ -291,7 +344,10 @@ class PgRateLimitOps(PgHeads):
                         continue
                     if row[4] is not None:
                         tats.update(zip(zip(row[4], row[5], strict=True), row[6], strict=True))
-                    keys = decode_limit_keys(row[3])
+                    keys = limit_keys_of(int(row[0]), row[3])
+                    if isinstance(keys, UnreadableRowError):  # leased without a token, then dead-lettered
+                        unreadable[keys.task_id] = keys
+                        keys = {}
                     if admission.admit(keys, partition):
                         chosen.append((int(row[0]), partition, keys, slot))
                         room[slot] -= 1
@@ -325,7 +381,11 @@ class PgRateLimitOps(PgHeads):
                 await self._store_tats(conn, queue, replay.changed)
             return leased_rows, admission
 
-        rows, admission = await self._run(op, what="claim", ambiguous_ok=True)
+        try:
+            rows, admission = await self._run(op, what="claim", ambiguous_ok=True)
+        except _UnreadableKeys:  # rolled back: again, the TATs read apart from the candidates
+            plain = True
+            rows, admission = await self._run(op, what="claim", ambiguous_ok=True)
         if admission is not None:
             if admission.held:
                 self.events.add(ev.RATE_LIMIT_HELD)
@@ -334,7 +394,7 @@ class PgRateLimitOps(PgHeads):
         mine: dict[str, list[Row]] = {owner: [] for owner in owners}
         for row in rows:
             mine[row[11]].append(row)
-        return [(mine[owner], exhausted) for owner in owners]
+        return [(mine[owner], exhausted, _named(mine[owner], unreadable)) for owner in owners]
 
     async def _load_tats(
         self, conn: asyncpg.Connection, queue: str, buckets: set[_Bucket], into: dict[_Bucket, float]
@@ -367,10 +427,19 @@ class PgRateLimitOps(PgHeads):
     ) -> set[int]:
         """claimable_partitions of a queue with limits: partitions with work that has its tokens now.
 
-        Schedules the refill wake-up of each partition whose due work is all held back.
+        Schedules the refill wake-up of each partition whose due work is all held back. A due
+        task whose ``limit_keys`` text the server cannot read (not JSON, or not an object:
+        written by another tool) makes every partition with due work count, until a claim
+        dead-letters it.
         """
         name = "claimable_partitions_limited_ordered" if ordered else "claimable_partitions_limited"
-        rows = await self._fetch(conn, name, queue=queue, partitions=parts, min_due_age_s=due_age, now=self._now())
+        try:
+            rows = await self._fetch(conn, name, queue=queue, partitions=parts, min_due_age_s=due_age, now=self._now())
+        except _UNREADABLE_JSON:  # a limit_keys text written by another tool: all due work counts (the claim
+            # dead-letters that task); an autocommit statement, so the session goes on
+            name = "claimable_partitions_ordered" if ordered else "claimable_partitions"
+            rows = await self._fetch(conn, name, queue=queue, partitions=parts, min_due_age_s=due_age, now=self._now())
+            return {int(r[0]) for r in rows}
         found = {int(r[0]) for r in rows if r[1] is None}
         wake = {int(r[0]): float(r[1]) for r in rows if r[1] is not None}
         if wake:
@@ -405,7 +474,7 @@ class PgRateLimitOps(PgHeads):
             locked = (await self._fetch(conn, "lock_rate_limits", queue=queue, now=self._now()))[0]
             now = float(locked[0])
             limits = limits_from_rows(list(zip(locked[1], locked[2], locked[3], locked[4], strict=True)))
-            keys = decode_limit_keys(None if stored is None else stored[1])
+            keys = _readable_keys(task.id, None if stored is None else stored[1])
             targets = pause_targets(limits, keys, dim, chosen)
             tats: dict[_Bucket, float] = {}
             await self._load_tats(conn, queue, set(targets), tats)

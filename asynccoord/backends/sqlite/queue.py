@@ -23,7 +23,7 @@ from ... import events as ev
 from ...contract.locks import fence_rejected_error
 from ...contract.queue import PreparedTask
 from ...contract.ratelimits import Admission
-from ...errors import CoordError, LeaseLostError, TaskNotFoundError
+from ...errors import CoordError, LeaseLostError, TaskNotFoundError, UnreadableRowError
 from ...models import Continuation, EnqueueResult, PurgeResult, QueueStats, Task, TaskSlots, TaskStatus
 from ..base import StoreBase
 from ..calls import CallGate
@@ -231,6 +231,7 @@ class SQLiteQueueOps(StoreBase):
             params.update(arms)
 
         admissions: dict[str, Admission] = {}  # the limited claim's pass over its buckets, if limited
+        unreadable_keys: dict[int, UnreadableRowError] = {}  # chosen by it, their limit keys unreadable
 
         def op(db: sqlite3.Connection, now: float) -> _Claimed:
             if ordered:
@@ -246,7 +247,8 @@ class SQLiteQueueOps(StoreBase):
                 dead = len(exhausted)
                 promoted += _promote_heads(db, [(r[1], r[2]) for r in exhausted])
             if limited:  # rate limits: see ratelimits.claim_limited
-                rows, admissions[queue] = claim_limited(db, now, params, ordered, bool(expired))
+                rows, admissions[queue], found = claim_limited(db, now, params, ordered, bool(expired))
+                unreadable_keys.update(found)
             else:
                 rows = db.execute(sql, {**params, "now": now}).fetchall()
             rows.sort(key=_ID)  # priority DESC, id (two stable sorts on C keys: no tuple per row)
@@ -273,7 +275,11 @@ class SQLiteQueueOps(StoreBase):
         notify_partitions(self.notifier, promoted)  # e.g. the next task of a key whose head was a duplicate
         expires = now + lease
         tasks, unreadable = split_unreadable(
-            rows, lambda r: _claimed_task(r, queue, node_id, expires, now), payload_at=4, result_at=12
+            rows,
+            lambda r: _claimed_task(r, queue, node_id, expires, now),
+            payload_at=4,
+            result_at=12,
+            known=unreadable_keys,
         )
         if unreadable:
             try:
@@ -619,12 +625,16 @@ class SQLiteQueueOps(StoreBase):
 
     # --- inspection and maintenance ---------------------------------------------------
 
-    async def _get_checked(self, task_id: int) -> Task:
-        """The task with that id (a read); TaskNotFoundError if none."""
+    async def _get_checked(self, task_id: int, listed: bool = False) -> Task:
+        """The task with that id (a read); TaskNotFoundError if none. ``listed``: as ``listed_task_from_row``."""
         row = await self._read(lambda db: db.execute(Q["select_task"], {"id": task_id}).fetchone())
         if row is None:
             raise TaskNotFoundError(task_id)
-        return task_from_row(row)
+        return listed_task_from_row(row) if listed else task_from_row(row)
+
+    async def _stored_checked(self, task_id: int) -> Task:
+        """The stored task, a value it cannot decode listed as such (see ``StoreBase._stored_checked``)."""
+        return await self._get_checked(task_id, listed=True)
 
     async def _stats_checked(self, queue: str | None) -> QueueStats:
         """Counts by status and the oldest due pending age (store clock), for ``queue`` or all.

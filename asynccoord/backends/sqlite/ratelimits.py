@@ -31,21 +31,20 @@ from ...contract.ratelimits import (
     check_pause_target,
     check_rate_limits,
     check_retry_after_s,
-    decode_limit_keys,
     limits_from_rows,
     pause_targets,
     paused_tat,
     refused_task_delay_s,
     warn_undeclared_dimensions,
 )
-from ...errors import LeaseLostError, TaskNotFoundError
+from ...errors import LeaseLostError, TaskNotFoundError, UnreadableRowError
 from ...events import EventCounter
 from ...models import Task
 from ...notify import WorkNotifier
 from ...validation import check_name
 from ..limitwatch import LimitWatch
 from ..refill import RefillWaker
-from ..rows import listed_task_from_row
+from ..rows import limit_keys_of, listed_task_from_row
 from ..sqlfiles import load_queries
 
 if TYPE_CHECKING:
@@ -83,7 +82,7 @@ def _store_tats(db: sqlite3.Connection, queue: str, changed: dict[tuple[str, str
 
 def claim_limited(
     db: sqlite3.Connection, now: float, params: dict[str, Any], ordered: bool, expired: bool = True
-) -> tuple[list[_Row], Admission]:
+) -> tuple[list[_Row], Admission, dict[int, UnreadableRowError]]:
     """The claim of a queue with limits, inside the claim's write transaction.
 
     Walks the candidates a claim would consider (``limited_candidates``: due pending
@@ -94,11 +93,14 @@ def claim_limited(
     one step per task it walks past (keys' heads only in an ordered queue). With no lease
     of the queue expired (``expired`` false, from the claim's probe) the walk reads the
     pending tasks in index order (``limited_pending``): no sort of every due task before
-    the first row, so a claim of a deep backlog costs what it takes, not the backlog.
+    the first row, so a claim of a deep backlog costs what it takes, not the backlog. A
+    candidate whose stored ``limit_keys`` cannot be read (a row written by another tool)
+    is chosen without a token: the claim dead-letters it.
 
     Returns:
-        The leased rows (the claims' columns) and the admission (tokens taken, tasks held
-        back, when they may go).
+        The leased rows (the claims' columns), the admission (tokens taken, tasks held
+        back, when they may go), and the chosen candidates whose limit keys cannot be
+        read, by id, with why.
     """
     queue, limit = params["queue"], params["limit"]
     admission = Admission(_limits(db, queue), now, _loader(db, queue))
@@ -107,22 +109,33 @@ def claim_limited(
     else:
         sql = R["limited_pending_ordered"] if ordered else R["limited_pending"]
     chosen: list[int] = []
+    unreadable: dict[int, UnreadableRowError] = {}
     cursor = db.execute(
         sql, {"queue": queue, "now": now, "min_due_age_s": params["min_due_age_s"], "partitions": params["partitions"]}
     )
     try:
-        for task_id, partition, keys in cursor:
-            if admission.admit(decode_limit_keys(keys), partition):
-                chosen.append(task_id)
-                if len(chosen) == limit:
-                    break
+        for task_id, partition, text in cursor:
+            keys = limit_keys_of(task_id, text)
+            if isinstance(keys, UnreadableRowError):
+                unreadable[task_id] = keys
+            elif not admission.admit(keys, partition):
+                continue
+            chosen.append(task_id)
+            if len(chosen) == limit:
+                break
     finally:
         cursor.close()
     _store_tats(db, queue, admission.changed)
     if not chosen:
-        return [], admission
+        return [], admission, unreadable
     rows = db.execute(R["claim_ids"], {**params, "ids": json.dumps(chosen), "now": now}).fetchall()
-    return rows, admission
+    return rows, admission, unreadable
+
+
+def _readable_keys(task_id: int, text: Any) -> dict[str, str]:
+    """A held task's limit keys for a pause; none when they cannot be read (its next claim dead-letters it)."""
+    keys = limit_keys_of(task_id, text)
+    return {} if isinstance(keys, UnreadableRowError) else keys
 
 
 class SQLiteRateLimitOps:
@@ -245,7 +258,7 @@ class SQLiteRateLimitOps:
             stored = db.execute(R["task_limit_keys"], {"id": task.id}).fetchone()
             queue = task.queue if stored is None else stored[0]
             limits = _limits(db, queue)
-            keys = decode_limit_keys(None if stored is None else stored[1])
+            keys = _readable_keys(task.id, None if stored is None else stored[1])
             targets = pause_targets(limits, keys, dim, chosen)
             load = _loader(db, queue)
             _store_tats(db, queue, {(d, k): paused_tat(load(d, k), now + retry, limits[d]) for d, k in targets})

@@ -58,7 +58,9 @@ SELECT queue, limit_keys FROM coord_tasks WHERE id = :id::bigint;
 -- lock, with its partition, priority, limit keys and the stored TATs of its buckets (three
 -- arrays: dimension, key, TAT). Each branch stops at :chunk rows in index order, and only
 -- the chunk's rows are joined to their buckets: a deep backlog costs a chunk, not its
--- size. No row is locked here: claim_ids locks and re-checks the chosen ones.
+-- size. No row is locked here: claim_ids locks and re-checks the chosen ones. With :plain
+-- the TAT arrays are NULL (the claim reads them with bucket_tats): the read a claim falls
+-- back to when a limit_keys text, written by another tool, is not a JSON object.
 SELECT c.id, c.partition, c.priority, c.limit_keys,
        b.dimensions, b.keys, b.tats
   FROM (SELECT u.id, u.priority, u.partition, u.limit_keys FROM (
@@ -85,7 +87,7 @@ SELECT c.id, c.partition, c.priority, c.limit_keys,
   LEFT JOIN LATERAL (
         SELECT array_agg(k.dimension) AS dimensions, array_agg(k.key) AS keys, array_agg(k.tat) AS tats
           FROM (SELECT r.dimension, r.key, r.tat
-                  FROM jsonb_each_text(c.limit_keys::jsonb) AS j (dimension, key)
+                  FROM jsonb_each_text(CASE WHEN NOT :plain::boolean THEN c.limit_keys::jsonb END) AS j (dimension, key)
                   JOIN coord_rate_buckets AS r ON r.queue = :queue::text AND r.dimension = j.dimension AND r.key = j.key) AS k
        ) AS b ON c.limit_keys IS NOT NULL
  ORDER BY c.priority DESC, c.id;
@@ -118,7 +120,7 @@ SELECT c.id, c.partition, c.priority, c.limit_keys,
   LEFT JOIN LATERAL (
         SELECT array_agg(k.dimension) AS dimensions, array_agg(k.key) AS keys, array_agg(k.tat) AS tats
           FROM (SELECT r.dimension, r.key, r.tat
-                  FROM jsonb_each_text(c.limit_keys::jsonb) AS j (dimension, key)
+                  FROM jsonb_each_text(CASE WHEN NOT :plain::boolean THEN c.limit_keys::jsonb END) AS j (dimension, key)
                   JOIN coord_rate_buckets AS r ON r.queue = :queue::text AND r.dimension = j.dimension AND r.key = j.key) AS k
        ) AS b ON c.limit_keys IS NOT NULL
  ORDER BY c.priority DESC, c.id;

@@ -272,13 +272,15 @@ RETURNING id, partition_key, partition, idempotency_key, payload, priority, atte
 -- A read for the runtime's idle poll: the partitions (of :partitions, a JSON array, or all)
 -- where a claim would find something now: a due pending task, or a lease expired :min_due_age_s
 -- ago (also one on its last attempt: the claim dead-letters it and frees its key), whose
--- rate limits' buckets (declared dimensions) all have a token.
+-- rate limits' buckets (declared dimensions) all have a token. A task whose limit_keys are not
+-- a JSON object (a row written by another tool) counts: the claim dead-letters it.
 -- coord_tasks_pending and coord_tasks_lease_expiry cover it; nothing is written.
 SELECT t.partition FROM coord_tasks AS t
  WHERE t.queue = :queue AND t.status = 'pending' AND t.run_at <= :now - :min_due_age_s
    AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
    AND (t.limit_keys IS NULL OR NOT EXISTS (
-        SELECT 1 FROM json_each(t.limit_keys) AS j
+        SELECT 1 FROM json_each(CASE WHEN NOT json_valid(t.limit_keys) THEN NULL
+                                       WHEN json_type(t.limit_keys) = 'object' THEN t.limit_keys END) AS j
           JOIN coord_rate_limits AS l ON l.queue = t.queue AND l.dimension = j.key
           JOIN coord_rate_buckets AS b ON b.queue = t.queue AND b.dimension = j.key AND b.key = j.value
          WHERE b.tat - (l.burst - 1) * l.per_s / l.count > :now))
@@ -287,7 +289,8 @@ SELECT t.partition FROM coord_tasks AS t
  WHERE t.queue = :queue AND t.status = 'running' AND t.lease_expires_at <= :now - :min_due_age_s
    AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
    AND (t.limit_keys IS NULL OR NOT EXISTS (
-        SELECT 1 FROM json_each(t.limit_keys) AS j
+        SELECT 1 FROM json_each(CASE WHEN NOT json_valid(t.limit_keys) THEN NULL
+                                       WHEN json_type(t.limit_keys) = 'object' THEN t.limit_keys END) AS j
           JOIN coord_rate_limits AS l ON l.queue = t.queue AND l.dimension = j.key
           JOIN coord_rate_buckets AS b ON b.queue = t.queue AND b.dimension = j.key AND b.key = j.value
          WHERE b.tat - (l.burst - 1) * l.per_s / l.count > :now));
@@ -299,7 +302,8 @@ SELECT t.partition FROM coord_tasks AS t
  WHERE t.queue = :queue AND t.status = 'pending' AND t.is_head = 1 AND t.run_at <= :now - :min_due_age_s
    AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
    AND (t.limit_keys IS NULL OR NOT EXISTS (
-        SELECT 1 FROM json_each(t.limit_keys) AS j
+        SELECT 1 FROM json_each(CASE WHEN NOT json_valid(t.limit_keys) THEN NULL
+                                       WHEN json_type(t.limit_keys) = 'object' THEN t.limit_keys END) AS j
           JOIN coord_rate_limits AS l ON l.queue = t.queue AND l.dimension = j.key
           JOIN coord_rate_buckets AS b ON b.queue = t.queue AND b.dimension = j.key AND b.key = j.value
          WHERE b.tat - (l.burst - 1) * l.per_s / l.count > :now))
@@ -308,7 +312,8 @@ SELECT t.partition FROM coord_tasks AS t
  WHERE t.queue = :queue AND t.status = 'running' AND t.is_head = 1 AND t.lease_expires_at <= :now - :min_due_age_s
    AND (:partitions IS NULL OR t.partition IN (SELECT value FROM json_each(:partitions)))
    AND (t.limit_keys IS NULL OR NOT EXISTS (
-        SELECT 1 FROM json_each(t.limit_keys) AS j
+        SELECT 1 FROM json_each(CASE WHEN NOT json_valid(t.limit_keys) THEN NULL
+                                       WHEN json_type(t.limit_keys) = 'object' THEN t.limit_keys END) AS j
           JOIN coord_rate_limits AS l ON l.queue = t.queue AND l.dimension = j.key
           JOIN coord_rate_buckets AS b ON b.queue = t.queue AND b.dimension = j.key AND b.key = j.value
          WHERE b.tat - (l.burst - 1) * l.per_s / l.count > :now));
