@@ -73,7 +73,9 @@ def decode_json(text: str | None) -> Any:
     return value
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, text: Any = None) -> str:
+    if isinstance(text, bytes):  # a BLOB, or a text that is not UTF-8 read as its bytes (sqlite/texts.py)
+        return f"{len(text)} bytes that are no UTF-8 text"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -83,7 +85,7 @@ def unreadable_column(task_id: int, columns: Sequence[tuple[str, Any]]) -> Unrea
         try:
             decode_json(text)
         except DECODE_ERRORS as exc:
-            return UnreadableRowError(task_id, name, _reason(exc))
+            return UnreadableRowError(task_id, name, _reason(exc, text))
     return None
 
 
@@ -92,7 +94,7 @@ def limit_keys_of(task_id: int, text: Any) -> dict[str, str] | UnreadableRowErro
     try:
         return decode_limit_keys(text)
     except DECODE_ERRORS as exc:
-        return UnreadableRowError(task_id, "limit_keys", _reason(exc))
+        return UnreadableRowError(task_id, "limit_keys", _reason(exc, text))
 
 
 def _listed(column: str, text: Any) -> Any:
@@ -101,7 +103,7 @@ def _listed(column: str, text: Any) -> Any:
         return decode_json(text)
     except DECODE_ERRORS as exc:
         shown = text if isinstance(text, str) else repr(text)
-        return UnreadableValue(column=column, text=shown, reason=_reason(exc))
+        return UnreadableValue(column=column, text=shown, reason=_reason(exc, text))
 
 
 _STATUS = {s.value: s for s in TaskStatus}

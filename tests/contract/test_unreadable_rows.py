@@ -11,6 +11,7 @@ values, which nothing outside the process can edit.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import Any
 
 import pytest
@@ -218,3 +219,50 @@ async def test_a_row_corrupted_while_held_ends_dead_when_failed_or_released_with
     assert after.get(ev.DEAD_LETTERED, 0) - before.get(ev.DEAD_LETTERED, 0) == 1
     (nxt,) = await store.claim(Q, node_id="n", limit=10, ordered=True)  # its key goes on (SKIP)
     assert nxt.id == second
+
+
+NOT_UTF8 = b'{"n": "\x80\xff"}'  # SQLite keeps any bytes as TEXT; sqlite3 fails the fetch of such a row
+
+
+def _write_not_utf8(path: str, task_id: int) -> None:
+    raw = sqlite3.connect(path)
+    try:
+        with raw:
+            raw.execute("UPDATE coord_tasks SET payload = CAST(? AS TEXT) WHERE id = ?", (NOT_UTF8, task_id))
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_a_payload_that_is_not_utf8_text_is_dead_lettered_not_failing_every_claim(
+    store: Any, ordered: bool
+) -> None:
+    await store.set_dead_letter_policy(Q, DeadLetterPolicy.SKIP)  # the conversation goes on past it
+    ids = [(await store.enqueue(Q, {"n": n}, partition_key="chat" if ordered else f"k{n}")).task.id for n in range(3)]
+    _write_not_utf8(store.path, ids[1])
+    claimed: list[Task] = []
+    for _ in range(4):  # in order: one claim per task, the poison one's claim empty
+        batch = await store.claim(Q, node_id="n", limit=10, ordered=ordered)
+        claimed += batch
+        for t in batch:
+            await store.complete(t)
+    assert [t.id for t in claimed] == [ids[0], ids[2]]
+    (dead,) = await store.dead_letters(Q)
+    assert dead.id == ids[1]
+    assert dead.last_error == f"stored payload is unreadable: {len(NOT_UTF8)} bytes that are no UTF-8 text"
+    assert isinstance(dead.payload, UnreadableValue)
+    with pytest.raises(UnreadableRowError):
+        await store.get(ids[1])
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_complete_and_claim_next_dead_letters_a_next_task_that_is_not_utf8_text(store: Any) -> None:
+    ids = [(await store.enqueue(Q, {"n": n}, partition_key="chat")).task.id for n in range(3)]
+    (head,) = await store.claim(Q, node_id="n", limit=1, ordered=True)
+    _write_not_utf8(store.path, ids[1])
+    follow = await store.complete_and_claim_next(head, lease_s=30.0)
+    assert follow.done.status is TaskStatus.DONE
+    assert follow.next_task is None
+    assert [t.id for t in await store.dead_letters(Q)] == [ids[1]]
+    assert [t.id for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [ids[2]]

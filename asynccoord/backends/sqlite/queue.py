@@ -45,6 +45,7 @@ from .deadletters import recompute_heads
 from .locks import check_fence
 from .ratelimits import claim_limited
 from .seek import Flagging, seek_params, seek_sql, seeks
+from .texts import leniently
 from .turnbatch import TurnBatch
 
 if TYPE_CHECKING:
@@ -478,7 +479,9 @@ class SQLiteQueueOps(StoreBase):
                         "lease_s": i.continuation[1],
                         "token": new_token(),
                     }
-                    row, settled, heads = _claim_key_head(db, now, params)
+                    # Read leniently: a next row holding a text that is not UTF-8 must not fail the
+                    # commit (it is dead-lettered by the caller, see .texts)
+                    row, settled, heads = _lenient_head(db, now, params)
                     duplicates += settled
                     promoted += heads
                     if row is not None:
@@ -802,3 +805,7 @@ def _claim_key_head(
     if not settled:
         return row, 0, []
     return None, 1, _promote_heads(db, [(r[1], r[2]) for r in settled])
+
+
+_lenient_head = leniently(_claim_key_head)
+"""_claim_key_head with a text that is not UTF-8 read as bytes (see .texts)."""

@@ -60,6 +60,7 @@ from .ratelimits import SQLiteRateLimitOps
 from .readonly import read_only_error, read_only_uri, setup_read_only
 from .revision import delete_fix, read_meta
 from .seek import Flagging
+from .texts import leniently, undecodable
 from .wakeup import SharedNotifier, WakeupChannel, wakeup_dir
 from .writer import (
     GroupCommitter,
@@ -486,7 +487,13 @@ class SQLiteStore(
     async def _write(self, fn: Operation[Any], undo: Callable[[Any], Operation[Any] | None] | None = None) -> Any:
         writer = self._writable()
         with self._gate.call():  # in flight: waited for by close()
-            return await writer.submit(fn, undo)
+            try:
+                return await writer.submit(fn, undo)
+            except StoreError as exc:
+                if not undecodable(exc):
+                    raise
+            # A text that is not UTF-8 (a row written by another tool): again, read as bytes (see .texts).
+            return await writer.submit(leniently(fn), undo)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         conn = self._conn
@@ -496,12 +503,18 @@ class SQLiteStore(
         self._check_file()
         deadline = time.monotonic() + self.config.busy_timeout_s
 
-        def run() -> Any:
-            return retry_busy(lambda: fn(raw_connection(conn)), deadline)
+        def run(read: Callable[[sqlite3.Connection], Any]) -> Any:
+            return retry_busy(lambda: read(raw_connection(conn)), deadline)
 
         with self._gate.call():  # in flight: waited for by close() (refused if new while it closes)
             try:
-                return await run_on_thread(conn, run)
+                try:
+                    return await run_on_thread(conn, lambda: run(fn))
+                except sqlite3.OperationalError as exc:
+                    if not undecodable(exc):
+                        raise
+                # A text that is not UTF-8 (a row written by another tool): again, read as bytes (see .texts).
+                return await run_on_thread(conn, lambda: run(leniently(fn)))
             except sqlite3.Error as exc:
                 raise map_sqlite_error(exc, "read", path=self._file_path()) from exc
 
