@@ -557,25 +557,38 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
 
     _render_rate_limits(console, report["rate_limits"])
 
-    if report["alerts"]:
-        table = Table(title=f"Active alerts ({len(report['alerts'])})", box=box.SIMPLE_HEAVY, style="red")
+    firing = [a for a in report["alerts"] if a.get("inhibited_by") is None]
+    muted = [a for a in report["alerts"] if a.get("inhibited_by") is not None]
+    if firing:
+        table = Table(title=f"Active alerts ({len(firing)})", box=box.SIMPLE_HEAVY, style="red")
         for col in ("rule", "event", "value", "threshold", "window", "scope", "firing for"):
             table.add_column(col)
-        for a in report["alerts"]:
-            relative = a["relative_to"] is not None
-            table.add_row(
-                a["rule"],
-                a["event"],
-                f"{a['value']:.1%}" if relative else f"{a['value']:g}",
-                f"{a['threshold']:.1%}" if relative else f"{a['threshold']:g}",
-                f"{a['window_s']:g}s",
-                a["scope"] + (f" {a['scope_key']}" if a["scope_key"] else ""),
-                _fmt_s(max(0.0, report["now_s"] - a["fired_at"])),
-                style="bold red",
-            )
+        for a in firing:
+            table.add_row(*_alert_cells(a, report["now_s"]), style="bold red")
         console.print(table)
     else:
         console.print("No active alerts.", style="green")
+    if muted:  # consequences of a firing incident: shown, never counted as firing nor sent
+        table = Table(title=f"Muted alerts ({len(muted)}, never sent)", box=box.SIMPLE_HEAVY, style="dim")
+        for col in ("rule", "event", "value", "threshold", "window", "scope", "open for", "muted by"):
+            table.add_column(col)
+        for a in muted:
+            table.add_row(*_alert_cells(a, report["now_s"]), f"muted by {a['inhibited_by']}")
+        console.print(table)
+
+
+def _alert_cells(a: dict[str, Any], now_s: float) -> list[str]:
+    """The cells of one alert row: rule, event, value, threshold, window, scope and how long it is open."""
+    relative = a["relative_to"] is not None
+    return [
+        a["rule"],
+        a["event"],
+        f"{a['value']:.1%}" if relative else f"{a['value']:g}",
+        f"{a['threshold']:.1%}" if relative else f"{a['threshold']:g}",
+        f"{a['window_s']:g}s",
+        a["scope"] + (f" {a['scope_key']}" if a["scope_key"] else ""),
+        _fmt_s(max(0.0, now_s - a["fired_at"])),
+    ]
 
 
 _STATE_TEXT = {"live": "live", "no_live_node": "no live node", "gone": "gone"}

@@ -95,6 +95,9 @@ class Alert:
         base: Events of the denominator in the window (None for an absolute rule).
         fired_at: When the incident began (equals ``at`` for the firing notice).
         monitor_id: The process id of the monitor that decided it.
+        inhibited_by: The rule whose incident muted this one (see ``AlertRule.inhibited_by``), or
+            None. A muted incident is stored, so ``status`` shows it and a new leader adopts it,
+            but it is never published: no firing notice and no resolved notice.
     """
 
     rule: str
@@ -111,6 +114,7 @@ class Alert:
     base: int | None = None
     fired_at: float = 0.0
     monitor_id: str = ""
+    inhibited_by: str | None = None
 
     def __post_init__(self) -> None:
         # Accept the enums' string values (records read back from JSON); mypy sees the declared types.
@@ -132,9 +136,16 @@ class Alert:
         """Whether this is a firing notice."""
         return self.state is AlertState.FIRING
 
+    @property
+    def muted(self) -> bool:
+        """Whether another rule's incident muted this one (``inhibited_by`` is set)."""
+        return self.inhibited_by is not None
+
     def describe(self) -> str:
         """A one-line human description, e.g. ``stale_commit_rejected 8.0% of commits > 5.0% over 30s``."""
         where = self.scope.value if not self.scope_key else f"{self.scope.value} {self.scope_key}"
+        if self.inhibited_by is not None:
+            where += f", muted by {self.inhibited_by}"
         if self.relative_to is not None:
             measure = f"{self.value:.1%} of {'+'.join(self.relative_to)} ({self.count}/{self.base})"
             limit = f"{self.threshold:.1%}"
@@ -166,6 +177,7 @@ class Alert:
             "base": self.base,
             "fired_at": self.fired_at,
             "monitor_id": self.monitor_id,
+            "inhibited_by": self.inhibited_by,
         }
 
     @classmethod
@@ -192,6 +204,7 @@ class Alert:
                 base=None if data.get("base") is None else int(data["base"]),
                 fired_at=float(data.get("fired_at", data["at"])),
                 monitor_id=str(data.get("monitor_id", "")),
+                inhibited_by=None if data.get("inhibited_by") is None else str(data["inhibited_by"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"not an alert record: {exc}: {dict(data)!r:.200}") from exc

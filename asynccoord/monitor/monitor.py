@@ -23,7 +23,6 @@ import socket
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -47,9 +46,11 @@ from ..validation import (
 )
 from .alerts import AlertCallback, AlertSink, AlertStream, Mailbox, Subscription, deliver
 from .histogram import Histogram
+from .inhibition import Inhibitions
 from .outage import OutageWatch
 from .rules import DEFAULT_RULES, AlertRule, Incident, decide
 from .snapshot import ClusterSnapshot, cluster_snapshot
+from .stats import MonitorStats
 
 __all__ = ("LEADER_LOCK", "Monitor", "MonitorStats")
 
@@ -65,31 +66,6 @@ _SINK_CLOSE_S = 5.0
 
 LEADER_LOCK = "asynccoord.monitor.cluster-rules"
 """The store lock whose holder judges the cluster-scoped rules for every monitor of the store."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MonitorStats:
-    """Counters of one monitor (see :meth:`Monitor.statistics`)."""
-
-    process_id: str
-    flushes: int
-    flush_failures: int
-    evaluations: int
-    evaluate_failures: int
-    alerts_fired: int
-    alerts_resolved: int
-    alerts_dropped: int
-    callback_failures: int
-    subscribers: int
-    active_alerts: int
-    sink_failures: int = 0
-    """Notices the sinks (``sinks=``) gave up on after every attempt, or that were refused."""
-    sink_dropped: int = 0
-    """Notices the sinks dropped unsent (their queue was full, or they closed first)."""
-    leader: bool = False
-    """Whether this monitor judged the cluster-scoped rules at its last evaluation."""
-    leader_changes: int = 0
-    """Times this monitor took over the cluster-scoped rules or handed them over."""
 
 
 _ACTIVE_STORES: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -116,7 +92,8 @@ class Monitor:
     and the status command see totals and rates over all processes. Every
     ``evaluate_interval_s`` it reads the windows its rules need (one read) and judges each
     :class:`~asynccoord.monitor.rules.AlertRule` per scope (the cluster, each process, or
-    each node): incidents with hysteresis, one firing and one resolved notice each.
+    each node): incidents with hysteresis, one firing and one resolved notice each, or none for an
+    incident muted by the one it follows from (``AlertRule.inhibited_by``, :mod:`~asynccoord.monitor.inhibition`).
 
     Publishing only appends to one bounded buffer per subscriber
     (:mod:`asynccoord.monitor.alerts`); each callback runs in its own task under
@@ -142,7 +119,8 @@ class Monitor:
 
     Args:
         store: An open store implementing :class:`~asynccoord.contract.monitor.MonitorStore`.
-        rules: The alert rules (names unique). Default :data:`DEFAULT_RULES`.
+        rules: The alert rules (names unique; each ``inhibited_by`` names another of them, of the
+            same scope, without a cycle). Default :data:`DEFAULT_RULES`.
         flush_interval_s: Seconds between flushes of the counters (>= 0.001,
             ``validation.MIN_INTERVAL_S``). Default 1.
         evaluate_interval_s: Seconds between rule evaluations (>= 0.001). Default
@@ -223,6 +201,7 @@ class Monitor:
         names = [r.name for r in chosen]
         if len(set(names)) != len(names):
             raise InvalidArgumentError(f"rule names must be unique, got {names!r}")
+        self._inhibitions = Inhibitions(chosen)  # each inhibited_by names another rule of the set, no cycle
         if lock_store is not None and not isinstance(getattr(lock_store, "events", None), EventCounter):
             raise InvalidTypeError(
                 f"lock_store must be a lock store with an EventCounter 'events', got {type(lock_store).__name__}"
@@ -334,7 +313,7 @@ class Monitor:
         leader = " leader" if self._leader else ""
         return (
             f"<Monitor {self.process_id!r} {state}{leader} rules={len(self.rules)}"
-            f" active_alerts={len(self._incidents)}>"
+            f" active_alerts={self._firing_incidents()}>"
         )
 
     # --- life cycle -----------------------------------------------------------------------
@@ -605,20 +584,28 @@ class Monitor:
         self._store_reached("read", view.now_s)
         self._evaluations += 1
         if took_over:
-            self._adopt(open_alerts(view.alerts))
+            self._adopt(open_alerts(view.alerts))  # muted ones too: they stay muted
+            self._inhibitions.learn(view.alerts)  # what the last leader resolved lately still mutes
         self._forget_closed(view.now_s)
         rules = [rule for rule in self.rules if self._leader or rule.scope is not AlertScope.CLUSTER]
-        notices, changed = decide(
-            rules, self._incidents, view, self.process_id, own_process=self.process_id, fresh_s=self._fresh_s
+        changes, changed = decide(
+            rules,
+            self._incidents,
+            view,
+            self.process_id,
+            own_process=self.process_id,
+            fresh_s=self._fresh_s,
+            inhibitions=self._inhibitions,
         )
         self._alerts_dirty = self._alerts_dirty or changed
-        notices = self._unless_stalled(notices)
-        for alert in notices:
+        changes = self._unless_stalled(changes)
+        for alert in changes:
             if not alert.firing and alert.scope is AlertScope.CLUSTER:
                 self._closed_incidents[(alert.rule, alert.scope_key)] = alert
+        notices = [alert for alert in changes if not alert.muted]  # a muted incident is stored, never published
         self._fired += sum(1 for alert in notices if alert.firing)
         self._resolved += sum(1 for alert in notices if not alert.firing)
-        if not notices:
+        if not changes:
             return notices
         # The stored alert state changed: write it now, and before publishing, so that a
         # monitor taking over from this one after a crash finds what it raised, and does
@@ -631,7 +618,7 @@ class Monitor:
                 except CoordError as exc:
                     log.warning("asynccoord.monitor.flush_failed process=%s error=%s", self.process_id, exc)
         finally:
-            for alert in self._unless_stalled(notices):
+            for alert in self._unless_stalled(changes):
                 self._publish(alert)
         return notices
 
@@ -707,9 +694,10 @@ class Monitor:
 
     def _forget_closed(self, now_s: float) -> None:
         """Drop the kept resolved notices older than ``alert_ttl_s`` (store clock ``now_s``): every
-        firing alert they close has expired by then."""
+        firing alert they close has expired by then. An inhibiting rule's is kept as long as it
+        mutes (a new leader learns of it from the store)."""
         for key, alert in list(self._closed_incidents.items()):
-            if alert.at + self.alert_ttl_s <= now_s:
+            if alert.at + max(self.alert_ttl_s, self._inhibitions.horizon_s(alert.rule)) <= now_s:
                 del self._closed_incidents[key]
                 self._alerts_dirty = True
 
@@ -759,6 +747,17 @@ class Monitor:
         self._publish(notice)
 
     def _publish(self, alert: Alert) -> None:
+        if alert.muted:  # a consequence of another incident: noted at INFO, never delivered
+            if self.log_alerts:
+                log.info(
+                    "asynccoord.monitor.alert_muted rule=%s state=%s scope=%s key=%s inhibited_by=%s",
+                    alert.rule,
+                    alert.state.value,
+                    alert.scope.value,
+                    alert.scope_key or "-",
+                    alert.inhibited_by,
+                )
+            return
         if self.log_alerts:
             name = "alert_firing" if alert.firing else "alert_resolved"
             log.warning(
@@ -851,10 +850,19 @@ class Monitor:
     # --- inspection ---------------------------------------------------------------------
 
     def active_alerts(self) -> list[Alert]:
-        """The firing notices of this monitor's open incidents (``store_unreachable`` included), oldest first."""
-        alerts = [inc.alert for inc in self._incidents.values()]
+        """The firing notices of this monitor's open incidents (``store_unreachable`` included), oldest
+        first; muted incidents are left out (:meth:`muted_alerts`)."""
+        alerts = [inc.alert for inc in self._incidents.values() if not inc.alert.muted]
         if self._outage.firing is not None:
             alerts.append(self._outage.firing)
+        return sorted(alerts, key=lambda a: (a.fired_at, a.rule, a.scope_key))
+
+    def _firing_incidents(self) -> int:
+        return sum(1 for inc in self._incidents.values() if not inc.alert.muted)
+
+    def muted_alerts(self) -> list[Alert]:
+        """This monitor's open incidents that opened muted (``inhibited_by`` set, never published), oldest first."""
+        alerts = [inc.alert for inc in self._incidents.values() if inc.alert.muted]
         return sorted(alerts, key=lambda a: (a.fired_at, a.rule, a.scope_key))
 
     async def snapshot(self, windows_s: Sequence[float] = (10.0, 60.0)) -> ClusterSnapshot:
@@ -882,7 +890,8 @@ class Monitor:
             alerts_dropped=dropped,
             callback_failures=sum(s.failures for s in self._subscriptions),
             subscribers=len(self._mailboxes),
-            active_alerts=len(self._incidents),
+            active_alerts=self._firing_incidents(),
+            muted_alerts=len(self._incidents) - self._firing_incidents(),
             sink_failures=sum(sink.statistics().given_up for sink in self.sinks),
             sink_dropped=sum(sink.statistics().dropped for sink in self.sinks),
             leader=self._leader,

@@ -13,6 +13,8 @@ events of its kind. A relative rule opens an incident only while its events stil
 (some in the last few seconds, the ``fresh_s`` window of :func:`decide`): as a window
 slides past a burst, the events it is relative to may leave it before the burst's own do,
 and the ratio of that tail would otherwise open an incident after the burst is over.
+A rule may name the rules whose incidents cause its own (``inhibited_by``): its incidents
+that follow one of theirs open muted (:mod:`asynccoord.monitor.inhibition`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .. import events as ev
 from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, AlertState, CounterKey, MetricsView
 from ..errors import InvalidArgumentError, InvalidTypeError
 from ..validation import check_int, check_name, check_non_negative, check_positive
+from .inhibition import Inhibitions
 
 __all__ = ("DEFAULT_RULES", "AlertRule", "Incident", "decide")
 
@@ -36,6 +39,19 @@ def _check_event_name(arg: str, value: object) -> str:
     if name not in ev.EVENT_NAMES:
         raise InvalidArgumentError(f"{arg} must be one of the event names {list(ev.EVENT_NAMES)!r}, got {name!r}")
     return name
+
+
+def _check_inhibitors(rule: str, value: object) -> tuple[str, ...]:
+    """``inhibited_by`` as a tuple of distinct rule names, none of them ``rule``."""
+    items: object = (value,) if isinstance(value, str) else value
+    if not isinstance(items, tuple | list):
+        raise InvalidTypeError(f"inhibited_by must be a rule name or a tuple of rule names, got {value!r}")
+    names = tuple(check_name(f"inhibited_by[{i}]", item) for i, item in enumerate(items))
+    if rule in names:
+        raise InvalidArgumentError(f"rule {rule!r} is inhibited_by itself: it could never fire")
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"inhibited_by names a rule twice: {list(names)!r}")
+    return names
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +77,12 @@ class AlertRule:
             Default ``"cluster"``.
         clear_ratio: Hysteresis: a firing incident resolves when the value is at most
             ``threshold * clear_ratio``, in ``[0, 1]``. Default 0.5.
+        inhibited_by: Names of the rules whose incidents cause this rule's (a tuple of names, or
+            one name): an incident of this rule that would open while one of theirs is open in
+            the same scope key, or resolved less than ``window_s`` ago, opens muted and is never
+            published (:mod:`asynccoord.monitor.inhibition`). They must be rules of the same
+            monitor, of the same scope, other than this one, without a cycle (checked by
+            :class:`~asynccoord.monitor.monitor.Monitor`). Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad field, naming it and the value.
@@ -74,9 +96,11 @@ class AlertRule:
     min_events: int = 20
     scope: AlertScope = AlertScope.CLUSTER
     clear_ratio: float = 0.5
+    inhibited_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_name("name", self.name)
+        object.__setattr__(self, "inhibited_by", _check_inhibitors(self.name, self.inhibited_by))
         _check_event_name("event", self.event)
         object.__setattr__(self, "window_s", check_positive("window_s", self.window_s))
         object.__setattr__(self, "threshold", check_non_negative("threshold", self.threshold, maximum=None))
@@ -110,14 +134,34 @@ class AlertRule:
         return (relative,) if isinstance(relative, str) else relative
 
 
+_CAUSED_BY_A_LOST_NODE = ("lost_nodes",)
+
 DEFAULT_RULES: tuple[AlertRule, ...] = (
     AlertRule(
-        name="stale_commits", event=ev.STALE_COMMIT_REJECTED, relative_to=ev.COMMITS, threshold=0.05, window_s=30.0
+        name="stale_commits",
+        event=ev.STALE_COMMIT_REJECTED,
+        relative_to=ev.COMMITS,
+        threshold=0.05,
+        window_s=30.0,
+        inhibited_by=_CAUSED_BY_A_LOST_NODE,
     ),
-    AlertRule(name="fencing_rejections", event=ev.FENCING_REJECTED, threshold=0, window_s=60.0),
-    AlertRule(name="lease_expiries", event=ev.LEASE_EXPIRED, relative_to=ev.CLAIMS, threshold=0.05, window_s=60.0),
-    AlertRule(name="lost_leases", event=ev.LEASE_LOST, threshold=0, window_s=60.0),
-    AlertRule(name="lost_locks", event=ev.LOCK_LOST, threshold=0, window_s=60.0),
+    AlertRule(
+        name="fencing_rejections",
+        event=ev.FENCING_REJECTED,
+        threshold=0,
+        window_s=60.0,
+        inhibited_by=_CAUSED_BY_A_LOST_NODE,
+    ),
+    AlertRule(
+        name="lease_expiries",
+        event=ev.LEASE_EXPIRED,
+        relative_to=ev.CLAIMS,
+        threshold=0.05,
+        window_s=60.0,
+        inhibited_by=_CAUSED_BY_A_LOST_NODE,
+    ),
+    AlertRule(name="lost_leases", event=ev.LEASE_LOST, threshold=0, window_s=60.0, inhibited_by=_CAUSED_BY_A_LOST_NODE),
+    AlertRule(name="lost_locks", event=ev.LOCK_LOST, threshold=0, window_s=60.0, inhibited_by=_CAUSED_BY_A_LOST_NODE),
     AlertRule(
         name="lock_contention",
         event=ev.LOCK_CONTENDED,
@@ -145,7 +189,14 @@ freeze past the TTL) in 60 s; any rate limit a send reported (HTTP 429) in 60 s:
 pushing back means the declared rate limits are above its own; any send let go while it
 still ran (``abandoned_sends``: it ignored its cancellation past ``send_overrun_s`` or its node's
 stop, and its message may go out again) in 60 s. All cluster-wide. The
-ratios are judged only once their window holds 20 commits or claims (50 for lock contention)."""
+ratios are judged only once their window holds 20 commits or claims (50 for lock contention).
+
+A lost node is one incident: ``stale_commits``, ``fencing_rejections``, ``lease_expiries``,
+``lost_leases`` and ``lost_locks`` are ``inhibited_by`` ``lost_nodes``, since a process that
+crashed or froze past its TTLs makes each of them (its leases and locks lapse, are taken over,
+and its writes after it wakes are refused). Their incidents that open while ``lost_nodes``
+fires, or within their window after it resolved, are muted; the other rules' are not (retries,
+dead letters, contention, churn, rate limits and abandoned sends have causes of their own)."""
 
 
 @dataclass(slots=True)
@@ -169,6 +220,7 @@ def decide(
     *,
     own_process: str | None = None,
     fresh_s: float | None = None,
+    inhibitions: Inhibitions | None = None,
 ) -> tuple[list[Alert], bool]:
     """Judge every rule on ``view``, opening and closing ``incidents`` in place.
 
@@ -183,15 +235,27 @@ def decide(
         fresh_s: A window of ``view.windows`` (seconds): a relative rule with a longer
             window opens an incident only when its event counts some there (its events
             still come). None: no such condition.
+        inhibitions: The inhibit relations of the monitor's rules, with the resolutions of
+            their inhibitors (updated in place). None: those of ``rules``, with no memory of
+            incidents resolved before this call.
 
     Returns:
-        ``(notices, changed)``: the firing and resolved notices this judgement produced,
-        oldest rule first, and whether an open incident's measured value changed (its
-        stored state is then out of date).
+        ``(notices, changed)``: the firing and resolved notices this judgement produced, in
+        the order of ``rules``, and whether an open incident's measured value changed (its
+        stored state is then out of date). The notices of muted incidents are among them,
+        ``inhibited_by`` set: their state is stored, but they are not to be published.
+
+    Raises:
+        InvalidArgumentError: ``inhibitions`` is None and the ``inhibited_by`` of ``rules`` are
+            inconsistent (see :class:`~asynccoord.monitor.inhibition.Inhibitions`).
     """
     changed = False
-    notices: list[Alert] = []
-    for rule in rules:
+    notices: list[tuple[int, Alert]] = []
+    muter = Inhibitions(rules) if inhibitions is None else inhibitions
+    muter.forget(view.now_s)
+    position = {rule.name: n for n, rule in enumerate(rules)}
+    for rule in muter.judging_order(rules):  # inhibitors first: one opening now mutes at once
+        index = position[rule.name]
         groups = _group_counts(rule.scope, view.windows.get(rule.window_s, {}), own_process)
         keys = set(groups) | {key for (name, key) in incidents if name == rule.name}
         fresh = None
@@ -229,19 +293,23 @@ def decide(
             coming = fresh is None or fresh.get(key, {}).get(rule.event, 0) > 0
             if incident is None:
                 if judged and value > rule.threshold and coming:
-                    incidents[(rule.name, key)] = Incident(alert=measured, current=measured)
-                    notices.append(measured)
+                    muted = muter.muting(rule, key, incidents, view.now_s)
+                    opened = dataclasses.replace(measured, inhibited_by=muted)
+                    incidents[(rule.name, key)] = Incident(alert=opened, current=opened)
+                    notices.append((index, opened))
                 continue
+            began, muted = incident.alert.fired_at, incident.alert.inhibited_by
             cleared = value <= rule.threshold * rule.clear_ratio if judged else count == 0
             if cleared:
                 del incidents[(rule.name, key)]
-                notices.append(
-                    dataclasses.replace(measured, state=AlertState.RESOLVED, fired_at=incident.alert.fired_at)
-                )
+                closed = dataclasses.replace(measured, state=AlertState.RESOLVED, fired_at=began, inhibited_by=muted)
+                muter.resolved(closed)
+                notices.append((index, closed))
             else:
-                incident.current = dataclasses.replace(measured, fired_at=incident.alert.fired_at)
+                incident.current = dataclasses.replace(measured, fired_at=began, inhibited_by=muted)
                 changed = True
-    return notices, changed
+    notices.sort(key=lambda item: item[0])  # stable: a rule's notices keep their order
+    return [alert for _, alert in notices], changed
 
 
 def _group_counts(

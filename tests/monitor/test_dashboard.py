@@ -218,6 +218,34 @@ async def test_the_page_shows_what_status_json_reports(tmp_path: Path, python: P
         assert shot.stat().st_size > 20_000
 
 
+async def test_the_page_shows_a_muted_alert_as_muted_and_does_not_count_it(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.db"
+    nodes = AlertRule(name="lost_nodes", event=ev.NODE_LOST, window_s=60, threshold=0, scope="process")
+    locks = AlertRule(
+        name="lost_locks", event=ev.LOCK_LOST, window_s=60, threshold=0, scope="process", inhibited_by="lost_nodes"
+    )
+    async with SQLiteStore(path) as store:
+        monitor = Monitor(store, rules=[nodes, locks], flush_interval_s=60, background=False, log_alerts=False)
+        await monitor.start()
+        try:
+            store.events.add(ev.NODE_LOST)
+            store.events.add(ev.LOCK_LOST)
+            await monitor.flush(force=True)
+            assert [a.rule for a in await monitor.evaluate()] == ["lost_nodes"]
+            async with (
+                open_dashboard(path, port=0, interval_s=0.5) as dashboard,
+                chromium_page(tmp_path / "profile") as page,
+            ):
+                await page.goto(dashboard.url)
+                await page.wait_for("document.body.dataset.ready === '1'")
+                seen = await page.evaluate(READ_PAGE)
+                count = await page.evaluate("document.getElementById('alert-count').textContent")
+        finally:
+            await monitor.close()
+    assert [a["rule"] for a in seen["alerts"]] == ["lost_nodes", "lost_locks (muted by lost_nodes)"]
+    assert count == "(1) and muted (1)"
+
+
 async def test_the_latency_caption_drops_commits_that_left_the_window(tmp_path: Path) -> None:
     """Once the only commit is older than the status window, the caption stops quoting it."""
     window_s = 5.0
@@ -702,6 +730,22 @@ async def test_the_feed_sends_changes_and_resolves_alerts_that_stop_firing() -> 
         assert messages.get_nowait() is None
     with pytest.raises(InvalidArgumentError, match="status"):
         Feed(source, sections={"status": _none})
+
+
+async def test_the_feed_lists_no_muted_alert_as_resolved() -> None:
+    """An incident muted by another (``inhibited_by``) was never sent: its end is no resolved alert."""
+    firing = _report(1.0, 0, ["lost_nodes", "lost_locks"])
+    firing["alerts"][1]["inhibited_by"] = "lost_nodes"
+    reports = [firing, _report(2.0, 0, [])]
+
+    async def source() -> dict[str, Any]:
+        return reports.pop(0)
+
+    feed = Feed(source, sections={"rate_limits": _none})
+    await feed.poll()
+    await feed.poll()
+    assert [a["rule"] for a in feed.state()["sections"]["resolved"]] == ["lost_nodes"]
+    await feed.stop()
 
 
 async def _none() -> None:

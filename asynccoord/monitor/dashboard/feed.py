@@ -348,8 +348,9 @@ class Feed:
         return value if self.show_payloads else redact_payloads(value)
 
     def _track_alerts(self, report: Mapping[str, Any]) -> None:
-        """Move the incidents that were firing at the previous poll and are gone now to ``resolved``."""
-        now = {_incident(a): a for a in report["alerts"]}
+        """Move the incidents that were firing at the previous poll and are gone now to ``resolved``
+        (a muted incident, never sent, is left out)."""
+        now = {_incident(a): a for a in report["alerts"] if a.get("inhibited_by") is None}
         for key, alert in self._firing.items():
             if key not in now:
                 self._resolved.appendleft({**alert, "state": "resolved", "resolved_at": report["now_s"]})

@@ -161,12 +161,16 @@
       cell(tr, String(l.permits), "permits");
       cell(tr, fmtS(l.ttl_left_s), "ttl_left_s");
     }, "no lock held");
-    $("alert-count").textContent = "(" + s.alerts.length + ")";
-    fill("alerts", s.alerts, (tr, a) => {
-      tr.className = "firing";
+    // An alert muted by another rule's (inhibited_by) is a consequence of that incident: listed
+    // after the firing ones as "muted by", never counted as firing (as status shows it).
+    const firing = s.alerts.filter((a) => !a.inhibited_by);
+    const muted = s.alerts.filter((a) => a.inhibited_by);
+    $("alert-count").textContent = "(" + firing.length + ")" + (muted.length ? " and muted (" + muted.length + ")" : "");
+    fill("alerts", firing.concat(muted), (tr, a) => {
+      tr.className = a.inhibited_by ? "muted-alert" : "firing";
       tr.dataset.rule = a.rule;
       const rel = a.relative_to !== null;
-      cell(tr, a.rule, "rule");
+      cell(tr, a.inhibited_by ? a.rule + " (muted by " + a.inhibited_by + ")" : a.rule, "rule");
       cell(tr, a.event, "event");
       cell(tr, rel ? (a.value * 100).toFixed(1) + " %" : fmtNum(a.value), "value");
       cell(tr, rel ? (a.threshold * 100).toFixed(1) + " %" : fmtNum(a.threshold), "threshold");
