@@ -97,7 +97,8 @@ class Alert:
         monitor_id: The process id of the monitor that decided it.
         inhibited_by: The rule whose incident muted this one (see ``AlertRule.inhibited_by``), or
             None. A muted incident is stored, so ``status`` shows it and a new leader adopts it,
-            but it is never published: no firing notice and no resolved notice.
+            but it is not published: no firing notice and no resolved notice, unless its events
+            go on after its cause ended (it then fires, ``inhibited_by`` None).
     """
 
     rule: str

@@ -3,16 +3,29 @@
 A rule names in ``AlertRule.inhibited_by`` the rules whose incidents cause its own, e.g. the
 lost locks, lost leases and stale commits that follow a lost node. An incident of it that
 would open while an incident of one of those rules is open in the same scope key (the
-cluster, the process or the node), or resolved less than the muted rule's ``window_s`` ago,
-opens muted: it is stored (``Alert.inhibited_by``; ``status`` shows it, a new leader adopts
-it) but never published, neither when it opens nor when it resolves, nor later in its life.
-So one incident, such as a frozen process, makes one firing notice and one resolved notice.
-An incident already open when its inhibitor opens goes on as it was.
+cluster, the process or the node), or resolved less than ``settle_s`` ago (the time an event
+takes to be flushed and judged), opens muted: it is stored (``Alert.inhibited_by``;
+``status`` shows it, a new leader adopts it) but not published. So one incident, such as a
+frozen process, makes one firing notice and one resolved notice. An incident already open
+when its inhibitor opens goes on as it was.
+
+A muted incident stays muted while its events are the tail of its cause: it resolves
+without a notice once its window empties. But once no inhibitor mutes it any more, events
+of its own that keep coming (some in the last ``settle_s`` seconds, all of them after the
+mute ended) are a problem of their own: the incident fires then, unmuted, and is published
+like any other. So an unrelated problem that begins during another's incident is late by at
+most that incident's life, never silenced for good.
 
 The inhibiting incident may itself be muted: it still stands for the one cause. Inhibitors
 are judged before the rules they mute, so an inhibitor opening in the same evaluation mutes
-them. The idea is Prometheus Alertmanager's inhibit rules; unlike them, an incident muted
-once never fires later (its window would otherwise make it fire just after its cause ends).
+them. The idea is Prometheus Alertmanager's inhibit rules; unlike them, a muted incident
+does not fire merely because its cause ended (its window would otherwise make it fire just
+after its cause ends, on the cause's own events).
+
+What it cannot tell: a scope key is all it matches on. With the cluster-scoped defaults, an
+unrelated lost lock, lost lease or fencing rejection anywhere in the cluster while
+``lost_nodes`` fires (up to its window, 60 s, after the last lost node) opens muted too; it
+fires only if its events go on after ``lost_nodes`` resolved.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ from typing import Protocol, TypeVar
 
 from ..contract.monitor import Alert, AlertScope
 from ..errors import InvalidArgumentError
+from ..validation import check_positive
 
 __all__ = ("Inhibitions", "RuleLike")
 
@@ -47,13 +61,18 @@ class Inhibitions:
 
     Args:
         rules: The rule set (names unique).
+        settle_s: How long after an inhibiting incident resolves it still mutes the incidents
+            opening, and how long a muted incident's events must keep coming after that to
+            make it fire, seconds (> 0): the time an event takes to be counted, flushed and
+            judged. Default 5.
 
     Raises:
         InvalidArgumentError: a rule is inhibited by itself, by a rule not in ``rules``, by a
             rule of another scope (their scope keys never match), or through a cycle.
     """
 
-    def __init__(self, rules: Sequence[RuleLike]) -> None:
+    def __init__(self, rules: Sequence[RuleLike], *, settle_s: float = 5.0) -> None:
+        self.settle_s = check_positive("settle_s", settle_s)
         by_name = {rule.name: rule for rule in rules}
         for rule in rules:
             for name in rule.inhibited_by:
@@ -74,7 +93,7 @@ class Inhibitions:
         self._horizon_s: dict[str, float] = {}
         for rule in rules:
             for name in rule.inhibited_by:
-                self._horizon_s[name] = max(self._horizon_s.get(name, 0.0), rule.window_s)
+                self._horizon_s[name] = 2 * self.settle_s  # muting settle_s, then settle_s to judge a wake
         self._resolved_at: dict[tuple[str, str], float] = {}
 
     def judging_order(self, rules: Sequence[_Rule]) -> list[_Rule]:
@@ -82,22 +101,36 @@ class Inhibitions:
         return _inhibitors_first(rules, strict=False)
 
     def horizon_s(self, name: str) -> float:
-        """How long after an incident of rule ``name`` resolves it still mutes: the longest
-        ``window_s`` of the rules it inhibits, seconds (0 for a rule that inhibits none)."""
+        """How long after an incident of rule ``name`` resolves it still counts for inhibition, seconds:
+        twice ``settle_s`` (0 for a rule that inhibits none)."""
         return self._horizon_s.get(name, 0.0)
 
     def muting(self, rule: RuleLike, key: str, incidents: Mapping[tuple[str, str], object], now_s: float) -> str | None:
         """The rule that mutes an incident of ``rule`` opening in scope ``key`` at store time ``now_s``, or None.
 
         That is the first of ``rule.inhibited_by`` with an open incident in ``incidents`` under
-        ``key``, else one whose incident there resolved less than ``rule.window_s`` ago.
+        ``key``, else one whose incident there resolved less than ``settle_s`` ago.
         """
+        return self._muting(rule, key, incidents, now_s, self.settle_s)
+
+    def wakes(self, rule: RuleLike, key: str, incidents: Mapping[tuple[str, str], object], now_s: float) -> bool:
+        """Whether a muted incident of ``rule`` in ``key`` whose events still come is one of its own now.
+
+        True when no inhibitor mutes it at store time ``now_s`` and none resolved less than
+        twice ``settle_s`` ago: events of the last ``settle_s`` seconds all came after the mute
+        ended, so they are not its cause's tail.
+        """
+        return self._muting(rule, key, incidents, now_s, 2 * self.settle_s) is None
+
+    def _muting(
+        self, rule: RuleLike, key: str, incidents: Mapping[tuple[str, str], object], now_s: float, after_s: float
+    ) -> str | None:
         for name in rule.inhibited_by:
             if (name, key) in incidents:
                 return name
         for name in rule.inhibited_by:
             at = self._resolved_at.get((name, key))
-            if at is not None and now_s - at < rule.window_s:
+            if at is not None and now_s - at < after_s:
                 return name
         return None
 

@@ -201,7 +201,7 @@ class Monitor:
         names = [r.name for r in chosen]
         if len(set(names)) != len(names):
             raise InvalidArgumentError(f"rule names must be unique, got {names!r}")
-        self._inhibitions = Inhibitions(chosen)  # each inhibited_by names another rule of the set, no cycle
+        Inhibitions(chosen)  # each inhibited_by names another rule of the set, no cycle
         if lock_store is not None and not isinstance(getattr(lock_store, "events", None), EventCounter):
             raise InvalidTypeError(
                 f"lock_store must be a lock store with an EventCounter 'events', got {type(lock_store).__name__}"
@@ -246,6 +246,7 @@ class Monitor:
         # The last seconds in which a relative rule's events must have come for it to open an
         # incident (rules.decide): three intervals, for the events to be flushed and read.
         self._fresh_s = min(self.retention_s, max(5.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s)))
+        self._inhibitions = Inhibitions(chosen, settle_s=self._fresh_s)  # mutes what follows by this much
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.callback_timeout_s = check_positive("callback_timeout_s", callback_timeout_s)
         self.log_alerts = check_bool("log_alerts", log_alerts)

@@ -14,7 +14,8 @@ events of its kind. A relative rule opens an incident only while its events stil
 slides past a burst, the events it is relative to may leave it before the burst's own do,
 and the ratio of that tail would otherwise open an incident after the burst is over.
 A rule may name the rules whose incidents cause its own (``inhibited_by``): its incidents
-that follow one of theirs open muted (:mod:`asynccoord.monitor.inhibition`).
+that follow one of theirs open muted, and fire later only if their events go on after the
+cause ended (:mod:`asynccoord.monitor.inhibition`).
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ class AlertRule:
             ``threshold * clear_ratio``, in ``[0, 1]``. Default 0.5.
         inhibited_by: Names of the rules whose incidents cause this rule's (a tuple of names, or
             one name): an incident of this rule that would open while one of theirs is open in
-            the same scope key, or resolved less than ``window_s`` ago, opens muted and is never
-            published (:mod:`asynccoord.monitor.inhibition`). They must be rules of the same
+            the same scope key, or resolved a few seconds ago, opens muted and is not published;
+            it fires later only if its events go on after theirs resolved
+            (:mod:`asynccoord.monitor.inhibition`). They must be rules of the same
             monitor, of the same scope, other than this one, without a cycle (checked by
             :class:`~asynccoord.monitor.monitor.Monitor`). Default none.
 
@@ -195,8 +197,12 @@ A lost node is one incident: ``stale_commits``, ``fencing_rejections``, ``lease_
 ``lost_leases`` and ``lost_locks`` are ``inhibited_by`` ``lost_nodes``, since a process that
 crashed or froze past its TTLs makes each of them (its leases and locks lapse, are taken over,
 and its writes after it wakes are refused). Their incidents that open while ``lost_nodes``
-fires, or within their window after it resolved, are muted; the other rules' are not (retries,
-dead letters, contention, churn, rate limits and abandoned sends have causes of their own)."""
+fires (up to 60 s after the last lost node), or a few seconds after it resolved, are muted;
+the other rules' are not (retries, dead letters, contention, churn, rate limits and abandoned
+sends have causes of their own). The rules are cluster-wide, so an unrelated lost lock or
+fencing rejection in that time is muted too; its incident fires if its events go on after
+``lost_nodes`` resolved. A process frozen for longer than that window makes its lost locks and
+leases fire when it wakes."""
 
 
 @dataclass(slots=True)
@@ -234,7 +240,8 @@ def decide(
             only (each monitor judges its own process); None judges every process.
         fresh_s: A window of ``view.windows`` (seconds): a relative rule with a longer
             window opens an incident only when its event counts some there (its events
-            still come). None: no such condition.
+            still come), and a muted incident no longer muted fires only then. None: no such
+            condition (a muted incident then fires when its count rose since the last call).
         inhibitions: The inhibit relations of the monitor's rules, with the resolutions of
             their inhibitors (updated in place). None: those of ``rules``, with no memory of
             incidents resolved before this call.
@@ -243,7 +250,8 @@ def decide(
         ``(notices, changed)``: the firing and resolved notices this judgement produced, in
         the order of ``rules``, and whether an open incident's measured value changed (its
         stored state is then out of date). The notices of muted incidents are among them,
-        ``inhibited_by`` set: their state is stored, but they are not to be published.
+        ``inhibited_by`` set: their state is stored, but they are not to be published. A
+        muted incident that fires later gives a firing notice without ``inhibited_by``.
 
     Raises:
         InvalidArgumentError: ``inhibitions`` is None and the ``inhibited_by`` of ``rules`` are
@@ -300,6 +308,13 @@ def decide(
                 continue
             began, muted = incident.alert.fired_at, incident.alert.inhibited_by
             cleared = value <= rule.threshold * rule.clear_ratio if judged else count == 0
+            if muted is not None and not cleared and muter.wakes(rule, key, incidents, view.now_s):
+                recent = _recent(rule, key, view, fresh_s, own_process, count - incident.current.count)
+                if recent and judged and value > rule.threshold:  # its own events keep coming: it fires now
+                    opened = dataclasses.replace(measured, inhibited_by=None)
+                    incidents[(rule.name, key)] = Incident(alert=opened, current=opened)
+                    notices.append((index, opened))
+                    continue
             if cleared:
                 del incidents[(rule.name, key)]
                 closed = dataclasses.replace(measured, state=AlertState.RESOLVED, fired_at=began, inhibited_by=muted)
@@ -310,6 +325,17 @@ def decide(
                 changed = True
     notices.sort(key=lambda item: item[0])  # stable: a rule's notices keep their order
     return [alert for _, alert in notices], changed
+
+
+def _recent(
+    rule: AlertRule, key: str, view: MetricsView, fresh_s: float | None, own_process: str | None, rise: int
+) -> bool:
+    """Whether events of ``rule`` came in ``key`` lately: some in the ``fresh_s`` window, or (without
+    one) its count in the rule's window rose by ``rise`` since the last judgement."""
+    if fresh_s is None or fresh_s not in view.windows:
+        return rise > 0
+    counts = _group_counts(rule.scope, view.windows[fresh_s], own_process)
+    return counts.get(key, {}).get(rule.event, 0) > 0
 
 
 def _group_counts(
