@@ -31,9 +31,12 @@ __all__ = (
     "listed_task_from_row",
     "new_token",
     "repeated_ids",
+    "TEXT_COLUMNS",
     "settled_done",
+    "shown_text",
     "split_unreadable",
     "task_from_row",
+    "text_problem",
     "unreadable_column",
     "with_stored_fields",
 )
@@ -73,10 +76,55 @@ def decode_json(text: str | None) -> Any:
     return value
 
 
-def _reason(exc: BaseException, text: Any = None) -> str:
+def _reason(exc: BaseException | None, text: Any = None) -> str:
     if isinstance(text, bytes):  # a BLOB, or a text that is not UTF-8 read as its bytes (sqlite/texts.py)
-        return f"{len(text)} bytes that are no UTF-8 text"
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"{len(text)} bytes that are no UTF-8 text"
+        return f"a BLOB of {len(text)} bytes, not text"
+    if exc is None:
+        return f"{type(text).__name__} {text!r:.60}, not text"
     return f"{type(exc).__name__}: {exc}"
+
+
+TEXT_COLUMNS: tuple[tuple[str, int, bool], ...] = (
+    ("queue", 1, False),
+    ("partition_key", 2, False),
+    ("idempotency_key", 4, True),
+    ("last_error", 15, True),
+)
+"""The text columns of a full row (``task_from_row``'s order) a task carries: name, place,
+whether NULL is allowed. SQLite keeps any value in them (a BLOB, a text that is not UTF-8,
+read as bytes: sqlite/texts.py); a task must never carry one of those."""
+
+
+def text_problem(task_id: int, columns: Sequence[tuple[str, Any, bool]]) -> UnreadableRowError | None:
+    """The error for the first of ``columns`` (``(name, value, nullable)``) that is no text; None if all are."""
+    for name, value, nullable in columns:
+        if value.__class__ is not str and not (nullable and value is None):
+            return UnreadableRowError(task_id, name, _reason(None, value))
+    return None
+
+
+def _texts_of(row: Sequence[Any]) -> UnreadableRowError | None:
+    return text_problem(row[0], [(name, row[at], nullable) for name, at, nullable in TEXT_COLUMNS])
+
+
+def _all_text(row: Sequence[Any]) -> bool:
+    """Whether the text columns of a full row are text (the common case: four type checks)."""
+    idempotency_key, last_error = row[4], row[15]
+    return (
+        row[1].__class__ is str
+        and row[2].__class__ is str
+        and (idempotency_key is None or idempotency_key.__class__ is str)
+        and (last_error is None or last_error.__class__ is str)
+    )
+
+
+def shown_text(value: Any) -> str:
+    """A text column's value for a listing: itself if text, else its ``repr`` (a BLOB, bytes that are no UTF-8)."""
+    return value if value.__class__ is str else repr(value)
 
 
 def unreadable_column(task_id: int, columns: Sequence[tuple[str, Any]]) -> UnreadableRowError | None:
@@ -121,28 +169,39 @@ def task_from_row(row: Sequence[Any]) -> Task:
             none of the four (a row written by another tool).
     """
     try:
-        return _task_from_row(row)
+        task = _task_from_row(row)
     except _ROW_ERRORS:
         error = _row_problem(row)
         if error is None:
             raise
-    raise error
+        raise error from None
+    if not _all_text(row):
+        raise _texts_of(row) or AssertionError(row)
+    return task
 
 
 def listed_task_from_row(row: Sequence[Any]) -> Task:
     """As :func:`task_from_row`, but a ``payload`` or ``result`` that cannot be decoded is listed as an
-    :class:`~asynccoord.models.UnreadableValue` (for reads that list tasks, and settles whose write is done).
+    :class:`~asynccoord.models.UnreadableValue`, and a text column holding no text (:data:`TEXT_COLUMNS`)
+    as its ``repr`` (for reads that list tasks, and settles whose write is done).
 
     Raises:
         UnreadableRowError: ``status`` is none of the four.
     """
     try:
-        return _task_from_row(row)
+        task = _task_from_row(row)
+        if _all_text(row):
+            return task
     except _ROW_ERRORS:
         if row[7] not in _STATUS:
             raise _status_problem(row) from None
+    texts = list(row)
+    for _name, at, nullable in TEXT_COLUMNS:
+        if not (nullable and row[at] is None):
+            texts[at] = shown_text(row[at])
+    texts[5], texts[16] = "null", None
     return dataclasses.replace(
-        _task_from_row([*row[:5], "null", *row[6:16], None, *row[17:19]]),
+        _task_from_row(texts),
         payload=_listed("payload", row[5]),
         result=_listed("result", row[16]),
     )
@@ -200,15 +259,19 @@ def split_unreadable(
     payload_at: int,
     result_at: int,
     known: Mapping[int, UnreadableRowError] | None = None,
+    texts: Sequence[tuple[str, int, bool]] = (),
 ) -> tuple[list[Task], list[UnreadableClaim]]:
     """The tasks of a claim's ``rows`` (``convert`` each), and the rows that cannot be decoded.
 
     ``payload_at`` and ``result_at`` are the columns' places in a row; ``known`` maps the
     ids of rows already found unreadable (their ``limit_keys``, read by a rate-limited
-    claim) to their errors. The common case costs one ``try``: only when a row fails (or
-    ``known`` names some) are the rows converted one by one, and a row whose ``payload``
-    or ``result`` cannot be decoded is converted again with both blank (its lease, for a
-    compare-and-set) and returned with its error.
+    claim) to their errors; ``texts`` names the text columns ``convert`` refuses (a
+    ``TypeError``) when they hold no text: ``(name, place, nullable)``. The common case
+    costs one ``try``: only when a row fails (or ``known`` names some) are the rows
+    converted one by one, and a row whose ``payload`` or ``result`` cannot be decoded, or
+    whose text columns hold no text, is converted again with the JSON columns blank and
+    the texts shown (:func:`shown_text`; its lease, for a compare-and-set) and returned
+    with its error.
     """
     if not known:
         try:
@@ -226,9 +289,14 @@ def split_unreadable(
             except _CLAIM_ERRORS:
                 error = unreadable_column(r[0], (("payload", r[payload_at]), ("result", r[result_at])))
                 if error is None:
+                    error = text_problem(r[0], [(name, r[at], nullable) for name, at, nullable in texts])
+                if error is None:
                     raise
         blank = list(r)
         blank[payload_at], blank[result_at] = "null", None
+        for _name, at, nullable in texts:
+            if not (nullable and r[at] is None):
+                blank[at] = shown_text(r[at])
         unreadable.append(UnreadableClaim(convert(tuple(blank)), error))
     return tasks, unreadable
 

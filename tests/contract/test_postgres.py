@@ -42,6 +42,7 @@ from asynccoord.errors import (
 
 # Query names that exist in one dialect only, and why (everything else must match).
 SQLITE_ONLY = {
+    "recompute_heads_of_tasks": "recompute_heads for keys stored as no text (a BLOB), which only SQLite can hold",
     "lock_insert": "PostgreSQL grants inside lock_live (coord_lock_acquire_many), one round trip per batch",
     "mark_ordered": "SQLite records a queue claimed in order by itself (PostgreSQL in keep_heads, coord_keep_heads)",
     "recompute_queue_heads": "heads of a queue computed when its first ordered claim arrives (PostgreSQL: keep_heads)",

@@ -266,3 +266,74 @@ async def test_complete_and_claim_next_dead_letters_a_next_task_that_is_not_utf8
     assert follow.next_task is None
     assert [t.id for t in await store.dead_letters(Q)] == [ids[1]]
     assert [t.id for t in await store.claim(Q, node_id="n", limit=10, ordered=True)] == [ids[2]]
+
+
+def _write_raw(path: str, task_id: int, column: str, value: bytes, as_text: bool) -> None:
+    """Store ``value`` in ``column`` as a BLOB, or as a TEXT of those bytes (``as_text``: no UTF-8 then)."""
+    raw = sqlite3.connect(path)
+    try:
+        with raw:
+            cast = "CAST(? AS TEXT)" if as_text else "?"
+            raw.execute(f"UPDATE coord_tasks SET {column} = {cast} WHERE id = ?", (value, task_id))
+    finally:
+        raw.close()
+
+
+NO_TEXT = pytest.mark.parametrize(
+    ("value", "as_text", "reason"),
+    [(b"k1", False, "a BLOB of 2 bytes, not text"), (b"k\x80\xff", True, "3 bytes that are no UTF-8 text")],
+)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("column", ["partition_key", "idempotency_key", "last_error"])
+@pytest.mark.parametrize("ordered", [False, True])
+@NO_TEXT
+async def test_a_text_column_holding_no_text_is_dead_lettered_never_handed_out_as_bytes(
+    store: Any, caplog: pytest.LogCaptureFixture, column: str, ordered: bool, value: bytes, as_text: bool, reason: str
+) -> None:
+    ids = [(await store.enqueue(Q, {"n": n}, partition_key=f"k{n}", idempotency_key=f"i{n}")).task.id for n in range(3)]
+    _write_raw(store.path, ids[1], column, value, as_text)
+    claimed: list[Task] = []
+    with caplog.at_level(logging.WARNING, logger="asynccoord"):
+        for _ in range(2):
+            claimed += await store.claim(Q, node_id="n", limit=10, ordered=ordered)
+    assert sorted(t.id for t in claimed) == [ids[0], ids[2]]
+    assert all(type(t.partition_key) is str and type(t.idempotency_key) is str for t in claimed)
+    warnings = [r.getMessage() for r in caplog.records if "unreadable_task" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"column={column}" in warnings[0]
+    (dead,) = await store.dead_letters(Q)
+    assert dead.id == ids[1]
+    assert dead.last_error == f"stored {column} is unreadable: {reason}"
+    assert all(type(v) is str for v in (dead.queue, dead.partition_key, dead.idempotency_key))
+    if column == "last_error":  # the dead-lettering wrote a text in its place
+        assert (await store.get(ids[1])).last_error == dead.last_error
+    else:
+        with pytest.raises(UnreadableRowError) as caught:
+            await store.get(ids[1])
+        assert (caught.value.column, caught.value.reason) == (column, reason)
+    # Requeued (the heads of its key recomputed), it is claimed and dead again: no crash, no loop.
+    assert await store.requeue_dead(Q, [ids[1]]) == 1
+    if column == "last_error":  # it reads again now
+        (again,) = await store.claim(Q, node_id="n", limit=10, ordered=ordered)
+        assert again.id == ids[1]
+        return
+    assert await store.claim(Q, node_id="n", limit=10, ordered=ordered) == []
+    assert [t.id for t in await store.dead_letters(Q)] == [ids[1]]
+    assert await store.discard_dead(Q, [ids[1]]) == 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@NO_TEXT
+async def test_a_queue_name_holding_no_text_is_shown_by_its_repr_in_queue_depths(
+    store: Any, value: bytes, as_text: bool, reason: str
+) -> None:
+    ids = [(await store.enqueue(Q, {"n": n})).task.id for n in range(2)]
+    _write_raw(store.path, ids[1], "queue", value, as_text)
+    depths = {d.queue: d.counts[TaskStatus.PENDING] for d in await store.queue_depths()}
+    assert depths == {Q: 1, repr(value): 1}
+    with pytest.raises(UnreadableRowError) as caught:
+        await store.get(ids[1])
+    assert (caught.value.column, caught.value.reason) == ("queue", reason)
+    assert [t.id for t in await store.claim(Q, node_id="n", limit=10)] == [ids[0]]  # in no queue of text

@@ -27,15 +27,33 @@ from ..sqlfiles import load_queries
 if TYPE_CHECKING:
     from .writer import Operation
 
-__all__ = ("SQLiteDeadLetterOps", "recompute_heads")
+__all__ = ("SQLiteDeadLetterOps", "recompute_heads", "text_keys")
 
 Q = load_queries("sqlite")
 
 
-def recompute_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> None:
-    """Heads of these ``(queue, partition_key)`` from scratch (ordered queues only; held keys get none)."""
-    if keys:
-        db.execute(Q["recompute_heads"], {"keys": json.dumps(sorted(set(keys)))})
+def text_keys(keys: Sequence[tuple[Any, Any]]) -> list[tuple[str, str]]:
+    """The ``(queue, partition_key)`` of ``keys`` that are both text.
+
+    A key another tool stored as a BLOB, or as bytes that are no UTF-8 (read as bytes, see
+    :mod:`.texts`), is no conversation any task of the store belongs to: it has no head to keep.
+    """
+    return [k for k in keys if k[0].__class__ is str and k[1].__class__ is str]
+
+
+def recompute_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]], ids: Sequence[int] = ()) -> None:
+    """Heads of these ``(queue, partition_key)`` from scratch (ordered queues only; held keys get none).
+
+    ``ids``: the task of each key, in the same order, if known: a key that is no text
+    (:func:`text_keys`) is then named by its task (``recompute_heads_of_tasks``); else it is left.
+    """
+    texts = text_keys(keys)
+    if texts:
+        db.execute(Q["recompute_heads"], {"keys": json.dumps(sorted(set(texts)))})
+    if ids and len(texts) < len(keys):
+        others = [i for i, k in zip(ids, keys, strict=True) if k[0].__class__ is str and k[1].__class__ is not str]
+        if others:
+            db.execute(Q["recompute_heads_of_tasks"], {"ids": json.dumps(others)})
 
 
 class SQLiteDeadLetterOps:

@@ -33,6 +33,7 @@ from ...contract.monitor import (
 from ...events import EventCounter
 from ...monitor.histogram import Histogram
 from ..metricrows import backlog_of, decode_alerts, encode_flush, latency_from_rows, process_report, sum_counts
+from ..rows import shown_text
 from ..sqlfiles import load_queries
 
 if TYPE_CHECKING:
@@ -204,6 +205,10 @@ class SQLiteMonitorOps:
             return result
 
         now, counts, oldest, expired, removed = await self._read(read)
+        # A queue name another tool stored as no text (a BLOB, bytes that are no UTF-8) is shown as its repr.
+        counts, oldest, expired, removed = (
+            [(shown_text(r[0]), *r[1:]) for r in rows] for rows in (counts, oldest, expired, removed)
+        )
         by_queue: dict[str, dict[str, int]] = {}
         for queue, status, n in counts:
             by_queue.setdefault(queue, dict.fromkeys(_STATUSES, 0))[status] = int(n)

@@ -41,7 +41,7 @@ from ..rows import (
 )
 from ..sqlfiles import load_queries
 from ..wakeups import notify_partitions
-from .deadletters import recompute_heads
+from .deadletters import recompute_heads, text_keys
 from .locks import check_fence
 from .ratelimits import claim_limited
 from .seek import Flagging, seek_params, seek_sql, seeks
@@ -91,8 +91,17 @@ def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: floa
 
     Filled slot by slot as :func:`~asynccoord.models.make_task` does (this runs once per
     claimed task; inlined, it saves the 19-argument call), with no validation: the store
-    wrote these values.
+    wrote these values, but a text column that holds no text (a BLOB, or bytes that are no
+    UTF-8 read as such, see :mod:`.texts`) raises ``TypeError``: the claim dead-letters the
+    task (``_CLAIM_TEXTS``).
     """
+    key, idempotency_key, last_error = row[1], row[3], row[11]
+    if not (
+        key.__class__ is str
+        and (idempotency_key is None or idempotency_key.__class__ is str)
+        and (last_error is None or last_error.__class__ is str)
+    ):
+        raise TypeError(f"task {row[0]}: a text column holds no text")  # see split_unreadable's texts
     task: Any = _NEW(TaskSlots)
     task.id = row[0]
     task.queue = queue
@@ -117,10 +126,18 @@ def _claimed_task(row: _Row, queue: str, node_id: str, expires: float, now: floa
     return task  # type: ignore[no-any-return]
 
 
+_CLAIM_TEXTS = (("partition_key", 1, False), ("idempotency_key", 3, True), ("last_error", 11, True))
+"""The text columns of a claim's row ``_claimed_task`` refuses holding no text (split_unreadable's texts)."""
+
+
 def _next_claimed(row: _Row, queue: str, node_id: str, expires: float, now: float) -> Task | UnreadableClaim:
     """The task a commit-and-continue leased (see _claimed_task); an UnreadableClaim if its row cannot be decoded."""
     leased, unreadable = split_unreadable(
-        [row], lambda r: _claimed_task(r, queue, node_id, expires, now), payload_at=4, result_at=12
+        [row],
+        lambda r: _claimed_task(r, queue, node_id, expires, now),
+        payload_at=4,
+        result_at=12,
+        texts=_CLAIM_TEXTS,
     )
     return leased[0] if leased else unreadable[0]
 
@@ -281,6 +298,7 @@ class SQLiteQueueOps(StoreBase):
             payload_at=4,
             result_at=12,
             known=unreadable_keys,
+            texts=_CLAIM_TEXTS,
         )
         if unreadable:
             try:
@@ -685,9 +703,7 @@ class SQLiteQueueOps(StoreBase):
 
         def op(db: sqlite3.Connection, now: float) -> int:
             rows = db.execute(Q["requeue_dead"], {"queue": queue, "ids": ids, "now": now}).fetchall()
-            if rows:
-                keys = sorted({(r[1], r[2]) for r in rows})
-                db.execute(Q["recompute_heads"], {"keys": json.dumps(keys)})
+            recompute_heads(db, [(r[1], r[2]) for r in rows], [r[0] for r in rows])
             return len(rows)
 
         return int(await self._write(op))
@@ -764,6 +780,7 @@ def _promote_heads(db: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> l
     write transaction, so a queue another process has just marked is seen). Returns the
     ``(queue, partition)`` of every new head: the work this change made claimable.
     """
+    keys = text_keys(keys)
     if not keys:
         return []
     queues = sorted({k[0] for k in keys})

@@ -72,6 +72,23 @@ UPDATE coord_tasks
      WHERE t.queue = json_extract(k.value, '$[0]') AND t.partition_key = json_extract(k.value, '$[1]')
        AND t.active = 1 AND t.by_key = 1 AND t.queue IN (SELECT queue FROM coord_ordered_queues));
 
+-- name: recompute_heads_of_tasks
+-- recompute_heads for the keys of the tasks :ids (a JSON array): for keys another tool stored
+-- as no text (a BLOB, bytes that are no UTF-8), which a JSON text cannot name.
+UPDATE coord_tasks
+   SET is_head = (id = (SELECT min(e.id) FROM coord_tasks AS e
+                         WHERE e.queue = coord_tasks.queue AND e.partition_key = coord_tasks.partition_key
+                           AND e.active = 1 AND e.by_key = 1))
+                 AND NOT (EXISTS (SELECT 1 FROM coord_queue_settings AS s WHERE s.queue = coord_tasks.queue AND s.dead_letters = 'hold')
+                      AND EXISTS (SELECT 1 FROM coord_tasks AS d
+                                   WHERE d.queue = coord_tasks.queue AND d.partition_key = coord_tasks.partition_key
+                                     AND d.status = 'dead' AND d.id < coord_tasks.id))
+ WHERE active = 1 AND id IN (
+    SELECT t.id FROM json_each(:ids) AS j JOIN coord_tasks AS k ON k.id = j.value
+     CROSS JOIN coord_tasks AS t
+     WHERE t.queue = k.queue AND t.partition_key = k.partition_key
+       AND t.active = 1 AND t.by_key = 1 AND t.queue IN (SELECT queue FROM coord_ordered_queues));
+
 -- name: ordered_queues
 -- Which of :queues (a JSON array) are claimed in order, i.e. keep per-key heads.
 SELECT queue FROM coord_ordered_queues WHERE queue IN (SELECT value FROM json_each(:queues));
