@@ -100,6 +100,10 @@ class NewTask:
         object.__setattr__(self, "limit_keys", check_limit_keys(self.limit_keys))
 
 
+UNREADABLE_TEXT_SHOWN = 4096
+"""Most characters of an unreadable stored value an :class:`UnreadableValue` keeps."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnreadableValue:
     """In a listed :class:`Task`, a stored value the store could not decode, kept as its raw text.
@@ -111,13 +115,17 @@ class UnreadableValue:
 
     Attributes:
         column: The column, ``"payload"`` or ``"result"``.
-        text: The stored text as read (``repr`` of a value that is not text).
+        text: The stored text as read (``repr`` of a value that is not text), its first
+            :data:`UNREADABLE_TEXT_SHOWN` characters at most: another tool's text is held to no
+            size limit, and a listing keeps every task it lists.
         reason: Why it cannot be decoded, as the decoder said it.
+        length: The whole stored text's length in characters (more than ``len(text)`` when cut).
     """
 
     column: str
     text: str
     reason: str
+    length: int
 
     def __repr__(self) -> str:
         shown = self.text if len(self.text) <= 60 else self.text[:57] + "..."

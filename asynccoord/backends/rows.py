@@ -19,7 +19,7 @@ from typing import Any
 
 from ..contract.ratelimits import decode_limit_keys
 from ..errors import UnreadableRowError
-from ..models import Task, TaskSlots, TaskStatus, UnreadableValue, make_task
+from ..models import UNREADABLE_TEXT_SHOWN, Task, TaskSlots, TaskStatus, UnreadableValue, make_task
 
 __all__ = (
     "DECODE_ERRORS",
@@ -151,7 +151,9 @@ def _listed(column: str, text: Any) -> Any:
         return decode_json(text)
     except DECODE_ERRORS as exc:
         shown = text if isinstance(text, str) else repr(text)
-        return UnreadableValue(column=column, text=shown, reason=_reason(exc, text))
+        return UnreadableValue(
+            column=column, text=shown[:UNREADABLE_TEXT_SHOWN], reason=_reason(exc, text), length=len(shown)
+        )
 
 
 _STATUS = {s.value: s for s in TaskStatus}

@@ -32,8 +32,9 @@ next page; null when this page is the last), and ``tasks``, each with ``id``,
 ``last_error``, plus ``payload`` with ``--show-payloads``. A payload stored as text that
 cannot be decoded (a row written by another tool: see
 :class:`~asynccoord.errors.UnreadableRowError`) is listed too: its ``payload`` is null and
-``payload_unreadable`` holds ``text`` (as stored) and ``reason``; the table shows the text
-marked ``(unreadable)``.
+``payload_unreadable`` holds ``text`` (as stored, its first 4,096 characters at most),
+``length`` (the stored text's, in characters) and ``reason``; the table shows the text marked
+``(unreadable)``.
 
 Exit status as for every command (:mod:`asynccoord.cli.main`): 0 done, 1 the database
 failed or is not one of asynccoord, the queue is unknown, or an ``--id`` named no dead task
@@ -165,7 +166,12 @@ def _task_entry(task: Task, show_payload: bool) -> dict[str, Any]:
         entry["payload"] = task.payload
         if isinstance(task.payload, UnreadableValue):
             entry["payload"] = None
-            entry["payload_unreadable"] = {"text": task.payload.text, "reason": task.payload.reason}
+            unreadable = task.payload
+            entry["payload_unreadable"] = {
+                "text": unreadable.text,
+                "length": unreadable.length,
+                "reason": unreadable.reason,
+            }
     return entry
 
 

@@ -22,6 +22,7 @@ from services import PG_DSN, drop_schemas, new_schema, pg_rows, postgres_problem
 from asynccoord import SQLiteStore, TaskStatus
 from asynccoord.backends.postgres.store import PostgresStore
 from asynccoord.cli.main import main
+from asynccoord.models import UNREADABLE_TEXT_SHOWN
 
 Q = "outbox"
 SECRET = "secret-text-of-a-user"
@@ -511,6 +512,7 @@ def test_a_dead_task_whose_payload_cannot_be_decoded_is_listed_and_can_be_discar
     first, second = json.loads(out)["tasks"]
     assert (first["id"], first["payload"]) == (ids[0], None)
     assert first["payload_unreadable"]["text"] == '{"text": "cut'
+    assert first["payload_unreadable"]["length"] == len('{"text": "cut')
     assert first["payload_unreadable"]["reason"].startswith("JSONDecodeError: ")
     assert "payload_unreadable" not in second
 
@@ -524,3 +526,25 @@ def test_a_dead_task_whose_payload_cannot_be_decoded_is_listed_and_can_be_discar
     code, out, err = run(capsys, "discard", "--db", str(db), "--queue", Q, "--id", str(ids[0]))
     assert (code, err) == (0, "")
     assert statuses(db, ids) == [None, TaskStatus.DEAD]
+
+
+def test_an_unreadable_payload_is_listed_cut_to_its_first_characters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    ids = prepare_sqlite(db, 1)
+    garbage = "\x01" + "x\x02" * 2_500_000  # 5,000,001 characters another tool wrote, held to no size limit
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:
+        raw.execute("UPDATE coord_tasks SET payload = ? WHERE id = ?", (garbage, ids[0]))
+
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q, "--json", "--show-payloads")
+    assert (code, err) == (0, "")
+    (task,) = json.loads(out)["tasks"]
+    assert task["payload_unreadable"]["text"] == garbage[:UNREADABLE_TEXT_SHOWN]
+    assert task["payload_unreadable"]["length"] == 5_000_001
+    assert len(out) < 40_000  # the whole text JSON-escaped was 17 MB
+
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q, "--show-payloads", "--color", "never")
+    assert (code, err) == (0, "")
+    assert "(unreadable)" in out
+    assert len(out) < 40_000

@@ -69,7 +69,9 @@ async def test_a_claim_dead_letters_the_unreadable_task_and_hands_out_the_others
     assert (dead.id, dead.status, dead.attempts) == (poison, TaskStatus.DEAD, 1)
     assert dead.last_error is not None
     assert dead.last_error.startswith("stored payload is unreadable: JSONDecodeError")
-    assert dead.payload == UnreadableValue(column="payload", text=CUT_SHORT, reason=dead.payload.reason)
+    assert dead.payload == UnreadableValue(
+        column="payload", text=CUT_SHORT, reason=dead.payload.reason, length=len(CUT_SHORT)
+    )
     assert await store.claim(Q, node_id="n", limit=10) == []  # nothing left to claim, nothing twice
     for t in claimed:
         await store.complete(t)
