@@ -130,8 +130,10 @@ async def status_report(
     windows = check_windows(windows_s)
     depths = await store.queue_depths()
     members = await store.members()
-    # The lease of the monitor that judges the cluster rules is no lock of the nodes: left out.
-    locks = [("db", lock) for lock in await store.list_locks() if lock.name != LEADER_LOCK]
+    # The lease of the monitor that judges the cluster rules is no lock of the nodes: shown apart.
+    held = await store.list_locks()
+    locks = [("db", lock) for lock in held if lock.name != LEADER_LOCK]
+    leader = next((lock for lock in held if lock.name == LEADER_LOCK), None)
     if lock_store is not None:
         locks += [("lock_store", lock) for lock in await lock_store.list_locks()]
     snapshot = await cluster_snapshot(store, windows)
@@ -224,6 +226,13 @@ async def status_report(
         "latencies": snap["latencies"],
         "processes": processes,
         "alerts": sorted(alerts.values(), key=lambda a: (a["fired_at"], a["rule"], a["scope_key"])),
+        "monitor_leader": None
+        if leader is None
+        else {
+            "process_id": leader.holder,
+            "fencing_token": leader.fencing_token,
+            "ttl_left_s": max(0.0, leader.remaining_ttl_s),
+        },
         "rate_limits": await _rate_limits(store),
     }
 
@@ -575,6 +584,14 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
         for a in muted:
             table.add_row(*_alert_cells(a, report["now_s"]), f"muted by {a['inhibited_by']}")
         console.print(table)
+    leader = report.get("monitor_leader")
+    if leader is None:
+        console.print("No monitor judges the cluster alert rules now (no leader).", style="dim")
+    else:
+        console.print(
+            f"Cluster alert rules judged by {leader['process_id']} (lease {_fmt_s(leader['ttl_left_s'])} left).",
+            style="dim",
+        )
 
 
 def _alert_cells(a: dict[str, Any], now_s: float) -> list[str]:

@@ -45,6 +45,7 @@ _MONITOR_COUNTERS = (
     ("sink_dropped", "Alert notices a sink dropped unsent (its queue was full, or it closed first)."),
 )
 _ALERTS_FIRING = f"{PREFIX}_alerts_firing"
+_ALERTS_MUTED = f"{PREFIX}_alerts_muted"
 _QUEUE_TASKS = f"{PREFIX}_queue_tasks"
 _OLDEST_PENDING = f"{PREFIX}_queue_oldest_pending_age_seconds"
 _LIVE_NODES = f"{PREFIX}_live_nodes"
@@ -149,7 +150,9 @@ class CoordCollector(Collector):
       counts: those bounds are bounds of the fine histogram), converted to seconds;
     * with a :class:`~asynccoord.monitor.monitor.Monitor`: ``asynccoord_monitor_*_total`` counters
       (flushes, notices, drops, callback failures) and the gauge
-      ``asynccoord_alerts_firing{rule,event,scope,scope_key}`` (1 per open incident);
+      ``asynccoord_alerts_firing{rule,event,scope,scope_key}`` (1 per open incident, muted ones
+      left out) and ``asynccoord_alerts_muted{rule,event,scope,scope_key,inhibited_by}`` (1 per
+      open incident muted by another rule's, never sent: :mod:`asynccoord.monitor.inhibition`);
     * with ``queues`` (not None), gauges of the queues' state, read from the store
       (:mod:`asynccoord.monitor.gauges`: at most every 10 s, a scrape waits for it at most
       1 s, the loop never): ``asynccoord_queue_tasks{queue,status}`` for ``pending``,
@@ -276,6 +279,7 @@ class CoordCollector(Collector):
             for field, _text in _MONITOR_COUNTERS:
                 yield CounterMetricFamily(f"{PREFIX}_monitor_{field}", "")
             yield GaugeMetricFamily(_ALERTS_FIRING, "")
+            yield GaugeMetricFamily(_ALERTS_MUTED, "")
         if any(source.gauges is not None for source in self._sources):
             for family in _GAUGES:
                 yield GaugeMetricFamily(family, "")
@@ -334,6 +338,16 @@ class CoordCollector(Collector):
             for alert in monitor.active_alerts():
                 firing.add_metric([*key(source), alert.rule, alert.event, alert.scope.value, alert.scope_key], 1.0)
         yield firing
+        muted = GaugeMetricFamily(
+            _ALERTS_MUTED,
+            "Open alert incidents of this process' monitor muted by another rule's (1 each; never sent).",
+            labels=[*extra, "rule", "event", "scope", "scope_key", "inhibited_by"],
+        )
+        for source, monitor in monitored:
+            for alert in monitor.muted_alerts():
+                labels = [alert.rule, alert.event, alert.scope.value, alert.scope_key, alert.inhibited_by or ""]
+                muted.add_metric([*key(source), *labels], 1.0)
+        yield muted
 
 
 def _gauge_metrics(

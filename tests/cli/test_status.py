@@ -89,6 +89,7 @@ async def test_status_shares_partitions_among_the_nodes_of_each_queue(store: Sto
         expected = assign(store.partitions, [f"{q}0", f"{q}1"])
         assert {n: owned[n] for n in expected} == {n: len(p) for n, p in expected.items()}
     assert owned["plain"] == store.partitions  # the only member naming no queue
+    assert report["monitor_leader"] is None  # no monitor runs
 
 
 async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeClock) -> None:
@@ -126,6 +127,12 @@ async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeCl
     (alert_row,) = report["alerts"]
     assert alert_row["rule"] == "commits_seen"
     assert sorted(alert_row["reported_by"]) == ["p-1", "p-2"]
+    # The monitor that judged (and took the leader's lease) is named, apart from the nodes' locks.
+    assert report["monitor_leader"]["process_id"] == "p-1"
+    assert report["monitor_leader"]["ttl_left_s"] > 0
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    assert "Cluster alert rules judged by p-1" in out.getvalue()
     assert {lat["name"] for lat in report["latencies"]} == {"claim_ms"}
 
     out = io.StringIO()

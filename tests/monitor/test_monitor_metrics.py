@@ -73,6 +73,35 @@ async def test_exposition_parses_with_units_and_total_suffixes(clock: FakeClock)
     assert firing.labels == {"rule": "stale", "event": ev.STALE_COMMIT_REJECTED, "scope": "cluster", "scope_key": ""}
 
 
+async def test_a_muted_incident_is_exported_as_muted_never_as_firing(clock: FakeClock) -> None:
+    store = MemoryStore(clock=clock)
+    await store.open()
+    store.events.add(ev.NODE_LOST)
+    store.events.add(ev.LOCK_LOST)
+    rules = [
+        AlertRule(name="nodes", event=ev.NODE_LOST, threshold=0, window_s=30.0),
+        AlertRule(name="locks", event=ev.LOCK_LOST, threshold=0, window_s=30.0, inhibited_by="nodes"),
+    ]
+    async with Monitor(store, rules=rules, background=False, process_id="p") as monitor:
+        await monitor.flush()
+        await monitor.evaluate()
+        text = render_prometheus(store, monitor).decode("utf-8")
+    await store.close()
+
+    _assert_valid_exposition(text)
+    families = _families(text)
+    assert [s.labels["rule"] for s in families["asynccoord_alerts_firing"].samples] == ["nodes"]
+    (muted,) = families["asynccoord_alerts_muted"].samples
+    assert muted.labels == {
+        "rule": "locks",
+        "event": ev.LOCK_LOST,
+        "scope": "cluster",
+        "scope_key": "",
+        "inhibited_by": "nodes",
+    }
+    assert muted.value == 1
+
+
 def test_collector_on_a_registry_and_names() -> None:
     store = MemoryStore()
     store.events.add(ev.CLAIMS)
