@@ -31,10 +31,11 @@ next page; null when this page is the last), and ``tasks``, each with ``id``,
 ``max_attempts``, ``created_at``, ``updated_at`` (seconds since the epoch, store clock) and
 ``last_error``, plus ``payload`` with ``--show-payloads``. A payload stored as text that
 cannot be decoded (a row written by another tool: see
-:class:`~asynccoord.errors.UnreadableRowError`) is listed too: its ``payload`` is null and
-``payload_unreadable`` holds ``text`` (as stored, its first 4,096 characters at most),
-``length`` (the stored text's, in characters) and ``reason``; the table shows the text marked
-``(unreadable)``.
+:class:`~asynccoord.errors.UnreadableRowError`) is listed too: its ``payload_unreadable``
+holds ``length`` (the stored text's, in characters) and ``reason``, and with
+``--show-payloads`` ``text`` (as stored, its first 4,096 characters at most), its ``payload``
+being null; the table shows the text marked ``(unreadable)``, or with payloads hidden names
+such tasks' ids in a note.
 
 Exit status as for every command (:mod:`asynccoord.cli.main`): 0 done, 1 the database
 failed or is not one of asynccoord, the queue is unknown, or an ``--id`` named no dead task
@@ -162,16 +163,13 @@ def _task_entry(task: Task, show_payload: bool) -> dict[str, Any]:
         "updated_at": task.updated_at,
         "last_error": task.last_error,
     }
+    unreadable = task.payload if isinstance(task.payload, UnreadableValue) else None
     if show_payload:
-        entry["payload"] = task.payload
-        if isinstance(task.payload, UnreadableValue):
-            entry["payload"] = None
-            unreadable = task.payload
-            entry["payload_unreadable"] = {
-                "text": unreadable.text,
-                "length": unreadable.length,
-                "reason": unreadable.reason,
-            }
+        entry["payload"] = None if unreadable is not None else task.payload
+    if unreadable is not None:  # said even with payloads hidden: a requeue would only dead-letter it again
+        entry["payload_unreadable"] = {"length": unreadable.length, "reason": unreadable.reason}
+        if show_payload:
+            entry["payload_unreadable"] = {"text": unreadable.text, **entry["payload_unreadable"]}
     return entry
 
 
@@ -603,3 +601,10 @@ def render_dead_letters(report: dict[str, Any], file: IO[str] | None = None, *, 
         console.print(f"more may follow: add --after {report['next_after']}")
     if not report["payloads_shown"]:
         console.print("payloads hidden: add --show-payloads to see them")
+        unreadable = [str(t["id"]) for t in tasks if "payload_unreadable" in t]
+        if unreadable:
+            console.print(
+                f"unreadable payload: {'id' if len(unreadable) == 1 else 'ids'} {', '.join(unreadable)} "
+                "(requeued, such a task goes dead again at its claim: fix its row, or discard it)",
+                style="yellow",
+            )

@@ -528,6 +528,29 @@ def test_a_dead_task_whose_payload_cannot_be_decoded_is_listed_and_can_be_discar
     assert statuses(db, ids) == [None, TaskStatus.DEAD]
 
 
+def test_an_unreadable_payload_is_named_with_payloads_hidden(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "bot.db"
+    ids = prepare_sqlite(db, 2)
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:  # dead of its send's error, then cut short
+        raw.execute("UPDATE coord_tasks SET payload = ? WHERE id = ?", (f'{{"text": "{SECRET}', ids[1]))
+
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q, "--json")
+    assert (code, err) == (0, "")
+    first, second = json.loads(out)["tasks"]
+    assert "payload_unreadable" not in first
+    assert second["payload_unreadable"]["length"] == len(f'{{"text": "{SECRET}')
+    assert second["payload_unreadable"]["reason"].startswith("JSONDecodeError: ")
+    assert "text" not in second["payload_unreadable"]
+    assert SECRET not in out
+
+    code, out, err = run(capsys, "--db", str(db), "--queue", Q, "--color", "never")
+    assert (code, err) == (0, "")
+    assert f"unreadable payload: id {ids[1]} (requeued, such a task goes dead again" in " ".join(out.split())
+    assert SECRET not in out
+
+
 def test_an_unreadable_payload_is_listed_cut_to_its_first_characters(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
