@@ -293,15 +293,33 @@ def decode_limit_keys(text: str | None) -> dict[str, str]:
     """Inverse of :func:`encode_limit_keys`.
 
     Raises:
-        ValueError: ``text`` is not JSON (``json.JSONDecodeError``), or not the object of
-            strings that :func:`encode_limit_keys` writes (a row written by another tool).
+        ValueError: ``text`` is not JSON (``json.JSONDecodeError``), not the object of
+            strings that :func:`encode_limit_keys` writes, or names a dimension or key
+            holding a NUL or a lone surrogate (no enqueue writes one, and neither store can
+            keep it as a bucket's key): a row written by another tool.
     """
     if not text:
         return {}
     value = json.loads(text)
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ValueError(f"not a JSON object of strings: {_short(value)}")
+    for dimension, key in value.items():
+        if not _storable(dimension) or not _storable(key):
+            raise ValueError(f"not limit keys an enqueue accepts (a NUL or a lone surrogate): {_short(value)}")
     return value
+
+
+def _storable(text: str) -> bool:
+    """Whether ``text`` holds no NUL and no lone surrogate (what both stores can keep as a bucket's key)."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _undeclared: Once[tuple[str, str]] = Once(limit=1024)  # (queue, dimension) logged by warn_undeclared_dimensions

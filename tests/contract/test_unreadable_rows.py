@@ -19,6 +19,7 @@ from services import corrupt_task_row as corrupt
 
 from asynccoord import DeadLetterPolicy, RateLimit, Task, TaskStatus, UnreadableRowError, UnreadableValue
 from asynccoord import events as ev
+from asynccoord.contract.ratelimits import decode_limit_keys
 
 SHARED = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 
@@ -127,6 +128,11 @@ BAD_LIMIT_KEYS = pytest.mark.parametrize(
         ('["c1"]', "not a JSON object of strings"),
         ("5", "not a JSON object of strings"),
         ('{"chat": 5}', "not a JSON object of strings"),  # another bucket than the one meant, silently
+        # Texts PostgreSQL's jsonb refuses with other errors than a syntax error, and keys
+        # no enqueue accepts (a NUL, a lone surrogate: neither database keeps them as a key).
+        ('{"chat": "\\u0000"}', "not limit keys"),
+        ('{"chat": "\\ud800"}', "not limit keys"),
+        ('{"chat": 1e1000000}', "not a JSON object of strings"),
     ],
 )
 
@@ -339,3 +345,10 @@ async def test_a_queue_name_holding_no_text_is_shown_by_its_repr_in_queue_depths
         await store.get(ids[1])
     assert (caught.value.column, caught.value.reason) == ("queue", reason)
     assert [t.id for t in await store.claim(Q, node_id="n", limit=10)] == [ids[0]]  # in no queue of text
+
+
+def test_limit_keys_keep_any_text_a_store_can_key_a_bucket_by() -> None:
+    assert decode_limit_keys('{"chat":"café ☕","user":" 7"}') == {"chat": "café ☕", "user": " 7"}
+    for text in ('{"chat":"a\\u0000b"}', '{"\\u0000":"c1"}', '{"chat":"\\udc80"}'):
+        with pytest.raises(ValueError, match="a NUL or a lone surrogate"):
+            decode_limit_keys(text)

@@ -70,9 +70,10 @@ Claimed = tuple[list[Row], bool, dict[int, UnreadableRowError]]
 """One claim's answer: its leased rows, whether the queue has exhausted leases, and those of its
 rows whose stored ``limit_keys`` cannot be read (by id, with why: the claim dead-letters them)."""
 
-_UNREADABLE_JSON = (asyncpg.InvalidTextRepresentationError, asyncpg.InvalidParameterValueError)
-"""What the server raises for a ``limit_keys`` text that is not JSON (the ``::jsonb`` cast), or not
-an object (``jsonb_each_text``): a row written by another tool."""
+_UNREADABLE_JSON = (asyncpg.DataError,)
+"""What the server raises for a ``limit_keys`` text, written by another tool, that its ``::jsonb``
+cast or ``jsonb_each_text`` refuses: not JSON (22P02), not an object (22023), a ``\\u0000``
+escape (22P05), a number over ``numeric``'s range (22003): the data exceptions, class 22."""
 
 
 class _UnreadableKeys(Exception):
