@@ -74,8 +74,9 @@ class _Stdout:
 def table_console(file: IO[str] | None, *, color: bool | None, pipe_width: int) -> Console:
     """A rich console for a command's tables, raising :class:`OutputClosed` when its reader went away.
 
-    Markup is off: the values printed come from the database (queue names, errors), and
-    one like ``[/x]`` must print as it is, not be read as a console markup tag.
+    Markup and emoji codes are off: the values printed come from the database (queue names,
+    lock names, errors), and one like ``[/x]`` or ``account:lock:7`` must print as it is, not
+    be read as a console markup tag or as the emoji code ``:lock:``.
 
     Args:
         file: Where to print; None for standard output.
@@ -86,9 +87,11 @@ def table_console(file: IO[str] | None, *, color: bool | None, pipe_width: int) 
     make = _console_class()
     if file is None:
         file = cast("IO[str]", _Stdout())
-    console = make(file=file, no_color=color is False, force_terminal=color, markup=False)
+    console = make(file=file, no_color=color is False, force_terminal=color, markup=False, emoji=False)
     if not console.is_terminal:
-        console = make(file=file, no_color=color is False, force_terminal=color, width=pipe_width, markup=False)
+        console = make(
+            file=file, no_color=color is False, force_terminal=color, width=pipe_width, markup=False, emoji=False
+        )
     return console
 
 

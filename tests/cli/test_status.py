@@ -292,6 +292,18 @@ async def test_names_that_look_like_console_markup_print_as_they_are(store: Stor
         assert name in text, name
 
 
+async def test_names_that_hold_emoji_codes_print_as_they_are(store: Store, clock: FakeClock) -> None:
+    """A lock named "account:lock:7" is data: its ":lock:" is no emoji code (it printed a padlock)."""
+    await store.enqueue("chat:smile:out", 1)
+    await store.try_acquire_lock("account:lock:7", ttl_s=20.0, holder="node:fire:1")
+    report = await status_report(store, windows_s=[10.0], db="bot:x:.db")
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    text = out.getvalue()
+    for name in ("chat:smile:out", "account:lock:7", "node:fire:1"):
+        assert name in text, name
+
+
 async def test_read_only_store_refuses_writes_and_never_creates(tmp_path: Path) -> None:
     missing = tmp_path / "missing.db"
     with pytest.raises(NotADatabaseError, match="no database"):
