@@ -53,6 +53,7 @@ from .batch import Batcher
 from .calls import CLOSE_WAIT_S, CallGate
 from .opening import single_open
 from .redisdurability import NO_PERSISTENCE, losses, persistence
+from .redisprefixes import SURVEY_MAX_KEYS, PrefixSurvey, survey_prefixes
 from .redisurl import check_url
 from .rows import decode_json, new_token
 from .targets import redact_location
@@ -772,6 +773,18 @@ class RedisLockStore:
                 )
         found.sort(key=lambda info: (info.name, info.fencing_token))
         return found
+
+    async def survey_prefixes(self, *, max_keys: int = SURVEY_MAX_KEYS) -> PrefixSurvey:
+        """The key prefixes holding lock fencing counters on this server: one bounded ``SCAN``, read-only.
+
+        For a prefix that shows nothing (see :mod:`asynccoord.backends.redisprefixes`): it
+        examines about ``max_keys`` keys at most, however large the server.
+
+        Raises:
+            InvalidArgumentError, InvalidTypeError: ``max_keys`` is not an int >= 1.
+        """
+        cap = check_int("max_keys", max_keys, minimum=1)
+        return await self._call(functools.partial(survey_prefixes, prefix=self.prefix, max_keys=cap), "survey")
 
     async def fence(self, resource: str, fencing_token: int) -> None:
         """Record ``fencing_token`` as seen by ``resource``, refusing a lower one (equal accepted).

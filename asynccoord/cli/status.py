@@ -42,6 +42,7 @@ from ..partition import assign
 from ..validation import MAX_DURATION_S, check_positive
 from .lockstore import add_lock_store_options, check_lock_store_options, open_lock_store
 from .output import table_console, write_stdout
+from .prefixhint import prefix_hint
 from .printable import printable_report
 from .processes import RECENT_FLUSH_S, attach_processes
 from .run import parse_target
@@ -119,7 +120,9 @@ async def status_report(
         db: The database path, echoed in the report. Default None.
         lock_store: An open lock store the nodes take their locks in (``Runtime(lock_store=...)``,
             e.g. a :class:`~asynccoord.backends.redis.RedisLockStore`): its locks are listed
-            after ``store``'s, each with ``"store": "lock_store"``. Default None.
+            after ``store``'s, each with ``"store": "lock_store"``. When it lists none, one bounded
+            search of its server names the other prefixes holding lock keys
+            (``lock_store.prefix_hint``, :mod:`asynccoord.cli.prefixhint`). Default None.
 
     Returns:
         A JSON-ready dict valid under :func:`status_schema`.
@@ -134,8 +137,12 @@ async def status_report(
     held = await store.list_locks()
     locks = [("db", lock) for lock in held if lock.name != LEADER_LOCK]
     leader = next((lock for lock in held if lock.name == LEADER_LOCK), None)
+    hint = None
     if lock_store is not None:
-        locks += [("lock_store", lock) for lock in await lock_store.list_locks()]
+        in_store = await lock_store.list_locks()
+        locks += [("lock_store", lock) for lock in in_store]
+        if not in_store:  # maybe not the nodes' --lock-prefix: a bounded search, only then
+            hint = await prefix_hint(lock_store)
     snapshot = await cluster_snapshot(store, windows)
     partitions = int(store.partitions)
     # As the nodes compute it: over the live members draining the same queue (their heartbeat's
@@ -209,7 +216,7 @@ async def status_report(
         "queues": queues,
         "partitions": partitions,
         "nodes": nodes,
-        "lock_store": None if lock_store is None else _lock_store_entry(lock_store),
+        "lock_store": None if lock_store is None else {**_lock_store_entry(lock_store), "prefix_hint": hint},
         "locks": [
             {
                 "store": where,
@@ -524,6 +531,8 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
             _fmt_s(lock["ttl_left_s"]),
         )
     console.print(table)
+    if lock_store is not None and lock_store["prefix_hint"] is not None:
+        console.print(lock_store["prefix_hint"]["message"], style="yellow", soft_wrap=True)
     if lock_store is not None and lock_store["persistent"] is False:
         console.print(
             "warning: the lock store has no append-only file (appendonly no): a restart sets its "

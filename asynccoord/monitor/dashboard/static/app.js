@@ -161,6 +161,9 @@
       cell(tr, String(l.permits), "permits");
       cell(tr, fmtS(l.ttl_left_s), "ttl_left_s");
     }, "no lock held");
+    // A lock store whose prefix holds nothing while others hold lock keys: likely the wrong --lock-prefix.
+    const hint = s.lock_store && s.lock_store.prefix_hint;
+    setNote("lock-prefix-hint", hint ? hint.message : "");
     // An alert muted by another rule's (inhibited_by) is a consequence of that incident: listed
     // after the firing ones as "muted by", never counted as firing (as status shows it).
     const firing = s.alerts.filter((a) => !a.inhibited_by);
