@@ -12,6 +12,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from ..errors import StoreClosedError, StoreConnectionError, StoreError, StoreLoopError
+
 __all__ = ("PREFIXES_NAMED", "hint_message", "prefix_hint")
 
 PREFIXES_NAMED = 5
@@ -36,17 +38,25 @@ def hint_message(survey: Any) -> str:
 async def prefix_hint(lock_store: Any) -> dict[str, Any] | None:
     """The report's ``lock_store.prefix_hint`` for a lock store that lists no lock; None if there is none to give.
 
-    None when the store cannot search its server (no ``survey_prefixes``), when its own
+    None when the store cannot search its server (no ``survey_prefixes``), when the server
+    refuses the search (an ACL user limited to its prefix's keys, or without ``SCAN``,
+    ``TYPE`` or ``DBSIZE``: the hint is advice, the report stands without it), when its own
     prefix has a fencing counter (the right prefix, no lock held now), or when no other
     prefix has one.
 
     Raises:
-        StoreError: the search failed (StoreConnectionError: the server is unreachable).
+        StoreConnectionError: the server went away (StoreClosedError, StoreLoopError: the
+            store is not usable here).
     """
     survey_prefixes = getattr(lock_store, "survey_prefixes", None)
     if survey_prefixes is None:
         return None
-    survey = await survey_prefixes()
+    try:
+        survey = await survey_prefixes()
+    except (StoreConnectionError, StoreClosedError, StoreLoopError):
+        raise
+    except StoreError:  # refused by the server: no hint
+        return None
     if survey.own_counters or not survey.prefixes:
         return None
     return {

@@ -252,3 +252,34 @@ async def test_the_dashboard_names_the_prefix_that_holds_the_locks(tmp_path: Pat
                     " return p.hidden ? null : p.textContent; })()"
                 )
                 assert shown == hint
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [["~{own}*", "+@all"], ["~*", "+@all", "-type"], ["~*", "+@all", "-dbsize"]],
+    ids=["keys-of-its-prefix-only", "no-type", "no-dbsize"],
+)
+async def test_a_user_the_server_refuses_the_search_gets_status_without_hint(
+    tmp_path: Path, empty_db_url: str, rules: list[str]
+) -> None:
+    """An ACL user limited to its prefix's keys, or without TYPE or DBSIZE: the search is refused, status is not."""
+    from asynccoord.backends.redis import RedisLockStore
+
+    other = f"prefixtest-{secrets.token_hex(4)}-other:"
+    own = f"prefixtest-{secrets.token_hex(4)}-own:"
+    user = f"prefixtest-{secrets.token_hex(4)}"
+    parts = urlsplit(empty_db_url)
+    url = urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port or 6379}"))
+    async with (
+        SQLiteStore(tmp_path / "bot.db") as store,
+        nodes_holding(empty_db_url, other, ["account:1"]) as locks,
+    ):
+        await locks._client.acl_setuser(user, enabled=True, nopass=True, reset=True)
+        await locks._client.execute_command("ACL", "SETUSER", user, *(r.format(own=own) for r in rules))
+        try:
+            async with RedisLockStore(url, prefix=own) as reader:
+                report = await status_report(store, lock_store=reader)
+        finally:
+            await locks._client.acl_deluser(user)
+    validate(report)
+    assert (report["locks"], report["lock_store"]["prefix_hint"]) == ([], None)
