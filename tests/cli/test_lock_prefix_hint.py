@@ -83,7 +83,7 @@ def _keys(url: str) -> list[bytes]:
 
     client = redis.Redis.from_url(url)
     try:
-        return sorted(client.scan_iter(match="*", count=1000))
+        return sorted(set(client.scan_iter(match="*", count=1000)))  # SCAN may repeat a key while the table rehashes
     finally:
         client.close()
 
