@@ -3,7 +3,8 @@
 A :class:`Monitor` flushes the process's coordination counters and latency histograms to
 the store, so every process sees cluster-wide totals and rates, judges alert rules over
 sliding windows of them (:mod:`asynccoord.monitor.rules`), and delivers one notice per
-incident and one when it resolves, without ever blocking the nodes.
+incident and one when it resolves, without ever blocking the nodes. It decides the notices;
+:mod:`asynccoord.monitor.publisher` hands them to the log, the subscribers and the sinks.
 
 Of all the monitors sharing a store, one at a time judges the cluster-scoped rules: the
 holder of the store lock :data:`LEADER_LOCK` (a lease renewed at each evaluation, taken
@@ -28,7 +29,6 @@ from typing import Any, Self
 
 import anyio
 
-from .._errtext import error_text
 from ..config import StoreConfig
 from ..contract.locks import Lease
 from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, MetricsFlush, MetricsView, open_alerts
@@ -44,10 +44,11 @@ from ..validation import (
     check_positive,
     encode_payload,
 )
-from .alerts import AlertCallback, AlertSink, AlertStream, Mailbox, Subscription, deliver
+from .alerts import AlertCallback, AlertSink, AlertStream, Subscription
 from .histogram import Histogram
 from .inhibition import Inhibitions
 from .outage import OutageWatch
+from .publisher import Publisher, check_sinks
 from .rules import DEFAULT_RULES, AlertRule, Incident, decide
 from .snapshot import ClusterSnapshot, cluster_snapshot
 from .stats import MonitorStats
@@ -61,8 +62,6 @@ _KEEPALIVE_S = 10.0
 status command sees the process as live."""
 _CANCELLED_WRITE_WAIT_S = 5.0
 """How long a cancelled flush waits for its write's outcome, seconds."""
-_SINK_CLOSE_S = 5.0
-"""How long a closing monitor lets each sink deliver what it holds, seconds."""
 
 LEADER_LOCK = "asynccoord.monitor.cluster-rules"
 """The store lock whose holder judges the cluster-scoped rules for every monitor of the store."""
@@ -206,15 +205,7 @@ class Monitor:
             raise InvalidTypeError(
                 f"lock_store must be a lock store with an EventCounter 'events', got {type(lock_store).__name__}"
             )
-        given_sinks: object = sinks
-        chosen_sinks = (
-            tuple(given_sinks) if isinstance(given_sinks, Sequence) and not isinstance(given_sinks, str) else None
-        )
-        if chosen_sinks is None or not all(
-            callable(getattr(sink, name, None)) for sink in chosen_sinks for name in ("start", "offer", "aclose")
-        ):
-            raise InvalidTypeError(f"sinks must be a sequence of alert sinks (start, offer, aclose), got {sinks!r}")
-        self.sinks = chosen_sinks
+        chosen_sinks = check_sinks(sinks)
         self.store = store
         self.lock_store = None if lock_store is store else lock_store
         self.rules = chosen
@@ -247,9 +238,13 @@ class Monitor:
         # incident (rules.decide): three intervals, for the events to be flushed and read.
         self._fresh_s = min(self.retention_s, max(5.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s)))
         self._inhibitions = Inhibitions(chosen, settle_s=self._fresh_s)  # mutes what follows by this much
-        self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
-        self.callback_timeout_s = check_positive("callback_timeout_s", callback_timeout_s)
-        self.log_alerts = check_bool("log_alerts", log_alerts)
+        self._publisher = Publisher(
+            self.process_id,
+            chosen_sinks,
+            buffer_size=check_int("buffer_size", buffer_size, minimum=1),
+            callback_timeout_s=check_positive("callback_timeout_s", callback_timeout_s),
+            log_alerts=check_bool("log_alerts", log_alerts),
+        )
         self.background = check_bool("background", background)
         if info is not None and not isinstance(info, Mapping):
             raise InvalidTypeError(f"info must be a mapping or None, got {type(info).__name__}")
@@ -298,11 +293,7 @@ class Monitor:
         self._alerts_dirty = False
         self._last_write_monotonic = -math.inf
         self._flush_lock = asyncio.Lock()
-        self._mailboxes: list[Mailbox] = []
-        self._dropped_retired = 0
-        self._closed_once = False
         self._stopping = False  # the final flush of close(): its info says the process stopped
-        self._subscriptions: list[Subscription] = []
         self._loop_task: asyncio.Task[None] | None = None
         self._open = False
         self._flushes = self._flush_failures = 0
@@ -316,6 +307,26 @@ class Monitor:
             f"<Monitor {self.process_id!r} {state}{leader} rules={len(self.rules)}"
             f" active_alerts={self._firing_incidents()}>"
         )
+
+    @property
+    def sinks(self) -> tuple[AlertSink, ...]:
+        """The alert sinks every notice is handed to."""
+        return self._publisher.sinks
+
+    @property
+    def buffer_size(self) -> int:
+        """Notices buffered per subscriber by default."""
+        return self._publisher.buffer_size
+
+    @property
+    def callback_timeout_s(self) -> float:
+        """Longest a subscriber callback may run per notice by default, seconds."""
+        return self._publisher.callback_timeout_s
+
+    @property
+    def log_alerts(self) -> bool:
+        """Whether each notice is logged."""
+        return self._publisher.log_alerts
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -349,10 +360,7 @@ class Monitor:
         _ACTIVE_STORES.update(counted)
         self._open = True
         self._stopping = False
-        for sink in self.sinks:
-            await sink.start()
-        for sub in self._subscriptions:
-            self._start_worker(sub)
+        await self._publisher.start()
         if self.background:
             # A first flush before start() returns: the process shows in `status` from now on,
             # even if it is killed before its first interval ends.
@@ -371,7 +379,6 @@ class Monitor:
         if not self._open:
             return
         self._open = False
-        self._closed_once = True
         _ACTIVE_STORES.discard(self.store)
         if self.lock_store is not None:
             _ACTIVE_STORES.discard(self.lock_store)
@@ -403,32 +410,7 @@ class Monitor:
                     with contextlib.suppress(CoordError):
                         await self.store.release_lock(lease)
         finally:
-            for mailbox in list(self._mailboxes):
-                self._unregister(mailbox)
-                mailbox.close()
-            for sub in self._subscriptions:
-                if sub._task is not None:
-                    sub._task.cancel()
-            for sub in self._subscriptions:
-                if sub._task is not None:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await sub._task
-                    sub._task = None
-            if self.sinks:
-                with anyio.CancelScope(shield=True):
-                    outcomes = await asyncio.gather(
-                        *(sink.aclose(timeout_s=_SINK_CLOSE_S) for sink in self.sinks), return_exceptions=True
-                    )
-                for sink, outcome in zip(self.sinks, outcomes, strict=True):
-                    if isinstance(outcome, Exception):  # a sink's bug must not escape the close
-                        log.warning(
-                            "asynccoord.monitor.sink_failed process=%s sink=%r error=%s",
-                            self.process_id,
-                            sink,
-                            error_text(outcome),
-                        )
-                    elif isinstance(outcome, BaseException):
-                        raise outcome
+            await self._publisher.aclose()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -748,45 +730,7 @@ class Monitor:
         self._publish(notice)
 
     def _publish(self, alert: Alert) -> None:
-        if alert.muted:  # a consequence of another incident: noted at INFO, never delivered
-            if self.log_alerts:
-                log.info(
-                    "asynccoord.monitor.alert_muted rule=%s state=%s scope=%s key=%s inhibited_by=%s",
-                    alert.rule,
-                    alert.state.value,
-                    alert.scope.value,
-                    alert.scope_key or "-",
-                    alert.inhibited_by,
-                )
-            return
-        if self.log_alerts:
-            name = "alert_firing" if alert.firing else "alert_resolved"
-            log.warning(
-                "asynccoord.monitor.%s rule=%s event=%s scope=%s key=%s value=%.6g threshold=%.6g window_s=%g "
-                "count=%d base=%s",
-                name,
-                alert.rule,
-                alert.event,
-                alert.scope.value,
-                alert.scope_key or "-",
-                alert.value,
-                alert.threshold,
-                alert.window_s,
-                alert.count,
-                "-" if alert.base is None else alert.base,
-            )
-        for mailbox in list(self._mailboxes):
-            mailbox.put(alert)
-        for sink in self.sinks:
-            try:
-                sink.offer(alert)
-            except Exception as exc:  # a sink's bug must not stop the evaluation
-                log.warning("asynccoord.monitor.sink_failed process=%s sink=%r error=%s", self.process_id, sink, exc)
-
-    def _unregister(self, mailbox: Mailbox) -> None:
-        if mailbox in self._mailboxes:
-            self._mailboxes.remove(mailbox)
-            self._dropped_retired += mailbox.dropped
+        self._publisher.publish(alert)
 
     def alerts(self, *, buffer: int | None = None) -> AlertStream:
         """A new async iterator over the notices published from now on.
@@ -798,13 +742,7 @@ class Monitor:
         Raises:
             InvalidArgumentError: ``buffer`` < 1.
         """
-        size = self.buffer_size if buffer is None else check_int("buffer", buffer, minimum=1)
-        mailbox = Mailbox(size)
-        if self._closed_once and not self._open:
-            mailbox.close()  # closed monitor: the stream ends at once
-        else:
-            self._mailboxes.append(mailbox)
-        return AlertStream(mailbox, self._unregister)
+        return self._publisher.alerts(buffer=buffer)
 
     def subscribe(
         self, callback: AlertCallback, *, buffer: int | None = None, timeout_s: float | None = None
@@ -830,23 +768,7 @@ class Monitor:
         Raises:
             InvalidTypeError: ``callback`` is not callable.
         """
-        if not callable(callback):
-            raise InvalidTypeError(f"callback must be callable, got {type(callback).__name__}")
-        size = self.buffer_size if buffer is None else check_int("buffer", buffer, minimum=1)
-        timeout = self.callback_timeout_s if timeout_s is None else check_positive("timeout_s", timeout_s)
-        mailbox = Mailbox(size)
-        sub = Subscription(callback=callback, timeout_s=timeout, _mailbox=mailbox, _detach=self._unregister)
-        self._mailboxes.append(mailbox)
-        self._subscriptions.append(sub)
-        if self._open:
-            self._start_worker(sub)
-        return sub
-
-    def _start_worker(self, sub: Subscription) -> None:
-        if sub._task is None:
-            sub._task = asyncio.get_running_loop().create_task(
-                deliver(sub, self.process_id), name="asynccoord-monitor-subscriber"
-            )
+        return self._publisher.subscribe(callback, buffer=buffer, timeout_s=timeout_s)
 
     # --- inspection ---------------------------------------------------------------------
 
@@ -879,7 +801,7 @@ class Monitor:
 
     def statistics(self) -> MonitorStats:
         """A snapshot of this monitor's own counters (flushes, notices, drops, failures)."""
-        dropped = self._dropped_retired + sum(m.dropped for m in self._mailboxes)
+        publisher = self._publisher
         return MonitorStats(
             process_id=self.process_id,
             flushes=self._flushes,
@@ -888,13 +810,13 @@ class Monitor:
             evaluate_failures=self._evaluate_failures,
             alerts_fired=self._fired,
             alerts_resolved=self._resolved,
-            alerts_dropped=dropped,
-            callback_failures=sum(s.failures for s in self._subscriptions),
-            subscribers=len(self._mailboxes),
+            alerts_dropped=publisher.dropped,
+            callback_failures=publisher.callback_failures,
+            subscribers=publisher.subscribers,
             active_alerts=self._firing_incidents(),
             muted_alerts=len(self._incidents) - self._firing_incidents(),
-            sink_failures=sum(sink.statistics().given_up for sink in self.sinks),
-            sink_dropped=sum(sink.statistics().dropped for sink in self.sinks),
+            sink_failures=publisher.sink_failures,
+            sink_dropped=publisher.sink_dropped,
             leader=self._leader,
             leader_changes=self._leader_changes,
         )
