@@ -134,15 +134,12 @@ class RateLimit:
         check_name("dimension", self.dimension)
         check_int("count", self.count, minimum=1, maximum=2**31 - 1)
         check_int("burst", self.burst, minimum=1, maximum=2**31 - 1)
-        if isinstance(self.per_s, bool) or not isinstance(self.per_s, int | float):
-            raise InvalidTypeError(
-                f"per_s must be a number of seconds, got {type(self.per_s).__name__} {_short(self.per_s)}"
-            )
-        if not (math.isfinite(self.per_s) and 0 < self.per_s <= MAX_DURATION_S):
+        per_s = _seconds("per_s", self.per_s)
+        if not (math.isfinite(per_s) and 0 < per_s <= MAX_DURATION_S):
             raise InvalidArgumentError(
-                f"per_s must be a finite number of seconds > 0 and <= {MAX_DURATION_S:g}, got {self.per_s!r}"
+                f"per_s must be a finite number of seconds > 0 and <= {MAX_DURATION_S:g}, got {_short(self.per_s)}"
             )
-        object.__setattr__(self, "per_s", float(self.per_s))
+        object.__setattr__(self, "per_s", per_s)
         if self.per_s / self.count < MIN_EMISSION_INTERVAL_S:
             raise InvalidArgumentError(
                 f"per_s / count must be at least {MIN_EMISSION_INTERVAL_S:g} s (one claim per key per microsecond), "
@@ -357,13 +354,29 @@ def check_retry_after_s(value: object) -> float:
         InvalidTypeError: not an int or float (bool is refused).
         InvalidArgumentError: NaN, infinite, negative or over one year.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidTypeError(f"retry_after_s must be a number of seconds, got {type(value).__name__} {_short(value)}")
-    if not (math.isfinite(value) and 0 <= value <= MAX_DURATION_S):
+    seconds = _seconds("retry_after_s", value)
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S):
         raise InvalidArgumentError(
-            f"retry_after_s must be a finite number of seconds in 0..{MAX_DURATION_S:g}, got {value!r}"
+            f"retry_after_s must be a finite number of seconds in 0..{MAX_DURATION_S:g}, got {_short(value)}"
         )
-    return float(value)
+    return seconds + 0.0  # -0.0 reads as 0.0
+
+
+def _seconds(arg: str, value: object) -> float:
+    """``value`` as a float of seconds, for the range checks of :class:`RateLimit` and :func:`check_retry_after_s`.
+
+    An int beyond the float range becomes ``inf`` (refused by the range check, never an
+    ``OverflowError``).
+
+    Raises:
+        InvalidTypeError: not an int or float (bool is refused).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidTypeError(f"{arg} must be a number of seconds, got {type(value).__name__} {_short(value)}")
+    try:
+        return float(value)
+    except OverflowError:  # an int too large for a float
+        return math.inf if value > 0 else -math.inf
 
 
 def check_pause_target(dimension: object, key: object) -> tuple[str | None, str | None]:

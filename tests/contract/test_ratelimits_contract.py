@@ -154,6 +154,7 @@ def test_parse_rate_limit() -> None:
         ({"count": 1.5}, InvalidTypeError),
         ({"dimension": ""}, InvalidArgumentError),
         ({"per_s": "1"}, InvalidTypeError),
+        ({"per_s": 10**400}, InvalidArgumentError),  # an int beyond the float range: no OverflowError
     ],
 )
 def test_bad_limit_is_refused(kwargs: dict[str, object], error: type[Exception]) -> None:
@@ -219,7 +220,17 @@ async def test_a_stored_limit_below_the_floor_from_an_earlier_version_still_load
             await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=2**31 - 1, per_s=1.0)])
 
 
-@pytest.mark.parametrize("retry_after_s", [math.nan, -1.0, math.inf, -math.inf])
+@pytest.mark.parametrize(
+    "retry_after_s",
+    [
+        math.nan,
+        -1.0,
+        math.inf,
+        -math.inf,
+        pytest.param(10**400, id="huge-int"),
+        pytest.param(-(10**400), id="-huge-int"),
+    ],
+)
 def test_bad_retry_after_is_refused(retry_after_s: float) -> None:
     with pytest.raises(InvalidArgumentError, match="retry_after_s"):
         RateLimited(retry_after_s)
@@ -465,8 +476,8 @@ async def test_report_rate_limited_refuses_bad_input_and_lost_leases(store, cloc
     await store.set_rate_limits(Q, [RateLimit(dimension="chat", count=100, per_s=1.0)])
     await enqueue(store, chat("a"))
     task = (await store.claim(Q, node_id="n", lease_s=1.0))[0]
-    for bad in (math.nan, -1.0, math.inf):
-        with pytest.raises(InvalidArgumentError):
+    for bad in (math.nan, -1.0, math.inf, 10**400):
+        with pytest.raises(InvalidArgumentError, match="retry_after_s"):
             await store.report_rate_limited(task, bad)
     with pytest.raises(InvalidArgumentError):
         await store.report_rate_limited(task, 1.0, key="a")
@@ -639,3 +650,27 @@ async def test_a_key_of_an_undeclared_dimension_is_enqueued_and_limits_once_decl
     for n in range(4, 8):  # four more chats, each with a token, in the same group
         await store.enqueue(queue, None, limit_keys={"chat": f"c{n}", "group": "g"})
     assert len(await store.claim(queue, node_id="n", limit=10)) == 1  # the group's one token now
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: RateLimited(10**400),
+            "retry_after_s must be a finite number of seconds in 0..3.1536e+07, got <int of 1329 bits>",
+        ),
+        (
+            lambda: RateLimit(dimension="chat", count=1, per_s=10**400),
+            "per_s must be a finite number of seconds > 0 and <= 3.1536e+07, got <int of 1329 bits>",
+        ),
+    ],
+)
+def test_an_int_beyond_the_float_range_is_named_in_the_error(call: Callable[[], object], message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"^{re.escape(message)}$"):
+        call()
+
+
+def test_a_retry_after_of_minus_zero_reads_as_zero() -> None:
+    limited = RateLimited(-0.0)
+    assert math.copysign(1.0, limited.retry_after_s) == 1.0
+    assert str(limited) == "rate limited: retry after 0 s"
