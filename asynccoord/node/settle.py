@@ -249,9 +249,42 @@ class Settler:
         else:
             text = error_text(failure)
         try:
-            await self._record_failure(flight, text)
+            out = await self._record_failure(flight, text)
         except LeaseLostError:
             self.counters.conflicts += 1
+            return
+        if source == "send":
+            self._log_failed_send(out, failure, text)
+
+    def _log_failed_send(self, out: Task, failure: BaseException, text: str) -> None:
+        """Log a failed attempt of ``send``: a warning while it will be retried, an error once it is dead.
+
+        The send's own traceback goes with the line (``exc_info``), so a bug in it shows where
+        it is on its first attempt, not only in the task's ``last_error``; a timeout or a result
+        refused by the node has none.
+        """
+        trace = failure if failure.__traceback__ is not None else None
+        if out.status is TaskStatus.PENDING:
+            log.warning(
+                "asynccoord.node.send_failed node=%s task=%s attempt=%d/%d retry_in_s=%.3f error=%s",
+                self.node_id,
+                out.id,
+                out.attempts,
+                out.max_attempts,
+                max(0.0, out.run_at - out.updated_at),
+                text,
+                exc_info=trace,
+            )
+        elif out.status is TaskStatus.DEAD:
+            log.error(
+                "asynccoord.node.send_failed_dead node=%s task=%s attempts=%d error=%s: no attempt left, "
+                "the task is a dead letter",
+                self.node_id,
+                out.id,
+                out.attempts,
+                text,
+                exc_info=trace,
+            )
 
     async def _fail_lock_lost(self, flight: Flight) -> None:
         """Record the attempt whose lock (or permit) was lost as failed, so the retry policy takes it now.
@@ -266,20 +299,27 @@ class Settler:
             await self._record_failure(flight, f"LockLostError: {flight.lost}")
         flight.move(FlightState.SETTLED)
 
-    async def _record_failure(self, flight: Flight, text: str) -> None:
+    async def _record_failure(self, flight: Flight, text: str) -> Task:
         """Record a failed attempt (``last_error`` ``text``); wake the node when its retry falls due.
+
+        Returns:
+            The task as the store recorded it (pending again, or dead).
 
         Raises:
             LeaseLostError: the lease is no longer the node's (nothing written).
             StoreError: as :meth:`_retrying`.
         """
 
+        recorded: list[Task] = []
+
         async def record() -> None:
             out = await self.store.fail(flight.task, text, retry=self.config.retry)
+            recorded.append(out)
             if out.status is TaskStatus.PENDING:  # retried later: claim again when it is due
                 self._due_soon(out.run_at - out.updated_at)
 
         await self._retrying(flight, "fail", record)
+        return recorded[-1]
 
     async def commit_many(self, flights: list[Flight], results: list[Any]) -> None:
         """Commit the sends of ``flights`` that returned ``results``, in one store call; each flight ends ``SETTLED``.

@@ -515,3 +515,56 @@ async def test_a_redis_fencing_counter_set_back_is_repaired_at_the_first_refused
     behind = [r for r in caplog.records if r.getMessage().startswith("asynccoord.redis.fencing_counter_behind")]
     assert len(behind) == 1  # once for the lock
     assert "name='acct:1' counter=4 accepted=15" in behind[0].getMessage()
+
+
+async def test_a_failing_send_is_logged_with_its_traceback_each_attempt_and_once_dead(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in ``send`` shows in the log on its first attempt, where it is, not only in ``last_error``."""
+    store = await make_store(clock=None)
+    caplog.set_level(logging.WARNING, logger="asynccoord.node.settle")
+    bad = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=2)).task
+    good = (await store.enqueue("q", {"n": 2}, partition_key="d")).task
+
+    async def send(task: Task) -> None:
+        if task.payload["n"] == 1:
+            task.payload.no_such_method()  # the bot author's typo
+
+    async with Runtime(store, send=send, config=FAST, nodes=2) as runtime:
+        await runtime.wait_until_drained(timeout_s=20)
+    assert (await store.get(bad.id)).status is TaskStatus.DEAD
+    assert (await store.get(good.id)).status is TaskStatus.DONE
+    lines = [r for r in caplog.records if "asynccoord.node.send_failed" in r.getMessage()]
+    assert [(r.levelno, r.getMessage().split(" error=")[0].split(" node=")[0]) for r in lines] == [
+        (logging.WARNING, "asynccoord.node.send_failed"),
+        (logging.ERROR, "asynccoord.node.send_failed_dead"),
+    ]
+    first, last = lines
+    assert f"task={bad.id} attempt=1/2 retry_in_s=" in first.getMessage()
+    assert f"task={bad.id} attempts=2 " in last.getMessage()
+    for record in lines:
+        assert "AttributeError: 'dict' object has no attribute 'no_such_method'" in record.getMessage()
+        assert record.exc_info is not None
+        assert isinstance(record.exc_info[1], AttributeError)
+        assert "task.payload.no_such_method()" in caplog.text  # the send's own line, in the traceback
+
+
+async def test_a_timed_out_send_is_logged_without_a_traceback(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await make_store(clock=None)
+    caplog.set_level(logging.WARNING, logger="asynccoord.node.settle")
+    task = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=1)).task
+
+    async def send(task: Task) -> None:
+        await asyncio.sleep(30)
+
+    config = replace(FAST, send_timeout_s=0.05)
+    async with Runtime(store, send=send, config=config, nodes=1) as runtime:
+        await runtime.wait_until_drained(timeout_s=20)
+    assert (await store.get(task.id)).status is TaskStatus.DEAD
+    lines = [r for r in caplog.records if "asynccoord.node.send_failed" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].levelno == logging.ERROR
+    assert "error=TimeoutError" in lines[0].getMessage()
+    assert lines[0].exc_info is None
