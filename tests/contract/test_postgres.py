@@ -2245,6 +2245,55 @@ async def test_a_transaction_of_a_frozen_client_holds_up_a_queues_switch_only_un
         PostgresStore(pg, idle_in_transaction_timeout_s=3e6)
 
 
+async def test_a_client_frozen_holding_a_queues_rate_limit_lock_holds_up_its_claims_only_briefly(
+    pg: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every claim of a queue that declares limits, in every process, takes the queue's
+    rate-limit lock. A client frozen just after taking it (SIGSTOP, a stalled host) held up
+    every claim of the queue for the session's whole idle timeout (30 s by default): the
+    claim's transaction lowers it to ``LIMITS_LOCK_IDLE_S`` (2 s). The frozen claim, back,
+    meets the lost connection, runs again and leases the other task; none is leased twice."""
+    from asynccoord import RateLimit
+    from asynccoord.backends.postgres.ratelimits import LIMITS_LOCK_IDLE_S
+
+    async with (
+        PostgresStore(pg, schema=schema, listen=False) as store,
+        PostgresStore(pg, schema=schema, listen=False) as frozen,
+    ):
+        assert store.idle_in_transaction_timeout_s == 30.0  # the default, untouched
+        await store.set_rate_limits("q", [RateLimit(dimension="chat", count=100, per_s=1.0)])
+        await store.enqueue_many(
+            [NewTask(queue="q", payload=i, partition_key=f"c{i}", limit_keys={"chat": f"c{i}"}) for i in range(2)]
+        )
+        took_lock = asyncio.Event()
+        real_fetch = frozen._fetch
+
+        async def fetch(conn: Any, query_name: str, /, **params: Any) -> list[Any]:
+            rows = await real_fetch(conn, query_name, **params)
+            if query_name == "lock_rate_limits" and not took_lock.is_set():
+                took_lock.set()
+                await asyncio.sleep(8)  # frozen, the lock held, the session idle in its transaction
+            return rows
+
+        monkeypatch.setattr(frozen, "_fetch", fetch)
+        held = asyncio.ensure_future(frozen.claim("q", node_id="frozen", limit=1, lease_s=60))
+        await asyncio.wait_for(took_lock.wait(), 20)
+        started = time.monotonic()
+        claimed = await asyncio.wait_for(store.claim("q", node_id="n", limit=1, lease_s=60), 20)
+        waited_s = time.monotonic() - started
+        assert len(claimed) == 1
+        assert waited_s < LIMITS_LOCK_IDLE_S + 5, f"the claim waited {waited_s:.1f} s for the frozen client"
+        again = await asyncio.wait_for(held, 30)  # back: the session was ended, the claim runs again
+        assert len(again) == 1
+        assert {t.id for t in claimed} | {t.id for t in again} == {1, 2}
+        [[active]] = await admin(
+            pg,
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND application_name = $1",
+            application_name(),
+        )
+        assert active == 0
+
+
 @pytest.mark.parametrize("keyed", [False, True])
 async def test_an_enqueue_whose_session_ends_mid_statement_is_retried_and_creates_its_task_once(
     pg: str, schema: str, keyed: bool

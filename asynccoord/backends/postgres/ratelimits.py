@@ -53,10 +53,18 @@ from ..rows import limit_keys_of, listed_task_from_row, new_token
 from .heads import PgHeads
 from .statements import Row, lost_reason, settled_by_us
 
-__all__ = ("LIMITED_CACHE_S", "Claimed", "LimitedClaim", "PgRateLimitOps")
+__all__ = ("LIMITED_CACHE_S", "LIMITS_LOCK_IDLE_S", "Claimed", "LimitedClaim", "PgRateLimitOps")
 
 LIMITED_CACHE_S = 1.0
 """Seconds a store trusts its answer to "does this queue declare limits" (local monotonic time)."""
+
+LIMITS_LOCK_IDLE_S = 2.0
+"""Longest a transaction holding a queue's rate-limit lock may sit idle waiting for its client
+before the server ends the session (``SET LOCAL idle_in_transaction_session_timeout``; the
+store's ``idle_in_transaction_timeout_s`` when lower), seconds. Every claim of the queue, in
+every process, waits for that lock: a client frozen while holding it (SIGSTOP, a stalled host)
+would otherwise stop the queue for the session's whole timeout (30 s by default). The
+transaction waits for nothing but the client's own statements, milliseconds apart."""
 
 _FIRST_CHUNK = 64
 _MAX_CHUNK = 2048
@@ -105,6 +113,7 @@ class PgRateLimitOps(PgHeads):
     """The rate-limit verbs and the limited claim of the PostgreSQL store (see the module docstring)."""
 
     if TYPE_CHECKING:
+        idle_in_transaction_timeout_s: float
 
         async def _any_exhausted(self, queue: str) -> bool: ...
 
@@ -119,6 +128,20 @@ class PgRateLimitOps(PgHeads):
     @functools.cached_property
     def _limited_queues(self) -> dict[str, tuple[bool, float]]:
         return {}  # queue -> (declares limits, monotonic time the answer expires)
+
+    async def _lock_limits(self, conn: asyncpg.Connection, queue: str) -> Row:
+        """Take ``queue``'s rate-limit lock in ``conn``'s transaction (until it ends), bounding how
+        long the transaction may then wait for this client (:data:`LIMITS_LOCK_IDLE_S`).
+
+        Returns:
+            The row of ``lock_rate_limits``: the store clock read once the lock is held, then the
+            queue's declared limits as four arrays (dimension, count, per_s, burst).
+        """
+        idle_s = min(self.idle_in_transaction_timeout_s, LIMITS_LOCK_IDLE_S)
+        rows = await self._fetch(
+            conn, "lock_rate_limits", queue=queue, now=self._now(), idle_ms=str(max(1, round(idle_s * 1000)))
+        )
+        return rows[0]
 
     async def set_rate_limits(self, queue: str, limits: Sequence[RateLimit]) -> None:
         """Declare ``queue``'s limits for every process of the database (see ``RateLimitStore``).
@@ -135,7 +158,7 @@ class PgRateLimitOps(PgHeads):
         self._writable()
 
         async def op(conn: asyncpg.Connection, _attempt: int) -> None:
-            await self._val(conn, "lock_rate_limits", queue=queue, now=self._now())
+            await self._lock_limits(conn, queue)
             await self._x(conn, "delete_rate_limits", queue=queue)
             for limit in checked:
                 await self._x(
@@ -306,7 +329,7 @@ class PgRateLimitOps(PgHeads):
         unreadable: dict[int, UnreadableRowError] = {}
 
         async def op(conn: asyncpg.Connection, attempt: int) -> tuple[list[Row], Admission | None]:
-            locked = (await self._fetch(conn, "lock_rate_limits", queue=queue, now=self._now()))[0]
+            locked = await self._lock_limits(conn, queue)
             now = float(locked[0])
             unreadable.clear()
             if attempt > 0:  # the connection was lost while the server may have committed the claim
@@ -472,7 +495,7 @@ class PgRateLimitOps(PgHeads):
         async def op(conn: asyncpg.Connection, attempt: int) -> tuple[Row | None, str | None, float, str]:
             stored = await self._row(conn, "task_limit_keys", id=task.id)
             queue = task.queue if stored is None else str(stored[0])
-            locked = (await self._fetch(conn, "lock_rate_limits", queue=queue, now=self._now()))[0]
+            locked = await self._lock_limits(conn, queue)
             now = float(locked[0])
             limits = limits_from_rows(list(zip(locked[1], locked[2], locked[3], locked[4], strict=True)))
             keys = _readable_keys(task.id, None if stored is None else stored[1])

@@ -198,7 +198,9 @@ class PostgresStore(PgQueueOps, PostgresLockOps, PostgresMembershipOps, Postgres
             commit of a call that is not safe to repeat (a ``requeue_dead``, say),
             :class:`~asynccoord.errors.StoreConnectionError` naming the lost connection
             (nothing was written, the session having been ended first). An enqueue is one
-            statement, never idle inside a transaction.
+            statement, never idle inside a transaction. A transaction holding the rate-limit
+            lock of a queue, which every claim of that queue waits for, is ended after 2 s
+            (``ratelimits.LIMITS_LOCK_IDLE_S``) or this, whichever is less.
 
     Raises:
         InvalidTypeError, InvalidArgumentError: a bad argument (a DSN that is no

@@ -23,12 +23,16 @@ VALUES (:queue::text, :dimension::text, :count::int, :per_s::float8, :burst::int
 -- the transaction; returns the store clock read once the lock is held, and the queue's
 -- declared limits as four arrays (dimension, count, per_s, burst; read in this statement's
 -- snapshot, which may predate the lock: a claim then uses the limits it began with). The
--- buckets are read by the later statements, in snapshots taken after the lock.
+-- buckets are read by the later statements, in snapshots taken after the lock. It also lowers
+-- idle_in_transaction_session_timeout to :idle_ms for the rest of the transaction (SET LOCAL):
+-- every claim of the queue waits for this lock, so a client frozen while holding it is cut
+-- off after that long, not after the session's own (longer) timeout.
 SELECT coord_lock_rate_limits(:queue::text, :now::float8),
        ARRAY(SELECT l.dimension FROM coord_rate_limits AS l WHERE l.queue = :queue::text ORDER BY l.dimension),
        ARRAY(SELECT l.count FROM coord_rate_limits AS l WHERE l.queue = :queue::text ORDER BY l.dimension),
        ARRAY(SELECT l.per_s FROM coord_rate_limits AS l WHERE l.queue = :queue::text ORDER BY l.dimension),
-       ARRAY(SELECT l.burst FROM coord_rate_limits AS l WHERE l.queue = :queue::text ORDER BY l.dimension);
+       ARRAY(SELECT l.burst FROM coord_rate_limits AS l WHERE l.queue = :queue::text ORDER BY l.dimension),
+       set_config('idle_in_transaction_session_timeout', :idle_ms::text, true);
 
 -- name: bucket_tats
 -- PostgreSQL only (SQLite reads one bucket at a time): the TATs of the buckets
