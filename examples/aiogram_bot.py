@@ -7,7 +7,9 @@ chat, so a chat's replies keep their order; limit keys the bot account, the chat
 group, the group). ``nodes``: a Runtime of nodes sends the replies with aiogram's own ``Bot``
 within Telegram's limits, declared once for every process; a ``TelegramRetryAfter`` becomes
 ``RateLimited``, so nothing more is claimed for the bot on any node until the Retry-After has
-passed (replies claimed just before it may still go out). SIGTERM drains and stops.
+passed (replies claimed just before it may still go out); so does a 429 without a Retry-After,
+for ``BARE_429_PAUSE_S``. Other failed sends are tried again for about 14 minutes
+(``SEND_RETRY``), so an outage of Telegram dead-letters no reply. SIGTERM drains and stops.
 
 Run with no arguments to check it against a local stand-in of the Bot API
 (``examples/telegram_standin.py``): one bot process and two node processes. Against Telegram::
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -29,16 +32,18 @@ from typing import Any
 from aiogram import Bot, Dispatcher, F, Router
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
-from aiogram.exceptions import TelegramRetryAfter
+from aiogram.exceptions import TelegramAPIError, TelegramRetryAfter
 from aiogram.types import Message, ReplyParameters, Update
 
 from asynccoord import (
     NodeConfig,
     RateLimit,
     RateLimited,
+    RetryPolicy,
     Runtime,
     SQLiteStore,
     StoreBusyError,
+    StoreConfig,
     StoreConnectionError,
     Task,
 )
@@ -54,6 +59,15 @@ TELEGRAM_LIMITS = [
     RateLimit(dimension="chat", count=1, per_s=1.0, burst=2),
     RateLimit(dimension="group", count=15, per_s=60.0, burst=2),
 ]
+# A failed send (Telegram down: HTTP 5xx, a refused or timed-out connection) is tried again. The
+# default RetryPolicy gives up after 5 attempts, about 15 s: an outage would dead-letter each chat's
+# head reply in turn. A bot should ride out minutes: waits double from 1 s to at most 60 s, +-25 %
+# so the chats' retries spread out once Telegram is back, and the 20th failed attempt, after about
+# 14 minutes (10.5 at the least), dead-letters the reply. Every failed send counts as an attempt
+# (a RateLimited does not), so a reply Telegram refuses for good (a 400; a 403 from a user who
+# blocked the bot) holds up its chat that long too: return from send for those to drop them.
+SEND_RETRY = RetryPolicy(base_s=1.0, factor=2.0, cap_s=60.0, jitter=0.25, max_attempts=20)
+BARE_429_PAUSE_S = 5.0  # a 429 that gives no Retry-After pauses the reply's buckets this long
 
 
 def declared_limits(time_scale: float) -> list[RateLimit]:
@@ -64,12 +78,29 @@ def declared_limits(time_scale: float) -> list[RateLimit]:
     ]
 
 
+def outbox_config(time_scale: float) -> StoreConfig:
+    """The outbox's config: ``SEND_RETRY``, its waits on a clock ``time_scale`` times faster, as above.
+
+    Both processes use it: the bot's gives each reply its ``max_attempts`` at enqueue, the nodes' the waits.
+    """
+    r = SEND_RETRY
+    return StoreConfig(retry=dataclasses.replace(r, base_s=r.base_s / time_scale, cap_s=r.cap_s / time_scale))
+
+
 router = Router()
 
 
-def rate_limited(exc: TelegramRetryAfter, time_scale: float = 1.0) -> RateLimited:
-    """Telegram's 429 as asynccoord's signal: it does not say which limit was hit, so pause all the reply's."""
-    return RateLimited(exc.retry_after / time_scale)
+def rate_limited(exc: TelegramAPIError, time_scale: float = 1.0) -> RateLimited | None:
+    """Telegram's 429 as asynccoord's signal, None for another error.
+
+    Telegram does not say which limit was hit, so pause all the reply's. A 429 without a
+    Retry-After is a plain ``TelegramAPIError``, told apart only by Telegram's description.
+    """
+    if isinstance(exc, TelegramRetryAfter):
+        return RateLimited(exc.retry_after / time_scale)
+    if str(exc.message).startswith("Too Many Requests"):
+        return RateLimited(BARE_429_PAUSE_S / time_scale)
+    return None
 
 
 def limit_keys(bot_id: int, message: Message) -> dict[str, str]:
@@ -121,7 +152,7 @@ async def run_bot(args: argparse.Namespace) -> None:
     """Receive updates with aiogram's Dispatcher until SIGINT/SIGTERM; its handler fills the outbox."""
     dispatcher = Dispatcher()
     dispatcher.include_router(router)
-    async with SQLiteStore(args.db) as outbox:
+    async with SQLiteStore(args.db, config=outbox_config(args.time_scale)) as outbox:
         await outbox.set_rate_limits(QUEUE, declared_limits(args.time_scale))  # for every node of every process
         # handle_as_tasks=False: updates are handled one by one, so a chat's replies are enqueued in order
         await dispatcher.start_polling(make_bot(args), handle_as_tasks=False, outbox=outbox)
@@ -141,13 +172,16 @@ async def run_nodes(args: argparse.Namespace) -> None:
                 text=reply["text"],
                 reply_parameters=ReplyParameters(message_id=reply["reply_to"], allow_sending_without_reply=True),
             )
-        except TelegramRetryAfter as exc:
-            raise rate_limited(exc, args.time_scale) from exc
+        except TelegramAPIError as exc:
+            limited = rate_limited(exc, args.time_scale)
+            if limited is None:
+                raise  # a failed attempt: tried again after SEND_RETRY's wait
+            raise limited from exc
         return message.message_id
 
     config = NodeConfig(queue=QUEUE, ordered=True, lease_s=args.lease_s, send_timeout_s=10)
     try:
-        async with SQLiteStore(args.db) as outbox:
+        async with SQLiteStore(args.db, config=outbox_config(args.time_scale)) as outbox:
             runtime = Runtime(outbox, send=send, nodes=args.nodes, config=config, shutdown_timeout_s=10)
             async with runtime:
                 await runtime.wait_for_signal()
@@ -167,7 +201,7 @@ def main() -> int:
         type=float,
         default=1.0,
         help="with --api-server: the server's clock runs this many times faster than real time, so the declared "
-        "limits and a 429's Retry-After are divided by it (the stand-in's quick checks; default 1)",
+        "limits, a 429's pause and the retries' waits are divided by it (the stand-in's quick checks; default 1)",
     )
     args = parser.parse_args()
     if not 0 < args.time_scale < float("inf"):

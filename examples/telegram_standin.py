@@ -10,9 +10,10 @@ messages per second per bot, one per second per chat with short bursts, 20 per m
 group), each as the Generic Cell Rate Algorithm (ITU-T I.371) with a small allowance for
 network jitter, and refuses with Telegram's real 429 shape
 ``{"ok": false, "error_code": 429, "description": "Too Many Requests: retry after N",
-"parameters": {"retry_after": N}}``. It records every message it accepts (chat, text, the
-message it replies to, time on CLOCK_MONOTONIC) and every refusal, so a check can count
-answers, duplicates and order, and read windows.
+"parameters": {"retry_after": N}}`` (or, with ``bare_429``, the same without ``parameters``). It
+can also play an outage: ``sendMessage`` answering 502 Bad Gateway for a while. It records
+every message it accepts (chat, text, the message it replies to, time on CLOCK_MONOTONIC)
+and every refusal, so a check can count answers, duplicates and order, and read windows.
 
 The incoming messages are the first lines of the Chit-Chat sample bundled with asynccoord
 (``asynccoord/demo/data/chitchat_sample.jsonl.gz``; structure only, MIT License, Copyright
@@ -201,11 +202,18 @@ class BotAPIStandIn:
             the messages' arrival times and the limits' periods are divided by it, and a
             Retry-After counts whole seconds of that clock. ``jitter_s`` and ``latency_s``
             stay real time. Default 1 (Telegram's own pace).
+        send_outage_s: For this long from the first ``sendMessage``, seconds of the stand-in's
+            clock, every ``sendMessage`` is answered ``502 Bad Gateway`` and nothing is sent:
+            Telegram down for the bot's replies (``getUpdates`` keeps working, so a check of
+            the sending side does not wait on the framework's polling backoff). Default 0.
+        bare_429: Refuse for rate with a 429 that has no ``parameters`` (no Retry-After),
+            which the frameworks raise as a plain API or network error. Default False.
 
     Attributes:
         incoming: The scripted messages, in update order.
         sent: Every message accepted, in order of arrival.
         refusals: Every 429 given.
+        outage_errors: ``sendMessage`` calls answered 502 during the outage.
         polls: ``getUpdates`` calls answered.
         in_progress: ``sendMessage`` calls accepted and not yet answered.
     """
@@ -221,9 +229,13 @@ class BotAPIStandIn:
         latency_s: float = 0.05,
         port: int = 0,
         time_scale: float = 1.0,
+        send_outage_s: float = 0.0,
+        bare_429: bool = False,
     ) -> None:
         if not time_scale > 0 or math.isinf(time_scale):
             raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
+        if not 0 <= send_outage_s < math.inf:
+            raise ValueError(f"send_outage_s must be a finite number >= 0, got {send_outage_s!r}")
         self.port = port
         self.latency_s = latency_s
         self.time_scale = time_scale
@@ -233,6 +245,10 @@ class BotAPIStandIn:
         self.jitter_s = jitter_s
         self.sent: list[Sent] = []
         self.refusals: list[Refusal] = []
+        self.send_outage_s = send_outage_s
+        self.bare_429 = bare_429
+        self.outage_errors = 0
+        self._first_send_at: float | None = None
         self.polls = 0
         self.url = ""
         self._chats = {m.chat_id: m.chat_type for m in self.incoming}
@@ -376,6 +392,11 @@ class BotAPIStandIn:
         if chat_id not in self._chats:
             return _error(400, "Bad Request: chat not found")
         now = monotonic()
+        if self._first_send_at is None:
+            self._first_send_at = now
+        if (now - self._first_send_at) * self.time_scale < self.send_outage_s:
+            self.outage_errors += 1
+            return _error(502, "Bad Gateway")
         buckets = [("account", bot_id), ("chat", chat_id)]
         if self._chats[chat_id] == "group":
             buckets.append(("group", chat_id))
@@ -389,12 +410,10 @@ class BotAPIStandIn:
             dimension = max(waits, key=lambda d: waits[d])
             retry_after_s = max(1, math.ceil(waits[dimension] * self.time_scale))  # in the stand-in's seconds
             self.refusals.append(Refusal(chat_id, dimension, retry_after_s, now, retry_after_s / self.time_scale))
-            body = {
-                "ok": False,
-                "error_code": 429,
-                "description": f"Too Many Requests: retry after {retry_after_s}",
-                "parameters": {"retry_after": retry_after_s},
-            }
+            body: dict[str, Any] = {"ok": False, "error_code": 429, "description": "Too Many Requests"}
+            if not self.bare_429:
+                body["description"] += f": retry after {retry_after_s}"
+                body["parameters"] = {"retry_after": retry_after_s}
             return web.json_response(body, status=429)
         for dimension, key in buckets:
             limit = self.limits.get(dimension)

@@ -11,8 +11,11 @@ whole seconds against the real time a pause takes to reach the store.
 
 from __future__ import annotations
 
+import contextlib
+import re
+import sqlite3
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -30,7 +33,22 @@ TIME_SCALE = 4.0
 PAUSE_STORED_S = 0.3
 """Time allowed between a 429 and the moment the pause it asks for holds in the store for every node."""
 
+OUTAGE_S = 200.0
+"""How long Telegram refuses every reply in the outage test, seconds of the stand-in's clock: longer than
+the whole default RetryPolicy (5 attempts, 1 s doubling: about 15 s) even in real seconds."""
+
+OUTAGE_TIME_SCALE = 10.0
+"""The stand-in's clock in the outage test: the outage lasts 20 real seconds."""
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(90)]
+
+BOTH = pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param("aiogram_bot.py", id="aiogram", marks=pytest.mark.xdist_group("aiogram")),  # see test_examples
+        pytest.param("ptb_bot.py", id="python-telegram-bot"),
+    ],
+)
 
 
 def report(run: Run) -> str:
@@ -40,6 +58,19 @@ def report(run: Run) -> str:
         f"{o}; drained={run.drained} in {run.elapsed_s:.1f} s; killed pid {run.killed_pid} holding "
         f"{run.in_flight_at_kill} task leases; exit codes {run.exit_codes}{logs}"
     )
+
+
+def tasks_by_status(db: Path) -> Counter[tuple[str, int]]:
+    """The outbox's tasks counted by (status, attempts)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)) as conn:
+        return Counter(conn.execute("SELECT status, attempts FROM coord_tasks").fetchall())
+
+
+def example_constant(script: str, name: str) -> float:
+    """A number the example sets at module level (``NAME = 1.5``), read without importing its framework."""
+    found = re.search(rf"^{name} = ([0-9.]+)", (EXAMPLES_DIR / script).read_text(), re.MULTILINE)
+    assert found is not None, f"examples/{script} sets no {name}"
+    return float(found.group(1))
 
 
 # Exclusive: the limits leave 0.2 s for the time between a node's claim (its token) and the
@@ -102,3 +133,59 @@ async def test_a_429_pauses_the_bot_on_every_node_and_costs_no_message(script: s
     ]
     print(f"{script}: {o.refusals} 429s, messages accepted while the bot was paused {len(during)}")
     assert during == [], why
+
+
+@BOTH
+@pytest.mark.timeout(150)  # the outage takes 20 s of the run's timeout_s
+async def test_an_outage_of_minutes_dead_letters_no_reply(script: str, tmp_path: Path) -> None:
+    """Telegram answers every sendMessage 502 for 200 s from the first (on the stand-in's clock, 10 times
+    real time): the replies wait it out under the examples' retry policy, every one answered once, in order."""
+    pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
+    async with BotAPIStandIn(messages=30, time_scale=OUTAGE_TIME_SCALE, send_outage_s=OUTAGE_S) as api:
+        run = await run_bot_processes(EXAMPLES_DIR / script, api=api, workdir=tmp_path, timeout_s=90.0)
+    o, why = run.outcome, report(run)
+    tasks = tasks_by_status(tmp_path / "outbox.db")
+    print(f"{script}: {api.outage_errors} sends refused by the outage; tasks by (status, attempts) {dict(tasks)}")
+    assert api.outage_errors >= o.incoming // 2, why  # the outage met the replies, not an idle bot
+    assert not [t for t in tasks if t[0] == "dead"], (tasks, why)
+    assert max(attempts for _, attempts in tasks) > 2, (tasks, why)  # sends failed, and were tried again
+    assert run.drained, (tasks, why)
+    assert o.answered == o.incoming == 30, why
+    assert o.out_of_order == [], why
+    assert o.duplicates == 0, why  # a 502 sent nothing
+    assert o.unexpected == 0, why
+    assert sum(tasks.values()) == 30, (tasks, why)
+    assert {status for status, _ in tasks} == {"done"}, (tasks, why)
+    assert all(code == 0 for code in run.exit_codes.values()), why
+
+
+@BOTH
+async def test_a_429_without_retry_after_pauses_and_uses_no_attempt(script: str, tmp_path: Path) -> None:
+    """A 429 that has no parameters (aiogram: a plain TelegramAPIError; python-telegram-bot: a NetworkError)
+    becomes RateLimited with the example's default pause: the reply goes back without an attempt counted,
+    and its chat gets nothing before the pause has passed."""
+    pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
+    time_scale = 4.0
+    stricter = {**TELEGRAM_LIMITS, "chat": Limit(1, 1.0, burst=1)}  # no burst: the examples' bursts meet 429s
+    async with BotAPIStandIn(messages=20, limits=stricter, bare_429=True, time_scale=time_scale) as api:
+        run = await run_bot_processes(EXAMPLES_DIR / script, api=api, workdir=tmp_path)
+    o, why = run.outcome, report(run)
+    tasks = tasks_by_status(tmp_path / "outbox.db")
+    print(f"{script}: {o.refusals} bare 429s; tasks by (status, attempts) {dict(tasks)}")
+    assert o.refusals > 0, why
+    assert tasks == {("done", 1): 20}, (tasks, why)  # each reply sent on its first attempt: a 429 used none
+    assert run.drained, why
+    assert o.answered == o.incoming == 20, why
+    assert o.out_of_order == [], why
+    assert o.duplicates == 0, why
+    assert o.unexpected == 0, why
+    pause_s = example_constant(script, "BARE_429_PAUSE_S") / time_scale  # real seconds
+    sent_to: defaultdict[int, list[float]] = defaultdict(list)
+    for s in api.sent:
+        sent_to[s.chat_id].append(s.t_mono)
+    for refusal in api.refusals:
+        after = [t for t in sent_to[refusal.chat_id] if t > refusal.t_mono]
+        # the refused reply went again, first in its chat, once the default pause had passed
+        assert after, (refusal, why)
+        assert after[0] >= refusal.t_mono + pause_s - 0.05, (refusal, after[:3], why)
+    assert all(code == 0 for code in run.exit_codes.values()), why
