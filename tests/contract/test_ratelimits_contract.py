@@ -460,6 +460,29 @@ async def test_a_429_naming_another_key_delays_the_refused_task_itself(store, cl
     assert await claim_ids(store) == [first, other]
 
 
+async def test_buckets_are_per_queue_and_a_429_pauses_only_the_reporting_queues(store, clock: FakeClock) -> None:
+    """Two queues limiting one account each give it the full limit, and a 429 reported by a task of one
+    pauses that queue's bucket only (the README's advice: send one account's messages from one queue)."""
+    one_a_second = [RateLimit(dimension="account", count=1, per_s=1.0)]
+    await store.set_rate_limits(Q, one_a_second)
+    await store.set_rate_limits("other", one_a_second)
+    mine = [await enqueue(store, {"account": "x"}) for _ in range(2)]
+    theirs = [(await store.enqueue("other", n, limit_keys={"account": "x"})).task.id for n in range(2)]
+
+    async def claim_other() -> list[int]:
+        return [t.id for t in await store.claim("other", node_id="n", limit=10)]
+
+    task = (await store.claim(Q, node_id="n"))[0]
+    assert task.id == mine[0]
+    assert await claim_other() == theirs[:1]  # account x's second claim in the same instant
+    await store.report_rate_limited(task, 5.0)
+    clock.advance(1.0)
+    assert await claim_other() == theirs[1:]  # the other queue's bucket is not paused
+    assert await claim_ids(store) == []
+    clock.advance(4.1)
+    assert await claim_ids(store) == [mine[0]]
+
+
 async def test_rate_limited_task_without_buckets_is_delayed(store, clock: FakeClock) -> None:
     first = await enqueue(store, {})
     task = (await store.claim(Q, node_id="n"))[0]
