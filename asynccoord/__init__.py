@@ -74,6 +74,7 @@ from .errors import (
     StoreFileReplacedError,
     StoreLoopError,
     TaskNotFoundError,
+    Undeliverable,
     UnreadableRowError,
 )
 from .events import EventCounter
@@ -180,6 +181,7 @@ __all__: tuple[str, ...] = (
     "Task",
     "TaskNotFoundError",
     "TaskStatus",
+    "Undeliverable",
     "UnreadableRowError",
     "UnreadableValue",
     "Watchdog",

@@ -18,6 +18,7 @@ with the original exception kept as ``__cause__``.
     ├── RuntimeStateError (RuntimeError)       a Runtime started again, or waited on before it started
     ├── NoDeliveryError (LookupError)          current_delivery() outside a send called by a node
     ├── RateLimited                            a send's provider refused for rate (HTTP 429), with its Retry-After
+    ├── Undeliverable                          a send's provider refused the message for good: dead-letter it now
     ├── LockError
     │   ├── LockNotHeldError                   release/renew of a lock you do not hold
     │   ├── LockTimeoutError (TimeoutError)    acquire gave up after timeout_s
@@ -66,6 +67,7 @@ __all__ = (
     "StoreError",
     "StoreFileReplacedError",
     "TaskNotFoundError",
+    "Undeliverable",
     "UnreadableRowError",
 )
 
@@ -167,6 +169,32 @@ class RateLimited(CoordError):
 
 def _rate_limited(retry_after_s: float, dimension: str | None, key: str | None) -> RateLimited:
     return RateLimited(retry_after_s, dimension=dimension, key=key)
+
+
+class Undeliverable(CoordError):
+    """Raised by a node's ``send``: the provider refused this message for good, so no retry can help.
+
+    A malformed message, a chat that no longer exists: the node records the attempt as
+    failed and the task becomes a dead letter at once, whatever attempts it has left
+    (``last_error`` is this error's text; ``dead_lettered`` is counted, so the default
+    ``dead_letters`` alert tells of it), where any other exception would be retried by the
+    retry policy. Its conversation goes on as after any dead letter (the queue's
+    dead-letter policy); ``dead requeue`` sends it again once the cause is fixed. For a
+    refusal that is routine (a user who blocked the bot), return from ``send`` instead:
+    the task is then done, and what ``send`` returns is kept as its ``result``.
+
+    Args:
+        reason: Why, as the provider said it (e.g. ``"400 Bad Request: message is too long"``).
+    """
+
+    def __init__(self, reason: str) -> None:
+        if not isinstance(reason, str):
+            raise InvalidTypeError(f"reason must be a str, got {type(reason).__name__}")
+        self.reason = reason
+        super().__init__(reason)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Undeliverable, (self.reason,))
 
 
 class LockError(CoordError):

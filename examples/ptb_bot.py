@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from telegram import Bot, Message, ReplyParameters, Update
-from telegram.error import NetworkError, RetryAfter, TelegramError
+from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError
 from telegram.ext import Application, ApplicationBuilder, ContextTypes, MessageHandler, filters
 from telegram.warnings import PTBDeprecationWarning
 
@@ -48,6 +48,7 @@ from asynccoord import (
     StoreConfig,
     StoreConnectionError,
     Task,
+    Undeliverable,
 )
 
 QUEUE = "telegram-replies"
@@ -65,9 +66,9 @@ TELEGRAM_LIMITS = [
 # default RetryPolicy gives up after 5 attempts, about 15 s: an outage would dead-letter each chat's
 # head reply in turn. A bot should ride out minutes: waits double from 1 s to at most 60 s, +-25 %
 # so the chats' retries spread out once Telegram is back, and the 20th failed attempt, after about
-# 14 minutes (10.5 at the least), dead-letters the reply. Every failed send counts as an attempt
-# (a RateLimited does not), so a reply Telegram refuses for good (a 400; a 403 from a user who
-# blocked the bot) holds up its chat that long too: return from send for those to drop them.
+# 14 minutes (10.5 at the least), dead-letters the reply. A reply Telegram refuses for good must not
+# wait that long: send drops one to a user who blocked the bot (403, routine: the task is done) and
+# dead-letters one Telegram cannot take (400, a bug to look at: Undeliverable, no retry).
 SEND_RETRY = RetryPolicy(base_s=1.0, factor=2.0, cap_s=60.0, jitter=0.25, max_attempts=20)
 BARE_429_PAUSE_S = 5.0  # a 429 that gives no Retry-After pauses the reply's buckets this long
 
@@ -179,7 +180,7 @@ async def run_nodes(args: argparse.Namespace) -> None:
 
     async with Bot(token, base_url=base_url) as bot:
 
-        async def send(task: Task) -> int:
+        async def send(task: Task) -> int | None:
             reply = task.payload
             if task.attempts > 1:  # an earlier delivery may have reached the chat, and the Bot API cannot say
                 logging.getLogger("outbox").warning("reply %s sent again (attempt %d)", task.id, task.attempts)
@@ -189,6 +190,11 @@ async def run_nodes(args: argparse.Namespace) -> None:
                     text=reply["text"],
                     reply_parameters=ReplyParameters(message_id=reply["reply_to"], allow_sending_without_reply=True),
                 )
+            except Forbidden as exc:  # the user blocked the bot, or it left the group: drop the reply
+                logging.getLogger("outbox").info("reply %s dropped: %s", task.id, exc.message)
+                return None
+            except BadRequest as exc:  # Telegram will never take this message: a dead letter, no retry
+                raise Undeliverable(f"400 {exc.message}") from exc
             except TelegramError as exc:
                 limited = rate_limited(exc, args.time_scale)
                 if limited is None:

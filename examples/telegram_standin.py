@@ -213,6 +213,10 @@ class BotAPIStandIn:
         incoming: The scripted messages, in update order.
         sent: Every message accepted, in order of arrival.
         refusals: Every 429 given.
+        refused_chats: Chat ids whose ``sendMessage`` is refused for good, by HTTP code: 403 (the
+            user blocked the bot) or 400 (a message Telegram cannot take). Empty at first; set
+            it before the run.
+        refused: Every ``sendMessage`` refused so, as (chat id, message replied to, code).
         outage_errors: ``sendMessage`` calls answered 502 during the outage.
         polls: ``getUpdates`` calls answered.
         in_progress: ``sendMessage`` calls accepted and not yet answered.
@@ -245,6 +249,8 @@ class BotAPIStandIn:
         self.jitter_s = jitter_s
         self.sent: list[Sent] = []
         self.refusals: list[Refusal] = []
+        self.refused_chats: dict[int, int] = {}
+        self.refused: list[tuple[int, int | None, int]] = []
         self.send_outage_s = send_outage_s
         self.bare_429 = bare_429
         self.outage_errors = 0
@@ -291,9 +297,9 @@ class BotAPIStandIn:
         return len(wanted & {(s.chat_id, s.reply_to) for s in self.sent})
 
     async def wait_answered(self, timeout_s: float) -> bool:
-        """Wait until every incoming message has a reply; False on timeout."""
+        """Wait until every incoming message has a reply, or its reply was refused for good; False on timeout."""
         deadline = monotonic() + timeout_s
-        while self.answered() < len(self.incoming):
+        while self.answered() + len({(c, r) for c, r, _ in self.refused}) < len(self.incoming):
             if monotonic() >= deadline:
                 return False
             self._arrived.clear()
@@ -397,6 +403,13 @@ class BotAPIStandIn:
         if (now - self._first_send_at) * self.time_scale < self.send_outage_s:
             self.outage_errors += 1
             return _error(502, "Bad Gateway")
+        code = self.refused_chats.get(chat_id)
+        if code is not None:
+            self.refused.append((chat_id, _reply_to(params), code))
+            self._arrived.set()
+            if code == 403:
+                return _error(403, "Forbidden: bot was blocked by the user")
+            return _error(400, "Bad Request: message is too long")
         buckets = [("account", bot_id), ("chat", chat_id)]
         if self._chats[chat_id] == "group":
             buckets.append(("group", chat_id))

@@ -42,7 +42,7 @@ from ..errors import CoordError, InvalidTypeError, LeaseLostError, TaskNotFoundE
 from ..events import EventCounter
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, UnreadableValue
 from ..notify import WorkNotifier
-from ..validation import check_int, check_lease_s, check_name, check_non_negative
+from ..validation import check_bool, check_int, check_lease_s, check_name, check_non_negative
 from .calls import CallGate
 from .rows import UnreadableClaim, with_stored_fields
 from .wakeups import notify_created
@@ -422,8 +422,8 @@ class StoreBase(abc.ABC):
 
     # --- fail, release, extend --------------------------------------------------------
 
-    async def fail(self, task: Task, error: str, *, retry: RetryPolicy | None = None) -> Task:
-        """Record a failed attempt: pending again after the backoff, or dead after the last.
+    async def fail(self, task: Task, error: str, *, retry: RetryPolicy | None = None, dead: bool = False) -> Task:
+        """Record a failed attempt: pending again after the backoff, or dead after the last (or at once, with ``dead``).
 
         A task whose stored row can no longer be decoded (its ``payload`` or ``result``
         rewritten by another tool while it was held) goes dead at once, ``last_error`` naming
@@ -434,18 +434,21 @@ class StoreBase(abc.ABC):
             error: What went wrong (kept as ``last_error``; truncated to 8192 characters).
             retry: A :class:`~asynccoord.config.RetryPolicy` for the delay; default the store's.
                 Its ``max_attempts`` is not used: the task's own, fixed at enqueue, is.
+            dead: Dead-letter the task now, whatever attempts it has left (the provider refused
+                its message for good: :class:`~asynccoord.errors.Undeliverable`). Default False.
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.
             TaskNotFoundError: the task no longer exists (a dead task discarded, say).
-            InvalidTypeError: bad ``task``, ``error`` or ``retry``.
+            InvalidTypeError: bad ``task``, ``error``, ``retry`` or ``dead``.
         """
         check_task(task)
         text = clean_error(error)
         policy = check_retry(retry, self.config)
-        return await self._fail_checked(task, text, policy)
+        final = check_bool("dead", dead)
+        return await self._fail_checked(task, text, policy, final)
 
-    async def _fail_checked(self, task: Task, error: str, retry: RetryPolicy) -> Task:
+    async def _fail_checked(self, task: Task, error: str, retry: RetryPolicy, dead: bool = False) -> Task:
         """Dead-letter or retry ``task`` by the stored row's counts (never the caller's copy).
 
         Raises:
@@ -456,7 +459,7 @@ class StoreBase(abc.ABC):
         task, unreadable = await self._stored_of(task)
         if unreadable is not None:  # its row was rewritten while held: a retry would only meet it again
             return await self._dead_letter_unreadable_one(task, unreadable, count=True)
-        if task.attempts >= task.max_attempts:
+        if dead or task.attempts >= task.max_attempts:
             out = await self._dead_letter_checked(task, error)
             self.events.add(ev.DEAD_LETTERED)
         else:

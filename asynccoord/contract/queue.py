@@ -321,8 +321,9 @@ class QueueStore(Protocol):
         """
         ...
 
-    async def fail(self, task: Task, error: str, *, retry: RetryPolicy | None = None) -> Task:
-        """Record a failed attempt: back to pending after the backoff, or dead.
+    async def fail(self, task: Task, error: str, *, retry: RetryPolicy | None = None, dead: bool = False) -> Task:
+        """Record a failed attempt: back to pending after the backoff, or dead (after the last
+        attempt, or at once with ``dead``).
 
         Raises:
             LeaseLostError: the lease is no longer the caller's; nothing written.

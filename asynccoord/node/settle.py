@@ -33,6 +33,7 @@ from ..errors import (
     StoreBusyError,
     StoreConnectionError,
     StoreError,
+    Undeliverable,
 )
 from ..locks.lock import Semaphore
 from ..locks.pool import LockPool
@@ -243,17 +244,28 @@ class Settler:
             StoreError: the store failed (the caller hands the task back, or fails the node).
         """
         self.counters.failed += 1
+        undeliverable = source == "send" and isinstance(failure, Undeliverable)
         if isinstance(failure, asyncio.CancelledError):
             detail = error_text(failure).partition(": ")[2]  # its message ("" without one), safely
             text = f"{source} raised CancelledError without being cancelled" + (f": {detail}" if detail else "")
         else:
             text = error_text(failure)
         try:
-            out = await self._record_failure(flight, text)
+            out = await self._record_failure(flight, text, dead=undeliverable)
         except LeaseLostError:
             self.counters.conflicts += 1
             return
-        if source == "send":
+        if undeliverable:
+            log.warning(
+                "asynccoord.node.send_undeliverable node=%s task=%s attempt=%d/%d error=%s: the provider refused "
+                "the message for good; the task is a dead letter",
+                self.node_id,
+                out.id,
+                out.attempts,
+                out.max_attempts,
+                text,
+            )
+        elif source == "send":
             self._log_failed_send(out, failure, text)
 
     def _log_failed_send(self, out: Task, failure: BaseException, text: str) -> None:
@@ -299,8 +311,9 @@ class Settler:
             await self._record_failure(flight, f"LockLostError: {flight.lost}")
         flight.move(FlightState.SETTLED)
 
-    async def _record_failure(self, flight: Flight, text: str) -> Task:
-        """Record a failed attempt (``last_error`` ``text``); wake the node when its retry falls due.
+    async def _record_failure(self, flight: Flight, text: str, *, dead: bool = False) -> Task:
+        """Record a failed attempt (``last_error`` ``text``; with ``dead``, a dead letter at once);
+        wake the node when its retry falls due.
 
         Returns:
             The task as the store recorded it (pending again, or dead).
@@ -313,7 +326,10 @@ class Settler:
         recorded: list[Task] = []
 
         async def record() -> None:
-            out = await self.store.fail(flight.task, text, retry=self.config.retry)
+            if dead:
+                out = await self.store.fail(flight.task, text, retry=self.config.retry, dead=True)
+            else:  # a store of the contract before ``dead`` takes the call as it was
+                out = await self.store.fail(flight.task, text, retry=self.config.retry)
             recorded.append(out)
             if out.status is TaskStatus.PENDING:  # retried later: claim again when it is due
                 self._due_soon(out.run_at - out.updated_at)

@@ -542,6 +542,30 @@ async def test_fail_with_explicit_policy_overrides_store_policy(store, clock: Fa
     assert (again.status, again.attempts, again.max_attempts) == (TaskStatus.PENDING, 2, 5)
 
 
+async def test_fail_dead_dead_letters_at_once_and_lets_the_key_go_on(store) -> None:
+    """``fail(dead=True)``, a message the provider refused for good: dead on its first attempt of
+    five, counted as a dead letter, its key's next task claimable (the default "skip" policy)."""
+    first = (await store.enqueue(Q, {"n": 1}, partition_key="k", max_attempts=5)).task
+    second = (await store.enqueue(Q, {"n": 2}, partition_key="k")).task
+    [head] = await store.claim(Q, node_id="n", ordered=True)
+    assert head.id == first.id
+    with pytest.raises(InvalidTypeError, match="dead"):
+        await store.fail(head, "refused", dead="yes")
+    assert await store.get(head.id) == head  # nothing written
+    dead = await store.fail(head, "Undeliverable: 400 Bad Request", dead=True)
+    assert (dead.status, dead.attempts, dead.max_attempts) == (TaskStatus.DEAD, 1, 5)
+    assert dead.last_error == "Undeliverable: 400 Bad Request"
+    assert dead.lease_token is None
+    assert await store.get(first.id) == dead
+    assert store.events.get(ev.DEAD_LETTERED) == 1
+    assert store.events.get(ev.RETRIES) == 0
+    [after] = await store.claim(Q, node_id="n", ordered=True)
+    assert after.id == second.id
+    with pytest.raises(LeaseLostError):  # a dead task is no longer held: nothing written
+        await store.fail(head, "again", dead=True)
+    assert await store.get(first.id) == dead
+
+
 async def test_fail_keeps_error_text_safely(store) -> None:
     await store.enqueue(Q, "x")
     task = await claim_one(store)

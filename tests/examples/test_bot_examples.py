@@ -189,3 +189,35 @@ async def test_a_429_without_retry_after_pauses_and_uses_no_attempt(script: str,
         assert after, (refusal, why)
         assert after[0] >= refusal.t_mono + pause_s - 0.05, (refusal, after[:3], why)
     assert all(code == 0 for code in run.exit_codes.values()), why
+
+
+@BOTH
+async def test_a_reply_refused_for_good_is_dropped_or_dead_lettered_at_once(script: str, tmp_path: Path) -> None:
+    """A 403 (a user who blocked the bot) drops the reply, a 400 (a message Telegram cannot take)
+    dead-letters it with Undeliverable: each is sent once, not retried for the retry policy's
+    minutes, and the other chats are answered as usual."""
+    pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
+    async with BotAPIStandIn(messages=30, time_scale=TIME_SCALE) as api:
+        private = list(dict.fromkeys(m.chat_id for m in api.incoming if m.chat_type == "private"))
+        blocked, broken = private[0], private[1]
+        api.refused_chats = {blocked: 403, broken: 400}
+        run = await run_bot_processes(EXAMPLES_DIR / script, api=api, workdir=tmp_path)
+    o, why = run.outcome, report(run)
+    to = Counter(m.chat_id for m in api.incoming)
+    with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'outbox.db'}?mode=ro", uri=True)) as conn:
+        rows = conn.execute("SELECT partition_key, status, attempts, last_error FROM coord_tasks").fetchall()
+    by_chat: defaultdict[str, list[tuple[str, int, str | None]]] = defaultdict(list)
+    for key, status, attempts, error in rows:
+        by_chat[key].append((status, attempts, error))
+    assert run.drained, why
+    assert sorted(c for c, _, _ in api.refused) == sorted([blocked] * to[blocked] + [broken] * to[broken]), why
+    assert len(set(api.refused)) == len(api.refused), why  # each refused once: no retry
+    assert by_chat[str(blocked)] == [("done", 1, None)] * to[blocked], why
+    assert [(status, attempts) for status, attempts, _ in by_chat[str(broken)]] == [("dead", 1)] * to[broken], why
+    for _, _, error in by_chat[str(broken)]:  # the framework words Telegram's description its own way
+        assert re.fullmatch(r"Undeliverable: 400 (Bad Request: )?[Mm]essage is too long", error or ""), (error, why)
+    assert o.answered == o.incoming - to[blocked] - to[broken], why
+    assert o.duplicates == 0, why
+    assert o.out_of_order == [], why
+    assert o.unexpected == 0, why
+    assert all(code == 0 for code in run.exit_codes.values()), why

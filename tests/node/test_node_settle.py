@@ -19,6 +19,7 @@ import pytest
 from services import REDIS_URL, redis_problem, unavailable
 
 from asynccoord import (
+    InvalidTypeError,
     LockLostError,
     MemoryStore,
     Node,
@@ -30,6 +31,7 @@ from asynccoord import (
     StoreConfig,
     Task,
     TaskStatus,
+    Undeliverable,
     current_delivery,
 )
 from asynccoord import events as ev
@@ -568,3 +570,43 @@ async def test_a_timed_out_send_is_logged_without_a_traceback(
     assert lines[0].levelno == logging.ERROR
     assert "error=TimeoutError" in lines[0].getMessage()
     assert lines[0].exc_info is None
+
+
+async def test_an_undeliverable_message_is_a_dead_letter_at_once_and_its_conversation_goes_on(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``raise Undeliverable(...)``: no retry of the five attempts, the conversation's next message is sent."""
+    store = await make_store(clock=None)
+    caplog.set_level(logging.INFO, logger="asynccoord.node.settle")
+    refused = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=5)).task
+    after = (await store.enqueue("q", {"n": 2}, partition_key="c")).task
+    calls: Counter[int] = Counter()
+
+    async def send(task: Task) -> None:
+        calls[task.payload["n"]] += 1
+        if task.payload["n"] == 1:
+            raise Undeliverable("400 Bad Request: message is too long")
+
+    async with Runtime(store, send=send, config=FAST, nodes=2) as runtime:
+        await runtime.wait_until_drained(timeout_s=20)
+    dead = await store.get(refused.id)
+    assert (dead.status, dead.attempts) == (TaskStatus.DEAD, 1)
+    assert dead.last_error == "Undeliverable: 400 Bad Request: message is too long"
+    assert (await store.get(after.id)).status is TaskStatus.DONE
+    assert calls == {1: 1, 2: 1}
+    assert store.events.get(ev.DEAD_LETTERED) == 1
+    lines = [r for r in caplog.records if r.getMessage().startswith("asynccoord.node.send_")]
+    assert [(r.levelno, r.getMessage().split(" ")[0]) for r in lines] == [
+        (logging.WARNING, "asynccoord.node.send_undeliverable")
+    ]
+    assert f"task={refused.id} attempt=1/5 " in lines[0].getMessage()
+
+
+def test_undeliverable_takes_a_str_reason_and_pickles() -> None:
+    import pickle
+
+    error = pickle.loads(pickle.dumps(Undeliverable("403 Forbidden")))
+    assert isinstance(error, Undeliverable)
+    assert (error.reason, str(error)) == ("403 Forbidden", "403 Forbidden")
+    with pytest.raises(InvalidTypeError, match="reason must be a str"):
+        Undeliverable(403)  # type: ignore[arg-type]

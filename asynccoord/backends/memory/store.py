@@ -470,12 +470,12 @@ class MemoryStore(
             notify_settled(self.notifier, [t for t, d in zip(checked, out, strict=True) if isinstance(d, Task)])
         return out
 
-    async def _fail_checked(self, task: Task, text: str, policy: RetryPolicy) -> Task:
+    async def _fail_checked(self, task: Task, text: str, policy: RetryPolicy, dead: bool = False) -> Task:
         """Record a failed attempt in one atomic step (semantics as in the SQLite store)."""
         await self._enter()
         now = self._clock()
         current = self._held(task, now)
-        if current.attempts >= current.max_attempts:
+        if dead or current.attempts >= current.max_attempts:
             self.events.add(ev.DEAD_LETTERED)
             return self._put(current, now, status=TaskStatus.DEAD, last_error=text)
         delay = policy.delay_s(max(current.attempts, 1))
