@@ -442,7 +442,7 @@ def check_dead(args: argparse.Namespace) -> None:
         if args.limit is not None:
             check_int("--limit", args.limit, minimum=1, maximum=MAX_DEAD_LETTERS_LIMIT)
         if args.after is not None:
-            check_int("--after", args.after, minimum=0, maximum=MAX_ID)
+            check_int("--after", args.after, minimum=0, maximum=MAX_ID)  # a cursor: 0 starts before every id
         return
     for attr, flag in _LIST_ONLY:
         if getattr(args, attr) not in (None, False):
@@ -450,7 +450,7 @@ def check_dead(args: argparse.Namespace) -> None:
     if not args.ids and not args.all:
         raise InvalidArgumentError("one of the arguments --id --all is required")
     for task_id in args.ids or ():
-        check_int("--id", task_id, minimum=0, maximum=MAX_ID)
+        check_int("--id", task_id, minimum=1, maximum=MAX_ID)  # task ids start at 1 on every store
 
 
 def _check_action_options(args: argparse.Namespace) -> None:

@@ -280,7 +280,8 @@ def test_all_and_many_ids_are_acted_on_a_batch_per_transaction(
             "argument --all: not allowed with argument --id",
         ),
         (["requeue", "--queue", Q, "--id", "one"], "dead requeue", "argument --id: invalid int value: 'one'"),
-        (["requeue", "--queue", Q, "--id", "-5"], "dead requeue", "--id must be >= 0, got -5"),
+        (["requeue", "--queue", Q, "--id", "-5"], "dead requeue", "--id must be >= 1, got -5"),
+        (["discard", "--queue", Q, "--id", "0"], "dead discard", "--id must be >= 1, got 0"),  # ids start at 1
         (["--queue", Q, "--limit", "0"], "dead", "--limit must be >= 1, got 0"),
         (["--queue", Q, "--limit", "10001"], "dead", "--limit must be <= 10000, got 10001"),
         (["--queue", Q, "--after", "-1"], "dead", "--after must be >= 0, got -1"),
