@@ -7,7 +7,10 @@ application's code, so the command keeps control around it: a SIGTERM or SIGINT 
 is entered cancels the entry and ends the run, its exit is bounded by
 ``--shutdown-timeout-s`` (and ended by a further signal), it never sees the run's own
 errors (so it cannot swallow them), and an exception it raises ends the run with exit
-status 1 (after the run's own error, if one ended the run). A lifespan that ignores its
+status 1 (after the run's own error, if one ended the run): one line on standard error
+naming the exception and the line of the lifespan's module it came through
+(``(at mybot/send.py:12)``), its traceback logged at DEBUG only
+(``asynccoord.run.lifespan_failed``). A lifespan that ignores its
 cancellation keeps the process until it returns, as a send that does.
 A send that outlived the nodes' stop (it ignored its cancellation, see
 :class:`~asynccoord.node.runtime.Runtime`) may still be running when the lifespan is left.
@@ -18,6 +21,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+import sys
+import traceback
 from typing import Any
 
 from .._errtext import error_text
@@ -25,7 +31,7 @@ from ..errors import CoordError, InvalidTypeError
 from .loading import load_callable
 from .untilsignal import until_signalled
 
-__all__ = ("Lifespan", "check_lifespan", "open_lifespan")
+__all__ = ("Lifespan", "check_lifespan", "open_lifespan", "raised_at")
 
 log = logging.getLogger("asynccoord.cli.run")
 
@@ -70,8 +76,8 @@ def open_lifespan(spec: str) -> Lifespan:
     try:
         manager = factory()
     except Exception as exc:  # the application's code (a token missing from the environment, say)
-        log.error("asynccoord.run.lifespan_failed lifespan=%r: calling it raised", spec, exc_info=exc)
-        raise CoordError(f"--lifespan {spec!r} raised when called: {error_text(exc)}") from exc
+        log.debug("asynccoord.run.lifespan_failed lifespan=%r: calling it raised", spec, exc_info=exc)
+        raise CoordError(f"--lifespan {spec!r} raised when called: {error_text(exc)}{raised_at(spec, exc)}") from exc
     if not (hasattr(manager, "__aenter__") and hasattr(manager, "__aexit__")):
         if inspect.iscoroutine(manager):
             manager.close()  # never awaited: no warning at its collection
@@ -81,6 +87,26 @@ def open_lifespan(spec: str) -> Lifespan:
             "(decorate an async generator function with contextlib.asynccontextmanager)"
         )
     return Lifespan(spec, manager)
+
+
+def raised_at(spec: str, exc: BaseException) -> str:
+    """``" (at FILE:LINE)"``: the last line of the module ``spec`` names that ``exc`` came through; ``""`` if none.
+
+    The one line a failed ``run`` writes stands in for the traceback, so it names the
+    place in the application's code: the deepest frame of the lifespan's own module (the
+    ``raise``, or the call into a library that raised).
+    """
+    module = sys.modules.get(spec.partition(":")[0])
+    source = getattr(module, "__file__", None)
+    if not isinstance(source, str):
+        return ""
+    source = os.path.realpath(source)
+    try:
+        frames = traceback.extract_tb(exc.__traceback__)
+    except Exception:  # a traceback of frames that cannot be read: the line goes without a place
+        return ""
+    inside = [frame for frame in frames if os.path.realpath(frame.filename) == source]
+    return f" (at {inside[-1].filename}:{inside[-1].lineno})" if inside else ""
 
 
 class Lifespan:
@@ -98,7 +124,7 @@ class Lifespan:
         that a client it opened is closed, and False is returned all the same.
 
         Raises:
-            CoordError: the entry raised (logged with its traceback first), or leaving an
+            CoordError: the entry raised (its traceback logged at DEBUG), or leaving an
                 entry that ended despite the signal failed.
         """
         if signalled.is_set():
@@ -124,7 +150,7 @@ class Lifespan:
         signal from now on counts.
 
         Raises:
-            CoordError: the exit raised (logged with its traceback first), took longer
+            CoordError: the exit raised (its traceback logged at DEBUG), took longer
                 than ``timeout_s``, or a signal set ``signalled`` meanwhile.
         """
         if not hurry:
@@ -149,8 +175,9 @@ class Lifespan:
         try:
             step = getattr(self._manager, method)(*args)
         except Exception as exc:
-            log.error("asynccoord.run.lifespan_failed lifespan=%r: %s raised", self.spec, method, exc_info=exc)
-            raise CoordError(f"--lifespan {self.spec!r}: its {method} raised: {error_text(exc)}") from exc
+            log.debug("asynccoord.run.lifespan_failed lifespan=%r: %s raised", self.spec, method, exc_info=exc)
+            where = raised_at(self.spec, exc)
+            raise CoordError(f"--lifespan {self.spec!r}: its {method} raised: {error_text(exc)}{where}") from exc
         if not inspect.isawaitable(step):
             raise InvalidTypeError(
                 f"--lifespan {self.spec!r}: its {method} returned {type(step).__name__}, not an awaitable "
@@ -164,5 +191,7 @@ class Lifespan:
         exc = done.exception()
         if exc is None:
             return
-        log.error("asynccoord.run.lifespan_failed lifespan=%r: it raised %s", self.spec, doing, exc_info=exc)
-        raise CoordError(f"--lifespan {self.spec!r} raised {doing}: {error_text(exc)}") from exc
+        log.debug("asynccoord.run.lifespan_failed lifespan=%r: it raised %s", self.spec, doing, exc_info=exc)
+        raise CoordError(
+            f"--lifespan {self.spec!r} raised {doing}: {error_text(exc)}{raised_at(self.spec, exc)}"
+        ) from exc

@@ -15,13 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import TESTS
+from support import ROOT, TESTS
 
 from asynccoord import StoreError
 from asynccoord.cli.main import main
 from asynccoord.node import Runtime
 
 WORKERS = TESTS / "workers"
+LIFESPANS = WORKERS / "lifespans.py"
+
+
+def at(raising: str) -> str:
+    """``(at FILE:LINE)`` of the line of tests/workers/lifespans.py that reads ``raising``."""
+    lines = LIFESPANS.read_text().splitlines()
+    return f"(at {LIFESPANS}:{next(i for i, text in enumerate(lines, 1) if text.strip() == raising)})"
 
 
 def spawn_run(python: Any, db: Path, log: Path, lifespan: str, *extra: str) -> subprocess.Popen[str]:
@@ -117,8 +124,43 @@ def test_a_lifespan_raising_on_entry_ends_the_run_with_one_line_before_the_datab
     last = capsys.readouterr().err.splitlines()[-1]
     assert last == (
         "asynccoord run: error: --lifespan 'lifespans:failing_enter' raised entering it: "
-        "RuntimeError: cannot reach the provider"
+        "RuntimeError: cannot reach the provider " + at('raise RuntimeError("cannot reach the provider")')
     )
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("lifespan", "raising", "said"),
+    [
+        (
+            "failing_enter",
+            'raise RuntimeError("cannot reach the provider")',
+            "raised entering it: RuntimeError: cannot reach the provider",
+        ),
+        ("factory_raises", 'raise KeyError("BOT_TOKEN")', "raised when called: KeyError: 'BOT_TOKEN'"),
+    ],
+)
+def test_a_lifespan_raising_at_start_writes_one_line_and_no_traceback(
+    python: Any, tmp_path: Path, lifespan: str, raising: str, said: str
+) -> None:
+    """A failed command writes one line on standard error (README), as other failures of run do: the
+    lifespan's line that raised is named in it, in place of a traceback."""
+    db = tmp_path / "bot.db"
+    argv = [
+        "-m",
+        "asynccoord",
+        "run",
+        "--db",
+        str(db),
+        "--send",
+        "asyncio:sleep",
+        "--lifespan",
+        f"lifespans:{lifespan}",
+    ]
+    env = {"PYTHONPATH": os.pathsep.join([str(WORKERS), str(ROOT)]), "SERVE_SEND_LOG": str(tmp_path / "log")}
+    proc = python.run(argv, env=env, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == f"asynccoord run: error: --lifespan 'lifespans:{lifespan}' {said} {at(raising)}\n"
     assert not db.exists()
 
 
@@ -208,7 +250,8 @@ def test_a_failing_lifespan_exit_leaves_the_runs_own_error_in_the_last_line(
     argv = ["run", "--db", str(tmp_path / "bot.db"), "--send", "asyncio:sleep", "--lifespan", "lifespans:failing_exit"]
     assert main(argv) == 1
     assert capsys.readouterr().err.endswith("asynccoord run: error: the database went away\n")
-    assert "raised exiting it: RuntimeError: close failed (after the run's own error)" in caplog.text
+    failed = "raised exiting it: RuntimeError: close failed " + at('raise RuntimeError("close failed")')
+    assert f"{failed} (after the run's own error)" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -218,7 +261,11 @@ def test_a_failing_lifespan_exit_leaves_the_runs_own_error_in_the_last_line(
             "lifespans:SyncExit",
             "--lifespan 'lifespans:SyncExit': its __aexit__ returned bool, not an awaitable (define it with async def)",
         ),
-        ("lifespans:factory_raises", "--lifespan 'lifespans:factory_raises' raised when called: KeyError: 'BOT_TOKEN'"),
+        (
+            "lifespans:factory_raises",
+            "--lifespan 'lifespans:factory_raises' raised when called: KeyError: 'BOT_TOKEN' "
+            + at('raise KeyError("BOT_TOKEN")'),
+        ),
     ],
 )
 def test_a_lifespan_broken_in_the_applications_code_ends_the_run_with_one_error_line(
