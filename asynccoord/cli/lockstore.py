@@ -9,11 +9,23 @@ halfway through a start.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidArgumentError
 
-__all__ = ("REDIS_SCHEMES", "add_lock_store_options", "check_lock_store_options", "open_lock_store")
+__all__ = (
+    "REDIS_SCHEMES",
+    "add_lock_store_options",
+    "check_lock_store_options",
+    "open_lock_store",
+    "persistence_told_in_output",
+)
+
+NO_PERSISTENCE_EVENT = "asynccoord.redis.no_persistence"
+"""The stable event name of the lock store's warning of a server without an append-only file."""
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 """The URL schemes ``--lock-store`` takes."""
@@ -67,3 +79,24 @@ def open_lock_store(url: str, *, prefix: str | None = None) -> Any:
     except ImportError as exc:
         raise InvalidArgumentError("--lock-store needs redis-py: pip install 'asynccoord[redis]'") from exc
     return RedisLockStore(url) if prefix is None else RedisLockStore(url, prefix=prefix)
+
+
+@contextlib.contextmanager
+def persistence_told_in_output() -> Iterator[None]:
+    """Within the block, a lock store opened does not log ``asynccoord.redis.no_persistence``.
+
+    For a command whose own output says that the lock store keeps no append-only file
+    (``status``'s table does), so that it is said once. Other records of the lock store's
+    logger pass; the record is known by its event name, :data:`NO_PERSISTENCE_EVENT`.
+    Needs redis-py (as any ``--lock-store`` does).
+    """
+    from ..backends import redis as redis_backend
+
+    def told_elsewhere(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(NO_PERSISTENCE_EVENT)
+
+    redis_backend.log.addFilter(told_elsewhere)
+    try:
+        yield
+    finally:
+        redis_backend.log.removeFilter(told_elsewhere)

@@ -40,7 +40,7 @@ from ..monitor.monitor import LEADER_LOCK
 from ..monitor.snapshot import cluster_snapshot
 from ..partition import assign
 from ..validation import MAX_DURATION_S, check_positive
-from .lockstore import add_lock_store_options, check_lock_store_options, open_lock_store
+from .lockstore import add_lock_store_options, check_lock_store_options, open_lock_store, persistence_told_in_output
 from .output import table_console, write_stdout
 from .prefixhint import prefix_hint
 from .printable import printable_report
@@ -399,11 +399,15 @@ def check_status(args: argparse.Namespace) -> None:
 def status_command(args: argparse.Namespace) -> int:
     """Run ``python -m asynccoord status`` with the parsed ``args``: print the report; exit status 0."""
     windows = tuple(args.windows_s or (10.0, 60.0))
-    report = asyncio.run(
-        collect_status(
-            args.db, windows_s=windows, schema=args.schema, lock_store=args.lock_store, lock_prefix=args.lock_prefix
+    # The table warns of a lock store without an append-only file itself: its log line would say it twice.
+    # With --json the log line stays, as the JSON holds the answer ("persistent": false) but no warning.
+    told = args.lock_store is not None and not args.json
+    with persistence_told_in_output() if told else contextlib.nullcontext():
+        report = asyncio.run(
+            collect_status(
+                args.db, windows_s=windows, schema=args.schema, lock_store=args.lock_store, lock_prefix=args.lock_prefix
+            )
         )
-    )
     if args.json:
         write_stdout(json.dumps(report, allow_nan=False, sort_keys=False) + "\n")
     else:
