@@ -308,7 +308,13 @@ async def _poll_progress(store: Any, run: RunRecord) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: run the demo; exit 0 only when the report is ok."""
+    """Entry point: run the demo; exit 0 only when the report is ok.
+
+    Exit status, as for ``python -m asynccoord``: 0 the report is ok; 1 it is not, or the run
+    failed (its store or lock store cannot be reached or opened), one line on standard error;
+    2 bad usage (an option, a bad trace, a ``--db`` file already used, a schema the demo did
+    not create).
+    """
     opts = parse_args(argv)
     console = None if opts.as_json else Console(stderr=False)
     try:
@@ -316,12 +322,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asynccoord.demo: interrupted; worker processes stopped", file=sys.stderr)
         return 130
-    except ValueError as exc:  # bad trace or options
+    except ValueError as exc:  # bad usage: a bad trace, a used --db file, a schema not the demo's
         print(f"asynccoord.demo: {exc}", file=sys.stderr)
         return 2
-    except CoordError as exc:  # e.g. --db is not a database
+    except CoordError as exc:  # a failure, as for the CLI: a store unreachable, a --db folder missing
         print(f"asynccoord.demo: {exc}", file=sys.stderr)
-        return 2
+        return 1
     if opts.as_json:
         print(json.dumps(report, indent=2, default=str))
     else:

@@ -100,6 +100,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     p = argparse.ArgumentParser(
         prog="python -m asynccoord.demo",
         description="Replay real chat traffic through several nodes in several processes, with faults.",
+        epilog="Exit status: 0 every check held; 1 a check failed, or the run failed (its store or lock store "
+        "cannot be reached or opened: one line on standard error); 2 bad usage (an option, the trace, a --db "
+        "file already used, a schema the demo did not create).",
     )
     p.add_argument("--nodes", type=_bounded_int(256), default=8, help="nodes per process, 1..256 (default 8)")
     p.add_argument("--processes", type=_bounded_int(16), default=2, help="worker processes, 1..16 (default 2)")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from ..backends.open import redact_target
+from ..errors import StoreConnectionError
 from .options import DEMO_SCHEMA_COMMENT, SYSTEM_SCHEMAS, DemoOptions
 from .record import RunRecord
 
@@ -71,7 +72,7 @@ async def demo_lock_keys(opts: DemoOptions, run: RunRecord) -> AsyncIterator[Cal
         try:
             await client.ping()
         except (OSError, rerr.RedisError) as exc:
-            raise ValueError(f"cannot connect to {redact_target(opts.lock_store)}: {exc}") from exc
+            raise StoreConnectionError(f"cannot connect to {redact_target(opts.lock_store)}: {exc}") from exc
         swept = False
 
         async def sweep() -> None:
@@ -119,7 +120,7 @@ async def demo_schema(dsn: str, schema: str) -> AsyncIterator[None]:
     try:
         conn = await asyncpg.connect(connect_dsn, timeout=timeout_s)
     except (OSError, asyncpg.PostgresError) as exc:
-        raise ValueError(f"cannot connect to {redact_target(dsn)}: {exc}") from exc
+        raise StoreConnectionError(f"cannot connect to {redact_target(dsn)}: {exc}") from exc
     try:
         key = int.from_bytes(hashlib.blake2b(f"asynccoord.demo:{schema}".encode(), digest_size=8).digest(), "big")
         key -= 1 << 63  # a signed 64-bit advisory lock id

@@ -344,6 +344,24 @@ def test_demo_refuses_system_schemas_before_connecting(schema: str) -> None:
     assert f"{schema!r} is not the demo's to drop" in stderr
 
 
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        (("--store", "postgresql://u@127.0.0.1:1/db"), "cannot connect to postgresql://u@127.0.0.1:1/db"),
+        (("--lock-store", "redis://127.0.0.1:1/0"), "cannot connect to redis://127.0.0.1:1/0"),
+        (("--db", "{tmp}/missing/demo.db"), "its folder '{tmp}/missing' does not exist"),
+    ],
+)
+def test_demo_exits_1_when_its_store_fails_as_the_cli_does(tmp_path: Path, where: tuple[str, str], said: str) -> None:
+    """A store or lock store that cannot be reached or opened is a failure (1), not bad usage (2)."""
+    flag, value = where
+    code, report, stderr = run_demo("--messages", "10", flag, value.format(tmp=tmp_path), timeout_s=60)
+    assert (code, report) == (1, {}), stderr
+    assert stderr.startswith("asynccoord.demo: "), stderr
+    assert said.format(tmp=tmp_path) in stderr
+    assert len(stderr.splitlines()) == 1, stderr
+
+
 def test_demo_cli_rejects_a_schema_without_a_postgres_store() -> None:
     code, _, stderr = run_demo("--schema", "demo", timeout_s=60)
     assert code == 2
