@@ -23,6 +23,7 @@ from .targets import (
     is_postgres_target,
     redact_location,
     redact_target,
+    relative_url_hint,
     schema_options,
     split_connect_timeout,
     store_kind,
@@ -38,6 +39,7 @@ __all__ = (
     "open_store",
     "redact_location",
     "redact_target",
+    "relative_url_hint",
     "schema_options",
     "split_connect_timeout",
     "sqlite_path",
@@ -84,10 +86,14 @@ def open_store(
     """A store (not yet opened) for ``target``; use it as ``async with open_store(...) as store``.
 
     Args:
-        target: A file path or ``sqlite:///PATH`` (:class:`~asynccoord.SQLiteStore`;
-            ``sqlite:///`` with no path is an in-memory database, one process only, as
-            SQLAlchemy reads it), or a PostgreSQL DSN ``postgresql://user:password@host:port/db``
-            (:class:`~asynccoord.backends.postgres.store.PostgresStore`).
+        target: A file path or ``sqlite:///PATH`` (:class:`~asynccoord.SQLiteStore`), or a
+            PostgreSQL DSN ``postgresql://user:password@host:port/db``
+            (:class:`~asynccoord.backends.postgres.store.PostgresStore`). The URL follows
+            SQLAlchemy: ``sqlite:///bot.db`` is ``bot.db`` relative to the current folder,
+            ``sqlite:////srv/bot.db`` (four slashes) the absolute ``/srv/bot.db``, and
+            ``sqlite:///`` with no path an in-memory database, one process only. When a
+            relative URL path's folder (or, read-only, its file) is missing where the absolute
+            one exists, the store's ``open()`` error says so, with the four-slash URL.
         config: Store settings; default :class:`~asynccoord.config.StoreConfig`.
         read_only: Open for inspection only (no migration; writes refused).
         **options: More keyword arguments of the store class (``schema=``,
@@ -113,4 +119,7 @@ def open_store(
         raise InvalidArgumentError(
             f"schema= applies to a postgresql:// target only, not to the SQLite target {redact_target(text)!r}"
         )
-    return SQLiteStore(sqlite_path(text), config=config, read_only=read_only, **options)
+    store = SQLiteStore(sqlite_path(text), config=config, read_only=read_only, **options)
+    if text.startswith("sqlite:///"):
+        store._url = text  # its open() then says when the URL's relative path misses an absolute one
+    return store

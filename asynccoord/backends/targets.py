@@ -22,6 +22,7 @@ __all__ = (
     "is_postgres_target",
     "redact_location",
     "redact_target",
+    "relative_url_hint",
     "schema_options",
     "split_connect_timeout",
     "store_kind",
@@ -260,3 +261,37 @@ def split_connect_timeout(dsn: str) -> tuple[str, float | None]:
 def _valid_port(port: str | None) -> bool:
     """Whether a DSN's port is absent, empty or 1..65535 (ASCII digits)."""
     return not port or (port.isascii() and port.isdigit() and 0 < int(port) <= 65535)
+
+
+def relative_url_hint(target: str, *, file_needed: bool) -> str:
+    """What to say when an ``sqlite:///PATH`` URL's relative PATH misses what the absolute ``/PATH`` finds.
+
+    ``sqlite:///PATH`` reads PATH relative to the current folder and ``sqlite:////PATH``
+    as absolute, SQLAlchemy's convention; a URL written with three slashes for an absolute
+    path opens the wrong file, or none.
+
+    Args:
+        target: The target as given (a path, URL or DSN: only an ``sqlite:///`` URL can get a hint).
+        file_needed: The open failed for want of the file (a read-only open); False: of its
+            folder (an open that would create the file).
+
+    Returns:
+        ``"sqlite:///tmp/bot.db names a path relative to the current folder '/srv'; did you
+        mean sqlite:////tmp/bot.db (four slashes: the absolute path '/tmp/bot.db')?"``, or
+        ``""`` when the absolute path finds nothing either (or the target is no such URL).
+    """
+    if not target.startswith("sqlite:///"):
+        return ""
+    path = urllib.parse.unquote(target[len("sqlite:///") :])
+    if not path or os.path.isabs(path):
+        return ""
+    absolute = os.sep + path
+    if os.path.abspath(path) == os.path.normpath(absolute):  # the current folder is the root
+        return ""
+    found = os.path.isfile(absolute) if file_needed else os.path.isdir(os.path.dirname(absolute))
+    if not found:
+        return ""
+    return (
+        f"{redact_target(target)} names a path relative to the current folder {os.getcwd()!r}; did you mean "
+        f"sqlite:///{urllib.parse.quote(absolute)} (four slashes: the absolute path {absolute!r})?"
+    )

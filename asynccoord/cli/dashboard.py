@@ -35,6 +35,7 @@ from ..validation import check_int, check_interval_s
 from .lockstore import REDIS_SCHEMES
 from .output import write_stdout
 from .run import STOP_SIGNALS, parse_target
+from .targethelp import target_help
 from .untilsignal import enter_until_signalled
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def configure_dashboard(parser: argparse.ArgumentParser) -> None:
         dest="db",
         required=True,
         metavar="TARGET",
-        help="the SQLite database file, or a postgresql:// DSN (opened read-only)",
+        help=target_help("opened read-only"),
     )
     parser.add_argument(
         "--schema",

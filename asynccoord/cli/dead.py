@@ -68,6 +68,7 @@ from .output import table_console, write_stdout
 from .printable import printable, printable_report
 from .run import parse_target
 from .status import open_status_store
+from .targethelp import target_help
 
 __all__ = (
     "DEFAULT_LIMIT",
@@ -275,14 +276,15 @@ async def settle_dead_letters(
             which command migrates it (:func:`older_schema_error`): an action migrates nothing.
         NotADatabaseError: no SQLite file at ``path`` (none is created).
     """
-    from ..backends.open import is_postgres_target, open_store, schema_options, sqlite_path
+    from ..backends.open import is_postgres_target, open_store, relative_url_hint, schema_options, sqlite_path
 
     if action not in _ACTIONS:
         raise InvalidArgumentError(f"action must be 'requeue' or 'discard', got {action!r}")
     if not is_postgres_target(os.fspath(path)):  # said here: the read-only check's answer speaks of reading
         file = sqlite_path(os.fspath(path))
         if file != ":memory:" and _missing(file):
-            raise NotADatabaseError(f"no database at {file!r} (dead {action} never creates one)")
+            hint = relative_url_hint(os.fspath(path), file_needed=True)
+            raise NotADatabaseError(f"no database at {file!r} (dead {action} never creates one){hint and '; ' + hint}")
     try:
         async with open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema) as (reader, _):
             # There is a current database of asynccoord: the read-write open below changes nothing else.
@@ -356,7 +358,7 @@ def _target_options(parser: argparse.ArgumentParser, *, default: Any) -> None:
         dest="db",
         default=default,
         metavar="TARGET",
-        help="the SQLite database file, or a postgresql:// DSN (required)",
+        help=target_help("required"),
     )
     parser.add_argument("--queue", default=default, metavar="NAME", help="the queue of the dead tasks (required)")
     parser.add_argument(

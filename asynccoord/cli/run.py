@@ -30,7 +30,8 @@ left after the nodes have stopped: the place to open and close the send's client
             yield
 
 ``--db`` takes what :func:`asynccoord.backends.open.open_store` takes: an SQLite file path, an
-``sqlite:///PATH`` URL or a ``postgresql://`` DSN (nodes on many machines).
+``sqlite:///PATH`` URL (PATH relative to the current folder, ``sqlite:////PATH`` for an absolute
+one, as SQLAlchemy reads them) or a ``postgresql://`` DSN (nodes on many machines).
 
 A signal cuts the ``--lifespan``'s entry short. Its exit gets another ``--shutdown-timeout-s``,
 and a signal beyond the one that ended the run cuts it short.
@@ -72,6 +73,7 @@ from .loading import load_callable
 from .lockstore import add_lock_store_options, check_lock_store_options
 from .output import write_stdout
 from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
+from .targethelp import target_help
 from .untilsignal import enter_until_signalled
 
 __all__ = ("check_run", "configure_run", "declare_rate_limits", "load_callable", "run_command")
@@ -120,7 +122,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         dest="db",
         required=True,
         metavar="TARGET",
-        help="the SQLite database file (or sqlite:///PATH), or a postgresql:// DSN",
+        help=target_help(),
     )
     parser.add_argument(
         "--schema",

@@ -46,6 +46,7 @@ from .prefixhint import prefix_hint
 from .printable import printable_report
 from .processes import RECENT_FLUSH_S, attach_processes
 from .run import parse_target
+from .targethelp import target_help
 
 __all__ = (
     "CONFLICT_EVENTS",
@@ -367,7 +368,7 @@ def configure_status(parser: argparse.ArgumentParser) -> None:
         dest="db",
         required=True,
         metavar="TARGET",
-        help="the SQLite database file, or a postgresql:// DSN (opened read-only)",
+        help=target_help("opened read-only"),
     )
     parser.add_argument(
         "--schema",

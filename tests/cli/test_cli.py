@@ -298,6 +298,40 @@ def test_each_command_help_ends_with_its_exit_statuses(
     assert text.count("Exit status:") == 1
 
 
+@pytest.mark.parametrize("argv", [["status"], ["dead"], ["dead", "requeue"], ["run"], ["dashboard"]])
+def test_each_command_help_says_how_an_sqlite_url_reads_its_path(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse's wrapping undone
+    assert "sqlite:///PATH (PATH relative to the current folder; sqlite:////PATH for an absolute one)" in text
+
+
+@pytest.mark.parametrize(
+    "argv", [["status"], ["dead", "--queue", "q"], ["dead", "requeue", "--queue", "q", "--all"]], ids=" ".join
+)
+def test_a_three_slash_url_of_an_absolute_path_is_named_with_four(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """The commands that read an existing file say, when sqlite:///PATH (relative) misses the file /PATH."""
+    db = tmp_path / "bot.db"
+    asyncio.run(_create(db))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    url = "sqlite:///" + str(db).lstrip("/")
+    assert main([*argv, "--db", url]) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.rstrip().endswith(f"did you mean sqlite:///{db} (four slashes: the absolute path {str(db)!r})?"), err
+    assert main([*argv, "--db", f"sqlite:///{db}"]) == 0  # the four-slash URL reads it
+
+
+async def _create(path: Path) -> None:
+    async with SQLiteStore(path) as store:
+        await store.enqueue("q", {"n": 1})  # the queue the dead commands name
+
+
 def test_version_prints_the_version_of_the_package(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

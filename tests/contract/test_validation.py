@@ -949,6 +949,43 @@ async def test_a_question_mark_in_a_plain_path_or_an_escaped_url_is_a_file_name(
     assert sorted(name for name in os.listdir(tmp_path) if name.endswith(".db")) == ["a?b#c.db", "d?e#f.db"]
 
 
+async def test_an_sqlite_url_read_relative_to_the_current_folder_hints_at_four_slashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sqlite:///PATH is relative (SQLAlchemy's convention): when PATH misses what /PATH would find, the error
+    says so, with the URL of the absolute path."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    absolute = tmp_path / "data" / "bot.db"
+    url = "sqlite:///" + str(absolute).lstrip("/")  # three slashes: read as relative to the current folder
+    hint = (
+        f"{url} names a path relative to the current folder {str(tmp_path / 'elsewhere')!r}; "
+        f"did you mean sqlite:///{absolute} (four slashes: the absolute path {str(absolute)!r})?"
+    )
+    with pytest.raises(NotADatabaseError) as writing:  # the folder is missing, /PATH's is there
+        async with open_store(url):
+            pass
+    assert str(writing.value).endswith(
+        f"does not exist (create it first; a store creates the database file, never its folder); {hint}"
+    ), writing.value
+    with pytest.raises(NotADatabaseError) as reading:  # the absolute folder exists, but no file to read there yet
+        async with open_store(url, read_only=True):
+            pass
+    assert "did you mean" not in str(reading.value)
+    async with open_store(f"sqlite:///{absolute}") as store:  # four slashes: the absolute path
+        await store.enqueue("q", {"n": 1})
+    with pytest.raises(NotADatabaseError) as reading:  # the file is there at /PATH
+        async with open_store(url, read_only=True):
+            pass
+    assert str(reading.value).endswith(f"(a read-only store never creates one); {hint}"), reading.value
+    with pytest.raises(NotADatabaseError) as plain:  # a plain relative path is no URL: no hint
+        async with open_store(str(absolute).lstrip("/"), read_only=True):
+            pass
+    assert "did you mean" not in str(plain.value)
+    assert sorted(os.listdir(tmp_path / "elsewhere")) == []
+
+
 def test_sqlite_store_refuses_a_bytes_path() -> None:
     class BytesPath:
         def __fspath__(self) -> bytes:

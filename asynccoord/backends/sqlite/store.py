@@ -46,6 +46,7 @@ from ..calls import CLOSE_WAIT_S, CallGate
 from ..opening import single_open
 from ..schema import REVISION_KEY, check_partitions, check_revision
 from ..sqlfiles import load_migrations, load_queries
+from ..targets import relative_url_hint
 from .access import access_problem
 from .checkpoint import WalCheckpointer
 from .deadletters import SQLiteDeadLetterOps
@@ -213,6 +214,7 @@ class SQLiteStore(
         self._partitions = self.config.partitions
         self._flagging = Flagging()  # queues' tasks entering the per-partition index (seek.py)
         self._identity: FileIdentity | None = None  # the file opened, checked against the path (identity.py)
+        self._url: str | None = None  # the sqlite:/// URL open_store() read the path from, for open()'s errors
 
     def __repr__(self) -> str:
         state = "open" if self._conn is not None else "closed"
@@ -247,9 +249,15 @@ class SQLiteStore(
         kind = None if self.path == ":memory:" else not_a_file(self.path)  # one stat at open
         if kind is not None:
             raise NotADatabaseError(f"{self.path!r} is {kind}, not an SQLite database")
-        if self._on_file():
-            _check_writable(self.path)  # before SQLite leaves -wal/-shm files behind
-        target = read_only_uri(self.path) if self.read_only else self.path
+        try:
+            if self._on_file():
+                _check_writable(self.path)  # before SQLite leaves -wal/-shm files behind
+            target = read_only_uri(self.path) if self.read_only else self.path
+        except NotADatabaseError as exc:  # no folder, or (read-only) no file: an sqlite:/// URL read as relative?
+            hint = relative_url_hint(self._url, file_needed=self.read_only) if self._url is not None else ""
+            if not hint:
+                raise
+            raise NotADatabaseError(f"{exc}; {hint}") from exc
         new_file = self._file_path() is not None and not os.path.exists(self.path)  # noqa: ASYNC240 - one stat
         conn = daemon_connection(target, uri=self.read_only)
         try:
