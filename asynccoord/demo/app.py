@@ -34,9 +34,9 @@ from ..models import NewTask, TaskStatus
 from ..monitor.monitor import Monitor
 from ..monitor.snapshot import cluster_snapshot
 from .faults import inject_faults
-from .live import demo_dashboard, watch
+from .live import demo_dashboard, node_table, watch
 from .options import DemoOptions, parse_args
-from .processes import Worker, spawn, stop_workers
+from .processes import Worker, read_states, spawn, stop_workers
 from .ratelimits import limit_keys, provider_limits
 from .record import RunRecord
 from .report import (
@@ -226,6 +226,11 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                     timing["drain"] = elapsed
                     timing["stop"] = stopped - run.started - elapsed
                     statuses = await task_statuses(store_target, opts)
+                    if console is not None:  # the workers wrote their last counts as they stopped
+                        done = sum(1 for status in statuses.values() if status == TaskStatus.DONE.value)
+                        at_claim = int(snapshot.totals.get(ev.DUPLICATE_DELIVERY_SUPPRESSED, 0))
+                        nodes = node_table(read_states(workers), workers=workers, done=done, done_at_claim=at_claim)
+                        console.print(nodes)
                     enqueued_at = await enqueue_times(store_target, opts)
             finally:
                 await asyncio.to_thread(stop_workers, workers, 5.0)

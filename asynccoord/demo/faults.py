@@ -36,6 +36,7 @@ async def inject_faults(workers: list[Worker], opts: DemoOptions, store: str, ga
         if not killed and progress >= 0.3 and victim.process is not None:
             victim.process.kill()  # SIGKILL: no cleanup, leases and locks left behind
             await asyncio.to_thread(victim.process.wait)
+            victim.keep_counts()  # its last report joins the node rows, before the replacement reports
             run.faults.append(
                 {"kind": "sigkill", "process": victim.index, "at_s": round(time.monotonic() - run.started, 2)}
             )

@@ -1,5 +1,11 @@
 """The demo's live view: a progress bar and a table of the nodes, redrawn until the queue drains.
 
+Each node id's row covers the whole run: a process killed with SIGKILL and started again
+keeps its node ids, and its rows add the killed run's last reported counts to the new run's.
+Once the workers have stopped (each writes its final counts) the demo prints the table
+again with a total row, and a note for what the total misses of the tasks done
+(:func:`table_note`).
+
 With ``--dashboard`` the demo also serves ``python -m asynccoord dashboard`` of its store
 (:func:`demo_dashboard`), the same live page an operator opens on a running cluster.
 """
@@ -64,25 +70,29 @@ async def watch(
         else None
     )
     with live if live is not None else contextlib.nullcontext():
-        while time.monotonic() < deadline:
-            progress.update(bar, completed=run.done, enqueued=run.enqueued)
-            if live is not None:
-                live.update(Group(progress, caption, node_table(read_states(workers))))
-            if run.enqueued >= total and run.done >= total:
-                if live is not None:  # the last frame without the caption: the report says it again
-                    live.update(Group(progress, node_table(read_states(workers))))
-                return True
-            for w in workers:
-                if w.process is not None and w.process.poll() not in (None, -signal.SIGKILL):
-                    run.gave_up = f"worker {w.index} exited {w.process.returncode}"
-                    return False  # a worker crashed: stop and report
-            now = time.monotonic()
-            if (run.done, run.enqueued) != seen:
-                seen, moved_at = (run.done, run.enqueued), now
-            elif now - moved_at > opts.stuck_s:
-                run.gave_up = f"no progress for {opts.stuck_s:g} s ({run.done} of {total} done or dead)"
-                return False
-            await asyncio.sleep(0.1)
+        try:
+            while time.monotonic() < deadline:
+                progress.update(bar, completed=run.done, enqueued=run.enqueued)
+                if live is not None:
+                    live.update(Group(progress, caption, node_table(read_states(workers), workers=workers)))
+                if run.enqueued >= total and run.done >= total:
+                    return True
+                for w in workers:
+                    if w.process is not None and w.process.poll() not in (None, -signal.SIGKILL):
+                        run.gave_up = f"worker {w.index} exited {w.process.returncode}"
+                        return False  # a worker crashed: stop and report
+                now = time.monotonic()
+                if (run.done, run.enqueued) != seen:
+                    seen, moved_at = (run.done, run.enqueued), now
+                elif now - moved_at > opts.stuck_s:
+                    run.gave_up = f"no progress for {opts.stuck_s:g} s ({run.done} of {total} done or dead)"
+                    return False
+                await asyncio.sleep(0.1)
+        finally:
+            if live is not None:  # the last frame is the bar alone: the demo prints the table once the workers stop
+                progress.update(bar, completed=run.done, enqueued=run.enqueued)
+                # Off a terminal the frame ends without its line break (a terminal's Live adds one at its stop).
+                live.update(progress if live.console.is_terminal else Group(progress, Text("")))
     run.gave_up = f"not finished after {opts.timeout_s:g} s ({run.done} of {total} done or dead)"
     return False
 
@@ -116,9 +126,20 @@ async def demo_dashboard(store_target: str, opts: DemoOptions) -> AsyncIterator[
         yield
 
 
-def node_table(nodes: list[dict[str, Any]]) -> Table:
-    """A table of ``nodes`` (as :func:`~asynccoord.demo.processes.read_states` returns them); stalled rows in yellow."""
-    table = Table(title="nodes", expand=False, show_edge=False)
+def node_table(
+    nodes: list[dict[str, Any]],
+    *,
+    workers: list[Worker] | None = None,
+    done: int | None = None,
+    done_at_claim: int = 0,
+) -> Table:
+    """A table of ``nodes`` (as :func:`~asynccoord.demo.processes.read_states` returns them); stalled rows in yellow.
+
+    A total row follows the nodes, and under it a note (see :func:`table_note`) given the
+    worker slots ``workers``, and at the end of the run ``done``, the tasks done, and
+    ``done_at_claim``, those of them done at their claim without a send.
+    """
+    table = Table(title="nodes", expand=False, show_edge=False, caption_justify="left")
     for column in ("node", "proc", "claimed", "sent", "committed", "in flight", "conflicts", "partitions"):
         table.add_column(column, justify="right" if column not in ("node",) else "left")
     for n in sorted(nodes, key=lambda n: n["node_id"]):
@@ -134,4 +155,46 @@ def node_table(nodes: list[dict[str, Any]]) -> Table:
             str(n["owned_partitions"]),
             style=style,
         )
+    if nodes:
+        summed = ("claimed", "sent", "committed", "in_flight", "conflicts")
+        sums = {key: sum(int(n[key]) for n in nodes) for key in summed}
+        table.add_section()
+        table.add_row("total", "", *(str(sums[key]) for key in summed), "")
+        table.caption = table_note(sums["committed"], workers or [], done, done_at_claim) or None
     return table
+
+
+def table_note(committed: int, workers: list[Worker], done: int | None, done_at_claim: int = 0) -> str:
+    """The note under the node table: which rows hold a killed process's counts, and why the total may fall short.
+
+    A killed process's counts are those of its last status report (every 0.25 s), added to
+    its slot's rows; what it committed after that report is lost with it. A task done at
+    its claim as already processed (its message enqueued twice) counts in no row.
+
+    Args:
+        committed: The committed column's total.
+        workers: The worker slots (:attr:`~asynccoord.demo.processes.Worker.killed`).
+        done: The tasks done at the end of the run; None while it runs (no comparison).
+        done_at_claim: Of ``done``, those done at their claim (``duplicate_delivery_suppressed``).
+
+    Returns:
+        One line per thing to say, or ``""``.
+    """
+    killed = [w for w in workers if w.killed]
+    lines = [
+        f"proc {w.index}: its rows add the counts its killed run (SIGKILL) last reported, up to 0.25 s before it died"
+        for w in killed
+    ]
+    if done is not None and committed != done:
+        missing = done - committed
+        why = []
+        if done_at_claim:
+            why.append(f"{min(done_at_claim, missing)} done at their claim as already processed (no send)")
+        rest = missing - min(done_at_claim, missing)
+        if rest and killed:
+            procs = " and ".join(f"proc {w.index}" for w in killed)
+            why.append(f"{rest} committed by {procs} after its last report, lost with the kill")
+        elif rest:
+            why.append(f"{rest} in no row")
+        lines.append(f"committed adds to {committed} of the {done} tasks done: " + "; ".join(why))
+    return "\n".join(lines)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,16 @@ from .options import DemoOptions
 from .ratelimits import provider_limits
 
 __all__ = (
+    "SUMMED",
     "Worker",
     "read_states",
     "spawn",
     "stop_workers",
 )
+
+
+SUMMED = ("claimed", "sent", "committed", "conflicts")
+"""The node counters that add up over a slot's incarnations (in flight and partitions are the live one's)."""
 
 
 @dataclass(slots=True)
@@ -41,6 +46,24 @@ class Worker:
     log_file: Path
     process: subprocess.Popen[bytes] | None = None
     incarnations: int = 0
+    earlier: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Node id -> the counters (:data:`SUMMED`) of this slot's killed incarnations, as each last reported them."""
+    killed: int = 0
+    """Incarnations of this slot killed (their counters in :attr:`earlier`)."""
+
+    def keep_counts(self) -> None:
+        """Add the counters of the incarnation just killed to :attr:`earlier`, and remove its status file.
+
+        Call it once the process has ended and before the next incarnation starts: its status
+        file is then its last report (written every 0.25 s, so counts of its last moments may be
+        missing), and removing it keeps those counts from being read twice as the next one's.
+        """
+        for node in read_states([self], with_earlier=False):
+            kept = self.earlier.setdefault(node["node_id"], dict.fromkeys(SUMMED, 0))
+            for key in SUMMED:
+                kept[key] += int(node.get(key, 0))
+        self.killed += 1
+        self.status_file.unlink(missing_ok=True)
 
     @property
     def ready_file(self) -> Path:
@@ -149,14 +172,30 @@ def _tail(path: Path, size: int = 2000) -> str:
         return ""
 
 
-def read_states(workers: Sequence[Worker]) -> list[dict[str, Any]]:
-    """The nodes of every worker, as its status file last showed them (unreadable files are skipped)."""
+def read_states(workers: Sequence[Worker], *, with_earlier: bool = True) -> list[dict[str, Any]]:
+    """The nodes of every worker, as its status file last showed them (unreadable files are skipped).
+
+    ``with_earlier``: the :data:`SUMMED` counters of a slot's killed incarnations are added to
+    its nodes' (a node of theirs not reporting yet is a row of its own, with nothing in flight),
+    so that the rows cover the whole run.
+    """
     nodes: list[dict[str, Any]] = []
     for w in workers:
+        rows: dict[str, dict[str, Any]] = {}
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(w.status_file.read_text())
             for n in data.get("nodes", []):
                 n["process"] = w.index
                 n["stalled"] = data.get("stalled", False)
-                nodes.append(n)
+                rows[n["node_id"]] = n
+        if with_earlier:
+            for node_id, kept in w.earlier.items():
+                row = rows.setdefault(
+                    node_id,
+                    {"node_id": node_id, "process": w.index, "stalled": False, "in_flight": 0, "owned_partitions": 0}
+                    | dict.fromkeys(SUMMED, 0),
+                )
+                for key in SUMMED:
+                    row[key] = int(row.get(key, 0)) + kept[key]
+        nodes.extend(rows.values())
     return nodes

@@ -210,6 +210,8 @@ async def run(args: argparse.Namespace, early_stop: EarlyStop | None = None) -> 
             finally:
                 writer.cancel()
                 orphan.cancel()
+        if args.status_interval_s > 0:  # the counters as the nodes stopped: the demo's final table adds up
+            _status_once(runtime, Path(args.status_file), stalled)
     return 0
 
 
@@ -247,25 +249,30 @@ async def _exit_when_orphaned(runtime: Runtime, parent: int | None, poll_s: floa
 async def _write_status(runtime: Runtime, path: Path, interval_s: float, stalled: Any) -> None:
     if interval_s <= 0:
         return
-    tmp = path.with_suffix(".tmp")
     while True:
-        states = [
-            {
-                "node_id": s.node_id,
-                "status": s.status.value,
-                "claimed": s.claimed,
-                "sent": s.sent,
-                "committed": s.committed,
-                "failed": s.failed,
-                "in_flight": s.in_flight,
-                "conflicts": s.conflicts,
-                "owned_partitions": s.owned_partitions,
-            }
-            for s in runtime.states()
-        ]
-        tmp.write_text(json.dumps({"pid": os.getpid(), "at": time.time(), "stalled": stalled(), "nodes": states}))
-        os.replace(tmp, path)
+        _status_once(runtime, path, stalled())
         await asyncio.sleep(interval_s)
+
+
+def _status_once(runtime: Runtime, path: Path, stalled: bool) -> None:
+    """Replace the status file ``path`` with the nodes' counters now (read by :func:`~.processes.read_states`)."""
+    states = [
+        {
+            "node_id": s.node_id,
+            "status": s.status.value,
+            "claimed": s.claimed,
+            "sent": s.sent,
+            "committed": s.committed,
+            "failed": s.failed,
+            "in_flight": s.in_flight,
+            "conflicts": s.conflicts,
+            "owned_partitions": s.owned_partitions,
+        }
+        for s in runtime.states()
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "at": time.time(), "stalled": stalled, "nodes": states}))
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,8 +29,9 @@ from support import ROOT
 from asynccoord import InvalidArgumentError
 from asynccoord.demo.app import account_of, build_tasks, schedule
 from asynccoord.demo.gateway import _use_wal
+from asynccoord.demo.live import node_table, table_note
 from asynccoord.demo.options import DEMO_SCHEMA_COMMENT
-from asynccoord.demo.processes import Worker, stop_workers
+from asynccoord.demo.processes import Worker, read_states, stop_workers
 from asynccoord.demo.report import render
 from asynccoord.demo.trace import TraceFormatError, bundled_sample, read_trace
 from asynccoord.monitor.monitor import LEADER_LOCK
@@ -149,6 +150,78 @@ def test_the_demo_table_tells_absorbed_repeats_from_duplicates(faults_run: Run) 
     assert "duplicate_sends" not in rows  # only under its explained label
     unexplained = table_rows({**report, "duplicate_sends": 7, "duplicate_sends_explained": False})
     assert unexplained["duplicate_sends (absorbed by key)"] == "7: MORE than counted faults"
+
+
+def _report_status(worker: Worker, committed: list[int]) -> None:
+    """Write ``worker``'s status file as a worker does: one node per count, ``claimed`` one more."""
+    nodes = [
+        {"node_id": f"{worker.prefix}-n{i}", "claimed": c + 1, "sent": c, "committed": c, "failed": 0}
+        | {"in_flight": 1, "conflicts": 0, "owned_partitions": 3}
+        for i, c in enumerate(committed)
+    ]
+    worker.status_file.write_text(json.dumps({"pid": 1, "at": 0.0, "stalled": False, "nodes": nodes}))
+
+
+def test_the_node_table_adds_the_killed_runs_counts_and_says_what_it_misses(tmp_path: Path) -> None:
+    """The rows of a slot whose process was killed add that run's last report to its replacement's, and the
+    note under the table names what the total still misses of the tasks done."""
+    steady = Worker(index=0, prefix="p0", status_file=tmp_path / "w0.json", log_file=tmp_path / "w0.log")
+    victim = Worker(index=1, prefix="p1", status_file=tmp_path / "w1.json", log_file=tmp_path / "w1.log")
+    _report_status(steady, [40, 30])
+    _report_status(victim, [20, 10])  # the run killed
+    victim.keep_counts()
+    assert not victim.status_file.exists()  # the replacement's first report must not count it again
+    assert sorted((n["node_id"], n["committed"]) for n in read_states([steady, victim])) == [
+        ("p0-n0", 40),
+        ("p0-n1", 30),
+        ("p1-n0", 20),  # the replacement has not reported yet: the killed run's counts alone
+        ("p1-n1", 10),
+    ]
+    _report_status(victim, [5, 4])  # the replacement
+    nodes = read_states([steady, victim])
+    assert sorted((n["node_id"], n["claimed"], n["committed"], n["in_flight"]) for n in nodes) == [
+        ("p0-n0", 41, 40, 1),
+        ("p0-n1", 31, 30, 1),
+        ("p1-n0", 27, 25, 1),  # 21 + 6 claimed, 20 + 5 committed; in flight: the live run's alone
+        ("p1-n1", 16, 14, 1),
+    ]
+    out = io.StringIO()
+    table = node_table(nodes, workers=[steady, victim], done=120, done_at_claim=2)
+    Console(file=out, width=300, color_system=None).print(table)
+    lines = [" ".join(line.split()) for line in out.getvalue().splitlines()]
+    assert "total │ │ 115 │ 109 │ 109 │ 4 │ 0 │" in lines
+    note = " ".join(lines[lines.index("total │ │ 115 │ 109 │ 109 │ 4 │ 0 │") + 1 :]).strip()  # wrapped to the table
+    assert note == (
+        "proc 1: its rows add the counts its killed run (SIGKILL) last reported, up to 0.25 s before it died "
+        "committed adds to 109 of the 120 tasks done: 2 done at their claim as already processed (no send); "
+        "9 committed by proc 1 after its last report, lost with the kill"
+    )
+    assert table_note(120, [steady], 120) == ""  # nothing killed, nothing missing: no note
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_the_demos_node_table_adds_up_to_the_messages_or_says_what_it_misses() -> None:
+    """The committed column, the killed process's counts included, totals the messages done; what a
+    killed process committed after its last report is named under the table."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "asynccoord.demo", "--messages", "3000", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
+    (total,) = [line for line in lines if line.startswith("total │")]
+    committed = int(total.split(" │ ")[3])
+    note = " ".join(lines[lines.index(total) + 1 : lines.index(total) + 5])
+    assert "proc 1: its rows add the counts its killed run (SIGKILL) last reported" in note
+    if committed != 3000:
+        assert f"committed adds to {committed} of the 3000 tasks done: " in note, note
+        said = re.findall(r"(\d+) (?:done at their claim|committed by proc 1 after its last report)", note)
+        assert committed + sum(map(int, said)) == 3000, note
 
 
 def table_rows(report: dict[str, Any]) -> dict[str, str]:
