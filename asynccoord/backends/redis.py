@@ -48,6 +48,7 @@ from ..errors import (
 )
 from ..events import EventCounter
 from ..monitor.histogram import LatencyRecorder
+from ..reach import Reach
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
 from .calls import CLOSE_WAIT_S, CallGate
@@ -344,6 +345,10 @@ class RedisLockStore:
             with RDB snapshots only (a restart loses the increments since the last one) or
             nothing on disk; None before :meth:`open`, or when the server does not say (a
             managed Redis may refuse ``INFO``).
+        reach: Each call's attempts as they end (answered, or the server not reached:
+            each such attempt also counts a ``store_retries`` event when it is retried),
+            read by a ``Monitor(lock_store=...)`` to raise ``lock_store_unreachable``
+            (:class:`~asynccoord.reach.Reach`).
 
     Raises:
         InvalidTypeError, InvalidArgumentError: a bad argument.
@@ -370,6 +375,7 @@ class RedisLockStore:
         self.config = config or StoreConfig()
         self.events = EventCounter()
         self.latencies = LatencyRecorder()
+        self.reach = Reach()
         self.prefix = check_name("prefix", prefix)
         self.key_slack_ms = check_int("key_slack_ms", key_slack_ms, minimum=0, maximum=MAX_KEY_SLACK_MS)
         self.reconnect_timeout_s = check_positive("reconnect_timeout_s", reconnect_timeout_s)
@@ -497,7 +503,7 @@ class RedisLockStore:
 
     async def _call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
         """Run ``fn(client)`` as a store call in flight (waited for by :meth:`close`); see :meth:`_retrying`."""
-        with self._gate.call():
+        with self._gate.call(), self.reach.call():
             return await self._retrying(fn, what)
 
     async def _retrying(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
@@ -521,13 +527,17 @@ class RedisLockStore:
                 result = await fn(client)
             except _CONNECTION_ERRORS as exc:
                 _raise_if_cancelled(task, cancels, what, exc)
+                self.reach.failed(exc)
                 if time.monotonic() + delay_s > self._gate.retry_deadline(deadline):
                     raise _map_error(exc, what) from exc
+                self.events.add(ev.STORE_RETRIES)
                 log.info("asynccoord.redis.retry what=%s error=%s", what, exc)
             except rerr.RedisError as exc:
                 _raise_if_cancelled(task, cancels, what, exc)
+                self.reach.answered()  # the server replied, with an error
                 raise _map_error(exc, what) from exc
             else:
+                self.reach.answered()
                 _raise_if_cancelled(task, cancels, what, None)
                 return result
             await asyncio.sleep(delay_s * random.uniform(0.5, 1.5))

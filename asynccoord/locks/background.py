@@ -14,7 +14,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ("keep", "shielded")
+__all__ = ("keep", "shielded", "watched")
 
 log = logging.getLogger("asynccoord.locks.lock")  # the log lines keep the lock module's logger name
 
@@ -32,6 +32,19 @@ def keep(task: asyncio.Future[Any]) -> None:
 def _log_outcome(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("asynccoord.lock.lock_release_failed error=%s", task.exception())
+
+
+def watched(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """``coro`` in a task of its own, kept until it ends, whose failure is logged in one line.
+
+    For a call its caller may stop waiting for (``wait_for(shield(task), timeout)`` timing
+    out, or the caller cancelled): the task goes on, and its error, logged here, is never
+    left for asyncio to report as "Task exception was never retrieved".
+    """
+    task = asyncio.ensure_future(coro)
+    keep(task)
+    task.add_done_callback(_log_outcome)
+    return task
 
 
 async def shielded(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:

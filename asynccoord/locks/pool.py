@@ -38,6 +38,7 @@ from ..validation import (
     check_name,
     check_non_negative,
 )
+from .background import watched
 from .line import PLACE_PREFIX, Rank, ahead, next_in_line, own_place, place_holder, place_id, shown_rank
 from .pacing import LockPacer
 from .watchdog import Guard, Watchdog
@@ -778,7 +779,7 @@ class LockPool:
             if still_held:
                 _remember(self._released, lease.name)
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(self.store.release_lock(lease)), _RELEASE_TIMEOUT_S)
+                    await asyncio.wait_for(asyncio.shield(watched(self.store.release_lock(lease))), _RELEASE_TIMEOUT_S)
 
     def _holding(self, lease: Lease) -> _Session | None:
         """The session whose current lease is ``lease`` (same owner token), or None."""

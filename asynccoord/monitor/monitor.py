@@ -34,6 +34,7 @@ from ..contract.locks import Lease
 from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, MetricsFlush, MetricsView, open_alerts
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from ..events import EventCounter
+from ..reach import Reach
 from ..validation import (
     MAX_DURATION_S,
     check_bool,
@@ -47,6 +48,7 @@ from ..validation import (
 from .alerts import AlertCallback, AlertSink, AlertStream, Subscription
 from .histogram import Histogram
 from .inhibition import Inhibitions
+from .lockoutage import LockStoreWatch
 from .outage import OutageWatch
 from .publisher import Publisher, check_sinks
 from .rules import DEFAULT_RULES, AlertRule, Incident, decide
@@ -68,6 +70,12 @@ LEADER_LOCK = "asynccoord.monitor.cluster-rules"
 
 
 _ACTIVE_STORES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _retrieve(call: asyncio.Future[Any]) -> None:
+    """Done-callback of a call nobody awaits any more: read its outcome, so asyncio reports no lost error."""
+    if not call.cancelled():
+        call.exception()
 
 
 def _default_process_id() -> str:
@@ -142,7 +150,12 @@ class Monitor:
             (``Runtime(lock_store=...)``, e.g. a
             :class:`~asynccoord.backends.redis.RedisLockStore`): its events (lock
             contention, lost locks, refused fencing tokens) count in the process totals
-            with ``store``'s. None (default) when ``store`` holds the locks as well.
+            with ``store``'s. One that records its calls' outcomes (a ``reach``, as
+            ``RedisLockStore`` does) is watched too: when its calls all fail, or one hangs, for
+            ``store_outage_s``, this monitor publishes the process-scoped notice
+            ``lock_store_unreachable`` and stores it with its flushes (``status`` lists it),
+            resolved once the lock store answers again (see :mod:`asynccoord.monitor.lockoutage`).
+            None (default) when ``store`` holds the locks as well.
         sinks: Destinations every notice is also handed to, e.g. a
             :class:`~asynccoord.monitor.webhook.WebhookSink`; each queues it and delivers it
             in a task of its own, so none can block the monitor. Started and closed with the
@@ -233,6 +246,20 @@ class Monitor:
             check_positive("store_outage_s", store_outage_s),
             on_notice=self._outage_notice,
             at_work=self._store_at_work,
+        )
+        reach = getattr(self.lock_store, "reach", None)
+        self._lock_watch = (
+            None
+            if not isinstance(reach, Reach)
+            else LockStoreWatch(
+                self.process_id,
+                reach,
+                self._outage.outage_s,
+                interval_s=min(self.evaluate_interval_s, self._outage.outage_s / 4),
+                now_s=self._outage.now_s,
+                on_notice=self._lock_store_notice,
+                probe=getattr(self.lock_store, "now", None),
+            )
         )
         # The last seconds in which a relative rule's events must have come for it to open an
         # incident (rules.decide): three intervals, for the events to be flushed and read.
@@ -366,6 +393,8 @@ class Monitor:
             # even if it is killed before its first interval ends.
             await self._guarded(self.flush, "flush")
             self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="asynccoord-monitor")
+            if self._lock_watch is not None:
+                self._lock_watch.start()
 
     async def close(self) -> None:
         """Stop the loops, flush what is left and withdraw this monitor's stored alerts, end the streams.
@@ -387,6 +416,8 @@ class Monitor:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._lock_watch is not None:
+            await self._lock_watch.stop()
         try:
             with anyio.CancelScope(shield=True) as scope:
                 scope.deadline = anyio.current_time() + 5.0
@@ -518,6 +549,7 @@ class Monitor:
                 if write.done() and not write.cancelled() and write.exception() is None:
                     self._mark_sent(seen, histograms, loop.time())
                 else:
+                    write.add_done_callback(_retrieve)  # it goes on unawaited: its error is counted already
                     self._alerts_dirty = self._alerts_dirty or dirty
                     self._flush_failures += 1
                 raise
@@ -552,6 +584,8 @@ class Monitor:
         Raises:
             StoreError: the read failed (the monitor's loop logs it and goes on).
         """
+        if self._lock_watch is not None and not self.background:  # a running monitor's watch has a timer
+            self._lock_watch_notice(self._lock_watch.check())
         if not self.rules:
             return []
         windows = tuple(sorted({rule.window_s for rule in self.rules} | {self._fresh_s}))
@@ -690,6 +724,8 @@ class Monitor:
         for a key that fires again (one stored alert per rule and scope key)."""
         alerts = [inc.current for inc in self._incidents.values()]
         alerts += [a for key, a in self._closed_incidents.items() if key not in self._incidents]
+        if self._open and self._lock_watch is not None and self._lock_watch.firing is not None:
+            alerts.append(self._lock_watch.firing)  # its own store answers: status shows it
         return alerts
 
     def _drop_cluster_incidents(self) -> None:
@@ -721,6 +757,14 @@ class Monitor:
     def _store_reached(self, kind: str, store_now_s: float) -> None:
         if (notice := self._outage.reached(kind, store_now_s)) is not None:
             self._outage_notice(notice)
+
+    def _lock_watch_notice(self, notice: Alert | None) -> None:
+        if notice is not None:
+            self._lock_store_notice(notice)
+
+    def _lock_store_notice(self, notice: Alert) -> None:
+        self._alerts_dirty = True  # stored with the next flush (withdrawn once resolved)
+        self._outage_notice(notice)
 
     def _outage_notice(self, notice: Alert) -> None:
         if notice.firing:
@@ -773,11 +817,12 @@ class Monitor:
     # --- inspection ---------------------------------------------------------------------
 
     def active_alerts(self) -> list[Alert]:
-        """The firing notices of this monitor's open incidents (``store_unreachable`` included), oldest
-        first; muted incidents are left out (:meth:`muted_alerts`)."""
+        """The firing notices of this monitor's open incidents (``store_unreachable`` and
+        ``lock_store_unreachable`` included), oldest first; muted incidents are left out (:meth:`muted_alerts`)."""
         alerts = [inc.alert for inc in self._incidents.values() if not inc.alert.muted]
-        if self._outage.firing is not None:
-            alerts.append(self._outage.firing)
+        for outage in (self._outage.firing, None if self._lock_watch is None else self._lock_watch.firing):
+            if outage is not None:
+                alerts.append(outage)
         return sorted(alerts, key=lambda a: (a.fired_at, a.rule, a.scope_key))
 
     def _firing_incidents(self) -> int:

@@ -178,7 +178,7 @@ class OutageWatch:
         unreachable_s = time.monotonic() - self._reached_mono[kind]
         if self._firing is not None or (unreachable_s < self.outage_s and not hung):
             return None
-        now = self._now_s()
+        now = self.now_s()
         self._firing = self._notice(AlertState.FIRING, fired_at=now, value=unreachable_s)
         return self._firing
 
@@ -190,7 +190,8 @@ class OutageWatch:
         hung = (self._in_flight[key] for key in self._late)
         return sum(1 for kind, started in hung if self._reached_mono[kind] <= started)
 
-    def _now_s(self) -> float:
+    def now_s(self) -> float:
+        """The store clock now, as near as this process can tell it without a call (see the module's doc)."""
         if self._store_now_s is None:
             return time.time()
         return self._store_now_s + (time.monotonic() - self._last_mono)
@@ -202,7 +203,7 @@ class OutageWatch:
             value=value,
             threshold=self.outage_s,
             window_s=self.outage_s,
-            at=self._now_s(),
+            at=self.now_s(),
             scope=AlertScope.PROCESS,
             scope_key=self.process_id,
             state=state,

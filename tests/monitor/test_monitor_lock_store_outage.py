@@ -1,0 +1,186 @@
+"""``lock_store_unreachable``: a monitor whose process's lock store (a real Redis) stops answering says so.
+
+Each test runs a redis-server of its own, and stops (SIGKILL) or pauses (SIGSTOP) it while a
+task takes and gives back a lock in a loop, as a node's turns do; the monitor's own store
+(memory) answers all along.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redisserver import OwnRedis, running_redis
+from services import need_redis_py
+
+from asynccoord import Alert, AlertScope, AlertState, MemoryStore, Monitor, StoreError
+from asynccoord.cli.status import status_report
+
+OUTAGE_S = 1.5
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[OwnRedis]:
+    need_redis_py()
+    yield from running_redis(tmp_path)
+
+
+async def take_locks(locks: Any, stop: asyncio.Event) -> None:
+    """Take and give back a lock every 50 ms until ``stop``, as a node's turns do; failures are let go."""
+    while not stop.is_set():
+        with contextlib.suppress(StoreError):
+            lease = await locks.try_acquire_lock("account:1", ttl_s=5.0, holder="node-a")
+            await locks.release_lock(lease)
+        await asyncio.sleep(0.05)
+
+
+async def wait_until(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def stored_alerts(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(a["rule"], a["scope"], a["scope_key"]) for a in report["alerts"]]
+
+
+async def test_a_lock_store_down_for_store_outage_s_raises_lock_store_unreachable_once(server: OwnRedis) -> None:
+    """Redis killed for longer than ``store_outage_s``: one firing notice, stored (``status`` lists it), then
+    one resolved notice once Redis is back, though nothing calls the lock store any more by then.
+
+    A first outage shorter than ``store_outage_s`` raises nothing.
+    """
+    from asynccoord.backends.redis import RedisLockStore
+
+    received: list[tuple[float, Alert]] = []
+    stop = asyncio.Event()
+    async with MemoryStore() as store, RedisLockStore(server.url, prefix="h_redis:", reconnect_timeout_s=0.5) as locks:
+        monitor = Monitor(
+            store,
+            lock_store=locks,
+            process_id="proc-l",
+            flush_interval_s=0.05,
+            evaluate_interval_s=0.05,
+            store_outage_s=OUTAGE_S,
+        )
+        monitor.subscribe(lambda alert: received.append((time.monotonic(), alert)))
+        async with monitor:
+            node = asyncio.create_task(take_locks(locks, stop))
+            await asyncio.sleep(0.3)
+            server.stop()  # a blip, shorter than store_outage_s
+            await asyncio.sleep(OUTAGE_S / 3)
+            server.start()
+            await asyncio.sleep(OUTAGE_S + 0.5)
+            assert received == []
+            assert locks.reach.answered_at is not None
+            assert locks.reach.failures == 0
+
+            server.stop()
+            down_at = time.monotonic()
+            await wait_until(lambda: len(received) == 1)
+            fired_mono, fired = received[0]
+            (active,) = monitor.active_alerts()
+            assert active == fired
+            await asyncio.sleep(0.2)  # a flush or more
+            during = await status_report(store)
+            stop.set()
+            await node  # from here on only the monitor's probe calls Redis
+            server.start()
+            up_at = time.monotonic()
+            await wait_until(lambda: len(received) == 2)
+            assert monitor.active_alerts() == []
+            await asyncio.sleep(0.2)
+            after = await status_report(store)
+            stats = monitor.statistics()
+    assert (fired.rule, fired.event, fired.state, fired.scope, fired.scope_key) == (
+        "lock_store_unreachable",
+        "lock_store_unreachable",
+        AlertState.FIRING,
+        AlertScope.PROCESS,
+        "proc-l",
+    )
+    assert OUTAGE_S - 0.2 <= fired_mono - down_at <= OUTAGE_S + 2.0, fired_mono - down_at
+    assert fired.value >= OUTAGE_S
+    assert fired.threshold == OUTAGE_S
+    assert fired.count >= 1
+    assert stored_alerts(during) == [("lock_store_unreachable", "process", "proc-l")]
+    resolved_mono, resolved = received[1]
+    assert resolved.state is AlertState.RESOLVED
+    assert resolved.fired_at == fired.fired_at
+    assert resolved_mono >= up_at
+    assert stored_alerts(after) == []
+    assert (stats.alerts_fired, stats.alerts_resolved) == (1, 1)
+    assert during["events"]["totals"].get("store_retries", 0) > 0  # the lock store's retries count too
+
+
+async def test_a_lock_store_that_hangs_raises_lock_store_unreachable_while_the_call_waits(server: OwnRedis) -> None:
+    """Redis paused (SIGSTOP): the calls wait, none fails; the notice fires ``store_outage_s`` after the
+    oldest began, and resolves once Redis answers them (SIGCONT)."""
+    from asynccoord.backends.redis import RedisLockStore
+
+    received: list[tuple[float, Alert]] = []
+    stop = asyncio.Event()
+    async with MemoryStore() as store, RedisLockStore(server.url, prefix="h_redis:") as locks:
+        monitor = Monitor(
+            store,
+            lock_store=locks,
+            process_id="proc-h",
+            flush_interval_s=0.05,
+            evaluate_interval_s=0.05,
+            store_outage_s=OUTAGE_S,
+        )
+        monitor.subscribe(lambda alert: received.append((time.monotonic(), alert)))
+        async with monitor:
+            node = asyncio.create_task(take_locks(locks, stop))
+            await asyncio.sleep(0.3)
+            server.pause()
+            paused_at = time.monotonic()
+            try:
+                await wait_until(lambda: len(received) == 1)
+                assert locks.reach.waiting >= 1
+                assert locks.reach.failures == 0
+            finally:
+                server.resume()
+            resumed_at = time.monotonic()
+            await wait_until(lambda: len(received) == 2)
+            stop.set()
+            await node
+    (fired_mono, fired), (resolved_mono, resolved) = received
+    assert (fired.rule, fired.state, fired.scope_key, fired.count) == (
+        "lock_store_unreachable",
+        AlertState.FIRING,
+        "proc-h",
+        1,
+    )
+    assert OUTAGE_S - 0.2 <= fired_mono - paused_at <= OUTAGE_S + 2.0, fired_mono - paused_at
+    assert (resolved.rule, resolved.state) == ("lock_store_unreachable", AlertState.RESOLVED)
+    assert resolved_mono >= resumed_at
+
+
+async def test_a_healthy_idle_lock_store_gets_no_call_from_the_watch(server: OwnRedis) -> None:
+    """Nothing calls the lock store: the monitor watching it sends it no command either."""
+    import redis.asyncio as aioredis
+
+    from asynccoord.backends.redis import RedisLockStore
+
+    client = aioredis.Redis.from_url(server.url)
+    try:
+        async with (
+            MemoryStore() as store,
+            RedisLockStore(server.url, prefix="h_redis:") as locks,
+            Monitor(store, lock_store=locks, flush_interval_s=0.05, store_outage_s=0.2),
+        ):
+            before = (await client.info("stats"))["total_commands_processed"]
+            await asyncio.sleep(1.0)
+            after = (await client.info("stats"))["total_commands_processed"]
+    finally:
+        await client.aclose()
+    assert after - before == 1  # the first INFO itself
