@@ -62,7 +62,8 @@ COMMANDS: list[Command] = [
         configure=configure_status,
         run=status_command,
         check=check_status,
-        exits="Exit status: 0 printed; 1 the database failed or is not one of asynccoord, or the output "
+        exits="Exit status: 0 printed (a --lock-store that cannot be reached is said in it); 1 the database "
+        "failed or is not one of asynccoord, or the output "
         "could not be written; 2 bad usage.",
     ),
     Command(

@@ -35,6 +35,7 @@ from ..config import StoreConfig
 from ..contract.deadletters import DeadLetterStore
 from ..contract.monitor import check_windows
 from ..contract.ratelimits import RateLimitStore
+from ..errors import StoreError
 from ..locks.pool import PLACE_PREFIX
 from ..monitor.monitor import LEADER_LOCK
 from ..monitor.snapshot import cluster_snapshot
@@ -112,6 +113,7 @@ async def status_report(
     windows_s: Sequence[float] = (10.0, 60.0),
     db: str | None = None,
     lock_store: Any = None,
+    lock_store_error: str | None = None,
 ) -> dict[str, Any]:
     """Gather the status of the cluster behind an open ``store``.
 
@@ -123,7 +125,11 @@ async def status_report(
             e.g. a :class:`~asynccoord.backends.redis.RedisLockStore`): its locks are listed
             after ``store``'s, each with ``"store": "lock_store"``. When it lists none, one bounded
             search of its server names the other prefixes holding lock keys
-            (``lock_store.prefix_hint``, :mod:`asynccoord.cli.prefixhint`). Default None.
+            (``lock_store.prefix_hint``, :mod:`asynccoord.cli.prefixhint`). One that cannot be
+            read (a :class:`~asynccoord.errors.StoreError`) lists no lock: its error is the
+            report's ``lock_store.error``, and the rest is read from ``store`` all the same. Default None.
+        lock_store_error: Why ``lock_store`` could not be opened: it is not read, and this is
+            the report's ``lock_store.error``. Default None.
 
     Returns:
         A JSON-ready dict valid under :func:`status_schema`.
@@ -139,11 +145,14 @@ async def status_report(
     locks = [("db", lock) for lock in held if lock.name != LEADER_LOCK]
     leader = next((lock for lock in held if lock.name == LEADER_LOCK), None)
     hint = None
-    if lock_store is not None:
-        in_store = await lock_store.list_locks()
-        locks += [("lock_store", lock) for lock in in_store]
-        if not in_store:  # maybe not the nodes' --lock-prefix: a bounded search, only then
-            hint = await prefix_hint(lock_store)
+    if lock_store is not None and lock_store_error is None:
+        try:  # a lock store outage hides nothing the database can tell
+            in_store = await lock_store.list_locks()
+            locks += [("lock_store", lock) for lock in in_store]
+            if not in_store:  # maybe not the nodes' --lock-prefix: a bounded search, only then
+                hint = await prefix_hint(lock_store)
+        except StoreError as exc:
+            lock_store_error = str(exc)
     snapshot = await cluster_snapshot(store, windows)
     partitions = int(store.partitions)
     # As the nodes compute it: over the live members draining the same queue (their heartbeat's
@@ -217,7 +226,9 @@ async def status_report(
         "queues": queues,
         "partitions": partitions,
         "nodes": nodes,
-        "lock_store": None if lock_store is None else {**_lock_store_entry(lock_store), "prefix_hint": hint},
+        "lock_store": None
+        if lock_store is None
+        else {**_lock_store_entry(lock_store), "prefix_hint": hint, "error": lock_store_error},
         "locks": [
             {
                 "store": where,
@@ -330,15 +341,21 @@ async def collect_status(
         InvalidArgumentError: ``schema`` with an SQLite ``path``, or no valid schema name.
         NotADatabaseError: no database at ``path`` (or in ``schema``), or not one of asynccoord.
         SchemaVersionError: the schema is another version than this asynccoord's.
-        StoreError: a read failed (StoreConnectionError: the lock store cannot be reached).
+        StoreError: a read of the database failed (a lock store that cannot be reached is the
+            report's ``lock_store.error``).
     """
-    locks_cm = None if lock_store is None else open_lock_store(lock_store, prefix=lock_prefix)
+    locks = None if lock_store is None else open_lock_store(lock_store, prefix=lock_prefix)
     async with contextlib.AsyncExitStack() as stack:
-        locks = None if locks_cm is None else await stack.enter_async_context(locks_cm)
+        error = None
+        if locks is not None:
+            try:
+                await stack.enter_async_context(locks)
+            except StoreError as exc:
+                error = str(exc)
         store, label = await stack.enter_async_context(
             open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema)
         )
-        return await status_report(store, windows_s=windows_s, db=label, lock_store=locks)
+        return await status_report(store, windows_s=windows_s, db=label, lock_store=locks, lock_store_error=error)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -482,6 +499,8 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
             f"done {tasks['done']}, dead {tasks['dead']})  oldest pending={_fmt_s(tasks['oldest_pending_age_s'])}",
         )
     )
+    if (report.get("lock_store") or {}).get("error") is not None:  # as the dashboard's banner
+        console.print(f"lock store unreachable: {report['lock_store']['error']}", style="bold red", soft_wrap=True)
 
     table = Table(title="Queues", box=box.SIMPLE_HEAVY)
     # "claimed" (the JSON's "running"): leased to a node, sending or still waiting for its lock.

@@ -557,7 +557,13 @@ def test_status_lists_the_locks_held_in_a_redis_lock_store(python: PythonRunner,
         ("db", "account:in-db", "node-db"),
         ("lock_store", "account:in-redis", "node-redis"),
     ]
-    assert report["lock_store"] == {"url": REDIS_URL, "prefix": prefix, "persistent": persistent, "prefix_hint": None}
+    assert report["lock_store"] == {
+        "url": REDIS_URL,
+        "prefix": prefix,
+        "persistent": persistent,
+        "prefix_hint": None,
+        "error": None,
+    }
     assert ("asynccoord.redis.no_persistence" in as_json.stderr) is (persistent is False)
     text = as_table.stdout
     assert f"lock store {REDIS_URL} prefix {prefix!r}" in text

@@ -335,8 +335,11 @@
   function render() {
     const sec = state.sections;
     const error = $("error");
-    error.hidden = !sec.error;
-    error.textContent = sec.error || "";
+    // A lock store that cannot be read hides its locks only: the rest of the status is shown under the banner.
+    const lockError = sec.status && sec.status.lock_store && sec.status.lock_store.error;
+    const banner = sec.error || (lockError ? "lock store unreachable: " + lockError : "");
+    error.hidden = !banner;
+    error.textContent = banner;
     if (sec.status) {
       renderStatus(sec.status);
       renderResolved(sec.resolved, sec.status.now_s);
