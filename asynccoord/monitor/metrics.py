@@ -24,9 +24,9 @@ from ..errors import InvalidArgumentError, InvalidTypeError
 from ..events import EVENT_NAMES, EventCounter
 from ..validation import check_name
 from .gauges import GaugeReading, QueueGauges
-from .histogram import BUCKET_BOUNDS_MS, Histogram
+from .histogram import BUCKET_BOUNDS_MS, CLAIM_MS, COMMIT_MS, ENQUEUE_TO_COMMIT_MS, SEND_MS, Histogram
 
-__all__ = ("CoordCollector", "latency_metric_name", "register_collector", "render_prometheus")
+__all__ = ("CoordCollector", "latency_help", "latency_metric_name", "register_collector", "render_prometheus")
 
 PREFIX = "asynccoord"
 STORE_LABEL = "store"
@@ -59,10 +59,32 @@ _EXPORTS: weakref.WeakKeyDictionary[CollectorRegistry, weakref.ref[CoordCollecto
 _EXPORTS_LOCK = threading.Lock()
 
 
+_LATENCY_HELP = {
+    CLAIM_MS: "Claim latency (one store.claim call)",
+    SEND_MS: "Send latency (the application's send(task))",
+    COMMIT_MS: "Commit latency (one store.complete call)",
+    ENQUEUE_TO_COMMIT_MS: "Enqueue-to-commit latency (a task's creation to its commit, store clock)",
+}
+"""The description of each known latency histogram, without the recorder's ``_ms`` name."""
+
+
+def _base_name(name: str) -> str:
+    """A latency histogram's name without its ``_ms`` suffix (the export is in seconds)."""
+    return name[:-3] if name.endswith("_ms") else name
+
+
 def latency_metric_name(name: str) -> str:
     """The Prometheus name of a latency histogram: ``claim_ms`` -> ``asynccoord_claim_duration_seconds``."""
-    base = name[:-3] if name.endswith("_ms") else name
-    return f"{PREFIX}_{_INVALID.sub('_', base)}_duration_seconds"
+    return f"{PREFIX}_{_INVALID.sub('_', _base_name(name))}_duration_seconds"
+
+
+def latency_help(name: str) -> str:
+    """The HELP text of a latency histogram, in seconds: ``claim_ms`` -> ``"Claim latency (...) ... seconds."``.
+
+    A name the recorder does not define reads as its words: ``"batch_wait_ms"`` -> ``"Batch wait latency ..."``.
+    """
+    what = _LATENCY_HELP.get(name) or f"{_base_name(name).replace('_', ' ').capitalize()} latency"
+    return f"{what} observed by this process, seconds."
 
 
 def _buckets_seconds(hist: Histogram) -> list[tuple[str, float]]:
@@ -308,7 +330,7 @@ class CoordCollector(Collector):
         for name, found in sorted(latencies.items()):
             family = HistogramMetricFamily(
                 latency_metric_name(name),
-                f"Latency {name} observed by this process, seconds.",
+                latency_help(name),
                 labels=extra,
                 unit="seconds",
             )

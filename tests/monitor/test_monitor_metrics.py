@@ -114,6 +114,30 @@ def test_collector_on_a_registry_and_names() -> None:
     assert latency_metric_name("odd name") == "asynccoord_odd_name_duration_seconds"
 
 
+async def test_latency_help_names_the_latency_in_words_and_seconds_not_the_ms_recorder_name(
+    clock: FakeClock,
+) -> None:
+    """The values are seconds: the HELP text must not read as milliseconds (``claim_ms``)."""
+    store = MemoryStore(clock=clock)
+    await store.open()
+    for name in ("claim_ms", "send_ms", "commit_ms", "enqueue_to_commit_ms", "batch_wait_ms"):
+        store.latencies.observe(name, 3.0)
+    text = render_prometheus(store).decode("utf-8")
+    await store.close()
+    helps = {f.name: f.documentation for f in _families(text).values() if f.type == "histogram"}
+    assert helps == {
+        "asynccoord_claim_duration_seconds": "Claim latency (one store.claim call) observed by this process, seconds.",
+        "asynccoord_send_duration_seconds": "Send latency (the application's send(task)) observed by this process,"
+        " seconds.",
+        "asynccoord_commit_duration_seconds": "Commit latency (one store.complete call) observed by this process,"
+        " seconds.",
+        "asynccoord_enqueue_to_commit_duration_seconds": "Enqueue-to-commit latency (a task's creation to its"
+        " commit, store clock) observed by this process, seconds.",
+        "asynccoord_batch_wait_duration_seconds": "Batch wait latency observed by this process, seconds.",
+    }
+    assert "_ms" not in "".join(helps.values())
+
+
 def _families(text: str) -> dict[str, Family]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
