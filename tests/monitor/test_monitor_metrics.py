@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric as Family
 from prometheus_client.parser import text_string_to_metric_families
 from services import ServiceStores
-from support import FakeClock
+from support import ROOT, FakeClock
 
 from asynccoord import (
     AlertRule,
@@ -284,3 +284,37 @@ def test_a_store_is_exported_once_as_a_store_or_as_a_lock_store(lock_store_first
     # A second store sharing the lock store is refused too.
     with pytest.raises(InvalidArgumentError, match="would double"):
         register_collector(MemoryStore(), registry=registry, lock_store=locks, name="two")
+
+
+README_METRIC = re.compile(r"\basynccoord_[a-z0-9_]+")
+
+
+async def test_every_metric_the_readme_names_is_exported_and_its_backlog_alert_reads_the_oldest_pending_age(
+    clock: FakeClock,
+) -> None:
+    """README.md names only metrics a scrape holds, and gives a Prometheus rule on the backlog's age."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    store = MemoryStore(clock=clock)
+    await store.open()
+    await store.enqueue("outbox", {"n": 1})
+    clock.advance(19.6)
+    store.latencies.observe("claim_ms", 1.0)
+    registry = CollectorRegistry()
+    async with Monitor(store, background=False, process_id="p") as monitor:
+        collector = register_collector(store, monitor, registry, queues=["outbox"])
+        (gauges,) = collector.queue_gauges()
+        await gauges.read()
+        text = generate_latest(registry).decode("utf-8")
+    await store.close()
+    exported = set()
+    for family in _families(text).values():
+        exported.add(family.name)
+        exported.update(sample.name for sample in family.samples)
+    named = set(README_METRIC.findall(readme))
+    assert named, "README.md names no metric"
+    assert named <= exported, sorted(named - exported)
+    (oldest,) = _families(text)["asynccoord_queue_oldest_pending_age_seconds"].samples
+    assert (oldest.labels, oldest.value) == ({"queue": "outbox"}, pytest.approx(19.6, abs=0.01))
+    exprs = re.findall(r"^\s*expr: (.+)$", readme, flags=re.MULTILINE)
+    assert any("asynccoord_queue_oldest_pending_age_seconds" in expr for expr in exprs), exprs
+    assert any("asynccoord_queue_stats_age_seconds" in expr for expr in exprs), exprs
