@@ -202,6 +202,8 @@ async def status_report(
             entry["fired_at"] = min(entry["fired_at"], alert.fired_at)
             if alert.at >= entry["at"]:
                 entry.update({k: v for k, v in alert.to_dict().items() if k not in ("fired_at", "monitor_id")})
+    for entry in alerts.values():  # "state" stays "firing" for a muted incident: this says it was never sent
+        entry["muted"] = entry["inhibited_by"] is not None
     snap = snapshot.to_dict()
     processes, nodes = attach_processes(
         snap["processes"],

@@ -164,6 +164,34 @@ async def test_status_report_is_consistent_and_valid(store: Store, clock: FakeCl
             validate(stray)
 
 
+async def test_status_json_and_the_dashboard_feed_say_muted_for_an_incident_muted_by_another(
+    store: Store, clock: FakeClock
+) -> None:
+    """``state`` reads "firing" for every open incident (kept for compatibility); ``muted`` tells them apart."""
+    from asynccoord.monitor.dashboard.feed import Feed
+
+    nodes = AlertRule(name="lost_nodes", event=ev.NODE_LOST, threshold=0, window_s=60.0)
+    locks = AlertRule(name="lost_locks", event=ev.LOCK_LOST, threshold=0, window_s=60.0, inhibited_by="lost_nodes")
+    async with Monitor(store, rules=[nodes, locks], background=False, process_id="p-1") as monitor:
+        store.events.add(ev.NODE_LOST)
+        store.events.add(ev.LOCK_LOST)
+        await monitor.flush()
+        await monitor.evaluate()
+        report = await status_report(store)
+        feed = Feed(lambda: status_report(store))
+        await feed.poll()
+        await feed.stop()
+    validate(report)
+    rows = [(a["rule"], a["state"], a["inhibited_by"], a["muted"]) for a in report["alerts"]]
+    assert sorted(rows) == [("lost_locks", "firing", "lost_nodes", True), ("lost_nodes", "firing", None, False)]
+    shown = feed.state()["sections"]["status"]["alerts"]
+    assert sorted((a["rule"], a["muted"]) for a in shown) == [("lost_locks", True), ("lost_nodes", False)]
+    unmarked = json.loads(json.dumps(report))
+    del unmarked["alerts"][0]["muted"]
+    with pytest.raises(jsonschema.ValidationError, match="muted"):
+        validate(unmarked)
+
+
 async def test_status_tells_running_tasks_whose_lease_expired(store: Store, clock: FakeClock) -> None:
     await store.enqueue_many([NewTask(queue="outbox", payload=i) for i in range(5)])
     await store.enqueue("other", 1)

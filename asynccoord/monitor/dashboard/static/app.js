@@ -164,16 +164,16 @@
     // A lock store whose prefix holds nothing while others hold lock keys: likely the wrong --lock-prefix.
     const hint = s.lock_store && s.lock_store.prefix_hint;
     setNote("lock-prefix-hint", hint ? hint.message : "");
-    // An alert muted by another rule's (inhibited_by) is a consequence of that incident: listed
-    // after the firing ones as "muted by", never counted as firing (as status shows it).
-    const firing = s.alerts.filter((a) => !a.inhibited_by);
-    const muted = s.alerts.filter((a) => a.inhibited_by);
+    // An alert muted by another rule's (muted, inhibited_by) is a consequence of that incident:
+    // listed after the firing ones as "muted by", never counted as firing (as status shows it).
+    const firing = s.alerts.filter((a) => !a.muted);
+    const muted = s.alerts.filter((a) => a.muted);
     $("alert-count").textContent = "(" + firing.length + ")" + (muted.length ? " and muted (" + muted.length + ")" : "");
     fill("alerts", firing.concat(muted), (tr, a) => {
-      tr.className = a.inhibited_by ? "muted-alert" : "firing";
+      tr.className = a.muted ? "muted-alert" : "firing";
       tr.dataset.rule = a.rule;
       const rel = a.relative_to !== null;
-      cell(tr, a.inhibited_by ? a.rule + " (muted by " + a.inhibited_by + ")" : a.rule, "rule");
+      cell(tr, a.muted ? a.rule + " (muted by " + a.inhibited_by + ")" : a.rule, "rule");
       cell(tr, a.event, "event");
       cell(tr, rel ? (a.value * 100).toFixed(1) + " %" : fmtNum(a.value), "value");
       cell(tr, rel ? (a.threshold * 100).toFixed(1) + " %" : fmtNum(a.threshold), "threshold");
