@@ -571,8 +571,11 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     table = Table(title="Events (all processes)", box=box.SIMPLE_HEAVY)
     table.add_column("event")
     table.add_column("total", justify="right")
-    for w in windows:
-        table.add_column(f"/s last {w['window_s']:g}s", justify="right")
+    for w in windows:  # over the part of the window that has data: a young cluster's first seconds
+        span = w.get("span_s", w["window_s"])
+        table.add_column(
+            f"/s last {w['window_s']:g}s" + (f" ({span:.0f}s of data)" if span < w["window_s"] else ""), justify="right"
+        )
     names = [n for n in CONFLICT_EVENTS if n in events["totals"]]
     names += [n for n in (ev.CLAIMS, ev.COMMITS) if n in events["totals"]]
     names += sorted(n for n in events["totals"] if n not in names)

@@ -3,7 +3,8 @@
 :func:`cluster_snapshot` reads what every process' monitor flushed (one
 :meth:`~asynccoord.contract.monitor.MonitorStore.read_metrics` call) and folds it into
 a :class:`ClusterSnapshot`: lifetime totals per process and summed, event counts and
-rates per second over each sliding window asked for, and quantile estimates of the
+rates per second over each sliding window asked for (over the part of it the flushed
+counts cover, :func:`covered_span_s`), and quantile estimates of the
 merged latency histograms. It needs no :class:`~asynccoord.monitor.monitor.Monitor`, so
 the status command reads a read-only store with it.
 """
@@ -11,7 +12,7 @@ the status command reads a read-only store with it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,15 @@ from ..contract.monitor import PROCESS_SCOPE, Alert, MetricsView, ProcessReport,
 from ..errors import InvalidTypeError
 from .histogram import Histogram
 
-__all__ = ("ClusterSnapshot", "EventWindow", "LatencySummary", "build_snapshot", "cluster_snapshot")
+__all__ = (
+    "MIN_SPAN_S",
+    "ClusterSnapshot",
+    "EventWindow",
+    "LatencySummary",
+    "build_snapshot",
+    "cluster_snapshot",
+    "covered_span_s",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,12 +58,17 @@ class EventWindow:
     Attributes:
         window_s: The window, seconds.
         counts: Event name -> events in the window (all processes).
-        rates_per_s: Event name -> ``counts / window_s``, events per second.
+        rates_per_s: Event name -> ``counts / span_s``, events per second.
+        span_s: The seconds of the window the counts cover: ``window_s``, or less while the
+            earliest first flush of the processes that flushed in it is more recent (a
+            cluster started 30 s ago has 30 s of data in a 60 s window). At least
+            :data:`MIN_SPAN_S` (or ``window_s`` when shorter).
     """
 
     window_s: float
     counts: Mapping[str, int]
     rates_per_s: Mapping[str, float]
+    span_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,7 +114,12 @@ class ClusterSnapshot:
             "process_totals": {p: dict(c) for p, c in self.process_totals.items()},
             "node_totals": {n: dict(c) for n, c in self.node_totals.items()},
             "windows": [
-                {"window_s": w.window_s, "counts": dict(w.counts), "rates_per_s": dict(w.rates_per_s)}
+                {
+                    "window_s": w.window_s,
+                    "span_s": w.span_s,
+                    "counts": dict(w.counts),
+                    "rates_per_s": dict(w.rates_per_s),
+                }
                 for w in self.windows
             ],
             "latencies": [
@@ -120,6 +139,30 @@ class ClusterSnapshot:
             ],
             "alerts": [a.to_dict() for a in self.alerts],
         }
+
+
+MIN_SPAN_S = 1.0
+"""The shortest span a rate is taken over, seconds: one time bucket of the flushed counts."""
+
+
+def covered_span_s(processes: Iterable[ProcessReport], now_s: float, window_s: float) -> float:
+    """The seconds of the window ending at ``now_s`` that the flushed counts cover.
+
+    The counts start at the earliest first flush of the processes that flushed within the
+    window (a monitor flushes at its start, so its counts begin there); a window reaching
+    back before it holds no data for that time, and dividing by the whole window would
+    understate every rate. Processes whose last flush is older than the window hold no
+    count in it and are left out.
+
+    Returns:
+        ``window_s`` when the data reaches back to the window's start, or no process
+        flushed in it; else the seconds since that first flush, at least :data:`MIN_SPAN_S`.
+    """
+    since = now_s - window_s
+    starts = [p.first_flush_at for p in processes if p.last_flush_at > since]
+    if not starts or min(starts) <= since:
+        return window_s
+    return min(window_s, max(MIN_SPAN_S, now_s - min(starts)))
 
 
 def build_snapshot(view: MetricsView, windows_s: Sequence[float]) -> ClusterSnapshot:
@@ -146,8 +189,11 @@ def build_snapshot(view: MetricsView, windows_s: Sequence[float]) -> ClusterSnap
             if scope == PROCESS_SCOPE:
                 counts[name] = counts.get(name, 0) + value
         counts = dict(sorted(counts.items()))
+        span = covered_span_s(view.processes.values(), view.now_s, window)
         windows.append(
-            EventWindow(window_s=window, counts=counts, rates_per_s={n: c / window for n, c in counts.items()})
+            EventWindow(
+                window_s=window, counts=counts, rates_per_s={n: c / span for n, c in counts.items()}, span_s=span
+            )
         )
     latencies = {
         window: {name: LatencySummary.of(h) for name, h in sorted(view.latencies.get(window, {}).items())}

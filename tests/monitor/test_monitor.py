@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import logging
 import math
 import re
@@ -39,7 +40,7 @@ from asynccoord import (
     Task,
 )
 from asynccoord import events as ev
-from asynccoord.cli.status import status_report
+from asynccoord.cli.status import render_status, status_report
 from asynccoord.contract.monitor import RETIRED_PROCESS_ID, MetricsFlush, MonitorStore, open_alerts
 from asynccoord.monitor.monitor import LEADER_LOCK
 from asynccoord.monitor.rules import DEFAULT_RULES
@@ -189,7 +190,9 @@ async def test_flush_adds_deltas_into_windows_and_totals(store: Store, clock: Fa
     snapshot = await cluster_snapshot(store, [2.0, 10.0])
     assert snapshot.totals == {ev.COMMITS: 8}  # node rows are a breakdown, not added again
     assert snapshot.node_totals == {"node-1": {ev.COMMITS: 3}}
-    assert snapshot.window(10.0).rates_per_s[ev.COMMITS] == pytest.approx(0.8)
+    # The counts begin at p1's first flush, 6 s ago: the 10 s window has 6 s of data.
+    assert snapshot.window(10.0).span_s == pytest.approx(6.0)
+    assert snapshot.window(10.0).rates_per_s[ev.COMMITS] == pytest.approx(8 / 6)
 
 
 async def test_old_buckets_are_purged_and_silent_processes_retired(store: Store, clock: FakeClock) -> None:
@@ -689,6 +692,37 @@ async def test_alert_round_trips_through_json() -> None:
         Alert.from_dict({"rule": "r"})
 
 
+async def test_rates_of_a_young_cluster_divide_by_the_time_its_counts_cover(
+    make_store: MakeStore, clock: FakeClock
+) -> None:
+    """30 s after a start, 193 claims a second read 193/s over the 60 s window, not 193 * 30 / 60."""
+    store = await make_store()
+    # A process of an earlier run, gone long before the window: its first flush is no start of this data.
+    await store.flush_metrics(MetricsFlush(process_id="earlier", counters={("", ev.CLAIMS): 50}))
+    clock.advance(300.0)
+    async with manual(store, [], process_id="young") as monitor:
+        for _ in range(30):
+            await monitor.flush()
+            clock.advance(1.0)
+            store.events.add(ev.CLAIMS, 193)
+        await monitor.flush()
+        snapshot = await monitor.snapshot([10.0, 60.0])
+        report = await status_report(store, windows_s=[10.0, 60.0])
+    assert snapshot.window(60.0).counts == {ev.CLAIMS: 193 * 30}
+    assert snapshot.window(60.0).span_s == pytest.approx(30.0)
+    assert snapshot.window(60.0).rates_per_s[ev.CLAIMS] == pytest.approx(193.0)
+    assert snapshot.window(10.0).span_s == 10.0  # this window lies wholly after the start
+    # now - 10 s cuts the bucket 9 s in (buckets after it count): 10 flushes of 193, over 10 s.
+    assert snapshot.window(10.0).rates_per_s[ev.CLAIMS] == pytest.approx(193.0)
+    windows = {w["window_s"]: w for w in report["events"]["windows"]}
+    assert windows[60.0]["span_s"] == pytest.approx(30.0)
+    assert windows[60.0]["rates_per_s"][ev.CLAIMS] == pytest.approx(193.0)
+    out = io.StringIO()
+    render_status(report, out, color=False)
+    assert "/s last 60s (30s of data)" in out.getvalue()
+    assert "/s last 10s " in out.getvalue()
+
+
 async def test_snapshot_reports_rates_and_latencies(make_store: MakeStore, clock: FakeClock) -> None:
     store = await make_store()
     async with manual(store, []) as monitor:
@@ -700,7 +734,8 @@ async def test_snapshot_reports_rates_and_latencies(make_store: MakeStore, clock
         snapshot = await monitor.snapshot([5.0, 60.0])
     assert snapshot.totals == {ev.CLAIMS: 60}
     assert snapshot.window(5.0).counts == {ev.CLAIMS: 24}  # buckets after now - 5: 4 flushes of 6
-    assert snapshot.window(60.0).rates_per_s[ev.CLAIMS] == pytest.approx(1.0)
+    assert snapshot.window(60.0).rates_per_s[ev.CLAIMS] == pytest.approx(6.0)  # 60 claims in the 10 s of data
+    assert snapshot.window(60.0).span_s == pytest.approx(10.0)
     latency = snapshot.latencies[60.0]["claim_ms"]
     assert latency.count == 10
     assert latency.p50_ms == pytest.approx(4.0, rel=0.19)
