@@ -3,7 +3,8 @@
 A process hosted by ``python -m asynccoord run`` has a :class:`~asynccoord.monitor.monitor.Monitor`
 like an embedded one; the leader's monitor hands each cluster alert to its sinks. These
 options give the command's monitor what an embedding process gives its own: ``--alert-webhook
-URL`` (a :class:`~asynccoord.monitor.webhook.WebhookSink` per URL, extra ``webhook``) and
+URL`` (a :class:`~asynccoord.monitor.webhook.WebhookSink` per URL, extra ``webhook``), with
+``--alert-label NAME=VALUE`` (labels naming the cluster in every notice), and
 ``--metrics-port PORT`` (the process's counters, latencies and alerts, and gauges of its
 queue's backlog and live nodes, in Prometheus' text format on ``http://HOST:PORT/metrics``,
 served by ``prometheus_client`` on a registry of its own, extra ``metrics``).
@@ -19,11 +20,18 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from ..validation import check_int, check_name
 
-__all__ = ("add_monitor_options", "alert_sinks", "check_monitor_options", "export", "serve_metrics")
+__all__ = (
+    "add_monitor_options",
+    "alert_labels",
+    "alert_sinks",
+    "check_monitor_options",
+    "export",
+    "serve_metrics",
+)
 
 
 def add_monitor_options(parser: argparse.ArgumentParser) -> None:
-    """Add ``--alert-webhook``, ``--metrics-port`` and ``--metrics-host`` to ``parser``."""
+    """Add ``--alert-webhook``, ``--alert-label``, ``--metrics-port`` and ``--metrics-host`` to ``parser``."""
     parser.add_argument(
         "--alert-webhook",
         action="append",
@@ -31,6 +39,14 @@ def add_monitor_options(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="POST every alert notice as JSON to URL (extra 'webhook'); repeat for several. Each process "
         "gives its own: the monitor that leads the cluster raises its alerts",
+    )
+    parser.add_argument(
+        "--alert-label",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --alert-webhook: a label sent with every alert notice, such as cluster=prod (in the body's "
+        "'labels' and at the start of its 'text'); repeat for several",
     )
     parser.add_argument(
         "--metrics-port",
@@ -74,16 +90,34 @@ def alert_sinks(args: argparse.Namespace) -> list[Any]:
         InvalidArgumentError: a URL the sink refuses, or aiohttp missing (extra ``webhook``).
     """
     urls = getattr(args, "alert_webhook", None) or []
+    labels = alert_labels(getattr(args, "alert_label", None) or [])
     if not urls:
+        if labels:
+            raise InvalidArgumentError("--alert-label applies to --alert-webhook only: add --alert-webhook URL")
         return []
     try:
         from ..monitor.webhook import WebhookSink
 
-        return [WebhookSink(url) for url in urls]
+        return [WebhookSink(url, labels=labels) for url in urls]
     except ImportError:
         raise InvalidArgumentError("--alert-webhook needs aiohttp: pip install 'asynccoord[webhook]'") from None
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"--alert-webhook: {exc}") from None
+
+
+def alert_labels(specs: list[str]) -> dict[str, str]:
+    """The labels of ``--alert-label NAME=VALUE`` options, in order (a name given twice keeps its last value).
+
+    Raises:
+        InvalidArgumentError: an option without ``=``, or with an empty or blank name.
+    """
+    labels: dict[str, str] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not name.strip():
+            raise InvalidArgumentError(f"--alert-label {spec!r}: give NAME=VALUE, as in --alert-label cluster=prod")
+        labels[name.strip()] = value
+    return labels
 
 
 @contextlib.contextmanager

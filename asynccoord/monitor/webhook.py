@@ -21,10 +21,10 @@ from .._errtext import error_text
 from ..config import RetryPolicy
 from ..contract.monitor import Alert
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..validation import check_int, check_positive
+from ..validation import check_int, check_name, check_positive
 from .alerts import SinkStats
 
-__all__ = ("DEFAULT_WEBHOOK_RETRY", "WebhookSink", "retry_after_s")
+__all__ = ("DEFAULT_WEBHOOK_RETRY", "WebhookSink", "alert_body", "retry_after_s")
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,50 @@ def _check_headers(headers: object) -> dict[str, str]:
     return checked
 
 
+_LABEL_VALUE_MAX = 1024
+"""Longest label value, characters."""
+
+
+def _check_labels(labels: object) -> dict[str, str]:
+    """The labels of a :class:`WebhookSink`: str names (1..255 characters) to str values.
+
+    Raises:
+        InvalidTypeError: not a mapping, or a name or value that is not a str.
+        InvalidArgumentError: an empty or blank name, or a value over 1,024 characters.
+    """
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise InvalidTypeError(f"labels must be a mapping of str to str or None, got {type(labels).__name__}")
+    checked: dict[str, str] = {}
+    for name, value in labels.items():
+        if not isinstance(name, str):
+            raise InvalidTypeError(f"labels names must be str, got {type(name).__name__} {name!r:.50}")
+        check_name(f"labels name {name!r:.50}", name)
+        if not isinstance(value, str):
+            raise InvalidTypeError(f"labels[{name!r:.50}] must be a str, got {type(value).__name__}")
+        if len(value) > _LABEL_VALUE_MAX:
+            raise InvalidArgumentError(
+                f"labels[{name!r:.50}] is {len(value)} characters long: at most {_LABEL_VALUE_MAX}"
+            )
+        checked[name] = value
+    return checked
+
+
+def alert_body(alert: Alert, labels: Mapping[str, str]) -> dict[str, Any]:
+    """The JSON body a :class:`WebhookSink` POSTs for ``alert``.
+
+    ``alert.to_dict()``, plus ``labels`` (the sink's, ``{}`` when none) and ``text``, the
+    line chat tools show: :meth:`~asynccoord.contract.monitor.Alert.describe`, after the
+    labels as ``[name=value ...]`` when there are any, so the message says which cluster
+    it comes from.
+    """
+    text = alert.describe()
+    if labels:
+        text = "[" + " ".join(f"{name}={value}" for name, value in labels.items()) + "] " + text
+    return {**alert.to_dict(), "labels": dict(labels), "text": text}
+
+
 def _where(url: str) -> str:
     """``scheme://host[:port]`` of ``url``: its path and query often carry a secret token."""
     parts = urllib.parse.urlsplit(url)
@@ -143,9 +187,14 @@ class WebhookSink:
     which often hold a secret.
 
     The body is the notice's :meth:`~asynccoord.contract.monitor.Alert.to_dict` with a
-    ``text`` field holding :meth:`~asynccoord.contract.monitor.Alert.describe` (which chat
-    tools' incoming webhooks show as the message). HTTP is aiohttp's client: the ``webhook``
-    extra (``pip install 'asynccoord[webhook]'``).
+    ``labels`` object (the sink's ``labels``, ``{}`` without) and a ``text`` field holding
+    :meth:`~asynccoord.contract.monitor.Alert.describe` after the labels (which chat tools'
+    incoming webhooks show as the message): :func:`alert_body`. Labels name the cluster
+    (``labels={"cluster": "prod", "db": "orders"}``): the notice itself names no database,
+    and a cluster rule's count (``dead_letters``, say) spans every queue of the store, since
+    events are counted without their queue (``status`` and ``dead`` list dead tasks by
+    queue). HTTP is aiohttp's client: the ``webhook`` extra (``pip install
+    'asynccoord[webhook]'``).
 
     Give it to a :class:`~asynccoord.monitor.monitor.Monitor` (``sinks=[...]``): the
     monitor starts it, offers it each notice and closes it. On its own: ``await
@@ -164,6 +213,9 @@ class WebhookSink:
             ``Proxy-Connection``, ``Upgrade``), nor ``Host`` (the URL names it), in any case.
             ``Content-Type`` may replace the default ``application/json`` (with a charset,
             say); the body stays JSON. Default none.
+        labels: Names (str, 1..255 characters) to values (str, at most 1,024 characters)
+            sent with every notice, in the body's ``labels`` and at the start of its
+            ``text``. Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (a header value with a
@@ -179,6 +231,7 @@ class WebhookSink:
         retry: RetryPolicy = DEFAULT_WEBHOOK_RETRY,
         queue_size: int = 100,
         headers: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(url, str):
             raise InvalidTypeError(f"url must be a str, got {type(url).__name__}")
@@ -189,6 +242,7 @@ class WebhookSink:
         if not isinstance(retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
         checked_headers = _check_headers(headers)
+        checked_labels = _check_labels(labels)
         try:
             import aiohttp
         except ImportError as exc:
@@ -199,6 +253,7 @@ class WebhookSink:
         self.retry = retry
         self.queue_size = check_int("queue_size", queue_size, minimum=1)
         self.headers = checked_headers
+        self.labels = checked_labels
         self._queue: deque[Alert] = deque()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -297,7 +352,7 @@ class WebhookSink:
 
     async def _send(self, alert: Alert) -> None:
         """POST ``alert`` until a 2xx answer, a final refusal, or ``retry.max_attempts`` attempts."""
-        body = {**alert.to_dict(), "text": alert.describe()}
+        body = alert_body(alert, self.labels)
         aiohttp = self._aiohttp
         for attempt in range(1, self.retry.max_attempts + 1):
             try:

@@ -95,6 +95,11 @@ from asynccoord.node import Runtime
         (["--send", "asyncio:sleep", "--lock-store", "http://127.0.0.1:6379"], "--lock-store takes a Redis URL"),
         (["--send", "asyncio:sleep", "--lock-prefix", "bot:"], "--lock-prefix applies to a --lock-store only"),
         (["--send", "asyncio:sleep", "--alert-webhook", "ftp://hooks"], "--alert-webhook: url must be an http://"),
+        (["--send", "asyncio:sleep", "--alert-label", "cluster=prod"], "--alert-label applies to --alert-webhook only"),
+        (
+            ["--send", "asyncio:sleep", "--alert-webhook", "http://hooks/h", "--alert-label", "prod"],
+            "--alert-label 'prod': give NAME=VALUE",
+        ),
         (["--send", "asyncio:sleep", "--metrics-port", "0"], "--metrics-port must be >= 1"),
         (["--send", "asyncio:sleep", "--metrics-port", "70000"], "--metrics-port must be <= 65535"),
         (
@@ -924,6 +929,7 @@ def test_run_posts_its_alerts_to_webhooks_and_serves_its_metrics(
     asyncio.run(enqueue())
     argv = ["run", "--db", str(path), "--queue", "outbox", "--send", "serve_send:fail", "--idle-max-s", "0.1"]
     argv += ["--alert-webhook", f"http://127.0.0.1:{hooks.server_port}/hook", "--metrics-port", str(metrics_port)]
+    argv += ["--alert-label", "cluster=prod", "--alert-label", "region=eu-1"]
     try:
         assert main(argv) == 0
     finally:
@@ -931,6 +937,8 @@ def test_run_posts_its_alerts_to_webhooks_and_serves_its_metrics(
         hooks.server_close()
     [firing] = [p for p in posted if p["rule"] == "dead_letters" and p["state"] == "firing"]
     assert firing["value"] == 3
+    assert firing["labels"] == {"cluster": "prod", "region": "eu-1"}  # which cluster, in every notice
+    assert firing["text"].startswith("[cluster=prod region=eu-1] "), firing["text"]
     [page] = scraped
     dead = [
         line for line in page.splitlines() if line.startswith("asynccoord_events_total{") and "dead_lettered" in line

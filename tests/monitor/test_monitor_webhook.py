@@ -279,8 +279,39 @@ async def test_the_body_is_the_alerts_json_with_a_text_line(endpoint: Endpoint) 
         await until(lambda: sink.statistics().delivered == 1)
         (alert,) = monitor.active_alerts()
     (body,) = endpoint.bodies
-    assert body == json.loads(json.dumps({**alert.to_dict(), "text": alert.describe()}))
+    assert body == json.loads(json.dumps({**alert.to_dict(), "labels": {}, "text": alert.describe()}))
     assert endpoint.authorization == ["Bearer t"]
+
+
+async def test_the_sinks_labels_name_the_cluster_in_the_body_and_its_text(endpoint: Endpoint) -> None:
+    sink = WebhookSink(endpoint.url, labels={"cluster": "prod", "db": "orders (schema bot)"})
+    async with (
+        MemoryStore() as store,
+        Monitor(store, rules=[FENCING_RULE], background=False, process_id="p1", sinks=[sink]) as monitor,
+    ):
+        await fire(monitor, store)
+        await until(lambda: sink.statistics().delivered == 1)
+        (alert,) = monitor.active_alerts()
+    (body,) = endpoint.bodies
+    assert body["labels"] == {"cluster": "prod", "db": "orders (schema bot)"}
+    assert body["text"] == f"[cluster=prod db=orders (schema bot)] {alert.describe()}"
+    assert {k: v for k, v in body.items() if k not in ("labels", "text")} == json.loads(json.dumps(alert.to_dict()))
+
+
+@pytest.mark.parametrize(
+    ("labels", "error", "message"),
+    [
+        ({"": "prod"}, InvalidArgumentError, "labels name"),
+        ({" ": "prod"}, InvalidArgumentError, "labels name"),
+        ({"cluster": 1}, InvalidTypeError, r"labels\['cluster'\] must be a str, got int"),
+        ({1: "prod"}, InvalidTypeError, "labels names must be str, got int"),
+        ({"cluster": "x" * 1025}, InvalidArgumentError, "is 1025 characters long: at most 1024"),
+        ([("cluster", "prod")], InvalidTypeError, "labels must be a mapping"),
+    ],
+)
+def test_bad_labels_are_refused_naming_the_label(labels: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        WebhookSink("http://example.com/hook", labels=labels)
 
 
 @pytest.mark.parametrize(
