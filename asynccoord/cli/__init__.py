@@ -2,8 +2,9 @@
 
 ``run`` hosts a Runtime of N nodes around a send function named as ``module:attribute``
 until SIGTERM, SIGINT or SIGHUP (:mod:`~asynccoord.cli.run`, with ``--lifespan`` in
-:mod:`~asynccoord.cli.lifespan` and the alert webhooks and metrics in
-:mod:`~asynccoord.cli.runmonitor`). ``status`` prints one read-only report of the queues,
+:mod:`~asynccoord.cli.lifespan`, the alert webhooks and metrics in
+:mod:`~asynccoord.cli.runmonitor` and the lines it prints in
+:mod:`~asynccoord.cli.runlines`). ``status`` prints one read-only report of the queues,
 nodes, locks, rates and alerts, as tables or JSON (:mod:`~asynccoord.cli.status`);
 ``dashboard`` serves that report as a live web page (:mod:`~asynccoord.cli.dashboard`,
 extra ``dashboard``); ``dead`` lists a queue's dead tasks, then requeues or discards them

@@ -72,6 +72,7 @@ from .lifespan import Lifespan, check_lifespan, open_lifespan
 from .loading import load_callable
 from .lockstore import add_lock_store_options, check_lock_store_options
 from .output import write_stdout
+from .runlines import lock_store_line, stopped_line
 from .runmonitor import add_monitor_options, alert_sinks, check_monitor_options, export, serve_metrics
 from .targethelp import target_help
 from .untilsignal import enter_until_signalled
@@ -518,12 +519,15 @@ def run_command(args: argparse.Namespace) -> int:
                     nodes = f"{args.nodes} node{'' if args.nodes == 1 else 's'}"
                     fresh = " (a new database, created now)" if created else ""
                     write_stdout(f"asynccoord: {nodes} draining {args.queue!r} of {target}{fresh}\n")
+                    if lock_store is not None:
+                        write_stdout(lock_store_line(lock_store))
                     if held:  # a signal came while starting: stop at once
                         signum = held[0]
                         await runtime.shutdown()
                     else:  # the wait shares the handlers held here: no moment without one
                         signum = await runtime.wait_for_signal(stops)
                     log.info("asynccoord.serve.stopped signal=%s", signum)
+                write_stdout(stopped_line(signum, runtime.states()))  # the nodes stopped, the monitor closed
         finally:
             # On the way out: a late SIGTERM or SIGHUP must not turn a clean exit into death by signal.
             _stop_holding(loop, holding, note, _ignored_at_exit(bool(getattr(args, "_exiting", False))))

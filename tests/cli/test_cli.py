@@ -476,7 +476,7 @@ def drain_then_stop(drained: list[bool]) -> Callable[..., Awaitable[int]]:
     async def wait(self: Runtime, signals: object = ()) -> int:
         drained.append(await self.wait_until_drained(timeout_s=20.0))
         await self.shutdown()
-        return 0
+        return int(signal.SIGTERM)  # as the signal that stopped a real run
 
     return wait
 
@@ -534,7 +534,24 @@ def test_run_drains_an_sqlite_url(
         ["end", "2"],
         ["end", "3"],
     ]
-    assert capsys.readouterr().out == f"asynccoord: 2 nodes draining 'outbox' of sqlite:///{path}\n"
+    assert capsys.readouterr().out == (
+        f"asynccoord: 2 nodes draining 'outbox' of sqlite:///{path}\n"
+        "asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back\n"
+    )
+
+
+def test_runs_lines_name_the_lock_store_without_its_password_and_the_stop() -> None:
+    from asynccoord.cli.runlines import lock_store_line, stopped_line
+    from asynccoord.node.status import NodeState
+
+    need_redis_py()  # no server needed: the store is not opened
+    locks = RedisLockStore("redis://:s3cret@cache.internal:6379/0", prefix="bot:")
+    assert lock_store_line(locks) == "asynccoord: locks in redis://:***@cache.internal:6379/0 under prefix 'bot:'\n"
+    states = [NodeState(node_id="a", committed=5, handed_back=1), NodeState(node_id="b", committed=1)]
+    assert stopped_line(int(signal.SIGHUP), states) == (
+        "asynccoord: 2 nodes stopped on SIGHUP: 6 tasks committed, 1 handed back\n"
+    )
+    assert stopped_line(0, states[:1]) == "asynccoord: 1 node stopped on signal 0: 5 tasks committed, 1 handed back\n"
 
 
 def test_run_says_when_it_creates_the_database(
@@ -547,10 +564,13 @@ def test_run_says_when_it_creates_the_database(
     argv = ["run", "--db", str(typo), "--queue", "outbox", "--send", "serve_send:send", "--nodes", "1"]
     assert main(argv) == 0
     assert drained == [True]
-    assert capsys.readouterr().out == f"asynccoord: 1 node draining 'outbox' of {typo} (a new database, created now)\n"
+    stopped = "asynccoord: 1 node stopped on SIGTERM: 0 tasks committed, 0 handed back\n"
+    assert capsys.readouterr().out == (
+        f"asynccoord: 1 node draining 'outbox' of {typo} (a new database, created now)\n{stopped}"
+    )
     assert typo.exists()
     assert main(argv) == 0  # the second run finds it
-    assert capsys.readouterr().out == f"asynccoord: 1 node draining 'outbox' of {typo}\n"
+    assert capsys.readouterr().out == f"asynccoord: 1 node draining 'outbox' of {typo}\n{stopped}"
 
 
 def test_run_opens_its_lifespan_before_the_nodes_and_closes_it_after_their_drain(
@@ -594,9 +614,10 @@ def test_run_drains_a_postgresql_dsn(
         serve_three(dsn, lambda: PostgresStore(PG_DSN, schema=schema), tmp_path, monkeypatch, extra)
     finally:
         drop_schemas(schema)
-    out = capsys.readouterr().out
-    assert out.startswith("asynccoord: 2 nodes draining 'outbox' of ")
-    assert out.endswith(f" (schema {schema})\n" if how == "--schema" else f"search_path={schema}\n")
+    started, stopped = capsys.readouterr().out.splitlines()
+    assert started.startswith("asynccoord: 2 nodes draining 'outbox' of ")
+    assert started.endswith(f" (schema {schema})" if how == "--schema" else f"search_path={schema}")
+    assert stopped == "asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back"
 
 
 def test_run_declares_rate_limits_on_a_postgresql_dsn(
@@ -723,7 +744,9 @@ def test_run_declaring_limits_where_none_were_stored_warns_nothing(
     assert asyncio.run(declared()) == [RateLimit(dimension="chat", count=1, per_s=1.0, burst=3)]
 
 
-def test_run_takes_its_locks_in_the_lock_store_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_takes_its_locks_in_the_lock_store_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--lock-store redis://...: the account locks are taken in Redis, and the database holds none."""
     import uuid
 
@@ -745,6 +768,11 @@ def test_run_takes_its_locks_in_the_lock_store_given(tmp_path: Path, monkeypatch
         asyncio.run(hold_account_0())
         serve_three(str(path), lambda: SQLiteStore(path), tmp_path, monkeypatch, extra)
         fencing = sorted(k.decode() for k in client.scan_iter(match=f"{prefix}fencing:*"))
+        # The start names where the locks are, password hidden, after the database's line.
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].startswith("asynccoord: 2 nodes draining 'outbox' of "), lines
+        assert lines[1] == f"asynccoord: locks in {REDIS_URL} under prefix {prefix!r}", lines
+        assert lines[2:] == ["asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back"], lines
     finally:
         for key in client.scan_iter(match=f"{prefix}*"):
             client.delete(key)
