@@ -282,7 +282,7 @@ def test_run_refuses_a_lock_store_url_with_an_unknown_query_parameter(
 @pytest.mark.parametrize(
     ("argv", "rule"),
     [
-        (["status"], "Exit status: 0 printed; 1 the database failed"),
+        (["status"], "Exit status: 0 printed (a --lock-store that cannot be reached is said in it); 1 the database"),
         (["dead"], "Exit status: 0 done; 1 the database failed or, with an action, --queue names no queue"),
         (["dead", "requeue"], "Exit status: 0 every task named was acted on; 1 the database failed, --queue"),
         (["dead", "discard"], "or an --id named no dead task of the queue (the other ids were acted on"),
