@@ -181,7 +181,9 @@ class Undeliverable(CoordError):
     retry policy. Its conversation goes on as after any dead letter (the queue's
     dead-letter policy); ``dead requeue`` sends it again once the cause is fixed. For a
     refusal that is routine (a user who blocked the bot), return from ``send`` instead:
-    the task is then done, and what ``send`` returns is kept as its ``result``.
+    the task is then done, and what ``send`` returns is kept as its ``result``. Raised inside
+    an exception group (a send built on a task group), it counts when every error of the
+    group is one; ``last_error`` is then the first's text.
 
     Args:
         reason: Why, as the provider said it (e.g. ``"400 Bad Request: message is too long"``).

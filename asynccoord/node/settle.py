@@ -236,7 +236,9 @@ class Settler:
         ``failure`` becomes the task's ``last_error`` (``"Type: message"``, safe for an
         exception whose ``__str__`` raises, see :func:`~asynccoord._errtext.error_text`); a
         ``CancelledError`` that ``source`` (``"send"`` or ``"lock_key"``) raised by itself
-        reads ``"<source> raised CancelledError without being cancelled"``.
+        reads ``"<source> raised CancelledError without being cancelled"``. A send's
+        :class:`~asynccoord.errors.Undeliverable` (alone, or every error of an exception group)
+        makes the task a dead letter at once, its ``last_error`` the (first) refusal's text.
 
         A busy or unreachable store is tried again while the lease lasts (see :meth:`_retrying`).
 
@@ -244,12 +246,13 @@ class Settler:
             StoreError: the store failed (the caller hands the task back, or fails the node).
         """
         self.counters.failed += 1
-        undeliverable = source == "send" and isinstance(failure, Undeliverable)
+        refused = _undeliverable_of(failure) if source == "send" else None
+        undeliverable = refused is not None
         if isinstance(failure, asyncio.CancelledError):
             detail = error_text(failure).partition(": ")[2]  # its message ("" without one), safely
             text = f"{source} raised CancelledError without being cancelled" + (f": {detail}" if detail else "")
         else:
-            text = error_text(failure)
+            text = error_text(failure if refused is None else refused)  # a group's: its first refusal's
         try:
             out = await self._record_failure(flight, text, dead=undeliverable)
         except LeaseLostError:
@@ -704,6 +707,30 @@ class Settler:
             return  # expired meanwhile: it is claimable again anyway
         if delay_s > 0:  # nobody is notified when it becomes due
             self._due_soon(delay_s)
+
+
+def _undeliverable_of(failure: BaseException) -> Undeliverable | None:
+    """The provider's refusal for good that a send's ``failure`` is: an :class:`~asynccoord.errors.Undeliverable`,
+    or the first of an exception group whose every leaf is one (a send built on a task group).
+
+    A group holding any other error is an ordinary failure (None), retried by the retry
+    policy, as :func:`~asynccoord.pauses.rate_limited_of` treats a group of 429s.
+    """
+    if isinstance(failure, Undeliverable):
+        return failure
+    if not isinstance(failure, BaseExceptionGroup):
+        return None
+    leaves: list[Undeliverable] = []
+    pending: list[BaseException] = [failure]
+    while pending:
+        exc = pending.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            pending[:0] = exc.exceptions  # depth first, in the group's order
+        elif isinstance(exc, Undeliverable):
+            leaves.append(exc)
+        else:
+            return None
+    return leaves[0]
 
 
 def _seen(task: asyncio.Task[Any]) -> None:

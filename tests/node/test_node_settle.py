@@ -610,3 +610,38 @@ def test_undeliverable_takes_a_str_reason_and_pickles() -> None:
     assert (error.reason, str(error)) == ("403 Forbidden", "403 Forbidden")
     with pytest.raises(InvalidTypeError, match="reason must be a str"):
         Undeliverable(403)  # type: ignore[arg-type]
+
+
+async def test_an_undeliverable_raised_in_a_task_group_is_a_dead_letter_at_once(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A send built on a task group raises its ``Undeliverable`` inside an exception group: still no
+    retry; a group that also holds another error is an ordinary failure, retried."""
+    store = await make_store(clock=None)
+    caplog.set_level(logging.INFO, logger="asynccoord.node.settle")
+    refused = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=5)).task
+    mixed = (await store.enqueue("q", {"n": 2}, partition_key="d", max_attempts=3)).task
+    calls: Counter[int] = Counter()
+
+    async def part(error: Exception) -> None:
+        raise error
+
+    async def send(task: Task) -> None:
+        n = task.payload["n"]
+        calls[n] += 1
+        async with asyncio.TaskGroup() as group:
+            group.create_task(part(Undeliverable("400 Bad Request: chat not found")))
+            if n == 2:
+                group.create_task(part(ConnectionResetError("reset")))
+
+    async with Runtime(store, send=send, config=FAST, nodes=2) as runtime:
+        await runtime.wait_until_drained(timeout_s=20)
+    dead = await store.get(refused.id)
+    assert (dead.status, dead.attempts) == (TaskStatus.DEAD, 1)
+    assert dead.last_error == "Undeliverable: 400 Bad Request: chat not found"
+    retried = await store.get(mixed.id)
+    assert (retried.status, retried.attempts) == (TaskStatus.DEAD, 3)
+    assert calls == {1: 1, 2: 3}
+    undeliverable = [r for r in caplog.records if r.getMessage().startswith("asynccoord.node.send_undeliverable")]
+    assert len(undeliverable) == 1
+    assert f"task={refused.id} attempt=1/5 " in undeliverable[0].getMessage()
