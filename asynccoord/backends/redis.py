@@ -220,6 +220,13 @@ return current
 _CONNECTION_ERRORS = (rerr.ConnectionError, rerr.TimeoutError, OSError, asyncio.TimeoutError)
 
 
+def _busy_with_script(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis's ``BUSY`` reply: a script (or function) has run past
+    ``busy-reply-threshold`` (``lua-time-limit``, 5 s by default) and the server runs no
+    other command until it ends or is killed. redis-py has no class of its own for it."""
+    return isinstance(exc, rerr.ResponseError) and str(exc).startswith("BUSY ")
+
+
 @dataclass(frozen=True, slots=True)
 class _Request:
     """One queued acquisition."""
@@ -252,7 +259,7 @@ def _map_error(exc: BaseException, what: str) -> StoreError:
     text = f"{what}: {type(exc).__name__}: {exc}"
     if isinstance(exc, _CONNECTION_ERRORS):
         return StoreConnectionError(f"{text} (the connection to Redis was lost or refused)")
-    if isinstance(exc, rerr.BusyLoadingError):
+    if isinstance(exc, rerr.BusyLoadingError) or _busy_with_script(exc):
         return StoreBusyError(text)
     return StoreError(text)
 
@@ -509,6 +516,10 @@ class RedisLockStore:
     async def _retrying(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
         """Run ``fn(client)``, retrying a lost connection with backoff; map errors at this one boundary.
 
+        A ``BUSY`` reply (a script running past ``busy-reply-threshold``: the command was not
+        run) is retried the same way, and recorded in :attr:`reach` as a failed attempt, not
+        an answer: the server does no work for anyone until the script ends.
+
         A cancellation of the calling task that redis-py turned into an error (it drops the
         connection of an interrupted command) or swallowed is raised again here as
         ``CancelledError``: without that, a caller that is being stopped would retry, or go
@@ -525,17 +536,16 @@ class RedisLockStore:
             self._check_loop()
             try:
                 result = await fn(client)
-            except _CONNECTION_ERRORS as exc:
+            except (*_CONNECTION_ERRORS, rerr.RedisError) as exc:
                 _raise_if_cancelled(task, cancels, what, exc)
+                if not (isinstance(exc, _CONNECTION_ERRORS) or _busy_with_script(exc)):
+                    self.reach.answered()  # the server replied, with an error
+                    raise _map_error(exc, what) from exc
                 self.reach.failed(exc)
                 if time.monotonic() + delay_s > self._gate.retry_deadline(deadline):
                     raise _map_error(exc, what) from exc
                 self.events.add(ev.STORE_RETRIES)
                 log.info("asynccoord.redis.retry what=%s error=%s", what, exc)
-            except rerr.RedisError as exc:
-                _raise_if_cancelled(task, cancels, what, exc)
-                self.reach.answered()  # the server replied, with an error
-                raise _map_error(exc, what) from exc
             else:
                 self.reach.answered()
                 _raise_if_cancelled(task, cancels, what, None)

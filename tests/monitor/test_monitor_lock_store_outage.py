@@ -165,6 +165,52 @@ async def test_a_lock_store_that_hangs_raises_lock_store_unreachable_while_the_c
     assert resolved_mono >= resumed_at
 
 
+_SPIN = "local t = tonumber(redis.call('TIME')[1]) while tonumber(redis.call('TIME')[1]) < t + ARGV[1] do end return 1"
+
+
+async def test_a_lock_store_busy_with_a_long_script_is_unreachable_until_the_script_ends(server: OwnRedis) -> None:
+    """Another client's script runs past ``busy-reply-threshold``: Redis answers every command with
+    ``BUSY`` and runs none. That is no answer: the calls are retried (one made meanwhile returns once
+    the script is over), the notice fires ``store_outage_s`` in, and resolves only after the script."""
+    import redis.asyncio as aioredis
+
+    from asynccoord.backends.redis import RedisLockStore
+
+    received: list[tuple[float, Alert]] = []
+    stop = asyncio.Event()
+    other = aioredis.Redis.from_url(server.url)
+    await other.config_set("busy-reply-threshold", 100)  # ms: BUSY replies from 0.1 s into the script
+    try:
+        async with MemoryStore() as store, RedisLockStore(server.url, prefix="h_redis:") as locks:
+            monitor = Monitor(
+                store,
+                lock_store=locks,
+                process_id="proc-b",
+                flush_interval_s=0.05,
+                evaluate_interval_s=0.05,
+                store_outage_s=OUTAGE_S,
+            )
+            monitor.subscribe(lambda alert: received.append((time.monotonic(), alert)))
+            async with monitor:
+                node = asyncio.create_task(take_locks(locks, stop))
+                await asyncio.sleep(0.3)
+                script = asyncio.create_task(other.eval(_SPIN, 0, 4))  # type: ignore[arg-type]
+                await asyncio.sleep(0.5)  # BUSY replies by now
+                call = asyncio.create_task(locks.now())
+                await script
+                over_at = time.monotonic()
+                assert isinstance(await call, float)  # retried, not failed
+                await wait_until(lambda: len(received) == 2)
+                stop.set()
+                await node
+    finally:
+        await other.aclose()
+    (_, fired), (resolved_mono, resolved) = received
+    assert (fired.rule, fired.state, fired.scope_key) == ("lock_store_unreachable", AlertState.FIRING, "proc-b")
+    assert (resolved.rule, resolved.state) == ("lock_store_unreachable", AlertState.RESOLVED)
+    assert resolved_mono >= over_at - 0.1
+
+
 async def test_a_healthy_idle_lock_store_gets_no_call_from_the_watch(server: OwnRedis) -> None:
     """Nothing calls the lock store: the monitor watching it sends it no command either."""
     import redis.asyncio as aioredis
