@@ -255,8 +255,16 @@ class Settler:
             text = error_text(failure if refused is None else refused)  # a group's: its first refusal's
         try:
             out = await self._record_failure(flight, text, dead=undeliverable)
-        except LeaseLostError:
+        except LeaseLostError as exc:  # its lease ran out meanwhile: another node may have it (a stale commit)
             self.counters.conflicts += 1
+            log.warning(
+                "asynccoord.node.fail_rejected node=%s task=%s reason=%s error=%s: the failure was not recorded",
+                self.node_id,
+                flight.task.id,
+                exc.reason,
+                text,
+                exc_info=_trace(failure) if source == "send" and not undeliverable else None,
+            )
             return
         if undeliverable:
             log.warning(
@@ -274,12 +282,16 @@ class Settler:
     def _log_failed_send(self, out: Task, failure: BaseException, text: str) -> None:
         """Log a failed attempt of ``send``: a warning while it will be retried, an error once it is dead.
 
-        The send's own traceback goes with the line (``exc_info``), so a bug in it shows where
-        it is on its first attempt, not only in the task's ``last_error``; a timeout or a result
-        refused by the node has none.
+        The send's own traceback goes with the first attempt's line and the dead one's
+        (``exc_info``), so a bug in it shows where it is, not only in the task's ``last_error``,
+        without a traceback per retry of a provider that is down; a timeout or a result refused
+        by the node has none. A send that raised ``CancelledError`` by itself was logged as
+        ``send_cancelled_itself`` already: only its dead letter is.
         """
-        trace = failure if failure.__traceback__ is not None else None
+        trace = _trace(failure) if out.attempts <= 1 or out.status is TaskStatus.DEAD else None
         if out.status is TaskStatus.PENDING:
+            if isinstance(failure, asyncio.CancelledError):
+                return
             log.warning(
                 "asynccoord.node.send_failed node=%s task=%s attempt=%d/%d retry_in_s=%.3f error=%s",
                 self.node_id,
@@ -707,6 +719,13 @@ class Settler:
             return  # expired meanwhile: it is claimable again anyway
         if delay_s > 0:  # nobody is notified when it becomes due
             self._due_soon(delay_s)
+
+
+def _trace(failure: BaseException) -> BaseException | None:
+    """``failure`` for a log line's ``exc_info`` when it has a traceback of its own (a send's error), else None."""
+    if failure.__traceback__ is None or isinstance(failure, asyncio.CancelledError):
+        return None
+    return failure
 
 
 def _undeliverable_of(failure: BaseException) -> Undeliverable | None:

@@ -645,3 +645,27 @@ async def test_an_undeliverable_raised_in_a_task_group_is_a_dead_letter_at_once(
     undeliverable = [r for r in caplog.records if r.getMessage().startswith("asynccoord.node.send_undeliverable")]
     assert len(undeliverable) == 1
     assert f"task={refused.id} attempt=1/5 " in undeliverable[0].getMessage()
+
+
+async def test_a_failing_send_logs_its_traceback_on_the_first_and_last_attempts_only(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A provider that is down fails every attempt: one traceback shows where, the retries between say only why."""
+    store = await make_store(clock=None)
+    caplog.set_level(logging.WARNING, logger="asynccoord.node.settle")
+    task = (await store.enqueue("q", {"n": 1}, partition_key="c", max_attempts=4)).task
+
+    async def send(task: Task) -> None:
+        raise ConnectionError("provider down")
+
+    async with Runtime(store, send=send, config=FAST, nodes=1) as runtime:
+        await runtime.wait_until_drained(timeout_s=20)
+    assert (await store.get(task.id)).status is TaskStatus.DEAD
+    lines = [r for r in caplog.records if "asynccoord.node.send_failed" in r.getMessage()]
+    assert [(r.getMessage().split(" ")[0], r.exc_info is not None) for r in lines] == [
+        ("asynccoord.node.send_failed", True),
+        ("asynccoord.node.send_failed", False),
+        ("asynccoord.node.send_failed", False),
+        ("asynccoord.node.send_failed_dead", True),
+    ]
+    assert [f"attempt={n}/4 " in r.getMessage() for n, r in zip((1, 2, 3), lines, strict=False)] == [True] * 3
