@@ -81,6 +81,7 @@ class LockStoreWatch:
         self._fired_mono = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._probing: asyncio.Task[None] | None = None
+        self._running = False
 
     def __repr__(self) -> str:
         return f"<LockStoreWatch {self.process_id!r} outage_s={self.outage_s:g} firing={self._firing is not None}>"
@@ -93,10 +94,13 @@ class LockStoreWatch:
     def start(self) -> None:
         """Look at the record every ``interval_s`` on the running loop, until :meth:`stop`."""
         self._started = time.monotonic()
+        self._running = True
         self._schedule()
 
     async def stop(self) -> None:
-        """Stop looking; cancel a probe under way and wait for it. An outage open stays open (:attr:`firing`)."""
+        """Stop looking (a judgement queued by the last look is dropped); cancel a probe under way and
+        wait for it. An outage open stays open (:attr:`firing`)."""
+        self._running = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -158,6 +162,8 @@ class LockStoreWatch:
             self._decide()
 
     def _decide(self) -> None:
+        if not self._running:  # stopped while a look waited its turns: no notice from a closing monitor
+            return
         if (notice := self.check()) is not None:
             self._on_notice(notice)
 

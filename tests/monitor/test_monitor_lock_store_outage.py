@@ -230,3 +230,32 @@ async def test_a_healthy_idle_lock_store_gets_no_call_from_the_watch(server: Own
     finally:
         await client.aclose()
     assert after - before == 1  # the first INFO itself
+
+
+async def test_a_watch_stopped_while_a_look_waits_its_turns_publishes_nothing() -> None:
+    """A look that finds the store down waits a few loop turns before it decides; a monitor
+    closing meanwhile stops the watch, and no firing notice may come out of the closed watch."""
+    from asynccoord.monitor.lockoutage import LockStoreWatch
+    from asynccoord.reach import Reach
+
+    reach = Reach()
+    notices: list[Alert] = []
+    watch = LockStoreWatch("p1", reach, 0.05, interval_s=60.0, now_s=time.time, on_notice=notices.append, probe=None)
+    watch.start()
+    reach.failed(ConnectionError("refused"))
+    await asyncio.sleep(0.1)  # failing for longer than outage_s
+    loop = asyncio.get_running_loop()
+    watch._tick(loop.time())  # the look: down, so it queues its confirming turns
+    await watch.stop()
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert notices == []
+    assert watch.firing is None
+    watch.start()  # started again (as if the store had just answered), an outage is judged and published once
+    reach.failed(ConnectionError("refused"))
+    await asyncio.sleep(0.1)
+    watch._tick(loop.time())
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert [(n.rule, n.state) for n in notices] == [("lock_store_unreachable", AlertState.FIRING)]
+    await watch.stop()
