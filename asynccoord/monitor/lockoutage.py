@@ -23,20 +23,27 @@ tick that finds the store down gives the loop
 
 Unlike ``store_unreachable``, this notice is also stored with the monitor's flushes in its
 own store, which still answers: ``status`` and the dashboard list it with the active alerts.
+That lets one lock store outage make one notice, not one per process: where a monitor judges
+the cluster-scoped rules (one at a time, the leader), each process's notice is stored muted
+(``inhibited_by`` the same rule) and the leader publishes one cluster-scoped
+``lock_store_unreachable`` while any process's stored notice fires
+(:func:`judge_cluster_outage`; ``value`` the processes cut off), resolved once none does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
-from ..contract.monitor import Alert, AlertScope, AlertState
+from ..contract.monitor import Alert, AlertScope, AlertState, open_alerts
 from ..reach import Reach
 from .outage import CONFIRM_TURNS
+from .rules import Incident
 
-__all__ = ("LOCK_STORE_UNREACHABLE", "LockStoreWatch")
+__all__ = ("LOCK_STORE_UNREACHABLE", "LockStoreWatch", "judge_cluster_outage")
 
 LOCK_STORE_UNREACHABLE = "lock_store_unreachable"
 """The rule (and event) name of the notice: ``value`` is the seconds since the lock store last
@@ -56,6 +63,8 @@ class LockStoreWatch:
         on_notice: Called with each notice a look decides while running.
         probe: One cheap call of the lock store (its ``now``), made while it seems down
             and idle; its outcome lands in ``reach``. None: no probe.
+        grouped: The notices are muted (``inhibited_by`` :data:`LOCK_STORE_UNREACHABLE`): a
+            leader publishes the cluster's one notice instead (:func:`judge_cluster_outage`).
     """
 
     def __init__(
@@ -68,8 +77,10 @@ class LockStoreWatch:
         now_s: Callable[[], float],
         on_notice: Callable[[Alert], None],
         probe: Callable[[], Awaitable[object]] | None = None,
+        grouped: bool = False,
     ) -> None:
         self.process_id = process_id
+        self.grouped = grouped
         self.reach = reach
         self.outage_s = outage_s
         self.interval_s = interval_s
@@ -197,4 +208,59 @@ class LockStoreWatch:
             count=count,
             fired_at=now if fired_at is None else fired_at,
             monitor_id=self.process_id,
+            inhibited_by=LOCK_STORE_UNREACHABLE if self.grouped else None,
         )
+
+
+def judge_cluster_outage(
+    incidents: dict[tuple[str, str], Incident], stored: Sequence[Alert], now_s: float, monitor_id: str, window_s: float
+) -> tuple[list[Alert], bool]:
+    """The cluster's one ``lock_store_unreachable`` incident, judged on the processes' stored notices.
+
+    Opens the incident (a firing notice) when some process's stored notice fires, closes it (a
+    resolved notice) when none does, and keeps its stored value, the processes cut off, up
+    to date meanwhile. Updates ``incidents`` in place, under the key
+    ``(LOCK_STORE_UNREACHABLE, "")``, as :func:`~asynccoord.monitor.rules.decide` does.
+
+    Args:
+        incidents: The leader's open incidents.
+        stored: The alerts the store holds (every process's flushed notices).
+        now_s: The store clock of that read.
+        monitor_id: The leader's process id.
+        window_s: The notices' ``window_s`` and ``threshold`` (the outage time, seconds).
+
+    Returns:
+        The notices (none, the firing one, or the resolved one), and whether the open
+        incident's stored value changed.
+    """
+    cut_off = sorted(
+        {a.scope_key for a in open_alerts(stored) if a.rule == LOCK_STORE_UNREACHABLE and a.scope is AlertScope.PROCESS}
+    )
+    key = (LOCK_STORE_UNREACHABLE, "")
+    held = incidents.get(key)
+    if held is None:
+        if not cut_off:
+            return [], False
+        alert = Alert(
+            rule=LOCK_STORE_UNREACHABLE,
+            event=LOCK_STORE_UNREACHABLE,
+            value=float(len(cut_off)),
+            threshold=window_s,
+            window_s=window_s,
+            at=now_s,
+            scope=AlertScope.CLUSTER,
+            scope_key="",
+            state=AlertState.FIRING,
+            count=len(cut_off),
+            fired_at=now_s,
+            monitor_id=monitor_id,
+        )
+        incidents[key] = Incident(alert=alert, current=alert)
+        return [alert], False
+    if not cut_off:
+        del incidents[key]
+        return [dataclasses.replace(held.alert, state=AlertState.RESOLVED, at=now_s, value=0.0, count=0)], False
+    if held.current.count == len(cut_off):
+        return [], False
+    held.current = dataclasses.replace(held.alert, at=now_s, value=float(len(cut_off)), count=len(cut_off))
+    return [], True

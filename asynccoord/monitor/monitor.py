@@ -48,7 +48,7 @@ from ..validation import (
 from .alerts import AlertCallback, AlertSink, AlertStream, Subscription
 from .histogram import Histogram
 from .inhibition import Inhibitions
-from .lockoutage import LockStoreWatch
+from .lockoutage import LOCK_STORE_UNREACHABLE, LockStoreWatch, judge_cluster_outage
 from .outage import OutageWatch
 from .publisher import Publisher, check_sinks
 from .rules import DEFAULT_RULES, AlertRule, Incident, decide
@@ -259,6 +259,7 @@ class Monitor:
                 now_s=self._outage.now_s,
                 on_notice=self._lock_store_notice,
                 probe=getattr(self.lock_store, "now", None),
+                grouped=any(rule.scope is AlertScope.CLUSTER for rule in chosen),  # a leader sends the cluster's one
             )
         )
         # The last seconds in which a relative rule's events must have come for it to open an
@@ -614,6 +615,11 @@ class Monitor:
             fresh_s=self._fresh_s,
             inhibitions=self._inhibitions,
         )
+        if self._leader:  # the cluster's one notice of the processes' lock store outages
+            grouped, regrouped = judge_cluster_outage(
+                self._incidents, view.alerts, view.now_s, self.process_id, self._outage.outage_s
+            )
+            changes, changed = changes + grouped, changed or regrouped
         self._alerts_dirty = self._alerts_dirty or changed
         changes = self._unless_stalled(changes)
         for alert in changes:
@@ -735,7 +741,7 @@ class Monitor:
 
     def _adopt(self, stored: Sequence[Alert]) -> None:
         """Continue the cluster incidents the store shows firing (a former leader raised them)."""
-        names = {rule.name for rule in self.rules if rule.scope is AlertScope.CLUSTER}
+        names = {rule.name for rule in self.rules if rule.scope is AlertScope.CLUSTER} | {LOCK_STORE_UNREACHABLE}
         for alert in stored:
             key = (alert.rule, alert.scope_key)
             if alert.firing and alert.scope is AlertScope.CLUSTER and alert.rule in names:
@@ -767,7 +773,9 @@ class Monitor:
         self._outage_notice(notice)
 
     def _outage_notice(self, notice: Alert) -> None:
-        if notice.firing:
+        if notice.muted:  # a process's lock store outage, grouped into the leader's one notice
+            pass
+        elif notice.firing:
             self._fired += 1
         else:
             self._resolved += 1
@@ -820,17 +828,22 @@ class Monitor:
         """The firing notices of this monitor's open incidents (``store_unreachable`` and
         ``lock_store_unreachable`` included), oldest first; muted incidents are left out (:meth:`muted_alerts`)."""
         alerts = [inc.alert for inc in self._incidents.values() if not inc.alert.muted]
-        for outage in (self._outage.firing, None if self._lock_watch is None else self._lock_watch.firing):
-            if outage is not None:
-                alerts.append(outage)
+        alerts += [outage for outage in self._outages() if not outage.muted]
         return sorted(alerts, key=lambda a: (a.fired_at, a.rule, a.scope_key))
+
+    def _outages(self) -> list[Alert]:
+        """The firing notices of this process's store and lock store outages."""
+        both = (self._outage.firing, None if self._lock_watch is None else self._lock_watch.firing)
+        return [outage for outage in both if outage is not None]
 
     def _firing_incidents(self) -> int:
         return sum(1 for inc in self._incidents.values() if not inc.alert.muted)
 
     def muted_alerts(self) -> list[Alert]:
-        """This monitor's open incidents that opened muted (``inhibited_by`` set, never published), oldest first."""
+        """This monitor's open incidents that opened muted (``inhibited_by`` set, never published), oldest first:
+        a process's ``lock_store_unreachable`` is, where a leader publishes the cluster's one."""
         alerts = [inc.alert for inc in self._incidents.values() if inc.alert.muted]
+        alerts += [outage for outage in self._outages() if outage.muted]
         return sorted(alerts, key=lambda a: (a.fired_at, a.rule, a.scope_key))
 
     async def snapshot(self, windows_s: Sequence[float] = (10.0, 60.0)) -> ClusterSnapshot:

@@ -32,11 +32,11 @@ def server(tmp_path: Path) -> Iterator[OwnRedis]:
     yield from running_redis(tmp_path)
 
 
-async def take_locks(locks: Any, stop: asyncio.Event) -> None:
+async def take_locks(locks: Any, stop: asyncio.Event, name: str = "account:1") -> None:
     """Take and give back a lock every 50 ms until ``stop``, as a node's turns do; failures are let go."""
     while not stop.is_set():
         with contextlib.suppress(StoreError):
-            lease = await locks.try_acquire_lock("account:1", ttl_s=5.0, holder="node-a")
+            lease = await locks.try_acquire_lock(name, ttl_s=5.0, holder="node-a")
             await locks.release_lock(lease)
         await asyncio.sleep(0.05)
 
@@ -54,7 +54,9 @@ def stored_alerts(report: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 async def test_a_lock_store_down_for_store_outage_s_raises_lock_store_unreachable_once(server: OwnRedis) -> None:
     """Redis killed for longer than ``store_outage_s``: one firing notice, stored (``status`` lists it), then
-    one resolved notice once Redis is back, though nothing calls the lock store any more by then.
+    one resolved notice once Redis is back, though nothing calls the lock store any more by then. With the
+    default rules the monitor judges the cluster's (it leads): the notice is the cluster's, the process's own
+    is stored muted.
 
     A first outage shorter than ``store_outage_s`` raises nothing.
     """
@@ -89,6 +91,12 @@ async def test_a_lock_store_down_for_store_outage_s_raises_lock_store_unreachabl
             fired_mono, fired = received[0]
             (active,) = monitor.active_alerts()
             assert active == fired
+            (muted,) = monitor.muted_alerts()
+            assert (muted.scope, muted.scope_key, muted.inhibited_by) == (
+                AlertScope.PROCESS,
+                "proc-l",
+                "lock_store_unreachable",
+            )
             await asyncio.sleep(0.2)  # a flush or more
             during = await status_report(store)
             stop.set()
@@ -104,14 +112,17 @@ async def test_a_lock_store_down_for_store_outage_s_raises_lock_store_unreachabl
         "lock_store_unreachable",
         "lock_store_unreachable",
         AlertState.FIRING,
-        AlertScope.PROCESS,
-        "proc-l",
+        AlertScope.CLUSTER,
+        "",
     )
     assert OUTAGE_S - 0.2 <= fired_mono - down_at <= OUTAGE_S + 2.0, fired_mono - down_at
-    assert fired.value >= OUTAGE_S
+    assert (fired.value, fired.count) == (1.0, 1)  # one process cut off
     assert fired.threshold == OUTAGE_S
-    assert fired.count >= 1
-    assert stored_alerts(during) == [("lock_store_unreachable", "process", "proc-l")]
+    assert fired.inhibited_by is None
+    assert sorted(stored_alerts(during)) == [
+        ("lock_store_unreachable", "cluster", ""),
+        ("lock_store_unreachable", "process", "proc-l"),
+    ]
     resolved_mono, resolved = received[1]
     assert resolved.state is AlertState.RESOLVED
     assert resolved.fired_at == fired.fired_at
@@ -133,6 +144,7 @@ async def test_a_lock_store_that_hangs_raises_lock_store_unreachable_while_the_c
             store,
             lock_store=locks,
             process_id="proc-h",
+            rules=(),  # no cluster rules, so no leader: the process publishes its own notice
             flush_interval_s=0.05,
             evaluate_interval_s=0.05,
             store_outage_s=OUTAGE_S,
@@ -186,6 +198,7 @@ async def test_a_lock_store_busy_with_a_long_script_is_unreachable_until_the_scr
                 store,
                 lock_store=locks,
                 process_id="proc-b",
+                rules=(),  # no cluster rules, so no leader: the process publishes its own notice
                 flush_interval_s=0.05,
                 evaluate_interval_s=0.05,
                 store_outage_s=OUTAGE_S,
@@ -259,3 +272,73 @@ async def test_a_watch_stopped_while_a_look_waits_its_turns_publishes_nothing() 
         await asyncio.sleep(0)
     assert [(n.rule, n.state) for n in notices] == [("lock_store_unreachable", AlertState.FIRING)]
     await watch.stop()
+
+
+async def test_one_lock_store_outage_of_three_processes_makes_one_notice(server: OwnRedis, tmp_path: Path) -> None:
+    """Three processes' monitors on one SQLite file, each with its own client of one Redis: Redis down
+    is one incident, so one firing and one resolved notice in the whole cluster (the leader's), whose
+    value counts the processes cut off; each process's own notice is stored muted (``status`` lists all)."""
+    from asynccoord import SQLiteStore
+    from asynccoord.backends.redis import RedisLockStore
+
+    received: list[tuple[str, Alert]] = []
+    stop = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        monitors = []
+        nodes = []
+        for n in range(3):
+            store = await stack.enter_async_context(SQLiteStore(tmp_path / "q.db"))
+            locks = await stack.enter_async_context(
+                RedisLockStore(server.url, prefix="h_redis:", reconnect_timeout_s=0.5)
+            )
+            monitor = Monitor(
+                store,
+                lock_store=locks,
+                process_id=f"proc-{n}",
+                flush_interval_s=0.05,
+                evaluate_interval_s=0.05,
+                store_outage_s=OUTAGE_S,
+            )
+            monitor.subscribe(lambda alert, n=n: received.append((f"proc-{n}", alert)))
+            await stack.enter_async_context(monitor)
+            monitors.append(monitor)
+            nodes.append(asyncio.create_task(take_locks(locks, stop, f"account:{n}")))
+        await asyncio.sleep(0.5)
+        assert sum(m.statistics().leader for m in monitors) == 1
+        server.stop()
+        await wait_until(lambda: len(received) == 1)
+        await wait_until(lambda: all(m.muted_alerts() for m in monitors))
+        await asyncio.sleep(0.5)  # a late process's notice would raise no second one
+        during = await status_report(monitors[0].store)
+        firing = list(received)
+        stop.set()
+        await asyncio.gather(*nodes)
+        server.start()
+        await wait_until(lambda: len(received) == 2)
+        await wait_until(lambda: not any(m.muted_alerts() for m in monitors))
+        await asyncio.sleep(0.3)
+        after = await status_report(monitors[0].store)
+    ((leader, fired),) = firing
+    assert (fired.rule, fired.scope, fired.scope_key, fired.state) == (
+        "lock_store_unreachable",
+        AlertScope.CLUSTER,
+        "",
+        AlertState.FIRING,
+    )
+    assert fired.value >= 1.0  # the processes cut off when the leader first saw one
+    (who, resolved) = received[1]
+    assert who == leader
+    assert (resolved.scope, resolved.state, resolved.fired_at) == (
+        AlertScope.CLUSTER,
+        AlertState.RESOLVED,
+        fired.fired_at,
+    )
+    assert sorted(stored_alerts(during)) == [
+        ("lock_store_unreachable", "cluster", ""),
+        ("lock_store_unreachable", "process", "proc-0"),
+        ("lock_store_unreachable", "process", "proc-1"),
+        ("lock_store_unreachable", "process", "proc-2"),
+    ]
+    assert next(a for a in during["alerts"] if a["scope"] == "cluster")["value"] == 3.0  # all three, once flushed
+    assert all(a["muted"] for a in during["alerts"] if a["scope"] == "process")
+    assert stored_alerts(after) == []
