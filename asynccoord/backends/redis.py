@@ -258,7 +258,7 @@ def _map_error(exc: BaseException, what: str) -> StoreError:
     """The package's error for a redis-py error (raise it ``from exc``)."""
     text = f"{what}: {type(exc).__name__}: {exc}"
     if isinstance(exc, _CONNECTION_ERRORS):
-        return StoreConnectionError(f"{text} (the connection to Redis was lost or refused)")
+        return StoreConnectionError(f"{text} (the connection to Redis was lost or refused, or it did not answer)")
     if isinstance(exc, rerr.BusyLoadingError) or _busy_with_script(exc):
         return StoreBusyError(text)
     return StoreError(text)
@@ -342,7 +342,9 @@ class RedisLockStore:
             server deletes them, milliseconds, 0..31,536,000,000 (one year,
             ``MAX_KEY_SLACK_MS``). Default 60000.
         reconnect_timeout_s: How long a call retries a lost connection with backoff
-            before raising, seconds (> 0). Default 10.
+            before raising, seconds (> 0); also the longest wait for each reply, so a
+            server that accepts connections but never answers (paused) fails a call
+            after at most about twice this long, and :meth:`open` after this long. Default 10.
         max_connections: Most connections of the pool (>= 1); callers beyond wait for one.
             Default 16 (concurrent acquisitions share one pipelined round trip anyway).
 
@@ -427,14 +429,16 @@ class RedisLockStore:
         if self._client is not None:
             self._check_loop()  # open, but for another loop: StoreLoopError
             raise StoreAlreadyOpenError.of(self)
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.url, max_connections=self.max_connections, timeout=self.reconnect_timeout_s, socket_connect_timeout=5.0
-        )
+        wait_s = self.reconnect_timeout_s  # also each reply's: a server that never answers fails the attempt
+        timeouts = {"timeout": wait_s, "socket_connect_timeout": 5.0, "socket_timeout": wait_s}
+        pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=self.max_connections, **timeouts)
         client = aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes both
         try:
             await client.ping()
-        except (rerr.RedisError, OSError) as exc:
+        except BaseException as exc:
             await client.aclose()
+            if not isinstance(exc, rerr.RedisError | OSError):
+                raise
             raise _map_error(exc, f"cannot connect to {self!r}") from exc
         self._scripts = {
             name: client.register_script(source)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .._loop import run as run_loop
 from ..errors import InvalidArgumentError, StoreError
 from ..validation import check_int, check_interval_s
-from .lockstore import REDIS_SCHEMES
+from .lockstore import LOCK_STORE_WAIT_S, REDIS_SCHEMES, ReportedLockStore, open_lock_store
 from .output import write_stdout
 from .run import STOP_SIGNALS, parse_target
 from .targethelp import target_help
@@ -151,7 +151,10 @@ async def open_dashboard(
     Args:
         target: SQLite file or PostgreSQL DSN, opened read-only.
         schema: With a PostgreSQL DSN, the schema of the tables. Default None.
-        lock_store: A ``redis://`` URL whose locks are shown too, after the database's. Default None.
+        lock_store: A ``redis://`` URL whose locks are shown too, after the database's. One that
+            cannot be opened or read (down, or not answering within
+            :data:`~asynccoord.cli.lockstore.LOCK_STORE_WAIT_S`) is the page's banner until it
+            can: the dashboard starts all the same, and opens it once it answers. Default None.
         lock_prefix: The key prefix of ``lock_store``. Default ``"asynccoord:"``.
         host: Address to bind. Default 127.0.0.1.
         port: TCP port, 0 for any free one. Default 8765.
@@ -177,21 +180,30 @@ async def open_dashboard(
     check_exposure(host, token)
     async with contextlib.AsyncExitStack() as stack:
         store, label = await stack.enter_async_context(open_status_store(target, schema=schema))
-        locks: Any = None
+        reported: ReportedLockStore | None = None
         if lock_store is not None:
             try:
-                from ..backends.redis import RedisLockStore
+                from ..backends import redis as _redis  # noqa: F401
             except ImportError as exc:
                 raise StoreError("--lock-store redis://... needs redis-py: pip install 'asynccoord[redis]'") from exc
-            locks = await stack.enter_async_context(RedisLockStore(lock_store, prefix=lock_prefix))
+            locks = open_lock_store(lock_store, prefix=lock_prefix, reconnect_timeout_s=LOCK_STORE_WAIT_S)
+            # Opened by the first snapshot that reaches it: a lock store down at launch is the page's banner.
+            reported = ReportedLockStore(locks)
+            stack.push_async_callback(reported.aclose)
 
         async def snapshot() -> dict[str, Any]:
+            error = None if reported is None else await reported.reach()
+            report = await status_report(
+                store,
+                windows_s=windows_s,
+                db=label,
+                lock_store=None if reported is None else reported.store,
+                lock_store_error=error,
+            )
             # Escaped as status and dead print them: a queue name's bidirectional override or
             # ESC shows as \u202e or \x1b on the page too, never as the text it would disguise.
-            report: dict[str, Any] = printable_report(
-                await status_report(store, windows_s=windows_s, db=label, lock_store=locks)
-            )
-            return report
+            printable: dict[str, Any] = printable_report(report)
+            return printable
 
         feed = Feed(snapshot, interval_s=interval_s, show_payloads=show_payloads)
         yield await stack.enter_async_context(serve(feed, host=host, port=port, token=token))

@@ -3,7 +3,8 @@
 ``run`` takes its nodes' locks there (``Runtime(lock_store=...)``); ``status`` and
 ``dashboard`` list the locks held there beside the database's. The URL and the key prefix
 are checked before anything opens, so a typo is a usage error, not a connection failure
-halfway through a start.
+halfway through a start. ``status`` and ``dashboard`` wait :data:`LOCK_STORE_WAIT_S` for it,
+and report a lock store they cannot open or read as unreachable (:class:`ReportedLockStore`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, StoreError
 
 __all__ = (
+    "LOCK_STORE_WAIT_S",
     "REDIS_SCHEMES",
+    "ReportedLockStore",
     "add_lock_store_options",
     "check_lock_store_options",
     "open_lock_store",
@@ -29,6 +32,13 @@ NO_PERSISTENCE_EVENT = "asynccoord.redis.no_persistence"
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 """The URL schemes ``--lock-store`` takes."""
+
+LOCK_STORE_WAIT_S = 3.0
+"""How long ``status`` and ``dashboard`` wait for the lock store, seconds (its ``reconnect_timeout_s``).
+
+A Redis that refuses connections, or accepts them and never answers (stopped with SIGSTOP,
+say), is reported unreachable after this long when it is opened, and after at most about
+twice this long when it is read, instead of holding the report back."""
 
 
 def add_lock_store_options(parser: argparse.ArgumentParser, *, purpose: str) -> None:
@@ -62,12 +72,14 @@ def check_lock_store_options(args: argparse.Namespace) -> Any:
     return open_lock_store(url, prefix=prefix)
 
 
-def open_lock_store(url: str, *, prefix: str | None = None) -> Any:
+def open_lock_store(url: str, *, prefix: str | None = None, reconnect_timeout_s: float | None = None) -> Any:
     """A :class:`~asynccoord.backends.redis.RedisLockStore` (not yet opened) for ``--lock-store``.
 
     Args:
         url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
         prefix: The lock store's key prefix; None for its default (``"asynccoord:"``).
+        reconnect_timeout_s: The store's ``reconnect_timeout_s`` (also its longest wait for a
+            reply), seconds; None for its default (10).
 
     Raises:
         InvalidArgumentError: not a Redis URL, a bad prefix, or redis-py is not installed.
@@ -78,7 +90,50 @@ def open_lock_store(url: str, *, prefix: str | None = None) -> Any:
         from ..backends.redis import RedisLockStore
     except ImportError as exc:
         raise InvalidArgumentError("--lock-store needs redis-py: pip install 'asynccoord[redis]'") from exc
-    return RedisLockStore(url) if prefix is None else RedisLockStore(url, prefix=prefix)
+    options: dict[str, Any] = {}
+    if prefix is not None:
+        options["prefix"] = prefix
+    if reconnect_timeout_s is not None:
+        options["reconnect_timeout_s"] = reconnect_timeout_s
+    return RedisLockStore(url, **options)
+
+
+class ReportedLockStore:
+    """A lock store that reports read (``status``, ``dashboard``), opened by the first report that reaches it.
+
+    A lock store down when the command starts does not stop it: each report tries to open
+    it (:meth:`reach`) until it opens, and one that cannot says why in its
+    ``lock_store.error``. Once open, the store reconnects by itself after an outage.
+
+    Attributes:
+        store: The lock store (a :class:`~asynccoord.backends.redis.RedisLockStore`).
+        opened: Whether :meth:`reach` opened it (and :meth:`aclose` has not closed it yet).
+    """
+
+    __slots__ = ("opened", "store")
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.opened = False
+
+    def __repr__(self) -> str:
+        return f"<ReportedLockStore {self.store!r} opened={self.opened}>"
+
+    async def reach(self) -> str | None:
+        """Open the store unless it is open: None once it is, else why it could not be (the error's text)."""
+        if not self.opened:
+            try:
+                await self.store.open()
+            except StoreError as exc:
+                return str(exc)
+            self.opened = True
+        return None
+
+    async def aclose(self) -> None:
+        """Close the store if :meth:`reach` opened it."""
+        if self.opened:
+            self.opened = False
+            await self.store.close()
 
 
 @contextlib.contextmanager

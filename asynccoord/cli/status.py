@@ -41,7 +41,14 @@ from ..monitor.monitor import LEADER_LOCK
 from ..monitor.snapshot import cluster_snapshot
 from ..partition import assign
 from ..validation import MAX_DURATION_S, check_positive
-from .lockstore import add_lock_store_options, check_lock_store_options, open_lock_store, persistence_told_in_output
+from .lockstore import (
+    LOCK_STORE_WAIT_S,
+    ReportedLockStore,
+    add_lock_store_options,
+    check_lock_store_options,
+    open_lock_store,
+    persistence_told_in_output,
+)
 from .output import table_console, write_stdout
 from .prefixhint import prefix_hint
 from .printable import printable_report
@@ -336,7 +343,9 @@ async def collect_status(
         schema: With a PostgreSQL DSN, the schema of the tables (``PostgresStore(schema=)``);
             None: the connection's search path. Default None.
         lock_store: A Redis URL whose locks are listed too (see :func:`open_lock_store`);
-            only read. Default None.
+            only read. One that cannot be opened or read within
+            :data:`~asynccoord.cli.lockstore.LOCK_STORE_WAIT_S` (about twice that for a read)
+            is the report's ``lock_store.error``. Default None.
         lock_prefix: The lock store's key prefix; None for its default. Default None.
 
     Raises:
@@ -346,14 +355,15 @@ async def collect_status(
         StoreError: a read of the database failed (a lock store that cannot be reached is the
             report's ``lock_store.error``).
     """
-    locks = None if lock_store is None else open_lock_store(lock_store, prefix=lock_prefix)
+    locks = None
+    if lock_store is not None:
+        locks = open_lock_store(lock_store, prefix=lock_prefix, reconnect_timeout_s=LOCK_STORE_WAIT_S)
     async with contextlib.AsyncExitStack() as stack:
         error = None
         if locks is not None:
-            try:
-                await stack.enter_async_context(locks)
-            except StoreError as exc:
-                error = str(exc)
+            reported = ReportedLockStore(locks)
+            stack.push_async_callback(reported.aclose)
+            error = await reported.reach()
         store, label = await stack.enter_async_context(
             open_status_store(path, busy_timeout_s=busy_timeout_s, schema=schema)
         )

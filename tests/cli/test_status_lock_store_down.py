@@ -1,7 +1,10 @@
 """``status --lock-store`` while the lock store is down: the database's report, and the lock store's error.
 
-The lock store is a redis-server of the test's own, stopped (connections refused) or, for the
-dashboard's report, stopped after the report's store was opened.
+The lock store is a redis-server of the test's own, stopped (connections refused) or paused
+(SIGSTOP: connections accepted, never answered), before ``status`` starts or, for the dashboard's
+report, after the report's lock store was opened. A paused one is reported unreachable once
+``LOCK_STORE_WAIT_S`` ran out; the guards below (a few seconds above it) fail a report that waits
+on: redis-py 5 to 7 wait for ever, redis-py 8 five seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from redisserver import OwnRedis, running_redis
 from services import need_redis_py
 
 from asynccoord import SQLiteStore
-from asynccoord.cli.status import status_report, status_schema
+from asynccoord.cli.lockstore import LOCK_STORE_WAIT_S
+from asynccoord.cli.status import collect_status, status_report, status_schema
 
 pytestmark = pytest.mark.multiprocess
 
@@ -87,3 +91,61 @@ async def test_a_status_report_of_an_open_lock_store_gone_down_carries_its_error
     assert [lock["name"] for lock in down["locks"]] == ["account:in-db"]
     assert "list_locks" in down["lock_store"]["error"]
     jsonschema.Draft202012Validator(status_schema()).validate(down)
+
+
+def test_status_reports_a_paused_lock_store_unreachable(server: OwnRedis, python: PythonRunner, tmp_path: Path) -> None:
+    db_path = tmp_path / "coord.db"
+    seed(db_path)
+    server.pause()
+    try:
+        argv = ["status", "--db", str(db_path), "--lock-store", server.url, "--lock-prefix", "h_redis:"]
+        as_json = python.run_module("asynccoord", *argv, "--json", check=False, timeout_s=30.0)
+        as_table = python.run_module("asynccoord", *argv, "--color", "never", check=False, timeout_s=30.0)
+    finally:
+        server.resume()
+    assert (as_json.returncode, as_table.returncode) == (0, 0), as_json.stderr + as_table.stderr
+    report = json.loads(as_json.stdout)
+    jsonschema.Draft202012Validator(status_schema()).validate(report)
+    assert [(lock["store"], lock["name"]) for lock in report["locks"]] == [("db", "account:in-db")]
+    assert "cannot connect" in report["lock_store"]["error"]
+    assert "TimeoutError" in report["lock_store"]["error"]
+    assert "lock store unreachable: cannot connect" in as_table.stdout
+    assert "account:in-db" in as_table.stdout
+
+
+async def test_collect_status_gives_up_on_a_paused_lock_store_after_its_wait(server: OwnRedis, tmp_path: Path) -> None:
+    db_path = tmp_path / "coord.db"
+    await asyncio.to_thread(seed, db_path)
+    server.pause()
+    try:
+        report = await asyncio.wait_for(
+            collect_status(db_path, lock_store=server.url, lock_prefix="h_redis:"), LOCK_STORE_WAIT_S + 1.5
+        )
+    finally:
+        server.resume()
+    assert report["tasks"]["pending"] == 1
+    assert "TimeoutError" in report["lock_store"]["error"]
+
+
+async def test_a_status_report_of_an_open_lock_store_gone_paused_carries_its_error(
+    server: OwnRedis, tmp_path: Path
+) -> None:
+    """As the dashboard reads it: the lock store opened while up, then its server paused."""
+    from asynccoord.backends.redis import RedisLockStore
+
+    db_path = tmp_path / "coord.db"
+    await asyncio.to_thread(seed, db_path)
+    async with (
+        SQLiteStore(db_path) as store,
+        RedisLockStore(server.url, prefix="h_redis:", reconnect_timeout_s=0.3) as locks,
+    ):
+        server.pause()
+        try:
+            down = await asyncio.wait_for(status_report(store, lock_store=locks), 4.0)
+        finally:
+            server.resume()
+        up = await status_report(store, lock_store=locks)
+    assert [lock["name"] for lock in down["locks"]] == ["account:in-db"]
+    assert "list_locks" in down["lock_store"]["error"]
+    assert "TimeoutError" in down["lock_store"]["error"]
+    assert up["lock_store"]["error"] is None

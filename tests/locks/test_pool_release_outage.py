@@ -31,7 +31,8 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
 
 
 async def main() -> None:
-    async with RedisLockStore(url, prefix="h_redis:", reconnect_timeout_s=0.5) as locks:
+    # reconnect_timeout_s bounds each wait for a reply too: above the 0.6 s the release must outlive.
+    async with RedisLockStore(url, prefix="h_redis:", reconnect_timeout_s=2.0) as locks:
         pool = LockPool(locks, ttl_s=5.0, holder="process-a")
         async with pool.turn("account:1", timeout_s=5.0, on_lost=lambda _error: None):
             os.kill(server_pid, signal.SIGSTOP)  # the release after this turn waits for an answer that never comes
