@@ -160,22 +160,43 @@ async def test_an_outage_of_minutes_dead_letters_no_reply(script: str, tmp_path:
 
 
 @BOTH
-async def test_a_429_without_retry_after_pauses_and_uses_no_attempt(script: str, tmp_path: Path) -> None:
-    """A 429 that has no parameters (aiogram: a plain TelegramAPIError; python-telegram-bot: a NetworkError)
-    becomes RateLimited with the example's default pause: the reply goes back without an attempt counted,
-    and its chat gets nothing before the pause has passed."""
+async def test_refusals_a_bare_429_pauses_a_403_drops_a_400_dead_letters_each_at_once(
+    script: str, tmp_path: Path
+) -> None:
+    """Telegram's refusals, each handled without waiting out the retry policy (one run of each framework):
+    - a 429 that has no parameters (aiogram: a plain TelegramAPIError; python-telegram-bot: a NetworkError)
+      becomes RateLimited with the example's default pause: the reply goes back without an attempt counted,
+      and its chat gets nothing before the pause has passed;
+    - a 403 (a user who blocked the bot) drops the reply: its task is done, sent once;
+    - a 400 (a message Telegram cannot take) dead-letters it with Undeliverable, sent once.
+    The other chats are answered as usual."""
     pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
     time_scale = 4.0
     stricter = {**TELEGRAM_LIMITS, "chat": Limit(1, 1.0, burst=1)}  # no burst: the examples' bursts meet 429s
-    async with BotAPIStandIn(messages=20, limits=stricter, bare_429=True, time_scale=time_scale) as api:
+    async with BotAPIStandIn(messages=30, limits=stricter, bare_429=True, time_scale=time_scale) as api:
+        private = list(dict.fromkeys(m.chat_id for m in api.incoming if m.chat_type == "private"))
+        blocked, broken = private[0], private[1]
+        api.refused_chats = {blocked: 403, broken: 400}
         run = await run_bot_processes(EXAMPLES_DIR / script, api=api, workdir=tmp_path)
     o, why = run.outcome, report(run)
-    tasks = tasks_by_status(tmp_path / "outbox.db")
-    print(f"{script}: {o.refusals} bare 429s; tasks by (status, attempts) {dict(tasks)}")
-    assert o.refusals > 0, why
-    assert tasks == {("done", 1): 20}, (tasks, why)  # each reply sent on its first attempt: a 429 used none
+    to = Counter(m.chat_id for m in api.incoming)
+    with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'outbox.db'}?mode=ro", uri=True)) as conn:
+        rows = conn.execute("SELECT partition_key, status, attempts, last_error FROM coord_tasks").fetchall()
+    by_chat: defaultdict[str, list[tuple[str, int, str | None]]] = defaultdict(list)
+    for key, status, attempts, error in rows:
+        by_chat[key].append((status, attempts, error))
+    print(f"{script}: {o.refusals} bare 429s, {len(api.refused)} replies refused for good")
     assert run.drained, why
-    assert o.answered == o.incoming == 20, why
+    assert o.refusals > 0, why
+    others = {key: tasks for key, tasks in by_chat.items() if key not in (str(blocked), str(broken))}
+    assert {t for tasks in others.values() for t in tasks} == {("done", 1, None)}, (others, why)  # a 429 used none
+    assert sorted(c for c, _, _ in api.refused) == sorted([blocked] * to[blocked] + [broken] * to[broken]), why
+    assert len(set(api.refused)) == len(api.refused), why  # each refused once: no retry
+    assert by_chat[str(blocked)] == [("done", 1, None)] * to[blocked], why
+    assert [(status, attempts) for status, attempts, _ in by_chat[str(broken)]] == [("dead", 1)] * to[broken], why
+    for _, _, error in by_chat[str(broken)]:  # the framework words Telegram's description its own way
+        assert re.fullmatch(r"Undeliverable: 400 (Bad Request: )?[Mm]essage is too long", error or ""), (error, why)
+    assert o.answered == o.incoming - to[blocked] - to[broken], why
     assert o.out_of_order == [], why
     assert o.duplicates == 0, why
     assert o.unexpected == 0, why
@@ -188,36 +209,4 @@ async def test_a_429_without_retry_after_pauses_and_uses_no_attempt(script: str,
         # the refused reply went again, first in its chat, once the default pause had passed
         assert after, (refusal, why)
         assert after[0] >= refusal.t_mono + pause_s - 0.05, (refusal, after[:3], why)
-    assert all(code == 0 for code in run.exit_codes.values()), why
-
-
-@BOTH
-async def test_a_reply_refused_for_good_is_dropped_or_dead_lettered_at_once(script: str, tmp_path: Path) -> None:
-    """A 403 (a user who blocked the bot) drops the reply, a 400 (a message Telegram cannot take)
-    dead-letters it with Undeliverable: each is sent once, not retried for the retry policy's
-    minutes, and the other chats are answered as usual."""
-    pytest.importorskip("aiogram" if script == "aiogram_bot.py" else "telegram")
-    async with BotAPIStandIn(messages=30, time_scale=TIME_SCALE) as api:
-        private = list(dict.fromkeys(m.chat_id for m in api.incoming if m.chat_type == "private"))
-        blocked, broken = private[0], private[1]
-        api.refused_chats = {blocked: 403, broken: 400}
-        run = await run_bot_processes(EXAMPLES_DIR / script, api=api, workdir=tmp_path)
-    o, why = run.outcome, report(run)
-    to = Counter(m.chat_id for m in api.incoming)
-    with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'outbox.db'}?mode=ro", uri=True)) as conn:
-        rows = conn.execute("SELECT partition_key, status, attempts, last_error FROM coord_tasks").fetchall()
-    by_chat: defaultdict[str, list[tuple[str, int, str | None]]] = defaultdict(list)
-    for key, status, attempts, error in rows:
-        by_chat[key].append((status, attempts, error))
-    assert run.drained, why
-    assert sorted(c for c, _, _ in api.refused) == sorted([blocked] * to[blocked] + [broken] * to[broken]), why
-    assert len(set(api.refused)) == len(api.refused), why  # each refused once: no retry
-    assert by_chat[str(blocked)] == [("done", 1, None)] * to[blocked], why
-    assert [(status, attempts) for status, attempts, _ in by_chat[str(broken)]] == [("dead", 1)] * to[broken], why
-    for _, _, error in by_chat[str(broken)]:  # the framework words Telegram's description its own way
-        assert re.fullmatch(r"Undeliverable: 400 (Bad Request: )?[Mm]essage is too long", error or ""), (error, why)
-    assert o.answered == o.incoming - to[blocked] - to[broken], why
-    assert o.duplicates == 0, why
-    assert o.out_of_order == [], why
-    assert o.unexpected == 0, why
     assert all(code == 0 for code in run.exit_codes.values()), why
