@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from ._leaves import uniform_leaves
 from ._once import Once
 from .errors import RateLimited
 
@@ -74,20 +75,9 @@ def rate_limited_of(failure: BaseException | None) -> RateLimited | None:
     them, on its dimension and key when all name the same ones, else on every bucket of the
     task; a group holding any other error is an ordinary failure (None).
     """
-    if isinstance(failure, RateLimited):
-        return failure
-    if not isinstance(failure, BaseExceptionGroup):
+    leaves = uniform_leaves(failure, RateLimited)
+    if leaves is None:
         return None
-    leaves: list[RateLimited] = []
-    pending: list[BaseException] = [failure]
-    while pending:
-        exc = pending.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            pending.extend(exc.exceptions)
-        elif isinstance(exc, RateLimited):
-            leaves.append(exc)
-        else:
-            return None
     longest = max(leaves, key=lambda r: r.retry_after_s)
     if all((r.dimension, r.key) == (longest.dimension, longest.key) for r in leaves):
         return longest

@@ -19,6 +19,7 @@ import anyio
 
 from .. import events as ev
 from .._errtext import error_text
+from .._leaves import uniform_leaves
 from ..config import RetryPolicy
 from ..contract.queue import encode_result
 from ..errors import (
@@ -735,21 +736,8 @@ def _undeliverable_of(failure: BaseException) -> Undeliverable | None:
     A group holding any other error is an ordinary failure (None), retried by the retry
     policy, as :func:`~asynccoord.pauses.rate_limited_of` treats a group of 429s.
     """
-    if isinstance(failure, Undeliverable):
-        return failure
-    if not isinstance(failure, BaseExceptionGroup):
-        return None
-    leaves: list[Undeliverable] = []
-    pending: list[BaseException] = [failure]
-    while pending:
-        exc = pending.pop(0)
-        if isinstance(exc, BaseExceptionGroup):
-            pending[:0] = exc.exceptions  # depth first, in the group's order
-        elif isinstance(exc, Undeliverable):
-            leaves.append(exc)
-        else:
-            return None
-    return leaves[0]
+    leaves = uniform_leaves(failure, Undeliverable)
+    return None if leaves is None else leaves[0]
 
 
 def _seen(task: asyncio.Task[Any]) -> None:
