@@ -109,15 +109,22 @@ def alert_labels(specs: list[str]) -> dict[str, str]:
     """The labels of ``--alert-label NAME=VALUE`` options, in order (a name given twice keeps its last value).
 
     Raises:
-        InvalidArgumentError: an option without ``=``, or with an empty or blank name.
+        InvalidArgumentError: an option without ``=``, or with an empty or blank name, or a
+            label :class:`~asynccoord.monitor.webhook.WebhookSink` refuses
+            (:func:`~asynccoord.monitor.webhook.check_labels`), named as ``--alert-label``'s.
     """
+    from ..monitor.webhook import check_labels  # aiohttp is imported by the sink only
+
     labels: dict[str, str] = {}
     for spec in specs:
         name, sep, value = spec.partition("=")
         if not sep or not name.strip():
             raise InvalidArgumentError(f"--alert-label {spec!r}: give NAME=VALUE, as in --alert-label cluster=prod")
         labels[name.strip()] = value
-    return labels
+    try:
+        return check_labels(labels)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"--alert-label: {exc}") from None
 
 
 @contextlib.contextmanager

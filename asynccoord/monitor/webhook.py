@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import unicodedata
 import urllib.parse
 from collections import deque
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from ..errors import InvalidArgumentError, InvalidTypeError
 from ..validation import check_int, check_name, check_positive
 from .alerts import SinkStats
 
-__all__ = ("DEFAULT_WEBHOOK_RETRY", "WebhookSink", "alert_body", "retry_after_s")
+__all__ = ("DEFAULT_WEBHOOK_RETRY", "WebhookSink", "alert_body", "check_labels", "retry_after_s")
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,31 @@ _LABEL_VALUE_MAX = 1024
 """Longest label value, characters."""
 
 
-def _check_labels(labels: object) -> dict[str, str]:
+def _unfit_character(text: str) -> str | None:
+    """What unfits ``text`` for a label: its first control character or lone surrogate, described."""
+    for ch in text:
+        if unicodedata.category(ch) == "Cc":  # C0, DEL and C1: a newline, a tab, NUL, ESC, ...
+            return f"the control character {ch!r} (a label is shown on one line)"
+        if "\ud800" <= ch <= "\udfff":
+            return f"the lone surrogate {ch!r} (no UTF-8 text holds one)"
+    return None
+
+
+def check_labels(labels: object) -> dict[str, str]:
     """The labels of a :class:`WebhookSink`: str names (1..255 characters) to str values.
+
+    A label is shown on the one line of the notice's ``text`` and sent in its JSON body, so
+    neither its name nor its value may hold a control character (a newline, a tab, NUL,
+    ESC) or a lone surrogate (no UTF-8 encodes it, and a strict JSON reader refuses its
+    escape). Letters of any script, spaces and an empty value are fine.
+
+    Returns:
+        The labels, in their order, in a new dict.
 
     Raises:
         InvalidTypeError: not a mapping, or a name or value that is not a str.
-        InvalidArgumentError: an empty or blank name, or a value over 1,024 characters.
+        InvalidArgumentError: an empty or blank name, a value over 1,024 characters, or a
+            control character or lone surrogate in either.
     """
     if labels is None:
         return {}
@@ -132,12 +152,18 @@ def _check_labels(labels: object) -> dict[str, str]:
         if not isinstance(name, str):
             raise InvalidTypeError(f"labels names must be str, got {type(name).__name__} {name!r:.50}")
         check_name(f"labels name {name!r:.50}", name)
+        unfit = _unfit_character(name)
+        if unfit is not None:
+            raise InvalidArgumentError(f"labels name {name!r:.50} holds {unfit}")
         if not isinstance(value, str):
             raise InvalidTypeError(f"labels[{name!r:.50}] must be a str, got {type(value).__name__}")
         if len(value) > _LABEL_VALUE_MAX:
             raise InvalidArgumentError(
                 f"labels[{name!r:.50}] is {len(value)} characters long: at most {_LABEL_VALUE_MAX}"
             )
+        unfit = _unfit_character(value)
+        if unfit is not None:
+            raise InvalidArgumentError(f"labels[{name!r:.50}] holds {unfit}")
         checked[name] = value
     return checked
 
@@ -215,7 +241,8 @@ class WebhookSink:
             say); the body stays JSON. Default none.
         labels: Names (str, 1..255 characters) to values (str, at most 1,024 characters)
             sent with every notice, in the body's ``labels`` and at the start of its
-            ``text``. Default none.
+            ``text``; no control character or lone surrogate in either
+            (:func:`check_labels`). Default none.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: a bad argument (a header value with a
@@ -242,7 +269,7 @@ class WebhookSink:
         if not isinstance(retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
         checked_headers = _check_headers(headers)
-        checked_labels = _check_labels(labels)
+        checked_labels = check_labels(labels)
         try:
             import aiohttp
         except ImportError as exc:

@@ -100,6 +100,14 @@ from asynccoord.node import Runtime
             ["--send", "asyncio:sleep", "--alert-webhook", "http://hooks/h", "--alert-label", "prod"],
             "--alert-label 'prod': give NAME=VALUE",
         ),
+        (
+            ["--send", "asyncio:sleep", "--alert-webhook", "http://hooks/h", "--alert-label", "cluster=" + "x" * 1025],
+            "--alert-label: labels['cluster'] is 1025 characters long",
+        ),
+        (
+            ["--send", "asyncio:sleep", "--alert-webhook", "http://hooks/h", "--alert-label", "cluster=prod\n"],
+            "--alert-label: labels['cluster'] holds the control character '\\n'",
+        ),
         (["--send", "asyncio:sleep", "--metrics-port", "0"], "--metrics-port must be >= 1"),
         (["--send", "asyncio:sleep", "--metrics-port", "70000"], "--metrics-port must be <= 65535"),
         (

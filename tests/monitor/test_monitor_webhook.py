@@ -298,6 +298,11 @@ async def test_the_sinks_labels_name_the_cluster_in_the_body_and_its_text(endpoi
     assert {k: v for k, v in body.items() if k not in ("labels", "text")} == json.loads(json.dumps(alert.to_dict()))
 
 
+def test_labels_keep_unicode_spaces_and_an_empty_value() -> None:
+    labels = {"cluster": "prod eu", "région": "Île-de-France ✓", "empty": ""}
+    assert WebhookSink("http://example.com/hook", labels=labels).labels == labels
+
+
 @pytest.mark.parametrize(
     ("labels", "error", "message"),
     [
@@ -307,6 +312,14 @@ async def test_the_sinks_labels_name_the_cluster_in_the_body_and_its_text(endpoi
         ({1: "prod"}, InvalidTypeError, "labels names must be str, got int"),
         ({"cluster": "x" * 1025}, InvalidArgumentError, "is 1025 characters long: at most 1024"),
         ([("cluster", "prod")], InvalidTypeError, "labels must be a mapping"),
+        # Shown on one line of the notice's text, and sent as JSON a strict receiver must decode:
+        ({"cluster": "prod\n"}, InvalidArgumentError, r"labels\['cluster'\] holds the control character '\\n'"),
+        ({"cluster": "a\rb"}, InvalidArgumentError, r"labels\['cluster'\] holds the control character '\\r'"),
+        ({"cluster": "a\x00b"}, InvalidArgumentError, r"holds the control character '\\x00'"),
+        ({"cluster": "a\x1b[31m"}, InvalidArgumentError, r"holds the control character '\\x1b'"),
+        ({"cluster": "a\ud800"}, InvalidArgumentError, r"labels\['cluster'\] holds the lone surrogate '\\ud800'"),
+        ({"clu\nster": "prod"}, InvalidArgumentError, r"labels name 'clu\\nster' holds the control character"),
+        ({"clu\tster": "prod"}, InvalidArgumentError, r"labels name 'clu\\tster' holds the control character"),
     ],
 )
 def test_bad_labels_are_refused_naming_the_label(labels: Any, error: type[Exception], message: str) -> None:
