@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.open import is_postgres_target, redact_target
+from ..errors import InvalidArgumentError
 
 __all__ = (
     "DEMO_SCHEMA",
@@ -95,6 +96,22 @@ class DemoOptions:
         return self.rate_limits
 
 
+def _check_lock_store_url(parser: argparse.ArgumentParser, url: str) -> None:
+    """Refuse, as bad usage, a Redis URL the workers' lock store would refuse (``redis://host/x``, say).
+
+    redis-py alone accepts such a URL, so the demo's own connection check passed and
+    every worker then failed at its start. Without redis-py the run says so when it connects.
+    """
+    try:
+        from ..backends.redisurl import check_url
+    except ImportError:
+        return
+    try:
+        check_url(url)
+    except InvalidArgumentError as exc:
+        parser.error(f"--lock-store: {exc}")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     """Parse the command line into :class:`DemoOptions` (argparse exits 2 on bad usage)."""
     p = argparse.ArgumentParser(
@@ -164,6 +181,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         p.error("--schema applies to a PostgreSQL store only: add --store postgresql://...")
     if a.lock_store is not None and not a.lock_store.startswith(REDIS_SCHEMES):
         p.error(f"--lock-store takes a Redis URL ({', '.join(REDIS_SCHEMES)}...), got {redact_target(a.lock_store)!r}")
+    if a.lock_store is not None:
+        _check_lock_store_url(p, a.lock_store)
     return DemoOptions(
         nodes=a.nodes,
         processes=a.processes,

@@ -562,6 +562,12 @@ def test_demo_cli_rejects_bad_options() -> None:
     assert code == 2
     assert "--lock-store takes a Redis URL" in stderr
     assert "'http://cache:6379'" in stderr
+    # redis-py alone takes a database that is no number (database 0); the workers' lock store refuses it
+    code, _, stderr = run_demo("--messages", "10", "--lock-store", "redis://:pw@127.0.0.1:1/x", timeout_s=60)
+    assert code == 2, stderr
+    assert "--lock-store: url must be a Redis URL" in stderr
+    assert "the database number must be an integer" in stderr
+    assert "redis://:***@127.0.0.1:1/x" in stderr
 
 
 def _workers_on(db: Path) -> list[int]:
