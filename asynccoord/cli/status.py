@@ -67,6 +67,7 @@ __all__ = (
     "configure_status",
     "open_lock_store",
     "open_status_store",
+    "rate_header",
     "render_status",
     "status_command",
     "status_report",
@@ -486,6 +487,16 @@ def _fmt_ms(value: float | None) -> str:
     return f"{value:,.0f}"
 
 
+def rate_header(window_s: float, span_s: float) -> str:
+    """The events table's column header for a window: ``/s last 60s``, ``/s last 60s (30s of data)``.
+
+    The span is said only while it reads shorter than the window once rounded to whole
+    seconds: 59.6 s of data in a 60 s window would read "(60s of data)".
+    """
+    shown = f"{span_s:.0f}"
+    return f"/s last {window_s:g}s" + (f" ({shown}s of data)" if span_s < window_s and float(shown) < window_s else "")
+
+
 def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color: bool | None = None) -> None:
     """Print a status report as tables (rich).
 
@@ -582,10 +593,7 @@ def render_status(report: dict[str, Any], file: IO[str] | None = None, *, color:
     table.add_column("event")
     table.add_column("total", justify="right")
     for w in windows:  # over the part of the window that has data: a young cluster's first seconds
-        span = w.get("span_s", w["window_s"])
-        table.add_column(
-            f"/s last {w['window_s']:g}s" + (f" ({span:.0f}s of data)" if span < w["window_s"] else ""), justify="right"
-        )
+        table.add_column(rate_header(w["window_s"], w.get("span_s", w["window_s"])), justify="right")
     names = [n for n in CONFLICT_EVENTS if n in events["totals"]]
     names += [n for n in (ev.CLAIMS, ev.COMMITS) if n in events["totals"]]
     names += sorted(n for n in events["totals"] if n not in names)

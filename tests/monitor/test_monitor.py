@@ -40,7 +40,7 @@ from asynccoord import (
     Task,
 )
 from asynccoord import events as ev
-from asynccoord.cli.status import render_status, status_report
+from asynccoord.cli.status import rate_header, render_status, status_report
 from asynccoord.contract.monitor import RETIRED_PROCESS_ID, MetricsFlush, MonitorStore, open_alerts
 from asynccoord.monitor.monitor import LEADER_LOCK
 from asynccoord.monitor.rules import DEFAULT_RULES
@@ -721,6 +721,23 @@ async def test_rates_of_a_young_cluster_divide_by_the_time_its_counts_cover(
     render_status(report, out, color=False)
     assert "/s last 60s (30s of data)" in out.getvalue()
     assert "/s last 10s " in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("window_s", "span_s", "header"),
+    [
+        (60.0, 60.0, "/s last 60s"),
+        (60.0, 30.0, "/s last 60s (30s of data)"),
+        (60.0, 59.4, "/s last 60s (59s of data)"),
+        (60.0, 59.6, "/s last 60s"),  # not "(60s of data)" in a 60 s window
+        (10.0, 1.0, "/s last 10s (1s of data)"),
+        (0.5, 0.5, "/s last 0.5s"),
+    ],
+)
+def test_the_rate_header_says_a_short_span_only_when_it_reads_shorter(
+    window_s: float, span_s: float, header: str
+) -> None:
+    assert rate_header(window_s, span_s) == header
 
 
 async def test_snapshot_reports_rates_and_latencies(make_store: MakeStore, clock: FakeClock) -> None:
