@@ -513,7 +513,28 @@ class GatewayAudit:
 
 
 def audit(path: str | os.PathLike[str]) -> GatewayAudit:
-    """Read the gateway record of a finished run (plain sqlite3, read-only)."""
+    """Read the gateway record of a finished run (plain sqlite3, read-only).
+
+    A run whose workers all died before the gateway started has no record: an empty audit
+    (nothing sent), so the report says what went wrong instead of failing on the file.
+    """
+    if not os.path.exists(path):
+        return GatewayAudit(
+            send_calls=0,
+            delivered=0,
+            duplicates=0,
+            replays=0,
+            stale_token_rejections=0,
+            transient_errors=0,
+            cut_off=0,
+            account_overlaps=0,
+            order_violations=0,
+            delivered_ids=frozenset(),
+            account_calls={},
+            account_busy_s={},
+            rate_limited=0,
+            late_rate_limited=0,
+        )
     db = sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
     try:
         outcomes = dict(db.execute("SELECT outcome, count(*) FROM calls GROUP BY outcome").fetchall())

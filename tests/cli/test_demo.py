@@ -28,7 +28,7 @@ from support import ROOT
 
 from asynccoord import InvalidArgumentError
 from asynccoord.demo.app import account_of, build_tasks, schedule
-from asynccoord.demo.gateway import _use_wal
+from asynccoord.demo.gateway import _use_wal, audit
 from asynccoord.demo.live import node_table, table_note
 from asynccoord.demo.options import DEMO_SCHEMA_COMMENT
 from asynccoord.demo.processes import Worker, read_states, stop_workers
@@ -791,3 +791,13 @@ def test_more_messages_than_the_trace_holds_replays_all_of_them_and_says_so(tmp_
     )
     assert proc.returncode == 0, f"stdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-2000:]}"
     assert "note: --messages 100 asked for more than the trace holds: replayed all 40" in proc.stdout
+
+
+def test_the_audit_of_a_run_whose_gateway_never_started_is_empty(tmp_path: Path) -> None:
+    """Workers that all died at start leave no gateway record: the report reads nothing sent (and
+    says why the run failed) instead of failing on the missing file with a traceback."""
+    missing = tmp_path / "gateway.db"
+    seen = audit(missing)
+    assert (seen.send_calls, seen.delivered, seen.duplicates, seen.order_violations) == (0, 0, 0, 0)
+    assert seen.delivered_ids == frozenset()
+    assert not missing.exists()  # read-only: nothing created
