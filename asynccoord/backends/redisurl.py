@@ -52,7 +52,8 @@ def db_problem(url: str) -> str | None:
         return None  # unix://: the path is the socket's
     db = parts.path.strip("/")
     if db and not (db.isascii() and db.isdigit()):
-        return f"the database number must be an integer (redis://host:port/0), not {db[:40]!r}"
+        shown = db.partition(";")[0][:40] + (";..." if ";" in db else "")  # path parameters may hold a password
+        return f"the database number must be an integer (redis://host:port/0), not {shown!r}"
     return None
 
 

@@ -47,9 +47,9 @@ def redact_target(target: str) -> str:
     """``target`` fit to print: the password of a URL (``postgresql://``, ``redis://``, ...) replaced by ``***``.
 
     Both places a URL may carry one are redacted: the user-info part
-    (``scheme://user:password@host``) and the value of every query parameter whose name
-    holds ``password`` in any case (libpq's ``password``, but also ``PASSWORD`` or
-    ``sslpassword``), with ``&`` or ``;`` between parameters. A file path is returned
+    (``scheme://user:password@host``) and the value of every query parameter (or path
+    parameter, after a ``;``) whose name holds ``password`` in any case (libpq's ``password``,
+    but also ``PASSWORD`` or ``sslpassword``), with ``&`` or ``;`` between parameters. A file path is returned
     unchanged. A URL too malformed to parse (``[::1`` without its ``]``) loses its whole
     user-info part and those parameters' values.
     """
@@ -65,6 +65,9 @@ def redact_target(target: str) -> str:
         parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
     if parts.query:
         parts = parts._replace(query=_redact_query(parts.query))
+    if ";" in parts.path:  # path parameters ("redis://host/0;password=..."), redacted as a query is
+        head, _, params = parts.path.partition(";")
+        parts = parts._replace(path=f"{head};{_redact_query(params)}")
     if parts == original:
         return target
     # Not urlunsplit(): it drops the "//" of an empty host ("postgresql:///db?host=...").

@@ -108,6 +108,7 @@ def test_open_store_picks_the_backend(tmp_path: Path) -> None:
     assert redact_target("redis://bot:s3cret@cache:6379/0") == "redis://bot:***@cache:6379/0"
     assert redact_target("redis://:s3cret@cache:6379/0") == "redis://:***@cache:6379/0"
     assert redact_target("redis://cache:6379/0") == "redis://cache:6379/0"
+    assert redact_target("redis://cache/0;password=s3cret;x=1") == "redis://cache/0;password=***;x=1"
     assert redact_target("sqlite:///bot.db") == "sqlite:///bot.db"
     assert redact_target("bot.db") == "bot.db"
     with pytest.raises(ValueError, match="unknown store target"):

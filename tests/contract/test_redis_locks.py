@@ -170,6 +170,8 @@ async def test_semaphore_permits_from_many_concurrent_callers(locks: Any) -> Non
             "'redis://:***@x/abc'",
         ),
         ("rediss://x:6380/1x", "the database number must be an integer", "'rediss://x:6380/1x'"),
+        # a password in path parameters is hidden in the message too
+        ("redis://x/0;password=s3cret", "not '0;...'", "'redis://x/0;password=***'"),
         # redis-py hands an unknown parameter to its connections: a TypeError at open()
         (
             "redis://:s3cret@127.0.0.1:6379/0?foo=bar",
