@@ -257,6 +257,8 @@ def _raise_if_cancelled(task: asyncio.Task[Any] | None, cancels: int, what: str,
 def _map_error(exc: BaseException, what: str) -> StoreError:
     """The package's error for a redis-py error (raise it ``from exc``)."""
     text = f"{what}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, rerr.AuthenticationError):  # a ConnectionError to redis-py: the server did answer
+        return StoreConnectionError(f"{text} (Redis refused the URL's credentials: check its user name and password)")
     if isinstance(exc, _CONNECTION_ERRORS):
         return StoreConnectionError(f"{text} (the connection to Redis was lost or refused, or it did not answer)")
     if isinstance(exc, rerr.BusyLoadingError) or _busy_with_script(exc):

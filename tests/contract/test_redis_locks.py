@@ -73,6 +73,22 @@ async def test_an_unreachable_server_raises_a_typed_error() -> None:
     assert info.value.__cause__ is not None
 
 
+async def test_credentials_the_server_refuses_are_named_as_such(locks: Any) -> None:
+    """A wrong password is no lost connection: the message says the server refused the URL's credentials."""
+    import urllib.parse
+
+    from asynccoord.backends.redis import RedisLockStore
+
+    parts = urllib.parse.urlsplit(REDIS_URL)
+    wrong = parts._replace(netloc=f"nobody:wrong-password@{parts.hostname}:{parts.port or 6379}").geturl()
+    store = RedisLockStore(wrong, reconnect_timeout_s=0.2)
+    with pytest.raises(StoreConnectionError) as info:
+        await store.open()
+    assert "Redis refused the URL's credentials" in str(info.value)
+    assert "lost or refused" not in str(info.value)
+    assert "wrong-password" not in str(info.value)
+
+
 async def test_the_server_expires_abandoned_locks_but_keeps_the_fencing_counter(locks: Any) -> None:
     lease = await locks.try_acquire_lock("acct:1", ttl_s=0.2)
     assert isinstance(lease, Lease)
