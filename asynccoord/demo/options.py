@@ -103,11 +103,11 @@ def _check_lock_store_url(parser: argparse.ArgumentParser, url: str) -> None:
     every worker then failed at its start. Without redis-py the run says so when it connects.
     """
     try:
-        from ..backends.redisurl import check_url
+        from ..backends.redis import RedisLockStore
     except ImportError:
         return
     try:
-        check_url(url)
+        RedisLockStore(url)  # checks the URL as a worker's will; connects only when opened
     except InvalidArgumentError as exc:
         parser.error(f"--lock-store: {exc}")
 
