@@ -341,6 +341,7 @@ async def test_a_store_closed_under_a_running_send_fails_the_node_with_a_typed_e
 # --- failures -----------------------------------------------------------------------------
 
 
+@pytest.mark.exclusive  # the retries' gaps are judged to 250 ms
 async def test_send_exception_retries_with_backoff_then_dead_letters(make_store: Any, pipeline: dict[str, Any]) -> None:
     store = await make_store(clock=None)
     [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload=1, max_attempts=3)])
