@@ -4,6 +4,30 @@ A :class:`CoordCollector` (:func:`register_collector`, :func:`render_prometheus`
 the process's coordination events, latency histograms and monitor counters to Prometheus
 (extra ``metrics``), named after the Prometheus naming conventions, and gauges of the
 queues' backlogs and live nodes read from the store (:mod:`asynccoord.monitor.gauges`).
+
+Alerting on them: the monitor's own rules count events, so none of them sees a backlog. Rules
+for Prometheus, on the oldest pending task's age and on the gauges' health::
+
+    groups:
+      - name: asynccoord
+        rules:
+          - alert: AsynccoordBacklog  # work waits: nodes gone, stalled or too few
+            expr: max by (queue) (asynccoord_queue_oldest_pending_age_seconds) > 30
+            for: 1m
+          - alert: AsynccoordQueueStatsDown  # the store does not answer the gauges' reads
+            expr: max(asynccoord_queue_stats_up) == 0
+            for: 1m
+          - alert: AsynccoordQueueStatsStale  # this process serves old figures
+            expr: asynccoord_queue_stats_age_seconds > 45
+            for: 5m
+
+Pick the backlog's threshold from the delay your users accept. After a ``kill -9``, the dead
+process's conversations wait up to ``lease_s`` (30 s) for its claims to lapse: the example
+fires only when the oldest task has waited over 30 s for a whole minute, so not for that alone.
+A scrape served on the event loop's own thread (as by an ASGI app) serves the previous scrape's
+reading, so its first shows ``asynccoord_queue_stats_up`` 0 (hence the ``for:``), and the
+figures' age is about one scrape interval. The age normally stays below the scrape interval
+plus 10 s; 45 s suits a 15 s scrape.
 """
 
 from __future__ import annotations

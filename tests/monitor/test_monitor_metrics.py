@@ -292,8 +292,11 @@ README_METRIC = re.compile(r"\basynccoord_[a-z0-9_]+")
 async def test_every_metric_the_readme_names_is_exported_and_its_backlog_alert_reads_the_oldest_pending_age(
     clock: FakeClock,
 ) -> None:
-    """README.md names only metrics a scrape holds, and gives a Prometheus rule on the backlog's age."""
+    """README.md names only metrics a scrape holds; it and the module's rules alert on the backlog's age."""
+    import asynccoord.monitor.metrics as metrics_module
+
     readme = (ROOT / "README.md").read_text("utf-8")
+    rules = metrics_module.__doc__ or ""
     store = MemoryStore(clock=clock)
     await store.open()
     await store.enqueue("outbox", {"n": 1})
@@ -315,6 +318,8 @@ async def test_every_metric_the_readme_names_is_exported_and_its_backlog_alert_r
     assert named <= exported, sorted(named - exported)
     (oldest,) = _families(text)["asynccoord_queue_oldest_pending_age_seconds"].samples
     assert (oldest.labels, oldest.value) == ({"queue": "outbox"}, pytest.approx(19.6, abs=0.01))
-    exprs = re.findall(r"^\s*expr: (.+)$", readme, flags=re.MULTILINE)
+    assert set(README_METRIC.findall(rules)) <= exported, sorted(set(README_METRIC.findall(rules)) - exported)
+    assert "asynccoord_queue_oldest_pending_age_seconds" in readme
+    exprs = re.findall(r"^\s*expr: (.+)$", rules, flags=re.MULTILINE)
     assert any("asynccoord_queue_oldest_pending_age_seconds" in expr for expr in exprs), exprs
     assert any("asynccoord_queue_stats_age_seconds" in expr for expr in exprs), exprs
