@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import pytest
 from exclusive import pytest_collection_modifyitems, pytest_configure, pytest_runtest_protocol  # noqa: F401
+from groups import pytest_collection_finish, pytest_runtest_setup  # noqa: F401
 from services import ServiceStores, drop_tracked_schemas
 from support import FakeClock
 
