@@ -28,8 +28,9 @@ from asynccoord import events as ev
 from asynccoord.locks import watchdog as watchdog_module
 from asynccoord.locks.watchdog import IDLE_EXIT_S, Guard
 
-# Renewal moments and prompt cancellations are judged to a tenth of a second.
-pytestmark = pytest.mark.exclusive
+# Renewal moments and prompt cancellations are judged to a tenth of a second; the tests mostly wait,
+# so they run beside each other (quiet), apart from the ordinary tests.
+pytestmark = pytest.mark.quiet
 
 Store = MemoryStore | SQLiteStore
 
@@ -416,6 +417,7 @@ async def test_leases_of_many_ttls_are_renewed_together(rstore: Store) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # it computes: 10,000 leases renewed on time need the machine to itself
 async def test_10000_held_locks_cost_one_statement_per_interval(make_store: Any, backend: str) -> None:
     store: Store = await make_store(clock=None)
     rounds: list[tuple[float, int, int]] = []  # (start, leases, write transactions so far) per renew_locks call

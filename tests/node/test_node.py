@@ -341,7 +341,7 @@ async def test_a_store_closed_under_a_running_send_fails_the_node_with_a_typed_e
 # --- failures -----------------------------------------------------------------------------
 
 
-@pytest.mark.exclusive  # the retries' gaps are judged to 250 ms
+@pytest.mark.quiet  # the retries' gaps are judged to 250 ms
 async def test_send_exception_retries_with_backoff_then_dead_letters(make_store: Any, pipeline: dict[str, Any]) -> None:
     store = await make_store(clock=None)
     [enqueued] = await store.enqueue_many([NewTask(queue=QUEUE, payload=1, max_attempts=3)])
@@ -1145,7 +1145,7 @@ async def test_without_work_stealing_an_idle_node_never_touches_anothers_partiti
 # --- lease renewal ------------------------------------------------------------------------
 
 
-@pytest.mark.exclusive
+@pytest.mark.quiet
 async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(make_store: Any) -> None:
     """Two nodes started half a renewal interval apart renew together, every lease_s / 3 at most.
 
@@ -1206,7 +1206,7 @@ async def test_the_nodes_of_a_process_renew_their_leases_at_the_same_moments(mak
         assert min(abs(moment - other) for other in both["A"]) < 0.01, (moment, both)
 
 
-@pytest.mark.exclusive
+@pytest.mark.quiet
 async def test_a_timer_that_fires_early_does_not_make_the_keeper_renew_twice(
     make_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

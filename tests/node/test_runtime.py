@@ -201,7 +201,7 @@ async def test_a_cancelled_sends_cleanup_time_is_not_cut_short_by_another_cancel
     assert store.events.get("send_interrupted") == 1
 
 
-@pytest.mark.exclusive  # every send must resume from its sleep before the 0.3 s drain deadline
+@pytest.mark.quiet  # every send must resume from its sleep before the 0.3 s drain deadline
 @pytest.mark.parametrize("way", ["slots", "batch", "lock"])
 @pytest.mark.parametrize("hurry", ["cancel-the-shutdown", "drain-timeout"])
 async def test_sends_that_returned_are_committed_even_when_the_drain_is_cut_at_that_instant(
