@@ -45,6 +45,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -91,6 +92,11 @@ _IGNORED_AT_EXIT = (int(signal.SIGTERM), int(signal.SIGHUP))
 into death by signal. SIGINT joins them when the process ends with the command
 (:func:`_ignored_at_exit`); otherwise it raises KeyboardInterrupt in the caller, as it would
 have without ``run``."""
+
+
+_SWAP_SWITCH_INTERVAL_S = 1.0
+"""The switch interval while a stop signal's handler is swapped with other threads alive: the swap
+does not let go of the GIL, so no other thread runs between its two calls."""
 
 
 def _ignored_at_exit(exiting: bool) -> tuple[int, ...]:
@@ -593,9 +599,10 @@ def _stop_holding(
     pending and is discarded by ``SIG_IGN``, and the thread's signal mask is then put back
     as it was.
     With other threads alive (a send's ``asyncio.to_thread``, uvloop's resolver threads)
-    the block would only send the signal to one of them, so it is not used, and the moment
-    lasts a few microseconds. Ignored, they cannot kill the process between the teardown
-    and its exit.
+    the block would only send the signal to one of them, so it is not used; the switch
+    interval is then raised for the swap, so no other thread takes the GIL between the two
+    calls, and the moment lasts the few microseconds between two ``sigaction`` calls.
+    Ignored, they cannot kill the process between the teardown and its exit.
     """
     for signum in sorted(taken, key=lambda s: s in ignored):  # the ignored ones last
         if signum in ignored:
@@ -620,18 +627,25 @@ def _os_threads() -> int:
 
 @contextlib.contextmanager
 def _blocked_if_alone(signum: int) -> Iterator[None]:
-    """Block ``signum`` in this thread for the block if it is the main and only thread; then restore the mask."""
+    """Block ``signum`` in this thread for the block if it is the main and only thread; then restore the mask.
+
+    Otherwise the switch interval is raised to :data:`_SWAP_SWITCH_INTERVAL_S` for the block, and put back.
+    """
     block = (
         hasattr(signal, "pthread_sigmask")
         and threading.current_thread() is threading.main_thread()
         and _os_threads() == 1
     )
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signum}) if block else None
+    interval = sys.getswitchinterval()
+    if not block:
+        sys.setswitchinterval(_SWAP_SWITCH_INTERVAL_S)  # the GIL stays with this thread for the swap
     try:
         yield
     finally:
         if before is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        sys.setswitchinterval(interval)
 
 
 def _run_loop(main: Any, args: argparse.Namespace) -> int:
