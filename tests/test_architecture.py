@@ -26,6 +26,13 @@ ENTRY_POINTS = frozenset(
 )
 """What code outside ``asynccoord.backends`` may import from it: ``open_store`` and each engine's store class."""
 
+INNER_MODULES = {
+    "asynccoord.locks.handle": "asynccoord.locks",
+    "asynccoord.locks.localqueue": "asynccoord.locks",
+}
+"""Parts of a module split by concept, and the package that may import them: the rest of the
+code imports the public module that re-exports their names (``asynccoord.locks.lock``...)."""
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
@@ -142,6 +149,7 @@ def test_the_graph_sees_the_imports() -> None:
     assert "asynccoord.backends.base" in graph["asynccoord.backends.sqlite.queue"]
     assert "asynccoord.contract.queue" in graph["asynccoord.backends.base"]
     assert "asynccoord.backends.sqlite.writer" in graph["asynccoord.backends.sqlite.locks"]  # under TYPE_CHECKING
+    assert "asynccoord.locks.handle" in graph["asynccoord.locks.lock"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -154,6 +162,17 @@ def test_upper_layers_use_only_the_entry_points_of_backends(name: str) -> None:
     """Outside ``asynccoord.backends`` nothing imports an engine's internals, only open_store and store classes."""
     reached = {t for t in all_imports(name) if t.startswith("asynccoord.backends")}
     assert reached <= ENTRY_POINTS, sorted(reached - ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_the_parts_of_a_split_module_are_imported_only_within_their_package(name: str) -> None:
+    """``Lock`` is imported from ``asynccoord.locks.lock``, not from the module that holds its machinery."""
+    reached = {t for t in all_imports(name) if t in INNER_MODULES and not name.startswith(INNER_MODULES[t] + ".")}
+    assert reached == set(), sorted(reached)
+
+
+def test_the_parts_of_split_modules_exist() -> None:
+    assert set(INNER_MODULES) <= set(MODULES)
 
 
 @pytest.mark.parametrize("layer", ["asynccoord.node", "asynccoord.locks", "asynccoord.monitor"])
