@@ -29,6 +29,8 @@ ENTRY_POINTS = frozenset(
 INNER_MODULES = {
     "asynccoord.locks.handle": "asynccoord.locks",
     "asynccoord.locks.localqueue": "asynccoord.locks",
+    "asynccoord.locks.poolline": "asynccoord.locks",
+    "asynccoord.locks.poolturns": "asynccoord.locks",
 }
 """Parts of a module split by concept, and the package that may import them: the rest of the
 code imports the public module that re-exports their names (``asynccoord.locks.lock``...)."""
@@ -150,6 +152,7 @@ def test_the_graph_sees_the_imports() -> None:
     assert "asynccoord.contract.queue" in graph["asynccoord.backends.base"]
     assert "asynccoord.backends.sqlite.writer" in graph["asynccoord.backends.sqlite.locks"]  # under TYPE_CHECKING
     assert "asynccoord.locks.handle" in graph["asynccoord.locks.lock"]
+    assert "asynccoord.locks.poolline" in graph["asynccoord.locks.pool"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

@@ -536,7 +536,7 @@ class LeaseHandle:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        """Stop guarding, release, and report a lost lease as :class:`LockLostError`."""
+        """Stop guarding, release, and report a lost lease as :class:`~asynccoord.errors.LockLostError`."""
         scope, self._scope = self._scope, None
         if self._guard is not None:
             self._guard.check()  # the event loop may have been blocked past the deadline

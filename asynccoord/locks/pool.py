@@ -5,31 +5,23 @@ so a hot account does not pay two database writes per message, and lets processe
 contend for the lock take turns through a line of one place. The line is the idea of a
 fair lock's queue of waiters (Redisson's ``RFairLock`` on Redis), reduced to one place and
 built only on the lock contract, so it works on any lock store.
+
+The pool's parts: this module holds the pool, its turns' begin and end, and its releases;
+the local waiting line and the :class:`Turn` a task holds are
+:mod:`asynccoord.locks.poolturns`, and the line between processes is
+:mod:`asynccoord.locks.poolline`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from .. import events as ev
-from ..config import RetryPolicy
-from ..contract.locks import Lease, LockBusy, check_user_lock_name
-from ..errors import (
-    UNRECOVERABLE_STORE_ERRORS,
-    FencingTokenRejectedError,
-    InvalidArgumentError,
-    LockLostError,
-    LockTimeoutError,
-)
-from ..releases import ReleaseSignal
+from ..contract.locks import Lease, check_user_lock_name
+from ..errors import FencingTokenRejectedError, InvalidArgumentError, LockLostError
 from ..validation import (
     check_callback,
     check_int,
@@ -39,128 +31,20 @@ from ..validation import (
     check_non_negative,
 )
 from .background import watched
-from .line import PLACE_PREFIX, Rank, ahead, next_in_line, own_place, place_holder, place_id, shown_rank
+from .line import PLACE_PREFIX, Rank, next_in_line, place_id
 from .pacing import LockPacer
-from .watchdog import Guard, Watchdog
+from .poolline import PoolLine
+from .poolline import remember as _remember
+from .poolturns import PoolTurns, Session, Turn
+from .watchdog import Guard
 
 __all__ = ("PLACE_PREFIX", "LockPool", "Turn", "next_in_line")
 
-log = logging.getLogger(__name__)
-
-_NEXT_POLL = RetryPolicy(base_s=0.001, factor=1.15, cap_s=0.01, jitter=0.3)
-"""Polls of a lock by the pool that holds its place in line (from 1 ms, 15 % longer each time,
-up to 10 ms): the lock sits free until it looks, and turns last a few milliseconds."""
-_LINE_POLL = RetryPolicy(base_s=0.002, factor=1.5, cap_s=0.02, jitter=0.5)
-"""Polls for the place in line by the pools behind it: one must take it before the pool
-that goes first gives the lock back after its ``max_turns``, or that pool takes the place
-(and the lock) again."""
-_PLACE_TTL_S = 1.0
-"""Longest lease on a place in line (renewed while the pool waits): a crashed pool's place lapses in it."""
-_CONTENDED_WINDOW_S = 1.0
-"""How long after finding a lock (or its place in line) taken a pool queues for it instead of trying it first."""
-_CONTENDED_NAMES = 1024
-"""Names remembered as contended before the ones older than the window are forgotten."""
 _RELEASE_TIMEOUT_S = 5.0
-_FAIR_TURNS = 4
-"""While local tasks wait, a pool holding a lease reads its place in line every this many
-turns (one ``list_locks``); once another pool is seen in line, the lease goes back at the
-end of the turn, so a waiting process waits a few turns, not ``max_turns``."""
+"""How long the pool waits for each release of a lease, or of a place in line, seconds."""
 
 
-def _lately(seen: dict[str, float], name: str) -> bool:
-    """Whether ``_remember`` recorded ``name`` within the last ``_CONTENDED_WINDOW_S``."""
-    at = seen.get(name)
-    return at is not None and time.monotonic() - at <= _CONTENDED_WINDOW_S
-
-
-def _remember(seen: dict[str, float], name: str) -> None:
-    """Record ``name`` at the current monotonic time; forget stale names past ``_CONTENDED_NAMES``."""
-    now = time.monotonic()
-    seen[name] = now
-    if len(seen) > _CONTENDED_NAMES:
-        for stale in [n for n, at in seen.items() if now - at > _CONTENDED_WINDOW_S]:
-            del seen[stale]
-
-
-@dataclass(slots=True, eq=False)
-class _Session:
-    name: str
-    lease: Lease | None = None
-    guard: Guard | None = None
-    busy: bool = False
-    turns: int = 0
-    deferred: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set when deferred == 0
-    turn_ended: asyncio.Event = field(default_factory=asyncio.Event)  # set as each turn ends (for aclose)
-    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
-    ranks: dict[asyncio.Future[None], list[Any]] = field(default_factory=dict)  # waiter -> [priority, overtaken, order]
-    on_lost: Callable[[LockLostError], None] | None = None
-    releasing: asyncio.Task[None] | None = None
-    line_seen: bool = False  # another pool was in line at this lease's last check (see _FAIR_TURNS)
-    line_rank: Rank | None = None  # that pool's first waiter's rank, if its place carries one
-    line_check: asyncio.Task[None] | None = None
-    held_at: float = 0.0  # time.monotonic() when the lease was taken
-
-    def alive(self) -> bool:
-        return self.lease is not None and self.guard is not None and self.guard.active
-
-
-class Turn:
-    """One task's turn on a pooled lease (yielded by :meth:`LockPool.turn`)."""
-
-    __slots__ = ("_end", "_session", "lease")
-
-    def __init__(self, session: _Session, lease: Lease, end: Callable[[], None]) -> None:
-        self._session = session
-        self._end = end
-        self.lease = lease
-        """The lease; ``lease.fencing_token`` identifies the acquisition."""
-
-    def end(self) -> None:
-        """End the turn now, before its block does: the next local waiter's turn begins at once.
-
-        For work that is over before the block is (a send that returned, whose commit the
-        block still awaits: register that with :meth:`defer` first). Idempotent; the
-        block's end then ends nothing more, and the turn's ``on_lost`` is no longer called.
-        """
-        self._end()
-
-    def defer(self) -> Callable[[], None]:
-        """Keep the lease out of other processes' hands until the returned callable is called.
-
-        Call it during the turn for work fenced by the token that ends after the turn
-        (a commit); call the returned function exactly once when that work is over.
-        """
-        session = self._session
-        session.deferred += 1
-        session.idle.clear()
-        called = False
-
-        def done() -> None:
-            nonlocal called
-            if called:
-                return
-            called = True
-            session.deferred -= 1
-            if session.deferred == 0:
-                session.idle.set()
-
-        return done
-
-    def check(self) -> LockLostError | None:
-        """Give the lease up now if its local deadline has passed (see :meth:`Guard.check`); the error, or None.
-
-        Call it before starting the turn's work: a turn handed over by the pool takes no
-        store round trip, so a renewal that is late (a slow store) is seen only here. A
-        lease given up calls the turn's ``on_lost``.
-        """
-        guard = self._session.guard
-        if guard is None:
-            return None
-        return guard.check()
-
-
-class LockPool:
+class LockPool(PoolTurns, PoolLine):
     """Shares lock leases among the tasks of one process.
 
     A bot's hot account (one sender in hundreds of conversations) needs its lock for every
@@ -262,7 +146,7 @@ class LockPool:
                 f"min_hold_s={min_hold_s!r} is above max_hold_s={self.max_hold_s:g}: no lease is held that long"
             )
         self.pacer = LockPacer()
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._leaving: set[asyncio.Task[None]] = set()
         self._checks: set[asyncio.Task[None]] = set()  # reads of places in line (_check_line) under way
         self._contended: dict[str, float] = {}  # lock name -> when it (or its place) was last found taken
@@ -334,7 +218,7 @@ class LockPool:
             check_int("order", order, minimum=-(2**63), maximum=2**63 - 1)
         session = self._sessions.get(name)
         if session is None:
-            session = self._sessions[name] = _Session(name)
+            session = self._sessions[name] = Session(name)
             session.idle.set()
         rank = self._rank_of(priority, order)
         if session.releasing is not None and self._may_keep(session, rank):
@@ -387,267 +271,6 @@ class LockPool:
                 finally:
                     end()
 
-    async def _wait_turn(self, session: _Session, deadline: float, priority: int, order: int | None) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters, ranks = session.waiters, session.ranks
-        # Behind every waiter of a higher priority; of the same one, behind those without an
-        # order or with one no higher than this waiter's (FIFO among equals without one); and
-        # behind any that a higher priority has overtaken max_overtakes times already (no
-        # waiter starves). max_overtakes=0: strictly FIFO, priority and order aside.
-        at = len(waiters)
-        while at > 0 and self.max_overtakes > 0:
-            ahead = ranks[waiters[at - 1]]
-            if ahead[0] > priority:
-                break
-            if ahead[0] == priority:
-                if order is None or ahead[2] is None or ahead[2] <= order:
-                    break
-            elif ahead[1] >= self.max_overtakes:
-                break
-            at -= 1
-        for passed in itertools.islice(waiters, at, None):
-            if ranks[passed][0] < priority:
-                ranks[passed][1] += 1
-        waiters.insert(at, future)
-        ranks[future] = [priority, 0, order]
-        try:
-            # Not wait_for: on Python 3.11 it returns the result and drops a cancellation that
-            # comes in the step the turn is handed over; under timeout() it is raised, and the
-            # turn passed on below. Awaited directly (no shield, one loop turn less per hand-over):
-            # a cancellation that finds the future pending cancels it, so no turn is handed to it
-            # (_wake_next skips it); one that finds it handed over leaves it so, and is seen below.
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                await future
-        except TimeoutError:
-            if future.done() and not future.cancelled():
-                return  # our turn came just as the wait ran out: take it
-            raise LockTimeoutError(f"no turn on {session.name!r} within the wait") from None
-        except BaseException:
-            if future.done() and not future.cancelled():
-                session.busy = False  # handed the turn but leaving: pass it on
-                self._pass_turn(session, counted=False)
-            raise
-        finally:
-            if not future.done():
-                future.cancel()
-            with contextlib.suppress(ValueError):
-                session.waiters.remove(future)
-            session.ranks.pop(future, None)
-
-    async def _acquire(self, session: _Session, deadline: float, rank: Rank | None) -> None:
-        """Acquire ``session``'s lock for this pool, waiting in line behind other pools.
-
-        A pool that finds the lock taken takes its place in line: a lease on
-        :func:`next_in_line` of the name (TTL at most 1 s, renewed by this loop while it
-        waits, not by the watchdog: losing a place is not losing a lock). The pool
-        holding the place polls the lock often (every 1 to 10 ms); the others poll for
-        the place (every 2 to 20 ms). A store with release signals (``store.releases``, a
-        :class:`~asynccoord.releases.ReleaseSignal`: the memory, SQLite and PostgreSQL stores) ends
-        the wait the moment the lock or the place is given back, in any process. A pool
-        that found the lock or its place taken in the last second, or that gave a lease
-        of it back in the last second (for a pool in line, say), first reads the place
-        (one ``list_locks``): if another pool holds it, this one does not take the lock
-        at once but waits in line too, so the waiting pool (another process) goes first;
-        if nobody does, it tries the lock (without taking and leaving a free place: two
-        writes). The line has one place, not a queue: with three or more pools the order
-        among those behind the first is whoever takes the
-        place first, as with a plain lock.
-        """
-        name = session.name
-        if _lately(self._contended, name) or _lately(self._released, name):
-            # Another pool wanted it a moment ago, or this one gave it back (after max_turns,
-            # say): is a pool in line now? If so, wait behind it; if not, try the lock (a
-            # read instead of taking and leaving a free place, two writes).
-            seen, theirs, place_token = await self._someone_in_line(name)
-            # A waiter ranked ahead of the one the other pool queues for (an older task) tries
-            # the lock at once, unless the lease just went back for fairness (max_turns
-            # reached, or given way to that pool), or this pool passed that place
-            # max_overtakes times already: then it waits behind it whatever its rank.
-            in_line = seen and (
-                _lately(self._gave_way, name)
-                or not ahead(self._best_rank(session, rank), theirs)
-                or not self._may_pass(name, place_token)
-            )
-        else:
-            in_line = False
-        place: Lease | None = None
-        place_rank: Rank | None = None  # the rank the place shows (see line.place_holder)
-        renewed_at = 0.0
-        lock_busy: LockBusy | None = None
-        failures = polls = 0
-        # Armed before the first attempt, so a release right after a failed one is not missed.
-        signal = getattr(self.store, "releases", None)
-        watches = (signal.watch(name), signal.watch(next_in_line(name))) if isinstance(signal, ReleaseSignal) else None
-
-        def contended() -> None:
-            nonlocal failures
-            _remember(self._contended, name)
-            failures += 1
-            if failures == 1:
-                self.store.events.add(ev.LOCK_CONTENDED)
-
-        try:
-            while True:
-                if place is not None and ahead(self._best_rank(session, rank), place_rank):
-                    # A local task ranked ahead of the one the place shows came meanwhile (on
-                    # an ordered queue, the lagging conversation's head behind a younger task):
-                    # show it, or the pool holding the lease keeps it for its own older ones.
-                    await self._release_quietly(place)
-                    place = None
-                    in_line = True
-                    continue
-                if place is not None and time.monotonic() - renewed_at > place.ttl_s / 3:
-                    renewed_at = time.monotonic()
-                    place = await self._renew_place(place)  # None: it lapsed, queue again
-                if place is not None or not in_line:
-                    sent_at = time.monotonic()
-                    outcome = await self.store.try_acquire_lock(name, ttl_s=self.ttl_s, permits=1, holder=self.holder)
-                    if isinstance(outcome, Lease):
-                        deadline_at = Watchdog.for_store(self.store).local_deadline(outcome.ttl_s, sent_at)
-                        late_s = time.monotonic() - deadline_at
-                        if late_s < 0:
-                            break
-                        # The grant arrived past its local deadline (this process stalled): another
-                        # pool may hold the lock by now. Released, never used; then as a busy answer.
-                        log.warning(
-                            "asynccoord.lock.grant_too_late name=%r fencing_token=%d late_s=%.3f: released, not used",
-                            name,
-                            outcome.fencing_token,
-                            late_s,
-                        )
-                        await self._release_quietly(outcome)
-                        contended()
-                        if time.monotonic() >= deadline:
-                            raise LockTimeoutError(f"could not acquire {name!r}: its grant arrived past its deadline")
-                        polls += 1
-                        await asyncio.sleep(min(deadline - time.monotonic(), _NEXT_POLL.delay_s(polls)))
-                        continue
-                    assert isinstance(outcome, LockBusy)
-                    busy = lock_busy = outcome
-                    if not in_line:  # take a place in line at once
-                        in_line = True
-                        contended()
-                        continue
-                else:
-                    renewed_at = time.monotonic()
-                    shown = self._best_rank(session, rank)
-                    taken = await self.store.try_acquire_lock(
-                        next_in_line(name),
-                        ttl_s=min(self.ttl_s, _PLACE_TTL_S),
-                        permits=1,
-                        holder=place_holder(self._place_id, shown),
-                    )
-                    if isinstance(taken, Lease):
-                        place, place_rank = taken, shown
-                        polls = 0  # first in line: try the lock at once, then poll it from 1 ms
-                        continue
-                    busy = taken
-                contended()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise LockTimeoutError(self._timeout_message(name, lock_busy))
-                polls += 1
-                delay = min(remaining, (_NEXT_POLL if place is not None else _LINE_POLL).delay_s(polls))
-                delay = min(delay, busy.retry_after_s + 0.002)
-                if watches is None:
-                    await asyncio.sleep(delay)
-                else:  # the lock (or the place) given back wakes this wait at once
-                    await watches[0 if place is not None or not in_line else 1].wait(delay)
-        except BaseException:
-            if place is not None:  # leaving without the lock (timeout, cancellation): give the place up now
-                await self._leave_line(place, wait=True)
-            raise
-        finally:
-            if watches is not None:
-                for watch in watches:
-                    watch.close()
-        if place is not None:
-            await self._leave_line(place, wait=False)  # the turn need not wait for it
-        session.lease = outcome
-        session.held_at = time.monotonic()
-        session.turns = 0
-        session.line_seen = False
-        session.line_rank = None
-        self._gave_way.pop(name, None)
-
-        def lost(error: LockLostError) -> None:
-            callback = session.on_lost
-            if callback is not None:
-                callback(error)
-
-        # Tied to no task: the pool closes the guard when the lease goes back (_drop), and only then
-        # (a task of its own, cancelled at a program's exit, would stop the guard and skip the release).
-        session.guard = Watchdog.for_store(self.store).guard(
-            outcome, sent_at=sent_at, renew=True, max_hold_s=self.max_hold_s, on_lost=lost, tied_to_task=False
-        )
-
-    def _rank_of(self, priority: int, order: int | None) -> Rank | None:
-        """A waiter's rank; None without an order, or in a pool whose ``max_overtakes`` is 0 (FIFO)."""
-        return None if order is None or self.max_overtakes == 0 else (-priority, order)
-
-    def _first_rank(self, session: _Session) -> Rank | None:
-        """The rank of ``session``'s first local waiter (None: nobody waits, or it has no rank)."""
-        if not session.waiters:
-            return None
-        first = session.ranks.get(session.waiters[0])
-        return None if first is None else self._rank_of(first[0], first[2])
-
-    def _may_pass(self, name: str, place_token: int) -> bool:
-        """Whether a waiter ranked ahead may pass the place in line for ``name`` (fencing token
-        ``place_token``) once more: at most ``max_overtakes`` times, as within a pool."""
-        token, passes = self._passes.get(name, (place_token, 0))
-        if token != place_token:
-            passes = 0  # another place (the pool in line got the lock meanwhile, or queued anew)
-        if passes >= self.max_overtakes:
-            return False
-        if len(self._passes) >= _CONTENDED_NAMES and name not in self._passes:
-            self._passes.clear()
-        self._passes[name] = (place_token, passes + 1)
-        return True
-
-    def _outranked(self, session: _Session, rank: Rank | None) -> bool:
-        """Whether ``session``'s first waiter ranks ahead of a turn ranked ``rank`` (both ranked)."""
-        return ahead(self._first_rank(session), rank)
-
-    def _best_rank(self, session: _Session, rank: Rank | None) -> Rank | None:
-        """The rank to show in line: the acquiring turn's, or its first local waiter's if ranked ahead.
-
-        None (an unranked place) when the acquiring turn has no rank: a waiter without an
-        order is never passed by order, so none behind it is first.
-        """
-        waiting = self._first_rank(session)
-        return waiting if ahead(waiting, rank) else rank
-
-    async def _someone_in_line(self, name: str) -> tuple[bool, Rank | None, int]:
-        """Whether another pool holds the place in line for ``name`` (one read), the rank it
-        shows (None: unranked, or written by a version without ranks) and its fencing token.
-
-        Asked when this pool gave a lease of ``name`` back a moment ago (a hot lock): then
-        the waiting pool goes first, unless this pool's waiter ranks ahead of the one it
-        queues for. A failed read answers no (the lock is tried at once).
-        """
-        try:
-            places = await self.store.list_locks(next_in_line(name))
-        except UNRECOVERABLE_STORE_ERRORS:
-            raise
-        except Exception:
-            return False, None, 0
-        for info in places:
-            if own_place(self._place_id, info.holder):
-                continue
-            return True, shown_rank(info.holder), info.fencing_token
-        return False, None, 0
-
-    async def _renew_place(self, place: Lease) -> Lease | None:
-        """Renew a place in line; None when it lapsed or the renewal failed (the pool queues again)."""
-        try:
-            renewed: Lease | None = await self.store.renew_lock(place)
-        except UNRECOVERABLE_STORE_ERRORS:
-            raise
-        except Exception:
-            return None
-        return renewed
-
     async def _leave_line(self, place: Lease, *, wait: bool) -> None:
         """Give up a place in line: release it in a task the pool tracks (``aclose`` waits for it).
 
@@ -666,16 +289,7 @@ class LockPool:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.store.release_lock(lease), _RELEASE_TIMEOUT_S)
 
-    @staticmethod
-    def _timeout_message(name: str, busy: LockBusy | None) -> str:
-        if busy is None:
-            return f"could not acquire {name!r}: still waiting in line behind another holder"
-        return (
-            f"could not acquire {name!r}: {busy.holders} live lease(s); "
-            f"the earliest lapses in {busy.retry_after_s:.3f} s unless renewed"
-        )
-
-    def _pass_turn(self, session: _Session, *, counted: bool = True) -> None:
+    def _pass_turn(self, session: Session, *, counted: bool = True) -> None:
         """End a turn: hand the lease to the next local waiter, or start releasing it."""
         session.busy = False
         session.turn_ended.set()
@@ -691,7 +305,7 @@ class LockPool:
                 self._release_when_idle(session), name=f"asynccoord-lockpool-release-{session.name}"
             )
 
-    def _may_keep(self, session: _Session, rank: Rank | None) -> bool:
+    def _may_keep(self, session: Session, rank: Rank | None) -> bool:
         """Whether a release under way may be called off for a new local turn.
 
         Only while the lease is still held (the release waits for deferred commits: it has
@@ -706,48 +320,7 @@ class LockPool:
             and not self._gives_way(session, wanted=True, rank=rank)
         )
 
-    def _gives_way(self, session: _Session, *, wanted: bool = False, rank: Rank | None = None) -> bool:
-        """Whether the lease should go back now for another pool in line (checked every ``_FAIR_TURNS`` turns).
-
-        ``wanted``: a local task ranked ``rank`` wants a turn now (one that takes the lease
-        from its release under way, see :meth:`_may_keep`), as a waiter would. The lease
-        stays while the next local turn ranks ahead of the other pool's waiter.
-        """
-        if session.turns < _FAIR_TURNS:
-            return False
-        if not wanted and session.waiters:
-            rank = self._first_rank(session)
-        if session.line_seen and not ahead(rank, session.line_rank):
-            return time.monotonic() - session.held_at >= self.min_hold_s
-        if (wanted or session.waiters) and session.line_check is None and session.turns % _FAIR_TURNS == 0:
-            check = session.line_check = asyncio.get_running_loop().create_task(
-                self._check_line(session, session.lease), name=f"asynccoord-lockpool-line-{session.name}"
-            )
-            self._checks.add(check)  # aclose() ends it, even once its session is gone
-            check.add_done_callback(self._checks.discard)
-        return False
-
-    async def _check_line(self, session: _Session, lease: Lease | None) -> None:
-        """Record in ``session`` whether another pool is in line for its lock (while it still holds ``lease``)."""
-        try:
-            seen, theirs, _ = await self._someone_in_line(session.name)
-        except Exception:  # a closed store, say: the next acquisition will tell
-            seen, theirs = False, None
-        finally:
-            session.line_check = None
-        if session.lease is lease:
-            session.line_seen, session.line_rank = seen, theirs
-
-    def _wake_next(self, session: _Session) -> bool:
-        while session.waiters:
-            future = session.waiters.popleft()
-            if not future.done():
-                session.busy = True
-                future.set_result(None)
-                return True
-        return False
-
-    async def _release_when_idle(self, session: _Session) -> None:
+    async def _release_when_idle(self, session: Session) -> None:
         """Release the lease once every deferred commit is over, then wake a waiter (it acquires anew).
 
         The wait lasts while the lease does (the watchdog renews it, up to ``max_hold_s``):
@@ -771,7 +344,7 @@ class LockPool:
                 if not self._wake_next(session) and session.lease is None and not session.busy:
                     self._sessions.pop(session.name, None)
 
-    async def _retire(self, session: _Session) -> None:
+    async def _retire(self, session: Session) -> None:
         guard = self._drop(session)
         if guard is not None:
             lease, still_held = guard.lease, guard.active
@@ -781,14 +354,14 @@ class LockPool:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(watched(self.store.release_lock(lease))), _RELEASE_TIMEOUT_S)
 
-    def _holding(self, lease: Lease) -> _Session | None:
+    def _holding(self, lease: Lease) -> Session | None:
         """The session whose current lease is ``lease`` (same owner token), or None."""
         session = self._sessions.get(lease.name)
         held = session is not None and session.lease is not None and session.lease.owner_token == lease.owner_token
         return session if held else None
 
     @staticmethod
-    def _drop(session: _Session) -> Guard | None:
+    def _drop(session: Session) -> Guard | None:
         """Forget ``session``'s lease (no turn is taken on it any more); return its guard, still open."""
         guard = session.guard
         session.guard = None

@@ -19,7 +19,7 @@ from services import PG_DSN, drop_schemas, new_schema, postgres_problem, unavail
 from asynccoord import InvalidArgumentError, InvalidTypeError, MemoryStore, SQLiteStore
 from asynccoord.backends.sqlite.wakeup import decode_datagram, encode_wakeup
 from asynccoord.config import RetryPolicy
-from asynccoord.locks import pool as pool_module
+from asynccoord.locks import poolline
 from asynccoord.locks.pool import LockPool, next_in_line
 from asynccoord.releases import ReleaseSignal
 
@@ -107,8 +107,8 @@ def test_datagrams_carry_lock_releases_beside_the_work() -> None:
 
 async def _hand_over(first_store: Any, second_store: Any, monkeypatch: pytest.MonkeyPatch) -> float:
     """The seconds from the first pool's release to the start of the second pool's turn."""
-    monkeypatch.setattr(pool_module, "_NEXT_POLL", SLOW_POLL)
-    monkeypatch.setattr(pool_module, "_LINE_POLL", SLOW_POLL)
+    monkeypatch.setattr(poolline, "_NEXT_POLL", SLOW_POLL)
+    monkeypatch.setattr(poolline, "_LINE_POLL", SLOW_POLL)
     first = LockPool(first_store, ttl_s=60.0, holder="first")
     second = LockPool(second_store, ttl_s=60.0, holder="second")
     entered = asyncio.Event()
@@ -183,8 +183,8 @@ async def test_without_the_channel_the_same_hand_over_waits_for_the_poll(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = str(tmp_path / "locks.db")
-    monkeypatch.setattr(pool_module, "_NEXT_POLL", RetryPolicy(base_s=1.5, factor=1.0, cap_s=1.5, jitter=0.0))
-    monkeypatch.setattr(pool_module, "_LINE_POLL", RetryPolicy(base_s=1.5, factor=1.0, cap_s=1.5, jitter=0.0))
+    monkeypatch.setattr(poolline, "_NEXT_POLL", RetryPolicy(base_s=1.5, factor=1.0, cap_s=1.5, jitter=0.0))
+    monkeypatch.setattr(poolline, "_LINE_POLL", RetryPolicy(base_s=1.5, factor=1.0, cap_s=1.5, jitter=0.0))
     async with SQLiteStore(path, wakeup=False) as first, SQLiteStore(path, wakeup=False) as second:
         first_pool = LockPool(first, ttl_s=60.0, holder="first")
         second_pool = LockPool(second, ttl_s=60.0, holder="second")
