@@ -27,6 +27,8 @@ ENTRY_POINTS = frozenset(
 """What code outside ``asynccoord.backends`` may import from it: ``open_store`` and each engine's store class."""
 
 INNER_MODULES = {
+    "asynccoord.backends.redisconn": "asynccoord.backends",
+    "asynccoord.backends.redisscripts": "asynccoord.backends",
     "asynccoord.locks.handle": "asynccoord.locks",
     "asynccoord.locks.localqueue": "asynccoord.locks",
     "asynccoord.locks.poolline": "asynccoord.locks",
@@ -153,6 +155,7 @@ def test_the_graph_sees_the_imports() -> None:
     assert "asynccoord.backends.sqlite.writer" in graph["asynccoord.backends.sqlite.locks"]  # under TYPE_CHECKING
     assert "asynccoord.locks.handle" in graph["asynccoord.locks.lock"]
     assert "asynccoord.locks.poolline" in graph["asynccoord.locks.pool"]
+    assert "asynccoord.backends.redisconn" in graph["asynccoord.backends.redis"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

@@ -5,6 +5,11 @@
 semantics as the other stores. Each operation is one Lua script run atomically by the
 server and judged by its ``TIME``, with fencing tokens from ``INCR`` counters, the
 fencing-token scheme of M. Kleppmann ("How to do distributed locking", 2016).
+
+This module holds the store, its keys and the lock contract's operations. The Lua scripts
+are :mod:`asynccoord.backends.redisscripts`; connecting, closing and retrying a lost
+connection are :mod:`asynccoord.backends.redisconn`; the survey of the key prefixes in use
+on a server is :mod:`asynccoord.backends.redisprefixes`.
 """
 
 from __future__ import annotations
@@ -13,14 +18,11 @@ import asyncio
 import contextlib
 import functools
 import logging
-import random
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Self, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
-import redis.exceptions as rerr
 
 from .. import events as ev
 from ..config import StoreConfig
@@ -37,23 +39,14 @@ from ..contract.locks import (
     encode_fence_data,
     fence_rejected_error,
 )
-from ..errors import (
-    InvalidTypeError,
-    StoreAlreadyOpenError,
-    StoreBusyError,
-    StoreClosedError,
-    StoreConnectionError,
-    StoreError,
-    StoreLoopError,
-)
+from ..errors import InvalidTypeError, StoreClosedError, StoreError
 from ..events import EventCounter
 from ..monitor.histogram import LatencyRecorder
 from ..reach import Reach
 from ..validation import MAX_DURATION_S, check_clock, check_int, check_lease_s, check_name, check_positive
 from .batch import Batcher
-from .calls import CLOSE_WAIT_S, CallGate
-from .opening import single_open
-from .redisdurability import NO_PERSISTENCE, losses, persistence
+from .calls import CallGate
+from .redisconn import RedisConnection
 from .redisprefixes import SURVEY_MAX_KEYS, PrefixSurvey, survey_prefixes
 from .redisurl import check_url
 from .rows import decode_json, new_token
@@ -63,11 +56,7 @@ __all__ = ("MAX_KEY_SLACK_MS", "RedisLockStore")
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
-
-# Shared by every script: the clock, exact float text, and token comparison as decimal
-# strings (Lua numbers are doubles: exact only up to 2**53, tokens go to 2**63 - 1).
 _LIST_CHUNK = 1000
 """Lock names whose list scripts ``list_locks`` sends in one pipeline (one round trip)."""
 _RENEW_CHUNK = 256
@@ -76,155 +65,6 @@ _RENEW_CHUNK = 256
 280 ms every renewal interval, and every other client waited. Chunks of this many (at most
 about 11 ms each in the same run) go in one pipeline, still one round trip, and other
 clients' commands run between them."""
-
-_PRELUDE = """
-local function clock(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local function fmt(x) return string.format('%.17g', x) end
-local function token_lt(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
-local function keep(zset, meta, now, slack_ms)
-  local top = redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')
-  if #top == 0 then
-    redis.call('DEL', zset, meta)
-    return
-  end
-  local ms = math.ceil((tonumber(top[2]) - now) * 1000) + slack_ms
-  if ms < 1 then ms = 1 end
-  redis.call('PEXPIRE', zset, ms)
-  redis.call('PEXPIRE', meta, ms)
-end
-"""
-
-# KEYS: zset, meta, counter. ARGV: owner, holder, permits, ttl_s, now ('' = server), slack_ms.
-# Returns {1, fencing_token, acquired_at, expires_at} or {0, live, earliest_expiry, now}.
-_ACQUIRE = (
-    _PRELUDE
-    + """
-local now = clock(ARGV[5])
-local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if mine and tonumber(mine) > now then  -- a retried call whose first attempt was granted
-  local meta = redis.call('HGET', KEYS[2], ARGV[1])
-  local token, _, acquired = string.match(meta, '^(%d+)|(%d+)|([^|]+)|')
-  return {1, token, acquired, mine}
-end
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
-if #lapsed > 0 then
-  redis.call('ZREM', KEYS[1], unpack(lapsed))
-  redis.call('HDEL', KEYS[2], unpack(lapsed))
-end
-local live = redis.call('ZCARD', KEYS[1])
-if live >= tonumber(ARGV[3]) then
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return {0, live, first[2], fmt(now)}
-end
-local token = redis.call('INCR', KEYS[3])
-local expires = now + tonumber(ARGV[4])
-redis.call('ZADD', KEYS[1], fmt(expires), ARGV[1])
-local token_text = string.format('%d', token)
-redis.call('HSET', KEYS[2], ARGV[1], token_text .. '|' .. ARGV[3] .. '|' .. fmt(now) .. '|' .. ARGV[2])
-keep(KEYS[1], KEYS[2], now, tonumber(ARGV[6]))
-return {1, token_text, fmt(now), fmt(expires)}
-"""
-)
-
-# KEYS: zset, meta, counter. ARGV: owner, now. Returns 1 if the lease was live, 0 if it had
-# lapsed (deleted either way), or "<now> <fencing counter>" if it is not there.
-_RELEASE = (
-    _PRELUDE
-    + """
-local now = clock(ARGV[2])
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score then return fmt(now) .. ' ' .. (redis.call('GET', KEYS[3]) or '0') end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-if redis.call('ZCARD', KEYS[1]) == 0 then redis.call('DEL', KEYS[1], KEYS[2]) end
-if tonumber(score) > now then return 1 end
-return 0
-"""
-)
-
-# KEYS: zset1, meta1, zset2, meta2, ... ARGV: now, slack_ms, owner1, ttl1, owner2, ttl2, ...
-# Returns per lease the new expiry, or '' if it had lapsed (never revived).
-_RENEW_MANY = (
-    _PRELUDE
-    + """
-local now = clock(ARGV[1])
-local slack = tonumber(ARGV[2])
-local out = {}
-local touched = {}
-for i = 1, #KEYS / 2 do
-  local zset, meta = KEYS[2 * i - 1], KEYS[2 * i]
-  local owner, ttl = ARGV[2 * i + 1], tonumber(ARGV[2 * i + 2])
-  local score = redis.call('ZSCORE', zset, owner)
-  if score and tonumber(score) > now then
-    local expires = now + ttl
-    redis.call('ZADD', zset, 'XX', fmt(expires), owner)
-    out[i] = fmt(expires)
-    touched[zset] = meta
-  else
-    out[i] = ''
-  end
-end
-for zset, meta in pairs(touched) do keep(zset, meta, now, slack) end
-return out
-"""
-)
-
-# KEYS: zset, meta. ARGV: now. Returns {now, owner1, expiry1, meta1, ...} of the live leases.
-_LIST = (
-    _PRELUDE
-    + """
-local now = clock(ARGV[1])
-local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. fmt(now), '+inf', 'WITHSCORES')
-local out = {fmt(now)}
-for i = 1, #live, 2 do
-  out[#out + 1] = live[i]
-  out[#out + 1] = live[i + 1]
-  out[#out + 1] = redis.call('HGET', KEYS[2], live[i]) or ''
-end
-return out
-"""
-)
-
-# KEYS: fence. ARGV: token, now, with_data ('1'/'0'), data.
-# Returns {1, token, updated_at} or {0, highest}.
-_FENCE = (
-    _PRELUDE
-    + """
-local now = clock(ARGV[2])
-local current = redis.call('HGET', KEYS[1], 'token')
-if current and token_lt(ARGV[1], current) then return {0, current} end
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'updated_at', fmt(now))
-if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'data', ARGV[4]) end
-return {1, ARGV[1], fmt(now)}
-"""
-)
-
-# KEYS: counter. ARGV: at_least. Moves the counter up to at_least, never down.
-# Returns the counter before the call ('0' when it did not exist).
-_ADVANCE = (
-    _PRELUDE
-    + """
-local current = redis.call('GET', KEYS[1]) or '0'
-if token_lt(current, ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
-return current
-"""
-)
-
-_CONNECTION_ERRORS = (rerr.ConnectionError, rerr.TimeoutError, OSError, asyncio.TimeoutError)
-
-
-def _busy_with_script(exc: BaseException) -> bool:
-    """Whether ``exc`` is Redis's ``BUSY`` reply: a script (or function) has run past
-    ``busy-reply-threshold`` (``lua-time-limit``, 5 s by default) and the server runs no
-    other command until it ends or is killed. redis-py has no class of its own for it."""
-    return isinstance(exc, rerr.ResponseError) and str(exc).startswith("BUSY ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,25 +88,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _raise_if_cancelled(task: asyncio.Task[Any] | None, cancels: int, what: str, cause: BaseException | None) -> None:
-    """Raise ``CancelledError`` if ``task`` was asked to cancel since it had ``cancels`` requests pending."""
-    if task is not None and task.cancelling() > cancels:
-        raise asyncio.CancelledError(f"{what} was cancelled") from cause
-
-
-def _map_error(exc: BaseException, what: str) -> StoreError:
-    """The package's error for a redis-py error (raise it ``from exc``)."""
-    text = f"{what}: {type(exc).__name__}: {exc}"
-    if isinstance(exc, rerr.AuthenticationError):  # a ConnectionError to redis-py: the server did answer
-        return StoreConnectionError(f"{text} (Redis refused the URL's credentials: check its user name and password)")
-    if isinstance(exc, _CONNECTION_ERRORS):
-        return StoreConnectionError(f"{text} (the connection to Redis was lost or refused, or it did not answer)")
-    if isinstance(exc, rerr.BusyLoadingError) or _busy_with_script(exc):
-        return StoreBusyError(text)
-    return StoreError(text)
-
-
-class RedisLockStore:
+class RedisLockStore(RedisConnection):
     """The lock contract (:class:`~asynccoord.contract.locks.LockStore`) on one Redis server.
 
     Use it beside a queue store, e.g. the queue in PostgreSQL and the account locks in
@@ -406,99 +228,6 @@ class RedisLockStore:
         where = redact_location(self.url)
         return f"<RedisLockStore {where!r} prefix={self.prefix!r} {'open' if self._client else 'closed'}>"
 
-    # --- life cycle ---------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    @single_open
-    async def open(self) -> None:
-        """Connect, load the scripts and read whether the server persists its data.
-
-        A server without an append-only file (``appendonly no``) is logged at WARNING as
-        ``asynccoord.redis.no_persistence``, whether it keeps RDB snapshots or nothing: its
-        restart would set the fencing counters back (see :class:`RedisLockStore`).
-        :attr:`persistent` holds the answer. A store closed again may be opened again.
-
-        Raises:
-            StoreConnectionError: the server cannot be reached.
-            StoreAlreadyOpenError: the store is open already; it stays open.
-        """
-        if self._client is not None:
-            self._check_loop()  # open, but for another loop: StoreLoopError
-            raise StoreAlreadyOpenError.of(self)
-        wait_s = self.reconnect_timeout_s  # also each reply's: a server that never answers fails the attempt
-        timeouts = {"timeout": wait_s, "socket_connect_timeout": 5.0, "socket_timeout": wait_s}
-        pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=self.max_connections, **timeouts)
-        client = aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes both
-        try:
-            await client.ping()
-        except BaseException as exc:
-            await client.aclose()
-            if not isinstance(exc, rerr.RedisError | OSError):
-                raise
-            raise _map_error(exc, f"cannot connect to {self!r}") from exc
-        self._scripts = {
-            name: client.register_script(source)
-            for name, source in (
-                ("acquire", _ACQUIRE),
-                ("release", _RELEASE),
-                ("renew_many", _RENEW_MANY),
-                ("list", _LIST),
-                ("fence", _FENCE),
-                ("advance", _ADVANCE),
-            )
-        }
-        self._client = client
-        self._loop = asyncio.get_running_loop()
-        self._gate.forget_calls()  # those of a loop closed mid-call never end
-        self.persistent, kept, save = await persistence(client)
-        if self.persistent is False:
-            log.warning(NO_PERSISTENCE, redact_location(self.url), save, losses(kept))
-
-    async def close(self) -> None:
-        """Let the calls in flight finish, wait for background releases (bounded), then close. Idempotent.
-
-        From the moment ``close()`` is called, a new call raises
-        :class:`~asynccoord.errors.StoreClosedError`, but a hand-back (``release_lock``) is
-        let through. The calls in flight, queued acquisitions included, and the hand-backs
-        their ends start (the release of a lease granted to a ``Lock`` caller cancelled
-        just before the close, say) are waited for, up to 10 s, and the background releases
-        up to 5 s: no lease is left held until its TTL with nobody to release it.
-
-        Called from another event loop than ``open()``'s, it closes the client in that
-        loop if it still runs (up to 5 s), and otherwise only drops it: its connections
-        belong to that loop, and their sockets go when its transports are collected.
-        """
-        if self._client is not None and self._loop is not asyncio.get_running_loop():
-            abandoned, owner = self._client, self._loop
-            self._client = None
-            self._scripts = {}
-            self._gate.forget_calls()
-            if owner is not None and owner.is_running() and not owner.is_closed():
-                with contextlib.suppress(Exception):
-                    done = asyncio.run_coroutine_threadsafe(abandoned.aclose(), owner)
-                    await asyncio.wait_for(asyncio.wrap_future(done), 5.0)
-            return
-        self._gate.closing = True
-        try:
-            if not await self._gate.settle(CLOSE_WAIT_S):
-                log.warning("asynccoord.redis.close_cut_calls calls=%d", self._gate.calls)
-            await self._acquirer.flush()
-            if self._background:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait(set(self._background), timeout=5.0)
-            await self._gate.settle(CLOSE_WAIT_S)  # hand-backs started meanwhile
-            client, self._client = self._client, None
-            if client is not None:
-                await client.aclose()
-        finally:
-            self._gate.closing = False
-
     # --- plumbing -----------------------------------------------------------------------
 
     def _now_arg(self) -> str:
@@ -506,71 +235,6 @@ class RedisLockStore:
 
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}{kind}:{name}"
-
-    def _check_loop(self) -> None:
-        if self._loop is not asyncio.get_running_loop():
-            raise StoreLoopError(
-                f"{self!r} was opened in another event loop (another asyncio.run, thread or test loop) and"
-                " serves that loop only: open a lock store in the loop that uses it"
-            )
-
-    async def _call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
-        """Run ``fn(client)`` as a store call in flight (waited for by :meth:`close`); see :meth:`_retrying`."""
-        with self._gate.call(), self.reach.call():
-            return await self._retrying(fn, what)
-
-    async def _retrying(self, fn: Callable[[aioredis.Redis], Awaitable[T]], what: str) -> T:
-        """Run ``fn(client)``, retrying a lost connection with backoff; map errors at this one boundary.
-
-        A ``BUSY`` reply (a script running past ``busy-reply-threshold``: the command was not
-        run) is retried the same way, and recorded in :attr:`reach` as a failed attempt, not
-        an answer: the server does no work for anyone until the script ends.
-
-        A cancellation of the calling task that redis-py turned into an error (it drops the
-        connection of an interrupted command) or swallowed is raised again here as
-        ``CancelledError``: without that, a caller that is being stopped would retry, or go
-        on with the result, and never end.
-        """
-        deadline = time.monotonic() + self.reconnect_timeout_s
-        delay_s = 0.02
-        task = asyncio.current_task()
-        cancels = 0 if task is None else task.cancelling()
-        while True:
-            client = self._client
-            if client is None:
-                raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
-            self._check_loop()
-            try:
-                result = await fn(client)
-            except (*_CONNECTION_ERRORS, rerr.RedisError) as exc:
-                _raise_if_cancelled(task, cancels, what, exc)
-                if not (isinstance(exc, _CONNECTION_ERRORS) or _busy_with_script(exc)):
-                    self.reach.answered()  # the server replied, with an error
-                    raise _map_error(exc, what) from exc
-                self.reach.failed(exc)
-                if time.monotonic() + delay_s > self._gate.retry_deadline(deadline):
-                    raise _map_error(exc, what) from exc
-                self.events.add(ev.STORE_RETRIES)
-                log.info("asynccoord.redis.retry what=%s error=%s", what, exc)
-            else:
-                self.reach.answered()
-                _raise_if_cancelled(task, cancels, what, None)
-                return result
-            await asyncio.sleep(delay_s * random.uniform(0.5, 1.5))
-            delay_s = min(delay_s * 2, 1.0)
-
-    async def _script(self, name: str, keys: Sequence[str], args: Sequence[str | int | float], what: str) -> Any:
-        script = self._scripts[name]
-
-        async def run(client: aioredis.Redis) -> Any:
-            return await script(keys=list(keys), args=list(args), client=client)
-
-        return await self._call(run, what)
-
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def now(self) -> float:
         """The store clock: seconds since the Unix epoch (the Redis server's ``TIME``)."""
