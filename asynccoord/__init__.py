@@ -19,8 +19,10 @@ every store):
   the engine. ``backends/memory/``, ``sqlite/``, ``postgres/``: each engine's statements,
   its SQL in ``sql/`` beside them (``sqlite/writer.py`` is the group commit,
   ``sqlite/wakeup.py`` the cross-process wake-ups, ``postgres/conn.py`` the connection
-  handling). ``backends/redis.py``: locks on Redis; ``backends/open.py``: ``open_store``.
-* ``locks/``: lock, semaphore, watchdog, lock pool, pacing. ``node/``: node loop, flight
+  handling). ``backends/redis*.py``: locks on Redis (the store, its scripts, its connection,
+  URLs, prefixes, durability); ``backends/open.py``: ``open_store``.
+* ``locks/``: lock and semaphore (their handle, the local queue of a name), watchdog, lock
+  pool (its turns, its line between processes), pacing. ``node/``: node loop, flight
   state machine, lockless batch, send supervision, settle, keeper, config, runtime, idle
   poll, retention (purges of aged done tasks), tracing.
 * ``notify.py``, ``releases.py``, ``pauses.py``: wake-ups of idle nodes on new work, of
