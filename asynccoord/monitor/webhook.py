@@ -188,6 +188,36 @@ def _where(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
+def _authority(url: str) -> str:
+    """``scheme://host[:port]`` of ``url`` as written, without credentials, path or query: for a
+    URL that :mod:`urllib.parse` cannot read (its host or port is malformed)."""
+    scheme, _, rest = url.partition("://")
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+    return f"{scheme}://{netloc}"[:120]
+
+
+def _check_url(url: str) -> None:
+    """Refuse ``url`` unless it is an ``http(s)://`` URL with a host and, if it names one, a port
+    in 1..65535 (checked here, or the first notice would fail on it, and the log line with it).
+
+    Raises:
+        InvalidArgumentError: the URL is malformed, names no host, or is not http(s), naming it
+            without its credentials, path and query.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # a port out of range or not a number raises here
+    except ValueError as exc:  # an unclosed IPv6 bracket, a bad port
+        raise InvalidArgumentError(
+            f"url must be an http:// or https:// URL with a host and a port in 1..65535: {exc}, got {_authority(url)!r}"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = _where(url) if parts.hostname else url[:80]  # no host: no credentials or token to hide
+        raise InvalidArgumentError(f"url must be an http:// or https:// URL with a host, got {shown!r}")
+    if port == 0:
+        raise InvalidArgumentError(f"url must name a port in 1..65535, got 0 in {_where(url)!r}")
+
+
 class WebhookSink:
     """POST every alert notice as JSON to ``url``, in a task of its own.
 
@@ -227,7 +257,8 @@ class WebhookSink:
     sink.start()``, :meth:`offer`, ``await sink.aclose()``.
 
     Args:
-        url: An ``http://`` or ``https://`` URL.
+        url: An ``http://`` or ``https://`` URL with a host (and a port, if it names one, in
+            1..65535).
         timeout_s: Longest one POST may take, connection included, seconds (> 0). Default 5.
         retry: Backoff between attempts and ``max_attempts`` (attempts in all, the first
             included). Default :data:`DEFAULT_WEBHOOK_RETRY`.
@@ -262,10 +293,7 @@ class WebhookSink:
     ) -> None:
         if not isinstance(url, str):
             raise InvalidTypeError(f"url must be a str, got {type(url).__name__}")
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            shown = _where(url) if parts.hostname else url[:80]  # no host: no credentials or token to hide
-            raise InvalidArgumentError(f"url must be an http:// or https:// URL with a host, got {shown!r}")
+        _check_url(url)
         if not isinstance(retry, RetryPolicy):
             raise InvalidTypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
         checked_headers = _check_headers(headers)

@@ -95,6 +95,10 @@ from asynccoord.node import Runtime
         (["--send", "asyncio:sleep", "--lock-store", "http://127.0.0.1:6379"], "--lock-store takes a Redis URL"),
         (["--send", "asyncio:sleep", "--lock-prefix", "bot:"], "--lock-prefix applies to a --lock-store only"),
         (["--send", "asyncio:sleep", "--alert-webhook", "ftp://hooks"], "--alert-webhook: url must be an http://"),
+        (
+            ["--send", "asyncio:sleep", "--alert-webhook", "http://[::1/hook"],
+            "--alert-webhook: url must be an http:// or https:// URL with a host and a port in 1..65535",
+        ),
         (["--send", "asyncio:sleep", "--alert-label", "cluster=prod"], "--alert-label applies to --alert-webhook only"),
         (
             ["--send", "asyncio:sleep", "--alert-webhook", "http://hooks/h", "--alert-label", "prod"],

@@ -269,6 +269,25 @@ def test_bad_webhook_arguments_are_refused() -> None:
         Monitor(MemoryStore(), sinks=[object()])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://[::1/hook", "'http://[::1'"),  # an unclosed IPv6 bracket
+        ("http://[zz]/hook", "'http://[zz]'"),
+        ("https://bot:s3cret@127.0.0.1:99999/T0/secret-token", "'https://127.0.0.1:99999'"),  # credentials, path hidden
+        ("http://127.0.0.1:abc/hook?token=secret", "'http://127.0.0.1:abc'"),
+        ("http://127.0.0.1:0/hook", "'http://127.0.0.1'"),
+    ],
+)
+def test_a_malformed_host_or_port_is_refused_at_construction(url: str, shown: str) -> None:
+    # Accepted, such a URL failed only when the first alert fired: urllib's ValueError from the
+    # sink's task (and from its log line, and from repr()), the notice lost.
+    with pytest.raises(InvalidArgumentError) as caught:
+        WebhookSink(url)
+    assert str(caught.value).endswith(f"{shown}")
+    assert "secret" not in str(caught.value)
+
+
 async def test_the_body_is_the_alerts_json_with_a_text_line(endpoint: Endpoint) -> None:
     sink = WebhookSink(endpoint.url, headers={"Authorization": "Bearer t"})
     async with (
