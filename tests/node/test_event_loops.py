@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from services import PG_DSN, REDIS_URL, drop_schemas, new_schema, postgres_problem, redis_problem, unavailable
 
-from asynccoord import CoordError, LockBusy, SQLiteStore, StoreLoopError, TaskStatus
+from asynccoord import CoordError, LockBusy, MemoryStore, SQLiteStore, StoreLoopError, TaskStatus
 
 T = TypeVar("T")
 Q = "outbox"
@@ -81,6 +81,30 @@ def test_a_sqlite_store_used_from_another_loop_raises_and_writes_nothing(db_path
 
     counts = in_new_loop(reopened)
     assert counts[TaskStatus.PENDING] == 1  # the second loop's enqueue wrote nothing
+
+
+def test_a_memory_store_used_from_another_loop_raises_and_changes_nothing() -> None:
+    """As the SQLite store: a test on the memory store fails where a real store would."""
+    store = MemoryStore()
+
+    async def first() -> None:
+        await store.open()
+        await store.enqueue(Q, {"n": 1})
+
+    in_new_loop(first)
+    refused_in_new_loop(lambda: store.enqueue(Q, {"n": 2}))
+    refused_in_new_loop(lambda: store.stats(Q))
+    refused_in_new_loop(lambda: store.claim(Q, node_id="n", limit=1))
+    refused_in_new_loop(lambda: store.try_acquire_lock("x", ttl_s=5.0))
+    in_new_loop(store.close)  # from any loop
+    in_new_loop(store.close)  # idempotent
+
+    async def reopened() -> tuple[dict[TaskStatus, int], list[Any]]:
+        async with store:  # a closed store opens again in any loop
+            return (await store.stats(Q)).counts, await store.list_locks()
+
+    counts, locks = in_new_loop(reopened)
+    assert (counts[TaskStatus.PENDING], counts[TaskStatus.RUNNING], locks) == (1, 0, [])
 
 
 # aiosqlite's thread dies when it hands a result to the closed first loop; the thread

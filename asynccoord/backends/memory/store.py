@@ -37,6 +37,7 @@ from ...errors import (
     LeaseLostError,
     StoreAlreadyOpenError,
     StoreClosedError,
+    StoreLoopError,
     TaskNotFoundError,
 )
 from ...events import EventCounter
@@ -84,6 +85,7 @@ class MemoryStore(
         self.pauses = PauseBook()  # the provider's 429 pauses this process heard of (asynccoord.pauses)
         self.notifier = WorkNotifier()
         self._open = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the open: the one it serves
         self._gate = CallGate("the memory store")  # refuses new calls while close() lets hand-backs in
         self._ids = itertools.count(1)
         self._tasks: dict[int, Task] = {}  # written only by _store and _forget, which keep the two below
@@ -97,7 +99,12 @@ class MemoryStore(
         return f"<MemoryStore tasks={len(self._tasks)} {'open' if self._open else 'closed'}>"
 
     async def open(self) -> None:
-        """Mark the store open (data survives close/open of the same object).
+        """Mark the store open for the running event loop (data survives close/open of the same object).
+
+        As the SQLite and PostgreSQL stores, an open store serves the loop that opened it: a
+        call from another loop raises :class:`~asynccoord.errors.StoreLoopError` and changes
+        nothing, so a test on the memory store fails where those would. ``close()`` works
+        from any loop; a closed store opens again in any loop.
 
         Raises:
             StoreAlreadyOpenError: the store is open already; it stays open.
@@ -105,6 +112,7 @@ class MemoryStore(
         if self._open:
             raise StoreAlreadyOpenError.of(self)
         self._gate.forget_calls()  # those of a loop closed mid-call never end
+        self._loop = asyncio.get_running_loop()
         self._open = True
 
     async def close(self) -> None:
@@ -128,9 +136,19 @@ class MemoryStore(
             self._refill.cancel_all()
 
     def _check_open(self) -> None:
-        """Raise :class:`StoreClosedError` unless the store is open (and, while it closes, this is a hand-back)."""
+        """Raise :class:`StoreClosedError` unless the store is open (and, while it closes, this is a hand-back).
+
+        Raises:
+            StoreClosedError: the store is not open, or it is closing.
+            StoreLoopError: the store was opened in another event loop.
+        """
         if not self._open:
             raise StoreClosedError(f"{self!r} is not open: use 'async with' or await open()")
+        if self._loop is not asyncio.get_running_loop():
+            raise StoreLoopError(
+                f"{self!r} was opened in another event loop (another asyncio.run, thread or test loop) and"
+                " serves that loop only: open a store in the loop that uses it"
+            )
         self._gate.admit()
 
     async def _enter(self) -> None:
