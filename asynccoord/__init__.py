@@ -21,10 +21,11 @@ every store):
   ``sqlite/wakeup.py`` the cross-process wake-ups, ``postgres/conn.py`` the connection
   handling). ``backends/redis*.py``: locks on Redis (the store, its scripts, its connection,
   URLs, prefixes, durability); ``backends/open.py``: ``open_store``.
-* ``locks/``: lock and semaphore (their handle, the local queue of a name), watchdog, lock
-  pool (its turns, its line between processes), pacing. ``node/``: node loop, flight
-  state machine, lockless batch, send supervision, settle, keeper, config, runtime, idle
-  poll, retention (purges of aged done tasks), tracing.
+* ``locks/``: lock and semaphore (their handle, the local queue of a name), watchdog (its
+  guards, renewal rounds, task, counters), lock pool (its turns, its line between
+  processes), pacing. ``node/``: node loop, flight state machine, lockless batch, send
+  supervision, settle, keeper, config, runtime, idle poll, retention (purges of aged done
+  tasks), tracing.
 * ``notify.py``, ``releases.py``, ``pauses.py``: wake-ups of idle nodes on new work, of
   lock waiters on a release; a 429's pause of a lock's sends.
 * ``monitor/``: monitor, rules and alerts, snapshot, webhook sink, histogram, metrics,

@@ -29,10 +29,14 @@ ENTRY_POINTS = frozenset(
 INNER_MODULES = {
     "asynccoord.backends.redisconn": "asynccoord.backends",
     "asynccoord.backends.redisscripts": "asynccoord.backends",
+    "asynccoord.locks.guard": "asynccoord.locks",
     "asynccoord.locks.handle": "asynccoord.locks",
     "asynccoord.locks.localqueue": "asynccoord.locks",
     "asynccoord.locks.poolline": "asynccoord.locks",
     "asynccoord.locks.poolturns": "asynccoord.locks",
+    "asynccoord.locks.watchdogrenew": "asynccoord.locks",
+    "asynccoord.locks.watchdogstats": "asynccoord.locks",
+    "asynccoord.locks.watchdogtask": "asynccoord.locks",
 }
 """Parts of a module split by concept, and the package that may import them: the rest of the
 code imports the public module that re-exports their names (``asynccoord.locks.lock``...)."""
@@ -155,6 +159,7 @@ def test_the_graph_sees_the_imports() -> None:
     assert "asynccoord.backends.sqlite.writer" in graph["asynccoord.backends.sqlite.locks"]  # under TYPE_CHECKING
     assert "asynccoord.locks.handle" in graph["asynccoord.locks.lock"]
     assert "asynccoord.locks.poolline" in graph["asynccoord.locks.pool"]
+    assert "asynccoord.locks.watchdogtask" in graph["asynccoord.locks.watchdog"]
     assert "asynccoord.backends.redisconn" in graph["asynccoord.backends.redis"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -4,24 +4,26 @@ stops the work of a lease it cannot keep.
 A :class:`Watchdog` serves a store (or a node) and judges each lease by a local deadline
 on the monotonic clock with a safety margin, after M. Kleppmann's "How to do distributed
 locking" (2016) and Redlock's validity time.
+
+The watchdog's parts: this module holds the watchdog, its settings and its guards (taking a
+lease into care, explicit renewals, giving leases up); one lease in its care is a
+:class:`~asynccoord.locks.guard.Guard` (:mod:`asynccoord.locks.guard`), its renewal rounds
+are :mod:`asynccoord.locks.watchdogrenew`, its task and the deferral of an outside
+cancellation :mod:`asynccoord.locks.watchdogtask`, and its counters' snapshot
+:mod:`asynccoord.locks.watchdogstats`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import math
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from .. import events as ev
 from ..contract.locks import Lease, LockStore, check_lease
 from ..errors import (
-    UNRECOVERABLE_STORE_ERRORS,
     InvalidArgumentError,
     InvalidTypeError,
     LockLostError,
@@ -35,6 +37,10 @@ from ..validation import (
     check_non_negative,
     is_async_callable,
 )
+from .guard import Guard, OnLost
+from .watchdogrenew import MIN_RETRY_S, WatchdogRenewal
+from .watchdogstats import WatchdogStats
+from .watchdogtask import IDLE_EXIT_S, OUTSIDE_GRACE_S, OUTSIDE_IDLE_S, WatchdogTask
 
 __all__ = (
     "DEFAULT_SAFETY_MARGIN_RATIO",
@@ -52,228 +58,12 @@ log = logging.getLogger(__name__)
 DEFAULT_SAFETY_MARGIN_RATIO = 0.1
 """Fraction of a lease's TTL by which the local deadline precedes the store's expiry."""
 
-MIN_RETRY_S = 0.005
-"""Shortest pause before retrying a renewal round that failed with a store error, seconds."""
-
-IDLE_EXIT_S = 0.2
-"""How long the watchdog's task lingers with nothing to guard before it ends, seconds
-(so a lock taken and released many times a second does not start a task each time)."""
-
-OUTSIDE_IDLE_S = 1.0
-"""After a cancellation of its task by anyone but :meth:`Watchdog.aclose`, the watchdog gives up
-the leases it still guards once none was released for this long, seconds (see :class:`Watchdog`)."""
-
-OUTSIDE_GRACE_S = 5.0
-"""After a cancellation of its task by anyone but :meth:`Watchdog.aclose`, the watchdog gives up
-the leases it still guards this long after it at the latest, seconds (see :class:`Watchdog`)."""
-
 _REGISTRY: weakref.WeakKeyDictionary[object, Watchdog] = weakref.WeakKeyDictionary()
 _GUARDED_IN: weakref.WeakValueDictionary[str, Watchdog] = weakref.WeakValueDictionary()
 """Owner token -> the watchdog guarding that lease (one per lease: see Watchdog.guard)."""
 
-OnLost = Callable[[LockLostError], None]
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WatchdogStats:
-    """A snapshot of a watchdog's counters (see :meth:`Watchdog.statistics`).
-
-    Attributes:
-        guarded: Leases under guard now.
-        renew_rounds: Renewal rounds that reached the store (one ``renew_locks`` call each).
-        renewed: Leases renewed, summed over the rounds.
-        lost: Leases given up (lost, expired, taken over, or past ``max_hold_s``).
-        max_hold_exceeded: Of those, leases given up at the hold-time ceiling.
-        renew_errors: Renewal rounds that failed with a store error (retried).
-    """
-
-    guarded: int
-    renew_rounds: int
-    renewed: int
-    lost: int
-    max_hold_exceeded: int
-    renew_errors: int
-
-
-class Guard:
-    """One lease in a watchdog's care, as returned by :meth:`Watchdog.guard`.
-
-    Closing the guard (:meth:`close`) stops its renewals for good. Attributes that
-    change are read through properties: :attr:`lease` is the latest renewed lease,
-    :attr:`lost` the error the watchdog gave it up with.
-    """
-
-    __slots__ = (
-        "_active",
-        "_deadline",
-        "_hold_deadline",
-        "_interval_s",
-        "_lease",
-        "_lost",
-        "_margin_ratio",
-        "_next_renew_at",
-        "_pending",
-        "_recent",
-        "_renew",
-        "_task",
-        "_unresolved_ttl_s",
-        "_watchdog",
-        "on_lost",
-    )
-
-    def __init__(
-        self,
-        watchdog: Watchdog,
-        lease: Lease,
-        *,
-        sent_at: float,
-        renew: bool,
-        interval_s: float,
-        margin_ratio: float,
-        hold_deadline: float,
-        on_lost: OnLost | None,
-        task: asyncio.Task[object] | None,
-    ) -> None:
-        self._watchdog = watchdog
-        self._lease = lease
-        self._renew = renew
-        self._interval_s = interval_s
-        self._margin_ratio = margin_ratio
-        self._deadline = sent_at + lease.ttl_s * (1.0 - margin_ratio)
-        self._next_renew_at = sent_at + interval_s
-        self._hold_deadline = hold_deadline
-        # Renewals of this lease in flight (write id -> (sent_at, ttl_s)); those that landed
-        # while one of them flew ((reply time, ttl_s)); and the shortest ttl_s of those whose
-        # fate is unknown (failed or cancelled: they may still land, at any time).
-        self._pending: dict[int, tuple[float, float]] = {}
-        self._recent: list[tuple[float, float]] = []
-        self._unresolved_ttl_s = math.inf
-        self._task = task
-        self._active = True
-        self._lost: LockLostError | None = None
-        self.on_lost = on_lost
-        """Called once, with the error, when the watchdog gives the lease up."""
-
-    def __repr__(self) -> str:
-        state = "active" if self._active else ("lost" if self._lost is not None else "closed")
-        return (
-            f"<Guard {self._lease.name!r} fencing_token={self._lease.fencing_token} {state}"
-            f" remaining_s={self.remaining_s():.3f} renew={self._renew}>"
-        )
-
-    @property
-    def lease(self) -> Lease:
-        """The lease as last renewed."""
-        return self._lease
-
-    @property
-    def lost(self) -> LockLostError | None:
-        """Why the watchdog gave the lease up; None while it is kept (or after a plain close)."""
-        return self._lost
-
-    @property
-    def active(self) -> bool:
-        """Whether the watchdog still guards (and, if asked to, renews) the lease."""
-        return self._active
-
-    def remaining_s(self) -> float:
-        """Seconds left before the local deadline (negative once it passed)."""
-        return self._deadline - time.monotonic()
-
-    def check(self) -> LockLostError | None:
-        """Give the lease up now if its local deadline has passed; return :attr:`lost`.
-
-        The watchdog does this on its own when its task runs; call it where the
-        event loop may have been blocked past the deadline (before trusting the lease).
-        """
-        if self._active and time.monotonic() >= self._deadline:
-            self._watchdog._lose(self, self._watchdog._deadline_error(self))
-        return self._lost
-
-    def update(self, lease: Lease, *, sent_at: float) -> None:
-        """Take a lease renewed outside the watchdog (an explicit renew sent at ``sent_at``).
-
-        Prefer :meth:`renewing`, which also covers the renewal while it is in flight. A
-        lease renewed behind the guard's back (``store.renew_lock`` called directly, not
-        through :meth:`asynccoord.Lock.renew`) is not known to the guard: its local deadline
-        may then outlast the store's expiry.
-        """
-        if self._active and lease.owner_token == self._lease.owner_token:
-            write = self._watchdog._renewal_sent(self._lease.owner_token, lease.ttl_s, sent_at)
-            self._watchdog._renewal_done(self._lease.owner_token, write, lease, sent_at)
-
-    @contextlib.contextmanager
-    def renewing(self, ttl_s: float, *, sent_at: float) -> Iterator[Callable[[Lease | None], None]]:
-        """Cover an explicit renewal of the lease to ``ttl_s`` sent at ``sent_at``, while it flies.
-
-        Use as ``with guard.renewing(ttl, sent_at=t0) as landed: landed(await
-        store.renew_lock(lease, ttl))``. On entry the local deadline of every guard of the
-        lease comes down to ``sent_at + ttl_s * (1 - margin)`` if that is earlier (the write
-        may land at any time from now on); ``landed(renewed)`` with the renewed lease takes
-        it (``None``: it had lapsed, nothing landed). Leaving without ``landed`` (an error,
-        a cancellation, a timeout) leaves the renewal's fate unknown: from then on no
-        deadline of the lease counts on more than ``ttl_s``.
-        """
-        token = self._lease.owner_token
-        write = self._watchdog._renewal_sent(token, ttl_s, sent_at)
-        outcome: list[Lease | None] = []
-        try:
-            yield outcome.append
-        finally:
-            if outcome:
-                self._watchdog._renewal_done(token, write, outcome[0], sent_at)
-            else:
-                self._watchdog._renewal_unknown(token, write)
-
-    def close(self) -> None:
-        """Stop guarding and renewing the lease. Idempotent; never awaits."""
-        if self._active:
-            self._active = False
-            self._watchdog._forget(self)
-
-    def _sent(self, write: int, ttl_s: float, sent_at: float) -> None:
-        """A renewal to ``ttl_s`` was sent: it may land at any moment from ``sent_at`` on."""
-        self._pending[write] = (sent_at, ttl_s)
-        self._deadline = min(self._deadline, sent_at + ttl_s * (1.0 - self._margin_ratio))
-
-    def _landed(self, write: int, ttl_s: float, sent_at: float) -> None:
-        """A renewal to ``ttl_s`` sent at ``sent_at`` landed: the store's expiry is what it set
-        or what a write landing after it sets. Such a write lands after ``sent_at``: it is one
-        still in flight, one of unknown fate, or one whose answer came after ``sent_at``. So
-        the expiry is at least ``sent_at`` plus the shortest ``ttl_s`` among this renewal and
-        those. The deadline is replaced by that bound (not extended: a renewal to a shorter
-        ``ttl_s`` brings the store's expiry closer).
-
-        Source: the local deadline counts from the time the request was sent, as in
-        Kleppmann's "How to do distributed locking" (2016) and Redlock's validity time.
-        """
-        now = time.monotonic()
-        self._pending.pop(write, None)
-        shortest = min(
-            ttl_s,
-            self._unresolved_ttl_s,
-            *(ttl for _sent, ttl in self._pending.values()),
-            *(ttl for answered, ttl in self._recent if answered > sent_at),
-        )
-        self._deadline = sent_at + shortest * (1.0 - self._margin_ratio)
-        self._next_renew_at = sent_at + self._interval_s
-        # Kept only while a renewal sent before its answer still flies.
-        oldest = min((sent for sent, _ttl in self._pending.values()), default=now)
-        self._recent = [(answered, ttl) for answered, ttl in self._recent if answered > oldest]
-        if self._pending:
-            self._recent.append((now, ttl_s))
-
-    def _unknown(self, write: int) -> None:
-        """A renewal failed or was cancelled: it may still land, at any time."""
-        flight = self._pending.pop(write, None)
-        if flight is not None:
-            self._unresolved_ttl_s = min(self._unresolved_ttl_s, flight[1])
-
-    def _on_task_done(self, _task: object) -> None:
-        self.close()
-
-
-class Watchdog:
+class Watchdog(WatchdogTask, WatchdogRenewal):
     """Renews the leases it guards in batches, and gives up those it cannot keep.
 
     One :class:`Watchdog` serves a store (or a node): however many leases it guards,
@@ -626,186 +416,3 @@ class Watchdog:
     def _next_event(g: Guard) -> float:
         when = min(g._deadline, g._hold_deadline)
         return min(when, g._next_renew_at) if g._renew else when
-
-    def _poke(self) -> None:
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)
-
-    async def _sleep_until(self, when: float) -> None:
-        loop = asyncio.get_running_loop()
-        wake: asyncio.Future[None] = loop.create_future()
-        self._wake, self._wake_at = wake, when
-        handle = loop.call_later(max(0.0, when - time.monotonic()), _resolve, wake)
-        try:
-            await wake
-        finally:
-            handle.cancel()
-            self._wake, self._wake_at = None, float("inf")
-
-    async def _run(self) -> None:
-        self._cut_at = None
-        try:
-            while True:
-                try:
-                    if await self._step():
-                        break
-                except asyncio.CancelledError:
-                    now = time.monotonic()
-                    give_up_at = self._give_up_at()
-                    if not self._guards or (give_up_at is not None and now >= give_up_at):
-                        raise
-                    # Cancelled from outside (asyncio.run ending the program, say) while holders
-                    # still hold leases: keep them until they are released (see the class).
-                    current = asyncio.current_task()
-                    if current is not None:
-                        current.uncancel()
-                    self._quiet_since = now
-                    if self._cut_at is None:
-                        self._cut_at = now + OUTSIDE_GRACE_S
-                        if await self._store_closed():
-                            raise  # nobody can release those leases any more: give them up now
-        except asyncio.CancelledError:
-            self._task = None
-            self._lose_all(
-                [
-                    (g, LockLostError(f"the watchdog was cancelled: lock {g._lease.name!r} is no longer renewed"))
-                    for g in self._guards
-                ]
-            )
-            raise
-        self._task = None
-        if self._cut_at is not None:
-            raise asyncio.CancelledError  # the deferred cancellation, delivered now
-
-    def _give_up_at(self) -> float | None:
-        """When a deferred cancellation gives up the leases still guarded (monotonic); None: none is deferred."""
-        if self._cut_at is None:
-            return None
-        return min(self._cut_at, self._quiet_since + OUTSIDE_IDLE_S)
-
-    async def _store_closed(self) -> bool:
-        """Whether the store refuses calls for good (closed, or of another event loop): one clock read."""
-        try:
-            await self._store.now()
-        except UNRECOVERABLE_STORE_ERRORS:
-            return True
-        except Exception:  # unreachable, busy...: the renewals will tell
-            return False
-        return False
-
-    async def _step(self) -> bool:
-        """Give up the leases past a deadline, renew those due, sleep until the next event; True: end now.
-
-        Raises:
-            CancelledError: a deferred cancellation's time (:meth:`_give_up_at`) has come with leases guarded.
-        """
-        cut_at = self._give_up_at()
-        now = time.monotonic()
-        if cut_at is not None and now >= cut_at and self._guards:
-            raise asyncio.CancelledError
-        losses: list[tuple[Guard, LockLostError]] = []
-        for g in self._guards:
-            if now >= g._deadline:
-                losses.append((g, self._deadline_error(g)))
-            elif now >= g._hold_deadline:
-                lease = g._lease
-                error = MaxHoldExceededError(
-                    f"lock {lease.name!r} (fencing token {lease.fencing_token}) reached its max_hold_s "
-                    "ceiling: the watchdog stopped renewing it and stopped the work it guarded"
-                )
-                losses.append((g, error))
-        self._lose_all(losses)
-        if not self._guards:
-            if cut_at is not None or now - self._idle_since >= IDLE_EXIT_S:
-                return True
-            await self._sleep_until(self._idle_since + IDLE_EXIT_S)
-            return False
-        if self._renewal is None:
-            self._start_renewal(now)
-        wake_at = float("inf") if cut_at is None else cut_at
-        for g in self._guards:
-            when = min(g._deadline, g._hold_deadline)
-            if g._renew and self._renewal is None:
-                when = min(when, g._next_renew_at)
-            wake_at = min(wake_at, when)
-        await self._sleep_until(wake_at)
-        return False
-
-    def _start_renewal(self, now: float) -> None:
-        """Renew, in one round, every lease due now and those due within half their interval."""
-        if not any(g._renew and g._next_renew_at <= now for g in self._guards):
-            return
-        batch = [g for g in self._guards if g._renew and g._next_renew_at - g._interval_s / 2 <= now]
-        self._renewal = asyncio.get_running_loop().create_task(self._renew_round(batch), name="asynccoord-lock-renewal")
-
-    async def _renew_round(self, batch: list[Guard]) -> None:
-        sent_at = time.monotonic()
-        try:
-            # Guards closed between the round's creation and its first step (the holder's
-            # block ended) are left out: their leases must not outlive their holders.
-            sent = [(g, g._lease) for g in batch if g._active]
-            if not sent:
-                return
-            # A lease guarded twice (through the public API) is renewed for all its guards at
-            # once: a round must not move the store's expiry under a guard it leaves out.
-            in_round = {g for g, _lease in sent}
-            for token in {lease.owner_token for _g, lease in sent}:
-                sent += [(g, g._lease) for g in self._of(token) if g not in in_round]
-            # One lease per owner token: guards of one lease (guarded twice through the public
-            # API, perhaps with another ttl_s) share one renewal, by the longest ttl_s.
-            by_token: dict[str, Lease] = {}
-            for _g, lease in sent:
-                kept = by_token.get(lease.owner_token)
-                if kept is None or lease.ttl_s > kept.ttl_s:
-                    by_token[lease.owner_token] = lease
-            write = next(self._writes)
-            for g, _lease in sent:
-                g._sent(write, by_token[g._lease.owner_token].ttl_s, sent_at)
-            try:
-                renewed_by_token = dict(
-                    zip(by_token, await self._store.renew_locks(list(by_token.values())), strict=True)
-                )
-            except BaseException:
-                for g, _lease in sent:
-                    g._unknown(write)
-                raise
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._renew_errors += 1
-            log.warning(
-                "asynccoord.watchdog.lock_renew_failed leases=%d error=%s: %s", len(batch), type(exc).__name__, exc
-            )
-            if self._cut_at is not None and isinstance(exc, UNRECOVERABLE_STORE_ERRORS):
-                self._cut_at = time.monotonic()  # a deferred cancellation, and the store is gone: end now
-            retry_at = time.monotonic()
-            for g in batch:
-                g._next_renew_at = retry_at + max(MIN_RETRY_S, g._interval_s / 4)
-        else:
-            self._renew_rounds += 1
-            losses: list[tuple[Guard, LockLostError]] = []
-            for g, lease in sent:
-                if not g._active:
-                    continue
-                renewed = renewed_by_token[lease.owner_token]
-                if renewed is None:
-                    g._pending.pop(write, None)
-                    error = LockLostError(
-                        f"lock {lease.name!r} (fencing token {lease.fencing_token}) had expired or been taken "
-                        "over when the watchdog renewed it"
-                    )
-                    losses.append((g, error))
-                    continue
-                self._renewed += 1
-                if g._lease is lease:  # else an explicit renew replaced it meanwhile: keep that one
-                    g._lease = renewed
-                g._landed(write, renewed.ttl_s, sent_at)
-            self._lose_all(losses)
-        finally:
-            self._renewal = None
-            self._poke()
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -25,7 +25,7 @@ from asynccoord import (
     Watchdog,
 )
 from asynccoord import events as ev
-from asynccoord.locks import watchdog as watchdog_module
+from asynccoord.locks import watchdogtask
 from asynccoord.locks.watchdog import IDLE_EXIT_S, Guard
 
 # Renewal moments and prompt cancellations are judged to a tenth of a second; the tests mostly wait,
@@ -248,7 +248,7 @@ async def test_a_watchdog_cancelled_from_outside_gives_up_a_lease_nobody_release
 ) -> None:
     """Released by nobody (acquired with ``Lock.acquire`` and forgotten): given up once no lease was
     released for OUTSIDE_IDLE_S, or OUTSIDE_GRACE_S after the cancellation at the latest."""
-    monkeypatch.setattr(watchdog_module, "OUTSIDE_IDLE_S" if rule == "idle" else "OUTSIDE_GRACE_S", 0.3)
+    monkeypatch.setattr(watchdogtask, "OUTSIDE_IDLE_S" if rule == "idle" else "OUTSIDE_GRACE_S", 0.3)
     lost: list[LockLostError] = []
     lock = Lock(rstore, "x", ttl_s=5.0, renew_interval_s=1.0, on_lost=lost.append)
     await lock.acquire()  # never released
