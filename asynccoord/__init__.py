@@ -28,9 +28,9 @@ every store):
   tasks), tracing.
 * ``notify.py``, ``releases.py``, ``pauses.py``: wake-ups of idle nodes on new work, of
   lock waiters on a release; a 429's pause of a lock's sends.
-* ``monitor/``: monitor, rules and alerts, snapshot, webhook sink, histogram, metrics,
-  dashboard. ``cli/``: the command line (``run``, ``status``, ``dead``, ``dashboard``). ``demo/``:
-  the demo.
+* ``monitor/``: monitor (its flushes, evaluations, leadership, incidents), rules and alerts,
+  snapshot, webhook sink, histogram, metrics, dashboard. ``cli/``: the command line (``run``,
+  ``status``, ``dead``, ``dashboard``). ``demo/``: the demo.
 """
 
 from __future__ import annotations

@@ -37,6 +37,10 @@ INNER_MODULES = {
     "asynccoord.locks.watchdogrenew": "asynccoord.locks",
     "asynccoord.locks.watchdogstats": "asynccoord.locks",
     "asynccoord.locks.watchdogtask": "asynccoord.locks",
+    "asynccoord.monitor.flushing": "asynccoord.monitor",
+    "asynccoord.monitor.incidents": "asynccoord.monitor",
+    "asynccoord.monitor.judging": "asynccoord.monitor",
+    "asynccoord.monitor.leadership": "asynccoord.monitor",
 }
 """Parts of a module split by concept, and the package that may import them: the rest of the
 code imports the public module that re-exports their names (``asynccoord.locks.lock``...)."""
@@ -160,6 +164,7 @@ def test_the_graph_sees_the_imports() -> None:
     assert "asynccoord.locks.handle" in graph["asynccoord.locks.lock"]
     assert "asynccoord.locks.poolline" in graph["asynccoord.locks.pool"]
     assert "asynccoord.locks.watchdogtask" in graph["asynccoord.locks.watchdog"]
+    assert "asynccoord.monitor.judging" in graph["asynccoord.monitor.monitor"]
     assert "asynccoord.backends.redisconn" in graph["asynccoord.backends.redis"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -10,6 +10,12 @@ Of all the monitors sharing a store, one at a time judges the cluster-scoped rul
 holder of the store lock :data:`LEADER_LOCK` (a lease renewed at each evaluation, taken
 over by another monitor once it lapses), so a cluster incident is raised once, not once
 per process.
+
+The monitor's parts: this module holds the monitor, its settings, its life cycle, its
+subscriptions and its statistics; its flushes are :mod:`asynccoord.monitor.flushing`, its
+evaluations :mod:`asynccoord.monitor.judging`, its leadership of the cluster-scoped rules
+:mod:`asynccoord.monitor.leadership`, and the incidents it holds and stores
+:mod:`asynccoord.monitor.incidents`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ import math
 import os
 import secrets
 import socket
-import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -31,7 +36,7 @@ import anyio
 
 from ..config import StoreConfig
 from ..contract.locks import Lease
-from ..contract.monitor import PROCESS_SCOPE, Alert, AlertScope, MetricsFlush, MetricsView, open_alerts
+from ..contract.monitor import Alert, AlertScope
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, StoreError
 from ..events import EventCounter
 from ..reach import Reach
@@ -46,12 +51,16 @@ from ..validation import (
     encode_payload,
 )
 from .alerts import AlertCallback, AlertSink, AlertStream, Subscription
+from .flushing import MonitorFlush
 from .histogram import Histogram
+from .incidents import MonitorIncidents
 from .inhibition import Inhibitions
-from .lockoutage import LOCK_STORE_UNREACHABLE, LockStoreWatch, judge_cluster_outage
+from .judging import MonitorJudging
+from .leadership import LEADER_LOCK, MonitorLeadership
+from .lockoutage import LockStoreWatch
 from .outage import OutageWatch
 from .publisher import Publisher, check_sinks
-from .rules import DEFAULT_RULES, AlertRule, Incident, decide
+from .rules import DEFAULT_RULES, AlertRule, Incident
 from .snapshot import ClusterSnapshot, cluster_snapshot
 from .stats import MonitorStats
 
@@ -62,27 +71,16 @@ log = logging.getLogger(__name__)
 _KEEPALIVE_S = 10.0
 """A monitor writes at least this often (seconds) even when nothing changed, so the
 status command sees the process as live."""
-_CANCELLED_WRITE_WAIT_S = 5.0
-"""How long a cancelled flush waits for its write's outcome, seconds."""
-
-LEADER_LOCK = "asynccoord.monitor.cluster-rules"
-"""The store lock whose holder judges the cluster-scoped rules for every monitor of the store."""
 
 
 _ACTIVE_STORES: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _retrieve(call: asyncio.Future[Any]) -> None:
-    """Done-callback of a call nobody awaits any more: read its outcome, so asyncio reports no lost error."""
-    if not call.cancelled():
-        call.exception()
 
 
 def _default_process_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-class Monitor:
+class Monitor(MonitorFlush, MonitorJudging, MonitorLeadership, MonitorIncidents):
     """Flushes this process' counters, evaluates rules cluster-wide, and delivers alerts.
 
     ::
@@ -466,290 +464,6 @@ class Monitor:
         except Exception:  # a bug must not stop the monitor, nor ever reach the nodes
             log.exception("asynccoord.monitor.%s_failed process=%s", what, self.process_id)
 
-    # --- counters and flushing ----------------------------------------------------------
-
-    def track(self, scope: str, counter: EventCounter) -> None:
-        """Also flush ``counter`` as the per-node breakdown ``scope`` (a node id).
-
-        Node-scope counters are a breakdown: they are never added to the process
-        totals, and rules with ``scope="node"`` evaluate them per node.
-
-        Raises:
-            InvalidArgumentError, InvalidTypeError: a bad ``scope`` or ``counter``.
-        """
-        check_name("scope", scope)
-        if not isinstance(counter, EventCounter):
-            raise InvalidTypeError(f"counter must be an EventCounter, got {type(counter).__name__}")
-        self._tracked[scope] = counter
-
-    async def flush(self, *, force: bool = False) -> float | None:
-        """Write the counter and histogram deltas since the last flush (and the alert state).
-
-        Skips the write when nothing changed and the last write is recent (under 10 s),
-        unless ``force``. Deltas that fail to write are kept for the next flush.
-
-        Args:
-            force: Write even when nothing changed (a bool). Default False.
-
-        Returns:
-            The store clock of the write, or None when skipped.
-
-        Raises:
-            InvalidTypeError: ``force`` is not a bool.
-            StoreError: the write failed (the monitor's loop logs it and goes on).
-        """
-        check_bool("force", force)
-        async with self._flush_lock:
-            counters: dict[tuple[str, str], int] = {}
-            seen: dict[tuple[str, str], int] = {}
-            totals = dict(self.store.events.snapshot())
-            if self.lock_store is not None:  # one process total: both only ever count up
-                for name, value in self.lock_store.events.snapshot().items():
-                    totals[name] = totals.get(name, 0) + value
-            sources = [(PROCESS_SCOPE, totals), *((k, c.snapshot()) for k, c in self._tracked.items())]
-            for scope, snapshot in sources:
-                for name, value in snapshot.items():
-                    key = (scope, name)
-                    seen[key] = value
-                    delta = value - self._sent_events.get(key, 0)
-                    if delta > 0:
-                        counters[key] = delta
-            recorder = getattr(self.store, "latencies", None)
-            histograms: dict[str, Histogram] = recorder.snapshot() if recorder is not None else {}
-            latencies = {}
-            for name, hist in histograms.items():
-                previous = self._sent_latency.get(name)
-                delta_hist = hist if previous is None else hist - previous
-                if delta_hist.count:
-                    latencies[name] = delta_hist
-            loop = asyncio.get_running_loop()
-            refresh_due = loop.time() - self._last_write_monotonic >= self._refresh_s
-            if not (force or counters or latencies or self._alerts_dirty or refresh_due):
-                return None
-            dirty = self._alerts_dirty
-            batch = MetricsFlush(
-                process_id=self.process_id,
-                counters=counters,
-                latencies=latencies,
-                alerts=self._stored_alerts(),
-                alert_ttl_s=self.alert_ttl_s,
-                retention_s=self.retention_s,
-                info={**self.info, "stopped": True} if self._stopping else self.info,
-            )
-            self._alerts_dirty = False
-            # The write runs as a task of its own: a flush cancelled mid-write (e.g. by
-            # close()) must still learn whether the write committed, or its deltas would
-            # be sent twice (committed, yet kept for the next flush) or lost.
-            write = asyncio.ensure_future(self.store.flush_metrics(batch))
-            try:
-                with self._outage.call("write"):
-                    at = float(await asyncio.shield(write))
-            except asyncio.CancelledError:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCELLED_WRITE_WAIT_S):
-                    await asyncio.wait({write})
-                if write.done() and not write.cancelled() and write.exception() is None:
-                    self._mark_sent(seen, histograms, loop.time())
-                else:
-                    write.add_done_callback(_retrieve)  # it goes on unawaited: its error is counted already
-                    self._alerts_dirty = self._alerts_dirty or dirty
-                    self._flush_failures += 1
-                raise
-            except BaseException as exc:
-                self._alerts_dirty = self._alerts_dirty or dirty
-                self._flush_failures += 1
-                self._store_failed("write", exc)
-                raise
-            self._mark_sent(seen, histograms, loop.time())
-            self._store_reached("write", at)
-            return at
-
-    def _mark_sent(self, seen: dict[tuple[str, str], int], histograms: dict[str, Histogram], now: float) -> None:
-        self._sent_events.update(seen)
-        self._sent_latency.update(histograms)
-        self._last_write_monotonic = now
-        self._flushes += 1
-
-    # --- rules --------------------------------------------------------------------------
-
-    async def evaluate(self) -> list[Alert]:
-        """Read the rules' windows from the store and decide firing and resolved notices.
-
-        First renews (or tries to take) the lease on :data:`LEADER_LOCK`: the cluster-scoped
-        rules are judged only while this monitor holds it. When the set of firing alerts
-        changed, the new state is flushed to the store right away, then the notices are
-        published (log line, buffers, callbacks, sinks), even if that write failed.
-
-        Returns:
-            The notices this evaluation produced (often empty).
-
-        Raises:
-            StoreError: the read failed (the monitor's loop logs it and goes on).
-        """
-        if self._lock_watch is not None and not self.background:  # a running monitor's watch has a timer
-            self._lock_watch_notice(self._lock_watch.check())
-        if not self.rules:
-            return []
-        windows = tuple(sorted({rule.window_s for rule in self.rules} | {self._fresh_s}))
-        try:
-            with self._outage.call("read"):
-                took_over = await self._lead()
-            with self._outage.call("read"):
-                view: MetricsView = await self.store.read_metrics(windows)
-        except BaseException as exc:
-            self._evaluate_failures += 1
-            self._store_failed("read", exc)
-            raise
-        self._store_reached("read", view.now_s)
-        self._evaluations += 1
-        if took_over:
-            self._adopt(open_alerts(view.alerts))  # muted ones too: they stay muted
-            self._inhibitions.learn(view.alerts)  # what the last leader resolved lately still mutes
-        self._forget_closed(view.now_s)
-        rules = [rule for rule in self.rules if self._leader or rule.scope is not AlertScope.CLUSTER]
-        changes, changed = decide(
-            rules,
-            self._incidents,
-            view,
-            self.process_id,
-            own_process=self.process_id,
-            fresh_s=self._fresh_s,
-            inhibitions=self._inhibitions,
-        )
-        if self._leader:  # the cluster's one notice of the processes' lock store outages
-            grouped, regrouped = judge_cluster_outage(
-                self._incidents, view.alerts, view.now_s, self.process_id, self._outage.outage_s
-            )
-            changes, changed = changes + grouped, changed or regrouped
-        self._alerts_dirty = self._alerts_dirty or changed
-        changes = self._unless_stalled(changes)
-        for alert in changes:
-            if not alert.firing and alert.scope is AlertScope.CLUSTER:
-                self._closed_incidents[(alert.rule, alert.scope_key)] = alert
-        notices = [alert for alert in changes if not alert.muted]  # a muted incident is stored, never published
-        self._fired += sum(1 for alert in notices if alert.firing)
-        self._resolved += sum(1 for alert in notices if not alert.firing)
-        if not changes:
-            return notices
-        # The stored alert state changed: write it now, and before publishing, so that a
-        # monitor taking over from this one after a crash finds what it raised, and does
-        # not raise it again. Published all the same when the write fails.
-        self._alerts_dirty = True
-        try:
-            if self._open:
-                try:
-                    await self.flush()
-                except CoordError as exc:
-                    log.warning("asynccoord.monitor.flush_failed process=%s error=%s", self.process_id, exc)
-        finally:
-            for alert in self._unless_stalled(changes):
-                self._publish(alert)
-        return notices
-
-    async def _lead(self) -> bool:
-        """Renew or take the lease on :data:`LEADER_LOCK`; True when this monitor just took over.
-
-        Sets ``_leader``. A lapsed lease taken again with the next fencing token was held by
-        nobody in between: the leadership went on, and so do the open incidents. Otherwise
-        the cluster incidents this monitor held are another's now: they are dropped
-        without a notice (and withdrawn from the store at the next flush).
-        """
-        if not self._judges_cluster or not self._lockable:
-            self._leader = self._judges_cluster
-            return False
-        lease = self._lease
-        started = time.monotonic()  # the lease runs from before the store's answer, at the latest
-        if lease is not None:
-            renewed: Lease | None = await self.store.renew_lock(lease, self.leader_ttl_s)
-            if renewed is not None:
-                self._lease_deadline = started + self.leader_ttl_s
-                self._lease = renewed
-                self._leader = True
-                return False
-        got = await self.store.try_acquire_lock(LEADER_LOCK, ttl_s=self.leader_ttl_s, holder=self.process_id)
-        if isinstance(got, Lease):
-            self._lease_deadline = started + self.leader_ttl_s
-            self._lease = got
-            self._leader = True
-            if lease is not None and got.fencing_token == lease.fencing_token + 1:
-                return False  # nobody held it in between
-            self._drop_cluster_incidents()
-            self._leader_changes += 1
-            log.info(
-                "asynccoord.monitor.leader_acquired process=%s lock=%s fencing_token=%d",
-                self.process_id,
-                LEADER_LOCK,
-                got.fencing_token,
-            )
-            return True
-        if self._step_down():
-            log.info("asynccoord.monitor.leader_lost process=%s lock=%s", self.process_id, LEADER_LOCK)
-        return False
-
-    def _unless_stalled(self, notices: list[Alert]) -> list[Alert]:
-        """``notices`` without the cluster ones if this leader's lease may have lapsed meanwhile.
-
-        A leader that stalled (a long pause, a slow read or write) past its lease's local
-        deadline may have been replaced: another monitor may judge the same incidents now.
-        It steps down and publishes no cluster notice; the leader of the next evaluation
-        judges them.
-        """
-        if not self._leader or self._lease is None or time.monotonic() < self._lease_deadline:
-            return notices
-        self._step_down()
-        log.warning(
-            "asynccoord.monitor.leader_stalled process=%s lock=%s: the lease may have lapsed; cluster notices left "
-            "to the next leader",
-            self.process_id,
-            LEADER_LOCK,
-        )
-        return [alert for alert in notices if alert.scope is not AlertScope.CLUSTER]
-
-    def _step_down(self) -> bool:
-        """Hold no lease and judge no cluster rule (their open incidents dropped without a notice);
-        whether this monitor was the leader until now."""
-        was_leader = self._leader
-        self._lease = None
-        self._leader = False
-        self._drop_cluster_incidents()
-        if was_leader:
-            self._leader_changes += 1
-        return was_leader
-
-    def _forget_closed(self, now_s: float) -> None:
-        """Drop the kept resolved notices older than ``alert_ttl_s`` (store clock ``now_s``): every
-        firing alert they close has expired by then. An inhibiting rule's is kept as long as it
-        mutes (a new leader learns of it from the store)."""
-        for key, alert in list(self._closed_incidents.items()):
-            if alert.at + max(self.alert_ttl_s, self._inhibitions.horizon_s(alert.rule)) <= now_s:
-                del self._closed_incidents[key]
-                self._alerts_dirty = True
-
-    def _stored_alerts(self) -> list[Alert]:
-        """What a flush stores: the open incidents' alerts, and the resolved notices of the cluster
-        incidents this monitor closed lately (see :func:`~asynccoord.contract.monitor.open_alerts`), but
-        for a key that fires again (one stored alert per rule and scope key)."""
-        alerts = [inc.current for inc in self._incidents.values()]
-        alerts += [a for key, a in self._closed_incidents.items() if key not in self._incidents]
-        if self._open and self._lock_watch is not None and self._lock_watch.firing is not None:
-            alerts.append(self._lock_watch.firing)  # its own store answers: status shows it
-        return alerts
-
-    def _drop_cluster_incidents(self) -> None:
-        for key in [k for k, inc in self._incidents.items() if inc.alert.scope is AlertScope.CLUSTER]:
-            del self._incidents[key]
-            self._alerts_dirty = True
-
-    def _adopt(self, stored: Sequence[Alert]) -> None:
-        """Continue the cluster incidents the store shows firing (a former leader raised them)."""
-        names = {rule.name for rule in self.rules if rule.scope is AlertScope.CLUSTER} | {LOCK_STORE_UNREACHABLE}
-        for alert in stored:
-            key = (alert.rule, alert.scope_key)
-            if alert.firing and alert.scope is AlertScope.CLUSTER and alert.rule in names:
-                held = self._incidents.get(key)
-                if held is None or alert.fired_at < held.alert.fired_at:
-                    self._incidents[key] = Incident(alert=alert, current=alert)
-                    self._alerts_dirty = True
-
     # --- delivery -----------------------------------------------------------------------
 
     def _store_at_work(self) -> bool:
@@ -823,28 +537,6 @@ class Monitor:
         return self._publisher.subscribe(callback, buffer=buffer, timeout_s=timeout_s)
 
     # --- inspection ---------------------------------------------------------------------
-
-    def active_alerts(self) -> list[Alert]:
-        """The firing notices of this monitor's open incidents (``store_unreachable`` and
-        ``lock_store_unreachable`` included), oldest first; muted incidents are left out (:meth:`muted_alerts`)."""
-        alerts = [inc.alert for inc in self._incidents.values() if not inc.alert.muted]
-        alerts += [outage for outage in self._outages() if not outage.muted]
-        return sorted(alerts, key=lambda a: (a.fired_at, a.rule, a.scope_key))
-
-    def _outages(self) -> list[Alert]:
-        """The firing notices of this process's store and lock store outages."""
-        both = (self._outage.firing, None if self._lock_watch is None else self._lock_watch.firing)
-        return [outage for outage in both if outage is not None]
-
-    def _firing_incidents(self) -> int:
-        return sum(1 for inc in self._incidents.values() if not inc.alert.muted)
-
-    def muted_alerts(self) -> list[Alert]:
-        """This monitor's open incidents that opened muted (``inhibited_by`` set, never published), oldest first:
-        a process's ``lock_store_unreachable`` is, where a leader publishes the cluster's one."""
-        alerts = [inc.alert for inc in self._incidents.values() if inc.alert.muted]
-        alerts += [outage for outage in self._outages() if outage.muted]
-        return sorted(alerts, key=lambda a: (a.fired_at, a.rule, a.scope_key))
 
     async def snapshot(self, windows_s: Sequence[float] = (10.0, 60.0)) -> ClusterSnapshot:
         """Cluster-wide totals, rates, latencies and stored alerts, read from the store now.
