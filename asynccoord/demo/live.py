@@ -140,7 +140,9 @@ def node_table(
     ``done_at_claim``, those of them done at their claim without a send.
     """
     table = Table(title="nodes", expand=False, show_edge=False, caption_justify="left")
-    for column in ("node", "proc", "claimed", "sent", "committed", "in flight", "conflicts", "partitions"):
+    # "sends": the node's send calls that returned, a repeat after a fault included; the report's
+    # "sent" counts each message once.
+    for column in ("node", "proc", "claimed", "sends", "committed", "in flight", "conflicts", "partitions"):
         table.add_column(column, justify="right" if column not in ("node",) else "left")
     for n in sorted(nodes, key=lambda n: n["node_id"]):
         style = "yellow" if n.get("stalled") else None
