@@ -26,6 +26,10 @@ every store):
   processes), pacing. ``node/``: node loop, flight state machine, lockless batch, send
   supervision, settle, keeper, config, runtime, idle poll, retention (purges of aged done
   tasks), tracing.
+* ``membership.py``: a process's nodes in the cluster; its heartbeats, live view (with the
+  partitions it assigns), view changes and counters are ``membershipbeats.py``,
+  ``membershipview.py``, ``membershipchanges.py``, ``membershipstats.py``. ``partition.py``:
+  keys to partitions, partitions to nodes.
 * ``notify.py``, ``releases.py``, ``pauses.py``: wake-ups of idle nodes on new work, of
   lock waiters on a release; a 429's pause of a lock's sends.
 * ``monitor/``: monitor (its flushes, evaluations, leadership, incidents), rules and alerts,

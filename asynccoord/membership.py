@@ -4,6 +4,13 @@ One :class:`Membership` per process and store heartbeats for all the process's n
 one write, keeps the view of live nodes as the store's clock judges them, and assigns
 partitions by rendezvous hashing over the live node ids
 (:func:`asynccoord.partition.owned_partitions`).
+
+The membership's parts: this module holds :class:`Membership`, its settings, its nodes'
+join and leave, the subscriptions to its view and its life cycle; the heartbeats are
+:mod:`asynccoord.membershipbeats`, the live view and the partitions it assigns
+:mod:`asynccoord.membershipview`, what a change of the view counts and logs (changes, lost
+nodes, flaps) :mod:`asynccoord.membershipchanges`, and the counters
+:mod:`asynccoord.membershipstats`.
 """
 
 from __future__ import annotations
@@ -15,21 +22,23 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Self
 
 import anyio
 
-from . import events as ev
-from .contract.membership import Member, MemberBeat, MembershipStore
+from .contract.membership import MembershipStore
 from .errors import (
     UNRECOVERABLE_STORE_ERRORS,
     CoordError,
     InvalidArgumentError,
     InvalidTypeError,
     ReadOnlyStoreError,
-    StoreError,
 )
+from .membershipbeats import LocalNode as _Local
+from .membershipbeats import MembershipHeartbeats
+from .membershipchanges import FLAP_TTLS, MembershipChanges
+from .membershipstats import MembershipStats
+from .membershipview import MembershipLiveView, MembershipView
 from .partition import RendezvousTable
 from .validation import (
     check_callback,
@@ -49,75 +58,13 @@ LEAVE_TIMEOUT_S = 5.0
 """Most seconds the exit of a :class:`Membership` waits for its nodes' leave (shielded);
 a member that could not leave is dead anyway once its ``ttl_s`` passes."""
 
-FLAP_TTLS = 6
-"""A node life shorter than this many of its heartbeat TTLs is a flap (``membership_flap``): 30 s
-at the default ``ttl_s`` of 5 s. A process restarting again and again lives less; a rolling restart
-restarts processes that had run longer, unless one started, or was restarted, less than that before."""
-
 _NOTHING_WRITTEN = (*UNRECOVERABLE_STORE_ERRORS, ReadOnlyStoreError)
 """Errors of a first heartbeat that wrote nothing: no node joined, so none is told to leave."""
 
 _NEW, _RUNNING, _CLOSING, _CLOSED = "new", "running", "closing", "closed"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MembershipView:
-    """The live members as of one heartbeat (a snapshot; never changes).
-
-    Attributes:
-        members: The live members, sorted by node id.
-        node_ids: Their node ids, sorted.
-        version: 0 before the first heartbeat, 1 after it, then + 1 every time the set
-            of live node ids changes (a join, a leave, an expiry). Changes of
-            incarnation or info alone keep the version.
-        taken_at: ``time.monotonic()`` of this process when the members were read.
-    """
-
-    members: tuple[Member, ...]
-    node_ids: tuple[str, ...]
-    version: int
-    taken_at: float
-
-    def __contains__(self, node_id: object) -> bool:
-        return node_id in self.node_ids
-
-    def __repr__(self) -> str:
-        return f"<MembershipView version={self.version} node_ids={list(self.node_ids)}>"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MembershipStats:
-    """A snapshot of a membership's counters (see :meth:`Membership.statistics`).
-
-    Attributes:
-        local_nodes: Nodes joined in this process.
-        live_nodes: Live node ids in the current view (all processes).
-        version: The view's version.
-        heartbeats: Heartbeat calls that succeeded.
-        failures: Heartbeat calls that failed.
-        consecutive_failures: Failures since the last success.
-        last_heartbeat_age_s: Seconds (local monotonic clock) since the last successful
-            heartbeat was sent; None before the first.
-        healthy: See :attr:`Membership.healthy`.
-    """
-
-    local_nodes: int
-    live_nodes: int
-    version: int
-    heartbeats: int
-    failures: int
-    consecutive_failures: int
-    last_heartbeat_age_s: float | None
-    healthy: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _Local:
-    incarnation: str
-    info: dict[str, Any]
-
-
-class Membership:
+class Membership(MembershipHeartbeats, MembershipLiveView, MembershipChanges):
     """Heartbeats and the live-node view of every node of one process.
 
     One :class:`Membership` per process and store serves every node of the process::
@@ -331,55 +278,7 @@ class Membership:
         finally:
             self._drop_from_view(node_id, leaving=node_id)
 
-    def owned_partitions(self, node_id: str) -> frozenset[int]:
-        """The partitions ``node_id`` owns among the live nodes (it counts as live itself).
-
-        Live nodes are those of the current view plus every node joined in this
-        process. Rendezvous hashing, see :mod:`asynccoord.partition`.
-
-        Raises:
-            InvalidArgumentError, InvalidTypeError: a malformed ``node_id``.
-        """
-        check_name("node_id", node_id)
-        live, members = self._live_with_set()
-        if node_id not in members:
-            return self._rendezvous().assign((*live, node_id))[node_id]
-        return self._assigned(live)[node_id]
-
-    def _live(self) -> tuple[str, ...]:
-        return self._live_with_set()[0]
-
-    def _live_with_set(self) -> tuple[tuple[str, ...], frozenset[str]]:
-        """The live node ids, sorted, and as a set; kept until the view or the local nodes change.
-
-        A node's claims and the senders that check ownership ask for it per task: built
-        anew each time it cost O(n log n) in the cluster's node count (about 40 us with 128
-        nodes), in the event loop every node of the process shares.
-        """
-        view, changes, cache = self._view, self._local_changes, self._live_cache
-        if cache is not None and cache[0] is view and cache[1] == changes:
-            return cache[2], cache[3]
-        members = frozenset(view.node_ids).union(self._local)
-        live = tuple(sorted(members))
-        self._live_cache = (view, changes, live, members)
-        return live, members
-
-    def _rendezvous(self) -> RendezvousTable:
-        table = self._table
-        if table is None:
-            table = self._table = RendezvousTable(self.store.partitions)
-        return table
-
-    def _assigned(self, live: tuple[str, ...]) -> Mapping[str, frozenset[int]]:
-        """The assignment of the partitions to ``live`` (kept until the live nodes change)."""
-        cached = self._assignment
-        if cached is not None and (cached[0] is live or cached[0] == live):  # _live() keeps its tuple
-            if cached[0] is not live:  # the same nodes in a new view: compared by identity from now on
-                self._assignment = (live, cached[1])
-            return cached[1]
-        assignment = self._rendezvous().assign(live)
-        self._assignment = (live, assignment)
-        return assignment
+    # --- the view's changes -----------------------------------------------------------
 
     def add_listener(self, listener: Callable[[MembershipView], None]) -> Callable[[], None]:
         """Call ``listener(view)`` at every change of the view, as it happens (synchronously, in the
@@ -433,6 +332,18 @@ class Membership:
         except TimeoutError:
             pass
         return self._view
+
+    def _signal(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        view = self._view
+        for listener in list(self._listeners):
+            try:
+                listener(view)
+            except Exception:
+                log.exception(
+                    "asynccoord.membership.listener_failed", extra={"event": "asynccoord.membership.listener_failed"}
+                )
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -515,261 +426,6 @@ class Membership:
                     type(outcome).__name__,
                     outcome,
                     extra={"event": "asynccoord.membership.leave_failed"},
-                )
-
-    # --- heartbeats -------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        next_at = time.monotonic() + self.interval_s
-        while True:
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                try:
-                    async with asyncio.timeout(delay):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
-            next_at = time.monotonic() + self.interval_s
-            await self._beat()
-
-    async def _beat(self, *, raise_errors: bool = False) -> bool:
-        """One heartbeat of every local node; update the view. False if it failed."""
-        async with self._io_lock:
-            self._wake.clear()  # every node joined so far is in this beat
-            beats = [
-                MemberBeat(node_id=node_id, incarnation=local.incarnation, info=local.info)
-                for node_id, local in self._local.items()
-            ]
-            sent = time.monotonic()
-            try:
-                members = await self.store.heartbeat(beats, ttl_s=self.ttl_s)
-            except Exception as exc:
-                self._failures += 1
-                self._consecutive_failures += 1
-                self._last_error = exc
-                if raise_errors:
-                    raise
-                self._report_failure(exc, len(beats))
-                return False
-        previous_ok = self._last_ok
-        self._last_ok = sent
-        self._heartbeats += 1
-        self._consecutive_failures = 0
-        self._last_error = None
-        if self._reported_unhealthy:
-            self._reported_unhealthy = False
-            log.info("asynccoord.membership.recovered", extra={"event": "asynccoord.membership.recovered"})
-        fresh = previous_ok is not None and sent - previous_ok < self.ttl_s
-        self._check_incarnations(beats, members, fresh)
-        self._apply(members)
-        return True
-
-    def _report_failure(self, exc: Exception, nodes: int) -> None:
-        event = "asynccoord.membership.heartbeat_failed"
-        if isinstance(exc, StoreError):
-            log.warning(
-                "%s nodes=%d consecutive=%d error=%s: %s",
-                event,
-                nodes,
-                self._consecutive_failures,
-                type(exc).__name__,
-                exc,
-                extra={"event": event},
-            )
-        else:  # a bug, not an outage: keep beating (a dead heartbeat task is worse) but say so loudly
-            log.error("%s nodes=%d", event, nodes, exc_info=exc, extra={"event": event})
-        if not self.healthy and not self._reported_unhealthy:
-            self._reported_unhealthy = True
-            log.warning(
-                "asynccoord.membership.unhealthy last_heartbeat_age_s=%s ttl_s=%g: nodes must stop claiming",
-                self.statistics().last_heartbeat_age_s,
-                self.ttl_s,
-                extra={"event": "asynccoord.membership.unhealthy"},
-            )
-
-    def _check_incarnations(self, beats: list[MemberBeat], members: list[Member], fresh: bool) -> None:
-        """Warn when another process heartbeats one of our node ids (started_at moved under us)."""
-        by_id = {m.node_id: m for m in members}
-        for beat in beats:
-            member = by_id.get(beat.node_id)
-            if member is None or member.incarnation != beat.incarnation:
-                continue
-            seen = self._started_at.get(beat.node_id)
-            self._started_at[beat.node_id] = member.started_at
-            if fresh and seen is not None and seen != member.started_at:
-                log.warning(
-                    "asynccoord.membership.node_id_conflict node=%s: another incarnation heartbeat this node id "
-                    "since our last beat; two live processes must not share a node id",
-                    beat.node_id,
-                    extra={"event": "asynccoord.membership.node_id_conflict"},
-                )
-
-    def _apply(self, members: list[Member]) -> None:
-        if self.queue is not None:  # the members draining this queue, and ours
-            queue, local = self.queue, self._local
-            members = [m for m in members if m.node_id in local or m.info.get("queue") == queue]
-        old = self._view
-        node_ids = tuple(m.node_id for m in members)
-        first = old.version == 0
-        changed = first or node_ids != old.node_ids
-        version = old.version + 1 if changed else old.version
-        taken_at = time.monotonic()
-        self._view = MembershipView(members=tuple(members), node_ids=node_ids, version=version, taken_at=taken_at)
-        if changed:
-            self._changed_to(old, first)
-            return
-        restarted = any(a.incarnation != b.incarnation for a, b in zip(old.members, members, strict=True))
-        if restarted and self._reports(old, self._view, None):  # a node id reused by a restart between two reads
-            self._count_flaps(old, self._view)
-
-    def _drop_from_view(self, node_id: str, *, leaving: str | None = None) -> None:
-        old = self._view
-        if node_id not in old.node_ids:
-            return
-        members = tuple(m for m in old.members if m.node_id != node_id)
-        self._view = MembershipView(
-            members=members,
-            node_ids=tuple(m.node_id for m in members),
-            version=old.version + 1,
-            taken_at=old.taken_at,
-        )
-        self._changed_to(old, False, leaving)
-
-    def _reports(self, old: MembershipView, new: MembershipView, leaving: str | None) -> bool:
-        """Whether this process counts the change from ``old`` to ``new`` (``membership_change``).
-
-        Every process sees a change of the live nodes, so each counting it would make the
-        cluster's total grow with the number of processes (a rolling restart of a few
-        processes looked like churn). The change is counted by the process holding the
-        smallest node id that heartbeat within half the TTL, in the view before it or after
-        it (``leaving``: a local node leaving now), so by one process, or two when that node
-        itself comes or goes. A crashed node not yet expired is passed over once its last
-        beat is that old; a change within that time of its crash (a restart's join, say) may
-        go uncounted. (Late beats under load would make a shorter bound count changes twice.)
-        """
-        local = self._local.keys() | ({leaving} if leaving is not None else set())
-        fresh_s = self.ttl_s / 2  # a crashed or frozen node reports nothing
-        for view in (old, new):
-            fresh = [m.node_id for m in view.members if m.heartbeat_age_s <= fresh_s]
-            if fresh and min(fresh) in local:
-                return True
-        return False
-
-    def _lost(self, old: MembershipView, new: MembershipView, leaving: str | None) -> list[tuple[str, float]]:
-        """The nodes of ``old`` that left ``new`` by expiring (``node_lost``), with their last heartbeat's age (s).
-
-        A node leaving with its process's shutdown is deleted from the store before it
-        expires; one whose heartbeats stopped (a crash, a kill, a freeze) stays until its
-        ``expires_at``. So a node that is gone and whose expiry, as ``old`` saw it, has
-        passed by the store clock of the read behind ``new`` was lost. That holds only if this
-        process read the members often enough to see the node's later heartbeats: when its two
-        reads are half the TTL apart or more on the store clock (this process or the store
-        stalled, or the store clock stepped), a node that left meanwhile may have beaten and
-        left cleanly after the expiry ``old`` shows, and nothing is counted (a loss then may go
-        uncounted). A node leaving here (``leaving``, local nodes) never is lost.
-        """
-        gone = set(old.node_ids) - set(new.node_ids) - self._local.keys() - {leaving}
-        if not gone or not new.members or not old.members:
-            return []
-        read_at = max(m.heartbeat_at + m.heartbeat_age_s for m in new.members)  # the store clock at the read
-        if read_at - max(m.heartbeat_at + m.heartbeat_age_s for m in old.members) >= self.ttl_s / 2:
-            return []
-        return [
-            (m.node_id, read_at - m.heartbeat_at) for m in old.members if m.node_id in gone and read_at >= m.expires_at
-        ]
-
-    def _flaps(self, old: MembershipView, new: MembershipView) -> list[tuple[Member, float]]:
-        """The lives that ended between ``old`` and ``new`` as flaps, one member each, with how long it lived (s).
-
-        A life ends when its node leaves the view (a leave or an expiry) or comes back under
-        a new incarnation (a restart reusing the node id). It lived from its ``started_at`` to
-        the store clock of the read behind ``new`` (plus the local time since that read), or to
-        the new incarnation's ``started_at``: a read late, so under load a life only looks
-        longer (a flap may go uncounted, a long life is never counted). It is a flap when it
-        lived less than :data:`FLAP_TTLS` of its own TTL. The nodes of one process (one
-        ``"runtime"`` in their info; else each node alone) are one life, counted once even when
-        they leave in several changes.
-        """
-        now = time.monotonic()
-        self._flapped = {life: at for life, at in self._flapped.items() if now - at < FLAP_TTLS * self.ttl_s}
-        reads = new.members or old.members
-        if not reads:
-            return []
-        ended_at = max(m.heartbeat_at + m.heartbeat_age_s for m in reads) + max(0.0, now - new.taken_at)
-        after = {m.node_id: m for m in new.members}
-        flaps: list[tuple[Member, float]] = []
-        for member in old.members:
-            next_life = after.get(member.node_id)
-            if next_life is not None and next_life.incarnation == member.incarnation:
-                continue
-            lived_s = (ended_at if next_life is None else min(ended_at, next_life.started_at)) - member.started_at
-            if lived_s >= FLAP_TTLS * (member.expires_at - member.heartbeat_at):
-                continue
-            runtime = member.info.get("runtime")
-            life = ("runtime", runtime) if isinstance(runtime, str) else ("incarnation", member.incarnation)
-            if life not in self._flapped:
-                self._flapped[life] = now
-                flaps.append((member, lived_s))
-        return flaps
-
-    def _count_flaps(self, old: MembershipView, new: MembershipView) -> None:
-        flaps = self._flaps(old, new)
-        if flaps:
-            self.store.events.add(ev.MEMBERSHIP_FLAP, len(flaps))
-        for member, lived_s in flaps:
-            log.info(
-                "asynccoord.membership.flap node=%s runtime=%s lived_s=%.1f: its process left the live nodes %d "
-                "heartbeat TTLs or less after joining (restarting again and again?)",
-                member.node_id,
-                member.info.get("runtime"),
-                lived_s,
-                FLAP_TTLS,
-                extra={"event": "asynccoord.membership.flap"},
-            )
-
-    def _changed_to(self, old: MembershipView, first: bool, leaving: str | None = None) -> None:
-        new = self._view
-        if not first:
-            if self._reports(old, new, leaving):
-                self.store.events.add(ev.MEMBERSHIP_CHANGE)
-                self._count_flaps(old, new)
-                lost = self._lost(old, new, leaving)
-                if lost:
-                    self.store.events.add(ev.NODE_LOST, len(lost))
-                for node_id, age_s in lost:
-                    log.warning(
-                        "asynccoord.membership.node_lost node=%s last_heartbeat_age_s=%.1f ttl_s=%g: its heartbeats "
-                        "stopped (a crash, a kill or a freeze); its leases and locks lapse at their TTLs",
-                        node_id,
-                        age_s,
-                        self.ttl_s,
-                        extra={"event": "asynccoord.membership.node_lost"},
-                    )
-            joined = sorted(set(new.node_ids) - set(old.node_ids))
-            left = sorted(set(old.node_ids) - set(new.node_ids))
-            log.info(
-                "asynccoord.membership.changed version=%d live=%d joined=%s left=%s",
-                new.version,
-                len(new.node_ids),
-                joined,
-                left,
-                extra={"event": "asynccoord.membership.changed"},
-            )
-        if self._local:  # the new assignment now, not in the nodes' next claim (which would raise what this does)
-            with contextlib.suppress(CoordError):
-                self._assigned(self._live())
-        self._signal()
-
-    def _signal(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-        view = self._view
-        for listener in list(self._listeners):
-            try:
-                listener(view)
-            except Exception:
-                log.exception(
-                    "asynccoord.membership.listener_failed", extra={"event": "asynccoord.membership.listener_failed"}
                 )
 
 

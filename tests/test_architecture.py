@@ -37,6 +37,10 @@ INNER_MODULES = {
     "asynccoord.locks.watchdogrenew": "asynccoord.locks",
     "asynccoord.locks.watchdogstats": "asynccoord.locks",
     "asynccoord.locks.watchdogtask": "asynccoord.locks",
+    "asynccoord.membershipbeats": "asynccoord",
+    "asynccoord.membershipchanges": "asynccoord",
+    "asynccoord.membershipstats": "asynccoord",
+    "asynccoord.membershipview": "asynccoord",
     "asynccoord.monitor.flushing": "asynccoord.monitor",
     "asynccoord.monitor.incidents": "asynccoord.monitor",
     "asynccoord.monitor.judging": "asynccoord.monitor",
@@ -165,6 +169,7 @@ def test_the_graph_sees_the_imports() -> None:
     assert "asynccoord.locks.poolline" in graph["asynccoord.locks.pool"]
     assert "asynccoord.locks.watchdogtask" in graph["asynccoord.locks.watchdog"]
     assert "asynccoord.monitor.judging" in graph["asynccoord.monitor.monitor"]
+    assert "asynccoord.membershipview" in graph["asynccoord.membership"]
     assert "asynccoord.backends.redisconn" in graph["asynccoord.backends.redis"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
