@@ -17,10 +17,12 @@ every store):
   dead letters): its Protocol, records and argument checks.
 * ``backends/base.py``: the store base; each public verb checks its arguments, then calls
   the engine. ``backends/memory/``, ``sqlite/``, ``postgres/``: each engine's statements,
-  its SQL in ``sql/`` beside them (``sqlite/writer.py`` is the group commit,
-  ``sqlite/wakeup.py`` the cross-process wake-ups, ``postgres/conn.py`` the connection
-  handling). ``backends/redis*.py``: locks on Redis (the store, its scripts, its connection,
-  URLs, prefixes, durability); ``backends/open.py``: ``open_store``.
+  its SQL in ``sql/`` beside them. In ``sqlite/`` and ``postgres/``, ``queue.py`` is the queue,
+  its claims, commits and per-key heads in ``claim.py``, ``commit.py`` and ``heads.py``;
+  ``sqlite/writer.py`` is the group commit, ``sqlite/wakeup.py`` the cross-process wake-ups,
+  ``postgres/conn.py`` the connection handling. ``backends/redis*.py``: locks on Redis (the
+  store, its scripts, its connection, URLs, prefixes, durability); ``backends/open.py``:
+  ``open_store``.
 * ``locks/``: lock and semaphore (their handle, the local queue of a name), watchdog (its
   guards, renewal rounds, task, counters), lock pool (its turns, its line between
   processes), pacing. ``node/``: node loop, flight state machine, lockless batch, send

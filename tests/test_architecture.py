@@ -29,6 +29,10 @@ ENTRY_POINTS = frozenset(
 INNER_MODULES = {
     "asynccoord.backends.redisconn": "asynccoord.backends",
     "asynccoord.backends.redisscripts": "asynccoord.backends",
+    "asynccoord.backends.sqlite.claim": "asynccoord.backends.sqlite",
+    "asynccoord.backends.sqlite.commit": "asynccoord.backends.sqlite",
+    "asynccoord.backends.sqlite.heads": "asynccoord.backends.sqlite",
+    "asynccoord.backends.sqlite.taskrows": "asynccoord.backends.sqlite",
     "asynccoord.locks.guard": "asynccoord.locks",
     "asynccoord.locks.handle": "asynccoord.locks",
     "asynccoord.locks.localqueue": "asynccoord.locks",
@@ -163,6 +167,7 @@ def test_the_graph_sees_the_imports() -> None:
     """The parser finds real edges (a check that cannot pass on an empty graph)."""
     graph = module_graph()
     assert "asynccoord.backends.base" in graph["asynccoord.backends.sqlite.queue"]
+    assert "asynccoord.backends.sqlite.commit" in graph["asynccoord.backends.sqlite.queue"]
     assert "asynccoord.contract.queue" in graph["asynccoord.backends.base"]
     assert "asynccoord.backends.sqlite.writer" in graph["asynccoord.backends.sqlite.locks"]  # under TYPE_CHECKING
     assert "asynccoord.locks.handle" in graph["asynccoord.locks.lock"]

@@ -103,7 +103,7 @@ async def test_a_backlog_enters_the_index_a_stretch_per_claim_and_claims_walk_me
 
 
 async def test_a_claim_of_every_partition_takes_all_and_one_missing_a_partition_does_not(db_path: Path) -> None:
-    # A claim naming every partition runs with no filter (queue.py, _partition_filter); a list as
+    # A claim naming every partition runs with no filter (claim.py, _partition_filter); a list as
     # long as the partition count that repeats one and misses another must keep its filter.
     async with SQLiteStore(db_path) as store:
         parts = store.partitions
