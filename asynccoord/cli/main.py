@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from .._leftovers import Leftovers, exit_now, guard_exit
+from .._printable import printable, shown
 from ..errors import CoordError, InvalidArgumentError, InvalidTypeError, ReadOnlyStoreError
 from .dashboard import check_dashboard, configure_dashboard, dashboard_command
 from .dead import check_dead, configure_dead, dead_command
@@ -183,13 +184,13 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
         code = 0
     except OutputFailed as exc:  # `status > /dev/full`: what is still buffered would fail again at exit
         drop_stdout()
-        sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")
+        sys.stderr.write(f"asynccoord {args.command}: error: {shown(exc)}\n")
         code = 1
     except ReadOnlyStoreError as exc:
-        sys.stderr.write(f"asynccoord {args.command}: error: {read_only_text(exc, args)}\n")
+        sys.stderr.write(f"asynccoord {args.command}: error: {printable(read_only_text(exc, args))}\n")
         code = 1
     except CoordError as exc:
-        sys.stderr.write(f"asynccoord {args.command}: error: {exc}\n")
+        sys.stderr.write(f"asynccoord {args.command}: error: {shown(exc)}\n")
         code = 1
     except KeyboardInterrupt:
         code = 130

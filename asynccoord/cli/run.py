@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .._leftovers import Leftovers, run_leaving
+from .._printable import printable, shown
 from .._signals import give_back_signal, take_signal
 from .._startsignals import take_start_signals
 from ..contract.locks import MAX_PERMITS
@@ -394,14 +395,14 @@ async def declare_rate_limits(store: Any, queue: str, limits: Sequence[RateLimit
     """
     stored = await store.rate_limits(queue)
     if not stored and limits:  # declared for the first time (or by processes starting together)
-        log.info("asynccoord.run.rate_limits_declared queue=%r limits=[%s]", queue, describe_limits(limits))
+        log.info("asynccoord.run.rate_limits_declared queue=%r limits=[%s]", queue, printable(describe_limits(limits)))
     elif sorted(stored, key=_dimension) != sorted(limits, key=_dimension):
         log.warning(
             "asynccoord.run.rate_limits_replaced queue=%r stored=[%s] new=[%s]: the limits stored for the queue "
             "are replaced, and every process draining it enforces the new ones from now on",
             queue,
-            describe_limits(stored),
-            describe_limits(limits),
+            printable(describe_limits(stored)),
+            printable(describe_limits(limits)),
         )
     await store.set_rate_limits(queue, limits)
 
@@ -564,7 +565,7 @@ def _leaving(lifespan: Lifespan, signalled: asyncio.Event, timeout_s: float, hel
         except CoordError as failed:
             if exc is None:
                 raise
-            log.error("asynccoord.run.lifespan_exit_failed %s (after the run's own error)", failed)
+            log.error("asynccoord.run.lifespan_exit_failed %s (after the run's own error)", shown(failed))
         return False
 
     return leave
@@ -676,7 +677,7 @@ def log_left_behind(leftovers: Leftovers, *, exiting: bool) -> None:
     whether the process exits now (``exiting``) or the command returns.
     """
     others = leftovers.other_threads
-    shown = ", ".join(others[:_NAMES_SHOWN]) + (
+    names = ", ".join(others[:_NAMES_SHOWN]) + (
         f", +{len(others) - _NAMES_SHOWN} more" if len(others) > _NAMES_SHOWN else ""
     )
     what = []
@@ -689,7 +690,7 @@ def log_left_behind(leftovers: Leftovers, *, exiting: bool) -> None:
         leftovers.tasks,
         leftovers.threads,
         len(others),
-        f" ({shown})" if others else "",
+        f" ({printable(names)})" if others else "",
         " and ".join(what),
         "are" if others else "is",  # "work ... is", "threads ... are", "work and threads ... are"
         "the process exits now" if exiting else "the command returns now",

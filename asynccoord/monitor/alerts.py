@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .._errtext import error_text
+from .._printable import printable
 from ..contract.monitor import Alert
 
 __all__ = ("AlertCallback", "AlertSink", "AlertStream", "Mailbox", "SinkStats", "Subscription", "deliver")
@@ -215,5 +216,5 @@ async def deliver(sub: Subscription, process_id: str) -> None:
                 process_id,
                 sub.callback,
                 alert.rule,
-                error_text(exc),  # the user's exception: its __str__ may raise
+                printable(error_text(exc)),  # the user's exception: its __str__ may raise
             )

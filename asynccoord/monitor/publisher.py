@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import anyio
 
 from .._errtext import error_text
+from .._printable import printable
 from ..contract.monitor import Alert
 from ..errors import InvalidTypeError
 from ..validation import check_int, check_positive
@@ -119,7 +120,7 @@ class Publisher:
                     "asynccoord.monitor.sink_failed process=%s sink=%r error=%s",
                     self.process_id,
                     sink,
-                    error_text(outcome),
+                    printable(error_text(outcome)),
                 )
             elif isinstance(outcome, BaseException):
                 raise outcome
@@ -164,7 +165,12 @@ class Publisher:
             try:
                 sink.offer(alert)
             except Exception as exc:  # a sink's bug must not stop the evaluation
-                log.warning("asynccoord.monitor.sink_failed process=%s sink=%r error=%s", self.process_id, sink, exc)
+                log.warning(
+                    "asynccoord.monitor.sink_failed process=%s sink=%r error=%s",
+                    self.process_id,
+                    sink,
+                    printable(error_text(exc)),
+                )
 
     def alerts(self, *, buffer: int | None = None) -> AlertStream:
         """A new stream of the notices published from now on; see :meth:`Monitor.alerts`.

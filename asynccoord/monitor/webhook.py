@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errtext import error_text
+from .._printable import printable
 from ..config import RetryPolicy
 from ..contract.monitor import Alert
 from ..errors import InvalidArgumentError, InvalidTypeError
@@ -400,7 +401,7 @@ class WebhookSink:
                     "asynccoord.monitor.webhook_failed url=%s rule=%s error=%s gave_up=1",
                     _where(self.url),
                     alert.rule,
-                    error_text(exc),
+                    printable(error_text(exc)),
                 )
             finally:
                 self._sending = False
@@ -432,7 +433,7 @@ class WebhookSink:
                 alert.rule,
                 alert.state.value,
                 attempt,
-                error,
+                printable(error),
                 " gave_up=1" if last else "",
             )
             if last:

@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from .._printable import shown
 from ..errors import UNRECOVERABLE_STORE_ERRORS, StoreError
 from ..monitor.histogram import SEND_MS
 from .flight import Flight, FlightState
@@ -236,7 +237,7 @@ class LocklessBatch:
                 "asynccoord.node.store_error node=%s tasks=%s error=%s",
                 self._settler.node_id,
                 [f.task.id for f in flights],
-                exc,
+                shown(exc),
             )
             await self._hand_back(flights, release=False)
         except BaseException:
@@ -254,7 +255,9 @@ class LocklessBatch:
             await settler.hand_back_shielded(flight)
             raise
         except StoreError as exc:
-            log.warning("asynccoord.node.store_error node=%s task=%s error=%s", settler.node_id, flight.task.id, exc)
+            log.warning(
+                "asynccoord.node.store_error node=%s task=%s error=%s", settler.node_id, flight.task.id, shown(exc)
+            )
             await settler.hand_back_shielded(flight)
         except BaseException:
             await settler.hand_back_shielded(flight)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._printable import shown
 from ..errors import UNRECOVERABLE_STORE_ERRORS, StoreError
 from .ablation import FULL, Ablation
 from .config import NodeConfig
@@ -111,7 +112,7 @@ class IdlePoller:
                     node.wake()
                 return
             except StoreError as exc:
-                log.warning("asynccoord.idlepoll.failed queue=%s error=%s", cfg.queue, exc)
+                log.warning("asynccoord.idlepoll.failed queue=%s error=%s", cfg.queue, shown(exc))
                 woken = 0
             if productive or not idle:
                 idle_s = cfg.idle_min_s

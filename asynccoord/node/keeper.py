@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from .. import events as ev
+from .._printable import shown
 from ..errors import UNRECOVERABLE_STORE_ERRORS, StoreError
 from .flight import RENEWABLE, Flight, FlightState, lease_deadline
 from .send import cut
@@ -85,7 +86,7 @@ class Keeper:
             except UNRECOVERABLE_STORE_ERRORS:
                 raise  # fails the node (see Node.run)
             except StoreError as exc:
-                log.warning("asynccoord.node.renew_failed node=%s error=%s", self._node_id, exc)
+                log.warning("asynccoord.node.renew_failed node=%s error=%s", self._node_id, shown(exc))
                 now = time.monotonic()
                 for f in flights:
                     if now >= f.lease_deadline:

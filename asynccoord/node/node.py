@@ -28,6 +28,7 @@ import anyio.abc
 from .. import events as ev
 from .._errtext import error_text
 from .._exits import ProcessExiting, carried_exit, carry, is_process_exit
+from .._printable import printable, shown
 from ..contract.locks import check_user_lock_name
 from ..errors import (
     UNRECOVERABLE_STORE_ERRORS,
@@ -397,7 +398,7 @@ class Node:
                 raise carried from None
             failure = failure_of(exc)
             if failure is not None:
-                log.error("asynccoord.node.failed node=%s error=%s", self.node_id, error_text(failure))
+                log.error("asynccoord.node.failed node=%s error=%s", self.node_id, printable(error_text(failure)))
             if failure is None or failure is exc:
                 raise
         finally:
@@ -483,7 +484,7 @@ class Node:
                 self._slots.release(free)
                 raise  # closed stores do not reopen by themselves (nor change loops): fail the node
             except StoreError as exc:
-                log.warning("asynccoord.node.claim_failed node=%s error=%s", self.node_id, exc)
+                log.warning("asynccoord.node.claim_failed node=%s error=%s", self.node_id, shown(exc))
                 tasks = []
             except BaseException:
                 self._slots.release(free)
@@ -702,7 +703,10 @@ class Node:
                 if is_process_exit(exc):  # the process is ending: see asynccoord._exits
                     raise self._exiting(carry(exc)) from None
                 log.warning(
-                    "asynccoord.node.lock_key_failed node=%s task=%s error=%s", self.node_id, task.id, error_text(exc)
+                    "asynccoord.node.lock_key_failed node=%s task=%s error=%s",
+                    self.node_id,
+                    task.id,
+                    printable(error_text(exc)),
                 )
                 await settler.fail(flight, exc, source="lock_key")
                 return
@@ -791,7 +795,7 @@ class Node:
             raise
         except StoreError as exc:
             # The store failed mid-task: hand the task back (if the store lets us) and go on.
-            log.warning("asynccoord.node.store_error node=%s task=%s error=%s", self.node_id, task.id, exc)
+            log.warning("asynccoord.node.store_error node=%s task=%s error=%s", self.node_id, task.id, shown(exc))
             await self._settler.hand_back_shielded(flight)
         except BaseException:
             # Cancelled (shutdown): hand the task back unfinished, not counted as a failure, once its

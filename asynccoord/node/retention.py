@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from .._errtext import error_text
+from .._printable import printable
 from ..errors import UNRECOVERABLE_STORE_ERRORS, StoreError
 from ..validation import check_interval_s, check_positive
 
@@ -92,7 +93,9 @@ class Retention:
             try:
                 await self.purge_once()
             except UNRECOVERABLE_STORE_ERRORS as exc:
-                log.info("asynccoord.retention.stopped queue=%s error=%s", self.queue, error_text(exc))
+                log.info("asynccoord.retention.stopped queue=%s error=%s", self.queue, printable(error_text(exc)))
                 return
             except StoreError as exc:
-                log.warning("asynccoord.retention.purge_failed queue=%s error=%s", self.queue, error_text(exc))
+                log.warning(
+                    "asynccoord.retention.purge_failed queue=%s error=%s", self.queue, printable(error_text(exc))
+                )

@@ -24,6 +24,7 @@ import anyio.abc
 
 from .._errtext import error_text
 from .._exits import ProcessExiting, carried_exit
+from .._printable import printable
 from .._signals import check_signals, give_back_signal, signal_name, take_signal
 from ..errors import InvalidArgumentError, InvalidTypeError, RuntimeStateError
 from ..locks.pool import LockPool
@@ -404,7 +405,7 @@ class Runtime:
         except BaseException as exc:
             carried = carried_exit(exc)
             if carried is not None:  # the others were cancelled: all handed back; the waiters raise the original
-                log.warning("asynccoord.runtime.process_exit error=%s", error_text(carried.exit))
+                log.warning("asynccoord.runtime.process_exit error=%s", printable(error_text(carried.exit)))
                 self._exit = carried
                 await running.stop_all(carried, besides=self)
                 raise carried from None
@@ -415,7 +416,7 @@ class Runtime:
                 if isinstance(error, Exception):
                     return  # reported to start()'s caller
             if failure is not None:
-                log.error("asynccoord.runtime.failed error=%s", error_text(failure))
+                log.error("asynccoord.runtime.failed error=%s", printable(error_text(failure)))
             if failure is None or failure is exc:
                 raise
         finally:

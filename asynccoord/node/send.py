@@ -29,6 +29,7 @@ import anyio
 
 from .. import events as ev
 from .._exits import PROCESS_EXITS, ProcessExiting, carry, is_process_exit
+from .._printable import shown
 from ..errors import InvalidTypeError, LockLostError, RateLimited
 from ..models import Task
 from ..monitor.histogram import SEND_MS
@@ -401,7 +402,9 @@ def lease_ran_out(store: Any, node_id: str, flight: Flight, when: str) -> None:
     flight.lost = f"task lease past its local deadline {when} (no renewal confirmed in time)"
     flight.move(FlightState.LEASE_LOST)
     store.events.add(ev.LEASE_LOST)
-    log.warning("asynccoord.node.lease_ran_out node=%s task=%s: not sent (%s)", node_id, flight.task.id, flight.lost)
+    log.warning(
+        "asynccoord.node.lease_ran_out node=%s task=%s: not sent (%s)", node_id, flight.task.id, shown(flight.lost)
+    )
 
 
 def lock_lost(flight: Flight, error: LockLostError) -> None:

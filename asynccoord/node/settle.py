@@ -20,6 +20,7 @@ import anyio
 from .. import events as ev
 from .._errtext import error_text
 from .._leaves import uniform_leaves
+from .._printable import printable, shown
 from ..config import RetryPolicy
 from ..contract.queue import encode_result
 from ..errors import (
@@ -167,7 +168,9 @@ class Settler:
                     await self._hand_back_paused(flight)
                 else:
                     reason = flight.lost
-                    log.warning("asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, reason)
+                    log.warning(
+                        "asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, shown(reason)
+                    )
                 if state is FlightState.LOCK_DROPPED:  # never commit; the task's lease is still ours
                     await self._fail_lock_lost(flight)
                 # else the task lease is gone (or ran out locally): never commit
@@ -211,8 +214,8 @@ class Settler:
             self.node_id,
             task.id,
             limited.retry_after_s,
-            limited.dimension,
-            limited.key,
+            shown(limited.dimension),
+            shown(limited.key),
         )
 
         pause_s = max(limited.retry_after_s, MIN_RATE_LIMIT_PAUSE_S)
@@ -228,7 +231,10 @@ class Settler:
             self.counters.conflicts += 1
             self.store.events.add(ev.LEASE_LOST)
             log.warning(
-                "asynccoord.node.rate_limited_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason
+                "asynccoord.node.rate_limited_rejected node=%s task=%s reason=%s",
+                self.node_id,
+                task.id,
+                printable(exc.reason),
             )
 
     async def fail(self, flight: Flight, failure: BaseException, *, source: str = "send") -> None:
@@ -262,8 +268,8 @@ class Settler:
                 "asynccoord.node.fail_rejected node=%s task=%s reason=%s error=%s: the failure was not recorded",
                 self.node_id,
                 flight.task.id,
-                exc.reason,
-                text,
+                printable(exc.reason),
+                printable(text),
                 exc_info=_trace(failure) if source == "send" and not undeliverable else None,
             )
             return
@@ -275,7 +281,7 @@ class Settler:
                 out.id,
                 out.attempts,
                 out.max_attempts,
-                text,
+                printable(text),
             )
         elif source == "send":
             self._log_failed_send(out, failure, text)
@@ -300,7 +306,7 @@ class Settler:
                 out.attempts,
                 out.max_attempts,
                 max(0.0, out.run_at - out.updated_at),
-                text,
+                printable(text),
                 exc_info=trace,
             )
         elif out.status is TaskStatus.DEAD:
@@ -310,7 +316,7 @@ class Settler:
                 self.node_id,
                 out.id,
                 out.attempts,
-                text,
+                printable(text),
                 exc_info=trace,
             )
 
@@ -385,7 +391,10 @@ class Settler:
             for flight in flights:
                 counters.conflicts += 1
                 log.warning(
-                    "asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, flight.task.id, exc
+                    "asynccoord.node.commit_rejected node=%s task=%s reason=%s",
+                    self.node_id,
+                    flight.task.id,
+                    shown(exc),
                 )
                 flight.move(FlightState.SETTLED)
             return
@@ -398,7 +407,10 @@ class Settler:
                 counters.conflicts += 1
                 reason = outcome.reason if isinstance(outcome, LeaseLostError) else outcome
                 log.warning(
-                    "asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, flight.task.id, reason
+                    "asynccoord.node.commit_rejected node=%s task=%s reason=%s",
+                    self.node_id,
+                    flight.task.id,
+                    shown(reason),
                 )
             flight.move(FlightState.SETTLED)
         counters.committed += len(waits_ms)
@@ -436,7 +448,10 @@ class Settler:
         except (InvalidArgumentError, InvalidTypeError) as exc:
             # The message went out: commit it anyway (never re-send), without the result.
             log.warning(
-                "asynccoord.node.result_not_stored node=%s task=%s reason=%s", self.node_id, flight.task.id, exc
+                "asynccoord.node.result_not_stored node=%s task=%s reason=%s",
+                self.node_id,
+                flight.task.id,
+                shown(exc),
             )
             return None
         return result
@@ -468,13 +483,18 @@ class Settler:
                 await self._retrying(flight, "commit", once, failed=failed)
         except LeaseLostError as exc:
             self.counters.conflicts += 1
-            log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc.reason)
+            log.warning(
+                "asynccoord.node.commit_rejected node=%s task=%s reason=%s",
+                self.node_id,
+                task.id,
+                printable(exc.reason),
+            )
             return
         except UNRECOVERABLE_STORE_ERRORS:
             raise  # the store is closed (or serves another loop): the node fails, as documented
         except CoordError as exc:  # a fencing rejection (a newer holder of the lock wrote first), or the store failed
             self.counters.conflicts += 1
-            log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, exc)
+            log.warning("asynccoord.node.commit_rejected node=%s task=%s reason=%s", self.node_id, task.id, shown(exc))
             if isinstance(exc, FencingTokenRejectedError):
                 await self._fence_refused(flight, exc)
             return
@@ -497,7 +517,10 @@ class Settler:
             await pool.fence_refused(lease, error)
         except CoordError as exc:
             log.warning(
-                "asynccoord.node.fencing_counter_not_advanced node=%s lock=%r error=%s", self.node_id, lease.name, exc
+                "asynccoord.node.fencing_counter_not_advanced node=%s lock=%r error=%s",
+                self.node_id,
+                lease.name,
+                shown(exc),
             )
 
     async def _commit_once(self, flight: Flight, result: Any) -> None:
@@ -564,7 +587,7 @@ class Settler:
                         self.node_id,
                         flight.task.id,
                         tries,
-                        exc,
+                        shown(exc),
                     )
                     raise
                 log.warning(
@@ -574,7 +597,7 @@ class Settler:
                     flight.task.id,
                     tries,
                     delay_s,
-                    exc,
+                    shown(exc),
                 )
                 await asyncio.sleep(delay_s)
 
@@ -654,7 +677,10 @@ class Settler:
             await handle.release()
         except (LockError, StoreError) as exc:  # lapsed or lost (counted by the lock), or the store failed
             log.warning(
-                "asynccoord.node.permit_release_failed node=%s task=%s error=%s", self.node_id, flight.task.id, exc
+                "asynccoord.node.permit_release_failed node=%s task=%s error=%s",
+                self.node_id,
+                flight.task.id,
+                shown(exc),
             )
 
     def _outlived(self, flight: Flight) -> None:
@@ -771,11 +797,11 @@ async def _wait_through_cancellation(tasks: list[asyncio.Task[None]], timeout_s:
     current = asyncio.current_task()
     if errors and not (cancelled or (current is not None and current.cancelling())):
         for error in errors[1:]:
-            log.error("asynccoord.node.hand_back_failed error=%s", error_text(error), exc_info=error)
+            log.error("asynccoord.node.hand_back_failed error=%s", printable(error_text(error)), exc_info=error)
         raise errors[0]
     for error in errors:
         # The caller is being cancelled: the cancellation is what it raises (an error raised
         # instead would end the slot with it, where nobody reads it); the error is logged.
-        log.error("asynccoord.node.hand_back_failed error=%s", error_text(error), exc_info=error)
+        log.error("asynccoord.node.hand_back_failed error=%s", printable(error_text(error)), exc_info=error)
     if cancelled:
         raise asyncio.CancelledError

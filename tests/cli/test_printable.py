@@ -1,15 +1,18 @@
-"""What ``status`` and ``dead`` print from the database cannot drive the operator's terminal."""
+"""What ``status`` and ``dead`` print from the database, and the CLI's log and error lines, cannot drive a terminal."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 
 from asynccoord import SQLiteStore
+from asynccoord._leftovers import Leftovers
 from asynccoord.cli.main import main
 from asynccoord.cli.printable import printable, printable_report
+from asynccoord.cli.run import log_left_behind
 
 ERROR = "boom \x1b[31mred\x1b[0m \x9b2J \u202eevil"
 LOCK = "acct\x1b[2J"
@@ -76,3 +79,34 @@ def test_a_wide_key_and_payload_leave_the_error_readable_and_payloads_are_escape
     assert "k" * 29 + "..." in out  # the key is shortened in the table (--json has it whole)
     assert '"E\\u001b[2J' in out  # the payload's ESC as JSON escapes it, once: no doubled backslash
     assert "\x1b" not in out
+
+
+def test_printable_escapes_lone_surrogates_which_no_utf8_stream_can_write() -> None:
+    assert printable("a\ud800b\udc80") == "a\\ud800b\\udc80"
+    assert printable("\U0001f44b") == "\U0001f44b"  # a pair's character stays
+
+
+def test_the_names_of_threads_left_behind_are_escaped_in_the_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="asynccoord.cli.run")
+    log_left_behind(Leftovers(tasks=0, threads=0, other_threads=("pool\nx\x1b[2J",)), exiting=False)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("asynccoord.run.left_behind ")]
+    assert not any(c in line for c in "\n\x1b"), line
+    assert "(pool\\x0ax\\x1b[2J)" in line
+
+
+def test_a_users_error_text_in_the_error_line_of_a_command_is_escaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run``'s one error line may carry a lifespan's exception text: it stays one line, without escapes."""
+    (tmp_path / "evil_lifespan.py").write_text(
+        'def lifespan():\n    raise RuntimeError("\\u202eevil\\nline2\\x1b[31mred")\n', encoding="utf-8"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "bot.db"
+    argv = ["run", "--db", str(db), "--send", "asyncio:sleep", "--lifespan", "evil_lifespan:lifespan"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("asynccoord run: error: ")]
+    assert "RuntimeError: \\u202eevil\\x0aline2\\x1b[31mred" in line, err
+    assert not any(c in err for c in "\x1b\u202e"), repr(err)
+    assert not db.exists()

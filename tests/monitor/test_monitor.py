@@ -632,6 +632,30 @@ async def test_a_callback_exception_whose_str_and_repr_raise_is_logged_and_count
     assert caplog.text.count("error=Unprintable") == 2
 
 
+async def test_a_callback_exception_text_is_escaped_in_its_log_line(
+    store: Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The user's error text stays one line: a line break or an ESC in it is escaped."""
+    rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
+
+    async def raises(alert: Alert) -> None:
+        raise RuntimeError("\u202eevil\nline2\x1b[31mred")
+
+    caplog.set_level(logging.WARNING, logger="asynccoord.monitor.monitor")
+    async with manual(store, [rule]) as monitor:
+        sub = monitor.subscribe(raises)
+        await fire_and_resolve(store, monitor, clock)
+        for _ in range(100):
+            if sub.failures == 2:
+                break
+            await asyncio.sleep(0.01)
+    lines = [r.getMessage() for r in caplog.records if "asynccoord.monitor.subscriber_failed" in r.getMessage()]
+    assert len(lines) == 2
+    for line in lines:
+        assert "error=RuntimeError: \\u202eevil\\x0aline2\\x1b[31mred" in line, line
+        assert not any(c in line for c in "\n\x1b\u202e"), line
+
+
 async def test_slow_callback_times_out_and_gets_the_next_notice(store: Store, clock: FakeClock) -> None:
     rule = AlertRule(name="dead", event=ev.DEAD_LETTERED, threshold=0, window_s=30.0)
     seen: list[str] = []
