@@ -467,10 +467,14 @@ def run_command(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         held: list[int] = []
         signalled = asyncio.Event()  # set by each signal held here: it cuts the lifespan's entry and exit short
+        running: list[Runtime] = []  # the runtime, once made
+        handed_back_before: list[int] = []  # the nodes' hand-backs when the stop began, for the stop line
 
         def note(signum: int) -> None:
             held.append(signum)
             signalled.set()
+            if running and not handed_back_before:  # in the signal's callback: before the stop hands anything back
+                handed_back_before.append(sum(state.handed_back for state in running[0].states()))
 
         stops = _stop_signals()
         holding = _hold_signals(loop, note, stops)
@@ -511,6 +515,7 @@ def run_command(args: argparse.Namespace) -> int:
                     shutdown_timeout_s=args.shutdown_timeout_s,
                     done_retention_s=args.done_retention_s,
                 )
+                running.append(runtime)
                 # The monitor flushes this process's counters (and a separate lock store's) for `status`,
                 # under the id its nodes and locks carry; "nodes" tells `status` how many it hosts.
                 monitor = Monitor(
@@ -534,7 +539,9 @@ def run_command(args: argparse.Namespace) -> int:
                     else:  # the wait shares the handlers held here: no moment without one
                         signum = await runtime.wait_for_signal(stops)
                     log.info("asynccoord.serve.stopped signal=%s", signum)
-                write_stdout(stopped_line(signum, runtime.states()))  # the nodes stopped, the monitor closed
+                # the nodes stopped, the monitor closed; no signal noted (a stop some other way): all at the stop
+                before = handed_back_before[0] if handed_back_before else 0
+                write_stdout(stopped_line(signum, runtime.states(), handed_back_before=before))
         finally:
             # On the way out: a late SIGTERM or SIGHUP must not turn a clean exit into death by signal.
             _stop_holding(loop, holding, note, _ignored_at_exit(bool(getattr(args, "_exiting", False))))

@@ -29,12 +29,20 @@ def lock_store_line(lock_store: Any) -> str:
     return f"asynccoord: locks in {where}" + ("" if prefix is None else f" under prefix {prefix!r}") + "\n"
 
 
-def stopped_line(signum: int, states: Iterable[NodeState]) -> str:
-    """``asynccoord: 2 nodes stopped on SIGTERM: 5 tasks committed, 1 handed back``, newline-ended.
+def stopped_line(signum: int, states: Iterable[NodeState], *, handed_back_before: int = 0) -> str:
+    """``asynccoord: 2 nodes stopped on SIGTERM: 5 tasks committed, 1 handed back at the stop``, newline-ended.
+
+    The tasks handed back at the stop are those the nodes gave back once the stop began
+    (sends cut at the shutdown, tasks claimed but not sent): they are pending, for another
+    process or the next run. Tasks put back before it, while the nodes ran (a lock that
+    stayed busy, ``busy_requeue_s``; a rate-limit pause) were due again soon after and
+    say nothing about what is left: when there were any, their count follows in
+    parentheses, ``(10 put back earlier, while running)``.
 
     Args:
         signum: The signal that stopped the run (a number that names no signal prints as such).
         states: The nodes' counters once they stopped (``Runtime.states()``).
+        handed_back_before: The nodes' ``handed_back`` summed when the stop began. Default 0.
     """
     try:
         name = signal.Signals(signum).name
@@ -42,8 +50,9 @@ def stopped_line(signum: int, states: Iterable[NodeState]) -> str:
         name = f"signal {signum}"
     nodes = list(states)
     committed = sum(state.committed for state in nodes)
-    handed_back = sum(state.handed_back for state in nodes)
+    at_stop = max(0, sum(state.handed_back for state in nodes) - handed_back_before)
+    earlier = f" ({handed_back_before} put back earlier, while running)" if handed_back_before else ""
     return (
         f"asynccoord: {_plural(len(nodes), 'node')} stopped on {name}:"
-        f" {_plural(committed, 'task')} committed, {handed_back} handed back\n"
+        f" {_plural(committed, 'task')} committed, {at_stop} handed back at the stop{earlier}\n"
     )

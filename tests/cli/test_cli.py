@@ -548,7 +548,7 @@ def test_run_drains_an_sqlite_url(
     ]
     assert capsys.readouterr().out == (
         f"asynccoord: 2 nodes draining 'outbox' of sqlite:///{path}\n"
-        "asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back\n"
+        "asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back at the stop\n"
     )
 
 
@@ -561,9 +561,16 @@ def test_runs_lines_name_the_lock_store_without_its_password_and_the_stop() -> N
     assert lock_store_line(locks) == "asynccoord: locks in redis://:***@cache.internal:6379/0 under prefix 'bot:'\n"
     states = [NodeState(node_id="a", committed=5, handed_back=1), NodeState(node_id="b", committed=1)]
     assert stopped_line(int(signal.SIGHUP), states) == (
-        "asynccoord: 2 nodes stopped on SIGHUP: 6 tasks committed, 1 handed back\n"
+        "asynccoord: 2 nodes stopped on SIGHUP: 6 tasks committed, 1 handed back at the stop\n"
     )
-    assert stopped_line(0, states[:1]) == "asynccoord: 1 node stopped on signal 0: 5 tasks committed, 1 handed back\n"
+    assert stopped_line(0, states[:1]) == (
+        "asynccoord: 1 node stopped on signal 0: 5 tasks committed, 1 handed back at the stop\n"
+    )
+    many = [NodeState(node_id="a", committed=1283, handed_back=12)]
+    assert stopped_line(int(signal.SIGTERM), many, handed_back_before=10) == (
+        "asynccoord: 1 node stopped on SIGTERM: 1283 tasks committed, 2 handed back at the stop"
+        " (10 put back earlier, while running)\n"
+    )
 
 
 def test_run_says_when_it_creates_the_database(
@@ -576,7 +583,7 @@ def test_run_says_when_it_creates_the_database(
     argv = ["run", "--db", str(typo), "--queue", "outbox", "--send", "serve_send:send", "--nodes", "1"]
     assert main(argv) == 0
     assert drained == [True]
-    stopped = "asynccoord: 1 node stopped on SIGTERM: 0 tasks committed, 0 handed back\n"
+    stopped = "asynccoord: 1 node stopped on SIGTERM: 0 tasks committed, 0 handed back at the stop\n"
     assert capsys.readouterr().out == (
         f"asynccoord: 1 node draining 'outbox' of {typo} (a new database, created now)\n{stopped}"
     )
@@ -629,7 +636,7 @@ def test_run_drains_a_postgresql_dsn(
     started, stopped = capsys.readouterr().out.splitlines()
     assert started.startswith("asynccoord: 2 nodes draining 'outbox' of ")
     assert started.endswith(f" (schema {schema})" if how == "--schema" else f"search_path={schema}")
-    assert stopped == "asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back"
+    assert stopped == "asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back at the stop"
 
 
 def test_run_declares_rate_limits_on_a_postgresql_dsn(
@@ -784,7 +791,8 @@ def test_run_takes_its_locks_in_the_lock_store_given(
         lines = capsys.readouterr().out.splitlines()
         assert lines[0].startswith("asynccoord: 2 nodes draining 'outbox' of "), lines
         assert lines[1] == f"asynccoord: locks in {REDIS_URL} under prefix {prefix!r}", lines
-        assert lines[2:] == ["asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back"], lines
+        stopped = "asynccoord: 2 nodes stopped on SIGTERM: 3 tasks committed, 0 handed back at the stop"
+        assert lines[2:] == [stopped], lines
     finally:
         for key in client.scan_iter(match=f"{prefix}*"):
             client.delete(key)

@@ -172,7 +172,7 @@ async def test_a_stop_signal_as_soon_as_the_run_catches_it_stops_it_cleanly_ever
         assert (code, err) == (0, ""), (delay_s, out)
         # Nothing, or the start and the stop (with the tasks committed before it): never a start alone.
         started = f"asynccoord: 1 node draining {QUEUE!r} of {db_path}\n"
-        stopped = rf"asynccoord: 1 node stopped on {signum.name}: \d+ tasks? committed, \d+ handed back\n"
+        stopped = rf"asynccoord: 1 node stopped on {signum.name}: \d+ tasks? committed, \d+ handed back at the stop\n"
         assert out == "" or re.fullmatch(re.escape(started) + stopped, out), (delay_s, out)
         tasks, members = rows(db_path)
         assert members == 0, delay_s
