@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .validation import MAX_ATTEMPTS, check_int, check_limit_keys, check_name, check_non_negative, check_optional_name
+from .validation import (
+    MAX_ATTEMPTS,
+    check_int,
+    check_key,
+    check_limit_keys,
+    check_name,
+    check_non_negative,
+    check_optional_key,
+)
 
 __all__ = (
     "Continuation",
@@ -91,8 +99,8 @@ class NewTask:
 
     def __post_init__(self) -> None:
         check_name("queue", self.queue)
-        check_name("partition_key", self.partition_key, allow_empty=True)
-        check_optional_name("idempotency_key", self.idempotency_key, allow_blank=True)
+        check_key("partition_key", self.partition_key, allow_empty=True)
+        check_optional_key("idempotency_key", self.idempotency_key, allow_blank=True)
         check_int("priority", self.priority, minimum=-(2**31), maximum=2**31 - 1)
         if self.max_attempts is not None:
             check_int("max_attempts", self.max_attempts, minimum=1, maximum=MAX_ATTEMPTS)

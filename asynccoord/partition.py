@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import InvalidArgumentError, InvalidTypeError
-from .validation import _short, check_int, check_name
+from .validation import _short, check_int, check_key
 
 __all__ = ("MAX_PARTITIONS", "RendezvousTable", "assign", "owner_of", "owned_partitions", "partition_of")
 
@@ -47,7 +47,7 @@ def partition_of(key: str, partitions: int) -> int:
         InvalidTypeError: ``key`` is not a str.
         InvalidArgumentError: ``partitions`` outside 1..:data:`MAX_PARTITIONS`.
     """
-    check_name("key", key, allow_empty=True)
+    check_key("key", key, allow_empty=True)
     check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
     return _hash64(b"k:" + key.encode("utf-8")) % partitions
 
@@ -94,7 +94,7 @@ def owner_of(partition: int, nodes: Iterable[str]) -> str:
     _check_nodes(nodes)
     best: tuple[int, str] | None = None
     for node in nodes:
-        check_name("node", node, allow_blank=True)
+        check_key("node", node, allow_blank=True)
         candidate = (_score(node, partition), node)
         if best is None or candidate[0] > best[0] or (candidate[0] == best[0] and node < best[1]):
             best = candidate
@@ -146,7 +146,7 @@ class RendezvousTable:
             InvalidArgumentError: ``nodes`` is empty.
         """
         _check_nodes(nodes)
-        members = sorted({check_name("node", n, allow_blank=True) for n in nodes})
+        members = sorted({check_key("node", n, allow_blank=True) for n in nodes})
         if not members:
             raise InvalidArgumentError("nodes must name at least one node, got none")
         vectors = [self._node_scores(n) for n in members]
@@ -192,8 +192,8 @@ def owned_partitions(node: str, partitions: int, nodes: Sequence[str]) -> frozen
             or not iterable, or a node id in it is not a str.
         InvalidArgumentError: ``partitions`` outside 1..:data:`MAX_PARTITIONS`.
     """
-    check_name("node", node, allow_blank=True)
+    check_key("node", node, allow_blank=True)
     check_int("partitions", partitions, minimum=1, maximum=MAX_PARTITIONS)
     _check_nodes(nodes)
-    members = {check_name("node", n, allow_blank=True) for n in nodes} | {node}
+    members = {check_key("node", n, allow_blank=True) for n in nodes} | {node}
     return assign(partitions, sorted(members))[node]

@@ -12,6 +12,7 @@ import inspect
 import json
 import math
 import sys
+import unicodedata
 from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeGuard, cast
@@ -35,10 +36,12 @@ __all__ = (
     "check_finite",
     "check_int",
     "check_interval_s",
+    "check_key",
     "check_lease_s",
     "check_lock_store",
     "check_name",
     "check_non_negative",
+    "check_optional_key",
     "check_optional_name",
     "check_partitions",
     "check_positive",
@@ -47,6 +50,7 @@ __all__ = (
     "encode_payload",
     "is_partition_collection",
     "partitions_type_error",
+    "unfit_character",
 )
 
 MAX_NAME_LENGTH = 255
@@ -121,8 +125,77 @@ def check_clock(clock: Callable[[], float] | None) -> Callable[[], float] | None
     return clock
 
 
-def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blank: bool = False) -> str:
-    """Check a text identifier: ``str``, 1..255 characters, not only whitespace, no NUL, no lone surrogate.
+def unfit_character(text: str, why: str = "a name is shown on one line") -> str | None:
+    """What unfits ``text`` to be shown on one line: its first control character or lone surrogate, described.
+
+    The control characters are Unicode category ``Cc`` (C0, DEL and C1: a newline, a tab,
+    NUL, ESC...): one splits a log line or drives the terminal that shows it. A lone
+    surrogate is in no UTF-8 text (a log file, a JSON body, SQLite or PostgreSQL text).
+
+    Args:
+        text: The text to look through.
+        why: Why a control character unfits it, for the description.
+
+    Returns:
+        ``"the control character '\\n' (a name is shown on one line)"``, ``"the lone surrogate
+        '\\ud800' (no UTF-8 text holds one)"``, or None when the text has neither.
+    """
+    if text.isprintable():  # one pass in C for the common case (neither is printable)
+        return None
+    for ch in text:
+        if unicodedata.category(ch) == "Cc":
+            return f"the control character {ch!r} ({why})"
+        if "\ud800" <= ch <= "\udfff":
+            return f"the lone surrogate {ch!r} (no UTF-8 text holds one)"
+    return None
+
+
+def check_name(arg: str, value: object, *, allow_empty: bool = False) -> str:
+    """Check an identifier: ``str``, 1..255 characters, not only whitespace, no control character, no lone surrogate.
+
+    Identifiers are the names asynccoord shows on one line (in log lines, ``status``, the
+    notices): queue names, node ids, lock names and prefixes, rate-limit dimensions, metric
+    and rule names. A control character (Unicode category ``Cc``: a newline, a tab, NUL,
+    ESC...) would split such a line or drive the terminal that shows it, so it is refused,
+    as in a :class:`~asynccoord.monitor.webhook.WebhookSink` label. Keys taken from the
+    caller's data (partition keys, idempotency keys, ``limit_keys`` values) and labels
+    (a lock's holder) are checked by :func:`check_key` instead, which keeps them as given.
+
+    Args:
+        arg: The argument's name, used in the error message.
+        value: The value to check.
+        allow_empty: Accept ``""`` and text that is only whitespace (the empty scope of a
+            process's counters).
+
+    Returns:
+        The value, unchanged.
+
+    Raises:
+        InvalidTypeError: ``value`` is not a ``str``.
+        InvalidArgumentError: as :func:`check_key`, or holding a control character.
+    """
+    if (
+        type(value) is str
+        and value.isascii()
+        and value.isprintable()  # ASCII: no C0 control character nor DEL (nor NUL)
+        and 0 < len(value) <= MAX_NAME_LENGTH
+        and not value.isspace()  # stops at the first other character: one test on a real name
+    ):
+        return value  # the common case (ASCII has no lone surrogates), on every task of a hot path
+    check_key(arg, value, allow_empty=allow_empty)
+    unfit = unfit_character(cast(str, value))
+    if unfit is not None:
+        raise InvalidArgumentError(f"{arg} must not hold {unfit}, got {_short(value)}")
+    return cast(str, value)
+
+
+def check_key(arg: str, value: object, *, allow_empty: bool = False, allow_blank: bool = False) -> str:
+    """Check a key from the caller's data: ``str``, 1..255 characters, not only whitespace, no NUL, no lone surrogate.
+
+    For partition keys, idempotency keys, message ids, ``limit_keys`` values and labels such
+    as a lock's holder: data that is compared and stored, so any other character is kept
+    (log lines and the command line escape it where they show it). Names asynccoord shows as
+    such are checked by :func:`check_name`.
 
     Args:
         arg: The argument's name, used in the error message.
@@ -148,7 +221,7 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
         and value.isascii()
         and 0 < len(value) <= MAX_NAME_LENGTH
         and "\x00" not in value
-        and not value.isspace()  # stops at the first other character: one test on a real name
+        and not value.isspace()  # stops at the first other character: one test on a real key
     ):
         return value  # the common case (ASCII has no lone surrogates), on every task of a hot path
     if not isinstance(value, str):
@@ -172,11 +245,18 @@ def check_name(arg: str, value: object, *, allow_empty: bool = False, allow_blan
     return value
 
 
-def check_optional_name(arg: str, value: object, *, allow_blank: bool = False) -> str | None:
+def check_optional_name(arg: str, value: object) -> str | None:
     """Like :func:`check_name`, but ``None`` is accepted and returned as is."""
     if value is None:
         return None
-    return check_name(arg, value, allow_blank=allow_blank)
+    return check_name(arg, value)
+
+
+def check_optional_key(arg: str, value: object, *, allow_blank: bool = False) -> str | None:
+    """Like :func:`check_key`, but ``None`` is accepted and returned as is."""
+    if value is None:
+        return None
+    return check_key(arg, value, allow_blank=allow_blank)
 
 
 def _check_real(arg: str, value: object) -> float:
@@ -599,5 +679,5 @@ def check_limit_keys(limit_keys: object) -> dict[str, str]:
     out: dict[str, str] = {}
     for dimension, key in limit_keys.items():
         check_name("limit_keys dimension", dimension)
-        out[dimension] = check_name(f"limit_keys[{dimension!r}]", key)
+        out[dimension] = check_key(f"limit_keys[{dimension!r}]", key)
     return out

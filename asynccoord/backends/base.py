@@ -42,7 +42,7 @@ from ..errors import CoordError, InvalidTypeError, LeaseLostError, TaskNotFoundE
 from ..events import EventCounter
 from ..models import Continuation, EnqueueResult, NewTask, PurgeResult, QueueStats, Task, UnreadableValue
 from ..notify import WorkNotifier
-from ..validation import check_bool, check_int, check_lease_s, check_name, check_non_negative
+from ..validation import check_bool, check_int, check_key, check_lease_s, check_name, check_non_negative
 from .calls import CallGate
 from .rows import UnreadableClaim, with_stored_fields
 from .wakeups import notify_created
@@ -644,7 +644,7 @@ class StoreBase(abc.ABC):
     async def is_processed(self, consumer: str, message_id: str) -> bool:
         """Whether ``(consumer, message_id)`` has a processed-id record (consumer = queue name)."""
         check_name("consumer", consumer)
-        check_name("message_id", message_id, allow_blank=True)
+        check_key("message_id", message_id, allow_blank=True)
         return await self._is_processed_checked(consumer, message_id)
 
     @abc.abstractmethod

@@ -20,7 +20,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 from ..config import StoreConfig
 from ..errors import FencingTokenRejectedError, InvalidArgumentError, InvalidTypeError
 from ..events import EventCounter
-from ..validation import check_int, check_lease_s, check_name, encode_payload
+from ..validation import check_int, check_key, check_lease_s, check_name, encode_payload
 
 __all__ = (
     "MAX_FENCING_TOKEN",
@@ -295,7 +295,7 @@ def check_lock_request(name: object, ttl_s: object, permits: object, holder: obj
     check_name("name", name)
     ttl = check_lease_s("ttl_s", ttl_s)
     count = check_int("permits", permits, minimum=1, maximum=MAX_PERMITS)
-    check_name("holder", holder, allow_empty=True)
+    check_key("holder", holder, allow_empty=True)  # a label, shown escaped: not an identifier
     return cast(str, name), ttl, count, cast(str, holder)
 
 
@@ -317,7 +317,7 @@ def check_lease(lease: object, arg: str = "lease") -> Lease:
     check_name(f"{arg}.name", lease.name)
     check_name(f"{arg}.owner_token", lease.owner_token)
     check_int(f"{arg}.fencing_token", lease.fencing_token, minimum=1, maximum=MAX_FENCING_TOKEN)
-    check_name(f"{arg}.holder", lease.holder, allow_empty=True)
+    check_key(f"{arg}.holder", lease.holder, allow_empty=True)
     check_int(f"{arg}.permits", lease.permits, minimum=1, maximum=MAX_PERMITS)
     check_lease_s(f"{arg}.ttl_s", lease.ttl_s)
     return lease

@@ -29,10 +29,11 @@ from ..validation import (
     MAX_PURGE_BATCH,
     check_bool,
     check_int,
+    check_key,
     check_lease_s,
     check_name,
     check_non_negative,
-    check_optional_name,
+    check_optional_key,
     encode_payload,
     is_partition_collection,
     partitions_type_error,
@@ -616,7 +617,7 @@ def _sort_key(item: object) -> tuple[int, str]:
 def _looks_leased(task: Task) -> bool:
     """True if :func:`check_task` surely accepts ``task`` (one expression, no error text built).
 
-    The name checks are :func:`check_name`'s ASCII fast path written out: this runs once
+    The name checks are :func:`check_key`'s ASCII fast path written out: this runs once
     per task of every commit, and a call per name costs more than the checks themselves.
     """
     i, v, p, a, m = task.id, task.version, task.partition, task.attempts, task.max_attempts
@@ -676,12 +677,12 @@ def check_task(task: object) -> Task:
     check_int("task.id", task.id, minimum=0, maximum=MAX_ID)
     if task.lease_token is None:
         raise InvalidArgumentError(f"task {task.id} carries no lease (status {task.status}): claim it first")
-    check_name("task.lease_token", task.lease_token)
+    check_key("task.lease_token", task.lease_token)
     check_int("task.version", task.version, minimum=0, maximum=MAX_ID)
-    check_name("task.queue", task.queue)
-    check_name("task.partition_key", task.partition_key, allow_empty=True)
+    check_key("task.queue", task.queue)
+    check_key("task.partition_key", task.partition_key, allow_empty=True)
     check_int("task.partition", task.partition, minimum=0, maximum=MAX_PARTITION)
-    check_optional_name("task.idempotency_key", task.idempotency_key, allow_blank=True)
+    check_optional_key("task.idempotency_key", task.idempotency_key, allow_blank=True)
     if not isinstance(task.status, TaskStatus):
         raise InvalidTypeError(f"task.status must be a TaskStatus, got {type(task.status).__name__} {task.status!r}")
     check_int("task.attempts", task.attempts, minimum=0, maximum=MAX_ATTEMPTS)

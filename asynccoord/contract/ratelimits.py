@@ -28,6 +28,7 @@ from ..validation import (
     check_int,
     check_limit_keys,
     check_name,
+    check_optional_key,
     check_optional_name,
 )
 
@@ -386,7 +387,7 @@ def check_pause_target(dimension: object, key: object) -> tuple[str | None, str 
         InvalidTypeError, InvalidArgumentError: a bad name; a ``key`` without a ``dimension``.
     """
     dim = check_optional_name("dimension", dimension)
-    k = check_optional_name("key", key)
+    k = check_optional_key("key", key)
     if k is not None and dim is None:
         raise InvalidArgumentError(f"key {k!r} was given without a dimension: name the dimension it belongs to")
     return dim, k

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import CoordError, InvalidArgumentError
-from ..validation import _short, check_name
+from ..validation import _short, check_key
 
 __all__ = ("SAMPLE_NAME", "TraceFormatError", "TraceMessage", "bundled_sample", "read_trace")
 
@@ -89,7 +89,7 @@ def _parse(line: str, where: str) -> TraceMessage:
             raise TraceFormatError(f"{where}: field {field!r} must not be empty")
     for field in ("msg_id", "conversation_id", "sender_id"):
         try:
-            check_name(field, row[field], allow_blank=True)  # keys from the data, as the store takes them
+            check_key(field, row[field], allow_blank=True)  # keys from the data, as the store takes them
         except CoordError as exc:
             raise TraceFormatError(f"{where}: {exc}") from None
     if not 0 <= row["ts_unix"] <= _MAX_TS_UNIX:

@@ -25,9 +25,9 @@ from ..errors import FencingTokenRejectedError, InvalidArgumentError, LockLostEr
 from ..validation import (
     check_callback,
     check_int,
+    check_key,
     check_lease_s,
     check_lock_store,
-    check_name,
     check_non_negative,
 )
 from .background import watched
@@ -135,7 +135,7 @@ class LockPool(PoolTurns, PoolLine):
         check_lock_store("store", store)
         self.store = store
         self.ttl_s = check_lease_s("ttl_s", ttl_s)
-        self.holder = check_name("holder", holder)
+        self.holder = check_key("holder", holder)
         self.max_turns = check_int("max_turns", max_turns, minimum=1)
         self.max_overtakes = check_int("max_overtakes", max_overtakes, minimum=0)
         self.min_hold_s = check_non_negative("min_hold_s", min_hold_s)

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import unicodedata
 import urllib.parse
 from collections import deque
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from .._printable import printable
 from ..config import RetryPolicy
 from ..contract.monitor import Alert
 from ..errors import InvalidArgumentError, InvalidTypeError
-from ..validation import check_int, check_name, check_positive
+from ..validation import check_int, check_name, check_positive, unfit_character
 from .alerts import SinkStats
 
 __all__ = ("DEFAULT_WEBHOOK_RETRY", "WebhookSink", "alert_body", "check_labels", "retry_after_s")
@@ -118,16 +117,6 @@ _LABEL_VALUE_MAX = 1024
 """Longest label value, characters."""
 
 
-def _unfit_character(text: str) -> str | None:
-    """What unfits ``text`` for a label: its first control character or lone surrogate, described."""
-    for ch in text:
-        if unicodedata.category(ch) == "Cc":  # C0, DEL and C1: a newline, a tab, NUL, ESC, ...
-            return f"the control character {ch!r} (a label is shown on one line)"
-        if "\ud800" <= ch <= "\udfff":
-            return f"the lone surrogate {ch!r} (no UTF-8 text holds one)"
-    return None
-
-
 def check_labels(labels: object) -> dict[str, str]:
     """The labels of a :class:`WebhookSink`: str names (1..255 characters) to str values.
 
@@ -152,17 +141,17 @@ def check_labels(labels: object) -> dict[str, str]:
     for name, value in labels.items():
         if not isinstance(name, str):
             raise InvalidTypeError(f"labels names must be str, got {type(name).__name__} {name!r:.50}")
-        check_name(f"labels name {name!r:.50}", name)
-        unfit = _unfit_character(name)
+        unfit = unfit_character(name, "a label is shown on one line")
         if unfit is not None:
             raise InvalidArgumentError(f"labels name {name!r:.50} holds {unfit}")
+        check_name(f"labels name {name!r:.50}", name)
         if not isinstance(value, str):
             raise InvalidTypeError(f"labels[{name!r:.50}] must be a str, got {type(value).__name__}")
         if len(value) > _LABEL_VALUE_MAX:
             raise InvalidArgumentError(
                 f"labels[{name!r:.50}] is {len(value)} characters long: at most {_LABEL_VALUE_MAX}"
             )
-        unfit = _unfit_character(value)
+        unfit = unfit_character(value, "a label is shown on one line")
         if unfit is not None:
             raise InvalidArgumentError(f"labels[{name!r:.50}] holds {unfit}")
         checked[name] = value

@@ -108,11 +108,12 @@ def test_the_table_lists_dead_tasks_by_id_with_errors_shortened_and_payloads_hid
     assert err == "note: no task of 'nothing-here' is in this database (is --queue spelt right?)\n"
 
 
-def test_the_header_quotes_a_queue_name_unambiguously_with_control_characters_escaped(
+def test_the_header_quotes_a_queue_name_unambiguously_with_bidi_overrides_escaped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A queue name may hold a bidirectional override (not a control character): escaped in the header."""
     db = tmp_path / "bot.db"
-    odd = 'it\'s "q"\x1b[31m\u202e'
+    odd = 'it\'s "q"\u202e'
 
     async def prepare() -> None:
         async with SQLiteStore(db) as store:
@@ -121,11 +122,22 @@ def test_the_header_quotes_a_queue_name_unambiguously_with_control_characters_es
     asyncio.run(prepare())
     code, out, err = run(capsys, "--db", str(db), "--queue", odd, "--color", "never")
     assert (code, err) == (0, "")
-    assert "Dead tasks of 'it\\'s \"q\"\\x1b[31m\\u202e' in " in out
-    assert "\x1b" not in out
+    assert "Dead tasks of 'it\\'s \"q\"\\u202e' in " in out
     assert "\u202e" not in out
     code, out, _ = run(capsys, "--db", str(db), "--queue", odd + "x", "--color", "never")
-    assert out.startswith("No dead tasks of 'it\\'s \"q\"\\x1b[31m\\u202ex' in ")
+    assert out.startswith("No dead tasks of 'it\\'s \"q\"\\u202ex' in ")
+
+
+def test_a_queue_name_with_a_control_character_is_bad_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No queue can be named so (enqueue refuses it too): exit 2, the name escaped, nothing opened."""
+    db = tmp_path / "bot.db"
+    with pytest.raises(SystemExit) as exited:
+        run(capsys, "--db", str(db), "--queue", "q\x1b[31m", "--color", "never")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--queue must not hold the control character '\\x1b'" in err
+    assert "\x1b" not in err
+    assert not db.exists()
 
 
 def test_json_pages_through_every_dead_task_with_whole_errors(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -34,11 +36,15 @@ def _prepare(path: Path) -> None:
     async def go() -> None:
         async with SQLiteStore(path) as store:
             await store.enqueue("q", {}, partition_key="chat\x1b[1m", max_attempts=1)
-            [task] = await store.claim("q", node_id="n\x1b[5m")
+            [task] = await store.claim("q", node_id="n\u202e[5m")
             await store.fail(task, ERROR)
-            assert await store.try_acquire_lock(LOCK, ttl_s=600, holder=HOLDER) is not None
+            assert await store.try_acquire_lock("acct", ttl_s=600, holder=HOLDER) is not None
 
     asyncio.run(go())
+    # A lock name no acquisition takes now (a control character), as an older version wrote it.
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        for table in ("coord_lock_names", "coord_lock_holders"):
+            assert db.execute(f"UPDATE {table} SET name = ? WHERE name = 'acct'", (LOCK,)).rowcount == 1
 
 
 @pytest.mark.parametrize("command", [["dead", "--queue", "q"], ["status"]])
