@@ -143,7 +143,9 @@ class Monitor(MonitorFlush, MonitorJudging, MonitorLeadership, MonitorIncidents)
         info: JSON object stored with the process' flushes (``host``, ``pid`` and ``keepalive_s``
             are added: ``status`` judges from ``keepalive_s`` whether the process is gone),
             checked here: a dict with str keys and JSON values, finite numbers, at most the
-            store's ``config.max_payload_bytes`` encoded (1 MiB by default).
+            store's ``config.max_payload_bytes`` encoded (1 MiB by default). ``nodes``, when
+            given, is how many nodes the process hosts (``status`` reads a process that hosts
+            some but has no live one as not live): an int >= 0.
         lock_store: The lock store of this process' nodes when it is not ``store``
             (``Runtime(lock_store=...)``, e.g. a
             :class:`~asynccoord.backends.redis.RedisLockStore`): its events (lock
@@ -171,7 +173,8 @@ class Monitor(MonitorFlush, MonitorJudging, MonitorLeadership, MonitorIncidents)
             at once, and is left to run. Default 10.
 
     Raises:
-        InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store).
+        InvalidArgumentError, InvalidTypeError: a bad argument (or a read-only store), e.g.
+            an ``info["nodes"]`` that is not an int >= 0 (``"8"``, ``-1``, ``True``).
         PayloadTooLargeError: ``info`` encodes to more than the size limit.
     """
 
@@ -274,6 +277,8 @@ class Monitor(MonitorFlush, MonitorJudging, MonitorLeadership, MonitorIncidents)
         self.background = check_bool("background", background)
         if info is not None and not isinstance(info, Mapping):
             raise InvalidTypeError(f"info must be a mapping or None, got {type(info).__name__}")
+        if info is not None and "nodes" in info:  # status judges from it whether the process is live
+            check_int("info['nodes']", info["nodes"], minimum=0)
         # Three intervals, at most the longest duration a store takes (intervals near a year).
         alert_ttl_s = max(10.0, 3 * max(self.flush_interval_s, self.evaluate_interval_s))
         if leader_ttl_s is None:

@@ -164,6 +164,29 @@ async def test_monitor_refuses_an_info_no_flush_could_write(tmp_path: Path) -> N
         assert (report.process_id, report.info["team"]) == ("proc-a", "bots")
 
 
+@pytest.mark.parametrize(
+    ("nodes", "error", "message"),
+    [
+        ("8", InvalidTypeError, r"info\['nodes'\] must be an int, got str '8'"),
+        (-1, InvalidArgumentError, r"info\['nodes'\] must be >= 0, got -1"),
+        (True, InvalidTypeError, r"info\['nodes'\] must be an int, got bool True"),
+        (2.0, InvalidTypeError, r"info\['nodes'\] must be an int, got float 2.0"),
+        (None, InvalidTypeError, r"info\['nodes'\] must be an int, got NoneType None"),
+    ],
+)
+async def test_monitor_refuses_an_info_nodes_that_is_no_count(
+    store: Store, clock: FakeClock, nodes: object, error: type[Exception], message: str
+) -> None:
+    """``info["nodes"]`` drives how ``status`` judges the process live: an int >= 0, or absent."""
+    with pytest.raises(error, match=message):
+        Monitor(store, info={"nodes": nodes})
+    assert (await cluster_snapshot(store)).processes == ()  # nothing written
+    async with manual(store, [], info={"nodes": 0}) as monitor:
+        await monitor.flush()
+    (report,) = (await cluster_snapshot(store)).processes
+    assert report.info["nodes"] == 0
+
+
 async def test_one_monitor_per_store(store: Store) -> None:
     async with manual(store, []):
         with pytest.raises(InvalidArgumentError, match="already has an open Monitor"):
