@@ -190,10 +190,19 @@ def _check_url(url: str) -> None:
     """Refuse ``url`` unless it is an ``http(s)://`` URL with a host and, if it names one, a port
     in 1..65535 (checked here, or the first notice would fail on it, and the log line with it).
 
+    A control character anywhere in it (a URL read from a file with its newline) is refused:
+    :mod:`urllib.parse` drops a tab, CR or LF without a word, so the URL checked would not be
+    the one given. So is whitespace in its host (``http://exa mple.com``): no DNS name holds
+    any, and every notice would be tried as a failed lookup until given up.
+
     Raises:
-        InvalidArgumentError: the URL is malformed, names no host, or is not http(s), naming it
-            without its credentials, path and query.
+        InvalidArgumentError: the URL is malformed, names no host, is not http(s), or holds a
+            control character or a host with whitespace, naming it without its credentials,
+            path and query.
     """
+    unfit = unfit_character(url, "urllib drops a tab, CR or LF unseen")
+    if unfit is not None:
+        raise InvalidArgumentError(f"url must not hold {unfit}, got {_authority(url)!r}")
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port  # a port out of range or not a number raises here
@@ -206,6 +215,8 @@ def _check_url(url: str) -> None:
         raise InvalidArgumentError(f"url must be an http:// or https:// URL with a host, got {shown!r}")
     if port == 0:
         raise InvalidArgumentError(f"url must name a port in 1..65535, got 0 in {_where(url)!r}")
+    if any(ch.isspace() for ch in parts.hostname):
+        raise InvalidArgumentError(f"url's host must not hold whitespace (no DNS name does), got {_where(url)!r}")
 
 
 class WebhookSink:

@@ -99,6 +99,10 @@ from asynccoord.node import Runtime
             ["--send", "asyncio:sleep", "--alert-webhook", "http://[::1/hook"],
             "--alert-webhook: url must be an http:// or https:// URL with a host and a port in 1..65535",
         ),
+        (
+            ["--send", "asyncio:sleep", "--alert-webhook", "http://hooks .example.com/h"],
+            "--alert-webhook: url's host must not hold whitespace",
+        ),
         (["--send", "asyncio:sleep", "--alert-label", "cluster=prod"], "--alert-label applies to --alert-webhook only"),
         (
             ["--send", "asyncio:sleep", "--alert-webhook", "http://hooks/h", "--alert-label", "prod"],

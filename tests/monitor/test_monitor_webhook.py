@@ -288,6 +288,28 @@ def test_a_malformed_host_or_port_is_refused_at_construction(url: str, shown: st
     assert "secret" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://exa mple.com/x", "url's host must not hold whitespace (no DNS name does), got 'http://exa mple.com'"),
+        (
+            "http://exa\u00a0mple.com/x",
+            "url's host must not hold whitespace (no DNS name does), got 'http://exa\\xa0mple.com'",
+        ),
+        ("http://exa\x1bmple.com/x", "url must not hold the control character '\\x1b'"),
+        ("http://exa\nmple.com/x", "url must not hold the control character '\\n'"),  # urllib reads example.com
+        ("https://hooks.example.com/T0/secret-token\n", "url must not hold the control character '\\n'"),
+    ],
+)
+def test_whitespace_in_the_host_or_a_control_character_is_refused_at_construction(url: str, message: str) -> None:
+    # Accepted, "exa mple.com" was tried as a failed DNS lookup five times per notice, then dropped.
+    with pytest.raises(InvalidArgumentError) as caught:
+        WebhookSink(url)
+    assert message in str(caught.value)
+    assert "secret" not in str(caught.value)
+    assert WebhookSink("http://example.com/a b").url == "http://example.com/a b"  # the path is not the host
+
+
 async def test_the_body_is_the_alerts_json_with_a_text_line(endpoint: Endpoint) -> None:
     sink = WebhookSink(endpoint.url, headers={"Authorization": "Bearer t"})
     async with (
