@@ -61,6 +61,12 @@ def sqlite_path(target: str) -> str:
         path = urllib.parse.unquote(path) or ":memory:"
     elif target.startswith("sqlite://"):
         raise InvalidArgumentError(f"an SQLite URL is sqlite:///PATH (three slashes), got {target!r}")
+    elif target[: len("sqlite:")].lower() == "sqlite:":  # not a file named so: a URL missing its slashes
+        raise InvalidArgumentError(
+            f"an SQLite URL is sqlite:///PATH (three slashes, lowercase), got {redact_target(target)!r}: "
+            "sqlite:///bot.db for bot.db in the current folder, sqlite:////srv/bot.db for /srv/bot.db "
+            "(for a file whose name begins with 'sqlite:', write ./sqlite:NAME)"
+        )
     elif "://" in target and not target.startswith("file:"):
         raise InvalidArgumentError(
             f"unknown store target {redact_target(target)!r}: use a file path, sqlite:///PATH or postgresql://user@host/db"
@@ -102,8 +108,10 @@ def open_store(
     Raises:
         InvalidTypeError: ``target`` is not a str or PathLike.
         InvalidArgumentError: an unknown URL scheme, an SQLite URI filename (``file:...``),
-            an ``sqlite:///`` URL with a query string or fragment (a plain path may hold
-            ``?`` and ``#``), or ``schema=`` for an SQLite target.
+            an ``sqlite:`` URL that is not ``sqlite:///PATH`` (``sqlite:``, ``sqlite:bot.db``,
+            ``sqlite://bot.db``, ``SQLITE:///bot.db``), an ``sqlite:///`` URL with a query
+            string or fragment (a plain path may hold ``?`` and ``#``), or ``schema=`` for an
+            SQLite target.
         StoreError: a PostgreSQL DSN but asyncpg is not installed.
     """
     if not isinstance(target, str | os.PathLike):

@@ -393,6 +393,8 @@ def test_run_missing_required_options_exit_2(tmp_path: Path, capsys: pytest.Capt
         ),
         ("postgresql://bot:s3cret@db:99999/db", "got 'db:99999'"),
         ("file:x.db", "unknown store target 'file:x.db': use a file path, sqlite:///PATH or postgresql://"),
+        ("sqlite:", "an SQLite URL is sqlite:///PATH (three slashes, lowercase), got 'sqlite:'"),
+        ("sqlite:bot.db", "an SQLite URL is sqlite:///PATH (three slashes, lowercase), got 'sqlite:bot.db'"),
         ("sqlite:///file:x.db", "SQLite's file: URIs are not taken; for a file whose name begins with 'file:'"),
         ("sqlite:///", "is an in-memory SQLite database, which no other process can reach"),
         (":memory:", "is an in-memory SQLite database, which no other process can reach"),

@@ -941,6 +941,28 @@ def test_an_sqlite_url_with_a_query_or_fragment_is_refused(tmp_path: Path, suffi
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("target", ["sqlite:", "sqlite:bot.db", "sqlite:/bot.db", "SQLite:///bot.db", "SQLITE:"])
+def test_an_sqlite_url_without_its_three_slashes_is_refused_not_made_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
+) -> None:
+    """``open_store("sqlite:")`` made a file literally named ``sqlite:`` in the current folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgumentError) as info:
+        open_store(target)
+    assert str(info.value).startswith(f"an SQLite URL is sqlite:///PATH (three slashes, lowercase), got {target!r}: ")
+    assert "write ./sqlite:NAME" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_file_whose_name_begins_with_sqlite_colon_is_named_with_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with open_store("./sqlite:bot.db") as store:
+        await store.enqueue("q", {"n": 1})
+    assert os.listdir(tmp_path) == ["sqlite:bot.db"]
+
+
 async def test_a_question_mark_in_a_plain_path_or_an_escaped_url_is_a_file_name(tmp_path: Path) -> None:
     async with open_store(str(tmp_path / "a?b#c.db")) as store:
         await store.enqueue("q", {"n": 1})
