@@ -110,6 +110,9 @@ class StoreBase(abc.ABC):
     ) -> EnqueueResult:
         """Add one task (fields as in :class:`~asynccoord.models.NewTask`); see :meth:`enqueue_many`.
 
+        A cancelled call may still have added it: retry with the same ``idempotency_key``
+        (see :meth:`~asynccoord.contract.queue.QueueStore.enqueue`).
+
         Raises:
             InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.
         """
@@ -131,6 +134,7 @@ class StoreBase(abc.ABC):
         A repeated idempotency key (already stored, or earlier in ``tasks``) yields the
         existing task with ``created=False`` and counts one ``duplicate_enqueue_suppressed``
         event. Idle in-process nodes owning the partitions of new tasks due now are woken.
+        A cancelled call may still have added them: retry with the same idempotency keys.
 
         Raises:
             InvalidTypeError, InvalidArgumentError, PayloadTooLargeError: before anything is written.

