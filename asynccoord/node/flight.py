@@ -47,9 +47,10 @@ class FlightState(enum.Enum):
     """The lease reached its local deadline before the send began (the store may hand the task
     on from then on): never sent, never committed; the task is handed back at once."""
     LOCK_BUSY = "lock_busy"
-    """The task's lock stayed busy past the wait (``lock_wait_s``) before the send began: never
-    sent, never committed, not a failure; the task is handed back, due after ``busy_requeue_s``.
-    Its lease is given up by choice, so a renewal that finds it gone meanwhile loses nothing."""
+    """The task's lock stayed busy past the wait (``lock_wait_s``), or was lost (``LOCK_LOST``),
+    before the send began: never sent, never committed, not a failure; the task is handed back,
+    due after ``busy_requeue_s``, its attempt not used. Its lease is given up by choice, so a
+    renewal that finds it gone meanwhile loses nothing."""
     PAUSED = "paused"
     """The provider's 429 to another send under the task's lock (in this process or another,
     :mod:`asynccoord.pauses`) paused the lock before this send began: never sent, never
@@ -78,7 +79,8 @@ TRANSITIONS: dict[FlightState, tuple[FlightState, ...]] = {
     # A lost lock after a lost lease (the send still in its cleanup) is the one recorded:
     # the attempt is then failed, which the store refuses harmlessly if the lease is gone.
     _S.LEASE_LOST: (_S.DROPPED, _S.UNSENT, _S.LOCK_LOST, _S.INTERRUPTED),
-    _S.LOCK_LOST: (_S.LOCK_DROPPED, _S.LOCK_LOST, _S.INTERRUPTED),
+    # A lock lost before the send began (during its pace, say): handed back unsent, as a busy lock.
+    _S.LOCK_LOST: (_S.LOCK_DROPPED, _S.LOCK_BUSY, _S.LOCK_LOST, _S.INTERRUPTED),
     _S.RETURNED: (_S.SETTLED,),
     _S.LOCK_DROPPED: (_S.SETTLED,),
     _S.DROPPED: (),
@@ -132,8 +134,10 @@ class Flight:
     A lost lease or lock before the send is over cuts the send, and the send's end then moves
     the flight on to ``DROPPED`` (never committed) or ``LOCK_DROPPED`` (the attempt is recorded
     as failed); a lease that ran out locally before the send began ends in ``UNSENT`` (the task
-    goes back at once, never sent). Each flight also keeps its lease's local deadline on the monotonic clock
-    (:func:`lease_deadline`), which the keeper moves on at every renewal.
+    goes back at once, never sent), and a lock lost before the send began in ``LOCK_BUSY`` (the
+    task goes back after ``busy_requeue_s``, never sent, its attempt not used). Each flight also
+    keeps its lease's local deadline on the monotonic clock (:func:`lease_deadline`), which the
+    keeper moves on at every renewal.
 
     Attributes:
         task: The task, as the store leased it.

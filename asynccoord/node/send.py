@@ -222,7 +222,7 @@ class Sender:
         Returns:
             None when the send started; else the :data:`Outcome` of a send that never
             started: its lease past its local deadline (the flight ``UNSENT``), its lease
-            or lock lost meanwhile (``DROPPED``, ``LOCK_DROPPED``), its lock paused
+            or lock lost meanwhile (``DROPPED``, ``LOCK_BUSY``), its lock paused
             since the claim by the provider's 429 to another send (``PAUSED``, see
             :mod:`asynccoord.pauses`), or the node stopped claiming meanwhile (``STOPPED``).
         """
@@ -232,7 +232,9 @@ class Sender:
             flight.move(FlightState.UNSENT)
             return False, None, None, False
         if state is not FlightState.CLAIMED:  # its lease or lock was lost before the send could begin
-            flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
+            # Never sent: a lost lease leaves nothing to hand back; a task whose lock was lost (while
+            # its send waited for the lock's pace, say) goes back unsent, its attempt not used.
+            flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_BUSY)
             return False, None, None, False
         pauses, lock = self._pauses, flight.lock
         if pauses is not None and lock is not None and pauses.remaining_s(lock.name) > 0.0:

@@ -166,6 +166,11 @@ class Settler:
                     await self.hand_back(flight.task, delay_s=0.0)  # never sent: pending again now, if still ours
                 elif state is FlightState.PAUSED:  # never sent: pending again when the provider's pause ends
                     await self._hand_back_paused(flight)
+                elif state is FlightState.LOCK_BUSY:  # its lock was lost before its send began: never sent
+                    log.warning(
+                        "asynccoord.node.send_cancelled node=%s task=%s reason=%s", node_id, task_id, flight.lost
+                    )
+                    await self.hand_back(flight.task, delay_s=self.config.busy_requeue_s)
                 else:
                     reason = flight.lost
                     log.warning(
