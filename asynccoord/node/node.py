@@ -493,10 +493,11 @@ class Node:
                 self._slots.release(free - len(tasks))
             if tasks and self._stop_requested():  # stop_claiming() came while the claim was at the store
                 self._state.claimed += len(tasks)
-                with anyio.CancelScope(shield=True):  # hand them back unsent, not failed
-                    for task in tasks:
-                        await self._settler.hand_back(task, delay_s=0.0)
-                self._slots.release(len(tasks))
+                try:
+                    with anyio.CancelScope(shield=True):  # hand them back unsent, not failed
+                        await self._settler.hand_back_claimed(tasks)
+                finally:
+                    self._slots.release(len(tasks))
                 break
             if tasks:
                 self._state.claimed += len(tasks)

@@ -729,6 +729,29 @@ class Settler:
         log.info("asynccoord.node.send_paused node=%s task=%s pause_left_s=%.3f", self.node_id, task.id, delay_s)
         await self.hand_back(task, delay_s=delay_s)
 
+    async def hand_back_claimed(self, tasks: list[Task]) -> None:
+        """Hand back, unsent and due now, the tasks of a claim that the node's stop overtook.
+
+        A store that fails one hand-back (busy, unreachable) leaves that task to its lease,
+        logged as ``asynccoord.node.hand_back_failed``, and the others are still handed back:
+        a stop is no failure of the node.
+
+        Raises:
+            StoreClosedError, StoreLoopError: the store is closed (or serves another loop).
+        """
+        for task in tasks:
+            try:
+                await self.hand_back(task, delay_s=0.0)
+            except UNRECOVERABLE_STORE_ERRORS:
+                raise
+            except StoreError as exc:
+                log.warning(
+                    "asynccoord.node.hand_back_failed node=%s task=%s error=%s: left to its lease",
+                    self.node_id,
+                    task.id,
+                    exc,
+                )
+
     async def hand_back(self, task: Task, *, delay_s: float, count_attempt: bool = False) -> None:
         """Put ``task`` back to pending, due in ``delay_s`` seconds (a lease lost meanwhile: nothing to do).
 

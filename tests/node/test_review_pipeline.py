@@ -61,3 +61,44 @@ async def test_a_lock_lost_while_the_send_waits_for_its_pace_uses_no_attempt(mak
     assert done.status is TaskStatus.DONE, done.last_error  # before the fix: dead, "LockLostError: lock lost..."
     assert sends == [1]  # sent once, on an attempt never used by the lost lock
     assert store.events.get(ev.LOCK_LOST) >= 1
+
+
+@EMBEDDED
+async def test_a_busy_store_at_the_hand_back_of_a_claim_cut_by_a_stop_fails_neither_node_nor_the_rest(
+    make_store: Any,
+) -> None:
+    """stop_claiming() comes while a claim is at the store: the node hands the claim's tasks back.
+    One hand-back finds the store busy: that task is left to its lease, but the node must still
+    hand back the others and stop as drained, not fail with the busy store's error."""
+    store = await make_store(clock=None)
+    for n in range(3):
+        await store.enqueue("q", {"n": n}, partition_key=f"chat-{n}")
+    sends: list[int] = []
+
+    async def send(task: Task) -> None:
+        sends.append(task.id)
+
+    config = NodeConfig(queue="q", claim_batch=3, idle_min_s=0.01, idle_max_s=0.05)
+    node = Node(store, send, node_id="n1", config=config)
+    claim, release = store.claim, store.release
+    busy: list[int] = []
+
+    async def claim_then_stop(*args: Any, **kwargs: Any) -> list[Task]:
+        tasks: list[Task] = await claim(*args, **kwargs)
+        node.stop_claiming()  # the stop comes while the claim is at the store
+        return tasks
+
+    async def release_busy_once(task: Task, **kwargs: Any) -> Any:
+        if not busy:
+            busy.append(task.id)
+            raise StoreBusyError("database is locked")
+        return await release(task, **kwargs)
+
+    store.claim, store.release = claim_then_stop, release_busy_once
+    await asyncio.wait_for(node.run(), 10.0)  # before the fix: StoreBusyError
+    assert sends == []
+    statuses = {t.id: t.status for t in [await store.get(i) for i in (1, 2, 3)]}
+    assert busy == [1]
+    assert statuses == {1: TaskStatus.RUNNING, 2: TaskStatus.PENDING, 3: TaskStatus.PENDING}
+    assert node.state().status.value == "stopped"
+    assert node.state().handed_back == 2
