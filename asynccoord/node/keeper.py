@@ -6,7 +6,7 @@ the same moments whenever each of them started, and the stores run their concurr
 as one statement (PostgreSQL) or one transaction (SQLite's group commit): renewals cost
 about the same with 16 or 64 nodes. A lease that is not renewed before its local deadline
 (monotonic clock, with a safety margin, :func:`~asynccoord.node.flight.lease_deadline`) or
-that the store reports lost cuts its send (:func:`lose`). Locks are renewed by the lock
+that the store reports lost cuts its send (:func:`lose`), at that deadline. Locks are renewed by the lock
 store's watchdog (see :mod:`asynccoord.locks.watchdog`), not here.
 """
 
@@ -29,6 +29,9 @@ from .send import cut
 __all__ = ("RENEWAL_PHASE", "Keeper", "lose")
 
 log = logging.getLogger(__name__)
+
+_SENDS_RUN = (FlightState.SENDING, FlightState.TIMED_OUT)
+"""States of a flight whose send runs, cut by :meth:`Keeper._watch` at its lease's local deadline."""
 
 RENEWAL_PHASE = random.random()
 """Where this process's renewal grid starts, as a fraction of the interval (see :class:`Keeper`).
@@ -62,12 +65,24 @@ class Keeper:
 
         A renewal comes about ``lease_s / 3`` after the one before (later only if the loop
         or the store is late), never twice for one point of the grid. A store error leaves
-        the leases as they are; a flight past its local deadline then is lost.
+        the leases as they are. Beside the renewals, a watch loses each flight whose send runs
+        at its local deadline, unless a renewal confirmed in time has moved it on, and so cuts
+        the send there: the deadline falls between two points of the grid, and the next point
+        may come after the store's own expiry (when another node may claim the task and send
+        it), or never while a renewal hangs. A flight whose send has not begun is checked
+        against its deadline before the send (and its wait for a lock ends there).
 
         Raises:
             StoreClosedError, StoreLoopError: the store was closed (or serves another loop):
                 the node fails.
         """
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch, name=f"{self._node_id}-lease-watch")
+            await self._renew()
+            tg.cancel_scope.cancel()  # not reached: _renew ends only by raising
+
+    async def _renew(self) -> None:
+        """The renewals (see :meth:`run`)."""
         lease_s = self._lease_s
         interval_s = lease_s / 3
         offset_s = RENEWAL_PHASE * interval_s
@@ -97,6 +112,26 @@ class Keeper:
                     f.lease_deadline = lease_deadline(started, lease_s)
                 else:
                     lose(self._store, f, "task lease lost")
+
+    async def _watch(self) -> None:
+        """Lose each flight whose send runs at its local deadline (see :meth:`run`), until cancelled.
+
+        Sleeps to the earliest deadline, and at most a renewal interval: a flight taken in
+        flight meanwhile has a deadline at least that far away (``lease_s`` less its margin,
+        at most a fifth of it).
+        """
+        interval_s = self._lease_s / 3
+        while True:
+            now = time.monotonic()
+            wake_at = now + interval_s
+            for f in list(self._flights.values()):
+                if f.state not in _SENDS_RUN:
+                    continue
+                if now >= f.lease_deadline:
+                    lose(self._store, f, "no renewal confirmed by the lease's local deadline")
+                elif f.lease_deadline < wake_at:
+                    wake_at = f.lease_deadline
+            await anyio.sleep(wake_at - now)
 
 
 def lose(store: Any, flight: Flight, reason: str) -> None:

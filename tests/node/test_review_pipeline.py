@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from support import wait_until
 
 from asynccoord import Node, NodeConfig, RateLimit, StoreBusyError, Task, TaskStatus
 from asynccoord import events as ev
+from asynccoord.node import keeper
 
 EMBEDDED = pytest.mark.parametrize("backend", ["memory", "sqlite"], indirect=True)
 
@@ -102,3 +104,55 @@ async def test_a_busy_store_at_the_hand_back_of_a_claim_cut_by_a_stop_fails_neit
     assert statuses == {1: TaskStatus.RUNNING, 2: TaskStatus.PENDING, 3: TaskStatus.PENDING}
     assert node.state().status.value == "stopped"
     assert node.state().handed_back == 2
+
+
+@EMBEDDED
+async def test_a_send_whose_renewals_fail_is_cut_before_the_store_can_hand_its_task_on(
+    make_store: Any, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewals never reach the store (busy): the task lease's local deadline (the claim + 2.4 s of a
+    3 s lease) passes between two points of the keeper's renewal grid (every second). The send must
+    be cut there, before the store's expiry lets another node claim the task and send it again,
+    not at the next point of the grid, after that expiry."""
+    store = await make_store(clock=None)
+    other = store if backend == "memory" else await make_store(clock=None)  # another process's handle
+
+    async def extend_many(tasks: list[Task], lease_s: float) -> list[bool]:
+        raise StoreBusyError("database is locked")
+
+    store.extend_many = extend_many
+    task = (await store.enqueue("q", {"n": 1}, partition_key="chat-1")).task
+    cut_at: list[float] = []
+    sending = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        sending.set()
+        try:
+            await asyncio.sleep(30.0)
+        except asyncio.CancelledError:
+            cut_at.append(time.monotonic())
+            raise
+
+    # The grid's points fall 0.3 s after the claim (modulo a second): the last one before the local
+    # deadline at the claim + 2.3 s, the next one at the claim + 3.3 s, past the store's expiry.
+    monkeypatch.setattr(keeper, "RENEWAL_PHASE", (time.monotonic() + 0.3) % 1.0)
+    config = NodeConfig(queue="q", lease_s=3.0, max_in_flight=1, idle_min_s=0.01, idle_max_s=0.05)
+    node = Node(store, send, node_id="n1", config=config)
+    run = asyncio.create_task(node.run())
+    taken: list[Task] = []
+    try:
+        await asyncio.wait_for(sending.wait(), 5.0)
+        node.stop_claiming()  # the send goes on (a drain); the node claims nothing more
+
+        async def taken_over() -> bool:
+            taken.extend(await other.claim("q", node_id="other-process", limit=1, lease_s=30.0))
+            return bool(taken)
+
+        await wait_until(taken_over, 10.0, "the store to hand the task to another node")
+        cut_when_taken = list(cut_at)
+    finally:
+        node.stop_claiming()
+        await asyncio.wait_for(run, 10.0)
+    assert [t.id for t in taken] == [task.id]
+    assert cut_when_taken, "the first send still ran when the store handed its task to another node"
+    assert store.events.get(ev.LEASE_LOST) == 1
