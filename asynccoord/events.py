@@ -12,8 +12,8 @@ The conflict monitor reads these counters; the names are part of the public API
   ``duplicate_enqueue_suppressed``, ``duplicate_delivery_suppressed``: repeats the idempotency
   keys and processed records absorbed.
 * ``unreadable_task``: a claimed task whose stored row could not be decoded, dead-lettered.
-* ``send_abandoned``: a send left running unwatched (let go at ``send_overrun_s``, or
-  outliving its node's stop).
+* ``send_abandoned``: a send left running unwatched (let go at ``send_overrun_s``, past its
+  cleanup time after a lost lease or lock, or outliving its node's stop).
 * ``rate_limit_held``: claims that left work behind for a rate limit;
   ``provider_rate_limited``: 429s from the provider; ``send_paused``: sends held back by
   another send's 429.
@@ -109,8 +109,10 @@ SEND_PAUSED = "send_paused"
 lock, in any process, paused the lock since the claim (see :mod:`asynccoord.pauses`)."""
 SEND_ABANDONED = "send_abandoned"
 """A send that ignored its cancellation still ran when the node stopped watching it: let go
-``send_overrun_s`` after its timeout, or still running when its node stopped (its lease and lock
-then lapse at their TTLs). If its message goes out, a later send of its task repeats it."""
+``send_overrun_s`` after its timeout or its cleanup time after a lost lease or lock (the lock's
+next sends then take a new lease, with a higher fencing token), or still running when its node
+stopped (its lease and lock then lapse at their TTLs). If its message goes out, a later send of
+its task repeats it."""
 UNREADABLE_TASK = "unreadable_task"
 """A claim leased a task whose stored ``payload``, ``result`` or (in a rate-limited queue)
 ``limit_keys`` cannot be decoded (written by another tool, or an integer over this process's

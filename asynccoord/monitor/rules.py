@@ -189,8 +189,9 @@ counts none, unless it restarts a process twice within that time, or within that
 start); any node lost (its heartbeats stopped: a crash, a kill, a
 freeze past the TTL) in 60 s; any rate limit a send reported (HTTP 429) in 60 s: a provider
 pushing back means the declared rate limits are above its own; any send let go while it
-still ran (``abandoned_sends``: it ignored its cancellation past ``send_overrun_s`` or its node's
-stop, and its message may go out again) in 60 s. All cluster-wide. The
+still ran (``abandoned_sends``: it ignored its cancellation past ``send_overrun_s``, past its
+cleanup time after a lost lease or lock, or past its node's stop, and its message may go out
+again) in 60 s. All cluster-wide. The
 ratios are judged only once their window holds 20 commits or claims (50 for lock contention).
 
 A lost node is one incident: ``stale_commits``, ``fencing_rejections``, ``lease_expiries``,

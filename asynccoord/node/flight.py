@@ -160,8 +160,10 @@ class Flight:
             called as the send ends so that the lock's next local turn begins at once; None
             without one, and once called.
         trace: The trace of its delivery (:mod:`asynccoord.node.tracing`), or None when not traced.
-        abandoned: Its send was cut at its timeout and let go still running (``send_abandoned``):
-            it goes on unwatched under the task's lock and its fencing token.
+        abandoned: Its send was let go still running (``send_abandoned``): cut at its timeout and
+            past ``send_overrun_s``, or cut by a lost lease or lock and past its cleanup time. It goes
+            on unwatched under the task's lock and its fencing token, so the lock's next sends take a
+            new lease, with a higher token.
     """
 
     task: Task

@@ -743,8 +743,8 @@ class Node:
                             flight.turn_end = turn.end  # the next turn begins as the send returns
                             outcome = await self._sender.run(flight, self.send)
                             if flight.abandoned:
-                                # Let go at send_overrun_s, it runs on under this lease's token:
-                                # the lock's next sends take a new lease, with a higher token.
+                                # Let go (at send_overrun_s, or cut by a lost lease), it runs on under this
+                                # lease's token: the lock's next sends take a new lease, with a higher token.
                                 self._pool().give_back(turn.lease)
                         except BaseException:
                             committed()

@@ -284,6 +284,9 @@ class Sender:
         task = flight.task
         if state is FlightState.LEASE_LOST or state is FlightState.LOCK_LOST:
             flight.move(FlightState.DROPPED if state is FlightState.LEASE_LOST else FlightState.LOCK_DROPPED)
+            if not child.done():  # past its cleanup time: it runs on unwatched, under the lock's token
+                flight.abandoned = True  # the lock passes on under a new lease (see Node._handle_task)
+                self._store.events.add(ev.SEND_ABANDONED)
             child.add_done_callback(retrieve)  # the cut send's outcome, seen now or when it ends
             return False, None, None, cancel_pending
         result: Any = None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 import pytest
 from support import wait_until
 
-from asynccoord import Node, NodeConfig, RateLimit, StoreBusyError, Task, TaskStatus
+from asynccoord import Node, NodeConfig, RateLimit, StoreBusyError, Task, TaskStatus, current_delivery
 from asynccoord import events as ev
 from asynccoord.node import keeper
 
@@ -156,3 +157,74 @@ async def test_a_send_whose_renewals_fail_is_cut_before_the_store_can_hand_its_t
     assert [t.id for t in taken] == [task.id]
     assert cut_when_taken, "the first send still ran when the store handed its task to another node"
     assert store.events.get(ev.LEASE_LOST) == 1
+
+
+@EMBEDDED
+async def test_a_send_left_running_after_its_lease_was_lost_does_not_share_its_lock_lease_with_the_next(
+    make_store: Any,
+) -> None:
+    """Task A's lease is lost while its send runs (the store stays busy for renewals past the
+    lease's local deadline); the send ignores its cancellation past its cleanup time and is left
+    running. Task B needs the same account lock: its send must not run beside A's under the same
+    lease and fencing token (as a send let go at send_overrun_s, the lock passes on under a new
+    lease), and the abandoned send is counted as ``send_abandoned``."""
+    store = await make_store(clock=None)
+    extend = store.extend_many
+    failing = False
+
+    async def extend_many(tasks: list[Task], lease_s: float) -> list[bool]:
+        if failing:
+            raise StoreBusyError("database is locked")
+        renewed: list[bool] = await extend(tasks, lease_s)
+        return renewed
+
+    store.extend_many = extend_many
+    spans: dict[str, list[float]] = {}
+    tokens: dict[str, int] = {}
+    cut = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        name = task.payload["n"]
+        lock = current_delivery().lock
+        assert lock is not None
+        if name in spans:  # A again, once its lapsed lease let the store hand it out anew
+            return
+        tokens[name] = lock.fencing_token
+        spans[name] = [time.monotonic(), 0.0]
+        if name == "A":
+            try:
+                await asyncio.sleep(30.0)
+            except asyncio.CancelledError:
+                cut.set()
+                end_at = time.monotonic() + 1.5  # ignores its cancellations for 1.5 s (a shielded call)
+                while time.monotonic() < end_at:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(end_at - time.monotonic())
+        spans[name][1] = time.monotonic()
+
+    config = NodeConfig(queue="q", lease_s=3.0, max_in_flight=2, idle_min_s=0.01, idle_max_s=0.05)
+    node = Node(store, send, node_id="n1", config=config, lock_key=lambda task: "account:x")
+    await store.enqueue("q", {"n": "A"}, partition_key="chat-a")
+    run = asyncio.create_task(node.run())
+    try:
+
+        async def sending() -> bool:
+            return "A" in spans
+
+        await wait_until(sending, 5.0, "A's send to start")
+        failing = True  # renewals fail: A's lease passes its local deadline, its send is cut
+        await asyncio.wait_for(cut.wait(), 5.0)
+        failing = False
+        await store.enqueue("q", {"n": "B"}, partition_key="chat-b")
+
+        async def both_over() -> bool:
+            return "B" in spans and spans["B"][1] > 0 and spans["A"][1] > 0
+
+        await wait_until(both_over, 10.0, "both sends to end")
+    finally:
+        node.stop_claiming()
+        await asyncio.wait_for(run, 10.0)
+    a_end, b_start = spans["A"][1], spans["B"][0]
+    # Before the fix: B's send started while A's still ran (b_start < a_end), under the same lease (token 1).
+    assert b_start >= a_end or tokens["B"] > tokens["A"], (round(a_end - b_start, 3), tokens)
+    assert store.events.get(ev.SEND_ABANDONED) == 1
