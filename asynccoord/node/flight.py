@@ -20,7 +20,7 @@ from ..models import Task
 if TYPE_CHECKING:
     from .tracing import DeliveryTrace
 
-__all__ = ("RENEWABLE", "TRANSITIONS", "Flight", "FlightState", "lease_deadline")
+__all__ = ("RENEWABLE", "TRANSITIONS", "Flight", "FlightState", "InFlight", "lease_deadline")
 
 
 class FlightState(enum.Enum):
@@ -206,3 +206,35 @@ class Flight:
     def is_in(self, *states: FlightState) -> bool:
         """Whether the flight is in one of ``states`` (a call: a type checker does not narrow it across awaits)."""
         return self.state in states
+
+
+class InFlight(dict[int, Flight]):
+    """A node's tasks in flight, by task id, each with its one current :class:`Flight`.
+
+    The store may hand a task out again while a flight of it still runs on the node (its lease
+    lapsed by the store's clock, e.g. an NTP step forward of SQLite's wall clock, and the node
+    claimed it anew). The new flight replaces the old one, which is lost at once
+    (``on_displaced`` cuts its send: the keeper no longer sees it), and the old one's end takes
+    nothing of the new one out.
+
+    Args:
+        on_displaced: Called with a flight that a later flight of its task replaced.
+    """
+
+    __slots__ = ("_on_displaced",)
+
+    def __init__(self, on_displaced: Callable[[Flight], None]) -> None:
+        super().__init__()
+        self._on_displaced = on_displaced
+
+    def hold(self, flight: Flight) -> None:
+        """Take ``flight`` in flight; a flight of its task held still is displaced (see the class)."""
+        held = self.get(flight.task.id)
+        if held is not None and held is not flight:
+            self._on_displaced(held)
+        self[flight.task.id] = flight
+
+    def forget(self, flight: Flight) -> None:
+        """Take ``flight`` out of flight, unless a later flight of its task replaced it."""
+        if self.get(flight.task.id) is flight:
+            del self[flight.task.id]

@@ -50,8 +50,8 @@ from .batch import LocklessBatch
 from .config import NodeConfig, check_lock_pacing
 from .delivery import Affinity
 from .due import DueTimes
-from .flight import Flight, FlightState, lease_deadline
-from .keeper import Keeper
+from .flight import Flight, FlightState, InFlight, lease_deadline
+from .keeper import Keeper, lose
 from .running import stop_all
 from .send import Sender, SendFn, lease_ran_out, lock_lost, observe
 from .settle import SETTLE_WAIT_S, Settler
@@ -227,7 +227,9 @@ class Node:
         self.idle_poll = check_bool("idle_poll", idle_poll)
         self._ablation = _ablation
         self._state = NodeState(node_id=self.node_id)
-        self._in_flight: dict[int, Flight] = {}
+        self._in_flight = InFlight(
+            functools.partial(lose, store, reason="task lease lost: the task was handed out again")
+        )
         # Slots (handle tasks) settling a send that returned are in self._settler.settling: a
         # cancellation of the node waits for them instead of cancelling them, then they stop (_stop_after).
         self._stop_after: set[asyncio.Task[Any]] = set()
@@ -504,7 +506,7 @@ class Node:
                 deadline = lease_deadline(claim_sent, cfg.lease_s)
                 flights = [Flight(task=task, lease_deadline=deadline) for task in tasks]
                 for flight in flights:
-                    self._in_flight[flight.task.id] = flight
+                    self._in_flight.hold(flight)
                 if self._tracer is not None:
                     self._tracer.claimed(flights)
                 self._drained.clear()
@@ -652,7 +654,7 @@ class Node:
         """``flights`` are settled (or handed back): out of the tasks in flight, their slots free."""
         in_flight = self._in_flight
         for flight in flights:
-            in_flight.pop(flight.task.id, None)
+            in_flight.forget(flight)
         if not in_flight:
             self._drained.set()
         self._slots.release(len(flights))
@@ -672,7 +674,7 @@ class Node:
                     await self._hand_back_unsent(current.next)
                     raise
                 finally:
-                    self._in_flight.pop(current.task.id, None)
+                    self._in_flight.forget(current)
                 if not self._claiming or asyncio.current_task() in self._stop_after:
                     # stop_claiming() (or the node's cancellation) came while the commit that leased
                     # the next task was at the store: hand it back unsent, as the claims not yet
@@ -688,7 +690,7 @@ class Node:
     async def _hand_back_unsent(self, flight: Flight | None) -> None:
         """Hand back a task a commit leased (commit-and-continue) that this slot will not send."""
         if flight is not None:
-            self._in_flight.pop(flight.task.id, None)
+            self._in_flight.forget(flight)
             await self._settler.hand_back_shielded(flight)
 
     async def _handle_task(self, flight: Flight) -> None:
@@ -890,7 +892,7 @@ class Node:
     def _adopt(self, task: Task, started: float, chain: int) -> Flight:
         """Take ``task`` (leased by a commit at or after ``started``) in flight, in its predecessor's slot."""
         flight = Flight(task=task, lease_deadline=lease_deadline(started, self.config.lease_s), chain=chain)
-        self._in_flight[task.id] = flight
+        self._in_flight.hold(flight)
         self._drained.clear()
         self._state.claimed += 1
         self._state.continued += 1

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from support import wait_until
+from support import FakeClock, wait_until
 
 from asynccoord import Node, NodeConfig, RateLimit, StoreBusyError, Task, TaskStatus, current_delivery
 from asynccoord import events as ev
@@ -228,3 +228,48 @@ async def test_a_send_left_running_after_its_lease_was_lost_does_not_share_its_l
     # Before the fix: B's send started while A's still ran (b_start < a_end), under the same lease (token 1).
     assert b_start >= a_end or tokens["B"] > tokens["A"], (round(a_end - b_start, 3), tokens)
     assert store.events.get(ev.SEND_ABANDONED) == 1
+
+
+@EMBEDDED
+async def test_a_task_handed_out_again_to_the_same_node_leaves_its_first_send_watched(
+    store: Any, clock: FakeClock
+) -> None:
+    """The store's clock steps past a task's lease while its send runs (an NTP step forward of
+    SQLite's wall clock): the store hands the task out again, and this very node claims it. The
+    first send's lease is gone: it must be cut, not hidden from the keeper by the second flight
+    of its task (the node's tasks in flight are kept by task id), and run on unwatched."""
+    task = (await store.enqueue("q", {"n": 1}, partition_key="chat-1")).task
+    deliveries: list[int] = []
+    first_cut = asyncio.Event()
+
+    async def send(task: Task) -> None:
+        deliveries.append(task.attempts)
+        if task.attempts == 1:
+            try:
+                await asyncio.sleep(30.0)
+            except asyncio.CancelledError:
+                first_cut.set()
+                raise
+
+    config = NodeConfig(queue="q", lease_s=3.0, max_in_flight=2, idle_min_s=0.01, idle_max_s=0.05)
+    node = Node(store, send, node_id="n1", config=config)
+    run = asyncio.create_task(node.run())
+    try:
+
+        async def delivered(count: int) -> bool:
+            return len(deliveries) >= count
+
+        await wait_until(lambda: delivered(1), 5.0, "the first send")
+        clock.advance(4.0)  # the store's clock steps past the lease: the task is claimable again
+        await wait_until(lambda: delivered(2), 5.0, "the node to claim the task again")
+
+        async def done() -> bool:
+            return (await store.get(task.id)).status is TaskStatus.DONE
+
+        await wait_until(done, 5.0, "the second delivery to be committed")
+        await asyncio.wait_for(first_cut.wait(), 5.0)  # before the fix: never cut, run on unwatched
+    finally:
+        node.stop_claiming()
+        await asyncio.wait_for(run, 10.0)
+    assert deliveries == [1, 2]
+    assert store.events.get(ev.LEASE_LOST) == 1
