@@ -57,8 +57,10 @@ class FlightState(enum.Enum):
     committed; the task is handed back, due when the pause ends, its attempt not used."""
     STOPPED = "stopped"
     """The node stopped claiming (a shutdown) before the send began, while the task waited
-    for its lock, say: never sent, never committed, its attempt not used; the task is handed
-    back at once, for another node (or this one's next run) to send."""
+    for its lock, say, or hands the task back before its send for another reason (the store or
+    the lock store failed, the node was cancelled): never sent, never committed, its attempt not
+    used; the task is handed back at once, for another node (or this one's next run) to send.
+    Its lease is given up, so a renewal that finds it gone meanwhile loses nothing."""
     LOCK_DROPPED = "lock_dropped"
     """The send is over after a lost lock: the attempt is recorded as failed."""
     INTERRUPTED = "interrupted"
@@ -128,7 +130,9 @@ class Flight:
     * the slot, when the lease's local deadline passes before the send begins (while the task
       waits for its lock, say): ``CLAIMED -> LEASE_LOST -> UNSENT``; when its lock stayed busy
       past the wait: ``CLAIMED -> LOCK_BUSY``; when a 429 paused the task's lock meanwhile:
-      ``CLAIMED -> PAUSED``; or when the node stopped claiming meanwhile: ``CLAIMED -> STOPPED``;
+      ``CLAIMED -> PAUSED``; or when the node stopped claiming meanwhile, or hands the task back
+      unsent for another reason (:meth:`~asynccoord.node.settle.Settler.hand_back_all_shielded`):
+      ``CLAIMED -> STOPPED``;
     * the lock's watchdog, when the lock or permit is lost: ``-> LOCK_LOST``.
 
     A lost lease or lock before the send is over cuts the send, and the send's end then moves

@@ -624,7 +624,9 @@ class Settler:
         such: its task lease is left to lapse (within ``lease_s``; the node renews it no more),
         and the node leaves its lock or permit to lapse too (within ``lock_ttl_s``), so that no
         other node sends under that lock, nor sends the task again, until then. Logged (a
-        warning) as ``asynccoord.node.send_outlived_shutdown``, once per flight.
+        warning) as ``asynccoord.node.send_outlived_shutdown``, once per flight. A flight whose
+        send never began moves to ``STOPPED`` first: its lease is given up, not lost, and the
+        keeper renews it no more.
 
         Raises:
             Exception: a hand-back's error that is no :class:`~asynccoord.errors.CoordError`
@@ -640,6 +642,8 @@ class Settler:
             # Past CLAIMED every state left here began its send (whatever cut it): the attempt stays
             # counted, so the next delivery's attempts say it may repeat a message.
             sent = state is not FlightState.CLAIMED
+            if not sent:  # given up: a renewal that lands after the hand-back finds no lost lease
+                flight.move(FlightState.STOPPED)
             if flight.outlives():  # its lease and lock stay taken while the send may still be sending
                 self.store.events.add(ev.SEND_INTERRUPTED)
                 self._outlived(flight)

@@ -10,7 +10,16 @@ from typing import Any
 import pytest
 from support import FakeClock, wait_until
 
-from asynccoord import Node, NodeConfig, RateLimit, StoreBusyError, Task, TaskStatus, current_delivery
+from asynccoord import (
+    Node,
+    NodeConfig,
+    RateLimit,
+    StoreBusyError,
+    StoreConnectionError,
+    Task,
+    TaskStatus,
+    current_delivery,
+)
 from asynccoord import events as ev
 from asynccoord.node import keeper
 
@@ -273,3 +282,41 @@ async def test_a_task_handed_out_again_to_the_same_node_leaves_its_first_send_wa
         await asyncio.wait_for(run, 10.0)
     assert deliveries == [1, 2]
     assert store.events.get(ev.LEASE_LOST) == 1
+
+
+@EMBEDDED
+async def test_a_task_handed_back_unsent_is_not_counted_as_a_lost_lease(make_store: Any) -> None:
+    """The lock store fails before the send: the node hands the task back, unsent. A lease renewal
+    that reaches the store after that hand-back finds the lease gone, as given up: that is no lost
+    lease (``lease_lost`` feeds the ``lost_leases`` alert)."""
+    store = await make_store(clock=None)
+
+    async def try_acquire_lock(*args: Any, **kwargs: Any) -> Any:
+        raise StoreConnectionError("lock store unreachable")
+
+    release = store.release
+
+    async def release_answered_late(task: Task, **kwargs: Any) -> Any:
+        released = await release(task, **kwargs)
+        await asyncio.sleep(1.0)  # the hand-back has landed; its answer comes late
+        return released
+
+    store.try_acquire_lock, store.release = try_acquire_lock, release_answered_late
+    await store.enqueue("q", {"n": 1}, partition_key="chat-1")
+
+    async def send(task: Task) -> None:
+        raise AssertionError("never sent: its lock cannot be taken")
+
+    config = NodeConfig(queue="q", lease_s=0.9, max_in_flight=1, idle_min_s=0.01, idle_max_s=0.05)
+    node = Node(store, send, node_id="n1", config=config, lock_key=lambda task: "account:x")
+    run = asyncio.create_task(node.run())
+    try:
+
+        async def handed_back() -> bool:
+            return node.state().handed_back >= 1
+
+        await wait_until(handed_back, 5.0, "the task to be handed back")
+    finally:
+        node.stop_claiming()
+        await asyncio.wait_for(run, 10.0)
+    assert store.events.get(ev.LEASE_LOST) == 0  # before the fix: one per hand-back, a renewal's
