@@ -1,13 +1,11 @@
 """A node: the fetch -> lock -> send -> commit pipeline over one shared queue.
 
-A :class:`Node` claims due tasks from the partitions it owns, takes the lock each task
-needs, calls the user's send under leases its keeper renews, and commits with a
-compare-and-set fenced by the lock's token (M. Kleppmann, "How to do distributed
-locking", 2016). This module is the loop (fetch, claim, dispatch, lock); the steps live beside it:
-:mod:`~asynccoord.node.flight` (a task in flight), :mod:`~asynccoord.node.send`,
-:mod:`~asynccoord.node.settle` (commit, retry, hand-back), :mod:`~asynccoord.node.keeper`
-(renewal), :mod:`~asynccoord.node.delivery`, :mod:`~asynccoord.node.tracing` (OpenTelemetry spans)
-and :mod:`~asynccoord.node.config`.
+A :class:`Node` claims due tasks from the partitions it owns, takes the lock each task needs,
+calls the user's send under leases its keeper renews, and commits with a compare-and-set fenced
+by the lock's token (M. Kleppmann, "How to do distributed locking", 2016). This module is the
+loop (fetch, claim, dispatch, lock); the steps live beside it: :mod:`~asynccoord.node.flight`,
+:mod:`~asynccoord.node.send`, :mod:`~asynccoord.node.settle` (commit, retry, hand-back),
+:mod:`~asynccoord.node.keeper`, :mod:`~asynccoord.node.delivery`, :mod:`~asynccoord.node.tracing`.
 """
 
 from __future__ import annotations
